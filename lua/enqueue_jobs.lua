@@ -1,0 +1,52 @@
+-- enqueue_jobs: add jobs to one shard and wake its poller when one of them becomes the new head.
+-- KEYS[1] due       ZSET  {zdelay:3}:due       member = id, score = due ms
+-- KEYS[2] jobs      HASH  {zdelay:3}:jobs      id -> envelope
+-- KEYS[3] dead      ZSET  {zdelay:3}:dead
+-- KEYS[4] reasons   HASH  {zdelay:3}:reasons   id -> why it died
+-- KEYS[5] inflight  ZSET  {zdelay:3}:inflight
+-- ARGV[1] policy for an id that exists: "replace" | "keep" | "error"
+-- ARGV[2] wake channel (zdelay:wake); ARGV[3] shard number, sent in the wake message
+-- ARGV[4..] triples: id, due, envelope. due is epoch ms, or "+N" for N ms after Redis TIME.
+-- Returns: one integer per job, in order: 1 added, 2 replaced, 0 kept (existing left as is),
+--   -1 exists (policy "error"; nothing written for that job).
+-- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
+local due_key, jobs_key, dead_key, reasons_key, inflight_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local policy = ARGV[1]
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+local head_score = head[2] and tonumber(head[2]) or nil
+local earliest = nil
+local out = {}
+for i = 4, #ARGV, 3 do
+  local id, due_arg, envelope = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local due
+  if string.sub(due_arg, 1, 1) == '+' then
+    due = now_ms + tonumber(string.sub(due_arg, 2))
+  else
+    due = tonumber(due_arg)
+  end
+  local exists = redis.call('HEXISTS', jobs_key, id) == 1
+  if exists and policy == 'keep' then
+    out[#out + 1] = 0
+  elseif exists and policy == 'error' then
+    out[#out + 1] = -1
+  else
+    if exists then
+      -- A replaced job leaves whatever state it was in: dead, or claimed by a two-phase sink
+      -- (whose fenced ack then fails, so the old version is not acknowledged over the new one).
+      redis.call('ZREM', dead_key, id)
+      redis.call('HDEL', reasons_key, id)
+      redis.call('ZREM', inflight_key, id)
+    end
+    redis.call('HSET', jobs_key, id, envelope)
+    redis.call('ZADD', due_key, due, id)
+    if earliest == nil or due < earliest then earliest = due end
+    out[#out + 1] = exists and 2 or 1
+  end
+end
+if earliest ~= nil and (head_score == nil or earliest < head_score) then
+  redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. string.format('%d', earliest))
+end
+return out

@@ -1,0 +1,210 @@
+-- move_due: move one batch of due envelope jobs of a shard onto their routes' Redis lists.
+-- Exactly once: the pushes and the removals happen in this one script, so no lease is needed.
+-- KEYS[1] due      ZSET  {zdelay:3}:due       member = id, score = due ms
+-- KEYS[2] jobs     HASH  {zdelay:3}:jobs      id -> envelope ("zd1:" frame or JSON object)
+-- KEYS[3] dead     ZSET  {zdelay:3}:dead      member = id, score = ms it died
+-- KEYS[4] reasons  HASH  {zdelay:3}:reasons   id -> why it died
+-- KEYS[5..] the list keys of the local routes (route target, or target .. delayed_suffix)
+-- ARGV[1] batch size, at most 1000
+-- ARGV[2] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
+-- ARGV[3] largest payload in bytes; a larger one goes to dead
+-- ARGV[4] R, the number of routes; then R triples: route name, KEYS index of its list, "LPUSH"|"RPUSH"
+-- then B, the number of lateness bucket bounds; then B bounds in ms, ascending
+-- Returns: { taken, now_us, next_due ("" when the shard is empty), max_lateness_ms,
+--   kept (jobs left due because their push failed, e.g. OOM), first push error ("" if none),
+--   moved per route (R integers, in ARGV order),
+--   dead per kind (5 integers: malformed, unknown_destination, wrong_type, oversize, missing),
+--   jobs per lateness bucket (B + 1 integers; the last is over the largest bound) }
+-- taken = jobs moved + jobs sent to dead; a full batch means "call again now".
+-- Re-run safety: yes; a second run finds the moved jobs gone and takes the next ones.
+local due_key, jobs_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local batch = tonumber(ARGV[1])
+local now_us
+if ARGV[2] ~= '' then
+  now_us = tonumber(ARGV[2]) * 1000
+else
+  local t = redis.call('TIME')
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local now_ms = math.floor(now_us / 1000)
+local max_payload = tonumber(ARGV[3])
+
+local route_count = tonumber(ARGV[4])
+local routes = {}
+local moved = {}
+local pos = 5
+for r = 1, route_count do
+  routes[ARGV[pos]] = { key = KEYS[tonumber(ARGV[pos + 1])], cmd = ARGV[pos + 2], index = r }
+  moved[r] = 0
+  pos = pos + 3
+end
+local bound_count = tonumber(ARGV[pos])
+local bounds = {}
+for b = 1, bound_count do bounds[b] = tonumber(ARGV[pos + b]) end
+local buckets = {}
+for b = 1, bound_count + 1 do buckets[b] = 0 end
+
+local DEAD_MALFORMED, DEAD_UNKNOWN, DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING = 1, 2, 3, 4, 5
+local dead_counts = { 0, 0, 0, 0, 0 }
+
+local B64_INDEX = nil
+-- Only JSON envelopes with payload_encoding "base64" reach this; zd1 frames carry raw bytes.
+local function base64_decode(s)
+  if not B64_INDEX then
+    B64_INDEX = {}
+    local alphabet = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'
+    for i = 1, 64 do B64_INDEX[string.byte(alphabet, i)] = i - 1 end
+  end
+  if #s % 4 ~= 0 then return nil end
+  local out = {}
+  for i = 1, #s, 4 do
+    local a, b, c, d = string.byte(s, i, i + 3)
+    local va, vb = B64_INDEX[a], B64_INDEX[b]
+    if not va or not vb then return nil end
+    local v = va * 262144 + vb * 4096
+    out[#out + 1] = string.char(math.floor(v / 65536))
+    if c ~= 61 then
+      local vc = B64_INDEX[c]
+      if not vc then return nil end
+      v = v + vc * 64
+      out[#out + 1] = string.char(math.floor(v / 256) % 256)
+      if d ~= 61 then
+        local vd = B64_INDEX[d]
+        if not vd then return nil end
+        out[#out + 1] = string.char((v + vd) % 256)
+      end
+    elseif d ~= 61 then
+      return nil
+    end
+  end
+  return table.concat(out)
+end
+
+-- Returns dest, payload, or nil, nil, reason, kind.
+local function parse(v)
+  if not v then return nil, nil, 'no envelope stored for this id', DEAD_MISSING end
+  if string.sub(v, 1, 4) == 'zd1:' then
+    local a = string.find(v, '\n', 5, true)
+    local b = a and string.find(v, '\n', a + 1, true)
+    local meta_len = b and tonumber(string.sub(v, a + 1, b - 1))
+    if not meta_len then return nil, nil, 'malformed envelope: bad zd1 frame', DEAD_MALFORMED end
+    return string.sub(v, 5, a - 1), string.sub(v, b + 1 + meta_len), nil
+  end
+  if string.sub(v, 1, 1) ~= '{' then
+    return nil, nil, 'malformed envelope: neither a zd1 frame nor a JSON object', DEAD_MALFORMED
+  end
+  local ok, env = pcall(cjson.decode, v)
+  if not ok or type(env) ~= 'table' then return nil, nil, 'malformed envelope: invalid JSON', DEAD_MALFORMED end
+  if env.v ~= nil and env.v ~= 1 then return nil, nil, 'malformed envelope: unsupported version', DEAD_MALFORMED end
+  if type(env.dest) ~= 'string' then return nil, nil, 'malformed envelope: missing dest', DEAD_MALFORMED end
+  if type(env.payload) ~= 'string' then return nil, nil, 'malformed envelope: missing payload', DEAD_MALFORMED end
+  local enc = env.payload_encoding
+  if enc == 'base64' then
+    local raw = base64_decode(env.payload)
+    if not raw then return nil, nil, 'malformed envelope: invalid base64 payload', DEAD_MALFORMED end
+    return env.dest, raw, nil
+  elseif enc == nil or enc == cjson.null or enc == 'utf8' then
+    return env.dest, env.payload, nil
+  end
+  return nil, nil, 'malformed envelope: unknown payload_encoding', DEAD_MALFORMED
+end
+
+local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, batch)
+local n = #items / 2
+local next_due = ''
+local max_lateness = 0
+local kept, kept_error = 0, ''
+if n > 0 then
+  local ids = {}
+  for i = 1, n do ids[i] = items[2 * i - 1] end
+  local envelopes = redis.call('HMGET', jobs_key, unpack(ids))
+  local key_ok = {}      -- list key -> true, or the name of the wrong type it holds
+  local pushes = {}      -- list key -> { cmd = , route = , ids = {}, payloads = {} }
+  local dead_ids, dead_reasons, dead_kinds = {}, {}, {}
+  local function to_dead(id, reason, kind)
+    dead_ids[#dead_ids + 1] = id
+    dead_reasons[#dead_reasons + 1] = reason
+    dead_kinds[#dead_kinds + 1] = kind
+  end
+  for i = 1, n do
+    local id = ids[i]
+    local dest, payload, reason, kind = parse(envelopes[i])
+    if dest then
+      local route = routes[dest]
+      if not route then
+        to_dead(id, 'unknown destination: ' .. dest, DEAD_UNKNOWN)
+      elseif #payload > max_payload then
+        to_dead(id, 'payload of ' .. #payload .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
+      else
+        local key = route.key
+        if key_ok[key] == nil then
+          local t = redis.call('TYPE', key)['ok']
+          key_ok[key] = (t == 'list' or t == 'none') or t
+        end
+        if key_ok[key] ~= true then
+          to_dead(id, 'WRONGTYPE: ' .. key .. ' holds a ' .. key_ok[key] .. ', not a list', DEAD_WRONGTYPE)
+        else
+          local p = pushes[key]
+          if not p then
+            p = { cmd = route.cmd, payloads = {}, ids = {}, routes = {} }
+            pushes[key] = p
+          end
+          p.payloads[#p.payloads + 1] = payload
+          p.ids[#p.ids + 1] = id
+          p.routes[#p.routes + 1] = route.index
+          local late = now_ms - tonumber(items[2 * i])
+          if late > max_lateness then max_lateness = late end
+          local b = 1
+          while b <= bound_count and late > bounds[b] do b = b + 1 end
+          buckets[b] = buckets[b] + 1
+        end
+      end
+    else
+      to_dead(id, reason, kind)
+    end
+  end
+  -- INVARIANT: push before removing, all inside this script; a failed push leaves its jobs due.
+  local delivered = {}
+  for key, p in pairs(pushes) do
+    local res = redis.pcall(p.cmd, key, unpack(p.payloads))
+    if type(res) == 'table' and res.err then
+      kept = kept + #p.ids
+      if kept_error == '' then kept_error = key .. ': ' .. res.err end
+    else
+      for j = 1, #p.ids do
+        delivered[#delivered + 1] = p.ids[j]
+        moved[p.routes[j]] = moved[p.routes[j]] + 1
+      end
+    end
+  end
+  if #dead_ids > 0 then
+    local zargs, hargs = {}, {}
+    for j = 1, #dead_ids do
+      zargs[#zargs + 1] = now_ms
+      zargs[#zargs + 1] = dead_ids[j]
+      hargs[#hargs + 1] = dead_ids[j]
+      hargs[#hargs + 1] = dead_reasons[j]
+      dead_counts[dead_kinds[j]] = dead_counts[dead_kinds[j]] + 1
+    end
+    redis.call('ZADD', dead_key, unpack(zargs))
+    redis.call('HSET', reasons_key, unpack(hargs))
+  end
+  if #delivered > 0 then redis.call('HDEL', jobs_key, unpack(delivered)) end
+  if kept > 0 then
+    -- Only the jobs handled leave; the rest stay due for the next call.
+    if #delivered > 0 then redis.call('ZREM', due_key, unpack(delivered)) end
+    if #dead_ids > 0 then redis.call('ZREM', due_key, unpack(dead_ids)) end
+    n = #delivered + #dead_ids
+  else
+    -- The first n ranks are exactly the ids read above (same script, scores <= now).
+    redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
+  end
+end
+local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+if head[2] then next_due = head[2] end
+
+local out = { n, now_us, next_due, max_lateness, kept, kept_error }
+for r = 1, route_count do out[#out + 1] = moved[r] end
+for k = 1, 5 do out[#out + 1] = dead_counts[k] end
+for b = 1, bound_count + 1 do out[#out + 1] = buckets[b] end
+return out

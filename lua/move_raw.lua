@@ -1,0 +1,118 @@
+-- move_raw: move one batch of due members of a raw source ZSET onto its route's Redis list, as-is.
+-- Producers just ZADD <key> <due> <payload>; the member is the payload, the score the due time.
+-- KEYS[1] source        ZSET  delayed:emails            member = payload, score = due (ms or s)
+-- KEYS[2] list          LIST  queue:emails              the route's list (or its -delayed lane)
+-- KEYS[3] dead          ZSET  delayed:emails:dead       member = payload, score = ms it died
+-- KEYS[4] dead reasons  HASH  delayed:emails:dead:reasons  member -> why it died
+-- ARGV[1] batch size, at most 1000
+-- ARGV[2] "now" in ms; "" = Redis TIME
+-- ARGV[3] score unit: "ms" or "s"
+-- ARGV[4] largest payload in bytes
+-- ARGV[5] "LPUSH" | "RPUSH"
+-- ARGV[6] B, the number of lateness bucket bounds; then B bounds in ms, ascending
+-- Scores implausible for the unit go to dead instead of being delivered at the wrong time:
+-- in an "ms" source a score in [1e9, 1e11) is a seconds timestamp (2001..5138 read as seconds);
+-- in an "s" source a score >= 1e11 is a millisecond timestamp. Scores below 1e9 in "ms"
+-- sources (such as 0) mean "due now".
+-- Returns: { taken, now_us, next_due ("" when empty; in the source's unit), max_lateness_ms,
+--   kept (left due because the push failed), first push error ("" if none),
+--   moved, dead per kind (5 integers: implausible_score, wrong_type, oversize, 0, 0),
+--   jobs per lateness bucket (B + 1 integers) }
+-- Re-run safety: yes.
+local src, list, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local batch = tonumber(ARGV[1])
+local now_us
+if ARGV[2] ~= '' then
+  now_us = tonumber(ARGV[2]) * 1000
+else
+  local t = redis.call('TIME')
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local now_ms = math.floor(now_us / 1000)
+local unit_ms = ARGV[3] == 'ms'
+local max_payload = tonumber(ARGV[4])
+local cmd = ARGV[5]
+local bound_count = tonumber(ARGV[6])
+local bounds, buckets = {}, {}
+for b = 1, bound_count do bounds[b] = tonumber(ARGV[6 + b]) end
+for b = 1, bound_count + 1 do buckets[b] = 0 end
+local DEAD_IMPLAUSIBLE, DEAD_WRONGTYPE, DEAD_OVERSIZE = 1, 2, 3
+local dead_counts = { 0, 0, 0, 0, 0 }
+local zdead, hdead = {}, {}
+local function to_dead(member, reason, kind)
+  zdead[#zdead + 1] = now_ms
+  zdead[#zdead + 1] = member
+  hdead[#hdead + 1] = member
+  hdead[#hdead + 1] = reason
+  dead_counts[kind] = dead_counts[kind] + 1
+end
+
+local implausible
+if unit_ms then
+  implausible = redis.call('ZRANGEBYSCORE', src, '1e9', '(1e11', 'LIMIT', 0, batch)
+else
+  implausible = redis.call('ZRANGEBYSCORE', src, '1e11', '+inf', 'LIMIT', 0, batch)
+end
+for i = 1, #implausible do
+  to_dead(implausible[i], unit_ms and 'score looks like seconds in a millisecond source'
+    or 'score looks like milliseconds in a seconds source', DEAD_IMPLAUSIBLE)
+end
+if #implausible > 0 then redis.call('ZREM', src, unpack(implausible)) end
+
+local max_score = unit_ms and now_ms or (now_ms / 1000)
+local items = redis.call('ZRANGEBYSCORE', src, '-inf', string.format('%.3f', max_score), 'WITHSCORES', 'LIMIT', 0, batch)
+local n = #items / 2
+local moved, kept, kept_error, max_lateness = 0, 0, '', 0
+if n > 0 then
+  local list_type = redis.call('TYPE', list)['ok']
+  local list_ok = list_type == 'list' or list_type == 'none'
+  local payloads, taken = {}, {}
+  for i = 1, n do
+    local member = items[2 * i - 1]
+    if not list_ok then
+      to_dead(member, 'WRONGTYPE: ' .. list .. ' holds a ' .. list_type .. ', not a list', DEAD_WRONGTYPE)
+    elseif #member > max_payload then
+      to_dead(member, 'payload of ' .. #member .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
+    else
+      payloads[#payloads + 1] = member
+      local score = tonumber(items[2 * i])
+      local late = now_ms - (unit_ms and score or math.floor(score * 1000))
+      if late < 0 then late = 0 end
+      if late > max_lateness then max_lateness = late end
+      local b = 1
+      while b <= bound_count and late > bounds[b] do b = b + 1 end
+      buckets[b] = buckets[b] + 1
+    end
+  end
+  -- INVARIANT: push before removing, all inside this script.
+  if #payloads > 0 then
+    local res = redis.pcall(cmd, list, unpack(payloads))
+    if type(res) == 'table' and res.err then
+      kept, kept_error = #payloads, list .. ': ' .. res.err
+    else
+      moved = #payloads
+    end
+  end
+  if kept > 0 then
+    -- The push failed: only the dead members leave; the rest stay due.
+    n = n - kept
+  else
+    redis.call('ZREMRANGEBYRANK', src, 0, n - 1)
+  end
+end
+if #zdead > 0 then
+  redis.call('ZADD', dead_key, unpack(zdead))
+  redis.call('HSET', reasons_key, unpack(hdead))
+  if kept > 0 then
+    local members = {}
+    for j = 2, #zdead, 2 do members[#members + 1] = zdead[j] end
+    redis.call('ZREM', src, unpack(members))
+  end
+end
+local head = redis.call('ZRANGE', src, 0, 0, 'WITHSCORES')
+local next_due = head[2] or ''
+
+local out = { n + #implausible, now_us, next_due, max_lateness, kept, kept_error, moved }
+for k = 1, 5 do out[#out + 1] = dead_counts[k] end
+for b = 1, bound_count + 1 do out[#out + 1] = buckets[b] end
+return out

@@ -1,0 +1,105 @@
+//! The admin HTTP port: `/metrics` (Prometheus), `/healthz` (the process serves requests),
+//! `/readyz` (Redis answered the last health check and the pollers run).
+
+use crate::metrics::REDIS_UP;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use redis::aio::ConnectionManager;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// What readiness is made of.
+#[derive(Default)]
+pub struct Health {
+    pub redis_ok: AtomicBool,
+    pub pollers_running: AtomicBool,
+}
+
+impl Health {
+    fn readiness(&self) -> Result<(), &'static str> {
+        if !self.redis_ok.load(Ordering::Relaxed) {
+            return Err("redis unreachable");
+        }
+        if !self.pollers_running.load(Ordering::Relaxed) {
+            return Err("pollers not running");
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    metrics: PrometheusHandle,
+    health: Arc<Health>,
+}
+
+/// Binds now (a bad address fails start-up) and serves until `shutdown`.
+pub async fn serve(
+    listen: SocketAddr,
+    metrics: PrometheusHandle,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(|State(s): State<AdminState>| async move { s.metrics.render() }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(|State(s): State<AdminState>| async move {
+                match s.health.readiness() {
+                    Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+                    Err(why) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: {why}\n"),
+                    ),
+                }
+            }),
+        )
+        .with_state(AdminState { metrics, health });
+    Ok(tokio::spawn(async move {
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "admin server failed");
+        }
+    }))
+}
+
+/// Pings Redis every second; readiness follows the answer.
+pub async fn check_redis(
+    mut con: ConnectionManager,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) {
+    while !shutdown.is_cancelled() {
+        let ping_cmd = redis::cmd("PING");
+        let ping = ping_cmd.query_async::<String>(&mut con);
+        let ok = matches!(
+            tokio::time::timeout(Duration::from_secs(1), ping).await,
+            Ok(Ok(_))
+        );
+        if ok != health.redis_ok.swap(ok, Ordering::Relaxed) {
+            if ok {
+                tracing::info!("redis reachable again");
+            } else {
+                tracing::error!("redis health check failed: not ready");
+            }
+        }
+        metrics::gauge!(REDIS_UP).set(if ok { 1.0 } else { 0.0 });
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.cancelled() => {}
+        }
+    }
+}

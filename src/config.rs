@@ -1,0 +1,550 @@
+//! Configuration: `config/zdelay.toml` (or `--config PATH`) overridden by `ZDELAY_…`
+//! environment variables (`ZDELAY_REDIS__URL`, `ZDELAY_POLLER__BATCH`, …: sections split on
+//! `__`). Every field has a default, so no file at all runs on local defaults. `load`
+//! validates cross-references (route → sink, source → route) and names the field at fault.
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Deserializer, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// A configuration that cannot be used, with the field at fault named.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0} does not exist")]
+    Missing(String),
+    #[error("{0}")]
+    Parse(String),
+    #[error("invalid config: {field}: {why}")]
+    Invalid { field: String, why: String },
+}
+
+fn invalid(field: impl Into<String>, why: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        why: why.into(),
+    }
+}
+
+/// A secret: accepts any scalar (env values parse as TOML, so `123456` is an integer) and
+/// never prints its value.
+#[derive(Clone, Default, PartialEq)]
+pub struct Secret(String);
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("***")
+    }
+}
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Scalar {
+            S(String),
+            I(i64),
+            F(f64),
+            B(bool),
+        }
+        Ok(Secret(match Scalar::deserialize(d)? {
+            Scalar::S(s) => s,
+            Scalar::I(i) => i.to_string(),
+            Scalar::F(f) => f.to_string(),
+            Scalar::B(b) => b.to_string(),
+        }))
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub redis: RedisConfig,
+    pub poller: PollerConfig,
+    pub admin: AdminConfig,
+    /// Named sinks. A `local` Redis sink (the scheduling Redis itself) always exists.
+    pub sinks: BTreeMap<String, SinkConfig>,
+    /// Configured destinations. Default: `default` → list `queue:default` on `local`.
+    pub routes: Vec<RouteConfig>,
+    /// Raw ZSETs for producers that just `ZADD`.
+    pub sources: Vec<SourceConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            redis: RedisConfig::default(),
+            poller: PollerConfig::default(),
+            admin: AdminConfig::default(),
+            sinks: BTreeMap::from([(
+                LOCAL_SINK.to_owned(),
+                SinkConfig::Redis(RedisSinkConfig::default()),
+            )]),
+            routes: vec![RouteConfig {
+                name: "default".into(),
+                sink: LOCAL_SINK.into(),
+                target: "queue:default".into(),
+                push: Push::Lpush,
+                delayed_suffix: None,
+            }],
+            sources: Vec::new(),
+        }
+    }
+}
+
+/// Name of the sink that is always there: the scheduling Redis itself.
+pub const LOCAL_SINK: &str = "local";
+
+/// `[redis]`: where jobs are scheduled.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// Redis URL. Default `redis://127.0.0.1:6379`.
+    pub url: String,
+    /// Password, overriding any in the URL; from the environment (`ZDELAY_REDIS__PASSWORD`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+    /// Prefix of every key. Default `zdelay`. Must not contain `{` or `}`.
+    pub namespace: String,
+    /// Number of envelope shards. Default 16. Fixed once jobs exist (stored in `<ns>:schema`).
+    pub shards: u16,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: "redis://127.0.0.1:6379".into(),
+            password: None,
+            namespace: "zdelay".into(),
+            shards: 16,
+        }
+    }
+}
+
+/// `[poller]`: how due jobs are found and moved.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PollerConfig {
+    /// Jobs per script call, 1..=1000. Default 1000.
+    pub batch: usize,
+    /// Fallback poll interval when no wake-up arrives. Default `100ms`.
+    #[serde(with = "humantime_serde")]
+    pub idle_poll: Duration,
+    /// Claim deadline for two-phase sinks. Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Largest payload delivered, in bytes; larger ones go to dead. Default 1048576 (1 MiB).
+    pub max_payload: usize,
+    /// How long SIGTERM waits for the batch in hand. Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// How often backlog gauges are sampled. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub stats_interval: Duration,
+}
+
+impl Default for PollerConfig {
+    fn default() -> Self {
+        PollerConfig {
+            batch: 1000,
+            idle_poll: Duration::from_millis(100),
+            lease: Duration::from_secs(30),
+            max_payload: 1 << 20,
+            shutdown_grace: Duration::from_secs(10),
+            stats_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `[admin]`: the HTTP port for `/metrics`, `/healthz`, `/readyz`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Listen address. Default `127.0.0.1:9464`.
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
+}
+
+/// `[sinks.<name>]`: a connection to a delivery system.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum SinkConfig {
+    /// Redis lists. Without `url`, the scheduling Redis: moves are atomic, exactly once.
+    Redis(RedisSinkConfig),
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSinkConfig {
+    /// Another Redis to deliver to. Not supported yet: only the scheduling Redis.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+/// Which end of the list a job is pushed onto.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Push {
+    #[default]
+    Lpush,
+    Rpush,
+}
+
+impl Push {
+    pub fn command(self) -> &'static str {
+        match self {
+            Push::Lpush => "LPUSH",
+            Push::Rpush => "RPUSH",
+        }
+    }
+}
+
+/// `[[routes]]`: a named destination.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// What jobs name in `dest`.
+    pub name: String,
+    /// A sink name from `[sinks]`.
+    pub sink: String,
+    /// The list key (Redis sinks).
+    pub target: String,
+    /// `lpush` (default; consumers `BRPOP`) or `rpush` (consumers `BLPOP`).
+    #[serde(default)]
+    pub push: Push,
+    /// Priority lane: due jobs go to `<target><suffix>`, e.g. `-delayed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delayed_suffix: Option<String>,
+}
+
+impl RouteConfig {
+    /// The list key due jobs land in.
+    pub fn list_key(&self) -> String {
+        match &self.delayed_suffix {
+            Some(suffix) => format!("{}{}", self.target, suffix),
+            None => self.target.clone(),
+        }
+    }
+}
+
+/// Unit of a raw source's scores.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ScoreUnit {
+    #[default]
+    #[serde(rename = "ms")]
+    Millis,
+    #[serde(rename = "s")]
+    Seconds,
+}
+
+impl ScoreUnit {
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            ScoreUnit::Millis => "ms",
+            ScoreUnit::Seconds => "s",
+        }
+    }
+
+    /// A score in this unit as epoch ms.
+    pub fn to_ms(self, score: f64) -> f64 {
+        match self {
+            ScoreUnit::Millis => score,
+            ScoreUnit::Seconds => score * 1000.0,
+        }
+    }
+}
+
+/// `[[sources]]`: a raw ZSET, member = payload, score = due time.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// The ZSET producers `ZADD` into.
+    pub key: String,
+    /// `ms` (default) or `s`.
+    #[serde(default)]
+    pub score_unit: ScoreUnit,
+    /// The route due members are delivered to.
+    pub route: String,
+    /// Where undeliverable members go. Default `<key>:dead` (reasons in `<dead_key>:reasons`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_key: Option<String>,
+}
+
+impl SourceConfig {
+    pub fn dead_key(&self) -> String {
+        self.dead_key
+            .clone()
+            .unwrap_or_else(|| crate::keys::raw_dead(&self.key))
+    }
+}
+
+const SECTIONS: &[&str] = &["redis", "poller", "admin", "sinks", "routes", "sources"];
+
+/// Loads defaults ← file ← environment, then validates.
+///
+/// `path`: a file named on the command line must exist; `None` means defaults + environment.
+pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+    let mut figment = Figment::from(Serialized::defaults(Config::default()));
+    if let Some(path) = path {
+        if !path.is_file() {
+            return Err(ConfigError::Missing(path.display().to_string()));
+        }
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    figment = figment.merge(
+        Env::prefixed("ZDELAY_")
+            .split("__")
+            // Only section keys: ZDELAY_CONFIG, ZDELAY_LOG and test variables are not config.
+            .filter(|key| {
+                let first = key.as_str().split('.').next().unwrap_or("");
+                SECTIONS.contains(&first)
+            }),
+    );
+    from_figment(figment)
+}
+
+/// Parses TOML text on top of the defaults (no environment); for tests and examples.
+pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+    from_figment(Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text)))
+}
+
+fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
+    let config: Config = figment
+        .extract()
+        .map_err(|e| ConfigError::Parse(format!("invalid config: {e}")))?;
+    config.validate()?;
+    Ok(config)
+}
+
+impl Config {
+    /// Cross-field checks; each error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let r = &self.redis;
+        if r.namespace.is_empty() || r.namespace.contains(['{', '}']) {
+            return Err(invalid(
+                "redis.namespace",
+                "must be non-empty and contain no { or }",
+            ));
+        }
+        if r.shards == 0 || r.shards > 16384 {
+            return Err(invalid("redis.shards", "must be 1..=16384"));
+        }
+        let p = &self.poller;
+        if p.batch == 0 || p.batch > 1000 {
+            return Err(invalid("poller.batch", "must be 1..=1000"));
+        }
+        if p.idle_poll.is_zero() {
+            return Err(invalid("poller.idle_poll", "must be greater than 0"));
+        }
+        if p.lease < Duration::from_secs(1) {
+            return Err(invalid("poller.lease", "must be at least 1s"));
+        }
+        if p.max_payload == 0 || p.max_payload > 512 << 20 {
+            return Err(invalid("poller.max_payload", "must be 1..=536870912 bytes"));
+        }
+        if p.stats_interval.is_zero() {
+            return Err(invalid("poller.stats_interval", "must be greater than 0"));
+        }
+        for (name, sink) in &self.sinks {
+            if name.is_empty() || name.contains(['/', '\n']) {
+                return Err(invalid(
+                    format!("sinks.{name}"),
+                    "a sink name must be non-empty, without / or newline",
+                ));
+            }
+            match sink {
+                SinkConfig::Redis(RedisSinkConfig { url: Some(_) }) => {
+                    return Err(invalid(
+                        format!("sinks.{name}.url"),
+                        "a Redis sink on another server needs the two-phase delivery path, \
+                         which this version does not have; omit url to use the scheduling Redis",
+                    ));
+                }
+                SinkConfig::Redis(_) => {}
+            }
+        }
+        let mut names = BTreeSet::new();
+        for (i, route) in self.routes.iter().enumerate() {
+            let field = |f: &str| format!("routes[{i}] ({}).{f}", route.name);
+            if route.name.is_empty() || route.name.contains(['\n', '/']) {
+                return Err(invalid(
+                    field("name"),
+                    "must be non-empty, without / or newline",
+                ));
+            }
+            if !names.insert(route.name.as_str()) {
+                return Err(invalid(field("name"), "another route has this name"));
+            }
+            if !self.sinks.contains_key(&route.sink) {
+                let known: Vec<_> = self.sinks.keys().map(String::as_str).collect();
+                return Err(invalid(
+                    field("sink"),
+                    format!(
+                        "sink {:?} is not defined; defined sinks: {}",
+                        route.sink,
+                        known.join(", ")
+                    ),
+                ));
+            }
+            if route.target.is_empty() {
+                return Err(invalid(field("target"), "must be non-empty"));
+            }
+            if route.delayed_suffix.as_deref() == Some("") {
+                return Err(invalid(
+                    field("delayed_suffix"),
+                    "must be non-empty when set",
+                ));
+            }
+        }
+        let mut keys = BTreeSet::new();
+        for (i, source) in self.sources.iter().enumerate() {
+            let field = |f: &str| format!("sources[{i}] ({}).{f}", source.key);
+            if source.key.is_empty() {
+                return Err(invalid(field("key"), "must be non-empty"));
+            }
+            if !keys.insert(source.key.as_str()) {
+                return Err(invalid(field("key"), "another source has this key"));
+            }
+            if !names.contains(source.route.as_str()) {
+                return Err(invalid(
+                    field("route"),
+                    format!(
+                        "route {:?} is not defined; defined routes: {}",
+                        source.route,
+                        names.iter().copied().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn route(&self, name: &str) -> Option<&RouteConfig> {
+        self.routes.iter().find(|r| r.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_documented() {
+        let c = from_toml("").unwrap();
+        assert_eq!(c.redis.url, "redis://127.0.0.1:6379");
+        assert_eq!(c.redis.shards, 16);
+        assert_eq!(c.redis.namespace, "zdelay");
+        assert_eq!(c.poller.batch, 1000);
+        assert_eq!(c.poller.idle_poll, Duration::from_millis(100));
+        assert!(matches!(c.sinks.get("local"), Some(SinkConfig::Redis(_))));
+        assert_eq!(c.routes[0].name, "default");
+    }
+
+    #[test]
+    fn shipped_config_parses() {
+        let text = include_str!("../config/zdelay.toml");
+        let c = from_toml(text).unwrap();
+        assert!(c.route("emails").is_some());
+    }
+
+    #[test]
+    fn design_example_section_parses() {
+        let c = from_toml(
+            r#"
+            [redis]
+            url = "redis://127.0.0.1:6379"
+            namespace = "zdelay"
+            shards = 16
+            [poller]
+            batch = 1000
+            idle_poll = "100ms"
+            lease = "30s"
+            [admin]
+            listen = "127.0.0.1:9464"
+            [sinks.local]
+            kind = "redis"
+            [[routes]]
+            name = "emails"
+            sink = "local"
+            target = "queue:emails"
+            push = "lpush"
+            delayed_suffix = "-delayed"
+            [[sources]]
+            key = "delayed:emails"
+            score_unit = "ms"
+            route = "emails"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.routes.len(),
+            1,
+            "a configured route list replaces the default"
+        );
+        assert_eq!(c.routes[0].list_key(), "queue:emails-delayed");
+        assert_eq!(c.sources[0].dead_key(), "delayed:emails:dead");
+    }
+
+    fn err(text: &str) -> String {
+        from_toml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn bad_config_names_the_field() {
+        assert!(err("[poller]\nbatchh = 3").contains("batchh"));
+        assert!(err("[poller]\nidle_poll = \"soon\"").contains("idle_poll"));
+        assert!(err("[poller]\nbatch = 5000").contains("poller.batch"));
+        assert!(
+            err("[[routes]]\nname=\"a\"\nsink=\"nope\"\ntarget=\"q\"")
+                .contains("routes[0] (a).sink: sink \"nope\" is not defined")
+        );
+        assert!(
+            err("[[sources]]\nkey=\"k\"\nroute=\"missing\"")
+                .contains("sources[0] (k).route: route \"missing\" is not defined")
+        );
+        assert!(err("[sinks.x]\nkind = \"carrier-pigeon\"").contains("carrier-pigeon"));
+        assert!(err("[sinks.x]\nkind = \"redis\"\nurll = \"x\"").contains("urll"));
+        assert!(err("[redis]\nnamespace = \"a{b\"").contains("redis.namespace"));
+        assert!(
+            err("[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"q\"\n[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"r\"")
+                .contains("another route")
+        );
+    }
+
+    #[test]
+    fn secrets_accept_numbers_and_hide() {
+        let c = from_toml("[redis]\npassword = 123456").unwrap();
+        assert_eq!(c.redis.password.as_ref().unwrap().expose(), "123456");
+        assert_eq!(format!("{:?}", c.redis.password.unwrap()), "***");
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let e = load(Some(Path::new("/nonexistent/zdelay.toml"))).unwrap_err();
+        assert!(e.to_string().contains("does not exist"));
+    }
+}

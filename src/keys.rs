@@ -1,0 +1,147 @@
+//! The one place Redis key names are built.
+//!
+//! Every key of shard `s` carries the hash tag `{<namespace>:<s>}`, so each script touches
+//! a single slot and stays atomic under Redis Cluster. The shard of a job is
+//! `crc16(tag(id)) % shards`, where `tag(id)` is the part inside the first `{…}` of the id
+//! when there is one (the Redis Cluster hash-tag rule) and the whole id otherwise. Jobs whose
+//! ids share a tag share a shard, and so keep their relative order at equal due times.
+
+use crc::{CRC_16_XMODEM, Crc};
+
+/// Version of the key layout and envelope frame written by this build.
+pub const LAYOUT_VERSION: u32 = 1;
+
+const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_XMODEM);
+
+/// Builds key names for one namespace and shard count.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    namespace: String,
+    shards: u16,
+}
+
+impl Keys {
+    pub fn new(namespace: &str, shards: u16) -> Self {
+        Keys {
+            namespace: namespace.to_owned(),
+            shards,
+        }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn shards(&self) -> u16 {
+        self.shards
+    }
+
+    /// The shard a job id belongs to.
+    pub fn shard_of(&self, id: &str) -> u16 {
+        (CRC16.checksum(hash_tag(id).as_bytes()) % self.shards) as u16
+    }
+
+    fn shard_key(&self, shard: u16, suffix: &str) -> String {
+        format!("{{{}:{}}}:{}", self.namespace, shard, suffix)
+    }
+
+    /// ZSET: member = job id, score = due ms.
+    pub fn due(&self, shard: u16) -> String {
+        self.shard_key(shard, "due")
+    }
+
+    /// HASH: job id → envelope.
+    pub fn jobs(&self, shard: u16) -> String {
+        self.shard_key(shard, "jobs")
+    }
+
+    /// ZSET: member = job id, score = lease deadline ms (two-phase sinks).
+    pub fn inflight(&self, shard: u16) -> String {
+        self.shard_key(shard, "inflight")
+    }
+
+    /// ZSET: member = job id, score = ms it died.
+    pub fn dead(&self, shard: u16) -> String {
+        self.shard_key(shard, "dead")
+    }
+
+    /// HASH: job id → why it died.
+    pub fn reasons(&self, shard: u16) -> String {
+        self.shard_key(shard, "reasons")
+    }
+
+    /// HASH with the layout version and shard count, shared by every client and daemon.
+    pub fn schema(&self) -> String {
+        format!("{}:schema", self.namespace)
+    }
+
+    /// Pub/sub channel on which enqueues announce a new head: message `"<shard> <due ms>"`.
+    pub fn wake_channel(&self) -> String {
+        format!("{}:wake", self.namespace)
+    }
+}
+
+/// Default dead ZSET of a raw source: `<source>:dead`.
+pub fn raw_dead(source_key: &str) -> String {
+    format!("{source_key}:dead")
+}
+
+/// HASH beside a raw source's dead ZSET: member → why it died.
+pub fn raw_dead_reasons(dead_key: &str) -> String {
+    format!("{dead_key}:reasons")
+}
+
+/// The part of a key or id that Redis Cluster hashes.
+fn hash_tag(id: &str) -> &str {
+    if let Some(open) = id.find('{')
+        && let Some(len) = id[open + 1..].find('}')
+        && len > 0
+    {
+        return &id[open + 1..open + 1 + len];
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_the_shard_hash_tag() {
+        let k = Keys::new("zdelay", 16);
+        assert_eq!(k.due(3), "{zdelay:3}:due");
+        assert_eq!(k.jobs(3), "{zdelay:3}:jobs");
+        assert_eq!(k.inflight(3), "{zdelay:3}:inflight");
+        assert_eq!(k.dead(3), "{zdelay:3}:dead");
+        assert_eq!(k.reasons(3), "{zdelay:3}:reasons");
+        assert_eq!(k.schema(), "zdelay:schema");
+    }
+
+    #[test]
+    fn shard_follows_redis_cluster_crc16() {
+        // Redis Cluster: CLUSTER KEYSLOT foo = 12182 = crc16("foo") % 16384.
+        let k = Keys::new("zdelay", 16384);
+        assert_eq!(k.shard_of("foo"), 12182);
+        assert_eq!(k.shard_of("{user1000}.following"), k.shard_of("user1000"));
+        assert_eq!(k.shard_of("{}x"), k.shard_of("{}x"));
+    }
+
+    #[test]
+    fn hash_tag_rules() {
+        assert_eq!(hash_tag("{a}b"), "a");
+        assert_eq!(hash_tag("x{a}b{c}"), "a");
+        assert_eq!(hash_tag("{}a"), "{}a");
+        assert_eq!(hash_tag("no-tag"), "no-tag");
+        assert_eq!(hash_tag("{open"), "{open");
+    }
+
+    #[test]
+    fn shards_spread() {
+        let k = Keys::new("zdelay", 16);
+        let mut seen = [0u32; 16];
+        for i in 0..16_000 {
+            seen[k.shard_of(&format!("job-{i}")) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&c| (700..1300).contains(&c)), "{seen:?}");
+    }
+}

@@ -1,0 +1,160 @@
+//! Backlog statistics per shard and raw source: due now, scheduled later, in flight, dead,
+//! oldest overdue age. One pipeline per call, "now" from Redis TIME. Used by `zdelay stats`
+//! and by the daemon's low-rate sampler (never by the hot loop).
+
+use crate::config::{Config, ScoreUnit};
+use crate::keys::{self, Keys};
+use crate::metrics::{DEAD, DUE_BACKLOG, INFLIGHT, OLDEST_DUE_AGE, SCHEDULED};
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Backlog {
+    /// `shard N` or the raw source key.
+    pub name: String,
+    pub due_now: u64,
+    pub scheduled: u64,
+    pub inflight: u64,
+    pub dead: u64,
+    /// How long the oldest due job has waited, ms; 0 when none is due.
+    pub oldest_due_age_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    pub now_ms: i64,
+    pub shards: Vec<Backlog>,
+    pub sources: Vec<Backlog>,
+}
+
+impl Stats {
+    pub fn total(&self) -> Backlog {
+        let mut t = Backlog {
+            name: "total".into(),
+            due_now: 0,
+            scheduled: 0,
+            inflight: 0,
+            dead: 0,
+            oldest_due_age_ms: 0,
+        };
+        for b in self.shards.iter().chain(&self.sources) {
+            t.due_now += b.due_now;
+            t.scheduled += b.scheduled;
+            t.inflight += b.inflight;
+            t.dead += b.dead;
+            t.oldest_due_age_ms = t.oldest_due_age_ms.max(b.oldest_due_age_ms);
+        }
+        t
+    }
+}
+
+async fn redis_now_ms(con: &mut ConnectionManager) -> redis::RedisResult<i64> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
+/// Gathers the backlog of every shard and configured raw source.
+pub async fn gather(con: &mut ConnectionManager, config: &Config) -> redis::RedisResult<Stats> {
+    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    let now_ms = redis_now_ms(con).await?;
+    let mut pipe = redis::pipe();
+    for shard in 0..keys.shards() {
+        add_zset_queries(&mut pipe, &keys.due(shard), now_ms as f64);
+        pipe.zcard(keys.inflight(shard)).zcard(keys.dead(shard));
+    }
+    for source in &config.sources {
+        let max = match source.score_unit {
+            ScoreUnit::Millis => now_ms as f64,
+            ScoreUnit::Seconds => now_ms as f64 / 1000.0,
+        };
+        add_zset_queries(&mut pipe, &source.key, max);
+        pipe.zcard(keys::raw_dead(&source.key));
+    }
+    let values: Vec<redis::Value> = pipe.query_async(con).await?;
+    let mut it = values.into_iter();
+    let mut shards = Vec::new();
+    for shard in 0..keys.shards() {
+        let (due_now, total, head) = read_zset_queries(&mut it)?;
+        let inflight = redis::from_redis_value(it.next().unwrap_or_default())?;
+        let dead = redis::from_redis_value(it.next().unwrap_or_default())?;
+        shards.push(Backlog {
+            name: format!("shard {shard}"),
+            due_now,
+            scheduled: total - due_now,
+            inflight,
+            dead,
+            oldest_due_age_ms: age(now_ms, head, ScoreUnit::Millis),
+        });
+    }
+    let mut sources = Vec::new();
+    for source in &config.sources {
+        let (due_now, total, head) = read_zset_queries(&mut it)?;
+        let dead = redis::from_redis_value(it.next().unwrap_or_default())?;
+        sources.push(Backlog {
+            name: source.key.clone(),
+            due_now,
+            scheduled: total - due_now,
+            inflight: 0,
+            dead,
+            oldest_due_age_ms: age(now_ms, head, source.score_unit),
+        });
+    }
+    Ok(Stats {
+        now_ms,
+        shards,
+        sources,
+    })
+}
+
+fn add_zset_queries(pipe: &mut redis::Pipeline, key: &str, max_score: f64) {
+    pipe.zcount(key, "-inf", max_score)
+        .zcard(key)
+        .zrange_withscores(key, 0, 0);
+}
+
+fn read_zset_queries(
+    it: &mut impl Iterator<Item = redis::Value>,
+) -> redis::RedisResult<(u64, u64, Option<f64>)> {
+    let due_now: u64 = redis::from_redis_value(it.next().unwrap_or_default())?;
+    let total: u64 = redis::from_redis_value(it.next().unwrap_or_default())?;
+    let head: Vec<(String, f64)> = redis::from_redis_value(it.next().unwrap_or_default())?;
+    Ok((due_now, total, head.first().map(|(_, s)| *s)))
+}
+
+fn age(now_ms: i64, head: Option<f64>, unit: ScoreUnit) -> u64 {
+    head.map(|s| (now_ms as f64 - unit.to_ms(s)).max(0.0) as u64)
+        .unwrap_or(0)
+}
+
+/// Sets the backlog gauges from a sample.
+pub fn publish_gauges(stats: &Stats) {
+    let shards = stats
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(i, b)| ("shard", i.to_string(), b));
+    let sources = stats.sources.iter().map(|b| ("source", b.name.clone(), b));
+    for (label, value, b) in shards.chain(sources) {
+        metrics::gauge!(DUE_BACKLOG, label => value.clone()).set(b.due_now as f64);
+        metrics::gauge!(SCHEDULED, label => value.clone()).set(b.scheduled as f64);
+        metrics::gauge!(INFLIGHT, label => value.clone()).set(b.inflight as f64);
+        metrics::gauge!(DEAD, label => value.clone()).set(b.dead as f64);
+        metrics::gauge!(OLDEST_DUE_AGE, label => value).set(b.oldest_due_age_ms as f64 / 1000.0);
+    }
+}
+
+/// The table printed by `zdelay stats`.
+pub fn render_table(stats: &Stats) -> String {
+    let mut out = format!(
+        "{:<24} {:>10} {:>10} {:>9} {:>8} {:>14}\n",
+        "", "due now", "scheduled", "inflight", "dead", "oldest due ms"
+    );
+    let total = stats.total();
+    for b in stats.shards.iter().chain(&stats.sources).chain([&total]) {
+        out.push_str(&format!(
+            "{:<24} {:>10} {:>10} {:>9} {:>8} {:>14}\n",
+            b.name, b.due_now, b.scheduled, b.inflight, b.dead, b.oldest_due_age_ms
+        ));
+    }
+    out
+}
