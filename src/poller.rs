@@ -26,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 /// Label of envelope shards in per-source metrics.
 pub const ENVELOPE_SOURCE: &str = "jobs";
 
+/// Sees every successful move reply; the benchmark uses it to count and time batches.
+pub type BatchObserver = Arc<dyn Fn(&Target, &MoveReply) + Send + Sync>;
+
 /// What every poller of one daemon shares.
 pub struct PollerContext {
     pub con: ConnectionManager,
@@ -36,6 +39,7 @@ pub struct PollerContext {
     pub max_payload: usize,
     /// Lateness bucket bounds passed to the scripts; the metrics' by default.
     pub bounds_ms: Vec<u64>,
+    pub observer: Option<BatchObserver>,
 }
 
 impl PollerContext {
@@ -54,6 +58,7 @@ impl PollerContext {
             idle_poll,
             max_payload,
             bounds_ms: LATENESS_BOUNDS_MS.to_vec(),
+            observer: None,
         }
     }
 }
@@ -212,6 +217,9 @@ pub async fn run(
                 ::metrics::histogram!(SCRIPT_DURATION, "script" => script)
                     .record(started.elapsed().as_secs_f64());
                 record(&ctx, &target, &label, &reply);
+                if let Some(observe) = &ctx.observer {
+                    observe(&target, &reply);
+                }
                 if reply.kept > 0 {
                     metrics::error_event(
                         "push_failed",
