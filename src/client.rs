@@ -278,6 +278,27 @@ pub async fn ensure_schema(con: &mut ConnectionManager, keys: &Keys) -> Result<(
     Ok(())
 }
 
+/// Time-ordered ids: ULIDs, strictly increasing within one process even inside one
+/// millisecond, so jobs due at the same ms leave in enqueue order (ZSET ties sort by member).
+#[derive(Default)]
+pub struct IdGenerator(Mutex<ulid::Generator>);
+
+impl IdGenerator {
+    pub fn next(&self) -> String {
+        let mut generator = self.0.lock().expect("id generator lock is never poisoned");
+        loop {
+            // The random part overflows within one ms only after 2^80 ids; wait for the next ms.
+            if let Ok(id) = generator.generate() {
+                return id.to_string();
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A validated job ready for `enqueue_jobs`: (input index, id, due arg, envelope bytes).
+type Prepared = (usize, String, String, Vec<u8>);
+
 /// Handle for producers and operators. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
@@ -285,7 +306,7 @@ pub struct Client {
     keys: Keys,
     destinations: Option<Arc<BTreeSet<String>>>,
     max_payload: Option<usize>,
-    ids: Arc<Mutex<ulid::Generator>>,
+    ids: Arc<IdGenerator>,
 }
 
 impl Client {
@@ -299,7 +320,7 @@ impl Client {
             keys,
             destinations: None,
             max_payload: None,
-            ids: Arc::new(Mutex::new(ulid::Generator::new())),
+            ids: Arc::new(IdGenerator::default()),
         })
     }
 
@@ -334,17 +355,7 @@ impl Client {
 
     /// A new time-ordered id (ULID, monotonic within this process).
     pub fn new_id(&self) -> String {
-        let mut generator = self
-            .ids
-            .lock()
-            .expect("id generator lock is never poisoned");
-        loop {
-            // Overflow of the random part within one ms is astronomically rare; wait it out.
-            if let Ok(id) = generator.generate() {
-                return id.to_string();
-            }
-            std::thread::yield_now();
-        }
+        self.ids.next()
     }
 
     /// Enqueues one job and returns its id.
@@ -369,8 +380,7 @@ impl Client {
     ) -> Result<Vec<Result<(String, Enqueued), ClientError>>, ClientError> {
         let mut results: Vec<Option<Result<(String, Enqueued), ClientError>>> =
             (0..jobs.len()).map(|_| None).collect();
-        // Per shard: (input index, id, due arg, envelope bytes).
-        let mut by_shard: BTreeMap<u16, Vec<(usize, String, String, Vec<u8>)>> = BTreeMap::new();
+        let mut by_shard: BTreeMap<u16, Vec<Prepared>> = BTreeMap::new();
         for (i, job) in jobs.into_iter().enumerate() {
             match self.prepare(job) {
                 Ok((id, due, bytes)) => by_shard
@@ -704,5 +714,34 @@ impl Client {
                 return Ok(total);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_sort_in_generation_order() {
+        let ids = IdGenerator::default();
+        let generated: Vec<String> = (0..10_000).map(|_| ids.next()).collect();
+        assert!(
+            generated.windows(2).all(|w| w[0] < w[1]),
+            "ids must strictly increase"
+        );
+        assert!(generated.iter().all(|id| id.len() == 26));
+    }
+
+    #[test]
+    fn due_args() {
+        assert_eq!(Due::At(1_700_000_000_000).as_arg(), "1700000000000");
+        assert_eq!(Due::In(Duration::from_millis(250)).as_arg(), "+250");
+    }
+
+    #[test]
+    fn error_kinds_are_bounded_labels() {
+        let e = ClientError::Exists("x".into());
+        assert_eq!(e.kind(), "exists");
+        assert_eq!(e.to_string(), "job x exists (policy: error)");
     }
 }

@@ -38,7 +38,7 @@ impl Keys {
 
     /// The shard a job id belongs to.
     pub fn shard_of(&self, id: &str) -> u16 {
-        (CRC16.checksum(hash_tag(id).as_bytes()) % self.shards) as u16
+        CRC16.checksum(hash_tag(id).as_bytes()) % self.shards
     }
 
     fn shard_key(&self, shard: u16, suffix: &str) -> String {

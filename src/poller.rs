@@ -308,7 +308,7 @@ mod tests {
         );
         let r = reply(1_000_000_000, Some(1_000.5));
         assert_eq!(
-            sleep_after(&r, ScoreUnit::Seconds, idle),
+            sleep_after(&r, ScoreUnit::Seconds, Duration::from_secs(1)),
             Duration::from_millis(500)
         );
     }

@@ -154,7 +154,7 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
-    /// `KEYS[n]` indices in `text`, and whether a variadic `KEYS[n..]` appears.
+    /// Literal `KEYS[n]` indices in `text`, and whether a variadic `KEYS[n..]` appears.
     fn key_refs(text: &str) -> (BTreeSet<usize>, bool) {
         let mut found = BTreeSet::new();
         let mut variadic = false;
@@ -162,9 +162,10 @@ mod tests {
             let rest = &text[i + 5..];
             let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
             if let Ok(n) = digits.parse() {
-                found.insert(n);
                 if rest[digits.len()..].starts_with("..") {
                     variadic = true;
+                } else {
+                    found.insert(n);
                 }
             }
         }
