@@ -320,8 +320,9 @@ pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
             .split("__")
             // Only section keys: ZDELAY_CONFIG, ZDELAY_LOG and test variables are not config.
             .filter(|key| {
+                // Keys arrive in the variable's own case (REDIS.URL): compare without case.
                 let first = key.as_str().split('.').next().unwrap_or("");
-                SECTIONS.contains(&first)
+                SECTIONS.iter().any(|s| s.eq_ignore_ascii_case(first))
             }),
     );
     from_figment(figment)
@@ -540,6 +541,22 @@ mod tests {
         let c = from_toml("[redis]\npassword = 123456").unwrap();
         assert_eq!(c.redis.password.as_ref().unwrap().expose(), "123456");
         assert_eq!(format!("{:?}", c.redis.password.unwrap()), "***");
+    }
+
+    #[test]
+    fn upper_case_environment_overrides_apply_and_others_are_ignored() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("ZDELAY_POLLER__BATCH", "250");
+            jail.set_env("ZDELAY_REDIS__URL", "redis://127.0.0.1:7000");
+            jail.set_env("ZDELAY_REDIS__PASSWORD", "123456");
+            jail.set_env("ZDELAY_CONFIG", "/not/a/config/key");
+            jail.set_env("ZDELAY_TEST_REDIS_URL", "ignored");
+            let c = load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.poller.batch, 250);
+            assert_eq!(c.redis.url, "redis://127.0.0.1:7000");
+            assert_eq!(c.redis.password.unwrap().expose(), "123456");
+            Ok(())
+        });
     }
 
     #[test]

@@ -1,7 +1,11 @@
 //! Integration tests: one binary, real `redis-server` processes started per test on free
 //! loopback ports (see `common`), and the real `zdelay` binary for daemon and CLI tests.
 
+mod bad_input;
+mod cli;
 mod common;
+mod delivery;
+mod faults;
 
 #[test]
 fn harness_starts_redis_and_daemon() {

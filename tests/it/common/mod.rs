@@ -294,3 +294,148 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
+
+// Fault-test helpers (faults.rs, cli.rs).
+
+impl RedisServer {
+    /// A private `redis-server` on a given port (e.g. one a daemon already points at).
+    pub fn start_on(port: u16) -> Self {
+        let mut server = RedisServer {
+            port,
+            dir: tempfile::tempdir().expect("a temp dir"),
+            child: None,
+            extra: Vec::new(),
+        };
+        server.spawn();
+        server
+    }
+
+    /// Starts a stopped server again on the same port (empty: nothing was persisted).
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "start_again on a running server");
+        self.spawn();
+    }
+
+    /// The server's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Daemon {
+    /// The exit status if the process has exited (reaped), `None` while it runs.
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().expect("try_wait")?;
+        self.child = None;
+        Some(status)
+    }
+}
+
+/// CPU time (user + system) a process has used so far, from `/proc/<pid>/stat`.
+pub fn process_cpu(pid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/<pid>/stat");
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').expect("stat has (comm)") + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// A small seeded PRNG (splitmix64), so a failing interleaving can be replayed by its seed.
+pub struct SeededRng(u64);
+
+impl SeededRng {
+    pub fn new(seed: u64) -> Self {
+        SeededRng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..hi` (hi > lo).
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next_u64() % (hi - lo) as u64) as i64
+    }
+}
+
+/// Total size of one kind of shard key (`due`, `jobs`, `dead`, `inflight`, `reasons`) over
+/// every shard of namespace `zdelay`.
+pub fn shard_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> usize {
+    let cmd = if matches!(suffix, "jobs" | "reasons") {
+        "HLEN"
+    } else {
+        "ZCARD"
+    };
+    (0..shards)
+        .map(|s| {
+            redis::cmd(cmd)
+                .arg(format!("{{zdelay:{s}}}:{suffix}"))
+                .query::<usize>(con)
+                .expect("shard key size")
+        })
+        .sum()
+}
+
+// ---- Helpers for the delivery and bad-input tests (additive). ----
+
+/// `[redis]` for the library client: this server, the default namespace, `shards` shards.
+pub fn redis_config(url: &str, shards: u16) -> zdelay::config::RedisConfig {
+    zdelay::config::RedisConfig {
+        url: url.to_owned(),
+        shards,
+        ..Default::default()
+    }
+}
+
+/// Every key on the server (test servers are small and private).
+pub fn all_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<String> {
+    redis::cmd("KEYS").arg("*").query(con).expect("KEYS")
+}
+
+/// Script calls the server has run so far (`EVALSHA` + `EVAL`, from `INFO commandstats`).
+pub fn script_calls(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .expect("INFO commandstats");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            let calls = l.split("calls=").nth(1)?.split(',').next()?;
+            calls.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// The value of one Prometheus sample in `text`: `name` with at least the given labels.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|line| {
+            let (series, _) = line.rsplit_once(' ').unwrap_or((line, ""));
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            metric == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|line| line.rsplit_once(' ')?.1.parse().ok())
+}
+
+/// Subscribers of a pub/sub channel (`PUBSUB NUMSUB`).
+pub fn subscribers(con: &mut redis::Connection, channel: &str) -> u64 {
+    let (_, n): (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(con)
+        .expect("PUBSUB NUMSUB");
+    n
+}
