@@ -544,6 +544,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure returns figment::Error
     fn upper_case_environment_overrides_apply_and_others_are_ignored() {
         figment::Jail::expect_with(|jail| {
             jail.set_env("ZDELAY_POLLER__BATCH", "250");

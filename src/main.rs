@@ -371,6 +371,11 @@ async fn enqueue_batch(client: &Client, path: &str, policy: OnConflict) -> anyho
         let mut chunk: Vec<(usize, Result<NewJob, String>)> = Vec::with_capacity(CHUNK);
         for (i, line) in lines.by_ref().take(CHUNK) {
             let line = line.context("reading --batch input")?;
+            if line.trim().is_empty() {
+                // Not a job: an empty output line keeps line N answering line N.
+                chunk.push((i + 1, Err(String::new())));
+                continue;
+            }
             chunk.push((i + 1, parse_batch_line(&line)));
         }
         let jobs: Vec<NewJob> = chunk
@@ -389,6 +394,7 @@ async fn enqueue_batch(client: &Client, path: &str, policy: OnConflict) -> anyho
             };
             match outcome {
                 Ok(id) => writeln!(out, "{id}")?,
+                Err(why) if why.is_empty() => writeln!(out)?,
                 Err(why) => {
                     bad += 1;
                     writeln!(out)?;

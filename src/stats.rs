@@ -3,7 +3,7 @@
 //! and by the daemon's low-rate sampler (never by the hot loop).
 
 use crate::config::{Config, ScoreUnit};
-use crate::keys::{self, Keys};
+use crate::keys::Keys;
 use crate::metrics::{DEAD, DUE_BACKLOG, INFLIGHT, OLDEST_DUE_AGE, SCHEDULED};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
@@ -68,7 +68,7 @@ pub async fn gather(con: &mut ConnectionManager, config: &Config) -> redis::Redi
             ScoreUnit::Seconds => now_ms as f64 / 1000.0,
         };
         add_zset_queries(&mut pipe, &source.key, max);
-        pipe.zcard(keys::raw_dead(&source.key));
+        pipe.zcard(source.dead_key());
     }
     let values: Vec<redis::Value> = pipe.query_async(con).await?;
     let mut it = values.into_iter();

@@ -280,6 +280,7 @@ fn enqueue_batch_file_with_bad_lines() {
         r#"{"dest":"nope","payload":"unknown dest"}"#.to_owned(),
         r#"{"dest":"a","payload":"g9"}"#.to_owned(),
         r#"{"dest":"a","payload":"g10","in":"50ms"}"#.to_owned(),
+        "   ".to_owned(), // blank: skipped, not bad
     ];
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("jobs.jsonl");
@@ -291,14 +292,17 @@ fn enqueue_batch_file_with_bad_lines() {
     let printed: Vec<&str> = text.split_terminator('\n').collect();
     assert_eq!(
         printed.len(),
-        10,
+        11,
         "one output line per input line: {text:?}"
     );
     let bad = [3, 6, 8];
     for (i, line) in printed.iter().enumerate() {
         let number = i + 1;
-        if bad.contains(&number) {
-            assert_eq!(*line, "", "line {number} is bad: empty output line");
+        if bad.contains(&number) || number == 11 {
+            assert_eq!(
+                *line, "",
+                "line {number} is bad or blank: empty output line"
+            );
         } else if number == 4 {
             assert_eq!(*line, "batch-4");
         } else {
@@ -306,7 +310,7 @@ fn enqueue_batch_file_with_bad_lines() {
         }
     }
     let err = stderr(&out);
-    for number in 1..=10 {
+    for number in 1..=11 {
         assert_eq!(
             err.contains(&format!("line {number}:")),
             bad.contains(&number),
@@ -765,4 +769,33 @@ fn help_lists_every_command() {
     for c in ["list", "replay", "purge"] {
         assert!(dead.contains(&format!("  {c} ")), "dead --help lacks {c}");
     }
+}
+
+#[test]
+fn stats_count_a_custom_raw_dead_key() {
+    let redis = RedisServer::start();
+    let extra = r#"
+[[routes]]
+name = "a"
+sink = "local"
+target = "q:a"
+
+[[sources]]
+key = "raw:c"
+route = "a"
+dead_key = "graveyard:c"
+"#;
+    let config = TestConfig::new(&redis.url(), 2, extra);
+    let mut con = redis.conn();
+    let _: () = redis::cmd("ZADD")
+        .arg("graveyard:c")
+        .arg(1)
+        .arg("m1")
+        .arg(2)
+        .arg("m2")
+        .query(&mut con)
+        .expect("ZADD");
+    let stats: Value = serde_json::from_str(&ok(&config, &["stats", "--json"])).expect("json");
+    assert_eq!(stats["sources"][0]["name"], "raw:c");
+    assert_eq!(stats["sources"][0]["dead"], 2, "{stats}");
 }
