@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run execs this file).
+#
+#   bash scripts/test.sh
+#
+# On a fresh Debian machine as root: installs redis-server + redis-tools with apt when
+# redis-server is missing (the integration tests start their own redis-server processes on
+# free loopback ports), checks the Rust toolchain, then runs, stopping at the first failure:
+#   cargo fmt --all -- --check
+#   cargo clippy --all-targets -- -D warnings
+#   cargo build --all-targets          (the build the tests below reuse)
+#   cargo test --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
+# and ends with a summary of step timings and test counts. Works from any directory, needs
+# no TTY and no stdin. Each step runs in its own process group; on exit or on a signal, any
+# step still running is stopped together with what it started (cargo, test binaries, the
+# redis-server and zdelay processes the tests spawn).
+set -euo pipefail
+
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
+ROOT=$PWD
+TEST_THREADS=${ZDELAY_TEST_THREADS:-2}
+export RUST_BACKTRACE=${RUST_BACKTRACE:-1}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/zdelay-test.XXXXXX")
+STEP_PID=""
+STEP_NAME=""
+STEP_START=0
+STEP_NAMES=()
+STEP_SECS=()
+STEP_RESULTS=()
+SUITE_START=$SECONDS
+
+say() { printf '\n==> %s\n' "$*"; }
+die() { printf '\nscripts/test.sh: %s\n' "$*" >&2; exit 1; }
+
+summary() {
+    local i
+    printf '\n==> summary (%s)\n' "$ROOT"
+    for i in "${!STEP_NAMES[@]}"; do
+        printf '  %-8s %5ss  %s\n' "${STEP_RESULTS[$i]}" "${STEP_SECS[$i]}" "${STEP_NAMES[$i]}"
+    done
+    printf '  total    %5ss\n' "$((SECONDS - SUITE_START))"
+    # Test counts summed over every libtest "test result:" line of a test step that ended.
+    if [[ -s $WORK/test.log && ${STEP_RESULTS[-1]} != STOPPED ]]; then
+        awk '/^test result:/ {
+                 for (i = 1; i <= NF; i++) {
+                     if ($(i+1) ~ /^passed/)  p += $i
+                     if ($(i+1) ~ /^failed/)  f += $i
+                     if ($(i+1) ~ /^ignored/) s += $i
+                 }
+             }
+             END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$WORK/test.log"
+    fi
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [[ -n $STEP_PID ]]; then
+        # The step's process group: cargo, rustc, test binaries, their redis-server/zdelay.
+        kill -TERM -- "-$STEP_PID" 2>/dev/null || true
+        sleep 1
+        kill -KILL -- "-$STEP_PID" 2>/dev/null || true
+        STEP_NAMES+=("$STEP_NAME")
+        STEP_SECS+=("$((SECONDS - STEP_START))")
+        STEP_RESULTS+=("STOPPED")
+    fi
+    if ((${#STEP_NAMES[@]} > 0)); then
+        summary
+    fi
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'echo "scripts/test.sh: interrupted" >&2; exit 130' INT TERM
+
+# run_step NAME CMD...: runs CMD in its own process group (so cleanup can stop all of it),
+# output to our stdout and to $WORK/<log>; records the time; exits on failure.
+run_step() {
+    local name=$1 log=$2
+    shift 2
+    say "$name"
+    local rc=0
+    STEP_NAME=$name
+    STEP_START=$SECONDS
+    # shellcheck disable=SC2016 # $0/$@ expand in the inner bash
+    setsid bash -o pipefail -c '"$@" 2>&1 | tee "$0"' "$WORK/$log" "$@" </dev/null &
+    STEP_PID=$!
+    wait "$STEP_PID" || rc=$?
+    STEP_PID=""
+    STEP_NAMES+=("$name")
+    STEP_SECS+=("$((SECONDS - STEP_START))")
+    if ((rc != 0)); then
+        STEP_RESULTS+=("FAILED")
+        die "step failed (exit $rc): $name"
+    fi
+    STEP_RESULTS+=("ok")
+}
+
+# record NAME SECONDS: a step that ran inline (checks and installs).
+record() {
+    STEP_NAMES+=("$1")
+    STEP_SECS+=("$2")
+    STEP_RESULTS+=("ok")
+}
+
+# --- Rust toolchain -----------------------------------------------------------------------
+say "rust toolchain"
+start=$SECONDS
+if ! command -v cargo >/dev/null 2>&1 && [[ -x $HOME/.cargo/bin/cargo ]]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null 2>&1 ||
+    die "cargo not found: install the Rust toolchain (rustup, with the rustfmt and clippy components)"
+cargo fmt --version >/dev/null 2>&1 ||
+    die "rustfmt not found: rustup component add rustfmt"
+cargo clippy --version >/dev/null 2>&1 ||
+    die "clippy not found: rustup component add clippy"
+echo "$(cargo --version); $(rustc --version); $(cargo fmt --version); $(cargo clippy --version)"
+record "rust toolchain" "$((SECONDS - start))"
+
+# --- redis-server (the integration tests start their own on free ports) ---------------------
+say "redis-server"
+start=$SECONDS
+bash scripts/apt-ensure.sh redis-server:redis-server redis-cli:redis-tools
+redis-server --version
+record "redis-server" "$((SECONDS - start))"
+
+# --- the suite ------------------------------------------------------------------------------
+run_step "cargo fmt --all -- --check" fmt.log cargo fmt --all -- --check
+run_step "cargo clippy --all-targets -- -D warnings" clippy.log \
+    cargo clippy --all-targets -- -D warnings
+run_step "cargo build --all-targets" build.log cargo build --all-targets
+run_step "cargo test --all-targets -- --test-threads $TEST_THREADS" test.log \
+    cargo test --all-targets -- --test-threads "$TEST_THREADS"
+
+say "all steps passed"
