@@ -1,7 +1,8 @@
 -- move_due: move one batch of due envelope jobs of a shard onto their routes' Redis lists.
 -- Exactly once: the pushes and the removals happen in this one script, so no lease is needed.
 -- KEYS[1] due      ZSET  {zdelay:3}:due       member = id, score = due ms
--- KEYS[2] jobs     HASH  {zdelay:3}:jobs      id -> envelope ("zd1:" frame or JSON object)
+-- KEYS[2] jobs     HASH  {zdelay:3}:jobs      id -> envelope ("zd1:" frame or JSON object;
+--                                             a frame's meta JSON is not read on this path)
 -- KEYS[3] dead     ZSET  {zdelay:3}:dead      member = id, score = ms it died
 -- KEYS[4] reasons  HASH  {zdelay:3}:reasons   id -> why it died
 -- KEYS[5..] the list keys of the local routes (route target, or target .. delayed_suffix)
@@ -86,8 +87,12 @@ local function parse(v)
   if string.sub(v, 1, 4) == 'zd1:' then
     local a = string.find(v, '\n', 5, true)
     local b = a and string.find(v, '\n', a + 1, true)
-    local meta_len = b and tonumber(string.sub(v, a + 1, b - 1))
-    if not meta_len then return nil, nil, 'malformed envelope: bad zd1 frame', DEAD_MALFORMED end
+    -- The meta length must be plain decimal digits and fit inside the record.
+    local digits = b and string.sub(v, a + 1, b - 1)
+    local meta_len = digits and string.find(digits, '^%d+$') and tonumber(digits)
+    if not meta_len or b + meta_len > #v then
+      return nil, nil, 'malformed envelope: bad zd1 frame', DEAD_MALFORMED
+    end
     return string.sub(v, 5, a - 1), string.sub(v, b + 1 + meta_len), nil
   end
   if string.sub(v, 1, 1) ~= '{' then

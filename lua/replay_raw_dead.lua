@@ -2,17 +2,12 @@
 -- KEYS[1] source        ZSET  delayed:emails
 -- KEYS[2] dead          ZSET  delayed:emails:dead
 -- KEYS[3] dead reasons  HASH  delayed:emails:dead:reasons
--- ARGV[1] score to give them (in the source's unit); ARGV[2..] members; none = the oldest 1000
--- Returns: the number of members replayed
+-- ARGV[1] score to give them (in the source's unit); ARGV[2..] members
+-- Returns: the number of members replayed (members that are not dead are skipped)
 -- Re-run safety: yes.
-local members = {}
-if #ARGV >= 2 then
-  for i = 2, #ARGV do members[#members + 1] = ARGV[i] end
-else
-  members = redis.call('ZRANGE', KEYS[2], 0, 999)
-end
 local count = 0
-for _, m in ipairs(members) do
+for i = 2, #ARGV do
+  local m = ARGV[i]
   if redis.call('ZREM', KEYS[2], m) == 1 then
     redis.call('HDEL', KEYS[3], m)
     redis.call('ZADD', KEYS[1], ARGV[1], m)

@@ -567,74 +567,123 @@ impl Client {
         Ok(out)
     }
 
-    /// Makes dead jobs due now: the given ids, or every dead job when `ids` is empty.
-    pub async fn dead_replay(&self, ids: &[String]) -> Result<u64, ClientError> {
-        self.dead_apply(ids, |keys, shard, ids| {
-            let mut inv = scripts::replay_dead.prepare_invoke();
-            inv.key(keys.due(shard))
-                .key(keys.jobs(shard))
-                .key(keys.dead(shard))
-                .key(keys.reasons(shard))
-                .arg("")
-                .arg(keys.wake_channel())
-                .arg(shard)
-                .arg(ids);
-            inv
-        })
-        .await
-    }
-
-    /// Deletes dead jobs: the given ids, or every dead job when `ids` is empty.
-    pub async fn dead_purge(&self, ids: &[String]) -> Result<u64, ClientError> {
-        self.dead_apply(ids, |keys, shard, ids| {
-            let mut inv = scripts::purge_dead.prepare_invoke();
-            inv.key(keys.jobs(shard))
-                .key(keys.dead(shard))
-                .key(keys.reasons(shard))
-                .arg(ids);
-            inv
-        })
-        .await
-    }
-
-    async fn dead_apply<'a>(
-        &self,
-        ids: &[String],
-        invocation: impl Fn(&Keys, u16, &[String]) -> redis::ScriptInvocation<'a>,
-    ) -> Result<u64, ClientError> {
+    /// Makes dead jobs due now: the given ids, or, when `ids` is empty, every job that was
+    /// dead when the call started (one that dies again meanwhile is not replayed twice).
+    pub async fn dead_replay(&self, ids: &[String]) -> Result<Replayed, ClientError> {
         let mut con = self.con.clone();
-        let mut total = 0u64;
-        if ids.is_empty() {
-            // All of them: each call takes up to 1000 per shard; repeat until none are left.
-            for shard in 0..self.keys.shards() {
-                loop {
-                    let n: u64 = invocation(&self.keys, shard, &[])
-                        .invoke_async(&mut con)
-                        .await?;
-                    total += n;
-                    if n == 0 {
-                        break;
-                    }
-                }
+        let mut total = Replayed::default();
+        for (shard, ids) in self.dead_ids_by_shard(ids).await? {
+            for chunk in ids.chunks(DEAD_CHUNK) {
+                let (replayed, orphans): (u64, u64) = scripts::replay_dead
+                    .key(self.keys.due(shard))
+                    .key(self.keys.jobs(shard))
+                    .key(self.keys.dead(shard))
+                    .key(self.keys.reasons(shard))
+                    .arg("")
+                    .arg(self.keys.wake_channel())
+                    .arg(shard)
+                    .arg(chunk)
+                    .invoke_async(&mut con)
+                    .await?;
+                total.replayed += replayed;
+                total.orphans += orphans;
             }
-            return Ok(total);
         }
-        let mut by_shard: BTreeMap<u16, Vec<String>> = BTreeMap::new();
-        for id in ids {
-            by_shard
-                .entry(self.keys.shard_of(id))
-                .or_default()
-                .push(id.clone());
-        }
-        for (shard, ids) in by_shard {
-            for chunk in ids.chunks(1000) {
-                let n: u64 = invocation(&self.keys, shard, chunk)
+        Ok(total)
+    }
+
+    /// Deletes dead jobs: the given ids, or every job that was dead when the call started.
+    pub async fn dead_purge(&self, ids: &[String]) -> Result<u64, ClientError> {
+        let mut con = self.con.clone();
+        let mut total = 0;
+        for (shard, ids) in self.dead_ids_by_shard(ids).await? {
+            for chunk in ids.chunks(DEAD_CHUNK) {
+                let n: u64 = scripts::purge_dead
+                    .key(self.keys.jobs(shard))
+                    .key(self.keys.dead(shard))
+                    .key(self.keys.reasons(shard))
+                    .arg(chunk)
                     .invoke_async(&mut con)
                     .await?;
                 total += n;
             }
         }
         Ok(total)
+    }
+
+    /// The given ids grouped by shard, or every id dead before now when `ids` is empty.
+    async fn dead_ids_by_shard(
+        &self,
+        ids: &[String],
+    ) -> Result<BTreeMap<u16, Vec<String>>, ClientError> {
+        let mut by_shard: BTreeMap<u16, Vec<String>> = BTreeMap::new();
+        if ids.is_empty() {
+            let mut con = self.con.clone();
+            let cutoff = redis_now_ms(&mut con).await?;
+            for shard in 0..self.keys.shards() {
+                let dead = dead_before(&mut con, &self.keys.dead(shard), cutoff).await?;
+                if !dead.is_empty() {
+                    by_shard.insert(
+                        shard,
+                        dead.into_iter()
+                            .map(|m| String::from_utf8_lossy(&m).into_owned())
+                            .collect(),
+                    );
+                }
+            }
+        } else {
+            for id in ids {
+                by_shard
+                    .entry(self.keys.shard_of(id))
+                    .or_default()
+                    .push(id.clone());
+            }
+        }
+        Ok(by_shard)
+    }
+}
+
+/// What `dead_replay` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replayed {
+    pub replayed: u64,
+    /// Dead ids without an envelope: nothing to deliver, so they stay dead.
+    pub orphans: u64,
+}
+
+/// Ids (or members) per dead-letter script call.
+const DEAD_CHUNK: usize = 1000;
+
+/// Redis TIME in ms.
+pub(crate) async fn redis_now_ms(con: &mut ConnectionManager) -> redis::RedisResult<i64> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
+/// Members of a dead ZSET that died strictly before `cutoff_ms`, read in pages before
+/// anything is changed, so the set can be acted on without meeting its own re-deaths.
+async fn dead_before(
+    con: &mut ConnectionManager,
+    key: &str,
+    cutoff_ms: i64,
+) -> redis::RedisResult<Vec<Vec<u8>>> {
+    const PAGE: usize = 10_000;
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let page: Vec<Vec<u8>> = redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg("-inf")
+            .arg(format!("({cutoff_ms}"))
+            .arg("LIMIT")
+            .arg(out.len())
+            .arg(PAGE)
+            .query_async(con)
+            .await?;
+        let full = page.len() == PAGE;
+        out.extend(page);
+        if !full {
+            return Ok(out);
+        }
     }
 }
 
@@ -666,54 +715,58 @@ impl Client {
             .collect())
     }
 
-    /// Puts every dead member of a raw source back into it, due now.
+    /// Puts every member that was dead when the call started back into its source, due now.
     pub async fn raw_dead_replay(
         &self,
         source: &crate::config::SourceConfig,
     ) -> Result<u64, ClientError> {
         let mut con = self.con.clone();
         let dead = source.dead_key();
-        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut con).await?;
-        let now_ms = secs * 1000 + micros / 1000;
+        let now_ms = redis_now_ms(&mut con).await?;
         let score = match source.score_unit {
             crate::config::ScoreUnit::Millis => now_ms.to_string(),
             crate::config::ScoreUnit::Seconds => format!("{:.3}", now_ms as f64 / 1000.0),
         };
         let mut total = 0;
-        loop {
+        for chunk in dead_before(&mut con, &dead, now_ms)
+            .await?
+            .chunks(DEAD_CHUNK)
+        {
             let n: u64 = scripts::replay_raw_dead
                 .key(&source.key)
                 .key(&dead)
                 .key(crate::keys::raw_dead_reasons(&dead))
                 .arg(&score)
+                .arg(chunk)
                 .invoke_async(&mut con)
                 .await?;
             total += n;
-            if n == 0 {
-                return Ok(total);
-            }
         }
+        Ok(total)
     }
 
-    /// Deletes every dead member of a raw source.
+    /// Deletes every member of a raw source that was dead when the call started.
     pub async fn raw_dead_purge(
         &self,
         source: &crate::config::SourceConfig,
     ) -> Result<u64, ClientError> {
         let mut con = self.con.clone();
         let dead = source.dead_key();
+        let now_ms = redis_now_ms(&mut con).await?;
         let mut total = 0;
-        loop {
+        for chunk in dead_before(&mut con, &dead, now_ms)
+            .await?
+            .chunks(DEAD_CHUNK)
+        {
             let n: u64 = scripts::purge_raw_dead
                 .key(&dead)
                 .key(crate::keys::raw_dead_reasons(&dead))
+                .arg(chunk)
                 .invoke_async(&mut con)
                 .await?;
             total += n;
-            if n == 0 {
-                return Ok(total);
-            }
         }
+        Ok(total)
     }
 }
 

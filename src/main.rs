@@ -453,11 +453,22 @@ async fn dead(client: &Client, config: &Config, action: DeadAction) -> anyhow::R
             Ok(0)
         }
         DeadAction::Replay(select) => {
-            let n = match &select.source {
-                Some(key) => client.raw_dead_replay(source(config, key)?).await?,
-                None => client.dead_replay(&select.ids).await?,
-            };
-            println!("replayed {n}");
+            match &select.source {
+                Some(key) => {
+                    let n = client.raw_dead_replay(source(config, key)?).await?;
+                    println!("replayed {n}");
+                }
+                None => {
+                    let r = client.dead_replay(&select.ids).await?;
+                    println!("replayed {}", r.replayed);
+                    if r.orphans > 0 {
+                        eprintln!(
+                            "{} dead ids have no envelope and stay dead (purge them)",
+                            r.orphans
+                        );
+                    }
+                }
+            }
             Ok(0)
         }
         DeadAction::Purge(select) => {

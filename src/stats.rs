@@ -2,6 +2,7 @@
 //! oldest overdue age. One pipeline per call, "now" from Redis TIME. Used by `zdelay stats`
 //! and by the daemon's low-rate sampler (never by the hot loop).
 
+use crate::client::redis_now_ms;
 use crate::config::{Config, ScoreUnit};
 use crate::keys::Keys;
 use crate::metrics::{DEAD, DUE_BACKLOG, INFLIGHT, OLDEST_DUE_AGE, SCHEDULED};
@@ -46,11 +47,6 @@ impl Stats {
         }
         t
     }
-}
-
-async fn redis_now_ms(con: &mut ConnectionManager) -> redis::RedisResult<i64> {
-    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
-    Ok(secs * 1000 + micros / 1000)
 }
 
 /// Gathers the backlog of every shard and configured raw source.

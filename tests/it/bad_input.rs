@@ -681,3 +681,108 @@ fn cli_enqueue_refuses_unknown_destination_and_oversize_writing_nothing() {
     let keys = Keys::new("zdelay", 2);
     assert_eq!(zcard(&mut con, &keys.due(keys.shard_of(&id))), 1);
 }
+
+#[test]
+fn corrupt_zd1_frame_lengths_go_to_dead_not_to_the_list() {
+    // The Rust decoder (`Envelope::decode`, used by `zdelay get`) rejects these frames as
+    // malformed; the mover must agree instead of delivering a cut or empty payload.
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 1, &format!("{}{ROUTES}", poller_section()));
+    let mut con = redis.conn();
+    let keys = Keys::new("zdelay", 1);
+    let frames: [(&str, &[u8]); 2] = [
+        ("meta-past-end", b"zd1:good\n50\n{\"a\":1}"),
+        ("meta-negative", b"zd1:good\n-3\npayload"),
+    ];
+    for (id, frame) in frames {
+        assert!(
+            Envelope::decode(frame).is_err(),
+            "{id}: the Rust decoder rejects it"
+        );
+    }
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for (id, frame) in frames {
+        pipe.cmd("HSET")
+            .arg(keys.jobs(0))
+            .arg(id)
+            .arg(frame)
+            .ignore();
+        pipe.cmd("ZADD").arg(keys.due(0)).arg(0).arg(id).ignore();
+    }
+    pipe.exec(&mut con).unwrap();
+    let _daemon = Daemon::start(&config);
+    wait_for("both frames handled", Duration::from_secs(10), || {
+        zcard(&mut con, &keys.due(0)) == 0
+    });
+    assert_eq!(
+        llen(&mut con, "q:good"),
+        0,
+        "nothing delivered: {:?}",
+        lrange(&mut con, "q:good")
+    );
+    let reasons: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.reasons(0))
+        .query(&mut con)
+        .unwrap();
+    let bad = "malformed envelope: bad zd1 frame".to_owned();
+    assert_eq!(
+        reasons,
+        BTreeMap::from([
+            ("meta-negative".to_owned(), bad.clone()),
+            ("meta-past-end".to_owned(), bad)
+        ])
+    );
+}
+
+#[test]
+fn dead_replay_all_replays_each_job_once_even_if_it_dies_again() {
+    const JOBS: usize = 3_000;
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 1, &format!("{}{ROUTES}", poller_section()));
+    let mut con = redis.conn();
+    let rt = common::runtime();
+    let client = rt
+        .block_on(Client::connect(&redis_config(&redis.url(), 1)))
+        .unwrap();
+    let jobs: Vec<NewJob> = (0..JOBS)
+        .map(|i| NewJob::new("nowhere", format!("p{i}")))
+        .collect();
+    rt.block_on(client.enqueue_batch(jobs, OnConflict::Error))
+        .unwrap();
+    let dead = Keys::new("zdelay", 1).dead(0);
+    let _daemon = Daemon::start(&config);
+    wait_for("all dead", Duration::from_secs(10), || {
+        zcard(&mut con, &dead) == JOBS as u64
+    });
+    // The daemon kills the replayed jobs again within milliseconds, while the CLI still runs.
+    let mut child = std::process::Command::new(zdelay_bin())
+        .arg("--config")
+        .arg(&config.path)
+        .args(["dead", "replay", "--all"])
+        .env("ZDELAY_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    wait_for("dead replay --all to exit", Duration::from_secs(10), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    assert!(status.unwrap().success());
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert_eq!(
+        out.trim(),
+        format!("replayed {JOBS}"),
+        "each dead job replayed once"
+    );
+    wait_for("all dead again", Duration::from_secs(10), || {
+        zcard(&mut con, &dead) == JOBS as u64
+    });
+    assert!(
+        dead_reasons(&rt, &client)
+            .values()
+            .all(|r| r == "unknown destination: nowhere")
+    );
+}

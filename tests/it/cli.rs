@@ -799,3 +799,42 @@ dead_key = "graveyard:c"
     assert_eq!(stats["sources"][0]["name"], "raw:c");
     assert_eq!(stats["sources"][0]["dead"], 2, "{stats}");
 }
+
+#[test]
+fn replaying_an_orphan_keeps_it_dead_and_counts_it() {
+    let redis = RedisServer::start();
+    let mut con = redis.conn();
+    let rt = common::runtime();
+    let cfg = RedisConfig {
+        url: redis.url(),
+        shards: 2,
+        ..RedisConfig::default()
+    };
+    let client = rt.block_on(Client::connect(&cfg)).expect("client");
+    let shard = client.keys().shard_of("orphan-1");
+    let dead = client.keys().dead(shard);
+    let reasons = client.keys().reasons(shard);
+    let _: () = redis::pipe()
+        .zadd(&dead, "orphan-1", 5)
+        .hset(&reasons, "orphan-1", "no envelope stored for this id")
+        .query(&mut con)
+        .expect("seed an orphan");
+    let r = rt
+        .block_on(client.dead_replay(&["orphan-1".to_owned()]))
+        .expect("replay");
+    assert_eq!((r.replayed, r.orphans), (0, 1));
+    let r = rt.block_on(client.dead_replay(&[])).expect("replay all");
+    assert_eq!((r.replayed, r.orphans), (0, 1));
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&dead)
+        .arg("orphan-1")
+        .query(&mut con)
+        .expect("ZSCORE");
+    assert_eq!(score, Some(5.0), "the orphan stays dead");
+    let reason: Option<String> = redis::cmd("HGET")
+        .arg(&reasons)
+        .arg("orphan-1")
+        .query(&mut con)
+        .expect("HGET");
+    assert_eq!(reason.as_deref(), Some("no envelope stored for this id"));
+}
