@@ -171,14 +171,16 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
             jobs: args.jobs,
             payload_size: args.payload_size.max(MIN_PAYLOAD),
             idle_poll_ms: config.poller.idle_poll.as_millis() as u64,
-            mode: format!("{:?}", args.mode).to_lowercase(),
+            mode: clap::ValueEnum::to_possible_value(&args.mode)
+                .map(|v| v.get_name().to_owned())
+                .unwrap_or_default(),
         },
         drain: Vec::new(),
         steady: Vec::new(),
         same_ms: None,
         memory: None,
     };
-    let env = Env {
+    let mut env = Env {
         con,
         redis,
         producer,
@@ -188,7 +190,6 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         batch,
         clock_offset_ms: 0,
     };
-    let mut env = env;
     env.clock_offset_ms = clock_offset_ms(&mut env.con).await?;
 
     let result = run_modes(&mut env, &mut report).await;
@@ -964,8 +965,10 @@ struct Steady {
     moved: u64,
     /// Lateness by the move scripts' buckets (Redis clock at the script's start).
     lateness: Lateness,
-    /// Moves with lateness < 0 as the scripts count them: 0 by construction (see docs).
-    negative_lateness: u64,
+    /// Jobs delivered before their due time (negative lateness), counted by the consumer:
+    /// Redis TIME read after the pop is later than the move, so TIME < due proves one. The
+    /// scripts cannot move a job early by construction: they take scores <= their own TIME.
+    early_jobs: u64,
     /// Consumer view: Redis TIME read right after the pop, minus the job's due time.
     consumer: ConsumerReport,
     /// How late this process's own 1–5 ms timers fired meanwhile (whole ms, rounded down):
@@ -1427,7 +1430,8 @@ async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
     let at_target_rate = rate == STEADY_P99_TARGET_RATE;
     let moved = tally.moved();
     let dead = tally.dead.load(Ordering::Relaxed);
-    let all_once = moved == sent
+    let all_once = consumer.early == 0
+        && moved == sent
         && consumer.received == sent
         && consumer.duplicates == 0
         && consumer.missing == 0
@@ -1439,7 +1443,7 @@ async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
         seconds: produced_for.as_secs_f64(),
         enqueued: sent,
         moved,
-        negative_lateness: 0,
+        early_jobs: consumer.early,
         consumer,
         timer_overshoot,
         script_calls_per_sec: tally.calls.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
@@ -1736,7 +1740,7 @@ fn render(r: &Report) -> String {
         );
         let _ = writeln!(
             s,
-            "  {:>7} {:>9} {:>8} {:>8} {:>4} {:>4} {:>4} {:>5} {:>5} {:>4} {:>5} {:>9} {:>9} {:>8} {:>7}",
+            "  {:>7} {:>9} {:>8} {:>8} {:>4} {:>4} {:>4} {:>5} {:>5} {:>5} {:>9} {:>9} {:>8} {:>7}",
             "rate",
             "achieved",
             "jobs",
@@ -1746,7 +1750,6 @@ fn render(r: &Report) -> String {
             "p99",
             "p99.9",
             "max",
-            "neg",
             "early",
             "e2e p99",
             "timer p99",
@@ -1758,7 +1761,7 @@ fn render(r: &Report) -> String {
             let e2e = x.consumer.end_to_end.as_ref().and_then(|e| e.p99_ms);
             let _ = writeln!(
                 s,
-                "  {:>7} {:>9.0} {:>8} {:>8} {:>4} {:>4} {:>4} {:>5} {:>5} {:>4} {:>5} {:>9} {:>9} {:>8.0} {:>7.1}",
+                "  {:>7} {:>9.0} {:>8} {:>8} {:>4} {:>4} {:>4} {:>5} {:>5} {:>5} {:>9} {:>9} {:>8.0} {:>7.1}",
                 x.rate_target,
                 x.rate_achieved,
                 x.enqueued,
@@ -1768,8 +1771,7 @@ fn render(r: &Report) -> String {
                 opt(l.p99_ms),
                 opt(l.p999_ms),
                 opt(l.max_ms),
-                x.negative_lateness,
-                x.consumer.early,
+                x.early_jobs,
                 opt(e2e),
                 opt(x.timer_overshoot.as_ref().and_then(|t| t.p99_ms)),
                 x.script_calls_per_sec,
@@ -1779,7 +1781,7 @@ fn render(r: &Report) -> String {
         for x in &r.steady {
             let _ = writeln!(
                 s,
-                "  {}/s: delivered once: {} (consumer got {}, duplicates {}, missing {}, dead {}, left due {}){}",
+                "  {}/s: delivered once and never early: {} (consumer got {}, duplicates {}, missing {}, dead {}, left due {}){}",
                 x.rate_target,
                 if x.all_delivered_once { "yes" } else { "NO" },
                 x.consumer.received,

@@ -103,6 +103,7 @@ impl Default for Config {
                 target: "queue:default".into(),
                 push: Push::Lpush,
                 delayed_suffix: None,
+                priority: None,
             }],
             sources: Vec::new(),
         }
@@ -194,15 +195,103 @@ impl Default for AdminConfig {
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum SinkConfig {
     /// Redis lists. Without `url`, the scheduling Redis: moves are atomic, exactly once.
+    /// With `url`, another Redis: claim → push → fenced ack, at least once.
     Redis(RedisSinkConfig),
+    /// Kafka topics: `acks=all`, idempotent producer, delivery reports awaited.
+    Kafka(KafkaSinkConfig),
+    /// RabbitMQ (AMQP 0-9-1): publisher confirms, persistent, mandatory.
+    Amqp(AmqpSinkConfig),
+    /// NATS subjects: JetStream publish awaiting PubAck (or core NATS, best effort).
+    Nats(NatsSinkConfig),
+}
+
+impl SinkConfig {
+    /// Glob patterns of targets a job may name as `<sink>/<target>`.
+    pub fn allow(&self) -> &[String] {
+        match self {
+            SinkConfig::Redis(_) => &[],
+            SinkConfig::Kafka(c) => &c.allow,
+            SinkConfig::Amqp(c) => &c.allow,
+            SinkConfig::Nats(c) => &c.allow,
+        }
+    }
+
+    /// True for the sink whose delivery happens inside the move script.
+    pub fn is_local(&self) -> bool {
+        matches!(self, SinkConfig::Redis(RedisSinkConfig { url: None }))
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SinkConfig::Redis(_) => "redis",
+            SinkConfig::Kafka(_) => "kafka",
+            SinkConfig::Amqp(_) => "amqp",
+            SinkConfig::Nats(_) => "nats",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSinkConfig {
-    /// Another Redis to deliver to. Not supported yet: only the scheduling Redis.
+    /// Another Redis to deliver to (two-phase, at least once). None: the scheduling Redis.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+}
+
+/// Which Kafka record key a job gets.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum KafkaKey {
+    /// The job id (default): jobs with one id keep partition order.
+    #[default]
+    Id,
+    /// No key: records spread over partitions.
+    None,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkConfig {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// Targets (topics) jobs may name as `<sink>/<topic>`; globs. Default none.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Record key: `id` (default) or `none`.
+    #[serde(default)]
+    pub key: KafkaKey,
+    /// Raw librdkafka options, applied last (e.g. `"linger.ms" = "5"`).
+    #[serde(default)]
+    pub librdkafka: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpSinkConfig {
+    /// `amqp://user:pass@host:port/vhost`; put credentials in `ZDELAY_SINKS__<NAME>__URL`.
+    pub url: Secret,
+    /// Targets (`exchange/routing-key`) jobs may name as `<sink>/<target>`; globs.
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NatsSinkConfig {
+    /// `nats://host:port`.
+    pub url: String,
+    /// JetStream publish awaiting PubAck (default true). false = core NATS: best effort,
+    /// a flush is not an acknowledgement.
+    #[serde(default = "yes")]
+    pub jetstream: bool,
+    /// Subjects jobs may name as `<sink>/<subject>`; globs.
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Which end of the list a job is pushed onto.
@@ -239,6 +328,9 @@ pub struct RouteConfig {
     /// Priority lane: due jobs go to `<target><suffix>`, e.g. `-delayed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delayed_suffix: Option<String>,
+    /// AMQP only: the lane as a message priority (0..=255) instead of a suffix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
 }
 
 impl RouteConfig {
@@ -377,15 +469,25 @@ impl Config {
                     "a sink name must be non-empty, without / or newline",
                 ));
             }
+            for (i, pattern) in sink.allow().iter().enumerate() {
+                if pattern.is_empty() {
+                    return Err(invalid(format!("sinks.{name}.allow[{i}]"), "empty pattern"));
+                }
+            }
             match sink {
-                SinkConfig::Redis(RedisSinkConfig { url: Some(_) }) => {
+                SinkConfig::Kafka(k) if k.brokers.is_empty() => {
+                    return Err(invalid(format!("sinks.{name}.brokers"), "must be non-empty"));
+                }
+                SinkConfig::Amqp(a) if !a.url.expose().starts_with("amqp") => {
                     return Err(invalid(
                         format!("sinks.{name}.url"),
-                        "a Redis sink on another server needs the two-phase delivery path, \
-                         which this version does not have; omit url to use the scheduling Redis",
+                        "must be an amqp:// or amqps:// URL",
                     ));
                 }
-                SinkConfig::Redis(_) => {}
+                SinkConfig::Nats(n) if n.url.is_empty() => {
+                    return Err(invalid(format!("sinks.{name}.url"), "must be non-empty"));
+                }
+                _ => {}
             }
         }
         let mut names = BTreeSet::new();
@@ -413,6 +515,11 @@ impl Config {
             }
             if route.target.is_empty() {
                 return Err(invalid(field("target"), "must be non-empty"));
+            }
+            if route.priority.is_some()
+                && !matches!(self.sinks.get(&route.sink), Some(SinkConfig::Amqp(_)))
+            {
+                return Err(invalid(field("priority"), "only AMQP routes take a priority"));
             }
             if route.delayed_suffix.as_deref() == Some("") {
                 return Err(invalid(

@@ -439,3 +439,70 @@ pub fn subscribers(con: &mut redis::Connection, channel: &str) -> u64 {
         .expect("PUBSUB NUMSUB");
     n
 }
+
+/// The brokers started by `scripts/services.sh start` (scripts/test.sh does it): read from
+/// `ZDELAY_TEST_*` variables, or from the env file it writes. Panics with the command to
+/// run when they are not there: broker tests never skip silently.
+pub struct Services {
+    vars: std::collections::HashMap<String, String>,
+}
+
+impl Services {
+    pub fn get() -> Self {
+        let mut vars: std::collections::HashMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("ZDELAY_TEST_"))
+            .collect();
+        if !vars.contains_key("ZDELAY_TEST_AMQP_URL") {
+            let dir = std::env::var("ZDELAY_SERVICES_DIR")
+                .unwrap_or_else(|_| "/tmp/zdelay-services".to_owned());
+            let text = std::fs::read_to_string(format!("{dir}/env")).unwrap_or_else(|_| {
+                panic!(
+                    "brokers are not running: `bash scripts/services.sh install && bash \
+                     scripts/services.sh start` (scripts/test.sh does this), no {dir}/env"
+                )
+            });
+            for line in text.lines() {
+                if let Some((k, v)) = line.split_once('=')
+                    && !k.starts_with('#')
+                {
+                    vars.insert(k.trim().to_owned(), v.trim().trim_matches('"').to_owned());
+                }
+            }
+        }
+        Services { vars }
+    }
+
+    /// A `ZDELAY_TEST_…` value, e.g. `var("AMQP_URL")`.
+    pub fn var(&self, name: &str) -> String {
+        let key = format!("ZDELAY_TEST_{name}");
+        self.vars
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| panic!("{key} missing from the services env"))
+    }
+
+    pub fn amqp_url(&self) -> String {
+        self.var("AMQP_URL")
+    }
+    pub fn nats_url(&self) -> String {
+        self.var("NATS_URL")
+    }
+    pub fn kafka_brokers(&self) -> String {
+        self.var("KAFKA_BROKERS")
+    }
+    /// The venv python with pika, nats-py and confluent-kafka (independent clients).
+    pub fn python(&self) -> String {
+        self.var("PYTHON")
+    }
+
+    /// Runs one of the env file's commands, e.g. `run("STOP_NATS")`; panics on failure.
+    pub fn run(&self, name: &str) {
+        let cmd = self.var(name);
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .status()
+            .expect("sh runs");
+        assert!(status.success(), "{cmd} failed: {status}");
+    }
+}

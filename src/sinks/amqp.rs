@@ -1,0 +1,1 @@
+//! amqp sink (being written).

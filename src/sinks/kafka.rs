@@ -1,0 +1,1 @@
+//! kafka sink (being written).

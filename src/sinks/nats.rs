@@ -1,0 +1,1 @@
+//! nats sink (being written).
