@@ -1,24 +1,35 @@
--- move_due: move one batch of due envelope jobs of a shard onto their routes' Redis lists.
--- Exactly once: the pushes and the removals happen in this one script, so no lease is needed.
+-- move_due: take one batch of due envelope jobs of a shard. Jobs for local list routes are
+-- pushed onto their lists here (exactly once: pushes and removals happen in this script).
+-- Jobs for two-phase sinks are claimed: moved to inflight with a lease deadline (also the
+-- fencing token) and returned, for the poller to publish and then settle with settle_jobs.
+-- Expired leases are first returned to due; jobs of paused sinks are postponed, not claimed.
 -- KEYS[1] due      ZSET  {zdelay:3}:due       member = id, score = due ms
 -- KEYS[2] jobs     HASH  {zdelay:3}:jobs      id -> envelope ("zd1:" frame or JSON object;
 --                                             a frame's meta JSON is not read on this path)
 -- KEYS[3] dead     ZSET  {zdelay:3}:dead      member = id, score = ms it died
 -- KEYS[4] reasons  HASH  {zdelay:3}:reasons   id -> why it died
--- KEYS[5..] the list keys of the local routes (route target, or target .. delayed_suffix)
+-- KEYS[5] inflight ZSET  {zdelay:3}:inflight  member = id, score = lease deadline ms
+-- KEYS[6..] the list keys of the local routes (route target, or target .. delayed_suffix)
 -- ARGV[1] batch size, at most 1000
 -- ARGV[2] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
--- ARGV[3] largest payload in bytes; a larger one goes to dead
--- ARGV[4] R, the number of routes; then R triples: route name, KEYS index of its list, "LPUSH"|"RPUSH"
+-- ARGV[3] largest payload in bytes (local routes); a larger one goes to dead
+-- ARGV[4] lease in ms; ARGV[5] postpone in ms for jobs of paused sinks
+-- ARGV[6] R, the number of local routes; then R triples: route name, KEYS index of its list,
+--   "LPUSH"|"RPUSH"
+-- then T, the number of two-phase routes; then T pairs: route name, sink name
+-- then S, the number of two-phase sinks jobs may name as "<sink>/<target>"; then S names
+-- then P, the number of paused sinks; then P names
 -- then B, the number of lateness bucket bounds; then B bounds in ms, ascending
 -- Returns: { taken, now_us, next_due ("" when the shard is empty), max_lateness_ms,
 --   kept (jobs left due because their push failed, e.g. OOM), first push error ("" if none),
---   moved per route (R integers, in ARGV order),
+--   moved per local route (R integers, in ARGV order),
 --   dead per kind (5 integers: malformed, unknown_destination, wrong_type, oversize, missing),
---   jobs per lateness bucket (B + 1 integers; the last is over the largest bound) }
--- taken = jobs moved + jobs sent to dead; a full batch means "call again now".
--- Re-run safety: yes; a second run finds the moved jobs gone and takes the next ones.
-local due_key, jobs_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+--   jobs per lateness bucket (B + 1 integers; the last is over the largest bound),
+--   leases expired and returned to due, jobs postponed, lease deadline ms,
+--   C = jobs claimed, then C triples: id, due ms, envelope }
+-- taken = moved + dead + claimed + postponed; a full batch means "call again now".
+-- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
+local due_key, jobs_key, dead_key, reasons_key, inflight_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local batch = tonumber(ARGV[1])
 local now_us
 if ARGV[2] ~= '' then
@@ -29,16 +40,36 @@ else
 end
 local now_ms = math.floor(now_us / 1000)
 local max_payload = tonumber(ARGV[3])
+local lease_ms = tonumber(ARGV[4])
+local postpone_ms = tonumber(ARGV[5])
 
-local route_count = tonumber(ARGV[4])
+local route_count = tonumber(ARGV[6])
 local routes = {}
 local moved = {}
-local pos = 5
+local pos = 7
 for r = 1, route_count do
   routes[ARGV[pos]] = { key = KEYS[tonumber(ARGV[pos + 1])], cmd = ARGV[pos + 2], index = r }
   moved[r] = 0
   pos = pos + 3
 end
+local remote_routes = {}  -- route name -> sink name
+for _ = 1, tonumber(ARGV[pos]) do
+  remote_routes[ARGV[pos + 1]] = ARGV[pos + 2]
+  pos = pos + 2
+end
+pos = pos + 1
+local remote_sinks = {}
+for _ = 1, tonumber(ARGV[pos]) do
+  pos = pos + 1
+  remote_sinks[ARGV[pos]] = true
+end
+pos = pos + 1
+local paused = {}
+for _ = 1, tonumber(ARGV[pos]) do
+  pos = pos + 1
+  paused[ARGV[pos]] = true
+end
+pos = pos + 1
 local bound_count = tonumber(ARGV[pos])
 local bounds = {}
 for b = 1, bound_count do bounds[b] = tonumber(ARGV[pos + b]) end
@@ -114,6 +145,21 @@ local function parse(v)
   return nil, nil, 'malformed envelope: unknown payload_encoding', DEAD_MALFORMED
 end
 
+-- Leases that ran out (a poller died or stalled mid-publish) make their jobs due again now.
+local expired = redis.call('ZRANGEBYSCORE', inflight_key, '-inf', now_ms, 'LIMIT', 0, batch)
+if #expired > 0 then
+  local zargs = {}
+  for i = 1, #expired do
+    zargs[#zargs + 1] = now_ms
+    zargs[#zargs + 1] = expired[i]
+  end
+  redis.call('ZREM', inflight_key, unpack(expired))
+  redis.call('ZADD', due_key, unpack(zargs))
+end
+
+local deadline = now_ms + lease_ms
+local claimed = {}     -- flat: id, due, envelope
+local postponed = {}   -- ids of paused sinks' jobs, re-added at now + postpone_ms
 local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, batch)
 local n = #items / 2
 local next_due = ''
@@ -134,7 +180,25 @@ if n > 0 then
   for i = 1, n do
     local id = ids[i]
     local dest, payload, reason, kind = parse(envelopes[i])
-    if dest then
+    local sink = nil
+    if dest and not routes[dest] then
+      sink = remote_routes[dest]
+      if not sink then
+        local slash = string.find(dest, '/', 1, true)
+        if slash and remote_sinks[string.sub(dest, 1, slash - 1)] then
+          sink = string.sub(dest, 1, slash - 1)
+        end
+      end
+    end
+    if sink then
+      if paused[sink] then
+        postponed[#postponed + 1] = id
+      else
+        claimed[#claimed + 1] = id
+        claimed[#claimed + 1] = items[2 * i]
+        claimed[#claimed + 1] = envelopes[i]
+      end
+    elseif dest then
       local route = routes[dest]
       if not route then
         to_dead(id, 'unknown destination: ' .. dest, DEAD_UNKNOWN)
@@ -195,14 +259,33 @@ if n > 0 then
     redis.call('HSET', reasons_key, unpack(hargs))
   end
   if #delivered > 0 then redis.call('HDEL', jobs_key, unpack(delivered)) end
+  local claimed_ids = {}
+  if #claimed > 0 then
+    local zargs = {}
+    for j = 1, #claimed, 3 do
+      zargs[#zargs + 1] = deadline
+      zargs[#zargs + 1] = claimed[j]
+      claimed_ids[#claimed_ids + 1] = claimed[j]
+    end
+    redis.call('ZADD', inflight_key, unpack(zargs))
+  end
   if kept > 0 then
     -- Only the jobs handled leave; the rest stay due for the next call.
-    if #delivered > 0 then redis.call('ZREM', due_key, unpack(delivered)) end
-    if #dead_ids > 0 then redis.call('ZREM', due_key, unpack(dead_ids)) end
-    n = #delivered + #dead_ids
+    for _, done in ipairs({ delivered, dead_ids, claimed_ids, postponed }) do
+      if #done > 0 then redis.call('ZREM', due_key, unpack(done)) end
+    end
+    n = #delivered + #dead_ids + #claimed_ids + #postponed
   else
     -- The first n ranks are exactly the ids read above (same script, scores <= now).
     redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
+  end
+  if #postponed > 0 then
+    local zargs = {}
+    for j = 1, #postponed do
+      zargs[#zargs + 1] = now_ms + postpone_ms
+      zargs[#zargs + 1] = postponed[j]
+    end
+    redis.call('ZADD', due_key, unpack(zargs))
   end
 end
 local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
@@ -212,4 +295,9 @@ local out = { n, now_us, next_due, max_lateness, kept, kept_error }
 for r = 1, route_count do out[#out + 1] = moved[r] end
 for k = 1, 5 do out[#out + 1] = dead_counts[k] end
 for b = 1, bound_count + 1 do out[#out + 1] = buckets[b] end
+out[#out + 1] = #expired
+out[#out + 1] = #postponed
+out[#out + 1] = deadline
+out[#out + 1] = #claimed / 3
+for j = 1, #claimed do out[#out + 1] = claimed[j] end
 return out

@@ -5,7 +5,9 @@
 #
 # On a fresh Debian machine as root: installs redis-server + redis-tools with apt when
 # redis-server is missing (the integration tests start their own redis-server processes on
-# free loopback ports), checks the Rust toolchain, then runs, stopping at the first failure:
+# free loopback ports), installs and starts the brokers (scripts/services.sh: RabbitMQ, NATS
+# with JetStream, tansu for Kafka; the first install builds tansu, ~8 min, then cached),
+# checks the Rust toolchain, then runs, stopping at the first failure:
 #   cargo fmt --all -- --check
 #   cargo clippy --all-targets -- -D warnings
 #   cargo build --all-targets          (the build the tests below reuse)
@@ -23,6 +25,7 @@ export RUST_BACKTRACE=${RUST_BACKTRACE:-1}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/zdelay-test.XXXXXX")
 STEP_PID=""
+BROKERS_STARTED=0
 STEP_NAME=""
 STEP_START=0
 STEP_NAMES=()
@@ -64,6 +67,9 @@ cleanup() {
         STEP_NAMES+=("$STEP_NAME")
         STEP_SECS+=("$((SECONDS - STEP_START))")
         STEP_RESULTS+=("STOPPED")
+    fi
+    if ((BROKERS_STARTED)); then
+        bash scripts/services.sh stop || true
     fi
     if ((${#STEP_NAMES[@]} > 0)); then
         summary
@@ -126,12 +132,30 @@ bash scripts/apt-ensure.sh redis-server:redis-server redis-cli:redis-tools
 redis-server --version
 record "redis-server" "$((SECONDS - start))"
 
+# --- brokers: RabbitMQ, NATS with JetStream, tansu (Kafka protocol), and Python clients -----
+# Installed once (tansu is built and cached under ~/.cache/zdelay), started on free loopback
+# ports in a private state dir, stopped on exit. The tests read their addresses from the env.
+say "brokers"
+start=$SECONDS
+bash scripts/services.sh install
+export ZDELAY_SERVICES_DIR=$WORK/services
+BROKERS_STARTED=1
+bash scripts/services.sh start
+set -a
+# shellcheck disable=SC1091 # written by services.sh start
+source "$ZDELAY_SERVICES_DIR/env"
+set +a
+record "brokers" "$((SECONDS - start))"
+
 # --- the suite ------------------------------------------------------------------------------
+# One feature set for every step, so the build is reused: test-failpoints compiles the
+# fault-injection hooks the crash tests drive (never part of a release build).
+FEATURES=(--features test-failpoints)
 run_step "cargo fmt --all -- --check" fmt.log cargo fmt --all -- --check
 run_step "cargo clippy --all-targets -- -D warnings" clippy.log \
-    cargo clippy --all-targets -- -D warnings
-run_step "cargo build --all-targets" build.log cargo build --all-targets
+    cargo clippy --all-targets "${FEATURES[@]}" -- -D warnings
+run_step "cargo build --all-targets" build.log cargo build --all-targets "${FEATURES[@]}"
 run_step "cargo test --all-targets -- --test-threads $TEST_THREADS" test.log \
-    cargo test --all-targets -- --test-threads "$TEST_THREADS"
+    cargo test --all-targets "${FEATURES[@]}" -- --test-threads "$TEST_THREADS"
 
 say "all steps passed"

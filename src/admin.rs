@@ -2,6 +2,7 @@
 //! `/readyz` (Redis answered the last health check and the pollers run).
 
 use crate::metrics::REDIS_UP;
+use crate::sinks::SinkHandle;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -19,17 +20,36 @@ use tokio_util::sync::CancellationToken;
 pub struct Health {
     pub redis_ok: AtomicBool,
     pub pollers_running: AtomicBool,
+    /// Two-phase sinks, checked in the background.
+    pub sinks: std::sync::Mutex<Vec<Arc<SinkHandle>>>,
 }
 
 impl Health {
-    fn readiness(&self) -> Result<(), &'static str> {
+    /// Ready when Redis answers, the pollers run and every sink is healthy; the body names
+    /// what is not.
+    fn readiness(&self) -> Result<String, String> {
         if !self.redis_ok.load(Ordering::Relaxed) {
-            return Err("redis unreachable");
+            return Err("redis unreachable".into());
         }
         if !self.pollers_running.load(Ordering::Relaxed) {
-            return Err("pollers not running");
+            return Err("pollers not running".into());
         }
-        Ok(())
+        let mut report = String::new();
+        let mut all_up = true;
+        for sink in self.sinks.lock().expect("sinks lock").iter() {
+            let state = if sink.is_healthy() {
+                "up".to_owned()
+            } else {
+                all_up = false;
+                format!("down: {}", sink.last_error())
+            };
+            report.push_str(&format!("sink {} ({}): {state}\n", sink.name, sink.kind));
+        }
+        if all_up {
+            Ok(report)
+        } else {
+            Err(format!("sinks down\n{report}"))
+        }
     }
 }
 
@@ -57,7 +77,7 @@ pub async fn serve(
             "/readyz",
             get(|State(s): State<AdminState>| async move {
                 match s.health.readiness() {
-                    Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+                    Ok(report) => (StatusCode::OK, format!("ready\n{report}")),
                     Err(why) => (
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!("not ready: {why}\n"),

@@ -15,10 +15,12 @@ use crate::config::Config;
 use crate::poller::{self, PollerContext, RawSource, Target};
 use crate::scripts;
 use crate::shards::ShardOwnership;
+use crate::sinks::{Sink, SinkHandle};
 use crate::stats;
 use crate::wake::{self, Wakers};
 use anyhow::Context;
 use redis::aio::ConnectionManager;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -43,7 +45,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let Some(mut con) = connect_with_retry(&redis, &shutdown).await else {
         return Ok(());
     };
-    let poller_ctx = PollerContext::new(con.clone(), &config);
+    let sinks = build_sinks(&config)?;
+    let poller_ctx = PollerContext::new(con.clone(), &config, sinks.clone());
     ensure_schema(&mut con, &poller_ctx.keys).await?;
     scripts::load_all(&mut con).await?;
     health.redis_ok.store(true, Ordering::Relaxed);
@@ -91,6 +94,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         shutdown.clone(),
     ));
     tracker.spawn(sample_stats(con, config.clone(), shutdown.clone()));
+    for sink in sinks.values() {
+        tracker.spawn(check_sink(sink.clone(), shutdown.clone()));
+    }
+    *health.sinks.lock().expect("sinks lock") = sinks.values().cloned().collect();
     tracker.close();
     health.pollers_running.store(true, Ordering::Relaxed);
     tracing::info!(
@@ -108,6 +115,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .is_err()
     {
         tracing::warn!("grace period over with tasks still running; their jobs stay in Redis");
+    }
+    for sink in sinks.values() {
+        // Anything a client library still queues must reach its broker before exit.
+        sink.sink.flush(Duration::from_secs(5)).await;
     }
     admin.abort();
     tracing::info!("stopped");
@@ -147,6 +158,41 @@ async fn sample_stats(mut con: ConnectionManager, config: Config, shutdown: Canc
         }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}
+            _ = shutdown.cancelled() => {}
+        }
+    }
+}
+
+/// Builds every two-phase sink; none needs its broker to be up.
+fn build_sinks(config: &Config) -> anyhow::Result<HashMap<String, Arc<SinkHandle>>> {
+    let mut sinks = HashMap::new();
+    for (name, sink_config) in &config.sinks {
+        if let Some(sink) = Sink::new(name, config)? {
+            let handle = SinkHandle::new(name, sink_config.kind(), sink, config.poller.sink_pause);
+            sinks.insert(name.clone(), Arc::new(handle));
+        }
+    }
+    Ok(sinks)
+}
+
+/// Checks a sink every few seconds (faster while it is down) for `/readyz` and the gauge.
+async fn check_sink(sink: Arc<SinkHandle>, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        let result = sink.sink.check().await;
+        let up = result.is_ok();
+        sink.set_health(result);
+        ::metrics::gauge!(crate::metrics::SINK_UP, "sink" => sink.name.clone()).set(if up {
+            1.0
+        } else {
+            0.0
+        });
+        let every = if up {
+            Duration::from_secs(5)
+        } else {
+            Duration::from_secs(1)
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
             _ = shutdown.cancelled() => {}
         }
     }

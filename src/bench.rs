@@ -293,6 +293,13 @@ impl Env {
             max_payload: self.config.poller.max_payload,
             bounds_ms: bounds,
             observer: Some(observer),
+            remote: Default::default(),
+            sinks: Default::default(),
+            lease: self.config.poller.lease,
+            sink_pause: self.config.poller.sink_pause,
+            max_attempts: self.config.poller.max_attempts,
+            retry_base: self.config.poller.retry_base,
+            retry_cap: self.config.poller.retry_cap,
         });
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();

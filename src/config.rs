@@ -159,6 +159,19 @@ pub struct PollerConfig {
     /// How often backlog gauges are sampled. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub stats_interval: Duration,
+    /// Delivery attempts to a two-phase sink before a job goes to dead, unless the job
+    /// sets its own `max_attempts`. Default 10.
+    pub max_attempts: u32,
+    /// Retry backoff: attempt n waits a random time in [0, min(retry_cap, retry_base × 2^n)]
+    /// (exponential with full jitter). Defaults `1s` and `5m`.
+    #[serde(with = "humantime_serde")]
+    pub retry_base: Duration,
+    #[serde(with = "humantime_serde")]
+    pub retry_cap: Duration,
+    /// First pause of a sink found unavailable; doubles while it stays down, up to 30s.
+    /// Its jobs wait without losing attempts. Default `1s`.
+    #[serde(with = "humantime_serde")]
+    pub sink_pause: Duration,
 }
 
 impl Default for PollerConfig {
@@ -170,6 +183,10 @@ impl Default for PollerConfig {
             max_payload: 1 << 20,
             shutdown_grace: Duration::from_secs(10),
             stats_interval: Duration::from_secs(5),
+            max_attempts: 10,
+            retry_base: Duration::from_secs(1),
+            retry_cap: Duration::from_secs(300),
+            sink_pause: Duration::from_secs(1),
         }
     }
 }
@@ -462,6 +479,18 @@ impl Config {
         if p.stats_interval.is_zero() {
             return Err(invalid("poller.stats_interval", "must be greater than 0"));
         }
+        if p.max_attempts == 0 {
+            return Err(invalid("poller.max_attempts", "must be at least 1"));
+        }
+        if p.retry_base.is_zero() || p.retry_cap < p.retry_base {
+            return Err(invalid(
+                "poller.retry_base",
+                "must be greater than 0 and at most poller.retry_cap",
+            ));
+        }
+        if p.sink_pause.is_zero() {
+            return Err(invalid("poller.sink_pause", "must be greater than 0"));
+        }
         for (name, sink) in &self.sinks {
             if name.is_empty() || name.contains(['/', '\n']) {
                 return Err(invalid(
@@ -476,7 +505,10 @@ impl Config {
             }
             match sink {
                 SinkConfig::Kafka(k) if k.brokers.is_empty() => {
-                    return Err(invalid(format!("sinks.{name}.brokers"), "must be non-empty"));
+                    return Err(invalid(
+                        format!("sinks.{name}.brokers"),
+                        "must be non-empty",
+                    ));
                 }
                 SinkConfig::Amqp(a) if !a.url.expose().starts_with("amqp") => {
                     return Err(invalid(
@@ -519,7 +551,10 @@ impl Config {
             if route.priority.is_some()
                 && !matches!(self.sinks.get(&route.sink), Some(SinkConfig::Amqp(_)))
             {
-                return Err(invalid(field("priority"), "only AMQP routes take a priority"));
+                return Err(invalid(
+                    field("priority"),
+                    "only AMQP routes take a priority",
+                ));
             }
             if route.delayed_suffix.as_deref() == Some("") {
                 return Err(invalid(
@@ -536,6 +571,21 @@ impl Config {
             }
             if !keys.insert(source.key.as_str()) {
                 return Err(invalid(field("key"), "another source has this key"));
+            }
+            if let Some(route) = self.route(&source.route)
+                && !self
+                    .sinks
+                    .get(&route.sink)
+                    .is_some_and(SinkConfig::is_local)
+            {
+                return Err(invalid(
+                    field("route"),
+                    format!(
+                        "route {:?} goes to a two-phase sink; raw sources deliver to local \
+                         Redis list routes only in this version",
+                        source.route
+                    ),
+                ));
             }
             if !names.contains(source.route.as_str()) {
                 return Err(invalid(

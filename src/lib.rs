@@ -8,6 +8,7 @@ pub mod app;
 pub mod bench;
 pub mod client;
 pub mod config;
+pub mod delivery;
 pub mod envelope;
 pub mod keys;
 pub mod metrics;

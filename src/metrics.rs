@@ -21,6 +21,12 @@ pub const INFLIGHT: &str = "zdelay_inflight";
 pub const DEAD: &str = "zdelay_dead";
 pub const OWNED_SHARDS: &str = "zdelay_owned_shards";
 pub const REDIS_UP: &str = "zdelay_redis_up";
+pub const SINK_OUTCOMES: &str = "zdelay_sink_messages_total";
+pub const SINK_PUBLISH_DURATION: &str = "zdelay_sink_publish_duration_seconds";
+pub const SINK_UP: &str = "zdelay_sink_up";
+pub const FENCED: &str = "zdelay_fenced_settles_total";
+pub const LEASES_EXPIRED: &str = "zdelay_leases_expired_total";
+pub const POSTPONED: &str = "zdelay_postponed_total";
 
 /// Lateness buckets in ms: from 1 ms to 5 minutes. The move scripts count jobs per bucket.
 pub const LATENESS_BOUNDS_MS: &[u64] = &[
@@ -47,6 +53,12 @@ pub fn install() -> PrometheusHandle {
                 })
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full(SCRIPT_DURATION.into()), SCRIPT_BUCKETS)
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(SINK_PUBLISH_DURATION.into()),
+                        SCRIPT_BUCKETS,
+                    )
                 })
                 .expect("bucket lists are non-empty")
                 .install_recorder()
@@ -78,6 +90,30 @@ fn describe() {
     describe_gauge!(DEAD, "Dead jobs, by shard or source.");
     describe_gauge!(OWNED_SHARDS, "Shards this instance polls.");
     describe_gauge!(REDIS_UP, "1 when the last Redis health check passed.");
+    describe_counter!(
+        SINK_OUTCOMES,
+        "Messages per two-phase sink and outcome: delivered (confirmed), retried, rejected, unavailable."
+    );
+    describe_histogram!(
+        SINK_PUBLISH_DURATION,
+        "Publish of one batch until confirmed, by sink."
+    );
+    describe_gauge!(
+        SINK_UP,
+        "1 when the sink's last health check or publish succeeded."
+    );
+    describe_counter!(
+        FENCED,
+        "Settles refused because the lease had passed to someone else."
+    );
+    describe_counter!(
+        LEASES_EXPIRED,
+        "Claimed jobs whose lease ran out, returned to due."
+    );
+    describe_counter!(
+        POSTPONED,
+        "Jobs of paused sinks pushed back without an attempt."
+    );
 }
 
 /// Records a batch's per-bucket lateness counts (from a move script) into the histogram.

@@ -11,13 +11,16 @@
 //! Errors never end the loop: they are logged, counted, and retried with capped backoff.
 
 use crate::config::{Config, PollerConfig, ScoreUnit, SourceConfig};
+use crate::delivery;
 use crate::keys::{self, Keys};
 use crate::metrics::{
-    self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LATENESS_BOUNDS_MS, SCRIPT_DURATION,
+    self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LATENESS_BOUNDS_MS, LEASES_EXPIRED, POSTPONED,
+    SCRIPT_DURATION,
 };
 use crate::scripts::{self, DUE_DEAD_KINDS, MoveReply, RAW_DEAD_KINDS};
-use crate::sinks::LocalRoutes;
+use crate::sinks::{LocalRoutes, RemoteRoutes, SinkHandle};
 use redis::aio::ConnectionManager;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -40,14 +43,32 @@ pub struct PollerContext {
     /// Lateness bucket bounds passed to the scripts; the metrics' by default.
     pub bounds_ms: Vec<u64>,
     pub observer: Option<BatchObserver>,
+    /// Two-phase destinations, and their sinks by name.
+    pub remote: RemoteRoutes,
+    pub sinks: HashMap<String, Arc<SinkHandle>>,
+    pub lease: Duration,
+    pub sink_pause: Duration,
+    pub max_attempts: u32,
+    pub retry_base: Duration,
+    pub retry_cap: Duration,
 }
 
 impl PollerContext {
-    pub fn new(con: ConnectionManager, config: &Config) -> Self {
+    /// `sinks`: the two-phase sinks by name (empty when every route is local).
+    pub fn new(
+        con: ConnectionManager,
+        config: &Config,
+        sinks: HashMap<String, Arc<SinkHandle>>,
+    ) -> Self {
         let PollerConfig {
             batch,
             idle_poll,
             max_payload,
+            lease,
+            sink_pause,
+            max_attempts,
+            retry_base,
+            retry_cap,
             ..
         } = config.poller;
         PollerContext {
@@ -59,6 +80,13 @@ impl PollerContext {
             max_payload,
             bounds_ms: LATENESS_BOUNDS_MS.to_vec(),
             observer: None,
+            remote: RemoteRoutes::from_config(config),
+            sinks,
+            lease,
+            sink_pause,
+            max_attempts,
+            retry_base,
+            retry_cap,
         }
     }
 }
@@ -125,15 +153,25 @@ pub async fn move_once(
     let mut con = ctx.con.clone();
     match target {
         Target::Shard(shard) => {
+            let paused: Vec<&str> = ctx
+                .sinks
+                .values()
+                .filter(|s| s.is_paused())
+                .map(|s| s.name.as_str())
+                .collect();
             let mut inv = scripts::move_due.prepare_invoke();
             inv.key(ctx.keys.due(*shard))
                 .key(ctx.keys.jobs(*shard))
                 .key(ctx.keys.dead(*shard))
                 .key(ctx.keys.reasons(*shard))
+                .key(ctx.keys.inflight(*shard))
                 .arg(ctx.batch)
                 .arg(&now)
-                .arg(ctx.max_payload);
+                .arg(ctx.max_payload)
+                .arg(ctx.lease.as_millis() as u64)
+                .arg(ctx.sink_pause.as_millis() as u64);
             ctx.routes.apply(&mut inv);
+            ctx.remote.apply(&mut inv, &paused);
             inv.arg(ctx.bounds_ms.len()).arg(&ctx.bounds_ms);
             let value = inv.invoke_async(&mut con).await?;
             MoveReply::parse(value, ctx.routes.routes.len(), ctx.bounds_ms.len())
@@ -220,6 +258,13 @@ pub async fn run(
                 if let Some(observe) = &ctx.observer {
                     observe(&target, &reply);
                 }
+                if let (Target::Shard(shard), false) = (&target, reply.claimed.is_empty()) {
+                    // The batch in hand: publish and settle before anything else, even
+                    // when shutdown was asked meanwhile.
+                    if let Err(e) = delivery::deliver(&ctx, *shard, &reply, started).await {
+                        metrics::error_event("redis", &label, &e);
+                    }
+                }
                 if reply.kept > 0 {
                     metrics::error_event(
                         "push_failed",
@@ -255,6 +300,17 @@ pub async fn run(
 }
 
 fn record(ctx: &PollerContext, target: &Target, label: &str, reply: &MoveReply) {
+    if reply.reaped > 0 {
+        ::metrics::counter!(LEASES_EXPIRED).increment(reply.reaped);
+        tracing::warn!(
+            source = label,
+            jobs = reply.reaped,
+            "leases ran out; jobs due again"
+        );
+    }
+    if reply.postponed > 0 {
+        ::metrics::counter!(POSTPONED).increment(reply.postponed);
+    }
     if reply.taken == 0 {
         return;
     }

@@ -36,6 +36,7 @@ scripts!(
     purge_dead,
     replay_raw_dead,
     purge_raw_dead,
+    settle_jobs,
     bench_bare_move_raw,
     bench_bare_move_hash,
 );
@@ -70,6 +71,22 @@ pub struct MoveReply {
     pub dead: [u64; 5],
     /// Moved jobs per lateness bucket; one more than the bounds given.
     pub buckets: Vec<u64>,
+    /// Expired leases returned to due by this call (`move_due` only).
+    pub reaped: u64,
+    /// Jobs of paused sinks pushed back (`move_due` only).
+    pub postponed: u64,
+    /// Lease deadline of the claimed jobs: the fencing token for `settle_jobs`.
+    pub deadline_ms: i64,
+    /// Jobs claimed for two-phase sinks (`move_due` only).
+    pub claimed: Vec<Claimed>,
+}
+
+/// A job claimed for a two-phase sink: now in inflight until `MoveReply::deadline_ms`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub id: String,
+    pub due_ms: i64,
+    pub envelope: Vec<u8>,
 }
 
 impl MoveReply {
@@ -79,8 +96,9 @@ impl MoveReply {
 
     /// Parses the reply with `moved_len` per-route counts and `bounds` lateness bounds.
     pub fn parse(value: Value, moved_len: usize, bounds: usize) -> redis::RedisResult<Self> {
+        let fixed = 6 + moved_len + 5 + bounds + 1;
         let items = match value {
-            Value::Array(items) if items.len() == 6 + moved_len + 5 + bounds + 1 => items,
+            Value::Array(items) if items.len() == fixed || items.len() >= fixed + 4 => items,
             other => return Err(protocol_error("move reply", &other)),
         };
         let mut it = items.into_iter();
@@ -106,7 +124,7 @@ impl MoveReply {
         let buckets = (0..=bounds)
             .map(|_| as_int(next()).map(|n| n as u64))
             .collect::<Result<_, _>>()?;
-        Ok(MoveReply {
+        let mut reply = MoveReply {
             taken,
             now_us,
             next_due,
@@ -116,7 +134,37 @@ impl MoveReply {
             moved,
             dead,
             buckets,
-        })
+            ..MoveReply::default()
+        };
+        let rest: Vec<Value> = it.collect();
+        if let [reaped, postponed, deadline, count, claimed @ ..] = rest.as_slice() {
+            reply.reaped = as_int(reaped.clone())? as u64;
+            reply.postponed = as_int(postponed.clone())? as u64;
+            reply.deadline_ms = as_int(deadline.clone())?;
+            let count = as_int(count.clone())? as usize;
+            if claimed.len() != 3 * count {
+                return Err(protocol_error("claimed jobs", &Value::Int(count as i64)));
+            }
+            for job in claimed.chunks(3) {
+                reply.claimed.push(Claimed {
+                    id: as_string(job[0].clone())?,
+                    due_ms: as_string(job[1].clone())?
+                        .parse::<f64>()
+                        .map(|d| d as i64)
+                        .map_err(|_| protocol_error("claimed due", &job[1]))?,
+                    envelope: as_bytes(job[2].clone())?,
+                });
+            }
+        }
+        Ok(reply)
+    }
+}
+
+pub(crate) fn as_bytes(v: Value) -> redis::RedisResult<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Ok(b),
+        Value::Nil => Ok(Vec::new()),
+        other => Err(protocol_error("bytes", &other)),
     }
 }
 

@@ -1,1 +1,709 @@
-//! kafka sink (being written).
+//! Kafka sink: an idempotent librdkafka producer (`acks=all`, `enable.idempotence=true`)
+//! whose delivery reports are awaited before a job counts as delivered.
+//!
+//! A batch is enqueued in full first (librdkafka batches and lingers), then every delivery
+//! future is awaited. Each message resolves to one [`Outcome`]:
+//! - broker errors that no retry can fix (unknown topic, too large, not authorized) →
+//!   `Reject` with the broker's reason;
+//! - the broker unreachable → `Unavailable`. librdkafka itself only says so by letting
+//!   messages time out, so while a batch waits the sink probes the cluster (a metadata
+//!   request bounded to [`PROBE_TIMEOUT`]) every [`PROBE_EVERY`]. A connection-level probe
+//!   failure (refused, all brokers down) purges the producer's queued and in-flight
+//!   messages, which resolve at once as `Unavailable`, and the producer is replaced (see
+//!   `KafkaSink::rebuild`). A probe that merely times out (busy broker) purges nothing;
+//!   messages that then time out count as `Unavailable` too, since the broker does not
+//!   answer at all, while timeouts against a broker that answers are `Retry`;
+//! - anything else (local queue full, timeouts while the broker answers, transient
+//!   broker errors) → `Retry`.
+//!
+//! Every record carries the envelope headers plus `zdelay-id: <id>:<due>`, and by default
+//! the job id as its key. tansu (the test broker) has no topic auto-creation, and librdkafka
+//! reports a missing topic as `_MSG_TIMED_OUT` unless `topic.metadata.propagation.max.ms`
+//! is below `message.timeout.ms`: the defaults here make it `Reject` within ~1 s.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientContext;
+use rdkafka::client::Client;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
+
+use super::{IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
+use crate::config::{KafkaKey, KafkaSinkConfig};
+
+/// How long a batch waits before the first connectivity probe, and between probes.
+pub const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// Bound of one connectivity probe (metadata request) inside `publish`.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
+/// Bound of [`KafkaSink::check`].
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause before retrying an enqueue that hit a full local queue with nothing of ours in
+/// flight to wait for.
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
+
+/// Producer defaults, applied before the user's `librdkafka` map (which wins).
+pub const DEFAULTS: &[(&str, &str)] = &[
+    // Delivered = on every in-sync replica; no duplicates from producer retries.
+    ("acks", "all"),
+    ("enable.idempotence", "true"),
+    // Throughput: short linger, large batches, deep local queue.
+    ("linger.ms", "5"),
+    ("batch.num.messages", "10000"),
+    ("compression.type", "none"),
+    ("queue.buffering.max.messages", "1000000"),
+    ("queue.buffering.max.kbytes", "1048576"),
+    // A delivery report comes back within this, success or not.
+    ("message.timeout.ms", "15000"),
+    // Below message.timeout.ms, so a missing topic fails as unknown topic (Reject) after
+    // 1 s instead of as a message timeout.
+    ("topic.metadata.propagation.max.ms", "1000"),
+    // Reconnect soon after a broker comes back (librdkafka's default backs off to 10 s).
+    ("reconnect.backoff.max.ms", "2000"),
+];
+
+/// What to do with a failed message, by librdkafka error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Permanent for this message: dead with the broker's reason.
+    Reject,
+    /// Transient: back to due after backoff, one attempt counted.
+    Retry,
+    /// The sink as a whole cannot deliver: pause, no attempt counted.
+    Unavailable,
+    /// Timeouts and transport errors: `Unavailable` when a probe finds the broker
+    /// unreachable, else `Retry`.
+    ProbeBroker,
+}
+
+/// Classifies a produce or delivery error code. Pure: unit-tested over the codes.
+pub fn classify(code: RDKafkaErrorCode) -> ErrorClass {
+    use RDKafkaErrorCode as C;
+    match code {
+        C::MessageSizeTooLarge
+        | C::MessageBatchTooLarge // RECORD_LIST_TOO_LARGE
+        | C::InvalidMessageSize
+        | C::UnknownTopicOrPartition
+        | C::UnknownTopic
+        | C::UnknownPartition
+        | C::InvalidTopic
+        | C::TopicAuthorizationFailed
+        | C::InvalidRecord
+        | C::PolicyViolation
+        | C::UnsupportedForMessageFormat => ErrorClass::Reject,
+        // No broker, or nothing this producer sends can be accepted: the sink is down,
+        // not the message. Purges come from our own probe finding the broker unreachable.
+        C::AllBrokersDown
+        | C::Resolve
+        | C::PurgeQueue
+        | C::PurgeInflight
+        | C::Authentication
+        | C::SSL
+        | C::SaslAuthenticationFailed
+        | C::ClusterAuthorizationFailed
+        | C::TransactionalIdAuthorizationFailed => ErrorClass::Unavailable,
+        C::MessageTimedOut
+        | C::RequestTimedOut
+        | C::OperationTimedOut
+        | C::TimedOutQueue
+        | C::BrokerTransportFailure
+        | C::BrokerNotAvailable
+        | C::NetworkException => ErrorClass::ProbeBroker,
+        // QueueFull, leader elections, not enough replicas, fatal idempotence errors (the
+        // producer is rebuilt), and whatever else.
+        _ => ErrorClass::Retry,
+    }
+}
+
+/// The librdkafka configuration for a sink: [`DEFAULTS`], then the user's map.
+pub fn client_config(name: &str, config: &KafkaSinkConfig) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &config.brokers);
+    cc.set("client.id", format!("zdelay-{name}"));
+    for (k, v) in DEFAULTS {
+        cc.set(*k, *v);
+    }
+    for (k, v) in &config.librdkafka {
+        cc.set(k, v);
+    }
+    cc
+}
+
+/// Routes librdkafka's log lines and global errors to `tracing`, tagged with the sink.
+struct SinkContext {
+    sink: String,
+}
+
+impl ClientContext for SinkContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, line: &str) {
+        let sink = &self.sink;
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+            | RDKafkaLogLevel::Warning => tracing::warn!(sink, fac, "librdkafka: {line}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(sink, fac, "librdkafka: {line}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(sink, fac, "librdkafka: {line}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(sink = %self.sink, error = %error, "kafka client error: {reason}");
+    }
+}
+
+type Prod = FutureProducer<SinkContext>;
+
+/// A Kafka sink. Cheap to share behind an `Arc`; `publish` may run concurrently.
+pub struct KafkaSink {
+    name: String,
+    config: ClientConfig,
+    key: KafkaKey,
+    /// Replaced after a fatal (idempotence) error, which leaves a producer unusable.
+    producer: RwLock<Arc<Prod>>,
+}
+
+impl std::fmt::Debug for KafkaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Outcomes of one batch as its delivery reports arrive.
+struct Resolution<'a> {
+    batch: &'a [Message],
+    outcomes: Vec<Option<Outcome>>,
+    /// Failures waiting for a probe verdict: (index, reason).
+    suspect: Vec<(usize, String)>,
+    /// A failure that leaves a hole in the idempotent sequence, if any.
+    gap: Option<RDKafkaErrorCode>,
+}
+
+impl<'a> Resolution<'a> {
+    fn new(batch: &'a [Message]) -> Self {
+        Resolution {
+            batch,
+            outcomes: vec![None; batch.len()],
+            suspect: Vec::new(),
+            gap: None,
+        }
+    }
+
+    /// A delivery report; `None` when the future was canceled (producer gone).
+    fn settle(&mut self, i: usize, report: Option<OwnedDeliveryResult>) {
+        match report {
+            Some(Ok(_)) => self.outcomes[i] = Some(Outcome::Delivered),
+            Some(Err((err, _))) => self.failed(i, &err),
+            None => {
+                let topic = &self.batch[i].target;
+                self.outcomes[i] = Some(Outcome::Retry(format!(
+                    "kafka topic {topic}: producer gone before the delivery report"
+                )));
+            }
+        }
+    }
+
+    fn failed(&mut self, i: usize, err: &KafkaError) {
+        let reason = format!("kafka topic {}: {err}", self.batch[i].target);
+        let code = err.rdkafka_error_code();
+        if let Some(code) = code
+            && leaves_sequence_gap(code)
+        {
+            self.gap.get_or_insert(code);
+        }
+        let class = code.map(classify).unwrap_or(ErrorClass::Retry);
+        self.outcomes[i] = match class {
+            ErrorClass::Reject => Some(Outcome::Reject(reason)),
+            ErrorClass::Retry => Some(Outcome::Retry(reason)),
+            ErrorClass::Unavailable => Some(Outcome::Unavailable(reason)),
+            ErrorClass::ProbeBroker => {
+                self.suspect.push((i, reason));
+                None
+            }
+        };
+    }
+
+    /// Outcomes in input order; `down` is the probe's verdict (Some = unreachable).
+    fn finish(mut self, down: Option<&str>) -> Vec<Outcome> {
+        for (i, reason) in std::mem::take(&mut self.suspect) {
+            self.outcomes[i] = Some(match down {
+                Some(why) => Outcome::Unavailable(format!("{reason} (broker unreachable: {why})")),
+                None => Outcome::Retry(reason),
+            });
+        }
+        self.outcomes
+            .into_iter()
+            .map(|o| match (o, down) {
+                (Some(Outcome::Unavailable(r)), Some(why)) if !r.contains("unreachable") => {
+                    Outcome::Unavailable(format!("{r} (broker unreachable: {why})"))
+                }
+                (Some(o), _) => o,
+                (None, _) => Outcome::Retry("kafka: message left unresolved".to_owned()),
+            })
+            .collect()
+    }
+}
+
+impl KafkaSink {
+    /// Builds the producer. Does not contact the broker (librdkafka connects lazily), so
+    /// a sink can be built while its broker is down.
+    pub fn new(name: &str, config: &KafkaSinkConfig) -> Result<Self, SinkError> {
+        let bad = |why: String| SinkError::Config {
+            sink: name.to_owned(),
+            why,
+        };
+        if config.brokers.trim().is_empty() {
+            return Err(bad("brokers is empty".into()));
+        }
+        let cc = client_config(name, config);
+        let producer = create(name, &cc).map_err(|e| bad(e.to_string()))?;
+        Ok(KafkaSink {
+            name: name.to_owned(),
+            config: cc,
+            key: config.key,
+            producer: RwLock::new(Arc::new(producer)),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn producer(&self) -> Arc<Prod> {
+        match self.producer.read() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Publishes the batch and waits for every delivery report: one outcome per message,
+    /// in input order. Returns only when each message is resolved (at the latest
+    /// `message.timeout.ms` after it was enqueued, sooner when a probe finds the broker
+    /// unreachable).
+    pub async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        let producer = self.producer();
+        let mut res = Resolution::new(batch);
+        let mut pending: VecDeque<(usize, DeliveryFuture)> = VecDeque::with_capacity(batch.len());
+
+        // 1. Enqueue everything; librdkafka batches per partition.
+        let queue_full_limit = self.message_timeout();
+        for (i, msg) in batch.iter().enumerate() {
+            let mut headers = OwnedHeaders::new_with_capacity(msg.headers.len() + 1);
+            for (k, v) in &msg.headers {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: Some(v.as_str()),
+                });
+            }
+            let idem = msg.idempotency_key();
+            headers = headers.insert(Header {
+                key: IDEMPOTENCY_HEADER,
+                value: Some(idem.as_str()),
+            });
+            let mut record = FutureRecord::<str, [u8]>::to(&msg.target)
+                .payload(&msg.payload)
+                .headers(headers);
+            if self.key == KafkaKey::Id {
+                record = record.key(msg.id.as_str());
+            }
+            let started = Instant::now();
+            loop {
+                match producer.send_result(record) {
+                    Ok(fut) => {
+                        pending.push_back((i, fut));
+                        break;
+                    }
+                    Err((err, back))
+                        if err.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull)
+                            && started.elapsed() < queue_full_limit =>
+                    {
+                        // Make room by waiting for our oldest message, or briefly when the
+                        // queue is full of other batches' messages.
+                        record = back;
+                        match pending.pop_front() {
+                            Some((j, fut)) => res.settle(j, fut.await.ok()),
+                            None => tokio::time::sleep(QUEUE_FULL_PAUSE).await,
+                        }
+                    }
+                    Err((err, _)) => {
+                        res.failed(i, &err);
+                        break;
+                    }
+                }
+            }
+        }
+
+        // 2. Await every delivery report, probing the broker while they are slow.
+        let mut down: Option<String> = None;
+        let mut probe_at = tokio::time::Instant::now() + PROBE_EVERY;
+        while let Some((i, mut fut)) = pending.pop_front() {
+            let report = loop {
+                tokio::select! {
+                    report = &mut fut => break report.ok(),
+                    _ = tokio::time::sleep_until(probe_at) => {
+                        // Only a connection-level failure purges: a busy broker that is
+                        // merely slow keeps its messages until message.timeout.ms.
+                        if let Probe::Unreachable(why) = probe(&producer, PROBE_TIMEOUT).await {
+                            tracing::warn!(sink = %self.name, reason = %why,
+                                "kafka broker unreachable; purging queued messages");
+                            // Queued and in-flight messages resolve now with _PURGE_*
+                            // (Unavailable); the producer is replaced below.
+                            producer.purge(
+                                PurgeConfig::default().queue().inflight().non_blocking(),
+                            );
+                            down = Some(why);
+                        }
+                        probe_at = tokio::time::Instant::now() + PROBE_EVERY;
+                    }
+                }
+            };
+            res.settle(i, report);
+        }
+
+        // 3. Timeouts and transport errors: the broker's reachability decides.
+        // Messages that timed out against a broker that does not even answer a metadata
+        // request (unreachable or hung) are the sink's failure, not the job's.
+        let purged = down.is_some();
+        if !res.suspect.is_empty() && down.is_none() {
+            down = match probe(&producer, PROBE_TIMEOUT).await {
+                Probe::Reachable => None,
+                Probe::Slow(why) | Probe::Unreachable(why) => Some(why),
+            };
+        }
+        let gap = res.gap;
+        let outcomes = res.finish(down.as_deref());
+
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            self.rebuild(&producer, &format!("fatal error {code:?}: {reason}"));
+        } else if purged {
+            self.rebuild(
+                &producer,
+                "messages purged while the broker was unreachable",
+            );
+        } else if let Some(code) = gap {
+            self.rebuild(
+                &producer,
+                &format!("failed deliveries ({code:?}) left a sequence gap"),
+            );
+        }
+        outcomes
+    }
+
+    /// A real health check: a metadata request bounded to [`CHECK_TIMEOUT`].
+    /// `Err(reason)` when no broker answers (or the producer hit a fatal error, in which
+    /// case it is rebuilt and the next check may pass).
+    pub async fn check(&self) -> Result<(), String> {
+        let producer = self.producer();
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            self.rebuild(&producer, &format!("fatal error {code:?}: {reason}"));
+            return Err(format!("kafka producer fatal error {code:?}: {reason}"));
+        }
+        match probe(&producer, CHECK_TIMEOUT).await {
+            Probe::Reachable => Ok(()),
+            Probe::Slow(why) | Probe::Unreachable(why) => Err(why),
+        }
+    }
+
+    /// Waits up to `timeout` for queued messages to be delivered (call before exit).
+    pub async fn flush(&self, timeout: Duration) {
+        let producer = self.producer();
+        let name = self.name.clone();
+        let res = tokio::task::spawn_blocking(move || {
+            let res = producer.flush(timeout);
+            (res, producer.in_flight_count())
+        })
+        .await;
+        match res {
+            Ok((Ok(()), _)) => {}
+            Ok((Err(err), left)) => {
+                tracing::warn!(sink = %name, error = %err, left, "kafka flush incomplete")
+            }
+            Err(err) => tracing::warn!(sink = %name, error = %err, "kafka flush task failed"),
+        }
+    }
+
+    fn message_timeout(&self) -> Duration {
+        let ms = self
+            .config
+            .get("message.timeout.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .unwrap_or(300_000);
+        Duration::from_millis(ms)
+    }
+
+    /// Replaces the producer `used` (unless another publish already did) with a fresh one,
+    /// which gets a new producer id from the broker. Needed after a fatal error, and after
+    /// failures that leave a gap in the idempotent sequence: librdkafka then bumps the
+    /// producer epoch (KIP-360), which tansu does not support (every later produce fails
+    /// with UNKNOWN_SERVER_ERROR). Batches still running on the old producer keep it alive
+    /// until they resolve.
+    fn rebuild(&self, used: &Arc<Prod>, why: &str) {
+        let mut slot = match self.producer.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if !Arc::ptr_eq(&slot, used) {
+            return;
+        }
+        tracing::warn!(sink = %self.name, reason = %why, "replacing the kafka producer");
+        match create(&self.name, &self.config) {
+            Ok(p) => *slot = Arc::new(p),
+            Err(err) => {
+                tracing::error!(sink = %self.name, error = %err, "kafka producer rebuild failed")
+            }
+        }
+    }
+}
+
+/// Delivery failures after which the idempotent producer has a hole in its sequence
+/// numbers (or lost its producer id) and would have to bump its epoch.
+pub fn leaves_sequence_gap(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::MessageTimedOut
+            | C::PurgeQueue
+            | C::PurgeInflight
+            | C::OutOfOrderSequenceNumber
+            | C::UnknownProducerId
+            | C::InvalidProducerEpoch
+            | C::InvalidProducerIdMapping
+            | C::Unknown
+            | C::Fatal
+    )
+}
+
+fn create(name: &str, cc: &ClientConfig) -> Result<Prod, KafkaError> {
+    cc.create_with_context(SinkContext {
+        sink: name.to_owned(),
+    })
+}
+
+/// What a connectivity probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Probe {
+    Reachable,
+    /// Connected, but no answer in time: an overloaded or hung broker.
+    Slow(String),
+    /// No connection at all: refused, resolve failure, all brokers down.
+    Unreachable(String),
+}
+
+/// How a failed metadata request reads: only connection-level failures mean unreachable;
+/// a timeout may be a busy broker.
+pub fn probe_error_is_unreachable(code: Option<RDKafkaErrorCode>) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        Some(C::BrokerTransportFailure | C::AllBrokersDown | C::Resolve | C::NetworkException)
+    )
+}
+
+/// A metadata request: does any broker answer within `timeout`?
+async fn probe(producer: &Arc<Prod>, timeout: Duration) -> Probe {
+    let producer = producer.clone();
+    let res = tokio::task::spawn_blocking(move || {
+        let client: &Client<_> = producer.client();
+        client
+            .fetch_metadata(None, timeout)
+            .map(|m| m.brokers().len())
+    })
+    .await;
+    match res {
+        Ok(Ok(0)) => Probe::Unreachable("metadata lists no brokers".to_owned()),
+        Ok(Ok(_)) => Probe::Reachable,
+        Ok(Err(err)) if probe_error_is_unreachable(err.rdkafka_error_code()) => {
+            Probe::Unreachable(format!("metadata request failed: {err}"))
+        }
+        Ok(Err(err)) => Probe::Slow(format!("metadata request failed: {err}")),
+        Err(err) => Probe::Slow(format!("metadata task failed: {err}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn cfg(extra: &[(&str, &str)]) -> KafkaSinkConfig {
+        KafkaSinkConfig {
+            brokers: "127.0.0.1:1".into(),
+            allow: vec![],
+            key: KafkaKey::Id,
+            librdkafka: extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    #[test]
+    fn config_has_safe_throughput_defaults() {
+        let cc = client_config("k", &cfg(&[]));
+        assert_eq!(cc.get("bootstrap.servers"), Some("127.0.0.1:1"));
+        assert_eq!(cc.get("client.id"), Some("zdelay-k"));
+        assert_eq!(cc.get("acks"), Some("all"));
+        assert_eq!(cc.get("enable.idempotence"), Some("true"));
+        assert_eq!(cc.get("linger.ms"), Some("5"));
+        assert_eq!(cc.get("batch.num.messages"), Some("10000"));
+        assert_eq!(cc.get("compression.type"), Some("none"));
+        let prop: u64 = cc
+            .get("topic.metadata.propagation.max.ms")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let timeout: u64 = cc.get("message.timeout.ms").unwrap().parse().unwrap();
+        assert!(
+            prop < timeout,
+            "unknown topics must fail before messages time out"
+        );
+    }
+
+    #[test]
+    fn passthrough_wins() {
+        let cc = client_config(
+            "k",
+            &cfg(&[
+                ("linger.ms", "50"),
+                ("compression.type", "lz4"),
+                ("message.max.bytes", "20000"),
+                ("bootstrap.servers", "127.0.0.1:2"),
+            ]),
+        );
+        assert_eq!(cc.get("linger.ms"), Some("50"));
+        assert_eq!(cc.get("compression.type"), Some("lz4"));
+        assert_eq!(cc.get("message.max.bytes"), Some("20000"));
+        assert_eq!(cc.get("bootstrap.servers"), Some("127.0.0.1:2"));
+        assert_eq!(cc.get("acks"), Some("all"));
+    }
+
+    #[test]
+    fn new_needs_no_broker_and_rejects_bad_options() {
+        let sink = KafkaSink::new("k", &cfg(&[])).expect("built without a broker");
+        assert_eq!(sink.message_timeout(), Duration::from_millis(15000));
+        let err = KafkaSink::new("k", &cfg(&[("no.such.option", "1")])).unwrap_err();
+        assert!(err.to_string().contains("no.such.option"), "{err}");
+        let err = KafkaSink::new("k", &cfg(&[("acks", "sometimes")])).unwrap_err();
+        assert!(err.to_string().contains("sink k"), "{err}");
+        let mut empty = cfg(&[]);
+        empty.brokers = " ".into();
+        assert!(KafkaSink::new("k", &empty).is_err());
+    }
+
+    #[test]
+    fn classification() {
+        use RDKafkaErrorCode as C;
+        for code in [
+            C::MessageSizeTooLarge,
+            C::UnknownTopicOrPartition,
+            C::UnknownTopic,
+            C::TopicAuthorizationFailed,
+            C::InvalidTopic,
+            C::MessageBatchTooLarge,
+            C::UnknownPartition,
+            C::InvalidRecord,
+            C::PolicyViolation,
+        ] {
+            assert_eq!(classify(code), ErrorClass::Reject, "{code:?}");
+        }
+        for code in [
+            C::AllBrokersDown,
+            C::Resolve,
+            C::PurgeQueue,
+            C::PurgeInflight,
+            C::Authentication,
+            C::SSL,
+            C::SaslAuthenticationFailed,
+            C::ClusterAuthorizationFailed,
+        ] {
+            assert_eq!(classify(code), ErrorClass::Unavailable, "{code:?}");
+        }
+        for code in [
+            C::MessageTimedOut,
+            C::RequestTimedOut,
+            C::OperationTimedOut,
+            C::BrokerTransportFailure,
+            C::BrokerNotAvailable,
+            C::NetworkException,
+        ] {
+            assert_eq!(classify(code), ErrorClass::ProbeBroker, "{code:?}");
+        }
+        for code in [
+            C::QueueFull,
+            C::NotEnoughReplicas,
+            C::NotEnoughReplicasAfterAppend,
+            C::LeaderNotAvailable,
+            C::NotLeaderForPartition,
+            C::OutOfOrderSequenceNumber,
+            C::Fatal,
+            C::Unknown,
+        ] {
+            assert_eq!(classify(code), ErrorClass::Retry, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn only_connection_failures_mean_unreachable() {
+        use RDKafkaErrorCode as C;
+        for code in [C::BrokerTransportFailure, C::AllBrokersDown, C::Resolve] {
+            assert!(probe_error_is_unreachable(Some(code)), "{code:?}");
+        }
+        for code in [C::OperationTimedOut, C::RequestTimedOut, C::Unknown] {
+            assert!(!probe_error_is_unreachable(Some(code)), "{code:?}");
+        }
+        assert!(!probe_error_is_unreachable(None));
+    }
+
+    #[test]
+    fn sequence_gaps() {
+        use RDKafkaErrorCode as C;
+        for code in [
+            C::MessageTimedOut,
+            C::PurgeQueue,
+            C::OutOfOrderSequenceNumber,
+            C::Unknown,
+        ] {
+            assert!(leaves_sequence_gap(code), "{code:?}");
+        }
+        for code in [C::MessageSizeTooLarge, C::UnknownTopic, C::QueueFull] {
+            assert!(!leaves_sequence_gap(code), "{code:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn publish_to_a_dead_port_is_unavailable_not_retry() {
+        // Nothing listens on port 1: the probe fails, queued messages are purged.
+        let sink = KafkaSink::new("k", &cfg(&[])).unwrap();
+        let msg = Message {
+            id: "a".into(),
+            due_ms: 1,
+            target: "t".into(),
+            payload: b"x".to_vec(),
+            headers: BTreeMap::new(),
+            priority: None,
+        };
+        let started = Instant::now();
+        let out = sink.publish(&[msg.clone(), msg]).await;
+        assert_eq!(out.len(), 2);
+        for o in &out {
+            assert!(matches!(o, Outcome::Unavailable(_)), "{o:?}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(sink.check().await.is_err());
+        assert!(sink.publish(&[]).await.is_empty());
+    }
+}

@@ -10,10 +10,16 @@
 //! integration test.
 
 pub mod redis_list;
+pub mod redis_remote;
 
 pub use redis_list::LocalRoutes;
 
+use crate::config::{Config, SinkConfig};
+use redis::ScriptInvocation;
 use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// One message for a two-phase sink, resolved from a claimed job.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,3 +72,295 @@ pub enum SinkError {
 pub mod amqp;
 pub mod kafka;
 pub mod nats;
+
+/// A two-phase sink. A closed set: enum dispatch, exhaustive matches.
+pub enum Sink {
+    RedisRemote(redis_remote::RedisRemoteSink),
+    Amqp(amqp::AmqpSink),
+    Nats(nats::NatsSink),
+}
+
+impl Sink {
+    /// Builds the sink named `name`; `None` for the local Redis sink (no two-phase path).
+    /// Never needs the broker to be up.
+    pub fn new(name: &str, config: &Config) -> Result<Option<Sink>, SinkError> {
+        let sink_config = &config.sinks[name];
+        Ok(match sink_config {
+            SinkConfig::Redis(r) => match &r.url {
+                None => None,
+                Some(url) => Some(Sink::RedisRemote(redis_remote::RedisRemoteSink::new(
+                    name, url, config,
+                )?)),
+            },
+            SinkConfig::Amqp(c) => Some(Sink::Amqp(amqp::AmqpSink::new(name, c)?)),
+            SinkConfig::Nats(c) => Some(Sink::Nats(nats::NatsSink::new(name, c)?)),
+            other => {
+                return Err(SinkError::Config {
+                    sink: name.to_owned(),
+                    why: format!("kind {} is not built into this binary", other.kind()),
+                });
+            }
+        })
+    }
+
+    /// Publishes and waits for the broker's confirmation of each message.
+    pub async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        match self {
+            Sink::RedisRemote(s) => s.publish(batch).await,
+            Sink::Amqp(s) => s.publish(batch).await,
+            Sink::Nats(s) => s.publish(batch).await,
+        }
+    }
+
+    /// A real, bounded health check.
+    pub async fn check(&self) -> Result<(), String> {
+        match self {
+            Sink::RedisRemote(s) => s.check().await,
+            Sink::Amqp(s) => s.check().await,
+            Sink::Nats(s) => s.check().await,
+        }
+    }
+
+    /// Flushes anything queued client-side (before exit).
+    pub async fn flush(&self, timeout: Duration) {
+        match self {
+            Sink::RedisRemote(_) => {}
+            Sink::Amqp(s) => s.flush(timeout).await,
+            Sink::Nats(s) => s.flush(timeout).await,
+        }
+    }
+}
+
+/// Longest pause of an unavailable sink.
+const MAX_PAUSE: Duration = Duration::from_secs(30);
+
+/// A sink with its run-time state: paused while unavailable, health for `/readyz`.
+pub struct SinkHandle {
+    pub name: String,
+    pub kind: &'static str,
+    pub sink: Sink,
+    first_pause: Duration,
+    /// (paused until, next pause length)
+    pause: Mutex<(Option<Instant>, Duration)>,
+    healthy: AtomicBool,
+    last_error: Mutex<String>,
+}
+
+impl SinkHandle {
+    pub fn new(name: &str, kind: &'static str, sink: Sink, first_pause: Duration) -> Self {
+        SinkHandle {
+            name: name.to_owned(),
+            kind,
+            sink,
+            first_pause,
+            pause: Mutex::new((None, first_pause)),
+            healthy: AtomicBool::new(true),
+            last_error: Mutex::new(String::new()),
+        }
+    }
+
+    pub fn is_paused(&self) -> bool {
+        let pause = self.pause.lock().expect("pause lock");
+        pause.0.is_some_and(|until| Instant::now() < until)
+    }
+
+    /// The sink was found unavailable: pause it, doubling the pause while it stays down.
+    pub fn pause(&self, why: &str) -> Duration {
+        let mut pause = self.pause.lock().expect("pause lock");
+        let length = pause.1;
+        *pause = (Some(Instant::now() + length), (length * 2).min(MAX_PAUSE));
+        self.set_health(Err(why.to_owned()));
+        length
+    }
+
+    /// A publish went through: the sink works again.
+    pub fn resume(&self) {
+        let mut pause = self.pause.lock().expect("pause lock");
+        *pause = (None, self.first_pause);
+        self.set_health(Ok(()));
+    }
+
+    pub fn set_health(&self, result: Result<(), String>) {
+        let ok = result.is_ok();
+        *self.last_error.lock().expect("error lock") = result.err().unwrap_or_default();
+        if self.healthy.swap(ok, Ordering::Relaxed) != ok {
+            if ok {
+                tracing::info!(sink = %self.name, "sink available again");
+            } else {
+                tracing::error!(sink = %self.name, error = %self.last_error(), "sink unavailable");
+            }
+        }
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    pub fn last_error(&self) -> String {
+        self.last_error.lock().expect("error lock").clone()
+    }
+}
+
+/// Where a two-phase job goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Destination {
+    pub sink: String,
+    pub target: String,
+    pub priority: Option<u8>,
+}
+
+/// The two-phase destinations: configured routes, and `<sink>/<target>` admitted by the
+/// sink's `allow` globs. Also feeds `move_due` the names it needs to claim such jobs.
+#[derive(Debug, Clone, Default)]
+pub struct RemoteRoutes {
+    routes: BTreeMap<String, Destination>,
+    /// Two-phase sinks and their allow patterns.
+    sinks: BTreeMap<String, Vec<String>>,
+}
+
+impl RemoteRoutes {
+    pub fn from_config(config: &Config) -> Self {
+        let mut table = RemoteRoutes::default();
+        for (name, sink) in &config.sinks {
+            if !sink.is_local() {
+                table.sinks.insert(name.clone(), sink.allow().to_vec());
+            }
+        }
+        for route in &config.routes {
+            if table.sinks.contains_key(&route.sink) {
+                table.routes.insert(
+                    route.name.clone(),
+                    Destination {
+                        sink: route.sink.clone(),
+                        target: route.list_key(),
+                        priority: route.priority,
+                    },
+                );
+            }
+        }
+        table
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sinks.is_empty()
+    }
+
+    /// Resolves a job's `dest`, or says why it cannot go anywhere.
+    pub fn resolve(&self, dest: &str) -> Result<Destination, String> {
+        if let Some(d) = self.routes.get(dest) {
+            return Ok(d.clone());
+        }
+        let Some((sink, target)) = dest.split_once('/') else {
+            return Err(format!("unknown destination: {dest}"));
+        };
+        let Some(allow) = self.sinks.get(sink) else {
+            return Err(format!("unknown destination: {dest}"));
+        };
+        if target.is_empty() || !allow.iter().any(|p| glob_match::glob_match(p, target)) {
+            return Err(format!(
+                "destination {dest} not admitted by sinks.{sink}.allow {allow:?}"
+            ));
+        }
+        Ok(Destination {
+            sink: sink.to_owned(),
+            target: target.to_owned(),
+            priority: None,
+        })
+    }
+
+    /// `move_due`'s two-phase ARGV: routes, sinks, paused sinks.
+    pub fn apply(&self, inv: &mut ScriptInvocation<'_>, paused: &[&str]) {
+        inv.arg(self.routes.len());
+        for (name, d) in &self.routes {
+            inv.arg(name).arg(&d.sink);
+        }
+        inv.arg(self.sinks.len());
+        for name in self.sinks.keys() {
+            inv.arg(name);
+        }
+        inv.arg(paused.len());
+        for name in paused {
+            inv.arg(*name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::from_toml;
+
+    fn routes() -> RemoteRoutes {
+        RemoteRoutes::from_config(
+            &from_toml(
+                r#"
+                [sinks.other]
+                kind = "redis"
+                url = "redis://127.0.0.1:1"
+                [sinks.bus]
+                kind = "nats"
+                url = "nats://127.0.0.1:4222"
+                allow = ["events.*", "audit.>"]
+                [[routes]]
+                name = "mirror"
+                sink = "other"
+                target = "q"
+                delayed_suffix = "-delayed"
+                [[routes]]
+                name = "local"
+                sink = "local"
+                target = "q"
+                "#,
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn resolves_routes_and_allowed_targets() {
+        let r = routes();
+        assert_eq!(
+            r.resolve("mirror").unwrap(),
+            Destination {
+                sink: "other".into(),
+                target: "q-delayed".into(),
+                priority: None
+            }
+        );
+        assert_eq!(r.resolve("bus/events.due").unwrap().target, "events.due");
+        assert!(
+            r.resolve("bus/orders.due")
+                .unwrap_err()
+                .contains("not admitted")
+        );
+        assert!(r.resolve("bus/").is_err());
+        assert!(
+            r.resolve("local")
+                .unwrap_err()
+                .contains("unknown destination")
+        );
+        assert!(
+            r.resolve("nope/x")
+                .unwrap_err()
+                .contains("unknown destination")
+        );
+        assert!(
+            r.resolve("plain")
+                .unwrap_err()
+                .contains("unknown destination")
+        );
+    }
+
+    #[test]
+    fn idempotency_key_is_id_and_due() {
+        let m = Message {
+            id: "01J".into(),
+            due_ms: 1700,
+            target: "t".into(),
+            payload: vec![],
+            headers: BTreeMap::new(),
+            priority: None,
+        };
+        assert_eq!(m.idempotency_key(), "01J:1700");
+    }
+}

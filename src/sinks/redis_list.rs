@@ -25,17 +25,17 @@ pub struct LocalRoutes {
 }
 
 /// KEYS taken by `move_due` before the list keys.
-const FIXED_KEYS: usize = 4;
+const FIXED_KEYS: usize = 5;
 
 impl LocalRoutes {
     /// The routes of `config` whose sink is a Redis sink on the scheduling Redis.
     pub fn from_config(config: &Config) -> Self {
         let mut table = LocalRoutes::default();
         for route in &config.routes {
-            let local = matches!(
-                config.sinks.get(&route.sink),
-                Some(SinkConfig::Redis(sink)) if sink.url.is_none()
-            );
+            let local = config
+                .sinks
+                .get(&route.sink)
+                .is_some_and(SinkConfig::is_local);
             if local {
                 table.add(LocalRoute {
                     name: route.name.clone(),
@@ -58,7 +58,7 @@ impl LocalRoutes {
         self.routes.iter().find(|r| r.name == name)
     }
 
-    /// Adds the list KEYS (after the four shard keys) and the route ARGV triples.
+    /// Adds the list KEYS (after the five shard keys) and the route ARGV triples.
     pub fn apply(&self, inv: &mut ScriptInvocation<'_>) {
         for list in &self.lists {
             inv.key(list);

@@ -375,7 +375,7 @@ route = "r"
     .expect("valid config");
     let rt = common::runtime();
     let client = connect(&rt, &redis.url(), 2);
-    let ctx = PollerContext::new(client.connection(), &config);
+    let ctx = PollerContext::new(client.connection(), &config, Default::default());
     let source = |i: usize| {
         Target::Source(Arc::new(
             RawSource::resolve(&config.sources[i], &ctx.routes).expect("local route"),

@@ -1,11 +1,15 @@
 //! Integration tests: one binary, real `redis-server` processes started per test on free
 //! loopback ports (see `common`), and the real `zdelay` binary for daemon and CLI tests.
 
+mod amqp;
 mod bad_input;
 mod cli;
 mod common;
 mod delivery;
 mod faults;
+mod kafka;
+mod nats;
+mod two_phase;
 
 #[test]
 fn harness_starts_redis_and_daemon() {

@@ -172,12 +172,18 @@ impl Daemon {
 
     /// Starts the daemon without waiting for readiness.
     pub fn spawn(config: &TestConfig) -> Self {
+        Self::spawn_with_env(config, &[])
+    }
+
+    /// Starts the daemon with extra environment variables (e.g. `ZDELAY_FAILPOINT`).
+    pub fn spawn_with_env(config: &TestConfig, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("a temp dir");
         let log = dir.path().join("zdelay.log");
         let child = Command::new(zdelay_bin())
             .arg("--config")
             .arg(&config.path)
             .arg("run")
+            .envs(env.iter().copied())
             .env("ZDELAY_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("daemon log file"))
@@ -232,7 +238,8 @@ impl Daemon {
             }
             assert!(
                 Instant::now() < deadline,
-                "daemon did not exit within {timeout:?}"
+                "daemon did not exit within {timeout:?}; its log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(10));
         }

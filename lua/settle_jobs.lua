@@ -1,0 +1,53 @@
+-- settle_jobs: record what two-phase sinks did with claimed jobs, fenced by the lease.
+-- Each job is settled only if its inflight score still equals the deadline it was claimed
+-- with: a poller whose lease ran out (the job was reclaimed, or replaced, or cancelled)
+-- can never ack, retry or kill a job someone else now owns.
+-- KEYS[1] due      ZSET  {zdelay:3}:due
+-- KEYS[2] jobs     HASH  {zdelay:3}:jobs
+-- KEYS[3] inflight ZSET  {zdelay:3}:inflight
+-- KEYS[4] dead     ZSET  {zdelay:3}:dead
+-- KEYS[5] reasons  HASH  {zdelay:3}:reasons
+-- ARGV[1] lease deadline ms the jobs were claimed with (the fencing token)
+-- ARGV[2] wake channel; ARGV[3] shard number
+-- ARGV[4..] quadruples: op, id, a, b
+--   "ack"     delivered: the job is removed                              (a, b unused)
+--   "retry"   back to due at a (ms); b = envelope with attempt and last_error updated
+--   "release" sink unavailable: back to due at a (ms), no attempt counted  (b unused)
+--   "dead"    a = reason; b = envelope to keep ("" keeps the stored one)
+-- Returns: { settled, fenced } where fenced counts jobs whose lease was no longer ours.
+-- Re-run safety: yes; after a first run the fence no longer matches, so nothing repeats.
+local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local deadline = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local settled, fenced = 0, 0
+local earliest = nil
+for i = 4, #ARGV, 4 do
+  local op, id, a, b = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local score = redis.call('ZSCORE', inflight_key, id)
+  if score and tonumber(score) == deadline then
+    redis.call('ZREM', inflight_key, id)
+    if op == 'ack' then
+      redis.call('HDEL', jobs_key, id)
+    elseif op == 'retry' or op == 'release' then
+      local due = tonumber(a)
+      redis.call('ZADD', due_key, due, id)
+      if op == 'retry' then redis.call('HSET', jobs_key, id, b) end
+      if earliest == nil or due < earliest then earliest = due end
+    else
+      redis.call('ZADD', dead_key, now_ms, id)
+      redis.call('HSET', reasons_key, id, a)
+      if b ~= '' then redis.call('HSET', jobs_key, id, b) end
+    end
+    settled = settled + 1
+  else
+    fenced = fenced + 1
+  end
+end
+if earliest ~= nil then
+  local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+  if head[2] and tonumber(head[2]) >= earliest then
+    redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. string.format('%d', earliest))
+  end
+end
+return { settled, fenced }

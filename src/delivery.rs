@@ -1,0 +1,327 @@
+//! The two-phase path for jobs claimed by `move_due`: publish to their sinks, wait for
+//! the brokers' confirmations, then settle every job in one fenced `settle_jobs` call.
+//!
+//! Per job exactly one outcome: Delivered → ack; Retry → back to due after exponential
+//! backoff with full jitter, attempt + 1, dead at max attempts; Reject → dead with the
+//! broker's reason; Unavailable → back to due without burning an attempt, and the sink
+//! pauses (its jobs are postponed by `move_due`, so other sinks keep flowing).
+//!
+//! INVARIANT: nothing is removed before its sink confirmed it. A crash anywhere here leaves
+//! the job in inflight, and its lease returns it to due: at least once, never lost.
+
+use crate::envelope::Envelope;
+use crate::metrics::{self, FENCED, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION};
+use crate::poller::PollerContext;
+use crate::scripts::{self, Claimed, MoveReply};
+use crate::sinks::{Message, Outcome, SinkHandle};
+use rand::{RngExt, SeedableRng};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Retry delay for a job that has failed `attempt` times before: a random time in
+/// [0, min(cap, base × 2^attempt)] (exponential backoff with full jitter).
+pub fn retry_delay(
+    attempt: u32,
+    base: Duration,
+    cap: Duration,
+    rng: &mut impl rand::Rng,
+) -> Duration {
+    let ceiling = base
+        .checked_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
+        .unwrap_or(cap)
+        .min(cap);
+    Duration::from_millis(rng.random_range(0..=ceiling.as_millis() as u64))
+}
+
+/// One settle operation for `settle_jobs`.
+#[derive(Debug, Clone, PartialEq)]
+enum Settle {
+    Ack,
+    Retry { due_ms: i64, envelope: Vec<u8> },
+    Release { due_ms: i64 },
+    Dead { reason: String, envelope: Vec<u8> },
+}
+
+/// A claimed job on its way: where it goes, and its decoded envelope.
+struct Pending<'a> {
+    job: &'a Claimed,
+    envelope: Envelope,
+    sink: Arc<SinkHandle>,
+    message: Message,
+}
+
+/// Publishes the claimed jobs of one `move_due` reply and settles them.
+pub async fn deliver(
+    ctx: &PollerContext,
+    shard: u16,
+    reply: &MoveReply,
+    claimed_at: Instant,
+) -> redis::RedisResult<()> {
+    // Redis time now, from the claim's Redis time: no local clock involved.
+    let redis_now_ms = || reply.now_us / 1000 + claimed_at.elapsed().as_millis() as i64;
+    let mut settles: Vec<(&str, Settle)> = Vec::with_capacity(reply.claimed.len());
+    let mut by_sink: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
+    for job in &reply.claimed {
+        match prepare(ctx, job) {
+            Ok(p) => by_sink.entry(p.sink.name.clone()).or_default().push(p),
+            Err(reason) => settles.push((
+                &job.id,
+                Settle::Dead {
+                    reason,
+                    envelope: Vec::new(),
+                },
+            )),
+        }
+    }
+    let publishes = by_sink.into_values().map(|pending| async move {
+        let sink = pending[0].sink.clone();
+        if sink.is_paused() {
+            let outcomes = vec![Outcome::Unavailable("sink paused".into()); pending.len()];
+            return (pending, outcomes);
+        }
+        let messages: Vec<Message> = pending.iter().map(|p| p.message.clone()).collect();
+        let started = Instant::now();
+        let outcomes = sink.sink.publish(&messages).await;
+        ::metrics::histogram!(SINK_PUBLISH_DURATION, "sink" => sink.name.clone())
+            .record(started.elapsed().as_secs_f64());
+        (pending, outcomes)
+    });
+    let results = futures::future::join_all(publishes).await;
+    failpoint_after_publish().await;
+
+    // The thread-local RNG is not Send: keep it out of any await.
+    let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
+    for (pending, outcomes) in &results {
+        let sink = &pending[0].sink;
+        let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut unavailable: Option<&str> = None;
+        for (p, outcome) in pending.iter().zip(outcomes) {
+            let settle = match outcome {
+                Outcome::Delivered => {
+                    ::metrics::histogram!(LATENESS, "source" => sink.name.clone())
+                        .record((redis_now_ms() - p.job.due_ms).max(0) as f64 / 1000.0);
+                    Settle::Ack
+                }
+                Outcome::Retry(why) => retry(ctx, p, why, redis_now_ms(), &mut rng),
+                Outcome::Reject(why) => dead(p, why.clone()),
+                Outcome::Unavailable(why) => {
+                    unavailable.get_or_insert(why);
+                    Settle::Release {
+                        due_ms: redis_now_ms() + ctx.sink_pause.as_millis() as i64,
+                    }
+                }
+            };
+            *counts.entry(outcome_label(outcome)).or_default() += 1;
+            settles.push((&p.job.id, settle));
+        }
+        for (label, n) in counts {
+            ::metrics::counter!(SINK_OUTCOMES, "sink" => sink.name.clone(), "outcome" => label)
+                .increment(n);
+        }
+        match unavailable {
+            Some(why) => {
+                let pause = sink.pause(why);
+                metrics::error_event(
+                    "sink_unavailable",
+                    &sink.name,
+                    &format!("{why}; paused {pause:?}"),
+                );
+            }
+            None if outcomes.iter().any(|o| matches!(o, Outcome::Delivered)) => sink.resume(),
+            None => {}
+        }
+    }
+    settle(ctx, shard, reply.deadline_ms, &settles).await
+}
+
+fn outcome_label(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Delivered => "delivered",
+        Outcome::Retry(_) => "retried",
+        Outcome::Reject(_) => "rejected",
+        Outcome::Unavailable(_) => "unavailable",
+    }
+}
+
+/// Decodes and resolves a claimed job, or says why it can only go to dead.
+fn prepare<'a>(ctx: &PollerContext, job: &'a Claimed) -> Result<Pending<'a>, String> {
+    let envelope = Envelope::decode(&job.envelope).map_err(|e| e.to_string())?;
+    let dest = ctx.remote.resolve(&envelope.dest)?;
+    let sink = ctx
+        .sinks
+        .get(&dest.sink)
+        .cloned()
+        .ok_or_else(|| format!("unknown destination: {}", envelope.dest))?;
+    if envelope.payload.len() > ctx.max_payload {
+        return Err(format!(
+            "payload of {} bytes exceeds max_payload {}",
+            envelope.payload.len(),
+            ctx.max_payload
+        ));
+    }
+    let message = Message {
+        id: job.id.clone(),
+        due_ms: job.due_ms,
+        target: dest.target,
+        payload: envelope.payload.clone(),
+        headers: envelope.meta.headers.clone(),
+        priority: dest.priority,
+    };
+    Ok(Pending {
+        job,
+        envelope,
+        sink,
+        message,
+    })
+}
+
+fn retry(
+    ctx: &PollerContext,
+    p: &Pending,
+    why: &str,
+    now_ms: i64,
+    rng: &mut impl rand::Rng,
+) -> Settle {
+    let mut envelope = p.envelope.clone();
+    let failed_before = envelope.meta.attempt;
+    envelope.meta.attempt += 1;
+    envelope.meta.last_error = Some(why.to_owned());
+    let max = envelope.meta.max_attempts.unwrap_or(ctx.max_attempts);
+    let bytes = envelope.encode().unwrap_or_else(|_| p.job.envelope.clone());
+    if envelope.meta.attempt >= max {
+        return Settle::Dead {
+            reason: format!("gave up after {} attempts: {why}", envelope.meta.attempt),
+            envelope: bytes,
+        };
+    }
+    let delay = retry_delay(failed_before, ctx.retry_base, ctx.retry_cap, rng);
+    Settle::Retry {
+        due_ms: now_ms + delay.as_millis() as i64,
+        envelope: bytes,
+    }
+}
+
+fn dead(p: &Pending, reason: String) -> Settle {
+    let mut envelope = p.envelope.clone();
+    envelope.meta.last_error = Some(reason.clone());
+    Settle::Dead {
+        reason,
+        envelope: envelope.encode().unwrap_or_default(),
+    }
+}
+
+async fn settle(
+    ctx: &PollerContext,
+    shard: u16,
+    deadline_ms: i64,
+    settles: &[(&str, Settle)],
+) -> redis::RedisResult<()> {
+    if settles.is_empty() {
+        return Ok(());
+    }
+    let mut inv = scripts::settle_jobs.prepare_invoke();
+    inv.key(ctx.keys.due(shard))
+        .key(ctx.keys.jobs(shard))
+        .key(ctx.keys.inflight(shard))
+        .key(ctx.keys.dead(shard))
+        .key(ctx.keys.reasons(shard))
+        .arg(deadline_ms)
+        .arg(ctx.keys.wake_channel())
+        .arg(shard);
+    for (id, s) in settles {
+        match s {
+            Settle::Ack => inv.arg("ack").arg(*id).arg("").arg(""),
+            Settle::Retry { due_ms, envelope } => {
+                inv.arg("retry").arg(*id).arg(*due_ms).arg(envelope)
+            }
+            Settle::Release { due_ms } => inv.arg("release").arg(*id).arg(*due_ms).arg(""),
+            Settle::Dead { reason, envelope } => inv.arg("dead").arg(*id).arg(reason).arg(envelope),
+        };
+    }
+    let (_settled, fenced): (u64, u64) = inv.invoke_async(&mut ctx.con.clone()).await?;
+    if fenced > 0 {
+        ::metrics::counter!(FENCED).increment(fenced);
+        tracing::warn!(
+            shard,
+            jobs = fenced,
+            "late settle refused by the lease fence: those jobs were reclaimed and will be \
+             delivered again (same zdelay-id)"
+        );
+    }
+    Ok(())
+}
+
+/// Test-only fault injection (feature `test-failpoints`), from `ZDELAY_FAILPOINT`:
+/// `abort_after_publish` dies between the brokers' confirmation and the ack;
+/// `hold_after_publish=PATH` stalls there until PATH exists (so a test can let the lease run
+/// out and another poller reclaim the jobs first).
+#[cfg(feature = "test-failpoints")]
+async fn failpoint_after_publish() {
+    match std::env::var("ZDELAY_FAILPOINT").as_deref() {
+        Ok("abort_after_publish") => {
+            eprintln!("failpoint abort_after_publish");
+            std::process::abort();
+        }
+        Ok(other) => {
+            if let Some(path) = other.strip_prefix("hold_after_publish=") {
+                eprintln!("failpoint hold_after_publish: waiting for {path}");
+                while !std::path::Path::new(path).exists() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        Err(_) => {}
+    }
+}
+
+#[cfg(not(feature = "test-failpoints"))]
+async fn failpoint_after_publish() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_has_full_jitter_under_an_exponential_ceiling() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let base = Duration::from_secs(1);
+        let cap = Duration::from_secs(300);
+        for attempt in 0..12u32 {
+            let ceiling = (base * 2u32.pow(attempt)).min(cap);
+            let samples: Vec<_> = (0..500)
+                .map(|_| retry_delay(attempt, base, cap, &mut rng))
+                .collect();
+            assert!(samples.iter().all(|d| *d <= ceiling), "attempt {attempt}");
+            // Full jitter: values spread over the whole range, not clustered at the top.
+            assert!(
+                samples.iter().any(|d| *d < ceiling / 4),
+                "attempt {attempt}"
+            );
+            assert!(
+                samples.iter().any(|d| *d > ceiling * 3 / 4),
+                "attempt {attempt}"
+            );
+        }
+        assert!(retry_delay(1000, base, cap, &mut rng) <= cap, "no overflow");
+    }
+
+    #[test]
+    fn same_seed_same_delays() {
+        let base = Duration::from_millis(100);
+        let cap = Duration::from_secs(10);
+        let a: Vec<_> = {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+            (0..5)
+                .map(|n| retry_delay(n, base, cap, &mut rng))
+                .collect()
+        };
+        let b: Vec<_> = {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+            (0..5)
+                .map(|n| retry_delay(n, base, cap, &mut rng))
+                .collect()
+        };
+        assert_eq!(a, b);
+    }
+}

@@ -1,0 +1,637 @@
+//! NATS sink against the real `nats-server` with JetStream that `scripts/services.sh` runs (and,
+//! for the outage test, a private one started and stopped here). Messages are read back with
+//! nats-py (`tests/it/py/nats_read.py`), a client zdelay did not write.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use base64::Engine;
+use zdelay::config::NatsSinkConfig;
+use zdelay::sinks::nats::NatsSink;
+use zdelay::sinks::{Message, Outcome};
+
+use crate::common::Services;
+
+fn tag() -> String {
+    ulid::Ulid::generate().to_string().to_lowercase()
+}
+
+fn sink(url: &str, jetstream: bool) -> NatsSink {
+    NatsSink::new(
+        "bus",
+        &NatsSinkConfig {
+            url: url.to_owned(),
+            jetstream,
+            allow: vec![],
+        },
+    )
+    .expect("nats sink from config")
+}
+
+fn message(subject: &str, i: usize, payload: Vec<u8>) -> Message {
+    let headers = BTreeMap::from([
+        ("x-seq".to_owned(), i.to_string()),
+        (
+            "content-type".to_owned(),
+            "application/octet-stream".to_owned(),
+        ),
+    ]);
+    Message {
+        id: ulid::Ulid::generate().to_string(),
+        due_ms: 1_700_000_000_000 + i as i64,
+        target: subject.to_owned(),
+        payload,
+        headers,
+        priority: None,
+    }
+}
+
+/// Binary payload that differs per message and covers every byte value.
+fn binary_payload(i: usize) -> Vec<u8> {
+    let mut p: Vec<u8> = (0..=255u8).collect();
+    p.extend_from_slice(&(i as u64).to_be_bytes());
+    p.rotate_left(i % 256);
+    p
+}
+
+/// A fresh stream `ZDNATS_<tag>` on subjects `zdnats.<tag>.>`; returns (stream, subject prefix).
+async fn make_stream(url: &str) -> (jetstream::Context, String, String) {
+    let client = async_nats::connect(url).await.expect("connect to nats");
+    let js = jetstream::new(client);
+    let tag = tag();
+    let name = format!("ZDNATS_{}", tag.to_uppercase());
+    let prefix = format!("zdnats.{tag}");
+    js.create_stream(jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{prefix}.>")],
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+    (js, name, prefix)
+}
+
+async fn stream_count(js: &jetstream::Context, name: &str) -> u64 {
+    let mut stream = js.get_stream(name).await.expect("get stream");
+    stream.info().await.expect("stream info").state.messages
+}
+
+fn py_reader(services: &Services) -> Command {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/py/nats_read.py");
+    let mut cmd = Command::new(services.python());
+    cmd.arg(script);
+    cmd
+}
+
+#[derive(Debug)]
+struct Read {
+    stream_messages: Option<u64>,
+    messages: Vec<(String, Vec<u8>, BTreeMap<String, String>)>,
+}
+
+fn parse_read(json: &str) -> Read {
+    let v: serde_json::Value = serde_json::from_str(json.trim()).expect("reader prints JSON");
+    let messages = v["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(m["data_b64"].as_str().expect("data"))
+                .expect("base64");
+            let headers = m["headers"]
+                .as_object()
+                .expect("headers")
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect();
+            (
+                m["subject"].as_str().expect("subject").to_owned(),
+                data,
+                headers,
+            )
+        })
+        .collect();
+    Read {
+        stream_messages: v["stream_messages"].as_u64(),
+        messages,
+    }
+}
+
+fn assert_same(sent: &[Message], read: &Read) {
+    assert_eq!(read.messages.len(), sent.len(), "message count");
+    for (want, (subject, data, headers)) in sent.iter().zip(&read.messages) {
+        let key = want.idempotency_key();
+        assert_eq!(subject, &want.target);
+        assert_eq!(data, &want.payload, "payload bytes of {key}");
+        assert_eq!(headers.get("zdelay-id"), Some(&key));
+        assert_eq!(headers.get("Nats-Msg-Id"), Some(&key));
+        for (k, v) in &want.headers {
+            assert_eq!(headers.get(k), Some(v), "envelope header {k} of {key}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_jetstream_publish_1000_read_back_by_nats_py() {
+    let services = Services::get();
+    let url = services.nats_url();
+    let (js, stream, prefix) = make_stream(&url).await;
+    let subject = format!("{prefix}.jobs");
+    let batch: Vec<Message> = (0..1000)
+        .map(|i| message(&subject, i, binary_payload(i)))
+        .collect();
+
+    let sink = sink(&url, true);
+    sink.check().await.expect("healthy");
+    let out = sink.publish(&batch).await;
+    assert_eq!(out.len(), batch.len());
+    assert!(out.iter().all(|o| *o == Outcome::Delivered), "{out:?}");
+    assert_eq!(stream_count(&js, &stream).await, 1000);
+
+    let output = py_reader(&services)
+        .args(["stream", &url, &stream, &format!("{prefix}.>"), "1000"])
+        .output()
+        .expect("python runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let read = parse_read(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(read.stream_messages, Some(1000));
+    assert_same(&batch, &read);
+    js.delete_stream(&stream).await.expect("delete stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_jetstream_duplicate_publish_is_stored_once() {
+    let services = Services::get();
+    let url = services.nats_url();
+    let (js, stream, prefix) = make_stream(&url).await;
+    let msg = message(&format!("{prefix}.dup"), 7, b"same job".to_vec());
+    let sink = sink(&url, true);
+
+    // The crash window: published, not acked in Redis, published again after the lease.
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&msg)).await,
+        [Outcome::Delivered]
+    );
+    assert_eq!(
+        sink.publish(std::slice::from_ref(&msg)).await,
+        [Outcome::Delivered]
+    );
+    // ... and twice inside one batch.
+    let twice = [msg.clone(), msg.clone()];
+    assert_eq!(
+        sink.publish(&twice).await,
+        [Outcome::Delivered, Outcome::Delivered]
+    );
+    assert_eq!(stream_count(&js, &stream).await, 1, "JetStream dedupe");
+
+    let output = py_reader(&services)
+        .args(["stream", &url, &stream, &format!("{prefix}.>"), "1"])
+        .output()
+        .expect("python runs");
+    assert!(output.status.success());
+    let read = parse_read(&String::from_utf8_lossy(&output.stdout));
+    assert_same(std::slice::from_ref(&msg), &read);
+    js.delete_stream(&stream).await.expect("delete stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_rejects_unknown_subject_and_oversize() {
+    let services = Services::get();
+    let url = services.nats_url();
+    let max_payload: usize = services
+        .var("NATS_MAX_PAYLOAD")
+        .parse()
+        .expect("max payload");
+    let (js, stream, prefix) = make_stream(&url).await;
+    let sink = sink(&url, true);
+
+    let nowhere = format!("zdnats-nostream.{}", tag());
+    let batch = [
+        message(&format!("{prefix}.ok"), 0, b"fine".to_vec()),
+        message(&nowhere, 1, b"lost?".to_vec()),
+        message(&format!("{prefix}.big"), 2, vec![7u8; max_payload + 1]),
+        message(&format!("{prefix}.ok"), 3, b"fine too".to_vec()),
+    ];
+    let started = Instant::now();
+    let out = sink.publish(&batch).await;
+    assert_eq!(out[0], Outcome::Delivered);
+    match &out[1] {
+        Outcome::Reject(why) => assert!(
+            why.contains("no JetStream stream for subject") && why.contains(&nowhere),
+            "{why}"
+        ),
+        other => panic!("no stream: {other:?}"),
+    }
+    match &out[2] {
+        Outcome::Reject(why) => assert!(why.contains("too large"), "{why}"),
+        other => panic!("oversize: {other:?}"),
+    }
+    assert_eq!(out[3], Outcome::Delivered);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "no timeouts involved"
+    );
+    assert_eq!(stream_count(&js, &stream).await, 2);
+
+    // Core NATS has no streams; oversize is still refused by the client.
+    let core = self::sink(&url, false);
+    let out = core
+        .publish(&[message(&nowhere, 4, vec![1u8; max_payload + 1])])
+        .await;
+    assert!(
+        matches!(&out[0], Outcome::Reject(why) if why.contains("too large")),
+        "{out:?}"
+    );
+    js.delete_stream(&stream).await.expect("delete stream");
+}
+
+/// A private nats-server from `scripts/services.sh`, stopped (by its recorded pid) on drop.
+struct OwnNats {
+    dir: tempfile::TempDir,
+    script: String,
+    vars: BTreeMap<String, String>,
+}
+
+impl OwnNats {
+    fn start(services: &Services) -> Self {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let script = services.var("SERVICES_SH");
+        let mut own = OwnNats {
+            dir,
+            script,
+            vars: BTreeMap::new(),
+        };
+        let status = Command::new("bash")
+            .arg(&own.script)
+            .args(["start", "nats"])
+            .env("ZDELAY_SERVICES_DIR", own.dir.path())
+            .stdout(Stdio::null())
+            .status()
+            .expect("services.sh runs");
+        assert!(status.success(), "services.sh start nats: {status}");
+        let env = std::fs::read_to_string(own.dir.path().join("env")).expect("env file");
+        for line in env.lines() {
+            if let Some((k, v)) = line.split_once('=')
+                && !k.starts_with('#')
+            {
+                own.vars
+                    .insert(k.trim().to_owned(), v.trim().trim_matches('"').to_owned());
+            }
+        }
+        own
+    }
+
+    fn var(&self, name: &str) -> &str {
+        self.vars
+            .get(&format!("ZDELAY_TEST_{name}"))
+            .unwrap_or_else(|| panic!("{name} missing"))
+    }
+
+    fn run(&self, name: &str) {
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(self.var(name))
+            .stdout(Stdio::null())
+            .status()
+            .expect("sh runs");
+        assert!(status.success(), "{name}: {status}");
+    }
+}
+
+impl Drop for OwnNats {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(&self.script)
+            .arg("stop")
+            .env("ZDELAY_SERVICES_DIR", self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
+    let services = Services::get();
+    let own = OwnNats::start(&services);
+    let url = own.var("NATS_URL").to_owned();
+    let (js, stream, prefix) = make_stream(&url).await;
+    let subject = format!("{prefix}.jobs");
+    let sink = sink(&url, true);
+    let batch = |n: usize| -> Vec<Message> {
+        (0..n)
+            .map(|i| message(&subject, i, binary_payload(i)))
+            .collect()
+    };
+    assert!(
+        sink.publish(&batch(10))
+            .await
+            .iter()
+            .all(|o| *o == Outcome::Delivered)
+    );
+
+    own.run("STOP_NATS");
+    let started = Instant::now();
+    let out = sink.publish(&batch(100)).await;
+    let took = started.elapsed();
+    assert!(
+        out.iter().all(|o| matches!(o, Outcome::Unavailable(_))),
+        "{:?}",
+        &out[..3]
+    );
+    assert!(took < Duration::from_secs(3), "unavailable after {took:?}");
+    let started = Instant::now();
+    let health = sink.check().await;
+    assert!(health.is_err(), "check while down: {health:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    eprintln!(
+        "nats down: publish Unavailable in {took:?}, check: {}",
+        health.unwrap_err()
+    );
+
+    own.run("START_NATS");
+    let recovered = batch(100);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let started = Instant::now();
+    loop {
+        let out = sink.publish(&recovered).await;
+        if out.iter().all(|o| *o == Outcome::Delivered) {
+            break;
+        }
+        assert!(
+            out.iter().all(|o| matches!(o, Outcome::Unavailable(_))),
+            "while reconnecting: {:?}",
+            &out[..3]
+        );
+        assert!(Instant::now() < deadline, "no recovery: {:?}", &out[..1]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("nats back: delivered after {:?}", started.elapsed());
+    sink.check().await.expect("healthy again");
+    // The stream survived the restart (file storage): the 10 from before plus the 100.
+    assert_eq!(stream_count(&js, &stream).await, 110);
+
+    // Killed in the middle of a big batch: every message is Delivered or Unavailable (no
+    // attempt burned), answered within a bound; republishing the whole batch after the restart
+    // stores each message exactly once (acks lost with the connection are absorbed by
+    // Nats-Msg-Id dedupe).
+    let big: Vec<Message> = (0..30_000)
+        .map(|i| message(&format!("{prefix}.big"), i, vec![b'y'; 100]))
+        .collect();
+    let sink = std::sync::Arc::new(sink);
+    let publishing = tokio::spawn({
+        let (sink, big) = (sink.clone(), big.clone());
+        async move {
+            let started = Instant::now();
+            (sink.publish(&big).await, started.elapsed())
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stream_count(&js, &stream).await < 110 + 2000 {
+        assert!(Instant::now() < deadline, "big batch does not flow");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    own.run("KILL_NATS");
+    let (out, took) = publishing.await.expect("publish task");
+    let delivered = out.iter().filter(|o| **o == Outcome::Delivered).count();
+    let unavailable = out
+        .iter()
+        .filter(|o| matches!(o, Outcome::Unavailable(_)))
+        .count();
+    eprintln!("killed mid-batch after {took:?}: {delivered} delivered, {unavailable} unavailable");
+    assert_eq!(delivered + unavailable, big.len(), "no Retry/Reject");
+    assert!(unavailable > 0, "the kill landed after the batch");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+
+    own.run("START_NATS");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = sink.publish(&big).await;
+        if out.iter().all(|o| *o == Outcome::Delivered) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no recovery: {:?}", &out[..1]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let js = make_js(&url).await;
+    assert_eq!(stream_count(&js, &stream).await, 110 + big.len() as u64);
+
+    // Hung (SIGSTOP): the TCP connection stays up, nothing answers. Every ack of the batch
+    // times out, which is Unavailable (not Retry), within the ack timeout.
+    let pid: i32 = std::fs::read_to_string(own.dir.path().join("nats/pid"))
+        .expect("nats pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    let hung: Vec<Message> = (0..50)
+        .map(|i| message(&format!("{prefix}.hung"), i, vec![b'z'; 10]))
+        .collect();
+    // SAFETY: kill(2) on the nats-server this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The group stop of a multi-threaded process completes asynchronously: wait for it.
+    crate::common::wait_for("nats-server stopped", Duration::from_secs(5), || {
+        all_threads_stopped(pid)
+    });
+    let started = Instant::now();
+    let out = sink.publish(&hung).await;
+    let took = started.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    eprintln!("hung server (pid {pid}): {:?} after {took:?}", &out[0]);
+    assert!(
+        out.iter().all(|o| matches!(o, Outcome::Unavailable(_))),
+        "{:?}",
+        &out[..2]
+    );
+    assert!(
+        took < zdelay::sinks::nats::ACK_TIMEOUT + Duration::from_secs(2),
+        "{took:?}"
+    );
+    // Resumed, the server stores what it had buffered; the republish is absorbed.
+    assert!(
+        sink.publish(&hung)
+            .await
+            .iter()
+            .all(|o| *o == Outcome::Delivered)
+    );
+    assert_eq!(
+        stream_count(&js, &stream).await,
+        110 + (big.len() + hung.len()) as u64
+    );
+}
+
+/// Every thread of `pid` is in state T (stopped), from /proc.
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // "tid (comm) S ...": the state follows the last ')'.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+    })
+}
+
+async fn make_js(url: &str) -> jetstream::Context {
+    jetstream::new(async_nats::connect(url).await.expect("connect to nats"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_core_mode_subscriber_receives_best_effort() {
+    let services = Services::get();
+    let url = services.nats_url();
+    let subject = format!("zdnats-core.{}", tag());
+    let mut reader = py_reader(&services)
+        .args(["sub", &url, &subject, "200"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python runs");
+    let mut stdout = BufReader::new(reader.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("reader says ready");
+    assert_eq!(line.trim(), "ready");
+
+    let batch: Vec<Message> = (0..200)
+        .map(|i| message(&subject, i, binary_payload(i)))
+        .collect();
+    let sink = sink(&url, false);
+    sink.check().await.expect("healthy");
+    let out = sink.publish(&batch).await;
+    assert!(out.iter().all(|o| *o == Outcome::Delivered), "{out:?}");
+    sink.flush(Duration::from_secs(2)).await;
+
+    let mut json = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut json).expect("reader output");
+    assert!(reader.wait().expect("reader exits").success());
+    assert_same(&batch, &parse_read(&json));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_jetstream_throughput_100k() {
+    let services = Services::get();
+    let url = services.nats_url();
+    let (js, stream, prefix) = make_stream(&url).await;
+    let subject = format!("{prefix}.bench");
+    let sink = sink(&url, true);
+    sink.check().await.expect("healthy");
+    let batches: Vec<Vec<Message>> = (0..100)
+        .map(|b| {
+            (0..1000)
+                .map(|i| message(&subject, b * 1000 + i, vec![b'x'; 100]))
+                .collect()
+        })
+        .collect();
+    let started = Instant::now();
+    for batch in &batches {
+        let out = sink.publish(batch).await;
+        assert!(out.iter().all(|o| *o == Outcome::Delivered));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "nats jetstream: 100000 msgs x 100 B, batches of 1000 with PubAck: {secs:.2} s, {:.0} msgs/s",
+        100_000.0 / secs
+    );
+    assert_eq!(stream_count(&js, &stream).await, 100_000);
+    js.delete_stream(&stream).await.expect("delete stream");
+}
+
+/// End to end through the daemon: jobs enqueued with the library reach a JetStream stream
+/// with their headers and `Nats-Msg-Id`, confirmed by PubAck before the daemon acks them.
+#[test]
+fn daemon_delivers_scheduled_jobs_to_jetstream() {
+    use crate::common::{Daemon, RedisServer, TestConfig, wait_for};
+    use zdelay::client::{Client, NewJob, OnConflict};
+    use zdelay::config::RedisConfig;
+
+    let services = Services::get();
+    let url = services.nats_url();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (js, stream, prefix) = rt.block_on(make_stream(&url));
+    let redis = RedisServer::start();
+    let extra = format!(
+        r#"
+[sinks.bus]
+kind = "nats"
+url = "{url}"
+allow = ["{prefix}.*"]
+
+[[routes]]
+name = "events"
+sink = "bus"
+target = "{prefix}.due"
+"#
+    );
+    let config = TestConfig::new(&redis.url(), 2, &extra);
+    let daemon = Daemon::start(&config);
+    let client = rt
+        .block_on(Client::connect(&RedisConfig {
+            url: redis.url(),
+            shards: 2,
+            ..RedisConfig::default()
+        }))
+        .expect("client");
+    let mut jobs: Vec<NewJob> = (0..300)
+        .map(|i| {
+            NewJob::new("events", binary_payload(i))
+                .after(Duration::from_millis(100))
+                .header("trace", format!("t{i}"))
+        })
+        .collect();
+    jobs.push(NewJob::new(format!("bus/{prefix}.direct"), b"direct".to_vec()));
+    let ids: Vec<String> = rt
+        .block_on(client.enqueue_batch(jobs, OnConflict::Error))
+        .expect("enqueue")
+        .into_iter()
+        .map(|r| r.expect("enqueued").0)
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while rt.block_on(stream_count(&js, &stream)) != 301 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} messages in the stream after 20 s; daemon log:\n{}\ndead: {:?}",
+            rt.block_on(stream_count(&js, &stream)),
+            daemon.log_text(),
+            rt.block_on(client.dead_list(5)).map(|d| d.into_iter().map(|j| j.reason).collect::<Vec<_>>())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = py_reader(&services)
+        .args(["stream", &url, &stream, &format!("{prefix}.>"), "301"])
+        .output()
+        .expect("nats_read.py runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let read = parse_read(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(read.messages.len(), 301);
+    for (subject, data, headers) in &read.messages {
+        let msg_id = headers.get("Nats-Msg-Id").expect("Nats-Msg-Id");
+        assert_eq!(headers.get("zdelay-id"), Some(msg_id));
+        let (id, _due) = msg_id.rsplit_once(':').expect("id:due");
+        assert!(ids.iter().any(|i| i == id));
+        if data.as_slice() != b"direct" {
+            assert_eq!(subject, &format!("{prefix}.due"));
+            assert!(headers.get("trace").is_some_and(|t| t.starts_with('t')));
+        }
+    }
+    let mut con = redis.conn();
+    wait_for("every job acked", Duration::from_secs(10), || {
+        (0..2).all(|s| {
+            let jobs: usize = redis::cmd("HLEN")
+                .arg(format!("{{zdelay:{s}}}:jobs"))
+                .query(&mut con)
+                .expect("HLEN");
+            jobs == 0
+        })
+    });
+}

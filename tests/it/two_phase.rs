@@ -1,0 +1,345 @@
+//! The two-phase path (claim → publish → fenced settle) through the real daemon, with a
+//! second real redis-server as the remote sink: delivery, sink down and back, rejects,
+//! retries to dead, a crash between publish and ack, and a late settle refused by the fence.
+
+use crate::common::{Daemon, RedisServer, TestConfig, llen, lrange, wait_for};
+use std::collections::HashMap;
+use std::time::Duration;
+use zdelay::client::{Client, NewJob, OnConflict};
+use zdelay::config::RedisConfig;
+
+const SHARDS: u16 = 2;
+
+fn config(scheduler: &RedisServer, target: &RedisServer, poller: &str) -> TestConfig {
+    let extra = format!(
+        r#"
+[poller]
+idle_poll = "50ms"
+{poller}
+
+[sinks.other]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "mirror"
+sink = "other"
+target = "q:remote"
+
+[[routes]]
+name = "here"
+sink = "local"
+target = "q:local"
+"#,
+        target.url()
+    );
+    TestConfig::new(&scheduler.url(), SHARDS, &extra)
+}
+
+fn enqueue(redis: &RedisServer, dest: &str, prefix: &str, n: usize) -> Vec<String> {
+    let rt = crate::common::runtime();
+    let client = rt
+        .block_on(Client::connect(&RedisConfig {
+            url: redis.url(),
+            shards: SHARDS,
+            ..RedisConfig::default()
+        }))
+        .expect("client");
+    let jobs = (0..n)
+        .map(|i| NewJob::new(dest, format!("{prefix}-{i}").into_bytes()))
+        .collect();
+    rt.block_on(client.enqueue_batch(jobs, OnConflict::Error))
+        .expect("enqueue")
+        .into_iter()
+        .map(|r| r.expect("job enqueued").0)
+        .collect()
+}
+
+fn counts(items: Vec<Vec<u8>>) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    for item in items {
+        *out.entry(String::from_utf8(item).expect("utf-8"))
+            .or_default() += 1;
+    }
+    out
+}
+
+fn shard_card(con: &mut redis::Connection, kind: &str) -> usize {
+    (0..SHARDS)
+        .map(|s| {
+            let key = format!("{{zdelay:{s}}}:{kind}");
+            let t: String = redis::cmd("TYPE").arg(&key).query(con).expect("TYPE");
+            match t.as_str() {
+                "zset" => redis::cmd("ZCARD")
+                    .arg(&key)
+                    .query::<usize>(con)
+                    .expect("ZCARD"),
+                "hash" => redis::cmd("HLEN")
+                    .arg(&key)
+                    .query::<usize>(con)
+                    .expect("HLEN"),
+                _ => 0,
+            }
+        })
+        .sum()
+}
+
+fn metric_value(daemon: &Daemon, name_and_labels: &str) -> f64 {
+    let (_, text) = daemon.admin_get("/metrics").expect("/metrics");
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn remote_redis_sink_delivers_each_job_and_acks() {
+    let scheduler = RedisServer::start();
+    let target = RedisServer::start();
+    let config = config(&scheduler, &target, "");
+    enqueue(&scheduler, "mirror", "m", 5_000);
+    let _daemon = Daemon::start(&config);
+    let mut tcon = target.conn();
+    wait_for(
+        "5000 jobs on the remote list",
+        Duration::from_secs(30),
+        || llen(&mut tcon, "q:remote") >= 5_000,
+    );
+    let mut scon = scheduler.conn();
+    wait_for("every job acked", Duration::from_secs(10), || {
+        shard_card(&mut scon, "jobs") == 0 && shard_card(&mut scon, "inflight") == 0
+    });
+    let got = counts(lrange(&mut tcon, "q:remote"));
+    assert_eq!(got.len(), 5_000);
+    assert!(got.values().all(|&n| n == 1), "no crash, so no duplicate");
+    assert_eq!(shard_card(&mut scon, "due"), 0);
+    assert_eq!(shard_card(&mut scon, "dead"), 0);
+}
+
+#[test]
+fn a_sink_down_pauses_without_burning_attempts_while_others_flow() {
+    let scheduler = RedisServer::start();
+    let mut target = RedisServer::start();
+    let config = config(&scheduler, &target, "sink_pause = \"200ms\"");
+    let daemon = Daemon::start(&config);
+    target.stop();
+    wait_for(
+        "/readyz reports the sink down",
+        Duration::from_secs(15),
+        || matches!(daemon.admin_get("/readyz"), Some((503, body)) if body.contains("sink other")),
+    );
+    let remote_ids = enqueue(&scheduler, "mirror", "m", 300);
+    enqueue(&scheduler, "here", "h", 300);
+    let mut scon = scheduler.conn();
+    wait_for(
+        "local jobs flow while the sink is down",
+        Duration::from_secs(10),
+        || llen(&mut scon, "q:local") == 300,
+    );
+    // Let the paused sink be tried a few times over ~1.5 s.
+    wait_for(
+        "the sink was found unavailable",
+        Duration::from_secs(10),
+        || {
+            metric_value(
+                &daemon,
+                "zdelay_sink_messages_total{sink=\"other\",outcome=\"unavailable\"}",
+            ) > 0.0
+        },
+    );
+    let rt = crate::common::runtime();
+    let client = rt
+        .block_on(Client::connect(&RedisConfig {
+            url: scheduler.url(),
+            shards: SHARDS,
+            ..RedisConfig::default()
+        }))
+        .expect("client");
+    for id in &remote_ids[..20] {
+        let job = rt
+            .block_on(client.get(id))
+            .expect("get")
+            .expect("still pending");
+        let env = job.envelope.expect("envelope");
+        assert_eq!(env.meta.attempt, 0, "an unavailable sink burns no attempt");
+    }
+    assert_eq!(shard_card(&mut scon, "dead"), 0);
+
+    target.start_again();
+    let mut tcon = target.conn();
+    wait_for(
+        "every remote job delivered after the sink is back",
+        Duration::from_secs(40),
+        || llen(&mut tcon, "q:remote") >= 300,
+    );
+    wait_for("every job acked", Duration::from_secs(10), || {
+        shard_card(&mut scon, "jobs") == 0 && shard_card(&mut scon, "inflight") == 0
+    });
+    let got = counts(lrange(&mut tcon, "q:remote"));
+    assert_eq!(got.len(), 300);
+    assert!(got.values().all(|&n| n == 1));
+    wait_for("/readyz back to 200", Duration::from_secs(15), || {
+        matches!(daemon.admin_get("/readyz"), Some((200, _)))
+    });
+}
+
+#[test]
+fn rejects_and_exhausted_retries_go_to_dead_with_reasons() {
+    let scheduler = RedisServer::start();
+    let target = RedisServer::start();
+    let config = config(
+        &scheduler,
+        &target,
+        "max_attempts = 3\nretry_base = \"10ms\"\nretry_cap = \"50ms\"",
+    );
+    let mut tcon = target.conn();
+    let _: () = redis::cmd("SET")
+        .arg("q:remote")
+        .arg("not a list")
+        .query(&mut tcon)
+        .expect("SET");
+    let rejected = enqueue(&scheduler, "mirror", "w", 5);
+    let daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let client = rt
+        .block_on(Client::connect(&RedisConfig {
+            url: scheduler.url(),
+            shards: SHARDS,
+            ..RedisConfig::default()
+        }))
+        .expect("client");
+    wait_for("WRONGTYPE rejects dead", Duration::from_secs(10), || {
+        rt.block_on(client.dead_list(100)).expect("dead list").len() == 5
+    });
+    for d in rt.block_on(client.dead_list(100)).expect("dead list") {
+        assert!(rejected.contains(&d.id));
+        assert!(d.reason.contains("WRONGTYPE"), "{}", d.reason);
+    }
+    // Retries: a target out of memory fails every push; attempts count up to dead.
+    let _: () = redis::cmd("DEL")
+        .arg("q:remote")
+        .query(&mut tcon)
+        .expect("DEL");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut tcon)
+        .expect("maxmemory");
+    let retried = enqueue(&scheduler, "mirror", "r", 3);
+    wait_for("retries exhausted", Duration::from_secs(20), || {
+        rt.block_on(client.dead_list(100)).expect("dead list").len() == 8
+    });
+    for id in &retried {
+        let job = rt
+            .block_on(client.get(id))
+            .expect("get")
+            .expect("dead job kept");
+        let reason = job.reason.clone().unwrap_or_default();
+        assert!(reason.contains("gave up after 3 attempts"), "{reason}");
+        let env = job.envelope.expect("envelope");
+        assert_eq!(env.meta.attempt, 3);
+        assert!(env.meta.last_error.unwrap_or_default().contains("OOM"));
+    }
+    assert!(
+        metric_value(
+            &daemon,
+            "zdelay_sink_messages_total{sink=\"other\",outcome=\"retried\"}"
+        ) >= 6.0
+    );
+    assert_eq!(llen(&mut tcon, "q:remote"), 0);
+}
+
+#[cfg(feature = "test-failpoints")]
+#[test]
+fn crash_between_publish_and_ack_redelivers_after_the_lease() {
+    let scheduler = RedisServer::start();
+    let target = RedisServer::start();
+    let config = config(&scheduler, &target, "lease = \"1s\"");
+    enqueue(&scheduler, "mirror", "c", 2_000);
+    let mut crashing =
+        Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", "abort_after_publish")]);
+    let status = crashing.wait_exit(Duration::from_secs(30));
+    assert!(!status.success(), "the failpoint aborts the daemon");
+    let mut tcon = target.conn();
+    let published_before_crash = llen(&mut tcon, "q:remote");
+    assert!(published_before_crash > 0, "it crashed after publishing");
+    let mut scon = scheduler.conn();
+    assert!(
+        shard_card(&mut scon, "inflight") > 0,
+        "claimed, published, not acked"
+    );
+
+    let _daemon = Daemon::start(&config);
+    wait_for("every job acked", Duration::from_secs(30), || {
+        shard_card(&mut scon, "jobs") == 0 && shard_card(&mut scon, "inflight") == 0
+    });
+    let got = counts(lrange(&mut tcon, "q:remote"));
+    assert_eq!(got.len(), 2_000, "none lost");
+    let duplicates: usize = got.values().map(|n| n - 1).sum();
+    assert!(duplicates > 0, "the crash window shows as duplicates");
+    assert!(
+        duplicates <= published_before_crash,
+        "only what was published before the crash repeats: {duplicates} > {published_before_crash}"
+    );
+}
+
+#[cfg(feature = "test-failpoints")]
+#[test]
+fn a_late_settle_is_refused_by_the_fence() {
+    let scheduler = RedisServer::start();
+    let target = RedisServer::start();
+    let config = config(&scheduler, &target, "lease = \"1s\"");
+    // The slow daemon holds between publish and settle until the test releases it: its
+    // lease (1 s) runs out, the other daemon reclaims, delivers and acks; the slow settle
+    // must then be refused by the fence.
+    let marker_dir = tempfile::tempdir().expect("temp dir");
+    let release = marker_dir.path().join("release");
+    let hold = format!("hold_after_publish={}", release.display());
+    let slow = Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", hold.as_str())]);
+    slow.wait_ready();
+    enqueue(&scheduler, "mirror", "f", 200);
+    let mut tcon = target.conn();
+    wait_for("the slow daemon published", Duration::from_secs(10), || {
+        llen(&mut tcon, "q:remote") > 0
+    });
+    let config2 = TestConfig::new(
+        &scheduler.url(),
+        SHARDS,
+        &std::fs::read_to_string(&config.path)
+            .expect("config")
+            .split_once("[poller]")
+            .map(|(_, rest)| format!("[poller]{rest}"))
+            .expect("poller section"),
+    );
+    let _fast = Daemon::start(&config2);
+    let mut scon = scheduler.conn();
+    wait_for(
+        "the fast daemon reclaimed and acked everything",
+        Duration::from_secs(30),
+        || shard_card(&mut scon, "jobs") == 0 && shard_card(&mut scon, "inflight") == 0,
+    );
+    std::fs::write(&release, b"go").expect("release the slow daemon");
+    wait_for(
+        "the fence refused the slow settle",
+        Duration::from_secs(20),
+        || metric_value(&slow, "zdelay_fenced_settles_total") > 0.0,
+    );
+    let got = counts(lrange(&mut tcon, "q:remote"));
+    assert_eq!(got.len(), 200, "none lost");
+    assert!(
+        got.values().all(|&n| n <= 2),
+        "at most one redelivery per job"
+    );
+    assert!(
+        got.values().any(|&n| n == 2),
+        "the slow daemon's publish repeats"
+    );
+    assert_eq!(
+        shard_card(&mut scon, "jobs"),
+        0,
+        "the refused settle changed nothing"
+    );
+    assert_eq!(shard_card(&mut scon, "dead"), 0);
+}
