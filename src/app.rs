@@ -84,7 +84,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     tracker.spawn(wake::listen(
         redis,
-        keys,
+        keys.clone(),
         Arc::new(wakers),
         shutdown.clone(),
     ));
@@ -93,9 +93,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         health.clone(),
         shutdown.clone(),
     ));
-    tracker.spawn(sample_stats(con, config.clone(), shutdown.clone()));
+    tracker.spawn(sample_stats(con.clone(), config.clone(), shutdown.clone()));
     for sink in sinks.values() {
-        tracker.spawn(check_sink(sink.clone(), shutdown.clone()));
+        tracker.spawn(check_sink(
+            sink.clone(),
+            con.clone(),
+            keys.sink_states(),
+            shutdown.clone(),
+        ));
     }
     *health.sinks.lock().expect("sinks lock") = sinks.values().cloned().collect();
     tracker.close();
@@ -175,12 +180,36 @@ fn build_sinks(config: &Config) -> anyhow::Result<HashMap<String, Arc<SinkHandle
     Ok(sinks)
 }
 
-/// Checks a sink every few seconds (faster while it is down) for `/readyz` and the gauge.
-async fn check_sink(sink: Arc<SinkHandle>, shutdown: CancellationToken) {
+/// Checks a sink every few seconds (faster while it is down) for `/readyz`, the gauge, and
+/// `zdelay stats` (through the `<ns>:sinks` hash).
+async fn check_sink(
+    sink: Arc<SinkHandle>,
+    mut con: ConnectionManager,
+    states_key: String,
+    shutdown: CancellationToken,
+) {
     while !shutdown.is_cancelled() {
         let result = sink.sink.check().await;
         let up = result.is_ok();
+        let state = serde_json::json!({
+            "kind": sink.kind,
+            "up": up,
+            "error": result.as_ref().err(),
+            "at": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or_default(),
+        });
         sink.set_health(result);
+        let write = redis::cmd("HSET")
+            .arg(&states_key)
+            .arg(&sink.name)
+            .arg(state.to_string())
+            .query_async::<()>(&mut con)
+            .await;
+        if let Err(e) = write {
+            crate::metrics::error_event("redis", "sink state", &e);
+        }
         ::metrics::gauge!(crate::metrics::SINK_UP, "sink" => sink.name.clone()).set(if up {
             1.0
         } else {

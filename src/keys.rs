@@ -75,6 +75,12 @@ impl Keys {
         format!("{}:schema", self.namespace)
     }
 
+    /// HASH: sink name → its last health as JSON (`{"kind","up","error","at"}`), written by
+    /// the daemons' sink checkers, read by `zdelay stats`.
+    pub fn sink_states(&self) -> String {
+        format!("{}:sinks", self.namespace)
+    }
+
     /// Pub/sub channel on which enqueues announce a new head: message `"<shard> <due ms>"`.
     pub fn wake_channel(&self) -> String {
         format!("{}:wake", self.namespace)

@@ -26,6 +26,20 @@ pub struct Stats {
     pub now_ms: i64,
     pub shards: Vec<Backlog>,
     pub sources: Vec<Backlog>,
+    /// Two-phase sinks as the daemons last saw them (`<ns>:sinks`); empty when none.
+    pub sinks: Vec<SinkState>,
+}
+
+/// A two-phase sink's last health check by a daemon.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct SinkState {
+    #[serde(default)]
+    pub name: String,
+    pub kind: String,
+    pub up: bool,
+    pub error: Option<String>,
+    /// When it was checked, epoch ms (the daemon's clock).
+    pub at: u64,
 }
 
 impl Stats {
@@ -95,10 +109,24 @@ pub async fn gather(con: &mut ConnectionManager, config: &Config) -> redis::Redi
             oldest_due_age_ms: age(now_ms, head, source.score_unit),
         });
     }
+    let raw_states: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(keys.sink_states())
+        .query_async(con)
+        .await?;
+    let sinks = raw_states
+        .into_iter()
+        .filter(|(name, _)| config.sinks.contains_key(name))
+        .filter_map(|(name, json)| {
+            let mut state: SinkState = serde_json::from_str(&json).ok()?;
+            state.name = name;
+            Some(state)
+        })
+        .collect();
     Ok(Stats {
         now_ms,
         shards,
         sources,
+        sinks,
     })
 }
 
@@ -150,6 +178,18 @@ pub fn render_table(stats: &Stats) -> String {
         out.push_str(&format!(
             "{:<24} {:>10} {:>10} {:>9} {:>8} {:>14}\n",
             b.name, b.due_now, b.scheduled, b.inflight, b.dead, b.oldest_due_age_ms
+        ));
+    }
+    for sink in &stats.sinks {
+        let age_s = (stats.now_ms as u64).saturating_sub(sink.at) / 1000;
+        let state = match (&sink.up, &sink.error) {
+            (true, _) => "up".to_owned(),
+            (false, Some(e)) => format!("down: {e}"),
+            (false, None) => "down".to_owned(),
+        };
+        out.push_str(&format!(
+            "sink {} ({}): {state} (checked {age_s}s ago)\n",
+            sink.name, sink.kind
         ));
     }
     out

@@ -521,7 +521,11 @@ priority = 7
     assert_eq!(got.len(), 201, "every job delivered once");
     for m in got.iter().filter(|m| m.body != b"direct") {
         let (id, due) = m.message_id.rsplit_once(':').expect("id:due");
-        assert!(ids.iter().any(|i| i == id), "message_id names a job: {}", m.message_id);
+        assert!(
+            ids.iter().any(|i| i == id),
+            "message_id names a job: {}",
+            m.message_id
+        );
         assert!(due.parse::<i64>().is_ok());
         assert_eq!(m.headers.get("zdelay-id"), Some(&m.message_id));
         assert_eq!(m.headers.get("tenant").map(String::as_str), Some("acme"));
@@ -529,19 +533,23 @@ priority = 7
         assert_eq!(m.priority, Some(7), "the route's priority lane");
     }
     let mut con = redis.conn();
-    wait_for("every job acked", std::time::Duration::from_secs(10), || {
-        (0..2).all(|s| {
-            let jobs: usize = redis::cmd("HLEN")
-                .arg(format!("{{zdelay:{s}}}:jobs"))
-                .query(&mut con)
-                .expect("HLEN");
-            let inflight: usize = redis::cmd("ZCARD")
-                .arg(format!("{{zdelay:{s}}}:inflight"))
-                .query(&mut con)
-                .expect("ZCARD");
-            jobs == 0 && inflight == 0
-        })
-    });
+    wait_for(
+        "every job acked",
+        std::time::Duration::from_secs(10),
+        || {
+            (0..2).all(|s| {
+                let jobs: usize = redis::cmd("HLEN")
+                    .arg(format!("{{zdelay:{s}}}:jobs"))
+                    .query(&mut con)
+                    .expect("HLEN");
+                let inflight: usize = redis::cmd("ZCARD")
+                    .arg(format!("{{zdelay:{s}}}:inflight"))
+                    .query(&mut con)
+                    .expect("ZCARD");
+                jobs == 0 && inflight == 0
+            })
+        },
+    );
     let (_, metrics) = daemon.admin_get("/metrics").expect("metrics");
     assert!(
         metrics.contains("zdelay_sink_messages_total{sink=\"rabbit\",outcome=\"delivered\"} 201"),

@@ -589,7 +589,10 @@ target = "{prefix}.due"
                 .header("trace", format!("t{i}"))
         })
         .collect();
-    jobs.push(NewJob::new(format!("bus/{prefix}.direct"), b"direct".to_vec()));
+    jobs.push(NewJob::new(
+        format!("bus/{prefix}.direct"),
+        b"direct".to_vec(),
+    ));
     let ids: Vec<String> = rt
         .block_on(client.enqueue_batch(jobs, OnConflict::Error))
         .expect("enqueue")
@@ -603,7 +606,8 @@ target = "{prefix}.due"
             "{} messages in the stream after 20 s; daemon log:\n{}\ndead: {:?}",
             rt.block_on(stream_count(&js, &stream)),
             daemon.log_text(),
-            rt.block_on(client.dead_list(5)).map(|d| d.into_iter().map(|j| j.reason).collect::<Vec<_>>())
+            rt.block_on(client.dead_list(5))
+                .map(|d| d.into_iter().map(|j| j.reason).collect::<Vec<_>>())
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -611,7 +615,11 @@ target = "{prefix}.due"
         .args(["stream", &url, &stream, &format!("{prefix}.>"), "301"])
         .output()
         .expect("nats_read.py runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let read = parse_read(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(read.messages.len(), 301);
     for (subject, data, headers) in &read.messages {

@@ -129,6 +129,12 @@ fn a_sink_down_pauses_without_burning_attempts_while_others_flow() {
         Duration::from_secs(15),
         || matches!(daemon.admin_get("/readyz"), Some((503, body)) if body.contains("sink other")),
     );
+    let stats: serde_json::Value =
+        serde_json::from_slice(&config.cli(&["stats", "--json"]).stdout).expect("stats json");
+    assert_eq!(stats["sinks"][0]["name"], "other", "{stats}");
+    assert_eq!(stats["sinks"][0]["up"], false, "{stats}");
+    let table = String::from_utf8_lossy(&config.cli(&["stats"]).stdout).into_owned();
+    assert!(table.contains("sink other (redis): down"), "{table}");
     let remote_ids = enqueue(&scheduler, "mirror", "m", 300);
     enqueue(&scheduler, "here", "h", 300);
     let mut scon = scheduler.conn();
