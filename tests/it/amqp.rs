@@ -468,9 +468,8 @@ fn amqp_throughput_with_confirms() {
 /// confirms, acked; read back by pika with their headers and idempotency key.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_rabbitmq() {
-    use crate::common::{Daemon, RedisServer, TestConfig, wait_for};
-    use zdelay::client::{Client, NewJob, OnConflict};
-    use zdelay::config::RedisConfig;
+    use crate::common::{Daemon, RedisServer, TestConfig};
+    use zdelay::client::{NewJob, OnConflict};
 
     let services = Services::get();
     let url = services.amqp_url();
@@ -495,13 +494,7 @@ priority = 7
     let config = TestConfig::new(&redis.url(), 2, &extra);
     let daemon = Daemon::start(&config);
     let rt = rt();
-    let client = rt
-        .block_on(Client::connect(&RedisConfig {
-            url: redis.url(),
-            shards: 2,
-            ..RedisConfig::default()
-        }))
-        .expect("client");
+    let client = crate::common::client(&rt, &redis.url(), 2);
     let mut jobs: Vec<NewJob> = (0..200)
         .map(|i| {
             NewJob::new("billing", vec![i as u8, 0, 255])
@@ -533,23 +526,7 @@ priority = 7
         assert_eq!(m.priority, Some(7), "the route's priority lane");
     }
     let mut con = redis.conn();
-    wait_for(
-        "every job acked",
-        std::time::Duration::from_secs(10),
-        || {
-            (0..2).all(|s| {
-                let jobs: usize = redis::cmd("HLEN")
-                    .arg(format!("{{zdelay:{s}}}:jobs"))
-                    .query(&mut con)
-                    .expect("HLEN");
-                let inflight: usize = redis::cmd("ZCARD")
-                    .arg(format!("{{zdelay:{s}}}:inflight"))
-                    .query(&mut con)
-                    .expect("ZCARD");
-                jobs == 0 && inflight == 0
-            })
-        },
-    );
+    crate::common::wait_all_settled(&mut con, 2, std::time::Duration::from_secs(10));
     let (_, metrics) = daemon.admin_get("/metrics").expect("metrics");
     assert!(
         metrics.contains("zdelay_sink_messages_total{sink=\"rabbit\",outcome=\"delivered\"} 201"),

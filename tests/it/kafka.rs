@@ -148,7 +148,9 @@ fn kafka_publish_1000_read_back_by_independent_consumer() {
     assert_all_delivered(&out, n as usize);
     rt.block_on(sink.flush(Duration::from_secs(5)));
 
+    let t = Instant::now();
     let records = consume(&svc.python(), &brokers, &topic, n);
+    eprintln!("consumed {n} in {:?}", t.elapsed());
     assert_eq!(records.len(), n as usize, "each record exactly once");
     let by_key: HashMap<Vec<u8>, &Record> = records
         .iter()

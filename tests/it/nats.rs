@@ -551,9 +551,8 @@ async fn nats_jetstream_throughput_100k() {
 /// with their headers and `Nats-Msg-Id`, confirmed by PubAck before the daemon acks them.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_jetstream() {
-    use crate::common::{Daemon, RedisServer, TestConfig, wait_for};
-    use zdelay::client::{Client, NewJob, OnConflict};
-    use zdelay::config::RedisConfig;
+    use crate::common::{Daemon, RedisServer, TestConfig};
+    use zdelay::client::{NewJob, OnConflict};
 
     let services = Services::get();
     let url = services.nats_url();
@@ -575,13 +574,7 @@ target = "{prefix}.due"
     );
     let config = TestConfig::new(&redis.url(), 2, &extra);
     let daemon = Daemon::start(&config);
-    let client = rt
-        .block_on(Client::connect(&RedisConfig {
-            url: redis.url(),
-            shards: 2,
-            ..RedisConfig::default()
-        }))
-        .expect("client");
+    let client = crate::common::client(&rt, &redis.url(), 2);
     let mut jobs: Vec<NewJob> = (0..300)
         .map(|i| {
             NewJob::new("events", binary_payload(i))
@@ -633,13 +626,5 @@ target = "{prefix}.due"
         }
     }
     let mut con = redis.conn();
-    wait_for("every job acked", Duration::from_secs(10), || {
-        (0..2).all(|s| {
-            let jobs: usize = redis::cmd("HLEN")
-                .arg(format!("{{zdelay:{s}}}:jobs"))
-                .query(&mut con)
-                .expect("HLEN");
-            jobs == 0
-        })
-    });
+    crate::common::wait_all_settled(&mut con, 2, Duration::from_secs(10));
 }

@@ -2,11 +2,12 @@
 //! second real redis-server as the remote sink: delivery, sink down and back, rejects,
 //! retries to dead, a crash between publish and ack, and a late settle refused by the fence.
 
-use crate::common::{Daemon, RedisServer, TestConfig, llen, lrange, wait_for};
+use crate::common::{
+    Daemon, RedisServer, TestConfig, client, llen, lrange, shard_total, wait_all_settled, wait_for,
+};
 use std::collections::HashMap;
 use std::time::Duration;
-use zdelay::client::{Client, NewJob, OnConflict};
-use zdelay::config::RedisConfig;
+use zdelay::client::{NewJob, OnConflict};
 
 const SHARDS: u16 = 2;
 
@@ -38,13 +39,7 @@ target = "q:local"
 
 fn enqueue(redis: &RedisServer, dest: &str, prefix: &str, n: usize) -> Vec<String> {
     let rt = crate::common::runtime();
-    let client = rt
-        .block_on(Client::connect(&RedisConfig {
-            url: redis.url(),
-            shards: SHARDS,
-            ..RedisConfig::default()
-        }))
-        .expect("client");
+    let client = client(&rt, &redis.url(), SHARDS);
     let jobs = (0..n)
         .map(|i| NewJob::new(dest, format!("{prefix}-{i}").into_bytes()))
         .collect();
@@ -62,26 +57,6 @@ fn counts(items: Vec<Vec<u8>>) -> HashMap<String, usize> {
             .or_default() += 1;
     }
     out
-}
-
-fn shard_card(con: &mut redis::Connection, kind: &str) -> usize {
-    (0..SHARDS)
-        .map(|s| {
-            let key = format!("{{zdelay:{s}}}:{kind}");
-            let t: String = redis::cmd("TYPE").arg(&key).query(con).expect("TYPE");
-            match t.as_str() {
-                "zset" => redis::cmd("ZCARD")
-                    .arg(&key)
-                    .query::<usize>(con)
-                    .expect("ZCARD"),
-                "hash" => redis::cmd("HLEN")
-                    .arg(&key)
-                    .query::<usize>(con)
-                    .expect("HLEN"),
-                _ => 0,
-            }
-        })
-        .sum()
 }
 
 fn metric_value(daemon: &Daemon, name_and_labels: &str) -> f64 {
@@ -107,14 +82,12 @@ fn remote_redis_sink_delivers_each_job_and_acks() {
         || llen(&mut tcon, "q:remote") >= 5_000,
     );
     let mut scon = scheduler.conn();
-    wait_for("every job acked", Duration::from_secs(10), || {
-        shard_card(&mut scon, "jobs") == 0 && shard_card(&mut scon, "inflight") == 0
-    });
+    wait_all_settled(&mut scon, SHARDS, Duration::from_secs(10));
     let got = counts(lrange(&mut tcon, "q:remote"));
     assert_eq!(got.len(), 5_000);
     assert!(got.values().all(|&n| n == 1), "no crash, so no duplicate");
-    assert_eq!(shard_card(&mut scon, "due"), 0);
-    assert_eq!(shard_card(&mut scon, "dead"), 0);
+    assert_eq!(shard_total(&mut scon, SHARDS, "due"), 0);
+    assert_eq!(shard_total(&mut scon, SHARDS, "dead"), 0);
 }
 
 #[test]
@@ -155,13 +128,7 @@ fn a_sink_down_pauses_without_burning_attempts_while_others_flow() {
         },
     );
     let rt = crate::common::runtime();
-    let client = rt
-        .block_on(Client::connect(&RedisConfig {
-            url: scheduler.url(),
-            shards: SHARDS,
-            ..RedisConfig::default()
-        }))
-        .expect("client");
+    let client = client(&rt, &scheduler.url(), SHARDS);
     for id in &remote_ids[..20] {
         let job = rt
             .block_on(client.get(id))
@@ -170,7 +137,7 @@ fn a_sink_down_pauses_without_burning_attempts_while_others_flow() {
         let env = job.envelope.expect("envelope");
         assert_eq!(env.meta.attempt, 0, "an unavailable sink burns no attempt");
     }
-    assert_eq!(shard_card(&mut scon, "dead"), 0);
+    assert_eq!(shard_total(&mut scon, SHARDS, "dead"), 0);
 
     target.start_again();
     let mut tcon = target.conn();
@@ -179,9 +146,7 @@ fn a_sink_down_pauses_without_burning_attempts_while_others_flow() {
         Duration::from_secs(40),
         || llen(&mut tcon, "q:remote") >= 300,
     );
-    wait_for("every job acked", Duration::from_secs(10), || {
-        shard_card(&mut scon, "jobs") == 0 && shard_card(&mut scon, "inflight") == 0
-    });
+    wait_all_settled(&mut scon, SHARDS, Duration::from_secs(10));
     let got = counts(lrange(&mut tcon, "q:remote"));
     assert_eq!(got.len(), 300);
     assert!(got.values().all(|&n| n == 1));
@@ -208,13 +173,7 @@ fn rejects_and_exhausted_retries_go_to_dead_with_reasons() {
     let rejected = enqueue(&scheduler, "mirror", "w", 5);
     let daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
-    let client = rt
-        .block_on(Client::connect(&RedisConfig {
-            url: scheduler.url(),
-            shards: SHARDS,
-            ..RedisConfig::default()
-        }))
-        .expect("client");
+    let client = client(&rt, &scheduler.url(), SHARDS);
     wait_for("WRONGTYPE rejects dead", Duration::from_secs(10), || {
         rt.block_on(client.dead_list(100)).expect("dead list").len() == 5
     });
@@ -273,14 +232,12 @@ fn crash_between_publish_and_ack_redelivers_after_the_lease() {
     assert!(published_before_crash > 0, "it crashed after publishing");
     let mut scon = scheduler.conn();
     assert!(
-        shard_card(&mut scon, "inflight") > 0,
+        shard_total(&mut scon, SHARDS, "inflight") > 0,
         "claimed, published, not acked"
     );
 
     let _daemon = Daemon::start(&config);
-    wait_for("every job acked", Duration::from_secs(30), || {
-        shard_card(&mut scon, "jobs") == 0 && shard_card(&mut scon, "inflight") == 0
-    });
+    wait_all_settled(&mut scon, SHARDS, Duration::from_secs(30));
     let got = counts(lrange(&mut tcon, "q:remote"));
     assert_eq!(got.len(), 2_000, "none lost");
     let duplicates: usize = got.values().map(|n| n - 1).sum();
@@ -324,7 +281,10 @@ fn a_late_settle_is_refused_by_the_fence() {
     wait_for(
         "the fast daemon reclaimed and acked everything",
         Duration::from_secs(30),
-        || shard_card(&mut scon, "jobs") == 0 && shard_card(&mut scon, "inflight") == 0,
+        || {
+            shard_total(&mut scon, SHARDS, "jobs") == 0
+                && shard_total(&mut scon, SHARDS, "inflight") == 0
+        },
     );
     std::fs::write(&release, b"go").expect("release the slow daemon");
     wait_for(
@@ -343,9 +303,9 @@ fn a_late_settle_is_refused_by_the_fence() {
         "the slow daemon's publish repeats"
     );
     assert_eq!(
-        shard_card(&mut scon, "jobs"),
+        shard_total(&mut scon, SHARDS, "jobs"),
         0,
         "the refused settle changed nothing"
     );
-    assert_eq!(shard_card(&mut scon, "dead"), 0);
+    assert_eq!(shard_total(&mut scon, SHARDS, "dead"), 0);
 }

@@ -513,3 +513,18 @@ impl Services {
         assert!(status.success(), "{cmd} failed: {status}");
     }
 }
+
+/// A library client on this server, default namespace, `shards` shards.
+pub fn client(rt: &tokio::runtime::Runtime, url: &str, shards: u16) -> zdelay::Client {
+    rt.block_on(zdelay::Client::connect(&redis_config(url, shards)))
+        .expect("library client connects")
+}
+
+/// Waits until no job is stored or in flight in any shard: everything was settled.
+pub fn wait_all_settled(con: &mut redis::Connection, shards: u16, timeout: Duration) {
+    wait_for(
+        "every job settled (jobs and inflight empty)",
+        timeout,
+        || shard_total(con, shards, "jobs") == 0 && shard_total(con, shards, "inflight") == 0,
+    );
+}
