@@ -78,6 +78,7 @@ pub enum Sink {
     RedisRemote(redis_remote::RedisRemoteSink),
     Amqp(amqp::AmqpSink),
     Nats(nats::NatsSink),
+    Kafka(kafka::KafkaSink),
 }
 
 impl Sink {
@@ -94,12 +95,7 @@ impl Sink {
             },
             SinkConfig::Amqp(c) => Some(Sink::Amqp(amqp::AmqpSink::new(name, c)?)),
             SinkConfig::Nats(c) => Some(Sink::Nats(nats::NatsSink::new(name, c)?)),
-            other => {
-                return Err(SinkError::Config {
-                    sink: name.to_owned(),
-                    why: format!("kind {} is not built into this binary", other.kind()),
-                });
-            }
+            SinkConfig::Kafka(c) => Some(Sink::Kafka(kafka::KafkaSink::new(name, c)?)),
         })
     }
 
@@ -109,6 +105,7 @@ impl Sink {
             Sink::RedisRemote(s) => s.publish(batch).await,
             Sink::Amqp(s) => s.publish(batch).await,
             Sink::Nats(s) => s.publish(batch).await,
+            Sink::Kafka(s) => s.publish(batch).await,
         }
     }
 
@@ -118,6 +115,7 @@ impl Sink {
             Sink::RedisRemote(s) => s.check().await,
             Sink::Amqp(s) => s.check().await,
             Sink::Nats(s) => s.check().await,
+            Sink::Kafka(s) => s.check().await,
         }
     }
 
@@ -127,6 +125,7 @@ impl Sink {
             Sink::RedisRemote(_) => {}
             Sink::Amqp(s) => s.flush(timeout).await,
             Sink::Nats(s) => s.flush(timeout).await,
+            Sink::Kafka(s) => s.flush(timeout).await,
         }
     }
 }

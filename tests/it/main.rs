@@ -3,6 +3,7 @@
 
 mod amqp;
 mod bad_input;
+mod broker_faults;
 mod cli;
 mod common;
 mod delivery;

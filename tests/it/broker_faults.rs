@@ -1,0 +1,901 @@
+//! Broker faults through the real daemon against real brokers, counting every job: none is
+//! lost; a job may repeat only in the publish → ack window, and then always with the same
+//! message id (`<id>:<due>`), so JetStream's duplicate window or the consumer absorbs it.
+//!
+//! - the daemon dies between the broker's confirmation and the ack (failpoint);
+//! - NATS, then RabbitMQ, stopped for 10+ s under a steady load while a local list route
+//!   keeps flowing;
+//! - broker rejects (no JetStream stream, unroutable) go to dead with the broker's reason and
+//!   the daemon keeps delivering.
+//!
+//! Fault tests use private brokers (`scripts/services.sh` in a temp state dir, stopped on
+//! drop); the reject test uses the shared ones.
+
+use crate::common::{
+    Daemon, RedisServer, Services, TestConfig, llen, lrange, runtime, shard_total, wait_for,
+};
+use async_nats::jetstream;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zdelay::client::{Client, JobState, NewJob, OnConflict};
+
+const SHARDS: u16 = 2;
+/// How long the broker stays down in the outage tests.
+const OUTAGE: Duration = Duration::from_secs(10);
+
+fn tag() -> String {
+    ulid::Ulid::generate().to_string().to_lowercase()
+}
+
+fn services_sh() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh")
+}
+
+/// A private broker (`scripts/services.sh start <kind>` in its own state dir, own ports),
+/// stopped by `services.sh stop` on drop, also when the test panics.
+struct OwnBroker {
+    dir: tempfile::TempDir,
+    vars: HashMap<String, String>,
+}
+
+impl OwnBroker {
+    fn start(kind: &str) -> Self {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let started = Instant::now();
+        let out = Command::new("bash")
+            .arg(services_sh())
+            .args(["start", kind])
+            .env("ZDELAY_SERVICES_DIR", dir.path())
+            .output()
+            .expect("services.sh runs");
+        // From here on, Drop stops whatever did start.
+        let mut broker = OwnBroker {
+            dir,
+            vars: HashMap::new(),
+        };
+        assert!(
+            out.status.success(),
+            "services.sh start {kind} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(broker.dir.path().join("env")).expect("env file");
+        for line in text.lines() {
+            if let Some((k, v)) = line.split_once('=')
+                && !k.starts_with('#')
+            {
+                broker
+                    .vars
+                    .insert(k.trim().to_owned(), v.trim().trim_matches('"').to_owned());
+            }
+        }
+        eprintln!("private {kind} ready in {:?}", started.elapsed());
+        broker
+    }
+
+    fn var(&self, name: &str) -> String {
+        self.vars
+            .get(&format!("ZDELAY_TEST_{name}"))
+            .cloned()
+            .unwrap_or_else(|| panic!("ZDELAY_TEST_{name} missing from the private env"))
+    }
+
+    /// Runs one of the env file's commands (`STOP_NATS`, `START_AMQP`, ...).
+    fn run(&self, name: &str) {
+        let started = Instant::now();
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(self.var(name))
+            .stdout(Stdio::null())
+            .output()
+            .expect("sh runs");
+        assert!(
+            out.status.success(),
+            "{name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{name} took {:?}", started.elapsed());
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(services_sh())
+            .arg("stop")
+            .env("ZDELAY_SERVICES_DIR", self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn connect(rt: &tokio::runtime::Runtime, redis_url: &str) -> Client {
+    rt.block_on(Client::connect(&crate::common::redis_config(
+        redis_url, SHARDS,
+    )))
+    .expect("library client")
+}
+
+fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, jobs: Vec<NewJob>) -> Vec<String> {
+    rt.block_on(client.enqueue_batch(jobs, OnConflict::Error))
+        .expect("enqueue")
+        .into_iter()
+        .map(|r| r.expect("job enqueued").0)
+        .collect()
+}
+
+/// Jobs still held by zdelay: stored (due, in flight or dead) plus in-flight leases.
+fn pending(con: &mut redis::Connection) -> (usize, usize) {
+    (
+        shard_total(con, SHARDS, "jobs"),
+        shard_total(con, SHARDS, "inflight"),
+    )
+}
+
+/// Sum of every sample of `name` carrying at least `labels` (0 when there is none).
+fn metric(daemon: &Daemon, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let (_, text) = daemon.admin_get("/metrics").expect("/metrics answers");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            let matches = metric == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            matches.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
+/// `<id>:<due>` → id.
+fn job_of(message_id: &str) -> &str {
+    message_id
+        .rsplit_once(':')
+        .map(|(id, _)| id)
+        .unwrap_or(message_id)
+}
+
+/// Checks delivered message ids against the enqueued job ids: every job present, nothing
+/// foreign, and every copy of a job carrying one and the same message id. Returns the number
+/// of repeated deliveries.
+fn check_message_ids(what: &str, enqueued: &[String], message_ids: &[String]) -> usize {
+    let mut per_job: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for m in message_ids {
+        per_job.entry(job_of(m)).or_default().insert(m.as_str());
+    }
+    let want: BTreeSet<&str> = enqueued.iter().map(String::as_str).collect();
+    let got: BTreeSet<&str> = per_job.keys().copied().collect();
+    let missing: Vec<_> = want.difference(&got).take(5).collect();
+    let foreign: Vec<_> = got.difference(&want).take(5).collect();
+    assert!(
+        missing.is_empty() && foreign.is_empty(),
+        "{what}: {} of {} jobs missing (e.g. {missing:?}), foreign ids {foreign:?}",
+        want.difference(&got).count(),
+        want.len()
+    );
+    let unstable: Vec<_> = per_job.iter().filter(|(_, ids)| ids.len() > 1).collect();
+    assert!(
+        unstable.is_empty(),
+        "{what}: {} jobs were delivered under more than one message id, so no consumer or \
+         duplicate window can dedupe them; e.g. {:?}",
+        unstable.len(),
+        unstable.iter().take(3).collect::<Vec<_>>()
+    );
+    message_ids.len() - want.len()
+}
+
+// ---- NATS -------------------------------------------------------------------------------
+
+/// A stream `BF_<TAG>` on `bf.<tag>.>` with a 2 min duplicate window; (js, stream, prefix).
+async fn make_stream(url: &str) -> (jetstream::Context, String, String) {
+    let client = async_nats::connect(url).await.expect("connect to nats");
+    let js = jetstream::new(client);
+    let tag = tag();
+    let name = format!("BF_{}", tag.to_uppercase());
+    let prefix = format!("bf.{tag}");
+    js.create_stream(jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{prefix}.>")],
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+    (js, name, prefix)
+}
+
+async fn stream_count(js: &jetstream::Context, name: &str) -> u64 {
+    let mut stream = js.get_stream(name).await.expect("get stream");
+    stream.info().await.expect("stream info").state.messages
+}
+
+/// A JetStream context on a fresh connection (the old one may have died with the server).
+fn js_count(rt: &tokio::runtime::Runtime, url: &str, stream: &str) -> u64 {
+    rt.block_on(async {
+        let js = jetstream::new(async_nats::connect(url).await.expect("connect to nats"));
+        stream_count(&js, stream).await
+    })
+}
+
+/// Every message of the stream read by nats-py (a client zdelay did not write): its
+/// `Nats-Msg-Id`, checked equal to the `zdelay-id` header.
+fn nats_message_ids(python: &str, url: &str, stream: &str, prefix: &str, n: usize) -> Vec<String> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/py/nats_read.py");
+    let out = Command::new(python)
+        .arg(script)
+        .args([
+            "stream",
+            url,
+            stream,
+            &format!("{prefix}.>"),
+            &n.to_string(),
+        ])
+        .output()
+        .expect("nats_read.py runs");
+    assert!(
+        out.status.success(),
+        "nats_read.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("nats_read.py prints JSON");
+    v["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            let id = m["headers"]["Nats-Msg-Id"]
+                .as_str()
+                .expect("Nats-Msg-Id header")
+                .to_owned();
+            assert_eq!(m["headers"]["zdelay-id"].as_str(), Some(id.as_str()));
+            id
+        })
+        .collect()
+}
+
+// ---- AMQP -------------------------------------------------------------------------------
+
+fn amqp_tool(python: &str, url: &str, args: &[&str]) -> String {
+    let out = Command::new(python)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/py/amqp_tool.py"))
+        .arg(url)
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "amqp_tool.py {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+/// Consumes (pika) until `n` messages arrived and the queue is empty; their `message_id`s,
+/// checked equal to the `zdelay-id` header.
+fn amqp_message_ids(python: &str, url: &str, queue: &str, n: usize) -> Vec<String> {
+    amqp_tool(python, url, &["consume", queue, &n.to_string(), "30"])
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).expect("json line");
+            let id = v["message_id"].as_str().expect("message_id").to_owned();
+            assert_eq!(v["headers"]["zdelay-id"].as_str(), Some(id.as_str()));
+            id
+        })
+        .collect()
+}
+
+// ---- load -------------------------------------------------------------------------------
+
+/// One enqueued job: its route, id, and when the producer got the reply.
+#[derive(Clone)]
+struct Sent {
+    route: &'static str,
+    id: String,
+    at: Instant,
+}
+
+/// A background producer: every `tick`, `per_route` jobs to each route (one batch), through
+/// the library, until stopped.
+struct Producer {
+    stop: Arc<AtomicBool>,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    started: Instant,
+}
+
+impl Producer {
+    fn start(redis_url: String, routes: &[&'static str], per_route: usize, tick: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let routes = routes.to_vec();
+        let thread = std::thread::spawn({
+            let (stop, sent) = (stop.clone(), sent.clone());
+            move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                let client = connect(&rt, &redis_url);
+                let mut next = Instant::now();
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut jobs = Vec::new();
+                    let mut names = Vec::new();
+                    for route in &routes {
+                        for _ in 0..per_route {
+                            jobs.push(NewJob::new(*route, format!("{route}-{n}").into_bytes()));
+                            names.push(*route);
+                            n += 1;
+                        }
+                    }
+                    let ids = enqueue(&rt, &client, jobs);
+                    let at = Instant::now();
+                    sent.lock().expect("sent lock").extend(
+                        names
+                            .into_iter()
+                            .zip(ids)
+                            .map(|(route, id)| Sent { route, id, at }),
+                    );
+                    next += tick;
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                }
+            }
+        });
+        Producer {
+            stop,
+            sent,
+            thread: Some(thread),
+            started: Instant::now(),
+        }
+    }
+
+    fn sent(&self) -> Vec<Sent> {
+        self.sent.lock().expect("sent lock").clone()
+    }
+
+    /// Stops and returns everything it enqueued.
+    fn finish(mut self) -> Vec<Sent> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the producer did not panic");
+        }
+        self.sent()
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What an outage run leaves for the broker-specific checks.
+struct OutageRun {
+    remote_ids: Vec<String>,
+    daemon: Daemon,
+    _redis: RedisServer,
+}
+
+/// A daemon with a two-phase route `remote` (to `target` on sink `sink`, configured by
+/// `sink_section`) and a local list route `here`, under a steady load to both; the broker is
+/// stopped after ~2 s, kept down for [`OUTAGE`], started again; returns when every job is
+/// acked. Checks on the way: the local route keeps flowing during the outage, `/readyz` says
+/// the sink is down then up, remote jobs waiting through the outage keep attempt 0, no retry,
+/// reject or dead, and each local job is on its list exactly once.
+fn run_outage(
+    broker: &OwnBroker,
+    kind: &str,
+    sink: &str,
+    sink_section: &str,
+    target: &str,
+) -> OutageRun {
+    let t0 = Instant::now();
+    let redis = RedisServer::start();
+    let extra = format!(
+        r#"
+[poller]
+idle_poll = "50ms"
+sink_pause = "100ms"
+
+{sink_section}
+
+[[routes]]
+name = "remote"
+sink = "{sink}"
+target = "{target}"
+
+[[routes]]
+name = "here"
+sink = "local"
+target = "q:local"
+"#
+    );
+    let config = TestConfig::new(&redis.url(), SHARDS, &extra);
+    let daemon = Daemon::start(&config);
+    let rt = runtime();
+    let client = connect(&rt, &redis.url());
+    let mut con = redis.conn();
+    let delivered = |d: &Daemon| {
+        metric(
+            d,
+            "zdelay_sink_messages_total",
+            &[("sink", sink), ("outcome", "delivered")],
+        )
+    };
+
+    // 25 jobs per route every 100 ms.
+    let producer = Producer::start(
+        redis.url(),
+        &["remote", "here"],
+        25,
+        Duration::from_millis(100),
+    );
+    wait_for(
+        "both routes flowing for 2 s",
+        Duration::from_secs(15),
+        || {
+            producer.started.elapsed() >= Duration::from_secs(2)
+                && llen(&mut con, "q:local") > 0
+                && delivered(&daemon) > 0.0
+        },
+    );
+    broker.run(&format!("STOP_{kind}"));
+    let stopped = Instant::now();
+    let local_at_stop = llen(&mut con, "q:local");
+    wait_for(
+        "/readyz reports the sink down",
+        Duration::from_secs(10),
+        || {
+            matches!(daemon.admin_get("/readyz"),
+                Some((503, body)) if body.contains(&format!("sink {sink} (")) && body.contains("down"))
+        },
+    );
+    eprintln!("{kind}: readyz 503 {:?} after the stop", stopped.elapsed());
+
+    // Hold the broker down; meanwhile the local route must keep up and readiness stay 503.
+    let mut samples = Vec::new();
+    let mut delivered_mid_outage = None;
+    while stopped.elapsed() < OUTAGE {
+        // Batches in flight at the stop have settled by now.
+        if stopped.elapsed() >= OUTAGE / 2 && delivered_mid_outage.is_none() {
+            delivered_mid_outage = Some(delivered(&daemon));
+        }
+        let status = daemon.admin_get("/readyz").map(|(s, _)| s);
+        assert_eq!(status, Some(503), "readiness while {kind} is down");
+        samples.push((stopped.elapsed(), llen(&mut con, "q:local")));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let sent = producer.sent();
+    let local_now = llen(&mut con, "q:local");
+    let cutoff = Instant::now() - Duration::from_secs(2);
+    let local_due_by_cutoff = sent
+        .iter()
+        .filter(|s| s.route == "here" && s.at <= cutoff)
+        .count();
+    eprintln!(
+        "{kind} down {:?}: local list {local_at_stop} → {local_now} (samples {:?})",
+        stopped.elapsed(),
+        samples
+            .iter()
+            .step_by(8)
+            .map(|(t, n)| (t.as_secs(), *n))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        local_now >= local_at_stop + 1_000,
+        "local jobs kept arriving while {kind} was down: {local_at_stop} → {local_now}"
+    );
+    assert!(
+        local_now >= local_due_by_cutoff,
+        "every local job enqueued 2 s ago or earlier is on its list: {local_now} < \
+         {local_due_by_cutoff}"
+    );
+    // Remote jobs enqueued in the outage's first second have waited 9+ s: still pending,
+    // no attempt burned.
+    let waited: Vec<&Sent> = sent
+        .iter()
+        .filter(|s| {
+            s.route == "remote" && s.at > stopped && s.at < stopped + Duration::from_secs(1)
+        })
+        .collect();
+    assert!(
+        waited.len() >= 100,
+        "{} remote jobs in the first second",
+        waited.len()
+    );
+    for s in &waited {
+        let job = rt
+            .block_on(client.get(&s.id))
+            .expect("get")
+            .unwrap_or_else(|| panic!("{} waited through the outage and is not pending", s.id));
+        assert!(
+            matches!(job.state, JobState::Due | JobState::InFlight),
+            "{}: {:?} {:?}",
+            s.id,
+            job.state,
+            job.reason
+        );
+        let env = job.envelope.expect("envelope");
+        assert_eq!(
+            env.meta.attempt, 0,
+            "{}: an unavailable broker burns no attempt",
+            s.id
+        );
+        assert_eq!(env.meta.last_error, None, "{}", s.id);
+    }
+    assert_eq!(
+        Some(delivered(&daemon)),
+        delivered_mid_outage,
+        "nothing confirmed by a stopped broker"
+    );
+
+    broker.run(&format!("START_{kind}"));
+    let restarted = Instant::now();
+    let sent = producer.finish();
+    let remote_ids: Vec<String> = sent
+        .iter()
+        .filter(|s| s.route == "remote")
+        .map(|s| s.id.clone())
+        .collect();
+    let local_ids = sent.len() - remote_ids.len();
+    wait_for(
+        "every job acked after the broker is back",
+        Duration::from_secs(40),
+        || pending(&mut con) == (0, 0),
+    );
+    let recovered = restarted.elapsed();
+    wait_for("/readyz back to 200", Duration::from_secs(15), || {
+        matches!(daemon.admin_get("/readyz"), Some((200, _)))
+    });
+    let outcome = |o: &str| {
+        metric(
+            &daemon,
+            "zdelay_sink_messages_total",
+            &[("sink", sink), ("outcome", o)],
+        )
+    };
+    eprintln!(
+        "{kind}: {} remote + {local_ids} local jobs; all acked {recovered:?} after the broker \
+         was back; outcomes delivered {} unavailable {} retried {} rejected {}; postponed {}; \
+         test so far {:?}",
+        remote_ids.len(),
+        outcome("delivered"),
+        outcome("unavailable"),
+        outcome("retried"),
+        outcome("rejected"),
+        metric(&daemon, "zdelay_postponed_total", &[]),
+        t0.elapsed()
+    );
+    assert!(
+        outcome("unavailable") > 0.0,
+        "the daemon did find {kind} down"
+    );
+    assert_eq!(
+        outcome("retried"),
+        0.0,
+        "an outage is no transient per-message failure"
+    );
+    assert_eq!(outcome("rejected"), 0.0);
+    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0, "nothing dead");
+    assert!(
+        outcome("delivered") >= remote_ids.len() as f64,
+        "every remote job confirmed"
+    );
+    // The local route: each job exactly once (atomic push in the move script).
+    let local: Vec<Vec<u8>> = lrange(&mut con, "q:local");
+    let unique: BTreeSet<&Vec<u8>> = local.iter().collect();
+    assert_eq!(local.len(), local_ids, "every local job delivered");
+    assert_eq!(unique.len(), local_ids, "no local job twice");
+    OutageRun {
+        remote_ids,
+        daemon,
+        _redis: redis,
+    }
+}
+
+// ---- tests ------------------------------------------------------------------------------
+
+/// kill between JetStream's PubAck and the ack in Redis: after the lease the next daemon
+/// publishes those jobs again under the same `Nats-Msg-Id`, and the stream's duplicate window
+/// absorbs them: exactly 2000 messages, one per job.
+#[cfg(feature = "test-failpoints")]
+#[test]
+fn nats_crash_between_publish_and_ack_is_absorbed_by_jetstream_dedupe() {
+    let nats = OwnBroker::start("nats");
+    let url = nats.var("NATS_URL");
+    let rt = runtime();
+    let (_js, stream, prefix) = rt.block_on(make_stream(&url));
+    let redis = RedisServer::start();
+    let extra = format!(
+        r#"
+[poller]
+idle_poll = "50ms"
+lease = "1s"
+
+[sinks.bus]
+kind = "nats"
+url = "{url}"
+
+[[routes]]
+name = "events"
+sink = "bus"
+target = "{prefix}.due"
+"#
+    );
+    let config = TestConfig::new(&redis.url(), SHARDS, &extra);
+    let client = connect(&rt, &redis.url());
+    let ids = enqueue(
+        &rt,
+        &client,
+        (0..2000)
+            .map(|i| NewJob::new("events", format!("c-{i}").into_bytes()))
+            .collect(),
+    );
+
+    let mut crashing =
+        Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", "abort_after_publish")]);
+    let status = crashing.wait_exit(Duration::from_secs(30));
+    assert!(
+        !status.success(),
+        "the failpoint aborts the daemon: {status}"
+    );
+    let published = js_count(&rt, &url, &stream);
+    let mut con = redis.conn();
+    let (jobs, inflight) = pending(&mut con);
+    eprintln!("crash: {published} in the stream, {jobs} jobs stored, {inflight} in flight");
+    assert!(
+        published > 0,
+        "it crashed after JetStream confirmed a batch"
+    );
+    assert_eq!(jobs, 2000, "nothing was acked before the crash");
+    assert!(
+        inflight as u64 >= published,
+        "the published jobs are left in flight"
+    );
+
+    let started = Instant::now();
+    let daemon = Daemon::start(&config);
+    wait_for("every job acked", Duration::from_secs(30), || {
+        pending(&mut con) == (0, 0)
+    });
+    eprintln!("second daemon acked all in {:?}", started.elapsed());
+    let delivered = metric(
+        &daemon,
+        "zdelay_sink_messages_total",
+        &[("sink", "bus"), ("outcome", "delivered")],
+    );
+    let expired = metric(&daemon, "zdelay_leases_expired_total", &[]);
+    eprintln!("second daemon: delivered {delivered}, leases expired {expired}");
+    assert!(
+        expired >= inflight as f64,
+        "the crashed daemon's {inflight} leases ran out and were reaped ({expired})"
+    );
+    assert!(
+        delivered >= 2000.0,
+        "the second daemon published every job again, the {published} already stored too \
+         ({delivered})"
+    );
+    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+
+    // Read by nats-py first: on failure it shows which jobs repeat and under which ids.
+    let in_stream = js_count(&rt, &url, &stream);
+    let msg_ids = nats_message_ids(
+        &nats.var("PYTHON"),
+        &url,
+        &stream,
+        &prefix,
+        in_stream as usize,
+    );
+    let repeats = check_message_ids("JetStream after a crash", &ids, &msg_ids);
+    assert_eq!(repeats, 0, "the duplicate window absorbed the republish");
+    assert_eq!(in_stream, 2000, "exactly one message per job in the stream");
+}
+
+/// NATS stopped for 10 s under load: the local route keeps flowing, no attempt is burned,
+/// and afterwards each NATS job is in the stream exactly once.
+#[test]
+fn nats_down_10s_under_load_loses_nothing_and_other_sinks_flow() {
+    let started = Instant::now();
+    let nats = OwnBroker::start("nats");
+    let url = nats.var("NATS_URL");
+    let rt = runtime();
+    let (_js, stream, prefix) = rt.block_on(make_stream(&url));
+    let sink_section = format!("[sinks.bus]\nkind = \"nats\"\nurl = \"{url}\"");
+    let run = run_outage(
+        &nats,
+        "NATS",
+        "bus",
+        &sink_section,
+        &format!("{prefix}.due"),
+    );
+    let n = run.remote_ids.len();
+    let in_stream = js_count(&rt, &url, &stream);
+    let msg_ids = nats_message_ids(
+        &nats.var("PYTHON"),
+        &url,
+        &stream,
+        &prefix,
+        in_stream as usize,
+    );
+    let repeats = check_message_ids("JetStream after the outage", &run.remote_ids, &msg_ids);
+    assert_eq!(repeats, 0, "dedupe absorbed any republish");
+    assert_eq!(in_stream, n as u64, "the stream holds one message per job");
+    let (status, body) = run.daemon.admin_get("/readyz").expect("readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("sink bus (nats): up"), "{body}");
+    eprintln!("nats outage test: {n} NATS jobs, {:?}", started.elapsed());
+}
+
+/// RabbitMQ stopped for 10+ s under load (its restart takes seconds more): the local route
+/// keeps flowing, no attempt is burned, and every AMQP job is consumed; a job consumed twice
+/// carries the same `message_id` both times.
+#[test]
+fn rabbitmq_down_10s_under_load_loses_nothing_and_other_sinks_flow() {
+    let started = Instant::now();
+    let amqp = OwnBroker::start("amqp");
+    let url = amqp.var("AMQP_URL");
+    let python = amqp.var("PYTHON");
+    let queue = format!("bf-{}", tag());
+    amqp_tool(&python, &url, &["declare", &queue]);
+    let sink_section = format!("[sinks.rabbit]\nkind = \"amqp\"\nurl = \"{url}\"");
+    let run = run_outage(&amqp, "AMQP", "rabbit", &sink_section, &format!("/{queue}"));
+    let n = run.remote_ids.len();
+    let msg_ids = amqp_message_ids(&python, &url, &queue, n);
+    let repeats = check_message_ids("RabbitMQ after the outage", &run.remote_ids, &msg_ids);
+    eprintln!(
+        "amqp outage test: {n} AMQP jobs, {} consumed ({repeats} repeats, each with its job's \
+         one message_id), {:?}",
+        msg_ids.len(),
+        started.elapsed()
+    );
+    let (status, body) = run.daemon.admin_get("/readyz").expect("readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("sink rabbit (amqp): up"), "{body}");
+}
+
+/// Broker rejects through the daemon: a NATS subject no stream listens on and an AMQP
+/// exchange with no binding send their jobs to dead with the broker's reason; the daemon
+/// stays up and ready, and good jobs on other routes are delivered afterwards.
+#[test]
+fn broker_rejects_go_to_dead_with_the_reason_and_the_daemon_goes_on() {
+    let services = Services::get();
+    let (nats_url, amqp_url, python) =
+        (services.nats_url(), services.amqp_url(), services.python());
+    let rt = runtime();
+    let (js, stream, prefix) = rt.block_on(make_stream(&nats_url));
+    let t = tag();
+    let nowhere = format!("bfnostream.{t}.x");
+    let (queue, exchange) = (format!("bf-q-{t}"), format!("bf-ex-{t}"));
+    amqp_tool(&python, &amqp_url, &["declare", &queue]);
+    amqp_tool(&python, &amqp_url, &["exchange", &exchange]);
+    let redis = RedisServer::start();
+    let extra = format!(
+        r#"
+[poller]
+idle_poll = "50ms"
+
+[sinks.bus]
+kind = "nats"
+url = "{nats_url}"
+
+[sinks.rabbit]
+kind = "amqp"
+url = "{amqp_url}"
+
+[[routes]]
+name = "nostream"
+sink = "bus"
+target = "{nowhere}"
+
+[[routes]]
+name = "natsgood"
+sink = "bus"
+target = "{prefix}.good"
+
+[[routes]]
+name = "unroutable"
+sink = "rabbit"
+target = "{exchange}/nowhere"
+
+[[routes]]
+name = "amqpgood"
+sink = "rabbit"
+target = "/{queue}"
+"#
+    );
+    let config = TestConfig::new(&redis.url(), SHARDS, &extra);
+    let mut daemon = Daemon::start(&config);
+    let client = connect(&rt, &redis.url());
+    let mut bad = Vec::new();
+    for i in 0..20 {
+        bad.push(NewJob::new("nostream", format!("ns-{i}").into_bytes()));
+        bad.push(NewJob::new("unroutable", format!("ur-{i}").into_bytes()));
+    }
+    let bad_ids = enqueue(&rt, &client, bad);
+    let dead_list = || -> Vec<serde_json::Value> {
+        let out = config.cli(&["dead", "list", "--json"]);
+        assert!(
+            out.status.success(),
+            "dead list: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("dead list JSON");
+        v["jobs"].as_array().expect("jobs").clone()
+    };
+    let mut con = redis.conn();
+    wait_for("40 rejected jobs dead", Duration::from_secs(20), || {
+        pending(&mut con).1 == 0 && shard_total(&mut con, SHARDS, "dead") == 40
+    });
+    let dead = dead_list();
+    assert_eq!(dead.len(), 40, "{dead:?}");
+    for (i, id) in bad_ids.iter().enumerate() {
+        let job = dead
+            .iter()
+            .find(|d| d["id"].as_str() == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("{id} not in dead list"));
+        let reason = job["reason"].as_str().expect("reason");
+        if i % 2 == 0 {
+            assert!(
+                reason.contains("no JetStream stream") && reason.contains(&nowhere),
+                "{id}: {reason}"
+            );
+        } else {
+            assert!(
+                reason.contains("unroutable") && reason.contains("NO_ROUTE"),
+                "{id}: {reason}"
+            );
+        }
+    }
+    let rejected = |sink: &str| {
+        metric(
+            &daemon,
+            "zdelay_sink_messages_total",
+            &[("sink", sink), ("outcome", "rejected")],
+        )
+    };
+    assert_eq!(rejected("bus"), 20.0);
+    assert_eq!(rejected("rabbit"), 20.0);
+
+    // The daemon goes on: good jobs on the other routes, and readiness untouched by rejects.
+    let mut good = Vec::new();
+    for i in 0..10 {
+        good.push(NewJob::new("natsgood", format!("ng-{i}").into_bytes()));
+        good.push(NewJob::new("amqpgood", format!("ag-{i}").into_bytes()));
+    }
+    let good_ids = enqueue(&rt, &client, good);
+    wait_for("good jobs acked", Duration::from_secs(20), || {
+        pending(&mut con) == (40, 0)
+    });
+    assert!(daemon.try_exit().is_none(), "the daemon is still running");
+    assert_eq!(rt.block_on(stream_count(&js, &stream)), 10);
+    let nats_ids = nats_message_ids(&python, &nats_url, &stream, &prefix, 10);
+    let amqp_ids = amqp_message_ids(&python, &amqp_url, &queue, 10);
+    // Enqueued in pairs: NATS, AMQP.
+    let nats_good: Vec<String> = good_ids.iter().step_by(2).cloned().collect();
+    let amqp_good: Vec<String> = good_ids.iter().skip(1).step_by(2).cloned().collect();
+    assert_eq!(
+        check_message_ids("good NATS jobs", &nats_good, &nats_ids),
+        0
+    );
+    assert_eq!(
+        check_message_ids("good AMQP jobs", &amqp_good, &amqp_ids),
+        0
+    );
+    let (status, body) = daemon.admin_get("/readyz").expect("readyz");
+    assert_eq!(status, 200, "rejects do not make a sink unready: {body}");
+    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 40);
+
+    rt.block_on(js.delete_stream(&stream))
+        .expect("delete stream");
+    amqp_tool(&python, &amqp_url, &["delete", &queue, &exchange]);
+}
