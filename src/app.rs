@@ -200,7 +200,7 @@ async fn check_sink(
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or_default(),
         });
-        sink.set_health(result);
+        sink.checked(result);
         let write = redis::cmd("HSET")
             .arg(&states_key)
             .arg(&sink.name)

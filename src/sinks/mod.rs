@@ -141,6 +141,9 @@ pub struct SinkHandle {
     first_pause: Duration,
     /// (paused until, next pause length)
     pause: Mutex<(Option<Instant>, Duration)>,
+    /// Set by `pause`, cleared by a passing health check: a paused sink resumes only once
+    /// its broker answers again, so no poller blocks on a publish to a broker known down.
+    awaiting_check: AtomicBool,
     healthy: AtomicBool,
     last_error: Mutex<String>,
 }
@@ -153,14 +156,17 @@ impl SinkHandle {
             sink,
             first_pause,
             pause: Mutex::new((None, first_pause)),
+            awaiting_check: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             last_error: Mutex::new(String::new()),
         }
     }
 
+    /// Paused: for the pause's length, and after it until a health check passes.
     pub fn is_paused(&self) -> bool {
         let pause = self.pause.lock().expect("pause lock");
         pause.0.is_some_and(|until| Instant::now() < until)
+            || self.awaiting_check.load(Ordering::Relaxed)
     }
 
     /// The sink was found unavailable: pause it, doubling the pause while it stays down.
@@ -168,14 +174,24 @@ impl SinkHandle {
         let mut pause = self.pause.lock().expect("pause lock");
         let length = pause.1;
         *pause = (Some(Instant::now() + length), (length * 2).min(MAX_PAUSE));
+        self.awaiting_check.store(true, Ordering::Relaxed);
         self.set_health(Err(why.to_owned()));
         length
+    }
+
+    /// A background health check's answer: a pass lets a paused sink resume after its pause.
+    pub fn checked(&self, result: Result<(), String>) {
+        if result.is_ok() {
+            self.awaiting_check.store(false, Ordering::Relaxed);
+        }
+        self.set_health(result);
     }
 
     /// A publish went through: the sink works again.
     pub fn resume(&self) {
         let mut pause = self.pause.lock().expect("pause lock");
         *pause = (None, self.first_pause);
+        self.awaiting_check.store(false, Ordering::Relaxed);
         self.set_health(Ok(()));
     }
 
@@ -348,6 +364,47 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown destination")
         );
+    }
+
+    #[test]
+    fn a_paused_sink_resumes_only_after_its_pause_and_a_passing_check() {
+        let sink = redis_remote::RedisRemoteSink::new(
+            "other",
+            "redis://127.0.0.1:1",
+            &from_toml("").unwrap(),
+        )
+        .unwrap();
+        let h = SinkHandle::new("other", "redis", Sink::RedisRemote(sink), Duration::ZERO);
+        assert!(!h.is_paused());
+        h.pause("connection refused");
+        assert!(!h.is_healthy());
+        assert!(
+            h.is_paused(),
+            "paused although the pause itself is zero: no check yet"
+        );
+        h.checked(Err("still refused".into()));
+        assert!(h.is_paused());
+        h.checked(Ok(()));
+        assert!(!h.is_paused());
+        assert!(h.is_healthy());
+        // The pause doubles while the sink stays down, and resets once it works.
+        let h = SinkHandle::new(
+            "other",
+            "redis",
+            Sink::RedisRemote(
+                redis_remote::RedisRemoteSink::new(
+                    "o",
+                    "redis://127.0.0.1:1",
+                    &from_toml("").unwrap(),
+                )
+                .unwrap(),
+            ),
+            Duration::from_millis(100),
+        );
+        assert_eq!(h.pause("x"), Duration::from_millis(100));
+        assert_eq!(h.pause("x"), Duration::from_millis(200));
+        h.resume();
+        assert_eq!(h.pause("x"), Duration::from_millis(100));
     }
 
     #[test]
