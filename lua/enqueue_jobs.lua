@@ -4,6 +4,7 @@
 -- KEYS[3] dead      ZSET  {zdelay:3}:dead
 -- KEYS[4] reasons   HASH  {zdelay:3}:reasons   id -> why it died
 -- KEYS[5] inflight  ZSET  {zdelay:3}:inflight
+-- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due of a two-phase job
 -- ARGV[1] policy for an id that exists: "replace" | "keep" | "error"
 -- ARGV[2] wake channel (zdelay:wake); ARGV[3] shard number, sent in the wake message
 -- ARGV[4..] triples: id, due, envelope. due is epoch ms, or "+N" for N ms after Redis TIME.
@@ -11,6 +12,7 @@
 --   -1 exists (policy "error"; nothing written for that job).
 -- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
 local due_key, jobs_key, dead_key, reasons_key, inflight_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local scheduled_key = KEYS[6]
 local policy = ARGV[1]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -39,6 +41,7 @@ for i = 4, #ARGV, 3 do
       redis.call('ZREM', dead_key, id)
       redis.call('HDEL', reasons_key, id)
       redis.call('ZREM', inflight_key, id)
+      redis.call('HDEL', scheduled_key, id)
     end
     redis.call('HSET', jobs_key, id, envelope)
     redis.call('ZADD', due_key, due, id)

@@ -9,7 +9,9 @@
 -- KEYS[3] dead     ZSET  {zdelay:3}:dead      member = id, score = ms it died
 -- KEYS[4] reasons  HASH  {zdelay:3}:reasons   id -> why it died
 -- KEYS[5] inflight ZSET  {zdelay:3}:inflight  member = id, score = lease deadline ms
--- KEYS[6..] the list keys of the local routes (route target, or target .. delayed_suffix)
+-- KEYS[6] scheduled HASH {zdelay:3}:scheduled id -> scheduled due ms of a two-phase job whose
+--                                             score zdelay moved (claim, retry, pause)
+-- KEYS[7..] the list keys of the local routes (route target, or target .. delayed_suffix)
 -- ARGV[1] batch size, at most 1000
 -- ARGV[2] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
 -- ARGV[3] largest payload in bytes (local routes); a larger one goes to dead
@@ -26,10 +28,11 @@
 --   dead per kind (5 integers: malformed, unknown_destination, wrong_type, oversize, missing),
 --   jobs per lateness bucket (B + 1 integers; the last is over the largest bound),
 --   leases expired and returned to due, jobs postponed, lease deadline ms,
---   C = jobs claimed, then C triples: id, due ms, envelope }
+--   C = jobs claimed, then C triples: id, scheduled due ms (stable across redeliveries), envelope }
 -- taken = moved + dead + claimed + postponed; a full batch means "call again now".
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
 local due_key, jobs_key, dead_key, reasons_key, inflight_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local scheduled_key = KEYS[6]
 local batch = tonumber(ARGV[1])
 local now_us
 if ARGV[2] ~= '' then
@@ -160,6 +163,7 @@ end
 local deadline = now_ms + lease_ms
 local claimed = {}     -- flat: id, due, envelope
 local postponed = {}   -- ids of paused sinks' jobs, re-added at now + postpone_ms
+local postponed_scores = {}
 local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, batch)
 local n = #items / 2
 local next_due = ''
@@ -193,6 +197,7 @@ if n > 0 then
     if sink then
       if paused[sink] then
         postponed[#postponed + 1] = id
+        postponed_scores[#postponed_scores + 1] = items[2 * i]
       else
         claimed[#claimed + 1] = id
         claimed[#claimed + 1] = items[2 * i]
@@ -259,15 +264,43 @@ if n > 0 then
     redis.call('HSET', reasons_key, unpack(hargs))
   end
   if #delivered > 0 then redis.call('HDEL', jobs_key, unpack(delivered)) end
-  local claimed_ids = {}
+  -- Remember the scheduled due of every claimed or postponed job before its score moves;
+  -- claims report it, so the idempotency key is the same on every redelivery.
+  local function keep_scheduled(ids, scores)
+    if #ids == 0 then return {} end
+    local known = redis.call('HMGET', scheduled_key, unpack(ids))
+    local hargs = {}
+    for j = 1, #ids do
+      if not known[j] then
+        known[j] = scores[j]
+        hargs[#hargs + 1] = ids[j]
+        hargs[#hargs + 1] = scores[j]
+      end
+    end
+    if #hargs > 0 then redis.call('HSET', scheduled_key, unpack(hargs)) end
+    return known
+  end
+  local claimed_ids, claimed_scores = {}, {}
   if #claimed > 0 then
     local zargs = {}
     for j = 1, #claimed, 3 do
       zargs[#zargs + 1] = deadline
       zargs[#zargs + 1] = claimed[j]
       claimed_ids[#claimed_ids + 1] = claimed[j]
+      claimed_scores[#claimed_scores + 1] = claimed[j + 1]
     end
     redis.call('ZADD', inflight_key, unpack(zargs))
+    local scheduled = keep_scheduled(claimed_ids, claimed_scores)
+    for j = 1, #claimed_ids do claimed[3 * j - 1] = scheduled[j] end
+  end
+  if #postponed > 0 then
+    local scores = {}
+    for j = 1, #postponed do scores[j] = postponed_scores[j] end
+    keep_scheduled(postponed, scores)
+  end
+  if #delivered > 0 and redis.call('HLEN', scheduled_key) > 0 then
+    -- A job released earlier may now go to a local route (config changed): forget it.
+    redis.call('HDEL', scheduled_key, unpack(delivered))
   end
   if kept > 0 then
     -- Only the jobs handled leave; the rest stay due for the next call.

@@ -1,5 +1,6 @@
 -- reschedule_job: move a pending job to a new due time, O(log N), waking the poller on a new head.
--- KEYS[1] due  ZSET  {zdelay:3}:due
+-- KEYS[1] due        ZSET  {zdelay:3}:due
+-- KEYS[2] scheduled  HASH  {zdelay:3}:scheduled  (a new schedule forgets the old one)
 -- ARGV[1] job id
 -- ARGV[2] new due: epoch ms, or "+N" for N ms after Redis TIME
 -- ARGV[3] wake channel (zdelay:wake); ARGV[4] shard number
@@ -14,6 +15,7 @@ else
   due = tonumber(ARGV[2])
 end
 redis.call('ZADD', KEYS[1], 'XX', due, ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)
 if head[1] == ARGV[1] then
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', due))

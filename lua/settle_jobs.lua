@@ -7,16 +7,19 @@
 -- KEYS[3] inflight ZSET  {zdelay:3}:inflight
 -- KEYS[4] dead     ZSET  {zdelay:3}:dead
 -- KEYS[5] reasons  HASH  {zdelay:3}:reasons
+-- KEYS[6] scheduled HASH {zdelay:3}:scheduled  id -> scheduled due (kept across retries)
 -- ARGV[1] lease deadline ms the jobs were claimed with (the fencing token)
 -- ARGV[2] wake channel; ARGV[3] shard number
 -- ARGV[4..] quadruples: op, id, a, b
 --   "ack"     delivered: the job is removed                              (a, b unused)
 --   "retry"   back to due at a (ms); b = envelope with attempt and last_error updated
+--             (retry and release keep the scheduled due in KEYS[6], so the idempotency key holds)
 --   "release" sink unavailable: back to due at a (ms), no attempt counted  (b unused)
 --   "dead"    a = reason; b = envelope to keep ("" keeps the stored one)
 -- Returns: { settled, fenced } where fenced counts jobs whose lease was no longer ours.
 -- Re-run safety: yes; after a first run the fence no longer matches, so nothing repeats.
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local scheduled_key = KEYS[6]
 local deadline = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -29,12 +32,14 @@ for i = 4, #ARGV, 4 do
     redis.call('ZREM', inflight_key, id)
     if op == 'ack' then
       redis.call('HDEL', jobs_key, id)
+      redis.call('HDEL', scheduled_key, id)
     elseif op == 'retry' or op == 'release' then
       local due = tonumber(a)
       redis.call('ZADD', due_key, due, id)
       if op == 'retry' then redis.call('HSET', jobs_key, id, b) end
       if earliest == nil or due < earliest then earliest = due end
     else
+      redis.call('HDEL', scheduled_key, id)
       redis.call('ZADD', dead_key, now_ms, id)
       redis.call('HSET', reasons_key, id, a)
       if b ~= '' then redis.call('HSET', jobs_key, id, b) end

@@ -411,6 +411,7 @@ impl Client {
                     .key(self.keys.dead(*shard))
                     .key(self.keys.reasons(*shard))
                     .key(self.keys.inflight(*shard))
+                    .key(self.keys.scheduled(*shard))
                     .arg(policy.as_arg())
                     .arg(&channel)
                     .arg(*shard);
@@ -477,6 +478,7 @@ impl Client {
             .key(self.keys.due(shard))
             .key(self.keys.jobs(shard))
             .key(self.keys.inflight(shard))
+            .key(self.keys.scheduled(shard))
             .arg(id)
             .invoke_async(&mut self.con.clone())
             .await?;
@@ -492,6 +494,7 @@ impl Client {
         let shard = self.keys.shard_of(id);
         let new_due: i64 = scripts::reschedule_job
             .key(self.keys.due(shard))
+            .key(self.keys.scheduled(shard))
             .arg(id)
             .arg(due.as_arg())
             .arg(self.keys.wake_channel())

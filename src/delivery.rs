@@ -226,6 +226,7 @@ async fn settle(
         .key(ctx.keys.inflight(shard))
         .key(ctx.keys.dead(shard))
         .key(ctx.keys.reasons(shard))
+        .key(ctx.keys.scheduled(shard))
         .arg(deadline_ms)
         .arg(ctx.keys.wake_channel())
         .arg(shard);

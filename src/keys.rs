@@ -70,6 +70,13 @@ impl Keys {
         self.shard_key(shard, "reasons")
     }
 
+    /// HASH: job id → its scheduled due ms, kept while a two-phase job's score is moved by
+    /// zdelay itself (claim, retry, release, lease expiry, sink pause), so its idempotency
+    /// key `<id>:<due>` stays the same on every redelivery.
+    pub fn scheduled(&self, shard: u16) -> String {
+        self.shard_key(shard, "scheduled")
+    }
+
     /// HASH with the layout version and shard count, shared by every client and daemon.
     pub fn schema(&self) -> String {
         format!("{}:schema", self.namespace)

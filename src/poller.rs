@@ -165,6 +165,7 @@ pub async fn move_once(
                 .key(ctx.keys.dead(*shard))
                 .key(ctx.keys.reasons(*shard))
                 .key(ctx.keys.inflight(*shard))
+                .key(ctx.keys.scheduled(*shard))
                 .arg(ctx.batch)
                 .arg(&now)
                 .arg(ctx.max_payload)

@@ -25,7 +25,7 @@ pub struct LocalRoutes {
 }
 
 /// KEYS taken by `move_due` before the list keys.
-const FIXED_KEYS: usize = 5;
+const FIXED_KEYS: usize = 6;
 
 impl LocalRoutes {
     /// The routes of `config` whose sink is a Redis sink on the scheduling Redis.
@@ -58,7 +58,7 @@ impl LocalRoutes {
         self.routes.iter().find(|r| r.name == name)
     }
 
-    /// Adds the list KEYS (after the five shard keys) and the route ARGV triples.
+    /// Adds the list KEYS (after the six shard keys) and the route ARGV triples.
     pub fn apply(&self, inv: &mut ScriptInvocation<'_>) {
         for list in &self.lists {
             inv.key(list);
