@@ -305,6 +305,7 @@ pub struct Client {
     con: ConnectionManager,
     keys: Keys,
     destinations: Option<Arc<BTreeSet<String>>>,
+    remote: Option<Arc<crate::sinks::RemoteRoutes>>,
     max_payload: Option<usize>,
     ids: Arc<IdGenerator>,
 }
@@ -319,6 +320,7 @@ impl Client {
             con,
             keys,
             destinations: None,
+            remote: None,
             max_payload: None,
             ids: Arc::new(IdGenerator::default()),
         })
@@ -336,6 +338,12 @@ impl Client {
     /// Rejects enqueues to destinations outside `names` (otherwise they die at delivery).
     pub fn with_destinations(mut self, names: impl IntoIterator<Item = String>) -> Self {
         self.destinations = Some(Arc::new(names.into_iter().collect()));
+        self
+    }
+
+    /// With `with_destinations`: also accepts `<sink>/<target>` admitted by a sink's `allow`.
+    pub fn with_remote_routes(mut self, remote: crate::sinks::RemoteRoutes) -> Self {
+        self.remote = Some(Arc::new(remote));
         self
     }
 
@@ -446,6 +454,10 @@ impl Client {
         validate_dest(&job.dest)?;
         if let Some(known) = &self.destinations
             && !known.contains(&job.dest)
+            && self
+                .remote
+                .as_ref()
+                .is_none_or(|r| r.resolve(&job.dest).is_err())
         {
             return Err(ClientError::UnknownDestination {
                 dest: job.dest,

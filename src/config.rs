@@ -47,6 +47,32 @@ impl Secret {
     }
 }
 
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Secret(s.to_owned())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
+    }
+}
+
+/// A URL (or comma-separated URLs) fit for logs and error messages: any `user:pass@` part
+/// becomes `***@`.
+pub fn redact_url(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| match (url.find("://"), url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}***{}", &url[..scheme + 3], &url[at..])
+            }
+            _ => url.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("***")
@@ -252,8 +278,9 @@ impl SinkConfig {
 #[serde(deny_unknown_fields)]
 pub struct RedisSinkConfig {
     /// Another Redis to deliver to (two-phase, at least once). None: the scheduling Redis.
+    /// A secret: it may carry a password (`ZDELAY_SINKS__<NAME>__URL`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
+    pub url: Option<Secret>,
 }
 
 /// Which Kafka record key a job gets.
@@ -296,8 +323,9 @@ pub struct AmqpSinkConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSinkConfig {
-    /// `nats://host:port`.
-    pub url: String,
+    /// `nats://host:port` (comma-separated for several servers). A secret: it may carry
+    /// credentials (`ZDELAY_SINKS__<NAME>__URL`).
+    pub url: Secret,
     /// JetStream publish awaiting PubAck (default true). false = core NATS: best effort,
     /// a flush is not an acknowledgement.
     #[serde(default = "yes")]
@@ -516,7 +544,7 @@ impl Config {
                         "must be an amqp:// or amqps:// URL",
                     ));
                 }
-                SinkConfig::Nats(n) if n.url.is_empty() => {
+                SinkConfig::Nats(n) if n.url.expose().is_empty() => {
                     return Err(invalid(format!("sinks.{name}.url"), "must be non-empty"));
                 }
                 _ => {}
@@ -715,6 +743,16 @@ mod tests {
             assert_eq!(c.redis.password.unwrap().expose(), "123456");
             Ok(())
         });
+    }
+
+    #[test]
+    fn urls_are_redacted_for_messages() {
+        assert_eq!(redact_url("nats://u:p@h:4222"), "nats://***@h:4222");
+        assert_eq!(
+            redact_url("nats://h:1,nats://t@h:2"),
+            "nats://h:1,nats://***@h:2"
+        );
+        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! the job in inflight, and its lease returns it to due: at least once, never lost.
 
 use crate::envelope::Envelope;
-use crate::metrics::{self, FENCED, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION};
+use crate::metrics::{self, FENCED, JOBS_DEAD, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION};
 use crate::poller::PollerContext;
 use crate::scripts::{self, Claimed, MoveReply};
 use crate::sinks::{Message, Outcome, SinkHandle};
@@ -77,15 +77,15 @@ pub async fn deliver(
     let publishes = by_sink.into_values().map(|pending| async move {
         let sink = pending[0].sink.clone();
         if sink.is_paused() {
-            let outcomes = vec![Outcome::Unavailable("sink paused".into()); pending.len()];
-            return (pending, outcomes);
+            // Paused since the claim: hand the jobs back untouched, without publishing.
+            return (pending, None);
         }
         let messages: Vec<Message> = pending.iter().map(|p| p.message.clone()).collect();
         let started = Instant::now();
         let outcomes = sink.sink.publish(&messages).await;
         ::metrics::histogram!(SINK_PUBLISH_DURATION, "sink" => sink.name.clone())
             .record(started.elapsed().as_secs_f64());
-        (pending, outcomes)
+        (pending, Some(outcomes))
     });
     let results = futures::future::join_all(publishes).await;
     failpoint_after_publish().await;
@@ -94,6 +94,15 @@ pub async fn deliver(
     let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
     for (pending, outcomes) in &results {
         let sink = &pending[0].sink;
+        let Some(outcomes) = outcomes else {
+            let due_ms = redis_now_ms() + ctx.sink_pause.as_millis() as i64;
+            settles.extend(
+                pending
+                    .iter()
+                    .map(|p| (p.job.id.as_str(), Settle::Release { due_ms })),
+            );
+            continue;
+        };
         let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut unavailable: Option<&str> = None;
         for (p, outcome) in pending.iter().zip(outcomes) {
@@ -132,7 +141,29 @@ pub async fn deliver(
             None => {}
         }
     }
+    count_dead(&settles);
     settle(ctx, shard, reply.deadline_ms, &settles).await
+}
+
+/// Two-phase deaths in `zdelay_jobs_dead_total`, like the mover's, by kind.
+fn count_dead(settles: &[(&str, Settle)]) {
+    let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for (_, s) in settles {
+        if let Settle::Dead { reason, envelope } = s {
+            let kind = if reason.starts_with("gave up after") {
+                "gave_up"
+            } else if envelope.is_empty() {
+                "undeliverable"
+            } else {
+                "rejected"
+            };
+            *kinds.entry(kind).or_default() += 1;
+        }
+    }
+    for (kind, n) in kinds {
+        ::metrics::counter!(JOBS_DEAD, "source" => crate::poller::ENVELOPE_SOURCE, "reason" => kind)
+            .increment(n);
+    }
 }
 
 fn outcome_label(outcome: &Outcome) -> &'static str {

@@ -85,7 +85,7 @@ impl When {
 
 #[derive(clap::Args)]
 struct EnqueueArgs {
-    /// Destination: a route name.
+    /// Destination: a route name, or <sink>/<target> admitted by that sink's `allow`.
     #[arg(long, required_unless_present = "batch")]
     dest: Option<String>,
     #[command(flatten)]
@@ -219,6 +219,7 @@ async fn client(config: &Config) -> anyhow::Result<Client> {
         .await
         .with_context(|| format!("cannot use redis at {}", config.redis.url))?
         .with_destinations(config.routes.iter().map(|r| r.name.clone()))
+        .with_remote_routes(zdelay::sinks::RemoteRoutes::from_config(config))
         .with_max_payload(config.poller.max_payload))
 }
 

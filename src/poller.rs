@@ -26,6 +26,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+/// Longest time a paused sink's jobs are pushed back at once; bounds the extra latency
+/// after the sink recovers.
+const MAX_POSTPONE: Duration = Duration::from_secs(5);
+
 /// Label of envelope shards in per-source metrics.
 pub const ENVELOPE_SOURCE: &str = "jobs";
 
@@ -153,12 +157,17 @@ pub async fn move_once(
     let mut con = ctx.con.clone();
     match target {
         Target::Shard(shard) => {
-            let paused: Vec<&str> = ctx
-                .sinks
-                .values()
-                .filter(|s| s.is_paused())
-                .map(|s| s.name.as_str())
-                .collect();
+            let paused: Vec<&Arc<SinkHandle>> =
+                ctx.sinks.values().filter(|s| s.is_paused()).collect();
+            // Postpone a paused sink's jobs for the rest of its pause: with a long outage,
+            // a backlog is rewritten every few seconds, not every `sink_pause`.
+            let postpone = paused
+                .iter()
+                .map(|s| s.pause_remaining())
+                .max()
+                .unwrap_or_default()
+                .clamp(ctx.sink_pause, MAX_POSTPONE.max(ctx.sink_pause));
+            let paused: Vec<&str> = paused.iter().map(|s| s.name.as_str()).collect();
             let mut inv = scripts::move_due.prepare_invoke();
             inv.key(ctx.keys.due(*shard))
                 .key(ctx.keys.jobs(*shard))
@@ -170,7 +179,7 @@ pub async fn move_once(
                 .arg(&now)
                 .arg(ctx.max_payload)
                 .arg(ctx.lease.as_millis() as u64)
-                .arg(ctx.sink_pause.as_millis() as u64);
+                .arg(postpone.as_millis() as u64);
             ctx.routes.apply(&mut inv);
             ctx.remote.apply(&mut inv, &paused);
             inv.arg(ctx.bounds_ms.len()).arg(&ctx.bounds_ms);

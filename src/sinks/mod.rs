@@ -90,7 +90,9 @@ impl Sink {
             SinkConfig::Redis(r) => match &r.url {
                 None => None,
                 Some(url) => Some(Sink::RedisRemote(redis_remote::RedisRemoteSink::new(
-                    name, url, config,
+                    name,
+                    url.expose(),
+                    config,
                 )?)),
             },
             SinkConfig::Amqp(c) => Some(Sink::Amqp(amqp::AmqpSink::new(name, c)?)),
@@ -167,6 +169,15 @@ impl SinkHandle {
         let pause = self.pause.lock().expect("pause lock");
         pause.0.is_some_and(|until| Instant::now() < until)
             || self.awaiting_check.load(Ordering::Relaxed)
+    }
+
+    /// Time left in the current pause (zero once only the health check is awaited).
+    pub fn pause_remaining(&self) -> Duration {
+        let pause = self.pause.lock().expect("pause lock");
+        pause
+            .0
+            .map(|until| until.saturating_duration_since(Instant::now()))
+            .unwrap_or_default()
     }
 
     /// The sink was found unavailable: pause it, doubling the pause while it stays down.

@@ -112,17 +112,22 @@ impl NatsSink {
         };
         let servers = config
             .url
+            .expose()
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .map(|s| ServerAddr::from_str(s).map_err(|e| bad(format!("url {s:?}: {e}"))))
+            .map(|s| {
+                ServerAddr::from_str(s)
+                    .map_err(|e| bad(format!("url {:?}: {e}", crate::config::redact_url(s))))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         if servers.is_empty() {
             return Err(bad("url is empty".to_owned()));
         }
         Ok(NatsSink {
             name: name.to_owned(),
-            url: config.url.clone(),
+            // Only for messages: without credentials.
+            url: crate::config::redact_url(config.url.expose()),
             servers,
             jetstream: config.jetstream,
             conn: OnceCell::new(),
@@ -716,7 +721,7 @@ mod tests {
     #[test]
     fn new_validates_the_url_without_connecting() {
         let cfg = |url: &str| NatsSinkConfig {
-            url: url.to_owned(),
+            url: url.into(),
             jetstream: true,
             allow: vec![],
         };
@@ -734,7 +739,7 @@ mod tests {
         let sink = NatsSink::new(
             "bus",
             &NatsSinkConfig {
-                url: format!("nats://127.0.0.1:{port}"),
+                url: format!("nats://127.0.0.1:{port}").into(),
                 jetstream: true,
                 allow: vec![],
             },

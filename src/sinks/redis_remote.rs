@@ -6,7 +6,7 @@
 //! pushes again after the lease.
 
 use crate::client::{connect, redis_client};
-use crate::config::{Config, Push, RedisConfig, SinkConfig};
+use crate::config::{Config, Push, RedisConfig};
 use crate::sinks::{Message, Outcome, SinkError};
 use redis::aio::ConnectionManager;
 use std::collections::HashMap;
@@ -96,13 +96,5 @@ fn classify(result: redis::RedisResult<i64>) -> Outcome {
             Outcome::Unavailable(e.to_string())
         }
         Err(e) => Outcome::Retry(e.to_string()),
-    }
-}
-
-/// A `redis` sink with a url, or None for the local one.
-pub fn remote_url(config: &SinkConfig) -> Option<&str> {
-    match config {
-        SinkConfig::Redis(r) => r.url.as_deref(),
-        _ => None,
     }
 }

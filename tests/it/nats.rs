@@ -24,7 +24,7 @@ fn sink(url: &str, jetstream: bool) -> NatsSink {
     NatsSink::new(
         "bus",
         &NatsSinkConfig {
-            url: url.to_owned(),
+            url: url.into(),
             jetstream,
             allow: vec![],
         },

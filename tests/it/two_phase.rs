@@ -309,3 +309,42 @@ fn a_late_settle_is_refused_by_the_fence() {
     );
     assert_eq!(shard_total(&mut scon, SHARDS, "dead"), 0);
 }
+
+#[test]
+fn cli_enqueue_accepts_sink_targets_its_allow_admits() {
+    let scheduler = RedisServer::start();
+    let extra = r#"
+[sinks.bus]
+kind = "nats"
+url = "nats://127.0.0.1:1"
+allow = ["events.*"]
+"#;
+    let config = TestConfig::new(&scheduler.url(), SHARDS, extra);
+    let ok = config.cli(&[
+        "enqueue",
+        "--dest",
+        "bus/events.due",
+        "--in",
+        "1h",
+        "--payload",
+        "x",
+    ]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let refused = config.cli(&["enqueue", "--dest", "bus/orders.due", "--payload", "x"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("unknown destination \"bus/orders.due\""),
+        "{err}"
+    );
+    let mut con = scheduler.conn();
+    assert_eq!(
+        shard_total(&mut con, SHARDS, "due"),
+        1,
+        "only the admitted job is stored"
+    );
+}
