@@ -316,6 +316,7 @@ impl Client {
         let mut con = connect(redis_client(cfg)?).await?;
         let keys = Keys::new(&cfg.namespace, cfg.shards);
         ensure_schema(&mut con, &keys).await?;
+        scripts::load_all(&mut con).await?;
         Ok(Client {
             con,
             keys,
@@ -406,9 +407,6 @@ impl Client {
             }
         }
         let mut con = self.con.clone();
-        if !calls.is_empty() {
-            scripts::load_all(&mut con).await?;
-        }
         let channel = self.keys.wake_channel();
         for group in calls.chunks(CALLS_PER_PIPELINE) {
             let mut invocations = Vec::with_capacity(group.len());
@@ -432,7 +430,18 @@ impl Client {
             for inv in &invocations {
                 pipe.invoke_script(inv);
             }
-            let replies: Vec<Vec<i64>> = pipe.query_async(&mut con).await?;
+            // Scripts are loaded at connect; a Redis that restarted or flushed them answers
+            // NOSCRIPT (redis-rs does not reload inside pipelines): load and send once more.
+            // Safe to repeat: enqueue_jobs is re-runnable.
+            let replies: Vec<Vec<i64>> = match pipe.query_async(&mut con).await {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    scripts::load_all(&mut con).await?;
+                    pipe.query_async(&mut con).await?
+                }
+                other => other?,
+            };
             for ((_, chunk), codes) in group.iter().zip(replies) {
                 for ((index, id, _, _), code) in chunk.iter().zip(codes) {
                     results[*index] = Some(match code {
