@@ -36,6 +36,7 @@ local bound_count = tonumber(ARGV[6])
 local bounds, buckets = {}, {}
 for b = 1, bound_count do bounds[b] = tonumber(ARGV[6 + b]) end
 for b = 1, bound_count + 1 do buckets[b] = 0 end
+local max_lateness = 0
 local DEAD_IMPLAUSIBLE, DEAD_WRONGTYPE, DEAD_OVERSIZE = 1, 2, 3
 local dead_counts = { 0, 0, 0, 0, 0 }
 local zdead, hdead = {}, {}
@@ -59,23 +60,65 @@ for i = 1, #implausible do
 end
 if #implausible > 0 then redis.call('ZREM', src, unpack(implausible)) end
 
+-- Moved members' lateness per bucket, counted without reading every score: the batch is the n
+-- lowest scores, so its members later than bound L are those scored below now - L, which
+-- ZCOUNT(-inf, (now - L)) counts in O(log N). Only bounds between the batch's least and
+-- greatest lateness need a ZCOUNT. Call before the batch leaves the ZSET.
+local function late_of(score)
+  local late = now_ms - (unit_ms and score or math.floor(score * 1000))
+  if late < 0 then late = 0 end
+  return late
+end
+local function count_buckets(members)
+  local k = #members
+  local late_max = late_of(tonumber(redis.call('ZSCORE', src, members[1])))
+  local late_min = late_of(tonumber(redis.call('ZSCORE', src, members[k])))
+  max_lateness = late_max
+  local above_prev = k -- members later than bounds[b - 1]
+  for b = 1, bound_count do
+    local bound, above = bounds[b], 0
+    if bound < late_min then
+      above = k
+    elseif bound < late_max then
+      local cut = unit_ms and string.format('%d', now_ms - bound) or string.format('%.3f', (now_ms - bound) / 1000)
+      above = redis.call('ZCOUNT', src, '-inf', '(' .. cut)
+      if above > k then above = k end
+    end
+    buckets[b] = above_prev - above
+    above_prev = above
+  end
+  buckets[bound_count + 1] = above_prev
+end
+
 local max_score = unit_ms and now_ms or (now_ms / 1000)
-local items = redis.call('ZRANGEBYSCORE', src, '-inf', string.format('%.3f', max_score), 'WITHSCORES', 'LIMIT', 0, batch)
-local n = #items / 2
-local moved, kept, kept_error, max_lateness = 0, 0, '', 0
+local items = redis.call('ZRANGEBYSCORE', src, '-inf', string.format('%.3f', max_score), 'LIMIT', 0, batch)
+local n = #items
+local moved, kept, kept_error = 0, 0, ''
 if n > 0 then
   local list_type = redis.call('TYPE', list)['ok']
   local list_ok = list_type == 'list' or list_type == 'none'
-  local payloads, taken = {}, {}
-  for i = 1, n do
-    local member = items[2 * i - 1]
+  -- Fast path: the list is usable and no member is oversize, so the batch is pushed as read.
+  local clean = list_ok
+  if clean then
+    for i = 1, n do
+      if #items[i] > max_payload then clean = false break end
+    end
+  end
+  local payloads = items
+  if clean then
+    count_buckets(items)
+  else
+    payloads = {}
+  end
+  for i = 1, clean and 0 or n do
+    local member = items[i]
     if not list_ok then
       to_dead(member, 'WRONGTYPE: ' .. list .. ' holds a ' .. list_type .. ', not a list', DEAD_WRONGTYPE)
     elseif #member > max_payload then
       to_dead(member, 'payload of ' .. #member .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
     else
       payloads[#payloads + 1] = member
-      local score = tonumber(items[2 * i])
+      local score = tonumber(redis.call('ZSCORE', src, member))
       local late = now_ms - (unit_ms and score or math.floor(score * 1000))
       if late < 0 then late = 0 end
       if late > max_lateness then max_lateness = late end

@@ -150,7 +150,7 @@ fn metric(daemon: &Daemon, name: &str, labels: &[(&str, &str)]) -> f64 {
                     .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
             matches.then(|| value.parse::<f64>().ok()).flatten()
         })
-        .sum()
+        .fold(0.0, |sum, v| sum + v)
 }
 
 /// `<id>:<due>` → id.
@@ -699,6 +699,89 @@ target = "{prefix}.due"
     let repeats = check_message_ids("JetStream after a crash", &ids, &msg_ids);
     assert_eq!(repeats, 0, "the duplicate window absorbed the republish");
     assert_eq!(in_stream, 2000, "exactly one message per job in the stream");
+}
+
+/// The same crash with RabbitMQ, which has no dedupe: what was confirmed before the crash is
+/// delivered twice, and both copies carry the job's one `message_id`, so a consumer can drop
+/// the second. Shared broker (it is not stopped).
+#[cfg(feature = "test-failpoints")]
+#[test]
+fn rabbitmq_crash_between_publish_and_ack_repeats_with_the_same_message_id() {
+    let services = Services::get();
+    let (url, python) = (services.amqp_url(), services.python());
+    let queue = format!("bf-crash-{}", tag());
+    amqp_tool(&python, &url, &["declare", &queue]);
+    let redis = RedisServer::start();
+    let extra = format!(
+        r#"
+[poller]
+idle_poll = "50ms"
+lease = "1s"
+
+[sinks.rabbit]
+kind = "amqp"
+url = "{url}"
+
+[[routes]]
+name = "billing"
+sink = "rabbit"
+target = "/{queue}"
+"#
+    );
+    let config = TestConfig::new(&redis.url(), SHARDS, &extra);
+    let rt = runtime();
+    let client = connect(&rt, &redis.url());
+    let ids = enqueue(
+        &rt,
+        &client,
+        (0..2000)
+            .map(|i| NewJob::new("billing", format!("c-{i}").into_bytes()))
+            .collect(),
+    );
+    let mut crashing =
+        Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", "abort_after_publish")]);
+    let status = crashing.wait_exit(Duration::from_secs(30));
+    assert!(
+        !status.success(),
+        "the failpoint aborts the daemon: {status}"
+    );
+    let mut con = redis.conn();
+    let (jobs, inflight) = pending(&mut con);
+    // Everything confirmed before the crash (the queue is drained: nothing else publishes).
+    let before = amqp_message_ids(&python, &url, &queue, 1);
+    eprintln!(
+        "crash: {} confirmed by RabbitMQ, {jobs} jobs stored, {inflight} in flight",
+        before.len()
+    );
+    assert!(
+        !before.is_empty(),
+        "it crashed after RabbitMQ confirmed a batch"
+    );
+    assert_eq!(jobs, 2000, "nothing was acked before the crash");
+    assert!(
+        inflight >= before.len(),
+        "the confirmed jobs are left in flight"
+    );
+
+    let daemon = Daemon::start(&config);
+    wait_for("every job acked", Duration::from_secs(30), || {
+        pending(&mut con) == (0, 0)
+    });
+    let after = amqp_message_ids(&python, &url, &queue, 2000);
+    assert_eq!(
+        check_message_ids("RabbitMQ after the crash", &ids, &after),
+        0
+    );
+    let all: Vec<String> = before.iter().chain(&after).cloned().collect();
+    let repeats = check_message_ids("RabbitMQ, both deliveries", &ids, &all);
+    assert_eq!(
+        repeats,
+        before.len(),
+        "exactly the jobs confirmed before the crash repeat, under the same message_id"
+    );
+    assert!(metric(&daemon, "zdelay_leases_expired_total", &[]) >= inflight as f64);
+    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    amqp_tool(&python, &url, &["delete", &queue]);
 }
 
 /// NATS stopped for 10 s under load: the local route keeps flowing, no attempt is burned,
