@@ -15,12 +15,11 @@ use crate::config::Config;
 use crate::poller::{self, PollerContext, RawSource, Target};
 use crate::scripts;
 use crate::shards::ShardOwnership;
-use crate::sinks::{Sink, SinkHandle};
+use crate::sinks::SinkHandle;
 use crate::stats;
 use crate::wake::{self, Wakers};
 use anyhow::Context;
 use redis::aio::ConnectionManager;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -45,7 +44,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let Some(mut con) = connect_with_retry(&redis, &shutdown).await else {
         return Ok(());
     };
-    let sinks = build_sinks(&config)?;
+    let sinks = crate::sinks::build_all(&config)?;
     let poller_ctx = PollerContext::new(con.clone(), &config, sinks.clone());
     ensure_schema(&mut con, &poller_ctx.keys).await?;
     scripts::load_all(&mut con).await?;
@@ -166,18 +165,6 @@ async fn sample_stats(mut con: ConnectionManager, config: Config, shutdown: Canc
             _ = shutdown.cancelled() => {}
         }
     }
-}
-
-/// Builds every two-phase sink; none needs its broker to be up.
-fn build_sinks(config: &Config) -> anyhow::Result<HashMap<String, Arc<SinkHandle>>> {
-    let mut sinks = HashMap::new();
-    for (name, sink_config) in &config.sinks {
-        if let Some(sink) = Sink::new(name, config)? {
-            let handle = SinkHandle::new(name, sink_config.kind(), sink, config.poller.sink_pause);
-            sinks.insert(name.clone(), Arc::new(handle));
-        }
-    }
-    Ok(sinks)
 }
 
 /// Checks a sink every few seconds (faster while it is down) for `/readyz`, the gauge, and

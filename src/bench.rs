@@ -103,6 +103,11 @@ pub struct BenchArgs {
     /// Print the report as JSON on stdout (progress still goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Instead of the modes: confirmed messages/s through this configured two-phase route
+    /// (Kafka, AMQP, NATS or remote Redis), `--jobs` jobs all due, with the daemon's
+    /// pollers and the route's real sink (claim → publish → broker confirmation → ack).
+    #[arg(long)]
+    pub route: Option<String>,
 }
 
 /// Targets from the foundation issue (ratios to a bare move measured in the same run).
@@ -196,6 +201,31 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     };
     env.clock_offset_ms = clock_offset_ms(&mut env.con).await?;
 
+    if let Some(route) = env.args.route.clone() {
+        let result = sink_drain(&mut env, &route).await;
+        let cleaned = env.scratch.clean(&mut env.con, true).await;
+        let report = result?;
+        cleaned?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!(
+                "route {} (sink {}, {}): {} jobs of {} bytes, batch {}, {} shards\n\
+                 confirmed and acked in {:.2} s = {:.0} msgs/s; dead {}",
+                report.route,
+                report.sink,
+                report.kind,
+                report.jobs,
+                report.payload_size,
+                report.batch,
+                report.shards,
+                report.seconds,
+                report.per_second,
+                report.dead
+            );
+        }
+        return Ok(());
+    }
     let result = run_modes(&mut env, &mut report).await;
     // Clean up whatever happened.
     let cleaned = env.scratch.clean(&mut env.con, true).await;
@@ -1935,4 +1965,126 @@ mod tests {
         }
         assert_eq!(s.data_keys().len(), 2 * 7 + 4);
     }
+}
+
+/// `--route`: throughput of one two-phase route, end to end.
+#[derive(Debug, serde::Serialize)]
+struct SinkDrainReport {
+    route: String,
+    sink: String,
+    kind: String,
+    jobs: u64,
+    payload_size: usize,
+    batch: usize,
+    shards: u16,
+    seconds: f64,
+    per_second: f64,
+    dead: u64,
+}
+
+async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<SinkDrainReport> {
+    let remote = crate::sinks::RemoteRoutes::from_config(&env.config);
+    let dest = remote.resolve(route).map_err(|e| {
+        anyhow::anyhow!("--route {route}: not a two-phase route of the config ({e})")
+    })?;
+    let sinks = crate::sinks::build_all(&env.config)?;
+    let sink = sinks
+        .get(&dest.sink)
+        .cloned()
+        .with_context(|| format!("sink {} not built", dest.sink))?;
+    sink.sink
+        .check()
+        .await
+        .map_err(|e| anyhow::anyhow!("sink {} is not reachable: {e}", dest.sink))?;
+    let n = env.args.jobs;
+    let size = env.payload_size().max(MIN_PAYLOAD);
+    let past = env.redis_now_ms() - 1_000;
+    let progress = bar(n, "loading jobs for the route");
+    let mut i = 0;
+    while i < n {
+        let end = (i + 20_000).min(n);
+        let jobs: Vec<NewJob> = (i..end)
+            .map(|j| NewJob::new(route, payload(j, size)).at(past))
+            .collect();
+        for r in env
+            .producer
+            .enqueue_batch(jobs, OnConflict::Replace)
+            .await?
+        {
+            r?;
+        }
+        progress.inc(end - i);
+        i = end;
+    }
+    progress.finish_and_clear();
+    let keys = env.scratch.keys.clone();
+    let ctx = Arc::new(PollerContext {
+        con: env.con.clone(),
+        keys: keys.clone(),
+        routes: LocalRoutes::default(),
+        batch: env.batch.min(1000),
+        idle_poll: env.config.poller.idle_poll,
+        max_payload: env.config.poller.max_payload,
+        bounds_ms: crate::metrics::LATENESS_BOUNDS_MS.to_vec(),
+        observer: None,
+        remote,
+        sinks,
+        lease: env.config.poller.lease,
+        sink_pause: env.config.poller.sink_pause,
+        max_attempts: env.config.poller.max_attempts,
+        retry_base: env.config.poller.retry_base,
+        retry_cap: env.config.poller.retry_cap,
+    });
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let started = Instant::now();
+    for shard in 0..keys.shards() {
+        tracker.spawn(poller::run(
+            ctx.clone(),
+            Target::Shard(shard),
+            Arc::new(Notify::new()),
+            shutdown.clone(),
+        ));
+    }
+    tracker.close();
+    // Done when no job is stored any more: every one was confirmed and acked (or died).
+    let elapsed = loop {
+        let mut pipe = redis::pipe();
+        for shard in 0..keys.shards() {
+            pipe.hlen(keys.jobs(shard));
+        }
+        let left: Vec<u64> = pipe.query_async(&mut env.con).await?;
+        let mut pipe = redis::pipe();
+        for shard in 0..keys.shards() {
+            pipe.zcard(keys.dead(shard));
+        }
+        let dead: Vec<u64> = pipe.query_async(&mut env.con).await?;
+        if left.iter().sum::<u64>() == dead.iter().sum::<u64>() {
+            break started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    shutdown.cancel();
+    tracker.wait().await;
+    let mut dead = 0;
+    for shard in 0..keys.shards() {
+        let d: u64 = redis::cmd("ZCARD")
+            .arg(keys.dead(shard))
+            .query_async(&mut env.con)
+            .await?;
+        dead += d;
+    }
+    sink.sink.flush(Duration::from_secs(5)).await;
+    Ok(SinkDrainReport {
+        route: route.to_owned(),
+        sink: dest.sink.clone(),
+        kind: sink.kind.to_owned(),
+        jobs: n,
+        payload_size: size,
+        batch: env.batch.min(1000),
+        shards: keys.shards(),
+        seconds: elapsed.as_secs_f64(),
+        per_second: (n - dead) as f64 / elapsed.as_secs_f64(),
+        dead,
+    })
 }

@@ -132,6 +132,20 @@ impl Sink {
     }
 }
 
+/// Builds every two-phase sink of `config`, by name; none needs its broker to be up.
+pub fn build_all(
+    config: &Config,
+) -> Result<std::collections::HashMap<String, std::sync::Arc<SinkHandle>>, SinkError> {
+    let mut sinks = std::collections::HashMap::new();
+    for (name, sink_config) in &config.sinks {
+        if let Some(sink) = Sink::new(name, config)? {
+            let handle = SinkHandle::new(name, sink_config.kind(), sink, config.poller.sink_pause);
+            sinks.insert(name.clone(), std::sync::Arc::new(handle));
+        }
+    }
+    Ok(sinks)
+}
+
 /// Longest pause of an unavailable sink.
 const MAX_PAUSE: Duration = Duration::from_secs(30);
 
@@ -171,13 +185,20 @@ impl SinkHandle {
             || self.awaiting_check.load(Ordering::Relaxed)
     }
 
-    /// Time left in the current pause (zero once only the health check is awaited).
+    /// How long this sink's jobs should be pushed back now: the rest of the pause, or, once
+    /// only the health check is awaited, the next pause's length (it grows while the sink
+    /// stays down, so a long outage rewrites its backlog rarely).
     pub fn pause_remaining(&self) -> Duration {
         let pause = self.pause.lock().expect("pause lock");
-        pause
+        let left = pause
             .0
             .map(|until| until.saturating_duration_since(Instant::now()))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if left.is_zero() && self.awaiting_check.load(Ordering::Relaxed) {
+            pause.1
+        } else {
+            left
+        }
     }
 
     /// The sink was found unavailable: pause it, doubling the pause while it stays down.
