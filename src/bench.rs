@@ -523,13 +523,25 @@ async fn load_envelopes(
     due: impl Fn(u64) -> i64,
     what: &str,
 ) -> anyhow::Result<Vec<String>> {
+    load_envelopes_to(producer, ROUTE, n, size, due, what).await
+}
+
+/// Enqueues `n` envelope jobs for `dest` through the client; returns their ids in order.
+async fn load_envelopes_to(
+    producer: &Client,
+    dest: &str,
+    n: u64,
+    size: usize,
+    due: impl Fn(u64) -> i64,
+    what: &str,
+) -> anyhow::Result<Vec<String>> {
     let progress = bar(n, what);
     let mut ids = Vec::with_capacity(n as usize);
     let mut i = 0;
     while i < n {
         let end = (i + 20_000).min(n);
         let jobs: Vec<NewJob> = (i..end)
-            .map(|j| NewJob::new(ROUTE, payload(j, size)).at(due(j)))
+            .map(|j| NewJob::new(dest, payload(j, size)).at(due(j)))
             .collect();
         for r in producer.enqueue_batch(jobs, OnConflict::Replace).await? {
             ids.push(r?.0);
@@ -1999,24 +2011,15 @@ async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<SinkDrainRepor
     let n = env.args.jobs;
     let size = env.payload_size().max(MIN_PAYLOAD);
     let past = env.redis_now_ms() - 1_000;
-    let progress = bar(n, "loading jobs for the route");
-    let mut i = 0;
-    while i < n {
-        let end = (i + 20_000).min(n);
-        let jobs: Vec<NewJob> = (i..end)
-            .map(|j| NewJob::new(route, payload(j, size)).at(past))
-            .collect();
-        for r in env
-            .producer
-            .enqueue_batch(jobs, OnConflict::Replace)
-            .await?
-        {
-            r?;
-        }
-        progress.inc(end - i);
-        i = end;
-    }
-    progress.finish_and_clear();
+    load_envelopes_to(
+        &env.producer,
+        route,
+        n,
+        size,
+        |_| past,
+        "loading jobs for the route",
+    )
+    .await?;
     let keys = env.scratch.keys.clone();
     let ctx = Arc::new(PollerContext {
         con: env.con.clone(),

@@ -263,76 +263,13 @@ fn amqp_rejects_unroutable_missing_exchange_and_oversize() {
     rt.block_on(sink.flush(Duration::from_secs(2)));
 }
 
-/// A private RabbitMQ (its own services dir, ports and epmd), stopped on drop.
-struct OwnBroker {
-    dir: tempfile::TempDir,
-    env: HashMap<String, String>,
-}
-
-impl OwnBroker {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let out = Command::new("bash")
-            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh"))
-            .args(["start", "amqp"])
-            .env("ZDELAY_SERVICES_DIR", dir.path())
-            .output()
-            .expect("services.sh runs");
-        // From here on, Drop stops whatever did start.
-        let mut broker = OwnBroker {
-            dir,
-            env: HashMap::new(),
-        };
-        assert!(
-            out.status.success(),
-            "services.sh start amqp failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = std::fs::read_to_string(broker.dir.path().join("env")).expect("env file");
-        for line in text.lines() {
-            if let Some((k, v)) = line.split_once('=')
-                && !k.starts_with('#')
-            {
-                broker
-                    .env
-                    .insert(k.trim().to_owned(), v.trim().trim_matches('"').to_owned());
-            }
-        }
-        broker
-    }
-
-    fn var(&self, name: &str) -> &str {
-        &self.env[&format!("ZDELAY_TEST_{name}")]
-    }
-
-    fn run(&self, name: &str) {
-        let cmd = self.var(name);
-        let status = Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
-            .status()
-            .expect("sh runs");
-        assert!(status.success(), "{cmd} failed: {status}");
-    }
-}
-
-impl Drop for OwnBroker {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh"))
-            .arg("stop")
-            .env("ZDELAY_SERVICES_DIR", self.dir.path())
-            .output();
-    }
-}
-
 /// Broker down: publish is Unavailable quickly, check fails; broker back: the same sink
 /// reconnects and delivers. On a private RabbitMQ so the shared one stays up for others.
 #[test]
 fn amqp_unavailable_while_broker_down_then_reconnects() {
     let services = Services::get();
     let python = services.python();
-    let broker = OwnBroker::start();
+    let broker = crate::common::PrivateBrokers::start("amqp");
     let url = broker.var("AMQP_URL").to_owned();
     let q = unique("q");
     py(&python, &url, &["declare", &q]);

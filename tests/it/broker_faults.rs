@@ -12,12 +12,13 @@
 //! drop); the reject test uses the shared ones.
 
 use crate::common::{
-    Daemon, RedisServer, Services, TestConfig, llen, lrange, runtime, shard_total, wait_for,
+    Daemon, PrivateBrokers, RedisServer, Services, TestConfig, llen, lrange, runtime, shard_total,
+    wait_for,
 };
 use async_nats::jetstream;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,88 +30,6 @@ const OUTAGE: Duration = Duration::from_secs(10);
 
 fn tag() -> String {
     ulid::Ulid::generate().to_string().to_lowercase()
-}
-
-fn services_sh() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh")
-}
-
-/// A private broker (`scripts/services.sh start <kind>` in its own state dir, own ports),
-/// stopped by `services.sh stop` on drop, also when the test panics.
-struct OwnBroker {
-    dir: tempfile::TempDir,
-    vars: HashMap<String, String>,
-}
-
-impl OwnBroker {
-    fn start(kind: &str) -> Self {
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let started = Instant::now();
-        let out = Command::new("bash")
-            .arg(services_sh())
-            .args(["start", kind])
-            .env("ZDELAY_SERVICES_DIR", dir.path())
-            .output()
-            .expect("services.sh runs");
-        // From here on, Drop stops whatever did start.
-        let mut broker = OwnBroker {
-            dir,
-            vars: HashMap::new(),
-        };
-        assert!(
-            out.status.success(),
-            "services.sh start {kind} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = std::fs::read_to_string(broker.dir.path().join("env")).expect("env file");
-        for line in text.lines() {
-            if let Some((k, v)) = line.split_once('=')
-                && !k.starts_with('#')
-            {
-                broker
-                    .vars
-                    .insert(k.trim().to_owned(), v.trim().trim_matches('"').to_owned());
-            }
-        }
-        eprintln!("private {kind} ready in {:?}", started.elapsed());
-        broker
-    }
-
-    fn var(&self, name: &str) -> String {
-        self.vars
-            .get(&format!("ZDELAY_TEST_{name}"))
-            .cloned()
-            .unwrap_or_else(|| panic!("ZDELAY_TEST_{name} missing from the private env"))
-    }
-
-    /// Runs one of the env file's commands (`STOP_NATS`, `START_AMQP`, ...).
-    fn run(&self, name: &str) {
-        let started = Instant::now();
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(self.var(name))
-            .stdout(Stdio::null())
-            .output()
-            .expect("sh runs");
-        assert!(
-            out.status.success(),
-            "{name} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        eprintln!("{name} took {:?}", started.elapsed());
-    }
-}
-
-impl Drop for OwnBroker {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(services_sh())
-            .arg("stop")
-            .env("ZDELAY_SERVICES_DIR", self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
 }
 
 fn connect(rt: &tokio::runtime::Runtime, redis_url: &str) -> Client {
@@ -393,7 +312,7 @@ struct OutageRun {
 /// the sink is down then up, remote jobs waiting through the outage keep attempt 0, no retry,
 /// reject or dead, and each local job is on its list exactly once.
 fn run_outage(
-    broker: &OwnBroker,
+    broker: &PrivateBrokers,
     kind: &str,
     sink: &str,
     sink_section: &str,
@@ -611,7 +530,7 @@ target = "q:local"
 #[cfg(feature = "test-failpoints")]
 #[test]
 fn nats_crash_between_publish_and_ack_is_absorbed_by_jetstream_dedupe() {
-    let nats = OwnBroker::start("nats");
+    let nats = PrivateBrokers::start("nats");
     let url = nats.var("NATS_URL");
     let rt = runtime();
     let (_js, stream, prefix) = rt.block_on(make_stream(&url));
@@ -789,7 +708,7 @@ target = "/{queue}"
 #[test]
 fn nats_down_10s_under_load_loses_nothing_and_other_sinks_flow() {
     let started = Instant::now();
-    let nats = OwnBroker::start("nats");
+    let nats = PrivateBrokers::start("nats");
     let url = nats.var("NATS_URL");
     let rt = runtime();
     let (_js, stream, prefix) = rt.block_on(make_stream(&url));
@@ -825,7 +744,7 @@ fn nats_down_10s_under_load_loses_nothing_and_other_sinks_flow() {
 #[test]
 fn rabbitmq_down_10s_under_load_loses_nothing_and_other_sinks_flow() {
     let started = Instant::now();
-    let amqp = OwnBroker::start("amqp");
+    let amqp = PrivateBrokers::start("amqp");
     let url = amqp.var("AMQP_URL");
     let python = amqp.var("PYTHON");
     let queue = format!("bf-{}", tag());

@@ -272,73 +272,10 @@ fn kafka_oversize_is_rejected() {
     }
 }
 
-/// A private tansu (its own services dir and port), stopped and removed on drop, also when
-/// the test panics.
-struct OwnKafka {
-    dir: tempfile::TempDir,
-    vars: HashMap<String, String>,
-}
-
-const SERVICES_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services.sh");
-
-impl OwnKafka {
-    /// `storage`: `sqlite` (survives a restart, like a real Kafka) or `memory` (faster).
-    fn start(storage: &str) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("zd-kafka-")
-            .tempdir()
-            .expect("a temp dir");
-        let mut own = OwnKafka {
-            dir,
-            vars: HashMap::new(),
-        };
-        let status = Command::new("bash")
-            .args([SERVICES_SH, "start", "kafka"])
-            .env("ZDELAY_SERVICES_DIR", own.dir.path())
-            .env("ZDELAY_TANSU_STORAGE", storage)
-            .status()
-            .expect("bash runs");
-        assert!(status.success(), "services.sh start kafka failed: {status}");
-        let text = std::fs::read_to_string(own.dir.path().join("env")).expect("env file");
-        own.vars = text
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.trim().to_owned(), v.trim().trim_matches('"').to_owned()))
-            .collect();
-        own
-    }
-
-    fn var(&self, name: &str) -> String {
-        self.vars
-            .get(&format!("ZDELAY_TEST_{name}"))
-            .cloned()
-            .unwrap_or_else(|| panic!("{name} missing"))
-    }
-
-    fn run(&self, name: &str) {
-        let cmd = self.var(name);
-        let status = Command::new("sh")
-            .arg("-c")
-            .arg(&cmd)
-            .status()
-            .expect("sh runs");
-        assert!(status.success(), "{cmd} failed: {status}");
-    }
-}
-
-impl Drop for OwnKafka {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .args([SERVICES_SH, "stop"])
-            .env("ZDELAY_SERVICES_DIR", self.dir.path())
-            .status();
-    }
-}
-
 #[test]
 fn kafka_broker_down_is_unavailable_then_recovers() {
-    let own = OwnKafka::start("sqlite");
+    let own =
+        crate::common::PrivateBrokers::start_with("kafka", &[("ZDELAY_TANSU_STORAGE", "sqlite")]);
     let brokers = own.var("KAFKA_BROKERS");
     let topic = unique_topic("down");
     create_topic(&own.var("KAFKA_TOPIC_CMD"), &topic, 2);
@@ -394,7 +331,8 @@ fn kafka_broker_down_is_unavailable_then_recovers() {
 /// nothing is lost.
 #[test]
 fn kafka_broker_killed_mid_batch_loses_nothing() {
-    let own = OwnKafka::start("sqlite");
+    let own =
+        crate::common::PrivateBrokers::start_with("kafka", &[("ZDELAY_TANSU_STORAGE", "sqlite")]);
     let brokers = own.var("KAFKA_BROKERS");
     let topic = unique_topic("kill");
     create_topic(&own.var("KAFKA_TOPIC_CMD"), &topic, 2);
@@ -481,7 +419,8 @@ fn kafka_broker_killed_mid_batch_loses_nothing() {
 /// private tansu with memory storage.
 #[test]
 fn kafka_throughput_100k() {
-    let own = OwnKafka::start("memory");
+    let own =
+        crate::common::PrivateBrokers::start_with("kafka", &[("ZDELAY_TANSU_STORAGE", "memory")]);
     let brokers = own.var("KAFKA_BROKERS");
     let topic = unique_topic("perf");
     create_topic(&own.var("KAFKA_TOPIC_CMD"), &topic, 1);

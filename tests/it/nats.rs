@@ -255,75 +255,9 @@ async fn nats_rejects_unknown_subject_and_oversize() {
     js.delete_stream(&stream).await.expect("delete stream");
 }
 
-/// A private nats-server from `scripts/services.sh`, stopped (by its recorded pid) on drop.
-struct OwnNats {
-    dir: tempfile::TempDir,
-    script: String,
-    vars: BTreeMap<String, String>,
-}
-
-impl OwnNats {
-    fn start(services: &Services) -> Self {
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let script = services.var("SERVICES_SH");
-        let mut own = OwnNats {
-            dir,
-            script,
-            vars: BTreeMap::new(),
-        };
-        let status = Command::new("bash")
-            .arg(&own.script)
-            .args(["start", "nats"])
-            .env("ZDELAY_SERVICES_DIR", own.dir.path())
-            .stdout(Stdio::null())
-            .status()
-            .expect("services.sh runs");
-        assert!(status.success(), "services.sh start nats: {status}");
-        let env = std::fs::read_to_string(own.dir.path().join("env")).expect("env file");
-        for line in env.lines() {
-            if let Some((k, v)) = line.split_once('=')
-                && !k.starts_with('#')
-            {
-                own.vars
-                    .insert(k.trim().to_owned(), v.trim().trim_matches('"').to_owned());
-            }
-        }
-        own
-    }
-
-    fn var(&self, name: &str) -> &str {
-        self.vars
-            .get(&format!("ZDELAY_TEST_{name}"))
-            .unwrap_or_else(|| panic!("{name} missing"))
-    }
-
-    fn run(&self, name: &str) {
-        let status = Command::new("sh")
-            .arg("-c")
-            .arg(self.var(name))
-            .stdout(Stdio::null())
-            .status()
-            .expect("sh runs");
-        assert!(status.success(), "{name}: {status}");
-    }
-}
-
-impl Drop for OwnNats {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(&self.script)
-            .arg("stop")
-            .env("ZDELAY_SERVICES_DIR", self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
-    let services = Services::get();
-    let own = OwnNats::start(&services);
+    let own = crate::common::PrivateBrokers::start("nats");
     let url = own.var("NATS_URL").to_owned();
     let (js, stream, prefix) = make_stream(&url).await;
     let subject = format!("{prefix}.jobs");
@@ -428,7 +362,7 @@ async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
 
     // Hung (SIGSTOP): the TCP connection stays up, nothing answers. Every ack of the batch
     // times out, which is Unavailable (not Retry), within the ack timeout.
-    let pid: i32 = std::fs::read_to_string(own.dir.path().join("nats/pid"))
+    let pid: i32 = std::fs::read_to_string(own.dir().join("nats/pid"))
         .expect("nats pid file")
         .trim()
         .parse()

@@ -468,13 +468,7 @@ impl Services {
                      scripts/services.sh start` (scripts/test.sh does this), no {dir}/env"
                 )
             });
-            for line in text.lines() {
-                if let Some((k, v)) = line.split_once('=')
-                    && !k.starts_with('#')
-                {
-                    vars.insert(k.trim().to_owned(), v.trim().trim_matches('"').to_owned());
-                }
-            }
+            vars.extend(parse_env_file(&text));
         }
         Services { vars }
     }
@@ -527,4 +521,90 @@ pub fn wait_all_settled(con: &mut redis::Connection, shards: u16, timeout: Durat
         timeout,
         || shard_total(con, shards, "jobs") == 0 && shard_total(con, shards, "inflight") == 0,
     );
+}
+
+/// `KEY="value"` lines of a services env file.
+fn parse_env_file(text: &str) -> std::collections::HashMap<String, String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().trim_matches('"').to_owned()))
+        .collect()
+}
+
+fn services_sh() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh")
+}
+
+/// A private broker (`scripts/services.sh start <kind>` in its own state dir and ports), for
+/// tests that stop it: the shared brokers stay up for the tests running beside them.
+/// Stopped with `services.sh stop` on drop, also when the test panics. Its env file answers
+/// `var`/`run` like the shared `Services`.
+pub struct PrivateBrokers {
+    dir: tempfile::TempDir,
+    services: Services,
+}
+
+impl PrivateBrokers {
+    pub fn start(kind: &str) -> Self {
+        Self::start_with(kind, &[])
+    }
+
+    /// With extra environment for services.sh, e.g. `ZDELAY_TANSU_STORAGE=memory`.
+    pub fn start_with(kind: &str, env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let started = Instant::now();
+        let out = Command::new("bash")
+            .arg(services_sh())
+            .args(["start", kind])
+            .env("ZDELAY_SERVICES_DIR", dir.path())
+            .envs(env.iter().copied())
+            .output()
+            .expect("services.sh runs");
+        // From here on, Drop stops whatever did start.
+        let mut brokers = PrivateBrokers {
+            dir,
+            services: Services {
+                vars: Default::default(),
+            },
+        };
+        assert!(
+            out.status.success(),
+            "services.sh start {kind} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(brokers.dir.path().join("env")).expect("env file");
+        brokers.services.vars = parse_env_file(&text);
+        eprintln!("private {kind} ready in {:?}", started.elapsed());
+        brokers
+    }
+
+    /// A `ZDELAY_TEST_…` value of this instance, e.g. `var("NATS_URL")`.
+    pub fn var(&self, name: &str) -> String {
+        self.services.var(name)
+    }
+
+    /// Its state dir (data, logs, pid files).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Runs one of its env file's commands (`STOP_NATS`, `START_AMQP`, ...).
+    pub fn run(&self, name: &str) {
+        let started = Instant::now();
+        self.services.run(name);
+        eprintln!("{name} took {:?}", started.elapsed());
+    }
+}
+
+impl Drop for PrivateBrokers {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(services_sh())
+            .arg("stop")
+            .env("ZDELAY_SERVICES_DIR", self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
 }
