@@ -567,26 +567,19 @@ impl Client {
         let mut con = self.con.clone();
         let mut out = Vec::new();
         for shard in 0..self.keys.shards() {
-            let entries: Vec<(String, f64)> = con
-                .zrange_withscores(self.keys.dead(shard), 0, limit as isize - 1)
-                .await?;
-            if entries.is_empty() {
-                continue;
-            }
-            let ids: Vec<&String> = entries.iter().map(|(id, _)| id).collect();
-            let reasons: Vec<Option<String>> = redis::cmd("HMGET")
-                .arg(self.keys.reasons(shard))
-                .arg(&ids)
-                .query_async(&mut con)
-                .await?;
-            for ((id, died), reason) in entries.iter().zip(reasons) {
-                out.push(DeadJob {
-                    id: id.clone(),
-                    shard,
-                    died_ms: *died as i64,
-                    reason: reason.unwrap_or_default(),
-                });
-            }
+            let entries = oldest_dead(
+                &mut con,
+                &self.keys.dead(shard),
+                &self.keys.reasons(shard),
+                limit,
+            )
+            .await?;
+            out.extend(entries.into_iter().map(|(id, died_ms, reason)| DeadJob {
+                id: String::from_utf8_lossy(&id).into_owned(),
+                shard,
+                died_ms,
+                reason,
+            }));
         }
         Ok(out)
     }
@@ -678,6 +671,33 @@ pub struct Replayed {
 /// Ids (or members) per dead-letter script call.
 const DEAD_CHUNK: usize = 1000;
 
+/// The oldest `limit` members of a dead ZSET with their death time and reason:
+/// (member, died ms, reason), in death order.
+async fn oldest_dead(
+    con: &mut ConnectionManager,
+    dead_key: &str,
+    reasons_key: &str,
+    limit: usize,
+) -> redis::RedisResult<Vec<(Vec<u8>, i64, String)>> {
+    let entries: Vec<(Vec<u8>, f64)> = con
+        .zrange_withscores(dead_key, 0, limit as isize - 1)
+        .await?;
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let members: Vec<&Vec<u8>> = entries.iter().map(|(m, _)| m).collect();
+    let reasons: Vec<Option<String>> = redis::cmd("HMGET")
+        .arg(reasons_key)
+        .arg(&members)
+        .query_async(con)
+        .await?;
+    Ok(entries
+        .into_iter()
+        .zip(reasons)
+        .map(|((m, died), r)| (m, died as i64, r.unwrap_or_default()))
+        .collect())
+}
+
 /// Redis TIME in ms.
 pub(crate) async fn redis_now_ms(con: &mut ConnectionManager) -> redis::RedisResult<i64> {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
@@ -719,24 +739,9 @@ impl Client {
         source: &crate::config::SourceConfig,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, i64, String)>, ClientError> {
-        let mut con = self.con.clone();
         let dead = source.dead_key();
-        let entries: Vec<(Vec<u8>, f64)> =
-            con.zrange_withscores(&dead, 0, limit as isize - 1).await?;
-        if entries.is_empty() {
-            return Ok(Vec::new());
-        }
-        let members: Vec<&Vec<u8>> = entries.iter().map(|(m, _)| m).collect();
-        let reasons: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(crate::keys::raw_dead_reasons(&dead))
-            .arg(&members)
-            .query_async(&mut con)
-            .await?;
-        Ok(entries
-            .into_iter()
-            .zip(reasons)
-            .map(|((m, died), r)| (m, died as i64, r.unwrap_or_default()))
-            .collect())
+        let reasons = crate::keys::raw_dead_reasons(&dead);
+        Ok(oldest_dead(&mut self.con.clone(), &dead, &reasons, limit).await?)
     }
 
     /// Puts every member that was dead when the call started back into its source, due now.

@@ -44,11 +44,12 @@ enum Settle {
 }
 
 /// A claimed job on its way: where it goes, and its decoded envelope.
+/// The envelope's payload and headers are moved into the job's `Message`, not copied;
+/// `rewrite` puts them back for the rare retry or death.
 struct Pending<'a> {
     job: &'a Claimed,
     envelope: Envelope,
     sink: Arc<SinkHandle>,
-    message: Message,
 }
 
 /// Publishes the claimed jobs of one `move_due` reply and settles them.
@@ -61,10 +62,15 @@ pub async fn deliver(
     // Redis time now, from the claim's Redis time: no local clock involved.
     let redis_now_ms = || reply.now_us / 1000 + claimed_at.elapsed().as_millis() as i64;
     let mut settles: Vec<(&str, Settle)> = Vec::with_capacity(reply.claimed.len());
-    let mut by_sink: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
+    // Per sink: the jobs, and their messages in the same order.
+    let mut by_sink: BTreeMap<String, (Vec<Pending>, Vec<Message>)> = BTreeMap::new();
     for job in &reply.claimed {
         match prepare(ctx, job) {
-            Ok(p) => by_sink.entry(p.sink.name.clone()).or_default().push(p),
+            Ok((p, message)) => {
+                let group = by_sink.entry(p.sink.name.clone()).or_default();
+                group.0.push(p);
+                group.1.push(message);
+            }
             Err(reason) => settles.push((
                 &job.id,
                 Settle::Dead {
@@ -74,25 +80,24 @@ pub async fn deliver(
             )),
         }
     }
-    let publishes = by_sink.into_values().map(|pending| async move {
+    let publishes = by_sink.into_values().map(|(pending, messages)| async move {
         let sink = pending[0].sink.clone();
         if sink.is_paused() {
             // Paused since the claim: hand the jobs back untouched, without publishing.
-            return (pending, None);
+            return (pending, messages, None);
         }
-        let messages: Vec<Message> = pending.iter().map(|p| p.message.clone()).collect();
         let started = Instant::now();
         let outcomes = sink.sink.publish(&messages).await;
         ::metrics::histogram!(SINK_PUBLISH_DURATION, "sink" => sink.name.clone())
             .record(started.elapsed().as_secs_f64());
-        (pending, Some(outcomes))
+        (pending, messages, Some(outcomes))
     });
     let results = futures::future::join_all(publishes).await;
     failpoint_after_publish().await;
 
     // The thread-local RNG is not Send: keep it out of any await.
     let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
-    for (pending, outcomes) in &results {
+    for (pending, messages, outcomes) in &results {
         let sink = &pending[0].sink;
         let Some(outcomes) = outcomes else {
             let due_ms = redis_now_ms() + ctx.sink_pause.as_millis() as i64;
@@ -105,15 +110,15 @@ pub async fn deliver(
         };
         let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut unavailable: Option<&str> = None;
-        for (p, outcome) in pending.iter().zip(outcomes) {
+        for ((p, m), outcome) in pending.iter().zip(messages).zip(outcomes) {
             let settle = match outcome {
                 Outcome::Delivered => {
                     ::metrics::histogram!(LATENESS, "source" => sink.name.clone())
                         .record((redis_now_ms() - p.job.due_ms).max(0) as f64 / 1000.0);
                     Settle::Ack
                 }
-                Outcome::Retry(why) => retry(ctx, p, why, redis_now_ms(), &mut rng),
-                Outcome::Reject(why) => dead(p, why.clone()),
+                Outcome::Retry(why) => retry(ctx, p, m, why, redis_now_ms(), &mut rng),
+                Outcome::Reject(why) => dead(p, m, why.clone()),
                 Outcome::Unavailable(why) => {
                     unavailable.get_or_insert(why);
                     Settle::Release {
@@ -176,8 +181,8 @@ fn outcome_label(outcome: &Outcome) -> &'static str {
 }
 
 /// Decodes and resolves a claimed job, or says why it can only go to dead.
-fn prepare<'a>(ctx: &PollerContext, job: &'a Claimed) -> Result<Pending<'a>, String> {
-    let envelope = Envelope::decode(&job.envelope).map_err(|e| e.to_string())?;
+fn prepare<'a>(ctx: &PollerContext, job: &'a Claimed) -> Result<(Pending<'a>, Message), String> {
+    let mut envelope = Envelope::decode(&job.envelope).map_err(|e| e.to_string())?;
     let dest = ctx.remote.resolve(&envelope.dest)?;
     let sink = ctx
         .sinks
@@ -195,29 +200,43 @@ fn prepare<'a>(ctx: &PollerContext, job: &'a Claimed) -> Result<Pending<'a>, Str
         id: job.id.clone(),
         due_ms: job.due_ms,
         target: dest.target,
-        payload: envelope.payload.clone(),
-        headers: envelope.meta.headers.clone(),
+        payload: std::mem::take(&mut envelope.payload),
+        headers: std::mem::take(&mut envelope.meta.headers),
         priority: dest.priority,
     };
-    Ok(Pending {
-        job,
-        envelope,
-        sink,
+    Ok((
+        Pending {
+            job,
+            envelope,
+            sink,
+        },
         message,
-    })
+    ))
+}
+
+/// The job's envelope whole again (payload and headers back from its message), changed by
+/// `edit`.
+fn rewrite(p: &Pending, m: &Message, edit: impl FnOnce(&mut Envelope)) -> Envelope {
+    let mut envelope = p.envelope.clone();
+    envelope.payload = m.payload.clone();
+    envelope.meta.headers = m.headers.clone();
+    edit(&mut envelope);
+    envelope
 }
 
 fn retry(
     ctx: &PollerContext,
     p: &Pending,
+    m: &Message,
     why: &str,
     now_ms: i64,
     rng: &mut impl rand::Rng,
 ) -> Settle {
-    let mut envelope = p.envelope.clone();
-    let failed_before = envelope.meta.attempt;
-    envelope.meta.attempt += 1;
-    envelope.meta.last_error = Some(why.to_owned());
+    let failed_before = p.envelope.meta.attempt;
+    let envelope = rewrite(p, m, |e| {
+        e.meta.attempt += 1;
+        e.meta.last_error = Some(why.to_owned());
+    });
     let max = envelope.meta.max_attempts.unwrap_or(ctx.max_attempts);
     let bytes = envelope.encode().unwrap_or_else(|_| p.job.envelope.clone());
     if envelope.meta.attempt >= max {
@@ -233,9 +252,8 @@ fn retry(
     }
 }
 
-fn dead(p: &Pending, reason: String) -> Settle {
-    let mut envelope = p.envelope.clone();
-    envelope.meta.last_error = Some(reason.clone());
+fn dead(p: &Pending, m: &Message, reason: String) -> Settle {
+    let envelope = rewrite(p, m, |e| e.meta.last_error = Some(reason.clone()));
     Settle::Dead {
         reason,
         envelope: envelope.encode().unwrap_or_default(),

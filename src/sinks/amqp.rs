@@ -39,7 +39,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on the whole health check.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default bound on publishing a batch and receiving all its confirms.
-const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on publishing one batch and receiving all its confirms; well under the poller's
+/// lease. Unconfirmed messages at the deadline are `Unavailable` (a broker that blocks
+/// publishers, e.g. on a memory alarm) and the connection is dropped.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Publish rounds per batch: messages whose channel was closed by another message's error
 /// are published again on a fresh channel, at most this many times.
 const MAX_ROUNDS: usize = 4;
@@ -51,7 +54,7 @@ const PIPELINE: usize = 256;
 pub struct AmqpSink {
     name: String,
     url: String,
-    confirm_timeout: Duration,
+
     state: Mutex<State>,
     /// The broker's `max_message_size`, learned from its first 406 (0: unknown). Larger
     /// messages are then rejected without closing the channel again.
@@ -93,26 +96,16 @@ impl AmqpSink {
         Ok(AmqpSink {
             name: name.to_owned(),
             url: url.to_owned(),
-            confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             state: Mutex::new(State::default()),
             max_message_size: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
         })
     }
 
-    /// Bound on publishing one batch and receiving all its confirms (default 10 s); keep it
-    /// well under the poller's lease. Unconfirmed messages at the deadline are
-    /// `Unavailable` (a broker that blocks publishers, e.g. on a memory alarm) and the
-    /// connection is dropped.
-    pub fn with_confirm_timeout(mut self, confirm_timeout: Duration) -> Self {
-        self.confirm_timeout = confirm_timeout;
-        self
-    }
-
     /// Publishes the batch with publisher confirms and waits for every confirm: one
     /// outcome per message, in input order.
     pub async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        let deadline = Instant::now() + self.confirm_timeout;
+        let deadline = Instant::now() + CONFIRM_TIMEOUT;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
         let mut prepared = Vec::with_capacity(batch.len());
         let mut pending = Vec::with_capacity(batch.len());

@@ -274,10 +274,6 @@ impl KafkaSink {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     fn producer(&self) -> Arc<Prod> {
         match self.producer.read() {
             Ok(p) => p.clone(),

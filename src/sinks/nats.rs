@@ -134,15 +134,6 @@ impl NatsSink {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// True when publishes await a JetStream PubAck; false for best-effort core NATS.
-    pub fn is_jetstream(&self) -> bool {
-        self.jetstream
-    }
-
     async fn conn(&self) -> Result<&Conn, String> {
         self.conn
             .get_or_try_init(|| async {
