@@ -9,9 +9,10 @@
 # with JetStream, tansu for Kafka; the first install builds tansu, ~8 min, then cached),
 # checks the Rust toolchain, then runs, stopping at the first failure:
 #   cargo fmt --all -- --check
-#   cargo clippy --all-targets -- -D warnings
-#   cargo build --all-targets          (the build the tests below reuse)
-#   cargo test --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
+#   cargo clippy --workspace --all-targets -- -D warnings
+#   cargo build -p zdelay-client       (the producer library alone, without the daemon)
+#   cargo build --workspace --all-targets          (the build the tests below reuse)
+#   cargo test --workspace --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
 # and ends with a summary of step timings and test counts. Works from any directory, needs
 # no TTY and no stdin. Each step runs in its own process group; on exit or on a signal, any
 # step still running is stopped together with what it started (cargo, test binaries, the
@@ -152,10 +153,15 @@ record "brokers" "$((SECONDS - start))"
 # fault-injection hooks the crash tests drive (never part of a release build).
 FEATURES=(--features test-failpoints)
 run_step "cargo fmt --all -- --check" fmt.log cargo fmt --all -- --check
-run_step "cargo clippy --all-targets -- -D warnings" clippy.log \
-    cargo clippy --all-targets "${FEATURES[@]}" -- -D warnings
-run_step "cargo build --all-targets" build.log cargo build --all-targets "${FEATURES[@]}"
-run_step "cargo test --all-targets -- --test-threads $TEST_THREADS" test.log \
-    cargo test --all-targets "${FEATURES[@]}" -- --test-threads "$TEST_THREADS"
+run_step "cargo clippy --workspace --all-targets -- -D warnings" clippy.log \
+    cargo clippy --workspace --all-targets "${FEATURES[@]}" -- -D warnings
+# The producer library alone, as a producer's build compiles it: no daemon crate, no broker
+# client (tests/it/producer.rs checks its dependency tree too).
+run_step "cargo build -p zdelay-client (the producer library alone)" producer.log \
+    cargo build -p zdelay-client
+run_step "cargo build --workspace --all-targets" build.log \
+    cargo build --workspace --all-targets "${FEATURES[@]}"
+run_step "cargo test --workspace --all-targets -- --test-threads $TEST_THREADS" test.log \
+    cargo test --workspace --all-targets "${FEATURES[@]}" -- --test-threads "$TEST_THREADS"
 
 say "all steps passed"

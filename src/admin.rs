@@ -8,12 +8,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
-use redis::aio::ConnectionManager;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use zdelay_client::store::Conn;
 
 /// What readiness is made of.
 #[derive(Default)]
@@ -97,11 +97,7 @@ pub async fn serve(
 }
 
 /// Pings Redis every second; readiness follows the answer.
-pub async fn check_redis(
-    mut con: ConnectionManager,
-    health: Arc<Health>,
-    shutdown: CancellationToken,
-) {
+pub async fn check_redis(mut con: Conn, health: Arc<Health>, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {
         let ping_cmd = redis::cmd("PING");
         let ping = ping_cmd.query_async::<String>(&mut con);

@@ -1,31 +1,31 @@
-//! The daemon: wires the admin server, the Redis connection, the wake listener, the
-//! pollers and the sampler, and owns the shutdown order.
+//! The daemon: wires the admin server, the Redis connection, the pollers (through their
+//! supervisor), the sink checkers and the stats sampler, and owns the shutdown order.
 //!
 //! Start-up never dies because Redis is down: it retries with backoff while `/readyz`
 //! says not ready. It does stop on what retrying cannot fix: an admin address that cannot
 //! be bound, or a namespace whose schema does not match this build or config.
 //!
-//! Shutdown (`shutdown` cancelled): pollers stop claiming after the script call in hand,
-//! the listener and sampler stop, and `run` returns once they are done or the grace period
-//! ends. Anything left is still in Redis: an abrupt exit costs latency, never jobs.
+//! Shutdown (`shutdown` cancelled): pollers stop claiming after the script call in hand and
+//! settle the batch in hand, the listener and sampler stop, the sinks flush their client
+//! queues (all at once), and `run` returns once done or when the grace period ends.
+//! Anything left is still in Redis: an abrupt exit costs latency, never jobs.
 
 use crate::admin::{self, Health};
-use crate::client::{self, ensure_schema, redis_client};
-use crate::config::Config;
-use crate::poller::{self, PollerContext, RawSource, Target};
-use crate::scripts;
-use crate::shards::ShardOwnership;
-use crate::sinks::SinkHandle;
+use crate::poller::{self, Options, Ownership, PollerContext};
+use crate::sinks::{self, SinkHandle};
 use crate::stats;
-use crate::wake::{self, Wakers};
 use anyhow::Context;
-use redis::aio::ConnectionManager;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use zdelay_client::config::{Config, redact_url};
+use zdelay_client::keys::Keys;
+use zdelay_client::store::{self, Conn, scripts};
+
+/// How long each sink may take to flush its client-side queue at exit.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let metrics = crate::metrics::install();
@@ -40,53 +40,30 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .with_context(|| format!("cannot listen on admin.listen {}", config.admin.listen))?;
     tracing::info!(listen = %config.admin.listen, "admin server up");
 
-    let redis = redis_client(&config.redis).context("invalid redis.url")?;
-    let Some(mut con) = connect_with_retry(&redis, &shutdown).await else {
+    let pubsub = store::client(&config.redis)
+        .with_context(|| format!("invalid redis.url {}", redact_url(&config.redis.url)))?;
+    let Some(mut con) = connect_with_retry(&config, &shutdown).await else {
         return Ok(());
     };
-    let sinks = crate::sinks::build_all(&config)?;
-    let poller_ctx = PollerContext::new(con.clone(), &config, sinks.clone());
-    ensure_schema(&mut con, &poller_ctx.keys).await?;
+    let sinks = sinks::build_all(&config)?;
+    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    store::ensure_schema(&mut con, &keys).await?;
     scripts::load_all(&mut con).await?;
     health.redis_ok.store(true, Ordering::Relaxed);
 
-    let ownership = ShardOwnership::all(config.redis.shards);
-    let mut wakers = Wakers::default();
-    let mut targets = Vec::new();
-    for &shard in ownership.owned() {
-        let notify = Arc::new(Notify::new());
-        wakers.shards.insert(shard, notify.clone());
-        targets.push((Target::Shard(shard), notify));
-    }
-    for source in &config.sources {
-        let resolved = RawSource::resolve(source, &poller_ctx.routes).with_context(|| {
-            format!(
-                "source {}: route {} is not a local list route",
-                source.key, source.route
-            )
-        })?;
-        let notify = Arc::new(Notify::new());
-        wakers.sources.insert(source.key.clone(), notify.clone());
-        targets.push((Target::Source(Arc::new(resolved)), notify));
-    }
+    let ctx = Arc::new(PollerContext::new(con.clone(), &config, sinks.clone()));
+    let ownership = Ownership::new(ctx.all_targets());
+    let pollers = poller::start(
+        ctx.clone(),
+        ownership.subscribe(),
+        Options {
+            wake_client: Some(pubsub),
+            on_batch: None,
+        },
+        &shutdown,
+    );
 
     let tracker = TaskTracker::new();
-    let poller_ctx = Arc::new(poller_ctx);
-    let keys = poller_ctx.keys.clone();
-    for (target, notify) in targets {
-        tracker.spawn(poller::run(
-            poller_ctx.clone(),
-            target,
-            notify,
-            shutdown.clone(),
-        ));
-    }
-    tracker.spawn(wake::listen(
-        redis,
-        keys.clone(),
-        Arc::new(wakers),
-        shutdown.clone(),
-    ));
     tracker.spawn(admin::check_redis(
         con.clone(),
         health.clone(),
@@ -105,7 +82,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracker.close();
     health.pollers_running.store(true, Ordering::Relaxed);
     tracing::info!(
-        shards = ownership.owned().len(),
+        shards = config.redis.shards,
         sources = config.sources.len(),
         routes = config.routes.len(),
         "zdelay running"
@@ -114,30 +91,30 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     shutdown.cancelled().await;
     health.pollers_running.store(false, Ordering::Relaxed);
     tracing::info!(grace = ?config.poller.shutdown_grace, "shutting down: finishing batches in hand");
-    if tokio::time::timeout(config.poller.shutdown_grace, tracker.wait())
+    let stopped = async {
+        pollers.wait().await;
+        tracker.wait().await;
+    };
+    if tokio::time::timeout(config.poller.shutdown_grace, stopped)
         .await
         .is_err()
     {
         tracing::warn!("grace period over with tasks still running; their jobs stay in Redis");
     }
-    for sink in sinks.values() {
-        // Anything a client library still queues must reach its broker before exit.
-        sink.sink.flush(Duration::from_secs(5)).await;
-    }
+    // Anything a client library still queues must reach its broker before exit.
+    sinks::flush_all(&sinks, FLUSH_TIMEOUT).await;
+    drop(ownership);
     admin.abort();
     tracing::info!("stopped");
     Ok(())
 }
 
 /// Connects, retrying with capped backoff until it works or shutdown is asked.
-async fn connect_with_retry(
-    redis: &redis::Client,
-    shutdown: &CancellationToken,
-) -> Option<ConnectionManager> {
+async fn connect_with_retry(config: &Config, shutdown: &CancellationToken) -> Option<Conn> {
     let mut delay = Duration::from_millis(200);
     let mut attempt = 1u32;
     loop {
-        match client::connect(redis.clone()).await {
+        match Conn::connect(&config.redis).await {
             Ok(con) => return Some(con),
             Err(e) => {
                 crate::metrics::error_event("redis_connect", "start-up", &e);
@@ -154,7 +131,7 @@ async fn connect_with_retry(
 }
 
 /// Samples backlog gauges at `poller.stats_interval`, off the hot path.
-async fn sample_stats(mut con: ConnectionManager, config: Config, shutdown: CancellationToken) {
+async fn sample_stats(mut con: Conn, config: Config, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {
         match stats::gather(&mut con, &config).await {
             Ok(s) => stats::publish_gauges(&s),
@@ -171,7 +148,7 @@ async fn sample_stats(mut con: ConnectionManager, config: Config, shutdown: Canc
 /// `zdelay stats` (through the `<ns>:sinks` hash).
 async fn check_sink(
     sink: Arc<SinkHandle>,
-    mut con: ConnectionManager,
+    mut con: Conn,
     states_key: String,
     shutdown: CancellationToken,
 ) {
@@ -212,4 +189,22 @@ async fn check_sink(
             _ = shutdown.cancelled() => {}
         }
     }
+}
+
+/// First SIGTERM/SIGINT: cancels `shutdown` (graceful). Second: exits at once (code 130).
+pub async fn watch_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::info!("signal received: stopping (a second signal exits at once)");
+    shutdown.cancel();
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    eprintln!("zdelay: second signal: exiting now; unfinished work stays in Redis");
+    std::process::exit(130);
 }

@@ -1,24 +1,22 @@
 //! zdelay: precise, reliable delayed delivery from Redis sorted sets to the queues a team
-//! already runs. Producers enqueue with [`Client`] (or a plain `ZADD` into a configured raw
-//! source); the daemon (`zdelay run`, [`app::run`]) moves due jobs onto Redis lists, one
-//! atomic script per batch.
+//! already runs: Redis lists, Kafka, RabbitMQ (AMQP) and NATS.
+//!
+//! This crate is the daemon (`zdelay run`, [`app::run`]), the benchmark and the CLI's
+//! commands. The producer library — [`Client`], the config, key layout, envelope, route
+//! table and the store's scripts — is the `zdelay-client` crate, re-exported here; a
+//! producer depends on that crate alone and compiles no broker client. See
+//! `docs/architecture.md` for the parts and which may call which.
 
 pub mod admin;
 pub mod app;
 pub mod bench;
-pub mod client;
-pub mod config;
-pub mod delivery;
-pub mod envelope;
-pub mod keys;
 pub mod metrics;
 pub mod poller;
-pub mod scripts;
-pub mod shards;
 pub mod sinks;
 pub mod stats;
-pub mod wake;
 
-pub use client::{Cancelled, Client, ClientError, Due, Enqueued, JobState, NewJob, OnConflict};
-pub use config::Config;
-pub use envelope::Envelope;
+pub use zdelay_client::{
+    Cancelled, Client, ClientError, Config, DeadJob, DeadMember, Due, Enqueued, Envelope, JobState,
+    JobView, NewJob, OnConflict, Replayed, Routes,
+};
+pub use zdelay_client::{client, config, dead, envelope, job, keys, routes, store};

@@ -2,12 +2,11 @@
 //! oldest overdue age. One pipeline per call, "now" from Redis TIME. Used by `zdelay stats`
 //! and by the daemon's low-rate sampler (never by the hot loop).
 
-use crate::client::redis_now_ms;
-use crate::config::{Config, ScoreUnit};
-use crate::keys::Keys;
 use crate::metrics::{DEAD, DUE_BACKLOG, INFLIGHT, OLDEST_DUE_AGE, SCHEDULED};
-use redis::aio::ConnectionManager;
 use serde::Serialize;
+use zdelay_client::config::{Config, ScoreUnit};
+use zdelay_client::keys::Keys;
+use zdelay_client::store::{self, Conn};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Backlog {
@@ -64,9 +63,9 @@ impl Stats {
 }
 
 /// Gathers the backlog of every shard and configured raw source.
-pub async fn gather(con: &mut ConnectionManager, config: &Config) -> redis::RedisResult<Stats> {
+pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats> {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
-    let now_ms = redis_now_ms(con).await?;
+    let now_ms = store::server_time_ms(con).await?;
     let mut pipe = redis::pipe();
     for shard in 0..keys.shards() {
         add_zset_queries(&mut pipe, &keys.due(shard), now_ms as f64);
@@ -78,7 +77,7 @@ pub async fn gather(con: &mut ConnectionManager, config: &Config) -> redis::Redi
             ScoreUnit::Seconds => now_ms as f64 / 1000.0,
         };
         add_zset_queries(&mut pipe, &source.key, max);
-        pipe.zcard(source.dead_key());
+        pipe.zcard(source.keys().dead);
     }
     let values: Vec<redis::Value> = pipe.query_async(con).await?;
     let mut it = values.into_iter();
@@ -165,32 +164,4 @@ pub fn publish_gauges(stats: &Stats) {
         metrics::gauge!(DEAD, label => value.clone()).set(b.dead as f64);
         metrics::gauge!(OLDEST_DUE_AGE, label => value).set(b.oldest_due_age_ms as f64 / 1000.0);
     }
-}
-
-/// The table printed by `zdelay stats`.
-pub fn render_table(stats: &Stats) -> String {
-    let mut out = format!(
-        "{:<24} {:>10} {:>10} {:>9} {:>8} {:>14}\n",
-        "", "due now", "scheduled", "inflight", "dead", "oldest due ms"
-    );
-    let total = stats.total();
-    for b in stats.shards.iter().chain(&stats.sources).chain([&total]) {
-        out.push_str(&format!(
-            "{:<24} {:>10} {:>10} {:>9} {:>8} {:>14}\n",
-            b.name, b.due_now, b.scheduled, b.inflight, b.dead, b.oldest_due_age_ms
-        ));
-    }
-    for sink in &stats.sinks {
-        let age_s = (stats.now_ms as u64).saturating_sub(sink.at) / 1000;
-        let state = match (&sink.up, &sink.error) {
-            (true, _) => "up".to_owned(),
-            (false, Some(e)) => format!("down: {e}"),
-            (false, None) => "down".to_owned(),
-        };
-        out.push_str(&format!(
-            "sink {} ({}): {state} (checked {age_s}s ago)\n",
-            sink.name, sink.kind
-        ));
-    }
-    out
 }

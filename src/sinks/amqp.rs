@@ -20,7 +20,6 @@
 //! in Redis, or a unique key in its database, written in the same transaction as the
 //! effect) and drops a message whose `message_id` it has already seen.
 
-use crate::config::AmqpSinkConfig;
 use crate::sinks::{IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
 use futures::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -33,6 +32,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout, timeout_at};
+use zdelay_client::config::AmqpSinkConfig;
 
 /// Bound on connecting and opening the channel during a publish.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -674,6 +674,20 @@ fn number_after(text: &str, marker: &str) -> Option<usize> {
 fn quoted_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
     let rest = &text[text.find(marker)? + marker.len()..];
     rest.split_once('\'').map(|(name, _)| name)
+}
+
+impl super::Sink for AmqpSink {
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> futures::future::BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(AmqpSink::publish(self, batch))
+    }
+
+    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(AmqpSink::check(self))
+    }
+
+    fn flush(&self, timeout: Duration) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(AmqpSink::flush(self, timeout))
+    }
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
 
 use super::{IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
-use crate::config::{KafkaKey, KafkaSinkConfig};
+use zdelay_client::config::{KafkaKey, KafkaSinkConfig};
 
 /// How long a batch waits before the first connectivity probe, and between probes.
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -523,6 +523,20 @@ async fn probe(producer: &Arc<Prod>, timeout: Duration) -> Probe {
         }
         Ok(Err(err)) => Probe::Slow(format!("metadata request failed: {err}")),
         Err(err) => Probe::Slow(format!("metadata task failed: {err}")),
+    }
+}
+
+impl super::Sink for KafkaSink {
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> futures::future::BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(KafkaSink::publish(self, batch))
+    }
+
+    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(KafkaSink::check(self))
+    }
+
+    fn flush(&self, timeout: Duration) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(KafkaSink::flush(self, timeout))
     }
 }
 

@@ -57,7 +57,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
-use crate::config::NatsSinkConfig;
+use zdelay_client::config::NatsSinkConfig;
 
 /// Bound on one publish send and on waiting for its PubAck (or the core-mode round trip).
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -553,6 +553,20 @@ pub(crate) fn classify(cause: Cause, detail: &str, subject: &str, ctx: Ctx) -> O
             Outcome::Unavailable(format!("nats server disconnected: {detail}"))
         }
         Cause::Other => Outcome::Retry(detail.to_owned()),
+    }
+}
+
+impl super::Sink for NatsSink {
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> futures::future::BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(NatsSink::publish(self, batch))
+    }
+
+    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(NatsSink::check(self))
+    }
+
+    fn flush(&self, timeout: Duration) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(NatsSink::flush(self, timeout))
     }
 }
 

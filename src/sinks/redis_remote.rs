@@ -5,28 +5,28 @@
 //! acknowledged after the push returned. At least once: a crash between push and ack
 //! pushes again after the lease.
 
-use crate::client::{connect, redis_client};
-use crate::config::{Config, Push, RedisConfig};
 use crate::sinks::{Message, Outcome, SinkError};
-use redis::aio::ConnectionManager;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::OnceCell;
+use zdelay_client::config::{Config, Push, RedisConfig};
+use zdelay_client::store::{self, Conn};
 
 pub struct RedisRemoteSink {
-    client: redis::Client,
-    con: OnceCell<ConnectionManager>,
+    redis: RedisConfig,
+    con: OnceCell<Conn>,
     /// List key → push command, from the routes that use this sink.
     commands: HashMap<String, Push>,
 }
 
 impl RedisRemoteSink {
     pub fn new(name: &str, url: &str, config: &Config) -> Result<Self, SinkError> {
-        let client = redis_client(&RedisConfig {
+        let redis = RedisConfig {
             url: url.to_owned(),
             ..RedisConfig::default()
-        })
-        .map_err(|e| SinkError::Config {
+        };
+        // Checked now, so a bad URL is a config error rather than an outage.
+        store::client(&redis).map_err(|e| SinkError::Config {
             sink: name.to_owned(),
             why: format!("url: {e}"),
         })?;
@@ -37,15 +37,15 @@ impl RedisRemoteSink {
             .map(|r| (r.list_key(), r.push))
             .collect();
         Ok(RedisRemoteSink {
-            client,
+            redis,
             con: OnceCell::new(),
             commands,
         })
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, String> {
+    async fn connection(&self) -> Result<Conn, String> {
         self.con
-            .get_or_try_init(|| connect(self.client.clone()))
+            .get_or_try_init(|| Conn::connect(&self.redis))
             .await
             .cloned()
             .map_err(|e| e.to_string())
@@ -96,5 +96,15 @@ fn classify(result: redis::RedisResult<i64>) -> Outcome {
             Outcome::Unavailable(e.to_string())
         }
         Err(e) => Outcome::Retry(e.to_string()),
+    }
+}
+
+impl super::Sink for RedisRemoteSink {
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> futures::future::BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(RedisRemoteSink::publish(self, batch))
+    }
+
+    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(RedisRemoteSink::check(self))
     }
 }

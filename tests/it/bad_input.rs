@@ -447,13 +447,14 @@ route = "wrong"
     for (key, member, reason) in expected {
         let listed = rt.block_on(client.raw_dead_list(&source(key), 10)).unwrap();
         assert_eq!(listed.len(), 1, "{key}: {listed:?}");
-        let (got_member, died, got_reason) = &listed[0];
+        let dead = &listed[0];
         assert_eq!(
-            (got_member.as_slice(), got_reason.as_str()),
+            (dead.member.as_slice(), dead.reason.as_str()),
             (member, reason),
             "{key}"
         );
-        assert!((seeded_at..=now).contains(died), "{key}: died at {died}");
+        let died = dead.died_ms;
+        assert!((seeded_at..=now).contains(&died), "{key}: died at {died}");
     }
     // The CLI shows the same, as JSON.
     let out = config.cli(&["dead", "list", "--json"]);

@@ -438,7 +438,10 @@ target = "q:local"
             .expect("get")
             .unwrap_or_else(|| panic!("{} waited through the outage and is not pending", s.id));
         assert!(
-            matches!(job.state, JobState::Due | JobState::InFlight),
+            matches!(
+                job.state,
+                JobState::Scheduled | JobState::Due | JobState::InFlight
+            ),
             "{}: {:?} {:?}",
             s.id,
             job.state,

@@ -127,7 +127,8 @@ fn enqueue_one_job_at_a_time() {
         before + 200,
         after + 200
     );
-    assert_eq!(job["state"], "due");
+    // Due in 200 ms: scheduled, in the words `zdelay stats` uses.
+    assert_eq!(job["state"], "scheduled");
     assert_eq!(job["dest"], "a");
     assert_eq!(job["payload"], "in-200");
 
@@ -407,7 +408,7 @@ fn get_reschedule_cancel() {
     let after = redis_now_ms(&mut con);
     let job = get(&config, &id).expect("job");
     assert_eq!(job["id"], id.as_str());
-    assert_eq!(job["state"], "due");
+    assert_eq!(job["state"], "scheduled");
     assert_eq!(job["dest"], "b");
     assert_eq!(job["payload"], r#"{"to":"a@b.c"}"#);
     assert_eq!(job["headers"], serde_json::json!({"tenant": "acme"}));

@@ -834,7 +834,7 @@ fn wake_up_delivers_within_milliseconds_while_idle_poll_is_5s() {
     );
     let due_of = |id: &str| -> i64 {
         let job = rt.block_on(client.get(id)).unwrap().expect("job stored");
-        assert_eq!(job.state, JobState::Due);
+        assert_eq!(job.state, JobState::Scheduled);
         job.score.expect("due score") as i64
     };
     let mut check = |what: &str, expect: &str, due: i64| {

@@ -2,6 +2,7 @@
 //! loopback ports (see `common`), and the real `zdelay` binary for daemon and CLI tests.
 
 mod amqp;
+mod architecture;
 mod bad_input;
 mod broker_faults;
 mod cli;
@@ -10,6 +11,7 @@ mod delivery;
 mod faults;
 mod kafka;
 mod nats;
+mod producer;
 mod two_phase;
 
 #[test]

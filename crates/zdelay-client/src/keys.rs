@@ -41,6 +41,20 @@ impl Keys {
         CRC16.checksum(hash_tag(id).as_bytes()) % self.shards
     }
 
+    /// Every key of one shard, for the scripts.
+    pub fn shard(&self, shard: u16) -> ShardKeys {
+        ShardKeys {
+            shard,
+            due: self.due(shard),
+            jobs: self.jobs(shard),
+            inflight: self.inflight(shard),
+            dead: self.dead(shard),
+            reasons: self.reasons(shard),
+            scheduled: self.scheduled(shard),
+            wake_channel: self.wake_channel(),
+        }
+    }
+
     fn shard_key(&self, shard: u16, suffix: &str) -> String {
         format!("{{{}:{}}}:{}", self.namespace, shard, suffix)
     }
@@ -94,14 +108,77 @@ impl Keys {
     }
 }
 
-/// Default dead ZSET of a raw source: `<source>:dead`.
-pub fn raw_dead(source_key: &str) -> String {
-    format!("{source_key}:dead")
+/// One kind of per-shard key. The declaration order is the order in which every script takes
+/// the shard's keys in KEYS (each script a subsequence of it; see `store::scripts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardKey {
+    Due,
+    Jobs,
+    Inflight,
+    Dead,
+    Reasons,
+    Scheduled,
 }
 
-/// HASH beside a raw source's dead ZSET: member → why it died.
-pub fn raw_dead_reasons(dead_key: &str) -> String {
-    format!("{dead_key}:reasons")
+impl ShardKey {
+    /// The key's suffix, which is also its name in the scripts' headers.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShardKey::Due => "due",
+            ShardKey::Jobs => "jobs",
+            ShardKey::Inflight => "inflight",
+            ShardKey::Dead => "dead",
+            ShardKey::Reasons => "reasons",
+            ShardKey::Scheduled => "scheduled",
+        }
+    }
+}
+
+/// The keys of one shard, all sharing its hash tag, and what the scripts announce wake-ups on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardKeys {
+    pub shard: u16,
+    pub due: String,
+    pub jobs: String,
+    pub inflight: String,
+    pub dead: String,
+    pub reasons: String,
+    pub scheduled: String,
+    /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
+    pub wake_channel: String,
+}
+
+impl ShardKeys {
+    pub fn get(&self, key: ShardKey) -> &str {
+        match key {
+            ShardKey::Due => &self.due,
+            ShardKey::Jobs => &self.jobs,
+            ShardKey::Inflight => &self.inflight,
+            ShardKey::Dead => &self.dead,
+            ShardKey::Reasons => &self.reasons,
+            ShardKey::Scheduled => &self.scheduled,
+        }
+    }
+}
+
+/// The keys of one raw source: the ZSET producers `ZADD` into, its dead ZSET (default
+/// `<source>:dead`) and the reasons HASH beside it (`<dead>:reasons`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawKeys {
+    pub source: String,
+    pub dead: String,
+    pub reasons: String,
+}
+
+impl RawKeys {
+    pub fn new(source: &str, dead: Option<&str>) -> Self {
+        let dead = dead.map_or_else(|| format!("{source}:dead"), str::to_owned);
+        RawKeys {
+            source: source.to_owned(),
+            reasons: format!("{dead}:reasons"),
+            dead,
+        }
+    }
 }
 
 /// The part of a key or id that Redis Cluster hashes.
@@ -128,6 +205,16 @@ mod tests {
         assert_eq!(k.dead(3), "{zdelay:3}:dead");
         assert_eq!(k.reasons(3), "{zdelay:3}:reasons");
         assert_eq!(k.schema(), "zdelay:schema");
+        let shard = k.shard(3);
+        for key in [
+            ShardKey::Due,
+            ShardKey::Jobs,
+            ShardKey::Inflight,
+            ShardKey::Dead,
+        ] {
+            assert_eq!(shard.get(key), format!("{{zdelay:3}}:{}", key.name()));
+        }
+        assert_eq!(shard.scheduled, "{zdelay:3}:scheduled");
     }
 
     #[test]

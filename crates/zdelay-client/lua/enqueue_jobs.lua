@@ -1,9 +1,9 @@
 -- enqueue_jobs: add jobs to one shard and wake its poller when one of them becomes the new head.
 -- KEYS[1] due       ZSET  {zdelay:3}:due       member = id, score = due ms
 -- KEYS[2] jobs      HASH  {zdelay:3}:jobs      id -> envelope
--- KEYS[3] dead      ZSET  {zdelay:3}:dead
--- KEYS[4] reasons   HASH  {zdelay:3}:reasons   id -> why it died
--- KEYS[5] inflight  ZSET  {zdelay:3}:inflight
+-- KEYS[3] inflight  ZSET  {zdelay:3}:inflight
+-- KEYS[4] dead      ZSET  {zdelay:3}:dead
+-- KEYS[5] reasons   HASH  {zdelay:3}:reasons   id -> why it died
 -- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due of a two-phase job
 -- ARGV[1] policy for an id that exists: "replace" | "keep" | "error"
 -- ARGV[2] wake channel (zdelay:wake); ARGV[3] shard number, sent in the wake message
@@ -11,7 +11,7 @@
 -- Returns: one integer per job, in order: 1 added, 2 replaced, 0 kept (existing left as is),
 --   -1 exists (policy "error"; nothing written for that job).
 -- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
-local due_key, jobs_key, dead_key, reasons_key, inflight_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key = KEYS[6]
 local policy = ARGV[1]
 local t = redis.call('TIME')

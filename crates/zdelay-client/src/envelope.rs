@@ -141,6 +141,18 @@ impl Envelope {
     }
 }
 
+/// A payload as JSON carries it: `payload_encoding` `utf8` (the default) or `base64`. Shared
+/// by JSON envelopes and the CLI's `--batch` lines.
+pub fn payload_from_json(payload: String, encoding: Option<&str>) -> Result<Vec<u8>, String> {
+    match encoding {
+        None | Some("utf8") => Ok(payload.into_bytes()),
+        Some("base64") => BASE64
+            .decode(payload.as_bytes())
+            .map_err(|e| format!("invalid base64 payload: {e}")),
+        Some(other) => Err(format!("unknown payload_encoding {other:?}")),
+    }
+}
+
 fn decode_frame(rest: &[u8]) -> Result<Envelope, EnvelopeError> {
     let malformed = |why: &str| EnvelopeError::Malformed(format!("bad zd1 frame: {why}"));
     let dest_end = rest
@@ -194,17 +206,11 @@ fn decode_json(bytes: &[u8]) -> Result<Envelope, EnvelopeError> {
         _ => return Err(EnvelopeError::Malformed("missing payload".into())),
     };
     let payload = match obj.remove("payload_encoding") {
-        None | Some(Value::Null) => payload.into_bytes(),
-        Some(Value::String(e)) if e == "utf8" => payload.into_bytes(),
-        Some(Value::String(e)) if e == "base64" => BASE64
-            .decode(payload.as_bytes())
-            .map_err(|e| EnvelopeError::Malformed(format!("invalid base64 payload: {e}")))?,
-        Some(other) => {
-            return Err(EnvelopeError::Malformed(format!(
-                "unknown payload_encoding {other}"
-            )));
-        }
-    };
+        None | Some(Value::Null) => payload_from_json(payload, None),
+        Some(Value::String(e)) => payload_from_json(payload, Some(&e)),
+        Some(other) => Err(format!("unknown payload_encoding {other}")),
+    }
+    .map_err(EnvelopeError::Malformed)?;
     // The due time lives in the ZSET score; a copy in the envelope is informational.
     obj.remove("due");
     let meta: Meta = serde_json::from_value(Value::Object(obj))

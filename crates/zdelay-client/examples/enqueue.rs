@@ -2,11 +2,11 @@
 //! look up, reschedule and cancel. Needs a Redis; a running `zdelay run` delivers the jobs.
 //!
 //! ```text
-//! cargo run --example enqueue -- redis://127.0.0.1:6379
+//! cargo run -p zdelay-client --example enqueue -- redis://127.0.0.1:6379
 //! ```
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use zdelay::{Cancelled, Client, Due, NewJob, OnConflict};
+use zdelay_client::{Cancelled, Client, Due, NewJob, OnConflict};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -9,15 +9,16 @@
 //! INVARIANT: nothing is removed before its sink confirmed it. A crash anywhere here leaves
 //! the job in inflight, and its lease returns it to due: at least once, never lost.
 
-use crate::envelope::Envelope;
+use super::context::{DeliveryPolicy, ENVELOPE_SOURCE, PollerContext};
 use crate::metrics::{self, FENCED, JOBS_DEAD, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION};
-use crate::poller::PollerContext;
-use crate::scripts::{self, Claimed, MoveReply};
 use crate::sinks::{Message, Outcome, SinkHandle};
 use rand::{RngExt, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zdelay_client::envelope::Envelope;
+use zdelay_client::routes::Resolved;
+use zdelay_client::store::scripts::{self, Claimed, MoveReply, SettleOp};
 
 /// Retry delay for a job that has failed `attempt` times before: a random time in
 /// [0, min(cap, base × 2^attempt)] (exponential backoff with full jitter).
@@ -34,13 +35,59 @@ pub fn retry_delay(
     Duration::from_millis(rng.random_range(0..=ceiling.as_millis() as u64))
 }
 
-/// One settle operation for `settle_jobs`.
+/// Why a two-phase job died: the `reason` label of `zdelay_jobs_dead_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum DeadKind {
+    /// It could not be published at all (malformed, not admitted, oversize).
+    Undeliverable,
+    /// The broker refused it for good.
+    Rejected,
+    /// It failed `max_attempts` times.
+    GaveUp,
+}
+
+impl DeadKind {
+    fn label(self) -> &'static str {
+        match self {
+            DeadKind::Undeliverable => "undeliverable",
+            DeadKind::Rejected => "rejected",
+            DeadKind::GaveUp => "gave_up",
+        }
+    }
+}
+
+/// One settle decision, owning what `settle_jobs` writes.
 #[derive(Debug, Clone, PartialEq)]
 enum Settle {
     Ack,
-    Retry { due_ms: i64, envelope: Vec<u8> },
-    Release { due_ms: i64 },
-    Dead { reason: String, envelope: Vec<u8> },
+    Retry {
+        due_ms: i64,
+        envelope: Vec<u8>,
+    },
+    Release {
+        due_ms: i64,
+    },
+    Dead {
+        kind: DeadKind,
+        reason: String,
+        envelope: Vec<u8>,
+    },
+}
+
+impl Settle {
+    fn op(&self) -> SettleOp<'_> {
+        match self {
+            Settle::Ack => SettleOp::Ack,
+            Settle::Retry { due_ms, envelope } => SettleOp::Retry {
+                due_ms: *due_ms,
+                envelope,
+            },
+            Settle::Release { due_ms } => SettleOp::Release { due_ms: *due_ms },
+            Settle::Dead {
+                reason, envelope, ..
+            } => SettleOp::Dead { reason, envelope },
+        }
+    }
 }
 
 /// A claimed job on its way: where it goes, and its decoded envelope.
@@ -59,6 +106,7 @@ pub async fn deliver(
     reply: &MoveReply,
     claimed_at: Instant,
 ) -> redis::RedisResult<()> {
+    let policy = &ctx.delivery;
     // Redis time now, from the claim's Redis time: no local clock involved.
     let redis_now_ms = || reply.now_us / 1000 + claimed_at.elapsed().as_millis() as i64;
     let mut settles: Vec<(&str, Settle)> = Vec::with_capacity(reply.claimed.len());
@@ -74,6 +122,7 @@ pub async fn deliver(
             Err(reason) => settles.push((
                 &job.id,
                 Settle::Dead {
+                    kind: DeadKind::Undeliverable,
                     reason,
                     envelope: Vec::new(),
                 },
@@ -100,7 +149,7 @@ pub async fn deliver(
     for (pending, messages, outcomes) in &results {
         let sink = &pending[0].sink;
         let Some(outcomes) = outcomes else {
-            let due_ms = redis_now_ms() + ctx.sink_pause.as_millis() as i64;
+            let due_ms = redis_now_ms() + policy.sink_pause.as_millis() as i64;
             settles.extend(
                 pending
                     .iter()
@@ -117,12 +166,12 @@ pub async fn deliver(
                         .record((redis_now_ms() - p.job.due_ms).max(0) as f64 / 1000.0);
                     Settle::Ack
                 }
-                Outcome::Retry(why) => retry(ctx, p, m, why, redis_now_ms(), &mut rng),
+                Outcome::Retry(why) => retry(policy, p, m, why, redis_now_ms(), &mut rng),
                 Outcome::Reject(why) => dead(p, m, why.clone()),
                 Outcome::Unavailable(why) => {
                     unavailable.get_or_insert(why);
                     Settle::Release {
-                        due_ms: redis_now_ms() + ctx.sink_pause.as_millis() as i64,
+                        due_ms: redis_now_ms() + policy.sink_pause.as_millis() as i64,
                     }
                 }
             };
@@ -152,21 +201,14 @@ pub async fn deliver(
 
 /// Two-phase deaths in `zdelay_jobs_dead_total`, like the mover's, by kind.
 fn count_dead(settles: &[(&str, Settle)]) {
-    let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut kinds: BTreeMap<DeadKind, u64> = BTreeMap::new();
     for (_, s) in settles {
-        if let Settle::Dead { reason, envelope } = s {
-            let kind = if reason.starts_with("gave up after") {
-                "gave_up"
-            } else if envelope.is_empty() {
-                "undeliverable"
-            } else {
-                "rejected"
-            };
-            *kinds.entry(kind).or_default() += 1;
+        if let Settle::Dead { kind, .. } = s {
+            *kinds.entry(*kind).or_default() += 1;
         }
     }
     for (kind, n) in kinds {
-        ::metrics::counter!(JOBS_DEAD, "source" => crate::poller::ENVELOPE_SOURCE, "reason" => kind)
+        ::metrics::counter!(JOBS_DEAD, "source" => ENVELOPE_SOURCE, "reason" => kind.label())
             .increment(n);
     }
 }
@@ -183,17 +225,25 @@ fn outcome_label(outcome: &Outcome) -> &'static str {
 /// Decodes and resolves a claimed job, or says why it can only go to dead.
 fn prepare<'a>(ctx: &PollerContext, job: &'a Claimed) -> Result<(Pending<'a>, Message), String> {
     let mut envelope = Envelope::decode(&job.envelope).map_err(|e| e.to_string())?;
-    let dest = ctx.remote.resolve(&envelope.dest)?;
+    let dest = match ctx
+        .routes
+        .resolve(&envelope.dest)
+        .map_err(|e| e.to_string())?
+    {
+        Resolved::TwoPhase(dest) => dest,
+        // The route table changed between the claim and now (a config reload): no sink.
+        Resolved::Local(_) => return Err(format!("unknown destination: {}", envelope.dest)),
+    };
     let sink = ctx
         .sinks
         .get(&dest.sink)
         .cloned()
         .ok_or_else(|| format!("unknown destination: {}", envelope.dest))?;
-    if envelope.payload.len() > ctx.max_payload {
+    if envelope.payload.len() > ctx.delivery.max_payload {
         return Err(format!(
             "payload of {} bytes exceeds max_payload {}",
             envelope.payload.len(),
-            ctx.max_payload
+            ctx.delivery.max_payload
         ));
     }
     let message = Message {
@@ -225,7 +275,7 @@ fn rewrite(p: &Pending, m: &Message, edit: impl FnOnce(&mut Envelope)) -> Envelo
 }
 
 fn retry(
-    ctx: &PollerContext,
+    policy: &DeliveryPolicy,
     p: &Pending,
     m: &Message,
     why: &str,
@@ -237,15 +287,16 @@ fn retry(
         e.meta.attempt += 1;
         e.meta.last_error = Some(why.to_owned());
     });
-    let max = envelope.meta.max_attempts.unwrap_or(ctx.max_attempts);
+    let max = envelope.meta.max_attempts.unwrap_or(policy.max_attempts);
     let bytes = envelope.encode().unwrap_or_else(|_| p.job.envelope.clone());
     if envelope.meta.attempt >= max {
         return Settle::Dead {
+            kind: DeadKind::GaveUp,
             reason: format!("gave up after {} attempts: {why}", envelope.meta.attempt),
             envelope: bytes,
         };
     }
-    let delay = retry_delay(failed_before, ctx.retry_base, ctx.retry_cap, rng);
+    let delay = retry_delay(failed_before, policy.retry_base, policy.retry_cap, rng);
     Settle::Retry {
         due_ms: now_ms + delay.as_millis() as i64,
         envelope: bytes,
@@ -255,6 +306,7 @@ fn retry(
 fn dead(p: &Pending, m: &Message, reason: String) -> Settle {
     let envelope = rewrite(p, m, |e| e.meta.last_error = Some(reason.clone()));
     Settle::Dead {
+        kind: DeadKind::Rejected,
         reason,
         envelope: envelope.encode().unwrap_or_default(),
     }
@@ -269,32 +321,14 @@ async fn settle(
     if settles.is_empty() {
         return Ok(());
     }
-    let mut inv = scripts::settle_jobs.prepare_invoke();
-    inv.key(ctx.keys.due(shard))
-        .key(ctx.keys.jobs(shard))
-        .key(ctx.keys.inflight(shard))
-        .key(ctx.keys.dead(shard))
-        .key(ctx.keys.reasons(shard))
-        .key(ctx.keys.scheduled(shard))
-        .arg(deadline_ms)
-        .arg(ctx.keys.wake_channel())
-        .arg(shard);
-    for (id, s) in settles {
-        match s {
-            Settle::Ack => inv.arg("ack").arg(*id).arg("").arg(""),
-            Settle::Retry { due_ms, envelope } => {
-                inv.arg("retry").arg(*id).arg(*due_ms).arg(envelope)
-            }
-            Settle::Release { due_ms } => inv.arg("release").arg(*id).arg(*due_ms).arg(""),
-            Settle::Dead { reason, envelope } => inv.arg("dead").arg(*id).arg(reason).arg(envelope),
-        };
-    }
-    let (_settled, fenced): (u64, u64) = inv.invoke_async(&mut ctx.con.clone()).await?;
-    if fenced > 0 {
-        ::metrics::counter!(FENCED).increment(fenced);
+    let ops: Vec<(&str, SettleOp)> = settles.iter().map(|(id, s)| (*id, s.op())).collect();
+    let keys = ctx.keys.shard(shard);
+    let settled = scripts::settle_jobs(&mut ctx.con.clone(), &keys, deadline_ms, &ops).await?;
+    if settled.fenced > 0 {
+        ::metrics::counter!(FENCED).increment(settled.fenced);
         tracing::warn!(
             shard,
-            jobs = fenced,
+            jobs = settled.fenced,
             "late settle refused by the lease fence: those jobs were reclaimed and will be \
              delivered again (same zdelay-id)"
         );

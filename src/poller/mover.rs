@@ -1,151 +1,34 @@
-//! The move loop: one poller per owned shard and one per raw source.
+//! The move loop of one target (an envelope shard or a raw source).
 //!
 //! Each turn runs one move script (`move_due` for a shard, `move_raw` for a raw source),
 //! which reads "now" from Redis `TIME` on every call, moves up to `batch` due jobs onto
-//! their lists, and returns the new head's score. After a full batch the poller goes again
-//! at once; otherwise it sleeps until the head is due (measured against Redis's clock, so
-//! the poller's own clock does not matter), a wake-up arrives (an enqueue that made a new
-//! head), the idle-poll fallback elapses, or shutdown is asked. A script call in progress
-//! always finishes: it is atomic, and shutdown is only checked between calls.
+//! their lists (claiming two-phase ones), and returns the new head's score. After a full
+//! batch the loop goes again at once; otherwise it sleeps until the head is due (measured
+//! against Redis's clock, so the poller's own clock does not matter), a wake-up arrives (an
+//! enqueue that made a new head), the idle-poll fallback elapses, or it is stopped. A script
+//! call in progress always finishes: it is atomic, and stopping is only checked between
+//! calls; claimed jobs in hand are published and settled first.
 //!
 //! Errors never end the loop: they are logged, counted, and retried with capped backoff.
 
-use crate::config::{Config, PollerConfig, ScoreUnit, SourceConfig};
-use crate::delivery;
-use crate::keys::{self, Keys};
+use super::BatchObserver;
+use super::context::{PollerContext, Target};
+use super::delivery;
 use crate::metrics::{
-    self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LATENESS_BOUNDS_MS, LEASES_EXPIRED, POSTPONED,
-    SCRIPT_DURATION,
+    self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LEASES_EXPIRED, POSTPONED, SCRIPT_DURATION,
 };
-use crate::scripts::{self, DUE_DEAD_KINDS, MoveReply, RAW_DEAD_KINDS};
-use crate::sinks::{LocalRoutes, RemoteRoutes, SinkHandle};
-use redis::aio::ConnectionManager;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use zdelay_client::config::ScoreUnit;
+use zdelay_client::store::scripts::{
+    self, DUE_DEAD_KINDS, MoveDue, MoveRaw, MoveReply, RAW_DEAD_KINDS,
+};
 
 /// Longest time a paused sink's jobs are pushed back at once; bounds the extra latency
 /// after the sink recovers.
 const MAX_POSTPONE: Duration = Duration::from_secs(5);
-
-/// Label of envelope shards in per-source metrics.
-pub const ENVELOPE_SOURCE: &str = "jobs";
-
-/// Sees every successful move reply; the benchmark uses it to count and time batches.
-pub type BatchObserver = Arc<dyn Fn(&Target, &MoveReply) + Send + Sync>;
-
-/// What every poller of one daemon shares.
-pub struct PollerContext {
-    pub con: ConnectionManager,
-    pub keys: Keys,
-    pub routes: LocalRoutes,
-    pub batch: usize,
-    pub idle_poll: Duration,
-    pub max_payload: usize,
-    /// Lateness bucket bounds passed to the scripts; the metrics' by default.
-    pub bounds_ms: Vec<u64>,
-    pub observer: Option<BatchObserver>,
-    /// Two-phase destinations, and their sinks by name.
-    pub remote: RemoteRoutes,
-    pub sinks: HashMap<String, Arc<SinkHandle>>,
-    pub lease: Duration,
-    pub sink_pause: Duration,
-    pub max_attempts: u32,
-    pub retry_base: Duration,
-    pub retry_cap: Duration,
-}
-
-impl PollerContext {
-    /// `sinks`: the two-phase sinks by name (empty when every route is local).
-    pub fn new(
-        con: ConnectionManager,
-        config: &Config,
-        sinks: HashMap<String, Arc<SinkHandle>>,
-    ) -> Self {
-        let PollerConfig {
-            batch,
-            idle_poll,
-            max_payload,
-            lease,
-            sink_pause,
-            max_attempts,
-            retry_base,
-            retry_cap,
-            ..
-        } = config.poller;
-        PollerContext {
-            con,
-            keys: Keys::new(&config.redis.namespace, config.redis.shards),
-            routes: LocalRoutes::from_config(config),
-            batch,
-            idle_poll,
-            max_payload,
-            bounds_ms: LATENESS_BOUNDS_MS.to_vec(),
-            observer: None,
-            remote: RemoteRoutes::from_config(config),
-            sinks,
-            lease,
-            sink_pause,
-            max_attempts,
-            retry_base,
-            retry_cap,
-        }
-    }
-}
-
-/// A raw source resolved against its route.
-#[derive(Debug, Clone)]
-pub struct RawSource {
-    pub key: String,
-    pub dead_key: String,
-    pub reasons_key: String,
-    pub unit: ScoreUnit,
-    pub list: String,
-    pub command: &'static str,
-    pub route: String,
-}
-
-impl RawSource {
-    /// `None` when the source's route is not a local list route.
-    pub fn resolve(source: &SourceConfig, routes: &LocalRoutes) -> Option<Self> {
-        let route = routes.find(&source.route)?;
-        let dead_key = source.dead_key();
-        Some(RawSource {
-            key: source.key.clone(),
-            reasons_key: keys::raw_dead_reasons(&dead_key),
-            dead_key,
-            unit: source.score_unit,
-            list: route.list.clone(),
-            command: route.command,
-            route: route.name.clone(),
-        })
-    }
-}
-
-/// What one poller moves from.
-#[derive(Debug, Clone)]
-pub enum Target {
-    Shard(u16),
-    Source(Arc<RawSource>),
-}
-
-impl Target {
-    fn unit(&self) -> ScoreUnit {
-        match self {
-            Target::Shard(_) => ScoreUnit::Millis,
-            Target::Source(s) => s.unit,
-        }
-    }
-
-    fn label(&self) -> String {
-        match self {
-            Target::Shard(_) => ENVELOPE_SOURCE.to_owned(),
-            Target::Source(s) => s.key.clone(),
-        }
-    }
-}
 
 /// Runs one move script call. `now_ms` overrides Redis TIME (tests drive time with it).
 pub async fn move_once(
@@ -153,12 +36,11 @@ pub async fn move_once(
     target: &Target,
     now_ms: Option<i64>,
 ) -> redis::RedisResult<MoveReply> {
-    let now = now_ms.map(|n| n.to_string()).unwrap_or_default();
     let mut con = ctx.con.clone();
+    let m = &ctx.mover;
     match target {
         Target::Shard(shard) => {
-            let paused: Vec<&Arc<SinkHandle>> =
-                ctx.sinks.values().filter(|s| s.is_paused()).collect();
+            let paused: Vec<_> = ctx.sinks.values().filter(|s| s.is_paused()).collect();
             // Postpone a paused sink's jobs for the rest of its pause: with a long outage,
             // a backlog is rewritten every few seconds, not every `sink_pause`.
             let postpone = paused
@@ -166,42 +48,31 @@ pub async fn move_once(
                 .map(|s| s.pause_remaining())
                 .max()
                 .unwrap_or_default()
-                .clamp(ctx.sink_pause, MAX_POSTPONE.max(ctx.sink_pause));
+                .clamp(m.sink_pause, MAX_POSTPONE.max(m.sink_pause));
             let paused: Vec<&str> = paused.iter().map(|s| s.name.as_str()).collect();
-            let mut inv = scripts::move_due.prepare_invoke();
-            inv.key(ctx.keys.due(*shard))
-                .key(ctx.keys.jobs(*shard))
-                .key(ctx.keys.dead(*shard))
-                .key(ctx.keys.reasons(*shard))
-                .key(ctx.keys.inflight(*shard))
-                .key(ctx.keys.scheduled(*shard))
-                .arg(ctx.batch)
-                .arg(&now)
-                .arg(ctx.max_payload)
-                .arg(ctx.lease.as_millis() as u64)
-                .arg(postpone.as_millis() as u64);
-            ctx.routes.apply(&mut inv);
-            ctx.remote.apply(&mut inv, &paused);
-            inv.arg(ctx.bounds_ms.len()).arg(&ctx.bounds_ms);
-            let value = inv.invoke_async(&mut con).await?;
-            MoveReply::parse(value, ctx.routes.routes.len(), ctx.bounds_ms.len())
+            let args = MoveDue {
+                batch: m.batch,
+                now_ms,
+                max_payload: m.max_payload,
+                lease_ms: m.lease.as_millis() as u64,
+                postpone_ms: postpone.as_millis() as u64,
+                routes: &ctx.routes,
+                paused: &paused,
+                bounds_ms: &m.bounds_ms,
+            };
+            scripts::move_due(&mut con, &ctx.keys.shard(*shard), &args).await
         }
         Target::Source(source) => {
-            let value = scripts::move_raw
-                .key(&source.key)
-                .key(&source.list)
-                .key(&source.dead_key)
-                .key(&source.reasons_key)
-                .arg(ctx.batch)
-                .arg(&now)
-                .arg(source.unit.as_arg())
-                .arg(ctx.max_payload)
-                .arg(source.command)
-                .arg(ctx.bounds_ms.len())
-                .arg(&ctx.bounds_ms)
-                .invoke_async(&mut con)
-                .await?;
-            MoveReply::parse(value, 1, ctx.bounds_ms.len())
+            let args = MoveRaw {
+                batch: m.batch,
+                now_ms,
+                unit: source.unit,
+                max_payload: m.max_payload,
+                list: &source.list,
+                push: source.push,
+                bounds_ms: &m.bounds_ms,
+            };
+            scripts::move_raw(&mut con, &source.keys, &args).await
         }
     }
 }
@@ -244,12 +115,13 @@ impl Backoff {
     }
 }
 
-/// One poller: moves from `target` until `shutdown`.
+/// Moves from `target` until `stop`.
 pub async fn run(
     ctx: Arc<PollerContext>,
     target: Target,
     wake: Arc<Notify>,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
+    on_batch: Option<BatchObserver>,
 ) {
     let label = target.label();
     let script = match target {
@@ -258,19 +130,19 @@ pub async fn run(
     };
     let mut backoff = Backoff::new();
     tracing::debug!(source = %label, ?target, "poller started");
-    while !shutdown.is_cancelled() {
+    while !stop.is_cancelled() {
         let started = Instant::now();
         let delay = match move_once(&ctx, &target, None).await {
             Ok(reply) => {
                 ::metrics::histogram!(SCRIPT_DURATION, "script" => script)
                     .record(started.elapsed().as_secs_f64());
                 record(&ctx, &target, &label, &reply);
-                if let Some(observe) = &ctx.observer {
+                if let Some(observe) = &on_batch {
                     observe(&target, &reply);
                 }
                 if let (Target::Shard(shard), false) = (&target, reply.claimed.is_empty()) {
                     // The batch in hand: publish and settle before anything else, even
-                    // when shutdown was asked meanwhile.
+                    // when a stop was asked meanwhile.
                     if let Err(e) = delivery::deliver(&ctx, *shard, &reply, started).await {
                         metrics::error_event("redis", &label, &e);
                     }
@@ -284,12 +156,12 @@ pub async fn run(
                     backoff.step()
                 } else {
                     backoff.reset();
-                    if reply.taken >= ctx.batch {
+                    if reply.taken >= ctx.mover.batch {
                         // More are due: go again at once, but let other tasks run.
                         tokio::task::yield_now().await;
                         continue;
                     }
-                    sleep_after(&reply, target.unit(), ctx.idle_poll)
+                    sleep_after(&reply, target.unit(), ctx.mover.idle_poll)
                 }
             }
             Err(e) => {
@@ -303,7 +175,7 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = wake.notified() => {}
-            _ = shutdown.cancelled() => {}
+            _ = stop.cancelled() => {}
         }
     }
     tracing::debug!(source = %label, "poller stopped");
@@ -327,7 +199,7 @@ fn record(ctx: &PollerContext, target: &Target, label: &str, reply: &MoveReply) 
     ::metrics::histogram!(BATCH_SIZE).record(reply.taken as f64);
     match target {
         Target::Shard(_) => {
-            for (route, &n) in ctx.routes.routes.iter().zip(&reply.moved) {
+            for (route, &n) in ctx.routes.local().iter().zip(&reply.moved) {
                 if n > 0 {
                     ::metrics::counter!(JOBS_MOVED, "route" => route.name.clone()).increment(n);
                 }

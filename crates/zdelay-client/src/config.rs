@@ -365,7 +365,8 @@ pub struct RouteConfig {
     pub name: String,
     /// A sink name from `[sinks]`.
     pub sink: String,
-    /// The list key (Redis sinks).
+    /// Where the sink delivers: a list key (Redis), a topic (Kafka), `exchange/routing-key`
+    /// (AMQP; `/q` = the default exchange, queue `q`) or a subject (NATS).
     pub target: String,
     /// `lpush` (default; consumers `BRPOP`) or `rpush` (consumers `BLPOP`).
     #[serde(default)]
@@ -379,7 +380,7 @@ pub struct RouteConfig {
 }
 
 impl RouteConfig {
-    /// The list key due jobs land in.
+    /// Where due jobs land: the target, or its priority lane `<target><delayed_suffix>`.
     pub fn list_key(&self) -> String {
         match &self.delayed_suffix {
             Some(suffix) => format!("{}{}", self.target, suffix),
@@ -432,10 +433,9 @@ pub struct SourceConfig {
 }
 
 impl SourceConfig {
-    pub fn dead_key(&self) -> String {
-        self.dead_key
-            .clone()
-            .unwrap_or_else(|| crate::keys::raw_dead(&self.key))
+    /// The source's keys (its dead ZSET defaults to `<key>:dead`).
+    pub fn keys(&self) -> crate::keys::RawKeys {
+        crate::keys::RawKeys::new(&self.key, self.dead_key.as_deref())
     }
 }
 
@@ -652,7 +652,7 @@ mod tests {
 
     #[test]
     fn shipped_config_parses() {
-        let text = include_str!("../config/zdelay.toml");
+        let text = include_str!("../../../config/zdelay.toml");
         let c = from_toml(text).unwrap();
         assert!(c.route("emails").is_some());
     }
@@ -692,7 +692,8 @@ mod tests {
             "a configured route list replaces the default"
         );
         assert_eq!(c.routes[0].list_key(), "queue:emails-delayed");
-        assert_eq!(c.sources[0].dead_key(), "delayed:emails:dead");
+        assert_eq!(c.sources[0].keys().dead, "delayed:emails:dead");
+        assert_eq!(c.sources[0].keys().reasons, "delayed:emails:dead:reasons");
     }
 
     fn err(text: &str) -> String {

@@ -6,9 +6,9 @@
 -- KEYS[1] due      ZSET  {zdelay:3}:due       member = id, score = due ms
 -- KEYS[2] jobs     HASH  {zdelay:3}:jobs      id -> envelope ("zd1:" frame or JSON object;
 --                                             a frame's meta JSON is not read on this path)
--- KEYS[3] dead     ZSET  {zdelay:3}:dead      member = id, score = ms it died
--- KEYS[4] reasons  HASH  {zdelay:3}:reasons   id -> why it died
--- KEYS[5] inflight ZSET  {zdelay:3}:inflight  member = id, score = lease deadline ms
+-- KEYS[3] inflight ZSET  {zdelay:3}:inflight  member = id, score = lease deadline ms
+-- KEYS[4] dead     ZSET  {zdelay:3}:dead      member = id, score = ms it died
+-- KEYS[5] reasons  HASH  {zdelay:3}:reasons   id -> why it died
 -- KEYS[6] scheduled HASH {zdelay:3}:scheduled id -> scheduled due ms of a two-phase job whose
 --                                             score zdelay moved (claim, retry, pause)
 -- KEYS[7..] the list keys of the local routes (route target, or target .. delayed_suffix)
@@ -31,7 +31,7 @@
 --   C = jobs claimed, then C triples: id, scheduled due ms (stable across redeliveries), envelope }
 -- taken = moved + dead + claimed + postponed; a full batch means "call again now".
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
-local due_key, jobs_key, dead_key, reasons_key, inflight_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key = KEYS[6]
 local batch = tonumber(ARGV[1])
 local now_us

@@ -1,0 +1,438 @@
+//! `zdelay_client::Client`: the thin enqueue library.
+//!
+//! Enqueue at a time or after a delay (measured on the Redis clock), with an id, headers and
+//! a policy for an id that exists; batch enqueue pipelines one `enqueue_jobs` call per shard
+//! chunk; cancel, reschedule and get by id are O(log N) in the job's own shard. Dead-letter
+//! listing, replay and purge live in `dead`, for the CLI and for operators' own tools.
+
+use crate::config::RedisConfig;
+use crate::envelope::{Envelope, EnvelopeError, validate_dest};
+pub use crate::job::{Cancelled, Due, Enqueued, JobState, OnConflict};
+use crate::keys::Keys;
+use crate::routes::{Refused, Routes};
+use crate::store::scripts::{self, EnqueueCall, EnqueueItem};
+use crate::store::{self, Conn, StoreError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Jobs per `enqueue_jobs` call: small enough to keep one script call short.
+const ENQUEUE_CHUNK: usize = 500;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Envelope(#[from] EnvelopeError),
+    #[error("job {0} exists (policy: error)")]
+    Exists(String),
+    #[error("unknown destination {dest:?}{detail}; configured routes: {known}")]
+    UnknownDestination {
+        dest: String,
+        /// Why a `<sink>/<target>` was refused, when it names a two-phase sink.
+        detail: String,
+        known: String,
+    },
+    #[error("payload of {size} bytes exceeds max_payload {max}")]
+    Oversize { size: usize, max: usize },
+    #[error("invalid job id {0:?}: it must be non-empty, at most 256 bytes")]
+    BadId(String),
+}
+
+impl From<redis::RedisError> for ClientError {
+    fn from(e: redis::RedisError) -> Self {
+        ClientError::Store(StoreError::Redis(e))
+    }
+}
+
+impl ClientError {
+    /// A bounded label for the `error_type` metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClientError::Store(StoreError::Schema(_)) => "schema",
+            ClientError::Store(_) => "redis",
+            ClientError::Envelope(_) => "envelope",
+            ClientError::Exists(_) => "exists",
+            ClientError::UnknownDestination { .. } => "unknown_destination",
+            ClientError::Oversize { .. } => "oversize",
+            ClientError::BadId(_) => "bad_id",
+        }
+    }
+}
+
+/// A job to enqueue. `NewJob::new(dest, payload).after(…)` / `.at(…)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    pub id: Option<String>,
+    pub dest: String,
+    pub payload: Vec<u8>,
+    pub due: Due,
+    pub headers: BTreeMap<String, String>,
+    pub max_attempts: Option<u32>,
+}
+
+impl NewJob {
+    /// Due now unless `at` or `after` says otherwise.
+    pub fn new(dest: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        NewJob {
+            id: None,
+            dest: dest.into(),
+            payload: payload.into(),
+            due: Due::In(Duration::ZERO),
+            headers: BTreeMap::new(),
+            max_attempts: None,
+        }
+    }
+    pub fn at(mut self, epoch_ms: i64) -> Self {
+        self.due = Due::At(epoch_ms);
+        self
+    }
+    pub fn after(mut self, delay: Duration) -> Self {
+        self.due = Due::In(delay);
+        self
+    }
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+    pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(key.into(), value.into());
+        self
+    }
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+}
+
+/// A job as `get` sees it.
+#[derive(Debug, Clone)]
+pub struct JobView {
+    pub id: String,
+    pub shard: u16,
+    pub state: JobState,
+    /// Due ms (Scheduled, Due), lease deadline (InFlight) or time of death (Dead).
+    pub score: Option<f64>,
+    /// The stored bytes, and their decoding.
+    pub raw: Vec<u8>,
+    pub envelope: Result<Envelope, EnvelopeError>,
+    pub reason: Option<String>,
+}
+
+impl JobView {
+    /// The readable JSON form printed by `zdelay get`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut obj = match &self.envelope {
+            Ok(env) => env.to_json(),
+            Err(e) => {
+                let mut m = serde_json::Map::new();
+                m.insert("malformed".into(), e.to_string().into());
+                m.insert(
+                    "raw".into(),
+                    String::from_utf8_lossy(&self.raw).into_owned().into(),
+                );
+                m
+            }
+        };
+        obj.insert("id".into(), self.id.clone().into());
+        obj.insert("shard".into(), self.shard.into());
+        obj.insert("state".into(), serde_json::to_value(self.state).unwrap());
+        let field = match self.state {
+            JobState::Scheduled | JobState::Due => "due",
+            JobState::InFlight => "lease_deadline",
+            JobState::Dead => "died",
+            JobState::Orphan => "score",
+        };
+        if let Some(score) = self.score {
+            obj.insert(field.into(), (score as i64).into());
+        }
+        if let Some(reason) = &self.reason {
+            obj.insert("reason".into(), reason.clone().into());
+        }
+        serde_json::Value::Object(obj)
+    }
+}
+
+/// A dead envelope job.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadJob {
+    pub id: String,
+    pub shard: u16,
+    pub died_ms: i64,
+    pub reason: String,
+}
+
+/// Handle for producers and operators. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) con: Conn,
+    pub(crate) keys: Keys,
+    routes: Option<Arc<Routes>>,
+    max_payload: Option<usize>,
+    ids: Arc<IdGenerator>,
+}
+
+impl Client {
+    /// Connects, checks the namespace's schema against `cfg.shards` and loads the scripts.
+    pub async fn connect(cfg: &RedisConfig) -> Result<Self, ClientError> {
+        let mut con = Conn::connect(cfg).await?;
+        let keys = Keys::new(&cfg.namespace, cfg.shards);
+        store::ensure_schema(&mut con, &keys).await?;
+        scripts::load_all(&mut con).await?;
+        Ok(Client {
+            con,
+            keys,
+            routes: None,
+            max_payload: None,
+            ids: Arc::new(IdGenerator::default()),
+        })
+    }
+
+    /// Connects to a URL with the default namespace and shard count.
+    pub async fn open(url: &str) -> Result<Self, ClientError> {
+        Self::connect(&RedisConfig {
+            url: url.to_owned(),
+            ..RedisConfig::default()
+        })
+        .await
+    }
+
+    /// Refuses enqueues to destinations the route table does not admit (otherwise they die
+    /// at delivery). `Routes::from_config` admits exactly what the daemon delivers.
+    pub fn with_routes(mut self, routes: Routes) -> Self {
+        self.routes = Some(Arc::new(routes));
+        self
+    }
+
+    /// Refuses enqueues to destinations outside `names`: for producers that know the route
+    /// names but not the daemon's config.
+    pub fn with_destinations(self, names: impl IntoIterator<Item = String>) -> Self {
+        self.with_routes(Routes::names(names))
+    }
+
+    /// Rejects payloads over `max` bytes at enqueue (otherwise they die at delivery).
+    pub fn with_max_payload(mut self, max: usize) -> Self {
+        self.max_payload = Some(max);
+        self
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// A clone of the connection, for plain commands.
+    pub fn connection(&self) -> Conn {
+        self.con.clone()
+    }
+
+    /// A new time-ordered id (ULID, monotonic within this process).
+    pub fn new_id(&self) -> String {
+        self.ids.next()
+    }
+
+    /// Enqueues one job and returns its id.
+    pub async fn enqueue(
+        &self,
+        job: NewJob,
+        policy: OnConflict,
+    ) -> Result<(String, Enqueued), ClientError> {
+        self.enqueue_batch(vec![job], policy)
+            .await?
+            .pop()
+            .expect("one result per job")
+    }
+
+    /// Enqueues many jobs; one result per job, in input order. Jobs that fail validation
+    /// fail alone; a Redis error fails the whole call (some chunks may have been written:
+    /// re-running with the same ids and `Replace` is safe).
+    pub async fn enqueue_batch(
+        &self,
+        jobs: Vec<NewJob>,
+        policy: OnConflict,
+    ) -> Result<Vec<Result<(String, Enqueued), ClientError>>, ClientError> {
+        let mut results: Vec<Option<Result<(String, Enqueued), ClientError>>> =
+            (0..jobs.len()).map(|_| None).collect();
+        // Per shard: the jobs and their input positions.
+        let mut by_shard: BTreeMap<u16, (Vec<EnqueueItem>, Vec<usize>)> = BTreeMap::new();
+        for (i, job) in jobs.into_iter().enumerate() {
+            match self.prepare(job) {
+                Ok(item) => {
+                    let entry = by_shard.entry(self.keys.shard_of(&item.id)).or_default();
+                    entry.0.push(item);
+                    entry.1.push(i);
+                }
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let mut calls = Vec::new();
+        let mut positions = Vec::new();
+        for (shard, (items, index)) in &by_shard {
+            for (chunk, index) in items.chunks(ENQUEUE_CHUNK).zip(index.chunks(ENQUEUE_CHUNK)) {
+                calls.push(EnqueueCall {
+                    keys: self.keys.shard(*shard),
+                    items: chunk,
+                });
+                positions.push(index);
+            }
+        }
+        let answers = scripts::enqueue_jobs(&mut self.con.clone(), policy, &calls).await?;
+        for ((call, index), answers) in calls.iter().zip(positions).zip(answers) {
+            for ((item, &i), answer) in call.items.iter().zip(index).zip(answers) {
+                results[i] = Some(match answer {
+                    Some(done) => Ok((item.id.clone(), done)),
+                    None => Err(ClientError::Exists(item.id.clone())),
+                });
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every job has a result"))
+            .collect())
+    }
+
+    fn prepare(&self, job: NewJob) -> Result<EnqueueItem, ClientError> {
+        validate_dest(&job.dest)?;
+        if let Some(routes) = &self.routes
+            && let Err(refused) = routes.resolve(&job.dest)
+        {
+            let detail = match refused {
+                Refused::NotAdmitted { sink, allow, .. } => {
+                    format!(" (not admitted by sinks.{sink}.allow {allow:?})")
+                }
+                Refused::Unknown { .. } => String::new(),
+            };
+            return Err(ClientError::UnknownDestination {
+                dest: job.dest,
+                detail,
+                known: routes.names_list().join(", "),
+            });
+        }
+        if let Some(max) = self.max_payload
+            && job.payload.len() > max
+        {
+            return Err(ClientError::Oversize {
+                size: job.payload.len(),
+                max,
+            });
+        }
+        let id = match job.id {
+            Some(id) if id.is_empty() || id.len() > 256 => return Err(ClientError::BadId(id)),
+            Some(id) => id,
+            None => self.new_id(),
+        };
+        let mut env = Envelope::new(job.dest, job.payload);
+        env.meta.headers = job.headers;
+        env.meta.max_attempts = job.max_attempts;
+        Ok(EnqueueItem {
+            id,
+            due: job.due,
+            envelope: env.encode()?,
+        })
+    }
+
+    /// Cancels a pending job.
+    pub async fn cancel(&self, id: &str) -> Result<Cancelled, ClientError> {
+        let keys = self.keys.shard(self.keys.shard_of(id));
+        Ok(scripts::cancel_job(&mut self.con.clone(), &keys, id).await?)
+    }
+
+    /// Moves a pending job to a new due time; `None` when it is not pending.
+    pub async fn reschedule(&self, id: &str, due: Due) -> Result<Option<i64>, ClientError> {
+        let keys = self.keys.shard(self.keys.shard_of(id));
+        Ok(scripts::reschedule_job(&mut self.con.clone(), &keys, id, due).await?)
+    }
+
+    /// Looks a job up by id in its shard; `None` when it is not stored (delivered,
+    /// cancelled, purged, or never enqueued).
+    pub async fn get(&self, id: &str) -> Result<Option<JobView>, ClientError> {
+        let shard = self.keys.shard_of(id);
+        let keys = self.keys.shard(shard);
+        type Reply = (
+            (i64, i64),
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+            Option<Vec<u8>>,
+            Option<String>,
+        );
+        let ((secs, micros), due, inflight, dead, raw, reason): Reply = redis::pipe()
+            .cmd("TIME")
+            .zscore(&keys.due, id)
+            .zscore(&keys.inflight, id)
+            .zscore(&keys.dead, id)
+            .hget(&keys.jobs, id)
+            .hget(&keys.reasons, id)
+            .query_async(&mut self.con.clone())
+            .await?;
+        let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
+        let (state, score) = match (due, inflight, dead) {
+            (Some(s), _, _) if s > now_ms => (JobState::Scheduled, Some(s)),
+            (Some(s), _, _) => (JobState::Due, Some(s)),
+            (_, Some(s), _) => (JobState::InFlight, Some(s)),
+            (_, _, Some(s)) => (JobState::Dead, Some(s)),
+            _ if raw.is_some() => (JobState::Orphan, None),
+            _ => return Ok(None),
+        };
+        let raw = raw.unwrap_or_default();
+        Ok(Some(JobView {
+            id: id.to_owned(),
+            shard,
+            state,
+            score,
+            envelope: Envelope::decode(&raw),
+            raw,
+            reason,
+        }))
+    }
+}
+
+/// Time-ordered ids: ULIDs, strictly increasing within one process even inside one
+/// millisecond, so jobs due at the same ms leave in enqueue order (ZSET ties sort by member).
+#[derive(Default)]
+pub struct IdGenerator(Mutex<ulid::Generator>);
+
+impl IdGenerator {
+    pub fn next(&self) -> String {
+        let mut generator = self.0.lock().expect("id generator lock is never poisoned");
+        loop {
+            // The random part overflows within one ms only after 2^80 ids; wait for the next ms.
+            if let Ok(id) = generator.generate() {
+                return id.to_string();
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_sort_in_generation_order() {
+        let ids = IdGenerator::default();
+        let generated: Vec<String> = (0..10_000).map(|_| ids.next()).collect();
+        assert!(
+            generated.windows(2).all(|w| w[0] < w[1]),
+            "ids must strictly increase"
+        );
+        assert!(generated.iter().all(|id| id.len() == 26));
+    }
+
+    #[test]
+    fn error_kinds_are_bounded_labels() {
+        let e = ClientError::Exists("x".into());
+        assert_eq!(e.kind(), "exists");
+        assert_eq!(e.to_string(), "job x exists (policy: error)");
+        let e = ClientError::UnknownDestination {
+            dest: "bus/x".into(),
+            detail: " (not admitted by sinks.bus.allow [\"a.*\"])".into(),
+            known: "default".into(),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("unknown destination \"bus/x\" (not admitted")
+        );
+    }
+}

@@ -1,0 +1,31 @@
+//! The producer side of zdelay: schedule jobs into Redis for `zdelay run` to deliver.
+//!
+//! [`Client`] enqueues (at a time or after a delay measured on Redis's clock, one job or
+//! thousands per round trip), gets, reschedules and cancels jobs by id, and lists, replays
+//! and purges dead letters. It needs no broker client: the daemon publishes.
+//!
+//! The modules are the daemon's too, so both sides agree on the contract:
+//! - [`config`]: the `zdelay.toml` shape, loading and validation;
+//! - [`keys`]: the Redis key layout, the one place key names are built;
+//! - [`envelope`]: the stored job format;
+//! - [`routes`]: which destinations a job may name, and where they lead;
+//! - [`store`]: the connection, the schema check, Redis's clock, and one typed function
+//!   per Lua script;
+//! - [`job`]: the words of the job life cycle (due, conflict policy, states).
+
+pub mod client;
+pub mod config;
+pub mod dead;
+pub mod envelope;
+pub mod job;
+pub mod keys;
+pub mod routes;
+pub mod store;
+
+pub use client::{Client, ClientError, JobView, NewJob};
+pub use config::Config;
+pub use dead::{DeadJob, DeadMember};
+pub use envelope::Envelope;
+pub use job::{Cancelled, Due, Enqueued, JobState, OnConflict};
+pub use routes::Routes;
+pub use store::scripts::Replayed;

@@ -1,0 +1,293 @@
+//! The route table: what a job may name in `dest`, and where that leads. Shared by the
+//! producer (which refuses an unknown destination at enqueue) and the daemon (whose move
+//! script pushes local routes and claims two-phase ones), so both admit exactly the same
+//! destinations.
+//!
+//! A destination is a configured route name, or `<sink>/<target>` for a Kafka, AMQP or NATS
+//! sink whose `allow` globs admit the target. Local routes (a `redis` sink without `url`) are
+//! pushed inside the move script; every other route is two-phase.
+
+use crate::config::{Config, Push, SinkConfig};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A route delivered inside the move script: a list on the scheduling Redis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalRoute {
+    pub name: String,
+    /// The list key due jobs are pushed to (the priority lane when configured).
+    pub list: String,
+    pub push: Push,
+}
+
+/// Where a two-phase job goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Destination {
+    pub sink: String,
+    /// Kafka topic, AMQP `exchange/routing-key`, NATS subject, or remote Redis list key.
+    pub target: String,
+    /// AMQP message priority (the route's lane), if any.
+    pub priority: Option<u8>,
+}
+
+/// What a destination resolves to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolved<'a> {
+    Local(&'a LocalRoute),
+    TwoPhase(Destination),
+}
+
+/// Why a destination is refused. Its text is also the dead-letter reason of a job that
+/// names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    Unknown {
+        dest: String,
+    },
+    NotAdmitted {
+        dest: String,
+        sink: String,
+        allow: Vec<String>,
+    },
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::Unknown { dest } => write!(f, "unknown destination: {dest}"),
+            Refused::NotAdmitted { dest, sink, allow } => {
+                write!(
+                    f,
+                    "destination {dest} not admitted by sinks.{sink}.allow {allow:?}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// The routes of one configuration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Routes {
+    local: Vec<LocalRoute>,
+    /// Distinct list keys of the local routes, in first-use order.
+    lists: Vec<String>,
+    two_phase: BTreeMap<String, Destination>,
+    /// Two-phase sinks and their `allow` globs.
+    sinks: BTreeMap<String, Vec<String>>,
+}
+
+impl Routes {
+    pub fn from_config(config: &Config) -> Self {
+        let mut routes = Routes::default();
+        for (name, sink) in &config.sinks {
+            if !sink.is_local() {
+                routes.sinks.insert(name.clone(), sink.allow().to_vec());
+            }
+        }
+        for route in &config.routes {
+            match config.sinks.get(&route.sink) {
+                Some(sink) if sink.is_local() => routes.add_local(LocalRoute {
+                    name: route.name.clone(),
+                    list: route.list_key(),
+                    push: route.push,
+                }),
+                Some(_) => {
+                    routes.two_phase.insert(
+                        route.name.clone(),
+                        Destination {
+                            sink: route.sink.clone(),
+                            target: route.list_key(),
+                            priority: route.priority,
+                        },
+                    );
+                }
+                None => {}
+            }
+        }
+        routes
+    }
+
+    /// Routes with these names only, all local lists named after themselves: for producers
+    /// that know their route names but not the daemon's config.
+    pub fn names(names: impl IntoIterator<Item = String>) -> Self {
+        let mut routes = Routes::default();
+        for name in names {
+            routes.add_local(LocalRoute {
+                list: name.clone(),
+                name,
+                push: Push::default(),
+            });
+        }
+        routes
+    }
+
+    /// Adds a local route (the benchmark builds its table this way).
+    pub fn add_local(&mut self, route: LocalRoute) {
+        if !self.lists.contains(&route.list) {
+            self.lists.push(route.list.clone());
+        }
+        self.local.push(route);
+    }
+
+    pub fn resolve(&self, dest: &str) -> Result<Resolved<'_>, Refused> {
+        if let Some(route) = self.local.iter().find(|r| r.name == dest) {
+            return Ok(Resolved::Local(route));
+        }
+        if let Some(d) = self.two_phase.get(dest) {
+            return Ok(Resolved::TwoPhase(d.clone()));
+        }
+        let unknown = || Refused::Unknown {
+            dest: dest.to_owned(),
+        };
+        let (sink, target) = dest.split_once('/').ok_or_else(unknown)?;
+        let allow = self.sinks.get(sink).ok_or_else(unknown)?;
+        if target.is_empty() || !allow.iter().any(|p| glob_match::glob_match(p, target)) {
+            return Err(Refused::NotAdmitted {
+                dest: dest.to_owned(),
+                sink: sink.to_owned(),
+                allow: allow.clone(),
+            });
+        }
+        Ok(Resolved::TwoPhase(Destination {
+            sink: sink.to_owned(),
+            target: target.to_owned(),
+            priority: None,
+        }))
+    }
+
+    /// Every route name, local and two-phase, sorted (for error messages).
+    pub fn names_list(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .local
+            .iter()
+            .map(|r| r.name.as_str())
+            .chain(self.two_phase.keys().map(String::as_str))
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    pub fn local(&self) -> &[LocalRoute] {
+        &self.local
+    }
+
+    /// The distinct list keys of the local routes: the move script's extra KEYS.
+    pub fn lists(&self) -> &[String] {
+        &self.lists
+    }
+
+    /// Position of a local route's list in `lists`.
+    pub fn list_index(&self, route: &LocalRoute) -> usize {
+        self.lists
+            .iter()
+            .position(|l| *l == route.list)
+            .expect("every local route's list was added with it")
+    }
+
+    /// Two-phase routes: (route name, sink name).
+    pub fn two_phase_routes(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.two_phase
+            .iter()
+            .map(|(name, d)| (name.as_str(), d.sink.as_str()))
+    }
+
+    /// Names of the two-phase sinks a job may name as `<sink>/<target>`.
+    pub fn two_phase_sinks(&self) -> impl Iterator<Item = &str> {
+        self.sinks.keys().map(String::as_str)
+    }
+
+    pub fn has_two_phase(&self) -> bool {
+        !self.sinks.is_empty()
+    }
+}
+
+/// A config's sink kinds, for callers that only hold a `SinkConfig`.
+pub fn is_two_phase(sink: &SinkConfig) -> bool {
+    !sink.is_local()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::from_toml;
+
+    fn routes() -> Routes {
+        Routes::from_config(
+            &from_toml(
+                r#"
+                [sinks.other]
+                kind = "redis"
+                url = "redis://127.0.0.1:1"
+                [sinks.bus]
+                kind = "nats"
+                url = "nats://127.0.0.1:4222"
+                allow = ["events.*", "audit.>"]
+                [[routes]]
+                name = "mirror"
+                sink = "other"
+                target = "q"
+                delayed_suffix = "-delayed"
+                [[routes]]
+                name = "local"
+                sink = "local"
+                target = "q"
+                [[routes]]
+                name = "b"
+                sink = "local"
+                target = "q"
+                push = "rpush"
+                [[routes]]
+                name = "c"
+                sink = "local"
+                target = "q"
+                delayed_suffix = "-delayed"
+                "#,
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn resolves_routes_and_allowed_targets() {
+        let r = routes();
+        assert_eq!(
+            r.resolve("mirror").unwrap(),
+            Resolved::TwoPhase(Destination {
+                sink: "other".into(),
+                target: "q-delayed".into(),
+                priority: None
+            })
+        );
+        let Resolved::TwoPhase(d) = r.resolve("bus/events.due").unwrap() else {
+            panic!("bus/events.due is two-phase");
+        };
+        assert_eq!(d.target, "events.due");
+        assert!(matches!(r.resolve("local"), Ok(Resolved::Local(_))));
+        let refused = |dest: &str| r.resolve(dest).unwrap_err().to_string();
+        assert!(refused("bus/orders.due").contains("not admitted"));
+        assert!(r.resolve("bus/").is_err());
+        assert_eq!(refused("nope/x"), "unknown destination: nope/x");
+        assert_eq!(refused("plain"), "unknown destination: plain");
+        assert_eq!(r.names_list(), ["b", "c", "local", "mirror"]);
+    }
+
+    #[test]
+    fn local_routes_share_deduplicated_list_keys() {
+        let r = routes();
+        assert_eq!(r.lists(), ["q", "q-delayed"]);
+        let Ok(Resolved::Local(b)) = r.resolve("b") else {
+            panic!("b is local");
+        };
+        assert_eq!(b.push, Push::Rpush);
+        assert_eq!(r.list_index(b), 0);
+        let Ok(Resolved::Local(c)) = r.resolve("c") else {
+            panic!("c is local");
+        };
+        assert_eq!(c.list, "q-delayed");
+        assert_eq!(r.list_index(c), 1);
+        assert!(r.has_two_phase());
+        assert!(!Routes::names(["a".to_owned()]).has_two_phase());
+    }
+}

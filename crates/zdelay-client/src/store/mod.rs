@@ -1,0 +1,166 @@
+//! The one module that talks to Redis as zdelay's store: the connection type, the schema
+//! check, the server's clock, and (in `scripts`) one typed function per Lua script. Nothing
+//! outside this module builds KEYS or ARGV or calls EVAL.
+//!
+//! [`Conn`] is a multiplexed, self-reconnecting connection that is cheap to clone; it
+//! implements `redis::aio::ConnectionLike`, so plain commands and pipelines work on it too.
+
+pub mod scripts;
+
+use crate::config::{RedisConfig, redact_url};
+use crate::keys::{Keys, LAYOUT_VERSION};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+use std::time::Duration;
+
+/// Why the store cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot use redis at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("{0}")]
+    Schema(String),
+}
+
+/// A connection to the scheduling Redis. Clones share one multiplexed connection.
+#[derive(Clone)]
+pub struct Conn {
+    inner: ConnectionManager,
+}
+
+impl Conn {
+    /// Connects once (bounded to 2 s), with the `[redis]` password override applied. The
+    /// error names the URL with any password hidden.
+    pub async fn connect(cfg: &RedisConfig) -> Result<Conn, StoreError> {
+        let connect_error = |source| StoreError::Connect {
+            url: redact_url(&cfg.url),
+            source,
+        };
+        let client = client(cfg).map_err(connect_error)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        let inner = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(connect_error)?;
+        Ok(Conn { inner })
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.inner.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.inner.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+/// A redis-rs client for `[redis]` (for pub/sub), with the password override applied.
+pub fn client(cfg: &RedisConfig) -> redis::RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let mut info = cfg.url.as_str().into_connection_info()?;
+    if let Some(password) = &cfg.password {
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_password(password.expose());
+        info = info.set_redis_settings(settings);
+    }
+    redis::Client::open(info)
+}
+
+/// Redis `TIME` in µs: the one clock zdelay trusts.
+pub async fn server_time_us(con: &mut Conn) -> redis::RedisResult<i64> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(con).await?;
+    Ok(secs * 1_000_000 + micros)
+}
+
+/// Redis `TIME` in ms.
+pub async fn server_time_ms(con: &mut Conn) -> redis::RedisResult<i64> {
+    Ok(server_time_us(con).await? / 1000)
+}
+
+/// Creates `<ns>:schema` if missing and checks it matches this build and `keys`' shard count.
+pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError> {
+    let key = keys.schema();
+    let (_, _, layout, shards): ((), (), Option<String>, Option<String>) = redis::pipe()
+        .hset_nx(&key, "layout", LAYOUT_VERSION)
+        .hset_nx(&key, "shards", keys.shards())
+        .hget(&key, "layout")
+        .hget(&key, "shards")
+        .query_async(con)
+        .await?;
+    if layout.as_deref() != Some(&LAYOUT_VERSION.to_string()) {
+        return Err(StoreError::Schema(format!(
+            "{key} says layout {}; this build knows layout {LAYOUT_VERSION} only",
+            layout.unwrap_or_default()
+        )));
+    }
+    if shards.as_deref() != Some(&keys.shards().to_string()) {
+        return Err(StoreError::Schema(format!(
+            "namespace {} has {} shards (in {key}); the config says {}: set redis.shards to match",
+            keys.namespace(),
+            shards.unwrap_or_default(),
+            keys.shards()
+        )));
+    }
+    Ok(())
+}
+
+/// `INFO <section>` as key → value.
+pub async fn info(
+    con: &mut Conn,
+    section: &str,
+) -> redis::RedisResult<std::collections::HashMap<String, String>> {
+    let text: String = redis::cmd("INFO").arg(section).query_async(con).await?;
+    Ok(parse_info(&text))
+}
+
+/// Parses `INFO` text (and `/proc` files of the same `key: value` shape).
+pub fn parse_info(text: &str) -> std::collections::HashMap<String, String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_parses() {
+        let info = parse_info("# CPU\r\nused_cpu_sys:1.50\r\nused_cpu_user:2.25\r\n");
+        assert_eq!(info["used_cpu_sys"], "1.50");
+        assert_eq!(info["used_cpu_user"], "2.25");
+    }
+
+    #[test]
+    fn connect_errors_hide_the_password() {
+        let err = StoreError::Connect {
+            url: redact_url("redis://:s3cret@127.0.0.1:1"),
+            source: redis::RedisError::from((redis::ErrorKind::Io, "refused")),
+        };
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+}

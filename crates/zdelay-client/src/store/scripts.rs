@@ -1,0 +1,751 @@
+//! One typed function per Lua script in `lua/`, sharing its name, and the only place that
+//! loads them. Each function takes the keys it touches ([`ShardKeys`], [`RawKeys`], the route
+//! table's lists) and typed arguments, builds KEYS and ARGV in the order the script's header
+//! documents, and returns a typed reply.
+//!
+//! Invocations use EVALSHA with a NOSCRIPT reload (redis-rs `Script`); pipelines, which
+//! redis-rs does not reload (redis-rs #1394), reload and resend once. Every script is safe to
+//! re-run, because after an I/O error we cannot know whether it ran.
+
+use super::Conn;
+use crate::config::{Push, ScoreUnit};
+use crate::job::{Cancelled, Due, Enqueued, OnConflict};
+use crate::keys::{RawKeys, ShardKey, ShardKeys};
+use crate::routes::Routes;
+use redis::{Script, ScriptInvocation, Value};
+use std::sync::LazyLock;
+
+macro_rules! scripts {
+    ($($name:ident),* $(,)?) => {
+        /// Every script: (name, source). Used by tests and by `load_all`.
+        pub const ALL: &[(&str, &str)] = &[
+            $((stringify!($name), include_str!(concat!("../../lua/", stringify!($name), ".lua")))),*
+        ];
+        mod compiled {
+            use super::*;
+            $(
+                #[allow(non_upper_case_globals)]
+                pub static $name: LazyLock<Script> = LazyLock::new(|| {
+                    Script::new(include_str!(concat!("../../lua/", stringify!($name), ".lua")))
+                });
+            )*
+        }
+        /// Loads every script, so EVALSHA in pipelines never meets NOSCRIPT (redis-rs #1394).
+        pub async fn load_all(con: &mut Conn) -> redis::RedisResult<()> {
+            $( compiled::$name.prepare_invoke().load_async(con).await?; )*
+            Ok(())
+        }
+    };
+}
+
+scripts!(
+    enqueue_jobs,
+    move_due,
+    move_raw,
+    cancel_job,
+    reschedule_job,
+    replay_dead,
+    purge_dead,
+    replay_raw_dead,
+    purge_raw_dead,
+    settle_jobs,
+    bench_bare_move_raw,
+    bench_bare_move_hash,
+);
+
+use ShardKey::{Dead, Due as DueKey, Inflight, Jobs, Reasons, Scheduled};
+
+/// The shard keys each script takes first in KEYS, in this order (checked against the
+/// headers by a test).
+const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
+    (
+        "enqueue_jobs",
+        &[DueKey, Jobs, Inflight, Dead, Reasons, Scheduled],
+    ),
+    (
+        "move_due",
+        &[DueKey, Jobs, Inflight, Dead, Reasons, Scheduled],
+    ),
+    (
+        "settle_jobs",
+        &[DueKey, Jobs, Inflight, Dead, Reasons, Scheduled],
+    ),
+    ("cancel_job", &[DueKey, Jobs, Inflight, Scheduled]),
+    ("reschedule_job", &[DueKey, Scheduled]),
+    ("replay_dead", &[DueKey, Jobs, Dead, Reasons]),
+    ("purge_dead", &[Jobs, Dead, Reasons]),
+];
+
+/// A script invocation with `name`'s shard keys already in KEYS.
+fn shard_invocation(
+    script: &'static Script,
+    name: &str,
+    keys: &ShardKeys,
+) -> ScriptInvocation<'static> {
+    let mut inv = script.prepare_invoke();
+    let (_, wanted) = SHARD_KEYS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("every shard script lists its keys in SHARD_KEYS");
+    for key in *wanted {
+        inv.key(keys.get(*key));
+    }
+    inv
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// Sends invocations in one pipeline. Scripts are loaded at connect; a Redis that restarted
+/// or flushed them answers NOSCRIPT, which pipelines do not handle: load and send once more
+/// (every script is re-runnable).
+async fn pipelined<T: redis::FromRedisValue>(
+    con: &mut Conn,
+    invocations: &[ScriptInvocation<'_>],
+) -> redis::RedisResult<Vec<T>> {
+    let mut pipe = redis::pipe();
+    for inv in invocations {
+        pipe.invoke_script(inv);
+    }
+    match pipe.query_async(con).await {
+        Err(e) if is_noscript(&e) => {
+            load_all(con).await?;
+            pipe.query_async(con).await
+        }
+        other => other,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Producer scripts
+
+/// One job for `enqueue_jobs`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnqueueItem {
+    pub id: String,
+    pub due: Due,
+    pub envelope: Vec<u8>,
+}
+
+/// One `enqueue_jobs` call: jobs of one shard.
+pub struct EnqueueCall<'a> {
+    pub keys: ShardKeys,
+    pub items: &'a [EnqueueItem],
+}
+
+/// Script calls per pipeline round trip.
+const CALLS_PER_PIPELINE: usize = 64;
+
+/// Runs `enqueue_jobs` for each call, pipelined. One answer per item, in order: what the
+/// enqueue did, or `None` when the id exists and the policy is `Error` (nothing written).
+pub async fn enqueue_jobs(
+    con: &mut Conn,
+    policy: OnConflict,
+    calls: &[EnqueueCall<'_>],
+) -> redis::RedisResult<Vec<Vec<Option<Enqueued>>>> {
+    let mut out = Vec::with_capacity(calls.len());
+    for group in calls.chunks(CALLS_PER_PIPELINE) {
+        let invocations: Vec<ScriptInvocation> = group
+            .iter()
+            .map(|call| {
+                let mut inv = shard_invocation(&compiled::enqueue_jobs, "enqueue_jobs", &call.keys);
+                inv.arg(policy.as_arg())
+                    .arg(&call.keys.wake_channel)
+                    .arg(call.keys.shard);
+                for item in call.items {
+                    inv.arg(&item.id).arg(item.due.as_arg()).arg(&item.envelope);
+                }
+                inv
+            })
+            .collect();
+        let replies: Vec<Vec<i64>> = pipelined(con, &invocations).await?;
+        out.extend(replies.into_iter().map(|codes| {
+            codes
+                .into_iter()
+                .map(|code| match code {
+                    1 => Some(Enqueued::Added),
+                    2 => Some(Enqueued::Replaced),
+                    0 => Some(Enqueued::Kept),
+                    _ => None,
+                })
+                .collect()
+        }));
+    }
+    Ok(out)
+}
+
+pub async fn cancel_job(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    id: &str,
+) -> redis::RedisResult<Cancelled> {
+    let mut inv = shard_invocation(&compiled::cancel_job, "cancel_job", keys);
+    let code: i64 = inv.arg(id).invoke_async(con).await?;
+    Ok(match code {
+        1 => Cancelled::Cancelled,
+        -1 => Cancelled::InFlight,
+        _ => Cancelled::NotPending,
+    })
+}
+
+/// The new due ms, or `None` when the job is not pending.
+pub async fn reschedule_job(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    id: &str,
+    due: Due,
+) -> redis::RedisResult<Option<i64>> {
+    let mut inv = shard_invocation(&compiled::reschedule_job, "reschedule_job", keys);
+    let new_due: i64 = inv
+        .arg(id)
+        .arg(due.as_arg())
+        .arg(&keys.wake_channel)
+        .arg(keys.shard)
+        .invoke_async(con)
+        .await?;
+    Ok((new_due >= 0).then_some(new_due))
+}
+
+/// What `replay_dead` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replayed {
+    pub replayed: u64,
+    /// Dead ids without an envelope: nothing to deliver, so they stay dead.
+    pub orphans: u64,
+}
+
+/// Makes dead jobs due now (Redis `TIME`).
+pub async fn replay_dead(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    ids: &[String],
+) -> redis::RedisResult<Replayed> {
+    let mut inv = shard_invocation(&compiled::replay_dead, "replay_dead", keys);
+    let (replayed, orphans): (u64, u64) = inv
+        .arg("")
+        .arg(&keys.wake_channel)
+        .arg(keys.shard)
+        .arg(ids)
+        .invoke_async(con)
+        .await?;
+    Ok(Replayed { replayed, orphans })
+}
+
+pub async fn purge_dead(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    ids: &[String],
+) -> redis::RedisResult<u64> {
+    let mut inv = shard_invocation(&compiled::purge_dead, "purge_dead", keys);
+    inv.arg(ids).invoke_async(con).await
+}
+
+/// Puts dead raw members back into their source with `score` (in the source's unit).
+pub async fn replay_raw_dead(
+    con: &mut Conn,
+    keys: &RawKeys,
+    score: &str,
+    members: &[Vec<u8>],
+) -> redis::RedisResult<u64> {
+    compiled::replay_raw_dead
+        .key(&keys.source)
+        .key(&keys.dead)
+        .key(&keys.reasons)
+        .arg(score)
+        .arg(members)
+        .invoke_async(con)
+        .await
+}
+
+pub async fn purge_raw_dead(
+    con: &mut Conn,
+    keys: &RawKeys,
+    members: &[Vec<u8>],
+) -> redis::RedisResult<u64> {
+    compiled::purge_raw_dead
+        .key(&keys.dead)
+        .key(&keys.reasons)
+        .arg(members)
+        .invoke_async(con)
+        .await
+}
+
+// ---------------------------------------------------------------------------------------
+// Daemon scripts
+
+/// Arguments of one `move_due` call.
+pub struct MoveDue<'a> {
+    pub batch: usize,
+    /// Overrides Redis `TIME` (tests drive time with it).
+    pub now_ms: Option<i64>,
+    pub max_payload: usize,
+    pub lease_ms: u64,
+    /// How far jobs of paused sinks are pushed back.
+    pub postpone_ms: u64,
+    pub routes: &'a Routes,
+    /// Two-phase sinks whose jobs are postponed, not claimed.
+    pub paused: &'a [&'a str],
+    /// Lateness bucket bounds, ms ascending.
+    pub bounds_ms: &'a [u64],
+}
+
+pub async fn move_due(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    args: &MoveDue<'_>,
+) -> redis::RedisResult<MoveReply> {
+    let mut inv = shard_invocation(&compiled::move_due, "move_due", keys);
+    let fixed = inv_key_count("move_due");
+    let routes = args.routes;
+    for list in routes.lists() {
+        inv.key(list);
+    }
+    inv.arg(args.batch)
+        .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(args.max_payload)
+        .arg(args.lease_ms)
+        .arg(args.postpone_ms)
+        .arg(routes.local().len());
+    for route in routes.local() {
+        inv.arg(&route.name)
+            .arg(fixed + routes.list_index(route) + 1)
+            .arg(route.push.command());
+    }
+    let two_phase: Vec<(&str, &str)> = routes.two_phase_routes().collect();
+    inv.arg(two_phase.len());
+    for (route, sink) in two_phase {
+        inv.arg(route).arg(sink);
+    }
+    let sinks: Vec<&str> = routes.two_phase_sinks().collect();
+    inv.arg(sinks.len()).arg(sinks);
+    inv.arg(args.paused.len()).arg(args.paused);
+    inv.arg(args.bounds_ms.len()).arg(args.bounds_ms);
+    let value = inv.invoke_async(con).await?;
+    MoveReply::parse(value, routes.local().len(), args.bounds_ms.len())
+}
+
+fn inv_key_count(name: &str) -> usize {
+    SHARD_KEYS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, keys)| keys.len())
+}
+
+/// Arguments of one `move_raw` call.
+pub struct MoveRaw<'a> {
+    pub batch: usize,
+    pub now_ms: Option<i64>,
+    pub unit: ScoreUnit,
+    pub max_payload: usize,
+    /// The route's list and how to push onto it.
+    pub list: &'a str,
+    pub push: Push,
+    pub bounds_ms: &'a [u64],
+}
+
+pub async fn move_raw(
+    con: &mut Conn,
+    keys: &RawKeys,
+    args: &MoveRaw<'_>,
+) -> redis::RedisResult<MoveReply> {
+    let value = compiled::move_raw
+        .key(&keys.source)
+        .key(args.list)
+        .key(&keys.dead)
+        .key(&keys.reasons)
+        .arg(args.batch)
+        .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(args.unit.as_arg())
+        .arg(args.max_payload)
+        .arg(args.push.command())
+        .arg(args.bounds_ms.len())
+        .arg(args.bounds_ms)
+        .invoke_async(con)
+        .await?;
+    MoveReply::parse(value, 1, args.bounds_ms.len())
+}
+
+/// What to do with one claimed job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SettleOp<'a> {
+    /// Delivered: remove it.
+    Ack,
+    /// Back to due at `due_ms` with the envelope rewritten (attempt + 1, last error).
+    Retry { due_ms: i64, envelope: &'a [u8] },
+    /// Back to due at `due_ms`, no attempt counted (the sink is unavailable).
+    Release { due_ms: i64 },
+    /// To dead with `reason`; `envelope` replaces the stored one unless empty.
+    Dead { reason: &'a str, envelope: &'a [u8] },
+}
+
+/// What `settle_jobs` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    pub settled: u64,
+    /// Jobs whose lease was no longer the one they were claimed with: not touched.
+    pub fenced: u64,
+}
+
+/// Settles claimed jobs, fenced by the lease deadline they were claimed with.
+pub async fn settle_jobs(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    deadline_ms: i64,
+    ops: &[(&str, SettleOp<'_>)],
+) -> redis::RedisResult<Settled> {
+    let mut inv = shard_invocation(&compiled::settle_jobs, "settle_jobs", keys);
+    inv.arg(deadline_ms).arg(&keys.wake_channel).arg(keys.shard);
+    for (id, op) in ops {
+        match op {
+            SettleOp::Ack => inv.arg("ack").arg(*id).arg("").arg(""),
+            SettleOp::Retry { due_ms, envelope } => {
+                inv.arg("retry").arg(*id).arg(*due_ms).arg(*envelope)
+            }
+            SettleOp::Release { due_ms } => inv.arg("release").arg(*id).arg(*due_ms).arg(""),
+            SettleOp::Dead { reason, envelope } => {
+                inv.arg("dead").arg(*id).arg(*reason).arg(*envelope)
+            }
+        };
+    }
+    let (settled, fenced): (u64, u64) = inv.invoke_async(con).await?;
+    Ok(Settled { settled, fenced })
+}
+
+// ---------------------------------------------------------------------------------------
+// Benchmark baselines
+
+/// The least a ZSET → LIST move can do: up to `batch` members scored ≤ `max_score`.
+pub async fn bench_bare_move_raw(
+    con: &mut Conn,
+    source: &str,
+    list: &str,
+    batch: usize,
+    max_score: i64,
+) -> redis::RedisResult<u64> {
+    compiled::bench_bare_move_raw
+        .key(source)
+        .key(list)
+        .arg(batch)
+        .arg(max_score)
+        .invoke_async(con)
+        .await
+}
+
+/// The same for an id ZSET plus a payload HASH.
+pub async fn bench_bare_move_hash(
+    con: &mut Conn,
+    due: &str,
+    jobs: &str,
+    list: &str,
+    batch: usize,
+    max_score: i64,
+) -> redis::RedisResult<u64> {
+    compiled::bench_bare_move_hash
+        .key(due)
+        .key(jobs)
+        .key(list)
+        .arg(batch)
+        .arg(max_score)
+        .invoke_async(con)
+        .await
+}
+
+// ---------------------------------------------------------------------------------------
+// Replies
+
+/// Dead-letter kinds counted by `move_due`, in reply order.
+pub const DUE_DEAD_KINDS: [&str; 5] = [
+    "malformed",
+    "unknown_destination",
+    "wrong_type",
+    "oversize",
+    "missing_envelope",
+];
+/// Dead-letter kinds counted by `move_raw`, in reply order (last two unused).
+pub const RAW_DEAD_KINDS: [&str; 5] = ["implausible_score", "wrong_type", "oversize", "", ""];
+
+/// The reply of `move_due` and `move_raw` (see their headers).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MoveReply {
+    /// Jobs taken off the ZSET: moved plus sent to dead. A full batch means "go again".
+    pub taken: usize,
+    /// Redis TIME at the call, µs.
+    pub now_us: i64,
+    /// Score of the new head, in the source's unit.
+    pub next_due: Option<f64>,
+    pub max_lateness_ms: i64,
+    /// Jobs left due because their push failed (OOM and the like).
+    pub kept: usize,
+    pub kept_error: String,
+    /// Jobs moved, one count per route (raw sources: one count).
+    pub moved: Vec<u64>,
+    /// Dead letters per kind.
+    pub dead: [u64; 5],
+    /// Moved jobs per lateness bucket; one more than the bounds given.
+    pub buckets: Vec<u64>,
+    /// Expired leases returned to due by this call (`move_due` only).
+    pub reaped: u64,
+    /// Jobs of paused sinks pushed back (`move_due` only).
+    pub postponed: u64,
+    /// Lease deadline of the claimed jobs: the fencing token for `settle_jobs`.
+    pub deadline_ms: i64,
+    /// Jobs claimed for two-phase sinks (`move_due` only).
+    pub claimed: Vec<Claimed>,
+}
+
+/// A job claimed for a two-phase sink: now in inflight until `MoveReply::deadline_ms`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub id: String,
+    pub due_ms: i64,
+    pub envelope: Vec<u8>,
+}
+
+impl MoveReply {
+    pub fn moved_total(&self) -> u64 {
+        self.moved.iter().sum()
+    }
+
+    /// Parses the reply with `moved_len` per-route counts and `bounds` lateness bounds.
+    pub fn parse(value: Value, moved_len: usize, bounds: usize) -> redis::RedisResult<Self> {
+        let fixed = 6 + moved_len + 5 + bounds + 1;
+        let items = match value {
+            Value::Array(items) if items.len() == fixed || items.len() >= fixed + 4 => items,
+            other => return Err(protocol_error("move reply", &other)),
+        };
+        let mut it = items.into_iter();
+        let mut next = || it.next().expect("length checked above");
+        let taken = as_int(next())? as usize;
+        let now_us = as_int(next())?;
+        let next_due = match as_string(next())? {
+            s if s.is_empty() => None,
+            s => Some(s.parse::<f64>().map_err(|_| {
+                redis::RedisError::from((redis::ErrorKind::Parse, "next_due is not a number"))
+            })?),
+        };
+        let max_lateness_ms = as_int(next())?;
+        let kept = as_int(next())? as usize;
+        let kept_error = as_string(next())?;
+        let moved = (0..moved_len)
+            .map(|_| as_int(next()).map(|n| n as u64))
+            .collect::<Result<_, _>>()?;
+        let mut dead = [0u64; 5];
+        for slot in &mut dead {
+            *slot = as_int(next())? as u64;
+        }
+        let buckets = (0..=bounds)
+            .map(|_| as_int(next()).map(|n| n as u64))
+            .collect::<Result<_, _>>()?;
+        let mut reply = MoveReply {
+            taken,
+            now_us,
+            next_due,
+            max_lateness_ms,
+            kept,
+            kept_error,
+            moved,
+            dead,
+            buckets,
+            ..MoveReply::default()
+        };
+        let rest: Vec<Value> = it.collect();
+        if let [reaped, postponed, deadline, count, claimed @ ..] = rest.as_slice() {
+            reply.reaped = as_int(reaped.clone())? as u64;
+            reply.postponed = as_int(postponed.clone())? as u64;
+            reply.deadline_ms = as_int(deadline.clone())?;
+            let count = as_int(count.clone())? as usize;
+            if claimed.len() != 3 * count {
+                return Err(protocol_error("claimed jobs", &Value::Int(count as i64)));
+            }
+            for job in claimed.chunks(3) {
+                reply.claimed.push(Claimed {
+                    id: as_string(job[0].clone())?,
+                    due_ms: as_string(job[1].clone())?
+                        .parse::<f64>()
+                        .map(|d| d as i64)
+                        .map_err(|_| protocol_error("claimed due", &job[1]))?,
+                    envelope: as_bytes(job[2].clone())?,
+                });
+            }
+        }
+        Ok(reply)
+    }
+}
+
+fn as_bytes(v: Value) -> redis::RedisResult<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Ok(b),
+        Value::Nil => Ok(Vec::new()),
+        other => Err(protocol_error("bytes", &other)),
+    }
+}
+
+fn protocol_error(what: &str, got: &Value) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected script reply",
+        format!("{what}: {got:?}"),
+    ))
+}
+
+fn as_int(v: Value) -> redis::RedisResult<i64> {
+    match v {
+        Value::Int(n) => Ok(n),
+        Value::BulkString(b) => std::str::from_utf8(&b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| protocol_error("integer", &Value::BulkString(b))),
+        other => Err(protocol_error("integer", &other)),
+    }
+}
+
+fn as_string(v: Value) -> redis::RedisResult<String> {
+    match v {
+        Value::BulkString(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+        Value::SimpleString(s) => Ok(s),
+        Value::Nil => Ok(String::new()),
+        Value::Int(n) => Ok(n.to_string()),
+        other => Err(protocol_error("string", &other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// Literal `KEYS[n]` indices in `text`, and whether a variadic `KEYS[n..]` appears.
+    fn key_refs(text: &str) -> (BTreeSet<usize>, bool) {
+        let mut found = BTreeSet::new();
+        let mut variadic = false;
+        for (i, _) in text.match_indices("KEYS[") {
+            let rest = &text[i + 5..];
+            let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+            if let Ok(n) = digits.parse() {
+                if rest[digits.len()..].starts_with("..") {
+                    variadic = true;
+                } else {
+                    found.insert(n);
+                }
+            }
+        }
+        (found, variadic)
+    }
+
+    #[test]
+    fn every_header_declares_exactly_the_keys_the_body_uses() {
+        for (name, source) in ALL {
+            let header: String = source
+                .lines()
+                .take_while(|l| l.starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let body: String = source
+                .lines()
+                .skip_while(|l| l.starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(
+                header.starts_with(&format!("-- {name}:")),
+                "{name}: header names it"
+            );
+            assert!(
+                header.contains("Returns"),
+                "{name}: header documents the reply"
+            );
+            assert!(
+                header.contains("Re-run safety"),
+                "{name}: header says if re-runnable"
+            );
+            let (declared, variadic) = key_refs(&header);
+            let (used, _) = key_refs(&body);
+            for k in &used {
+                assert!(
+                    declared.contains(k),
+                    "{name}: body uses KEYS[{k}] not in the header"
+                );
+            }
+            for k in &declared {
+                assert!(
+                    used.contains(k),
+                    "{name}: header declares KEYS[{k}] the body never uses"
+                );
+            }
+            if body.contains("KEYS[tonumber") {
+                assert!(
+                    variadic,
+                    "{name}: dynamic KEYS index needs a KEYS[n..] header line"
+                );
+            }
+            // Every key must arrive in KEYS: no key names built from strings inside Lua.
+            for call in ["redis.call('", "redis.pcall("] {
+                for (i, _) in body.match_indices(call) {
+                    let line = body[i..].lines().next().unwrap_or("");
+                    assert!(
+                        !line.contains(".. ':'"),
+                        "{name}: builds a key in Lua: {line}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// (index, name) of each `-- KEYS[i] <name> …` header line.
+    fn header_keys(source: &str) -> Vec<(usize, String)> {
+        source
+            .lines()
+            .take_while(|l| l.starts_with("--"))
+            .filter_map(|l| {
+                let rest = l.strip_prefix("-- KEYS[")?;
+                let (index, rest) = rest.split_once(']')?;
+                let name = rest.split_whitespace().next()?;
+                Some((index.parse().ok()?, name.to_owned()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shard_scripts_take_their_keys_in_the_declared_order() {
+        for (name, keys) in SHARD_KEYS {
+            let (_, source) = ALL.iter().find(|(n, _)| n == name).expect("script exists");
+            let header = header_keys(source);
+            for (i, key) in keys.iter().enumerate() {
+                assert!(
+                    header.contains(&(i + 1, key.name().to_owned())),
+                    "{name}: KEYS[{}] should be {} (header: {header:?})",
+                    i + 1,
+                    key.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn parses_a_move_reply() {
+        let v = Value::Array(vec![
+            Value::Int(3),
+            Value::Int(1_700_000_000_000_123),
+            Value::BulkString(b"1700000000005".to_vec()),
+            Value::Int(4),
+            Value::Int(0),
+            Value::BulkString(vec![]),
+            Value::Int(2),
+            Value::Int(0),
+            Value::Int(1),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(1),
+            Value::Int(1),
+        ]);
+        let r = MoveReply::parse(v, 2, 1).unwrap();
+        assert_eq!(r.taken, 3);
+        assert_eq!(r.next_due, Some(1_700_000_000_005.0));
+        assert_eq!(r.moved, vec![2, 0]);
+        assert_eq!(r.dead, [1, 0, 0, 0, 0]);
+        assert_eq!(r.buckets, vec![1, 1]);
+        assert!(MoveReply::parse(Value::Array(vec![]), 2, 1).is_err());
+    }
+}

@@ -1,0 +1,65 @@
+//! `zdelay bench` arguments.
+
+use std::time::Duration;
+
+/// Which measurements to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// All-due backlog: moved/s of the real mover vs a bare Lua move.
+    Drain,
+    /// Steady enqueue rate: lateness p50/p99/max, never early, all delivered.
+    Steady,
+    /// Many jobs due at the same millisecond: time until the last one is moved.
+    SameMs,
+    /// Redis memory per job.
+    Memory,
+    /// Every mode above.
+    All,
+}
+
+/// Options of `zdelay bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = Mode::All)]
+    pub mode: Mode,
+    /// Jobs loaded for drain and memory.
+    #[arg(long, default_value_t = 500_000)]
+    pub jobs: u64,
+    /// Payload size in bytes (payloads are unique, so at least 13 bytes are used).
+    #[arg(long, default_value_t = 100)]
+    pub payload_size: usize,
+    /// Jobs per script call (default: poller.batch from the config). Above 1000 is for
+    /// experiments only: the daemon caps it at 1000.
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Steady-mode enqueue rates, jobs/s (comma-separated; each runs in turn).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1_000u64, 50_000])]
+    pub rate: Vec<u64>,
+    /// How long each steady rate runs.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Jobs due at the same millisecond in same-ms mode.
+    #[arg(long, default_value_t = 300_000)]
+    pub same_ms_jobs: u64,
+    /// Drain runs per source kind (real then bare, alternating); the median ratio is kept.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Scratch namespace: its keys are deleted before and after.
+    #[arg(long, default_value = "zdelay-bench")]
+    pub namespace: String,
+    /// Envelope shards (default: redis.shards from the config).
+    #[arg(long)]
+    pub shards: Option<u16>,
+    /// Delete and use the scratch keys even if they hold data.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the report as JSON on stdout (progress still goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Instead of the modes: confirmed messages/s through this configured two-phase route
+    /// (Kafka, AMQP, NATS or remote Redis), `--jobs` jobs all due, with the daemon's
+    /// pollers and the route's real sink (claim → publish → broker confirmation → ack).
+    #[arg(long)]
+    pub route: Option<String>,
+}

@@ -1,0 +1,51 @@
+//! `memory`: Redis memory per envelope job, and per job in the bare layout.
+
+use super::load::{load_bare_hash, load_envelopes, status};
+use super::measure::used_memory;
+use super::report::Memory;
+use super::{Env, MEMORY_AIM_BYTES, MEMORY_AIM_PAYLOAD};
+
+pub(super) async fn memory(env: &mut Env) -> anyhow::Result<Memory> {
+    let n = env.args.jobs;
+    let size = env.payload_size();
+    status(&format!("memory: {n} envelope jobs, then the bare layout"));
+    env.scratch.clean(&mut env.con, false).await?;
+    let later = env.redis_now_ms() + 86_400_000;
+    let due = |i: u64| later + i as i64;
+    let before = used_memory(&mut env.con).await?;
+    let ids = load_envelopes(&env.producer, n, size, due, "enqueue envelopes").await?;
+    let after = used_memory(&mut env.con).await?;
+    let envelope = (after - before) as f64 / n as f64;
+    let sample: Vec<u8> = redis::cmd("HGET")
+        .arg(env.scratch.keys.jobs(env.scratch.keys.shard_of(&ids[0])))
+        .arg(&ids[0])
+        .query_async(&mut env.con)
+        .await?;
+    env.scratch.clean(&mut env.con, false).await?;
+
+    let before = used_memory(&mut env.con).await?;
+    let keys = env.scratch.keys.clone();
+    load_bare_hash(
+        &mut env.con,
+        &env.scratch.bare,
+        |id| keys.shard_of(id),
+        &ids,
+        size,
+        due,
+        "load bare id+hash",
+    )
+    .await?;
+    let after = used_memory(&mut env.con).await?;
+    let bare = (after - before) as f64 / n as f64;
+    env.scratch.clean(&mut env.con, false).await?;
+    Ok(Memory {
+        jobs: n,
+        payload_size: size,
+        envelope_bytes_per_job: envelope,
+        bare_bytes_per_job: bare,
+        ratio: envelope / bare,
+        aim_bytes: MEMORY_AIM_BYTES,
+        meets_aim: (size == MEMORY_AIM_PAYLOAD).then_some(envelope <= MEMORY_AIM_BYTES),
+        envelope_value_bytes: sample.len(),
+    })
+}

@@ -1,0 +1,324 @@
+//! `zdelay bench`: measures the mover against a given Redis, in a scratch namespace.
+//!
+//! Every mode runs the product's own code in process: the pollers started by
+//! `poller::start`, exactly as the daemon starts them (with a `BatchObserver` that counts
+//! moved jobs and adds up the scripts' lateness buckets, and the wake listener where
+//! wake-ups matter), and `Client::enqueue_batch` for envelope jobs. Jobs are loaded (with a
+//! progress bar) before any clock starts: filling a ZSET runs at ~200k/s and must not count.
+//!
+//! One file per mode (`drain`, `steady`, `same_ms`, `memory`, `route`), with the arguments
+//! (`args`), scratch keys (`scratch`), loading (`load`), counting (`tally`), Redis and
+//! machine facts (`measure`) and the report (`report`) beside them.
+//!
+//! Modes:
+//! - `drain`: an all-due backlog. Raw source: N members in one ZSET moved by the real
+//!   `move_raw` poller, then the same N members moved by `bench_bare_move_raw` at the same
+//!   batch size. Envelope jobs: N jobs over the shards moved by the real `move_due` pollers
+//!   (one per shard, concurrent), then the same ids and payloads in a bare id ZSET + payload
+//!   HASH layout moved by `bench_bare_move_hash` (one concurrent loop per shard). Reported:
+//!   jobs/s, Redis CPU seconds per million jobs (`INFO cpu` deltas), and real/bare ratios.
+//! - `steady`: a producer enqueues at a fixed rate, each job due 100–500 ms after its
+//!   enqueue, while pollers and the wake listener run. Lateness comes from the scripts'
+//!   buckets (1 ms wide up to 50 ms). A consumer pops the list and checks every job arrived
+//!   once and none arrived before its due time (see `Consumer`).
+//! - `same-ms`: jobs all due at one millisecond T; time from T until the last one moved.
+//! - `memory`: `INFO memory` used_memory per envelope job, and per job in the bare layout.
+//!
+//! Scratch keys: the envelope keys of `--namespace` (default `zdelay-bench`), the bare
+//! layout under `<ns>:bare`, the raw source `<ns>:raw` (and its dead keys) and the list
+//! `<ns>:out`. They are deleted before and after; a namespace that holds any of them is
+//! refused unless `--force`. The bench is for a single Redis node (the list key does not
+//! share the shards' hash tags).
+
+mod args;
+mod drain;
+mod load;
+mod measure;
+mod memory;
+mod report;
+mod route;
+mod same_ms;
+mod scratch;
+mod steady;
+mod tally;
+
+pub use args::{BenchArgs, Mode};
+
+use crate::poller::{
+    self, BatchObserver, Options, Owned, Ownership, PollerContext, Pollers, Target, TargetId,
+};
+use anyhow::{Context, bail, ensure};
+use load::MIN_PAYLOAD;
+use measure::{clock_offset_ms, local_now_ms, read_first_line};
+use report::{Machine, Report, Settings};
+use scratch::Scratch;
+use std::sync::Arc;
+use tally::Tally;
+use tokio_util::sync::CancellationToken;
+use zdelay_client::Client;
+use zdelay_client::config::{Config, RouteConfig, SourceConfig, redact_url};
+use zdelay_client::store::scripts::{self, MoveReply};
+use zdelay_client::store::{self, Conn};
+
+/// Targets from the foundation issue (ratios to a bare move measured in the same run).
+const RAW_RATIO_TARGET: f64 = 0.8;
+const ENVELOPE_RATIO_TARGET: f64 = 0.7;
+const STEADY_P99_TARGET_MS: i64 = 5;
+const STEADY_P99_TARGET_RATE: u64 = 1_000;
+const SAME_MS_TARGET_MS: f64 = 1_000.0;
+/// The same-ms target is for this many jobs; fewer are reported but not judged.
+const SAME_MS_TARGET_JOBS: u64 = 300_000;
+/// The memory aim is for this payload size; other sizes are reported but not judged.
+const MEMORY_AIM_PAYLOAD: usize = 100;
+const MEMORY_AIM_BYTES: f64 = 300.0;
+/// Destination (route name) of every bench job.
+const ROUTE: &str = "bench";
+/// Steady-mode jobs are due this many ms after their enqueue, uniformly.
+const STEADY_DELAY_MS: (u64, u64) = (100, 500);
+
+pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
+    let batch = args.batch.unwrap_or(config.poller.batch);
+    ensure!(
+        (1..=5_000).contains(&batch),
+        "--batch must be 1..=5000 (the daemon allows 1..=1000)"
+    );
+    ensure!(
+        !args.namespace.is_empty() && !args.namespace.contains(['{', '}']),
+        "--namespace must be non-empty, without {{ or }}"
+    );
+    ensure!(
+        args.jobs > 0 && args.same_ms_jobs > 0,
+        "job counts must be > 0"
+    );
+    ensure!(args.rounds > 0, "--rounds must be > 0");
+    let shards = args.shards.unwrap_or(config.redis.shards);
+    ensure!(shards > 0, "--shards must be > 0");
+    let scratch = Scratch::new(&args.namespace, shards);
+    let config = bench_config(config, &scratch, &args.namespace, shards);
+    let redis_cfg = config.redis.clone();
+    let redis = store::client(&redis_cfg)
+        .with_context(|| format!("invalid redis.url {}", redact_url(&redis_cfg.url)))?;
+    let mut con = Conn::connect(&redis_cfg).await?;
+
+    let occupied: u64 = redis::cmd("EXISTS")
+        .arg(scratch.data_keys())
+        .query_async(&mut con)
+        .await?;
+    if occupied > 0 && !args.force {
+        bail!(
+            "namespace {:?} holds {occupied} keys with data on {} (jobs, lists or raw members); \
+             refusing to delete them: use another --namespace, or --force",
+            args.namespace,
+            redact_url(&redis_cfg.url)
+        );
+    }
+    scratch.clean(&mut con, true).await?;
+    scripts::load_all(&mut con).await?;
+    let producer = Client::connect(&redis_cfg).await?;
+
+    let mut report = Report {
+        machine: Machine::gather(&mut con).await?,
+        settings: Settings {
+            redis_url: redact_url(&redis_cfg.url),
+            namespace: args.namespace.clone(),
+            shards,
+            batch,
+            jobs: args.jobs,
+            payload_size: args.payload_size.max(MIN_PAYLOAD),
+            idle_poll_ms: config.poller.idle_poll.as_millis() as u64,
+            mode: clap::ValueEnum::to_possible_value(&args.mode)
+                .map(|v| v.get_name().to_owned())
+                .unwrap_or_default(),
+        },
+        drain: Vec::new(),
+        steady: Vec::new(),
+        same_ms: None,
+        memory: None,
+    };
+    let mut env = Env {
+        con,
+        redis,
+        producer,
+        config,
+        args: args.clone(),
+        scratch,
+        batch,
+        clock_offset_ms: 0,
+    };
+    env.clock_offset_ms = clock_offset_ms(&mut env.con).await?;
+
+    if let Some(route) = env.args.route.clone() {
+        let result = route::sink_drain(&mut env, &route).await;
+        let cleaned = env.scratch.clean(&mut env.con, true).await;
+        let report = result?;
+        cleaned?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!(
+                "route {} (sink {}, {}): {} jobs of {} bytes, batch {}, {} shards\n\
+                 confirmed and acked in {:.2} s = {:.0} msgs/s; dead {}",
+                report.route,
+                report.sink,
+                report.kind,
+                report.jobs,
+                report.payload_size,
+                report.batch,
+                report.shards,
+                report.seconds,
+                report.per_second,
+                report.dead
+            );
+        }
+        return Ok(());
+    }
+    let result = run_modes(&mut env, &mut report).await;
+    // Clean up whatever happened.
+    let cleaned = env.scratch.clean(&mut env.con, true).await;
+    result?;
+    cleaned?;
+    report.machine.loadavg_end = read_first_line("/proc/loadavg");
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report::render(&report));
+    }
+    Ok(())
+}
+
+async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
+    let all = env.args.mode == Mode::All;
+    if all || env.args.mode == Mode::Drain {
+        report.drain.push(drain::drain_raw(env).await?);
+        report.drain.push(drain::drain_envelope(env).await?);
+    }
+    if all || env.args.mode == Mode::SameMs {
+        report.same_ms = Some(same_ms::same_ms(env).await?);
+    }
+    if all || env.args.mode == Mode::Steady {
+        for rate in env.args.rate.clone() {
+            report.steady.push(steady::steady(env, rate).await?);
+        }
+    }
+    if all || env.args.mode == Mode::Memory {
+        report.memory = Some(memory::memory(env).await?);
+    }
+    Ok(())
+}
+
+/// The config the bench's pollers run with: the scratch namespace, one local route
+/// `bench` onto the scratch list, and the scratch raw source delivering to it; sinks and
+/// poller settings as configured (for `--route`).
+fn bench_config(mut config: Config, scratch: &Scratch, namespace: &str, shards: u16) -> Config {
+    config.redis.namespace = namespace.to_owned();
+    config.redis.shards = shards;
+    config.routes.push(RouteConfig {
+        name: ROUTE.into(),
+        sink: zdelay_client::config::LOCAL_SINK.into(),
+        target: scratch.out.clone(),
+        push: Default::default(),
+        delayed_suffix: None,
+        priority: None,
+    });
+    config.sources = vec![SourceConfig {
+        key: scratch.raw.source.clone(),
+        score_unit: Default::default(),
+        route: ROUTE.into(),
+        dead_key: None,
+    }];
+    config
+}
+
+/// What every mode needs.
+struct Env {
+    con: Conn,
+    /// For pub/sub (the wake listener) and the steady consumer's own connection.
+    redis: redis::Client,
+    producer: Client,
+    config: Config,
+    args: BenchArgs,
+    scratch: Scratch,
+    batch: usize,
+    /// Redis clock minus the local clock, ms (0 on the same host).
+    clock_offset_ms: i64,
+}
+
+impl Env {
+    fn payload_size(&self) -> usize {
+        self.args.payload_size
+    }
+
+    /// Redis's clock now, estimated from the local clock.
+    fn redis_now_ms(&self) -> i64 {
+        local_now_ms() + self.clock_offset_ms
+    }
+
+    /// The pollers' shared context, as the daemon builds it, with the bench's batch and
+    /// lateness buckets.
+    fn context(&self, bounds: Vec<u64>) -> PollerContext {
+        let sinks = Default::default();
+        let mut ctx = PollerContext::new(self.con.clone(), &self.config, sinks);
+        ctx.mover.batch = self.batch;
+        ctx.mover.bounds_ms = bounds;
+        ctx
+    }
+
+    /// Starts pollers for `targets` through `poller::start` (with the wake listener if
+    /// asked), feeding `tally`.
+    fn spawn_movers(
+        &self,
+        targets: Owned,
+        bounds: Vec<u64>,
+        tally: &Arc<Tally>,
+        listen: bool,
+    ) -> Movers {
+        let on_batch: BatchObserver = {
+            let tally = tally.clone();
+            Arc::new(move |_target: &Target, reply: &MoveReply| tally.observe(reply))
+        };
+        let ownership = Ownership::new(targets);
+        let pollers = poller::start(
+            Arc::new(self.context(bounds)),
+            ownership.subscribe(),
+            Options {
+                wake_client: listen.then(|| self.redis.clone()),
+                on_batch: Some(on_batch),
+            },
+            &CancellationToken::new(),
+        );
+        Movers {
+            _ownership: ownership,
+            pollers,
+        }
+    }
+
+    fn shard_targets(&self) -> Owned {
+        (0..self.scratch.keys.shards())
+            .map(TargetId::Shard)
+            .collect()
+    }
+
+    fn raw_target(&self) -> Owned {
+        Owned::from([TargetId::Source(self.scratch.raw.source.clone())])
+    }
+
+    /// Jobs still in the envelope due ZSETs.
+    async fn due_left(&mut self) -> redis::RedisResult<u64> {
+        let keys: Vec<String> = (0..self.scratch.keys.shards())
+            .map(|s| self.scratch.keys.due(s))
+            .collect();
+        measure::total_size(&mut self.con, "ZCARD", &keys).await
+    }
+}
+
+struct Movers {
+    _ownership: Ownership,
+    pollers: Pollers,
+}
+
+impl Movers {
+    async fn stop(self) {
+        self.pollers.stop().await;
+    }
+}

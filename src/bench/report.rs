@@ -1,0 +1,381 @@
+//! The report: what each mode measured, and its text rendering.
+
+use super::measure::read_first_line;
+use super::{MEMORY_AIM_PAYLOAD, SAME_MS_TARGET_JOBS};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::time::Duration;
+use zdelay_client::store::{self, Conn};
+
+#[derive(Debug, Serialize)]
+pub(super) struct Report {
+    pub(super) machine: Machine,
+    pub(super) settings: Settings,
+    pub(super) drain: Vec<Drain>,
+    pub(super) steady: Vec<Steady>,
+    pub(super) same_ms: Option<SameMs>,
+    pub(super) memory: Option<Memory>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Machine {
+    pub(super) nproc: usize,
+    pub(super) cpu_model: Option<String>,
+    pub(super) mem_total: Option<String>,
+    pub(super) loadavg_start: Option<String>,
+    pub(super) loadavg_end: Option<String>,
+    pub(super) redis_version: Option<String>,
+    pub(super) redis_os: Option<String>,
+    pub(super) redis_hz: Option<String>,
+    pub(super) redis_io_threads: Option<String>,
+    pub(super) zdelay_version: &'static str,
+    pub(super) build: &'static str,
+}
+
+impl Machine {
+    pub(super) async fn gather(con: &mut Conn) -> anyhow::Result<Self> {
+        let server = store::info(con, "server").await?;
+        let threads = store::info(con, "threads").await.unwrap_or_default();
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        Ok(Machine {
+            nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model: store::parse_info(&cpuinfo).get("model name").cloned(),
+            mem_total: store::parse_info(&meminfo).get("MemTotal").cloned(),
+            loadavg_start: read_first_line("/proc/loadavg"),
+            loadavg_end: None,
+            redis_version: server.get("redis_version").cloned(),
+            redis_os: server.get("os").cloned(),
+            redis_hz: server.get("hz").cloned(),
+            redis_io_threads: threads.get("io_threads_active").cloned(),
+            zdelay_version: env!("CARGO_PKG_VERSION"),
+            build: if cfg!(debug_assertions) {
+                "debug (numbers are not representative: use --release)"
+            } else {
+                "release"
+            },
+        })
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Settings {
+    pub(super) redis_url: String,
+    pub(super) namespace: String,
+    pub(super) shards: u16,
+    pub(super) batch: usize,
+    pub(super) jobs: u64,
+    pub(super) payload_size: usize,
+    pub(super) idle_poll_ms: u64,
+    pub(super) mode: String,
+}
+
+/// One timed move of a whole backlog.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Throughput {
+    pub(super) jobs: u64,
+    pub(super) seconds: f64,
+    pub(super) jobs_per_sec: f64,
+    pub(super) redis_cpu_seconds: f64,
+    pub(super) redis_cpu_s_per_million: f64,
+    pub(super) script_calls: u64,
+}
+
+impl Throughput {
+    pub(super) fn new(jobs: u64, elapsed: Duration, cpu: f64, calls: u64) -> Self {
+        let seconds = elapsed.as_secs_f64();
+        Throughput {
+            jobs,
+            seconds,
+            jobs_per_sec: jobs as f64 / seconds.max(1e-9),
+            redis_cpu_seconds: cpu,
+            redis_cpu_s_per_million: cpu * 1e6 / jobs.max(1) as f64,
+            script_calls: calls,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Drain {
+    /// "raw" or "envelope".
+    pub(super) source: &'static str,
+    pub(super) mover: &'static str,
+    pub(super) baseline: &'static str,
+    /// Pollers (real) and loops (bare) running concurrently.
+    pub(super) concurrency: usize,
+    /// Round with the median ratio.
+    pub(super) real: Throughput,
+    pub(super) bare: Throughput,
+    pub(super) ratio: f64,
+    pub(super) ratio_all_rounds: Vec<f64>,
+    pub(super) target_ratio: f64,
+    pub(super) meets_target: bool,
+    pub(super) dead: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Lateness {
+    pub(super) jobs: u64,
+    pub(super) p50_ms: Option<i64>,
+    pub(super) p90_ms: Option<i64>,
+    pub(super) p99_ms: Option<i64>,
+    pub(super) p999_ms: Option<i64>,
+    pub(super) max_ms: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Steady {
+    pub(super) rate_target: u64,
+    pub(super) rate_achieved: f64,
+    pub(super) seconds: f64,
+    pub(super) enqueued: u64,
+    pub(super) moved: u64,
+    /// Lateness by the move scripts' buckets (Redis clock at the script's start).
+    pub(super) lateness: Lateness,
+    /// Jobs delivered before their due time (negative lateness), counted by the consumer:
+    /// Redis TIME read after the pop is later than the move, so TIME < due proves one. The
+    /// scripts cannot move a job early by construction: they take scores <= their own TIME.
+    pub(super) early_jobs: u64,
+    /// Consumer view: Redis TIME read right after the pop, minus the job's due time.
+    pub(super) consumer: ConsumerReport,
+    /// How late this process's own 1–5 ms timers fired meanwhile (whole ms, rounded down):
+    /// the scheduling noise under any lateness the pollers can reach on this machine.
+    pub(super) timer_overshoot: Option<Lateness>,
+    pub(super) script_calls_per_sec: f64,
+    pub(super) redis_cpu_percent: f64,
+    pub(super) dead: u64,
+    pub(super) left_due: u64,
+    pub(super) all_delivered_once: bool,
+    /// Only for the 1k/s rate: lateness p99 target.
+    pub(super) target_p99_ms: Option<i64>,
+    pub(super) meets_target: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub(super) struct ConsumerReport {
+    pub(super) received: u64,
+    pub(super) duplicates: u64,
+    pub(super) missing: u64,
+    pub(super) unparsable: u64,
+    /// Jobs whose pop finished before their due time: proof of an early delivery.
+    pub(super) early: u64,
+    pub(super) end_to_end: Option<Lateness>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct SameMs {
+    pub(super) jobs: u64,
+    /// T minus Redis TIME when the pollers started.
+    pub(super) margin_ms: i64,
+    /// Redis TIME at the start of the first call that moved jobs, minus T.
+    pub(super) first_move_after_t_ms: f64,
+    /// Start of the last call that moved jobs, minus T (exact, Redis clock).
+    pub(super) last_call_started_after_t_ms: f64,
+    /// When the poller saw the last reply, minus T (local clock + measured offset).
+    pub(super) all_moved_after_t_ms: f64,
+    pub(super) jobs_per_sec: f64,
+    pub(super) redis_cpu_s_per_million: f64,
+    pub(super) script_calls: u64,
+    pub(super) lateness: Lateness,
+    pub(super) target_ms: f64,
+    /// `None` below 300k jobs: the target is for 300k.
+    pub(super) meets_target: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Memory {
+    pub(super) jobs: u64,
+    pub(super) payload_size: usize,
+    pub(super) envelope_bytes_per_job: f64,
+    pub(super) bare_bytes_per_job: f64,
+    pub(super) ratio: f64,
+    pub(super) aim_bytes: f64,
+    /// `None` unless the payload is 100 bytes: the aim is for that size.
+    pub(super) meets_aim: Option<bool>,
+    /// Bytes of one stored envelope (frame header + payload).
+    pub(super) envelope_value_bytes: usize,
+}
+
+// ---------------------------------------------------------------------------------------
+// Rendering
+
+pub(super) fn opt(v: Option<i64>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+pub(super) fn verdict(ok: bool) -> &'static str {
+    if ok { "meets target" } else { "MISSES target" }
+}
+
+pub(super) fn render(r: &Report) -> String {
+    let mut s = String::new();
+    let m = &r.machine;
+    let st = &r.settings;
+    let _ = writeln!(s, "zdelay bench {} ({})", m.zdelay_version, m.build);
+    let _ = writeln!(
+        s,
+        "machine: {} cpus ({}), {} RAM, load avg {} at start, {} at end",
+        m.nproc,
+        m.cpu_model.as_deref().unwrap_or("?"),
+        m.mem_total.as_deref().unwrap_or("?"),
+        m.loadavg_start.as_deref().unwrap_or("?"),
+        m.loadavg_end.as_deref().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        s,
+        "redis: {} {} at {}, hz {}",
+        m.redis_version.as_deref().unwrap_or("?"),
+        m.redis_os.as_deref().unwrap_or("?"),
+        st.redis_url,
+        m.redis_hz.as_deref().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        s,
+        "settings: namespace {}, {} shards, batch {}, {} jobs, payload {} B, idle poll {} ms",
+        st.namespace, st.shards, st.batch, st.jobs, st.payload_size, st.idle_poll_ms
+    );
+    if !r.drain.is_empty() {
+        let _ = writeln!(
+            s,
+            "\ndrain (all-due backlog; Redis CPU = used_cpu_sys+user delta)"
+        );
+        let _ = writeln!(
+            s,
+            "  {:<9} {:<24} {:>9} {:>8} {:>11} {:>10} {:>7}",
+            "source", "mover", "jobs", "seconds", "jobs/s", "cpu s/M", "calls"
+        );
+        for d in &r.drain {
+            for (name, t) in [(d.mover, &d.real), (d.baseline, &d.bare)] {
+                let _ = writeln!(
+                    s,
+                    "  {:<9} {:<24} {:>9} {:>8.3} {:>11.0} {:>10.2} {:>7}",
+                    d.source,
+                    name,
+                    t.jobs,
+                    t.seconds,
+                    t.jobs_per_sec,
+                    t.redis_cpu_s_per_million,
+                    t.script_calls
+                );
+            }
+            let rounds: Vec<String> = d
+                .ratio_all_rounds
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect();
+            let _ = writeln!(
+                s,
+                "  {:<9} ratio {:.2} (rounds: {}), target >= {:.1}: {}; cpu ratio bare/real {:.2}; dead {}",
+                d.source,
+                d.ratio,
+                rounds.join(" "),
+                d.target_ratio,
+                verdict(d.meets_target),
+                d.bare.redis_cpu_s_per_million / d.real.redis_cpu_s_per_million.max(1e-9),
+                d.dead
+            );
+        }
+    }
+    if let Some(x) = &r.same_ms {
+        let _ = writeln!(s, "\nsame-ms ({} envelope jobs due at one ms T)", x.jobs);
+        let _ = writeln!(
+            s,
+            "  first move at T+{:.1} ms, last call started T+{:.1} ms, all moved by T+{:.1} ms \
+             (target < {:.0} ms for {} jobs: {})",
+            x.first_move_after_t_ms,
+            x.last_call_started_after_t_ms,
+            x.all_moved_after_t_ms,
+            x.target_ms,
+            SAME_MS_TARGET_JOBS,
+            x.meets_target.map_or("not judged", verdict)
+        );
+        let _ = writeln!(
+            s,
+            "  {:.0} jobs/s while moving, {:.2} Redis cpu s/M, {} script calls, margin {} ms",
+            x.jobs_per_sec, x.redis_cpu_s_per_million, x.script_calls, x.margin_ms
+        );
+    }
+    if !r.steady.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nsteady (each job due 100-500 ms after enqueue; lateness ms from the scripts' buckets)"
+        );
+        let _ = writeln!(
+            s,
+            "  {:>7} {:>9} {:>8} {:>8} {:>4} {:>4} {:>4} {:>5} {:>5} {:>5} {:>9} {:>9} {:>8} {:>7}",
+            "rate",
+            "achieved",
+            "jobs",
+            "moved",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+            "early",
+            "e2e p99",
+            "timer p99",
+            "calls/s",
+            "cpu %"
+        );
+        for x in &r.steady {
+            let l = &x.lateness;
+            let e2e = x.consumer.end_to_end.as_ref().and_then(|e| e.p99_ms);
+            let _ = writeln!(
+                s,
+                "  {:>7} {:>9.0} {:>8} {:>8} {:>4} {:>4} {:>4} {:>5} {:>5} {:>5} {:>9} {:>9} {:>8.0} {:>7.1}",
+                x.rate_target,
+                x.rate_achieved,
+                x.enqueued,
+                x.moved,
+                opt(l.p50_ms),
+                opt(l.p90_ms),
+                opt(l.p99_ms),
+                opt(l.p999_ms),
+                opt(l.max_ms),
+                x.early_jobs,
+                opt(e2e),
+                opt(x.timer_overshoot.as_ref().and_then(|t| t.p99_ms)),
+                x.script_calls_per_sec,
+                x.redis_cpu_percent
+            );
+        }
+        for x in &r.steady {
+            let _ = writeln!(
+                s,
+                "  {}/s: delivered once and never early: {} (consumer got {}, duplicates {}, missing {}, dead {}, left due {}){}",
+                x.rate_target,
+                if x.all_delivered_once { "yes" } else { "NO" },
+                x.consumer.received,
+                x.consumer.duplicates,
+                x.consumer.missing,
+                x.dead,
+                x.left_due,
+                match (x.target_p99_ms, x.meets_target) {
+                    (Some(t), Some(ok)) => format!("; p99 target <= {t} ms: {}", verdict(ok)),
+                    _ => String::new(),
+                }
+            );
+        }
+    }
+    if let Some(x) = &r.memory {
+        let _ = writeln!(s, "\nmemory (INFO memory used_memory delta / jobs)");
+        let _ = writeln!(
+            s,
+            "  envelope job: {:.0} B (stored value {} B), bare id+hash: {:.0} B, ratio {:.2}; \
+             aim <= {:.0} B with {} B payloads: {}",
+            x.envelope_bytes_per_job,
+            x.envelope_value_bytes,
+            x.bare_bytes_per_job,
+            x.ratio,
+            x.aim_bytes,
+            MEMORY_AIM_PAYLOAD,
+            match x.meets_aim {
+                Some(true) => "met",
+                Some(false) => "MISSED",
+                None => "not judged",
+            }
+        );
+    }
+    s
+}

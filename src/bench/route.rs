@@ -1,0 +1,96 @@
+//! `--route`: confirmed messages/s through one two-phase route, end to end.
+
+use super::Env;
+use super::load::{MIN_PAYLOAD, load_envelopes_to};
+use super::measure::total_size;
+use crate::poller::{self, Options, Ownership, PollerContext};
+use anyhow::Context;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use zdelay_client::routes::Resolved;
+
+/// `--route`: throughput of one two-phase route, end to end.
+#[derive(Debug, serde::Serialize)]
+pub(super) struct SinkDrainReport {
+    pub(super) route: String,
+    pub(super) sink: String,
+    pub(super) kind: String,
+    pub(super) jobs: u64,
+    pub(super) payload_size: usize,
+    pub(super) batch: usize,
+    pub(super) shards: u16,
+    pub(super) seconds: f64,
+    pub(super) per_second: f64,
+    pub(super) dead: u64,
+}
+
+pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<SinkDrainReport> {
+    let sinks = crate::sinks::build_all(&env.config)?;
+    let mut ctx = PollerContext::new(env.con.clone(), &env.config, sinks);
+    ctx.mover.batch = env.batch.min(1000);
+    let dest = match ctx.routes.resolve(route) {
+        Ok(Resolved::TwoPhase(dest)) => dest,
+        Ok(Resolved::Local(_)) => {
+            anyhow::bail!("--route {route}: a local list route, not two-phase")
+        }
+        Err(e) => anyhow::bail!("--route {route}: not a two-phase route of the config ({e})"),
+    };
+    let sink = ctx
+        .sinks
+        .get(&dest.sink)
+        .cloned()
+        .with_context(|| format!("sink {} not built", dest.sink))?;
+    sink.sink
+        .check()
+        .await
+        .map_err(|e| anyhow::anyhow!("sink {} is not reachable: {e}", dest.sink))?;
+    let n = env.args.jobs;
+    let size = env.payload_size().max(MIN_PAYLOAD);
+    let past = env.redis_now_ms() - 1_000;
+    load_envelopes_to(
+        &env.producer,
+        route,
+        n,
+        size,
+        |_| past,
+        "loading jobs for the route",
+    )
+    .await?;
+    let keys = env.scratch.keys.clone();
+    let jobs_keys: Vec<String> = (0..keys.shards()).map(|s| keys.jobs(s)).collect();
+    let dead_keys: Vec<String> = (0..keys.shards()).map(|s| keys.dead(s)).collect();
+    let ctx = Arc::new(ctx);
+    let ownership = Ownership::new(ctx.all_targets());
+    let started = Instant::now();
+    let pollers = poller::start(
+        ctx,
+        ownership.subscribe(),
+        Options::default(),
+        &CancellationToken::new(),
+    );
+    // Done when no job is stored any more: every one was confirmed and acked (or died).
+    let elapsed = loop {
+        let left = total_size(&mut env.con, "HLEN", &jobs_keys).await?;
+        let dead = total_size(&mut env.con, "ZCARD", &dead_keys).await?;
+        if left == dead {
+            break started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    pollers.stop().await;
+    let dead = total_size(&mut env.con, "ZCARD", &dead_keys).await?;
+    sink.sink.flush(Duration::from_secs(5)).await;
+    Ok(SinkDrainReport {
+        route: route.to_owned(),
+        sink: dest.sink.clone(),
+        kind: sink.kind.to_owned(),
+        jobs: n,
+        payload_size: size,
+        batch: env.batch.min(1000),
+        shards: keys.shards(),
+        seconds: elapsed.as_secs_f64(),
+        per_second: (n - dead) as f64 / elapsed.as_secs_f64(),
+        dead,
+    })
+}

@@ -1,0 +1,70 @@
+//! Scratch keys: everything the bench writes, under its own namespace, deleted before and
+//! after. The envelope keys of `--namespace`, the bare layout under `<ns>:bare`, the raw
+//! source `<ns>:raw` (and its dead keys) and the output list `<ns>:out`.
+
+use zdelay_client::keys::{Keys, RawKeys};
+use zdelay_client::store::Conn;
+
+pub(super) struct Scratch {
+    pub(super) keys: Keys,
+    pub(super) bare: Keys,
+    pub(super) raw: RawKeys,
+    pub(super) out: String,
+}
+
+impl Scratch {
+    pub(super) fn new(namespace: &str, shards: u16) -> Self {
+        Scratch {
+            keys: Keys::new(namespace, shards),
+            bare: Keys::new(&format!("{namespace}:bare"), shards),
+            raw: RawKeys::new(&format!("{namespace}:raw"), None),
+            out: format!("{namespace}:out"),
+        }
+    }
+
+    /// Every scratch key that holds data (not the schema hash).
+    pub(super) fn data_keys(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for s in 0..self.keys.shards() {
+            let k = &self.keys;
+            out.extend([k.due(s), k.jobs(s), k.inflight(s), k.dead(s), k.reasons(s)]);
+            out.extend([self.bare.due(s), self.bare.jobs(s)]);
+        }
+        out.extend([
+            self.raw.source.clone(),
+            self.raw.dead.clone(),
+            self.raw.reasons.clone(),
+            self.out.clone(),
+        ]);
+        out
+    }
+
+    /// Deletes the scratch keys (DEL, not UNLINK, so used_memory drops at once).
+    pub(super) async fn clean(&self, con: &mut Conn, schema: bool) -> redis::RedisResult<()> {
+        let mut keys = self.data_keys();
+        if schema {
+            keys.push(self.keys.schema());
+        }
+        for chunk in keys.chunks(64) {
+            let _: () = redis::cmd("DEL").arg(chunk).query_async(con).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_keys_stay_in_the_namespace() {
+        let s = Scratch::new("zdelay-bench", 2);
+        for k in s.data_keys() {
+            assert!(
+                k.starts_with("zdelay-bench:") || k.starts_with("{zdelay-bench:"),
+                "{k}"
+            );
+        }
+        assert_eq!(s.data_keys().len(), 2 * 7 + 4);
+    }
+}

@@ -1,0 +1,177 @@
+//! `zdelay enqueue`: one job from flags, or many from JSON lines (`--batch`).
+
+use super::When;
+use super::batch;
+use anyhow::Context;
+use clap::ValueEnum;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+use zdelay::envelope::payload_from_json;
+use zdelay::{Client, Due, Enqueued, NewJob, OnConflict};
+
+#[derive(clap::Args)]
+pub struct EnqueueArgs {
+    /// Destination: a configured route name, or <sink>/<target> for a Kafka, AMQP or NATS
+    /// sink whose `allow` patterns admit the target.
+    #[arg(long, required_unless_present = "batch")]
+    dest: Option<String>,
+    #[command(flatten)]
+    when: When,
+    /// Job id (default: a new ULID). Ids sharing a {tag} share a shard and keep their order.
+    #[arg(long)]
+    id: Option<String>,
+    /// A message header K=V, delivered with the payload (repeatable).
+    #[arg(long = "header", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// The payload, as text.
+    #[arg(
+        long,
+        conflicts_with = "payload_file",
+        required_unless_present_any = ["payload_file", "batch"]
+    )]
+    payload: Option<String>,
+    /// The payload, read from a file (bytes as they are).
+    #[arg(long)]
+    payload_file: Option<PathBuf>,
+    /// Delivery attempts before the job goes to dead (Kafka, AMQP, NATS and remote Redis
+    /// sinks; default poller.max_attempts).
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// When the id exists: replace it, keep the existing job, or fail.
+    #[arg(long, value_enum, default_value_t = Conflict::Replace)]
+    on_conflict: Conflict,
+    /// Read jobs from FILE ("-" = stdin), one JSON object a line:
+    /// {"dest","payload","payload_encoding","at"|"in","id","headers","max_attempts"}.
+    /// Prints one id per input line, in order.
+    #[arg(long, conflicts_with_all = ["dest", "payload", "payload_file", "id"])]
+    batch: Option<String>,
+}
+
+/// `--on-conflict`, as the CLI spells it.
+#[derive(Clone, Copy, ValueEnum)]
+enum Conflict {
+    /// Overwrite the job, whatever state it is in.
+    Replace,
+    /// Leave the existing job as it is.
+    Keep,
+    /// Fail (exit 1).
+    Error,
+}
+
+impl From<Conflict> for OnConflict {
+    fn from(c: Conflict) -> Self {
+        match c {
+            Conflict::Replace => OnConflict::Replace,
+            Conflict::Keep => OnConflict::Keep,
+            Conflict::Error => OnConflict::Error,
+        }
+    }
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or("expected K=V")?;
+    if k.is_empty() {
+        return Err("empty header name".into());
+    }
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+pub async fn run(client: &Client, args: EnqueueArgs) -> anyhow::Result<i32> {
+    let policy = OnConflict::from(args.on_conflict);
+    if let Some(path) = &args.batch {
+        return batch::run(path, "jobs enqueued", parse_line, async |jobs| {
+            Ok(client
+                .enqueue_batch(jobs, policy)
+                .await?
+                .into_iter()
+                .map(|r| r.map(|(id, _)| id).map_err(|e| e.to_string()))
+                .collect())
+        })
+        .await;
+    }
+    let dest = args.dest.expect("clap requires --dest without --batch");
+    let payload = match (args.payload, &args.payload_file) {
+        (Some(text), _) => text.into_bytes(),
+        (_, Some(path)) => std::fs::read(path)
+            .with_context(|| format!("cannot read --payload-file {}", path.display()))?,
+        (None, None) => unreachable!("clap requires --payload or --payload-file"),
+    };
+    let mut job = NewJob::new(dest, payload);
+    job.due = args.when.due();
+    job.id = args.id;
+    job.headers = args.headers.into_iter().collect();
+    job.max_attempts = args.max_attempts;
+    let (id, outcome) = client.enqueue(job, policy).await?;
+    println!("{id}");
+    if outcome == Enqueued::Kept {
+        eprintln!("{id} exists; kept as it was (--on-conflict keep)");
+    }
+    Ok(0)
+}
+
+/// One line of `enqueue --batch`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchLine {
+    dest: String,
+    payload: String,
+    #[serde(default)]
+    payload_encoding: Option<String>,
+    #[serde(default)]
+    at: Option<i64>,
+    #[serde(default, rename = "in", with = "humantime_serde")]
+    delay: Option<Duration>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+}
+
+fn parse_line(line: &str) -> Result<NewJob, String> {
+    let l: BatchLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    let payload = payload_from_json(l.payload, l.payload_encoding.as_deref())?;
+    let mut job = NewJob::new(l.dest, payload);
+    job.due = match (l.at, l.delay) {
+        (Some(_), Some(_)) => return Err("give \"at\" or \"in\", not both".into()),
+        (Some(ms), None) => Due::At(ms),
+        (None, Some(d)) => Due::In(d),
+        (None, None) => Due::In(Duration::ZERO),
+    };
+    job.id = l.id;
+    job.headers = l.headers;
+    job.max_attempts = l.max_attempts;
+    Ok(job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_lines_parse_or_say_why() {
+        let job =
+            parse_line(r#"{"dest":"q","payload":"aGk=","payload_encoding":"base64","in":"250ms"}"#)
+                .unwrap();
+        assert_eq!(job.payload, b"hi");
+        assert_eq!(job.due, Due::In(Duration::from_millis(250)));
+        assert!(
+            parse_line(r#"{"dest":"q","payload":"x","at":1,"in":"1s"}"#)
+                .unwrap_err()
+                .contains("not both")
+        );
+        assert!(
+            parse_line(r#"{"dest":"q","payload":"x","extra":1}"#)
+                .unwrap_err()
+                .contains("extra")
+        );
+        assert!(
+            parse_line(r#"{"dest":"q","payload":"x","payload_encoding":"rot13"}"#)
+                .unwrap_err()
+                .contains("rot13")
+        );
+    }
+}

@@ -1,0 +1,348 @@
+//! The `zdelay` command line: argument definitions and dispatch. Each command is a thin
+//! layer: parse → one library call → render (`render`), with JSON-lines input in `batch`.
+//!
+//! Exit codes: 0 success; 1 an error, or "not found / not pending"; 2 a usage error (clap's
+//! own, or [`UsageError`]) or bad `--batch` lines; 130 a second signal during `run`.
+
+mod batch;
+mod dead;
+mod enqueue;
+mod render;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::time::{Duration, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+use zdelay::config::{self, Config};
+use zdelay::{Cancelled, Client, ClientError, Due, Routes};
+
+#[derive(Parser)]
+#[command(
+    name = "zdelay",
+    version,
+    about = "Precise, reliable delayed delivery from Redis sorted sets to Redis lists, Kafka \
+             topics, RabbitMQ (AMQP) exchanges and queues, and NATS subjects."
+)]
+pub struct Cli {
+    /// Config file (TOML). Without it: built-in defaults (Redis at 127.0.0.1:6379, one
+    /// route "default" → list queue:default). ZDELAY_<SECTION>__<FIELD> variables override
+    /// either.
+    #[arg(long, global = true, env = "ZDELAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "zdelay=debug". Logs go to
+    /// stderr.
+    #[arg(long, global = true, env = "ZDELAY_LOG", default_value = "info")]
+    pub log: String,
+    /// Log line format: "text" for people, "json" (one object a line) for log collectors.
+    #[arg(long, global = true, env = "ZDELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: deliver due jobs to their routes (Redis lists, Kafka, AMQP, NATS)
+    /// until SIGTERM or SIGINT.
+    Run,
+    /// Schedule a job and print its id, or many with --batch (one id per input line).
+    Enqueue(enqueue::EnqueueArgs),
+    /// Cancel a pending job by id (exit 1 if it is delivered, dead, unknown or in flight).
+    Cancel {
+        /// The job's id, as enqueue printed it.
+        id: String,
+    },
+    /// Move a pending job to a new due time (exit 1 if it is not pending).
+    Reschedule {
+        /// The job's id, as enqueue printed it.
+        id: String,
+        #[command(flatten)]
+        when: RequiredWhen,
+    },
+    /// Show a job by id, as JSON: destination, payload, headers, state, due time
+    /// (exit 1 if no job with this id is stored).
+    Get {
+        /// The job's id, as enqueue printed it.
+        id: String,
+    },
+    /// Backlog per shard and raw source (due now, scheduled later, in flight, dead, oldest
+    /// due age) and each two-phase sink's health.
+    Stats {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Dead jobs: list them with their reason, replay them, or purge them.
+    Dead {
+        #[command(subcommand)]
+        action: dead::DeadAction,
+    },
+    /// Measure throughput and lateness against a Redis (use a scratch Redis or namespace).
+    Bench(zdelay::bench::BenchArgs),
+    /// Load and validate the config, then print the effective config as JSON (secrets as
+    /// ***).
+    CheckConfig,
+}
+
+/// When a job is due; neither flag means now.
+#[derive(clap::Args, Default)]
+#[group(multiple = false)]
+pub struct When {
+    /// Due time: RFC 3339 (2026-11-21T14:03:07.250Z) or epoch milliseconds.
+    #[arg(long, value_parser = parse_at)]
+    at: Option<i64>,
+    /// Delay from now, measured on Redis's clock: 250ms, 5s, 1h30m, …
+    #[arg(long = "in", value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
+}
+
+impl When {
+    pub fn due(&self) -> Due {
+        match (self.at, self.delay) {
+            (Some(ms), _) => Due::At(ms),
+            (_, Some(d)) => Due::In(d),
+            _ => Due::In(Duration::ZERO),
+        }
+    }
+}
+
+/// A new due time: exactly one of the flags.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct RequiredWhen {
+    /// New due time: RFC 3339 (2026-11-21T14:03:07.250Z) or epoch milliseconds.
+    #[arg(long, value_parser = parse_at)]
+    at: Option<i64>,
+    /// New delay from now, measured on Redis's clock: 250ms, 5s, 1h30m, …
+    #[arg(long = "in", value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
+}
+
+impl RequiredWhen {
+    fn due(&self) -> Due {
+        When {
+            at: self.at,
+            delay: self.delay,
+        }
+        .due()
+    }
+}
+
+fn parse_at(s: &str) -> Result<i64, String> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Ok(ms);
+    }
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|e| format!("{e}: expected RFC 3339 or epoch milliseconds"))?;
+    Ok(t.duration_since(UNIX_EPOCH)
+        .map_err(|_| "before 1970".to_owned())?
+        .as_millis() as i64)
+}
+
+/// A command used wrongly in a way clap cannot see (exit 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Runs the command; returns the exit code.
+pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let config = config::load(cli.config.as_deref())?;
+    let origin = ConfigOrigin(cli.config.clone());
+    match cli.command {
+        Command::Run => {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(zdelay::app::watch_signals(shutdown.clone()));
+            zdelay::app::run(config, shutdown).await?;
+            Ok(0)
+        }
+        Command::CheckConfig => {
+            println!("{}", serde_json::to_string_pretty(&config)?);
+            eprintln!(
+                "config OK ({}): {} sinks, {} routes, {} sources",
+                origin,
+                config.sinks.len(),
+                config.routes.len(),
+                config.sources.len()
+            );
+            Ok(0)
+        }
+        Command::Bench(args) => {
+            zdelay::bench::run(config, args).await?;
+            Ok(0)
+        }
+        command => {
+            let client = client(&config).await?;
+            operate(&client, &config, &origin, command)
+                .await
+                .map_err(|e| origin.explain(e))
+        }
+    }
+}
+
+/// Where the config came from, for messages that depend on it.
+struct ConfigOrigin(Option<PathBuf>);
+
+impl std::fmt::Display for ConfigOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(path) => write!(f, "{}", path.display()),
+            None => f.write_str("built-in defaults, no --config"),
+        }
+    }
+}
+
+impl ConfigOrigin {
+    /// Adds where the routes came from to an unknown-destination error.
+    fn explain(&self, e: anyhow::Error) -> anyhow::Error {
+        if !matches!(
+            e.downcast_ref::<ClientError>(),
+            Some(ClientError::UnknownDestination { .. })
+        ) {
+            return e;
+        }
+        let hint = match &self.0 {
+            Some(path) => format!("routes are read from {}", path.display()),
+            None => "no --config given, so only the built-in route \"default\" exists: pass \
+                     --config FILE (or set ZDELAY_CONFIG)"
+                .to_owned(),
+        };
+        e.context(hint)
+    }
+}
+
+async fn client(config: &Config) -> anyhow::Result<Client> {
+    Ok(Client::connect(&config.redis)
+        .await?
+        .with_routes(Routes::from_config(config))
+        .with_max_payload(config.poller.max_payload))
+}
+
+async fn operate(
+    client: &Client,
+    config: &Config,
+    origin: &ConfigOrigin,
+    command: Command,
+) -> anyhow::Result<i32> {
+    match command {
+        Command::Enqueue(args) => enqueue::run(client, args).await,
+        Command::Cancel { id } => Ok(match client.cancel(&id).await? {
+            Cancelled::Cancelled => {
+                println!("cancelled {id}");
+                0
+            }
+            Cancelled::InFlight => {
+                println!("{id} is being delivered; not cancelled");
+                1
+            }
+            Cancelled::NotPending => {
+                println!("{id} is not pending (delivered, dead or unknown)");
+                1
+            }
+        }),
+        Command::Reschedule { id, when } => Ok(match client.reschedule(&id, when.due()).await? {
+            Some(due) => {
+                println!("{id} due at {}", render::format_ms(due));
+                0
+            }
+            None => {
+                println!("{id} is not pending (delivered, dead, in flight or unknown)");
+                1
+            }
+        }),
+        Command::Get { id } => Ok(match client.get(&id).await? {
+            Some(job) => {
+                println!("{}", serde_json::to_string_pretty(&job.to_json())?);
+                0
+            }
+            None => {
+                eprintln!(
+                    "no job {id} is stored: it was delivered, cancelled or purged, or never \
+                     enqueued (in namespace {} of {origin})",
+                    config.redis.namespace
+                );
+                1
+            }
+        }),
+        Command::Stats { json } => {
+            let stats = zdelay::stats::gather(&mut client.connection(), config)
+                .await
+                .context("gathering stats")?;
+            if json {
+                let mut v = serde_json::to_value(&stats)?;
+                v["total"] = serde_json::to_value(stats.total())?;
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", render::stats_table(&stats));
+            }
+            Ok(0)
+        }
+        Command::Dead { action } => dead::run(client, config, action).await,
+        Command::Run | Command::CheckConfig | Command::Bench(_) => unreachable!("handled above"),
+    }
+}
+
+/// An error chain as one line, each cause once: libraries often repeat their source's text
+/// in their own message.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let message = cause.to_string();
+        if message.is_empty() || text.contains(&message) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+    }
+    text
+}
+
+/// The exit code for an error that ended a command.
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<UsageError>().is_some() {
+        2
+    } else {
+        1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_text_names_each_cause_once() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused (os error 111)",
+        );
+        let e = anyhow::Error::new(io)
+            .context("redis: Connection refused (os error 111)")
+            .context("cannot use redis at redis://127.0.0.1:1");
+        assert_eq!(
+            error_text(&e),
+            "cannot use redis at redis://127.0.0.1:1: redis: Connection refused (os error 111)"
+        );
+    }
+
+    #[test]
+    fn usage_errors_exit_2() {
+        assert_eq!(exit_code(&UsageError("x".into()).into()), 2);
+        assert_eq!(exit_code(&anyhow::anyhow!("x")), 1);
+    }
+
+    #[test]
+    fn at_takes_rfc3339_and_epoch_ms() {
+        assert_eq!(parse_at("1700000000000"), Ok(1_700_000_000_000));
+        assert_eq!(parse_at("2023-11-14T22:13:20.250Z"), Ok(1_700_000_000_250));
+        assert!(parse_at("tomorrow").is_err());
+    }
+}

@@ -1,0 +1,72 @@
+//! What the CLI prints for people: times, the stats table, dead-letter lines.
+
+use std::time::{Duration, UNIX_EPOCH};
+use zdelay::DeadJob;
+use zdelay::dead::DeadMember;
+use zdelay::stats::Stats;
+
+/// Epoch ms as RFC 3339 with milliseconds, UTC.
+pub fn format_ms(ms: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// The table printed by `zdelay stats`.
+pub fn stats_table(stats: &Stats) -> String {
+    let mut out = format!(
+        "{:<24} {:>10} {:>10} {:>9} {:>8} {:>14}\n",
+        "", "due now", "scheduled", "inflight", "dead", "oldest due ms"
+    );
+    let total = stats.total();
+    for b in stats.shards.iter().chain(&stats.sources).chain([&total]) {
+        out.push_str(&format!(
+            "{:<24} {:>10} {:>10} {:>9} {:>8} {:>14}\n",
+            b.name, b.due_now, b.scheduled, b.inflight, b.dead, b.oldest_due_age_ms
+        ));
+    }
+    for sink in &stats.sinks {
+        let age_s = (stats.now_ms as u64).saturating_sub(sink.at) / 1000;
+        let state = match (&sink.up, &sink.error) {
+            (true, _) => "up".to_owned(),
+            (false, Some(e)) => format!("down: {e}"),
+            (false, None) => "down".to_owned(),
+        };
+        out.push_str(&format!(
+            "sink {} ({}): {state} (checked {age_s}s ago)\n",
+            sink.name, sink.kind
+        ));
+    }
+    out
+}
+
+/// One dead envelope job, as `dead list` prints it.
+pub fn dead_job_line(j: &DeadJob) -> String {
+    format!(
+        "{}  shard {}  died {}  {}",
+        j.id,
+        j.shard,
+        format_ms(j.died_ms),
+        j.reason
+    )
+}
+
+/// A dead raw member as `dead list --json` shows it.
+pub fn dead_member_json(source: &str, m: &DeadMember) -> serde_json::Value {
+    serde_json::json!({
+        "source": source,
+        "payload": String::from_utf8_lossy(&m.member),
+        "died_ms": m.died_ms,
+        "reason": m.reason,
+    })
+}
+
+/// One dead raw member, as `dead list` prints it.
+pub fn dead_member_line(source: &str, m: &DeadMember) -> String {
+    format!(
+        "{}  died {}  {}  payload {}",
+        source,
+        format_ms(m.died_ms),
+        m.reason,
+        serde_json::Value::from(String::from_utf8_lossy(&m.member).into_owned())
+    )
+}

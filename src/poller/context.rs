@@ -1,0 +1,203 @@
+//! What every poller of one daemon shares: the connection, the key layout, the route table,
+//! the raw sources, the two-phase sinks, and the settings, split into what the mover needs
+//! and what the delivery policy needs.
+
+use crate::sinks::SinkHandle;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use zdelay_client::config::{Config, Push, ScoreUnit, SourceConfig};
+use zdelay_client::keys::{Keys, RawKeys};
+use zdelay_client::routes::{Resolved, Routes};
+use zdelay_client::store::Conn;
+use zdelay_client::store::scripts::MoveReply;
+
+/// How the mover takes due jobs.
+#[derive(Debug, Clone)]
+pub struct MoverSettings {
+    /// Jobs per script call.
+    pub batch: usize,
+    /// Longest sleep without a wake-up.
+    pub idle_poll: Duration,
+    /// Largest payload delivered; larger ones go to dead.
+    pub max_payload: usize,
+    /// Claim deadline of two-phase jobs.
+    pub lease: Duration,
+    /// Shortest time a paused sink's jobs are pushed back.
+    pub sink_pause: Duration,
+    /// Lateness bucket bounds passed to the scripts, ms.
+    pub bounds_ms: Vec<u64>,
+}
+
+/// What happens to a claimed job after its sink answered.
+#[derive(Debug, Clone)]
+pub struct DeliveryPolicy {
+    pub max_payload: usize,
+    /// Attempts before a job that keeps failing goes to dead (unless it sets its own).
+    pub max_attempts: u32,
+    pub retry_base: Duration,
+    pub retry_cap: Duration,
+    /// First pause of a sink found unavailable; its jobs come back after it.
+    pub sink_pause: Duration,
+}
+
+impl MoverSettings {
+    pub fn from_config(config: &Config) -> Self {
+        let p = &config.poller;
+        MoverSettings {
+            batch: p.batch,
+            idle_poll: p.idle_poll,
+            max_payload: p.max_payload,
+            lease: p.lease,
+            sink_pause: p.sink_pause,
+            bounds_ms: crate::metrics::LATENESS_BOUNDS_MS.to_vec(),
+        }
+    }
+}
+
+impl DeliveryPolicy {
+    pub fn from_config(config: &Config) -> Self {
+        let p = &config.poller;
+        DeliveryPolicy {
+            max_payload: p.max_payload,
+            max_attempts: p.max_attempts,
+            retry_base: p.retry_base,
+            retry_cap: p.retry_cap,
+            sink_pause: p.sink_pause,
+        }
+    }
+}
+
+/// A raw source resolved against its (local list) route.
+#[derive(Debug, Clone)]
+pub struct RawSource {
+    pub keys: RawKeys,
+    pub unit: ScoreUnit,
+    pub list: String,
+    pub push: Push,
+    pub route: String,
+}
+
+impl RawSource {
+    /// `None` when the source's route is not a local list route.
+    pub fn resolve(source: &SourceConfig, routes: &Routes) -> Option<Self> {
+        let Ok(Resolved::Local(route)) = routes.resolve(&source.route) else {
+            return None;
+        };
+        Some(RawSource {
+            keys: source.keys(),
+            unit: source.score_unit,
+            list: route.list.clone(),
+            push: route.push,
+            route: route.name.clone(),
+        })
+    }
+}
+
+/// What one poller moves from.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Shard(u16),
+    Source(Arc<RawSource>),
+}
+
+/// A target's identity, as ownership hands targets out.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TargetId {
+    Shard(u16),
+    /// A raw source, by key.
+    Source(String),
+}
+
+/// Label of envelope shards in per-source metrics.
+pub const ENVELOPE_SOURCE: &str = "jobs";
+
+impl Target {
+    pub fn id(&self) -> TargetId {
+        match self {
+            Target::Shard(s) => TargetId::Shard(*s),
+            Target::Source(s) => TargetId::Source(s.keys.source.clone()),
+        }
+    }
+
+    pub fn unit(&self) -> ScoreUnit {
+        match self {
+            Target::Shard(_) => ScoreUnit::Millis,
+            Target::Source(s) => s.unit,
+        }
+    }
+
+    /// The `source` label of its metrics.
+    pub fn label(&self) -> String {
+        match self {
+            Target::Shard(_) => ENVELOPE_SOURCE.to_owned(),
+            Target::Source(s) => s.keys.source.clone(),
+        }
+    }
+}
+
+/// Sees every successful move reply (the benchmark counts and times batches with it).
+pub type BatchObserver = Arc<dyn Fn(&Target, &MoveReply) + Send + Sync>;
+
+/// The two-phase sinks by name.
+pub type Sinks = HashMap<String, Arc<SinkHandle>>;
+
+/// What every poller of one daemon shares.
+pub struct PollerContext {
+    pub con: Conn,
+    pub keys: Keys,
+    pub routes: Routes,
+    /// Every configured raw source, resolved.
+    pub sources: Vec<Arc<RawSource>>,
+    pub sinks: Sinks,
+    pub mover: MoverSettings,
+    pub delivery: DeliveryPolicy,
+}
+
+impl PollerContext {
+    /// `sinks`: the two-phase sinks by name (empty when every route is local).
+    pub fn new(con: Conn, config: &Config, sinks: Sinks) -> Self {
+        let routes = Routes::from_config(config);
+        let sources = config
+            .sources
+            .iter()
+            .map(|s| {
+                // INVARIANT: config validation admits only local list routes for sources.
+                Arc::new(RawSource::resolve(s, &routes).expect("a validated source route"))
+            })
+            .collect();
+        PollerContext {
+            con,
+            keys: Keys::new(&config.redis.namespace, config.redis.shards),
+            routes,
+            sources,
+            sinks,
+            mover: MoverSettings::from_config(config),
+            delivery: DeliveryPolicy::from_config(config),
+        }
+    }
+
+    /// The target with this identity, if it exists here.
+    pub fn target(&self, id: &TargetId) -> Option<Target> {
+        match id {
+            TargetId::Shard(s) => (*s < self.keys.shards()).then_some(Target::Shard(*s)),
+            TargetId::Source(key) => self
+                .sources
+                .iter()
+                .find(|s| s.keys.source == *key)
+                .map(|s| Target::Source(s.clone())),
+        }
+    }
+
+    /// Every shard and raw source: what a single instance polls.
+    pub fn all_targets(&self) -> std::collections::BTreeSet<TargetId> {
+        (0..self.keys.shards())
+            .map(TargetId::Shard)
+            .chain(
+                self.sources
+                    .iter()
+                    .map(|s| TargetId::Source(s.keys.source.clone())),
+            )
+            .collect()
+    }
+}

@@ -1,0 +1,155 @@
+//! The pollers: one move loop per owned target (envelope shard or raw source), started and
+//! stopped at run time by a supervisor that follows a watch of owned targets, plus the
+//! wake-up listener that cuts their sleeps short.
+//!
+//! - `context`: what the pollers share (connection, keys, routes, sinks, settings);
+//! - `mover`: one target's loop (move script, sleep until the head is due);
+//! - `delivery`: the two-phase path for the jobs a mover claimed (publish, confirm, settle);
+//! - `wake`: the pub/sub listener;
+//! - `ownership`: which targets this instance polls.
+//!
+//! Imports only go down this list's dependencies: `mover` → `delivery` → `context`; nothing
+//! imports `mod.rs` but through its re-exports, and `delivery` never calls the mover.
+//! The daemon (`app`) and the benchmark start pollers through [`start`] alike.
+
+mod context;
+mod delivery;
+mod mover;
+mod ownership;
+mod wake;
+
+pub use context::{
+    BatchObserver, DeliveryPolicy, ENVELOPE_SOURCE, MoverSettings, PollerContext, RawSource, Sinks,
+    Target, TargetId,
+};
+pub use delivery::retry_delay;
+pub use mover::{move_once, sleep_after};
+pub use ownership::{Owned, Ownership};
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use wake::{Channels, Wakers};
+
+/// How pollers are started.
+#[derive(Default)]
+pub struct Options {
+    /// Listen for wake-ups on this Redis (pub/sub needs its own connection). Without it,
+    /// pollers wake only at their head's due time or the idle poll.
+    pub wake_client: Option<redis::Client>,
+    pub on_batch: Option<BatchObserver>,
+}
+
+/// Running pollers. Stopping lets every poller finish its script call and the batch in
+/// hand.
+pub struct Pollers {
+    tracker: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl Pollers {
+    /// Stops every poller and waits for them.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.wait().await;
+    }
+
+    /// Waits until they stopped (after `shutdown` was cancelled).
+    pub async fn wait(&self) {
+        self.tracker.wait().await;
+    }
+}
+
+/// Starts the supervisor (and the wake listener): a poller for every target in `owned`,
+/// following its changes, until `shutdown`.
+pub fn start(
+    ctx: Arc<PollerContext>,
+    owned: watch::Receiver<Owned>,
+    options: Options,
+    shutdown: &CancellationToken,
+) -> Pollers {
+    let stop = shutdown.child_token();
+    let tracker = TaskTracker::new();
+    let wakers = Arc::new(Wakers::default());
+    if let Some(client) = options.wake_client {
+        let sources = ctx.sources.iter().map(|s| s.keys.source.clone()).collect();
+        let channels = Channels::new(&client, ctx.keys.wake_channel(), sources);
+        tracker.spawn(wake::listen(client, channels, wakers.clone(), stop.clone()));
+    }
+    let supervisor = Supervisor {
+        ctx,
+        wakers,
+        on_batch: options.on_batch,
+        tracker: tracker.clone(),
+        stop: stop.clone(),
+        running: HashMap::new(),
+    };
+    tracker.spawn(supervisor.run(owned));
+    tracker.close();
+    Pollers { tracker, stop }
+}
+
+struct Supervisor {
+    ctx: Arc<PollerContext>,
+    wakers: Arc<Wakers>,
+    on_batch: Option<BatchObserver>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+    /// The running pollers, each with its own stop token.
+    running: HashMap<TargetId, CancellationToken>,
+}
+
+impl Supervisor {
+    async fn run(mut self, mut owned: watch::Receiver<Owned>) {
+        loop {
+            let wanted = owned.borrow_and_update().clone();
+            self.follow(&wanted);
+            tokio::select! {
+                changed = owned.changed() => if changed.is_err() {
+                    // Nobody decides ownership any more: keep what runs until the stop.
+                    self.stop.cancelled().await;
+                    break;
+                },
+                _ = self.stop.cancelled() => break,
+            }
+        }
+        for token in self.running.values() {
+            token.cancel();
+        }
+    }
+
+    /// Stops the pollers of targets no longer owned and starts those of new ones.
+    fn follow(&mut self, wanted: &Owned) {
+        let wakers = &self.wakers;
+        self.running.retain(|id, token| {
+            let keep = wanted.contains(id);
+            if !keep {
+                tracing::info!(target = ?id, "no longer polling");
+                token.cancel();
+                wakers.remove(id);
+            }
+            keep
+        });
+        for id in wanted {
+            if self.running.contains_key(id) {
+                continue;
+            }
+            let Some(target) = self.ctx.target(id) else {
+                tracing::warn!(target = ?id, "asked to poll a target this config does not have");
+                continue;
+            };
+            let token = self.stop.child_token();
+            let notify = self.wakers.register(id);
+            self.tracker.spawn(mover::run(
+                self.ctx.clone(),
+                target,
+                notify,
+                token.clone(),
+                self.on_batch.clone(),
+            ));
+            self.running.insert(id.clone(), token);
+        }
+    }
+}

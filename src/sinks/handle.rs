@@ -1,0 +1,150 @@
+//! A sink with its run-time state: paused while unavailable, and its health for `/readyz`,
+//! the `zdelay_sink_up` gauge and `zdelay stats`.
+
+use super::Sink;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Longest pause of an unavailable sink.
+const MAX_PAUSE: Duration = Duration::from_secs(30);
+
+/// A sink with its run-time state: paused while unavailable, health for `/readyz`.
+pub struct SinkHandle {
+    pub name: String,
+    pub kind: &'static str,
+    pub sink: Box<dyn Sink>,
+    first_pause: Duration,
+    /// (paused until, next pause length)
+    pause: Mutex<(Option<Instant>, Duration)>,
+    /// Set by `pause`, cleared by a passing health check: a paused sink resumes only once
+    /// its broker answers again, so no poller blocks on a publish to a broker known down.
+    awaiting_check: AtomicBool,
+    healthy: AtomicBool,
+    last_error: Mutex<String>,
+}
+
+impl SinkHandle {
+    pub fn new(name: &str, kind: &'static str, sink: Box<dyn Sink>, first_pause: Duration) -> Self {
+        SinkHandle {
+            name: name.to_owned(),
+            kind,
+            sink,
+            first_pause,
+            pause: Mutex::new((None, first_pause)),
+            awaiting_check: AtomicBool::new(false),
+            healthy: AtomicBool::new(true),
+            last_error: Mutex::new(String::new()),
+        }
+    }
+
+    /// Paused: for the pause's length, and after it until a health check passes.
+    pub fn is_paused(&self) -> bool {
+        let pause = self.pause.lock().expect("pause lock");
+        pause.0.is_some_and(|until| Instant::now() < until)
+            || self.awaiting_check.load(Ordering::Relaxed)
+    }
+
+    /// How long this sink's jobs should be pushed back now: the rest of the pause, or, once
+    /// only the health check is awaited, the next pause's length (it grows while the sink
+    /// stays down, so a long outage rewrites its backlog rarely).
+    pub fn pause_remaining(&self) -> Duration {
+        let pause = self.pause.lock().expect("pause lock");
+        let left = pause
+            .0
+            .map(|until| until.saturating_duration_since(Instant::now()))
+            .unwrap_or_default();
+        if left.is_zero() && self.awaiting_check.load(Ordering::Relaxed) {
+            pause.1
+        } else {
+            left
+        }
+    }
+
+    /// The sink was found unavailable: pause it, doubling the pause while it stays down.
+    pub fn pause(&self, why: &str) -> Duration {
+        let mut pause = self.pause.lock().expect("pause lock");
+        let length = pause.1;
+        *pause = (Some(Instant::now() + length), (length * 2).min(MAX_PAUSE));
+        self.awaiting_check.store(true, Ordering::Relaxed);
+        self.set_health(Err(why.to_owned()));
+        length
+    }
+
+    /// A background health check's answer: a pass lets a paused sink resume after its pause.
+    pub fn checked(&self, result: Result<(), String>) {
+        if result.is_ok() {
+            self.awaiting_check.store(false, Ordering::Relaxed);
+        }
+        self.set_health(result);
+    }
+
+    /// A publish went through: the sink works again.
+    pub fn resume(&self) {
+        let mut pause = self.pause.lock().expect("pause lock");
+        *pause = (None, self.first_pause);
+        self.awaiting_check.store(false, Ordering::Relaxed);
+        self.set_health(Ok(()));
+    }
+
+    pub fn set_health(&self, result: Result<(), String>) {
+        let ok = result.is_ok();
+        *self.last_error.lock().expect("error lock") = result.err().unwrap_or_default();
+        if self.healthy.swap(ok, Ordering::Relaxed) != ok {
+            if ok {
+                tracing::info!(sink = %self.name, "sink available again");
+            } else {
+                tracing::error!(sink = %self.name, error = %self.last_error(), "sink unavailable");
+            }
+        }
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    pub fn last_error(&self) -> String {
+        self.last_error.lock().expect("error lock").clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sinks::redis_remote::RedisRemoteSink;
+    use zdelay_client::config::from_toml;
+
+    fn unreachable_sink() -> Box<dyn Sink> {
+        Box::new(
+            RedisRemoteSink::new("other", "redis://127.0.0.1:1", &from_toml("").unwrap()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_paused_sink_resumes_only_after_its_pause_and_a_passing_check() {
+        let h = SinkHandle::new("other", "redis", unreachable_sink(), Duration::ZERO);
+        assert!(!h.is_paused());
+        h.pause("connection refused");
+        assert!(!h.is_healthy());
+        assert!(
+            h.is_paused(),
+            "paused although the pause itself is zero: no check yet"
+        );
+        h.checked(Err("still refused".into()));
+        assert!(h.is_paused());
+        h.checked(Ok(()));
+        assert!(!h.is_paused());
+        assert!(h.is_healthy());
+        // The pause doubles while the sink stays down, and resets once it works.
+        let h = SinkHandle::new(
+            "other",
+            "redis",
+            unreachable_sink(),
+            Duration::from_millis(100),
+        );
+        assert_eq!(h.pause("x"), Duration::from_millis(100));
+        assert_eq!(h.pause("x"), Duration::from_millis(200));
+        h.resume();
+        assert_eq!(h.pause("x"), Duration::from_millis(100));
+    }
+}
