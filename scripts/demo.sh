@@ -7,9 +7,11 @@
 # 2. starts a PRIVATE redis-server on a free loopback port in a temp dir (a Redis someone
 #    runs on 6379 is never touched), with `notify-keyspace-events Kz` so raw ZADDs wake the
 #    daemon at once;
-# 3. builds zdelay with `cargo build --release` (2-3 min from scratch, seconds when built):
-#    the demo prints lateness, and a release build is what you would deploy and measure.
-#    ZDELAY_DEMO_PROFILE=debug uses the debug build instead (the one scripts/test.sh makes);
+# 3. builds zdelay the way scripts/test.sh does (`cargo build --features test-failpoints`,
+#    debug profile: the failpoint hooks stay inert without ZDELAY_FAILPOINT), so the demo and
+#    the test suite share one build: whichever runs first compiles it (5.5 minutes on
+#    2 cores from scratch), the other reuses it. ZDELAY_DEMO_PROFILE=release builds what you
+#    would deploy and measure instead (`cargo build --release`, about 5 minutes);
 # 4. runs `zdelay run --config config/zdelay.toml` with ZDELAY_REDIS__URL and
 #    ZDELAY_ADMIN__LISTEN pointing at the private Redis and a free admin port; waits for
 #    /readyz;
@@ -24,7 +26,7 @@
 set -euo pipefail
 
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
-PROFILE=${ZDELAY_DEMO_PROFILE:-release}
+PROFILE=${ZDELAY_DEMO_PROFILE:-debug}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/zdelay-demo.XXXXXX")
 REDIS_PID=""
 ZDELAY_PID=""
@@ -127,7 +129,7 @@ start=$SECONDS
 if [[ $PROFILE == release ]]; then
     cargo build --release --bin zdelay
 else
-    cargo build --bin zdelay
+    cargo build --bin zdelay --features test-failpoints
 fi
 BIN="${CARGO_TARGET_DIR:-target}/$PROFILE/zdelay"
 [[ -x $BIN ]] || die "no binary at $BIN"

@@ -134,11 +134,9 @@ pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
         del(&mut env.con, &out).await?;
 
         status(&format!("drain envelope, round {round}: bare_move_hash"));
-        let keys = env.scratch.keys.clone();
         load_bare_hash(
             &mut env.con,
             &env.scratch.bare,
-            |id| keys.shard_of(id),
             &ids,
             size,
             due,

@@ -126,7 +126,6 @@ pub(super) async fn load_envelopes_to(
 pub(super) async fn load_bare_hash(
     con: &mut Conn,
     bare: &Keys,
-    shard_of: impl Fn(&str) -> u16,
     ids: &[String],
     size: usize,
     due: impl Fn(u64) -> i64,
@@ -138,7 +137,7 @@ pub(super) async fn load_bare_hash(
         let mut by_shard: HashMap<u16, Vec<(u64, &String)>> = HashMap::new();
         for (k, id) in chunk.iter().enumerate() {
             by_shard
-                .entry(shard_of(id))
+                .entry(bare.shard_of(id))
                 .or_default()
                 .push((base + k as u64, id));
         }

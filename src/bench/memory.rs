@@ -24,11 +24,9 @@ pub(super) async fn memory(env: &mut Env) -> anyhow::Result<Memory> {
     env.scratch.clean(&mut env.con, false).await?;
 
     let before = used_memory(&mut env.con).await?;
-    let keys = env.scratch.keys.clone();
     load_bare_hash(
         &mut env.con,
         &env.scratch.bare,
-        |id| keys.shard_of(id),
         &ids,
         size,
         due,

@@ -154,15 +154,6 @@ impl JobView {
     }
 }
 
-/// A dead envelope job.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct DeadJob {
-    pub id: String,
-    pub shard: u16,
-    pub died_ms: i64,
-    pub reason: String,
-}
-
 /// Handle for producers and operators. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
