@@ -26,7 +26,8 @@ pub const SINK_PUBLISH_DURATION: &str = "zdelay_sink_publish_duration_seconds";
 pub const SINK_UP: &str = "zdelay_sink_up";
 pub const FENCED: &str = "zdelay_fenced_settles_total";
 pub const LEASES_EXPIRED: &str = "zdelay_leases_expired_total";
-pub const POSTPONED: &str = "zdelay_postponed_total";
+pub const SINK_WAITING: &str = "zdelay_sink_waiting";
+pub const SINK_OLDEST_WAITING: &str = "zdelay_sink_oldest_waiting_seconds";
 
 /// Lateness buckets in ms: from 1 ms to 5 minutes. The move scripts count jobs per bucket.
 pub const LATENESS_BOUNDS_MS: &[u64] = &[
@@ -110,9 +111,13 @@ fn describe() {
         LEASES_EXPIRED,
         "Claimed jobs whose lease ran out, returned to due."
     );
-    describe_counter!(
-        POSTPONED,
-        "Jobs of paused sinks pushed back without an attempt."
+    describe_gauge!(
+        SINK_WAITING,
+        "Jobs due and waiting for their two-phase sink to claim them, by sink."
+    );
+    describe_gauge!(
+        SINK_OLDEST_WAITING,
+        "How long the oldest job waiting for a two-phase sink has been due, by sink."
     );
 }
 

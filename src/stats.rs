@@ -2,10 +2,14 @@
 //! oldest overdue age. One pipeline per call, "now" from Redis TIME. Used by `zdelay stats`
 //! and by the daemon's low-rate sampler (never by the hot loop).
 
-use crate::metrics::{DEAD, DUE_BACKLOG, INFLIGHT, OLDEST_DUE_AGE, SCHEDULED};
+use crate::metrics::{
+    DEAD, DUE_BACKLOG, INFLIGHT, OLDEST_DUE_AGE, SCHEDULED, SINK_OLDEST_WAITING, SINK_WAITING,
+};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use zdelay_client::config::{Config, ScoreUnit};
 use zdelay_client::keys::Keys;
+use zdelay_client::routes::Routes;
 use zdelay_client::store::{self, Conn};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -27,6 +31,17 @@ pub struct Stats {
     pub sources: Vec<Backlog>,
     /// Two-phase sinks as the daemons last saw them (`<ns>:sinks`); empty when none.
     pub sinks: Vec<SinkState>,
+    /// Jobs due and waiting for each two-phase sink (its part of the shards' ready sets).
+    pub waiting: Vec<SinkWaiting>,
+}
+
+/// The jobs waiting for one two-phase sink, over every shard.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SinkWaiting {
+    pub sink: String,
+    pub jobs: u64,
+    /// How long the oldest of them has been due, ms; 0 when none waits.
+    pub oldest_age_ms: u64,
 }
 
 /// A two-phase sink's last health check by a daemon.
@@ -66,10 +81,28 @@ impl Stats {
 pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats> {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     let now_ms = store::server_time_ms(con).await?;
+    let sink_names: Vec<String> = Routes::from_config(config)
+        .two_phase_sinks()
+        .map(str::to_owned)
+        .collect();
     let mut pipe = redis::pipe();
     for shard in 0..keys.shards() {
         add_zset_queries(&mut pipe, &keys.due(shard), now_ms as f64);
         pipe.zcard(keys.inflight(shard)).zcard(keys.dead(shard));
+        for sink in &sink_names {
+            let (min, max) = ready_range(sink);
+            pipe.cmd("ZLEXCOUNT")
+                .arg(keys.ready(shard))
+                .arg(&min)
+                .arg(&max);
+            pipe.cmd("ZRANGEBYLEX")
+                .arg(keys.ready(shard))
+                .arg(&min)
+                .arg(&max)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(1);
+        }
     }
     for source in &config.sources {
         let max = match source.score_unit {
@@ -82,17 +115,39 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
     let values: Vec<redis::Value> = pipe.query_async(con).await?;
     let mut it = values.into_iter();
     let mut shards = Vec::new();
+    let mut waiting: BTreeMap<&str, SinkWaiting> = BTreeMap::new();
     for shard in 0..keys.shards() {
         let (due_now, total, head) = read_zset_queries(&mut it)?;
         let inflight = redis::from_redis_value(it.next().unwrap_or_default())?;
         let dead = redis::from_redis_value(it.next().unwrap_or_default())?;
+        let mut oldest_due_age_ms = age(now_ms, head, ScoreUnit::Millis);
+        let mut waiting_here = 0;
+        for sink in &sink_names {
+            let jobs: u64 = redis::from_redis_value(it.next().unwrap_or_default())?;
+            let first: Vec<String> = redis::from_redis_value(it.next().unwrap_or_default())?;
+            let oldest = first
+                .first()
+                .and_then(|m| m.split('\n').nth(1))
+                .and_then(|due| due.parse::<f64>().ok());
+            let oldest_age_ms = age(now_ms, oldest, ScoreUnit::Millis);
+            let entry = waiting.entry(sink).or_insert_with(|| SinkWaiting {
+                sink: sink.clone(),
+                jobs: 0,
+                oldest_age_ms: 0,
+            });
+            entry.jobs += jobs;
+            entry.oldest_age_ms = entry.oldest_age_ms.max(oldest_age_ms);
+            waiting_here += jobs;
+            oldest_due_age_ms = oldest_due_age_ms.max(oldest_age_ms);
+        }
         shards.push(Backlog {
             name: format!("shard {shard}"),
-            due_now,
+            // Jobs waiting for their sink are due and not delivered either.
+            due_now: due_now + waiting_here,
             scheduled: total - due_now,
             inflight,
             dead,
-            oldest_due_age_ms: age(now_ms, head, ScoreUnit::Millis),
+            oldest_due_age_ms,
         });
     }
     let mut sources = Vec::new();
@@ -126,7 +181,13 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
         shards,
         sources,
         sinks,
+        waiting: waiting.into_values().collect(),
     })
+}
+
+/// The ZRANGEBYLEX bounds of one sink's members in a ready set: `<sink>\n…`.
+fn ready_range(sink: &str) -> (String, String) {
+    (format!("[{sink}\n"), format!("({sink}\u{b}"))
 }
 
 fn add_zset_queries(pipe: &mut redis::Pipeline, key: &str, max_score: f64) {
@@ -163,5 +224,10 @@ pub fn publish_gauges(stats: &Stats) {
         metrics::gauge!(INFLIGHT, label => value.clone()).set(b.inflight as f64);
         metrics::gauge!(DEAD, label => value.clone()).set(b.dead as f64);
         metrics::gauge!(OLDEST_DUE_AGE, label => value).set(b.oldest_due_age_ms as f64 / 1000.0);
+    }
+    for w in &stats.waiting {
+        metrics::gauge!(SINK_WAITING, "sink" => w.sink.clone()).set(w.jobs as f64);
+        metrics::gauge!(SINK_OLDEST_WAITING, "sink" => w.sink.clone())
+            .set(w.oldest_age_ms as f64 / 1000.0);
     }
 }

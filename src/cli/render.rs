@@ -31,10 +31,25 @@ pub fn stats_table(stats: &Stats) -> String {
             (false, Some(e)) => format!("down: {e}"),
             (false, None) => "down".to_owned(),
         };
+        let waiting = match stats.waiting.iter().find(|w| w.sink == sink.name) {
+            Some(w) if w.jobs > 0 => format!(
+                "; {} jobs waiting, the oldest due {} ms ago",
+                w.jobs, w.oldest_age_ms
+            ),
+            _ => String::new(),
+        };
         out.push_str(&format!(
-            "sink {} ({}): {state} (checked {age_s}s ago)\n",
+            "sink {} ({}): {state} (checked {age_s}s ago){waiting}\n",
             sink.name, sink.kind
         ));
+    }
+    for w in &stats.waiting {
+        if w.jobs > 0 && !stats.sinks.iter().any(|s| s.name == w.sink) {
+            out.push_str(&format!(
+                "sink {}: not checked by any daemon yet; {} jobs waiting, the oldest due {} ms ago\n",
+                w.sink, w.jobs, w.oldest_age_ms
+            ));
+        }
     }
     out
 }

@@ -21,24 +21,22 @@ pub struct MoverSettings {
     pub idle_poll: Duration,
     /// Largest payload delivered; larger ones go to dead.
     pub max_payload: usize,
-    /// Claim deadline of two-phase jobs.
-    pub lease: Duration,
-    /// Shortest time a paused sink's jobs are pushed back.
-    pub sink_pause: Duration,
     /// Lateness bucket bounds passed to the scripts, ms.
     pub bounds_ms: Vec<u64>,
 }
 
-/// What happens to a claimed job after its sink answered.
+/// How two-phase jobs are claimed, and what happens to them after their sink answered.
 #[derive(Debug, Clone)]
 pub struct DeliveryPolicy {
+    /// Jobs per claim.
+    pub batch: usize,
+    /// Claim deadline of two-phase jobs.
+    pub lease: Duration,
     pub max_payload: usize,
     /// Attempts before a job that keeps failing goes to dead (unless it sets its own).
     pub max_attempts: u32,
     pub retry_base: Duration,
     pub retry_cap: Duration,
-    /// First pause of a sink found unavailable; its jobs come back after it.
-    pub sink_pause: Duration,
 }
 
 impl MoverSettings {
@@ -48,8 +46,6 @@ impl MoverSettings {
             batch: p.batch,
             idle_poll: p.idle_poll,
             max_payload: p.max_payload,
-            lease: p.lease,
-            sink_pause: p.sink_pause,
             bounds_ms: crate::metrics::LATENESS_BOUNDS_MS.to_vec(),
         }
     }
@@ -59,11 +55,12 @@ impl DeliveryPolicy {
     pub fn from_config(config: &Config) -> Self {
         let p = &config.poller;
         DeliveryPolicy {
+            batch: p.batch,
+            lease: p.lease,
             max_payload: p.max_payload,
             max_attempts: p.max_attempts,
             retry_base: p.retry_base,
             retry_cap: p.retry_cap,
-            sink_pause: p.sink_pause,
         }
     }
 }
@@ -150,6 +147,9 @@ pub struct PollerContext {
     /// Every configured raw source, resolved.
     pub sources: Vec<Arc<RawSource>>,
     pub sinks: Sinks,
+    /// The two-phase sinks in the route table's order, which is the order of
+    /// `MoveReply::queued` (`None` for a sink with no handle here).
+    pub sink_order: Vec<Option<Arc<SinkHandle>>>,
     pub mover: MoverSettings,
     pub delivery: DeliveryPolicy,
 }
@@ -166,12 +166,17 @@ impl PollerContext {
                 Arc::new(RawSource::resolve(s, &routes).expect("a validated source route"))
             })
             .collect();
+        let sink_order = routes
+            .two_phase_sinks()
+            .map(|name| sinks.get(name).cloned())
+            .collect();
         PollerContext {
             con,
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
             routes,
             sources,
             sinks,
+            sink_order,
             mover: MoverSettings::from_config(config),
             delivery: DeliveryPolicy::from_config(config),
         }

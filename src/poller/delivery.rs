@@ -1,10 +1,11 @@
-//! The two-phase path for jobs claimed by `move_due`: publish to their sinks, wait for
-//! the brokers' confirmations, then settle every job in one fenced `settle_jobs` call.
+//! The two-phase path for jobs a sink's publisher claimed (`claim_jobs`): publish them, wait
+//! for the broker's confirmations, then settle every job in one fenced `settle_jobs` call.
 //!
 //! Per job exactly one outcome: Delivered → ack; Retry → back to due after exponential
 //! backoff with full jitter, attempt + 1, dead at max attempts; Reject → dead with the
-//! broker's reason; Unavailable → back to due without burning an attempt, and the sink
-//! pauses (its jobs are postponed by `move_due`, so other sinks keep flowing).
+//! broker's reason; Unavailable → back to its sink's place in the ready set without burning
+//! an attempt, and the sink pauses (its publishers claim nothing until it is back; other
+//! sinks and local routes keep flowing).
 //!
 //! INVARIANT: nothing is removed before its sink confirmed it. A crash anywhere here leaves
 //! the job in inflight, and its lease returns it to due: at least once, never lost.
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zdelay_client::envelope::Envelope;
 use zdelay_client::routes::Resolved;
-use zdelay_client::store::scripts::{self, Claimed, MoveReply, SettleOp};
+use zdelay_client::store::scripts::{self, Claim, Claimed, SettleOp};
 
 /// Retry delay for a job that has failed `attempt` times before: a random time in
 /// [0, min(cap, base × 2^attempt)] (exponential backoff with full jitter).
@@ -99,20 +100,22 @@ struct Pending<'a> {
     sink: Arc<SinkHandle>,
 }
 
-/// Publishes the claimed jobs of one `move_due` reply and settles them.
+/// Publishes the jobs `claimer` claimed in `shard` and settles them. Each job goes to the sink
+/// its destination names now (normally the claimer; another one only after a config change).
 pub async fn deliver(
     ctx: &PollerContext,
     shard: u16,
-    reply: &MoveReply,
+    claimer: &SinkHandle,
+    claim: &Claim,
     claimed_at: Instant,
 ) -> redis::RedisResult<()> {
     let policy = &ctx.delivery;
     // Redis time now, from the claim's Redis time: no local clock involved.
-    let redis_now_ms = || reply.now_us / 1000 + claimed_at.elapsed().as_millis() as i64;
-    let mut settles: Vec<(&str, Settle)> = Vec::with_capacity(reply.claimed.len());
+    let redis_now_ms = || claim.now_us / 1000 + claimed_at.elapsed().as_millis() as i64;
+    let mut settles: Vec<(&str, Settle)> = Vec::with_capacity(claim.jobs.len());
     // Per sink: the jobs, and their messages in the same order.
     let mut by_sink: BTreeMap<String, (Vec<Pending>, Vec<Message>)> = BTreeMap::new();
-    for job in &reply.claimed {
+    for job in &claim.jobs {
         match prepare(ctx, job) {
             Ok((p, message)) => {
                 let group = by_sink.entry(p.sink.name.clone()).or_default();
@@ -149,12 +152,10 @@ pub async fn deliver(
     for (pending, messages, outcomes) in &results {
         let sink = &pending[0].sink;
         let Some(outcomes) = outcomes else {
-            let due_ms = redis_now_ms() + policy.sink_pause.as_millis() as i64;
-            settles.extend(
-                pending
-                    .iter()
-                    .map(|p| (p.job.id.as_str(), Settle::Release { due_ms })),
-            );
+            settles.extend(pending.iter().map(|p| {
+                let due_ms = p.job.due_ms;
+                (p.job.id.as_str(), Settle::Release { due_ms })
+            }));
             continue;
         };
         let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -171,7 +172,7 @@ pub async fn deliver(
                 Outcome::Unavailable(why) => {
                     unavailable.get_or_insert(why);
                     Settle::Release {
-                        due_ms: redis_now_ms() + policy.sink_pause.as_millis() as i64,
+                        due_ms: p.job.due_ms,
                     }
                 }
             };
@@ -196,7 +197,7 @@ pub async fn deliver(
         }
     }
     count_dead(&settles);
-    settle(ctx, shard, reply.deadline_ms, &settles).await
+    settle(ctx, shard, &claimer.name, claim.deadline_ms, &settles).await
 }
 
 /// Two-phase deaths in `zdelay_jobs_dead_total`, like the mover's, by kind.
@@ -224,6 +225,9 @@ fn outcome_label(outcome: &Outcome) -> &'static str {
 
 /// Decodes and resolves a claimed job, or says why it can only go to dead.
 fn prepare<'a>(ctx: &PollerContext, job: &'a Claimed) -> Result<(Pending<'a>, Message), String> {
+    if job.envelope.is_empty() {
+        return Err("no envelope stored for this id".to_owned());
+    }
     let mut envelope = Envelope::decode(&job.envelope).map_err(|e| e.to_string())?;
     let dest = match ctx
         .routes
@@ -315,6 +319,7 @@ fn dead(p: &Pending, m: &Message, reason: String) -> Settle {
 async fn settle(
     ctx: &PollerContext,
     shard: u16,
+    sink: &str,
     deadline_ms: i64,
     settles: &[(&str, Settle)],
 ) -> redis::RedisResult<()> {
@@ -323,7 +328,8 @@ async fn settle(
     }
     let ops: Vec<(&str, SettleOp)> = settles.iter().map(|(id, s)| (*id, s.op())).collect();
     let keys = ctx.keys.shard(shard);
-    let settled = scripts::settle_jobs(&mut ctx.con.clone(), &keys, deadline_ms, &ops).await?;
+    let settled =
+        scripts::settle_jobs(&mut ctx.con.clone(), &keys, sink, deadline_ms, &ops).await?;
     if settled.fenced > 0 {
         ::metrics::counter!(FENCED).increment(settled.fenced);
         tracing::warn!(

@@ -4,18 +4,21 @@
 //!
 //! - `context`: what the pollers share (connection, keys, routes, sinks, settings);
 //! - `mover`: one target's loop (move script, sleep until the head is due);
-//! - `delivery`: the two-phase path for the jobs a mover claimed (publish, confirm, settle);
+//! - `publisher`: per owned shard and two-phase sink, claims the sink's waiting jobs;
+//! - `delivery`: the two-phase path for the jobs a publisher claimed (publish, confirm,
+//!   settle);
 //! - `wake`: the pub/sub listener;
 //! - `ownership`: which targets this instance polls.
 //!
-//! Imports only go down this list's dependencies: `mover` → `delivery` → `context`; nothing
-//! imports `mod.rs` but through its re-exports, and `delivery` never calls the mover.
+//! Imports only go one way: `publisher` → `delivery` → `context`, `publisher` → `mover`
+//! (its backoff) → `context`; `delivery` never calls a loop.
 //! The daemon (`app`) and the benchmark start pollers through [`start`] alike.
 
 mod context;
 mod delivery;
 mod mover;
 mod ownership;
+mod publisher;
 mod wake;
 
 pub use context::{
@@ -142,14 +145,44 @@ impl Supervisor {
             };
             let token = self.stop.child_token();
             let notify = self.wakers.register(id);
+            let publishers = match &target {
+                Target::Shard(shard) => self.start_publishers(*shard, &token),
+                Target::Source(_) => Vec::new(),
+            };
             self.tracker.spawn(mover::run(
                 self.ctx.clone(),
                 target,
                 notify,
+                publishers,
                 token.clone(),
                 self.on_batch.clone(),
             ));
             self.running.insert(id.clone(), token);
         }
+    }
+
+    /// A publisher per two-phase sink for `shard`, stopped with the shard's mover; returns
+    /// their wake-ups in `ctx.sink_order`.
+    fn start_publishers(
+        &self,
+        shard: u16,
+        token: &CancellationToken,
+    ) -> Vec<Option<Arc<tokio::sync::Notify>>> {
+        self.ctx
+            .sink_order
+            .iter()
+            .map(|sink| {
+                let sink = sink.as_ref()?;
+                let wake = Arc::new(tokio::sync::Notify::new());
+                self.tracker.spawn(publisher::run(
+                    self.ctx.clone(),
+                    shard,
+                    sink.clone(),
+                    wake.clone(),
+                    token.clone(),
+                ));
+                Some(wake)
+            })
+            .collect()
     }
 }

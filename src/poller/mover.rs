@@ -2,21 +2,18 @@
 //!
 //! Each turn runs one move script (`move_due` for a shard, `move_raw` for a raw source),
 //! which reads "now" from Redis `TIME` on every call, moves up to `batch` due jobs onto
-//! their lists (claiming two-phase ones), and returns the new head's score. After a full
-//! batch the loop goes again at once; otherwise it sleeps until the head is due (measured
-//! against Redis's clock, so the poller's own clock does not matter), a wake-up arrives (an
-//! enqueue that made a new head), the idle-poll fallback elapses, or it is stopped. A script
-//! call in progress always finishes: it is atomic, and stopping is only checked between
-//! calls; claimed jobs in hand are published and settled first.
+//! their lists (queueing two-phase ones for their sinks' publishers, which it then wakes),
+//! and returns the new head's score. After a full batch the loop goes again at once;
+//! otherwise it sleeps until the head is due (measured against Redis's clock, so the
+//! poller's own clock does not matter), a wake-up arrives (an enqueue that made a new head),
+//! the idle-poll fallback elapses, or it is stopped. A script call in progress always
+//! finishes: it is atomic, and stopping is only checked between calls. The mover never
+//! waits for a broker.
 //!
 //! Errors never end the loop: they are logged, counted, and retried with capped backoff.
 
-use super::BatchObserver;
-use super::context::{PollerContext, Target};
-use super::delivery;
-use crate::metrics::{
-    self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LEASES_EXPIRED, POSTPONED, SCRIPT_DURATION,
-};
+use super::context::{BatchObserver, PollerContext, Target};
+use crate::metrics::{self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LEASES_EXPIRED, SCRIPT_DURATION};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -25,10 +22,6 @@ use zdelay_client::config::ScoreUnit;
 use zdelay_client::store::scripts::{
     self, DUE_DEAD_KINDS, MoveDue, MoveRaw, MoveReply, RAW_DEAD_KINDS,
 };
-
-/// Longest time a paused sink's jobs are pushed back at once; bounds the extra latency
-/// after the sink recovers.
-const MAX_POSTPONE: Duration = Duration::from_secs(5);
 
 /// Runs one move script call. `now_ms` overrides Redis TIME (tests drive time with it).
 pub async fn move_once(
@@ -40,24 +33,11 @@ pub async fn move_once(
     let m = &ctx.mover;
     match target {
         Target::Shard(shard) => {
-            let paused: Vec<_> = ctx.sinks.values().filter(|s| s.is_paused()).collect();
-            // Postpone a paused sink's jobs for the rest of its pause: with a long outage,
-            // a backlog is rewritten every few seconds, not every `sink_pause`.
-            let postpone = paused
-                .iter()
-                .map(|s| s.pause_remaining())
-                .max()
-                .unwrap_or_default()
-                .clamp(m.sink_pause, MAX_POSTPONE.max(m.sink_pause));
-            let paused: Vec<&str> = paused.iter().map(|s| s.name.as_str()).collect();
             let args = MoveDue {
                 batch: m.batch,
                 now_ms,
                 max_payload: m.max_payload,
-                lease_ms: m.lease.as_millis() as u64,
-                postpone_ms: postpone.as_millis() as u64,
                 routes: &ctx.routes,
-                paused: &paused,
                 bounds_ms: &m.bounds_ms,
             };
             scripts::move_due(&mut con, &ctx.keys.shard(*shard), &args).await
@@ -94,7 +74,7 @@ pub fn sleep_after(reply: &MoveReply, unit: ScoreUnit, idle: Duration) -> Durati
 }
 
 /// Capped exponential backoff for errors.
-struct Backoff {
+pub(super) struct Backoff {
     next: Duration,
 }
 
@@ -102,24 +82,26 @@ impl Backoff {
     const FIRST: Duration = Duration::from_millis(50);
     const MAX: Duration = Duration::from_secs(5);
 
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Backoff { next: Self::FIRST }
     }
-    fn step(&mut self) -> Duration {
+    pub(super) fn step(&mut self) -> Duration {
         let now = self.next;
         self.next = (self.next * 2).min(Self::MAX);
         now
     }
-    fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.next = Self::FIRST;
     }
 }
 
-/// Moves from `target` until `stop`.
+/// Moves from `target` until `stop`. `publishers`: for a shard, the `Notify` of its
+/// publisher for each two-phase sink, in `ctx.sink_order` (`None` where none runs).
 pub async fn run(
     ctx: Arc<PollerContext>,
     target: Target,
     wake: Arc<Notify>,
+    publishers: Vec<Option<Arc<Notify>>>,
     stop: CancellationToken,
     on_batch: Option<BatchObserver>,
 ) {
@@ -140,11 +122,9 @@ pub async fn run(
                 if let Some(observe) = &on_batch {
                     observe(&target, &reply);
                 }
-                if let (Target::Shard(shard), false) = (&target, reply.claimed.is_empty()) {
-                    // The batch in hand: publish and settle before anything else, even
-                    // when a stop was asked meanwhile.
-                    if let Err(e) = delivery::deliver(&ctx, *shard, &reply, started).await {
-                        metrics::error_event("redis", &label, &e);
+                for (queued, publisher) in reply.queued.iter().zip(&publishers) {
+                    if let (true, Some(publisher)) = (*queued > 0, publisher) {
+                        publisher.notify_one();
                     }
                 }
                 if reply.kept > 0 {
@@ -189,9 +169,6 @@ fn record(ctx: &PollerContext, target: &Target, label: &str, reply: &MoveReply) 
             jobs = reply.reaped,
             "leases ran out; jobs due again"
         );
-    }
-    if reply.postponed > 0 {
-        ::metrics::counter!(POSTPONED).increment(reply.postponed);
     }
     if reply.taken == 0 {
         return;

@@ -1,10 +1,11 @@
-//! A sink with its run-time state: paused while unavailable, and its health for `/readyz`,
-//! the `zdelay_sink_up` gauge and `zdelay stats`.
+//! A sink with its run-time state: paused while unavailable, a bound on the batches it has in
+//! flight, and its health for `/readyz`, the `zdelay_sink_up` gauge and `zdelay stats`.
 
 use super::Sink;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Longest pause of an unavailable sink.
 const MAX_PAUSE: Duration = Duration::from_secs(30);
@@ -22,10 +23,22 @@ pub struct SinkHandle {
     awaiting_check: AtomicBool,
     healthy: AtomicBool,
     last_error: Mutex<String>,
+    /// One permit per batch in flight (across shards): a slow sink cannot pile up claims.
+    in_flight: Arc<Semaphore>,
+    /// Signalled when the sink is usable again, for publishers waiting out a pause.
+    resumed: Notify,
 }
 
 impl SinkHandle {
-    pub fn new(name: &str, kind: &'static str, sink: Box<dyn Sink>, first_pause: Duration) -> Self {
+    /// `first_pause`: the first pause after an unavailable outcome (it doubles while the sink
+    /// stays down); `concurrency`: batches it may have in flight at once.
+    pub fn new(
+        name: &str,
+        kind: &'static str,
+        sink: Box<dyn Sink>,
+        first_pause: Duration,
+        concurrency: usize,
+    ) -> Self {
         SinkHandle {
             name: name.to_owned(),
             kind,
@@ -35,7 +48,28 @@ impl SinkHandle {
             awaiting_check: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             last_error: Mutex::new(String::new()),
+            in_flight: Arc::new(Semaphore::new(concurrency.max(1))),
+            resumed: Notify::new(),
         }
+    }
+
+    /// Waits for room for one more batch in flight.
+    pub async fn permit(&self) -> OwnedSemaphorePermit {
+        self.in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the in-flight semaphore is never closed")
+    }
+
+    /// Waits until the sink may be usable again: resumed, or `limit` passed (a pause also
+    /// ends by the clock; the caller checks `is_paused` again).
+    pub async fn wait_resumed(&self, limit: Duration) {
+        let resumed = self.resumed.notified();
+        if !self.is_paused() {
+            return;
+        }
+        let _ = tokio::time::timeout(limit, resumed).await;
     }
 
     /// Paused: for the pause's length, and after it until a health check passes.
@@ -45,9 +79,8 @@ impl SinkHandle {
             || self.awaiting_check.load(Ordering::Relaxed)
     }
 
-    /// How long this sink's jobs should be pushed back now: the rest of the pause, or, once
-    /// only the health check is awaited, the next pause's length (it grows while the sink
-    /// stays down, so a long outage rewrites its backlog rarely).
+    /// How long a pause has left: the rest of its time, or, once only the health check is
+    /// awaited, the next pause's length (it grows while the sink stays down).
     pub fn pause_remaining(&self) -> Duration {
         let pause = self.pause.lock().expect("pause lock");
         let left = pause
@@ -73,8 +106,8 @@ impl SinkHandle {
 
     /// A background health check's answer: a pass lets a paused sink resume after its pause.
     pub fn checked(&self, result: Result<(), String>) {
-        if result.is_ok() {
-            self.awaiting_check.store(false, Ordering::Relaxed);
+        if result.is_ok() && self.awaiting_check.swap(false, Ordering::Relaxed) {
+            self.resumed.notify_waiters();
         }
         self.set_health(result);
     }
@@ -84,6 +117,8 @@ impl SinkHandle {
         let mut pause = self.pause.lock().expect("pause lock");
         *pause = (None, self.first_pause);
         self.awaiting_check.store(false, Ordering::Relaxed);
+        drop(pause);
+        self.resumed.notify_waiters();
         self.set_health(Ok(()));
     }
 
@@ -122,7 +157,7 @@ mod tests {
 
     #[test]
     fn a_paused_sink_resumes_only_after_its_pause_and_a_passing_check() {
-        let h = SinkHandle::new("other", "redis", unreachable_sink(), Duration::ZERO);
+        let h = SinkHandle::new("other", "redis", unreachable_sink(), Duration::ZERO, 1);
         assert!(!h.is_paused());
         h.pause("connection refused");
         assert!(!h.is_healthy());
@@ -141,6 +176,7 @@ mod tests {
             "redis",
             unreachable_sink(),
             Duration::from_millis(100),
+            1,
         );
         assert_eq!(h.pause("x"), Duration::from_millis(100));
         assert_eq!(h.pause("x"), Duration::from_millis(200));

@@ -115,7 +115,13 @@ pub fn build_all(config: &Config) -> Result<HashMap<String, Arc<SinkHandle>>, Si
     let mut sinks = HashMap::new();
     for (name, sink_config) in &config.sinks {
         if let Some(sink) = build(name, config)? {
-            let handle = SinkHandle::new(name, sink_config.kind(), sink, config.poller.sink_pause);
+            let handle = SinkHandle::new(
+                name,
+                sink_config.kind(),
+                sink,
+                config.poller.sink_pause,
+                config.poller.sink_concurrency,
+            );
             sinks.insert(name.clone(), Arc::new(handle));
         }
     }

@@ -488,14 +488,14 @@ target = "q:local"
     };
     eprintln!(
         "{kind}: {} remote + {local_ids} local jobs; all acked {recovered:?} after the broker \
-         was back; outcomes delivered {} unavailable {} retried {} rejected {}; postponed {}; \
+         was back; outcomes delivered {} unavailable {} retried {} rejected {}; waiting {}; \
          test so far {:?}",
         remote_ids.len(),
         outcome("delivered"),
         outcome("unavailable"),
         outcome("retried"),
         outcome("rejected"),
-        metric(&daemon, "zdelay_postponed_total", &[]),
+        metric(&daemon, "zdelay_sink_waiting", &[]),
         t0.elapsed()
     );
     assert!(

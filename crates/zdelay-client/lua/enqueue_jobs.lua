@@ -5,6 +5,8 @@
 -- KEYS[4] dead      ZSET  {zdelay:3}:dead
 -- KEYS[5] reasons   HASH  {zdelay:3}:reasons   id -> why it died
 -- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due of a two-phase job
+-- KEYS[7] ready     ZSET  {zdelay:3}:ready      two-phase jobs waiting for their sink
+-- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
 -- ARGV[1] policy for an id that exists: "replace" | "keep" | "error"
 -- ARGV[2] wake channel (zdelay:wake); ARGV[3] shard number, sent in the wake message
 -- ARGV[4..] triples: id, due, envelope. due is epoch ms, or "+N" for N ms after Redis TIME.
@@ -12,7 +14,7 @@
 --   -1 exists (policy "error"; nothing written for that job).
 -- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local scheduled_key = KEYS[6]
+local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
 local policy = ARGV[1]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -36,12 +38,18 @@ for i = 4, #ARGV, 3 do
     out[#out + 1] = -1
   else
     if exists then
-      -- A replaced job leaves whatever state it was in: dead, or claimed by a two-phase sink
-      -- (whose fenced ack then fails, so the old version is not acknowledged over the new one).
+      -- A replaced job leaves whatever state it was in: dead, waiting for its sink, or claimed
+      -- by a two-phase sink (whose fenced ack then fails, so the old version is not
+      -- acknowledged over the new one).
       redis.call('ZREM', dead_key, id)
       redis.call('HDEL', reasons_key, id)
       redis.call('ZREM', inflight_key, id)
       redis.call('HDEL', scheduled_key, id)
+      local member = redis.call('HGET', ready_ids_key, id)
+      if member then
+        redis.call('ZREM', ready_key, member)
+        redis.call('HDEL', ready_ids_key, id)
+      end
     end
     redis.call('HSET', jobs_key, id, envelope)
     redis.call('ZADD', due_key, due, id)

@@ -1,38 +1,42 @@
 -- move_due: take one batch of due envelope jobs of a shard. Jobs for local list routes are
 -- pushed onto their lists here (exactly once: pushes and removals happen in this script).
--- Jobs for two-phase sinks are claimed: moved to inflight with a lease deadline (also the
--- fencing token) and returned, for the poller to publish and then settle with settle_jobs.
--- Expired leases are first returned to due; jobs of paused sinks are postponed, not claimed.
--- KEYS[1] due      ZSET  {zdelay:3}:due       member = id, score = due ms
--- KEYS[2] jobs     HASH  {zdelay:3}:jobs      id -> envelope ("zd1:" frame or JSON object;
---                                             a frame's meta JSON is not read on this path)
--- KEYS[3] inflight ZSET  {zdelay:3}:inflight  member = id, score = lease deadline ms
--- KEYS[4] dead     ZSET  {zdelay:3}:dead      member = id, score = ms it died
--- KEYS[5] reasons  HASH  {zdelay:3}:reasons   id -> why it died
--- KEYS[6] scheduled HASH {zdelay:3}:scheduled id -> scheduled due ms of a two-phase job whose
---                                             score zdelay moved (claim, retry, pause)
--- KEYS[7..] the list keys of the local routes (route target, or target .. delayed_suffix)
+-- Jobs for two-phase sinks are queued for their sink in the shard's ready set, where that
+-- sink's publishers claim them (claim_jobs) at the sink's own pace: a sink that is down or
+-- slow holds up nothing else, and its backlog waits there untouched. Expired leases are
+-- first returned to due.
+-- KEYS[1] due       ZSET  {zdelay:3}:due        member = id, score = due ms
+-- KEYS[2] jobs      HASH  {zdelay:3}:jobs       id -> envelope ("zd1:" frame or JSON object;
+--                                               a frame's meta JSON is not read on this path)
+-- KEYS[3] inflight  ZSET  {zdelay:3}:inflight   member = id, score = lease deadline ms
+-- KEYS[4] dead      ZSET  {zdelay:3}:dead       member = id, score = ms it died
+-- KEYS[5] reasons   HASH  {zdelay:3}:reasons    id -> why it died
+-- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due ms of a two-phase job whose
+--                                               score zdelay moved (lease expiry, retry)
+-- KEYS[7] ready     ZSET  {zdelay:3}:ready      two-phase jobs waiting for their sink, all scores
+--                                               0, member = "<sink>\n<due, 16 digits>\n<id>" (lex
+--                                               order = sink, then due, then id)
+-- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
+-- KEYS[9..] the list keys of the local routes (route target, or target .. delayed_suffix)
 -- ARGV[1] batch size, at most 1000
 -- ARGV[2] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
 -- ARGV[3] largest payload in bytes (local routes); a larger one goes to dead
--- ARGV[4] lease in ms; ARGV[5] postpone in ms for jobs of paused sinks
--- ARGV[6] R, the number of local routes; then R triples: route name, KEYS index of its list,
+-- ARGV[4] R, the number of local routes; then R triples: route name, KEYS index of its list,
 --   "LPUSH"|"RPUSH"
 -- then T, the number of two-phase routes; then T pairs: route name, sink name
--- then S, the number of two-phase sinks jobs may name as "<sink>/<target>"; then S names
--- then P, the number of paused sinks; then P names
+-- then S, the number of two-phase sinks (jobs may also name them as "<sink>/<target>");
+--   then S names
 -- then B, the number of lateness bucket bounds; then B bounds in ms, ascending
 -- Returns: { taken, now_us, next_due ("" when the shard is empty), max_lateness_ms,
 --   kept (jobs left due because their push failed, e.g. OOM), first push error ("" if none),
 --   moved per local route (R integers, in ARGV order),
 --   dead per kind (5 integers: malformed, unknown_destination, wrong_type, oversize, missing),
 --   jobs per lateness bucket (B + 1 integers; the last is over the largest bound),
---   leases expired and returned to due, jobs postponed, lease deadline ms,
---   C = jobs claimed, then C triples: id, scheduled due ms (stable across redeliveries), envelope }
--- taken = moved + dead + claimed + postponed; a full batch means "call again now".
+--   leases expired and returned to due,
+--   S, then jobs queued for each two-phase sink (S integers, in ARGV order) }
+-- taken = moved + dead + queued; a full batch means "call again now".
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local scheduled_key = KEYS[6]
+local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
 local batch = tonumber(ARGV[1])
 local now_us
 if ARGV[2] ~= '' then
@@ -43,13 +47,11 @@ else
 end
 local now_ms = math.floor(now_us / 1000)
 local max_payload = tonumber(ARGV[3])
-local lease_ms = tonumber(ARGV[4])
-local postpone_ms = tonumber(ARGV[5])
 
-local route_count = tonumber(ARGV[6])
+local route_count = tonumber(ARGV[4])
 local routes = {}
 local moved = {}
-local pos = 7
+local pos = 5
 for r = 1, route_count do
   routes[ARGV[pos]] = { key = KEYS[tonumber(ARGV[pos + 1])], cmd = ARGV[pos + 2], index = r }
   moved[r] = 0
@@ -61,16 +63,13 @@ for _ = 1, tonumber(ARGV[pos]) do
   pos = pos + 2
 end
 pos = pos + 1
-local remote_sinks = {}
-for _ = 1, tonumber(ARGV[pos]) do
+local remote_sinks = {}   -- sink name -> index in ARGV order
+local sink_count = tonumber(ARGV[pos])
+local queued = {}
+for s = 1, sink_count do
   pos = pos + 1
-  remote_sinks[ARGV[pos]] = true
-end
-pos = pos + 1
-local paused = {}
-for _ = 1, tonumber(ARGV[pos]) do
-  pos = pos + 1
-  paused[ARGV[pos]] = true
+  remote_sinks[ARGV[pos]] = s
+  queued[s] = 0
 end
 pos = pos + 1
 local bound_count = tonumber(ARGV[pos])
@@ -160,10 +159,7 @@ if #expired > 0 then
   redis.call('ZADD', due_key, unpack(zargs))
 end
 
-local deadline = now_ms + lease_ms
-local claimed = {}     -- flat: id, due, envelope
-local postponed = {}   -- ids of paused sinks' jobs, re-added at now + postpone_ms
-local postponed_scores = {}
+local ready_members, ready_ids = {}, {}  -- two-phase jobs queued for their sink
 local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', 0, batch)
 local n = #ids
 local next_due = ''
@@ -268,14 +264,11 @@ if n > 0 and not fast_done then
       end
     end
     if sink then
-      if paused[sink] then
-        postponed[#postponed + 1] = id
-        postponed_scores[#postponed_scores + 1] = items[2 * i]
-      else
-        claimed[#claimed + 1] = id
-        claimed[#claimed + 1] = items[2 * i]
-        claimed[#claimed + 1] = envelopes[i]
-      end
+      -- Lex order in ready: sink, then due (fixed width), then id.
+      local member = sink .. '\n' .. string.format('%016d', math.floor(tonumber(items[2 * i]))) .. '\n' .. id
+      ready_members[#ready_members + 1] = member
+      ready_ids[#ready_ids + 1] = id
+      queued[remote_sinks[sink]] = queued[remote_sinks[sink]] + 1
     elseif dest then
       local route = routes[dest]
       if not route then
@@ -338,39 +331,16 @@ if n > 0 and not fast_done then
     redis.call('HSET', reasons_key, unpack(hargs))
   end
   if #delivered > 0 then redis.call('HDEL', jobs_key, unpack(delivered)) end
-  -- Remember the scheduled due of every claimed or postponed job before its score moves;
-  -- claims report it, so the idempotency key is the same on every redelivery.
-  local function keep_scheduled(ids, scores)
-    if #ids == 0 then return {} end
-    local known = redis.call('HMGET', scheduled_key, unpack(ids))
-    local hargs = {}
-    for j = 1, #ids do
-      if not known[j] then
-        known[j] = scores[j]
-        hargs[#hargs + 1] = ids[j]
-        hargs[#hargs + 1] = scores[j]
-      end
+  if #ready_members > 0 then
+    local zargs, hargs = {}, {}
+    for j = 1, #ready_members do
+      zargs[#zargs + 1] = 0
+      zargs[#zargs + 1] = ready_members[j]
+      hargs[#hargs + 1] = ready_ids[j]
+      hargs[#hargs + 1] = ready_members[j]
     end
-    if #hargs > 0 then redis.call('HSET', scheduled_key, unpack(hargs)) end
-    return known
-  end
-  local claimed_ids, claimed_scores = {}, {}
-  if #claimed > 0 then
-    local zargs = {}
-    for j = 1, #claimed, 3 do
-      zargs[#zargs + 1] = deadline
-      zargs[#zargs + 1] = claimed[j]
-      claimed_ids[#claimed_ids + 1] = claimed[j]
-      claimed_scores[#claimed_scores + 1] = claimed[j + 1]
-    end
-    redis.call('ZADD', inflight_key, unpack(zargs))
-    local scheduled = keep_scheduled(claimed_ids, claimed_scores)
-    for j = 1, #claimed_ids do claimed[3 * j - 1] = scheduled[j] end
-  end
-  if #postponed > 0 then
-    local scores = {}
-    for j = 1, #postponed do scores[j] = postponed_scores[j] end
-    keep_scheduled(postponed, scores)
+    redis.call('ZADD', ready_key, unpack(zargs))
+    redis.call('HSET', ready_ids_key, unpack(hargs))
   end
   if #delivered > 0 and redis.call('HLEN', scheduled_key) > 0 then
     -- A job released earlier may now go to a local route (config changed): forget it.
@@ -378,21 +348,13 @@ if n > 0 and not fast_done then
   end
   if kept > 0 then
     -- Only the jobs handled leave; the rest stay due for the next call.
-    for _, done in ipairs({ delivered, dead_ids, claimed_ids, postponed }) do
+    for _, done in ipairs({ delivered, dead_ids, ready_ids }) do
       if #done > 0 then redis.call('ZREM', due_key, unpack(done)) end
     end
-    n = #delivered + #dead_ids + #claimed_ids + #postponed
+    n = #delivered + #dead_ids + #ready_ids
   else
     -- The first n ranks are exactly the ids read above (same script, scores <= now).
     redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
-  end
-  if #postponed > 0 then
-    local zargs = {}
-    for j = 1, #postponed do
-      zargs[#zargs + 1] = now_ms + postpone_ms
-      zargs[#zargs + 1] = postponed[j]
-    end
-    redis.call('ZADD', due_key, unpack(zargs))
   end
 end
 local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
@@ -403,8 +365,6 @@ for r = 1, route_count do out[#out + 1] = moved[r] end
 for k = 1, 5 do out[#out + 1] = dead_counts[k] end
 for b = 1, bound_count + 1 do out[#out + 1] = buckets[b] end
 out[#out + 1] = #expired
-out[#out + 1] = #postponed
-out[#out + 1] = deadline
-out[#out + 1] = #claimed / 3
-for j = 1, #claimed do out[#out + 1] = claimed[j] end
+out[#out + 1] = sink_count
+for s = 1, sink_count do out[#out + 1] = queued[s] end
 return out

@@ -1,31 +1,35 @@
--- settle_jobs: record what two-phase sinks did with claimed jobs, fenced by the lease.
+-- settle_jobs: record what a two-phase sink did with the jobs it claimed, fenced by the lease.
 -- Each job is settled only if its inflight score still equals the deadline it was claimed
--- with: a poller whose lease ran out (the job was reclaimed, or replaced, or cancelled)
--- can never ack, retry or kill a job someone else now owns.
--- KEYS[1] due      ZSET  {zdelay:3}:due
--- KEYS[2] jobs     HASH  {zdelay:3}:jobs
--- KEYS[3] inflight ZSET  {zdelay:3}:inflight
--- KEYS[4] dead     ZSET  {zdelay:3}:dead
--- KEYS[5] reasons  HASH  {zdelay:3}:reasons
--- KEYS[6] scheduled HASH {zdelay:3}:scheduled  id -> scheduled due (kept across retries)
+-- with: a publisher whose lease ran out (the job was reclaimed, or replaced, or cancelled)
+-- can never ack, retry, release or kill a job someone else now owns.
+-- KEYS[1] due       ZSET  {zdelay:3}:due
+-- KEYS[2] jobs      HASH  {zdelay:3}:jobs
+-- KEYS[3] inflight  ZSET  {zdelay:3}:inflight
+-- KEYS[4] dead      ZSET  {zdelay:3}:dead
+-- KEYS[5] reasons   HASH  {zdelay:3}:reasons
+-- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due (kept across retries)
+-- KEYS[7] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
+-- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
 -- ARGV[1] lease deadline ms the jobs were claimed with (the fencing token)
--- ARGV[2] wake channel; ARGV[3] shard number
--- ARGV[4..] quadruples: op, id, a, b
+-- ARGV[2] wake channel; ARGV[3] shard number; ARGV[4] the sink's name
+-- ARGV[5..] quadruples: op, id, a, b
 --   "ack"     delivered: the job is removed                              (a, b unused)
 --   "retry"   back to due at a (ms); b = envelope with attempt and last_error updated
 --             (retry and release keep the scheduled due in KEYS[6], so the idempotency key holds)
---   "release" sink unavailable: back to due at a (ms), no attempt counted  (b unused)
+--   "release" sink unavailable: back to the sink's place in ready, a = its scheduled due (ms),
+--             no attempt counted: it waits there until the sink is back (b unused)
 --   "dead"    a = reason; b = envelope to keep ("" keeps the stored one)
 -- Returns: { settled, fenced } where fenced counts jobs whose lease was no longer ours.
 -- Re-run safety: yes; after a first run the fence no longer matches, so nothing repeats.
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local scheduled_key = KEYS[6]
+local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
 local deadline = tonumber(ARGV[1])
+local sink = ARGV[4]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local settled, fenced = 0, 0
 local earliest = nil
-for i = 4, #ARGV, 4 do
+for i = 5, #ARGV, 4 do
   local op, id, a, b = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local score = redis.call('ZSCORE', inflight_key, id)
   if score and tonumber(score) == deadline then
@@ -33,11 +37,15 @@ for i = 4, #ARGV, 4 do
     if op == 'ack' then
       redis.call('HDEL', jobs_key, id)
       redis.call('HDEL', scheduled_key, id)
-    elseif op == 'retry' or op == 'release' then
+    elseif op == 'retry' then
       local due = tonumber(a)
       redis.call('ZADD', due_key, due, id)
-      if op == 'retry' then redis.call('HSET', jobs_key, id, b) end
+      redis.call('HSET', jobs_key, id, b)
       if earliest == nil or due < earliest then earliest = due end
+    elseif op == 'release' then
+      local member = sink .. '\n' .. string.format('%016d', math.floor(tonumber(a))) .. '\n' .. id
+      redis.call('ZADD', ready_key, 0, member)
+      redis.call('HSET', ready_ids_key, id, member)
     else
       redis.call('HDEL', scheduled_key, id)
       redis.call('ZADD', dead_key, now_ms, id)

@@ -118,6 +118,8 @@ pub struct JobView {
     pub raw: Vec<u8>,
     pub envelope: Result<Envelope, EnvelopeError>,
     pub reason: Option<String>,
+    /// For a due job waiting for its two-phase sink: the sink's name.
+    pub sink: Option<String>,
 }
 
 impl JobView {
@@ -149,6 +151,9 @@ impl JobView {
         }
         if let Some(reason) = &self.reason {
             obj.insert("reason".into(), reason.clone().into());
+        }
+        if let Some(sink) = &self.sink {
+            obj.insert("waiting_for_sink".into(), sink.clone().into());
         }
         serde_json::Value::Object(obj)
     }
@@ -342,14 +347,16 @@ impl Client {
         type Reply = (
             (i64, i64),
             Option<f64>,
+            Option<String>,
             Option<f64>,
             Option<f64>,
             Option<Vec<u8>>,
             Option<String>,
         );
-        let ((secs, micros), due, inflight, dead, raw, reason): Reply = redis::pipe()
+        let ((secs, micros), due, ready, inflight, dead, raw, reason): Reply = redis::pipe()
             .cmd("TIME")
             .zscore(&keys.due, id)
+            .hget(&keys.ready_ids, id)
             .zscore(&keys.inflight, id)
             .zscore(&keys.dead, id)
             .hget(&keys.jobs, id)
@@ -357,11 +364,21 @@ impl Client {
             .query_async(&mut self.con.clone())
             .await?;
         let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
-        let (state, score) = match (due, inflight, dead) {
-            (Some(s), _, _) if s > now_ms => (JobState::Scheduled, Some(s)),
-            (Some(s), _, _) => (JobState::Due, Some(s)),
-            (_, Some(s), _) => (JobState::InFlight, Some(s)),
-            (_, _, Some(s)) => (JobState::Dead, Some(s)),
+        // A job waiting in the ready set: "<sink>\n<due>\n<id>".
+        let waiting = ready.as_deref().and_then(|m| {
+            let mut parts = m.splitn(3, '\n');
+            Some((parts.next()?.to_owned(), parts.next()?.parse::<f64>().ok()?))
+        });
+        let mut sink = None;
+        let (state, score) = match (due, waiting, inflight, dead) {
+            (Some(s), _, _, _) if s > now_ms => (JobState::Scheduled, Some(s)),
+            (Some(s), _, _, _) => (JobState::Due, Some(s)),
+            (_, Some((name, s)), _, _) => {
+                sink = Some(name);
+                (JobState::Due, Some(s))
+            }
+            (_, _, Some(s), _) => (JobState::InFlight, Some(s)),
+            (_, _, _, Some(s)) => (JobState::Dead, Some(s)),
             _ if raw.is_some() => (JobState::Orphan, None),
             _ => return Ok(None),
         };
@@ -374,6 +391,7 @@ impl Client {
             envelope: Envelope::decode(&raw),
             raw,
             reason,
+            sink,
         }))
     }
 }

@@ -198,6 +198,10 @@ pub struct PollerConfig {
     /// Its jobs wait without losing attempts. Default `1s`.
     #[serde(with = "humantime_serde")]
     pub sink_pause: Duration,
+    /// Batches one two-phase sink may have in flight at once, across all shards (each up to
+    /// `batch` jobs). A sink that is slow or hung holds up at most this many batches of its
+    /// own jobs and nothing else. Default 16.
+    pub sink_concurrency: usize,
 }
 
 impl Default for PollerConfig {
@@ -213,6 +217,7 @@ impl Default for PollerConfig {
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(300),
             sink_pause: Duration::from_secs(1),
+            sink_concurrency: 16,
         }
     }
 }
@@ -518,6 +523,9 @@ impl Config {
         }
         if p.sink_pause.is_zero() {
             return Err(invalid("poller.sink_pause", "must be greater than 0"));
+        }
+        if p.sink_concurrency == 0 || p.sink_concurrency > 1024 {
+            return Err(invalid("poller.sink_concurrency", "must be 1..=1024"));
         }
         for (name, sink) in &self.sinks {
             if name.is_empty() || name.contains(['/', '\n']) {

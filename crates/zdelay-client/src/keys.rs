@@ -51,6 +51,8 @@ impl Keys {
             dead: self.dead(shard),
             reasons: self.reasons(shard),
             scheduled: self.scheduled(shard),
+            ready: self.ready(shard),
+            ready_ids: self.ready_ids(shard),
             wake_channel: self.wake_channel(),
         }
     }
@@ -91,6 +93,18 @@ impl Keys {
         self.shard_key(shard, "scheduled")
     }
 
+    /// ZSET (lexicographic, all scores 0): two-phase jobs due and waiting for their sink,
+    /// member `<sink>\n<due ms, 16 digits>\n<id>`, so one sink's jobs sort by due time and a
+    /// sink's publisher claims them without looking at any other sink's.
+    pub fn ready(&self, shard: u16) -> String {
+        self.shard_key(shard, "ready")
+    }
+
+    /// HASH: job id → its member in `ready` (for cancel, reschedule, replace and get).
+    pub fn ready_ids(&self, shard: u16) -> String {
+        self.shard_key(shard, "ready_ids")
+    }
+
     /// HASH with the layout version and shard count, shared by every client and daemon.
     pub fn schema(&self) -> String {
         format!("{}:schema", self.namespace)
@@ -118,6 +132,8 @@ pub enum ShardKey {
     Dead,
     Reasons,
     Scheduled,
+    Ready,
+    ReadyIds,
 }
 
 impl ShardKey {
@@ -130,6 +146,8 @@ impl ShardKey {
             ShardKey::Dead => "dead",
             ShardKey::Reasons => "reasons",
             ShardKey::Scheduled => "scheduled",
+            ShardKey::Ready => "ready",
+            ShardKey::ReadyIds => "ready_ids",
         }
     }
 }
@@ -144,6 +162,8 @@ pub struct ShardKeys {
     pub dead: String,
     pub reasons: String,
     pub scheduled: String,
+    pub ready: String,
+    pub ready_ids: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
     pub wake_channel: String,
 }
@@ -157,6 +177,8 @@ impl ShardKeys {
             ShardKey::Dead => &self.dead,
             ShardKey::Reasons => &self.reasons,
             ShardKey::Scheduled => &self.scheduled,
+            ShardKey::Ready => &self.ready,
+            ShardKey::ReadyIds => &self.ready_ids,
         }
     }
 }

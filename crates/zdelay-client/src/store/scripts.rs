@@ -41,6 +41,7 @@ macro_rules! scripts {
 scripts!(
     enqueue_jobs,
     move_due,
+    claim_jobs,
     move_raw,
     cancel_job,
     reschedule_job,
@@ -53,25 +54,25 @@ scripts!(
     bench_bare_move_hash,
 );
 
-use ShardKey::{Dead, Due as DueKey, Inflight, Jobs, Reasons, Scheduled};
+use ShardKey::{Dead, Due as DueKey, Inflight, Jobs, Ready, ReadyIds, Reasons, Scheduled};
+
+/// Every shard key, in the one order scripts take them.
+const ALL_SHARD_KEYS: &[ShardKey] = &[
+    DueKey, Jobs, Inflight, Dead, Reasons, Scheduled, Ready, ReadyIds,
+];
 
 /// The shard keys each script takes first in KEYS, in this order (checked against the
-/// headers by a test).
+/// headers by a test): each list is a subsequence of `ALL_SHARD_KEYS`.
 const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
+    ("enqueue_jobs", ALL_SHARD_KEYS),
+    ("move_due", ALL_SHARD_KEYS),
+    ("settle_jobs", ALL_SHARD_KEYS),
+    ("claim_jobs", &[Jobs, Inflight, Scheduled, Ready, ReadyIds]),
     (
-        "enqueue_jobs",
-        &[DueKey, Jobs, Inflight, Dead, Reasons, Scheduled],
+        "cancel_job",
+        &[DueKey, Jobs, Inflight, Scheduled, Ready, ReadyIds],
     ),
-    (
-        "move_due",
-        &[DueKey, Jobs, Inflight, Dead, Reasons, Scheduled],
-    ),
-    (
-        "settle_jobs",
-        &[DueKey, Jobs, Inflight, Dead, Reasons, Scheduled],
-    ),
-    ("cancel_job", &[DueKey, Jobs, Inflight, Scheduled]),
-    ("reschedule_job", &[DueKey, Scheduled]),
+    ("reschedule_job", &[DueKey, Scheduled, Ready, ReadyIds]),
     ("replay_dead", &[DueKey, Jobs, Dead, Reasons]),
     ("purge_dead", &[Jobs, Dead, Reasons]),
 ];
@@ -280,12 +281,7 @@ pub struct MoveDue<'a> {
     /// Overrides Redis `TIME` (tests drive time with it).
     pub now_ms: Option<i64>,
     pub max_payload: usize,
-    pub lease_ms: u64,
-    /// How far jobs of paused sinks are pushed back.
-    pub postpone_ms: u64,
     pub routes: &'a Routes,
-    /// Two-phase sinks whose jobs are postponed, not claimed.
-    pub paused: &'a [&'a str],
     /// Lateness bucket bounds, ms ascending.
     pub bounds_ms: &'a [u64],
 }
@@ -304,8 +300,6 @@ pub async fn move_due(
     inv.arg(args.batch)
         .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
         .arg(args.max_payload)
-        .arg(args.lease_ms)
-        .arg(args.postpone_ms)
         .arg(routes.local().len());
     for route in routes.local() {
         inv.arg(&route.name)
@@ -319,10 +313,74 @@ pub async fn move_due(
     }
     let sinks: Vec<&str> = routes.two_phase_sinks().collect();
     inv.arg(sinks.len()).arg(sinks);
-    inv.arg(args.paused.len()).arg(args.paused);
     inv.arg(args.bounds_ms.len()).arg(args.bounds_ms);
     let value = inv.invoke_async(con).await?;
     MoveReply::parse(value, routes.local().len(), args.bounds_ms.len())
+}
+
+/// A job claimed for a two-phase sink: in inflight until `Claim::deadline_ms`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub id: String,
+    /// The due time it was scheduled for: stable across redeliveries.
+    pub due_ms: i64,
+    /// The stored envelope; empty when none is stored.
+    pub envelope: Vec<u8>,
+}
+
+/// What `claim_jobs` took.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Claim {
+    /// Redis TIME at the claim, µs.
+    pub now_us: i64,
+    /// Lease deadline of every claimed job: the fencing token for `settle_jobs`.
+    pub deadline_ms: i64,
+    pub jobs: Vec<Claimed>,
+}
+
+/// Claims up to `batch` jobs waiting for `sink` in a shard, oldest due first.
+pub async fn claim_jobs(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    sink: &str,
+    batch: usize,
+    lease_ms: u64,
+) -> redis::RedisResult<Claim> {
+    let mut inv = shard_invocation(&compiled::claim_jobs, "claim_jobs", keys);
+    let value: Value = inv
+        .arg(sink)
+        .arg(batch)
+        .arg(lease_ms)
+        .invoke_async(con)
+        .await?;
+    let items = match value {
+        Value::Array(items) if items.len() >= 3 => items,
+        other => return Err(protocol_error("claim reply", &other)),
+    };
+    let mut it = items.into_iter();
+    let now_us = as_int(it.next().unwrap_or_default())?;
+    let deadline_ms = as_int(it.next().unwrap_or_default())?;
+    let count = as_int(it.next().unwrap_or_default())? as usize;
+    let rest: Vec<Value> = it.collect();
+    if rest.len() != 3 * count {
+        return Err(protocol_error("claimed jobs", &Value::Int(count as i64)));
+    }
+    let mut jobs = Vec::with_capacity(count);
+    for job in rest.chunks(3) {
+        jobs.push(Claimed {
+            id: as_string(job[0].clone())?,
+            due_ms: as_string(job[1].clone())?
+                .parse::<f64>()
+                .map(|d| d as i64)
+                .map_err(|_| protocol_error("claimed due", &job[1]))?,
+            envelope: as_bytes(job[2].clone())?,
+        });
+    }
+    Ok(Claim {
+        now_us,
+        deadline_ms,
+        jobs,
+    })
 }
 
 fn inv_key_count(name: &str) -> usize {
@@ -373,7 +431,8 @@ pub enum SettleOp<'a> {
     Ack,
     /// Back to due at `due_ms` with the envelope rewritten (attempt + 1, last error).
     Retry { due_ms: i64, envelope: &'a [u8] },
-    /// Back to due at `due_ms`, no attempt counted (the sink is unavailable).
+    /// Back to its sink's place in the ready set (`due_ms` = its scheduled due), no attempt
+    /// counted: the sink is unavailable, and the job waits for it there.
     Release { due_ms: i64 },
     /// To dead with `reason`; `envelope` replaces the stored one unless empty.
     Dead { reason: &'a str, envelope: &'a [u8] },
@@ -387,15 +446,19 @@ pub struct Settled {
     pub fenced: u64,
 }
 
-/// Settles claimed jobs, fenced by the lease deadline they were claimed with.
+/// Settles jobs `sink` claimed, fenced by the lease deadline they were claimed with.
 pub async fn settle_jobs(
     con: &mut Conn,
     keys: &ShardKeys,
+    sink: &str,
     deadline_ms: i64,
     ops: &[(&str, SettleOp<'_>)],
 ) -> redis::RedisResult<Settled> {
     let mut inv = shard_invocation(&compiled::settle_jobs, "settle_jobs", keys);
-    inv.arg(deadline_ms).arg(&keys.wake_channel).arg(keys.shard);
+    inv.arg(deadline_ms)
+        .arg(&keys.wake_channel)
+        .arg(keys.shard)
+        .arg(sink);
     for (id, op) in ops {
         match op {
             SettleOp::Ack => inv.arg("ack").arg(*id).arg("").arg(""),
@@ -486,20 +549,9 @@ pub struct MoveReply {
     pub buckets: Vec<u64>,
     /// Expired leases returned to due by this call (`move_due` only).
     pub reaped: u64,
-    /// Jobs of paused sinks pushed back (`move_due` only).
-    pub postponed: u64,
-    /// Lease deadline of the claimed jobs: the fencing token for `settle_jobs`.
-    pub deadline_ms: i64,
-    /// Jobs claimed for two-phase sinks (`move_due` only).
-    pub claimed: Vec<Claimed>,
-}
-
-/// A job claimed for a two-phase sink: now in inflight until `MoveReply::deadline_ms`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claimed {
-    pub id: String,
-    pub due_ms: i64,
-    pub envelope: Vec<u8>,
+    /// Jobs queued in the ready set per two-phase sink, in the route table's sink order
+    /// (`move_due` only).
+    pub queued: Vec<u64>,
 }
 
 impl MoveReply {
@@ -510,8 +562,9 @@ impl MoveReply {
     /// Parses the reply with `moved_len` per-route counts and `bounds` lateness bounds.
     pub fn parse(value: Value, moved_len: usize, bounds: usize) -> redis::RedisResult<Self> {
         let fixed = 6 + moved_len + 5 + bounds + 1;
+        // move_raw ends there; move_due adds the expired leases and the per-sink counts.
         let items = match value {
-            Value::Array(items) if items.len() == fixed || items.len() >= fixed + 4 => items,
+            Value::Array(items) if items.len() == fixed || items.len() >= fixed + 2 => items,
             other => return Err(protocol_error("move reply", &other)),
         };
         let mut it = items.into_iter();
@@ -550,24 +603,16 @@ impl MoveReply {
             ..MoveReply::default()
         };
         let rest: Vec<Value> = it.collect();
-        if let [reaped, postponed, deadline, count, claimed @ ..] = rest.as_slice() {
+        if let [reaped, sinks, queued @ ..] = rest.as_slice() {
             reply.reaped = as_int(reaped.clone())? as u64;
-            reply.postponed = as_int(postponed.clone())? as u64;
-            reply.deadline_ms = as_int(deadline.clone())?;
-            let count = as_int(count.clone())? as usize;
-            if claimed.len() != 3 * count {
-                return Err(protocol_error("claimed jobs", &Value::Int(count as i64)));
+            let sinks = as_int(sinks.clone())? as usize;
+            if queued.len() != sinks {
+                return Err(protocol_error("queued per sink", &Value::Int(sinks as i64)));
             }
-            for job in claimed.chunks(3) {
-                reply.claimed.push(Claimed {
-                    id: as_string(job[0].clone())?,
-                    due_ms: as_string(job[1].clone())?
-                        .parse::<f64>()
-                        .map(|d| d as i64)
-                        .map_err(|_| protocol_error("claimed due", &job[1]))?,
-                    envelope: as_bytes(job[2].clone())?,
-                });
-            }
+            reply.queued = queued
+                .iter()
+                .map(|v| as_int(v.clone()).map(|n| n as u64))
+                .collect::<Result<_, _>>()?;
         }
         Ok(reply)
     }

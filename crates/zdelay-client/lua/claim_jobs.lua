@@ -1,0 +1,58 @@
+-- claim_jobs: claim the oldest jobs waiting for one two-phase sink in a shard: each moves from
+-- the ready set to inflight with a lease deadline (also the fencing token for settle_jobs),
+-- and its envelope is returned for the sink's publisher to publish.
+-- KEYS[1] jobs      HASH  {zdelay:3}:jobs       id -> envelope
+-- KEYS[2] inflight  ZSET  {zdelay:3}:inflight   member = id, score = lease deadline ms
+-- KEYS[3] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due ms (kept across redeliveries)
+-- KEYS[4] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
+-- KEYS[5] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
+-- ARGV[1] sink name; ARGV[2] batch size, at most 1000; ARGV[3] lease in ms
+-- Returns: { now_us, lease deadline ms, C, then C triples: id, scheduled due ms (the first due
+--   it was scheduled for: stable across retries, releases and lease expiry), envelope ("" when
+--   none is stored) }, in the ready set's order (due, then id).
+-- Re-run safety: yes; a second run claims the next jobs (the first run's claims stay leased).
+local jobs_key, inflight_key, scheduled_key, ready_key, ready_ids_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local sink, batch, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local deadline = math.floor(now_us / 1000) + lease_ms
+-- Every member of this sink starts with "<sink>\n"; "\n" is byte 10, so "<sink>\11" is past them.
+local members = redis.call('ZRANGEBYLEX', ready_key, '[' .. sink .. '\n', '(' .. sink .. '\11', 'LIMIT', 0, batch)
+local n = #members
+local out = { now_us, deadline, n }
+if n == 0 then return out end
+local ids, dues = {}, {}
+local prefix = #sink + 2
+for i = 1, n do
+  local m = members[i]
+  local cut = string.find(m, '\n', prefix, true)
+  dues[i] = string.sub(m, prefix, cut - 1)
+  ids[i] = string.sub(m, cut + 1)
+end
+redis.call('ZREM', ready_key, unpack(members))
+redis.call('HDEL', ready_ids_key, unpack(ids))
+local zargs = {}
+for i = 1, n do
+  zargs[#zargs + 1] = deadline
+  zargs[#zargs + 1] = ids[i]
+end
+redis.call('ZADD', inflight_key, unpack(zargs))
+-- The scheduled due is recorded before the job's score first moves, so its idempotency key
+-- <id>:<due> is the same on every redelivery.
+local known = redis.call('HMGET', scheduled_key, unpack(ids))
+local hargs = {}
+for i = 1, n do
+  if not known[i] then
+    known[i] = string.format('%d', tonumber(dues[i]))
+    hargs[#hargs + 1] = ids[i]
+    hargs[#hargs + 1] = known[i]
+  end
+end
+if #hargs > 0 then redis.call('HSET', scheduled_key, unpack(hargs)) end
+local envelopes = redis.call('HMGET', jobs_key, unpack(ids))
+for i = 1, n do
+  out[#out + 1] = ids[i]
+  out[#out + 1] = known[i]
+  out[#out + 1] = envelopes[i] or ''
+end
+return out
