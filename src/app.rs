@@ -46,6 +46,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         return Ok(());
     };
     let sinks = sinks::build_all(&config)?;
+    refuse_unsupported_brokers(&sinks).await?;
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     store::ensure_schema(&mut con, &keys).await?;
     scripts::load_all(&mut con).await?;
@@ -109,6 +110,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     Ok(())
 }
 
+/// Checks every sink once, together: a broker that answers with a version older than its
+/// sink supports stops start-up with that message (better than a stall later). A broker
+/// that does not answer yet is fine: sinks connect lazily and pause while it is down.
+async fn refuse_unsupported_brokers(sinks: &sinks::Sinks) -> anyhow::Result<()> {
+    let checks = sinks.values().map(|sink| async move {
+        let health = tokio::time::timeout(Duration::from_secs(5), sink.sink.check()).await;
+        (sink, health)
+    });
+    for (sink, health) in futures::future::join_all(checks).await {
+        match health {
+            Ok(sinks::Health::Unsupported(why)) => {
+                anyhow::bail!("sink {} ({}): {why}", sink.name, sink.kind)
+            }
+            Ok(health) => sink.checked(health.into_result()),
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// Connects, retrying with capped backoff until it works or shutdown is asked.
 async fn connect_with_retry(config: &Config, shutdown: &CancellationToken) -> Option<Conn> {
     let mut delay = Duration::from_millis(200);
@@ -153,7 +174,7 @@ async fn check_sink(
     shutdown: CancellationToken,
 ) {
     while !shutdown.is_cancelled() {
-        let result = sink.sink.check().await;
+        let result = sink.sink.check().await.into_result();
         let up = result.is_ok();
         let state = serde_json::json!({
             "kind": sink.kind,

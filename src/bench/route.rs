@@ -44,6 +44,7 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
     sink.sink
         .check()
         .await
+        .into_result()
         .map_err(|e| anyhow::anyhow!("sink {} is not reachable: {e}", dest.sink))?;
     let n = env.args.jobs;
     let size = env.payload_size().max(MIN_PAYLOAD);

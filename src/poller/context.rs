@@ -3,7 +3,6 @@
 //! and what the delivery policy needs.
 
 use crate::sinks::SinkHandle;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use zdelay_client::config::{Config, Push, ScoreUnit, SourceConfig};
@@ -136,8 +135,7 @@ impl Target {
 /// Sees every successful move reply (the benchmark counts and times batches with it).
 pub type BatchObserver = Arc<dyn Fn(&Target, &MoveReply) + Send + Sync>;
 
-/// The two-phase sinks by name.
-pub type Sinks = HashMap<String, Arc<SinkHandle>>;
+pub use crate::sinks::Sinks;
 
 /// What every poller of one daemon shares.
 pub struct PollerContext {

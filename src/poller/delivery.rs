@@ -160,6 +160,7 @@ pub async fn deliver(
         };
         let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut unavailable: Option<&str> = None;
+        let mut retried: Option<&str> = None;
         for ((p, m), outcome) in pending.iter().zip(messages).zip(outcomes) {
             let settle = match outcome {
                 Outcome::Delivered => {
@@ -167,7 +168,10 @@ pub async fn deliver(
                         .record((redis_now_ms() - p.job.due_ms).max(0) as f64 / 1000.0);
                     Settle::Ack
                 }
-                Outcome::Retry(why) => retry(policy, p, m, why, redis_now_ms(), &mut rng),
+                Outcome::Retry(why) => {
+                    retried.get_or_insert(why);
+                    retry(policy, p, m, why, redis_now_ms(), &mut rng)
+                }
                 Outcome::Reject(why) => dead(p, m, why.clone()),
                 Outcome::Unavailable(why) => {
                     unavailable.get_or_insert(why);
@@ -178,6 +182,14 @@ pub async fn deliver(
             };
             *counts.entry(outcome_label(outcome)).or_default() += 1;
             settles.push((&p.job.id, settle));
+        }
+        if let Some(why) = retried {
+            tracing::warn!(
+                sink = %sink.name,
+                jobs = counts.get("retried").copied().unwrap_or_default(),
+                error = why,
+                "publish failed for some jobs; they are retried after a backoff"
+            );
         }
         for (label, n) in counts {
             ::metrics::counter!(SINK_OUTCOMES, "sink" => sink.name.clone(), "outcome" => label)

@@ -681,8 +681,8 @@ impl super::Sink for AmqpSink {
         Box::pin(AmqpSink::publish(self, batch))
     }
 
-    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
-        Box::pin(AmqpSink::check(self))
+    fn check(&self) -> futures::future::BoxFuture<'_, super::Health> {
+        Box::pin(async move { super::Health::from(AmqpSink::check(self).await) })
     }
 
     fn flush(&self, timeout: Duration) -> futures::future::BoxFuture<'_, ()> {

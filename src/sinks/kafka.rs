@@ -112,7 +112,10 @@ pub fn classify(code: RDKafkaErrorCode) -> ErrorClass {
         | C::TimedOutQueue
         | C::BrokerTransportFailure
         | C::BrokerNotAvailable
-        | C::NetworkException => ErrorClass::ProbeBroker,
+        | C::NetworkException
+        // UNKNOWN_SERVER_ERROR: what a broker that is shutting down may answer (tansu
+        // does); the probe tells an outage from a one-off failure.
+        | C::Unknown => ErrorClass::ProbeBroker,
         // QueueFull, leader elections, not enough replicas, fatal idempotence errors (the
         // producer is rebuilt), and whatever else.
         _ => ErrorClass::Retry,
@@ -531,8 +534,8 @@ impl super::Sink for KafkaSink {
         Box::pin(KafkaSink::publish(self, batch))
     }
 
-    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
-        Box::pin(KafkaSink::check(self))
+    fn check(&self) -> futures::future::BoxFuture<'_, super::Health> {
+        Box::pin(async move { super::Health::from(KafkaSink::check(self).await) })
     }
 
     fn flush(&self, timeout: Duration) -> futures::future::BoxFuture<'_, ()> {
@@ -645,6 +648,7 @@ mod tests {
             C::BrokerTransportFailure,
             C::BrokerNotAvailable,
             C::NetworkException,
+            C::Unknown,
         ] {
             assert_eq!(classify(code), ErrorClass::ProbeBroker, "{code:?}");
         }
@@ -656,7 +660,6 @@ mod tests {
             C::NotLeaderForPartition,
             C::OutOfOrderSequenceNumber,
             C::Fatal,
-            C::Unknown,
         ] {
             assert_eq!(classify(code), ErrorClass::Retry, "{code:?}");
         }

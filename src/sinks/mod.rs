@@ -70,6 +70,34 @@ pub enum Outcome {
     Unavailable(String),
 }
 
+/// What a sink's health check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    Up,
+    /// It cannot deliver now; why, in words an operator can act on.
+    Down(String),
+    /// The broker is older than this sink supports: refused at start-up, down afterwards.
+    Unsupported(String),
+}
+
+impl Health {
+    pub fn into_result(self) -> Result<(), String> {
+        match self {
+            Health::Up => Ok(()),
+            Health::Down(why) | Health::Unsupported(why) => Err(why),
+        }
+    }
+}
+
+impl From<Result<(), String>> for Health {
+    fn from(result: Result<(), String>) -> Self {
+        match result {
+            Ok(()) => Health::Up,
+            Err(why) => Health::Down(why),
+        }
+    }
+}
+
 /// A sink that cannot be built from its config.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
@@ -83,8 +111,9 @@ pub trait Sink: Send + Sync {
     /// message, in order.
     fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Outcome>>;
 
-    /// A real, bounded health check: can this sink deliver now?
-    fn check(&self) -> BoxFuture<'_, Result<(), String>>;
+    /// A real, bounded health check asking only what publishing needs: can this sink
+    /// deliver now?
+    fn check(&self) -> BoxFuture<'_, Health>;
 
     /// Flushes anything queued client-side (before exit).
     fn flush(&self, _timeout: Duration) -> BoxFuture<'_, ()> {
@@ -110,8 +139,11 @@ pub fn build(name: &str, config: &Config) -> Result<Option<Box<dyn Sink>>, SinkE
     })
 }
 
+/// The two-phase sinks by name.
+pub type Sinks = HashMap<String, Arc<SinkHandle>>;
+
 /// Builds every two-phase sink of `config`, by name; none needs its broker to be up.
-pub fn build_all(config: &Config) -> Result<HashMap<String, Arc<SinkHandle>>, SinkError> {
+pub fn build_all(config: &Config) -> Result<Sinks, SinkError> {
     let mut sinks = HashMap::new();
     for (name, sink_config) in &config.sinks {
         if let Some(sink) = build(name, config)? {
@@ -129,7 +161,7 @@ pub fn build_all(config: &Config) -> Result<HashMap<String, Arc<SinkHandle>>, Si
 }
 
 /// Flushes every sink at once (at shutdown), each bounded by `timeout`.
-pub async fn flush_all(sinks: &HashMap<String, Arc<SinkHandle>>, timeout: Duration) {
+pub async fn flush_all(sinks: &Sinks, timeout: Duration) {
     futures::future::join_all(sinks.values().map(|s| s.sink.flush(timeout))).await;
 }
 

@@ -56,7 +56,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
+use super::{Health, IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
 use zdelay_client::config::NatsSinkConfig;
 
 /// Bound on one publish send and on waiting for its PubAck (or the core-mode round trip).
@@ -66,6 +66,8 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECT_WAIT: Duration = Duration::from_secs(1);
 /// Bound on [`NatsSink::check`].
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// The oldest nats-server this sink is tested with and supports (Debian 12 ships 2.9.10).
+pub const MIN_SERVER: (i64, i64, i64) = (2, 9, 0);
 /// Messages whose acks are outstanding at once within one `publish` call.
 const CHUNK: usize = 1024;
 /// JetStream ack permits; far above what concurrent `publish` calls use, so never a limit.
@@ -85,6 +87,8 @@ pub struct NatsSink {
     servers: Vec<ServerAddr>,
     jetstream: bool,
     conn: OnceCell<Conn>,
+    /// Whether the health check's surprise was logged already.
+    surprised: std::sync::atomic::AtomicBool,
 }
 
 struct Conn {
@@ -131,6 +135,7 @@ impl NatsSink {
             servers,
             jetstream: config.jetstream,
             conn: OnceCell::new(),
+            surprised: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -376,25 +381,89 @@ impl NatsSink {
         Outcome::Unavailable(format!("nats server {} disconnected", self.url))
     }
 
-    /// Health: connected, and the server answers (JetStream: the account info request, which
-    /// also proves JetStream is enabled). Bounded by [`CHECK_TIMEOUT`].
-    pub async fn check(&self) -> Result<(), String> {
+    /// Health, asking only what publishing needs, in requests every supported server
+    /// version answers the same way: connected to a server at least [`MIN_SERVER`], the
+    /// server reads what we send (a round trip), and, for JetStream, the JetStream API
+    /// answers for this account. An answer the check cannot make sense of (a server newer
+    /// than this build, say) is logged once with the server's version and counts as up: a
+    /// surprise in the check must never keep a sink paused. Bounded by [`CHECK_TIMEOUT`].
+    pub async fn health(&self) -> Health {
         let deadline = Instant::now() + CHECK_TIMEOUT;
-        let conn = self.connected(CHECK_TIMEOUT).await?;
-        if self.jetstream {
-            match tokio::time::timeout_at(deadline, conn.js.query_account()).await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(format!("nats {}: jetstream: {e}", self.url)),
-                Err(_) => Err(format!(
-                    "nats {}: jetstream did not answer within {CHECK_TIMEOUT:?}",
+        let conn = match self.connected(CHECK_TIMEOUT).await {
+            Ok(conn) => conn,
+            Err(why) => return Health::Down(why),
+        };
+        let version = conn.client.server_info().version;
+        let (major, minor, patch) = MIN_SERVER;
+        if !version.is_empty() && !conn.client.is_server_compatible(major, minor, patch) {
+            return Health::Unsupported(format!(
+                "nats-server {version} at {} is older than the oldest supported version, \
+                 {major}.{minor}.{patch}",
+                self.url
+            ));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Err(why) = round_trip(&conn.client, left).await {
+            return Health::Down(format!("nats-server {} ({version}): {why}", self.url));
+        }
+        if !self.jetstream {
+            return Health::Up;
+        }
+        // $JS.API.INFO, read as plain JSON: every version's reply parses.
+        let empty = serde_json::json!({});
+        let info = conn.js.request::<_, _, serde_json::Value>("INFO", &empty);
+        match tokio::time::timeout_at(deadline, info).await {
+            Ok(Ok(reply)) => match reply.get("error") {
+                None => Health::Up,
+                Some(error) => Health::Down(format!(
+                    "JetStream on nats-server {} ({version}) refused this account: {error} \
+                     (is JetStream enabled for it?)",
                     self.url
                 )),
+            },
+            Ok(Err(e)) if e.kind() == jetstream::context::RequestErrorKind::NoResponders => {
+                Health::Down(format!(
+                    "JetStream is not enabled on nats-server {} ({version}): start it with -js \
+                     (or set jetstream = false for core NATS)",
+                    self.url
+                ))
             }
-        } else {
-            let left = deadline.saturating_duration_since(Instant::now());
-            round_trip(&conn.client, left)
-                .await
-                .map_err(|e| format!("nats {}: {e}", self.url))
+            Ok(Err(e)) if e.kind() == jetstream::context::RequestErrorKind::TimedOut => {
+                Health::Down(format!(
+                    "JetStream on nats-server {} ({version}) did not answer within \
+                     {CHECK_TIMEOUT:?}",
+                    self.url
+                ))
+            }
+            Ok(Err(e)) => {
+                self.surprise(&version, &e.to_string());
+                Health::Up
+            }
+            Err(_) => Health::Down(format!(
+                "JetStream on nats-server {} ({version}) did not answer within {CHECK_TIMEOUT:?}",
+                self.url
+            )),
+        }
+    }
+
+    /// [`Self::health`] as a result: `Err` says why it cannot deliver.
+    pub async fn check(&self) -> Result<(), String> {
+        self.health().await.into_result()
+    }
+
+    /// An answer the check did not expect: logged once per sink, never a reason to pause.
+    fn surprise(&self, version: &str, what: &str) {
+        if !self
+            .surprised
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                sink = %self.name,
+                server_version = version,
+                answer = what,
+                "unexpected answer to the nats health check; the sink counts as up (publishing \
+                 decides)"
+            );
         }
     }
 
@@ -561,8 +630,8 @@ impl super::Sink for NatsSink {
         Box::pin(NatsSink::publish(self, batch))
     }
 
-    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
-        Box::pin(NatsSink::check(self))
+    fn check(&self) -> futures::future::BoxFuture<'_, Health> {
+        Box::pin(NatsSink::health(self))
     }
 
     fn flush(&self, timeout: Duration) -> futures::future::BoxFuture<'_, ()> {

@@ -104,7 +104,7 @@ impl super::Sink for RedisRemoteSink {
         Box::pin(RedisRemoteSink::publish(self, batch))
     }
 
-    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
-        Box::pin(RedisRemoteSink::check(self))
+    fn check(&self) -> futures::future::BoxFuture<'_, super::Health> {
+        Box::pin(async move { super::Health::from(RedisRemoteSink::check(self).await) })
     }
 }

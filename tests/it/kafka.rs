@@ -19,7 +19,7 @@ fn unique_topic(tag: &str) -> String {
     format!("zd-{tag}-{}-{nanos}", std::process::id())
 }
 
-fn create_topic(topic_cmd: &str, topic: &str, partitions: u32) {
+pub(crate) fn create_topic(topic_cmd: &str, topic: &str, partitions: u32) {
     let status = Command::new("sh")
         .arg("-c")
         .arg(format!("{topic_cmd} {topic} {partitions}"))
@@ -60,15 +60,15 @@ fn hex(s: &str) -> Vec<u8> {
 
 /// One record as the independent consumer saw it.
 #[derive(Debug)]
-struct Record {
-    key: Option<Vec<u8>>,
-    value: Vec<u8>,
-    headers: Vec<(String, Vec<u8>)>,
+pub(crate) struct Record {
+    pub(crate) key: Option<Vec<u8>>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
 }
 
 /// Reads `count` records of `topic` with confluent-kafka (`-n`: at least n, then all that
 /// arrive until 2 s pass without a new one).
-fn consume(python: &str, brokers: &str, topic: &str, count: i64) -> Vec<Record> {
+pub(crate) fn consume(python: &str, brokers: &str, topic: &str, count: i64) -> Vec<Record> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/py/kafka_consume.py");
     let out = Command::new(python)
         .args([script, brokers, topic, &count.to_string(), "60"])

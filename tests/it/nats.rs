@@ -140,7 +140,14 @@ fn assert_same(sent: &[Message], read: &Read) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_jetstream_publish_1000_read_back_by_nats_py() {
     let services = Services::get();
-    let url = services.nats_url();
+    for (kind, url) in services.nats_servers() {
+        crate::common::nats_version(kind, &url).await;
+        publish_1000_read_back(&services, &url).await;
+    }
+}
+
+async fn publish_1000_read_back(services: &Services, url: &str) {
+    let url = url.to_owned();
     let (js, stream, prefix) = make_stream(&url).await;
     let subject = format!("{prefix}.jobs");
     let batch: Vec<Message> = (0..1000)
@@ -154,7 +161,7 @@ async fn nats_jetstream_publish_1000_read_back_by_nats_py() {
     assert!(out.iter().all(|o| *o == Outcome::Delivered), "{out:?}");
     assert_eq!(stream_count(&js, &stream).await, 1000);
 
-    let output = py_reader(&services)
+    let output = py_reader(services)
         .args(["stream", &url, &stream, &format!("{prefix}.>"), "1000"])
         .output()
         .expect("python runs");
@@ -172,7 +179,14 @@ async fn nats_jetstream_publish_1000_read_back_by_nats_py() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_jetstream_duplicate_publish_is_stored_once() {
     let services = Services::get();
-    let url = services.nats_url();
+    for (kind, url) in services.nats_servers() {
+        crate::common::nats_version(kind, &url).await;
+        duplicate_publish_is_stored_once(&services, &url).await;
+    }
+}
+
+async fn duplicate_publish_is_stored_once(services: &Services, url: &str) {
+    let url = url.to_owned();
     let (js, stream, prefix) = make_stream(&url).await;
     let msg = message(&format!("{prefix}.dup"), 7, b"same job".to_vec());
     let sink = sink(&url, true);
@@ -194,7 +208,7 @@ async fn nats_jetstream_duplicate_publish_is_stored_once() {
     );
     assert_eq!(stream_count(&js, &stream).await, 1, "JetStream dedupe");
 
-    let output = py_reader(&services)
+    let output = py_reader(services)
         .args(["stream", &url, &stream, &format!("{prefix}.>"), "1"])
         .output()
         .expect("python runs");
@@ -207,7 +221,14 @@ async fn nats_jetstream_duplicate_publish_is_stored_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_rejects_unknown_subject_and_oversize() {
     let services = Services::get();
-    let url = services.nats_url();
+    for (kind, url) in services.nats_servers() {
+        crate::common::nats_version(kind, &url).await;
+        rejects_unknown_subject_and_oversize(&services, &url).await;
+    }
+}
+
+async fn rejects_unknown_subject_and_oversize(services: &Services, url: &str) {
+    let url = url.to_owned();
     let max_payload: usize = services
         .var("NATS_MAX_PAYLOAD")
         .parse()
@@ -257,8 +278,16 @@ async fn nats_rejects_unknown_subject_and_oversize() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
-    let own = crate::common::PrivateBrokers::start("nats");
-    let url = own.var("NATS_URL").to_owned();
+    for kind in crate::common::NATS_KINDS {
+        server_down_is_unavailable_then_recovers(kind).await;
+    }
+}
+
+async fn server_down_is_unavailable_then_recovers(kind: &str) {
+    let own = crate::common::PrivateBrokers::start(kind);
+    let upper = kind.to_uppercase();
+    let url = own.var(&format!("{upper}_URL")).to_owned();
+    crate::common::nats_version(kind, &url).await;
     let (js, stream, prefix) = make_stream(&url).await;
     let subject = format!("{prefix}.jobs");
     let sink = sink(&url, true);
@@ -274,7 +303,7 @@ async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
             .all(|o| *o == Outcome::Delivered)
     );
 
-    own.run("STOP_NATS");
+    own.run(&format!("STOP_{upper}"));
     let started = Instant::now();
     let out = sink.publish(&batch(100)).await;
     let took = started.elapsed();
@@ -293,7 +322,7 @@ async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
         health.unwrap_err()
     );
 
-    own.run("START_NATS");
+    own.run(&format!("START_{upper}"));
     let recovered = batch(100);
     let deadline = Instant::now() + Duration::from_secs(20);
     let started = Instant::now();
@@ -335,7 +364,7 @@ async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
         assert!(Instant::now() < deadline, "big batch does not flow");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    own.run("KILL_NATS");
+    own.run(&format!("KILL_{upper}"));
     let (out, took) = publishing.await.expect("publish task");
     let delivered = out.iter().filter(|o| **o == Outcome::Delivered).count();
     let unavailable = out
@@ -347,7 +376,7 @@ async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
     assert!(unavailable > 0, "the kill landed after the batch");
     assert!(took < Duration::from_secs(15), "{took:?}");
 
-    own.run("START_NATS");
+    own.run(&format!("START_{upper}"));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let out = sink.publish(&big).await;
@@ -362,7 +391,7 @@ async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
 
     // Hung (SIGSTOP): the TCP connection stays up, nothing answers. Every ack of the batch
     // times out, which is Unavailable (not Retry), within the ack timeout.
-    let pid: i32 = std::fs::read_to_string(own.dir().join("nats/pid"))
+    let pid: i32 = std::fs::read_to_string(own.dir().join(kind).join("pid"))
         .expect("nats pid file")
         .trim()
         .parse()
@@ -425,9 +454,16 @@ async fn make_js(url: &str) -> jetstream::Context {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_core_mode_subscriber_receives_best_effort() {
     let services = Services::get();
-    let url = services.nats_url();
+    for (kind, url) in services.nats_servers() {
+        crate::common::nats_version(kind, &url).await;
+        core_mode_subscriber_receives(&services, &url).await;
+    }
+}
+
+async fn core_mode_subscriber_receives(services: &Services, url: &str) {
+    let url = url.to_owned();
     let subject = format!("zdnats-core.{}", tag());
-    let mut reader = py_reader(&services)
+    let mut reader = py_reader(services)
         .args(["sub", &url, &subject, "200"])
         .stdout(Stdio::piped())
         .spawn()
@@ -481,16 +517,24 @@ async fn nats_jetstream_throughput_100k() {
     js.delete_stream(&stream).await.expect("delete stream");
 }
 
-/// End to end through the daemon: jobs enqueued with the library reach a JetStream stream
-/// with their headers and `Nats-Msg-Id`, confirmed by PubAck before the daemon acks them.
+/// End to end through the daemon, against each NATS version: jobs enqueued with the library
+/// reach a JetStream stream with their headers and `Nats-Msg-Id`, confirmed by PubAck before
+/// the daemon acks them, and the sink reports up in `/readyz`.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_jetstream() {
+    let services = Services::get();
+    for (kind, url) in services.nats_servers() {
+        daemon_delivers_to_jetstream(&services, kind, &url);
+    }
+}
+
+fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str) {
     use crate::common::{Daemon, RedisServer, TestConfig};
     use zdelay::client::{NewJob, OnConflict};
 
-    let services = Services::get();
-    let url = services.nats_url();
+    let url = url.to_owned();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(crate::common::nats_version(kind, &url));
     let (js, stream, prefix) = rt.block_on(make_stream(&url));
     let redis = RedisServer::start();
     let extra = format!(
@@ -538,7 +582,7 @@ target = "{prefix}.due"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let out = py_reader(&services)
+    let out = py_reader(services)
         .args(["stream", &url, &stream, &format!("{prefix}.>"), "301"])
         .output()
         .expect("nats_read.py runs");
@@ -561,4 +605,10 @@ target = "{prefix}.due"
     }
     let mut con = redis.conn();
     crate::common::wait_all_settled(&mut con, 2, Duration::from_secs(10));
+    // The health check passes on this version too (2.9's account info once kept it down).
+    crate::common::wait_for(
+        "the sink checked up",
+        Duration::from_secs(10),
+        || matches!(daemon.admin_get("/readyz"), Some((200, body)) if body.contains("sink bus (nats): up")),
+    );
 }

