@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use zdelay_client::config::{Config, Push, ScoreUnit, SourceConfig};
 use zdelay_client::keys::{Keys, RawKeys};
-use zdelay_client::routes::{Resolved, Routes};
+use zdelay_client::routes::{Destination, Resolved, Routes};
 use zdelay_client::store::Conn;
 use zdelay_client::store::scripts::MoveReply;
 
@@ -64,28 +64,39 @@ impl DeliveryPolicy {
     }
 }
 
-/// A raw source resolved against its (local list) route.
+/// A raw source resolved against its route.
 #[derive(Debug, Clone)]
 pub struct RawSource {
     pub keys: RawKeys,
     pub unit: ScoreUnit,
-    pub list: String,
-    pub push: Push,
     pub route: String,
+    pub delivery: RawDelivery,
+}
+
+/// How a raw source's members are delivered.
+#[derive(Debug, Clone)]
+pub enum RawDelivery {
+    /// Pushed onto a list on the scheduling Redis by `move_raw`, exactly once.
+    List { list: String, push: Push },
+    /// Claimed by lease (`claim_raw`) and published to a two-phase sink.
+    Sink(Destination),
 }
 
 impl RawSource {
-    /// `None` when the source's route is not a local list route.
+    /// `None` when the source's route is not in the table (config validation prevents it).
     pub fn resolve(source: &SourceConfig, routes: &Routes) -> Option<Self> {
-        let Ok(Resolved::Local(route)) = routes.resolve(&source.route) else {
-            return None;
+        let delivery = match routes.resolve(&source.route).ok()? {
+            Resolved::Local(route) => RawDelivery::List {
+                list: route.list.clone(),
+                push: route.push,
+            },
+            Resolved::TwoPhase(destination) => RawDelivery::Sink(destination),
         };
         Some(RawSource {
             keys: source.keys(),
             unit: source.score_unit,
-            list: route.list.clone(),
-            push: route.push,
-            route: route.name.clone(),
+            route: source.route.clone(),
+            delivery,
         })
     }
 }
@@ -160,7 +171,7 @@ impl PollerContext {
             .sources
             .iter()
             .map(|s| {
-                // INVARIANT: config validation admits only local list routes for sources.
+                // INVARIANT: config validation admits only configured routes for sources.
                 Arc::new(RawSource::resolve(s, &routes).expect("a validated source route"))
             })
             .collect();

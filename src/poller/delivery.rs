@@ -10,7 +10,7 @@
 //! INVARIANT: nothing is removed before its sink confirmed it. A crash anywhere here leaves
 //! the job in inflight, and its lease returns it to due: at least once, never lost.
 
-use super::context::{DeliveryPolicy, ENVELOPE_SOURCE, PollerContext};
+use super::context::{DeliveryPolicy, ENVELOPE_SOURCE, PollerContext, RawDelivery, RawSource};
 use crate::metrics::{self, FENCED, JOBS_DEAD, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION};
 use crate::sinks::{Message, Outcome, SinkHandle};
 use rand::{RngExt, SeedableRng};
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zdelay_client::envelope::Envelope;
 use zdelay_client::routes::Resolved;
-use zdelay_client::store::scripts::{self, Claim, Claimed, SettleOp};
+use zdelay_client::store::scripts::{self, Claim, Claimed, RawClaim, SettleOp};
 
 /// Retry delay for a job that has failed `attempt` times before: a random time in
 /// [0, min(cap, base × 2^attempt)] (exponential backoff with full jitter).
@@ -158,70 +158,196 @@ pub async fn deliver(
             }));
             continue;
         };
-        let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
-        let mut unavailable: Option<&str> = None;
-        let mut retried: Option<&str> = None;
         for ((p, m), outcome) in pending.iter().zip(messages).zip(outcomes) {
             let settle = match outcome {
                 Outcome::Delivered => {
-                    ::metrics::histogram!(LATENESS, "source" => sink.name.clone())
-                        .record((redis_now_ms() - p.job.due_ms).max(0) as f64 / 1000.0);
+                    record_lateness(sink, redis_now_ms() - p.job.due_ms);
                     Settle::Ack
                 }
-                Outcome::Retry(why) => {
-                    retried.get_or_insert(why);
-                    retry(policy, p, m, why, redis_now_ms(), &mut rng)
-                }
+                Outcome::Retry(why) => retry(policy, p, m, why, redis_now_ms(), &mut rng),
                 Outcome::Reject(why) => dead(p, m, why.clone()),
-                Outcome::Unavailable(why) => {
-                    unavailable.get_or_insert(why);
-                    Settle::Release {
-                        due_ms: p.job.due_ms,
-                    }
-                }
+                Outcome::Unavailable(_) => Settle::Release {
+                    due_ms: p.job.due_ms,
+                },
             };
-            *counts.entry(outcome_label(outcome)).or_default() += 1;
             settles.push((&p.job.id, settle));
         }
-        if let Some(why) = retried {
-            tracing::warn!(
-                sink = %sink.name,
-                jobs = counts.get("retried").copied().unwrap_or_default(),
-                error = why,
-                "publish failed for some jobs; they are retried after a backoff"
-            );
-        }
-        for (label, n) in counts {
-            ::metrics::counter!(SINK_OUTCOMES, "sink" => sink.name.clone(), "outcome" => label)
-                .increment(n);
-        }
-        match unavailable {
-            Some(why) => {
-                let pause = sink.pause(why);
-                metrics::error_event(
-                    "sink_unavailable",
-                    &sink.name,
-                    &format!("{why}; paused {pause:?}"),
-                );
-            }
-            None if outcomes.iter().any(|o| matches!(o, Outcome::Delivered)) => sink.resume(),
-            None => {}
-        }
+        sink_answered(sink, outcomes);
     }
-    count_dead(&settles);
+    count_dead(ENVELOPE_SOURCE, settles.iter().map(|(_, s)| s));
     settle(ctx, shard, &claimer.name, claim.deadline_ms, &settles).await
 }
 
+/// Publishes the raw members `sink` claimed from `source` and settles them in the source.
+/// A member's message id is `<source>:<sha1 of the member, 16 hex digits>`, and its
+/// idempotency key adds the due time it was scheduled for.
+pub async fn deliver_raw(
+    ctx: &PollerContext,
+    source: &RawSource,
+    sink: &SinkHandle,
+    claim: &RawClaim,
+    claimed_at: Instant,
+) -> redis::RedisResult<()> {
+    let label = source.keys.source.as_str();
+    for (reason, n) in [
+        ("implausible_score", claim.dead_implausible),
+        ("oversize", claim.dead_oversize),
+    ] {
+        if n > 0 {
+            ::metrics::counter!(JOBS_DEAD, "source" => label.to_owned(), "reason" => reason)
+                .increment(n);
+            tracing::warn!(source = label, reason, jobs = n, "jobs sent to dead");
+        }
+    }
+    if claim.members.is_empty() {
+        return Ok(());
+    }
+    let RawDelivery::Sink(dest) = &source.delivery else {
+        return Ok(());
+    };
+    let policy = &ctx.delivery;
+    let redis_now_ms = || claim.now_us / 1000 + claimed_at.elapsed().as_millis() as i64;
+    let messages: Vec<Message> = claim
+        .members
+        .iter()
+        .map(|m| Message {
+            id: format!("{label}:{}", &m.sha1[..16.min(m.sha1.len())]),
+            due_ms: m.due_ms,
+            target: dest.target.clone(),
+            payload: m.member.clone(),
+            headers: Default::default(),
+            priority: dest.priority,
+        })
+        .collect();
+    let outcomes = if sink.is_paused() {
+        // Paused since the claim: hand the members back untouched, without publishing.
+        None
+    } else {
+        let started = Instant::now();
+        let outcomes = sink.sink.publish(&messages).await;
+        ::metrics::histogram!(SINK_PUBLISH_DURATION, "sink" => sink.name.clone())
+            .record(started.elapsed().as_secs_f64());
+        Some(outcomes)
+    };
+    failpoint_after_publish().await;
+    let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
+    let mut settles: Vec<Settle> = Vec::with_capacity(messages.len());
+    match &outcomes {
+        None => settles.extend(
+            claim
+                .members
+                .iter()
+                .map(|m| Settle::Release { due_ms: m.due_ms }),
+        ),
+        Some(outcomes) => {
+            for (m, outcome) in claim.members.iter().zip(outcomes) {
+                settles.push(match outcome {
+                    Outcome::Delivered => {
+                        record_lateness(sink, redis_now_ms() - m.due_ms);
+                        Settle::Ack
+                    }
+                    Outcome::Retry(why) if m.attempts + 1 >= policy.max_attempts => Settle::Dead {
+                        kind: DeadKind::GaveUp,
+                        reason: format!("gave up after {} attempts: {why}", m.attempts + 1),
+                        envelope: Vec::new(),
+                    },
+                    Outcome::Retry(_) => {
+                        let delay =
+                            retry_delay(m.attempts, policy.retry_base, policy.retry_cap, &mut rng);
+                        Settle::Retry {
+                            due_ms: redis_now_ms() + delay.as_millis() as i64,
+                            envelope: Vec::new(),
+                        }
+                    }
+                    Outcome::Reject(why) => Settle::Dead {
+                        kind: DeadKind::Rejected,
+                        reason: why.clone(),
+                        envelope: Vec::new(),
+                    },
+                    Outcome::Unavailable(_) => Settle::Release { due_ms: m.due_ms },
+                });
+            }
+            sink_answered(sink, outcomes);
+        }
+    }
+    count_dead(label, settles.iter());
+    let ops: Vec<(&[u8], SettleOp)> = claim
+        .members
+        .iter()
+        .zip(&settles)
+        .map(|(m, s)| (m.member.as_slice(), s.op()))
+        .collect();
+    let settled = scripts::settle_raw(
+        &mut ctx.con.clone(),
+        &source.keys,
+        source.unit,
+        &claim.deadline,
+        &ops,
+    )
+    .await?;
+    report_fenced(label, settled.fenced);
+    Ok(())
+}
+
+fn record_lateness(sink: &SinkHandle, late_ms: i64) {
+    ::metrics::histogram!(LATENESS, "source" => sink.name.clone())
+        .record(late_ms.max(0) as f64 / 1000.0);
+}
+
+/// What a sink's answers to one batch say about the sink: counted per outcome, retries
+/// logged, an unavailable answer pauses it, a confirmed one resumes it.
+fn sink_answered(sink: &SinkHandle, outcomes: &[Outcome]) {
+    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut unavailable: Option<&str> = None;
+    let mut retried: Option<&str> = None;
+    for outcome in outcomes {
+        match outcome {
+            Outcome::Retry(why) => {
+                retried.get_or_insert(why);
+            }
+            Outcome::Unavailable(why) => {
+                unavailable.get_or_insert(why);
+            }
+            _ => {}
+        }
+        *counts.entry(outcome_label(outcome)).or_default() += 1;
+    }
+    if let Some(why) = retried {
+        tracing::warn!(
+            sink = %sink.name,
+            jobs = counts.get("retried").copied().unwrap_or_default(),
+            error = why,
+            "publish failed for some jobs; they are retried after a backoff"
+        );
+    }
+    for (label, n) in counts {
+        ::metrics::counter!(SINK_OUTCOMES, "sink" => sink.name.clone(), "outcome" => label)
+            .increment(n);
+    }
+    match unavailable {
+        Some(why) => {
+            let pause = sink.pause(why);
+            metrics::error_event(
+                "sink_unavailable",
+                &sink.name,
+                &format!("{why}; paused {pause:?}"),
+            );
+        }
+        None if outcomes.iter().any(|o| matches!(o, Outcome::Delivered)) => sink.resume(),
+        None => {}
+    }
+}
+
 /// Two-phase deaths in `zdelay_jobs_dead_total`, like the mover's, by kind.
-fn count_dead(settles: &[(&str, Settle)]) {
+fn count_dead<'a>(source: &str, settles: impl Iterator<Item = &'a Settle>) {
     let mut kinds: BTreeMap<DeadKind, u64> = BTreeMap::new();
-    for (_, s) in settles {
+    for s in settles {
         if let Settle::Dead { kind, .. } = s {
             *kinds.entry(*kind).or_default() += 1;
         }
     }
     for (kind, n) in kinds {
-        ::metrics::counter!(JOBS_DEAD, "source" => ENVELOPE_SOURCE, "reason" => kind.label())
+        ::metrics::counter!(JOBS_DEAD, "source" => source.to_owned(), "reason" => kind.label())
             .increment(n);
     }
 }
@@ -342,16 +468,20 @@ async fn settle(
     let keys = ctx.keys.shard(shard);
     let settled =
         scripts::settle_jobs(&mut ctx.con.clone(), &keys, sink, deadline_ms, &ops).await?;
-    if settled.fenced > 0 {
-        ::metrics::counter!(FENCED).increment(settled.fenced);
+    report_fenced(&format!("shard {shard}"), settled.fenced);
+    Ok(())
+}
+
+fn report_fenced(source: &str, fenced: u64) {
+    if fenced > 0 {
+        ::metrics::counter!(FENCED).increment(fenced);
         tracing::warn!(
-            shard,
-            jobs = settled.fenced,
+            source,
+            jobs = fenced,
             "late settle refused by the lease fence: those jobs were reclaimed and will be \
              delivered again (same zdelay-id)"
         );
     }
-    Ok(())
 }
 
 /// Test-only fault injection (feature `test-failpoints`), from `ZDELAY_FAILPOINT`:

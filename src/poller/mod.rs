@@ -22,8 +22,8 @@ mod publisher;
 mod wake;
 
 pub use context::{
-    BatchObserver, DeliveryPolicy, ENVELOPE_SOURCE, MoverSettings, PollerContext, RawSource, Sinks,
-    Target, TargetId,
+    BatchObserver, DeliveryPolicy, ENVELOPE_SOURCE, MoverSettings, PollerContext, RawDelivery,
+    RawSource, Sinks, Target, TargetId,
 };
 pub use delivery::retry_delay;
 pub use mover::{move_once, sleep_after};
@@ -145,6 +145,28 @@ impl Supervisor {
             };
             let token = self.stop.child_token();
             let notify = self.wakers.register(id);
+            if let Target::Source(source) = &target
+                && let RawDelivery::Sink(dest) = &source.delivery
+            {
+                match self.ctx.sinks.get(&dest.sink) {
+                    Some(sink) => {
+                        self.tracker.spawn(publisher::run_raw(
+                            self.ctx.clone(),
+                            source.clone(),
+                            sink.clone(),
+                            notify,
+                            token.clone(),
+                        ));
+                        self.running.insert(id.clone(), token);
+                    }
+                    None => tracing::warn!(
+                        source = %source.keys.source,
+                        sink = %dest.sink,
+                        "raw source's sink is not built here; not polling it"
+                    ),
+                }
+                continue;
+            }
             let publishers = match &target {
                 Target::Shard(shard) => self.start_publishers(*shard, &token),
                 Target::Source(_) => Vec::new(),

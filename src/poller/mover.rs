@@ -12,7 +12,7 @@
 //!
 //! Errors never end the loop: they are logged, counted, and retried with capped backoff.
 
-use super::context::{BatchObserver, PollerContext, Target};
+use super::context::{BatchObserver, PollerContext, RawDelivery, Target};
 use crate::metrics::{self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LEASES_EXPIRED, SCRIPT_DURATION};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,13 +43,20 @@ pub async fn move_once(
             scripts::move_due(&mut con, &ctx.keys.shard(*shard), &args).await
         }
         Target::Source(source) => {
+            let RawDelivery::List { list, push } = &source.delivery else {
+                // The supervisor runs a publisher, not a mover, for a two-phase source.
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "a raw source of a two-phase route has no mover",
+                )));
+            };
             let args = MoveRaw {
                 batch: m.batch,
                 now_ms,
                 unit: source.unit,
                 max_payload: m.max_payload,
-                list: &source.list,
-                push: source.push,
+                list,
+                push: *push,
                 bounds_ms: &m.bounds_ms,
             };
             scripts::move_raw(&mut con, &source.keys, &args).await

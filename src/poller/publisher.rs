@@ -12,7 +12,7 @@
 //! Wake-ups come from the shard's mover when it queued jobs for this sink; otherwise the
 //! publisher looks every [`IDLE_CLAIM`] (jobs another daemon released, leases that ran out).
 
-use super::context::PollerContext;
+use super::context::{PollerContext, RawSource};
 use super::delivery;
 use super::mover::Backoff;
 use crate::metrics;
@@ -76,6 +76,75 @@ pub async fn run(
                     Duration::ZERO
                 } else {
                     IDLE_CLAIM
+                }
+            }
+            Err(e) => {
+                metrics::error_event("redis", &label, &e);
+                backoff.step()
+            }
+        };
+        drop(permit);
+        if wait.is_zero() {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = wake.notified() => {}
+            _ = stop.cancelled() => {}
+        }
+    }
+}
+
+/// Publishes the due members of a raw source whose route is two-phase, until `stop`: claims
+/// them by lease inside the source (`claim_raw`), publishes them through `sink`, settles them
+/// (`settle_raw`). A paused sink claims nothing: the members wait in the source, untouched.
+/// Woken by keyspace notifications (when the server sends them) or every idle poll.
+pub async fn run_raw(
+    ctx: Arc<PollerContext>,
+    source: Arc<RawSource>,
+    sink: Arc<SinkHandle>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    let policy = &ctx.delivery;
+    let mut backoff = Backoff::new();
+    let label = source.keys.source.clone();
+    while !stop.is_cancelled() {
+        if sink.is_paused() {
+            tokio::select! {
+                _ = sink.wait_resumed(sink.pause_remaining().max(Duration::from_millis(10))) => {}
+                _ = stop.cancelled() => break,
+            }
+            continue;
+        }
+        let permit = tokio::select! {
+            permit = sink.permit() => permit,
+            _ = stop.cancelled() => break,
+        };
+        let claimed_at = Instant::now();
+        let claim = scripts::claim_raw(
+            &mut ctx.con.clone(),
+            &source.keys,
+            source.unit,
+            policy.batch,
+            policy.lease.as_millis() as u64,
+            policy.max_payload,
+        )
+        .await;
+        let wait = match claim {
+            Ok(claim) => {
+                backoff.reset();
+                let full = claim.members.len() >= policy.batch;
+                if let Err(e) =
+                    delivery::deliver_raw(&ctx, &source, &sink, &claim, claimed_at).await
+                {
+                    metrics::error_event("redis", &label, &e);
+                }
+                if full {
+                    Duration::ZERO
+                } else {
+                    ctx.mover.idle_poll
                 }
             }
             Err(e) => {

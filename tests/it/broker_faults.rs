@@ -73,7 +73,7 @@ fn metric(daemon: &Daemon, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 /// `<id>:<due>` → id.
-fn job_of(message_id: &str) -> &str {
+pub(crate) fn job_of(message_id: &str) -> &str {
     message_id
         .rsplit_once(':')
         .map(|(id, _)| id)
@@ -83,7 +83,7 @@ fn job_of(message_id: &str) -> &str {
 /// Checks delivered message ids against the enqueued job ids: every job present, nothing
 /// foreign, and every copy of a job carrying one and the same message id. Returns the number
 /// of repeated deliveries.
-fn check_message_ids(what: &str, enqueued: &[String], message_ids: &[String]) -> usize {
+pub(crate) fn check_message_ids(what: &str, enqueued: &[String], message_ids: &[String]) -> usize {
     let mut per_job: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for m in message_ids {
         per_job.entry(job_of(m)).or_default().insert(m.as_str());
@@ -112,7 +112,7 @@ fn check_message_ids(what: &str, enqueued: &[String], message_ids: &[String]) ->
 // ---- NATS -------------------------------------------------------------------------------
 
 /// A stream `BF_<TAG>` on `bf.<tag>.>` with a 2 min duplicate window; (js, stream, prefix).
-async fn make_stream(url: &str) -> (jetstream::Context, String, String) {
+pub(crate) async fn make_stream(url: &str) -> (jetstream::Context, String, String) {
     let client = async_nats::connect(url).await.expect("connect to nats");
     let js = jetstream::new(client);
     let tag = tag();
@@ -135,7 +135,7 @@ async fn stream_count(js: &jetstream::Context, name: &str) -> u64 {
 }
 
 /// A JetStream context on a fresh connection (the old one may have died with the server).
-fn js_count(rt: &tokio::runtime::Runtime, url: &str, stream: &str) -> u64 {
+pub(crate) fn js_count(rt: &tokio::runtime::Runtime, url: &str, stream: &str) -> u64 {
     rt.block_on(async {
         let js = jetstream::new(async_nats::connect(url).await.expect("connect to nats"));
         stream_count(&js, stream).await
@@ -144,7 +144,13 @@ fn js_count(rt: &tokio::runtime::Runtime, url: &str, stream: &str) -> u64 {
 
 /// Every message of the stream read by nats-py (a client zdelay did not write): its
 /// `Nats-Msg-Id`, checked equal to the `zdelay-id` header.
-fn nats_message_ids(python: &str, url: &str, stream: &str, prefix: &str, n: usize) -> Vec<String> {
+pub(crate) fn nats_message_ids(
+    python: &str,
+    url: &str,
+    stream: &str,
+    prefix: &str,
+    n: usize,
+) -> Vec<String> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/py/nats_read.py");
     let out = Command::new(python)
         .arg(script)
@@ -181,7 +187,7 @@ fn nats_message_ids(python: &str, url: &str, stream: &str, prefix: &str, n: usiz
 
 // ---- AMQP -------------------------------------------------------------------------------
 
-fn amqp_tool(python: &str, url: &str, args: &[&str]) -> String {
+pub(crate) fn amqp_tool(python: &str, url: &str, args: &[&str]) -> String {
     let out = Command::new(python)
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/py/amqp_tool.py"))
         .arg(url)
@@ -198,7 +204,7 @@ fn amqp_tool(python: &str, url: &str, args: &[&str]) -> String {
 
 /// Consumes (pika) until `n` messages arrived and the queue is empty; their `message_id`s,
 /// checked equal to the `zdelay-id` header.
-fn amqp_message_ids(python: &str, url: &str, queue: &str, n: usize) -> Vec<String> {
+pub(crate) fn amqp_message_ids(python: &str, url: &str, queue: &str, n: usize) -> Vec<String> {
     amqp_tool(python, url, &["consume", queue, &n.to_string(), "30"])
         .lines()
         .map(|line| {

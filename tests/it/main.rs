@@ -12,6 +12,7 @@ mod faults;
 mod kafka;
 mod nats;
 mod producer;
+mod raw_sinks;
 mod two_phase;
 
 #[test]

@@ -608,21 +608,6 @@ impl Config {
             if !keys.insert(source.key.as_str()) {
                 return Err(invalid(field("key"), "another source has this key"));
             }
-            if let Some(route) = self.route(&source.route)
-                && !self
-                    .sinks
-                    .get(&route.sink)
-                    .is_some_and(SinkConfig::is_local)
-            {
-                return Err(invalid(
-                    field("route"),
-                    format!(
-                        "route {:?} goes to a two-phase sink; raw sources deliver to local \
-                         Redis list routes only in this version",
-                        source.route
-                    ),
-                ));
-            }
             if !names.contains(source.route.as_str()) {
                 return Err(invalid(
                     field("route"),

@@ -184,12 +184,15 @@ impl ShardKeys {
 }
 
 /// The keys of one raw source: the ZSET producers `ZADD` into, its dead ZSET (default
-/// `<source>:dead`) and the reasons HASH beside it (`<dead>:reasons`).
+/// `<source>:dead`), the reasons HASH beside it (`<dead>:reasons`), and, for a source that
+/// delivers to a two-phase sink, what zdelay remembers about members in flight
+/// (`<source>:claims`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawKeys {
     pub source: String,
     pub dead: String,
     pub reasons: String,
+    pub claims: String,
 }
 
 impl RawKeys {
@@ -198,6 +201,7 @@ impl RawKeys {
         RawKeys {
             source: source.to_owned(),
             reasons: format!("{dead}:reasons"),
+            claims: format!("{source}:claims"),
             dead,
         }
     }

@@ -43,6 +43,8 @@ scripts!(
     move_due,
     claim_jobs,
     move_raw,
+    claim_raw,
+    settle_raw,
     cancel_job,
     reschedule_job,
     replay_dead,
@@ -422,6 +424,112 @@ pub async fn move_raw(
         .invoke_async(con)
         .await?;
     MoveReply::parse(value, 1, args.bounds_ms.len())
+}
+
+/// A raw member claimed for a two-phase sink: its score is the lease deadline until settled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawClaimed {
+    pub member: Vec<u8>,
+    /// The due time it was scheduled for, ms: stable across retries, releases and lease
+    /// expiry, and new when a producer schedules the member again.
+    pub due_ms: i64,
+    /// Failed attempts before this one.
+    pub attempts: u32,
+    /// SHA-1 of the member, hex.
+    pub sha1: String,
+}
+
+/// What `claim_raw` took.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RawClaim {
+    pub now_us: i64,
+    /// The lease deadline as stored in the source (ms, or s with 3 decimals): the fencing
+    /// token for `settle_raw`.
+    pub deadline: String,
+    /// Members sent to dead: implausible scores, oversize.
+    pub dead_implausible: u64,
+    pub dead_oversize: u64,
+    pub members: Vec<RawClaimed>,
+}
+
+/// Claims up to `batch` due members of a raw source for its two-phase sink.
+pub async fn claim_raw(
+    con: &mut Conn,
+    keys: &RawKeys,
+    unit: ScoreUnit,
+    batch: usize,
+    lease_ms: u64,
+    max_payload: usize,
+) -> redis::RedisResult<RawClaim> {
+    let value: Value = compiled::claim_raw
+        .key(&keys.source)
+        .key(&keys.dead)
+        .key(&keys.reasons)
+        .key(&keys.claims)
+        .arg(batch)
+        .arg(unit.as_arg())
+        .arg(lease_ms)
+        .arg(max_payload)
+        .invoke_async(con)
+        .await?;
+    let items = match value {
+        Value::Array(items) if items.len() >= 5 => items,
+        other => return Err(protocol_error("raw claim reply", &other)),
+    };
+    let mut it = items.into_iter();
+    let mut next = || it.next().unwrap_or_default();
+    let now_us = as_int(next())?;
+    let deadline = as_string(next())?;
+    let dead_implausible = as_int(next())? as u64;
+    let dead_oversize = as_int(next())? as u64;
+    let count = as_int(next())? as usize;
+    let mut members = Vec::with_capacity(count);
+    for _ in 0..count {
+        members.push(RawClaimed {
+            member: as_bytes(next())?,
+            due_ms: as_int(next())?,
+            attempts: as_int(next())? as u32,
+            sha1: as_string(next())?,
+        });
+    }
+    if members.iter().any(|m| m.sha1.is_empty()) {
+        return Err(protocol_error("raw claim reply", &Value::Int(count as i64)));
+    }
+    Ok(RawClaim {
+        now_us,
+        deadline,
+        dead_implausible,
+        dead_oversize,
+        members,
+    })
+}
+
+/// Settles raw members a sink claimed, fenced by the lease deadline they were claimed with.
+/// The ops are those of `settle_jobs`; `Retry` and `Dead` ignore their envelope.
+pub async fn settle_raw(
+    con: &mut Conn,
+    keys: &RawKeys,
+    unit: ScoreUnit,
+    deadline: &str,
+    ops: &[(&[u8], SettleOp<'_>)],
+) -> redis::RedisResult<Settled> {
+    let mut inv = compiled::settle_raw.prepare_invoke();
+    inv.key(&keys.source)
+        .key(&keys.dead)
+        .key(&keys.reasons)
+        .key(&keys.claims)
+        .arg(deadline)
+        .arg(unit.as_arg());
+    for (member, op) in ops {
+        match op {
+            SettleOp::Ack => inv.arg("ack").arg(*member).arg("").arg(""),
+            SettleOp::Retry { due_ms, .. } => inv.arg("retry").arg(*member).arg(*due_ms).arg(""),
+            SettleOp::Release { due_ms } => inv.arg("release").arg(*member).arg(*due_ms).arg(""),
+            SettleOp::Dead { reason, .. } => inv.arg("dead").arg(*member).arg(*reason).arg(""),
+        };
+    }
+    let (settled, fenced): (u64, u64) = inv.invoke_async(con).await?;
+    Ok(Settled { settled, fenced })
 }
 
 /// What to do with one claimed job.

@@ -1,0 +1,102 @@
+-- claim_raw: claim due members of a raw source for its two-phase sink, the way the classic
+-- recipes lease by score: each claimed member's score is bumped to the lease deadline inside
+-- the source itself, so it is not due again until the lease runs out (then it is claimed
+-- again: at least once). The source stays one key; what zdelay remembers about a member in
+-- flight (its original due, attempts, the score zdelay set) lives in a HASH beside it.
+-- Members whose score is implausible for the unit, or larger than max payload, go to dead.
+-- KEYS[1] source        ZSET  delayed:events                 member = payload, score = due (ms or s)
+-- KEYS[2] dead          ZSET  delayed:events:dead            member = payload, score = ms it died
+-- KEYS[3] dead reasons  HASH  delayed:events:dead:reasons    member -> why it died
+-- KEYS[4] claims        HASH  delayed:events:claims          sha1(member) -> "<original due ms>
+--                                                            <attempts> <score zdelay set>"
+-- ARGV[1] batch size; ARGV[2] score unit "ms" | "s"; ARGV[3] lease in ms; ARGV[4] max payload bytes
+-- Scores implausible for the unit: see move_raw (ms sources: [1e9, 1e11); s sources: >= 1e11).
+-- Returns: { now_us, lease deadline (as stored: ms, or s with 3 decimals), dead implausible,
+--   dead oversize, C, then C quadruples: member, original due ms, attempts before this one,
+--   sha1 hex of the member }
+-- Re-run safety: yes; a second run finds the claimed members not due and claims the next.
+local src, dead_key, reasons_key, claims_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local batch, unit_ms = tonumber(ARGV[1]), ARGV[2] == 'ms'
+local lease_ms, max_payload = tonumber(ARGV[3]), tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+local function in_unit(ms)
+  if unit_ms then return string.format('%d', ms) end
+  return string.format('%.3f', ms / 1000)
+end
+local function to_ms(score)
+  if unit_ms then return math.floor(score) end
+  return math.floor(score * 1000)
+end
+local deadline = in_unit(now_ms + lease_ms)
+
+local dead_implausible, dead_oversize = 0, 0
+local zdead, hdead = {}, {}
+local function to_dead(member, reason)
+  zdead[#zdead + 1] = now_ms
+  zdead[#zdead + 1] = member
+  hdead[#hdead + 1] = member
+  hdead[#hdead + 1] = reason
+end
+local implausible
+if unit_ms then
+  implausible = redis.call('ZRANGEBYSCORE', src, '1e9', '(1e11', 'LIMIT', 0, batch)
+else
+  implausible = redis.call('ZRANGEBYSCORE', src, '1e11', '+inf', 'LIMIT', 0, batch)
+end
+for i = 1, #implausible do
+  to_dead(implausible[i], unit_ms and 'score looks like seconds in a millisecond source'
+    or 'score looks like milliseconds in a seconds source')
+  dead_implausible = dead_implausible + 1
+end
+if #implausible > 0 then redis.call('ZREM', src, unpack(implausible)) end
+
+local items = redis.call('ZRANGEBYSCORE', src, '-inf', in_unit(now_ms), 'WITHSCORES', 'LIMIT', 0, batch)
+local out = { now_us, deadline, 0, 0, 0 }
+local claimed, shas, scores = {}, {}, {}
+for i = 1, #items, 2 do
+  local member, score = items[i], items[i + 1]
+  if #member > max_payload then
+    to_dead(member, 'payload of ' .. #member .. ' bytes exceeds max_payload ' .. max_payload)
+    dead_oversize = dead_oversize + 1
+    redis.call('ZREM', src, member)
+  else
+    claimed[#claimed + 1] = member
+    shas[#shas + 1] = redis.sha1hex(member)
+    scores[#scores + 1] = score
+  end
+end
+if #zdead > 0 then
+  redis.call('ZADD', dead_key, unpack(zdead))
+  redis.call('HSET', reasons_key, unpack(hdead))
+end
+out[3], out[4] = dead_implausible, dead_oversize
+local n = #claimed
+out[5] = n
+if n == 0 then return out end
+local known = redis.call('HMGET', claims_key, unpack(shas))
+local zargs, hargs = {}, {}
+for i = 1, n do
+  -- A member still carries the score zdelay last gave it: its lease ran out, or a retry or
+  -- release is due; keep its original due and attempts. Any other score: a producer
+  -- (re)scheduled it, so this is a new occurrence.
+  local due, attempts = to_ms(tonumber(scores[i])), 0
+  if known[i] then
+    local d, a, s = string.match(known[i], '^(%-?%d+) (%d+) (.+)$')
+    if d and tonumber(s) == tonumber(scores[i]) then
+      due, attempts = tonumber(d), tonumber(a)
+    end
+  end
+  zargs[#zargs + 1] = deadline
+  zargs[#zargs + 1] = claimed[i]
+  hargs[#hargs + 1] = shas[i]
+  hargs[#hargs + 1] = string.format('%d', due) .. ' ' .. attempts .. ' ' .. deadline
+  out[#out + 1] = claimed[i]
+  out[#out + 1] = string.format('%d', due)
+  out[#out + 1] = attempts
+  out[#out + 1] = shas[i]
+end
+redis.call('ZADD', src, 'XX', unpack(zargs))
+redis.call('HSET', claims_key, unpack(hargs))
+return out
