@@ -12,6 +12,7 @@ mod faults;
 mod kafka;
 mod nats;
 mod producer;
+mod seeds;
 mod two_phase;
 
 #[test]
