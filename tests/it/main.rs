@@ -13,6 +13,7 @@ mod kafka;
 mod nats;
 mod producer;
 mod raw_sinks;
+mod seeds;
 mod two_phase;
 
 #[test]

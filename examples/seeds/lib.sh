@@ -1,0 +1,151 @@
+# Helpers shared by the worked examples in examples/seeds/*/run.sh (sourced, not run).
+#
+# The caller provides REDIS_PORT (a private redis-server on 127.0.0.1, which the example may
+# fill and reconfigure) and ZDELAY (the zdelay binary). Every example prints a transcript:
+# plain lines are deterministic (the test suite compares them), lines starting with "# "
+# carry what varies from run to run (lateness, pids). Everything started here is stopped by
+# pid on exit, and the temp dir removed.
+set -euo pipefail
+
+: "${REDIS_PORT:?set REDIS_PORT to the port of a private redis-server on 127.0.0.1}"
+: "${ZDELAY:?set ZDELAY to the zdelay binary, e.g. target/debug/zdelay}"
+[[ -x $ZDELAY ]] || { echo "ZDELAY=$ZDELAY is not an executable" >&2; exit 1; }
+
+EXAMPLE_DIR=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[1]}")")" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/zdelay-seed.XXXXXX")
+DAEMON_PID=""
+DAEMON_RUNS=0
+BG_PIDS=()
+
+# Every zdelay command below (daemon and CLI) reads the example's config, pointed at the
+# caller's Redis; the CLI logs warnings only, so stderr stays quiet.
+export ZDELAY_CONFIG="$EXAMPLE_DIR/zdelay.toml"
+export ZDELAY_REDIS__URL="redis://127.0.0.1:$REDIS_PORT"
+export ZDELAY_LOG=warn
+
+die() {
+    echo "FAILED: $*" >&2
+    exit 1
+}
+
+# The transcript: a deterministic line, a section header, a varying (ignored) line.
+say() { printf '%s\n' "$*"; }
+section() { printf '== %s\n' "$*"; }
+note() { printf '# %s\n' "$*"; }
+
+rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+zdelay() { "$ZDELAY" "$@"; }
+
+# Redis's clock, the one zdelay schedules by, in epoch ms.
+redis_ms() {
+    local t
+    mapfile -t t < <(rcli TIME)
+    echo $((t[0] * 1000 + 10#${t[1]} / 1000))
+}
+
+# Epoch ms as epoch seconds with three decimals (for score_unit = "s" sources).
+ms_to_s() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
+
+# wait_until SECONDS WHAT COMMAND...: runs COMMAND every 20 ms until it succeeds; fails the
+# example with WHAT after SECONDS.
+wait_until() {
+    local limit=$1 what=$2
+    shift 2
+    local deadline=$((SECONDS + limit))
+    until "$@"; do
+        ((SECONDS < deadline)) || die "timed out after ${limit}s waiting for $what"
+        sleep 0.02
+    done
+}
+
+# Conditions for wait_until.
+llen_is() { [[ $(rcli LLEN "$1") == "$2" ]]; }
+llen_at_least() { (($(rcli LLEN "$1") >= $2)); }
+redis_time_past() { (($(redis_ms) >= $1)); }
+has_subscriber() { [[ $(rcli PUBSUB NUMSUB "$1" | sed -n 2p) -ge 1 ]]; }
+alive() { kill -0 "$1" 2>/dev/null; }
+not_alive() { ! kill -0 "$1" 2>/dev/null; }
+
+# A loopback port nobody listens on (checked by connecting).
+free_port() {
+    local port
+    for _ in $(seq 200); do
+        port=$((20000 + RANDOM % 40000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            echo "$port"
+            return 0
+        fi
+    done
+    die "no free loopback port"
+}
+
+# Starts `zdelay run` on a free admin port and waits until /readyz answers 200. Retries on
+# another port if the daemon exits at once (the port was taken meanwhile).
+start_daemon() {
+    local attempt port log
+    for attempt in 1 2 3; do
+        port=$(free_port)
+        DAEMON_RUNS=$((DAEMON_RUNS + 1))
+        log="$WORK/zdelay-$DAEMON_RUNS.log"
+        ZDELAY_LOG=info ZDELAY_ADMIN__LISTEN="127.0.0.1:$port" "$ZDELAY" run >"$log" 2>&1 </dev/null &
+        DAEMON_PID=$!
+        ADMIN_PORT=$port
+        local deadline=$((SECONDS + 20))
+        while alive "$DAEMON_PID" && ((SECONDS < deadline)); do
+            if curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1; then
+                note "zdelay run: pid $DAEMON_PID, admin on 127.0.0.1:$port (attempt $attempt)"
+                return 0
+            fi
+            sleep 0.02
+        done
+        if alive "$DAEMON_PID"; then
+            die "zdelay not ready within 20s: $(tail -n 5 "$log")"
+        fi
+        wait "$DAEMON_PID" 2>/dev/null || true
+        DAEMON_PID=""
+        echo "zdelay run exited at start (attempt $attempt): $(tail -n 3 "$log")" >&2
+    done
+    die "zdelay run did not start"
+}
+
+# SIGTERM, and the daemon must exit 0.
+stop_daemon() {
+    local rc=0
+    kill -TERM "$DAEMON_PID"
+    wait "$DAEMON_PID" || rc=$?
+    DAEMON_PID=""
+    ((rc == 0)) || die "zdelay run exited with $rc on SIGTERM"
+}
+
+# SIGKILL: the daemon dies wherever it is, as in a crash.
+kill9_daemon() {
+    kill -KILL "$DAEMON_PID"
+    wait "$DAEMON_PID" 2>/dev/null || true
+    DAEMON_PID=""
+}
+
+metric() {
+    curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" | awk -v s="$1" '$1 == s { print $2 }'
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT
+    local pid
+    for pid in "${BG_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    if [[ -n $DAEMON_PID ]] && alive "$DAEMON_PID"; then
+        kill -TERM "$DAEMON_PID" 2>/dev/null || true
+        wait "$DAEMON_PID" 2>/dev/null || true
+    fi
+    if ((rc != 0)); then
+        local log
+        for log in "$WORK"/zdelay-*.log; do
+            [[ -s $log ]] || continue
+            echo "--- last lines of $(basename "$log") ---" >&2
+            tail -n 15 "$log" >&2
+        done
+    fi
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
