@@ -173,8 +173,31 @@ async fn check_sink(
     states_key: String,
     shutdown: CancellationToken,
 ) {
+    // What the sink's address turned out to hold, probed at most every 30 s while down.
+    let mut finding: Option<(std::time::Instant, Option<String>)> = None;
     while !shutdown.is_cancelled() {
-        let result = sink.sink.check().await.into_result();
+        let mut result = sink.sink.check().await.into_result();
+        if let Err(why) = &mut result {
+            let stale = finding
+                .as_ref()
+                .is_none_or(|(at, _)| at.elapsed() > Duration::from_secs(30));
+            if stale {
+                let (protocol, addrs) = &sink.endpoints;
+                let found = match addrs.first() {
+                    Some(addr) => sinks::peer::explain(addr, *protocol).await,
+                    None => None,
+                };
+                finding = Some((std::time::Instant::now(), found));
+            }
+            // Library errors may span lines; the state is read on one.
+            let mut text = why.replace('\n', " ");
+            if let Some((_, Some(found))) = &finding {
+                text = format!("{found}; {text}");
+            }
+            *why = text;
+        } else {
+            finding = None;
+        }
         let up = result.is_ok();
         let state = serde_json::json!({
             "kind": sink.kind,

@@ -15,6 +15,8 @@ pub struct SinkHandle {
     pub name: String,
     pub kind: &'static str,
     pub sink: Box<dyn Sink>,
+    /// Where the sink connects, and what it expects there (for diagnosing a failed check).
+    pub endpoints: (super::peer::Protocol, Vec<String>),
     first_pause: Duration,
     /// (paused until, next pause length)
     pause: Mutex<(Option<Instant>, Duration)>,
@@ -43,6 +45,7 @@ impl SinkHandle {
             name: name.to_owned(),
             kind,
             sink,
+            endpoints: (super::peer::Protocol::Redis, Vec::new()),
             first_pause,
             pause: Mutex::new((None, first_pause)),
             awaiting_check: AtomicBool::new(false),

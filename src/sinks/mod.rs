@@ -19,6 +19,7 @@ pub mod amqp;
 mod handle;
 pub mod kafka;
 pub mod nats;
+pub mod peer;
 pub mod redis_remote;
 
 pub use handle::SinkHandle;
@@ -147,13 +148,14 @@ pub fn build_all(config: &Config) -> Result<Sinks, SinkError> {
     let mut sinks = HashMap::new();
     for (name, sink_config) in &config.sinks {
         if let Some(sink) = build(name, config)? {
-            let handle = SinkHandle::new(
+            let mut handle = SinkHandle::new(
                 name,
                 sink_config.kind(),
                 sink,
                 config.poller.sink_pause,
                 config.poller.sink_concurrency,
             );
+            handle.endpoints = peer::endpoints(sink_config);
             sinks.insert(name.clone(), Arc::new(handle));
         }
     }

@@ -787,3 +787,179 @@ fn dead_replay_all_replays_each_job_once_even_if_it_dies_again() {
             .all(|r| r == "unknown destination: nowhere")
     );
 }
+
+/// A server process started for a test, killed on drop.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until something accepts connections on `port`.
+fn wait_listening(port: u16) {
+    crate::common::wait_for("the server listens", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+}
+
+/// Each sink pointed at the wrong server — an HTTP server, a TLS-only port spoken to in plain
+/// text, a Redis where a NATS server should be — is down with a message naming what it
+/// expected and what it found; the jobs wait (none dead, no attempt), the daemon stays up,
+/// and nothing spins.
+#[test]
+fn sinks_pointed_at_the_wrong_server_say_what_they_found_and_keep_their_jobs() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let http_port = common::free_port();
+    let http = Server(
+        std::process::Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                &http_port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server"),
+    );
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(made.status.success(), "{}", stderr(&made));
+    let tls_port = common::free_port();
+    let tls = Server(
+        std::process::Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &tls_port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--tls-cert-file")
+            .arg(&cert)
+            .arg("--tls-key-file")
+            .arg(&key)
+            .arg("--tls-ca-cert-file")
+            .arg(&cert)
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server with TLS"),
+    );
+    wait_listening(http_port);
+    wait_listening(tls_port);
+    let extra = format!(
+        r#"
+[poller]
+idle_poll = "{IDLE_POLL_MS}ms"
+
+[sinks.rabbit]
+kind = "amqp"
+url = "amqp://guest:guest@127.0.0.1:{tls_port}/%2f"
+
+[sinks.bus]
+kind = "nats"
+url = "nats://127.0.0.1:{redis_port}"
+
+[sinks.kafka]
+kind = "kafka"
+brokers = "127.0.0.1:{http_port}"
+
+[sinks.other]
+kind = "redis"
+url = "redis://127.0.0.1:{http_port}"
+
+[[routes]]
+name = "a"
+sink = "rabbit"
+target = "/q"
+
+[[routes]]
+name = "n"
+sink = "bus"
+target = "x.y"
+
+[[routes]]
+name = "k"
+sink = "kafka"
+target = "t"
+
+[[routes]]
+name = "r"
+sink = "other"
+target = "q"
+"#,
+        redis_port = redis.port,
+    );
+    let config = TestConfig::new(&redis.url(), 2, &extra);
+    let daemon = Daemon::spawn(&config);
+    let rt = common::runtime();
+    let client = common::client(&rt, &redis.url(), 2);
+    let jobs: Vec<NewJob> = ["a", "n", "k", "r"]
+        .iter()
+        .flat_map(|dest| (0..5).map(move |i| NewJob::new(*dest, format!("{dest}-{i}"))))
+        .collect();
+    let ids: Vec<String> = rt
+        .block_on(client.enqueue_batch(jobs, OnConflict::Error))
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap().0)
+        .collect();
+    let expected = [
+        "sink rabbit (amqp): down: expected an AMQP 0-9-1 broker (RabbitMQ) at 127.0.0.1",
+        "found a TLS listener",
+        "sink bus (nats): down: expected a NATS server at 127.0.0.1",
+        "found a Redis server",
+        "sink kafka (kafka): down: expected a Kafka broker at 127.0.0.1",
+        "sink other (redis): down: expected a Redis server at 127.0.0.1",
+        "found an HTTP server",
+    ];
+    common::wait_for(
+        "/readyz names what each sink found",
+        Duration::from_secs(20),
+        || {
+            matches!(daemon.admin_get("/readyz"),
+                Some((503, body)) if expected.iter().all(|line| body.contains(line)))
+        },
+    );
+    let (_, body) = daemon.admin_get("/readyz").unwrap();
+    eprintln!("{body}");
+    // Jobs wait, nothing dies or burns an attempt, and the daemon does not spin.
+    let cpu_before = process_cpu(daemon.pid());
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(3)); // a measurement window
+    let cpu = (process_cpu(daemon.pid()) - cpu_before).as_secs_f64();
+    assert!(
+        cpu < 0.5,
+        "{cpu:.2} s of CPU in {:?} while every sink is down",
+        started.elapsed()
+    );
+    assert_eq!(daemon.admin_get("/healthz").map(|r| r.0), Some(200));
+    for id in &ids {
+        let job = rt.block_on(client.get(id)).unwrap().expect("still stored");
+        assert!(
+            matches!(
+                job.state,
+                zdelay::JobState::Due | zdelay::JobState::InFlight
+            ),
+            "{id}: {:?}",
+            job.state
+        );
+        assert_eq!(job.envelope.unwrap().meta.attempt, 0, "{id}");
+    }
+    let mut con = redis.conn();
+    assert_eq!(common::shard_total(&mut con, 2, "dead"), 0);
+    drop((http, tls));
+}
