@@ -45,6 +45,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let Some(mut con) = connect_with_retry(&config, &shutdown).await else {
         return Ok(());
     };
+    let server = store::check_server(&mut con).await?;
+    tracing::info!(%server, "redis reachable");
     let sinks = sinks::build_all(&config)?;
     refuse_unsupported_brokers(&sinks).await?;
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);

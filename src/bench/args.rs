@@ -57,6 +57,18 @@ pub struct BenchArgs {
     /// Print the report as JSON on stdout (progress still goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Steady mode: also enqueue, at the same rate, jobs for this configured two-phase route
+    /// (its sink as configured), to show that the local route's lateness does not depend on
+    /// it. With --hang-pid, that broker is hung meanwhile.
+    #[arg(long)]
+    pub beside: Option<String>,
+    /// Steady mode with --beside: SIGSTOP this pid (the broker's) 2 s into each rate, for
+    /// --hang, then SIGCONT: a hung broker, its port still open.
+    #[arg(long, requires = "beside")]
+    pub hang_pid: Option<u32>,
+    /// How long --hang-pid stays stopped.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub hang: Duration,
     /// Instead of the modes: confirmed messages/s through this configured two-phase route
     /// (Kafka, AMQP, NATS or remote Redis), `--jobs` jobs all due, with the daemon's
     /// pollers and the route's real sink (claim → publish → broker confirmation → ack).

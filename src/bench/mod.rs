@@ -144,7 +144,11 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         scratch,
         batch,
         clock_offset_ms: 0,
+        sinks: Default::default(),
     };
+    if env.args.beside.is_some() {
+        env.sinks = crate::sinks::build_all(&env.config)?;
+    }
     env.clock_offset_ms = clock_offset_ms(&mut env.con).await?;
 
     if let Some(route) = env.args.route.clone() {
@@ -242,6 +246,8 @@ struct Env {
     batch: usize,
     /// Redis clock minus the local clock, ms (0 on the same host).
     clock_offset_ms: i64,
+    /// The config's two-phase sinks, when a mode publishes through one (`--beside`).
+    sinks: crate::sinks::Sinks,
 }
 
 impl Env {
@@ -257,8 +263,7 @@ impl Env {
     /// The pollers' shared context, as the daemon builds it, with the bench's batch and
     /// lateness buckets.
     fn context(&self, bounds: Vec<u64>) -> PollerContext {
-        let sinks = Default::default();
-        let mut ctx = PollerContext::new(self.con.clone(), &self.config, sinks);
+        let mut ctx = PollerContext::new(self.con.clone(), &self.config, self.sinks.clone());
         ctx.mover.batch = self.batch;
         ctx.mover.bounds_ms = bounds;
         ctx
@@ -301,6 +306,14 @@ impl Env {
 
     fn raw_target(&self) -> Owned {
         Owned::from([TargetId::Source(self.scratch.raw.source.clone())])
+    }
+
+    /// Jobs still stored in the scratch namespace, in any state.
+    async fn stored(&mut self) -> redis::RedisResult<u64> {
+        let keys: Vec<String> = (0..self.scratch.keys.shards())
+            .map(|s| self.scratch.keys.jobs(s))
+            .collect();
+        measure::total_size(&mut self.con, "HLEN", &keys).await
     }
 
     /// Jobs still in the envelope due ZSETs.

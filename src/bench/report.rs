@@ -149,6 +149,20 @@ pub(super) struct Steady {
     /// Only for the 1k/s rate: lateness p99 target.
     pub(super) target_p99_ms: Option<i64>,
     pub(super) meets_target: Option<bool>,
+    /// The two-phase route loaded beside it (`--beside`), if any.
+    pub(super) beside: Option<Beside>,
+}
+
+/// A two-phase route loaded at the same rate beside the local one.
+#[derive(Debug, Serialize)]
+pub(super) struct Beside {
+    pub(super) route: String,
+    pub(super) enqueued: u64,
+    /// When its broker was hung (SIGSTOP), seconds after the start, and for how long.
+    pub(super) hung_at_s: Option<f64>,
+    pub(super) hung_for_s: Option<f64>,
+    /// Jobs still stored when the measurement ended (the local ones are delivered by then).
+    pub(super) waiting_at_end: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -356,6 +370,23 @@ pub(super) fn render(r: &Report) -> String {
                     _ => String::new(),
                 }
             );
+            if let Some(b) = &x.beside {
+                let _ = writeln!(
+                    s,
+                    "  {}/s beside: {} jobs to two-phase route {}{}; {} of them still waiting \
+                     at the end",
+                    x.rate_target,
+                    b.enqueued,
+                    b.route,
+                    match (b.hung_at_s, b.hung_for_s) {
+                        (Some(at), Some(d)) => {
+                            format!(", its broker hung (SIGSTOP) from {at:.1} s for {d:.1} s")
+                        }
+                        _ => String::new(),
+                    },
+                    b.waiting_at_end
+                );
+            }
         }
     }
     if let Some(x) = &r.memory {

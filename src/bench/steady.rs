@@ -2,7 +2,7 @@
 
 use super::load::{bar, parse_steady_payload, status, steady_payload};
 use super::measure::redis_cpu;
-use super::report::{ConsumerReport, Steady};
+use super::report::{Beside, ConsumerReport, Steady};
 use super::tally::{Hist, Tally, fine_bounds};
 use super::{Env, ROUTE, STEADY_DELAY_MS, STEADY_P99_TARGET_MS, STEADY_P99_TARGET_RATE};
 use anyhow::ensure;
@@ -52,6 +52,9 @@ pub(super) async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
 
     let progress = bar(due_by(rate, duration), "enqueue (steady)");
     let mut rng = SplitMix64(rate ^ 0x5EED);
+    let beside = env.args.beside.clone();
+    let mut hang = env.args.hang_pid.map(|pid| Hang::new(pid, env.args.hang));
+    let mut beside_sent = 0u64;
     let cpu0 = redis_cpu(&mut env.con).await?;
     let started = Instant::now();
     let mut sent = 0u64;
@@ -67,13 +70,27 @@ pub(super) async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
         if should <= sent {
             continue;
         }
+        if let Some(hang) = &mut hang {
+            hang.at(elapsed)?;
+        }
         let now = env.redis_now_ms();
-        let jobs: Vec<NewJob> = (sent..should)
+        let mut jobs: Vec<NewJob> = (sent..should)
             .map(|seq| {
                 let due = now + rng.between(STEADY_DELAY_MS.0, STEADY_DELAY_MS.1) as i64;
                 NewJob::new(ROUTE, steady_payload(due, seq, env.args.payload_size)).at(due)
             })
             .collect();
+        if let Some(route) = &beside {
+            let extra: Vec<NewJob> = jobs
+                .iter()
+                .map(|j| NewJob {
+                    dest: route.clone(),
+                    ..j.clone()
+                })
+                .collect();
+            beside_sent += extra.len() as u64;
+            jobs.extend(extra);
+        }
         for r in env
             .producer
             .enqueue_batch(jobs, OnConflict::Replace)
@@ -85,6 +102,7 @@ pub(super) async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
         sent = should;
     }
     let produced_for = started.elapsed();
+    let (hung_at_s, hung_for_s) = hang.map_or((None, None), Hang::finish);
     probe_stop.cancel();
     progress.finish_and_clear();
     tally.set_target(sent);
@@ -95,6 +113,16 @@ pub(super) async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
     movers.stop().await;
     let consumer = consumer.finish(sent, Duration::from_secs(10)).await;
     let left_due = env.due_left().await?;
+    let beside = match beside {
+        Some(route) => Some(Beside {
+            waiting_at_end: env.stored().await?,
+            route,
+            enqueued: beside_sent,
+            hung_at_s,
+            hung_for_s,
+        }),
+        None => None,
+    };
     let timer_overshoot = probe.await.ok().map(|h| h.summary());
     env.scratch.clean(&mut env.con, false).await?;
     if done.is_none() {
@@ -133,8 +161,78 @@ pub(super) async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
         target_p99_ms: at_target_rate.then_some(STEADY_P99_TARGET_MS),
         meets_target: at_target_rate
             .then(|| lateness.p99_ms.is_some_and(|p| p <= STEADY_P99_TARGET_MS) && all_once),
+        beside,
         lateness,
     })
+}
+
+/// A broker hung on purpose: SIGSTOP 2 s into the run, SIGCONT after its time (and always
+/// when dropped, so the bench never leaves a broker stopped).
+struct Hang {
+    pid: u32,
+    length: Duration,
+    stopped_at: Option<Duration>,
+    resumed: bool,
+}
+
+impl Hang {
+    const START: Duration = Duration::from_secs(2);
+
+    fn new(pid: u32, length: Duration) -> Self {
+        Hang {
+            pid,
+            length,
+            stopped_at: None,
+            resumed: false,
+        }
+    }
+
+    fn signal(&self, sig: &str) -> anyhow::Result<()> {
+        let status = std::process::Command::new("kill")
+            .args([sig, &self.pid.to_string()])
+            .status()?;
+        ensure!(status.success(), "kill {sig} {} failed", self.pid);
+        Ok(())
+    }
+
+    /// Stops or resumes the broker as the run's `elapsed` time says.
+    fn at(&mut self, elapsed: Duration) -> anyhow::Result<()> {
+        match self.stopped_at {
+            None if elapsed >= Self::START => {
+                self.signal("-STOP")?;
+                status(&format!(
+                    "hung the broker (pid {}) for {:?}",
+                    self.pid, self.length
+                ));
+                self.stopped_at = Some(elapsed);
+            }
+            Some(at) if !self.resumed && elapsed >= at + self.length => {
+                self.signal("-CONT")?;
+                self.resumed = true;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// (hung at, hung for) in seconds.
+    fn finish(mut self) -> (Option<f64>, Option<f64>) {
+        let at = self.stopped_at.map(|d| d.as_secs_f64());
+        let length = at.map(|_| self.length.as_secs_f64());
+        if self.stopped_at.is_some() && !self.resumed {
+            let _ = self.signal("-CONT");
+            self.resumed = true;
+        }
+        (at, length)
+    }
+}
+
+impl Drop for Hang {
+    fn drop(&mut self) {
+        if self.stopped_at.is_some() && !self.resumed {
+            let _ = self.signal("-CONT");
+        }
+    }
 }
 
 /// Sleeps 1–5 ms again and again, recording how late each timer fired.

@@ -38,6 +38,8 @@ use zdelay_client::config::AmqpSinkConfig;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on the whole health check.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// The oldest RabbitMQ this sink is tested with and supports (Debian 12 ships 3.10.8).
+pub const MIN_SERVER: (u32, u32) = (3, 10);
 /// Default bound on publishing a batch and receiving all its confirms.
 /// Bound on publishing one batch and receiving all its confirms; well under the poller's
 /// lease. Unconfirmed messages at the deadline are `Unavailable` (a broker that blocks
@@ -60,6 +62,8 @@ pub struct AmqpSink {
     /// messages are then rejected without closing the channel again.
     max_message_size: AtomicUsize,
     generation: AtomicU64,
+    /// The broker's version, once read (plain `amqp://` only).
+    server_version: tokio::sync::OnceCell<String>,
 }
 
 #[derive(Default)]
@@ -99,6 +103,7 @@ impl AmqpSink {
             state: Mutex::new(State::default()),
             max_message_size: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
+            server_version: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -224,6 +229,31 @@ impl AmqpSink {
             Ok(Ok(_)) => Err("channel closed".to_owned()),
             Ok(Err(why)) => Err(why),
             Err(_) => Err(format!("no answer within {CHECK_TIMEOUT:?}")),
+        }
+    }
+
+    /// [`Self::check`], and once the broker answers, its version against [`MIN_SERVER`]
+    /// (read from its `Connection.Start`; an `amqps://` broker is not probed).
+    pub async fn health(&self) -> super::Health {
+        if let Err(why) = self.check().await {
+            return super::Health::Down(why);
+        }
+        if !self.url.starts_with("amqp://") {
+            return super::Health::Up;
+        }
+        let Some(addr) = super::peer::urls(&self.url, 5672).into_iter().next() else {
+            return super::Health::Up;
+        };
+        let version = self
+            .server_version
+            .get_or_try_init(|| async { super::peer::amqp_server_version(&addr).await.ok_or(()) })
+            .await;
+        match version {
+            Ok(v) if !super::peer::at_least(v, MIN_SERVER) => super::Health::Unsupported(format!(
+                "RabbitMQ {v} at {addr} is older than the oldest supported version, {}.{}",
+                MIN_SERVER.0, MIN_SERVER.1
+            )),
+            _ => super::Health::Up,
         }
     }
 
@@ -682,7 +712,7 @@ impl super::Sink for AmqpSink {
     }
 
     fn check(&self) -> futures::future::BoxFuture<'_, super::Health> {
-        Box::pin(async move { super::Health::from(AmqpSink::check(self).await) })
+        Box::pin(AmqpSink::health(self))
     }
 
     fn flush(&self, timeout: Duration) -> futures::future::BoxFuture<'_, ()> {

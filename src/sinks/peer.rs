@@ -81,7 +81,7 @@ pub fn endpoints(config: &SinkConfig) -> (Protocol, Vec<String>) {
 }
 
 /// `host:port` of each comma-separated URL (credentials and paths dropped).
-fn urls(text: &str, default_port: u16) -> Vec<String> {
+pub fn urls(text: &str, default_port: u16) -> Vec<String> {
     text.split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
@@ -233,5 +233,116 @@ mod tests {
         assert_eq!(urls("redis://:pw@127.0.0.1/0", 6379), ["127.0.0.1:6379"]);
         assert_eq!(with_port("k1", 9092), "k1:9092");
         assert_eq!(with_port("[::1]:9093", 9092), "[::1]:9093");
+    }
+}
+
+/// The version an AMQP 0-9-1 server announces in its `Connection.Start` (server properties,
+/// `version`), read by sending the protocol header and parsing the first frame. `None` when
+/// the server cannot be reached or says nothing parseable (bounded to about 2 s).
+pub async fn amqp_server_version(addr: &str) -> Option<String> {
+    let mut stream = timeout(Duration::from_secs(1), TcpStream::connect(addr))
+        .await
+        .ok()?
+        .ok()?;
+    stream.write_all(b"AMQP\x00\x00\x09\x01").await.ok()?;
+    let mut frame = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        // type, channel, size, then the payload and the frame end byte
+        while frame.len() < 7 || frame.len() < 8 + frame_size(&frame) {
+            let n = stream.read(&mut buf).await.ok()?;
+            if n == 0 || frame.len() > 64 * 1024 {
+                return None;
+            }
+            frame.extend_from_slice(&buf[..n]);
+        }
+        Some(())
+    };
+    timeout(Duration::from_secs(1), read).await.ok()??;
+    connection_start_version(&frame)
+}
+
+fn frame_size(frame: &[u8]) -> usize {
+    u32::from_be_bytes([frame[3], frame[4], frame[5], frame[6]]) as usize
+}
+
+/// `version` from a `Connection.Start` method frame.
+fn connection_start_version(frame: &[u8]) -> Option<String> {
+    // frame: type 1 (method), channel 0, size; payload: class 10, method 10, major, minor,
+    // server-properties (a field table: u32 length, then entries).
+    if frame.first() != Some(&1) || frame.get(7..11)? != [0, 10, 0, 10] {
+        return None;
+    }
+    let table_len = u32::from_be_bytes(frame.get(13..17)?.try_into().ok()?) as usize;
+    let mut table = frame.get(17..17 + table_len)?;
+    while !table.is_empty() {
+        let name_len = *table.first()? as usize;
+        let name = table.get(1..1 + name_len)?;
+        let kind = *table.get(1 + name_len)?;
+        let rest = table.get(2 + name_len..)?;
+        let (value, after): (Option<&[u8]>, &[u8]) = match kind {
+            b'S' | b'F' | b'A' | b'x' => {
+                let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+                (Some(rest.get(4..4 + len)?), rest.get(4 + len..)?)
+            }
+            b't' | b'b' | b'B' => (None, rest.get(1..)?),
+            b'u' | b's' => (None, rest.get(2..)?),
+            b'I' | b'i' | b'f' => (None, rest.get(4..)?),
+            b'l' | b'd' | b'T' => (None, rest.get(8..)?),
+            _ => return None,
+        };
+        if name == b"version" && kind == b'S' {
+            return String::from_utf8(value?.to_vec()).ok();
+        }
+        table = after;
+    }
+    None
+}
+
+/// Whether a dotted version (`3.10.8`, `7.0.15`) is at least `floor` (`(3, 10)`).
+pub fn at_least(version: &str, floor: (u32, u32)) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= floor
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+
+    #[test]
+    fn versions_compare_by_major_and_minor() {
+        assert!(at_least("3.10.8", (3, 10)));
+        assert!(at_least("3.12.0", (3, 10)));
+        assert!(at_least("4.0.1", (3, 10)));
+        assert!(!at_least("3.9.29", (3, 10)));
+        assert!(at_least("7.0.15", (7, 0)));
+        assert!(!at_least("6.2.14", (7, 0)));
+    }
+
+    #[test]
+    fn connection_start_yields_the_version() {
+        // A Connection.Start as RabbitMQ sends it, cut to two properties.
+        let mut table = Vec::new();
+        for (name, value) in [("product", "RabbitMQ"), ("version", "3.10.8")] {
+            table.push(name.len() as u8);
+            table.extend(name.as_bytes());
+            table.push(b'S');
+            table.extend((value.len() as u32).to_be_bytes());
+            table.extend(value.as_bytes());
+        }
+        let mut payload = vec![0, 10, 0, 10, 0, 9];
+        payload.extend((table.len() as u32).to_be_bytes());
+        payload.extend(&table);
+        let mut frame = vec![1, 0, 0];
+        frame.extend((payload.len() as u32).to_be_bytes());
+        frame.extend(&payload);
+        frame.push(0xce);
+        assert_eq!(connection_start_version(&frame).as_deref(), Some("3.10.8"));
+        assert_eq!(connection_start_version(b"HTTP/1.0 400"), None);
     }
 }

@@ -51,6 +51,7 @@ impl ClientError {
     pub fn kind(&self) -> &'static str {
         match self {
             ClientError::Store(StoreError::Schema(_)) => "schema",
+            ClientError::Store(StoreError::Unsupported(_)) => "unsupported",
             ClientError::Store(_) => "redis",
             ClientError::Envelope(_) => "envelope",
             ClientError::Exists(_) => "exists",
@@ -173,6 +174,7 @@ impl Client {
     /// Connects, checks the namespace's schema against `cfg.shards` and loads the scripts.
     pub async fn connect(cfg: &RedisConfig) -> Result<Self, ClientError> {
         let mut con = Conn::connect(cfg).await?;
+        store::check_server(&mut con).await?;
         let keys = Keys::new(&cfg.namespace, cfg.shards);
         store::ensure_schema(&mut con, &keys).await?;
         scripts::load_all(&mut con).await?;

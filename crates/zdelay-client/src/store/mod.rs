@@ -26,7 +26,13 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("{0}")]
     Schema(String),
+    #[error("{0}")]
+    Unsupported(String),
 }
+
+/// The oldest Redis this build is tested with and supports (Debian 12 ships 7.0.15; Valkey
+/// reports a Redis-compatible version, 7.2.4, beside its own).
+pub const MIN_REDIS: (u32, u32) = (7, 0);
 
 /// A connection to the scheduling Redis. Clones share one multiplexed connection.
 #[derive(Clone)]
@@ -97,6 +103,26 @@ pub async fn server_time_us(con: &mut Conn) -> redis::RedisResult<i64> {
 /// Redis `TIME` in ms.
 pub async fn server_time_ms(con: &mut Conn) -> redis::RedisResult<i64> {
     Ok(server_time_us(con).await? / 1000)
+}
+
+/// The server's name and version (`redis 7.0.15`, `valkey 9.1.0`); an error naming both when
+/// its Redis-compatible version is older than [`MIN_REDIS`].
+pub async fn check_server(con: &mut Conn) -> Result<String, StoreError> {
+    let info = info(con, "server").await?;
+    let compatible = info.get("redis_version").cloned().unwrap_or_default();
+    let server = match info.get("valkey_version") {
+        Some(v) => format!("valkey {v}"),
+        None => format!("redis {compatible}"),
+    };
+    let mut parts = compatible.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if version < MIN_REDIS {
+        return Err(StoreError::Unsupported(format!(
+            "{server} is older than the oldest supported Redis, {}.{}",
+            MIN_REDIS.0, MIN_REDIS.1
+        )));
+    }
+    Ok(server)
 }
 
 /// Creates `<ns>:schema` if missing and checks it matches this build and `keys`' shard count.
