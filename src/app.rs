@@ -40,7 +40,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .with_context(|| format!("cannot listen on admin.listen {}", config.admin.listen))?;
     tracing::info!(listen = %config.admin.listen, "admin server up");
 
-    let pubsub = store::client(&config.redis)
+    let pubsub = store::pubsub_clients(&config.redis)
         .with_context(|| format!("invalid redis.url {}", redact_url(&config.redis.url)))?;
     let Some(mut con) = connect_with_retry(&config, &shutdown).await else {
         return Ok(());
@@ -60,7 +60,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         ctx.clone(),
         ownership.subscribe(),
         Options {
-            wake_client: Some(pubsub),
+            wake_clients: pubsub,
             on_batch: None,
         },
         &shutdown,

@@ -85,8 +85,11 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
         .two_phase_sinks()
         .map(str::to_owned)
         .collect();
-    let mut pipe = redis::pipe();
+    // One pipeline per slot (a shard's keys, a source, a source's dead set), so it runs on a
+    // Redis Cluster too; all of them at once.
+    let mut pipes = Vec::new();
     for shard in 0..keys.shards() {
+        let mut pipe = redis::pipe();
         add_zset_queries(&mut pipe, &keys.due(shard), now_ms as f64);
         pipe.zcard(keys.inflight(shard)).zcard(keys.dead(shard));
         for sink in &sink_names {
@@ -103,17 +106,30 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
                 .arg(0)
                 .arg(1);
         }
+        pipes.push(pipe);
     }
     for source in &config.sources {
         let max = match source.score_unit {
             ScoreUnit::Millis => now_ms as f64,
             ScoreUnit::Seconds => now_ms as f64 / 1000.0,
         };
+        let mut pipe = redis::pipe();
         add_zset_queries(&mut pipe, &source.key, max);
+        pipes.push(pipe);
+        let mut pipe = redis::pipe();
         pipe.zcard(source.keys().dead);
+        pipes.push(pipe);
     }
-    let values: Vec<redis::Value> = pipe.query_async(con).await?;
-    let mut it = values.into_iter();
+    let replies = futures::future::join_all(pipes.iter().map(|pipe| {
+        let mut con = con.clone();
+        async move { pipe.query_async::<Vec<redis::Value>>(&mut con).await }
+    }))
+    .await;
+    let mut it = replies
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten();
     let mut shards = Vec::new();
     let mut waiting: BTreeMap<&str, SinkWaiting> = BTreeMap::new();
     for shard in 0..keys.shards() {

@@ -287,7 +287,11 @@ impl Env {
             Arc::new(self.context(bounds)),
             ownership.subscribe(),
             Options {
-                wake_client: listen.then(|| self.redis.clone()),
+                wake_clients: if listen {
+                    vec![self.redis.clone()]
+                } else {
+                    Vec::new()
+                },
                 on_batch: Some(on_batch),
             },
             &CancellationToken::new(),

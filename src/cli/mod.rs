@@ -165,12 +165,20 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::CheckConfig => {
             println!("{}", serde_json::to_string_pretty(&config)?);
             eprintln!(
-                "config OK ({}): {} sinks, {} routes, {} sources",
+                "config OK ({}): {} sinks, {} routes, {} sources{}",
                 origin,
                 config.sinks.len(),
                 config.routes.len(),
-                config.sources.len()
+                config.sources.len(),
+                if config.redis.cluster_nodes.is_empty() {
+                    ""
+                } else {
+                    ", on a Redis Cluster"
+                }
             );
+            for line in Routes::from_config(&config).explain() {
+                eprintln!("  {line}");
+            }
             Ok(0)
         }
         Command::Bench(args) => {

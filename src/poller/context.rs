@@ -85,7 +85,7 @@ pub enum RawDelivery {
 impl RawSource {
     /// `None` when the source's route is not in the table (config validation prevents it).
     pub fn resolve(source: &SourceConfig, routes: &Routes) -> Option<Self> {
-        let delivery = match routes.resolve(&source.route).ok()? {
+        let delivery = match routes.resolve_raw(&source.route, &source.key).ok()? {
             Resolved::Local(route) => RawDelivery::List {
                 list: route.list.clone(),
                 push: route.push,

@@ -39,9 +39,10 @@ use wake::{Channels, Wakers};
 /// How pollers are started.
 #[derive(Default)]
 pub struct Options {
-    /// Listen for wake-ups on this Redis (pub/sub needs its own connection). Without it,
-    /// pollers wake only at their head's due time or the idle poll.
-    pub wake_client: Option<redis::Client>,
+    /// Listen for wake-ups through these clients (pub/sub needs its own connection; on a
+    /// cluster, one per seed node, tried in turn). Empty: pollers wake only at their head's
+    /// due time or the idle poll.
+    pub wake_clients: Vec<redis::Client>,
     pub on_batch: Option<BatchObserver>,
 }
 
@@ -76,10 +77,15 @@ pub fn start(
     let stop = shutdown.child_token();
     let tracker = TaskTracker::new();
     let wakers = Arc::new(Wakers::default());
-    if let Some(client) = options.wake_client {
+    if let Some(first) = options.wake_clients.first() {
         let sources = ctx.sources.iter().map(|s| s.keys.source.clone()).collect();
-        let channels = Channels::new(&client, ctx.keys.wake_channel(), sources);
-        tracker.spawn(wake::listen(client, channels, wakers.clone(), stop.clone()));
+        let channels = Channels::new(first, ctx.keys.wake_channel(), sources);
+        tracker.spawn(wake::listen(
+            options.wake_clients,
+            channels,
+            wakers.clone(),
+            stop.clone(),
+        ));
     }
     let supervisor = Supervisor {
         ctx,

@@ -99,16 +99,21 @@ impl Channels {
     }
 }
 
-/// Listens until `shutdown`, resubscribing with backoff after any disconnect.
+/// Listens until `shutdown`, resubscribing with backoff after any disconnect, through the
+/// next of `clients` each time (on a cluster: its seed nodes; a wake-up published on any
+/// node reaches every node's subscribers).
 pub async fn listen(
-    client: redis::Client,
+    clients: Vec<redis::Client>,
     channels: Channels,
     wakers: Arc<Wakers>,
     shutdown: CancellationToken,
 ) {
     let mut delay = Duration::from_millis(100);
-    while !shutdown.is_cancelled() {
-        match subscribe(&client, &channels).await {
+    let mut next = 0;
+    while !shutdown.is_cancelled() && !clients.is_empty() {
+        let client = &clients[next % clients.len()];
+        next += 1;
+        match subscribe(client, &channels).await {
             Ok(pubsub) => {
                 delay = Duration::from_millis(100);
                 wakers.wake_all();

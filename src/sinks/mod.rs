@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use zdelay_client::config::{Config, SinkConfig};
+use zdelay_client::routes::Routes;
 
 /// One message for a two-phase sink, resolved from a claimed job.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,6 +128,17 @@ pub trait Sink: Send + Sync {
 pub fn build(name: &str, config: &Config) -> Result<Option<Box<dyn Sink>>, SinkError> {
     Ok(match &config.sinks[name] {
         SinkConfig::Redis(r) => match &r.url {
+            // On a cluster, lists in another slot than the shards' are pushed two-phase.
+            None if Routes::from_config(config)
+                .two_phase_sinks()
+                .any(|s| s == name) =>
+            {
+                Some(Box::new(redis_remote::RedisRemoteSink::on(
+                    name,
+                    config.redis.clone(),
+                    config,
+                )))
+            }
             None => None,
             Some(url) => Some(Box::new(redis_remote::RedisRemoteSink::new(
                 name,

@@ -1,9 +1,11 @@
-//! The remote Redis list sink: lists on another Redis server (a `redis` sink with `url`).
+//! The two-phase Redis list sink: lists on another Redis server (a `redis` sink with `url`),
+//! or, on a Redis Cluster, lists of the scheduling cluster in another slot than the shards.
 //!
-//! One script cannot span two servers, so this sink takes the two-phase path like the
-//! brokers: the job is claimed on the scheduling Redis, pushed here in one pipeline, and
-//! acknowledged after the push returned. At least once: a crash between push and ack
-//! pushes again after the lease.
+//! One script cannot span two servers (or two slots), so this sink takes the two-phase path
+//! like the brokers: the job is claimed on the scheduling Redis, pushed here, and
+//! acknowledged after the push returned. At least once: a crash between push and ack pushes
+//! again after the lease. A batch is one variadic push per list (in one pipeline on a
+//! single server; all at once on a cluster, one slot each).
 
 use crate::sinks::{Message, Outcome, SinkError};
 use std::collections::HashMap;
@@ -20,6 +22,7 @@ pub struct RedisRemoteSink {
 }
 
 impl RedisRemoteSink {
+    /// A sink pushing to the Redis at `url`.
     pub fn new(name: &str, url: &str, config: &Config) -> Result<Self, SinkError> {
         let redis = RedisConfig {
             url: url.to_owned(),
@@ -30,17 +33,22 @@ impl RedisRemoteSink {
             sink: name.to_owned(),
             why: format!("url: {e}"),
         })?;
+        Ok(Self::on(name, redis, config))
+    }
+
+    /// A sink pushing to the lists of the Redis (or cluster) `redis` describes.
+    pub fn on(name: &str, redis: RedisConfig, config: &Config) -> Self {
         let commands = config
             .routes
             .iter()
             .filter(|r| r.sink == name)
             .map(|r| (r.list_key(), r.push))
             .collect();
-        Ok(RedisRemoteSink {
+        RedisRemoteSink {
             redis,
             con: OnceCell::new(),
             commands,
-        })
+        }
     }
 
     async fn connection(&self) -> Result<Conn, String> {
@@ -51,28 +59,66 @@ impl RedisRemoteSink {
             .map_err(|e| e.to_string())
     }
 
-    /// Pushes the batch in one pipeline (one command per message, so one bad key rejects
-    /// only its own messages).
+    /// Pushes the batch: one variadic push per list, in the batch's order (so one bad key
+    /// rejects only its own list's messages).
     pub async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
         let mut con = match self.connection().await {
             Ok(con) => con,
             Err(e) => return vec![Outcome::Unavailable(e); batch.len()],
         };
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for m in batch {
-            let command = match self.commands.get(&m.target).copied().unwrap_or_default() {
-                Push::Lpush => "LPUSH",
-                Push::Rpush => "RPUSH",
-            };
-            pipe.cmd(command).arg(&m.target).arg(&m.payload);
+        // List → the indexes of its messages, lists in order of first appearance.
+        let mut lists: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (i, m) in batch.iter().enumerate() {
+            match lists.iter_mut().find(|(list, _)| *list == m.target) {
+                Some((_, indexes)) => indexes.push(i),
+                None => lists.push((&m.target, vec![i])),
+            }
         }
-        let replies: redis::RedisResult<Vec<redis::RedisResult<i64>>> =
-            pipe.query_async(&mut con).await;
-        match replies {
-            Ok(results) => results.into_iter().map(classify).collect(),
-            Err(e) => vec![Outcome::Unavailable(e.to_string()); batch.len()],
+        let commands: Vec<redis::Cmd> = lists
+            .iter()
+            .map(|(list, indexes)| {
+                let mut cmd = redis::cmd(
+                    self.commands
+                        .get(*list)
+                        .copied()
+                        .unwrap_or_default()
+                        .command(),
+                );
+                cmd.arg(*list);
+                for &i in indexes {
+                    cmd.arg(&batch[i].payload);
+                }
+                cmd
+            })
+            .collect();
+        let results: Vec<redis::RedisResult<i64>> = if con.is_cluster() {
+            futures::future::join_all(commands.iter().map(|cmd| {
+                let mut con = con.clone();
+                async move { cmd.query_async(&mut con).await }
+            }))
+            .await
+        } else {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for cmd in &commands {
+                pipe.add_command(cmd.clone());
+            }
+            match pipe
+                .query_async::<Vec<redis::RedisResult<i64>>>(&mut con)
+                .await
+            {
+                Ok(results) => results,
+                Err(e) => return vec![Outcome::Unavailable(e.to_string()); batch.len()],
+            }
+        };
+        let mut out = vec![Outcome::Retry("no answer recorded".to_owned()); batch.len()];
+        for ((_, indexes), result) in lists.iter().zip(results) {
+            let outcome = classify(result);
+            for &i in indexes {
+                out[i] = outcome.clone();
+            }
         }
+        out
     }
 
     pub async fn check(&self) -> Result<(), String> {

@@ -6,6 +6,7 @@ mod architecture;
 mod bad_input;
 mod broker_faults;
 mod cli;
+mod cluster;
 mod common;
 mod delivery;
 mod faults;

@@ -143,8 +143,12 @@ pub const LOCAL_SINK: &str = "local";
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
-    /// Redis URL. Default `redis://127.0.0.1:6379`.
+    /// Redis URL. Default `redis://127.0.0.1:6379`. Not used when `cluster_nodes` is set.
     pub url: String,
+    /// Redis Cluster seed nodes (`redis://host:port`, a few are enough: the client learns
+    /// the rest). Set, zdelay runs on the cluster and `url` is not used. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_nodes: Vec<String>,
     /// Password, overriding any in the URL; from the environment (`ZDELAY_REDIS__PASSWORD`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
@@ -158,6 +162,7 @@ impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
             url: "redis://127.0.0.1:6379".into(),
+            cluster_nodes: Vec::new(),
             password: None,
             namespace: "zdelay".into(),
             shards: 16,
@@ -496,6 +501,14 @@ impl Config {
         if r.shards == 0 || r.shards > 16384 {
             return Err(invalid("redis.shards", "must be 1..=16384"));
         }
+        for (i, node) in r.cluster_nodes.iter().enumerate() {
+            if !node.starts_with("redis://") && !node.starts_with("rediss://") {
+                return Err(invalid(
+                    format!("redis.cluster_nodes[{i}]"),
+                    "must be a redis:// or rediss:// URL",
+                ));
+            }
+        }
         let p = &self.poller;
         if p.batch == 0 || p.batch > 1000 {
             return Err(invalid("poller.batch", "must be 1..=1000"));
@@ -607,6 +620,30 @@ impl Config {
             }
             if !keys.insert(source.key.as_str()) {
                 return Err(invalid(field("key"), "another source has this key"));
+            }
+            if !r.cluster_nodes.is_empty() {
+                // A source's dead and claims keys are built around its key: on a cluster they
+                // share its slot only through a hash tag.
+                if !crate::keys::has_hash_tag(&source.key) {
+                    return Err(invalid(
+                        field("key"),
+                        format!(
+                            "on a Redis Cluster a source key needs a hash tag, e.g. \
+                             {{{}}}, so its dead and claims keys share its slot",
+                            source.key
+                        ),
+                    ));
+                }
+                let dead = source.keys().dead;
+                if crate::keys::slot_of(&dead) != crate::keys::slot_of(&source.key) {
+                    return Err(invalid(
+                        field("dead_key"),
+                        format!(
+                            "{dead} is in another cluster slot than {}: give it the same hash tag",
+                            source.key
+                        ),
+                    ));
+                }
             }
             if !names.contains(source.route.as_str()) {
                 return Err(invalid(

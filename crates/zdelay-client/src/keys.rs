@@ -41,6 +41,11 @@ impl Keys {
         CRC16.checksum(hash_tag(id).as_bytes()) % self.shards
     }
 
+    /// The cluster slot of shard `shard`'s keys.
+    pub fn shard_slot(&self, shard: u16) -> u16 {
+        slot_of(&self.due(shard))
+    }
+
     /// Every key of one shard, for the scripts.
     pub fn shard(&self, shard: u16) -> ShardKeys {
         ShardKeys {
@@ -207,6 +212,16 @@ impl RawKeys {
     }
 }
 
+/// The Redis Cluster hash slot of a key (CRC16 of its hash tag, mod 16384).
+pub fn slot_of(key: &str) -> u16 {
+    CRC16.checksum(hash_tag(key).as_bytes()) % 16384
+}
+
+/// Whether a key names a hash tag, so keys built around it share its slot.
+pub fn has_hash_tag(key: &str) -> bool {
+    hash_tag(key) != key
+}
+
 /// The part of a key or id that Redis Cluster hashes.
 fn hash_tag(id: &str) -> &str {
     if let Some(open) = id.find('{')
@@ -250,6 +265,16 @@ mod tests {
         assert_eq!(k.shard_of("foo"), 12182);
         assert_eq!(k.shard_of("{user1000}.following"), k.shard_of("user1000"));
         assert_eq!(k.shard_of("{}x"), k.shard_of("{}x"));
+    }
+
+    #[test]
+    fn slots_follow_the_cluster_rule() {
+        // CLUSTER KEYSLOT foo = 12182; {user1000}.following shares user1000's slot.
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
+        let k = Keys::new("zdelay", 16);
+        assert_eq!(k.shard_slot(3), slot_of("{zdelay:3}:anything"));
+        assert!(has_hash_tag("{q}:emails") && !has_hash_tag("queue:emails"));
     }
 
     #[test]

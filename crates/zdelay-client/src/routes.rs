@@ -5,9 +5,13 @@
 //!
 //! A destination is a configured route name, or `<sink>/<target>` for a Kafka, AMQP or NATS
 //! sink whose `allow` globs admit the target. Local routes (a `redis` sink without `url`) are
-//! pushed inside the move script; every other route is two-phase.
+//! pushed inside the move script; every other route is two-phase. On a Redis Cluster a
+//! script touches one slot, so a local route stays exactly-once only when its list shares
+//! the slot of every shard; otherwise it is delivered two-phase through the `local` sink
+//! (at least once, like a remote Redis), and [`Routes::explain`] says so.
 
-use crate::config::{Config, Push, SinkConfig};
+use crate::config::{Config, LOCAL_SINK, Push, SinkConfig};
+use crate::keys::{Keys, slot_of};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -76,6 +80,15 @@ pub struct Routes {
     two_phase: BTreeMap<String, Destination>,
     /// Two-phase sinks and their `allow` globs.
     sinks: BTreeMap<String, Vec<String>>,
+    /// On a Redis Cluster: every local route by name (exactly-once or not), with the slots of
+    /// the shards, for raw sources and `explain`. `None` on a single Redis.
+    cluster: Option<ClusterLayout>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ClusterLayout {
+    shard_slots: std::collections::BTreeSet<u16>,
+    lists: BTreeMap<String, LocalRoute>,
 }
 
 impl Routes {
@@ -86,13 +99,42 @@ impl Routes {
                 routes.sinks.insert(name.clone(), sink.allow().to_vec());
             }
         }
+        if !config.redis.cluster_nodes.is_empty() {
+            let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+            routes.cluster = Some(ClusterLayout {
+                shard_slots: (0..keys.shards()).map(|s| keys.shard_slot(s)).collect(),
+                lists: BTreeMap::new(),
+            });
+        }
         for route in &config.routes {
             match config.sinks.get(&route.sink) {
-                Some(sink) if sink.is_local() => routes.add_local(LocalRoute {
-                    name: route.name.clone(),
-                    list: route.list_key(),
-                    push: route.push,
-                }),
+                Some(sink) if sink.is_local() => {
+                    let local = LocalRoute {
+                        name: route.name.clone(),
+                        list: route.list_key(),
+                        push: route.push,
+                    };
+                    let Some(cluster) = &mut routes.cluster else {
+                        routes.add_local(local);
+                        continue;
+                    };
+                    cluster.lists.insert(local.name.clone(), local.clone());
+                    let slot = slot_of(&local.list);
+                    if cluster.shard_slots.iter().all(|s| *s == slot) {
+                        routes.add_local(local);
+                    } else {
+                        // Another slot than the shards': pushed two-phase by the local sink.
+                        routes.sinks.entry(LOCAL_SINK.to_owned()).or_default();
+                        routes.two_phase.insert(
+                            local.name,
+                            Destination {
+                                sink: LOCAL_SINK.to_owned(),
+                                target: local.list,
+                                priority: None,
+                            },
+                        );
+                    }
+                }
                 Some(_) => {
                     routes.two_phase.insert(
                         route.name.clone(),
@@ -155,6 +197,67 @@ impl Routes {
             target: target.to_owned(),
             priority: None,
         }))
+    }
+
+    /// How a raw source whose ZSET is `source_key` delivers to `route`: a local list is
+    /// exactly-once (inside `move_raw`) when it shares the source's slot, or on a single Redis;
+    /// otherwise two-phase.
+    pub fn resolve_raw(&self, route: &str, source_key: &str) -> Result<Resolved<'_>, Refused> {
+        let Some(cluster) = &self.cluster else {
+            return self.resolve(route);
+        };
+        match cluster.lists.get(route) {
+            Some(local) if slot_of(&local.list) == slot_of(source_key) => {
+                Ok(Resolved::Local(local))
+            }
+            Some(local) => Ok(Resolved::TwoPhase(Destination {
+                sink: LOCAL_SINK.to_owned(),
+                target: local.list.clone(),
+                priority: None,
+            })),
+            None => self.resolve(route),
+        }
+    }
+
+    /// Whether this table is for a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    /// One line per route: how it is delivered, and why (for `zdelay check-config`).
+    pub fn explain(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for route in &self.local {
+            out.push(format!(
+                "route {}: list {} on the scheduling Redis, moved exactly once inside the move \
+                 script",
+                route.name, route.list
+            ));
+        }
+        for (name, dest) in &self.two_phase {
+            let line = match &self.cluster {
+                Some(cluster) if dest.sink == LOCAL_SINK => {
+                    let slots: Vec<String> =
+                        cluster.shard_slots.iter().map(u16::to_string).collect();
+                    format!(
+                        "route {name}: list {} is in cluster slot {}, the shards in slots {}: one \
+                         script cannot push it, so it is delivered two-phase (at least once, \
+                         idempotency key <id>:<due>); give the list the shards' hash tag with \
+                         redis.shards = 1 for exactly once",
+                        dest.target,
+                        slot_of(&dest.target),
+                        slots.join(", ")
+                    )
+                }
+                _ => format!(
+                    "route {name}: sink {} target {}, delivered two-phase (claim, publish, \
+                     broker confirmation, fenced ack: at least once, idempotency key <id>:<due>)",
+                    dest.sink, dest.target
+                ),
+            };
+            out.push(line);
+        }
+        out
     }
 
     /// Every route name, local and two-phase, sorted (for error messages).

@@ -627,3 +627,227 @@ impl Drop for PrivateBrokers {
             .status();
     }
 }
+
+// ---- Redis Cluster ------------------------------------------------------------------------
+
+/// A private Redis Cluster of 3 masters and 3 replicas on free loopback ports (each port
+/// + 10000 free too, for the cluster bus), every node stopped on drop.
+pub struct RedisCluster {
+    pub ports: Vec<u16>,
+    dir: tempfile::TempDir,
+    children: Vec<Option<Child>>,
+    extra: Vec<String>,
+}
+
+/// A free port whose cluster-bus port (+10000) is free as well.
+fn free_cluster_port(taken: &[u16]) -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55_000
+            && !taken.contains(&port)
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
+            return port;
+        }
+    }
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Extra `redis-server` arguments for every node.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut ports = Vec::new();
+        for _ in 0..6 {
+            let p = free_cluster_port(&ports);
+            ports.push(p);
+        }
+        let mut cluster = RedisCluster {
+            ports,
+            dir: tempfile::tempdir().expect("a temp dir"),
+            children: Vec::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        for i in 0..6 {
+            let child = cluster.spawn_node(i);
+            cluster.children.push(Some(child));
+        }
+        for &port in &cluster.ports {
+            wait_for("a cluster node to answer", Duration::from_secs(10), || {
+                redis_cli(port, &["PING"]).is_some_and(|out| out.contains("PONG"))
+            });
+        }
+        let nodes: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&nodes)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(cluster.auth_args())
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// `-a <password>` when the nodes require one (`--requirepass` among the extras).
+    fn auth_args(&self) -> Vec<String> {
+        self.extra
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| self.extra.get(i + 1))
+            .map(|pw| vec!["-a".to_owned(), pw.clone(), "--no-auth-warning".to_owned()])
+            .unwrap_or_default()
+    }
+
+    fn spawn_node(&self, i: usize) -> Child {
+        let node_dir = self.dir.path().join(format!("n{i}"));
+        std::fs::create_dir_all(&node_dir).expect("node dir");
+        Command::new("redis-server")
+            .args(["--port", &self.ports[i].to_string(), "--bind", "127.0.0.1"])
+            .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+            .args(["--cluster-config-file", "nodes.conf"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&node_dir)
+            .args(["--logfile", "redis.log"])
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server runs")
+    }
+
+    /// Waits until every running node says `cluster_state:ok`.
+    pub fn wait_ok(&self) {
+        wait_for(
+            "cluster_state:ok on every node",
+            Duration::from_secs(30),
+            || {
+                self.ports.iter().enumerate().all(|(i, &p)| {
+                    self.children[i].is_none()
+                        || redis_cli_auth(p, &self.auth_args(), &["CLUSTER", "INFO"])
+                            .is_some_and(|out| out.contains("cluster_state:ok"))
+                })
+            },
+        );
+    }
+
+    /// The seed URLs for `redis.cluster_nodes`.
+    pub fn seeds(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .take(3)
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// The `cluster_nodes = [...]` TOML value.
+    pub fn seeds_toml(&self) -> String {
+        let quoted: Vec<String> = self.seeds().iter().map(|s| format!("\"{s}\"")).collect();
+        format!("[{}]", quoted.join(", "))
+    }
+
+    /// A sync cluster connection for checks.
+    pub fn conn(&self) -> redis::cluster::ClusterConnection {
+        let mut builder = redis::cluster::ClusterClient::builder(self.seeds());
+        if let Some(pw) = self.auth_args().get(1) {
+            builder = builder.password(pw.clone());
+        }
+        builder
+            .build()
+            .and_then(|c| c.get_connection())
+            .expect("connect to the test cluster")
+    }
+
+    /// The port of the master serving `key`'s slot.
+    pub fn master_of(&self, key: &str) -> u16 {
+        let slot: u16 = redis_cli_auth(
+            self.ports[0],
+            &self.auth_args(),
+            &["CLUSTER", "KEYSLOT", key],
+        )
+        .and_then(|s| s.trim().parse().ok())
+        .expect("CLUSTER KEYSLOT");
+        let shards = redis_cli_auth(self.ports[0], &self.auth_args(), &["CLUSTER", "SLOTS"])
+            .expect("CLUSTER SLOTS");
+        // redis-cli prints: start, end, then [ip, port, id] per node, master first.
+        let lines: Vec<&str> = shards.lines().map(str::trim).collect();
+        let mut i = 0;
+        while i + 3 < lines.len() {
+            if let (Ok(start), Ok(end)) = (lines[i].parse::<u16>(), lines[i + 1].parse::<u16>())
+                && lines[i + 2].starts_with("127.0.0.1")
+                && let Ok(port) = lines[i + 3].parse::<u16>()
+                && (start..=end).contains(&slot)
+            {
+                return port;
+            }
+            i += 1;
+        }
+        panic!("no master for slot {slot} in {shards}")
+    }
+
+    pub fn pid(&self, port: u16) -> u32 {
+        let i = self
+            .ports
+            .iter()
+            .position(|p| *p == port)
+            .expect("a node port");
+        self.children[i].as_ref().expect("node running").id()
+    }
+
+    /// SIGKILLs the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        let i = self
+            .ports
+            .iter()
+            .position(|p| *p == port)
+            .expect("a node port");
+        if let Some(mut child) = self.children[i].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in self.children.iter_mut().flatten() {
+            // A stopped (SIGSTOP) node must not survive the test.
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGCONT);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `redis-cli -p PORT ARGS…`'s output, `None` when it fails.
+pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
+    redis_cli_auth(port, &[], args)
+}
+
+fn redis_cli_auth(port: u16, auth: &[String], args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(auth)
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}

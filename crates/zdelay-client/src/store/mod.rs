@@ -2,14 +2,21 @@
 //! check, the server's clock, and (in `scripts`) one typed function per Lua script. Nothing
 //! outside this module builds KEYS or ARGV or calls EVAL.
 //!
-//! [`Conn`] is a multiplexed, self-reconnecting connection that is cheap to clone; it
-//! implements `redis::aio::ConnectionLike`, so plain commands and pipelines work on it too.
+//! [`Conn`] is a multiplexed, self-reconnecting connection that is cheap to clone, to one
+//! Redis or to a Redis Cluster (`redis.cluster_nodes`); it implements
+//! `redis::aio::ConnectionLike`, so plain commands work on it too. On a cluster every
+//! command and script call touches one slot (a shard's keys share its hash tag); MOVED, ASK
+//! and failover are the cluster client's job.
 
 pub mod scripts;
 
 use crate::config::{RedisConfig, redact_url};
 use crate::keys::{Keys, LAYOUT_VERSION};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::time::Duration;
 
@@ -34,36 +41,117 @@ pub enum StoreError {
 /// reports a Redis-compatible version, 7.2.4, beside its own).
 pub const MIN_REDIS: (u32, u32) = (7, 0);
 
-/// A connection to the scheduling Redis. Clones share one multiplexed connection.
+/// A connection to the scheduling Redis or Redis Cluster. Clones share one multiplexed
+/// connection.
 #[derive(Clone)]
 pub struct Conn {
-    inner: ConnectionManager,
+    inner: Inner,
 }
 
+#[derive(Clone)]
+enum Inner {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// How long one command may take before it counts as failed (a hung node must not stall a
+/// caller for ever; the cluster client has no default).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Conn {
-    /// Connects once (bounded to 2 s), with the `[redis]` password override applied. The
-    /// error names the URL with any password hidden.
+    /// Connects once (bounded), with the `[redis]` password override applied: to
+    /// `cluster_nodes` when set, else to `url`. The error names the address with any
+    /// password hidden.
     pub async fn connect(cfg: &RedisConfig) -> Result<Conn, StoreError> {
+        if !cfg.cluster_nodes.is_empty() {
+            return Self::connect_cluster(cfg).await;
+        }
         let connect_error = |source| StoreError::Connect {
             url: redact_url(&cfg.url),
             source,
         };
         let client = client(cfg).map_err(connect_error)?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(1));
         let inner = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(connect_error)?;
-        Ok(Conn { inner })
+        Ok(Conn {
+            inner: Inner::Single(inner),
+        })
+    }
+
+    async fn connect_cluster(cfg: &RedisConfig) -> Result<Conn, StoreError> {
+        let seeds = redact_url(&cfg.cluster_nodes.join(","));
+        let connect_error = |source| StoreError::Connect {
+            url: seeds.clone(),
+            source,
+        };
+        let mut builder = redis::cluster::ClusterClient::builder(cfg.cluster_nodes.clone())
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .retries(4);
+        if let Some(password) = &cfg.password {
+            builder = builder.password(password.expose());
+        }
+        let client = builder.build().map_err(connect_error)?;
+        // The initial connect has no overall bound of its own (redis-rs #1953).
+        let inner = tokio::time::timeout(CONNECT_TIMEOUT * 3, client.get_async_connection())
+            .await
+            .map_err(|_| {
+                connect_error(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no cluster node answered in time",
+                )))
+            })?
+            .map_err(connect_error)?;
+        Ok(Conn {
+            inner: Inner::Cluster(inner),
+        })
+    }
+
+    /// Whether this is a Redis Cluster connection.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner, Inner::Cluster(_))
+    }
+
+    /// Runs `cmd` on every primary (a cluster's masters, or the one server); fails if any
+    /// does. For `SCRIPT LOAD` and the like.
+    pub async fn on_every_primary(&mut self, cmd: Cmd) -> redis::RedisResult<Value> {
+        match &mut self.inner {
+            Inner::Single(c) => cmd.query_async(c).await,
+            Inner::Cluster(c) => {
+                let routing = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                c.route_command(cmd, routing).await
+            }
+        }
+    }
+
+    /// Runs `cmd` on one node (any primary of a cluster): `INFO`, `TIME`.
+    pub async fn on_one_node(&mut self, cmd: Cmd) -> redis::RedisResult<Value> {
+        match &mut self.inner {
+            Inner::Single(c) => cmd.query_async(c).await,
+            Inner::Cluster(c) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+                c.route_command(cmd, routing).await
+            }
+        }
     }
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        self.inner.req_packed_command(cmd)
+        match &mut self.inner {
+            Inner::Single(c) => c.req_packed_command(cmd),
+            Inner::Cluster(c) => c.req_packed_command(cmd),
+        }
     }
 
     fn req_packed_commands<'a>(
@@ -72,11 +160,17 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        self.inner.req_packed_commands(pipeline, offset, count)
+        match &mut self.inner {
+            Inner::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Inner::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
     }
 
     fn get_db(&self) -> i64 {
-        self.inner.get_db()
+        match &self.inner {
+            Inner::Single(c) => c.get_db(),
+            Inner::Cluster(c) => c.get_db(),
+        }
     }
 }
 
@@ -92,6 +186,24 @@ pub fn client(cfg: &RedisConfig) -> redis::RedisResult<redis::Client> {
         info = info.set_redis_settings(settings);
     }
     redis::Client::open(info)
+}
+
+/// Clients for pub/sub (which needs its own connection): the one server, or on a cluster
+/// each seed node, tried in turn. A message published on any node of a cluster reaches
+/// subscribers on every node.
+pub fn pubsub_clients(cfg: &RedisConfig) -> redis::RedisResult<Vec<redis::Client>> {
+    if cfg.cluster_nodes.is_empty() {
+        return Ok(vec![client(cfg)?]);
+    }
+    cfg.cluster_nodes
+        .iter()
+        .map(|node| {
+            client(&RedisConfig {
+                url: node.clone(),
+                ..cfg.clone()
+            })
+        })
+        .collect()
 }
 
 /// Redis `TIME` in µs: the one clock zdelay trusts.
@@ -152,12 +264,14 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError
     Ok(())
 }
 
-/// `INFO <section>` as key → value.
+/// `INFO <section>` as key → value (of one node, on a cluster).
 pub async fn info(
     con: &mut Conn,
     section: &str,
 ) -> redis::RedisResult<std::collections::HashMap<String, String>> {
-    let text: String = redis::cmd("INFO").arg(section).query_async(con).await?;
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg(section);
+    let text: String = redis::from_redis_value(con.on_one_node(cmd).await?)?;
     Ok(parse_info(&text))
 }
 

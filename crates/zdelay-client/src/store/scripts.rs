@@ -12,7 +12,7 @@ use crate::config::{Push, ScoreUnit};
 use crate::job::{Cancelled, Due, Enqueued, OnConflict};
 use crate::keys::{RawKeys, ShardKey, ShardKeys};
 use crate::routes::Routes;
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Cmd, FromRedisValue, Script, ToRedisArgs, Value};
 use std::sync::LazyLock;
 
 macro_rules! scripts {
@@ -25,14 +25,16 @@ macro_rules! scripts {
             use super::*;
             $(
                 #[allow(non_upper_case_globals)]
-                pub static $name: LazyLock<Script> = LazyLock::new(|| {
-                    Script::new(include_str!(concat!("../../lua/", stringify!($name), ".lua")))
+                pub static $name: LazyLock<Compiled> = LazyLock::new(|| {
+                    let source = include_str!(concat!("../../lua/", stringify!($name), ".lua"));
+                    Compiled { script: Script::new(source), source }
                 });
             )*
         }
-        /// Loads every script, so EVALSHA in pipelines never meets NOSCRIPT (redis-rs #1394).
+        /// Loads every script on every primary, so EVALSHA (in pipelines too, which
+        /// redis-rs does not reload: #1394) rarely meets NOSCRIPT.
         pub async fn load_all(con: &mut Conn) -> redis::RedisResult<()> {
-            $( compiled::$name.prepare_invoke().load_async(con).await?; )*
+            $( load(con, &compiled::$name).await?; )*
             Ok(())
         }
     };
@@ -79,13 +81,71 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
     ("purge_dead", &[Jobs, Dead, Reasons]),
 ];
 
+/// A script with its source, for `SCRIPT LOAD`.
+pub struct Compiled {
+    script: Script,
+    source: &'static str,
+}
+
+/// One script call being built: its KEYS and ARGV, sent as EVALSHA.
+pub struct Call {
+    script: &'static Compiled,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    fn new(script: &'static Compiled) -> Self {
+        Call {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    fn cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.script.get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+
+    /// Runs the script; a server that lost it (restarted, flushed, a replica promoted on a
+    /// cluster) gets it again on every primary, then the call once more (scripts are safe
+    /// to re-run).
+    async fn invoke<T: FromRedisValue>(&self, con: &mut Conn) -> redis::RedisResult<T> {
+        match self.cmd().query_async(con).await {
+            Err(e) if is_noscript(&e) => {
+                load(con, self.script).await?;
+                self.cmd().query_async(con).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// `SCRIPT LOAD` on every primary.
+async fn load(con: &mut Conn, script: &Compiled) -> redis::RedisResult<()> {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(script.source);
+    con.on_every_primary(cmd).await.map(|_| ())
+}
+
 /// A script invocation with `name`'s shard keys already in KEYS.
-fn shard_invocation(
-    script: &'static Script,
-    name: &str,
-    keys: &ShardKeys,
-) -> ScriptInvocation<'static> {
-    let mut inv = script.prepare_invoke();
+fn shard_invocation(script: &'static Compiled, name: &str, keys: &ShardKeys) -> Call {
+    let mut inv = Call::new(script);
     let (_, wanted) = SHARD_KEYS
         .iter()
         .find(|(n, _)| *n == name)
@@ -100,16 +160,56 @@ fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
+/// Sends calls pipelined, answers in input order: on one server in pipelines of
+/// [`CALLS_PER_PIPELINE`]; on a cluster one pipeline per shard (a pipeline must stay in one
+/// slot), all at once. `shard_of(i)` is the shard of call `i`.
+async fn pipelined_by_shard<T: redis::FromRedisValue>(
+    con: &mut Conn,
+    calls: &[Call],
+    shard_of: impl Fn(usize) -> u16,
+) -> redis::RedisResult<Vec<T>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    if con.is_cluster() {
+        let mut by_shard: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for i in 0..calls.len() {
+            by_shard.entry(shard_of(i)).or_default().push(i);
+        }
+        for indices in by_shard.into_values() {
+            groups.extend(indices.chunks(CALLS_PER_PIPELINE).map(<[usize]>::to_vec));
+        }
+    } else {
+        let all: Vec<usize> = (0..calls.len()).collect();
+        groups.extend(all.chunks(CALLS_PER_PIPELINE).map(<[usize]>::to_vec));
+    }
+    let sends = groups.iter().map(|group| {
+        let mut con = con.clone();
+        async move {
+            let batch: Vec<&Call> = group.iter().map(|&i| &calls[i]).collect();
+            pipelined::<T>(&mut con, &batch).await
+        }
+    });
+    let mut out: Vec<Option<T>> = (0..calls.len()).map(|_| None).collect();
+    for (group, replies) in groups.iter().zip(futures::future::join_all(sends).await) {
+        for (&i, reply) in group.iter().zip(replies?) {
+            out[i] = Some(reply);
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|r| r.expect("every call answered"))
+        .collect())
+}
+
 /// Sends invocations in one pipeline. Scripts are loaded at connect; a Redis that restarted
 /// or flushed them answers NOSCRIPT, which pipelines do not handle: load and send once more
 /// (every script is re-runnable).
 async fn pipelined<T: redis::FromRedisValue>(
     con: &mut Conn,
-    invocations: &[ScriptInvocation<'_>],
+    invocations: &[&Call],
 ) -> redis::RedisResult<Vec<T>> {
     let mut pipe = redis::pipe();
     for inv in invocations {
-        pipe.invoke_script(inv);
+        pipe.add_command(inv.cmd());
     }
     match pipe.query_async(con).await {
         Err(e) if is_noscript(&e) => {
@@ -147,23 +247,24 @@ pub async fn enqueue_jobs(
     policy: OnConflict,
     calls: &[EnqueueCall<'_>],
 ) -> redis::RedisResult<Vec<Vec<Option<Enqueued>>>> {
-    let mut out = Vec::with_capacity(calls.len());
-    for group in calls.chunks(CALLS_PER_PIPELINE) {
-        let invocations: Vec<ScriptInvocation> = group
-            .iter()
-            .map(|call| {
-                let mut inv = shard_invocation(&compiled::enqueue_jobs, "enqueue_jobs", &call.keys);
-                inv.arg(policy.as_arg())
-                    .arg(&call.keys.wake_channel)
-                    .arg(call.keys.shard);
-                for item in call.items {
-                    inv.arg(&item.id).arg(item.due.as_arg()).arg(&item.envelope);
-                }
-                inv
-            })
-            .collect();
-        let replies: Vec<Vec<i64>> = pipelined(con, &invocations).await?;
-        out.extend(replies.into_iter().map(|codes| {
+    let invocations: Vec<Call> = calls
+        .iter()
+        .map(|call| {
+            let mut inv = shard_invocation(&compiled::enqueue_jobs, "enqueue_jobs", &call.keys);
+            inv.arg(policy.as_arg())
+                .arg(&call.keys.wake_channel)
+                .arg(call.keys.shard);
+            for item in call.items {
+                inv.arg(&item.id).arg(item.due.as_arg()).arg(&item.envelope);
+            }
+            inv
+        })
+        .collect();
+    let replies: Vec<Vec<i64>> =
+        pipelined_by_shard(con, &invocations, |i| calls[i].keys.shard).await?;
+    Ok(replies
+        .into_iter()
+        .map(|codes| {
             codes
                 .into_iter()
                 .map(|code| match code {
@@ -173,9 +274,8 @@ pub async fn enqueue_jobs(
                     _ => None,
                 })
                 .collect()
-        }));
-    }
-    Ok(out)
+        })
+        .collect())
 }
 
 pub async fn cancel_job(
@@ -184,7 +284,7 @@ pub async fn cancel_job(
     id: &str,
 ) -> redis::RedisResult<Cancelled> {
     let mut inv = shard_invocation(&compiled::cancel_job, "cancel_job", keys);
-    let code: i64 = inv.arg(id).invoke_async(con).await?;
+    let code: i64 = inv.arg(id).invoke(con).await?;
     Ok(match code {
         1 => Cancelled::Cancelled,
         -1 => Cancelled::InFlight,
@@ -205,7 +305,7 @@ pub async fn reschedule_job(
         .arg(due.as_arg())
         .arg(&keys.wake_channel)
         .arg(keys.shard)
-        .invoke_async(con)
+        .invoke(con)
         .await?;
     Ok((new_due >= 0).then_some(new_due))
 }
@@ -230,7 +330,7 @@ pub async fn replay_dead(
         .arg(&keys.wake_channel)
         .arg(keys.shard)
         .arg(ids)
-        .invoke_async(con)
+        .invoke(con)
         .await?;
     Ok(Replayed { replayed, orphans })
 }
@@ -241,7 +341,7 @@ pub async fn purge_dead(
     ids: &[String],
 ) -> redis::RedisResult<u64> {
     let mut inv = shard_invocation(&compiled::purge_dead, "purge_dead", keys);
-    inv.arg(ids).invoke_async(con).await
+    inv.arg(ids).invoke(con).await
 }
 
 /// Puts dead raw members back into their source with `score` (in the source's unit).
@@ -251,13 +351,13 @@ pub async fn replay_raw_dead(
     score: &str,
     members: &[Vec<u8>],
 ) -> redis::RedisResult<u64> {
-    compiled::replay_raw_dead
+    Call::new(&compiled::replay_raw_dead)
         .key(&keys.source)
         .key(&keys.dead)
         .key(&keys.reasons)
         .arg(score)
         .arg(members)
-        .invoke_async(con)
+        .invoke(con)
         .await
 }
 
@@ -266,11 +366,11 @@ pub async fn purge_raw_dead(
     keys: &RawKeys,
     members: &[Vec<u8>],
 ) -> redis::RedisResult<u64> {
-    compiled::purge_raw_dead
+    Call::new(&compiled::purge_raw_dead)
         .key(&keys.dead)
         .key(&keys.reasons)
         .arg(members)
-        .invoke_async(con)
+        .invoke(con)
         .await
 }
 
@@ -316,7 +416,7 @@ pub async fn move_due(
     let sinks: Vec<&str> = routes.two_phase_sinks().collect();
     inv.arg(sinks.len()).arg(sinks);
     inv.arg(args.bounds_ms.len()).arg(args.bounds_ms);
-    let value = inv.invoke_async(con).await?;
+    let value = inv.invoke(con).await?;
     MoveReply::parse(value, routes.local().len(), args.bounds_ms.len())
 }
 
@@ -349,12 +449,7 @@ pub async fn claim_jobs(
     lease_ms: u64,
 ) -> redis::RedisResult<Claim> {
     let mut inv = shard_invocation(&compiled::claim_jobs, "claim_jobs", keys);
-    let value: Value = inv
-        .arg(sink)
-        .arg(batch)
-        .arg(lease_ms)
-        .invoke_async(con)
-        .await?;
+    let value: Value = inv.arg(sink).arg(batch).arg(lease_ms).invoke(con).await?;
     let items = match value {
         Value::Array(items) if items.len() >= 3 => items,
         other => return Err(protocol_error("claim reply", &other)),
@@ -409,7 +504,7 @@ pub async fn move_raw(
     keys: &RawKeys,
     args: &MoveRaw<'_>,
 ) -> redis::RedisResult<MoveReply> {
-    let value = compiled::move_raw
+    let value = Call::new(&compiled::move_raw)
         .key(&keys.source)
         .key(args.list)
         .key(&keys.dead)
@@ -421,7 +516,7 @@ pub async fn move_raw(
         .arg(args.push.command())
         .arg(args.bounds_ms.len())
         .arg(args.bounds_ms)
-        .invoke_async(con)
+        .invoke(con)
         .await?;
     MoveReply::parse(value, 1, args.bounds_ms.len())
 }
@@ -461,7 +556,7 @@ pub async fn claim_raw(
     lease_ms: u64,
     max_payload: usize,
 ) -> redis::RedisResult<RawClaim> {
-    let value: Value = compiled::claim_raw
+    let value: Value = Call::new(&compiled::claim_raw)
         .key(&keys.source)
         .key(&keys.dead)
         .key(&keys.reasons)
@@ -470,7 +565,7 @@ pub async fn claim_raw(
         .arg(unit.as_arg())
         .arg(lease_ms)
         .arg(max_payload)
-        .invoke_async(con)
+        .invoke(con)
         .await?;
     let items = match value {
         Value::Array(items) if items.len() >= 5 => items,
@@ -513,7 +608,7 @@ pub async fn settle_raw(
     deadline: &str,
     ops: &[(&[u8], SettleOp<'_>)],
 ) -> redis::RedisResult<Settled> {
-    let mut inv = compiled::settle_raw.prepare_invoke();
+    let mut inv = Call::new(&compiled::settle_raw);
     inv.key(&keys.source)
         .key(&keys.dead)
         .key(&keys.reasons)
@@ -528,7 +623,7 @@ pub async fn settle_raw(
             SettleOp::Dead { reason, .. } => inv.arg("dead").arg(*member).arg(*reason).arg(""),
         };
     }
-    let (settled, fenced): (u64, u64) = inv.invoke_async(con).await?;
+    let (settled, fenced): (u64, u64) = inv.invoke(con).await?;
     Ok(Settled { settled, fenced })
 }
 
@@ -579,7 +674,7 @@ pub async fn settle_jobs(
             }
         };
     }
-    let (settled, fenced): (u64, u64) = inv.invoke_async(con).await?;
+    let (settled, fenced): (u64, u64) = inv.invoke(con).await?;
     Ok(Settled { settled, fenced })
 }
 
@@ -594,12 +689,12 @@ pub async fn bench_bare_move_raw(
     batch: usize,
     max_score: i64,
 ) -> redis::RedisResult<u64> {
-    compiled::bench_bare_move_raw
+    Call::new(&compiled::bench_bare_move_raw)
         .key(source)
         .key(list)
         .arg(batch)
         .arg(max_score)
-        .invoke_async(con)
+        .invoke(con)
         .await
 }
 
@@ -612,13 +707,13 @@ pub async fn bench_bare_move_hash(
     batch: usize,
     max_score: i64,
 ) -> redis::RedisResult<u64> {
-    compiled::bench_bare_move_hash
+    Call::new(&compiled::bench_bare_move_hash)
         .key(due)
         .key(jobs)
         .key(list)
         .arg(batch)
         .arg(max_score)
-        .invoke_async(con)
+        .invoke(con)
         .await
 }
 

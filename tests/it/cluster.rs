@@ -1,0 +1,256 @@
+//! zdelay on a real Redis Cluster (3 masters + 3 replicas, started by the test on loopback):
+//! the library, the CLI, raw sources and routes in and out of the shards' slots. Every
+//! script must touch one slot: a CROSSSLOT anywhere fails these tests (jobs would not move,
+//! and the daemon log is checked for it).
+
+use crate::common::{Daemon, RedisCluster, TestConfig, wait_for};
+use redis::cluster::ClusterConnection;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use zdelay::config::RedisConfig;
+use zdelay::{Client, NewJob, OnConflict};
+
+const SHARDS: u16 = 4;
+
+fn llen(con: &mut ClusterConnection, key: &str) -> usize {
+    redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
+}
+
+fn lrange(con: &mut ClusterConnection, key: &str) -> Vec<String> {
+    redis::cmd("LRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(con)
+        .expect("LRANGE")
+}
+
+fn shard_total(con: &mut ClusterConnection, suffix: &str) -> usize {
+    let cmd = if matches!(suffix, "jobs" | "reasons" | "ready_ids") {
+        "HLEN"
+    } else {
+        "ZCARD"
+    };
+    (0..SHARDS)
+        .map(|s| {
+            redis::cmd(cmd)
+                .arg(format!("{{zdelay:{s}}}:{suffix}"))
+                .query::<usize>(con)
+                .expect("shard key size")
+        })
+        .sum()
+}
+
+fn client(rt: &tokio::runtime::Runtime, cluster: &RedisCluster) -> Client {
+    let config = RedisConfig {
+        cluster_nodes: cluster.seeds(),
+        shards: SHARDS,
+        ..Default::default()
+    };
+    rt.block_on(Client::connect(&config))
+        .expect("library client on the cluster")
+}
+
+/// A config on the cluster: route `a` to list `q:a` (another slot than any shard: two-phase
+/// through the local sink), route `r` to `{raw}:out`, raw source `{raw}:src` → `r` (one
+/// slot: exactly once in move_raw) and `{raw2}:src` → `a` (two-phase, leased in place).
+fn config(cluster: &RedisCluster, extra: &str) -> TestConfig {
+    let text = format!(
+        r#"
+[poller]
+idle_poll = "50ms"
+
+[[routes]]
+name = "a"
+sink = "local"
+target = "q:a"
+push = "rpush"
+
+[[routes]]
+name = "r"
+sink = "local"
+target = "{{raw}}:out"
+push = "rpush"
+
+[[sources]]
+key = "{{raw}}:src"
+route = "r"
+
+[[sources]]
+key = "{{raw2}}:src"
+route = "a"
+{extra}
+"#
+    );
+    let config = TestConfig::new("redis://127.0.0.1:1", SHARDS, &text);
+    // redis.url stays a dead address: everything must go through the cluster.
+    let body = std::fs::read_to_string(&config.path).expect("config");
+    let body = body.replacen(
+        "[redis]\n",
+        &format!("[redis]\ncluster_nodes = {}\n", cluster.seeds_toml()),
+        1,
+    );
+    std::fs::write(&config.path, body).expect("config");
+    config
+}
+
+fn assert_no_crossslot(daemon: &Daemon) {
+    let log = daemon.log_text();
+    assert!(
+        !log.contains("CROSSSLOT") && !log.contains("crossed slots"),
+        "a command touched two slots:\n{log}"
+    );
+}
+
+#[test]
+fn library_cli_raw_sources_and_routes_work_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let config = config(&cluster, "");
+    let out = config.cli(&["check-config"]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("route a: list q:a is in cluster slot")
+            && said.contains("delivered two-phase (at least once"),
+        "check-config says which routes are two-phase on the cluster and why: {said}"
+    );
+    let daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let lib = client(&rt, &cluster);
+    let mut con = cluster.conn();
+
+    // Library: ids with braces choose their shard by tag; some due now, some later.
+    let jobs: Vec<NewJob> = (0..400)
+        .map(|i| {
+            let job = NewJob::new("a", format!("lib-{i}"));
+            let job = if i % 3 == 0 {
+                job.id(format!("{{user-{}}}:job{{{i}}}", i % 7))
+            } else {
+                job
+            };
+            if i % 2 == 0 {
+                job
+            } else {
+                job.after(Duration::from_millis(300))
+            }
+        })
+        .collect();
+    for r in rt
+        .block_on(lib.enqueue_batch(jobs, OnConflict::Error))
+        .unwrap()
+    {
+        r.expect("enqueued");
+    }
+
+    // CLI: one job, a batch, get, reschedule, cancel.
+    let ok = |args: &[&str]| {
+        let out = config.cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ok(&[
+        "enqueue",
+        "--dest",
+        "a",
+        "--in",
+        "100ms",
+        "--payload",
+        "cli-1",
+    ]);
+    let batch = config.path.with_file_name("batch.jsonl");
+    std::fs::write(
+        &batch,
+        "{\"dest\":\"a\",\"payload\":\"cli-b1\"}\n{\"dest\":\"a\",\"payload\":\"cli-b2\",\"in\":\"50ms\"}\n",
+    )
+    .unwrap();
+    let ids = ok(&["enqueue", "--batch", batch.to_str().unwrap()]);
+    assert_eq!(ids.lines().count(), 2);
+    let later = ok(&[
+        "enqueue",
+        "--dest",
+        "a",
+        "--in",
+        "1h",
+        "--payload",
+        "cli-later",
+    ]);
+    let later = later.trim();
+    let got: serde_json::Value = serde_json::from_str(&ok(&["get", later])).unwrap();
+    assert_eq!(got["state"], "scheduled");
+    ok(&["reschedule", later, "--in", "2h"]);
+    assert!(ok(&["cancel", later]).contains("cancelled"));
+
+    // Raw producers: ZADD due now.
+    let now: i64 = {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut con).unwrap();
+        s * 1000 + us / 1000
+    };
+    for i in 0..50 {
+        let _: () = redis::cmd("ZADD")
+            .arg("{raw}:src")
+            .arg(now)
+            .arg(format!("raw-{i}"))
+            .query(&mut con)
+            .unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg("{raw2}:src")
+            .arg(now)
+            .arg(format!("raw2-{i}"))
+            .query(&mut con)
+            .unwrap();
+    }
+
+    let want_a = 400 + 1 + 2 + 50;
+    wait_for("everything delivered", Duration::from_secs(30), || {
+        llen(&mut con, "q:a") >= want_a && llen(&mut con, "{raw}:out") >= 50
+    });
+    wait_for("nothing left in flight", Duration::from_secs(30), || {
+        shard_total(&mut con, "jobs") == 0 && shard_total(&mut con, "inflight") == 0
+    });
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for item in lrange(&mut con, "q:a") {
+        *seen.entry(item).or_default() += 1;
+    }
+    assert_eq!(seen.len(), want_a, "every job of route a arrived");
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "no repeat without a crash: {:?}",
+        seen.iter()
+            .filter(|(_, n)| **n > 1)
+            .take(3)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        !seen.contains_key("cli-later"),
+        "the cancelled job never arrives"
+    );
+    assert_eq!(
+        llen(&mut con, "{raw}:out"),
+        50,
+        "raw to its own slot: exactly once"
+    );
+    let raw_left: usize = redis::cmd("ZCARD")
+        .arg("{raw2}:src")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(raw_left, 0);
+
+    // Dead letters and stats on the cluster.
+    let unknown = NewJob::new("nowhere", "x").id("{d}:dead-1");
+    rt.block_on(lib.enqueue(unknown, OnConflict::Error))
+        .unwrap();
+    wait_for(
+        "the unknown destination died",
+        Duration::from_secs(10),
+        || shard_total(&mut con, "dead") == 1,
+    );
+    assert!(ok(&["dead", "list"]).contains("unknown destination: nowhere"));
+    let stats: serde_json::Value = serde_json::from_str(&ok(&["stats", "--json"])).unwrap();
+    assert_eq!(stats["total"]["dead"], 1, "{stats:#}");
+    assert_eq!(ok(&["dead", "purge", "--all"]).trim(), "purged 1");
+    assert_no_crossslot(&daemon);
+}
