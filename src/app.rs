@@ -11,7 +11,7 @@
 //! Anything left is still in Redis: an abrupt exit costs latency, never jobs.
 
 use crate::admin::{self, Health};
-use crate::poller::{self, Options, Ownership, PollerContext};
+use crate::poller::{self, Leases, Options, Ownership, PollerContext};
 use crate::sinks::{self, SinkHandle};
 use crate::stats;
 use anyhow::Context;
@@ -55,10 +55,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     health.redis_ok.store(true, Ordering::Relaxed);
 
     let ctx = Arc::new(PollerContext::new(con.clone(), &config, sinks.clone()));
-    let ownership = Ownership::new(ctx.all_targets());
+    // What this daemon polls is decided by poller-slot leases shared with the others.
+    let instance = Leases::instance_id();
+    let ownership = Ownership::new(Default::default());
+    let owned = ownership.subscribe();
+    let leases = Leases {
+        con: con.clone(),
+        keys: keys.clone(),
+        instance: instance.clone(),
+        per_target: config.poller.per_shard,
+        lease: config.poller.slot_lease,
+        targets: ctx.all_targets().into_iter().collect(),
+    };
     let pollers = poller::start(
         ctx.clone(),
-        ownership.subscribe(),
+        owned,
         Options {
             wake_clients: pubsub,
             on_batch: None,
@@ -67,6 +78,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
 
     let tracker = TaskTracker::new();
+    tracker.spawn(leases.run(ownership, shutdown.clone()));
     tracker.spawn(admin::check_redis(
         con.clone(),
         health.clone(),
@@ -85,9 +97,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracker.close();
     health.pollers_running.store(true, Ordering::Relaxed);
     tracing::info!(
+        %instance,
         shards = config.redis.shards,
         sources = config.sources.len(),
         routes = config.routes.len(),
+        per_shard = config.poller.per_shard,
         "zdelay running"
     );
 
@@ -96,6 +110,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(grace = ?config.poller.shutdown_grace, "shutting down: finishing batches in hand");
     let stopped = async {
         pollers.wait().await;
+        // The batches in hand are settled: hand the slots to the other daemons at once.
+        Leases::release(&mut con, &keys, &instance).await;
         tracker.wait().await;
     };
     if tokio::time::timeout(config.poller.shutdown_grace, stopped)
@@ -106,7 +122,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     // Anything a client library still queues must reach its broker before exit.
     sinks::flush_all(&sinks, FLUSH_TIMEOUT).await;
-    drop(ownership);
     admin.abort();
     tracing::info!("stopped");
     Ok(())

@@ -5,6 +5,7 @@
 use crate::metrics::{
     DEAD, DUE_BACKLOG, INFLIGHT, OLDEST_DUE_AGE, SCHEDULED, SINK_OLDEST_WAITING, SINK_WAITING,
 };
+use crate::poller::{self, TargetId};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use zdelay_client::config::{Config, ScoreUnit};
@@ -33,6 +34,20 @@ pub struct Stats {
     pub sinks: Vec<SinkState>,
     /// Jobs due and waiting for each two-phase sink (its part of the shards' ready sets).
     pub waiting: Vec<SinkWaiting>,
+    /// The daemons registered on the namespace and the targets each one polls.
+    pub instances: Vec<Instance>,
+}
+
+/// A daemon registered on the namespace (poller-slot heartbeat).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Instance {
+    pub id: String,
+    /// Shards it polls now (holds an unexpired poller slot of).
+    pub shards: Vec<u16>,
+    /// Raw sources it polls now.
+    pub sources: Vec<String>,
+    /// Its last heartbeat, epoch ms (Redis clock).
+    pub last_seen_ms: i64,
 }
 
 /// The jobs waiting for one two-phase sink, over every shard.
@@ -192,13 +207,60 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
             Some(state)
         })
         .collect();
+    let instances = instances(con, &keys, now_ms).await?;
     Ok(Stats {
         now_ms,
         shards,
         sources,
         sinks,
         waiting: waiting.into_values().collect(),
+        instances,
     })
+}
+
+/// The live daemons and what each polls, from the registry and the poller slots.
+async fn instances(con: &mut Conn, keys: &Keys, now_ms: i64) -> redis::RedisResult<Vec<Instance>> {
+    let (registered, slots): (Vec<(String, String)>, Vec<(String, String)>) = redis::pipe()
+        .hgetall(keys.instances())
+        .hgetall(keys.poller_slots())
+        .query_async(con)
+        .await?;
+    let mut instances: Vec<Instance> = registered
+        .into_iter()
+        .filter_map(|(id, times)| {
+            let (expires, seen) = times.split_once(' ')?;
+            let live = expires.parse::<i64>().ok()? > now_ms;
+            live.then(|| Instance {
+                id,
+                shards: Vec::new(),
+                sources: Vec::new(),
+                last_seen_ms: seen.parse().unwrap_or(0),
+            })
+        })
+        .collect();
+    for (slot, holder) in slots {
+        let Some((id, expires)) = holder.rsplit_once(' ') else {
+            continue;
+        };
+        if expires.parse::<i64>().is_ok_and(|e| e <= now_ms) {
+            continue;
+        }
+        let Some(instance) = instances.iter_mut().find(|i| i.id == id) else {
+            continue;
+        };
+        match poller::target_of(&slot) {
+            Some(TargetId::Shard(shard)) => instance.shards.push(shard),
+            Some(TargetId::Source(source)) => instance.sources.push(source),
+            None => {}
+        }
+    }
+    for instance in &mut instances {
+        instance.shards.sort_unstable();
+        instance.shards.dedup();
+        instance.sources.sort();
+        instance.sources.dedup();
+    }
+    Ok(instances)
 }
 
 /// The ZRANGEBYLEX bounds of one sink's members in a ready set: `<sink>\n…`.

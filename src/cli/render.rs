@@ -43,6 +43,27 @@ pub fn stats_table(stats: &Stats) -> String {
             sink.name, sink.kind
         ));
     }
+    if stats.instances.is_empty() {
+        out.push_str("instances: none running\n");
+    }
+    for i in &stats.instances {
+        let polls = i
+            .shards
+            .iter()
+            .map(|s| format!("shard {s}"))
+            .chain(i.sources.iter().cloned())
+            .collect::<Vec<_>>();
+        let polls = if polls.is_empty() {
+            "nothing".to_owned()
+        } else {
+            polls.join(", ")
+        };
+        out.push_str(&format!(
+            "instance {} (seen {} ms ago): polls {polls}\n",
+            i.id,
+            (stats.now_ms - i.last_seen_ms).max(0)
+        ));
+    }
     for w in &stats.waiting {
         if w.jobs > 0 && !stats.sinks.iter().any(|s| s.name == w.sink) {
             out.push_str(&format!(

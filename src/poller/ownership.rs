@@ -2,14 +2,25 @@
 //!
 //! Ownership is published as a `watch` of target sets; the supervisor starts a poller for
 //! every target that enters the set and stops the poller of every target that leaves it.
-//! With one instance, it owns every target. Instance registration and per-shard poller-slot
-//! leases (DESIGN §5) publish into the same watch, so the poller does not change when they
-//! arrive.
+//!
+//! Daemons share the targets through poller slots in Redis ([`Leases`]): each target has
+//! `poller.per_shard` slots; every daemon registers with a heartbeat and takes or renews its
+//! fair share of the slots (at most ⌈slots / live daemons⌉, spread so the two slots of a
+//! target go to two daemons) five times per `poller.slot_lease`. A daemon that dies loses its
+//! slots within one lease and the others take them; one that joins gets its share at the
+//! others' next heartbeat; one that stops hands them back at once. A daemon that cannot renew
+//! for a whole lease stops polling: it no longer knows what it owns. Two pollers on one
+//! target are safe anyway (every script is atomic and two-phase settles are fenced), so a
+//! slot that briefly has two holders costs nothing but work.
 
 use super::context::TargetId;
-use crate::metrics::OWNED_SHARDS;
+use crate::metrics::{self, OWNED_SHARDS};
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use zdelay_client::keys::Keys;
+use zdelay_client::store::{Conn, scripts};
 
 /// The set of targets this instance polls.
 pub type Owned = BTreeSet<TargetId>;
@@ -36,10 +47,131 @@ impl Ownership {
             .filter(|t| matches!(t, TargetId::Shard(_)))
             .count();
         ::metrics::gauge!(OWNED_SHARDS).set(shards as f64);
-        self.tx.send_replace(targets);
+        self.tx.send_if_modified(|owned| {
+            let changed = *owned != targets;
+            *owned = targets;
+            changed
+        });
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Owned> {
         self.tx.subscribe()
+    }
+}
+
+/// A target's name in the slots HASH.
+pub fn slot_name(target: &TargetId) -> String {
+    match target {
+        TargetId::Shard(s) => format!("shard:{s}"),
+        TargetId::Source(key) => format!("source:{key}"),
+    }
+}
+
+/// The target a slot name (`<target>` or `<target>#<k>`) stands for.
+pub fn target_of(name: &str) -> Option<TargetId> {
+    let name = name.rsplit_once('#').map_or(name, |(target, _)| target);
+    if let Some(shard) = name.strip_prefix("shard:") {
+        return shard.parse().ok().map(TargetId::Shard);
+    }
+    name.strip_prefix("source:")
+        .map(|key| TargetId::Source(key.to_owned()))
+}
+
+/// This instance's poller-slot leases.
+pub struct Leases {
+    pub con: Conn,
+    pub keys: Keys,
+    /// This daemon's id in the registry.
+    pub instance: String,
+    pub per_target: u8,
+    pub lease: Duration,
+    /// Every target of the config, in a fixed order.
+    pub targets: Vec<TargetId>,
+}
+
+impl Leases {
+    /// A new instance id: host name and a ULID.
+    pub fn instance_id() -> String {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "zdelay".to_owned());
+        format!("{host}-{}", ulid::Ulid::generate())
+    }
+
+    /// Renews the leases until `shutdown`, publishing what is owned into `ownership`; then
+    /// hands every slot back.
+    pub async fn run(mut self, ownership: Ownership, shutdown: CancellationToken) {
+        let names: Vec<String> = self.targets.iter().map(slot_name).collect();
+        let every = self.lease / 5;
+        let mut last_ok: Option<Instant> = None;
+        let mut instances = 0;
+        while !shutdown.is_cancelled() {
+            match scripts::claim_slots(
+                &mut self.con,
+                &self.keys,
+                &self.instance,
+                self.lease.as_millis() as u64,
+                self.lease.as_millis() as u64,
+                self.per_target,
+                &names,
+            )
+            .await
+            {
+                Ok(claim) => {
+                    last_ok = Some(Instant::now());
+                    if claim.live_instances != instances {
+                        instances = claim.live_instances;
+                        tracing::info!(
+                            instances,
+                            owned = claim.targets.len(),
+                            "poller slots rebalanced"
+                        );
+                    }
+                    ownership.set(claim.targets.iter().filter_map(|n| target_of(n)).collect());
+                }
+                Err(e) => {
+                    metrics::error_event("redis", "poller slots", &e);
+                    if last_ok.is_none_or(|at| at.elapsed() >= self.lease) {
+                        // Our leases ran out: others may hold these slots now.
+                        ownership.set(Owned::new());
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+        ownership.set(Owned::new());
+    }
+
+    /// Hands back every slot at once (after the pollers stopped), bounded to 2 s.
+    pub async fn release(con: &mut Conn, keys: &Keys, instance: &str) {
+        let released = tokio::time::timeout(
+            Duration::from_secs(2),
+            scripts::release_slots(con, keys, instance),
+        )
+        .await;
+        match released {
+            Ok(Ok(n)) => tracing::info!(slots = n, "poller slots handed back"),
+            Ok(Err(e)) => metrics::error_event("redis", "poller slots", &e),
+            Err(_) => tracing::warn!("could not hand the poller slots back in time; they lapse"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_names_round_trip() {
+        for target in [
+            TargetId::Shard(7),
+            TargetId::Source("{raw}:events:a".to_owned()),
+        ] {
+            assert_eq!(target_of(&slot_name(&target)), Some(target));
+        }
+        assert_eq!(target_of("nonsense"), None);
     }
 }

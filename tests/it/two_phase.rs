@@ -253,10 +253,11 @@ fn crash_between_publish_and_ack_redelivers_after_the_lease() {
 fn a_late_settle_is_refused_by_the_fence() {
     let scheduler = RedisServer::start();
     let target = RedisServer::start();
-    let config = config(&scheduler, &target, "lease = \"1s\"");
+    // Two pollers per shard, so the second daemon polls the shards the slow one holds.
+    let config = config(&scheduler, &target, "lease = \"1s\"\nper_shard = 2");
     // The slow daemon holds between publish and settle until the test releases it: its
-    // lease (1 s) runs out, the other daemon reclaims, delivers and acks; the slow settle
-    // must then be refused by the fence.
+    // job lease (1 s) runs out, the other daemon reclaims, delivers and acks; the slow
+    // settle must then be refused by the fence.
     let marker_dir = tempfile::tempdir().expect("temp dir");
     let release = marker_dir.path().join("release");
     let hold = format!("hold_after_publish={}", release.display());

@@ -207,6 +207,14 @@ pub struct PollerConfig {
     /// `batch` jobs). A sink that is slow or hung holds up at most this many batches of its
     /// own jobs and nothing else. Default 16.
     pub sink_concurrency: usize,
+    /// Pollers per shard (and per raw source) across all daemons on the namespace: 1 or 2.
+    /// Daemons share the poller slots evenly and take over the slots of one that stops.
+    /// Default 1.
+    pub per_shard: u8,
+    /// How long a daemon keeps its poller slots without renewing them (it renews five times
+    /// per lease); a daemon that dies loses them within this. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub slot_lease: Duration,
 }
 
 impl Default for PollerConfig {
@@ -223,6 +231,8 @@ impl Default for PollerConfig {
             retry_cap: Duration::from_secs(300),
             sink_pause: Duration::from_secs(1),
             sink_concurrency: 16,
+            per_shard: 1,
+            slot_lease: Duration::from_secs(5),
         }
     }
 }
@@ -536,6 +546,12 @@ impl Config {
         }
         if p.sink_pause.is_zero() {
             return Err(invalid("poller.sink_pause", "must be greater than 0"));
+        }
+        if !(1..=2).contains(&p.per_shard) {
+            return Err(invalid("poller.per_shard", "must be 1 or 2"));
+        }
+        if p.slot_lease < Duration::from_secs(1) {
+            return Err(invalid("poller.slot_lease", "must be at least 1s"));
         }
         if p.sink_concurrency == 0 || p.sink_concurrency > 1024 {
             return Err(invalid("poller.sink_concurrency", "must be 1..=1024"));

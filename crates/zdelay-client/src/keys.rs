@@ -110,6 +110,18 @@ impl Keys {
         self.shard_key(shard, "ready_ids")
     }
 
+    /// HASH of the daemons running on this namespace: instance id → `<registration expiry ms>
+    /// <last heartbeat ms>` (a hash, not a ZSET, so heartbeats never count as job writes in
+    /// ZADD statistics). One hash tag with `poller_slots`.
+    pub fn instances(&self) -> String {
+        format!("{{{}}}:instances", self.namespace)
+    }
+
+    /// HASH of poller slots: `<target>#<k>` → `<instance id> <lease expiry ms>`.
+    pub fn poller_slots(&self) -> String {
+        format!("{{{}}}:slots", self.namespace)
+    }
+
     /// HASH with the layout version and shard count, shared by every client and daemon.
     pub fn schema(&self) -> String {
         format!("{}:schema", self.namespace)

@@ -10,7 +10,7 @@
 use super::Conn;
 use crate::config::{Push, ScoreUnit};
 use crate::job::{Cancelled, Due, Enqueued, OnConflict};
-use crate::keys::{RawKeys, ShardKey, ShardKeys};
+use crate::keys::{Keys, RawKeys, ShardKey, ShardKeys};
 use crate::routes::Routes;
 use redis::{Cmd, FromRedisValue, Script, ToRedisArgs, Value};
 use std::sync::LazyLock;
@@ -56,6 +56,8 @@ scripts!(
     settle_jobs,
     bench_bare_move_raw,
     bench_bare_move_hash,
+    claim_slots,
+    release_slots,
 );
 
 use ShardKey::{Dead, Due as DueKey, Inflight, Jobs, Ready, ReadyIds, Reasons, Scheduled};
@@ -676,6 +678,57 @@ pub async fn settle_jobs(
     }
     let (settled, fenced): (u64, u64) = inv.invoke(con).await?;
     Ok(Settled { settled, fenced })
+}
+
+// ---------------------------------------------------------------------------------------
+// Poller slots
+
+/// What an instance's heartbeat found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlotClaim {
+    pub live_instances: u64,
+    /// The targets whose poller slots this instance holds (a target twice when it holds
+    /// both of its slots).
+    pub targets: Vec<String>,
+}
+
+/// Registers `instance` and takes or renews its fair share of the targets' poller slots.
+pub async fn claim_slots(
+    con: &mut Conn,
+    keys: &Keys,
+    instance: &str,
+    registration_ms: u64,
+    lease_ms: u64,
+    per_target: u8,
+    targets: &[String],
+) -> redis::RedisResult<SlotClaim> {
+    let values: Vec<Value> = Call::new(&compiled::claim_slots)
+        .key(keys.instances())
+        .key(keys.poller_slots())
+        .arg(instance)
+        .arg(registration_ms)
+        .arg(lease_ms)
+        .arg(per_target)
+        .arg(targets)
+        .invoke(con)
+        .await?;
+    let mut it = values.into_iter();
+    let live_instances = as_int(it.next().unwrap_or_default())? as u64;
+    let targets = it.map(as_string).collect::<Result<_, _>>()?;
+    Ok(SlotClaim {
+        live_instances,
+        targets,
+    })
+}
+
+/// Hands back every slot `instance` holds and unregisters it; returns how many it held.
+pub async fn release_slots(con: &mut Conn, keys: &Keys, instance: &str) -> redis::RedisResult<u64> {
+    Call::new(&compiled::release_slots)
+        .key(keys.instances())
+        .key(keys.poller_slots())
+        .arg(instance)
+        .invoke(con)
+        .await
 }
 
 // ---------------------------------------------------------------------------------------
