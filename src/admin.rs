@@ -99,8 +99,8 @@ pub async fn serve(
 /// Pings Redis every second; readiness follows the answer.
 pub async fn check_redis(mut con: Conn, health: Arc<Health>, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {
-        let ping_cmd = redis::cmd("PING");
-        let ping = ping_cmd.query_async::<String>(&mut con);
+        // On a cluster: the schema's node, the one every start-up needs.
+        let ping = con.on_one_node(redis::cmd("PING"));
         let ok = matches!(
             tokio::time::timeout(Duration::from_secs(1), ping).await,
             Ok(Ok(_))

@@ -54,18 +54,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     scripts::load_all(&mut con).await?;
     health.redis_ok.store(true, Ordering::Relaxed);
 
-    let ctx = Arc::new(PollerContext::new(con.clone(), &config, sinks.clone()));
+    let mut ctx = PollerContext::new(con.clone(), &config, sinks.clone());
+    // The heartbeat and the stats sampler (which reads every shard) get connections of
+    // their own on a cluster, like each master's shards: nothing waits for a hung node it
+    // does not need. All connect at once (a hung node costs each its connect timeout).
+    let (_, leases_con, sampler_con) = tokio::join!(
+        ctx.connect_lanes(&config.redis),
+        con.independent(&config.redis),
+        con.independent(&config.redis),
+    );
+    let ctx = Arc::new(ctx);
     // What this daemon polls is decided by poller-slot leases shared with the others.
     let instance = Leases::instance_id();
     let ownership = Ownership::new(Default::default());
     let owned = ownership.subscribe();
     let leases = Leases {
-        con: con.clone(),
+        con: leases_con?,
         keys: keys.clone(),
         instance: instance.clone(),
         per_target: config.poller.per_shard,
         lease: config.poller.slot_lease,
-        targets: ctx.all_targets().into_iter().collect(),
+        sources: ctx
+            .all_targets()
+            .into_iter()
+            .filter(|t| matches!(t, poller::TargetId::Source(_)))
+            .collect(),
     };
     let pollers = poller::start(
         ctx.clone(),
@@ -84,7 +97,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         health.clone(),
         shutdown.clone(),
     ));
-    tracker.spawn(sample_stats(con.clone(), config.clone(), shutdown.clone()));
+    tracker.spawn(sample_stats(sampler_con?, config.clone(), shutdown.clone()));
     for sink in sinks.values() {
         tracker.spawn(check_sink(
             sink.clone(),

@@ -239,13 +239,7 @@ async fn instances(con: &mut Conn, keys: &Keys, now_ms: i64) -> redis::RedisResu
         })
         .collect();
     for (slot, holder) in slots {
-        let Some((id, expires)) = holder.rsplit_once(' ') else {
-            continue;
-        };
-        if expires.parse::<i64>().is_ok_and(|e| e <= now_ms) {
-            continue;
-        }
-        let Some(instance) = instances.iter_mut().find(|i| i.id == id) else {
+        let Some(instance) = instances.iter_mut().find(|i| i.id == holder) else {
             continue;
         };
         match poller::target_of(&slot) {

@@ -3,13 +3,14 @@
 //! and what the delivery policy needs.
 
 use crate::sinks::SinkHandle;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use zdelay_client::config::{Config, Push, ScoreUnit, SourceConfig};
 use zdelay_client::keys::{Keys, RawKeys};
 use zdelay_client::routes::{Destination, Resolved, Routes};
-use zdelay_client::store::Conn;
 use zdelay_client::store::scripts::MoveReply;
+use zdelay_client::store::{self, Conn};
 
 /// How the mover takes due jobs.
 #[derive(Debug, Clone)]
@@ -150,7 +151,11 @@ pub use crate::sinks::Sinks;
 
 /// What every poller of one daemon shares.
 pub struct PollerContext {
+    /// For whatever has no lane of its own.
     pub con: Conn,
+    /// A connection per target, shared by the targets of one cluster master (see
+    /// [`PollerContext::connect_lanes`]); empty on one Redis.
+    lanes: HashMap<TargetId, Conn>,
     pub keys: Keys,
     pub routes: Routes,
     /// Every configured raw source, resolved.
@@ -181,6 +186,7 @@ impl PollerContext {
             .collect();
         PollerContext {
             con,
+            lanes: HashMap::new(),
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
             routes,
             sources,
@@ -188,6 +194,57 @@ impl PollerContext {
             sink_order,
             mover: MoverSettings::from_config(config),
             delivery: DeliveryPolicy::from_config(config),
+        }
+    }
+
+    /// The connection `target`'s pollers and publishers use.
+    pub fn con_for(&self, target: &TargetId) -> Conn {
+        self.lanes.get(target).unwrap_or(&self.con).clone()
+    }
+
+    /// On a cluster, gives the targets served by one master a connection of their own:
+    /// redis-rs holds every request of a cluster connection while it recovers from a failed
+    /// or hung node, so with one shared connection a hung master would stall every shard.
+    /// The grouping is the topology at start-up; after a failover a lane still reaches every
+    /// node, only less isolated. A lane that cannot connect falls back to the shared one.
+    pub async fn connect_lanes(&mut self, redis: &zdelay_client::config::RedisConfig) {
+        if !self.con.is_cluster() {
+            return;
+        }
+        let targets: Vec<(TargetId, u16)> = (0..self.keys.shards())
+            .map(|s| (TargetId::Shard(s), self.keys.shard_slot(s)))
+            .chain(self.sources.iter().map(|s| {
+                (
+                    TargetId::Source(s.keys.source.clone()),
+                    zdelay_client::keys::slot_of(&s.keys.source),
+                )
+            }))
+            .collect();
+        let masters = match store::slot_masters(&mut self.con).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "no cluster topology: every shard shares one connection");
+                return;
+            }
+        };
+        let mut groups: BTreeMap<String, Vec<TargetId>> = BTreeMap::new();
+        for (target, slot) in targets {
+            let master = masters.master_of(slot).unwrap_or_default();
+            groups.entry(master).or_default().push(target);
+        }
+        let connects = groups.keys().map(|_| self.con.independent(redis));
+        let cons = futures::future::join_all(connects).await;
+        for ((master, targets), con) in groups.into_iter().zip(cons) {
+            match con {
+                Ok(con) => {
+                    for target in targets {
+                        self.lanes.insert(target, con.clone());
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%master, error = %e, "its shards share the common connection")
+                }
+            }
         }
     }
 

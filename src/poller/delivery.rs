@@ -10,7 +10,9 @@
 //! INVARIANT: nothing is removed before its sink confirmed it. A crash anywhere here leaves
 //! the job in inflight, and its lease returns it to due: at least once, never lost.
 
-use super::context::{DeliveryPolicy, ENVELOPE_SOURCE, PollerContext, RawDelivery, RawSource};
+use super::context::{
+    DeliveryPolicy, ENVELOPE_SOURCE, PollerContext, RawDelivery, RawSource, TargetId,
+};
 use crate::metrics::{self, FENCED, JOBS_DEAD, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION};
 use crate::sinks::{Message, Outcome, SinkHandle};
 use rand::{RngExt, SeedableRng};
@@ -278,7 +280,7 @@ pub async fn deliver_raw(
         .map(|(m, s)| (m.member.as_slice(), s.op()))
         .collect();
     let settled = scripts::settle_raw(
-        &mut ctx.con.clone(),
+        &mut ctx.con_for(&TargetId::Source(source.keys.source.clone())),
         &source.keys,
         source.unit,
         &claim.deadline,
@@ -466,8 +468,8 @@ async fn settle(
     }
     let ops: Vec<(&str, SettleOp)> = settles.iter().map(|(id, s)| (*id, s.op())).collect();
     let keys = ctx.keys.shard(shard);
-    let settled =
-        scripts::settle_jobs(&mut ctx.con.clone(), &keys, sink, deadline_ms, &ops).await?;
+    let mut con = ctx.con_for(&TargetId::Shard(shard));
+    let settled = scripts::settle_jobs(&mut con, &keys, sink, deadline_ms, &ops).await?;
     report_fenced(&format!("shard {shard}"), settled.fenced);
     Ok(())
 }

@@ -29,7 +29,7 @@ pub async fn move_once(
     target: &Target,
     now_ms: Option<i64>,
 ) -> redis::RedisResult<MoveReply> {
-    let mut con = ctx.con.clone();
+    let mut con = ctx.con_for(&target.id());
     let m = &ctx.mover;
     match target {
         Target::Shard(shard) => {

@@ -4,14 +4,16 @@
 //! every target that enters the set and stops the poller of every target that leaves it.
 //!
 //! Daemons share the targets through poller slots in Redis ([`Leases`]): each target has
-//! `poller.per_shard` slots; every daemon registers with a heartbeat and takes or renews its
-//! fair share of the slots (at most ⌈slots / live daemons⌉, spread so the two slots of a
-//! target go to two daemons) five times per `poller.slot_lease`. A daemon that dies loses its
-//! slots within one lease and the others take them; one that joins gets its share at the
-//! others' next heartbeat; one that stops hands them back at once. A daemon that cannot renew
-//! for a whole lease stops polling: it no longer knows what it owns. Two pollers on one
-//! target are safe anyway (every script is atomic and two-phase settles are fenced), so a
-//! slot that briefly has two holders costs nothing but work.
+//! `poller.per_shard` slots; every daemon registers with a heartbeat five times per
+//! `poller.slot_lease`, and each heartbeat plans who polls what for every live daemon (the
+//! same deterministic plan whoever runs it, see `claim_slots.lua`): at most ⌈slots / live
+//! daemons⌉ each, the two slots of a target on two daemons, a slot left where it is while
+//! that stays fair. A daemon that dies lapses after one lease and the next heartbeat of any
+//! other plans its slots away; one that joins gets its share at its first heartbeat; one that
+//! stops hands them back at once. A daemon that cannot renew for a whole lease stops polling:
+//! it no longer knows what it owns. Two pollers on one target are safe anyway (every script
+//! is atomic and two-phase settles are fenced), so a slot that briefly has two pollers costs
+//! nothing but work.
 
 use super::context::TargetId;
 use crate::metrics::{self, OWNED_SHARDS};
@@ -85,8 +87,8 @@ pub struct Leases {
     pub instance: String,
     pub per_target: u8,
     pub lease: Duration,
-    /// Every target of the config, in a fixed order.
-    pub targets: Vec<TargetId>,
+    /// The raw sources of this daemon's config (shards are the same for every daemon).
+    pub sources: Vec<TargetId>,
 }
 
 impl Leases {
@@ -101,7 +103,7 @@ impl Leases {
     /// Renews the leases until `shutdown`, publishing what is owned into `ownership`; then
     /// hands every slot back.
     pub async fn run(mut self, ownership: Ownership, shutdown: CancellationToken) {
-        let names: Vec<String> = self.targets.iter().map(slot_name).collect();
+        let sources: Vec<String> = self.sources.iter().map(slot_name).collect();
         let every = self.lease / 5;
         let mut last_ok: Option<Instant> = None;
         let mut instances = 0;
@@ -111,9 +113,8 @@ impl Leases {
                 &self.keys,
                 &self.instance,
                 self.lease.as_millis() as u64,
-                self.lease.as_millis() as u64,
                 self.per_target,
-                &names,
+                &sources,
             )
             .await
             {

@@ -12,7 +12,7 @@
 //! Wake-ups come from the shard's mover when it queued jobs for this sink; otherwise the
 //! publisher looks every [`IDLE_CLAIM`] (jobs another daemon released, leases that ran out).
 
-use super::context::{PollerContext, RawSource};
+use super::context::{PollerContext, RawSource, TargetId};
 use super::delivery;
 use super::mover::Backoff;
 use crate::metrics;
@@ -54,7 +54,7 @@ pub async fn run(
         let claimed_at = Instant::now();
         let lease_ms = policy.lease.as_millis() as u64;
         let claim = scripts::claim_jobs(
-            &mut ctx.con.clone(),
+            &mut ctx.con_for(&TargetId::Shard(shard)),
             &keys,
             &sink.name,
             policy.batch,
@@ -124,7 +124,7 @@ pub async fn run_raw(
         };
         let claimed_at = Instant::now();
         let claim = scripts::claim_raw(
-            &mut ctx.con.clone(),
+            &mut ctx.con_for(&TargetId::Source(source.keys.source.clone())),
             &source.keys,
             source.unit,
             policy.batch,

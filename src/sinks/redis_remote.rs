@@ -121,15 +121,42 @@ impl RedisRemoteSink {
         out
     }
 
+    /// PINGs the server, or on a cluster the nodes serving this sink's lists (another
+    /// node hanging is not this sink's outage).
     pub async fn check(&self) -> Result<(), String> {
-        let mut con = self.connection().await?;
-        let ping = redis::cmd("PING");
-        match tokio::time::timeout(Duration::from_secs(2), ping.query_async::<String>(&mut con))
-            .await
-        {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
+        let con = self.connection().await?;
+        let lists: Vec<&String> = if con.is_cluster() {
+            self.commands.keys().collect()
+        } else {
+            Vec::new()
+        };
+        let pings = lists.iter().map(|list| Some(list.as_bytes())).chain(
+            // One Redis, or a cluster sink with no list yet: any node.
+            lists.is_empty().then_some(None),
+        );
+        let answers = futures::future::join_all(pings.map(|list| {
+            let mut con = con.clone();
+            async move {
+                let ping = redis::cmd("PING");
+                let answer = match list {
+                    Some(key) => con.on_node_of(key, ping).await,
+                    None => con.on_one_node(ping).await,
+                };
+                (list, answer)
+            }
+        }));
+        match tokio::time::timeout(Duration::from_secs(2), answers).await {
             Err(_) => Err("no answer to PING within 2s".into()),
+            Ok(answers) => answers
+                .into_iter()
+                .find_map(|(list, answer)| {
+                    let e = answer.err()?;
+                    Some(match list {
+                        Some(key) => format!("{e} (list {})", String::from_utf8_lossy(key)),
+                        None => e.to_string(),
+                    })
+                })
+                .map_or(Ok(()), Err),
         }
     }
 }

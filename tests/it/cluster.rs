@@ -7,7 +7,6 @@ use crate::common::{Daemon, RedisCluster, TestConfig, wait_for};
 use redis::cluster::ClusterConnection;
 use std::collections::BTreeMap;
 use std::time::Duration;
-use zdelay::config::RedisConfig;
 use zdelay::{Client, NewJob, OnConflict};
 
 const SHARDS: u16 = 4;
@@ -42,12 +41,7 @@ fn shard_total(con: &mut ClusterConnection, suffix: &str) -> usize {
 }
 
 fn client(rt: &tokio::runtime::Runtime, cluster: &RedisCluster) -> Client {
-    let config = RedisConfig {
-        cluster_nodes: cluster.seeds(),
-        shards: SHARDS,
-        ..Default::default()
-    };
-    rt.block_on(Client::connect(&config))
+    rt.block_on(Client::connect(&cluster.redis_config(SHARDS)))
         .expect("library client on the cluster")
 }
 
@@ -82,16 +76,7 @@ route = "a"
 {extra}
 "#
     );
-    let config = TestConfig::new("redis://127.0.0.1:1", SHARDS, &text);
-    // redis.url stays a dead address: everything must go through the cluster.
-    let body = std::fs::read_to_string(&config.path).expect("config");
-    let body = body.replacen(
-        "[redis]\n",
-        &format!("[redis]\ncluster_nodes = {}\n", cluster.seeds_toml()),
-        1,
-    );
-    std::fs::write(&config.path, body).expect("config");
-    config
+    cluster.config(SHARDS, &text)
 }
 
 fn assert_no_crossslot(daemon: &Daemon) {

@@ -1,90 +1,125 @@
--- claim_slots: an instance's heartbeat: it registers (or stays registered), and takes or
--- renews its fair share of the poller slots, spread evenly over the live instances. Every
--- target (an envelope shard or a raw source) has per_shard slots, "<target>#<k>"; an instance
--- holds at most ceil(slots / live instances) of them and never two slots of one target, so
--- the two slots of a target land on two instances (with one instance the second stays free).
--- A slot whose holder stopped renewing (lease expired, or instance gone) is free.
--- KEYS[1] instances HASH  {zdelay}:instances  instance id -> "<registration expiry ms> <last heartbeat ms>"
--- KEYS[2] slots     HASH  {zdelay}:slots      "<target>#<k>" -> "<instance id> <lease expiry ms>"
--- ARGV[1] this instance's id; ARGV[2] registration lifetime ms; ARGV[3] slot lease ms
--- ARGV[4] slots per target (1 or 2); ARGV[5..] the targets, in a fixed order
--- Returns: { live instances, then the targets of the slots this instance holds now }
--- Re-run safety: yes; a second run renews what the first took.
-local instances_key, slots_key = KEYS[1], KEYS[2]
-local me, ttl, lease, per = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+-- claim_slots: an instance's heartbeat. It registers (or stays registered), then computes the
+-- plan of who polls what for every live instance and writes it, returning its own part.
+-- Every target (an envelope shard or a raw source) has per_shard slots "<target>#<k>". The
+-- plan is a function of the live instances and their sources only, so whoever runs it finds
+-- the same: slots dealt round-robin over the instances in id order (at most
+-- ceil(slots / live instances) each; the two slots of a target on two instances; with one
+-- instance the second slot stays unassigned, one instance polling twice being one poller).
+-- A raw source only some instances are configured with is dealt among those.
+-- An instance whose registration lapsed (it stopped renewing for a lease) is dropped with its
+-- slots. A slot moved to another instance is polled by both until the old holder's next
+-- heartbeat: harmless, every script is atomic and two-phase settles are fenced.
+-- KEYS[1] instances HASH {zdelay}:instances         id -> "<registration expiry ms> <last heartbeat ms>"
+-- KEYS[2] slots     HASH {zdelay}:slots             "<target>#<k>" -> instance id
+-- KEYS[3] sources   HASH {zdelay}:instance_sources  id -> its raw sources' targets, "\n"-separated
+-- ARGV[1] this instance's id; ARGV[2] registration lifetime ms (the slot lease)
+-- ARGV[3] slots per target (1 or 2); ARGV[4] the shard count; ARGV[5..] this instance's raw
+--   source targets ("source:<key>")
+-- Returns: { live instances, then this instance's targets (each once) }
+-- Re-run safety: yes; a second run renews and finds the same plan.
+local instances_key, slots_key, sources_key = KEYS[1], KEYS[2], KEYS[3]
+local me, ttl, per, shards = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', instances_key, me, string.format('%d %d', now + ttl, now))
+local my_sources = {}
+for i = 5, #ARGV do my_sources[#my_sources + 1] = ARGV[i] end
+redis.call('HSET', sources_key, me, table.concat(my_sources, '\n'))
+
+-- Live instances, in id order; forget lapsed ones.
 local live = {}
-local live_count = 0
 local registered = redis.call('HGETALL', instances_key)
 for i = 1, #registered, 2 do
   local expiry = tonumber(string.match(registered[i + 1], '^(%d+)'))
   if expiry and expiry > now then
-    live[registered[i]] = true
-    live_count = live_count + 1
+    live[#live + 1] = registered[i]
   else
     redis.call('HDEL', instances_key, registered[i])
+    redis.call('HDEL', sources_key, registered[i])
   end
 end
+table.sort(live)
 
-local slots, target_of = {}, {}
-for i = 5, #ARGV do
-  for k = 0, per - 1 do
-    local slot = ARGV[i] .. '#' .. k
-    slots[#slots + 1] = slot
-    target_of[slot] = ARGV[i]
+-- Targets, and who may poll each: every live instance polls shards; sources by config.
+local targets, pollers_of = {}, {}
+for s = 0, shards - 1 do
+  local name = 'shard:' .. s
+  targets[#targets + 1] = name
+  pollers_of[name] = live
+end
+local source_pollers = {}
+for _, id in ipairs(live) do
+  local list = redis.call('HGET', sources_key, id) or ''
+  for name in string.gmatch(list, '[^\n]+') do
+    if not source_pollers[name] then source_pollers[name] = {} end
+    table.insert(source_pollers[name], id)
   end
 end
-local fair = math.ceil(#slots / live_count)
+local source_names = {}
+for name, ids in pairs(source_pollers) do
+  table.sort(ids)
+  pollers_of[name] = ids
+  source_names[#source_names + 1] = name
+end
+table.sort(source_names)
 
-local holder = {}
+local held = {}
 local flat = redis.call('HGETALL', slots_key)
 for i = 1, #flat, 2 do
-  local id, expiry = string.match(flat[i + 1], '^(.*) (%d+)$')
-  if id and tonumber(expiry) > now and live[id] then
-    holder[flat[i]] = id
-  elseif not target_of[flat[i]] then
-    -- A slot of a target no longer configured, held by nobody: forget it.
-    redis.call('HDEL', slots_key, flat[i])
+  held[flat[i]] = flat[i + 1]
+end
+
+-- Targets every live instance polls (all shards, and the sources every instance has), slot
+-- by slot in target order, round-robin over the instances: counts differ by one at most,
+-- and a target's two slots are consecutive, so they land on two instances.
+local plan = {}
+local function assign(name, k, id)
+  -- One instance polling a target twice is one poller: leave the second slot unassigned.
+  if k == 0 or plan[name .. '#0'] ~= id then plan[name .. '#' .. k] = id end
+end
+for _, name in ipairs(source_names) do targets[#targets + 1] = name end
+local everywhere, partial = {}, {}
+for _, name in ipairs(targets) do
+  if #pollers_of[name] == #live then
+    everywhere[#everywhere + 1] = name
+  else
+    partial[#partial + 1] = name
+  end
+end
+local j = 0
+for _, name in ipairs(everywhere) do
+  for k = 0, per - 1 do
+    assign(name, k, live[(j % #live) + 1])
+    j = j + 1
+  end
+end
+-- A source only some instances have (configs differ, e.g. mid-rollout): round-robin over them.
+for i, name in ipairs(partial) do
+  local ids = pollers_of[name]
+  for k = 0, per - 1 do
+    assign(name, k, ids[((i - 1 + k) % #ids) + 1])
   end
 end
 
-local mine, count = {}, {}
-for _, slot in ipairs(slots) do
-  if holder[slot] == me then
-    mine[#mine + 1] = slot
-    count[target_of[slot]] = (count[target_of[slot]] or 0) + 1
+-- Write what changed; drop slots no longer planned.
+for slot, holder in pairs(held) do
+  if not plan[slot] then redis.call('HDEL', slots_key, slot) end
+end
+local writes = {}
+for slot, id in pairs(plan) do
+  if held[slot] ~= id then
+    writes[#writes + 1] = slot
+    writes[#writes + 1] = id
   end
 end
--- More than the fair share (another instance joined): hand the extras back, first the
--- second slot of a target held twice here (one instance polling a target twice is one poller).
-while #mine > fair do
-  local drop = #mine
-  for i = #mine, 1, -1 do
-    if count[target_of[mine[i]]] > 1 then drop = i; break end
-  end
-  local slot = table.remove(mine, drop)
-  count[target_of[slot]] = count[target_of[slot]] - 1
-  redis.call('HDEL', slots_key, slot)
-  holder[slot] = nil
-end
--- Take free slots up to the fair share, never a second slot of a target polled here: that
--- slot waits for another instance, so the two slots of a target land on two instances.
-for _, slot in ipairs(slots) do
-  if #mine >= fair then break end
-  if not holder[slot] and not count[target_of[slot]] then
-    holder[slot] = me
-    mine[#mine + 1] = slot
-    count[target_of[slot]] = 1
+if #writes > 0 then redis.call('HSET', slots_key, unpack(writes)) end
+
+local out, seen = { #live }, {}
+for slot, id in pairs(plan) do
+  local name = string.match(slot, '^(.*)#%d+$')
+  if id == me and not seen[name] then
+    seen[name] = true
+    out[#out + 1] = name
   end
 end
-local out = { live_count }
-local hargs = {}
-for _, slot in ipairs(mine) do
-  hargs[#hargs + 1] = slot
-  hargs[#hargs + 1] = me .. ' ' .. string.format('%d', now + lease)
-  out[#out + 1] = target_of[slot]
-end
-if #hargs > 0 then redis.call('HSET', slots_key, unpack(hargs)) end
 return out

@@ -117,9 +117,14 @@ impl Keys {
         format!("{{{}}}:instances", self.namespace)
     }
 
-    /// HASH of poller slots: `<target>#<k>` → `<instance id> <lease expiry ms>`.
+    /// HASH of poller slots: `<target>#<k>` → the id of the instance polling it.
     pub fn poller_slots(&self) -> String {
         format!("{{{}}}:slots", self.namespace)
+    }
+
+    /// HASH: instance id → the raw sources it is configured with (`source:<key>`, one a line).
+    pub fn instance_sources(&self) -> String {
+        format!("{{{}}}:instance_sources", self.namespace)
     }
 
     /// HASH with the layout version and shard count, shared by every client and daemon.
@@ -128,9 +133,10 @@ impl Keys {
     }
 
     /// HASH: sink name → its last health as JSON (`{"kind","up","error","at"}`), written by
-    /// the daemons' sink checkers, read by `zdelay stats`.
+    /// the daemons' sink checkers, read by `zdelay stats`. In the registry's slot, so on a
+    /// cluster the daemons' own bookkeeping needs one node besides the schema's.
     pub fn sink_states(&self) -> String {
-        format!("{}:sinks", self.namespace)
+        format!("{{{}}}:sinks", self.namespace)
     }
 
     /// Pub/sub channel on which enqueues announce a new head: message `"<shard> <due ms>"`.
@@ -226,7 +232,22 @@ impl RawKeys {
 
 /// The Redis Cluster hash slot of a key (CRC16 of its hash tag, mod 16384).
 pub fn slot_of(key: &str) -> u16 {
-    CRC16.checksum(hash_tag(key).as_bytes()) % 16384
+    slot_of_bytes(key.as_bytes())
+}
+
+/// [`slot_of`] for a key that need not be UTF-8.
+pub fn slot_of_bytes(key: &[u8]) -> u16 {
+    CRC16.checksum(hash_tag_bytes(key)) % 16384
+}
+
+fn hash_tag_bytes(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{')
+        && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
 }
 
 /// Whether a key names a hash tag, so keys built around it share its slot.
@@ -236,13 +257,8 @@ pub fn has_hash_tag(key: &str) -> bool {
 
 /// The part of a key or id that Redis Cluster hashes.
 fn hash_tag(id: &str) -> &str {
-    if let Some(open) = id.find('{')
-        && let Some(len) = id[open + 1..].find('}')
-        && len > 0
-    {
-        return &id[open + 1..open + 1 + len];
-    }
-    id
+    // The tag is cut at ASCII braces, so it is a valid UTF-8 slice of the id.
+    std::str::from_utf8(hash_tag_bytes(id.as_bytes())).unwrap_or(id)
 }
 
 #[cfg(test)]

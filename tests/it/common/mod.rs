@@ -29,6 +29,25 @@ pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// [`wait_for`], adding `context()` (logs, state) to the panic on timeout.
+pub fn wait_for_or_show(
+    what: &str,
+    timeout: Duration,
+    mut cond: impl FnMut() -> bool,
+    context: impl FnOnce() -> String,
+) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        if Instant::now() >= deadline {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                context()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A private `redis-server` on a free port, stopped on drop.
 pub struct RedisServer {
     pub port: u16,
@@ -197,8 +216,25 @@ impl Daemon {
         }
     }
 
+    /// One more daemon on the same config (another instance), on its own admin port.
+    pub fn start_instance(config: &TestConfig) -> Self {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut daemon = Self::spawn_with_env(config, &[("ZDELAY_ADMIN__LISTEN", listen.as_str())]);
+        daemon.admin_port = port;
+        daemon.wait_ready();
+        daemon
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("daemon running").id() as i32
+    }
+
+    /// A counter or gauge from `/metrics` (0 when absent).
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.admin_get("/metrics")
+            .and_then(|(_, text)| metric_value(&text, name, labels))
+            .unwrap_or(0.0)
     }
 
     /// HTTP GET on the admin port: (status, body), or None when nothing answers.
@@ -207,9 +243,16 @@ impl Daemon {
     }
 
     pub fn wait_ready(&self) {
-        wait_for("zdelay /readyz = 200", Duration::from_secs(20), || {
-            matches!(self.admin_get("/readyz"), Some((200, _)))
-        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !matches!(self.admin_get("/readyz"), Some((200, _))) {
+            assert!(
+                Instant::now() < deadline,
+                "zdelay /readyz not 200 within 20 s ({:?}); its log:\n{}",
+                self.admin_get("/readyz"),
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     pub fn signal(&self, sig: i32) {
@@ -704,6 +747,19 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout)
         );
         cluster.wait_ok();
+        wait_for(
+            "every replica in sync with its master",
+            Duration::from_secs(30),
+            || {
+                cluster.ports.iter().all(|&p| {
+                    redis_cli_auth(p, &cluster.auth_args(), &["INFO", "replication"]).is_some_and(
+                        |info| {
+                            info.contains("role:master") || info.contains("master_link_status:up")
+                        },
+                    )
+                })
+            },
+        );
         cluster
     }
 
@@ -723,6 +779,9 @@ impl RedisCluster {
         Command::new("redis-server")
             .args(["--port", &self.ports[i].to_string(), "--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+            // Replicas sync at once, so a master killed early in a test has a replica to
+            // promote (the default waits 5 s for more replicas before a diskless sync).
+            .args(["--repl-diskless-sync-delay", "0"])
             .args(["--cluster-config-file", "nodes.conf"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
@@ -765,6 +824,29 @@ impl RedisCluster {
         format!("[{}]", quoted.join(", "))
     }
 
+    /// A test config on this cluster: `redis.cluster_nodes` = the seeds, `redis.url` a dead
+    /// address (everything must go through the cluster), plus `extra` TOML.
+    pub fn config(&self, shards: u16, extra: &str) -> TestConfig {
+        let config = TestConfig::new("redis://127.0.0.1:1", shards, extra);
+        let body = std::fs::read_to_string(&config.path).expect("config");
+        let body = body.replacen(
+            "[redis]\n",
+            &format!("[redis]\ncluster_nodes = {}\n", self.seeds_toml()),
+            1,
+        );
+        std::fs::write(&config.path, body).expect("config");
+        config
+    }
+
+    /// The library's Redis settings for this cluster.
+    pub fn redis_config(&self, shards: u16) -> zdelay::config::RedisConfig {
+        zdelay::config::RedisConfig {
+            cluster_nodes: self.seeds(),
+            shards,
+            ..Default::default()
+        }
+    }
+
     /// A sync cluster connection for checks.
     pub fn conn(&self) -> redis::cluster::ClusterConnection {
         let mut builder = redis::cluster::ClusterClient::builder(self.seeds());
@@ -779,15 +861,12 @@ impl RedisCluster {
 
     /// The port of the master serving `key`'s slot.
     pub fn master_of(&self, key: &str) -> u16 {
-        let slot: u16 = redis_cli_auth(
-            self.ports[0],
-            &self.auth_args(),
-            &["CLUSTER", "KEYSLOT", key],
-        )
-        .and_then(|s| s.trim().parse().ok())
-        .expect("CLUSTER KEYSLOT");
-        let shards = redis_cli_auth(self.ports[0], &self.auth_args(), &["CLUSTER", "SLOTS"])
-            .expect("CLUSTER SLOTS");
+        let live = self.live_port();
+        let slot: u16 = redis_cli_auth(live, &self.auth_args(), &["CLUSTER", "KEYSLOT", key])
+            .and_then(|s| s.trim().parse().ok())
+            .expect("CLUSTER KEYSLOT");
+        let shards =
+            redis_cli_auth(live, &self.auth_args(), &["CLUSTER", "SLOTS"]).expect("CLUSTER SLOTS");
         // redis-cli prints: start, end, then [ip, port, id] per node, master first.
         let lines: Vec<&str> = shards.lines().map(str::trim).collect();
         let mut i = 0;
@@ -804,6 +883,16 @@ impl RedisCluster {
         panic!("no master for slot {slot} in {shards}")
     }
 
+    /// A node still running.
+    pub fn live_port(&self) -> u16 {
+        let i = self
+            .children
+            .iter()
+            .position(Option::is_some)
+            .expect("a running node");
+        self.ports[i]
+    }
+
     pub fn pid(&self, port: u16) -> u32 {
         let i = self
             .ports
@@ -811,6 +900,22 @@ impl RedisCluster {
             .position(|p| *p == port)
             .expect("a node port");
         self.children[i].as_ref().expect("node running").id()
+    }
+
+    /// The last lines of every node's log, for failure messages.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for (i, port) in self.ports.iter().enumerate() {
+            let log = std::fs::read_to_string(self.dir.path().join(format!("n{i}/redis.log")))
+                .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+            out.push_str(&format!("--- node {port}\n"));
+            for line in tail.into_iter().rev() {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     /// SIGKILLs the node on `port`.

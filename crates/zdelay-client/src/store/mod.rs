@@ -15,7 +15,7 @@ use crate::keys::{Keys, LAYOUT_VERSION};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::time::Duration;
@@ -46,6 +46,9 @@ pub const MIN_REDIS: (u32, u32) = (7, 0);
 #[derive(Clone)]
 pub struct Conn {
     inner: Inner,
+    /// The cluster slot of the namespace's schema key: where node-wide commands (`INFO`,
+    /// `TIME`) go, so they only depend on the node start-up needs anyway.
+    home_slot: u16,
 }
 
 #[derive(Clone)]
@@ -54,10 +57,17 @@ enum Inner {
     Cluster(ClusterConnection),
 }
 
+fn home_slot(cfg: &RedisConfig) -> u16 {
+    crate::keys::slot_of(&Keys::new(&cfg.namespace, cfg.shards).schema())
+}
+
 /// How long one command may take before it counts as failed (a hung node must not stall a
 /// caller for ever; the cluster client has no default).
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Per cluster node: a connection meets every node (the client connects to all of them), so a
+/// hung one costs each new connection this much, twice (seeds, then the slot map).
+const CLUSTER_NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Conn {
     /// Connects once (bounded), with the `[redis]` password override applied: to
@@ -82,6 +92,7 @@ impl Conn {
             .map_err(connect_error)?;
         Ok(Conn {
             inner: Inner::Single(inner),
+            home_slot: home_slot(cfg),
         })
     }
 
@@ -92,7 +103,7 @@ impl Conn {
             source,
         };
         let mut builder = redis::cluster::ClusterClient::builder(cfg.cluster_nodes.clone())
-            .connection_timeout(CONNECT_TIMEOUT)
+            .connection_timeout(CLUSTER_NODE_CONNECT_TIMEOUT)
             .response_timeout(RESPONSE_TIMEOUT)
             .retries(4);
         if let Some(password) = &cfg.password {
@@ -111,6 +122,7 @@ impl Conn {
             .map_err(connect_error)?;
         Ok(Conn {
             inner: Inner::Cluster(inner),
+            home_slot: home_slot(cfg),
         })
     }
 
@@ -134,14 +146,39 @@ impl Conn {
         }
     }
 
-    /// Runs `cmd` on one node (any primary of a cluster): `INFO`, `TIME`.
+    /// Runs `cmd` on one node: on a cluster the primary of the schema key's slot (`INFO`,
+    /// `TIME`).
     pub async fn on_one_node(&mut self, cmd: Cmd) -> redis::RedisResult<Value> {
+        let slot = self.home_slot;
+        self.on_slot(slot, cmd).await
+    }
+
+    /// Runs `cmd` on the primary serving `key`'s slot (the server itself on one Redis): for
+    /// `SCRIPT LOAD` where a script was missing, without touching any other node.
+    pub async fn on_node_of(&mut self, key: &[u8], cmd: Cmd) -> redis::RedisResult<Value> {
+        self.on_slot(crate::keys::slot_of_bytes(key), cmd).await
+    }
+
+    async fn on_slot(&mut self, slot: u16, cmd: Cmd) -> redis::RedisResult<Value> {
         match &mut self.inner {
             Inner::Single(c) => cmd.query_async(c).await,
             Inner::Cluster(c) => {
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot, SlotAddr::Master),
+                ));
                 c.route_command(cmd, routing).await
             }
+        }
+    }
+
+    /// A connection of its own (a cluster's requests all wait while its client recovers
+    /// from a failed node, so work that must not wait for another's node gets its own); on
+    /// one Redis a clone (one server: nothing to isolate).
+    pub async fn independent(&self, cfg: &RedisConfig) -> Result<Conn, StoreError> {
+        if self.is_cluster() {
+            Conn::connect(cfg).await
+        } else {
+            Ok(self.clone())
         }
     }
 }
@@ -264,6 +301,51 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError
     Ok(())
 }
 
+/// Which master serves which slots (`CLUSTER SLOTS`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlotMasters {
+    /// (first slot, last slot, master "host:port").
+    ranges: Vec<(u16, u16, String)>,
+}
+
+impl SlotMasters {
+    pub fn master_of(&self, slot: u16) -> Option<String> {
+        self.ranges
+            .iter()
+            .find(|(first, last, _)| (*first..=*last).contains(&slot))
+            .map(|(_, _, master)| master.clone())
+    }
+
+    fn parse(reply: Value) -> redis::RedisResult<SlotMasters> {
+        let rows: Vec<Vec<Value>> = redis::from_redis_value(reply)?;
+        let mut ranges = Vec::new();
+        for row in rows {
+            let mut it = row.into_iter();
+            let (Some(first), Some(last), Some(master)) = (it.next(), it.next(), it.next()) else {
+                continue;
+            };
+            let first: u16 = redis::from_redis_value(first)?;
+            let last: u16 = redis::from_redis_value(last)?;
+            let node: Vec<Value> = redis::from_redis_value(master)?;
+            let mut node = node.into_iter();
+            let host: String = redis::from_redis_value(node.next().unwrap_or_default())?;
+            let port: u16 = redis::from_redis_value(node.next().unwrap_or_default())?;
+            ranges.push((first, last, format!("{host}:{port}")));
+        }
+        Ok(SlotMasters { ranges })
+    }
+}
+
+/// The cluster's slot map as one node sees it (empty on one Redis).
+pub async fn slot_masters(con: &mut Conn) -> redis::RedisResult<SlotMasters> {
+    if !con.is_cluster() {
+        return Ok(SlotMasters::default());
+    }
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    SlotMasters::parse(con.on_one_node(cmd).await?)
+}
+
 /// `INFO <section>` as key → value (of one node, on a cluster).
 pub async fn info(
     con: &mut Conn,
@@ -287,6 +369,35 @@ pub fn parse_info(text: &str) -> std::collections::HashMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_masters_parse() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("127.0.0.1", 7000),
+                node("127.0.0.1", 7003),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(16383),
+                node("10.0.0.2", 7001),
+            ]),
+        ]);
+        let masters = SlotMasters::parse(reply).unwrap();
+        assert_eq!(masters.master_of(0).as_deref(), Some("127.0.0.1:7000"));
+        assert_eq!(masters.master_of(5460).as_deref(), Some("127.0.0.1:7000"));
+        assert_eq!(masters.master_of(5461).as_deref(), Some("10.0.0.2:7001"));
+        assert_eq!(SlotMasters::default().master_of(3), None);
+    }
 
     #[test]
     fn info_parses() {

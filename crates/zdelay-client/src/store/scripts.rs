@@ -31,10 +31,21 @@ macro_rules! scripts {
                 });
             )*
         }
-        /// Loads every script on every primary, so EVALSHA (in pipelines too, which
-        /// redis-rs does not reload: #1394) rarely meets NOSCRIPT.
+        /// Loads every script on one Redis, so EVALSHA rarely meets NOSCRIPT. Not on a
+        /// cluster: a start-up that waited for every master would wait for a hung one; there
+        /// a script is loaded where NOSCRIPT says it is missing.
         pub async fn load_all(con: &mut Conn) -> redis::RedisResult<()> {
-            $( load(con, &compiled::$name).await?; )*
+            if con.is_cluster() {
+                return Ok(());
+            }
+            $( load(con, &compiled::$name, b"").await?; )*
+            Ok(())
+        }
+
+        /// Loads every script on the node serving `key` (a pipeline met NOSCRIPT there;
+        /// redis-rs does not reload in pipelines: #1394).
+        async fn load_all_on(con: &mut Conn, key: &[u8]) -> redis::RedisResult<()> {
+            $( load(con, &compiled::$name, key).await?; )*
             Ok(())
         }
     };
@@ -130,19 +141,24 @@ impl Call {
     async fn invoke<T: FromRedisValue>(&self, con: &mut Conn) -> redis::RedisResult<T> {
         match self.cmd().query_async(con).await {
             Err(e) if is_noscript(&e) => {
-                load(con, self.script).await?;
+                load(con, self.script, self.first_key()).await?;
                 self.cmd().query_async(con).await
             }
             other => other,
         }
     }
+
+    /// The key that routes this call on a cluster (every key is in its slot).
+    fn first_key(&self) -> &[u8] {
+        self.keys.first().map_or(&[], Vec::as_slice)
+    }
 }
 
-/// `SCRIPT LOAD` on every primary.
-async fn load(con: &mut Conn, script: &Compiled) -> redis::RedisResult<()> {
+/// `SCRIPT LOAD` on the node serving `key`'s slot (the one server on one Redis).
+async fn load(con: &mut Conn, script: &Compiled, key: &[u8]) -> redis::RedisResult<()> {
     let mut cmd = redis::cmd("SCRIPT");
     cmd.arg("LOAD").arg(script.source);
-    con.on_every_primary(cmd).await.map(|_| ())
+    con.on_node_of(key, cmd).await.map(|_| ())
 }
 
 /// A script invocation with `name`'s shard keys already in KEYS.
@@ -215,7 +231,8 @@ async fn pipelined<T: redis::FromRedisValue>(
     }
     match pipe.query_async(con).await {
         Err(e) if is_noscript(&e) => {
-            load_all(con).await?;
+            let key = invocations.first().map_or(&[][..], |inv| inv.first_key());
+            load_all_on(con, key).await?;
             pipe.query_async(con).await
         }
         other => other,
@@ -687,29 +704,29 @@ pub async fn settle_jobs(
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SlotClaim {
     pub live_instances: u64,
-    /// The targets whose poller slots this instance holds (a target twice when it holds
-    /// both of its slots).
+    /// The targets this instance polls now, each once.
     pub targets: Vec<String>,
 }
 
-/// Registers `instance` and takes or renews its fair share of the targets' poller slots.
+/// Registers `instance` (with the raw sources it is configured with) and plans who polls
+/// what for every live instance; returns this instance's part.
 pub async fn claim_slots(
     con: &mut Conn,
     keys: &Keys,
     instance: &str,
-    registration_ms: u64,
     lease_ms: u64,
     per_target: u8,
-    targets: &[String],
+    sources: &[String],
 ) -> redis::RedisResult<SlotClaim> {
     let values: Vec<Value> = Call::new(&compiled::claim_slots)
         .key(keys.instances())
         .key(keys.poller_slots())
+        .key(keys.instance_sources())
         .arg(instance)
-        .arg(registration_ms)
         .arg(lease_ms)
         .arg(per_target)
-        .arg(targets)
+        .arg(keys.shards())
+        .arg(sources)
         .invoke(con)
         .await?;
     let mut it = values.into_iter();
@@ -726,6 +743,7 @@ pub async fn release_slots(con: &mut Conn, keys: &Keys, instance: &str) -> redis
     Call::new(&compiled::release_slots)
         .key(keys.instances())
         .key(keys.poller_slots())
+        .key(keys.instance_sources())
         .arg(instance)
         .invoke(con)
         .await
