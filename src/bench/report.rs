@@ -24,7 +24,12 @@ pub(super) struct Machine {
     pub(super) mem_total: Option<String>,
     pub(super) loadavg_start: Option<String>,
     pub(super) loadavg_end: Option<String>,
+    /// `redis 7.0.15`, `valkey 9.1.2` (`store::server_name`).
+    pub(super) server: String,
+    /// What the server reports as `redis_version` (Valkey: always 7.2.4).
     pub(super) redis_version: Option<String>,
+    /// `INFO memory` `mem_allocator`: per-job memory depends on it (jemalloc's size classes).
+    pub(super) mem_allocator: Option<String>,
     pub(super) redis_os: Option<String>,
     pub(super) redis_hz: Option<String>,
     pub(super) redis_io_threads: Option<String>,
@@ -36,6 +41,7 @@ impl Machine {
     pub(super) async fn gather(con: &mut Conn) -> anyhow::Result<Self> {
         let server = store::info(con, "server").await?;
         let threads = store::info(con, "threads").await.unwrap_or_default();
+        let memory = store::info(con, "memory").await.unwrap_or_default();
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         Ok(Machine {
@@ -44,7 +50,9 @@ impl Machine {
             mem_total: store::parse_info(&meminfo).get("MemTotal").cloned(),
             loadavg_start: read_first_line("/proc/loadavg"),
             loadavg_end: None,
+            server: store::server_name(&server),
             redis_version: server.get("redis_version").cloned(),
+            mem_allocator: memory.get("mem_allocator").cloned(),
             redis_os: server.get("os").cloned(),
             redis_hz: server.get("hz").cloned(),
             redis_io_threads: threads.get("io_threads_active").cloned(),
@@ -237,8 +245,9 @@ pub(super) fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "redis: {} {} at {}, hz {}",
-        m.redis_version.as_deref().unwrap_or("?"),
+        "server: {}, allocator {}, {} at {}, hz {}",
+        m.server,
+        m.mem_allocator.as_deref().unwrap_or("?"),
         m.redis_os.as_deref().unwrap_or("?"),
         st.redis_url,
         m.redis_hz.as_deref().unwrap_or("?"),

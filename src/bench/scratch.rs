@@ -3,7 +3,7 @@
 //! source `<ns>:raw` (and its dead keys) and the output list `<ns>:out`.
 
 use zdelay_client::keys::{Keys, RawKeys};
-use zdelay_client::store::Conn;
+use zdelay_client::store::{self, Conn};
 
 pub(super) struct Scratch {
     pub(super) keys: Keys,
@@ -39,7 +39,8 @@ impl Scratch {
         out
     }
 
-    /// Deletes the scratch keys (DEL, not UNLINK, so used_memory drops at once).
+    /// Deletes the scratch keys (DEL, not UNLINK), then waits until the server has freed them,
+    /// so `used_memory` is down again when this returns.
     pub(super) async fn clean(&self, con: &mut Conn, schema: bool) -> redis::RedisResult<()> {
         let mut keys = self.data_keys();
         if schema {
@@ -48,7 +49,22 @@ impl Scratch {
         for chunk in keys.chunks(64) {
             let _: () = redis::cmd("DEL").arg(chunk).query_async(con).await?;
         }
-        Ok(())
+        // Valkey (8.0 and later) defaults `lazyfree-lazy-user-del` to yes: its DEL frees large
+        // values in a background thread, like UNLINK, and `used_memory` drops only then. The
+        // memory mode would count that freeing against the next load (Valkey 9.1: -1 B per
+        // bare job). Redis' default (no) frees at once, and this returns after one INFO.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let pending = store::info(con, "memory")
+                .await?
+                .get("lazyfree_pending_objects")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            if pending == 0 || std::time::Instant::now() > deadline {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 }
 

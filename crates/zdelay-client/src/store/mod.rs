@@ -259,10 +259,7 @@ pub async fn server_time_ms(con: &mut Conn) -> redis::RedisResult<i64> {
 pub async fn check_server(con: &mut Conn) -> Result<String, StoreError> {
     let info = info(con, "server").await?;
     let compatible = info.get("redis_version").cloned().unwrap_or_default();
-    let server = match info.get("valkey_version") {
-        Some(v) => format!("valkey {v}"),
-        None => format!("redis {compatible}"),
-    };
+    let server = server_name(&info);
     let mut parts = compatible.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     if version < MIN_REDIS {
@@ -272,6 +269,19 @@ pub async fn check_server(con: &mut Conn) -> Result<String, StoreError> {
         )));
     }
     Ok(server)
+}
+
+/// The server's name and version from its `INFO server` fields: `valkey 9.1.2` when it has
+/// `valkey_version` (Valkey's `redis_version` is a fixed 7.2.4 kept for clients), else
+/// `redis <redis_version>`.
+pub fn server_name(info: &std::collections::HashMap<String, String>) -> String {
+    match info.get("valkey_version") {
+        Some(v) => format!("valkey {v}"),
+        None => format!(
+            "redis {}",
+            info.get("redis_version").map_or("?", String::as_str)
+        ),
+    }
 }
 
 /// Creates `<ns>:schema` if missing and checks it matches this build and `keys`' shard count.
@@ -404,6 +414,16 @@ mod tests {
         let info = parse_info("# CPU\r\nused_cpu_sys:1.50\r\nused_cpu_user:2.25\r\n");
         assert_eq!(info["used_cpu_sys"], "1.50");
         assert_eq!(info["used_cpu_user"], "2.25");
+    }
+
+    #[test]
+    fn server_name_prefers_valkey_version() {
+        let valkey = parse_info(
+            "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:9.1.2\r\n",
+        );
+        assert_eq!(server_name(&valkey), "valkey 9.1.2");
+        let redis = parse_info("# Server\r\nredis_version:7.0.15\r\n");
+        assert_eq!(server_name(&redis), "redis 7.0.15");
     }
 
     #[test]
