@@ -10,6 +10,7 @@ mod cluster;
 mod common;
 mod delivery;
 mod faults;
+mod keys_declared;
 mod kafka;
 mod nats;
 mod producer;

@@ -1,0 +1,248 @@
+//! Every key a script touches is declared in its KEYS. Redis only enforces that on a cluster
+//! and only across slots; this test enforces it everywhere: it runs every script of the
+//! product (daemon, library, CLI) against a Redis under `MONITOR`, which prints each script
+//! call followed by the commands the script ran, asks the server which arguments of each of
+//! those commands are keys (`COMMAND GETKEYS`), and fails on any key the call did not declare.
+
+use crate::common::{Daemon, RedisServer, TestConfig, redis_now_ms, wait_for};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use zdelay::store::scripts::ALL;
+
+/// One line of `redis-cli MONITOR`: the client (`lua` for commands run by a script) and the
+/// command's arguments, unescaped.
+fn parse_monitor_line(line: &str) -> Option<(String, Vec<Vec<u8>>)> {
+    let open = line.find('[')?;
+    let close = open + line[open..].find(']')?;
+    let client = line[open + 1..close].split(' ').nth(1)?.to_owned();
+    let mut args = Vec::new();
+    let mut rest = line[close + 1..].as_bytes();
+    while let Some(start) = rest.iter().position(|&b| b == b'"') {
+        rest = &rest[start + 1..];
+        let mut arg = Vec::new();
+        let mut i = 0;
+        loop {
+            match *rest.get(i)? {
+                b'"' => break,
+                b'\\' => {
+                    let escaped = *rest.get(i + 1)?;
+                    i += 2;
+                    match escaped {
+                        b'n' => arg.push(b'\n'),
+                        b'r' => arg.push(b'\r'),
+                        b't' => arg.push(b'\t'),
+                        b'a' => arg.push(7),
+                        b'b' => arg.push(8),
+                        b'x' => {
+                            let hex = std::str::from_utf8(rest.get(i..i + 2)?).ok()?;
+                            arg.push(u8::from_str_radix(hex, 16).ok()?);
+                            i += 2;
+                        }
+                        other => arg.push(other),
+                    }
+                }
+                b => {
+                    arg.push(b);
+                    i += 1;
+                }
+            }
+        }
+        args.push(arg);
+        rest = &rest[i + 1..];
+    }
+    Some((client, args))
+}
+
+#[test]
+fn monitor_lines_parse() {
+    let (client, args) = parse_monitor_line(
+        r#"1795444563.112684 [0 127.0.0.1:59266] "EVALSHA" "ab" "1" "k\\1" "a b\"c\x01\n""#,
+    )
+    .unwrap();
+    assert_eq!(client, "127.0.0.1:59266");
+    assert_eq!(
+        args,
+        vec![
+            b"EVALSHA".to_vec(),
+            b"ab".to_vec(),
+            b"1".to_vec(),
+            b"k\\1".to_vec(),
+            b"a b\"c\x01\n".to_vec()
+        ]
+    );
+    let (client, _) = parse_monitor_line(r#"1.5 [0 lua] "SET" "k" "v""#).unwrap();
+    assert_eq!(client, "lua");
+}
+
+#[test]
+fn every_key_a_script_touches_is_declared() {
+    let redis = RedisServer::start();
+    let target = RedisServer::start();
+    let monitor_file = tempfile::NamedTempFile::new().expect("temp file");
+    let mut monitor = Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string(), "MONITOR"])
+        .stdout(Stdio::from(monitor_file.reopen().expect("reopen")))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-cli MONITOR");
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            r#"
+[poller]
+idle_poll = "50ms"
+max_payload = 64
+
+[sinks.other]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "l"
+sink = "local"
+target = "q:l"
+
+[[routes]]
+name = "m"
+sink = "other"
+target = "q:m"
+
+[[sources]]
+key = "raw:l"
+route = "l"
+
+[[sources]]
+key = "raw:m"
+route = "m"
+"#,
+            target.url()
+        ),
+    );
+    let ok = |args: &[&str]| {
+        let out = config.cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let daemon = Daemon::start(&config);
+    let mut con = redis.conn();
+    let mut tcon = target.conn();
+    // Envelope jobs: local and two-phase, one to an unknown destination (dead), one cancelled
+    // and one rescheduled.
+    for (dest, payload) in [("l", "one"), ("m", "two")] {
+        ok(&["enqueue", "--dest", dest, "--payload", payload]);
+    }
+    // The CLI refuses an unknown destination; the library (no route table) takes it.
+    let rt = crate::common::runtime();
+    let lib = rt
+        .block_on(zdelay::Client::connect(&zdelay::config::RedisConfig {
+            url: redis.url(),
+            shards: 4,
+            ..Default::default()
+        }))
+        .expect("client");
+    rt.block_on(lib.enqueue(
+        zdelay::NewJob::new("nowhere", "three"),
+        zdelay::OnConflict::Error,
+    ))
+    .expect("enqueued");
+    let later = ok(&["enqueue", "--dest", "l", "--in", "1h", "--payload", "later"]);
+    ok(&["reschedule", &later, "--in", "2h"]);
+    ok(&["get", &later]);
+    ok(&["cancel", &later]);
+    // Raw members: local, two-phase, one too large (dead).
+    let now = redis_now_ms(&mut con);
+    let big = "x".repeat(100);
+    for (key, member) in [("raw:l", "r1"), ("raw:m", "r2"), ("raw:l", big.as_str())] {
+        let _: () = redis::cmd("ZADD")
+            .arg(key)
+            .arg(now)
+            .arg(member)
+            .query(&mut con)
+            .expect("ZADD");
+    }
+    wait_for("everything delivered or dead", Duration::from_secs(20), || {
+        crate::common::llen(&mut con, "q:l") == 2
+            && crate::common::llen(&mut tcon, "q:m") == 2
+            && ok(&["dead", "list"]).lines().count() == 2
+    });
+    ok(&["dead", "replay", "--all"]);
+    ok(&["dead", "replay", "--source", "raw:l"]);
+    wait_for("dead again", Duration::from_secs(20), || {
+        ok(&["dead", "list"]).lines().count() == 2
+    });
+    ok(&["dead", "purge", "--all"]);
+    ok(&["dead", "purge", "--source", "raw:l"]);
+    ok(&["stats"]);
+    drop(daemon);
+    // The graceful stop runs release_slots.
+    let mut stopping = Daemon::start(&config);
+    stopping.signal(libc::SIGTERM);
+    stopping.wait_exit(Duration::from_secs(10));
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+
+    let script_names: BTreeMap<String, &str> = ALL
+        .iter()
+        .map(|(name, source)| (redis::Script::new(source).get_hash().to_owned(), *name))
+        .collect();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    let mut undeclared: Vec<String> = Vec::new();
+    let mut current: Option<(&str, BTreeSet<Vec<u8>>)> = None;
+    let file = std::fs::File::open(monitor_file.path()).expect("monitor output");
+    for line in BufReader::new(file).lines() {
+        let line = line.expect("a line");
+        let Some((client, args)) = parse_monitor_line(&line) else {
+            continue;
+        };
+        let Some(command) = args.first() else {
+            continue;
+        };
+        if client != "lua" {
+            let upper = command.to_ascii_uppercase();
+            current = None;
+            if upper == b"EVALSHA" || upper == b"EVAL" {
+                let sha = String::from_utf8_lossy(&args[1]).into_owned();
+                let name = script_names
+                    .get(&sha)
+                    .copied()
+                    .unwrap_or("an unknown script");
+                let count: usize = String::from_utf8_lossy(&args[2]).parse().expect("numkeys");
+                seen.insert(name);
+                current = Some((name, args[3..3 + count].iter().cloned().collect()));
+            }
+            continue;
+        }
+        let (name, declared) = current.as_ref().expect("a script command follows its call");
+        let mut getkeys = redis::cmd("COMMAND");
+        getkeys.arg("GETKEYS");
+        for arg in &args {
+            getkeys.arg(arg.as_slice());
+        }
+        // Commands without keys (TIME, PUBLISH…) answer an error here.
+        let keys: Vec<Vec<u8>> = getkeys.query(&mut con).unwrap_or_default();
+        for key in keys {
+            if !declared.contains(&key) {
+                undeclared.push(format!(
+                    "{name}: {} {}",
+                    String::from_utf8_lossy(command),
+                    String::from_utf8_lossy(&key)
+                ));
+            }
+        }
+    }
+    assert!(undeclared.is_empty(), "undeclared keys: {undeclared:#?}");
+    let product: BTreeSet<&str> = ALL
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| !name.starts_with("bench_"))
+        .collect();
+    let missed: Vec<&&str> = product.difference(&seen).collect();
+    assert!(missed.is_empty(), "scripts this test did not run: {missed:?}");
+}
