@@ -239,3 +239,187 @@ fn library_cli_raw_sources_and_routes_work_on_a_cluster() {
     assert_eq!(ok(&["dead", "purge", "--all"]).trim(), "purged 1");
     assert_no_crossslot(&daemon);
 }
+
+/// Envelope jobs from a cluster to every kind of sink: each broker gets each job once,
+/// under its message id `<id>:<due ms>`.
+#[test]
+fn every_sink_delivers_from_a_cluster() {
+    use crate::broker_faults::{amqp_message_ids, amqp_tool, check_message_ids, make_stream};
+    use crate::common::Services;
+    const N: usize = 100;
+    let services = Services::get();
+    let python = services.python();
+    let rt = crate::common::runtime();
+    let tag = ulid::Ulid::generate().to_string().to_lowercase();
+    let nats = services.nats_url();
+    let (_js, stream, prefix) = rt.block_on(make_stream(&nats));
+    let brokers = services.kafka_brokers();
+    let topic = format!("cl-{tag}");
+    crate::kafka::create_topic(&services.var("KAFKA_TOPIC_CMD"), &topic, 2);
+    let amqp = services.amqp_url();
+    let queue = format!("cl-{tag}");
+    amqp_tool(&python, &amqp, &["declare", &queue]);
+    let remote = crate::common::RedisServer::start();
+    let cluster = RedisCluster::start();
+    let config = cluster.config(
+        SHARDS,
+        &format!(
+            r#"
+[poller]
+idle_poll = "50ms"
+
+[sinks.kafka]
+kind = "kafka"
+brokers = "{brokers}"
+
+[sinks.rabbit]
+kind = "amqp"
+url = "{amqp}"
+
+[sinks.bus]
+kind = "nats"
+url = "{nats}"
+
+[sinks.other]
+kind = "redis"
+url = "{remote}"
+
+[[routes]]
+name = "k"
+sink = "kafka"
+target = "{topic}"
+
+[[routes]]
+name = "a"
+sink = "rabbit"
+target = "/{queue}"
+
+[[routes]]
+name = "n"
+sink = "bus"
+target = "{prefix}.cl"
+
+[[routes]]
+name = "r"
+sink = "other"
+target = "q:cl"
+"#,
+            remote = remote.url()
+        ),
+    );
+    let daemon = Daemon::start(&config);
+    let lib = client(&rt, &cluster);
+    let mut ids: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for route in ["k", "a", "n", "r"] {
+        let jobs: Vec<NewJob> = (0..N)
+            .map(|i| NewJob::new(route, format!("{route}-{i}")).id(format!("{route}-{i}")))
+            .collect();
+        for r in rt
+            .block_on(lib.enqueue_batch(jobs, OnConflict::Error))
+            .unwrap()
+        {
+            r.expect("enqueued");
+        }
+        ids.insert(route, (0..N).map(|i| format!("{route}-{i}")).collect());
+    }
+    let mut con = cluster.conn();
+    wait_for(
+        "every job delivered and acked",
+        Duration::from_secs(60),
+        || shard_total(&mut con, "jobs") == 0 && shard_total(&mut con, "inflight") == 0,
+    );
+    let records = crate::kafka::consume(&python, &brokers, &topic, N as i64);
+    let kafka_ids: Vec<String> = records
+        .iter()
+        .map(|r| {
+            let (_, id) = r
+                .headers
+                .iter()
+                .find(|(k, _)| k == "zdelay-id")
+                .expect("zdelay-id header");
+            String::from_utf8(id.clone()).expect("utf-8")
+        })
+        .collect();
+    assert_eq!(check_message_ids("Kafka", &ids["k"], &kafka_ids), 0);
+    let amqp_ids = amqp_message_ids(&python, &amqp, &queue, N);
+    assert_eq!(check_message_ids("RabbitMQ", &ids["a"], &amqp_ids), 0);
+    let nats_ids = crate::broker_faults::nats_message_ids(&python, &nats, &stream, &prefix, N);
+    assert_eq!(check_message_ids("NATS", &ids["n"], &nats_ids), 0);
+    let mut rcon = remote.conn();
+    let listed: std::collections::BTreeSet<String> = crate::common::lrange(&mut rcon, "q:cl")
+        .into_iter()
+        .map(|b| String::from_utf8(b).expect("utf-8"))
+        .collect();
+    assert_eq!(listed.len(), N, "remote Redis: each job once");
+    assert_eq!(crate::common::llen(&mut rcon, "q:cl"), N);
+    assert_no_crossslot(&daemon);
+}
+
+/// Braces in job ids, route names and list names follow the Redis hash-tag rule (the first
+/// `{…}` with something inside): ids choose their shard by it, lists are pushed on the node
+/// of their own slot; a namespace with braces is refused (it forms every key's tag).
+#[test]
+fn braces_in_ids_routes_and_lists_keep_slots_right() {
+    let cluster = RedisCluster::start();
+    let lists = ["q:{x}", "{}q", "q}{", "{{y}}", "q:{"];
+    let mut routes = String::from("[poller]\nidle_poll = \"50ms\"\n");
+    for (i, list) in lists.iter().enumerate() {
+        routes.push_str(&format!(
+            "\n[[routes]]\nname = \"r{{{i}}}\"\nsink = \"local\"\ntarget = \"{list}\"\npush = \"rpush\"\n"
+        ));
+    }
+    let config = cluster.config(SHARDS, &routes);
+    let daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let lib = client(&rt, &cluster);
+    let ids = ["a{b}c", "{x}", "}{", "{}", "{{y}}", "z{", "{a}{b}", "plain"];
+    let mut jobs = Vec::new();
+    for (i, _) in lists.iter().enumerate() {
+        for id in ids {
+            jobs.push(
+                NewJob::new(format!("r{{{i}}}"), format!("{i}:{id}")).id(format!("{id}-{i}")),
+            );
+        }
+    }
+    for r in rt
+        .block_on(lib.enqueue_batch(jobs, OnConflict::Error))
+        .unwrap()
+    {
+        r.expect("enqueued");
+    }
+    // A later one per id, to get and cancel by id.
+    for id in ids {
+        let job = NewJob::new("r{0}", "later")
+            .id(format!("{id}-later"))
+            .after(Duration::from_secs(3600));
+        rt.block_on(lib.enqueue(job, OnConflict::Error)).unwrap();
+        let out = config.cli(&["get", &format!("{id}-later")]);
+        assert!(out.status.success(), "get {id}-later");
+        let out = config.cli(&["cancel", &format!("{id}-later")]);
+        assert!(out.status.success(), "cancel {id}-later");
+    }
+    let mut con = cluster.conn();
+    wait_for("every list filled", Duration::from_secs(20), || {
+        lists.iter().all(|l| llen(&mut con, l) == ids.len())
+    });
+    for (i, list) in lists.iter().enumerate() {
+        let mut got = lrange(&mut con, list);
+        got.sort();
+        let mut want: Vec<String> = ids.iter().map(|id| format!("{i}:{id}")).collect();
+        want.sort();
+        assert_eq!(got, want, "{list}");
+    }
+    assert_eq!(shard_total(&mut con, "jobs"), 0);
+    assert_no_crossslot(&daemon);
+
+    let bad = cluster.config(SHARDS, "");
+    let body = std::fs::read_to_string(&bad.path).unwrap();
+    std::fs::write(
+        &bad.path,
+        body.replacen("[redis]\n", "[redis]\nnamespace = \"a{b\"\n", 1),
+    )
+    .unwrap();
+    let out = bad.cli(&["check-config"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("redis.namespace"));
+}

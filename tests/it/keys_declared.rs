@@ -167,11 +167,15 @@ route = "m"
             .query(&mut con)
             .expect("ZADD");
     }
-    wait_for("everything delivered or dead", Duration::from_secs(20), || {
-        crate::common::llen(&mut con, "q:l") == 2
-            && crate::common::llen(&mut tcon, "q:m") == 2
-            && ok(&["dead", "list"]).lines().count() == 2
-    });
+    wait_for(
+        "everything delivered or dead",
+        Duration::from_secs(20),
+        || {
+            crate::common::llen(&mut con, "q:l") == 2
+                && crate::common::llen(&mut tcon, "q:m") == 2
+                && ok(&["dead", "list"]).lines().count() == 2
+        },
+    );
     ok(&["dead", "replay", "--all"]);
     ok(&["dead", "replay", "--source", "raw:l"]);
     wait_for("dead again", Duration::from_secs(20), || {
@@ -244,5 +248,8 @@ route = "m"
         .filter(|name| !name.starts_with("bench_"))
         .collect();
     let missed: Vec<&&str> = product.difference(&seen).collect();
-    assert!(missed.is_empty(), "scripts this test did not run: {missed:?}");
+    assert!(
+        missed.is_empty(),
+        "scripts this test did not run: {missed:?}"
+    );
 }

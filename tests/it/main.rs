@@ -1,6 +1,7 @@
 //! Integration tests: one binary, real `redis-server` processes started per test on free
 //! loopback ports (see `common`), and the real `zdelay` binary for daemon and CLI tests.
 
+mod acl;
 mod amqp;
 mod architecture;
 mod bad_input;
@@ -10,8 +11,8 @@ mod cluster;
 mod common;
 mod delivery;
 mod faults;
-mod keys_declared;
 mod kafka;
+mod keys_declared;
 mod nats;
 mod producer;
 mod raw_sinks;
