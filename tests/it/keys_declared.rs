@@ -18,7 +18,7 @@ fn parse_monitor_line(line: &str) -> Option<(String, Vec<Vec<u8>>)> {
     let close = open + line[open..].find(']')?;
     let client = line[open + 1..close].split(' ').nth(1)?.to_owned();
     let mut args = Vec::new();
-    let mut rest = line[close + 1..].as_bytes();
+    let mut rest = &line.as_bytes()[close + 1..];
     while let Some(start) = rest.iter().position(|&b| b == b'"') {
         rest = &rest[start + 1..];
         let mut arg = Vec::new();
