@@ -1,97 +1,404 @@
-//! `zdelay dead list|replay|purge`.
+//! `zdelay dead list|show|replay|purge`: dead envelope jobs (and, with `--source`, dead
+//! members of a raw source), by id or by filters. Bulk commands show a progress bar on a
+//! terminal (stderr).
 
-use super::UsageError;
 use super::render;
+use super::{UsageError, When};
+use clap::ArgGroup;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::Duration;
 use zdelay::Client;
 use zdelay::config::{Config, SourceConfig};
+use zdelay::dead::{DeadFilter, DeadProgress, DeadSelection, ReplayOptions};
+
+const AFTER_HELP: &str = "\
+Filters (list, replay, purge) narrow what is taken; each one given must match:
+  --route NAME         the job's dest, exactly (a route, or <sink>/<target>)
+  --reason TEXT        a part of the reason it died with (case ignored)
+  --older-than DUR     died at least DUR ago (30s, 15m, 2h, 7days…)
+  --newer-than DUR     died less than DUR ago
+  --schedule ID        an occurrence of recurring schedule ID (jobs without one never match)
+Raw members (--source KEY) have no envelope: --reason and the ages apply to them, --route,
+--schedule and --keep-attempts do not. Replay and purge take what matched when the command
+started: a job that dies again meanwhile is left alone.";
 
 #[derive(clap::Subcommand)]
+#[command(after_help = AFTER_HELP)]
 pub enum DeadAction {
-    /// List dead jobs and dead raw members (oldest first) with their reason.
-    List {
-        /// At most this many per shard or raw source.
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-        /// Print JSON ({"jobs": [...], "raw": [...]}) instead of lines.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Make dead jobs due now (raw members go back into their source).
-    Replay(DeadSelect),
-    /// Delete dead jobs for good.
-    Purge(DeadSelect),
+    /// List dead jobs and dead raw members, oldest first: id, route, attempts, reason.
+    List(ListArgs),
+    /// Show one dead job: when and why it died, its earlier deaths (history), attempts and
+    /// last error, route, headers, payload.
+    Show(ShowArgs),
+    /// Make dead jobs due again — now, or --at / --in — with their attempt count reset
+    /// (--keep-attempts keeps it). Raw members (--source) go back into their source.
+    Replay(ReplayArgs),
+    /// Delete dead jobs for good (envelope, reason and history).
+    Purge(PurgeArgs),
 }
 
-/// Which dead jobs: exactly one of the flags.
+/// The filters, shared by list, replay and purge.
 #[derive(clap::Args)]
-#[group(required = true, multiple = false)]
-pub struct DeadSelect {
-    /// These job ids (repeatable).
-    #[arg(long = "id")]
-    ids: Vec<String>,
-    /// Every job that is dead when the command starts.
+pub struct Filters {
+    /// Only jobs whose dest is NAME, exactly (a route name, or <sink>/<target>).
+    #[arg(long, value_name = "NAME")]
+    route: Option<String>,
+    /// Only jobs whose reason contains TEXT (ASCII case ignored).
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+    /// Only jobs that died at least DURATION ago (30s, 15m, 2h, 7days…).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    older_than: Option<Duration>,
+    /// Only jobs that died less than DURATION ago.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    newer_than: Option<Duration>,
+    /// Only occurrences of the recurring schedule ID (the envelope meta's `schedule`); jobs
+    /// without one never match.
+    #[arg(long, value_name = "ID")]
+    schedule: Option<String>,
+}
+
+impl Filters {
+    fn filter(&self) -> DeadFilter {
+        DeadFilter {
+            route: self.route.clone(),
+            reason: self.reason.clone(),
+            older_than: self.older_than,
+            newer_than: self.newer_than,
+            schedule: self.schedule.clone(),
+        }
+    }
+}
+
+#[derive(clap::Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct ListArgs {
+    /// At most this many per shard or raw source (after filtering).
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    /// Print JSON ({"jobs": [...], "raw": [...]}) instead of lines.
     #[arg(long)]
-    all: bool,
-    /// Every dead member of this configured raw source (its key).
-    #[arg(long)]
+    json: bool,
+    /// Only the dead members of this configured raw source (its key). Raw members have no
+    /// envelope: --route and --schedule do not apply.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["route", "schedule"])]
     source: Option<String>,
+    #[command(flatten)]
+    filters: Filters,
+}
+
+#[derive(clap::Args)]
+pub struct ShowArgs {
+    /// The job's id; with --source, the member's id as `dead list` prints it (16 hex digits,
+    /// or <source>:<id>).
+    id: String,
+    /// ID is a dead member of this configured raw source (its key).
+    #[arg(long, value_name = "KEY")]
+    source: Option<String>,
+    /// Print JSON instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Which dead jobs replay and purge take: ids, everything, one raw source, or filters.
+#[derive(clap::Args)]
+#[command(group(
+    ArgGroup::new("which")
+        .required(true)
+        .multiple(true)
+        .args(["ids", "all", "source", "route", "reason", "older_than", "newer_than", "schedule"])
+))]
+pub struct Select {
+    /// These job ids (repeatable); with --source, these member ids. Not with filters: ids
+    /// name jobs exactly.
+    #[arg(
+        long = "id",
+        value_name = "ID",
+        conflicts_with_all = ["all", "route", "reason", "older_than", "newer_than", "schedule"]
+    )]
+    ids: Vec<String>,
+    /// Every job that is dead when the command starts. Not with filters or --source (they
+    /// narrow the selection; --all takes everything).
+    #[arg(long, conflicts_with_all = ["source", "route", "reason", "older_than", "newer_than", "schedule"])]
+    all: bool,
+    /// The dead members of this configured raw source (its key): all of them, or those
+    /// --id, --reason, --older-than, --newer-than select. Raw members have no envelope:
+    /// --route, --schedule and --keep-attempts do not apply.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["route", "schedule"])]
+    source: Option<String>,
+    #[command(flatten)]
+    filters: Filters,
+}
+
+impl Select {
+    fn selection(&self) -> DeadSelection {
+        if self.ids.is_empty() {
+            DeadSelection::Matching(self.filters.filter())
+        } else {
+            DeadSelection::Ids(self.ids.clone())
+        }
+    }
+}
+
+#[derive(clap::Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    select: Select,
+    #[command(flatten)]
+    when: When,
+    /// Keep each job's attempt count instead of resetting it to 0: a job that gave up gets
+    /// one more try before it dies again.
+    #[arg(long, conflicts_with = "source")]
+    keep_attempts: bool,
+    /// Print a JSON summary instead of `replayed N`.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct PurgeArgs {
+    #[command(flatten)]
+    select: Select,
+    /// Print a JSON summary instead of `purged N`.
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn run(client: &Client, config: &Config, action: DeadAction) -> anyhow::Result<i32> {
     match action {
-        DeadAction::List { limit, json } => {
-            let jobs = client.dead_list(limit).await?;
-            let mut raw = Vec::new();
-            for source in &config.sources {
-                for member in client.raw_dead_list(source, limit).await? {
-                    raw.push((source.key.as_str(), member));
-                }
+        DeadAction::List(args) => list(client, config, args).await,
+        DeadAction::Show(args) => show(client, config, args).await,
+        DeadAction::Replay(args) => replay(client, config, args).await,
+        DeadAction::Purge(args) => purge(client, config, args).await,
+    }
+}
+
+async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Result<i32> {
+    let filter = args.filters.filter();
+    let (jobs, sources) = match &args.source {
+        Some(key) => (Vec::new(), vec![source(config, key)?]),
+        None => (
+            client.dead_jobs(&filter, args.limit).await?,
+            config.sources.iter().collect(),
+        ),
+    };
+    let envelope_only = filter.envelope_only();
+    let mut raw = Vec::new();
+    if envelope_only.is_empty() {
+        for source in sources {
+            for member in client.raw_dead_members(source, &filter, args.limit).await? {
+                raw.push((source.key.as_str(), member));
             }
-            if json {
-                let raw: Vec<_> = raw
-                    .iter()
-                    .map(|(source, m)| render::dead_member_json(source, m))
-                    .collect();
-                let v = serde_json::json!({ "jobs": jobs, "raw": raw });
+        }
+    } else if !config.sources.is_empty() {
+        eprintln!(
+            "raw members not listed: {} applies to envelope jobs only",
+            envelope_only.join(" and ")
+        );
+    }
+    if args.json {
+        let raw: Vec<_> = raw
+            .iter()
+            .map(|(source, m)| render::dead_member_json(source, m))
+            .collect();
+        let v = serde_json::json!({ "jobs": jobs, "raw": raw });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for j in &jobs {
+            println!("{}", render::dead_job_line(j));
+        }
+        for (source, m) in &raw {
+            println!("{}", render::dead_member_line(source, m));
+        }
+        eprintln!("{} dead jobs, {} dead raw members", jobs.len(), raw.len());
+    }
+    Ok(0)
+}
+
+async fn show(client: &Client, config: &Config, args: ShowArgs) -> anyhow::Result<i32> {
+    if let Some(key) = &args.source {
+        let source = source(config, key)?;
+        return Ok(match client.raw_dead_show(source, &args.id).await? {
+            Some(m) => {
+                if args.json {
+                    let v = render::dead_member_detail_json(key, &m);
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                } else {
+                    print!("{}", render::dead_member_detail(key, &m));
+                }
+                0
+            }
+            None => {
+                eprintln!("no dead member of {key} has the id {}", args.id);
+                1
+            }
+        });
+    }
+    Ok(match client.dead_show(&args.id).await? {
+        Some(job) => {
+            if args.json {
+                let v = render::dead_detail_json(&job);
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                for j in &jobs {
-                    println!("{}", render::dead_job_line(j));
-                }
-                for (source, m) in &raw {
-                    println!("{}", render::dead_member_line(source, m));
-                }
-                eprintln!("{} dead jobs, {} dead raw members", jobs.len(), raw.len());
+                print!("{}", render::dead_detail(&job));
             }
-            Ok(0)
+            0
         }
-        DeadAction::Replay(select) => {
-            match &select.source {
-                Some(key) => {
-                    let n = client.raw_dead_replay(source(config, key)?).await?;
-                    println!("replayed {n}");
-                }
-                None => {
-                    let r = client.dead_replay(&select.ids).await?;
-                    println!("replayed {}", r.replayed);
-                    if r.orphans > 0 {
-                        eprintln!(
-                            "{} dead ids have no envelope and stay dead (purge them)",
-                            r.orphans
-                        );
-                    }
-                }
-            }
-            Ok(0)
+        None => {
+            eprintln!(
+                "{} is not dead (`zdelay get {}` says whether and where it is stored)",
+                args.id, args.id
+            );
+            1
         }
-        DeadAction::Purge(select) => {
-            let n = match &select.source {
-                Some(key) => client.raw_dead_purge(source(config, key)?).await?,
-                None => client.dead_purge(&select.ids).await?,
+    })
+}
+
+async fn replay(client: &Client, config: &Config, args: ReplayArgs) -> anyhow::Result<i32> {
+    let selection = args.select.selection();
+    let due = args.when.due();
+    let bar = Progress::new("replayed");
+    let r = match &args.select.source {
+        Some(key) => {
+            let source = source(config, key)?;
+            client
+                .raw_dead_replay_selected(source, &selection, due, bar.reporter())
+                .await?
+        }
+        None => {
+            let options = ReplayOptions {
+                due,
+                keep_attempts: args.keep_attempts,
             };
-            println!("purged {n}");
-            Ok(0)
+            client
+                .dead_replay_selected(&selection, options, bar.reporter())
+                .await?
         }
+    };
+    bar.finish();
+    if args.json {
+        let mut v = serde_json::to_value(r)?;
+        match &args.select.source {
+            Some(key) => {
+                v["source"] = key.as_str().into();
+            }
+            None => {
+                v["attempts"] = if args.keep_attempts { "kept" } else { "reset" }.into();
+            }
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    println!("replayed {}", r.replayed);
+    if let (Some(due), true) = (
+        r.due_ms,
+        args.when.at.is_some() || args.when.delay.is_some(),
+    ) {
+        eprintln!("due at {}", render::format_ms(due));
+    }
+    if r.orphans > 0 {
+        eprintln!(
+            "{} dead ids have no envelope and stay dead (purge them)",
+            r.orphans
+        );
+    }
+    if r.skipped > 0 {
+        eprintln!(
+            "{} were not dead, or died again since the command started: left as they are",
+            r.skipped
+        );
+    }
+    Ok(0)
+}
+
+async fn purge(client: &Client, config: &Config, args: PurgeArgs) -> anyhow::Result<i32> {
+    let selection = args.select.selection();
+    let bar = Progress::new("purged");
+    let p = match &args.select.source {
+        Some(key) => {
+            let source = source(config, key)?;
+            client
+                .raw_dead_purge_selected(source, &selection, bar.reporter())
+                .await?
+        }
+        None => {
+            client
+                .dead_purge_selected(&selection, bar.reporter())
+                .await?
+        }
+    };
+    bar.finish();
+    if args.json {
+        let mut v = serde_json::to_value(p)?;
+        if let Some(key) = &args.select.source {
+            v["source"] = key.as_str().into();
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    println!("purged {}", p.purged);
+    if p.skipped > 0 {
+        eprintln!(
+            "{} were not dead, or died again since the command started: left as they are",
+            p.skipped
+        );
+    }
+    Ok(0)
+}
+
+/// The progress bar of a bulk command: drawn on stderr when it is a terminal, hidden
+/// otherwise (so piped or captured output stays clean).
+struct Progress {
+    bar: ProgressBar,
+    verb: &'static str,
+}
+
+impl Progress {
+    fn new(verb: &'static str) -> Self {
+        let bar = if std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new_spinner();
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} reading dead jobs: {msg}")
+                    .expect("a valid template"),
+            );
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        Progress { bar, verb }
+    }
+
+    /// The callback the library reports progress to.
+    fn reporter(&self) -> impl FnMut(DeadProgress) + Send + use<> {
+        let bar = self.bar.clone();
+        let verb = self.verb;
+        let mut acting = false;
+        move |p| match p {
+            DeadProgress::Selecting { scanned, selected } => {
+                bar.set_message(format!("{scanned} read, {selected} selected"));
+                bar.tick();
+            }
+            DeadProgress::Acting { done, total } => {
+                if !acting {
+                    acting = true;
+                    bar.set_style(
+                        ProgressStyle::with_template(&format!(
+                            "{{bar:40}} {{pos}}/{{len}} {verb} ({{per_sec}}, {{eta}} left)"
+                        ))
+                        .expect("a valid template"),
+                    );
+                    bar.set_length(total);
+                }
+                bar.set_position(done);
+            }
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
     }
 }
 
@@ -108,4 +415,111 @@ fn source<'a>(config: &'a Config, key: &str) -> anyhow::Result<&'a SourceConfig>
         ))
         .into()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::Cli;
+    use clap::Parser;
+    use clap::error::ErrorKind;
+
+    fn parse(args: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("zdelay").chain(args.split_whitespace()))
+    }
+
+    fn refused(args: &str, kind: ErrorKind, says: &[&str]) {
+        let e = match parse(args) {
+            Ok(_) => panic!("{args:?} was accepted"),
+            Err(e) => e,
+        };
+        assert_eq!(e.kind(), kind, "{args:?}: {e}");
+        let text = e.to_string();
+        for s in says {
+            assert!(text.contains(s), "{args:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn good_combinations_parse() {
+        for args in [
+            "dead list",
+            "dead list --route emails --reason WRONGTYPE --older-than 1h --json",
+            "dead list --source raw:a --reason seconds --newer-than 1d",
+            "dead show some-id --json",
+            "dead show --source raw:a a9993e364706816a",
+            "dead replay --all",
+            "dead replay --id a --id b --keep-attempts --in 10m",
+            "dead replay --route emails --older-than 5m --at 2030-01-01T00:00:00Z --json",
+            "dead replay --schedule nightly",
+            "dead replay --source raw:a --reason seconds --in 1h",
+            "dead replay --source raw:a --id a9993e364706816a",
+            "dead purge --newer-than 1h --older-than 10m --json",
+            "dead purge --source raw:a",
+        ] {
+            if let Err(e) = parse(args) {
+                panic!("{args:?} refused: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn senseless_combinations_are_refused() {
+        let conflict = ErrorKind::ArgumentConflict;
+        refused("dead replay", ErrorKind::MissingRequiredArgument, &["--id"]);
+        refused(
+            "dead purge --json",
+            ErrorKind::MissingRequiredArgument,
+            &["--all"],
+        );
+        refused(
+            "dead replay --all --route x",
+            conflict,
+            &["--all", "--route"],
+        );
+        refused("dead purge --all --id x", conflict, &["--all", "--id"]);
+        refused(
+            "dead replay --id x --reason y",
+            conflict,
+            &["--id", "--reason"],
+        );
+        refused("dead replay --all --source raw:a", conflict, &["--source"]);
+        refused(
+            "dead replay --source raw:a --route x",
+            conflict,
+            &["--source", "--route"],
+        );
+        refused(
+            "dead purge --source raw:a --schedule s",
+            conflict,
+            &["--schedule"],
+        );
+        refused(
+            "dead replay --source raw:a --keep-attempts",
+            conflict,
+            &["--keep-attempts"],
+        );
+        refused(
+            "dead replay --all --at 1 --in 1s",
+            conflict,
+            &["--at", "--in"],
+        );
+        refused("dead list --source raw:a --route x", conflict, &["--route"]);
+        refused(
+            "dead purge --all --in 1s",
+            ErrorKind::UnknownArgument,
+            &["--in"],
+        );
+        refused(
+            "dead purge --all --keep-attempts",
+            ErrorKind::UnknownArgument,
+            &[],
+        );
+        refused("dead list --id x", ErrorKind::UnknownArgument, &["--id"]);
+        refused(
+            "dead list --older-than soon",
+            ErrorKind::ValueValidation,
+            &["soon"],
+        );
+        refused("dead show", ErrorKind::MissingRequiredArgument, &["<ID>"]);
+    }
 }

@@ -79,7 +79,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Dead jobs: list them with their reason, replay them, or purge them.
+    /// Dead jobs: list them (with filters), show one with its history, replay them (now or
+    /// later, attempts reset), or purge them.
     Dead {
         #[command(subcommand)]
         action: dead::DeadAction,
@@ -315,7 +316,12 @@ pub fn error_text(e: &anyhow::Error) -> String {
 
 /// The exit code for an error that ended a command.
 pub fn exit_code(e: &anyhow::Error) -> i32 {
-    if e.downcast_ref::<UsageError>().is_some() {
+    if e.downcast_ref::<UsageError>().is_some()
+        || matches!(
+            e.downcast_ref::<ClientError>(),
+            Some(ClientError::InvalidSelection(_))
+        )
+    {
         2
     } else {
         1
@@ -344,6 +350,10 @@ mod tests {
     #[test]
     fn usage_errors_exit_2() {
         assert_eq!(exit_code(&UsageError("x".into()).into()), 2);
+        assert_eq!(
+            exit_code(&ClientError::InvalidSelection("x".into()).into()),
+            2
+        );
         assert_eq!(exit_code(&anyhow::anyhow!("x")), 1);
     }
 

@@ -1,8 +1,8 @@
 //! What the CLI prints for people: times, the stats table, dead-letter lines.
 
 use std::time::{Duration, UNIX_EPOCH};
-use zdelay::DeadJob;
-use zdelay::dead::DeadMember;
+use zdelay::dead::{DeadJob, DeadJobDetail, DeadMember};
+use zdelay::envelope::Envelope;
 use zdelay::stats::Stats;
 
 /// Epoch ms as RFC 3339 with milliseconds, UTC.
@@ -75,22 +75,152 @@ pub fn stats_table(stats: &Stats) -> String {
     out
 }
 
+/// Payload bytes shown by `dead show`.
+const PREVIEW: usize = 200;
+
+/// Text on one line: line breaks (broker errors carry some) become spaces.
+fn one_line(text: &str) -> String {
+    text.replace(['\r', '\n'], " ")
+}
+
 /// One dead envelope job, as `dead list` prints it.
 pub fn dead_job_line(j: &DeadJob) -> String {
+    let attempts = match j.max_attempts {
+        Some(max) => format!("{}/{max}", j.attempt),
+        None => j.attempt.to_string(),
+    };
+    let earlier = match j.earlier_deaths {
+        0 => String::new(),
+        n => format!("  (+{n} earlier)"),
+    };
     format!(
-        "{}  shard {}  died {}  {}",
+        "{}  shard {}  died {}  route {}  attempts {attempts}  {}{earlier}",
         j.id,
         j.shard,
         format_ms(j.died_ms),
-        j.reason
+        j.route.as_deref().unwrap_or("-"),
+        one_line(&j.reason)
     )
+}
+
+/// The first [`PREVIEW`] bytes of a payload as JSON carries it: `(text, encoding,
+/// truncated)`, text as UTF-8 when it is (cut at a character boundary), else base64.
+fn payload_preview(payload: &[u8]) -> (serde_json::Value, serde_json::Value, bool) {
+    let mut cut = payload.len().min(PREVIEW);
+    if let Ok(text) = std::str::from_utf8(payload) {
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+    }
+    // The envelope's JSON view chooses the encoding the way `zdelay get` does.
+    let mut view = Envelope::new("-", payload[..cut].to_vec()).to_json();
+    (
+        view.remove("payload").unwrap_or_default(),
+        view.remove("payload_encoding").unwrap_or_default(),
+        cut < payload.len(),
+    )
+}
+
+/// The preview as one quoted line: `"text"`, or `base64 …`, with `…` when cut.
+fn payload_line(payload: &[u8]) -> String {
+    let (text, encoding, truncated) = payload_preview(payload);
+    let more = if truncated { " …" } else { "" };
+    match encoding.as_str() {
+        Some("base64") => format!("base64 {}{more}", text.as_str().unwrap_or_default()),
+        _ => format!("{text}{more}"),
+    }
+}
+
+/// `dead show ID --json`.
+pub fn dead_detail_json(d: &DeadJobDetail) -> serde_json::Value {
+    let mut v = serde_json::to_value(&d.job).expect("a dead job serializes");
+    let (preview, encoding, truncated) = payload_preview(&d.payload);
+    v["headers"] = serde_json::to_value(&d.headers).expect("headers serialize");
+    v["payload_preview"] = preview;
+    v["payload_encoding"] = encoding;
+    v["payload_truncated"] = truncated.into();
+    v["history"] = serde_json::to_value(&d.history).expect("deaths serialize");
+    v
+}
+
+/// `dead show ID`, for people.
+pub fn dead_detail(d: &DeadJobDetail) -> String {
+    let j = &d.job;
+    let mut out = String::new();
+    let mut row = |name: &str, value: String| out.push_str(&format!("{name:<11} {value}\n"));
+    row("id", j.id.clone());
+    row("shard", j.shard.to_string());
+    row("died", format_ms(j.died_ms));
+    row("reason", one_line(&j.reason));
+    if let Some(e) = &j.envelope_error {
+        row("envelope", e.clone());
+    }
+    if let Some(route) = &j.route {
+        row("route", route.clone());
+        row(
+            "attempts",
+            match j.max_attempts {
+                Some(max) => format!("{} of at most {max}", j.attempt),
+                None => format!("{} (at most poller.max_attempts)", j.attempt),
+            },
+        );
+        row(
+            "last error",
+            j.last_error
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), one_line),
+        );
+    }
+    if let Some(schedule) = &j.schedule {
+        row("schedule", schedule.clone());
+    }
+    if j.route.is_some() {
+        row(
+            "headers",
+            if d.headers.is_empty() {
+                "-".to_owned()
+            } else {
+                d.headers
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        );
+        row(
+            "payload",
+            format!(
+                "{} bytes: {}",
+                j.payload_size.unwrap_or_default(),
+                payload_line(&d.payload)
+            ),
+        );
+    }
+    if d.history.is_empty() {
+        row("history", "no earlier deaths".to_owned());
+    } else {
+        row(
+            "history",
+            format!("{} earlier deaths, oldest first:", d.history.len()),
+        );
+        for death in &d.history {
+            out.push_str(&format!(
+                "  {}  {}\n",
+                format_ms(death.died_ms),
+                one_line(&death.reason)
+            ));
+        }
+    }
+    out
 }
 
 /// A dead raw member as `dead list --json` shows it.
 pub fn dead_member_json(source: &str, m: &DeadMember) -> serde_json::Value {
     serde_json::json!({
         "source": source,
+        "id": m.id(),
         "payload": String::from_utf8_lossy(&m.member),
+        "payload_size": m.member.len(),
         "died_ms": m.died_ms,
         "reason": m.reason,
     })
@@ -99,10 +229,71 @@ pub fn dead_member_json(source: &str, m: &DeadMember) -> serde_json::Value {
 /// One dead raw member, as `dead list` prints it.
 pub fn dead_member_line(source: &str, m: &DeadMember) -> String {
     format!(
-        "{}  died {}  {}  payload {}",
+        "{}  {}  died {}  {}  payload {}",
         source,
+        m.id(),
         format_ms(m.died_ms),
-        m.reason,
+        one_line(&m.reason),
         serde_json::Value::from(String::from_utf8_lossy(&m.member).into_owned())
     )
+}
+
+/// `dead show --source KEY ID --json`.
+pub fn dead_member_detail_json(source: &str, m: &DeadMember) -> serde_json::Value {
+    let (preview, encoding, truncated) = payload_preview(&m.member);
+    serde_json::json!({
+        "source": source,
+        "id": m.id(),
+        "message_id": format!("{source}:{}", m.id()),
+        "died_ms": m.died_ms,
+        "reason": m.reason,
+        "payload_size": m.member.len(),
+        "payload_preview": preview,
+        "payload_encoding": encoding,
+        "payload_truncated": truncated,
+    })
+}
+
+/// `dead show --source KEY ID`, for people.
+pub fn dead_member_detail(source: &str, m: &DeadMember) -> String {
+    format!(
+        "{:<11} {source}\n{:<11} {}\n{:<11} {source}:{}\n{:<11} {}\n{:<11} {}\n{:<11} {} bytes: {}\n",
+        "source",
+        "id",
+        m.id(),
+        "message id",
+        m.id(),
+        "died",
+        format_ms(m.died_ms),
+        "reason",
+        one_line(&m.reason),
+        "payload",
+        m.member.len(),
+        payload_line(&m.member)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn previews_cut_text_at_a_character_and_encode_binary() {
+        let (text, enc, cut) = payload_preview(b"hello");
+        assert_eq!(
+            (text.as_str(), enc.as_str(), cut),
+            (Some("hello"), Some("utf8"), false)
+        );
+        let long = format!("a{}", "é".repeat(150)); // byte 200 is inside an é
+        let (text, _, cut) = payload_preview(long.as_bytes());
+        assert_eq!(text.as_str().unwrap().len(), PREVIEW - 1);
+        assert!(cut);
+        let (text, enc, _) = payload_preview(&[0xff, 0x00]);
+        assert_eq!(
+            (text.as_str(), enc.as_str()),
+            (Some("/wA="), Some("base64"))
+        );
+        assert_eq!(payload_line(&[0xff, 0x00]), "base64 /wA=");
+        assert_eq!(payload_line(b"a\"b"), "\"a\\\"b\"");
+    }
 }

@@ -9,6 +9,7 @@ mod broker_faults;
 mod cli;
 mod cluster;
 mod common;
+mod dead;
 mod delivery;
 mod faults;
 mod kafka;

@@ -1,14 +1,20 @@
 -- purge_raw_dead: delete dead members of a raw source for good.
 -- KEYS[1] dead          ZSET  delayed:emails:dead
 -- KEYS[2] dead reasons  HASH  delayed:emails:dead:reasons
--- ARGV[1..] members
--- Returns: the number of members purged (members that are not dead are skipped)
+-- ARGV[1..] pairs: member, the dead score it was selected with ("" = whatever its score)
+-- Returns: { purged, skipped } where skipped are members that are not dead, or died again
+--   since they were selected
 -- Re-run safety: yes.
-local count = 0
-for _, m in ipairs(ARGV) do
-  if redis.call('ZREM', KEYS[1], m) == 1 then
+local purged, skipped = 0, 0
+for i = 1, #ARGV, 2 do
+  local m, fence = ARGV[i], ARGV[i + 1]
+  local score = redis.call('ZSCORE', KEYS[1], m)
+  if score and (fence == '' or tonumber(score) == tonumber(fence)) then
+    redis.call('ZREM', KEYS[1], m)
     redis.call('HDEL', KEYS[2], m)
-    count = count + 1
+    purged = purged + 1
+  else
+    skipped = skipped + 1
   end
 end
-return count
+return { purged, skipped }

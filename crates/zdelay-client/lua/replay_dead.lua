@@ -1,27 +1,139 @@
--- replay_dead: make dead envelope jobs due again, keeping their envelopes.
+-- replay_dead: make dead envelope jobs due again. Each replayed job keeps its envelope (its
+-- attempt count reset to 0 unless ARGV[4] says "keep"; last_error and everything else kept),
+-- and the death it leaves is appended to its history: "<died ms> <reason>" (the dead score and
+-- the reason, newlines in the reason turned to spaces, at most 500 bytes of it), one entry a
+-- line, oldest first, only the last ARGV[5] entries kept.
 -- KEYS[1] due      ZSET  {zdelay:3}:due
--- KEYS[2] jobs     HASH  {zdelay:3}:jobs
--- KEYS[3] dead     ZSET  {zdelay:3}:dead
--- KEYS[4] reasons  HASH  {zdelay:3}:reasons
--- ARGV[1] due ms for the replayed jobs; "" = Redis TIME (due now)
+-- KEYS[2] jobs     HASH  {zdelay:3}:jobs      id -> envelope ("zd1:" frame or JSON object)
+-- KEYS[3] dead     ZSET  {zdelay:3}:dead      member = id, score = ms it died
+-- KEYS[4] reasons  HASH  {zdelay:3}:reasons   id -> why it died
+-- KEYS[5] history  HASH  {zdelay:3}:history   id -> its earlier deaths, one "<died ms> <reason>" a line
+-- ARGV[1] due for the replayed jobs: "" = Redis TIME (now), "<ms>" = epoch ms, "+<ms>" = that
+--   many ms after Redis TIME
 -- ARGV[2] wake channel; ARGV[3] shard number
--- ARGV[4..] ids
--- Returns: { replayed, orphans } where orphans are dead ids without an envelope: they stay
---   dead with their reason (there is nothing to deliver). Ids that are not dead are skipped.
--- Re-run safety: yes.
+-- ARGV[4] "reset": the envelope loses its top-level "attempt" (so it counts from 0 again);
+--   "keep": the envelope is not touched
+-- ARGV[5] history entries kept per id (the oldest are dropped)
+-- ARGV[6..] pairs: id, the dead score it was selected with ("" = replay it whatever its score)
+-- Returns: { replayed, orphans, skipped, due ms } where orphans are dead ids without an
+--   envelope: they stay dead with their reason (there is nothing to deliver); skipped are ids
+--   that are not dead, or died again since they were selected (their score moved).
+-- Re-run safety: yes; a replayed job is no longer dead, so a second run skips it.
+local due_key, jobs_key, dead_key, reasons_key, history_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local due = ARGV[1]
-if due == '' then
+if due == '' or string.sub(due, 1, 1) == '+' then
   local t = redis.call('TIME')
-  due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  due = now + (tonumber(string.sub(due, 2)) or 0)
+else
+  due = tonumber(due)
 end
-local replayed, orphans = 0, 0
-for i = 4, #ARGV do
-  local id = ARGV[i]
-  if redis.call('ZSCORE', KEYS[3], id) then
-    if redis.call('HEXISTS', KEYS[2], id) == 1 then
-      redis.call('ZREM', KEYS[3], id)
-      redis.call('HDEL', KEYS[4], id)
-      redis.call('ZADD', KEYS[1], due, id)
+local reset = ARGV[4] == 'reset'
+local cap = tonumber(ARGV[5])
+local MAX_REASON = 500
+
+-- The JSON object text `obj` without its top-level "attempt" member; unchanged when it has
+-- none, or its value is not a number, or `obj` is not an object. Strings are skipped with
+-- their escapes and nesting is counted, so a header or a nested object never matches.
+local function without_attempt(obj)
+  if string.sub(obj, 1, 1) ~= '{' then return obj end
+  local depth, i, n = 0, 1, #obj
+  local sep = nil -- the '{' or ',' before the current top-level member
+  while i <= n do
+    local c = string.byte(obj, i)
+    if c == 34 then -- '"': find the closing quote
+      local j = i + 1
+      while true do
+        local q = string.find(obj, '["\\]', j)
+        if not q then return obj end
+        if string.byte(obj, q) == 92 then j = q + 2 else j = q break end
+      end
+      if depth == 1 and string.sub(obj, i, j) == '"attempt"'
+          and string.find(string.sub(obj, sep + 1, i - 1), '^%s*$') then
+        local _, vend = string.find(obj, '^%s*:%s*[-+%d.eE]+%s*', j + 1)
+        if not vend then return obj end
+        local after = string.byte(obj, vend + 1)
+        if after == 44 then -- ',': drop the member and the comma after it
+          return string.sub(obj, 1, sep) .. string.sub(obj, vend + 2)
+        elseif after == 125 then -- '}': the last member; drop the comma before it, if any
+          if string.byte(obj, sep) == 44 then
+            return string.sub(obj, 1, sep - 1) .. string.sub(obj, vend + 1)
+          end
+          return string.sub(obj, 1, sep) .. string.sub(obj, vend + 1)
+        end
+        return obj
+      end
+      i = j + 1
+    else
+      if c == 123 or c == 91 then
+        depth = depth + 1
+        if depth == 1 then sep = i end
+      elseif c == 125 or c == 93 then
+        depth = depth - 1
+      elseif c == 44 and depth == 1 then
+        sep = i
+      end
+      i = i + 1
+    end
+  end
+  return obj
+end
+
+-- The envelope with its attempt count reset, or nil when there is nothing to change. A
+-- frame's meta is cut out the way move_due reads it; a malformed envelope is left alone (it
+-- dies again with its reason).
+local function reset_attempt(v)
+  if string.sub(v, 1, 4) == 'zd1:' then
+    local a = string.find(v, '\n', 5, true)
+    local b = a and string.find(v, '\n', a + 1, true)
+    local digits = b and string.sub(v, a + 1, b - 1)
+    local meta_len = digits and string.find(digits, '^%d+$') and tonumber(digits)
+    if not meta_len or meta_len == 0 or b + meta_len > #v then return nil end
+    local meta = string.sub(v, b + 1, b + meta_len)
+    local new_meta = without_attempt(meta)
+    if new_meta == meta then return nil end
+    if string.find(new_meta, '^{%s*}$') then new_meta = '' end
+    return string.sub(v, 1, a) .. #new_meta .. '\n' .. new_meta .. string.sub(v, b + 1 + meta_len)
+  elseif string.sub(v, 1, 1) == '{' then
+    local new_v = without_attempt(v)
+    if new_v == v then return nil end
+    return new_v
+  end
+  return nil
+end
+
+local function remember(id, died)
+  local reason = redis.call('HGET', reasons_key, id) or ''
+  reason = string.gsub(reason, '[\r\n]', ' ')
+  if #reason > MAX_REASON then reason = string.sub(reason, 1, MAX_REASON) end
+  local lines = {}
+  local old = redis.call('HGET', history_key, id)
+  if old then
+    for line in string.gmatch(old, '[^\n]+') do lines[#lines + 1] = line end
+  end
+  lines[#lines + 1] = string.format('%d', tonumber(died)) .. ' ' .. reason
+  local first = #lines - cap + 1
+  if first < 1 then first = 1 end
+  redis.call('HSET', history_key, id, table.concat(lines, '\n', first, #lines))
+end
+
+local replayed, orphans, skipped = 0, 0, 0
+for i = 6, #ARGV, 2 do
+  local id, fence = ARGV[i], ARGV[i + 1]
+  local score = redis.call('ZSCORE', dead_key, id)
+  if not score or (fence ~= '' and tonumber(score) ~= tonumber(fence)) then
+    skipped = skipped + 1
+  else
+    local v = redis.call('HGET', jobs_key, id)
+    if v then
+      if reset then
+        local new_v = reset_attempt(v)
+        if new_v then redis.call('HSET', jobs_key, id, new_v) end
+      end
+      remember(id, score)
+      redis.call('ZREM', dead_key, id)
+      redis.call('HDEL', reasons_key, id)
+      redis.call('ZADD', due_key, due, id)
       replayed = replayed + 1
     else
       orphans = orphans + 1
@@ -29,4 +141,4 @@ for i = 4, #ARGV do
   end
 end
 if replayed > 0 then redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. string.format('%d', due)) end
-return { replayed, orphans }
+return { replayed, orphans, skipped, due }

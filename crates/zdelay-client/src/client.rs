@@ -38,6 +38,10 @@ pub enum ClientError {
     Oversize { size: usize, max: usize },
     #[error("invalid job id {0:?}: it must be non-empty, at most 256 bytes")]
     BadId(String),
+    /// A dead-letter selection that cannot be served: a filter that does not apply to raw
+    /// members, an empty time window, a raw member id that is not one.
+    #[error("{0}")]
+    InvalidSelection(String),
 }
 
 impl From<redis::RedisError> for ClientError {
@@ -58,6 +62,7 @@ impl ClientError {
             ClientError::UnknownDestination { .. } => "unknown_destination",
             ClientError::Oversize { .. } => "oversize",
             ClientError::BadId(_) => "bad_id",
+            ClientError::InvalidSelection(_) => "invalid_selection",
         }
     }
 }

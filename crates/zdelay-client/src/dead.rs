@@ -1,110 +1,652 @@
-//! Dead letters: listing, replaying and purging dead envelope jobs and dead raw members.
+//! Dead letters: list, show, replay and purge dead envelope jobs and dead raw members, by id
+//! or by filters ([`DeadFilter`]: route, reason, age, schedule).
 //!
-//! Bulk operations act on what was dead when they started (read in pages first), so a job
-//! that dies again meanwhile is not replayed twice.
+//! Bulk operations act on what matched when they started: the dead set is read in pages
+//! first, each selected job with the dead score it had, and the scripts act on a job only if
+//! its score is still that one — so a job that dies again meanwhile is left alone, never
+//! replayed or purged twice. Progress is reported through a callback; nothing here prints.
+//!
+//! **History.** The scripts that kill jobs write the current reason to `{ns:s}:reasons`
+//! (overwriting). A replay appends the death it leaves — `<died ms> <reason>` — to the job's
+//! entry in `{ns:s}:history` (one entry a line, oldest first, the last [`HISTORY_CAP`] kept,
+//! reasons cut to 500 bytes with newlines turned to spaces), so `dead show` prints every
+//! death the job went through. Purging a job deletes its history. A job delivered (or
+//! cancelled) after a replay has no envelope any more; its history is dropped by the next
+//! `dead replay` or `dead purge`, which prune the history of every id no longer stored. So
+//! history holds at most [`HISTORY_CAP`] lines per id, for ids still stored plus those
+//! replayed since the last replay or purge.
+//!
+//! **Attempts.** A replay resets the envelope's attempt count (the meta loses `attempt`;
+//! `last_error` and everything else stay) unless [`ReplayOptions::keep_attempts`]: inside
+//! the script, so it is atomic and safe to re-run. Raw members keep no attempt count while
+//! dead (their `<source>:claims` entry goes when they die): a replayed member starts at 0.
 
 use crate::client::{Client, ClientError};
 use crate::config::{ScoreUnit, SourceConfig};
-use crate::store::scripts::{self, Replayed};
+use crate::envelope::{Envelope, EnvelopeError};
+use crate::job::Due;
+use crate::store::scripts::{self, DeadPeek, EnvelopeHead, Replayed};
 use crate::store::{self, Conn};
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// History entries kept per job: its last deaths before the current one.
+pub const HISTORY_CAP: usize = 5;
 
 /// Ids (or members) per dead-letter script call.
 const DEAD_CHUNK: usize = 1000;
 
-/// A dead envelope job.
-#[derive(Debug, Clone, serde::Serialize)]
+/// Dead entries read per page while selecting.
+const PAGE: usize = 1000;
+
+/// One death: when (epoch ms) and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Death {
+    pub died_ms: i64,
+    pub reason: String,
+}
+
+/// Reads a job's history text: one `<died ms> <reason>` a line, oldest first. A line that
+/// does not start with a number is kept whole as the reason, with `died_ms` 0.
+pub fn parse_history(text: &str) -> Vec<Death> {
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|line| {
+            let (ms, reason) = line.split_once(' ').unwrap_or((line, ""));
+            match ms.parse::<i64>() {
+                Ok(died_ms) => Death {
+                    died_ms,
+                    reason: reason.to_owned(),
+                },
+                Err(_) => Death {
+                    died_ms: 0,
+                    reason: line.to_owned(),
+                },
+            }
+        })
+        .collect()
+}
+
+/// The history text of `deaths` as `replay_dead` writes it: the last [`HISTORY_CAP`], one
+/// `<died ms> <reason>` a line, newlines in reasons turned to spaces, reasons cut to 500
+/// bytes.
+pub fn format_history(deaths: &[Death]) -> String {
+    let skip = deaths.len().saturating_sub(HISTORY_CAP);
+    deaths[skip..]
+        .iter()
+        .map(|d| {
+            let mut reason = d.reason.replace(['\r', '\n'], " ").into_bytes();
+            reason.truncate(500);
+            format!("{} {}", d.died_ms, String::from_utf8_lossy(&reason))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Which dead jobs a listing or a bulk operation takes. Every field narrows; the empty
+/// filter takes every dead job. Ages are measured on Redis's clock when the call starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadFilter {
+    /// The envelope's `dest`, exactly (a route name or `<sink>/<target>`).
+    pub route: Option<String>,
+    /// A part of the reason it died with (ASCII case ignored).
+    pub reason: Option<String>,
+    /// Died at least this long ago.
+    pub older_than: Option<Duration>,
+    /// Died less than this long ago.
+    pub newer_than: Option<Duration>,
+    /// The envelope meta's `schedule` (recurring schedules set it on their occurrences);
+    /// jobs without one never match.
+    pub schedule: Option<String>,
+}
+
+impl DeadFilter {
+    pub fn is_empty(&self) -> bool {
+        *self == DeadFilter::default()
+    }
+
+    /// The filters set that read the envelope (route, schedule), by their CLI names: raw
+    /// members have none.
+    pub fn envelope_only(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.route.is_some() {
+            out.push("--route");
+        }
+        if self.schedule.is_some() {
+            out.push("--schedule");
+        }
+        out
+    }
+
+    /// Refuses a filter that can match nothing: an age window that is empty.
+    pub fn check(&self) -> Result<(), ClientError> {
+        if let (Some(older), Some(newer)) = (self.older_than, self.newer_than)
+            && newer <= older
+        {
+            return Err(ClientError::InvalidSelection(format!(
+                "--older-than {} and --newer-than {} leave no time window: a job cannot have \
+                 died at least {0} ago and less than {1} ago",
+                humantime::format_duration(older),
+                humantime::format_duration(newer),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the filter reads the reason or the envelope (not only the dead score).
+    fn reads_content(&self) -> bool {
+        self.reason.is_some() || self.route.is_some() || self.schedule.is_some()
+    }
+
+    /// The dead scores the age filters admit, as `ZRANGEBYSCORE` bounds: always before
+    /// `now_ms` (what was dead when the call started).
+    fn score_range(&self, now_ms: i64) -> (String, String) {
+        let min = match self.newer_than {
+            Some(d) => format!("({}", now_ms - d.as_millis() as i64),
+            None => "-inf".to_owned(),
+        };
+        let max = match self.older_than {
+            Some(d) if !d.is_zero() => (now_ms - d.as_millis() as i64).to_string(),
+            _ => format!("({now_ms}"),
+        };
+        (min, max)
+    }
+
+    /// Whether a job that died at `died_ms` is in the age window at `now_ms`.
+    pub fn admits_age(&self, now_ms: i64, died_ms: i64) -> bool {
+        let age = now_ms - died_ms;
+        age > 0
+            && self.older_than.is_none_or(|d| age >= d.as_millis() as i64)
+            && self.newer_than.is_none_or(|d| age < d.as_millis() as i64)
+    }
+
+    /// Whether a dead job matches: age at `now_ms`, reason, route and schedule.
+    pub fn matches(&self, now_ms: i64, job: &DeadJob) -> bool {
+        self.admits_age(now_ms, job.died_ms)
+            && self.reason_matches(&job.reason)
+            && self
+                .route
+                .as_ref()
+                .is_none_or(|r| job.route.as_ref() == Some(r))
+            && self
+                .schedule
+                .as_ref()
+                .is_none_or(|s| job.schedule.as_ref() == Some(s))
+    }
+
+    /// Whether a dead raw member matches: age and reason (route and schedule are refused for
+    /// raw members before it comes to this).
+    pub fn matches_member(&self, now_ms: i64, member: &DeadMember) -> bool {
+        self.admits_age(now_ms, member.died_ms) && self.reason_matches(&member.reason)
+    }
+
+    fn reason_matches(&self, reason: &str) -> bool {
+        self.reason
+            .as_ref()
+            .is_none_or(|part| reason.to_lowercase().contains(&part.to_lowercase()))
+    }
+}
+
+/// Which dead jobs a replay or purge takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadSelection {
+    /// These ids (for a raw source: member ids, see [`member_id`]), whatever their score.
+    Ids(Vec<String>),
+    /// Every job the filter admits among those dead when the call starts (the empty filter:
+    /// every one).
+    Matching(DeadFilter),
+}
+
+/// How a replay makes jobs due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// When they are due again; `Due::In` is measured from Redis's clock when the call
+    /// starts, and every replayed job gets the same due time.
+    pub due: Due,
+    /// Keep the envelope's attempt count instead of resetting it to 0 (a job that gave up
+    /// then gets a single try before it dies again).
+    pub keep_attempts: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            due: Due::In(Duration::ZERO),
+            keep_attempts: false,
+        }
+    }
+}
+
+/// Where a bulk operation is, for a progress display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadProgress {
+    /// Reading the dead set: `scanned` entries looked at, `selected` of them taken.
+    Selecting { scanned: u64, selected: u64 },
+    /// Acting on the selection: `done` of `total`.
+    Acting { done: u64, total: u64 },
+}
+
+/// What a purge did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Purged {
+    pub purged: u64,
+    /// Ids no longer dead, or dead again since they were selected: left as they are.
+    pub skipped: u64,
+    /// History entries of jobs no longer stored, dropped on the way.
+    pub history_pruned: u64,
+}
+
+/// A dead envelope job, as `dead list` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DeadJob {
     pub id: String,
     pub shard: u16,
     pub died_ms: i64,
     pub reason: String,
+    /// The envelope's `dest`; `None` when the envelope is missing or malformed.
+    pub route: Option<String>,
+    /// Failed delivery attempts recorded in the envelope.
+    pub attempt: u32,
+    pub max_attempts: Option<u32>,
+    pub last_error: Option<String>,
+    /// The envelope meta's `schedule`.
+    pub schedule: Option<String>,
+    /// Payload bytes; `None` when the envelope is missing or malformed.
+    pub payload_size: Option<u64>,
+    /// Deaths before the current one that history keeps (it was replayed and died again).
+    pub earlier_deaths: usize,
+    /// Why the envelope cannot be read: missing (an orphan: nothing to replay) or malformed.
+    pub envelope_error: Option<String>,
+    /// The dead score it was read with (the fence of a bulk operation).
+    #[serde(skip)]
+    score: f64,
+}
+
+/// A dead envelope job with everything `dead show` prints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadJobDetail {
+    pub job: DeadJob,
+    pub headers: BTreeMap<String, String>,
+    /// The whole payload (empty when the envelope is missing or malformed).
+    pub payload: Vec<u8>,
+    /// Earlier deaths, oldest first (the current one is `job.died_ms` / `job.reason`).
+    pub history: Vec<Death>,
 }
 
 /// A dead member of a raw source.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeadMember {
     pub member: Vec<u8>,
     pub died_ms: i64,
     pub reason: String,
 }
 
+impl DeadMember {
+    /// Its id: the first 16 hex digits of SHA-1(member), as in its message id
+    /// `<source>:<id>`.
+    pub fn id(&self) -> String {
+        member_id(&self.member)
+    }
+}
+
+/// A raw member's id: the first 16 hex digits of its SHA-1 (the tail of the message id
+/// `<source>:<id>` it is published with).
+pub fn member_id(member: &[u8]) -> String {
+    let mut hex = sha1_smol::Sha1::from(member).digest().to_string();
+    hex.truncate(16);
+    hex
+}
+
+/// The id in a raw member id as a user gives it: `<id>` or `<source>:<id>`, 16 hex digits.
+fn parse_member_id(source: &str, given: &str) -> Result<String, ClientError> {
+    let id = given
+        .strip_prefix(source)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .unwrap_or(given)
+        .to_ascii_lowercase();
+    if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ClientError::InvalidSelection(format!(
+            "{given:?} is not a raw member id of {source}: expected 16 hex digits (the first of \
+             SHA-1(member)), as `dead list` prints them, optionally as {source}:<id>"
+        )));
+    }
+    Ok(id)
+}
+
+/// A dead job from what `peek_dead` read; `None` when it is not dead.
+fn dead_job(shard: u16, peek: DeadPeek) -> Option<DeadJob> {
+    let score = peek.died?;
+    let (envelope, payload_size) = match peek.envelope {
+        EnvelopeHead::Frame { head, payload_size } => {
+            (Some(Envelope::decode(&head)), Some(payload_size))
+        }
+        EnvelopeHead::Other(value) => {
+            let env = Envelope::decode(&value);
+            let size = env.as_ref().ok().map(|e| e.payload.len() as u64);
+            (Some(env), size)
+        }
+        EnvelopeHead::Missing => (None, None),
+    };
+    Some(describe(
+        shard,
+        peek.id,
+        score,
+        peek.reason,
+        &peek.history,
+        envelope.as_ref(),
+        payload_size,
+    ))
+}
+
+fn describe(
+    shard: u16,
+    id: String,
+    score: f64,
+    reason: String,
+    history: &str,
+    envelope: Option<&Result<Envelope, EnvelopeError>>,
+    payload_size: Option<u64>,
+) -> DeadJob {
+    let mut job = DeadJob {
+        id,
+        shard,
+        died_ms: score as i64,
+        reason,
+        route: None,
+        attempt: 0,
+        max_attempts: None,
+        last_error: None,
+        schedule: None,
+        payload_size: None,
+        earlier_deaths: parse_history(history).len(),
+        envelope_error: None,
+        score,
+    };
+    match envelope {
+        None => job.envelope_error = Some("no envelope stored for this id".to_owned()),
+        Some(Err(e)) => job.envelope_error = Some(e.to_string()),
+        Some(Ok(env)) => {
+            job.route = Some(env.dest.clone());
+            job.attempt = env.meta.attempt;
+            job.max_attempts = env.meta.max_attempts;
+            job.last_error = env.meta.last_error.clone();
+            job.schedule = env.meta.schedule().map(str::to_owned);
+            job.payload_size = payload_size;
+        }
+    }
+    job
+}
+
+/// The ids to act on, per shard, each with its fence (the dead score it was selected with).
+type Selected = BTreeMap<u16, Vec<(String, Option<f64>)>>;
+
 impl Client {
-    /// The oldest dead jobs, at most `limit` per shard.
+    /// The oldest dead jobs, at most `limit` per shard, oldest first.
     pub async fn dead_list(&self, limit: usize) -> Result<Vec<DeadJob>, ClientError> {
+        self.dead_jobs(&DeadFilter::default(), limit).await
+    }
+
+    /// The oldest dead jobs the filter admits, at most `limit` per shard, oldest first.
+    pub async fn dead_jobs(
+        &self,
+        filter: &DeadFilter,
+        limit: usize,
+    ) -> Result<Vec<DeadJob>, ClientError> {
+        filter.check()?;
         let mut con = self.con.clone();
+        let now_ms = store::server_time_ms(&mut con).await?;
+        let (min, max) = filter.score_range(now_ms);
+        let page = if filter.reads_content() {
+            PAGE
+        } else {
+            limit.clamp(1, PAGE)
+        };
         let mut out = Vec::new();
         for shard in 0..self.keys.shards() {
             let keys = self.keys.shard(shard);
-            let entries = oldest_dead(&mut con, &keys.dead, &keys.reasons, limit).await?;
-            out.extend(entries.into_iter().map(|d| DeadJob {
-                id: String::from_utf8_lossy(&d.member).into_owned(),
-                shard,
-                died_ms: d.died_ms,
-                reason: d.reason,
-            }));
+            let mut found = 0;
+            let mut offset = 0;
+            while found < limit {
+                let entries = dead_page(&mut con, &keys.dead, &min, &max, offset, page).await?;
+                offset += entries.len();
+                let ids: Vec<String> = entries.iter().map(|(m, _)| lossy(m)).collect();
+                for job in scripts::peek_dead(&mut con, &keys, &ids).await? {
+                    if let Some(job) = dead_job(shard, job)
+                        && found < limit
+                        && filter.matches(now_ms, &job)
+                    {
+                        out.push(job);
+                        found += 1;
+                    }
+                }
+                if entries.len() < page {
+                    break;
+                }
+            }
         }
+        out.sort_by(|a, b| (a.died_ms, a.shard, &a.id).cmp(&(b.died_ms, b.shard, &b.id)));
         Ok(out)
     }
 
-    /// Makes dead jobs due now: the given ids, or, when `ids` is empty, every job that was
-    /// dead when the call started.
+    /// One dead job with its envelope and history; `None` when `id` is not dead.
+    pub async fn dead_show(&self, id: &str) -> Result<Option<DeadJobDetail>, ClientError> {
+        let shard = self.keys.shard_of(id);
+        let keys = self.keys.shard(shard);
+        let (died, reason, history, raw): (
+            Option<f64>,
+            Option<String>,
+            Option<String>,
+            Option<Vec<u8>>,
+        ) = redis::pipe()
+            .zscore(&keys.dead, id)
+            .hget(&keys.reasons, id)
+            .hget(&keys.history, id)
+            .hget(&keys.jobs, id)
+            .query_async(&mut self.con.clone())
+            .await?;
+        let Some(died) = died else {
+            return Ok(None);
+        };
+        let history = history.unwrap_or_default();
+        let envelope = raw.as_deref().map(Envelope::decode);
+        let payload_size = envelope
+            .as_ref()
+            .and_then(|e| e.as_ref().ok())
+            .map(|e| e.payload.len() as u64);
+        let job = describe(
+            shard,
+            id.to_owned(),
+            died,
+            reason.unwrap_or_default(),
+            &history,
+            envelope.as_ref(),
+            payload_size,
+        );
+        let (headers, payload) = match envelope {
+            Some(Ok(env)) => (env.meta.headers, env.payload),
+            _ => (BTreeMap::new(), Vec::new()),
+        };
+        Ok(Some(DeadJobDetail {
+            job,
+            headers,
+            payload,
+            history: parse_history(&history),
+        }))
+    }
+
+    /// Makes dead jobs due now, resetting their attempt counts: the given ids, or, when
+    /// `ids` is empty, every job that was dead when the call started.
     pub async fn dead_replay(&self, ids: &[String]) -> Result<Replayed, ClientError> {
+        let selection = if ids.is_empty() {
+            DeadSelection::Matching(DeadFilter::default())
+        } else {
+            DeadSelection::Ids(ids.to_vec())
+        };
+        self.dead_replay_selected(&selection, ReplayOptions::default(), |_| {})
+            .await
+    }
+
+    /// Replays the selected dead jobs as `options` says, reporting progress. Then drops the
+    /// history of jobs no longer stored.
+    pub async fn dead_replay_selected(
+        &self,
+        selection: &DeadSelection,
+        options: ReplayOptions,
+        mut progress: impl FnMut(DeadProgress) + Send,
+    ) -> Result<Replayed, ClientError> {
         let mut con = self.con.clone();
-        let mut total = Replayed::default();
-        for (shard, ids) in self.dead_ids_by_shard(ids).await? {
+        let now_ms = store::server_time_ms(&mut con).await?;
+        let due = Due::At(due_ms(options.due, now_ms));
+        let selected = self
+            .select_dead(&mut con, selection, now_ms, &mut progress)
+            .await?;
+        let total = selected.values().map(|ids| ids.len() as u64).sum();
+        let mut done = 0;
+        let mut out = Replayed::default();
+        progress(DeadProgress::Acting { done, total });
+        for (shard, ids) in selected {
             let keys = self.keys.shard(shard);
             for chunk in ids.chunks(DEAD_CHUNK) {
-                let r = scripts::replay_dead(&mut con, &keys, chunk).await?;
-                total.replayed += r.replayed;
-                total.orphans += r.orphans;
+                let r = scripts::replay_dead(
+                    &mut con,
+                    &keys,
+                    due,
+                    !options.keep_attempts,
+                    HISTORY_CAP,
+                    chunk,
+                )
+                .await?;
+                out.add(r);
+                done += chunk.len() as u64;
+                progress(DeadProgress::Acting { done, total });
             }
         }
-        Ok(total)
+        out.history_pruned = self.prune_histories(&mut con).await?;
+        Ok(out)
     }
 
     /// Deletes dead jobs: the given ids, or every job that was dead when the call started.
     pub async fn dead_purge(&self, ids: &[String]) -> Result<u64, ClientError> {
-        let mut con = self.con.clone();
-        let mut total = 0;
-        for (shard, ids) in self.dead_ids_by_shard(ids).await? {
-            let keys = self.keys.shard(shard);
-            for chunk in ids.chunks(DEAD_CHUNK) {
-                total += scripts::purge_dead(&mut con, &keys, chunk).await?;
-            }
-        }
-        Ok(total)
+        let selection = if ids.is_empty() {
+            DeadSelection::Matching(DeadFilter::default())
+        } else {
+            DeadSelection::Ids(ids.to_vec())
+        };
+        Ok(self.dead_purge_selected(&selection, |_| {}).await?.purged)
     }
 
-    /// The given ids grouped by shard, or every id dead before now when `ids` is empty.
-    async fn dead_ids_by_shard(
+    /// Deletes the selected dead jobs (envelope, reason, history), reporting progress. Then
+    /// drops the history of jobs no longer stored.
+    pub async fn dead_purge_selected(
         &self,
-        ids: &[String],
-    ) -> Result<BTreeMap<u16, Vec<String>>, ClientError> {
-        let mut by_shard: BTreeMap<u16, Vec<String>> = BTreeMap::new();
-        if ids.is_empty() {
-            let mut con = self.con.clone();
-            let cutoff = store::server_time_ms(&mut con).await?;
-            for shard in 0..self.keys.shards() {
-                let dead = dead_before(&mut con, &self.keys.dead(shard), cutoff).await?;
-                if !dead.is_empty() {
-                    by_shard.insert(
-                        shard,
-                        dead.into_iter()
-                            .map(|m| String::from_utf8_lossy(&m).into_owned())
-                            .collect(),
-                    );
-                }
-            }
-        } else {
-            for id in ids {
-                by_shard
-                    .entry(self.keys.shard_of(id))
-                    .or_default()
-                    .push(id.clone());
+        selection: &DeadSelection,
+        mut progress: impl FnMut(DeadProgress) + Send,
+    ) -> Result<Purged, ClientError> {
+        let mut con = self.con.clone();
+        let now_ms = store::server_time_ms(&mut con).await?;
+        let selected = self
+            .select_dead(&mut con, selection, now_ms, &mut progress)
+            .await?;
+        let total = selected.values().map(|ids| ids.len() as u64).sum();
+        let mut done = 0;
+        let mut out = Purged::default();
+        progress(DeadProgress::Acting { done, total });
+        for (shard, ids) in selected {
+            let keys = self.keys.shard(shard);
+            for chunk in ids.chunks(DEAD_CHUNK) {
+                let (purged, skipped) = scripts::purge_dead(&mut con, &keys, chunk).await?;
+                out.purged += purged;
+                out.skipped += skipped;
+                done += chunk.len() as u64;
+                progress(DeadProgress::Acting { done, total });
             }
         }
-        Ok(by_shard)
+        out.history_pruned = self.prune_histories(&mut con).await?;
+        Ok(out)
+    }
+
+    /// The selected ids per shard: given ids without a fence, or what the filter admits now,
+    /// each with the dead score it had.
+    async fn select_dead(
+        &self,
+        con: &mut Conn,
+        selection: &DeadSelection,
+        now_ms: i64,
+        progress: &mut (impl FnMut(DeadProgress) + Send),
+    ) -> Result<Selected, ClientError> {
+        let mut out: Selected = BTreeMap::new();
+        let filter = match selection {
+            DeadSelection::Ids(ids) => {
+                for id in ids {
+                    out.entry(self.keys.shard_of(id))
+                        .or_default()
+                        .push((id.clone(), None));
+                }
+                return Ok(out);
+            }
+            DeadSelection::Matching(filter) => filter,
+        };
+        filter.check()?;
+        let (min, max) = filter.score_range(now_ms);
+        let (mut scanned, mut selected) = (0u64, 0u64);
+        for shard in 0..self.keys.shards() {
+            let keys = self.keys.shard(shard);
+            let mut offset = 0;
+            loop {
+                let entries = dead_page(con, &keys.dead, &min, &max, offset, PAGE).await?;
+                offset += entries.len();
+                scanned += entries.len() as u64;
+                let ids: Vec<String> = entries.iter().map(|(m, _)| lossy(m)).collect();
+                let taken: Vec<(String, Option<f64>)> = if filter.reads_content() {
+                    scripts::peek_dead(con, &keys, &ids)
+                        .await?
+                        .into_iter()
+                        .filter_map(|peek| dead_job(shard, peek))
+                        .filter(|job| filter.matches(now_ms, job))
+                        .map(|job| (job.id, Some(job.score)))
+                        .collect()
+                } else {
+                    ids.into_iter()
+                        .zip(entries.iter().map(|(_, score)| Some(*score)))
+                        .collect()
+                };
+                selected += taken.len() as u64;
+                if !taken.is_empty() {
+                    out.entry(shard).or_default().extend(taken);
+                }
+                progress(DeadProgress::Selecting { scanned, selected });
+                if entries.len() < PAGE {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops the history of every id no longer stored, in every shard; returns how many.
+    async fn prune_histories(&self, con: &mut Conn) -> Result<u64, ClientError> {
+        let mut pruned = 0;
+        for shard in 0..self.keys.shards() {
+            let keys = self.keys.shard(shard);
+            let mut cursor = "0".to_owned();
+            loop {
+                let (next, fields): (String, Vec<Vec<u8>>) = redis::cmd("HSCAN")
+                    .arg(&keys.history)
+                    .arg(&cursor)
+                    .arg("COUNT")
+                    .arg(PAGE)
+                    .query_async(con)
+                    .await?;
+                // HSCAN answers field, value, field, value…
+                let ids: Vec<String> = fields.iter().step_by(2).map(|f| lossy(f)).collect();
+                pruned += scripts::prune_history(con, &keys, &ids).await?;
+                if next == "0" {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(pruned)
     }
 
     /// The oldest dead members of a raw source.
@@ -113,60 +655,263 @@ impl Client {
         source: &SourceConfig,
         limit: usize,
     ) -> Result<Vec<DeadMember>, ClientError> {
+        self.raw_dead_members(source, &DeadFilter::default(), limit)
+            .await
+    }
+
+    /// The oldest dead members of a raw source that the filter admits (age and reason:
+    /// route and schedule are refused, raw members have no envelope).
+    pub async fn raw_dead_members(
+        &self,
+        source: &SourceConfig,
+        filter: &DeadFilter,
+        limit: usize,
+    ) -> Result<Vec<DeadMember>, ClientError> {
+        check_raw_filter(filter)?;
+        let mut con = self.con.clone();
         let keys = source.keys();
-        Ok(oldest_dead(&mut self.con.clone(), &keys.dead, &keys.reasons, limit).await?)
+        let now_ms = store::server_time_ms(&mut con).await?;
+        let (min, max) = filter.score_range(now_ms);
+        let page = if filter.reads_content() {
+            PAGE
+        } else {
+            limit.clamp(1, PAGE)
+        };
+        let mut out = Vec::new();
+        let mut offset = 0;
+        while out.len() < limit {
+            let entries = dead_page(&mut con, &keys.dead, &min, &max, offset, page).await?;
+            offset += entries.len();
+            let full = entries.len() == page;
+            for member in with_reasons(&mut con, &keys.reasons, entries).await? {
+                if out.len() < limit && filter.matches_member(now_ms, &member.0) {
+                    out.push(member.0);
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// One dead member of a raw source by its id ([`member_id`], or `<source>:<id>`);
+    /// `None` when no dead member has it.
+    pub async fn raw_dead_show(
+        &self,
+        source: &SourceConfig,
+        id: &str,
+    ) -> Result<Option<DeadMember>, ClientError> {
+        let wanted = parse_member_id(&source.key, id)?;
+        let mut con = self.con.clone();
+        let keys = source.keys();
+        let mut offset = 0;
+        loop {
+            let entries = dead_page(&mut con, &keys.dead, "-inf", "+inf", offset, PAGE).await?;
+            offset += entries.len();
+            let full = entries.len() == PAGE;
+            if let Some(found) = entries.into_iter().find(|(m, _)| member_id(m) == wanted) {
+                let mut member = with_reasons(&mut con, &keys.reasons, vec![found]).await?;
+                return Ok(member.pop().map(|(m, _)| m));
+            }
+            if !full {
+                return Ok(None);
+            }
+        }
     }
 
     /// Puts every member that was dead when the call started back into its source, due now.
     pub async fn raw_dead_replay(&self, source: &SourceConfig) -> Result<u64, ClientError> {
+        let all = DeadSelection::Matching(DeadFilter::default());
+        let r = self
+            .raw_dead_replay_selected(source, &all, Due::In(Duration::ZERO), |_| {})
+            .await?;
+        Ok(r.replayed)
+    }
+
+    /// Puts the selected dead members back into their source, due at `due` (`Due::In` from
+    /// Redis's clock when the call starts), reporting progress.
+    pub async fn raw_dead_replay_selected(
+        &self,
+        source: &SourceConfig,
+        selection: &DeadSelection,
+        due: Due,
+        mut progress: impl FnMut(DeadProgress) + Send,
+    ) -> Result<Replayed, ClientError> {
         let mut con = self.con.clone();
         let keys = source.keys();
         let now_ms = store::server_time_ms(&mut con).await?;
+        let due_ms = due_ms(due, now_ms);
         let score = match source.score_unit {
-            ScoreUnit::Millis => now_ms.to_string(),
-            ScoreUnit::Seconds => format!("{:.3}", now_ms as f64 / 1000.0),
+            ScoreUnit::Millis => due_ms.to_string(),
+            ScoreUnit::Seconds => format!("{:.3}", due_ms as f64 / 1000.0),
         };
-        let mut total = 0;
-        for chunk in dead_before(&mut con, &keys.dead, now_ms)
-            .await?
-            .chunks(DEAD_CHUNK)
-        {
-            total += scripts::replay_raw_dead(&mut con, &keys, &score, chunk).await?;
+        let selected = self
+            .select_raw(&mut con, source, selection, now_ms, &mut progress)
+            .await?;
+        let total = selected.len() as u64;
+        let mut out = Replayed::default();
+        progress(DeadProgress::Acting { done: 0, total });
+        for (i, chunk) in selected.chunks(DEAD_CHUNK).enumerate() {
+            out.add(scripts::replay_raw_dead(&mut con, &keys, &score, chunk).await?);
+            let done = (i * DEAD_CHUNK + chunk.len()) as u64;
+            progress(DeadProgress::Acting { done, total });
         }
-        Ok(total)
+        if out.replayed > 0 {
+            out.due_ms = Some(due_ms);
+        }
+        Ok(out)
     }
 
     /// Deletes every member of a raw source that was dead when the call started.
     pub async fn raw_dead_purge(&self, source: &SourceConfig) -> Result<u64, ClientError> {
+        let all = DeadSelection::Matching(DeadFilter::default());
+        Ok(self
+            .raw_dead_purge_selected(source, &all, |_| {})
+            .await?
+            .purged)
+    }
+
+    /// Deletes the selected dead members of a raw source, reporting progress.
+    pub async fn raw_dead_purge_selected(
+        &self,
+        source: &SourceConfig,
+        selection: &DeadSelection,
+        mut progress: impl FnMut(DeadProgress) + Send,
+    ) -> Result<Purged, ClientError> {
         let mut con = self.con.clone();
         let keys = source.keys();
         let now_ms = store::server_time_ms(&mut con).await?;
-        let mut total = 0;
-        for chunk in dead_before(&mut con, &keys.dead, now_ms)
-            .await?
-            .chunks(DEAD_CHUNK)
-        {
-            total += scripts::purge_raw_dead(&mut con, &keys, chunk).await?;
+        let selected = self
+            .select_raw(&mut con, source, selection, now_ms, &mut progress)
+            .await?;
+        let total = selected.len() as u64;
+        let mut out = Purged::default();
+        progress(DeadProgress::Acting { done: 0, total });
+        for (i, chunk) in selected.chunks(DEAD_CHUNK).enumerate() {
+            let (purged, skipped) = scripts::purge_raw_dead(&mut con, &keys, chunk).await?;
+            out.purged += purged;
+            out.skipped += skipped;
+            let done = (i * DEAD_CHUNK + chunk.len()) as u64;
+            progress(DeadProgress::Acting { done, total });
         }
-        Ok(total)
+        Ok(out)
+    }
+
+    /// The selected dead members of a raw source, each with the dead score it had.
+    async fn select_raw(
+        &self,
+        con: &mut Conn,
+        source: &SourceConfig,
+        selection: &DeadSelection,
+        now_ms: i64,
+        progress: &mut (impl FnMut(DeadProgress) + Send),
+    ) -> Result<Vec<(Vec<u8>, Option<f64>)>, ClientError> {
+        let keys = source.keys();
+        let (filter, wanted) = match selection {
+            DeadSelection::Matching(filter) => {
+                check_raw_filter(filter)?;
+                filter.check()?;
+                (filter.clone(), None)
+            }
+            DeadSelection::Ids(ids) => {
+                let ids = ids
+                    .iter()
+                    .map(|id| parse_member_id(&source.key, id))
+                    .collect::<Result<std::collections::BTreeSet<_>, _>>()?;
+                (DeadFilter::default(), Some(ids))
+            }
+        };
+        let (min, max) = match wanted {
+            // Ids are taken whenever they died, like envelope ids.
+            Some(_) => ("-inf".to_owned(), "+inf".to_owned()),
+            None => filter.score_range(now_ms),
+        };
+        let mut out = Vec::new();
+        let (mut offset, mut scanned) = (0, 0u64);
+        loop {
+            let entries = dead_page(con, &keys.dead, &min, &max, offset, PAGE).await?;
+            offset += entries.len();
+            scanned += entries.len() as u64;
+            let full = entries.len() == PAGE;
+            if let Some(wanted) = &wanted {
+                out.extend(
+                    entries
+                        .into_iter()
+                        .filter(|(m, _)| wanted.contains(&member_id(m)))
+                        .map(|(m, score)| (m, Some(score))),
+                );
+            } else if filter.reason.is_some() {
+                for (member, score) in with_reasons(con, &keys.reasons, entries).await? {
+                    if filter.matches_member(now_ms, &member) {
+                        out.push((member.member, Some(score)));
+                    }
+                }
+            } else {
+                out.extend(entries.into_iter().map(|(m, score)| (m, Some(score))));
+            }
+            progress(DeadProgress::Selecting {
+                scanned,
+                selected: out.len() as u64,
+            });
+            if !full {
+                return Ok(out);
+            }
+        }
     }
 }
 
-/// The oldest `limit` members of a dead ZSET with their death time and reason, in death
-/// order.
-async fn oldest_dead(
+/// `Due` as epoch ms, `Due::In` counted from `now_ms` (Redis's clock).
+fn due_ms(due: Due, now_ms: i64) -> i64 {
+    match due {
+        Due::At(ms) => ms,
+        Due::In(d) => now_ms + d.as_millis() as i64,
+    }
+}
+
+/// Route and schedule read the envelope: raw members have none.
+fn check_raw_filter(filter: &DeadFilter) -> Result<(), ClientError> {
+    match filter.envelope_only().as_slice() {
+        [] => Ok(()),
+        names => Err(ClientError::InvalidSelection(format!(
+            "{} does not apply to raw members: they have no envelope (a raw source delivers \
+             to its one configured route); use --reason, --older-than or --newer-than",
+            names.join(" and ")
+        ))),
+    }
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// One page of a dead ZSET in death order, scores in `[min, max]` (ZRANGEBYSCORE bounds).
+async fn dead_page(
     con: &mut Conn,
-    dead_key: &str,
-    reasons_key: &str,
-    limit: usize,
-) -> redis::RedisResult<Vec<DeadMember>> {
-    let entries: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-        .arg(dead_key)
-        .arg(0)
-        .arg(limit as isize - 1)
+    key: &str,
+    min: &str,
+    max: &str,
+    offset: usize,
+    count: usize,
+) -> redis::RedisResult<Vec<(Vec<u8>, f64)>> {
+    redis::cmd("ZRANGEBYSCORE")
+        .arg(key)
+        .arg(min)
+        .arg(max)
         .arg("WITHSCORES")
+        .arg("LIMIT")
+        .arg(offset)
+        .arg(count)
         .query_async(con)
-        .await?;
+        .await
+}
+
+/// Dead raw members with their reasons, each with its dead score.
+async fn with_reasons(
+    con: &mut Conn,
+    reasons_key: &str,
+    entries: Vec<(Vec<u8>, f64)>,
+) -> redis::RedisResult<Vec<(DeadMember, f64)>> {
     if entries.is_empty() {
         return Ok(Vec::new());
     }
@@ -179,37 +924,218 @@ async fn oldest_dead(
     Ok(entries
         .into_iter()
         .zip(reasons)
-        .map(|((member, died), reason)| DeadMember {
-            member,
-            died_ms: died as i64,
-            reason: reason.unwrap_or_default(),
+        .map(|((member, died), reason)| {
+            (
+                DeadMember {
+                    member,
+                    died_ms: died as i64,
+                    reason: reason.unwrap_or_default(),
+                },
+                died,
+            )
         })
         .collect())
 }
 
-/// Members of a dead ZSET that died strictly before `cutoff_ms`, read in pages before
-/// anything is changed, so the set can be acted on without meeting its own re-deaths.
-async fn dead_before(
-    con: &mut Conn,
-    key: &str,
-    cutoff_ms: i64,
-) -> redis::RedisResult<Vec<Vec<u8>>> {
-    const PAGE: usize = 10_000;
-    let mut out: Vec<Vec<u8>> = Vec::new();
-    loop {
-        let page: Vec<Vec<u8>> = redis::cmd("ZRANGEBYSCORE")
-            .arg(key)
-            .arg("-inf")
-            .arg(format!("({cutoff_ms}"))
-            .arg("LIMIT")
-            .arg(out.len())
-            .arg(PAGE)
-            .query_async(con)
-            .await?;
-        let full = page.len() == PAGE;
-        out.extend(page);
-        if !full {
-            return Ok(out);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(died_ms: i64, reason: &str, route: Option<&str>, schedule: Option<&str>) -> DeadJob {
+        DeadJob {
+            id: "j".into(),
+            shard: 0,
+            died_ms,
+            reason: reason.into(),
+            route: route.map(str::to_owned),
+            attempt: 0,
+            max_attempts: None,
+            last_error: None,
+            schedule: schedule.map(str::to_owned),
+            payload_size: None,
+            earlier_deaths: 0,
+            envelope_error: None,
+            score: died_ms as f64,
         }
+    }
+
+    const NOW: i64 = 1_000_000_000;
+    const MIN: i64 = 60_000;
+
+    #[test]
+    fn the_empty_filter_takes_everything_dead_before_now() {
+        let f = DeadFilter::default();
+        assert!(f.is_empty());
+        assert!(f.matches(NOW, &job(NOW - 1, "x", None, None)));
+        assert!(
+            !f.matches(NOW, &job(NOW, "x", None, None)),
+            "not before now"
+        );
+        assert_eq!(f.score_range(NOW), ("-inf".into(), format!("({NOW}")));
+    }
+
+    #[test]
+    fn reason_is_a_case_insensitive_substring() {
+        let f = DeadFilter {
+            reason: Some("wrongtype".into()),
+            ..DeadFilter::default()
+        };
+        assert!(f.matches(
+            NOW,
+            &job(1, "rejected: WRONGTYPE q holds a string", None, None)
+        ));
+        assert!(!f.matches(NOW, &job(1, "unknown destination: q", None, None)));
+    }
+
+    #[test]
+    fn route_and_schedule_match_exactly_and_need_the_field() {
+        let f = DeadFilter {
+            route: Some("emails".into()),
+            ..DeadFilter::default()
+        };
+        assert!(f.matches(NOW, &job(1, "", Some("emails"), None)));
+        assert!(!f.matches(NOW, &job(1, "", Some("emails-2"), None)));
+        assert!(!f.matches(NOW, &job(1, "", None, None)), "no envelope");
+        let f = DeadFilter {
+            schedule: Some("nightly".into()),
+            ..DeadFilter::default()
+        };
+        assert!(f.matches(NOW, &job(1, "", Some("q"), Some("nightly"))));
+        assert!(!f.matches(NOW, &job(1, "", Some("q"), None)), "no schedule");
+        assert!(!f.matches(NOW, &job(1, "", Some("q"), Some("nightly-2"))));
+        assert_eq!(f.envelope_only(), ["--schedule"]);
+        assert!(
+            check_raw_filter(&f)
+                .unwrap_err()
+                .to_string()
+                .contains("--schedule")
+        );
+    }
+
+    #[test]
+    fn ages_bound_a_window_and_its_score_range() {
+        let f = DeadFilter {
+            older_than: Some(Duration::from_secs(60)),
+            newer_than: Some(Duration::from_secs(600)),
+            ..DeadFilter::default()
+        };
+        assert!(f.check().is_ok());
+        assert!(
+            f.admits_age(NOW, NOW - MIN),
+            "exactly 1 min old is older than 1 min"
+        );
+        assert!(!f.admits_age(NOW, NOW - MIN + 1));
+        assert!(f.admits_age(NOW, NOW - 10 * MIN + 1));
+        assert!(
+            !f.admits_age(NOW, NOW - 10 * MIN),
+            "10 min old is not newer than 10 min"
+        );
+        assert_eq!(
+            f.score_range(NOW),
+            (format!("({}", NOW - 10 * MIN), (NOW - MIN).to_string())
+        );
+        let empty = DeadFilter {
+            older_than: Some(Duration::from_secs(600)),
+            newer_than: Some(Duration::from_secs(60)),
+            ..DeadFilter::default()
+        };
+        let e = empty.check().unwrap_err().to_string();
+        assert!(e.contains("no time window"), "{e}");
+        assert!(e.contains("10m") && e.contains("1m"), "{e}");
+    }
+
+    #[test]
+    fn history_text_round_trips_and_is_capped() {
+        let deaths: Vec<Death> = (1..=7)
+            .map(|i| Death {
+                died_ms: 1_700_000_000_000 + i,
+                reason: format!("reason {i}: a b"),
+            })
+            .collect();
+        let text = format_history(&deaths);
+        assert_eq!(text.lines().count(), HISTORY_CAP);
+        assert!(text.starts_with("1700000000003 reason 3: a b\n"), "{text}");
+        assert_eq!(parse_history(&text), deaths[2..]);
+        assert_eq!(parse_history(""), []);
+    }
+
+    #[test]
+    fn history_reasons_lose_newlines_and_odd_lines_survive() {
+        let text = format_history(&[Death {
+            died_ms: 5,
+            reason: "broker said:\nno".into(),
+        }]);
+        assert_eq!(text, "5 broker said: no");
+        assert_eq!(
+            parse_history("5\nnot a number here\n7 x"),
+            [
+                Death {
+                    died_ms: 5,
+                    reason: String::new()
+                },
+                Death {
+                    died_ms: 0,
+                    reason: "not a number here".into()
+                },
+                Death {
+                    died_ms: 7,
+                    reason: "x".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn member_ids_are_sha1_prefixes() {
+        // sha1("abc") = a9993e364706816aba3e25717850c26c9cd0d89d
+        assert_eq!(member_id(b"abc"), "a9993e364706816a");
+        assert_eq!(
+            parse_member_id("raw:a", "raw:a:A9993E364706816A").unwrap(),
+            "a9993e364706816a"
+        );
+        assert_eq!(
+            parse_member_id("raw:a", "a9993e364706816a").unwrap(),
+            "a9993e364706816a"
+        );
+        assert!(parse_member_id("raw:a", "abc").is_err());
+        assert!(parse_member_id("raw:a", "raw:b:a9993e364706816a").is_err());
+    }
+
+    #[test]
+    fn dead_jobs_are_described_from_their_frame_head() {
+        let head = b"zd1:emails\n48\n{\"attempt\":3,\"last_error\":\"OOM\",\"schedule\":\"s1\"}";
+        let peek = DeadPeek {
+            id: "j1".into(),
+            died: Some(12.0),
+            reason: "gave up".into(),
+            history: "1 a\n2 b".into(),
+            envelope: EnvelopeHead::Frame {
+                head: head.to_vec(),
+                payload_size: 42,
+            },
+        };
+        let job = dead_job(3, peek.clone()).expect("dead");
+        assert_eq!(job.route.as_deref(), Some("emails"));
+        assert_eq!(
+            (
+                job.attempt,
+                job.last_error.as_deref(),
+                job.schedule.as_deref()
+            ),
+            (3, Some("OOM"), Some("s1"))
+        );
+        assert_eq!((job.payload_size, job.earlier_deaths), (Some(42), 2));
+        assert_eq!(job.envelope_error, None);
+        let orphan = dead_job(
+            3,
+            DeadPeek {
+                envelope: EnvelopeHead::Missing,
+                ..peek.clone()
+            },
+        )
+        .unwrap();
+        assert_eq!(orphan.route, None);
+        assert!(orphan.envelope_error.unwrap().contains("no envelope"));
+        assert!(dead_job(3, DeadPeek { died: None, ..peek }).is_none());
     }
 }

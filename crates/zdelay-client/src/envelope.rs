@@ -58,6 +58,15 @@ pub struct Meta {
     pub extra: Map<String, Value>,
 }
 
+impl Meta {
+    /// The recurring schedule this job is an occurrence of: the meta field `schedule`, which
+    /// schedules set on the jobs they write (kept in `extra` until it has a field of its own).
+    /// `dead --schedule ID` selects by it.
+    pub fn schedule(&self) -> Option<&str> {
+        self.extra.get("schedule").and_then(Value::as_str)
+    }
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -276,6 +285,13 @@ mod tests {
             Envelope::decode(br#"{"v":2,"dest":"a","payload":"b"}"#),
             Err(EnvelopeError::Version(2))
         );
+    }
+
+    #[test]
+    fn schedule_is_read_from_meta() {
+        let env = Envelope::decode(b"zd1:q\n22\n{\"schedule\":\"nightly\"}x").unwrap();
+        assert_eq!(env.meta.schedule(), Some("nightly"));
+        assert_eq!(Envelope::new("q", b"x".to_vec()).meta.schedule(), None);
     }
 
     #[test]

@@ -58,6 +58,7 @@ impl Keys {
             scheduled: self.scheduled(shard),
             ready: self.ready(shard),
             ready_ids: self.ready_ids(shard),
+            history: self.history(shard),
             wake_channel: self.wake_channel(),
         }
     }
@@ -110,6 +111,14 @@ impl Keys {
         self.shard_key(shard, "ready_ids")
     }
 
+    /// HASH: job id → its earlier deaths, one `<died ms> <reason>` a line, oldest first, at
+    /// most [`crate::dead::HISTORY_CAP`] lines. Written by `dead replay` (the death a replay
+    /// leaves), read by `dead show`, dropped by `dead purge` and, once the job is no longer
+    /// stored (delivered, cancelled), by the next `dead replay` or `dead purge`.
+    pub fn history(&self, shard: u16) -> String {
+        self.shard_key(shard, "history")
+    }
+
     /// HASH of the daemons running on this namespace: instance id → `<registration expiry ms>
     /// <last heartbeat ms>` (a hash, not a ZSET, so heartbeats never count as job writes in
     /// ZADD statistics). One hash tag with `poller_slots`.
@@ -157,6 +166,8 @@ pub enum ShardKey {
     Scheduled,
     Ready,
     ReadyIds,
+    /// Only the dead-letter scripts take it (after every other key they take).
+    History,
 }
 
 impl ShardKey {
@@ -171,6 +182,7 @@ impl ShardKey {
             ShardKey::Scheduled => "scheduled",
             ShardKey::Ready => "ready",
             ShardKey::ReadyIds => "ready_ids",
+            ShardKey::History => "history",
         }
     }
 }
@@ -187,6 +199,7 @@ pub struct ShardKeys {
     pub scheduled: String,
     pub ready: String,
     pub ready_ids: String,
+    pub history: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
     pub wake_channel: String,
 }
@@ -202,6 +215,7 @@ impl ShardKeys {
             ShardKey::Scheduled => &self.scheduled,
             ShardKey::Ready => &self.ready,
             ShardKey::ReadyIds => &self.ready_ids,
+            ShardKey::History => &self.history,
         }
     }
 }
@@ -284,6 +298,7 @@ mod tests {
             assert_eq!(shard.get(key), format!("{{zdelay:3}}:{}", key.name()));
         }
         assert_eq!(shard.scheduled, "{zdelay:3}:scheduled");
+        assert_eq!(shard.get(ShardKey::History), "{zdelay:3}:history");
     }
 
     #[test]

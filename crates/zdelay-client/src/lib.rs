@@ -27,7 +27,10 @@ pub mod store;
 
 pub use client::{Client, ClientError, JobView, NewJob};
 pub use config::Config;
-pub use dead::{DeadJob, DeadMember};
+pub use dead::{
+    DeadFilter, DeadJob, DeadJobDetail, DeadMember, DeadProgress, DeadSelection, Purged,
+    ReplayOptions,
+};
 pub use envelope::Envelope;
 pub use job::{Cancelled, Due, Enqueued, JobState, OnConflict};
 pub use routes::Routes;

@@ -427,10 +427,10 @@ impl SeededRng {
     }
 }
 
-/// Total size of one kind of shard key (`due`, `jobs`, `dead`, `inflight`, `reasons`) over
-/// every shard of namespace `zdelay`.
+/// Total size of one kind of shard key (`due`, `jobs`, `dead`, `inflight`, `reasons`,
+/// `history`) over every shard of namespace `zdelay`.
 pub fn shard_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> usize {
-    let cmd = if matches!(suffix, "jobs" | "reasons") {
+    let cmd = if matches!(suffix, "jobs" | "reasons" | "history") {
         "HLEN"
     } else {
         "ZCARD"

@@ -62,6 +62,8 @@ scripts!(
     reschedule_job,
     replay_dead,
     purge_dead,
+    peek_dead,
+    prune_history,
     replay_raw_dead,
     purge_raw_dead,
     settle_jobs,
@@ -71,9 +73,10 @@ scripts!(
     release_slots,
 );
 
-use ShardKey::{Dead, Due as DueKey, Inflight, Jobs, Ready, ReadyIds, Reasons, Scheduled};
+use ShardKey::{Dead, Due as DueKey, History, Inflight, Jobs, Ready, ReadyIds, Reasons, Scheduled};
 
-/// Every shard key, in the one order scripts take them.
+/// Every shard key but `history` (which only the dead-letter scripts take, last), in the one
+/// order scripts take them: the keys of the delivery scripts.
 const ALL_SHARD_KEYS: &[ShardKey] = &[
     DueKey, Jobs, Inflight, Dead, Reasons, Scheduled, Ready, ReadyIds,
 ];
@@ -90,8 +93,10 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
         &[DueKey, Jobs, Inflight, Scheduled, Ready, ReadyIds],
     ),
     ("reschedule_job", &[DueKey, Scheduled, Ready, ReadyIds]),
-    ("replay_dead", &[DueKey, Jobs, Dead, Reasons]),
-    ("purge_dead", &[Jobs, Dead, Reasons]),
+    ("replay_dead", &[DueKey, Jobs, Dead, Reasons, History]),
+    ("purge_dead", &[Jobs, Dead, Reasons, History]),
+    ("peek_dead", &[Jobs, Dead, Reasons, History]),
+    ("prune_history", &[Jobs, History]),
 ];
 
 /// A script with its source, for `SCRIPT LOAD`.
@@ -329,68 +334,205 @@ pub async fn reschedule_job(
     Ok((new_due >= 0).then_some(new_due))
 }
 
-/// What `replay_dead` did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What `replay_dead` (or `replay_raw_dead`) did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Replayed {
     pub replayed: u64,
     /// Dead ids without an envelope: nothing to deliver, so they stay dead.
     pub orphans: u64,
+    /// Ids no longer dead, or dead again since they were selected (their dead score moved):
+    /// left as they are.
+    pub skipped: u64,
+    /// The due time (epoch ms) the replayed jobs got, when any was replayed.
+    pub due_ms: Option<i64>,
+    /// History entries of jobs no longer stored, dropped on the way (set by `dead`).
+    pub history_pruned: u64,
 }
 
-/// Makes dead jobs due now (Redis `TIME`).
+impl Replayed {
+    /// Adds another call's counts.
+    pub fn add(&mut self, other: Replayed) {
+        self.replayed += other.replayed;
+        self.orphans += other.orphans;
+        self.skipped += other.skipped;
+        self.due_ms = self.due_ms.or(other.due_ms);
+        self.history_pruned += other.history_pruned;
+    }
+}
+
+/// The scripts' form of a fence: the dead score an id was selected with, or "" (none).
+fn fence_arg(score: Option<f64>) -> String {
+    score.map(|s| s.to_string()).unwrap_or_default()
+}
+
+/// Makes dead jobs due at `due` (Redis `TIME` based for `Due::In`), each only if its dead
+/// score is still the one it was selected with (`None`: whatever it is). `reset_attempts`
+/// drops the envelope's attempt count; `history_cap` bounds each id's history.
 pub async fn replay_dead(
     con: &mut Conn,
     keys: &ShardKeys,
-    ids: &[String],
+    due: Due,
+    reset_attempts: bool,
+    history_cap: usize,
+    ids: &[(String, Option<f64>)],
 ) -> redis::RedisResult<Replayed> {
     let mut inv = shard_invocation(&compiled::replay_dead, "replay_dead", keys);
-    let (replayed, orphans): (u64, u64) = inv
-        .arg("")
+    inv.arg(due.as_arg())
         .arg(&keys.wake_channel)
         .arg(keys.shard)
-        .arg(ids)
-        .invoke(con)
-        .await?;
-    Ok(Replayed { replayed, orphans })
+        .arg(if reset_attempts { "reset" } else { "keep" })
+        .arg(history_cap);
+    for (id, fence) in ids {
+        inv.arg(id).arg(fence_arg(*fence));
+    }
+    let (replayed, orphans, skipped, due_ms): (u64, u64, u64, i64) = inv.invoke(con).await?;
+    Ok(Replayed {
+        replayed,
+        orphans,
+        skipped,
+        due_ms: (replayed > 0).then_some(due_ms),
+        history_pruned: 0,
+    })
 }
 
+/// Deletes dead jobs (envelope, reason, history), each only if its dead score is still the
+/// one it was selected with. Returns (purged, skipped).
 pub async fn purge_dead(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    ids: &[(String, Option<f64>)],
+) -> redis::RedisResult<(u64, u64)> {
+    let mut inv = shard_invocation(&compiled::purge_dead, "purge_dead", keys);
+    for (id, fence) in ids {
+        inv.arg(id).arg(fence_arg(*fence));
+    }
+    inv.invoke(con).await
+}
+
+/// The stored envelope of a dead job, as far as `peek_dead` reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvelopeHead {
+    /// A `zd1` frame up to the end of its meta (the payload cut off), and the payload's size.
+    Frame { head: Vec<u8>, payload_size: u64 },
+    /// A JSON envelope or a malformed value: its first 64 KiB.
+    Other(Vec<u8>),
+    /// No envelope stored (an orphan).
+    Missing,
+}
+
+/// One id as `peek_dead` saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadPeek {
+    pub id: String,
+    /// Its dead score; `None` when it is not dead.
+    pub died: Option<f64>,
+    pub reason: String,
+    /// Its history text (`""` when none).
+    pub history: String,
+    pub envelope: EnvelopeHead,
+}
+
+/// Reads what listing and filtering needs about dead ids of one shard, without payloads.
+pub async fn peek_dead(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    ids: &[String],
+) -> redis::RedisResult<Vec<DeadPeek>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut inv = shard_invocation(&compiled::peek_dead, "peek_dead", keys);
+    let values: Vec<Value> = inv.arg(ids).invoke(con).await?;
+    if values.len() != ids.len() * 6 {
+        return Err(protocol_error(
+            "peek_dead",
+            &Value::Int(values.len() as i64),
+        ));
+    }
+    let mut it = values.into_iter();
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let mut next = || it.next().expect("length checked above");
+        let died = match as_string(next())? {
+            s if s.is_empty() => None,
+            s => Some(s.parse::<f64>().map_err(|_| {
+                redis::RedisError::from((redis::ErrorKind::Parse, "dead score is not a number"))
+            })?),
+        };
+        let reason = as_string(next())?;
+        let history = as_string(next())?;
+        let kind = as_string(next())?;
+        let head = as_bytes(next())?;
+        let size = as_int(next())?;
+        let envelope = match kind.as_str() {
+            "frame" => EnvelopeHead::Frame {
+                head,
+                payload_size: size.max(0) as u64,
+            },
+            "other" => EnvelopeHead::Other(head),
+            _ => EnvelopeHead::Missing,
+        };
+        out.push(DeadPeek {
+            id: id.clone(),
+            died,
+            reason,
+            history,
+            envelope,
+        });
+    }
+    Ok(out)
+}
+
+/// Deletes the history of those `ids` that have no envelope any more; returns how many.
+pub async fn prune_history(
     con: &mut Conn,
     keys: &ShardKeys,
     ids: &[String],
 ) -> redis::RedisResult<u64> {
-    let mut inv = shard_invocation(&compiled::purge_dead, "purge_dead", keys);
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let mut inv = shard_invocation(&compiled::prune_history, "prune_history", keys);
     inv.arg(ids).invoke(con).await
 }
 
-/// Puts dead raw members back into their source with `score` (in the source's unit).
+/// Puts dead raw members back into their source with `score` (in the source's unit), each
+/// only if its dead score is still the one it was selected with.
 pub async fn replay_raw_dead(
     con: &mut Conn,
     keys: &RawKeys,
     score: &str,
-    members: &[Vec<u8>],
-) -> redis::RedisResult<u64> {
-    Call::new(&compiled::replay_raw_dead)
-        .key(&keys.source)
+    members: &[(Vec<u8>, Option<f64>)],
+) -> redis::RedisResult<Replayed> {
+    let mut call = Call::new(&compiled::replay_raw_dead);
+    call.key(&keys.source)
         .key(&keys.dead)
         .key(&keys.reasons)
-        .arg(score)
-        .arg(members)
-        .invoke(con)
-        .await
+        .arg(score);
+    for (member, fence) in members {
+        call.arg(member).arg(fence_arg(*fence));
+    }
+    let (replayed, skipped): (u64, u64) = call.invoke(con).await?;
+    Ok(Replayed {
+        replayed,
+        skipped,
+        ..Replayed::default()
+    })
 }
 
+/// Deletes dead raw members, each only if its dead score is still the one it was selected
+/// with. Returns (purged, skipped).
 pub async fn purge_raw_dead(
     con: &mut Conn,
     keys: &RawKeys,
-    members: &[Vec<u8>],
-) -> redis::RedisResult<u64> {
-    Call::new(&compiled::purge_raw_dead)
-        .key(&keys.dead)
-        .key(&keys.reasons)
-        .arg(members)
-        .invoke(con)
-        .await
+    members: &[(Vec<u8>, Option<f64>)],
+) -> redis::RedisResult<(u64, u64)> {
+    let mut call = Call::new(&compiled::purge_raw_dead);
+    call.key(&keys.dead).key(&keys.reasons);
+    for (member, fence) in members {
+        call.arg(member).arg(fence_arg(*fence));
+    }
+    call.invoke(con).await
 }
 
 // ---------------------------------------------------------------------------------------
