@@ -38,6 +38,12 @@ pub enum ClientError {
     Oversize { size: usize, max: usize },
     #[error("invalid job id {0:?}: it must be non-empty, at most 256 bytes")]
     BadId(String),
+    #[error("invalid schedule id {id:?}: {why}")]
+    BadScheduleId { id: String, why: String },
+    #[error(transparent)]
+    Schedule(#[from] crate::schedule::ScheduleError),
+    #[error("schedule {0} kept changing while it was being updated; try again")]
+    Contended(String),
 }
 
 impl From<redis::RedisError> for ClientError {
@@ -58,6 +64,9 @@ impl ClientError {
             ClientError::UnknownDestination { .. } => "unknown_destination",
             ClientError::Oversize { .. } => "oversize",
             ClientError::BadId(_) => "bad_id",
+            ClientError::BadScheduleId { .. } => "bad_schedule_id",
+            ClientError::Schedule(_) => "invalid_schedule",
+            ClientError::Contended(_) => "contended",
         }
     }
 }
@@ -71,6 +80,8 @@ pub struct NewJob {
     pub due: Due,
     pub headers: BTreeMap<String, String>,
     pub max_attempts: Option<u32>,
+    /// Delivered no later than this after its due time, else dead with reason `expired`.
+    pub max_lateness: Option<Duration>,
 }
 
 impl NewJob {
@@ -83,6 +94,7 @@ impl NewJob {
             due: Due::In(Duration::ZERO),
             headers: BTreeMap::new(),
             max_attempts: None,
+            max_lateness: None,
         }
     }
     pub fn at(mut self, epoch_ms: i64) -> Self {
@@ -103,6 +115,13 @@ impl NewJob {
     }
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = Some(n);
+        self
+    }
+    /// Stale after this: a job that cannot be delivered within `limit` of its due time goes
+    /// to dead (`expired`) instead (local routes: checked when it is moved; two-phase sinks:
+    /// when it is published).
+    pub fn max_lateness(mut self, limit: Duration) -> Self {
+        self.max_lateness = Some(limit);
         self
     }
 }
@@ -289,10 +308,15 @@ impl Client {
             .collect())
     }
 
-    fn prepare(&self, job: NewJob) -> Result<EnqueueItem, ClientError> {
-        validate_dest(&job.dest)?;
+    /// Checks a destination (against the routes when known) and a payload's size.
+    pub(crate) fn check_dest_and_payload(
+        &self,
+        dest: &str,
+        payload: &[u8],
+    ) -> Result<(), ClientError> {
+        validate_dest(dest)?;
         if let Some(routes) = &self.routes
-            && let Err(refused) = routes.resolve(&job.dest)
+            && let Err(refused) = routes.resolve(dest)
         {
             let detail = match refused {
                 Refused::NotAdmitted { sink, allow, .. } => {
@@ -301,19 +325,24 @@ impl Client {
                 Refused::Unknown { .. } => String::new(),
             };
             return Err(ClientError::UnknownDestination {
-                dest: job.dest,
+                dest: dest.to_owned(),
                 detail,
                 known: routes.names_list().join(", "),
             });
         }
         if let Some(max) = self.max_payload
-            && job.payload.len() > max
+            && payload.len() > max
         {
             return Err(ClientError::Oversize {
-                size: job.payload.len(),
+                size: payload.len(),
                 max,
             });
         }
+        Ok(())
+    }
+
+    fn prepare(&self, job: NewJob) -> Result<EnqueueItem, ClientError> {
+        self.check_dest_and_payload(&job.dest, &job.payload)?;
         let id = match job.id {
             Some(id) if id.is_empty() || id.len() > 256 => return Err(ClientError::BadId(id)),
             Some(id) => id,
@@ -322,10 +351,13 @@ impl Client {
         let mut env = Envelope::new(job.dest, job.payload);
         env.meta.headers = job.headers;
         env.meta.max_attempts = job.max_attempts;
+        let max_lateness_ms = job.max_lateness.map(|d| d.as_millis() as u64);
+        env.meta.max_lateness_ms = max_lateness_ms;
         Ok(EnqueueItem {
             id,
             due: job.due,
             envelope: env.encode()?,
+            max_lateness_ms,
         })
     }
 
