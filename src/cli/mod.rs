@@ -8,6 +8,7 @@ mod batch;
 mod dead;
 mod enqueue;
 mod render;
+mod schedule;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -78,6 +79,12 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Recurring schedules: set (create or update), list, get, pause, resume, delete, and
+    /// preview the next occurrences of a cron expression or interval.
+    Schedule {
+        #[command(subcommand)]
+        action: schedule::ScheduleAction,
     },
     /// Dead jobs: list them (with filters), show one with its history, replay them (now or
     /// later, attempts reset), or purge them.
@@ -186,6 +193,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             zdelay::bench::run(config, args).await?;
             Ok(0)
         }
+        Command::Schedule {
+            action: schedule::ScheduleAction::Preview(args),
+        } => schedule::preview(args),
         command => {
             let client = client(&config).await?;
             operate(&client, &config, &origin, command)
@@ -293,6 +303,7 @@ async fn operate(
             Ok(0)
         }
         Command::Dead { action } => dead::run(client, config, action).await,
+        Command::Schedule { action } => schedule::run(client, action).await,
         Command::Run | Command::CheckConfig | Command::Bench(_) => unreachable!("handled above"),
     }
 }

@@ -115,9 +115,7 @@ fn seed_dead(con: &mut redis::Connection, id: &str, env: &Envelope, died_ms: i64
 
 fn envelope(dest: &str, payload: &str, schedule: Option<&str>) -> Envelope {
     let mut env = Envelope::new(dest, payload.as_bytes().to_vec());
-    if let Some(s) = schedule {
-        env.meta.extra.insert("schedule".into(), s.into());
-    }
+    env.meta.schedule = schedule.map(str::to_owned);
     env
 }
 
@@ -910,4 +908,61 @@ fn senseless_combinations_are_refused() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// The occurrences of a recurring schedule that die are selected by `--schedule`: listed,
+/// replayed, purged; a job without a schedule never matches.
+#[test]
+fn a_schedules_dead_occurrences_are_selected_by_schedule() {
+    let (redis, config) = setup();
+    let mut con = redis.conn();
+    let _: () = redis::cmd("SET")
+        .arg("q:w")
+        .arg("not a list")
+        .query(&mut con)
+        .expect("SET");
+    let now = redis_now_ms(&mut con);
+    seed_dead(
+        &mut con,
+        "plain",
+        &envelope("w", "x", None),
+        now - 1000,
+        "x",
+    );
+    let _daemon = Daemon::start(&config);
+    ok(
+        &config,
+        &[
+            "schedule",
+            "set",
+            "tick",
+            "--dest",
+            "w",
+            "--every",
+            "200ms",
+            "--payload",
+            "t",
+        ],
+    );
+    wait_for("two occurrences dead", Duration::from_secs(10), || {
+        listed(&config, &["--schedule", "tick"]).len() >= 2
+    });
+    ok(&config, &["schedule", "delete", "tick"]);
+    let ids = listed(&config, &["--schedule", "tick"]);
+    assert!(ids.iter().all(|id| id.starts_with("{tick}:")), "{ids:?}");
+    let v = json(&config, &["dead", "list", "--json", "--schedule", "tick"]);
+    for job in v["jobs"].as_array().unwrap() {
+        assert_eq!(job["schedule"], "tick", "{job:#}");
+        assert!(
+            job["reason"].as_str().unwrap().starts_with("WRONGTYPE"),
+            "{job:#}"
+        );
+    }
+    assert_eq!(
+        listed(&config, &["--schedule", "tock"]),
+        Vec::<String>::new()
+    );
+    let p = json(&config, &["dead", "purge", "--schedule", "tick", "--json"]);
+    assert_eq!(p["purged"], ids.len(), "{p:#}");
+    assert_eq!(listed(&config, &[]), ["plain"]);
 }

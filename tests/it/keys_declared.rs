@@ -183,6 +183,33 @@ route = "m"
     });
     ok(&["dead", "purge", "--all"]);
     ok(&["dead", "purge", "--source", "raw:l"]);
+    // Schedules: set, fire a few occurrences, pause, resume, delete; a job with a lateness limit.
+    ok(&[
+        "schedule",
+        "set",
+        "tick",
+        "--dest",
+        "l",
+        "--every",
+        "200ms",
+        "--payload",
+        "t",
+    ]);
+    ok(&[
+        "enqueue",
+        "--dest",
+        "l",
+        "--max-lateness",
+        "5s",
+        "--payload",
+        "limited",
+    ]);
+    wait_for("occurrences fired", Duration::from_secs(20), || {
+        crate::common::llen(&mut con, "q:l") >= 6
+    });
+    ok(&["schedule", "pause", "tick"]);
+    ok(&["schedule", "resume", "tick"]);
+    ok(&["schedule", "delete", "tick"]);
     ok(&["stats"]);
     drop(daemon);
     // The graceful stop runs release_slots.

@@ -18,6 +18,7 @@ mod nats;
 mod producer;
 mod raw_sinks;
 mod scale;
+mod schedules;
 mod seeds;
 mod two_phase;
 

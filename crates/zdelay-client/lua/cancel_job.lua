@@ -6,6 +6,7 @@
 -- KEYS[4] scheduled HASH  {zdelay:3}:scheduled
 -- KEYS[5] ready     ZSET  {zdelay:3}:ready
 -- KEYS[6] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
+-- KEYS[7] max_lateness HASH {zdelay:3}:max_lateness
 -- ARGV[1] job id
 -- Returns: 1 cancelled; 0 not pending (already delivered, dead, or never enqueued);
 --   -1 in flight (claimed by a two-phase sink; it is being delivered)
@@ -23,6 +24,7 @@ end
 if pending then
   redis.call('HDEL', KEYS[2], id)
   redis.call('HDEL', KEYS[4], id)
+  redis.call('HDEL', KEYS[7], id)
   return 1
 end
 if redis.call('ZSCORE', KEYS[3], id) then return -1 end

@@ -42,6 +42,12 @@ pub enum ClientError {
     /// members, an empty time window, a raw member id that is not one.
     #[error("{0}")]
     InvalidSelection(String),
+    #[error("invalid schedule id {id:?}: {why}")]
+    BadScheduleId { id: String, why: String },
+    #[error(transparent)]
+    Schedule(#[from] crate::schedule::ScheduleError),
+    #[error("schedule {0} kept changing while it was being updated; try again")]
+    Contended(String),
 }
 
 impl From<redis::RedisError> for ClientError {
@@ -63,6 +69,9 @@ impl ClientError {
             ClientError::Oversize { .. } => "oversize",
             ClientError::BadId(_) => "bad_id",
             ClientError::InvalidSelection(_) => "invalid_selection",
+            ClientError::BadScheduleId { .. } => "bad_schedule_id",
+            ClientError::Schedule(_) => "invalid_schedule",
+            ClientError::Contended(_) => "contended",
         }
     }
 }
@@ -76,6 +85,8 @@ pub struct NewJob {
     pub due: Due,
     pub headers: BTreeMap<String, String>,
     pub max_attempts: Option<u32>,
+    /// Delivered no later than this after its due time, else dead with reason `expired`.
+    pub max_lateness: Option<Duration>,
 }
 
 impl NewJob {
@@ -88,6 +99,7 @@ impl NewJob {
             due: Due::In(Duration::ZERO),
             headers: BTreeMap::new(),
             max_attempts: None,
+            max_lateness: None,
         }
     }
     pub fn at(mut self, epoch_ms: i64) -> Self {
@@ -108,6 +120,13 @@ impl NewJob {
     }
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = Some(n);
+        self
+    }
+    /// Stale after this: a job that cannot be delivered within `limit` of its due time goes
+    /// to dead (`expired`) instead (local routes: checked when it is moved; two-phase sinks:
+    /// when it is published).
+    pub fn max_lateness(mut self, limit: Duration) -> Self {
+        self.max_lateness = Some(limit);
         self
     }
 }
@@ -294,10 +313,15 @@ impl Client {
             .collect())
     }
 
-    fn prepare(&self, job: NewJob) -> Result<EnqueueItem, ClientError> {
-        validate_dest(&job.dest)?;
+    /// Checks a destination (against the routes when known) and a payload's size.
+    pub(crate) fn check_dest_and_payload(
+        &self,
+        dest: &str,
+        payload: &[u8],
+    ) -> Result<(), ClientError> {
+        validate_dest(dest)?;
         if let Some(routes) = &self.routes
-            && let Err(refused) = routes.resolve(&job.dest)
+            && let Err(refused) = routes.resolve(dest)
         {
             let detail = match refused {
                 Refused::NotAdmitted { sink, allow, .. } => {
@@ -306,19 +330,24 @@ impl Client {
                 Refused::Unknown { .. } => String::new(),
             };
             return Err(ClientError::UnknownDestination {
-                dest: job.dest,
+                dest: dest.to_owned(),
                 detail,
                 known: routes.names_list().join(", "),
             });
         }
         if let Some(max) = self.max_payload
-            && job.payload.len() > max
+            && payload.len() > max
         {
             return Err(ClientError::Oversize {
-                size: job.payload.len(),
+                size: payload.len(),
                 max,
             });
         }
+        Ok(())
+    }
+
+    fn prepare(&self, job: NewJob) -> Result<EnqueueItem, ClientError> {
+        self.check_dest_and_payload(&job.dest, &job.payload)?;
         let id = match job.id {
             Some(id) if id.is_empty() || id.len() > 256 => return Err(ClientError::BadId(id)),
             Some(id) => id,
@@ -327,10 +356,13 @@ impl Client {
         let mut env = Envelope::new(job.dest, job.payload);
         env.meta.headers = job.headers;
         env.meta.max_attempts = job.max_attempts;
+        let max_lateness_ms = job.max_lateness.map(|d| d.as_millis() as u64);
+        env.meta.max_lateness_ms = max_lateness_ms;
         Ok(EnqueueItem {
             id,
             due: job.due,
             envelope: env.encode()?,
+            max_lateness_ms,
         })
     }
 

@@ -370,7 +370,7 @@ fn describe(
             job.attempt = env.meta.attempt;
             job.max_attempts = env.meta.max_attempts;
             job.last_error = env.meta.last_error.clone();
-            job.schedule = env.meta.schedule().map(str::to_owned);
+            job.schedule = env.meta.schedule.clone();
             job.payload_size = payload_size;
         }
     }

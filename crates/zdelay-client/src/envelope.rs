@@ -54,17 +54,15 @@ pub struct Meta {
     pub created: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// An occurrence of this recurring schedule: its idempotency key is
+    /// `<schedule>:<occurrence due>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Not delivered later than this after its due time (dead, reason `expired`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lateness_ms: Option<u64>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
-}
-
-impl Meta {
-    /// The recurring schedule this job is an occurrence of: the meta field `schedule`, which
-    /// schedules set on the jobs they write (kept in `extra` until it has a field of its own).
-    /// `dead --schedule ID` selects by it.
-    pub fn schedule(&self) -> Option<&str> {
-        self.extra.get("schedule").and_then(Value::as_str)
-    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -290,8 +288,8 @@ mod tests {
     #[test]
     fn schedule_is_read_from_meta() {
         let env = Envelope::decode(b"zd1:q\n22\n{\"schedule\":\"nightly\"}x").unwrap();
-        assert_eq!(env.meta.schedule(), Some("nightly"));
-        assert_eq!(Envelope::new("q", b"x".to_vec()).meta.schedule(), None);
+        assert_eq!(env.meta.schedule.as_deref(), Some("nightly"));
+        assert_eq!(Envelope::new("q", b"x".to_vec()).meta.schedule, None);
     }
 
     #[test]

@@ -58,6 +58,10 @@ impl Keys {
             scheduled: self.scheduled(shard),
             ready: self.ready(shard),
             ready_ids: self.ready_ids(shard),
+            max_lateness: self.shard_key(shard, ShardKey::MaxLateness.name()),
+            schedules: self.shard_key(shard, ShardKey::Schedules.name()),
+            sched_env: self.shard_key(shard, ShardKey::SchedEnv.name()),
+            sched_due: self.shard_key(shard, ShardKey::SchedDue.name()),
             history: self.history(shard),
             wake_channel: self.wake_channel(),
         }
@@ -166,6 +170,10 @@ pub enum ShardKey {
     Scheduled,
     Ready,
     ReadyIds,
+    MaxLateness,
+    Schedules,
+    SchedEnv,
+    SchedDue,
     /// Only the dead-letter scripts take it (after every other key they take).
     History,
 }
@@ -182,6 +190,10 @@ impl ShardKey {
             ShardKey::Scheduled => "scheduled",
             ShardKey::Ready => "ready",
             ShardKey::ReadyIds => "ready_ids",
+            ShardKey::MaxLateness => "max_lateness",
+            ShardKey::Schedules => "schedules",
+            ShardKey::SchedEnv => "sched_env",
+            ShardKey::SchedDue => "sched_due",
             ShardKey::History => "history",
         }
     }
@@ -199,6 +211,10 @@ pub struct ShardKeys {
     pub scheduled: String,
     pub ready: String,
     pub ready_ids: String,
+    pub max_lateness: String,
+    pub schedules: String,
+    pub sched_env: String,
+    pub sched_due: String,
     pub history: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
     pub wake_channel: String,
@@ -215,6 +231,10 @@ impl ShardKeys {
             ShardKey::Scheduled => &self.scheduled,
             ShardKey::Ready => &self.ready,
             ShardKey::ReadyIds => &self.ready_ids,
+            ShardKey::MaxLateness => &self.max_lateness,
+            ShardKey::Schedules => &self.schedules,
+            ShardKey::SchedEnv => &self.sched_env,
+            ShardKey::SchedDue => &self.sched_due,
             ShardKey::History => &self.history,
         }
     }
@@ -242,6 +262,30 @@ impl RawKeys {
             dead,
         }
     }
+}
+
+/// The job id of a schedule's occurrence due at `due_ms`: `<schedule>:<due>`, with the
+/// schedule id as its hash tag (`{<schedule>}:<due>`) unless it has one, so the occurrence
+/// lives in its schedule's shard. Schedule ids with a brace must therefore carry a tag
+/// ([`valid_schedule_id`]).
+pub fn occurrence_id(schedule: &str, due_ms: i64) -> String {
+    if has_hash_tag(schedule) {
+        format!("{schedule}:{due_ms}")
+    } else {
+        format!("{{{schedule}}}:{due_ms}")
+    }
+}
+
+/// Whether `id` can name a schedule: non-empty, at most 512 bytes, no newline, and braces
+/// only as a hash tag (`user{42}:daily`), so its occurrences land in its shard.
+pub fn valid_schedule_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > 512 || id.contains('\n') {
+        return Err("must be non-empty, at most 512 bytes, without newlines".into());
+    }
+    if id.contains(['{', '}']) && !has_hash_tag(id) {
+        return Err("braces are only allowed as a hash tag, e.g. user{42}:daily".into());
+    }
+    Ok(())
 }
 
 /// The Redis Cluster hash slot of a key (CRC16 of its hash tag, mod 16384).
@@ -278,6 +322,23 @@ fn hash_tag(id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn occurrences_live_in_their_schedules_shard() {
+        let k = Keys::new("zdelay", 16);
+        for schedule in ["daily-report", "user{42}:daily", "{x}", "a:b"] {
+            let id = occurrence_id(schedule, 1_700_000_000_000);
+            assert_eq!(k.shard_of(&id), k.shard_of(schedule), "{schedule} → {id}");
+            assert!(id.ends_with(":1700000000000"));
+        }
+        assert_eq!(occurrence_id("daily", 5), "{daily}:5");
+        assert_eq!(occurrence_id("u{1}:d", 5), "u{1}:d:5");
+        assert!(valid_schedule_id("u{1}:d").is_ok());
+        assert!(valid_schedule_id("a}b").is_err());
+        assert!(valid_schedule_id("{}").is_err());
+        assert!(valid_schedule_id("").is_err());
+        assert!(valid_schedule_id("a\nb").is_err());
+    }
 
     #[test]
     fn keys_share_the_shard_hash_tag() {

@@ -23,6 +23,7 @@ pub mod job;
 pub mod keys;
 pub mod routes;
 pub mod schedule;
+pub mod schedules;
 pub mod store;
 
 pub use client::{Client, ClientError, JobView, NewJob};

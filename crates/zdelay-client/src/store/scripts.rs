@@ -71,32 +71,108 @@ scripts!(
     bench_bare_move_hash,
     claim_slots,
     release_slots,
+    upsert_schedule,
+    delete_schedule,
+    due_schedules,
+    fire_schedules,
 );
 
-use ShardKey::{Dead, Due as DueKey, History, Inflight, Jobs, Ready, ReadyIds, Reasons, Scheduled};
+use ShardKey::{
+    Dead, Due as DueKey, History, Inflight, Jobs, MaxLateness, Ready, ReadyIds, Reasons, SchedDue,
+    SchedEnv, Scheduled, Schedules,
+};
 
-/// Every shard key but `history` (which only the dead-letter scripts take, last), in the one
-/// order scripts take them: the keys of the delivery scripts.
+/// Every shard key, in the one order scripts take them (`history`, which only the
+/// dead-letter scripts take, last).
+#[cfg(test)]
 const ALL_SHARD_KEYS: &[ShardKey] = &[
+    DueKey,
+    Jobs,
+    Inflight,
+    Dead,
+    Reasons,
+    Scheduled,
+    Ready,
+    ReadyIds,
+    MaxLateness,
+    Schedules,
+    SchedEnv,
+    SchedDue,
+    History,
+];
+
+/// The keys of a job's states, which the scripts that move jobs take.
+const JOB_STATE_KEYS: &[ShardKey] = &[
     DueKey, Jobs, Inflight, Dead, Reasons, Scheduled, Ready, ReadyIds,
 ];
 
 /// The shard keys each script takes first in KEYS, in this order (checked against the
 /// headers by a test): each list is a subsequence of `ALL_SHARD_KEYS`.
 const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
-    ("enqueue_jobs", ALL_SHARD_KEYS),
-    ("move_due", ALL_SHARD_KEYS),
-    ("settle_jobs", ALL_SHARD_KEYS),
+    (
+        "enqueue_jobs",
+        &[
+            DueKey,
+            Jobs,
+            Inflight,
+            Dead,
+            Reasons,
+            Scheduled,
+            Ready,
+            ReadyIds,
+            MaxLateness,
+        ],
+    ),
+    (
+        "move_due",
+        &[
+            DueKey,
+            Jobs,
+            Inflight,
+            Dead,
+            Reasons,
+            Scheduled,
+            Ready,
+            ReadyIds,
+            MaxLateness,
+            SchedDue,
+        ],
+    ),
+    ("settle_jobs", JOB_STATE_KEYS),
     ("claim_jobs", &[Jobs, Inflight, Scheduled, Ready, ReadyIds]),
     (
         "cancel_job",
-        &[DueKey, Jobs, Inflight, Scheduled, Ready, ReadyIds],
+        &[
+            DueKey,
+            Jobs,
+            Inflight,
+            Scheduled,
+            Ready,
+            ReadyIds,
+            MaxLateness,
+        ],
     ),
     ("reschedule_job", &[DueKey, Scheduled, Ready, ReadyIds]),
     ("replay_dead", &[DueKey, Jobs, Dead, Reasons, History]),
     ("purge_dead", &[Jobs, Dead, Reasons, History]),
     ("peek_dead", &[Jobs, Dead, Reasons, History]),
     ("prune_history", &[Jobs, History]),
+    ("upsert_schedule", &[Schedules, SchedEnv, SchedDue]),
+    ("delete_schedule", &[Schedules, SchedEnv, SchedDue]),
+    ("due_schedules", &[Schedules, SchedDue]),
+    (
+        "fire_schedules",
+        &[
+            DueKey,
+            Jobs,
+            Dead,
+            Reasons,
+            MaxLateness,
+            Schedules,
+            SchedEnv,
+            SchedDue,
+        ],
+    ),
 ];
 
 /// A script with its source, for `SCRIPT LOAD`.
@@ -253,6 +329,8 @@ pub struct EnqueueItem {
     pub id: String,
     pub due: Due,
     pub envelope: Vec<u8>,
+    /// Not delivered later than this after its due (dead, `expired`); ms.
+    pub max_lateness_ms: Option<u64>,
 }
 
 /// One `enqueue_jobs` call: jobs of one shard.
@@ -279,7 +357,14 @@ pub async fn enqueue_jobs(
                 .arg(&call.keys.wake_channel)
                 .arg(call.keys.shard);
             for item in call.items {
-                inv.arg(&item.id).arg(item.due.as_arg()).arg(&item.envelope);
+                inv.arg(&item.id)
+                    .arg(item.due.as_arg())
+                    .arg(&item.envelope)
+                    .arg(
+                        item.max_lateness_ms
+                            .map(|ms| ms.to_string())
+                            .unwrap_or_default(),
+                    );
             }
             inv
         })
@@ -840,6 +925,154 @@ pub async fn settle_jobs(
 }
 
 // ---------------------------------------------------------------------------------------
+// Recurring schedules
+
+/// What `upsert_schedule` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upserted {
+    /// Written; the schedule's new version.
+    Version(u64),
+    /// The schedule changed since it was read (now at this version): read again.
+    Stale(u64),
+}
+
+/// One compare-and-set write of a schedule: definition, envelope and next occurrence.
+pub struct ScheduleWrite<'a> {
+    pub id: &'a str,
+    /// The version read (0: the schedule must not exist yet).
+    pub expected_version: u64,
+    pub definition: &'a str,
+    /// Empty: keep the stored envelope.
+    pub envelope: &'a [u8],
+    /// `None`: no pending occurrence (paused or ended).
+    pub next_ms: Option<i64>,
+}
+
+pub async fn upsert_schedule(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    write: &ScheduleWrite<'_>,
+) -> redis::RedisResult<Upserted> {
+    let mut inv = shard_invocation(&compiled::upsert_schedule, "upsert_schedule", keys);
+    inv.arg(write.id)
+        .arg(write.expected_version)
+        .arg(write.definition)
+        .arg(write.envelope)
+        .arg(write.next_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(&keys.wake_channel)
+        .arg(keys.shard);
+    let reply: Vec<i64> = inv.invoke(con).await?;
+    match reply.as_slice() {
+        [version] if *version > 0 => Ok(Upserted::Version(*version as u64)),
+        [-1, current] => Ok(Upserted::Stale(*current as u64)),
+        _ => Err(protocol_error("upsert_schedule reply", &Value::Nil)),
+    }
+}
+
+/// Deletes a schedule and its pending occurrence; whether it existed.
+pub async fn delete_schedule(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    id: &str,
+) -> redis::RedisResult<bool> {
+    let mut inv = shard_invocation(&compiled::delete_schedule, "delete_schedule", keys);
+    let deleted: i64 = inv.arg(id).invoke(con).await?;
+    Ok(deleted == 1)
+}
+
+/// A schedule whose occurrence is due, as `due_schedules` read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DueSchedule {
+    pub id: String,
+    pub occurrence_ms: i64,
+    /// `"<version>\n<definition JSON>"`; empty when missing.
+    pub record: String,
+}
+
+/// Up to `batch` schedules of a shard due at `now_ms` (Redis TIME when `None`), and that now.
+pub async fn due_schedules(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    now_ms: Option<i64>,
+    batch: usize,
+) -> redis::RedisResult<(i64, Vec<DueSchedule>)> {
+    let mut inv = shard_invocation(&compiled::due_schedules, "due_schedules", keys);
+    inv.arg(now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(batch);
+    let values: Vec<Value> = inv.invoke(con).await?;
+    let mut it = values.into_iter();
+    let now = as_int(it.next().unwrap_or_default())?;
+    let mut due = Vec::new();
+    while let (Some(id), Some(at), Some(record)) = (it.next(), it.next(), it.next()) {
+        due.push(DueSchedule {
+            id: as_string(id)?,
+            occurrence_ms: as_string(at)?
+                .parse::<f64>()
+                .map_err(|_| protocol_error("occurrence ms", &Value::Nil))?
+                as i64,
+            record: as_string(record)?,
+        });
+    }
+    Ok((now, due))
+}
+
+/// What to do with one due schedule (see `fire_schedules.lua`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Firing {
+    pub id: String,
+    pub read_occurrence_ms: i64,
+    pub read_version: String,
+    pub next_ms: Option<i64>,
+    pub max_lateness_ms: Option<u64>,
+    /// (job id, occurrence ms) to deliver.
+    pub deliver: Vec<(String, i64)>,
+    /// (job id, occurrence ms) past their max lateness.
+    pub expired: Vec<(String, i64)>,
+}
+
+/// What `fire_schedules` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fired {
+    pub created: u64,
+    pub expired: u64,
+    pub fenced: u64,
+}
+
+pub async fn fire_schedules(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    now_ms: i64,
+    firings: &[Firing],
+) -> redis::RedisResult<Fired> {
+    let mut inv = shard_invocation(&compiled::fire_schedules, "fire_schedules", keys);
+    inv.arg(now_ms);
+    for f in firings {
+        inv.arg(&f.id)
+            .arg(f.read_occurrence_ms)
+            .arg(&f.read_version)
+            .arg(f.next_ms.map(|n| n.to_string()).unwrap_or_default())
+            .arg(f.max_lateness_ms.map(|n| n.to_string()).unwrap_or_default())
+            .arg(f.deliver.len());
+        for (job, at) in &f.deliver {
+            inv.arg(job).arg(at);
+        }
+        inv.arg(f.expired.len());
+        for (job, at) in &f.expired {
+            inv.arg(job).arg(at);
+        }
+    }
+    let reply: Vec<i64> = inv.invoke(con).await?;
+    match reply.as_slice() {
+        [created, expired, fenced] => Ok(Fired {
+            created: *created as u64,
+            expired: *expired as u64,
+            fenced: *fenced as u64,
+        }),
+        _ => Err(protocol_error("fire_schedules reply", &Value::Nil)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Poller slots
 
 /// What an instance's heartbeat found.
@@ -934,15 +1167,19 @@ pub async fn bench_bare_move_hash(
 // Replies
 
 /// Dead-letter kinds counted by `move_due`, in reply order.
-pub const DUE_DEAD_KINDS: [&str; 5] = [
+pub const DUE_DEAD_KINDS: [&str; DEAD_KINDS] = [
     "malformed",
     "unknown_destination",
     "wrong_type",
     "oversize",
     "missing_envelope",
+    "expired",
 ];
-/// Dead-letter kinds counted by `move_raw`, in reply order (last two unused).
-pub const RAW_DEAD_KINDS: [&str; 5] = ["implausible_score", "wrong_type", "oversize", "", ""];
+/// Dead-letter kinds counted by `move_raw`, in reply order (the last ones unused).
+pub const RAW_DEAD_KINDS: [&str; DEAD_KINDS] =
+    ["implausible_score", "wrong_type", "oversize", "", "", ""];
+/// Dead-letter counts in a move reply.
+pub const DEAD_KINDS: usize = 6;
 
 /// The reply of `move_due` and `move_raw` (see their headers).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -960,7 +1197,7 @@ pub struct MoveReply {
     /// Jobs moved, one count per route (raw sources: one count).
     pub moved: Vec<u64>,
     /// Dead letters per kind.
-    pub dead: [u64; 5],
+    pub dead: [u64; DEAD_KINDS],
     /// Moved jobs per lateness bucket; one more than the bounds given.
     pub buckets: Vec<u64>,
     /// Expired leases returned to due by this call (`move_due` only).
@@ -968,6 +1205,8 @@ pub struct MoveReply {
     /// Jobs queued in the ready set per two-phase sink, in the route table's sink order
     /// (`move_due` only).
     pub queued: Vec<u64>,
+    /// When the shard's earliest schedule occurrence is due, ms (`move_due` only).
+    pub next_schedule_ms: Option<i64>,
 }
 
 impl MoveReply {
@@ -977,7 +1216,7 @@ impl MoveReply {
 
     /// Parses the reply with `moved_len` per-route counts and `bounds` lateness bounds.
     pub fn parse(value: Value, moved_len: usize, bounds: usize) -> redis::RedisResult<Self> {
-        let fixed = 6 + moved_len + 5 + bounds + 1;
+        let fixed = 6 + moved_len + DEAD_KINDS + bounds + 1;
         // move_raw ends there; move_due adds the expired leases and the per-sink counts.
         let items = match value {
             Value::Array(items) if items.len() == fixed || items.len() >= fixed + 2 => items,
@@ -999,7 +1238,7 @@ impl MoveReply {
         let moved = (0..moved_len)
             .map(|_| as_int(next()).map(|n| n as u64))
             .collect::<Result<_, _>>()?;
-        let mut dead = [0u64; 5];
+        let mut dead = [0u64; DEAD_KINDS];
         for slot in &mut dead {
             *slot = as_int(next())? as u64;
         }
@@ -1019,9 +1258,12 @@ impl MoveReply {
             ..MoveReply::default()
         };
         let rest: Vec<Value> = it.collect();
-        if let [reaped, sinks, queued @ ..] = rest.as_slice() {
+        if let [reaped, sinks, tail @ ..] = rest.as_slice() {
             reply.reaped = as_int(reaped.clone())? as u64;
             let sinks = as_int(sinks.clone())? as usize;
+            let [queued @ .., sched_head] = tail else {
+                return Err(protocol_error("move_due reply tail", &Value::Nil));
+            };
             if queued.len() != sinks {
                 return Err(protocol_error("queued per sink", &Value::Int(sinks as i64)));
             }
@@ -1029,6 +1271,7 @@ impl MoveReply {
                 .iter()
                 .map(|v| as_int(v.clone()).map(|n| n as u64))
                 .collect::<Result<_, _>>()?;
+            reply.next_schedule_ms = as_string(sched_head.clone())?.parse().ok();
         }
         Ok(reply)
     }
@@ -1167,6 +1410,17 @@ mod tests {
     }
 
     #[test]
+    fn every_script_takes_shard_keys_in_the_one_order() {
+        for (name, keys) in SHARD_KEYS {
+            let mut all = ALL_SHARD_KEYS.iter();
+            assert!(
+                keys.iter().all(|k| all.any(|a| a == k)),
+                "{name}: {keys:?} is not in the order of ALL_SHARD_KEYS"
+            );
+        }
+    }
+
+    #[test]
     fn shard_scripts_take_their_keys_in_the_declared_order() {
         for (name, keys) in SHARD_KEYS {
             let (_, source) = ALL.iter().find(|(n, _)| n == name).expect("script exists");
@@ -1200,13 +1454,28 @@ mod tests {
             Value::Int(0),
             Value::Int(1),
             Value::Int(1),
+            Value::Int(1),
         ]);
+        let mut due = match v.clone() {
+            Value::Array(items) => items,
+            _ => unreachable!(),
+        };
         let r = MoveReply::parse(v, 2, 1).unwrap();
         assert_eq!(r.taken, 3);
         assert_eq!(r.next_due, Some(1_700_000_000_005.0));
         assert_eq!(r.moved, vec![2, 0]);
-        assert_eq!(r.dead, [1, 0, 0, 0, 0]);
+        assert_eq!(r.dead, [1, 0, 0, 0, 0, 1]);
         assert_eq!(r.buckets, vec![1, 1]);
+        // move_due's tail: reaped leases, one sink's queued count, the schedules' head.
+        due.extend([
+            Value::Int(0),
+            Value::Int(1),
+            Value::Int(7),
+            Value::BulkString(b"1700000000900".to_vec()),
+        ]);
+        let r = MoveReply::parse(Value::Array(due), 2, 1).unwrap();
+        assert_eq!(r.queued, vec![7]);
+        assert_eq!(r.next_schedule_ms, Some(1_700_000_000_900));
         assert!(MoveReply::parse(Value::Array(vec![]), 2, 1).is_err());
     }
 }

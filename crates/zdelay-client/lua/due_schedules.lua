@@ -1,0 +1,23 @@
+-- due_schedules: the shard's schedules whose next occurrence is due, with their definitions,
+-- read in one consistent step (read only: fire_schedules decides, fenced).
+-- KEYS[1] schedules HASH  {zdelay:3}:schedules  id -> "<version>\n<definition JSON>"
+-- KEYS[2] sched_due ZSET  {zdelay:3}:sched_due  id -> its next occurrence, ms
+-- ARGV[1] "now" in ms ("" = Redis TIME); ARGV[2] at most this many
+-- Returns: { now ms, then per schedule: id, occurrence ms, "<version>\n<definition>" ("" if
+--   the definition is missing) }
+-- Re-run safety: yes (reads only).
+local now = ARGV[1]
+if now == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+else
+  now = tonumber(now)
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local out = { now }
+for i = 1, #due, 2 do
+  out[#out + 1] = due[i]
+  out[#out + 1] = due[i + 1]
+  out[#out + 1] = redis.call('HGET', KEYS[1], due[i]) or ''
+end
+return out
