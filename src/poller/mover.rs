@@ -151,6 +151,7 @@ pub async fn run(
                     sleep_after(&reply, target.unit(), ctx.mover.idle_poll)
                 }
             }
+            Err(e) if ctx.is_refusal(&e) => break,
             Err(e) => {
                 metrics::error_event("redis", &label, &e);
                 backoff.step()

@@ -14,6 +14,7 @@ mod kafka;
 mod nats;
 mod producer;
 mod raw_sinks;
+mod reshard;
 mod seeds;
 mod two_phase;
 

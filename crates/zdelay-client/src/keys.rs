@@ -38,7 +38,12 @@ impl Keys {
 
     /// The shard a job id belongs to.
     pub fn shard_of(&self, id: &str) -> u16 {
-        CRC16.checksum(hash_tag(id).as_bytes()) % self.shards
+        self.shard_of_bytes(id.as_bytes())
+    }
+
+    /// The shard of an id read back from Redis, which may hold any bytes.
+    pub fn shard_of_bytes(&self, id: &[u8]) -> u16 {
+        CRC16.checksum(hash_tag_bytes(id)) % self.shards
     }
 
     /// The cluster slot of shard `shard`'s keys.
@@ -50,6 +55,7 @@ impl Keys {
     pub fn shard(&self, shard: u16) -> ShardKeys {
         ShardKeys {
             shard,
+            shards: self.shards,
             due: self.due(shard),
             jobs: self.jobs(shard),
             inflight: self.inflight(shard),
@@ -58,6 +64,7 @@ impl Keys {
             scheduled: self.scheduled(shard),
             ready: self.ready(shard),
             ready_ids: self.ready_ids(shard),
+            layout: self.layout(shard),
             wake_channel: self.wake_channel(),
         }
     }
@@ -110,6 +117,15 @@ impl Keys {
         self.shard_key(shard, "ready_ids")
     }
 
+    /// STRING, the shard's layout marker: the namespace's shard count once it has been
+    /// resharded (`"8"`), or `"migrating <from> <to>"` while `zdelay reshard` runs. Every
+    /// script that takes a shard computed by its caller checks it against the caller's
+    /// shard count and refuses a mismatch, so a process that still uses an old count never
+    /// writes into a wrong shard. No marker: the namespace was never resharded.
+    pub fn layout(&self, shard: u16) -> String {
+        self.shard_key(shard, "shards")
+    }
+
     /// HASH of the daemons running on this namespace: instance id → `<registration expiry ms>
     /// <last heartbeat ms>` (a hash, not a ZSET, so heartbeats never count as job writes in
     /// ZADD statistics). One hash tag with `poller_slots`.
@@ -151,6 +167,7 @@ pub enum ShardKey {
     Scheduled,
     Ready,
     ReadyIds,
+    Layout,
 }
 
 impl ShardKey {
@@ -165,6 +182,7 @@ impl ShardKey {
             ShardKey::Scheduled => "scheduled",
             ShardKey::Ready => "ready",
             ShardKey::ReadyIds => "ready_ids",
+            ShardKey::Layout => "shards",
         }
     }
 }
@@ -173,6 +191,8 @@ impl ShardKey {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardKeys {
     pub shard: u16,
+    /// The shard count `shard` was computed with: what the scripts' layout fence checks.
+    pub shards: u16,
     pub due: String,
     pub jobs: String,
     pub inflight: String,
@@ -181,6 +201,8 @@ pub struct ShardKeys {
     pub scheduled: String,
     pub ready: String,
     pub ready_ids: String,
+    /// The layout marker (see [`Keys::layout`]).
+    pub layout: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
     pub wake_channel: String,
 }
@@ -196,6 +218,7 @@ impl ShardKeys {
             ShardKey::Scheduled => &self.scheduled,
             ShardKey::Ready => &self.ready,
             ShardKey::ReadyIds => &self.ready_ids,
+            ShardKey::Layout => &self.layout,
         }
     }
 }
@@ -245,6 +268,17 @@ fn hash_tag(id: &str) -> &str {
     id
 }
 
+/// [`hash_tag`] on bytes (the same rule: Redis Cluster hashes bytes).
+fn hash_tag_bytes(id: &[u8]) -> &[u8] {
+    if let Some(open) = id.iter().position(|&b| b == b'{')
+        && let Some(len) = id[open + 1..].iter().position(|&b| b == b'}')
+        && len > 0
+    {
+        return &id[open + 1..open + 1 + len];
+    }
+    id
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,6 +302,25 @@ mod tests {
             assert_eq!(shard.get(key), format!("{{zdelay:3}}:{}", key.name()));
         }
         assert_eq!(shard.scheduled, "{zdelay:3}:scheduled");
+        assert_eq!(shard.get(ShardKey::Layout), "{zdelay:3}:shards");
+        assert_eq!(shard.shards, 16);
+    }
+
+    #[test]
+    fn shard_of_bytes_agrees_with_shard_of() {
+        let k = Keys::new("zdelay", 7);
+        for id in [
+            "foo",
+            "{user1000}.following",
+            "{}x",
+            "x{a}b{c}",
+            "{open",
+            "é{ü}",
+        ] {
+            assert_eq!(k.shard_of(id), k.shard_of_bytes(id.as_bytes()), "{id}");
+        }
+        // Not UTF-8: still hashed by its tag.
+        assert_eq!(k.shard_of_bytes(b"\xff{a}\xfe"), k.shard_of("a"));
     }
 
     #[test]

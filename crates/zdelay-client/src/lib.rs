@@ -11,7 +11,8 @@
 //! - [`routes`]: which destinations a job may name, and where they lead;
 //! - [`store`]: the connection, the schema check, Redis's clock, and one typed function
 //!   per Lua script;
-//! - [`job`]: the words of the job life cycle (due, conflict policy, states).
+//! - [`job`]: the words of the job life cycle (due, conflict policy, states);
+//! - [`reshard`]: moving a namespace to another shard count (`zdelay reshard`).
 
 pub mod client;
 pub mod config;
@@ -19,6 +20,7 @@ pub mod dead;
 pub mod envelope;
 pub mod job;
 pub mod keys;
+pub mod reshard;
 pub mod routes;
 pub mod store;
 

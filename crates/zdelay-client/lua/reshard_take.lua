@@ -1,0 +1,33 @@
+-- reshard_take: everything one shard stores about some job ids, for zdelay reshard to copy
+-- them into the shard they belong to under the new shard count. Reads only.
+-- KEYS[1] due       ZSET  {zdelay:3}:due
+-- KEYS[2] jobs      HASH  {zdelay:3}:jobs
+-- KEYS[3] inflight  ZSET  {zdelay:3}:inflight
+-- KEYS[4] dead      ZSET  {zdelay:3}:dead
+-- KEYS[5] reasons   HASH  {zdelay:3}:reasons
+-- KEYS[6] scheduled HASH  {zdelay:3}:scheduled
+-- KEYS[7] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
+-- KEYS[8] shards    STRING {zdelay:3}:shards    layout marker
+-- ARGV[1] the marker this reshard set ("migrating <from> <to>"): any other value refuses with
+--   ZDELAY_NOT_MIGRATING <marker> (another reshard finished, or none runs)
+-- ARGV[2..] ids
+-- Returns: per id, 7 values (nil where absent): due score, envelope, inflight score (lease
+--   deadline), dead score, reason, scheduled due, its member in ready. Scores as Redis prints
+--   them, so they are written back exactly.
+-- Re-run safety: yes (read only).
+local marker = redis.call('GET', KEYS[8])
+if marker ~= ARGV[1] then
+  return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
+end
+local out = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  out[#out + 1] = redis.call('ZSCORE', KEYS[1], id)
+  out[#out + 1] = redis.call('HGET', KEYS[2], id)
+  out[#out + 1] = redis.call('ZSCORE', KEYS[3], id)
+  out[#out + 1] = redis.call('ZSCORE', KEYS[4], id)
+  out[#out + 1] = redis.call('HGET', KEYS[5], id)
+  out[#out + 1] = redis.call('HGET', KEYS[6], id)
+  out[#out + 1] = redis.call('HGET', KEYS[7], id)
+end
+return out
