@@ -133,8 +133,8 @@ fn plan_text(plan: &Plan) -> String {
     );
     if plan.daemons.is_empty() {
         text.push_str(&format!(
-            "no daemon is registered; producers and the CLI get a retryable error while it runs, \
-             then follow the new layout (restart them with redis.shards = {})\n",
+            "no daemon is registered. While it runs, producers get a retryable error; those \
+             connected then follow the new layout, and every config needs redis.shards = {}\n",
             plan.to
         ));
     } else {

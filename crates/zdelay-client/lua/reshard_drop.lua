@@ -11,26 +11,31 @@
 -- KEYS[9] shards    STRING {zdelay:3}:shards    layout marker
 -- ARGV[1] the marker this reshard set ("migrating <from> <to>"); any other value refuses with
 --   ZDELAY_NOT_MIGRATING <marker>, deleting nothing
--- ARGV[2..] records: id, M, then M more members of ready to remove (its member in ready_ids
---   is removed in any case)
--- Returns: the number of ids that had something to delete.
+-- ARGV[2..] records (at most 1000): id, M, then M more members of ready to remove (its member
+--   in ready_ids is removed in any case)
+-- Returns: the number of entries deleted, over every key.
 -- Re-run safety: yes; a second run finds nothing and returns 0.
 local marker = redis.call('GET', KEYS[9])
 if marker ~= ARGV[1] then
   return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
 end
-local i, dropped = 2, 0
+local ids, members = {}, {}
+local i = 2
 while i <= #ARGV do
-  local id, m = ARGV[i], tonumber(ARGV[i + 1])
-  local n = redis.call('ZREM', KEYS[1], id) + redis.call('HDEL', KEYS[2], id)
-    + redis.call('ZREM', KEYS[3], id) + redis.call('ZREM', KEYS[4], id)
-    + redis.call('HDEL', KEYS[5], id) + redis.call('HDEL', KEYS[6], id)
-  local member = redis.call('HGET', KEYS[8], id)
-  if member then
-    n = n + redis.call('ZREM', KEYS[7], member) + redis.call('HDEL', KEYS[8], id)
-  end
-  for j = 1, m do n = n + redis.call('ZREM', KEYS[7], ARGV[i + 1 + j]) end
-  if n > 0 then dropped = dropped + 1 end
+  local m = tonumber(ARGV[i + 1])
+  ids[#ids + 1] = ARGV[i]
+  for j = 1, m do members[#members + 1] = ARGV[i + 1 + j] end
   i = i + 2 + m
 end
-return dropped
+if #ids == 0 then return 0 end
+-- One command per key for the whole batch.
+local indexed = redis.call('HMGET', KEYS[8], unpack(ids))
+for j = 1, #ids do
+  if indexed[j] then members[#members + 1] = indexed[j] end
+end
+local removed = redis.call('ZREM', KEYS[1], unpack(ids)) + redis.call('HDEL', KEYS[2], unpack(ids))
+  + redis.call('ZREM', KEYS[3], unpack(ids)) + redis.call('ZREM', KEYS[4], unpack(ids))
+  + redis.call('HDEL', KEYS[5], unpack(ids)) + redis.call('HDEL', KEYS[6], unpack(ids))
+  + redis.call('HDEL', KEYS[8], unpack(ids))
+if #members > 0 then removed = removed + redis.call('ZREM', KEYS[7], unpack(members)) end
+return removed

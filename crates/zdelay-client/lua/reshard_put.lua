@@ -11,7 +11,7 @@
 -- KEYS[9] shards    STRING {zdelay:3}:shards    layout marker
 -- ARGV[1] the marker this reshard set ("migrating <from> <to>"); any other value refuses with
 --   ZDELAY_NOT_MIGRATING <marker>, writing nothing
--- ARGV[2..] records: id, mask, 7 values, M, M members. mask has 7 characters, "1" where the
+-- ARGV[2..] records (at most 1000): id, mask, 7 values, M, M members. mask has 7 characters, "1" where the
 --   value is present (in reshard_take's order: due, envelope, inflight, dead, reason,
 --   scheduled, ready member); the M members are added to ready (score 0).
 -- Returns: the number of records written.
@@ -21,22 +21,33 @@ if marker ~= ARGV[1] then
   return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
 end
 local function present(mask, k) return string.byte(mask, k) == 49 end -- "1"
+-- Gathered per key, then one command per key for the whole batch.
+local due, jobs, inflight, dead, reasons, scheduled, ready, ready_ids = {}, {}, {}, {}, {}, {}, {}, {}
+local function pair(t, a, b) t[#t + 1] = a; t[#t + 1] = b end
 local i, written = 2, 0
 while i <= #ARGV do
   local id, mask, v = ARGV[i], ARGV[i + 1], i + 2
-  if present(mask, 1) then redis.call('ZADD', KEYS[1], ARGV[v], id) end
-  if present(mask, 2) then redis.call('HSET', KEYS[2], id, ARGV[v + 1]) end
-  if present(mask, 3) then redis.call('ZADD', KEYS[3], ARGV[v + 2], id) end
-  if present(mask, 4) then redis.call('ZADD', KEYS[4], ARGV[v + 3], id) end
-  if present(mask, 5) then redis.call('HSET', KEYS[5], id, ARGV[v + 4]) end
-  if present(mask, 6) then redis.call('HSET', KEYS[6], id, ARGV[v + 5]) end
+  if present(mask, 1) then pair(due, ARGV[v], id) end
+  if present(mask, 2) then pair(jobs, id, ARGV[v + 1]) end
+  if present(mask, 3) then pair(inflight, ARGV[v + 2], id) end
+  if present(mask, 4) then pair(dead, ARGV[v + 3], id) end
+  if present(mask, 5) then pair(reasons, id, ARGV[v + 4]) end
+  if present(mask, 6) then pair(scheduled, id, ARGV[v + 5]) end
   if present(mask, 7) then
-    redis.call('HSET', KEYS[8], id, ARGV[v + 6])
-    redis.call('ZADD', KEYS[7], 0, ARGV[v + 6])
+    pair(ready_ids, id, ARGV[v + 6])
+    pair(ready, 0, ARGV[v + 6])
   end
   local m = tonumber(ARGV[v + 7])
-  for j = 1, m do redis.call('ZADD', KEYS[7], 0, ARGV[v + 7 + j]) end
+  for j = 1, m do pair(ready, 0, ARGV[v + 7 + j]) end
   i = v + 8 + m
   written = written + 1
 end
+if #due > 0 then redis.call('ZADD', KEYS[1], unpack(due)) end
+if #jobs > 0 then redis.call('HSET', KEYS[2], unpack(jobs)) end
+if #inflight > 0 then redis.call('ZADD', KEYS[3], unpack(inflight)) end
+if #dead > 0 then redis.call('ZADD', KEYS[4], unpack(dead)) end
+if #reasons > 0 then redis.call('HSET', KEYS[5], unpack(reasons)) end
+if #scheduled > 0 then redis.call('HSET', KEYS[6], unpack(scheduled)) end
+if #ready > 0 then redis.call('ZADD', KEYS[7], unpack(ready)) end
+if #ready_ids > 0 then redis.call('HSET', KEYS[8], unpack(ready_ids)) end
 return written

@@ -10,7 +10,7 @@
 -- KEYS[8] shards    STRING {zdelay:3}:shards    layout marker
 -- ARGV[1] the marker this reshard set ("migrating <from> <to>"): any other value refuses with
 --   ZDELAY_NOT_MIGRATING <marker> (another reshard finished, or none runs)
--- ARGV[2..] ids
+-- ARGV[2..] ids, at most 1000
 -- Returns: per id, 7 values (nil where absent): due score, envelope, inflight score (lease
 --   deadline), dead score, reason, scheduled due, its member in ready. Scores as Redis prints
 --   them, so they are written back exactly.
@@ -19,15 +19,21 @@ local marker = redis.call('GET', KEYS[8])
 if marker ~= ARGV[1] then
   return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
 end
+local ids = {}
+for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then return {} end
+-- One command per key for the whole batch (ZMSCORE, HMGET), not one per id.
+local cols = {
+  redis.call('ZMSCORE', KEYS[1], unpack(ids)),
+  redis.call('HMGET', KEYS[2], unpack(ids)),
+  redis.call('ZMSCORE', KEYS[3], unpack(ids)),
+  redis.call('ZMSCORE', KEYS[4], unpack(ids)),
+  redis.call('HMGET', KEYS[5], unpack(ids)),
+  redis.call('HMGET', KEYS[6], unpack(ids)),
+  redis.call('HMGET', KEYS[7], unpack(ids)),
+}
 local out = {}
-for i = 2, #ARGV do
-  local id = ARGV[i]
-  out[#out + 1] = redis.call('ZSCORE', KEYS[1], id)
-  out[#out + 1] = redis.call('HGET', KEYS[2], id)
-  out[#out + 1] = redis.call('ZSCORE', KEYS[3], id)
-  out[#out + 1] = redis.call('ZSCORE', KEYS[4], id)
-  out[#out + 1] = redis.call('HGET', KEYS[5], id)
-  out[#out + 1] = redis.call('HGET', KEYS[6], id)
-  out[#out + 1] = redis.call('HGET', KEYS[7], id)
+for i = 1, #ids do
+  for c = 1, 7 do out[#out + 1] = cols[c][i] end
 end
 return out

@@ -43,6 +43,8 @@ use std::time::Instant;
 
 /// Ids per `reshard_take` / `reshard_drop` call.
 pub const DEFAULT_BATCH: usize = 500;
+/// The most ids per call (the scripts unpack a batch into one command per key).
+pub const MAX_BATCH: usize = 1000;
 /// Old shards moved at once.
 pub const DEFAULT_CONCURRENCY: usize = 4;
 /// COUNT hint of each scan page.
@@ -59,7 +61,7 @@ pub struct Options {
     pub to: u16,
     /// Check and count what would move; change nothing.
     pub dry_run: bool,
-    /// Ids per script call.
+    /// Ids per script call, 1..=[`MAX_BATCH`].
     pub batch: usize,
     /// Old shards moved at once.
     pub concurrency: usize,
@@ -396,7 +398,7 @@ pub async fn reshard(
             (Some(c), true) => Counts::decode(c).unwrap_or_default(),
             _ => count(&con, &old, 0..span).await?,
         };
-        let to_move = count_misplaced(&con, &new, span).await?;
+        let to_move = count_misplaced(&con, &new, from).await?;
         return Ok(Outcome::DryRun(Plan {
             namespace: namespace.to_owned(),
             from,
@@ -461,11 +463,13 @@ pub async fn reshard(
         con: &con,
         new: &new,
         marker: &marker,
-        batch: opts.batch.max(1),
+        batch: opts.batch.clamp(1, MAX_BATCH),
         progress,
         moved_total: &moved_total,
     };
-    let moved: u64 = futures::stream::iter(0..span)
+    // Only the old shards can hold misplaced jobs: a shard the namespace did not have held
+    // nothing at the freeze (checked above), and `reshard_put` writes each job into its own.
+    let moved: u64 = futures::stream::iter(0..from)
         .map(|shard| mover.drain(shard))
         .buffer_unordered(opts.concurrency.max(1))
         .try_fold(0, |total, moved| async move { Ok(total + moved) })
@@ -645,9 +649,9 @@ pub fn ready_member_id(member: &[u8]) -> Option<&[u8]> {
     parts.next()
 }
 
-/// For the dry run: distinct ids of shards `0..span` whose shard under `new` is another.
-async fn count_misplaced(con: &Conn, new: &Keys, span: u16) -> Result<u64, ReshardError> {
-    let per_shard = futures::stream::iter(0..span)
+/// For the dry run: distinct ids of shards `0..from` whose shard under `new` is another.
+async fn count_misplaced(con: &Conn, new: &Keys, from: u16) -> Result<u64, ReshardError> {
+    let per_shard = futures::stream::iter(0..from)
         .map(|shard| async move {
             let mut con = con.clone();
             let keys = new.shard(shard);
@@ -792,13 +796,15 @@ impl Mover<'_> {
             shard,
             jobs: jobs.len(),
         });
-        let dropped = scripts::reshard_drop(con, &source, self.marker, &jobs).await?;
+        scripts::reshard_drop(con, &source, self.marker, &jobs).await?;
+        // Nothing else writes a frozen shard: what was read is what was deleted.
+        let moved = jobs.len() as u64;
         let total = self
             .moved_total
-            .fetch_add(dropped, std::sync::atomic::Ordering::Relaxed)
-            + dropped;
+            .fetch_add(moved, std::sync::atomic::Ordering::Relaxed)
+            + moved;
         (self.progress)(Progress::Moved { total });
-        Ok(dropped)
+        Ok(moved)
     }
 }
 

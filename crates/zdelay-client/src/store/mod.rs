@@ -35,11 +35,11 @@ pub enum StoreError {
     Schema(String),
     #[error("{0}")]
     Unsupported(String),
-    /// `zdelay reshard` is moving the namespace to another shard count: nothing was written.
-    /// Retryable once it has finished.
+    /// `zdelay reshard` is moving the namespace to another shard count: the refused script
+    /// wrote nothing. Retryable once the reshard has finished.
     #[error(
         "namespace {namespace} is being resharded from {from} to {to} shards (zdelay reshard): \
-         nothing was written; retry once the reshard has finished"
+         retry once the reshard has finished"
     )]
     Resharding {
         namespace: String,

@@ -875,7 +875,8 @@ impl StoredJob {
     }
 }
 
-/// What `shard` stores about `ids`, read while the reshard whose marker is `marker` runs.
+/// What `shard` stores about `ids` (at most 1000), read while the reshard whose marker is
+/// `marker` runs.
 pub async fn reshard_take(
     con: &mut Conn,
     keys: &ShardKeys,
@@ -931,7 +932,8 @@ pub async fn reshard_put(
     inv.invoke(con).await
 }
 
-/// Deletes every trace of `jobs`' ids from the shard of `keys`; returns how many ids had one.
+/// Deletes every trace of `jobs`' ids from the shard of `keys`; returns how many entries it
+/// deleted, over every key.
 pub async fn reshard_drop(
     con: &mut Conn,
     keys: &ShardKeys,
