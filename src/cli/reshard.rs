@@ -23,10 +23,10 @@ pub struct ReshardArgs {
     /// Print the outcome as JSON.
     #[arg(long)]
     json: bool,
-    /// Job ids per script call.
+    /// Job ids per script call (1..=1000).
     #[arg(long, default_value_t = reshard::DEFAULT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..=1000))]
     batch: u16,
-    /// Old shards moved at once.
+    /// Old shards moved at once (1..=64).
     #[arg(long, default_value_t = reshard::DEFAULT_CONCURRENCY as u16, value_parser = clap::value_parser!(u16).range(1..=64))]
     concurrency: u16,
 }

@@ -14,8 +14,8 @@
 //!    a shard for a producer, an operator or a daemon refuses (`ZDELAY_MIGRATING`) before
 //!    writing anything, so the jobs stay still. The job counts are taken and stored in the
 //!    schema (`migrating_counts`).
-//! 3. Move, shard by shard (a few at once): scan each key of the shard for ids whose shard
-//!    under the new count is another one; read everything the shard holds about them
+//! 3. Move, old shard by old shard (a few at once): scan each key of the shard for ids whose
+//!    shard under the new count is another one; read everything the shard holds about them
 //!    (`reshard_take`), write it into the new shard (`reshard_put`, overwriting), then delete
 //!    it from the old one (`reshard_drop`). Copy before delete, so a crash between the two
 //!    leaves a job in both places, identical, and the next run copies it again (same values)
