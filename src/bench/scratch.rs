@@ -45,6 +45,8 @@ impl Scratch {
         let mut keys = self.data_keys();
         if schema {
             keys.push(self.keys.schema());
+            // A reshard of the scratch namespace would have left layout markers.
+            keys.extend((0..self.keys.shards()).map(|s| self.keys.layout(s)));
         }
         for chunk in keys.chunks(64) {
             let _: () = redis::cmd("DEL").arg(chunk).query_async(con).await?;
