@@ -28,6 +28,13 @@ impl Scratch {
         for s in 0..self.keys.shards() {
             let k = &self.keys;
             out.extend([k.due(s), k.jobs(s), k.inflight(s), k.dead(s), k.reasons(s)]);
+            let shard = k.shard(s);
+            out.extend([
+                shard.schedules,
+                shard.sched_env,
+                shard.sched_due,
+                shard.max_lateness,
+            ]);
             out.extend([self.bare.due(s), self.bare.jobs(s)]);
         }
         out.extend([
