@@ -90,6 +90,10 @@ mod tests {
                 "{k}"
             );
         }
-        assert_eq!(s.data_keys().len(), 2 * 7 + 4);
+        let keys = s.data_keys();
+        let unique: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(unique.len(), keys.len(), "a key listed twice");
+        // Per shard: five job keys, four schedule and lateness keys, two bare keys.
+        assert_eq!(keys.len(), 2 * 11 + 4);
     }
 }
