@@ -20,5 +20,5 @@ pub use zdelay_client::{
     JobView, NewJob, OnConflict, Replayed, Routes,
 };
 pub use zdelay_client::{
-    client, config, dead, envelope, job, keys, routes, schedule, schedules, store,
+    client, config, dead, envelope, job, keys, reshard, routes, schedule, schedules, store,
 };

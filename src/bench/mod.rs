@@ -38,6 +38,7 @@ mod memory;
 mod report;
 mod route;
 mod same_ms;
+mod schedules;
 mod scratch;
 mod steady;
 mod tally;
@@ -134,6 +135,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         steady: Vec::new(),
         same_ms: None,
         memory: None,
+        schedules: Vec::new(),
     };
     let mut env = Env {
         con,
@@ -207,6 +209,11 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     }
     if all || env.args.mode == Mode::Memory {
         report.memory = Some(memory::memory(env).await?);
+    }
+    if env.args.mode == Mode::Schedules {
+        for n in env.args.schedules.clone() {
+            report.schedules.push(schedules::schedules(env, n).await?);
+        }
     }
     Ok(())
 }

@@ -28,6 +28,14 @@ impl Scratch {
         for s in 0..self.keys.shards() {
             let k = &self.keys;
             out.extend([k.due(s), k.jobs(s), k.inflight(s), k.dead(s), k.reasons(s)]);
+            let shard = k.shard(s);
+            out.extend([
+                shard.schedules,
+                shard.sched_env,
+                shard.sched_due,
+                shard.max_lateness,
+                shard.history,
+            ]);
             out.extend([self.bare.due(s), self.bare.jobs(s)]);
         }
         out.extend([
@@ -45,6 +53,8 @@ impl Scratch {
         let mut keys = self.data_keys();
         if schema {
             keys.push(self.keys.schema());
+            // A reshard of the scratch namespace would have left layout markers.
+            keys.extend((0..self.keys.shards()).map(|s| self.keys.layout(s)));
         }
         for chunk in keys.chunks(64) {
             let _: () = redis::cmd("DEL").arg(chunk).query_async(con).await?;
@@ -81,6 +91,11 @@ mod tests {
                 "{k}"
             );
         }
-        assert_eq!(s.data_keys().len(), 2 * 7 + 4);
+        let keys = s.data_keys();
+        let unique: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(unique.len(), keys.len(), "a key listed twice");
+        // Per shard: five job keys, four schedule and lateness keys, the death history, two
+        // bare keys.
+        assert_eq!(keys.len(), 2 * 12 + 4);
     }
 }

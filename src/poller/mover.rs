@@ -179,6 +179,7 @@ pub async fn run(
                         // New jobs are due now: move them without waiting.
                         Ok(true) => continue,
                         Ok(false) => {}
+                        Err(e) if ctx.is_refusal(&e) => break,
                         Err(e) => {
                             metrics::error_event("redis", &label, &e);
                             let delay = backoff.step();
@@ -207,6 +208,7 @@ pub async fn run(
                     sleep_after(&reply, target.unit(), ctx.mover.idle_poll)
                 }
             }
+            Err(e) if ctx.is_refusal(&e) => break,
             Err(e) => {
                 metrics::error_event("redis", &label, &e);
                 backoff.step()

@@ -17,6 +17,7 @@ mod keys_declared;
 mod nats;
 mod producer;
 mod raw_sinks;
+mod reshard;
 mod scale;
 mod schedules;
 mod seeds;

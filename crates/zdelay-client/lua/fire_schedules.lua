@@ -14,19 +14,31 @@
 -- KEYS[6] schedules    HASH {zdelay:3}:schedules  id -> "<version>\n<definition JSON>"
 -- KEYS[7] sched_env    HASH {zdelay:3}:sched_env  id -> the occurrences' envelope
 -- KEYS[8] sched_due    ZSET {zdelay:3}:sched_due  id -> next occurrence ms
--- ARGV[1] now ms (when occurrences expired die)
--- ARGV[2..] per schedule: id, the occurrence ms read, version read ("" for a schedule whose
+-- KEYS[9] shards    STRING {zdelay:3}:shards layout marker: the shard count once resharded, or
+--                                           "migrating <from> <to>" (no marker: never resharded)
+-- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+-- ARGV[2] now ms (when occurrences expired die)
+-- ARGV[3..] per schedule: id, the occurrence ms read, version read ("" for a schedule whose
 --   definition is missing or unreadable: it is taken off the timeline), next occurrence ms
 --   ("" = ended), max lateness ms ("" = none), D, then D pairs (job id, occurrence ms) to
 --   deliver, E, then E pairs (job id, occurrence ms) expired
 -- Returns: { jobs created, occurrences expired, schedules fenced }
 -- Re-run safety: yes; the first run moved each schedule's occurrence, so a re-run is fenced,
 --   and an occurrence job that exists is never written twice.
+-- Layout fence: refuse a shard its caller computed with another shard count.
+local layout = redis.call('GET', KEYS[9])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
 local due_key, jobs_key, dead_key, reasons_key, limit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local schedules_key, env_key, sched_due_key = KEYS[6], KEYS[7], KEYS[8]
-local now = tonumber(ARGV[1])
+local now = tonumber(ARGV[2])
 local created, expired, fenced = 0, 0, 0
-local i = 2
+local i = 3
 while i <= #ARGV do
   local id, read_due, read_version, next_ms, limit = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local deliver = tonumber(ARGV[i + 5])

@@ -20,11 +20,15 @@
 --                                               goes to dead ("expired") instead of out
 -- KEYS[10] sched_due ZSET {zdelay:3}:sched_due  schedule id -> its next occurrence (only its
 --                                               head is read, for the reply)
--- KEYS[11..] the list keys of the local routes (route target, or target .. delayed_suffix)
--- ARGV[1] batch size, at most 1000
--- ARGV[2] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
--- ARGV[3] largest payload in bytes (local routes); a larger one goes to dead
--- ARGV[4] R, the number of local routes; then R triples: route name, KEYS index of its list,
+-- KEYS[11] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
+--                                                "migrating <from> <to>" (no marker: never resharded)
+-- KEYS[12..] the list keys of the local routes (route target, or target .. delayed_suffix)
+-- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+-- ARGV[2] batch size, at most 1000
+-- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
+-- ARGV[4] largest payload in bytes (local routes); a larger one goes to dead
+-- ARGV[5] R, the number of local routes; then R triples: route name, KEYS index of its list,
 --   "LPUSH"|"RPUSH"
 -- then T, the number of two-phase routes; then T pairs: route name, sink name
 -- then S, the number of two-phase sinks (jobs may also name them as "<sink>/<target>");
@@ -41,24 +45,33 @@
 --   the next occurrence of the shard's schedules ("" when none) }
 -- taken = moved + dead + queued; a full batch means "call again now".
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
+
+-- Layout fence: refuse a shard its caller computed with another shard count.
+local layout = redis.call('GET', KEYS[11])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
 local max_lateness_key, sched_due_key = KEYS[9], KEYS[10]
-local batch = tonumber(ARGV[1])
+local batch = tonumber(ARGV[2])
 local now_us
-if ARGV[2] ~= '' then
-  now_us = tonumber(ARGV[2]) * 1000
+if ARGV[3] ~= '' then
+  now_us = tonumber(ARGV[3]) * 1000
 else
   local t = redis.call('TIME')
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local now_ms = math.floor(now_us / 1000)
-local max_payload = tonumber(ARGV[3])
+local max_payload = tonumber(ARGV[4])
 
-local route_count = tonumber(ARGV[4])
+local route_count = tonumber(ARGV[5])
 local routes = {}
 local moved = {}
-local pos = 5
+local pos = 6
 for r = 1, route_count do
   routes[ARGV[pos]] = { key = KEYS[tonumber(ARGV[pos + 1])], cmd = ARGV[pos + 2], index = r }
   moved[r] = 0

@@ -1,26 +1,39 @@
 -- replay_dead: make dead envelope jobs due again. Each replayed job keeps its envelope (its
--- attempt count reset to 0 unless ARGV[4] says "keep"; last_error and everything else kept),
+-- attempt count reset to 0 unless ARGV[5] says "keep"; last_error and everything else kept),
 -- and the death it leaves is appended to its history: "<died ms> <reason>" (the dead score and
 -- the reason, newlines in the reason turned to spaces, at most 500 bytes of it), one entry a
--- line, oldest first, only the last ARGV[5] entries kept.
+-- line, oldest first, only the last ARGV[6] entries kept.
 -- KEYS[1] due      ZSET  {zdelay:3}:due
 -- KEYS[2] jobs     HASH  {zdelay:3}:jobs      id -> envelope ("zd1:" frame or JSON object)
 -- KEYS[3] dead     ZSET  {zdelay:3}:dead      member = id, score = ms it died
 -- KEYS[4] reasons  HASH  {zdelay:3}:reasons   id -> why it died
 -- KEYS[5] history  HASH  {zdelay:3}:history   id -> its earlier deaths, one "<died ms> <reason>" a line
--- ARGV[1] due for the replayed jobs: "" = Redis TIME (now), "<ms>" = epoch ms, "+<ms>" = that
+-- KEYS[6] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
+--                                                "migrating <from> <to>" (no marker: never resharded)
+-- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+-- ARGV[2] due for the replayed jobs: "" = Redis TIME (now), "<ms>" = epoch ms, "+<ms>" = that
 --   many ms after Redis TIME
--- ARGV[2] wake channel; ARGV[3] shard number
--- ARGV[4] "reset": the envelope loses its top-level "attempt" (so it counts from 0 again);
+-- ARGV[3] wake channel; ARGV[4] shard number
+-- ARGV[5] "reset": the envelope loses its top-level "attempt" (so it counts from 0 again);
 --   "keep": the envelope is not touched
--- ARGV[5] history entries kept per id (the oldest are dropped)
--- ARGV[6..] pairs: id, the dead score it was selected with ("" = replay it whatever its score)
+-- ARGV[6] history entries kept per id (the oldest are dropped)
+-- ARGV[7..] pairs: id, the dead score it was selected with ("" = replay it whatever its score)
 -- Returns: { replayed, orphans, skipped, due ms } where orphans are dead ids without an
 --   envelope: they stay dead with their reason (there is nothing to deliver); skipped are ids
 --   that are not dead, or died again since they were selected (their score moved).
 -- Re-run safety: yes; a replayed job is no longer dead, so a second run skips it.
+
+-- Layout fence: refuse a shard its caller computed with another shard count.
+local layout = redis.call('GET', KEYS[6])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
 local due_key, jobs_key, dead_key, reasons_key, history_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local due = ARGV[1]
+local due = ARGV[2]
 if due == '' or string.sub(due, 1, 1) == '+' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -28,8 +41,8 @@ if due == '' or string.sub(due, 1, 1) == '+' then
 else
   due = tonumber(due)
 end
-local reset = ARGV[4] == 'reset'
-local cap = tonumber(ARGV[5])
+local reset = ARGV[5] == 'reset'
+local cap = tonumber(ARGV[6])
 local MAX_REASON = 500
 
 -- The JSON object text `obj` without its top-level "attempt" member; unchanged when it has
@@ -118,7 +131,7 @@ local function remember(id, died)
 end
 
 local replayed, orphans, skipped = 0, 0, 0
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
   local score = redis.call('ZSCORE', dead_key, id)
   if not score or (fence ~= '' and tonumber(score) ~= tonumber(fence)) then
@@ -140,5 +153,5 @@ for i = 6, #ARGV, 2 do
     end
   end
 end
-if replayed > 0 then redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. string.format('%d', due)) end
+if replayed > 0 then redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', due)) end
 return { replayed, orphans, skipped, due }

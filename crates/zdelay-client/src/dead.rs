@@ -16,18 +16,27 @@
 //! history holds at most [`HISTORY_CAP`] lines per id, for ids still stored plus those
 //! replayed since the last replay or purge.
 //!
+//! **Layout.** Every call runs with the client's shard count and is refused when the
+//! namespace no longer has it: the scripts check the shard's layout marker, and the reads
+//! that no script makes check shard 0's marker first (or read each shard's with the data).
+//! Refused because the namespace was resharded, the call reads the new count and runs once
+//! more (what it already did is skipped: replayed or purged ids are no longer dead); refused
+//! while a reshard runs, it fails, retryable, having written nothing in the refused shard.
+//!
 //! **Attempts.** A replay resets the envelope's attempt count (the meta loses `attempt`;
 //! `last_error` and everything else stay) unless [`ReplayOptions::keep_attempts`]: inside
 //! the script, so it is atomic and safe to re-run. Raw members keep no attempt count while
 //! dead (their `<source>:claims` entry goes when they die): a replayed member starts at 0.
 
-use crate::client::{Client, ClientError};
+use crate::client::{Client, ClientError, read_fence};
 use crate::config::{ScoreUnit, SourceConfig};
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::job::Due;
+use crate::keys::Keys;
 use crate::store::scripts::{self, DeadPeek, EnvelopeHead, Replayed};
 use crate::store::{self, Conn};
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// History entries kept per job: its last deaths before the current one.
@@ -393,6 +402,17 @@ impl Client {
         limit: usize,
     ) -> Result<Vec<DeadJob>, ClientError> {
         filter.check()?;
+        self.fenced(|layout| self.dead_jobs_in(layout, filter, limit))
+            .await
+    }
+
+    async fn dead_jobs_in(
+        &self,
+        layout: Keys,
+        filter: &DeadFilter,
+        limit: usize,
+    ) -> Result<Vec<DeadJob>, ClientError> {
+        self.check_layout(&layout).await?;
         let mut con = self.con.clone();
         let now_ms = store::server_time_ms(&mut con).await?;
         let (min, max) = filter.score_range(now_ms);
@@ -402,8 +422,8 @@ impl Client {
             limit.clamp(1, PAGE)
         };
         let mut out = Vec::new();
-        for shard in 0..self.keys.shards() {
-            let keys = self.keys.shard(shard);
+        for shard in 0..layout.shards() {
+            let keys = layout.shard(shard);
             let mut found = 0;
             let mut offset = 0;
             while found < limit {
@@ -430,20 +450,32 @@ impl Client {
 
     /// One dead job with its envelope and history; `None` when `id` is not dead.
     pub async fn dead_show(&self, id: &str) -> Result<Option<DeadJobDetail>, ClientError> {
-        let shard = self.keys.shard_of(id);
-        let keys = self.keys.shard(shard);
-        let (died, reason, history, raw): (
+        self.fenced(|layout| self.dead_show_in(layout, id)).await
+    }
+
+    async fn dead_show_in(
+        &self,
+        layout: Keys,
+        id: &str,
+    ) -> Result<Option<DeadJobDetail>, ClientError> {
+        let shard = layout.shard_of(id);
+        let keys = layout.shard(shard);
+        type Reply = (
             Option<f64>,
             Option<String>,
             Option<String>,
             Option<Vec<u8>>,
-        ) = redis::pipe()
+            Option<String>,
+        );
+        let (died, reason, history, raw, marker): Reply = redis::pipe()
             .zscore(&keys.dead, id)
             .hget(&keys.reasons, id)
             .hget(&keys.history, id)
             .hget(&keys.jobs, id)
+            .get(&keys.layout)
             .query_async(&mut self.con.clone())
             .await?;
+        read_fence(marker, &layout, &keys.layout)?;
         let Some(died) = died else {
             return Ok(None);
         };
@@ -492,20 +524,33 @@ impl Client {
         &self,
         selection: &DeadSelection,
         options: ReplayOptions,
-        mut progress: impl FnMut(DeadProgress) + Send,
+        progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Replayed, ClientError> {
+        let progress = Mutex::new(progress);
+        self.fenced(|layout| self.dead_replay_in(layout, selection, options, &progress))
+            .await
+    }
+
+    async fn dead_replay_in(
+        &self,
+        layout: Keys,
+        selection: &DeadSelection,
+        options: ReplayOptions,
+        progress: &Mutex<impl FnMut(DeadProgress) + Send>,
+    ) -> Result<Replayed, ClientError> {
+        let progress = |p| (progress.lock().expect("progress lock"))(p);
         let mut con = self.con.clone();
         let now_ms = store::server_time_ms(&mut con).await?;
         let due = Due::At(due_ms(options.due, now_ms));
         let selected = self
-            .select_dead(&mut con, selection, now_ms, &mut progress)
+            .select_dead(&mut con, &layout, selection, now_ms, progress)
             .await?;
         let total = selected.values().map(|ids| ids.len() as u64).sum();
         let mut done = 0;
         let mut out = Replayed::default();
         progress(DeadProgress::Acting { done, total });
         for (shard, ids) in selected {
-            let keys = self.keys.shard(shard);
+            let keys = layout.shard(shard);
             for chunk in ids.chunks(DEAD_CHUNK) {
                 let r = scripts::replay_dead(
                     &mut con,
@@ -521,7 +566,7 @@ impl Client {
                 progress(DeadProgress::Acting { done, total });
             }
         }
-        out.history_pruned = self.prune_histories(&mut con).await?;
+        out.history_pruned = self.prune_histories(&mut con, &layout).await?;
         Ok(out)
     }
 
@@ -540,19 +585,31 @@ impl Client {
     pub async fn dead_purge_selected(
         &self,
         selection: &DeadSelection,
-        mut progress: impl FnMut(DeadProgress) + Send,
+        progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Purged, ClientError> {
+        let progress = Mutex::new(progress);
+        self.fenced(|layout| self.dead_purge_in(layout, selection, &progress))
+            .await
+    }
+
+    async fn dead_purge_in(
+        &self,
+        layout: Keys,
+        selection: &DeadSelection,
+        progress: &Mutex<impl FnMut(DeadProgress) + Send>,
+    ) -> Result<Purged, ClientError> {
+        let progress = |p| (progress.lock().expect("progress lock"))(p);
         let mut con = self.con.clone();
         let now_ms = store::server_time_ms(&mut con).await?;
         let selected = self
-            .select_dead(&mut con, selection, now_ms, &mut progress)
+            .select_dead(&mut con, &layout, selection, now_ms, progress)
             .await?;
         let total = selected.values().map(|ids| ids.len() as u64).sum();
         let mut done = 0;
         let mut out = Purged::default();
         progress(DeadProgress::Acting { done, total });
         for (shard, ids) in selected {
-            let keys = self.keys.shard(shard);
+            let keys = layout.shard(shard);
             for chunk in ids.chunks(DEAD_CHUNK) {
                 let (purged, skipped) = scripts::purge_dead(&mut con, &keys, chunk).await?;
                 out.purged += purged;
@@ -561,24 +618,26 @@ impl Client {
                 progress(DeadProgress::Acting { done, total });
             }
         }
-        out.history_pruned = self.prune_histories(&mut con).await?;
+        out.history_pruned = self.prune_histories(&mut con, &layout).await?;
         Ok(out)
     }
 
-    /// The selected ids per shard: given ids without a fence, or what the filter admits now,
-    /// each with the dead score it had.
+    /// The selected ids per shard of `layout`: given ids without a fence, or what the filter
+    /// admits now, each with the dead score it had.
     async fn select_dead(
         &self,
         con: &mut Conn,
+        layout: &Keys,
         selection: &DeadSelection,
         now_ms: i64,
-        progress: &mut (impl FnMut(DeadProgress) + Send),
+        progress: impl Fn(DeadProgress),
     ) -> Result<Selected, ClientError> {
         let mut out: Selected = BTreeMap::new();
         let filter = match selection {
             DeadSelection::Ids(ids) => {
+                // The scripts that act on them check each shard's layout marker.
                 for id in ids {
-                    out.entry(self.keys.shard_of(id))
+                    out.entry(layout.shard_of(id))
                         .or_default()
                         .push((id.clone(), None));
                 }
@@ -587,10 +646,13 @@ impl Client {
             DeadSelection::Matching(filter) => filter,
         };
         filter.check()?;
+        // Read before any script runs: a namespace resharded away from this layout may hold
+        // its dead jobs in shards the layout does not have.
+        self.check_layout(layout).await?;
         let (min, max) = filter.score_range(now_ms);
         let (mut scanned, mut selected) = (0u64, 0u64);
-        for shard in 0..self.keys.shards() {
-            let keys = self.keys.shard(shard);
+        for shard in 0..layout.shards() {
+            let keys = layout.shard(shard);
             let mut offset = 0;
             loop {
                 let entries = dead_page(con, &keys.dead, &min, &max, offset, PAGE).await?;
@@ -624,10 +686,10 @@ impl Client {
     }
 
     /// Drops the history of every id no longer stored, in every shard; returns how many.
-    async fn prune_histories(&self, con: &mut Conn) -> Result<u64, ClientError> {
+    async fn prune_histories(&self, con: &mut Conn, layout: &Keys) -> Result<u64, ClientError> {
         let mut pruned = 0;
-        for shard in 0..self.keys.shards() {
-            let keys = self.keys.shard(shard);
+        for shard in 0..layout.shards() {
+            let keys = layout.shard(shard);
             let mut cursor = "0".to_owned();
             loop {
                 let (next, fields): (String, Vec<Vec<u8>>) = redis::cmd("HSCAN")

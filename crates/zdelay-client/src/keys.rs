@@ -38,7 +38,12 @@ impl Keys {
 
     /// The shard a job id belongs to.
     pub fn shard_of(&self, id: &str) -> u16 {
-        CRC16.checksum(hash_tag(id).as_bytes()) % self.shards
+        self.shard_of_bytes(id.as_bytes())
+    }
+
+    /// The shard of an id read back from Redis, which may hold any bytes.
+    pub fn shard_of_bytes(&self, id: &[u8]) -> u16 {
+        CRC16.checksum(hash_tag_bytes(id)) % self.shards
     }
 
     /// The cluster slot of shard `shard`'s keys.
@@ -50,6 +55,7 @@ impl Keys {
     pub fn shard(&self, shard: u16) -> ShardKeys {
         ShardKeys {
             shard,
+            shards: self.shards,
             due: self.due(shard),
             jobs: self.jobs(shard),
             inflight: self.inflight(shard),
@@ -63,6 +69,7 @@ impl Keys {
             sched_env: self.shard_key(shard, ShardKey::SchedEnv.name()),
             sched_due: self.shard_key(shard, ShardKey::SchedDue.name()),
             history: self.history(shard),
+            layout: self.layout(shard),
             wake_channel: self.wake_channel(),
         }
     }
@@ -118,9 +125,19 @@ impl Keys {
     /// HASH: job id → its earlier deaths, one `<died ms> <reason>` a line, oldest first, at
     /// most [`crate::dead::HISTORY_CAP`] lines. Written by `dead replay` (the death a replay
     /// leaves), read by `dead show`, dropped by `dead purge` and, once the job is no longer
-    /// stored (delivered, cancelled), by the next `dead replay` or `dead purge`.
+    /// stored (delivered, cancelled), by the next `dead replay` or `dead purge`; moved with
+    /// its job by `zdelay reshard`.
     pub fn history(&self, shard: u16) -> String {
         self.shard_key(shard, "history")
+    }
+
+    /// STRING, the shard's layout marker: the namespace's shard count once it has been
+    /// resharded (`"8"`), or `"migrating <from> <to>"` while `zdelay reshard` runs. Every
+    /// script that takes a shard computed by its caller checks it against the caller's
+    /// shard count and refuses a mismatch, so a process that still uses an old count never
+    /// writes into a wrong shard. No marker: the namespace was never resharded.
+    pub fn layout(&self, shard: u16) -> String {
+        self.shard_key(shard, "shards")
     }
 
     /// HASH of the daemons running on this namespace: instance id → `<registration expiry ms>
@@ -174,8 +191,9 @@ pub enum ShardKey {
     Schedules,
     SchedEnv,
     SchedDue,
-    /// Only the dead-letter scripts take it (after every other key they take).
+    /// Only the dead-letter scripts and zdelay reshard's take it.
     History,
+    Layout,
 }
 
 impl ShardKey {
@@ -195,6 +213,7 @@ impl ShardKey {
             ShardKey::SchedEnv => "sched_env",
             ShardKey::SchedDue => "sched_due",
             ShardKey::History => "history",
+            ShardKey::Layout => "shards",
         }
     }
 }
@@ -203,6 +222,8 @@ impl ShardKey {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardKeys {
     pub shard: u16,
+    /// The shard count `shard` was computed with: what the scripts' layout fence checks.
+    pub shards: u16,
     pub due: String,
     pub jobs: String,
     pub inflight: String,
@@ -216,6 +237,8 @@ pub struct ShardKeys {
     pub sched_env: String,
     pub sched_due: String,
     pub history: String,
+    /// The layout marker (see [`Keys::layout`]).
+    pub layout: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
     pub wake_channel: String,
 }
@@ -236,6 +259,7 @@ impl ShardKeys {
             ShardKey::SchedEnv => &self.sched_env,
             ShardKey::SchedDue => &self.sched_due,
             ShardKey::History => &self.history,
+            ShardKey::Layout => &self.layout,
         }
     }
 }
@@ -360,6 +384,25 @@ mod tests {
         }
         assert_eq!(shard.scheduled, "{zdelay:3}:scheduled");
         assert_eq!(shard.get(ShardKey::History), "{zdelay:3}:history");
+        assert_eq!(shard.get(ShardKey::Layout), "{zdelay:3}:shards");
+        assert_eq!(shard.shards, 16);
+    }
+
+    #[test]
+    fn shard_of_bytes_agrees_with_shard_of() {
+        let k = Keys::new("zdelay", 7);
+        for id in [
+            "foo",
+            "{user1000}.following",
+            "{}x",
+            "x{a}b{c}",
+            "{open",
+            "é{ü}",
+        ] {
+            assert_eq!(k.shard_of(id), k.shard_of_bytes(id.as_bytes()), "{id}");
+        }
+        // Not UTF-8: still hashed by its tag.
+        assert_eq!(k.shard_of_bytes(b"\xff{a}\xfe"), k.shard_of("a"));
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! - [`job`]: the words of the job life cycle (due, conflict policy, states);
 //! - [`schedule`]: recurring schedules: the stored definition, validation, next occurrences
 //!   (cron in IANA zones, intervals) and misfire handling.
+//! - [`reshard`]: moving a namespace to another shard count (`zdelay reshard`).
 
 pub mod client;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod dead;
 pub mod envelope;
 pub mod job;
 pub mod keys;
+pub mod reshard;
 pub mod routes;
 pub mod schedule;
 pub mod schedules;

@@ -16,7 +16,7 @@
 //! same schedule: the second is fenced. A crash between reading and firing: nothing was
 //! written, the next call fires it.
 
-use crate::client::{Client, ClientError};
+use crate::client::{Client, ClientError, read_fence};
 use crate::envelope::Envelope;
 use crate::keys::{ShardKeys, occurrence_id, valid_schedule_id};
 use crate::schedule::{Schedule, ScheduleDef};
@@ -239,7 +239,6 @@ impl Client {
         self.check_dest_and_payload(&spec.dest, &spec.payload)?;
         // Invalid definitions fail before anything is read or written.
         definition(&spec, None, 0)?;
-        let keys = self.keys.shard(self.keys.shard_of(&spec.id));
         let mut envelope = Envelope::new(spec.dest.clone(), spec.payload.clone());
         envelope.meta.headers = spec.headers.clone();
         envelope.meta.max_attempts = spec.max_attempts;
@@ -247,14 +246,21 @@ impl Client {
         envelope.meta.max_lateness_ms = spec.max_lateness.map(|d| d.as_millis() as u64);
         let envelope = envelope.encode()?;
         let written = self
-            .write_schedule(&keys, &spec.id, &envelope, |stored, now_ms| {
-                Ok(Some(Stored {
-                    dest: spec.dest.clone(),
-                    def: definition(&spec, stored, now_ms)?,
-                    paused: stored.is_some_and(|s| s.paused),
-                    created_ms: stored.map_or(now_ms, |s| s.created_ms),
-                    updated_ms: now_ms,
-                }))
+            .fenced(|layout| {
+                let keys = layout.shard(layout.shard_of(&spec.id));
+                let (spec, envelope) = (&spec, &envelope);
+                async move {
+                    self.write_schedule(&keys, &spec.id, envelope, |stored, now_ms| {
+                        Ok(Some(Stored {
+                            dest: spec.dest.clone(),
+                            def: definition(spec, stored, now_ms)?,
+                            paused: stored.is_some_and(|s| s.paused),
+                            created_ms: stored.map_or(now_ms, |s| s.created_ms),
+                            updated_ms: now_ms,
+                        }))
+                    })
+                    .await
+                }
             })
             .await?;
         let (version, created, next_ms) = written.expect("schedule_set always writes a definition");
@@ -281,34 +287,43 @@ impl Client {
         id: &str,
         paused: bool,
     ) -> Result<Option<(u64, bool, Option<i64>)>, ClientError> {
-        let keys = self.keys.shard(self.keys.shard_of(id));
-        self.write_schedule(&keys, id, b"", |stored, now_ms| {
-            Ok(stored.map(|s| Stored {
-                paused,
-                updated_ms: now_ms,
-                ..s.clone()
-            }))
+        self.fenced(|layout| async move {
+            let keys = layout.shard(layout.shard_of(id));
+            self.write_schedule(&keys, id, b"", |stored, now_ms| {
+                Ok(stored.map(|s| Stored {
+                    paused,
+                    updated_ms: now_ms,
+                    ..s.clone()
+                }))
+            })
+            .await
         })
         .await
     }
 
     /// Deletes a schedule: no further occurrence. `false` if there was none.
     pub async fn schedule_delete(&self, id: &str) -> Result<bool, ClientError> {
-        let keys = self.keys.shard(self.keys.shard_of(id));
-        Ok(scripts::delete_schedule(&mut self.con.clone(), &keys, id).await?)
+        self.fenced(|layout| async move {
+            let keys = layout.shard(layout.shard_of(id));
+            Ok(scripts::delete_schedule(&mut self.con.clone(), &keys, id).await?)
+        })
+        .await
     }
 
     /// One schedule, or `None`.
     pub async fn schedule_get(&self, id: &str) -> Result<Option<ScheduleView>, ClientError> {
-        let shard = self.keys.shard_of(id);
-        let keys = self.keys.shard(shard);
-        let (record, envelope, next): (Option<String>, Option<Vec<u8>>, Option<f64>) =
-            redis::pipe()
-                .hget(&keys.schedules, id)
-                .hget(&keys.sched_env, id)
-                .zscore(&keys.sched_due, id)
-                .query_async(&mut self.con.clone())
-                .await?;
+        let layout = self.keys();
+        let shard = layout.shard_of(id);
+        let keys = layout.shard(shard);
+        type Reply = (Option<String>, Option<Vec<u8>>, Option<f64>, Option<String>);
+        let (record, envelope, next, marker): Reply = redis::pipe()
+            .hget(&keys.schedules, id)
+            .hget(&keys.sched_env, id)
+            .zscore(&keys.sched_due, id)
+            .get(&keys.layout)
+            .query_async(&mut self.con.clone())
+            .await?;
+        read_fence(marker, &layout, &keys.layout)?;
         Ok(record
             .as_deref()
             .and_then(parse_record)
@@ -318,15 +333,18 @@ impl Client {
     /// Every schedule, by shard then id.
     pub async fn schedule_list(&self) -> Result<Vec<ScheduleView>, ClientError> {
         let mut out = Vec::new();
-        for shard in 0..self.keys.shards() {
-            let keys = self.keys.shard(shard);
+        let layout = self.keys();
+        for shard in 0..layout.shards() {
+            let keys = layout.shard(shard);
             let mut con = self.con.clone();
-            let (records, envelopes, next): ShardSchedules = redis::pipe()
+            let (records, envelopes, next, marker): ShardSchedules = redis::pipe()
                 .hgetall(&keys.schedules)
                 .hgetall(&keys.sched_env)
                 .zrange_withscores(&keys.sched_due, 0, -1)
+                .get(&keys.layout)
                 .query_async(&mut con)
                 .await?;
+            read_fence(marker, &layout, &keys.layout)?;
             let next: HashMap<String, f64> = next.into_iter().collect();
             for (id, record) in records {
                 if let Some((version, s)) = parse_record(&record) {
@@ -345,6 +363,7 @@ type ShardSchedules = (
     BTreeMap<String, String>,
     HashMap<String, Vec<u8>>,
     Vec<(String, f64)>,
+    Option<String>,
 );
 
 fn view(

@@ -337,6 +337,12 @@ pub fn llen(con: &mut redis::Connection, key: &str) -> usize {
     redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
 }
 
+/// Redis TIME in ms, on any connection (a cluster's answers from one of its nodes).
+pub fn redis_now_ms_any(con: &mut dyn redis::ConnectionLike) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
+    s * 1000 + us / 1000
+}
+
 /// Redis TIME in ms.
 pub fn redis_now_ms(con: &mut redis::Connection) -> i64 {
     let (s, us): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
