@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use zdelay::keys::Keys;
 use zdelay::store::scripts::ALL;
 
 /// One line of `redis-cli MONITOR`: the client (`lua` for commands run by a script) and the
@@ -232,13 +233,47 @@ route = "m"
         "--payload",
         "x",
     ]);
+    // A dead job with a history of earlier deaths (replayed by id, dead again), for the
+    // reshard to move: its id changes shard from 4 to 8 shards, so the reshard's scripts run
+    // whatever the other (random) ids do.
+    let (old, new) = (Keys::new("zdelay", 4), Keys::new("zdelay", 8));
+    let moving = (0..)
+        .map(|i| format!("twice-{i}"))
+        .find(|id| old.shard_of(id) != new.shard_of(id))
+        .expect("some id moves");
+    let (twice, _) = rt
+        .block_on(lib.enqueue(
+            zdelay::NewJob::new("nowhere", "four").id(&moving),
+            zdelay::OnConflict::Error,
+        ))
+        .expect("enqueued");
+    wait_for("dead", Duration::from_secs(20), || {
+        ok(&["dead", "list"]).contains(&twice)
+    });
+    ok(&["dead", "replay", "--id", &twice]);
+    wait_for("dead again", Duration::from_secs(20), || {
+        // Not dead (exit 1) until the mover took it again.
+        String::from_utf8_lossy(&config.cli(&["dead", "show", &twice]).stdout)
+            .contains("1 earlier deaths")
+    });
     ok(&["stats"]);
-    // A graceful stop (release_slots), then a reshard, which moves jobs and schedules and
-    // needs no daemon running.
+    // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
+    // dead job's history, and needs no daemon running.
     let mut daemon = daemon;
     daemon.signal(libc::SIGTERM);
     daemon.wait_exit(Duration::from_secs(10));
     ok(&["reshard", "--to", "8", "--yes"]);
+    // MONITOR reaches its file a little after the commands ran: wait for a last command of
+    // our own before reading it, or the reshard's scripts may be cut off.
+    let _: String = redis::cmd("ECHO")
+        .arg("keys-declared-end")
+        .query(&mut con)
+        .expect("ECHO");
+    wait_for("MONITOR caught up", Duration::from_secs(20), || {
+        std::fs::read_to_string(monitor_file.path())
+            .unwrap_or_default()
+            .contains("keys-declared-end")
+    });
     let _ = monitor.kill();
     let _ = monitor.wait();
 

@@ -1,6 +1,6 @@
 //! `zdelay reshard --to N` on real Redis servers and a real Redis Cluster: every job of every
-//! state (scheduled, due, waiting for its two-phase sink, in flight, dead) lands in its shard
-//! under the new count with exactly what it had, and a daemon with the new count then delivers
+//! state (scheduled, due, waiting for its two-phase sink, in flight, dead, with its history of
+//! earlier deaths) lands in its shard under the new count with exactly what it had, and a daemon with the new count then delivers
 //! each exactly once. Refused while a daemon runs; a daemon caught running by a reshard stops;
 //! a producer connected before it follows the new layout and never writes into a wrong shard;
 //! a crash at any step and a second run finish with the counts intact.
@@ -11,13 +11,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Output};
 use std::time::Duration;
 use zdelay::config::RedisConfig;
+use zdelay::dead::{DeadSelection, ReplayOptions};
 use zdelay::keys::Keys;
 use zdelay::poller::{self, PollerContext, Target};
 use zdelay::store::scripts;
-use zdelay::{Client, NewJob, OnConflict};
+use zdelay::{Client, Due, NewJob, OnConflict};
 
 /// Every kind of shard key, with how to read it whole.
-const STRUCTURES: [(&str, Kind); 12] = [
+const STRUCTURES: [(&str, Kind); 13] = [
     ("due", Kind::Zset),
     ("jobs", Kind::Hash),
     ("inflight", Kind::Zset),
@@ -30,6 +31,7 @@ const STRUCTURES: [(&str, Kind); 12] = [
     ("schedules", Kind::Hash),
     ("sched_env", Kind::Hash),
     ("sched_due", Kind::Zset),
+    ("history", Kind::Hash),
 ];
 
 #[derive(Clone, Copy)]
@@ -280,13 +282,14 @@ struct Loaded {
     mirror: Vec<String>,
     /// Claimed by the test, never published: in flight with a lease that lapses.
     in_flight: usize,
-    /// Unknown destination: dead, with a reason.
+    /// Unknown destination: dead, with a reason, replayed once and dead again (so each has
+    /// one earlier death in its history).
     dead: Vec<String>,
 }
 
 /// Schedules jobs of every state into a namespace of `shards` shards: local jobs due a little
 /// later, two-phase jobs queued in the ready set (some claimed, so in flight with a 1 s lease),
-/// dead jobs. Nothing is delivered: no daemon runs.
+/// dead jobs that died twice (a history entry each). Nothing is delivered: no daemon runs.
 fn load(place: &Place, config: &TestConfig, shards: u16, scale: usize) -> Loaded {
     let rt = crate::common::runtime();
     let client = rt
@@ -329,20 +332,37 @@ fn load(place: &Place, config: &TestConfig, shards: u16, scale: usize) -> Loaded
     // Move what is due at now - 500 (two-phase and dead ones, not the local ones).
     let cfg = zdelay::config::load(Some(&config.path)).expect("config");
     let ctx = PollerContext::new(client.connection(), &cfg, Default::default());
-    for shard in 0..shards {
-        loop {
-            let reply = rt
-                .block_on(poller::move_once(
-                    &ctx,
-                    &Target::Shard(shard),
-                    Some(now - 500),
-                ))
-                .expect("move_once");
-            if reply.taken < ctx.mover.batch {
-                break;
+    let move_due = || {
+        for shard in 0..shards {
+            loop {
+                let reply = rt
+                    .block_on(poller::move_once(
+                        &ctx,
+                        &Target::Shard(shard),
+                        Some(now - 500),
+                    ))
+                    .expect("move_once");
+                if reply.taken < ctx.mover.batch {
+                    break;
+                }
             }
         }
-    }
+    };
+    move_due();
+    // Replay the dead ones, due before now - 500, and kill them again: each leaves its first
+    // death in its history.
+    let replayed = rt
+        .block_on(client.dead_replay_selected(
+            &DeadSelection::Ids(dead.clone()),
+            ReplayOptions {
+                due: Due::At(now - 700),
+                keep_attempts: false,
+            },
+            |_| {},
+        ))
+        .expect("dead replay");
+    assert_eq!(replayed.replayed as usize, dead.len());
+    move_due();
     // Claim a few waiting jobs per shard, as a publisher that then died would have.
     let keys = client.keys();
     let mut in_flight = 0;
@@ -421,6 +441,7 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
     assert_eq!(count("inflight"), loaded.in_flight);
     assert_eq!(count("ready"), loaded.mirror.len() - loaded.in_flight);
     assert_eq!(count("dead"), loaded.dead.len());
+    assert_eq!(count("history"), loaded.dead.len(), "each dead job died twice");
     assert_eq!(
         count("scheduled"),
         loaded.in_flight,
@@ -510,6 +531,7 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
                 "schedules",
                 "sched_env",
                 "sched_due",
+                "history",
             ]
             .contains(&s.as_str())
         }) && left.keys().filter(|(s, _)| s == "jobs").count() == loaded.dead.len()
@@ -530,9 +552,19 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
     assert_eq!(dead.len(), loaded.dead.len());
     assert!(
         dead.iter()
-            .all(|d| d["reason"] == "unknown destination: nowhere"),
+            .all(|d| d["reason"] == "unknown destination: nowhere" && d["earlier_deaths"] == 1),
         "{dead:?}"
     );
+    // The history moved with its job: `dead show` reads it from the job's new shard.
+    for id in [&loaded.dead[0], loaded.dead.last().unwrap()] {
+        let show = config_cli_ok(&new, &["dead", "show", id, "--json"]);
+        let show: serde_json::Value = serde_json::from_str(&show).unwrap();
+        let history = show["history"].as_array().unwrap();
+        assert_eq!(history.len(), 1, "{show}");
+        assert_eq!(history[0]["reason"], "unknown destination: nowhere", "{show}");
+        // Both deaths were dated by the test's move (`now - 500`), so they may be the same ms.
+        assert!(history[0]["died_ms"].as_i64().unwrap() <= show["died_ms"].as_i64().unwrap());
+    }
     assert!(
         !daemon.log_text().contains("CROSSSLOT"),
         "{}",
@@ -711,6 +743,30 @@ fn a_client_connected_before_a_reshard_follows_it_and_never_misroutes() {
         r.expect("enqueued");
     }
     let mut con = redis.conn();
+    // Dead jobs (unknown destination, killed by one move), and an operator's client that
+    // connected before the reshard.
+    let operator = rt
+        .block_on(Client::connect(&place.redis_config(4)))
+        .unwrap();
+    let now = crate::common::redis_now_ms(&mut con);
+    let dead: Vec<String> = (0..20).map(|i| format!("d-{i}")).collect();
+    let doomed = dead
+        .iter()
+        .map(|id| NewJob::new("nowhere", id.clone()).id(id).at(now - 1000))
+        .collect();
+    for r in rt
+        .block_on(client.enqueue_batch(doomed, OnConflict::Error))
+        .unwrap()
+    {
+        r.expect("enqueued");
+    }
+    let cfg = zdelay::config::load(Some(&old.path)).expect("config");
+    let ctx = PollerContext::new(client.connection(), &cfg, Default::default());
+    for shard in 0..4 {
+        rt.block_on(poller::move_once(&ctx, &Target::Shard(shard), Some(now)))
+            .expect("move_once");
+    }
+    assert_eq!(rt.block_on(operator.dead_list(100)).unwrap().len(), 20);
 
     // A reshard that crashed mid-way leaves the namespace frozen: writes and reads are
     // refused with a retryable error, and nothing is written.
@@ -743,6 +799,21 @@ fn a_client_connected_before_a_reshard_follows_it_and_never_misroutes() {
             .block_on(Client::connect(&place.redis_config(shards)))
             .err()
             .expect("no connect while frozen");
+        assert!(e.is_retryable(), "{e}");
+    }
+    // Every dead-letter call: listing, show, replay and purge by id or all.
+    let refusals = [
+        rt.block_on(operator.dead_list(100)).map(|_| ()),
+        rt.block_on(operator.dead_show("d-1")).map(|_| ()),
+        rt.block_on(operator.dead_replay(&["d-1".to_owned()]))
+            .map(|_| ()),
+        rt.block_on(operator.dead_replay(&[])).map(|_| ()),
+        rt.block_on(operator.dead_purge(&["d-2".to_owned()]))
+            .map(|_| ()),
+        rt.block_on(operator.dead_purge(&[])).map(|_| ()),
+    ];
+    for r in refusals {
+        let e = r.expect_err("refused while frozen");
         assert!(e.is_retryable(), "{e}");
     }
     assert!(dump(&mut con, 8) == frozen, "nothing was written");
@@ -794,10 +865,41 @@ fn a_client_connected_before_a_reshard_follows_it_and_never_misroutes() {
         rt.block_on(client.cancel("a-7")).unwrap(),
         zdelay::Cancelled::Cancelled
     );
-    assert!(rt.block_on(reader.dead_list(10)).unwrap().is_empty());
-    // Every id in its shard under 8, each once: 300 + 300 - 1 cancelled.
+    assert_eq!(rt.block_on(reader.dead_list(100)).unwrap().len(), 20);
+    // The operator's client follows too: it lists every dead job in its new shard, and
+    // replays and purges by id there.
+    let listed = rt.block_on(operator.dead_list(100)).unwrap();
+    assert_eq!(operator.keys().shards(), 8);
+    assert_eq!(listed.len(), 20);
+    assert!(
+        listed
+            .iter()
+            .all(|d| d.shard == Keys::new("zdelay", 8).shard_of(&d.id)),
+        "{listed:?}"
+    );
+    let shown = rt.block_on(operator.dead_show("d-3")).unwrap().expect("dead");
+    assert_eq!(shown.job.reason, "unknown destination: nowhere");
+    assert_eq!(
+        rt.block_on(operator.dead_purge(&dead[..5])).unwrap(),
+        5,
+        "purged in their new shards"
+    );
+    let replayed = rt
+        .block_on(operator.dead_replay_selected(
+            &DeadSelection::Ids(dead[5..8].to_vec()),
+            ReplayOptions {
+                due: Due::In(Duration::from_secs(3600)),
+                keep_attempts: false,
+            },
+            |_| {},
+        ))
+        .unwrap();
+    assert_eq!(replayed.replayed, 3);
+    // Every id in its shard under 8, each once: 300 + 300 - 1 cancelled, 15 of the dead.
     let all = snapshot(&mut con, 8, Some(8));
-    assert_eq!(all.keys().filter(|(s, _)| s == "jobs").count(), 599);
+    assert_eq!(all.keys().filter(|(s, _)| s == "jobs").count(), 614);
+    assert_eq!(all.keys().filter(|(s, _)| s == "dead").count(), 12);
+    assert_eq!(all.keys().filter(|(s, _)| s == "history").count(), 3);
     assert!(stray_keys(&mut con, 8, 16).is_empty());
 
     // A stale script call on the resharded namespace is refused with the new count.
