@@ -441,7 +441,11 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
     assert_eq!(count("inflight"), loaded.in_flight);
     assert_eq!(count("ready"), loaded.mirror.len() - loaded.in_flight);
     assert_eq!(count("dead"), loaded.dead.len());
-    assert_eq!(count("history"), loaded.dead.len(), "each dead job died twice");
+    assert_eq!(
+        count("history"),
+        loaded.dead.len(),
+        "each dead job died twice"
+    );
     assert_eq!(
         count("scheduled"),
         loaded.in_flight,
@@ -561,7 +565,10 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
         let show: serde_json::Value = serde_json::from_str(&show).unwrap();
         let history = show["history"].as_array().unwrap();
         assert_eq!(history.len(), 1, "{show}");
-        assert_eq!(history[0]["reason"], "unknown destination: nowhere", "{show}");
+        assert_eq!(
+            history[0]["reason"], "unknown destination: nowhere",
+            "{show}"
+        );
         // Both deaths were dated by the test's move (`now - 500`), so they may be the same ms.
         assert!(history[0]["died_ms"].as_i64().unwrap() <= show["died_ms"].as_i64().unwrap());
     }
@@ -877,7 +884,10 @@ fn a_client_connected_before_a_reshard_follows_it_and_never_misroutes() {
             .all(|d| d.shard == Keys::new("zdelay", 8).shard_of(&d.id)),
         "{listed:?}"
     );
-    let shown = rt.block_on(operator.dead_show("d-3")).unwrap().expect("dead");
+    let shown = rt
+        .block_on(operator.dead_show("d-3"))
+        .unwrap()
+        .expect("dead");
     assert_eq!(shown.job.reason, "unknown destination: nowhere");
     assert_eq!(
         rt.block_on(operator.dead_purge(&dead[..5])).unwrap(),

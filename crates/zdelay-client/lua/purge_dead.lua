@@ -23,9 +23,9 @@ end
 local jobs_key, dead_key, reasons_key, history_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local purged, skipped = 0, 0
 for i = 2, #ARGV, 2 do
-  local id, fence = ARGV[i], ARGV[i + 1]
+  local id, selected = ARGV[i], ARGV[i + 1]
   local score = redis.call('ZSCORE', dead_key, id)
-  if score and (fence == '' or tonumber(score) == tonumber(fence)) then
+  if score and (selected == '' or tonumber(score) == tonumber(selected)) then
     redis.call('ZREM', dead_key, id)
     redis.call('HDEL', reasons_key, id)
     redis.call('HDEL', jobs_key, id)

@@ -7,9 +7,9 @@
 -- Re-run safety: yes.
 local purged, skipped = 0, 0
 for i = 1, #ARGV, 2 do
-  local m, fence = ARGV[i], ARGV[i + 1]
+  local m, selected = ARGV[i], ARGV[i + 1]
   local score = redis.call('ZSCORE', KEYS[1], m)
-  if score and (fence == '' or tonumber(score) == tonumber(fence)) then
+  if score and (selected == '' or tonumber(score) == tonumber(selected)) then
     redis.call('ZREM', KEYS[1], m)
     redis.call('HDEL', KEYS[2], m)
     purged = purged + 1

@@ -132,9 +132,9 @@ end
 
 local replayed, orphans, skipped = 0, 0, 0
 for i = 7, #ARGV, 2 do
-  local id, fence = ARGV[i], ARGV[i + 1]
+  local id, selected = ARGV[i], ARGV[i + 1]
   local score = redis.call('ZSCORE', dead_key, id)
-  if not score or (fence ~= '' and tonumber(score) ~= tonumber(fence)) then
+  if not score or (selected ~= '' and tonumber(score) ~= tonumber(selected)) then
     skipped = skipped + 1
   else
     local v = redis.call('HGET', jobs_key, id)

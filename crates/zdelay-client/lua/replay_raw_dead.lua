@@ -9,9 +9,9 @@
 -- Re-run safety: yes.
 local replayed, skipped = 0, 0
 for i = 2, #ARGV, 2 do
-  local m, fence = ARGV[i], ARGV[i + 1]
+  local m, selected = ARGV[i], ARGV[i + 1]
   local score = redis.call('ZSCORE', KEYS[2], m)
-  if score and (fence == '' or tonumber(score) == tonumber(fence)) then
+  if score and (selected == '' or tonumber(score) == tonumber(selected)) then
     redis.call('ZREM', KEYS[2], m)
     redis.call('HDEL', KEYS[3], m)
     redis.call('ZADD', KEYS[1], ARGV[1], m)

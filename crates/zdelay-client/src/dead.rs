@@ -266,7 +266,7 @@ pub struct DeadJob {
     pub earlier_deaths: usize,
     /// Why the envelope cannot be read: missing (an orphan: nothing to replay) or malformed.
     pub envelope_error: Option<String>,
-    /// The dead score it was read with (the fence of a bulk operation).
+    /// The dead score it was read with (a bulk operation acts on it only while it has it).
     #[serde(skip)]
     score: f64,
 }
@@ -386,7 +386,7 @@ fn describe(
     job
 }
 
-/// The ids to act on, per shard, each with its fence (the dead score it was selected with).
+/// The ids to act on, per shard, each with the dead score it was selected with.
 type Selected = BTreeMap<u16, Vec<(String, Option<f64>)>>;
 
 impl Client {
@@ -622,7 +622,7 @@ impl Client {
         Ok(out)
     }
 
-    /// The selected ids per shard of `layout`: given ids without a fence, or what the filter
+    /// The selected ids per shard of `layout`: given ids without a score, or what the filter
     /// admits now, each with the dead score it had.
     async fn select_dead(
         &self,

@@ -168,7 +168,10 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
         "reschedule_job",
         &[DueKey, Scheduled, Ready, ReadyIds, Layout],
     ),
-    ("replay_dead", &[DueKey, Jobs, Dead, Reasons, History, Layout]),
+    (
+        "replay_dead",
+        &[DueKey, Jobs, Dead, Reasons, History, Layout],
+    ),
     ("purge_dead", &[Jobs, Dead, Reasons, History, Layout]),
     ("peek_dead", &[Jobs, Dead, Reasons, History, Layout]),
     ("prune_history", &[Jobs, History, Layout]),
@@ -528,8 +531,9 @@ impl Replayed {
     }
 }
 
-/// The scripts' form of a fence: the dead score an id was selected with, or "" (none).
-fn fence_arg(score: Option<f64>) -> String {
+/// The scripts' form of the dead score an id was selected with, or "" (none: act whatever
+/// its score).
+fn selected_score_arg(score: Option<f64>) -> String {
     score.map(|s| s.to_string()).unwrap_or_default()
 }
 
@@ -550,8 +554,8 @@ pub async fn replay_dead(
         .arg(keys.shard)
         .arg(if reset_attempts { "reset" } else { "keep" })
         .arg(history_cap);
-    for (id, fence) in ids {
-        inv.arg(id).arg(fence_arg(*fence));
+    for (id, selected) in ids {
+        inv.arg(id).arg(selected_score_arg(*selected));
     }
     let (replayed, orphans, skipped, due_ms): (u64, u64, u64, i64) = inv.invoke(con).await?;
     Ok(Replayed {
@@ -571,8 +575,8 @@ pub async fn purge_dead(
     ids: &[(String, Option<f64>)],
 ) -> redis::RedisResult<(u64, u64)> {
     let mut inv = fenced_invocation(&compiled::purge_dead, "purge_dead", keys);
-    for (id, fence) in ids {
-        inv.arg(id).arg(fence_arg(*fence));
+    for (id, selected) in ids {
+        inv.arg(id).arg(selected_score_arg(*selected));
     }
     inv.invoke(con).await
 }
@@ -677,8 +681,8 @@ pub async fn replay_raw_dead(
         .key(&keys.dead)
         .key(&keys.reasons)
         .arg(score);
-    for (member, fence) in members {
-        call.arg(member).arg(fence_arg(*fence));
+    for (member, selected) in members {
+        call.arg(member).arg(selected_score_arg(*selected));
     }
     let (replayed, skipped): (u64, u64) = call.invoke(con).await?;
     Ok(Replayed {
@@ -697,8 +701,8 @@ pub async fn purge_raw_dead(
 ) -> redis::RedisResult<(u64, u64)> {
     let mut call = Call::new(&compiled::purge_raw_dead);
     call.key(&keys.dead).key(&keys.reasons);
-    for (member, fence) in members {
-        call.arg(member).arg(fence_arg(*fence));
+    for (member, selected) in members {
+        call.arg(member).arg(selected_score_arg(*selected));
     }
     call.invoke(con).await
 }
