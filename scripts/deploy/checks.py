@@ -39,7 +39,7 @@ NAMESPACE = "jobs"
 # Config keys the chart renders that the daemon does not read yet (issue 10's TLS and
 # cluster work adds them). A config holding one must fail check-config naming it; once the
 # daemon accepts it, the check says so and passes.
-PENDING_KEYS = ("tls", "cluster_nodes")
+PENDING_KEYS = ("tls",)
 
 
 class CheckError(Exception):
@@ -286,7 +286,7 @@ def cmd_assert(out: str) -> None:
         if name == "cluster":
             nodes = cfg.get("redis", {}).get("cluster_nodes")
             if not (isinstance(nodes, list) and len(nodes) == 3 and all(":" in n for n in nodes)):
-                fail(f"cluster: redis.cluster_nodes is {nodes!r}, want three host:port seeds")
+                fail(f"cluster: redis.cluster_nodes is {nodes!r}, want three redis://host:port seeds")
             if "url" in cfg["redis"]:
                 fail("cluster: redis.url must be left out (url: null) when cluster_nodes is set")
             extra.append(f"redis.cluster_nodes = {len(nodes)} seeds")

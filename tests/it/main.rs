@@ -10,6 +10,7 @@ mod cli;
 mod cluster;
 mod common;
 mod delivery;
+mod deploy;
 mod faults;
 mod kafka;
 mod keys_declared;
