@@ -9,7 +9,9 @@
 # the next, so nothing is computed hours ahead and no two workers fire the same occurrence.
 # Execution: three zdelay daemons share the shards, two on each; one is killed with SIGKILL
 # mid-run; two consumers BRPOP the queue. Thirteen schedules fire 63 occurrences in 5 s, and
-# each is consumed once. Last, a weekday schedule is paused, resumed and deleted.
+# each is consumed once. Then no daemon runs while three occurrences of each of three
+# schedules pass: a daemon that starts later applies each one's misfire policy. Last, a
+# weekday schedule in Europe/Paris is updated, paused, resumed and deleted.
 source "$(dirname "$(readlink -f "$0")")/../lib.sh"
 
 SHARDS=4
@@ -88,6 +90,8 @@ say "pending occurrences (ZCARD {zdelay:<s>}:sched_due, all shards): $pending, o
 
 section "a worker dies (kill -9) at T+2200ms: the other daemon on each of its shards carries on"
 wait_until 10 "T+2200ms" redis_time_past $((T + 2200))
+# Its count just before the kill: nothing is due between T+2s and T+3s.
+fired_by_killed=$(instance_metric 0 'zdelay_schedule_occurrences_total{outcome="fired"}')
 kill9_instance 0
 say "instance 1 killed with SIGKILL"
 wait_until 10 "its registration to lapse and the shards to be dealt again" plan_is 2 2 "$SHARDS"
@@ -103,9 +107,34 @@ BG_PIDS=()
 cat "$WORK"/consumer-* | sort | uniq -c | while read -r count id; do say "$id: consumed $count times"; done
 say "consumed $(consumed) = 12 schedules x 5 (T, T+1s, ..., T+4s) + job-even x 3 (T, T+2s, T+4s); $QUEUE holds $(rcli LLEN "$QUEUE")"
 note "c1 took $(wc -l <"$WORK/consumer-c1"), c2 took $(wc -l <"$WORK/consumer-c2")"
-for i in 1 2; do
-    note "instance $((i + 1)) fired $(instance_metric "$i" 'zdelay_schedule_occurrences_total{outcome="fired"}') occurrences"
+fired=("${fired_by_killed:-0}")
+for i in 1 2; do fired+=("$(instance_metric "$i" 'zdelay_schedule_occurrences_total{outcome="fired"}')"); done
+note "fired by instance 1 (killed), 2, 3: ${fired[*]}"
+say "fired by the three daemons together (zdelay_schedule_occurrences_total): $((fired[0] + fired[1] + fired[2]))"
+
+section "no worker runs for a while: what was missed follows each schedule's misfire policy"
+for i in 1 2; do stop_instance "$i"; done
+say "the two daemons left stopped (SIGTERM, exit 0); none runs now"
+# M: a whole second at least one second ahead. Occurrences M, M+1s, M+2s all pass unseen.
+M=$((($(redis_ms) / 1000 + 2) * 1000))
+T0=$M TNAME=M
+for policy in coalesce skip catch_up; do
+    show_cmd "zdelay schedule set missed-$policy --dest jobs --cron '* * * * * *' --start-at <M> --end-at <M+3000ms> --misfire $policy --payload missed-$policy" \
+        zdelay schedule set "missed-$policy" --dest jobs --cron '* * * * * *' --start-at "$M" \
+        --end-at $((M + 3000)) --misfire "$policy" --payload "missed-$policy"
 done
+(($(redis_ms) < M)) || die "the schedules were set after M: machine too slow for this timeline"
+wait_until 10 "M+2000ms, the third occurrence due" redis_time_past $((M + 2000))
+start_instance
+say "a daemon starts after M+2000ms, with three occurrences of each schedule missed"
+wait_until 15 "the missed occurrences handled" ended
+wait_until 15 "every occurrence moved" settled
+for policy in coalesce skip catch_up; do
+    say "missed-$policy: delivered $(rcli LRANGE "$QUEUE" 0 -1 | grep -cx "missed-$policy" || true) of 3"
+done
+say "the daemon fired $(instance_metric 3 'zdelay_schedule_occurrences_total{outcome="fired"}') occurrences"
+stop_instance 3
+say "daemon stopped (SIGTERM, exit 0)"
 
 section "one pending occurrence per schedule, nothing planned hours ahead: update, pause, resume, delete"
 T0=""
@@ -124,6 +153,4 @@ show_cmd "zdelay schedule resume standup" zdelay schedule resume standup
 show_cmd "zdelay schedule delete standup" zdelay schedule delete standup
 show_cmd "zdelay schedule get standup" zdelay schedule get standup
 
-for i in 1 2; do stop_instance "$i"; done
-say "the two daemons left stopped (SIGTERM, exit 0)"
 say OK

@@ -41,7 +41,10 @@ sink_line() {
 sink_down_with() { [[ $(sink_line) == "sink endpoint (redis): down: "*"; $1 jobs waiting"* ]]; }
 sink_up() { [[ $(sink_line) == "sink endpoint (redis): up "* ]]; }
 # Some fields of `zdelay get ID`.
-job_fields() { zdelay get "$1" | grep -E '^  "(id|schedule|attempt|max_attempts|state|reason|waiting_for_sink)":'; }
+job_fields() {
+    zdelay get "$1" | grep -E '^  "(id|schedule|attempt|max_attempts|state|reason|waiting_for_sink)":' |
+        sed 's/^ *//'
+}
 json_field() { sed -n "s/^  \"$1\": \"\{0,1\}\([^\",]*\).*/\1/p"; }
 
 section "the service the tasks call: a second Redis; a call is an RPUSH onto its list calls"
@@ -120,13 +123,16 @@ show_cmd "zdelay get {report}:<R+0ms>   (fields id, schedule, attempt, max_attem
 schedule_id=$(zdelay get "$occ" | json_field schedule)
 distinct=$(printf '%s\n' "${keys[@]}" | sort -u | relative "$R" R | paste -sd' ' -)
 say "scheduled due kept while it was retried ({zdelay:<shard>}:scheduled): $distinct"
-say "so every call of this occurrence had the idempotency key $schedule_id:$distinct (<schedule id>:<occurrence ms>)"
+say "so each of its calls had the idempotency key $schedule_id:$distinct (<schedule id>:<occurrence ms>)"
 say "(Kafka, AMQP and NATS messages carry it as zdelay-id / message id; a Redis list gets the payload only)"
 rejected=$(scli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_rpush:.*rejected_calls=\([0-9]*\).*/\1/p')
 say "the service refused ${rejected:-0} RPUSH calls (INFO commandstats, rejected_calls)"
+# The recipe pushes a task that used up its retries to "its time + the worst-case retry time";
+# here the dead occurrence is a job of its own, and the schedule stays on its grid.
+show_cmd "zdelay schedule get report" zdelay schedule get report
 show_cmd "redis-cli -p <service> CONFIG SET maxmemory 0" scli CONFIG SET maxmemory 0
 wait_until 15 "the next occurrence's call" calls_of_is report 1
-say "the next occurrence, R+3000ms, was not held back: calls holds report x$(calls_of report)"
+say "the next occurrence, R+3000ms, went out as planned: calls holds report x$(calls_of report)"
 show_cmd "zdelay dead list | sed 's/  died [^ ]*//'" eval "zdelay dead list | sed 's/  died [^ ]*//'"
 show_cmd "zdelay dead replay --id {report}:<R+0ms>" zdelay dead replay --id "$occ"
 wait_until 15 "the replayed call" calls_of_is report 2
@@ -153,7 +159,7 @@ say "service back on the same port, empty"
 wait_until 15 "the four pings" calls_of_is ping 4
 wait_until 15 "every call settled" settled
 wait_until 15 "the sink up" sink_up
-say "calls holds ping x$(calls_of ping), nothing else; sink endpoint (redis): up"
+say "calls holds $(scli LLEN calls): ping x$(calls_of ping); sink endpoint (redis): up"
 
 for i in 0 2; do stop_instance "$i"; done
 stop_redis2
