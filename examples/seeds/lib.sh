@@ -50,6 +50,12 @@ redis_ms() {
 # Epoch ms as epoch seconds with three decimals (for score_unit = "s" sources).
 ms_to_s() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
 
+# expect WHAT GOT WANT: fails the example unless GOT is WANT, so a run that prints OK has
+# checked its numbers itself (the test suite compares the transcript as well).
+expect() {
+    [[ $2 == "$3" ]] || die "$1: got '$2', expected '$3'"
+}
+
 # wait_until SECONDS WHAT COMMAND...: runs COMMAND every 20 ms until it succeeds; fails the
 # example with WHAT after SECONDS.
 wait_until() {

@@ -87,6 +87,8 @@ show_cmd "zdelay schedule set --batch schedules.jsonl | sort" \
 pending=$(sum_over_shards ZCARD sched_due) jobs=$(sum_over_shards HLEN jobs)
 (($(redis_ms) < T)) || die "the schedules were set after T: machine too slow for this timeline"
 say "pending occurrences (ZCARD {zdelay:<s>}:sched_due, all shards): $pending, one per schedule; jobs stored ahead of time: $jobs"
+expect "pending occurrences" "$pending" 13
+expect "jobs stored ahead" "$jobs" 0
 
 section "a worker dies (kill -9) at T+2200ms: the other daemon on each of its shards carries on"
 wait_until 10 "T+2200ms" redis_time_past $((T + 2200))
@@ -104,13 +106,20 @@ wait_until 15 "the consumers to take all 63" consumed_is 63
 rcli LPUSH "$QUEUE" stop stop >/dev/null
 wait_until 10 "the consumers to stop" eval '! alive "${BG_PIDS[0]}" && ! alive "${BG_PIDS[1]}"'
 BG_PIDS=()
-cat "$WORK"/consumer-* | sort | uniq -c | while read -r count id; do say "$id: consumed $count times"; done
-say "consumed $(consumed) = 12 schedules x 5 (T, T+1s, ..., T+4s) + job-even x 3 (T, T+2s, T+4s); $QUEUE holds $(rcli LLEN "$QUEUE")"
+while read -r count id; do
+    say "$id: consumed $count times"
+    if [[ $id == job-even ]]; then expect "$id consumed" "$count" 3; else expect "$id consumed" "$count" 5; fi
+done < <(cat "$WORK"/consumer-* | sort | uniq -c)
+left=$(rcli LLEN "$QUEUE")
+say "consumed $(consumed) = 12 schedules x 5 (T, T+1s, ..., T+4s) + job-even x 3 (T, T+2s, T+4s); $QUEUE holds $left"
+expect "left on $QUEUE" "$left" 0
 note "c1 took $(wc -l <"$WORK/consumer-c1"), c2 took $(wc -l <"$WORK/consumer-c2")"
 fired=("${fired_by_killed:-0}")
 for i in 1 2; do fired+=("$(instance_metric "$i" 'zdelay_schedule_occurrences_total{outcome="fired"}')"); done
 note "fired by instance 1 (killed), 2, 3: ${fired[*]}"
-say "fired by the three daemons together (zdelay_schedule_occurrences_total): $((fired[0] + fired[1] + fired[2]))"
+total=$((fired[0] + fired[1] + fired[2]))
+say "fired by the three daemons together (zdelay_schedule_occurrences_total): $total"
+expect "fired" "$total" 63
 
 section "no worker runs for a while: what was missed follows each schedule's misfire policy"
 for i in 1 2; do stop_instance "$i"; done
@@ -129,10 +138,15 @@ start_instance
 say "a daemon starts after M+2000ms, with three occurrences of each schedule missed"
 wait_until 15 "the missed occurrences handled" ended
 wait_until 15 "every occurrence moved" settled
+declare -A want=([coalesce]=1 [skip]=0 [catch_up]=3)
 for policy in coalesce skip catch_up; do
-    say "missed-$policy: delivered $(rcli LRANGE "$QUEUE" 0 -1 | grep -cx "missed-$policy" || true) of 3"
+    got=$(rcli LRANGE "$QUEUE" 0 -1 | grep -cx "missed-$policy" || true)
+    say "missed-$policy: delivered $got of 3"
+    expect "missed-$policy delivered" "$got" "${want[$policy]}"
 done
-say "the daemon fired $(instance_metric 3 'zdelay_schedule_occurrences_total{outcome="fired"}') occurrences"
+fired=$(instance_metric 3 'zdelay_schedule_occurrences_total{outcome="fired"}')
+say "the daemon fired $fired occurrences"
+expect "fired after the pause" "$fired" 4
 stop_instance 3
 say "daemon stopped (SIGTERM, exit 0)"
 

@@ -81,8 +81,14 @@ say "zdelay stats: 2 instances, each shard polled by exactly one of them"
 section "every occurrence called once, whichever instance fired it"
 wait_until 15 "the tasks' last occurrences" ended
 wait_until 15 "every call settled" settled
-for n in 1 2 3 4 5; do say "task$n: $(calls_of "task$n") calls"; done
-say "calls holds $(scli LLEN calls): 5 tasks x 6 occurrences (T, T+500ms, ..., T+2500ms)"
+for n in 1 2 3 4 5; do
+    calls=$(calls_of "task$n")
+    say "task$n: $calls calls"
+    expect "calls of task$n" "$calls" 6
+done
+calls=$(scli LLEN calls)
+say "calls holds $calls: 5 tasks x 6 occurrences (T, T+500ms, ..., T+2500ms)"
+expect "calls" "$calls" 30
 for i in 0 2; do
     note "instance $((i + 1)) fired $(instance_metric "$i" 'zdelay_schedule_occurrences_total{outcome="fired"}') occurrences"
 done
@@ -120,13 +126,17 @@ while :; do
 done
 show_cmd "zdelay get {report}:<R+0ms>   (fields id, schedule, attempt, max_attempts, state, reason)" \
     job_fields "$occ"
+expect "attempts of the dead occurrence" "$(zdelay get "$occ" | json_field attempt)" 4
 schedule_id=$(zdelay get "$occ" | json_field schedule)
 distinct=$(printf '%s\n' "${keys[@]}" | sort -u | relative "$R" R | paste -sd' ' -)
 say "scheduled due kept while it was retried ({zdelay:<shard>}:scheduled): $distinct"
 say "so each of its calls had the idempotency key $schedule_id:$distinct (<schedule id>:<occurrence ms>)"
+expect "scheduled dues kept while retried" "$distinct" "<R+0ms>"
 say "(Kafka, AMQP and NATS messages carry it as zdelay-id / message id; a Redis list gets the payload only)"
 rejected=$(scli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_rpush:.*rejected_calls=\([0-9]*\).*/\1/p')
 say "the service refused ${rejected:-0} RPUSH calls (INFO commandstats, rejected_calls)"
+expect "refused calls" "${rejected:-0}" 4
+expect "report's next occurrence" "$(zdelay schedule get report --json | json_field next_ms)" $((R + 3000))
 # The recipe pushes a task that used up its retries to "its time + the worst-case retry time";
 # here the dead occurrence is a job of its own, and the schedule stays on its grid.
 show_cmd "zdelay schedule get report" zdelay schedule get report
@@ -138,7 +148,9 @@ show_cmd "zdelay dead replay --id {report}:<R+0ms>" zdelay dead replay --id "$oc
 wait_until 15 "the replayed call" calls_of_is report 2
 wait_until 15 "report's last occurrence" ended
 wait_until 15 "every call settled" settled
-say "calls holds report x$(calls_of report); dead jobs left: $(zdelay dead list 2>/dev/null | grep -c . || true)"
+dead=$(zdelay dead list 2>/dev/null | grep -c . || true)
+say "calls holds report x$(calls_of report); dead jobs left: $dead"
+expect "dead jobs left" "$dead" 0
 
 section "the service is down: occurrences wait for it, no attempt used up"
 stop_redis2
@@ -152,14 +164,18 @@ note "$(sink_line)"
 say "zdelay stats: sink endpoint (redis): down; 4 jobs waiting"
 show_cmd "zdelay get {ping}:<P+0ms>   (fields id, schedule, attempt, state, waiting_for_sink)" \
     job_fields "{ping}:$P"
-say "attempts used: $(zdelay get "{ping}:$P" | json_field attempt | grep . || echo 0)"
+used=$(zdelay get "{ping}:$P" | json_field attempt | grep . || echo 0)
+say "attempts used: $used"
+expect "attempts used while the service was down" "$used" 0
 start_redis2
 note "service: redis-server pid $REDIS2_PID on 127.0.0.1:$REDIS2_PORT"
 say "service back on the same port, empty"
 wait_until 15 "the four pings" calls_of_is ping 4
 wait_until 15 "every call settled" settled
 wait_until 15 "the sink up" sink_up
-say "calls holds $(scli LLEN calls): ping x$(calls_of ping); sink endpoint (redis): up"
+calls=$(scli LLEN calls)
+say "calls holds $calls: ping x$(calls_of ping); sink endpoint (redis): up"
+expect "calls after the restart" "$calls" 4
 
 for i in 0 2; do stop_instance "$i"; done
 stop_redis2
