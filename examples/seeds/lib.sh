@@ -16,6 +16,10 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/zdelay-seed.XXXXXX")
 DAEMON_PID=""
 DAEMON_RUNS=0
 BG_PIDS=()
+INSTANCE_PIDS=()
+INSTANCE_ADMIN=()
+REDIS2_PID=""
+REDIS2_PORT=""
 
 # Every zdelay command below (daemon and CLI) reads the example's config, pointed at the
 # caller's Redis; the CLI logs warnings only, so stderr stays quiet.
@@ -45,6 +49,12 @@ redis_ms() {
 
 # Epoch ms as epoch seconds with three decimals (for score_unit = "s" sources).
 ms_to_s() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
+
+# expect WHAT GOT WANT: fails the example unless GOT is WANT, so a run that prints OK has
+# checked its numbers itself (the test suite compares the transcript as well).
+expect() {
+    [[ $2 == "$3" ]] || die "$1: got '$2', expected '$3'"
+}
 
 # wait_until SECONDS WHAT COMMAND...: runs COMMAND every 20 ms until it succeeds; fails the
 # example with WHAT after SECONDS.
@@ -128,15 +138,111 @@ metric() {
     curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" | awk -v s="$1" '$1 == s { print $2 }'
 }
 
+# Several daemons on one namespace. start_instance starts one more (as start_daemon) and files
+# it under INSTANCE_PIDS / INSTANCE_ADMIN, index 0, 1, …; stop_instance N (SIGTERM, must exit
+# 0) and kill9_instance N end one; instance_metric N NAME reads its /metrics. Instances still
+# running are stopped on exit.
+start_instance() {
+    start_daemon
+    INSTANCE_PIDS+=("$DAEMON_PID")
+    INSTANCE_ADMIN+=("$ADMIN_PORT")
+    DAEMON_PID=""
+}
+stop_instance() {
+    DAEMON_PID=${INSTANCE_PIDS[$1]}
+    INSTANCE_PIDS[$1]=""
+    stop_daemon
+}
+kill9_instance() {
+    DAEMON_PID=${INSTANCE_PIDS[$1]}
+    INSTANCE_PIDS[$1]=""
+    kill9_daemon
+}
+instance_metric() { ADMIN_PORT=${INSTANCE_ADMIN[$1]} metric "$2"; }
+
+# plan_is INSTANCES PER_SHARD SHARDS: `zdelay stats` lists INSTANCES live instances, and each
+# of the SHARDS shards is polled by PER_SHARD of them.
+plan_is() {
+    local out s
+    out=$(zdelay stats | grep '^instance ') || return 1
+    [[ $(wc -l <<<"$out") == "$1" ]] || return 1
+    for ((s = 0; s < $3; s++)); do
+        [[ $(grep -cw "shard $s" <<<"$out") == "$2" ]] || return 1
+    done
+}
+
+# A second private redis-server on loopback, e.g. the far end of a remote `redis` sink.
+# start_redis2 picks a free port the first time (REDIS2_PORT) and the same one on a restart;
+# it starts empty (no persistence). stop_redis2: SIGTERM by pid. Stopped on exit too.
+# redis-server comes from PATH, or REDIS_SERVER.
+start_redis2() {
+    [[ -n $REDIS2_PORT ]] || REDIS2_PORT=$(free_port)
+    mkdir -p "$WORK/redis2"
+    "${REDIS_SERVER:-redis-server}" --port "$REDIS2_PORT" --bind 127.0.0.1 --save '' \
+        --appendonly no --dir "$WORK/redis2" --logfile redis.log </dev/null >/dev/null 2>&1 &
+    REDIS2_PID=$!
+    wait_until 10 "redis-server on 127.0.0.1:$REDIS2_PORT" redis2_answers
+}
+redis2_answers() {
+    alive "$REDIS2_PID" || die "redis-server on 127.0.0.1:$REDIS2_PORT exited: $(tail -n 3 "$WORK/redis2/redis.log" 2>/dev/null)"
+    [[ $(redis-cli -p "$REDIS2_PORT" PING 2>/dev/null) == PONG ]]
+}
+stop_redis2() {
+    kill -TERM "$REDIS2_PID"
+    wait "$REDIS2_PID" || true
+    REDIS2_PID=""
+}
+
+# show_cmd DISPLAY COMMAND...: prints "$ DISPLAY", runs COMMAND, prints its standard output
+# (through `relative "$T0" "$TNAME"` when T0 is set) and "(exit N)"; its stderr follows as
+# "# " lines (it may name paths).
+show_cmd() {
+    local display=$1 out rc=0 line
+    shift
+    say "\$ $display"
+    out=$("$@" 2>"$WORK/stderr") || rc=$?
+    if [[ -n $out ]]; then
+        if [[ -n ${T0:-} ]]; then out=$(relative "$T0" "${TNAME:-T}" <<<"$out"); fi
+        say "$out"
+    fi
+    while IFS= read -r line; do note "stderr: $line"; done <"$WORK/stderr"
+    say "(exit $rc)"
+}
+
+# relative T0 [NAME]: copies stdin to stdout with each epoch-ms number (13 digits) and each
+# RFC 3339 time rewritten as <NAME+offset ms> from T0 (NAME defaults to T), so a transcript
+# shows times that do not depend on the clock.
+relative() {
+    local t0=$1 name=${2:-T} line m ms off
+    while IFS= read -r line; do
+        while [[ $line =~ ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+(Z|[+-][0-9]{2}:[0-9]{2})) ]]; do
+            m=${BASH_REMATCH[1]}
+            ms=$(date -d "$m" +%s%3N)
+            off=$((ms - t0))
+            ((off < 0)) || off="+$off"
+            line=${line//"$m"/"<$name${off}ms>"}
+        done
+        while [[ $line =~ (^|[^0-9])([0-9]{13})([^0-9]|$) ]]; do
+            m=${BASH_REMATCH[2]}
+            off=$((m - t0))
+            ((off < 0)) || off="+$off"
+            line=${line//"$m"/"<$name${off}ms>"}
+        done
+        printf '%s\n' "$line"
+    done
+}
+
 cleanup() {
     local rc=$?
     trap - EXIT
     local pid
     for pid in "${BG_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    if [[ -n $DAEMON_PID ]] && alive "$DAEMON_PID"; then
-        kill -TERM "$DAEMON_PID" 2>/dev/null || true
-        wait "$DAEMON_PID" 2>/dev/null || true
-    fi
+    for pid in "$DAEMON_PID" "${INSTANCE_PIDS[@]}" "$REDIS2_PID"; do
+        if [[ -n $pid ]] && alive "$pid"; then
+            kill -TERM "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+        fi
+    done
     if ((rc != 0)); then
         local log
         for log in "$WORK"/zdelay-*.log; do

@@ -11,6 +11,7 @@ mod cluster;
 mod common;
 mod dead;
 mod delivery;
+mod deploy;
 mod faults;
 mod kafka;
 mod keys_declared;

@@ -200,3 +200,228 @@ fn delayed_priority_queues() {
         "#,
     );
 }
+
+/// Recipe 001 (Schedulinator): recurring tasks fired by three instances sharing the shards,
+/// one stopped halfway: each of 30 occurrences called once on a second Redis (a two-phase
+/// `redis` sink). The service refusing calls (OOM): one occurrence retried with exponential
+/// backoff and full jitter under one idempotency key until it is dead, the schedule kept on
+/// its grid, the dead one replayed. The service down: occurrences wait, no attempt used.
+#[test]
+fn recurring_tasks() {
+    let got = run_example("recurring-tasks");
+    assert_transcript(
+        "recurring-tasks",
+        &got,
+        r##"
+        == the service the tasks call: a second Redis; a call is an RPUSH onto its list calls
+        service up; calls holds 0
+        == many instances: zdelay run x3 on one namespace, the 4 shards dealt among them
+        zdelay stats: 3 instances, each shard polled by exactly one of them
+        == zadd schedules <time> task<n> becomes zdelay schedule set: every 500 ms, from T for 3 s
+        $ zdelay schedule set task1 --dest calls --every 500ms --start-at <T> --end-at <T+3000ms> --misfire catch_up --payload task1
+        created task1; next occurrence <T+0ms> (<T+0ms>)
+        (exit 0)
+        $ zdelay schedule set task2 --dest calls --every 500ms --start-at <T> --end-at <T+3000ms> --misfire catch_up --payload task2
+        created task2; next occurrence <T+0ms> (<T+0ms>)
+        (exit 0)
+        $ zdelay schedule set task3 --dest calls --every 500ms --start-at <T> --end-at <T+3000ms> --misfire catch_up --payload task3
+        created task3; next occurrence <T+0ms> (<T+0ms>)
+        (exit 0)
+        $ zdelay schedule set task4 --dest calls --every 500ms --start-at <T> --end-at <T+3000ms> --misfire catch_up --payload task4
+        created task4; next occurrence <T+0ms> (<T+0ms>)
+        (exit 0)
+        $ zdelay schedule set task5 --dest calls --every 500ms --start-at <T> --end-at <T+3000ms> --misfire catch_up --payload task5
+        created task5; next occurrence <T+0ms> (<T+0ms>)
+        (exit 0)
+        $ zdelay schedule list | sort
+        task1  calls  every 500ms  next <T+0ms>
+        task2  calls  every 500ms  next <T+0ms>
+        task3  calls  every 500ms  next <T+0ms>
+        task4  calls  every 500ms  next <T+0ms>
+        task5  calls  every 500ms  next <T+0ms>
+        (exit 0)
+        == one instance stops halfway (SIGTERM): the two others poll its shards
+        instance 2 stopped (SIGTERM, exit 0)
+        zdelay stats: 2 instances, each shard polled by exactly one of them
+        == every occurrence called once, whichever instance fired it
+        task1: 6 calls
+        task2: 6 calls
+        task3: 6 calls
+        task4: 6 calls
+        task5: 6 calls
+        calls holds 30: 5 tasks x 6 occurrences (T, T+500ms, ..., T+2500ms)
+        $ zdelay schedule list | sort
+        task1  calls  every 500ms  next none
+        task2  calls  every 500ms  next none
+        task3  calls  every 500ms  next none
+        task4  calls  every 500ms  next none
+        task5  calls  every 500ms  next none
+        (exit 0)
+        == the service refuses calls (OOM): retries with exponential backoff and full jitter
+        $ redis-cli -p <service> CONFIG SET maxmemory 1
+        OK
+        (exit 0)
+        $ zdelay schedule set report --dest calls --every 3s --start-at <R> --end-at <R+6000ms> --max-attempts 4 --payload report
+        created report; next occurrence <R+0ms> (<R+0ms>)
+        (exit 0)
+        $ zdelay get {report}:<R+0ms>   (fields id, schedule, attempt, max_attempts, state, reason)
+        "attempt": 4,
+        "id": "{report}:<R+0ms>",
+        "max_attempts": 4,
+        "reason": "gave up after 4 attempts: \"OOM\": command not allowed when used memory > 'maxmemory'.",
+        "schedule": "report",
+        "state": "dead",
+        (exit 0)
+        scheduled due kept while it was retried ({zdelay:<shard>}:scheduled): <R+0ms>
+        so each of its calls had the idempotency key report:<R+0ms> (<schedule id>:<occurrence ms>)
+        (Kafka, AMQP and NATS messages carry it as zdelay-id / message id; a Redis list gets the payload only)
+        the service refused 4 RPUSH calls (INFO commandstats, rejected_calls)
+        $ zdelay schedule get report
+        report  calls  every 3s  next <R+3000ms>
+        (exit 0)
+        $ redis-cli -p <service> CONFIG SET maxmemory 0
+        OK
+        (exit 0)
+        the next occurrence, R+3000ms, went out as planned: calls holds report x1
+        $ zdelay dead list | sed 's/  died [^ ]*//'
+        {report}:<R+0ms>  shard 0  gave up after 4 attempts: "OOM": command not allowed when used memory > 'maxmemory'.
+        (exit 0)
+        $ zdelay dead replay --id {report}:<R+0ms>
+        replayed 1
+        (exit 0)
+        calls holds report x2; dead jobs left: 0
+        == the service is down: occurrences wait for it, no attempt used up
+        service stopped (SIGTERM)
+        $ zdelay schedule set ping --dest calls --every 500ms --start-at <P> --end-at <P+2000ms> --payload ping
+        created ping; next occurrence <P+0ms> (<P+0ms>)
+        (exit 0)
+        zdelay stats: sink endpoint (redis): down; 4 jobs waiting
+        $ zdelay get {ping}:<P+0ms>   (fields id, schedule, attempt, state, waiting_for_sink)
+        "id": "{ping}:<P+0ms>",
+        "schedule": "ping",
+        "state": "due",
+        "waiting_for_sink": "endpoint"
+        (exit 0)
+        attempts used: 0
+        service back on the same port, empty
+        calls holds 4: ping x4; sink endpoint (redis): up
+        instances and service stopped (SIGTERM, exit 0)
+        OK
+        "##,
+    );
+}
+
+/// Recipe 002 (a distributed scheduled queue): cron schedules with seconds fired by three
+/// daemons, two per shard, one killed with SIGKILL: 63 occurrences fired and consumed once
+/// each. No daemon running while occurrences pass: coalesce, skip and catch_up deliver 1, 0
+/// and 3 of 3. A weekday schedule in Europe/Paris keeps one pending occurrence through
+/// update, pause, resume and delete.
+#[test]
+fn distributed_cron() {
+    let got = run_example("distributed-cron");
+    assert_transcript(
+        "distributed-cron",
+        &got,
+        r##"
+        == planning: the cron format with seconds (6 fields), previewed by the daemon's code, no Redis
+        $ zdelay schedule preview --cron '*/20 * * * * *' --from 2030-01-01T00:00:00Z --count 4
+        2030-01-01T00:00:00+00:00  1893456000000
+        2030-01-01T00:00:20+00:00  1893456020000
+        2030-01-01T00:00:40+00:00  1893456040000
+        2030-01-01T00:01:00+00:00  1893456060000
+        (exit 0)
+        $ zdelay schedule preview --cron '0 30 9 * * 1-5' --tz Europe/Paris --from 2030-03-29T00:00:00Z --count 3
+        2030-03-29T09:30:00+01:00  1901003400000
+        2030-04-01T09:30:00+02:00  1901259000000
+        2030-04-02T09:30:00+02:00  1901345400000
+        (exit 0)
+        == the workers: zdelay run x3, each of the 4 shards polled by two of them
+        zdelay stats: 3 instances, each shard polled by 2 of them
+        == the consumers: two of them BRPOP queue:cron
+        consumers c1 and c2 started
+        == ZADD cron:queue <time> <job> becomes a schedule: 13 of them, from T (an even second) for 5 s
+        $ head -n 1 schedules.jsonl; tail -n 1 schedules.jsonl
+        {"id":"job-01","dest":"jobs","cron":"* * * * * *","payload":"job-01","start_at":<T+0ms>,"end_at":<T+5000ms>,"misfire":"catch_up"}
+        {"id":"job-even","dest":"jobs","cron":"*/2 * * * * *","payload":"job-even","start_at":<T+0ms>,"end_at":<T+5000ms>,"misfire":"catch_up"}
+        (exit 0)
+        $ zdelay schedule set --batch schedules.jsonl | sort
+        job-01 <T+0ms>
+        job-02 <T+0ms>
+        job-03 <T+0ms>
+        job-04 <T+0ms>
+        job-05 <T+0ms>
+        job-06 <T+0ms>
+        job-07 <T+0ms>
+        job-08 <T+0ms>
+        job-09 <T+0ms>
+        job-10 <T+0ms>
+        job-11 <T+0ms>
+        job-12 <T+0ms>
+        job-even <T+0ms>
+        (exit 0)
+        pending occurrences (ZCARD {zdelay:<s>}:sched_due, all shards): 13, one per schedule; jobs stored ahead of time: 0
+        == a worker dies (kill -9) at T+2200ms: the other daemon on each of its shards carries on
+        instance 1 killed with SIGKILL
+        zdelay stats: 2 instances, each shard polled by 2 of them
+        == each occurrence fired once, by one fenced script, and consumed once
+        job-01: consumed 5 times
+        job-02: consumed 5 times
+        job-03: consumed 5 times
+        job-04: consumed 5 times
+        job-05: consumed 5 times
+        job-06: consumed 5 times
+        job-07: consumed 5 times
+        job-08: consumed 5 times
+        job-09: consumed 5 times
+        job-10: consumed 5 times
+        job-11: consumed 5 times
+        job-12: consumed 5 times
+        job-even: consumed 3 times
+        consumed 63 = 12 schedules x 5 (T, T+1s, ..., T+4s) + job-even x 3 (T, T+2s, T+4s); queue:cron holds 0
+        fired by the three daemons together (zdelay_schedule_occurrences_total): 63
+        == no worker runs for a while: what was missed follows each schedule's misfire policy
+        the two daemons left stopped (SIGTERM, exit 0); none runs now
+        $ zdelay schedule set missed-coalesce --dest jobs --cron '* * * * * *' --start-at <M> --end-at <M+3000ms> --misfire coalesce --payload missed-coalesce
+        created missed-coalesce; next occurrence <M+0ms> (<M+0ms>)
+        (exit 0)
+        $ zdelay schedule set missed-skip --dest jobs --cron '* * * * * *' --start-at <M> --end-at <M+3000ms> --misfire skip --payload missed-skip
+        created missed-skip; next occurrence <M+0ms> (<M+0ms>)
+        (exit 0)
+        $ zdelay schedule set missed-catch_up --dest jobs --cron '* * * * * *' --start-at <M> --end-at <M+3000ms> --misfire catch_up --payload missed-catch_up
+        created missed-catch_up; next occurrence <M+0ms> (<M+0ms>)
+        (exit 0)
+        a daemon starts after M+2000ms, with three occurrences of each schedule missed
+        missed-coalesce: delivered 1 of 3
+        missed-skip: delivered 0 of 3
+        missed-catch_up: delivered 3 of 3
+        the daemon fired 4 occurrences
+        daemon stopped (SIGTERM, exit 0)
+        == one pending occurrence per schedule, nothing planned hours ahead: update, pause, resume, delete
+        $ zdelay schedule set standup --dest jobs --cron '0 30 9 * * 1-5' --tz Europe/Paris --start-at 2030-03-29T00:00:00Z --payload standup
+        created standup; next occurrence 2030-03-29T09:30:00+01:00 (1901003400000)
+        (exit 0)
+        $ redis-cli ZRANGE {zdelay:<shard>}:sched_due 0 -1 WITHSCORES
+        standup
+        1901003400000
+        (exit 0)
+        $ zdelay schedule set standup --dest jobs --cron '0 0 10 * * 1-5' --tz Europe/Paris --start-at 2030-03-29T00:00:00Z --payload standup
+        updated standup; next occurrence 2030-03-29T10:00:00+01:00 (1901005200000)
+        (exit 0)
+        $ zdelay schedule pause standup
+        paused standup
+        (exit 0)
+        $ zdelay schedule get standup
+        standup  jobs  cron "0 0 10 * * 1-5" Europe/Paris  next none  (paused)
+        (exit 0)
+        $ zdelay schedule resume standup
+        resumed standup; next occurrence 2030-03-29T10:00:00+01:00
+        (exit 0)
+        $ zdelay schedule delete standup
+        deleted standup
+        (exit 0)
+        $ zdelay schedule get standup
+        (exit 1)
+        OK
+        "##,
+    );
+}
