@@ -284,7 +284,7 @@ fn recurring_tasks() {
         (exit 0)
         the next occurrence, R+3000ms, went out as planned: calls holds report x1
         $ zdelay dead list | sed 's/  died [^ ]*//'
-        {report}:<R+0ms>  shard 0  gave up after 4 attempts: "OOM": command not allowed when used memory > 'maxmemory'.
+        {report}:<R+0ms>  shard 0  route calls  attempts 4/4  gave up after 4 attempts: "OOM": command not allowed when used memory > 'maxmemory'.
         (exit 0)
         $ zdelay dead replay --id {report}:<R+0ms>
         replayed 1
