@@ -19,6 +19,7 @@ mod raw_sinks;
 mod reshard;
 mod scale;
 mod schedules;
+mod secure;
 mod seeds;
 mod two_phase;
 

@@ -131,7 +131,8 @@ fn user_of(cfg: &RedisConfig) -> Option<String> {
 /// says `invalid peer certificate: UnknownIssuer`).
 fn tls_hint(e: &redis::RedisError) -> String {
     let text = e.to_string();
-    if text.contains("certificate") || text.contains("handshake") {
+    let lower = text.to_lowercase();
+    if lower.contains("certificate") || lower.contains("handshake") {
         format!(
             "TLS handshake failed ({text}): check redis.tls.ca_file (the CA that signed the \
              server's certificate) and, if the server requires client certificates, \
