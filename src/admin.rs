@@ -13,23 +13,48 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use zdelay_client::store::Conn;
+use zdelay_client::config::{RedisConfig, redact_known};
+use zdelay_client::store::{Conn, StoreError};
 
 /// What readiness is made of.
 #[derive(Default)]
 pub struct Health {
     pub redis_ok: AtomicBool,
+    /// Why Redis is not usable when `redis_ok` is false; empty: unreachable.
+    redis_problem: std::sync::Mutex<String>,
     pub pollers_running: AtomicBool,
     /// Two-phase sinks, checked in the background.
     pub sinks: std::sync::Mutex<Vec<Arc<SinkHandle>>>,
 }
 
 impl Health {
+    /// Records why Redis cannot be used: refused credentials are named as such (retrying
+    /// does not help until they change), anything else reads "unreachable".
+    pub fn redis_failed(&self, error: &StoreError) {
+        self.redis_ok.store(false, Ordering::Relaxed);
+        *self.redis_problem.lock().expect("problem lock") = if error.is_auth() {
+            redact_known(&error.to_string()).into_owned()
+        } else {
+            String::new()
+        };
+    }
+
     /// Ready when Redis answers, the pollers run and every sink is healthy; the body names
     /// what is not.
     fn readiness(&self) -> Result<String, String> {
+        self.readiness_unredacted()
+            .map(|r| redact_known(&r).into_owned())
+            .map_err(|r| redact_known(&r).into_owned())
+    }
+
+    fn readiness_unredacted(&self) -> Result<String, String> {
         if !self.redis_ok.load(Ordering::Relaxed) {
-            return Err("redis unreachable".into());
+            let problem = self.redis_problem.lock().expect("problem lock");
+            return Err(if problem.is_empty() {
+                "redis unreachable".into()
+            } else {
+                problem.clone()
+            });
         }
         if !self.pollers_running.load(Ordering::Relaxed) {
             return Err("pollers not running".into());
@@ -97,20 +122,38 @@ pub async fn serve(
 }
 
 /// Pings Redis every second; readiness follows the answer.
-pub async fn check_redis(mut con: Conn, health: Arc<Health>, shutdown: CancellationToken) {
+pub async fn check_redis(
+    mut con: Conn,
+    config: RedisConfig,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) {
     while !shutdown.is_cancelled() {
         // On a cluster: the schema's node, the one every start-up needs.
         let ping = con.on_one_node(redis::cmd("PING"));
-        let ok = matches!(
-            tokio::time::timeout(Duration::from_secs(1), ping).await,
-            Ok(Ok(_))
-        );
-        if ok != health.redis_ok.swap(ok, Ordering::Relaxed) {
-            if ok {
-                tracing::info!("redis reachable again");
-            } else {
-                tracing::error!("redis health check failed: not ready");
+        let failure = match tokio::time::timeout(Duration::from_secs(1), ping).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(StoreError::connecting(&config, e)),
+            Err(_) => Some(StoreError::connecting(
+                &config,
+                redis::RedisError::from((redis::ErrorKind::Io, "no answer within 1s")),
+            )),
+        };
+        let ok = failure.is_none();
+        let was_ok = health.redis_ok.load(Ordering::Relaxed);
+        match failure {
+            None => health.redis_ok.store(true, Ordering::Relaxed),
+            Some(e) => {
+                health.redis_failed(&e);
+                if was_ok && e.is_auth() {
+                    tracing::error!(error = %e, "redis refuses the credentials: not ready");
+                } else if was_ok {
+                    tracing::error!("redis health check failed: not ready");
+                }
             }
+        }
+        if ok && !was_ok {
+            tracing::info!("redis reachable again");
         }
         metrics::gauge!(REDIS_UP).set(if ok { 1.0 } else { 0.0 });
         tokio::select! {

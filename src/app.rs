@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use zdelay_client::config::{Config, redact_url};
+use zdelay_client::config::Config;
 use zdelay_client::keys::Keys;
 use zdelay_client::store::{self, Conn, Layout, StoreError, scripts};
 
@@ -43,9 +43,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .with_context(|| format!("cannot listen on admin.listen {}", config.admin.listen))?;
     tracing::info!(listen = %config.admin.listen, "admin server up");
 
-    let pubsub = store::pubsub_clients(&config.redis)
-        .with_context(|| format!("invalid redis.url {}", redact_url(&config.redis.url)))?;
-    let Some(mut con) = connect_with_retry(&config, &shutdown).await else {
+    let pubsub = store::pubsub_clients(&config.redis)?;
+    let Some(mut con) = connect_with_retry(&config, &health, &shutdown).await else {
         return Ok(());
     };
     let server = store::check_server(&mut con).await?;
@@ -106,6 +105,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracker.spawn(leases.run(ownership, shutdown.clone()));
     tracker.spawn(admin::check_redis(
         con.clone(),
+        config.redis.clone(),
         health.clone(),
         shutdown.clone(),
     ));
@@ -179,13 +179,25 @@ async fn refuse_unsupported_brokers(sinks: &sinks::Sinks) -> anyhow::Result<()> 
 }
 
 /// Connects, retrying with capped backoff until it works or shutdown is asked.
-async fn connect_with_retry(config: &Config, shutdown: &CancellationToken) -> Option<Conn> {
+/// Refused credentials are reported as such (they will not fix themselves, but a server's
+/// ACL may change), on the same backoff.
+async fn connect_with_retry(
+    config: &Config,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Option<Conn> {
     let mut delay = Duration::from_millis(200);
     let mut attempt = 1u32;
     loop {
         match Conn::connect(&config.redis).await {
             Ok(con) => return Some(con),
+            Err(e) if e.is_auth() => {
+                health.redis_failed(&e);
+                crate::metrics::error_event("redis_auth", "start-up", &e);
+                tracing::error!(attempt, retry_in = ?delay, error = %e, "not ready");
+            }
             Err(e) => {
+                health.redis_failed(&e);
                 crate::metrics::error_event("redis_connect", "start-up", &e);
                 tracing::warn!(attempt, retry_in = ?delay, "redis unreachable; not ready");
             }
@@ -237,8 +249,9 @@ async fn check_sink(
                 };
                 finding = Some((std::time::Instant::now(), found));
             }
-            // Library errors may span lines; the state is read on one.
-            let mut text = why.replace('\n', " ");
+            // Library errors may span lines and quote the address they were given; the state
+            // is read on one line, by anyone who can read the namespace.
+            let mut text = zdelay_client::config::redact_known(why).replace('\n', " ");
             if let Some((_, Some(found))) = &finding {
                 text = format!("{found}; {text}");
             }

@@ -48,7 +48,7 @@ pub use args::{BenchArgs, Mode};
 use crate::poller::{
     self, BatchObserver, Options, Owned, Ownership, PollerContext, Pollers, Target, TargetId,
 };
-use anyhow::{Context, bail, ensure};
+use anyhow::{bail, ensure};
 use load::MIN_PAYLOAD;
 use measure::{clock_offset_ms, local_now_ms, read_first_line};
 use report::{Machine, Report, Settings};
@@ -97,8 +97,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     let scratch = Scratch::new(&args.namespace, shards);
     let config = bench_config(config, &scratch, &args.namespace, shards);
     let redis_cfg = config.redis.clone();
-    let redis = store::client(&redis_cfg)
-        .with_context(|| format!("invalid redis.url {}", redact_url(&redis_cfg.url)))?;
+    let redis = store::client(&redis_cfg)?;
     let mut con = Conn::connect(&redis_cfg).await?;
 
     let occupied: u64 = redis::cmd("EXISTS")

@@ -173,6 +173,13 @@ pub struct UsageError(pub String);
 /// Runs the command; returns the exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let config = config::load(cli.config.as_deref())?;
+    if config.redis.tls.insecure_skip_verify {
+        tracing::warn!(
+            "redis.tls.insecure_skip_verify = true: the Redis server's certificate is NOT \
+             verified, so anyone on the network path can impersonate it and read the \
+             traffic; use redis.tls.ca_file instead outside tests"
+        );
+    }
     let origin = ConfigOrigin(cli.config.clone());
     match cli.command {
         Command::Run => {

@@ -127,7 +127,11 @@ impl SinkHandle {
 
     pub fn set_health(&self, result: Result<(), String>) {
         let ok = result.is_ok();
-        *self.last_error.lock().expect("error lock") = result.err().unwrap_or_default();
+        // Broker errors may quote the address with its credentials.
+        *self.last_error.lock().expect("error lock") = result
+            .err()
+            .map(|e| crate::config::redact_known(&e).into_owned())
+            .unwrap_or_default();
         if self.healthy.swap(ok, Ordering::Relaxed) != ok {
             if ok {
                 tracing::info!(sink = %self.name, "sink available again");

@@ -21,6 +21,7 @@ mod raw_sinks;
 mod reshard;
 mod scale;
 mod schedules;
+mod secure;
 mod seeds;
 mod two_phase;
 

@@ -31,13 +31,24 @@ fn invalid(field: impl Into<String>, why: impl Into<String>) -> ConfigError {
 }
 
 /// A secret: accepts any scalar (env values parse as TOML, so `123456` is an integer) and
-/// never prints its value.
+/// never prints its value: `Debug` and `Serialize` (hence `check-config`) give `***`, or for
+/// a URL the URL with its password hidden. Every secret read is also registered with
+/// [`redact_known`], which scrubs it from logs, error output and panic messages.
 #[derive(Clone, Default, PartialEq)]
 pub struct Secret(String);
 
 impl Serialize for Secret {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("***")
+        s.serialize_str(&redacted(&self.0))
+    }
+}
+
+/// How a secret value shows: a URL keeps its scheme, user, host and port.
+fn redacted(value: &str) -> String {
+    if value.contains("://") {
+        redact_url(value)
+    } else {
+        "***".to_owned()
     }
 }
 
@@ -45,27 +56,37 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    fn new(value: String) -> Self {
+        register_secret(&value);
+        Secret(value)
+    }
 }
 
 impl From<&str> for Secret {
     fn from(s: &str) -> Self {
-        Secret(s.to_owned())
+        Secret::new(s.to_owned())
     }
 }
 
 impl From<String> for Secret {
     fn from(s: String) -> Self {
-        Secret(s)
+        Secret::new(s)
     }
 }
 
-/// A URL (or comma-separated URLs) fit for logs and error messages: any `user:pass@` part
-/// becomes `***@`.
+/// A URL (or comma-separated URLs) fit for logs and error messages: a `user:pass@` part
+/// becomes `user:***@`, a lone `token@` becomes `***@`.
 pub fn redact_url(urls: &str) -> String {
     urls.split(',')
         .map(|url| match (url.find("://"), url.rfind('@')) {
             (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}***{}", &url[..scheme + 3], &url[at..])
+                let userinfo = &url[scheme + 3..at];
+                let shown = match userinfo.split_once(':') {
+                    Some((user, _)) => format!("{user}:***"),
+                    None => "***".to_owned(),
+                };
+                format!("{}{shown}{}", &url[..scheme + 3], &url[at..])
             }
             _ => url.to_owned(),
         })
@@ -73,9 +94,80 @@ pub fn redact_url(urls: &str) -> String {
         .join(",")
 }
 
+/// The password (or lone token) of each URL in `urls`, as written and percent-decoded.
+fn url_secrets(urls: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for url in urls.split(',') {
+        if let (Some(scheme), Some(at)) = (url.find("://"), url.rfind('@'))
+            && at > scheme
+        {
+            let userinfo = &url[scheme + 3..at];
+            let secret = userinfo.split_once(':').map_or(userinfo, |(_, pass)| pass);
+            found.push(secret.to_owned());
+            found.push(percent_decode(secret));
+        }
+    }
+    found
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Secrets shorter than this are not scrubbed from free text (a 2-character password would
+/// turn every log line into asterisks); structured output still hides them.
+const MIN_SCRUBBED_LEN: usize = 4;
+
+static KNOWN_SECRETS: std::sync::Mutex<BTreeSet<String>> = std::sync::Mutex::new(BTreeSet::new());
+
+/// Remembers a secret value (and the password of any URL in it) for [`redact_known`].
+pub fn register_secret(value: &str) {
+    let mut known = KNOWN_SECRETS.lock().unwrap_or_else(|e| e.into_inner());
+    for secret in std::iter::once(value.to_owned()).chain(url_secrets(value)) {
+        if secret.len() >= MIN_SCRUBBED_LEN {
+            known.insert(secret);
+        }
+    }
+}
+
+/// `text` with every secret this process has read replaced by `***`: for anything printed
+/// that may quote a third party (library errors and logs, panics).
+pub fn redact_known(text: &str) -> std::borrow::Cow<'_, str> {
+    let known = KNOWN_SECRETS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut text = std::borrow::Cow::Borrowed(text);
+    // Longest first: a URL holding a password goes before the password alone.
+    let mut secrets: Vec<&String> = known.iter().collect();
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    for secret in secrets {
+        if text.contains(secret.as_str()) {
+            text = std::borrow::Cow::Owned(text.replace(secret.as_str(), &redacted(secret)));
+        }
+    }
+    text
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
+        f.write_str(&redacted(&self.0))
     }
 }
 
@@ -89,12 +181,94 @@ impl<'de> Deserialize<'de> for Secret {
             F(f64),
             B(bool),
         }
-        Ok(Secret(match Scalar::deserialize(d)? {
+        Ok(Secret::new(match Scalar::deserialize(d)? {
             Scalar::S(s) => s,
             Scalar::I(i) => i.to_string(),
             Scalar::F(f) => f.to_string(),
             Scalar::B(b) => b.to_string(),
         }))
+    }
+}
+
+/// For URL fields kept as `String` (`redis.url`, `redis.cluster_nodes`): serialized with the
+/// password hidden, their passwords registered for [`redact_known`] when read.
+mod url_field {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::redact_url(url))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        let url = String::deserialize(d)?;
+        super::register_secret_parts(&url);
+        Ok(url)
+    }
+
+    pub mod list {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(urls: &[String], s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(urls.iter().map(|u| super::super::redact_url(u)))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+            let urls = Vec::<String>::deserialize(d)?;
+            urls.iter()
+                .for_each(|u| super::super::register_secret_parts(u));
+            Ok(urls)
+        }
+    }
+}
+
+/// Registers only the password part of a URL (the URL itself is not secret).
+fn register_secret_parts(url: &str) {
+    for secret in url_secrets(url) {
+        register_secret(&secret);
+    }
+}
+
+/// librdkafka options that hold secrets: hidden by `check-config`, scrubbed from logs.
+pub fn is_secret_librdkafka_key(key: &str) -> bool {
+    [
+        "password",
+        "secret",
+        "oauthbearer.config",
+        "ssl.key.pem",
+        "ssl_key",
+    ]
+    .iter()
+    .any(|word| key.contains(word))
+}
+
+mod librdkafka_options {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::collections::BTreeMap;
+
+    pub fn serialize<S: Serializer>(
+        options: &BTreeMap<String, String>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_map(options.iter().map(|(k, v)| {
+            let shown = if super::is_secret_librdkafka_key(k) {
+                "***"
+            } else {
+                v.as_str()
+            };
+            (k, shown)
+        }))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, String>, D::Error> {
+        let options = BTreeMap::<String, String>::deserialize(d)?;
+        for (k, v) in &options {
+            if super::is_secret_librdkafka_key(k) {
+                super::register_secret(v);
+            }
+        }
+        Ok(options)
     }
 }
 
@@ -136,6 +310,32 @@ impl Default for Config {
     }
 }
 
+/// `[redis.tls]`: used with `rediss://` URLs (standalone and cluster seeds).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisTlsConfig {
+    /// PEM file of the CA(s) that signed the server's certificate. Default: the system's
+    /// trust store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate (chain), for servers that require mutual TLS
+    /// (`tls-auth-clients yes`); set together with `key_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// Accept any server certificate and host name. For tests only: it gives up the
+    /// protection TLS is for, and zdelay logs a warning at every connect.
+    pub insecure_skip_verify: bool,
+}
+
+impl RedisTlsConfig {
+    fn is_default(&self) -> bool {
+        *self == RedisTlsConfig::default()
+    }
+}
+
 /// Name of the sink that is always there: the scheduling Redis itself.
 pub const LOCAL_SINK: &str = "local";
 
@@ -147,15 +347,26 @@ pub const MAX_SHARDS: u16 = 16384;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
-    /// Redis URL. Default `redis://127.0.0.1:6379`. Not used when `cluster_nodes` is set.
+    /// Redis URL: `redis://[user[:password]@]host:port[/db]`, `rediss://` for TLS. Default
+    /// `redis://127.0.0.1:6379`. Not used when `cluster_nodes` is set. Shown with its
+    /// password hidden.
+    #[serde(with = "url_field")]
     pub url: String,
-    /// Redis Cluster seed nodes (`redis://host:port`, a few are enough: the client learns
-    /// the rest). Set, zdelay runs on the cluster and `url` is not used. Default: none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Redis Cluster seed nodes (`redis://host:port` or `rediss://`, a few are enough: the
+    /// client learns the rest). Set, zdelay runs on the cluster and `url` is not used.
+    /// Default: none.
+    #[serde(
+        with = "url_field::list",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub cluster_nodes: Vec<String>,
-    /// Password, overriding any in the URL; from the environment (`ZDELAY_REDIS__PASSWORD`).
+    /// Password, overriding any in the URL (`ZDELAY_REDIS__PASSWORD`, or `password_file`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
+    /// `[redis.tls]`: certificates for `rediss://` URLs.
+    #[serde(skip_serializing_if = "RedisTlsConfig::is_default")]
+    pub tls: RedisTlsConfig,
     /// Prefix of every key. Default `zdelay`. Must not contain `{` or `}`.
     pub namespace: String,
     /// Number of envelope shards. Default 16. Must match `<ns>:schema` once jobs exist; changed
@@ -169,6 +380,7 @@ impl Default for RedisConfig {
             url: "redis://127.0.0.1:6379".into(),
             cluster_nodes: Vec::new(),
             password: None,
+            tls: RedisTlsConfig::default(),
             namespace: "zdelay".into(),
             shards: 16,
         }
@@ -330,8 +542,9 @@ pub struct KafkaSinkConfig {
     /// Record key: `id` (default) or `none`.
     #[serde(default)]
     pub key: KafkaKey,
-    /// Raw librdkafka options, applied last (e.g. `"linger.ms" = "5"`).
-    #[serde(default)]
+    /// Raw librdkafka options, applied last (e.g. `"linger.ms" = "5"`). Options that hold
+    /// secrets (`sasl.password`, `ssl.key.password`, …) are hidden when shown.
+    #[serde(default, with = "librdkafka_options")]
     pub librdkafka: BTreeMap<String, String>,
 }
 
@@ -470,14 +683,14 @@ const SECTIONS: &[&str] = &["redis", "poller", "admin", "sinks", "routes", "sour
 ///
 /// `path`: a file named on the command line must exist; `None` means defaults + environment.
 pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-    let mut figment = Figment::from(Serialized::defaults(Config::default()));
+    let mut layers = Figment::new();
     if let Some(path) = path {
         if !path.is_file() {
             return Err(ConfigError::Missing(path.display().to_string()));
         }
-        figment = figment.merge(Toml::file_exact(path));
+        layers = layers.merge(Toml::file_exact(path));
     }
-    figment = figment.merge(
+    layers = layers.merge(
         Env::prefixed("ZDELAY_")
             .split("__")
             // Only section keys: ZDELAY_CONFIG, ZDELAY_LOG and test variables are not config.
@@ -487,18 +700,84 @@ pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
                 SECTIONS.iter().any(|s| s.eq_ignore_ascii_case(first))
             }),
     );
-    from_figment(figment)
+    from_layers(layers)
 }
 
 /// Parses TOML text on top of the defaults (no environment); for tests and examples.
 pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-    from_figment(Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text)))
+    from_layers(Figment::from(Toml::string(text)))
+}
+
+/// What the user wrote (file, environment), `<field>_file` references read, on top of the
+/// defaults. The references are read before the defaults join, so a default value never
+/// counts as "both set".
+fn from_layers(layers: Figment) -> Result<Config, ConfigError> {
+    let mut values: figment::value::Dict = layers.extract().map_err(parse_error)?;
+    read_file_references(&mut values, "")?;
+    from_figment(
+        Figment::from(Serialized::defaults(Config::default())).merge(Serialized::defaults(values)),
+    )
+}
+
+fn parse_error(e: figment::Error) -> ConfigError {
+    ConfigError::Parse(redact_known(&format!("invalid config: {e}")).into_owned())
+}
+
+/// Fields that end in `_file` and are paths, not `<field>_file` references.
+const PATH_FIELDS: &[&str] = &["ca_file", "cert_file", "key_file"];
+
+/// Replaces each `<field>_file = "<path>"` by `<field>` = the file's content without its
+/// trailing newline: every secret (and any other field) can come from a mounted file, the
+/// Kubernetes way. Both set, or a file that cannot be read: an error naming the field and
+/// the path, never the content.
+fn read_file_references(dict: &mut figment::value::Dict, at: &str) -> Result<(), ConfigError> {
+    use figment::value::Value;
+    let name = |key: &str| {
+        if at.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{at}.{key}")
+        }
+    };
+    let references: Vec<String> = dict
+        .keys()
+        .filter(|k| k.ends_with("_file") && !PATH_FIELDS.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    for reference in references {
+        let field = reference.trim_end_matches("_file").to_owned();
+        if dict.contains_key(&field) {
+            return Err(invalid(
+                name(&reference),
+                format!("{} is set too: set one of them", name(&field)),
+            ));
+        }
+        let Some(Value::String(_, path)) = dict.remove(&reference) else {
+            return Err(invalid(name(&reference), "must be a file path"));
+        };
+        let content = std::fs::read_to_string(&path)
+            .map_err(|e| invalid(name(&reference), format!("cannot read {path}: {e}")))?;
+        let content = content.trim_end_matches(['\n', '\r']).to_owned();
+        dict.insert(field, Value::from(content));
+    }
+    for (key, value) in dict.iter_mut() {
+        match value {
+            Value::Dict(_, inner) => read_file_references(inner, &name(key))?,
+            Value::Array(_, items) => {
+                for (i, item) in items.iter_mut().enumerate() {
+                    if let Value::Dict(_, inner) = item {
+                        read_file_references(inner, &format!("{}[{i}]", name(key)))?;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
-    let config: Config = figment
-        .extract()
-        .map_err(|e| ConfigError::Parse(format!("invalid config: {e}")))?;
+    let config: Config = figment.extract().map_err(parse_error)?;
     config.validate()?;
     Ok(config)
 }
@@ -523,6 +802,22 @@ impl Config {
                     "must be a redis:// or rediss:// URL",
                 ));
             }
+        }
+        let tls_seeds = r
+            .cluster_nodes
+            .iter()
+            .filter(|n| n.starts_with("rediss://"));
+        if !(tls_seeds.count() == 0 || r.cluster_nodes.iter().all(|n| n.starts_with("rediss://"))) {
+            return Err(invalid(
+                "redis.cluster_nodes",
+                "mixes redis:// and rediss:// seeds: a cluster is all TLS or none",
+            ));
+        }
+        if r.tls.cert_file.is_some() != r.tls.key_file.is_some() {
+            return Err(invalid(
+                "redis.tls.cert_file",
+                "cert_file and key_file go together (the client's certificate and its key)",
+            ));
         }
         let p = &self.poller;
         if p.batch == 0 || p.batch > 1000 {
@@ -799,12 +1094,74 @@ mod tests {
 
     #[test]
     fn urls_are_redacted_for_messages() {
-        assert_eq!(redact_url("nats://u:p@h:4222"), "nats://***@h:4222");
+        assert_eq!(redact_url("nats://u:p@h:4222"), "nats://u:***@h:4222");
         assert_eq!(
             redact_url("nats://h:1,nats://t@h:2"),
             "nats://h:1,nats://***@h:2"
         );
         assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+    }
+
+    #[test]
+    fn secret_fields_come_from_files_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, content: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, content).unwrap();
+            path.display().to_string()
+        };
+        let pw = file("pw", "from-a-file\n");
+        let url = file("url", "nats://u:filepass@127.0.0.1:4222\r\n");
+        let kafka = file("kafka", "kafkafilepw");
+        let c = from_toml(&format!(
+            "[redis]\npassword_file = {pw:?}\n[sinks.n]\nkind = \"nats\"\nurl_file = {url:?}\n\
+             [sinks.k]\nkind = \"kafka\"\nbrokers = \"b:1\"\n\
+             librdkafka.\"sasl.password_file\" = {kafka:?}\n"
+        ))
+        .unwrap();
+        assert_eq!(c.redis.password.unwrap().expose(), "from-a-file");
+        let Some(SinkConfig::Nats(n)) = c.sinks.get("n") else {
+            panic!("nats sink")
+        };
+        assert_eq!(n.url.expose(), "nats://u:filepass@127.0.0.1:4222");
+        let Some(SinkConfig::Kafka(k)) = c.sinks.get("k") else {
+            panic!("kafka sink")
+        };
+        assert_eq!(k.librdkafka["sasl.password"], "kafkafilepw");
+        assert_eq!(redact_known("x filepass kafkafilepw y"), "x *** *** y");
+    }
+
+    #[test]
+    fn file_references_fail_clearly() {
+        let both = err("[redis]\npassword = \"a\"\npassword_file = \"/x\"");
+        assert!(both.contains("redis.password_file") && both.contains("redis.password is set too"));
+        let missing = err("[redis]\npassword_file = \"/nonexistent/pw\"");
+        assert!(
+            missing.contains("redis.password_file") && missing.contains("/nonexistent/pw"),
+            "{missing}"
+        );
+        // Paths in [redis.tls] are not references.
+        let c = from_toml("[redis.tls]\nca_file = \"/ca.pem\"").unwrap();
+        assert_eq!(c.redis.tls.ca_file.unwrap(), Path::new("/ca.pem"));
+        assert!(err("[redis.tls]\ncert_file = \"/c.pem\"").contains("key_file"));
+    }
+
+    #[test]
+    fn secrets_show_redacted() {
+        let c = from_toml(
+            "[redis]\nurl = \"redis://app:urlpw1234@127.0.0.1:6379\"\n\
+             [sinks.a]\nkind = \"amqp\"\nurl = \"amqp://guest:amqppw99@127.0.0.1:5672/%2f\"",
+        )
+        .unwrap();
+        let shown = serde_json::to_string(&c).unwrap();
+        assert!(shown.contains("redis://app:***@127.0.0.1:6379"), "{shown}");
+        assert!(shown.contains("amqp://guest:***@127.0.0.1:5672"), "{shown}");
+        assert!(!shown.contains("urlpw1234") && !shown.contains("amqppw99"));
+        assert_eq!(redact_url("nats://tok3n@h:1"), "nats://***@h:1");
+        assert_eq!(
+            redact_known("at redis://app:urlpw1234@h"),
+            "at redis://app:***@h"
+        );
     }
 
     #[test]

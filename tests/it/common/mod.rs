@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -708,6 +710,8 @@ pub struct RedisCluster {
     dir: tempfile::TempDir,
     children: Vec<Option<Child>>,
     extra: Vec<String>,
+    /// `redis-cli` TLS arguments; empty: the nodes listen in plain TCP.
+    tls_cli: Vec<String>,
 }
 
 /// A free port whose cluster-bus port (+10000) is free as well.
@@ -730,6 +734,12 @@ impl RedisCluster {
 
     /// Extra `redis-server` arguments for every node.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_tls(extra, Vec::new())
+    }
+
+    /// Nodes on TLS only when `tls_cli` (the `redis-cli` TLS arguments) is not empty; `extra`
+    /// then carries the certificates and `--tls-cluster yes`, `--tls-replication yes`.
+    pub fn start_tls(extra: &[&str], tls_cli: Vec<String>) -> Self {
         let mut ports = Vec::new();
         for _ in 0..6 {
             let p = free_cluster_port(&ports);
@@ -740,6 +750,7 @@ impl RedisCluster {
             dir: tempfile::tempdir().expect("a temp dir"),
             children: Vec::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls_cli,
         };
         for i in 0..6 {
             let child = cluster.spawn_node(i);
@@ -747,7 +758,8 @@ impl RedisCluster {
         }
         for &port in &cluster.ports {
             wait_for("a cluster node to answer", Duration::from_secs(10), || {
-                redis_cli(port, &["PING"]).is_some_and(|out| out.contains("PONG"))
+                redis_cli_auth(port, &cluster.auth_args(), &["PING"])
+                    .is_some_and(|out| out.contains("PONG"))
             });
         }
         let nodes: Vec<String> = cluster
@@ -793,14 +805,30 @@ impl RedisCluster {
             .and_then(|i| self.extra.get(i + 1))
             .map(|pw| vec!["-a".to_owned(), pw.clone(), "--no-auth-warning".to_owned()])
             .unwrap_or_default()
+            .into_iter()
+            .chain(self.tls_cli.iter().cloned())
+            .collect()
+    }
+
+    /// `redis-cli -c` (following redirections) on a live node: stdout.
+    pub fn cli_on_key(&self, key: &str, args: &[&str]) -> String {
+        let port = self.master_of(key);
+        redis_cli_auth(port, &self.auth_args(), args).unwrap_or_default()
     }
 
     fn spawn_node(&self, i: usize) -> Child {
         let node_dir = self.dir.path().join(format!("n{i}"));
         std::fs::create_dir_all(&node_dir).expect("node dir");
         let bin = redis_server_bin();
+        let port = self.ports[i].to_string();
+        let listen = if self.tls_cli.is_empty() {
+            ["--port", &port, "--port", &port]
+        } else {
+            ["--port", "0", "--tls-port", &port]
+        };
         Command::new(&bin)
-            .args(["--port", &self.ports[i].to_string(), "--bind", "127.0.0.1"])
+            .args(listen)
+            .args(["--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
             // Replicas sync at once, so a master killed early in a test has a replica to
             // promote (the default waits 5 s for more replicas before a diskless sync).
@@ -837,7 +865,14 @@ impl RedisCluster {
         self.ports
             .iter()
             .take(3)
-            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .map(|p| {
+                let scheme = if self.tls_cli.is_empty() {
+                    "redis"
+                } else {
+                    "rediss"
+                };
+                format!("{scheme}://127.0.0.1:{p}")
+            })
             .collect()
     }
 

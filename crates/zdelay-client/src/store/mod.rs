@@ -23,12 +23,23 @@ use std::time::Duration;
 /// Why the store cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot use redis at {url}: {source}")]
+    #[error("cannot use redis at {url}: {}", tls_hint(source))]
     Connect {
         url: String,
         #[source]
         source: redis::RedisError,
     },
+    /// The server refused the credentials (or wanted some): retrying cannot help until the
+    /// password, the ACL user or the server's ACL changes.
+    #[error(
+        "redis at {url}: authentication failed for {}: check the user and password \
+         (redis.url, redis.password or redis.password_file) and the server's ACL",
+        user.as_deref().map_or("the default user".to_owned(), |u| format!("user {u}"))
+    )]
+    Auth { url: String, user: Option<String> },
+    /// `[redis.tls]` cannot be used (a file missing or not PEM).
+    #[error("{0}")]
+    Tls(String),
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("{0}")]
@@ -62,6 +73,73 @@ impl StoreError {
     /// Whether retrying later can succeed without a change of config (a reshard running).
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Resharding { .. })
+    }
+
+    /// Whether the server refused the credentials.
+    pub fn is_auth(&self) -> bool {
+        matches!(self, StoreError::Auth { .. })
+    }
+
+    /// Classifies a failure to connect to (or first talk with) `cfg`'s Redis: refused
+    /// credentials are [`StoreError::Auth`], anything else [`StoreError::Connect`]; the
+    /// address is named with its password hidden.
+    pub fn connecting(cfg: &RedisConfig, source: redis::RedisError) -> StoreError {
+        let url = if cfg.cluster_nodes.is_empty() {
+            redact_url(&cfg.url)
+        } else {
+            redact_url(&cfg.cluster_nodes.join(","))
+        };
+        if is_auth_error(&source) {
+            return StoreError::Auth {
+                url,
+                user: user_of(cfg),
+            };
+        }
+        StoreError::Connect { url, source }
+    }
+}
+
+/// Whether `e` says the credentials were refused (`WRONGPASS`, a failed `AUTH`) or missing
+/// (`NOAUTH`). The cluster client wraps node errors in text, hence the look at the message.
+pub fn is_auth_error(e: &redis::RedisError) -> bool {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
+    {
+        return true;
+    }
+    let text = e.to_string();
+    [
+        "WRONGPASS",
+        "NOAUTH",
+        "AuthenticationFailed",
+        "authentication failed",
+    ]
+    .iter()
+    .any(|word| text.contains(word))
+}
+
+/// The ACL user the connection authenticates as (`None`: the default user).
+fn user_of(cfg: &RedisConfig) -> Option<String> {
+    let url = cfg.cluster_nodes.first().unwrap_or(&cfg.url);
+    let (scheme, at) = (url.find("://")?, url.rfind('@')?);
+    let userinfo = url.get(scheme + 3..at)?;
+    let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+    (!user.is_empty()).then(|| user.to_owned())
+}
+
+/// A connect error, with a word on TLS when the handshake failed on a certificate (rustls
+/// says `invalid peer certificate: UnknownIssuer`).
+fn tls_hint(e: &redis::RedisError) -> String {
+    let text = e.to_string();
+    let lower = text.to_lowercase();
+    if lower.contains("certificate") || lower.contains("handshake") {
+        format!(
+            "TLS handshake failed ({text}): check redis.tls.ca_file (the CA that signed the \
+             server's certificate) and, if the server requires client certificates, \
+             redis.tls.cert_file and key_file"
+        )
+    } else {
+        text
     }
 }
 
@@ -212,11 +290,8 @@ impl Conn {
         if !cfg.cluster_nodes.is_empty() {
             return Self::connect_cluster(cfg).await;
         }
-        let connect_error = |source| StoreError::Connect {
-            url: redact_url(&cfg.url),
-            source,
-        };
-        let client = client(cfg).map_err(connect_error)?;
+        let connect_error = |source| StoreError::connecting(cfg, source);
+        let client = client(cfg)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -225,24 +300,40 @@ impl Conn {
         let inner = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(connect_error)?;
-        Ok(Conn {
+        let mut con = Conn {
             inner: Inner::Single(inner),
             home_slot: home_slot(cfg),
-        })
+        };
+        con.ping(cfg).await?;
+        Ok(con)
+    }
+
+    /// One `PING`: a server that wants a password zdelay did not give answers `NOAUTH` here,
+    /// not at some later command.
+    async fn ping(&mut self, cfg: &RedisConfig) -> Result<(), StoreError> {
+        let ping = redis::cmd("PING");
+        self.on_one_node(ping)
+            .await
+            .map(drop)
+            .map_err(|e| StoreError::connecting(cfg, e))
     }
 
     async fn connect_cluster(cfg: &RedisConfig) -> Result<Conn, StoreError> {
-        let seeds = redact_url(&cfg.cluster_nodes.join(","));
-        let connect_error = |source| StoreError::Connect {
-            url: seeds.clone(),
-            source,
-        };
+        let connect_error = |source| StoreError::connecting(cfg, source);
         let mut builder = redis::cluster::ClusterClient::builder(cfg.cluster_nodes.clone())
             .connection_timeout(CLUSTER_NODE_CONNECT_TIMEOUT)
             .response_timeout(RESPONSE_TIMEOUT)
             .retries(4);
         if let Some(password) = &cfg.password {
             builder = builder.password(password.expose());
+        }
+        if cfg.cluster_nodes.iter().any(|n| n.starts_with("rediss://")) {
+            install_crypto_provider();
+            if cfg.tls.insecure_skip_verify {
+                // Set before the certificates, which would otherwise choose verified TLS.
+                builder = builder.tls(redis::TlsMode::Insecure);
+            }
+            builder = builder.certs(tls_certificates(&cfg.tls)?);
         }
         let client = builder.build().map_err(connect_error)?;
         // The initial connect has no overall bound of its own (redis-rs #1953).
@@ -255,10 +346,12 @@ impl Conn {
                 )))
             })?
             .map_err(connect_error)?;
-        Ok(Conn {
+        let mut con = Conn {
             inner: Inner::Cluster(inner),
             home_slot: home_slot(cfg),
-        })
+        };
+        con.ping(cfg).await?;
+        Ok(con)
     }
 
     /// Whether this is a Redis Cluster connection.
@@ -347,9 +440,14 @@ impl ConnectionLike for Conn {
 }
 
 /// A redis-rs client for `[redis]` (for pub/sub), with the password override applied.
-pub fn client(cfg: &RedisConfig) -> redis::RedisResult<redis::Client> {
-    use redis::IntoConnectionInfo;
-    let mut info = cfg.url.as_str().into_connection_info()?;
+pub fn client(cfg: &RedisConfig) -> Result<redis::Client, StoreError> {
+    use redis::{ConnectionAddr, IntoConnectionInfo};
+    let connect_error = |source| StoreError::connecting(cfg, source);
+    let mut info = cfg
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(connect_error)?;
     if let Some(password) = &cfg.password {
         let settings = info
             .redis_settings()
@@ -357,13 +455,58 @@ pub fn client(cfg: &RedisConfig) -> redis::RedisResult<redis::Client> {
             .set_password(password.expose());
         info = info.set_redis_settings(settings);
     }
-    redis::Client::open(info)
+    let ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() else {
+        return redis::Client::open(info).map_err(connect_error);
+    };
+    install_crypto_provider();
+    let info = info.set_addr(ConnectionAddr::TcpTls {
+        host,
+        port,
+        insecure: cfg.tls.insecure_skip_verify,
+        tls_params: None,
+    });
+    redis::Client::build_with_tls(info, tls_certificates(&cfg.tls)?).map_err(connect_error)
+}
+
+/// rustls needs one process-wide crypto provider; the daemon links two (ring, aws-lc-rs)
+/// through the brokers' clients, so none is implied. Installing twice is harmless.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// `[redis.tls]`'s files, read; an error names the field and the path.
+fn tls_certificates(
+    tls: &crate::config::RedisTlsConfig,
+) -> Result<redis::TlsCertificates, StoreError> {
+    let read = |field: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            StoreError::Tls(format!(
+                "redis.tls.{field}: cannot read {}: {e}",
+                path.display()
+            ))
+        })
+    };
+    let root_cert = match &tls.ca_file {
+        Some(path) => Some(read("ca_file", path)?),
+        None => None,
+    };
+    let client_tls = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("cert_file", cert)?,
+            client_key: read("key_file", key)?,
+        }),
+        _ => None,
+    };
+    Ok(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    })
 }
 
 /// Clients for pub/sub (which needs its own connection): the one server, or on a cluster
 /// each seed node, tried in turn. A message published on any node of a cluster reaches
 /// subscribers on every node.
-pub fn pubsub_clients(cfg: &RedisConfig) -> redis::RedisResult<Vec<redis::Client>> {
+pub fn pubsub_clients(cfg: &RedisConfig) -> Result<Vec<redis::Client>, StoreError> {
     if cfg.cluster_nodes.is_empty() {
         return Ok(vec![client(cfg)?]);
     }
