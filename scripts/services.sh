@@ -572,6 +572,9 @@ write_env() {
         echo "ZDELAY_TEST_SERVICES_BROKERS=\"$BROKERS\""
         echo "ZDELAY_TEST_PYTHON=\"$PY\""
         echo "ZDELAY_TEST_TANSU_BIN=\"$TANSU_BIN\""
+        # Both nats-server binaries, for tests that run their own (auth and TLS configs).
+        echo "ZDELAY_TEST_NATS_BIN=\"$NATS_BIN\""
+        echo "ZDELAY_TEST_NATS29_BIN=\"$NATS29_BIN\""
         echo "ZDELAY_TEST_VALKEY_SERVER=\"$valkey\""
         # ca.pem, server.pem/.key, client.pem/.key (signed by ca.pem), other-ca.pem (unrelated).
         make_tls "$DIR/tls"

@@ -23,6 +23,7 @@
 use crate::sinks::{IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
 use futures::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
 use std::collections::HashSet;
@@ -32,7 +33,6 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout, timeout_at};
-use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use zdelay_client::config::{AmqpSinkConfig, TlsConfig};
 
 /// Bound on connecting and opening the channel during a publish.

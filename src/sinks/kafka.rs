@@ -343,12 +343,10 @@ impl KafkaSink {
     /// the last successful metadata request.
     fn auth_failed(&self) -> Option<String> {
         let failure = self.auth_failure.lock().unwrap_or_else(|p| p.into_inner());
-        failure
-            .as_ref()
-            .map(|detail| match &self.user {
-                Some(user) => super::auth_failed(&format!("user {user}"), detail),
-                None => super::auth_failed("a client without SASL", detail),
-            })
+        failure.as_ref().map(|detail| match &self.user {
+            Some(user) => super::auth_failed(&format!("user {user}"), detail),
+            None => super::auth_failed("a client without SASL", detail),
+        })
     }
 
     /// A probe through the current producer, read with what the error callback saw.
@@ -584,7 +582,6 @@ fn down_note(why: &str) -> String {
         format!("broker unreachable: {why}")
     }
 }
-
 
 /// What a connectivity probe found.
 #[derive(Debug, Clone, PartialEq, Eq)]

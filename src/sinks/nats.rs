@@ -210,9 +210,10 @@ impl NatsSink {
     fn connect_error(&self, e: &async_nats::ConnectError) -> String {
         use async_nats::ConnectErrorKind as K;
         match e.kind() {
-            K::AuthorizationViolation | K::Authentication => {
-                super::auth_failed(&self.security.identity(), &format!("nats {}: {e}", self.url))
-            }
+            K::AuthorizationViolation | K::Authentication => super::auth_failed(
+                &self.security.identity(),
+                &format!("nats {}: {e}", self.url),
+            ),
             _ => format!("nats {}: {e}", self.url),
         }
     }

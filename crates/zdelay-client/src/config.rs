@@ -118,11 +118,7 @@ fn validate_security(name: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
             a.tls.as_ref()
         }
         SinkConfig::Nats(n) => {
-            let methods = [
-                n.user.is_some(),
-                n.token.is_some(),
-                n.creds_file.is_some(),
-            ];
+            let methods = [n.user.is_some(), n.token.is_some(), n.creds_file.is_some()];
             if methods.iter().filter(|&&m| m).count() > 1 {
                 return Err(invalid(
                     field("user"),
