@@ -480,11 +480,16 @@ target = "/zd-never"
             Some((503, body)) if body.contains("authentication failed for user guest"))
         },
     );
-    let stats = config.cli(&["stats"]);
-    let text = String::from_utf8_lossy(&stats.stdout).into_owned();
-    assert!(
-        text.contains("authentication failed for user guest"),
-        "{text}"
+    // `zdelay stats` reads the sink states the daemon's checker writes to Redis.
+    let mut text = String::new();
+    wait_for(
+        "zdelay stats names the refused login",
+        Duration::from_secs(30),
+        || {
+            let stats = config.cli(&["stats"]);
+            text = String::from_utf8_lossy(&stats.stdout).into_owned();
+            text.contains("authentication failed for user guest")
+        },
     );
     assert!(!text.contains("wrong-pass"), "{text}");
     // Let it retry for a while: still no job dead, none delivered, every job still there.
