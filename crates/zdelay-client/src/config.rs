@@ -859,6 +859,76 @@ mod tests {
     use super::*;
 
     #[test]
+    fn broker_security_options_parse_and_bad_combinations_name_the_field() {
+        let ok = from_toml(
+            r#"
+[sinks.k]
+kind = "kafka"
+brokers = "127.0.0.1:9092"
+sasl = { mechanism = "SCRAM-SHA-256", username = "alice", password = 12345 }
+tls = { insecure_skip_verify = true }
+"#,
+        )
+        .expect("valid kafka security");
+        let SinkConfig::Kafka(k) = &ok.sinks["k"] else {
+            panic!("kafka sink")
+        };
+        let sasl = k.sasl.as_ref().expect("sasl");
+        assert_eq!(sasl.mechanism, SaslMechanism::ScramSha256);
+        assert_eq!(sasl.password.expose(), "12345");
+        assert!(
+            !format!("{ok:?}").contains("12345"),
+            "the password is a Secret"
+        );
+
+        let err = |toml: &str| from_toml(toml).expect_err(toml).to_string();
+        let e = err(r#"
+[sinks.k]
+kind = "kafka"
+brokers = "b"
+sasl = { mechanism = "GSSAPI", username = "a", password = "p" }
+"#);
+        assert!(e.contains("GSSAPI") || e.contains("mechanism"), "{e}");
+        let e = err(r#"
+[sinks.r]
+kind = "amqp"
+url = "amqp://127.0.0.1"
+tls = {}
+"#);
+        assert!(e.contains("sinks.r.tls") && e.contains("amqps://"), "{e}");
+        let e = err(r#"
+[sinks.r]
+kind = "amqp"
+url = "amqps://127.0.0.1"
+tls = { ca_file = "/nonexistent/ca.pem" }
+"#);
+        assert!(e.contains("sinks.r.tls.ca_file"), "{e}");
+        let e = err(r#"
+[sinks.r]
+kind = "amqp"
+url = "amqps://127.0.0.1"
+tls = { insecure_skip_verify = true }
+"#);
+        assert!(e.contains("insecure_skip_verify"), "{e}");
+        let e = err(r#"
+[sinks.n]
+kind = "nats"
+url = "nats://127.0.0.1"
+user = "a"
+password = "p"
+token = "t"
+"#);
+        assert!(e.contains("sinks.n.user"), "{e}");
+        let e = err(r#"
+[sinks.n]
+kind = "nats"
+url = "nats://127.0.0.1"
+user = "a"
+"#);
+        assert!(e.contains("sinks.n.password"), "{e}");
+    }
+
+    #[test]
     fn defaults_are_valid_and_documented() {
         let c = from_toml("").unwrap();
         assert_eq!(c.redis.url, "redis://127.0.0.1:6379");
