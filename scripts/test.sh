@@ -142,7 +142,10 @@ record "rust toolchain" "$((SECONDS - start))"
 # --- redis-server (the integration tests start their own on free ports) ---------------------
 say "redis-server"
 start=$SECONDS
-bash scripts/apt-ensure.sh redis-server:redis-server redis-cli:redis-tools
+# libssl-dev + pkg-config: rdkafka's `ssl` feature builds librdkafka against OpenSSL (TLS and
+# SASL/SCRAM for the Kafka sink); openssl: the test CA and certificates.
+bash scripts/apt-ensure.sh redis-server:redis-server redis-cli:redis-tools \
+    /usr/include/openssl/ssl.h:libssl-dev pkg-config:pkg-config openssl:openssl
 redis-server --version
 record "redis-server" "$((SECONDS - start))"
 

@@ -23,6 +23,7 @@
 use crate::sinks::{IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
 use futures::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
 use std::collections::HashSet;
@@ -32,7 +33,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout, timeout_at};
-use zdelay_client::config::AmqpSinkConfig;
+use zdelay_client::config::{AmqpSinkConfig, TlsConfig};
 
 /// Bound on connecting and opening the channel during a publish.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -56,6 +57,10 @@ const PIPELINE: usize = 256;
 pub struct AmqpSink {
     name: String,
     url: String,
+    /// The URL's user name (not secret), for "authentication failed for user …".
+    user: String,
+    /// `tls = { ... }`: files read at every connect, so renewed certificates are used.
+    tls: Option<TlsConfig>,
 
     state: Mutex<State>,
     /// The broker's `max_message_size`, learned from its first 406 (0: unknown). Larger
@@ -93,13 +98,15 @@ impl AmqpSink {
     /// Builds the sink; does not connect (the first publish or check does).
     pub fn new(name: &str, config: &AmqpSinkConfig) -> Result<Self, SinkError> {
         let url = config.url.expose();
-        lapin::uri::AMQPUri::from_str(url).map_err(|e| SinkError::Config {
+        let uri = lapin::uri::AMQPUri::from_str(url).map_err(|e| SinkError::Config {
             sink: name.to_owned(),
             why: format!("url: {e}"),
         })?;
         Ok(AmqpSink {
             name: name.to_owned(),
             url: url.to_owned(),
+            user: uri.authority.userinfo.username,
+            tls: config.tls.clone(),
             state: Mutex::new(State::default()),
             max_message_size: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
@@ -292,10 +299,20 @@ impl AmqpSink {
             state.connection = None;
             let properties = ConnectionProperties::default()
                 .with_connection_name(format!("zdelay sink {}", self.name).into());
-            let connection = timeout(limit, Connection::connect(&self.url, properties))
+            let tls = match &self.tls {
+                Some(tls) => tls_config(tls)?,
+                None => OwnedTLSConfig::default(),
+            };
+            let connect = Connection::connect_with_config(
+                &self.url,
+                properties,
+                tls,
+                lapin::runtime::default_runtime().map_err(|e| format!("connect: {e}"))?,
+            );
+            let connection = timeout(limit, connect)
                 .await
                 .map_err(|_| format!("timed out connecting after {limit:?}"))?
-                .map_err(|e| format!("connect: {e}"))?;
+                .map_err(|e| connect_error(&e, &self.user))?;
             tracing::info!(sink = %self.name, "amqp connected");
             state.connection = Some(connection);
         }
@@ -547,6 +564,42 @@ enum Confirm {
     Nack,
     /// The channel was not in confirm mode (cannot happen: we select it).
     NotRequested,
+}
+
+/// The TLS settings lapin takes (rustls: PEM files as they are), read from the files now.
+fn tls_config(tls: &TlsConfig) -> Result<OwnedTLSConfig, String> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("tls: cannot read {}: {e}", path.display()))
+    };
+    let cert_chain = match &tls.ca_file {
+        Some(ca) => Some(
+            String::from_utf8(read(ca)?)
+                .map_err(|_| format!("tls: {} is not a PEM file", ca.display()))?,
+        ),
+        None => None,
+    };
+    let identity = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => Some(OwnedIdentity::PKCS8 {
+            pem: read(cert)?,
+            key: read(key)?,
+        }),
+        _ => None,
+    };
+    Ok(OwnedTLSConfig {
+        identity,
+        cert_chain,
+    })
+}
+
+/// A failed connect in words: refused credentials (RabbitMQ closes the handshake with 403
+/// ACCESS_REFUSED) say so, apart from an unreachable broker or a failed TLS handshake.
+fn connect_error(e: &lapin::Error, user: &str) -> String {
+    match e.kind() {
+        ErrorKind::ProtocolError(amqp) if amqp.get_id() == 403 => {
+            super::auth_failed(&format!("user {user}"), &amqp.get_message().to_string())
+        }
+        _ => format!("connect: {e}"),
+    }
 }
 
 /// Why a message got no confirm.

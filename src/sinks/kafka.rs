@@ -122,7 +122,41 @@ pub fn classify(code: RDKafkaErrorCode) -> ErrorClass {
     }
 }
 
-/// The librdkafka configuration for a sink: [`DEFAULTS`], then the user's map.
+/// The librdkafka properties of the typed `sasl` and `tls` options. Pure: unit-tested.
+pub fn security_properties(config: &KafkaSinkConfig) -> Vec<(&'static str, String)> {
+    let protocol = match (&config.sasl, &config.tls) {
+        (None, None) => return Vec::new(),
+        (Some(_), None) => "SASL_PLAINTEXT",
+        (None, Some(_)) => "SSL",
+        (Some(_), Some(_)) => "SASL_SSL",
+    };
+    let mut props = vec![("security.protocol", protocol.to_owned())];
+    if let Some(sasl) = &config.sasl {
+        props.push(("sasl.mechanism", sasl.mechanism.as_str().to_owned()));
+        props.push(("sasl.username", sasl.username.clone()));
+        props.push(("sasl.password", sasl.password.expose().to_owned()));
+    }
+    if let Some(tls) = &config.tls {
+        let path = |p: &std::path::Path| p.display().to_string();
+        if let Some(ca) = &tls.ca_file {
+            props.push(("ssl.ca.location", path(ca)));
+        }
+        if let Some(cert) = &tls.cert_file {
+            props.push(("ssl.certificate.location", path(cert)));
+        }
+        if let Some(key) = &tls.key_file {
+            props.push(("ssl.key.location", path(key)));
+        }
+        if tls.insecure_skip_verify {
+            props.push(("enable.ssl.certificate.verification", "false".to_owned()));
+            props.push(("ssl.endpoint.identification.algorithm", "none".to_owned()));
+        }
+    }
+    props
+}
+
+/// The librdkafka configuration for a sink: [`DEFAULTS`], the typed security options, then
+/// the user's map (which wins).
 pub fn client_config(name: &str, config: &KafkaSinkConfig) -> ClientConfig {
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", &config.brokers);
@@ -130,15 +164,32 @@ pub fn client_config(name: &str, config: &KafkaSinkConfig) -> ClientConfig {
     for (k, v) in DEFAULTS {
         cc.set(*k, *v);
     }
+    for (k, v) in security_properties(config) {
+        cc.set(k, v);
+    }
     for (k, v) in &config.librdkafka {
         cc.set(k, v);
     }
     cc
 }
 
+/// The last authentication failure librdkafka reported (its error callback), until a
+/// metadata request succeeds again. librdkafka itself only lets requests time out when the
+/// broker refuses the credentials, so this is what tells "wrong password" from "unreachable".
+type AuthFailure = Arc<std::sync::Mutex<Option<String>>>;
+
 /// Routes librdkafka's log lines and global errors to `tracing`, tagged with the sink.
 struct SinkContext {
     sink: String,
+    auth_failure: AuthFailure,
+}
+
+/// Error codes that mean the broker refused our credentials (or the TLS handshake).
+pub fn is_auth_failure(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed
+    )
 }
 
 impl ClientContext for SinkContext {
@@ -158,7 +209,12 @@ impl ClientContext for SinkContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(sink = %self.sink, error = %error, "kafka client error: {reason}");
+        if error.rdkafka_error_code().is_some_and(is_auth_failure) {
+            tracing::error!(sink = %self.sink, "kafka authentication failed: {reason}");
+            *self.auth_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
+        } else {
+            tracing::warn!(sink = %self.sink, error = %error, "kafka client error: {reason}");
+        }
     }
 }
 
@@ -169,6 +225,9 @@ pub struct KafkaSink {
     name: String,
     config: ClientConfig,
     key: KafkaKey,
+    /// Who authenticates: the SASL user, if any (for "authentication failed for user …").
+    user: Option<String>,
+    auth_failure: AuthFailure,
     /// Replaced after a fatal (idempotence) error, which leaves a producer unusable.
     producer: RwLock<Arc<Prod>>,
 }
@@ -239,15 +298,15 @@ impl<'a> Resolution<'a> {
     fn finish(mut self, down: Option<&str>) -> Vec<Outcome> {
         for (i, reason) in std::mem::take(&mut self.suspect) {
             self.outcomes[i] = Some(match down {
-                Some(why) => Outcome::Unavailable(format!("{reason} (broker unreachable: {why})")),
+                Some(why) => Outcome::Unavailable(format!("{reason} ({})", down_note(why))),
                 None => Outcome::Retry(reason),
             });
         }
         self.outcomes
             .into_iter()
             .map(|o| match (o, down) {
-                (Some(Outcome::Unavailable(r)), Some(why)) if !r.contains("unreachable") => {
-                    Outcome::Unavailable(format!("{r} (broker unreachable: {why})"))
+                (Some(Outcome::Unavailable(r)), Some(why)) if !r.contains(why) => {
+                    Outcome::Unavailable(format!("{r} ({})", down_note(why)))
                 }
                 (Some(o), _) => o,
                 (None, _) => Outcome::Retry("kafka: message left unresolved".to_owned()),
@@ -268,13 +327,39 @@ impl KafkaSink {
             return Err(bad("brokers is empty".into()));
         }
         let cc = client_config(name, config);
-        let producer = create(name, &cc).map_err(|e| bad(e.to_string()))?;
+        let auth_failure = AuthFailure::default();
+        let producer = create(name, &cc, &auth_failure).map_err(|e| bad(e.to_string()))?;
         Ok(KafkaSink {
             name: name.to_owned(),
             config: cc,
             key: config.key,
+            user: config.sasl.as_ref().map(|s| s.username.clone()),
+            auth_failure,
             producer: RwLock::new(Arc::new(producer)),
         })
+    }
+
+    /// "authentication failed for user …" when librdkafka reported a refused login since
+    /// the last successful metadata request.
+    fn auth_failed(&self) -> Option<String> {
+        let failure = self.auth_failure.lock().unwrap_or_else(|p| p.into_inner());
+        failure.as_ref().map(|detail| match &self.user {
+            Some(user) => super::auth_failed(&format!("user {user}"), detail),
+            None => super::auth_failed("a client without SASL", detail),
+        })
+    }
+
+    /// A probe through the current producer, read with what the error callback saw.
+    async fn probe(&self, producer: &Arc<Prod>, timeout: Duration) -> Probe {
+        let probe = probe(producer, timeout).await;
+        if probe == Probe::Reachable {
+            *self.auth_failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            return probe;
+        }
+        match self.auth_failed() {
+            Some(why) => Probe::Unreachable(why),
+            None => probe,
+        }
     }
 
     fn producer(&self) -> Arc<Prod> {
@@ -351,7 +436,7 @@ impl KafkaSink {
                     _ = tokio::time::sleep_until(probe_at) => {
                         // Only a connection-level failure purges: a busy broker that is
                         // merely slow keeps its messages until message.timeout.ms.
-                        if let Probe::Unreachable(why) = probe(&producer, PROBE_TIMEOUT).await {
+                        if let Probe::Unreachable(why) = self.probe(&producer, PROBE_TIMEOUT).await {
                             tracing::warn!(sink = %self.name, reason = %why,
                                 "kafka broker unreachable; purging queued messages");
                             // Queued and in-flight messages resolve now with _PURGE_*
@@ -373,7 +458,7 @@ impl KafkaSink {
         // request (unreachable or hung) are the sink's failure, not the job's.
         let purged = down.is_some();
         if !res.suspect.is_empty() && down.is_none() {
-            down = match probe(&producer, PROBE_TIMEOUT).await {
+            down = match self.probe(&producer, PROBE_TIMEOUT).await {
                 Probe::Reachable => None,
                 Probe::Slow(why) | Probe::Unreachable(why) => Some(why),
             };
@@ -406,7 +491,7 @@ impl KafkaSink {
             self.rebuild(&producer, &format!("fatal error {code:?}: {reason}"));
             return Err(format!("kafka producer fatal error {code:?}: {reason}"));
         }
-        match probe(&producer, CHECK_TIMEOUT).await {
+        match self.probe(&producer, CHECK_TIMEOUT).await {
             Probe::Reachable => Ok(()),
             Probe::Slow(why) | Probe::Unreachable(why) => Err(why),
         }
@@ -455,7 +540,7 @@ impl KafkaSink {
             return;
         }
         tracing::warn!(sink = %self.name, reason = %why, "replacing the kafka producer");
-        match create(&self.name, &self.config) {
+        match create(&self.name, &self.config, &self.auth_failure) {
             Ok(p) => *slot = Arc::new(p),
             Err(err) => {
                 tracing::error!(sink = %self.name, error = %err, "kafka producer rebuild failed")
@@ -482,10 +567,20 @@ pub fn leaves_sequence_gap(code: RDKafkaErrorCode) -> bool {
     )
 }
 
-fn create(name: &str, cc: &ClientConfig) -> Result<Prod, KafkaError> {
+fn create(name: &str, cc: &ClientConfig, auth_failure: &AuthFailure) -> Result<Prod, KafkaError> {
     cc.create_with_context(SinkContext {
         sink: name.to_owned(),
+        auth_failure: auth_failure.clone(),
     })
+}
+
+/// Why the sink is down, as a probe put it: refused credentials speak for themselves.
+fn down_note(why: &str) -> String {
+    if why.starts_with(super::AUTH_FAILED) {
+        why.to_owned()
+    } else {
+        format!("broker unreachable: {why}")
+    }
 }
 
 /// What a connectivity probe found.
@@ -557,6 +652,79 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect::<BTreeMap<_, _>>(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn security_options_map_to_librdkafka_properties() {
+        use zdelay_client::config::{KafkaSasl, SaslMechanism, TlsConfig};
+        let sasl = |mechanism| KafkaSasl {
+            mechanism,
+            username: "alice".into(),
+            password: "s3cret".into(),
+        };
+        let tls = TlsConfig {
+            ca_file: Some("/etc/ca.pem".into()),
+            cert_file: Some("/etc/client.pem".into()),
+            key_file: Some("/etc/client.key".into()),
+            insecure_skip_verify: false,
+        };
+        let props = |c: &KafkaSinkConfig| {
+            security_properties(c)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let mut c = cfg(&[]);
+        assert!(props(&c).is_empty(), "plaintext sets nothing");
+
+        c.sasl = Some(sasl(SaslMechanism::ScramSha512));
+        let p = props(&c);
+        assert_eq!(p["security.protocol"], "SASL_PLAINTEXT");
+        assert_eq!(p["sasl.mechanism"], "SCRAM-SHA-512");
+        assert_eq!(p["sasl.username"], "alice");
+        assert_eq!(p["sasl.password"], "s3cret");
+        assert!(!p.contains_key("ssl.ca.location"));
+
+        c.tls = Some(tls.clone());
+        let p = props(&c);
+        assert_eq!(p["security.protocol"], "SASL_SSL");
+        assert_eq!(p["ssl.ca.location"], "/etc/ca.pem");
+        assert_eq!(p["ssl.certificate.location"], "/etc/client.pem");
+        assert_eq!(p["ssl.key.location"], "/etc/client.key");
+        assert!(!p.contains_key("enable.ssl.certificate.verification"));
+
+        c.sasl = None;
+        c.tls = Some(TlsConfig {
+            insecure_skip_verify: true,
+            ..TlsConfig::default()
+        });
+        let p = props(&c);
+        assert_eq!(p["security.protocol"], "SSL");
+        assert_eq!(p["enable.ssl.certificate.verification"], "false");
+        assert_eq!(p["ssl.endpoint.identification.algorithm"], "none");
+        assert_eq!(p.len(), 3, "{p:?}");
+
+        c.sasl = Some(sasl(SaslMechanism::Plain));
+        c.tls = Some(tls);
+        let p = props(&c);
+        assert_eq!(p["sasl.mechanism"], "PLAIN");
+        // The typed options come before the pass-through table, which still wins.
+        c.librdkafka
+            .insert("security.protocol".into(), "SASL_PLAINTEXT".into());
+        let cc = client_config("k", &c);
+        assert_eq!(cc.get("security.protocol"), Some("SASL_PLAINTEXT"));
+        assert_eq!(cc.get("sasl.username"), Some("alice"));
+        // Every mechanism librdkafka accepts, by its own name: the bundled build has them.
+        for m in [
+            SaslMechanism::Plain,
+            SaslMechanism::ScramSha256,
+            SaslMechanism::ScramSha512,
+        ] {
+            c.sasl = Some(sasl(m));
+            c.tls = None;
+            assert!(KafkaSink::new("k", &c).is_ok(), "{m:?}");
         }
     }
 

@@ -100,6 +100,15 @@ impl From<Result<(), String>> for Health {
     }
 }
 
+/// How every sink's refused credentials begin, in outcomes, logs, `/readyz` and `zdelay stats`:
+/// distinct from an unreachable broker, so an operator fixes the password, not the network.
+pub const AUTH_FAILED: &str = "authentication failed for";
+
+/// "authentication failed for `who`: `detail`", e.g. `who` = "user alice".
+pub fn auth_failed(who: &str, detail: &str) -> String {
+    format!("{AUTH_FAILED} {who}: {detail}")
+}
+
 /// A sink that cannot be built from its config.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {

@@ -30,12 +30,15 @@
 //! | invalid subject or header, sealed stream, expected-last-* mismatch | Reject |
 //! | JetStream not enabled for the account | Reject |
 //! | not connected (server down), or an ack timeout while disconnected, or every message of the batch timed out | Unavailable |
+//! | credentials refused (authorization violation): "authentication failed for …" | Unavailable |
 //! | ack lost with the connection | Unavailable |
 //! | other JetStream errors (store failed, resources exceeded, …), a lone timeout | Retry |
 //!
 //! # Connection
-//! The client is created lazily on first use with `retry_on_initial_connect` and unlimited
-//! reconnects, so building the sink (and starting the daemon) never needs the server. async-nats
+//! The client is created lazily on first use, one bounded connect attempt per publish or check
+//! until one succeeds (so building the sink, and starting the daemon, never needs the server),
+//! then with unlimited reconnects. `user`/`password`, `token` or `creds_file` authenticate;
+//! `tls` requires TLS with the given CA and client certificate. async-nats
 //! buffers publishes while it reconnects; to give a bounded answer we check the connection state
 //! before sending, watch it while awaiting acks (a lost connection resolves the outstanding
 //! acks as `Unavailable` at once) and bound every send and ack by [`ACK_TIMEOUT`]. A message
@@ -86,6 +89,8 @@ pub struct NatsSink {
     url: String,
     servers: Vec<ServerAddr>,
     jetstream: bool,
+    /// `user`/`password`, `token`, `creds_file` and `tls` of the config.
+    security: NatsSinkConfig,
     conn: OnceCell<Conn>,
     /// Whether the health check's surprise was logged already.
     surprised: std::sync::atomic::AtomicBool,
@@ -134,6 +139,11 @@ impl NatsSink {
             url: crate::config::redact_url(config.url.expose()),
             servers,
             jetstream: config.jetstream,
+            security: NatsSinkConfig {
+                url: Default::default(),
+                allow: Vec::new(),
+                ..config.clone()
+            },
             conn: OnceCell::new(),
             surprised: std::sync::atomic::AtomicBool::new(false),
         })
@@ -142,9 +152,13 @@ impl NatsSink {
     async fn conn(&self) -> Result<&Conn, String> {
         self.conn
             .get_or_try_init(|| async {
-                let client = ConnectOptions::new()
+                // No retry_on_initial_connect: async-nats gives up for good on an
+                // authorization violation during a background first connect, so the first
+                // connect is ours, bounded, and repeated by the next publish or check.
+                let client = self
+                    .connect_options()
+                    .await?
                     .name(format!("zdelay/{}", self.name))
-                    .retry_on_initial_connect()
                     .max_reconnects(None)
                     .connection_timeout(CHECK_TIMEOUT)
                     .reconnect_delay_callback(|attempts| {
@@ -153,7 +167,7 @@ impl NatsSink {
                     })
                     .connect(self.servers.clone())
                     .await
-                    .map_err(|e| format!("nats {}: {e}", self.url))?;
+                    .map_err(|e| self.connect_error(&e))?;
                 let js = jetstream::ContextBuilder::new()
                     .timeout(ACK_TIMEOUT)
                     .ack_timeout(ACK_TIMEOUT)
@@ -163,6 +177,45 @@ impl NatsSink {
                 Ok(Conn { client, js })
             })
             .await
+    }
+
+    /// The authentication and TLS options of the config.
+    async fn connect_options(&self) -> Result<ConnectOptions, String> {
+        let sec = &self.security;
+        let mut options = if let (Some(user), Some(password)) = (&sec.user, &sec.password) {
+            ConnectOptions::with_user_and_password(user.clone(), password.expose().to_owned())
+        } else if let Some(token) = &sec.token {
+            ConnectOptions::with_token(token.expose().to_owned())
+        } else if let Some(creds) = &sec.creds_file {
+            ConnectOptions::with_credentials_file(creds)
+                .await
+                .map_err(|e| format!("nats creds_file {}: {e}", creds.display()))?
+        } else {
+            ConnectOptions::new()
+        };
+        if let Some(tls) = &sec.tls {
+            options = options.require_tls(true);
+            if let Some(ca) = &tls.ca_file {
+                options = options.add_root_certificates(ca.clone());
+            }
+            if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+                options = options.add_client_certificate(cert.clone(), key.clone());
+            }
+        }
+        Ok(options)
+    }
+
+    /// A failed connect in words: refused credentials say so, apart from an unreachable
+    /// server or a failed TLS handshake.
+    fn connect_error(&self, e: &async_nats::ConnectError) -> String {
+        use async_nats::ConnectErrorKind as K;
+        match e.kind() {
+            K::AuthorizationViolation | K::Authentication => super::auth_failed(
+                &self.security.identity(),
+                &format!("nats {}: {e}", self.url),
+            ),
+            _ => format!("nats {}: {e}", self.url),
+        }
     }
 
     /// Connects if needed and waits up to `wait` for the connection to be up.
@@ -797,7 +850,7 @@ mod tests {
         let cfg = |url: &str| NatsSinkConfig {
             url: url.into(),
             jetstream: true,
-            allow: vec![],
+            ..Default::default()
         };
         assert!(NatsSink::new("bus", &cfg("nats://127.0.0.1:1")).is_ok());
         assert!(NatsSink::new("bus", &cfg("nats://127.0.0.1:1, nats://127.0.0.1:2")).is_ok());
@@ -815,7 +868,7 @@ mod tests {
             &NatsSinkConfig {
                 url: format!("nats://127.0.0.1:{port}").into(),
                 jetstream: true,
-                allow: vec![],
+                ..Default::default()
             },
         )
         .expect("sink");

@@ -37,6 +37,7 @@ fn sink_config(brokers: &str, extra: &[(&str, &str)]) -> KafkaSinkConfig {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        ..Default::default()
     }
 }
 

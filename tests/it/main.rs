@@ -6,6 +6,7 @@ mod amqp;
 mod architecture;
 mod bad_input;
 mod broker_faults;
+mod broker_security;
 mod cli;
 mod cluster;
 mod common;

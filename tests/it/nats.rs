@@ -26,7 +26,7 @@ fn sink(url: &str, jetstream: bool) -> NatsSink {
         &NatsSinkConfig {
             url: url.into(),
             jetstream,
-            allow: vec![],
+            ..Default::default()
         },
     )
     .expect("nats sink from config")

@@ -272,6 +272,59 @@ mod librdkafka_options {
     }
 }
 
+/// The security options of a broker sink: each combination either works or is refused here.
+fn validate_security(name: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
+    let field = |f: &str| format!("sinks.{name}.{f}");
+    let tls = match sink {
+        SinkConfig::Redis(_) => None,
+        SinkConfig::Kafka(k) => {
+            if let Some(sasl) = &k.sasl
+                && sasl.username.is_empty()
+            {
+                return Err(invalid(field("sasl.username"), "must be non-empty"));
+            }
+            k.tls.as_ref()
+        }
+        SinkConfig::Amqp(a) => {
+            if a.tls.is_some() && !a.url.expose().starts_with("amqps://") {
+                return Err(invalid(field("tls"), "needs an amqps:// url"));
+            }
+            a.tls.as_ref()
+        }
+        SinkConfig::Nats(n) => {
+            let methods = [n.user.is_some(), n.token.is_some(), n.creds_file.is_some()];
+            if methods.iter().filter(|&&m| m).count() > 1 {
+                return Err(invalid(
+                    field("user"),
+                    "choose one of user/password, token, creds_file",
+                ));
+            }
+            if n.user.is_some() != n.password.is_some() {
+                return Err(invalid(field("password"), "user and password go together"));
+            }
+            if let Some(creds) = &n.creds_file
+                && !creds.is_file()
+            {
+                return Err(invalid(
+                    field("creds_file"),
+                    format!("{} is not a readable file", creds.display()),
+                ));
+            }
+            n.tls.as_ref()
+        }
+    };
+    if let Some(tls) = tls {
+        tls.validate(&field("tls"))?;
+        if tls.insecure_skip_verify && !matches!(sink, SinkConfig::Kafka(_)) {
+            return Err(invalid(
+                field("tls.insecure_skip_verify"),
+                "only the kafka sink offers it",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -531,7 +584,7 @@ pub enum KafkaKey {
     None,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
     /// `bootstrap.servers`.
@@ -542,13 +595,96 @@ pub struct KafkaSinkConfig {
     /// Record key: `id` (default) or `none`.
     #[serde(default)]
     pub key: KafkaKey,
+    /// SASL authentication (`security.protocol` SASL_PLAINTEXT, or SASL_SSL with `tls`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl: Option<KafkaSasl>,
+    /// TLS to the brokers (`security.protocol` SSL, or SASL_SSL with `sasl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
     /// Raw librdkafka options, applied last (e.g. `"linger.ms" = "5"`). Options that hold
     /// secrets (`sasl.password`, `ssl.key.password`, …) are hidden when shown.
     #[serde(default, with = "librdkafka_options")]
     pub librdkafka: BTreeMap<String, String>,
 }
 
+/// `[sinks.<name>.sasl]` of a Kafka sink.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSasl {
+    pub mechanism: SaslMechanism,
+    pub username: String,
+    pub password: Secret,
+}
+
+/// The SASL mechanisms the Kafka sink offers (librdkafka's names).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum SaslMechanism {
+    #[serde(rename = "PLAIN")]
+    Plain,
+    #[serde(rename = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[serde(rename = "SCRAM-SHA-512")]
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+}
+
+/// `tls = { ... }` of a broker sink: which CA to trust (default: the system's roots), and a
+/// client certificate for mutual TLS. Paths, read when the sink connects.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the CA certificate(s) that signed the broker's certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate (with `key_file`): mutual TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// Kafka only: accept any broker certificate (testing only; the connection is then
+    /// encrypted but not authenticated).
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+}
+
+impl TlsConfig {
+    /// The checks every sink shares: cert and key come together, files exist.
+    fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(invalid(
+                format!("{field}.cert_file"),
+                "cert_file and key_file go together (mutual TLS)",
+            ));
+        }
+        for (name, path) in [
+            ("ca_file", &self.ca_file),
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
+        ] {
+            if let Some(path) = path
+                && !path.is_file()
+            {
+                return Err(invalid(
+                    format!("{field}.{name}"),
+                    format!("{} is not a readable file", path.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpSinkConfig {
     /// `amqp://user:pass@host:port/vhost`; put credentials in `ZDELAY_SINKS__<NAME>__URL`.
@@ -556,9 +692,12 @@ pub struct AmqpSinkConfig {
     /// Targets (`exchange/routing-key`) jobs may name as `<sink>/<target>`; globs.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// TLS for an `amqps://` URL: the CA to trust, a client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSinkConfig {
     /// `nats://host:port` (comma-separated for several servers). A secret: it may carry
@@ -571,6 +710,35 @@ pub struct NatsSinkConfig {
     /// Subjects jobs may name as `<sink>/<subject>`; globs.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// User name for user/password authentication (with `password`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+    /// Token authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+    /// A `.creds` file (user JWT + nkey seed): decentralized (operator/JWT) authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creds_file: Option<std::path::PathBuf>,
+    /// TLS: the CA to trust, a client certificate. Setting it requires TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+}
+
+impl NatsSinkConfig {
+    /// Who this sink authenticates as, for "authentication failed for …" messages.
+    pub fn identity(&self) -> String {
+        if let Some(user) = &self.user {
+            format!("user {user}")
+        } else if self.token.is_some() {
+            "token authentication".to_owned()
+        } else if let Some(creds) = &self.creds_file {
+            format!("the user of {}", creds.display())
+        } else {
+            "anonymous user".to_owned()
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -724,7 +892,7 @@ fn parse_error(e: figment::Error) -> ConfigError {
 }
 
 /// Fields that end in `_file` and are paths, not `<field>_file` references.
-const PATH_FIELDS: &[&str] = &["ca_file", "cert_file", "key_file"];
+const PATH_FIELDS: &[&str] = &["ca_file", "cert_file", "key_file", "creds_file"];
 
 /// Replaces each `<field>_file = "<path>"` by `<field>` = the file's content without its
 /// trailing newline: every secret (and any other field) can come from a mounted file, the
@@ -886,6 +1054,7 @@ impl Config {
                 }
                 _ => {}
             }
+            validate_security(name, sink)?;
         }
         let mut names = BTreeSet::new();
         for (i, route) in self.routes.iter().enumerate() {
@@ -983,6 +1152,76 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn broker_security_options_parse_and_bad_combinations_name_the_field() {
+        let ok = from_toml(
+            r#"
+[sinks.k]
+kind = "kafka"
+brokers = "127.0.0.1:9092"
+sasl = { mechanism = "SCRAM-SHA-256", username = "alice", password = 12345 }
+tls = { insecure_skip_verify = true }
+"#,
+        )
+        .expect("valid kafka security");
+        let SinkConfig::Kafka(k) = &ok.sinks["k"] else {
+            panic!("kafka sink")
+        };
+        let sasl = k.sasl.as_ref().expect("sasl");
+        assert_eq!(sasl.mechanism, SaslMechanism::ScramSha256);
+        assert_eq!(sasl.password.expose(), "12345");
+        assert!(
+            !format!("{ok:?}").contains("12345"),
+            "the password is a Secret"
+        );
+
+        let err = |toml: &str| from_toml(toml).expect_err(toml).to_string();
+        let e = err(r#"
+[sinks.k]
+kind = "kafka"
+brokers = "b"
+sasl = { mechanism = "GSSAPI", username = "a", password = "p" }
+"#);
+        assert!(e.contains("GSSAPI") || e.contains("mechanism"), "{e}");
+        let e = err(r#"
+[sinks.r]
+kind = "amqp"
+url = "amqp://127.0.0.1"
+tls = {}
+"#);
+        assert!(e.contains("sinks.r.tls") && e.contains("amqps://"), "{e}");
+        let e = err(r#"
+[sinks.r]
+kind = "amqp"
+url = "amqps://127.0.0.1"
+tls = { ca_file = "/nonexistent/ca.pem" }
+"#);
+        assert!(e.contains("sinks.r.tls.ca_file"), "{e}");
+        let e = err(r#"
+[sinks.r]
+kind = "amqp"
+url = "amqps://127.0.0.1"
+tls = { insecure_skip_verify = true }
+"#);
+        assert!(e.contains("insecure_skip_verify"), "{e}");
+        let e = err(r#"
+[sinks.n]
+kind = "nats"
+url = "nats://127.0.0.1"
+user = "a"
+password = "p"
+token = "t"
+"#);
+        assert!(e.contains("sinks.n.user"), "{e}");
+        let e = err(r#"
+[sinks.n]
+kind = "nats"
+url = "nats://127.0.0.1"
+user = "a"
+"#);
+        assert!(e.contains("sinks.n.password"), "{e}");
+    }
 
     #[test]
     fn defaults_are_valid_and_documented() {
