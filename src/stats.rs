@@ -219,7 +219,11 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
 }
 
 /// The live daemons and what each polls, from the registry and the poller slots.
-async fn instances(con: &mut Conn, keys: &Keys, now_ms: i64) -> redis::RedisResult<Vec<Instance>> {
+pub async fn instances(
+    con: &mut Conn,
+    keys: &Keys,
+    now_ms: i64,
+) -> redis::RedisResult<Vec<Instance>> {
     type Fields = Vec<(String, String)>; // a HGETALL reply
     let (registered, slots): (Fields, Fields) = redis::pipe()
         .hgetall(keys.instances())

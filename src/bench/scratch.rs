@@ -1,6 +1,9 @@
 //! Scratch keys: everything the bench writes, under its own namespace, deleted before and
-//! after. The envelope keys of `--namespace`, the bare layout under `<ns>:bare`, the raw
-//! source `<ns>:raw` (and its dead keys) and the output list `<ns>:out`.
+//! after. The envelope keys of `--namespace` (with the two-phase ones a cluster uses), the
+//! bare layout under `<ns>:bare`, the raw source `<ns>:raw` (and its dead keys), the output
+//! list `<ns>:out`, and the registry the `--daemons` write (`{<ns>}:instances`, `:slots`,
+//! `:instance_sources`, `:sinks`). DEL and EXISTS span slots on a cluster (the client splits
+//! them per node and adds the answers up).
 
 use zdelay_client::keys::{Keys, RawKeys};
 use zdelay_client::store::{self, Conn};
@@ -28,6 +31,7 @@ impl Scratch {
         for s in 0..self.keys.shards() {
             let k = &self.keys;
             out.extend([k.due(s), k.jobs(s), k.inflight(s), k.dead(s), k.reasons(s)]);
+            out.extend([k.scheduled(s), k.ready(s), k.ready_ids(s)]);
             out.extend([self.bare.due(s), self.bare.jobs(s)]);
         }
         out.extend([
@@ -39,12 +43,26 @@ impl Scratch {
         out
     }
 
+    /// The daemons' bookkeeping in the namespace: registry, poller slots, sink states. Not
+    /// data (a stopped daemon's registration lapses by itself); deleted with the schema.
+    pub(super) fn registry_keys(&self) -> Vec<String> {
+        let k = &self.keys;
+        vec![
+            k.instances(),
+            k.poller_slots(),
+            k.instance_sources(),
+            k.sink_states(),
+        ]
+    }
+
     /// Deletes the scratch keys (DEL, not UNLINK), then waits until the server has freed them,
-    /// so `used_memory` is down again when this returns.
+    /// so `used_memory` is down again when this returns. `schema`: the schema hash and the
+    /// daemons' registry too (at the start and the end of a run).
     pub(super) async fn clean(&self, con: &mut Conn, schema: bool) -> redis::RedisResult<()> {
         let mut keys = self.data_keys();
         if schema {
             keys.push(self.keys.schema());
+            keys.extend(self.registry_keys());
         }
         for chunk in keys.chunks(64) {
             let _: () = redis::cmd("DEL").arg(chunk).query_async(con).await?;
@@ -81,6 +99,9 @@ mod tests {
                 "{k}"
             );
         }
-        assert_eq!(s.data_keys().len(), 2 * 7 + 4);
+        assert_eq!(s.data_keys().len(), 2 * 10 + 4);
+        for k in s.registry_keys() {
+            assert!(k.starts_with("{zdelay-bench}:"), "{k}");
+        }
     }
 }
