@@ -3,7 +3,10 @@
 //!
 //! Start-up never dies because Redis is down: it retries with backoff while `/readyz`
 //! says not ready. It does stop on what retrying cannot fix: an admin address that cannot
-//! be bound, or a namespace whose schema does not match this build or config.
+//! be bound, or a namespace whose schema does not match this build or config, or that
+//! `zdelay reshard` is moving to another shard count. A running daemon whose scripts a
+//! shard's layout fence refuses (the namespace was resharded under it) stops the same way,
+//! through the graceful shutdown, and `run` returns the reason.
 //!
 //! Shutdown (`shutdown` cancelled): pollers stop claiming after the script call in hand and
 //! settle the batch in hand, the listener and sampler stop, the sinks flush their client
@@ -22,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use zdelay_client::config::{Config, redact_url};
 use zdelay_client::keys::Keys;
-use zdelay_client::store::{self, Conn, scripts};
+use zdelay_client::store::{self, Conn, Layout, StoreError, scripts};
 
 /// How long each sink may take to flush its client-side queue at exit.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,7 +53,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let sinks = sinks::build_all(&config)?;
     refuse_unsupported_brokers(&sinks).await?;
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
-    store::ensure_schema(&mut con, &keys).await?;
+    store::ensure_schema(&mut con, &keys)
+        .await
+        .map_err(|e| match e {
+            StoreError::Resharding { from, to, .. } => anyhow::anyhow!(poller::refusal_message(
+                keys.namespace(),
+                keys.shards(),
+                Layout::Migrating { from, to }
+            )),
+            other => other.into(),
+        })?;
     scripts::load_all(&mut con).await?;
     health.redis_ok.store(true, Ordering::Relaxed);
 
@@ -118,7 +130,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         "zdelay running"
     );
 
-    shutdown.cancelled().await;
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = ctx.refused.cancelled() => shutdown.cancel(),
+    }
     health.pollers_running.store(false, Ordering::Relaxed);
     tracing::info!(grace = ?config.poller.shutdown_grace, "shutting down: finishing batches in hand");
     let stopped = async {
@@ -137,7 +152,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     sinks::flush_all(&sinks, FLUSH_TIMEOUT).await;
     admin.abort();
     tracing::info!("stopped");
-    Ok(())
+    match ctx.refusal() {
+        Some(why) => Err(anyhow::anyhow!(why)),
+        None => Ok(()),
+    }
 }
 
 /// Checks every sink once, together: a broker that answers with a version older than its

@@ -19,4 +19,6 @@ pub use zdelay_client::{
     Cancelled, Client, ClientError, Config, DeadJob, DeadMember, Due, Enqueued, Envelope, JobState,
     JobView, NewJob, OnConflict, Replayed, Routes,
 };
-pub use zdelay_client::{client, config, dead, envelope, job, keys, routes, store};
+pub use zdelay_client::{
+    client, config, dead, envelope, job, keys, reshard, routes, schedule, schedules, store,
+};

@@ -28,6 +28,7 @@ pub const FENCED: &str = "zdelay_fenced_settles_total";
 pub const LEASES_EXPIRED: &str = "zdelay_leases_expired_total";
 pub const SINK_WAITING: &str = "zdelay_sink_waiting";
 pub const SINK_OLDEST_WAITING: &str = "zdelay_sink_oldest_waiting_seconds";
+pub const OCCURRENCES: &str = "zdelay_schedule_occurrences_total";
 
 /// Lateness buckets in ms: from 1 ms to 5 minutes. The move scripts count jobs per bucket.
 pub const LATENESS_BOUNDS_MS: &[u64] = &[
@@ -118,6 +119,11 @@ fn describe() {
     describe_gauge!(
         SINK_OLDEST_WAITING,
         "How long the oldest job waiting for a two-phase sink has been due, by sink."
+    );
+    describe_counter!(
+        OCCURRENCES,
+        "Occurrences of recurring schedules, by outcome: fired (turned into a job), expired \
+         (past max_lateness), skipped (misfire policy)."
     );
 }
 

@@ -218,14 +218,16 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
     })
 }
 
+/// A HASH read whole, as field-value pairs.
+type Pairs = Vec<(String, String)>;
+
 /// The live daemons and what each polls, from the registry and the poller slots.
 pub async fn instances(
     con: &mut Conn,
     keys: &Keys,
     now_ms: i64,
 ) -> redis::RedisResult<Vec<Instance>> {
-    type Fields = Vec<(String, String)>; // a HGETALL reply
-    let (registered, slots): (Fields, Fields) = redis::pipe()
+    let (registered, slots): (Pairs, Pairs) = redis::pipe()
         .hgetall(keys.instances())
         .hgetall(keys.poller_slots())
         .query_async(con)

@@ -15,6 +15,9 @@ pub enum Mode {
     Memory,
     /// Every mode above.
     All,
+    /// Recurring schedules whose occurrence falls on one moment: fired/s and lateness (not
+    /// part of `all`; see --schedules).
+    Schedules,
 }
 
 /// Options of `zdelay bench`.
@@ -39,6 +42,9 @@ pub struct BenchArgs {
     /// How long each steady rate runs.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
+    /// Schedules mode: schedule counts, each run in turn.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![10_000u64, 100_000])]
+    pub schedules: Vec<u64>,
     /// Jobs due at the same millisecond in same-ms mode.
     #[arg(long, default_value_t = 300_000)]
     pub same_ms_jobs: u64,

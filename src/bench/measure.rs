@@ -92,6 +92,9 @@ pub(super) async fn total_size(
 pub(super) struct Node {
     /// `host:port` (on one Redis: its URL without password).
     pub(super) addr: String,
+    /// A master that serves slots. A node flagged master without slots serves no jobs: an
+    /// empty master, or a replica whose new role has not reached this node by gossip yet
+    /// (right after `redis-cli --cluster create`).
     pub(super) master: bool,
 }
 
@@ -103,6 +106,8 @@ pub(super) fn parse_cluster_nodes(text: &str) -> Vec<Node> {
         .filter_map(|line| {
             let mut fields = line.split_whitespace();
             let (_id, addr, flags) = (fields.next()?, fields.next()?, fields.next()?);
+            // master id, ping sent, pong received, config epoch, link state, then slots.
+            let serves_slots = fields.nth(5).is_some();
             let flags: Vec<&str> = flags.split(',').collect();
             if flags
                 .iter()
@@ -114,7 +119,7 @@ pub(super) fn parse_cluster_nodes(text: &str) -> Vec<Node> {
             let addr = addr.split(['@', ',']).next()?.to_owned();
             Some(Node {
                 addr,
-                master: flags.contains(&"master"),
+                master: flags.contains(&"master") && serves_slots,
             })
         })
         .collect();
@@ -206,6 +211,7 @@ mod tests {
 292f 127.0.0.1:30003@40003,node-c.example master - 0 1426238318243 3 connected 10923-16383
 6ec2 127.0.0.1:30005@40005 slave,fail 67ed 1426238316232 1426238316232 5 disconnected
 e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460
+a9b0 127.0.0.1:30006@40006 master - 0 1426238316232 0 connected
 ";
         let nodes = parse_cluster_nodes(text);
         let addrs: Vec<(&str, bool)> = nodes.iter().map(|n| (n.addr.as_str(), n.master)).collect();
@@ -216,6 +222,7 @@ e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460
                 ("127.0.0.1:30002", true),
                 ("127.0.0.1:30003", true),
                 ("127.0.0.1:30004", false),
+                ("127.0.0.1:30006", false),
             ]
         );
         assert!(parse_cluster_nodes("").is_empty());

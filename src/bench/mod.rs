@@ -45,6 +45,7 @@ mod memory;
 mod report;
 mod route;
 mod same_ms;
+mod schedules;
 mod scratch;
 mod steady;
 mod tally;
@@ -177,6 +178,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         same_ms: None,
         memory: None,
         daemons: None,
+        schedules: Vec::new(),
     };
     let mut env = Env {
         con,
@@ -255,6 +257,11 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     }
     if all || env.args.mode == Mode::Memory {
         report.memory = Some(memory::memory(env).await?);
+    }
+    if env.args.mode == Mode::Schedules {
+        for n in env.args.schedules.clone() {
+            report.schedules.push(schedules::schedules(env, n).await?);
+        }
     }
     Ok(())
 }

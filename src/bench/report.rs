@@ -17,6 +17,25 @@ pub(super) struct Report {
     pub(super) memory: Option<Memory>,
     /// `--daemons N`: drain and steady through N `zdelay run` processes.
     pub(super) daemons: Option<Fleet>,
+    pub(super) schedules: Vec<ScheduleFiring>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct ScheduleFiring {
+    pub(super) schedules: u64,
+    /// Creating them through `Client::schedule_set` (not timed below).
+    pub(super) load_s: f64,
+    /// T minus Redis TIME when the pollers started.
+    pub(super) margin_ms: i64,
+    /// Redis TIME at the start of the first move of an occurrence, minus T.
+    pub(super) first_delivery_after_t_ms: f64,
+    /// When the pollers saw the last occurrence delivered, minus T.
+    pub(super) all_delivered_after_t_ms: f64,
+    /// Occurrences delivered per second while firing.
+    pub(super) per_sec: f64,
+    pub(super) redis_cpu_s_per_million: f64,
+    /// Delivery minus occurrence time, from the move scripts' buckets.
+    pub(super) lateness: Lateness,
 }
 
 #[derive(Debug, Serialize)]
@@ -441,6 +460,36 @@ pub(super) fn render(r: &Report) -> String {
                 d.dead
             );
         }
+    }
+    for x in &r.schedules {
+        let _ = writeln!(
+            s,
+            "\nschedules ({} hourly schedules whose occurrence falls on one moment T; loaded in \
+             {:.1} s)",
+            x.schedules, x.load_s
+        );
+        let _ = writeln!(
+            s,
+            "  first delivered at T+{:.1} ms, all {} by T+{:.1} ms: {:.0} occurrences/s, {:.2} \
+             Redis cpu s/M, margin {} ms",
+            x.first_delivery_after_t_ms,
+            x.schedules,
+            x.all_delivered_after_t_ms,
+            x.per_sec,
+            x.redis_cpu_s_per_million,
+            x.margin_ms
+        );
+        let l = &x.lateness;
+        let ms = |v: Option<i64>| v.map_or("-".to_owned(), |v| v.to_string());
+        let _ = writeln!(
+            s,
+            "  lateness p50 {} / p90 {} / p99 {} / p99.9 {} / max {} ms",
+            ms(l.p50_ms),
+            ms(l.p90_ms),
+            ms(l.p99_ms),
+            ms(l.p999_ms),
+            ms(l.max_ms)
+        );
     }
     if let Some(x) = &r.same_ms {
         let _ = writeln!(s, "\nsame-ms ({} envelope jobs due at one ms T)", x.jobs);

@@ -32,6 +32,13 @@ impl Scratch {
             let k = &self.keys;
             out.extend([k.due(s), k.jobs(s), k.inflight(s), k.dead(s), k.reasons(s)]);
             out.extend([k.scheduled(s), k.ready(s), k.ready_ids(s)]);
+            let shard = k.shard(s);
+            out.extend([
+                shard.schedules,
+                shard.sched_env,
+                shard.sched_due,
+                shard.max_lateness,
+            ]);
             out.extend([self.bare.due(s), self.bare.jobs(s)]);
         }
         out.extend([
@@ -63,6 +70,8 @@ impl Scratch {
         if schema {
             keys.push(self.keys.schema());
             keys.extend(self.registry_keys());
+            // A reshard of the scratch namespace would have left layout markers.
+            keys.extend((0..self.keys.shards()).map(|s| self.keys.layout(s)));
         }
         for chunk in keys.chunks(64) {
             let _: () = redis::cmd("DEL").arg(chunk).query_async(con).await?;
@@ -99,7 +108,12 @@ mod tests {
                 "{k}"
             );
         }
-        assert_eq!(s.data_keys().len(), 2 * 10 + 4);
+        let keys = s.data_keys();
+        let unique: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(unique.len(), keys.len(), "a key listed twice");
+        // Per shard: five job keys, three two-phase keys, four schedule and lateness keys,
+        // two bare keys.
+        assert_eq!(keys.len(), 2 * 14 + 4);
         for k in s.registry_keys() {
             assert!(k.starts_with("{zdelay-bench}:"), "{k}");
         }

@@ -39,11 +39,16 @@ pub struct EnqueueArgs {
     /// sinks; default poller.max_attempts).
     #[arg(long)]
     max_attempts: Option<u32>,
+    /// Stale after this: a job not delivered within this of its due time goes to dead
+    /// (reason expired) instead.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_lateness: Option<Duration>,
     /// When the id exists: replace it, keep the existing job, or fail.
     #[arg(long, value_enum, default_value_t = Conflict::Replace)]
     on_conflict: Conflict,
     /// Read jobs from FILE ("-" = stdin), one JSON object a line:
-    /// {"dest","payload","payload_encoding","at"|"in","id","headers","max_attempts"}.
+    /// {"dest","payload","payload_encoding","at"|"in","id","headers","max_attempts",
+    /// "max_lateness"}.
     /// Prints one id per input line, in order.
     #[arg(long, conflicts_with_all = ["dest", "payload", "payload_file", "id"])]
     batch: Option<String>,
@@ -70,7 +75,7 @@ impl From<Conflict> for OnConflict {
     }
 }
 
-fn parse_header(s: &str) -> Result<(String, String), String> {
+pub(super) fn parse_header(s: &str) -> Result<(String, String), String> {
     let (k, v) = s.split_once('=').ok_or("expected K=V")?;
     if k.is_empty() {
         return Err("empty header name".into());
@@ -103,6 +108,7 @@ pub async fn run(client: &Client, args: EnqueueArgs) -> anyhow::Result<i32> {
     job.id = args.id;
     job.headers = args.headers.into_iter().collect();
     job.max_attempts = args.max_attempts;
+    job.max_lateness = args.max_lateness;
     let (id, outcome) = client.enqueue(job, policy).await?;
     println!("{id}");
     if outcome == Enqueued::Kept {
@@ -129,6 +135,8 @@ struct BatchLine {
     headers: BTreeMap<String, String>,
     #[serde(default)]
     max_attempts: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    max_lateness: Option<Duration>,
 }
 
 fn parse_line(line: &str) -> Result<NewJob, String> {
@@ -144,6 +152,7 @@ fn parse_line(line: &str) -> Result<NewJob, String> {
     job.id = l.id;
     job.headers = l.headers;
     job.max_attempts = l.max_attempts;
+    job.max_lateness = l.max_lateness;
     Ok(job)
 }
 

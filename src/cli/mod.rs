@@ -8,6 +8,8 @@ mod batch;
 mod dead;
 mod enqueue;
 mod render;
+mod reshard;
+mod schedule;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -79,11 +81,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Recurring schedules: set (create or update), list, get, pause, resume, delete, and
+    /// preview the next occurrences of a cron expression or interval.
+    Schedule {
+        #[command(subcommand)]
+        action: schedule::ScheduleAction,
+    },
     /// Dead jobs: list them with their reason, replay them, or purge them.
     Dead {
         #[command(subcommand)]
         action: dead::DeadAction,
     },
+    /// Move the namespace's jobs to another shard count, without loss or duplicates.
+    ///
+    /// Stop every daemon first: it refuses while any is registered (and names them). While it
+    /// runs, the namespace is frozen: producers and CLI commands get a retryable error, and
+    /// daemons cannot start. It copies each job into its new shard before deleting the old
+    /// copy, so a crash loses nothing: run the same command again and it finishes. At the end
+    /// it checks the job counts are unchanged. Then set redis.shards = N in every config and
+    /// start the daemons; producers still connected follow the new layout on their own.
+    /// Without --yes it shows what it would do and asks.
+    Reshard(reshard::ReshardArgs),
     /// Measure throughput and lateness against a Redis (use a scratch Redis or namespace).
     Bench(zdelay::bench::BenchArgs),
     /// Load and validate the config, then print the effective config as JSON (secrets as
@@ -185,6 +203,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             zdelay::bench::run(config, args).await?;
             Ok(0)
         }
+        Command::Schedule {
+            action: schedule::ScheduleAction::Preview(args),
+        } => schedule::preview(args),
+        // Not through `client()`: the namespace may be frozen, or resharded already.
+        Command::Reshard(args) => reshard::run(&config, args).await,
         command => {
             let client = client(&config).await?;
             operate(&client, &config, &origin, command)
@@ -292,7 +315,10 @@ async fn operate(
             Ok(0)
         }
         Command::Dead { action } => dead::run(client, config, action).await,
-        Command::Run | Command::CheckConfig | Command::Bench(_) => unreachable!("handled above"),
+        Command::Schedule { action } => schedule::run(client, action).await,
+        Command::Run | Command::CheckConfig | Command::Bench(_) | Command::Reshard(_) => {
+            unreachable!("handled above")
+        }
     }
 }
 

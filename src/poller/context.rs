@@ -6,11 +6,12 @@ use crate::sinks::SinkHandle;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 use zdelay_client::config::{Config, Push, ScoreUnit, SourceConfig};
 use zdelay_client::keys::{Keys, RawKeys};
 use zdelay_client::routes::{Destination, Resolved, Routes};
 use zdelay_client::store::scripts::MoveReply;
-use zdelay_client::store::{self, Conn};
+use zdelay_client::store::{self, Conn, Layout};
 
 /// How the mover takes due jobs.
 #[derive(Debug, Clone)]
@@ -166,6 +167,11 @@ pub struct PollerContext {
     pub sink_order: Vec<Option<Arc<SinkHandle>>>,
     pub mover: MoverSettings,
     pub delivery: DeliveryPolicy,
+    /// Cancelled when a shard's layout fence refused this daemon's shard count: the
+    /// namespace was resharded, or is being resharded. Its pollers stop, and so does the
+    /// daemon ([`PollerContext::refusal`] says why): polling on would misroute.
+    pub refused: CancellationToken,
+    refused_with: std::sync::OnceLock<Layout>,
 }
 
 impl PollerContext {
@@ -194,6 +200,8 @@ impl PollerContext {
             sink_order,
             mover: MoverSettings::from_config(config),
             delivery: DeliveryPolicy::from_config(config),
+            refused: CancellationToken::new(),
+            refused_with: std::sync::OnceLock::new(),
         }
     }
 
@@ -248,6 +256,32 @@ impl PollerContext {
         }
     }
 
+    /// Whether `e` is a layout fence's refusal; if so, records it and cancels `refused`
+    /// (the caller stops its loop).
+    pub fn is_refusal(&self, e: &redis::RedisError) -> bool {
+        let Some(layout) = Layout::of_error(e) else {
+            return false;
+        };
+        if self.refused_with.set(layout).is_ok() {
+            tracing::error!(
+                "{}",
+                refusal_message(self.keys.namespace(), self.keys.shards(), layout)
+            );
+        }
+        self.refused.cancel();
+        true
+    }
+
+    /// Why the pollers stopped, when a layout fence refused them.
+    pub fn refusal(&self) -> Option<String> {
+        let layout = *self.refused_with.get()?;
+        Some(refusal_message(
+            self.keys.namespace(),
+            self.keys.shards(),
+            layout,
+        ))
+    }
+
     /// The target with this identity, if it exists here.
     pub fn target(&self, id: &TargetId) -> Option<Target> {
         match id {
@@ -270,5 +304,20 @@ impl PollerContext {
                     .map(|s| TargetId::Source(s.keys.source.clone())),
             )
             .collect()
+    }
+}
+
+/// What a daemon set up with `shards` shards says when `layout` is what the namespace has.
+pub fn refusal_message(namespace: &str, shards: u16, layout: Layout) -> String {
+    match layout {
+        Layout::Migrating { from, to } => format!(
+            "namespace {namespace} is being resharded from {from} to {to} shards (zdelay \
+             reshard), so its shards refuse this daemon: start daemons again with \
+             redis.shards = {to} once the reshard has finished"
+        ),
+        Layout::Shards(n) => format!(
+            "namespace {namespace} has been resharded to {n} shards and redis.shards says \
+             {shards}: set redis.shards = {n} and start the daemon again"
+        ),
     }
 }

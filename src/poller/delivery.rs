@@ -47,6 +47,8 @@ enum DeadKind {
     Rejected,
     /// It failed `max_attempts` times.
     GaveUp,
+    /// It could not go out within its `max_lateness`.
+    Expired,
 }
 
 impl DeadKind {
@@ -55,6 +57,7 @@ impl DeadKind {
             DeadKind::Undeliverable => "undeliverable",
             DeadKind::Rejected => "rejected",
             DeadKind::GaveUp => "gave_up",
+            DeadKind::Expired => "expired",
         }
     }
 }
@@ -118,16 +121,16 @@ pub async fn deliver(
     // Per sink: the jobs, and their messages in the same order.
     let mut by_sink: BTreeMap<String, (Vec<Pending>, Vec<Message>)> = BTreeMap::new();
     for job in &claim.jobs {
-        match prepare(ctx, job) {
+        match prepare(ctx, job, redis_now_ms()) {
             Ok((p, message)) => {
                 let group = by_sink.entry(p.sink.name.clone()).or_default();
                 group.0.push(p);
                 group.1.push(message);
             }
-            Err(reason) => settles.push((
+            Err((kind, reason)) => settles.push((
                 &job.id,
                 Settle::Dead {
-                    kind: DeadKind::Undeliverable,
+                    kind,
                     reason,
                     envelope: Vec::new(),
                 },
@@ -363,35 +366,63 @@ fn outcome_label(outcome: &Outcome) -> &'static str {
     }
 }
 
-/// Decodes and resolves a claimed job, or says why it can only go to dead.
-fn prepare<'a>(ctx: &PollerContext, job: &'a Claimed) -> Result<(Pending<'a>, Message), String> {
+/// Decodes and resolves a claimed job, or says why it can only go to dead. `now_ms`: Redis
+/// time, for the job's `max_lateness`.
+fn prepare<'a>(
+    ctx: &PollerContext,
+    job: &'a Claimed,
+    now_ms: i64,
+) -> Result<(Pending<'a>, Message), (DeadKind, String)> {
+    let undeliverable = |why: String| (DeadKind::Undeliverable, why);
     if job.envelope.is_empty() {
-        return Err("no envelope stored for this id".to_owned());
+        return Err(undeliverable("no envelope stored for this id".to_owned()));
     }
-    let mut envelope = Envelope::decode(&job.envelope).map_err(|e| e.to_string())?;
+    let mut envelope = Envelope::decode(&job.envelope).map_err(|e| undeliverable(e.to_string()))?;
+    if let Some(limit) = envelope.meta.max_lateness_ms
+        && now_ms - job.due_ms > limit as i64
+    {
+        return Err((
+            DeadKind::Expired,
+            format!(
+                "expired: {} ms after its due time, max_lateness {limit} ms",
+                now_ms - job.due_ms
+            ),
+        ));
+    }
     let dest = match ctx
         .routes
         .resolve(&envelope.dest)
-        .map_err(|e| e.to_string())?
+        .map_err(|e| undeliverable(e.to_string()))?
     {
         Resolved::TwoPhase(dest) => dest,
         // The route table changed between the claim and now (a config reload): no sink.
-        Resolved::Local(_) => return Err(format!("unknown destination: {}", envelope.dest)),
+        Resolved::Local(_) => {
+            return Err(undeliverable(format!(
+                "unknown destination: {}",
+                envelope.dest
+            )));
+        }
     };
     let sink = ctx
         .sinks
         .get(&dest.sink)
         .cloned()
-        .ok_or_else(|| format!("unknown destination: {}", envelope.dest))?;
+        .ok_or_else(|| undeliverable(format!("unknown destination: {}", envelope.dest)))?;
     if envelope.payload.len() > ctx.delivery.max_payload {
-        return Err(format!(
+        return Err(undeliverable(format!(
             "payload of {} bytes exceeds max_payload {}",
             envelope.payload.len(),
             ctx.delivery.max_payload
-        ));
+        )));
     }
     let message = Message {
-        id: job.id.clone(),
+        // An occurrence of a schedule is known to consumers by the schedule's id: its
+        // idempotency key is `<schedule>:<occurrence due>`.
+        id: envelope
+            .meta
+            .schedule
+            .clone()
+            .unwrap_or_else(|| job.id.clone()),
         due_ms: job.due_ms,
         target: dest.target,
         payload: std::mem::take(&mut envelope.payload),

@@ -23,7 +23,7 @@ mod wake;
 
 pub use context::{
     BatchObserver, DeliveryPolicy, ENVELOPE_SOURCE, MoverSettings, PollerContext, RawDelivery,
-    RawSource, Sinks, Target, TargetId,
+    RawSource, Sinks, Target, TargetId, refusal_message,
 };
 pub use delivery::retry_delay;
 pub use mover::{move_once, sleep_after};

@@ -12,13 +12,16 @@
 //!
 //! Errors never end the loop: they are logged, counted, and retried with capped backoff.
 
-use super::context::{BatchObserver, PollerContext, RawDelivery, Target};
-use crate::metrics::{self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LEASES_EXPIRED, SCRIPT_DURATION};
+use super::context::{BatchObserver, PollerContext, RawDelivery, Target, TargetId};
+use crate::metrics::{
+    self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LEASES_EXPIRED, OCCURRENCES, SCRIPT_DURATION,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use zdelay_client::config::ScoreUnit;
+use zdelay_client::schedules::{self, ScheduleCache};
 use zdelay_client::store::scripts::{
     self, DUE_DEAD_KINDS, MoveDue, MoveRaw, MoveReply, RAW_DEAD_KINDS,
 };
@@ -64,20 +67,54 @@ pub async fn move_once(
     }
 }
 
-/// How long to sleep after a batch that was not full: until the head is due, at most
-/// `idle`. Both times come from Redis, so local clock skew does not matter.
+/// How long to sleep after a batch that was not full: until the head (or the shard's next
+/// schedule occurrence) is due, at most `idle`. Both times come from Redis, so local clock
+/// skew does not matter.
 pub fn sleep_after(reply: &MoveReply, unit: ScoreUnit, idle: Duration) -> Duration {
-    match reply.next_due {
-        None => idle,
-        Some(score) => {
-            let wait_us = unit.to_ms(score) * 1000.0 - reply.now_us as f64;
-            if wait_us <= 0.0 {
-                Duration::ZERO
-            } else {
-                Duration::from_micros(wait_us.ceil() as u64).min(idle)
-            }
+    let until = |ms: f64| {
+        let wait_us = ms * 1000.0 - reply.now_us as f64;
+        if wait_us <= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_micros(wait_us.ceil() as u64)
         }
+    };
+    let head = reply.next_due.map(|score| until(unit.to_ms(score)));
+    let schedule = reply.next_schedule_ms.map(|ms| until(ms as f64));
+    [head, schedule]
+        .into_iter()
+        .flatten()
+        .fold(idle, Duration::min)
+}
+
+/// Fires the shard's due schedules; whether any occurrence became a job (to move at once).
+async fn fire_schedules(
+    ctx: &PollerContext,
+    shard: u16,
+    cache: &mut ScheduleCache,
+    label: &str,
+) -> redis::RedisResult<bool> {
+    let mut con = ctx.con_for(&TargetId::Shard(shard));
+    let report = schedules::fire_due(&mut con, &ctx.keys.shard(shard), None, cache).await?;
+    let fired = report.fired;
+    if fired.created > 0 {
+        ::metrics::counter!(OCCURRENCES, "outcome" => "fired").increment(fired.created);
     }
+    if fired.expired > 0 {
+        ::metrics::counter!(OCCURRENCES, "outcome" => "expired").increment(fired.expired);
+    }
+    if report.unreadable > 0 {
+        metrics::error_event(
+            "schedule",
+            label,
+            &format!(
+                "{} schedules with an unreadable definition taken off the timeline (see \
+                 `zdelay schedule list`)",
+                report.unreadable
+            ),
+        );
+    }
+    Ok(fired.created > 0 || report.due >= schedules::FIRE_BATCH)
 }
 
 /// Capped exponential backoff for errors.
@@ -118,6 +155,7 @@ pub async fn run(
         Target::Source(_) => "move_raw",
     };
     let mut backoff = Backoff::new();
+    let mut schedule_cache = ScheduleCache::default();
     tracing::debug!(source = %label, ?target, "poller started");
     while !stop.is_cancelled() {
         let started = Instant::now();
@@ -132,6 +170,25 @@ pub async fn run(
                 for (queued, publisher) in reply.queued.iter().zip(&publishers) {
                     if let (true, Some(publisher)) = (*queued > 0, publisher) {
                         publisher.notify_one();
+                    }
+                }
+                if let (Target::Shard(shard), Some(at)) = (&target, reply.next_schedule_ms)
+                    && at * 1000 <= reply.now_us
+                {
+                    match fire_schedules(&ctx, *shard, &mut schedule_cache, &label).await {
+                        // New jobs are due now: move them without waiting.
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(e) if ctx.is_refusal(&e) => break,
+                        Err(e) => {
+                            metrics::error_event("redis", &label, &e);
+                            let delay = backoff.step();
+                            tokio::select! {
+                                _ = tokio::time::sleep(delay) => {}
+                                _ = stop.cancelled() => {}
+                            }
+                            continue;
+                        }
                     }
                 }
                 if reply.kept > 0 {
@@ -151,6 +208,7 @@ pub async fn run(
                     sleep_after(&reply, target.unit(), ctx.mover.idle_poll)
                 }
             }
+            Err(e) if ctx.is_refusal(&e) => break,
             Err(e) => {
                 metrics::error_event("redis", &label, &e);
                 backoff.step()

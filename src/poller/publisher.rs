@@ -69,6 +69,10 @@ pub async fn run(
             Ok(claim) => {
                 backoff.reset();
                 if let Err(e) = delivery::deliver(&ctx, shard, &sink, &claim, claimed_at).await {
+                    if ctx.is_refusal(&e) {
+                        // The batch stays in flight; its lease lapses wherever it lands.
+                        break;
+                    }
                     metrics::error_event("redis", &label, &e);
                 }
                 if claim.jobs.len() >= policy.batch {
@@ -78,6 +82,7 @@ pub async fn run(
                     IDLE_CLAIM
                 }
             }
+            Err(e) if ctx.is_refusal(&e) => break,
             Err(e) => {
                 metrics::error_event("redis", &label, &e);
                 backoff.step()

@@ -183,12 +183,62 @@ route = "m"
     });
     ok(&["dead", "purge", "--all"]);
     ok(&["dead", "purge", "--source", "raw:l"]);
+    // Schedules: set, fire a few occurrences, pause, resume, delete; a job with a lateness limit.
+    ok(&[
+        "schedule",
+        "set",
+        "tick",
+        "--dest",
+        "l",
+        "--every",
+        "200ms",
+        "--payload",
+        "t",
+    ]);
+    ok(&[
+        "enqueue",
+        "--dest",
+        "l",
+        "--max-lateness",
+        "5s",
+        "--payload",
+        "limited",
+    ]);
+    wait_for("occurrences fired", Duration::from_secs(20), || {
+        crate::common::llen(&mut con, "q:l") >= 6
+    });
+    ok(&["schedule", "pause", "tick"]);
+    ok(&["schedule", "resume", "tick"]);
+    ok(&["schedule", "delete", "tick"]);
+    ok(&[
+        "schedule",
+        "set",
+        "later",
+        "--dest",
+        "l",
+        "--every",
+        "1h",
+        "--payload",
+        "t",
+    ]);
+    ok(&[
+        "enqueue",
+        "--dest",
+        "l",
+        "--in",
+        "1h",
+        "--max-lateness",
+        "5s",
+        "--payload",
+        "x",
+    ]);
     ok(&["stats"]);
-    drop(daemon);
-    // The graceful stop runs release_slots.
-    let mut stopping = Daemon::start(&config);
-    stopping.signal(libc::SIGTERM);
-    stopping.wait_exit(Duration::from_secs(10));
+    // A graceful stop (release_slots), then a reshard, which moves jobs and schedules and
+    // needs no daemon running.
+    let mut daemon = daemon;
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_exit(Duration::from_secs(10));
+    ok(&["reshard", "--to", "8", "--yes"]);
     let _ = monitor.kill();
     let _ = monitor.wait();
 

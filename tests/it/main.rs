@@ -17,7 +17,9 @@ mod keys_declared;
 mod nats;
 mod producer;
 mod raw_sinks;
+mod reshard;
 mod scale;
+mod schedules;
 mod seeds;
 mod two_phase;
 

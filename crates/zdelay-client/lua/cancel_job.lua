@@ -6,11 +6,24 @@
 -- KEYS[4] scheduled HASH  {zdelay:3}:scheduled
 -- KEYS[5] ready     ZSET  {zdelay:3}:ready
 -- KEYS[6] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- ARGV[1] job id
+-- KEYS[7] max_lateness HASH {zdelay:3}:max_lateness
+-- KEYS[8] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
+--                                                "migrating <from> <to>" (no marker: never resharded)
+-- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+-- ARGV[2] job id
 -- Returns: 1 cancelled; 0 not pending (already delivered, dead, or never enqueued);
 --   -1 in flight (claimed by a two-phase sink; it is being delivered)
 -- Re-run safety: yes; a second run returns 0.
-local id = ARGV[1]
+-- Layout fence: refuse a shard its caller computed with another shard count.
+local layout = redis.call('GET', KEYS[8])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
+local id = ARGV[2]
 local pending = redis.call('ZREM', KEYS[1], id) == 1
 if not pending then
   local member = redis.call('HGET', KEYS[6], id)
@@ -23,6 +36,7 @@ end
 if pending then
   redis.call('HDEL', KEYS[2], id)
   redis.call('HDEL', KEYS[4], id)
+  redis.call('HDEL', KEYS[7], id)
   return 1
 end
 if redis.call('ZSCORE', KEYS[3], id) then return -1 end

@@ -6,13 +6,26 @@
 -- KEYS[3] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due ms (kept across redeliveries)
 -- KEYS[4] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
 -- KEYS[5] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- ARGV[1] sink name; ARGV[2] batch size, at most 1000; ARGV[3] lease in ms
+-- KEYS[6] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
+--                                                "migrating <from> <to>" (no marker: never resharded)
+-- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+-- ARGV[2] sink name; ARGV[3] batch size, at most 1000; ARGV[4] lease in ms
 -- Returns: { now_us, lease deadline ms, C, then C triples: id, scheduled due ms (the first due
 --   it was scheduled for: stable across retries, releases and lease expiry), envelope ("" when
 --   none is stored) }, in the ready set's order (due, then id).
 -- Re-run safety: yes; a second run claims the next jobs (the first run's claims stay leased).
+
+-- Layout fence: refuse a shard its caller computed with another shard count.
+local layout = redis.call('GET', KEYS[6])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
 local jobs_key, inflight_key, scheduled_key, ready_key, ready_ids_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local sink, batch, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local sink, batch, lease_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local deadline = math.floor(now_us / 1000) + lease_ms

@@ -24,7 +24,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', instances_key, me, string.format('%d %d', now + ttl, now))
 local my_sources = {}
 for i = 5, #ARGV do my_sources[#my_sources + 1] = ARGV[i] end
-redis.call('HSET', sources_key, me, table.concat(my_sources, '\n'))
+if #my_sources > 0 then
+  redis.call('HSET', sources_key, me, table.concat(my_sources, '\n'))
+else
+  redis.call('HDEL', sources_key, me)
+end
 
 -- Live instances, in id order; forget lapsed ones.
 local live = {}

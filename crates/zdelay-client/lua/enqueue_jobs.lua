@@ -7,15 +7,31 @@
 -- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due of a two-phase job
 -- KEYS[7] ready     ZSET  {zdelay:3}:ready      two-phase jobs waiting for their sink
 -- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- ARGV[1] policy for an id that exists: "replace" | "keep" | "error"
--- ARGV[2] wake channel (zdelay:wake); ARGV[3] shard number, sent in the wake message
--- ARGV[4..] triples: id, due, envelope. due is epoch ms, or "+N" for N ms after Redis TIME.
+-- KEYS[9] max_lateness HASH {zdelay:3}:max_lateness id -> ms after its due beyond which the job
+--                                               is not delivered (dead, "expired")
+-- KEYS[10] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
+--                                                "migrating <from> <to>" (no marker: never resharded)
+-- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+-- ARGV[2] policy for an id that exists: "replace" | "keep" | "error"
+-- ARGV[3] wake channel (zdelay:wake); ARGV[4] shard number, sent in the wake message
+-- ARGV[5..] quadruples: id, due, envelope, max lateness in ms ("" = none). due is epoch ms, or
+--   "+N" for N ms after Redis TIME.
 -- Returns: one integer per job, in order: 1 added, 2 replaced, 0 kept (existing left as is),
 --   -1 exists (policy "error"; nothing written for that job).
 -- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
+
+-- Layout fence: refuse a shard its caller computed with another shard count.
+local layout = redis.call('GET', KEYS[10])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
-local policy = ARGV[1]
+local scheduled_key, ready_key, ready_ids_key, max_lateness_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local policy = ARGV[2]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -23,8 +39,8 @@ local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local head_score = head[2] and tonumber(head[2]) or nil
 local earliest = nil
 local out = {}
-for i = 4, #ARGV, 3 do
-  local id, due_arg, envelope = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+for i = 5, #ARGV, 4 do
+  local id, due_arg, envelope, max_lateness = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local due
   if string.sub(due_arg, 1, 1) == '+' then
     due = now_ms + tonumber(string.sub(due_arg, 2))
@@ -53,11 +69,16 @@ for i = 4, #ARGV, 3 do
     end
     redis.call('HSET', jobs_key, id, envelope)
     redis.call('ZADD', due_key, due, id)
+    if max_lateness ~= '' then
+      redis.call('HSET', max_lateness_key, id, max_lateness)
+    elseif exists then
+      redis.call('HDEL', max_lateness_key, id)
+    end
     if earliest == nil or due < earliest then earliest = due end
     out[#out + 1] = exists and 2 or 1
   end
 end
 if earliest ~= nil and (head_score == nil or earliest < head_score) then
-  redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. string.format('%d', earliest))
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', earliest))
 end
 return out

@@ -16,11 +16,19 @@
 --                                               0, member = "<sink>\n<due, 16 digits>\n<id>" (lex
 --                                               order = sink, then due, then id)
 -- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- KEYS[9..] the list keys of the local routes (route target, or target .. delayed_suffix)
--- ARGV[1] batch size, at most 1000
--- ARGV[2] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
--- ARGV[3] largest payload in bytes (local routes); a larger one goes to dead
--- ARGV[4] R, the number of local routes; then R triples: route name, KEYS index of its list,
+-- KEYS[9] max_lateness HASH {zdelay:3}:max_lateness id -> ms after its due beyond which the job
+--                                               goes to dead ("expired") instead of out
+-- KEYS[10] sched_due ZSET {zdelay:3}:sched_due  schedule id -> its next occurrence (only its
+--                                               head is read, for the reply)
+-- KEYS[11] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
+--                                                "migrating <from> <to>" (no marker: never resharded)
+-- KEYS[12..] the list keys of the local routes (route target, or target .. delayed_suffix)
+-- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+-- ARGV[2] batch size, at most 1000
+-- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
+-- ARGV[4] largest payload in bytes (local routes); a larger one goes to dead
+-- ARGV[5] R, the number of local routes; then R triples: route name, KEYS index of its list,
 --   "LPUSH"|"RPUSH"
 -- then T, the number of two-phase routes; then T pairs: route name, sink name
 -- then S, the number of two-phase sinks (jobs may also name them as "<sink>/<target>");
@@ -29,29 +37,41 @@
 -- Returns: { taken, now_us, next_due ("" when the shard is empty), max_lateness_ms,
 --   kept (jobs left due because their push failed, e.g. OOM), first push error ("" if none),
 --   moved per local route (R integers, in ARGV order),
---   dead per kind (5 integers: malformed, unknown_destination, wrong_type, oversize, missing),
+--   dead per kind (6 integers: malformed, unknown_destination, wrong_type, oversize, missing,
+--   expired),
 --   jobs per lateness bucket (B + 1 integers; the last is over the largest bound),
 --   leases expired and returned to due,
---   S, then jobs queued for each two-phase sink (S integers, in ARGV order) }
+--   S, then jobs queued for each two-phase sink (S integers, in ARGV order),
+--   the next occurrence of the shard's schedules ("" when none) }
 -- taken = moved + dead + queued; a full batch means "call again now".
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
+
+-- Layout fence: refuse a shard its caller computed with another shard count.
+local layout = redis.call('GET', KEYS[11])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
-local batch = tonumber(ARGV[1])
+local max_lateness_key, sched_due_key = KEYS[9], KEYS[10]
+local batch = tonumber(ARGV[2])
 local now_us
-if ARGV[2] ~= '' then
-  now_us = tonumber(ARGV[2]) * 1000
+if ARGV[3] ~= '' then
+  now_us = tonumber(ARGV[3]) * 1000
 else
   local t = redis.call('TIME')
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local now_ms = math.floor(now_us / 1000)
-local max_payload = tonumber(ARGV[3])
+local max_payload = tonumber(ARGV[4])
 
-local route_count = tonumber(ARGV[4])
+local route_count = tonumber(ARGV[5])
 local routes = {}
 local moved = {}
-local pos = 5
+local pos = 6
 for r = 1, route_count do
   routes[ARGV[pos]] = { key = KEYS[tonumber(ARGV[pos + 1])], cmd = ARGV[pos + 2], index = r }
   moved[r] = 0
@@ -78,8 +98,8 @@ for b = 1, bound_count do bounds[b] = tonumber(ARGV[pos + b]) end
 local buckets = {}
 for b = 1, bound_count + 1 do buckets[b] = 0 end
 
-local DEAD_MALFORMED, DEAD_UNKNOWN, DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING = 1, 2, 3, 4, 5
-local dead_counts = { 0, 0, 0, 0, 0 }
+local DEAD_MALFORMED, DEAD_UNKNOWN, DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING, DEAD_EXPIRED = 1, 2, 3, 4, 5, 6
+local dead_counts = { 0, 0, 0, 0, 0, 0 }
 
 local B64_INDEX = nil
 -- Only JSON envelopes with payload_encoding "base64" reach this; zd1 frames carry raw bytes.
@@ -194,9 +214,11 @@ end
 -- batch (or a failed push) goes through the general path below, which re-reads the scores.
 local envelopes
 local fast_done = false
+-- Jobs with a max lateness are checked one by one, on the general path.
+local bounded = n > 0 and redis.call('EXISTS', max_lateness_key) == 1
 if n > 0 then
   envelopes = redis.call('HMGET', jobs_key, unpack(ids))
-  local fast_route, fast, prefix, plen = nil, true, nil, 0
+  local fast_route, fast, prefix, plen = nil, not bounded, nil, 0
   local payloads = {}
   for i = 1, n do
     local v = envelopes[i]
@@ -250,9 +272,15 @@ if n > 0 and not fast_done then
     dead_reasons[#dead_reasons + 1] = reason
     dead_kinds[#dead_kinds + 1] = kind
   end
+  local limits = bounded and redis.call('HMGET', max_lateness_key, unpack(ids)) or {}
   for i = 1, n do
     local id = ids[i]
     local dest, payload, reason, kind = parse(envelopes[i])
+    local limit = limits[i] and tonumber(limits[i])
+    local late = now_ms - tonumber(items[2 * i])
+    if dest and limit and late > limit then
+      dest, reason, kind = nil, 'expired: ' .. late .. ' ms after its due time, max_lateness ' .. limit .. ' ms', DEAD_EXPIRED
+    end
     local sink = nil
     if dest and not routes[dest] then
       sink = remote_routes[dest]
@@ -292,7 +320,6 @@ if n > 0 and not fast_done then
           p.payloads[#p.payloads + 1] = payload
           p.ids[#p.ids + 1] = id
           p.routes[#p.routes + 1] = route.index
-          local late = now_ms - tonumber(items[2 * i])
           if late > max_lateness then max_lateness = late end
           -- Scores ascend, so the bucket is found by walking from the previous job's.
           while b > 1 and late <= bounds[b - 1] do b = b - 1 end
@@ -342,6 +369,12 @@ if n > 0 and not fast_done then
     redis.call('ZADD', ready_key, unpack(zargs))
     redis.call('HSET', ready_ids_key, unpack(hargs))
   end
+  if bounded then
+    -- The limit applies until the job leaves due (a two-phase job's is checked at publish).
+    for _, done in ipairs({ delivered, dead_ids, ready_ids }) do
+      if #done > 0 then redis.call('HDEL', max_lateness_key, unpack(done)) end
+    end
+  end
   if #delivered > 0 and redis.call('HLEN', scheduled_key) > 0 then
     -- A job released earlier may now go to a local route (config changed): forget it.
     redis.call('HDEL', scheduled_key, unpack(delivered))
@@ -362,9 +395,11 @@ if head[2] then next_due = head[2] end
 
 local out = { n, now_us, next_due, max_lateness, kept, kept_error }
 for r = 1, route_count do out[#out + 1] = moved[r] end
-for k = 1, 5 do out[#out + 1] = dead_counts[k] end
+for k = 1, 6 do out[#out + 1] = dead_counts[k] end
 for b = 1, bound_count + 1 do out[#out + 1] = buckets[b] end
 out[#out + 1] = #expired
 out[#out + 1] = sink_count
 for s = 1, sink_count do out[#out + 1] = queued[s] end
+local sched_head = redis.call('ZRANGE', sched_due_key, 0, 0, 'WITHSCORES')
+out[#out + 1] = sched_head[2] or ''
 return out

@@ -16,7 +16,7 @@
 -- sources (such as 0) mean "due now".
 -- Returns: { taken, now_us, next_due ("" when empty; in the source's unit), max_lateness_ms,
 --   kept (left due because the push failed), first push error ("" if none),
---   moved, dead per kind (5 integers: implausible_score, wrong_type, oversize, 0, 0),
+--   moved, dead per kind (6 integers: implausible_score, wrong_type, oversize, 0, 0, 0),
 --   jobs per lateness bucket (B + 1 integers) }
 -- Re-run safety: yes.
 local src, list, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -38,7 +38,7 @@ for b = 1, bound_count do bounds[b] = tonumber(ARGV[6 + b]) end
 for b = 1, bound_count + 1 do buckets[b] = 0 end
 local max_lateness = 0
 local DEAD_IMPLAUSIBLE, DEAD_WRONGTYPE, DEAD_OVERSIZE = 1, 2, 3
-local dead_counts = { 0, 0, 0, 0, 0 }
+local dead_counts = { 0, 0, 0, 0, 0, 0 }
 local zdead, hdead = {}, {}
 local function to_dead(member, reason, kind)
   zdead[#zdead + 1] = now_ms
@@ -156,6 +156,6 @@ local head = redis.call('ZRANGE', src, 0, 0, 'WITHSCORES')
 local next_due = head[2] or ''
 
 local out = { n + #implausible, now_us, next_due, max_lateness, kept, kept_error, moved }
-for k = 1, 5 do out[#out + 1] = dead_counts[k] end
+for k = 1, 6 do out[#out + 1] = dead_counts[k] end
 for b = 1, bound_count + 1 do out[#out + 1] = buckets[b] end
 return out

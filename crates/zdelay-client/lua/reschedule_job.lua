@@ -4,12 +4,25 @@
 -- KEYS[2] scheduled  HASH  {zdelay:3}:scheduled  (a new schedule forgets the old one)
 -- KEYS[3] ready      ZSET  {zdelay:3}:ready
 -- KEYS[4] ready_ids  HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- ARGV[1] job id
--- ARGV[2] new due: epoch ms, or "+N" for N ms after Redis TIME
--- ARGV[3] wake channel (zdelay:wake); ARGV[4] shard number
+-- KEYS[5] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
+--                                                "migrating <from> <to>" (no marker: never resharded)
+-- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+-- ARGV[2] job id
+-- ARGV[3] new due: epoch ms, or "+N" for N ms after Redis TIME
+-- ARGV[4] wake channel (zdelay:wake); ARGV[5] shard number
 -- Returns: the new due ms, or -1 when the job is not pending (delivered, dead, in flight, unknown)
 -- Re-run safety: yes (absolute times); a relative time is measured again from the re-run.
-local id = ARGV[1]
+
+-- Layout fence: refuse a shard its caller computed with another shard count.
+local layout = redis.call('GET', KEYS[5])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
+local id = ARGV[2]
 if not redis.call('ZSCORE', KEYS[1], id) then
   local member = redis.call('HGET', KEYS[4], id)
   if not member then return -1 end
@@ -17,16 +30,16 @@ if not redis.call('ZSCORE', KEYS[1], id) then
   redis.call('HDEL', KEYS[4], id)
 end
 local due
-if string.sub(ARGV[2], 1, 1) == '+' then
+if string.sub(ARGV[3], 1, 1) == '+' then
   local t = redis.call('TIME')
-  due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(string.sub(ARGV[2], 2))
+  due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(string.sub(ARGV[3], 2))
 else
-  due = tonumber(ARGV[2])
+  due = tonumber(ARGV[3])
 end
 redis.call('ZADD', KEYS[1], due, id)
 redis.call('HDEL', KEYS[2], id)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)
 if head[1] == id then
-  redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', due))
+  redis.call('PUBLISH', ARGV[4], ARGV[5] .. ' ' .. string.format('%d', due))
 end
 return due

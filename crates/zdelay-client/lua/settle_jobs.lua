@@ -10,9 +10,13 @@
 -- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due (kept across retries)
 -- KEYS[7] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
 -- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- ARGV[1] lease deadline ms the jobs were claimed with (the fencing token)
--- ARGV[2] wake channel; ARGV[3] shard number; ARGV[4] the sink's name
--- ARGV[5..] quadruples: op, id, a, b
+-- KEYS[9] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
+--                                                "migrating <from> <to>" (no marker: never resharded)
+-- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+-- ARGV[2] lease deadline ms the jobs were claimed with (the fencing token)
+-- ARGV[3] wake channel; ARGV[4] shard number; ARGV[5] the sink's name
+-- ARGV[6..] quadruples: op, id, a, b
 --   "ack"     delivered: the job is removed                              (a, b unused)
 --   "retry"   back to due at a (ms); b = envelope with attempt and last_error updated
 --             (retry and release keep the scheduled due in KEYS[6], so the idempotency key holds)
@@ -21,15 +25,24 @@
 --   "dead"    a = reason; b = envelope to keep ("" keeps the stored one)
 -- Returns: { settled, fenced } where fenced counts jobs whose lease was no longer ours.
 -- Re-run safety: yes; after a first run the fence no longer matches, so nothing repeats.
+
+-- Layout fence: refuse a shard its caller computed with another shard count.
+local layout = redis.call('GET', KEYS[9])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
-local deadline = tonumber(ARGV[1])
-local sink = ARGV[4]
+local deadline = tonumber(ARGV[2])
+local sink = ARGV[5]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local settled, fenced = 0, 0
 local earliest = nil
-for i = 5, #ARGV, 4 do
+for i = 6, #ARGV, 4 do
   local op, id, a, b = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local score = redis.call('ZSCORE', inflight_key, id)
   if score and tonumber(score) == deadline then
@@ -60,7 +73,7 @@ end
 if earliest ~= nil then
   local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
   if head[2] and tonumber(head[2]) >= earliest then
-    redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. string.format('%d', earliest))
+    redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', earliest))
   end
 end
 return { settled, fenced }

@@ -4,16 +4,23 @@
 //! a policy for an id that exists; batch enqueue pipelines one `enqueue_jobs` call per shard
 //! chunk; cancel, reschedule and get by id are O(log N) in the job's own shard. Dead-letter
 //! listing, replay and purge live in `dead`, for the CLI and for operators' own tools.
+//!
+//! The shard count is read at connect and checked on every write: each script refuses a shard
+//! computed with a count the namespace no longer has (its layout fence). Refused because the
+//! namespace was resharded, the client reads `<ns>:schema` again and retries once with the new
+//! count; refused because a reshard is running, the call fails with
+//! [`StoreError::Resharding`] ([`ClientError::is_retryable`]), having written nothing.
 
 use crate::config::RedisConfig;
 use crate::envelope::{Envelope, EnvelopeError, validate_dest};
 pub use crate::job::{Cancelled, Due, Enqueued, JobState, OnConflict};
-use crate::keys::Keys;
+use crate::keys::{Keys, LAYOUT_VERSION};
 use crate::routes::{Refused, Routes};
 use crate::store::scripts::{self, EnqueueCall, EnqueueItem};
-use crate::store::{self, Conn, StoreError};
+use crate::store::{self, Conn, Layout, StoreError};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 /// Jobs per `enqueue_jobs` call: small enough to keep one script call short.
@@ -38,6 +45,12 @@ pub enum ClientError {
     Oversize { size: usize, max: usize },
     #[error("invalid job id {0:?}: it must be non-empty, at most 256 bytes")]
     BadId(String),
+    #[error("invalid schedule id {id:?}: {why}")]
+    BadScheduleId { id: String, why: String },
+    #[error(transparent)]
+    Schedule(#[from] crate::schedule::ScheduleError),
+    #[error("schedule {0} kept changing while it was being updated; try again")]
+    Contended(String),
 }
 
 impl From<redis::RedisError> for ClientError {
@@ -52,12 +65,41 @@ impl ClientError {
         match self {
             ClientError::Store(StoreError::Schema(_)) => "schema",
             ClientError::Store(StoreError::Unsupported(_)) => "unsupported",
+            ClientError::Store(StoreError::Resharding { .. }) => "resharding",
+            ClientError::Store(StoreError::Resharded { .. }) => "resharded",
             ClientError::Store(_) => "redis",
             ClientError::Envelope(_) => "envelope",
             ClientError::Exists(_) => "exists",
             ClientError::UnknownDestination { .. } => "unknown_destination",
             ClientError::Oversize { .. } => "oversize",
             ClientError::BadId(_) => "bad_id",
+            ClientError::BadScheduleId { .. } => "bad_schedule_id",
+            ClientError::Schedule(_) => "invalid_schedule",
+            ClientError::Contended(_) => "contended",
+        }
+    }
+
+    /// Whether the same call may succeed later unchanged: a reshard is running (nothing was
+    /// written).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ClientError::Store(e) if e.is_retryable())
+    }
+
+    /// The layout a shard's marker refused the call with (the namespace was resharded, or is
+    /// being resharded).
+    fn refused_by(&self) -> Option<Layout> {
+        match self {
+            ClientError::Store(StoreError::Redis(e)) => Layout::of_error(e),
+            ClientError::Store(StoreError::Resharded { shards, .. }) => {
+                Some(Layout::Shards(*shards))
+            }
+            ClientError::Store(StoreError::Resharding { from, to, .. }) => {
+                Some(Layout::Migrating {
+                    from: *from,
+                    to: *to,
+                })
+            }
+            _ => None,
         }
     }
 }
@@ -71,6 +113,8 @@ pub struct NewJob {
     pub due: Due,
     pub headers: BTreeMap<String, String>,
     pub max_attempts: Option<u32>,
+    /// Delivered no later than this after its due time, else dead with reason `expired`.
+    pub max_lateness: Option<Duration>,
 }
 
 impl NewJob {
@@ -83,6 +127,7 @@ impl NewJob {
             due: Due::In(Duration::ZERO),
             headers: BTreeMap::new(),
             max_attempts: None,
+            max_lateness: None,
         }
     }
     pub fn at(mut self, epoch_ms: i64) -> Self {
@@ -103,6 +148,13 @@ impl NewJob {
     }
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = Some(n);
+        self
+    }
+    /// Stale after this: a job that cannot be delivered within `limit` of its due time goes
+    /// to dead (`expired`) instead (local routes: checked when it is moved; two-phase sinks:
+    /// when it is published).
+    pub fn max_lateness(mut self, limit: Duration) -> Self {
+        self.max_lateness = Some(limit);
         self
     }
 }
@@ -160,11 +212,12 @@ impl JobView {
     }
 }
 
-/// Handle for producers and operators. Cheap to clone.
+/// Handle for producers and operators. Cheap to clone; clones share the key layout, so one
+/// that learns of a reshard teaches the others.
 #[derive(Clone)]
 pub struct Client {
     pub(crate) con: Conn,
-    pub(crate) keys: Keys,
+    layout: Arc<RwLock<Keys>>,
     routes: Option<Arc<Routes>>,
     max_payload: Option<usize>,
     ids: Arc<IdGenerator>,
@@ -180,7 +233,7 @@ impl Client {
         scripts::load_all(&mut con).await?;
         Ok(Client {
             con,
-            keys,
+            layout: Arc::new(RwLock::new(keys)),
             routes: None,
             max_payload: None,
             ids: Arc::new(IdGenerator::default()),
@@ -215,8 +268,83 @@ impl Client {
         self
     }
 
-    pub fn keys(&self) -> &Keys {
-        &self.keys
+    /// The key layout in use: the namespace and the shard count last read from it.
+    pub fn keys(&self) -> Keys {
+        self.layout.read().expect("layout lock").clone()
+    }
+
+    /// Reads the namespace's shard count from `<ns>:schema` again and uses it from now on.
+    /// Fails while a reshard runs ([`StoreError::Resharding`]).
+    pub async fn refresh_layout(&self) -> Result<Keys, ClientError> {
+        let current = self.keys();
+        let schema = store::read_schema(&mut self.con.clone(), &current).await?;
+        if let Some((from, to)) = schema.migrating {
+            return Err(Layout::Migrating { from, to }.error(&current).into());
+        }
+        let key = current.schema();
+        if schema.layout.as_deref() != Some(&LAYOUT_VERSION.to_string()) {
+            return Err(StoreError::Schema(format!(
+                "{key} says layout {}; this build knows layout {LAYOUT_VERSION} only",
+                schema.layout.unwrap_or_default()
+            ))
+            .into());
+        }
+        let shards = schema
+            .shards
+            .ok_or_else(|| StoreError::Schema(format!("{key} has no shard count")))?;
+        let keys = Keys::new(current.namespace(), shards);
+        *self.layout.write().expect("layout lock") = keys.clone();
+        Ok(keys)
+    }
+
+    /// Runs `op` with the current layout. Refused by a layout fence because the namespace
+    /// was resharded, it reads the layout again and runs `op` once more; refused because a
+    /// reshard is running, it fails with [`StoreError::Resharding`]. `op` must be safe to
+    /// run again after a refusal (a refused script wrote nothing).
+    pub(crate) async fn fenced<T, F, Fut>(&self, op: F) -> Result<T, ClientError>
+    where
+        F: Fn(Keys) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let keys = self.keys();
+        let refused = match op(keys.clone()).await {
+            Err(e) => match e.refused_by() {
+                Some(layout) => layout,
+                None => return Err(e),
+            },
+            ok => return ok,
+        };
+        if let Layout::Migrating { .. } = refused {
+            return Err(refused.error(&keys).into());
+        }
+        let keys = self.refresh_layout().await?;
+        match op(keys.clone()).await {
+            Err(e) => match e.refused_by() {
+                Some(layout) => Err(layout.error(&keys).into()),
+                None => Err(e),
+            },
+            ok => ok,
+        }
+    }
+
+    /// Fails with the layout error when shard 0's marker says the namespace no longer has
+    /// `keys.shards()` shards (for reads, which no script fences). Every shard below an old
+    /// count carries a marker once the namespace moved away from it.
+    pub(crate) async fn check_layout(&self, keys: &Keys) -> Result<(), ClientError> {
+        let marker: Option<String> = redis::cmd("GET")
+            .arg(keys.layout(0))
+            .query_async(&mut self.con.clone())
+            .await?;
+        match marker.as_deref().map(Layout::parse) {
+            Some(Some(Layout::Shards(n))) if n == keys.shards() => Ok(()),
+            Some(Some(layout)) => Err(layout.error(keys).into()),
+            Some(None) => Err(StoreError::Schema(format!(
+                "{} holds {marker:?}, not a layout marker",
+                keys.layout(0)
+            ))
+            .into()),
+            None => Ok(()),
+        }
     }
 
     /// A clone of the connection, for plain commands.
@@ -242,8 +370,9 @@ impl Client {
     }
 
     /// Enqueues many jobs; one result per job, in input order. Jobs that fail validation
-    /// fail alone; a Redis error fails the whole call (some chunks may have been written:
-    /// re-running with the same ids and `Replace` is safe).
+    /// fail alone, and so do jobs refused while a reshard runs ([`StoreError::Resharding`]:
+    /// not written, retry them later). A Redis error fails the whole call (some chunks may
+    /// have been written: re-running with the same ids and `Replace` is safe).
     pub async fn enqueue_batch(
         &self,
         jobs: Vec<NewJob>,
@@ -251,36 +380,75 @@ impl Client {
     ) -> Result<Vec<Result<(String, Enqueued), ClientError>>, ClientError> {
         let mut results: Vec<Option<Result<(String, Enqueued), ClientError>>> =
             (0..jobs.len()).map(|_| None).collect();
-        // Per shard: the jobs and their input positions.
-        let mut by_shard: BTreeMap<u16, (Vec<EnqueueItem>, Vec<usize>)> = BTreeMap::new();
+        // The jobs to write, with their input positions.
+        let mut pending: Vec<(usize, EnqueueItem)> = Vec::new();
         for (i, job) in jobs.into_iter().enumerate() {
             match self.prepare(job) {
-                Ok(item) => {
-                    let entry = by_shard.entry(self.keys.shard_of(&item.id)).or_default();
-                    entry.0.push(item);
-                    entry.1.push(i);
-                }
+                Ok(item) => pending.push((i, item)),
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
-        let mut calls = Vec::new();
-        let mut positions = Vec::new();
-        for (shard, (items, index)) in &by_shard {
-            for (chunk, index) in items.chunks(ENQUEUE_CHUNK).zip(index.chunks(ENQUEUE_CHUNK)) {
-                calls.push(EnqueueCall {
-                    keys: self.keys.shard(*shard),
-                    items: chunk,
-                });
-                positions.push(index);
+        let mut keys = self.keys();
+        let mut refreshed = false;
+        while !pending.is_empty() {
+            // Per shard: the jobs and their input positions.
+            let mut by_shard: BTreeMap<u16, (Vec<EnqueueItem>, Vec<usize>)> = BTreeMap::new();
+            for (i, item) in pending.drain(..) {
+                let entry = by_shard.entry(keys.shard_of(&item.id)).or_default();
+                entry.0.push(item);
+                entry.1.push(i);
             }
-        }
-        let answers = scripts::enqueue_jobs(&mut self.con.clone(), policy, &calls).await?;
-        for ((call, index), answers) in calls.iter().zip(positions).zip(answers) {
-            for ((item, &i), answer) in call.items.iter().zip(index).zip(answers) {
-                results[i] = Some(match answer {
-                    Some(done) => Ok((item.id.clone(), done)),
-                    None => Err(ClientError::Exists(item.id.clone())),
-                });
+            let mut calls = Vec::new();
+            let mut positions = Vec::new();
+            for (shard, (items, index)) in &by_shard {
+                for (chunk, index) in items.chunks(ENQUEUE_CHUNK).zip(index.chunks(ENQUEUE_CHUNK)) {
+                    calls.push(EnqueueCall {
+                        keys: keys.shard(*shard),
+                        items: chunk,
+                    });
+                    positions.push(index);
+                }
+            }
+            let answers = scripts::enqueue_jobs(&mut self.con.clone(), policy, &calls).await?;
+            for ((call, index), answer) in calls.iter().zip(positions).zip(answers) {
+                let codes = match answer {
+                    Ok(codes) => codes,
+                    Err(e) => match Layout::of_error(&e) {
+                        // Resharded since this client read the layout: again with the new one.
+                        Some(Layout::Shards(_)) if !refreshed => {
+                            pending.extend(index.iter().copied().zip(call.items.iter().cloned()));
+                            continue;
+                        }
+                        Some(layout) => {
+                            for &i in index {
+                                results[i] = Some(Err(layout.error(&keys).into()));
+                            }
+                            continue;
+                        }
+                        None => return Err(e.into()),
+                    },
+                };
+                for ((item, &i), answer) in call.items.iter().zip(index).zip(codes) {
+                    results[i] = Some(match answer {
+                        Some(done) => Ok((item.id.clone(), done)),
+                        None => Err(ClientError::Exists(item.id.clone())),
+                    });
+                }
+            }
+            if !pending.is_empty() {
+                refreshed = true;
+                match self.refresh_layout().await {
+                    Ok(new) => keys = new,
+                    Err(e) => match e.refused_by() {
+                        // A reshard started meanwhile: these jobs were not written.
+                        Some(layout) => {
+                            for (i, _) in pending.drain(..) {
+                                results[i] = Some(Err(layout.error(&keys).into()));
+                            }
+                        }
+                        None => return Err(e),
+                    },
+                }
             }
         }
         Ok(results
@@ -289,10 +457,15 @@ impl Client {
             .collect())
     }
 
-    fn prepare(&self, job: NewJob) -> Result<EnqueueItem, ClientError> {
-        validate_dest(&job.dest)?;
+    /// Checks a destination (against the routes when known) and a payload's size.
+    pub(crate) fn check_dest_and_payload(
+        &self,
+        dest: &str,
+        payload: &[u8],
+    ) -> Result<(), ClientError> {
+        validate_dest(dest)?;
         if let Some(routes) = &self.routes
-            && let Err(refused) = routes.resolve(&job.dest)
+            && let Err(refused) = routes.resolve(dest)
         {
             let detail = match refused {
                 Refused::NotAdmitted { sink, allow, .. } => {
@@ -301,19 +474,24 @@ impl Client {
                 Refused::Unknown { .. } => String::new(),
             };
             return Err(ClientError::UnknownDestination {
-                dest: job.dest,
+                dest: dest.to_owned(),
                 detail,
                 known: routes.names_list().join(", "),
             });
         }
         if let Some(max) = self.max_payload
-            && job.payload.len() > max
+            && payload.len() > max
         {
             return Err(ClientError::Oversize {
-                size: job.payload.len(),
+                size: payload.len(),
                 max,
             });
         }
+        Ok(())
+    }
+
+    fn prepare(&self, job: NewJob) -> Result<EnqueueItem, ClientError> {
+        self.check_dest_and_payload(&job.dest, &job.payload)?;
         let id = match job.id {
             Some(id) if id.is_empty() || id.len() > 256 => return Err(ClientError::BadId(id)),
             Some(id) => id,
@@ -322,30 +500,48 @@ impl Client {
         let mut env = Envelope::new(job.dest, job.payload);
         env.meta.headers = job.headers;
         env.meta.max_attempts = job.max_attempts;
+        let max_lateness_ms = job.max_lateness.map(|d| d.as_millis() as u64);
+        env.meta.max_lateness_ms = max_lateness_ms;
         Ok(EnqueueItem {
             id,
             due: job.due,
             envelope: env.encode()?,
+            max_lateness_ms,
         })
     }
 
     /// Cancels a pending job.
     pub async fn cancel(&self, id: &str) -> Result<Cancelled, ClientError> {
-        let keys = self.keys.shard(self.keys.shard_of(id));
-        Ok(scripts::cancel_job(&mut self.con.clone(), &keys, id).await?)
+        self.fenced(|keys| async move {
+            let keys = keys.shard(keys.shard_of(id));
+            Ok(scripts::cancel_job(&mut self.con.clone(), &keys, id).await?)
+        })
+        .await
     }
 
     /// Moves a pending job to a new due time; `None` when it is not pending.
     pub async fn reschedule(&self, id: &str, due: Due) -> Result<Option<i64>, ClientError> {
-        let keys = self.keys.shard(self.keys.shard_of(id));
-        Ok(scripts::reschedule_job(&mut self.con.clone(), &keys, id, due).await?)
+        self.fenced(|keys| async move {
+            let keys = keys.shard(keys.shard_of(id));
+            Ok(scripts::reschedule_job(&mut self.con.clone(), &keys, id, due).await?)
+        })
+        .await
     }
 
     /// Looks a job up by id in its shard; `None` when it is not stored (delivered,
     /// cancelled, purged, or never enqueued).
     pub async fn get(&self, id: &str) -> Result<Option<JobView>, ClientError> {
-        let shard = self.keys.shard_of(id);
-        let keys = self.keys.shard(shard);
+        self.fenced(|keys| self.get_in(keys, id)).await
+    }
+
+    pub(crate) async fn get_in(
+        &self,
+        keys: Keys,
+        id: &str,
+    ) -> Result<Option<JobView>, ClientError> {
+        let shard = keys.shard_of(id);
+        let layout = keys.clone();
+        let keys = keys.shard(shard);
         type Reply = (
             (i64, i64),
             Option<f64>,
@@ -354,17 +550,21 @@ impl Client {
             Option<f64>,
             Option<Vec<u8>>,
             Option<String>,
+            Option<String>,
         );
-        let ((secs, micros), due, ready, inflight, dead, raw, reason): Reply = redis::pipe()
-            .cmd("TIME")
-            .zscore(&keys.due, id)
-            .hget(&keys.ready_ids, id)
-            .zscore(&keys.inflight, id)
-            .zscore(&keys.dead, id)
-            .hget(&keys.jobs, id)
-            .hget(&keys.reasons, id)
-            .query_async(&mut self.con.clone())
-            .await?;
+        let ((secs, micros), due, ready, inflight, dead, raw, reason, marker): Reply =
+            redis::pipe()
+                .cmd("TIME")
+                .zscore(&keys.due, id)
+                .hget(&keys.ready_ids, id)
+                .zscore(&keys.inflight, id)
+                .zscore(&keys.dead, id)
+                .hget(&keys.jobs, id)
+                .hget(&keys.reasons, id)
+                .get(&keys.layout)
+                .query_async(&mut self.con.clone())
+                .await?;
+        read_fence(marker, &layout, &keys.layout)?;
         let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
         // A job waiting in the ready set: "<sink>\n<due>\n<id>".
         let waiting = ready.as_deref().and_then(|m| {
@@ -413,6 +613,21 @@ impl IdGenerator {
             }
             std::thread::yield_now();
         }
+    }
+}
+
+/// The layout fence, for a read: a shard of another layout may not hold what is asked for.
+/// `marker` is the shard's layout marker (`marker_key`), read with the data.
+pub(crate) fn read_fence(
+    marker: Option<String>,
+    layout: &Keys,
+    marker_key: &str,
+) -> Result<(), ClientError> {
+    match marker.as_deref().map(Layout::parse) {
+        Some(Some(Layout::Shards(n))) if n == layout.shards() => Ok(()),
+        Some(Some(other)) => Err(other.error(layout).into()),
+        Some(None) => Err(StoreError::Schema(format!("{marker_key} holds {marker:?}")).into()),
+        None => Ok(()),
     }
 }
 

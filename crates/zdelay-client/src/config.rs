@@ -139,6 +139,10 @@ impl Default for Config {
 /// Name of the sink that is always there: the scheduling Redis itself.
 pub const LOCAL_SINK: &str = "local";
 
+/// The most envelope shards a namespace may have (`redis.shards`, `zdelay reshard --to`): one
+/// per Redis Cluster slot.
+pub const MAX_SHARDS: u16 = 16384;
+
 /// `[redis]`: where jobs are scheduled.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -154,7 +158,8 @@ pub struct RedisConfig {
     pub password: Option<Secret>,
     /// Prefix of every key. Default `zdelay`. Must not contain `{` or `}`.
     pub namespace: String,
-    /// Number of envelope shards. Default 16. Fixed once jobs exist (stored in `<ns>:schema`).
+    /// Number of envelope shards. Default 16. Must match `<ns>:schema` once jobs exist; changed
+    /// with `zdelay reshard --to N`.
     pub shards: u16,
 }
 
@@ -508,7 +513,7 @@ impl Config {
                 "must be non-empty and contain no { or }",
             ));
         }
-        if r.shards == 0 || r.shards > 16384 {
+        if r.shards == 0 || r.shards > MAX_SHARDS {
             return Err(invalid("redis.shards", "must be 1..=16384"));
         }
         for (i, node) in r.cluster_nodes.iter().enumerate() {

@@ -5,6 +5,7 @@
 
 use crate::client::{Client, ClientError};
 use crate::config::{ScoreUnit, SourceConfig};
+use crate::keys::Keys;
 use crate::store::scripts::{self, Replayed};
 use crate::store::{self, Conn};
 use std::collections::BTreeMap;
@@ -32,10 +33,15 @@ pub struct DeadMember {
 impl Client {
     /// The oldest dead jobs, at most `limit` per shard.
     pub async fn dead_list(&self, limit: usize) -> Result<Vec<DeadJob>, ClientError> {
+        self.fenced(|keys| self.dead_list_in(keys, limit)).await
+    }
+
+    async fn dead_list_in(&self, layout: Keys, limit: usize) -> Result<Vec<DeadJob>, ClientError> {
+        self.check_layout(&layout).await?;
         let mut con = self.con.clone();
         let mut out = Vec::new();
-        for shard in 0..self.keys.shards() {
-            let keys = self.keys.shard(shard);
+        for shard in 0..layout.shards() {
+            let keys = layout.shard(shard);
             let entries = oldest_dead(&mut con, &keys.dead, &keys.reasons, limit).await?;
             out.extend(entries.into_iter().map(|d| DeadJob {
                 id: String::from_utf8_lossy(&d.member).into_owned(),
@@ -50,10 +56,14 @@ impl Client {
     /// Makes dead jobs due now: the given ids, or, when `ids` is empty, every job that was
     /// dead when the call started.
     pub async fn dead_replay(&self, ids: &[String]) -> Result<Replayed, ClientError> {
+        self.fenced(|keys| self.dead_replay_in(keys, ids)).await
+    }
+
+    async fn dead_replay_in(&self, layout: Keys, ids: &[String]) -> Result<Replayed, ClientError> {
         let mut con = self.con.clone();
         let mut total = Replayed::default();
-        for (shard, ids) in self.dead_ids_by_shard(ids).await? {
-            let keys = self.keys.shard(shard);
+        for (shard, ids) in self.dead_ids_by_shard(&layout, ids).await? {
+            let keys = layout.shard(shard);
             for chunk in ids.chunks(DEAD_CHUNK) {
                 let r = scripts::replay_dead(&mut con, &keys, chunk).await?;
                 total.replayed += r.replayed;
@@ -65,10 +75,14 @@ impl Client {
 
     /// Deletes dead jobs: the given ids, or every job that was dead when the call started.
     pub async fn dead_purge(&self, ids: &[String]) -> Result<u64, ClientError> {
+        self.fenced(|keys| self.dead_purge_in(keys, ids)).await
+    }
+
+    async fn dead_purge_in(&self, layout: Keys, ids: &[String]) -> Result<u64, ClientError> {
         let mut con = self.con.clone();
         let mut total = 0;
-        for (shard, ids) in self.dead_ids_by_shard(ids).await? {
-            let keys = self.keys.shard(shard);
+        for (shard, ids) in self.dead_ids_by_shard(&layout, ids).await? {
+            let keys = layout.shard(shard);
             for chunk in ids.chunks(DEAD_CHUNK) {
                 total += scripts::purge_dead(&mut con, &keys, chunk).await?;
             }
@@ -79,14 +93,16 @@ impl Client {
     /// The given ids grouped by shard, or every id dead before now when `ids` is empty.
     async fn dead_ids_by_shard(
         &self,
+        layout: &Keys,
         ids: &[String],
     ) -> Result<BTreeMap<u16, Vec<String>>, ClientError> {
         let mut by_shard: BTreeMap<u16, Vec<String>> = BTreeMap::new();
         if ids.is_empty() {
+            self.check_layout(layout).await?;
             let mut con = self.con.clone();
             let cutoff = store::server_time_ms(&mut con).await?;
-            for shard in 0..self.keys.shards() {
-                let dead = dead_before(&mut con, &self.keys.dead(shard), cutoff).await?;
+            for shard in 0..layout.shards() {
+                let dead = dead_before(&mut con, &layout.dead(shard), cutoff).await?;
                 if !dead.is_empty() {
                     by_shard.insert(
                         shard,
@@ -99,7 +115,7 @@ impl Client {
         } else {
             for id in ids {
                 by_shard
-                    .entry(self.keys.shard_of(id))
+                    .entry(layout.shard_of(id))
                     .or_default()
                     .push(id.clone());
             }

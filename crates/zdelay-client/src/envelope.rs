@@ -54,6 +54,13 @@ pub struct Meta {
     pub created: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// An occurrence of this recurring schedule: its idempotency key is
+    /// `<schedule>:<occurrence due>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Not delivered later than this after its due time (dead, reason `expired`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lateness_ms: Option<u64>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }

@@ -38,7 +38,12 @@ impl Keys {
 
     /// The shard a job id belongs to.
     pub fn shard_of(&self, id: &str) -> u16 {
-        CRC16.checksum(hash_tag(id).as_bytes()) % self.shards
+        self.shard_of_bytes(id.as_bytes())
+    }
+
+    /// The shard of an id read back from Redis, which may hold any bytes.
+    pub fn shard_of_bytes(&self, id: &[u8]) -> u16 {
+        CRC16.checksum(hash_tag_bytes(id)) % self.shards
     }
 
     /// The cluster slot of shard `shard`'s keys.
@@ -50,6 +55,7 @@ impl Keys {
     pub fn shard(&self, shard: u16) -> ShardKeys {
         ShardKeys {
             shard,
+            shards: self.shards,
             due: self.due(shard),
             jobs: self.jobs(shard),
             inflight: self.inflight(shard),
@@ -58,6 +64,11 @@ impl Keys {
             scheduled: self.scheduled(shard),
             ready: self.ready(shard),
             ready_ids: self.ready_ids(shard),
+            max_lateness: self.shard_key(shard, ShardKey::MaxLateness.name()),
+            schedules: self.shard_key(shard, ShardKey::Schedules.name()),
+            sched_env: self.shard_key(shard, ShardKey::SchedEnv.name()),
+            sched_due: self.shard_key(shard, ShardKey::SchedDue.name()),
+            layout: self.layout(shard),
             wake_channel: self.wake_channel(),
         }
     }
@@ -110,6 +121,15 @@ impl Keys {
         self.shard_key(shard, "ready_ids")
     }
 
+    /// STRING, the shard's layout marker: the namespace's shard count once it has been
+    /// resharded (`"8"`), or `"migrating <from> <to>"` while `zdelay reshard` runs. Every
+    /// script that takes a shard computed by its caller checks it against the caller's
+    /// shard count and refuses a mismatch, so a process that still uses an old count never
+    /// writes into a wrong shard. No marker: the namespace was never resharded.
+    pub fn layout(&self, shard: u16) -> String {
+        self.shard_key(shard, "shards")
+    }
+
     /// HASH of the daemons running on this namespace: instance id → `<registration expiry ms>
     /// <last heartbeat ms>` (a hash, not a ZSET, so heartbeats never count as job writes in
     /// ZADD statistics). One hash tag with `poller_slots`.
@@ -157,6 +177,11 @@ pub enum ShardKey {
     Scheduled,
     Ready,
     ReadyIds,
+    MaxLateness,
+    Schedules,
+    SchedEnv,
+    SchedDue,
+    Layout,
 }
 
 impl ShardKey {
@@ -171,6 +196,11 @@ impl ShardKey {
             ShardKey::Scheduled => "scheduled",
             ShardKey::Ready => "ready",
             ShardKey::ReadyIds => "ready_ids",
+            ShardKey::MaxLateness => "max_lateness",
+            ShardKey::Schedules => "schedules",
+            ShardKey::SchedEnv => "sched_env",
+            ShardKey::SchedDue => "sched_due",
+            ShardKey::Layout => "shards",
         }
     }
 }
@@ -179,6 +209,8 @@ impl ShardKey {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardKeys {
     pub shard: u16,
+    /// The shard count `shard` was computed with: what the scripts' layout fence checks.
+    pub shards: u16,
     pub due: String,
     pub jobs: String,
     pub inflight: String,
@@ -187,6 +219,12 @@ pub struct ShardKeys {
     pub scheduled: String,
     pub ready: String,
     pub ready_ids: String,
+    pub max_lateness: String,
+    pub schedules: String,
+    pub sched_env: String,
+    pub sched_due: String,
+    /// The layout marker (see [`Keys::layout`]).
+    pub layout: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
     pub wake_channel: String,
 }
@@ -202,6 +240,11 @@ impl ShardKeys {
             ShardKey::Scheduled => &self.scheduled,
             ShardKey::Ready => &self.ready,
             ShardKey::ReadyIds => &self.ready_ids,
+            ShardKey::MaxLateness => &self.max_lateness,
+            ShardKey::Schedules => &self.schedules,
+            ShardKey::SchedEnv => &self.sched_env,
+            ShardKey::SchedDue => &self.sched_due,
+            ShardKey::Layout => &self.layout,
         }
     }
 }
@@ -228,6 +271,30 @@ impl RawKeys {
             dead,
         }
     }
+}
+
+/// The job id of a schedule's occurrence due at `due_ms`: `<schedule>:<due>`, with the
+/// schedule id as its hash tag (`{<schedule>}:<due>`) unless it has one, so the occurrence
+/// lives in its schedule's shard. Schedule ids with a brace must therefore carry a tag
+/// ([`valid_schedule_id`]).
+pub fn occurrence_id(schedule: &str, due_ms: i64) -> String {
+    if has_hash_tag(schedule) {
+        format!("{schedule}:{due_ms}")
+    } else {
+        format!("{{{schedule}}}:{due_ms}")
+    }
+}
+
+/// Whether `id` can name a schedule: non-empty, at most 512 bytes, no newline, and braces
+/// only as a hash tag (`user{42}:daily`), so its occurrences land in its shard.
+pub fn valid_schedule_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > 512 || id.contains('\n') {
+        return Err("must be non-empty, at most 512 bytes, without newlines".into());
+    }
+    if id.contains(['{', '}']) && !has_hash_tag(id) {
+        return Err("braces are only allowed as a hash tag, e.g. user{42}:daily".into());
+    }
+    Ok(())
 }
 
 /// The Redis Cluster hash slot of a key (CRC16 of its hash tag, mod 16384).
@@ -266,6 +333,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn occurrences_live_in_their_schedules_shard() {
+        let k = Keys::new("zdelay", 16);
+        for schedule in ["daily-report", "user{42}:daily", "{x}", "a:b"] {
+            let id = occurrence_id(schedule, 1_700_000_000_000);
+            assert_eq!(k.shard_of(&id), k.shard_of(schedule), "{schedule} → {id}");
+            assert!(id.ends_with(":1700000000000"));
+        }
+        assert_eq!(occurrence_id("daily", 5), "{daily}:5");
+        assert_eq!(occurrence_id("u{1}:d", 5), "u{1}:d:5");
+        assert!(valid_schedule_id("u{1}:d").is_ok());
+        assert!(valid_schedule_id("a}b").is_err());
+        assert!(valid_schedule_id("{}").is_err());
+        assert!(valid_schedule_id("").is_err());
+        assert!(valid_schedule_id("a\nb").is_err());
+    }
+
+    #[test]
     fn keys_share_the_shard_hash_tag() {
         let k = Keys::new("zdelay", 16);
         assert_eq!(k.due(3), "{zdelay:3}:due");
@@ -284,6 +368,25 @@ mod tests {
             assert_eq!(shard.get(key), format!("{{zdelay:3}}:{}", key.name()));
         }
         assert_eq!(shard.scheduled, "{zdelay:3}:scheduled");
+        assert_eq!(shard.get(ShardKey::Layout), "{zdelay:3}:shards");
+        assert_eq!(shard.shards, 16);
+    }
+
+    #[test]
+    fn shard_of_bytes_agrees_with_shard_of() {
+        let k = Keys::new("zdelay", 7);
+        for id in [
+            "foo",
+            "{user1000}.following",
+            "{}x",
+            "x{a}b{c}",
+            "{open",
+            "é{ü}",
+        ] {
+            assert_eq!(k.shard_of(id), k.shard_of_bytes(id.as_bytes()), "{id}");
+        }
+        // Not UTF-8: still hashed by its tag.
+        assert_eq!(k.shard_of_bytes(b"\xff{a}\xfe"), k.shard_of("a"));
     }
 
     #[test]

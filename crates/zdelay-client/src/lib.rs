@@ -11,7 +11,10 @@
 //! - [`routes`]: which destinations a job may name, and where they lead;
 //! - [`store`]: the connection, the schema check, Redis's clock, and one typed function
 //!   per Lua script;
-//! - [`job`]: the words of the job life cycle (due, conflict policy, states).
+//! - [`job`]: the words of the job life cycle (due, conflict policy, states);
+//! - [`schedule`]: recurring schedules: the stored definition, validation, next occurrences
+//!   (cron in IANA zones, intervals) and misfire handling.
+//! - [`reshard`]: moving a namespace to another shard count (`zdelay reshard`).
 
 pub mod client;
 pub mod config;
@@ -19,7 +22,10 @@ pub mod dead;
 pub mod envelope;
 pub mod job;
 pub mod keys;
+pub mod reshard;
 pub mod routes;
+pub mod schedule;
+pub mod schedules;
 pub mod store;
 
 pub use client::{Client, ClientError, JobView, NewJob};
@@ -28,4 +34,5 @@ pub use dead::{DeadJob, DeadMember};
 pub use envelope::Envelope;
 pub use job::{Cancelled, Due, Enqueued, JobState, OnConflict};
 pub use routes::Routes;
+pub use schedule::{Misfire, Plan, Recurrence, Schedule, ScheduleDef, ScheduleError};
 pub use store::scripts::Replayed;

@@ -337,6 +337,12 @@ pub fn llen(con: &mut redis::Connection, key: &str) -> usize {
     redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
 }
 
+/// Redis TIME in ms, on any connection (a cluster's answers from one of its nodes).
+pub fn redis_now_ms_any(con: &mut dyn redis::ConnectionLike) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
+    s * 1000 + us / 1000
+}
+
 /// Redis TIME in ms.
 pub fn redis_now_ms(con: &mut redis::Connection) -> i64 {
     let (s, us): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
@@ -457,13 +463,18 @@ pub fn redis_config(url: &str, shards: u16) -> zdelay::config::RedisConfig {
 }
 
 /// Every key on the server (test servers are small and private).
-/// Every key but the registry of running daemons (`{ns}:instances`, `{ns}:slots`), which
-/// lives as long as a daemon does: what the tests check is that no job data is left behind.
+/// Every key but the registry of running daemons (`{ns}:instances`, `{ns}:slots`,
+/// `{ns}:instance_sources`), which lives as long as a daemon does: what the tests check is
+/// that no job data is left behind.
 pub fn all_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<String> {
     let keys: std::collections::BTreeSet<String> =
         redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
     keys.into_iter()
-        .filter(|k| !(k.ends_with("}:instances") || k.ends_with("}:slots")))
+        .filter(|k| {
+            !["}:instances", "}:slots", "}:instance_sources"]
+                .iter()
+                .any(|suffix| k.ends_with(suffix))
+        })
         .collect()
 }
 

@@ -35,6 +35,141 @@ pub enum StoreError {
     Schema(String),
     #[error("{0}")]
     Unsupported(String),
+    /// `zdelay reshard` is moving the namespace to another shard count: the refused script
+    /// wrote nothing. Retryable once the reshard has finished.
+    #[error(
+        "namespace {namespace} is being resharded from {from} to {to} shards (zdelay reshard): \
+         retry once the reshard has finished"
+    )]
+    Resharding {
+        namespace: String,
+        from: u16,
+        to: u16,
+    },
+    /// The namespace now has `shards` shards and this process was set up with `configured`.
+    #[error(
+        "namespace {namespace} has been resharded to {shards} shards, and this process uses \
+         {configured}: set redis.shards = {shards}"
+    )]
+    Resharded {
+        namespace: String,
+        shards: u16,
+        configured: u16,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying later can succeed without a change of config (a reshard running).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Resharding { .. })
+    }
+}
+
+/// What a shard's layout marker (`{ns:s}:shards`, [`Keys::layout`]) says, and what a
+/// script's layout fence answered: the error `ZDELAY_RESHARDED <shards>` or
+/// `ZDELAY_MIGRATING <from> <to>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// The namespace has this many shards.
+    Shards(u16),
+    /// `zdelay reshard` is moving it from `from` to `to` shards.
+    Migrating { from: u16, to: u16 },
+}
+
+impl Layout {
+    /// The marker's value: `"8"` or `"migrating 4 8"`.
+    pub fn marker(&self) -> String {
+        match self {
+            Layout::Shards(n) => n.to_string(),
+            Layout::Migrating { from, to } => format!("migrating {from} {to}"),
+        }
+    }
+
+    /// Reads a marker's value.
+    pub fn parse(marker: &str) -> Option<Layout> {
+        if let Some(rest) = marker.strip_prefix("migrating ") {
+            let (from, to) = rest.split_once(' ')?;
+            return Some(Layout::Migrating {
+                from: from.parse().ok()?,
+                to: to.parse().ok()?,
+            });
+        }
+        marker.parse().ok().map(Layout::Shards)
+    }
+
+    /// The layout a script's fence refused the call with, if `e` is such a refusal.
+    pub fn of_error(e: &redis::RedisError) -> Option<Layout> {
+        let detail = e.detail().unwrap_or_default();
+        match e.code()? {
+            "ZDELAY_RESHARDED" => detail.trim().parse().ok().map(Layout::Shards),
+            "ZDELAY_MIGRATING" => Layout::parse(&format!("migrating {}", detail.trim())),
+            _ => None,
+        }
+    }
+
+    /// The error a process set up with `keys` reports for this layout.
+    pub fn error(&self, keys: &Keys) -> StoreError {
+        match *self {
+            Layout::Migrating { from, to } => StoreError::Resharding {
+                namespace: keys.namespace().to_owned(),
+                from,
+                to,
+            },
+            Layout::Shards(shards) => StoreError::Resharded {
+                namespace: keys.namespace().to_owned(),
+                shards,
+                configured: keys.shards(),
+            },
+        }
+    }
+}
+
+/// `<ns>:schema` as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Schema {
+    pub layout: Option<String>,
+    pub shards: Option<u16>,
+    /// `(from, to)` while `zdelay reshard` runs.
+    pub migrating: Option<(u16, u16)>,
+    /// The job counts taken when the running reshard froze the namespace.
+    pub migrating_counts: Option<String>,
+}
+
+/// Reads `<ns>:schema` (every field absent when it does not exist).
+pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreError> {
+    let (layout, shards, migrating, counts): (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ) = redis::cmd("HMGET")
+        .arg(keys.schema())
+        .arg(&["layout", "shards", "migrating", "migrating_counts"])
+        .query_async(con)
+        .await?;
+    let bad = |field: &str, value: &str| {
+        StoreError::Schema(format!(
+            "{} field {field} holds {value:?}, not what zdelay writes",
+            keys.schema()
+        ))
+    };
+    let shards = match shards {
+        Some(s) => Some(s.parse::<u16>().map_err(|_| bad("shards", &s))?),
+        None => None,
+    };
+    let migrating = match migrating {
+        Some(m) => match Layout::parse(&format!("migrating {m}")) {
+            Some(Layout::Migrating { from, to }) => Some((from, to)),
+            _ => return Err(bad("migrating", &m)),
+        },
+        None => None,
+    };
+    Ok(Schema {
+        layout,
+        shards,
+        migrating,
+        migrating_counts: counts,
+    })
 }
 
 /// The oldest Redis this build is tested with and supports (Debian 12 ships 7.0.15; Valkey
@@ -284,16 +419,30 @@ pub fn server_name(info: &std::collections::HashMap<String, String>) -> String {
     }
 }
 
-/// Creates `<ns>:schema` if missing and checks it matches this build and `keys`' shard count.
+/// Creates `<ns>:schema` if missing and checks it matches this build and `keys`' shard count;
+/// refuses while `zdelay reshard` runs ([`StoreError::Resharding`], retryable).
 pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError> {
     let key = keys.schema();
-    let (_, _, layout, shards): ((), (), Option<String>, Option<String>) = redis::pipe()
+    let (_, _, layout, shards, migrating): (
+        (),
+        (),
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ) = redis::pipe()
         .hset_nx(&key, "layout", LAYOUT_VERSION)
         .hset_nx(&key, "shards", keys.shards())
         .hget(&key, "layout")
         .hget(&key, "shards")
+        .hget(&key, "migrating")
         .query_async(con)
         .await?;
+    if let Some(m) = migrating {
+        return Err(match Layout::parse(&format!("migrating {m}")) {
+            Some(layout) => layout.error(keys),
+            None => StoreError::Schema(format!("{key} field migrating holds {m:?}")),
+        });
+    }
     if layout.as_deref() != Some(&LAYOUT_VERSION.to_string()) {
         return Err(StoreError::Schema(format!(
             "{key} says layout {}; this build knows layout {LAYOUT_VERSION} only",
@@ -424,6 +573,54 @@ mod tests {
         assert_eq!(server_name(&valkey), "valkey 9.1.2");
         let redis = parse_info("# Server\r\nredis_version:7.0.15\r\n");
         assert_eq!(server_name(&redis), "redis 7.0.15");
+    }
+
+    #[test]
+    fn layout_markers_round_trip() {
+        for layout in [Layout::Shards(8), Layout::Migrating { from: 4, to: 8 }] {
+            assert_eq!(Layout::parse(&layout.marker()), Some(layout));
+        }
+        assert_eq!(Layout::Shards(3).marker(), "3");
+        assert_eq!(
+            Layout::Migrating { from: 8, to: 3 }.marker(),
+            "migrating 8 3"
+        );
+        for bad in [
+            "",
+            "x",
+            "migrating",
+            "migrating 4",
+            "migrating a b",
+            "70000",
+        ] {
+            assert_eq!(Layout::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn fence_errors_are_recognised() {
+        let keys = Keys::new("zdelay", 4);
+        // As a script's error reply arrives.
+        let err = |code: &str, detail: &str| {
+            let reply = format!("-{code} {detail}\r\n");
+            match redis::parse_redis_value(reply.as_bytes()).unwrap() {
+                redis::Value::ServerError(e) => redis::RedisError::from(e),
+                other => panic!("{other:?}"),
+            }
+        };
+        let resharded = err("ZDELAY_RESHARDED", "8");
+        assert_eq!(Layout::of_error(&resharded), Some(Layout::Shards(8)));
+        let migrating = err("ZDELAY_MIGRATING", "4 8");
+        let layout = Layout::of_error(&migrating).unwrap();
+        assert_eq!(layout, Layout::Migrating { from: 4, to: 8 });
+        assert!(layout.error(&keys).is_retryable());
+        assert!(
+            Layout::Shards(8)
+                .error(&keys)
+                .to_string()
+                .contains("set redis.shards = 8")
+        );
+        assert_eq!(Layout::of_error(&err("ERR", "8")), None);
     }
 
     #[test]

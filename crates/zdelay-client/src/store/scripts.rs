@@ -69,29 +69,156 @@ scripts!(
     bench_bare_move_hash,
     claim_slots,
     release_slots,
+    upsert_schedule,
+    delete_schedule,
+    due_schedules,
+    fire_schedules,
+    reshard_scan,
+    reshard_take,
+    reshard_put,
+    reshard_drop,
 );
 
-use ShardKey::{Dead, Due as DueKey, Inflight, Jobs, Ready, ReadyIds, Reasons, Scheduled};
+use ShardKey::{
+    Dead, Due as DueKey, Inflight, Jobs, Layout, MaxLateness, Ready, ReadyIds, Reasons, SchedDue,
+    SchedEnv, Scheduled, Schedules,
+};
 
 /// Every shard key, in the one order scripts take them.
 const ALL_SHARD_KEYS: &[ShardKey] = &[
-    DueKey, Jobs, Inflight, Dead, Reasons, Scheduled, Ready, ReadyIds,
+    DueKey,
+    Jobs,
+    Inflight,
+    Dead,
+    Reasons,
+    Scheduled,
+    Ready,
+    ReadyIds,
+    MaxLateness,
+    Schedules,
+    SchedEnv,
+    SchedDue,
+    Layout,
+];
+
+/// The keys of a job's states, which the scripts that move jobs take, and the layout marker.
+const JOB_STATE_KEYS: &[ShardKey] = &[
+    DueKey, Jobs, Inflight, Dead, Reasons, Scheduled, Ready, ReadyIds, Layout,
 ];
 
 /// The shard keys each script takes first in KEYS, in this order (checked against the
-/// headers by a test): each list is a subsequence of `ALL_SHARD_KEYS`.
+/// headers by a test): each list is a subsequence of `ALL_SHARD_KEYS`. Every script that
+/// takes a shard computed by its caller ends with the layout marker and checks it (the
+/// layout fence, [`FENCED`]).
 const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
-    ("enqueue_jobs", ALL_SHARD_KEYS),
-    ("move_due", ALL_SHARD_KEYS),
-    ("settle_jobs", ALL_SHARD_KEYS),
-    ("claim_jobs", &[Jobs, Inflight, Scheduled, Ready, ReadyIds]),
+    (
+        "enqueue_jobs",
+        &[
+            DueKey,
+            Jobs,
+            Inflight,
+            Dead,
+            Reasons,
+            Scheduled,
+            Ready,
+            ReadyIds,
+            MaxLateness,
+            Layout,
+        ],
+    ),
+    (
+        "move_due",
+        &[
+            DueKey,
+            Jobs,
+            Inflight,
+            Dead,
+            Reasons,
+            Scheduled,
+            Ready,
+            ReadyIds,
+            MaxLateness,
+            SchedDue,
+            Layout,
+        ],
+    ),
+    ("settle_jobs", JOB_STATE_KEYS),
+    (
+        "claim_jobs",
+        &[Jobs, Inflight, Scheduled, Ready, ReadyIds, Layout],
+    ),
     (
         "cancel_job",
-        &[DueKey, Jobs, Inflight, Scheduled, Ready, ReadyIds],
+        &[
+            DueKey,
+            Jobs,
+            Inflight,
+            Scheduled,
+            Ready,
+            ReadyIds,
+            MaxLateness,
+            Layout,
+        ],
     ),
-    ("reschedule_job", &[DueKey, Scheduled, Ready, ReadyIds]),
-    ("replay_dead", &[DueKey, Jobs, Dead, Reasons]),
-    ("purge_dead", &[Jobs, Dead, Reasons]),
+    (
+        "reschedule_job",
+        &[DueKey, Scheduled, Ready, ReadyIds, Layout],
+    ),
+    ("replay_dead", &[DueKey, Jobs, Dead, Reasons, Layout]),
+    ("purge_dead", &[Jobs, Dead, Reasons, Layout]),
+    ("upsert_schedule", &[Schedules, SchedEnv, SchedDue, Layout]),
+    ("delete_schedule", &[Schedules, SchedEnv, SchedDue, Layout]),
+    ("due_schedules", &[Schedules, SchedDue, Layout]),
+    (
+        "fire_schedules",
+        &[
+            DueKey,
+            Jobs,
+            Dead,
+            Reasons,
+            MaxLateness,
+            Schedules,
+            SchedEnv,
+            SchedDue,
+            Layout,
+        ],
+    ),
+    (
+        "reshard_take",
+        &[
+            DueKey,
+            Jobs,
+            Inflight,
+            Dead,
+            Reasons,
+            Scheduled,
+            ReadyIds,
+            MaxLateness,
+            Schedules,
+            SchedEnv,
+            SchedDue,
+            Layout,
+        ],
+    ),
+    ("reshard_put", ALL_SHARD_KEYS),
+    ("reshard_drop", ALL_SHARD_KEYS),
+];
+
+/// The scripts with the layout fence: ARGV[1] is the caller's shard count, checked against
+/// the shard's layout marker (its last key) before anything is written.
+const FENCED: &[&str] = &[
+    "enqueue_jobs",
+    "move_due",
+    "settle_jobs",
+    "claim_jobs",
+    "cancel_job",
+    "reschedule_job",
+    "replay_dead",
+    "purge_dead",
+    "upsert_schedule",
+    "delete_schedule",
+    "due_schedules",
+    "fire_schedules",
 ];
 
 /// A script with its source, for `SCRIPT LOAD`.
@@ -161,6 +288,16 @@ async fn load(con: &mut Conn, script: &Compiled, key: &[u8]) -> redis::RedisResu
     con.on_node_of(key, cmd).await.map(|_| ())
 }
 
+/// A fenced script's invocation: `name`'s shard keys in KEYS and, as ARGV[1], the shard
+/// count `keys` were computed with (the script refuses it if the shard's layout marker
+/// disagrees: [`super::Layout::of_error`]).
+fn fenced_invocation(script: &'static Compiled, name: &str, keys: &ShardKeys) -> Call {
+    debug_assert!(FENCED.contains(&name), "{name} is not fenced");
+    let mut inv = shard_invocation(script, name, keys);
+    inv.arg(keys.shards);
+    inv
+}
+
 /// A script invocation with `name`'s shard keys already in KEYS.
 fn shard_invocation(script: &'static Compiled, name: &str, keys: &ShardKeys) -> Call {
     let mut inv = Call::new(script);
@@ -178,14 +315,16 @@ fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
-/// Sends calls pipelined, answers in input order: on one server in pipelines of
+/// Sends calls pipelined, answers in input order, one per call (a call's error reply, such
+/// as a layout fence, fails that call alone): on one server in pipelines of
 /// [`CALLS_PER_PIPELINE`]; on a cluster one pipeline per shard (a pipeline must stay in one
-/// slot), all at once. `shard_of(i)` is the shard of call `i`.
+/// slot), all at once. `shard_of(i)` is the shard of call `i`. The outer error is a
+/// connection's: some calls may have run.
 async fn pipelined_by_shard<T: redis::FromRedisValue>(
     con: &mut Conn,
     calls: &[Call],
     shard_of: impl Fn(usize) -> u16,
-) -> redis::RedisResult<Vec<T>> {
+) -> redis::RedisResult<Vec<redis::RedisResult<T>>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     if con.is_cluster() {
         let mut by_shard: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
@@ -206,7 +345,7 @@ async fn pipelined_by_shard<T: redis::FromRedisValue>(
             pipelined::<T>(&mut con, &batch).await
         }
     });
-    let mut out: Vec<Option<T>> = (0..calls.len()).map(|_| None).collect();
+    let mut out: Vec<Option<redis::RedisResult<T>>> = (0..calls.len()).map(|_| None).collect();
     for (group, replies) in groups.iter().zip(futures::future::join_all(sends).await) {
         for (&i, reply) in group.iter().zip(replies?) {
             out[i] = Some(reply);
@@ -218,25 +357,39 @@ async fn pipelined_by_shard<T: redis::FromRedisValue>(
         .collect())
 }
 
-/// Sends invocations in one pipeline. Scripts are loaded at connect; a Redis that restarted
-/// or flushed them answers NOSCRIPT, which pipelines do not handle: load and send once more
-/// (every script is re-runnable).
+/// Sends invocations in one pipeline, one answer per invocation. Scripts are loaded at
+/// connect; a Redis that restarted or flushed them answers NOSCRIPT, which pipelines do not
+/// handle: load them and send the calls that met it once more.
 async fn pipelined<T: redis::FromRedisValue>(
     con: &mut Conn,
     invocations: &[&Call],
-) -> redis::RedisResult<Vec<T>> {
-    let mut pipe = redis::pipe();
-    for inv in invocations {
-        pipe.add_command(inv.cmd());
-    }
-    match pipe.query_async(con).await {
-        Err(e) if is_noscript(&e) => {
-            let key = invocations.first().map_or(&[][..], |inv| inv.first_key());
-            load_all_on(con, key).await?;
-            pipe.query_async(con).await
+) -> redis::RedisResult<Vec<redis::RedisResult<T>>> {
+    let base = con.clone();
+    let send = |calls: Vec<&Call>| {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for inv in calls {
+            pipe.add_command(inv.cmd());
         }
-        other => other,
+        let mut con = base.clone();
+        async move {
+            pipe.query_async::<Vec<redis::RedisResult<T>>>(&mut con)
+                .await
+        }
+    };
+    let mut replies = send(invocations.to_vec()).await?;
+    let missing: Vec<usize> = (0..replies.len())
+        .filter(|&i| matches!(&replies[i], Err(e) if is_noscript(e)))
+        .collect();
+    if !missing.is_empty() {
+        // A pipeline stays in one slot: load where it was sent.
+        load_all_on(con, invocations[missing[0]].first_key()).await?;
+        let again = send(missing.iter().map(|&i| invocations[i]).collect()).await?;
+        for (i, reply) in missing.into_iter().zip(again) {
+            replies[i] = reply;
+        }
     }
+    Ok(replies)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -248,6 +401,8 @@ pub struct EnqueueItem {
     pub id: String,
     pub due: Due,
     pub envelope: Vec<u8>,
+    /// Not delivered later than this after its due (dead, `expired`); ms.
+    pub max_lateness_ms: Option<u64>,
 }
 
 /// One `enqueue_jobs` call: jobs of one shard.
@@ -259,32 +414,41 @@ pub struct EnqueueCall<'a> {
 /// Script calls per pipeline round trip.
 const CALLS_PER_PIPELINE: usize = 64;
 
-/// Runs `enqueue_jobs` for each call, pipelined. One answer per item, in order: what the
-/// enqueue did, or `None` when the id exists and the policy is `Error` (nothing written).
+/// Runs `enqueue_jobs` for each call, pipelined. One answer per call, and in it one per item,
+/// in order: what the enqueue did, or `None` when the id exists and the policy is `Error`
+/// (nothing written). A call refused (its layout fence, see [`super::Layout::of_error`])
+/// wrote nothing.
 pub async fn enqueue_jobs(
     con: &mut Conn,
     policy: OnConflict,
     calls: &[EnqueueCall<'_>],
-) -> redis::RedisResult<Vec<Vec<Option<Enqueued>>>> {
+) -> redis::RedisResult<Vec<redis::RedisResult<Vec<Option<Enqueued>>>>> {
     let invocations: Vec<Call> = calls
         .iter()
         .map(|call| {
-            let mut inv = shard_invocation(&compiled::enqueue_jobs, "enqueue_jobs", &call.keys);
+            let mut inv = fenced_invocation(&compiled::enqueue_jobs, "enqueue_jobs", &call.keys);
             inv.arg(policy.as_arg())
                 .arg(&call.keys.wake_channel)
                 .arg(call.keys.shard);
             for item in call.items {
-                inv.arg(&item.id).arg(item.due.as_arg()).arg(&item.envelope);
+                inv.arg(&item.id)
+                    .arg(item.due.as_arg())
+                    .arg(&item.envelope)
+                    .arg(
+                        item.max_lateness_ms
+                            .map(|ms| ms.to_string())
+                            .unwrap_or_default(),
+                    );
             }
             inv
         })
         .collect();
-    let replies: Vec<Vec<i64>> =
+    let replies: Vec<redis::RedisResult<Vec<i64>>> =
         pipelined_by_shard(con, &invocations, |i| calls[i].keys.shard).await?;
     Ok(replies
         .into_iter()
         .map(|codes| {
-            codes
+            Ok(codes?
                 .into_iter()
                 .map(|code| match code {
                     1 => Some(Enqueued::Added),
@@ -292,7 +456,7 @@ pub async fn enqueue_jobs(
                     0 => Some(Enqueued::Kept),
                     _ => None,
                 })
-                .collect()
+                .collect())
         })
         .collect())
 }
@@ -302,7 +466,7 @@ pub async fn cancel_job(
     keys: &ShardKeys,
     id: &str,
 ) -> redis::RedisResult<Cancelled> {
-    let mut inv = shard_invocation(&compiled::cancel_job, "cancel_job", keys);
+    let mut inv = fenced_invocation(&compiled::cancel_job, "cancel_job", keys);
     let code: i64 = inv.arg(id).invoke(con).await?;
     Ok(match code {
         1 => Cancelled::Cancelled,
@@ -318,7 +482,7 @@ pub async fn reschedule_job(
     id: &str,
     due: Due,
 ) -> redis::RedisResult<Option<i64>> {
-    let mut inv = shard_invocation(&compiled::reschedule_job, "reschedule_job", keys);
+    let mut inv = fenced_invocation(&compiled::reschedule_job, "reschedule_job", keys);
     let new_due: i64 = inv
         .arg(id)
         .arg(due.as_arg())
@@ -343,7 +507,7 @@ pub async fn replay_dead(
     keys: &ShardKeys,
     ids: &[String],
 ) -> redis::RedisResult<Replayed> {
-    let mut inv = shard_invocation(&compiled::replay_dead, "replay_dead", keys);
+    let mut inv = fenced_invocation(&compiled::replay_dead, "replay_dead", keys);
     let (replayed, orphans): (u64, u64) = inv
         .arg("")
         .arg(&keys.wake_channel)
@@ -359,7 +523,7 @@ pub async fn purge_dead(
     keys: &ShardKeys,
     ids: &[String],
 ) -> redis::RedisResult<u64> {
-    let mut inv = shard_invocation(&compiled::purge_dead, "purge_dead", keys);
+    let mut inv = fenced_invocation(&compiled::purge_dead, "purge_dead", keys);
     inv.arg(ids).invoke(con).await
 }
 
@@ -412,7 +576,7 @@ pub async fn move_due(
     keys: &ShardKeys,
     args: &MoveDue<'_>,
 ) -> redis::RedisResult<MoveReply> {
-    let mut inv = shard_invocation(&compiled::move_due, "move_due", keys);
+    let mut inv = fenced_invocation(&compiled::move_due, "move_due", keys);
     let fixed = inv_key_count("move_due");
     let routes = args.routes;
     for list in routes.lists() {
@@ -467,7 +631,7 @@ pub async fn claim_jobs(
     batch: usize,
     lease_ms: u64,
 ) -> redis::RedisResult<Claim> {
-    let mut inv = shard_invocation(&compiled::claim_jobs, "claim_jobs", keys);
+    let mut inv = fenced_invocation(&compiled::claim_jobs, "claim_jobs", keys);
     let value: Value = inv.arg(sink).arg(batch).arg(lease_ms).invoke(con).await?;
     let items = match value {
         Value::Array(items) if items.len() >= 3 => items,
@@ -676,7 +840,7 @@ pub async fn settle_jobs(
     deadline_ms: i64,
     ops: &[(&str, SettleOp<'_>)],
 ) -> redis::RedisResult<Settled> {
-    let mut inv = shard_invocation(&compiled::settle_jobs, "settle_jobs", keys);
+    let mut inv = fenced_invocation(&compiled::settle_jobs, "settle_jobs", keys);
     inv.arg(deadline_ms)
         .arg(&keys.wake_channel)
         .arg(keys.shard)
@@ -695,6 +859,154 @@ pub async fn settle_jobs(
     }
     let (settled, fenced): (u64, u64) = inv.invoke(con).await?;
     Ok(Settled { settled, fenced })
+}
+
+// ---------------------------------------------------------------------------------------
+// Recurring schedules
+
+/// What `upsert_schedule` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upserted {
+    /// Written; the schedule's new version.
+    Version(u64),
+    /// The schedule changed since it was read (now at this version): read again.
+    Stale(u64),
+}
+
+/// One compare-and-set write of a schedule: definition, envelope and next occurrence.
+pub struct ScheduleWrite<'a> {
+    pub id: &'a str,
+    /// The version read (0: the schedule must not exist yet).
+    pub expected_version: u64,
+    pub definition: &'a str,
+    /// Empty: keep the stored envelope.
+    pub envelope: &'a [u8],
+    /// `None`: no pending occurrence (paused or ended).
+    pub next_ms: Option<i64>,
+}
+
+pub async fn upsert_schedule(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    write: &ScheduleWrite<'_>,
+) -> redis::RedisResult<Upserted> {
+    let mut inv = fenced_invocation(&compiled::upsert_schedule, "upsert_schedule", keys);
+    inv.arg(write.id)
+        .arg(write.expected_version)
+        .arg(write.definition)
+        .arg(write.envelope)
+        .arg(write.next_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(&keys.wake_channel)
+        .arg(keys.shard);
+    let reply: Vec<i64> = inv.invoke(con).await?;
+    match reply.as_slice() {
+        [version] if *version > 0 => Ok(Upserted::Version(*version as u64)),
+        [-1, current] => Ok(Upserted::Stale(*current as u64)),
+        _ => Err(protocol_error("upsert_schedule reply", &Value::Nil)),
+    }
+}
+
+/// Deletes a schedule and its pending occurrence; whether it existed.
+pub async fn delete_schedule(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    id: &str,
+) -> redis::RedisResult<bool> {
+    let mut inv = fenced_invocation(&compiled::delete_schedule, "delete_schedule", keys);
+    let deleted: i64 = inv.arg(id).invoke(con).await?;
+    Ok(deleted == 1)
+}
+
+/// A schedule whose occurrence is due, as `due_schedules` read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DueSchedule {
+    pub id: String,
+    pub occurrence_ms: i64,
+    /// `"<version>\n<definition JSON>"`; empty when missing.
+    pub record: String,
+}
+
+/// Up to `batch` schedules of a shard due at `now_ms` (Redis TIME when `None`), and that now.
+pub async fn due_schedules(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    now_ms: Option<i64>,
+    batch: usize,
+) -> redis::RedisResult<(i64, Vec<DueSchedule>)> {
+    let mut inv = fenced_invocation(&compiled::due_schedules, "due_schedules", keys);
+    inv.arg(now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(batch);
+    let values: Vec<Value> = inv.invoke(con).await?;
+    let mut it = values.into_iter();
+    let now = as_int(it.next().unwrap_or_default())?;
+    let mut due = Vec::new();
+    while let (Some(id), Some(at), Some(record)) = (it.next(), it.next(), it.next()) {
+        due.push(DueSchedule {
+            id: as_string(id)?,
+            occurrence_ms: as_string(at)?
+                .parse::<f64>()
+                .map_err(|_| protocol_error("occurrence ms", &Value::Nil))?
+                as i64,
+            record: as_string(record)?,
+        });
+    }
+    Ok((now, due))
+}
+
+/// What to do with one due schedule (see `fire_schedules.lua`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Firing {
+    pub id: String,
+    pub read_occurrence_ms: i64,
+    pub read_version: String,
+    pub next_ms: Option<i64>,
+    pub max_lateness_ms: Option<u64>,
+    /// (job id, occurrence ms) to deliver.
+    pub deliver: Vec<(String, i64)>,
+    /// (job id, occurrence ms) past their max lateness.
+    pub expired: Vec<(String, i64)>,
+}
+
+/// What `fire_schedules` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fired {
+    pub created: u64,
+    pub expired: u64,
+    pub fenced: u64,
+}
+
+pub async fn fire_schedules(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    now_ms: i64,
+    firings: &[Firing],
+) -> redis::RedisResult<Fired> {
+    let mut inv = fenced_invocation(&compiled::fire_schedules, "fire_schedules", keys);
+    inv.arg(now_ms);
+    for f in firings {
+        inv.arg(&f.id)
+            .arg(f.read_occurrence_ms)
+            .arg(&f.read_version)
+            .arg(f.next_ms.map(|n| n.to_string()).unwrap_or_default())
+            .arg(f.max_lateness_ms.map(|n| n.to_string()).unwrap_or_default())
+            .arg(f.deliver.len());
+        for (job, at) in &f.deliver {
+            inv.arg(job).arg(at);
+        }
+        inv.arg(f.expired.len());
+        for (job, at) in &f.expired {
+            inv.arg(job).arg(at);
+        }
+    }
+    let reply: Vec<i64> = inv.invoke(con).await?;
+    match reply.as_slice() {
+        [created, expired, fenced] => Ok(Fired {
+            created: *created as u64,
+            expired: *expired as u64,
+            fenced: *fenced as u64,
+        }),
+        _ => Err(protocol_error("fire_schedules reply", &Value::Nil)),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -750,6 +1062,178 @@ pub async fn release_slots(con: &mut Conn, keys: &Keys, instance: &str) -> redis
 }
 
 // ---------------------------------------------------------------------------------------
+// Resharding (`crate::reshard`)
+
+/// What a shard key holds per id: `Hash` fields or `Zset` members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanKind {
+    Hash,
+    Zset,
+}
+
+/// One page of the fields (hash) or members (zset) of `key`, from `cursor` ("0" to start):
+/// the next cursor ("0" when complete) and what the page held, values left out.
+pub async fn reshard_scan(
+    con: &mut Conn,
+    key: &str,
+    kind: ScanKind,
+    cursor: &str,
+    count: usize,
+) -> redis::RedisResult<(String, Vec<Vec<u8>>)> {
+    let kind = match kind {
+        ScanKind::Hash => "hash",
+        ScanKind::Zset => "zset",
+    };
+    let values: Vec<Value> = Call::new(&compiled::reshard_scan)
+        .key(key)
+        .arg(kind)
+        .arg(cursor)
+        .arg(count)
+        .invoke(con)
+        .await?;
+    let mut it = values.into_iter();
+    let cursor = as_string(it.next().unwrap_or_default())?;
+    let items = it.map(as_bytes).collect::<Result<_, _>>()?;
+    Ok((cursor, items))
+}
+
+/// Everything one shard stores about a job id, as `reshard_take` read it (scores as Redis
+/// printed them). `ready` holds more members of the ready set found for the id besides
+/// `ready_member`, which only a damaged shard has.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredJob {
+    pub id: Vec<u8>,
+    pub due: Option<Vec<u8>>,
+    pub envelope: Option<Vec<u8>>,
+    pub inflight: Option<Vec<u8>>,
+    pub dead: Option<Vec<u8>>,
+    pub reason: Option<Vec<u8>>,
+    pub scheduled: Option<Vec<u8>>,
+    /// Its member in the ready set, from `ready_ids`.
+    pub ready_member: Option<Vec<u8>>,
+    pub max_lateness: Option<Vec<u8>>,
+    /// For a schedule id: its definition, envelope and next occurrence.
+    pub schedule: Option<Vec<u8>>,
+    pub schedule_envelope: Option<Vec<u8>>,
+    pub next_occurrence: Option<Vec<u8>>,
+    pub ready: Vec<Vec<u8>>,
+}
+
+impl StoredJob {
+    /// Values per id in `reshard_take`'s reply and `reshard_put`'s records.
+    const VALUES: usize = 11;
+
+    fn values(&self) -> [&Option<Vec<u8>>; Self::VALUES] {
+        [
+            &self.due,
+            &self.envelope,
+            &self.inflight,
+            &self.dead,
+            &self.reason,
+            &self.scheduled,
+            &self.ready_member,
+            &self.max_lateness,
+            &self.schedule,
+            &self.schedule_envelope,
+            &self.next_occurrence,
+        ]
+    }
+
+    /// Whether the shard holds nothing for this id.
+    pub fn is_empty(&self) -> bool {
+        self.values().iter().all(|v| v.is_none()) && self.ready.is_empty()
+    }
+
+    /// Bytes it carries (for sizing script calls).
+    pub fn size(&self) -> usize {
+        self.id.len()
+            + self
+                .values()
+                .iter()
+                .map(|v| v.as_ref().map_or(0, Vec::len))
+                .sum::<usize>()
+            + self.ready.iter().map(Vec::len).sum::<usize>()
+    }
+}
+
+/// What `shard` stores about `ids` (at most 1000), read while the reshard whose marker is
+/// `marker` runs.
+pub async fn reshard_take(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    marker: &str,
+    ids: &[Vec<u8>],
+) -> redis::RedisResult<Vec<StoredJob>> {
+    let mut inv = shard_invocation(&compiled::reshard_take, "reshard_take", keys);
+    let values: Vec<Option<Vec<u8>>> = inv.arg(marker).arg(ids).invoke(con).await?;
+    if values.len() != StoredJob::VALUES * ids.len() {
+        return Err(protocol_error(
+            "reshard_take",
+            &Value::Int(values.len() as i64),
+        ));
+    }
+    Ok(ids
+        .iter()
+        .zip(values.chunks(StoredJob::VALUES))
+        .map(|(id, v)| StoredJob {
+            id: id.clone(),
+            due: v[0].clone(),
+            envelope: v[1].clone(),
+            inflight: v[2].clone(),
+            dead: v[3].clone(),
+            reason: v[4].clone(),
+            scheduled: v[5].clone(),
+            ready_member: v[6].clone(),
+            max_lateness: v[7].clone(),
+            schedule: v[8].clone(),
+            schedule_envelope: v[9].clone(),
+            next_occurrence: v[10].clone(),
+            ready: Vec::new(),
+        })
+        .collect())
+}
+
+/// Writes `jobs` into the shard of `keys` (overwriting); returns how many.
+pub async fn reshard_put(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    marker: &str,
+    jobs: &[StoredJob],
+) -> redis::RedisResult<u64> {
+    let mut inv = shard_invocation(&compiled::reshard_put, "reshard_put", keys);
+    inv.arg(marker);
+    for job in jobs {
+        let values = job.values();
+        let mask: String = values
+            .iter()
+            .map(|v| if v.is_some() { '1' } else { '0' })
+            .collect();
+        inv.arg(&job.id).arg(mask);
+        for v in values {
+            inv.arg(v.as_deref().unwrap_or_default());
+        }
+        inv.arg(job.ready.len()).arg(&job.ready);
+    }
+    inv.invoke(con).await
+}
+
+/// Deletes every trace of `jobs`' ids from the shard of `keys`; returns how many entries it
+/// deleted, over every key.
+pub async fn reshard_drop(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    marker: &str,
+    jobs: &[StoredJob],
+) -> redis::RedisResult<u64> {
+    let mut inv = shard_invocation(&compiled::reshard_drop, "reshard_drop", keys);
+    inv.arg(marker);
+    for job in jobs {
+        inv.arg(&job.id).arg(job.ready.len()).arg(&job.ready);
+    }
+    inv.invoke(con).await
+}
+
+// ---------------------------------------------------------------------------------------
 // Benchmark baselines
 
 /// The least a ZSET → LIST move can do: up to `batch` members scored ≤ `max_score`.
@@ -792,15 +1276,19 @@ pub async fn bench_bare_move_hash(
 // Replies
 
 /// Dead-letter kinds counted by `move_due`, in reply order.
-pub const DUE_DEAD_KINDS: [&str; 5] = [
+pub const DUE_DEAD_KINDS: [&str; DEAD_KINDS] = [
     "malformed",
     "unknown_destination",
     "wrong_type",
     "oversize",
     "missing_envelope",
+    "expired",
 ];
-/// Dead-letter kinds counted by `move_raw`, in reply order (last two unused).
-pub const RAW_DEAD_KINDS: [&str; 5] = ["implausible_score", "wrong_type", "oversize", "", ""];
+/// Dead-letter kinds counted by `move_raw`, in reply order (the last ones unused).
+pub const RAW_DEAD_KINDS: [&str; DEAD_KINDS] =
+    ["implausible_score", "wrong_type", "oversize", "", "", ""];
+/// Dead-letter counts in a move reply.
+pub const DEAD_KINDS: usize = 6;
 
 /// The reply of `move_due` and `move_raw` (see their headers).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -818,7 +1306,7 @@ pub struct MoveReply {
     /// Jobs moved, one count per route (raw sources: one count).
     pub moved: Vec<u64>,
     /// Dead letters per kind.
-    pub dead: [u64; 5],
+    pub dead: [u64; DEAD_KINDS],
     /// Moved jobs per lateness bucket; one more than the bounds given.
     pub buckets: Vec<u64>,
     /// Expired leases returned to due by this call (`move_due` only).
@@ -826,6 +1314,8 @@ pub struct MoveReply {
     /// Jobs queued in the ready set per two-phase sink, in the route table's sink order
     /// (`move_due` only).
     pub queued: Vec<u64>,
+    /// When the shard's earliest schedule occurrence is due, ms (`move_due` only).
+    pub next_schedule_ms: Option<i64>,
 }
 
 impl MoveReply {
@@ -835,7 +1325,7 @@ impl MoveReply {
 
     /// Parses the reply with `moved_len` per-route counts and `bounds` lateness bounds.
     pub fn parse(value: Value, moved_len: usize, bounds: usize) -> redis::RedisResult<Self> {
-        let fixed = 6 + moved_len + 5 + bounds + 1;
+        let fixed = 6 + moved_len + DEAD_KINDS + bounds + 1;
         // move_raw ends there; move_due adds the expired leases and the per-sink counts.
         let items = match value {
             Value::Array(items) if items.len() == fixed || items.len() >= fixed + 2 => items,
@@ -857,7 +1347,7 @@ impl MoveReply {
         let moved = (0..moved_len)
             .map(|_| as_int(next()).map(|n| n as u64))
             .collect::<Result<_, _>>()?;
-        let mut dead = [0u64; 5];
+        let mut dead = [0u64; DEAD_KINDS];
         for slot in &mut dead {
             *slot = as_int(next())? as u64;
         }
@@ -877,9 +1367,12 @@ impl MoveReply {
             ..MoveReply::default()
         };
         let rest: Vec<Value> = it.collect();
-        if let [reaped, sinks, queued @ ..] = rest.as_slice() {
+        if let [reaped, sinks, tail @ ..] = rest.as_slice() {
             reply.reaped = as_int(reaped.clone())? as u64;
             let sinks = as_int(sinks.clone())? as usize;
+            let [queued @ .., sched_head] = tail else {
+                return Err(protocol_error("move_due reply tail", &Value::Nil));
+            };
             if queued.len() != sinks {
                 return Err(protocol_error("queued per sink", &Value::Int(sinks as i64)));
             }
@@ -887,6 +1380,7 @@ impl MoveReply {
                 .iter()
                 .map(|v| as_int(v.clone()).map(|n| n as u64))
                 .collect::<Result<_, _>>()?;
+            reply.next_schedule_ms = as_string(sched_head.clone())?.parse().ok();
         }
         Ok(reply)
     }
@@ -1025,6 +1519,17 @@ mod tests {
     }
 
     #[test]
+    fn every_script_takes_shard_keys_in_the_one_order() {
+        for (name, keys) in SHARD_KEYS {
+            let mut all = ALL_SHARD_KEYS.iter();
+            assert!(
+                keys.iter().all(|k| all.any(|a| a == k)),
+                "{name}: {keys:?} is not in the order of ALL_SHARD_KEYS"
+            );
+        }
+    }
+
+    #[test]
     fn shard_scripts_take_their_keys_in_the_declared_order() {
         for (name, keys) in SHARD_KEYS {
             let (_, source) = ALL.iter().find(|(n, _)| n == name).expect("script exists");
@@ -1037,6 +1542,41 @@ mod tests {
                     key.name()
                 );
             }
+        }
+    }
+
+    #[test]
+    fn fenced_scripts_check_their_layout_marker_first() {
+        for name in FENCED {
+            let (_, keys) = SHARD_KEYS.iter().find(|(n, _)| n == name).expect("listed");
+            assert_eq!(
+                keys.last(),
+                Some(&Layout),
+                "{name}: the marker is its last shard key"
+            );
+            let (_, source) = ALL.iter().find(|(n, _)| n == name).expect("script exists");
+            let body: Vec<&str> = source
+                .lines()
+                .skip_while(|l| l.starts_with("--") || l.is_empty())
+                .collect();
+            let fence = format!("local layout = redis.call('GET', KEYS[{}])", keys.len());
+            assert!(
+                body.first() == Some(&fence.as_str()),
+                "{name}: the body opens with the layout fence on KEYS[{}]: {:?}",
+                keys.len(),
+                body.get(..3)
+            );
+            assert!(source.contains("layout ~= ARGV[1]"), "{name}");
+            assert!(source.contains("ZDELAY_RESHARDED") && source.contains("ZDELAY_MIGRATING"));
+            assert!(
+                source.contains("-- ARGV[1] the caller's shard count"),
+                "{name}"
+            );
+        }
+        // Every other shard script is zdelay reshard's own, checking the migration's marker.
+        for (name, _) in SHARD_KEYS.iter().filter(|(n, _)| !FENCED.contains(n)) {
+            let (_, source) = ALL.iter().find(|(n, _)| n == name).expect("script exists");
+            assert!(source.contains("ZDELAY_NOT_MIGRATING"), "{name}");
         }
     }
 
@@ -1058,13 +1598,28 @@ mod tests {
             Value::Int(0),
             Value::Int(1),
             Value::Int(1),
+            Value::Int(1),
         ]);
+        let mut due = match v.clone() {
+            Value::Array(items) => items,
+            _ => unreachable!(),
+        };
         let r = MoveReply::parse(v, 2, 1).unwrap();
         assert_eq!(r.taken, 3);
         assert_eq!(r.next_due, Some(1_700_000_000_005.0));
         assert_eq!(r.moved, vec![2, 0]);
-        assert_eq!(r.dead, [1, 0, 0, 0, 0]);
+        assert_eq!(r.dead, [1, 0, 0, 0, 0, 1]);
         assert_eq!(r.buckets, vec![1, 1]);
+        // move_due's tail: reaped leases, one sink's queued count, the schedules' head.
+        due.extend([
+            Value::Int(0),
+            Value::Int(1),
+            Value::Int(7),
+            Value::BulkString(b"1700000000900".to_vec()),
+        ]);
+        let r = MoveReply::parse(Value::Array(due), 2, 1).unwrap();
+        assert_eq!(r.queued, vec![7]);
+        assert_eq!(r.next_schedule_ms, Some(1_700_000_000_900));
         assert!(MoveReply::parse(Value::Array(vec![]), 2, 1).is_err());
     }
 }

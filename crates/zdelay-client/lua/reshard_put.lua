@@ -1,0 +1,67 @@
+-- reshard_put: write jobs, as reshard_take read them from their old shard, into the shard they
+-- belong to under the new shard count. Overwrites: writing the same job twice is writing it once.
+-- KEYS[1] due       ZSET  {zdelay:3}:due
+-- KEYS[2] jobs      HASH  {zdelay:3}:jobs
+-- KEYS[3] inflight  ZSET  {zdelay:3}:inflight
+-- KEYS[4] dead      ZSET  {zdelay:3}:dead
+-- KEYS[5] reasons   HASH  {zdelay:3}:reasons
+-- KEYS[6] scheduled HASH  {zdelay:3}:scheduled
+-- KEYS[7] ready     ZSET  {zdelay:3}:ready
+-- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids
+-- KEYS[9] max_lateness HASH {zdelay:3}:max_lateness
+-- KEYS[10] schedules HASH {zdelay:3}:schedules
+-- KEYS[11] sched_env HASH {zdelay:3}:sched_env
+-- KEYS[12] sched_due ZSET {zdelay:3}:sched_due
+-- KEYS[13] shards   STRING {zdelay:3}:shards    layout marker
+-- ARGV[1] the marker this reshard set ("migrating <from> <to>"); any other value refuses with
+--   ZDELAY_NOT_MIGRATING <marker>, writing nothing
+-- ARGV[2..] records (at most 1000): id, mask, 11 values, M, M members. mask has 11
+--   characters, "1" where the value is present (in reshard_take's order: due, envelope,
+--   inflight, dead, reason, scheduled, ready member, max lateness, schedule definition,
+--   schedule envelope, next occurrence); the M members are added to ready (score 0).
+-- Returns: the number of records written.
+-- Re-run safety: yes (the same values overwrite themselves).
+local marker = redis.call('GET', KEYS[13])
+if marker ~= ARGV[1] then
+  return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
+end
+local function present(mask, k) return string.byte(mask, k) == 49 end -- "1"
+-- Gathered per key, then one command per key for the whole batch.
+local due, jobs, inflight, dead, reasons, scheduled, ready, ready_ids = {}, {}, {}, {}, {}, {}, {}, {}
+local limits, schedules, sched_env, sched_due = {}, {}, {}, {}
+local function pair(t, a, b) t[#t + 1] = a; t[#t + 1] = b end
+local i, written = 2, 0
+while i <= #ARGV do
+  local id, mask, v = ARGV[i], ARGV[i + 1], i + 2
+  if present(mask, 1) then pair(due, ARGV[v], id) end
+  if present(mask, 2) then pair(jobs, id, ARGV[v + 1]) end
+  if present(mask, 3) then pair(inflight, ARGV[v + 2], id) end
+  if present(mask, 4) then pair(dead, ARGV[v + 3], id) end
+  if present(mask, 5) then pair(reasons, id, ARGV[v + 4]) end
+  if present(mask, 6) then pair(scheduled, id, ARGV[v + 5]) end
+  if present(mask, 7) then
+    pair(ready_ids, id, ARGV[v + 6])
+    pair(ready, 0, ARGV[v + 6])
+  end
+  if present(mask, 8) then pair(limits, id, ARGV[v + 7]) end
+  if present(mask, 9) then pair(schedules, id, ARGV[v + 8]) end
+  if present(mask, 10) then pair(sched_env, id, ARGV[v + 9]) end
+  if present(mask, 11) then pair(sched_due, ARGV[v + 10], id) end
+  local m = tonumber(ARGV[v + 11])
+  for j = 1, m do pair(ready, 0, ARGV[v + 11 + j]) end
+  i = v + 12 + m
+  written = written + 1
+end
+if #due > 0 then redis.call('ZADD', KEYS[1], unpack(due)) end
+if #jobs > 0 then redis.call('HSET', KEYS[2], unpack(jobs)) end
+if #inflight > 0 then redis.call('ZADD', KEYS[3], unpack(inflight)) end
+if #dead > 0 then redis.call('ZADD', KEYS[4], unpack(dead)) end
+if #reasons > 0 then redis.call('HSET', KEYS[5], unpack(reasons)) end
+if #scheduled > 0 then redis.call('HSET', KEYS[6], unpack(scheduled)) end
+if #ready > 0 then redis.call('ZADD', KEYS[7], unpack(ready)) end
+if #ready_ids > 0 then redis.call('HSET', KEYS[8], unpack(ready_ids)) end
+if #limits > 0 then redis.call('HSET', KEYS[9], unpack(limits)) end
+if #schedules > 0 then redis.call('HSET', KEYS[10], unpack(schedules)) end
+if #sched_env > 0 then redis.call('HSET', KEYS[11], unpack(sched_env)) end
+if #sched_due > 0 then redis.call('ZADD', KEYS[12], unpack(sched_due)) end
+return written

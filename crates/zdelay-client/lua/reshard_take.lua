@@ -1,0 +1,48 @@
+-- reshard_take: everything one shard stores about some job (or schedule) ids, for zdelay reshard to copy
+-- them into the shard they belong to under the new shard count. Reads only.
+-- KEYS[1] due       ZSET  {zdelay:3}:due
+-- KEYS[2] jobs      HASH  {zdelay:3}:jobs
+-- KEYS[3] inflight  ZSET  {zdelay:3}:inflight
+-- KEYS[4] dead      ZSET  {zdelay:3}:dead
+-- KEYS[5] reasons   HASH  {zdelay:3}:reasons
+-- KEYS[6] scheduled HASH  {zdelay:3}:scheduled
+-- KEYS[7] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
+-- KEYS[8] max_lateness HASH {zdelay:3}:max_lateness
+-- KEYS[9] schedules HASH  {zdelay:3}:schedules   schedule id -> "<version>\n<definition>"
+-- KEYS[10] sched_env HASH {zdelay:3}:sched_env   schedule id -> its occurrences' envelope
+-- KEYS[11] sched_due ZSET {zdelay:3}:sched_due   schedule id -> next occurrence
+-- KEYS[12] shards   STRING {zdelay:3}:shards    layout marker
+-- ARGV[1] the marker this reshard set ("migrating <from> <to>"): any other value refuses with
+--   ZDELAY_NOT_MIGRATING <marker> (another reshard finished, or none runs)
+-- ARGV[2..] ids, at most 1000
+-- Returns: per id, 11 values (nil where absent): due score, envelope, inflight score (lease
+--   deadline), dead score, reason, scheduled due, its member in ready, max lateness, schedule
+--   definition, schedule envelope, next occurrence. Scores as Redis prints them, so they are
+--   written back exactly.
+-- Re-run safety: yes (read only).
+local marker = redis.call('GET', KEYS[12])
+if marker ~= ARGV[1] then
+  return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
+end
+local ids = {}
+for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then return {} end
+-- One command per key for the whole batch (ZMSCORE, HMGET), not one per id.
+local cols = {
+  redis.call('ZMSCORE', KEYS[1], unpack(ids)),
+  redis.call('HMGET', KEYS[2], unpack(ids)),
+  redis.call('ZMSCORE', KEYS[3], unpack(ids)),
+  redis.call('ZMSCORE', KEYS[4], unpack(ids)),
+  redis.call('HMGET', KEYS[5], unpack(ids)),
+  redis.call('HMGET', KEYS[6], unpack(ids)),
+  redis.call('HMGET', KEYS[7], unpack(ids)),
+  redis.call('HMGET', KEYS[8], unpack(ids)),
+  redis.call('HMGET', KEYS[9], unpack(ids)),
+  redis.call('HMGET', KEYS[10], unpack(ids)),
+  redis.call('ZMSCORE', KEYS[11], unpack(ids)),
+}
+local out = {}
+for i = 1, #ids do
+  for c = 1, 11 do out[#out + 1] = cols[c][i] end
+end
+return out

@@ -1,0 +1,963 @@
+//! Resharding: moving a live namespace's envelope jobs to another shard count
+//! (`zdelay reshard --to N`), without loss or duplicates, on one Redis or a Redis Cluster.
+//!
+//! A job's shard is `crc16(id) % shards`, so a new count moves most ids to another shard, and
+//! on a cluster the old and the new shard live in different slots: a job's move cannot be one
+//! atomic script. So the namespace is first **frozen**, then every step is idempotent:
+//!
+//! 1. Checks: no daemon is registered live in `{ns}:instances` (daemons must be stopped: they
+//!    are named), `--to` is in range, no other reshard is unfinished, and shards the
+//!    namespace does not have yet hold no data.
+//! 2. Freeze: `<ns>:schema` gets `migrating = "<from> <to>"` (clients and daemons that connect
+//!    now refuse with a retryable error), then the layout marker of every shard below
+//!    `max(from, to)` becomes `"migrating <from> <to>"`: from then on every script that writes
+//!    a shard for a producer, an operator or a daemon refuses (`ZDELAY_MIGRATING`) before
+//!    writing anything, so the jobs stay still. The job counts are taken and stored in the
+//!    schema (`migrating_counts`).
+//! 3. Move, old shard by old shard (a few at once): scan each key of the shard for ids whose
+//!    shard under the new count is another one; read everything the shard holds about them
+//!    (`reshard_take`), write it into the new shard (`reshard_put`, overwriting), then delete
+//!    it from the old one (`reshard_drop`). Copy before delete, so a crash between the two
+//!    leaves a job in both places, identical, and the next run copies it again (same values)
+//!    and deletes it. A shard is done when a whole pass finds nothing to move.
+//!    Jobs keep every piece of state as it was: due score, envelope, lease deadline of a job
+//!    in flight (which lapses, and the next daemon's `move_due` makes it due again, keeping
+//!    its scheduled due and so its idempotency key `<id>:<due>`), place in the ready set,
+//!    death time and reason.
+//! 4. Verify: the counts over the new shards equal the stored ones, and the shards the new
+//!    count drops hold nothing. A mismatch stops here, still frozen, with both counts.
+//! 5. Finish: every marker below `max(from, to)` becomes `to` (retired shards too, so a stale
+//!    process that writes there is refused), then the schema says `shards = to` and loses
+//!    `migrating`.
+//!
+//! Running it again after a crash anywhere resumes (the schema says which reshard is
+//! unfinished) and finishes it. Nothing here prints: progress goes to a callback.
+
+use crate::config::MAX_SHARDS;
+use crate::keys::{Keys, LAYOUT_VERSION};
+use crate::store::scripts::{self, ScanKind, StoredJob};
+use crate::store::{self, Conn, Layout, StoreError};
+use futures::{StreamExt, TryStreamExt};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Instant;
+
+/// Ids per `reshard_take` / `reshard_drop` call.
+pub const DEFAULT_BATCH: usize = 500;
+/// The most ids per call (the scripts unpack a batch into one command per key).
+pub const MAX_BATCH: usize = 1000;
+/// Old shards moved at once.
+pub const DEFAULT_CONCURRENCY: usize = 4;
+/// COUNT hint of each scan page.
+const SCAN_COUNT: usize = 1000;
+/// Largest payload of one `reshard_put` call, bytes (at least one job per call).
+const PUT_BYTES: usize = 4 << 20;
+/// Round trips run at once for per-shard commands (counts, markers).
+const PARALLEL: usize = 16;
+
+/// What to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The new shard count.
+    pub to: u16,
+    /// Check and count what would move; change nothing.
+    pub dry_run: bool,
+    /// Ids per script call, 1..=[`MAX_BATCH`].
+    pub batch: usize,
+    /// Old shards moved at once.
+    pub concurrency: usize,
+}
+
+impl Options {
+    pub fn new(to: u16) -> Self {
+        Options {
+            to,
+            dry_run: false,
+            batch: DEFAULT_BATCH,
+            concurrency: DEFAULT_CONCURRENCY,
+        }
+    }
+}
+
+/// How many entries each kind of shard key holds, over a set of shards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    /// Envelopes (`:jobs`): one per stored job.
+    pub jobs: u64,
+    /// Scheduled or due, not yet moved (`:due`).
+    pub due: u64,
+    /// Claimed by a two-phase sink (`:inflight`).
+    pub inflight: u64,
+    /// Due and waiting for their two-phase sink (`:ready`; `ready_ids` indexes them).
+    pub ready: u64,
+    pub ready_ids: u64,
+    pub dead: u64,
+    pub reasons: u64,
+    /// Scheduled dues kept for idempotency keys (`:scheduled`).
+    pub scheduled: u64,
+    /// Jobs with a max lateness (`:max_lateness`).
+    pub max_lateness: u64,
+    /// Recurring schedules (`:schedules`, `:sched_env`) and their pending occurrences
+    /// (`:sched_due`).
+    pub schedules: u64,
+    pub sched_env: u64,
+    pub sched_due: u64,
+}
+
+impl Counts {
+    const FIELDS: usize = 12;
+
+    fn array(&self) -> [u64; Self::FIELDS] {
+        [
+            self.jobs,
+            self.due,
+            self.inflight,
+            self.ready,
+            self.ready_ids,
+            self.dead,
+            self.reasons,
+            self.scheduled,
+            self.max_lateness,
+            self.schedules,
+            self.sched_env,
+            self.sched_due,
+        ]
+    }
+
+    fn from_array(a: [u64; Self::FIELDS]) -> Self {
+        Counts {
+            jobs: a[0],
+            due: a[1],
+            inflight: a[2],
+            ready: a[3],
+            ready_ids: a[4],
+            dead: a[5],
+            reasons: a[6],
+            scheduled: a[7],
+            max_lateness: a[8],
+            schedules: a[9],
+            sched_env: a[10],
+            sched_due: a[11],
+        }
+    }
+
+    fn add(&mut self, other: &Counts) {
+        let (a, b) = (self.array(), other.array());
+        *self = Counts::from_array(std::array::from_fn(|i| a[i] + b[i]));
+    }
+
+    /// As stored in the schema's `migrating_counts`: the numbers in field order.
+    pub fn encode(&self) -> String {
+        self.array().map(|n| n.to_string()).join(" ")
+    }
+
+    pub fn decode(text: &str) -> Option<Counts> {
+        let numbers: Vec<u64> = text
+            .split(' ')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        Some(Counts::from_array(numbers.try_into().ok()?))
+    }
+}
+
+impl std::fmt::Display for Counts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} jobs (due or scheduled {}, in flight {}, waiting for a sink {}, dead {}; \
+             reasons {}, scheduled dues {}, ready index {}, lateness limits {}), {} recurring \
+             schedules ({} envelopes, {} pending occurrences)",
+            self.jobs,
+            self.due,
+            self.inflight,
+            self.ready,
+            self.dead,
+            self.reasons,
+            self.scheduled,
+            self.ready_ids,
+            self.max_lateness,
+            self.schedules,
+            self.sched_env,
+            self.sched_due
+        )
+    }
+}
+
+/// A daemon registered on the namespace.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Daemon {
+    pub id: String,
+    /// Ms since its last heartbeat (Redis clock).
+    pub last_seen_ms: i64,
+    /// Ms until its registration lapses if it stops beating.
+    pub expires_in_ms: i64,
+}
+
+/// What happens as a reshard runs, for the caller to show. The order is the order below.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// Starting (or resuming an unfinished reshard).
+    Start { from: u16, to: u16, resumed: bool },
+    /// Something the operator should know; the reshard goes on.
+    Warning(String),
+    /// The namespace is frozen; these are its counts.
+    Frozen { counts: Counts },
+    /// `jobs` jobs of `shard` were written into their new shards, not yet deleted from it.
+    Copied { shard: u16, jobs: usize },
+    /// Jobs moved so far, over every shard.
+    Moved { total: u64 },
+    /// Nothing of `shard` is left to move; `moved` jobs left it.
+    ShardDone { shard: u16, moved: u64 },
+    /// The counts over the new shards equal the frozen ones.
+    Verified { counts: Counts },
+    /// Every marker says the new count; the schema is next.
+    Finishing,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The namespace already has that many shards and no reshard is unfinished.
+    AlreadyDone {
+        namespace: String,
+        shards: u16,
+    },
+    /// `--dry-run`: nothing changed.
+    DryRun(Plan),
+    Done(Report),
+}
+
+/// What a reshard would do.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Plan {
+    pub namespace: String,
+    pub from: u16,
+    pub to: u16,
+    /// An unfinished reshard to the same count would be resumed.
+    pub resume: bool,
+    pub counts: Counts,
+    /// Distinct ids whose shard changes.
+    pub to_move: u64,
+    /// Daemons registered now: the reshard would refuse while any is.
+    pub daemons: Vec<Daemon>,
+}
+
+/// What a finished reshard did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Report {
+    pub namespace: String,
+    pub from: u16,
+    pub to: u16,
+    pub resumed: bool,
+    /// Counted when the namespace was frozen (by the first run, when resumed)…
+    pub before: Counts,
+    /// …and over the new shards at the end: equal.
+    pub after: Counts,
+    /// Ids moved by this run.
+    pub moved: u64,
+    pub elapsed_ms: u64,
+}
+
+/// Why a reshard refused or stopped. Every refusal leaves the namespace as it was; a stop
+/// after the freeze leaves it frozen, and running the command again finishes it.
+#[derive(Debug, thiserror::Error)]
+pub enum ReshardError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("--to {0} is out of range: a namespace has 1..={MAX_SHARDS} shards")]
+    OutOfRange(u32),
+    #[error("namespace {0} has no schema ({0}:schema): nothing to reshard")]
+    NoSchema(String),
+    #[error("{}", daemons_text(.namespace, .daemons))]
+    DaemonsRunning {
+        namespace: String,
+        daemons: Vec<Daemon>,
+    },
+    #[error(
+        "a reshard of namespace {namespace} from {from} to {to} shards is unfinished: run \
+         `zdelay reshard --to {to}` to finish it first"
+    )]
+    OtherReshard {
+        namespace: String,
+        from: u16,
+        to: u16,
+    },
+    #[error(
+        "shard {shard} is beyond namespace {namespace}'s {shards} shards but holds data ({}): \
+         inspect and remove it before resharding", keys.join(", ")
+    )]
+    StrayData {
+        namespace: String,
+        shards: u16,
+        shard: u16,
+        keys: Vec<String>,
+    },
+    #[error(
+        "the layout marker of a shard changed under this reshard ({0}): another `zdelay \
+         reshard` ran at the same time or finished it; run it again to see where it stands"
+    )]
+    MarkerChanged(String),
+    #[error(
+        "counts differ after moving every job (nothing is lost from Redis: the namespace stays \
+         frozen; run `zdelay reshard --to {to}` again, and if it persists inspect the shards): \
+         before {before}; after {after}"
+    )]
+    CountMismatch {
+        to: u16,
+        before: Counts,
+        after: Counts,
+    },
+    #[error(
+        "shard {shard} still holds data after the move ({}); the namespace stays frozen: run \
+         `zdelay reshard --to {to}` again", keys.join(", ")
+    )]
+    RetiredNotEmpty {
+        to: u16,
+        shard: u16,
+        keys: Vec<String>,
+    },
+}
+
+impl From<redis::RedisError> for ReshardError {
+    fn from(e: redis::RedisError) -> Self {
+        if e.code() == Some("ZDELAY_NOT_MIGRATING") {
+            return ReshardError::MarkerChanged(e.detail().unwrap_or_default().to_owned());
+        }
+        ReshardError::Store(StoreError::Redis(e))
+    }
+}
+
+fn daemons_text(namespace: &str, daemons: &[Daemon]) -> String {
+    let list: Vec<String> = daemons
+        .iter()
+        .map(|d| {
+            format!(
+                "{} (last heartbeat {:.1} s ago, registration lapses in {:.1} s)",
+                d.id,
+                d.last_seen_ms as f64 / 1000.0,
+                d.expires_in_ms as f64 / 1000.0
+            )
+        })
+        .collect();
+    format!(
+        "{} daemon{} registered on namespace {namespace}: {}. Stop every daemon first \
+         (SIGTERM hands its registration back at once; a killed one stays registered until \
+         its registration lapses), reshard, then start them with the new redis.shards",
+        daemons.len(),
+        if daemons.len() == 1 { " is" } else { "s are" },
+        list.join(", ")
+    )
+}
+
+/// Reshards `namespace` to `opts.to` shards (see the module's documentation), or with
+/// `opts.dry_run` says what it would do.
+pub async fn reshard(
+    con: &Conn,
+    namespace: &str,
+    opts: &Options,
+    progress: &(dyn Fn(Progress) + Send + Sync),
+) -> Result<Outcome, ReshardError> {
+    let started = Instant::now();
+    let mut con = con.clone();
+    let to = opts.to;
+    if to == 0 || to > MAX_SHARDS {
+        return Err(ReshardError::OutOfRange(to.into()));
+    }
+    let probe = Keys::new(namespace, 1);
+    let schema = store::read_schema(&mut con, &probe).await?;
+    let (Some(layout), Some(shards)) = (&schema.layout, schema.shards) else {
+        return Err(ReshardError::NoSchema(namespace.to_owned()));
+    };
+    if *layout != LAYOUT_VERSION.to_string() {
+        return Err(StoreError::Schema(format!(
+            "{} says layout {layout}; this build knows layout {LAYOUT_VERSION} only",
+            probe.schema()
+        ))
+        .into());
+    }
+    let (from, resumed) = match schema.migrating {
+        Some((from, unfinished)) if unfinished == to => (from, true),
+        Some((from, unfinished)) => {
+            return Err(ReshardError::OtherReshard {
+                namespace: namespace.to_owned(),
+                from,
+                to: unfinished,
+            });
+        }
+        None if shards == to => {
+            return Ok(Outcome::AlreadyDone {
+                namespace: namespace.to_owned(),
+                shards,
+            });
+        }
+        None => (shards, false),
+    };
+    let old = Keys::new(namespace, from);
+    let new = Keys::new(namespace, to);
+    // Every shard either layout has: where jobs may be, and what gets a marker.
+    let span = from.max(to);
+    let daemons = live_daemons(&mut con, &probe).await?;
+    if !resumed {
+        // Shards the namespace does not have yet must be empty: what they hold would be
+        // taken for jobs of the new layout.
+        for shard in from..to {
+            let keys = stored_keys(&con, &new, shard).await?;
+            if !keys.is_empty() {
+                return Err(ReshardError::StrayData {
+                    namespace: namespace.to_owned(),
+                    shards: from,
+                    shard,
+                    keys,
+                });
+            }
+        }
+    }
+    if opts.dry_run {
+        let counts = match (&schema.migrating_counts, resumed) {
+            (Some(c), true) => Counts::decode(c).unwrap_or_default(),
+            _ => count(&con, &old, 0..span).await?,
+        };
+        let to_move = count_misplaced(&con, &new, from).await?;
+        return Ok(Outcome::DryRun(Plan {
+            namespace: namespace.to_owned(),
+            from,
+            to,
+            resume: resumed,
+            counts,
+            to_move,
+            daemons,
+        }));
+    }
+    if !daemons.is_empty() {
+        return Err(ReshardError::DaemonsRunning {
+            namespace: namespace.to_owned(),
+            daemons,
+        });
+    }
+    progress(Progress::Start { from, to, resumed });
+
+    // Freeze.
+    let migrating = Layout::Migrating { from, to };
+    let marker = migrating.marker();
+    if !resumed {
+        let set: bool = redis::cmd("HSETNX")
+            .arg(probe.schema())
+            .arg("migrating")
+            .arg(format!("{from} {to}"))
+            .query_async(&mut con)
+            .await?;
+        if !set {
+            return Err(ReshardError::MarkerChanged(
+                "another reshard froze the namespace meanwhile".into(),
+            ));
+        }
+    }
+    set_markers(&con, &new, span, &marker).await?;
+    let late = live_daemons(&mut con, &probe).await?;
+    if !late.is_empty() {
+        progress(Progress::Warning(format!(
+            "{}; their scripts are refused from now on, so they stop on their own",
+            daemons_text(namespace, &late)
+        )));
+    }
+    let before = match schema.migrating_counts.as_deref().map(Counts::decode) {
+        Some(Some(counts)) if resumed => counts,
+        _ => {
+            // Nothing has moved yet: moving starts only once the counts are stored.
+            let counts = count(&con, &old, 0..span).await?;
+            let _: () = redis::cmd("HSET")
+                .arg(probe.schema())
+                .arg("migrating_counts")
+                .arg(counts.encode())
+                .query_async(&mut con)
+                .await?;
+            counts
+        }
+    };
+    progress(Progress::Frozen { counts: before });
+
+    // Move.
+    let moved_total = std::sync::atomic::AtomicU64::new(0);
+    let mover = Mover {
+        con: &con,
+        new: &new,
+        marker: &marker,
+        batch: opts.batch.clamp(1, MAX_BATCH),
+        progress,
+        moved_total: &moved_total,
+    };
+    // Only the old shards can hold misplaced jobs: a shard the namespace did not have held
+    // nothing at the freeze (checked above), and `reshard_put` writes each job into its own.
+    let moved: u64 = futures::stream::iter(0..from)
+        .map(|shard| mover.drain(shard))
+        .buffer_unordered(opts.concurrency.max(1))
+        .try_fold(0, |total, moved| async move { Ok(total + moved) })
+        .await?;
+
+    // Verify.
+    let after = count(&con, &new, 0..to).await?;
+    for shard in to..from {
+        let keys = stored_keys(&con, &new, shard).await?;
+        if !keys.is_empty() {
+            return Err(ReshardError::RetiredNotEmpty { to, shard, keys });
+        }
+    }
+    if after != before {
+        return Err(ReshardError::CountMismatch { to, before, after });
+    }
+    progress(Progress::Verified { counts: after });
+
+    // Finish: markers first (a stale process is refused everywhere), then the schema.
+    set_markers(&con, &new, span, &Layout::Shards(to).marker()).await?;
+    progress(Progress::Finishing);
+    let _: () = redis::cmd("HSET")
+        .arg(probe.schema())
+        .arg("shards")
+        .arg(to)
+        .query_async(&mut con)
+        .await?;
+    let _: () = redis::cmd("HDEL")
+        .arg(probe.schema())
+        .arg("migrating")
+        .arg("migrating_counts")
+        .query_async(&mut con)
+        .await?;
+    Ok(Outcome::Done(Report {
+        namespace: namespace.to_owned(),
+        from,
+        to,
+        resumed,
+        before,
+        after,
+        moved,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    }))
+}
+
+/// The daemons registered live on the namespace (`{ns}:instances`, by the Redis clock).
+pub async fn live_daemons(con: &mut Conn, keys: &Keys) -> Result<Vec<Daemon>, ReshardError> {
+    let now = store::server_time_ms(con).await?;
+    let registered: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.instances())
+        .query_async(con)
+        .await?;
+    Ok(live_from(&registered, now))
+}
+
+/// Parses the instances hash (`id → "<expiry ms> <last heartbeat ms>"`) at `now`.
+fn live_from(registered: &BTreeMap<String, String>, now: i64) -> Vec<Daemon> {
+    registered
+        .iter()
+        .filter_map(|(id, value)| {
+            let mut parts = value.split(' ').map(|p| p.parse::<i64>().ok());
+            let expiry = parts.next().flatten()?;
+            let last = parts.next().flatten().unwrap_or(expiry);
+            (expiry > now).then(|| Daemon {
+                id: id.clone(),
+                last_seen_ms: (now - last).max(0),
+                expires_in_ms: expiry - now,
+            })
+        })
+        .collect()
+}
+
+/// The data keys of `shard` that exist.
+async fn stored_keys(con: &Conn, keys: &Keys, shard: u16) -> Result<Vec<String>, ReshardError> {
+    let names = data_keys(keys, shard);
+    let mut pipe = redis::pipe();
+    for name in &names {
+        pipe.exists(name);
+    }
+    let exists: Vec<bool> = pipe.query_async(&mut con.clone()).await?;
+    Ok(names
+        .into_iter()
+        .zip(exists)
+        .filter_map(|(name, e)| e.then_some(name))
+        .collect())
+}
+
+/// Every key of a shard that holds jobs, in [`Counts`] order.
+fn data_keys(keys: &Keys, shard: u16) -> Vec<String> {
+    let k = keys.shard(shard);
+    vec![
+        k.jobs,
+        k.due,
+        k.inflight,
+        k.ready,
+        k.ready_ids,
+        k.dead,
+        k.reasons,
+        k.scheduled,
+        k.max_lateness,
+        k.schedules,
+        k.sched_env,
+        k.sched_due,
+    ]
+}
+
+/// The counts over `shards` (one pipeline per shard, so one slot each).
+async fn count(
+    con: &Conn,
+    keys: &Keys,
+    shards: std::ops::Range<u16>,
+) -> Result<Counts, ReshardError> {
+    let per_shard = futures::stream::iter(shards)
+        .map(|shard| {
+            let mut con = con.clone();
+            let k = keys.shard(shard);
+            async move {
+                let sizes: [u64; Counts::FIELDS] = redis::pipe()
+                    .hlen(&k.jobs)
+                    .zcard(&k.due)
+                    .zcard(&k.inflight)
+                    .zcard(&k.ready)
+                    .hlen(&k.ready_ids)
+                    .zcard(&k.dead)
+                    .hlen(&k.reasons)
+                    .hlen(&k.scheduled)
+                    .hlen(&k.max_lateness)
+                    .hlen(&k.schedules)
+                    .hlen(&k.sched_env)
+                    .zcard(&k.sched_due)
+                    .query_async(&mut con)
+                    .await?;
+                Ok::<_, ReshardError>(Counts::from_array(sizes))
+            }
+        })
+        .buffer_unordered(PARALLEL);
+    per_shard
+        .try_fold(Counts::default(), |mut total, counts| async move {
+            total.add(&counts);
+            Ok(total)
+        })
+        .await
+}
+
+/// Sets the layout marker of shards `0..span` to `value`.
+async fn set_markers(con: &Conn, keys: &Keys, span: u16, value: &str) -> Result<(), ReshardError> {
+    futures::stream::iter(0..span)
+        .map(|shard| {
+            let mut con = con.clone();
+            let key = keys.layout(shard);
+            async move {
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(value)
+                    .query_async::<()>(&mut con)
+                    .await
+            }
+        })
+        .buffer_unordered(PARALLEL)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// The keys a pass scans for ids, with what each holds per id. The envelopes come last: by
+/// then they are mostly the ids that stay.
+fn scanned(keys: &crate::keys::ShardKeys) -> [(&str, ScanKind, bool); 12] {
+    [
+        (&keys.schedules, ScanKind::Hash, false),
+        (&keys.sched_env, ScanKind::Hash, false),
+        (&keys.sched_due, ScanKind::Zset, false),
+        (&keys.max_lateness, ScanKind::Hash, false),
+        (&keys.due, ScanKind::Zset, false),
+        (&keys.inflight, ScanKind::Zset, false),
+        (&keys.dead, ScanKind::Zset, false),
+        (&keys.ready, ScanKind::Zset, true),
+        (&keys.ready_ids, ScanKind::Hash, false),
+        (&keys.scheduled, ScanKind::Hash, false),
+        (&keys.reasons, ScanKind::Hash, false),
+        (&keys.jobs, ScanKind::Hash, false),
+    ]
+}
+
+/// The id inside a ready-set member `<sink>\n<due>\n<id>`.
+pub fn ready_member_id(member: &[u8]) -> Option<&[u8]> {
+    let mut parts = member.splitn(3, |&b| b == b'\n');
+    parts.next()?;
+    parts.next()?;
+    parts.next()
+}
+
+/// For the dry run: distinct ids of shards `0..from` whose shard under `new` is another.
+async fn count_misplaced(con: &Conn, new: &Keys, from: u16) -> Result<u64, ReshardError> {
+    let per_shard = futures::stream::iter(0..from)
+        .map(|shard| async move {
+            let mut con = con.clone();
+            let keys = new.shard(shard);
+            let mut misplaced: HashSet<Vec<u8>> = HashSet::new();
+            for (key, kind, ready) in scanned(&keys) {
+                let mut cursor = "0".to_owned();
+                loop {
+                    let (next, items) =
+                        scripts::reshard_scan(&mut con, key, kind, &cursor, SCAN_COUNT).await?;
+                    for item in items {
+                        let id = if ready {
+                            match ready_member_id(&item) {
+                                Some(id) => id.to_vec(),
+                                None => continue,
+                            }
+                        } else {
+                            item
+                        };
+                        if new.shard_of_bytes(&id) != shard {
+                            misplaced.insert(id);
+                        }
+                    }
+                    if next == "0" {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            Ok::<_, ReshardError>(misplaced.len() as u64)
+        })
+        .buffer_unordered(DEFAULT_CONCURRENCY);
+    per_shard
+        .try_fold(0, |total, n| async move { Ok(total + n) })
+        .await
+}
+
+/// Moves the misplaced jobs of old shards into their new ones.
+struct Mover<'a> {
+    con: &'a Conn,
+    new: &'a Keys,
+    marker: &'a str,
+    batch: usize,
+    progress: &'a (dyn Fn(Progress) + Send + Sync),
+    moved_total: &'a std::sync::atomic::AtomicU64,
+}
+
+impl Mover<'_> {
+    /// Moves every job of `shard` that belongs elsewhere under the new count; returns how
+    /// many. Passes over every key of the shard until one finds nothing to move.
+    async fn drain(&self, shard: u16) -> Result<u64, ReshardError> {
+        let mut con = self.con.clone();
+        let keys = self.new.shard(shard);
+        let mut moved = 0;
+        loop {
+            let mut moved_in_pass = 0;
+            for (key, kind, ready) in scanned(&keys) {
+                let mut cursor = "0".to_owned();
+                loop {
+                    let (next, items) =
+                        scripts::reshard_scan(&mut con, key, kind, &cursor, SCAN_COUNT).await?;
+                    let mut ids: Vec<Vec<u8>> = Vec::new();
+                    let mut seen: HashSet<Vec<u8>> = HashSet::new();
+                    // Ready members found in the set itself (normally also in ready_ids).
+                    let mut members: HashMap<Vec<u8>, Vec<Vec<u8>>> = HashMap::new();
+                    for item in items {
+                        let id = if ready {
+                            match ready_member_id(&item) {
+                                Some(id) => id.to_vec(),
+                                // Not a member zdelay writes: left alone (verify counts it).
+                                None => continue,
+                            }
+                        } else {
+                            item.clone()
+                        };
+                        if self.new.shard_of_bytes(&id) == shard {
+                            continue;
+                        }
+                        if ready {
+                            members.entry(id.clone()).or_default().push(item);
+                        }
+                        if seen.insert(id.clone()) {
+                            ids.push(id);
+                        }
+                    }
+                    for chunk in ids.chunks(self.batch) {
+                        moved_in_pass += self.move_ids(&mut con, shard, chunk, &members).await?;
+                    }
+                    if next == "0" {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            moved += moved_in_pass;
+            if moved_in_pass == 0 {
+                break;
+            }
+        }
+        (self.progress)(Progress::ShardDone { shard, moved });
+        Ok(moved)
+    }
+
+    /// Copies `ids` from `shard` into their new shards, then deletes them from `shard`.
+    async fn move_ids(
+        &self,
+        con: &mut Conn,
+        shard: u16,
+        ids: &[Vec<u8>],
+        members: &HashMap<Vec<u8>, Vec<Vec<u8>>>,
+    ) -> Result<u64, ReshardError> {
+        let source = self.new.shard(shard);
+        let mut jobs = scripts::reshard_take(con, &source, self.marker, ids).await?;
+        for job in &mut jobs {
+            if let Some(found) = members.get(&job.id) {
+                job.ready = found
+                    .iter()
+                    .filter(|m| job.ready_member.as_ref() != Some(*m))
+                    .cloned()
+                    .collect();
+            }
+        }
+        jobs.retain(|job| !job.is_empty());
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let mut by_target: BTreeMap<u16, Vec<&StoredJob>> = BTreeMap::new();
+        for job in &jobs {
+            by_target
+                .entry(self.new.shard_of_bytes(&job.id))
+                .or_default()
+                .push(job);
+        }
+        let puts = by_target.iter().flat_map(|(target, group)| {
+            put_calls(group).into_iter().map(move |call| {
+                let mut con = self.con.clone();
+                let keys = self.new.shard(*target);
+                async move { scripts::reshard_put(&mut con, &keys, self.marker, &call).await }
+            })
+        });
+        futures::future::try_join_all(puts).await?;
+        (self.progress)(Progress::Copied {
+            shard,
+            jobs: jobs.len(),
+        });
+        scripts::reshard_drop(con, &source, self.marker, &jobs).await?;
+        // Nothing else writes a frozen shard: what was read is what was deleted.
+        let moved = jobs.len() as u64;
+        let total = self
+            .moved_total
+            .fetch_add(moved, std::sync::atomic::Ordering::Relaxed)
+            + moved;
+        (self.progress)(Progress::Moved { total });
+        Ok(moved)
+    }
+}
+
+/// Splits jobs into `reshard_put` calls of at most [`PUT_BYTES`] (at least one job each).
+fn put_calls(jobs: &[&StoredJob]) -> Vec<Vec<StoredJob>> {
+    let mut calls: Vec<Vec<StoredJob>> = Vec::new();
+    let mut size = 0;
+    for job in jobs {
+        if calls.is_empty() || size + job.size() > PUT_BYTES {
+            calls.push(Vec::new());
+            size = 0;
+        }
+        size += job.size();
+        calls.last_mut().expect("pushed above").push((*job).clone());
+    }
+    calls
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_round_trip_and_add() {
+        let c = Counts {
+            jobs: 10,
+            due: 7,
+            inflight: 1,
+            ready: 2,
+            ready_ids: 2,
+            dead: 3,
+            reasons: 3,
+            scheduled: 1,
+            max_lateness: 1,
+            schedules: 2,
+            sched_env: 2,
+            sched_due: 1,
+        };
+        assert_eq!(Counts::decode(&c.encode()), Some(c));
+        assert_eq!(Counts::decode("1 2 3"), None);
+        assert_eq!(Counts::decode("a b c d e f g h"), None);
+        let mut sum = c;
+        sum.add(&c);
+        assert_eq!(sum.jobs, 20);
+        assert_eq!(sum.scheduled, 2);
+        assert!(
+            c.to_string()
+                .starts_with("10 jobs (due or scheduled 7, in flight 1")
+        );
+    }
+
+    #[test]
+    fn live_daemons_are_those_whose_registration_has_not_lapsed() {
+        let registered: BTreeMap<String, String> = [
+            ("a", "2000 1500"),
+            ("b", "999 500"),
+            ("c", "garbage"),
+            ("d", "1001"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let live = live_from(&registered, 1000);
+        assert_eq!(
+            live,
+            vec![
+                Daemon {
+                    id: "a".into(),
+                    last_seen_ms: 0,
+                    expires_in_ms: 1000
+                },
+                Daemon {
+                    id: "d".into(),
+                    last_seen_ms: 0,
+                    expires_in_ms: 1
+                }
+            ]
+        );
+        let text = daemons_text("zdelay", &live);
+        assert!(text.starts_with("2 daemons are registered on namespace zdelay: a (last"));
+    }
+
+    #[test]
+    fn ready_members_name_their_id() {
+        assert_eq!(
+            ready_member_id(b"bus\n0001700000000000\n{u}:x\ny"),
+            Some(&b"{u}:x\ny"[..])
+        );
+        assert_eq!(ready_member_id(b"bus\n0001700000000000"), None);
+    }
+
+    #[test]
+    fn puts_are_split_by_size() {
+        let job = |n: usize| StoredJob {
+            id: b"x".to_vec(),
+            envelope: Some(vec![0; n]),
+            ..StoredJob::default()
+        };
+        let (small, big) = (job(10), job(PUT_BYTES));
+        let calls = put_calls(&[&small, &small, &big, &small]);
+        assert_eq!(
+            calls.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![2, 1, 1]
+        );
+        assert!(put_calls(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_reshard_moves_what_the_new_count_places_elsewhere() {
+        // The pure rule behind a reshard: ids stay exactly when both counts agree.
+        let (old, new) = (Keys::new("zdelay", 4), Keys::new("zdelay", 8));
+        let mut stay = 0;
+        for i in 0..8000 {
+            let id = format!("job-{i}");
+            let (o, n) = (old.shard_of(&id), new.shard_of(&id));
+            assert!(
+                n == o || n == o + 4,
+                "4 → 8 splits shard s into s and s + 4"
+            );
+            stay += usize::from(n == o);
+        }
+        assert!((3000..5000).contains(&stay), "about half stay: {stay}");
+    }
+}

@@ -1,0 +1,1195 @@
+//! Recurring schedules, the pure part: the stored definition ([`ScheduleDef`]), its
+//! validation, the next occurrence ([`Schedule::next_after`]) and what to deliver when
+//! occurrences were missed ([`Schedule::plan`]). No Redis here: the daemon's scripts store
+//! the definition as JSON and the next occurrence as a score; this module computes both.
+//!
+//! Times are epoch milliseconds (UTC) throughout, like [`crate::job::Due::At`].
+//!
+//! # Crates, chosen by testing their edge cases
+//!
+//! The same 21 cases (the DST cases of the tests below, leap years, the 31st, weekday 0/7,
+//! day-of-month OR day-of-week, 5/6 fields, a pattern that never fires) were run against
+//! each candidate, 2026-11:
+//! - `cron` 0.17 (+ chrono-tz): 5/21. Skips the spring-forward day (no 02:30 on 2026-03-29
+//!   in Paris, nor 00:00 on 2018-11-04 in Sao Paulo), fires twice on fall-back (02:30 +02
+//!   and +01), weekdays 1-7 from Sunday = 1 (`0` rejected, `7` = Saturday, `1-5` = Sun-Thu),
+//!   day-of-month AND day-of-week, seconds field mandatory.
+//! - `jiff-cron` 0.3 (a port of `cron`): 9/21. Gap moved by its length (02:30 -> 03:30, not
+//!   03:00), New York fall-back fires at the second 01:30 (-05), same weekday numbering.
+//! - `saffron` 0.1: 3/21. UTC only, no seconds field, `0` rejected, `7` = Saturday.
+//! - `croner` 4.0.3 (with chrono-tz or jiff): 19/21, all single-time DST cases right,
+//!   weekday 0 = 7 = Sunday, Vixie OR, 5 or 6 fields. Fails the two cases where its DST rule
+//!   is not this project's: a multi-valued time in the gap (`0,30 2 * * *`) does not fire
+//!   at all that day (it carries only single-valued "fixed-time" patterns over a gap), and
+//!   an hourly pattern fires twice in a repeated hour (01:00 -04 and 01:00 -05).
+//!
+//! So: `croner` parses and matches the fields, walking *civil* time (jiff's
+//! `civil::DateTime`, no zone: pure calendar), and this module resolves each matching civil
+//! time to an instant with `jiff`'s IANA data: in a gap → the first instant after the gap
+//! (once, however many skipped times matched); in a fold → the earlier instant only. That
+//! is the one piece written here; all 21 cases pass with it (the tests below). `jiff` reads
+//! the system tzdb (`/usr/share/zoneinfo`, or `TZDIR`) and falls back to its bundled copy
+//! (feature `tzdb-bundle-always`), so a container without tzdata still knows the zones.
+
+use std::collections::VecDeque;
+
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+use jiff::Timestamp;
+use jiff::civil::DateTime;
+use jiff::tz::{AmbiguousOffset, Offset, TimeZone};
+use serde::{Deserialize, Serialize};
+
+/// `catch_up` without a `max`: at most this many missed occurrences delivered.
+pub const DEFAULT_MAX_CATCH_UP: u32 = 100;
+/// The largest `max_catch_up` accepted: one plan writes at most this many jobs.
+pub const MAX_CATCH_UP_LIMIT: u32 = 10_000;
+
+/// How a schedule repeats.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recurrence {
+    /// A cron expression: 5 fields (minute resolution) or 6 (seconds first); weekday 0 and 7
+    /// are Sunday; day-of-month and day-of-week together match either (Vixie). Local times
+    /// in `tz`, an IANA zone name (default `UTC`).
+    Cron {
+        expr: String,
+        #[serde(default = "utc")]
+        tz: String,
+    },
+    /// Every `interval_ms`, on the grid `anchor_ms + k * interval_ms`. The anchor is fixed when
+    /// the schedule is created (its start) and kept on update, so deliveries never drift.
+    Every { interval_ms: u64, anchor_ms: i64 },
+}
+
+fn utc() -> String {
+    "UTC".to_owned()
+}
+
+/// What to do when occurrences were missed (daemon down, sink paused): when, at delivery
+/// time, a later occurrence than the due one is also due.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Misfire {
+    /// One delivery now (the latest missed occurrence), then on along the grid.
+    #[default]
+    Coalesce,
+    /// No delivery; on along the grid.
+    Skip,
+    /// Each missed occurrence, the latest `max` of them, oldest first.
+    CatchUp {
+        #[serde(default = "default_max_catch_up")]
+        max: u32,
+    },
+}
+
+fn default_max_catch_up() -> u32 {
+    DEFAULT_MAX_CATCH_UP
+}
+
+/// A schedule as stored and as given by a user: plain data, checked by [`validate`]
+/// and turned into a [`Schedule`] by [`compile`].
+///
+/// [`validate`]: ScheduleDef::validate
+/// [`compile`]: ScheduleDef::compile
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleDef {
+    pub recurrence: Recurrence,
+    #[serde(default)]
+    pub misfire: Misfire,
+    /// No occurrence before this (epoch ms, inclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<i64>,
+    /// No occurrence at or after this (epoch ms, exclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<i64>,
+    /// An occurrence delivered later than this after its time goes to dead (`expired`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lateness_ms: Option<u64>,
+}
+
+/// An invalid schedule: the field (as the CLI names it) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid schedule: {field}: {why}")]
+pub struct ScheduleError {
+    pub field: &'static str,
+    pub why: String,
+}
+
+fn invalid(field: &'static str, why: impl Into<String>) -> ScheduleError {
+    ScheduleError {
+        field,
+        why: why.into(),
+    }
+}
+
+impl ScheduleDef {
+    /// A cron schedule in `tz`, other fields at their defaults.
+    pub fn cron(expr: impl Into<String>, tz: impl Into<String>) -> Self {
+        Self::with(Recurrence::Cron {
+            expr: expr.into(),
+            tz: tz.into(),
+        })
+    }
+
+    /// An interval schedule on the grid `anchor_ms + k * interval_ms`.
+    pub fn every(interval_ms: u64, anchor_ms: i64) -> Self {
+        Self::with(Recurrence::Every {
+            interval_ms,
+            anchor_ms,
+        })
+    }
+
+    fn with(recurrence: Recurrence) -> Self {
+        ScheduleDef {
+            recurrence,
+            misfire: Misfire::default(),
+            start_at: None,
+            end_at: None,
+            max_lateness_ms: None,
+        }
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ScheduleError> {
+        self.compile().map(drop)
+    }
+
+    /// Validates and parses: the result computes occurrences without failing.
+    pub fn compile(&self) -> Result<Schedule, ScheduleError> {
+        for (field, at) in [("start_at", self.start_at), ("end_at", self.end_at)] {
+            if let Some(ms) = at {
+                in_range(field, ms)?;
+            }
+        }
+        if let (Some(start), Some(end)) = (self.start_at, self.end_at)
+            && end <= start
+        {
+            return Err(invalid("end_at", "must be after start_at"));
+        }
+        if let Misfire::CatchUp { max } = self.misfire
+            && !(1..=MAX_CATCH_UP_LIMIT).contains(&max)
+        {
+            return Err(invalid(
+                "max_catch_up",
+                format!("must be between 1 and {MAX_CATCH_UP_LIMIT}, got {max}"),
+            ));
+        }
+        if self.max_lateness_ms == Some(0) {
+            return Err(invalid("max_lateness", "must be more than 0"));
+        }
+        let rule = match &self.recurrence {
+            Recurrence::Cron { expr, tz } => {
+                let cron = parse_cron(expr)?;
+                let zone = TimeZone::get(tz)
+                    .map_err(|e| invalid("tz", format!("unknown time zone {tz:?}: {e}")))?;
+                // A pattern that names only impossible dates (30 February) never fires.
+                let y2000 = DateTime::constant(2000, 1, 1, 0, 0, 0, 0);
+                if cron.find_next_occurrence(&y2000, true).is_err() {
+                    return Err(invalid("cron", format!("{expr:?} never fires")));
+                }
+                Rule::Cron {
+                    cron: Box::new(cron),
+                    tz: zone,
+                }
+            }
+            Recurrence::Every {
+                interval_ms,
+                anchor_ms,
+            } => {
+                let interval = i64::try_from(*interval_ms)
+                    .ok()
+                    .filter(|&i| i > 0)
+                    .ok_or_else(|| invalid("every", "must be at least 1 ms"))?;
+                in_range("anchor", *anchor_ms)?;
+                Rule::Every {
+                    interval,
+                    anchor: *anchor_ms,
+                }
+            }
+        };
+        let schedule = Schedule {
+            def: self.clone(),
+            rule,
+        };
+        if let (Some(start), Some(_)) = (self.start_at, self.end_at)
+            && schedule.next_after(start - 1).is_none()
+        {
+            return Err(invalid(
+                "end_at",
+                "no occurrence between start_at and end_at",
+            ));
+        }
+        Ok(schedule)
+    }
+}
+
+fn in_range(field: &'static str, ms: i64) -> Result<(), ScheduleError> {
+    Timestamp::from_millisecond(ms)
+        .map(drop)
+        .map_err(|_| invalid(field, format!("{ms} ms is out of range")))
+}
+
+fn parse_cron(expr: &str) -> Result<Cron, ScheduleError> {
+    let fields = expr.split_whitespace().count();
+    let nickname = fields == 1 && expr.trim_start().starts_with('@');
+    if !(nickname || fields == 5 || fields == 6) {
+        return Err(invalid(
+            "cron",
+            format!(
+                "{expr:?}: expected 5 fields (minute resolution) or 6 (seconds first), got {fields}"
+            ),
+        ));
+    }
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+        .parse(expr)
+        .map_err(|e| invalid("cron", format!("{expr:?}: {e}")))
+}
+
+/// A validated schedule: computes occurrences. Serializes as its [`ScheduleDef`], and
+/// deserializing validates (a stored schedule that no longer validates is an error).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(try_from = "ScheduleDef", into = "ScheduleDef")]
+pub struct Schedule {
+    def: ScheduleDef,
+    rule: Rule,
+}
+
+#[derive(Debug, Clone)]
+enum Rule {
+    // Boxed: a parsed pattern is 300 bytes.
+    Cron { cron: Box<Cron>, tz: TimeZone },
+    Every { interval: i64, anchor: i64 },
+}
+
+impl PartialEq for Schedule {
+    fn eq(&self, other: &Self) -> bool {
+        self.def == other.def
+    }
+}
+
+impl TryFrom<ScheduleDef> for Schedule {
+    type Error = ScheduleError;
+    fn try_from(def: ScheduleDef) -> Result<Self, ScheduleError> {
+        def.compile()
+    }
+}
+
+impl From<Schedule> for ScheduleDef {
+    fn from(s: Schedule) -> Self {
+        s.def
+    }
+}
+
+/// What to do with a due occurrence at `now`: see [`Schedule::plan`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Occurrences (their scheduled epoch ms) to deliver now, oldest first. Each is its own
+    /// job, idempotency key `<schedule-id>:<ms>`.
+    pub deliver: Vec<i64>,
+    /// Occurrences past `max_lateness`: to dead with reason `expired`, oldest first.
+    pub expired: Vec<i64>,
+    /// More than one occurrence was due: the misfire policy decided.
+    pub misfired: bool,
+    /// The next occurrence, strictly after `now`, on the schedule's grid; `None` when the
+    /// schedule has ended.
+    pub next: Option<i64>,
+}
+
+/// Bound on the civil matches one `next_after` looks at (it needs at most three).
+const MAX_CIVIL_STEPS: usize = 64;
+
+impl Schedule {
+    pub fn def(&self) -> &ScheduleDef {
+        &self.def
+    }
+
+    /// The next occurrence strictly after `after_ms`, within `[start_at, end_at)`.
+    ///
+    /// Cost: `every` is arithmetic; `cron` is one croner search over civil time (it jumps
+    /// field by field, microseconds) plus one or two zone lookups.
+    pub fn next_after(&self, after_ms: i64) -> Option<i64> {
+        let after = match self.def.start_at {
+            Some(start) if after_ms < start => start - 1,
+            _ => after_ms,
+        };
+        let next = match &self.rule {
+            Rule::Every { interval, anchor } => every_next(*interval, *anchor, after),
+            Rule::Cron { cron, tz } => cron_next(cron, tz, after),
+        }?;
+        match self.def.end_at {
+            Some(end) if next >= end => None,
+            _ => Some(next),
+        }
+    }
+
+    /// Up to `n` occurrences at or after `from_ms`, for previews.
+    pub fn occurrences(&self, from_ms: i64, n: usize) -> Vec<i64> {
+        let mut out = Vec::with_capacity(n.min(1024));
+        let mut at = from_ms.saturating_sub(1);
+        while out.len() < n {
+            match self.next_after(at) {
+                Some(next) => {
+                    out.push(next);
+                    at = next;
+                }
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// An occurrence as RFC 3339 with its offset in the schedule's zone (UTC for `every`).
+    pub fn rfc3339(&self, ms: i64) -> String {
+        let Ok(ts) = Timestamp::from_millisecond(ms) else {
+            return ms.to_string();
+        };
+        let offset = match &self.rule {
+            Rule::Cron { tz, .. } => tz.to_offset(ts),
+            Rule::Every { .. } => Offset::UTC,
+        };
+        ts.display_with_offset(offset).to_string()
+    }
+
+    /// The occurrence `due_ms` is due and it is `now_ms`: which occurrences to deliver now,
+    /// which expired, and the next one.
+    ///
+    /// The due occurrences are `due_ms` (if within `[start_at, end_at)`; it need not be on
+    /// the grid: an update applies from the next occurrence) and every occurrence in
+    /// `(due_ms, now_ms]`. One due occurrence is delivered whatever the policy (a normal,
+    /// slightly late delivery); more than one is a misfire: `coalesce` delivers the latest,
+    /// `skip` none, `catch_up` the latest `max`. Then any delivered occurrence more than
+    /// `max_lateness` before `now_ms` moves to `expired`. `next` is the first occurrence
+    /// after `now_ms`: the grid never moves with delivery times.
+    ///
+    /// Cost: a few `next_after` calls, plus one per missed occurrence kept (`catch_up`),
+    /// whatever the length of the outage.
+    pub fn plan(&self, due_ms: i64, now_ms: i64) -> Plan {
+        if now_ms < due_ms {
+            let next = if self.in_window(due_ms) {
+                Some(due_ms)
+            } else {
+                self.next_after(now_ms)
+            };
+            return Plan {
+                next,
+                ..Plan::default()
+            };
+        }
+        let keep = match self.def.misfire {
+            Misfire::CatchUp { max } => max as usize,
+            Misfire::Coalesce | Misfire::Skip => 1,
+        };
+        // Two at least, to tell one due occurrence from a misfire.
+        let mut due = self.latest_due(due_ms, now_ms, keep.max(2));
+        let misfired = due.len() > 1;
+        if misfired {
+            match self.def.misfire {
+                Misfire::Skip => due.clear(),
+                Misfire::Coalesce | Misfire::CatchUp { .. } => {
+                    while due.len() > keep {
+                        due.pop_front();
+                    }
+                }
+            }
+        }
+        let (expired, deliver) = due.into_iter().partition(|&at| {
+            self.def
+                .max_lateness_ms
+                .is_some_and(|max| now_ms.saturating_sub(at) as u64 > max)
+        });
+        Plan {
+            deliver,
+            expired,
+            misfired,
+            next: self.next_after(now_ms),
+        }
+    }
+
+    fn in_window(&self, ms: i64) -> bool {
+        self.def.start_at.is_none_or(|start| ms >= start)
+            && self.def.end_at.is_none_or(|end| ms < end)
+    }
+
+    /// The latest `k` due occurrences (see `plan`), oldest first. Looks back from `now` over
+    /// a window that doubles until it holds `k` occurrences or reaches `due`, so a long
+    /// outage costs a few searches, not one per missed occurrence.
+    fn latest_due(&self, due: i64, now: i64, k: usize) -> VecDeque<i64> {
+        let mut width: i64 = 1_000;
+        loop {
+            let lo = now.saturating_sub(width).max(due);
+            let mut found = VecDeque::with_capacity(k + 1);
+            let mut at = lo;
+            while let Some(next) = self.next_after(at).filter(|&n| n <= now) {
+                found.push_back(next);
+                if found.len() > k {
+                    found.pop_front();
+                }
+                at = next;
+            }
+            if lo == due {
+                if found.len() < k && self.in_window(due) {
+                    found.push_front(due);
+                }
+                return found;
+            }
+            if found.len() >= k {
+                return found;
+            }
+            width = width.saturating_mul(2);
+        }
+    }
+}
+
+fn every_next(interval: i64, anchor: i64, after: i64) -> Option<i64> {
+    let steps = after
+        .checked_sub(anchor)?
+        .div_euclid(interval)
+        .checked_add(1)?;
+    anchor.checked_add(steps.checked_mul(interval)?)
+}
+
+/// The first instant strictly after `after_ms` whose local time in `tz` matches `cron`,
+/// with this project's DST rule: a matching local time in a gap fires once, at the first
+/// instant after the gap; a matching local time that happens twice fires once, the first
+/// time.
+///
+/// Mapping each civil time to that instant (gap → end of gap, fold → earlier instant) never
+/// decreases along civil time, so the answer is the first civil match whose instant is past
+/// `after`, and no civil time at or before `after`'s local time can be it.
+fn cron_next(cron: &Cron, tz: &TimeZone, after_ms: i64) -> Option<i64> {
+    let after = Timestamp::from_millisecond(after_ms).ok()?;
+    let local = tz.to_datetime(after);
+    let mut cursor = local.with().subsec_nanosecond(0).build().ok()?;
+    let mut inclusive = false;
+    for _ in 0..MAX_CIVIL_STEPS {
+        let civil: DateTime = cron.find_next_occurrence(&cursor, inclusive).ok()?;
+        let instant = match tz.to_ambiguous_timestamp(civil).offset() {
+            AmbiguousOffset::Unambiguous { offset } => offset.to_timestamp(civil).ok()?,
+            AmbiguousOffset::Fold {
+                before,
+                after: later,
+            } => {
+                let first = before.to_timestamp(civil).ok()?;
+                if first <= after {
+                    // Its first time is past, its second never fires: go to the fold's end.
+                    let end = transition(tz, first, later)?;
+                    cursor = before.to_datetime(end);
+                    inclusive = true;
+                    continue;
+                }
+                first
+            }
+            AmbiguousOffset::Gap { after: later, .. } => {
+                transition(tz, later.to_timestamp(civil).ok()?, later)?
+            }
+        };
+        if instant > after {
+            return Some(instant.as_millisecond());
+        }
+        cursor = civil;
+        inclusive = false;
+    }
+    None
+}
+
+/// The first transition of `tz` after `from` into `offset`.
+fn transition(tz: &TimeZone, from: Timestamp, offset: Offset) -> Option<Timestamp> {
+    tz.following(from)
+        .take(4)
+        .find(|t| t.offset() == offset)
+        .map(|t| t.timestamp())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(rfc3339: &str) -> i64 {
+        rfc3339.parse::<Timestamp>().unwrap().as_millisecond()
+    }
+
+    fn cron(expr: &str, tz: &str) -> Schedule {
+        ScheduleDef::cron(expr, tz).compile().unwrap()
+    }
+
+    /// The `n` occurrences strictly after `from`, as local RFC 3339.
+    fn after(s: &Schedule, from: &str, n: usize) -> Vec<String> {
+        let mut out = vec![];
+        let mut at = ms(from);
+        while out.len() < n {
+            let Some(next) = s.next_after(at) else { break };
+            assert!(next > at, "next_after({at}) = {next} is not after it");
+            out.push(s.rfc3339(next));
+            at = next;
+        }
+        out
+    }
+
+    fn err(def: &ScheduleDef) -> ScheduleError {
+        def.validate().expect_err("invalid")
+    }
+
+    // --- DST: a skipped local time fires once, at the end of the gap; a repeated one fires
+    // --- once, the first time.
+
+    #[test]
+    fn paris_spring_forward_fires_at_the_end_of_the_gap() {
+        let s = cron("30 2 * * *", "Europe/Paris");
+        assert_eq!(
+            after(&s, "2026-03-28T00:00:00+01:00", 3),
+            [
+                "2026-03-28T02:30:00+01:00",
+                "2026-03-29T03:00:00+02:00",
+                "2026-03-30T02:30:00+02:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn paris_fall_back_fires_once_at_the_first_occurrence() {
+        let s = cron("30 2 * * *", "Europe/Paris");
+        assert_eq!(
+            after(&s, "2026-10-24T00:00:00+02:00", 3),
+            [
+                "2026-10-24T02:30:00+02:00",
+                "2026-10-25T02:30:00+02:00",
+                "2026-10-26T02:30:00+01:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn paris_several_times_in_the_gap_fire_once() {
+        // croner alone drops both: no fire at all that day.
+        let s = cron("0,30 2 * * *", "Europe/Paris");
+        assert_eq!(
+            after(&s, "2026-03-29T00:00:00+01:00", 3),
+            [
+                "2026-03-29T03:00:00+02:00",
+                "2026-03-30T02:00:00+02:00",
+                "2026-03-30T02:30:00+02:00"
+            ]
+        );
+        // Every 15 minutes: 02:00-02:45 never happen, 03:00 fires once.
+        let s = cron("*/15 * * * *", "Europe/Paris");
+        assert_eq!(
+            after(&s, "2026-03-29T01:40:00+01:00", 3),
+            [
+                "2026-03-29T01:45:00+01:00",
+                "2026-03-29T03:00:00+02:00",
+                "2026-03-29T03:15:00+02:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn paris_repeated_hour_fires_once_for_frequent_patterns_too() {
+        let s = cron("*/15 * * * *", "Europe/Paris");
+        assert_eq!(
+            after(&s, "2026-10-25T01:50:00+02:00", 6),
+            [
+                "2026-10-25T02:00:00+02:00",
+                "2026-10-25T02:15:00+02:00",
+                "2026-10-25T02:30:00+02:00",
+                "2026-10-25T02:45:00+02:00",
+                "2026-10-25T03:00:00+01:00",
+                "2026-10-25T03:15:00+01:00",
+            ]
+        );
+        // From inside the second 02:xx: nothing until the hour is over.
+        assert_eq!(
+            after(&s, "2026-10-25T02:20:00+01:00", 1),
+            ["2026-10-25T03:00:00+01:00"]
+        );
+        // Per second, from the last second of the first 02:59.
+        let s = cron("* * * * * *", "Europe/Paris");
+        assert_eq!(
+            after(&s, "2026-10-25T02:59:58+02:00", 3),
+            [
+                "2026-10-25T02:59:59+02:00",
+                "2026-10-25T03:00:00+01:00",
+                "2026-10-25T03:00:01+01:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn paris_next_after_the_gap_instant_is_the_next_day() {
+        let s = cron("30 2 * * *", "Europe/Paris");
+        assert_eq!(
+            after(&s, "2026-03-29T03:00:00+02:00", 1),
+            ["2026-03-30T02:30:00+02:00"]
+        );
+        assert_eq!(
+            after(&s, "2026-03-29T02:59:59.999+02:00", 1),
+            ["2026-03-29T03:00:00+02:00"]
+        );
+    }
+
+    #[test]
+    fn new_york_spring_forward_and_fall_back() {
+        let s = cron("30 2 * * *", "America/New_York");
+        assert_eq!(
+            after(&s, "2026-03-07T00:00:00-05:00", 3),
+            [
+                "2026-03-07T02:30:00-05:00",
+                "2026-03-08T03:00:00-04:00",
+                "2026-03-09T02:30:00-04:00"
+            ]
+        );
+        let s = cron("30 1 * * *", "America/New_York");
+        assert_eq!(
+            after(&s, "2026-10-31T00:00:00-04:00", 3),
+            [
+                "2026-10-31T01:30:00-04:00",
+                "2026-11-01T01:30:00-04:00",
+                "2026-11-02T01:30:00-05:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn new_york_hourly_fires_once_in_the_repeated_hour() {
+        // croner alone fires at 01:00 -04 and again at 01:00 -05.
+        let s = cron("0 * * * *", "America/New_York");
+        assert_eq!(
+            after(&s, "2026-11-01T00:30:00-04:00", 3),
+            [
+                "2026-11-01T01:00:00-04:00",
+                "2026-11-01T02:00:00-05:00",
+                "2026-11-01T03:00:00-05:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn lord_howe_half_hour_shift() {
+        // Spring forward 2026-10-04: 02:00 +10:30 -> 02:30 +11.
+        let s = cron("15 2 * * *", "Australia/Lord_Howe");
+        assert_eq!(
+            after(&s, "2026-10-03T00:00:00+10:30", 3),
+            [
+                "2026-10-03T02:15:00+10:30",
+                "2026-10-04T02:30:00+11:00",
+                "2026-10-05T02:15:00+11:00"
+            ]
+        );
+        // Fall back 2026-04-05: 02:00 +11 -> 01:30 +10:30, 01:30-01:59 twice.
+        let s = cron("45 1 * * *", "Australia/Lord_Howe");
+        assert_eq!(
+            after(&s, "2026-04-04T00:00:00+11:00", 3),
+            [
+                "2026-04-04T01:45:00+11:00",
+                "2026-04-05T01:45:00+11:00",
+                "2026-04-06T01:45:00+10:30"
+            ]
+        );
+        // Every 10 minutes across the fall-back: the repeated half hour fires once.
+        let s = cron("*/10 * * * *", "Australia/Lord_Howe");
+        assert_eq!(
+            after(&s, "2026-04-05T01:45:00+11:00", 3),
+            [
+                "2026-04-05T01:50:00+11:00",
+                "2026-04-05T02:00:00+10:30",
+                "2026-04-05T02:10:00+10:30"
+            ]
+        );
+    }
+
+    #[test]
+    fn sao_paulo_2018_11_04_had_no_midnight() {
+        let s = cron("0 0 * * *", "America/Sao_Paulo");
+        assert_eq!(
+            after(&s, "2018-11-02T12:00:00-03:00", 3),
+            [
+                "2018-11-03T00:00:00-03:00",
+                "2018-11-04T01:00:00-02:00",
+                "2018-11-05T00:00:00-02:00"
+            ]
+        );
+        // And its fall-back, 2018-02-18 00:00 -02 -> 2018-02-17 23:00 -03.
+        let s = cron("30 23 * * *", "America/Sao_Paulo");
+        assert_eq!(
+            after(&s, "2018-02-16T12:00:00-02:00", 3),
+            [
+                "2018-02-16T23:30:00-02:00",
+                "2018-02-17T23:30:00-02:00",
+                "2018-02-18T23:30:00-03:00"
+            ]
+        );
+    }
+
+    // --- Calendar edge cases.
+
+    #[test]
+    fn february_29_only_in_leap_years() {
+        let s = cron("0 0 29 2 *", "UTC");
+        assert_eq!(
+            after(&s, "2025-01-01T00:00:00Z", 2),
+            ["2028-02-29T00:00:00+00:00", "2032-02-29T00:00:00+00:00"]
+        );
+        // 2100 is not a leap year.
+        assert_eq!(
+            after(&s, "2096-03-01T00:00:00Z", 1),
+            ["2104-02-29T00:00:00+00:00"]
+        );
+    }
+
+    #[test]
+    fn the_31st_skips_short_months() {
+        let s = cron("0 12 31 * *", "UTC");
+        assert_eq!(
+            after(&s, "2026-01-31T12:00:00Z", 4),
+            [
+                "2026-03-31T12:00:00+00:00",
+                "2026-05-31T12:00:00+00:00",
+                "2026-07-31T12:00:00+00:00",
+                "2026-08-31T12:00:00+00:00",
+            ]
+        );
+    }
+
+    #[test]
+    fn weekday_0_and_7_are_both_sunday() {
+        // 2026-11-23 is a Monday.
+        let want = ["2026-11-29T09:00:00+00:00", "2026-12-06T09:00:00+00:00"];
+        for expr in ["0 9 * * 0", "0 9 * * 7", "0 9 * * SUN", "0 9 * * sun"] {
+            assert_eq!(
+                after(&cron(expr, "UTC"), "2026-11-23T00:00:00Z", 2),
+                want,
+                "{expr}"
+            );
+        }
+        assert_eq!(
+            after(&cron("0 9 * * 1-5", "UTC"), "2026-11-27T12:00:00Z", 2),
+            ["2026-11-30T09:00:00+00:00", "2026-12-01T09:00:00+00:00"]
+        );
+    }
+
+    #[test]
+    fn day_of_month_or_day_of_week() {
+        // Vixie cron: both restricted → either matches.
+        let s = cron("0 0 13 * 1", "UTC");
+        assert_eq!(
+            after(&s, "2026-11-01T00:00:00Z", 4),
+            [
+                "2026-11-02T00:00:00+00:00",
+                "2026-11-09T00:00:00+00:00",
+                "2026-11-13T00:00:00+00:00",
+                "2026-11-16T00:00:00+00:00",
+            ]
+        );
+    }
+
+    #[test]
+    fn five_and_six_fields() {
+        let five = cron("30 2 * * *", "Europe/Paris");
+        let six = cron("0 30 2 * * *", "Europe/Paris");
+        let from = "2026-03-27T00:00:00+01:00";
+        assert_eq!(after(&five, from, 4), after(&six, from, 4));
+        let s = cron("*/15 * * * * *", "UTC");
+        assert_eq!(
+            after(&s, "2026-01-01T00:00:00Z", 3),
+            [
+                "2026-01-01T00:00:15+00:00",
+                "2026-01-01T00:00:30+00:00",
+                "2026-01-01T00:00:45+00:00"
+            ]
+        );
+        // Seconds in the gap too.
+        let s = cron("15 30 2 * * *", "Europe/Paris");
+        assert_eq!(
+            after(&s, "2026-03-28T12:00:00+01:00", 2),
+            ["2026-03-29T03:00:00+02:00", "2026-03-30T02:30:15+02:00"]
+        );
+        // Nicknames.
+        assert_eq!(
+            after(&cron("@daily", "UTC"), "2026-01-01T00:00:00Z", 1),
+            ["2026-01-02T00:00:00+00:00"]
+        );
+    }
+
+    #[test]
+    fn next_after_is_strict_to_the_millisecond() {
+        let s = cron("* * * * * *", "UTC");
+        assert_eq!(
+            s.next_after(ms("2026-01-01T12:00:00Z")),
+            Some(ms("2026-01-01T12:00:01Z"))
+        );
+        assert_eq!(
+            s.next_after(ms("2026-01-01T12:00:00.999Z")),
+            Some(ms("2026-01-01T12:00:01Z"))
+        );
+        assert_eq!(
+            s.next_after(ms("2026-01-01T11:59:59.999Z")),
+            Some(ms("2026-01-01T12:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn start_is_inclusive_and_end_exclusive() {
+        let mut def = ScheduleDef::cron("0 * * * *", "UTC");
+        def.start_at = Some(ms("2026-01-01T10:00:00Z"));
+        def.end_at = Some(ms("2026-01-01T13:00:00Z"));
+        let s = def.compile().unwrap();
+        assert_eq!(
+            after(&s, "2020-01-01T00:00:00Z", 5),
+            [
+                "2026-01-01T10:00:00+00:00",
+                "2026-01-01T11:00:00+00:00",
+                "2026-01-01T12:00:00+00:00"
+            ]
+        );
+        assert_eq!(s.next_after(ms("2026-01-01T12:00:00Z")), None);
+        // occurrences() counts from `from` inclusive.
+        assert_eq!(
+            s.occurrences(ms("2026-01-01T11:00:00Z"), 5),
+            [ms("2026-01-01T11:00:00Z"), ms("2026-01-01T12:00:00Z")]
+        );
+    }
+
+    #[test]
+    fn occurrences_previews_n() {
+        let s = cron("0 9 * * 1-5", "Europe/Paris");
+        let got: Vec<String> = s
+            .occurrences(ms("2026-11-27T09:00:00+01:00"), 3)
+            .into_iter()
+            .map(|at| s.rfc3339(at))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "2026-11-27T09:00:00+01:00",
+                "2026-11-30T09:00:00+01:00",
+                "2026-12-01T09:00:00+01:00"
+            ]
+        );
+        assert_eq!(s.occurrences(0, 0), Vec::<i64>::new());
+    }
+
+    // --- every: anchored, no drift.
+
+    #[test]
+    fn every_is_on_the_anchor_grid() {
+        let anchor = 1_000_007;
+        let s = ScheduleDef::every(250, anchor).compile().unwrap();
+        assert_eq!(s.next_after(anchor), Some(anchor + 250));
+        assert_eq!(s.next_after(anchor - 1), Some(anchor));
+        assert_eq!(s.next_after(anchor + 249), Some(anchor + 250));
+        assert_eq!(s.next_after(anchor + 250), Some(anchor + 500));
+        // Before the anchor: the grid extends backwards (no start_at).
+        assert_eq!(s.next_after(anchor - 300), Some(anchor - 250));
+        // start_at at the anchor: nothing before it.
+        let mut def = ScheduleDef::every(250, anchor);
+        def.start_at = Some(anchor);
+        assert_eq!(def.compile().unwrap().next_after(0), Some(anchor));
+    }
+
+    #[test]
+    fn every_does_not_drift_over_a_day_of_late_deliveries() {
+        let anchor = ms("2026-11-23T00:00:00.123Z");
+        let interval = 250;
+        let s = ScheduleDef::every(interval, anchor).compile().unwrap();
+        let mut due = s.next_after(anchor).unwrap();
+        let mut seed: u64 = 42;
+        let mut delivered = 0u64;
+        let day_end = anchor + 86_400_000;
+        while due <= day_end {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let now = due + 1 + (seed >> 33) as i64 % 9; // 1-9 ms late
+            let plan = s.plan(due, now);
+            assert_eq!(plan.deliver, [due]);
+            assert!(!plan.misfired);
+            assert_eq!(
+                (plan.next.unwrap() - anchor) % interval as i64,
+                0,
+                "off the grid"
+            );
+            delivered += 1;
+            due = plan.next.unwrap();
+        }
+        assert_eq!(delivered, 86_400_000 / interval);
+        assert_eq!(due, day_end + interval as i64);
+    }
+
+    #[test]
+    fn cron_does_not_drift_either() {
+        let s = cron("*/5 * * * * *", "UTC");
+        let start = ms("2026-11-23T00:00:00Z");
+        let mut due = s.next_after(start).unwrap();
+        for _ in 0..17_280 {
+            let plan = s.plan(due, due + 7);
+            assert_eq!(plan.deliver, [due]);
+            due = plan.next.unwrap();
+        }
+        assert_eq!(due, ms("2026-11-24T00:00:05Z"));
+    }
+
+    // --- Misfire policies.
+
+    fn every_second(misfire: Misfire, max_lateness_ms: Option<u64>) -> (Schedule, i64) {
+        let t0 = ms("2026-11-23T10:00:00Z");
+        let mut def = ScheduleDef::every(1_000, t0);
+        def.misfire = misfire;
+        def.max_lateness_ms = max_lateness_ms;
+        (def.compile().unwrap(), t0)
+    }
+
+    #[test]
+    fn one_due_occurrence_is_delivered_whatever_the_policy() {
+        for misfire in [
+            Misfire::Coalesce,
+            Misfire::Skip,
+            Misfire::CatchUp { max: 100 },
+        ] {
+            let (s, t0) = every_second(misfire, None);
+            let plan = s.plan(t0, t0 + 900);
+            assert_eq!(
+                plan,
+                Plan {
+                    deliver: vec![t0],
+                    expired: vec![],
+                    misfired: false,
+                    next: Some(t0 + 1_000)
+                },
+                "{misfire:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn coalesce_delivers_the_latest_once() {
+        let (s, t0) = every_second(Misfire::Coalesce, None);
+        let plan = s.plan(t0, t0 + 5_200);
+        assert_eq!(plan.deliver, [t0 + 5_000]);
+        assert!(plan.misfired && plan.expired.is_empty());
+        assert_eq!(plan.next, Some(t0 + 6_000));
+    }
+
+    #[test]
+    fn skip_delivers_nothing_and_keeps_the_grid() {
+        let (s, t0) = every_second(Misfire::Skip, None);
+        let plan = s.plan(t0, t0 + 5_200);
+        assert!(plan.deliver.is_empty() && plan.expired.is_empty() && plan.misfired);
+        assert_eq!(plan.next, Some(t0 + 6_000));
+    }
+
+    #[test]
+    fn catch_up_delivers_each_missed_up_to_max() {
+        let (s, t0) = every_second(Misfire::CatchUp { max: 100 }, None);
+        let plan = s.plan(t0, t0 + 5_200);
+        assert_eq!(
+            plan.deliver,
+            (0..=5).map(|i| t0 + i * 1_000).collect::<Vec<_>>()
+        );
+        assert_eq!(plan.next, Some(t0 + 6_000));
+        // The latest `max`, after an outage of a day.
+        let (s, t0) = every_second(Misfire::CatchUp { max: 3 }, None);
+        let now = t0 + 86_400_000 + 500;
+        let plan = s.plan(t0, now);
+        assert_eq!(plan.deliver, [now - 2_500, now - 1_500, now - 500]);
+        assert_eq!(plan.next, Some(now + 500));
+        // The default max is 100.
+        let def: ScheduleDef = serde_json::from_str(
+            r#"{"recurrence":{"every":{"interval_ms":1000,"anchor_ms":0}},"misfire":{"catch_up":{}}}"#,
+        )
+        .unwrap();
+        let plan = def.compile().unwrap().plan(0, 3_600_000);
+        assert_eq!(plan.deliver.len(), 100);
+        assert_eq!(plan.deliver.first(), Some(&3_501_000));
+    }
+
+    #[test]
+    fn max_lateness_expires_stale_occurrences() {
+        let (s, t0) = every_second(Misfire::CatchUp { max: 100 }, Some(2_500));
+        let plan = s.plan(t0, t0 + 5_200);
+        assert_eq!(plan.expired, [t0, t0 + 1_000, t0 + 2_000]);
+        assert_eq!(plan.deliver, [t0 + 3_000, t0 + 4_000, t0 + 5_000]);
+        // One due occurrence, too late: expired.
+        let (s, t0) = every_second(Misfire::Coalesce, Some(100));
+        let plan = s.plan(t0, t0 + 101);
+        assert_eq!((plan.deliver, plan.expired), (vec![], vec![t0]));
+        assert_eq!(s.plan(t0, t0 + 100).deliver, [t0]);
+    }
+
+    #[test]
+    fn misfire_on_a_cron_schedule_across_days() {
+        let mut def = ScheduleDef::cron("0 9 * * *", "Europe/Paris");
+        let due = ms("2026-11-20T09:00:00+01:00");
+        let now = ms("2026-11-23T10:00:00+01:00");
+        let s = def.clone().compile().unwrap();
+        let plan = s.plan(due, now);
+        assert_eq!(plan.deliver, [ms("2026-11-23T09:00:00+01:00")]);
+        assert_eq!(plan.next, Some(ms("2026-11-24T09:00:00+01:00")));
+        def.misfire = Misfire::CatchUp { max: 10 };
+        let plan = def.compile().unwrap().plan(due, now);
+        assert_eq!(plan.deliver.len(), 4);
+        assert_eq!(plan.deliver[0], due);
+        // Per second, an hour down, catch up 100: the last 100 seconds.
+        let mut def = ScheduleDef::cron("* * * * * *", "UTC");
+        def.misfire = Misfire::CatchUp { max: 100 };
+        let t0 = ms("2026-11-23T10:00:00Z");
+        let plan = def.compile().unwrap().plan(t0, t0 + 3_600_000);
+        assert_eq!(plan.deliver.len(), 100);
+        assert_eq!(plan.deliver[0], t0 + 3_501_000);
+        assert_eq!(plan.deliver[99], t0 + 3_600_000);
+    }
+
+    #[test]
+    fn plan_honours_the_window_and_an_early_call() {
+        let (s, t0) = every_second(Misfire::Coalesce, None);
+        let plan = s.plan(t0, t0 - 5);
+        assert_eq!((plan.deliver.len(), plan.next), (0, Some(t0)));
+        let mut def = ScheduleDef::every(1_000, 0);
+        def.end_at = Some(10_000);
+        let s = def.compile().unwrap();
+        let plan = s.plan(9_000, 9_010);
+        assert_eq!((plan.deliver, plan.next), (vec![9_000], None));
+        // The end passed while down: the last one before it, then nothing.
+        let plan = s.plan(5_000, 60_000);
+        assert_eq!((plan.deliver, plan.next), (vec![9_000], None));
+        // A due time outside the (updated) window is not delivered.
+        assert_eq!(s.plan(10_000, 10_001).deliver, Vec::<i64>::new());
+    }
+
+    #[test]
+    fn a_due_time_off_the_new_grid_is_delivered_then_the_new_grid_applies() {
+        let s = ScheduleDef::every(1_000, 0).compile().unwrap();
+        let plan = s.plan(1_500, 1_510);
+        assert_eq!((plan.deliver, plan.next), (vec![1_500], Some(2_000)));
+    }
+
+    // --- Validation names the field.
+
+    #[test]
+    fn validation_names_the_field_and_the_reason() {
+        let cases: Vec<(ScheduleDef, &str, &str)> = vec![
+            (
+                ScheduleDef::cron("* * * *", "UTC"),
+                "cron",
+                "expected 5 fields",
+            ),
+            (
+                ScheduleDef::cron("0 0 0 1 1 * 2030", "UTC"),
+                "cron",
+                "got 7",
+            ),
+            (ScheduleDef::cron("61 * * * *", "UTC"), "cron", "61"),
+            (
+                ScheduleDef::cron("0 0 * * 8", "UTC"),
+                "cron",
+                "\"0 0 * * 8\"",
+            ),
+            (
+                ScheduleDef::cron("0 0 32 * *", "UTC"),
+                "cron",
+                "\"0 0 32 * *\"",
+            ),
+            (
+                ScheduleDef::cron("0 0 30 2 *", "UTC"),
+                "cron",
+                "never fires",
+            ),
+            (ScheduleDef::cron("", "UTC"), "cron", "got 0"),
+            (
+                ScheduleDef::cron("0 9 * * *", "Europe/Pariss"),
+                "tz",
+                "Europe/Pariss",
+            ),
+            (
+                ScheduleDef::cron("0 9 * * *", ""),
+                "tz",
+                "unknown time zone",
+            ),
+            (ScheduleDef::every(0, 0), "every", "at least 1 ms"),
+            (ScheduleDef::every(u64::MAX, 0), "every", "at least 1 ms"),
+            (
+                ScheduleDef::every(1_000, i64::MAX),
+                "anchor",
+                "out of range",
+            ),
+        ];
+        for (def, field, why) in cases {
+            let e = err(&def);
+            assert_eq!(e.field, field, "{def:?}: {e}");
+            assert!(e.why.contains(why), "{def:?}: {e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("invalid schedule: {field}: "))
+            );
+        }
+        let ok = ScheduleDef::cron("0 9 * * *", "Europe/Paris");
+        let with = |f: fn(&mut ScheduleDef)| {
+            let mut d = ok.clone();
+            f(&mut d);
+            err(&d)
+        };
+        let e = with(|d| {
+            d.start_at = Some(2_000);
+            d.end_at = Some(1_000);
+        });
+        assert_eq!(
+            (e.field, e.why.as_str()),
+            ("end_at", "must be after start_at")
+        );
+        let e = with(|d| {
+            d.start_at = Some(ms("2026-11-23T10:00:00Z"));
+            d.end_at = Some(ms("2026-11-23T11:00:00Z"));
+        });
+        assert_eq!(
+            (e.field, e.why.as_str()),
+            ("end_at", "no occurrence between start_at and end_at")
+        );
+        let e = with(|d| d.start_at = Some(i64::MIN));
+        assert_eq!(e.field, "start_at");
+        let e = with(|d| d.misfire = Misfire::CatchUp { max: 0 });
+        assert_eq!(e.field, "max_catch_up");
+        let e = with(|d| {
+            d.misfire = Misfire::CatchUp {
+                max: MAX_CATCH_UP_LIMIT + 1,
+            }
+        });
+        assert_eq!(e.field, "max_catch_up");
+        let e = with(|d| d.max_lateness_ms = Some(0));
+        assert_eq!(e.field, "max_lateness");
+        ok.validate().unwrap();
+    }
+
+    // --- Stored as JSON.
+
+    #[test]
+    fn json_round_trip_and_shape() {
+        let mut def = ScheduleDef::cron("0 9 * * 1-5", "Europe/Paris");
+        def.misfire = Misfire::CatchUp { max: 5 };
+        def.start_at = Some(1_700_000_000_000);
+        def.max_lateness_ms = Some(30_000);
+        let json = serde_json::to_string(&def).unwrap();
+        assert_eq!(
+            json,
+            r#"{"recurrence":{"cron":{"expr":"0 9 * * 1-5","tz":"Europe/Paris"}},"misfire":{"catch_up":{"max":5}},"start_at":1700000000000,"max_lateness_ms":30000}"#
+        );
+        let s: Schedule = serde_json::from_str(&json).unwrap();
+        assert_eq!(s.def(), &def);
+        assert_eq!(serde_json::to_string(&s).unwrap(), json);
+        // Defaults: tz UTC, misfire coalesce.
+        let s: Schedule =
+            serde_json::from_str(r#"{"recurrence":{"cron":{"expr":"0 9 * * *"}}}"#).unwrap();
+        assert_eq!(s.def(), &ScheduleDef::cron("0 9 * * *", "UTC"));
+        assert_eq!(s.def().misfire, Misfire::Coalesce);
+        let every: Schedule = serde_json::from_str(
+            r#"{"recurrence":{"every":{"interval_ms":250,"anchor_ms":7}},"misfire":"skip"}"#,
+        )
+        .unwrap();
+        assert_eq!(every.next_after(7), Some(257));
+        // An invalid stored schedule does not deserialize, and says why.
+        let e = serde_json::from_str::<Schedule>(r#"{"recurrence":{"cron":{"expr":"0 9 * *"}}}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("invalid schedule: cron: "), "{e}");
+    }
+}

@@ -1,0 +1,486 @@
+//! Recurring schedules in Redis: create or update (upsert by id), read, pause, resume,
+//! delete, and fire.
+//!
+//! A schedule lives in its shard (`keys::Keys::shard_of(id)`): its definition
+//! (`{ns:s}:schedules`, `"<version>\n<JSON>"`), the envelope each occurrence carries
+//! (`{ns:s}:sched_env`) and its next occurrence (`{ns:s}:sched_due`, one member per
+//! schedule, so there is never more than one pending occurrence). Writes are
+//! compare-and-set on the version: the next occurrence is computed here (cron needs IANA
+//! zones, which Lua does not have) from the definition read, and written only if nobody
+//! changed it since.
+//!
+//! Firing ([`fire_due`], called by each shard's mover): the due schedules are read, each is
+//! planned ([`crate::schedule::Schedule::plan`]: misfire policy, max lateness, the next
+//! occurrence), and one script turns the planned occurrences into ordinary jobs and writes
+//! the next occurrence, fenced on the occurrence and version read. Two daemons firing the
+//! same schedule: the second is fenced. A crash between reading and firing: nothing was
+//! written, the next call fires it.
+
+use crate::client::{Client, ClientError, read_fence};
+use crate::envelope::Envelope;
+use crate::keys::{ShardKeys, occurrence_id, valid_schedule_id};
+use crate::schedule::{Schedule, ScheduleDef};
+use crate::store::scripts::{self, DueSchedule, Fired, Firing, ScheduleWrite, Upserted};
+use crate::store::{self, Conn};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Compare-and-set attempts before an upsert gives up.
+const CAS_ATTEMPTS: usize = 64;
+/// Schedules read per fire call.
+pub const FIRE_BATCH: usize = 500;
+
+/// How a schedule repeats, as a user gives it (the anchor of `Every` is decided here).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Repeat {
+    Cron { expr: String, tz: String },
+    Every(Duration),
+}
+
+/// A schedule to create or update.
+#[derive(Debug, Clone)]
+pub struct NewSchedule {
+    pub id: String,
+    pub dest: String,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+    pub max_attempts: Option<u32>,
+    pub repeat: Repeat,
+    pub misfire: crate::schedule::Misfire,
+    /// No occurrence before this (epoch ms).
+    pub start_at: Option<i64>,
+    /// No occurrence at or after this (epoch ms).
+    pub end_at: Option<i64>,
+    /// An occurrence not delivered within this of its time goes to dead (`expired`).
+    pub max_lateness: Option<Duration>,
+}
+
+impl NewSchedule {
+    pub fn new(
+        id: impl Into<String>,
+        dest: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+        repeat: Repeat,
+    ) -> Self {
+        NewSchedule {
+            id: id.into(),
+            dest: dest.into(),
+            payload: payload.into(),
+            headers: BTreeMap::new(),
+            max_attempts: None,
+            repeat,
+            misfire: Default::default(),
+            start_at: None,
+            end_at: None,
+            max_lateness: None,
+        }
+    }
+}
+
+/// The stored definition (the JSON after the version).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Stored {
+    dest: String,
+    def: ScheduleDef,
+    #[serde(default)]
+    paused: bool,
+    created_ms: i64,
+    updated_ms: i64,
+}
+
+fn parse_record(record: &str) -> Option<(u64, Stored)> {
+    let (version, json) = record.split_once('\n')?;
+    Some((version.parse().ok()?, serde_json::from_str(json).ok()?))
+}
+
+/// A schedule as `schedule get` and `list` show it.
+#[derive(Debug, Clone)]
+pub struct ScheduleView {
+    pub id: String,
+    pub shard: u16,
+    pub dest: String,
+    pub def: ScheduleDef,
+    pub paused: bool,
+    /// The pending occurrence (none: paused or ended).
+    pub next_ms: Option<i64>,
+    pub version: u64,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    /// What each occurrence carries.
+    pub envelope: Option<Envelope>,
+}
+
+impl ScheduleView {
+    /// The readable JSON form (`--json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut obj = self
+            .envelope
+            .as_ref()
+            .map(Envelope::to_json)
+            .unwrap_or_default();
+        obj.remove("v");
+        obj.remove("schedule");
+        obj.insert("id".into(), self.id.clone().into());
+        obj.insert("shard".into(), self.shard.into());
+        obj.insert("dest".into(), self.dest.clone().into());
+        if let Ok(serde_json::Value::Object(def)) = serde_json::to_value(&self.def) {
+            obj.extend(def);
+        }
+        obj.insert("paused".into(), self.paused.into());
+        obj.insert("next_ms".into(), self.next_ms.into());
+        obj.insert("version".into(), self.version.into());
+        obj.insert("created_ms".into(), self.created_ms.into());
+        obj.insert("updated_ms".into(), self.updated_ms.into());
+        serde_json::Value::Object(obj)
+    }
+}
+
+/// What an upsert did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduleSet {
+    pub created: bool,
+    pub version: u64,
+    /// The pending occurrence now (none: paused or ended).
+    pub next_ms: Option<i64>,
+}
+
+/// The definition a [`NewSchedule`] stands for, with the anchor of an interval kept from
+/// the stored one (so an update never moves the grid) or set at creation.
+fn definition(
+    spec: &NewSchedule,
+    stored: Option<&Stored>,
+    now_ms: i64,
+) -> Result<ScheduleDef, ClientError> {
+    let mut def = match &spec.repeat {
+        Repeat::Cron { expr, tz } => ScheduleDef::cron(expr.clone(), tz.clone()),
+        Repeat::Every(interval) => {
+            let kept = stored.and_then(|s| match s.def.recurrence {
+                crate::schedule::Recurrence::Every { anchor_ms, .. } => Some(anchor_ms),
+                _ => None,
+            });
+            let anchor = kept.or(spec.start_at).unwrap_or(now_ms);
+            ScheduleDef::every(interval.as_millis() as u64, anchor)
+        }
+    };
+    def.misfire = spec.misfire;
+    def.start_at = spec.start_at;
+    def.end_at = spec.end_at;
+    def.max_lateness_ms = spec.max_lateness.map(|d| d.as_millis() as u64);
+    def.validate()?;
+    Ok(def)
+}
+
+/// Reads a schedule: (version, definition) or none.
+async fn read(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    id: &str,
+) -> Result<Option<(u64, Stored)>, ClientError> {
+    let record: Option<String> = redis::cmd("HGET")
+        .arg(&keys.schedules)
+        .arg(id)
+        .query_async(con)
+        .await?;
+    Ok(record.as_deref().and_then(parse_record))
+}
+
+impl Client {
+    /// Compare-and-set loop: `change` gets the stored definition (if any) and Redis's now and
+    /// returns the new one, or `None` to write nothing; the next occurrence is computed from
+    /// it. Returns (version, created, next occurrence) of what was written.
+    async fn write_schedule(
+        &self,
+        keys: &ShardKeys,
+        id: &str,
+        envelope: &[u8],
+        change: impl Fn(Option<&Stored>, i64) -> Result<Option<Stored>, ClientError>,
+    ) -> Result<Option<(u64, bool, Option<i64>)>, ClientError> {
+        let mut con = self.con.clone();
+        for _ in 0..CAS_ATTEMPTS {
+            let current = read(&mut con, keys, id).await?;
+            let now_ms = store::server_time_ms(&mut con).await?;
+            let Some(new) = change(current.as_ref().map(|(_, s)| s), now_ms)? else {
+                return Ok(None);
+            };
+            let next_ms = if new.paused {
+                None
+            } else {
+                new.def.compile()?.next_after(now_ms)
+            };
+            let definition = serde_json::to_string(&new).expect("a schedule serializes");
+            let expected_version = current.as_ref().map_or(0, |(v, _)| *v);
+            let write = ScheduleWrite {
+                id,
+                expected_version,
+                definition: &definition,
+                envelope,
+                next_ms,
+            };
+            match scripts::upsert_schedule(&mut con, keys, &write).await? {
+                Upserted::Version(version) => {
+                    return Ok(Some((version, current.is_none(), next_ms)));
+                }
+                Upserted::Stale(_) => continue,
+            }
+        }
+        Err(ClientError::Contended(id.to_owned()))
+    }
+
+    /// Creates or updates a schedule (by id) and returns its pending occurrence. An update
+    /// keeps an interval's grid and a pause, and applies from the next occurrence (one
+    /// already turned into a job completes as it was).
+    pub async fn schedule_set(&self, spec: NewSchedule) -> Result<ScheduleSet, ClientError> {
+        valid_schedule_id(&spec.id).map_err(|why| ClientError::BadScheduleId {
+            id: spec.id.clone(),
+            why,
+        })?;
+        self.check_dest_and_payload(&spec.dest, &spec.payload)?;
+        // Invalid definitions fail before anything is read or written.
+        definition(&spec, None, 0)?;
+        let mut envelope = Envelope::new(spec.dest.clone(), spec.payload.clone());
+        envelope.meta.headers = spec.headers.clone();
+        envelope.meta.max_attempts = spec.max_attempts;
+        envelope.meta.schedule = Some(spec.id.clone());
+        envelope.meta.max_lateness_ms = spec.max_lateness.map(|d| d.as_millis() as u64);
+        let envelope = envelope.encode()?;
+        let written = self
+            .fenced(|layout| {
+                let keys = layout.shard(layout.shard_of(&spec.id));
+                let (spec, envelope) = (&spec, &envelope);
+                async move {
+                    self.write_schedule(&keys, &spec.id, envelope, |stored, now_ms| {
+                        Ok(Some(Stored {
+                            dest: spec.dest.clone(),
+                            def: definition(spec, stored, now_ms)?,
+                            paused: stored.is_some_and(|s| s.paused),
+                            created_ms: stored.map_or(now_ms, |s| s.created_ms),
+                            updated_ms: now_ms,
+                        }))
+                    })
+                    .await
+                }
+            })
+            .await?;
+        let (version, created, next_ms) = written.expect("schedule_set always writes a definition");
+        Ok(ScheduleSet {
+            created,
+            version,
+            next_ms,
+        })
+    }
+
+    /// Pauses a schedule: no occurrence until it is resumed. `false` if there is none.
+    pub async fn schedule_pause(&self, id: &str) -> Result<bool, ClientError> {
+        self.set_paused(id, true).await.map(|w| w.is_some())
+    }
+
+    /// Resumes a paused schedule from now (missed occurrences are not delivered); returns
+    /// its next occurrence, or `None` when there is no such schedule.
+    pub async fn schedule_resume(&self, id: &str) -> Result<Option<Option<i64>>, ClientError> {
+        Ok(self.set_paused(id, false).await?.map(|(_, _, next)| next))
+    }
+
+    async fn set_paused(
+        &self,
+        id: &str,
+        paused: bool,
+    ) -> Result<Option<(u64, bool, Option<i64>)>, ClientError> {
+        self.fenced(|layout| async move {
+            let keys = layout.shard(layout.shard_of(id));
+            self.write_schedule(&keys, id, b"", |stored, now_ms| {
+                Ok(stored.map(|s| Stored {
+                    paused,
+                    updated_ms: now_ms,
+                    ..s.clone()
+                }))
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Deletes a schedule: no further occurrence. `false` if there was none.
+    pub async fn schedule_delete(&self, id: &str) -> Result<bool, ClientError> {
+        self.fenced(|layout| async move {
+            let keys = layout.shard(layout.shard_of(id));
+            Ok(scripts::delete_schedule(&mut self.con.clone(), &keys, id).await?)
+        })
+        .await
+    }
+
+    /// One schedule, or `None`.
+    pub async fn schedule_get(&self, id: &str) -> Result<Option<ScheduleView>, ClientError> {
+        let layout = self.keys();
+        let shard = layout.shard_of(id);
+        let keys = layout.shard(shard);
+        type Reply = (Option<String>, Option<Vec<u8>>, Option<f64>, Option<String>);
+        let (record, envelope, next, marker): Reply = redis::pipe()
+            .hget(&keys.schedules, id)
+            .hget(&keys.sched_env, id)
+            .zscore(&keys.sched_due, id)
+            .get(&keys.layout)
+            .query_async(&mut self.con.clone())
+            .await?;
+        read_fence(marker, &layout, &keys.layout)?;
+        Ok(record
+            .as_deref()
+            .and_then(parse_record)
+            .map(|(version, s)| view(id.to_owned(), shard, version, s, envelope.as_deref(), next)))
+    }
+
+    /// Every schedule, by shard then id.
+    pub async fn schedule_list(&self) -> Result<Vec<ScheduleView>, ClientError> {
+        let mut out = Vec::new();
+        let layout = self.keys();
+        for shard in 0..layout.shards() {
+            let keys = layout.shard(shard);
+            let mut con = self.con.clone();
+            let (records, envelopes, next, marker): ShardSchedules = redis::pipe()
+                .hgetall(&keys.schedules)
+                .hgetall(&keys.sched_env)
+                .zrange_withscores(&keys.sched_due, 0, -1)
+                .get(&keys.layout)
+                .query_async(&mut con)
+                .await?;
+            read_fence(marker, &layout, &keys.layout)?;
+            let next: HashMap<String, f64> = next.into_iter().collect();
+            for (id, record) in records {
+                if let Some((version, s)) = parse_record(&record) {
+                    let envelope = envelopes.get(&id).map(Vec::as_slice);
+                    let next = next.get(&id).copied();
+                    out.push(view(id, shard, version, s, envelope, next));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One shard's schedules: definitions, envelopes, pending occurrences.
+type ShardSchedules = (
+    BTreeMap<String, String>,
+    HashMap<String, Vec<u8>>,
+    Vec<(String, f64)>,
+    Option<String>,
+);
+
+fn view(
+    id: String,
+    shard: u16,
+    version: u64,
+    s: Stored,
+    envelope: Option<&[u8]>,
+    next: Option<f64>,
+) -> ScheduleView {
+    ScheduleView {
+        id,
+        shard,
+        dest: s.dest,
+        def: s.def,
+        paused: s.paused,
+        next_ms: next.map(|n| n as i64),
+        version,
+        created_ms: s.created_ms,
+        updated_ms: s.updated_ms,
+        envelope: envelope.and_then(|e| Envelope::decode(e).ok()),
+    }
+}
+
+/// Compiled schedules by id, with the version they were compiled from (a mover keeps one per
+/// shard: compiling a cron takes tens of microseconds, firing one a few).
+#[derive(Default)]
+pub struct ScheduleCache {
+    compiled: HashMap<String, (String, Arc<Schedule>)>,
+}
+
+impl ScheduleCache {
+    fn get(&mut self, id: &str, record: &str) -> Option<Arc<Schedule>> {
+        let (version, json) = record.split_once('\n')?;
+        if let Some((v, schedule)) = self.compiled.get(id)
+            && v == version
+        {
+            return Some(schedule.clone());
+        }
+        let stored: Stored = serde_json::from_str(json).ok()?;
+        let schedule = Arc::new(stored.def.compile().ok()?);
+        // Bounded by the shard's schedules; a deleted one's entry is replaced or lingers.
+        self.compiled
+            .insert(id.to_owned(), (version.to_owned(), schedule.clone()));
+        Some(schedule)
+    }
+}
+
+/// What one [`fire_due`] call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FireReport {
+    pub fired: Fired,
+    /// Schedules read as due.
+    pub due: usize,
+    /// Schedules whose definition could not be read or compiled: taken off the timeline
+    /// (their definition stays for an operator; `schedule set` rewrites it).
+    pub unreadable: usize,
+}
+
+/// Fires the due schedules of one shard (at most [`FIRE_BATCH`]): plans each, then turns the
+/// planned occurrences into jobs and writes each next occurrence in one fenced script.
+pub async fn fire_due(
+    con: &mut Conn,
+    keys: &ShardKeys,
+    now_ms: Option<i64>,
+    cache: &mut ScheduleCache,
+) -> redis::RedisResult<FireReport> {
+    let (now, due) = scripts::due_schedules(con, keys, now_ms, FIRE_BATCH).await?;
+    let mut report = FireReport {
+        due: due.len(),
+        ..FireReport::default()
+    };
+    let mut firings = Vec::with_capacity(due.len());
+    for DueSchedule {
+        id,
+        occurrence_ms,
+        record,
+    } in due
+    {
+        let version = record.split_once('\n').map_or("", |(v, _)| v).to_owned();
+        let Some(schedule) = cache.get(&id, &record) else {
+            // Unreadable (or missing) definition: off the timeline, not in a loop.
+            report.unreadable += 1;
+            firings.push(Firing {
+                id,
+                read_occurrence_ms: occurrence_ms,
+                read_version: if record.is_empty() {
+                    String::new()
+                } else {
+                    version
+                },
+                next_ms: None,
+                max_lateness_ms: None,
+                deliver: Vec::new(),
+                expired: Vec::new(),
+            });
+            continue;
+        };
+        let plan = schedule.plan(occurrence_ms, now);
+        let jobs = |times: &[i64]| {
+            times
+                .iter()
+                .map(|&t| (occurrence_id(&id, t), t))
+                .collect::<Vec<_>>()
+        };
+        firings.push(Firing {
+            deliver: jobs(&plan.deliver),
+            expired: jobs(&plan.expired),
+            next_ms: plan.next,
+            max_lateness_ms: schedule.def().max_lateness_ms,
+            read_occurrence_ms: occurrence_ms,
+            read_version: version,
+            id,
+        });
+    }
+    if !firings.is_empty() {
+        report.fired = scripts::fire_schedules(con, keys, now, &firings).await?;
+    }
+    Ok(report)
+}

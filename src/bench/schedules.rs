@@ -1,0 +1,80 @@
+//! `schedules`: N recurring schedules whose occurrence falls on one moment T; how fast and how
+//! late the occurrences go out (firing: plan + one fenced script per batch of schedules, then
+//! the ordinary move of the jobs it created).
+
+use super::load::status;
+use super::measure::{llen, redis_cpu, system_time_ms};
+use super::report::ScheduleFiring;
+use super::tally::{Tally, fine_bounds};
+use super::{Env, ROUTE};
+use anyhow::{Context, ensure};
+use futures::{StreamExt, TryStreamExt};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use zdelay_client::schedules::{NewSchedule, Repeat};
+use zdelay_client::store;
+
+/// Schedule writes in flight while loading.
+const LOAD_CONCURRENCY: usize = 64;
+
+pub(super) async fn schedules(env: &mut Env, n: u64) -> anyhow::Result<ScheduleFiring> {
+    status(&format!("schedules: {n} schedules firing at one moment"));
+    env.scratch.clean(&mut env.con, false).await?;
+    // Hourly schedules whose grid starts at T: their first occurrence. T leaves time to load
+    // them (about 100 µs each here, bounded by Redis round trips).
+    let t_ms = store::server_time_ms(&mut env.con).await? + 2_000 + n as i64 / 10;
+    let loaded = Instant::now();
+    let producer = &env.producer;
+    let size = env.payload_size();
+    futures::stream::iter(0..n)
+        .map(|i| async move {
+            let mut spec = NewSchedule::new(
+                format!("bench-{i}"),
+                ROUTE,
+                format!("{i:0>width$}", width = size.max(8)),
+                Repeat::Every(Duration::from_secs(3600)),
+            );
+            spec.start_at = Some(t_ms);
+            producer.schedule_set(spec).await
+        })
+        .buffer_unordered(LOAD_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await
+        .context("loading schedules")?;
+    let load_s = loaded.elapsed().as_secs_f64();
+    let margin_ms = t_ms - store::server_time_ms(&mut env.con).await?;
+    ensure!(
+        margin_ms > 100,
+        "schedules: loading took too long (margin {margin_ms} ms before T); Redis is overloaded"
+    );
+    let bounds = fine_bounds();
+    let tally = Tally::new(&bounds);
+    tally.set_target(n);
+    let movers = env.spawn_movers(env.shard_targets(), bounds, &tally, true);
+    let cpu0 = redis_cpu(&mut env.con).await?;
+    let done = tally
+        .wait(Duration::from_secs(120) + Duration::from_millis(margin_ms as u64))
+        .await;
+    let cpu1 = redis_cpu(&mut env.con).await?;
+    movers.stop().await;
+    let (_, done_wall) =
+        done.with_context(|| format!("schedules stalled: {} of {n} fired", tally.moved()))?;
+    ensure!(
+        llen(&mut env.con, &env.scratch.out.clone()).await? == n,
+        "schedules: list length != schedules"
+    );
+    let all_fired = system_time_ms(done_wall) + env.clock_offset_ms as f64 - t_ms as f64;
+    let first = tally.first_move_us.load(Ordering::Relaxed) as f64 / 1000.0 - t_ms as f64;
+    let firing_s = ((all_fired - first) / 1000.0).max(1e-6);
+    env.scratch.clean(&mut env.con, false).await?;
+    Ok(ScheduleFiring {
+        schedules: n,
+        load_s,
+        margin_ms,
+        first_delivery_after_t_ms: first,
+        all_delivered_after_t_ms: all_fired,
+        per_sec: n as f64 / firing_s,
+        redis_cpu_s_per_million: (cpu1 - cpu0) * 1e6 / n as f64,
+        lateness: tally.hist().summary(),
+    })
+}

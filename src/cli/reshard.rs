@@ -1,0 +1,254 @@
+//! `zdelay reshard --to N`: renders `zdelay::reshard` (progress on stderr, the outcome on
+//! stdout) and asks before changing anything unless `--yes`.
+
+use super::UsageError;
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use zdelay::config::Config;
+use zdelay::reshard::{self, Counts, Outcome, Plan, Progress};
+use zdelay::store::{self, Conn};
+
+#[derive(clap::Args)]
+pub struct ReshardArgs {
+    /// The new shard count (1..=16384).
+    #[arg(long, value_name = "N")]
+    to: u32,
+    /// Do not ask: reshard at once (needed when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    yes: bool,
+    /// Check and count what would move; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the outcome as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Job ids per script call (1..=1000).
+    #[arg(long, default_value_t = reshard::DEFAULT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    batch: u16,
+    /// Old shards moved at once (1..=64).
+    #[arg(long, default_value_t = reshard::DEFAULT_CONCURRENCY as u16, value_parser = clap::value_parser!(u16).range(1..=64))]
+    concurrency: u16,
+}
+
+pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
+    let to = match u16::try_from(args.to) {
+        Ok(to) if (1..=zdelay::config::MAX_SHARDS).contains(&to) => to,
+        _ => {
+            return Err(UsageError(format!(
+                "--to {}: a namespace has 1..=16384 shards (the bounds of redis.shards)",
+                args.to
+            ))
+            .into());
+        }
+    };
+    let mut con = Conn::connect(&config.redis).await?;
+    store::check_server(&mut con).await?;
+    let namespace = &config.redis.namespace;
+    let mut opts = reshard::Options::new(to);
+    opts.batch = args.batch.into();
+    opts.concurrency = args.concurrency.into();
+    let quiet = |_: Progress| {};
+    if !args.yes || args.dry_run {
+        opts.dry_run = true;
+        let outcome = reshard::reshard(&con, namespace, &opts, &quiet).await?;
+        let Outcome::DryRun(plan) = &outcome else {
+            return print_outcome(&outcome, args.json);
+        };
+        if args.dry_run {
+            return print_outcome(&outcome, args.json);
+        }
+        eprint!("{}", plan_text(plan));
+        if !plan.daemons.is_empty() {
+            // The real run refuses with the daemons' names; say it now.
+            opts.dry_run = false;
+            reshard::reshard(&con, namespace, &opts, &quiet).await?;
+        }
+        if !std::io::stdin().is_terminal() {
+            return Err(UsageError(
+                "not resharding: pass --yes to go ahead (or --dry-run to only look)".into(),
+            )
+            .into());
+        }
+        eprint!("reshard namespace {namespace} now? [y/N] ");
+        std::io::stderr().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            eprintln!("not resharded");
+            return Ok(1);
+        }
+        opts.dry_run = false;
+    }
+    let printer = Printer::new(to);
+    let outcome = reshard::reshard(&con, namespace, &opts, &|p| printer.show(p)).await?;
+    print_outcome(&outcome, args.json)
+}
+
+fn print_outcome(outcome: &Outcome, json: bool) -> anyhow::Result<i32> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(outcome)?);
+        return Ok(0);
+    }
+    match outcome {
+        Outcome::AlreadyDone { namespace, shards } => {
+            println!("namespace {namespace} already has {shards} shards: nothing to do");
+        }
+        Outcome::DryRun(plan) => print!("{}", plan_text(plan)),
+        Outcome::Done(r) => {
+            println!(
+                "resharded namespace {} from {} to {} shards{}: moved {} jobs in {:.1} s",
+                r.namespace,
+                r.from,
+                r.to,
+                if r.resumed { " (resumed)" } else { "" },
+                r.moved,
+                r.elapsed_ms as f64 / 1000.0
+            );
+            println!("  before: {}", r.before);
+            println!("  after:  {}", r.after);
+            println!(
+                "set redis.shards = {} in every config (daemons, CLI, producers) before starting \
+                 daemons again; producers still connected follow on their own",
+                r.to
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn plan_text(plan: &Plan) -> String {
+    let mut text = format!(
+        "{} namespace {} from {} to {} shards: {} of {} would move\n",
+        if plan.resume {
+            "would resume the unfinished reshard of"
+        } else {
+            "would reshard"
+        },
+        plan.namespace,
+        plan.from,
+        plan.to,
+        plan.to_move,
+        plan.counts
+    );
+    if plan.daemons.is_empty() {
+        text.push_str(&format!(
+            "no daemon is registered. While it runs, producers get a retryable error; those \
+             connected then follow the new layout, and every config needs redis.shards = {}\n",
+            plan.to
+        ));
+    } else {
+        let names: Vec<&str> = plan.daemons.iter().map(|d| d.id.as_str()).collect();
+        text.push_str(&format!(
+            "refused while daemons are registered: {}\n",
+            names.join(", ")
+        ));
+    }
+    text
+}
+
+/// Progress lines on stderr, at most one "moved" line a second.
+struct Printer {
+    last: Mutex<Option<Instant>>,
+    to: u16,
+    #[cfg(feature = "test-failpoints")]
+    failpoint: failpoint::Failpoint,
+}
+
+impl Printer {
+    fn new(to: u16) -> Self {
+        Printer {
+            last: Mutex::new(None),
+            to,
+            #[cfg(feature = "test-failpoints")]
+            failpoint: failpoint::Failpoint::from_env(),
+        }
+    }
+
+    fn show(&self, progress: Progress) {
+        #[cfg(feature = "test-failpoints")]
+        self.failpoint.check(&progress);
+        match progress {
+            Progress::Start { from, to, resumed } => eprintln!(
+                "{} from {from} to {to} shards",
+                if resumed {
+                    "resuming the unfinished reshard"
+                } else {
+                    "resharding"
+                }
+            ),
+            Progress::Warning(text) => eprintln!("warning: {text}"),
+            Progress::Frozen { counts } => eprintln!(
+                "frozen: until the end, producers get a retryable error and daemons cannot \
+                 start; {}",
+                summary(&counts)
+            ),
+            Progress::Moved { total } => {
+                let mut last = self.last.lock().expect("printer lock");
+                if last.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                    *last = Some(Instant::now());
+                    eprintln!("moved {total} jobs");
+                }
+            }
+            Progress::ShardDone { shard, moved } if moved > 0 && self.to <= 64 => {
+                eprintln!("shard {shard}: {moved} jobs moved out")
+            }
+            Progress::Verified { counts } => {
+                eprintln!("verified: the new shards hold {}", summary(&counts))
+            }
+            Progress::Finishing => eprintln!("writing the new layout"),
+            Progress::Copied { .. } | Progress::ShardDone { .. } => {}
+        }
+    }
+}
+
+fn summary(counts: &Counts) -> String {
+    format!(
+        "{} jobs, {} due or scheduled, {} in flight, {} waiting for a sink, {} dead",
+        counts.jobs, counts.due, counts.inflight, counts.ready, counts.dead
+    )
+}
+
+/// Test-only crash injection (feature `test-failpoints`): `ZDELAY_FAILPOINT=
+/// reshard_abort_after=<event>[:<n>]` aborts the process, like `kill -9`, at the n-th (default
+/// first) progress event of that kind: `frozen`, `copied` (jobs written into their new shard,
+/// not yet deleted from the old one), `verified`, `finishing` (markers set, schema not yet).
+#[cfg(feature = "test-failpoints")]
+mod failpoint {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use zdelay::reshard::Progress;
+
+    pub struct Failpoint {
+        at: Option<(String, u64)>,
+        seen: AtomicU64,
+    }
+
+    impl Failpoint {
+        pub fn from_env() -> Self {
+            let at = std::env::var("ZDELAY_FAILPOINT").ok().and_then(|v| {
+                let spec = v.strip_prefix("reshard_abort_after=")?;
+                let (event, n) = spec.split_once(':').unwrap_or((spec, "1"));
+                Some((event.to_owned(), n.parse().ok()?))
+            });
+            Failpoint {
+                at,
+                seen: AtomicU64::new(0),
+            }
+        }
+
+        pub fn check(&self, progress: &Progress) {
+            let Some((event, n)) = &self.at else { return };
+            let name = match progress {
+                Progress::Frozen { .. } => "frozen",
+                Progress::Copied { .. } => "copied",
+                Progress::Verified { .. } => "verified",
+                Progress::Finishing => "finishing",
+                _ => return,
+            };
+            if name == event && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == *n {
+                eprintln!("failpoint reshard_abort_after={event}:{n}");
+                std::process::abort();
+            }
+        }
+    }
+}

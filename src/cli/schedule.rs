@@ -1,0 +1,453 @@
+//! `zdelay schedule`: recurring schedules — set (upsert), list, get, pause, resume, delete,
+//! and preview (the next occurrences, computed by the code the daemon uses; no Redis).
+
+use super::batch;
+use super::enqueue::parse_header;
+use super::parse_at;
+use super::render::format_ms;
+use anyhow::Context;
+use clap::ValueEnum;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use zdelay::Client;
+use zdelay::envelope::payload_from_json;
+use zdelay::schedule::{DEFAULT_MAX_CATCH_UP, Misfire, ScheduleDef};
+use zdelay::schedules::{NewSchedule, Repeat, ScheduleView};
+
+#[derive(clap::Subcommand)]
+pub enum ScheduleAction {
+    /// Create or update a schedule (upsert by id); prints its next occurrence. An update keeps
+    /// an interval's grid and a pause, and applies from the next occurrence.
+    Set(Box<SetArgs>),
+    /// Every schedule: id, destination, recurrence, next occurrence, paused.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One schedule, as JSON (exit 1 if there is none).
+    Get {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a schedule's occurrences until it is resumed.
+    Pause {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resume a paused schedule from now (occurrences missed while paused are not delivered).
+    Resume {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a schedule: no further occurrence (one already handed to a sink completes).
+    Delete {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The next occurrences of a recurrence, RFC 3339 with offset (epoch ms in JSON).
+    Preview(PreviewArgs),
+}
+
+/// How a schedule repeats: exactly one of the flags.
+#[derive(clap::Args, Clone)]
+#[group(required = true, multiple = false)]
+pub struct RepeatArgs {
+    /// Cron expression: 5 fields (minute hour day-of-month month day-of-week) or 6 with
+    /// seconds first; day-of-week 0 and 7 are Sunday.
+    #[arg(long)]
+    cron: Option<String>,
+    /// Interval, on a grid anchored at the schedule's start (no drift): 250ms, 5m, 1h…
+    #[arg(long, value_parser = humantime::parse_duration)]
+    every: Option<Duration>,
+}
+
+#[derive(clap::Args)]
+pub struct SetArgs {
+    /// The schedule's id; braces only as a hash tag (user{42}:daily).
+    #[arg(required_unless_present = "batch")]
+    id: Option<String>,
+    /// Destination: a configured route name, or <sink>/<target>.
+    #[arg(long, required_unless_present = "batch")]
+    dest: Option<String>,
+    /// Cron expression: 5 fields (minute hour day-of-month month day-of-week) or 6 with
+    /// seconds first; day-of-week 0 and 7 are Sunday.
+    #[arg(long, conflicts_with = "every")]
+    cron: Option<String>,
+    /// Interval, on a grid anchored at the schedule's start (no drift): 250ms, 5m, 1h…
+    #[arg(long, value_parser = humantime::parse_duration)]
+    every: Option<Duration>,
+    /// IANA time zone of the cron expression (default UTC).
+    #[arg(long, requires = "cron")]
+    tz: Option<String>,
+    /// The payload every occurrence carries, as text.
+    #[arg(long, conflicts_with = "payload_file")]
+    payload: Option<String>,
+    /// The payload, read from a file.
+    #[arg(long)]
+    payload_file: Option<PathBuf>,
+    /// A message header K=V (repeatable).
+    #[arg(long = "header", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// Missed occurrences (daemon down, sink paused): one delivery now (coalesce), none
+    /// (skip), or each of them (catch_up, at most --max-catch-up).
+    #[arg(long, value_enum, default_value_t = MisfireArg::Coalesce)]
+    misfire: MisfireArg,
+    /// catch_up: at most this many missed occurrences delivered (the latest).
+    #[arg(long)]
+    max_catch_up: Option<u32>,
+    /// No occurrence before this: RFC 3339 or epoch ms.
+    #[arg(long, value_parser = parse_at)]
+    start_at: Option<i64>,
+    /// No occurrence at or after this: RFC 3339 or epoch ms.
+    #[arg(long, value_parser = parse_at)]
+    end_at: Option<i64>,
+    /// An occurrence not delivered within this of its time goes to dead (reason expired).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_lateness: Option<Duration>,
+    /// Delivery attempts of each occurrence on two-phase sinks.
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Read schedules from FILE ("-" = stdin), one JSON object a line:
+    /// {"id","dest","cron"|"every","tz","payload","payload_encoding","headers","misfire",
+    /// "max_catch_up","start_at","end_at","max_lateness","max_attempts"}. Prints
+    /// "<id> <next occurrence>" per input line, in order.
+    #[arg(long, conflicts_with_all = ["id", "dest", "cron", "every", "payload", "payload_file"])]
+    batch: Option<String>,
+    #[arg(long, conflicts_with = "batch")]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct PreviewArgs {
+    #[command(flatten)]
+    repeat: RepeatArgs,
+    /// IANA time zone of the cron expression (default UTC).
+    #[arg(long, requires = "cron")]
+    tz: Option<String>,
+    /// From this time (RFC 3339 or epoch ms; default now); for --every also the anchor.
+    #[arg(long, value_parser = parse_at)]
+    from: Option<i64>,
+    /// How many occurrences.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    count: u32,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum MisfireArg {
+    Coalesce,
+    Skip,
+    #[value(name = "catch_up", alias = "catch-up")]
+    CatchUp,
+}
+
+fn misfire(arg: MisfireArg, max: Option<u32>) -> Result<Misfire, String> {
+    match (arg, max) {
+        (MisfireArg::CatchUp, max) => Ok(Misfire::CatchUp {
+            max: max.unwrap_or(DEFAULT_MAX_CATCH_UP),
+        }),
+        (_, Some(_)) => Err("max_catch_up applies to misfire catch_up only".into()),
+        (MisfireArg::Coalesce, None) => Ok(Misfire::Coalesce),
+        (MisfireArg::Skip, None) => Ok(Misfire::Skip),
+    }
+}
+
+fn repeat(
+    cron: Option<String>,
+    every: Option<Duration>,
+    tz: Option<String>,
+) -> Result<Repeat, String> {
+    match (cron, every, tz) {
+        (Some(expr), None, tz) => Ok(Repeat::Cron {
+            expr,
+            tz: tz.unwrap_or_else(|| "UTC".to_owned()),
+        }),
+        (None, Some(every), None) => Ok(Repeat::Every(every)),
+        (None, Some(_), Some(_)) => Err("tz applies to cron only".into()),
+        (Some(_), Some(_), _) => Err("give cron or every, not both".into()),
+        (None, None, _) => Err("give cron or every".into()),
+    }
+}
+
+/// One line of `schedule set --batch`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchLine {
+    id: String,
+    dest: String,
+    #[serde(default)]
+    cron: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    every: Option<Duration>,
+    #[serde(default)]
+    tz: Option<String>,
+    payload: String,
+    #[serde(default)]
+    payload_encoding: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    misfire: Option<MisfireArg>,
+    #[serde(default)]
+    max_catch_up: Option<u32>,
+    #[serde(default)]
+    start_at: Option<i64>,
+    #[serde(default)]
+    end_at: Option<i64>,
+    #[serde(default, with = "humantime_serde")]
+    max_lateness: Option<Duration>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+}
+
+fn parse_line(line: &str) -> Result<NewSchedule, String> {
+    let l: BatchLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    let payload = payload_from_json(l.payload, l.payload_encoding.as_deref())?;
+    let mut spec = NewSchedule::new(l.id, l.dest, payload, repeat(l.cron, l.every, l.tz)?);
+    spec.headers = l.headers;
+    spec.misfire = misfire(l.misfire.unwrap_or(MisfireArg::Coalesce), l.max_catch_up)?;
+    spec.start_at = l.start_at;
+    spec.end_at = l.end_at;
+    spec.max_lateness = l.max_lateness;
+    spec.max_attempts = l.max_attempts;
+    Ok(spec)
+}
+
+/// An occurrence as the schedule's own zone shows it (UTC for intervals).
+fn occurrence(def: &ScheduleDef, ms: Option<i64>) -> String {
+    match (ms, def.compile()) {
+        (Some(ms), Ok(schedule)) => schedule.rfc3339(ms),
+        (Some(ms), Err(_)) => format_ms(ms),
+        (None, _) => "none".to_owned(),
+    }
+}
+
+fn recurrence_text(def: &ScheduleDef) -> String {
+    match &def.recurrence {
+        zdelay::schedule::Recurrence::Cron { expr, tz } => format!("cron {expr:?} {tz}"),
+        zdelay::schedule::Recurrence::Every { interval_ms, .. } => format!(
+            "every {}",
+            humantime::format_duration(Duration::from_millis(*interval_ms))
+        ),
+    }
+}
+
+fn line(view: &ScheduleView) -> String {
+    format!(
+        "{}  {}  {}  next {}{}",
+        view.id,
+        view.dest,
+        recurrence_text(&view.def),
+        occurrence(&view.def, view.next_ms),
+        if view.paused { "  (paused)" } else { "" }
+    )
+}
+
+/// Runs a `schedule` action that needs Redis.
+pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32> {
+    match action {
+        ScheduleAction::Set(args) => set(client, *args).await,
+        ScheduleAction::List { json } => {
+            let all = client.schedule_list().await?;
+            if json {
+                let v: Vec<_> = all.iter().map(ScheduleView::to_json).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for view in &all {
+                    println!("{}", line(view));
+                }
+            }
+            Ok(0)
+        }
+        ScheduleAction::Get { id, json } => match client.schedule_get(&id).await? {
+            Some(view) if json => {
+                println!("{}", serde_json::to_string_pretty(&view.to_json())?);
+                Ok(0)
+            }
+            Some(view) => {
+                println!("{}", line(&view));
+                Ok(0)
+            }
+            None => {
+                eprintln!("no schedule {id}");
+                Ok(1)
+            }
+        },
+        ScheduleAction::Pause { id, json } => {
+            let done = client.schedule_pause(&id).await?;
+            report(json, &id, "paused", done, None)
+        }
+        ScheduleAction::Resume { id, json } => {
+            let next = client.schedule_resume(&id).await?;
+            let text = match (&next, client.schedule_get(&id).await?) {
+                (Some(next), Some(view)) => Some(occurrence(&view.def, *next)),
+                _ => None,
+            };
+            report(
+                json,
+                &id,
+                "resumed",
+                next.is_some(),
+                text.zip(next.flatten()),
+            )
+        }
+        ScheduleAction::Delete { id, json } => {
+            let done = client.schedule_delete(&id).await?;
+            report(json, &id, "deleted", done, None)
+        }
+        ScheduleAction::Preview(_) => unreachable!("preview runs without Redis"),
+    }
+}
+
+fn report(
+    json: bool,
+    id: &str,
+    what: &str,
+    done: bool,
+    next: Option<(String, i64)>,
+) -> anyhow::Result<i32> {
+    if json {
+        let mut v = serde_json::json!({ "id": id, what: done });
+        if let Some((_, ms)) = &next {
+            v["next_ms"] = (*ms).into();
+        }
+        println!("{v}");
+    } else if !done {
+        eprintln!("no schedule {id}");
+    } else {
+        match &next {
+            Some((text, _)) => println!("{what} {id}; next occurrence {text}"),
+            None => println!("{what} {id}"),
+        }
+    }
+    Ok(if done { 0 } else { 1 })
+}
+
+async fn set(client: &Client, args: SetArgs) -> anyhow::Result<i32> {
+    if let Some(path) = &args.batch {
+        return batch::run(path, "schedules set", parse_line, async |specs| {
+            let mut out = Vec::with_capacity(specs.len());
+            for spec in specs {
+                let id = spec.id.clone();
+                out.push(match client.schedule_set(spec).await {
+                    Ok(set) => Ok(format!(
+                        "{id} {}",
+                        set.next_ms.map_or("none".to_owned(), format_ms)
+                    )),
+                    Err(e) => Err(e.to_string()),
+                });
+            }
+            Ok(out)
+        })
+        .await;
+    }
+    let id = args.id.expect("clap requires an id without --batch");
+    let dest = args.dest.expect("clap requires --dest without --batch");
+    let payload = match (args.payload, &args.payload_file) {
+        (Some(text), _) => text.into_bytes(),
+        (_, Some(path)) => std::fs::read(path)
+            .with_context(|| format!("cannot read --payload-file {}", path.display()))?,
+        (None, None) => Vec::new(),
+    };
+    let repeat = repeat(args.cron, args.every, args.tz)
+        .map_err(|why| super::UsageError(format!("{why} (--cron or --every)")))?;
+    let mut spec = NewSchedule::new(id.clone(), dest, payload, repeat);
+    spec.headers = args.headers.into_iter().collect();
+    spec.misfire = misfire(args.misfire, args.max_catch_up).map_err(super::UsageError)?;
+    spec.start_at = args.start_at;
+    spec.end_at = args.end_at;
+    spec.max_lateness = args.max_lateness;
+    spec.max_attempts = args.max_attempts;
+    let set = client.schedule_set(spec).await?;
+    let view = client.schedule_get(&id).await?;
+    let next_text = view
+        .as_ref()
+        .map_or_else(|| "none".to_owned(), |v| occurrence(&v.def, set.next_ms));
+    if args.json {
+        let mut v = view.map(|v| v.to_json()).unwrap_or_default();
+        v["created"] = set.created.into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "{} {id}; next occurrence {next_text}{}",
+            if set.created { "created" } else { "updated" },
+            set.next_ms.map_or(String::new(), |ms| format!(" ({ms})"))
+        );
+    }
+    Ok(0)
+}
+
+/// `schedule preview`: pure computation, no Redis.
+pub fn preview(args: PreviewArgs) -> anyhow::Result<i32> {
+    let from = args.from.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    });
+    let def =
+        match repeat(args.repeat.cron, args.repeat.every, args.tz).map_err(super::UsageError)? {
+            Repeat::Cron { expr, tz } => ScheduleDef::cron(expr, tz),
+            Repeat::Every(every) => ScheduleDef::every(every.as_millis() as u64, from),
+        };
+    let schedule = def.compile()?;
+    let times = schedule.occurrences(from, args.count as usize);
+    if args.json {
+        let v: Vec<_> = times
+            .iter()
+            .map(|&ms| serde_json::json!({ "ms": ms, "at": schedule.rfc3339(ms) }))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for &ms in &times {
+            println!("{}  {ms}", schedule.rfc3339(ms));
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_lines_parse_or_say_why() {
+        let spec = parse_line(
+            r#"{"id":"r","dest":"q","cron":"0 9 * * 1-5","tz":"Europe/Paris","payload":"x","misfire":"catch_up","max_catch_up":5}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.misfire, Misfire::CatchUp { max: 5 });
+        assert!(matches!(spec.repeat, Repeat::Cron { ref tz, .. } if tz == "Europe/Paris"));
+        let spec = parse_line(r#"{"id":"e","dest":"q","every":"250ms","payload":"x"}"#).unwrap();
+        assert_eq!(spec.repeat, Repeat::Every(Duration::from_millis(250)));
+        for (bad, why) in [
+            (r#"{"id":"b","dest":"q","payload":"x"}"#, "cron or every"),
+            (
+                r#"{"id":"b","dest":"q","cron":"* * * * *","every":"1s","payload":"x"}"#,
+                "not both",
+            ),
+            (
+                r#"{"id":"b","dest":"q","every":"1s","tz":"UTC","payload":"x"}"#,
+                "cron only",
+            ),
+            (
+                r#"{"id":"b","dest":"q","every":"1s","payload":"x","max_catch_up":3}"#,
+                "catch_up only",
+            ),
+            (
+                r#"{"id":"b","dest":"q","every":"1s","payload":"x","x":1}"#,
+                "unknown field",
+            ),
+        ] {
+            let err = parse_line(bad).map(|_| ()).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+}
