@@ -222,7 +222,11 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
 type Pairs = Vec<(String, String)>;
 
 /// The live daemons and what each polls, from the registry and the poller slots.
-async fn instances(con: &mut Conn, keys: &Keys, now_ms: i64) -> redis::RedisResult<Vec<Instance>> {
+pub async fn instances(
+    con: &mut Conn,
+    keys: &Keys,
+    now_ms: i64,
+) -> redis::RedisResult<Vec<Instance>> {
     let (registered, slots): (Pairs, Pairs) = redis::pipe()
         .hgetall(keys.instances())
         .hgetall(keys.poller_slots())

@@ -75,6 +75,14 @@ pub struct BenchArgs {
     /// How long --hang-pid stays stopped.
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pub hang: Duration,
+    /// Drain and steady through N `zdelay run` processes of this binary instead of pollers
+    /// in this process: the bench writes them a config for the scratch namespace (same
+    /// Redis or cluster, free admin ports on 127.0.0.1), waits until the registry shows N
+    /// live instances with every shard polled, measures from outside (the list's length,
+    /// a consumer's pops) and stops them with SIGTERM. Works on one Redis and on a cluster
+    /// (`redis.cluster_nodes`); envelope jobs only.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub daemons: Option<u16>,
     /// Instead of the modes: confirmed messages/s through this configured two-phase route
     /// (Kafka, AMQP, NATS or remote Redis), `--jobs` jobs all due, with the daemon's
     /// pollers and the route's real sink (claim → publish → broker confirmation → ack).

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use std::time::{SystemTime, UNIX_EPOCH};
+use zdelay_client::config::{RedisConfig, redact_url};
 use zdelay_client::store::{self, Conn};
 
 /// used_cpu_sys + used_cpu_user of the Redis process, seconds.
@@ -23,7 +24,7 @@ pub(super) async fn used_memory(con: &mut Conn) -> anyhow::Result<i64> {
         .context("INFO memory has no used_memory")
 }
 
-fn local_now_us() -> i64 {
+pub(super) fn local_now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)
@@ -63,12 +64,21 @@ pub(super) async fn del(con: &mut Conn, key: &str) -> redis::RedisResult<()> {
     redis::cmd("DEL").arg(key).query_async(con).await
 }
 
-/// Sum of ZCARD or HLEN over keys.
+/// Sum of ZCARD or HLEN over keys: one pipeline on one Redis; on a cluster (where a pipeline
+/// must stay in one slot) one command per key, all at once.
 pub(super) async fn total_size(
     con: &mut Conn,
     cmd: &str,
     keys: &[String],
 ) -> redis::RedisResult<u64> {
+    if con.is_cluster() {
+        let counts = futures::future::try_join_all(keys.iter().map(|key| {
+            let mut con = con.clone();
+            async move { redis::cmd(cmd).arg(key).query_async::<u64>(&mut con).await }
+        }))
+        .await?;
+        return Ok(counts.iter().sum());
+    }
     let mut pipe = redis::pipe();
     for key in keys {
         pipe.cmd(cmd).arg(key);
@@ -77,8 +87,154 @@ pub(super) async fn total_size(
     Ok(counts.iter().sum())
 }
 
+/// A Redis server of the deployment: the one server, or a node of the cluster.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(super) struct Node {
+    /// `host:port` (on one Redis: its URL without password).
+    pub(super) addr: String,
+    /// A master that serves slots. A node flagged master without slots serves no jobs: an
+    /// empty master, or a replica whose new role has not reached this node by gossip yet
+    /// (right after `redis-cli --cluster create`).
+    pub(super) master: bool,
+}
+
+/// The nodes of `CLUSTER NODES` output that are up (no `fail`, `noaddr` or `handshake`
+/// flag), masters first, each group in address order.
+pub(super) fn parse_cluster_nodes(text: &str) -> Vec<Node> {
+    let mut nodes: Vec<Node> = text
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_id, addr, flags) = (fields.next()?, fields.next()?, fields.next()?);
+            // master id, ping sent, pong received, config epoch, link state, then slots.
+            let serves_slots = fields.nth(5).is_some();
+            let flags: Vec<&str> = flags.split(',').collect();
+            if flags
+                .iter()
+                .any(|f| matches!(*f, "fail" | "noaddr" | "handshake"))
+            {
+                return None;
+            }
+            // `ip:port@cport[,hostname]`
+            let addr = addr.split(['@', ',']).next()?.to_owned();
+            Some(Node {
+                addr,
+                master: flags.contains(&"master") && serves_slots,
+            })
+        })
+        .collect();
+    nodes.sort_by(|a, b| b.master.cmp(&a.master).then_with(|| a.addr.cmp(&b.addr)));
+    nodes
+}
+
+/// Every server of the deployment, each with a connection of its own, for what only a node
+/// can tell (`INFO cpu`): the one Redis, or every node of the cluster, replicas included.
+pub(super) struct Nodes {
+    pub(super) nodes: Vec<(Node, Conn)>,
+}
+
+impl Nodes {
+    pub(super) async fn connect(con: &mut Conn, cfg: &RedisConfig) -> anyhow::Result<Nodes> {
+        if !con.is_cluster() {
+            let node = Node {
+                addr: redact_url(&cfg.url),
+                master: true,
+            };
+            return Ok(Nodes {
+                nodes: vec![(node, con.clone())],
+            });
+        }
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("NODES");
+        let text: String = redis::from_redis_value(con.on_one_node(cmd).await?)?;
+        let mut nodes = Vec::new();
+        for node in parse_cluster_nodes(&text) {
+            let one = RedisConfig {
+                url: format!("redis://{}", node.addr),
+                cluster_nodes: Vec::new(),
+                ..cfg.clone()
+            };
+            let con = Conn::connect(&one)
+                .await
+                .with_context(|| format!("cluster node {}", node.addr))?;
+            nodes.push((node, con));
+        }
+        anyhow::ensure!(!nodes.is_empty(), "CLUSTER NODES lists no node that is up");
+        Ok(Nodes { nodes })
+    }
+
+    /// used_cpu_sys + used_cpu_user of every node, seconds, in `nodes` order.
+    pub(super) async fn cpu(&mut self) -> anyhow::Result<Vec<f64>> {
+        let mut out = Vec::with_capacity(self.nodes.len());
+        for (_, con) in &mut self.nodes {
+            out.push(redis_cpu(con).await?);
+        }
+        Ok(out)
+    }
+
+    pub(super) fn list(&self) -> Vec<Node> {
+        self.nodes.iter().map(|(n, _)| n.clone()).collect()
+    }
+}
+
+/// utime + stime of a process (all its threads), seconds, from `/proc/<pid>/stat`.
+pub(super) fn process_cpu(pid: u32) -> Option<f64> {
+    parse_proc_stat_cpu(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line, seconds. The kernel reports
+/// them in USER_HZ ticks, 100 per second on Linux whatever the kernel's own HZ.
+pub(super) fn parse_proc_stat_cpu(stat: &str) -> Option<f64> {
+    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
 pub(super) fn read_first_line(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
         .and_then(|s| s.lines().next().map(|l| l.trim().to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_nodes_are_parsed_masters_first() {
+        let text = "\
+07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected
+67ed 127.0.0.1:30002@40002 master - 0 1426238316232 2 connected 5461-10922
+292f 127.0.0.1:30003@40003,node-c.example master - 0 1426238318243 3 connected 10923-16383
+6ec2 127.0.0.1:30005@40005 slave,fail 67ed 1426238316232 1426238316232 5 disconnected
+e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460
+a9b0 127.0.0.1:30006@40006 master - 0 1426238316232 0 connected
+";
+        let nodes = parse_cluster_nodes(text);
+        let addrs: Vec<(&str, bool)> = nodes.iter().map(|n| (n.addr.as_str(), n.master)).collect();
+        assert_eq!(
+            addrs,
+            vec![
+                ("127.0.0.1:30001", true),
+                ("127.0.0.1:30002", true),
+                ("127.0.0.1:30003", true),
+                ("127.0.0.1:30004", false),
+                ("127.0.0.1:30006", false),
+            ]
+        );
+        assert!(parse_cluster_nodes("").is_empty());
+    }
+
+    #[test]
+    fn proc_stat_cpu_counts_user_and_system_ticks() {
+        // Field 2 with a space and a ')' inside; utime 250, stime 50 ticks.
+        let stat = "4242 (zdelay (x) y) S 1 4242 4242 0 -1 4194560 1234 0 0 0 250 50 0 0 20 0 9 0";
+        assert_eq!(parse_proc_stat_cpu(stat), Some(3.0));
+        assert_eq!(parse_proc_stat_cpu("garbage"), None);
+        // This process has a stat file.
+        assert!(process_cpu(std::process::id()).is_some());
+    }
 }

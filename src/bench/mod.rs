@@ -24,14 +24,21 @@
 //! - `same-ms`: jobs all due at one millisecond T; time from T until the last one moved.
 //! - `memory`: `INFO memory` used_memory per envelope job, and per job in the bare layout.
 //!
+//! - `--daemons N` (drain, steady): the same measurements from outside N `zdelay run`
+//!   processes of this binary (`daemons` starts and stops them, `fleet` measures), on one
+//!   Redis or a Redis Cluster.
+//!
 //! Scratch keys: the envelope keys of `--namespace` (default `zdelay-bench`), the bare
 //! layout under `<ns>:bare`, the raw source `<ns>:raw` (and its dead keys) and the list
 //! `<ns>:out`. They are deleted before and after; a namespace that holds any of them is
-//! refused unless `--force`. The bench is for a single Redis node (the list key does not
-//! share the shards' hash tags).
+//! refused unless `--force`, and one with live daemons always. The in-process modes need a
+//! single Redis (the list and the raw source do not share the shards' hash tags); on a
+//! cluster, `--daemons` measures what users get there.
 
 mod args;
+mod daemons;
 mod drain;
+mod fleet;
 mod load;
 mod measure;
 mod memory;
@@ -94,6 +101,27 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     ensure!(args.rounds > 0, "--rounds must be > 0");
     let shards = args.shards.unwrap_or(config.redis.shards);
     ensure!(shards > 0, "--shards must be > 0");
+    let cluster = !config.redis.cluster_nodes.is_empty();
+    if args.daemons.is_some() {
+        ensure!(
+            matches!(args.mode, Mode::Drain | Mode::Steady | Mode::All),
+            "--daemons measures --mode drain, steady or all (drain, then steady)"
+        );
+        ensure!(
+            args.route.is_none() && args.beside.is_none(),
+            "--daemons does not combine with --route or --beside"
+        );
+        ensure!(
+            batch <= 1000,
+            "--daemons: the daemon allows --batch up to 1000"
+        );
+    } else if cluster && args.route.is_none() {
+        bail!(
+            "redis.cluster_nodes is set: the in-process modes need one Redis (their bare \
+             baselines and raw source push across slots); on a cluster run \
+             `zdelay bench --daemons N --mode drain|steady`"
+        );
+    }
     let scratch = Scratch::new(&args.namespace, shards);
     let config = bench_config(config, &scratch, &args.namespace, shards);
     let redis_cfg = config.redis.clone();
@@ -110,6 +138,20 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
              refusing to delete them: use another --namespace, or --force",
             args.namespace,
             redact_url(&redis_cfg.url)
+        );
+    }
+    let now_ms = store::server_time_ms(&mut con).await?;
+    let live = crate::stats::instances(&mut con, &scratch.keys, now_ms).await?;
+    if !live.is_empty() {
+        bail!(
+            "{} daemon(s) run on namespace {:?} ({}): they would move the bench's jobs; stop \
+             them or use another --namespace",
+            live.len(),
+            args.namespace,
+            live.iter()
+                .map(|i| i.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     scratch.clean(&mut con, true).await?;
@@ -134,6 +176,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         steady: Vec::new(),
         same_ms: None,
         memory: None,
+        daemons: None,
         schedules: Vec::new(),
     };
     let mut env = Env {
@@ -177,7 +220,12 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let result = run_modes(&mut env, &mut report).await;
+    let result = match args.daemons {
+        Some(n) => fleet::run(&mut env, n).await.map(|f| {
+            report.daemons = Some(f);
+        }),
+        None => run_modes(&mut env, &mut report).await,
+    };
     // Clean up whatever happened.
     let cleaned = env.scratch.clean(&mut env.con, true).await;
     result?;

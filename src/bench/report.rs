@@ -1,6 +1,6 @@
 //! The report: what each mode measured, and its text rendering.
 
-use super::measure::read_first_line;
+use super::measure::{Node, read_first_line};
 use super::{MEMORY_AIM_PAYLOAD, SAME_MS_TARGET_JOBS};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -15,6 +15,8 @@ pub(super) struct Report {
     pub(super) steady: Vec<Steady>,
     pub(super) same_ms: Option<SameMs>,
     pub(super) memory: Option<Memory>,
+    /// `--daemons N`: drain and steady through N `zdelay run` processes.
+    pub(super) daemons: Option<Fleet>,
     pub(super) schedules: Vec<ScheduleFiring>,
 }
 
@@ -140,7 +142,7 @@ pub(super) struct Drain {
     pub(super) dead: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub(super) struct Lateness {
     pub(super) jobs: u64,
     pub(super) p50_ms: Option<i64>,
@@ -235,6 +237,147 @@ pub(super) struct Memory {
     pub(super) meets_aim: Option<bool>,
     /// Bytes of one stored envelope (frame header + payload).
     pub(super) envelope_value_bytes: usize,
+}
+
+/// `--daemons N`: what ran and what it measured.
+#[derive(Debug, Serialize)]
+pub(super) struct Fleet {
+    pub(super) daemons: usize,
+    pub(super) pids: Vec<u32>,
+    pub(super) cluster: bool,
+    /// The Redis servers whose CPU is counted, masters first.
+    pub(super) nodes: Vec<Node>,
+    pub(super) per_shard: u8,
+    /// How the bench route's jobs reach the list in this set-up.
+    pub(super) delivery: &'static str,
+    /// From start to N live instances with every shard polled.
+    pub(super) ready_after_s: f64,
+    pub(super) drain: Vec<FleetDrain>,
+    pub(super) steady: Vec<FleetSteady>,
+    /// Each daemon's exit code after SIGTERM (`None`: killed after the grace period).
+    pub(super) exit_codes: Vec<Option<i32>>,
+    pub(super) not_measured: Vec<&'static str>,
+}
+
+impl Fleet {
+    /// The drain round with the median jobs/s.
+    pub(super) fn median_drain(&self) -> Option<&FleetDrain> {
+        let mut rounds: Vec<&FleetDrain> = self.drain.iter().collect();
+        rounds.sort_by(|a, b| a.jobs_per_sec.total_cmp(&b.jobs_per_sec));
+        rounds.get(rounds.len() / 2).copied()
+    }
+}
+
+/// CPU used during a timed part, seconds, and how many cores that kept busy.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct CpuUse {
+    pub(super) wall_s: f64,
+    /// `used_cpu_sys + used_cpu_user` delta of each node, in `Fleet::nodes` order.
+    pub(super) redis_nodes_s: Vec<f64>,
+    pub(super) redis_masters_s: f64,
+    pub(super) redis_replicas_s: f64,
+    /// utime + stime of all daemons.
+    pub(super) daemons_s: f64,
+    /// This process: producer, consumer, polling.
+    pub(super) bench_s: f64,
+    /// Everything above over the wall time.
+    pub(super) cores_busy: f64,
+}
+
+impl CpuUse {
+    pub(super) fn new(
+        nodes: &[Node],
+        redis: Vec<f64>,
+        daemons: f64,
+        bench: f64,
+        wall: f64,
+    ) -> Self {
+        let sum = |master: bool| -> f64 {
+            nodes
+                .iter()
+                .zip(&redis)
+                .filter(|(n, _)| n.master == master)
+                .map(|(_, c)| c)
+                .fold(0.0, |a, b| a + b)
+        };
+        let (masters, replicas) = (sum(true), sum(false));
+        CpuUse {
+            wall_s: wall,
+            redis_nodes_s: redis,
+            redis_masters_s: masters,
+            redis_replicas_s: replicas,
+            daemons_s: daemons,
+            bench_s: bench,
+            cores_busy: (masters + replicas + daemons + bench) / wall.max(1e-9),
+        }
+    }
+
+    /// CPU seconds per million jobs.
+    pub(super) fn per_million(&self, jobs: u64) -> PerMillion {
+        let m = 1e6 / jobs.max(1) as f64;
+        PerMillion {
+            redis_masters_s: self.redis_masters_s * m,
+            redis_replicas_s: self.redis_replicas_s * m,
+            daemons_s: self.daemons_s * m,
+        }
+    }
+}
+
+/// CPU seconds per million jobs.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct PerMillion {
+    pub(super) redis_masters_s: f64,
+    pub(super) redis_replicas_s: f64,
+    pub(super) daemons_s: f64,
+}
+
+/// One drain round through the daemons: every job due at T.
+#[derive(Debug, Serialize)]
+pub(super) struct FleetDrain {
+    pub(super) round: usize,
+    pub(super) jobs: u64,
+    /// T minus Redis TIME when the rescoring was done.
+    pub(super) margin_ms: i64,
+    /// When a read of the list's length (and the list server's TIME) first found a job, minus
+    /// T. Reads wait behind the move scripts running at T, so this trails the first move.
+    pub(super) first_seen_after_t_ms: f64,
+    /// When a read of the list's length first found every job, minus T.
+    pub(super) all_delivered_after_t_ms: f64,
+    /// When no job was stored any more (two-phase settles done), minus T.
+    pub(super) all_settled_after_t_ms: f64,
+    /// jobs / (all delivered − T).
+    pub(super) jobs_per_sec: f64,
+    /// List length at the end (jobs + duplicates).
+    pub(super) delivered: u64,
+    pub(super) duplicates: u64,
+    pub(super) dead: u64,
+    /// Jobs still stored or due at the end (0 expected).
+    pub(super) left: u64,
+    pub(super) cpu: CpuUse,
+    pub(super) per_million: PerMillion,
+    pub(super) loadavg_start: Option<String>,
+    pub(super) loadavg_end: Option<String>,
+}
+
+/// One steady rate through the daemons.
+#[derive(Debug, Serialize)]
+pub(super) struct FleetSteady {
+    pub(super) rate_target: u64,
+    pub(super) rate_achieved: f64,
+    pub(super) seconds: f64,
+    pub(super) enqueued: u64,
+    /// The consumer's: Redis TIME right after the pop minus the job's due time.
+    pub(super) lateness: Lateness,
+    pub(super) early_jobs: u64,
+    pub(super) consumer: ConsumerReport,
+    pub(super) timer_overshoot: Option<Lateness>,
+    pub(super) dead: u64,
+    pub(super) left_due: u64,
+    pub(super) stored_at_end: u64,
+    pub(super) all_delivered_once: bool,
+    pub(super) cpu: CpuUse,
+    pub(super) loadavg_start: Option<String>,
+    pub(super) loadavg_end: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -447,6 +590,9 @@ pub(super) fn render(r: &Report) -> String {
             }
         }
     }
+    if let Some(f) = &r.daemons {
+        render_fleet(&mut s, f);
+    }
     if let Some(x) = &r.memory {
         let _ = writeln!(s, "\nmemory (INFO memory used_memory delta / jobs)");
         let _ = writeln!(
@@ -467,4 +613,162 @@ pub(super) fn render(r: &Report) -> String {
         );
     }
     s
+}
+
+fn render_fleet(s: &mut String, f: &Fleet) {
+    let masters = f.nodes.iter().filter(|n| n.master).count();
+    let _ = writeln!(
+        s,
+        "\ndaemons: {} x `zdelay run` (pids {:?}), {} poller(s) per shard, on {}; ready after {:.1} s",
+        f.daemons,
+        f.pids,
+        f.per_shard,
+        if f.cluster {
+            format!(
+                "a cluster of {masters} masters + {} replicas",
+                f.nodes.len() - masters
+            )
+        } else {
+            "one Redis".to_owned()
+        },
+        f.ready_after_s
+    );
+    let _ = writeln!(s, "  delivery: {}", f.delivery);
+    if !f.drain.is_empty() {
+        let _ = writeln!(
+            s,
+            "  drain (all jobs due at T; times after T, ms; CPU s per million jobs; cores busy = all CPU / wall)"
+        );
+        let _ = writeln!(
+            s,
+            "  {:>5} {:>8} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5}",
+            "round",
+            "jobs",
+            "first",
+            "all",
+            "settled",
+            "jobs/s",
+            "redis M",
+            "redis R",
+            "daemons",
+            "cores",
+            "dup",
+            "dead"
+        );
+        for d in &f.drain {
+            let _ = writeln!(
+                s,
+                "  {:>5} {:>8} {:>8.1} {:>9.1} {:>9.1} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>6.2} {:>5} {:>5}",
+                d.round,
+                d.jobs,
+                d.first_seen_after_t_ms,
+                d.all_delivered_after_t_ms,
+                d.all_settled_after_t_ms,
+                d.jobs_per_sec,
+                d.per_million.redis_masters_s,
+                d.per_million.redis_replicas_s,
+                d.per_million.daemons_s,
+                d.cpu.cores_busy,
+                d.duplicates,
+                d.dead
+            );
+        }
+        if let Some(m) = f.median_drain() {
+            let _ = writeln!(
+                s,
+                "  median round {}: {:.0} jobs/s; left stored {}; load avg {} -> {}",
+                m.round,
+                m.jobs_per_sec,
+                m.left,
+                m.loadavg_start.as_deref().unwrap_or("?"),
+                m.loadavg_end.as_deref().unwrap_or("?")
+            );
+        }
+    }
+    if !f.steady.is_empty() {
+        let _ = writeln!(
+            s,
+            "  steady (consumer lateness, ms: Redis TIME after the pop - due)"
+        );
+        let _ = writeln!(
+            s,
+            "  {:>7} {:>9} {:>8} {:>8} {:>4} {:>4} {:>4} {:>5} {:>5} {:>5} {:>9} {:>7} {:>7} {:>7} {:>6}",
+            "rate",
+            "achieved",
+            "jobs",
+            "received",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+            "early",
+            "timer p99",
+            "redis%",
+            "repl%",
+            "zd%",
+            "cores"
+        );
+        for x in &f.steady {
+            let l = &x.lateness;
+            let pct = |c: f64| c * 100.0 / x.cpu.wall_s.max(1e-9);
+            let _ = writeln!(
+                s,
+                "  {:>7} {:>9.0} {:>8} {:>8} {:>4} {:>4} {:>4} {:>5} {:>5} {:>5} {:>9} {:>7.1} {:>7.1} {:>7.1} {:>6.2}",
+                x.rate_target,
+                x.rate_achieved,
+                x.enqueued,
+                x.consumer.received,
+                opt(l.p50_ms),
+                opt(l.p90_ms),
+                opt(l.p99_ms),
+                opt(l.p999_ms),
+                opt(l.max_ms),
+                x.early_jobs,
+                opt(x.timer_overshoot.as_ref().and_then(|t| t.p99_ms)),
+                pct(x.cpu.redis_masters_s),
+                pct(x.cpu.redis_replicas_s),
+                pct(x.cpu.daemons_s),
+                x.cpu.cores_busy
+            );
+        }
+        for x in &f.steady {
+            let _ = writeln!(
+                s,
+                "  {}/s: delivered once and never early: {} (duplicates {}, missing {}, dead {}, left due {}, stored at end {}); load avg {} -> {}",
+                x.rate_target,
+                if x.all_delivered_once { "yes" } else { "NO" },
+                x.consumer.duplicates,
+                x.consumer.missing,
+                x.dead,
+                x.left_due,
+                x.stored_at_end,
+                x.loadavg_start.as_deref().unwrap_or("?"),
+                x.loadavg_end.as_deref().unwrap_or("?")
+            );
+        }
+    }
+    let _ = writeln!(s, "  exit codes after SIGTERM: {:?}", f.exit_codes);
+    let _ = writeln!(s, "  not measured here: {}", f.not_measured.join("; "));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_use_splits_masters_and_replicas() {
+        let node = |addr: &str, master| Node {
+            addr: addr.into(),
+            master,
+        };
+        let nodes = [node("a", true), node("b", true), node("c", false)];
+        let cpu = CpuUse::new(&nodes, vec![1.0, 0.5, 0.25], 0.75, 0.5, 2.0);
+        assert_eq!(cpu.redis_masters_s, 1.5);
+        assert_eq!(cpu.redis_replicas_s, 0.25);
+        assert_eq!(cpu.cores_busy, 1.5);
+        let m = cpu.per_million(500_000);
+        assert_eq!(m.redis_masters_s, 3.0);
+        assert_eq!(m.daemons_s, 1.5);
+    }
 }

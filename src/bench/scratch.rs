@@ -1,6 +1,9 @@
 //! Scratch keys: everything the bench writes, under its own namespace, deleted before and
-//! after. The envelope keys of `--namespace`, the bare layout under `<ns>:bare`, the raw
-//! source `<ns>:raw` (and its dead keys) and the output list `<ns>:out`.
+//! after. The envelope keys of `--namespace` (with the two-phase ones a cluster uses), the
+//! bare layout under `<ns>:bare`, the raw source `<ns>:raw` (and its dead keys), the output
+//! list `<ns>:out`, and the registry the `--daemons` write (`{<ns>}:instances`, `:slots`,
+//! `:instance_sources`, `:sinks`). DEL and EXISTS span slots on a cluster (the client splits
+//! them per node and adds the answers up).
 
 use zdelay_client::keys::{Keys, RawKeys};
 use zdelay_client::store::{self, Conn};
@@ -28,6 +31,7 @@ impl Scratch {
         for s in 0..self.keys.shards() {
             let k = &self.keys;
             out.extend([k.due(s), k.jobs(s), k.inflight(s), k.dead(s), k.reasons(s)]);
+            out.extend([k.scheduled(s), k.ready(s), k.ready_ids(s)]);
             let shard = k.shard(s);
             out.extend([
                 shard.schedules,
@@ -47,12 +51,26 @@ impl Scratch {
         out
     }
 
+    /// The daemons' bookkeeping in the namespace: registry, poller slots, sink states. Not
+    /// data (a stopped daemon's registration lapses by itself); deleted with the schema.
+    pub(super) fn registry_keys(&self) -> Vec<String> {
+        let k = &self.keys;
+        vec![
+            k.instances(),
+            k.poller_slots(),
+            k.instance_sources(),
+            k.sink_states(),
+        ]
+    }
+
     /// Deletes the scratch keys (DEL, not UNLINK), then waits until the server has freed them,
-    /// so `used_memory` is down again when this returns.
+    /// so `used_memory` is down again when this returns. `schema`: the schema hash and the
+    /// daemons' registry too (at the start and the end of a run).
     pub(super) async fn clean(&self, con: &mut Conn, schema: bool) -> redis::RedisResult<()> {
         let mut keys = self.data_keys();
         if schema {
             keys.push(self.keys.schema());
+            keys.extend(self.registry_keys());
             // A reshard of the scratch namespace would have left layout markers.
             keys.extend((0..self.keys.shards()).map(|s| self.keys.layout(s)));
         }
@@ -94,8 +112,11 @@ mod tests {
         let keys = s.data_keys();
         let unique: std::collections::HashSet<_> = keys.iter().collect();
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
-        // Per shard: five job keys, four schedule and lateness keys, the death history, two
-        // bare keys.
-        assert_eq!(keys.len(), 2 * 12 + 4);
+        // Per shard: five job keys, three two-phase keys, four schedule and lateness keys,
+        // the death history, two bare keys.
+        assert_eq!(keys.len(), 2 * 15 + 4);
+        for k in s.registry_keys() {
+            assert!(k.starts_with("{zdelay-bench}:"), "{k}");
+        }
     }
 }

@@ -46,65 +46,21 @@ pub(super) async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
     let tally = Tally::new(&bounds);
     let movers = env.spawn_movers(env.shard_targets(), bounds.clone(), &tally, true);
     wait_for_subscriber(env).await?;
-    let consumer = Consumer::start(env, bounds.clone()).await?;
+    let consumer = Consumer::start(&env.redis, &env.scratch.out, bounds.clone()).await?;
     let probe_stop = CancellationToken::new();
     let probe = tokio::spawn(timer_probe(probe_stop.clone(), bounds));
 
-    let progress = bar(due_by(rate, duration), "enqueue (steady)");
-    let mut rng = SplitMix64(rate ^ 0x5EED);
     let beside = env.args.beside.clone();
     let mut hang = env.args.hang_pid.map(|pid| Hang::new(pid, env.args.hang));
-    let mut beside_sent = 0u64;
     let cpu0 = redis_cpu(&mut env.con).await?;
     let started = Instant::now();
-    let mut sent = 0u64;
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let elapsed = started.elapsed();
-        if elapsed >= duration {
-            break;
-        }
-        let should = due_by(rate, elapsed);
-        if should <= sent {
-            continue;
-        }
-        if let Some(hang) = &mut hang {
-            hang.at(elapsed)?;
-        }
-        let now = env.redis_now_ms();
-        let mut jobs: Vec<NewJob> = (sent..should)
-            .map(|seq| {
-                let due = now + rng.between(STEADY_DELAY_MS.0, STEADY_DELAY_MS.1) as i64;
-                NewJob::new(ROUTE, steady_payload(due, seq, env.args.payload_size)).at(due)
-            })
-            .collect();
-        if let Some(route) = &beside {
-            let extra: Vec<NewJob> = jobs
-                .iter()
-                .map(|j| NewJob {
-                    dest: route.clone(),
-                    ..j.clone()
-                })
-                .collect();
-            beside_sent += extra.len() as u64;
-            jobs.extend(extra);
-        }
-        for r in env
-            .producer
-            .enqueue_batch(jobs, OnConflict::Replace)
-            .await?
-        {
-            r?;
-        }
-        progress.inc(should - sent);
-        sent = should;
-    }
-    let produced_for = started.elapsed();
+    let Produced {
+        sent,
+        produced_for,
+        beside_sent,
+    } = produce(env, rate, beside.as_deref(), hang.as_mut()).await?;
     let (hung_at_s, hung_for_s) = hang.map_or((None, None), Hang::finish);
     probe_stop.cancel();
-    progress.finish_and_clear();
     tally.set_target(sent);
     let wait = Duration::from_millis(STEADY_DELAY_MS.1) + Duration::from_secs(30);
     let done = tally.wait(wait).await;
@@ -166,9 +122,85 @@ pub(super) async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
     })
 }
 
+/// What the producer sent.
+pub(super) struct Produced {
+    pub(super) sent: u64,
+    pub(super) produced_for: Duration,
+    /// Jobs sent to the `--beside` route (on top of `sent`).
+    pub(super) beside_sent: u64,
+}
+
+/// The paced producer: every millisecond, `Client::enqueue_batch` with as many jobs as
+/// `rate` owes by then (catching up after a slow call), for `--duration`. Each job is due
+/// 100–500 ms after its enqueue (Redis clock) and carries `<due> <seq>` for the consumer;
+/// with `beside`, each job is sent to that route a second time.
+pub(super) async fn produce(
+    env: &mut Env,
+    rate: u64,
+    beside: Option<&str>,
+    mut hang: Option<&mut Hang>,
+) -> anyhow::Result<Produced> {
+    let duration = env.args.duration;
+    let progress = bar(due_by(rate, duration), "enqueue (steady)");
+    let mut rng = SplitMix64(rate ^ 0x5EED);
+    let mut beside_sent = 0u64;
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let elapsed = started.elapsed();
+        if elapsed >= duration {
+            break;
+        }
+        let should = due_by(rate, elapsed);
+        if should <= sent {
+            continue;
+        }
+        if let Some(hang) = &mut hang {
+            hang.at(elapsed)?;
+        }
+        let now = env.redis_now_ms();
+        let mut jobs: Vec<NewJob> = (sent..should)
+            .map(|seq| {
+                let due = now + rng.between(STEADY_DELAY_MS.0, STEADY_DELAY_MS.1) as i64;
+                NewJob::new(ROUTE, steady_payload(due, seq, env.args.payload_size)).at(due)
+            })
+            .collect();
+        if let Some(route) = beside {
+            let extra: Vec<NewJob> = jobs
+                .iter()
+                .map(|j| NewJob {
+                    dest: route.to_owned(),
+                    ..j.clone()
+                })
+                .collect();
+            beside_sent += extra.len() as u64;
+            jobs.extend(extra);
+        }
+        for r in env
+            .producer
+            .enqueue_batch(jobs, OnConflict::Replace)
+            .await?
+        {
+            r?;
+        }
+        progress.inc(should - sent);
+        sent = should;
+    }
+    let produced_for = started.elapsed();
+    progress.finish_and_clear();
+    Ok(Produced {
+        sent,
+        produced_for,
+        beside_sent,
+    })
+}
+
 /// A broker hung on purpose: SIGSTOP 2 s into the run, SIGCONT after its time (and always
 /// when dropped, so the bench never leaves a broker stopped).
-struct Hang {
+pub(super) struct Hang {
     pid: u32,
     length: Duration,
     stopped_at: Option<Duration>,
@@ -279,14 +311,19 @@ pub(super) struct Consumer {
 }
 
 impl Consumer {
-    pub(super) async fn start(env: &Env, bounds: Vec<u64>) -> anyhow::Result<Self> {
+    /// Pops `list` on the server `client` names: on a cluster, the master of the list's slot
+    /// (the pop and the `TIME` after it must run on one server, in that order).
+    pub(super) async fn start(
+        client: &redis::Client,
+        list: &str,
+        bounds: Vec<u64>,
+    ) -> anyhow::Result<Self> {
         let config =
             redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(5)));
-        let mut con = env
-            .redis
+        let mut con = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        let list = env.scratch.out.clone();
+        let list = list.to_owned();
         let expected = Arc::new(AtomicU64::new(u64::MAX));
         let stop = CancellationToken::new();
         let (exp, stop2) = (expected.clone(), stop.clone());

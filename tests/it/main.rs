@@ -5,6 +5,7 @@ mod acl;
 mod amqp;
 mod architecture;
 mod bad_input;
+mod bench;
 mod broker_faults;
 mod broker_security;
 mod cli;

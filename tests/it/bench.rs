@@ -1,0 +1,135 @@
+//! `zdelay bench --daemons N`: the bench starts N `zdelay run` processes of its own binary on
+//! the scratch namespace, waits until they poll every shard, measures drain and steady from
+//! outside, stops them with SIGTERM and leaves nothing behind — on one Redis and on a cluster.
+//! Small numbers: this checks the machinery, not the machine.
+
+use crate::common::{RedisCluster, RedisServer, TestConfig};
+use serde_json::Value;
+use std::time::Instant;
+
+/// Runs the bench with `config` and returns its JSON report.
+fn bench(config: &TestConfig, args: &[&str]) -> Value {
+    let started = Instant::now();
+    let out = config.cli(&[&["bench", "--json"][..], args].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    eprintln!("bench took {:?}", started.elapsed());
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("JSON report: {e}: {stderr}"))
+}
+
+fn check(report: &Value, jobs: u64, masters: usize, delivery_starts: &str) {
+    let d = &report["daemons"];
+    assert_eq!(d["daemons"], 2, "{d:#}");
+    assert_eq!(d["exit_codes"], serde_json::json!([0, 0]), "{d:#}");
+    assert!(
+        d["delivery"].as_str().unwrap().starts_with(delivery_starts),
+        "{d:#}"
+    );
+    let nodes = d["nodes"].as_array().unwrap();
+    assert_eq!(
+        nodes.iter().filter(|n| n["master"] == true).count(),
+        masters,
+        "{d:#}"
+    );
+    let drain = &d["drain"][0];
+    assert_eq!(drain["jobs"], jobs);
+    assert_eq!(drain["delivered"], jobs, "{drain:#}");
+    assert_eq!(drain["dead"], 0);
+    assert_eq!(drain["left"], 0);
+    // Nothing moves before T (rescoring is exact): the first job is seen at or after it.
+    assert!(
+        drain["first_seen_after_t_ms"].as_f64().unwrap() >= 0.0,
+        "{drain:#}"
+    );
+    assert!(drain["jobs_per_sec"].as_f64().unwrap() > 0.0);
+    let steady = &d["steady"][0];
+    assert_eq!(steady["all_delivered_once"], true, "{steady:#}");
+    assert_eq!(steady["early_jobs"], 0);
+    assert!(steady["enqueued"].as_u64().unwrap() > 0);
+    assert_eq!(steady["consumer"]["received"], steady["enqueued"]);
+    // Every daemon was stopped and reaped.
+    for pid in d["pids"].as_array().unwrap() {
+        let pid = pid.as_u64().unwrap();
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "daemon {pid} still runs"
+        );
+    }
+}
+
+#[test]
+fn bench_daemons_on_one_redis() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, "[poller]\nslot_lease = \"1s\"\n");
+    let report = bench(
+        &config,
+        &[
+            "--daemons",
+            "2",
+            "--mode",
+            "all",
+            "--jobs",
+            "3000",
+            "--rate",
+            "300",
+            "--duration",
+            "2s",
+        ],
+    );
+    check(&report, 3000, 1, "exactly once");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*zdelay-bench*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
+#[test]
+fn bench_daemons_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let config = cluster.config(4, "[poller]\nslot_lease = \"1s\"\n");
+    let report = bench(
+        &config,
+        &[
+            "--daemons",
+            "2",
+            "--mode",
+            "all",
+            "--jobs",
+            "2000",
+            "--rate",
+            "200",
+            "--duration",
+            "2s",
+        ],
+    );
+    check(&report, 2000, 3, "at least once");
+    let mut con = cluster.conn();
+    for key in [
+        "zdelay-bench:out",
+        "zdelay-bench:schema",
+        "{zdelay-bench}:instances",
+        "{zdelay-bench}:slots",
+        "{zdelay-bench:0}:jobs",
+        "{zdelay-bench:3}:ready",
+    ] {
+        let n: u64 = redis::cmd("EXISTS").arg(key).query(&mut con).unwrap();
+        assert_eq!(n, 0, "{key} left behind");
+    }
+}
+
+/// The in-process modes need one Redis: on a cluster the bench says what to run instead.
+#[test]
+fn bench_in_process_on_a_cluster_points_at_daemons() {
+    let config = TestConfig::new("redis://127.0.0.1:1", 4, "");
+    let body = std::fs::read_to_string(&config.path).unwrap().replacen(
+        "[redis]\n",
+        "[redis]\ncluster_nodes = [\"redis://127.0.0.1:1\"]\n",
+        1,
+    );
+    std::fs::write(&config.path, body).unwrap();
+    let out = config.cli(&["bench", "--mode", "drain"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--daemons"), "{err}");
+}
