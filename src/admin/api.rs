@@ -89,6 +89,12 @@ impl From<redis::RedisError> for ApiError {
     }
 }
 
+impl From<redis::ParsingError> for ApiError {
+    fn from(e: redis::ParsingError) -> Self {
+        ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    }
+}
+
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
         ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
@@ -198,16 +204,17 @@ async fn dead(State(s): State<ApiState>, Query(q): Query<DeadQuery>) -> Answer {
         async move {
             (
                 *shard,
-                pipe.query_async::<(u64, Option<Vec<Option<Vec<u8>>>>)>(&mut con)
-                    .await,
+                pipe.query_async::<Vec<redis::Value>>(&mut con).await,
             )
         }
     }))
     .await;
     for (shard, reply) in replies {
-        let (count, envelopes) = reply?;
-        totals += count;
-        if let (Some(indexes), Some(envelopes)) = (by_shard.get(&shard), envelopes) {
+        // ZCARD, then the HMGET when the shard had jobs listed.
+        let mut values = reply?.into_iter();
+        totals += redis::from_redis_value::<u64>(values.next().unwrap_or_default())?;
+        if let (Some(indexes), Some(envelopes)) = (by_shard.get(&shard), values.next()) {
+            let envelopes: Vec<Option<Vec<u8>>> = redis::from_redis_value(envelopes)?;
             for (&i, raw) in indexes.iter().zip(envelopes) {
                 dests[i] = raw.and_then(|r| Envelope::decode(&r).ok()).map(|e| e.dest);
             }
@@ -313,7 +320,11 @@ async fn dead_replay(
     Path(id): Path<String>,
 ) -> Answer {
     s.authorize(&headers, "dead replay", &id)?;
-    let r = s.console()?.client.dead_replay(std::slice::from_ref(&id)).await?;
+    let r = s
+        .console()?
+        .client
+        .dead_replay(std::slice::from_ref(&id))
+        .await?;
     if r.replayed == 0 && r.orphans == 0 {
         return Err(not_found(format!("{id} is not dead")));
     }
@@ -328,7 +339,11 @@ async fn dead_purge(
     Path(id): Path<String>,
 ) -> Answer {
     s.authorize(&headers, "dead purge", &id)?;
-    let purged = s.console()?.client.dead_purge(std::slice::from_ref(&id)).await?;
+    let purged = s
+        .console()?
+        .client
+        .dead_purge(std::slice::from_ref(&id))
+        .await?;
     if purged == 0 {
         return Err(not_found(format!("{id} is not dead")));
     }

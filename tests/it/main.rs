@@ -9,6 +9,7 @@ mod broker_faults;
 mod cli;
 mod cluster;
 mod common;
+mod console;
 mod delivery;
 mod deploy;
 mod faults;
