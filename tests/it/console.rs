@@ -527,7 +527,8 @@ fn console_in_a_real_browser() {
     wait_for("the expired jobs are dead", Duration::from_secs(10), || {
         dead_ids(&mut con).len() == dead.len()
     });
-    seed_activity(&mut con, 600);
+    // 15 delivered this minute: a step holding more is a spike.
+    let seeded_minute = seed_activity(&mut con, 15);
     let dead_before = dead_ids(&mut con);
     let base = format!("http://127.0.0.1:{}/ops/zdelay/", config.admin_port);
     let mut cmd = std::process::Command::new(venv_python());
@@ -570,6 +571,18 @@ fn console_in_a_real_browser() {
         .sum();
     assert_eq!(counts as usize, jobs.len());
     assert_eq!(f["bars"].as_u64().unwrap(), 10);
+    let minutes = redis_now_ms(&mut con) / 60_000 - seeded_minute + 1;
+    let drain = f["drain"].as_u64().unwrap();
+    assert!(drain == 15 / minutes as u64 || minutes > 1, "drain {drain}");
+    let spikes = f["counts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c.as_u64().unwrap() > drain)
+        .count();
+    assert!(spikes > 0, "120 jobs over 7 minutes against 15 a step");
+    assert_eq!(f["spikes"].as_u64().unwrap() as usize, spikes);
+    assert_eq!(f["spike_bars"].as_u64().unwrap() as usize, spikes);
 
     let ids: BTreeSet<&str> = r["schedules"]["ids"]
         .as_array()

@@ -82,6 +82,9 @@ try:
         "overdue": int(driver.find_element(By.ID, "forecast-overdue").text),
         "counts": [int(c) for c in texts("#forecast-steps td[data-count]", "data-count")],
         "bars": len(driver.find_elements(By.CSS_SELECTOR, "#forecast-chart rect.bar")),
+        "spike_bars": len(driver.find_elements(By.CSS_SELECTOR, "#forecast-chart rect.spike")),
+        "spikes": int(driver.find_element(By.ID, "forecast-spikes").text),
+        "drain": int(driver.find_element(By.ID, "forecast-drain").text),
     }
     shot("forecast")
 
