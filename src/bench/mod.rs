@@ -23,6 +23,8 @@
 //!   once and none arrived before its due time (see `Consumer`).
 //! - `same-ms`: jobs all due at one millisecond T; time from T until the last one moved.
 //! - `memory`: `INFO memory` used_memory per envelope job, and per job in the bare layout.
+//! - `console` (not in `all`): the console's pages and API over HTTP, and the forecast, on
+//!   `--jobs` scheduled jobs.
 //!
 //! Scratch keys: the envelope keys of `--namespace` (default `zdelay-bench`), the bare
 //! layout under `<ns>:bare`, the raw source `<ns>:raw` (and its dead keys) and the list
@@ -31,6 +33,7 @@
 //! share the shards' hash tags).
 
 mod args;
+mod console;
 mod drain;
 mod load;
 mod measure;
@@ -136,6 +139,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         same_ms: None,
         memory: None,
         schedules: Vec::new(),
+        console: None,
     };
     let mut env = Env {
         con,
@@ -209,6 +213,9 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     }
     if all || env.args.mode == Mode::Memory {
         report.memory = Some(memory::memory(env).await?);
+    }
+    if env.args.mode == Mode::Console {
+        report.console = Some(console::console(env).await?);
     }
     if env.args.mode == Mode::Schedules {
         for n in env.args.schedules.clone() {
