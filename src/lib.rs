@@ -7,6 +7,7 @@
 //! producer depends on that crate alone and compiles no broker client. See
 //! `docs/architecture.md` for the parts and which may call which.
 
+pub mod activity;
 pub mod admin;
 pub mod app;
 pub mod bench;

@@ -310,3 +310,205 @@ pub fn publish_gauges(stats: &Stats) {
             .set(w.oldest_age_ms as f64 / 1000.0);
     }
 }
+
+/// `zdelay stats --json` and `GET /api/stats`: the sample, its total, and the recent
+/// activity (throughput per minute, lateness percentiles, delivery rate).
+pub async fn report(con: &mut Conn, config: &Config) -> anyhow::Result<serde_json::Value> {
+    let stats = gather(con, config).await?;
+    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    let recent = crate::activity::read(con, &keys, stats.now_ms).await?;
+    let mut v = serde_json::to_value(&stats)?;
+    v["total"] = serde_json::to_value(stats.total())?;
+    v["recent"] = serde_json::to_value(&recent)?;
+    Ok(v)
+}
+
+/// The most steps a forecast has.
+pub const MAX_STEPS: u64 = 1440;
+
+/// What a forecast covers: `steps` steps of `step_ms` from now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Horizon {
+    pub step_ms: u64,
+    pub steps: u64,
+}
+
+impl Horizon {
+    /// `next` ahead in steps of `step` (the last step may end past `next`): step at least
+    /// 1 s, at most [`MAX_STEPS`] steps.
+    pub fn new(next: std::time::Duration, step: std::time::Duration) -> Result<Self, String> {
+        let (next_ms, step_ms) = (next.as_millis() as u64, step.as_millis() as u64);
+        if step_ms < 1000 {
+            return Err(format!("step must be at least 1s (got {step_ms} ms)"));
+        }
+        if next_ms < step_ms {
+            return Err("next must be at least one step".into());
+        }
+        let steps = next_ms.div_ceil(step_ms);
+        if steps > MAX_STEPS {
+            return Err(format!(
+                "{steps} steps: at most {MAX_STEPS} (a longer step, or a shorter next)"
+            ));
+        }
+        Ok(Horizon { step_ms, steps })
+    }
+}
+
+/// What falls due in each step ahead: counted with ZCOUNT per step and key, never by reading
+/// members.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Forecast {
+    pub now_ms: i64,
+    pub step_ms: u64,
+    /// Due now or before and not delivered: jobs due in the shards (and those waiting for
+    /// their two-phase sink), members due in raw sources.
+    pub overdue: u64,
+    pub overdue_by_shard: BTreeMap<String, u64>,
+    pub overdue_by_source: BTreeMap<String, u64>,
+    /// Step `i` counts what falls due in `(now + i·step, now + (i+1)·step]`.
+    pub steps: Vec<Step>,
+    /// The last hour's measured delivery rate (every daemon of the namespace, from
+    /// `{ns}:activity`); `None` without any record.
+    pub delivery_rate_per_s: Option<f64>,
+    /// What that rate drains in one step; a step holding more is a spike.
+    pub drain_per_step: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Step {
+    pub start_ms: i64,
+    /// Jobs and raw members falling due in the step (the schedules' pending occurrences
+    /// are counted apart, in `schedules`).
+    pub count: u64,
+    /// By shard number (jobs enqueued through zdelay and schedule occurrences already made
+    /// jobs).
+    pub by_shard: BTreeMap<String, u64>,
+    /// By raw source key; each source has one route, so these are per route too.
+    pub by_source: BTreeMap<String, u64>,
+    /// Recurring schedules whose next occurrence falls in the step (each becomes a job then).
+    pub schedules: u64,
+    /// More than the last hour's delivery rate drains in one step.
+    pub spike: bool,
+}
+
+/// Counts what falls due in each step of `horizon`, per shard and raw source, plus the
+/// overdue backlog: one pipeline of ZCOUNTs per shard and per source, all at once.
+pub async fn forecast(
+    con: &mut Conn,
+    config: &Config,
+    horizon: Horizon,
+) -> anyhow::Result<Forecast> {
+    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    let now_ms = store::server_time_ms(con).await?;
+    let bounds: Vec<(i64, i64)> = (0..horizon.steps as i64)
+        .map(|i| {
+            let start = now_ms + i * horizon.step_ms as i64;
+            (start, start + horizon.step_ms as i64)
+        })
+        .collect();
+    let mut pipes = Vec::new();
+    for shard in 0..keys.shards() {
+        let mut pipe = redis::pipe();
+        let due = keys.due(shard);
+        pipe.zcount(&due, "-inf", now_ms).zcard(keys.ready(shard));
+        for (start, end) in &bounds {
+            pipe.zcount(&due, format!("({start}"), end);
+        }
+        let sched_due = keys.shard(shard).sched_due;
+        for (start, end) in &bounds {
+            pipe.zcount(&sched_due, format!("({start}"), end);
+        }
+        pipes.push(pipe);
+    }
+    for source in &config.sources {
+        let score = |ms: i64| match source.score_unit {
+            ScoreUnit::Millis => ms.to_string(),
+            ScoreUnit::Seconds => format!("{:.3}", ms as f64 / 1000.0),
+        };
+        let mut pipe = redis::pipe();
+        pipe.zcount(&source.key, "-inf", score(now_ms));
+        for (start, end) in &bounds {
+            pipe.zcount(&source.key, format!("({}", score(*start)), score(*end));
+        }
+        pipes.push(pipe);
+    }
+    let replies = futures::future::join_all(pipes.iter().map(|pipe| {
+        let mut con = con.clone();
+        async move { pipe.query_async::<Vec<u64>>(&mut con).await }
+    }))
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
+    let recent = crate::activity::read(con, &keys, now_ms).await?;
+    let drain_per_step = recent
+        .delivery_rate_per_s
+        .map(|rate| (rate * horizon.step_ms as f64 / 1000.0).floor() as u64);
+    let mut steps: Vec<Step> = bounds
+        .iter()
+        .map(|(start, _)| Step {
+            start_ms: *start,
+            count: 0,
+            by_shard: BTreeMap::new(),
+            by_source: BTreeMap::new(),
+            schedules: 0,
+            spike: false,
+        })
+        .collect();
+    let n = bounds.len();
+    let mut forecast = Forecast {
+        now_ms,
+        step_ms: horizon.step_ms,
+        overdue: 0,
+        overdue_by_shard: BTreeMap::new(),
+        overdue_by_source: BTreeMap::new(),
+        steps: Vec::new(),
+        delivery_rate_per_s: recent.delivery_rate_per_s,
+        drain_per_step,
+    };
+    let (shard_replies, source_replies) = replies.split_at(keys.shards() as usize);
+    for (shard, counts) in shard_replies.iter().enumerate() {
+        let overdue = counts[0] + counts[1];
+        forecast.overdue += overdue;
+        forecast.overdue_by_shard.insert(shard.to_string(), overdue);
+        for (i, step) in steps.iter_mut().enumerate() {
+            let jobs = counts[2 + i];
+            step.count += jobs;
+            step.by_shard.insert(shard.to_string(), jobs);
+            step.schedules += counts[2 + n + i];
+        }
+    }
+    for (source, counts) in config.sources.iter().zip(source_replies) {
+        forecast.overdue += counts[0];
+        forecast
+            .overdue_by_source
+            .insert(source.key.clone(), counts[0]);
+        for (i, step) in steps.iter_mut().enumerate() {
+            step.count += counts[1 + i];
+            step.by_source.insert(source.key.clone(), counts[1 + i]);
+        }
+    }
+    for step in &mut steps {
+        step.spike = drain_per_step.is_some_and(|drain| step.count > drain);
+    }
+    forecast.steps = steps;
+    Ok(forecast)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn horizon_bounds_its_steps() {
+        let h = Horizon::new(Duration::from_secs(600), Duration::from_secs(60)).unwrap();
+        assert_eq!((h.step_ms, h.steps), (60_000, 10));
+        // A last partial step is counted whole.
+        let h = Horizon::new(Duration::from_secs(90), Duration::from_secs(60)).unwrap();
+        assert_eq!(h.steps, 2);
+        assert!(Horizon::new(Duration::from_secs(60), Duration::from_millis(500)).is_err());
+        assert!(Horizon::new(Duration::from_secs(1), Duration::from_secs(60)).is_err());
+        assert!(Horizon::new(Duration::from_secs(86_400), Duration::from_secs(1)).is_err());
+        assert!(Horizon::new(Duration::from_secs(86_400), Duration::from_secs(60)).is_ok());
+    }
+}

@@ -18,6 +18,9 @@ pub enum Mode {
     /// Recurring schedules whose occurrence falls on one moment: fired/s and lateness (not
     /// part of `all`; see --schedules).
     Schedules,
+    /// The operator console's pages and API, and the forecast, on `--jobs` scheduled jobs
+    /// (not part of `all`).
+    Console,
 }
 
 /// Options of `zdelay bench`.

@@ -23,6 +23,8 @@
 //!   once and none arrived before its due time (see `Consumer`).
 //! - `same-ms`: jobs all due at one millisecond T; time from T until the last one moved.
 //! - `memory`: `INFO memory` used_memory per envelope job, and per job in the bare layout.
+//! - `console` (not in `all`): the console's pages and API over HTTP, and the forecast, on
+//!   `--jobs` scheduled jobs.
 //!
 //! - `--daemons N` (drain, steady): the same measurements from outside N `zdelay run`
 //!   processes of this binary (`daemons` starts and stops them, `fleet` measures), on one
@@ -36,6 +38,7 @@
 //! cluster, `--daemons` measures what users get there.
 
 mod args;
+mod console;
 mod daemons;
 mod drain;
 mod fleet;
@@ -178,6 +181,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         memory: None,
         daemons: None,
         schedules: Vec::new(),
+        console: None,
     };
     let mut env = Env {
         con,
@@ -256,6 +260,9 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     }
     if all || env.args.mode == Mode::Memory {
         report.memory = Some(memory::memory(env).await?);
+    }
+    if env.args.mode == Mode::Console {
+        report.console = Some(console::console(env).await?);
     }
     if env.args.mode == Mode::Schedules {
         for n in env.args.schedules.clone() {

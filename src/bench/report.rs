@@ -18,6 +18,25 @@ pub(super) struct Report {
     /// `--daemons N`: drain and steady through N `zdelay run` processes.
     pub(super) daemons: Option<Fleet>,
     pub(super) schedules: Vec<ScheduleFiring>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) console: Option<ConsoleBench>,
+}
+
+/// `console`: answer times of the console's pages and API.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(super) struct ConsoleBench {
+    pub(super) scheduled_jobs: u64,
+    pub(super) dead_jobs: u64,
+    pub(super) schedules: u64,
+    pub(super) requests: usize,
+    pub(super) timings: Vec<ConsoleTiming>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub(super) struct ConsoleTiming {
+    pub(super) what: String,
+    pub(super) median_ms: f64,
+    pub(super) max_ms: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -458,6 +477,20 @@ pub(super) fn render(r: &Report) -> String {
                 verdict(d.meets_target),
                 d.bare.redis_cpu_s_per_million / d.real.redis_cpu_s_per_million.max(1e-9),
                 d.dead
+            );
+        }
+    }
+    if let Some(c) = &r.console {
+        let _ = writeln!(
+            s,
+            "\nconsole ({} scheduled jobs, {} dead, {} schedules; {} requests each)",
+            c.scheduled_jobs, c.dead_jobs, c.schedules, c.requests
+        );
+        for t in &c.timings {
+            let _ = writeln!(
+                s,
+                "  {:<34} median {:>7.1} ms, max {:>7.1} ms",
+                t.what, t.median_ms, t.max_ms
             );
         }
     }

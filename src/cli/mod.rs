@@ -81,6 +81,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What falls due in each step ahead (per shard and raw source, and in total), the
+    /// overdue backlog, and steps holding more than the last hour's delivery rate drains
+    /// (spikes). Counted in Redis with ZCOUNT per step: cheap on millions of jobs.
+    Forecast {
+        /// How far ahead (at most 1440 steps).
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        next: Duration,
+        /// Step length (at least 1s).
+        #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+        step: Duration,
+        /// Print JSON (the shape of GET /api/forecast) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Recurring schedules: set (create or update), list, get, pause, resume, delete, and
     /// preview the next occurrences of a cron expression or interval.
     Schedule {
@@ -310,15 +324,28 @@ async fn operate(
             }
         }),
         Command::Stats { json } => {
-            let stats = zdelay::stats::gather(&mut client.connection(), config)
-                .await
-                .context("gathering stats")?;
             if json {
-                let mut v = serde_json::to_value(&stats)?;
-                v["total"] = serde_json::to_value(stats.total())?;
+                let v = zdelay::stats::report(&mut client.connection(), config)
+                    .await
+                    .context("gathering stats")?;
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
+                let stats = zdelay::stats::gather(&mut client.connection(), config)
+                    .await
+                    .context("gathering stats")?;
                 print!("{}", render::stats_table(&stats));
+            }
+            Ok(0)
+        }
+        Command::Forecast { next, step, json } => {
+            let horizon = zdelay::stats::Horizon::new(next, step).map_err(UsageError)?;
+            let forecast = zdelay::stats::forecast(&mut client.connection(), config, horizon)
+                .await
+                .context("forecast")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&forecast)?);
+            } else {
+                print!("{}", render::forecast_table(&forecast));
             }
             Ok(0)
         }

@@ -3,12 +3,42 @@
 use std::time::{Duration, UNIX_EPOCH};
 use zdelay::dead::{DeadJob, DeadJobDetail, DeadMember};
 use zdelay::envelope::Envelope;
-use zdelay::stats::Stats;
+use zdelay::stats::{Forecast, Stats};
 
 /// Epoch ms as RFC 3339 with milliseconds, UTC.
 pub fn format_ms(ms: i64) -> String {
     let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// The table printed by `zdelay forecast`: one line per step (start, offset, count, the
+/// schedules' occurrences, a bar, SPIKE), then what the spike threshold is.
+pub fn forecast_table(f: &Forecast) -> String {
+    let mut out = format!("overdue now: {} ({})\n", f.overdue, format_ms(f.now_ms));
+    out.push_str(&format!(
+        "{:<24} {:>8} {:>10} {:>9}\n",
+        "step start", "in", "jobs", "schedules"
+    ));
+    let widest = f.steps.iter().map(|s| s.count).max().unwrap_or(0).max(1);
+    for (i, step) in f.steps.iter().enumerate() {
+        let offset = humantime::format_duration(Duration::from_millis(i as u64 * f.step_ms));
+        let bar = "#".repeat(((step.count * 30).div_ceil(widest)) as usize);
+        out.push_str(&format!(
+            "{:<24} {:>8} {:>10} {:>9} {bar}{}\n",
+            format_ms(step.start_ms),
+            format!("+{offset}"),
+            step.count,
+            step.schedules,
+            if step.spike { "  SPIKE" } else { "" }
+        ));
+    }
+    match (f.delivery_rate_per_s, f.drain_per_step) {
+        (Some(rate), Some(drain)) => out.push_str(&format!(
+            "last hour's delivery rate: {rate:.1}/s, {drain} per step; SPIKE: a step holding more\n"
+        )),
+        _ => out.push_str("no deliveries recorded in the last hour: no spike threshold\n"),
+    }
+    out
 }
 
 /// The table printed by `zdelay stats`.

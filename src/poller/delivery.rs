@@ -294,9 +294,12 @@ pub async fn deliver_raw(
     Ok(())
 }
 
+/// One job delivered (confirmed by its broker), this late.
 fn record_lateness(sink: &SinkHandle, late_ms: i64) {
     ::metrics::histogram!(LATENESS, "source" => sink.name.clone())
         .record(late_ms.max(0) as f64 / 1000.0);
+    crate::activity::lateness_ms(late_ms);
+    crate::activity::delivered(1);
 }
 
 /// What a sink's answers to one batch say about the sink: counted per outcome, retries

@@ -264,6 +264,8 @@ fn record(ctx: &PollerContext, target: &Target, label: &str, reply: &MoveReply) 
         }
     }
     metrics::record_lateness(label, &reply.buckets, reply.max_lateness_ms);
+    crate::activity::lateness_buckets(&reply.buckets);
+    crate::activity::delivered(reply.moved_total());
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod common;
 mod dead;
+mod console;
 mod delivery;
 mod deploy;
 mod faults;

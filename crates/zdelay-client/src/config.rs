@@ -507,18 +507,27 @@ impl Default for PollerConfig {
     }
 }
 
-/// `[admin]`: the HTTP port for `/metrics`, `/healthz`, `/readyz`.
+/// `[admin]`: the HTTP port for `/metrics`, `/healthz`, `/readyz` and the operator console
+/// (pages and `/api/…`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Listen address. Default `127.0.0.1:9464`.
     pub listen: SocketAddr,
+    /// Enables the console's actions (`POST /api/…`: replay, purge, cancel, pause, resume,
+    /// run): callers send `Authorization: Bearer <token>`. Without it the console is
+    /// read-only and every action is refused (403).
+    pub token: Option<Secret>,
+    /// Path the console and its API are served under, e.g. `/zdelay` (default: `/`).
+    pub ui_prefix: String,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            token: None,
+            ui_prefix: String::new(),
         }
     }
 }
@@ -985,6 +994,28 @@ impl Config {
             return Err(invalid(
                 "redis.tls.cert_file",
                 "cert_file and key_file go together (the client's certificate and its key)",
+            ));
+        }
+        let a = &self.admin;
+        if a.token.as_ref().is_some_and(|t| t.expose().len() < 16) {
+            return Err(invalid("admin.token", "must be at least 16 characters"));
+        }
+        let prefix = a.ui_prefix.as_str();
+        let prefix_ok = prefix.is_empty()
+            || (prefix.starts_with('/')
+                && !prefix.ends_with('/')
+                && prefix[1..].split('/').all(|part| {
+                    !part.is_empty()
+                        && part
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                })
+                && !matches!(prefix, "/api" | "/metrics" | "/healthz" | "/readyz"));
+        if !prefix_ok {
+            return Err(invalid(
+                "admin.ui_prefix",
+                "must be empty or a path like /zdelay (letters, digits, - _ . segments, no \
+                 trailing /, not /api, /metrics, /healthz or /readyz)",
             ));
         }
         let p = &self.poller;

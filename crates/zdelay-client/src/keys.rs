@@ -169,6 +169,15 @@ impl Keys {
         format!("{{{}}}:sinks", self.namespace)
     }
 
+    /// HASH of recent activity, per minute (`<epoch minute>`): `<minute>:delivered` → jobs
+    /// delivered, `<minute>:late<k>` → deliveries in lateness bucket `k` (the bounds of
+    /// `zdelay_lateness_seconds`). Written by every daemon (HINCRBY, so instances add up),
+    /// pruned to the last two hours; read by `zdelay forecast` (the drain rate behind the
+    /// spike warning) and the console (lateness p50/p99, throughput). In the registry's slot.
+    pub fn activity(&self) -> String {
+        format!("{{{}}}:activity", self.namespace)
+    }
+
     /// Pub/sub channel on which enqueues announce a new head: message `"<shard> <due ms>"`.
     pub fn wake_channel(&self) -> String {
         format!("{}:wake", self.namespace)

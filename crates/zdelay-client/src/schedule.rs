@@ -326,6 +326,35 @@ impl Schedule {
         }
     }
 
+    /// The latest occurrence strictly before `before_ms` (the grid's, not necessarily one
+    /// delivered: a pause or a misfire policy may have skipped it), looked for within a year.
+    ///
+    /// Cost: a window doubling back from a minute finds an earlier occurrence in a few
+    /// `next_after` calls, then occurrences are walked forward to `before_ms`; the window is
+    /// at most twice the gap, so the walk is short unless the schedule is dense in bursts
+    /// (bounded at 10 000 steps).
+    pub fn previous_before(&self, before_ms: i64) -> Option<i64> {
+        const YEAR_MS: i64 = 366 * 86_400_000;
+        let mut window = 60_000;
+        while window <= 2 * YEAR_MS {
+            let from = before_ms.saturating_sub(window);
+            if let Some(first) = self.next_after(from.saturating_sub(1))
+                && first < before_ms
+            {
+                let mut last = first;
+                for _ in 0..10_000 {
+                    match self.next_after(last) {
+                        Some(next) if next < before_ms => last = next,
+                        _ => break,
+                    }
+                }
+                return Some(last);
+            }
+            window *= 2;
+        }
+        None
+    }
+
     /// Up to `n` occurrences at or after `from_ms`, for previews.
     pub fn occurrences(&self, from_ms: i64, n: usize) -> Vec<i64> {
         let mut out = Vec::with_capacity(n.min(1024));
@@ -811,6 +840,26 @@ mod tests {
             after(&cron("@daily", "UTC"), "2026-01-01T00:00:00Z", 1),
             ["2026-01-02T00:00:00+00:00"]
         );
+    }
+
+    #[test]
+    fn previous_before_finds_the_latest_earlier_occurrence() {
+        let daily = cron("30 9 * * *", "Europe/Paris");
+        let at = ms("2026-03-10T12:00:00Z");
+        assert_eq!(
+            daily.previous_before(at),
+            Some(ms("2026-03-10T08:30:00Z")),
+            "09:30 Paris is 08:30 UTC in winter"
+        );
+        assert_eq!(
+            daily.previous_before(ms("2026-03-10T08:30:00Z")),
+            Some(ms("2026-03-09T08:30:00Z"))
+        );
+        let every = ScheduleDef::every(1000, 500).compile().unwrap();
+        assert_eq!(every.previous_before(10_500), Some(9_500));
+        let mut bounded = ScheduleDef::every(1000, 0);
+        bounded.start_at = Some(5_000);
+        assert_eq!(bounded.compile().unwrap().previous_before(5_000), None);
     }
 
     #[test]

@@ -18,9 +18,12 @@
 
 use crate::client::{Client, ClientError, read_fence};
 use crate::envelope::Envelope;
+use crate::job::{Due, OnConflict};
 use crate::keys::{ShardKeys, occurrence_id, valid_schedule_id};
 use crate::schedule::{Schedule, ScheduleDef};
-use crate::store::scripts::{self, DueSchedule, Fired, Firing, ScheduleWrite, Upserted};
+use crate::store::scripts::{
+    self, DueSchedule, EnqueueCall, EnqueueItem, Fired, Firing, ScheduleWrite, Upserted,
+};
 use crate::store::{self, Conn};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -306,6 +309,45 @@ impl Client {
         self.fenced(|layout| async move {
             let keys = layout.shard(layout.shard_of(id));
             Ok(scripts::delete_schedule(&mut self.con.clone(), &keys, id).await?)
+        })
+        .await
+    }
+
+    /// Runs a schedule once now, off its grid: enqueues one occurrence due now, id
+    /// `<schedule>:<now ms>`, carrying what the schedule's occurrences carry (its destination,
+    /// payload, headers, max lateness). The pending occurrence and the grid do not move; a
+    /// paused schedule runs too. Returns the job id, or `None` when there is no such schedule.
+    pub async fn schedule_run_now(&self, id: &str) -> Result<Option<String>, ClientError> {
+        self.fenced(|layout| async move {
+            let keys = layout.shard(layout.shard_of(id));
+            let mut con = self.con.clone();
+            let (record, envelope): (Option<String>, Option<Vec<u8>>) = redis::pipe()
+                .hget(&keys.schedules, id)
+                .hget(&keys.sched_env, id)
+                .query_async(&mut con)
+                .await?;
+            let (Some((_, stored)), Some(envelope)) =
+                (record.as_deref().and_then(parse_record), envelope)
+            else {
+                return Ok(None);
+            };
+            let now_ms = store::server_time_ms(&mut con).await?;
+            let item = EnqueueItem {
+                id: occurrence_id(id, now_ms),
+                due: Due::At(now_ms),
+                envelope,
+                max_lateness_ms: stored.def.max_lateness_ms,
+            };
+            let items = [item];
+            let call = EnqueueCall {
+                keys,
+                items: &items,
+            };
+            // Keep: a second click in the same millisecond is the same run.
+            let mut answers = scripts::enqueue_jobs(&mut con, OnConflict::Keep, &[call]).await?;
+            answers.pop().expect("one answer per call")?;
+            let [item] = items;
+            Ok(Some(item.id))
         })
         .await
     }

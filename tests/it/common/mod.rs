@@ -325,6 +325,31 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// Minimal HTTP/1.0 request with extra header lines ("Name: value"): (status, body).
+pub fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    let mut head = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n");
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    write!(stream, "{head}Content-Length: 0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
 /// Reads a whole list.
 pub fn lrange(con: &mut redis::Connection, key: &str) -> Vec<Vec<u8>> {
     redis::cmd("LRANGE")
@@ -466,14 +491,14 @@ pub fn redis_config(url: &str, shards: u16) -> zdelay::config::RedisConfig {
 
 /// Every key on the server (test servers are small and private).
 /// Every key but the registry of running daemons (`{ns}:instances`, `{ns}:slots`,
-/// `{ns}:instance_sources`), which lives as long as a daemon does: what the tests check is
-/// that no job data is left behind.
+/// `{ns}:instance_sources`), which lives as long as a daemon does, and the daemons' activity
+/// counts (`{ns}:activity`): what the tests check is that no job data is left behind.
 pub fn all_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<String> {
     let keys: std::collections::BTreeSet<String> =
         redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
     keys.into_iter()
         .filter(|k| {
-            !["}:instances", "}:slots", "}:instance_sources"]
+            !["}:instances", "}:slots", "}:instance_sources", "}:activity"]
                 .iter()
                 .any(|suffix| k.ends_with(suffix))
         })
@@ -518,6 +543,27 @@ pub fn subscribers(con: &mut redis::Connection, channel: &str) -> u64 {
         .query(con)
         .expect("PUBSUB NUMSUB");
     n
+}
+
+/// The services venv's python (`scripts/services.sh install`: selenium, pika, …), for tests
+/// that need no broker: `ZDELAY_TEST_PYTHON`, else the venv in `$ZDELAY_CACHE` or
+/// `~/.cache/zdelay`. Panics with the install command when it is missing.
+pub fn venv_python() -> String {
+    if let Ok(py) = std::env::var("ZDELAY_TEST_PYTHON") {
+        return py;
+    }
+    let cache = std::env::var("ZDELAY_CACHE").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/zdelay",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    let py = format!("{cache}/venv/bin/python");
+    assert!(
+        Path::new(&py).exists(),
+        "no services venv at {py}: run `bash scripts/services.sh install`"
+    );
+    py
 }
 
 /// The brokers started by `scripts/services.sh start` (scripts/test.sh does it): read from

@@ -1,5 +1,13 @@
 //! The admin HTTP port: `/metrics` (Prometheus), `/healthz` (the process serves requests),
-//! `/readyz` (Redis answered the last health check and the pollers run).
+//! `/readyz` (Redis answered the last health check and the pollers run), and the operator
+//! console under `admin.ui_prefix`: its pages (`ui`) and its JSON API (`api`, actions
+//! checked by `guard`).
+
+mod api;
+mod guard;
+mod ui;
+
+pub use api::Console;
 
 use crate::metrics::REDIS_UP;
 use crate::sinks::SinkHandle;
@@ -8,12 +16,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use zdelay_client::config::{RedisConfig, redact_known};
+use zdelay_client::config::{AdminConfig, RedisConfig, redact_known};
 use zdelay_client::store::{Conn, StoreError};
 
 /// What readiness is made of.
@@ -84,14 +91,23 @@ struct AdminState {
     health: Arc<Health>,
 }
 
-/// Binds now (a bad address fails start-up) and serves until `shutdown`.
+/// Binds now (a bad address fails start-up) and serves until `shutdown`. The console's API
+/// answers 503 until `console` is set (once the daemon reached Redis).
 pub async fn serve(
-    listen: SocketAddr,
+    admin: &AdminConfig,
     metrics: PrometheusHandle,
     health: Arc<Health>,
+    console: Arc<OnceLock<Console>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let listener = tokio::net::TcpListener::bind(admin.listen).await?;
+    let prefix = admin.ui_prefix.as_str();
+    let console = api::routes(prefix)
+        .with_state(api::ApiState {
+            console,
+            token: admin.token.clone(),
+        })
+        .merge(ui::routes(prefix));
     let app = Router::new()
         .route(
             "/metrics",
@@ -110,7 +126,8 @@ pub async fn serve(
                 }
             }),
         )
-        .with_state(AdminState { metrics, health });
+        .with_state(AdminState { metrics, health })
+        .merge(console);
     Ok(tokio::spawn(async move {
         let result = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
