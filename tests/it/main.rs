@@ -21,6 +21,7 @@ mod reshard;
 mod scale;
 mod schedules;
 mod seeds;
+mod trace;
 mod two_phase;
 
 #[test]
