@@ -208,7 +208,10 @@ fn through_broker(
     assert_eq!(
         with.get("traceparent").map(Vec::as_slice),
         Some(traceparent.as_bytes()),
-        "traceparent byte for byte, name lowercase: {with:?}"
+        "traceparent byte for byte, name lowercase: {:?}",
+        with.iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(v)))
+            .collect::<Vec<_>>()
     );
     assert_eq!(
         with.get("tracestate").map(Vec::as_slice),
