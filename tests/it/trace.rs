@@ -3,7 +3,8 @@
 //! (read back with the independent Python clients); the delay-hop spans the daemon exports
 //! over OTLP/HTTP reach an in-process receiver here (protobuf decoded with
 //! opentelemetry-proto) as children of, and linked to, that context; a retry is a second
-//! span linked to the same origin; a dead collector does not slow delivery.
+//! span linked to the same origin; a dead collector does not slow delivery; the CLI stores
+//! the names lowercase.
 
 use crate::common::{
     Daemon, RedisServer, Services, TestConfig, client, wait_all_settled, wait_for,
@@ -526,4 +527,63 @@ target = "q:remote"
         "shutdown took {:?}: it waited for the export",
         stopping.elapsed()
     );
+}
+
+/// The CLI's `--header` and a batch line's `headers` take the names in any case and store
+/// them lowercase; other headers keep theirs; a malformed value is stored as given.
+#[test]
+fn cli_trace_header_names_are_stored_lowercase() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), SHARDS, "");
+    let (_, _, traceparent) = new_origin("01");
+    let get = |id: &str| -> serde_json::Value {
+        let out = config.cli(&["get", id]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("get prints JSON")
+    };
+    let out = config.cli(&[
+        "enqueue",
+        "--dest",
+        "default",
+        "--in",
+        "1h",
+        "--id",
+        "one",
+        "--header",
+        &format!("TRACEPARENT={traceparent}"),
+        "--header",
+        "X-Tenant=Acme",
+        "--payload",
+        "p",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let headers = &get("one")["headers"];
+    assert_eq!(headers["traceparent"], traceparent.as_str(), "{headers}");
+    assert_eq!(headers["X-Tenant"], "Acme");
+    assert!(headers.get("TRACEPARENT").is_none());
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("jobs.jsonl");
+    let line = serde_json::json!({
+        "dest": "default", "in": "1h", "id": "two", "payload": "p",
+        "headers": {"TraceParent": "00-malformed", "TraceState": TRACESTATE},
+    });
+    std::fs::write(&file, format!("{line}\n")).expect("write batch");
+    let out = config.cli(&["enqueue", "--batch", crate::common::path_str(&file)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let headers = &get("two")["headers"];
+    assert_eq!(headers["traceparent"], "00-malformed", "{headers}");
+    assert_eq!(headers["tracestate"], TRACESTATE);
 }
