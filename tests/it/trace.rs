@@ -518,6 +518,10 @@ target = "q:remote"
         lateness("1")
     );
     assert_eq!(lateness("1"), total, "every job within 1 s of its due time");
+    assert!(
+        daemon.log_text().contains("SpanDroppingStarted"),
+        "the full span queue dropped spans (and said so) instead of holding up delivery"
+    );
     let stopping = Instant::now();
     daemon.signal(libc::SIGTERM);
     let status = daemon.wait_exit(Duration::from_secs(30));
