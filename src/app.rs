@@ -17,6 +17,7 @@ use crate::admin::{self, Health};
 use crate::poller::{self, Leases, Options, Ownership, PollerContext};
 use crate::sinks::{self, SinkHandle};
 use crate::stats;
+use crate::trace::HopTracer;
 use anyhow::Context;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -78,6 +79,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     });
 
     let mut ctx = PollerContext::new(con.clone(), &config, sinks.clone());
+    ctx.tracer = HopTracer::from_config(&config.tracing).map_err(anyhow::Error::msg)?;
     // The heartbeat and the stats sampler (which reads every shard) get connections of
     // their own on a cluster, like each master's shards: nothing waits for a hung node it
     // does not need. All connect at once (a hung node costs each its connect timeout).
@@ -166,6 +168,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     // Anything a client library still queues must reach its broker before exit.
     sinks::flush_all(&sinks, FLUSH_TIMEOUT).await;
+    if let Some(tracer) = &ctx.tracer {
+        let tracer = tracer.clone();
+        // Blocking (the SDK's shutdown waits for its export thread), bounded.
+        let _ = tokio::task::spawn_blocking(move || tracer.shutdown(FLUSH_TIMEOUT)).await;
+    }
     admin.abort();
     tracing::info!("stopped");
     match ctx.refusal() {

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod poller;
 pub mod sinks;
 pub mod stats;
+pub mod trace;
 
 pub use zdelay_client::{
     Cancelled, Client, ClientError, Config, DeadJob, DeadMember, Due, Enqueued, Envelope, JobState,
@@ -22,4 +23,5 @@ pub use zdelay_client::{
 };
 pub use zdelay_client::{
     client, config, dead, envelope, job, keys, reshard, routes, schedule, schedules, store,
+    trace_context,
 };

@@ -29,6 +29,7 @@ pub const LEASES_EXPIRED: &str = "zdelay_leases_expired_total";
 pub const SINK_WAITING: &str = "zdelay_sink_waiting";
 pub const SINK_OLDEST_WAITING: &str = "zdelay_sink_oldest_waiting_seconds";
 pub const OCCURRENCES: &str = "zdelay_schedule_occurrences_total";
+pub const TRACE_CONTEXT_INVALID: &str = "zdelay_trace_context_invalid_total";
 
 /// Lateness buckets in ms: from 1 ms to 5 minutes. The move scripts count jobs per bucket.
 pub const LATENESS_BOUNDS_MS: &[u64] = &[
@@ -125,6 +126,11 @@ fn describe() {
         "Occurrences of recurring schedules, by outcome: fired (turned into a job), expired \
          (past max_lateness), skipped (misfire policy)."
     );
+    describe_counter!(
+        TRACE_CONTEXT_INVALID,
+        "Delivery attempts whose job carried a malformed traceparent (delivered as given, not \
+         used as the delay-hop span's parent), by sink."
+    );
 }
 
 /// Records a batch's per-bucket lateness counts (from a move script) into the histogram.
@@ -148,4 +154,11 @@ pub fn record_lateness(source: &str, buckets: &[u64], max_lateness_ms: i64) {
 pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Display) {
     counter!(ERRORS, "kind" => kind).increment(1);
     tracing::warn!(kind, context, %error, "recovering from error");
+}
+
+/// Counts the messages of one batch whose `traceparent` is not W3C. Not an error of
+/// zdelay's: the header is delivered as given, only not used as a span parent.
+pub fn trace_context_invalid(sink: &str, messages: u64) {
+    counter!(TRACE_CONTEXT_INVALID, "sink" => sink.to_owned()).increment(messages);
+    tracing::debug!(sink, messages, "malformed traceparent ignored");
 }

@@ -3,6 +3,7 @@
 //! and what the delivery policy needs.
 
 use crate::sinks::SinkHandle;
+use crate::trace::HopTracer;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -167,6 +168,8 @@ pub struct PollerContext {
     pub sink_order: Vec<Option<Arc<SinkHandle>>>,
     pub mover: MoverSettings,
     pub delivery: DeliveryPolicy,
+    /// Delay-hop spans of two-phase deliveries; `None` when tracing is off.
+    pub tracer: Option<HopTracer>,
     /// Cancelled when a shard's layout fence refused this daemon's shard count: the
     /// namespace was resharded, or is being resharded. Its pollers stop, and so does the
     /// daemon ([`PollerContext::refusal`] says why): polling on would misroute.
@@ -200,6 +203,7 @@ impl PollerContext {
             sink_order,
             mover: MoverSettings::from_config(config),
             delivery: DeliveryPolicy::from_config(config),
+            tracer: None,
             refused: CancellationToken::new(),
             refused_with: std::sync::OnceLock::new(),
         }

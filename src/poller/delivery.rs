@@ -15,6 +15,7 @@ use super::context::{
 };
 use crate::metrics::{self, FENCED, JOBS_DEAD, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION};
 use crate::sinks::{Message, Outcome, SinkHandle};
+use crate::trace::Hop;
 use rand::{RngExt, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 use zdelay_client::envelope::Envelope;
 use zdelay_client::routes::Resolved;
 use zdelay_client::store::scripts::{self, Claim, Claimed, RawClaim, SettleOp};
+use zdelay_client::trace_context::{self, Origin};
 
 /// Retry delay for a job that has failed `attempt` times before: a random time in
 /// [0, min(cap, base × 2^attempt)] (exponential backoff with full jitter).
@@ -163,7 +165,18 @@ pub async fn deliver(
             }));
             continue;
         };
+        count_invalid_trace_context(sink, messages);
         for ((p, m), outcome) in pending.iter().zip(messages).zip(outcomes) {
+            if let Some(tracer) = &ctx.tracer {
+                tracer.record(&Hop {
+                    message: m,
+                    route: &p.envelope.dest,
+                    sink: &sink.name,
+                    attempt: p.envelope.meta.attempt + 1,
+                    answered_ms: redis_now_ms(),
+                    outcome,
+                });
+            }
             let settle = match outcome {
                 Outcome::Delivered => {
                     record_lateness(sink, redis_now_ms() - p.job.due_ms);
@@ -245,6 +258,18 @@ pub async fn deliver_raw(
                 .map(|m| Settle::Release { due_ms: m.due_ms }),
         ),
         Some(outcomes) => {
+            if let Some(tracer) = &ctx.tracer {
+                for ((m, message), outcome) in claim.members.iter().zip(&messages).zip(outcomes) {
+                    tracer.record(&Hop {
+                        message,
+                        route: label,
+                        sink: &sink.name,
+                        attempt: m.attempts + 1,
+                        answered_ms: redis_now_ms(),
+                        outcome,
+                    });
+                }
+            }
             for (m, outcome) in claim.members.iter().zip(outcomes) {
                 settles.push(match outcome {
                     Outcome::Delivered => {
@@ -294,6 +319,17 @@ pub async fn deliver_raw(
     Ok(())
 }
 
+/// Counts the batch's malformed `traceparent` headers (they are delivered as given).
+fn count_invalid_trace_context(sink: &SinkHandle, messages: &[Message]) {
+    let malformed = messages
+        .iter()
+        .filter(|m| trace_context::origin(&m.headers) == Origin::Malformed)
+        .count();
+    if malformed > 0 {
+        metrics::trace_context_invalid(&sink.name, malformed as u64);
+    }
+}
+
 /// One job delivered (confirmed by its broker), this late.
 fn record_lateness(sink: &SinkHandle, late_ms: i64) {
     ::metrics::histogram!(LATENESS, "source" => sink.name.clone())
@@ -318,7 +354,7 @@ fn sink_answered(sink: &SinkHandle, outcomes: &[Outcome]) {
             }
             _ => {}
         }
-        *counts.entry(outcome_label(outcome)).or_default() += 1;
+        *counts.entry(outcome.label()).or_default() += 1;
     }
     if let Some(why) = retried {
         tracing::warn!(
@@ -357,15 +393,6 @@ fn count_dead<'a>(source: &str, settles: impl Iterator<Item = &'a Settle>) {
     for (kind, n) in kinds {
         ::metrics::counter!(JOBS_DEAD, "source" => source.to_owned(), "reason" => kind.label())
             .increment(n);
-    }
-}
-
-fn outcome_label(outcome: &Outcome) -> &'static str {
-    match outcome {
-        Outcome::Delivered => "delivered",
-        Outcome::Retry(_) => "retried",
-        Outcome::Reject(_) => "rejected",
-        Outcome::Unavailable(_) => "unavailable",
     }
 }
 

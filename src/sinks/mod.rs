@@ -72,6 +72,18 @@ pub enum Outcome {
     Unavailable(String),
 }
 
+impl Outcome {
+    /// The bounded word for metrics and spans.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Retry(_) => "retried",
+            Outcome::Reject(_) => "rejected",
+            Outcome::Unavailable(_) => "unavailable",
+        }
+    }
+}
+
 /// What a sink's health check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {

@@ -38,7 +38,7 @@ fn tool() -> PathBuf {
 }
 
 /// Runs `amqp_tool.py URL args...` and returns its stdout; panics on failure.
-fn py(python: &str, url: &str, args: &[&str]) -> String {
+pub(crate) fn py(python: &str, url: &str, args: &[&str]) -> String {
     let out = Command::new(python)
         .arg(tool())
         .arg(url)
@@ -55,15 +55,15 @@ fn py(python: &str, url: &str, args: &[&str]) -> String {
 
 /// One message as the independent consumer saw it.
 #[derive(Debug)]
-struct Consumed {
-    body: Vec<u8>,
+pub(crate) struct Consumed {
+    pub(crate) body: Vec<u8>,
     message_id: String,
-    headers: BTreeMap<String, String>,
+    pub(crate) headers: BTreeMap<String, String>,
     delivery_mode: Option<u64>,
     priority: Option<u64>,
 }
 
-fn consume(python: &str, url: &str, queue: &str, count: usize) -> Vec<Consumed> {
+pub(crate) fn consume(python: &str, url: &str, queue: &str, count: usize) -> Vec<Consumed> {
     py(python, url, &["consume", queue, &count.to_string(), "30"])
         .lines()
         .map(|line| {

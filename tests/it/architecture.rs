@@ -202,6 +202,8 @@ fn the_producer_crate_never_names_the_daemon() {
             "async_nats::",
             "axum::",
             "clap::",
+            "opentelemetry::",
+            "opentelemetry_sdk::",
         ] {
             assert!(
                 !text.contains(daemon),

@@ -11,8 +11,8 @@ mod broker_security;
 mod cli;
 mod cluster;
 mod common;
-mod dead;
 mod console;
+mod dead;
 mod delivery;
 mod deploy;
 mod faults;
@@ -26,6 +26,7 @@ mod scale;
 mod schedules;
 mod secure;
 mod seeds;
+mod trace;
 mod two_phase;
 
 #[test]

@@ -59,7 +59,7 @@ fn binary_payload(i: usize) -> Vec<u8> {
 }
 
 /// A fresh stream `ZDNATS_<tag>` on subjects `zdnats.<tag>.>`; returns (stream, subject prefix).
-async fn make_stream(url: &str) -> (jetstream::Context, String, String) {
+pub(crate) async fn make_stream(url: &str) -> (jetstream::Context, String, String) {
     let client = async_nats::connect(url).await.expect("connect to nats");
     let js = jetstream::new(client);
     let tag = tag();
@@ -81,7 +81,7 @@ async fn stream_count(js: &jetstream::Context, name: &str) -> u64 {
     stream.info().await.expect("stream info").state.messages
 }
 
-fn py_reader(services: &Services) -> Command {
+pub(crate) fn py_reader(services: &Services) -> Command {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/py/nats_read.py");
     let mut cmd = Command::new(services.python());
     cmd.arg(script);
@@ -89,12 +89,12 @@ fn py_reader(services: &Services) -> Command {
 }
 
 #[derive(Debug)]
-struct Read {
+pub(crate) struct Read {
     stream_messages: Option<u64>,
-    messages: Vec<(String, Vec<u8>, BTreeMap<String, String>)>,
+    pub(crate) messages: Vec<(String, Vec<u8>, BTreeMap<String, String>)>,
 }
 
-fn parse_read(json: &str) -> Read {
+pub(crate) fn parse_read(json: &str) -> Read {
     let v: serde_json::Value = serde_json::from_str(json.trim()).expect("reader prints JSON");
     let messages = v["messages"]
         .as_array()

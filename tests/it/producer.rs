@@ -1,5 +1,5 @@
 //! The producer library builds without the daemon: no broker client, HTTP server or CLI
-//! parser among its dependencies (`scripts/test.sh` also builds it alone).
+//! parser, no OpenTelemetry among its dependencies (`scripts/test.sh` also builds it alone).
 
 use std::process::Command;
 
@@ -14,6 +14,11 @@ const DAEMON_ONLY: &[&str] = &[
     "clap",
     "metrics-exporter-prometheus",
     "indicatif",
+    // Trace context is plain headers on the producer side; spans are the daemon's.
+    "opentelemetry",
+    "opentelemetry_sdk",
+    "opentelemetry-otlp",
+    "reqwest",
 ];
 
 #[test]

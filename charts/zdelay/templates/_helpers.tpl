@@ -180,7 +180,7 @@ sub-tables gets no header of its own.
 {{- include "zdelay.validate" . -}}
 # zdelay.toml rendered by the zdelay Helm chart from .Values.config. Credentials come from
 # ZDELAY_ environment variables (Secrets); admin.listen from ZDELAY_ADMIN__LISTEN.
-{{- include "zdelay.toml.table" (dict "path" "" "table" (include "zdelay.configDict" . | fromJson) "order" (list "redis" "poller" "sinks" "routes" "sources")) }}
+{{- include "zdelay.toml.table" (dict "path" "" "table" (include "zdelay.configDict" . | fromJson) "order" (list "redis" "poller" "tracing" "sinks" "routes" "sources")) }}
 {{ end -}}
 
 {{- define "zdelay.configChecksum" -}}

@@ -504,6 +504,7 @@ impl Client {
         };
         let mut env = Envelope::new(job.dest, job.payload);
         env.meta.headers = job.headers;
+        crate::trace_context::normalize_header_names(&mut env.meta.headers);
         env.meta.max_attempts = job.max_attempts;
         let max_lateness_ms = job.max_lateness.map(|d| d.as_millis() as u64);
         env.meta.max_lateness_ms = max_lateness_ms;

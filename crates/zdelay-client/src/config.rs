@@ -332,6 +332,8 @@ pub struct Config {
     pub redis: RedisConfig,
     pub poller: PollerConfig,
     pub admin: AdminConfig,
+    /// Delay-hop spans and their OTLP export (off by default).
+    pub tracing: TracingConfig,
     /// Named sinks. A `local` Redis sink (the scheduling Redis itself) always exists.
     pub sinks: BTreeMap<String, SinkConfig>,
     /// Configured destinations. Default: `default` → list `queue:default` on `local`.
@@ -346,6 +348,7 @@ impl Default for Config {
             redis: RedisConfig::default(),
             poller: PollerConfig::default(),
             admin: AdminConfig::default(),
+            tracing: TracingConfig::default(),
             sinks: BTreeMap::from([(
                 LOCAL_SINK.to_owned(),
                 SinkConfig::Redis(RedisSinkConfig::default()),
@@ -528,6 +531,36 @@ impl Default for AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             token: None,
             ui_prefix: String::new(),
+        }
+    }
+}
+
+/// `[tracing]`: the daemon's delay-hop spans, exported over OTLP/HTTP (protobuf). Off
+/// unless `otlp_endpoint` is set; trace headers travel with jobs either way.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces` (a URL
+    /// without a path gets `/v1/traces`). Default: none, tracing off.
+    pub otlp_endpoint: Option<Secret>,
+    /// Share of traces started here (jobs without a `traceparent`) that are sampled,
+    /// 0.0..=1.0; a job's own `traceparent` decides by its sampled flag. Default 1.0.
+    pub sample_ratio: f64,
+    /// `service.name` of the spans. Default `zdelay`.
+    pub service_name: String,
+    /// How long one export may take before it is abandoned (spans are exported in the
+    /// background: delivery never waits for it). Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub export_timeout: Duration,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_endpoint: None,
+            sample_ratio: 1.0,
+            service_name: "zdelay".to_owned(),
+            export_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -1054,6 +1087,25 @@ impl Config {
         }
         if p.sink_concurrency == 0 || p.sink_concurrency > 1024 {
             return Err(invalid("poller.sink_concurrency", "must be 1..=1024"));
+        }
+        let t = &self.tracing;
+        if let Some(endpoint) = &t.otlp_endpoint
+            && !(endpoint.expose().starts_with("http://")
+                || endpoint.expose().starts_with("https://"))
+        {
+            return Err(invalid(
+                "tracing.otlp_endpoint",
+                "must be an http:// or https:// URL",
+            ));
+        }
+        if !(0.0..=1.0).contains(&t.sample_ratio) {
+            return Err(invalid("tracing.sample_ratio", "must be 0.0..=1.0"));
+        }
+        if t.service_name.is_empty() {
+            return Err(invalid("tracing.service_name", "must be non-empty"));
+        }
+        if t.export_timeout.is_zero() {
+            return Err(invalid("tracing.export_timeout", "must be greater than 0"));
         }
         for (name, sink) in &self.sinks {
             if name.is_empty() || name.contains(['/', '\n']) {

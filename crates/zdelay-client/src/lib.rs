@@ -15,6 +15,7 @@
 //! - [`schedule`]: recurring schedules: the stored definition, validation, next occurrences
 //!   (cron in IANA zones, intervals) and misfire handling.
 //! - [`reshard`]: moving a namespace to another shard count (`zdelay reshard`).
+//! - [`trace_context`]: W3C `traceparent`/`tracestate` in headers: name case, validation.
 
 pub mod client;
 pub mod config;
@@ -27,6 +28,7 @@ pub mod routes;
 pub mod schedule;
 pub mod schedules;
 pub mod store;
+pub mod trace_context;
 
 pub use client::{Client, ClientError, JobView, NewJob};
 pub use config::Config;

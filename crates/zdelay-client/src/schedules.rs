@@ -244,6 +244,7 @@ impl Client {
         definition(&spec, None, 0)?;
         let mut envelope = Envelope::new(spec.dest.clone(), spec.payload.clone());
         envelope.meta.headers = spec.headers.clone();
+        crate::trace_context::normalize_header_names(&mut envelope.meta.headers);
         envelope.meta.max_attempts = spec.max_attempts;
         envelope.meta.schedule = Some(spec.id.clone());
         envelope.meta.max_lateness_ms = spec.max_lateness.map(|d| d.as_millis() as u64);
