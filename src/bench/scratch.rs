@@ -51,8 +51,9 @@ impl Scratch {
         out
     }
 
-    /// The daemons' bookkeeping in the namespace: registry, poller slots, sink states. Not
-    /// data (a stopped daemon's registration lapses by itself); deleted with the schema.
+    /// The daemons' bookkeeping in the namespace: registry, poller slots, sink states, the
+    /// per-minute activity. Not data (a stopped daemon's registration lapses by itself);
+    /// deleted with the schema.
     pub(super) fn registry_keys(&self) -> Vec<String> {
         let k = &self.keys;
         vec![
@@ -60,6 +61,7 @@ impl Scratch {
             k.poller_slots(),
             k.instance_sources(),
             k.sink_states(),
+            k.activity(),
         ]
     }
 
