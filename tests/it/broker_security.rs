@@ -147,14 +147,14 @@ fn amqps_with_the_ca_delivers_and_bad_ca_or_password_are_told_apart() {
 // NATS: user/password, token, TLS (mutual), on both server versions
 
 /// A nats-server started here with `conf`, stopped (by its pid) on drop.
-struct NatsServer {
+pub(crate) struct NatsServer {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     _dir: tempfile::TempDir,
 }
 
 impl NatsServer {
-    fn start(bin: &str, conf: &str) -> Self {
+    pub(crate) fn start(bin: &str, conf: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let path = dir.path().join("nats.conf");
@@ -177,7 +177,7 @@ impl NatsServer {
         server
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 }
@@ -313,13 +313,13 @@ fn nats_user_password_token_and_tls_on_both_versions() {
 
 /// tansu with SQLite storage (where it keeps SCRAM credentials), stopped (by its pid) on
 /// drop; `authentication`: SASL required.
-struct AuthTansu {
+pub(crate) struct AuthTansu {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl AuthTansu {
-    fn start(bin: &str, dir: &Path, port: u16, authentication: bool) -> Self {
+    pub(crate) fn start(bin: &str, dir: &Path, port: u16, authentication: bool) -> Self {
         let listener = format!("tcp://127.0.0.1:{port}");
         let child = Command::new(bin)
             .current_dir(dir)
