@@ -22,9 +22,8 @@
 #   schema      values the chart must refuse (a typo such as `iamge:`, wrong types, a grace
 #               period below shutdown_grace + 5 s, credentials in a URL, ...): FAILS if one renders
 #   configs     `zdelay check-config` on every rendered zdelay.toml, with the binary in
-#               $ZDELAY_BIN or target/{release,debug}/zdelay (skipped, and said so, without one);
-#               keys the daemon does not implement yet (redis.tls, redis.cluster_nodes) must be
-#               the only thing it refuses
+#               $ZDELAY_BIN or target/{release,debug}/zdelay (skipped, and said so, without one):
+#               every one must be accepted ([redis.tls] and redis.cluster_nodes included)
 #   promtool    promtool check rules + test rules (deploy/prometheus), and the dashboard's
 #               queries checked as PromQL
 #   metrics     every metric the dashboard and the rules query is one the daemon exports: the

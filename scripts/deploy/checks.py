@@ -36,11 +36,6 @@ KUBE_VERSION = "1.30.0"
 RELEASE = "demo"
 NAMESPACE = "jobs"
 
-# Config keys the chart renders that the daemon does not read yet (issue 10's TLS and
-# cluster work adds them). A config holding one must fail check-config naming it; once the
-# daemon accepts it, the check says so and passes.
-PENDING_KEYS = ("tls",)
-
 
 class CheckError(Exception):
     pass
@@ -541,7 +536,6 @@ def cmd_configs(out: str, zdelay: str) -> None:
             with open(path, "w") as f:
                 f.write(text)
             cfg = tomllib.loads(text)
-            pending = [k for k in PENDING_KEYS if k in cfg.get("redis", {})]
             env = {"ZDELAY_ADMIN__LISTEN": "0.0.0.0:9464", **pod_env(docs, cfg),
                    "PATH": "/usr/bin:/bin", "ZDELAY_CONFIG": path}
             res = subprocess.run([zdelay, "check-config"], capture_output=True, text=True, env=env)
@@ -552,12 +546,8 @@ def cmd_configs(out: str, zdelay: str) -> None:
                     fail(f"{case}: check-config shows admin.listen {shown['admin']['listen']}")
                 if PLACEHOLDER in res.stdout + res.stderr:
                     fail(f"{case}: check-config prints a secret given in {', '.join(secrets)}")
-                note = f" (now accepts {', '.join(pending)}: drop them from PENDING_KEYS)" if pending else ""
                 print(f"  {case}: check-config accepts it with the pod's env "
-                      f"(secrets {secrets or 'none'}, not printed){note}")
-            elif pending and any(f"`{k}`" in res.stderr for k in pending):
-                print(f"  {case}: check-config refuses redis.{'/'.join(pending)} as expected until the daemon "
-                      f"implements it: {res.stderr.strip().splitlines()[-1][:100]}")
+                      f"(secrets {secrets or 'none'}, not printed)")
             else:
                 fail(f"{case}: zdelay check-config refuses the rendered config with the pod's env "
                      f"{sorted(env)}:\n{res.stderr}\n{text}")

@@ -333,7 +333,12 @@ impl KafkaSink {
             name: name.to_owned(),
             config: cc,
             key: config.key,
-            user: config.sasl.as_ref().map(|s| s.username.clone()),
+            // The librdkafka table wins over `sasl`, as it does for the client itself.
+            user: config
+                .librdkafka
+                .get("sasl.username")
+                .cloned()
+                .or_else(|| config.sasl.as_ref().map(|s| s.username.clone())),
             auth_failure,
             producer: RwLock::new(Arc::new(producer)),
         })

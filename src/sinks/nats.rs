@@ -91,6 +91,8 @@ pub struct NatsSink {
     jetstream: bool,
     /// `user`/`password`, `token`, `creds_file` and `tls` of the config.
     security: NatsSinkConfig,
+    /// Who it authenticates as, for "authentication failed for …" (the URL may say).
+    identity: String,
     conn: OnceCell<Conn>,
     /// Whether the health check's surprise was logged already.
     surprised: std::sync::atomic::AtomicBool,
@@ -139,6 +141,7 @@ impl NatsSink {
             url: crate::config::redact_url(config.url.expose()),
             servers,
             jetstream: config.jetstream,
+            identity: config.identity(),
             security: NatsSinkConfig {
                 url: Default::default(),
                 allow: Vec::new(),
@@ -187,9 +190,19 @@ impl NatsSink {
         } else if let Some(token) = &sec.token {
             ConnectOptions::with_token(token.expose().to_owned())
         } else if let Some(creds) = &sec.creds_file {
-            ConnectOptions::with_credentials_file(creds)
-                .await
-                .map_err(|e| format!("nats creds_file {}: {e}", creds.display()))?
+            let failed = |e: std::io::Error| format!("nats creds_file {}: {e}", creds.display());
+            let contents = tokio::fs::read_to_string(creds).await.map_err(failed)?;
+            // The JWT and the seed are secrets like any password: registered, they are
+            // scrubbed from every output (async-nats masks them in its own CONNECT trace).
+            let mut lines = contents.lines().map(str::trim);
+            while let Some(line) = lines.next() {
+                if line.starts_with("-----BEGIN")
+                    && let Some(block) = lines.find(|l| !l.is_empty())
+                {
+                    crate::config::register_secret(block);
+                }
+            }
+            ConnectOptions::with_credentials(&contents).map_err(failed)?
         } else {
             ConnectOptions::new()
         };
@@ -210,10 +223,9 @@ impl NatsSink {
     fn connect_error(&self, e: &async_nats::ConnectError) -> String {
         use async_nats::ConnectErrorKind as K;
         match e.kind() {
-            K::AuthorizationViolation | K::Authentication => super::auth_failed(
-                &self.security.identity(),
-                &format!("nats {}: {e}", self.url),
-            ),
+            K::AuthorizationViolation | K::Authentication => {
+                super::auth_failed(&self.identity, &format!("nats {}: {e}", self.url))
+            }
             _ => format!("nats {}: {e}", self.url),
         }
     }

@@ -1,6 +1,7 @@
 //! A Redis user limited by ACL to zdelay's keys and the commands it needs (README, "Redis
 //! ACL") runs the daemon, the CLI and the library, on one Redis and on a cluster; without
-//! `cluster|slots` a cluster connection fails with an error that says so.
+//! `cluster|slots` a cluster connection fails with an error that says so. A narrower producer
+//! user (README, "Secure connections") enqueues every way there is and is refused the rest.
 
 use crate::common::{Daemon, RedisCluster, RedisServer, TestConfig, llen, redis_now_ms, wait_for};
 use std::time::Duration;
@@ -197,4 +198,195 @@ fn without_cluster_slots_the_error_says_what_is_missing() {
     assert!(!out.status.success());
     assert!(err.contains("cluster|slots"), "{err}");
     assert!(!err.contains("zd-secret"), "no password in errors: {err}");
+}
+
+/// README's producer user ("Secure connections"): the rules after `ACL SETUSER producer on
+/// >secret`. Enqueue (one, batch, replace), get, reschedule and cancel on the namespace's job
+/// keys, a read-only schema, and `ZADD` on one raw source.
+const PRODUCER_RULES: &str = "%R~zdelay:schema ~{zdelay:*}:due ~{zdelay:*}:jobs \
+    ~{zdelay:*}:inflight ~{zdelay:*}:dead ~{zdelay:*}:reasons ~{zdelay:*}:scheduled \
+    ~{zdelay:*}:ready ~{zdelay:*}:ready_ids ~{zdelay:*}:max_lateness ~{zdelay:*}:shards \
+    ~{raw}:src &zdelay:wake +ping +info +time +script|load +evalsha +get +hget +hexists +hset \
+    +hdel +zadd +zrange +zscore +zrem +publish";
+
+fn words(text: &str) -> Vec<&str> {
+    text.split_whitespace().filter(|w| *w != "\\").collect()
+}
+
+#[test]
+fn the_readme_shows_the_tested_producer_acl() {
+    let readme = include_str!("../../README.md");
+    let shown = readme
+        .split("ACL SETUSER producer on >secret")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("README shows ACL SETUSER producer");
+    assert_eq!(words(shown), words(PRODUCER_RULES));
+}
+
+/// With the daemon's user (`zd`) running the daemon, a producer user limited to
+/// `PRODUCER_RULES` enqueues through the CLI (one job, `--batch`), the library (`enqueue`,
+/// `enqueue_batch`) and a raw `ZADD`, and everything is delivered; what a producer has no
+/// business doing is refused with NOPERM.
+#[test]
+fn a_producer_user_enqueues_and_is_refused_the_rest() {
+    let mut args = acl_user(&[]);
+    args.extend(
+        ["--user", "producer", "on", ">producer-secret"]
+            .into_iter()
+            .chain(PRODUCER_RULES.split_whitespace())
+            .map(str::to_owned),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let redis = RedisServer::start_with(&args);
+    let producer_url = redis
+        .url()
+        .replacen("redis://", "redis://producer:producer-secret@", 1);
+    let producer = TestConfig::new(&producer_url, 4, ROUTES);
+    let run = |args: &[&str]| {
+        let out = producer.cli(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+
+    // Before any daemon: the producer may not create the namespace's schema, and says so.
+    let (ok, text) = run(&["enqueue", "--dest", "l", "--payload", "early"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("start a daemon"), "{text}");
+    assert!(!text.contains("producer-secret"), "{text}");
+
+    let daemon_config = TestConfig::new(&with_user(&redis.url()), 4, ROUTES);
+    let daemon = Daemon::start(&daemon_config);
+
+    let ok_out = |args: &[&str]| {
+        let (ok, text) = run(args);
+        assert!(ok, "{args:?} as producer: {text}");
+        text.trim().to_owned()
+    };
+    ok_out(&["enqueue", "--dest", "l", "--payload", "cli"]);
+    let batch = tempfile::NamedTempFile::new().expect("batch file");
+    std::fs::write(
+        batch.path(),
+        "{\"dest\":\"l\",\"payload\":\"batch-1\"}\n{\"dest\":\"l\",\"payload\":\"batch-2\"}\n",
+    )
+    .expect("batch file");
+    ok_out(&["enqueue", "--batch", crate::common::path_str(batch.path())]);
+    // Its own jobs: replace, get, reschedule, cancel.
+    ok_out(&[
+        "enqueue",
+        "--dest",
+        "l",
+        "--in",
+        "1h",
+        "--id",
+        "p-1",
+        "--payload",
+        "a",
+    ]);
+    ok_out(&[
+        "enqueue",
+        "--dest",
+        "l",
+        "--in",
+        "1h",
+        "--id",
+        "p-1",
+        "--payload",
+        "b",
+        "--on-conflict",
+        "replace",
+    ]);
+    assert!(ok_out(&["get", "p-1"]).contains("\"b\""));
+    ok_out(&["reschedule", "p-1", "--in", "2h"]);
+    ok_out(&["cancel", "p-1"]);
+
+    let rt = crate::common::runtime();
+    let lib = rt
+        .block_on(zdelay::Client::connect(&zdelay::config::RedisConfig {
+            url: producer_url.clone(),
+            shards: 4,
+            ..Default::default()
+        }))
+        .expect("library as producer");
+    rt.block_on(lib.enqueue(zdelay::NewJob::new("l", "lib"), zdelay::OnConflict::Error))
+        .expect("enqueue as producer");
+    let results = rt
+        .block_on(lib.enqueue_batch(
+            vec![
+                zdelay::NewJob::new("l", "lib-batch-1"),
+                zdelay::NewJob::new("l", "lib-batch-2"),
+            ],
+            zdelay::OnConflict::Error,
+        ))
+        .expect("enqueue_batch as producer");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+
+    let mut as_producer = redis::Client::open(producer_url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("producer connection");
+    let mut admin = redis.conn();
+    let now = redis_now_ms(&mut admin);
+    let _: () = redis::cmd("ZADD")
+        .arg("{raw}:src")
+        .arg(now)
+        .arg("raw-1")
+        .query(&mut as_producer)
+        .expect("raw ZADD as producer");
+
+    wait_for(
+        "the producer's jobs delivered",
+        Duration::from_secs(30),
+        || llen(&mut admin, "q:l") == 6 && llen(&mut admin, "{raw}:out") == 1,
+    );
+    let mut delivered: Vec<String> = crate::common::lrange(&mut admin, "q:l")
+        .into_iter()
+        .map(|p| String::from_utf8_lossy(&p).into_owned())
+        .collect();
+    delivered.sort();
+    assert_eq!(
+        delivered,
+        [
+            "batch-1",
+            "batch-2",
+            "cli",
+            "lib",
+            "lib-batch-1",
+            "lib-batch-2"
+        ]
+    );
+
+    // Refused: deleting, reading queues or another namespace, rewriting the schema, server
+    // commands, and the operators' dead-letter and stats commands.
+    let mut refused = |cmd: &mut redis::Cmd| {
+        let err = cmd
+            .query::<redis::Value>(&mut as_producer)
+            .expect_err("refused");
+        assert_eq!(err.code(), Some("NOPERM"), "{err}");
+    };
+    refused(redis::cmd("DEL").arg("{zdelay:0}:jobs"));
+    refused(redis::cmd("ZRANGE").arg("{other:0}:due").arg(0).arg(-1));
+    refused(redis::cmd("LRANGE").arg("q:l").arg(0).arg(-1));
+    refused(redis::cmd("HSET").arg("zdelay:schema").arg("shards").arg(8));
+    refused(redis::cmd("HGETALL").arg("{zdelay}:instances"));
+    refused(&mut redis::cmd("FLUSHALL"));
+    refused(redis::cmd("CONFIG").arg("GET").arg("requirepass"));
+    for args in [
+        &["dead", "list"][..],
+        &["dead", "purge", "--all"],
+        &["dead", "replay", "--all"],
+        &["stats"],
+    ] {
+        let (ok, text) = run(args);
+        assert!(!ok, "{args:?} as producer: {text}");
+        assert!(text.contains("no permissions"), "{args:?}: {text}");
+    }
+    let log = daemon.log_text();
+    assert!(
+        !log.contains("NOPERM"),
+        "the daemon needed more rights:\n{log}"
+    );
 }

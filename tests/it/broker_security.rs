@@ -2,7 +2,9 @@
 //! reported as "authentication failed for …" (never as an unreachable broker):
 //! - AMQP: RabbitMQ's TLS listener of `scripts/services.sh` (`ZDELAY_TEST_AMQPS_URL`, its test
 //!   CA in `ZDELAY_TEST_TLS_DIR`);
-//! - NATS: a nats-server started here per auth method, from a config file, on both versions;
+//! - NATS: a nats-server started here per auth method, from a config file, on both versions
+//!   (for `creds_file`: operator mode, with operator, account and user JWTs signed here with
+//!   nkeys, as `nsc` would);
 //! - Kafka: a tansu started here with `--authentication` (SASL SCRAM-SHA-256/512; tansu 0.6
 //!   from crates.io offers no PLAIN and has no TLS listener, see the README).
 //!
@@ -147,14 +149,14 @@ fn amqps_with_the_ca_delivers_and_bad_ca_or_password_are_told_apart() {
 // NATS: user/password, token, TLS (mutual), on both server versions
 
 /// A nats-server started here with `conf`, stopped (by its pid) on drop.
-struct NatsServer {
+pub(crate) struct NatsServer {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     _dir: tempfile::TempDir,
 }
 
 impl NatsServer {
-    fn start(bin: &str, conf: &str) -> Self {
+    pub(crate) fn start(bin: &str, conf: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let path = dir.path().join("nats.conf");
@@ -177,7 +179,7 @@ impl NatsServer {
         server
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 }
@@ -309,17 +311,127 @@ fn nats_user_password_token_and_tls_on_both_versions() {
 }
 
 // ---------------------------------------------------------------------------------------
+// NATS: creds_file (decentralized JWT authentication), on both server versions
+
+/// A NATS JWT (v2): `claims` completed with the issuer, subject and issue time, signed with
+/// the issuer's nkey (what `nsc` writes).
+fn nats_jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let header = b64(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = serde_json::json!({
+        "jti": ulid::Ulid::generate().to_string(),
+        "iat": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs(),
+        "iss": issuer.public_key(),
+        "sub": subject,
+        "name": name,
+        "nats": nats,
+    });
+    let signed = format!("{header}.{}", b64(claims.to_string().as_bytes()));
+    let signature = issuer.sign(signed.as_bytes()).expect("signs");
+    format!("{signed}.{}", b64(&signature))
+}
+
+/// An operator, an account and one user: the nats-server config of operator mode (memory
+/// resolver, account preloaded) and the user's `.creds` file content.
+fn operator_mode() -> (String, String) {
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let operator_jwt = nats_jwt(
+        &operator,
+        &operator.public_key(),
+        "zd-operator",
+        serde_json::json!({"type": "operator", "version": 2}),
+    );
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1,
+    });
+    let account_jwt = nats_jwt(
+        &operator,
+        &account.public_key(),
+        "zd-account",
+        serde_json::json!({"limits": unlimited, "type": "account", "version": 2}),
+    );
+    let conf = format!(
+        "operator: {operator_jwt}\nresolver: MEMORY\nresolver_preload: {{\n  {}: {account_jwt}\n}}",
+        account.public_key()
+    );
+    (conf, user_creds(&account))
+}
+
+/// A `.creds` file for a new user of `account`.
+fn user_creds(account: &nkeys::KeyPair) -> String {
+    let user = nkeys::KeyPair::new_user();
+    let jwt = nats_jwt(
+        account,
+        &user.public_key(),
+        "zd-user",
+        serde_json::json!({
+            "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
+            "type": "user", "version": 2,
+        }),
+    );
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+         -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+        user.seed().expect("seed")
+    )
+}
+
+/// A `creds_file` (JWT and seed hand-built with nkeys, as `nsc` would) delivers to an
+/// independent subscriber logged in with the same credentials; a user of an account the
+/// server does not know is refused as "authentication failed for the user of <file>".
+#[test]
+fn nats_creds_file_on_both_versions() {
+    let services = Services::get();
+    let rt = runtime();
+    let dir = tempfile::tempdir().expect("temp dir");
+    for kind in crate::common::NATS_KINDS {
+        let bin = services.var(&format!("{}_BIN", kind.to_uppercase()));
+        let (conf, creds) = operator_mode();
+        let server = NatsServer::start(&bin, &conf);
+        let path = dir.path().join(format!("{kind}.creds"));
+        std::fs::write(&path, &creds).expect("creds file");
+        let config = |creds_file: &Path| NatsSinkConfig {
+            url: server.url().into(),
+            jetstream: false,
+            creds_file: Some(creds_file.to_owned()),
+            ..Default::default()
+        };
+        let options = async_nats::ConnectOptions::with_credentials(&creds).expect("creds parse");
+        nats_delivers(&rt, &server.url(), options, &nats_sink(config(&path)));
+
+        let stranger = dir.path().join(format!("{kind}-stranger.creds"));
+        std::fs::write(&stranger, user_creds(&nkeys::KeyPair::new_account())).expect("creds");
+        let refused = nats_sink(config(&stranger));
+        let why = unavailable_reason(&rt.block_on(refused.publish(&[message("sec.x")])));
+        eprintln!("{kind}, creds of an unknown account: {why}");
+        assert!(
+            why.starts_with(&format!(
+                "authentication failed for the user of {}",
+                stranger.display()
+            )),
+            "{why}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Kafka: SASL PLAIN and SCRAM against tansu --authentication
 
 /// tansu with SQLite storage (where it keeps SCRAM credentials), stopped (by its pid) on
 /// drop; `authentication`: SASL required.
-struct AuthTansu {
+pub(crate) struct AuthTansu {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl AuthTansu {
-    fn start(bin: &str, dir: &Path, port: u16, authentication: bool) -> Self {
+    pub(crate) fn start(bin: &str, dir: &Path, port: u16, authentication: bool) -> Self {
         let listener = format!("tcp://127.0.0.1:{port}");
         let child = Command::new(bin)
             .current_dir(dir)

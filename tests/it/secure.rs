@@ -1,8 +1,11 @@
 //! Secure connections: Redis over TLS (verified, mutual, refused, insecure), refused
 //! credentials reported as authentication failures, and secrets that never reach any output.
 
+use crate::broker_security::{AuthTansu, NatsServer};
 use crate::common::tls::{TestCa, TlsRedis};
-use crate::common::{Daemon, RedisServer, TestConfig, free_port, http_get, wait_for, zdelay_bin};
+use crate::common::{
+    Daemon, RedisServer, TestConfig, free_port, http_get, http_request, wait_for, zdelay_bin,
+};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -167,12 +170,15 @@ enum Via {
     Toml(&'static str),
     /// An environment variable.
     Env(&'static str),
-    /// A `<field>_file` line of the TOML file naming a file that holds the value.
+    /// A `<field>_file` line of the TOML file naming a file that holds the value (for
+    /// `creds_file`: a NATS credentials file).
     File(&'static str),
 }
 
-/// Every place a secret can be configured, one line each: (secret, how it is set). `{port}`
-/// is the scheduling Redis, `{closed}` a port nothing listens on.
+/// Every place a secret can be configured, one line each: (secret, how it is set). Each
+/// broker is a real one that refuses the secret: `{port}` the scheduling Redis, `{amqp}`
+/// RabbitMQ, `{nats_user}` a nats-server with user/password, `{nats_token}` one with a token,
+/// `{kafka}` a tansu requiring SASL SCRAM; `{closed}` a port nothing listens on.
 const PLANTED: &[(&str, Via)] = &[
     (
         "urlpw-0a1b",
@@ -183,25 +189,55 @@ const PLANTED: &[(&str, Via)] = &[
         "kafkapw-4e5f",
         Via::File("sinks.k.librdkafka.\"sasl.password_file\""),
     ),
+    (
+        "kafkasasl-1a2b",
+        Via::Toml(
+            "sinks.ks.sasl = { mechanism = \"SCRAM-SHA-256\", username = \"alice\", \
+             password = \"{}\" }",
+        ),
+    ),
     ("amqppw-6a7b", Via::Env("ZDELAY_SINKS__A__URL")),
     ("natspw-8c9d", Via::File("sinks.n.url_file")),
+    ("natspass-3e4f", Via::Toml("sinks.np.password = \"{}\"")),
+    ("natstok-5a6b", Via::Env("ZDELAY_SINKS__NT__TOKEN")),
+    ("natsjwt-7c8d", Via::File("sinks.nc.creds_file")),
     (
         "sinkpw-0e1f",
         Via::Toml("sinks.r.url = \"redis://nosuch:{}@127.0.0.1:{port}\""),
     ),
+    ("admintoken-9e0f-1a2b", Via::Toml("admin.token = \"{}\"")),
+    (
+        "otlppw-2a3b",
+        Via::Toml("tracing.otlp_endpoint = \"http://otel:{}@127.0.0.1:{closed}/v1/traces\""),
+    ),
 ];
 
-/// What an env variable or file holds for a secret (URL fields take the whole URL).
-fn planted_value(via: &Via, secret: &str, closed: u16) -> String {
+/// A NATS user seed (async-nats' documentation example): valid, so the sink gets as far as
+/// sending its CONNECT, with the planted JWT.
+const NATS_SEED: &str = "SUAIO3FHUX5PNV2LQIIP7TZ3N4L7TX3W53MQGEIVYFIGA635OZCKEYHFLM";
+
+/// What an env variable or file holds for a secret (URL fields take the whole URL), with
+/// the `{…}` addresses still to fill in.
+fn planted_value(via: &Via, secret: &str) -> String {
     match via {
-        Via::Env("ZDELAY_SINKS__A__URL") => format!("amqp://zd:{secret}@127.0.0.1:{closed}/%2f"),
-        Via::File("sinks.n.url_file") => format!("nats://zd:{secret}@127.0.0.1:{closed}\n"),
+        Via::Env("ZDELAY_SINKS__A__URL") => format!("amqp://guest:{secret}@{{amqp}}/%2f"),
+        Via::File("sinks.n.url_file") => format!("nats://zd:{secret}@127.0.0.1:{{nats_user}}\n"),
+        Via::File("sinks.nc.creds_file") => format!(
+            "-----BEGIN NATS USER JWT-----\n{secret}\n------END NATS USER JWT------\n\n\
+             ************************* IMPORTANT *************************\n\
+             NKEY Seed printed below can be used to sign and prove identity.\n\n\
+             -----BEGIN USER NKEY SEED-----\n{NATS_SEED}\n------END USER NKEY SEED------\n"
+        ),
         _ => format!("{secret}\n"),
     }
 }
 
+/// Every secret planted in the config, refused by real servers where there is one, never
+/// appears in check-config, a failing CLI command, the daemon's log at trace level, `zdelay
+/// stats` (table and JSON), `/metrics`, `/readyz`, or the console's pages and API.
 #[test]
 fn secrets_never_reach_any_output() {
+    let services = crate::common::Services::get();
     let redis = RedisServer::start_with(&[
         "--user",
         "zdsec",
@@ -211,38 +247,67 @@ fn secrets_never_reach_any_output() {
         "&*",
         "+@all",
     ]);
+    let nats_bin = services.var("NATS_BIN");
+    let nats_user = NatsServer::start(&nats_bin, "authorization { user: alice, password: s3cret }");
+    let nats_token = NatsServer::start(&nats_bin, "authorization { token: t0ken-ok }");
+    let tansu_dir = tempfile::tempdir().unwrap();
+    let kafka = AuthTansu::start(
+        &services.var("TANSU_BIN"),
+        tansu_dir.path(),
+        free_port(),
+        true,
+    );
+    let amqp = services.amqp_url();
+    let amqp = amqp
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .expect("amqp://user:pass@host:port/vhost")
+        .to_owned();
     let closed = free_port();
     let admin_port = free_port();
+    let fill = |text: &str| {
+        text.replace("{port}", &redis.port.to_string())
+            .replace("{amqp}", &amqp)
+            .replace("{nats_user}", &nats_user.port.to_string())
+            .replace("{nats_token}", &nats_token.port.to_string())
+            .replace("{kafka}", &kafka.port.to_string())
+            .replace("{closed}", &closed.to_string())
+    };
     let dir = tempfile::tempdir().unwrap();
-    let mut toml = format!(
-        "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n[redis]\nshards = 2\n\
-         [sinks.k]\nkind = \"kafka\"\nbrokers = \"127.0.0.1:{closed}\"\n\
+    let mut toml = fill(
+        "[admin]\nlisten = \"127.0.0.1:ADMIN\"\n[redis]\nshards = 2\n[tracing]\n\
+         [sinks.k]\nkind = \"kafka\"\nbrokers = \"127.0.0.1:{kafka}\"\n\
          [sinks.k.librdkafka]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\
          \"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"zd\"\n\
-         [sinks.a]\nkind = \"amqp\"\n[sinks.n]\nkind = \"nats\"\n[sinks.r]\nkind = \"redis\"\n\
-         [[routes]]\nname = \"default\"\nsink = \"local\"\ntarget = \"queue:default\"\n\
-         [[routes]]\nname = \"k\"\nsink = \"k\"\ntarget = \"t\"\n\
-         [[routes]]\nname = \"a\"\nsink = \"a\"\ntarget = \"/q\"\n\
-         [[routes]]\nname = \"n\"\nsink = \"n\"\ntarget = \"s\"\n\
-         [[routes]]\nname = \"r\"\nsink = \"r\"\ntarget = \"q\"\n"
-    );
+         [sinks.ks]\nkind = \"kafka\"\nbrokers = \"127.0.0.1:{kafka}\"\n\
+         [sinks.a]\nkind = \"amqp\"\n[sinks.n]\nkind = \"nats\"\njetstream = false\n\
+         [sinks.np]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:{nats_user}\"\nuser = \"alice\"\n\
+         [sinks.nt]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:{nats_token}\"\n\
+         [sinks.nc]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:{nats_user}\"\n\
+         [sinks.r]\nkind = \"redis\"\n\
+         [sinks.rok]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{port}\"\n\
+         [[routes]]\nname = \"default\"\nsink = \"local\"\ntarget = \"queue:default\"\n",
+    )
+    .replace("ADMIN", &admin_port.to_string());
+    // `rok` delivers (to the scheduling Redis, two-phase): its span goes to the collector.
+    let sinks = ["k", "ks", "a", "n", "np", "nt", "nc", "r", "rok"];
+    for sink in sinks {
+        toml.push_str(&format!(
+            "[[routes]]\nname = \"{sink}\"\nsink = \"{sink}\"\ntarget = \"t\"\n"
+        ));
+    }
     let mut env = Vec::new();
     // Dotted TOML keys: each planted line becomes `[section]\nkey = value` appended last.
     for (i, (secret, via)) in PLANTED.iter().enumerate() {
         let line = match via {
-            Via::Toml(line) => line
-                .replace("{}", secret)
-                .replace("{port}", &redis.port.to_string()),
+            Via::Toml(line) => fill(&line.replace("{}", secret)),
             Via::Env(var) => {
-                env.push((
-                    var.to_string(),
-                    planted_value(via, secret, closed).trim().to_owned(),
-                ));
+                env.push((var.to_string(), fill(planted_value(via, secret).trim())));
                 continue;
             }
             Via::File(key) => {
                 let path = dir.path().join(format!("secret{i}"));
-                std::fs::write(&path, planted_value(via, secret, closed)).unwrap();
+                std::fs::write(&path, fill(&planted_value(via, secret))).unwrap();
                 format!("{key} = {:?}", path.display().to_string())
             }
         };
@@ -255,11 +320,9 @@ fn secrets_never_reach_any_output() {
         } else {
             (section.to_owned(), key.to_owned())
         };
-        toml = toml.replacen(
-            &format!("[{section}]\n"),
-            &format!("[{section}]\n{key} = {assignment}\n"),
-            1,
-        );
+        let header = format!("[{section}]\n");
+        assert!(toml.contains(&header), "no {header} for {line}");
+        toml = toml.replacen(&header, &format!("{header}{key} = {assignment}\n"), 1);
     }
     let path = dir.path().join("zdelay.toml");
     std::fs::write(&path, &toml).unwrap();
@@ -268,7 +331,9 @@ fn secrets_never_reach_any_output() {
         cmd.arg("--config")
             .arg(&path)
             .args(args)
-            .env("ZDELAY_LOG", "trace");
+            .env("ZDELAY_LOG", "trace")
+            // Spans of the delivered job go to the (closed) collector at once.
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100");
         if with_env {
             cmd.envs(env.iter().map(|(k, v)| (k, v)));
         } else {
@@ -295,6 +360,15 @@ fn secrets_never_reach_any_output() {
         text(&out)
     );
     outputs.push(("failing enqueue".into(), text(&out)));
+    // One job for each route: the publishers try their refused brokers, and the local one is
+    // delivered, so a span is exported to the collector URL.
+    for route in std::iter::once("default").chain(sinks) {
+        let out = zdelay(&["enqueue", "--dest", route, "--payload", "x"], true)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        outputs.push((format!("enqueue to {route}"), text(&out)));
+    }
 
     let log = dir.path().join("daemon.log");
     let mut daemon = zdelay(&["run"], true)
@@ -302,18 +376,33 @@ fn secrets_never_reach_any_output() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut con = redis.conn();
-    wait_for(
-        "every sink checked (and down)",
-        Duration::from_secs(30),
-        || {
-            redis::cmd("HLEN")
-                .arg("{zdelay}:sinks")
-                .query::<usize>(&mut con)
-                .unwrap_or(0)
-                >= 4
-        },
-    );
+    // Every broker refused its credentials (a real refusal, not a closed port), as /readyz
+    // says, and the span export to the closed collector failed.
+    let refusals = [
+        "sink a (amqp): down: authentication failed for user guest",
+        "sink k (kafka): down: authentication failed for user zd",
+        "sink ks (kafka): down: authentication failed for user alice",
+        "sink n (nats): down: authentication failed for user zd",
+        "sink np (nats): down: authentication failed for user alice",
+        "sink nt (nats): down: authentication failed for token authentication",
+        "sink nc (nats): down: authentication failed for the user of",
+        "sink r (redis): down: redis at redis://nosuch:***@127.0.0.1",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let body = http_get(admin_port, "/readyz").map_or_else(String::new, |(_, b)| b);
+        if refusals.iter().all(|r| body.contains(r)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every refusal in /readyz:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for("the span export to fail", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("BatchSpanProcessor.ExportError"))
+    });
     for (name, args) in [
         ("stats", &["stats"][..]),
         ("stats --json", &["stats", "--json"][..]),
@@ -321,9 +410,29 @@ fn secrets_never_reach_any_output() {
         let out = zdelay(args, true).output().unwrap();
         outputs.push((name.into(), text(&out)));
     }
-    for route in ["/metrics", "/readyz"] {
+    for route in [
+        "/metrics",
+        "/readyz",
+        "/",
+        "/app.js",
+        "/api/stats",
+        "/api/forecast",
+        "/api/dead",
+        "/api/schedules",
+    ] {
         let (_, body) = http_get(admin_port, route).expect("admin answers");
         outputs.push((route.into(), body));
+    }
+    let token = format!("Authorization: Bearer {}", "admintoken-9e0f-1a2b");
+    for (name, headers) in [
+        ("POST /api/auth", vec![token.as_str()]),
+        (
+            "POST /api/auth, wrong token",
+            vec!["Authorization: Bearer admintoken-9e0f-1a2c"],
+        ),
+    ] {
+        let (_, body) = http_request(admin_port, "POST", "/api/auth", &headers).expect("answers");
+        outputs.push((name.into(), body));
     }
     let _ = daemon.kill();
     let _ = daemon.wait();
@@ -333,7 +442,7 @@ fn secrets_never_reach_any_output() {
     outputs.push(("daemon log".into(), log));
 
     for (name, output) in &outputs {
-        for (secret, _) in PLANTED {
+        for secret in PLANTED.iter().map(|(s, _)| *s).chain([NATS_SEED]) {
             assert!(!output.contains(secret), "{secret} in {name}:\n{output}");
         }
     }

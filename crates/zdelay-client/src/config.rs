@@ -778,7 +778,16 @@ impl NatsSinkConfig {
         } else if let Some(creds) = &self.creds_file {
             format!("the user of {}", creds.display())
         } else {
-            "anonymous user".to_owned()
+            // Credentials in a URL: `nats://user:pass@…`, or `nats://token@…`.
+            let userinfo = self.url.expose().split(',').find_map(|url| {
+                let (_, rest) = url.split_once("://")?;
+                Some(rest.rsplit_once('@')?.0)
+            });
+            match userinfo.map(|u| u.split_once(':')) {
+                Some(Some((user, _))) => format!("user {user}"),
+                Some(None) => "token authentication".to_owned(),
+                None => "anonymous user".to_owned(),
+            }
         }
     }
 }
@@ -1235,6 +1244,28 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nats_identity_names_the_user_of_the_config_or_the_url() {
+        let nats = |url: &str| NatsSinkConfig {
+            url: url.into(),
+            ..Default::default()
+        };
+        assert_eq!(nats("nats://127.0.0.1:4222").identity(), "anonymous user");
+        assert_eq!(
+            nats("nats://127.0.0.1:4222,nats://zd:pw@127.0.0.1:4223").identity(),
+            "user zd"
+        );
+        assert_eq!(
+            nats("nats://s3cr3t-token@127.0.0.1:4222").identity(),
+            "token authentication"
+        );
+        let configured = NatsSinkConfig {
+            user: Some("alice".into()),
+            ..nats("nats://zd:pw@127.0.0.1:4222")
+        };
+        assert_eq!(configured.identity(), "user alice");
+    }
 
     #[test]
     fn broker_security_options_parse_and_bad_combinations_name_the_field() {

@@ -566,20 +566,37 @@ pub fn server_name(info: &std::collections::HashMap<String, String>) -> String {
 /// refuses while `zdelay reshard` runs ([`StoreError::Resharding`], retryable).
 pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError> {
     let key = keys.schema();
-    let (_, _, layout, shards, migrating): (
-        (),
-        (),
-        Option<String>,
-        Option<String>,
-        Option<String>,
-    ) = redis::pipe()
-        .hset_nx(&key, "layout", LAYOUT_VERSION)
-        .hset_nx(&key, "shards", keys.shards())
-        .hget(&key, "layout")
+    let mut pipe = redis::pipe();
+    pipe.hget(&key, "layout")
         .hget(&key, "shards")
-        .hget(&key, "migrating")
-        .query_async(con)
-        .await?;
+        .hget(&key, "migrating");
+    type Fields = (Option<String>, Option<String>, Option<String>);
+    let mut fields: Fields = pipe.query_async(con).await?;
+    if fields.0.is_none() || fields.1.is_none() {
+        // Written only when missing, so a producer whose ACL may only read the schema
+        // connects to a namespace a daemon created (HSETNX needs write access even when it
+        // writes nothing).
+        let mut pipe = redis::pipe();
+        pipe.hset_nx(&key, "layout", LAYOUT_VERSION)
+            .ignore()
+            .hset_nx(&key, "shards", keys.shards())
+            .ignore()
+            .hget(&key, "layout")
+            .hget(&key, "shards")
+            .hget(&key, "migrating");
+        fields = pipe.query_async(con).await.map_err(|e| {
+            if e.code() == Some("NOPERM") {
+                StoreError::Schema(format!(
+                    "{key} does not exist and this user may not create it ({e}): start a \
+                     daemon on namespace {} first",
+                    keys.namespace()
+                ))
+            } else {
+                e.into()
+            }
+        })?;
+    }
+    let (layout, shards, migrating) = fields;
     if let Some(m) = migrating {
         return Err(match Layout::parse(&format!("migrating {m}")) {
             Some(layout) => layout.error(keys),
