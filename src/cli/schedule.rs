@@ -3,7 +3,6 @@
 
 use super::batch;
 use super::enqueue::parse_header;
-use super::parse_at;
 use super::render::format_ms;
 use anyhow::Context;
 use clap::ValueEnum;
@@ -13,6 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zdelay::Client;
 use zdelay::envelope::payload_from_json;
+use zdelay::job::parse_at;
 use zdelay::schedule::{DEFAULT_MAX_CATCH_UP, Misfire, ScheduleDef};
 use zdelay::schedules::{NewSchedule, Repeat, ScheduleView};
 
