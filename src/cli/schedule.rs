@@ -21,7 +21,8 @@ pub enum ScheduleAction {
     /// Create or update a schedule (upsert by id); prints its next occurrence. An update keeps
     /// an interval's grid and a pause, and applies from the next occurrence.
     Set(Box<SetArgs>),
-    /// Every schedule: id, destination, recurrence, next occurrence, paused.
+    /// Every schedule: id, destination, recurrence, next occurrence, paused; the pending ones
+    /// soonest first, then the paused and ended ones.
     List {
         #[arg(long)]
         json: bool,
