@@ -462,16 +462,15 @@ impl Client {
                 break;
             }
             let keys = layout.shard(shard);
-            let ((next, page), marker): ((u64, Vec<(String, String)>), Option<String>) =
-                redis::pipe()
-                    .cmd("HSCAN")
-                    .arg(&keys.schedules)
-                    .arg(cursor)
-                    .arg("COUNT")
-                    .arg((scan - read).clamp(1, SCAN_PAGE))
-                    .get(&keys.layout)
-                    .query_async(&mut con)
-                    .await?;
+            let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
+                .cmd("HSCAN")
+                .arg(&keys.schedules)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg((scan - read).clamp(1, SCAN_PAGE))
+                .get(&keys.layout)
+                .query_async(&mut con)
+                .await?;
             read_fence(marker, &layout, &keys.layout)?;
             read += page.len().max(1);
             if !page.is_empty() {
@@ -535,6 +534,9 @@ impl Client {
         Ok(counts)
     }
 }
+
+/// One `HSCAN` answer of the definitions: the next cursor, (id, record) pairs.
+type ScanPage = (u64, Vec<(String, String)>);
 
 /// Definitions read per `HSCAN` call, and per call of [`Client::schedules_idle`] when
 /// [`Client::schedule_list`] reads them all.
