@@ -1,7 +1,9 @@
 //! The console's JSON API under `<ui_prefix>/api/…`, used by the page and by scripts alike.
 //! Reads go through the same library calls as the CLI (`stats::report`, `stats::forecast`,
-//! `Client::get`, `dead_list`, `schedule_list`), so page, API and CLI agree. Each read is
-//! bounded: counts by score range (ZCOUNT), lists by rank range with a limit, one job by id.
+//! `Client::get`, the dead-letter listing and show with `DeadFilter`, the schedules in
+//! firing order), so page, API and CLI agree. Each read is bounded: counts by score range
+//! (ZCOUNT), lists by score range with LIMIT (and a scan bound where a filter reads content),
+//! one job by id.
 //! Actions (`POST`) pass `guard::check` first and are logged.
 
 use super::guard;
@@ -12,19 +14,26 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use zdelay_client::config::{Config, Secret};
-use zdelay_client::envelope::Envelope;
-use zdelay_client::{Cancelled, Client, ClientError};
+use zdelay_client::config::{Config, Secret, SourceConfig};
+use zdelay_client::dead::{DeadFilter, DeadSelection, ReplayOptions};
+use zdelay_client::job::parse_at;
+use zdelay_client::schedules::{IdleCursor, ScheduleView};
+use zdelay_client::{Cancelled, Client, ClientError, Due, Replayed};
 
 /// Characters of a payload shown by `GET /api/jobs/{id}`.
 pub const PREVIEW_CHARS: usize = 2048;
-/// Dead jobs listed per shard at most (`limit`).
+/// Bytes of a payload shown by `GET /api/dead/{id}`.
+pub const PREVIEW_BYTES: usize = 2048;
+/// Dead jobs (and members per raw source) listed at most (`limit`).
 pub const MAX_DEAD_LIMIT: usize = 500;
+/// Dead entries read per shard (and per raw source) at most by one `GET /api/dead`.
+pub const DEAD_SCAN: usize = 10_000;
 /// Schedules listed at most (`limit`).
 pub const MAX_SCHEDULES: usize = 1000;
+/// Schedule definitions read per `GET /api/schedules` looking for paused and ended ones.
+pub const IDLE_SCAN: usize = 2000;
 
 /// What the API reads and acts through, set once the daemon reached Redis.
 pub struct Console {
@@ -74,7 +83,9 @@ impl IntoResponse for ApiError {
 
 impl From<ClientError> for ApiError {
     fn from(e: ClientError) -> Self {
-        let status = if e.is_retryable() {
+        let status = if matches!(e, ClientError::InvalidSelection(_)) {
+            StatusCode::BAD_REQUEST
+        } else if e.is_retryable() {
             StatusCode::SERVICE_UNAVAILABLE
         } else {
             StatusCode::INTERNAL_SERVER_ERROR
@@ -117,7 +128,8 @@ pub fn routes(prefix: &str) -> Router<ApiState> {
     Router::new()
         .route(&at("/stats"), get(stats))
         .route(&at("/forecast"), get(forecast))
-        .route(&at("/dead"), get(dead))
+        .route(&at("/dead"), get(dead).post(dead_bulk))
+        .route(&at("/dead/{id}"), get(dead_show))
         .route(&at("/jobs/{id}"), get(job))
         .route(&at("/schedules"), get(schedules))
         .route(&at("/auth"), post(auth))
@@ -155,101 +167,152 @@ async fn forecast(State(s): State<ApiState>, Query(q): Query<ForecastQuery>) -> 
     Ok(Json(serde_json::to_value(f).map_err(anyhow::Error::from)?))
 }
 
-#[derive(Deserialize)]
+/// The dead-letter filters and the raw source, as `GET /api/dead` and `POST /api/dead` take
+/// them: the CLI's flags by name (`older_than` for `--older-than`), empty meaning unset.
+#[derive(Deserialize, Default)]
 struct DeadQuery {
-    /// The job's destination, exactly (a route, or `<sink>/<target>`).
     route: Option<String>,
-    /// A part of the reason.
     reason: Option<String>,
-    /// Dead for at least this long (`10m`).
-    min_age: Option<String>,
+    older_than: Option<String>,
+    newer_than: Option<String>,
+    schedule: Option<String>,
+    /// A configured raw source's key: its dead members only.
+    source: Option<String>,
+    /// Listing: at most this many jobs, and this many members per raw source.
     limit: Option<usize>,
+    /// `POST`: `replay` or `purge`.
+    action: Option<String>,
+    /// `POST` without a filter: every dead job (or member of `source`), on purpose.
+    all: Option<bool>,
+    /// `POST action=replay`: due at (RFC 3339 or epoch ms) or in (`10m`); default now.
+    at: Option<String>,
+    #[serde(rename = "in")]
+    delay: Option<String>,
+    /// `POST action=replay`: keep attempt counts instead of resetting them.
+    keep_attempts: Option<bool>,
 }
 
-/// Dead jobs: the oldest `limit` of each shard (a rank range per shard), their destination
-/// read from their envelopes (one HMGET per shard), then filtered.
+impl DeadQuery {
+    fn filter(&self) -> Result<DeadFilter, ApiError> {
+        Ok(DeadFilter::from_text(
+            self.route.as_deref(),
+            self.reason.as_deref(),
+            self.older_than.as_deref(),
+            self.newer_than.as_deref(),
+            self.schedule.as_deref(),
+        )?)
+    }
+
+    /// The configured raw source named by `source`, if any.
+    fn source<'a>(&self, config: &'a Config) -> Result<Option<&'a SourceConfig>, ApiError> {
+        let Some(key) = self.source.as_deref().filter(|k| !k.is_empty()) else {
+            return Ok(None);
+        };
+        config
+            .sources
+            .iter()
+            .find(|s| s.key == key)
+            .map(Some)
+            .ok_or_else(|| bad_request(format!("source {key:?}: no such raw source configured")))
+    }
+
+    /// When a replay makes its jobs due: `at`, `in`, or now.
+    fn due(&self) -> Result<Due, ApiError> {
+        fn set(v: &Option<String>) -> Option<&str> {
+            v.as_deref().map(str::trim).filter(|v| !v.is_empty())
+        }
+        match (set(&self.at), set(&self.delay)) {
+            (Some(_), Some(_)) => Err(bad_request("give at or in, not both")),
+            (Some(at), None) => parse_at(at)
+                .map(Due::At)
+                .map_err(|e| bad_request(format!("at: {e}"))),
+            (None, Some(delay)) => humantime::parse_duration(delay)
+                .map(Due::In)
+                .map_err(|e| bad_request(format!("in: {e}"))),
+            (None, None) => Ok(Due::In(Duration::ZERO)),
+        }
+    }
+
+    fn options(&self) -> Result<ReplayOptions, ApiError> {
+        Ok(ReplayOptions {
+            due: self.due()?,
+            keep_attempts: self.keep_attempts.unwrap_or(false),
+        })
+    }
+}
+
+/// Dead jobs and dead raw members the filters admit, oldest first: each shard's oldest
+/// `limit` in the age window (`ZRANGEBYSCORE … LIMIT`), read through `peek_dead`, merged to
+/// the oldest `limit`; at most [`DEAD_SCAN`] entries read per shard or source, so a filter on
+/// reason, route or schedule that matches little stays bounded (`complete: false` says so).
+/// With `source`, that raw source's members only; route and schedule do not apply to them.
 async fn dead(State(s): State<ApiState>, Query(q): Query<DeadQuery>) -> Answer {
     let c = s.console()?;
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_DEAD_LIMIT);
-    let min_age = q
-        .min_age
-        .as_deref()
-        .filter(|a| !a.is_empty())
-        .map(humantime::parse_duration)
-        .transpose()
-        .map_err(|e| bad_request(format!("min_age: {e}")))?
-        .unwrap_or(Duration::ZERO);
-    let mut con = c.client.connection();
-    let now_ms = zdelay_client::store::server_time_ms(&mut con).await?;
-    let listed = c.client.dead_list(limit).await?;
-    let keys = c.client.keys();
-    let mut by_shard: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-    for (i, job) in listed.iter().enumerate() {
-        by_shard.entry(job.shard).or_default().push(i);
+    let filter = q.filter()?;
+    let now_ms = zdelay_client::store::server_time_ms(&mut c.client.connection()).await?;
+    let only = q.source(&c.config)?;
+    let (mut jobs, mut complete) = (Vec::new(), true);
+    if only.is_none() {
+        let found = c
+            .client
+            .dead_jobs_bounded(&filter, limit, DEAD_SCAN)
+            .await?;
+        jobs = found.items;
+        jobs.truncate(limit);
+        complete &= found.complete;
     }
-    let mut dests: Vec<Option<String>> = vec![None; listed.len()];
-    let mut totals = 0u64;
-    let mut pipes = Vec::new();
-    for shard in 0..keys.shards() {
-        let mut pipe = redis::pipe();
-        pipe.zcard(keys.dead(shard));
-        if let Some(indexes) = by_shard.get(&shard) {
-            let ids: Vec<&str> = indexes.iter().map(|&i| listed[i].id.as_str()).collect();
-            pipe.cmd("HMGET").arg(keys.jobs(shard)).arg(ids);
-        }
-        pipes.push((shard, pipe));
+    let envelope_only = filter.envelope_only();
+    let sources: Vec<&SourceConfig> = match only {
+        Some(source) => vec![source],
+        None if envelope_only.is_empty() => c.config.sources.iter().collect(),
+        None => Vec::new(),
+    };
+    let mut raw = Vec::new();
+    for source in sources {
+        let found = c
+            .client
+            .raw_dead_members_bounded(source, &filter, limit, DEAD_SCAN)
+            .await?;
+        complete &= found.complete;
+        raw.extend(found.items.iter().map(|m| m.to_json(&source.key)));
     }
-    let replies = futures::future::join_all(pipes.iter().map(|(shard, pipe)| {
-        let mut con = con.clone();
-        async move {
-            (
-                *shard,
-                pipe.query_async::<Vec<redis::Value>>(&mut con).await,
-            )
-        }
-    }))
-    .await;
-    for (shard, reply) in replies {
-        // ZCARD, then the HMGET when the shard had jobs listed.
-        let mut values = reply?.into_iter();
-        totals += redis::from_redis_value::<u64>(values.next().unwrap_or_default())?;
-        if let (Some(indexes), Some(envelopes)) = (by_shard.get(&shard), values.next()) {
-            let envelopes: Vec<Option<Vec<u8>>> = redis::from_redis_value(envelopes)?;
-            for (&i, raw) in indexes.iter().zip(envelopes) {
-                dests[i] = raw.and_then(|r| Envelope::decode(&r).ok()).map(|e| e.dest);
-            }
-        }
-    }
-    let min_age_ms = min_age.as_millis() as i64;
-    let mut jobs: Vec<Value> = listed
-        .into_iter()
-        .zip(dests)
-        .filter(|(job, dest)| {
-            q.route
-                .as_deref()
-                .is_none_or(|r| r.is_empty() || dest.as_deref() == Some(r))
-                && q.reason
-                    .as_deref()
-                    .is_none_or(|r| job.reason.to_lowercase().contains(&r.to_lowercase()))
-                && now_ms - job.died_ms >= min_age_ms
-        })
-        .map(|(job, dest)| {
-            json!({
-                "id": job.id,
-                "shard": job.shard,
-                "died_ms": job.died_ms,
-                "reason": job.reason,
-                "dest": dest,
-            })
-        })
-        .collect();
-    jobs.sort_by_key(|j| j["died_ms"].as_i64());
+    let total: u64 = c.client.dead_counts().await?.iter().sum();
     Ok(Json(json!({
         "now_ms": now_ms,
-        "total": totals,
-        "limit_per_shard": limit,
+        "total": total,
+        "limit": limit,
+        "complete": complete,
+        "scan_limit": DEAD_SCAN,
         "jobs": jobs,
+        "raw": raw,
+        "raw_not_listed": (only.is_none() && !envelope_only.is_empty() && !c.config.sources.is_empty())
+            .then(|| format!("{} applies to envelope jobs only", envelope_only.join(" and "))),
+        "sources": c.config.sources.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(),
     })))
+}
+
+/// One dead job with its attempts, last error, history of deaths and the first
+/// [`PREVIEW_BYTES`] of its payload; with `source`, one dead raw member by its id.
+async fn dead_show(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Query(q): Query<DeadQuery>,
+) -> Answer {
+    let c = s.console()?;
+    if let Some(source) = q.source(&c.config)? {
+        return match c.client.raw_dead_show(source, &id).await? {
+            Some(m) => Ok(Json(m.detail_json(&source.key, PREVIEW_BYTES))),
+            None => Err(not_found(format!(
+                "no dead member of {} has the id {id}",
+                source.key
+            ))),
+        };
+    }
+    match c.client.dead_show(&id).await? {
+        Some(detail) => Ok(Json(detail.to_json(PREVIEW_BYTES))),
+        None => Err(not_found(format!("{id} is not dead"))),
+    }
 }
 
 async fn job(State(s): State<ApiState>, Path(id): Path<String>) -> Answer {
@@ -276,35 +339,48 @@ async fn job(State(s): State<ApiState>, Path(id): Path<String>) -> Answer {
 
 #[derive(Deserialize)]
 struct SchedulesQuery {
+    /// The next this many to fire.
     limit: Option<usize>,
+    /// Where the scan for paused and ended schedules continues (`idle_next` of the last
+    /// answer); from the start when absent.
+    idle_from: Option<String>,
 }
 
+/// The next `limit` schedules to fire (`sched_due` by score with `LIMIT` per shard, merged;
+/// only their definitions read), and paused or ended ones from a bounded scan of the
+/// definitions ([`IDLE_SCAN`] read; `idle_next` continues it).
 async fn schedules(State(s): State<ApiState>, Query(q): Query<SchedulesQuery>) -> Answer {
     let c = s.console()?;
     let limit = q.limit.unwrap_or(200).clamp(1, MAX_SCHEDULES);
+    let from = match q.idle_from.as_deref().filter(|f| !f.is_empty()) {
+        Some(text) => text
+            .parse::<IdleCursor>()
+            .map_err(|e| bad_request(format!("idle_from: {e}")))?,
+        None => IdleCursor::default(),
+    };
     let mut con = c.client.connection();
     let now_ms = zdelay_client::store::server_time_ms(&mut con).await?;
-    let mut list = c.client.schedule_list().await?;
-    list.sort_by(|a, b| a.id.cmp(&b.id));
-    let total = list.len();
-    let schedules: Vec<Value> = list
-        .into_iter()
-        .take(limit)
-        .map(|view| {
-            let mut v = view.to_json();
-            // The grid's latest occurrence before the pending one (or before now).
-            let previous = view.def.compile().ok().and_then(|schedule| {
-                schedule.previous_before(view.next_ms.unwrap_or(now_ms).min(now_ms + 1))
-            });
-            v["previous_ms"] = previous.into();
-            v.as_object_mut().map(|o| o.remove("payload"));
-            v
-        })
-        .collect();
+    let counts = c.client.schedule_counts().await?;
+    let upcoming = c.client.schedules_upcoming(limit).await?;
+    let idle = c.client.schedules_idle(from, IDLE_SCAN).await?;
+    let shown = |view: ScheduleView| {
+        let mut v = view.to_json();
+        // The grid's latest occurrence before the pending one (or before now).
+        let previous = view.def.compile().ok().and_then(|schedule| {
+            schedule.previous_before(view.next_ms.unwrap_or(now_ms).min(now_ms + 1))
+        });
+        v["previous_ms"] = previous.into();
+        v.as_object_mut().map(|o| o.remove("payload"));
+        v
+    };
     Ok(Json(json!({
         "now_ms": now_ms,
-        "total": total,
-        "schedules": schedules,
+        "total": counts.schedules,
+        "pending": counts.pending,
+        "limit": limit,
+        "schedules": upcoming.into_iter().map(shown).collect::<Vec<_>>(),
+        "idle": idle.schedules.into_iter().map(shown).collect::<Vec<_>>(),
+        "idle_next": idle.next.map(|n| n.to_string()),
     })))
 }
 
@@ -314,40 +390,127 @@ async fn auth(State(s): State<ApiState>, headers: HeaderMap) -> Answer {
     Ok(Json(json!({ "ok": true })))
 }
 
+/// Replays one dead job (`at`/`in`, `keep_attempts`) or, with `source`, one dead member.
 async fn dead_replay(
     State(s): State<ApiState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<DeadQuery>,
 ) -> Answer {
     s.authorize(&headers, "dead replay", &id)?;
-    let r = s
-        .console()?
-        .client
-        .dead_replay(std::slice::from_ref(&id))
-        .await?;
+    let c = s.console()?;
+    let ids = DeadSelection::Ids(vec![id.clone()]);
+    let (r, attempts) = match q.source(&c.config)? {
+        Some(source) => {
+            let r = c
+                .client
+                .raw_dead_replay_selected(source, &ids, q.due()?, |_| {})
+                .await?;
+            (r, None)
+        }
+        None => {
+            let options = q.options()?;
+            let r = c.client.dead_replay_selected(&ids, options, |_| {}).await?;
+            (r, Some(options.keep_attempts))
+        }
+    };
     if r.replayed == 0 && r.orphans == 0 {
         return Err(not_found(format!("{id} is not dead")));
     }
-    Ok(Json(
-        json!({ "ok": true, "replayed": r.replayed, "orphans": r.orphans }),
-    ))
+    Ok(Json(replayed_json(r, attempts)))
 }
 
 async fn dead_purge(
     State(s): State<ApiState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<DeadQuery>,
 ) -> Answer {
     s.authorize(&headers, "dead purge", &id)?;
-    let purged = s
-        .console()?
-        .client
-        .dead_purge(std::slice::from_ref(&id))
-        .await?;
-    if purged == 0 {
+    let c = s.console()?;
+    let ids = DeadSelection::Ids(vec![id.clone()]);
+    let p = match q.source(&c.config)? {
+        Some(source) => {
+            c.client
+                .raw_dead_purge_selected(source, &ids, |_| {})
+                .await?
+        }
+        None => c.client.dead_purge_selected(&ids, |_| {}).await?,
+    };
+    if p.purged == 0 {
         return Err(not_found(format!("{id} is not dead")));
     }
-    Ok(Json(json!({ "ok": true, "purged": purged })))
+    Ok(Json(json!({ "ok": true, "purged": p.purged })))
+}
+
+/// `POST /api/dead?action=replay|purge&<filters>`: every dead job (or member of `source`)
+/// the filters admit when the call starts, as `zdelay dead replay|purge` does; without a
+/// filter only with `all=true`.
+async fn dead_bulk(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Query(q): Query<DeadQuery>,
+) -> Answer {
+    let action = q.action.as_deref().unwrap_or_default();
+    if !matches!(action, "replay" | "purge") {
+        return Err(bad_request("action: replay or purge"));
+    }
+    let filter = q.filter()?;
+    let source = q.source(&s.console()?.config)?;
+    if filter.is_empty() && source.is_none() && q.all != Some(true) {
+        return Err(bad_request(
+            "no filter: give one (route, reason, older_than, newer_than, schedule, source) or \
+             all=true to take every dead job",
+        ));
+    }
+    let what = format!(
+        "{action} {filter:?}{}",
+        source.map_or("", |s| s.key.as_str())
+    );
+    s.authorize(&headers, "dead bulk", &what)?;
+    let c = s.console()?;
+    let selection = DeadSelection::Matching(filter);
+    if action == "purge" {
+        let p = match source {
+            Some(source) => {
+                c.client
+                    .raw_dead_purge_selected(source, &selection, |_| {})
+                    .await?
+            }
+            None => c.client.dead_purge_selected(&selection, |_| {}).await?,
+        };
+        let mut v = serde_json::to_value(p).map_err(anyhow::Error::from)?;
+        v["ok"] = true.into();
+        return Ok(Json(v));
+    }
+    let (r, attempts) = match source {
+        Some(source) => {
+            let r = c
+                .client
+                .raw_dead_replay_selected(source, &selection, q.due()?, |_| {})
+                .await?;
+            (r, None)
+        }
+        None => {
+            let options = q.options()?;
+            let r = c
+                .client
+                .dead_replay_selected(&selection, options, |_| {})
+                .await?;
+            (r, Some(options.keep_attempts))
+        }
+    };
+    Ok(Json(replayed_json(r, attempts)))
+}
+
+/// A replay's answer; `attempts` (kept or reset) for envelope jobs only.
+fn replayed_json(r: Replayed, keep_attempts: Option<bool>) -> Value {
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    v["ok"] = true.into();
+    if let Some(keep) = keep_attempts {
+        v["attempts"] = if keep { "kept" } else { "reset" }.into();
+    }
+    v
 }
 
 async fn job_cancel(

@@ -1,5 +1,6 @@
 //! `console`: the operator console's answer times on a large namespace. Loads `--jobs`
-//! scheduled jobs (spread over the next day), 1000 dead jobs and 100 schedules, serves the
+//! scheduled jobs (spread over the next day), 1000 dead jobs and 10,000 schedules (1 in 100
+//! paused), serves the
 //! admin port in process (`admin::serve`, as the daemon does), then times every page and
 //! API read over HTTP on loopback (20 requests each: median and max), and `stats::forecast`
 //! called directly (the 10 minutes ahead in 1-minute steps, and a day in 10-minute steps).
@@ -10,6 +11,7 @@ use super::{Env, ROUTE};
 use crate::admin::{self, Console, Health};
 use crate::stats::{self, Horizon};
 use anyhow::{Context, ensure};
+use futures::{StreamExt, TryStreamExt};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,7 +22,9 @@ use zdelay_client::{NewJob, OnConflict};
 
 const REQUESTS: usize = 20;
 const DEAD: u64 = 1000;
-const SCHEDULES: u64 = 100;
+const SCHEDULES: u64 = 10_000;
+/// Of the schedules, every this many is paused (listed by the console's bounded scan).
+const PAUSE_EVERY: u64 = 100;
 
 pub(super) async fn console(env: &mut Env) -> anyhow::Result<ConsoleBench> {
     env.scratch.clean(&mut env.con, false).await?;
@@ -74,16 +78,27 @@ pub(super) async fn console(env: &mut Env) -> anyhow::Result<ConsoleBench> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     movers.stop().await;
-    for i in 0..SCHEDULES {
-        env.producer
-            .schedule_set(NewSchedule::new(
-                format!("bench-schedule-{i}"),
-                ROUTE,
-                "tick",
-                Repeat::Every(Duration::from_secs(3600)),
-            ))
-            .await?;
-    }
+    // Concurrently: each upsert is a few round trips.
+    let producer = &env.producer;
+    futures::stream::iter(0..SCHEDULES)
+        .map(|i| async move {
+            let id = format!("bench-schedule-{i}");
+            producer
+                .schedule_set(NewSchedule::new(
+                    &id,
+                    ROUTE,
+                    "tick",
+                    Repeat::Every(Duration::from_secs(60 + i % 3600)),
+                ))
+                .await?;
+            if i % PAUSE_EVERY == 0 {
+                producer.schedule_pause(&id).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await?;
 
     // The admin port, as the daemon serves it.
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -121,6 +136,15 @@ pub(super) async fn console(env: &mut Env) -> anyhow::Result<ConsoleBench> {
             "/api/forecast?next=1d&step=10m",
         ),
         ("/api/dead", "/api/dead"),
+        (
+            "/api/dead?reason=expired&older_than=1s",
+            "/api/dead?reason=expired&older_than=1s",
+        ),
+        (
+            "/api/dead?reason=no-such (reads every dead job)",
+            "/api/dead?reason=no-such",
+        ),
+        ("/api/dead/{id}", "/api/dead/dead-500"),
         ("/api/schedules", "/api/schedules"),
         ("/api/jobs/{id}", job.as_str()),
     ] {

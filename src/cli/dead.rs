@@ -48,10 +48,10 @@ pub struct Filters {
     #[arg(long, value_name = "TEXT")]
     reason: Option<String>,
     /// Only jobs that died at least DURATION ago (30s, 15m, 2h, 7days…).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = zdelay::dead::parse_age)]
     older_than: Option<Duration>,
     /// Only jobs that died less than DURATION ago.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = zdelay::dead::parse_age)]
     newer_than: Option<Duration>,
     /// Only occurrences of the recurring schedule ID (the envelope meta's `schedule`); jobs
     /// without one never match.
@@ -200,10 +200,7 @@ async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Resul
         );
     }
     if args.json {
-        let raw: Vec<_> = raw
-            .iter()
-            .map(|(source, m)| render::dead_member_json(source, m))
-            .collect();
+        let raw: Vec<_> = raw.iter().map(|(source, m)| m.to_json(source)).collect();
         let v = serde_json::json!({ "jobs": jobs, "raw": raw });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {

@@ -14,7 +14,7 @@ mod schedule;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zdelay::config::{self, Config};
 use zdelay::{Cancelled, Client, ClientError, Due, Routes};
@@ -129,7 +129,7 @@ enum Command {
 #[group(multiple = false)]
 pub struct When {
     /// Due time: RFC 3339 (2026-11-21T14:03:07.250Z) or epoch milliseconds.
-    #[arg(long, value_parser = parse_at)]
+    #[arg(long, value_parser = zdelay::job::parse_at)]
     at: Option<i64>,
     /// Delay from now, measured on Redis's clock: 250ms, 5s, 1h30m, …
     #[arg(long = "in", value_parser = humantime::parse_duration)]
@@ -151,7 +151,7 @@ impl When {
 #[group(required = true, multiple = false)]
 struct RequiredWhen {
     /// New due time: RFC 3339 (2026-11-21T14:03:07.250Z) or epoch milliseconds.
-    #[arg(long, value_parser = parse_at)]
+    #[arg(long, value_parser = zdelay::job::parse_at)]
     at: Option<i64>,
     /// New delay from now, measured on Redis's clock: 250ms, 5s, 1h30m, …
     #[arg(long = "in", value_parser = humantime::parse_duration)]
@@ -166,17 +166,6 @@ impl RequiredWhen {
         }
         .due()
     }
-}
-
-fn parse_at(s: &str) -> Result<i64, String> {
-    if let Ok(ms) = s.parse::<i64>() {
-        return Ok(ms);
-    }
-    let t = humantime::parse_rfc3339_weak(s)
-        .map_err(|e| format!("{e}: expected RFC 3339 or epoch milliseconds"))?;
-    Ok(t.duration_since(UNIX_EPOCH)
-        .map_err(|_| "before 1970".to_owned())?
-        .as_millis() as i64)
 }
 
 /// A command used wrongly in a way clap cannot see (exit 2).
@@ -415,12 +404,5 @@ mod tests {
             2
         );
         assert_eq!(exit_code(&anyhow::anyhow!("x")), 1);
-    }
-
-    #[test]
-    fn at_takes_rfc3339_and_epoch_ms() {
-        assert_eq!(parse_at("1700000000000"), Ok(1_700_000_000_000));
-        assert_eq!(parse_at("2023-11-14T22:13:20.250Z"), Ok(1_700_000_000_250));
-        assert!(parse_at("tomorrow").is_err());
     }
 }

@@ -1,8 +1,7 @@
 //! What the CLI prints for people: times, the stats table, dead-letter lines.
 
 use std::time::{Duration, UNIX_EPOCH};
-use zdelay::dead::{DeadJob, DeadJobDetail, DeadMember};
-use zdelay::envelope::Envelope;
+use zdelay::dead::{DeadJob, DeadJobDetail, DeadMember, payload_preview};
 use zdelay::stats::{Forecast, Stats};
 
 /// Epoch ms as RFC 3339 with milliseconds, UTC.
@@ -133,44 +132,19 @@ pub fn dead_job_line(j: &DeadJob) -> String {
     )
 }
 
-/// The first [`PREVIEW`] bytes of a payload as JSON carries it: `(text, encoding,
-/// truncated)`, text as UTF-8 when it is (cut at a character boundary), else base64.
-fn payload_preview(payload: &[u8]) -> (serde_json::Value, serde_json::Value, bool) {
-    let mut cut = payload.len().min(PREVIEW);
-    if let Ok(text) = std::str::from_utf8(payload) {
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-    }
-    // The envelope's JSON view chooses the encoding the way `zdelay get` does.
-    let mut view = Envelope::new("-", payload[..cut].to_vec()).to_json();
-    (
-        view.remove("payload").unwrap_or_default(),
-        view.remove("payload_encoding").unwrap_or_default(),
-        cut < payload.len(),
-    )
-}
-
 /// The preview as one quoted line: `"text"`, or `base64 …`, with `…` when cut.
 fn payload_line(payload: &[u8]) -> String {
-    let (text, encoding, truncated) = payload_preview(payload);
-    let more = if truncated { " …" } else { "" };
-    match encoding.as_str() {
-        Some("base64") => format!("base64 {}{more}", text.as_str().unwrap_or_default()),
-        _ => format!("{text}{more}"),
+    let p = payload_preview(payload, PREVIEW);
+    let more = if p.truncated { " …" } else { "" };
+    match p.encoding.as_str() {
+        "base64" => format!("base64 {}{more}", p.text),
+        _ => format!("{}{more}", serde_json::Value::from(p.text)),
     }
 }
 
 /// `dead show ID --json`.
 pub fn dead_detail_json(d: &DeadJobDetail) -> serde_json::Value {
-    let mut v = serde_json::to_value(&d.job).expect("a dead job serializes");
-    let (preview, encoding, truncated) = payload_preview(&d.payload);
-    v["headers"] = serde_json::to_value(&d.headers).expect("headers serialize");
-    v["payload_preview"] = preview;
-    v["payload_encoding"] = encoding;
-    v["payload_truncated"] = truncated.into();
-    v["history"] = serde_json::to_value(&d.history).expect("deaths serialize");
-    v
+    d.to_json(PREVIEW)
 }
 
 /// `dead show ID`, for people.
@@ -244,18 +218,6 @@ pub fn dead_detail(d: &DeadJobDetail) -> String {
     out
 }
 
-/// A dead raw member as `dead list --json` shows it.
-pub fn dead_member_json(source: &str, m: &DeadMember) -> serde_json::Value {
-    serde_json::json!({
-        "source": source,
-        "id": m.id(),
-        "payload": String::from_utf8_lossy(&m.member),
-        "payload_size": m.member.len(),
-        "died_ms": m.died_ms,
-        "reason": m.reason,
-    })
-}
-
 /// One dead raw member, as `dead list` prints it.
 pub fn dead_member_line(source: &str, m: &DeadMember) -> String {
     format!(
@@ -270,18 +232,7 @@ pub fn dead_member_line(source: &str, m: &DeadMember) -> String {
 
 /// `dead show --source KEY ID --json`.
 pub fn dead_member_detail_json(source: &str, m: &DeadMember) -> serde_json::Value {
-    let (preview, encoding, truncated) = payload_preview(&m.member);
-    serde_json::json!({
-        "source": source,
-        "id": m.id(),
-        "message_id": format!("{source}:{}", m.id()),
-        "died_ms": m.died_ms,
-        "reason": m.reason,
-        "payload_size": m.member.len(),
-        "payload_preview": preview,
-        "payload_encoding": encoding,
-        "payload_truncated": truncated,
-    })
+    m.detail_json(source, PREVIEW)
 }
 
 /// `dead show --source KEY ID`, for people.
@@ -308,22 +259,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn previews_cut_text_at_a_character_and_encode_binary() {
-        let (text, enc, cut) = payload_preview(b"hello");
-        assert_eq!(
-            (text.as_str(), enc.as_str(), cut),
-            (Some("hello"), Some("utf8"), false)
-        );
-        let long = format!("a{}", "é".repeat(150)); // byte 200 is inside an é
-        let (text, _, cut) = payload_preview(long.as_bytes());
-        assert_eq!(text.as_str().unwrap().len(), PREVIEW - 1);
-        assert!(cut);
-        let (text, enc, _) = payload_preview(&[0xff, 0x00]);
-        assert_eq!(
-            (text.as_str(), enc.as_str()),
-            (Some("/wA="), Some("base64"))
-        );
+    fn payload_lines_quote_text_and_name_base64() {
         assert_eq!(payload_line(&[0xff, 0x00]), "base64 /wA=");
         assert_eq!(payload_line(b"a\"b"), "\"a\\\"b\"");
+        assert!(payload_line("x".repeat(300).as_bytes()).ends_with("\" …"));
     }
 }

@@ -3,7 +3,6 @@
 
 use super::batch;
 use super::enqueue::parse_header;
-use super::parse_at;
 use super::render::format_ms;
 use anyhow::Context;
 use clap::ValueEnum;
@@ -13,6 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zdelay::Client;
 use zdelay::envelope::payload_from_json;
+use zdelay::job::parse_at;
 use zdelay::schedule::{DEFAULT_MAX_CATCH_UP, Misfire, ScheduleDef};
 use zdelay::schedules::{NewSchedule, Repeat, ScheduleView};
 
@@ -21,7 +21,8 @@ pub enum ScheduleAction {
     /// Create or update a schedule (upsert by id); prints its next occurrence. An update keeps
     /// an interval's grid and a pause, and applies from the next occurrence.
     Set(Box<SetArgs>),
-    /// Every schedule: id, destination, recurrence, next occurrence, paused.
+    /// Every schedule: id, destination, recurrence, next occurrence, paused; the pending ones
+    /// soonest first, then the paused and ended ones.
     List {
         #[arg(long)]
         json: bool,

@@ -24,10 +24,19 @@ name = "default"
 sink = "local"
 target = "queue:default"
 
+[[routes]]
+name = "broken"
+sink = "local"
+target = "queue:broken"
+
 [[sources]]
 key = "raw:s"
 score_unit = "s"
 route = "default"
+
+[[sources]]
+key = "raw:b"
+route = "broken"
 "#;
 
 fn config(redis: &RedisServer, admin_extra: &str) -> TestConfig {
@@ -249,7 +258,11 @@ fn forecast_counts_equal_redis_truth_and_flag_spikes() {
 }
 
 /// Future jobs (+2 to +9 minutes: nothing the daemon moves while the test looks), dead ones
-/// (expired on arrival), two schedules.
+/// (expired on arrival; `wrong-0` killed twice by route `broken`, whose list key holds a
+/// string, so it has one earlier death; an occurrence of schedule `broken-tick` killed the
+/// same way), a dead member of raw source `raw:b` (route `broken`), three schedules. Needs
+/// the daemon running. Returns the scheduled ids and the dead ids (`late-0..2`, `wrong-0`,
+/// the occurrence).
 fn seed_for_console(redis: &RedisServer, config: &TestConfig) -> (Vec<String>, Vec<String>) {
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
@@ -265,7 +278,7 @@ fn seed_for_console(redis: &RedisServer, config: &TestConfig) -> (Vec<String>, V
         .collect();
     jobs.push(("big".into(), now + 300_000, "x".repeat(10_000)));
     enqueue(redis, &jobs);
-    let dead: Vec<String> = (0..3).map(|i| format!("late-{i}")).collect();
+    let mut dead: Vec<String> = (0..3).map(|i| format!("late-{i}")).collect();
     for id in &dead {
         let out = config.cli(&[
             "enqueue",
@@ -282,16 +295,119 @@ fn seed_for_console(redis: &RedisServer, config: &TestConfig) -> (Vec<String>, V
         ]);
         assert!(out.status.success(), "{out:?}");
     }
-    for (id, how) in [
-        ("tick", ["--every", "1h"]),
-        ("nightly", ["--cron", "0 3 * * *"]),
+    redis::cmd("SET")
+        .arg("queue:broken")
+        .arg("not a list")
+        .query::<()>(&mut con)
+        .unwrap();
+    let out = config.cli(&[
+        "enqueue",
+        "--dest",
+        "broken",
+        "--id",
+        "wrong-0",
+        "--payload",
+        "wrong 0",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    redis::cmd("ZADD")
+        .arg("raw:b")
+        .arg(now - 10_000)
+        .arg("m-broken")
+        .query::<()>(&mut con)
+        .unwrap();
+    for (id, dest, how) in [
+        ("tick", "default", ["--every", "1h"]),
+        ("nightly", "default", ["--cron", "0 3 * * *"]),
+        ("broken-tick", "broken", ["--every", "1h"]),
     ] {
-        let mut args = vec!["schedule", "set", id, "--dest", "default", "--payload", id];
+        let mut args = vec!["schedule", "set", id, "--dest", dest, "--payload", id];
         args.extend(how);
         let out = config.cli(&args);
         assert!(out.status.success(), "{out:?}");
     }
+    let occurrence = crate::common::runtime().block_on(async {
+        let client = Client::connect(&crate::common::redis_config(&redis.url(), SHARDS))
+            .await
+            .unwrap();
+        client
+            .schedule_run_now("broken-tick")
+            .await
+            .unwrap()
+            .unwrap()
+    });
+    dead.push("wrong-0".into());
+    dead.push(occurrence);
+    wait_for("every seeded job is dead", Duration::from_secs(10), || {
+        dead_ids(&mut con).len() == dead.len()
+    });
+    let out = config.cli(&["dead", "replay", "--id", "wrong-0"]);
+    assert!(out.status.success(), "{out:?}");
+    let history = format!(
+        "{{zdelay:{}}}:history",
+        zdelay::keys::Keys::new("zdelay", SHARDS).shard_of("wrong-0")
+    );
+    wait_for("wrong-0 died again", Duration::from_secs(10), || {
+        dead_ids(&mut con).contains("wrong-0")
+            && redis::cmd("HEXISTS")
+                .arg(&history)
+                .arg("wrong-0")
+                .query::<bool>(&mut con)
+                .unwrap()
+    });
+    wait_for("the raw member is dead", Duration::from_secs(10), || {
+        redis::cmd("ZCARD")
+            .arg("raw:b:dead")
+            .query::<u64>(&mut con)
+            .unwrap()
+            == 1
+    });
     (jobs.into_iter().map(|(id, _, _)| id).collect(), dead)
+}
+
+/// What Redis holds for one dead job, read whole: the truth the API's filters are checked on.
+struct DeadTruth {
+    id: String,
+    died_ms: i64,
+    reason: String,
+    dest: Option<String>,
+    schedule: Option<String>,
+}
+
+fn dead_truth(con: &mut redis::Connection) -> Vec<DeadTruth> {
+    let mut out = Vec::new();
+    for (shard, members) in shard_members(con, "dead").into_iter().enumerate() {
+        for (id, died) in members {
+            let reason: Option<String> = redis::cmd("HGET")
+                .arg(format!("{{zdelay:{shard}}}:reasons"))
+                .arg(&id)
+                .query(con)
+                .unwrap();
+            let raw: Option<Vec<u8>> = redis::cmd("HGET")
+                .arg(format!("{{zdelay:{shard}}}:jobs"))
+                .arg(&id)
+                .query(con)
+                .unwrap();
+            let env = raw.and_then(|r| zdelay::Envelope::decode(&r).ok());
+            out.push(DeadTruth {
+                id,
+                died_ms: died as i64,
+                reason: reason.unwrap_or_default(),
+                dest: env.as_ref().map(|e| e.dest.clone()),
+                schedule: env.and_then(|e| e.meta.schedule),
+            });
+        }
+    }
+    out
+}
+
+fn listed_ids(v: &Value, key: &str) -> BTreeSet<String> {
+    v[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 fn dead_ids(con: &mut redis::Connection) -> BTreeSet<String> {
@@ -299,6 +415,13 @@ fn dead_ids(con: &mut redis::Connection) -> BTreeSet<String> {
         .into_iter()
         .flat_map(|m| m.into_keys())
         .collect()
+}
+
+/// A job's score in its shard's `due` set, if it is there.
+fn due_score(con: &mut redis::Connection, id: &str) -> Option<f64> {
+    shard_members(con, "due")
+        .iter()
+        .find_map(|m| m.get(id).copied())
 }
 
 fn get_json(port: u16, path: &str) -> Value {
@@ -331,7 +454,8 @@ fn console_api_equals_redis_and_actions_need_the_token() {
     );
     assert_eq!(
         stats["total"]["dead"].as_u64().unwrap() as usize,
-        dead.len()
+        dead.len() + 1,
+        "with raw:b's member"
     );
     assert_eq!(stats["instances"].as_array().unwrap().len(), 1);
     assert_eq!(stats["actions_enabled"], true);
@@ -345,24 +469,144 @@ fn console_api_equals_redis_and_actions_need_the_token() {
     assert_eq!(bad.0, 400, "{}", bad.1);
 
     let d = get_json(port, "/api/dead");
-    let listed: BTreeSet<String> = d["jobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["id"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(listed, dead_ids(&mut con));
+    assert_eq!(listed_ids(&d, "jobs"), dead_ids(&mut con));
     assert_eq!(d["total"].as_u64().unwrap() as usize, dead.len());
+    assert_eq!(d["complete"], true);
+    let truth = dead_truth(&mut con);
     for j in d["jobs"].as_array().unwrap() {
-        assert_eq!(j["dest"], "default");
-        assert!(j["reason"].as_str().unwrap().contains("expired"), "{j}");
+        let t = truth.iter().find(|t| t.id == j["id"]).unwrap();
+        assert_eq!(j["route"].as_str(), t.dest.as_deref(), "{j}");
+        assert_eq!(j["reason"].as_str().unwrap(), t.reason, "{j}");
+        assert_eq!(j["died_ms"].as_i64().unwrap(), t.died_ms, "{j}");
     }
-    let filtered = get_json(port, "/api/dead?reason=no-such-reason");
-    assert!(filtered["jobs"].as_array().unwrap().is_empty());
-    let filtered = get_json(port, "/api/dead?route=default&min_age=0s");
-    assert_eq!(filtered["jobs"].as_array().unwrap().len(), dead.len());
-    let filtered = get_json(port, "/api/dead?min_age=1h");
-    assert!(filtered["jobs"].as_array().unwrap().is_empty());
+    // Raw members of every source are listed too, with their ids.
+    let raw: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg("raw:b:dead")
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(raw.len(), 1);
+    let member_id = zdelay::dead::member_id(raw[0].0.as_bytes());
+    assert_eq!(d["raw"].as_array().unwrap().len(), 1, "{}", d["raw"]);
+    assert_eq!(d["raw"][0]["id"], member_id.as_str());
+    assert_eq!(d["raw"][0]["source"], "raw:b");
+    assert_eq!(d["raw"][0]["died_ms"].as_i64().unwrap(), raw[0].1 as i64);
+    assert_eq!(d["sources"], serde_json::json!(["raw:s", "raw:b"]));
+
+    // Each filter, alone and combined, lists exactly what the truth admits.
+    let now = d["now_ms"].as_i64().unwrap();
+    let hour = 3_600_000;
+    type Admits = Box<dyn Fn(&DeadTruth) -> bool>;
+    let cases: Vec<(&str, Admits)> = vec![
+        (
+            "route=broken",
+            Box::new(|t| t.dest.as_deref() == Some("broken")),
+        ),
+        (
+            "route=default",
+            Box::new(|t| t.dest.as_deref() == Some("default")),
+        ),
+        (
+            "reason=wrongtype",
+            Box::new(|t| t.reason.to_lowercase().contains("wrongtype")),
+        ),
+        (
+            "reason=expired&route=default",
+            Box::new(|t| t.reason.contains("expired") && t.dest.as_deref() == Some("default")),
+        ),
+        (
+            "schedule=broken-tick",
+            Box::new(|t| t.schedule.as_deref() == Some("broken-tick")),
+        ),
+        ("schedule=tick", Box::new(|_| false)),
+        ("older_than=1h", Box::new(move |t| now - t.died_ms >= hour)),
+        (
+            "newer_than=1h&older_than=",
+            Box::new(move |t| now - t.died_ms < hour),
+        ),
+        ("reason=no-such-reason", Box::new(|_| false)),
+    ];
+    for (query, admits) in cases {
+        let v = get_json(port, &format!("/api/dead?{query}"));
+        let want: BTreeSet<String> = truth
+            .iter()
+            .filter(|t| admits(t))
+            .map(|t| t.id.clone())
+            .collect();
+        assert_eq!(listed_ids(&v, "jobs"), want, "{query}");
+    }
+    assert!(!listed_ids(&get_json(port, "/api/dead?route=broken"), "jobs").is_empty());
+    let r = get_json(port, "/api/dead?reason=wrongtype");
+    assert_eq!(
+        r["raw"].as_array().unwrap().len(),
+        1,
+        "reason applies to raw members"
+    );
+    let r = get_json(port, "/api/dead?route=broken");
+    assert!(
+        r["raw"].as_array().unwrap().is_empty(),
+        "route: envelope jobs only"
+    );
+    assert!(r["raw_not_listed"].as_str().unwrap().contains("--route"));
+    let r = get_json(port, "/api/dead?source=raw:b");
+    assert!(r["jobs"].as_array().unwrap().is_empty());
+    assert_eq!(r["raw"][0]["id"], member_id.as_str());
+    assert!(
+        get_json(port, "/api/dead?limit=1")["jobs"]
+            .as_array()
+            .unwrap()
+            .len()
+            == 1
+    );
+    // Bad filters: 400, naming what is wrong.
+    for (query, says) in [
+        ("older_than=soon", "older_than"),
+        ("older_than=1h&newer_than=1m", "no time window"),
+        ("source=raw:b&route=broken", "raw members"),
+        ("source=nope", "nope"),
+    ] {
+        let (status, body) = http_request(port, "GET", &format!("/api/dead?{query}"), &[]).unwrap();
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains(says), "{query}: {body}");
+    }
+
+    // One dead job: its history (the earlier death), attempts, last error, payload.
+    let w = get_json(port, "/api/dead/wrong-0");
+    let history: String = redis::cmd("HGET")
+        .arg(format!(
+            "{{zdelay:{}}}:history",
+            zdelay::keys::Keys::new("zdelay", SHARDS).shard_of("wrong-0")
+        ))
+        .arg("wrong-0")
+        .query(&mut con)
+        .unwrap();
+    let deaths = zdelay::dead::parse_history(&history);
+    assert_eq!(deaths.len(), 1);
+    assert_eq!(w["history"], serde_json::to_value(&deaths).unwrap());
+    assert_eq!(w["earlier_deaths"], 1);
+    assert!(
+        w["history"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("WRONGTYPE"),
+        "{w}"
+    );
+    assert_eq!(w["route"], "broken");
+    assert_eq!(w["payload_preview"], "wrong 0");
+    assert_eq!(w["payload_truncated"], false);
+    assert!(
+        w.get("attempt").is_some() && w.get("last_error").is_some(),
+        "{w}"
+    );
+    let m = get_json(port, &format!("/api/dead/{member_id}?source=raw:b"));
+    assert_eq!(m["payload_preview"], "m-broken");
+    assert_eq!(m["message_id"], format!("raw:b:{member_id}"));
+    assert_eq!(
+        http_request(port, "GET", "/api/dead/job-3", &[]).unwrap().0,
+        404
+    );
 
     let j = get_json(port, "/api/jobs/job-3");
     assert_eq!(j["state"], "scheduled");
@@ -383,12 +627,42 @@ fn console_api_equals_redis_and_actions_need_the_token() {
         .into_iter()
         .flatten()
         .collect();
-    assert_eq!(s["total"], 2);
+    assert_eq!(
+        (s["total"].as_u64(), s["pending"].as_u64()),
+        (Some(3), Some(3))
+    );
+    // The next to fire, soonest first: sched_due's order.
+    let mut by_next: Vec<(f64, &String)> = sched_due.iter().map(|(id, at)| (*at, id)).collect();
+    by_next.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(b.1)));
+    let listed: Vec<&str> = s["schedules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        by_next
+            .iter()
+            .map(|(_, id)| id.as_str())
+            .collect::<Vec<_>>()
+    );
     for x in s["schedules"].as_array().unwrap() {
         let id = x["id"].as_str().unwrap();
         assert_eq!(x["next_ms"].as_i64().unwrap(), sched_due[id] as i64, "{id}");
         assert!(x["previous_ms"].as_i64().unwrap() < x["next_ms"].as_i64().unwrap());
     }
+    assert!(s["idle"].as_array().unwrap().is_empty());
+    assert!(s["idle_next"].is_null(), "three definitions: scanned whole");
+    let first = get_json(port, "/api/schedules?limit=1");
+    assert_eq!(first["schedules"].as_array().unwrap().len(), 1);
+    assert_eq!(first["schedules"][0]["id"], listed[0]);
+    assert_eq!(
+        http_request(port, "GET", "/api/schedules?idle_from=x", &[])
+            .unwrap()
+            .0,
+        400
+    );
 
     // Refused: no token, a wrong one, cross-site, a form body. Redis is unchanged.
     let replay = format!("/api/dead/{}/replay", dead[0]);
@@ -434,6 +708,32 @@ fn console_api_equals_redis_and_actions_need_the_token() {
         .query(&mut con)
         .unwrap();
     assert!(!stored, "purged for good");
+    // Replay later, attempts kept: due in an hour.
+    let later = ok(&format!(
+        "/api/dead/{}/replay?in=1h&keep_attempts=true",
+        dead[2]
+    ));
+    assert_eq!(later["attempts"], "kept", "{later}");
+    let due_at = due_score(&mut con, &dead[2]).expect("pending again");
+    assert!(due_at >= (now + hour - 60_000) as f64, "{due_at} vs {now}");
+    // Bulk: refused without a filter, then by filter (the raw member, by source).
+    let (status, body) =
+        http_request(port, "POST", "/api/dead?action=purge", &[bearer.as_str()]).unwrap();
+    assert_eq!(status, 400, "{body}");
+    let purged = ok("/api/dead?action=purge&source=raw:b&reason=wrongtype");
+    assert_eq!(purged["purged"], 1, "{purged}");
+    let left: u64 = redis::cmd("ZCARD")
+        .arg("raw:b:dead")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(left, 0);
+    let replayed = ok("/api/dead?action=replay&schedule=broken-tick&in=1h");
+    assert_eq!(replayed["replayed"], 1, "{replayed}");
+    assert_eq!(replayed["attempts"], "reset");
+    assert!(
+        due_score(&mut con, &dead[4]).is_some(),
+        "the occurrence is pending"
+    );
     ok("/api/jobs/job-3/cancel");
     assert!(
         shard_members(&mut con, "due")
@@ -447,11 +747,42 @@ fn console_api_equals_redis_and_actions_need_the_token() {
             .as_array()
             .unwrap()
             .iter()
+            .chain(v["idle"].as_array().unwrap())
             .find(|x| x["id"] == "tick")
             .cloned()
             .unwrap()
     };
     assert_eq!(tick(&paused)["paused"], true);
+    assert_eq!(paused["pending"], 2);
+    assert_eq!(
+        paused["idle"].as_array().unwrap().len(),
+        1,
+        "listed as paused"
+    );
+    assert!(
+        paused["schedules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["id"] != "tick")
+    );
+    // The CLI lists the same, pending soonest first then the paused one.
+    let cli: Value =
+        serde_json::from_slice(&config.cli(&["schedule", "list", "--json"]).stdout).unwrap();
+    let cli_ids: Vec<&str> = cli
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap())
+        .collect();
+    let api_ids: Vec<&str> = paused["schedules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(paused["idle"].as_array().unwrap())
+        .map(|x| x["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(cli_ids, api_ids);
     ok("/api/schedules/tick/resume");
     let resumed = get_json(port, "/api/schedules");
     assert_eq!(tick(&resumed)["paused"], false);
@@ -536,7 +867,9 @@ fn console_in_a_real_browser() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/it/py/console_browser.py"
     ))
-    .args([&base, TOKEN, "job-5", &dead[0], &dead[1], "nightly"]);
+    .args([
+        &base, TOKEN, "job-5", &dead[0], &dead[1], "nightly", "broken", "wrong-0",
+    ]);
     if let Ok(dir) = std::env::var("ZDELAY_CONSOLE_SHOTS") {
         cmd.arg(dir);
     }
@@ -550,13 +883,17 @@ fn console_in_a_real_browser() {
 
     let o = &r["overview"];
     assert_eq!(o["scheduled"].as_u64().unwrap() as usize, jobs.len());
-    assert_eq!(o["dead"].as_u64().unwrap() as usize, dead.len());
+    assert_eq!(
+        o["dead"].as_u64().unwrap() as usize,
+        dead.len() + 1,
+        "with raw:b's member"
+    );
     assert_eq!(o["due"], 0);
     assert_eq!(o["instances"].as_array().unwrap().len(), 1);
-    // Four shards, the raw source, the total.
+    // Four shards, the two raw sources, the total.
     assert_eq!(
         o["backlog_rows"].as_array().unwrap().len(),
-        SHARDS as usize + 2
+        SHARDS as usize + 3
     );
     assert_eq!(o["lateness"], "≤10 / ≤1000 ms", "seeded buckets 3 and 9");
 
@@ -590,7 +927,7 @@ fn console_in_a_real_browser() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    assert_eq!(ids, BTreeSet::from(["nightly", "tick"]));
+    assert_eq!(ids, BTreeSet::from(["broken-tick", "nightly", "tick"]));
     assert!(
         r["schedules"]["row"]
             .as_str()
@@ -607,6 +944,33 @@ fn console_in_a_real_browser() {
     assert_eq!(shown, dead_before);
     assert_eq!(r["dead"]["total"].as_u64().unwrap() as usize, dead.len());
     assert_eq!(r["dead"]["buttons_disabled_without_token"], true);
+    assert_eq!(
+        r["dead"]["raw_rows"].as_array().unwrap().len(),
+        1,
+        "raw:b's member"
+    );
+    // Filtered by route in the page: exactly the dead jobs whose dest is `broken`.
+    let broken: BTreeSet<String> = dead_truth(&mut con)
+        .into_iter()
+        .filter(|t| t.dest.as_deref() == Some("broken"))
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(broken.len(), 2, "wrong-0 and the broken-tick occurrence");
+    let filtered: BTreeSet<String> = r["dead_filtered"]["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(filtered, broken);
+    // Its detail page shows the earlier death from history.
+    let lines = r["dead_detail"]["history"].as_array().unwrap();
+    assert_eq!(lines.len(), 1, "{}", r["dead_detail"]);
+    assert!(
+        lines[0].as_str().unwrap().contains("WRONGTYPE"),
+        "{lines:?}"
+    );
+    assert_eq!(r["dead_detail"]["fields"]["route"], "broken");
     assert_eq!(
         r["refused_status"], 403,
         "refused on the server without the token"

@@ -142,6 +142,36 @@ impl DeadFilter {
         Ok(())
     }
 
+    /// A filter from its fields as text — the console API's query parameters, by the CLI's
+    /// flag names with `_` — empty text meaning "not set"; ages as [`parse_age`] reads them.
+    /// Checked ([`DeadFilter::check`]).
+    pub fn from_text(
+        route: Option<&str>,
+        reason: Option<&str>,
+        older_than: Option<&str>,
+        newer_than: Option<&str>,
+        schedule: Option<&str>,
+    ) -> Result<DeadFilter, ClientError> {
+        fn set(v: Option<&str>) -> Option<&str> {
+            v.map(str::trim).filter(|v| !v.is_empty())
+        }
+        let age = |name: &str, v: Option<&str>| {
+            set(v)
+                .map(parse_age)
+                .transpose()
+                .map_err(|e| ClientError::InvalidSelection(format!("{name}: {e}")))
+        };
+        let filter = DeadFilter {
+            route: set(route).map(str::to_owned),
+            reason: set(reason).map(str::to_owned),
+            older_than: age("older_than", older_than)?,
+            newer_than: age("newer_than", newer_than)?,
+            schedule: set(schedule).map(str::to_owned),
+        };
+        filter.check()?;
+        Ok(filter)
+    }
+
     /// Whether the filter reads the reason or the envelope (not only the dead score).
     fn reads_content(&self) -> bool {
         self.reason.is_some() || self.route.is_some() || self.schedule.is_some()
@@ -196,6 +226,13 @@ impl DeadFilter {
     }
 }
 
+/// An age as the dead-letter filters take it (`--older-than`, `older_than=`): a duration
+/// such as `30s`, `15m`, `2h`, `7days` (humantime).
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not an age: {e} (expected e.g. 30s, 15m, 2h, 7days)"))
+}
+
 /// Which dead jobs a replay or purge takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeadSelection {
@@ -245,6 +282,15 @@ pub struct Purged {
     pub history_pruned: u64,
 }
 
+/// What a bounded listing found: at most its limit, and whether it read every candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bounded<T> {
+    pub items: Vec<T>,
+    /// False when the scan bound stopped the reading before the limit was reached: more may
+    /// match.
+    pub complete: bool,
+}
+
 /// A dead envelope job, as `dead list` shows it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DeadJob {
@@ -282,6 +328,22 @@ pub struct DeadJobDetail {
     pub history: Vec<Death>,
 }
 
+impl DeadJobDetail {
+    /// The JSON form (`dead show --json`, the console's `GET /api/dead/{id}`): the job's
+    /// fields, headers, history, and the first `preview` bytes of the payload
+    /// ([`payload_preview`]).
+    pub fn to_json(&self, preview: usize) -> serde_json::Value {
+        let mut v = serde_json::to_value(&self.job).expect("a dead job serializes");
+        let p = payload_preview(&self.payload, preview);
+        v["headers"] = serde_json::to_value(&self.headers).expect("headers serialize");
+        v["payload_preview"] = p.text.into();
+        v["payload_encoding"] = p.encoding.into();
+        v["payload_truncated"] = p.truncated.into();
+        v["history"] = serde_json::to_value(&self.history).expect("deaths serialize");
+        v
+    }
+}
+
 /// A dead member of a raw source.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadMember {
@@ -295,6 +357,67 @@ impl DeadMember {
     /// `<source>:<id>`.
     pub fn id(&self) -> String {
         member_id(&self.member)
+    }
+
+    /// The listing's JSON form (`dead list --json`, `GET /api/dead`): the member whole, as
+    /// text (a raw member is its own payload, usually short).
+    pub fn to_json(&self, source: &str) -> serde_json::Value {
+        serde_json::json!({
+            "source": source,
+            "id": self.id(),
+            "payload": String::from_utf8_lossy(&self.member),
+            "payload_size": self.member.len(),
+            "died_ms": self.died_ms,
+            "reason": self.reason,
+        })
+    }
+
+    /// The detail's JSON form (`dead show --source --json`, `GET /api/dead/{id}?source=`):
+    /// the first `preview` bytes of the member.
+    pub fn detail_json(&self, source: &str, preview: usize) -> serde_json::Value {
+        let p = payload_preview(&self.member, preview);
+        serde_json::json!({
+            "source": source,
+            "id": self.id(),
+            "message_id": format!("{source}:{}", self.id()),
+            "died_ms": self.died_ms,
+            "reason": self.reason,
+            "payload_size": self.member.len(),
+            "payload_preview": p.text,
+            "payload_encoding": p.encoding,
+            "payload_truncated": p.truncated,
+        })
+    }
+}
+
+/// The start of a payload as JSON carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadPreview {
+    /// UTF-8 text when the payload is (cut at a character boundary), else base64.
+    pub text: String,
+    /// `utf8` or `base64`, as `zdelay get` chooses it.
+    pub encoding: String,
+    /// Whether the payload is longer than what `text` holds.
+    pub truncated: bool,
+}
+
+/// The first `max` bytes of a payload (fewer, to end on a character of UTF-8 text).
+pub fn payload_preview(payload: &[u8], max: usize) -> PayloadPreview {
+    let mut cut = payload.len().min(max);
+    if let Ok(text) = std::str::from_utf8(payload) {
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+    }
+    let mut view = Envelope::new("-", payload[..cut].to_vec()).to_json();
+    let text = |v: Option<serde_json::Value>| match v {
+        Some(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    };
+    PayloadPreview {
+        text: text(view.remove("payload")),
+        encoding: text(view.remove("payload_encoding")),
+        truncated: cut < payload.len(),
     }
 }
 
@@ -401,8 +524,24 @@ impl Client {
         filter: &DeadFilter,
         limit: usize,
     ) -> Result<Vec<DeadJob>, ClientError> {
+        Ok(self
+            .dead_jobs_bounded(filter, limit, usize::MAX)
+            .await?
+            .items)
+    }
+
+    /// Like [`Client::dead_jobs`], reading at most `scan` dead entries per shard (oldest
+    /// first, in the filter's age window): a filter on reason, route or schedule that
+    /// matches little cannot make the call read a whole dead set. `complete` is false when a
+    /// shard had more to read.
+    pub async fn dead_jobs_bounded(
+        &self,
+        filter: &DeadFilter,
+        limit: usize,
+        scan: usize,
+    ) -> Result<Bounded<DeadJob>, ClientError> {
         filter.check()?;
-        self.fenced(|layout| self.dead_jobs_in(layout, filter, limit))
+        self.fenced(|layout| self.dead_jobs_in(layout, filter, limit, scan))
             .await
     }
 
@@ -411,7 +550,8 @@ impl Client {
         layout: Keys,
         filter: &DeadFilter,
         limit: usize,
-    ) -> Result<Vec<DeadJob>, ClientError> {
+        scan: usize,
+    ) -> Result<Bounded<DeadJob>, ClientError> {
         self.check_layout(&layout).await?;
         let mut con = self.con.clone();
         let now_ms = store::server_time_ms(&mut con).await?;
@@ -421,13 +561,21 @@ impl Client {
         } else {
             limit.clamp(1, PAGE)
         };
-        let mut out = Vec::new();
+        let mut out = Bounded {
+            items: Vec::new(),
+            complete: true,
+        };
         for shard in 0..layout.shards() {
             let keys = layout.shard(shard);
             let mut found = 0;
             let mut offset = 0;
             while found < limit {
-                let entries = dead_page(&mut con, &keys.dead, &min, &max, offset, page).await?;
+                if offset >= scan {
+                    out.complete = false;
+                    break;
+                }
+                let count = page.min(scan - offset);
+                let entries = dead_page(&mut con, &keys.dead, &min, &max, offset, count).await?;
                 offset += entries.len();
                 let ids: Vec<String> = entries.iter().map(|(m, _)| lossy(m)).collect();
                 for job in scripts::peek_dead(&mut con, &keys, &ids).await? {
@@ -435,17 +583,28 @@ impl Client {
                         && found < limit
                         && filter.matches(now_ms, &job)
                     {
-                        out.push(job);
+                        out.items.push(job);
                         found += 1;
                     }
                 }
-                if entries.len() < page {
+                if entries.len() < count {
                     break;
                 }
             }
         }
-        out.sort_by(|a, b| (a.died_ms, a.shard, &a.id).cmp(&(b.died_ms, b.shard, &b.id)));
+        out.items
+            .sort_by(|a, b| (a.died_ms, a.shard, &a.id).cmp(&(b.died_ms, b.shard, &b.id)));
         Ok(out)
+    }
+
+    /// Dead entries per shard (`ZCARD`), in shard order.
+    pub async fn dead_counts(&self) -> Result<Vec<u64>, ClientError> {
+        let layout = self.keys();
+        let mut pipe = redis::pipe();
+        for shard in 0..layout.shards() {
+            pipe.zcard(layout.dead(shard));
+        }
+        Ok(pipe.query_async(&mut self.con.clone()).await?)
     }
 
     /// One dead job with its envelope and history; `None` when `id` is not dead.
@@ -729,7 +888,23 @@ impl Client {
         filter: &DeadFilter,
         limit: usize,
     ) -> Result<Vec<DeadMember>, ClientError> {
+        Ok(self
+            .raw_dead_members_bounded(source, filter, limit, usize::MAX)
+            .await?
+            .items)
+    }
+
+    /// Like [`Client::raw_dead_members`], reading at most `scan` dead entries of the source;
+    /// `complete` is false when it had more to read.
+    pub async fn raw_dead_members_bounded(
+        &self,
+        source: &SourceConfig,
+        filter: &DeadFilter,
+        limit: usize,
+        scan: usize,
+    ) -> Result<Bounded<DeadMember>, ClientError> {
         check_raw_filter(filter)?;
+        filter.check()?;
         let mut con = self.con.clone();
         let keys = source.keys();
         let now_ms = store::server_time_ms(&mut con).await?;
@@ -739,15 +914,23 @@ impl Client {
         } else {
             limit.clamp(1, PAGE)
         };
-        let mut out = Vec::new();
+        let mut out = Bounded {
+            items: Vec::new(),
+            complete: true,
+        };
         let mut offset = 0;
-        while out.len() < limit {
-            let entries = dead_page(&mut con, &keys.dead, &min, &max, offset, page).await?;
+        while out.items.len() < limit {
+            if offset >= scan {
+                out.complete = false;
+                break;
+            }
+            let count = page.min(scan - offset);
+            let entries = dead_page(&mut con, &keys.dead, &min, &max, offset, count).await?;
             offset += entries.len();
-            let full = entries.len() == page;
-            for member in with_reasons(&mut con, &keys.reasons, entries).await? {
-                if out.len() < limit && filter.matches_member(now_ms, &member.0) {
-                    out.push(member.0);
+            let full = entries.len() == count;
+            for (member, _) in with_reasons(&mut con, &keys.reasons, entries).await? {
+                if out.items.len() < limit && filter.matches_member(now_ms, &member) {
+                    out.items.push(member);
                 }
             }
             if !full {
@@ -1145,6 +1328,47 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn filters_from_text_treat_empty_as_unset_and_name_the_bad_field() {
+        let f = DeadFilter::from_text(Some("q"), Some(" "), Some("10m"), None, Some("")).unwrap();
+        assert_eq!(
+            f,
+            DeadFilter {
+                route: Some("q".into()),
+                older_than: Some(Duration::from_secs(600)),
+                ..DeadFilter::default()
+            }
+        );
+        assert!(
+            DeadFilter::from_text(None, None, None, None, None)
+                .unwrap()
+                .is_empty()
+        );
+        let e = DeadFilter::from_text(None, None, None, Some("soon"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("newer_than") && e.contains("soon"), "{e}");
+        let e = DeadFilter::from_text(None, None, Some("1h"), Some("1m"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no time window"), "{e}");
+    }
+
+    #[test]
+    fn previews_cut_text_at_a_character_and_encode_binary() {
+        let p = payload_preview(b"hello", 200);
+        assert_eq!(
+            (p.text.as_str(), p.encoding.as_str(), p.truncated),
+            ("hello", "utf8", false)
+        );
+        let long = format!("a{}", "é".repeat(150)); // byte 200 is inside an é
+        let p = payload_preview(long.as_bytes(), 200);
+        assert_eq!(p.text.len(), 199);
+        assert!(p.truncated);
+        let p = payload_preview(&[0xff, 0x00], 200);
+        assert_eq!((p.text.as_str(), p.encoding.as_str()), ("/wA=", "base64"));
     }
 
     #[test]

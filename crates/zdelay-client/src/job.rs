@@ -23,6 +23,19 @@ impl Due {
     }
 }
 
+/// A due time as a user writes it: epoch milliseconds, or RFC 3339
+/// (`2026-11-21T14:03:07.250Z`); epoch ms.
+pub fn parse_at(text: &str) -> Result<i64, String> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(ms);
+    }
+    let t = humantime::parse_rfc3339_weak(text)
+        .map_err(|e| format!("{e}: expected RFC 3339 or epoch milliseconds"))?;
+    Ok(t.duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| "before 1970".to_owned())?
+        .as_millis() as i64)
+}
+
 /// What to do when the id being enqueued exists.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OnConflict {
@@ -85,6 +98,13 @@ pub enum JobState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn at_takes_rfc3339_and_epoch_ms() {
+        assert_eq!(parse_at("1700000000000"), Ok(1_700_000_000_000));
+        assert_eq!(parse_at("2023-11-14T22:13:20.250Z"), Ok(1_700_000_000_250));
+        assert!(parse_at("tomorrow").is_err());
+    }
 
     #[test]
     fn due_args() {

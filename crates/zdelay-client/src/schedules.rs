@@ -373,41 +373,254 @@ impl Client {
             .map(|(version, s)| view(id.to_owned(), shard, version, s, envelope.as_deref(), next)))
     }
 
-    /// Every schedule, by shard then id.
+    /// Every schedule: those with a pending occurrence soonest first
+    /// ([`Client::schedules_upcoming`]), then those without one ([`Client::schedules_idle`]).
     pub async fn schedule_list(&self) -> Result<Vec<ScheduleView>, ClientError> {
-        let mut out = Vec::new();
+        let mut out = self.schedules_upcoming(usize::MAX).await?;
+        let mut from = Some(IdleCursor::default());
+        while let Some(cursor) = from {
+            let idle = self.schedules_idle(cursor, SCAN_PAGE).await?;
+            out.extend(idle.schedules);
+            from = idle.next;
+        }
+        Ok(out)
+    }
+
+    /// The next `limit` schedules to fire, soonest first (ties by shard, then id): each
+    /// shard's first `limit` pending occurrences (`sched_due` by score, `LIMIT`), merged;
+    /// then only those schedules' definitions and envelopes are read (`HMGET`). Paused and
+    /// ended schedules have no pending occurrence: [`Client::schedules_idle`] lists them.
+    pub async fn schedules_upcoming(&self, limit: usize) -> Result<Vec<ScheduleView>, ClientError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let layout = self.keys();
-        for shard in 0..layout.shards() {
+        let count = i64::try_from(limit).unwrap_or(i64::MAX);
+        let heads = futures::future::try_join_all((0..layout.shards()).map(|shard| {
             let keys = layout.shard(shard);
             let mut con = self.con.clone();
-            let (records, envelopes, next, marker): ShardSchedules = redis::pipe()
-                .hgetall(&keys.schedules)
-                .hgetall(&keys.sched_env)
-                .zrange_withscores(&keys.sched_due, 0, -1)
+            let layout = &layout;
+            async move {
+                let (next, marker): (Vec<(String, f64)>, Option<String>) = redis::pipe()
+                    .cmd("ZRANGEBYSCORE")
+                    .arg(&keys.sched_due)
+                    .arg("-inf")
+                    .arg("+inf")
+                    .arg("WITHSCORES")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(count)
+                    .get(&keys.layout)
+                    .query_async(&mut con)
+                    .await?;
+                read_fence(marker, layout, &keys.layout)?;
+                Ok::<_, ClientError>(next.into_iter().map(move |(id, at)| (at, shard, id)))
+            }
+        }))
+        .await?;
+        let mut next: Vec<(f64, u16, String)> = heads.into_iter().flatten().collect();
+        next.sort_by(|a, b| {
+            a.0.total_cmp(&b.0)
+                .then_with(|| (a.1, &a.2).cmp(&(b.1, &b.2)))
+        });
+        next.truncate(limit);
+        let mut by_shard: BTreeMap<u16, Vec<(String, f64)>> = BTreeMap::new();
+        for (at, shard, id) in next {
+            by_shard.entry(shard).or_default().push((id, at));
+        }
+        let read = futures::future::try_join_all(by_shard.into_iter().map(|(shard, ids)| {
+            let keys = layout.shard(shard);
+            let con = self.con.clone();
+            async move { read_views(con, &keys, shard, ids).await }
+        }))
+        .await?;
+        let mut out: Vec<ScheduleView> = read.into_iter().flatten().collect();
+        out.sort_by(|a, b| (a.next_ms, a.shard, &a.id).cmp(&(b.next_ms, b.shard, &b.id)));
+        Ok(out)
+    }
+
+    /// Schedules without a pending occurrence — paused, or past their end — found by a
+    /// bounded scan of the definitions (`HSCAN`, shard by shard, from `from`): about `scan`
+    /// definitions are read, those without a pending occurrence (`ZMSCORE`) returned, with
+    /// where to continue (`None`: every shard was scanned). Unreadable definitions are left
+    /// out, as everywhere.
+    pub async fn schedules_idle(
+        &self,
+        from: IdleCursor,
+        scan: usize,
+    ) -> Result<IdleSchedules, ClientError> {
+        let layout = self.keys();
+        let mut con = self.con.clone();
+        let mut out = IdleSchedules {
+            schedules: Vec::new(),
+            next: None,
+        };
+        let (mut shard, mut cursor, mut read) = (from.shard, from.cursor, 0);
+        while shard < layout.shards() {
+            if read >= scan.max(1) {
+                out.next = Some(IdleCursor { shard, cursor });
+                break;
+            }
+            let keys = layout.shard(shard);
+            let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
+                .cmd("HSCAN")
+                .arg(&keys.schedules)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg((scan - read).clamp(1, SCAN_PAGE))
                 .get(&keys.layout)
                 .query_async(&mut con)
                 .await?;
             read_fence(marker, &layout, &keys.layout)?;
-            let next: HashMap<String, f64> = next.into_iter().collect();
-            for (id, record) in records {
-                if let Some((version, s)) = parse_record(&record) {
-                    let envelope = envelopes.get(&id).map(Vec::as_slice);
-                    let next = next.get(&id).copied();
-                    out.push(view(id, shard, version, s, envelope, next));
+            read += page.len().max(1);
+            if !page.is_empty() {
+                let pending: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+                    .arg(&keys.sched_due)
+                    .arg(page.iter().map(|(id, _)| id).collect::<Vec<_>>())
+                    .query_async(&mut con)
+                    .await?;
+                let idle: Vec<(String, String)> = page
+                    .into_iter()
+                    .zip(pending)
+                    .filter(|(_, next)| next.is_none())
+                    .map(|(entry, _)| entry)
+                    .collect();
+                if !idle.is_empty() {
+                    let envelopes: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+                        .arg(&keys.sched_env)
+                        .arg(idle.iter().map(|(id, _)| id).collect::<Vec<_>>())
+                        .query_async(&mut con)
+                        .await?;
+                    for ((id, record), envelope) in idle.into_iter().zip(envelopes) {
+                        if let Some((version, s)) = parse_record(&record) {
+                            out.schedules.push(view(
+                                id,
+                                shard,
+                                version,
+                                s,
+                                envelope.as_deref(),
+                                None,
+                            ));
+                        }
+                    }
                 }
+            }
+            if next == 0 {
+                (shard, cursor) = (shard + 1, 0);
+            } else {
+                cursor = next;
             }
         }
         Ok(out)
     }
+
+    /// How many schedules there are, and how many have a pending occurrence (`HLEN` and
+    /// `ZCARD` per shard, summed).
+    pub async fn schedule_counts(&self) -> Result<ScheduleCounts, ClientError> {
+        let layout = self.keys();
+        let mut counts = ScheduleCounts::default();
+        for shard in 0..layout.shards() {
+            let keys = layout.shard(shard);
+            let (schedules, pending, marker): (u64, u64, Option<String>) = redis::pipe()
+                .hlen(&keys.schedules)
+                .zcard(&keys.sched_due)
+                .get(&keys.layout)
+                .query_async(&mut self.con.clone())
+                .await?;
+            read_fence(marker, &layout, &keys.layout)?;
+            counts.schedules += schedules;
+            counts.pending += pending;
+        }
+        Ok(counts)
+    }
 }
 
-/// One shard's schedules: definitions, envelopes, pending occurrences.
-type ShardSchedules = (
-    BTreeMap<String, String>,
-    HashMap<String, Vec<u8>>,
-    Vec<(String, f64)>,
-    Option<String>,
-);
+/// One `HSCAN` answer of the definitions: the next cursor, (id, record) pairs.
+type ScanPage = (u64, Vec<(String, String)>);
+
+/// Definitions read per `HSCAN` call, and per call of [`Client::schedules_idle`] when
+/// [`Client::schedule_list`] reads them all.
+const SCAN_PAGE: usize = 1000;
+
+/// The views of `ids` (each with its pending occurrence) in one shard: definitions and
+/// envelopes by `HMGET`, in chunks. A schedule deleted meanwhile is left out.
+async fn read_views(
+    mut con: Conn,
+    keys: &ShardKeys,
+    shard: u16,
+    ids: Vec<(String, f64)>,
+) -> Result<Vec<ScheduleView>, ClientError> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(SCAN_PAGE) {
+        let names: Vec<&String> = chunk.iter().map(|(id, _)| id).collect();
+        let (records, envelopes): (Vec<Option<String>>, Vec<Option<Vec<u8>>>) = redis::pipe()
+            .cmd("HMGET")
+            .arg(&keys.schedules)
+            .arg(&names)
+            .cmd("HMGET")
+            .arg(&keys.sched_env)
+            .arg(&names)
+            .query_async(&mut con)
+            .await?;
+        for (((id, next), record), envelope) in chunk.iter().zip(records).zip(envelopes) {
+            if let Some((version, s)) = record.as_deref().and_then(parse_record) {
+                out.push(view(
+                    id.clone(),
+                    shard,
+                    version,
+                    s,
+                    envelope.as_deref(),
+                    Some(*next),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Where a scan for schedules without a pending occurrence continues: a shard and its
+/// `HSCAN` cursor. Its text form is `<shard>-<cursor>`; the default starts at the beginning.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IdleCursor {
+    pub shard: u16,
+    pub cursor: u64,
+}
+
+impl std::fmt::Display for IdleCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.shard, self.cursor)
+    }
+}
+
+impl std::str::FromStr for IdleCursor {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("{text:?} is not a scan position: expected <shard>-<cursor>");
+        let (shard, cursor) = text.split_once('-').ok_or_else(bad)?;
+        Ok(IdleCursor {
+            shard: shard.parse().map_err(|_| bad())?,
+            cursor: cursor.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// What one [`Client::schedules_idle`] call found.
+#[derive(Debug, Clone)]
+pub struct IdleSchedules {
+    pub schedules: Vec<ScheduleView>,
+    /// Where to continue; `None` when every shard was scanned.
+    pub next: Option<IdleCursor>,
+}
+
+/// What [`Client::schedule_counts`] counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ScheduleCounts {
+    /// Schedules stored.
+    pub schedules: u64,
+    /// Of them, those with a pending occurrence (the others are paused or ended).
+    pub pending: u64,
+}
 
 fn view(
     id: String,
@@ -526,4 +739,24 @@ pub async fn fire_due(
         report.fired = scripts::fire_schedules(con, keys, now, &firings).await?;
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_cursors_round_trip_their_text() {
+        let c = IdleCursor {
+            shard: 3,
+            cursor: 917,
+        };
+        assert_eq!(c.to_string(), "3-917");
+        assert_eq!("3-917".parse::<IdleCursor>(), Ok(c));
+        assert_eq!("0-0".parse::<IdleCursor>(), Ok(IdleCursor::default()));
+        for bad in ["", "3", "x-1", "1-", "-1-2", "70000-1"] {
+            let e = bad.parse::<IdleCursor>().unwrap_err();
+            assert!(e.contains("<shard>-<cursor>"), "{bad}: {e}");
+        }
+    }
 }

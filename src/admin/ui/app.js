@@ -210,52 +210,151 @@ function forecastChart(f) {
 }
 
 // ---------------------------------------------------------------------------------------
+let idleFrom = "";
 pages.schedules = async function () {
-  const s = await getJSON("api/schedules");
+  const s = await getJSON("api/schedules" + (idleFrom ? "?idle_from=" + enc(idleFrom) : ""));
   const now = s.now_ms;
-  if (s.schedules.length === 0) return [el("p", { class: "muted", text: "No recurring schedules." })];
+  if (s.total === 0) return [el("p", { class: "muted", text: "No recurring schedules." })];
   const rec = d => d.recurrence.cron ? `cron ${d.recurrence.cron.expr} (${d.recurrence.cron.tz})` : `every ${span(d.recurrence.every.interval_ms)}`;
   const misfire = m => typeof m === "string" ? m : Object.keys(m).map(k => `${k} ${JSON.stringify(m[k])}`).join(" ");
-  return [
-    el("p", { class: "muted", text: `${s.total} schedules` }),
-    table(["id", "destination", "repeats", "misfire", "state", "next", "last (on the grid)", ""], s.schedules.map(x =>
-      el("tr", { "data-schedule": x.id },
-        el("td", { text: x.id }), el("td", { text: x.dest }), el("td", { text: rec(x) }),
-        el("td", { text: misfire(x.misfire) }),
-        el("td", { class: x.paused ? "down" : "up", text: x.paused ? "paused" : "active" }),
-        el("td", { text: when(x.next_ms, now) }), el("td", { text: when(x.previous_ms, now) }),
-        el("td", {},
-          x.paused ? actionButton("Resume", `api/schedules/${enc(x.id)}/resume`, `resume ${x.id}`, { "data-action": "resume" })
-            : actionButton("Pause", `api/schedules/${enc(x.id)}/pause`, `pause ${x.id}`, { "data-action": "pause" }),
-          " ",
-          actionButton("Run now", `api/schedules/${enc(x.id)}/run`, `run ${x.id}`, { "data-action": "run" }))))),
-  ];
+  const rows = list => list.map(x =>
+    el("tr", { "data-schedule": x.id },
+      el("td", { text: x.id }), el("td", { text: x.dest }), el("td", { text: rec(x) }),
+      el("td", { text: misfire(x.misfire) }),
+      el("td", { class: x.paused ? "down" : (x.next_ms === null ? "muted" : "up"), text: x.paused ? "paused" : (x.next_ms === null ? "ended" : "active") }),
+      el("td", { text: when(x.next_ms, now) }), el("td", { text: when(x.previous_ms, now) }),
+      el("td", {},
+        x.paused ? actionButton("Resume", `api/schedules/${enc(x.id)}/resume`, `resume ${x.id}`, { "data-action": "resume" })
+          : actionButton("Pause", `api/schedules/${enc(x.id)}/pause`, `pause ${x.id}`, { "data-action": "pause" }),
+        " ",
+        actionButton("Run now", `api/schedules/${enc(x.id)}/run`, `run ${x.id}`, { "data-action": "run" }))));
+  const head = ["id", "destination", "repeats", "misfire", "state", "next", "last (on the grid)", ""];
+  const out = [el("p", { class: "muted", id: "schedules-total", "data-total": s.total, "data-pending": s.pending,
+    text: `${s.total} schedules, ${s.pending} with a pending occurrence; the next ${s.schedules.length} to fire:` })];
+  out.push(table(head, rows(s.schedules), { id: "schedules-next" }));
+  out.push(el("h2", { text: "Paused or ended" }));
+  out.push(el("p", { class: "muted", text: idleFrom ? `Scanning from ${idleFrom}.` : "Scanned from the start." },
+    " ", s.idle_next ? el("button", { type: "button", id: "idle-more", text: "Scan further", onclick: () => { idleFrom = s.idle_next; show(false); } })
+      : (idleFrom ? el("button", { type: "button", text: "Scan from the start", onclick: () => { idleFrom = ""; show(false); } }) : "Every schedule scanned.")));
+  out.push(s.idle.length === 0 ? el("p", { class: "muted", text: "None found in this scan." }) : table(head, rows(s.idle), { id: "schedules-idle" }));
+  return out;
 };
 
 // ---------------------------------------------------------------------------------------
-let deadFilter = { route: "", reason: "", min_age: "" };
-pages.dead = async function () {
-  const q = new URLSearchParams(Object.entries(deadFilter).filter(([, v]) => v)).toString();
+const FILTERS = [["route", "route (destination)"], ["reason", "reason contains"], ["older_than", "died over (10m) ago"],
+  ["newer_than", "died within (1h)"], ["schedule", "schedule id"]];
+let deadFilter = { route: "", reason: "", older_than: "", newer_than: "", schedule: "", source: "" };
+function deadQuery(extra) {
+  return new URLSearchParams(Object.entries(Object.assign({}, deadFilter, extra || {})).filter(([, v]) => v)).toString();
+}
+function attempts(j) {
+  return `${j.attempt}${j.max_attempts ? "/" + j.max_attempts : ""}`;
+}
+
+pages.dead = async function (arg) {
+  if (arg) return deadDetail(arg, null);
+  const q = deadQuery();
   const d = await getJSON("api/dead" + (q ? "?" + q : ""));
   const inputs = {};
-  const field = (name, hint) => el("label", {}, hint, inputs[name] = el("input", { id: "dead-" + name, value: deadFilter[name], size: 14 }));
-  const out = [el("div", { class: "filters" },
-    field("route", "route (destination)"), field("reason", "reason contains"), field("min_age", "dead for at least (10m)"),
-    el("button", { type: "button", id: "dead-filter", text: "Filter", onclick: () => { for (const k in inputs) deadFilter[k] = inputs[k].value.trim(); show(false); } }))];
+  const field = ([name, hint]) => el("label", {}, hint, inputs[name] = el("input", { id: "dead-" + name, value: deadFilter[name], size: 12 }));
+  inputs.source = el("select", { id: "dead-source" }, el("option", { value: "", text: "envelope jobs (+ every source)" }),
+    d.sources.map(k => el("option", { value: k, text: k, selected: k === deadFilter.source })));
+  const apply = () => { for (const k in inputs) deadFilter[k] = inputs[k].value.trim(); show(false); };
+  const filtered = Object.values(deadFilter).some(v => v);
+  const bulk = action => {
+    const what = filtered ? "every dead job matching the filters" : "EVERY dead job";
+    if (!confirm(`${action} ${what}?`)) return;
+    act("api/dead?" + deadQuery({ action, all: filtered ? "" : "true" }), `${action} matching`);
+  };
+  const out = [el("div", { class: "filters" }, FILTERS.map(field), el("label", {}, "raw source", inputs.source),
+    el("button", { type: "button", id: "dead-filter", text: "Filter", onclick: apply }),
+    el("button", { type: "button", id: "dead-replay-all", "data-action": "replay-all", text: "Replay matching", disabled: !token(), onclick: () => bulk("replay") }),
+    el("button", { type: "button", id: "dead-purge-all", "data-action": "purge-all", text: "Purge matching", disabled: !token(), onclick: () => bulk("purge") }))];
   out.push(el("p", { class: "muted", id: "dead-total", "data-total": d.total,
-    text: `${d.total} dead in all; showing ${d.jobs.length} (the oldest ${d.limit_per_shard} of each shard, filtered)` }));
-  if (d.jobs.length === 0) return out.concat(el("p", { text: "No dead job matches." }));
-  out.push(table(["id", "destination", "reason", "died", ""], d.jobs.map(j =>
-    el("tr", { "data-dead": j.id },
-      el("td", {}, el("a", { href: "#job/" + enc(j.id), text: j.id })),
-      el("td", { text: j.dest ?? "—" }), el("td", { text: j.reason }), el("td", { text: when(j.died_ms, d.now_ms) }),
-      el("td", {},
-        actionButton("Replay", `api/dead/${enc(j.id)}/replay`, `replay ${j.id}`, { "data-action": "replay" }), " ",
-        el("button", { type: "button", text: "Purge", "data-action": "purge", disabled: !token(), onclick: () => {
-          if (confirm(`Delete dead job ${j.id} for good?`)) act(`api/dead/${enc(j.id)}/purge`, `purge ${j.id}`);
-        } })))), { id: "dead-jobs" }));
+    text: `${d.total} dead jobs in all; showing the oldest ${d.jobs.length} jobs and ${d.raw.length} raw members that match (at most ${d.limit} each)` +
+      (d.complete ? "" : `; stopped after reading ${d.scan_limit} per shard: narrow the ages to see further`) +
+      (d.raw_not_listed ? `; raw members not listed: ${d.raw_not_listed}` : "") }));
+  if (!deadFilter.source) {
+    out.push(d.jobs.length === 0 ? el("p", { id: "dead-none", text: "No dead job matches." }) :
+      table(["id", "route", "attempts", "reason", "died", "earlier deaths", ""], d.jobs.map(j =>
+        el("tr", { "data-dead": j.id, "data-route": j.route ?? "" },
+          el("td", {}, el("a", { href: "#dead/" + enc(j.id), text: j.id })),
+          el("td", { text: j.route ?? "—" }), num(attempts(j)), el("td", { text: j.reason }), el("td", { text: when(j.died_ms, d.now_ms) }),
+          num(j.earlier_deaths || ""),
+          el("td", {},
+            actionButton("Replay", `api/dead/${enc(j.id)}/replay`, `replay ${j.id}`, { "data-action": "replay" }), " ",
+            el("button", { type: "button", text: "Purge", "data-action": "purge", disabled: !token(), onclick: () => {
+              if (confirm(`Delete dead job ${j.id} for good?`)) act(`api/dead/${enc(j.id)}/purge`, `purge ${j.id}`);
+            } })))), { id: "dead-jobs" }));
+  }
+  if (d.raw.length) {
+    out.push(el("h2", { text: "Dead raw-source members" }));
+    out.push(table(["source", "id", "member", "reason", "died", ""], d.raw.map(m => {
+      const src = `?source=${enc(m.source)}`;
+      return el("tr", { "data-raw": m.id, "data-source": m.source },
+        el("td", { text: m.source }),
+        el("td", {}, el("a", { href: `#dead-member/${enc(m.source)}/${m.id}`, text: m.id })),
+        el("td", { text: m.payload }), el("td", { text: m.reason }), el("td", { text: when(m.died_ms, d.now_ms) }),
+        el("td", {},
+          actionButton("Replay", `api/dead/${m.id}/replay${src}`, `replay ${m.source}:${m.id}`, { "data-action": "replay" }), " ",
+          el("button", { type: "button", text: "Purge", "data-action": "purge", disabled: !token(), onclick: () => {
+            if (confirm(`Delete dead member ${m.source}:${m.id} for good?`)) act(`api/dead/${m.id}/purge${src}`, `purge ${m.source}:${m.id}`);
+          } })));
+    }), { id: "dead-raw" }));
+  }
   return out;
 };
+
+// #dead-member/<source>/<id>: one dead raw member (ids are hex: the last segment).
+pages["dead-member"] = async function (arg) {
+  const cut = (arg || "").lastIndexOf("/");
+  return deadDetail(arg.slice(cut + 1), arg.slice(0, cut));
+};
+
+async function deadDetail(id, source) {
+  const src = source ? `?source=${enc(source)}` : "";
+  const out = [el("p", {}, el("a", { href: "#dead", text: "← dead letters" }))];
+  let j;
+  try {
+    j = await getJSON(`api/dead/${enc(id)}${src}`);
+  } catch (e) {
+    return out.concat(el("p", { id: "dead-missing", text: e.message }));
+  }
+  const rows = [["id", source ? `${j.id} (message id ${j.message_id})` : j.id]];
+  if (source) rows.push(["source", source]);
+  else rows.push(["route", j.route ?? "—"], ["shard", j.shard]);
+  rows.push(["died", iso(j.died_ms)], ["reason", j.reason]);
+  if (!source) {
+    if (j.envelope_error) rows.push(["envelope", j.envelope_error]);
+    rows.push(["attempts", attempts(j)], ["last error", j.last_error ?? "—"]);
+    if (j.schedule) rows.push(["schedule", j.schedule]);
+    if (j.headers && Object.keys(j.headers).length) rows.push(["headers", JSON.stringify(j.headers)]);
+  }
+  out.push(el("dl", { id: "dead-detail" }, rows.map(([k, v]) => [el("dt", { text: k }), el("dd", { "data-field": k, text: v ?? "—" })])));
+  if (!source) {
+    out.push(el("h2", { text: `Earlier deaths (${j.history.length}), oldest first` }));
+    out.push(j.history.length === 0 ? el("p", { class: "muted", id: "dead-history-none", text: "None: it died once." }) :
+      el("ul", { id: "dead-history" }, j.history.map(h => el("li", { "data-death": h.died_ms, text: `${iso(h.died_ms)}  ${h.reason}` }))));
+  }
+  out.push(el("h2", { text: `Payload (${j.payload_size ?? 0} bytes, ${j.payload_encoding || "?"}${j.payload_truncated ? ", preview truncated" : ""})` }));
+  out.push(el("pre", { id: "dead-payload", text: j.payload_preview ?? "" }));
+  const delay = el("input", { id: "replay-in", size: 6, placeholder: "now" });
+  const keep = el("input", { id: "replay-keep", type: "checkbox" });
+  const replay = () => {
+    const q = new URLSearchParams(source ? { source } : {});
+    if (delay.value.trim()) q.set("in", delay.value.trim());
+    if (keep.checked) q.set("keep_attempts", "true");
+    act(`api/dead/${enc(id)}/replay?${q}`, `replay ${id}`).then(r => { if (r) location.hash = "#dead"; });
+  };
+  out.push(el("div", { class: "filters" },
+    el("label", {}, "replay in (e.g. 10m)", delay),
+    source ? null : el("label", {}, "keep attempts", keep),
+    el("button", { type: "button", text: "Replay", "data-action": "replay", disabled: !token(), onclick: replay }),
+    el("button", { type: "button", text: "Purge", "data-action": "purge", disabled: !token(), onclick: () => {
+      if (confirm(`Delete ${id} for good?`)) act(`api/dead/${enc(id)}/purge${src}`, `purge ${id}`).then(r => { if (r) location.hash = "#dead"; });
+    } })));
+  return out;
+}
 
 // ---------------------------------------------------------------------------------------
 pages.job = async function (arg) {
@@ -301,7 +400,8 @@ function route() {
 
 async function show(clearStatus) {
   const { page, arg } = route();
-  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.page === page);
+  const section = page === "dead-member" ? "dead" : page;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.page === section);
   if (clearStatus) setStatus("");
   try {
     const content = await pages[page](arg);

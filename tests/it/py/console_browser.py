@@ -1,7 +1,8 @@
 """Drives the zdelay console in a headless chromium (selenium + Debian's chromedriver) and
 reports what each page shows, for tests/it/console.rs to check against Redis.
 
-  console_browser.py BASE_URL TOKEN JOB_ID DEAD_REPLAY_ID DEAD_REFUSED_ID SCHEDULE_ID [SHOTS_DIR]
+  console_browser.py BASE_URL TOKEN JOB_ID DEAD_REPLAY_ID DEAD_REFUSED_ID SCHEDULE_ID
+                     FILTER_ROUTE HISTORY_ID [SHOTS_DIR]
 
 BASE_URL ends with "/" (the console's root, under its prefix). The script:
   1. loads every page (overview, forecast, schedules, dead letters, one job) and reads the
@@ -9,7 +10,9 @@ BASE_URL ends with "/" (the console's root, under its prefix). The script:
   2. without a token: sees the action buttons disabled, and POSTs a replay of
      DEAD_REFUSED_ID from the page's own origin (fetch, as a forged click would): the
      server's status is reported;
-  3. unlocks actions with TOKEN and clicks "Replay" on DEAD_REPLAY_ID's row, then reports
+  3. filters the dead letters by FILTER_ROUTE in the page, reads the ids shown, opens
+     HISTORY_ID's detail and reads its history lines (earlier deaths), clears the filter;
+  4. unlocks actions with TOKEN and clicks "Replay" on DEAD_REPLAY_ID's row, then reports
      the status line.
 With SHOTS_DIR, saves a screenshot of each page there (<page>.png). Prints one JSON
 document on stdout.
@@ -25,8 +28,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-base, token, job_id, replay_id, refused_id, schedule_id = sys.argv[1:7]
-shots = sys.argv[7] if len(sys.argv) > 7 else None
+base, token, job_id, replay_id, refused_id, schedule_id, filter_route, history_id = sys.argv[1:9]
+shots = sys.argv[9] if len(sys.argv) > 9 else None
 
 options = Options()
 options.binary_location = "/usr/bin/chromium"
@@ -56,6 +59,14 @@ def load(page, ready_selector):
     status = driver.find_element(By.ID, "status")
     if "error" in (status.get_attribute("class") or ""):
         raise SystemExit(f"{page}: the page reports an error: {status.text}")
+
+
+def rerender(action):
+    """Runs `action` (a click that re-renders the current page) and waits until it did."""
+    before = driver.execute_script("return document.getElementById('page').dataset.loadedAt")
+    action()
+    wait.until(lambda d: d.execute_script(
+        "return document.getElementById('page').dataset.loadedAt !== arguments[0];", before))
 
 
 def shot(name):
@@ -108,7 +119,26 @@ try:
         "const done = arguments[arguments.length - 1];"
         "fetch('api/dead/' + encodeURIComponent(arguments[0]) + '/replay', {method: 'POST'})"
         ".then(r => done(r.status), e => done(String(e)));", refused_id)
+    report["dead"]["raw_rows"] = texts("tr[data-raw]", "data-raw")
     shot("dead")
+
+    # Filter by route in the page, then open one job's detail with its history.
+    route_input = driver.find_element(By.ID, "dead-route")
+    route_input.clear()
+    route_input.send_keys(filter_route)
+    rerender(lambda: driver.find_element(By.ID, "dead-filter").click())
+    report["dead_filtered"] = {"ids": texts("tr[data-dead]", "data-dead")}
+    shot("dead-filtered")
+    rerender(lambda: driver.find_element(
+        By.CSS_SELECTOR, f'tr[data-dead="{history_id}"] a').click())
+    wait.until(EC.presence_of_element_located((By.ID, "dead-detail")))
+    fields = {e.find_element(By.XPATH, "preceding-sibling::dt[1]").text: e.text
+              for e in driver.find_elements(By.CSS_SELECTOR, "#dead-detail dd")}
+    report["dead_detail"] = {"fields": fields, "history": texts("#dead-history li")}
+    shot("dead-detail")
+    load("dead", "#dead-route")
+    driver.find_element(By.ID, "dead-route").clear()
+    rerender(lambda: driver.find_element(By.ID, "dead-filter").click())
 
     load("job/" + job_id, "#job")
     fields = {e.find_element(By.XPATH, "preceding-sibling::dt[1]").text: e.text
