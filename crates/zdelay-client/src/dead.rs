@@ -177,6 +177,16 @@ impl DeadFilter {
         self.reason.is_some() || self.route.is_some() || self.schedule.is_some()
     }
 
+    /// How many dead entries to read per round for `limit` results: a filter on content
+    /// may reject most of a page, so it reads full pages.
+    fn page_size(&self, limit: usize) -> usize {
+        if self.reads_content() {
+            PAGE
+        } else {
+            limit.clamp(1, PAGE)
+        }
+    }
+
     /// The dead scores the age filters admit, as `ZRANGEBYSCORE` bounds: always before
     /// `now_ms` (what was dead when the call started).
     fn score_range(&self, now_ms: i64) -> (String, String) {
@@ -556,11 +566,7 @@ impl Client {
         let mut con = self.con.clone();
         let now_ms = store::server_time_ms(&mut con).await?;
         let (min, max) = filter.score_range(now_ms);
-        let page = if filter.reads_content() {
-            PAGE
-        } else {
-            limit.clamp(1, PAGE)
-        };
+        let page = filter.page_size(limit);
         let mut out = Bounded {
             items: Vec::new(),
             complete: true,
@@ -909,11 +915,7 @@ impl Client {
         let keys = source.keys();
         let now_ms = store::server_time_ms(&mut con).await?;
         let (min, max) = filter.score_range(now_ms);
-        let page = if filter.reads_content() {
-            PAGE
-        } else {
-            limit.clamp(1, PAGE)
-        };
+        let page = filter.page_size(limit);
         let mut out = Bounded {
             items: Vec::new(),
             complete: true,
