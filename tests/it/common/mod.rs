@@ -799,14 +799,8 @@ impl RedisCluster {
             tls_cli,
         };
         for i in 0..6 {
-            let child = cluster.spawn_node(i);
+            let child = cluster.start_node(i);
             cluster.children.push(Some(child));
-        }
-        for &port in &cluster.ports {
-            wait_for("a cluster node to answer", Duration::from_secs(10), || {
-                redis_cli_auth(port, &cluster.auth_args(), &["PING"])
-                    .is_some_and(|out| out.contains("PONG"))
-            });
         }
         let nodes: Vec<String> = cluster
             .ports
@@ -860,6 +854,36 @@ impl RedisCluster {
     pub fn cli_on_key(&self, key: &str, args: &[&str]) -> String {
         let port = self.master_of(key);
         redis_cli_auth(port, &self.auth_args(), args).unwrap_or_default()
+    }
+
+    /// Starts node `i` and waits until it answers. A port picked free can be taken before
+    /// the node binds it (by another test's server, or as a client's ephemeral source port):
+    /// then the node exits, and it is started again on other ports.
+    fn start_node(&mut self, i: usize) -> Child {
+        for _ in 0..3 {
+            let mut child = self.spawn_node(i);
+            let (port, auth) = (self.ports[i], self.auth_args());
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if redis_cli_auth(port, &auth, &["PING"]).is_some_and(|out| out.contains("PONG")) {
+                    return child;
+                }
+                if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let log = self.dir.path().join(format!("n{i}")).join("redis.log");
+            eprintln!(
+                "cluster node {i} did not answer on port {port}; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(self.dir.path().join(format!("n{i}")));
+            self.ports[i] = free_cluster_port(&self.ports);
+        }
+        panic!("cluster node {i} did not start on three ports");
     }
 
     fn spawn_node(&self, i: usize) -> Child {
