@@ -206,6 +206,25 @@ pub enum ShardKey {
 }
 
 impl ShardKey {
+    /// Every shard key, in declaration order: the one order scripts take them (`History`,
+    /// which only the dead-letter scripts and reshard's take, then the layout marker last).
+    pub const ALL: &[ShardKey] = &[
+        ShardKey::Due,
+        ShardKey::Jobs,
+        ShardKey::Inflight,
+        ShardKey::Dead,
+        ShardKey::Reasons,
+        ShardKey::Scheduled,
+        ShardKey::Ready,
+        ShardKey::ReadyIds,
+        ShardKey::MaxLateness,
+        ShardKey::Schedules,
+        ShardKey::SchedEnv,
+        ShardKey::SchedDue,
+        ShardKey::History,
+        ShardKey::Layout,
+    ];
+
     /// The key's suffix, which is also its name in the scripts' headers.
     pub fn name(self) -> &'static str {
         match self {
@@ -355,6 +374,12 @@ fn hash_tag(id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_lists_every_shard_key_once_in_declaration_order() {
+        let order: Vec<usize> = ShardKey::ALL.iter().map(|&k| k as usize).collect();
+        assert_eq!(order, (0..=ShardKey::Layout as usize).collect::<Vec<_>>());
+    }
 
     #[test]
     fn occurrences_live_in_their_schedules_shard() {

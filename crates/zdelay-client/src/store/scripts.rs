@@ -86,32 +86,13 @@ use ShardKey::{
     SchedDue, SchedEnv, Scheduled, Schedules,
 };
 
-/// Every shard key, in the one order scripts take them (`history`, which only the dead-letter
-/// scripts and zdelay reshard's take, then the layout marker, last).
-const ALL_SHARD_KEYS: &[ShardKey] = &[
-    DueKey,
-    Jobs,
-    Inflight,
-    Dead,
-    Reasons,
-    Scheduled,
-    Ready,
-    ReadyIds,
-    MaxLateness,
-    Schedules,
-    SchedEnv,
-    SchedDue,
-    History,
-    Layout,
-];
-
 /// The keys of a job's states, which the scripts that move jobs take, and the layout marker.
 const JOB_STATE_KEYS: &[ShardKey] = &[
     DueKey, Jobs, Inflight, Dead, Reasons, Scheduled, Ready, ReadyIds, Layout,
 ];
 
 /// The shard keys each script takes first in KEYS, in this order (checked against the
-/// headers by a test): each list is a subsequence of `ALL_SHARD_KEYS`. Every script that
+/// headers by a test): each list is a subsequence of `ShardKey::ALL`. Every script that
 /// takes a shard computed by its caller ends with the layout marker and checks it (the
 /// layout fence, [`FENCED`]).
 const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
@@ -210,8 +191,8 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
             Layout,
         ],
     ),
-    ("reshard_put", ALL_SHARD_KEYS),
-    ("reshard_drop", ALL_SHARD_KEYS),
+    ("reshard_put", ShardKey::ALL),
+    ("reshard_drop", ShardKey::ALL),
 ];
 
 /// The scripts with the layout fence: ARGV[1] is the caller's shard count, checked against
@@ -1675,10 +1656,10 @@ mod tests {
     #[test]
     fn every_script_takes_shard_keys_in_the_one_order() {
         for (name, keys) in SHARD_KEYS {
-            let mut all = ALL_SHARD_KEYS.iter();
+            let mut all = ShardKey::ALL.iter();
             assert!(
                 keys.iter().all(|k| all.any(|a| a == k)),
-                "{name}: {keys:?} is not in the order of ALL_SHARD_KEYS"
+                "{name}: {keys:?} is not in the order of ShardKey::ALL"
             );
         }
     }
