@@ -55,6 +55,7 @@ if ((rc != 0)); then
 fi
 for pair in "$@"; do
     cmd=${pair%%:*}
+    [[ $cmd == /* && -e $cmd ]] && continue
     command -v "$cmd" >/dev/null 2>&1 || {
         echo "apt-ensure: $cmd still missing after installing ${missing[*]}" >&2
         exit 1
