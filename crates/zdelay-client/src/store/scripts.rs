@@ -583,7 +583,7 @@ pub const PEEK_HEAD_MAX: usize = 65536;
 
 /// Envelope bytes one `peek_dead` call reads at most (the first id's whatever its size);
 /// the wrapper sends the ids it did not reach again.
-pub const PEEK_BUDGET: usize = 4 << 20;
+pub const PEEK_BUDGET: usize = 1 << 20;
 
 /// One id as `peek_dead` saw it.
 #[derive(Debug, Clone, PartialEq)]
@@ -704,7 +704,7 @@ pub struct RawDeadRange<'a> {
 
 /// Member bytes one `walk_raw_dead` call reads at most (the first member's whatever its
 /// size).
-pub const RAW_WALK_BUDGET: usize = 4 << 20;
+pub const RAW_WALK_BUDGET: usize = 1 << 20;
 
 /// A dead raw member as `walk_raw_dead` lists it.
 #[derive(Debug, Clone, PartialEq)]
