@@ -1,10 +1,12 @@
 //! The console's JSON API under `<ui_prefix>/api/…`, used by the page and by scripts alike.
 //! Reads go through the same library calls as the CLI (`stats::report`, `stats::forecast`,
-//! `Client::get`, the dead-letter listing and show with `DeadFilter`, the schedules in
-//! firing order), so page, API and CLI agree. Each read is bounded: counts by score range
-//! (ZCOUNT), lists by score range with LIMIT (and a scan bound where a filter reads content),
-//! one job by id.
-//! Actions (`POST`) pass `guard::check` first and are logged.
+//! `Client::get_preview`, the dead-letter listing and show with `DeadFilter`, the schedules
+//! in firing order), so page, API and CLI agree. Each read is bounded per request and per
+//! Redis call: counts by score range (ZCOUNT), lists by score range with LIMIT (and a scan
+//! bound where a filter reads content), one job by id, payloads cut inside Redis, bulk
+//! actions at most [`MAX_BULK`] per request.
+//! Every handler asks `guard::Policy::check` for the access it needs first (counts are
+//! public reads, payloads and dead letters payload reads); actions (`POST`) are logged.
 
 use super::guard::{Access, Policy, Refused};
 use axum::extract::{Path, Query, State};
@@ -266,9 +268,10 @@ impl DeadQuery {
 
 /// Dead jobs and dead raw members the filters admit, oldest first: each shard's oldest
 /// `limit` in the age window (`ZRANGEBYSCORE … LIMIT`), read through `peek_dead`, merged to
-/// the oldest `limit`; at most [`DEAD_SCAN`] entries read per shard or source, so a filter on
-/// reason, route or schedule that matches little stays bounded (`complete: false` says so).
-/// With `source`, that raw source's members only; route and schedule do not apply to them.
+/// the oldest `limit`; raw members walked inside Redis (`walk_raw_dead`), each with its first
+/// bytes; at most [`DEAD_SCAN`] entries read per shard or source, so a filter on reason,
+/// route or schedule that matches little stays bounded (`complete: false` says so). With
+/// `source`, that raw source's members only; route and schedule do not apply to them.
 async fn dead(State(s): State<ApiState>, headers: HeaderMap, Query(q): Query<DeadQuery>) -> Answer {
     s.may_read(&headers, Access::PayloadRead)?;
     let c = s.console()?;

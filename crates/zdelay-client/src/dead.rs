@@ -6,15 +6,26 @@
 //! its score is still that one — so a job that dies again meanwhile is left alone, never
 //! replayed or purged twice. Progress is reported through a callback; nothing here prints.
 //!
+//! **Bounds.** No call reads a payload whole: `peek_dead` returns envelope heads and the first
+//! bytes of a payload, at most [`scripts::PEEK_BUDGET`] of envelopes per call. Raw members,
+//! which are their own payloads (an oversize one up to Redis's 512 MB), never leave Redis:
+//! `walk_raw_dead` walks the dead ZSET by rank inside the script, at most
+//! [`scripts::RAW_WALK_BUDGET`] of members per call (or one larger member), and lists each
+//! with its first bytes, or replays or purges it there. A member's id is `<died ms>-<hash>`
+//! ([`DeadMember::id`]): its death time finds it without a scan; the hash alone (the form
+//! before) is looked for among the oldest [`OLD_ID_SCAN`] members. An operation by ids
+//! touches their shards only.
+//!
 //! **History.** The scripts that kill jobs write the current reason to `{ns:s}:reasons`
 //! (overwriting). A replay appends the death it leaves — `<died ms> <reason>` — to the job's
 //! entry in `{ns:s}:history` (one entry a line, oldest first, the last [`HISTORY_CAP`] kept,
 //! reasons cut to 500 bytes with newlines turned to spaces), so `dead show` prints every
 //! death the job went through. Purging a job deletes its history. A job delivered (or
 //! cancelled) after a replay has no envelope any more; its history is dropped by the next
-//! `dead replay` or `dead purge`, which prune the history of every id no longer stored. So
-//! history holds at most [`HISTORY_CAP`] lines per id, for ids still stored plus those
-//! replayed since the last replay or purge.
+//! bulk `dead replay` or `dead purge` (by filter), which prune the history of every id no
+//! longer stored (by ids they touch the ids' shards only). So history holds at most
+//! [`HISTORY_CAP`] lines per id, for ids still stored plus those replayed since the last bulk
+//! replay or purge.
 //!
 //! **Layout.** Every call runs with the client's shard count and is refused when the
 //! namespace no longer has it: the scripts check the shard's layout marker, and the reads
