@@ -16,7 +16,7 @@ use crate::envelope::{Envelope, EnvelopeError, validate_dest};
 pub use crate::job::{Cancelled, Due, Enqueued, JobState, OnConflict};
 use crate::keys::{Keys, LAYOUT_VERSION};
 use crate::routes::{Refused, Routes};
-use crate::store::scripts::{self, EnqueueCall, EnqueueItem, EnvelopeHead};
+use crate::store::scripts::{self, EnqueueCall, EnqueueItem, EnvelopeHead, PEEK_HEAD_MAX};
 use crate::store::{self, Conn, Layout, StoreError};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -668,12 +668,42 @@ fn preview_envelope(
         EnvelopeHead::Other { head, size } => (head[..head.len().min(preview)].to_vec(), *size),
         EnvelopeHead::Missing => (Vec::new(), 0),
     };
-    let (envelope, payload_size) = crate::dead::read_envelope(head);
+    let (envelope, payload_size) = read_envelope(head);
     let mut envelope = envelope.unwrap_or_else(missing);
     if let Ok(env) = &mut envelope {
         env.payload.truncate(preview);
     }
     (Some(raw), envelope, payload_size.unwrap_or(value_size))
+}
+
+/// The envelope `peek_dead` read (a frame's payload: the first bytes it returned) and the
+/// payload's whole size; `None` when none is stored.
+pub(crate) fn read_envelope(
+    head: EnvelopeHead,
+) -> (Option<Result<Envelope, EnvelopeError>>, Option<u64>) {
+    match head {
+        EnvelopeHead::Frame {
+            mut head,
+            payload_size,
+            payload_start,
+        } => {
+            head.extend_from_slice(&payload_start);
+            (Some(Envelope::decode(&head)), Some(payload_size))
+        }
+        EnvelopeHead::Other { size, .. } if size as usize > PEEK_HEAD_MAX => (
+            Some(Err(EnvelopeError::Malformed(format!(
+                "{size} bytes that are not a zd1 frame: only frames are read beyond \
+                 {PEEK_HEAD_MAX} bytes"
+            )))),
+            None,
+        ),
+        EnvelopeHead::Other { head, .. } => {
+            let env = Envelope::decode(&head);
+            let size = env.as_ref().ok().map(|e| e.payload.len() as u64);
+            (Some(env), size)
+        }
+        EnvelopeHead::Missing => (None, None),
+    }
 }
 
 /// Time-ordered ids: ULIDs, strictly increasing within one process even inside one

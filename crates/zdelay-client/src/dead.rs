@@ -39,14 +39,12 @@
 //! the script, so it is atomic and safe to re-run. Raw members keep no attempt count while
 //! dead (their `<source>:claims` entry goes when they die): a replayed member starts at 0.
 
-use crate::client::{Client, ClientError};
+use crate::client::{Client, ClientError, read_envelope};
 use crate::config::{ScoreUnit, SourceConfig};
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::job::Due;
 use crate::keys::Keys;
-use crate::store::scripts::{
-    self, DeadPeek, EnvelopeHead, PEEK_HEAD_MAX, RawDeadRange, RawDeadWalk, Replayed,
-};
+use crate::store::scripts::{self, DeadPeek, RawDeadRange, RawDeadWalk, Replayed};
 use crate::store::{self, Conn};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -573,36 +571,6 @@ fn dead_detail(
         payload_size,
     );
     Some((job, envelope))
-}
-
-/// The envelope `peek_dead` read (a frame's payload: the first bytes it returned) and the
-/// payload's whole size; `None` when none is stored.
-pub(crate) fn read_envelope(
-    head: EnvelopeHead,
-) -> (Option<Result<Envelope, EnvelopeError>>, Option<u64>) {
-    match head {
-        EnvelopeHead::Frame {
-            mut head,
-            payload_size,
-            payload_start,
-        } => {
-            head.extend_from_slice(&payload_start);
-            (Some(Envelope::decode(&head)), Some(payload_size))
-        }
-        EnvelopeHead::Other { size, .. } if size as usize > PEEK_HEAD_MAX => (
-            Some(Err(EnvelopeError::Malformed(format!(
-                "{size} bytes that are not a zd1 frame: only frames are read beyond \
-                 {PEEK_HEAD_MAX} bytes"
-            )))),
-            None,
-        ),
-        EnvelopeHead::Other { head, .. } => {
-            let env = Envelope::decode(&head);
-            let size = env.as_ref().ok().map(|e| e.payload.len() as u64);
-            (Some(env), size)
-        }
-        EnvelopeHead::Missing => (None, None),
-    }
 }
 
 fn describe(
@@ -1319,6 +1287,7 @@ async fn dead_page(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::scripts::EnvelopeHead;
 
     fn job(died_ms: i64, reason: &str, route: Option<&str>, schedule: Option<&str>) -> DeadJob {
         DeadJob {
