@@ -398,12 +398,14 @@ async fn schedules(
     let idle = c.client.schedules_idle(from, IDLE_SCAN).await?;
     // Walking a cron back to its previous occurrence is CPU work, up to thousands per answer:
     // on a blocking thread, one answer's walks at a time, so requests cannot starve the
-    // runtime the pollers share.
-    let _walking = SCHEDULE_WALKS
+    // runtime the pollers share. The permit goes with the walks: a caller that hangs up
+    // does not free it before they end.
+    let walking = SCHEDULE_WALKS
         .acquire()
         .await
         .map_err(anyhow::Error::from)?;
     let (listed, idle_listed) = tokio::task::spawn_blocking(move || {
+        let _walking = walking;
         let shown = |views: Vec<ScheduleView>| -> Vec<Value> {
             views
                 .into_iter()

@@ -234,12 +234,6 @@ impl DeadFilter {
                 .is_none_or(|s| job.schedule.as_ref() == Some(s))
     }
 
-    /// Whether a dead raw member matches: age and reason (route and schedule are refused for
-    /// raw members before it comes to this).
-    pub fn matches_member(&self, now_ms: i64, member: &DeadMember) -> bool {
-        self.admits_age(now_ms, member.died_ms) && self.reason_matches(&member.reason)
-    }
-
     fn reason_matches(&self, reason: &str) -> bool {
         self.reason
             .as_ref()
@@ -458,8 +452,9 @@ pub fn payload_preview(start: &[u8], max: usize, total: u64) -> PayloadPreview {
     let mut cut = start.len().min(max);
     if let Err(e) = std::str::from_utf8(&start[..cut])
         && e.error_len().is_none()
+        && (cut as u64) < total
     {
-        // Text whose last character was cut.
+        // Text whose last character was cut (not a whole payload ending mid-character).
         cut = e.valid_up_to();
     }
     let mut view = Envelope::new("-", start[..cut].to_vec()).to_json();
@@ -1476,6 +1471,9 @@ mod tests {
         assert!(p.truncated);
         let p = payload_preview(&[0xff, 0x00], 200, 2);
         assert_eq!((p.text.as_str(), p.encoding.as_str()), ("/wA=", "base64"));
+        // A whole payload that ends inside a character is not text.
+        let p = payload_preview(&[b'a', 0xe9], 200, 2);
+        assert_eq!((p.text.as_str(), p.encoding.as_str()), ("Yek=", "base64"));
     }
 
     #[test]
