@@ -44,8 +44,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         shutdown.clone(),
     )
     .await
-    .with_context(|| format!("cannot listen on admin.listen {}", config.admin.listen))?;
-    tracing::info!(listen = %config.admin.listen, "admin server up");
+    .context("starting the admin server")?;
+    tracing::info!(
+        listen = %config.admin.listen,
+        console = config.admin.console,
+        metrics_listen = ?config.admin.metrics_listen,
+        "admin server up"
+    );
 
     let pubsub = store::pubsub_clients(&config.redis)?;
     let Some(mut con) = connect_with_retry(&config, &health, &shutdown).await else {

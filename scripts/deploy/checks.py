@@ -160,7 +160,7 @@ def duration_ms(text: str) -> int:
     return sum(int(n) * factors[u] for n, u in re.findall(r"([0-9]+)(ms|s|m|h)", text))
 
 
-def check_container(c: dict, case: str, sidecar: bool) -> None:
+def check_container(c: dict, case: str, sidecar: bool, admin: dict | None = None) -> None:
     sc = c.get("securityContext") or {}
     want = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}
     for k, v in want.items():
@@ -171,8 +171,19 @@ def check_container(c: dict, case: str, sidecar: bool) -> None:
     if (sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
         fail(f"{case}: container zdelay seccompProfile must be RuntimeDefault")
     env = {e["name"]: e for e in c.get("env", [])}
-    if env.get("ZDELAY_ADMIN__LISTEN", {}).get("value") != "0.0.0.0:9464":
-        fail(f"{case}: ZDELAY_ADMIN__LISTEN must be 0.0.0.0:9464")
+    # The console on loopback unless exposed; probes and metrics on a port of their own.
+    exposed = (admin or {}).get("exposeConsole", False)
+    listen = ("0.0.0.0" if exposed else "127.0.0.1") + ":9464"
+    if env.get("ZDELAY_ADMIN__LISTEN", {}).get("value") != listen:
+        fail(f"{case}: ZDELAY_ADMIN__LISTEN must be {listen}")
+    if env.get("ZDELAY_ADMIN__METRICS_LISTEN", {}).get("value") != "0.0.0.0:9465":
+        fail(f"{case}: ZDELAY_ADMIN__METRICS_LISTEN must be 0.0.0.0:9465")
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    metrics = "zdelay-metrics" if sidecar else "metrics"
+    if ports.get(metrics) != 9465:
+        fail(f"{case}: container port {metrics} must be 9465, ports are {ports}")
+    if (9464 in ports.values()) != exposed:
+        fail(f"{case}: the console's port 9464 is a container port iff admin.exposeConsole: {ports}")
     if env.get("ZDELAY_CONFIG", {}).get("value") != "/etc/zdelay/zdelay.toml":
         fail(f"{case}: ZDELAY_CONFIG must be /etc/zdelay/zdelay.toml")
     for name, e in env.items():
@@ -180,11 +191,11 @@ def check_container(c: dict, case: str, sidecar: bool) -> None:
         if secretish and name != "ZDELAY_CONFIG" and "value" in e:
             fail(f"{case}: {name} is a literal value; credentials must come from a secretKeyRef")
     live = c.get("livenessProbe", {}).get("httpGet", {})
-    if live.get("path") != "/healthz":
-        fail(f"{case}: liveness probe must GET /healthz, has {live}")
+    if live.get("path") != "/healthz" or live.get("port") != metrics:
+        fail(f"{case}: liveness probe must GET /healthz on port {metrics}, has {live}")
     ready = c.get("readinessProbe", {}).get("httpGet", {})
-    if not sidecar and ready.get("path") != "/readyz":
-        fail(f"{case}: readiness probe must GET /readyz, has {ready}")
+    if not sidecar and (ready.get("path") != "/readyz" or ready.get("port") != metrics):
+        fail(f"{case}: readiness probe must GET /readyz on port {metrics}, has {ready}")
     mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
     if "/etc/zdelay/zdelay.toml" not in mounts:
         fail(f"{case}: the config is not mounted at /etc/zdelay/zdelay.toml")
@@ -247,7 +258,7 @@ def cmd_assert(out: str) -> None:
         if tgps * 1000 < grace_ms + 5000:
             fail(f"{name}: terminationGracePeriodSeconds {tgps} < shutdown_grace + 5 s")
         (c,) = [c for c in spec["containers"] if c["name"] == "zdelay"]
-        check_container(c, name, sidecar=False)
+        check_container(c, name, sidecar=False, admin=values.get("admin"))
         ann = dep["spec"]["template"]["metadata"].get("annotations", {})
         if "checksum/config" not in ann:
             fail(f"{name}: pod template lacks the checksum/config annotation")
@@ -256,12 +267,25 @@ def cmd_assert(out: str) -> None:
             fail(f"{name}: replicas {replicas} but {len(pdbs)} PodDisruptionBudget(s)")
         if pdbs and (pdbs[0]["spec"].get("maxUnavailable") != 1 or "minAvailable" in pdbs[0]["spec"]):
             fail(f"{name}: the PodDisruptionBudget must be maxUnavailable: 1")
-        svc = one(docs, "Service", name)
-        if svc["spec"]["ports"][0]["port"] != 9464:
-            fail(f"{name}: Service port must be 9464")
+        svc = one(docs, "Service", name, fullname)
+        if [(p["name"], p["port"]) for p in svc["spec"]["ports"]] != [("metrics", 9465)]:
+            fail(f"{name}: Service {fullname} must carry the metrics port 9465 alone, never the console")
+        exposed = values.get("admin", {}).get("exposeConsole", False)
+        consoles = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == f"{fullname}-console"]
+        if bool(consoles) != exposed or (consoles and consoles[0]["spec"]["ports"][0]["port"] != 9464):
+            fail(f"{name}: Service {fullname}-console (port 9464) rendered iff admin.exposeConsole")
+        admin_cfg = cfg.get("admin", {})
+        want_admin = {"console": values.get("admin", {}).get("console", True),
+                      "public_reads": values.get("admin", {}).get("publicReads", True)}
+        if values.get("admin", {}).get("allowedHosts"):
+            want_admin["allowed_hosts"] = values["admin"]["allowedHosts"]
+        if admin_cfg != want_admin:
+            fail(f"{name}: [admin] is {admin_cfg}, want {want_admin}")
         sms = [d for d in docs if d["kind"] == "ServiceMonitor"]
         if bool(sms) != bool(values.get("serviceMonitor", {}).get("enabled")):
             fail(f"{name}: ServiceMonitor rendered iff serviceMonitor.enabled")
+        if sms and [e["port"] for e in sms[0]["spec"]["endpoints"]] != ["metrics"]:
+            fail(f"{name}: the ServiceMonitor must scrape the metrics port")
         secret_refs = sorted(e["name"] for e in c.get("env", []) if "valueFrom" in e)
         extra = []
         if name == "tls":
@@ -285,6 +309,8 @@ def cmd_assert(out: str) -> None:
             if "url" in cfg["redis"]:
                 fail("cluster: redis.url must be left out (url: null) when cluster_nodes is set")
             extra.append(f"redis.cluster_nodes = {len(nodes)} seeds")
+        if exposed:
+            extra.append("console exposed on 0.0.0.0:9464 with Service -console; metrics Service 9465 alone")
         print(f"  {name}: Deployment x{replicas}, grace {tgps}s, PDB {'yes' if pdbs else 'no'}, "
               f"secret env {secret_refs or 'none'}{'; ' + '; '.join(extra) if extra else ''}")
     # The example parent chart: zdelay as a native sidecar in the app's pods.
@@ -388,6 +414,11 @@ def cmd_schema() -> None:
                    "credentials in config.redis.url", "credentials")
     expect_refusal({"config": {"sinks": {"rabbit": {"kind": "amqp"}}}}, "AMQP sink without a URL", "rabbit")
     expect_refusal({"tls": {"redis": {"enabled": True, "existingSecret": "t"}}}, "TLS with a redis:// URL", "rediss://")
+    expect_refusal({"admin": {"metricsPort": 9464}}, "the metrics port on the console's", "metricsPort")
+    expect_refusal({"admin": {"allowedHosts": ["http://zdelay.example.com"]}}, "a URL as an allowed host",
+                   "allowedHosts")
+    expect_refusal({"secrets": {"adminToken": {"existingSecret": "zdelay-admin"}}}, "a token Secret without its key",
+                   "adminToken")
     ok = {"image": {"repository": "zdelay"}, "replicas": 2}
     render(CHART, ok)
     print("  control: a correct value set renders")
@@ -536,14 +567,14 @@ def cmd_configs(out: str, zdelay: str) -> None:
             with open(path, "w") as f:
                 f.write(text)
             cfg = tomllib.loads(text)
-            env = {"ZDELAY_ADMIN__LISTEN": "0.0.0.0:9464", **pod_env(docs, cfg),
-                   "PATH": "/usr/bin:/bin", "ZDELAY_CONFIG": path}
+            env = {**pod_env(docs, cfg), "PATH": "/usr/bin:/bin", "ZDELAY_CONFIG": path}
             res = subprocess.run([zdelay, "check-config"], capture_output=True, text=True, env=env)
             secrets = sorted(k for k, v in env.items() if PLACEHOLDER in v)
             if res.returncode == 0:
                 shown = json.loads(res.stdout)
-                if shown["admin"]["listen"] != "0.0.0.0:9464":
-                    fail(f"{case}: check-config shows admin.listen {shown['admin']['listen']}")
+                for field, var in [("listen", "ZDELAY_ADMIN__LISTEN"), ("metrics_listen", "ZDELAY_ADMIN__METRICS_LISTEN")]:
+                    if var in env and shown["admin"][field] != env[var]:
+                        fail(f"{case}: check-config shows admin.{field} {shown['admin'][field]}, the pod sets {env[var]}")
                 if PLACEHOLDER in res.stdout + res.stderr:
                     fail(f"{case}: check-config prints a secret given in {', '.join(secrets)}")
                 print(f"  {case}: check-config accepts it with the pod's env "

@@ -1,12 +1,14 @@
 //! The console's JSON API under `<ui_prefix>/api/…`, used by the page and by scripts alike.
 //! Reads go through the same library calls as the CLI (`stats::report`, `stats::forecast`,
-//! `Client::get`, the dead-letter listing and show with `DeadFilter`, the schedules in
-//! firing order), so page, API and CLI agree. Each read is bounded: counts by score range
-//! (ZCOUNT), lists by score range with LIMIT (and a scan bound where a filter reads content),
-//! one job by id.
-//! Actions (`POST`) pass `guard::check` first and are logged.
+//! `Client::get_preview`, the dead-letter listing and show with `DeadFilter`, the schedules
+//! in firing order), so page, API and CLI agree. Each read is bounded per request and per
+//! Redis call: counts by score range (ZCOUNT), lists by score range with LIMIT (and a scan
+//! bound where a filter reads content), one job by id, payloads cut inside Redis, bulk
+//! actions at most [`MAX_BULK`] per request.
+//! Every handler asks `guard::Policy::check` for the access it needs first (counts are
+//! public reads, payloads and dead letters payload reads); actions (`POST`) are logged.
 
-use super::guard;
+use super::guard::{Access, Policy, Refused};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -16,18 +18,20 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use zdelay_client::config::{Config, Secret, SourceConfig};
+use zdelay_client::config::{Config, SourceConfig};
 use zdelay_client::dead::{DeadFilter, DeadSelection, ReplayOptions};
 use zdelay_client::job::parse_at;
 use zdelay_client::schedules::{IdleCursor, ScheduleView};
 use zdelay_client::{Cancelled, Client, ClientError, Due, Replayed};
 
-/// Characters of a payload shown by `GET /api/jobs/{id}`.
-pub const PREVIEW_CHARS: usize = 2048;
-/// Bytes of a payload shown by `GET /api/dead/{id}`.
-pub const PREVIEW_BYTES: usize = 2048;
+/// Bytes of a payload shown by `GET /api/jobs/{id}` and `GET /api/dead/{id}` (cut inside
+/// Redis: no more is read).
+pub const PREVIEW_BYTES: usize = zdelay_client::dead::PREVIEW_BYTES;
 /// Dead jobs (and members per raw source) listed at most (`limit`).
 pub const MAX_DEAD_LIMIT: usize = 500;
+/// Dead jobs (or raw members) one `POST /api/dead` replays or purges at most (`limit`):
+/// a bulk request does a bounded amount of work; `complete: false` asks for another.
+pub const MAX_BULK: usize = 10_000;
 /// Dead entries read per shard (and per raw source) at most by one `GET /api/dead`.
 pub const DEAD_SCAN: usize = 10_000;
 /// Schedules listed at most (`limit`).
@@ -44,7 +48,7 @@ pub struct Console {
 #[derive(Clone)]
 pub struct ApiState {
     pub console: Arc<OnceLock<Console>>,
-    pub token: Option<Secret>,
+    pub policy: Arc<Policy>,
 }
 
 impl ApiState {
@@ -59,21 +63,35 @@ impl ApiState {
 
     /// Refuses an action the guard refuses (403, logged), and logs the ones let through.
     fn authorize(&self, headers: &HeaderMap, action: &str, id: &str) -> Result<(), ApiError> {
-        match guard::check(headers, self.token.as_ref()) {
+        match self.policy.check(headers, Access::Action) {
             Ok(()) => {
                 tracing::info!(action, id, "console action");
                 Ok(())
             }
             Err(refused) => {
                 tracing::warn!(action, id, why = %refused, "console action refused");
-                Err(ApiError(StatusCode::FORBIDDEN, refused.to_string()))
+                Err(ApiError::forbidden(refused))
             }
         }
+    }
+
+    /// Refuses a read the guard refuses (403).
+    fn may_read(&self, headers: &HeaderMap, access: Access) -> Result<(), ApiError> {
+        self.policy.check(headers, access).map_err(|refused| {
+            tracing::info!(why = %refused, "console read refused");
+            ApiError::forbidden(refused)
+        })
     }
 }
 
 /// An error answer: `{"error": "…"}` with its status.
 pub struct ApiError(StatusCode, String);
+
+impl ApiError {
+    pub fn forbidden(refused: Refused) -> Self {
+        ApiError(StatusCode::FORBIDDEN, refused.to_string())
+    }
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -141,10 +159,12 @@ pub fn routes(prefix: &str) -> Router<ApiState> {
         .route(&at("/schedules/{id}/run"), post(schedule_run))
 }
 
-async fn stats(State(s): State<ApiState>) -> Answer {
+async fn stats(State(s): State<ApiState>, headers: HeaderMap) -> Answer {
+    s.may_read(&headers, Access::PublicRead)?;
     let c = s.console()?;
     let mut v = crate::stats::report(&mut c.client.connection(), &c.config).await?;
-    v["actions_enabled"] = s.token.is_some().into();
+    v["actions_enabled"] = s.policy.actions_enabled().into();
+    v["payload_reads"] = s.policy.payload_reads().into();
     Ok(Json(v))
 }
 
@@ -154,7 +174,12 @@ struct ForecastQuery {
     step: Option<String>,
 }
 
-async fn forecast(State(s): State<ApiState>, Query(q): Query<ForecastQuery>) -> Answer {
+async fn forecast(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Query(q): Query<ForecastQuery>,
+) -> Answer {
+    s.may_read(&headers, Access::PublicRead)?;
     let c = s.console()?;
     let parse = |name: &str, value: Option<&str>, default: &str| {
         humantime::parse_duration(value.unwrap_or(default))
@@ -243,10 +268,12 @@ impl DeadQuery {
 
 /// Dead jobs and dead raw members the filters admit, oldest first: each shard's oldest
 /// `limit` in the age window (`ZRANGEBYSCORE … LIMIT`), read through `peek_dead`, merged to
-/// the oldest `limit`; at most [`DEAD_SCAN`] entries read per shard or source, so a filter on
-/// reason, route or schedule that matches little stays bounded (`complete: false` says so).
-/// With `source`, that raw source's members only; route and schedule do not apply to them.
-async fn dead(State(s): State<ApiState>, Query(q): Query<DeadQuery>) -> Answer {
+/// the oldest `limit`; raw members walked inside Redis (`walk_raw_dead`), each with its first
+/// bytes; at most [`DEAD_SCAN`] entries read per shard or source, so a filter on reason,
+/// route or schedule that matches little stays bounded (`complete: false` says so). With
+/// `source`, that raw source's members only; route and schedule do not apply to them.
+async fn dead(State(s): State<ApiState>, headers: HeaderMap, Query(q): Query<DeadQuery>) -> Answer {
+    s.may_read(&headers, Access::PayloadRead)?;
     let c = s.console()?;
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_DEAD_LIMIT);
     let filter = q.filter()?;
@@ -296,9 +323,11 @@ async fn dead(State(s): State<ApiState>, Query(q): Query<DeadQuery>) -> Answer {
 /// [`PREVIEW_BYTES`] of its payload; with `source`, one dead raw member by its id.
 async fn dead_show(
     State(s): State<ApiState>,
+    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<DeadQuery>,
 ) -> Answer {
+    s.may_read(&headers, Access::PayloadRead)?;
     let c = s.console()?;
     if let Some(source) = q.source(&c.config)? {
         return match c.client.raw_dead_show(source, &id).await? {
@@ -315,24 +344,23 @@ async fn dead_show(
     }
 }
 
-async fn job(State(s): State<ApiState>, Path(id): Path<String>) -> Answer {
+async fn job(State(s): State<ApiState>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
+    s.may_read(&headers, Access::PayloadRead)?;
     let c = s.console()?;
-    let Some(view) = c.client.get(&id).await? else {
+    let Some(view) = c.client.get_preview(&id, PREVIEW_BYTES).await? else {
         return Err(not_found(format!(
             "no job {id} is stored: delivered, cancelled, purged, or never enqueued"
         )));
     };
     let mut v = view.to_json();
-    v["payload_bytes"] = view
-        .envelope
-        .as_ref()
-        .map_or(view.raw.len(), |e| e.payload.len())
-        .into();
-    if let Some(Value::String(payload)) = v.get_mut("payload")
-        && payload.chars().count() > PREVIEW_CHARS
-    {
-        *payload = payload.chars().take(PREVIEW_CHARS).collect();
-        v["payload_truncated"] = true.into();
+    v["payload_bytes"] = view.payload_size.into();
+    if let Some(Value::String(payload)) = v.get_mut("payload") {
+        // The preview, cut at a character or base64: what `payload_preview` shows.
+        let start = view.envelope.as_ref().map_or(&[][..], |e| &e.payload);
+        let p = zdelay_client::dead::payload_preview(start, PREVIEW_BYTES, view.payload_size);
+        *payload = p.text;
+        v["payload_encoding"] = p.encoding.into();
+        v["payload_truncated"] = p.truncated.into();
     }
     Ok(Json(v))
 }
@@ -349,7 +377,12 @@ struct SchedulesQuery {
 /// The next `limit` schedules to fire (`sched_due` by score with `LIMIT` per shard, merged;
 /// only their definitions read), and paused or ended ones from a bounded scan of the
 /// definitions ([`IDLE_SCAN`] read; `idle_next` continues it).
-async fn schedules(State(s): State<ApiState>, Query(q): Query<SchedulesQuery>) -> Answer {
+async fn schedules(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Query(q): Query<SchedulesQuery>,
+) -> Answer {
+    s.may_read(&headers, Access::PublicRead)?;
     let c = s.console()?;
     let limit = q.limit.unwrap_or(200).clamp(1, MAX_SCHEDULES);
     let from = match q.idle_from.as_deref().filter(|f| !f.is_empty()) {
@@ -363,25 +396,55 @@ async fn schedules(State(s): State<ApiState>, Query(q): Query<SchedulesQuery>) -
     let counts = c.client.schedule_counts().await?;
     let upcoming = c.client.schedules_upcoming(limit).await?;
     let idle = c.client.schedules_idle(from, IDLE_SCAN).await?;
-    let shown = |view: ScheduleView| {
-        let mut v = view.to_json();
-        // The grid's latest occurrence before the pending one (or before now).
-        let previous = view.def.compile().ok().and_then(|schedule| {
-            schedule.previous_before(view.next_ms.unwrap_or(now_ms).min(now_ms + 1))
-        });
-        v["previous_ms"] = previous.into();
-        v.as_object_mut().map(|o| o.remove("payload"));
-        v
-    };
+    // Walking a cron back to its previous occurrence is CPU work, up to thousands per answer:
+    // on a blocking thread, one answer's walks at a time, so requests cannot starve the
+    // runtime the pollers share. The permit goes with the walks: a caller that hangs up
+    // does not free it before they end.
+    let walking = SCHEDULE_WALKS
+        .acquire()
+        .await
+        .map_err(anyhow::Error::from)?;
+    let (listed, idle_listed) = tokio::task::spawn_blocking(move || {
+        let _walking = walking;
+        let shown = |views: Vec<ScheduleView>| -> Vec<Value> {
+            views
+                .into_iter()
+                .map(|view| schedule_timing(view, now_ms))
+                .collect()
+        };
+        (shown(upcoming), shown(idle.schedules))
+    })
+    .await
+    .map_err(anyhow::Error::from)?;
     Ok(Json(json!({
         "now_ms": now_ms,
         "total": counts.schedules,
         "pending": counts.pending,
         "limit": limit,
-        "schedules": upcoming.into_iter().map(shown).collect::<Vec<_>>(),
-        "idle": idle.schedules.into_iter().map(shown).collect::<Vec<_>>(),
+        "schedules": listed,
+        "idle": idle_listed,
         "idle_next": idle.next.map(|n| n.to_string()),
     })))
+}
+
+/// One answer's cron walks at a time ([`schedules`]).
+static SCHEDULE_WALKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// A schedule as `/api/schedules` shows it: its definition and timing, never its payload
+/// or headers (the listing is a public read), plus `previous_ms`: the grid's latest
+/// occurrence before the pending one (or before now).
+fn schedule_timing(view: ScheduleView, now_ms: i64) -> Value {
+    let mut v = view.to_json();
+    let previous = view.def.compile().ok().and_then(|schedule| {
+        schedule.previous_before(view.next_ms.unwrap_or(now_ms).min(now_ms + 1))
+    });
+    v["previous_ms"] = previous.into();
+    if let Some(o) = v.as_object_mut() {
+        for field in ["payload", "payload_encoding", "headers"] {
+            o.remove(field);
+        }
+    }
+    v
 }
 
 /// Lets the page check a token before it keeps it: 200 when it would be accepted.
@@ -443,9 +506,10 @@ async fn dead_purge(
     Ok(Json(json!({ "ok": true, "purged": p.purged })))
 }
 
-/// `POST /api/dead?action=replay|purge&<filters>`: every dead job (or member of `source`)
-/// the filters admit when the call starts, as `zdelay dead replay|purge` does; without a
-/// filter only with `all=true`.
+/// `POST /api/dead?action=replay|purge&<filters>&limit=N`: the dead jobs (or members of
+/// `source`) the filters admit when the call starts, as `zdelay dead replay|purge` does, but
+/// at most `limit` ([`MAX_BULK`], the default) per request: `complete: false` says more may
+/// match (send it again). Without a filter only with `all=true`.
 async fn dead_bulk(
     State(s): State<ApiState>,
     headers: HeaderMap,
@@ -463,14 +527,15 @@ async fn dead_bulk(
              all=true to take every dead job",
         ));
     }
+    let most = q.limit.unwrap_or(MAX_BULK).clamp(1, MAX_BULK);
     let what = format!(
         "{action} {filter:?}{}",
         source.map_or("", |s| s.key.as_str())
     );
     s.authorize(&headers, "dead bulk", &what)?;
     let c = s.console()?;
-    let selection = DeadSelection::Matching(filter);
-    if action == "purge" {
+    let selection = DeadSelection::AtMost(filter, most);
+    let (mut v, taken) = if action == "purge" {
         let p = match source {
             Some(source) => {
                 c.client
@@ -479,28 +544,36 @@ async fn dead_bulk(
             }
             None => c.client.dead_purge_selected(&selection, |_| {}).await?,
         };
+        let taken = p.purged + p.skipped;
         let mut v = serde_json::to_value(p).map_err(anyhow::Error::from)?;
         v["ok"] = true.into();
-        return Ok(Json(v));
-    }
-    let (r, attempts) = match source {
-        Some(source) => {
-            let r = c
-                .client
-                .raw_dead_replay_selected(source, &selection, q.due()?, |_| {})
-                .await?;
-            (r, None)
-        }
-        None => {
-            let options = q.options()?;
-            let r = c
-                .client
-                .dead_replay_selected(&selection, options, |_| {})
-                .await?;
-            (r, Some(options.keep_attempts))
-        }
+        (v, taken)
+    } else {
+        let (r, attempts) = match source {
+            Some(source) => {
+                let r = c
+                    .client
+                    .raw_dead_replay_selected(source, &selection, q.due()?, |_| {})
+                    .await?;
+                (r, None)
+            }
+            None => {
+                let options = q.options()?;
+                let r = c
+                    .client
+                    .dead_replay_selected(&selection, options, |_| {})
+                    .await?;
+                (r, Some(options.keep_attempts))
+            }
+        };
+        (
+            replayed_json(r, attempts),
+            r.replayed + r.orphans + r.skipped,
+        )
     };
-    Ok(Json(replayed_json(r, attempts)))
+    v["limit"] = most.into();
+    v["complete"] = (taken < most as u64).into();
+    Ok(Json(v))
 }
 
 /// A replay's answer; `attempts` (kept or reset) for envelope jobs only.

@@ -1,7 +1,9 @@
 //! The admin HTTP port: `/metrics` (Prometheus), `/healthz` (the process serves requests),
 //! `/readyz` (Redis answered the last health check and the pollers run), and the operator
-//! console under `admin.ui_prefix`: its pages (`ui`) and its JSON API (`api`, actions
-//! checked by `guard`).
+//! console under `admin.ui_prefix` (unless `admin.console = false`): its pages (`ui`) and
+//! its JSON API (`api`); `guard` decides who may read and act. `admin.metrics_listen` adds
+//! a second port with the first three only, so what serves Prometheus and the probes need
+//! not expose the console.
 
 mod api;
 mod guard;
@@ -12,10 +14,13 @@ pub use api::Console;
 use crate::metrics::REDIS_UP;
 use crate::sinks::SinkHandle;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -91,24 +96,9 @@ struct AdminState {
     health: Arc<Health>,
 }
 
-/// Binds now (a bad address fails start-up) and serves until `shutdown`. The console's API
-/// answers 503 until `console` is set (once the daemon reached Redis).
-pub async fn serve(
-    admin: &AdminConfig,
-    metrics: PrometheusHandle,
-    health: Arc<Health>,
-    console: Arc<OnceLock<Console>>,
-    shutdown: CancellationToken,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(admin.listen).await?;
-    let prefix = admin.ui_prefix.as_str();
-    let console = api::routes(prefix)
-        .with_state(api::ApiState {
-            console,
-            token: admin.token.clone(),
-        })
-        .merge(ui::routes(prefix));
-    let app = Router::new()
+/// `/metrics`, `/healthz` and `/readyz`: what both listeners serve.
+fn health_routes(state: AdminState) -> Router {
+    Router::new()
         .route(
             "/metrics",
             get(|State(s): State<AdminState>| async move { s.metrics.render() }),
@@ -126,14 +116,90 @@ pub async fn serve(
                 }
             }),
         )
-        .with_state(AdminState { metrics, health })
-        .merge(console);
+        .with_state(state)
+}
+
+/// The console's pages and API under `admin.ui_prefix`, behind the site check
+/// ([`guard::Policy::site`]).
+fn console_routes(admin: &AdminConfig, console: Arc<OnceLock<Console>>) -> Router {
+    let prefix = admin.ui_prefix.as_str();
+    let policy = Arc::new(guard::Policy::new(admin));
+    let api_prefix = format!("{prefix}/api/");
+    api::routes(prefix)
+        .with_state(api::ApiState {
+            console,
+            policy: policy.clone(),
+        })
+        .merge(ui::routes(prefix))
+        .layer(axum::middleware::from_fn(
+            move |request: Request, next: Next| {
+                let policy = policy.clone();
+                let api = request.uri().path().starts_with(&api_prefix);
+                async move {
+                    match policy.site(request.headers(), api) {
+                        Ok(()) => next.run(request).await,
+                        Err(refused) => {
+                            tracing::info!(
+                                path = request.uri().path(),
+                                why = %refused,
+                                "console request refused"
+                            );
+                            api::ApiError::forbidden(refused).into_response()
+                        }
+                    }
+                }
+            },
+        ))
+}
+
+/// Binds now (a bad address fails start-up) and serves until `shutdown`: `admin.listen`
+/// with the health routes and, unless `admin.console = false`, the console; and
+/// `admin.metrics_listen`, when set, with the health routes alone. The console's API
+/// answers 503 until `console` is set (once the daemon reached Redis).
+pub async fn serve(
+    admin: &AdminConfig,
+    metrics: PrometheusHandle,
+    health: Arc<Health>,
+    console: Arc<OnceLock<Console>>,
+    shutdown: CancellationToken,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let bind = |field: &'static str, addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot listen on admin.{field} {addr}: {e}"),
+            )
+        })
+    };
+    let listener = bind("listen", admin.listen).await?;
+    let metrics_listener = match admin.metrics_listen {
+        Some(addr) => Some(bind("metrics_listen", addr).await?),
+        None => None,
+    };
+    let state = AdminState { metrics, health };
+    let mut app = health_routes(state.clone());
+    if admin.console {
+        app = app.merge(console_routes(admin, console));
+    }
+    let serve = |listener: tokio::net::TcpListener, app: Router| {
+        let shutdown = shutdown.clone();
+        async move {
+            let result = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "admin server failed");
+            }
+        }
+    };
+    let main = serve(listener, app);
+    let second = metrics_listener.map(|l| serve(l, health_routes(state)));
     Ok(tokio::spawn(async move {
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "admin server failed");
+        match second {
+            Some(second) => {
+                tokio::join!(main, second);
+            }
+            None => main.await,
         }
     }))
 }

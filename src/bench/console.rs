@@ -104,8 +104,13 @@ pub(super) async fn console(env: &mut Env) -> anyhow::Result<ConsoleBench> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let mut admin_cfg = env.config.admin.clone();
-    admin_cfg.listen = ([127, 0, 0, 1], port).into();
+    // On loopback without a token, as a console without one serves every read there; no
+    // second listener.
+    let admin_cfg = zdelay_client::config::AdminConfig {
+        listen: ([127, 0, 0, 1], port).into(),
+        ui_prefix: env.config.admin.ui_prefix.clone(),
+        ..Default::default()
+    };
     let console = Arc::new(OnceLock::new());
     let _ = console.set(Console {
         client: env.producer.clone(),

@@ -90,8 +90,9 @@ pub struct ListArgs {
 
 #[derive(clap::Args)]
 pub struct ShowArgs {
-    /// The job's id; with --source, the member's id as `dead list` prints it (16 hex digits,
-    /// or <source>:<id>).
+    /// The job's id; with --source, the member's id as `dead list` prints it
+    /// (<died ms>-<16 hex digits>, or <source>:<id>; the 16 hex digits alone are looked for
+    /// among the oldest 10000 dead members only).
     id: String,
     /// ID is a dead member of this configured raw source (its key).
     #[arg(long, value_name = "KEY")]

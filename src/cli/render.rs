@@ -133,8 +133,9 @@ pub fn dead_job_line(j: &DeadJob) -> String {
 }
 
 /// The preview as one quoted line: `"text"`, or `base64 …`, with `…` when cut.
-fn payload_line(payload: &[u8]) -> String {
-    let p = payload_preview(payload, PREVIEW);
+/// A payload's first bytes `start` (of `total`) on one line, cut at [`PREVIEW`].
+fn payload_line(start: &[u8], total: u64) -> String {
+    let p = payload_preview(start, PREVIEW, total);
     let more = if p.truncated { " …" } else { "" };
     match p.encoding.as_str() {
         "base64" => format!("base64 {}{more}", p.text),
@@ -196,7 +197,7 @@ pub fn dead_detail(d: &DeadJobDetail) -> String {
             format!(
                 "{} bytes: {}",
                 j.payload_size.unwrap_or_default(),
-                payload_line(&d.payload)
+                payload_line(&d.payload, j.payload_size.unwrap_or_default())
             ),
         );
     }
@@ -221,12 +222,13 @@ pub fn dead_detail(d: &DeadJobDetail) -> String {
 /// One dead raw member, as `dead list` prints it.
 pub fn dead_member_line(source: &str, m: &DeadMember) -> String {
     format!(
-        "{}  {}  died {}  {}  payload {}",
+        "{}  {}  died {}  {}  payload {} bytes: {}",
         source,
         m.id(),
         format_ms(m.died_ms),
         one_line(&m.reason),
-        serde_json::Value::from(String::from_utf8_lossy(&m.member).into_owned())
+        m.size,
+        payload_line(&m.preview, m.size)
     )
 }
 
@@ -237,20 +239,23 @@ pub fn dead_member_detail_json(source: &str, m: &DeadMember) -> serde_json::Valu
 
 /// `dead show --source KEY ID`, for people.
 pub fn dead_member_detail(source: &str, m: &DeadMember) -> String {
+    let message_id = m
+        .message_id(source)
+        .unwrap_or_else(|| "- (a member over 1 MiB: its hash is not its SHA-1's)".to_owned());
     format!(
-        "{:<11} {source}\n{:<11} {}\n{:<11} {source}:{}\n{:<11} {}\n{:<11} {}\n{:<11} {} bytes: {}\n",
+        "{:<11} {source}\n{:<11} {}\n{:<11} {}\n{:<11} {}\n{:<11} {}\n{:<11} {} bytes: {}\n",
         "source",
         "id",
         m.id(),
         "message id",
-        m.id(),
+        message_id,
         "died",
         format_ms(m.died_ms),
         "reason",
         one_line(&m.reason),
         "payload",
-        m.member.len(),
-        payload_line(&m.member)
+        m.size,
+        payload_line(&m.preview, m.size)
     )
 }
 
@@ -260,8 +265,12 @@ mod tests {
 
     #[test]
     fn payload_lines_quote_text_and_name_base64() {
-        assert_eq!(payload_line(&[0xff, 0x00]), "base64 /wA=");
-        assert_eq!(payload_line(b"a\"b"), "\"a\\\"b\"");
-        assert!(payload_line("x".repeat(300).as_bytes()).ends_with("\" …"));
+        assert_eq!(payload_line(&[0xff, 0x00], 2), "base64 /wA=");
+        assert_eq!(payload_line(b"a\"b", 3), "\"a\\\"b\"");
+        assert!(payload_line("x".repeat(300).as_bytes(), 300).ends_with("\" …"));
+        assert!(
+            payload_line(b"xx", 5000).ends_with("\" …"),
+            "only the start was read"
+        );
     }
 }

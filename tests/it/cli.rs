@@ -581,7 +581,7 @@ fn dead_list_replay_purge() {
     let raw = v["raw"].as_array().expect("raw");
     assert_eq!(raw.len(), 1, "{v:#}");
     assert_eq!(raw[0]["source"], "raw:a");
-    assert_eq!(raw[0]["payload"], "raw-dead");
+    assert_eq!(raw[0]["payload_preview"], "raw-dead");
     assert!(
         raw[0]["reason"].as_str().unwrap().contains("seconds"),
         "{v:#}"

@@ -424,8 +424,14 @@ fn due_score(con: &mut redis::Connection, id: &str) -> Option<f64> {
         .find_map(|m| m.get(id).copied())
 }
 
+fn bearer() -> String {
+    format!("Authorization: Bearer {TOKEN}")
+}
+
+/// A GET answered 200, as JSON; it sends the token (payload reads need it where one is
+/// configured; without one configured it is ignored).
 fn get_json(port: u16, path: &str) -> Value {
-    let (status, body) = http_request(port, "GET", path, &[]).expect("admin answers");
+    let (status, body) = http_request(port, "GET", path, &[&bearer()]).expect("admin answers");
     assert_eq!(status, 200, "{path}: {body}");
     serde_json::from_str(&body).unwrap()
 }
@@ -488,9 +494,12 @@ fn console_api_equals_redis_and_actions_need_the_token() {
         .query(&mut con)
         .unwrap();
     assert_eq!(raw.len(), 1);
-    let member_id = zdelay::dead::member_id(raw[0].0.as_bytes());
+    // Its id carries its death time (what finds it) and its hash (SHA-1's start).
+    let member_hash = zdelay::dead::member_id(raw[0].0.as_bytes());
+    let member_id = format!("{}-{member_hash}", raw[0].1 as i64);
     assert_eq!(d["raw"].as_array().unwrap().len(), 1, "{}", d["raw"]);
     assert_eq!(d["raw"][0]["id"], member_id.as_str());
+    assert_eq!(d["raw"][0]["payload_preview"], raw[0].0.as_str());
     assert_eq!(d["raw"][0]["source"], "raw:b");
     assert_eq!(d["raw"][0]["died_ms"].as_i64().unwrap(), raw[0].1 as i64);
     assert_eq!(d["sources"], serde_json::json!(["raw:s", "raw:b"]));
@@ -567,7 +576,8 @@ fn console_api_equals_redis_and_actions_need_the_token() {
         ("source=raw:b&route=broken", "raw members"),
         ("source=nope", "nope"),
     ] {
-        let (status, body) = http_request(port, "GET", &format!("/api/dead?{query}"), &[]).unwrap();
+        let (status, body) =
+            http_request(port, "GET", &format!("/api/dead?{query}"), &[&bearer()]).unwrap();
         assert_eq!(status, 400, "{query}: {body}");
         assert!(body.contains(says), "{query}: {body}");
     }
@@ -602,9 +612,15 @@ fn console_api_equals_redis_and_actions_need_the_token() {
     );
     let m = get_json(port, &format!("/api/dead/{member_id}?source=raw:b"));
     assert_eq!(m["payload_preview"], "m-broken");
-    assert_eq!(m["message_id"], format!("raw:b:{member_id}"));
+    assert_eq!(m["message_id"], format!("raw:b:{member_hash}"));
+    // The hash alone (ids before they carried the death time) is still found, by a scan
+    // bounded to the oldest 10000 members.
+    let m = get_json(port, &format!("/api/dead/{member_hash}?source=raw:b"));
+    assert_eq!(m["id"], member_id.as_str());
     assert_eq!(
-        http_request(port, "GET", "/api/dead/job-3", &[]).unwrap().0,
+        http_request(port, "GET", "/api/dead/job-3", &[&bearer()])
+            .unwrap()
+            .0,
         404
     );
 
@@ -618,7 +634,9 @@ fn console_api_equals_redis_and_actions_need_the_token() {
     assert_eq!(big["payload_bytes"], 10_000);
     assert_eq!(big["payload"].as_str().unwrap().len(), 2048);
     assert_eq!(
-        http_request(port, "GET", "/api/jobs/nope", &[]).unwrap().0,
+        http_request(port, "GET", "/api/jobs/nope", &[&bearer()])
+            .unwrap()
+            .0,
         404
     );
 
@@ -836,7 +854,12 @@ fn console_without_a_token_is_read_only() {
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("read-only"), "{body}");
     assert_eq!(get_json(port, "/api/jobs/a")["state"], "scheduled");
-    assert_eq!(get_json(port, "/api/stats")["actions_enabled"], false);
+    let stats = get_json(port, "/api/stats");
+    assert_eq!(stats["actions_enabled"], false);
+    assert_eq!(
+        stats["payload_reads"], "open",
+        "loopback without a token: payloads readable"
+    );
     let (status, page) = http_request(port, "GET", "/", &[]).unwrap();
     assert_eq!(status, 200);
     assert!(
@@ -943,7 +966,10 @@ fn console_in_a_real_browser() {
         .collect();
     assert_eq!(shown, dead_before);
     assert_eq!(r["dead"]["total"].as_u64().unwrap() as usize, dead.len());
-    assert_eq!(r["dead"]["buttons_disabled_without_token"], true);
+    assert_eq!(r["buttons_disabled_without_token"], true);
+    // Before the token: the dead letters (payloads) are refused, and the page says why.
+    let locked = r["dead_locked"].as_str().unwrap();
+    assert!(locked.contains("admin token"), "{locked}");
     assert_eq!(
         r["dead"]["raw_rows"].as_array().unwrap().len(),
         1,
@@ -995,4 +1021,677 @@ fn console_in_a_real_browser() {
         Duration::from_secs(10),
         || lrange(&mut con, "queue:default").contains(&payload),
     );
+}
+
+/// Stores a dead envelope job `id` (payload, one header) in its shard, as the kill scripts
+/// leave it.
+fn seed_dead_job(con: &mut redis::Connection, id: &str, payload: &[u8], died_ms: i64) {
+    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
+    let shard = keys.shard_of(id);
+    let mut env = zdelay::Envelope::new("default", payload.to_vec());
+    env.meta
+        .headers
+        .insert("authorization".into(), "Basic c2VjcmV0".into());
+    let _: () = redis::pipe()
+        .hset(keys.jobs(shard), id, env.encode().unwrap())
+        .zadd(keys.dead(shard), id, died_ms)
+        .hset(keys.reasons(shard), id, "rejected: no")
+        .query(con)
+        .unwrap();
+}
+
+/// Stores a dead member of raw source `raw:b`.
+fn seed_dead_member(con: &mut redis::Connection, member: &[u8], died_ms: i64) {
+    let _: () = redis::pipe()
+        .zadd("raw:b:dead", member, died_ms)
+        .hset("raw:b:dead:reasons", member, "rejected: no")
+        .query(con)
+        .unwrap();
+}
+
+/// Who may read what: with `admin.token` set, a job, the dead letters and a dead job (their
+/// payloads and headers) need it — refused without it, wrong or right; counts, forecast and
+/// schedule timing stay public. Every console request naming a foreign `Host` (DNS
+/// rebinding) is refused, and API GETs marked cross-site too, as POSTs are.
+#[test]
+fn payload_reads_need_the_token_and_gets_check_the_site() {
+    let redis = RedisServer::start();
+    let config = config(&redis, &format!("token = \"{TOKEN}\""));
+    let _daemon = Daemon::start(&config);
+    let port = config.admin_port;
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    enqueue(
+        &redis,
+        &[("pending".into(), now + 600_000, "secret-payload".into())],
+    );
+    seed_dead_job(&mut con, "dead-1", b"secret-payload", now - 1000);
+    seed_dead_member(&mut con, b"secret-payload raw", now - 1000);
+    let member = format!(
+        "{}-{}",
+        now - 1000,
+        zdelay::dead::member_id(b"secret-payload raw")
+    );
+    let payload_reads = [
+        "/api/jobs/pending".to_owned(),
+        "/api/dead".to_owned(),
+        "/api/dead/dead-1".to_owned(),
+        format!("/api/dead/{member}?source=raw:b"),
+        "/api/dead?source=raw:b".to_owned(),
+    ];
+    for path in &payload_reads {
+        for headers in [
+            vec![],
+            vec!["Authorization: Bearer console-test-token-0123456780"],
+        ] {
+            let (status, body) = http_request(port, "GET", path, &headers).unwrap();
+            assert_eq!(status, 403, "{path} {headers:?}: {body}");
+            assert!(
+                !body.contains("secret-payload") && !body.contains("c2VjcmV0"),
+                "{body}"
+            );
+            assert!(!body.contains(TOKEN), "{body}");
+        }
+        let v = get_json(port, path);
+        assert!(v.to_string().contains("secret-payload"), "{path}: {v}");
+    }
+    assert_eq!(
+        get_json(port, "/api/dead/dead-1")["headers"]["authorization"],
+        "Basic c2VjcmV0"
+    );
+    // Public: counts, forecast, schedules' timing (never a payload or header).
+    let out = config.cli(&[
+        "schedule",
+        "set",
+        "tick",
+        "--dest",
+        "default",
+        "--every",
+        "1h",
+        "--payload",
+        "secret-payload",
+        "--header",
+        "authorization=Basic c2VjcmV0",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    for path in ["/api/stats", "/api/forecast", "/api/schedules"] {
+        let (status, body) = http_request(port, "GET", path, &[]).unwrap();
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(
+            !body.contains("secret-payload") && !body.contains("c2VjcmV0"),
+            "{body}"
+        );
+    }
+    let stats = get_json(port, "/api/stats");
+    assert_eq!(stats["payload_reads"], "token");
+    // The site: a foreign Host is refused everywhere on the console (pages too), even with
+    // the token; IP addresses, localhost and configured names are fine.
+    let b = bearer();
+    for (path, headers, allowed) in [
+        ("/api/stats", vec!["Host: evil.example:9464"], false),
+        ("/", vec!["Host: evil.example"], false),
+        ("/app.js", vec!["Host: rebind.evil.example"], false),
+        (
+            "/api/jobs/pending",
+            vec![b.as_str(), "Host: evil.example"],
+            false,
+        ),
+        ("/api/stats", vec!["Host: localhost:9464"], true),
+        ("/api/stats", vec!["Host: [::1]:9464"], true),
+        ("/", vec!["Host: LOCALHOST"], true),
+        // API GETs from another site: refused; a link from elsewhere may open the page.
+        ("/api/stats", vec!["Sec-Fetch-Site: cross-site"], false),
+        ("/api/stats", vec!["Origin: http://evil.example"], false),
+        (
+            "/api/jobs/pending",
+            vec![b.as_str(), "Sec-Fetch-Site: same-site"],
+            false,
+        ),
+        ("/", vec!["Sec-Fetch-Site: cross-site"], true),
+        ("/api/stats", vec!["Sec-Fetch-Site: same-origin"], true),
+    ] {
+        let (status, body) = http_request(port, "GET", path, &headers).unwrap();
+        assert_eq!(
+            status == 200,
+            allowed,
+            "{path} {headers:?}: {status} {body}"
+        );
+        if !allowed {
+            assert_eq!(status, 403, "{path} {headers:?}: {body}");
+            assert!(!body.contains("secret-payload"), "{body}");
+        }
+    }
+    // /metrics and the probes are not the console's: any Host.
+    let (status, _) =
+        http_request(port, "GET", "/metrics", &["Host: prometheus.monitoring"]).unwrap();
+    assert_eq!(status, 200);
+}
+
+/// Public reads can be turned off (they need the token then); the console can be turned
+/// off entirely; `admin.metrics_listen` serves `/metrics`, `/healthz` and `/readyz` and
+/// nothing of the console.
+#[test]
+fn public_reads_and_the_console_can_be_turned_off() {
+    let redis = RedisServer::start();
+    let closed = config(
+        &redis,
+        &format!("token = \"{TOKEN}\"\npublic_reads = false"),
+    );
+    let daemon = Daemon::start(&closed);
+    let port = closed.admin_port;
+    for path in ["/api/stats", "/api/forecast", "/api/schedules"] {
+        let (status, body) = http_request(port, "GET", path, &[]).unwrap();
+        assert_eq!(status, 403, "{path}: {body}");
+        get_json(port, path);
+    }
+    drop(daemon);
+
+    let metrics_port = crate::common::free_port();
+    let off = config(
+        &redis,
+        &format!("console = false\nmetrics_listen = \"127.0.0.1:{metrics_port}\""),
+    );
+    let _daemon = Daemon::start(&off);
+    let port = off.admin_port;
+    for path in ["/", "/app.js", "/api/stats", "/api/dead", "/api/jobs/x"] {
+        let (status, body) = http_request(port, "GET", path, &[&bearer()]).unwrap();
+        assert_eq!(status, 404, "console off: {path}: {body}");
+        let (status, _) = http_request(port, "POST", "/api/auth", &[&bearer()]).unwrap();
+        assert_eq!(status, 404);
+    }
+    assert_eq!(http_request(port, "GET", "/metrics", &[]).unwrap().0, 200);
+    let (status, text) = http_request(metrics_port, "GET", "/metrics", &[]).unwrap();
+    assert_eq!(status, 200);
+    assert!(text.contains("zdelay_redis_up"), "{text}");
+    assert_eq!(
+        http_request(metrics_port, "GET", "/healthz", &[])
+            .unwrap()
+            .0,
+        200
+    );
+    wait_for(
+        "the metrics port says ready",
+        Duration::from_secs(10),
+        || http_request(metrics_port, "GET", "/readyz", &[]).is_some_and(|(s, _)| s == 200),
+    );
+    for path in ["/", "/api/stats", "/api/jobs/x", "/app.js"] {
+        let (status, _) = http_request(metrics_port, "GET", path, &[&bearer()]).unwrap();
+        assert_eq!(status, 404, "metrics port: {path}");
+    }
+}
+
+/// Redis logs every command from now on (SLOWLOG with threshold 0), from an empty log.
+fn log_every_command(con: &mut redis::Connection) {
+    let _: () = redis::pipe()
+        .cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .ignore()
+        .cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-max-len")
+        .arg(1_000_000)
+        .ignore()
+        .cmd("SLOWLOG")
+        .arg("RESET")
+        .ignore()
+        .query(con)
+        .unwrap();
+}
+
+/// A command Redis ran, as SLOWLOG keeps it: its duration and its first arguments (each cut
+/// to 128 bytes).
+struct Logged {
+    micros: u64,
+    args: Vec<String>,
+}
+
+/// SLOWLOG's client address of a command a script ran.
+const FROM_A_SCRIPT: &[u8] = b"?:0";
+
+impl Logged {
+    /// Whether it is the script `name` (EVALSHA of its source's SHA-1).
+    fn is_script(&self, name: &str) -> bool {
+        self.args
+            .first()
+            .is_some_and(|c| c.eq_ignore_ascii_case("evalsha"))
+            && self
+                .args
+                .get(1)
+                .is_some_and(|sha| Some(sha) == script_sha(name).as_ref())
+    }
+
+    fn names(&self, text: &str) -> bool {
+        self.args.iter().any(|a| a.contains(text))
+    }
+}
+
+/// Every command clients sent since [`log_every_command`] (not those their scripts ran),
+/// oldest first.
+fn logged(con: &mut redis::Connection) -> Vec<Logged> {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(-1).query(con).unwrap();
+    let mut out: Vec<Logged> = entries
+        .into_iter()
+        .filter_map(|entry| {
+            let redis::Value::Array(fields) = entry else {
+                panic!("a SLOWLOG entry is an array: {entry:?}")
+            };
+            let client: Vec<u8> = redis::from_redis_value(fields[4].clone()).unwrap();
+            if client == FROM_A_SCRIPT {
+                return None;
+            }
+            let micros: u64 = redis::from_redis_value(fields[2].clone()).unwrap();
+            let args: Vec<Vec<u8>> = redis::from_redis_value(fields[3].clone()).unwrap();
+            Some(Logged {
+                micros,
+                args: args
+                    .iter()
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect(),
+            })
+        })
+        .collect();
+    out.reverse();
+    out
+}
+
+/// The calls take under 50 ms. SLOWLOG measures wall time, and on a loaded machine (two cores
+/// shared by several test runs) the OS pauses Redis in the middle of any command, however
+/// small, for tens of milliseconds: one call in ten may take longer, none 500 ms. (What a
+/// call reads is checked exactly by the bytes Redis sent.)
+fn assert_calls_short(what: &str, calls: &[&Logged]) {
+    let mut took: Vec<u64> = calls.iter().map(|l| l.micros / 1000).collect();
+    took.sort_unstable();
+    let slow = took.iter().filter(|&&ms| ms >= 50).count();
+    assert!(
+        slow <= calls.len() / 10 && took.last().is_none_or(|&ms| ms < 500),
+        "{what}: calls took (ms) {took:?}"
+    );
+}
+
+/// The SHA-1 EVALSHA names script `name` by (none for a script this build lacks).
+fn script_sha(name: &str) -> Option<String> {
+    let (_, source) = zdelay::store::scripts::ALL
+        .iter()
+        .find(|(n, _)| *n == name)?;
+    Some(redis::Script::new(source).get_hash().to_owned())
+}
+
+/// Bytes Redis has sent to its clients (`INFO stats`).
+fn sent_bytes(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(con).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_net_output_bytes")
+}
+
+/// Listing dead raw members of 1 MB (and a few of 2 MB) reads each in Redis and answers a
+/// preview: the answer stays small, no Redis call takes long (each reads at most 1 MiB, or
+/// one larger member: a member of S bytes costs Redis a copy of S whatever reads it, the
+/// move script that killed it too), and what Redis sends the daemon is the previews, not
+/// the members.
+#[test]
+fn raw_dead_listing_reads_members_inside_redis_within_a_budget() {
+    let redis = RedisServer::start();
+    let config = config(&redis, &format!("token = \"{TOKEN}\""));
+    let _daemon = Daemon::start(&config);
+    let port = config.admin_port;
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    let mut sizes = Vec::new();
+    for i in 0..40u8 {
+        let size = if i % 13 == 5 { 2 << 20 } else { 1 << 20 };
+        let mut member = vec![b'a' + i % 26; size];
+        member[0] = i;
+        seed_dead_member(&mut con, &member, now - 10_000 + i64::from(i));
+        sizes.push(size);
+    }
+    log_every_command(&mut con);
+    let sent = sent_bytes(&mut con);
+    let (status, body) = http_request(
+        port,
+        "GET",
+        "/api/dead?source=raw:b&limit=500",
+        &[&bearer()],
+    )
+    .expect("an answer within 10 s (not 40 MB of members)");
+    let sent = sent_bytes(&mut con) - sent;
+    assert_eq!(status, 200, "{}", &body[..body.len().min(500)]);
+    assert!(body.len() < 100_000, "an answer of {} bytes", body.len());
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let raw = v["raw"].as_array().unwrap();
+    assert_eq!(raw.len(), 40);
+    for (entry, size) in raw.iter().zip(&sizes) {
+        assert_eq!(entry["payload_size"].as_u64().unwrap() as usize, *size);
+        assert_eq!(entry["payload_truncated"], true);
+    }
+    assert!(sent < 1 << 20, "Redis sent {sent} bytes for the listing");
+    let log = logged(&mut con);
+    let reads: Vec<&Logged> = log.iter().filter(|l| l.names("raw:b:dead")).collect();
+    assert!(
+        reads.iter().any(|l| l.is_script("walk_raw_dead")),
+        "read through walk_raw_dead"
+    );
+    assert_calls_short("reads of raw:b:dead", &reads);
+}
+
+/// A raw member is found by its id without a scan: the id carries its death time. An id
+/// without it (the older form) is looked for among the oldest 10000 members only, and the
+/// answer says how to find it. On 100k dead members, each lookup is a few Redis calls.
+#[test]
+fn raw_dead_lookup_by_id_does_not_scan_the_set() {
+    let redis = RedisServer::start();
+    let config = config(&redis, &format!("token = \"{TOKEN}\""));
+    let _daemon = Daemon::start(&config);
+    let port = config.admin_port;
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    for chunk in 0..10 {
+        let mut pipe = redis::pipe();
+        for i in chunk * 10_000..(chunk + 1) * 10_000 {
+            pipe.zadd("raw:b:dead", format!("m{i}"), now - 200_000 + i as i64)
+                .ignore();
+        }
+        let _: () = pipe.query(&mut con).unwrap();
+    }
+    let last = b"m99999";
+    let last_id = format!(
+        "{}-{}",
+        now - 200_000 + 99_999,
+        zdelay::dead::member_id(last)
+    );
+    // What a lookup may send: the walk script, or reads of the dead set's members (the
+    // stats sampler's ZCARD and the pollers' move_raw do not count).
+    let calls = |con: &mut redis::Connection| {
+        logged(con)
+            .into_iter()
+            .filter(|l| {
+                l.is_script("walk_raw_dead")
+                    || (l.names("raw:b:dead")
+                        && ["ZRANGEBYSCORE", "ZRANGE", "ZSCAN", "HMGET", "HGET"]
+                            .iter()
+                            .any(|c| l.args[0].eq_ignore_ascii_case(c)))
+            })
+            .count()
+    };
+    let show = |id: &str| {
+        http_request(
+            port,
+            "GET",
+            &format!("/api/dead/{id}?source=raw:b"),
+            &[&bearer()],
+        )
+        .unwrap()
+    };
+    for (id, want, says) in [
+        // The older form: not among the oldest 10000, and the answer says what to give.
+        ("0123456789abcdef".to_owned(), 400, "oldest 10000"),
+        (zdelay::dead::member_id(last), 400, "<died ms>-<id>"),
+        (last_id.clone(), 200, "m99999"),
+        (
+            format!("{}-0123456789abcdef", now - 100),
+            404,
+            "no dead member",
+        ),
+    ] {
+        log_every_command(&mut con);
+        let (status, body) = show(&id);
+        let n = calls(&mut con);
+        let most = if id.contains('-') { 1 } else { 12 };
+        assert!(n <= most, "{id}: {n} Redis calls read raw:b:dead");
+        assert_eq!(status, want, "{id}: {body}");
+        assert!(body.contains(says), "{id}: {body}");
+    }
+}
+
+/// Replaying or purging one dead job touches its own shard only: no scan of every shard's
+/// history (that is left to the bulk operations).
+#[test]
+fn single_id_replay_and_purge_touch_one_shard() {
+    let redis = RedisServer::start();
+    let config = config(&redis, &format!("token = \"{TOKEN}\""));
+    let _daemon = Daemon::start(&config);
+    let port = config.admin_port;
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
+    for i in 0..20 {
+        seed_dead_job(&mut con, &format!("d-{i}"), b"x", now - 1000);
+        let shard = keys.shard_of(&format!("d-{i}"));
+        let _: () = redis::cmd("HSET")
+            .arg(keys.history(shard))
+            .arg(format!("gone-{i}"))
+            .arg("1 old")
+            .query(&mut con)
+            .unwrap();
+    }
+    let dead_ops = [
+        "replay_dead",
+        "purge_dead",
+        "prune_history",
+        "peek_dead",
+        "walk_raw_dead",
+    ];
+    for (i, action) in ["replay?in=1h", "purge"].iter().enumerate() {
+        let id = format!("d-{i}");
+        log_every_command(&mut con);
+        let (status, body) = http_request(
+            port,
+            "POST",
+            &format!("/api/dead/{id}/{action}"),
+            &[&bearer()],
+        )
+        .unwrap();
+        assert_eq!(status, 200, "{action}: {body}");
+        let log = logged(&mut con);
+        let ours: Vec<&Logged> = log
+            .iter()
+            .filter(|l| {
+                dead_ops.iter().any(|s| l.is_script(s))
+                    || l.args[0].eq_ignore_ascii_case("hscan")
+                    || l.names(":history")
+            })
+            .collect();
+        assert!(!ours.is_empty(), "{action}: its script is logged");
+        let tag = format!("{{zdelay:{}}}", keys.shard_of(&id));
+        for l in &ours {
+            assert!(
+                !l.args[0].eq_ignore_ascii_case("hscan"),
+                "{action}: a scan: {:?}",
+                l.args
+            );
+            let shards: BTreeSet<&str> = l
+                .args
+                .iter()
+                .filter_map(|a| a.strip_prefix("{zdelay:"))
+                .filter_map(|a| a.split_once('}').map(|(n, _)| n))
+                .collect();
+            assert_eq!(
+                shards.into_iter().collect::<Vec<_>>(),
+                vec![&tag["{zdelay:".len()..tag.len() - 1]],
+                "{action}: {:?}",
+                l.args
+            );
+        }
+    }
+}
+
+/// A job's and a dead job's payload are cut inside Redis: an 8 MB payload is never sent to
+/// the daemon to show 2048 bytes of it.
+#[test]
+fn payload_previews_are_cut_inside_redis() {
+    let redis = RedisServer::start();
+    let config = config(&redis, &format!("token = \"{TOKEN}\""));
+    let _daemon = Daemon::start(&config);
+    let port = config.admin_port;
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    let big = "é".repeat(4 << 20);
+    seed_dead_job(&mut con, "dead-big", big.as_bytes(), now - 1000);
+    for path in ["/api/dead/dead-big", "/api/jobs/dead-big"] {
+        let sent = sent_bytes(&mut con);
+        let v = get_json(port, path);
+        let sent = sent_bytes(&mut con) - sent;
+        assert!(sent < 100_000, "{path}: Redis sent {sent} bytes");
+        let preview = v
+            .get("payload_preview")
+            .or(v.get("payload"))
+            .and_then(Value::as_str)
+            .unwrap();
+        assert_eq!(preview.len(), 2048, "{path}: whole characters");
+        assert_eq!(v["payload_truncated"], true, "{path}");
+        assert_eq!(
+            v.get("payload_size").or(v.get("payload_bytes")).unwrap(),
+            8 << 20,
+            "{path}"
+        );
+        assert_eq!(v["headers"]["authorization"], "Basic c2VjcmV0", "{path}");
+    }
+}
+
+/// Listing dead jobs reads their envelopes' heads within a byte budget per Redis call: JSON
+/// envelopes of 60 KB, 600 of them in one shard, take many calls of about 1 MiB each, not
+/// one of 36 MB.
+#[test]
+fn dead_listing_peeks_within_a_budget_per_call() {
+    let redis = RedisServer::start();
+    let config = config(&redis, &format!("token = \"{TOKEN}\""));
+    let _daemon = Daemon::start(&config);
+    let port = config.admin_port;
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
+    let shard = keys.shard_of("{one}:0");
+    let payload = "p".repeat(60_000);
+    let mut pipe = redis::pipe();
+    for i in 0..600 {
+        let id = format!("{{one}}:{i}");
+        let json = serde_json::json!({"v": 1, "dest": "default", "payload": payload});
+        pipe.hset(keys.jobs(shard), &id, json.to_string())
+            .ignore()
+            .zadd(keys.dead(shard), &id, now - 10_000 + i)
+            .ignore();
+    }
+    let _: () = pipe.query(&mut con).unwrap();
+    log_every_command(&mut con);
+    let sent = sent_bytes(&mut con);
+    let v = get_json(port, "/api/dead?limit=500");
+    let sent = sent_bytes(&mut con) - sent;
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 500);
+    assert_eq!(v["jobs"][0]["route"], "default", "{}", v["jobs"][0]);
+    let peeks: Vec<Logged> = logged(&mut con)
+        .into_iter()
+        .filter(|l| l.is_script("peek_dead"))
+        .collect();
+    let per_call = sent / peeks.len().max(1) as u64;
+    assert!(
+        per_call < 2 << 20,
+        "{} peek_dead calls sent {sent} bytes",
+        peeks.len()
+    );
+    assert_calls_short("peek_dead", &peeks.iter().collect::<Vec<_>>());
+}
+
+/// A bulk replay or purge through the API does a bounded amount of work per request
+/// (`limit`, at most 10000): `complete: false` says to send it again.
+#[test]
+fn bulk_requests_are_bounded() {
+    let redis = RedisServer::start();
+    let config = config(&redis, &format!("token = \"{TOKEN}\""));
+    let _daemon = Daemon::start(&config);
+    let port = config.admin_port;
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    for i in 0..25 {
+        seed_dead_job(&mut con, &format!("b-{i}"), b"x", now - 1000);
+        seed_dead_member(&mut con, format!("raw-{i}").as_bytes(), now - 1000);
+    }
+    let post = |path: &str| {
+        let (status, body) = http_request(port, "POST", path, &[&bearer()]).unwrap();
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    let first = post("/api/dead?action=purge&all=true&limit=10");
+    assert_eq!(
+        (first["purged"].as_u64(), first["complete"].as_bool()),
+        (Some(10), Some(false)),
+        "{first}"
+    );
+    assert_eq!(dead_ids(&mut con).len(), 15);
+    let raw = post("/api/dead?action=replay&source=raw:b&limit=20");
+    assert_eq!(
+        (raw["replayed"].as_u64(), raw["complete"].as_bool()),
+        (Some(20), Some(false)),
+        "{raw}"
+    );
+    let rest = post("/api/dead?action=purge&all=true&limit=100");
+    assert_eq!(
+        (rest["purged"].as_u64(), rest["complete"].as_bool()),
+        (Some(15), Some(true)),
+        "{rest}"
+    );
+    let left: u64 = redis::cmd("ZCARD")
+        .arg("raw:b:dead")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(left, 5);
+}
+
+/// Each listed schedule's previous occurrence is a walk back along its recurrence — for a
+/// rare cron (the 29th of February on a Monday) a long one. `/api/schedules` walks on a
+/// blocking thread, one answer at a time: concurrent requests never hold the threads that
+/// answer `/healthz` and run the pollers.
+#[test]
+fn schedule_walks_do_not_hold_the_runtime() {
+    use zdelay::schedules::{NewSchedule, Repeat};
+    let redis = RedisServer::start();
+    let config = config(&redis, "");
+    let _daemon = Daemon::start(&config);
+    let port = config.admin_port;
+    crate::common::runtime().block_on(async {
+        let client = Client::connect(&crate::common::redis_config(&redis.url(), SHARDS))
+            .await
+            .unwrap();
+        for i in 0..1000 {
+            let rare = Repeat::Cron {
+                expr: "0 0 29 2 1".into(),
+                tz: "UTC".into(),
+            };
+            client
+                .schedule_set(NewSchedule::new(format!("rare-{i}"), "default", "x", rare))
+                .await
+                .unwrap();
+        }
+    });
+    let requests: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                let answer = http_request(port, "GET", "/api/schedules?limit=1000", &[]);
+                (answer, started.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    while !requests.iter().all(|r| r.is_finished()) {
+        let started = std::time::Instant::now();
+        let (status, _) = http_request(port, "GET", "/healthz", &[]).expect("/healthz answers");
+        assert_eq!(status, 200);
+        slowest = slowest.max(started.elapsed());
+    }
+    let answers: Vec<_> = requests.into_iter().map(|r| r.join().unwrap()).collect();
+    eprintln!("slowest /healthz meanwhile: {slowest:?}");
+    assert!(
+        slowest < Duration::from_millis(500),
+        "/healthz waited {slowest:?} behind the walks"
+    );
+    for (answer, took) in answers {
+        let (status, body) = answer.expect("/api/schedules answers within 10 s");
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["schedules"].as_array().unwrap().len(), 1000);
+        eprintln!("/api/schedules took {took:?}");
+    }
 }

@@ -692,7 +692,7 @@ fn raw_members_by_id_reason_and_age() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| m["payload"].as_str().unwrap().to_owned())
+            .map(|m| m["payload_preview"].as_str().unwrap().to_owned())
             .collect();
         out.sort();
         out
@@ -709,11 +709,22 @@ fn raw_members_by_id_reason_and_age() {
     let v = json(&config, &["dead", "list", "--json", "--source", "raw:a"]);
     let entry = &v["raw"][0];
     assert_eq!(entry["source"], "raw:a");
-    assert_eq!(entry["id"], member_id(b"old-seconds"));
+    // An id is the death time and the start of the member's SHA-1.
+    assert_eq!(
+        entry["id"],
+        format!("{}-{}", now - 120 * MIN, member_id(b"old-seconds"))
+    );
     assert_eq!(entry["payload_size"], 11);
 
-    // Show by id, plain or as <source>:<id>.
-    let id = member_id(b"new-oversize");
+    // Show by id, plain or as <source>:<id>; the hash alone (the older form) is looked for
+    // among the oldest members.
+    let hash = member_id(b"new-oversize");
+    let id = format!("{}-{hash}", now - MIN);
+    let by_hash = json(
+        &config,
+        &["dead", "show", "--source", "raw:a", &hash, "--json"],
+    );
+    assert_eq!(by_hash["id"], id.as_str());
     let show = json(
         &config,
         &[
@@ -726,7 +737,7 @@ fn raw_members_by_id_reason_and_age() {
         ],
     );
     assert_eq!(show["payload_preview"], "new-oversize", "{show:#}");
-    assert_eq!(show["message_id"], format!("raw:a:{id}"));
+    assert_eq!(show["message_id"], format!("raw:a:{hash}"));
     assert_eq!(show["reason"], "payload too large");
     assert_eq!(show["died_ms"], now - MIN);
     let shown = ok(&config, &["dead", "show", "--source", "raw:a", &id]);

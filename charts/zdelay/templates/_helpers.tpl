@@ -172,6 +172,10 @@ sub-tables gets no header of its own.
 {{- $_ := set $redis "tls" $tls -}}
 {{- end -}}
 {{- $_ := set $cfg "redis" $redis -}}
+{{- $a := .Values.admin -}}
+{{- $admin := dict "console" $a.console "public_reads" $a.publicReads -}}
+{{- with $a.allowedHosts }}{{ $_ := set $admin "allowed_hosts" . }}{{ end -}}
+{{- $_ := set $cfg "admin" $admin -}}
 {{- toJson $cfg -}}
 {{- end -}}
 
@@ -179,8 +183,9 @@ sub-tables gets no header of its own.
 {{- define "zdelay.configToml" -}}
 {{- include "zdelay.validate" . -}}
 # zdelay.toml rendered by the zdelay Helm chart from .Values.config. Credentials come from
-# ZDELAY_ environment variables (Secrets); admin.listen from ZDELAY_ADMIN__LISTEN.
-{{- include "zdelay.toml.table" (dict "path" "" "table" (include "zdelay.configDict" . | fromJson) "order" (list "redis" "poller" "tracing" "sinks" "routes" "sources")) }}
+# ZDELAY_ environment variables (Secrets); admin.listen and admin.metrics_listen from
+# ZDELAY_ADMIN__LISTEN and ZDELAY_ADMIN__METRICS_LISTEN.
+{{- include "zdelay.toml.table" (dict "path" "" "table" (include "zdelay.configDict" . | fromJson) "order" (list "redis" "poller" "admin" "tracing" "sinks" "routes" "sources")) }}
 {{ end -}}
 
 {{- define "zdelay.configChecksum" -}}
@@ -218,6 +223,13 @@ sub-tables gets no header of its own.
 {{- fail (printf "secrets.sinks.%s: no sink %q in config.sinks" $name $name) -}}
 {{- end -}}
 {{- end -}}
+{{- if eq (.Values.admin.port | int) (.Values.admin.metricsPort | int) -}}
+{{- fail "admin.metricsPort must differ from admin.port (the console's)" -}}
+{{- end -}}
+{{- $at := $s.adminToken -}}
+{{- if ne (empty $at.existingSecret) (empty $at.key) -}}
+{{- fail "secrets.adminToken.existingSecret and key go together (the Secret and its key holding the token)" -}}
+{{- end -}}
 {{- $t := .Values.tls.redis -}}
 {{- if $t.enabled -}}
 {{- if not $t.existingSecret -}}
@@ -238,7 +250,18 @@ sub-tables gets no header of its own.
 - name: ZDELAY_CONFIG
   value: /etc/zdelay/zdelay.toml
 - name: ZDELAY_ADMIN__LISTEN
-  value: {{ printf "0.0.0.0:%d" (.Values.admin.port | int) | quote }}
+  value: {{ printf "%s:%d" (ternary "0.0.0.0" "127.0.0.1" .Values.admin.exposeConsole) (.Values.admin.port | int) | quote }}
+- name: ZDELAY_ADMIN__METRICS_LISTEN
+  value: {{ printf "0.0.0.0:%d" (.Values.admin.metricsPort | int) | quote }}
+{{- with .Values.secrets.adminToken }}
+{{- if .existingSecret }}
+- name: ZDELAY_ADMIN__TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .key }}
+{{- end }}
+{{- end }}
 - name: ZDELAY_LOG
   value: {{ .Values.log.level | quote }}
 - name: ZDELAY_LOG_FORMAT
@@ -335,7 +358,8 @@ sub-tables gets no header of its own.
 {{- $ctx := .ctx -}}
 {{- $sidecar := .sidecar -}}
 {{- $v := $ctx.Values -}}
-{{- $port := ternary "zdelay-admin" "admin" $sidecar -}}
+{{- $port := ternary "zdelay-metrics" "metrics" $sidecar -}}
+{{- $console := ternary "zdelay-console" "console" $sidecar -}}
 - name: zdelay
   image: {{ include "zdelay.image" $ctx | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -351,8 +375,13 @@ sub-tables gets no header of its own.
   {{- end }}
   ports:
     - name: {{ $port }}
+      containerPort: {{ $v.admin.metricsPort }}
+      protocol: TCP
+    {{- if and $v.admin.console $v.admin.exposeConsole }}
+    - name: {{ $console }}
       containerPort: {{ $v.admin.port }}
       protocol: TCP
+    {{- end }}
   {{- if and $v.probes.readiness.enabled (or (not $sidecar) $v.sidecar.readinessProbe) }}
   readinessProbe:
     httpGet:

@@ -1,6 +1,7 @@
--- peek_dead: what listing and filtering dead jobs needs, without their payloads: per id, its
--- dead score, reason, history and the head of its envelope (a frame up to the end of its
--- meta, and the payload's size). Reads only.
+-- peek_dead: what listing, filtering and showing a job needs, within a byte budget: per id, its
+-- dead score, reason, history, the head of its envelope (a frame up to the end of its meta) and
+-- the first bytes of its payload. Reads only. Ids are read in order until the envelopes read
+-- add up to the budget (at least one id is read): the caller sends the rest again.
 -- KEYS[1] jobs     HASH  {zdelay:3}:jobs
 -- KEYS[2] dead     ZSET  {zdelay:3}:dead
 -- KEYS[3] reasons  HASH  {zdelay:3}:reasons
@@ -9,12 +10,16 @@
 --                                                "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
--- ARGV[2..] ids
--- Returns: per id, six values: dead score ("" when not dead), reason (""), history (""),
---   kind ("frame" | "other" | "none"), head, payload bytes. For a "frame", head is
---   "zd1:<dest>\n<meta length>\n<meta>" and payload bytes the size of the rest; for "other"
---   (a JSON envelope, or a malformed one), head is the first 64 KiB of the value and payload
---   bytes -1; for "none" (no envelope stored) head is "" and payload bytes -1.
+-- ARGV[2] byte budget: envelope bytes read by one call (HSTRLEN, before reading)
+-- ARGV[3] payload preview: bytes of a frame's payload returned (0: none)
+-- ARGV[4..] ids
+-- Returns: per id read (a prefix of the ids), seven values: dead score ("" when not dead),
+--   reason (its first 4096 bytes; ""), history (""), kind ("frame" | "other" | "none"), head,
+--   size, payload preview. For a "frame", head is "zd1:<dest>\n<meta length>\n<meta>" (at most
+--   64 KiB of meta), size the payload's bytes and the preview its first ARGV[3] bytes; for
+--   "other" (a JSON envelope, a malformed one, or a frame whose meta exceeds 64 KiB), head is
+--   the first 64 KiB of the value, size the value's bytes, preview ""; for "none" (no envelope
+--   stored) head and preview are "" and size -1.
 -- Re-run safety: yes (reads only).
 
 -- Layout fence: refuse a shard its caller computed with another shard count.
@@ -25,24 +30,37 @@ if layout and layout ~= ARGV[1] then
   end
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end
-local out = {}
+local budget = tonumber(ARGV[2])
+local preview = tonumber(ARGV[3])
 local HEAD_MAX = 65536
-for i = 2, #ARGV do
+local REASON_MAX = 4096
+local out = {}
+local spent = 0
+for i = 4, #ARGV do
   local id = ARGV[i]
+  local stored = redis.call('HSTRLEN', KEYS[1], id)
+  if i > 4 and spent + stored > budget then
+    break
+  end
+  spent = spent + stored
   local score = redis.call('ZSCORE', KEYS[2], id) or ''
-  local reason = redis.call('HGET', KEYS[3], id) or ''
+  local reason = string.sub(redis.call('HGET', KEYS[3], id) or '', 1, REASON_MAX)
   local history = redis.call('HGET', KEYS[4], id) or ''
-  local v = redis.call('HGET', KEYS[1], id)
-  local kind, head, size = 'none', '', -1
-  if v then
-    kind, head = 'other', string.sub(v, 1, HEAD_MAX)
+  local kind, head, size, start = 'none', '', -1, ''
+  if stored > 0 then
+    local v = redis.call('HGET', KEYS[1], id)
+    kind, head, size = 'other', string.sub(v, 1, HEAD_MAX), #v
     if string.sub(v, 1, 4) == 'zd1:' then
       local a = string.find(v, '\n', 5, true)
       local b = a and string.find(v, '\n', a + 1, true)
       local digits = b and string.sub(v, a + 1, b - 1)
       local meta_len = digits and string.find(digits, '^%d+$') and tonumber(digits)
-      if meta_len and b + meta_len <= #v then
+      if meta_len and meta_len <= HEAD_MAX and b + meta_len <= #v then
+        local payload_at = b + meta_len + 1
         kind, head, size = 'frame', string.sub(v, 1, b + meta_len), #v - b - meta_len
+        if preview > 0 then
+          start = string.sub(v, payload_at, payload_at + preview - 1)
+        end
       end
     end
   end
@@ -52,5 +70,6 @@ for i = 2, #ARGV do
   out[#out + 1] = kind
   out[#out + 1] = head
   out[#out + 1] = size
+  out[#out + 1] = start
 end
 return out

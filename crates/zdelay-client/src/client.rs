@@ -16,7 +16,7 @@ use crate::envelope::{Envelope, EnvelopeError, validate_dest};
 pub use crate::job::{Cancelled, Due, Enqueued, JobState, OnConflict};
 use crate::keys::{Keys, LAYOUT_VERSION};
 use crate::routes::{Refused, Routes};
-use crate::store::scripts::{self, EnqueueCall, EnqueueItem};
+use crate::store::scripts::{self, EnqueueCall, EnqueueItem, EnvelopeHead, PEEK_HEAD_MAX};
 use crate::store::{self, Conn, Layout, StoreError};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -175,6 +175,9 @@ pub struct JobView {
     /// The stored bytes, and their decoding.
     pub raw: Vec<u8>,
     pub envelope: Result<Envelope, EnvelopeError>,
+    /// The payload's size in bytes (of a value that is not an envelope: its size); with
+    /// [`Client::get_preview`], `envelope` holds only the payload's first bytes.
+    pub payload_size: u64,
     pub reason: Option<String>,
     /// For a due job waiting for its two-phase sink: the sink's name.
     pub sink: Option<String>,
@@ -537,13 +540,26 @@ impl Client {
     /// Looks a job up by id in its shard; `None` when it is not stored (delivered,
     /// cancelled, purged, or never enqueued).
     pub async fn get(&self, id: &str) -> Result<Option<JobView>, ClientError> {
-        self.fenced(|keys| self.get_in(keys, id)).await
+        self.fenced(|keys| self.get_in(keys, id, None)).await
     }
 
-    pub(crate) async fn get_in(
+    /// Like [`Client::get`], with at most the first `preview` bytes of the payload: they are
+    /// cut inside Redis (`peek_dead`), so a large payload is never sent whole.
+    /// `payload_size` says how large it is.
+    pub async fn get_preview(
+        &self,
+        id: &str,
+        preview: usize,
+    ) -> Result<Option<JobView>, ClientError> {
+        self.fenced(|keys| self.get_in(keys, id, Some(preview)))
+            .await
+    }
+
+    async fn get_in(
         &self,
         keys: Keys,
         id: &str,
+        preview: Option<usize>,
     ) -> Result<Option<JobView>, ClientError> {
         let shard = keys.shard_of(id);
         let layout = keys.clone();
@@ -554,23 +570,50 @@ impl Client {
             Option<String>,
             Option<f64>,
             Option<f64>,
-            Option<Vec<u8>>,
+            redis::Value,
             Option<String>,
             Option<String>,
         );
-        let ((secs, micros), due, ready, inflight, dead, raw, reason, marker): Reply =
-            redis::pipe()
-                .cmd("TIME")
-                .zscore(&keys.due, id)
-                .hget(&keys.ready_ids, id)
-                .zscore(&keys.inflight, id)
-                .zscore(&keys.dead, id)
-                .hget(&keys.jobs, id)
-                .hget(&keys.reasons, id)
-                .get(&keys.layout)
-                .query_async(&mut self.con.clone())
-                .await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME")
+            .zscore(&keys.due, id)
+            .hget(&keys.ready_ids, id)
+            .zscore(&keys.inflight, id)
+            .zscore(&keys.dead, id);
+        match preview {
+            None => pipe.hget(&keys.jobs, id),
+            // Whether one is stored; its head and preview come from `peek_dead`.
+            Some(_) => pipe.hexists(&keys.jobs, id),
+        };
+        let ((secs, micros), due, ready, inflight, dead, stored, reason, marker): Reply = pipe
+            .hget(&keys.reasons, id)
+            .get(&keys.layout)
+            .query_async(&mut self.con.clone())
+            .await?;
         read_fence(marker, &layout, &keys.layout)?;
+        let (raw, envelope, payload_size) = match preview {
+            None => {
+                let raw: Option<Vec<u8>> =
+                    redis::from_redis_value(stored).map_err(redis::RedisError::from)?;
+                let bytes = raw.as_deref().unwrap_or_default();
+                let envelope = Envelope::decode(bytes);
+                let size = envelope.as_ref().map_or(bytes.len(), |e| e.payload.len());
+                (raw, envelope, size as u64)
+            }
+            Some(preview) => {
+                let peeked =
+                    if redis::from_redis_value::<bool>(stored).map_err(redis::RedisError::from)? {
+                        let ids = [id.to_owned()];
+                        scripts::peek_dead(&mut self.con.clone(), &keys, &ids, preview)
+                            .await?
+                            .pop()
+                            .map(|p| p.envelope)
+                    } else {
+                        None
+                    };
+                preview_envelope(peeked, preview)
+            }
+        };
         let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
         // A job waiting in the ready set: "<sink>\n<due>\n<id>".
         let waiting = ready.as_deref().and_then(|m| {
@@ -590,17 +633,76 @@ impl Client {
             _ if raw.is_some() => (JobState::Orphan, None),
             _ => return Ok(None),
         };
-        let raw = raw.unwrap_or_default();
         Ok(Some(JobView {
             id: id.to_owned(),
             shard,
             state,
             score,
-            envelope: Envelope::decode(&raw),
-            raw,
+            raw: raw.unwrap_or_default(),
+            envelope,
+            payload_size,
             reason,
             sink,
         }))
+    }
+}
+
+/// What `get_preview` shows of an envelope `peek_dead` read: the bytes read (a frame's head
+/// and payload start, or the first `preview` bytes of another value), their decoding with
+/// the payload cut to `preview` bytes, and the whole payload's size (of a value that is not
+/// a frame and does not decode: the value's size).
+fn preview_envelope(
+    peeked: Option<EnvelopeHead>,
+    preview: usize,
+) -> (Option<Vec<u8>>, Result<Envelope, EnvelopeError>, u64) {
+    let missing = || Err(EnvelopeError::Malformed("no envelope stored".into()));
+    let Some(head) = peeked.filter(|h| !matches!(h, EnvelopeHead::Missing)) else {
+        return (None, missing(), 0);
+    };
+    let (raw, value_size) = match &head {
+        EnvelopeHead::Frame {
+            head,
+            payload_start,
+            payload_size,
+        } => ([head.as_slice(), payload_start].concat(), *payload_size),
+        EnvelopeHead::Other { head, size } => (head[..head.len().min(preview)].to_vec(), *size),
+        EnvelopeHead::Missing => (Vec::new(), 0),
+    };
+    let (envelope, payload_size) = read_envelope(head);
+    let mut envelope = envelope.unwrap_or_else(missing);
+    if let Ok(env) = &mut envelope {
+        env.payload.truncate(preview);
+    }
+    (Some(raw), envelope, payload_size.unwrap_or(value_size))
+}
+
+/// The envelope `peek_dead` read (a frame's payload: the first bytes it returned) and the
+/// payload's whole size; `None` when none is stored.
+pub(crate) fn read_envelope(
+    head: EnvelopeHead,
+) -> (Option<Result<Envelope, EnvelopeError>>, Option<u64>) {
+    match head {
+        EnvelopeHead::Frame {
+            mut head,
+            payload_size,
+            payload_start,
+        } => {
+            head.extend_from_slice(&payload_start);
+            (Some(Envelope::decode(&head)), Some(payload_size))
+        }
+        EnvelopeHead::Other { size, .. } if size as usize > PEEK_HEAD_MAX => (
+            Some(Err(EnvelopeError::Malformed(format!(
+                "{size} bytes that are not a zd1 frame: only frames are read beyond \
+                 {PEEK_HEAD_MAX} bytes"
+            )))),
+            None,
+        ),
+        EnvelopeHead::Other { head, .. } => {
+            let env = Envelope::decode(&head);
+            let size = env.as_ref().ok().map(|e| e.payload.len() as u64);
+            (Some(env), size)
+        }
+        EnvelopeHead::Missing => (None, None),
     }
 }
 

@@ -511,16 +511,38 @@ impl Default for PollerConfig {
 }
 
 /// `[admin]`: the HTTP port for `/metrics`, `/healthz`, `/readyz` and the operator console
-/// (pages and `/api/…`).
+/// (pages and `/api/…`), and optionally a second port with the first three only.
+///
+/// Who may read what on the console's API: counts, the forecast and schedule timing are
+/// public unless `public_reads = false`; payloads, headers and dead letters need the token
+/// (without one configured: only on a loopback `listen`); actions always need the token.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Listen address. Default `127.0.0.1:9464`.
     pub listen: SocketAddr,
-    /// Enables the console's actions (`POST /api/…`: replay, purge, cancel, pause, resume,
-    /// run): callers send `Authorization: Bearer <token>`. Without it the console is
-    /// read-only and every action is refused (403).
+    /// The console's key: callers send `Authorization: Bearer <token>`. It unlocks the
+    /// actions (`POST /api/…`: replay, purge, cancel, pause, resume, run) and the reads that
+    /// show payloads, headers or dead letters (`GET /api/jobs/{id}`, `/api/dead`,
+    /// `/api/dead/{id}`). Without it every action is refused (403), and those reads are
+    /// served only when `listen` is a loopback address. At least 16 characters.
     pub token: Option<Secret>,
+    /// Whether counts, the forecast and schedule timing (`GET /api/stats`, `/api/forecast`,
+    /// `/api/schedules`) are readable without the token. `false` needs `token`. Default
+    /// `true`.
+    pub public_reads: bool,
+    /// Serve the console (its pages and `/api/…`) on `listen`. `false`: only `/metrics`,
+    /// `/healthz` and `/readyz` are served there; every other path is 404. Default `true`.
+    pub console: bool,
+    /// A second listen address serving only `/metrics`, `/healthz` and `/readyz` (no
+    /// console), for a metrics Service or probes that must not reach the console. Default:
+    /// none.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Host names the console answers to, besides IP addresses and `localhost` (the `Host`
+    /// header, port ignored; ASCII case ignored), e.g. the name of an ingress in front of
+    /// it. A request naming another host is refused (403): a page elsewhere cannot reach a
+    /// console through a DNS name it controls (DNS rebinding). Default: none.
+    pub allowed_hosts: Vec<String>,
     /// Path the console and its API are served under, e.g. `/zdelay` (default: `/`).
     pub ui_prefix: String,
 }
@@ -530,6 +552,10 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             token: None,
+            public_reads: true,
+            console: true,
+            metrics_listen: None,
+            allowed_hosts: Vec::new(),
             ui_prefix: String::new(),
         }
     }
@@ -1042,6 +1068,30 @@ impl Config {
         if a.token.as_ref().is_some_and(|t| t.expose().len() < 16) {
             return Err(invalid("admin.token", "must be at least 16 characters"));
         }
+        if !a.public_reads && a.token.is_none() {
+            return Err(invalid(
+                "admin.public_reads",
+                "false needs admin.token: without a token nothing could read the counts \
+                 (to turn the console off, set admin.console = false)",
+            ));
+        }
+        if a.metrics_listen == Some(a.listen) {
+            return Err(invalid(
+                "admin.metrics_listen",
+                "must differ from admin.listen (it is a second listener)",
+            ));
+        }
+        if let Some((i, host)) = a.allowed_hosts.iter().enumerate().find(|(_, h)| {
+            h.is_empty()
+                || !h
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+        }) {
+            return Err(invalid(
+                format!("admin.allowed_hosts[{i}]"),
+                format!("{host:?} is not a host name (letters, digits, - . _; no port or scheme)"),
+            ));
+        }
         let prefix = a.ui_prefix.as_str();
         let prefix_ok = prefix.is_empty()
             || (prefix.starts_with('/')
@@ -1397,6 +1447,29 @@ user = "a"
 
     fn err(text: &str) -> String {
         from_toml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn admin_access_settings_are_checked() {
+        let c = from_toml("").unwrap();
+        assert!(c.admin.public_reads && c.admin.console);
+        assert_eq!(c.admin.metrics_listen, None);
+        let c = from_toml(
+            "[admin]\ntoken = \"0123456789abcdef\"\npublic_reads = false\nconsole = false\n\
+             metrics_listen = \"0.0.0.0:9465\"\nallowed_hosts = [\"zdelay.example.com\"]",
+        )
+        .unwrap();
+        assert!(!c.admin.public_reads && !c.admin.console);
+        assert_eq!(c.admin.metrics_listen, Some(([0, 0, 0, 0], 9465).into()));
+        assert!(err("[admin]\npublic_reads = false").contains("admin.public_reads"));
+        assert!(
+            err("[admin]\nlisten = \"127.0.0.1:9464\"\nmetrics_listen = \"127.0.0.1:9464\"")
+                .contains("admin.metrics_listen")
+        );
+        assert!(
+            err("[admin]\nallowed_hosts = [\"ok.example\", \"http://x\"]")
+                .contains("admin.allowed_hosts[1]")
+        );
     }
 
     #[test]

@@ -6,15 +6,26 @@
 //! its score is still that one — so a job that dies again meanwhile is left alone, never
 //! replayed or purged twice. Progress is reported through a callback; nothing here prints.
 //!
+//! **Bounds.** No call reads a payload whole: `peek_dead` returns envelope heads and the first
+//! bytes of a payload, at most [`scripts::PEEK_BUDGET`] of envelopes per call. Raw members,
+//! which are their own payloads (an oversize one up to Redis's 512 MB), never leave Redis:
+//! `walk_raw_dead` walks the dead ZSET by rank inside the script, at most
+//! [`scripts::RAW_WALK_BUDGET`] of members per call (or one larger member), and lists each
+//! with its first bytes, or replays or purges it there. A member's id is `<died ms>-<hash>`
+//! ([`DeadMember::id`]): its death time finds it without a scan; the hash alone (the form
+//! before) is looked for among the oldest [`OLD_ID_SCAN`] members. An operation by ids
+//! touches their shards only.
+//!
 //! **History.** The scripts that kill jobs write the current reason to `{ns:s}:reasons`
 //! (overwriting). A replay appends the death it leaves — `<died ms> <reason>` — to the job's
 //! entry in `{ns:s}:history` (one entry a line, oldest first, the last [`HISTORY_CAP`] kept,
 //! reasons cut to 500 bytes with newlines turned to spaces), so `dead show` prints every
 //! death the job went through. Purging a job deletes its history. A job delivered (or
 //! cancelled) after a replay has no envelope any more; its history is dropped by the next
-//! `dead replay` or `dead purge`, which prune the history of every id no longer stored. So
-//! history holds at most [`HISTORY_CAP`] lines per id, for ids still stored plus those
-//! replayed since the last replay or purge.
+//! bulk `dead replay` or `dead purge` (by filter), which prune the history of every id no
+//! longer stored (by ids they touch the ids' shards only). So history holds at most
+//! [`HISTORY_CAP`] lines per id, for ids still stored plus those replayed since the last bulk
+//! replay or purge.
 //!
 //! **Layout.** Every call runs with the client's shard count and is refused when the
 //! namespace no longer has it: the scripts check the shard's layout marker, and the reads
@@ -28,12 +39,12 @@
 //! the script, so it is atomic and safe to re-run. Raw members keep no attempt count while
 //! dead (their `<source>:claims` entry goes when they die): a replayed member starts at 0.
 
-use crate::client::{Client, ClientError, read_fence};
+use crate::client::{Client, ClientError, read_envelope};
 use crate::config::{ScoreUnit, SourceConfig};
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::job::Due;
 use crate::keys::Keys;
-use crate::store::scripts::{self, DeadPeek, EnvelopeHead, Replayed};
+use crate::store::scripts::{self, DeadPeek, RawDeadRange, RawDeadWalk, Replayed};
 use crate::store::{self, Conn};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -223,12 +234,6 @@ impl DeadFilter {
                 .is_none_or(|s| job.schedule.as_ref() == Some(s))
     }
 
-    /// Whether a dead raw member matches: age and reason (route and schedule are refused for
-    /// raw members before it comes to this).
-    pub fn matches_member(&self, now_ms: i64, member: &DeadMember) -> bool {
-        self.admits_age(now_ms, member.died_ms) && self.reason_matches(&member.reason)
-    }
-
     fn reason_matches(&self, reason: &str) -> bool {
         self.reason
             .as_ref()
@@ -246,11 +251,26 @@ pub fn parse_age(text: &str) -> Result<Duration, String> {
 /// Which dead jobs a replay or purge takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeadSelection {
-    /// These ids (for a raw source: member ids, see [`member_id`]), whatever their score.
+    /// These ids (for a raw source: member ids as [`DeadMember::id`] gives them), whatever
+    /// their score.
     Ids(Vec<String>),
     /// Every job the filter admits among those dead when the call starts (the empty filter:
     /// every one).
     Matching(DeadFilter),
+    /// At most this many of the jobs `Matching` would take, the oldest of each shard first
+    /// (a bounded request; call again for more).
+    AtMost(DeadFilter, usize),
+}
+
+impl DeadSelection {
+    /// The filter and the most to take, for a selection by filter.
+    fn by_filter(&self) -> Option<(&DeadFilter, usize)> {
+        match self {
+            DeadSelection::Ids(_) => None,
+            DeadSelection::Matching(filter) => Some((filter, usize::MAX)),
+            DeadSelection::AtMost(filter, n) => Some((filter, *n)),
+        }
+    }
 }
 
 /// How a replay makes jobs due.
@@ -327,12 +347,23 @@ pub struct DeadJob {
     score: f64,
 }
 
+/// Payload bytes `dead show` and the console's detail views read at most.
+pub const PREVIEW_BYTES: usize = 2048;
+
+/// Member bytes a dead raw member's listing entry carries at most.
+pub const LIST_PREVIEW_BYTES: usize = 200;
+
+/// Dead members a lookup by an id without its death time (the form before ids carried it)
+/// walks at most.
+pub const OLD_ID_SCAN: usize = 10_000;
+
 /// A dead envelope job with everything `dead show` prints.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadJobDetail {
     pub job: DeadJob,
     pub headers: BTreeMap<String, String>,
-    /// The whole payload (empty when the envelope is missing or malformed).
+    /// The payload's first [`PREVIEW_BYTES`] at most (empty when the envelope is missing or
+    /// malformed); `job.payload_size` is its whole size.
     pub payload: Vec<u8>,
     /// Earlier deaths, oldest first (the current one is `job.died_ms` / `job.reason`).
     pub history: Vec<Death>,
@@ -344,7 +375,8 @@ impl DeadJobDetail {
     /// ([`payload_preview`]).
     pub fn to_json(&self, preview: usize) -> serde_json::Value {
         let mut v = serde_json::to_value(&self.job).expect("a dead job serializes");
-        let p = payload_preview(&self.payload, preview);
+        let total = self.job.payload_size.unwrap_or(self.payload.len() as u64);
+        let p = payload_preview(&self.payload, preview, total);
         v["headers"] = serde_json::to_value(&self.headers).expect("headers serialize");
         v["payload_preview"] = p.text.into();
         v["payload_encoding"] = p.encoding.into();
@@ -354,45 +386,48 @@ impl DeadJobDetail {
     }
 }
 
-/// A dead member of a raw source.
+/// A dead member of a raw source, as far as a listing or a show reads it: never more of
+/// the member than a preview.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadMember {
-    pub member: Vec<u8>,
+    /// The member's hash ([`member_hash`]).
+    pub hash: String,
     pub died_ms: i64,
     pub reason: String,
+    /// The member's size in bytes.
+    pub size: u64,
+    /// Its first bytes: [`LIST_PREVIEW_BYTES`] in a listing, [`PREVIEW_BYTES`] in a show.
+    pub preview: Vec<u8>,
 }
 
 impl DeadMember {
-    /// Its id: the first 16 hex digits of SHA-1(member), as in its message id
-    /// `<source>:<id>`.
+    /// Its id, `<died ms>-<hash>`: what finds it without a scan (its death time and hash).
     pub fn id(&self) -> String {
-        member_id(&self.member)
+        format!("{}-{}", self.died_ms, self.hash)
     }
 
-    /// The listing's JSON form (`dead list --json`, `GET /api/dead`): the member whole, as
-    /// text (a raw member is its own payload, usually short).
+    /// The message id it was published with, `<source>:<SHA-1 prefix>`; `None` for a member
+    /// over 1 MiB, whose hash is not its SHA-1's ([`member_hash`]).
+    pub fn message_id(&self, source: &str) -> Option<String> {
+        (self.size <= HASH_WHOLE as u64).then(|| format!("{source}:{}", self.hash))
+    }
+
+    /// The listing's JSON form (`dead list --json`, `GET /api/dead`).
     pub fn to_json(&self, source: &str) -> serde_json::Value {
-        serde_json::json!({
-            "source": source,
-            "id": self.id(),
-            "payload": String::from_utf8_lossy(&self.member),
-            "payload_size": self.member.len(),
-            "died_ms": self.died_ms,
-            "reason": self.reason,
-        })
+        self.detail_json(source, LIST_PREVIEW_BYTES)
     }
 
     /// The detail's JSON form (`dead show --source --json`, `GET /api/dead/{id}?source=`):
     /// the first `preview` bytes of the member.
     pub fn detail_json(&self, source: &str, preview: usize) -> serde_json::Value {
-        let p = payload_preview(&self.member, preview);
+        let p = payload_preview(&self.preview, preview, self.size);
         serde_json::json!({
             "source": source,
             "id": self.id(),
-            "message_id": format!("{source}:{}", self.id()),
+            "message_id": self.message_id(source),
             "died_ms": self.died_ms,
             "reason": self.reason,
-            "payload_size": self.member.len(),
+            "payload_size": self.size,
             "payload_preview": p.text,
             "payload_encoding": p.encoding,
             "payload_truncated": p.truncated,
@@ -403,7 +438,7 @@ impl DeadMember {
 /// The start of a payload as JSON carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PayloadPreview {
-    /// UTF-8 text when the payload is (cut at a character boundary), else base64.
+    /// UTF-8 text when the bytes are (cut at a character boundary), else base64.
     pub text: String,
     /// `utf8` or `base64`, as `zdelay get` chooses it.
     pub encoding: String,
@@ -411,15 +446,18 @@ pub struct PayloadPreview {
     pub truncated: bool,
 }
 
-/// The first `max` bytes of a payload (fewer, to end on a character of UTF-8 text).
-pub fn payload_preview(payload: &[u8], max: usize) -> PayloadPreview {
-    let mut cut = payload.len().min(max);
-    if let Ok(text) = std::str::from_utf8(payload) {
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
+/// The first `max` bytes of a payload of `total` bytes whose first bytes are `start`: text
+/// (fewer bytes, to end on a whole character) when they are UTF-8, else base64.
+pub fn payload_preview(start: &[u8], max: usize, total: u64) -> PayloadPreview {
+    let mut cut = start.len().min(max);
+    if let Err(e) = std::str::from_utf8(&start[..cut])
+        && e.error_len().is_none()
+        && (cut as u64) < total
+    {
+        // Text whose last character was cut (not a whole payload ending mid-character).
+        cut = e.valid_up_to();
     }
-    let mut view = Envelope::new("-", payload[..cut].to_vec()).to_json();
+    let mut view = Envelope::new("-", start[..cut].to_vec()).to_json();
     let text = |v: Option<serde_json::Value>| match v {
         Some(serde_json::Value::String(s)) => s,
         _ => String::new(),
@@ -427,49 +465,98 @@ pub fn payload_preview(payload: &[u8], max: usize) -> PayloadPreview {
     PayloadPreview {
         text: text(view.remove("payload")),
         encoding: text(view.remove("payload_encoding")),
-        truncated: cut < payload.len(),
+        truncated: (cut as u64) < total,
     }
 }
 
-/// A raw member's id: the first 16 hex digits of its SHA-1 (the tail of the message id
-/// `<source>:<id>` it is published with).
+/// A raw member's message id tail: the first 16 hex digits of its SHA-1 (its message id is
+/// `<source>:<this>`).
 pub fn member_id(member: &[u8]) -> String {
     let mut hex = sha1_smol::Sha1::from(member).digest().to_string();
     hex.truncate(16);
     hex
 }
 
-/// The id in a raw member id as a user gives it: `<id>` or `<source>:<id>`, 16 hex digits.
-fn parse_member_id(source: &str, given: &str) -> Result<String, ClientError> {
+/// Members up to this size are known by the SHA-1 of all of them (`walk_raw_dead.lua`'s
+/// `HASH_WHOLE`).
+const HASH_WHOLE: usize = 1 << 20;
+
+/// Bytes of each end of a larger member that its hash covers (`walk_raw_dead.lua`'s `EDGE`).
+const HASH_EDGE: usize = 64 << 10;
+
+/// A dead raw member's hash, as `walk_raw_dead` computes it: [`member_id`] for a member of
+/// at most 1 MiB; above, the first 16 hex digits of SHA-1 of `"<size>:"`, its first 64 KiB
+/// and its last 64 KiB — so a huge member costs its copy, not a hash of all of it.
+pub fn member_hash(member: &[u8]) -> String {
+    if member.len() <= HASH_WHOLE {
+        return member_id(member);
+    }
+    let mut sha = sha1_smol::Sha1::new();
+    sha.update(format!("{}:", member.len()).as_bytes());
+    sha.update(&member[..HASH_EDGE]);
+    sha.update(&member[member.len() - HASH_EDGE..]);
+    let mut hex = sha.digest().to_string();
+    hex.truncate(16);
+    hex
+}
+
+/// A raw member id as a user gives it: `<died ms>-<hash>` (what `dead list` prints), or the
+/// hash alone (the older form, found by a bounded scan), optionally as `<source>:<id>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MemberId {
+    died_ms: Option<i64>,
+    hash: String,
+}
+
+fn parse_member_id(source: &str, given: &str) -> Result<MemberId, ClientError> {
     let id = given
         .strip_prefix(source)
         .and_then(|rest| rest.strip_prefix(':'))
         .unwrap_or(given)
         .to_ascii_lowercase();
-    if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(ClientError::InvalidSelection(format!(
-            "{given:?} is not a raw member id of {source}: expected 16 hex digits (the first of \
-             SHA-1(member)), as `dead list` prints them, optionally as {source}:<id>"
-        )));
+    let (died_ms, hash) = match id.split_once('-') {
+        Some((ms, hash)) => (ms.parse::<i64>().ok().map(Some), hash),
+        None => (Some(None), id.as_str()),
+    };
+    match died_ms {
+        Some(died_ms) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Ok(MemberId {
+                died_ms,
+                hash: hash.to_owned(),
+            })
+        }
+        _ => Err(ClientError::InvalidSelection(format!(
+            "{given:?} is not a raw member id of {source}: expected <died ms>-<16 hex digits>, \
+             as `dead list` prints it, optionally as {source}:<id>"
+        ))),
     }
-    Ok(id)
+}
+
+/// The answer when an id without its death time was not found within [`OLD_ID_SCAN`]
+/// members.
+fn old_id_not_found(source: &str, hashes: &[String]) -> ClientError {
+    ClientError::InvalidSelection(format!(
+        "no dead member of {source} with the id {} among its oldest {OLD_ID_SCAN}: an id \
+         without its death time is looked for that far only; give it as `dead list` prints \
+         it now, <died ms>-<id>, which is found directly",
+        hashes.join(", ")
+    ))
 }
 
 /// A dead job from what `peek_dead` read; `None` when it is not dead.
 fn dead_job(shard: u16, peek: DeadPeek) -> Option<DeadJob> {
+    dead_detail(shard, peek).map(|(job, _)| job)
+}
+
+/// A dead job and its envelope as far as `peek_dead` read it (the payload: its first
+/// bytes); `None` when it is not dead.
+fn dead_detail(
+    shard: u16,
+    peek: DeadPeek,
+) -> Option<(DeadJob, Option<Result<Envelope, EnvelopeError>>)> {
     let score = peek.died?;
-    let (envelope, payload_size) = match peek.envelope {
-        EnvelopeHead::Frame { head, payload_size } => {
-            (Some(Envelope::decode(&head)), Some(payload_size))
-        }
-        EnvelopeHead::Other(value) => {
-            let env = Envelope::decode(&value);
-            let size = env.as_ref().ok().map(|e| e.payload.len() as u64);
-            (Some(env), size)
-        }
-        EnvelopeHead::Missing => (None, None),
-    };
-    Some(describe(
+    let (envelope, payload_size) = read_envelope(peek.envelope);
+    let job = describe(
         shard,
         peek.id,
         score,
@@ -477,7 +564,8 @@ fn dead_job(shard: u16, peek: DeadPeek) -> Option<DeadJob> {
         &peek.history,
         envelope.as_ref(),
         payload_size,
-    ))
+    );
+    Some((job, envelope))
 }
 
 fn describe(
@@ -584,7 +672,7 @@ impl Client {
                 let entries = dead_page(&mut con, &keys.dead, &min, &max, offset, count).await?;
                 offset += entries.len();
                 let ids: Vec<String> = entries.iter().map(|(m, _)| lossy(m)).collect();
-                for job in scripts::peek_dead(&mut con, &keys, &ids).await? {
+                for job in scripts::peek_dead(&mut con, &keys, &ids, 0).await? {
                     if let Some(job) = dead_job(shard, job)
                         && found < limit
                         && filter.matches(now_ms, &job)
@@ -613,7 +701,9 @@ impl Client {
         Ok(pipe.query_async(&mut self.con.clone()).await?)
     }
 
-    /// One dead job with its envelope and history; `None` when `id` is not dead.
+    /// One dead job with its envelope's meta, history and the first [`PREVIEW_BYTES`] of
+    /// its payload (never more: the payload is cut inside Redis); `None` when `id` is not
+    /// dead.
     pub async fn dead_show(&self, id: &str) -> Result<Option<DeadJobDetail>, ClientError> {
         self.fenced(|layout| self.dead_show_in(layout, id)).await
     }
@@ -625,40 +715,18 @@ impl Client {
     ) -> Result<Option<DeadJobDetail>, ClientError> {
         let shard = layout.shard_of(id);
         let keys = layout.shard(shard);
-        type Reply = (
-            Option<f64>,
-            Option<String>,
-            Option<String>,
-            Option<Vec<u8>>,
-            Option<String>,
-        );
-        let (died, reason, history, raw, marker): Reply = redis::pipe()
-            .zscore(&keys.dead, id)
-            .hget(&keys.reasons, id)
-            .hget(&keys.history, id)
-            .hget(&keys.jobs, id)
-            .get(&keys.layout)
-            .query_async(&mut self.con.clone())
-            .await?;
-        read_fence(marker, &layout, &keys.layout)?;
-        let Some(died) = died else {
+        let ids = [id.to_owned()];
+        let mut con = self.con.clone();
+        let Some(peek) = scripts::peek_dead(&mut con, &keys, &ids, PREVIEW_BYTES)
+            .await?
+            .pop()
+        else {
             return Ok(None);
         };
-        let history = history.unwrap_or_default();
-        let envelope = raw.as_deref().map(Envelope::decode);
-        let payload_size = envelope
-            .as_ref()
-            .and_then(|e| e.as_ref().ok())
-            .map(|e| e.payload.len() as u64);
-        let job = describe(
-            shard,
-            id.to_owned(),
-            died,
-            reason.unwrap_or_default(),
-            &history,
-            envelope.as_ref(),
-            payload_size,
-        );
+        let history = parse_history(&peek.history);
+        let Some((job, envelope)) = dead_detail(shard, peek) else {
+            return Ok(None);
+        };
         let (headers, payload) = match envelope {
             Some(Ok(env)) => (env.meta.headers, env.payload),
             _ => (BTreeMap::new(), Vec::new()),
@@ -667,7 +735,7 @@ impl Client {
             job,
             headers,
             payload,
-            history: parse_history(&history),
+            history,
         }))
     }
 
@@ -731,7 +799,9 @@ impl Client {
                 progress(DeadProgress::Acting { done, total });
             }
         }
-        out.history_pruned = self.prune_histories(&mut con, &layout).await?;
+        if selection.by_filter().is_some() {
+            out.history_pruned = self.prune_histories(&mut con, &layout).await?;
+        }
         Ok(out)
     }
 
@@ -783,7 +853,9 @@ impl Client {
                 progress(DeadProgress::Acting { done, total });
             }
         }
-        out.history_pruned = self.prune_histories(&mut con, &layout).await?;
+        if selection.by_filter().is_some() {
+            out.history_pruned = self.prune_histories(&mut con, &layout).await?;
+        }
         Ok(out)
     }
 
@@ -798,17 +870,16 @@ impl Client {
         progress: impl Fn(DeadProgress),
     ) -> Result<Selected, ClientError> {
         let mut out: Selected = BTreeMap::new();
-        let filter = match selection {
-            DeadSelection::Ids(ids) => {
+        let Some((filter, most)) = selection.by_filter() else {
+            if let DeadSelection::Ids(ids) = selection {
                 // The scripts that act on them check each shard's layout marker.
                 for id in ids {
                     out.entry(layout.shard_of(id))
                         .or_default()
                         .push((id.clone(), None));
                 }
-                return Ok(out);
             }
-            DeadSelection::Matching(filter) => filter,
+            return Ok(out);
         };
         filter.check()?;
         // Read before any script runs: a namespace resharded away from this layout may hold
@@ -816,7 +887,7 @@ impl Client {
         self.check_layout(layout).await?;
         let (min, max) = filter.score_range(now_ms);
         let (mut scanned, mut selected) = (0u64, 0u64);
-        for shard in 0..layout.shards() {
+        'shards: for shard in 0..layout.shards() {
             let keys = layout.shard(shard);
             let mut offset = 0;
             loop {
@@ -824,8 +895,8 @@ impl Client {
                 offset += entries.len();
                 scanned += entries.len() as u64;
                 let ids: Vec<String> = entries.iter().map(|(m, _)| lossy(m)).collect();
-                let taken: Vec<(String, Option<f64>)> = if filter.reads_content() {
-                    scripts::peek_dead(con, &keys, &ids)
+                let mut taken: Vec<(String, Option<f64>)> = if filter.reads_content() {
+                    scripts::peek_dead(con, &keys, &ids, 0)
                         .await?
                         .into_iter()
                         .filter_map(|peek| dead_job(shard, peek))
@@ -837,11 +908,15 @@ impl Client {
                         .zip(entries.iter().map(|(_, score)| Some(*score)))
                         .collect()
                 };
+                taken.truncate(most.saturating_sub(selected as usize));
                 selected += taken.len() as u64;
                 if !taken.is_empty() {
                     out.entry(shard).or_default().extend(taken);
                 }
                 progress(DeadProgress::Selecting { scanned, selected });
+                if selected as usize >= most {
+                    break 'shards;
+                }
                 if entries.len() < PAGE {
                     break;
                 }
@@ -887,7 +962,8 @@ impl Client {
     }
 
     /// The oldest dead members of a raw source that the filter admits (age and reason:
-    /// route and schedule are refused, raw members have no envelope).
+    /// route and schedule are refused, raw members have no envelope), each with its first
+    /// [`LIST_PREVIEW_BYTES`].
     pub async fn raw_dead_members(
         &self,
         source: &SourceConfig,
@@ -900,8 +976,10 @@ impl Client {
             .items)
     }
 
-    /// Like [`Client::raw_dead_members`], reading at most `scan` dead entries of the source;
-    /// `complete` is false when it had more to read.
+    /// Like [`Client::raw_dead_members`], walking at most `scan` dead members of the
+    /// source; `complete` is false when it had more to walk. Each call to Redis reads at
+    /// most [`scripts::RAW_WALK_BUDGET`] of members (or one member, if larger) and answers
+    /// [`LIST_PREVIEW_BYTES`] of each.
     pub async fn raw_dead_members_bounded(
         &self,
         source: &SourceConfig,
@@ -915,35 +993,43 @@ impl Client {
         let keys = source.keys();
         let now_ms = store::server_time_ms(&mut con).await?;
         let (min, max) = filter.score_range(now_ms);
-        let page = filter.page_size(limit);
         let mut out = Bounded {
             items: Vec::new(),
             complete: true,
         };
-        let mut offset = 0;
+        let (mut offset, mut walked) = (0, 0);
         while out.items.len() < limit {
-            if offset >= scan {
+            if walked >= scan {
                 out.complete = false;
                 break;
             }
-            let count = page.min(scan - offset);
-            let entries = dead_page(&mut con, &keys.dead, &min, &max, offset, count).await?;
-            offset += entries.len();
-            let full = entries.len() == count;
-            for (member, _) in with_reasons(&mut con, &keys.reasons, entries).await? {
-                if out.items.len() < limit && filter.matches_member(now_ms, &member) {
-                    out.items.push(member);
-                }
-            }
-            if !full {
-                break;
+            let range = RawDeadRange {
+                min: &min,
+                max: &max,
+                offset,
+                take: limit - out.items.len(),
+                walk: PAGE.min(scan - walked),
+                reason: filter.reason.as_deref().unwrap_or(""),
+                hashes: &[],
+            };
+            let mode = RawDeadWalk::List {
+                preview: LIST_PREVIEW_BYTES,
+            };
+            let w = scripts::walk_raw_dead(&mut con, &keys, mode, &range).await?;
+            walked += w.walked as usize;
+            out.items.extend(w.listed.into_iter().map(dead_member));
+            match w.next_offset {
+                Some(next) => offset = next,
+                None => break,
             }
         }
         Ok(out)
     }
 
-    /// One dead member of a raw source by its id ([`member_id`], or `<source>:<id>`);
-    /// `None` when no dead member has it.
+    /// One dead member of a raw source by its id ([`DeadMember::id`], or `<source>:<id>`),
+    /// with its first [`PREVIEW_BYTES`]; `None` when no dead member has it. The id's death
+    /// time finds it directly; an id without one (the older form) is looked for among the
+    /// oldest [`OLD_ID_SCAN`] members only (an error says so when it is not among them).
     pub async fn raw_dead_show(
         &self,
         source: &SourceConfig,
@@ -951,20 +1037,11 @@ impl Client {
     ) -> Result<Option<DeadMember>, ClientError> {
         let wanted = parse_member_id(&source.key, id)?;
         let mut con = self.con.clone();
-        let keys = source.keys();
-        let mut offset = 0;
-        loop {
-            let entries = dead_page(&mut con, &keys.dead, "-inf", "+inf", offset, PAGE).await?;
-            offset += entries.len();
-            let full = entries.len() == PAGE;
-            if let Some(found) = entries.into_iter().find(|(m, _)| member_id(m) == wanted) {
-                let mut member = with_reasons(&mut con, &keys.reasons, vec![found]).await?;
-                return Ok(member.pop().map(|(m, _)| m));
-            }
-            if !full {
-                return Ok(None);
-            }
-        }
+        let mode = RawDeadWalk::List {
+            preview: PREVIEW_BYTES,
+        };
+        let (mut listed, _) = raw_dead_by_ids(&mut con, source, &[wanted], mode).await?;
+        Ok(listed.pop().map(dead_member))
     }
 
     /// Puts every member that was dead when the call started back into its source, due now.
@@ -983,31 +1060,24 @@ impl Client {
         source: &SourceConfig,
         selection: &DeadSelection,
         due: Due,
-        mut progress: impl FnMut(DeadProgress) + Send,
+        progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Replayed, ClientError> {
         let mut con = self.con.clone();
-        let keys = source.keys();
         let now_ms = store::server_time_ms(&mut con).await?;
         let due_ms = due_ms(due, now_ms);
         let score = match source.score_unit {
             ScoreUnit::Millis => due_ms.to_string(),
             ScoreUnit::Seconds => format!("{:.3}", due_ms as f64 / 1000.0),
         };
-        let selected = self
-            .select_raw(&mut con, source, selection, now_ms, &mut progress)
-            .await?;
-        let total = selected.len() as u64;
-        let mut out = Replayed::default();
-        progress(DeadProgress::Acting { done: 0, total });
-        for (i, chunk) in selected.chunks(DEAD_CHUNK).enumerate() {
-            out.add(scripts::replay_raw_dead(&mut con, &keys, &score, chunk).await?);
-            let done = (i * DEAD_CHUNK + chunk.len()) as u64;
-            progress(DeadProgress::Acting { done, total });
-        }
-        if out.replayed > 0 {
-            out.due_ms = Some(due_ms);
-        }
-        Ok(out)
+        let mode = RawDeadWalk::Replay { score: &score };
+        let (taken, skipped) =
+            raw_dead_act(&mut con, source, selection, mode, now_ms, progress).await?;
+        Ok(Replayed {
+            replayed: taken,
+            skipped,
+            due_ms: (taken > 0).then_some(due_ms),
+            ..Replayed::default()
+        })
     }
 
     /// Deletes every member of a raw source that was dead when the call started.
@@ -1024,88 +1094,144 @@ impl Client {
         &self,
         source: &SourceConfig,
         selection: &DeadSelection,
-        mut progress: impl FnMut(DeadProgress) + Send,
+        progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Purged, ClientError> {
         let mut con = self.con.clone();
-        let keys = source.keys();
         let now_ms = store::server_time_ms(&mut con).await?;
-        let selected = self
-            .select_raw(&mut con, source, selection, now_ms, &mut progress)
-            .await?;
-        let total = selected.len() as u64;
-        let mut out = Purged::default();
-        progress(DeadProgress::Acting { done: 0, total });
-        for (i, chunk) in selected.chunks(DEAD_CHUNK).enumerate() {
-            let (purged, skipped) = scripts::purge_raw_dead(&mut con, &keys, chunk).await?;
-            out.purged += purged;
-            out.skipped += skipped;
-            let done = (i * DEAD_CHUNK + chunk.len()) as u64;
-            progress(DeadProgress::Acting { done, total });
-        }
-        Ok(out)
+        let (purged, skipped) = raw_dead_act(
+            &mut con,
+            source,
+            selection,
+            RawDeadWalk::Purge,
+            now_ms,
+            progress,
+        )
+        .await?;
+        Ok(Purged {
+            purged,
+            skipped,
+            history_pruned: 0,
+        })
     }
+}
 
-    /// The selected dead members of a raw source, each with the dead score it had.
-    async fn select_raw(
-        &self,
-        con: &mut Conn,
-        source: &SourceConfig,
-        selection: &DeadSelection,
-        now_ms: i64,
-        progress: &mut (impl FnMut(DeadProgress) + Send),
-    ) -> Result<Vec<(Vec<u8>, Option<f64>)>, ClientError> {
-        let keys = source.keys();
-        let (filter, wanted) = match selection {
-            DeadSelection::Matching(filter) => {
-                check_raw_filter(filter)?;
-                filter.check()?;
-                (filter.clone(), None)
-            }
-            DeadSelection::Ids(ids) => {
-                let ids = ids
-                    .iter()
-                    .map(|id| parse_member_id(&source.key, id))
-                    .collect::<Result<std::collections::BTreeSet<_>, _>>()?;
-                (DeadFilter::default(), Some(ids))
-            }
+/// A listed dead raw member.
+fn dead_member(entry: scripts::RawDeadEntry) -> DeadMember {
+    DeadMember {
+        hash: entry.hash,
+        died_ms: entry.score.floor() as i64,
+        reason: entry.reason,
+        size: entry.size,
+        preview: entry.start,
+    }
+}
+
+/// Replays or purges (`mode`) the selected dead members of a raw source: by filter, walking
+/// the age window (at most the selection's count); by ids, each at its death time. Members
+/// never leave Redis: the script finds and moves them. Returns (taken, ids not found).
+async fn raw_dead_act(
+    con: &mut Conn,
+    source: &SourceConfig,
+    selection: &DeadSelection,
+    mode: RawDeadWalk<'_>,
+    now_ms: i64,
+    mut progress: impl FnMut(DeadProgress) + Send,
+) -> Result<(u64, u64), ClientError> {
+    let Some((filter, most)) = selection.by_filter() else {
+        let DeadSelection::Ids(given) = selection else {
+            return Ok((0, 0));
         };
-        let (min, max) = match wanted {
-            // Ids are taken whenever they died, like envelope ids.
-            Some(_) => ("-inf".to_owned(), "+inf".to_owned()),
-            None => filter.score_range(now_ms),
+        let ids = given
+            .iter()
+            .map(|id| parse_member_id(&source.key, id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (_, taken) = raw_dead_by_ids(con, source, &ids, mode).await?;
+        return Ok((taken, (ids.len() as u64).saturating_sub(taken)));
+    };
+    check_raw_filter(filter)?;
+    filter.check()?;
+    let keys = source.keys();
+    let (min, max) = filter.score_range(now_ms);
+    let (mut offset, mut walked, mut taken) = (0, 0u64, 0u64);
+    while (taken as usize) < most {
+        let range = RawDeadRange {
+            min: &min,
+            max: &max,
+            offset,
+            take: DEAD_CHUNK.min(most - taken as usize),
+            walk: PAGE,
+            reason: filter.reason.as_deref().unwrap_or(""),
+            hashes: &[],
         };
-        let mut out = Vec::new();
-        let (mut offset, mut scanned) = (0, 0u64);
-        loop {
-            let entries = dead_page(con, &keys.dead, &min, &max, offset, PAGE).await?;
-            offset += entries.len();
-            scanned += entries.len() as u64;
-            let full = entries.len() == PAGE;
-            if let Some(wanted) = &wanted {
-                out.extend(
-                    entries
-                        .into_iter()
-                        .filter(|(m, _)| wanted.contains(&member_id(m)))
-                        .map(|(m, score)| (m, Some(score))),
-                );
-            } else if filter.reason.is_some() {
-                for (member, score) in with_reasons(con, &keys.reasons, entries).await? {
-                    if filter.matches_member(now_ms, &member) {
-                        out.push((member.member, Some(score)));
-                    }
-                }
-            } else {
-                out.extend(entries.into_iter().map(|(m, score)| (m, Some(score))));
-            }
-            progress(DeadProgress::Selecting {
-                scanned,
-                selected: out.len() as u64,
-            });
-            if !full {
-                return Ok(out);
-            }
+        let w = scripts::walk_raw_dead(con, &keys, mode, &range).await?;
+        walked += w.walked;
+        taken += w.taken;
+        progress(DeadProgress::Selecting {
+            scanned: walked,
+            selected: taken,
+        });
+        match w.next_offset {
+            Some(next) => offset = next,
+            None => break,
         }
     }
+    Ok((taken, 0))
+}
+
+/// Walks a raw source's dead members for these ids in `mode`: an id with its death time
+/// where it died (the members of that millisecond), the others among the oldest
+/// [`OLD_ID_SCAN`] (an error when the walk stopped there with some not found). Returns what
+/// was listed and how many were taken.
+async fn raw_dead_by_ids(
+    con: &mut Conn,
+    source: &SourceConfig,
+    ids: &[MemberId],
+    mode: RawDeadWalk<'_>,
+) -> Result<(Vec<scripts::RawDeadEntry>, u64), ClientError> {
+    let keys = source.keys();
+    let mut by_death: BTreeMap<Option<i64>, Vec<String>> = BTreeMap::new();
+    for id in ids {
+        by_death
+            .entry(id.died_ms)
+            .or_default()
+            .push(id.hash.clone());
+    }
+    let (mut listed, mut taken) = (Vec::new(), 0);
+    for (died_ms, hashes) in by_death {
+        let (min, max, scan) = match died_ms {
+            Some(ms) => (
+                ms.to_string(),
+                format!("({}", ms.saturating_add(1)),
+                usize::MAX,
+            ),
+            None => ("-inf".to_owned(), "+inf".to_owned(), OLD_ID_SCAN),
+        };
+        let (mut offset, mut walked, mut found) = (0, 0, 0);
+        while found < hashes.len() {
+            if walked >= scan {
+                return Err(old_id_not_found(&source.key, &hashes));
+            }
+            let range = RawDeadRange {
+                min: &min,
+                max: &max,
+                offset,
+                take: hashes.len() - found,
+                walk: PAGE.min(scan - walked),
+                reason: "",
+                hashes: &hashes,
+            };
+            let w = scripts::walk_raw_dead(con, &keys, mode, &range).await?;
+            walked += w.walked as usize;
+            found += w.taken as usize;
+            listed.extend(w.listed);
+            match w.next_offset {
+                Some(next) => offset = next,
+                None => break,
+            }
+        }
+        taken += found as u64;
+    }
+    Ok((listed, taken))
 }
 
 /// `Due` as epoch ms, `Due::In` counted from `now_ms` (Redis's clock).
@@ -1153,40 +1279,10 @@ async fn dead_page(
         .await
 }
 
-/// Dead raw members with their reasons, each with its dead score.
-async fn with_reasons(
-    con: &mut Conn,
-    reasons_key: &str,
-    entries: Vec<(Vec<u8>, f64)>,
-) -> redis::RedisResult<Vec<(DeadMember, f64)>> {
-    if entries.is_empty() {
-        return Ok(Vec::new());
-    }
-    let members: Vec<&Vec<u8>> = entries.iter().map(|(m, _)| m).collect();
-    let reasons: Vec<Option<String>> = redis::cmd("HMGET")
-        .arg(reasons_key)
-        .arg(&members)
-        .query_async(con)
-        .await?;
-    Ok(entries
-        .into_iter()
-        .zip(reasons)
-        .map(|((member, died), reason)| {
-            (
-                DeadMember {
-                    member,
-                    died_ms: died as i64,
-                    reason: reason.unwrap_or_default(),
-                },
-                died,
-            )
-        })
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::scripts::EnvelopeHead;
 
     fn job(died_ms: i64, reason: &str, route: Option<&str>, schedule: Option<&str>) -> DeadJob {
         DeadJob {
@@ -1360,33 +1456,78 @@ mod tests {
 
     #[test]
     fn previews_cut_text_at_a_character_and_encode_binary() {
-        let p = payload_preview(b"hello", 200);
+        let p = payload_preview(b"hello", 200, 5);
         assert_eq!(
             (p.text.as_str(), p.encoding.as_str(), p.truncated),
             ("hello", "utf8", false)
         );
         let long = format!("a{}", "é".repeat(150)); // byte 200 is inside an é
-        let p = payload_preview(long.as_bytes(), 200);
+        let p = payload_preview(long.as_bytes(), 200, long.len() as u64);
         assert_eq!(p.text.len(), 199);
         assert!(p.truncated);
-        let p = payload_preview(&[0xff, 0x00], 200);
+        // Only the start was read (Redis cut it inside a character): still text.
+        let p = payload_preview(&long.as_bytes()[..100], 2048, long.len() as u64);
+        assert_eq!((p.text.len(), p.encoding.as_str()), (99, "utf8"));
+        assert!(p.truncated);
+        let p = payload_preview(&[0xff, 0x00], 200, 2);
         assert_eq!((p.text.as_str(), p.encoding.as_str()), ("/wA=", "base64"));
+        // A whole payload that ends inside a character is not text.
+        let p = payload_preview(&[b'a', 0xe9], 200, 2);
+        assert_eq!((p.text.as_str(), p.encoding.as_str()), ("Yek=", "base64"));
     }
 
     #[test]
-    fn member_ids_are_sha1_prefixes() {
+    fn member_ids_carry_the_death_time_and_a_bounded_hash() {
         // sha1("abc") = a9993e364706816aba3e25717850c26c9cd0d89d
         assert_eq!(member_id(b"abc"), "a9993e364706816a");
+        assert_eq!(member_hash(b"abc"), "a9993e364706816a");
+        let member = DeadMember {
+            hash: member_hash(b"abc"),
+            died_ms: 1_700_000_000_123,
+            reason: String::new(),
+            size: 3,
+            preview: b"abc".to_vec(),
+        };
+        assert_eq!(member.id(), "1700000000123-a9993e364706816a");
         assert_eq!(
-            parse_member_id("raw:a", "raw:a:A9993E364706816A").unwrap(),
-            "a9993e364706816a"
+            member.message_id("raw:a").as_deref(),
+            Some("raw:a:a9993e364706816a")
+        );
+        // Over 1 MiB: the size and both ends, so a change in the middle is not seen.
+        let mut big = vec![b'x'; (1 << 20) + 1];
+        let hash = member_hash(&big);
+        assert_ne!(hash, member_id(&big));
+        big[1 << 19] = b'y';
+        assert_eq!(member_hash(&big), hash);
+        big.push(b'x');
+        assert_ne!(member_hash(&big), hash);
+        let wanted = MemberId {
+            died_ms: Some(1_700_000_000_123),
+            hash: "a9993e364706816a".into(),
+        };
+        assert_eq!(
+            parse_member_id("raw:a", "raw:a:1700000000123-A9993E364706816A").unwrap(),
+            wanted
+        );
+        assert_eq!(
+            parse_member_id("raw:a", "1700000000123-a9993e364706816a").unwrap(),
+            wanted
         );
         assert_eq!(
             parse_member_id("raw:a", "a9993e364706816a").unwrap(),
-            "a9993e364706816a"
+            MemberId {
+                died_ms: None,
+                hash: "a9993e364706816a".into()
+            }
         );
-        assert!(parse_member_id("raw:a", "abc").is_err());
-        assert!(parse_member_id("raw:a", "raw:b:a9993e364706816a").is_err());
+        for bad in [
+            "abc",
+            "x-a9993e364706816a",
+            "raw:b:a9993e364706816a",
+            "1-abc",
+        ] {
+            assert!(parse_member_id("raw:a", bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -1400,6 +1541,7 @@ mod tests {
             envelope: EnvelopeHead::Frame {
                 head: head.to_vec(),
                 payload_size: 42,
+                payload_start: Vec::new(),
             },
         };
         let job = dead_job(3, peek.clone()).expect("dead");
@@ -1424,6 +1566,15 @@ mod tests {
         .unwrap();
         assert_eq!(orphan.route, None);
         assert!(orphan.envelope_error.unwrap().contains("no envelope"));
+        let big_json = DeadPeek {
+            envelope: EnvelopeHead::Other {
+                head: b"{\"dest\":".to_vec(),
+                size: 100_000,
+            },
+            ..peek.clone()
+        };
+        let e = dead_job(3, big_json).unwrap().envelope_error.unwrap();
+        assert!(e.contains("100000 bytes") && e.contains("65536"), "{e}");
         assert!(dead_job(3, DeadPeek { died: None, ..peek }).is_none());
     }
 }

@@ -54,11 +54,28 @@ function setStatus(text, kind) {
   s.className = kind || "";
 }
 
+class HttpError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+// Reads send the token when the tab has one: payloads and dead letters need it.
 async function getJSON(path) {
-  const r = await fetch(path, { headers: { Accept: "application/json" } });
+  const t = token();
+  const headers = t ? { Accept: "application/json", Authorization: "Bearer " + t } : { Accept: "application/json" };
+  const r = await fetch(path, { headers });
   const body = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
-  if (!r.ok) throw new Error(body.error || `HTTP ${r.status}`);
+  if (!r.ok) throw new HttpError(r.status, body.error || `HTTP ${r.status}`);
   return body;
+}
+
+// A read the server refused (403): what to do about it, instead of an error.
+function refusedRead(e, what) {
+  if (!(e instanceof HttpError) || e.status !== 403) throw e;
+  return el("p", { id: "needs-token", class: "muted",
+    text: `${what} show payloads and headers: ${e.message}.` + (token() ? "" : " Enter the admin token above to read them.") });
 }
 
 function token() {
@@ -254,7 +271,12 @@ function attempts(j) {
 pages.dead = async function (arg) {
   if (arg) return deadDetail(arg, null);
   const q = deadQuery();
-  const d = await getJSON("api/dead" + (q ? "?" + q : ""));
+  let d;
+  try {
+    d = await getJSON("api/dead" + (q ? "?" + q : ""));
+  } catch (e) {
+    return [refusedRead(e, "Dead letters")];
+  }
   const inputs = {};
   const field = ([name, hint]) => el("label", {}, hint, inputs[name] = el("input", { id: "dead-" + name, value: deadFilter[name], size: 12 }));
   inputs.source = el("select", { id: "dead-source" }, el("option", { value: "", text: "envelope jobs (+ every source)" }),
@@ -294,7 +316,7 @@ pages.dead = async function (arg) {
       return el("tr", { "data-raw": m.id, "data-source": m.source },
         el("td", { text: m.source }),
         el("td", {}, el("a", { href: `#dead-member/${enc(m.source)}/${m.id}`, text: m.id })),
-        el("td", { text: m.payload }), el("td", { text: m.reason }), el("td", { text: when(m.died_ms, d.now_ms) }),
+        el("td", { text: m.payload_preview + (m.payload_truncated ? " …" : "") }), el("td", { text: m.reason }), el("td", { text: when(m.died_ms, d.now_ms) }),
         el("td", {},
           actionButton("Replay", `api/dead/${m.id}/replay${src}`, `replay ${m.source}:${m.id}`, { "data-action": "replay" }), " ",
           el("button", { type: "button", text: "Purge", "data-action": "purge", disabled: !token(), onclick: () => {
@@ -318,6 +340,7 @@ async function deadDetail(id, source) {
   try {
     j = await getJSON(`api/dead/${enc(id)}${src}`);
   } catch (e) {
+    if (e instanceof HttpError && e.status === 403) return out.concat(refusedRead(e, "Dead letters"));
     return out.concat(el("p", { id: "dead-missing", text: e.message }));
   }
   const rows = [["id", source ? `${j.id} (message id ${j.message_id})` : j.id]];
@@ -367,6 +390,7 @@ pages.job = async function (arg) {
   try {
     j = await getJSON("api/jobs/" + enc(arg));
   } catch (e) {
+    if (e instanceof HttpError && e.status === 403) return out.concat(refusedRead(e, "Jobs"));
     return out.concat(el("p", { id: "job-missing", text: e.message }));
   }
   const rows = [["id", j.id], ["state", j.state], ["destination", j.dest], ["shard", j.shard]];
@@ -418,7 +442,7 @@ async function show(clearStatus) {
 
 function showAuth() {
   const has = !!token();
-  document.getElementById("auth-state").textContent = has ? "actions unlocked" : "read-only";
+  document.getElementById("auth-state").textContent = has ? "unlocked: payloads and actions" : "locked";
   document.getElementById("token").hidden = has;
   document.getElementById("unlock").hidden = has;
   document.getElementById("lock").hidden = !has;
@@ -436,7 +460,7 @@ async function unlock() {
   }
   sessionStorage.setItem(TOKEN_KEY, t);
   input.value = "";
-  setStatus("actions unlocked for this tab", "ok");
+  setStatus("unlocked for this tab: payloads and actions", "ok");
   showAuth();
   show(false);
 }

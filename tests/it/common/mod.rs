@@ -325,7 +325,8 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// Minimal HTTP/1.0 request with extra header lines ("Name: value"): (status, body).
+/// Minimal HTTP/1.0 request with extra header lines ("Name: value"; a `Host` among them
+/// replaces `127.0.0.1:<port>`): (status, body).
 pub fn http_request(
     port: u16,
     method: &str,
@@ -337,7 +338,14 @@ pub fn http_request(
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .ok()?;
-    let mut head = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n");
+    let mut head = format!("{method} {path} HTTP/1.0\r\n");
+    // A "Host: …" among `headers` replaces the default.
+    if !headers
+        .iter()
+        .any(|h| h.to_ascii_lowercase().starts_with("host:"))
+    {
+        head.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
     for h in headers {
         head.push_str(h);
         head.push_str("\r\n");

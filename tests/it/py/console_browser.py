@@ -5,15 +5,16 @@ reports what each page shows, for tests/it/console.rs to check against Redis.
                      FILTER_ROUTE HISTORY_ID [SHOTS_DIR]
 
 BASE_URL ends with "/" (the console's root, under its prefix). The script:
-  1. loads every page (overview, forecast, schedules, dead letters, one job) and reads the
-     numbers and ids it shows;
-  2. without a token: sees the action buttons disabled, and POSTs a replay of
-     DEAD_REFUSED_ID from the page's own origin (fetch, as a forged click would): the
-     server's status is reported;
-  3. filters the dead letters by FILTER_ROUTE in the page, reads the ids shown, opens
-     HISTORY_ID's detail and reads its history lines (earlier deaths), clears the filter;
-  4. unlocks actions with TOKEN and clicks "Replay" on DEAD_REPLAY_ID's row, then reports
-     the status line.
+  1. loads the public pages (overview, forecast, schedules) and reads the numbers and ids
+     they show;
+  2. without a token: sees the action buttons disabled, sees the dead letters refused (they
+     show payloads: the page asks for the token), and POSTs a replay of DEAD_REFUSED_ID from
+     the page's own origin (fetch, as a forged click would): the server's status is
+     reported;
+  3. unlocks with TOKEN, then reads the dead letters and one job; filters the dead letters
+     by FILTER_ROUTE in the page, reads the ids shown, opens HISTORY_ID's detail and reads
+     its history lines (earlier deaths), clears the filter;
+  4. clicks "Replay" on DEAD_REPLAY_ID's row, then reports the status line.
 With SHOTS_DIR, saves a screenshot of each page there (<page>.png). Prints one JSON
 document on stdout.
 """
@@ -105,21 +106,31 @@ try:
         "row": driver.find_element(By.CSS_SELECTOR,
                                    f'tr[data-schedule="{schedule_id}"]').text,
     }
+    report["buttons_disabled_without_token"] = all(
+        not b.is_enabled() for b in driver.find_elements(By.CSS_SELECTOR, "button[data-action]"))
     shot("schedules")
 
-    load("dead", "#dead-total")
-    report["dead"] = {
-        "ids": texts("tr[data-dead]", "data-dead"),
-        "total": int(driver.find_element(By.ID, "dead-total").get_attribute("data-total")),
-        "buttons_disabled_without_token": all(
-            not b.is_enabled() for b in driver.find_elements(By.CSS_SELECTOR, "button[data-action]")),
-    }
+    # Dead letters show payloads: without the token the page says what it needs.
+    load("dead", "#needs-token")
+    report["dead_locked"] = driver.find_element(By.ID, "needs-token").text
     # A forged action from the page's own origin, without the token: the server decides.
     report["refused_status"] = driver.execute_async_script(
         "const done = arguments[arguments.length - 1];"
         "fetch('api/dead/' + encodeURIComponent(arguments[0]) + '/replay', {method: 'POST'})"
         ".then(r => done(r.status), e => done(String(e)));", refused_id)
-    report["dead"]["raw_rows"] = texts("tr[data-raw]", "data-raw")
+
+    # Unlock with the token (kept in sessionStorage): reads send it from now on, and the
+    # page shows the dead letters it refused a moment ago.
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.ID, "unlock").click()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "auth-state"), "unlocked"))
+    wait.until(EC.presence_of_element_located((By.ID, "dead-total")))
+    report["token_in_page_html"] = token in driver.page_source
+    report["dead"] = {
+        "ids": texts("tr[data-dead]", "data-dead"),
+        "total": int(driver.find_element(By.ID, "dead-total").get_attribute("data-total")),
+        "raw_rows": texts("tr[data-raw]", "data-raw"),
+    }
     shot("dead")
 
     # Filter by route in the page, then open one job's detail with its history.
@@ -146,11 +157,7 @@ try:
     report["job"] = {"fields": fields, "payload": driver.find_element(By.ID, "job-payload").text}
     shot("job")
 
-    # Unlock with the token (kept in sessionStorage), then replay from the dead page.
-    driver.find_element(By.ID, "token").send_keys(token)
-    driver.find_element(By.ID, "unlock").click()
-    wait.until(EC.text_to_be_present_in_element((By.ID, "auth-state"), "actions unlocked"))
-    report["token_in_page_html"] = token in driver.page_source
+    # Replay from the dead page.
     load("dead", f'tr[data-dead="{replay_id}"]')
     button = driver.find_element(
         By.CSS_SELECTOR, f'tr[data-dead="{replay_id}"] button[data-action="replay"]')

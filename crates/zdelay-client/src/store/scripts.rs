@@ -64,8 +64,7 @@ scripts!(
     purge_dead,
     peek_dead,
     prune_history,
-    replay_raw_dead,
-    purge_raw_dead,
+    walk_raw_dead,
     settle_jobs,
     bench_bare_move_raw,
     bench_bare_move_hash,
@@ -486,7 +485,7 @@ pub async fn reschedule_job(
     Ok((new_due >= 0).then_some(new_due))
 }
 
-/// What `replay_dead` (or `replay_raw_dead`) did.
+/// What `replay_dead` (or `walk_raw_dead` replaying) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Replayed {
     pub replayed: u64,
@@ -562,16 +561,29 @@ pub async fn purge_dead(
     inv.invoke(con).await
 }
 
-/// The stored envelope of a dead job, as far as `peek_dead` reads it.
+/// The stored envelope of a job, as far as `peek_dead` reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EnvelopeHead {
-    /// A `zd1` frame up to the end of its meta (the payload cut off), and the payload's size.
-    Frame { head: Vec<u8>, payload_size: u64 },
-    /// A JSON envelope or a malformed value: its first 64 KiB.
-    Other(Vec<u8>),
+    /// A `zd1` frame up to the end of its meta (the payload cut off), the payload's size and
+    /// its first bytes (as many as asked for).
+    Frame {
+        head: Vec<u8>,
+        payload_size: u64,
+        payload_start: Vec<u8>,
+    },
+    /// A JSON envelope or a malformed value: its first [`PEEK_HEAD_MAX`] bytes, and its size.
+    Other { head: Vec<u8>, size: u64 },
     /// No envelope stored (an orphan).
     Missing,
 }
+
+/// Bytes of a value `peek_dead` returns at most when it is not a frame (and of a frame's
+/// meta); `peek_dead.lua`'s `HEAD_MAX`.
+pub const PEEK_HEAD_MAX: usize = 65536;
+
+/// Envelope bytes one `peek_dead` call reads at most (the first id's whatever its size);
+/// the wrapper sends the ids it did not reach again.
+pub const PEEK_BUDGET: usize = 1 << 20;
 
 /// One id as `peek_dead` saw it.
 #[derive(Debug, Clone, PartialEq)]
@@ -579,59 +591,71 @@ pub struct DeadPeek {
     pub id: String,
     /// Its dead score; `None` when it is not dead.
     pub died: Option<f64>,
+    /// Its reason's first 4096 bytes.
     pub reason: String,
     /// Its history text (`""` when none).
     pub history: String,
     pub envelope: EnvelopeHead,
 }
 
-/// Reads what listing and filtering needs about dead ids of one shard, without payloads.
+/// Reads what listing, filtering and showing needs about ids of one shard: dead score,
+/// reason, history, the envelope's head and size, and the first `preview` bytes of a
+/// frame's payload — never more of a payload. Each call reads at most [`PEEK_BUDGET`] of
+/// envelopes (one at least); the ids it did not reach go in the next call.
 pub async fn peek_dead(
     con: &mut Conn,
     keys: &ShardKeys,
     ids: &[String],
+    preview: usize,
 ) -> redis::RedisResult<Vec<DeadPeek>> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut inv = fenced_invocation(&compiled::peek_dead, "peek_dead", keys);
-    let values: Vec<Value> = inv.arg(ids).invoke(con).await?;
-    if values.len() != ids.len() * 6 {
-        return Err(protocol_error(
-            "peek_dead",
-            &Value::Int(values.len() as i64),
-        ));
-    }
-    let mut it = values.into_iter();
     let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        let mut next = || it.next().expect("length checked above");
-        let died = match as_string(next())? {
-            s if s.is_empty() => None,
-            s => Some(s.parse::<f64>().map_err(|_| {
-                redis::RedisError::from((redis::ErrorKind::Parse, "dead score is not a number"))
-            })?),
-        };
-        let reason = as_string(next())?;
-        let history = as_string(next())?;
-        let kind = as_string(next())?;
-        let head = as_bytes(next())?;
-        let size = as_int(next())?;
-        let envelope = match kind.as_str() {
-            "frame" => EnvelopeHead::Frame {
-                head,
-                payload_size: size.max(0) as u64,
-            },
-            "other" => EnvelopeHead::Other(head),
-            _ => EnvelopeHead::Missing,
-        };
-        out.push(DeadPeek {
-            id: id.clone(),
-            died,
-            reason,
-            history,
-            envelope,
-        });
+    while out.len() < ids.len() {
+        let rest = &ids[out.len()..];
+        let mut inv = fenced_invocation(&compiled::peek_dead, "peek_dead", keys);
+        let values: Vec<Value> = inv
+            .arg(PEEK_BUDGET)
+            .arg(preview)
+            .arg(rest)
+            .invoke(con)
+            .await?;
+        if values.is_empty() || !values.len().is_multiple_of(7) || values.len() / 7 > rest.len() {
+            return Err(protocol_error(
+                "peek_dead",
+                &Value::Int(values.len() as i64),
+            ));
+        }
+        let mut it = values.into_iter();
+        for id in &rest[..it.len() / 7] {
+            let mut next = || it.next().expect("length checked above");
+            let died = match as_string(next())? {
+                s if s.is_empty() => None,
+                s => Some(s.parse::<f64>().map_err(|_| {
+                    redis::RedisError::from((redis::ErrorKind::Parse, "dead score is not a number"))
+                })?),
+            };
+            let reason = as_string(next())?;
+            let history = as_string(next())?;
+            let kind = as_string(next())?;
+            let head = as_bytes(next())?;
+            let size = as_int(next())?.max(0) as u64;
+            let start = as_bytes(next())?;
+            let envelope = match kind.as_str() {
+                "frame" => EnvelopeHead::Frame {
+                    head,
+                    payload_size: size,
+                    payload_start: start,
+                },
+                "other" => EnvelopeHead::Other { head, size },
+                _ => EnvelopeHead::Missing,
+            };
+            out.push(DeadPeek {
+                id: id.clone(),
+                died,
+                reason,
+                history,
+                envelope,
+            });
+        }
     }
     Ok(out)
 }
@@ -649,43 +673,119 @@ pub async fn prune_history(
     inv.arg(ids).invoke(con).await
 }
 
-/// Puts dead raw members back into their source with `score` (in the source's unit), each
-/// only if its dead score is still the one it was selected with.
-pub async fn replay_raw_dead(
+/// What one `walk_raw_dead` call does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RawDeadWalk<'a> {
+    /// Lists the members taken, each with the first `preview` bytes.
+    List { preview: usize },
+    /// Puts the members taken back into the source with this score (in the source's unit).
+    Replay { score: &'a str },
+    /// Deletes the members taken.
+    Purge,
+}
+
+/// Which dead members of a raw source one `walk_raw_dead` call walks and takes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawDeadRange<'a> {
+    /// Dead scores as `ZRANGEBYSCORE` bounds.
+    pub min: &'a str,
+    pub max: &'a str,
+    /// Members at the start of the window to pass over (left there by earlier calls).
+    pub offset: u64,
+    /// Members taken at most.
+    pub take: usize,
+    /// Members walked at most.
+    pub walk: usize,
+    /// Only members whose reason contains this (ASCII case ignored); "" = any.
+    pub reason: &'a str,
+    /// Only members with one of these hashes ([`RawDeadEntry::hash`]); empty = any.
+    pub hashes: &'a [String],
+}
+
+/// Member bytes one `walk_raw_dead` call reads at most (the first member's whatever its
+/// size).
+pub const RAW_WALK_BUDGET: usize = 1 << 20;
+
+/// A dead raw member as `walk_raw_dead` lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawDeadEntry {
+    pub score: f64,
+    /// 16 hex digits of SHA-1: of the member up to 1 MiB, else of its size and first and
+    /// last 64 KiB.
+    pub hash: String,
+    pub size: u64,
+    /// Its first bytes (as many as asked for).
+    pub start: Vec<u8>,
+    /// Its reason's first 4096 bytes.
+    pub reason: String,
+}
+
+/// What one `walk_raw_dead` call did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawDeadWalked {
+    pub walked: u64,
+    pub taken: u64,
+    /// Where the next call starts in the window; `None` once its end was reached.
+    pub next_offset: Option<u64>,
+    /// Listing: the members taken, in death order.
+    pub listed: Vec<RawDeadEntry>,
+}
+
+/// Walks a raw source's dead members in a score window by rank, reading at most
+/// [`RAW_WALK_BUDGET`] of members, and lists, replays or purges those the range takes.
+pub async fn walk_raw_dead(
     con: &mut Conn,
     keys: &RawKeys,
-    score: &str,
-    members: &[(Vec<u8>, Option<f64>)],
-) -> redis::RedisResult<Replayed> {
-    let mut call = Call::new(&compiled::replay_raw_dead);
+    mode: RawDeadWalk<'_>,
+    range: &RawDeadRange<'_>,
+) -> redis::RedisResult<RawDeadWalked> {
+    let (name, extra) = match mode {
+        RawDeadWalk::List { preview } => ("list", preview.to_string()),
+        RawDeadWalk::Replay { score } => ("replay", score.to_owned()),
+        RawDeadWalk::Purge => ("purge", String::new()),
+    };
+    let mut call = Call::new(&compiled::walk_raw_dead);
     call.key(&keys.source)
         .key(&keys.dead)
         .key(&keys.reasons)
-        .arg(score);
-    for (member, selected) in members {
-        call.arg(member).arg(selected_score_arg(*selected));
+        .arg(name)
+        .arg(range.min)
+        .arg(range.max)
+        .arg(range.offset)
+        .arg(range.take)
+        .arg(range.walk)
+        .arg(RAW_WALK_BUDGET)
+        .arg(range.reason)
+        .arg(range.hashes.join(" "))
+        .arg(extra);
+    let values: Vec<Value> = call.invoke(con).await?;
+    let len = values.len();
+    let bad = || protocol_error("walk_raw_dead", &Value::Int(len as i64));
+    if len < 3 || !(len - 3).is_multiple_of(5) {
+        return Err(bad());
     }
-    let (replayed, skipped): (u64, u64) = call.invoke(con).await?;
-    Ok(Replayed {
-        replayed,
-        skipped,
-        ..Replayed::default()
+    let mut it = values.into_iter();
+    let mut next = || it.next().expect("length checked above");
+    let walked = as_int(next())?.max(0) as u64;
+    let taken = as_int(next())?.max(0) as u64;
+    let next_offset = u64::try_from(as_int(next())?).ok();
+    let mut listed = Vec::with_capacity((len - 3) / 5);
+    for _ in 0..(len - 3) / 5 {
+        let score = as_string(next())?.parse::<f64>().map_err(|_| bad())?;
+        listed.push(RawDeadEntry {
+            score,
+            hash: as_string(next())?,
+            size: as_int(next())?.max(0) as u64,
+            start: as_bytes(next())?,
+            reason: as_string(next())?,
+        });
+    }
+    Ok(RawDeadWalked {
+        walked,
+        taken,
+        next_offset,
+        listed,
     })
-}
-
-/// Deletes dead raw members, each only if its dead score is still the one it was selected
-/// with. Returns (purged, skipped).
-pub async fn purge_raw_dead(
-    con: &mut Conn,
-    keys: &RawKeys,
-    members: &[(Vec<u8>, Option<f64>)],
-) -> redis::RedisResult<(u64, u64)> {
-    let mut call = Call::new(&compiled::purge_raw_dead);
-    call.key(&keys.dead).key(&keys.reasons);
-    for (member, selected) in members {
-        call.arg(member).arg(selected_score_arg(*selected));
-    }
-    call.invoke(con).await
 }
 
 // ---------------------------------------------------------------------------------------
