@@ -488,6 +488,26 @@ pub struct PollerConfig {
     /// per lease); a daemon that dies loses them within this. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub slot_lease: Duration,
+    /// This daemon's identity among the instances on the namespace, kept across restarts: a
+    /// daemon restarted after a crash takes its poller slots back at its first heartbeat
+    /// instead of waiting out `slot_lease`. Two live daemons with one id: the one started
+    /// last refuses to run. Letters, digits, `.`, `_`, `-`; at most 253 characters.
+    /// Default: on Kubernetes (`KUBERNETES_SERVICE_HOST` set) the pod name (`POD_NAME`,
+    /// else `HOSTNAME`); elsewhere `<host>-<ULID>`, new at every start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+}
+
+/// The longest instance id: a Kubernetes object name (DNS subdomain) fits.
+pub const MAX_INSTANCE_ID_LEN: usize = 253;
+
+/// Whether `id` can be an instance id: 1..=253 letters, digits, `.`, `_`, `-` (pod names
+/// and host names are; nothing that would need quoting in logs or Redis).
+pub fn valid_instance_id(id: &str) -> bool {
+    (1..=MAX_INSTANCE_ID_LEN).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 impl Default for PollerConfig {
@@ -506,6 +526,7 @@ impl Default for PollerConfig {
             sink_concurrency: 16,
             per_shard: 1,
             slot_lease: Duration::from_secs(5),
+            instance_id: None,
         }
     }
 }
@@ -1097,6 +1118,16 @@ impl Config {
         if p.sink_concurrency == 0 || p.sink_concurrency > 1024 {
             return Err(invalid("poller.sink_concurrency", "must be 1..=1024"));
         }
+        if let Some(id) = &p.instance_id
+            && !valid_instance_id(id)
+        {
+            return Err(invalid(
+                "poller.instance_id",
+                format!(
+                    "{id:?}: must be 1 to {MAX_INSTANCE_ID_LEN} letters, digits, '.', '_' or '-'"
+                ),
+            ));
+        }
         let t = &self.tracing;
         if let Some(endpoint) = &t.otlp_endpoint
             && !(endpoint.expose().starts_with("http://")
@@ -1515,6 +1546,21 @@ user = "a"
             redact_known("at redis://app:urlpw1234@h"),
             "at redis://app:***@h"
         );
+    }
+
+    #[test]
+    fn instance_ids_are_checked() {
+        let c = from_toml("[poller]\ninstance_id = \"zdelay-7d9f-x2q4.worker_1\"").unwrap();
+        assert_eq!(
+            c.poller.instance_id.as_deref(),
+            Some("zdelay-7d9f-x2q4.worker_1")
+        );
+        assert_eq!(from_toml("").unwrap().poller.instance_id, None);
+        for bad in ["", "a b", "a:b", "é", &"x".repeat(254)] {
+            let e = err(&format!("[poller]\ninstance_id = {bad:?}"));
+            assert!(e.contains("poller.instance_id"), "{bad:?}: {e}");
+        }
+        assert!(valid_instance_id(&"x".repeat(253)));
     }
 
     #[test]
