@@ -35,6 +35,10 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let metrics = crate::metrics::install();
+    tokio::spawn(crate::metrics::run_upkeep(
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     let health = Arc::new(Health::default());
     let console = Arc::new(std::sync::OnceLock::new());
     let admin = admin::serve(
