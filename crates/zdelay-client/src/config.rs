@@ -325,6 +325,41 @@ fn validate_security(name: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// librdkafka's names for the time it may take to deliver a message (the second an alias).
+pub const KAFKA_MESSAGE_TIMEOUT_KEYS: [&str; 2] = ["message.timeout.ms", "delivery.timeout.ms"];
+
+/// A Kafka sink's own message timeout must end within the publish deadline: a message
+/// librdkafka still tries to deliver after the batch gave up on it would reach the topic
+/// after its job went back to due, and be delivered again.
+fn validate_message_timeout(
+    name: &str,
+    kafka: &KafkaSinkConfig,
+    poller: &PollerConfig,
+) -> Result<(), ConfigError> {
+    let deadline = poller.publish_deadline().as_millis();
+    for key in KAFKA_MESSAGE_TIMEOUT_KEYS {
+        let Some(value) = kafka.librdkafka.get(key) else {
+            continue;
+        };
+        let field = format!("sinks.{name}.librdkafka.\"{key}\"");
+        let ms: u128 = value
+            .trim()
+            .parse()
+            .map_err(|_| invalid(&field, format!("{value:?} is not a number of ms")))?;
+        if ms == 0 || ms > deadline {
+            return Err(invalid(
+                field,
+                format!(
+                    "{ms} ms does not fit in the publish deadline of {deadline} ms (poller.lease \
+                     less its settle margin{}): set 1..={deadline}, or raise poller.lease",
+                    if ms == 0 { "; 0 means never" } else { "" }
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -508,6 +543,19 @@ pub fn valid_instance_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The most a two-phase batch keeps back from `poller.lease` for its settle.
+const SETTLE_MARGIN_MAX: Duration = Duration::from_secs(5);
+
+impl PollerConfig {
+    /// How long a two-phase sink may take to publish a batch and collect the broker's
+    /// confirmations: `lease` less what the settle needs (a quarter of the lease, at most
+    /// 5 s). Whatever is not confirmed by then goes back to due, well before the lease would
+    /// hand the jobs to another poller.
+    pub fn publish_deadline(&self) -> Duration {
+        self.lease - (self.lease / 4).min(SETTLE_MARGIN_MAX)
+    }
 }
 
 impl Default for PollerConfig {
@@ -1166,6 +1214,7 @@ impl Config {
                         "must be non-empty",
                     ));
                 }
+                SinkConfig::Kafka(k) => validate_message_timeout(name, k, p)?,
                 SinkConfig::Amqp(a) if !a.url.expose().starts_with("amqp") => {
                     return Err(invalid(
                         format!("sinks.{name}.url"),
@@ -1561,6 +1610,37 @@ user = "a"
             assert!(e.contains("poller.instance_id"), "{bad:?}: {e}");
         }
         assert!(valid_instance_id(&"x".repeat(253)));
+    }
+
+    #[test]
+    fn kafka_message_timeout_must_fit_in_the_publish_deadline() {
+        let kafka = |lease: &str, option: &str| {
+            format!(
+                "[poller]\nlease = \"{lease}\"\n[sinks.k]\nkind = \"kafka\"\nbrokers = \"b:9092\"\n\
+                 librdkafka.{option}\n"
+            )
+        };
+        // Default lease 30s: 25 s to publish.
+        assert_eq!(
+            PollerConfig::default().publish_deadline(),
+            Duration::from_secs(25)
+        );
+        from_toml(&kafka("30s", "\"message.timeout.ms\" = \"25000\"")).unwrap();
+        let e = err(&kafka("30s", "\"message.timeout.ms\" = \"25001\""));
+        assert!(
+            e.contains("sinks.k.librdkafka.\"message.timeout.ms\"")
+                && e.contains("publish deadline of 25000 ms"),
+            "{e}"
+        );
+        // A short lease keeps a quarter for the settle.
+        let e = err(&kafka("4s", "\"delivery.timeout.ms\" = \"3500\""));
+        assert!(
+            e.contains("sinks.k.librdkafka.\"delivery.timeout.ms\"") && e.contains("3000 ms"),
+            "{e}"
+        );
+        assert!(err(&kafka("4s", "\"message.timeout.ms\" = \"0\"")).contains("0 means never"));
+        assert!(err(&kafka("4s", "\"message.timeout.ms\" = \"soon\"")).contains("not a number"));
+        from_toml(&kafka("4s", "\"linger.ms\" = \"5\"")).unwrap();
     }
 
     #[test]
