@@ -15,7 +15,8 @@
 #               in a scratch copy)
 #   render      every ci/*-values.yaml and the example chart (and its values-*.yaml variants)
 #   manifests   what the rendered manifests must say: securityContext, probes, grace period,
-#               PDB only with replicas > 1, secrets only by reference, [redis.tls] and
+#               PDB only with replicas > 1, secrets only by reference, the pod name as
+#               instance id (downward API), [redis.tls] and
 #               redis.cluster_nodes, native sidecar, PrometheusRule = the rules file
 #   kubeval     kubernetes-validate --strict -k 1.30.0 on every rendered manifest, and a
 #               broken manifest it must refuse

@@ -6,7 +6,8 @@
 //! be bound, or a namespace whose schema does not match this build or config, or that
 //! `zdelay reshard` is moving to another shard count. A running daemon whose scripts a
 //! shard's layout fence refuses (the namespace was resharded under it) stops the same way,
-//! through the graceful shutdown, and `run` returns the reason.
+//! through the graceful shutdown, and `run` returns the reason; so does a daemon whose
+//! instance id another running daemon holds (`poller::InstanceIdInUse`).
 //!
 //! Shutdown (`shutdown` cancelled): pollers stop claiming after the script call in hand and
 //! settle the batch in hand, the listener and sampler stop, the sinks flush their client
@@ -34,6 +35,10 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let metrics = crate::metrics::install();
+    tokio::spawn(crate::metrics::run_upkeep(
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     let health = Arc::new(Health::default());
     let console = Arc::new(std::sync::OnceLock::new());
     let admin = admin::serve(
@@ -95,13 +100,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
     let ctx = Arc::new(ctx);
     // What this daemon polls is decided by poller-slot leases shared with the others.
-    let instance = Leases::instance_id();
+    let instance = Leases::instance_id(config.poller.instance_id.as_deref());
+    let nonce = Leases::nonce();
     let ownership = Ownership::new(Default::default());
     let owned = ownership.subscribe();
     let leases = Leases {
         con: leases_con?,
         keys: keys.clone(),
         instance: instance.clone(),
+        nonce: nonce.clone(),
         per_target: config.poller.per_shard,
         lease: config.poller.slot_lease,
         sources: ctx
@@ -121,7 +128,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
 
     let tracker = TaskTracker::new();
-    tracker.spawn(leases.run(ownership, shutdown.clone()));
+    let mut registration = tracker.spawn(leases.run(ownership, shutdown.clone()));
     tracker.spawn(admin::check_redis(
         con.clone(),
         config.redis.clone(),
@@ -149,16 +156,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         "zdelay running"
     );
 
+    let mut in_use = None;
     tokio::select! {
         _ = shutdown.cancelled() => {}
         _ = ctx.refused.cancelled() => shutdown.cancel(),
+        Ok(Err(e)) = &mut registration => {
+            in_use = Some(e);
+            shutdown.cancel();
+        }
     }
     health.pollers_running.store(false, Ordering::Relaxed);
     tracing::info!(grace = ?config.poller.shutdown_grace, "shutting down: finishing batches in hand");
     let stopped = async {
         pollers.wait().await;
         // The batches in hand are settled: hand the slots to the other daemons at once.
-        Leases::release(&mut con, &keys, &instance).await;
+        Leases::release(&mut con, &keys, &instance, &nonce).await;
         // The last interval's deliveries count in the shared activity too.
         if let Err(e) = crate::activity::flush(&mut con, &keys).await {
             crate::metrics::error_event("redis", "activity", &e);
@@ -180,6 +192,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     admin.abort();
     tracing::info!("stopped");
+    if let Some(in_use) = in_use {
+        return Err(in_use.into());
+    }
     match ctx.refusal() {
         Some(why) => Err(anyhow::anyhow!(why)),
         None => Ok(()),

@@ -6,6 +6,8 @@
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 pub const JOBS_MOVED: &str = "zdelay_jobs_moved_total";
 pub const JOBS_DEAD: &str = "zdelay_jobs_dead_total";
@@ -40,7 +42,11 @@ const SCRIPT_BUCKETS: &[f64] = &[
     0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
-/// Installs the Prometheus recorder (once per process) and describes every metric.
+/// How often the recorder's upkeep runs (see [`run_upkeep`]).
+pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Installs the Prometheus recorder (once per process) and describes every metric. Its
+/// upkeep is the caller's: [`run_upkeep`].
 pub fn install() -> PrometheusHandle {
     static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
     HANDLE
@@ -70,6 +76,20 @@ pub fn install() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// Folds the histogram samples recorded since the last pass into their buckets, every
+/// [`UPKEEP_EVERY`] until `shutdown`. The recorder keeps every sample until then (a scrape
+/// does it too): without this, a daemon nobody scrapes grows with every job it moves.
+pub async fn run_upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(UPKEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => handle.run_upkeep(),
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
 
 fn describe() {

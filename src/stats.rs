@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use zdelay_client::config::{Config, ScoreUnit};
 use zdelay_client::keys::Keys;
 use zdelay_client::routes::Routes;
-use zdelay_client::store::{self, Conn};
+use zdelay_client::store::{self, Conn, scripts};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Backlog {
@@ -234,14 +234,13 @@ pub async fn instances(
         .await?;
     let mut instances: Vec<Instance> = registered
         .into_iter()
-        .filter_map(|(id, times)| {
-            let (expires, seen) = times.split_once(' ')?;
-            let live = expires.parse::<i64>().ok()? > now_ms;
-            live.then(|| Instance {
+        .filter_map(|(id, registration)| {
+            let (expires, seen) = scripts::registration_times(&registration)?;
+            (expires > now_ms).then(|| Instance {
                 id,
                 shards: Vec::new(),
                 sources: Vec::new(),
-                last_seen_ms: seen.parse().unwrap_or(0),
+                last_seen_ms: seen,
             })
         })
         .collect();

@@ -186,6 +186,9 @@ def check_container(c: dict, case: str, sidecar: bool, admin: dict | None = None
         fail(f"{case}: the console's port 9464 is a container port iff admin.exposeConsole: {ports}")
     if env.get("ZDELAY_CONFIG", {}).get("value") != "/etc/zdelay/zdelay.toml":
         fail(f"{case}: ZDELAY_CONFIG must be /etc/zdelay/zdelay.toml")
+    instance = env.get("ZDELAY_POLLER__INSTANCE_ID", {}).get("valueFrom", {}).get("fieldRef", {})
+    if instance.get("fieldPath") != "metadata.name":
+        fail(f"{case}: ZDELAY_POLLER__INSTANCE_ID must be the pod name (fieldRef metadata.name)")
     for name, e in env.items():
         secretish = re.search(r"PASSWORD|__URL$|TOKEN|SECRET", name)
         if secretish and name != "ZDELAY_CONFIG" and "value" in e:
@@ -540,6 +543,10 @@ def pod_env(docs: list[dict], cfg: dict) -> dict[str, str]:
                 name = e["name"]
                 if "value" in e:
                     env[name] = str(e["value"])
+                    continue
+                if "fieldRef" in e.get("valueFrom", {}):
+                    # The downward API: metadata.name, a pod name.
+                    env[name] = "zdelay-7d9f8c6b5-x2q4w"
                     continue
                 m = re.match(r"ZDELAY_SINKS__(.+)__URL$", name)
                 kind = sinks.get(m.group(1).lower(), {}).get("kind") if m else None

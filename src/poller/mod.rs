@@ -27,7 +27,7 @@ pub use context::{
 };
 pub use delivery::retry_delay;
 pub use mover::{move_once, sleep_after};
-pub use ownership::{Leases, Owned, Ownership, slot_name, target_of};
+pub use ownership::{InstanceIdInUse, Leases, Owned, Ownership, slot_name, target_of};
 
 use std::collections::HashMap;
 use std::sync::Arc;

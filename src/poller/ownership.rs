@@ -14,6 +14,13 @@
 //! it no longer knows what it owns. Two pollers on one target are safe anyway (every script
 //! is atomic and two-phase settles are fenced), so a slot that briefly has two pollers costs
 //! nothing but work.
+//!
+//! An instance id is stable across restarts (`poller.instance_id`, by default the pod name on
+//! Kubernetes), and each process registers with a nonce of its own: a daemon restarted after
+//! `kill -9` takes its previous life's registration, and with it its slots, at its first
+//! heartbeat, instead of waiting a lease for it to lapse. A second live process with the same
+//! id is found out by the first one's next heartbeat, which takes the registration back; the
+//! newcomer then refuses to run ([`InstanceIdInUse`]). The rules are `claim_slots.lua`'s.
 
 use super::context::TargetId;
 use crate::metrics::{self, OWNED_SHARDS};
@@ -21,7 +28,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use zdelay_client::config::valid_instance_id;
 use zdelay_client::keys::Keys;
+use zdelay_client::store::scripts::{Registrant, Registration, Standing};
 use zdelay_client::store::{Conn, scripts};
 
 /// The set of targets this instance polls.
@@ -79,12 +88,23 @@ pub fn target_of(name: &str) -> Option<TargetId> {
         .map(|key| TargetId::Source(key.to_owned()))
 }
 
+/// Another live process renews the registration of this daemon's instance id.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "poller.instance_id {0} is in use by another running daemon on this namespace (it keeps \
+     renewing that registration): give each daemon its own id, or leave poller.instance_id \
+     unset"
+)]
+pub struct InstanceIdInUse(pub String);
+
 /// This instance's poller-slot leases.
 pub struct Leases {
     pub con: Conn,
     pub keys: Keys,
     /// This daemon's id in the registry.
     pub instance: String,
+    /// This process's own: tells a restart (or a duplicate) from the process itself.
+    pub nonce: String,
     pub per_target: u8,
     pub lease: Duration,
     /// The raw sources of this daemon's config (shards are the same for every daemon).
@@ -92,34 +112,80 @@ pub struct Leases {
 }
 
 impl Leases {
-    /// A new instance id: host name and a ULID.
-    pub fn instance_id() -> String {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_else(|_| "zdelay".to_owned());
-        format!("{host}-{}", ulid::Ulid::generate())
+    /// The instance id: `configured` (`poller.instance_id`), else the pod name on
+    /// Kubernetes, else the host name and a ULID (new at every start, so several daemons on
+    /// one host need no config).
+    pub fn instance_id(configured: Option<&str>) -> String {
+        configured
+            .map(str::to_owned)
+            .or_else(|| pod_name(|name| std::env::var(name).ok()))
+            .unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_else(|_| "zdelay".to_owned());
+                format!("{host}-{}", ulid::Ulid::generate())
+            })
+    }
+
+    /// A nonce for this process's registration.
+    pub fn nonce() -> String {
+        ulid::Ulid::generate().to_string()
     }
 
     /// Renews the leases until `shutdown`, publishing what is owned into `ownership`; then
-    /// hands every slot back.
-    pub async fn run(mut self, ownership: Ownership, shutdown: CancellationToken) {
+    /// hands every slot back. Ends early, owning nothing, when another live process holds
+    /// this instance id.
+    pub async fn run(
+        mut self,
+        ownership: Ownership,
+        shutdown: CancellationToken,
+    ) -> Result<(), InstanceIdInUse> {
         let sources: Vec<String> = self.sources.iter().map(slot_name).collect();
         let every = self.lease / 5;
         let mut last_ok: Option<Instant> = None;
         let mut instances = 0;
         while !shutdown.is_cancelled() {
-            match scripts::claim_slots(
+            let standing = match last_ok {
+                None => Standing::New,
+                Some(at) if at.elapsed() < self.lease => Standing::Held,
+                Some(_) => Standing::Lost,
+            };
+            let heartbeat = scripts::claim_slots(
                 &mut self.con,
                 &self.keys,
-                &self.instance,
+                Registrant {
+                    instance: &self.instance,
+                    nonce: &self.nonce,
+                },
+                standing,
                 self.lease.as_millis() as u64,
                 self.per_target,
                 &sources,
             )
-            .await
-            {
+            .await;
+            match heartbeat {
+                Ok(claim) if claim.registration == Registration::InUse => {
+                    ownership.set(Owned::new());
+                    let in_use = InstanceIdInUse(self.instance.clone());
+                    tracing::error!(instance = %self.instance, "{in_use}; stopping");
+                    return Err(in_use);
+                }
                 Ok(claim) => {
                     last_ok = Some(Instant::now());
+                    match claim.registration {
+                        Registration::TookOver => tracing::warn!(
+                            instance = %self.instance,
+                            "took over this instance id's registration and poller slots from a \
+                             process that did not hand them back (a previous run); if that \
+                             process is still running, it keeps the id and this one stops"
+                        ),
+                        Registration::TookBack => tracing::warn!(
+                            instance = %self.instance,
+                            "another process started with this instance id and took its \
+                             registration: taken back, that process stops"
+                        ),
+                        Registration::Renewed | Registration::InUse => {}
+                    }
                     if claim.live_instances != instances {
                         instances = claim.live_instances;
                         tracing::info!(
@@ -144,21 +210,37 @@ impl Leases {
             }
         }
         ownership.set(Owned::new());
+        Ok(())
     }
 
-    /// Hands back every slot at once (after the pollers stopped), bounded to 2 s.
-    pub async fn release(con: &mut Conn, keys: &Keys, instance: &str) {
+    /// Hands back every slot at once (after the pollers stopped), bounded to 2 s; leaves
+    /// the registration alone when another process holds it.
+    pub async fn release(con: &mut Conn, keys: &Keys, instance: &str, nonce: &str) {
         let released = tokio::time::timeout(
             Duration::from_secs(2),
-            scripts::release_slots(con, keys, instance),
+            scripts::release_slots(con, keys, Registrant { instance, nonce }),
         )
         .await;
         match released {
-            Ok(Ok(n)) => tracing::info!(slots = n, "poller slots handed back"),
+            Ok(Ok(Some(n))) => tracing::info!(slots = n, "poller slots handed back"),
+            Ok(Ok(None)) => tracing::info!(
+                "this instance id's registration belongs to another process: left to it"
+            ),
             Ok(Err(e)) => metrics::error_event("redis", "poller slots", &e),
             Err(_) => tracing::warn!("could not hand the poller slots back in time; they lapse"),
         }
     }
+}
+
+/// On Kubernetes (`KUBERNETES_SERVICE_HOST` set), the pod's name: `POD_NAME` when set,
+/// else `HOSTNAME` (the pod name unless the pod sets another host name). Stable across
+/// restarts of the container in its pod, unique among running pods.
+fn pod_name(env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    env("KUBERNETES_SERVICE_HOST")?;
+    ["POD_NAME", "HOSTNAME"]
+        .into_iter()
+        .filter_map(&env)
+        .find(|name| valid_instance_id(name))
 }
 
 #[cfg(test)]
@@ -174,5 +256,34 @@ mod tests {
             assert_eq!(target_of(&slot_name(&target)), Some(target));
         }
         assert_eq!(target_of("nonsense"), None);
+    }
+
+    #[test]
+    fn the_default_instance_id_is_the_pod_name_on_kubernetes_only() {
+        fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+            move |name| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        }
+        let k8s = ("KUBERNETES_SERVICE_HOST", "10.0.0.1");
+        assert_eq!(pod_name(env(&[("HOSTNAME", "web-1")])), None);
+        assert_eq!(
+            pod_name(env(&[k8s, ("HOSTNAME", "zdelay-7d9f-x2q4")])).as_deref(),
+            Some("zdelay-7d9f-x2q4")
+        );
+        assert_eq!(
+            pod_name(env(&[
+                k8s,
+                ("HOSTNAME", "node-a"),
+                ("POD_NAME", "zdelay-0")
+            ]))
+            .as_deref(),
+            Some("zdelay-0")
+        );
+        // Not a valid id: the random default instead.
+        assert_eq!(pod_name(env(&[k8s, ("HOSTNAME", "a b")])), None);
+        assert_eq!(Leases::instance_id(Some("worker-1")), "worker-1");
     }
 }

@@ -2,7 +2,13 @@
 //! whose delivery reports are awaited before a job counts as delivered.
 //!
 //! A batch is enqueued in full first (librdkafka batches and lingers), then every delivery
-//! future is awaited. Each message resolves to one [`Outcome`]:
+//! future is awaited. Both waits (for room in a full local queue, for the reports) end at one
+//! deadline per batch, `poller.publish_deadline()` after it started (the claim lease less the
+//! settle's margin): a message without a report by then is `Unavailable` and its job goes
+//! back to due before its lease could pass to another poller. librdkafka's own
+//! `message.timeout.ms` ends within that deadline too (capped by default, refused by config
+//! validation when set above it), so it gives up on a message before the batch does.
+//! Each message resolves to one [`Outcome`]:
 //! - broker errors that no retry can fix (unknown topic, too large, not authorized) →
 //!   `Reject` with the broker's reason;
 //! - the broker unreachable → `Unavailable`. librdkafka itself only says so by letting
@@ -21,9 +27,11 @@
 //! reports a missing topic as `_MSG_TIMED_OUT` unless `topic.metadata.propagation.max.ms`
 //! is below `message.timeout.ms`: the defaults here make it `Reject` within ~1 s.
 
+use futures::FutureExt;
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use rdkafka::ClientContext;
 use rdkafka::client::Client;
@@ -57,14 +65,16 @@ pub const DEFAULTS: &[(&str, &str)] = &[
     ("compression.type", "none"),
     ("queue.buffering.max.messages", "1000000"),
     ("queue.buffering.max.kbytes", "1048576"),
-    // A delivery report comes back within this, success or not.
-    ("message.timeout.ms", "15000"),
-    // Below message.timeout.ms, so a missing topic fails as unknown topic (Reject) after
-    // 1 s instead of as a message timeout.
-    ("topic.metadata.propagation.max.ms", "1000"),
     // Reconnect soon after a broker comes back (librdkafka's default backs off to 10 s).
     ("reconnect.backoff.max.ms", "2000"),
 ];
+
+/// `message.timeout.ms` unless the sink's `librdkafka` map sets it: a delivery report comes
+/// back within this, success or not. Capped to the publish deadline.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(15);
+/// `topic.metadata.propagation.max.ms`, at most: below the message timeout, so a missing topic
+/// fails as unknown (`Reject`) after 1 s instead of as a message timeout.
+const TOPIC_PROPAGATION: Duration = Duration::from_secs(1);
 
 /// What to do with a failed message, by librdkafka error code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,15 +165,33 @@ pub fn security_properties(config: &KafkaSinkConfig) -> Vec<(&'static str, Strin
     props
 }
 
-/// The librdkafka configuration for a sink: [`DEFAULTS`], the typed security options, then
-/// the user's map (which wins).
-pub fn client_config(name: &str, config: &KafkaSinkConfig) -> ClientConfig {
+/// The librdkafka configuration for a sink: [`DEFAULTS`], the message timeout (capped to
+/// `publish_deadline`), the typed security options, then the user's map (which wins).
+pub fn client_config(
+    name: &str,
+    config: &KafkaSinkConfig,
+    publish_deadline: Duration,
+) -> ClientConfig {
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", &config.brokers);
     cc.set("client.id", format!("zdelay-{name}"));
     for (k, v) in DEFAULTS {
         cc.set(*k, *v);
     }
+    let message_timeout = MESSAGE_TIMEOUT
+        .min(publish_deadline)
+        .max(Duration::from_millis(2));
+    cc.set(
+        "message.timeout.ms",
+        message_timeout.as_millis().to_string(),
+    );
+    cc.set(
+        "topic.metadata.propagation.max.ms",
+        TOPIC_PROPAGATION
+            .min(message_timeout / 2)
+            .as_millis()
+            .to_string(),
+    );
     for (k, v) in security_properties(config) {
         cc.set(k, v);
     }
@@ -228,6 +256,8 @@ pub struct KafkaSink {
     /// Who authenticates: the SASL user, if any (for "authentication failed for user …").
     user: Option<String>,
     auth_failure: AuthFailure,
+    /// How long one batch may take, enqueue to last report (see the module doc).
+    publish_deadline: Duration,
     /// Replaced after a fatal (idempotence) error, which leaves a producer unusable.
     producer: RwLock<Arc<Prod>>,
 }
@@ -294,6 +324,21 @@ impl<'a> Resolution<'a> {
         };
     }
 
+    /// No report by the publish deadline (or not even enqueued by then): the job goes back
+    /// to due without an attempt counted, and the sink pauses until its broker answers.
+    fn past_deadline(&mut self, i: usize, deadline: Duration, sent: bool) {
+        let topic = &self.batch[i].target;
+        let what = if sent {
+            "no delivery report"
+        } else {
+            "local queue still full"
+        };
+        self.outcomes[i] = Some(Outcome::Unavailable(format!(
+            "kafka topic {topic}: {what} within the publish deadline of {deadline:?} \
+             (poller.lease less the settle margin)"
+        )));
+    }
+
     /// Outcomes in input order; `down` is the probe's verdict (Some = unreachable).
     fn finish(mut self, down: Option<&str>) -> Vec<Outcome> {
         for (i, reason) in std::mem::take(&mut self.suspect) {
@@ -316,9 +361,22 @@ impl<'a> Resolution<'a> {
 }
 
 impl KafkaSink {
-    /// Builds the producer. Does not contact the broker (librdkafka connects lazily), so
-    /// a sink can be built while its broker is down.
+    /// Builds the producer for the default `poller.lease`: see [`KafkaSink::with_deadline`].
     pub fn new(name: &str, config: &KafkaSinkConfig) -> Result<Self, SinkError> {
+        Self::with_deadline(
+            name,
+            config,
+            zdelay_client::config::PollerConfig::default().publish_deadline(),
+        )
+    }
+
+    /// Builds the producer; a batch takes at most `publish_deadline`. Does not contact the
+    /// broker (librdkafka connects lazily), so a sink can be built while its broker is down.
+    pub fn with_deadline(
+        name: &str,
+        config: &KafkaSinkConfig,
+        publish_deadline: Duration,
+    ) -> Result<Self, SinkError> {
         let bad = |why: String| SinkError::Config {
             sink: name.to_owned(),
             why,
@@ -326,7 +384,7 @@ impl KafkaSink {
         if config.brokers.trim().is_empty() {
             return Err(bad("brokers is empty".into()));
         }
-        let cc = client_config(name, config);
+        let cc = client_config(name, config, publish_deadline);
         let auth_failure = AuthFailure::default();
         let producer = create(name, &cc, &auth_failure).map_err(|e| bad(e.to_string()))?;
         Ok(KafkaSink {
@@ -340,6 +398,7 @@ impl KafkaSink {
                 .cloned()
                 .or_else(|| config.sasl.as_ref().map(|s| s.username.clone())),
             auth_failure,
+            publish_deadline,
             producer: RwLock::new(Arc::new(producer)),
         })
     }
@@ -375,17 +434,23 @@ impl KafkaSink {
     }
 
     /// Publishes the batch and waits for every delivery report: one outcome per message,
-    /// in input order. Returns only when each message is resolved (at the latest
-    /// `message.timeout.ms` after it was enqueued, sooner when a probe finds the broker
-    /// unreachable).
+    /// in input order. Returns by the publish deadline: sooner when every report is in, or
+    /// when a probe finds the broker unreachable.
     pub async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
         let producer = self.producer();
+        let deadline = Instant::now() + self.publish_deadline;
         let mut res = Resolution::new(batch);
         let mut pending: VecDeque<(usize, DeliveryFuture)> = VecDeque::with_capacity(batch.len());
+        // Messages that got no report by the deadline: librdkafka may still hold them.
+        let mut abandoned = false;
 
         // 1. Enqueue everything; librdkafka batches per partition.
-        let queue_full_limit = self.message_timeout();
         for (i, msg) in batch.iter().enumerate() {
+            if Instant::now() >= deadline {
+                // Not sent at all: nothing can reach the topic after the job went back.
+                res.past_deadline(i, self.publish_deadline, false);
+                continue;
+            }
             let mut headers = OwnedHeaders::new_with_capacity(msg.headers.len() + 1);
             for (k, v) in &msg.headers {
                 headers = headers.insert(Header {
@@ -404,7 +469,6 @@ impl KafkaSink {
             if self.key == KafkaKey::Id {
                 record = record.key(msg.id.as_str());
             }
-            let started = Instant::now();
             loop {
                 match producer.send_result(record) {
                     Ok(fut) => {
@@ -412,15 +476,26 @@ impl KafkaSink {
                         break;
                     }
                     Err((err, back))
-                        if err.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull)
-                            && started.elapsed() < queue_full_limit =>
+                        if err.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
                     {
                         // Make room by waiting for our oldest message, or briefly when the
-                        // queue is full of other batches' messages.
+                        // queue is full of other batches' messages; never past the deadline.
                         record = back;
-                        match pending.pop_front() {
-                            Some((j, fut)) => res.settle(j, fut.await.ok()),
-                            None => tokio::time::sleep(QUEUE_FULL_PAUSE).await,
+                        match pending.front_mut() {
+                            Some((j, fut)) => {
+                                if let Ok(report) = tokio::time::timeout_at(deadline, fut).await {
+                                    res.settle(*j, report.ok());
+                                    pending.pop_front();
+                                }
+                            }
+                            None => {
+                                let pause = Instant::now() + QUEUE_FULL_PAUSE;
+                                tokio::time::sleep_until(pause.min(deadline)).await;
+                            }
+                        }
+                        if Instant::now() >= deadline {
+                            res.past_deadline(i, self.publish_deadline, false);
+                            break;
                         }
                     }
                     Err((err, _)) => {
@@ -431,17 +506,25 @@ impl KafkaSink {
             }
         }
 
-        // 2. Await every delivery report, probing the broker while they are slow.
+        // 2. Await every delivery report until the deadline, probing the broker while they
+        // are slow.
         let mut down: Option<String> = None;
-        let mut probe_at = tokio::time::Instant::now() + PROBE_EVERY;
+        let mut probe_at = Instant::now() + PROBE_EVERY;
         while let Some((i, mut fut)) = pending.pop_front() {
             let report = loop {
                 tokio::select! {
-                    report = &mut fut => break report.ok(),
-                    _ = tokio::time::sleep_until(probe_at) => {
+                    report = &mut fut => break Some(report.ok()),
+                    _ = tokio::time::sleep_until(probe_at.min(deadline)) => {
+                        let Some(left) = deadline.checked_duration_since(Instant::now())
+                            .filter(|left| !left.is_zero())
+                        else {
+                            break None;
+                        };
                         // Only a connection-level failure purges: a busy broker that is
                         // merely slow keeps its messages until message.timeout.ms.
-                        if let Probe::Unreachable(why) = self.probe(&producer, PROBE_TIMEOUT).await {
+                        if let Probe::Unreachable(why) =
+                            self.probe(&producer, PROBE_TIMEOUT.min(left)).await
+                        {
                             tracing::warn!(sink = %self.name, reason = %why,
                                 "kafka broker unreachable; purging queued messages");
                             // Queued and in-flight messages resolve now with _PURGE_*
@@ -451,11 +534,23 @@ impl KafkaSink {
                             );
                             down = Some(why);
                         }
-                        probe_at = tokio::time::Instant::now() + PROBE_EVERY;
+                        probe_at = Instant::now() + PROBE_EVERY;
                     }
                 }
             };
-            res.settle(i, report);
+            match report {
+                Some(report) => res.settle(i, report),
+                None => {
+                    // The deadline: reports already in count, the rest are abandoned.
+                    abandoned = true;
+                    for (j, fut) in std::iter::once((i, fut)).chain(pending.drain(..)) {
+                        match fut.now_or_never() {
+                            Some(report) => res.settle(j, report.ok()),
+                            None => res.past_deadline(j, self.publish_deadline, true),
+                        }
+                    }
+                }
+            }
         }
 
         // 3. Timeouts and transport errors: the broker's reachability decides.
@@ -463,26 +558,44 @@ impl KafkaSink {
         // request (unreachable or hung) are the sink's failure, not the job's.
         let purged = down.is_some();
         if !res.suspect.is_empty() && down.is_none() {
-            down = match self.probe(&producer, PROBE_TIMEOUT).await {
-                Probe::Reachable => None,
-                Probe::Slow(why) | Probe::Unreachable(why) => Some(why),
+            let left = deadline.saturating_duration_since(Instant::now());
+            down = if left.is_zero() {
+                Some("no time left to probe it before the publish deadline".to_owned())
+            } else {
+                match self.probe(&producer, PROBE_TIMEOUT.min(left)).await {
+                    Probe::Reachable => None,
+                    Probe::Slow(why) | Probe::Unreachable(why) => Some(why),
+                }
             };
         }
         let gap = res.gap;
         let outcomes = res.finish(down.as_deref());
 
-        if let Some((code, reason)) = producer.client().fatal_error() {
-            self.rebuild(&producer, &format!("fatal error {code:?}: {reason}"));
+        let replaced = if let Some((code, reason)) = producer.client().fatal_error() {
+            self.rebuild(&producer, &format!("fatal error {code:?}: {reason}"))
         } else if purged {
             self.rebuild(
                 &producer,
                 "messages purged while the broker was unreachable",
-            );
+            )
         } else if let Some(code) = gap {
             self.rebuild(
                 &producer,
                 &format!("failed deliveries ({code:?}) left a sequence gap"),
-            );
+            )
+        } else if abandoned {
+            // Whatever it still holds is dropped with it, rather than delivered after its
+            // job went back to due (and would leave a sequence gap when it times out).
+            self.rebuild(
+                &producer,
+                "messages left without a delivery report at the publish deadline",
+            )
+        } else {
+            false
+        };
+        if replaced {
+            // The last holder's drop purges and flushes (blocking): off the async threads.
+            tokio::task::spawn_blocking(move || drop(producer));
         }
         outcomes
     }
@@ -520,35 +633,29 @@ impl KafkaSink {
         }
     }
 
-    fn message_timeout(&self) -> Duration {
-        let ms = self
-            .config
-            .get("message.timeout.ms")
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|&ms| ms > 0)
-            .unwrap_or(300_000);
-        Duration::from_millis(ms)
-    }
-
     /// Replaces the producer `used` (unless another publish already did) with a fresh one,
     /// which gets a new producer id from the broker. Needed after a fatal error, and after
     /// failures that leave a gap in the idempotent sequence: librdkafka then bumps the
     /// producer epoch (KIP-360), which tansu does not support (every later produce fails
     /// with UNKNOWN_SERVER_ERROR). Batches still running on the old producer keep it alive
-    /// until they resolve.
-    fn rebuild(&self, used: &Arc<Prod>, why: &str) {
+    /// until they resolve. Whether `used` is no longer the current producer.
+    fn rebuild(&self, used: &Arc<Prod>, why: &str) -> bool {
         let mut slot = match self.producer.write() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
         if !Arc::ptr_eq(&slot, used) {
-            return;
+            return true;
         }
         tracing::warn!(sink = %self.name, reason = %why, "replacing the kafka producer");
         match create(&self.name, &self.config, &self.auth_failure) {
-            Ok(p) => *slot = Arc::new(p),
+            Ok(p) => {
+                *slot = Arc::new(p);
+                true
+            }
             Err(err) => {
-                tracing::error!(sink = %self.name, error = %err, "kafka producer rebuild failed")
+                tracing::error!(sink = %self.name, error = %err, "kafka producer rebuild failed");
+                false
             }
         }
     }
@@ -718,7 +825,7 @@ mod tests {
         // The typed options come before the pass-through table, which still wins.
         c.librdkafka
             .insert("security.protocol".into(), "SASL_PLAINTEXT".into());
-        let cc = client_config("k", &c);
+        let cc = client_config("k", &c, MESSAGE_TIMEOUT);
         assert_eq!(cc.get("security.protocol"), Some("SASL_PLAINTEXT"));
         assert_eq!(cc.get("sasl.username"), Some("alice"));
         // Every mechanism librdkafka accepts, by its own name: the bundled build has them.
@@ -735,7 +842,7 @@ mod tests {
 
     #[test]
     fn config_has_safe_throughput_defaults() {
-        let cc = client_config("k", &cfg(&[]));
+        let cc = client_config("k", &cfg(&[]), Duration::from_secs(25));
         assert_eq!(cc.get("bootstrap.servers"), Some("127.0.0.1:1"));
         assert_eq!(cc.get("client.id"), Some("zdelay-k"));
         assert_eq!(cc.get("acks"), Some("all"));
@@ -753,6 +860,17 @@ mod tests {
             prop < timeout,
             "unknown topics must fail before messages time out"
         );
+        assert_eq!(timeout, 15_000);
+    }
+
+    #[test]
+    fn message_timeout_ends_within_the_publish_deadline() {
+        let cc = client_config("k", &cfg(&[]), Duration::from_millis(2250));
+        assert_eq!(cc.get("message.timeout.ms"), Some("2250"));
+        assert_eq!(cc.get("topic.metadata.propagation.max.ms"), Some("1000"));
+        let cc = client_config("k", &cfg(&[]), Duration::from_millis(750));
+        assert_eq!(cc.get("message.timeout.ms"), Some("750"));
+        assert_eq!(cc.get("topic.metadata.propagation.max.ms"), Some("375"));
     }
 
     #[test]
@@ -764,19 +882,22 @@ mod tests {
                 ("compression.type", "lz4"),
                 ("message.max.bytes", "20000"),
                 ("bootstrap.servers", "127.0.0.1:2"),
+                ("message.timeout.ms", "900"),
             ]),
+            MESSAGE_TIMEOUT,
         );
         assert_eq!(cc.get("linger.ms"), Some("50"));
         assert_eq!(cc.get("compression.type"), Some("lz4"));
         assert_eq!(cc.get("message.max.bytes"), Some("20000"));
         assert_eq!(cc.get("bootstrap.servers"), Some("127.0.0.1:2"));
+        assert_eq!(cc.get("message.timeout.ms"), Some("900"));
         assert_eq!(cc.get("acks"), Some("all"));
     }
 
     #[test]
     fn new_needs_no_broker_and_rejects_bad_options() {
         let sink = KafkaSink::new("k", &cfg(&[])).expect("built without a broker");
-        assert_eq!(sink.message_timeout(), Duration::from_millis(15000));
+        assert_eq!(sink.config.get("message.timeout.ms"), Some("15000"));
         let err = KafkaSink::new("k", &cfg(&[("no.such.option", "1")])).unwrap_err();
         assert!(err.to_string().contains("no.such.option"), "{err}");
         let err = KafkaSink::new("k", &cfg(&[("acks", "sometimes")])).unwrap_err();

@@ -169,7 +169,11 @@ pub fn build(name: &str, config: &Config) -> Result<Option<Box<dyn Sink>>, SinkE
         },
         SinkConfig::Amqp(c) => Some(Box::new(amqp::AmqpSink::new(name, c)?)),
         SinkConfig::Nats(c) => Some(Box::new(nats::NatsSink::new(name, c)?)),
-        SinkConfig::Kafka(c) => Some(Box::new(kafka::KafkaSink::new(name, c)?)),
+        SinkConfig::Kafka(c) => Some(Box::new(kafka::KafkaSink::with_deadline(
+            name,
+            c,
+            config.poller.publish_deadline(),
+        )?)),
     })
 }
 

@@ -550,3 +550,100 @@ target = "{topic}"
     assert_eq!(seen.len(), 201, "every job reached the topic");
     assert!(seen.values().all(|&n| n == 1), "no crash, so no duplicate");
 }
+
+/// A hung broker (SIGSTOP: its port stays open, nothing answers) under a short lease: each
+/// batch ends by its publish deadline (the lease less the settle margin) though neither the
+/// full local queue nor the delivery reports ever make room, so its jobs go back to due
+/// before their lease runs out: none is reaped by lease expiry, no settle is fenced, no
+/// attempt is burned. Once the broker resumes, every job reaches the topic.
+#[test]
+fn kafka_batches_end_by_the_publish_deadline_while_the_broker_hangs() {
+    use crate::common::{Daemon, RedisServer, TestConfig, client, wait_all_settled, wait_for};
+    use zdelay::client::{NewJob, OnConflict};
+
+    const JOBS: usize = 60;
+    let own =
+        crate::common::PrivateBrokers::start_with("kafka", &[("ZDELAY_TANSU_STORAGE", "memory")]);
+    let brokers = own.var("KAFKA_BROKERS");
+    let topic = unique_topic("deadline");
+    create_topic(&own.var("KAFKA_TOPIC_CMD"), &topic, 1);
+    let redis = RedisServer::start();
+    // A local queue of 5 messages: a batch of 60 waits for room as well as for reports.
+    let extra = format!(
+        r#"
+[poller]
+lease = "3s"
+idle_poll = "50ms"
+
+[sinks.kafka]
+kind = "kafka"
+brokers = "{brokers}"
+librdkafka."queue.buffering.max.messages" = "5"
+
+[[routes]]
+name = "orders"
+sink = "kafka"
+target = "{topic}"
+"#
+    );
+    let config = TestConfig::new(&redis.url(), 1, &extra);
+    let daemon = Daemon::start(&config);
+    let metric = |name: &str, labels: &[(&str, &str)]| daemon.metric(name, labels);
+    let rt = common::runtime();
+    let client = client(&rt, &redis.url(), 1);
+
+    own.run("PAUSE_KAFKA");
+    let hung = Instant::now();
+    let jobs: Vec<NewJob> = (0..JOBS)
+        .map(|i| NewJob::new("orders", format!("job-{i}").into_bytes()))
+        .collect();
+    let ids: Vec<String> = rt
+        .block_on(client.enqueue_batch(jobs, OnConflict::Error))
+        .expect("enqueue")
+        .into_iter()
+        .map(|r| r.expect("enqueued").0)
+        .collect();
+    let unavailable = [("sink", "kafka"), ("outcome", "unavailable")];
+    // The 3 s lease leaves 2.25 s to publish; 10 s is margin for a loaded machine, and far
+    // below what a batch waited before (message.timeout.ms, 15 s, per message of the queue).
+    wait_for(
+        "the first batch handed back by its publish deadline",
+        Duration::from_secs(10),
+        || metric("zdelay_sink_messages_total", &unavailable) > 0.0,
+    );
+    eprintln!(
+        "first batch handed back {:?} after the hang",
+        hung.elapsed()
+    );
+    // Past several leases while hung: still nothing reaped or fenced.
+    while hung.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(metric("zdelay_leases_expired_total", &[]), 0.0);
+    assert_eq!(metric("zdelay_fenced_settles_total", &[]), 0.0);
+
+    own.run("RESUME_KAFKA");
+    let mut con = redis.conn();
+    wait_all_settled(&mut con, 1, Duration::from_secs(60));
+    let records = consume(&own.var("PYTHON"), &brokers, &topic, -(JOBS as i64));
+    let keys: std::collections::BTreeSet<String> = records
+        .iter()
+        .map(|r| String::from_utf8(r.key.clone().expect("record key")).expect("utf-8 key"))
+        .collect();
+    let expected: std::collections::BTreeSet<String> = ids.into_iter().collect();
+    assert_eq!(keys, expected, "every job reached the topic");
+    eprintln!(
+        "{} records for {JOBS} jobs (repeats carry the same zdelay-id)",
+        records.len()
+    );
+    assert_eq!(metric("zdelay_leases_expired_total", &[]), 0.0);
+    assert_eq!(metric("zdelay_fenced_settles_total", &[]), 0.0);
+    assert_eq!(
+        metric(
+            "zdelay_sink_messages_total",
+            &[("sink", "kafka"), ("outcome", "retried")]
+        ),
+        0.0,
+        "a hung broker burns no attempt"
+    );
+}

@@ -18,6 +18,7 @@ mod deploy;
 mod faults;
 mod kafka;
 mod keys_declared;
+mod memory;
 mod nats;
 mod producer;
 mod raw_sinks;

@@ -178,19 +178,21 @@ enum Via {
 /// Every place a secret can be configured, one line each: (secret, how it is set). Each
 /// broker is a real one that refuses the secret: `{port}` the scheduling Redis, `{amqp}`
 /// RabbitMQ, `{nats_user}` a nats-server with user/password, `{nats_token}` one with a token,
-/// `{kafka}` a tansu requiring SASL SCRAM; `{closed}` a port nothing listens on.
+/// `{kafka}` a tansu requiring SASL SCRAM; `{closed}` a port nothing listens on. Secrets that
+/// are not part of a URL hold `"` and `\`, which JSON log lines and debug-printed errors
+/// escape.
 const PLANTED: &[(&str, Via)] = &[
     (
         "urlpw-0a1b",
         Via::Toml("redis.url = \"redis://zdsec:{}@127.0.0.1:{port}\""),
     ),
-    ("redispw-2c3d", Via::Env("ZDELAY_REDIS__PASSWORD")),
+    ("redis\"pw\\-2c3d", Via::Env("ZDELAY_REDIS__PASSWORD")),
     (
-        "kafkapw-4e5f",
+        "kafka\"pw\\-4e5f",
         Via::File("sinks.k.librdkafka.\"sasl.password_file\""),
     ),
     (
-        "kafkasasl-1a2b",
+        "kafka\"sasl\\-1a2b",
         Via::Toml(
             "sinks.ks.sasl = { mechanism = \"SCRAM-SHA-256\", username = \"alice\", \
              password = \"{}\" }",
@@ -198,19 +200,71 @@ const PLANTED: &[(&str, Via)] = &[
     ),
     ("amqppw-6a7b", Via::Env("ZDELAY_SINKS__A__URL")),
     ("natspw-8c9d", Via::File("sinks.n.url_file")),
-    ("natspass-3e4f", Via::Toml("sinks.np.password = \"{}\"")),
-    ("natstok-5a6b", Via::Env("ZDELAY_SINKS__NT__TOKEN")),
+    ("nats\"pass\\-3e4f", Via::Toml("sinks.np.password = \"{}\"")),
+    ("nats\"tok\\-5a6b", Via::Env("ZDELAY_SINKS__NT__TOKEN")),
     ("natsjwt-7c8d", Via::File("sinks.nc.creds_file")),
     (
         "sinkpw-0e1f",
         Via::Toml("sinks.r.url = \"redis://nosuch:{}@127.0.0.1:{port}\""),
     ),
-    ("admintoken-9e0f-1a2b", Via::Toml("admin.token = \"{}\"")),
+    (
+        "admin\"token\\-9e0f-1a2b",
+        Via::Toml("admin.token = \"{}\""),
+    ),
     (
         "otlppw-2a3b",
-        Via::Toml("tracing.otlp_endpoint = \"http://otel:{}@127.0.0.1:{closed}/v1/traces\""),
+        Via::Toml(
+            "tracing.otlp_endpoint = \"http://otel:{}@127.0.0.1:{closed}/v1/traces?tenant=t1&\
+             api_key=otlpkey-4c5d\"",
+        ),
     ),
 ];
+
+/// A credential in the query of the collector's URL (planted with `otlppw-2a3b`).
+const OTLP_QUERY_SECRET: &str = "otlpkey-4c5d";
+
+/// `secret` as a TOML basic string's content.
+fn toml_escaped(secret: &str) -> String {
+    secret.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// Every form `secret` takes in printed text: as is, escaped in a JSON string, debug-printed,
+/// and debug-printed inside a JSON string.
+fn printed_forms(secret: &str) -> Vec<String> {
+    let json = |s: &str| {
+        serde_json::Value::from(s)
+            .to_string()
+            .trim_matches('"')
+            .to_owned()
+    };
+    let debug = |s: &str| format!("{s:?}").trim_matches('"').to_owned();
+    vec![
+        secret.to_owned(),
+        json(secret),
+        debug(secret),
+        json(&debug(secret)),
+    ]
+}
+
+/// The strings of every JSON value on the lines of `log` (the daemon's `--log-format json`
+/// output), unescaped: a secret in any of them is a secret printed.
+fn json_log_strings(log: &str) -> Vec<String> {
+    fn strings(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+            serde_json::Value::Object(map) => map.values().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for line in log.lines().filter(|l| l.starts_with('{')) {
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("a JSON log line: {e}: {line}"));
+        strings(&value, &mut out);
+    }
+    out
+}
 
 /// A NATS user seed (async-nats' documentation example): valid, so the sink gets as far as
 /// sending its CONNECT, with the planted JWT.
@@ -233,16 +287,18 @@ fn planted_value(via: &Via, secret: &str) -> String {
 }
 
 /// Every secret planted in the config, refused by real servers where there is one, never
-/// appears in check-config, a failing CLI command, the daemon's log at trace level, `zdelay
-/// stats` (table and JSON), `/metrics`, `/readyz`, or the console's pages and API.
+/// appears — as is or escaped — in check-config, a failing CLI command, the daemon's log at
+/// trace level (text and JSON lines), `zdelay stats` (table and JSON), `/metrics`,
+/// `/readyz`, or the console's pages and API.
 #[test]
 fn secrets_never_reach_any_output() {
     let services = crate::common::Services::get();
+    let redis_password = format!(">{}", PLANTED[1].0);
     let redis = RedisServer::start_with(&[
         "--user",
         "zdsec",
         "on",
-        ">redispw-2c3d",
+        &redis_password,
         "~*",
         "&*",
         "+@all",
@@ -300,7 +356,7 @@ fn secrets_never_reach_any_output() {
     // Dotted TOML keys: each planted line becomes `[section]\nkey = value` appended last.
     for (i, (secret, via)) in PLANTED.iter().enumerate() {
         let line = match via {
-            Via::Toml(line) => fill(&line.replace("{}", secret)),
+            Via::Toml(line) => fill(&line.replace("{}", &toml_escaped(secret))),
             Via::Env(var) => {
                 env.push((var.to_string(), fill(planted_value(via, secret).trim())));
                 continue;
@@ -370,80 +426,109 @@ fn secrets_never_reach_any_output() {
         outputs.push((format!("enqueue to {route}"), text(&out)));
     }
 
-    let log = dir.path().join("daemon.log");
-    let mut daemon = zdelay(&["run"], true)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    // Every broker refused its credentials (a real refusal, not a closed port), as /readyz
-    // says, and the span export to the closed collector failed.
-    let refusals = [
-        "sink a (amqp): down: authentication failed for user guest",
-        "sink k (kafka): down: authentication failed for user zd",
-        "sink ks (kafka): down: authentication failed for user alice",
-        "sink n (nats): down: authentication failed for user zd",
-        "sink np (nats): down: authentication failed for user alice",
-        "sink nt (nats): down: authentication failed for token authentication",
-        "sink nc (nats): down: authentication failed for the user of",
-        "sink r (redis): down: redis at redis://nosuch:***@127.0.0.1",
-    ];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let body = http_get(admin_port, "/readyz").map_or_else(String::new, |(_, b)| b);
-        if refusals.iter().all(|r| body.contains(r)) {
-            break;
+    let admin_token = PLANTED
+        .iter()
+        .find(|(_, via)| matches!(via, Via::Toml(line) if line.starts_with("admin.token")))
+        .expect("a planted admin token")
+        .0;
+    // The daemon's log in both formats: JSON escapes `"` and `\` in every value.
+    let mut json_strings = Vec::new();
+    for format in ["text", "json"] {
+        let log = dir.path().join(format!("daemon-{format}.log"));
+        let mut daemon = zdelay(&["run"], true)
+            .env("ZDELAY_LOG_FORMAT", format)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        // Every broker refused its credentials (a real refusal, not a closed port), as
+        // /readyz says, and the span export to the closed collector failed.
+        let refusals = [
+            "sink a (amqp): down: authentication failed for user guest",
+            "sink k (kafka): down: authentication failed for user zd",
+            "sink ks (kafka): down: authentication failed for user alice",
+            "sink n (nats): down: authentication failed for user zd",
+            "sink np (nats): down: authentication failed for user alice",
+            "sink nt (nats): down: authentication failed for token authentication",
+            "sink nc (nats): down: authentication failed for the user of",
+            "sink r (redis): down: redis at redis://nosuch:***@127.0.0.1",
+        ];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let body = http_get(admin_port, "/readyz").map_or_else(String::new, |(_, b)| b);
+            if refusals.iter().all(|r| body.contains(r)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not every refusal in /readyz:\n{body}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(
-            Instant::now() < deadline,
-            "not every refusal in /readyz:\n{body}"
+        wait_for("the span export to fail", Duration::from_secs(30), || {
+            std::fs::read_to_string(&log)
+                .is_ok_and(|l| l.contains("BatchSpanProcessor.ExportError"))
+        });
+        for (name, args) in [
+            ("stats", &["stats"][..]),
+            ("stats --json", &["stats", "--json"][..]),
+        ] {
+            let out = zdelay(args, true).output().unwrap();
+            outputs.push((name.into(), text(&out)));
+        }
+        for route in [
+            "/metrics",
+            "/readyz",
+            "/",
+            "/app.js",
+            "/api/stats",
+            "/api/forecast",
+            "/api/dead",
+            "/api/schedules",
+        ] {
+            let (_, body) = http_get(admin_port, route).expect("admin answers");
+            outputs.push((route.into(), body));
+        }
+        let token = format!("Authorization: Bearer {admin_token}");
+        let wrong = format!(
+            "Authorization: Bearer {}x",
+            &admin_token[..admin_token.len() - 1]
         );
-        std::thread::sleep(Duration::from_millis(20));
+        for (name, headers) in [
+            ("POST /api/auth", vec![token.as_str()]),
+            ("POST /api/auth, wrong token", vec![wrong.as_str()]),
+        ] {
+            let (_, body) =
+                http_request(admin_port, "POST", "/api/auth", &headers).expect("answers");
+            outputs.push((name.into(), body));
+        }
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+        let log = std::fs::read_to_string(&log).unwrap();
+        // The trace level reached the brokers' clients (they log the addresses they dial).
+        assert!(log.contains("TRACE") && log.len() > 10_000, "{log}");
+        if format == "json" {
+            json_strings = json_log_strings(&log);
+            assert!(json_strings.len() > 1000, "{log}");
+        }
+        outputs.push((format!("daemon log ({format})"), log));
     }
-    wait_for("the span export to fail", Duration::from_secs(30), || {
-        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("BatchSpanProcessor.ExportError"))
-    });
-    for (name, args) in [
-        ("stats", &["stats"][..]),
-        ("stats --json", &["stats", "--json"][..]),
-    ] {
-        let out = zdelay(args, true).output().unwrap();
-        outputs.push((name.into(), text(&out)));
-    }
-    for route in [
-        "/metrics",
-        "/readyz",
-        "/",
-        "/app.js",
-        "/api/stats",
-        "/api/forecast",
-        "/api/dead",
-        "/api/schedules",
-    ] {
-        let (_, body) = http_get(admin_port, route).expect("admin answers");
-        outputs.push((route.into(), body));
-    }
-    let token = format!("Authorization: Bearer {}", "admintoken-9e0f-1a2b");
-    for (name, headers) in [
-        ("POST /api/auth", vec![token.as_str()]),
-        (
-            "POST /api/auth, wrong token",
-            vec!["Authorization: Bearer admintoken-9e0f-1a2c"],
-        ),
-    ] {
-        let (_, body) = http_request(admin_port, "POST", "/api/auth", &headers).expect("answers");
-        outputs.push((name.into(), body));
-    }
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    let log = std::fs::read_to_string(&log).unwrap();
-    // The trace level reached the brokers' clients (they log the addresses they dial).
-    assert!(log.contains("TRACE") && log.len() > 10_000, "{log}");
-    outputs.push(("daemon log".into(), log));
 
-    for (name, output) in &outputs {
-        for secret in PLANTED.iter().map(|(s, _)| *s).chain([NATS_SEED]) {
-            assert!(!output.contains(secret), "{secret} in {name}:\n{output}");
+    let secrets = PLANTED
+        .iter()
+        .map(|(s, _)| *s)
+        .chain([NATS_SEED, OTLP_QUERY_SECRET]);
+    for secret in secrets {
+        for (name, output) in &outputs {
+            for form in printed_forms(secret) {
+                assert!(!output.contains(&form), "{form} in {name}:\n{output}");
+            }
+        }
+        for value in &json_strings {
+            assert!(
+                !value.contains(secret),
+                "{secret} in a JSON log line: {value}"
+            );
         }
     }
 }

@@ -266,6 +266,11 @@ sub-tables gets no header of its own.
   value: {{ .Values.log.level | quote }}
 - name: ZDELAY_LOG_FORMAT
   value: {{ .Values.log.format | quote }}
+{{- /* A stable instance id: a restarted container takes its poller slots back at once. */}}
+- name: ZDELAY_POLLER__INSTANCE_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
 {{- with .Values.secrets.redis }}
 {{- if .passwordKey }}
 - name: ZDELAY_REDIS__PASSWORD

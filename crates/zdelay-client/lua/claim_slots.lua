@@ -9,21 +9,57 @@
 -- An instance whose registration lapsed (it stopped renewing for a lease) is dropped with its
 -- slots. A slot moved to another instance is polled by both until the old holder's next
 -- heartbeat: harmless, every script is atomic and two-phase settles are fenced.
--- KEYS[1] instances HASH {zdelay}:instances         id -> "<registration expiry ms> <last heartbeat ms>"
+-- Identity: an instance id is stable across restarts (poller.instance_id); each process
+-- registers with a nonce of its own. A process's first heartbeat takes over a live
+-- registration of its id held by another nonce (its previous life, killed before it could
+-- hand back): it polls that life's slots at once, and the registration remembers whom it
+-- was taken from. If that other process is in fact alive, its next heartbeat finds the
+-- registration taken from it and takes it back; the newcomer then finds its id held by a
+-- process that did not give it up, and refuses. Two live processes with one id never
+-- take turns: the one that has been running keeps the id.
+-- KEYS[1] instances HASH {zdelay}:instances         id -> "<registration expiry ms> <last heartbeat ms> <nonce> <nonce it was taken from, or ->"
 -- KEYS[2] slots     HASH {zdelay}:slots             "<target>#<k>" -> instance id
 -- KEYS[3] sources   HASH {zdelay}:instance_sources  id -> its raw sources' targets, "\n"-separated
 -- ARGV[1] this instance's id; ARGV[2] registration lifetime ms (the slot lease)
--- ARGV[3] slots per target (1 or 2); ARGV[4] the shard count; ARGV[5..] this instance's raw
---   source targets ("source:<key>")
--- Returns: { live instances, then this instance's targets (each once) }
+-- ARGV[3] slots per target (1 or 2); ARGV[4] the shard count
+-- ARGV[5] this process's nonce (new at every start)
+-- ARGV[6] its standing: "new" (no heartbeat yet), "held" (renewed within a lease), "lost"
+--   (registered once, but no renewal for a lease)
+-- ARGV[7..] this instance's raw source targets ("source:<key>")
+-- Returns: { registration, live instances, then this instance's targets (each once) };
+--   registration 0 = registered or renewed, 1 = took over a live registration of this id
+--   (a previous life), 2 = took it back from a newer process with this id (which will
+--   refuse), -1 = refused: another live process holds this id (then nothing else is
+--   returned and nothing is written)
 -- Re-run safety: yes; a second run renews and finds the same plan.
 local instances_key, slots_key, sources_key = KEYS[1], KEYS[2], KEYS[3]
 local me, ttl, per, shards = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local nonce, standing = ARGV[5], ARGV[6]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', instances_key, me, string.format('%d %d', now + ttl, now))
+
+local registration, taken_from = 0, '-'
+local current = redis.call('HGET', instances_key, me)
+if current then
+  local expiry, holder, from = string.match(current, '^(%d+) %d+ ?(%S*) ?(%S*)')
+  if tonumber(expiry or 0) > now and holder ~= nonce then
+    if standing == 'held' and from == nonce then
+      -- A newer process took our registration while we are alive: ours again.
+      registration = 2
+    elseif standing == 'new' then
+      registration = 1
+      if holder ~= '' then taken_from = holder end
+    else
+      return { -1 }
+    end
+  elseif holder == nonce and from ~= '' then
+    -- Keep whom we took it from: if that process is alive after all, it takes it back.
+    taken_from = from
+  end
+end
+redis.call('HSET', instances_key, me, string.format('%d %d %s %s', now + ttl, now, nonce, taken_from))
 local my_sources = {}
-for i = 5, #ARGV do my_sources[#my_sources + 1] = ARGV[i] end
+for i = 7, #ARGV do my_sources[#my_sources + 1] = ARGV[i] end
 if #my_sources > 0 then
   redis.call('HSET', sources_key, me, table.concat(my_sources, '\n'))
 else
@@ -118,7 +154,7 @@ for slot, id in pairs(plan) do
 end
 if #writes > 0 then redis.call('HSET', slots_key, unpack(writes)) end
 
-local out, seen = { #live }, {}
+local out, seen = { registration, #live }, {}
 for slot, id in pairs(plan) do
   local name = string.match(slot, '^(.*)#%d+$')
   if id == me and not seen[name] then

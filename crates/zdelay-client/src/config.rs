@@ -76,38 +76,130 @@ impl From<String> for Secret {
 }
 
 /// A URL (or comma-separated URLs) fit for logs and error messages: a `user:pass@` part
-/// becomes `user:***@`, a lone `token@` becomes `***@`.
+/// becomes `user:***@`, a lone `token@` becomes `***@`, and so do the values of query
+/// parameters and path segments named like credentials (`?password=***`, `&access_key=***`,
+/// `/token/***`, `;api_key=***`).
 pub fn redact_url(urls: &str) -> String {
     urls.split(',')
-        .map(|url| match (url.find("://"), url.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                let userinfo = &url[scheme + 3..at];
-                let shown = match userinfo.split_once(':') {
-                    Some((user, _)) => format!("{user}:***"),
-                    None => "***".to_owned(),
-                };
-                format!("{}{shown}{}", &url[..scheme + 3], &url[at..])
+        .map(|url| {
+            let mut shown = String::with_capacity(url.len());
+            let mut from = 0;
+            for span in secret_spans(url) {
+                shown.push_str(&url[from..span.start]);
+                shown.push_str("***");
+                from = span.end;
             }
-            _ => url.to_owned(),
+            shown.push_str(&url[from..]);
+            shown
         })
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// The password (or lone token) of each URL in `urls`, as written and percent-decoded.
+/// The secrets of each URL in `urls` (see [`redact_url`]), as written and percent-decoded.
 fn url_secrets(urls: &str) -> Vec<String> {
     let mut found = Vec::new();
     for url in urls.split(',') {
-        if let (Some(scheme), Some(at)) = (url.find("://"), url.rfind('@'))
-            && at > scheme
-        {
-            let userinfo = &url[scheme + 3..at];
-            let secret = userinfo.split_once(':').map_or(userinfo, |(_, pass)| pass);
+        for span in secret_spans(url) {
+            let secret = &url[span];
             found.push(secret.to_owned());
             found.push(percent_decode(secret));
         }
     }
     found
+}
+
+/// Where the secrets of one URL are, in order: the password (or lone token) of its user
+/// info, then the values of path segments and query parameters named like credentials.
+/// Deliberately eager: the user info runs to the URL's last `@` (a password may hold an
+/// unescaped `/` or `?`), and a value that only looks secret is hidden too.
+fn secret_spans(url: &str) -> Vec<std::ops::Range<usize>> {
+    let mut spans = Vec::new();
+    let Some(scheme) = url.find("://") else {
+        return spans;
+    };
+    let mut host = scheme + 3;
+    if let Some(at) = url.rfind('@')
+        && at >= host
+    {
+        let password = url[host..at]
+            .find(':')
+            .map_or(host, |colon| host + colon + 1);
+        spans.push(password..at);
+        host = at + 1;
+    }
+    let Some(path) = url[host..].find(['/', '?', '#']).map(|i| host + i) else {
+        return spans;
+    };
+    let end = url[path..].find('#').map_or(url.len(), |i| path + i);
+    let query = url[path..end].find('?').map_or(end, |i| path + i);
+    // Path segments: `name=value` (also after `;`), or a segment after one that names a
+    // credential (`/token/<value>`).
+    let mut start = path;
+    let mut after_name = false;
+    for segment in url[path..query].split('/') {
+        let segment_start = start;
+        start += segment.len() + 1;
+        if after_name && !segment.is_empty() {
+            spans.push(segment_start..segment_start + segment.len());
+            after_name = false;
+            continue;
+        }
+        after_name = !segment.contains(['=', ';']) && is_credential_name(segment);
+        secret_values(url, segment_start, segment, ';', &mut spans);
+    }
+    if query < end {
+        secret_values(url, query + 1, &url[query + 1..end], '&', &mut spans);
+    }
+    spans
+}
+
+/// The spans of the values of `name=value` pairs in `part` (at `offset` in `url`, pairs split
+/// on `separator` and `;`) whose name is a credential's.
+fn secret_values(
+    url: &str,
+    offset: usize,
+    part: &str,
+    separator: char,
+    spans: &mut Vec<std::ops::Range<usize>>,
+) {
+    let mut start = offset;
+    for pair in part.split([separator, ';']) {
+        let pair_start = start;
+        start += pair.len() + 1;
+        if let Some((name, value)) = pair.split_once('=')
+            && !value.is_empty()
+            && is_credential_name(name)
+        {
+            let value_start = pair_start + name.len() + 1;
+            debug_assert_eq!(&url[value_start..value_start + value.len()], value);
+            spans.push(value_start..value_start + value.len());
+        }
+    }
+}
+
+/// Whether a URL parameter or path segment named `name` carries a credential.
+fn is_credential_name(name: &str) -> bool {
+    const WORDS: &[&str] = &[
+        "password",
+        "passwd",
+        "pwd",
+        "secret",
+        "token",
+        "apikey",
+        "api_key",
+        "access_key",
+        "accesskey",
+        "private_key",
+        "credential",
+        "signature",
+        "authorization",
+        "jwt",
+    ];
+    let name = percent_decode(name).to_ascii_lowercase().replace('-', "_");
+    matches!(name.as_str(), "key" | "pass" | "sig" | "auth")
+        || name.ends_with("_key")
+        || WORDS.iter().any(|word| name.contains(word))
 }
 
 fn percent_decode(s: &str) -> String {
@@ -137,29 +229,56 @@ fn percent_decode(s: &str) -> String {
 /// turn every log line into asterisks); structured output still hides them.
 const MIN_SCRUBBED_LEN: usize = 4;
 
-static KNOWN_SECRETS: std::sync::Mutex<BTreeSet<String>> = std::sync::Mutex::new(BTreeSet::new());
+/// Every form a secret may take in printed text, with what replaces it there.
+static KNOWN_SECRETS: std::sync::Mutex<BTreeMap<String, String>> =
+    std::sync::Mutex::new(BTreeMap::new());
 
-/// Remembers a secret value (and the password of any URL in it) for [`redact_known`].
+/// Remembers a secret value (and the secrets of any URL in it) for [`redact_known`].
 pub fn register_secret(value: &str) {
     let mut known = KNOWN_SECRETS.lock().unwrap_or_else(|e| e.into_inner());
     for secret in std::iter::once(value.to_owned()).chain(url_secrets(value)) {
-        if secret.len() >= MIN_SCRUBBED_LEN {
-            known.insert(secret);
+        if secret.len() < MIN_SCRUBBED_LEN {
+            continue;
+        }
+        let shown = redacted(&secret);
+        for escape in ESCAPES {
+            known.insert(escape(&secret), escape(&shown));
         }
     }
 }
 
-/// `text` with every secret this process has read replaced by `***`: for anything printed
-/// that may quote a third party (library errors and logs, panics).
+/// The ways a printed value gets escaped: none (text), inside a JSON string (JSON log lines,
+/// JSON output), Rust's `{:?}` (debug-printed errors), and `{:?}` inside JSON. A secret holding
+/// `"` or `\` only appears in those forms.
+const ESCAPES: [fn(&str) -> String; 4] = [
+    |s| s.to_owned(),
+    json_escaped,
+    debug_escaped,
+    |s| json_escaped(&debug_escaped(s)),
+];
+
+fn json_escaped(s: &str) -> String {
+    let quoted = serde_json::Value::from(s).to_string();
+    quoted[1..quoted.len() - 1].to_owned()
+}
+
+fn debug_escaped(s: &str) -> String {
+    let quoted = format!("{s:?}");
+    quoted[1..quoted.len() - 1].to_owned()
+}
+
+/// `text` with every secret this process has read replaced by `***` (a URL keeps what
+/// [`redact_url`] shows), also where it appears escaped: for anything printed that may quote
+/// a third party (library errors and logs, panics).
 pub fn redact_known(text: &str) -> std::borrow::Cow<'_, str> {
     let known = KNOWN_SECRETS.lock().unwrap_or_else(|e| e.into_inner());
     let mut text = std::borrow::Cow::Borrowed(text);
     // Longest first: a URL holding a password goes before the password alone.
-    let mut secrets: Vec<&String> = known.iter().collect();
-    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    for secret in secrets {
-        if text.contains(secret.as_str()) {
-            text = std::borrow::Cow::Owned(text.replace(secret.as_str(), &redacted(secret)));
+    let mut forms: Vec<(&String, &String)> = known.iter().collect();
+    forms.sort_by_key(|(form, _)| std::cmp::Reverse(form.len()));
+    for (form, shown) in forms {
+        if text.contains(form.as_str()) {
+            text = std::borrow::Cow::Owned(text.replace(form.as_str(), shown));
         }
     }
     text
@@ -319,6 +438,41 @@ fn validate_security(name: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
             return Err(invalid(
                 field("tls.insecure_skip_verify"),
                 "only the kafka sink offers it",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// librdkafka's names for the time it may take to deliver a message (the second an alias).
+pub const KAFKA_MESSAGE_TIMEOUT_KEYS: [&str; 2] = ["message.timeout.ms", "delivery.timeout.ms"];
+
+/// A Kafka sink's own message timeout must end within the publish deadline: a message
+/// librdkafka still tries to deliver after the batch gave up on it would reach the topic
+/// after its job went back to due, and be delivered again.
+fn validate_message_timeout(
+    name: &str,
+    kafka: &KafkaSinkConfig,
+    poller: &PollerConfig,
+) -> Result<(), ConfigError> {
+    let deadline = poller.publish_deadline().as_millis();
+    for key in KAFKA_MESSAGE_TIMEOUT_KEYS {
+        let Some(value) = kafka.librdkafka.get(key) else {
+            continue;
+        };
+        let field = format!("sinks.{name}.librdkafka.\"{key}\"");
+        let ms: u128 = value
+            .trim()
+            .parse()
+            .map_err(|_| invalid(&field, format!("{value:?} is not a number of ms")))?;
+        if ms == 0 || ms > deadline {
+            return Err(invalid(
+                field,
+                format!(
+                    "{ms} ms does not fit in the publish deadline of {deadline} ms (poller.lease \
+                     less its settle margin{}): set 1..={deadline}, or raise poller.lease",
+                    if ms == 0 { "; 0 means never" } else { "" }
+                ),
             ));
         }
     }
@@ -488,6 +642,39 @@ pub struct PollerConfig {
     /// per lease); a daemon that dies loses them within this. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub slot_lease: Duration,
+    /// This daemon's identity among the instances on the namespace, kept across restarts: a
+    /// daemon restarted after a crash takes its poller slots back at its first heartbeat
+    /// instead of waiting out `slot_lease`. Two live daemons with one id: the one started
+    /// last refuses to run. Letters, digits, `.`, `_`, `-`; at most 253 characters.
+    /// Default: on Kubernetes (`KUBERNETES_SERVICE_HOST` set) the pod name (`POD_NAME`,
+    /// else `HOSTNAME`); elsewhere `<host>-<ULID>`, new at every start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+}
+
+/// The longest instance id: a Kubernetes object name (DNS subdomain) fits.
+pub const MAX_INSTANCE_ID_LEN: usize = 253;
+
+/// Whether `id` can be an instance id: 1..=253 letters, digits, `.`, `_`, `-` (pod names
+/// and host names are; nothing that would need quoting in logs or Redis).
+pub fn valid_instance_id(id: &str) -> bool {
+    (1..=MAX_INSTANCE_ID_LEN).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The most a two-phase batch keeps back from `poller.lease` for its settle.
+const SETTLE_MARGIN_MAX: Duration = Duration::from_secs(5);
+
+impl PollerConfig {
+    /// How long a two-phase sink may take to publish a batch and collect the broker's
+    /// confirmations: `lease` less what the settle needs (a quarter of the lease, at most
+    /// 5 s). Whatever is not confirmed by then goes back to due, well before the lease would
+    /// hand the jobs to another poller.
+    pub fn publish_deadline(&self) -> Duration {
+        self.lease - (self.lease / 4).min(SETTLE_MARGIN_MAX)
+    }
 }
 
 impl Default for PollerConfig {
@@ -506,6 +693,7 @@ impl Default for PollerConfig {
             sink_concurrency: 16,
             per_shard: 1,
             slot_lease: Duration::from_secs(5),
+            instance_id: None,
         }
     }
 }
@@ -1147,6 +1335,16 @@ impl Config {
         if p.sink_concurrency == 0 || p.sink_concurrency > 1024 {
             return Err(invalid("poller.sink_concurrency", "must be 1..=1024"));
         }
+        if let Some(id) = &p.instance_id
+            && !valid_instance_id(id)
+        {
+            return Err(invalid(
+                "poller.instance_id",
+                format!(
+                    "{id:?}: must be 1 to {MAX_INSTANCE_ID_LEN} letters, digits, '.', '_' or '-'"
+                ),
+            ));
+        }
         let t = &self.tracing;
         if let Some(endpoint) = &t.otlp_endpoint
             && !(endpoint.expose().starts_with("http://")
@@ -1185,6 +1383,7 @@ impl Config {
                         "must be non-empty",
                     ));
                 }
+                SinkConfig::Kafka(k) => validate_message_timeout(name, k, p)?,
                 SinkConfig::Amqp(a) if !a.url.expose().starts_with("amqp") => {
                     return Err(invalid(
                         format!("sinks.{name}.url"),
@@ -1587,6 +1786,111 @@ user = "a"
         assert_eq!(
             redact_known("at redis://app:urlpw1234@h"),
             "at redis://app:***@h"
+        );
+    }
+
+    #[test]
+    fn instance_ids_are_checked() {
+        let c = from_toml("[poller]\ninstance_id = \"zdelay-7d9f-x2q4.worker_1\"").unwrap();
+        assert_eq!(
+            c.poller.instance_id.as_deref(),
+            Some("zdelay-7d9f-x2q4.worker_1")
+        );
+        assert_eq!(from_toml("").unwrap().poller.instance_id, None);
+        for bad in ["", "a b", "a:b", "é", &"x".repeat(254)] {
+            let e = err(&format!("[poller]\ninstance_id = {bad:?}"));
+            assert!(e.contains("poller.instance_id"), "{bad:?}: {e}");
+        }
+        assert!(valid_instance_id(&"x".repeat(253)));
+    }
+
+    #[test]
+    fn kafka_message_timeout_must_fit_in_the_publish_deadline() {
+        let kafka = |lease: &str, option: &str| {
+            format!(
+                "[poller]\nlease = \"{lease}\"\n[sinks.k]\nkind = \"kafka\"\nbrokers = \"b:9092\"\n\
+                 librdkafka.{option}\n"
+            )
+        };
+        // Default lease 30s: 25 s to publish.
+        assert_eq!(
+            PollerConfig::default().publish_deadline(),
+            Duration::from_secs(25)
+        );
+        from_toml(&kafka("30s", "\"message.timeout.ms\" = \"25000\"")).unwrap();
+        let e = err(&kafka("30s", "\"message.timeout.ms\" = \"25001\""));
+        assert!(
+            e.contains("sinks.k.librdkafka.\"message.timeout.ms\"")
+                && e.contains("publish deadline of 25000 ms"),
+            "{e}"
+        );
+        // A short lease keeps a quarter for the settle.
+        let e = err(&kafka("4s", "\"delivery.timeout.ms\" = \"3500\""));
+        assert!(
+            e.contains("sinks.k.librdkafka.\"delivery.timeout.ms\"") && e.contains("3000 ms"),
+            "{e}"
+        );
+        assert!(err(&kafka("4s", "\"message.timeout.ms\" = \"0\"")).contains("0 means never"));
+        assert!(err(&kafka("4s", "\"message.timeout.ms\" = \"soon\"")).contains("not a number"));
+        from_toml(&kafka("4s", "\"linger.ms\" = \"5\"")).unwrap();
+    }
+
+    #[test]
+    fn credentials_in_a_url_path_or_query_are_redacted() {
+        for (url, shown) in [
+            (
+                "https://otlp.example/v1/traces?api_key=K3y-123&tenant=acme",
+                "https://otlp.example/v1/traces?api_key=***&tenant=acme",
+            ),
+            (
+                "unix:///run/redis.sock?db=1&pass=hunter22",
+                "unix:///run/redis.sock?db=1&pass=***",
+            ),
+            (
+                "https://h/x?X-Amz-Credential=AKIA1%2F2&X-Amz-Signature=abcd1234#frag",
+                "https://h/x?X-Amz-Credential=***&X-Amz-Signature=***#frag",
+            ),
+            (
+                "https://u:pw12@h:1/hooks/token/T0KEN-VALUE/more",
+                "https://u:***@h:1/hooks/token/***/more",
+            ),
+            ("http://h/p;password=abc123/q", "http://h/p;password=***/q"),
+            (
+                "amqp://h:5672/%2f?heartbeat=10",
+                "amqp://h:5672/%2f?heartbeat=10",
+            ),
+            ("redis://h:6379/0", "redis://h:6379/0"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+        register_secret("https://otlp.example/v1?access_key=Q9-query-secret");
+        assert_eq!(
+            redact_known("GET /v1?access_key=Q9-query-secret failed; Q9-query-secret"),
+            "GET /v1?access_key=*** failed; ***"
+        );
+    }
+
+    #[test]
+    fn escaped_secrets_are_redacted_in_json_and_debug_output() {
+        let secret = "pa\"ss\\w0rd";
+        register_secret(secret);
+        let line = serde_json::json!({
+            "fields": { "message": format!("auth failed with {secret}"), "error": format!("{secret:?}") }
+        })
+        .to_string();
+        assert!(
+            line.contains(r#"pa\"ss\\w0rd"#),
+            "the form JSON logs print: {line}"
+        );
+        let shown = redact_known(&line);
+        assert!(!shown.contains("w0rd"), "{shown}");
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&shown).is_ok(),
+            "{shown}"
+        );
+        assert_eq!(
+            redact_known(&format!("error: {:?}", format!("x {secret} y"))),
+            r#"error: "x *** y""#
         );
     }
 

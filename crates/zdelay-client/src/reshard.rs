@@ -551,14 +551,12 @@ pub async fn live_daemons(con: &mut Conn, keys: &Keys) -> Result<Vec<Daemon>, Re
     Ok(live_from(&registered, now))
 }
 
-/// Parses the instances hash (`id → "<expiry ms> <last heartbeat ms>"`) at `now`.
+/// Parses the instances hash (`id → "<expiry ms> <last heartbeat ms> …"`) at `now`.
 fn live_from(registered: &BTreeMap<String, String>, now: i64) -> Vec<Daemon> {
     registered
         .iter()
         .filter_map(|(id, value)| {
-            let mut parts = value.split(' ').map(|p| p.parse::<i64>().ok());
-            let expiry = parts.next().flatten()?;
-            let last = parts.next().flatten().unwrap_or(expiry);
+            let (expiry, last) = scripts::registration_times(value)?;
             (expiry > now).then(|| Daemon {
                 id: id.clone(),
                 last_seen_ms: (now - last).max(0),

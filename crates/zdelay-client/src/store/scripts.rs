@@ -1243,20 +1243,76 @@ pub async fn fire_schedules(
 // ---------------------------------------------------------------------------------------
 // Poller slots
 
+/// How a process stands with its instance id's registration, as its heartbeat tells
+/// `claim_slots`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// No heartbeat of this process has registered yet.
+    New,
+    /// Its last renewal is less than a lease old.
+    Held,
+    /// It registered once but could not renew for a whole lease.
+    Lost,
+}
+
+impl Standing {
+    fn as_arg(self) -> &'static str {
+        match self {
+            Standing::New => "new",
+            Standing::Held => "held",
+            Standing::Lost => "lost",
+        }
+    }
+}
+
+/// What a heartbeat did with the instance id's registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Registration {
+    /// Registered, or renewed.
+    #[default]
+    Renewed,
+    /// Took over a live registration of this id from another process (a previous life that
+    /// could not hand back, or a duplicate, which then takes it back).
+    TookOver,
+    /// Took back the registration a newer process with this id had taken; that one refuses.
+    TookBack,
+    /// Another live process holds this id and did not give it up: this one must not run.
+    InUse,
+}
+
 /// What an instance's heartbeat found.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SlotClaim {
+    pub registration: Registration,
     pub live_instances: u64,
     /// The targets this instance polls now, each once.
     pub targets: Vec<String>,
 }
 
-/// Registers `instance` (with the raw sources it is configured with) and plans who polls
-/// what for every live instance; returns this instance's part.
+/// The times of a registration in the instances HASH (written by `claim_slots`):
+/// (expiry ms, last heartbeat ms), by the Redis clock. Later fields (nonces) are the
+/// scripts' own.
+pub fn registration_times(value: &str) -> Option<(i64, i64)> {
+    let mut fields = value.split(' ');
+    let expiry = fields.next()?.parse().ok()?;
+    let last = fields.next().and_then(|f| f.parse().ok()).unwrap_or(expiry);
+    Some((expiry, last))
+}
+
+/// This process's registration: its instance id and the nonce it registers with.
+#[derive(Debug, Clone, Copy)]
+pub struct Registrant<'a> {
+    pub instance: &'a str,
+    pub nonce: &'a str,
+}
+
+/// Registers `me` (with the raw sources it is configured with) and plans who polls what
+/// for every live instance; returns this instance's part (none when its id is in use).
 pub async fn claim_slots(
     con: &mut Conn,
     keys: &Keys,
-    instance: &str,
+    me: Registrant<'_>,
+    standing: Standing,
     lease_ms: u64,
     per_target: u8,
     sources: &[String],
@@ -1265,31 +1321,58 @@ pub async fn claim_slots(
         .key(keys.instances())
         .key(keys.poller_slots())
         .key(keys.instance_sources())
-        .arg(instance)
+        .arg(me.instance)
         .arg(lease_ms)
         .arg(per_target)
         .arg(keys.shards())
+        .arg(me.nonce)
+        .arg(standing.as_arg())
         .arg(sources)
         .invoke(con)
         .await?;
     let mut it = values.into_iter();
+    let registration = match as_int(it.next().unwrap_or_default())? {
+        0 => Registration::Renewed,
+        1 => Registration::TookOver,
+        2 => Registration::TookBack,
+        -1 => {
+            return Ok(SlotClaim {
+                registration: Registration::InUse,
+                ..SlotClaim::default()
+            });
+        }
+        other => {
+            return Err(protocol_error(
+                "claim_slots registration",
+                &Value::Int(other),
+            ));
+        }
+    };
     let live_instances = as_int(it.next().unwrap_or_default())? as u64;
     let targets = it.map(as_string).collect::<Result<_, _>>()?;
     Ok(SlotClaim {
+        registration,
         live_instances,
         targets,
     })
 }
 
-/// Hands back every slot `instance` holds and unregisters it; returns how many it held.
-pub async fn release_slots(con: &mut Conn, keys: &Keys, instance: &str) -> redis::RedisResult<u64> {
-    Call::new(&compiled::release_slots)
+/// Hands back every slot `me` holds and unregisters it; returns how many it held, or `None`
+/// when another process holds the registration (left alone).
+pub async fn release_slots(
+    con: &mut Conn,
+    keys: &Keys,
+    me: Registrant<'_>,
+) -> redis::RedisResult<Option<u64>> {
+    let released: i64 = Call::new(&compiled::release_slots)
         .key(keys.instances())
         .key(keys.poller_slots())
         .key(keys.instance_sources())
-        .arg(instance)
+        .arg(me.instance)
+        .arg(me.nonce)
         .invoke(con)
-        .await
+        .await?;
+    Ok(u64::try_from(released).ok())
 }
 
 // ---------------------------------------------------------------------------------------
