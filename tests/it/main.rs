@@ -21,6 +21,7 @@ mod keys_declared;
 mod nats;
 mod producer;
 mod raw_sinks;
+mod redis_faults;
 mod reshard;
 mod scale;
 mod schedules;
