@@ -278,8 +278,7 @@ impl Episodes {
         let episode = &mut self.open[at].1;
         episode.failing.remove(&(kind, context.to_owned()));
         episode.forget_stale(now);
-        if !episode.failing.is_empty() || now.duration_since(episode.last_error) < EPISODE_SETTLE
-        {
+        if !episode.failing.is_empty() || now.duration_since(episode.last_error) < EPISODE_SETTLE {
             return None;
         }
         let (_, episode) = self.open.swap_remove(at);
@@ -317,16 +316,39 @@ mod tests {
         let mut e = Episodes::new();
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        assert!(e.error("redis", "shard 0", at(0)), "the first error opens it");
+        assert!(
+            e.error("redis", "shard 0", at(0)),
+            "the first error opens it"
+        );
         assert!(!e.error("redis", "shard 0", at(50)), "a retry is not news");
-        assert!(!e.error("redis", "shard 1", at(60)), "nor another context's error");
-        assert!(!e.error("push_failed", "shard 2", at(65)), "nor another redis kind's");
-        assert!(e.error("schedule", "shard 0", at(70)), "another subject has its own");
-        assert_eq!(e.success("redis", "shard 0", at(100)), None, "shard 1 still fails");
-        assert!(!e.error("redis", "shard 0", at(150)), "a relapse mid-episode is silent");
+        assert!(
+            !e.error("redis", "shard 1", at(60)),
+            "nor another context's error"
+        );
+        assert!(
+            !e.error("push_failed", "shard 2", at(65)),
+            "nor another redis kind's"
+        );
+        assert!(
+            e.error("schedule", "shard 0", at(70)),
+            "another subject has its own"
+        );
+        assert_eq!(
+            e.success("redis", "shard 0", at(100)),
+            None,
+            "shard 1 still fails"
+        );
+        assert!(
+            !e.error("redis", "shard 0", at(150)),
+            "a relapse mid-episode is silent"
+        );
         let settled = 150 + EPISODE_SETTLE.as_millis() as u64;
         assert_eq!(e.success("redis", "shard 0", at(settled)), None);
-        assert_eq!(e.success("redis", "shard 1", at(settled)), None, "shard 2 fails");
+        assert_eq!(
+            e.success("redis", "shard 1", at(settled)),
+            None,
+            "shard 2 fails"
+        );
         assert_eq!(
             e.success("redis", "shard 2", at(settled)),
             None,
@@ -340,8 +362,15 @@ mod tests {
                 lasted: Duration::from_millis(settled)
             })
         );
-        assert_eq!(e.success("redis", "shard 1", at(settled)), None, "already over");
-        assert!(e.error("redis", "shard 0", at(settled + 1)), "the next one is logged");
+        assert_eq!(
+            e.success("redis", "shard 1", at(settled)),
+            None,
+            "already over"
+        );
+        assert!(
+            e.error("redis", "shard 0", at(settled + 1)),
+            "the next one is logged"
+        );
         assert!(e.success("schedule", "shard 0", at(settled)).is_some());
     }
 
@@ -356,7 +385,11 @@ mod tests {
             assert_eq!(e.success("redis", "shard 0", at(kill * 200 - 150)), None);
             assert!(!e.error("redis", "shard 0", at(kill * 200)), "kill {kill}");
         }
-        assert_eq!(e.success("redis", "shard 0", at(1850)), None, "not settled yet");
+        assert_eq!(
+            e.success("redis", "shard 0", at(1850)),
+            None,
+            "not settled yet"
+        );
         let closed = e.success("redis", "shard 0", at(1800) + EPISODE_SETTLE);
         assert_eq!(closed.map(|c| c.errors), Some(10));
     }

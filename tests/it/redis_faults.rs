@@ -177,7 +177,11 @@ impl Traffic {
     /// ones at most once, none before it was due.
     fn finish(mut self, context: impl Fn() -> String) -> BTreeMap<&'static str, usize> {
         self.stop_producer.store(true, Ordering::Relaxed);
-        self.producer.take().expect("producer").join().expect("producer");
+        self.producer
+            .take()
+            .expect("producer")
+            .join()
+            .expect("producer");
         let sent = self.outcomes();
         let acked = sent.iter().filter(|(_, o)| *o == Outcome::Acked).count();
         let arrived_acked = || {
@@ -199,7 +203,11 @@ impl Traffic {
         // Whatever was written without an answer has had as long to arrive.
         std::thread::sleep(Duration::from_millis(300));
         self.stop_consumer.store(true, Ordering::Relaxed);
-        self.consumer.take().expect("consumer").join().expect("consumer");
+        self.consumer
+            .take()
+            .expect("consumer")
+            .join()
+            .expect("consumer");
 
         let arrived = self.arrived.lock().expect("arrived").clone();
         let mut times = vec![0u32; sent.len()];
@@ -338,7 +346,10 @@ fn assert_one_line_per_episode(daemon: &Daemon, from: usize, required: bool) {
         .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
         .collect();
     let recovered: Vec<&str> = text.lines().filter(|l| l.contains(" recovered ")).collect();
-    eprintln!("episode log:\n{}", [&warnings[..], &recovered[..]].concat().join("\n"));
+    eprintln!(
+        "episode log:\n{}",
+        [&warnings[..], &recovered[..]].concat().join("\n")
+    );
     assert!(
         warnings.len() == 1 && warnings[0].contains("recovering from error"),
         "one warning for the episode, found {}:\n{}",
@@ -473,18 +484,22 @@ fn loading_redis_restarted_with_a_large_dataset() {
     let restarted = Instant::now();
     let mut loading_seen = false;
     let connect = connector(redis.url());
-    wait_for("redis to answer PING again", Duration::from_secs(60), || {
-        let Some(mut con) = connect() else {
-            return false;
-        };
-        match redis::cmd("PING").query::<String>(con.as_mut()) {
-            Ok(_) => true,
-            Err(e) => {
-                loading_seen |= e.code() == Some("LOADING");
-                false
+    wait_for(
+        "redis to answer PING again",
+        Duration::from_secs(60),
+        || {
+            let Some(mut con) = connect() else {
+                return false;
+            };
+            match redis::cmd("PING").query::<String>(con.as_mut()) {
+                Ok(_) => true,
+                Err(e) => {
+                    loading_seen |= e.code() == Some("LOADING");
+                    false
+                }
             }
-        }
-    });
+        },
+    );
     let episode = Episode::now();
     eprintln!("restarted and loaded in {:?}", restarted.elapsed());
     assert!(loading_seen, "redis never answered LOADING");
@@ -531,7 +546,10 @@ fn oom_redis_maxmemory_reached() {
         full_at.elapsed() >= Duration::from_secs(3)
     });
     let due_now = backlog(&mut con, local_now_ms()).expect("ZCOUNT");
-    assert!(due_now > 0, "jobs fell due during the OOM and are still due");
+    assert!(
+        due_now > 0,
+        "jobs fell due during the OOM and are still due"
+    );
     eprintln!(
         "oom: {} jobs arrived during it (moves that ran before the script's first refused \
          write), {due_now} still due",

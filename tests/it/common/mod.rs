@@ -122,7 +122,9 @@ impl RedisServer {
     /// starts it again on the same port and dir with `more` arguments, without waiting: it
     /// answers LOADING while it reads the file back.
     pub fn restart_from_save(&mut self, more: &[&str]) {
-        let _ = redis::cmd("SHUTDOWN").arg("SAVE").query::<()>(&mut self.conn());
+        let _ = redis::cmd("SHUTDOWN")
+            .arg("SAVE")
+            .query::<()>(&mut self.conn());
         if let Some(mut child) = self.child.take() {
             let _ = child.wait();
         }
