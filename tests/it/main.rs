@@ -16,6 +16,7 @@ mod dead;
 mod delivery;
 mod deploy;
 mod faults;
+mod heavy;
 mod kafka;
 mod keys_declared;
 mod nats;
