@@ -1,7 +1,9 @@
 //! No zdelay command blocks Redis: each heavy path runs against a private `redis-server` whose
-//! `SLOWLOG` records every command (`slowlog-log-slower-than 0`, reset once the test data is
-//! loaded), and no command from a zdelay connection (daemon, CLI, library) may have taken more
-//! than 50 ms. The test's own connections are named `zdelay-test` and left out; so is the
+//! `SLOWLOG` records every command of 1 ms or more (reset once the test data is loaded), and no
+//! command from a zdelay connection (daemon, CLI, library) may have taken more than 50 ms.
+//! (Not every command, as the issue has it: Redis 7.0 logs each command a script runs as well,
+//! about ten entries per job moved, and for paths of a million jobs the log fills faster than
+//! it can be read on a loaded machine; every command that could break the bound is kept.) The test's own connections are named `zdelay-test` and left out; so is the
 //! loading, which happens before the reset.
 //!
 //! The paths: 400 jobs of 1 MB due at one moment; a backlog of 1M jobs drained; schedules
@@ -17,6 +19,9 @@ use crate::common::{
     self, Daemon, RedisServer, TestConfig, http_get, shard_total, wait_for, wait_for_or_show,
 };
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use zdelay::client::{Client, NewJob, OnConflict};
 use zdelay::schedules::{NewSchedule, Repeat};
@@ -26,8 +31,10 @@ const BOUND: Duration = Duration::from_millis(50);
 const SHARDS: u16 = 4;
 /// The name of the test's own connections, whose commands are not zdelay's.
 const TEST_CLIENT: &str = "zdelay-test";
-/// Entries the SLOWLOG keeps: more than any path here issues (checked: a full log fails).
-const SLOWLOG_LEN: usize = 300_000;
+/// Commands at least this long are logged (µs).
+const SLOWLOG_THRESHOLD_US: u64 = 1_000;
+/// Entries the SLOWLOG keeps: more than a path issues between two reads (checked).
+const SLOWLOG_LEN: usize = 200_000;
 
 const ROUTES: &str = r#"
 [[routes]]
@@ -82,8 +89,9 @@ fn test_conn(redis: &RedisServer) -> redis::Connection {
     con
 }
 
+/// 0 while Redis cannot answer (a script holding it: what the test is there to find).
 fn llen(con: &mut redis::Connection, key: &str) -> usize {
-    common::llen(con, key)
+    redis::cmd("LLEN").arg(key).query(con).unwrap_or(0)
 }
 
 /// One SLOWLOG entry of a zdelay connection.
@@ -92,18 +100,99 @@ struct Entry {
     command: String,
 }
 
-/// The SLOWLOG of one server, recording every command from [`Slowlog::start`] on.
+/// The SLOWLOG of one server, recording every command from [`Slowlog::start`] on. A thread
+/// reads the newest entries every 20 ms and keeps those it has not seen (entry ids only
+/// grow), so the log never has to hold a whole path's commands; it fails if entries were
+/// overwritten before it read them.
 struct Slowlog {
-    con: redis::Connection,
-    scripts: HashMap<String, &'static str>,
+    stop: Arc<AtomicBool>,
+    /// The entries, and how many reads found entries overwritten before they were read.
+    reader: Option<JoinHandle<(Vec<Entry>, usize)>>,
     started: Instant,
+}
+
+/// Reads entries newer than `after` (reading more of the log when the newest page does not
+/// reach back that far): (entries, newest id, whether some were lost).
+fn read_since(
+    con: &mut redis::Connection,
+    after: Option<i64>,
+    scripts: &HashMap<String, &'static str>,
+) -> (Vec<Entry>, Option<i64>, bool) {
+    let mut count = 2_000;
+    loop {
+        let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+            .arg("GET")
+            .arg(count)
+            .query(con)
+            .expect("SLOWLOG GET");
+        let ids: Vec<i64> = log
+            .iter()
+            .filter_map(|e| match e {
+                redis::Value::Array(f) => match f.first() {
+                    Some(redis::Value::Int(id)) => Some(*id),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        let newest = ids.first().copied().or(after);
+        let oldest = ids.last().copied();
+        let reaches_back = match (after, oldest) {
+            (Some(after), Some(oldest)) => oldest <= after + 1,
+            (None, _) | (_, None) => log.len() < count,
+        };
+        if !reaches_back && count < SLOWLOG_LEN {
+            count = (count * 8).min(SLOWLOG_LEN);
+            continue;
+        }
+        let entries = log
+            .iter()
+            .zip(&ids)
+            .filter(|(_, id)| after.is_none_or(|after| **id > after))
+            .filter_map(|(e, _)| entry(e, scripts))
+            .collect();
+        return (entries, newest, !reaches_back);
+    }
+}
+
+/// A zdelay connection's entry (`None` for the test's own).
+fn entry(e: &redis::Value, scripts: &HashMap<String, &'static str>) -> Option<Entry> {
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::Int(i) => i.to_string(),
+        other => format!("{other:?}"),
+    };
+    let redis::Value::Array(fields) = e else {
+        return None;
+    };
+    let micros = match fields.get(2)? {
+        redis::Value::Int(us) => *us as u64,
+        _ => return None,
+    };
+    if fields.get(5).map(text).unwrap_or_default() == TEST_CLIENT {
+        return None;
+    }
+    let redis::Value::Array(args) = fields.get(3)? else {
+        return None;
+    };
+    let args: Vec<String> = args.iter().map(text).collect();
+    let mut command = args.first().cloned().unwrap_or_default().to_uppercase();
+    if command == "EVALSHA" {
+        let sha = args.get(1).cloned().unwrap_or_default();
+        let script = scripts.get(&sha).copied().unwrap_or("unknown script");
+        command = format!("EVALSHA {script}");
+    } else if let Some(arg) = args.get(1) {
+        command = format!("{command} {}", arg.chars().take(40).collect::<String>());
+    }
+    Some(Entry { micros, command })
 }
 
 impl Slowlog {
     fn start(redis: &RedisServer) -> Slowlog {
         let mut con = test_conn(redis);
         for (name, value) in [
-            ("slowlog-log-slower-than", "0".to_owned()),
+            ("slowlog-log-slower-than", SLOWLOG_THRESHOLD_US.to_string()),
             ("slowlog-max-len", SLOWLOG_LEN.to_string()),
         ] {
             redis::cmd("CONFIG")
@@ -117,69 +206,53 @@ impl Slowlog {
             .arg("RESET")
             .query::<()>(&mut con)
             .expect("SLOWLOG RESET");
-        let scripts = zdelay::store::scripts::ALL
+        let scripts: HashMap<String, &'static str> = zdelay::store::scripts::ALL
             .iter()
             .map(|(name, source)| (redis::Script::new(source).get_hash().to_owned(), *name))
             .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut entries = Vec::new();
+                let mut newest = None;
+                let mut gaps = 0;
+                loop {
+                    // Read once more after the stop: what the path did last counts too.
+                    let last = stop.load(Ordering::Relaxed);
+                    let (more, id, lost) = read_since(&mut con, newest, &scripts);
+                    gaps += usize::from(lost);
+                    entries.extend(more);
+                    newest = id;
+                    if last {
+                        return (entries, gaps);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        });
         Slowlog {
-            con,
-            scripts,
+            stop,
+            reader: Some(reader),
             started: Instant::now(),
         }
     }
 
-    /// Every entry from a zdelay connection since the start.
-    fn zdelay_entries(&mut self) -> Vec<Entry> {
-        let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
-            .arg("GET")
-            .arg(-1)
-            .query(&mut self.con)
-            .expect("SLOWLOG GET");
-        assert!(
-            log.len() < SLOWLOG_LEN,
-            "the SLOWLOG filled up ({} entries): raise SLOWLOG_LEN",
-            log.len()
-        );
-        let text = |v: &redis::Value| match v {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            redis::Value::SimpleString(s) => s.clone(),
-            redis::Value::Int(i) => i.to_string(),
-            other => format!("{other:?}"),
-        };
-        log.iter()
-            .filter_map(|entry| {
-                let redis::Value::Array(fields) = entry else {
-                    return None;
-                };
-                let micros = match fields.get(2)? {
-                    redis::Value::Int(us) => *us as u64,
-                    _ => return None,
-                };
-                let name = fields.get(5).map(text).unwrap_or_default();
-                if name == TEST_CLIENT {
-                    return None;
-                }
-                let redis::Value::Array(args) = fields.get(3)? else {
-                    return None;
-                };
-                let args: Vec<String> = args.iter().map(text).collect();
-                let mut command = args.first().cloned().unwrap_or_default().to_uppercase();
-                if command == "EVALSHA" {
-                    let sha = args.get(1).cloned().unwrap_or_default();
-                    let script = self.scripts.get(&sha).copied().unwrap_or("unknown script");
-                    command = format!("EVALSHA {script}");
-                } else if let Some(arg) = args.get(1) {
-                    command = format!("{command} {}", arg.chars().take(40).collect::<String>());
-                }
-                Some(Entry { micros, command })
-            })
-            .collect()
+    /// Every entry from a zdelay connection since the start, and how many times entries
+    /// were overwritten unread (stops the reader).
+    fn zdelay_entries(&mut self) -> (Vec<Entry>, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.reader
+            .take()
+            .expect("read once")
+            .join()
+            .expect("the SLOWLOG reader")
     }
 
     /// Asserts that no zdelay command took more than [`BOUND`], naming the slowest; prints
     /// the slowest of each command either way (the numbers are the point).
     fn assert_no_command_over_bound(&mut self, path: &str) {
-        let entries = self.zdelay_entries();
+        let (entries, gaps) = self.zdelay_entries();
         let mut slowest: HashMap<String, (u64, usize)> = HashMap::new();
         for e in &entries {
             let s = slowest.entry(e.command.clone()).or_default();
@@ -194,14 +267,14 @@ impl Slowlog {
             .map(|(cmd, (us, n))| format!("  {cmd}: slowest {:.1} ms of {n}", *us as f64 / 1e3))
             .collect();
         eprintln!(
-            "{path}: {} zdelay commands in {:?}; slowest:\n{}",
+            "{path}: {} zdelay commands of 1 ms or more in {:?}; slowest:\n{}",
             entries.len(),
             self.started.elapsed(),
             report.join("\n")
         );
-        assert!(
-            !entries.is_empty(),
-            "{path}: no zdelay command was recorded"
+        assert_eq!(
+            gaps, 0,
+            "{path}: SLOWLOG entries were overwritten before they were read ({gaps} times)"
         );
         let over: Vec<&Entry> = entries
             .iter()
@@ -464,15 +537,23 @@ fn slowlog_console_reads_over_a_large_dead_set() {
 
     let mut slowlog = Slowlog::start(&redis);
     let port = config.admin_port;
-    let read = |path: &str| {
+    let mut failed = Vec::new();
+    let mut read = |path: &str| {
         let started = Instant::now();
-        let (status, body) = http_get(port, path).unwrap_or_else(|| panic!("GET {path}"));
-        eprintln!(
-            "GET {path}: {status}, {} bytes in {:?}",
-            body.len(),
-            started.elapsed()
-        );
-        assert_eq!(status, 200, "GET {path}: {}", &body[..body.len().min(300)]);
+        match http_get(port, path) {
+            Some((200, body)) => eprintln!(
+                "GET {path}: 200, {} bytes in {:?}",
+                body.len(),
+                started.elapsed()
+            ),
+            // Noted, and the other reads go on: the SLOWLOG says why.
+            other => {
+                let answer = other
+                    .map(|(status, body)| format!("{status} {}", &body[..body.len().min(200)]));
+                eprintln!("GET {path}: {answer:?} after {:?}", started.elapsed());
+                failed.push(format!("GET {path}: {answer:?}"));
+            }
+        }
     };
     for path in [
         "/api/stats",
@@ -490,6 +571,7 @@ fn slowlog_console_reads_over_a_large_dead_set() {
         read(&format!("/api/jobs/{id}"));
     }
     slowlog.assert_no_command_over_bound("console reads over a large dead set");
+    assert!(failed.is_empty(), "console reads failed: {failed:?}");
 }
 
 /// `zdelay reshard --to 8` of 400 jobs of 1 MB: what one call reads, copies or deletes is
