@@ -334,9 +334,11 @@ fn slowlog_400_one_mb_payloads_due_at_once() {
         .collect();
     load(&rt, &client, jobs, payload.len());
     let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
+    // Opened first: a script holding Redis later must not keep the test from looking.
+    let mut con = test_conn(&redis);
     let mut slowlog = Slowlog::start(&redis);
     let daemon = Daemon::start(&config);
-    wait_for_list(&mut test_conn(&redis), &daemon, "q:a", 400);
+    wait_for_list(&mut con, &daemon, "q:a", 400);
     slowlog.assert_no_command_over_bound("400 x 1 MB due at once");
 }
 
@@ -352,9 +354,11 @@ fn slowlog_backlog_of_1m_drained() {
         .collect();
     load(&rt, &client, jobs, 16);
     let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
+    // Opened first: a script holding Redis later must not keep the test from looking.
+    let mut con = test_conn(&redis);
     let mut slowlog = Slowlog::start(&redis);
     let daemon = Daemon::start(&config);
-    wait_for_list(&mut test_conn(&redis), &daemon, "q:a", 1_000_000);
+    wait_for_list(&mut con, &daemon, "q:a", 1_000_000);
     slowlog.assert_no_command_over_bound("1M backlog drained");
 }
 
@@ -388,14 +392,11 @@ fn slowlog_schedules_catching_up_10k_occurrences_each() {
         local_now_ms() > end
     });
     let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
+    // Opened first: a script holding Redis later must not keep the test from looking.
+    let mut con = test_conn(&redis);
     let mut slowlog = Slowlog::start(&redis);
     let daemon = Daemon::start(&config);
-    wait_for_list(
-        &mut test_conn(&redis),
-        &daemon,
-        "q:a",
-        SCHEDULES * OCCURRENCES as usize,
-    );
+    wait_for_list(&mut con, &daemon, "q:a", SCHEDULES * OCCURRENCES as usize);
     slowlog.assert_no_command_over_bound("schedules catching up");
 }
 
