@@ -1306,7 +1306,9 @@ pub async fn reshard_take(
     let mut inv = shard_invocation(&compiled::reshard_take, "reshard_take", keys);
     let values: Vec<Option<Vec<u8>>> = inv.arg(marker).arg(max_bytes).arg(ids).invoke(con).await?;
     let taken = values.len() / StoredJob::VALUES;
-    if values.len() % StoredJob::VALUES != 0 || taken > ids.len() || (taken == 0) != ids.is_empty()
+    if !values.len().is_multiple_of(StoredJob::VALUES)
+        || taken > ids.len()
+        || (taken == 0) != ids.is_empty()
     {
         return Err(protocol_error(
             "reshard_take",
