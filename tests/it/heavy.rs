@@ -260,7 +260,7 @@ impl Slowlog {
             s.1 += 1;
         }
         let mut by_time: Vec<(String, (u64, usize))> = slowest.into_iter().collect();
-        by_time.sort_by(|a, b| b.1.0.cmp(&a.1.0));
+        by_time.sort_by_key(|(_, (us, _))| std::cmp::Reverse(*us));
         let report: Vec<String> = by_time
             .iter()
             .take(8)

@@ -338,7 +338,7 @@ fn assert_one_line_per_episode(daemon: &Daemon, from: usize, required: bool) {
         "the episode's \"recovered\" line",
         Duration::from_secs(20),
         || tail().lines().any(|l| l.contains(" recovered ")),
-        || tail(),
+        tail,
     );
     let text = tail();
     let warnings: Vec<&str> = text
