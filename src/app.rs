@@ -233,7 +233,11 @@ async fn connect_with_retry(
     let mut attempt = 1u32;
     loop {
         match Conn::connect(&config.redis).await {
-            Ok(con) => return Some(con),
+            Ok(con) => {
+                crate::metrics::recovered("redis_auth", "start-up");
+                crate::metrics::recovered("redis_connect", "start-up");
+                return Some(con);
+            }
             Err(e) if e.is_auth() => {
                 health.redis_failed(&e);
                 crate::metrics::error_event("redis_auth", "start-up", &e);
@@ -260,11 +264,15 @@ async fn sample_stats(mut con: Conn, config: Config, shutdown: CancellationToken
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     while !shutdown.is_cancelled() {
         match stats::gather(&mut con, &config).await {
-            Ok(s) => stats::publish_gauges(&s),
+            Ok(s) => {
+                stats::publish_gauges(&s);
+                crate::metrics::recovered("redis", "stats sampler");
+            }
             Err(e) => crate::metrics::error_event("redis", "stats sampler", &e),
         }
-        if let Err(e) = crate::activity::flush(&mut con, &keys).await {
-            crate::metrics::error_event("redis", "activity", &e);
+        match crate::activity::flush(&mut con, &keys).await {
+            Ok(_) => crate::metrics::recovered("redis", "activity"),
+            Err(e) => crate::metrics::error_event("redis", "activity", &e),
         }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}
@@ -324,8 +332,9 @@ async fn check_sink(
             .arg(state.to_string())
             .query_async::<()>(&mut con)
             .await;
-        if let Err(e) = write {
-            crate::metrics::error_event("redis", "sink state", &e);
+        match write {
+            Ok(()) => crate::metrics::recovered("redis", "sink state"),
+            Err(e) => crate::metrics::error_event("redis", "sink state", &e),
         }
         ::metrics::gauge!(crate::metrics::SINK_UP, "sink" => sink.name.clone()).set(if up {
             1.0

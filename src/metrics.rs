@@ -6,7 +6,10 @@
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 pub const JOBS_MOVED: &str = "zdelay_jobs_moved_total";
@@ -170,10 +173,38 @@ pub fn record_lateness(source: &str, buckets: &[u64], max_lateness_ms: i64) {
     }
 }
 
-/// Logs and counts one error event. `kind` is a bounded label.
+/// Counts one error event, and logs it when it opens an episode: while errors go on (Redis
+/// busy, loading, out of memory, connections cut), the first is logged and the rest only
+/// counted, so a minute-long outage is one warning, not one per poll. The errors about Redis
+/// (`redis`, `push_failed`, `pubsub`, `redis_connect`, `redis_auth`) make one episode; any
+/// other `kind` (a bounded label) is its own. The caller reports the success that follows
+/// with [`recovered`], with the same kind and context.
 pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Display) {
     counter!(ERRORS, "kind" => kind).increment(1);
-    tracing::warn!(kind, context, %error, "recovering from error");
+    let opened = episodes().error(kind, context, Instant::now());
+    if opened {
+        tracing::warn!(kind, context, %error, "recovering from error");
+    } else {
+        tracing::debug!(kind, context, %error, "error goes on");
+    }
+}
+
+/// Reports that `context` works again after errors of `kind`; once nothing of the episode
+/// has failed for [`EPISODE_SETTLE`], the episode ends with one line (how long it lasted, how
+/// many errors it counted). Cheap when no episode is open: it runs after every successful
+/// call.
+pub fn recovered(kind: &'static str, context: &str) {
+    if OPEN_EPISODES.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    if let Some(closed) = episodes().success(kind, context, Instant::now()) {
+        tracing::info!(
+            episode = closed.subject,
+            errors = closed.errors,
+            lasted = ?closed.lasted,
+            "recovered"
+        );
+    }
 }
 
 /// Counts the messages of one batch whose `traceparent` is not W3C. Not an error of
@@ -181,4 +212,222 @@ pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Disp
 pub fn trace_context_invalid(sink: &str, messages: u64) {
     counter!(TRACE_CONTEXT_INVALID, "sink" => sink.to_owned()).increment(messages);
     tracing::debug!(sink, messages, "malformed traceparent ignored");
+}
+
+/// The episode an error kind belongs to: everything that goes wrong when Redis misbehaves
+/// is one.
+fn subject(kind: &'static str) -> &'static str {
+    match kind {
+        "redis" | "push_failed" | "pubsub" | "redis_connect" | "redis_auth" => "redis",
+        other => other,
+    }
+}
+
+/// How many episodes are open (the fast path of [`recovered`] reads it without the lock).
+static OPEN_EPISODES: AtomicUsize = AtomicUsize::new(0);
+
+fn episodes() -> std::sync::MutexGuard<'static, Episodes> {
+    static EPISODES: Mutex<Episodes> = Mutex::new(Episodes::new());
+    // Every update is complete before anything can panic: the data stays consistent.
+    EPISODES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// An episode ends only after this long without an error, so a Redis that keeps failing and
+/// recovering (connections killed again and again) is one episode, not one per failure.
+const EPISODE_SETTLE: Duration = Duration::from_secs(1);
+
+/// A context that has reported no error for this long counts as recovered even if it never
+/// said so (its task stopped: a shard handed to another daemon, a shutdown), so it cannot
+/// hold an episode open and silence the next one.
+const EPISODE_STALE: Duration = Duration::from_secs(60);
+
+/// Open error episodes, by subject.
+struct Episodes {
+    open: Vec<(&'static str, Episode)>,
+}
+
+struct Episode {
+    started: Instant,
+    errors: u64,
+    last_error: Instant,
+    /// What still fails, (kind, context), with the time of its last error.
+    failing: HashMap<(&'static str, String), Instant>,
+}
+
+/// An episode that ended.
+#[derive(Debug, PartialEq)]
+struct Closed {
+    subject: &'static str,
+    errors: u64,
+    lasted: Duration,
+}
+
+impl Episodes {
+    const fn new() -> Self {
+        Episodes { open: Vec::new() }
+    }
+
+    /// Records an error; true when it opens an episode.
+    fn error(&mut self, kind: &'static str, context: &str, now: Instant) -> bool {
+        let subject = subject(kind);
+        let failing = (kind, context.to_owned());
+        if let Some((_, episode)) = self.open.iter_mut().find(|(s, _)| *s == subject) {
+            if now.duration_since(episode.last_error) < EPISODE_STALE {
+                episode.forget_stale(now);
+                episode.errors += 1;
+                episode.last_error = now;
+                episode.failing.insert(failing, now);
+                return false;
+            }
+            // Everything fell silent long ago: whatever this is, it is news.
+            *episode = Episode::starting(failing, now);
+            return true;
+        }
+        self.open.push((subject, Episode::starting(failing, now)));
+        OPEN_EPISODES.store(self.open.len(), Ordering::Relaxed);
+        true
+    }
+
+    /// Records a success; the episode it belongs to when nothing of it fails any more.
+    fn success(&mut self, kind: &'static str, context: &str, now: Instant) -> Option<Closed> {
+        let subject = subject(kind);
+        let at = self.open.iter().position(|(s, _)| *s == subject)?;
+        let episode = &mut self.open[at].1;
+        episode.failing.remove(&(kind, context.to_owned()));
+        episode.forget_stale(now);
+        if !episode.failing.is_empty() || now.duration_since(episode.last_error) < EPISODE_SETTLE {
+            return None;
+        }
+        let (_, episode) = self.open.swap_remove(at);
+        OPEN_EPISODES.store(self.open.len(), Ordering::Relaxed);
+        Some(Closed {
+            subject,
+            errors: episode.errors,
+            lasted: now.duration_since(episode.started),
+        })
+    }
+}
+
+impl Episode {
+    fn starting(failing: (&'static str, String), now: Instant) -> Self {
+        Episode {
+            started: now,
+            errors: 1,
+            last_error: now,
+            failing: HashMap::from([(failing, now)]),
+        }
+    }
+
+    fn forget_stale(&mut self, now: Instant) {
+        self.failing
+            .retain(|_, last| now.duration_since(*last) < EPISODE_STALE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_episode_logs_once_and_ends_when_everything_works_again() {
+        let mut e = Episodes::new();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert!(
+            e.error("redis", "shard 0", at(0)),
+            "the first error opens it"
+        );
+        assert!(!e.error("redis", "shard 0", at(50)), "a retry is not news");
+        assert!(
+            !e.error("redis", "shard 1", at(60)),
+            "nor another context's error"
+        );
+        assert!(
+            !e.error("push_failed", "shard 2", at(65)),
+            "nor another redis kind's"
+        );
+        assert!(
+            e.error("schedule", "shard 0", at(70)),
+            "another subject has its own"
+        );
+        assert_eq!(
+            e.success("redis", "shard 0", at(100)),
+            None,
+            "shard 1 still fails"
+        );
+        assert!(
+            !e.error("redis", "shard 0", at(150)),
+            "a relapse mid-episode is silent"
+        );
+        let settled = 150 + EPISODE_SETTLE.as_millis() as u64;
+        assert_eq!(e.success("redis", "shard 0", at(settled)), None);
+        assert_eq!(
+            e.success("redis", "shard 1", at(settled)),
+            None,
+            "shard 2 fails"
+        );
+        assert_eq!(
+            e.success("redis", "shard 2", at(settled)),
+            None,
+            "a success of another kind does not end shard 2's push failures"
+        );
+        assert_eq!(
+            e.success("push_failed", "shard 2", at(settled)),
+            Some(Closed {
+                subject: "redis",
+                errors: 5,
+                lasted: Duration::from_millis(settled)
+            })
+        );
+        assert_eq!(
+            e.success("redis", "shard 1", at(settled)),
+            None,
+            "already over"
+        );
+        assert!(
+            e.error("redis", "shard 0", at(settled + 1)),
+            "the next one is logged"
+        );
+        assert!(e.success("schedule", "shard 0", at(settled)).is_some());
+    }
+
+    #[test]
+    fn failures_in_quick_succession_are_one_episode() {
+        let mut e = Episodes::new();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // Connections killed every 200 ms, each recovered from at once.
+        assert!(e.error("redis", "shard 0", at(0)));
+        for kill in 1..10 {
+            assert_eq!(e.success("redis", "shard 0", at(kill * 200 - 150)), None);
+            assert!(!e.error("redis", "shard 0", at(kill * 200)), "kill {kill}");
+        }
+        assert_eq!(
+            e.success("redis", "shard 0", at(1850)),
+            None,
+            "not settled yet"
+        );
+        let closed = e.success("redis", "shard 0", at(1800) + EPISODE_SETTLE);
+        assert_eq!(closed.map(|c| c.errors), Some(10));
+    }
+
+    #[test]
+    fn what_fell_silent_does_not_hold_an_episode_open() {
+        let mut e = Episodes::new();
+        let t0 = Instant::now();
+        assert!(e.error("redis", "shard 3", t0));
+        // shard 3's task stopped without reporting success; shard 0 fails much later.
+        let later = t0 + EPISODE_STALE + Duration::from_secs(1);
+        assert!(e.error("redis", "shard 0", later), "a new episode, logged");
+        let settled = later + EPISODE_SETTLE;
+        assert!(e.success("redis", "shard 0", settled).is_some());
+        assert!(e.error("redis", "shard 1", settled));
+        let much_later = settled + EPISODE_STALE * 2;
+        assert!(
+            e.success("redis", "health check", much_later).is_some(),
+            "any success ends it once what failed has been silent for long"
+        );
+    }
 }

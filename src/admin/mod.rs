@@ -224,19 +224,21 @@ pub async fn check_redis(
         };
         let ok = failure.is_none();
         let was_ok = health.redis_ok.load(Ordering::Relaxed);
+        // Not ready while it fails; logged with the episode of Redis errors it belongs to
+        // (one line however long it lasts), unless the credentials are refused: an operator
+        // must act on that.
         match failure {
-            None => health.redis_ok.store(true, Ordering::Relaxed),
+            None => {
+                health.redis_ok.store(true, Ordering::Relaxed);
+                crate::metrics::recovered("redis", "health check");
+            }
             Some(e) => {
                 health.redis_failed(&e);
                 if was_ok && e.is_auth() {
                     tracing::error!(error = %e, "redis refuses the credentials: not ready");
-                } else if was_ok {
-                    tracing::error!("redis health check failed: not ready");
                 }
+                crate::metrics::error_event("redis", "health check", &e);
             }
-        }
-        if ok && !was_ok {
-            tracing::info!("redis reachable again");
         }
         metrics::gauge!(REDIS_UP).set(if ok { 1.0 } else { 0.0 });
         tokio::select! {

@@ -377,7 +377,10 @@ fn sink_answered(sink: &SinkHandle, outcomes: &[Outcome]) {
                 &format!("{why}; paused {pause:?}"),
             );
         }
-        None if outcomes.iter().any(|o| matches!(o, Outcome::Delivered)) => sink.resume(),
+        None if outcomes.iter().any(|o| matches!(o, Outcome::Delivered)) => {
+            sink.resume();
+            metrics::recovered("sink_unavailable", &sink.name);
+        }
         None => {}
     }
 }

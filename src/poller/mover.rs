@@ -117,14 +117,16 @@ async fn fire_schedules(
     Ok(fired.created > 0 || report.due >= schedules::FIRE_BATCH)
 }
 
-/// Capped exponential backoff for errors.
+/// Capped exponential backoff for errors. The cap is low so that work resumes within about
+/// half a second of Redis answering normally again (after BUSY, LOADING, OOM or a lost
+/// connection), at the cost of a few cheap failing calls per second while it does not.
 pub(super) struct Backoff {
     next: Duration,
 }
 
 impl Backoff {
     const FIRST: Duration = Duration::from_millis(50);
-    const MAX: Duration = Duration::from_secs(5);
+    const MAX: Duration = Duration::from_millis(500);
 
     pub(super) fn new() -> Self {
         Backoff { next: Self::FIRST }
@@ -156,6 +158,8 @@ pub async fn run(
     };
     let mut backoff = Backoff::new();
     let mut schedule_cache = ScheduleCache::default();
+    // Its own context: a move that works must not end an episode of failing schedules.
+    let schedules_label = format!("{label} schedules");
     tracing::debug!(source = %label, ?target, "poller started");
     while !stop.is_cancelled() {
         let started = Instant::now();
@@ -163,6 +167,7 @@ pub async fn run(
             Ok(reply) => {
                 ::metrics::histogram!(SCRIPT_DURATION, "script" => script)
                     .record(started.elapsed().as_secs_f64());
+                metrics::recovered("redis", &label);
                 record(&ctx, &target, &label, &reply);
                 if let Some(observe) = &on_batch {
                     observe(&target, &reply);
@@ -175,13 +180,17 @@ pub async fn run(
                 if let (Target::Shard(shard), Some(at)) = (&target, reply.next_schedule_ms)
                     && at * 1000 <= reply.now_us
                 {
-                    match fire_schedules(&ctx, *shard, &mut schedule_cache, &label).await {
+                    let fired = fire_schedules(&ctx, *shard, &mut schedule_cache, &label).await;
+                    if fired.is_ok() {
+                        metrics::recovered("redis", &schedules_label);
+                    }
+                    match fired {
                         // New jobs are due now: move them without waiting.
                         Ok(true) => continue,
                         Ok(false) => {}
                         Err(e) if ctx.is_refusal(&e) => break,
                         Err(e) => {
-                            metrics::error_event("redis", &label, &e);
+                            metrics::error_event("redis", &schedules_label, &e);
                             let delay = backoff.step();
                             tokio::select! {
                                 _ = tokio::time::sleep(delay) => {}
@@ -199,6 +208,7 @@ pub async fn run(
                     );
                     backoff.step()
                 } else {
+                    metrics::recovered("push_failed", &label);
                     backoff.reset();
                     if reply.taken >= ctx.mover.batch {
                         // More are due: go again at once, but let other tasks run.
@@ -315,7 +325,7 @@ mod tests {
         let steps: Vec<_> = (0..10).map(|_| b.step()).collect();
         assert_eq!(steps[0], Duration::from_millis(50));
         assert_eq!(steps[1], Duration::from_millis(100));
-        assert_eq!(*steps.last().unwrap(), Duration::from_secs(5));
+        assert_eq!(*steps.last().unwrap(), Duration::from_millis(500));
         b.reset();
         assert_eq!(b.step(), Duration::from_millis(50));
     }

@@ -97,6 +97,9 @@ pub fn target_of(name: &str) -> Option<TargetId> {
 )]
 pub struct InstanceIdInUse(pub String);
 
+/// How soon a heartbeat that failed is tried again.
+const RETRY_AFTER_ERROR: Duration = Duration::from_millis(200);
+
 /// This instance's poller-slot leases.
 pub struct Leases {
     pub con: Conn,
@@ -145,6 +148,7 @@ impl Leases {
         let mut last_ok: Option<Instant> = None;
         let mut instances = 0;
         while !shutdown.is_cancelled() {
+            let mut next = every;
             let standing = match last_ok {
                 None => Standing::New,
                 Some(at) if at.elapsed() < self.lease => Standing::Held,
@@ -172,6 +176,7 @@ impl Leases {
                 }
                 Ok(claim) => {
                     last_ok = Some(Instant::now());
+                    metrics::recovered("redis", "poller slots");
                     match claim.registration {
                         Registration::TookOver => tracing::warn!(
                             instance = %self.instance,
@@ -197,6 +202,9 @@ impl Leases {
                     ownership.set(claim.targets.iter().filter_map(|n| target_of(n)).collect());
                 }
                 Err(e) => {
+                    // Soon again: once Redis answers, slots whose lease ran out meanwhile
+                    // are taken back (and their shards polled) at once, not a heartbeat later.
+                    next = every.min(RETRY_AFTER_ERROR);
                     metrics::error_event("redis", "poller slots", &e);
                     if last_ok.is_none_or(|at| at.elapsed() >= self.lease) {
                         // Our leases ran out: others may hold these slots now.
@@ -205,7 +213,7 @@ impl Leases {
                 }
             }
             tokio::select! {
-                _ = tokio::time::sleep(every) => {}
+                _ = tokio::time::sleep(next) => {}
                 _ = shutdown.cancelled() => {}
             }
         }

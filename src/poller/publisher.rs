@@ -64,16 +64,16 @@ pub async fn run(
         let wait = match claim {
             Ok(claim) if claim.jobs.is_empty() => {
                 backoff.reset();
+                metrics::recovered("redis", &label);
                 IDLE_CLAIM
             }
             Ok(claim) => {
                 backoff.reset();
-                if let Err(e) = delivery::deliver(&ctx, shard, &sink, &claim, claimed_at).await {
-                    if ctx.is_refusal(&e) {
-                        // The batch stays in flight; its lease lapses wherever it lands.
-                        break;
-                    }
-                    metrics::error_event("redis", &label, &e);
+                match delivery::deliver(&ctx, shard, &sink, &claim, claimed_at).await {
+                    Ok(_) => metrics::recovered("redis", &label),
+                    // The batch stays in flight; its lease lapses wherever it lands.
+                    Err(e) if ctx.is_refusal(&e) => break,
+                    Err(e) => metrics::error_event("redis", &label, &e),
                 }
                 if claim.jobs.len() >= policy.batch {
                     // More may wait: go again at once.
@@ -141,10 +141,9 @@ pub async fn run_raw(
             Ok(claim) => {
                 backoff.reset();
                 let full = claim.members.len() >= policy.batch;
-                if let Err(e) =
-                    delivery::deliver_raw(&ctx, &source, &sink, &claim, claimed_at).await
-                {
-                    metrics::error_event("redis", &label, &e);
+                match delivery::deliver_raw(&ctx, &source, &sink, &claim, claimed_at).await {
+                    Ok(_) => metrics::recovered("redis", &label),
+                    Err(e) => metrics::error_event("redis", &label, &e),
                 }
                 if full {
                     Duration::ZERO

@@ -116,6 +116,7 @@ pub async fn listen(
         match subscribe(client, &channels).await {
             Ok(pubsub) => {
                 delay = Duration::from_millis(100);
+                metrics::recovered("pubsub", "wake listener");
                 wakers.wake_all();
                 let mut messages = pubsub.into_on_message();
                 loop {

@@ -15,18 +15,30 @@
 -- KEYS[13] shards   STRING {zdelay:3}:shards    layout marker
 -- ARGV[1] the marker this reshard set ("migrating <from> <to>"): any other value refuses with
 --   ZDELAY_NOT_MIGRATING <marker> (another reshard finished, or none runs)
--- ARGV[2..] ids, at most 1000
--- Returns: per id, 12 values (nil where absent): due score, envelope, inflight score (lease
---   deadline), dead score, reason, scheduled due, its member in ready, max lateness, schedule
---   definition, schedule envelope, next occurrence, history. Scores as Redis prints them, so they are
---   written back exactly.
+-- ARGV[2] byte budget: the ids taken are the longest prefix whose envelopes, schedule
+--   envelopes and histories add up to at most this many bytes (at least one id), so one call
+--   never copies more than about this into its reply, whatever the payloads weigh
+-- ARGV[3..] ids, at most 1000
+-- Returns: per id taken (a prefix of the ids, at least one), 12 values (nil where absent): due
+--   score, envelope, inflight score (lease deadline), dead score, reason, scheduled due, its
+--   member in ready, max lateness, schedule definition, schedule envelope, next occurrence,
+--   history. Scores as Redis prints them, so they are written back exactly.
 -- Re-run safety: yes (read only).
 local marker = redis.call('GET', KEYS[13])
 if marker ~= ARGV[1] then
   return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
 end
+local budget = tonumber(ARGV[2])
 local ids = {}
-for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
+local bytes = 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  -- HSTRLEN is O(1): the sizes are known before anything is copied.
+  bytes = bytes + redis.call('HSTRLEN', KEYS[2], id) + redis.call('HSTRLEN', KEYS[10], id)
+    + redis.call('HSTRLEN', KEYS[12], id)
+  if #ids > 0 and bytes > budget then break end
+  ids[#ids + 1] = id
+end
 if #ids == 0 then return {} end
 -- One command per key for the whole batch (ZMSCORE, HMGET), not one per id.
 local cols = {

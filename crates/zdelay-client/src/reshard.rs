@@ -48,10 +48,17 @@ pub const DEFAULT_BATCH: usize = 500;
 pub const MAX_BATCH: usize = 1000;
 /// Old shards moved at once.
 pub const DEFAULT_CONCURRENCY: usize = 4;
-/// COUNT hint of each scan page.
+/// Largest COUNT hint of a scan page.
 const SCAN_COUNT: usize = 1000;
+/// What one scan page of a hash may copy in values (Redis 7.0's `HSCAN` cannot leave them
+/// out): pages shrink towards one field when the values are large envelopes.
+const SCAN_BYTES: usize = 1 << 20;
 /// Largest payload of one `reshard_put` call, bytes (at least one job per call).
-const PUT_BYTES: usize = 4 << 20;
+const PUT_BYTES: usize = 1 << 20;
+/// Most bytes of envelopes (and schedule envelopes, histories) one `reshard_take` call reads,
+/// and so one `reshard_drop` call frees (at least one job per call): a batch of ids whose
+/// payloads weigh a megabyte each would otherwise hold Redis for seconds.
+const TAKE_BYTES: usize = 1 << 20;
 /// Round trips run at once for per-shard commands (counts, markers).
 const PARALLEL: usize = 16;
 
@@ -697,9 +704,11 @@ async fn count_misplaced(con: &Conn, new: &Keys, from: u16) -> Result<u64, Resha
             let mut misplaced: HashSet<Vec<u8>> = HashSet::new();
             for (key, kind, ready) in scanned(&keys) {
                 let mut cursor = "0".to_owned();
+                let mut count = ScanCount::new();
                 loop {
-                    let (next, items) =
-                        scripts::reshard_scan(&mut con, key, kind, &cursor, SCAN_COUNT).await?;
+                    let (next, items, bytes) =
+                        scripts::reshard_scan(&mut con, key, kind, &cursor, count.get()).await?;
+                    count.after(bytes);
                     for item in items {
                         let id = if ready {
                             match ready_member_id(&item) {
@@ -727,6 +736,33 @@ async fn count_misplaced(con: &Conn, new: &Keys, from: u16) -> Result<u64, Resha
         .await
 }
 
+/// The COUNT of a key's next scan page: it starts at one (a page of hash fields brings their
+/// values along, and one envelope may weigh megabytes), doubles while pages come back light
+/// and shrinks when one weighs more than [`SCAN_BYTES`], so a page copies about that much
+/// at most, or one value when a single one weighs more.
+struct ScanCount(usize);
+
+impl ScanCount {
+    fn new() -> Self {
+        ScanCount(1)
+    }
+
+    fn get(&self) -> usize {
+        self.0
+    }
+
+    /// Adjusts to what the last page's values weighed.
+    fn after(&mut self, bytes: usize) {
+        self.0 = if bytes > SCAN_BYTES {
+            (self.0 / 4).max(1)
+        } else if bytes <= SCAN_BYTES / 4 {
+            (self.0 * 2).min(SCAN_COUNT)
+        } else {
+            self.0
+        };
+    }
+}
+
 /// Moves the misplaced jobs of old shards into their new ones.
 struct Mover<'a> {
     con: &'a Conn,
@@ -748,9 +784,11 @@ impl Mover<'_> {
             let mut moved_in_pass = 0;
             for (key, kind, ready) in scanned(&keys) {
                 let mut cursor = "0".to_owned();
+                let mut count = ScanCount::new();
                 loop {
-                    let (next, items) =
-                        scripts::reshard_scan(&mut con, key, kind, &cursor, SCAN_COUNT).await?;
+                    let (next, items, bytes) =
+                        scripts::reshard_scan(&mut con, key, kind, &cursor, count.get()).await?;
+                    count.after(bytes);
                     let mut ids: Vec<Vec<u8>> = Vec::new();
                     let mut seen: HashSet<Vec<u8>> = HashSet::new();
                     // Ready members found in the set itself (normally also in ready_ids).
@@ -793,16 +831,35 @@ impl Mover<'_> {
         Ok(moved)
     }
 
-    /// Copies `ids` from `shard` into their new shards, then deletes them from `shard`.
+    /// Copies `ids` from `shard` into their new shards, then deletes them from `shard`, as
+    /// many at a time as [`TAKE_BYTES`] allows.
     async fn move_ids(
+        &self,
+        con: &mut Conn,
+        shard: u16,
+        mut ids: &[Vec<u8>],
+        members: &HashMap<Vec<u8>, Vec<Vec<u8>>>,
+    ) -> Result<u64, ReshardError> {
+        let mut moved = 0;
+        while !ids.is_empty() {
+            let (taken, n) = self.move_prefix(con, shard, ids, members).await?;
+            ids = &ids[taken..];
+            moved += n;
+        }
+        Ok(moved)
+    }
+
+    /// Moves the prefix of `ids` one `reshard_take` call returns: (ids taken, jobs moved).
+    async fn move_prefix(
         &self,
         con: &mut Conn,
         shard: u16,
         ids: &[Vec<u8>],
         members: &HashMap<Vec<u8>, Vec<Vec<u8>>>,
-    ) -> Result<u64, ReshardError> {
+    ) -> Result<(usize, u64), ReshardError> {
         let source = self.new.shard(shard);
-        let mut jobs = scripts::reshard_take(con, &source, self.marker, ids).await?;
+        let mut jobs = scripts::reshard_take(con, &source, self.marker, TAKE_BYTES, ids).await?;
+        let taken = jobs.len();
         for job in &mut jobs {
             if let Some(found) = members.get(&job.id) {
                 job.ready = found
@@ -814,7 +871,7 @@ impl Mover<'_> {
         }
         jobs.retain(|job| !job.is_empty());
         if jobs.is_empty() {
-            return Ok(0);
+            return Ok((taken, 0));
         }
         let mut by_target: BTreeMap<u16, Vec<&StoredJob>> = BTreeMap::new();
         for job in &jobs {
@@ -843,7 +900,7 @@ impl Mover<'_> {
             .fetch_add(moved, std::sync::atomic::Ordering::Relaxed)
             + moved;
         (self.progress)(Progress::Moved { total });
-        Ok(moved)
+        Ok((taken, moved))
     }
 }
 
@@ -934,6 +991,29 @@ mod tests {
             Some(&b"{u}:x\ny"[..])
         );
         assert_eq!(ready_member_id(b"bus\n0001700000000000"), None);
+    }
+
+    #[test]
+    fn scan_pages_grow_while_light_and_shrink_when_heavy() {
+        let mut count = ScanCount::new();
+        assert_eq!(count.get(), 1, "the first page of a key is one field");
+        for _ in 0..20 {
+            count.after(100);
+        }
+        assert_eq!(count.get(), SCAN_COUNT, "small values: full pages");
+        count.after(SCAN_COUNT * (1 << 20));
+        assert_eq!(count.get(), SCAN_COUNT / 4);
+        for _ in 0..10 {
+            count.after(count.get() * (1 << 20));
+        }
+        assert!(
+            count.get() * (1 << 20) <= SCAN_BYTES,
+            "1 MB values: pages near SCAN_BYTES, {} fields",
+            count.get()
+        );
+        count.after(64 << 20);
+        count.after(64 << 20);
+        assert_eq!(count.get(), 1, "never below one");
     }
 
     #[test]

@@ -86,19 +86,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let bin = redis_server_bin();
-        let child = Command::new(&bin)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .args(["--logfile", "redis.log"])
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{bin} runs (apt-get install redis-server): {e}"));
-        self.child = Some(child);
+        self.spawn_process(&[]);
         let url = self.url();
         wait_for(
             "redis-server to answer PING",
@@ -110,6 +98,37 @@ impl RedisServer {
                     .is_ok()
             },
         );
+    }
+
+    /// Starts the process with `more` arguments after the usual ones, without waiting.
+    fn spawn_process(&mut self, more: &[&str]) {
+        let bin = redis_server_bin();
+        let child = Command::new(&bin)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--logfile", "redis.log"])
+            .args(&self.extra)
+            .args(more)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{bin} runs (apt-get install redis-server): {e}"));
+        self.child = Some(child);
+    }
+
+    /// Stops the server with `SHUTDOWN SAVE` (what it acknowledged is in its RDB file) and
+    /// starts it again on the same port and dir with `more` arguments, without waiting: it
+    /// answers LOADING while it reads the file back.
+    pub fn restart_from_save(&mut self, more: &[&str]) {
+        let _ = redis::cmd("SHUTDOWN")
+            .arg("SAVE")
+            .query::<()>(&mut self.conn());
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        self.spawn_process(more);
     }
 
     pub fn url(&self) -> String {

@@ -1386,14 +1386,15 @@ pub enum ScanKind {
 }
 
 /// One page of the fields (hash) or members (zset) of `key`, from `cursor` ("0" to start):
-/// the next cursor ("0" when complete) and what the page held, values left out.
+/// the next cursor ("0" when complete), what the page held, values left out, and how many
+/// bytes those values weighed (a hash's; Redis copied them to answer the scan).
 pub async fn reshard_scan(
     con: &mut Conn,
     key: &str,
     kind: ScanKind,
     cursor: &str,
     count: usize,
-) -> redis::RedisResult<(String, Vec<Vec<u8>>)> {
+) -> redis::RedisResult<(String, Vec<Vec<u8>>, usize)> {
     let kind = match kind {
         ScanKind::Hash => "hash",
         ScanKind::Zset => "zset",
@@ -1407,8 +1408,9 @@ pub async fn reshard_scan(
         .await?;
     let mut it = values.into_iter();
     let cursor = as_string(it.next().unwrap_or_default())?;
+    let bytes = as_int(it.next().unwrap_or_default())?;
     let items = it.map(as_bytes).collect::<Result<_, _>>()?;
-    Ok((cursor, items))
+    Ok((cursor, items, bytes.max(0) as usize))
 }
 
 /// Everything one shard stores about a job id, as `reshard_take` read it (scores as Redis
@@ -1473,17 +1475,24 @@ impl StoredJob {
     }
 }
 
-/// What `shard` stores about `ids` (at most 1000), read while the reshard whose marker is
-/// `marker` runs.
+/// What `shard` stores about a prefix of `ids` (at most 1000), read while the reshard whose
+/// marker is `marker` runs: the longest prefix whose envelopes, schedule envelopes and
+/// histories weigh at most `max_bytes` together, and at least one id. The caller takes the
+/// rest in further calls.
 pub async fn reshard_take(
     con: &mut Conn,
     keys: &ShardKeys,
     marker: &str,
+    max_bytes: usize,
     ids: &[Vec<u8>],
 ) -> redis::RedisResult<Vec<StoredJob>> {
     let mut inv = shard_invocation(&compiled::reshard_take, "reshard_take", keys);
-    let values: Vec<Option<Vec<u8>>> = inv.arg(marker).arg(ids).invoke(con).await?;
-    if values.len() != StoredJob::VALUES * ids.len() {
+    let values: Vec<Option<Vec<u8>>> = inv.arg(marker).arg(max_bytes).arg(ids).invoke(con).await?;
+    let taken = values.len() / StoredJob::VALUES;
+    if !values.len().is_multiple_of(StoredJob::VALUES)
+        || taken > ids.len()
+        || (taken == 0) != ids.is_empty()
+    {
         return Err(protocol_error(
             "reshard_take",
             &Value::Int(values.len() as i64),
