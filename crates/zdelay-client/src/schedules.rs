@@ -204,6 +204,7 @@ impl Client {
         for _ in 0..CAS_ATTEMPTS {
             let current = read(&mut con, keys, id).await?;
             let now_ms = store::server_time_ms(&mut con).await?;
+            failpoint_after_read().await;
             let Some(new) = change(current.as_ref().map(|(_, s)| s), now_ms)? else {
                 return Ok(None);
             };
@@ -643,6 +644,26 @@ fn view(
         envelope: envelope.and_then(|e| Envelope::decode(e).ok()),
     }
 }
+
+/// Test-only fault injection (feature `test-failpoints`), from `ZDELAY_FAILPOINT`:
+/// `schedule_hold_after_read=PATH` stalls every compare-and-set attempt of a schedule write
+/// after it read the schedule and Redis's clock: it creates `PATH.reached`, then waits until
+/// PATH exists, so a test can fire and deliver an occurrence in between.
+#[cfg(feature = "test-failpoints")]
+async fn failpoint_after_read() {
+    if let Ok(spec) = std::env::var("ZDELAY_FAILPOINT")
+        && let Some(path) = spec.strip_prefix("schedule_hold_after_read=")
+    {
+        eprintln!("failpoint schedule_hold_after_read: waiting for {path}");
+        let _ = std::fs::write(format!("{path}.reached"), b"");
+        while !std::path::Path::new(path).exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[cfg(not(feature = "test-failpoints"))]
+async fn failpoint_after_read() {}
 
 /// Compiled schedules by id, with the version they were compiled from (a mover keeps one per
 /// shard: compiling a cron takes tens of microseconds, firing one a few).
