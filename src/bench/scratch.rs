@@ -37,6 +37,8 @@ impl Scratch {
                 shard.schedules,
                 shard.sched_env,
                 shard.sched_due,
+                shard.sched_fired,
+                shard.sched_quarantine,
                 shard.max_lateness,
                 shard.history,
             ]);
