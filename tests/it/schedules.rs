@@ -1062,11 +1062,12 @@ fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
     }
 }
 
-/// Issue 14, defect 7 (part): schedules whose stored definition cannot be read (a first line
-/// that is not a version, a cut JSON) are quarantined at their first firing, with a reason
-/// `schedule list` and `get` show and the daemon logs once; the mover does not retry them in
-/// a loop (its script calls stay at their idle rate), a healthy schedule keeps firing, and
-/// `schedule set` puts a quarantined one back on its timeline.
+/// Issue 14, defect 7 (part): schedules a firing cannot read (a first line that is not a
+/// version, a cut JSON, a pending occurrence that is not a whole ms) are quarantined at their
+/// first firing, with a reason `schedule list` and `get` show and the daemon logs once; the
+/// mover does not retry them in a loop (its script calls stay at their idle rate), a healthy
+/// schedule on the same shard keeps firing, and `schedule set` puts a quarantined one back
+/// on its timeline.
 #[test]
 fn an_unreadable_schedule_is_quarantined_and_the_mover_does_not_spin() {
     let redis = RedisServer::start();
@@ -1101,6 +1102,21 @@ push = "rpush"
             .query(&mut con)
             .unwrap();
     }
+    // A pending occurrence that is not a whole ms (a score written by hand), at the head of
+    // the healthy schedule's shard: it must not hold that shard's schedules up either.
+    let healthy_shard = lib.keys().shard_of("healthy");
+    let fraction = (0..)
+        .map(|i| format!("fraction-{i}"))
+        .find(|id| lib.keys().shard_of(id) == healthy_shard)
+        .unwrap();
+    rt.block_on(lib.schedule_set(every(&fraction, Duration::from_secs(3600))))
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(lib.keys().shard(healthy_shard).sched_due)
+        .arg(now as f64 + 0.5)
+        .arg(&fraction)
+        .query(&mut con)
+        .unwrap();
     let daemon = Daemon::start(&config);
     wait_for(
         "the healthy schedule fires",
@@ -1111,7 +1127,7 @@ push = "rpush"
     // The measurement window (a rate needs a duration).
     std::thread::sleep(Duration::from_secs(1));
     let rate = (crate::common::script_calls(&mut con) - before) as f64 / t0.elapsed().as_secs_f64();
-    eprintln!("script calls per second with two unreadable schedules: {rate:.0}");
+    eprintln!("script calls per second with three quarantined schedules: {rate:.0}");
     assert!(rate < 200.0, "the mover spins: {rate:.0} script calls/s");
 
     let ok = |args: &[&str]| {
@@ -1124,20 +1140,28 @@ push = "rpush"
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let list = ok(&["schedule", "list"]);
-    for id in ["no-version", "cut"] {
+    let reasons = [
+        (
+            "no-version",
+            "unreadable definition: its first line is not a version",
+        ),
+        ("cut", "unreadable definition: EOF"),
+        (fraction.as_str(), "its pending occurrence"),
+    ];
+    for (id, reason) in reasons {
         let line = list
             .lines()
             .find(|l| l.starts_with(&format!("{id} ")))
             .unwrap_or_else(|| panic!("{id} listed: {list}"));
-        assert!(line.contains("quarantined"), "{line}");
+        assert!(line.contains(&format!("quarantined: {reason}")), "{line}");
         let got = ok(&["schedule", "get", id]);
-        assert!(got.contains("quarantined: unreadable definition"), "{got}");
+        assert!(got.contains(&format!("quarantined: {reason}")), "{got}");
         let json: serde_json::Value =
             serde_json::from_str(&ok(&["schedule", "get", id, "--json"])).unwrap();
         assert!(
             json["quarantine"]["reason"]
                 .as_str()
-                .is_some_and(|r| r.starts_with("unreadable definition")),
+                .is_some_and(|r| r.starts_with(reason)),
             "{json}"
         );
         let log = daemon.log_text();
@@ -1153,7 +1177,13 @@ push = "rpush"
         Duration::from_secs(10),
         || llen(&mut con, "q:l") >= fired + 3,
     );
-    // Set again, it is back on its timeline.
+    // Pausing one that cannot be read says so; set again, it is back on its timeline.
+    let out = config.cli(&["schedule", "pause", "cut"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("schedule cut cannot be read"),
+        "{out:?}"
+    );
     ok(&[
         "schedule",
         "set",
