@@ -207,6 +207,18 @@ pub fn recovered(kind: &'static str, context: &str) {
     }
 }
 
+/// Logs (ERROR: an operator must act) and counts a schedule that a firing took off its
+/// timeline because it cannot be read; it is reported once, as it is not fired again.
+pub fn schedule_quarantined(source: &str, id: &str, reason: &str) {
+    counter!(ERRORS, "kind" => "schedule_quarantined").increment(1);
+    tracing::error!(
+        source,
+        schedule = id,
+        reason,
+        "schedule quarantined: no occurrence until `zdelay schedule set` writes it again"
+    );
+}
+
 /// Counts the messages of one batch whose `traceparent` is not W3C. Not an error of
 /// zdelay's: the header is delivered as given, only not used as a span parent.
 pub fn trace_context_invalid(sink: &str, messages: u64) {

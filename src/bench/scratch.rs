@@ -37,6 +37,8 @@ impl Scratch {
                 shard.schedules,
                 shard.sched_env,
                 shard.sched_due,
+                shard.sched_fired,
+                shard.sched_quarantine,
                 shard.max_lateness,
                 shard.history,
             ]);
@@ -114,9 +116,9 @@ mod tests {
         let keys = s.data_keys();
         let unique: std::collections::HashSet<_> = keys.iter().collect();
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
-        // Per shard: five job keys, three two-phase keys, four schedule and lateness keys,
+        // Per shard: five job keys, three two-phase keys, six schedule and lateness keys,
         // the death history, two bare keys.
-        assert_eq!(keys.len(), 2 * 15 + 4);
+        assert_eq!(keys.len(), 2 * 17 + 4);
         for k in s.registry_keys() {
             assert!(k.starts_with("{zdelay-bench}:"), "{k}");
         }

@@ -14,15 +14,15 @@ use zdelay::Client;
 use zdelay::envelope::payload_from_json;
 use zdelay::job::parse_at;
 use zdelay::schedule::{DEFAULT_MAX_CATCH_UP, Misfire, ScheduleDef};
-use zdelay::schedules::{NewSchedule, Repeat, ScheduleView};
+use zdelay::schedules::{NewSchedule, Quarantine, Repeat, ScheduleView};
 
 #[derive(clap::Subcommand)]
 pub enum ScheduleAction {
     /// Create or update a schedule (upsert by id); prints its next occurrence. An update keeps
     /// an interval's grid and a pause, and applies from the next occurrence.
     Set(Box<SetArgs>),
-    /// Every schedule: id, destination, recurrence, next occurrence, paused; the pending ones
-    /// soonest first, then the paused and ended ones.
+    /// Every schedule: id, destination, recurrence, next occurrence, paused, quarantined; the
+    /// pending ones soonest first, then the paused, ended and quarantined ones.
     List {
         #[arg(long)]
         json: bool,
@@ -243,13 +243,25 @@ fn recurrence_text(def: &ScheduleDef) -> String {
 
 fn line(view: &ScheduleView) -> String {
     format!(
-        "{}  {}  {}  next {}{}",
+        "{}  {}  {}  next {}{}{}",
         view.id,
         view.dest,
         recurrence_text(&view.def),
         occurrence(&view.def, view.next_ms),
-        if view.paused { "  (paused)" } else { "" }
+        if view.paused { "  (paused)" } else { "" },
+        view.quarantine
+            .as_ref()
+            .map_or(String::new(), |q| format!("  (quarantined: {})", q.reason))
     )
+}
+
+/// A quarantined schedule whose definition cannot be read (no [`ScheduleView`]).
+fn unreadable_line(id: &str, quarantine: &Quarantine) -> String {
+    format!("{id}  quarantined: {}", quarantine.reason)
+}
+
+fn unreadable_json(id: &str, shard: u16, quarantine: &Quarantine) -> serde_json::Value {
+    serde_json::json!({ "id": id, "shard": shard, "quarantine": quarantine.to_json() })
 }
 
 /// Runs a `schedule` action that needs Redis.
@@ -258,12 +270,32 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
         ScheduleAction::Set(args) => set(client, *args).await,
         ScheduleAction::List { json } => {
             let all = client.schedule_list().await?;
+            // Quarantined schedules with a readable definition are among `all`; the others
+            // are listed last.
+            let listed: std::collections::HashSet<&str> =
+                all.iter().map(|v| v.id.as_str()).collect();
+            let quarantined = client.schedules_quarantined().await?;
+            let unreadable: Vec<_> = quarantined
+                .iter()
+                .filter(|q| !listed.contains(q.id.as_str()))
+                .collect();
             if json {
-                let v: Vec<_> = all.iter().map(ScheduleView::to_json).collect();
+                let v: Vec<_> = all
+                    .iter()
+                    .map(ScheduleView::to_json)
+                    .chain(
+                        unreadable
+                            .iter()
+                            .map(|q| unreadable_json(&q.id, q.shard, &q.quarantine)),
+                    )
+                    .collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for view in &all {
                     println!("{}", line(view));
+                }
+                for q in unreadable {
+                    println!("{}", unreadable_line(&q.id, &q.quarantine));
                 }
             }
             Ok(0)
@@ -277,10 +309,22 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
                 println!("{}", line(&view));
                 Ok(0)
             }
-            None => {
-                eprintln!("no schedule {id}");
-                Ok(1)
-            }
+            None => match client.schedule_quarantine(&id).await? {
+                Some(quarantine) if json => {
+                    let shard = client.keys().shard_of(&id);
+                    let v = unreadable_json(&id, shard, &quarantine);
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                    Ok(0)
+                }
+                Some(quarantine) => {
+                    println!("{}", unreadable_line(&id, &quarantine));
+                    Ok(0)
+                }
+                None => {
+                    eprintln!("no schedule {id}");
+                    Ok(1)
+                }
+            },
         },
         ScheduleAction::Pause { id, json } => {
             let done = client.schedule_pause(&id).await?;

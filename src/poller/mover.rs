@@ -87,34 +87,51 @@ pub fn sleep_after(reply: &MoveReply, unit: ScoreUnit, idle: Duration) -> Durati
         .fold(idle, Duration::min)
 }
 
-/// Fires the shard's due schedules; whether any occurrence became a job (to move at once).
+/// What firing a shard's due schedules leaves to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FireOutcome {
+    /// New jobs to move, or more due than one call fires: go again at once.
+    More,
+    /// Nothing else is due now.
+    Done,
+    /// Every due schedule was fenced (changed under the call): back off instead of trying
+    /// again at once, so a schedule that keeps being fenced cannot make the loop hot.
+    Stalled,
+}
+
+impl FireOutcome {
+    fn of(report: &schedules::FireReport) -> Self {
+        if report.fired.created > 0 || report.more {
+            FireOutcome::More
+        } else if report.stalled() {
+            FireOutcome::Stalled
+        } else {
+            FireOutcome::Done
+        }
+    }
+}
+
+/// Fires the shard's due schedules (one bounded script call).
 async fn fire_schedules(
     ctx: &PollerContext,
     shard: u16,
     cache: &mut ScheduleCache,
     label: &str,
-) -> redis::RedisResult<bool> {
+) -> redis::RedisResult<FireOutcome> {
     let mut con = ctx.con_for(&TargetId::Shard(shard));
     let report = schedules::fire_due(&mut con, &ctx.keys.shard(shard), None, cache).await?;
-    let fired = report.fired;
+    let fired = &report.fired;
     if fired.created > 0 {
         ::metrics::counter!(OCCURRENCES, "outcome" => "fired").increment(fired.created);
     }
     if fired.expired > 0 {
         ::metrics::counter!(OCCURRENCES, "outcome" => "expired").increment(fired.expired);
     }
-    if report.unreadable > 0 {
-        metrics::error_event(
-            "schedule",
-            label,
-            &format!(
-                "{} schedules with an unreadable definition taken off the timeline (see \
-                 `zdelay schedule list`)",
-                report.unreadable
-            ),
-        );
+    // Taken off their timeline (the definition stays for an operator): reported once.
+    for (id, reason) in &fired.quarantined {
+        metrics::schedule_quarantined(label, id, reason);
     }
-    Ok(fired.created > 0 || report.due >= schedules::FIRE_BATCH)
+    Ok(FireOutcome::of(&report))
 }
 
 /// Capped exponential backoff for errors. The cap is low so that work resumes within about
@@ -178,7 +195,7 @@ pub async fn run(
                     }
                 }
                 if let (Target::Shard(shard), Some(at)) = (&target, reply.next_schedule_ms)
-                    && at * 1000 <= reply.now_us
+                    && at.saturating_mul(1000) <= reply.now_us
                 {
                     let fired = fire_schedules(&ctx, *shard, &mut schedule_cache, &label).await;
                     if fired.is_ok() {
@@ -186,11 +203,17 @@ pub async fn run(
                     }
                     match fired {
                         // New jobs are due now: move them without waiting.
-                        Ok(true) => continue,
-                        Ok(false) => {}
+                        Ok(FireOutcome::More) => {
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                        Ok(FireOutcome::Done) => {}
                         Err(e) if ctx.is_refusal(&e) => break,
-                        Err(e) => {
-                            metrics::error_event("redis", &schedules_label, &e);
+                        // Stalled, or failed: back off.
+                        other => {
+                            if let Err(e) = other {
+                                metrics::error_event("redis", &schedules_label, &e);
+                            }
                             let delay = backoff.step();
                             tokio::select! {
                                 _ = tokio::time::sleep(delay) => {}
@@ -316,6 +339,32 @@ mod tests {
         assert_eq!(
             sleep_after(&reply(0, Some(1e12)), ScoreUnit::Millis, idle),
             idle
+        );
+    }
+
+    #[test]
+    fn firing_goes_on_at_once_only_after_progress() {
+        use zdelay_client::schedules::FireReport;
+        let report = |created, more, sent, fenced| {
+            let mut r = FireReport {
+                due: sent,
+                sent,
+                more,
+                ..FireReport::default()
+            };
+            r.fired.created = created;
+            r.fired.fenced = fenced;
+            r
+        };
+        assert_eq!(FireOutcome::of(&report(3, false, 3, 0)), FireOutcome::More);
+        assert_eq!(FireOutcome::of(&report(0, true, 1, 0)), FireOutcome::More);
+        assert_eq!(FireOutcome::of(&report(0, false, 0, 0)), FireOutcome::Done);
+        // Skipped or quarantined: progress, nothing to move.
+        assert_eq!(FireOutcome::of(&report(0, false, 2, 1)), FireOutcome::Done);
+        // Every one fenced: back off.
+        assert_eq!(
+            FireOutcome::of(&report(0, false, 2, 2)),
+            FireOutcome::Stalled
         );
     }
 

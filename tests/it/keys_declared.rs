@@ -14,7 +14,7 @@ use zdelay::store::scripts::ALL;
 
 /// One line of `redis-cli MONITOR`: the client (`lua` for commands run by a script) and the
 /// command's arguments, unescaped.
-fn parse_monitor_line(line: &str) -> Option<(String, Vec<Vec<u8>>)> {
+pub(crate) fn parse_monitor_line(line: &str) -> Option<(String, Vec<Vec<u8>>)> {
     let open = line.find('[')?;
     let close = open + line[open..].find(']')?;
     let client = line[open + 1..close].split(' ').nth(1)?.to_owned();

@@ -18,7 +18,7 @@ use zdelay::store::scripts;
 use zdelay::{Client, Due, NewJob, OnConflict};
 
 /// Every kind of shard key, with how to read it whole.
-const STRUCTURES: [(&str, Kind); 13] = [
+const STRUCTURES: [(&str, Kind); 15] = [
     ("due", Kind::Zset),
     ("jobs", Kind::Hash),
     ("inflight", Kind::Zset),
@@ -31,6 +31,8 @@ const STRUCTURES: [(&str, Kind); 13] = [
     ("schedules", Kind::Hash),
     ("sched_env", Kind::Hash),
     ("sched_due", Kind::Zset),
+    ("sched_fired", Kind::Zset),
+    ("sched_quarantine", Kind::Hash),
     ("history", Kind::Hash),
 ];
 
@@ -428,6 +430,18 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
     }
     let mut boxed = place.conn();
     let con: &mut dyn ConnectionLike = boxed.as_mut();
+    // A quarantine (what a firing leaves on a schedule it cannot read) moves too.
+    let old_keys = Keys::new("zdelay", from);
+    let _: () = redis::cmd("HSET")
+        .arg(
+            old_keys
+                .shard(old_keys.shard_of("sched-0"))
+                .sched_quarantine,
+        )
+        .arg("sched-0")
+        .arg("1 unreadable definition: a test")
+        .query(con)
+        .unwrap();
     let before = snapshot(con, from, Some(from));
     let count = |structure: &str| before.keys().filter(|(s, _)| s == structure).count();
     assert_eq!(
@@ -438,6 +452,12 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
     assert_eq!(count("max_lateness"), 10);
     assert_eq!(count("schedules"), 20);
     assert_eq!(count("sched_due"), 20);
+    assert_eq!(
+        count("sched_fired"),
+        20,
+        "each schedule's mark, its creation"
+    );
+    assert_eq!(count("sched_quarantine"), 1);
     assert_eq!(count("inflight"), loaded.in_flight);
     assert_eq!(count("ready"), loaded.mirror.len() - loaded.in_flight);
     assert_eq!(count("dead"), loaded.dead.len());
@@ -535,6 +555,8 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
                 "schedules",
                 "sched_env",
                 "sched_due",
+                "sched_fired",
+                "sched_quarantine",
                 "history",
             ]
             .contains(&s.as_str())

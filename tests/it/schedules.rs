@@ -1,6 +1,10 @@
 //! Recurring schedules through the daemon: every occurrence once across a kill -9, several
 //! daemons, misfire policies after a stop, upserts that keep the grid, a Redis restart,
-//! 10k schedules on one second, max lateness; and the `schedule` CLI.
+//! 10k schedules on one second, max lateness; and the `schedule` CLI. Issue 14: a set racing
+//! a firing (deterministic, through a failpoint) and concurrent re-applies never fire an
+//! occurrence twice or skip one, an update while no daemon runs leaves due occurrences to
+//! the misfire policy, a big catch-up is written in bounded calls, and an unreadable
+//! schedule is quarantined without making the mover spin.
 
 use crate::common::{Daemon, RedisServer, TestConfig, llen, redis_now_ms, runtime, wait_for};
 use std::time::{Duration, Instant};
@@ -556,4 +560,645 @@ target = "q:r"
     let view = rt.block_on(lib.get("late")).unwrap().unwrap();
     assert!(view.reason.unwrap_or_default().starts_with("expired"));
     assert_eq!(llen(&mut remote.conn(), "q:r"), 0, "not delivered stale");
+}
+
+/// Fires what is due in `id`'s shard at `now` (explicit: tests drive time), then moves what
+/// is due at `now` to the lists; returns the occurrences written as jobs.
+fn fire_and_move(
+    rt: &tokio::runtime::Runtime,
+    lib: &Client,
+    ctx: &zdelay::poller::PollerContext,
+    id: &str,
+    now: i64,
+) -> u64 {
+    let shard = lib.keys().shard_of(id);
+    let keys = lib.keys().shard(shard);
+    let mut con = lib.connection();
+    let mut cache = zdelay::schedules::ScheduleCache::default();
+    let report = rt
+        .block_on(zdelay::schedules::fire_due(
+            &mut con,
+            &keys,
+            Some(now),
+            &mut cache,
+        ))
+        .expect("fire_due");
+    rt.block_on(zdelay::poller::move_once(
+        ctx,
+        &zdelay::poller::Target::Shard(shard),
+        Some(now),
+    ))
+    .expect("move_once");
+    report.fired.created
+}
+
+/// `zdelay schedule set ARGS` stalled after it read the schedule and Redis's clock (the
+/// `schedule_hold_after_read` failpoint): returns once it is there, with the file whose
+/// creation lets it go on.
+#[cfg(feature = "test-failpoints")]
+fn stalled_set(config: &TestConfig, args: &[&str]) -> (std::process::Child, std::path::PathBuf) {
+    let release = config.path.with_file_name(format!(
+        "release-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let child = std::process::Command::new(crate::common::zdelay_bin())
+        .arg("--config")
+        .arg(&config.path)
+        .args(["schedule", "set"])
+        .args(args)
+        .env("ZDELAY_LOG", "warn")
+        .env(
+            "ZDELAY_FAILPOINT",
+            format!("schedule_hold_after_read={}", release.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("zdelay schedule set starts");
+    let reached = release.with_extension("reached");
+    wait_for("the set read the schedule", Duration::from_secs(20), || {
+        reached.exists()
+    });
+    (child, release)
+}
+
+#[cfg(feature = "test-failpoints")]
+fn release_set(child: std::process::Child, release: &std::path::Path) -> String {
+    std::fs::write(release, b"").unwrap();
+    let out = child.wait_with_output().expect("the set ends");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What the race tests share: a Redis, a config with a local route, a client, a poller
+/// context to move jobs with an explicit clock.
+#[cfg(feature = "test-failpoints")]
+struct Race {
+    redis: RedisServer,
+    config: TestConfig,
+    rt: tokio::runtime::Runtime,
+    lib: Client,
+    ctx: zdelay::poller::PollerContext,
+}
+
+#[cfg(feature = "test-failpoints")]
+impl Race {
+    fn new() -> Self {
+        let redis = RedisServer::start();
+        let config = config(&redis, "");
+        let rt = runtime();
+        let lib = client(&rt, &redis);
+        let cfg = zdelay::config::load(Some(&config.path)).expect("config");
+        let ctx = zdelay::poller::PollerContext::new(lib.connection(), &cfg, Default::default());
+        Race {
+            redis,
+            config,
+            rt,
+            lib,
+            ctx,
+        }
+    }
+
+    /// Creates an hourly schedule (so a set reads the clock well before its first
+    /// occurrence whatever the machine's load; time is driven explicitly from there on) and
+    /// returns that occurrence.
+    fn hourly(&self, id: &str) -> i64 {
+        let spec = NewSchedule::new(id, "l", "x", Repeat::Every(Duration::from_secs(3600)));
+        let set = self.rt.block_on(self.lib.schedule_set(spec)).unwrap();
+        set.next_ms.unwrap()
+    }
+
+    fn fire_and_move(&self, id: &str, now: i64) -> u64 {
+        fire_and_move(&self.rt, &self.lib, &self.ctx, id, now)
+    }
+
+    fn delivered(&self) -> usize {
+        llen(&mut self.redis.conn(), "q:l")
+    }
+
+    fn next_ms(&self, id: &str) -> Option<i64> {
+        let view = self.rt.block_on(self.lib.schedule_get(id)).unwrap();
+        view.expect("the schedule exists").next_ms
+    }
+}
+
+/// The arguments of `schedule set` for [`Race::hourly`]'s schedule, unchanged.
+#[cfg(feature = "test-failpoints")]
+const HOURLY: [&str; 6] = ["--dest", "l", "--every", "1h", "--payload", "x"];
+
+/// Issue 14, defect 1, made deterministic: a `schedule set` re-applying a schedule unchanged
+/// reads it and Redis's clock just before occurrence O; O fires and is delivered; then the
+/// set writes. O must not be pending again (it would be written and delivered twice), and
+/// the grid stays.
+#[cfg(feature = "test-failpoints")]
+#[test]
+fn a_set_racing_a_firing_never_fires_an_occurrence_twice() {
+    let race = Race::new();
+    let o = race.hourly("race");
+    let (child, release) = stalled_set(&race.config, &[&["race"], &HOURLY[..]].concat());
+    assert_eq!(race.fire_and_move("race", o), 1, "O fires");
+    assert_eq!(race.delivered(), 1);
+    release_set(child, &release);
+    assert_eq!(
+        race.fire_and_move("race", o + 1_800_000),
+        0,
+        "nothing is due half an hour after O"
+    );
+    assert_eq!(race.delivered(), 1, "O delivered once");
+    assert_eq!(race.next_ms("race"), Some(o + 3_600_000), "the grid kept");
+}
+
+/// The same race with a set that changes the timing (an end far away): its next occurrence
+/// is planned again, after what fired meanwhile.
+#[cfg(feature = "test-failpoints")]
+#[test]
+fn a_timing_change_racing_a_firing_plans_after_what_fired() {
+    let race = Race::new();
+    let o = race.hourly("race");
+    let end = (o + 100 * 3_600_000).to_string();
+    let args = [&["race"], &HOURLY[..], &["--end-at", &end]].concat();
+    let (child, release) = stalled_set(&race.config, &args);
+    assert_eq!(race.fire_and_move("race", o), 1, "O fires");
+    release_set(child, &release);
+    assert_eq!(race.fire_and_move("race", o + 1_800_000), 0);
+    assert_eq!(race.delivered(), 1, "O delivered once");
+    assert_eq!(race.next_ms("race"), Some(o + 3_600_000));
+}
+
+/// The same race with the schedule deleted and created again between the set's read and its
+/// write (the one created again has the version the set read): the set does not bring
+/// back the old grid's O.
+#[cfg(feature = "test-failpoints")]
+#[test]
+fn a_set_racing_a_delete_and_create_never_fires_an_occurrence_twice() {
+    let race = Race::new();
+    let o = race.hourly("race");
+    let (child, release) = stalled_set(&race.config, &[&["race"], &HOURLY[..]].concat());
+    assert_eq!(race.fire_and_move("race", o), 1, "O fires");
+    assert!(race.rt.block_on(race.lib.schedule_delete("race")).unwrap());
+    let next = race.hourly("race");
+    assert!(next > o, "a new grid, anchored later");
+    release_set(child, &release);
+    assert_eq!(
+        race.fire_and_move("race", next - 1),
+        0,
+        "O is not pending again"
+    );
+    assert_eq!(race.delivered(), 1, "O delivered once");
+}
+
+/// Issue 14, defect 1, through the real daemon: a per-second schedule to a local list,
+/// re-applied unchanged by four concurrent loops of `zdelay schedule set` (as deploy tooling
+/// does) for its whole ten-second window: each of its ten occurrences is written once (read
+/// from `MONITOR`: the job each firing writes) and delivered once, none skipped.
+#[test]
+fn concurrent_unchanged_sets_keep_every_occurrence_exactly_once() {
+    let redis = RedisServer::start();
+    let config = config(&redis, "");
+    let mut con = redis.conn();
+    let monitor_file = tempfile::NamedTempFile::new().expect("temp file");
+    let mut monitor = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string(), "MONITOR"])
+        .stdout(std::process::Stdio::from(
+            monitor_file.reopen().expect("reopen"),
+        ))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-cli MONITOR");
+    let _daemon = Daemon::start(&config);
+    let start = (redis_now_ms(&mut con) / 1000 + 3) * 1000;
+    let end = start + 10_000;
+    let (start_text, end_text) = (start.to_string(), end.to_string());
+    let args = [
+        "schedule",
+        "set",
+        "tick",
+        "--dest",
+        "l",
+        "--cron",
+        "* * * * * *",
+        "--payload",
+        "x",
+        "--start-at",
+        &start_text,
+        "--end-at",
+        &end_text,
+    ];
+    let set = |config: &TestConfig| {
+        let out = config.cli(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    set(&config);
+    let sets = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let mut con = redis.conn();
+                while redis_now_ms(&mut con) < end + 500 {
+                    set(&config);
+                    sets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let lib_rt = runtime();
+    let lib = client(&lib_rt, &redis);
+    wait_for(
+        "the window over and delivered",
+        Duration::from_secs(20),
+        || {
+            let counts = lib_rt.block_on(lib.schedule_counts()).unwrap();
+            counts.pending == 0 && crate::common::shard_total(&mut con, SHARDS, "jobs") == 0
+        },
+    );
+    let delivered = llen(&mut con, "q:l");
+    let _: String = redis::cmd("ECHO")
+        .arg("schedules-monitor-end")
+        .query(&mut con)
+        .expect("ECHO");
+    wait_for("MONITOR caught up", Duration::from_secs(20), || {
+        std::fs::read_to_string(monitor_file.path())
+            .unwrap_or_default()
+            .contains("schedules-monitor-end")
+    });
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    let text = std::fs::read_to_string(monitor_file.path()).unwrap();
+    // Every job a firing wrote: HSETNX <shard>:jobs {tick}:<ms> <envelope>, run by a script.
+    let mut written: Vec<i64> = text
+        .lines()
+        .filter_map(crate::keys_declared::parse_monitor_line)
+        .filter(|(client, args)| {
+            client == "lua" && args.len() == 4 && args[0].eq_ignore_ascii_case(b"HSETNX")
+        })
+        .filter_map(|(_, args)| {
+            let field = String::from_utf8(args[2].clone()).ok()?;
+            field.strip_prefix("{tick}:")?.parse().ok()
+        })
+        .collect();
+    written.sort_unstable();
+    eprintln!(
+        "{} concurrent sets; occurrences written {written:?}",
+        sets.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    let want: Vec<i64> = (0..10).map(|k| start + k * 1000).collect();
+    assert_eq!(written, want, "each occurrence written once, none skipped");
+    assert_eq!(delivered, 10, "each delivered once");
+}
+
+/// Issue 14: an update while no daemon runs (the pending occurrence already due) does not
+/// drop the due occurrences: a daemon started afterwards delivers what each misfire policy
+/// says, with the updated payload.
+#[test]
+fn an_update_while_no_daemon_runs_leaves_due_occurrences_to_the_misfire_policy() {
+    let redis = RedisServer::start();
+    let config = config(&redis, "");
+    let rt = runtime();
+    let lib = client(&rt, &redis);
+    let mut con = redis.conn();
+    // Three occurrences (start, +1 s, +2 s), all past before any daemon runs.
+    let start = redis_now_ms(&mut con) + 500;
+    let end = start + 3_000;
+    let policies = [
+        ("coalesce", "l", Misfire::Coalesce),
+        ("skip", "a", Misfire::Skip),
+        ("catch-up", "b", Misfire::CatchUp { max: 100 }),
+    ];
+    let spec = |id: &str, list: &str, misfire: Misfire, payload: &str| {
+        let mut spec = windowed(id, list, Duration::from_secs(1), start, end);
+        spec.misfire = misfire;
+        spec.payload = payload.as_bytes().to_vec();
+        spec
+    };
+    for (id, list, misfire) in policies {
+        rt.block_on(lib.schedule_set(spec(id, list, misfire, "v1")))
+            .expect("set");
+    }
+    wait_for("the window over", Duration::from_secs(10), || {
+        redis_now_ms(&mut con) > end + 100
+    });
+    for (id, list, misfire) in policies {
+        let set = rt
+            .block_on(lib.schedule_set(spec(id, list, misfire, "v2")))
+            .expect("update");
+        assert_eq!(
+            set.next_ms,
+            Some(start),
+            "{id}: the due occurrence stays pending"
+        );
+    }
+    let _daemon = Daemon::start(&config);
+    wait_for("every schedule fired", Duration::from_secs(10), || {
+        rt.block_on(lib.schedule_counts()).unwrap().pending == 0
+            && crate::common::shard_total(&mut con, SHARDS, "jobs") == 0
+    });
+    let got = |con: &mut redis::Connection, list: &str| crate::common::lrange(con, list);
+    assert_eq!(got(&mut con, "q:l"), vec![b"v2".to_vec()], "coalesce: one");
+    assert!(got(&mut con, "q:a").is_empty(), "skip: none");
+    assert_eq!(
+        got(&mut con, "q:b"),
+        vec![b"v2".to_vec(); 3],
+        "catch_up: each of the three"
+    );
+}
+
+/// The Redis time (µs) `SLOWLOG` recorded for each call of the script `sha` since the last
+/// `SLOWLOG RESET`, which it then does.
+fn slowlog_script_us(con: &mut redis::Connection, sha: &str) -> Vec<i64> {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(con)
+        .expect("SLOWLOG GET");
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query(con).unwrap();
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        _ => String::new(),
+    };
+    entries
+        .iter()
+        .filter_map(|entry| match entry {
+            redis::Value::Array(fields) => match (&fields.get(2)?, &fields.get(3)?) {
+                (redis::Value::Int(us), redis::Value::Array(args))
+                    if args.len() > 1
+                        && text(&args[0]).eq_ignore_ascii_case("EVALSHA")
+                        && text(&args[1]) == sha =>
+                {
+                    Some(*us)
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 14, defect 4: 500 schedules that each missed 10,000 occurrences, with `catch_up` up
+/// to 10,000 (5,000,000 occurrences): every fire call writes at most 1,000 of them (a short
+/// script: its time in Redis is read from `SLOWLOG`), and over the calls each occurrence
+/// the policy keeps is written exactly once. The jobs are taken away after each call, as a
+/// mover would move them, so Redis holds no more than one call's worth.
+#[test]
+fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
+    const SCHEDULES: usize = 500;
+    const MISSED: i64 = 10_000;
+    /// The most occurrences one call may write (`schedules::FIRE_MAX_OCCURRENCES`).
+    const BOUND: u64 = 1_000;
+    let redis = RedisServer::start();
+    let rt = runtime();
+    let lib = client(&rt, &redis);
+    let mut con = redis.conn();
+    let created: Vec<Vec<(String, i64)>> =
+        rt.block_on(futures::future::join_all((0..16).map(|part| {
+            let lib = &lib;
+            async move {
+                let mut out = Vec::new();
+                for i in (part..SCHEDULES).step_by(16) {
+                    let id = format!("big-{i}");
+                    let mut spec =
+                        NewSchedule::new(&id, "l", "x", Repeat::Every(Duration::from_secs(1)));
+                    spec.misfire = Misfire::CatchUp { max: MISSED as u32 };
+                    let set = lib.schedule_set(spec).await.expect("set");
+                    out.push((id, set.next_ms.expect("a next occurrence")));
+                }
+                out
+            }
+        })));
+    let first: std::collections::HashMap<String, i64> = created.into_iter().flatten().collect();
+    // As if no daemon ran for 10,000 s: each schedule has at least 10,000 due occurrences.
+    let now = first.values().max().unwrap() + (MISSED - 1) * 1000;
+    let (_, source) = zdelay::store::scripts::ALL
+        .iter()
+        .find(|(name, _)| *name == "fire_schedules")
+        .unwrap();
+    let sha = redis::Script::new(source).get_hash().to_owned();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query(&mut con).unwrap();
+    let mut written: std::collections::HashMap<String, Vec<i64>> = Default::default();
+    let (mut calls, mut most, mut script_us) = (0, 0, Vec::new());
+    let started = Instant::now();
+    for shard in 0..SHARDS {
+        let keys = lib.keys().shard(shard);
+        let mut fire_con = lib.connection();
+        let mut cache = zdelay::schedules::ScheduleCache::default();
+        loop {
+            let report = rt
+                .block_on(zdelay::schedules::fire_due(
+                    &mut fire_con,
+                    &keys,
+                    Some(now),
+                    &mut cache,
+                ))
+                .expect("fire_due");
+            let n = report.fired.created + report.fired.expired;
+            assert!(n <= BOUND, "one call wrote {n} occurrences");
+            calls += 1;
+            most = most.max(n);
+            script_us.extend(slowlog_script_us(&mut con, &sha));
+            let ids: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&keys.due)
+                .arg(0)
+                .arg(-1)
+                .query(&mut con)
+                .unwrap();
+            assert_eq!(ids.len() as u64, report.fired.created);
+            for id in ids {
+                let (schedule, at) = id
+                    .strip_prefix('{')
+                    .and_then(|rest| rest.split_once("}:"))
+                    .unwrap_or_else(|| panic!("an occurrence id: {id}"));
+                written
+                    .entry(schedule.to_owned())
+                    .or_default()
+                    .push(at.parse().unwrap());
+            }
+            let _: () = redis::cmd("UNLINK")
+                .arg(&keys.due)
+                .arg(&keys.jobs)
+                .query(&mut con)
+                .unwrap();
+            if report.due == 0 {
+                break;
+            }
+        }
+    }
+    script_us.sort_unstable();
+    let at = |q: f64| script_us[((script_us.len() - 1) as f64 * q) as usize];
+    eprintln!(
+        "{} occurrences in {calls} calls ({:?}): at most {most} per call; the script's time \
+         in Redis: median {} µs, p99 {} µs, max {} µs",
+        written.values().map(Vec::len).sum::<usize>(),
+        started.elapsed(),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+    assert_eq!(written.len(), SCHEDULES);
+    for (id, mut times) in written {
+        let first = first[&id];
+        let last = first + (now - first) / 1000 * 1000;
+        times.sort_unstable();
+        let want: Vec<i64> = (0..MISSED)
+            .map(|k| last - (MISSED - 1 - k) * 1000)
+            .collect();
+        assert!(times == want, "{id}: each of the latest 10,000 once");
+    }
+}
+
+/// Issue 14, defect 7 (part): schedules a firing cannot read (a first line that is not a
+/// version, a cut JSON, a pending occurrence that is not a whole ms) are quarantined at their
+/// first firing, with a reason `schedule list` and `get` show and the daemon logs once; the
+/// mover does not retry them in a loop (its script calls stay at their idle rate), a healthy
+/// schedule on the same shard keeps firing, and `schedule set` puts a quarantined one back
+/// on its timeline.
+#[test]
+fn an_unreadable_schedule_is_quarantined_and_the_mover_does_not_spin() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        SHARDS,
+        r#"
+[poller]
+idle_poll = "500ms"
+
+[[routes]]
+name = "l"
+sink = "local"
+target = "q:l"
+push = "rpush"
+"#,
+    );
+    let rt = runtime();
+    let lib = client(&rt, &redis);
+    let mut con = redis.conn();
+    let every = |id: &str, every: Duration| NewSchedule::new(id, "l", id, Repeat::Every(every));
+    rt.block_on(lib.schedule_set(every("healthy", Duration::from_millis(200))))
+        .unwrap();
+    let now = redis_now_ms(&mut con);
+    for (id, record) in [("no-version", "v2\n{}"), ("cut", "1\n{\"dest\":\"l\",")] {
+        rt.block_on(lib.schedule_set(every(id, Duration::from_secs(3600))))
+            .unwrap();
+        let keys = lib.keys().shard(lib.keys().shard_of(id));
+        let _: () = redis::pipe()
+            .hset(&keys.schedules, id, record)
+            .zadd(&keys.sched_due, id, now)
+            .query(&mut con)
+            .unwrap();
+    }
+    // A pending occurrence that is not a whole ms (a score written by hand), at the head of
+    // the healthy schedule's shard: it must not hold that shard's schedules up either.
+    let healthy_shard = lib.keys().shard_of("healthy");
+    let fraction = (0..)
+        .map(|i| format!("fraction-{i}"))
+        .find(|id| lib.keys().shard_of(id) == healthy_shard)
+        .unwrap();
+    rt.block_on(lib.schedule_set(every(&fraction, Duration::from_secs(3600))))
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(lib.keys().shard(healthy_shard).sched_due)
+        .arg(now as f64 + 0.5)
+        .arg(&fraction)
+        .query(&mut con)
+        .unwrap();
+    let daemon = Daemon::start(&config);
+    wait_for(
+        "the healthy schedule fires",
+        Duration::from_secs(10),
+        || llen(&mut con, "q:l") >= 3,
+    );
+    let (before, t0) = (crate::common::script_calls(&mut con), Instant::now());
+    // The measurement window (a rate needs a duration).
+    std::thread::sleep(Duration::from_secs(1));
+    let rate = (crate::common::script_calls(&mut con) - before) as f64 / t0.elapsed().as_secs_f64();
+    eprintln!("script calls per second with three quarantined schedules: {rate:.0}");
+    assert!(rate < 200.0, "the mover spins: {rate:.0} script calls/s");
+
+    let ok = |args: &[&str]| {
+        let out = config.cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let list = ok(&["schedule", "list"]);
+    let reasons = [
+        (
+            "no-version",
+            "unreadable definition: its first line is not a version",
+        ),
+        ("cut", "unreadable definition: EOF"),
+        (fraction.as_str(), "its pending occurrence"),
+    ];
+    for (id, reason) in reasons {
+        let line = list
+            .lines()
+            .find(|l| l.starts_with(&format!("{id} ")))
+            .unwrap_or_else(|| panic!("{id} listed: {list}"));
+        assert!(line.contains(&format!("quarantined: {reason}")), "{line}");
+        let got = ok(&["schedule", "get", id]);
+        assert!(got.contains(&format!("quarantined: {reason}")), "{got}");
+        let json: serde_json::Value =
+            serde_json::from_str(&ok(&["schedule", "get", id, "--json"])).unwrap();
+        assert!(
+            json["quarantine"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with(reason)),
+            "{json}"
+        );
+        let log = daemon.log_text();
+        let logged = log
+            .lines()
+            .filter(|l| l.contains("quarantined") && l.contains(id))
+            .count();
+        assert_eq!(logged, 1, "{id} logged once:\n{log}");
+    }
+    let fired = llen(&mut con, "q:l");
+    wait_for(
+        "the healthy schedule keeps firing",
+        Duration::from_secs(10),
+        || llen(&mut con, "q:l") >= fired + 3,
+    );
+    // Pausing one that cannot be read says so; set again, it is back on its timeline.
+    let out = config.cli(&["schedule", "pause", "cut"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("schedule cut cannot be read"),
+        "{out:?}"
+    );
+    ok(&[
+        "schedule",
+        "set",
+        "cut",
+        "--dest",
+        "l",
+        "--every",
+        "1h",
+        "--payload",
+        "x",
+    ]);
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["schedule", "get", "cut", "--json"])).unwrap();
+    assert!(
+        json["next_ms"].is_i64() && json["quarantine"].is_null(),
+        "{json}"
+    );
 }

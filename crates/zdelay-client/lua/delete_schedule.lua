@@ -1,17 +1,24 @@
--- delete_schedule: remove a recurring schedule and its pending occurrence. Occurrences already
--- turned into jobs (due now, or handed to a sink) are left to complete.
+-- delete_schedule: remove a recurring schedule, its pending occurrence and any quarantine.
+-- Occurrences already turned into jobs (due now, or handed to a sink) are left to complete.
+-- Its high-water mark stays (a tombstone) until it is older than the retention: a schedule
+-- created again with this id plans after it, and a write that read the schedule before the
+-- delete finds the mark changed or the version gone, so nothing the deleted schedule fired is
+-- fired again. Marks older than the retention (of any schedule) are pruned here, at most 100
+-- per call.
 -- KEYS[1] schedules HASH  {zdelay:3}:schedules
 -- KEYS[2] sched_env HASH  {zdelay:3}:sched_env
 -- KEYS[3] sched_due ZSET  {zdelay:3}:sched_due
--- KEYS[4] shards    STRING {zdelay:3}:shards layout marker: the shard count once resharded, or
+-- KEYS[4] sched_fired ZSET {zdelay:3}:sched_fired id -> high-water mark ms
+-- KEYS[5] sched_quarantine HASH {zdelay:3}:sched_quarantine
+-- KEYS[6] shards    STRING {zdelay:3}:shards layout marker: the shard count once resharded, or
 --                                           "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
--- ARGV[2] schedule id
+-- ARGV[2] schedule id; ARGV[3] mark retention ms
 -- Returns: 1 deleted, 0 no such schedule.
 -- Re-run safety: yes; a second run returns 0.
 -- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[4])
+local layout = redis.call('GET', KEYS[6])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
@@ -19,6 +26,12 @@ if layout and layout ~= ARGV[1] then
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end
 local id = ARGV[2]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - tonumber(ARGV[3])),
+  'LIMIT', 0, 100)
+if #old > 0 then redis.call('ZREM', KEYS[4], unpack(old)) end
 redis.call('ZREM', KEYS[3], id)
 redis.call('HDEL', KEYS[2], id)
+redis.call('HDEL', KEYS[5], id)
 return redis.call('HDEL', KEYS[1], id)

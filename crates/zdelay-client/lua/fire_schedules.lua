@@ -1,11 +1,18 @@
--- fire_schedules: turn due occurrences of recurring schedules into jobs and write each
--- schedule's next occurrence, in one step: a crash never loses a schedule or forks it. The
--- caller planned each schedule (misfire policy, max lateness, next occurrence) from what
--- due_schedules read; a schedule whose occurrence or version changed since (another daemon
--- fired it, an update, a delete) is left alone ("fenced").
+-- fire_schedules: turn due occurrences of recurring schedules into jobs, raise each
+-- schedule's high-water mark and write its pending occurrence, in one step: a crash never
+-- loses a schedule or forks it. The caller planned each schedule (misfire policy, max
+-- lateness, the next occurrence) from what due_schedules read; a schedule whose pending
+-- occurrence or version changed since (another daemon fired it, an update, a delete) is left
+-- alone ("fenced"). A schedule the caller could not read is quarantined instead: taken off
+-- its timeline with a reason, until `schedule set` writes it again.
 -- Each occurrence becomes an ordinary job with its own id (keys::occurrence_id: in the
 -- schedule's shard), due at its occurrence time and carrying the schedule's envelope, so
 -- move_due delivers it like any job (exactly once to a local list, fenced to a sink).
+-- INVARIANT: an occurrence at or before the schedule's mark is never written (it was
+-- decided once already), and the mark only rises: no occurrence is ever written twice.
+-- A call writes at most 1000 occurrences (refused otherwise): a big catch-up is split by the
+-- caller over several calls, each leaving the next unwritten occurrence pending (still due),
+-- so a crash between calls loses nothing and repeats nothing.
 -- KEYS[1] due          ZSET {zdelay:3}:due
 -- KEYS[2] jobs         HASH {zdelay:3}:jobs
 -- KEYS[3] dead         ZSET {zdelay:3}:dead
@@ -13,71 +20,110 @@
 -- KEYS[5] max_lateness HASH {zdelay:3}:max_lateness
 -- KEYS[6] schedules    HASH {zdelay:3}:schedules  id -> "<version>\n<definition JSON>"
 -- KEYS[7] sched_env    HASH {zdelay:3}:sched_env  id -> the occurrences' envelope
--- KEYS[8] sched_due    ZSET {zdelay:3}:sched_due  id -> next occurrence ms
--- KEYS[9] shards    STRING {zdelay:3}:shards layout marker: the shard count once resharded, or
+-- KEYS[8] sched_due    ZSET {zdelay:3}:sched_due  id -> pending occurrence ms
+-- KEYS[9] sched_fired  ZSET {zdelay:3}:sched_fired id -> high-water mark ms
+-- KEYS[10] sched_quarantine HASH {zdelay:3}:sched_quarantine id -> "<ms> <reason>"
+-- KEYS[11] shards   STRING {zdelay:3}:shards layout marker: the shard count once resharded, or
 --                                           "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
--- ARGV[2] now ms (when occurrences expired die)
--- ARGV[3..] per schedule: id, the occurrence ms read, version read ("" for a schedule whose
---   definition is missing or unreadable: it is taken off the timeline), next occurrence ms
---   ("" = ended), max lateness ms ("" = none), D, then D pairs (job id, occurrence ms) to
---   deliver, E, then E pairs (job id, occurrence ms) expired
--- Returns: { jobs created, occurrences expired, schedules fenced }
--- Re-run safety: yes; the first run moved each schedule's occurrence, so a re-run is fenced,
---   and an occurrence job that exists is never written twice.
+-- ARGV[2] now ms (when occurrences expired die, when a quarantine began)
+-- ARGV[3] mark retention ms: marks older than now minus this are pruned, at most 100 a call
+-- ARGV[4..] per schedule: id, its pending occurrence as due_schedules read it (the exact
+--   score text), version read ("" when the definition has none), the mark to set ("" =
+--   leave it), next pending occurrence ms ("" = none: ended), max lateness ms ("" = none),
+--   quarantine reason ("" = none; otherwise nothing else applies), D, then D pairs (job id,
+--   occurrence ms) to deliver, E, then E pairs (job id, occurrence ms) expired
+-- Returns: { jobs created, occurrences expired, schedules fenced, then for each schedule
+--   quarantined its id and the reason };
+--   error ZDELAY_FIRE_BOUND <n> (nothing written) when the call carries more than 1000
+--   occurrences.
+-- Re-run safety: yes; the first run moved each schedule's pending occurrence, so a re-run is
+--   fenced, and no occurrence at or before the mark is written.
 -- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[9])
+local layout = redis.call('GET', KEYS[11])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
   end
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end
+local MAX_OCCURRENCES = 1000
 local due_key, jobs_key, dead_key, reasons_key, limit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local schedules_key, env_key, sched_due_key = KEYS[6], KEYS[7], KEYS[8]
+local fired_key, quarantine_key = KEYS[9], KEYS[10]
 local now = tonumber(ARGV[2])
-local created, expired, fenced = 0, 0, 0
-local i = 3
+-- Where each schedule's arguments start, and the bound, before anything is written.
+local starts, total, i = {}, 0, 4
 while i <= #ARGV do
-  local id, read_due, read_version, next_ms, limit = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  local deliver = tonumber(ARGV[i + 5])
-  local first_deliver = i + 6
+  starts[#starts + 1] = i
+  local deliver = tonumber(ARGV[i + 7])
+  local expired = tonumber(ARGV[i + 8 + 2 * deliver])
+  total = total + deliver + expired
+  i = i + 9 + 2 * (deliver + expired)
+end
+if total > MAX_OCCURRENCES then
+  return redis.error_reply('ZDELAY_FIRE_BOUND ' .. total)
+end
+local old = redis.call('ZRANGEBYSCORE', fired_key, '-inf', '(' .. (now - tonumber(ARGV[3])),
+  'LIMIT', 0, 100)
+if #old > 0 then redis.call('ZREM', fired_key, unpack(old)) end
+local created, expired, fenced, quarantined = 0, 0, 0, {}
+local function quarantine(id, reason)
+  redis.call('ZREM', sched_due_key, id)
+  redis.call('HSET', quarantine_key, id, now .. ' ' .. reason)
+  quarantined[#quarantined + 1] = id
+  quarantined[#quarantined + 1] = reason
+end
+for _, s in ipairs(starts) do
+  local id, read_due, read_version = ARGV[s], ARGV[s + 1], ARGV[s + 2]
+  local set_mark, next_ms, limit, reason = ARGV[s + 3], ARGV[s + 4], ARGV[s + 5], ARGV[s + 6]
+  local deliver = tonumber(ARGV[s + 7])
+  local first_deliver = s + 8
   local n_expired = tonumber(ARGV[first_deliver + 2 * deliver])
   local first_expired = first_deliver + 2 * deliver + 1
-  i = first_expired + 2 * n_expired
   local score = redis.call('ZSCORE', sched_due_key, id)
   local record = redis.call('HGET', schedules_key, id)
   local version = record and string.match(record, '^(%d+)\n') or ''
-  -- Without an envelope there is nothing to deliver: the occurrence is only moved on.
-  local envelope = redis.call('HGET', env_key, id)
-  if not score or tonumber(score) ~= tonumber(read_due) or version ~= read_version then
+  if score ~= read_due or version ~= read_version then
     fenced = fenced + 1
-  elseif envelope then
-    for k = 0, deliver - 1 do
-      local job, at = ARGV[first_deliver + 2 * k], ARGV[first_deliver + 2 * k + 1]
-      if redis.call('HSETNX', jobs_key, job, envelope) == 1 then
-        redis.call('ZADD', due_key, at, job)
-        if limit ~= '' then redis.call('HSET', limit_key, job, limit) end
-        created = created + 1
-      end
-    end
-    for k = 0, n_expired - 1 do
-      local job, at = ARGV[first_expired + 2 * k], ARGV[first_expired + 2 * k + 1]
-      if redis.call('HSETNX', jobs_key, job, envelope) == 1 then
-        redis.call('ZADD', dead_key, now, job)
-        redis.call('HSET', reasons_key, job, 'expired: ' .. (now - tonumber(at)) ..
-          ' ms after its occurrence, max_lateness ' .. limit .. ' ms')
-        expired = expired + 1
-      end
-    end
-  end
-  if version == read_version and score and tonumber(score) == tonumber(read_due) then
-    if next_ms == '' then
-      redis.call('ZREM', sched_due_key, id)
+  elseif not record then
+    -- No definition (removed by hand): nothing to fire, its occurrence goes.
+    redis.call('ZREM', sched_due_key, id)
+  elseif reason ~= '' then
+    quarantine(id, reason)
+  else
+    local envelope = redis.call('HGET', env_key, id)
+    if not envelope then
+      quarantine(id, 'no envelope stored for its occurrences')
     else
-      redis.call('ZADD', sched_due_key, next_ms, id)
+      local mark = tonumber(redis.call('ZSCORE', fired_key, id))
+      for k = 0, deliver - 1 do
+        local job, at = ARGV[first_deliver + 2 * k], ARGV[first_deliver + 2 * k + 1]
+        if (not mark or tonumber(at) > mark) and redis.call('HSETNX', jobs_key, job, envelope) == 1 then
+          redis.call('ZADD', due_key, at, job)
+          if limit ~= '' then redis.call('HSET', limit_key, job, limit) end
+          created = created + 1
+        end
+      end
+      for k = 0, n_expired - 1 do
+        local job, at = ARGV[first_expired + 2 * k], ARGV[first_expired + 2 * k + 1]
+        if (not mark or tonumber(at) > mark) and redis.call('HSETNX', jobs_key, job, envelope) == 1 then
+          redis.call('ZADD', dead_key, now, job)
+          redis.call('HSET', reasons_key, job, 'expired: ' .. (now - tonumber(at)) ..
+            ' ms after its occurrence, max_lateness ' .. limit .. ' ms')
+          expired = expired + 1
+        end
+      end
+      if set_mark ~= '' then redis.call('ZADD', fired_key, 'GT', set_mark, id) end
+      if next_ms == '' then
+        redis.call('ZREM', sched_due_key, id)
+      else
+        redis.call('ZADD', sched_due_key, next_ms, id)
+      end
     end
   end
 end
-return { created, expired, fenced }
+local out = { created, expired, fenced }
+for _, v in ipairs(quarantined) do out[#out + 1] = v end
+return out

@@ -1,7 +1,7 @@
 -- reshard_drop: delete jobs from their old shard once reshard_put wrote them into their new
 -- one: every trace of each id (due, envelope, lease, death, reason, scheduled due, ready entry,
--- max lateness, history of earlier deaths, and a schedule's definition, envelope and next
--- occurrence).
+-- max lateness, history of earlier deaths, and a schedule's definition, envelope, next
+-- occurrence, mark and quarantine).
 -- KEYS[1] due       ZSET  {zdelay:3}:due
 -- KEYS[2] jobs      HASH  {zdelay:3}:jobs
 -- KEYS[3] inflight  ZSET  {zdelay:3}:inflight
@@ -14,15 +14,17 @@
 -- KEYS[10] schedules HASH {zdelay:3}:schedules
 -- KEYS[11] sched_env HASH {zdelay:3}:sched_env
 -- KEYS[12] sched_due ZSET {zdelay:3}:sched_due
--- KEYS[13] history  HASH  {zdelay:3}:history
--- KEYS[14] shards   STRING {zdelay:3}:shards    layout marker
+-- KEYS[13] sched_fired ZSET {zdelay:3}:sched_fired
+-- KEYS[14] sched_quarantine HASH {zdelay:3}:sched_quarantine
+-- KEYS[15] history  HASH  {zdelay:3}:history
+-- KEYS[16] shards   STRING {zdelay:3}:shards    layout marker
 -- ARGV[1] the marker this reshard set ("migrating <from> <to>"); any other value refuses with
 --   ZDELAY_NOT_MIGRATING <marker>, deleting nothing
 -- ARGV[2..] records (at most 1000): id, M, then M more members of ready to remove (its member
 --   in ready_ids is removed in any case)
 -- Returns: the number of entries deleted, over every key.
 -- Re-run safety: yes; a second run finds nothing and returns 0.
-local marker = redis.call('GET', KEYS[14])
+local marker = redis.call('GET', KEYS[16])
 if marker ~= ARGV[1] then
   return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
 end
@@ -45,6 +47,7 @@ local removed = redis.call('ZREM', KEYS[1], unpack(ids)) + redis.call('HDEL', KE
   + redis.call('HDEL', KEYS[5], unpack(ids)) + redis.call('HDEL', KEYS[6], unpack(ids))
   + redis.call('HDEL', KEYS[8], unpack(ids)) + redis.call('HDEL', KEYS[9], unpack(ids))
   + redis.call('HDEL', KEYS[10], unpack(ids)) + redis.call('HDEL', KEYS[11], unpack(ids))
-  + redis.call('ZREM', KEYS[12], unpack(ids)) + redis.call('HDEL', KEYS[13], unpack(ids))
+  + redis.call('ZREM', KEYS[12], unpack(ids)) + redis.call('ZREM', KEYS[13], unpack(ids))
+  + redis.call('HDEL', KEYS[14], unpack(ids)) + redis.call('HDEL', KEYS[15], unpack(ids))
 if #members > 0 then removed = removed + redis.call('ZREM', KEYS[7], unpack(members)) end
 return removed

@@ -12,17 +12,20 @@
 -- KEYS[10] schedules HASH {zdelay:3}:schedules
 -- KEYS[11] sched_env HASH {zdelay:3}:sched_env
 -- KEYS[12] sched_due ZSET {zdelay:3}:sched_due
--- KEYS[13] history  HASH  {zdelay:3}:history
--- KEYS[14] shards   STRING {zdelay:3}:shards    layout marker
+-- KEYS[13] sched_fired ZSET {zdelay:3}:sched_fired
+-- KEYS[14] sched_quarantine HASH {zdelay:3}:sched_quarantine
+-- KEYS[15] history  HASH  {zdelay:3}:history
+-- KEYS[16] shards   STRING {zdelay:3}:shards    layout marker
 -- ARGV[1] the marker this reshard set ("migrating <from> <to>"); any other value refuses with
 --   ZDELAY_NOT_MIGRATING <marker>, writing nothing
--- ARGV[2..] records (at most 1000): id, mask, 12 values, M, M members. mask has 12
+-- ARGV[2..] records (at most 1000): id, mask, 14 values, M, M members. mask has 14
 --   characters, "1" where the value is present (in reshard_take's order: due, envelope,
 --   inflight, dead, reason, scheduled, ready member, max lateness, schedule definition,
---   schedule envelope, next occurrence, history); the M members are added to ready (score 0).
+--   schedule envelope, next occurrence, schedule mark, quarantine, history); the M members
+--   are added to ready (score 0).
 -- Returns: the number of records written.
 -- Re-run safety: yes (the same values overwrite themselves).
-local marker = redis.call('GET', KEYS[14])
+local marker = redis.call('GET', KEYS[16])
 if marker ~= ARGV[1] then
   return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
 end
@@ -30,6 +33,7 @@ local function present(mask, k) return string.byte(mask, k) == 49 end -- "1"
 -- Gathered per key, then one command per key for the whole batch.
 local due, jobs, inflight, dead, reasons, scheduled, ready, ready_ids = {}, {}, {}, {}, {}, {}, {}, {}
 local limits, schedules, sched_env, sched_due, history = {}, {}, {}, {}, {}
+local sched_fired, sched_quarantine = {}, {}
 local function pair(t, a, b) t[#t + 1] = a; t[#t + 1] = b end
 local i, written = 2, 0
 while i <= #ARGV do
@@ -48,10 +52,12 @@ while i <= #ARGV do
   if present(mask, 9) then pair(schedules, id, ARGV[v + 8]) end
   if present(mask, 10) then pair(sched_env, id, ARGV[v + 9]) end
   if present(mask, 11) then pair(sched_due, ARGV[v + 10], id) end
-  if present(mask, 12) then pair(history, id, ARGV[v + 11]) end
-  local m = tonumber(ARGV[v + 12])
-  for j = 1, m do pair(ready, 0, ARGV[v + 12 + j]) end
-  i = v + 13 + m
+  if present(mask, 12) then pair(sched_fired, ARGV[v + 11], id) end
+  if present(mask, 13) then pair(sched_quarantine, id, ARGV[v + 12]) end
+  if present(mask, 14) then pair(history, id, ARGV[v + 13]) end
+  local m = tonumber(ARGV[v + 14])
+  for j = 1, m do pair(ready, 0, ARGV[v + 14 + j]) end
+  i = v + 15 + m
   written = written + 1
 end
 if #due > 0 then redis.call('ZADD', KEYS[1], unpack(due)) end
@@ -66,5 +72,7 @@ if #limits > 0 then redis.call('HSET', KEYS[9], unpack(limits)) end
 if #schedules > 0 then redis.call('HSET', KEYS[10], unpack(schedules)) end
 if #sched_env > 0 then redis.call('HSET', KEYS[11], unpack(sched_env)) end
 if #sched_due > 0 then redis.call('ZADD', KEYS[12], unpack(sched_due)) end
-if #history > 0 then redis.call('HSET', KEYS[13], unpack(history)) end
+if #sched_fired > 0 then redis.call('ZADD', KEYS[13], unpack(sched_fired)) end
+if #sched_quarantine > 0 then redis.call('HSET', KEYS[14], unpack(sched_quarantine)) end
+if #history > 0 then redis.call('HSET', KEYS[15], unpack(history)) end
 return written

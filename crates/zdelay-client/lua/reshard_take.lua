@@ -11,20 +11,23 @@
 -- KEYS[9] schedules HASH  {zdelay:3}:schedules   schedule id -> "<version>\n<definition>"
 -- KEYS[10] sched_env HASH {zdelay:3}:sched_env   schedule id -> its occurrences' envelope
 -- KEYS[11] sched_due ZSET {zdelay:3}:sched_due   schedule id -> next occurrence
--- KEYS[12] history  HASH  {zdelay:3}:history     id -> its earlier deaths (dead replay)
--- KEYS[13] shards   STRING {zdelay:3}:shards    layout marker
+-- KEYS[12] sched_fired ZSET {zdelay:3}:sched_fired schedule id -> its high-water mark
+-- KEYS[13] sched_quarantine HASH {zdelay:3}:sched_quarantine schedule id -> why quarantined
+-- KEYS[14] history  HASH  {zdelay:3}:history     id -> its earlier deaths (dead replay)
+-- KEYS[15] shards   STRING {zdelay:3}:shards    layout marker
 -- ARGV[1] the marker this reshard set ("migrating <from> <to>"): any other value refuses with
 --   ZDELAY_NOT_MIGRATING <marker> (another reshard finished, or none runs)
 -- ARGV[2] byte budget: the ids taken are the longest prefix whose envelopes, schedule
 --   envelopes and histories add up to at most this many bytes (at least one id), so one call
 --   never copies more than about this into its reply, whatever the payloads weigh
 -- ARGV[3..] ids, at most 1000
--- Returns: per id taken (a prefix of the ids, at least one), 12 values (nil where absent): due
+-- Returns: per id taken (a prefix of the ids, at least one), 14 values (nil where absent): due
 --   score, envelope, inflight score (lease deadline), dead score, reason, scheduled due, its
 --   member in ready, max lateness, schedule definition, schedule envelope, next occurrence,
---   history. Scores as Redis prints them, so they are written back exactly.
+--   schedule mark, quarantine, history. Scores as Redis prints them, so they are written back
+--   exactly.
 -- Re-run safety: yes (read only).
-local marker = redis.call('GET', KEYS[13])
+local marker = redis.call('GET', KEYS[15])
 if marker ~= ARGV[1] then
   return redis.error_reply('ZDELAY_NOT_MIGRATING ' .. tostring(marker))
 end
@@ -35,7 +38,7 @@ for i = 3, #ARGV do
   local id = ARGV[i]
   -- HSTRLEN is O(1): the sizes are known before anything is copied.
   bytes = bytes + redis.call('HSTRLEN', KEYS[2], id) + redis.call('HSTRLEN', KEYS[10], id)
-    + redis.call('HSTRLEN', KEYS[12], id)
+    + redis.call('HSTRLEN', KEYS[14], id)
   if #ids > 0 and bytes > budget then break end
   ids[#ids + 1] = id
 end
@@ -53,10 +56,12 @@ local cols = {
   redis.call('HMGET', KEYS[9], unpack(ids)),
   redis.call('HMGET', KEYS[10], unpack(ids)),
   redis.call('ZMSCORE', KEYS[11], unpack(ids)),
-  redis.call('HMGET', KEYS[12], unpack(ids)),
+  redis.call('ZMSCORE', KEYS[12], unpack(ids)),
+  redis.call('HMGET', KEYS[13], unpack(ids)),
+  redis.call('HMGET', KEYS[14], unpack(ids)),
 }
 local out = {}
 for i = 1, #ids do
-  for c = 1, 12 do out[#out + 1] = cols[c][i] end
+  for c = 1, #cols do out[#out + 1] = cols[c][i] end
 end
 return out

@@ -1,43 +1,79 @@
--- upsert_schedule: create or update a recurring schedule, compare-and-set on its version, and
--- set its next occurrence. The caller computed the occurrence from the definition it read at
--- `expected version`; if the schedule changed since, nothing is written and it reads again.
+-- upsert_schedule: create or update a recurring schedule, compare-and-set on its version and
+-- its high-water mark, and set its pending occurrence. The caller planned the pending
+-- occurrence from the definition and the mark it read; if either changed since (another
+-- update, a firing, a delete), nothing is written and it reads again. So no occurrence at or
+-- before the mark (one a firing already decided) ever becomes pending again.
 -- KEYS[1] schedules HASH  {zdelay:3}:schedules  id -> "<version>\n<definition JSON>"
 -- KEYS[2] sched_env HASH  {zdelay:3}:sched_env  id -> the envelope every occurrence carries
--- KEYS[3] sched_due ZSET  {zdelay:3}:sched_due  id -> its next occurrence, ms (absent when
---                                               paused or ended)
--- KEYS[4] shards    STRING {zdelay:3}:shards layout marker: the shard count once resharded, or
+-- KEYS[3] sched_due ZSET  {zdelay:3}:sched_due  id -> its pending occurrence, ms (absent when
+--                                               paused, ended or quarantined)
+-- KEYS[4] sched_fired ZSET {zdelay:3}:sched_fired id -> its high-water mark, ms: every
+--                                               occurrence at or before it was decided
+-- KEYS[5] sched_quarantine HASH {zdelay:3}:sched_quarantine id -> "<ms> <reason>" (cleared)
+-- KEYS[6] shards    STRING {zdelay:3}:shards layout marker: the shard count once resharded, or
 --                                           "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
--- ARGV[2] schedule id; ARGV[3] expected version (0 = must not exist yet)
--- ARGV[4] definition JSON; ARGV[5] envelope ("" = keep the stored one); ARGV[6] next
---   occurrence ms ("" = none)
--- ARGV[7] wake channel; ARGV[8] shard number, sent in the wake message
--- Returns: { new version } or { -1, current version } when the expected version is stale.
+-- ARGV[2] schedule id; ARGV[3] expected version (0 = none: no schedule, or a definition
+--   without a readable version); ARGV[4] the mark read ("" = none)
+-- ARGV[5] definition JSON; ARGV[6] envelope ("" = keep the stored one)
+-- ARGV[7] the pending occurrence: "keep" (the timing did not change: left as it is), "pause"
+--   (none while paused), "none" (the definition has no next occurrence) or the next
+--   occurrence ms, which must be after the mark. With "none" or a time, a pending occurrence
+--   already due (at or before Redis TIME) stays: the mover plans it with the new definition,
+--   whose misfire policy decides what is delivered.
+-- ARGV[8] now ms, as the caller read it: a new schedule's mark (nothing at or before its
+--   creation fires)
+-- ARGV[9] wake channel; ARGV[10] shard number, sent in the wake message
+-- Returns: { new version, pending occurrence ms ("" = none) } or { -1, current version } when
+--   the version or the mark is not what was read (read again).
 -- Re-run safety: a re-run with the same expected version finds it stale and changes nothing.
 -- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[4])
+local layout = redis.call('GET', KEYS[6])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
   end
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end
-local id, expected = ARGV[2], tonumber(ARGV[3])
+local id, expected, read_mark, mode = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[7]
 local current = redis.call('HGET', KEYS[1], id)
 local version = current and tonumber(string.match(current, '^(%d+)\n')) or 0
 if version ~= expected then return { -1, version } end
+local mark = tonumber(redis.call('ZSCORE', KEYS[4], id))
+if mark ~= tonumber(read_mark) then return { -1, version } end
+local pending = redis.call('ZSCORE', KEYS[3], id)
+-- Quarantined since it was read: there is no pending occurrence to keep.
+if mode == 'keep' and not pending and redis.call('HEXISTS', KEYS[5], id) == 1 then
+  return { -1, version }
+end
+local next_ms = tonumber(mode)
+-- INVARIANT: a pending occurrence is after the mark, so no occurrence is written twice.
+if next_ms and mark and next_ms <= mark then return { -1, version } end
 version = version + 1
-redis.call('HSET', KEYS[1], id, version .. '\n' .. ARGV[4])
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[5]) end
-if ARGV[6] == '' then
+redis.call('HSET', KEYS[1], id, version .. '\n' .. ARGV[5])
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[6]) end
+redis.call('HDEL', KEYS[5], id)
+if not current then redis.call('ZADD', KEYS[4], 'GT', ARGV[8], id) end
+if mode == 'pause' then
   redis.call('ZREM', KEYS[3], id)
-else
-  local next_ms = tonumber(ARGV[6])
-  local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-  redis.call('ZADD', KEYS[3], next_ms, id)
-  if not head[2] or next_ms < tonumber(head[2]) then
-    redis.call('PUBLISH', ARGV[7], ARGV[8] .. ' ' .. ARGV[6])
+  pending = nil
+elseif mode ~= 'keep' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local due = tonumber(pending)
+  if due and due <= now and due > -math.huge and due == math.floor(due) then
+    -- Due already (no daemon fired it yet): left for the mover's plan.
+  elseif next_ms then
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    redis.call('ZADD', KEYS[3], next_ms, id)
+    pending = mode
+    if not head[2] or next_ms < tonumber(head[2]) then
+      redis.call('PUBLISH', ARGV[9], ARGV[10] .. ' ' .. mode)
+    end
+  else
+    redis.call('ZREM', KEYS[3], id)
+    pending = nil
   end
 end
-return { version }
+return { version, pending or '' }

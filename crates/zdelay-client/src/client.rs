@@ -55,6 +55,10 @@ pub enum ClientError {
     Schedule(#[from] crate::schedule::ScheduleError),
     #[error("schedule {0} kept changing while it was being updated; try again")]
     Contended(String),
+    #[error(
+        "schedule {id} cannot be read ({why}): write it again with `schedule set`, or delete it"
+    )]
+    UnreadableSchedule { id: String, why: String },
 }
 
 impl From<redis::RedisError> for ClientError {
@@ -81,6 +85,7 @@ impl ClientError {
             ClientError::BadScheduleId { .. } => "bad_schedule_id",
             ClientError::Schedule(_) => "invalid_schedule",
             ClientError::Contended(_) => "contended",
+            ClientError::UnreadableSchedule { .. } => "unreadable_schedule",
         }
     }
 

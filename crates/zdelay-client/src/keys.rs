@@ -68,6 +68,8 @@ impl Keys {
             schedules: self.shard_key(shard, ShardKey::Schedules.name()),
             sched_env: self.shard_key(shard, ShardKey::SchedEnv.name()),
             sched_due: self.shard_key(shard, ShardKey::SchedDue.name()),
+            sched_fired: self.shard_key(shard, ShardKey::SchedFired.name()),
+            sched_quarantine: self.shard_key(shard, ShardKey::SchedQuarantine.name()),
             history: self.history(shard),
             layout: self.layout(shard),
             wake_channel: self.wake_channel(),
@@ -200,6 +202,8 @@ pub enum ShardKey {
     Schedules,
     SchedEnv,
     SchedDue,
+    SchedFired,
+    SchedQuarantine,
     /// Only the dead-letter scripts and zdelay reshard's take it.
     History,
     Layout,
@@ -221,6 +225,8 @@ impl ShardKey {
         ShardKey::Schedules,
         ShardKey::SchedEnv,
         ShardKey::SchedDue,
+        ShardKey::SchedFired,
+        ShardKey::SchedQuarantine,
         ShardKey::History,
         ShardKey::Layout,
     ];
@@ -240,6 +246,8 @@ impl ShardKey {
             ShardKey::Schedules => "schedules",
             ShardKey::SchedEnv => "sched_env",
             ShardKey::SchedDue => "sched_due",
+            ShardKey::SchedFired => "sched_fired",
+            ShardKey::SchedQuarantine => "sched_quarantine",
             ShardKey::History => "history",
             ShardKey::Layout => "shards",
         }
@@ -264,6 +272,14 @@ pub struct ShardKeys {
     pub schedules: String,
     pub sched_env: String,
     pub sched_due: String,
+    /// HASH: schedule id → its high-water mark, ms: every occurrence at or before it was
+    /// decided (written as a job, expired, or passed over by the misfire policy), so none is
+    /// ever written again. Set at creation (to the creation time) and by each firing; deleted
+    /// with the schedule.
+    pub sched_fired: String,
+    /// HASH: schedule id → `"<ms> <reason>"`: a schedule a firing could not read, taken off
+    /// its timeline until `schedule set` writes it again.
+    pub sched_quarantine: String,
     pub history: String,
     /// The layout marker (see [`Keys::layout`]).
     pub layout: String,
@@ -286,6 +302,8 @@ impl ShardKeys {
             ShardKey::Schedules => &self.schedules,
             ShardKey::SchedEnv => &self.sched_env,
             ShardKey::SchedDue => &self.sched_due,
+            ShardKey::SchedFired => &self.sched_fired,
+            ShardKey::SchedQuarantine => &self.sched_quarantine,
             ShardKey::History => &self.history,
             ShardKey::Layout => &self.layout,
         }
@@ -326,6 +344,14 @@ pub fn occurrence_id(schedule: &str, due_ms: i64) -> String {
     } else {
         format!("{{{schedule}}}:{due_ms}")
     }
+}
+
+/// The job id of a schedule run now, off its grid, at `now_ms` ([`occurrence_id`] then
+/// `:run`). It ends with a word, where an occurrence's id ends with digits, so a run now is
+/// never taken for the occurrence of the same millisecond (each written once): both are
+/// delivered.
+pub fn run_now_id(schedule: &str, now_ms: i64) -> String {
+    format!("{}:run", occurrence_id(schedule, now_ms))
 }
 
 /// Whether `id` can name a schedule: non-empty, at most 512 bytes, no newline, and braces
@@ -391,6 +417,8 @@ mod tests {
         }
         assert_eq!(occurrence_id("daily", 5), "{daily}:5");
         assert_eq!(occurrence_id("u{1}:d", 5), "u{1}:d:5");
+        assert_eq!(run_now_id("daily", 5), "{daily}:5:run");
+        assert_eq!(k.shard_of(&run_now_id("daily", 5)), k.shard_of("daily"));
         assert!(valid_schedule_id("u{1}:d").is_ok());
         assert!(valid_schedule_id("a}b").is_err());
         assert!(valid_schedule_id("{}").is_err());

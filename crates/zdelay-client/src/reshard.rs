@@ -104,17 +104,20 @@ pub struct Counts {
     pub scheduled: u64,
     /// Jobs with a max lateness (`:max_lateness`).
     pub max_lateness: u64,
-    /// Recurring schedules (`:schedules`, `:sched_env`) and their pending occurrences
-    /// (`:sched_due`).
+    /// Recurring schedules (`:schedules`, `:sched_env`), their pending occurrences
+    /// (`:sched_due`), high-water marks (`:sched_fired`, deleted schedules' too until
+    /// pruned) and quarantines (`:sched_quarantine`).
     pub schedules: u64,
     pub sched_env: u64,
     pub sched_due: u64,
+    pub sched_fired: u64,
+    pub sched_quarantine: u64,
     /// Jobs with a history of earlier deaths (`:history`, written by dead replay).
     pub history: u64,
 }
 
 impl Counts {
-    const FIELDS: usize = 13;
+    const FIELDS: usize = 15;
 
     fn array(&self) -> [u64; Self::FIELDS] {
         [
@@ -130,6 +133,8 @@ impl Counts {
             self.schedules,
             self.sched_env,
             self.sched_due,
+            self.sched_fired,
+            self.sched_quarantine,
             self.history,
         ]
     }
@@ -148,7 +153,9 @@ impl Counts {
             schedules: a[9],
             sched_env: a[10],
             sched_due: a[11],
-            history: a[12],
+            sched_fired: a[12],
+            sched_quarantine: a[13],
+            history: a[14],
         }
     }
 
@@ -178,7 +185,8 @@ impl std::fmt::Display for Counts {
             f,
             "{} jobs (due or scheduled {}, in flight {}, waiting for a sink {}, dead {}; \
              reasons {}, scheduled dues {}, ready index {}, lateness limits {}, death \
-             histories {}), {} recurring schedules ({} envelopes, {} pending occurrences)",
+             histories {}), {} recurring schedules ({} envelopes, {} pending occurrences, {} \
+             marks, {} quarantined)",
             self.jobs,
             self.due,
             self.inflight,
@@ -191,7 +199,9 @@ impl std::fmt::Display for Counts {
             self.history,
             self.schedules,
             self.sched_env,
-            self.sched_due
+            self.sched_due,
+            self.sched_fired,
+            self.sched_quarantine
         )
     }
 }
@@ -604,6 +614,8 @@ fn data_keys(keys: &Keys, shard: u16) -> Vec<String> {
         k.schedules,
         k.sched_env,
         k.sched_due,
+        k.sched_fired,
+        k.sched_quarantine,
         k.history,
     ]
 }
@@ -632,6 +644,8 @@ async fn count(
                     .hlen(&k.schedules)
                     .hlen(&k.sched_env)
                     .zcard(&k.sched_due)
+                    .zcard(&k.sched_fired)
+                    .hlen(&k.sched_quarantine)
                     .hlen(&k.history)
                     .query_async(&mut con)
                     .await?;
@@ -669,9 +683,11 @@ async fn set_markers(con: &Conn, keys: &Keys, span: u16, value: &str) -> Result<
 
 /// The keys a pass scans for ids, with what each holds per id. The envelopes come last: by
 /// then they are mostly the ids that stay.
-fn scanned(keys: &crate::keys::ShardKeys) -> [(&str, ScanKind, bool); 13] {
+fn scanned(keys: &crate::keys::ShardKeys) -> [(&str, ScanKind, bool); 15] {
     [
         (&keys.history, ScanKind::Hash, false),
+        (&keys.sched_quarantine, ScanKind::Hash, false),
+        (&keys.sched_fired, ScanKind::Zset, false),
         (&keys.schedules, ScanKind::Hash, false),
         (&keys.sched_env, ScanKind::Hash, false),
         (&keys.sched_due, ScanKind::Zset, false),
@@ -938,6 +954,8 @@ mod tests {
             schedules: 2,
             sched_env: 2,
             sched_due: 1,
+            sched_fired: 2,
+            sched_quarantine: 1,
             history: 1,
         };
         assert_eq!(Counts::decode(&c.encode()), Some(c));

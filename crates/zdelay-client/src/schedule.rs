@@ -150,6 +150,15 @@ impl ScheduleDef {
         }
     }
 
+    /// Whether `other` has the same occurrences: the same recurrence and window. The
+    /// misfire policy and max lateness only decide what a firing delivers, so an update that
+    /// changes only them (or the payload, headers, destination) keeps the pending occurrence.
+    pub fn same_occurrences(&self, other: &ScheduleDef) -> bool {
+        self.recurrence == other.recurrence
+            && self.start_at == other.start_at
+            && self.end_at == other.end_at
+    }
+
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ScheduleError> {
         self.compile().map(drop)
@@ -297,6 +306,33 @@ pub struct Plan {
     /// The next occurrence, strictly after `now`, on the schedule's grid; `None` when the
     /// schedule has ended.
     pub next: Option<i64>,
+}
+
+impl Plan {
+    /// Keeps the oldest `budget` occurrences of the plan (those past `max_lateness` are the
+    /// oldest), what one bounded write takes, and returns the first one left out: it stays
+    /// pending, due, and the next firing plans from it. `None` when all fit.
+    pub fn truncate(&mut self, budget: usize) -> Option<i64> {
+        if self.expired.len() + self.deliver.len() <= budget {
+            return None;
+        }
+        if self.expired.len() > budget {
+            let first_left = self.expired[budget];
+            self.expired.truncate(budget);
+            self.deliver.clear();
+            Some(first_left)
+        } else {
+            let keep = budget - self.expired.len();
+            let first_left = self.deliver[keep];
+            self.deliver.truncate(keep);
+            Some(first_left)
+        }
+    }
+
+    /// The latest occurrence the plan writes, delivered or expired.
+    pub fn last_written(&self) -> Option<i64> {
+        self.deliver.last().or(self.expired.last()).copied()
+    }
 }
 
 /// Bound on the civil matches one `next_after` looks at (it needs at most three).
@@ -1112,6 +1148,68 @@ mod tests {
         let s = ScheduleDef::every(1_000, 0).compile().unwrap();
         let plan = s.plan(1_500, 1_510);
         assert_eq!((plan.deliver, plan.next), (vec![1_500], Some(2_000)));
+    }
+
+    #[test]
+    fn a_plan_truncated_keeps_its_oldest_occurrences_and_says_where_to_go_on() {
+        let (s, t0) = every_second(Misfire::CatchUp { max: 100 }, Some(2_500));
+        let full = s.plan(t0, t0 + 5_200);
+        assert_eq!(full.expired, [t0, t0 + 1_000, t0 + 2_000]);
+        let mut plan = full.clone();
+        assert_eq!(plan.truncate(6), None, "all fit");
+        assert_eq!(plan, full);
+        let mut plan = full.clone();
+        assert_eq!(plan.truncate(4), Some(t0 + 4_000));
+        assert_eq!(plan.expired, [t0, t0 + 1_000, t0 + 2_000]);
+        assert_eq!(plan.deliver, [t0 + 3_000]);
+        assert_eq!(plan.last_written(), Some(t0 + 3_000));
+        let mut plan = full.clone();
+        assert_eq!(plan.truncate(2), Some(t0 + 2_000), "expired ones first");
+        assert_eq!((plan.expired.len(), plan.deliver.len()), (2, 0));
+        assert_eq!(plan.last_written(), Some(t0 + 1_000));
+        let mut plan = full.clone();
+        assert_eq!(plan.truncate(3), Some(t0 + 3_000));
+        assert_eq!(plan.deliver, Vec::<i64>::new());
+        // Planning again from where a truncated plan stopped gives the rest: the whole
+        // plan, over several bounded writes, each occurrence once.
+        let (s, t0) = every_second(Misfire::CatchUp { max: 10_000 }, None);
+        let now = t0 + 20_000_000;
+        let whole = s.plan(t0, now);
+        assert_eq!(whole.deliver.len(), 10_000);
+        let (mut written, mut due) = (Vec::<i64>::new(), t0);
+        loop {
+            let mut plan = s.plan(due, now);
+            let left = plan.truncate(1_000);
+            assert!(plan.deliver.len() <= 1_000);
+            written.extend(&plan.deliver);
+            match left {
+                Some(at) => due = at,
+                None => {
+                    assert_eq!(plan.next, whole.next);
+                    break;
+                }
+            }
+        }
+        assert_eq!(written, whole.deliver);
+    }
+
+    #[test]
+    fn same_occurrences_compares_recurrence_and_window_only() {
+        let base = ScheduleDef::cron("0 9 * * *", "Europe/Paris");
+        let mut other = base.clone();
+        other.misfire = Misfire::Skip;
+        other.max_lateness_ms = Some(1_000);
+        assert!(base.same_occurrences(&other));
+        for change in [
+            |d: &mut ScheduleDef| d.start_at = Some(1),
+            |d: &mut ScheduleDef| d.end_at = Some(i64::MAX / 2),
+            |d: &mut ScheduleDef| d.recurrence = ScheduleDef::cron("0 9 * * *", "UTC").recurrence,
+            |d: &mut ScheduleDef| d.recurrence = ScheduleDef::every(1_000, 0).recurrence,
+        ] {
+            let mut other = base.clone();
+            change(&mut other);
+            assert!(!base.same_occurrences(&other), "{other:?}");
+        }
     }
 
     // --- Validation names the field.

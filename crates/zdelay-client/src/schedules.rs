@@ -1,28 +1,47 @@
 //! Recurring schedules in Redis: create or update (upsert by id), read, pause, resume,
-//! delete, and fire.
+//! delete, run now, and fire.
 //!
 //! A schedule lives in its shard (`keys::Keys::shard_of(id)`): its definition
 //! (`{ns:s}:schedules`, `"<version>\n<JSON>"`), the envelope each occurrence carries
-//! (`{ns:s}:sched_env`) and its next occurrence (`{ns:s}:sched_due`, one member per
-//! schedule, so there is never more than one pending occurrence). Writes are
-//! compare-and-set on the version: the next occurrence is computed here (cron needs IANA
-//! zones, which Lua does not have) from the definition read, and written only if nobody
-//! changed it since.
+//! (`{ns:s}:sched_env`), its pending occurrence (`{ns:s}:sched_due`, one member per
+//! schedule, so there is never more than one), its high-water mark (`{ns:s}:sched_fired`)
+//! and, when a firing could not read it, why it is quarantined (`{ns:s}:sched_quarantine`).
+//!
+//! INVARIANT (no occurrence is ever written twice): every occurrence at or before a
+//! schedule's mark was decided once (written as a job, expired, or passed over by the misfire
+//! policy), and its pending occurrence is after the mark. Firing writes only occurrences
+//! after the mark and raises it; a write ([`Client::schedule_set`], pause, resume) is
+//! compare-and-set on the version and the mark it read, and plans the pending occurrence
+//! after the later of Redis's now and the mark. So a write that read the schedule before a
+//! firing (or a delete and a creation) is refused and reads again, instead of making an
+//! occurrence that fired pending again. The next occurrence is computed here (cron needs
+//! IANA zones, which Lua does not have).
+//!
+//! A write that does not change when the schedule fires (same recurrence, window, pause)
+//! keeps its pending occurrence as it is: the grid, and an occurrence already due that no
+//! daemon fired yet. A write that does change it plans again, but an occurrence already due
+//! stays pending: the mover's plan applies the new definition's misfire policy to it.
 //!
 //! Firing ([`fire_due`], called by each shard's mover): the due schedules are read, each is
 //! planned ([`crate::schedule::Schedule::plan`]: misfire policy, max lateness, the next
-//! occurrence), and one script turns the planned occurrences into ordinary jobs and writes
-//! the next occurrence, fenced on the occurrence and version read. Two daemons firing the
-//! same schedule: the second is fenced. A crash between reading and firing: nothing was
-//! written, the next call fires it.
+//! occurrence), and one script (`fire_schedules`) turns at most [`FIRE_MAX_OCCURRENCES`]
+//! occurrences into ordinary jobs, raises the marks and writes the pending occurrences,
+//! fenced on the occurrence and version read. A bigger catch-up is cut: the first occurrence
+//! left out stays pending (due), and the next call plans from it. Two daemons firing the same
+//! schedule: the second is fenced. A crash between reading and firing, or between two calls
+//! of a catch-up: nothing was written, or all of one call; the next call goes on. A schedule
+//! that cannot be read (definition, pending occurrence, envelope) is quarantined with a
+//! reason, once, instead of being retried.
 
 use crate::client::{Client, ClientError, read_fence};
 use crate::envelope::Envelope;
 use crate::job::{Due, OnConflict};
-use crate::keys::{ShardKeys, occurrence_id, valid_schedule_id};
+use crate::keys::{ShardKeys, occurrence_id, run_now_id, valid_schedule_id};
 use crate::schedule::{Schedule, ScheduleDef};
+pub use crate::store::scripts::FIRE_MAX_OCCURRENCES;
 use crate::store::scripts::{
-    self, DueSchedule, EnqueueCall, EnqueueItem, Fired, Firing, ScheduleWrite, Upserted,
+    self, DueSchedule, EnqueueCall, EnqueueItem, Fired, Firing, PendingWrite, ScheduleWrite,
+    Upserted, score_ms,
 };
 use crate::store::{self, Conn};
 use serde::{Deserialize, Serialize};
@@ -34,6 +53,11 @@ use std::time::Duration;
 const CAS_ATTEMPTS: usize = 64;
 /// Schedules read per fire call.
 pub const FIRE_BATCH: usize = 500;
+/// How long a schedule's high-water mark is kept after it was last raised, also after the
+/// schedule is deleted. A fresh write plans after Redis's now anyway; the mark protects
+/// writes that read the schedule before a firing or a delete, and holds against Redis's
+/// clock going back, for this long.
+pub const MARK_RETENTION: Duration = Duration::from_secs(3600);
 
 /// How a schedule repeats, as a user gives it (the anchor of `Every` is decided here).
 #[derive(Debug, Clone, PartialEq)]
@@ -93,9 +117,53 @@ struct Stored {
     updated_ms: i64,
 }
 
-fn parse_record(record: &str) -> Option<(u64, Stored)> {
-    let (version, json) = record.split_once('\n')?;
-    Some((version.parse().ok()?, serde_json::from_str(json).ok()?))
+/// The version of a stored record as the scripts read it: the digits before its first
+/// newline (none when there are none).
+fn record_version(record: &str) -> Option<&str> {
+    let (version, _) = record.split_once('\n')?;
+    (!version.is_empty() && version.bytes().all(|b| b.is_ascii_digit())).then_some(version)
+}
+
+/// A stored record: its version and definition, or why it cannot be read.
+fn parse_record(record: &str) -> Result<(u64, Stored), String> {
+    let unreadable = |why: &str| format!("unreadable definition: {why}");
+    let version = record_version(record)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| unreadable("its first line is not a version"))?;
+    let (_, json) = record.split_once('\n').unwrap_or_default();
+    let stored = serde_json::from_str(json).map_err(|e| unreadable(&e.to_string()))?;
+    Ok((version, stored))
+}
+
+/// Why a schedule was taken off its timeline by a firing, and since when (Redis clock, ms).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantine {
+    pub since_ms: i64,
+    pub reason: String,
+}
+
+impl Quarantine {
+    /// From its stored form, `"<ms> <reason>"`.
+    fn parse(text: &str) -> Self {
+        let (since, reason) = text.split_once(' ').unwrap_or(("", text));
+        Quarantine {
+            since_ms: since.parse().unwrap_or_default(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "since_ms": self.since_ms, "reason": self.reason })
+    }
+}
+
+/// A quarantined schedule, as [`Client::schedules_quarantined`] lists it (its definition may
+/// be unreadable, so it has no [`ScheduleView`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuarantinedSchedule {
+    pub id: String,
+    pub shard: u16,
+    pub quarantine: Quarantine,
 }
 
 /// A schedule as `schedule get` and `list` show it.
@@ -113,6 +181,8 @@ pub struct ScheduleView {
     pub updated_ms: i64,
     /// What each occurrence carries.
     pub envelope: Option<Envelope>,
+    /// Set when a firing could not read it: no occurrence until `schedule set` writes it.
+    pub quarantine: Option<Quarantine>,
 }
 
 impl ScheduleView {
@@ -136,6 +206,12 @@ impl ScheduleView {
         obj.insert("version".into(), self.version.into());
         obj.insert("created_ms".into(), self.created_ms.into());
         obj.insert("updated_ms".into(), self.updated_ms.into());
+        obj.insert(
+            "quarantine".into(),
+            self.quarantine
+                .as_ref()
+                .map_or(serde_json::Value::Null, Quarantine::to_json),
+        );
         serde_json::Value::Object(obj)
     }
 }
@@ -145,7 +221,8 @@ impl ScheduleView {
 pub struct ScheduleSet {
     pub created: bool,
     pub version: u64,
-    /// The pending occurrence now (none: paused or ended).
+    /// The pending occurrence now (none: paused or ended); one already due when the timing
+    /// changed stays, for the daemons to fire.
     pub next_ms: Option<i64>,
 }
 
@@ -175,56 +252,106 @@ fn definition(
     Ok(def)
 }
 
-/// Reads a schedule: (version, definition) or none.
-async fn read(
-    con: &mut Conn,
-    keys: &ShardKeys,
-    id: &str,
-) -> Result<Option<(u64, Stored)>, ClientError> {
-    let record: Option<String> = redis::cmd("HGET")
-        .arg(&keys.schedules)
-        .arg(id)
-        .query_async(con)
-        .await?;
-    Ok(record.as_deref().and_then(parse_record))
+/// A schedule as a write reads it.
+struct Current {
+    /// A definition is stored (readable or not).
+    exists: bool,
+    /// Its version as `upsert_schedule` reads it (0: none).
+    version: u64,
+    /// Its definition, or why it cannot be read.
+    stored: Option<Result<Stored, String>>,
+    /// Its high-water mark as Redis printed it.
+    mark: Option<String>,
+    quarantined: bool,
+}
+
+impl Current {
+    async fn read(con: &mut Conn, keys: &ShardKeys, id: &str) -> Result<Self, ClientError> {
+        let (record, mark, quarantined): (Option<String>, Option<String>, bool) = redis::pipe()
+            .hget(&keys.schedules, id)
+            .zscore(&keys.sched_fired, id)
+            .hexists(&keys.sched_quarantine, id)
+            .query_async(con)
+            .await?;
+        Ok(Current {
+            exists: record.is_some(),
+            version: record
+                .as_deref()
+                .and_then(record_version)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            stored: record
+                .as_deref()
+                .map(|r| parse_record(r).map(|(_, stored)| stored)),
+            mark,
+            quarantined,
+        })
+    }
+
+    /// What a write of `new` does to the pending occurrence, planned at `now_ms`.
+    fn pending(&self, new: &Stored, now_ms: i64) -> Result<PendingWrite, ClientError> {
+        if new.paused {
+            return Ok(PendingWrite::Pause);
+        }
+        if let Some(Ok(stored)) = &self.stored
+            && !stored.paused
+            && !self.quarantined
+            && stored.def.same_occurrences(&new.def)
+        {
+            return Ok(PendingWrite::Keep);
+        }
+        // After the mark: an occurrence at or before it was decided by a firing already.
+        let mark = self
+            .mark
+            .as_deref()
+            .and_then(|m| m.parse::<f64>().ok())
+            .map_or(i64::MIN, |m| m.floor() as i64);
+        Ok(PendingWrite::Next(
+            new.def.compile()?.next_after(now_ms.max(mark)),
+        ))
+    }
 }
 
 impl Client {
-    /// Compare-and-set loop: `change` gets the stored definition (if any) and Redis's now and
-    /// returns the new one, or `None` to write nothing; the next occurrence is computed from
-    /// it. Returns (version, created, next occurrence) of what was written.
+    /// Compare-and-set loop: `change` gets the stored definition (`Err` with why when it
+    /// cannot be read) and Redis's now, and returns the new one, or `None` to write nothing;
+    /// the pending occurrence follows from it. Returns (version, created, pending occurrence)
+    /// of what was written.
     async fn write_schedule(
         &self,
         keys: &ShardKeys,
         id: &str,
         envelope: &[u8],
-        change: impl Fn(Option<&Stored>, i64) -> Result<Option<Stored>, ClientError>,
+        change: impl Fn(Option<Result<&Stored, &str>>, i64) -> Result<Option<Stored>, ClientError>,
     ) -> Result<Option<(u64, bool, Option<i64>)>, ClientError> {
         let mut con = self.con.clone();
         for _ in 0..CAS_ATTEMPTS {
-            let current = read(&mut con, keys, id).await?;
+            let current = Current::read(&mut con, keys, id).await?;
             let now_ms = store::server_time_ms(&mut con).await?;
-            let Some(new) = change(current.as_ref().map(|(_, s)| s), now_ms)? else {
+            failpoint_after_read().await;
+            let stored = current
+                .stored
+                .as_ref()
+                .map(|r| r.as_ref().map_err(String::as_str));
+            let Some(new) = change(stored, now_ms)? else {
                 return Ok(None);
             };
-            let next_ms = if new.paused {
-                None
-            } else {
-                new.def.compile()?.next_after(now_ms)
-            };
+            let pending = current.pending(&new, now_ms)?;
             let definition = serde_json::to_string(&new).expect("a schedule serializes");
-            let expected_version = current.as_ref().map_or(0, |(v, _)| *v);
             let write = ScheduleWrite {
                 id,
-                expected_version,
+                expected_version: current.version,
+                read_mark: current.mark.as_deref(),
                 definition: &definition,
                 envelope,
-                next_ms,
+                pending,
+                now_ms,
             };
             match scripts::upsert_schedule(&mut con, keys, &write).await? {
-                Upserted::Version(version) => {
-                    return Ok(Some((version, current.is_none(), next_ms)));
-                }
+                Upserted::Written {
+                    version,
+                    pending_ms,
+                } => return Ok(Some((version, !current.exists, pending_ms))),
                 Upserted::Stale(_) => continue,
             }
         }
@@ -255,6 +382,8 @@ impl Client {
                 let (spec, envelope) = (&spec, &envelope);
                 async move {
                     self.write_schedule(&keys, &spec.id, envelope, |stored, now_ms| {
+                        // An unreadable definition is replaced.
+                        let stored = stored.and_then(Result::ok);
                         Ok(Some(Stored {
                             dest: spec.dest.clone(),
                             def: definition(spec, stored, now_ms)?,
@@ -293,31 +422,42 @@ impl Client {
     ) -> Result<Option<(u64, bool, Option<i64>)>, ClientError> {
         self.fenced(|layout| async move {
             let keys = layout.shard(layout.shard_of(id));
-            self.write_schedule(&keys, id, b"", |stored, now_ms| {
-                Ok(stored.map(|s| Stored {
+            self.write_schedule(&keys, id, b"", |stored, now_ms| match stored {
+                None => Ok(None),
+                Some(Err(why)) => Err(ClientError::UnreadableSchedule {
+                    id: id.to_owned(),
+                    why: why.to_owned(),
+                }),
+                Some(Ok(s)) => Ok(Some(Stored {
                     paused,
                     updated_ms: now_ms,
                     ..s.clone()
-                }))
+                })),
             })
             .await
         })
         .await
     }
 
-    /// Deletes a schedule: no further occurrence. `false` if there was none.
+    /// Deletes a schedule: no further occurrence. `false` if there was none. Its mark stays
+    /// for [`MARK_RETENTION`]: a schedule created again with this id never fires an
+    /// occurrence this one fired.
     pub async fn schedule_delete(&self, id: &str) -> Result<bool, ClientError> {
         self.fenced(|layout| async move {
             let keys = layout.shard(layout.shard_of(id));
-            Ok(scripts::delete_schedule(&mut self.con.clone(), &keys, id).await?)
+            let mut con = self.con.clone();
+            let retention = MARK_RETENTION.as_millis() as u64;
+            Ok(scripts::delete_schedule(&mut con, &keys, id, retention).await?)
         })
         .await
     }
 
     /// Runs a schedule once now, off its grid: enqueues one occurrence due now, id
-    /// `<schedule>:<now ms>`, carrying what the schedule's occurrences carry (its destination,
-    /// payload, headers, max lateness). The pending occurrence and the grid do not move; a
-    /// paused schedule runs too. Returns the job id, or `None` when there is no such schedule.
+    /// `<schedule>:<now ms>:run` ([`run_now_id`]: never the id of an occurrence on the grid,
+    /// which is written once), carrying what the schedule's occurrences carry (its
+    /// destination, payload, headers, max lateness). The pending occurrence and the grid do
+    /// not move; a paused schedule runs too. Returns the job id, or `None` when there is no
+    /// such schedule (or its definition cannot be read).
     pub async fn schedule_run_now(&self, id: &str) -> Result<Option<String>, ClientError> {
         self.fenced(|layout| async move {
             let keys = layout.shard(layout.shard_of(id));
@@ -327,14 +467,14 @@ impl Client {
                 .hget(&keys.sched_env, id)
                 .query_async(&mut con)
                 .await?;
-            let (Some((_, stored)), Some(envelope)) =
-                (record.as_deref().and_then(parse_record), envelope)
+            let (Some(Ok((_, stored))), Some(envelope)) =
+                (record.as_deref().map(parse_record), envelope)
             else {
                 return Ok(None);
             };
             let now_ms = store::server_time_ms(&mut con).await?;
             let item = EnqueueItem {
-                id: occurrence_id(id, now_ms),
+                id: run_now_id(id, now_ms),
                 due: Due::At(now_ms),
                 envelope,
                 max_lateness_ms: stored.def.max_lateness_ms,
@@ -358,19 +498,83 @@ impl Client {
         let layout = self.keys();
         let shard = layout.shard_of(id);
         let keys = layout.shard(shard);
-        type Reply = (Option<String>, Option<Vec<u8>>, Option<f64>, Option<String>);
-        let (record, envelope, next, marker): Reply = redis::pipe()
+        type Reply = (
+            Option<String>,
+            Option<Vec<u8>>,
+            Option<f64>,
+            Option<String>,
+            Option<String>,
+        );
+        let (record, envelope, next, quarantine, marker): Reply = redis::pipe()
             .hget(&keys.schedules, id)
             .hget(&keys.sched_env, id)
             .zscore(&keys.sched_due, id)
+            .hget(&keys.sched_quarantine, id)
             .get(&keys.layout)
             .query_async(&mut self.con.clone())
             .await?;
         read_fence(marker, &layout, &keys.layout)?;
-        Ok(record
-            .as_deref()
-            .and_then(parse_record)
-            .map(|(version, s)| view(id.to_owned(), shard, version, s, envelope.as_deref(), next)))
+        let Some(Ok((version, stored))) = record.as_deref().map(parse_record) else {
+            return Ok(None);
+        };
+        Ok(Some(view(
+            id.to_owned(),
+            shard,
+            version,
+            stored,
+            envelope.as_deref(),
+            next,
+            quarantine.as_deref(),
+        )))
+    }
+
+    /// Why a schedule is quarantined, when it is: also for a schedule whose definition
+    /// cannot be read (which [`Client::schedule_get`] does not return).
+    pub async fn schedule_quarantine(&self, id: &str) -> Result<Option<Quarantine>, ClientError> {
+        let layout = self.keys();
+        let keys = layout.shard(layout.shard_of(id));
+        let (quarantine, marker): (Option<String>, Option<String>) = redis::pipe()
+            .hget(&keys.sched_quarantine, id)
+            .get(&keys.layout)
+            .query_async(&mut self.con.clone())
+            .await?;
+        read_fence(marker, &layout, &keys.layout)?;
+        Ok(quarantine.as_deref().map(Quarantine::parse))
+    }
+
+    /// Every quarantined schedule, by shard and id (`HSCAN` of each shard's quarantine,
+    /// which holds only those).
+    pub async fn schedules_quarantined(&self) -> Result<Vec<QuarantinedSchedule>, ClientError> {
+        let layout = self.keys();
+        let mut con = self.con.clone();
+        let mut out = Vec::new();
+        for shard in 0..layout.shards() {
+            let keys = layout.shard(shard);
+            let mut cursor = 0;
+            loop {
+                let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
+                    .cmd("HSCAN")
+                    .arg(&keys.sched_quarantine)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(SCAN_PAGE)
+                    .get(&keys.layout)
+                    .query_async(&mut con)
+                    .await?;
+                read_fence(marker, &layout, &keys.layout)?;
+                out.extend(page.into_iter().map(|(id, text)| QuarantinedSchedule {
+                    id,
+                    shard,
+                    quarantine: Quarantine::parse(&text),
+                }));
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        out.sort_by(|a, b| (a.shard, &a.id).cmp(&(b.shard, &b.id)));
+        Ok(out)
     }
 
     /// Every schedule: those with a pending occurrence soonest first
@@ -486,13 +690,21 @@ impl Client {
                     .map(|(entry, _)| entry)
                     .collect();
                 if !idle.is_empty() {
-                    let envelopes: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
-                        .arg(&keys.sched_env)
-                        .arg(idle.iter().map(|(id, _)| id).collect::<Vec<_>>())
-                        .query_async(&mut con)
-                        .await?;
-                    for ((id, record), envelope) in idle.into_iter().zip(envelopes) {
-                        if let Some((version, s)) = parse_record(&record) {
+                    let names: Vec<&String> = idle.iter().map(|(id, _)| id).collect();
+                    let (envelopes, quarantines): (Vec<Option<Vec<u8>>>, Vec<Option<String>>) =
+                        redis::pipe()
+                            .cmd("HMGET")
+                            .arg(&keys.sched_env)
+                            .arg(&names)
+                            .cmd("HMGET")
+                            .arg(&keys.sched_quarantine)
+                            .arg(&names)
+                            .query_async(&mut con)
+                            .await?;
+                    for (((id, record), envelope), quarantine) in
+                        idle.into_iter().zip(envelopes).zip(quarantines)
+                    {
+                        if let Ok((version, s)) = parse_record(&record) {
                             out.schedules.push(view(
                                 id,
                                 shard,
@@ -500,6 +712,7 @@ impl Client {
                                 s,
                                 envelope.as_deref(),
                                 None,
+                                quarantine.as_deref(),
                             ));
                         }
                     }
@@ -553,17 +766,26 @@ async fn read_views(
     let mut out = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(SCAN_PAGE) {
         let names: Vec<&String> = chunk.iter().map(|(id, _)| id).collect();
-        let (records, envelopes): (Vec<Option<String>>, Vec<Option<Vec<u8>>>) = redis::pipe()
+        type Reply = (
+            Vec<Option<String>>,
+            Vec<Option<Vec<u8>>>,
+            Vec<Option<String>>,
+        );
+        let (records, envelopes, quarantines): Reply = redis::pipe()
             .cmd("HMGET")
             .arg(&keys.schedules)
             .arg(&names)
             .cmd("HMGET")
             .arg(&keys.sched_env)
             .arg(&names)
+            .cmd("HMGET")
+            .arg(&keys.sched_quarantine)
+            .arg(&names)
             .query_async(&mut con)
             .await?;
-        for (((id, next), record), envelope) in chunk.iter().zip(records).zip(envelopes) {
-            if let Some((version, s)) = record.as_deref().and_then(parse_record) {
+        let read = chunk.iter().zip(records).zip(envelopes).zip(quarantines);
+        for ((((id, next), record), envelope), quarantine) in read {
+            if let Some(Ok((version, s))) = record.as_deref().map(parse_record) {
                 out.push(view(
                     id.clone(),
                     shard,
@@ -571,6 +793,7 @@ async fn read_views(
                     s,
                     envelope.as_deref(),
                     Some(*next),
+                    quarantine.as_deref(),
                 ));
             }
         }
@@ -629,6 +852,7 @@ fn view(
     s: Stored,
     envelope: Option<&[u8]>,
     next: Option<f64>,
+    quarantine: Option<&str>,
 ) -> ScheduleView {
     ScheduleView {
         id,
@@ -641,46 +865,85 @@ fn view(
         created_ms: s.created_ms,
         updated_ms: s.updated_ms,
         envelope: envelope.and_then(|e| Envelope::decode(e).ok()),
+        quarantine: quarantine.map(Quarantine::parse),
     }
 }
+
+/// Test-only fault injection (feature `test-failpoints`), from `ZDELAY_FAILPOINT`:
+/// `schedule_hold_after_read=PATH` stalls every compare-and-set attempt of a schedule write
+/// after it read the schedule and Redis's clock: it creates `PATH.reached`, then waits until
+/// PATH exists, so a test can fire and deliver an occurrence in between.
+#[cfg(feature = "test-failpoints")]
+async fn failpoint_after_read() {
+    if let Ok(spec) = std::env::var("ZDELAY_FAILPOINT")
+        && let Some(path) = spec.strip_prefix("schedule_hold_after_read=")
+    {
+        eprintln!("failpoint schedule_hold_after_read: waiting for {path}");
+        let _ = std::fs::write(format!("{path}.reached"), b"");
+        while !std::path::Path::new(path).exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[cfg(not(feature = "test-failpoints"))]
+async fn failpoint_after_read() {}
 
 /// Compiled schedules by id, with the version they were compiled from (a mover keeps one per
 /// shard: compiling a cron takes tens of microseconds, firing one a few).
 #[derive(Default)]
 pub struct ScheduleCache {
-    compiled: HashMap<String, (String, Arc<Schedule>)>,
+    compiled: HashMap<String, (u64, Arc<Schedule>)>,
 }
 
 impl ScheduleCache {
-    fn get(&mut self, id: &str, record: &str) -> Option<Arc<Schedule>> {
-        let (version, json) = record.split_once('\n')?;
-        if let Some((v, schedule)) = self.compiled.get(id)
-            && v == version
+    /// The schedule a stored record defines, or why it cannot be fired.
+    fn get(&mut self, id: &str, record: &str) -> Result<Arc<Schedule>, String> {
+        let version = record_version(record).and_then(|v| v.parse::<u64>().ok());
+        if let (Some(version), Some((v, schedule))) = (version, self.compiled.get(id))
+            && *v == version
         {
-            return Some(schedule.clone());
+            return Ok(schedule.clone());
         }
-        let stored: Stored = serde_json::from_str(json).ok()?;
-        let schedule = Arc::new(stored.def.compile().ok()?);
+        let (version, stored) = parse_record(record)?;
+        let schedule = Arc::new(
+            stored
+                .def
+                .compile()
+                .map_err(|e| format!("unreadable definition: {e}"))?,
+        );
         // Bounded by the shard's schedules; a deleted one's entry is replaced or lingers.
         self.compiled
-            .insert(id.to_owned(), (version.to_owned(), schedule.clone()));
-        Some(schedule)
+            .insert(id.to_owned(), (version, schedule.clone()));
+        Ok(schedule)
     }
 }
 
 /// What one [`fire_due`] call did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FireReport {
     pub fired: Fired,
     /// Schedules read as due.
     pub due: usize,
-    /// Schedules whose definition could not be read or compiled: taken off the timeline
-    /// (their definition stays for an operator; `schedule set` rewrites it).
-    pub unreadable: usize,
+    /// Schedules sent to `fire_schedules` (the others are left due for the next call).
+    pub sent: usize,
+    /// Due work was left for another call (the occurrence bound or the batch was reached):
+    /// call again at once.
+    pub more: bool,
 }
 
-/// Fires the due schedules of one shard (at most [`FIRE_BATCH`]): plans each, then turns the
-/// planned occurrences into jobs and writes each next occurrence in one fenced script.
+impl FireReport {
+    /// Schedules were due and every one of them was fenced (changed under the call): calling
+    /// again at once would likely meet the same.
+    pub fn stalled(&self) -> bool {
+        self.sent > 0 && self.fired.fenced as usize >= self.sent
+    }
+}
+
+/// Fires the due schedules of one shard (at most [`FIRE_BATCH`] read, at most
+/// [`FIRE_MAX_OCCURRENCES`] occurrences written): plans each, then turns the planned
+/// occurrences into jobs, raises the marks and writes each pending occurrence in one fenced
+/// script. `now_ms` overrides Redis TIME (tests drive time with it).
 pub async fn fire_due(
     con: &mut Conn,
     keys: &ShardKeys,
@@ -690,53 +953,74 @@ pub async fn fire_due(
     let (now, due) = scripts::due_schedules(con, keys, now_ms, FIRE_BATCH).await?;
     let mut report = FireReport {
         due: due.len(),
+        more: due.len() >= FIRE_BATCH,
         ..FireReport::default()
     };
+    let mut budget = FIRE_MAX_OCCURRENCES;
     let mut firings = Vec::with_capacity(due.len());
-    for DueSchedule {
-        id,
-        occurrence_ms,
-        record,
-    } in due
-    {
-        let version = record.split_once('\n').map_or("", |(v, _)| v).to_owned();
-        let Some(schedule) = cache.get(&id, &record) else {
-            // Unreadable (or missing) definition: off the timeline, not in a loop.
-            report.unreadable += 1;
-            firings.push(Firing {
-                id,
-                read_occurrence_ms: occurrence_ms,
-                read_version: if record.is_empty() {
-                    String::new()
-                } else {
-                    version
-                },
-                next_ms: None,
-                max_lateness_ms: None,
-                deliver: Vec::new(),
-                expired: Vec::new(),
-            });
-            continue;
+    for DueSchedule { id, score, record } in due {
+        if budget == 0 {
+            report.more = true;
+            break;
+        }
+        let mut firing = Firing {
+            id,
+            read_version: record_version(&record).unwrap_or_default().to_owned(),
+            read_score: score,
+            ..Firing::default()
         };
-        let plan = schedule.plan(occurrence_ms, now);
+        if record.is_empty() {
+            // No definition: its pending occurrence goes (fire_schedules removes it).
+            firings.push(firing);
+            continue;
+        }
+        let planned = cache.get(&firing.id, &record).and_then(|schedule| {
+            let at = score_ms(&firing.read_score).ok_or_else(|| {
+                format!(
+                    "its pending occurrence {} is not a time in ms",
+                    firing.read_score
+                )
+            })?;
+            Ok((schedule, at))
+        });
+        let (schedule, at) = match planned {
+            Ok(planned) => planned,
+            Err(reason) => {
+                firing.quarantine = Some(reason);
+                firings.push(firing);
+                continue;
+            }
+        };
+        let mut plan = schedule.plan(at, now);
+        match plan.truncate(budget) {
+            // Cut: the first occurrence left out stays pending (it is due: the next call
+            // plans from it), and the mark is the last one written.
+            Some(first_left) => {
+                report.more = true;
+                firing.next_ms = Some(first_left);
+                firing.mark_ms = plan.last_written();
+            }
+            // Every occurrence up to now is decided.
+            None => {
+                firing.next_ms = plan.next;
+                firing.mark_ms = Some(now);
+            }
+        }
+        budget -= plan.deliver.len() + plan.expired.len();
         let jobs = |times: &[i64]| {
             times
                 .iter()
-                .map(|&t| (occurrence_id(&id, t), t))
+                .map(|&t| (occurrence_id(&firing.id, t), t))
                 .collect::<Vec<_>>()
         };
-        firings.push(Firing {
-            deliver: jobs(&plan.deliver),
-            expired: jobs(&plan.expired),
-            next_ms: plan.next,
-            max_lateness_ms: schedule.def().max_lateness_ms,
-            read_occurrence_ms: occurrence_ms,
-            read_version: version,
-            id,
-        });
+        (firing.deliver, firing.expired) = (jobs(&plan.deliver), jobs(&plan.expired));
+        firing.max_lateness_ms = schedule.def().max_lateness_ms;
+        firings.push(firing);
     }
+    report.sent = firings.len();
     if !firings.is_empty() {
-        report.fired = scripts::fire_schedules(con, keys, now, &firings).await?;
+        let retention = MARK_RETENTION.as_millis() as u64;
+        report.fired = scripts::fire_schedules(con, keys, now, retention, &firings).await?;
     }
     Ok(report)
 }
@@ -744,6 +1028,85 @@ pub async fn fire_due(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schedule::Misfire;
+
+    #[test]
+    fn records_are_read_as_the_scripts_read_them() {
+        assert_eq!(record_version("12\n{}"), Some("12"));
+        for bad in ["v2\n{}", "\n{}", "+5\n{}", "-1\n{}", "12", ""] {
+            assert_eq!(record_version(bad), None, "{bad:?}");
+        }
+        let why = parse_record("v2\n{}").unwrap_err();
+        assert_eq!(
+            why,
+            "unreadable definition: its first line is not a version"
+        );
+        let why = parse_record("3\n{\"dest\":").unwrap_err();
+        assert!(why.starts_with("unreadable definition: EOF"), "{why}");
+        assert_eq!(
+            Quarantine::parse("17 no envelope stored"),
+            Quarantine {
+                since_ms: 17,
+                reason: "no envelope stored".into()
+            }
+        );
+        assert_eq!(Quarantine::parse("junk").reason, "junk");
+    }
+
+    #[test]
+    fn a_write_keeps_the_pending_occurrence_unless_the_timing_changes() {
+        let stored = Stored {
+            dest: "q".into(),
+            def: ScheduleDef::every(1_000, 0),
+            paused: false,
+            created_ms: 0,
+            updated_ms: 0,
+        };
+        let current = |stored: Result<Stored, String>, quarantined| Current {
+            exists: true,
+            version: 3,
+            stored: Some(stored),
+            mark: Some("5000".into()),
+            quarantined,
+        };
+        let with = |f: fn(&mut Stored)| {
+            let mut s = stored.clone();
+            f(&mut s);
+            s
+        };
+        let live = current(Ok(stored.clone()), false);
+        // Only what a firing delivers changes: the pending occurrence stays as it is.
+        let other = with(|s| {
+            s.dest = "r".into();
+            s.def.misfire = Misfire::Skip;
+            s.def.max_lateness_ms = Some(10);
+        });
+        assert_eq!(live.pending(&other, 2_500).unwrap(), PendingWrite::Keep);
+        assert_eq!(
+            live.pending(&with(|s| s.paused = true), 2_500).unwrap(),
+            PendingWrite::Pause
+        );
+        // New timing: after the later of now and the mark.
+        let moved = with(|s| s.def.end_at = Some(1_000_000));
+        assert_eq!(
+            live.pending(&moved, 2_500).unwrap(),
+            PendingWrite::Next(Some(6_000))
+        );
+        assert_eq!(
+            live.pending(&moved, 7_500).unwrap(),
+            PendingWrite::Next(Some(8_000))
+        );
+        // Resumed, quarantined or unreadable: planned again, even with the same timing.
+        let paused = current(Ok(with(|s| s.paused = true)), false);
+        let quarantined = current(Ok(stored.clone()), true);
+        let unreadable = current(Err("unreadable definition: x".into()), true);
+        for was in [paused, quarantined, unreadable] {
+            assert_eq!(
+                was.pending(&stored, 2_500).unwrap(),
+                PendingWrite::Next(Some(6_000))
+            );
+        }
+    }
 
     #[test]
     fn idle_cursors_round_trip_their_text() {

@@ -82,7 +82,7 @@ scripts!(
 
 use ShardKey::{
     Dead, Due as DueKey, History, Inflight, Jobs, Layout, MaxLateness, Ready, ReadyIds, Reasons,
-    SchedDue, SchedEnv, Scheduled, Schedules,
+    SchedDue, SchedEnv, SchedFired, SchedQuarantine, Scheduled, Schedules,
 };
 
 /// The keys of a job's states, which the scripts that move jobs take, and the layout marker.
@@ -155,8 +155,28 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
     ("purge_dead", &[Jobs, Dead, Reasons, History, Layout]),
     ("peek_dead", &[Jobs, Dead, Reasons, History, Layout]),
     ("prune_history", &[Jobs, History, Layout]),
-    ("upsert_schedule", &[Schedules, SchedEnv, SchedDue, Layout]),
-    ("delete_schedule", &[Schedules, SchedEnv, SchedDue, Layout]),
+    (
+        "upsert_schedule",
+        &[
+            Schedules,
+            SchedEnv,
+            SchedDue,
+            SchedFired,
+            SchedQuarantine,
+            Layout,
+        ],
+    ),
+    (
+        "delete_schedule",
+        &[
+            Schedules,
+            SchedEnv,
+            SchedDue,
+            SchedFired,
+            SchedQuarantine,
+            Layout,
+        ],
+    ),
     ("due_schedules", &[Schedules, SchedDue, Layout]),
     (
         "fire_schedules",
@@ -169,6 +189,8 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
             Schedules,
             SchedEnv,
             SchedDue,
+            SchedFired,
+            SchedQuarantine,
             Layout,
         ],
     ),
@@ -186,6 +208,8 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
             Schedules,
             SchedEnv,
             SchedDue,
+            SchedFired,
+            SchedQuarantine,
             History,
             Layout,
         ],
@@ -1098,22 +1122,42 @@ pub async fn settle_jobs(
 /// What `upsert_schedule` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Upserted {
-    /// Written; the schedule's new version.
-    Version(u64),
-    /// The schedule changed since it was read (now at this version): read again.
+    /// Written: the schedule's new version and its pending occurrence now (none: paused,
+    /// ended).
+    Written {
+        version: u64,
+        pending_ms: Option<i64>,
+    },
+    /// The schedule or its mark changed since it was read (now at this version): read again.
     Stale(u64),
 }
 
-/// One compare-and-set write of a schedule: definition, envelope and next occurrence.
+/// What a schedule write does to its pending occurrence (`upsert_schedule.lua`, ARGV[7]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingWrite {
+    /// The timing did not change: the pending occurrence stays as it is (the grid, and an
+    /// occurrence already due, are kept).
+    Keep,
+    /// Paused: no pending occurrence.
+    Pause,
+    /// Planned again: the next occurrence after the later of now and the mark (`None`: the
+    /// definition has none). A pending occurrence already due stays, for the mover's plan.
+    Next(Option<i64>),
+}
+
+/// One compare-and-set write of a schedule: definition, envelope and pending occurrence.
 pub struct ScheduleWrite<'a> {
     pub id: &'a str,
-    /// The version read (0: the schedule must not exist yet).
+    /// The version read (0: no schedule, or a definition without a readable version).
     pub expected_version: u64,
+    /// The high-water mark read, as Redis printed it (`None`: none).
+    pub read_mark: Option<&'a str>,
     pub definition: &'a str,
     /// Empty: keep the stored envelope.
     pub envelope: &'a [u8],
-    /// `None`: no pending occurrence (paused or ended).
-    pub next_ms: Option<i64>,
+    pub pending: PendingWrite,
+    /// Redis's clock as the writer read it: a new schedule's mark.
+    pub now_ms: i64,
 }
 
 pub async fn upsert_schedule(
@@ -1122,37 +1166,59 @@ pub async fn upsert_schedule(
     write: &ScheduleWrite<'_>,
 ) -> redis::RedisResult<Upserted> {
     let mut inv = fenced_invocation(&compiled::upsert_schedule, "upsert_schedule", keys);
+    let pending = match write.pending {
+        PendingWrite::Keep => "keep".to_owned(),
+        PendingWrite::Pause => "pause".to_owned(),
+        PendingWrite::Next(None) => "none".to_owned(),
+        PendingWrite::Next(Some(ms)) => ms.to_string(),
+    };
     inv.arg(write.id)
         .arg(write.expected_version)
+        .arg(write.read_mark.unwrap_or_default())
         .arg(write.definition)
         .arg(write.envelope)
-        .arg(write.next_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(pending)
+        .arg(write.now_ms)
         .arg(&keys.wake_channel)
         .arg(keys.shard);
-    let reply: Vec<i64> = inv.invoke(con).await?;
-    match reply.as_slice() {
-        [version] if *version > 0 => Ok(Upserted::Version(*version as u64)),
-        [-1, current] => Ok(Upserted::Stale(*current as u64)),
+    let reply: Vec<Value> = inv.invoke(con).await?;
+    match <[Value; 2]>::try_from(reply) {
+        Ok([Value::Int(-1), current]) => Ok(Upserted::Stale(as_int(current)? as u64)),
+        Ok([Value::Int(version), pending]) if version > 0 => Ok(Upserted::Written {
+            version: version as u64,
+            pending_ms: score_ms(&as_string(pending)?),
+        }),
         _ => Err(protocol_error("upsert_schedule reply", &Value::Nil)),
     }
 }
 
-/// Deletes a schedule and its pending occurrence; whether it existed.
+/// Deletes a schedule, its pending occurrence and any quarantine (its mark stays until it is
+/// older than `mark_retention_ms`, as every mark pruned here); whether it existed.
 pub async fn delete_schedule(
     con: &mut Conn,
     keys: &ShardKeys,
     id: &str,
+    mark_retention_ms: u64,
 ) -> redis::RedisResult<bool> {
     let mut inv = fenced_invocation(&compiled::delete_schedule, "delete_schedule", keys);
-    let deleted: i64 = inv.arg(id).invoke(con).await?;
+    let deleted: i64 = inv.arg(id).arg(mark_retention_ms).invoke(con).await?;
     Ok(deleted == 1)
+}
+
+/// A score as a time in ms: `None` unless it is a whole number of ms (a score written by
+/// hand may be `1.5` or `-inf`).
+pub fn score_ms(text: &str) -> Option<i64> {
+    let score: f64 = text.parse().ok()?;
+    let whole = score.is_finite() && score.fract() == 0.0 && score.abs() < 2f64.powi(63);
+    whole.then_some(score as i64)
 }
 
 /// A schedule whose occurrence is due, as `due_schedules` read it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DueSchedule {
     pub id: String,
-    pub occurrence_ms: i64,
+    /// Its pending occurrence as Redis printed the score: what `fire_schedules` fences on.
+    pub score: String,
     /// `"<version>\n<definition JSON>"`; empty when missing.
     pub record: String,
 }
@@ -1171,13 +1237,10 @@ pub async fn due_schedules(
     let mut it = values.into_iter();
     let now = as_int(it.next().unwrap_or_default())?;
     let mut due = Vec::new();
-    while let (Some(id), Some(at), Some(record)) = (it.next(), it.next(), it.next()) {
+    while let (Some(id), Some(score), Some(record)) = (it.next(), it.next(), it.next()) {
         due.push(DueSchedule {
             id: as_string(id)?,
-            occurrence_ms: as_string(at)?
-                .parse::<f64>()
-                .map_err(|_| protocol_error("occurrence ms", &Value::Nil))?
-                as i64,
+            score: as_string(score)?,
             record: as_string(record)?,
         });
     }
@@ -1185,13 +1248,20 @@ pub async fn due_schedules(
 }
 
 /// What to do with one due schedule (see `fire_schedules.lua`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Firing {
     pub id: String,
-    pub read_occurrence_ms: i64,
+    /// The fence: its pending occurrence as read ([`DueSchedule::score`]) and its version
+    /// as the script reads it (the digits before the first newline; empty when none).
+    pub read_score: String,
     pub read_version: String,
+    /// Raise its high-water mark to this (every occurrence up to it is decided).
+    pub mark_ms: Option<i64>,
+    /// The pending occurrence after this call (`None`: ended).
     pub next_ms: Option<i64>,
     pub max_lateness_ms: Option<u64>,
+    /// Set: take it off its timeline with this reason instead (nothing else applies).
+    pub quarantine: Option<String>,
     /// (job id, occurrence ms) to deliver.
     pub deliver: Vec<(String, i64)>,
     /// (job id, occurrence ms) past their max lateness.
@@ -1199,27 +1269,35 @@ pub struct Firing {
 }
 
 /// What `fire_schedules` did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fired {
     pub created: u64,
     pub expired: u64,
     pub fenced: u64,
+    /// The schedules it quarantined, with why.
+    pub quarantined: Vec<(String, String)>,
 }
 
+/// Runs `fire_schedules`: at most [`FIRE_MAX_OCCURRENCES`] occurrences over `firings` (the
+/// script refuses more).
 pub async fn fire_schedules(
     con: &mut Conn,
     keys: &ShardKeys,
     now_ms: i64,
+    mark_retention_ms: u64,
     firings: &[Firing],
 ) -> redis::RedisResult<Fired> {
     let mut inv = fenced_invocation(&compiled::fire_schedules, "fire_schedules", keys);
-    inv.arg(now_ms);
+    inv.arg(now_ms).arg(mark_retention_ms);
+    let text = |n: Option<i64>| n.map(|n| n.to_string()).unwrap_or_default();
     for f in firings {
         inv.arg(&f.id)
-            .arg(f.read_occurrence_ms)
+            .arg(&f.read_score)
             .arg(&f.read_version)
-            .arg(f.next_ms.map(|n| n.to_string()).unwrap_or_default())
+            .arg(text(f.mark_ms))
+            .arg(text(f.next_ms))
             .arg(f.max_lateness_ms.map(|n| n.to_string()).unwrap_or_default())
+            .arg(f.quarantine.as_deref().unwrap_or_default())
             .arg(f.deliver.len());
         for (job, at) in &f.deliver {
             inv.arg(job).arg(at);
@@ -1229,16 +1307,29 @@ pub async fn fire_schedules(
             inv.arg(job).arg(at);
         }
     }
-    let reply: Vec<i64> = inv.invoke(con).await?;
-    match reply.as_slice() {
-        [created, expired, fenced] => Ok(Fired {
-            created: *created as u64,
-            expired: *expired as u64,
-            fenced: *fenced as u64,
-        }),
-        _ => Err(protocol_error("fire_schedules reply", &Value::Nil)),
+    let reply: Vec<Value> = inv.invoke(con).await?;
+    let mut it = reply.into_iter();
+    let mut count = || -> redis::RedisResult<u64> {
+        let v = it.next().unwrap_or_default();
+        Ok(as_int(v)? as u64)
+    };
+    let (created, expired, fenced) = (count()?, count()?, count()?);
+    let mut quarantined = Vec::new();
+    while let (Some(id), Some(reason)) = (it.next(), it.next()) {
+        quarantined.push((as_string(id)?, as_string(reason)?));
     }
+    Ok(Fired {
+        created,
+        expired,
+        fenced,
+        quarantined,
+    })
 }
+
+/// The most occurrences (delivered and expired) one `fire_schedules` call writes: a call
+/// with 1000 occurrences runs a few milliseconds in Redis. Also in the script, which refuses
+/// more.
+pub const FIRE_MAX_OCCURRENCES: usize = 1000;
 
 // ---------------------------------------------------------------------------------------
 // Poller slots
@@ -1432,6 +1523,10 @@ pub struct StoredJob {
     pub schedule: Option<Vec<u8>>,
     pub schedule_envelope: Option<Vec<u8>>,
     pub next_occurrence: Option<Vec<u8>>,
+    /// For a schedule id: its high-water mark (also after a delete, until pruned) and why it
+    /// is quarantined.
+    pub sched_fired: Option<Vec<u8>>,
+    pub sched_quarantine: Option<Vec<u8>>,
     /// Its earlier deaths (`history`), kept after a replay until the job is gone.
     pub history: Option<Vec<u8>>,
     pub ready: Vec<Vec<u8>>,
@@ -1439,7 +1534,7 @@ pub struct StoredJob {
 
 impl StoredJob {
     /// Values per id in `reshard_take`'s reply and `reshard_put`'s records.
-    const VALUES: usize = 12;
+    const VALUES: usize = 14;
 
     fn values(&self) -> [&Option<Vec<u8>>; Self::VALUES] {
         [
@@ -1454,6 +1549,8 @@ impl StoredJob {
             &self.schedule,
             &self.schedule_envelope,
             &self.next_occurrence,
+            &self.sched_fired,
+            &self.sched_quarantine,
             &self.history,
         ]
     }
@@ -1514,7 +1611,9 @@ pub async fn reshard_take(
             schedule: v[8].clone(),
             schedule_envelope: v[9].clone(),
             next_occurrence: v[10].clone(),
-            history: v[11].clone(),
+            sched_fired: v[11].clone(),
+            sched_quarantine: v[12].clone(),
+            history: v[13].clone(),
             ready: Vec::new(),
         })
         .collect())
@@ -1707,7 +1806,12 @@ impl MoveReply {
                 .iter()
                 .map(|v| as_int(v.clone()).map(|n| n as u64))
                 .collect::<Result<_, _>>()?;
-            reply.next_schedule_ms = as_string(sched_head.clone())?.parse().ok();
+            // A score written by hand may be fractional or infinite: still a time, so the
+            // mover fires it and firing quarantines it.
+            reply.next_schedule_ms = as_string(sched_head.clone())?
+                .parse::<f64>()
+                .ok()
+                .map(|ms| ms.floor() as i64);
         }
         Ok(reply)
     }
@@ -1904,6 +2008,25 @@ mod tests {
         for (name, _) in SHARD_KEYS.iter().filter(|(n, _)| !FENCED.contains(n)) {
             let (_, source) = ALL.iter().find(|(n, _)| n == name).expect("script exists");
             assert!(source.contains("ZDELAY_NOT_MIGRATING"), "{name}");
+        }
+    }
+
+    #[test]
+    fn fire_schedules_refuses_more_occurrences_than_its_caller_sends() {
+        let (_, source) = ALL.iter().find(|(n, _)| *n == "fire_schedules").unwrap();
+        let bound = format!("local MAX_OCCURRENCES = {FIRE_MAX_OCCURRENCES}\n");
+        assert!(
+            source.contains(&bound),
+            "the script's bound is the caller's"
+        );
+    }
+
+    #[test]
+    fn scores_are_times_only_when_whole_milliseconds() {
+        assert_eq!(score_ms("1700000000000"), Some(1_700_000_000_000));
+        assert_eq!(score_ms("-5"), Some(-5));
+        for bad in ["1.5", "inf", "-inf", "nan", "", "x", "1e300"] {
+            assert_eq!(score_ms(bad), None, "{bad}");
         }
     }
 
