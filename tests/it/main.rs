@@ -22,6 +22,7 @@ mod nats;
 mod producer;
 mod raw_sinks;
 mod reshard;
+mod routing;
 mod scale;
 mod schedules;
 mod secure;
