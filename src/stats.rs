@@ -162,12 +162,14 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
         let mut waiting_here = 0;
         for r in found {
             let oldest_age_ms = age(now_ms, r.oldest_due_ms.map(|d| d as f64), ScoreUnit::Millis);
-            let entry = waiting.entry(r.sink.clone()).or_insert_with(|| SinkWaiting {
-                sink: r.sink.clone(),
-                jobs: 0,
-                oldest_age_ms: 0,
-                configured: false,
-            });
+            let entry = waiting
+                .entry(r.sink.clone())
+                .or_insert_with(|| SinkWaiting {
+                    sink: r.sink.clone(),
+                    jobs: 0,
+                    oldest_age_ms: 0,
+                    configured: false,
+                });
             entry.jobs += r.jobs;
             entry.oldest_age_ms = entry.oldest_age_ms.max(oldest_age_ms);
             waiting_here += r.jobs;

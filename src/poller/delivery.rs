@@ -296,8 +296,7 @@ where
     loop {
         match send().await {
             Err(e)
-                if zdelay_client::store::is_transient(&e)
-                    && Instant::now() + pause < lease_end =>
+                if zdelay_client::store::is_transient(&e) && Instant::now() + pause < lease_end =>
             {
                 tracing::warn!(source = label, error = %e, retry_in = ?pause, "settle failed; sending it again");
                 ::metrics::counter!(crate::metrics::SETTLE_RETRIES).increment(1);
@@ -738,8 +737,9 @@ mod tests {
             let got = one_per_message(&sink, n, wrong);
             assert_eq!(got.len(), n, "one outcome per message");
             assert!(
-                got.iter()
-                    .all(|o| matches!(o, Outcome::Unavailable(why) if why.contains("outcomes for"))),
+                got.iter().all(
+                    |o| matches!(o, Outcome::Unavailable(why) if why.contains("outcomes for"))
+                ),
                 "{got:?}"
             );
         }

@@ -41,7 +41,7 @@ local members = redis.call('ZRANGEBYLEX', ready_key, '[' .. sink .. '\n', '(' ..
 if #members == 0 then return { now_us, deadline, '', 0, 0 } end
 local ids, dues = {}, {}
 local prefix = #sink + 2
-local n, used, more = 0, 0, 0
+local n, used, more, largest = 0, 0, 0, 0
 for i = 1, #members do
   local m = members[i]
   local cut = string.find(m, '\n', prefix, true)
@@ -52,6 +52,7 @@ for i = 1, #members do
     break
   end
   n, used = n + 1, used + size
+  if size > largest then largest = size end
   dues[n] = string.sub(m, prefix, cut - 1)
   ids[n] = id
 end
@@ -77,7 +78,14 @@ for i = 1, n do
   hargs[#hargs + 1] = due .. ' ' .. token
 end
 redis.call('HSET', scheduled_key, unpack(hargs))
-local envelopes = redis.call('HMGET', jobs_key, unpack(ids))
+-- Large envelopes one at a time: a multi-value reply reaches a script by repeated appends.
+local envelopes
+if largest < 65536 then
+  envelopes = redis.call('HMGET', jobs_key, unpack(ids))
+else
+  envelopes = {}
+  for i = 1, n do envelopes[i] = redis.call('HGET', jobs_key, ids[i]) end
+end
 for i = 1, n do
   out[#out + 1] = ids[i]
   out[#out + 1] = known[i]

@@ -30,13 +30,23 @@ local function to_ms(score)
   return math.floor(score * 1000)
 end
 
--- Up to `batch` members scored in [min, max] with their scores (a flat list of pairs), in
--- order, read within budget_left (at least one); and whether the budget cut them short.
-local function read_members(min, max)
-  local items, count = {}, 0
-  while count < batch do
-    local chunk = math.min(batch - count, math.max(1, math.floor(budget_left / max_payload)))
-    local part = redis.call('ZRANGEBYSCORE', src, min, max, 'WITHSCORES', 'LIMIT', count, chunk)
+-- Members with their scores (a flat list of pairs), read within budget_left (at least one),
+-- in chunks of as many as the rest of the budget holds at max payload each (large members one
+-- at a time: a multi-value reply reaches a script by repeated appends); and whether the budget
+-- cut them short. With `ranks`, the first `ranks` ranks (members known due), read by rank,
+-- O(log N + chunk); otherwise up to `batch` members scored in [min, max].
+local function read_members(min, max, ranks)
+  local items, count, largest = {}, 0, 0
+  local want = ranks or batch
+  while count < want do
+    local chunk = math.min(want - count, math.max(1, math.floor(budget_left / max_payload)))
+    if largest >= 65536 then chunk = 1 end
+    local part
+    if ranks then
+      part = redis.call('ZRANGE', src, count, count + chunk - 1, 'WITHSCORES')
+    else
+      part = redis.call('ZRANGEBYSCORE', src, min, max, 'WITHSCORES', 'LIMIT', count, chunk)
+    end
     for j = 1, #part, 2 do
       if count > 0 and #part[j] > budget_left then
         budget_left = 0
@@ -46,9 +56,10 @@ local function read_members(min, max)
       items[#items + 1] = part[j + 1]
       count = count + 1
       budget_left = budget_left - #part[j]
+      if #part[j] > largest then largest = #part[j] end
     end
     if #part < 2 * chunk then break end
-    if budget_left <= 0 then return items, count < batch end
+    if budget_left <= 0 then return items, count < want end
   end
   return items, false
 end
@@ -78,8 +89,14 @@ for i = 1, #implausible do
 end
 if #implausible > 0 then redis.call('ZREM', src, unpack(implausible)) end
 
+-- The implausible ones gone, the members due now are the lowest ranks (unless the budget or the
+-- batch stopped their removal short: then this call claims nothing more).
 local items = {}
-if budget_left > 0 and not more then items, more = read_members('-inf', in_unit(now_ms)) end
+if #implausible >= batch then more = true end
+if budget_left > 0 and not more then
+  local due = redis.call('ZCOUNT', src, '-inf', in_unit(now_ms))
+  if due > 0 then items, more = read_members(nil, nil, math.min(batch, due)) end
+end
 local out = { now_us, in_unit(now_ms + lease_ms), 0, 0, more and 1 or 0, 0 }
 local claimed, shas, scores = {}, {}, {}
 for i = 1, #items, 2 do

@@ -151,7 +151,9 @@ local function base64_decode(s)
   return table.concat(out)
 end
 
--- Returns dest, payload, or nil, nil, reason, kind.
+-- Returns dest, payload, or nil, nil, reason, kind. A zd1 frame's payload is not copied out:
+-- its payload is the number where it starts in v (a payload of a megabyte costs a copy; only
+-- a local push needs one).
 local function parse(v)
   if not v then return nil, nil, 'no envelope stored for this id', DEAD_MISSING end
   if string.sub(v, 1, 4) == 'zd1:' then
@@ -163,7 +165,7 @@ local function parse(v)
     if not meta_len or b + meta_len > #v then
       return nil, nil, 'malformed envelope: bad zd1 frame', DEAD_MALFORMED
     end
-    return string.sub(v, 5, a - 1), string.sub(v, b + 1 + meta_len), nil
+    return string.sub(v, 5, a - 1), b + 1 + meta_len, nil
   end
   if string.sub(v, 1, 1) ~= '{' then
     return nil, nil, 'malformed envelope: neither a zd1 frame nor a JSON object', DEAD_MALFORMED
@@ -200,13 +202,17 @@ end
 
 -- The envelopes of ids[1..], read within budget_left: in chunks of as many ids as the rest
 -- of the budget holds at max_payload each, so an envelope is never read only to be left
--- (short of a meta larger than the slack); HSTRLEN per id would cost as much as the read.
--- Returns them and how many ids they cover, a prefix of ids: at least one when at_least_one
--- (one envelope larger than the whole budget moves alone).
+-- (short of a meta larger than the slack); HSTRLEN per id would cost more than the read. Once
+-- a large envelope was seen, one at a time: Redis hands a script a multi-value reply by
+-- appending the values one after the other, copying what came before each time. Returns
+-- them and how many ids they cover, a prefix of ids: at least one when at_least_one (one
+-- envelope larger than the whole budget moves alone).
+local LARGE = 65536
 local function read_envelopes(ids, at_least_one)
-  local envelopes, n = {}, 0
+  local envelopes, n, largest = {}, 0, 0
   while n < #ids do
     local chunk = math.min(#ids - n, math.max(1, math.floor(budget_left / max_payload)))
+    if largest >= LARGE then chunk = 1 end
     local part = redis.call('HMGET', jobs_key, unpack(ids, n + 1, n + chunk))
     for j = 1, chunk do
       local size = part[j] and #part[j] or 0
@@ -217,6 +223,7 @@ local function read_envelopes(ids, at_least_one)
       n = n + 1
       envelopes[n] = part[j]
       budget_left = budget_left - size
+      if size > largest then largest = size end
     end
     if budget_left <= 0 then break end
   end
@@ -404,13 +411,14 @@ if n > 0 and not fast_done then
   for i = 1, n do
     local id = ids[i]
     local dest, payload, reason, kind = parse(envelopes[i])
+    local size = type(payload) == 'number' and #envelopes[i] - payload + 1 or (payload and #payload)
     local limit = limits[i] and tonumber(limits[i])
     local late = now_ms - tonumber(items[2 * i])
     if dest and limit and late > limit then
       dest, reason, kind = nil, 'expired: ' .. late .. ' ms after its due time, max_lateness ' .. limit .. ' ms', DEAD_EXPIRED
     end
     local sink = nil
-    if dest then _, sink = resolve(dest) end
+    if dest then sink = select(2, resolve(dest)) end
     if sink then
       -- Lex order in ready: sink, then due (fixed width), then id.
       local member = sink .. '\n' .. string.format('%016d', math.floor(tonumber(items[2 * i]))) .. '\n' .. id
@@ -421,9 +429,10 @@ if n > 0 and not fast_done then
       local route = routes[dest]
       if not route then
         to_dead(id, 'unknown destination: ' .. dest, DEAD_UNKNOWN)
-      elseif #payload > max_payload then
-        to_dead(id, 'payload of ' .. #payload .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
+      elseif size > max_payload then
+        to_dead(id, 'payload of ' .. size .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
       else
+        if type(payload) == 'number' then payload = string.sub(envelopes[i], payload) end
         local key = route.key
         if key_ok[key] == nil then
           local t = redis.call('TYPE', key)['ok']

@@ -53,12 +53,22 @@ local function to_dead(member, reason, kind)
   dead_counts[kind] = dead_counts[kind] + 1
 end
 
--- Up to `batch` members scored in [min, max], in order, read within budget_left (at least one).
-local function read_members(min, max)
-  local items = {}
-  while #items < batch do
-    local chunk = math.min(batch - #items, math.max(1, math.floor(budget_left / max_payload)))
-    local part = redis.call('ZRANGEBYSCORE', src, min, max, 'LIMIT', #items, chunk)
+-- Members read within budget_left (at least one), in chunks of as many as the rest of the
+-- budget holds at max_payload each (large members one at a time: a multi-value reply reaches
+-- a script by repeated appends). With `ranks`, the first `ranks` ranks (members known due),
+-- read by rank, O(log N + chunk); otherwise up to `batch` members scored in [min, max].
+local function read_members(min, max, ranks)
+  local items, largest = {}, 0
+  local want = ranks or batch
+  while #items < want do
+    local chunk = math.min(want - #items, math.max(1, math.floor(budget_left / max_payload)))
+    if largest >= 65536 then chunk = 1 end
+    local part
+    if ranks then
+      part = redis.call('ZRANGE', src, #items, #items + chunk - 1)
+    else
+      part = redis.call('ZRANGEBYSCORE', src, min, max, 'LIMIT', #items, chunk)
+    end
     for j = 1, #part do
       if #items > 0 and #part[j] > budget_left then
         budget_left = 0
@@ -66,6 +76,7 @@ local function read_members(min, max)
       end
       items[#items + 1] = part[j]
       budget_left = budget_left - #part[j]
+      if #part[j] > largest then largest = #part[j] end
     end
     if #part < chunk or budget_left <= 0 then break end
   end
@@ -116,7 +127,12 @@ end
 
 local max_score = unit_ms and now_ms or (now_ms / 1000)
 local items = {}
-if budget_left > 0 then items = read_members('-inf', string.format('%.3f', max_score)) end
+-- The implausible ones gone, the members due now are the lowest ranks (unless the budget or the
+-- batch stopped their removal short: then this call moves nothing more).
+if budget_left > 0 and #implausible < batch then
+  local due = redis.call('ZCOUNT', src, '-inf', string.format('%.3f', max_score))
+  if due > 0 then items = read_members(nil, nil, math.min(batch, due)) end
+end
 local n = #items
 local moved, kept, kept_error = 0, 0, ''
 if n > 0 then

@@ -459,7 +459,8 @@ pub struct PollerConfig {
     pub max_payload: usize,
     /// Payload bytes one script call reads at most: a move or claim batch ends at `batch` jobs
     /// or at this many bytes, whichever comes first (a single larger job moves alone), so a
-    /// burst of large payloads never blocks Redis for long. Default 8388608 (8 MiB).
+    /// burst of large payloads never blocks Redis for long (a megabyte costs a few ms of Redis
+    /// CPU through a script). Default 4194304 (4 MiB).
     pub batch_bytes: usize,
     /// Bytes one two-phase sink may have claimed and not yet settled at once, across all
     /// shards and raw sources (with `sink_concurrency`, which bounds the batches). Each claim
@@ -506,7 +507,7 @@ impl Default for PollerConfig {
             idle_poll: Duration::from_millis(100),
             lease: Duration::from_secs(30),
             max_payload: 1 << 20,
-            batch_bytes: 8 << 20,
+            batch_bytes: 4 << 20,
             sink_inflight_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(10),
             stats_interval: Duration::from_secs(5),
@@ -1085,7 +1086,10 @@ impl Config {
             return Err(invalid("poller.max_payload", "must be 1..=536870912 bytes"));
         }
         if p.batch_bytes < 1024 || p.batch_bytes > 512 << 20 {
-            return Err(invalid("poller.batch_bytes", "must be 1024..=536870912 bytes"));
+            return Err(invalid(
+                "poller.batch_bytes",
+                "must be 1024..=536870912 bytes",
+            ));
         }
         // A claim takes its bytes from a semaphore whose acquisitions count in u32.
         if p.sink_inflight_bytes < 1024 || p.sink_inflight_bytes > u32::MAX as usize {
@@ -1427,7 +1431,8 @@ user = "a"
         assert!(err("[poller]\nbatch = 5000").contains("poller.batch"));
         assert!(err("[poller]\nbatch_bytes = 10").contains("poller.batch_bytes"));
         assert!(
-            err("[poller]\nsink_inflight_bytes = 5000000000").contains("poller.sink_inflight_bytes")
+            err("[poller]\nsink_inflight_bytes = 5000000000")
+                .contains("poller.sink_inflight_bytes")
         );
         assert!(
             err("[[routes]]\nname=\"a\"\nsink=\"nope\"\ntarget=\"q\"")

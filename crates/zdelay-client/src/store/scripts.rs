@@ -1638,7 +1638,10 @@ impl MoveReply {
             let sinks = as_int(sinks.clone())? as usize;
             // Per sink, the schedules' head, then the walk's three counts and where it resumes.
             if tail.len() != sinks + 5 {
-                return Err(protocol_error("move_due reply tail", &Value::Int(sinks as i64)));
+                return Err(protocol_error(
+                    "move_due reply tail",
+                    &Value::Int(sinks as i64),
+                ));
             }
             let (queued, tail) = tail.split_at(sinks);
             reply.queued = queued
