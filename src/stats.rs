@@ -135,12 +135,11 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
         async move { scripts::ready_sinks(&mut con, &keys).await }
     }));
     let (replies, ready) = futures::future::join(queries, ready).await;
+    // The plain commands' errors first: they name what is refused (an ACL says "no
+    // permissions to run the 'zcard' command"; a script only that it may not).
+    let replies = replies.into_iter().collect::<Result<Vec<_>, _>>()?;
     let ready = ready.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let mut it = replies
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .flatten();
+    let mut it = replies.into_iter().flatten();
     let mut shards = Vec::new();
     let mut waiting: BTreeMap<String, SinkWaiting> = sink_names
         .iter()

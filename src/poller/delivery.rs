@@ -130,14 +130,6 @@ struct Pending<'a> {
     envelope: Envelope,
 }
 
-/// What becomes of a claimed job before anything is published.
-enum Prepared<'a> {
-    /// Published through the claiming sink.
-    Publish(Pending<'a>, Message),
-    /// Settled without publishing: handed over (its route leads elsewhere now) or dead.
-    Settle(Settle),
-}
-
 /// Publishes the jobs `sink` claimed in `shard` and settles them, handing over those whose
 /// route now leads elsewhere.
 pub async fn deliver(
@@ -155,11 +147,11 @@ pub async fn deliver(
     let mut messages: Vec<Message> = Vec::with_capacity(claim.jobs.len());
     for job in &claim.jobs {
         match prepare(ctx, sink, job, redis_now_ms()) {
-            Prepared::Publish(p, message) => {
+            Ok((p, message)) => {
                 pending.push(p);
                 messages.push(message);
             }
-            Prepared::Settle(settle) => settles.push((&job.id, settle)),
+            Err(settle) => settles.push((&job.id, settle)),
         }
     }
     count_rerouted(&sink.name, settles.iter().map(|(_, s)| s));
@@ -515,16 +507,17 @@ fn count_dead<'a>(source: &str, settles: impl Iterator<Item = &'a Settle>) {
 }
 
 /// Decodes and resolves a job `claimer` claimed: a message to publish through `claimer`, or
-/// the settle of a job that is not its to publish (its route leads elsewhere now, or it can
-/// only go to dead). `now_ms`: Redis time, for the job's `max_lateness`.
+/// (`Err`) the settle of a job that is not its to publish: its route leads elsewhere now
+/// (handed over, unpublished), or it can only go to dead. `now_ms`: Redis time, for the
+/// job's `max_lateness`.
 fn prepare<'a>(
     ctx: &PollerContext,
     claimer: &SinkHandle,
     job: &'a Claimed,
     now_ms: i64,
-) -> Prepared<'a> {
+) -> Result<(Pending<'a>, Message), Settle> {
     let dead = |kind, reason: String| {
-        Prepared::Settle(Settle::Dead {
+        Err(Settle::Dead {
             kind,
             reason,
             envelope: Vec::new(),
@@ -554,7 +547,7 @@ fn prepare<'a>(
         // The route table changed since the job was queued (a config change): its route is a
         // local list now, which move_due pushes.
         Ok(Resolved::Local(_)) => {
-            return Prepared::Settle(Settle::Due { due_ms: job.due_ms });
+            return Err(Settle::Due { due_ms: job.due_ms });
         }
         Err(Refused::Unknown { dest }) => {
             return dead(
@@ -570,7 +563,7 @@ fn prepare<'a>(
     };
     if dest.sink != claimer.name {
         // Another sink's job now: it waits for that sink, within that sink's bounds.
-        return Prepared::Settle(Settle::Release {
+        return Err(Settle::Release {
             due_ms: job.due_ms,
             sink: dest.sink,
         });
@@ -596,7 +589,7 @@ fn prepare<'a>(
         headers: std::mem::take(&mut envelope.meta.headers),
         priority: dest.priority,
     };
-    Prepared::Publish(Pending { job, envelope }, message)
+    Ok((Pending { job, envelope }, message))
 }
 
 /// The job's envelope whole again (payload and headers back from its message), changed by

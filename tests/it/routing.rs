@@ -199,7 +199,7 @@ target = "q:remote"
     assert_eq!(old_sink["configured"], false, "{stats}");
     let table = String::from_utf8_lossy(&new.cli(&["stats"]).stdout).into_owned();
     assert!(
-        table.contains(&format!("sink old: not configured")) && table.contains("2000 jobs waiting"),
+        table.contains("sink old: not configured") && table.contains("2000 jobs waiting"),
         "{table}"
     );
 
