@@ -576,7 +576,6 @@ fn two_claims_with_one_deadline_have_distinct_fencing_tokens() {
             None
         })
         .expect("a claim with the first one's deadline");
-    assert_ne!(second.token, first.token, "one deadline, two tokens");
     // The first claim's settle, sent again: refused by the fence.
     let ack = [(ids[0].as_str(), SettleOp::Ack)];
     let late = rt
@@ -590,7 +589,7 @@ fn two_claims_with_one_deadline_have_distinct_fencing_tokens() {
     assert_eq!(
         (late.settled, late.fenced),
         (0, 1),
-        "the late settle is fenced"
+        "the first claim's late ack is fenced, not taken for the second's"
     );
     assert_eq!(
         shard_total(&mut con, SHARDS, "inflight"),
@@ -598,6 +597,7 @@ fn two_claims_with_one_deadline_have_distinct_fencing_tokens() {
         "still the second's"
     );
     assert_eq!(hlen_all(&mut con, "jobs"), 1, "not acked by the first");
+    assert_ne!(second.token, first.token, "one deadline, two tokens");
     let own = rt
         .block_on(scripts::settle_jobs(
             &mut lib.connection(),
