@@ -35,6 +35,8 @@ pub const SINK_WAITING: &str = "zdelay_sink_waiting";
 pub const SINK_OLDEST_WAITING: &str = "zdelay_sink_oldest_waiting_seconds";
 pub const OCCURRENCES: &str = "zdelay_schedule_occurrences_total";
 pub const TRACE_CONTEXT_INVALID: &str = "zdelay_trace_context_invalid_total";
+pub const JOBS_REROUTED: &str = "zdelay_jobs_rerouted_total";
+pub const SETTLE_RETRIES: &str = "zdelay_settle_retries_total";
 
 /// Lateness buckets in ms: from 1 ms to 5 minutes. The move scripts count jobs per bucket.
 pub const LATENESS_BOUNDS_MS: &[u64] = &[
@@ -148,6 +150,16 @@ fn describe() {
         OCCURRENCES,
         "Occurrences of recurring schedules, by outcome: fired (turned into a job), expired \
          (past max_lateness), skipped (misfire policy)."
+    );
+    describe_counter!(
+        JOBS_REROUTED,
+        "Jobs waiting for or claimed by a two-phase sink whose route leads elsewhere now (the \
+         config changed), by the sink they waited for (`from`) and where they went (`to`: \
+         sink, local, dead)."
+    );
+    describe_counter!(
+        SETTLE_RETRIES,
+        "Settles sent again after a passing fault (connection dropped, timeout, busy server)."
     );
     describe_counter!(
         TRACE_CONTEXT_INVALID,

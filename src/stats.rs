@@ -32,7 +32,8 @@ pub struct Stats {
     pub sources: Vec<Backlog>,
     /// Two-phase sinks as the daemons last saw them (`<ns>:sinks`); empty when none.
     pub sinks: Vec<SinkState>,
-    /// Jobs due and waiting for each two-phase sink (its part of the shards' ready sets).
+    /// Jobs due and waiting for each two-phase sink (its part of the shards' ready sets), as
+    /// found in Redis: sinks that are not configured (any more) included.
     pub waiting: Vec<SinkWaiting>,
     /// The daemons registered on the namespace and the targets each one polls.
     pub instances: Vec<Instance>,
@@ -57,6 +58,9 @@ pub struct SinkWaiting {
     pub jobs: u64,
     /// How long the oldest of them has been due, ms; 0 when none waits.
     pub oldest_age_ms: u64,
+    /// Whether the config names this sink as a two-phase sink. Jobs of a sink that is not
+    /// configured wait until a daemon's mover refiles them by their route now.
+    pub configured: bool,
 }
 
 /// A two-phase sink's last health check by a daemon.
@@ -101,26 +105,13 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
         .map(str::to_owned)
         .collect();
     // One pipeline per slot (a shard's keys, a source, a source's dead set), so it runs on a
-    // Redis Cluster too; all of them at once.
+    // Redis Cluster too; all of them at once. The sinks waiting in each shard's ready set, as
+    // found there, come from one script call per shard.
     let mut pipes = Vec::new();
     for shard in 0..keys.shards() {
         let mut pipe = redis::pipe();
         add_zset_queries(&mut pipe, &keys.due(shard), now_ms as f64);
         pipe.zcard(keys.inflight(shard)).zcard(keys.dead(shard));
-        for sink in &sink_names {
-            let (min, max) = ready_range(sink);
-            pipe.cmd("ZLEXCOUNT")
-                .arg(keys.ready(shard))
-                .arg(&min)
-                .arg(&max);
-            pipe.cmd("ZRANGEBYLEX")
-                .arg(keys.ready(shard))
-                .arg(&min)
-                .arg(&max)
-                .arg("LIMIT")
-                .arg(0)
-                .arg(1);
-        }
         pipes.push(pipe);
     }
     for source in &config.sources {
@@ -135,40 +126,52 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
         pipe.zcard(source.keys().dead);
         pipes.push(pipe);
     }
-    let replies = futures::future::join_all(pipes.iter().map(|pipe| {
+    let queries = futures::future::join_all(pipes.iter().map(|pipe| {
         let mut con = con.clone();
         async move { pipe.query_async::<Vec<redis::Value>>(&mut con).await }
-    }))
-    .await;
-    let mut it = replies
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .flatten();
+    }));
+    let ready = futures::future::join_all((0..keys.shards()).map(|shard| {
+        let (mut con, keys) = (con.clone(), keys.shard(shard));
+        async move { scripts::ready_sinks(&mut con, &keys).await }
+    }));
+    let (replies, ready) = futures::future::join(queries, ready).await;
+    // The plain commands' errors first: they name what is refused (an ACL says "no
+    // permissions to run the 'zcard' command"; a script only that it may not).
+    let replies = replies.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let ready = ready.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut it = replies.into_iter().flatten();
     let mut shards = Vec::new();
-    let mut waiting: BTreeMap<&str, SinkWaiting> = BTreeMap::new();
-    for shard in 0..keys.shards() {
+    let mut waiting: BTreeMap<String, SinkWaiting> = sink_names
+        .iter()
+        .map(|sink| {
+            let w = SinkWaiting {
+                sink: sink.clone(),
+                jobs: 0,
+                oldest_age_ms: 0,
+                configured: true,
+            };
+            (sink.clone(), w)
+        })
+        .collect();
+    for (shard, found) in (0..keys.shards()).zip(ready) {
         let (due_now, total, head) = read_zset_queries(&mut it)?;
         let inflight = redis::from_redis_value(it.next().unwrap_or_default())?;
         let dead = redis::from_redis_value(it.next().unwrap_or_default())?;
         let mut oldest_due_age_ms = age(now_ms, head, ScoreUnit::Millis);
         let mut waiting_here = 0;
-        for sink in &sink_names {
-            let jobs: u64 = redis::from_redis_value(it.next().unwrap_or_default())?;
-            let first: Vec<String> = redis::from_redis_value(it.next().unwrap_or_default())?;
-            let oldest = first
-                .first()
-                .and_then(|m| m.split('\n').nth(1))
-                .and_then(|due| due.parse::<f64>().ok());
-            let oldest_age_ms = age(now_ms, oldest, ScoreUnit::Millis);
-            let entry = waiting.entry(sink).or_insert_with(|| SinkWaiting {
-                sink: sink.clone(),
-                jobs: 0,
-                oldest_age_ms: 0,
-            });
-            entry.jobs += jobs;
+        for r in found {
+            let oldest_age_ms = age(now_ms, r.oldest_due_ms.map(|d| d as f64), ScoreUnit::Millis);
+            let entry = waiting
+                .entry(r.sink.clone())
+                .or_insert_with(|| SinkWaiting {
+                    sink: r.sink.clone(),
+                    jobs: 0,
+                    oldest_age_ms: 0,
+                    configured: false,
+                });
+            entry.jobs += r.jobs;
             entry.oldest_age_ms = entry.oldest_age_ms.max(oldest_age_ms);
-            waiting_here += jobs;
+            waiting_here += r.jobs;
             oldest_due_age_ms = oldest_due_age_ms.max(oldest_age_ms);
         }
         shards.push(Backlog {
@@ -261,11 +264,6 @@ pub async fn instances(
         instance.sources.dedup();
     }
     Ok(instances)
-}
-
-/// The ZRANGEBYLEX bounds of one sink's members in a ready set: `<sink>\n…`.
-fn ready_range(sink: &str) -> (String, String) {
-    (format!("[{sink}\n"), format!("({sink}\u{b}"))
 }
 
 fn add_zset_queries(pipe: &mut redis::Pipeline, key: &str, max_score: f64) {

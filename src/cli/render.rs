@@ -94,12 +94,18 @@ pub fn stats_table(stats: &Stats) -> String {
         ));
     }
     for w in &stats.waiting {
-        if w.jobs > 0 && !stats.sinks.iter().any(|s| s.name == w.sink) {
-            out.push_str(&format!(
-                "sink {}: not checked by any daemon yet; {} jobs waiting, the oldest due {} ms ago\n",
-                w.sink, w.jobs, w.oldest_age_ms
-            ));
+        if w.jobs == 0 || stats.sinks.iter().any(|s| s.name == w.sink) {
+            continue;
         }
+        let state = if w.configured {
+            "not checked by any daemon yet"
+        } else {
+            "not configured (a running daemon refiles its jobs by their route now)"
+        };
+        out.push_str(&format!(
+            "sink {}: {state}; {} jobs waiting, the oldest due {} ms ago\n",
+            w.sink, w.jobs, w.oldest_age_ms
+        ));
     }
     out
 }

@@ -23,6 +23,8 @@ pub struct MoverSettings {
     pub idle_poll: Duration,
     /// Largest payload delivered; larger ones go to dead.
     pub max_payload: usize,
+    /// Envelope (or raw member) bytes one move call reads at most.
+    pub batch_bytes: usize,
     /// Lateness bucket bounds passed to the scripts, ms.
     pub bounds_ms: Vec<u64>,
 }
@@ -35,6 +37,8 @@ pub struct DeliveryPolicy {
     /// Claim deadline of two-phase jobs.
     pub lease: Duration,
     pub max_payload: usize,
+    /// Envelope (or raw member) bytes one claim takes at most.
+    pub batch_bytes: usize,
     /// Attempts before a job that keeps failing goes to dead (unless it sets its own).
     pub max_attempts: u32,
     pub retry_base: Duration,
@@ -48,6 +52,7 @@ impl MoverSettings {
             batch: p.batch,
             idle_poll: p.idle_poll,
             max_payload: p.max_payload,
+            batch_bytes: p.batch_bytes,
             bounds_ms: crate::metrics::LATENESS_BOUNDS_MS.to_vec(),
         }
     }
@@ -60,6 +65,7 @@ impl DeliveryPolicy {
             batch: p.batch,
             lease: p.lease,
             max_payload: p.max_payload,
+            batch_bytes: p.batch_bytes,
             max_attempts: p.max_attempts,
             retry_base: p.retry_base,
             retry_cap: p.retry_cap,

@@ -7,22 +7,33 @@
 //! an attempt, and the sink pauses (its publishers claim nothing until it is back; other
 //! sinks and local routes keep flowing).
 //!
+//! A publisher publishes through its own sink only, within that sink's in-flight bounds. A
+//! claimed job whose route now leads elsewhere (the config changed since it was queued) is
+//! handed over in the settle, unpublished and without an attempt counted: to the ready part
+//! of the sink it resolves to now, back to due when it resolves to a local list (`move_due`
+//! pushes it), to dead ("route gone: …") when nothing resolves it.
+//!
+//! A settle that fails on a passing fault (connection dropped, timeout, a busy server) is
+//! sent again with backoff while the claim's lease runs: the script is fenced, so a settle
+//! that did run and lost its reply changes nothing the second time.
+//!
 //! INVARIANT: nothing is removed before its sink confirmed it. A crash anywhere here leaves
 //! the job in inflight, and its lease returns it to due: at least once, never lost.
 
 use super::context::{
     DeliveryPolicy, ENVELOPE_SOURCE, PollerContext, RawDelivery, RawSource, TargetId,
 };
-use crate::metrics::{self, FENCED, JOBS_DEAD, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION};
+use crate::metrics::{
+    self, FENCED, JOBS_DEAD, JOBS_REROUTED, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION,
+};
 use crate::sinks::{Message, Outcome, SinkHandle};
 use crate::trace::Hop;
 use rand::{RngExt, SeedableRng};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zdelay_client::envelope::Envelope;
-use zdelay_client::routes::Resolved;
-use zdelay_client::store::scripts::{self, Claim, Claimed, RawClaim, SettleOp};
+use zdelay_client::routes::{Refused, Resolved};
+use zdelay_client::store::scripts::{self, Claim, Claimed, RawClaim, SettleOp, Settled};
 use zdelay_client::trace_context::{self, Origin};
 
 /// Retry delay for a job that has failed `attempt` times before: a random time in
@@ -51,6 +62,8 @@ enum DeadKind {
     GaveUp,
     /// It could not go out within its `max_lateness`.
     Expired,
+    /// Its dest resolves to no configured route or sink any more.
+    RouteGone,
 }
 
 impl DeadKind {
@@ -60,6 +73,7 @@ impl DeadKind {
             DeadKind::Rejected => "rejected",
             DeadKind::GaveUp => "gave_up",
             DeadKind::Expired => "expired",
+            DeadKind::RouteGone => "route_gone",
         }
     }
 }
@@ -72,7 +86,13 @@ enum Settle {
         due_ms: i64,
         envelope: Vec<u8>,
     },
+    /// Back to the ready set, in `sink`'s part.
     Release {
+        due_ms: i64,
+        sink: String,
+    },
+    /// Back to due: the route is a local list now.
+    Due {
         due_ms: i64,
     },
     Dead {
@@ -90,7 +110,11 @@ impl Settle {
                 due_ms: *due_ms,
                 envelope,
             },
-            Settle::Release { due_ms } => SettleOp::Release { due_ms: *due_ms },
+            Settle::Release { due_ms, sink } => SettleOp::Release {
+                due_ms: *due_ms,
+                sink,
+            },
+            Settle::Due { due_ms } => SettleOp::Due { due_ms: *due_ms },
             Settle::Dead {
                 reason, envelope, ..
             } => SettleOp::Dead { reason, envelope },
@@ -98,21 +122,20 @@ impl Settle {
     }
 }
 
-/// A claimed job on its way: where it goes, and its decoded envelope.
+/// A claimed job on its way through its sink: its decoded envelope.
 /// The envelope's payload and headers are moved into the job's `Message`, not copied;
 /// `rewrite` puts them back for the rare retry or death.
 struct Pending<'a> {
     job: &'a Claimed,
     envelope: Envelope,
-    sink: Arc<SinkHandle>,
 }
 
-/// Publishes the jobs `claimer` claimed in `shard` and settles them. Each job goes to the sink
-/// its destination names now (normally the claimer; another one only after a config change).
+/// Publishes the jobs `sink` claimed in `shard` and settles them, handing over those whose
+/// route now leads elsewhere.
 pub async fn deliver(
     ctx: &PollerContext,
     shard: u16,
-    claimer: &SinkHandle,
+    sink: &SinkHandle,
     claim: &Claim,
     claimed_at: Instant,
 ) -> redis::RedisResult<()> {
@@ -120,81 +143,166 @@ pub async fn deliver(
     // Redis time now, from the claim's Redis time: no local clock involved.
     let redis_now_ms = || claim.now_us / 1000 + claimed_at.elapsed().as_millis() as i64;
     let mut settles: Vec<(&str, Settle)> = Vec::with_capacity(claim.jobs.len());
-    // Per sink: the jobs, and their messages in the same order.
-    let mut by_sink: BTreeMap<String, (Vec<Pending>, Vec<Message>)> = BTreeMap::new();
+    let mut pending: Vec<Pending> = Vec::with_capacity(claim.jobs.len());
+    let mut messages: Vec<Message> = Vec::with_capacity(claim.jobs.len());
     for job in &claim.jobs {
-        match prepare(ctx, job, redis_now_ms()) {
+        match prepare(ctx, sink, job, redis_now_ms()) {
             Ok((p, message)) => {
-                let group = by_sink.entry(p.sink.name.clone()).or_default();
-                group.0.push(p);
-                group.1.push(message);
+                pending.push(p);
+                messages.push(message);
             }
-            Err((kind, reason)) => settles.push((
-                &job.id,
-                Settle::Dead {
-                    kind,
-                    reason,
-                    envelope: Vec::new(),
-                },
-            )),
+            Err(settle) => settles.push((&job.id, settle)),
         }
     }
-    let publishes = by_sink.into_values().map(|(pending, messages)| async move {
-        let sink = pending[0].sink.clone();
-        if sink.is_paused() {
-            // Paused since the claim: hand the jobs back untouched, without publishing.
-            return (pending, messages, None);
-        }
+    count_rerouted(&sink.name, settles.iter().map(|(_, s)| s));
+    let outcomes = if messages.is_empty() {
+        Some(Vec::new())
+    } else if sink.is_paused() {
+        // Paused since the claim: hand the jobs back untouched, without publishing.
+        None
+    } else {
         let started = Instant::now();
         let outcomes = sink.sink.publish(&messages).await;
         ::metrics::histogram!(SINK_PUBLISH_DURATION, "sink" => sink.name.clone())
             .record(started.elapsed().as_secs_f64());
-        (pending, messages, Some(outcomes))
-    });
-    let results = futures::future::join_all(publishes).await;
+        Some(one_per_message(sink, messages.len(), outcomes))
+    };
     failpoint_after_publish().await;
 
     // The thread-local RNG is not Send: keep it out of any await.
     let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
-    for (pending, messages, outcomes) in &results {
-        let sink = &pending[0].sink;
-        let Some(outcomes) = outcomes else {
-            settles.extend(pending.iter().map(|p| {
-                let due_ms = p.job.due_ms;
-                (p.job.id.as_str(), Settle::Release { due_ms })
-            }));
-            continue;
-        };
-        count_invalid_trace_context(sink, messages);
-        for ((p, m), outcome) in pending.iter().zip(messages).zip(outcomes) {
-            if let Some(tracer) = &ctx.tracer {
-                tracer.record(&Hop {
-                    message: m,
-                    route: &p.envelope.dest,
-                    sink: &sink.name,
-                    attempt: p.envelope.meta.attempt + 1,
-                    answered_ms: redis_now_ms(),
-                    outcome,
-                });
-            }
-            let settle = match outcome {
-                Outcome::Delivered => {
-                    record_lateness(sink, redis_now_ms() - p.job.due_ms);
-                    Settle::Ack
-                }
-                Outcome::Retry(why) => retry(policy, p, m, why, redis_now_ms(), &mut rng),
-                Outcome::Reject(why) => dead(p, m, why.clone()),
-                Outcome::Unavailable(_) => Settle::Release {
-                    due_ms: p.job.due_ms,
-                },
+    match &outcomes {
+        None => settles.extend(pending.iter().map(|p| {
+            let release = Settle::Release {
+                due_ms: p.job.due_ms,
+                sink: sink.name.clone(),
             };
-            settles.push((&p.job.id, settle));
+            (p.job.id.as_str(), release)
+        })),
+        Some(outcomes) => {
+            count_invalid_trace_context(sink, &messages);
+            for ((p, m), outcome) in pending.iter().zip(&messages).zip(outcomes) {
+                if let Some(tracer) = &ctx.tracer {
+                    tracer.record(&Hop {
+                        message: m,
+                        route: &p.envelope.dest,
+                        sink: &sink.name,
+                        attempt: p.envelope.meta.attempt + 1,
+                        answered_ms: redis_now_ms(),
+                        outcome,
+                    });
+                }
+                let settle = match outcome {
+                    Outcome::Delivered => {
+                        record_lateness(sink, redis_now_ms() - p.job.due_ms);
+                        Settle::Ack
+                    }
+                    Outcome::Retry(why) => retry(policy, p, m, why, redis_now_ms(), &mut rng),
+                    Outcome::Reject(why) => dead(p, m, why.clone()),
+                    Outcome::Unavailable(_) => Settle::Release {
+                        due_ms: p.job.due_ms,
+                        sink: sink.name.clone(),
+                    },
+                };
+                settles.push((&p.job.id, settle));
+            }
+            if !outcomes.is_empty() {
+                sink_answered(sink, outcomes);
+            }
         }
-        sink_answered(sink, outcomes);
     }
     count_dead(ENVELOPE_SOURCE, settles.iter().map(|(_, s)| s));
-    settle(ctx, shard, &claimer.name, claim.deadline_ms, &settles).await
+    if settles.is_empty() {
+        return Ok(());
+    }
+    let ops: Vec<(&str, SettleOp)> = settles.iter().map(|(id, s)| (*id, s.op())).collect();
+    let keys = ctx.keys.shard(shard);
+    let target = TargetId::Shard(shard);
+    let label = format!("shard {shard}");
+    let settled = settle_retried(&label, claimed_at + policy.lease, || {
+        let (keys, ops) = (&keys, &ops);
+        let mut con = ctx.con_for(&target);
+        async move { scripts::settle_jobs(&mut con, keys, &claim.token, ops).await }
+    })
+    .await?;
+    report_fenced(&label, settled.fenced);
+    Ok(())
 }
+
+/// A sink's outcomes for a batch of `messages`: one per message, or, when the sink answered
+/// with another count, "unavailable" for every one (an error event; the batch goes back
+/// without an attempt counted and the sink pauses), never outcomes zipped onto the wrong
+/// messages.
+fn one_per_message(sink: &SinkHandle, messages: usize, outcomes: Vec<Outcome>) -> Vec<Outcome> {
+    if outcomes.len() == messages {
+        return outcomes;
+    }
+    let why = format!(
+        "sink answered {} outcomes for {messages} messages; the batch is released",
+        outcomes.len()
+    );
+    metrics::error_event("sink_outcomes", &sink.name, &why);
+    vec![Outcome::Unavailable(why); messages]
+}
+
+/// Hand-overs of claimed jobs whose route leads elsewhere now, by where they went.
+fn count_rerouted<'a>(from: &str, settles: impl Iterator<Item = &'a Settle>) {
+    let (mut to_sink, mut to_due, mut gone) = (0u64, 0u64, 0u64);
+    for settle in settles {
+        match settle {
+            Settle::Release { .. } => to_sink += 1,
+            Settle::Due { .. } => to_due += 1,
+            Settle::Dead {
+                kind: DeadKind::RouteGone,
+                ..
+            } => gone += 1,
+            _ => {}
+        }
+    }
+    for (to, n) in [("sink", to_sink), ("local", to_due), ("dead", gone)] {
+        if n > 0 {
+            ::metrics::counter!(JOBS_REROUTED, "from" => from.to_owned(), "to" => to).increment(n);
+            tracing::info!(
+                sink = from,
+                to,
+                jobs = n,
+                "claimed jobs whose route leads elsewhere now were handed over unpublished"
+            );
+        }
+    }
+}
+
+/// Sends a settle until it answers, again after each passing fault (see
+/// [`zdelay_client::store::is_transient`]) with a growing pause, until `lease_end`: later the
+/// claim's lease has run out and its jobs are queued again anyway.
+async fn settle_retried<F, Fut>(
+    label: &str,
+    lease_end: Instant,
+    mut send: F,
+) -> redis::RedisResult<Settled>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<Settled>>,
+{
+    let mut pause = SETTLE_FIRST_PAUSE;
+    loop {
+        match send().await {
+            Err(e)
+                if zdelay_client::store::is_transient(&e) && Instant::now() + pause < lease_end =>
+            {
+                tracing::warn!(source = label, error = %e, retry_in = ?pause, "settle failed; sending it again");
+                ::metrics::counter!(crate::metrics::SETTLE_RETRIES).increment(1);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(SETTLE_MAX_PAUSE);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// First and longest pause between two tries of a settle.
+const SETTLE_FIRST_PAUSE: Duration = Duration::from_millis(50);
+const SETTLE_MAX_PAUSE: Duration = Duration::from_secs(2);
 
 /// Publishes the raw members `sink` claimed from `source` and settles them in the source.
 /// A member's message id is `<source>:<sha1 of the member, 16 hex digits>`, and its
@@ -245,18 +353,16 @@ pub async fn deliver_raw(
         let outcomes = sink.sink.publish(&messages).await;
         ::metrics::histogram!(SINK_PUBLISH_DURATION, "sink" => sink.name.clone())
             .record(started.elapsed().as_secs_f64());
-        Some(outcomes)
+        Some(one_per_message(sink, messages.len(), outcomes))
     };
     failpoint_after_publish().await;
     let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
     let mut settles: Vec<Settle> = Vec::with_capacity(messages.len());
     match &outcomes {
-        None => settles.extend(
-            claim
-                .members
-                .iter()
-                .map(|m| Settle::Release { due_ms: m.due_ms }),
-        ),
+        None => settles.extend(claim.members.iter().map(|m| Settle::Release {
+            due_ms: m.due_ms,
+            sink: sink.name.clone(),
+        })),
         Some(outcomes) => {
             if let Some(tracer) = &ctx.tracer {
                 for ((m, message), outcome) in claim.members.iter().zip(&messages).zip(outcomes) {
@@ -294,7 +400,10 @@ pub async fn deliver_raw(
                         reason: why.clone(),
                         envelope: Vec::new(),
                     },
-                    Outcome::Unavailable(_) => Settle::Release { due_ms: m.due_ms },
+                    Outcome::Unavailable(_) => Settle::Release {
+                        due_ms: m.due_ms,
+                        sink: sink.name.clone(),
+                    },
                 });
             }
             sink_answered(sink, outcomes);
@@ -307,13 +416,14 @@ pub async fn deliver_raw(
         .zip(&settles)
         .map(|(m, s)| (m.member.as_slice(), s.op()))
         .collect();
-    let settled = scripts::settle_raw(
-        &mut ctx.con_for(&TargetId::Source(source.keys.source.clone())),
-        &source.keys,
-        source.unit,
-        &claim.deadline,
-        &ops,
-    )
+    let target = TargetId::Source(source.keys.source.clone());
+    let settled = settle_retried(label, claimed_at + policy.lease, || {
+        let ops = &ops;
+        let mut con = ctx.con_for(&target);
+        async move {
+            scripts::settle_raw(&mut con, &source.keys, source.unit, &claim.deadline, ops).await
+        }
+    })
     .await?;
     report_fenced(label, settled.fenced);
     Ok(())
@@ -399,54 +509,74 @@ fn count_dead<'a>(source: &str, settles: impl Iterator<Item = &'a Settle>) {
     }
 }
 
-/// Decodes and resolves a claimed job, or says why it can only go to dead. `now_ms`: Redis
-/// time, for the job's `max_lateness`.
+/// Decodes and resolves a job `claimer` claimed: a message to publish through `claimer`, or
+/// (`Err`) the settle of a job that is not its to publish: its route leads elsewhere now
+/// (handed over, unpublished), or it can only go to dead. `now_ms`: Redis time, for the
+/// job's `max_lateness`.
 fn prepare<'a>(
     ctx: &PollerContext,
+    claimer: &SinkHandle,
     job: &'a Claimed,
     now_ms: i64,
-) -> Result<(Pending<'a>, Message), (DeadKind, String)> {
-    let undeliverable = |why: String| (DeadKind::Undeliverable, why);
+) -> Result<(Pending<'a>, Message), Settle> {
+    let dead = |kind, reason: String| {
+        Err(Settle::Dead {
+            kind,
+            reason,
+            envelope: Vec::new(),
+        })
+    };
+    let undeliverable = |why: String| dead(DeadKind::Undeliverable, why);
     if job.envelope.is_empty() {
-        return Err(undeliverable("no envelope stored for this id".to_owned()));
+        return undeliverable("no envelope stored for this id".to_owned());
     }
-    let mut envelope = Envelope::decode(&job.envelope).map_err(|e| undeliverable(e.to_string()))?;
+    let mut envelope = match Envelope::decode(&job.envelope) {
+        Ok(envelope) => envelope,
+        Err(e) => return undeliverable(e.to_string()),
+    };
     if let Some(limit) = envelope.meta.max_lateness_ms
         && now_ms - job.due_ms > limit as i64
     {
-        return Err((
+        return dead(
             DeadKind::Expired,
             format!(
                 "expired: {} ms after its due time, max_lateness {limit} ms",
                 now_ms - job.due_ms
             ),
-        ));
+        );
     }
-    let dest = match ctx
-        .routes
-        .resolve(&envelope.dest)
-        .map_err(|e| undeliverable(e.to_string()))?
-    {
-        Resolved::TwoPhase(dest) => dest,
-        // The route table changed between the claim and now (a config reload): no sink.
-        Resolved::Local(_) => {
-            return Err(undeliverable(format!(
-                "unknown destination: {}",
-                envelope.dest
-            )));
+    let dest = match ctx.routes.resolve(&envelope.dest) {
+        Ok(Resolved::TwoPhase(dest)) => dest,
+        // The route table changed since the job was queued (a config change): its route is a
+        // local list now, which move_due pushes.
+        Ok(Resolved::Local(_)) => {
+            return Err(Settle::Due { due_ms: job.due_ms });
         }
+        Err(Refused::Unknown { dest }) => {
+            return dead(
+                DeadKind::RouteGone,
+                format!(
+                    "route gone: {dest} resolves to no configured route or sink (it was \
+                     claimed for sink {})",
+                    claimer.name
+                ),
+            );
+        }
+        Err(refused) => return undeliverable(refused.to_string()),
     };
-    let sink = ctx
-        .sinks
-        .get(&dest.sink)
-        .cloned()
-        .ok_or_else(|| undeliverable(format!("unknown destination: {}", envelope.dest)))?;
+    if dest.sink != claimer.name {
+        // Another sink's job now: it waits for that sink, within that sink's bounds.
+        return Err(Settle::Release {
+            due_ms: job.due_ms,
+            sink: dest.sink,
+        });
+    }
     if envelope.payload.len() > ctx.delivery.max_payload {
-        return Err(undeliverable(format!(
+        return undeliverable(format!(
             "payload of {} bytes exceeds max_payload {}",
             envelope.payload.len(),
             ctx.delivery.max_payload
-        )));
+        ));
     }
     let message = Message {
         // An occurrence of a schedule is known to consumers by the schedule's id: its
@@ -462,14 +592,7 @@ fn prepare<'a>(
         headers: std::mem::take(&mut envelope.meta.headers),
         priority: dest.priority,
     };
-    Ok((
-        Pending {
-            job,
-            envelope,
-            sink,
-        },
-        message,
-    ))
+    Ok((Pending { job, envelope }, message))
 }
 
 /// The job's envelope whole again (payload and headers back from its message), changed by
@@ -518,24 +641,6 @@ fn dead(p: &Pending, m: &Message, reason: String) -> Settle {
         reason,
         envelope: envelope.encode().unwrap_or_default(),
     }
-}
-
-async fn settle(
-    ctx: &PollerContext,
-    shard: u16,
-    sink: &str,
-    deadline_ms: i64,
-    settles: &[(&str, Settle)],
-) -> redis::RedisResult<()> {
-    if settles.is_empty() {
-        return Ok(());
-    }
-    let ops: Vec<(&str, SettleOp)> = settles.iter().map(|(id, s)| (*id, s.op())).collect();
-    let keys = ctx.keys.shard(shard);
-    let mut con = ctx.con_for(&TargetId::Shard(shard));
-    let settled = scripts::settle_jobs(&mut con, &keys, sink, deadline_ms, &ops).await?;
-    report_fenced(&format!("shard {shard}"), settled.fenced);
-    Ok(())
 }
 
 fn report_fenced(source: &str, fenced: u64) {
@@ -602,6 +707,81 @@ mod tests {
             );
         }
         assert!(retry_delay(1000, base, cap, &mut rng) <= cap, "no overflow");
+    }
+
+    #[test]
+    fn outcomes_of_another_count_release_the_whole_batch() {
+        use crate::sinks::redis_remote::RedisRemoteSink;
+        let sink = SinkHandle::new(
+            "other",
+            "redis",
+            Box::new(
+                RedisRemoteSink::new(
+                    "other",
+                    "redis://127.0.0.1:1",
+                    &zdelay_client::config::from_toml("").unwrap(),
+                )
+                .unwrap(),
+            ),
+            Duration::from_secs(1),
+            1,
+        );
+        let answered = vec![Outcome::Delivered, Outcome::Reject("no".into())];
+        assert_eq!(one_per_message(&sink, 2, answered.clone()), answered);
+        for wrong in [vec![Outcome::Delivered], answered.clone(), Vec::new()] {
+            let n = if wrong.len() == 2 { 3 } else { 2 };
+            let got = one_per_message(&sink, n, wrong);
+            assert_eq!(got.len(), n, "one outcome per message");
+            assert!(
+                got.iter().all(
+                    |o| matches!(o, Outcome::Unavailable(why) if why.contains("outcomes for"))
+                ),
+                "{got:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_settle_is_sent_again_after_passing_faults_within_the_lease() {
+        let dropped = || redis::RedisError::from((redis::ErrorKind::Io, "connection dropped"));
+        let refused = || redis::RedisError::from((redis::ErrorKind::Client, "refused"));
+        let tries = std::cell::Cell::new(0);
+        let lease_end = Instant::now() + Duration::from_secs(30);
+        let settled = settle_retried("shard 0", lease_end, || {
+            tries.set(tries.get() + 1);
+            let n = tries.get();
+            async move {
+                if n < 3 {
+                    Err(dropped())
+                } else {
+                    Ok(Settled {
+                        settled: 5,
+                        fenced: 0,
+                    })
+                }
+            }
+        })
+        .await
+        .expect("settled on the third try");
+        assert_eq!((tries.get(), settled.settled), (3, 5));
+        // Not a passing fault: no second try.
+        tries.set(0);
+        let err = settle_retried("shard 0", lease_end, || {
+            tries.set(tries.get() + 1);
+            async { Err(refused()) }
+        })
+        .await;
+        assert!(err.is_err() && tries.get() == 1);
+        // Past the lease nothing is sent again: the jobs are queued again anyway.
+        tries.set(0);
+        let soon = Instant::now() + Duration::from_millis(120);
+        let err = settle_retried("shard 0", soon, || {
+            tries.set(tries.get() + 1);
+            async { Err(dropped()) }
+        })
+        .await;
+        assert!(err.is_err());
+        assert!(tries.get() <= 3, "{} tries in 120 ms", tries.get());
     }
 
     #[test]

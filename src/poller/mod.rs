@@ -26,7 +26,7 @@ pub use context::{
     RawSource, Sinks, Target, TargetId, refusal_message,
 };
 pub use delivery::retry_delay;
-pub use mover::{move_once, sleep_after};
+pub use mover::{move_once, move_walking, sleep_after};
 pub use ownership::{InstanceIdInUse, Leases, Owned, Ownership, slot_name, target_of};
 
 use std::collections::HashMap;

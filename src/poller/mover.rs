@@ -10,12 +10,20 @@
 //! finishes: it is atomic, and stopping is only checked between calls. The mover never
 //! waits for a broker.
 //!
+//! A shard's mover also keeps its ready set routed by the config in force: at start and
+//! every [`LOOK_EVERY`] it lists the sinks jobs wait for there (`ready_sinks`), and walks the
+//! part of each sink that is not configured (removed, renamed) or is paused (it claims
+//! nothing, so none of its jobs is handed over at publish), a batch per `move_due` call:
+//! each job goes where its route leads now (see `move_due.lua`).
+//!
 //! Errors never end the loop: they are logged, counted, and retried with capped backoff.
 
 use super::context::{BatchObserver, PollerContext, RawDelivery, Target, TargetId};
 use crate::metrics::{
-    self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, LEASES_EXPIRED, OCCURRENCES, SCRIPT_DURATION,
+    self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, JOBS_REROUTED, LEASES_EXPIRED, OCCURRENCES,
+    SCRIPT_DURATION,
 };
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -26,11 +34,25 @@ use zdelay_client::store::scripts::{
     self, DUE_DEAD_KINDS, MoveDue, MoveRaw, MoveReply, RAW_DEAD_KINDS,
 };
 
+/// How often a shard's mover looks for sinks in its ready set to walk.
+pub const LOOK_EVERY: Duration = Duration::from_secs(10);
+
 /// Runs one move script call. `now_ms` overrides Redis TIME (tests drive time with it).
 pub async fn move_once(
     ctx: &PollerContext,
     target: &Target,
     now_ms: Option<i64>,
+) -> redis::RedisResult<MoveReply> {
+    move_walking(ctx, target, now_ms, None).await
+}
+
+/// [`move_once`], walking a batch of `walk`'s sink's part of a shard's ready set first (from
+/// the member given, exclusive; "" = its start).
+pub async fn move_walking(
+    ctx: &PollerContext,
+    target: &Target,
+    now_ms: Option<i64>,
+    walk: Option<(&str, &str)>,
 ) -> redis::RedisResult<MoveReply> {
     let mut con = ctx.con_for(&target.id());
     let m = &ctx.mover;
@@ -40,8 +62,10 @@ pub async fn move_once(
                 batch: m.batch,
                 now_ms,
                 max_payload: m.max_payload,
+                batch_bytes: m.batch_bytes,
                 routes: &ctx.routes,
                 bounds_ms: &m.bounds_ms,
+                walk,
             };
             scripts::move_due(&mut con, &ctx.keys.shard(*shard), &args).await
         }
@@ -58,6 +82,7 @@ pub async fn move_once(
                 now_ms,
                 unit: source.unit,
                 max_payload: m.max_payload,
+                batch_bytes: m.batch_bytes,
                 list,
                 push: *push,
                 bounds_ms: &m.bounds_ms,
@@ -134,6 +159,72 @@ async fn fire_schedules(
     Ok(FireOutcome::of(&report))
 }
 
+/// The walks of one shard's ready set: which sinks' parts to walk, and where each stands.
+#[derive(Default)]
+struct Walks {
+    /// (sink, the member the walk resumes after; "" = the part's start), first one walking.
+    pending: VecDeque<(String, String)>,
+    /// Configured sinks walked during their current pause: walked again only once they have
+    /// resumed and paused again, so a long outage costs one walk, not one per look.
+    walked_paused: HashSet<String>,
+    next_look: Option<Instant>,
+}
+
+impl Walks {
+    /// Lists the sinks jobs wait for in `shard`'s ready set when a look is due, and queues a
+    /// walk of each one not configured and of each paused one not walked in this pause.
+    async fn look(&mut self, ctx: &PollerContext, shard: u16) -> redis::RedisResult<()> {
+        if self.next_look.is_some_and(|at| Instant::now() < at) {
+            return Ok(());
+        }
+        self.next_look = Some(Instant::now() + LOOK_EVERY);
+        let mut con = ctx.con_for(&TargetId::Shard(shard));
+        let found = scripts::ready_sinks(&mut con, &ctx.keys.shard(shard)).await?;
+        for waiting in found {
+            let sink = waiting.sink;
+            let configured = ctx.routes.two_phase_sinks().any(|s| s == sink);
+            let walk = match ctx.sinks.get(&sink) {
+                _ if !configured => true,
+                Some(handle) if handle.is_paused() => self.walked_paused.insert(sink.clone()),
+                Some(_) => {
+                    self.walked_paused.remove(&sink);
+                    false
+                }
+                // Configured, but another daemon's to publish (no handle here).
+                None => false,
+            };
+            if walk && !self.pending.iter().any(|(s, _)| *s == sink) {
+                tracing::info!(
+                    shard,
+                    sink = %sink,
+                    jobs = waiting.jobs,
+                    configured,
+                    "refiling the jobs waiting for a sink by their route now"
+                );
+                self.pending.push_back((sink, String::new()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The walk the next `move_due` call takes a batch of.
+    fn next(&self) -> Option<(&str, &str)> {
+        self.pending
+            .front()
+            .map(|(sink, from)| (sink.as_str(), from.as_str()))
+    }
+
+    /// A batch of the current walk was done: it resumes at `next`, or ends.
+    fn advance(&mut self, next: Option<String>) {
+        match (next, self.pending.front_mut()) {
+            (Some(next), Some(walk)) => walk.1 = next,
+            _ => {
+                self.pending.pop_front();
+            }
+        }
+    }
+}
+
 /// Capped exponential backoff for errors. The cap is low so that work resumes within about
 /// half a second of Redis answering normally again (after BUSY, LOADING, OOM or a lost
 /// connection), at the cost of a few cheap failing calls per second while it does not.
@@ -177,15 +268,29 @@ pub async fn run(
     let mut schedule_cache = ScheduleCache::default();
     // Its own context: a move that works must not end an episode of failing schedules.
     let schedules_label = format!("{label} schedules");
+    let mut walks = Walks::default();
     tracing::debug!(source = %label, ?target, "poller started");
     while !stop.is_cancelled() {
+        if let Target::Shard(shard) = &target {
+            match walks.look(&ctx, *shard).await {
+                Ok(()) => {}
+                Err(e) if ctx.is_refusal(&e) => break,
+                Err(e) => metrics::error_event("redis", &label, &e),
+            }
+        }
         let started = Instant::now();
-        let delay = match move_once(&ctx, &target, None).await {
+        let walk = walks.next();
+        let walking = walk.map(|(sink, _)| sink.to_owned());
+        let delay = match move_walking(&ctx, &target, None, walk).await {
             Ok(reply) => {
                 ::metrics::histogram!(SCRIPT_DURATION, "script" => script)
                     .record(started.elapsed().as_secs_f64());
                 metrics::recovered("redis", &label);
                 record(&ctx, &target, &label, &reply);
+                if let Some(sink) = &walking {
+                    record_refiled(sink, &reply);
+                    walks.advance(reply.walk_next.clone());
+                }
                 if let Some(observe) = &on_batch {
                     observe(&target, &reply);
                 }
@@ -233,8 +338,9 @@ pub async fn run(
                 } else {
                     metrics::recovered("push_failed", &label);
                     backoff.reset();
-                    if reply.taken >= ctx.mover.batch {
-                        // More are due: go again at once, but let other tasks run.
+                    if reply.taken >= ctx.mover.batch || walks.next().is_some() {
+                        // More are due, or a walk goes on: go again at once, but let other
+                        // tasks run.
                         tokio::task::yield_now().await;
                         continue;
                     }
@@ -257,6 +363,25 @@ pub async fn run(
         }
     }
     tracing::debug!(source = %label, "poller stopped");
+}
+
+/// What a batch of a walk of `sink`'s waiting jobs refiled.
+fn record_refiled(sink: &str, reply: &MoveReply) {
+    let r = reply.refiled;
+    for (to, n) in [("sink", r.to_sink), ("local", r.to_due), ("dead", r.dead)] {
+        if n > 0 {
+            ::metrics::counter!(JOBS_REROUTED, "from" => sink.to_owned(), "to" => to).increment(n);
+        }
+    }
+    if r.total() > 0 {
+        tracing::warn!(
+            sink,
+            to_another_sink = r.to_sink,
+            to_local_route = r.to_due,
+            to_dead = r.dead,
+            "jobs waiting for a sink were refiled by their route now"
+        );
+    }
 }
 
 fn record(ctx: &PollerContext, target: &Target, label: &str, reply: &MoveReply) {

@@ -4,10 +4,11 @@
 //!
 //! Each (shard, sink) pair has its own publisher, so a broker that is slow or hung holds up
 //! only its own jobs: the shard's mover keeps moving local routes, and other sinks keep
-//! publishing. A sink's publishers share its in-flight bound (`poller.sink_concurrency`
-//! batches), taken before claiming, so no lease runs while a batch waits for room. While the
-//! sink is paused they claim nothing: its jobs wait in the ready set, untouched, until it is
-//! back.
+//! publishing. A sink's publishers share its in-flight bounds (`poller.sink_concurrency`
+//! batches and `poller.sink_inflight_bytes` bytes), taken before claiming, so no lease runs
+//! while a batch waits for room: each claim reserves up to `poller.batch_bytes`, claims at
+//! most that, and gives back at once what it did not take. While the sink is paused they
+//! claim nothing: its jobs wait in the ready set, untouched, until it is back.
 //!
 //! Wake-ups come from the shard's mover when it queued jobs for this sink; otherwise the
 //! publisher looks every [`IDLE_CLAIM`] (jobs another daemon released, leases that ran out).
@@ -47,8 +48,8 @@ pub async fn run(
             }
             continue;
         }
-        let permit = tokio::select! {
-            permit = sink.permit() => permit,
+        let mut permit = tokio::select! {
+            permit = sink.permit(policy.batch_bytes) => permit,
             _ = stop.cancelled() => break,
         };
         let claimed_at = Instant::now();
@@ -59,6 +60,7 @@ pub async fn run(
             &sink.name,
             policy.batch,
             lease_ms,
+            policy.batch_bytes.min(sink.bytes_bound()),
         )
         .await;
         let wait = match claim {
@@ -68,6 +70,7 @@ pub async fn run(
                 IDLE_CLAIM
             }
             Ok(claim) => {
+                permit.keep(claim.bytes());
                 backoff.reset();
                 match delivery::deliver(&ctx, shard, &sink, &claim, claimed_at).await {
                     Ok(_) => metrics::recovered("redis", &label),
@@ -75,7 +78,7 @@ pub async fn run(
                     Err(e) if ctx.is_refusal(&e) => break,
                     Err(e) => metrics::error_event("redis", &label, &e),
                 }
-                if claim.jobs.len() >= policy.batch {
+                if claim.more || claim.jobs.len() >= policy.batch {
                     // More may wait: go again at once.
                     Duration::ZERO
                 } else {
@@ -123,8 +126,8 @@ pub async fn run_raw(
             }
             continue;
         }
-        let permit = tokio::select! {
-            permit = sink.permit() => permit,
+        let mut permit = tokio::select! {
+            permit = sink.permit(policy.batch_bytes) => permit,
             _ = stop.cancelled() => break,
         };
         let claimed_at = Instant::now();
@@ -135,12 +138,14 @@ pub async fn run_raw(
             policy.batch,
             policy.lease.as_millis() as u64,
             policy.max_payload,
+            policy.batch_bytes.min(sink.bytes_bound()),
         )
         .await;
         let wait = match claim {
             Ok(claim) => {
+                permit.keep(claim.bytes());
                 backoff.reset();
-                let full = claim.members.len() >= policy.batch;
+                let full = claim.more || claim.members.len() >= policy.batch;
                 match delivery::deliver_raw(&ctx, &source, &sink, &claim, claimed_at).await {
                     Ok(_) => metrics::recovered("redis", &label),
                     Err(e) => metrics::error_event("redis", &label, &e),

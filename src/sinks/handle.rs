@@ -1,5 +1,6 @@
-//! A sink with its run-time state: paused while unavailable, a bound on the batches it has in
-//! flight, and its health for `/readyz`, the `zdelay_sink_up` gauge and `zdelay stats`.
+//! A sink with its run-time state: paused while unavailable, bounds on the batches and bytes
+//! it has in flight, and its health for `/readyz`, the `zdelay_sink_up` gauge and `zdelay
+//! stats`.
 
 use super::Sink;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,6 +10,28 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Longest pause of an unavailable sink.
 const MAX_PAUSE: Duration = Duration::from_secs(30);
+
+/// The byte bound of a handle built without one (`poller.sink_inflight_bytes`' default).
+const DEFAULT_BYTES: usize = 64 << 20;
+
+/// One batch's room in its sink's in-flight bounds: a batch slot, and the bytes reserved for
+/// its claim. Dropping it (once the batch is settled) gives both back.
+pub struct InFlight {
+    _batch: OwnedSemaphorePermit,
+    bytes: OwnedSemaphorePermit,
+}
+
+impl InFlight {
+    /// The claim took `used` bytes: the rest of the reservation goes back at once. A claim of
+    /// one job larger than the reservation keeps the reservation (the bound is exceeded by
+    /// that job alone).
+    pub fn keep(&mut self, used: usize) {
+        let reserved = self.bytes.num_permits();
+        if used < reserved {
+            drop(self.bytes.split(reserved - used));
+        }
+    }
+}
 
 /// A sink with its run-time state: paused while unavailable, health for `/readyz`.
 pub struct SinkHandle {
@@ -27,6 +50,11 @@ pub struct SinkHandle {
     last_error: Mutex<String>,
     /// One permit per batch in flight (across shards): a slow sink cannot pile up claims.
     in_flight: Arc<Semaphore>,
+    /// One permit per byte claimed and not yet settled (across shards and raw sources): a
+    /// slow sink cannot pile up large payloads either.
+    in_flight_bytes: Arc<Semaphore>,
+    /// The size of `in_flight_bytes`.
+    bytes_bound: usize,
     /// Signalled when the sink is usable again, for publishers waiting out a pause.
     resumed: Notify,
 }
@@ -52,17 +80,49 @@ impl SinkHandle {
             healthy: AtomicBool::new(true),
             last_error: Mutex::new(String::new()),
             in_flight: Arc::new(Semaphore::new(concurrency.max(1))),
+            in_flight_bytes: Arc::new(Semaphore::new(DEFAULT_BYTES)),
+            bytes_bound: DEFAULT_BYTES,
             resumed: Notify::new(),
         }
     }
 
-    /// Waits for room for one more batch in flight.
-    pub async fn permit(&self) -> OwnedSemaphorePermit {
-        self.in_flight
+    /// Bounds the bytes the sink has in flight at `bytes` (at least 1).
+    pub fn with_inflight_bytes(mut self, bytes: usize) -> Self {
+        self.bytes_bound = bytes.clamp(1, u32::MAX as usize);
+        self.in_flight_bytes = Arc::new(Semaphore::new(self.bytes_bound));
+        self
+    }
+
+    /// Waits for room for one more batch in flight of up to `bytes` (at most the whole byte
+    /// bound): the batch's claim may then take that many bytes.
+    pub async fn permit(&self, bytes: usize) -> InFlight {
+        let batch = self
+            .in_flight
             .clone()
             .acquire_owned()
             .await
-            .expect("the in-flight semaphore is never closed")
+            .expect("the in-flight semaphore is never closed");
+        let bytes = bytes.clamp(1, self.bytes_bound) as u32;
+        let bytes = self
+            .in_flight_bytes
+            .clone()
+            .acquire_many_owned(bytes)
+            .await
+            .expect("the in-flight bytes semaphore is never closed");
+        InFlight {
+            _batch: batch,
+            bytes,
+        }
+    }
+
+    /// The most bytes the sink may have in flight.
+    pub fn bytes_bound(&self) -> usize {
+        self.bytes_bound
+    }
+
+    /// Bytes in flight now (claimed, not yet settled), for tests and metrics.
+    pub fn bytes_in_flight(&self) -> usize {
+        self.bytes_bound - self.in_flight_bytes.available_permits()
     }
 
     /// Waits until the sink may be usable again: resumed, or `limit` passed (a pause also
@@ -189,5 +249,31 @@ mod tests {
         assert_eq!(h.pause("x"), Duration::from_millis(200));
         h.resume();
         assert_eq!(h.pause("x"), Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn claims_take_bytes_from_the_bound_and_give_back_what_they_did_not_use() {
+        let h = SinkHandle::new("other", "redis", unreachable_sink(), Duration::ZERO, 16)
+            .with_inflight_bytes(1000);
+        let mut first = h.permit(800).await;
+        assert_eq!(h.bytes_in_flight(), 800);
+        first.keep(300);
+        assert_eq!(h.bytes_in_flight(), 300, "the unused reservation went back");
+        let second = h.permit(700).await;
+        assert_eq!(h.bytes_in_flight(), 1000);
+        // No byte left: the next claim waits until a batch is settled.
+        let waiting = tokio::time::timeout(Duration::from_millis(50), h.permit(1)).await;
+        assert!(waiting.is_err(), "no byte left, the claim waits");
+        drop(first);
+        let third = tokio::time::timeout(Duration::from_secs(5), h.permit(100))
+            .await
+            .expect("room again once a batch settled");
+        assert_eq!(h.bytes_in_flight(), 800);
+        drop((second, third));
+        assert_eq!(h.bytes_in_flight(), 0);
+        // A reservation is at most the whole bound, so a huge one still gets its turn.
+        let whole = h.permit(usize::MAX).await;
+        assert_eq!(h.bytes_in_flight(), 1000);
+        drop(whole);
     }
 }

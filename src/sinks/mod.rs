@@ -22,7 +22,7 @@ pub mod nats;
 pub mod peer;
 pub mod redis_remote;
 
-pub use handle::SinkHandle;
+pub use handle::{InFlight, SinkHandle};
 
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
@@ -191,7 +191,8 @@ pub fn build_all(config: &Config) -> Result<Sinks, SinkError> {
                 sink,
                 config.poller.sink_pause,
                 config.poller.sink_concurrency,
-            );
+            )
+            .with_inflight_bytes(config.poller.sink_inflight_bytes);
             handle.endpoints = peer::endpoints(sink_config);
             sinks.insert(name.clone(), Arc::new(handle));
         }

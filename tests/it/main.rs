@@ -25,6 +25,7 @@ mod producer;
 mod raw_sinks;
 mod redis_faults;
 mod reshard;
+mod routing;
 mod scale;
 mod schedules;
 mod secure;

@@ -376,6 +376,7 @@ fn load(place: &Place, config: &TestConfig, shards: u16, scale: usize) -> Loaded
                 "other",
                 5,
                 1000,
+                1 << 20,
             ))
             .expect("claim");
         in_flight += claim.jobs.len();

@@ -1,23 +1,30 @@
 -- claim_jobs: claim the oldest jobs waiting for one two-phase sink in a shard: each moves from
--- the ready set to inflight with a lease deadline (also the fencing token for settle_jobs),
--- and its envelope is returned for the sink's publisher to publish.
+-- the ready set to inflight with a lease deadline, and its envelope is returned for the sink's
+-- publisher to publish. Each call takes a fencing token for settle_jobs, unique in the shard
+-- (a counter), and records it with each claimed job's scheduled due: the lease deadline alone
+-- is not unique (two claims in one millisecond with one lease share it).
 -- KEYS[1] jobs      HASH  {zdelay:3}:jobs       id -> envelope
 -- KEYS[2] inflight  ZSET  {zdelay:3}:inflight   member = id, score = lease deadline ms
--- KEYS[3] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due ms (kept across redeliveries)
+-- KEYS[3] scheduled HASH  {zdelay:3}:scheduled  id -> "<scheduled due ms> <token of its last
+--                                               claim>" (the due kept across redeliveries)
 -- KEYS[4] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
 -- KEYS[5] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- KEYS[6] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
+-- KEYS[6] lease_seq STRING {zdelay:3}:lease_seq the shard's claim counter: the tokens
+-- KEYS[7] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
 -- ARGV[2] sink name; ARGV[3] batch size, at most 1000; ARGV[4] lease in ms
--- Returns: { now_us, lease deadline ms, C, then C triples: id, scheduled due ms (the first due
+-- ARGV[5] byte budget: the claimed envelopes' bytes stop at it (sizes read with HSTRLEN before
+--   anything is read); a single envelope larger than the budget is claimed alone
+-- Returns: { now_us, lease deadline ms, token ("" when nothing was claimed), more (1 when the
+--   budget cut the batch: more jobs wait), C, then C triples: id, scheduled due ms (the first due
 --   it was scheduled for: stable across retries, releases and lease expiry), envelope ("" when
 --   none is stored) }, in the ready set's order (due, then id).
 -- Re-run safety: yes; a second run claims the next jobs (the first run's claims stay leased).
 
 -- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[6])
+local layout = redis.call('GET', KEYS[7])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
@@ -25,23 +32,33 @@ if layout and layout ~= ARGV[1] then
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end
 local jobs_key, inflight_key, scheduled_key, ready_key, ready_ids_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local sink, batch, lease_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local sink, batch, lease_ms, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local deadline = math.floor(now_us / 1000) + lease_ms
 -- Every member of this sink starts with "<sink>\n"; "\n" is byte 10, so "<sink>\11" is past them.
 local members = redis.call('ZRANGEBYLEX', ready_key, '[' .. sink .. '\n', '(' .. sink .. '\11', 'LIMIT', 0, batch)
-local n = #members
-local out = { now_us, deadline, n }
-if n == 0 then return out end
+if #members == 0 then return { now_us, deadline, '', 0, 0 } end
 local ids, dues = {}, {}
 local prefix = #sink + 2
-for i = 1, n do
+local n, used, more, largest = 0, 0, 0, 0
+for i = 1, #members do
   local m = members[i]
   local cut = string.find(m, '\n', prefix, true)
-  dues[i] = string.sub(m, prefix, cut - 1)
-  ids[i] = string.sub(m, cut + 1)
+  local id = string.sub(m, cut + 1)
+  local size = redis.call('HSTRLEN', jobs_key, id)
+  if n > 0 and used + size > budget then
+    more = 1
+    break
+  end
+  n, used = n + 1, used + size
+  if size > largest then largest = size end
+  dues[n] = string.sub(m, prefix, cut - 1)
+  ids[n] = id
 end
+for i = #members, n + 1, -1 do members[i] = nil end
+local token = string.format('%d', redis.call('INCR', KEYS[6]))
+local out = { now_us, deadline, token, more, n }
 redis.call('ZREM', ready_key, unpack(members))
 redis.call('HDEL', ready_ids_key, unpack(ids))
 local zargs = {}
@@ -51,18 +68,24 @@ for i = 1, n do
 end
 redis.call('ZADD', inflight_key, unpack(zargs))
 -- The scheduled due is recorded before the job's score first moves, so its idempotency key
--- <id>:<due> is the same on every redelivery.
+-- <id>:<due> is the same on every redelivery; the token beside it is this claim's.
 local known = redis.call('HMGET', scheduled_key, unpack(ids))
 local hargs = {}
 for i = 1, n do
-  if not known[i] then
-    known[i] = string.format('%d', tonumber(dues[i]))
-    hargs[#hargs + 1] = ids[i]
-    hargs[#hargs + 1] = known[i]
-  end
+  local due = known[i] and string.match(known[i], '^(%-?%d+)') or string.format('%d', tonumber(dues[i]))
+  known[i] = due
+  hargs[#hargs + 1] = ids[i]
+  hargs[#hargs + 1] = due .. ' ' .. token
 end
-if #hargs > 0 then redis.call('HSET', scheduled_key, unpack(hargs)) end
-local envelopes = redis.call('HMGET', jobs_key, unpack(ids))
+redis.call('HSET', scheduled_key, unpack(hargs))
+-- Large envelopes one at a time: a multi-value reply reaches a script by repeated appends.
+local envelopes
+if largest < 65536 then
+  envelopes = redis.call('HMGET', jobs_key, unpack(ids))
+else
+  envelopes = {}
+  for i = 1, n do envelopes[i] = redis.call('HGET', jobs_key, ids[i]) end
+end
 for i = 1, n do
   out[#out + 1] = ids[i]
   out[#out + 1] = known[i]

@@ -28,22 +28,35 @@
 -- ARGV[2] batch size, at most 1000
 -- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
 -- ARGV[4] largest payload in bytes (local routes); a larger one goes to dead
--- ARGV[5] R, the number of local routes; then R triples: route name, KEYS index of its list,
+-- ARGV[5] byte budget: envelope bytes one call reads at most (the walk below and the batch
+--   together); a single envelope larger than the budget is still taken, alone
+-- ARGV[6] R, the number of local routes; then R triples: route name, KEYS index of its list,
 --   "LPUSH"|"RPUSH"
 -- then T, the number of two-phase routes; then T pairs: route name, sink name
 -- then S, the number of two-phase sinks (jobs may also name them as "<sink>/<target>");
 --   then S names
 -- then B, the number of lateness bucket bounds; then B bounds in ms, ascending
+-- then the walk: a sink name ("" = no walk) and where to resume (a member of ready, exclusive;
+--   "" = the start of the sink's part). Up to a batch of that sink's part of ready is read and
+--   each job is refiled by the route its dest resolves to now: left alone (the same sink), moved
+--   to another sink's part (no attempt counted), back to due at its due (a local route: this
+--   call's batch then pushes it), or to dead ("route gone: ..." when nothing resolves). It runs
+--   before the batch, for sinks that are not configured or are paused (whose jobs no publisher
+--   claims, so none is handed over at publish).
 -- Returns: { taken, now_us, next_due ("" when the shard is empty), max_lateness_ms,
 --   kept (jobs left due because their push failed, e.g. OOM), first push error ("" if none),
 --   moved per local route (R integers, in ARGV order),
 --   dead per kind (6 integers: malformed, unknown_destination, wrong_type, oversize, missing,
---   expired),
+--   expired; the walk's deaths included),
 --   jobs per lateness bucket (B + 1 integers; the last is over the largest bound),
 --   leases expired and returned to due,
---   S, then jobs queued for each two-phase sink (S integers, in ARGV order),
---   the next occurrence of the shard's schedules ("" when none) }
--- taken = moved + dead + queued; a full batch means "call again now".
+--   S, then jobs queued for each two-phase sink (S integers, in ARGV order; the walk's
+--   refiled jobs included),
+--   the next occurrence of the shard's schedules ("" when none),
+--   the walk: jobs refiled to another sink, back to due, to dead, and where it resumes ("" when
+--   the sink's part has been walked to its end) }
+-- taken = moved + dead + queued of the batch; a full batch means "call again now", and so does
+-- a next_due that is already due (a batch cut by the byte budget).
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
 
 -- Layout fence: refuse a shard its caller computed with another shard count.
@@ -67,11 +80,13 @@ else
 end
 local now_ms = math.floor(now_us / 1000)
 local max_payload = tonumber(ARGV[4])
+local budget_left = tonumber(ARGV[5])
+local budget_full = budget_left
 
-local route_count = tonumber(ARGV[5])
+local route_count = tonumber(ARGV[6])
 local routes = {}
 local moved = {}
-local pos = 6
+local pos = 7
 for r = 1, route_count do
   routes[ARGV[pos]] = { key = KEYS[tonumber(ARGV[pos + 1])], cmd = ARGV[pos + 2], index = r }
   moved[r] = 0
@@ -97,6 +112,8 @@ local bounds = {}
 for b = 1, bound_count do bounds[b] = tonumber(ARGV[pos + b]) end
 local buckets = {}
 for b = 1, bound_count + 1 do buckets[b] = 0 end
+pos = pos + bound_count + 1
+local walk_sink, walk_from = ARGV[pos], ARGV[pos + 1]
 
 local DEAD_MALFORMED, DEAD_UNKNOWN, DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING, DEAD_EXPIRED = 1, 2, 3, 4, 5, 6
 local dead_counts = { 0, 0, 0, 0, 0, 0 }
@@ -134,7 +151,9 @@ local function base64_decode(s)
   return table.concat(out)
 end
 
--- Returns dest, payload, or nil, nil, reason, kind.
+-- Returns dest, payload, or nil, nil, reason, kind. A zd1 frame's payload is not copied out:
+-- its payload is the number where it starts in v (a payload of a megabyte costs a copy; only
+-- a local push needs one).
 local function parse(v)
   if not v then return nil, nil, 'no envelope stored for this id', DEAD_MISSING end
   if string.sub(v, 1, 4) == 'zd1:' then
@@ -146,7 +165,7 @@ local function parse(v)
     if not meta_len or b + meta_len > #v then
       return nil, nil, 'malformed envelope: bad zd1 frame', DEAD_MALFORMED
     end
-    return string.sub(v, 5, a - 1), string.sub(v, b + 1 + meta_len), nil
+    return string.sub(v, 5, a - 1), b + 1 + meta_len, nil
   end
   if string.sub(v, 1, 1) ~= '{' then
     return nil, nil, 'malformed envelope: neither a zd1 frame nor a JSON object', DEAD_MALFORMED
@@ -165,6 +184,117 @@ local function parse(v)
     return env.dest, env.payload, nil
   end
   return nil, nil, 'malformed envelope: unknown payload_encoding', DEAD_MALFORMED
+end
+
+-- What a dest resolves to now: a local route, or the two-phase sink (a route's, or the sink a
+-- "<sink>/<target>" names), or nothing.
+local function resolve(dest)
+  local route = routes[dest]
+  if route then return route, nil end
+  local sink = remote_routes[dest]
+  if sink then return nil, sink end
+  local slash = string.find(dest, '/', 1, true)
+  if slash and remote_sinks[string.sub(dest, 1, slash - 1)] then
+    return nil, string.sub(dest, 1, slash - 1)
+  end
+  return nil, nil
+end
+
+-- The envelopes of ids[1..], read within budget_left: in chunks of as many ids as the rest
+-- of the budget holds at max_payload each, so an envelope is never read only to be left
+-- (short of a meta larger than the slack); HSTRLEN per id would cost more than the read. Once
+-- a large envelope was seen, one at a time: Redis hands a script a multi-value reply by
+-- appending the values one after the other, copying what came before each time. Returns
+-- them and how many ids they cover, a prefix of ids: at least one when at_least_one (one
+-- envelope larger than the whole budget moves alone).
+local LARGE = 65536
+local function read_envelopes(ids, at_least_one)
+  local envelopes, n, largest = {}, 0, 0
+  while n < #ids do
+    local chunk = math.min(#ids - n, math.max(1, math.floor(budget_left / max_payload)))
+    if largest >= LARGE then chunk = 1 end
+    local part = redis.call('HMGET', jobs_key, unpack(ids, n + 1, n + chunk))
+    for j = 1, chunk do
+      local size = part[j] and #part[j] or 0
+      if size > budget_left and (n > 0 or not at_least_one) then
+        budget_left = 0
+        return envelopes, n
+      end
+      n = n + 1
+      envelopes[n] = part[j]
+      budget_left = budget_left - size
+      if size > largest then largest = size end
+    end
+    if budget_left <= 0 then break end
+  end
+  return envelopes, n
+end
+
+-- The walk (see the header): refile one sink's waiting jobs by their route now.
+local refiled_sink, refiled_due, refiled_dead, walk_next = 0, 0, 0, ''
+if walk_sink ~= '' then
+  local lo = walk_from ~= '' and ('(' .. walk_from) or ('[' .. walk_sink .. '\n')
+  local members = redis.call('ZRANGEBYLEX', ready_key, lo, '(' .. walk_sink .. '\11', 'LIMIT', 0, batch)
+  local ids, dues = {}, {}
+  local prefix = #walk_sink + 2
+  for i = 1, #members do
+    local cut = string.find(members[i], '\n', prefix, true)
+    dues[i] = string.sub(members[i], prefix, (cut or prefix) - 1)
+    ids[i] = cut and string.sub(members[i], cut + 1) or ''
+  end
+  local envelopes, n = read_envelopes(ids, true)
+  if n < #members or #members >= batch then walk_next = members[n] or '' end
+  local gone, zdue, zready, hready, zdead, hdead = {}, {}, {}, {}, {}, {}
+  for i = 1, n do
+    local dest, _, reason, kind = parse(envelopes[i])
+    local route, sink = nil, nil
+    if dest then route, sink = resolve(dest) end
+    if sink ~= walk_sink then
+      gone[#gone + 1] = members[i]
+      local due = tonumber(dues[i]) or now_ms
+      if sink then
+        local member = sink .. '\n' .. string.format('%016d', due) .. '\n' .. ids[i]
+        zready[#zready + 1] = 0
+        zready[#zready + 1] = member
+        hready[#hready + 1] = ids[i]
+        hready[#hready + 1] = member
+        queued[remote_sinks[sink]] = queued[remote_sinks[sink]] + 1
+        refiled_sink = refiled_sink + 1
+      elseif route then
+        zdue[#zdue + 1] = due
+        zdue[#zdue + 1] = ids[i]
+        refiled_due = refiled_due + 1
+      else
+        if dest then
+          reason = 'route gone: ' .. dest .. ' resolves to no configured route or sink (it waited for sink ' .. walk_sink .. ')'
+          kind = DEAD_UNKNOWN
+        end
+        zdead[#zdead + 1] = now_ms
+        zdead[#zdead + 1] = ids[i]
+        hdead[#hdead + 1] = ids[i]
+        hdead[#hdead + 1] = reason
+        dead_counts[kind] = dead_counts[kind] + 1
+        refiled_dead = refiled_dead + 1
+      end
+    end
+  end
+  if #gone > 0 then redis.call('ZREM', ready_key, unpack(gone)) end
+  local left = {}  -- ids whose ready entry goes (to due or dead); a refiled one gets a new one
+  for j = 2, #zdue, 2 do left[#left + 1] = zdue[j] end
+  for j = 2, #zdead, 2 do left[#left + 1] = zdead[j] end
+  if #left > 0 then redis.call('HDEL', ready_ids_key, unpack(left)) end
+  if #zready > 0 then
+    redis.call('ZADD', ready_key, unpack(zready))
+    redis.call('HSET', ready_ids_key, unpack(hready))
+  end
+  if #zdue > 0 then redis.call('ZADD', due_key, unpack(zdue)) end
+  if #zdead > 0 then
+    local dead_ids = {}
+    for j = 2, #zdead, 2 do dead_ids[#dead_ids + 1] = zdead[j] end
+    redis.call('ZADD', dead_key, unpack(zdead))
+    redis.call('HSET', reasons_key, unpack(hdead))
+    redis.call('HDEL', scheduled_key, unpack(dead_ids))
+  end
 end
 
 -- Leases that ran out (a poller died or stalled mid-publish) make their jobs due again now.
@@ -217,7 +347,12 @@ local fast_done = false
 -- Jobs with a max lateness are checked one by one, on the general path.
 local bounded = n > 0 and redis.call('EXISTS', max_lateness_key) == 1
 if n > 0 then
-  envelopes = redis.call('HMGET', jobs_key, unpack(ids))
+  -- The batch is the prefix of ids whose envelopes fit the budget (at least one, unless the
+  -- walk spent it: the walk and the batch share one call's budget).
+  envelopes, n = read_envelopes(ids, budget_left == budget_full)
+  for i = #ids, n + 1, -1 do ids[i] = nil end
+end
+if n > 0 then
   local fast_route, fast, prefix, plen = nil, not bounded, nil, 0
   local payloads = {}
   for i = 1, n do
@@ -259,7 +394,7 @@ if n > 0 then
 end
 
 if n > 0 and not fast_done then
-  local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, batch)
+  local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, n)
   n = #items / 2
   local ids = {}
   for i = 1, n do ids[i] = items[2 * i - 1] end
@@ -276,21 +411,14 @@ if n > 0 and not fast_done then
   for i = 1, n do
     local id = ids[i]
     local dest, payload, reason, kind = parse(envelopes[i])
+    local size = type(payload) == 'number' and #envelopes[i] - payload + 1 or (payload and #payload)
     local limit = limits[i] and tonumber(limits[i])
     local late = now_ms - tonumber(items[2 * i])
     if dest and limit and late > limit then
       dest, reason, kind = nil, 'expired: ' .. late .. ' ms after its due time, max_lateness ' .. limit .. ' ms', DEAD_EXPIRED
     end
     local sink = nil
-    if dest and not routes[dest] then
-      sink = remote_routes[dest]
-      if not sink then
-        local slash = string.find(dest, '/', 1, true)
-        if slash and remote_sinks[string.sub(dest, 1, slash - 1)] then
-          sink = string.sub(dest, 1, slash - 1)
-        end
-      end
-    end
+    if dest then sink = select(2, resolve(dest)) end
     if sink then
       -- Lex order in ready: sink, then due (fixed width), then id.
       local member = sink .. '\n' .. string.format('%016d', math.floor(tonumber(items[2 * i]))) .. '\n' .. id
@@ -301,9 +429,10 @@ if n > 0 and not fast_done then
       local route = routes[dest]
       if not route then
         to_dead(id, 'unknown destination: ' .. dest, DEAD_UNKNOWN)
-      elseif #payload > max_payload then
-        to_dead(id, 'payload of ' .. #payload .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
+      elseif size > max_payload then
+        to_dead(id, 'payload of ' .. size .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
       else
+        if type(payload) == 'number' then payload = string.sub(envelopes[i], payload) end
         local key = route.key
         if key_ok[key] == nil then
           local t = redis.call('TYPE', key)['ok']
@@ -375,9 +504,12 @@ if n > 0 and not fast_done then
       if #done > 0 then redis.call('HDEL', max_lateness_key, unpack(done)) end
     end
   end
-  if #delivered > 0 and redis.call('HLEN', scheduled_key) > 0 then
-    -- A job released earlier may now go to a local route (config changed): forget it.
-    redis.call('HDEL', scheduled_key, unpack(delivered))
+  if redis.call('HLEN', scheduled_key) > 0 then
+    -- A job released, retried or handed back earlier may now go to a local route or die
+    -- here (config changed): its scheduled due is of no use any more.
+    for _, done in ipairs({ delivered, dead_ids }) do
+      if #done > 0 then redis.call('HDEL', scheduled_key, unpack(done)) end
+    end
   end
   if kept > 0 then
     -- Only the jobs handled leave; the rest stay due for the next call.
@@ -402,4 +534,8 @@ out[#out + 1] = sink_count
 for s = 1, sink_count do out[#out + 1] = queued[s] end
 local sched_head = redis.call('ZRANGE', sched_due_key, 0, 0, 'WITHSCORES')
 out[#out + 1] = sched_head[2] or ''
+out[#out + 1] = refiled_sink
+out[#out + 1] = refiled_due
+out[#out + 1] = refiled_dead
+out[#out + 1] = walk_next
 return out

@@ -9,12 +9,16 @@
 -- ARGV[3] score unit: "ms" or "s"
 -- ARGV[4] largest payload in bytes
 -- ARGV[5] "LPUSH" | "RPUSH"
--- ARGV[6] B, the number of lateness bucket bounds; then B bounds in ms, ascending
+-- ARGV[6] byte budget: member bytes one call reads at most (members are read in chunks of as
+--   many as the rest of the budget holds at the largest payload each); a single member larger
+--   than the budget is still taken, alone
+-- ARGV[7] B, the number of lateness bucket bounds; then B bounds in ms, ascending
 -- Scores implausible for the unit go to dead instead of being delivered at the wrong time:
 -- in an "ms" source a score in [1e9, 1e11) is a seconds timestamp (2001..5138 read as seconds);
 -- in an "s" source a score >= 1e11 is a millisecond timestamp. Scores below 1e9 in "ms"
 -- sources (such as 0) mean "due now".
--- Returns: { taken, now_us, next_due ("" when empty; in the source's unit), max_lateness_ms,
+-- Returns: { taken, now_us, next_due ("" when empty; in the source's unit; already due when the
+--   budget cut the batch), max_lateness_ms,
 --   kept (left due because the push failed), first push error ("" if none),
 --   moved, dead per kind (6 integers: implausible_score, wrong_type, oversize, 0, 0, 0),
 --   jobs per lateness bucket (B + 1 integers) }
@@ -32,9 +36,10 @@ local now_ms = math.floor(now_us / 1000)
 local unit_ms = ARGV[3] == 'ms'
 local max_payload = tonumber(ARGV[4])
 local cmd = ARGV[5]
-local bound_count = tonumber(ARGV[6])
+local budget_left = tonumber(ARGV[6])
+local bound_count = tonumber(ARGV[7])
 local bounds, buckets = {}, {}
-for b = 1, bound_count do bounds[b] = tonumber(ARGV[6 + b]) end
+for b = 1, bound_count do bounds[b] = tonumber(ARGV[7 + b]) end
 for b = 1, bound_count + 1 do buckets[b] = 0 end
 local max_lateness = 0
 local DEAD_IMPLAUSIBLE, DEAD_WRONGTYPE, DEAD_OVERSIZE = 1, 2, 3
@@ -48,11 +53,41 @@ local function to_dead(member, reason, kind)
   dead_counts[kind] = dead_counts[kind] + 1
 end
 
+-- Members read within budget_left (at least one), in chunks of as many as the rest of the
+-- budget holds at max_payload each (large members one at a time: a multi-value reply reaches
+-- a script by repeated appends). With `ranks`, the first `ranks` ranks (members known due),
+-- read by rank, O(log N + chunk); otherwise up to `batch` members scored in [min, max].
+local function read_members(min, max, ranks)
+  local items, largest = {}, 0
+  local want = ranks or batch
+  while #items < want do
+    local chunk = math.min(want - #items, math.max(1, math.floor(budget_left / max_payload)))
+    if largest >= 65536 then chunk = 1 end
+    local part
+    if ranks then
+      part = redis.call('ZRANGE', src, #items, #items + chunk - 1)
+    else
+      part = redis.call('ZRANGEBYSCORE', src, min, max, 'LIMIT', #items, chunk)
+    end
+    for j = 1, #part do
+      if #items > 0 and #part[j] > budget_left then
+        budget_left = 0
+        return items
+      end
+      items[#items + 1] = part[j]
+      budget_left = budget_left - #part[j]
+      if #part[j] > largest then largest = #part[j] end
+    end
+    if #part < chunk or budget_left <= 0 then break end
+  end
+  return items
+end
+
 local implausible
 if unit_ms then
-  implausible = redis.call('ZRANGEBYSCORE', src, '1e9', '(1e11', 'LIMIT', 0, batch)
+  implausible = read_members('1e9', '(1e11')
 else
-  implausible = redis.call('ZRANGEBYSCORE', src, '1e11', '+inf', 'LIMIT', 0, batch)
+  implausible = read_members('1e11', '+inf')
 end
 for i = 1, #implausible do
   to_dead(implausible[i], unit_ms and 'score looks like seconds in a millisecond source'
@@ -91,7 +126,13 @@ local function count_buckets(members)
 end
 
 local max_score = unit_ms and now_ms or (now_ms / 1000)
-local items = redis.call('ZRANGEBYSCORE', src, '-inf', string.format('%.3f', max_score), 'LIMIT', 0, batch)
+local items = {}
+-- The implausible ones gone, the members due now are the lowest ranks (unless the budget or the
+-- batch stopped their removal short: then this call moves nothing more).
+if budget_left > 0 and #implausible < batch then
+  local due = redis.call('ZCOUNT', src, '-inf', string.format('%.3f', max_score))
+  if due > 0 then items = read_members(nil, nil, math.min(batch, due)) end
+end
 local n = #items
 local moved, kept, kept_error = 0, 0, ''
 if n > 0 then

@@ -1,27 +1,33 @@
--- settle_jobs: record what a two-phase sink did with the jobs it claimed, fenced by the lease.
--- Each job is settled only if its inflight score still equals the deadline it was claimed
--- with: a publisher whose lease ran out (the job was reclaimed, or replaced, or cancelled)
--- can never ack, retry, release or kill a job someone else now owns.
+-- settle_jobs: record what became of the jobs a two-phase sink's publisher claimed, fenced by
+-- the claim's token. Each job is settled only if it is still in inflight and its scheduled entry
+-- still carries the token it was claimed with: a publisher whose lease ran out (the job was
+-- reclaimed, or replaced, or cancelled), or that settles again after a lost reply, can never
+-- ack, retry, release or kill a job someone else now owns.
 -- KEYS[1] due       ZSET  {zdelay:3}:due
 -- KEYS[2] jobs      HASH  {zdelay:3}:jobs
 -- KEYS[3] inflight  ZSET  {zdelay:3}:inflight
 -- KEYS[4] dead      ZSET  {zdelay:3}:dead
 -- KEYS[5] reasons   HASH  {zdelay:3}:reasons
--- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due (kept across retries)
+-- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> "<scheduled due> <token>" (the due kept
+--                                               across retries, releases and hand-overs)
 -- KEYS[7] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
 -- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
 -- KEYS[9] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
--- ARGV[2] lease deadline ms the jobs were claimed with (the fencing token)
--- ARGV[3] wake channel; ARGV[4] shard number; ARGV[5] the sink's name
--- ARGV[6..] quadruples: op, id, a, b
+-- ARGV[2] the claim's token (claim_jobs), the fence
+-- ARGV[3] wake channel; ARGV[4] shard number
+-- ARGV[5..] quadruples: op, id, a, b
 --   "ack"     delivered: the job is removed                              (a, b unused)
 --   "retry"   back to due at a (ms); b = envelope with attempt and last_error updated
---             (retry and release keep the scheduled due in KEYS[6], so the idempotency key holds)
---   "release" sink unavailable: back to the sink's place in ready, a = its scheduled due (ms),
---             no attempt counted: it waits there until the sink is back (b unused)
+--             (retry, release and due keep the scheduled due in KEYS[6], so the idempotency key
+--             holds)
+--   "release" waits for sink b in the ready set again at its scheduled due a (ms), no attempt
+--             counted: its sink is unavailable (b = the claiming sink), or its route now names
+--             another sink (a hand-over)
+--   "due"     back to due at a (ms), envelope kept, no attempt counted: its route is now a local
+--             list, which move_due pushes                              (b unused)
 --   "dead"    a = reason; b = envelope to keep ("" keeps the stored one)
 -- Returns: { settled, fenced } where fenced counts jobs whose lease was no longer ours.
 -- Re-run safety: yes; after a first run the fence no longer matches, so nothing repeats.
@@ -36,27 +42,31 @@ if layout and layout ~= ARGV[1] then
 end
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
-local deadline = tonumber(ARGV[2])
-local sink = ARGV[5]
+local token = ARGV[2]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local settled, fenced = 0, 0
 local earliest = nil
-for i = 6, #ARGV, 4 do
+-- Whether `id` is still leased by the claim holding `token`.
+local function ours(id)
+  if not redis.call('ZSCORE', inflight_key, id) then return false end
+  local record = redis.call('HGET', scheduled_key, id)
+  return record ~= false and string.match(record, ' (%d+)$') == token
+end
+for i = 5, #ARGV, 4 do
   local op, id, a, b = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local score = redis.call('ZSCORE', inflight_key, id)
-  if score and tonumber(score) == deadline then
+  if ours(id) then
     redis.call('ZREM', inflight_key, id)
     if op == 'ack' then
       redis.call('HDEL', jobs_key, id)
       redis.call('HDEL', scheduled_key, id)
-    elseif op == 'retry' then
+    elseif op == 'retry' or op == 'due' then
       local due = tonumber(a)
       redis.call('ZADD', due_key, due, id)
-      redis.call('HSET', jobs_key, id, b)
+      if op == 'retry' then redis.call('HSET', jobs_key, id, b) end
       if earliest == nil or due < earliest then earliest = due end
     elseif op == 'release' then
-      local member = sink .. '\n' .. string.format('%016d', math.floor(tonumber(a))) .. '\n' .. id
+      local member = b .. '\n' .. string.format('%016d', math.floor(tonumber(a))) .. '\n' .. id
       redis.call('ZADD', ready_key, 0, member)
       redis.call('HSET', ready_ids_key, id, member)
     else

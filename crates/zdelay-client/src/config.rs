@@ -611,6 +611,16 @@ pub struct PollerConfig {
     pub lease: Duration,
     /// Largest payload delivered, in bytes; larger ones go to dead. Default 1048576 (1 MiB).
     pub max_payload: usize,
+    /// Payload bytes one script call reads at most: a move or claim batch ends at `batch` jobs
+    /// or at this many bytes, whichever comes first (a single larger job moves alone), so a
+    /// burst of large payloads never blocks Redis for long (a megabyte costs a few ms of Redis
+    /// CPU through a script). Default 4194304 (4 MiB).
+    pub batch_bytes: usize,
+    /// Bytes one two-phase sink may have claimed and not yet settled at once, across all
+    /// shards and raw sources (with `sink_concurrency`, which bounds the batches). Each claim
+    /// takes its bytes from this bound before it runs; one job larger than what is left may
+    /// exceed it. Default 67108864 (64 MiB).
+    pub sink_inflight_bytes: usize,
     /// How long SIGTERM waits for the batch in hand. Default `10s`.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -684,6 +694,8 @@ impl Default for PollerConfig {
             idle_poll: Duration::from_millis(100),
             lease: Duration::from_secs(30),
             max_payload: 1 << 20,
+            batch_bytes: 4 << 20,
+            sink_inflight_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(10),
             stats_interval: Duration::from_secs(5),
             max_attempts: 10,
@@ -1311,6 +1323,19 @@ impl Config {
         if p.max_payload == 0 || p.max_payload > 512 << 20 {
             return Err(invalid("poller.max_payload", "must be 1..=536870912 bytes"));
         }
+        if p.batch_bytes < 1024 || p.batch_bytes > 512 << 20 {
+            return Err(invalid(
+                "poller.batch_bytes",
+                "must be 1024..=536870912 bytes",
+            ));
+        }
+        // A claim takes its bytes from a semaphore whose acquisitions count in u32.
+        if p.sink_inflight_bytes < 1024 || p.sink_inflight_bytes > u32::MAX as usize {
+            return Err(invalid(
+                "poller.sink_inflight_bytes",
+                "must be 1024..=4294967295 bytes",
+            ));
+        }
         if p.stats_interval.is_zero() {
             return Err(invalid("poller.stats_interval", "must be greater than 0"));
         }
@@ -1676,6 +1701,11 @@ user = "a"
         assert!(err("[poller]\nbatchh = 3").contains("batchh"));
         assert!(err("[poller]\nidle_poll = \"soon\"").contains("idle_poll"));
         assert!(err("[poller]\nbatch = 5000").contains("poller.batch"));
+        assert!(err("[poller]\nbatch_bytes = 10").contains("poller.batch_bytes"));
+        assert!(
+            err("[poller]\nsink_inflight_bytes = 5000000000")
+                .contains("poller.sink_inflight_bytes")
+        );
         assert!(
             err("[[routes]]\nname=\"a\"\nsink=\"nope\"\ntarget=\"q\"")
                 .contains("routes[0] (a).sink: sink \"nope\" is not defined")

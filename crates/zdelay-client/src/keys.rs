@@ -71,6 +71,7 @@ impl Keys {
             sched_fired: self.shard_key(shard, ShardKey::SchedFired.name()),
             sched_quarantine: self.shard_key(shard, ShardKey::SchedQuarantine.name()),
             history: self.history(shard),
+            lease_seq: self.shard_key(shard, ShardKey::LeaseSeq.name()),
             layout: self.layout(shard),
             wake_channel: self.wake_channel(),
         }
@@ -105,9 +106,11 @@ impl Keys {
         self.shard_key(shard, "reasons")
     }
 
-    /// HASH: job id → its scheduled due ms, kept while a two-phase job's score is moved by
-    /// zdelay itself (claim, retry, release, lease expiry, sink pause), so its idempotency
-    /// key `<id>:<due>` stays the same on every redelivery.
+    /// HASH: job id → `"<scheduled due ms> <fencing token>"`, written by `claim_jobs` and
+    /// kept while a two-phase job's score is moved by zdelay itself (claim, retry, release,
+    /// lease expiry, sink pause), so its idempotency key `<id>:<due>` stays the same on every
+    /// redelivery; the token is its last claim's (see [`ShardKeys::lease_seq`]). Entries
+    /// written by older versions hold the due alone.
     pub fn scheduled(&self, shard: u16) -> String {
         self.shard_key(shard, "scheduled")
     }
@@ -206,6 +209,8 @@ pub enum ShardKey {
     SchedQuarantine,
     /// Only the dead-letter scripts and zdelay reshard's take it.
     History,
+    /// Only `claim_jobs` takes it.
+    LeaseSeq,
     Layout,
 }
 
@@ -228,6 +233,7 @@ impl ShardKey {
         ShardKey::SchedFired,
         ShardKey::SchedQuarantine,
         ShardKey::History,
+        ShardKey::LeaseSeq,
         ShardKey::Layout,
     ];
 
@@ -249,6 +255,7 @@ impl ShardKey {
             ShardKey::SchedFired => "sched_fired",
             ShardKey::SchedQuarantine => "sched_quarantine",
             ShardKey::History => "history",
+            ShardKey::LeaseSeq => "lease_seq",
             ShardKey::Layout => "shards",
         }
     }
@@ -281,6 +288,13 @@ pub struct ShardKeys {
     /// its timeline until `schedule set` writes it again.
     pub sched_quarantine: String,
     pub history: String,
+    /// STRING: a counter of the shard's claims (`claim_jobs` INCRs it once per call). Its
+    /// value is the claim's fencing token, kept with each claimed job's scheduled due in
+    /// `scheduled` (`"<due ms> <token>"`), so two claims of one job never share a token, even
+    /// in one millisecond with the same lease deadline. Not per job: nothing deletes it, and
+    /// `zdelay reshard` need not move it (a reshard refuses every older claim's settle by
+    /// the layout fence).
+    pub lease_seq: String,
     /// The layout marker (see [`Keys::layout`]).
     pub layout: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
@@ -305,6 +319,7 @@ impl ShardKeys {
             ShardKey::SchedFired => &self.sched_fired,
             ShardKey::SchedQuarantine => &self.sched_quarantine,
             ShardKey::History => &self.history,
+            ShardKey::LeaseSeq => &self.lease_seq,
             ShardKey::Layout => &self.layout,
         }
     }

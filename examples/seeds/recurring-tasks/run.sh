@@ -103,7 +103,8 @@ show_cmd "zdelay schedule set report --dest calls --every 3s --start-at <R> --en
     --max-attempts 4 --payload report
 # Follow the first occurrence, a job of its own, until it dies: each refused call rewrites its
 # attempt count and its due time (the backoff); the scheduled due of its idempotency key
-# (HGET {zdelay:<shard>}:scheduled <id>) stays.
+# (HGET {zdelay:<shard>}:scheduled <id>: "<scheduled due> <fencing token of its last claim>")
+# stays.
 occ="{report}:$R"
 seen=0 keys=()
 deadline=$((SECONDS + 15))
@@ -114,6 +115,7 @@ while :; do
         attempt=$(json_field attempt <<<"$job")
         shard=$(json_field shard <<<"$job")
         key=$(rcli HGET "{zdelay:$shard}:scheduled" "$occ")
+        key=${key%% *}
         [[ -z $key ]] || keys+=("$key")
         [[ $state == dead ]] && break
         if [[ $state == scheduled && ${attempt:-0} -gt $seen ]]; then

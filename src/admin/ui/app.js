@@ -153,13 +153,20 @@ pages.overview = async function () {
 
   out.push(el("h2", { text: "Sinks" }));
   const waiting = Object.fromEntries(s.waiting.map(w => [w.sink, w]));
-  out.push(s.sinks.length === 0 ? el("p", { class: "muted", text: "Local routes only (delivered inside Redis): no broker sink to check." }) :
+  // Jobs found waiting for a sink no daemon reports on (not configured any more, or not yet
+  // checked) get a row too: nothing waiting in Redis stays out of sight.
+  const unchecked = s.waiting.filter(w => w.jobs > 0 && !s.sinks.some(k => k.name === w.sink)).map(w =>
+    el("tr", { "data-sink": w.sink },
+      el("td", { text: w.sink }), el("td", { text: "—" }),
+      el("td", { class: "down", text: w.configured ? "not checked yet" : "not configured" }),
+      num(w.jobs), num(w.oldest_age_ms), el("td", { text: "—" })));
+  out.push(s.sinks.length === 0 && unchecked.length === 0 ? el("p", { class: "muted", text: "Local routes only (delivered inside Redis): no broker sink to check." }) :
     table(["sink", "kind", "health", { t: "waiting", n: 1 }, { t: "oldest waiting ms", n: 1 }, "checked"], s.sinks.map(k =>
       el("tr", { "data-sink": k.name },
         el("td", { text: k.name }), el("td", { text: k.kind }),
         el("td", { class: k.up ? "up" : "down", text: k.up ? "up" : `down: ${k.error || ""}` }),
         num((waiting[k.name] || {}).jobs || 0), num((waiting[k.name] || {}).oldest_age_ms || 0),
-        el("td", { text: when(k.at, now) })))));
+        el("td", { text: when(k.at, now) }))).concat(unchecked)));
 
   out.push(el("h2", { text: "Delivered per minute (last 15 minutes, every daemon)" }));
   out.push(minuteChart(s.recent.minutes.slice(-15)));

@@ -118,6 +118,28 @@ pub fn is_auth_error(e: &redis::RedisError) -> bool {
     .any(|word| text.contains(word))
 }
 
+/// Whether `e` is a passing fault of the connection or the server, after which the same call
+/// (every zdelay script is safe to re-run) may well succeed: the connection dropped or timed
+/// out, or the server was busy (`BUSY` running a script, `LOADING`, `TRYAGAIN`, a cluster
+/// failing over, `OOM` until memory is freed).
+pub fn is_transient(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+        || matches!(e.code(), Some("BUSY" | "OOM"))
+}
+
 /// The ACL user the connection authenticates as (`None`: the default user).
 fn user_of(cfg: &RedisConfig) -> Option<String> {
     let url = cfg.cluster_nodes.first().unwrap_or(&cfg.url);
@@ -754,6 +776,32 @@ mod tests {
             "70000",
         ] {
             assert_eq!(Layout::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn passing_faults_are_told_from_lasting_ones() {
+        let server = |reply: &str| match redis::parse_redis_value(reply.as_bytes()).unwrap() {
+            redis::Value::ServerError(e) => redis::RedisError::from(e),
+            other => panic!("{other:?}"),
+        };
+        for transient in [
+            server("-BUSY Redis is busy running a script\r\n"),
+            server("-LOADING Redis is loading the dataset in memory\r\n"),
+            server("-TRYAGAIN Multiple keys request during rehashing of slot\r\n"),
+            server("-OOM command not allowed when used memory > 'maxmemory'.\r\n"),
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+        ] {
+            assert!(is_transient(&transient), "{transient}");
+        }
+        for lasting in [
+            server("-ZDELAY_RESHARDED 8\r\n"),
+            server("-NOPERM this user has no permissions\r\n"),
+            server("-ERR wrong number of arguments\r\n"),
+            redis::RedisError::from((redis::ErrorKind::Client, "refused")),
+        ] {
+            assert!(!is_transient(&lasting), "{lasting}");
         }
     }
 

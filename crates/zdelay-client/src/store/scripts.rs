@@ -78,16 +78,38 @@ scripts!(
     reshard_take,
     reshard_put,
     reshard_drop,
+    ready_sinks,
 );
 
 use ShardKey::{
-    Dead, Due as DueKey, History, Inflight, Jobs, Layout, MaxLateness, Ready, ReadyIds, Reasons,
-    SchedDue, SchedEnv, SchedFired, SchedQuarantine, Scheduled, Schedules,
+    Dead, Due as DueKey, History, Inflight, Jobs, Layout, LeaseSeq, MaxLateness, Ready, ReadyIds,
+    Reasons, SchedDue, SchedEnv, SchedFired, SchedQuarantine, Scheduled, Schedules,
 };
 
 /// The keys of a job's states, which the scripts that move jobs take, and the layout marker.
 const JOB_STATE_KEYS: &[ShardKey] = &[
     DueKey, Jobs, Inflight, Dead, Reasons, Scheduled, Ready, ReadyIds, Layout,
+];
+
+/// Every key that holds something per job or schedule, which `zdelay reshard` moves (all but
+/// the claim counter `lease_seq`, which holds no job), and the layout marker.
+const RESHARD_KEYS: &[ShardKey] = &[
+    DueKey,
+    Jobs,
+    Inflight,
+    Dead,
+    Reasons,
+    Scheduled,
+    Ready,
+    ReadyIds,
+    MaxLateness,
+    Schedules,
+    SchedEnv,
+    SchedDue,
+    SchedFired,
+    SchedQuarantine,
+    History,
+    Layout,
 ];
 
 /// The shard keys each script takes first in KEYS, in this order (checked against the
@@ -129,8 +151,9 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
     ("settle_jobs", JOB_STATE_KEYS),
     (
         "claim_jobs",
-        &[Jobs, Inflight, Scheduled, Ready, ReadyIds, Layout],
+        &[Jobs, Inflight, Scheduled, Ready, ReadyIds, LeaseSeq, Layout],
     ),
+    ("ready_sinks", &[Ready, Layout]),
     (
         "cancel_job",
         &[
@@ -214,8 +237,8 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
             Layout,
         ],
     ),
-    ("reshard_put", ShardKey::ALL),
-    ("reshard_drop", ShardKey::ALL),
+    ("reshard_put", RESHARD_KEYS),
+    ("reshard_drop", RESHARD_KEYS),
 ];
 
 /// The scripts with the layout fence: ARGV[1] is the caller's shard count, checked against
@@ -235,6 +258,7 @@ const FENCED: &[&str] = &[
     "delete_schedule",
     "due_schedules",
     "fire_schedules",
+    "ready_sinks",
 ];
 
 /// A script with its source, for `SCRIPT LOAD`.
@@ -821,9 +845,14 @@ pub struct MoveDue<'a> {
     /// Overrides Redis `TIME` (tests drive time with it).
     pub now_ms: Option<i64>,
     pub max_payload: usize,
+    /// Envelope bytes the call reads at most (a single larger envelope moves alone).
+    pub batch_bytes: usize,
     pub routes: &'a Routes,
     /// Lateness bucket bounds, ms ascending.
     pub bounds_ms: &'a [u64],
+    /// Walk this sink's part of the ready set from this member on (exclusive; "" = its
+    /// start), refiling its jobs by their route now (see `move_due.lua`).
+    pub walk: Option<(&'a str, &'a str)>,
 }
 
 pub async fn move_due(
@@ -840,6 +869,7 @@ pub async fn move_due(
     inv.arg(args.batch)
         .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
         .arg(args.max_payload)
+        .arg(args.batch_bytes)
         .arg(routes.local().len());
     for route in routes.local() {
         inv.arg(&route.name)
@@ -854,6 +884,8 @@ pub async fn move_due(
     let sinks: Vec<&str> = routes.two_phase_sinks().collect();
     inv.arg(sinks.len()).arg(sinks);
     inv.arg(args.bounds_ms.len()).arg(args.bounds_ms);
+    let (walk_sink, walk_from) = args.walk.unwrap_or(("", ""));
+    inv.arg(walk_sink).arg(walk_from);
     let value = inv.invoke(con).await?;
     MoveReply::parse(value, routes.local().len(), args.bounds_ms.len())
 }
@@ -873,31 +905,53 @@ pub struct Claimed {
 pub struct Claim {
     /// Redis TIME at the claim, µs.
     pub now_us: i64,
-    /// Lease deadline of every claimed job: the fencing token for `settle_jobs`.
+    /// Lease deadline of every claimed job (when its lease runs out).
     pub deadline_ms: i64,
+    /// The fencing token for `settle_jobs`: unique among the shard's claims.
+    pub token: String,
+    /// The byte budget cut the batch: more jobs wait (claim again at once).
+    pub more: bool,
     pub jobs: Vec<Claimed>,
 }
 
-/// Claims up to `batch` jobs waiting for `sink` in a shard, oldest due first.
+impl Claim {
+    /// Envelope bytes claimed.
+    pub fn bytes(&self) -> usize {
+        self.jobs.iter().map(|j| j.envelope.len()).sum()
+    }
+}
+
+/// Claims up to `batch` jobs waiting for `sink` in a shard, oldest due first, and at most
+/// `max_bytes` of envelopes (a single larger one alone).
 pub async fn claim_jobs(
     con: &mut Conn,
     keys: &ShardKeys,
     sink: &str,
     batch: usize,
     lease_ms: u64,
+    max_bytes: usize,
 ) -> redis::RedisResult<Claim> {
     let mut inv = fenced_invocation(&compiled::claim_jobs, "claim_jobs", keys);
-    let value: Value = inv.arg(sink).arg(batch).arg(lease_ms).invoke(con).await?;
+    let value: Value = inv
+        .arg(sink)
+        .arg(batch)
+        .arg(lease_ms)
+        .arg(max_bytes)
+        .invoke(con)
+        .await?;
     let items = match value {
-        Value::Array(items) if items.len() >= 3 => items,
+        Value::Array(items) if items.len() >= 5 => items,
         other => return Err(protocol_error("claim reply", &other)),
     };
     let mut it = items.into_iter();
-    let now_us = as_int(it.next().unwrap_or_default())?;
-    let deadline_ms = as_int(it.next().unwrap_or_default())?;
-    let count = as_int(it.next().unwrap_or_default())? as usize;
+    let mut next = || it.next().unwrap_or_default();
+    let now_us = as_int(next())?;
+    let deadline_ms = as_int(next())?;
+    let token = as_string(next())?;
+    let more = as_int(next())? == 1;
+    let count = as_int(next())? as usize;
     let rest: Vec<Value> = it.collect();
-    if rest.len() != 3 * count {
+    if rest.len() != 3 * count || (count > 0 && token.is_empty()) {
         return Err(protocol_error("claimed jobs", &Value::Int(count as i64)));
     }
     let mut jobs = Vec::with_capacity(count);
@@ -914,8 +968,43 @@ pub async fn claim_jobs(
     Ok(Claim {
         now_us,
         deadline_ms,
+        token,
+        more,
         jobs,
     })
+}
+
+/// The jobs waiting for one sink in a shard's ready set, as `ready_sinks` found them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadySink {
+    pub sink: String,
+    pub jobs: u64,
+    /// The due time of the oldest of them, ms (`None` when its member is unreadable).
+    pub oldest_due_ms: Option<i64>,
+}
+
+/// The most sinks `ready_sinks` reports per shard.
+pub const READY_SINKS_MAX: usize = 256;
+
+/// Every sink jobs wait for in a shard's ready set, configured or not, in name order.
+pub async fn ready_sinks(con: &mut Conn, keys: &ShardKeys) -> redis::RedisResult<Vec<ReadySink>> {
+    let mut inv = fenced_invocation(&compiled::ready_sinks, "ready_sinks", keys);
+    let values: Vec<Value> = inv.arg(READY_SINKS_MAX).invoke(con).await?;
+    let mut it = values.into_iter();
+    let count = as_int(it.next().unwrap_or_default())? as usize;
+    let rest: Vec<Value> = it.collect();
+    if rest.len() != 3 * count {
+        return Err(protocol_error("ready sinks", &Value::Int(count as i64)));
+    }
+    rest.chunks(3)
+        .map(|c| {
+            Ok(ReadySink {
+                sink: as_string(c[0].clone())?,
+                jobs: as_int(c[1].clone())? as u64,
+                oldest_due_ms: as_string(c[2].clone())?.parse().ok(),
+            })
+        })
+        .collect()
 }
 
 fn inv_key_count(name: &str) -> usize {
@@ -931,6 +1020,8 @@ pub struct MoveRaw<'a> {
     pub now_ms: Option<i64>,
     pub unit: ScoreUnit,
     pub max_payload: usize,
+    /// Member bytes the call reads at most (a single larger member moves alone).
+    pub batch_bytes: usize,
     /// The route's list and how to push onto it.
     pub list: &'a str,
     pub push: Push,
@@ -952,6 +1043,7 @@ pub async fn move_raw(
         .arg(args.unit.as_arg())
         .arg(args.max_payload)
         .arg(args.push.command())
+        .arg(args.batch_bytes)
         .arg(args.bounds_ms.len())
         .arg(args.bounds_ms)
         .invoke(con)
@@ -982,10 +1074,20 @@ pub struct RawClaim {
     /// Members sent to dead: implausible scores, oversize.
     pub dead_implausible: u64,
     pub dead_oversize: u64,
+    /// The byte budget cut the batch: more members are due (claim again at once).
+    pub more: bool,
     pub members: Vec<RawClaimed>,
 }
 
-/// Claims up to `batch` due members of a raw source for its two-phase sink.
+impl RawClaim {
+    /// Member bytes claimed.
+    pub fn bytes(&self) -> usize {
+        self.members.iter().map(|m| m.member.len()).sum()
+    }
+}
+
+/// Claims up to `batch` due members of a raw source for its two-phase sink, and at most
+/// `max_bytes` of them (a single larger member alone).
 pub async fn claim_raw(
     con: &mut Conn,
     keys: &RawKeys,
@@ -993,6 +1095,7 @@ pub async fn claim_raw(
     batch: usize,
     lease_ms: u64,
     max_payload: usize,
+    max_bytes: usize,
 ) -> redis::RedisResult<RawClaim> {
     let value: Value = Call::new(&compiled::claim_raw)
         .key(&keys.source)
@@ -1003,10 +1106,11 @@ pub async fn claim_raw(
         .arg(unit.as_arg())
         .arg(lease_ms)
         .arg(max_payload)
+        .arg(max_bytes)
         .invoke(con)
         .await?;
     let items = match value {
-        Value::Array(items) if items.len() >= 5 => items,
+        Value::Array(items) if items.len() >= 6 => items,
         other => return Err(protocol_error("raw claim reply", &other)),
     };
     let mut it = items.into_iter();
@@ -1015,6 +1119,7 @@ pub async fn claim_raw(
     let deadline = as_string(next())?;
     let dead_implausible = as_int(next())? as u64;
     let dead_oversize = as_int(next())? as u64;
+    let more = as_int(next())? == 1;
     let count = as_int(next())? as usize;
     let mut members = Vec::with_capacity(count);
     for _ in 0..count {
@@ -1033,12 +1138,14 @@ pub async fn claim_raw(
         deadline,
         dead_implausible,
         dead_oversize,
+        more,
         members,
     })
 }
 
 /// Settles raw members a sink claimed, fenced by the lease deadline they were claimed with.
-/// The ops are those of `settle_jobs`; `Retry` and `Dead` ignore their envelope.
+/// The ops are those of `settle_jobs`; `Retry` and `Dead` ignore their envelope, and a
+/// source has one route, so `Release` and `Due` both put a member back at its due.
 pub async fn settle_raw(
     con: &mut Conn,
     keys: &RawKeys,
@@ -1057,7 +1164,9 @@ pub async fn settle_raw(
         match op {
             SettleOp::Ack => inv.arg("ack").arg(*member).arg("").arg(""),
             SettleOp::Retry { due_ms, .. } => inv.arg("retry").arg(*member).arg(*due_ms).arg(""),
-            SettleOp::Release { due_ms } => inv.arg("release").arg(*member).arg(*due_ms).arg(""),
+            SettleOp::Release { due_ms, .. } | SettleOp::Due { due_ms } => {
+                inv.arg("release").arg(*member).arg(*due_ms).arg("")
+            }
             SettleOp::Dead { reason, .. } => inv.arg("dead").arg(*member).arg(*reason).arg(""),
         };
     }
@@ -1072,9 +1181,13 @@ pub enum SettleOp<'a> {
     Ack,
     /// Back to due at `due_ms` with the envelope rewritten (attempt + 1, last error).
     Retry { due_ms: i64, envelope: &'a [u8] },
-    /// Back to its sink's place in the ready set (`due_ms` = its scheduled due), no attempt
-    /// counted: the sink is unavailable, and the job waits for it there.
-    Release { due_ms: i64 },
+    /// Back to the ready set (`due_ms` = its scheduled due) in `sink`'s part, no attempt
+    /// counted: its sink is unavailable and it waits for it there, or its route now names
+    /// another sink (a hand-over).
+    Release { due_ms: i64, sink: &'a str },
+    /// Back to due at `due_ms` with its envelope unchanged, no attempt counted: its route is
+    /// now a local list, which `move_due` pushes.
+    Due { due_ms: i64 },
     /// To dead with `reason`; `envelope` replaces the stored one unless empty.
     Dead { reason: &'a str, envelope: &'a [u8] },
 }
@@ -1087,26 +1200,25 @@ pub struct Settled {
     pub fenced: u64,
 }
 
-/// Settles jobs `sink` claimed, fenced by the lease deadline they were claimed with.
+/// Settles jobs a sink's publisher claimed, fenced by the claim's token.
 pub async fn settle_jobs(
     con: &mut Conn,
     keys: &ShardKeys,
-    sink: &str,
-    deadline_ms: i64,
+    token: &str,
     ops: &[(&str, SettleOp<'_>)],
 ) -> redis::RedisResult<Settled> {
     let mut inv = fenced_invocation(&compiled::settle_jobs, "settle_jobs", keys);
-    inv.arg(deadline_ms)
-        .arg(&keys.wake_channel)
-        .arg(keys.shard)
-        .arg(sink);
+    inv.arg(token).arg(&keys.wake_channel).arg(keys.shard);
     for (id, op) in ops {
         match op {
             SettleOp::Ack => inv.arg("ack").arg(*id).arg("").arg(""),
             SettleOp::Retry { due_ms, envelope } => {
                 inv.arg("retry").arg(*id).arg(*due_ms).arg(*envelope)
             }
-            SettleOp::Release { due_ms } => inv.arg("release").arg(*id).arg(*due_ms).arg(""),
+            SettleOp::Release { due_ms, sink } => {
+                inv.arg("release").arg(*id).arg(*due_ms).arg(*sink)
+            }
+            SettleOp::Due { due_ms } => inv.arg("due").arg(*id).arg(*due_ms).arg(""),
             SettleOp::Dead { reason, envelope } => {
                 inv.arg("dead").arg(*id).arg(*reason).arg(*envelope)
             }
@@ -1742,6 +1854,27 @@ pub struct MoveReply {
     pub queued: Vec<u64>,
     /// When the shard's earliest schedule occurrence is due, ms (`move_due` only).
     pub next_schedule_ms: Option<i64>,
+    /// What the walk of a sink's part of the ready set refiled (`move_due` only).
+    pub refiled: Refiled,
+    /// Where the walk resumes; `None` once the sink's part was walked to its end.
+    pub walk_next: Option<String>,
+}
+
+/// Jobs a walk of the ready set refiled by their route now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Refiled {
+    /// Handed over to another sink's part (no attempt counted).
+    pub to_sink: u64,
+    /// Back to due: their route is a local list now.
+    pub to_due: u64,
+    /// To dead: nothing resolves their dest any more ("route gone: …"), or unreadable.
+    pub dead: u64,
+}
+
+impl Refiled {
+    pub fn total(&self) -> u64 {
+        self.to_sink + self.to_due + self.dead
+    }
 }
 
 impl MoveReply {
@@ -1796,22 +1929,30 @@ impl MoveReply {
         if let [reaped, sinks, tail @ ..] = rest.as_slice() {
             reply.reaped = as_int(reaped.clone())? as u64;
             let sinks = as_int(sinks.clone())? as usize;
-            let [queued @ .., sched_head] = tail else {
-                return Err(protocol_error("move_due reply tail", &Value::Nil));
-            };
-            if queued.len() != sinks {
-                return Err(protocol_error("queued per sink", &Value::Int(sinks as i64)));
+            // Per sink, the schedules' head, then the walk's three counts and where it resumes.
+            if tail.len() != sinks + 5 {
+                return Err(protocol_error(
+                    "move_due reply tail",
+                    &Value::Int(sinks as i64),
+                ));
             }
+            let (queued, tail) = tail.split_at(sinks);
             reply.queued = queued
                 .iter()
                 .map(|v| as_int(v.clone()).map(|n| n as u64))
                 .collect::<Result<_, _>>()?;
             // A score written by hand may be fractional or infinite: still a time, so the
             // mover fires it and firing quarantines it.
-            reply.next_schedule_ms = as_string(sched_head.clone())?
+            reply.next_schedule_ms = as_string(tail[0].clone())?
                 .parse::<f64>()
                 .ok()
                 .map(|ms| ms.floor() as i64);
+            reply.refiled = Refiled {
+                to_sink: as_int(tail[1].clone())? as u64,
+                to_due: as_int(tail[2].clone())? as u64,
+                dead: as_int(tail[3].clone())? as u64,
+            };
+            reply.walk_next = Some(as_string(tail[4].clone())?).filter(|s| !s.is_empty());
         }
         Ok(reply)
     }
@@ -2060,16 +2201,33 @@ mod tests {
         assert_eq!(r.moved, vec![2, 0]);
         assert_eq!(r.dead, [1, 0, 0, 0, 0, 1]);
         assert_eq!(r.buckets, vec![1, 1]);
-        // move_due's tail: reaped leases, one sink's queued count, the schedules' head.
+        // move_due's tail: reaped leases, one sink's queued count, the schedules' head, the
+        // walk's counts and where it resumes.
         due.extend([
             Value::Int(0),
             Value::Int(1),
             Value::Int(7),
             Value::BulkString(b"1700000000900".to_vec()),
+            Value::Int(3),
+            Value::Int(2),
+            Value::Int(1),
+            Value::BulkString(b"gone\n0000000000000001\na".to_vec()),
         ]);
+        let mut short = due.clone();
         let r = MoveReply::parse(Value::Array(due), 2, 1).unwrap();
         assert_eq!(r.queued, vec![7]);
         assert_eq!(r.next_schedule_ms, Some(1_700_000_000_900));
+        assert_eq!(
+            r.refiled,
+            Refiled {
+                to_sink: 3,
+                to_due: 2,
+                dead: 1
+            }
+        );
+        assert_eq!(r.walk_next.as_deref(), Some("gone\n0000000000000001\na"));
+        short.pop();
+        assert!(MoveReply::parse(Value::Array(short), 2, 1).is_err());
         assert!(MoveReply::parse(Value::Array(vec![]), 2, 1).is_err());
     }
 }
