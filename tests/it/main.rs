@@ -16,6 +16,7 @@ mod dead;
 mod delivery;
 mod deploy;
 mod faults;
+mod history;
 mod kafka;
 mod keys_declared;
 mod nats;
@@ -26,6 +27,7 @@ mod scale;
 mod schedules;
 mod secure;
 mod seeds;
+mod soak;
 mod trace;
 mod two_phase;
 

@@ -1,0 +1,369 @@
+//! Issue 14's history checker, the way Jepsen checks databases: 2–3 real daemons on a
+//! scheduling Redis (AOF, fsync always) and a second Redis behind a two-phase `redis` sink;
+//! producers making random enqueue / replace / keep / error / cancel / reschedule calls and
+//! schedule drivers making random set / re-set (also in a tight loop) / pause / resume /
+//! delete calls, while the daemons are killed (`kill -9`), stopped (`SIGSTOP`, past the claim
+//! lease) and both Redis servers are killed and restarted. Every call is recorded with its
+//! invocation and answer time (Redis `TIME`) and result, every delivery with the window in
+//! which it was pushed. After the faults stop and everything drains, `model::check` looks for
+//! an explanation of the whole history, and nothing of the namespace may be left stored.
+//!
+//! `ZDELAY_HISTORY_SECS` sets how long calls and faults run (default 40: the test takes
+//! about a minute); `ZDELAY_HISTORY_SEED` replays a seed's choices (the seed is printed at the
+//! start and in a failure). A failure prints each violation with the calls and deliveries of
+//! the job or schedule involved, and writes the whole history and every daemon's log under
+//! `target/tmp/history-<seed>/` (with `ZDELAY_HISTORY_DUMP` set, also when it passes).
+
+mod model;
+mod ops;
+
+use crate::common::{self, RedisServer, SeededRng, TestConfig};
+use model::{Answer, History, JobOp, Ms, Payload, Route, Violation};
+use ops::{Consumer, Fleet, Grid, Producer, ScheduleDriver};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const DEFAULT_SECS: u64 = 40;
+const PRODUCERS: usize = 4;
+/// How long the drain may take once the faults stop: the longest backoff a sink may be in
+/// (`sink_pause` doubles up to 30 s) plus a claim lease, with margin for a loaded machine.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+struct Settings {
+    seed: u64,
+    secs: u64,
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        let seed = match std::env::var("ZDELAY_HISTORY_SEED") {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("ZDELAY_HISTORY_SEED={text:?} is not a u64")),
+            Err(_) => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .expect("after 1970")
+                    .as_nanos() as u64;
+                SeededRng::new(nanos).next_u64()
+            }
+        };
+        let secs = match std::env::var("ZDELAY_HISTORY_SECS") {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("ZDELAY_HISTORY_SECS={text:?} is not a number")),
+            Err(_) => DEFAULT_SECS,
+        };
+        Settings { seed, secs }
+    }
+}
+
+/// Durable servers: an acknowledged write survives a `kill -9` of Redis.
+const DURABLE: [&str; 4] = ["--appendonly", "yes", "--appendfsync", "always"];
+
+fn daemon_config(
+    redis: &RedisServer,
+    remote: &RedisServer,
+    shards: u16,
+    per_shard: i64,
+    batch: i64,
+) -> TestConfig {
+    TestConfig::new(
+        &redis.url(),
+        shards,
+        &format!(
+            r#"
+[poller]
+idle_poll = "50ms"
+lease = "3s"
+slot_lease = "2s"
+per_shard = {per_shard}
+batch = {batch}
+retry_base = "100ms"
+retry_cap = "1s"
+sink_pause = "200ms"
+max_attempts = 1000
+stats_interval = "1s"
+
+[sinks.remote]
+kind = "redis"
+url = "{remote}"
+
+[[routes]]
+name = "{local_route}"
+sink = "local"
+target = "{local_list}"
+push = "rpush"
+
+[[routes]]
+name = "{remote_route}"
+sink = "remote"
+target = "{remote_list}"
+push = "rpush"
+"#,
+            remote = remote.url(),
+            local_route = ops::LOCAL_ROUTE,
+            local_list = ops::LOCAL_LIST,
+            remote_route = ops::REMOTE_ROUTE,
+            remote_list = ops::REMOTE_LIST,
+        ),
+    )
+}
+
+#[test]
+fn a_random_history_with_faults_satisfies_the_model() {
+    let Settings { seed, secs } = Settings::from_env();
+    let started = Instant::now();
+    let mut rng = SeededRng::new(seed);
+    let shards = rng.range(2, 9) as u16;
+    let daemons = rng.range(2, 4) as usize;
+    let per_shard = rng.range(1, 3);
+    let batch = [1, 10, 100, 1000][rng.range(0, 4) as usize];
+    eprintln!(
+        "history: seed {seed} (ZDELAY_HISTORY_SEED={seed} replays its choices), {secs} s of \
+         calls and faults, {daemons} daemons, {shards} shards, per_shard {per_shard}, batch {batch}"
+    );
+    let redis = RedisServer::start_with(&DURABLE);
+    let remote = RedisServer::start_with(&DURABLE);
+    let config = daemon_config(&redis, &remote, shards, per_shard, batch);
+    let (port, remote_port, url) = (redis.port, remote.port, redis.url());
+    let mut fleet = Fleet::new(config, redis, remote, daemons);
+    let local = Consumer::start(port, ops::LOCAL_LIST, Route::Local);
+    let remote = Consumer::start(remote_port, ops::REMOTE_LIST, Route::Remote);
+
+    let rt = common::runtime();
+    let origin = ops::wall_ms();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|i| {
+            let client = common::client(&rt, &url, shards);
+            rt.spawn(Producer::new(i, rng.next_u64(), client).run(deadline))
+        })
+        .collect();
+    let interval: Ms = 500;
+    let grid = Grid {
+        anchor: origin - origin.rem_euclid(interval),
+        interval,
+    };
+    // Three schedules under random calls, one left alone between its windows.
+    let drivers: Vec<_> = [
+        ("s0", Route::Local, false),
+        ("s1", Route::Local, false),
+        ("s2", Route::Remote, false),
+        ("q0", Route::Local, true),
+    ]
+    .into_iter()
+    .map(|(id, route, quiet)| {
+        let client = common::client(&rt, &url, shards);
+        let driver = ScheduleDriver::new(id, route, grid, rng.next_u64(), client, quiet);
+        rt.spawn(driver.run(deadline))
+    })
+    .collect();
+    let fault_log = Arc::new(Mutex::new(Vec::new()));
+    let faults = {
+        let (log, fault_seed) = (fault_log.clone(), rng.next_u64());
+        std::thread::spawn(move || {
+            fleet.run_faults(fault_seed, deadline, &log);
+            fleet
+        })
+    };
+
+    let mut history = History {
+        origin,
+        ..History::default()
+    };
+    for p in producers {
+        history.calls.extend(rt.block_on(p).expect("a producer"));
+    }
+    for d in drivers {
+        history
+            .schedule_calls
+            .extend(rt.block_on(d).expect("a schedule driver"));
+    }
+    let fleet = faults.join().expect("the fault injector");
+    eprintln!(
+        "history: calls done and daemons back at {:?}; draining",
+        started.elapsed()
+    );
+
+    let mut violations = Vec::new();
+    let mut con = fleet.redis.conn();
+    let drain_started = Instant::now();
+    while !leftovers(&mut con).is_empty() && drain_started.elapsed() < DRAIN_TIMEOUT {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = leftovers(&mut con);
+    if !left.is_empty() {
+        violations.push(Violation {
+            what: format!(
+                "not drained {DRAIN_TIMEOUT:?} after the faults stopped: keys left stored"
+            ),
+            detail: describe_keys(&mut con, &left),
+        });
+    }
+    let drained_at = common::redis_now_ms(&mut con);
+    common::wait_for(
+        "both consumers to read past the drain",
+        Duration::from_secs(30),
+        || local.caught_up() > drained_at && remote.caught_up() > drained_at,
+    );
+    history.deliveries = local.finish();
+    history.deliveries.extend(remote.finish());
+    history.faults = fault_log.lock().expect("fault log").clone();
+    eprintln!("history: drained in {:?}", drain_started.elapsed());
+
+    let checked = Instant::now();
+    violations.extend(model::check(&history));
+    eprintln!(
+        "history: {} (checked in {:?}, whole run {:?})",
+        summary(&history),
+        checked.elapsed(),
+        started.elapsed()
+    );
+    if std::env::var_os("ZDELAY_HISTORY_DUMP").is_some() {
+        eprintln!(
+            "history: written to {}",
+            dump(seed, &history, &fleet).display()
+        );
+    }
+    if !violations.is_empty() {
+        let dump = dump(seed, &history, &fleet);
+        let mut report = String::new();
+        for v in violations.iter().take(20) {
+            let _ = writeln!(report, "- {}\n{}", v.what, v.detail);
+        }
+        panic!(
+            "history check failed: {} violation(s), seed {seed} (ZDELAY_HISTORY_SEED={seed}, \
+             ZDELAY_HISTORY_SECS={secs}); the whole history and the daemons' logs are in {}\n{report}",
+            violations.len(),
+            dump.display()
+        );
+    }
+}
+
+/// Every key the namespace should not hold once everything is delivered: all but the schema,
+/// the sinks' health, the daemons' registry and activity counts, and the consumers' lists.
+fn leftovers(con: &mut redis::Connection) -> BTreeSet<String> {
+    common::all_keys(con)
+        .into_iter()
+        .filter(|k| k != "zdelay:schema" && k != "{zdelay}:sinks" && !k.starts_with("hq:"))
+        .collect()
+}
+
+/// Each key's type and its first entries, for the report.
+fn describe_keys(con: &mut redis::Connection, keys: &BTreeSet<String>) -> String {
+    let mut out = String::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE").arg(key).query(con).unwrap_or_default();
+        let sample: Vec<String> = match kind.as_str() {
+            "zset" => redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(9)
+                .arg("WITHSCORES")
+                .query(con)
+                .unwrap_or_default(),
+            "hash" => redis::cmd("HSCAN")
+                .arg(key)
+                .arg(0)
+                .arg("COUNT")
+                .arg(10)
+                .query::<(String, Vec<String>)>(con)
+                .map(|(_, v)| v)
+                .unwrap_or_default(),
+            "string" => redis::cmd("GET")
+                .arg(key)
+                .query::<Option<String>>(con)
+                .ok()
+                .flatten()
+                .into_iter()
+                .collect(),
+            _ => Vec::new(),
+        };
+        let _ = writeln!(out, "  {key} ({kind}): {sample:?}");
+    }
+    out
+}
+
+fn summary(history: &History) -> String {
+    let mut answers: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &history.calls {
+        let op = match c.op {
+            JobOp::Enqueue { .. } => "enqueue",
+            JobOp::Cancel => "cancel",
+            JobOp::Reschedule { .. } => "reschedule",
+        };
+        let answer = match &c.answer {
+            Answer::Failed(_) => "failed".to_owned(),
+            Answer::Rescheduled(_) => "rescheduled".to_owned(),
+            a => format!("{a:?}").to_lowercase(),
+        };
+        *answers.entry(format!("{op} {answer}")).or_default() += 1;
+    }
+    let ids: BTreeSet<&str> = history.calls.iter().map(|c| c.id.as_str()).collect();
+    let per_route = |route: Route| {
+        history
+            .deliveries
+            .iter()
+            .filter(|d| d.route == route)
+            .count()
+    };
+    let mut copies: BTreeMap<(&str, u64), usize> = BTreeMap::new();
+    for d in history
+        .deliveries
+        .iter()
+        .filter(|d| d.route == Route::Remote)
+    {
+        if let Payload::Job { id, nonce } = &d.payload {
+            *copies.entry((id.as_str(), *nonce)).or_default() += 1;
+        }
+    }
+    let repeats: usize = copies.values().map(|n| n - 1).sum();
+    let occurrences = history
+        .deliveries
+        .iter()
+        .filter(|d| matches!(d.payload, Payload::Occurrence { .. }))
+        .count();
+    let schedule_failed = history.schedule_calls.iter().filter(|c| !c.ok).count();
+    format!(
+        "{} job calls on {} ids {answers:?}; {} schedule calls ({schedule_failed} failed); \
+         deliveries: {} local, {} remote ({repeats} repeats of a two-phase job), {occurrences} \
+         schedule occurrences; {} faults",
+        history.calls.len(),
+        ids.len(),
+        history.schedule_calls.len(),
+        per_route(Route::Local),
+        per_route(Route::Remote),
+        history.faults.len()
+    )
+}
+
+/// Writes the history (time-ordered) and every daemon's log under `target/tmp`.
+fn dump(seed: u64, history: &History, fleet: &Fleet) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("history-{seed}"));
+    std::fs::create_dir_all(&dir).expect("dump dir");
+    let mut lines: Vec<(Ms, String)> = Vec::new();
+    for c in &history.calls {
+        lines.push((c.inv, format!("{} call {:?}", c.inv, c)));
+    }
+    for c in &history.schedule_calls {
+        lines.push((c.inv, format!("{} schedule {:?}", c.inv, c)));
+    }
+    for d in &history.deliveries {
+        lines.push((d.read_at, format!("{} delivery {:?}", d.read_at, d)));
+    }
+    for (t, what) in &history.faults {
+        lines.push((*t, format!("{t} fault {what}")));
+    }
+    lines.sort_by_key(|(t, _)| *t);
+    let text: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+    std::fs::write(dir.join("history.txt"), text.join("\n")).expect("write history");
+    for (name, log) in fleet.logs() {
+        std::fs::write(dir.join(name), log).expect("write a daemon log");
+    }
+    dir
+}
