@@ -30,6 +30,7 @@ const PRODUCERS: usize = 4;
 /// How long the drain may take once the faults stop: the longest backoff a sink may be in
 /// (`sink_pause` doubles up to 30 s) plus a claim lease, with margin for a loaded machine.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+const READY_TIMEOUT: Duration = Duration::from_secs(45);
 
 struct Settings {
     seed: u64,
@@ -184,13 +185,28 @@ fn a_random_history_with_faults_satisfies_the_model() {
             .schedule_calls
             .extend(rt.block_on(d).expect("a schedule driver"));
     }
-    let fleet = faults.join().expect("the fault injector");
+    let mut fleet = faults.join().expect("the fault injector");
     eprintln!(
         "history: calls done and daemons back at {:?}; draining",
         started.elapsed()
     );
 
     let mut violations = Vec::new();
+    // Once the faults stop every daemon must recover by itself: Redis answers, the sinks'
+    // pauses (at most 30 s) run out.
+    for unready in fleet.unready(READY_TIMEOUT) {
+        violations.push(Violation {
+            what: format!("a daemon not ready {READY_TIMEOUT:?} after the faults stopped"),
+            detail: unready,
+        });
+    }
+    // Start-up retries Redis and a running daemon recovers from its errors: none may exit.
+    for death in &fleet.deaths {
+        violations.push(Violation {
+            what: "a daemon exited by itself".to_owned(),
+            detail: death.clone(),
+        });
+    }
     let mut con = fleet.redis.conn();
     let drain_started = Instant::now();
     while !leftovers(&mut con).is_empty() && drain_started.elapsed() < DRAIN_TIMEOUT {

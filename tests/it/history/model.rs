@@ -599,9 +599,26 @@ fn check_job(
             }
         }
         if findings.is_empty() {
+            // An answer the rest contradicts: taken as unknown, everything else is explained.
+            for (i, c) in calls.iter().enumerate() {
+                let unknown = JobCall {
+                    answer: Answer::Failed("taken as unknown".to_owned()),
+                    ..(*c).clone()
+                };
+                let mut others: Vec<&JobCall> = calls.to_vec();
+                others[i] = &unknown;
+                if Search::new(events(&others, deliveries), false).run() == Outcome::Consistent {
+                    findings.push(format!(
+                        "this answer contradicts the rest of the history: {}",
+                        describe_call(origin, c)
+                    ));
+                }
+            }
+        }
+        if findings.is_empty() {
             findings.push(
-                "no single delivery explains it: the answers and deliveries contradict each \
-                 other"
+                "no single delivery or answer explains it: the answers and deliveries \
+                 contradict each other"
                     .to_owned(),
             );
         }
@@ -866,9 +883,10 @@ fn check_schedules(history: &History) -> Vec<Violation> {
     out
 }
 
-/// The occurrences that must have been delivered: those of a catch-up generation whose
-/// schedule was left alone (no other call invoked, none in flight) from a set of it answered
-/// before the occurrence until [`OWED_AFTER`] past it.
+/// The occurrences that must have been delivered: those of a catch-up generation set (and
+/// answered) before the occurrence, after which nothing but sets of that same, unchanged
+/// generation touched the schedule until [`OWED_AFTER`] past the occurrence. (A failed call is
+/// taken to have run by its answer, if at all: its connection was cut by a Redis restart.)
 fn owed_occurrences(
     history: &History,
     calls: &BTreeMap<&str, Vec<&ScheduleCall>>,
@@ -886,9 +904,12 @@ fn owed_occurrences(
                 .push(d);
         }
     }
+    let origin = history.origin;
     let mut out = Vec::new();
     for (schedule, cs) in calls {
-        for (i, c) in cs.iter().enumerate() {
+        // Generation → (its owed points, the number of re-sets they waited through).
+        let mut owed: BTreeMap<u32, (BTreeSet<Ms>, usize)> = BTreeMap::new();
+        for c in cs {
             let ScheduleOp::Set {
                 generation,
                 first,
@@ -900,46 +921,75 @@ fn owed_occurrences(
             else {
                 continue;
             };
-            if !c.ok || cs[..i].iter().any(|o| o.ans > c.inv) {
+            if !c.ok {
                 continue;
             }
-            let next = cs.get(i + 1).map_or(OPEN, |n| n.inv);
-            let owed: Vec<Ms> = (0..count as Ms)
-                .map(|k| first + k * interval)
-                .filter(|&p| p > c.ans && p.saturating_add(OWED_AFTER) <= next)
-                .collect();
+            let same = |o: &ScheduleCall| matches!(o.op, ScheduleOp::Set { generation: g, .. } if g == generation);
+            for p in (0..count as Ms).map(|k| first + k * interval) {
+                let horizon = p.saturating_add(OWED_AFTER);
+                let touched = cs
+                    .iter()
+                    .any(|o| !same(o) && o.ans > c.inv && o.inv < horizon);
+                if p > c.ans && !touched {
+                    let resets = cs
+                        .iter()
+                        .filter(|o| same(o) && o.inv > c.ans && o.inv < horizon)
+                        .count();
+                    let entry = owed.entry(generation).or_default();
+                    entry.0.insert(p);
+                    entry.1 = entry.1.max(resets);
+                }
+            }
+        }
+        for (generation, (points, resets)) in owed {
             let got = delivered
                 .get(&(*schedule, generation))
                 .map_or(&[][..], |v| v.as_slice());
-            // Each owed occurrence needs a delivery read after it (distinct ones: Hall again).
-            let mut reads: Vec<Ms> = got.iter().map(|d| d.read_at).collect();
-            reads.sort_unstable();
-            let missing = owed
+            // Each owed occurrence needs its own delivery read after it (Hall's condition).
+            let points: Vec<Ms> = points.into_iter().collect();
+            let missing = points
                 .iter()
                 .enumerate()
-                .find(|&(k, &p)| reads.iter().filter(|&&r| r >= p).count() < owed.len() - k);
-            if let Some((_, &p)) = missing {
-                let origin = history.origin;
-                let mut detail = String::new();
+                .find(|&(k, &p)| got.iter().filter(|d| d.read_at >= p).count() < points.len() - k);
+            let Some((_, &p)) = missing else { continue };
+            let why = if resets == 0 {
+                "though nothing touched the schedule".to_owned()
+            } else {
+                format!("though only {resets} re-sets of the same, unchanged definition touched it")
+            };
+            let mut detail = String::new();
+            let _ = writeln!(
+                detail,
+                "  owed occurrences {:?}; deliveries of this generation:",
+                points.iter().map(|&p| rel(origin, p)).collect::<Vec<_>>()
+            );
+            for d in got {
+                let _ = writeln!(detail, "    {}", describe_delivery(origin, d));
+            }
+            let _ = writeln!(detail, "  calls on {schedule} around it:");
+            for c in cs
+                .iter()
+                .filter(|c| c.ans > points[0] - 5_000 && c.inv < p.saturating_add(OWED_AFTER))
+                .take(20)
+            {
                 let _ = writeln!(
                     detail,
-                    "  set answered at {}, next call on {schedule} invoked at {}; owed {:?}",
+                    "    [{} .. {}] {:?} -> {}{}",
+                    rel(origin, c.inv),
                     rel(origin, c.ans),
-                    rel(origin, next),
-                    owed.iter().map(|&p| rel(origin, p)).collect::<Vec<_>>()
+                    c.op,
+                    if c.ok { "" } else { "FAILED " },
+                    c.answer
                 );
-                for d in got {
-                    let _ = writeln!(detail, "    {}", describe_delivery(origin, d));
-                }
-                out.push(Violation {
-                    what: format!(
-                        "schedule {schedule} generation {generation}: occurrence at {} never \
-                         delivered, though the schedule was left alone for {OWED_AFTER} ms after it",
-                        rel(origin, p)
-                    ),
-                    detail,
-                });
             }
+            out.push(Violation {
+                what: format!(
+                    "schedule {schedule} generation {generation}: occurrence at {} never \
+                     delivered in {OWED_AFTER} ms, {why}",
+                    rel(origin, p)
+                ),
+                detail,
+            });
         }
     }
     out
@@ -1414,10 +1464,16 @@ mod tests {
         );
         // Touched too soon after its second occurrence: only the first is owed.
         let touched = vec![
-            sched(catch_up, 0, 10),
+            sched(catch_up.clone(), 0, 10),
             sched(ScheduleOp::Pause, 1100 + OWED_AFTER - 1, 1100 + OWED_AFTER),
         ];
         assert!(schedules(touched.clone(), vec![occurrence(1, 1005)]).is_empty());
         assert_eq!(schedules(touched, vec![]).len(), 1);
+        // Re-setting the same definition through its occurrences owes them all the same.
+        let mut resets = left_alone();
+        resets.insert(1, sched(resets[0].op.clone(), 995, 1010));
+        let starved = schedules(resets, vec![]);
+        assert_eq!(starved.len(), 1);
+        assert!(starved[0].what.contains("1 re-sets"), "{}", starved[0].what);
     }
 }

@@ -341,7 +341,13 @@ impl ScheduleDriver {
                 window.misfire = Misfire::CatchUp { max: 10 };
                 calls.push(self.set(window).await);
                 let last = window.first + (window.count as Ms - 1) * self.grid.interval;
-                let idle = (last - self.now).max(0) + self.rng.range(1_000, 10_000);
+                if self.rng.range(0, 2) == 0 {
+                    // The same definition re-applied through its occurrences: nothing changes,
+                    // so they are owed all the same.
+                    calls.extend(self.reapply_until(window, last + 300).await);
+                }
+                let now = stamp(&mut self.con).await;
+                let idle = (last - now).max(0) + self.rng.range(1_000, 12_000);
                 tokio::time::sleep(Duration::from_millis(idle as u64)).await;
                 continue;
             }
@@ -628,6 +634,8 @@ pub struct Fleet {
     pub remote: RedisServer,
     slots: Vec<Slot>,
     pub retired: Vec<Daemon>,
+    /// Daemons that exited by themselves: what, when, and their log's end.
+    pub deaths: Vec<String>,
 }
 
 struct Slot {
@@ -657,6 +665,7 @@ impl Fleet {
             remote,
             slots,
             retired: Vec::new(),
+            deaths: Vec::new(),
         }
     }
 
@@ -686,7 +695,7 @@ impl Fleet {
     }
 
     /// Injects random faults until `deadline`, logging each with the time; then brings
-    /// every daemon back and waits until they are ready.
+    /// every daemon back (continued, or started again).
     pub fn run_faults(&mut self, seed: u64, deadline: Instant, log: &Mutex<Vec<(Ms, String)>>) {
         let mut rng = SeededRng::new(seed);
         let mut next_fault = Instant::now() + Duration::from_millis(rng.range(500, 2_000) as u64);
@@ -696,6 +705,7 @@ impl Fleet {
         };
         while Instant::now() < deadline {
             let now = Instant::now();
+            self.reap_deaths(&note);
             for i in 0..self.slots.len() {
                 if self.slots[i].back_at.is_some_and(|at| at <= now) {
                     let what = if self.slots[i].stopped {
@@ -755,10 +765,56 @@ impl Fleet {
                 note(format!("daemon {i} back for the drain"));
             }
         }
-        for slot in &self.slots {
-            if let Some(d) = &slot.daemon {
-                d.wait_ready();
+    }
+
+    /// A daemon that exited although nobody killed it is a finding: recorded with its exit
+    /// status and log, and started again so the run goes on with its fleet.
+    fn reap_deaths(&mut self, note: &impl Fn(String)) {
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            let Some(status) = slot.daemon.as_mut().and_then(Daemon::try_exit) else {
+                continue;
+            };
+            let dead = slot.daemon.take().expect("it was running");
+            let log = dead.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(12).collect();
+            let what = format!("daemon {i} exited by itself ({status})");
+            note(what.clone());
+            self.deaths.push(format!(
+                "{what} at {}; its log's last lines:\n{}",
+                wall_ms(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+            self.retired.push(dead);
+            slot.stopped = false;
+            slot.back_at = None;
+            slot.daemon = Some(Daemon::spawn_instance(&self.config));
+        }
+    }
+
+    /// Daemons not ready `within` the end of the faults (exited ones included): their
+    /// `/readyz` answer and log tail.
+    pub fn unready(&mut self, within: Duration) -> Vec<String> {
+        let deadline = Instant::now() + within;
+        let mut out = Vec::new();
+        self.reap_deaths(&|_| {});
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(d) = &slot.daemon else { continue };
+            let ready = || matches!(d.admin_get("/readyz"), Some((200, _)));
+            while !ready() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if !ready() {
+                let log = d.log_text();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                out.push(format!(
+                    "daemon {i} (pid {}) /readyz {:?}; its log's last lines:\n{}",
+                    d.pid(),
+                    d.admin_get("/readyz"),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
             }
         }
+        out
     }
 }
