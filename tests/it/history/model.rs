@@ -865,17 +865,7 @@ fn check_schedules(history: &History) -> Vec<Violation> {
                 "  calls on {schedule} (set of this generation: inv {}):",
                 rel(origin, g.set.inv)
             );
-            for c in cs {
-                let _ = writeln!(
-                    detail,
-                    "    [{} .. {}] {:?} -> {}{}",
-                    rel(origin, c.inv),
-                    rel(origin, c.ans),
-                    c.op,
-                    if c.ok { "" } else { "FAILED " },
-                    c.answer
-                );
-            }
+            detail.push_str(&describe_schedule_calls(origin, cs));
             out.push(Violation { what, detail });
         }
     }
@@ -945,13 +935,21 @@ fn owed_occurrences(
             let got = delivered
                 .get(&(*schedule, generation))
                 .map_or(&[][..], |v| v.as_slice());
-            // Each owed occurrence needs its own delivery read after it (Hall's condition).
+            // Each owed occurrence needs its own delivery read after it: matched in time order
+            // to the earliest read at or after it, the unmatched ones are missing.
             let points: Vec<Ms> = points.into_iter().collect();
-            let missing = points
+            let mut reads: Vec<Ms> = got.iter().map(|d| d.read_at).collect();
+            reads.sort_unstable();
+            let mut next_read = reads.iter().peekable();
+            let missing: Vec<Ms> = points
                 .iter()
-                .enumerate()
-                .find(|&(k, &p)| got.iter().filter(|d| d.read_at >= p).count() < points.len() - k);
-            let Some((_, &p)) = missing else { continue };
+                .copied()
+                .filter(|&p| {
+                    while next_read.next_if(|&&r| r < p).is_some() {}
+                    next_read.next().is_none()
+                })
+                .collect();
+            let Some(&p) = missing.first() else { continue };
             let why = if resets == 0 {
                 "though nothing touched the schedule".to_owned()
             } else {
@@ -967,30 +965,72 @@ fn owed_occurrences(
                 let _ = writeln!(detail, "    {}", describe_delivery(origin, d));
             }
             let _ = writeln!(detail, "  calls on {schedule} around it:");
-            for c in cs
+            let around: Vec<&ScheduleCall> = cs
                 .iter()
                 .filter(|c| c.ans > points[0] - 5_000 && c.inv < p.saturating_add(OWED_AFTER))
-                .take(20)
-            {
-                let _ = writeln!(
-                    detail,
-                    "    [{} .. {}] {:?} -> {}{}",
-                    rel(origin, c.inv),
-                    rel(origin, c.ans),
-                    c.op,
-                    if c.ok { "" } else { "FAILED " },
-                    c.answer
-                );
-            }
+                .copied()
+                .collect();
+            detail.push_str(&describe_schedule_calls(origin, &around));
             out.push(Violation {
                 what: format!(
-                    "schedule {schedule} generation {generation}: occurrence at {} never \
+                    "schedule {schedule} generation {generation}: occurrence(s) at {:?} never \
                      delivered in {OWED_AFTER} ms, {why}",
-                    rel(origin, p)
+                    missing.iter().map(|&m| rel(origin, m)).collect::<Vec<_>>()
                 ),
                 detail,
             });
         }
+    }
+    out
+}
+
+/// One line per call, a run of identical sets (a tight re-set loop) as one line with the
+/// pending occurrences its answers named.
+fn describe_schedule_calls(origin: Ms, calls: &[&ScheduleCall]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < calls.len() {
+        let c = calls[i];
+        let run = calls[i..]
+            .iter()
+            .take_while(|o| o.op == c.op && matches!(o.op, ScheduleOp::Set { .. }))
+            .count()
+            .max(1);
+        let last = calls[i + run - 1];
+        let answer = if run == 1 {
+            format!("{}{}", if c.ok { "" } else { "FAILED " }, c.answer)
+        } else {
+            let failed = calls[i..i + run].iter().filter(|o| !o.ok).count();
+            // "…next_ms: Some(<ms>) }": the pending occurrence each set left.
+            let mut pending: Vec<String> = Vec::new();
+            for o in &calls[i..i + run] {
+                let next = o
+                    .answer
+                    .split("next_ms: ")
+                    .nth(1)
+                    .map(|t| t.trim_end_matches(" }").to_owned())
+                    .map(
+                        |t| match t.trim_start_matches("Some(").trim_end_matches(')').parse() {
+                            Ok(ms) => rel(origin, ms),
+                            Err(_) => t,
+                        },
+                    );
+                if let Some(next) = next
+                    && pending.last() != Some(&next)
+                {
+                    pending.push(next);
+                }
+            }
+            format!("{run} identical sets ({failed} failed), pending occurrence {pending:?}")
+        };
+        let _ = writeln!(
+            out,
+            "    [{} .. {}] {:?} -> {answer}",
+            rel(origin, c.inv),
+            rel(origin, last.ans),
+            c.op
+        );
+        i += run;
     }
     out
 }
@@ -1457,6 +1497,7 @@ mod tests {
         assert!(schedules(left_alone(), vec![occurrence(1, 1005), occurrence(1, 1105)]).is_empty());
         let missing = schedules(left_alone(), vec![occurrence(1, 1005)]);
         assert_eq!(missing.len(), 1);
+        assert!(missing[0].what.contains("[\"+1100\"]"), "{}", missing[0].what);
         assert!(
             missing[0].what.contains("never delivered"),
             "{}",
