@@ -827,10 +827,11 @@ fn check_schedules(history: &History) -> Vec<Violation> {
             let origin = history.origin;
             let what = if g.route == Route::Local && possible > 0 {
                 format!(
-                    "schedule {schedule} generation {generation}: {} deliveries but only \
-                     {possible} occurrence(s) could have fired by the {}th's read (an occurrence \
-                     delivered twice on a local route, or one fired that must not)",
-                    reads.len(),
+                    "schedule {schedule} generation {generation}: {} deliveries by the time \
+                     delivery {} was read, but only {possible} occurrence(s) could have fired by \
+                     then (an occurrence delivered twice on a local route, or one fired that \
+                     must not)",
+                    k + 1,
                     k + 1
                 )
             } else {
@@ -845,7 +846,7 @@ fn check_schedules(history: &History) -> Vec<Violation> {
                 "  window {:?} on {:?}, stored in {:?}: points that could fire {:?}",
                 g.points.iter().map(|&p| rel(origin, p)).collect::<Vec<_>>(),
                 g.route,
-                g.spans
+                merged(&g.spans)
                     .iter()
                     .map(|&(from, until)| format!(
                         "[{} .. {}]",
@@ -855,6 +856,29 @@ fn check_schedules(history: &History) -> Vec<Violation> {
                     .collect::<Vec<_>>(),
                 allowed.iter().map(|&p| rel(origin, p)).collect::<Vec<_>>()
             );
+            // A set that read the clock before an occurrence and wrote after it had been
+            // delivered leaves it pending again: the stale re-set that fires it twice.
+            for &p in &g.points {
+                let Some(first) = reads.iter().find(|d| d.read_at >= p) else {
+                    continue;
+                };
+                let pending = format!("next_ms: Some({p})");
+                for c in cs.iter().filter(|c| {
+                    c.answer.contains(&pending) && c.ans > first.pushed_after && c.inv < p
+                }) {
+                    let _ = writeln!(
+                        detail,
+                        "  set invoked at {} (before the occurrence at {}) answered at {} (after \
+                         its delivery pushed in [{} .. {}]) leaving it pending: {}",
+                        rel(origin, c.inv),
+                        rel(origin, p),
+                        rel(origin, c.ans),
+                        rel(origin, first.pushed_after),
+                        rel(origin, first.read_at),
+                        c.answer
+                    );
+                }
+            }
             let _ = writeln!(detail, "  offending: {}", describe_delivery(origin, d));
             let _ = writeln!(detail, "  deliveries of this generation:");
             for d in &reads {
@@ -979,6 +1003,20 @@ fn owed_occurrences(
                 ),
                 detail,
             });
+        }
+    }
+    out
+}
+
+/// Overlapping spans as one.
+fn merged(spans: &[(Ms, Ms)]) -> Vec<(Ms, Ms)> {
+    let mut sorted = spans.to_vec();
+    sorted.sort_unstable();
+    let mut out: Vec<(Ms, Ms)> = Vec::new();
+    for (from, until) in sorted {
+        match out.last_mut() {
+            Some(last) if from <= last.1 => last.1 = last.1.max(until),
+            _ => out.push((from, until)),
         }
     }
     out
@@ -1427,6 +1465,18 @@ mod tests {
             1,
             "early"
         );
+        // A re-set that read the clock before the occurrence and wrote after its delivery.
+        let mut stale = calls();
+        let mut reset = sched(set(1, 1000, 2), 990, 1020);
+        reset.answer = "ScheduleSet { created: false, version: 2, next_ms: Some(1000) }".into();
+        stale.push(reset);
+        let twice = schedules(stale, vec![occurrence(1, 1005), occurrence(1, 1030)]);
+        assert_eq!(twice.len(), 1);
+        assert!(
+            twice[0].detail.contains("leaving it pending"),
+            "{}",
+            twice[0].detail
+        );
         assert_eq!(
             schedules(
                 calls(),
@@ -1497,7 +1547,11 @@ mod tests {
         assert!(schedules(left_alone(), vec![occurrence(1, 1005), occurrence(1, 1105)]).is_empty());
         let missing = schedules(left_alone(), vec![occurrence(1, 1005)]);
         assert_eq!(missing.len(), 1);
-        assert!(missing[0].what.contains("[\"+1100\"]"), "{}", missing[0].what);
+        assert!(
+            missing[0].what.contains("[\"+1100\"]"),
+            "{}",
+            missing[0].what
+        );
         assert!(
             missing[0].what.contains("never delivered"),
             "{}",

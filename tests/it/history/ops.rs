@@ -169,7 +169,8 @@ impl Producer {
                     self.enqueue(at, route, due, policy).await;
                 }
                 (30..55, Some(i)) => {
-                    // Same route mostly; sometimes the new incarnation goes elsewhere.
+                    // A new incarnation on either route: a local one may replace a two-phase
+                    // one in flight, and the reverse.
                     let (route, due) = (self.route(), self.due());
                     self.enqueue(i, route, due, Policy::Replace).await;
                 }
