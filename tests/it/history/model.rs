@@ -886,10 +886,16 @@ fn check_schedules(history: &History) -> Vec<Violation> {
             }
             let _ = writeln!(
                 detail,
-                "  calls on {schedule} (set of this generation: inv {}):",
+                "  calls on {schedule} from this generation's first set (invoked at {}) to the \
+                 offending read:",
                 rel(origin, g.set.inv)
             );
-            detail.push_str(&describe_schedule_calls(origin, cs));
+            let around: Vec<&ScheduleCall> = cs
+                .iter()
+                .filter(|c| c.ans >= g.set.inv && c.inv <= d.read_at)
+                .copied()
+                .collect();
+            detail.push_str(&describe_schedule_calls(origin, &around));
             out.push(Violation { what, detail });
         }
     }
