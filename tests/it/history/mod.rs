@@ -17,7 +17,7 @@
 mod model;
 mod ops;
 
-use crate::common::{self, RedisServer, SeededRng, TestConfig};
+use crate::common::{self, RedisServer, SeededRng, Services, TestConfig};
 use model::{Answer, History, JobOp, Ms, Payload, Route, Violation};
 use ops::{Consumer, Fleet, Grid, Producer, ScheduleDriver};
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const DEFAULT_SECS: u64 = 40;
+/// The NATS variant runs shorter in the suite: what it adds is the idempotency key.
+const NATS_DEFAULT_SECS: u64 = 20;
 const PRODUCERS: usize = 4;
 /// How long the drain may take once the faults stop: the longest backoff a sink may be in
 /// (`sink_pause` doubles up to 30 s) plus a claim lease, with margin for a loaded machine.
@@ -38,7 +40,7 @@ struct Settings {
 }
 
 impl Settings {
-    fn from_env() -> Self {
+    fn from_env(default_secs: u64) -> Self {
         let seed = match std::env::var("ZDELAY_HISTORY_SEED") {
             Ok(text) => text
                 .trim()
@@ -57,7 +59,7 @@ impl Settings {
                 .trim()
                 .parse()
                 .unwrap_or_else(|_| panic!("ZDELAY_HISTORY_SECS={text:?} is not a number")),
-            Err(_) => DEFAULT_SECS,
+            Err(_) => default_secs,
         };
         Settings { seed, secs }
     }
@@ -66,13 +68,22 @@ impl Settings {
 /// Durable servers: an acknowledged write survives a `kill -9` of Redis.
 const DURABLE: [&str; 4] = ["--appendonly", "yes", "--appendfsync", "always"];
 
+/// The daemons' config; `nats`: (URL, subject) of a third route through JetStream.
 fn daemon_config(
     redis: &RedisServer,
     remote: &RedisServer,
     shards: u16,
     per_shard: i64,
     batch: i64,
+    nats: Option<(&str, &str)>,
 ) -> TestConfig {
+    let nats_route = nats.map_or(String::new(), |(url, subject)| {
+        format!(
+            "[sinks.bus]\nkind = \"nats\"\nurl = \"{url}\"\njetstream = true\n\n\
+             [[routes]]\nname = \"{}\"\nsink = \"bus\"\ntarget = \"{subject}\"\n",
+            ops::NATS_ROUTE
+        )
+    });
     TestConfig::new(
         &redis.url(),
         shards,
@@ -108,6 +119,8 @@ name = "{remote_route}"
 sink = "remote"
 target = "{remote_list}"
 push = "rpush"
+
+{nats_route}
 "#,
             remote = remote.url(),
             local_route = ops::LOCAL_ROUTE,
@@ -120,7 +133,26 @@ push = "rpush"
 
 #[test]
 fn a_random_history_with_faults_satisfies_the_model() {
-    let Settings { seed, secs } = Settings::from_env();
+    run(false, DEFAULT_SECS);
+}
+
+/// The same with a third route, through NATS JetStream (the suite's broker, not faulted): its
+/// messages carry `<id>:<due>`, which must name a due the job had, never later than the
+/// publish, and stay the same on every repeat unless the job was rescheduled.
+#[test]
+fn a_random_history_through_nats_satisfies_the_model() {
+    run(true, NATS_DEFAULT_SECS);
+}
+
+fn run(with_nats: bool, default_secs: u64) {
+    let Settings { seed, secs } = Settings::from_env(default_secs);
+    let rt = common::runtime();
+    // (JetStream context, stream name, subject) of the NATS route.
+    let nats = with_nats.then(|| {
+        let url = Services::get().nats_url();
+        let (js, name, prefix) = rt.block_on(crate::nats::make_stream(&url));
+        (url, js, name, format!("{prefix}.due"))
+    });
     let started = Instant::now();
     let mut rng = SeededRng::new(seed);
     let shards = rng.range(2, 9) as u16;
@@ -133,19 +165,32 @@ fn a_random_history_with_faults_satisfies_the_model() {
     );
     let redis = RedisServer::start_with(&DURABLE);
     let remote = RedisServer::start_with(&DURABLE);
-    let config = daemon_config(&redis, &remote, shards, per_shard, batch);
+    let config = daemon_config(
+        &redis,
+        &remote,
+        shards,
+        per_shard,
+        batch,
+        nats.as_ref()
+            .map(|(url, _, _, subject)| (url.as_str(), subject.as_str())),
+    );
     let (port, remote_port, url) = (redis.port, remote.port, redis.url());
     let mut fleet = Fleet::new(config, redis, remote, daemons);
     let local = Consumer::start(port, ops::LOCAL_LIST, Route::Local);
     let remote = Consumer::start(remote_port, ops::REMOTE_LIST, Route::Remote);
 
-    let rt = common::runtime();
     let origin = ops::wall_ms();
+    let two_phase = if nats.is_some() {
+        vec![Route::Remote, Route::Nats]
+    } else {
+        vec![Route::Remote]
+    };
     let deadline = Instant::now() + Duration::from_secs(secs);
     let producers: Vec<_> = (0..PRODUCERS)
         .map(|i| {
             let client = common::client(&rt, &url, shards);
-            rt.spawn(Producer::new(i, rng.next_u64(), client).run(deadline))
+            let producer = Producer::new(i, rng.next_u64(), client, two_phase.clone());
+            rt.spawn(producer.run(deadline))
         })
         .collect();
     let interval: Ms = 500;
@@ -232,6 +277,13 @@ fn a_random_history_with_faults_satisfies_the_model() {
     );
     history.deliveries = local.finish();
     history.deliveries.extend(remote.finish());
+    if let Some((_, js, name, _)) = &nats {
+        history
+            .deliveries
+            .extend(rt.block_on(ops::read_stream(js, name)));
+        rt.block_on(js.delete_stream(name))
+            .expect("delete the stream");
+    }
     history.faults = fault_log.lock().expect("fault log").clone();
     eprintln!("history: drained in {:?}", drain_started.elapsed());
 
@@ -329,14 +381,10 @@ fn summary(history: &History) -> String {
             .filter(|d| d.route == route)
             .count()
     };
-    let mut copies: BTreeMap<(&str, u64), usize> = BTreeMap::new();
-    for d in history
-        .deliveries
-        .iter()
-        .filter(|d| d.route == Route::Remote)
-    {
+    let mut copies: BTreeMap<(&str, u64, Route), usize> = BTreeMap::new();
+    for d in history.deliveries.iter().filter(|d| d.route.two_phase()) {
         if let Payload::Job { id, nonce } = &d.payload {
-            *copies.entry((id.as_str(), *nonce)).or_default() += 1;
+            *copies.entry((id.as_str(), *nonce, d.route)).or_default() += 1;
         }
     }
     let repeats: usize = copies.values().map(|n| n - 1).sum();
@@ -348,13 +396,14 @@ fn summary(history: &History) -> String {
     let schedule_failed = history.schedule_calls.iter().filter(|c| !c.ok).count();
     format!(
         "{} job calls on {} ids {answers:?}; {} schedule calls ({schedule_failed} failed); \
-         deliveries: {} local, {} remote ({repeats} repeats of a two-phase job), {occurrences} \
-         schedule occurrences; {} faults",
+         deliveries: {} local, {} remote, {} nats ({repeats} repeats of a two-phase job), \
+         {occurrences} schedule occurrences; {} faults",
         history.calls.len(),
         ids.len(),
         history.schedule_calls.len(),
         per_route(Route::Local),
         per_route(Route::Remote),
+        per_route(Route::Nats),
         history.faults.len()
     )
 }

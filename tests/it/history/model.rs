@@ -29,12 +29,19 @@ pub type Ms = i64;
 /// No upper bound: an indeterminate call may take effect at any time after its invocation.
 pub const OPEN: Ms = i64::MAX;
 
-/// Where a job goes: a list on the scheduling Redis (exactly once) or a list on another
-/// Redis through the two-phase `redis` sink (at least once).
+/// Where a job goes: a list on the scheduling Redis (exactly once), or two-phase (at least
+/// once): a list on another Redis through the `redis` sink, a NATS JetStream subject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Route {
     Local,
     Remote,
+    Nats,
+}
+
+impl Route {
+    pub fn two_phase(self) -> bool {
+        self != Route::Local
+    }
 }
 
 /// A delivered payload: a job's incarnation (id and the nonce of the write that stored it)
@@ -148,8 +155,10 @@ pub struct Delivery {
     pub pushed_after: Ms,
     /// Read at this (so pushed no later).
     pub read_at: Ms,
-    /// Its position in its list since the run began.
+    /// Its position in its list (or stream) since the run began.
     pub index: u64,
+    /// The idempotency key it carried (`zdelay-id`), where the route carries one.
+    pub key: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -213,12 +222,12 @@ pub fn check(history: &History) -> Vec<Violation> {
 const SEARCH_BUDGET: u64 = 500_000;
 
 fn check_jobs(history: &History) -> Vec<Violation> {
+    let mut out = check_keys(history);
     let mut calls: BTreeMap<&str, Vec<&JobCall>> = BTreeMap::new();
     for call in &history.calls {
         calls.entry(call.id.as_str()).or_default().push(call);
     }
     let mut deliveries: BTreeMap<&str, Vec<&Delivery>> = BTreeMap::new();
-    let mut out = Vec::new();
     for d in &history.deliveries {
         match &d.payload {
             Payload::Job { id, .. } => deliveries.entry(id.as_str()).or_default().push(d),
@@ -245,6 +254,114 @@ fn check_jobs(history: &History) -> Vec<Violation> {
         let ds = deliveries.get(id).cloned().unwrap_or_default();
         if let Some(v) = check_job(history.origin, id, cs, &ds) {
             out.push(v);
+        }
+    }
+    out
+}
+
+/// The due times an incarnation may have had: (from, to) inclusive ranges — its write's due,
+/// and every due a later reschedule of its id gave (or may have given).
+fn possible_dues(calls: &[&JobCall], nonce: u64) -> Vec<(Ms, Ms)> {
+    let Some(at) = calls
+        .iter()
+        .position(|c| matches!(c.op, JobOp::Enqueue { nonce: n, .. } if n == nonce))
+    else {
+        return Vec::new();
+    };
+    let range = |due: DueSpec, c: &JobCall| match due {
+        DueSpec::At(ms) => (ms, ms),
+        DueSpec::In(delay) => {
+            let to = if matches!(c.answer, Answer::Failed(_)) {
+                OPEN
+            } else {
+                c.ans.saturating_add(delay)
+            };
+            (c.inv.saturating_add(delay), to)
+        }
+    };
+    let mut out = Vec::new();
+    if let JobOp::Enqueue { due, .. } = calls[at].op {
+        out.push(range(due, calls[at]));
+    }
+    for c in &calls[at + 1..] {
+        match (&c.op, &c.answer) {
+            (JobOp::Reschedule { .. }, Answer::Rescheduled(to)) => out.push((*to, *to)),
+            (JobOp::Reschedule { due }, Answer::Failed(_)) => out.push(range(*due, c)),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Two-phase deliveries that carry an idempotency key: `<id>:<due>`, the due one the job had
+/// and not after the publish, and the same on every repeat unless a reschedule gave the job
+/// a new due in between.
+fn check_keys(history: &History) -> Vec<Violation> {
+    let mut calls: BTreeMap<&str, Vec<&JobCall>> = BTreeMap::new();
+    for call in &history.calls {
+        calls.entry(call.id.as_str()).or_default().push(call);
+    }
+    let mut keyed: BTreeMap<(&str, u64), Vec<&Delivery>> = BTreeMap::new();
+    for d in &history.deliveries {
+        if let (Payload::Job { id, nonce }, Some(_)) = (&d.payload, &d.key) {
+            keyed.entry((id.as_str(), *nonce)).or_default().push(d);
+        }
+    }
+    let origin = history.origin;
+    let mut out = Vec::new();
+    for ((id, nonce), ds) in keyed {
+        let cs = calls.get(id).cloned().unwrap_or_default();
+        let dues = possible_dues(&cs, nonce);
+        let mut keys: BTreeSet<&str> = BTreeSet::new();
+        let mut problems = Vec::new();
+        for d in &ds {
+            let key = d.key.as_deref().expect("keyed deliveries only");
+            keys.insert(key);
+            let due = key
+                .rsplit_once(':')
+                .filter(|(key_id, _)| key_id == &id)
+                .and_then(|(_, due)| due.parse::<Ms>().ok());
+            match due {
+                None => problems.push(format!("key {key:?} is not `{id}:<due>`")),
+                Some(due) if !dues.iter().any(|&(from, to)| due >= from && due <= to) => problems
+                    .push(format!(
+                        "key {key:?} names a due time the job never had (its dues: {dues:?})"
+                    )),
+                Some(due) if due > d.read_at => problems.push(format!(
+                    "key {key:?} names a due after the message was stored ({})",
+                    rel(origin, d.read_at)
+                )),
+                Some(_) => {}
+            }
+        }
+        let reschedules = cs
+            .iter()
+            .filter(|c| {
+                matches!(c.op, JobOp::Reschedule { .. })
+                    && matches!(c.answer, Answer::Rescheduled(_) | Answer::Failed(_))
+            })
+            .count();
+        if keys.len() > 1 + reschedules {
+            problems.push(format!(
+                "{} different keys {keys:?} with only {reschedules} reschedule(s) of the job",
+                keys.len()
+            ));
+        }
+        if !problems.is_empty() {
+            let mut detail = String::new();
+            for p in &problems {
+                let _ = writeln!(detail, "  => {p}");
+            }
+            for c in &cs {
+                let _ = writeln!(detail, "    {}", describe_call(origin, c));
+            }
+            for d in &ds {
+                let _ = writeln!(detail, "    {}", describe_delivery(origin, d));
+            }
+            out.push(Violation {
+                what: format!("job {id} nonce {nonce}: idempotency key"),
+                detail,
+            });
         }
     }
     out
@@ -279,8 +396,9 @@ struct Inc {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct St {
     cur: Option<Inc>,
-    /// Two-phase incarnations ever claimed: each may be published (again) at any time.
-    claimed: BTreeSet<u64>,
+    /// Two-phase incarnations ever claimed (nonce, route): each may be published (again) at
+    /// any time.
+    claimed: BTreeSet<(u64, Route)>,
     t: Ms,
 }
 
@@ -351,14 +469,14 @@ impl<'a> Search<'a> {
         // The daemons' unobserved steps on a two-phase job: a claim (once due), an ack (once
         // the claim was published).
         if let Some(inc) = &st.cur
-            && inc.route == Route::Remote
+            && inc.route.two_phase()
         {
             if !inc.claimed {
                 let t = st.t.max(inc.due);
                 if t <= limit {
                     let mut next = st.clone();
                     next.t = t;
-                    next.claimed.insert(inc.nonce);
+                    next.claimed.insert((inc.nonce, inc.route));
                     if let Some(cur) = next.cur.as_mut() {
                         cur.claimed = true;
                     }
@@ -405,7 +523,7 @@ impl<'a> Search<'a> {
 fn end_ok(st: &St) -> bool {
     match &st.cur {
         None => true,
-        Some(inc) => inc.route == Route::Remote && inc.published,
+        Some(inc) => inc.route.two_phase() && inc.published,
     }
 }
 
@@ -413,7 +531,7 @@ fn end_ok(st: &St) -> bool {
 fn gone(st: &St) -> Vec<St> {
     match &st.cur {
         None => vec![st.clone()],
-        Some(inc) if inc.route == Route::Remote && inc.published => {
+        Some(inc) if inc.route.two_phase() && inc.published => {
             let mut next = st.clone();
             next.cur = None;
             vec![next]
@@ -440,7 +558,7 @@ fn apply(ev: &Ev, st: &St, t: Ms) -> Vec<St> {
                 vec![with_cur(st, t.max(inc.due), None)]
             }
             (_, Route::Local) => Vec::new(),
-            (cur, Route::Remote) if st.claimed.contains(&nonce) => {
+            (cur, route) if route.two_phase() && st.claimed.contains(&(nonce, route)) => {
                 let mut cur = cur.clone();
                 if let Some(inc) = cur.as_mut()
                     && inc.nonce == nonce
@@ -450,7 +568,7 @@ fn apply(ev: &Ev, st: &St, t: Ms) -> Vec<St> {
                 }
                 vec![with_cur(st, t, cur)]
             }
-            (_, Route::Remote) => Vec::new(),
+            _ => Vec::new(),
         },
         Kind::Call(call) => match (&call.op, &call.answer) {
             (
@@ -532,7 +650,7 @@ fn apply(ev: &Ev, st: &St, t: Ms) -> Vec<St> {
 }
 
 fn in_flight(st: &St) -> bool {
-    matches!(&st.cur, Some(inc) if inc.route == Route::Remote && inc.claimed)
+    matches!(&st.cur, Some(inc) if inc.route.two_phase() && inc.claimed)
 }
 
 fn events<'a>(calls: &[&'a JobCall], deliveries: &[&'a Delivery]) -> Vec<Ev<'a>> {
@@ -739,12 +857,16 @@ fn describe_call(origin: Ms, c: &JobCall) -> String {
 
 fn describe_delivery(origin: Ms, d: &Delivery) -> String {
     format!(
-        "delivery on {:?} #{} pushed in [{} .. {}]: {:?}",
+        "delivery on {:?} #{} pushed in [{} .. {}]: {:?}{}",
         d.route,
         d.index,
         rel(origin, d.pushed_after),
         rel(origin, d.read_at),
-        d.payload
+        d.payload,
+        d.key
+            .as_deref()
+            .map(|k| format!(" key {k}"))
+            .unwrap_or_default()
     )
 }
 
@@ -1185,6 +1307,7 @@ mod tests {
             pushed_after,
             read_at,
             index: 0,
+            key: None,
         }
     }
 
@@ -1440,6 +1563,7 @@ mod tests {
             pushed_after: read_at - 5,
             read_at,
             index: 0,
+            key: None,
         }
     }
 
@@ -1576,5 +1700,39 @@ mod tests {
         let starved = schedules(resets, vec![]);
         assert_eq!(starved.len(), 1);
         assert!(starved[0].what.contains("1 re-sets"), "{}", starved[0].what);
+    }
+
+    #[test]
+    fn two_phase_keys_name_a_due_the_job_had_and_repeat_unchanged() {
+        let keyed = |key: &str, read_at: Ms| Delivery {
+            key: Some(key.to_owned()),
+            ..delivery("a", 1, Route::Nats, read_at - 2, read_at)
+        };
+        let calls = || vec![enqueue("a", 1, Route::Nats, 100, 0, 10, Answer::Added)];
+        assert!(jobs(calls(), vec![keyed("a:100", 120), keyed("a:100", 3000)]).is_empty());
+        let wrong_due = jobs(calls(), vec![keyed("a:90", 120)]);
+        assert_eq!(wrong_due.len(), 1);
+        assert!(
+            wrong_due[0].detail.contains("never had"),
+            "{}",
+            wrong_due[0].detail
+        );
+        let changed = jobs(calls(), vec![keyed("a:100", 120), keyed("a:101", 3000)]);
+        assert!(
+            !changed.is_empty(),
+            "a repeat under another key, no reschedule"
+        );
+        // A reschedule gives it a new due, and so a new key.
+        let mut rescheduled = calls();
+        rescheduled.push(call(
+            "a",
+            JobOp::Reschedule {
+                due: DueSpec::At(500),
+            },
+            200,
+            210,
+            Answer::Rescheduled(500),
+        ));
+        assert!(jobs(rescheduled, vec![keyed("a:100", 120), keyed("a:500", 520)]).is_empty());
     }
 }

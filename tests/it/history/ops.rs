@@ -23,6 +23,7 @@ use zdelay::{Cancelled, Client, ClientError, Due, Enqueued, NewJob, OnConflict};
 /// The route names of the daemons' config and the lists they push to.
 pub const LOCAL_ROUTE: &str = "hl";
 pub const REMOTE_ROUTE: &str = "hr";
+pub const NATS_ROUTE: &str = "hn";
 pub const LOCAL_LIST: &str = "hq:local";
 pub const REMOTE_LIST: &str = "hq:remote";
 
@@ -30,6 +31,7 @@ fn route_name(route: Route) -> &'static str {
     match route {
         Route::Local => LOCAL_ROUTE,
         Route::Remote => REMOTE_ROUTE,
+        Route::Nats => NATS_ROUTE,
     }
 }
 
@@ -81,6 +83,8 @@ struct Tracked {
 
 pub struct Producer {
     index: usize,
+    /// The two-phase routes jobs may take besides the local one.
+    two_phase: Vec<Route>,
     rng: SeededRng,
     client: Client,
     con: Conn,
@@ -92,10 +96,11 @@ pub struct Producer {
 }
 
 impl Producer {
-    pub fn new(index: usize, seed: u64, client: Client) -> Self {
+    pub fn new(index: usize, seed: u64, client: Client, two_phase: Vec<Route>) -> Self {
         let con = client.connection();
         Producer {
             index,
+            two_phase,
             rng: SeededRng::new(seed),
             client,
             con,
@@ -122,10 +127,11 @@ impl Producer {
     }
 
     fn route(&mut self) -> Route {
-        if self.percent() < 65 {
+        if self.percent() < 60 {
             Route::Local
         } else {
-            Route::Remote
+            let pick = self.rng.range(0, self.two_phase.len() as i64) as usize;
+            self.two_phase[pick]
         }
     }
 
@@ -602,6 +608,7 @@ fn read_list(
                 pushed_after,
                 read_at: now,
                 index: cursor,
+                key: None,
             });
             cursor += 1;
         }
@@ -621,6 +628,31 @@ fn read_list(
             // Polling at a few ms keeps each push's window short.
             std::thread::sleep(Duration::from_millis(3));
         }
+    }
+    out
+}
+
+/// Every message of a JetStream stream, in order, each with the time the server stored it
+/// (this host's clock, like Redis `TIME`) and its `zdelay-id`.
+pub async fn read_stream(js: &async_nats::jetstream::Context, name: &str) -> Vec<Delivery> {
+    let mut stream = js.get_stream(name).await.expect("the stream");
+    let state = stream.info().await.expect("stream info").state.clone();
+    let mut out = Vec::new();
+    for seq in state.first_sequence..=state.last_sequence {
+        if state.messages == 0 {
+            break;
+        }
+        let m = stream.get_raw_message(seq).await.expect("a stored message");
+        let stored = (m.time.unix_timestamp_nanos() / 1_000_000) as Ms;
+        out.push(Delivery {
+            route: Route::Nats,
+            payload: Payload::parse(&m.payload),
+            // The stored time is whole ms on the server's clock.
+            pushed_after: stored - 1,
+            read_at: stored + 1,
+            index: seq,
+            key: m.headers.get("zdelay-id").map(|v| v.as_str().to_owned()),
+        });
     }
     out
 }
