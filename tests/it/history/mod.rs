@@ -249,10 +249,15 @@ fn run(with_nats: bool, default_secs: u64) {
         });
     }
     // Start-up retries Redis and a running daemon recovers from its errors: none may exit.
-    for death in &fleet.deaths {
+    let faults = fault_log.lock().expect("fault log").clone();
+    for (at, death) in &fleet.deaths {
+        let mut detail = format!("{death}\nthe faults of the 5 s before it was seen gone:\n");
+        for (t, what) in faults.iter().filter(|(t, _)| *t <= *at && at - t <= 5_000) {
+            let _ = writeln!(detail, "  {} ms before: {what}", at - t);
+        }
         violations.push(Violation {
             what: "a daemon exited by itself".to_owned(),
-            detail: death.clone(),
+            detail,
         });
     }
     let mut con = fleet.redis.conn();
@@ -284,7 +289,7 @@ fn run(with_nats: bool, default_secs: u64) {
         rt.block_on(js.delete_stream(name))
             .expect("delete the stream");
     }
-    history.faults = fault_log.lock().expect("fault log").clone();
+    history.faults = faults;
     eprintln!("history: drained in {:?}", drain_started.elapsed());
 
     let checked = Instant::now();

@@ -667,8 +667,8 @@ pub struct Fleet {
     pub remote: RedisServer,
     slots: Vec<Slot>,
     pub retired: Vec<Daemon>,
-    /// Daemons that exited by themselves: what, when, and their log's end.
-    pub deaths: Vec<String>,
+    /// Daemons that exited by themselves: when, and what (with their log's end).
+    pub deaths: Vec<(Ms, String)>,
 }
 
 struct Slot {
@@ -813,10 +813,12 @@ impl Fleet {
             let tail: Vec<&str> = log.lines().rev().take(12).collect();
             let what = format!("daemon {i} exited by itself ({status})");
             note(what.clone());
-            self.deaths.push(format!(
-                "{what} at {}; its log's last lines:\n{}",
+            self.deaths.push((
                 wall_ms(),
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                format!(
+                    "{what}; its log's last lines:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ),
             ));
             self.retired.push(dead);
             slot.stopped = false;
