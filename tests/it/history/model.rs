@@ -873,9 +873,9 @@ fn describe_delivery(origin: Ms, d: &Delivery) -> String {
 // ---- Schedules ----------------------------------------------------------------------------
 
 /// How long after its time an occurrence of an untouched schedule must have fired, whatever
-/// the faults: a daemon killed or stopped for up to 4.5 s, its poller slots taken over after
-/// the 2 s slot lease, Redis restarting.
-pub const OWED_AFTER: Ms = 8_000;
+/// the faults (a daemon killed or stopped for up to 4.5 s, its poller slots taken over after
+/// the 2 s slot lease, Redis restarting), with margin for a loaded machine.
+pub const OWED_AFTER: Ms = 10_000;
 
 /// One generation of a schedule: its window and when it could fire.
 struct Generation<'a> {

@@ -354,7 +354,8 @@ impl ScheduleDriver {
                     calls.extend(self.reapply_until(window, last + 300).await);
                 }
                 let now = stamp(&mut self.con).await;
-                let idle = (last - now).max(0) + self.rng.range(1_000, 12_000);
+                // Long enough, often, for its occurrences to be owed (model::OWED_AFTER).
+                let idle = (last - now).max(0) + self.rng.range(1_000, 16_000);
                 tokio::time::sleep(Duration::from_millis(idle as u64)).await;
                 continue;
             }
