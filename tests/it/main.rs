@@ -17,6 +17,7 @@ mod delivery;
 mod deploy;
 mod faults;
 mod heavy;
+mod history;
 mod kafka;
 mod keys_declared;
 mod memory;
@@ -30,6 +31,7 @@ mod scale;
 mod schedules;
 mod secure;
 mod seeds;
+mod soak;
 mod trace;
 mod two_phase;
 

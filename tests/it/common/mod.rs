@@ -250,11 +250,17 @@ impl Daemon {
 
     /// One more daemon on the same config (another instance), on its own admin port.
     pub fn start_instance(config: &TestConfig) -> Self {
+        let daemon = Self::spawn_instance(config);
+        daemon.wait_ready();
+        daemon
+    }
+
+    /// [`Daemon::start_instance`] without waiting for readiness (Redis may be down).
+    pub fn spawn_instance(config: &TestConfig) -> Self {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let mut daemon = Self::spawn_with_env(config, &[("ZDELAY_ADMIN__LISTEN", listen.as_str())]);
         daemon.admin_port = port;
-        daemon.wait_ready();
         daemon
     }
 
