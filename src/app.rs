@@ -58,29 +58,40 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
 
     let pubsub = store::pubsub_clients(&config.redis)?;
-    let Some(mut con) = connect_with_retry(&config, &health, &shutdown).await else {
+    let sinks = sinks::build_all(&config)?;
+    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    // Redis may drop between the connect and the checks: the whole sequence is retried.
+    let started = retry_start_up(&health, &shutdown, || async {
+        let Some(mut con) = connect_with_retry(&config, &health, &shutdown).await else {
+            return Ok(None);
+        };
+        failpoint_after_connect().await;
+        let server = store::check_server(&mut con).await?;
+        store::ensure_schema(&mut con, &keys)
+            .await
+            .map_err(|e| match e {
+                StoreError::Resharding { from, to, .. } => {
+                    anyhow::anyhow!(poller::refusal_message(
+                        keys.namespace(),
+                        keys.shards(),
+                        Layout::Migrating { from, to }
+                    ))
+                }
+                other => other.into(),
+            })?;
+        scripts::load_all(&mut con).await?;
+        // The console reads and acts through a client of its own, like the CLI.
+        let console_client = Client::connect(&config.redis).await?;
+        Ok(Some((con, server, console_client)))
+    })
+    .await?;
+    let Some((mut con, server, console_client)) = started else {
         return Ok(());
     };
-    let server = store::check_server(&mut con).await?;
     tracing::info!(%server, "redis reachable");
-    let sinks = sinks::build_all(&config)?;
     refuse_unsupported_brokers(&sinks).await?;
-    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
-    store::ensure_schema(&mut con, &keys)
-        .await
-        .map_err(|e| match e {
-            StoreError::Resharding { from, to, .. } => anyhow::anyhow!(poller::refusal_message(
-                keys.namespace(),
-                keys.shards(),
-                Layout::Migrating { from, to }
-            )),
-            other => other.into(),
-        })?;
-    scripts::load_all(&mut con).await?;
     health.redis_ok.store(true, Ordering::Relaxed);
-    // The console reads and acts through a client of its own, like the CLI.
-    let console_client = Client::connect(&config.redis)
-        .await?
+    let console_client = console_client
         .with_routes(Routes::from_config(&config))
         .with_max_payload(config.poller.max_payload);
     let _ = console.set(admin::Console {
@@ -93,11 +104,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // The heartbeat and the stats sampler (which reads every shard) get connections of
     // their own on a cluster, like each master's shards: nothing waits for a hung node it
     // does not need. All connect at once (a hung node costs each its connect timeout).
+    let independent = || {
+        retry_start_up(&health, &shutdown, || async {
+            Ok(Some(con.independent(&config.redis).await?))
+        })
+    };
     let (_, leases_con, sampler_con) = tokio::join!(
         ctx.connect_lanes(&config.redis),
-        con.independent(&config.redis),
-        con.independent(&config.redis),
+        independent(),
+        independent(),
     );
+    let (Some(leases_con), Some(sampler_con)) = (leases_con?, sampler_con?) else {
+        return Ok(());
+    };
     let ctx = Arc::new(ctx);
     // What this daemon polls is decided by poller-slot leases shared with the others.
     let instance = Leases::instance_id(config.poller.instance_id.as_deref());
@@ -105,7 +124,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let ownership = Ownership::new(Default::default());
     let owned = ownership.subscribe();
     let leases = Leases {
-        con: leases_con?,
+        con: leases_con,
         keys: keys.clone(),
         instance: instance.clone(),
         nonce: nonce.clone(),
@@ -135,7 +154,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         health.clone(),
         shutdown.clone(),
     ));
-    tracker.spawn(sample_stats(sampler_con?, config.clone(), shutdown.clone()));
+    tracker.spawn(sample_stats(sampler_con, config.clone(), shutdown.clone()));
     for sink in sinks.values() {
         tracker.spawn(check_sink(
             sink.clone(),
@@ -221,6 +240,56 @@ async fn refuse_unsupported_brokers(sinks: &sinks::Sinks) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Runs a start-up step until it succeeds, fails in a way retrying cannot fix, or shutdown
+/// is asked (`Ok(None)`, as when the step itself returns it). A Redis that drops, restarts,
+/// loads or is busy mid-way is retried with capped backoff, logged once per episode.
+async fn retry_start_up<T, Step, Fut>(
+    health: &Health,
+    shutdown: &CancellationToken,
+    mut step: Step,
+) -> anyhow::Result<Option<T>>
+where
+    Step: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match step().await {
+            Ok(done) => {
+                crate::metrics::recovered("redis", "start-up");
+                return Ok(done);
+            }
+            Err(e) if is_transient_start_up(&e) => {
+                health.redis_ok.store(false, Ordering::Relaxed);
+                crate::metrics::error_event("redis", "start-up", &e);
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Whether a start-up step failed on Redis in a way that passes (see `store::is_transient`).
+fn is_transient_start_up(e: &anyhow::Error) -> bool {
+    use zdelay_client::ClientError;
+    let store_transient = |e: &StoreError| match e {
+        StoreError::Connect { .. } => true,
+        StoreError::Redis(r) => store::is_transient(r),
+        _ => false,
+    };
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<redis::RedisError>()
+            .is_some_and(store::is_transient)
+            || cause.downcast_ref::<StoreError>().is_some_and(store_transient)
+            || matches!(cause.downcast_ref::<ClientError>(), Some(ClientError::Store(s)) if store_transient(s))
+    })
+}
+
 /// Connects, retrying with capped backoff until it works or shutdown is asked.
 /// Refused credentials are reported as such (they will not fix themselves, but a server's
 /// ACL may change), on the same backoff.
@@ -238,15 +307,16 @@ async fn connect_with_retry(
                 crate::metrics::recovered("redis_connect", "start-up");
                 return Some(con);
             }
+            // Logged once per episode by `error_event`; each retry only at debug level.
             Err(e) if e.is_auth() => {
                 health.redis_failed(&e);
                 crate::metrics::error_event("redis_auth", "start-up", &e);
-                tracing::error!(attempt, retry_in = ?delay, error = %e, "not ready");
+                tracing::debug!(attempt, retry_in = ?delay, "redis refuses the credentials");
             }
             Err(e) => {
                 health.redis_failed(&e);
                 crate::metrics::error_event("redis_connect", "start-up", &e);
-                tracing::warn!(attempt, retry_in = ?delay, "redis unreachable; not ready");
+                tracing::debug!(attempt, retry_in = ?delay, "redis unreachable; not ready");
             }
         }
         tokio::select! {
@@ -370,3 +440,22 @@ pub async fn watch_signals(shutdown: CancellationToken) {
     eprintln!("zdelay: second signal: exiting now; unfinished work stays in Redis");
     std::process::exit(130);
 }
+
+/// Test-only fault injection (feature `test-failpoints`), from `ZDELAY_FAILPOINT`:
+/// `start_up_hold_after_connect=PATH` stalls start-up between the connect and the checks
+/// until PATH exists, so a test can restart Redis in that window.
+#[cfg(feature = "test-failpoints")]
+async fn failpoint_after_connect() {
+    if let Some(path) = std::env::var("ZDELAY_FAILPOINT").ok().and_then(|v| {
+        v.strip_prefix("start_up_hold_after_connect=")
+            .map(str::to_owned)
+    }) {
+        eprintln!("failpoint start_up_hold_after_connect: waiting for {path}");
+        while !std::path::Path::new(&path).exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[cfg(not(feature = "test-failpoints"))]
+async fn failpoint_after_connect() {}

@@ -529,11 +529,13 @@ fn unreachable_redis_at_startup_then_redis_appears() {
         cpu < Duration::from_millis(300),
         "{cpu:?} of CPU in 2 s while waiting for redis"
     );
-    assert!(
-        daemon.log_text().contains("redis unreachable"),
-        "{}",
-        daemon.log_text()
+    let log = daemon.log_text();
+    assert_eq!(
+        log.matches("recovering from error").count(),
+        1,
+        "one line for the whole outage, naming it:\n{log}"
     );
+    assert!(log.contains(r#"kind="redis_connect""#), "{log}");
 
     let redis = RedisServer::start_on(port);
     daemon.wait_ready();
@@ -546,6 +548,46 @@ fn unreachable_redis_at_startup_then_redis_appears() {
         llen(&mut con, LIST_A) == 1
     });
     assert_eq!(lrange(&mut con, LIST_A), vec![b"hello".to_vec()]);
+}
+
+/// Redis restarted between the daemon's connect and its start-up checks: the start-up is
+/// retried, not abandoned, and the daemon delivers.
+#[test]
+fn redis_restarted_mid_start_up_is_retried() {
+    let mut redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 2, ROUTES);
+    let gate = config.path.with_file_name("start-up-gate");
+    let hold = format!("start_up_hold_after_connect={}", gate.display());
+    let mut daemon = Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", &hold)]);
+    wait_for(
+        "start-up held after its connect",
+        Duration::from_secs(10),
+        || {
+            daemon
+                .log_text()
+                .contains("failpoint start_up_hold_after_connect")
+        },
+    );
+    redis.restart();
+    std::fs::write(&gate, b"").expect("open the gate");
+    daemon.wait_ready();
+    assert!(daemon.try_exit().is_none(), "{}", daemon.log_text());
+    let rt = common::runtime();
+    let lib = client(&rt, &redis.url(), 2);
+    rt.block_on(lib.enqueue(NewJob::new("a", "after"), OnConflict::Error))
+        .expect("enqueue");
+    let mut con = redis.conn();
+    wait_for("the job delivered", Duration::from_secs(10), || {
+        llen(&mut con, LIST_A) == 1
+    });
+    assert!(
+        daemon.log_text().contains(r#"context="start-up""#),
+        "{}",
+        daemon.log_text()
+    );
+    wait_for("the episode closed", Duration::from_secs(15), || {
+        daemon.log_text().contains("recovered")
+    });
 }
 
 /// Redis restarted (data lost) under a running daemon: /readyz goes 503 then 200, and jobs

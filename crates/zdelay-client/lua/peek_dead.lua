@@ -18,8 +18,10 @@
 --   size, payload preview. For a "frame", head is "zd1:<dest>\n<meta length>\n<meta>" (at most
 --   64 KiB of meta), size the payload's bytes and the preview its first ARGV[3] bytes; for
 --   "other" (a JSON envelope, a malformed one, or a frame whose meta exceeds 64 KiB), head is
---   the first 64 KiB of the value, size the value's bytes, preview ""; for "none" (no envelope
---   stored) head and preview are "" and size -1.
+--   the first 64 KiB of the value, size the value's bytes, preview ""; for "large" (a value
+--   over READ_MAX, not read: Redis has no partial read of a hash field, and copying 64 MiB
+--   into Lua holds the server for a quarter of a second) head and preview are "" and size
+--   the value's bytes; for "none" (no envelope stored) head and preview are "" and size -1.
 -- Re-run safety: yes (reads only).
 
 -- Layout fence: refuse a shard its caller computed with another shard count.
@@ -34,20 +36,27 @@ local budget = tonumber(ARGV[2])
 local preview = tonumber(ARGV[3])
 local HEAD_MAX = 65536
 local REASON_MAX = 4096
+local READ_MAX = 4194304
 local out = {}
 local spent = 0
 for i = 4, #ARGV do
   local id = ARGV[i]
   local stored = redis.call('HSTRLEN', KEYS[1], id)
-  if i > 4 and spent + stored > budget then
+  local cost = stored
+  if stored > READ_MAX then
+    cost = 0
+  end
+  if i > 4 and spent + cost > budget then
     break
   end
-  spent = spent + stored
+  spent = spent + cost
   local score = redis.call('ZSCORE', KEYS[2], id) or ''
   local reason = string.sub(redis.call('HGET', KEYS[3], id) or '', 1, REASON_MAX)
   local history = redis.call('HGET', KEYS[4], id) or ''
   local kind, head, size, start = 'none', '', -1, ''
-  if stored > 0 then
+  if stored > READ_MAX then
+    kind, size = 'large', stored
+  elseif stored > 0 then
     local v = redis.call('HGET', KEYS[1], id)
     kind, head, size = 'other', string.sub(v, 1, HEAD_MAX), #v
     if string.sub(v, 1, 4) == 'zd1:' then

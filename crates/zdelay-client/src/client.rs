@@ -671,6 +671,7 @@ fn preview_envelope(
             payload_size,
         } => ([head.as_slice(), payload_start].concat(), *payload_size),
         EnvelopeHead::Other { head, size } => (head[..head.len().min(preview)].to_vec(), *size),
+        EnvelopeHead::Large { size } => (Vec::new(), *size),
         EnvelopeHead::Missing => (Vec::new(), 0),
     };
     let (envelope, payload_size) = read_envelope(head);
@@ -707,6 +708,7 @@ pub(crate) fn read_envelope(
             let size = env.as_ref().ok().map(|e| e.payload.len() as u64);
             (Some(env), size)
         }
+        EnvelopeHead::Large { size } => (Some(Err(EnvelopeError::NotRead(size))), None),
         EnvelopeHead::Missing => (None, None),
     }
 }

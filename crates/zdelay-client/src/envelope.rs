@@ -31,6 +31,12 @@ pub enum EnvelopeError {
     Malformed(String),
     #[error("unsupported envelope version {0}")]
     Version(u64),
+    /// Too large to be read by a console or dead-letter read (`peek_dead`).
+    #[error(
+        "an envelope of {0} bytes, not read: over the 4 MiB a console or dead-letter read \
+         copies inside Redis, so its meta and payload are not shown (`zdelay get` reads it whole)"
+    )]
+    NotRead(u64),
     #[error("invalid destination {0:?}: it must be non-empty, at most 512 bytes, without newlines")]
     BadDest(String),
 }

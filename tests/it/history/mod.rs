@@ -320,11 +320,19 @@ fn run(with_nats: bool, default_secs: u64) {
 }
 
 /// Every key the namespace should not hold once everything is delivered: all but the schema,
-/// the sinks' health, the daemons' registry and activity counts, and the consumers' lists.
+/// the sinks' health, the consumers' lists, each shard's claim-token counter (it only grows),
+/// and the fired marks deleted schedules keep for an hour (a re-created schedule must not
+/// fire an occurrence again; a schedule still defined would leave its `:schedules` key).
 fn leftovers(con: &mut redis::Connection) -> BTreeSet<String> {
     common::all_keys(con)
         .into_iter()
-        .filter(|k| k != "zdelay:schema" && k != "{zdelay}:sinks" && !k.starts_with("hq:"))
+        .filter(|k| {
+            k != "zdelay:schema"
+                && k != "{zdelay}:sinks"
+                && !k.starts_with("hq:")
+                && !k.ends_with(":lease_seq")
+                && !k.ends_with(":sched_fired")
+        })
         .collect()
 }
 

@@ -621,6 +621,8 @@ pub enum EnvelopeHead {
     },
     /// A JSON envelope or a malformed value: its first [`PEEK_HEAD_MAX`] bytes, and its size.
     Other { head: Vec<u8>, size: u64 },
+    /// A value over [`PEEK_READ_MAX`] bytes, not read (only its size).
+    Large { size: u64 },
     /// No envelope stored (an orphan).
     Missing,
 }
@@ -628,6 +630,10 @@ pub enum EnvelopeHead {
 /// Bytes of a value `peek_dead` returns at most when it is not a frame (and of a frame's
 /// meta); `peek_dead.lua`'s `HEAD_MAX`.
 pub const PEEK_HEAD_MAX: usize = 65536;
+
+/// Envelope bytes `peek_dead` reads of one value at most (`peek_dead.lua`'s `READ_MAX`):
+/// Redis cannot read part of a hash field, and a larger copy would hold it for too long.
+pub const PEEK_READ_MAX: usize = 4 << 20;
 
 /// Envelope bytes one `peek_dead` call reads at most (the first id's whatever its size);
 /// the wrapper sends the ids it did not reach again.
@@ -694,6 +700,7 @@ pub async fn peek_dead(
                     payload_start: start,
                 },
                 "other" => EnvelopeHead::Other { head, size },
+                "large" => EnvelopeHead::Large { size },
                 _ => EnvelopeHead::Missing,
             };
             out.push(DeadPeek {
