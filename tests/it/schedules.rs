@@ -226,6 +226,24 @@ fn quick_upserts_keep_one_pending_occurrence_and_the_grid() {
     assert_eq!(pending(&mut con), 1, "one pending occurrence");
     let view = rt.block_on(lib.schedule_get("grid")).unwrap().unwrap();
     assert_eq!(view.version, 21);
+    // Re-applying an unchanged schedule writes nothing: its version (which firings are
+    // fenced on) stays.
+    let unchanged = || {
+        let mut s = spec();
+        s.payload = b"final".to_vec();
+        rt.block_on(lib.schedule_set(s)).unwrap()
+    };
+    assert_eq!(unchanged().version, 22);
+    assert_eq!(unchanged().version, 22, "an unchanged set writes nothing");
+    assert!(rt.block_on(lib.schedule_pause("grid")).unwrap());
+    assert_eq!(
+        rt.block_on(lib.schedule_get("grid"))
+            .unwrap()
+            .unwrap()
+            .version,
+        23
+    );
+    rt.block_on(lib.schedule_resume("grid")).unwrap();
     // Delete, then create again (a cron: its grid is the clock's).
     assert!(rt.block_on(lib.schedule_delete("grid")).unwrap());
     assert_eq!(pending(&mut con), 0);

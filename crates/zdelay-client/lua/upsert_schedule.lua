@@ -17,7 +17,9 @@
 -- ARGV[2] schedule id; ARGV[3] expected version (0 = none: no schedule, or a definition
 --   without a readable version); ARGV[4] the mark read ("" = none)
 -- ARGV[5] definition JSON; ARGV[6] envelope ("" = keep the stored one)
--- ARGV[7] the pending occurrence: "keep" (the timing did not change: left as it is), "pause"
+-- ARGV[7] the pending occurrence: "keep" (the timing did not change: left as it is), "same"
+--   (like keep, and only the update time changed: if the stored envelope is ARGV[6] too,
+--   nothing is written and the version stays, so a firing fenced on it goes on), "pause"
 --   (none while paused), "none" (the definition has no next occurrence) or the next
 --   occurrence ms, which must be after the mark. With "none" or a time, a pending occurrence
 --   already due (at or before Redis TIME) stays: the mover plans it with the new definition,
@@ -25,7 +27,8 @@
 -- ARGV[8] now ms, as the caller read it: a new schedule's mark (nothing at or before its
 --   creation fires)
 -- ARGV[9] wake channel; ARGV[10] shard number, sent in the wake message
--- Returns: { new version, pending occurrence ms ("" = none) } or { -1, current version } when
+-- Returns: { version (the new one; the same when "same" wrote nothing), pending occurrence ms
+--   ("" = none) } or { -1, current version } when
 --   the version or the mark is not what was read (read again).
 -- Re-run safety: a re-run with the same expected version finds it stale and changes nothing.
 -- Layout fence: refuse a shard its caller computed with another shard count.
@@ -44,8 +47,15 @@ local mark = tonumber(redis.call('ZSCORE', KEYS[4], id))
 if mark ~= tonumber(read_mark) then return { -1, version } end
 local pending = redis.call('ZSCORE', KEYS[3], id)
 -- Quarantined since it was read: there is no pending occurrence to keep.
-if mode == 'keep' and not pending and redis.call('HEXISTS', KEYS[5], id) == 1 then
+if (mode == 'keep' or mode == 'same') and not pending and redis.call('HEXISTS', KEYS[5], id) == 1 then
   return { -1, version }
+end
+if mode == 'same' then
+  local env = ARGV[6]
+  if env == '' or (redis.call('HSTRLEN', KEYS[2], id) == #env and redis.call('HGET', KEYS[2], id) == env) then
+    return { version, pending or '' }
+  end
+  mode = 'keep'
 end
 local next_ms = tonumber(mode)
 -- INVARIANT: a pending occurrence is after the mark, so no occurrence is written twice.

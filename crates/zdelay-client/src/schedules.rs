@@ -336,7 +336,13 @@ impl Client {
             let Some(new) = change(stored, now_ms)? else {
                 return Ok(None);
             };
-            let pending = current.pending(&new, now_ms)?;
+            let mut pending = current.pending(&new, now_ms)?;
+            if pending == PendingWrite::Keep
+                && let Some(Ok(stored)) = &current.stored
+                && (&stored.dest, &stored.def, stored.paused) == (&new.dest, &new.def, new.paused)
+            {
+                pending = PendingWrite::Unchanged;
+            }
             let definition = serde_json::to_string(&new).expect("a schedule serializes");
             let write = ScheduleWrite {
                 id,

@@ -1257,6 +1257,10 @@ pub enum PendingWrite {
     /// The timing did not change: the pending occurrence stays as it is (the grid, and an
     /// occurrence already due, are kept).
     Keep,
+    /// Like `Keep`, and nothing but the update time changed: when the stored envelope is the
+    /// one sent too, nothing is written (the version stays, so re-applying unchanged
+    /// schedules in a loop never fences a firing).
+    Unchanged,
     /// Paused: no pending occurrence.
     Pause,
     /// Planned again: the next occurrence after the later of now and the mark (`None`: the
@@ -1287,6 +1291,7 @@ pub async fn upsert_schedule(
     let mut inv = fenced_invocation(&compiled::upsert_schedule, "upsert_schedule", keys);
     let pending = match write.pending {
         PendingWrite::Keep => "keep".to_owned(),
+        PendingWrite::Unchanged => "same".to_owned(),
         PendingWrite::Pause => "pause".to_owned(),
         PendingWrite::Next(None) => "none".to_owned(),
         PendingWrite::Next(Some(ms)) => ms.to_string(),
