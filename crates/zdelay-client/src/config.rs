@@ -1122,7 +1122,11 @@ impl SourceConfig {
     }
 }
 
-const SECTIONS: &[&str] = &["redis", "poller", "admin", "sinks", "routes", "sources"];
+/// The top-level sections the environment may set (`ZDELAY_<SECTION>__…`); a unit test
+/// checks it against `Config`'s fields.
+const SECTIONS: &[&str] = &[
+    "redis", "poller", "admin", "tracing", "sinks", "routes", "sources",
+];
 
 /// Loads defaults ← file ← environment, then validates.
 ///
@@ -1739,12 +1743,29 @@ user = "a"
             jail.set_env("ZDELAY_REDIS__PASSWORD", "123456");
             jail.set_env("ZDELAY_CONFIG", "/not/a/config/key");
             jail.set_env("ZDELAY_TEST_REDIS_URL", "ignored");
+            jail.set_env("ZDELAY_TRACING__SERVICE_NAME", "from-env");
             let c = load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.tracing.service_name, "from-env");
             assert_eq!(c.poller.batch, 250);
             assert_eq!(c.redis.url, "redis://127.0.0.1:7000");
             assert_eq!(c.redis.password.unwrap().expose(), "123456");
             Ok(())
         });
+    }
+
+    #[test]
+    fn every_config_section_can_come_from_the_environment() {
+        let default = serde_json::to_value(Config::default()).unwrap();
+        let mut fields: Vec<&str> = default
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut sections = SECTIONS.to_vec();
+        fields.sort_unstable();
+        sections.sort_unstable();
+        assert_eq!(fields, sections);
     }
 
     #[test]
