@@ -145,7 +145,7 @@ fn parse_line(line: &str) -> Result<NewJob, String> {
     let mut job = NewJob::new(l.dest, payload);
     job.due = match (l.at, l.delay) {
         (Some(_), Some(_)) => return Err("give \"at\" or \"in\", not both".into()),
-        (Some(ms), None) => Due::At(ms),
+        (Some(ms), None) => Due::At(zdelay::job::check_epoch_ms(ms)?),
         (None, Some(d)) => Due::In(d),
         (None, None) => Due::In(Duration::ZERO),
     };
@@ -159,6 +159,12 @@ fn parse_line(line: &str) -> Result<NewJob, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seconds_looking_at_is_a_bad_line() {
+        let err = parse_line(r#"{"dest":"q","payload":"x","at":1795250000}"#).unwrap_err();
+        assert!(err.contains("looks like epoch seconds"), "{err}");
+    }
 
     #[test]
     fn batch_lines_parse_or_say_why() {

@@ -59,6 +59,9 @@ pub enum ClientError {
         "schedule {id} cannot be read ({why}): write it again with `schedule set`, or delete it"
     )]
     UnreadableSchedule { id: String, why: String },
+    /// A due time in epoch ms that reads as epoch seconds (`job::check_epoch_ms`).
+    #[error("{0}")]
+    SecondsLikeDue(String),
 }
 
 impl From<redis::RedisError> for ClientError {
@@ -86,6 +89,7 @@ impl ClientError {
             ClientError::Schedule(_) => "invalid_schedule",
             ClientError::Contended(_) => "contended",
             ClientError::UnreadableSchedule { .. } => "unreadable_schedule",
+            ClientError::SecondsLikeDue(_) => "seconds_like_due",
         }
     }
 
@@ -505,6 +509,7 @@ impl Client {
 
     fn prepare(&self, job: NewJob) -> Result<EnqueueItem, ClientError> {
         self.check_dest_and_payload(&job.dest, &job.payload)?;
+        check_due(job.due)?;
         let id = match job.id {
             Some(id) if id.is_empty() || id.len() > 256 => return Err(ClientError::BadId(id)),
             Some(id) => id,
@@ -535,6 +540,7 @@ impl Client {
 
     /// Moves a pending job to a new due time; `None` when it is not pending.
     pub async fn reschedule(&self, id: &str, due: Due) -> Result<Option<i64>, ClientError> {
+        check_due(due)?;
         self.fenced(|keys| async move {
             let keys = keys.shard(keys.shard_of(id));
             Ok(scripts::reschedule_job(&mut self.con.clone(), &keys, id, due).await?)
@@ -649,6 +655,16 @@ impl Client {
             reason,
             sink,
         }))
+    }
+}
+
+/// Refuses an epoch-ms due time that reads as epoch seconds.
+fn check_due(due: Due) -> Result<(), ClientError> {
+    match due {
+        Due::At(ms) => crate::job::check_epoch_ms(ms)
+            .map(drop)
+            .map_err(ClientError::SecondsLikeDue),
+        Due::In(_) => Ok(()),
     }
 }
 

@@ -1122,6 +1122,15 @@ impl SourceConfig {
     }
 }
 
+/// Whether a name can be a segment of an environment variable's name as it is
+/// (`ZDELAY_SINKS__<NAME>__…`: the environment's keys are read lowercased).
+fn env_safe_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    name.len() <= 64
+        && bytes.next().is_some_and(|b| b.is_ascii_lowercase())
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
 /// The top-level sections the environment may set (`ZDELAY_<SECTION>__…`); a unit test
 /// checks it against `Config`'s fields.
 const SECTIONS: &[&str] = &[
@@ -1394,10 +1403,11 @@ impl Config {
             return Err(invalid("tracing.export_timeout", "must be greater than 0"));
         }
         for (name, sink) in &self.sinks {
-            if name.is_empty() || name.contains(['/', '\n']) {
+            if !env_safe_name(name) {
                 return Err(invalid(
-                    format!("sinks.{name}"),
-                    "a sink name must be non-empty, without / or newline",
+                    format!("sinks.{name:?}"),
+                    "a sink name is 1 to 64 lowercase letters, digits and _, starting with a \
+                     letter (so ZDELAY_SINKS__<NAME>__<FIELD> can set its fields)",
                 ));
             }
             for (i, pattern) in sink.allow().iter().enumerate() {
@@ -1751,6 +1761,20 @@ user = "a"
             assert_eq!(c.redis.password.unwrap().expose(), "123456");
             Ok(())
         });
+    }
+
+    #[test]
+    fn sink_names_must_fit_an_environment_variable() {
+        let sink = |name: &str| {
+            from_toml(&format!(
+                "[sinks.{name}]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:4222\""
+            ))
+        };
+        assert!(sink("orders_eu2").is_ok());
+        for bad in ["\"orders-eu\"", "Orders", "\"2nd\"", "\"a.b\""] {
+            let e = sink(bad).unwrap_err().to_string();
+            assert!(e.contains("lowercase letters, digits and _"), "{bad}: {e}");
+        }
     }
 
     #[test]

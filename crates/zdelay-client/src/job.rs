@@ -23,11 +23,29 @@ impl Due {
     }
 }
 
+/// Epoch milliseconds that read as epoch *seconds*: as ms they are 1970-01-12 … 1973-03-03,
+/// when nobody schedules a job, while a seconds timestamp of 2001 … 5138 falls here. Refused
+/// (a job would be delivered at once); raw sources send such scores to dead (`move_raw.lua`).
+pub const SECONDS_LIKE_MS: std::ops::Range<i64> = 1_000_000_000..100_000_000_000;
+
+/// `ms` unless it looks like epoch seconds; the message shows the time likely meant.
+pub fn check_epoch_ms(ms: i64) -> Result<i64, String> {
+    if !SECONDS_LIKE_MS.contains(&ms) {
+        return Ok(ms);
+    }
+    let meant = std::time::UNIX_EPOCH + Duration::from_secs(ms as u64);
+    Err(format!(
+        "{ms} looks like epoch seconds ({} if so): due times are epoch milliseconds \
+         ({ms}000) or RFC 3339",
+        humantime::format_rfc3339(meant)
+    ))
+}
+
 /// A due time as a user writes it: epoch milliseconds, or RFC 3339
-/// (`2026-11-21T14:03:07.250Z`); epoch ms.
+/// (`2026-11-21T14:03:07.250Z`); epoch ms. Seconds-looking numbers are refused.
 pub fn parse_at(text: &str) -> Result<i64, String> {
     if let Ok(ms) = text.parse::<i64>() {
-        return Ok(ms);
+        return check_epoch_ms(ms);
     }
     let t = humantime::parse_rfc3339_weak(text)
         .map_err(|e| format!("{e}: expected RFC 3339 or epoch milliseconds"))?;
@@ -104,6 +122,21 @@ mod tests {
         assert_eq!(parse_at("1700000000000"), Ok(1_700_000_000_000));
         assert_eq!(parse_at("2023-11-14T22:13:20.250Z"), Ok(1_700_000_000_250));
         assert!(parse_at("tomorrow").is_err());
+        // "Due now" in the past stays accepted.
+        assert_eq!(parse_at("0"), Ok(0));
+        assert_eq!(parse_at("1"), Ok(1));
+    }
+
+    #[test]
+    fn seconds_looking_times_are_refused_showing_the_likely_time() {
+        let err = parse_at("1795250000").unwrap_err();
+        assert!(err.contains("looks like epoch seconds"), "{err}");
+        assert!(err.contains("2026-11-22T"), "{err}");
+        assert!(err.contains("1795250000000"), "{err}");
+        assert!(check_epoch_ms(999_999_999).is_ok());
+        assert!(check_epoch_ms(1_000_000_000).is_err());
+        assert!(check_epoch_ms(99_999_999_999).is_err());
+        assert!(check_epoch_ms(100_000_000_000).is_ok());
     }
 
     #[test]
