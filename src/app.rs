@@ -390,6 +390,7 @@ async fn check_sink(
             "kind": sink.kind,
             "up": up,
             "error": result.as_ref().err(),
+            "held": sink.held(),
             "at": std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)

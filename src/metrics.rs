@@ -29,6 +29,7 @@ pub const REDIS_UP: &str = "zdelay_redis_up";
 pub const SINK_OUTCOMES: &str = "zdelay_sink_messages_total";
 pub const SINK_PUBLISH_DURATION: &str = "zdelay_sink_publish_duration_seconds";
 pub const SINK_UP: &str = "zdelay_sink_up";
+pub const SINK_HELD_TARGETS: &str = "zdelay_sink_held_targets";
 pub const FENCED: &str = "zdelay_fenced_settles_total";
 pub const LEASES_EXPIRED: &str = "zdelay_leases_expired_total";
 pub const SINK_WAITING: &str = "zdelay_sink_waiting";
@@ -120,7 +121,8 @@ fn describe() {
     describe_gauge!(REDIS_UP, "1 when the last Redis health check passed.");
     describe_counter!(
         SINK_OUTCOMES,
-        "Messages per two-phase sink and outcome: delivered (confirmed), retried, rejected, unavailable."
+        "Messages per two-phase sink and outcome: delivered (confirmed), retried, rejected, \
+         unavailable, held (the destination object is missing)."
     );
     describe_histogram!(
         SINK_PUBLISH_DURATION,
@@ -129,6 +131,11 @@ fn describe() {
     describe_gauge!(
         SINK_UP,
         "1 when the sink's last health check or publish succeeded."
+    );
+    describe_gauge!(
+        SINK_HELD_TARGETS,
+        "Targets of a sink (topics, exchange/routing keys, subjects) whose jobs wait because \
+         the destination object does not exist, by sink."
     );
     describe_counter!(
         FENCED,

@@ -73,6 +73,9 @@ pub struct SinkState {
     pub error: Option<String>,
     /// When it was checked, epoch ms (the daemon's clock).
     pub at: u64,
+    /// Targets whose destination object is missing (their jobs wait), with the reason.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub held: std::collections::BTreeMap<String, String>,
 }
 
 impl Stats {

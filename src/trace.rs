@@ -135,7 +135,10 @@ impl HopTracer {
         let mut span = builder.start_with_context(&self.tracer, &cx);
         match hop.outcome {
             Outcome::Delivered => span.set_status(Status::Ok),
-            Outcome::Retry(why) | Outcome::Reject(why) | Outcome::Unavailable(why) => {
+            Outcome::Retry(why)
+            | Outcome::Reject(why)
+            | Outcome::Unavailable(why)
+            | Outcome::Missing(why) => {
                 span.set_status(Status::error(why.clone()))
             }
         }

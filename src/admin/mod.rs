@@ -81,6 +81,10 @@ impl Health {
                 format!("down: {}", sink.last_error())
             };
             report.push_str(&format!("sink {} ({}): {state}\n", sink.name, sink.kind));
+            // A missing destination object holds only its own jobs: not a readiness failure.
+            for (target, why) in sink.held() {
+                report.push_str(&format!("  held {target}: {why}\n"));
+            }
         }
         if all_up {
             Ok(report)

@@ -411,6 +411,7 @@ mod tests {
             push: Default::default(),
             delayed_suffix: None,
             priority: None,
+            on_missing: Default::default(),
         });
         assert!(delivery(&config).starts_with("exactly once"));
         config.redis.cluster_nodes = vec!["redis://127.0.0.1:7000".into()];

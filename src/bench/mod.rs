@@ -285,6 +285,7 @@ fn bench_config(mut config: Config, scratch: &Scratch, namespace: &str, shards: 
         push: Default::default(),
         delayed_suffix: None,
         priority: None,
+        on_missing: Default::default(),
     });
     config.sources = vec![SourceConfig {
         key: scratch.raw.source.clone(),

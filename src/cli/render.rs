@@ -71,6 +71,11 @@ pub fn stats_table(stats: &Stats) -> String {
             "sink {} ({}): {state} (checked {age_s}s ago){waiting}\n",
             sink.name, sink.kind
         ));
+        for (target, why) in &sink.held {
+            out.push_str(&format!(
+                "  held {target}: destination missing, its jobs wait: {why}\n"
+            ));
+        }
     }
     if stats.instances.is_empty() {
         out.push_str("instances: none running\n");

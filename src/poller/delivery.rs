@@ -5,7 +5,10 @@
 //! backoff with full jitter, attempt + 1, dead at max attempts; Reject → dead with the
 //! broker's reason; Unavailable → back to its sink's place in the ready set without burning
 //! an attempt, and the sink pauses (its publishers claim nothing until it is back; other
-//! sinks and local routes keep flowing).
+//! sinks and local routes keep flowing); Missing (the topic, exchange, binding or stream does
+//! not exist) → back to due [`HELD_RECHECK`] later without burning an attempt, its target
+//! shown as held until a message to it is delivered (or dead, when its route says
+//! `on_missing = "dead"`); the sink's other targets flow on.
 //!
 //! A publisher publishes through its own sink only, within that sink's in-flight bounds. A
 //! claimed job whose route now leads elsewhere (the config changed since it was queued) is
@@ -26,11 +29,12 @@ use super::context::{
 use crate::metrics::{
     self, FENCED, JOBS_DEAD, JOBS_REROUTED, LATENESS, SINK_OUTCOMES, SINK_PUBLISH_DURATION,
 };
-use crate::sinks::{Message, Outcome, SinkHandle};
+use crate::sinks::{HELD_RECHECK, Message, Outcome, SinkHandle};
 use crate::trace::Hop;
 use rand::{RngExt, SeedableRng};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use zdelay_client::config::OnMissing;
 use zdelay_client::envelope::Envelope;
 use zdelay_client::routes::{Refused, Resolved};
 use zdelay_client::store::scripts::{self, Claim, Claimed, RawClaim, SettleOp, Settled};
@@ -91,7 +95,8 @@ enum Settle {
         due_ms: i64,
         sink: String,
     },
-    /// Back to due: the route is a local list now.
+    /// Back to due, no attempt counted: the route is a local list now, or the destination
+    /// object is missing.
     Due {
         due_ms: i64,
     },
@@ -128,6 +133,8 @@ impl Settle {
 struct Pending<'a> {
     job: &'a Claimed,
     envelope: Envelope,
+    /// Its route's choice when the destination object is missing.
+    on_missing: OnMissing,
 }
 
 /// Publishes the jobs `sink` claimed in `shard` and settles them, handing over those whose
@@ -203,11 +210,18 @@ pub async fn deliver(
                         due_ms: p.job.due_ms,
                         sink: sink.name.clone(),
                     },
+                    Outcome::Missing(why) => match p.on_missing {
+                        OnMissing::Dead => dead(p, m, why.clone()),
+                        OnMissing::Wait => Settle::Due {
+                            due_ms: redis_now_ms() + HELD_RECHECK.as_millis() as i64,
+                        },
+                    },
                 };
                 settles.push((&p.job.id, settle));
             }
             if !outcomes.is_empty() {
                 sink_answered(sink, outcomes);
+                track_held(sink, &messages, outcomes);
             }
         }
     }
@@ -404,9 +418,23 @@ pub async fn deliver_raw(
                         due_ms: m.due_ms,
                         sink: sink.name.clone(),
                     },
+                    Outcome::Missing(why) => match dest.on_missing {
+                        OnMissing::Dead => Settle::Dead {
+                            kind: DeadKind::Rejected,
+                            reason: why.clone(),
+                            envelope: Vec::new(),
+                        },
+                        // A raw release sets the member's score to this time, keeping its
+                        // scheduled due (and idempotency key) in `<source>:claims`.
+                        OnMissing::Wait => Settle::Release {
+                            due_ms: redis_now_ms() + HELD_RECHECK.as_millis() as i64,
+                            sink: sink.name.clone(),
+                        },
+                    },
                 });
             }
             sink_answered(sink, outcomes);
+            track_held(sink, &messages, outcomes);
         }
     }
     count_dead(label, settles.iter());
@@ -492,6 +520,22 @@ fn sink_answered(sink: &SinkHandle, outcomes: &[Outcome]) {
             metrics::recovered("sink_unavailable", &sink.name);
         }
         None => {}
+    }
+}
+
+/// Marks the targets whose destination object is missing as held, and those delivered to
+/// as no longer held (both in one batch: delivered wins, the object exists now).
+fn track_held(sink: &SinkHandle, messages: &[Message], outcomes: &[Outcome]) {
+    let mut delivered = Vec::new();
+    for (m, outcome) in messages.iter().zip(outcomes) {
+        match outcome {
+            Outcome::Missing(why) => sink.hold(&m.target, why),
+            Outcome::Delivered => delivered.push(m.target.as_str()),
+            _ => {}
+        }
+    }
+    for target in delivered {
+        sink.unhold(target);
     }
 }
 
@@ -592,7 +636,14 @@ fn prepare<'a>(
         headers: std::mem::take(&mut envelope.meta.headers),
         priority: dest.priority,
     };
-    Ok((Pending { job, envelope }, message))
+    Ok((
+        Pending {
+            job,
+            envelope,
+            on_missing: dest.on_missing,
+        },
+        message,
+    ))
 }
 
 /// The job's envelope whole again (payload and headers back from its message), changed by

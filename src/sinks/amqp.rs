@@ -5,8 +5,8 @@
 //! restart closes the connection). A batch is published in full, pipelined, and then every
 //! publisher confirm is awaited: a job is delivered only when the broker acked it.
 //!
-//! Every message is `mandatory` (an unroutable message comes back and is rejected instead
-//! of vanishing), persistent (`delivery_mode` 2), carries the envelope headers plus
+//! Every message is `mandatory` (an unroutable message comes back instead of vanishing: it
+//! waits, like one to a missing exchange, until a queue is bound — or dies, per its route), persistent (`delivery_mode` 2), carries the envelope headers plus
 //! `zdelay-id`, and the route's priority when it has one.
 //!
 //! # Consumers dedupe with `message_id`
@@ -171,7 +171,7 @@ impl AmqpSink {
                     pending.retain(|&i| {
                         let p = prepared[i].as_ref().expect("pending messages are prepared");
                         if p.exchange.as_str() == exchange {
-                            outcomes[i] = Some(Outcome::Reject(reason.clone()));
+                            outcomes[i] = Some(Outcome::Missing(reason.clone()));
                             false
                         } else {
                             true
@@ -661,13 +661,13 @@ enum Verdict {
     Again(String),
 }
 
-/// Confirm → outcome: Ack → Delivered, Ack of a returned message → Reject (unroutable),
-/// Nack → Retry.
+/// Confirm → outcome: Ack → Delivered, Ack of a returned message → Missing (unroutable: no
+/// queue is bound for it yet), Nack → Retry.
 fn outcome_of_confirm(confirm: Confirm, target: &str) -> Outcome {
     match confirm {
         Confirm::Ack => Outcome::Delivered,
         Confirm::Returned { code, text } => {
-            Outcome::Reject(format!("unroutable: {code} {text} (target {target})"))
+            Outcome::Missing(format!("unroutable: {code} {text} (target {target})"))
         }
         Confirm::Nack => Outcome::Retry("nacked by the broker".to_owned()),
         Confirm::NotRequested => Outcome::Retry("channel not in confirm mode".to_owned()),
@@ -718,7 +718,7 @@ fn classify_failure(failure: &Failure, exchange: &str, payload_len: usize) -> Ve
         Failure::Closed {
             code: 404, text, ..
         } => match quoted_after(text, "no exchange '") {
-            Some(name) if name == exchange => Final(Outcome::Reject(broker_reason(text))),
+            Some(name) if name == exchange => Final(Outcome::Missing(broker_reason(text))),
             Some(_) => Again(text.clone()),
             None => Final(Outcome::Retry(broker_reason(text))),
         },
@@ -801,7 +801,7 @@ mod tests {
                 },
                 "ex/k"
             ),
-            Outcome::Reject("unroutable: 312 NO_ROUTE (target ex/k)".into())
+            Outcome::Missing("unroutable: 312 NO_ROUTE (target ex/k)".into())
         );
         assert!(matches!(
             outcome_of_confirm(Confirm::Nack, "ex/k"),
@@ -832,12 +832,12 @@ mod tests {
     }
 
     #[test]
-    fn missing_exchange_rejects_its_messages() {
+    fn a_missing_exchange_holds_its_messages() {
         let f = closed(404, "NOT_FOUND - no exchange 'nope' in vhost '/'");
         let v = classify_failure(&f, "nope", 1);
         assert_eq!(
             v,
-            Verdict::Final(Outcome::Reject("no exchange 'nope' in vhost '/'".into()))
+            Verdict::Final(Outcome::Missing("no exchange 'nope' in vhost '/'".into()))
         );
         assert!(matches!(
             classify_failure(&f, "other", 1),

@@ -3,6 +3,7 @@
 //! stats`.
 
 use super::Sink;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -57,6 +58,9 @@ pub struct SinkHandle {
     bytes_bound: usize,
     /// Signalled when the sink is usable again, for publishers waiting out a pause.
     resumed: Notify,
+    /// Targets whose destination object is missing, with the broker's reason: their jobs
+    /// wait (`Outcome::Missing`) until a message to them is delivered.
+    held: Mutex<BTreeMap<String, String>>,
 }
 
 impl SinkHandle {
@@ -83,6 +87,7 @@ impl SinkHandle {
             in_flight_bytes: Arc::new(Semaphore::new(DEFAULT_BYTES)),
             bytes_bound: DEFAULT_BYTES,
             resumed: Notify::new(),
+            held: Mutex::default(),
         }
     }
 
@@ -199,6 +204,38 @@ impl SinkHandle {
                 tracing::error!(sink = %self.name, error = %self.last_error(), "sink unavailable");
             }
         }
+    }
+
+    /// Marks `target` held: its destination object is missing. Logged when it starts.
+    pub fn hold(&self, target: &str, why: &str) {
+        let why = crate::config::redact_known(why).replace('\n', " ");
+        let mut held = self.held.lock().expect("held lock");
+        if held.insert(target.to_owned(), why.clone()).is_none() {
+            tracing::warn!(
+                sink = %self.name,
+                target,
+                reason = %why,
+                "destination missing: its jobs wait (no attempt counted) until it exists"
+            );
+            ::metrics::gauge!(crate::metrics::SINK_HELD_TARGETS, "sink" => self.name.clone())
+                .set(held.len() as f64);
+        }
+    }
+
+    /// A message to `target` was delivered: it is not held (any more).
+    pub fn unhold(&self, target: &str) {
+        let mut held = self.held.lock().expect("held lock");
+        if held.is_empty() || held.remove(target).is_none() {
+            return;
+        }
+        tracing::info!(sink = %self.name, target, "destination exists again: its jobs flow");
+        ::metrics::gauge!(crate::metrics::SINK_HELD_TARGETS, "sink" => self.name.clone())
+            .set(held.len() as f64);
+    }
+
+    /// The held targets and why.
+    pub fn held(&self) -> BTreeMap<String, String> {
+        self.held.lock().expect("held lock").clone()
     }
 
     pub fn is_healthy(&self) -> bool {

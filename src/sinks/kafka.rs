@@ -9,8 +9,9 @@
 //! `message.timeout.ms` ends within that deadline too (capped by default, refused by config
 //! validation when set above it), so it gives up on a message before the batch does.
 //! Each message resolves to one [`Outcome`]:
-//! - broker errors that no retry can fix (unknown topic, too large, not authorized) →
-//!   `Reject` with the broker's reason;
+//! - an unknown topic → `Missing` (the job waits for the topic, or dies per its route);
+//! - broker errors that no retry can fix (too large, not authorized) → `Reject` with the
+//!   broker's reason;
 //! - the broker unreachable → `Unavailable`. librdkafka itself only says so by letting
 //!   messages time out, so while a batch waits the sink probes the cluster (a metadata
 //!   request bounded to [`PROBE_TIMEOUT`]) every [`PROBE_EVERY`]. A connection-level probe
@@ -25,7 +26,7 @@
 //! Every record carries the envelope headers plus `zdelay-id: <id>:<due>`, and by default
 //! the job id as its key. tansu (the test broker) has no topic auto-creation, and librdkafka
 //! reports a missing topic as `_MSG_TIMED_OUT` unless `topic.metadata.propagation.max.ms`
-//! is below `message.timeout.ms`: the defaults here make it `Reject` within ~1 s.
+//! is below `message.timeout.ms`: the defaults here make it `Missing` within ~1 s.
 
 use futures::FutureExt;
 use std::collections::VecDeque;
@@ -73,7 +74,7 @@ pub const DEFAULTS: &[(&str, &str)] = &[
 /// back within this, success or not. Capped to the publish deadline.
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(15);
 /// `topic.metadata.propagation.max.ms`, at most: below the message timeout, so a missing topic
-/// fails as unknown (`Reject`) after 1 s instead of as a message timeout.
+/// fails as unknown (`Missing`) after 1 s instead of as a message timeout.
 const TOPIC_PROPAGATION: Duration = Duration::from_secs(1);
 
 /// What to do with a failed message, by librdkafka error code.
@@ -81,6 +82,8 @@ const TOPIC_PROPAGATION: Duration = Duration::from_secs(1);
 pub enum ErrorClass {
     /// Permanent for this message: dead with the broker's reason.
     Reject,
+    /// The topic does not exist: the job waits for it (or dies, per its route).
+    Missing,
     /// Transient: back to due after backoff, one attempt counted.
     Retry,
     /// The sink as a whole cannot deliver: pause, no attempt counted.
@@ -97,14 +100,13 @@ pub fn classify(code: RDKafkaErrorCode) -> ErrorClass {
         C::MessageSizeTooLarge
         | C::MessageBatchTooLarge // RECORD_LIST_TOO_LARGE
         | C::InvalidMessageSize
-        | C::UnknownTopicOrPartition
-        | C::UnknownTopic
         | C::UnknownPartition
         | C::InvalidTopic
         | C::TopicAuthorizationFailed
         | C::InvalidRecord
         | C::PolicyViolation
         | C::UnsupportedForMessageFormat => ErrorClass::Reject,
+        C::UnknownTopicOrPartition | C::UnknownTopic => ErrorClass::Missing,
         // No broker, or nothing this producer sends can be accepted: the sink is down,
         // not the message. Purges come from our own probe finding the broker unreachable.
         C::AllBrokersDown
@@ -315,6 +317,7 @@ impl<'a> Resolution<'a> {
         let class = code.map(classify).unwrap_or(ErrorClass::Retry);
         self.outcomes[i] = match class {
             ErrorClass::Reject => Some(Outcome::Reject(reason)),
+            ErrorClass::Missing => Some(Outcome::Missing(reason)),
             ErrorClass::Retry => Some(Outcome::Retry(reason)),
             ErrorClass::Unavailable => Some(Outcome::Unavailable(reason)),
             ErrorClass::ProbeBroker => {
@@ -912,8 +915,6 @@ mod tests {
         use RDKafkaErrorCode as C;
         for code in [
             C::MessageSizeTooLarge,
-            C::UnknownTopicOrPartition,
-            C::UnknownTopic,
             C::TopicAuthorizationFailed,
             C::InvalidTopic,
             C::MessageBatchTooLarge,
@@ -922,6 +923,9 @@ mod tests {
             C::PolicyViolation,
         ] {
             assert_eq!(classify(code), ErrorClass::Reject, "{code:?}");
+        }
+        for code in [C::UnknownTopicOrPartition, C::UnknownTopic] {
+            assert_eq!(classify(code), ErrorClass::Missing, "{code:?}");
         }
         for code in [
             C::AllBrokersDown,

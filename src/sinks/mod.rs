@@ -70,7 +70,16 @@ pub enum Outcome {
     /// The sink is down (connection refused, broker unavailable): back to due, no attempt
     /// counted, and the sink pauses.
     Unavailable(String),
+    /// The destination object does not exist (Kafka topic, AMQP exchange or binding,
+    /// JetStream stream): an operator's problem, not the job's. The job waits, no attempt
+    /// counted, and is tried again after `HELD_RECHECK`, while its target shows as held;
+    /// a route with `on_missing = "dead"` dead-letters it instead. Other targets of the sink
+    /// flow on.
+    Missing(String),
 }
+
+/// How long a job whose destination object is missing waits before it is tried again.
+pub const HELD_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Outcome {
     /// The bounded word for metrics and spans.
@@ -80,6 +89,7 @@ impl Outcome {
             Outcome::Retry(_) => "retried",
             Outcome::Reject(_) => "rejected",
             Outcome::Unavailable(_) => "unavailable",
+            Outcome::Missing(_) => "held",
         }
     }
 }

@@ -25,7 +25,7 @@
 //! # Outcomes (see [`classify`])
 //! | cause | outcome |
 //! |---|---|
-//! | no stream for the subject (no responders, stream not found) | Reject |
+//! | no stream for the subject (no responders, stream not found) | Missing |
 //! | over the server's `max_payload`, stream's max message/header size | Reject |
 //! | invalid subject or header, sealed stream, expected-last-* mismatch | Reject |
 //! | JetStream not enabled for the account | Reject |
@@ -667,7 +667,7 @@ pub(crate) struct Ctx {
 /// The outcome for one failed message. Pure: the whole classification table lives here.
 pub(crate) fn classify(cause: Cause, detail: &str, subject: &str, ctx: Ctx) -> Outcome {
     match cause {
-        Cause::NoStream => Outcome::Reject(format!(
+        Cause::NoStream => Outcome::Missing(format!(
             "no JetStream stream for subject {subject} ({detail})"
         )),
         Cause::TooLarge => Outcome::Reject(format!("message too large for {subject}: {detail}")),
@@ -737,6 +737,7 @@ mod tests {
             Outcome::Retry(_) => "retry",
             Outcome::Reject(_) => "reject",
             Outcome::Unavailable(_) => "unavailable",
+            Outcome::Missing(_) => "missing",
         }
     }
 
@@ -801,8 +802,8 @@ mod tests {
     #[test]
     fn classification_table() {
         let table = [
-            (Cause::NoStream, UP, "reject"),
-            (Cause::NoStream, DOWN, "reject"),
+            (Cause::NoStream, UP, "missing"),
+            (Cause::NoStream, DOWN, "missing"),
             (Cause::TooLarge, UP, "reject"),
             (Cause::InvalidSubject, UP, "reject"),
             (Cause::Refused, UP, "reject"),
@@ -819,7 +820,7 @@ mod tests {
             assert_eq!(kind(&got), want, "{cause:?} {ctx:?}: {got:?}");
         }
         match classify(Cause::NoStream, "no responders", "orders.created", UP) {
-            Outcome::Reject(why) => {
+            Outcome::Missing(why) => {
                 assert!(why.starts_with("no JetStream stream for subject orders.created"))
             }
             other => panic!("{other:?}"),

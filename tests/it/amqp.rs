@@ -180,10 +180,11 @@ fn amqp_delivers_to_queue_and_exchange_with_properties() {
     py(&python, &url, &["delete", &q2, &ex]);
 }
 
-/// Unroutable, missing exchange and oversize are rejected with the broker's reason; the
-/// good messages of the same batch are delivered, and the same sink keeps delivering.
+/// Unroutable and a missing exchange are held (their destination is missing), oversize is
+/// rejected, each with the broker's reason; the good messages of the same batch are
+/// delivered, and the same sink keeps delivering.
 #[test]
-fn amqp_rejects_unroutable_missing_exchange_and_oversize() {
+fn amqp_holds_unroutable_and_missing_exchange_and_rejects_oversize() {
     let services = Services::get();
     let (url, python) = (services.amqp_url(), services.python());
     let max: usize = services
@@ -215,14 +216,17 @@ fn amqp_rejects_unroutable_missing_exchange_and_oversize() {
     for id in ["good-1", "good-2", "good-3", "good-4", "good-5"] {
         assert_eq!(*by_id[id], Outcome::Delivered, "{id}");
     }
-    let reject = |id: &str, needle: &str| match by_id[id] {
-        Outcome::Reject(r) => assert!(r.contains(needle), "{id}: {r}"),
-        other => panic!("{id}: expected Reject({needle}…), got {other:?}"),
+    let held = |id: &str, needle: &str| match by_id[id] {
+        Outcome::Missing(r) => assert!(r.contains(needle), "{id}: {r}"),
+        other => panic!("{id}: expected Missing({needle}…), got {other:?}"),
     };
-    reject("unbound", "unroutable: 312 NO_ROUTE");
-    reject("no-queue", "unroutable: 312 NO_ROUTE");
-    reject("no-exchange", &format!("no exchange '{ex_missing}'"));
-    reject("oversize", "message too large");
+    held("unbound", "unroutable: 312 NO_ROUTE");
+    held("no-queue", "unroutable: 312 NO_ROUTE");
+    held("no-exchange", &format!("no exchange '{ex_missing}'"));
+    match by_id["oversize"] {
+        Outcome::Reject(r) => assert!(r.contains("message too large"), "{r}"),
+        other => panic!("oversize: expected Reject, got {other:?}"),
+    }
 
     // The same sink goes on: another batch, a second oversize (now rejected client-side).
     let next = vec![
@@ -237,12 +241,12 @@ fn amqp_rejects_unroutable_missing_exchange_and_oversize() {
         "{outcomes:?}"
     );
     assert_eq!(outcomes[2], Outcome::Delivered);
-    // A missing exchange alone, on a healthy channel: rejected, channel recovered.
+    // A missing exchange alone, on a healthy channel: held, channel recovered.
     let outcomes = rt.block_on(sink.publish(&[
         message("no-exchange-2", &format!("{ex_missing}/k"), b"x".to_vec()),
         message("good-8", &good, b"8".to_vec()),
     ]));
-    assert!(matches!(&outcomes[0], Outcome::Reject(r) if r.contains("no exchange")));
+    assert!(matches!(&outcomes[0], Outcome::Missing(r) if r.contains("no exchange")));
     assert_eq!(outcomes[1], Outcome::Delivered);
     assert!(rt.block_on(sink.check()).is_ok());
 

@@ -5,8 +5,9 @@
 //! - the daemon dies between the broker's confirmation and the ack (failpoint);
 //! - NATS, then RabbitMQ, stopped for 10+ s under a steady load while a local list route
 //!   keeps flowing;
-//! - broker rejects (no JetStream stream, unroutable) go to dead with the broker's reason and
-//!   the daemon keeps delivering.
+//! - a missing destination (no JetStream stream, unroutable) on routes with
+//!   `on_missing = "dead"` goes to dead with the broker's reason and the daemon keeps
+//!   delivering.
 //!
 //! Fault tests use private brokers (`scripts/services.sh` in a temp state dir, stopped on
 //! drop); the reject test uses the shared ones.
@@ -1010,11 +1011,12 @@ target = "q:local"
     );
 }
 
-/// Broker rejects through the daemon: a NATS subject no stream listens on and an AMQP
-/// exchange with no binding send their jobs to dead with the broker's reason; the daemon
-/// stays up and ready, and good jobs on other routes are delivered afterwards.
+/// Missing destinations on routes with `on_missing = "dead"`, through the daemon: a NATS
+/// subject no stream listens on and an AMQP exchange with no binding send their jobs to dead
+/// with the broker's reason; the daemon stays up and ready, and good jobs on other routes are
+/// delivered afterwards.
 #[test]
-fn broker_rejects_go_to_dead_with_the_reason_and_the_daemon_goes_on() {
+fn missing_destinations_go_to_dead_when_their_route_says_so() {
     let services = Services::get();
     let (nats_url, amqp_url, python) =
         (services.nats_url(), services.amqp_url(), services.python());
@@ -1043,6 +1045,7 @@ url = "{amqp_url}"
 name = "nostream"
 sink = "bus"
 target = "{nowhere}"
+on_missing = "dead"
 
 [[routes]]
 name = "natsgood"
@@ -1053,6 +1056,7 @@ target = "{prefix}.good"
 name = "unroutable"
 sink = "rabbit"
 target = "{exchange}/nowhere"
+on_missing = "dead"
 
 [[routes]]
 name = "amqpgood"
@@ -1103,15 +1107,15 @@ target = "/{queue}"
             );
         }
     }
-    let rejected = |sink: &str| {
+    let held = |sink: &str| {
         metric(
             &daemon,
             "zdelay_sink_messages_total",
-            &[("sink", sink), ("outcome", "rejected")],
+            &[("sink", sink), ("outcome", "held")],
         )
     };
-    assert_eq!(rejected("bus"), 20.0);
-    assert_eq!(rejected("rabbit"), 20.0);
+    assert_eq!(held("bus"), 20.0);
+    assert_eq!(held("rabbit"), 20.0);
 
     // The daemon goes on: good jobs on the other routes, and readiness untouched by rejects.
     let mut good = Vec::new();

@@ -201,7 +201,7 @@ fn kafka_key_none_sends_no_key() {
 }
 
 #[test]
-fn kafka_unknown_topic_is_rejected_quickly_naming_it() {
+fn kafka_unknown_topic_is_missing_quickly_naming_it() {
     let svc = Services::get();
     let brokers = svc.kafka_brokers();
     let good = unique_topic("good");
@@ -218,13 +218,13 @@ fn kafka_unknown_topic_is_rejected_quickly_naming_it() {
     let took = t.elapsed();
     eprintln!("unknown topic alone resolved in {took:?}: {out:?}");
     match &out[0] {
-        Outcome::Reject(reason) => assert!(reason.contains(&missing), "{reason}"),
-        other => panic!("expected Reject, got {other:?}"),
+        Outcome::Missing(reason) => assert!(reason.contains(&missing), "{reason}"),
+        other => panic!("expected Missing, got {other:?}"),
     }
     // ~1 s on an idle broker; room for a busy shared one.
     assert!(took < Duration::from_secs(8), "took {took:?}");
 
-    // In a batch with deliverable messages: only that one is rejected.
+    // In a batch with deliverable messages: only that one is missing.
     let other_missing = unique_topic("missing2");
     let batch = [
         message("a", 1, &good, b"1".to_vec()),
@@ -237,8 +237,8 @@ fn kafka_unknown_topic_is_rejected_quickly_naming_it() {
     assert_eq!(out[0], Outcome::Delivered);
     assert_eq!(out[2], Outcome::Delivered);
     match &out[1] {
-        Outcome::Reject(reason) => assert!(reason.contains(&other_missing), "{reason}"),
-        other => panic!("expected Reject, got {other:?}"),
+        Outcome::Missing(reason) => assert!(reason.contains(&other_missing), "{reason}"),
+        other => panic!("expected Missing, got {other:?}"),
     }
 }
 
@@ -549,6 +549,100 @@ target = "{topic}"
     }
     assert_eq!(seen.len(), 201, "every job reached the topic");
     assert!(seen.values().all(|&n| n == 1), "no crash, so no duplicate");
+}
+
+/// A route to a topic nobody created yet: its jobs wait (no attempt counted, nothing dead)
+/// and `zdelay stats` shows the topic held, while another route on the same sink flows;
+/// once the topic exists every job arrives once. A route with `on_missing = "dead"` sends
+/// its jobs to dead naming the topic instead.
+#[test]
+fn a_missing_topic_holds_its_jobs_until_it_exists() {
+    use crate::common::{Daemon, RedisServer, TestConfig, client, shard_total, wait_for};
+    use zdelay::client::{NewJob, OnConflict};
+
+    let svc = Services::get();
+    let brokers = svc.kafka_brokers();
+    let (later, live, strict) = (
+        unique_topic("later"),
+        unique_topic("live"),
+        unique_topic("strict"),
+    );
+    create_topic(&svc.var("KAFKA_TOPIC_CMD"), &live, 1);
+    let redis = RedisServer::start();
+    let extra = format!(
+        r#"
+[sinks.kafka]
+kind = "kafka"
+brokers = "{brokers}"
+
+[[routes]]
+name = "later"
+sink = "kafka"
+target = "{later}"
+
+[[routes]]
+name = "live"
+sink = "kafka"
+target = "{live}"
+
+[[routes]]
+name = "strict"
+sink = "kafka"
+target = "{strict}"
+on_missing = "dead"
+"#
+    );
+    let config = TestConfig::new(&redis.url(), 2, &extra);
+    let daemon = Daemon::start(&config);
+    let rt = common::runtime();
+    let client = client(&rt, &redis.url(), 2);
+    let jobs = |route: &str, n: usize| -> Vec<NewJob> {
+        (0..n)
+            .map(|i| NewJob::new(route, format!("{route}-{i}").into_bytes()))
+            .collect()
+    };
+    let mut later_ids = Vec::new();
+    for (route, n) in [("later", 31), ("live", 10), ("strict", 5)] {
+        for r in rt
+            .block_on(client.enqueue_batch(jobs(route, n), OnConflict::Error))
+            .expect("enqueue")
+        {
+            let (id, _) = r.expect("enqueued");
+            if route == "later" {
+                later_ids.push(id);
+            }
+        }
+    }
+    let mut con = redis.conn();
+    wait_for("the strict route's jobs dead", Duration::from_secs(30), || {
+        shard_total(&mut con, 2, "dead") == 5
+    });
+    let dead = config.cli(&["dead", "list", "--json"]);
+    let dead = String::from_utf8_lossy(&dead.stdout).into_owned();
+    assert!(dead.contains(&strict), "the reason names the topic: {dead}");
+    let stats = || String::from_utf8_lossy(&config.cli(&["stats"]).stdout).into_owned();
+    wait_for("stats to show the topic held", Duration::from_secs(30), || {
+        stats().contains(&format!("held {later}"))
+    });
+    assert_eq!(consume(&svc.python(), &brokers, &live, 10).len(), 10);
+    // Held, not retried: nothing else dead, no attempt burned.
+    assert_eq!(shard_total(&mut con, 2, "dead"), 5);
+    assert!(daemon.log_text().contains("destination missing"));
+    for id in &later_ids {
+        let view = rt.block_on(client.get(id)).expect("get").expect("still stored");
+        assert_eq!(view.envelope.expect("envelope").meta.attempt, 0, "{id}");
+    }
+
+    create_topic(&svc.var("KAFKA_TOPIC_CMD"), &later, 1);
+    let records = consume(&svc.python(), &brokers, &later, 31);
+    let mut values: Vec<Vec<u8>> = records.into_iter().map(|r| r.value).collect();
+    values.sort();
+    values.dedup();
+    assert_eq!(values.len(), 31, "every held job arrived, once");
+    wait_for("stats to show the topic flowing", Duration::from_secs(30), || {
+        !stats().contains("held ")
+    });
+    assert_eq!(shard_total(&mut con, 2, "dead"), 5);
 }
 
 /// A hung broker (SIGSTOP: its port stays open, nothing answers) under a short lease: each

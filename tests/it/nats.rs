@@ -247,7 +247,7 @@ async fn rejects_unknown_subject_and_oversize(services: &Services, url: &str) {
     let out = sink.publish(&batch).await;
     assert_eq!(out[0], Outcome::Delivered);
     match &out[1] {
-        Outcome::Reject(why) => assert!(
+        Outcome::Missing(why) => assert!(
             why.contains("no JetStream stream for subject") && why.contains(&nowhere),
             "{why}"
         ),

@@ -134,6 +134,12 @@ target = "{prefix}.raw"
 name = "nowhere"
 sink = "bus"
 target = "zd-no-stream-{tag}.raw"
+on_missing = "dead"
+
+[[routes]]
+name = "nowhere_yet"
+sink = "bus"
+target = "zd-no-stream-yet-{tag}.raw"
 
 [[routes]]
 name = "r"
@@ -158,6 +164,10 @@ key = "raw:bad"
 route = "nowhere"
 
 [[sources]]
+key = "raw:wait"
+route = "nowhere_yet"
+
+[[sources]]
 key = "raw:r"
 route = "r"
 "#,
@@ -172,6 +182,7 @@ route = "r"
     let nats_members = zadd_members(&mut con, "raw:n", "n", N, false);
     let remote_members = zadd_members(&mut con, "raw:r", "r", N, false);
     zadd_members(&mut con, "raw:bad", "bad", 1, false);
+    zadd_members(&mut con, "raw:wait", "wait", 1, false);
 
     wait_for("every raw source drained", Duration::from_secs(30), || {
         ["raw:k", "raw:a", "raw:n", "raw:r", "raw:bad"]
@@ -204,6 +215,19 @@ route = "r"
         .query(&mut con)
         .expect("reason");
     assert!(reason.contains("no JetStream stream"), "{reason}");
+    // Without `on_missing = "dead"` a member waits for its stream: tried, moved a few seconds
+    // ahead, its scheduled due kept in `<source>:claims` (no attempt counted), never dead.
+    let waiting = sha1(&mut con, "wait-0");
+    wait_for("the waiting member tried", Duration::from_secs(30), || {
+        let claims: Option<String> = redis::cmd("HGET")
+            .arg("raw:wait:claims")
+            .arg(&waiting)
+            .query(&mut con)
+            .expect("HGET");
+        claims.is_some_and(|c| c.split(' ').nth(1) == Some("0"))
+    });
+    assert_eq!(zcard(&mut con, "raw:wait"), 1, "still in its source");
+    assert_eq!(zcard(&mut con, "raw:wait:dead"), 0, "not dead");
 
     // Each broker got each member once, under `<source>:<sha16>:<due ms>`.
     let check = |what: &str, source: &str, members: &[(String, i64)], ids: &[String]| {

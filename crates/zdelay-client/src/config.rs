@@ -514,6 +514,7 @@ impl Default for Config {
                 push: Push::Lpush,
                 delayed_suffix: None,
                 priority: None,
+                on_missing: Default::default(),
             }],
             sources: Vec::new(),
         }
@@ -1022,6 +1023,20 @@ fn yes() -> bool {
     true
 }
 
+/// What a two-phase route does with a job whose destination object (Kafka topic, AMQP
+/// exchange or binding, JetStream stream) does not exist.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMissing {
+    /// The job waits, no attempt counted, and is tried again every few seconds: the route
+    /// shows as held (stats, `/readyz?verbose`, `zdelay_sink_held_targets`) until the object
+    /// exists.
+    #[default]
+    Wait,
+    /// The job goes to dead with the broker's reason.
+    Dead,
+}
+
 /// Which end of the list a job is pushed onto.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -1060,6 +1075,9 @@ pub struct RouteConfig {
     /// AMQP only: the lane as a message priority (0..=255) instead of a suffix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<u8>,
+    /// Two-phase routes: `wait` (default) or `dead` when the destination object is missing.
+    #[serde(default)]
+    pub on_missing: OnMissing,
 }
 
 impl RouteConfig {

@@ -10,7 +10,7 @@
 //! the slot of every shard; otherwise it is delivered two-phase through the `local` sink
 //! (at least once, like a remote Redis), and [`Routes::explain`] says so.
 
-use crate::config::{Config, LOCAL_SINK, Push, SinkConfig};
+use crate::config::{Config, LOCAL_SINK, OnMissing, Push, SinkConfig};
 use crate::keys::{Keys, slot_of};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -32,6 +32,8 @@ pub struct Destination {
     pub target: String,
     /// AMQP message priority (the route's lane), if any.
     pub priority: Option<u8>,
+    /// What a job does when the destination object is missing (`wait` for `<sink>/<target>`).
+    pub on_missing: OnMissing,
 }
 
 /// What a destination resolves to.
@@ -131,6 +133,7 @@ impl Routes {
                                 sink: LOCAL_SINK.to_owned(),
                                 target: local.list,
                                 priority: None,
+                                on_missing: OnMissing::Wait,
                             },
                         );
                     }
@@ -142,6 +145,7 @@ impl Routes {
                             sink: route.sink.clone(),
                             target: route.list_key(),
                             priority: route.priority,
+                            on_missing: route.on_missing,
                         },
                     );
                 }
@@ -196,6 +200,7 @@ impl Routes {
             sink: sink.to_owned(),
             target: target.to_owned(),
             priority: None,
+            on_missing: OnMissing::Wait,
         }))
     }
 
@@ -214,6 +219,7 @@ impl Routes {
                 sink: LOCAL_SINK.to_owned(),
                 target: local.list.clone(),
                 priority: None,
+                on_missing: OnMissing::Wait,
             })),
             None => self.resolve(route),
         }
@@ -360,7 +366,8 @@ mod tests {
             Resolved::TwoPhase(Destination {
                 sink: "other".into(),
                 target: "q-delayed".into(),
-                priority: None
+                priority: None,
+                on_missing: OnMissing::Wait,
             })
         );
         let Resolved::TwoPhase(d) = r.resolve("bus/events.due").unwrap() else {
