@@ -32,6 +32,10 @@ pub struct Cli {
     /// either.
     #[arg(long, global = true, env = "ZDELAY_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Redis URL, over the config file and ZDELAY_REDIS__URL (prefer the variable for a URL
+    /// that carries a password: command lines are visible to other users of the host).
+    #[arg(short = 'u', long, global = true)]
+    pub redis_url: Option<String>,
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "zdelay=debug". Logs go to
     /// stderr.
     #[arg(long, global = true, env = "ZDELAY_LOG", default_value = "info")]
@@ -175,7 +179,7 @@ pub struct UsageError(pub String);
 
 /// Runs the command; returns the exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
-    let config = config::load(cli.config.as_deref())?;
+    let config = config::load_with_redis_url(cli.config.as_deref(), cli.redis_url.as_deref())?;
     if config.redis.tls.insecure_skip_verify {
         tracing::warn!(
             "redis.tls.insecure_skip_verify = true: the Redis server's certificate is NOT \

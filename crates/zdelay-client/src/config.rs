@@ -1159,6 +1159,15 @@ const SECTIONS: &[&str] = &[
 ///
 /// `path`: a file named on the command line must exist; `None` means defaults + environment.
 pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+    load_with_redis_url(path, None)
+}
+
+/// Like [`load`], with `redis.url` set over the file and the environment (the CLI's
+/// `--redis-url`) when given.
+pub fn load_with_redis_url(
+    path: Option<&Path>,
+    redis_url: Option<&str>,
+) -> Result<Config, ConfigError> {
     let mut layers = Figment::new();
     if let Some(path) = path {
         if !path.is_file() {
@@ -1176,6 +1185,9 @@ pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
                 SECTIONS.iter().any(|s| s.eq_ignore_ascii_case(first))
             }),
     );
+    if let Some(url) = redis_url {
+        layers = layers.merge(Serialized::default("redis.url", url));
+    }
     from_layers(layers)
 }
 
@@ -1774,6 +1786,9 @@ user = "a"
             jail.set_env("ZDELAY_TRACING__SERVICE_NAME", "from-env");
             let c = load(None).map_err(|e| e.to_string())?;
             assert_eq!(c.tracing.service_name, "from-env");
+            let flag = load_with_redis_url(None, Some("redis://127.0.0.1:7001"))
+                .map_err(|e| e.to_string())?;
+            assert_eq!(flag.redis.url, "redis://127.0.0.1:7001", "the flag wins");
             assert_eq!(c.poller.batch, 250);
             assert_eq!(c.redis.url, "redis://127.0.0.1:7000");
             assert_eq!(c.redis.password.unwrap().expose(), "123456");
