@@ -678,6 +678,46 @@ fn dead_list_replay_purge() {
     assert!(stderr(&out).contains("raw:none"), "{}", stderr(&out));
 }
 
+/// Every file in `config/examples/` passes `check-config` as shipped, and names the routes
+/// it says it has.
+#[test]
+fn the_example_configs_pass_check_config() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .expect("config/examples")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    names.sort();
+    let expected = ["cluster", "kafka", "nats", "rabbitmq", "tls"];
+    let stems: Vec<String> = names
+        .iter()
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(stems, expected);
+    for path in &names {
+        let mut cmd = Command::new(common::zdelay_bin());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("ZDELAY_") {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd
+            .arg("--config")
+            .arg(path)
+            .arg("check-config")
+            .output()
+            .expect("zdelay runs");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            path.display(),
+            stderr(&out)
+        );
+        let v: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+        assert!(v["routes"].as_array().is_some_and(|r| !r.is_empty()), "{v:#}");
+    }
+}
+
 /// `-u/--redis-url` names the Redis without a config file, over `ZDELAY_REDIS__URL`.
 #[test]
 fn redis_url_flag_names_the_redis_over_the_environment() {
