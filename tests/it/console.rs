@@ -1528,7 +1528,7 @@ fn payload_previews_are_cut_inside_redis() {
     let port = config.admin_port;
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
-    let big = "é".repeat(4 << 20);
+    let big = "é".repeat(1 << 20);
     seed_dead_job(&mut con, "dead-big", big.as_bytes(), now - 1000);
     for path in ["/api/dead/dead-big", "/api/jobs/dead-big"] {
         let sent = sent_bytes(&mut con);
@@ -1544,11 +1544,19 @@ fn payload_previews_are_cut_inside_redis() {
         assert_eq!(v["payload_truncated"], true, "{path}");
         assert_eq!(
             v.get("payload_size").or(v.get("payload_bytes")).unwrap(),
-            8 << 20,
+            2 << 20,
             "{path}"
         );
         assert_eq!(v["headers"]["authorization"], "Basic c2VjcmV0", "{path}");
     }
+    // Over 4 MiB an envelope is not read at all (Redis cannot read part of a value): the
+    // job is shown with its size and why, and Redis sends next to nothing.
+    seed_dead_job(&mut con, "dead-huge", &vec![b'h'; 5 << 20], now - 1000);
+    let sent = sent_bytes(&mut con);
+    let v = get_json(port, "/api/dead/dead-huge");
+    assert!(sent_bytes(&mut con) - sent < 10_000);
+    let why = v["envelope_error"].as_str().expect("envelope_error");
+    assert!(why.contains("not read") && why.contains("4 MiB"), "{why}");
 }
 
 /// Listing dead jobs reads their envelopes' heads within a byte budget per Redis call: JSON
