@@ -133,7 +133,8 @@ fn a_wrong_password_is_reported_as_an_authentication_failure() {
     }
 
     let started = Instant::now();
-    let daemon = Daemon::spawn(&config);
+    // Each retry is logged at debug level (the episode once, as a warning).
+    let daemon = Daemon::spawn_with_env(&config, &[("ZDELAY_LOG", "info,zdelay::app=debug")]);
     wait_for(
         "/readyz to name the refused credentials",
         Duration::from_secs(10),
