@@ -707,14 +707,12 @@ fn the_example_configs_pass_check_config() {
             .arg("check-config")
             .output()
             .expect("zdelay runs");
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            path.display(),
-            stderr(&out)
-        );
+        assert!(out.status.success(), "{}: {}", path.display(), stderr(&out));
         let v: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
-        assert!(v["routes"].as_array().is_some_and(|r| !r.is_empty()), "{v:#}");
+        assert!(
+            v["routes"].as_array().is_some_and(|r| !r.is_empty()),
+            "{v:#}"
+        );
     }
 }
 

@@ -614,22 +614,29 @@ on_missing = "dead"
         }
     }
     let mut con = redis.conn();
-    wait_for("the strict route's jobs dead", Duration::from_secs(30), || {
-        shard_total(&mut con, 2, "dead") == 5
-    });
+    wait_for(
+        "the strict route's jobs dead",
+        Duration::from_secs(30),
+        || shard_total(&mut con, 2, "dead") == 5,
+    );
     let dead = config.cli(&["dead", "list", "--json"]);
     let dead = String::from_utf8_lossy(&dead.stdout).into_owned();
     assert!(dead.contains(&strict), "the reason names the topic: {dead}");
     let stats = || String::from_utf8_lossy(&config.cli(&["stats"]).stdout).into_owned();
-    wait_for("stats to show the topic held", Duration::from_secs(30), || {
-        stats().contains(&format!("held {later}"))
-    });
+    wait_for(
+        "stats to show the topic held",
+        Duration::from_secs(30),
+        || stats().contains(&format!("held {later}")),
+    );
     assert_eq!(consume(&svc.python(), &brokers, &live, 10).len(), 10);
     // Held, not retried: nothing else dead, no attempt burned.
     assert_eq!(shard_total(&mut con, 2, "dead"), 5);
     assert!(daemon.log_text().contains("destination missing"));
     for id in &later_ids {
-        let view = rt.block_on(client.get(id)).expect("get").expect("still stored");
+        let view = rt
+            .block_on(client.get(id))
+            .expect("get")
+            .expect("still stored");
         assert_eq!(view.envelope.expect("envelope").meta.attempt, 0, "{id}");
     }
 
@@ -639,9 +646,11 @@ on_missing = "dead"
     values.sort();
     values.dedup();
     assert_eq!(values.len(), 31, "every held job arrived, once");
-    wait_for("stats to show the topic flowing", Duration::from_secs(30), || {
-        !stats().contains("held ")
-    });
+    wait_for(
+        "stats to show the topic flowing",
+        Duration::from_secs(30),
+        || !stats().contains("held "),
+    );
     assert_eq!(shard_total(&mut con, 2, "dead"), 5);
 }
 

@@ -692,15 +692,19 @@ fn replica_promoted_in_a_cluster() {
     let master = cluster.master_of("{zdelay:0}:due");
     // The replica is known to its master once their link is up: wait for it.
     let mut replica = None;
-    wait_for("the master's replica known", Duration::from_secs(15), || {
-        let nodes = cluster_nodes(master);
-        let master_id = nodes.iter().find(|n| n.1 == master).map(|n| n.0.clone());
-        replica = nodes
-            .iter()
-            .find(|n| !n.2 && Some(&n.3) == master_id.as_ref())
-            .map(|n| n.1);
-        replica.is_some()
-    });
+    wait_for(
+        "the master's replica known",
+        Duration::from_secs(15),
+        || {
+            let nodes = cluster_nodes(master);
+            let master_id = nodes.iter().find(|n| n.1 == master).map(|n| n.0.clone());
+            replica = nodes
+                .iter()
+                .find(|n| !n.2 && Some(&n.3) == master_id.as_ref())
+                .map(|n| n.1);
+            replica.is_some()
+        },
+    );
     let replica = replica.expect("its replica");
     let out = redis_cli(replica, &["CLUSTER", "FAILOVER"]).expect("CLUSTER FAILOVER");
     assert!(out.contains("OK"), "{out}");
