@@ -221,7 +221,9 @@ pub async fn deliver(
             }
             if !outcomes.is_empty() {
                 sink_answered(sink, outcomes);
-                track_held(sink, &messages, outcomes);
+                track_held(sink, &messages, outcomes, |i| {
+                    pending[i].on_missing == OnMissing::Wait
+                });
             }
         }
     }
@@ -434,7 +436,9 @@ pub async fn deliver_raw(
                 });
             }
             sink_answered(sink, outcomes);
-            track_held(sink, &messages, outcomes);
+            track_held(sink, &messages, outcomes, |_| {
+                dest.on_missing == OnMissing::Wait
+            });
         }
     }
     count_dead(label, settles.iter());
@@ -523,13 +527,19 @@ fn sink_answered(sink: &SinkHandle, outcomes: &[Outcome]) {
     }
 }
 
-/// Marks the targets whose destination object is missing as held, and those delivered to
-/// as no longer held (both in one batch: delivered wins, the object exists now).
-fn track_held(sink: &SinkHandle, messages: &[Message], outcomes: &[Outcome]) {
+/// Marks the targets whose destination object is missing as held (when their jobs wait:
+/// `waits(i)` for message i), and those delivered to as no longer held (both in one batch:
+/// delivered wins, the object exists now).
+fn track_held(
+    sink: &SinkHandle,
+    messages: &[Message],
+    outcomes: &[Outcome],
+    waits: impl Fn(usize) -> bool,
+) {
     let mut delivered = Vec::new();
-    for (m, outcome) in messages.iter().zip(outcomes) {
+    for (i, (m, outcome)) in messages.iter().zip(outcomes).enumerate() {
         match outcome {
-            Outcome::Missing(why) => sink.hold(&m.target, why),
+            Outcome::Missing(why) if waits(i) => sink.hold(&m.target, why),
             Outcome::Delivered => delivered.push(m.target.as_str()),
             _ => {}
         }
