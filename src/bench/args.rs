@@ -73,10 +73,11 @@ pub struct BenchArgs {
     pub beside: Option<String>,
     /// Steady mode with --beside: SIGSTOP this pid (the broker's) 2 s into each rate, for
     /// --hang, then SIGCONT: a hung broker, its port still open.
-    #[arg(long, requires = "beside")]
+    /// Fault injection for the benchmark's own runs: hidden from --help.
+    #[arg(long, requires = "beside", hide = true)]
     pub hang_pid: Option<u32>,
     /// How long --hang-pid stays stopped.
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration, hide = true)]
     pub hang: Duration,
     /// Drain and steady through N `zdelay run` processes of this binary instead of pollers
     /// in this process: the bench writes them a config for the scratch namespace (same

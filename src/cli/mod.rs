@@ -126,6 +126,11 @@ enum Command {
     /// Load and validate the config, then print the effective config as JSON (secrets as
     /// ***).
     CheckConfig,
+    /// Print a shell completion script, e.g.
+    /// `zdelay completions bash > /etc/bash_completion.d/zdelay`.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff), e.g. `zdelay man > /usr/local/share/man/man1/zdelay.1`.
+    Man,
 }
 
 /// When a job is due; neither flag means now.
@@ -179,6 +184,22 @@ pub struct UsageError(pub String);
 
 /// Runs the command; returns the exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    // Needing no config: they describe the command line itself.
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            // Into a buffer first: `generate` panics on a write error (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut cmd, "zdelay", &mut script);
+            return write_stdout(&script);
+        }
+        Command::Man => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut page)?;
+            return write_stdout(&page);
+        }
+        _ => {}
+    }
     let config = config::load_with_redis_url(cli.config.as_deref(), cli.redis_url.as_deref())?;
     if config.redis.tls.insecure_skip_verify {
         tracing::warn!(
@@ -344,9 +365,24 @@ async fn operate(
         }
         Command::Dead { action } => dead::run(client, config, action).await,
         Command::Schedule { action } => schedule::run(client, action).await,
-        Command::Run | Command::CheckConfig | Command::Bench(_) | Command::Reshard(_) => {
+        Command::Run
+        | Command::CheckConfig
+        | Command::Bench(_)
+        | Command::Reshard(_)
+        | Command::Completions { .. }
+        | Command::Man => {
             unreachable!("handled above")
         }
+    }
+}
+
+/// Writes `bytes` to stdout; a reader that closed the pipe early (`| head`) is no error.
+fn write_stdout(bytes: &[u8]) -> anyhow::Result<i32> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
     }
 }
 

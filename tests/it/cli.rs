@@ -678,6 +678,36 @@ fn dead_list_replay_purge() {
     assert!(stderr(&out).contains("raw:none"), "{}", stderr(&out));
 }
 
+/// `zdelay completions <shell>` and `zdelay man` describe the command line, needing no
+/// config (even a missing one named in the environment).
+#[test]
+fn completions_and_the_man_page_need_no_config() {
+    let run = |args: &[&str]| {
+        let out = Command::new(common::zdelay_bin())
+            .args(args)
+            .env("ZDELAY_CONFIG", "/nonexistent/zdelay.toml")
+            .output()
+            .expect("zdelay runs");
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let bash = run(&["completions", "bash"]);
+    assert!(
+        bash.contains("_zdelay") && bash.contains("reshard"),
+        "{bash}"
+    );
+    assert!(run(&["completions", "zsh"]).contains("#compdef zdelay"));
+    let man = run(&["man"]);
+    assert!(
+        man.starts_with(".ie") || man.contains(".TH zdelay"),
+        "{man}"
+    );
+    assert!(man.contains("enqueue"), "{man}");
+    // Fault-injection flags of the benchmark stay out of --help.
+    let help = run(&["bench", "--help"]);
+    assert!(!help.contains("hang-pid"), "{help}");
+}
+
 /// Every file in `config/examples/` passes `check-config` as shipped, and names the routes
 /// it says it has.
 #[test]
