@@ -197,8 +197,12 @@ def check_container(c: dict, case: str, sidecar: bool, admin: dict | None = None
     if live.get("path") != "/healthz" or live.get("port") != metrics:
         fail(f"{case}: liveness probe must GET /healthz on port {metrics}, has {live}")
     ready = c.get("readinessProbe", {}).get("httpGet", {})
-    if not sidecar and (ready.get("path") != "/readyz" or ready.get("port") != metrics):
-        fail(f"{case}: readiness probe must GET /readyz on port {metrics}, has {ready}")
+    # By default a broker outage must not make pods unready (rollouts would stall).
+    if not sidecar and (ready.get("path") != "/readyz?sinks=ignore" or ready.get("port") != metrics):
+        fail(f"{case}: readiness probe must GET /readyz?sinks=ignore on port {metrics}, has {ready}")
+    start = c.get("startupProbe", {}).get("httpGet", {})
+    if start.get("path") != "/healthz" or start.get("port") != metrics:
+        fail(f"{case}: startup probe must GET /healthz on port {metrics}, has {start}")
     mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
     if "/etc/zdelay/zdelay.toml" not in mounts:
         fail(f"{case}: the config is not mounted at /etc/zdelay/zdelay.toml")

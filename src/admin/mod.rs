@@ -14,7 +14,7 @@ pub use api::Console;
 use crate::metrics::REDIS_UP;
 use crate::sinks::SinkHandle;
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::IntoResponse;
@@ -51,15 +51,15 @@ impl Health {
         };
     }
 
-    /// Ready when Redis answers, the pollers run and every sink is healthy; the body names
-    /// what is not.
-    fn readiness(&self) -> Result<String, String> {
-        self.readiness_unredacted()
+    /// Ready when Redis answers, the pollers run and (when `sinks_required`) every sink is
+    /// healthy; the body names what is not, and each sink's state either way.
+    fn readiness(&self, sinks_required: bool) -> Result<String, String> {
+        self.readiness_unredacted(sinks_required)
             .map(|r| redact_known(&r).into_owned())
             .map_err(|r| redact_known(&r).into_owned())
     }
 
-    fn readiness_unredacted(&self) -> Result<String, String> {
+    fn readiness_unredacted(&self, sinks_required: bool) -> Result<String, String> {
         if !self.redis_ok.load(Ordering::Relaxed) {
             let problem = self.redis_problem.lock().expect("problem lock");
             return Err(if problem.is_empty() {
@@ -86,7 +86,7 @@ impl Health {
                 report.push_str(&format!("  held {target}: {why}\n"));
             }
         }
-        if all_up {
+        if all_up || !sinks_required {
             Ok(report)
         } else {
             Err(format!("sinks down\n{report}"))
@@ -100,6 +100,19 @@ struct AdminState {
     health: Arc<Health>,
 }
 
+/// `/readyz?sinks=ignore`: ready on Redis and the pollers alone, the sinks' state still in
+/// the text (a broker outage must not take every pod out of rotation, or stall a rollout).
+#[derive(serde::Deserialize, Default)]
+struct ReadyQuery {
+    sinks: Option<String>,
+}
+
+impl ReadyQuery {
+    fn sinks_required(&self) -> bool {
+        self.sinks.as_deref() != Some("ignore")
+    }
+}
+
 /// `/metrics`, `/healthz` and `/readyz`: what both listeners serve.
 fn health_routes(state: AdminState) -> Router {
     Router::new()
@@ -110,15 +123,17 @@ fn health_routes(state: AdminState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
-            get(|State(s): State<AdminState>| async move {
-                match s.health.readiness() {
-                    Ok(report) => (StatusCode::OK, format!("ready\n{report}")),
-                    Err(why) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("not ready: {why}\n"),
-                    ),
-                }
-            }),
+            get(
+                |State(s): State<AdminState>, Query(q): Query<ReadyQuery>| async move {
+                    match s.health.readiness(q.sinks_required()) {
+                        Ok(report) => (StatusCode::OK, format!("ready\n{report}")),
+                        Err(why) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {why}\n"),
+                        ),
+                    }
+                },
+            ),
         )
         .with_state(state)
 }

@@ -386,6 +386,13 @@ target = "q:local"
         },
     );
     eprintln!("{kind}: readyz 503 {:?} after the stop", stopped.elapsed());
+    // The chart's probe ignores the sinks: still ready, the sink named down in the text.
+    assert!(
+        matches!(daemon.admin_get("/readyz?sinks=ignore"),
+            Some((200, body)) if body.contains(&format!("sink {sink} (")) && body.contains("down")),
+        "{:?}",
+        daemon.admin_get("/readyz?sinks=ignore")
+    );
 
     // Hold the broker down; meanwhile the local route must keep up and readiness stay 503.
     let mut samples = Vec::new();

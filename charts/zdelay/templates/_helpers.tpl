@@ -390,11 +390,20 @@ sub-tables gets no header of its own.
   {{- if and $v.probes.readiness.enabled (or (not $sidecar) $v.sidecar.readinessProbe) }}
   readinessProbe:
     httpGet:
-      path: /readyz
+      path: {{ eq ($v.probes.readiness.sinks | default "ignore") "require" | ternary "/readyz" "/readyz?sinks=ignore" }}
       port: {{ $port }}
     periodSeconds: {{ $v.probes.readiness.periodSeconds }}
     timeoutSeconds: {{ $v.probes.readiness.timeoutSeconds }}
     failureThreshold: {{ $v.probes.readiness.failureThreshold }}
+  {{- end }}
+  {{- if $v.probes.startup.enabled }}
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: {{ $port }}
+    periodSeconds: {{ $v.probes.startup.periodSeconds }}
+    timeoutSeconds: {{ $v.probes.startup.timeoutSeconds }}
+    failureThreshold: {{ $v.probes.startup.failureThreshold }}
   {{- end }}
   {{- if $v.probes.liveness.enabled }}
   livenessProbe:
