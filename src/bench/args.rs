@@ -68,7 +68,7 @@ pub struct BenchArgs {
     pub json: bool,
     /// Steady mode: also enqueue, at the same rate, jobs for this configured two-phase route
     /// (its sink as configured), to show that the local route's lateness does not depend on
-    /// it. With --hang-pid, that broker is hung meanwhile.
+    /// it.
     #[arg(long)]
     pub beside: Option<String>,
     /// Steady mode with --beside: SIGSTOP this pid (the broker's) 2 s into each rate, for
