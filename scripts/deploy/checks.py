@@ -258,6 +258,13 @@ def cmd_assert(out: str) -> None:
         psc = spec.get("securityContext", {})
         if not psc.get("runAsNonRoot") or psc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
             fail(f"{name}: pod securityContext must set runAsNonRoot and seccomp RuntimeDefault")
+        if name == "openshift":
+            containers = spec.get("containers", [])
+            ids = [k for k in ("runAsUser", "runAsGroup", "fsGroup") if k in psc]
+            ids += [k for c in containers for k in ("runAsUser", "runAsGroup")
+                    if k in (c.get("securityContext") or {})]
+            if ids:
+                fail(f"{name}: the values dropped the fixed ids, yet {ids} are rendered")
         if spec.get("automountServiceAccountToken") is not False:
             fail(f"{name}: the pod must not mount a service account token")
         grace_ms = duration_ms(cfg.get("poller", {}).get("shutdown_grace", "10s"))

@@ -418,17 +418,10 @@ sub-tables gets no header of its own.
   resources:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+  {{- with $v.containerSecurityContext }}
   securityContext:
-    runAsNonRoot: true
-    runAsUser: 65532
-    runAsGroup: 65532
-    allowPrivilegeEscalation: false
-    privileged: false
-    readOnlyRootFilesystem: true
-    capabilities:
-      drop: ["ALL"]
-    seccompProfile:
-      type: RuntimeDefault
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   volumeMounts:
     {{- include "zdelay.volumeMounts" $ctx | nindent 4 }}
 {{- end -}}
