@@ -249,7 +249,18 @@ def cmd_assert(out: str) -> None:
         if mode == "sidecar":
             if deps or pdbs or any(d["kind"] in ("Service", "ServiceMonitor") for d in docs):
                 fail(f"{name}: sidecar mode must render no Deployment, Service, PDB or ServiceMonitor")
-            print(f"  {name}: sidecar mode renders config, dashboard{', rules' if prs else ''} only")
+            pms = [d for d in docs if d["kind"] == "PodMonitor"]
+            pm_values = values.get("podMonitor", {})
+            if pm_values.get("enabled"):
+                want = pm_values.get("selector")
+                ends = pms[0]["spec"]["podMetricsEndpoints"] if len(pms) == 1 else []
+                if (len(pms) != 1 or pms[0]["spec"]["selector"]["matchLabels"] != want
+                        or [e.get("port") for e in ends] != ["zdelay-metrics"]):
+                    fail(f"{name}: PodMonitor must select {want} and scrape port zdelay-metrics: {pms}")
+            elif pms:
+                fail(f"{name}: PodMonitor rendered though podMonitor.enabled is false")
+            print(f"  {name}: sidecar mode renders config, dashboard{', rules' if prs else ''}"
+                  f"{', PodMonitor' if pms else ''} only")
             continue
         dep = one(docs, "Deployment", name)
         spec = dep["spec"]["template"]["spec"]
@@ -382,7 +393,7 @@ def cmd_kubeval(out: str, kv: str) -> None:
     passed = [l for l in lines if l.startswith("INFO") and " passed " in l]
     unknown = [l for l in lines if "Couldn't find schema" in l]
     bad = [l for l in lines if l.strip() and l not in passed and l not in unknown]
-    crd_only = all(re.search(r"kind (ServiceMonitor|PrometheusRule) with api version monitoring\.coreos\.com/", l)
+    crd_only = all(re.search(r"kind (ServiceMonitor|PodMonitor|PrometheusRule) with api version monitoring\.coreos\.com/", l)
                    for l in unknown)
     if res.returncode != 0 or bad or not crd_only:
         print("\n".join(bad + [l for l in unknown]))
