@@ -419,7 +419,7 @@ fn distributed_cron() {
         deleted standup
         (exit 0)
         $ zdelay schedule get standup
-        (exit 1)
+        (exit 3)
         OK
         "##,
     );
