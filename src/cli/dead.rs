@@ -229,10 +229,10 @@ async fn show(client: &Client, config: &Config, args: ShowArgs) -> anyhow::Resul
                 }
                 0
             }
-            None => {
-                eprintln!("no dead member of {key} has the id {}", args.id);
-                1
-            }
+            None => super::not_found(
+                false,
+                &format!("no dead member of {key} has the id {}", args.id),
+            ),
         });
     }
     Ok(match client.dead_show(&args.id).await? {
@@ -245,13 +245,13 @@ async fn show(client: &Client, config: &Config, args: ShowArgs) -> anyhow::Resul
             }
             0
         }
-        None => {
-            eprintln!(
+        None => super::not_found(
+            false,
+            &format!(
                 "{} is not dead (`zdelay get {}` says whether and where it is stored)",
                 args.id, args.id
-            );
-            1
-        }
+            ),
+        ),
     })
 }
 

@@ -1,8 +1,9 @@
 //! The `zdelay` command line: argument definitions and dispatch. Each command is a thin
 //! layer: parse → one library call → render (`render`), with JSON-lines input in `batch`.
 //!
-//! Exit codes: 0 success; 1 an error, or "not found / not pending"; 2 a usage error (clap's
-//! own, or [`UsageError`]) or bad `--batch` lines; 130 a second signal during `run`.
+//! Exit codes: 0 success; 1 an error; 2 a usage error (clap's own, or [`UsageError`]) or bad
+//! `--batch` lines; 3 ([`EXIT_NOT_FOUND`]) no such job or schedule, or not pending;
+//! 130 a second signal during `run`. Messages about failures go to stderr.
 
 mod batch;
 mod dead;
@@ -60,12 +61,16 @@ enum Command {
     Run,
     /// Schedule a job and print its id, or many with --batch (one id per input line).
     Enqueue(enqueue::EnqueueArgs),
-    /// Cancel a pending job by id (exit 1 if it is delivered, dead, unknown or in flight).
+    /// Cancel a pending job by id (exit 3 if it is delivered, dead or unknown; 1 if it is
+    /// being delivered).
     Cancel {
         /// The job's id, as enqueue printed it.
         id: String,
+        /// Exit 0, printing nothing, when the job is not pending.
+        #[arg(long)]
+        ignore_not_found: bool,
     },
-    /// Move a pending job to a new due time (exit 1 if it is not pending).
+    /// Move a pending job to a new due time (exit 3 if it is not pending).
     Reschedule {
         /// The job's id, as enqueue printed it.
         id: String,
@@ -73,7 +78,7 @@ enum Command {
         when: RequiredWhen,
     },
     /// Show a job by id, as JSON: destination, payload, headers, state, due time
-    /// (exit 1 if no job with this id is stored).
+    /// (exit 3 if no job with this id is stored).
     Get {
         /// The job's id, as enqueue printed it.
         id: String,
@@ -175,6 +180,18 @@ impl RequiredWhen {
         }
         .due()
     }
+}
+
+/// Exit code of "no such job or schedule" and "not pending" (0 with `--ignore-not-found`).
+pub const EXIT_NOT_FOUND: i32 = 3;
+
+/// `EXIT_NOT_FOUND`, with `why` on stderr, or 0 and nothing printed when ignored.
+fn not_found(ignore: bool, why: &str) -> i32 {
+    if ignore {
+        return 0;
+    }
+    eprintln!("{why}");
+    EXIT_NOT_FOUND
 }
 
 /// A command used wrongly in a way clap cannot see (exit 2).
@@ -299,43 +316,46 @@ async fn operate(
 ) -> anyhow::Result<i32> {
     match command {
         Command::Enqueue(args) => enqueue::run(client, args).await,
-        Command::Cancel { id } => Ok(match client.cancel(&id).await? {
+        Command::Cancel {
+            id,
+            ignore_not_found,
+        } => Ok(match client.cancel(&id).await? {
             Cancelled::Cancelled => {
                 println!("cancelled {id}");
                 0
             }
             Cancelled::InFlight => {
-                println!("{id} is being delivered; not cancelled");
+                eprintln!("{id} is being delivered; not cancelled");
                 1
             }
-            Cancelled::NotPending => {
-                println!("{id} is not pending (delivered, dead or unknown)");
-                1
-            }
+            Cancelled::NotPending => not_found(
+                ignore_not_found,
+                &format!("{id} is not pending (delivered, dead or unknown)"),
+            ),
         }),
         Command::Reschedule { id, when } => Ok(match client.reschedule(&id, when.due()).await? {
             Some(due) => {
                 println!("{id} due at {}", render::format_ms(due));
                 0
             }
-            None => {
-                println!("{id} is not pending (delivered, dead, in flight or unknown)");
-                1
-            }
+            None => not_found(
+                false,
+                &format!("{id} is not pending (delivered, dead, in flight or unknown)"),
+            ),
         }),
         Command::Get { id } => Ok(match client.get(&id).await? {
             Some(job) => {
                 println!("{}", serde_json::to_string_pretty(&job.to_json())?);
                 0
             }
-            None => {
-                eprintln!(
+            None => not_found(
+                false,
+                &format!(
                     "no job {id} is stored: it was delivered, cancelled or purged, or never \
                      enqueued (in namespace {} of {origin})",
                     config.redis.namespace
-                );
-                1
-            }
+                ),
+            ),
         }),
         Command::Stats { json } => {
             if json {

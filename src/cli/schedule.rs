@@ -27,7 +27,7 @@ pub enum ScheduleAction {
         #[arg(long)]
         json: bool,
     },
-    /// One schedule, as JSON (exit 1 if there is none).
+    /// One schedule, as JSON (exit 3 if there is none).
     Get {
         id: String,
         #[arg(long)]
@@ -50,6 +50,9 @@ pub enum ScheduleAction {
         id: String,
         #[arg(long)]
         json: bool,
+        /// Exit 0, printing nothing, when there is no such schedule.
+        #[arg(long)]
+        ignore_not_found: bool,
     },
     /// The next occurrences of a recurrence, RFC 3339 with offset (epoch ms in JSON).
     Preview(PreviewArgs),
@@ -320,10 +323,7 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
                     println!("{}", unreadable_line(&id, &quarantine));
                     Ok(0)
                 }
-                None => {
-                    eprintln!("no schedule {id}");
-                    Ok(1)
-                }
+                None => Ok(super::not_found(false, &format!("no schedule {id}"))),
             },
         },
         ScheduleAction::Pause { id, json } => {
@@ -344,8 +344,15 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
                 text.zip(next.flatten()),
             )
         }
-        ScheduleAction::Delete { id, json } => {
+        ScheduleAction::Delete {
+            id,
+            json,
+            ignore_not_found,
+        } => {
             let done = client.schedule_delete(&id).await?;
+            if !done && ignore_not_found {
+                return Ok(0);
+            }
             report(json, &id, "deleted", done, None)
         }
         ScheduleAction::Preview(_) => unreachable!("preview runs without Redis"),
@@ -373,7 +380,7 @@ fn report(
             None => println!("{what} {id}"),
         }
     }
-    Ok(if done { 0 } else { 1 })
+    Ok(if done { 0 } else { super::EXIT_NOT_FOUND })
 }
 
 async fn set(client: &Client, args: SetArgs) -> anyhow::Result<i32> {

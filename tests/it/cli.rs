@@ -59,10 +59,10 @@ fn ok(config: &TestConfig, args: &[&str]) -> String {
     stdout(&out)
 }
 
-/// `zdelay get ID` as JSON, or `None` when it says there is no such job (exit 1).
+/// `zdelay get ID` as JSON, or `None` when it says there is no such job (exit 3).
 fn get(config: &TestConfig, id: &str) -> Option<Value> {
     let out = config.cli(&["get", id]);
-    if out.status.code() == Some(1) && stderr(&out).contains(&format!("no job {id}")) {
+    if out.status.code() == Some(3) && stderr(&out).contains(&format!("no job {id}")) {
         return None;
     }
     assert!(out.status.success(), "get {id}: {}", stderr(&out));
@@ -436,12 +436,16 @@ fn get_reschedule_cancel() {
     assert_eq!(shard_total(&mut con, SHARDS, "due"), 0);
     assert_eq!(shard_total(&mut con, SHARDS, "jobs"), 0);
 
+    // Not pending: exit 3, said on stderr; --ignore-not-found makes a cancel idempotent.
     let out = config.cli(&["cancel", &id]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stdout(&out).contains("not pending"), "{}", stdout(&out));
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stderr(&out).contains("not pending"), "{}", stderr(&out));
+    let out = config.cli(&["cancel", &id, "--ignore-not-found"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(stdout(&out) + &stderr(&out), "");
     let out = config.cli(&["reschedule", &id, "--in", "1h"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stdout(&out).contains("not pending"), "{}", stdout(&out));
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stderr(&out).contains("not pending"), "{}", stderr(&out));
 }
 
 /// Seeds dead jobs (unknown destination) and a dead raw member (a seconds score in a

@@ -89,7 +89,7 @@ fn listed(config: &TestConfig, args: &[&str]) -> Vec<String> {
 /// `zdelay get ID` as JSON, `None` when no such job is stored.
 fn get(config: &TestConfig, id: &str) -> Option<Value> {
     let out = config.cli(&["get", id]);
-    if out.status.code() == Some(1) {
+    if out.status.code() == Some(3) {
         return None;
     }
     assert!(out.status.success(), "get {id}: {}", text(&out.stderr));
@@ -743,7 +743,7 @@ fn raw_members_by_id_reason_and_age() {
     let shown = ok(&config, &["dead", "show", "--source", "raw:a", &id]);
     assert!(shown.contains("payload too large"), "{shown}");
     let out = config.cli(&["dead", "show", "--source", "raw:a", "0123456789abcdef"]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     let out = config.cli(&["dead", "show", "--source", "raw:a", "nothex"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
@@ -913,7 +913,7 @@ fn senseless_combinations_are_refused() {
         assert!(help.contains(word), "dead --help lacks {word:?}:\n{help}");
     }
     let out = config.cli(&["dead", "show", "not-dead"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(3));
     assert!(
         text(&out.stderr).contains("not dead"),
         "{}",

@@ -433,7 +433,11 @@ fn the_schedule_cli_sets_shows_pauses_resumes_deletes_and_previews() {
     assert!(ok(&["schedule", "resume", "report"]).contains("next occurrence"));
     assert!(ok(&["schedule", "delete", "report"]).contains("deleted report"));
     let out = config.cli(&["schedule", "get", "report"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(3));
+    let out = config.cli(&["schedule", "delete", "report"]);
+    assert_eq!(out.status.code(), Some(3));
+    let out = config.cli(&["schedule", "delete", "report", "--ignore-not-found"]);
+    assert_eq!(out.status.code(), Some(0));
 
     // Invalid definitions name the field and write nothing.
     for (args, field) in [

@@ -140,14 +140,13 @@ fn scheduler_primitives() {
         == removed objects never expire
         queue:expired holds 0, scheduled_objects holds 0
         $ zdelay get obj-d
-        (exit 1)
+        (exit 3)
         == remove(object) after it expired: nothing left to remove
         $ redis-cli ZREM scheduled_objects obj-a
         0
         (exit 0)
         $ zdelay cancel obj-c
-        obj-c is not pending (delivered, dead or unknown)
-        (exit 1)
+        (exit 3)
         == no polling worker: zdelay was woken by the writes themselves
         woken by keyspace notifications: yes
         woken by enqueues: yes
@@ -420,7 +419,7 @@ fn distributed_cron() {
         deleted standup
         (exit 0)
         $ zdelay schedule get standup
-        (exit 1)
+        (exit 3)
         OK
         "##,
     );
