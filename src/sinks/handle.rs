@@ -73,6 +73,9 @@ impl SinkHandle {
         first_pause: Duration,
         concurrency: usize,
     ) -> Self {
+        // Exported from the start (0), so dashboards and alerts see the series before any
+        // target is held.
+        ::metrics::gauge!(crate::metrics::SINK_HELD_TARGETS, "sink" => name.to_owned()).set(0.0);
         SinkHandle {
             name: name.to_owned(),
             kind,
