@@ -65,7 +65,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let Some(mut con) = connect_with_retry(&config, &health, &shutdown).await else {
             return Ok(None);
         };
-        failpoint_after_connect().await;
+        // Tests restart Redis in this window.
+        zdelay_client::failpoint::hold("start_up_hold_after_connect").await;
         let server = store::check_server(&mut con).await?;
         store::ensure_schema(&mut con, &keys)
             .await
@@ -441,22 +442,3 @@ pub async fn watch_signals(shutdown: CancellationToken) {
     eprintln!("zdelay: second signal: exiting now; unfinished work stays in Redis");
     std::process::exit(130);
 }
-
-/// Test-only fault injection (feature `test-failpoints`), from `ZDELAY_FAILPOINT`:
-/// `start_up_hold_after_connect=PATH` stalls start-up between the connect and the checks
-/// until PATH exists, so a test can restart Redis in that window.
-#[cfg(feature = "test-failpoints")]
-async fn failpoint_after_connect() {
-    if let Some(path) = std::env::var("ZDELAY_FAILPOINT").ok().and_then(|v| {
-        v.strip_prefix("start_up_hold_after_connect=")
-            .map(str::to_owned)
-    }) {
-        eprintln!("failpoint start_up_hold_after_connect: waiting for {path}");
-        while !std::path::Path::new(&path).exists() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-#[cfg(not(feature = "test-failpoints"))]
-async fn failpoint_after_connect() {}

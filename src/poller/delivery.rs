@@ -536,11 +536,14 @@ fn track_held(
     outcomes: &[Outcome],
     waits: impl Fn(usize) -> bool,
 ) {
-    let mut delivered = Vec::new();
+    // Distinct targets: a batch of a thousand messages to one topic takes the lock once.
+    let mut delivered = std::collections::BTreeSet::new();
     for (i, (m, outcome)) in messages.iter().zip(outcomes).enumerate() {
         match outcome {
             Outcome::Missing(why) if waits(i) => sink.hold(&m.target, why),
-            Outcome::Delivered => delivered.push(m.target.as_str()),
+            Outcome::Delivered => {
+                delivered.insert(m.target.as_str());
+            }
             _ => {}
         }
     }
@@ -716,31 +719,18 @@ fn report_fenced(source: &str, fenced: u64) {
     }
 }
 
-/// Test-only fault injection (feature `test-failpoints`), from `ZDELAY_FAILPOINT`:
-/// `abort_after_publish` dies between the brokers' confirmation and the ack;
-/// `hold_after_publish=PATH` stalls there until PATH exists (so a test can let the lease run
-/// out and another poller reclaim the jobs first).
-#[cfg(feature = "test-failpoints")]
+/// Test-only fault injection between the brokers' confirmation and the settle
+/// (`ZDELAY_FAILPOINT`): `abort_after_publish` dies there; `hold_after_publish=PATH` stalls
+/// there until PATH exists (so a test can let the lease run out and another poller reclaim
+/// the jobs first).
 async fn failpoint_after_publish() {
-    match std::env::var("ZDELAY_FAILPOINT").as_deref() {
-        Ok("abort_after_publish") => {
-            eprintln!("failpoint abort_after_publish");
-            std::process::abort();
-        }
-        Ok(other) => {
-            if let Some(path) = other.strip_prefix("hold_after_publish=") {
-                eprintln!("failpoint hold_after_publish: waiting for {path}");
-                while !std::path::Path::new(path).exists() {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
-        Err(_) => {}
+    #[cfg(feature = "test-failpoints")]
+    if std::env::var("ZDELAY_FAILPOINT").as_deref() == Ok("abort_after_publish") {
+        eprintln!("failpoint abort_after_publish");
+        std::process::abort();
     }
+    zdelay_client::failpoint::hold("hold_after_publish").await;
 }
-
-#[cfg(not(feature = "test-failpoints"))]
-async fn failpoint_after_publish() {}
 
 #[cfg(test)]
 mod tests {

@@ -21,6 +21,7 @@ pub mod client;
 pub mod config;
 pub mod dead;
 pub mod envelope;
+pub mod failpoint;
 pub mod job;
 pub mod keys;
 pub mod reshard;

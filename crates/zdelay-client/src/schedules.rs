@@ -328,7 +328,8 @@ impl Client {
         for _ in 0..CAS_ATTEMPTS {
             let current = Current::read(&mut con, keys, id).await?;
             let now_ms = store::server_time_ms(&mut con).await?;
-            failpoint_after_read().await;
+            // Tests open the read → compare-and-set window here.
+            crate::failpoint::hold("schedule_hold_after_read").await;
             let stored = current
                 .stored
                 .as_ref()
@@ -874,26 +875,6 @@ fn view(
         quarantine: quarantine.map(Quarantine::parse),
     }
 }
-
-/// Test-only fault injection (feature `test-failpoints`), from `ZDELAY_FAILPOINT`:
-/// `schedule_hold_after_read=PATH` stalls every compare-and-set attempt of a schedule write
-/// after it read the schedule and Redis's clock: it creates `PATH.reached`, then waits until
-/// PATH exists, so a test can fire and deliver an occurrence in between.
-#[cfg(feature = "test-failpoints")]
-async fn failpoint_after_read() {
-    if let Ok(spec) = std::env::var("ZDELAY_FAILPOINT")
-        && let Some(path) = spec.strip_prefix("schedule_hold_after_read=")
-    {
-        eprintln!("failpoint schedule_hold_after_read: waiting for {path}");
-        let _ = std::fs::write(format!("{path}.reached"), b"");
-        while !std::path::Path::new(path).exists() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-#[cfg(not(feature = "test-failpoints"))]
-async fn failpoint_after_read() {}
 
 /// Compiled schedules by id, with the version they were compiled from (a mover keeps one per
 /// shard: compiling a cron takes tens of microseconds, firing one a few).
