@@ -54,10 +54,10 @@ use std::time::Duration;
 pub const HISTORY_CAP: usize = 5;
 
 /// Ids (or members) per dead-letter script call.
-const DEAD_CHUNK: usize = 1000;
+const DEAD_CHUNK: usize = 250;
 
 /// Dead entries read per page while selecting.
-const PAGE: usize = 1000;
+const PAGE: usize = 500;
 
 /// One death: when (epoch ms) and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
