@@ -552,7 +552,7 @@ target = "{topic}"
 }
 
 /// A route to a topic nobody created yet: its jobs wait (no attempt counted, nothing dead)
-/// and `zdelay stats` shows the topic held, while another route on the same sink flows;
+/// and `zdelay stats` and the console show the topic held, while another route on the same sink flows;
 /// once the topic exists every job arrives once. A route with `on_missing = "dead"` sends
 /// its jobs to dead naming the topic instead.
 #[test]
@@ -627,6 +627,27 @@ on_missing = "dead"
         "stats to show the topic held",
         Duration::from_secs(30),
         || stats().contains(&format!("held {later}")),
+    );
+    // The console shows it too, in a real browser: the sink up, the topic held.
+    let out = std::process::Command::new(svc.python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/it/py/console_sinks.py"
+        ))
+        .arg(format!("http://127.0.0.1:{}/", config.admin_port))
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "browser script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sinks: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(sinks["kafka"]["health"], "up", "{sinks}");
+    assert_eq!(
+        sinks["kafka"]["held"],
+        serde_json::json!([later]),
+        "{sinks}"
     );
     assert_eq!(consume(&svc.python(), &brokers, &live, 10).len(), 10);
     // Held, not retried: nothing else dead, no attempt burned.

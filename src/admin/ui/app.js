@@ -164,7 +164,11 @@ pages.overview = async function () {
     table(["sink", "kind", "health", { t: "waiting", n: 1 }, { t: "oldest waiting ms", n: 1 }, "checked"], s.sinks.map(k =>
       el("tr", { "data-sink": k.name },
         el("td", { text: k.name }), el("td", { text: k.kind }),
-        el("td", { class: k.up ? "up" : "down", text: k.up ? "up" : `down: ${k.error || ""}` }),
+        el("td", {},
+          el("span", { class: k.up ? "up" : "down", text: k.up ? "up" : `down: ${k.error || ""}` }),
+          // A target whose destination object is missing: its jobs wait, no attempt burned.
+          Object.entries(k.held || {}).map(([target, why]) =>
+            el("div", { class: "held", "data-held": target, text: `held ${target}: ${why}` }))),
         num((waiting[k.name] || {}).jobs || 0), num((waiting[k.name] || {}).oldest_age_ms || 0),
         el("td", { text: when(k.at, now) }))).concat(unchecked)));
 
