@@ -19,10 +19,11 @@ fn parser(text: &str) -> Parser<'_> {
     Parser::new_ext(text, Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH)
 }
 
-/// A heading's anchor: lower-case, whitespace to `-`, every character dropped that is not
-/// alphanumeric, `-` or `_` (mdBook's `normalize_id`; GitHub's rule for the same text).
+/// A heading's anchor: trimmed, lower-case, whitespace to `-`, every character dropped that is
+/// not alphanumeric, `-` or `_` (mdBook's `id_from_content`; GitHub's rule for the same text).
 fn slug(heading: &str) -> String {
     heading
+        .trim()
         .chars()
         .filter_map(|c| {
             if c.is_alphanumeric() || c == '_' || c == '-' {
@@ -36,10 +37,9 @@ fn slug(heading: &str) -> String {
         .collect()
 }
 
-/// The anchors of a page's headings, in order; a repeated heading gets `-1`, `-2`, … as
-/// mdBook and GitHub number them.
+/// The anchors of a page's headings; an anchor already taken gets the first free `-1`, `-2`, …
+/// suffix, as mdBook's `unique_id` does.
 fn anchors(markdown: &str) -> BTreeSet<String> {
-    let mut seen: HashMap<String, usize> = HashMap::new();
     let mut found = BTreeSet::new();
     let mut heading: Option<String> = None;
     for event in parser(markdown) {
@@ -52,13 +52,12 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
             }
             Event::End(TagEnd::Heading(_)) => {
                 let base = slug(&heading.take().unwrap_or_default());
-                let n = seen.entry(base.clone()).or_insert(0);
-                found.insert(if *n == 0 {
-                    base.clone()
-                } else {
-                    format!("{base}-{n}")
-                });
-                *n += 1;
+                let mut id = base.clone();
+                let mut n = 0;
+                while !found.insert(id.clone()) {
+                    n += 1;
+                    id = format!("{base}-{n}");
+                }
             }
             _ => {}
         }
@@ -272,16 +271,17 @@ fn slugs_follow_the_mdbook_rule() {
     assert_eq!(slug("The daemon's user"), "the-daemons-user");
     assert_eq!(slug("snake_case and-dash"), "snake_case-and-dash");
     assert_eq!(slug("… says layout …"), "-says-layout-");
+    assert_eq!(slug("  Ünïcode Stays  "), "ünïcode-stays");
 }
 
 #[test]
 fn headings_links_and_code_are_told_apart() {
-    let page = "# Title\n\n## Same\n\n## Same\n\n### `code` in it\n\n\
+    let page = "# Title\n\n## Same\n\n## Same-1\n\n## Same\n\n### `code` in it\n\n\
                 See [a\nlink](b.md#x) and ![img](i.png).\n\n\
                 ```sh\n[not](a-link.md)\n# not a heading\n```\n\n`[nor](this.md)`\n";
     assert_eq!(
         anchors(page).into_iter().collect::<Vec<_>>(),
-        ["code-in-it", "same", "same-1", "title"]
+        ["code-in-it", "same", "same-1", "same-2", "title"]
     );
     assert_eq!(link_targets(page), ["b.md#x", "i.png"]);
 }
