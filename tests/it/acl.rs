@@ -1,12 +1,14 @@
-//! A Redis user limited by ACL to zdelay's keys and the commands it needs (README, "Redis
-//! ACL") runs the daemon, the CLI and the library, on one Redis and on a cluster; without
-//! `cluster|slots` a cluster connection fails with an error that says so. A narrower producer
-//! user (README, "Secure connections") enqueues every way there is and is refused the rest.
+//! A Redis user limited by ACL to zdelay's keys and the commands it needs
+//! (docs/guides/security.md, "The daemon's user") runs the daemon, the CLI and the library, on
+//! one Redis and on a cluster; without `cluster|slots` a cluster connection fails with an error
+//! that says so. A narrower producer user (same page, "The producer's user") enqueues every
+//! way there is and is refused the rest.
 
 use crate::common::{Daemon, RedisCluster, RedisServer, TestConfig, llen, redis_now_ms, wait_for};
 use std::time::Duration;
 
-/// The ACL rules of README's example user, as `redis-server --user` arguments.
+/// The ACL rules of the book's example daemon user (docs/guides/security.md), as
+/// `redis-server --user` arguments.
 fn acl_user(extra_rules: &[&str]) -> Vec<String> {
     let mut args: Vec<String> = [
         "--user",
@@ -200,8 +202,8 @@ fn without_cluster_slots_the_error_says_what_is_missing() {
     assert!(!err.contains("zd-secret"), "no password in errors: {err}");
 }
 
-/// README's producer user ("Secure connections"): the rules after `ACL SETUSER producer on
-/// >secret`. Enqueue (one, batch, replace), get, reschedule and cancel on the namespace's job
+/// The book's producer user (docs/guides/security.md, "The producer's user"): the rules after
+/// `ACL SETUSER producer on >secret`. Enqueue (one, batch, replace), get, reschedule and cancel on the namespace's job
 /// keys, a read-only schema, and `ZADD` on one raw source.
 const PRODUCER_RULES: &str = "%R~zdelay:schema ~{zdelay:*}:due ~{zdelay:*}:jobs \
     ~{zdelay:*}:inflight ~{zdelay:*}:dead ~{zdelay:*}:reasons ~{zdelay:*}:scheduled \
@@ -214,13 +216,13 @@ fn words(text: &str) -> Vec<&str> {
 }
 
 #[test]
-fn the_readme_shows_the_tested_producer_acl() {
-    let readme = include_str!("../../README.md");
-    let shown = readme
+fn the_security_guide_shows_the_tested_producer_acl() {
+    let guide = include_str!("../../docs/guides/security.md");
+    let shown = guide
         .split("ACL SETUSER producer on >secret")
         .nth(1)
         .and_then(|rest| rest.split("```").next())
-        .expect("README shows ACL SETUSER producer");
+        .expect("docs/guides/security.md shows ACL SETUSER producer");
     assert_eq!(words(shown), words(PRODUCER_RULES));
 }
 

@@ -1,6 +1,6 @@
-//! The import rules of `docs/architecture.md`, checked on the source: no cycle between the
-//! top-level modules of a crate, nor between the sibling files of a folder, and the producer
-//! crate never names the daemon's modules.
+//! The import rules of `docs/internals/architecture.md`, checked on the source: no cycle
+//! between the top-level modules of a crate, nor between the sibling files of a folder, and the
+//! producer crate never names the daemon's modules.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

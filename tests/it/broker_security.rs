@@ -6,7 +6,7 @@
 //!   (for `creds_file`: operator mode, with operator, account and user JWTs signed here with
 //!   nkeys, as `nsc` would);
 //! - Kafka: a tansu started here with `--authentication` (SASL SCRAM-SHA-256/512; tansu 0.6
-//!   from crates.io offers no PLAIN and has no TLS listener, see the README).
+//!   from crates.io offers no PLAIN and has no TLS listener, see docs/brokers/kafka.md).
 //!
 //! Plus the daemon: a sink whose credentials are refused stays paused, says so in `/readyz`
 //! and `zdelay stats`, and its jobs are neither dead-lettered nor charged an attempt.

@@ -15,6 +15,7 @@ mod console;
 mod dead;
 mod delivery;
 mod deploy;
+mod docs;
 mod faults;
 mod heavy;
 mod history;

@@ -1,4 +1,4 @@
-//! The worked examples (`examples/seeds/<name>/run.sh`, README "Worked examples"): each
+//! The worked examples (`examples/seeds/<name>/run.sh`, docs/guides/recipes.md): each
 //! script runs against a private Redis with the binary under test, must exit 0, and its
 //! transcript must match the expected one line for line. Lines starting with `# ` carry what
 //! varies between runs (pids, lateness) and are skipped.
