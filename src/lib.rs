@@ -5,7 +5,7 @@
 //! commands. The producer library — [`Client`], the config, key layout, envelope, route
 //! table and the store's scripts — is the `zdelay-client` crate, re-exported here; a
 //! producer depends on that crate alone and compiles no broker client. See
-//! `docs/architecture.md` for the parts and which may call which.
+//! `docs/internals/architecture.md` for the parts and which may call which.
 
 pub mod activity;
 pub mod admin;

@@ -927,7 +927,7 @@ target = "q:local"
     );
     // 250 ms: far below the broker's hang (before the ready set, local jobs waited out the
     // 10 s confirm limit), far above what a loaded 2-core machine adds to a move. The 10 ms
-    // figure is printed; the benchmark (docs/benchmarks.md) is where it is held to a number.
+    // figure is printed; the benchmark (docs/operations/benchmarks.md) is where it is held to a number.
     let (within_before, all_before) = lateness_counts(&daemon, "jobs", "0.25");
     let (fine_before, _) = lateness_counts(&daemon, "jobs", "0.01");
     amqp.run("PAUSE_AMQP");
