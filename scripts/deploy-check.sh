@@ -12,21 +12,31 @@
 # when any failed:
 #   lint        helm lint --strict of charts/zdelay (defaults and every ci/*-values.yaml) and
 #               of charts/examples/app-with-zdelay (its zdelay dependency built from Chart.lock
-#               in a scratch copy)
-#   render      every ci/*-values.yaml and the example chart (and its values-*.yaml variants)
+#               in a scratch copy), for each chart's oldest Kubernetes (Chart.yaml kubeVersion)
+#   render      every ci/*-values.yaml and the example chart (and its values-*.yaml variants),
+#               as `helm template --kube-version <the chart's minimum>` would
 #   manifests   what the rendered manifests must say: securityContext, probes, grace period,
 #               PDB only with replicas > 1, secrets only by reference, the pod name as
-#               instance id (downward API), [redis.tls] and
-#               redis.cluster_nodes, native sidecar, PrometheusRule = the rules file
-#   kubeval     kubernetes-validate --strict -k 1.30.0 on every rendered manifest, and a
-#               broken manifest it must refuse
+#               instance id (downward API), [redis.tls] and redis.cluster_nodes, native
+#               sidecar, PrometheusRule = the rules file with the values' thresholds and
+#               runbook links, commonLabels everywhere, existingConfigMap (no ConfigMap of the
+#               chart's; [admin] and [redis.tls] as env), the `helm test` Pod
+#   kubeval     kubernetes-validate --strict on every rendered manifest, for Kubernetes 1.30.0
+#               and for each chart's minimum, and a broken manifest it must refuse
 #   schema      values the chart must refuse (a typo such as `iamge:`, wrong types, a grace
-#               period below shutdown_grace + 5 s, credentials in a URL, ...): FAILS if one renders
-#   configs     `zdelay check-config` on every rendered zdelay.toml, with the binary in
+#               period below shutdown_grace + 5 s, credentials in a URL, a chart-owned label in
+#               commonLabels, a misspelt alert, a native sidecar below Kubernetes 1.29, ...):
+#               FAILS if one renders
+#   readme      charts/zdelay/README.md's values table is the one generated from values.yaml
+#               (regenerate: bash scripts/deploy-check.sh chart-readme)
+#   configs     `zdelay check-config` on every rendered zdelay.toml (and, for existingConfigMap,
+#               on a stand-in file whose [admin] the pod's env must override), with the binary in
 #               $ZDELAY_BIN or target/{release,debug}/zdelay (skipped, and said so, without one):
 #               every one must be accepted ([redis.tls] and redis.cluster_nodes included)
-#   promtool    promtool check rules + test rules (deploy/prometheus), and the dashboard's
-#               queries checked as PromQL
+#   promtool    promtool check rules + test rules (deploy/prometheus), the same tests on the
+#               chart's PrometheusRule rendered with default values (which must equal the file),
+#               the rendered rules with changed thresholds and runbook links, and the
+#               dashboard's queries checked as PromQL
 #   metrics     every metric the dashboard and the rules query is one the daemon exports: the
 #               list in $ZDELAY_METRICS_FILE (one name per line, e.g. from a scrape of /metrics:
 #               curl -s :9464/metrics | grep -v '^#' | sed 's/[{ ].*//' | sort -u), else the
@@ -108,8 +118,11 @@ check_promtool() {
     promtool check rules "$dir/zdelay-rules.yaml" &&
         (cd "$dir" && promtool test rules zdelay-rules.test.yaml) &&
         "$PY" "$CHECKS" dashboard-rules "$WORK/dashboard-queries.yaml" &&
-        promtool check rules "$WORK/dashboard-queries.yaml" && {
-        # The PrometheusRule the chart renders holds the same rules: check them as rendered.
+        promtool check rules "$WORK/dashboard-queries.yaml" &&
+        # With default values the chart's PrometheusRule is the file: its unit tests pass on it.
+        "$PY" "$CHECKS" chart-rules "$WORK/chart-rules" &&
+        (cd "$WORK/chart-rules" && promtool test rules zdelay-rules.test.yaml) && {
+        # The standalone case's PrometheusRule (thresholds changed, runbook links) is valid too.
         "$PY" - "$WORK/render/standalone" "$WORK/rendered-rules.yaml" <<'EOF' &&
 import glob, sys, yaml
 docs = [d for f in glob.glob(sys.argv[1] + "/*.yaml") for d in yaml.safe_load_all(open(f)) if d]
@@ -142,10 +155,10 @@ check "lint (helm lint --strict)" "$PY" "$CHECKS" lint "$WORK/lint"
 check "render (ci/*-values.yaml, example chart)" "$PY" "$CHECKS" render "$WORK/render" "$WORK/example"
 if [[ -d $WORK/render/default ]]; then
     check "manifests (rendered content)" "$PY" "$CHECKS" assert "$WORK/render"
-    check "kubeval (kubernetes-validate --strict -k 1.30.0)" "$PY" "$CHECKS" kubeval "$WORK/render" "$VENV/bin/kubernetes-validate"
+    check "kubeval (kubernetes-validate --strict, 1.30.0 and each chart's minimum)" "$PY" "$CHECKS" kubeval "$WORK/render" "$VENV/bin/kubernetes-validate"
     check "configs (zdelay check-config on rendered TOML)" check_configs
 fi
-check "schema (bad values refused)" "$PY" "$CHECKS" schema
+check "schema (bad values refused)" "$PY" "$CHECKS" schema "$WORK/example"
 check "promtool (check rules, test rules, dashboard PromQL)" check_promtool
 check "metrics (dashboard and rules use exported names)" check_metrics
 check "hadolint Dockerfile" "$VENV/bin/hadolint" "$ROOT/Dockerfile"
