@@ -833,6 +833,16 @@ def cmd_configs(out: str, zdelay: str) -> None:
                 fail(f"{case}: zdelay check-config refuses the {origin} with the pod's env "
                      f"{sorted(env)}:\n{res.stderr}\n{text}")
             shown = json.loads(res.stdout)
+            if text == STAND_IN:
+                # The user's file cannot be trusted with what the probes and Services rely on.
+                need = ["ZDELAY_ADMIN__LISTEN", "ZDELAY_ADMIN__METRICS_LISTEN", "ZDELAY_ADMIN__CONSOLE",
+                        "ZDELAY_ADMIN__PUBLIC_READS"]
+                if any(v["name"] == "zdelay-redis-tls" for d in docs if d["kind"] == "Deployment"
+                       for v in d["spec"]["template"]["spec"].get("volumes", [])):
+                    need.append("ZDELAY_REDIS__TLS__CA_FILE")
+                missing = [v for v in need if v not in env]
+                if missing:
+                    fail(f"{case}: with existingConfigMap the pod must set {missing}: the file's values would hold")
             # Every setting the pod passes for [admin] and [redis.tls] is what the daemon uses.
             for var, raw in sorted(env.items()):
                 m = re.fullmatch(r"ZDELAY_(ADMIN|REDIS__TLS)__([A-Z_]+)", var)
