@@ -3,6 +3,7 @@
 # the Grafana dashboard, the Prometheus rules and the Dockerfile's lint.
 #
 #   bash scripts/deploy-check.sh
+#   bash scripts/deploy-check.sh chart-readme    # only regenerate charts/zdelay/README.md's values table
 #
 # Installs what it needs, once (idempotent; no Kubernetes cluster, Docker or Grafana):
 #   a venv in ${ZDELAY_CACHE:-~/.cache/zdelay}/deploy-venv with helm-python-sdk (the Helm
@@ -145,10 +146,18 @@ check_metrics() {
     "$PY" "$CHECKS" metrics "$list"
 }
 
+if [[ $# -gt 1 || ${1:-chart-readme} != chart-readme ]]; then
+    echo "usage: bash scripts/deploy-check.sh [chart-readme]" >&2
+    exit 2
+fi
 say "tools"
 if ! install_tools; then
     echo "deploy-check: could not install the tools (see above)" >&2
     exit 1
+fi
+if [[ ${1:-} == chart-readme ]]; then
+    "$PY" "$CHECKS" chart-readme --write
+    exit
 fi
 
 check "lint (helm lint --strict)" "$PY" "$CHECKS" lint "$WORK/lint"
@@ -158,6 +167,7 @@ if [[ -d $WORK/render/default ]]; then
     check "kubeval (kubernetes-validate --strict, 1.30.0 and each chart's minimum)" "$PY" "$CHECKS" kubeval "$WORK/render" "$VENV/bin/kubernetes-validate"
     check "configs (zdelay check-config on rendered TOML)" check_configs
 fi
+check "readme (charts/zdelay/README.md from values.yaml)" "$PY" "$CHECKS" chart-readme
 check "schema (bad values refused)" "$PY" "$CHECKS" schema "$WORK/example"
 check "promtool (check rules, test rules, dashboard PromQL)" check_promtool
 check "metrics (dashboard and rules use exported names)" check_metrics

@@ -12,6 +12,7 @@ with the reason on the first mismatch.
   checks.py dashboard-rules OUT           the dashboard's queries as a rules file, for promtool check rules
   checks.py chart-rules OUT               the chart's PrometheusRule with defaults = the rules file; written to OUT with its tests
   checks.py configs OUT ZDELAY            zdelay check-config on every rendered zdelay.toml
+  checks.py chart-readme [--write]        charts/zdelay/README.md's values table = the one generated from values.yaml
 """
 
 from __future__ import annotations
@@ -859,6 +860,158 @@ def cmd_configs(out: str, zdelay: str) -> None:
                   f"(secrets {secrets or 'none'}, not printed)")
 
 
+# ---------------------------------------------------------------- chart README
+
+README = os.path.join(CHART, "README.md")
+BEGIN = "<!-- BEGIN values: generated from values.yaml by `bash scripts/deploy-check.sh chart-readme`; do not edit -->"
+END = "<!-- END values -->"
+KEY_LINE = re.compile(r"^ *(?P<key>[A-Za-z0-9_.-]+|\"[^\"]+\"):(?P<rest>\s.*|)$")
+
+
+def split_comment(rest: str) -> tuple[str, str | None]:
+    """A value and its trailing comment: the first # after a blank outside quotes."""
+    quote = None
+    for i, ch in enumerate(rest):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#" and (i == 0 or rest[i - 1] in " \t"):
+            return rest[:i].strip(), rest[i + 1:].strip()
+    return rest.strip(), None
+
+
+class ValueDoc:
+    def __init__(self, path: list[str], line: int, comment: list[str]):
+        self.path = path
+        self.line = line
+        self.comment = comment
+
+
+def values_docs(text: str) -> list[ValueDoc]:
+    """Every key of values.yaml outside lists, with its comment: the comment lines right above
+    it (no blank line between) and the comment after it on its line."""
+    docs: list[ValueDoc] = []
+    stack: list[tuple[int, str]] = []
+    pending: list[str] = []
+    skip_below: int | None = None  # inside a list value: its items are the value, not keys
+    lines = text.splitlines()
+    for n, raw in enumerate(lines, 1):
+        line = raw.rstrip()
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if skip_below is not None and (not stripped or indent > skip_below or
+                                       (indent == skip_below and stripped.startswith("- "))):
+            continue
+        skip_below = None
+        if not stripped:
+            pending = []
+            continue
+        if stripped.startswith("#"):
+            pending.append(stripped[1:].strip())
+            continue
+        m = KEY_LINE.match(line)
+        if not m:
+            fail(f"values.yaml:{n}: cannot read {line!r} (a key: value line, a comment or a list item)")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key = m.group("key").strip('"')
+        value, trailing = split_comment(m.group("rest"))
+        path = [k for _, k in stack] + [key]
+        block = [" ".join(pending)] if pending else []
+        docs.append(ValueDoc(path, n, block + ([trailing] if trailing else [])))
+        pending = []
+        stack.append((indent, key))
+        if not value:
+            # A block value: a map (its keys follow, deeper) or a list (its items follow).
+            following = [l for l in lines[n:] if l.strip() and not l.strip().startswith("#")]
+            if following and following[0].lstrip().startswith("- "):
+                skip_below = indent
+    return docs
+
+
+def schema_at(schema: dict, path: list[str]) -> dict:
+    node = schema
+    for key in path:
+        node = (node.get("properties") or {}).get(key) or {}
+    return node
+
+
+def md_text(text: str) -> str:
+    """A table cell: pipes escaped, <placeholders> kept visible outside code spans, the book's
+    pages linked (relative to charts/zdelay/)."""
+    parts = text.replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):
+        p = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+        parts[i] = re.sub(r"(?<![\[/\w])(docs/[a-z0-9_/-]+\.md)", r"[\1](../../\1)", p)
+    return "`".join(parts)
+
+
+def type_of(value, schema: dict) -> str:
+    t = schema.get("type")
+    if isinstance(t, list):
+        return " or ".join(t)
+    if t:
+        return "map" if t == "object" else "list" if t == "array" else t
+    if "enum" in schema:
+        return "string"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
+            dict: "map", type(None): "null"}[type(value)]
+
+
+def values_table() -> str:
+    text = open(os.path.join(CHART, "values.yaml")).read()
+    values = yaml.safe_load(text)
+    schema = json.load(open(os.path.join(CHART, "values.schema.json")))
+    docs = values_docs(text)
+    documented_below = {tuple(d.path[:i]) for d in docs if d.comment for i in range(1, len(d.path))}
+    rows, undocumented = [], []
+    for d in docs:
+        if len(d.path) > 1 and tuple(d.path[:-1]) not in documented_below:
+            continue  # part of a parent shown whole
+        value = values
+        for k in d.path:
+            value = value[k]
+        whole = not (isinstance(value, dict) and value and tuple(d.path) in documented_below)
+        if not d.comment:
+            if whole:
+                undocumented.append(f"values.yaml:{d.line} {'.'.join(d.path)}")
+            continue
+        sch = schema_at(schema, d.path)
+        default = f"`{json.dumps(value, ensure_ascii=False)}`" if whole else "see below"
+        desc = ""
+        for part in d.comment:
+            desc += (" " if not desc or desc[-1] in ".:;!?" else ". ") + part if desc else part
+        if "enum" in sch:
+            desc += ("" if desc[-1] in ".:;!?" else ".") + " One of: " + ", ".join(f"`{v}`" for v in sch["enum"]) + "."
+        rows.append(f"| `{'.'.join(d.path)}` | {type_of(value, sch)} | {md_text(default)} | {md_text(desc)} |")
+    if undocumented:
+        fail("values without a comment (write one above the key or after its value):\n    "
+             + "\n    ".join(undocumented))
+    return "\n".join(["| Key | Type | Default | Description |", "| --- | --- | --- | --- |", *rows])
+
+
+def cmd_chart_readme(*flags: str) -> None:
+    current = open(README).read() if os.path.exists(README) else ""
+    if BEGIN not in current or END not in current:
+        fail(f"{os.path.relpath(README, ROOT)} must hold the lines {BEGIN!r} and {END!r} around the values table")
+    head, rest = current.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    wanted = f"{head}{BEGIN}\n{values_table()}\n{END}{tail}"
+    if flags == ("--write",):
+        with open(README, "w") as f:
+            f.write(wanted)
+        print(f"  wrote {os.path.relpath(README, ROOT)}")
+        return
+    if wanted != current:
+        import difflib
+        diff = difflib.unified_diff(current.splitlines(), wanted.splitlines(), "committed", "generated", lineterm="", n=0)
+        print("\n".join(list(diff)[:40]))
+        fail(f"{os.path.relpath(README, ROOT)}'s values table is not the one values.yaml gives: "
+             "regenerate it with `bash scripts/deploy-check.sh chart-readme`")
+    print(f"  {os.path.relpath(README, ROOT)}: the values table matches values.yaml ({values_table().count(chr(10)) - 1} values)")
+
+
 def main() -> int:
     cmd, *args = sys.argv[1:]
     try:
@@ -872,6 +1025,7 @@ def main() -> int:
             "metrics": lambda: cmd_metrics(*args),
             "dashboard-rules": lambda: cmd_dashboard_rules(*args),
             "chart-rules": lambda: cmd_chart_rules(*args),
+            "chart-readme": lambda: cmd_chart_readme(*args),
             "configs": lambda: cmd_configs(*args),
         }[cmd]()
     except CheckError as e:
