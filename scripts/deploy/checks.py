@@ -12,6 +12,7 @@ with the reason on the first mismatch.
   checks.py dashboard-rules OUT           the dashboard's queries as a rules file, for promtool check rules
   checks.py chart-rules OUT               the chart's PrometheusRule with defaults = the rules file; written to OUT with its tests
   checks.py configs OUT ZDELAY            zdelay check-config on every rendered zdelay.toml
+  checks.py helm-test OUT ZDELAY BUSYBOX   the helm test Pod's script, with busybox, against a real zdelay and Redis
   checks.py chart-readme [--write]        charts/zdelay/README.md's values table = the one generated from values.yaml
 """
 
@@ -23,8 +24,13 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
 import tomllib
 
 import yaml
@@ -860,6 +866,113 @@ def cmd_configs(out: str, zdelay: str) -> None:
                   f"(secrets {secrets or 'none'}, not printed)")
 
 
+# ---------------------------------------------------------------- helm test, run for real
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as res:
+            return res.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def wait_for(what: str, cond, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            fail(f"timed out after {seconds} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def cmd_helm_test(out: str, zdelay: str, busybox: str) -> None:
+    """The `helm test` Pod's script, as rendered, run by busybox's sh, wget, grep, nc, sleep and
+    timeout (the default test.image's tools, and nothing else on PATH) against a real zdelay and Redis on loopback: it passes while
+    zdelay is ready, fails (showing the reason /readyz gives) while Redis is down, and fails
+    when nothing answers."""
+    docs = load_case(out, "default")
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    (c,) = pod["spec"]["containers"]
+    if c.get("command") != ["sh", "-c"] or len(c.get("args", [])) != 1:
+        fail(f"the test Pod must run sh -c SCRIPT, runs {c.get('command')} {c.get('args')}")
+    script = c["args"][0]
+    pod_env = {e["name"]: e["value"] for e in c["env"]}
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "zdelay.toml" in d.get("data", {})]
+    tmp = tempfile.mkdtemp(prefix="helm-test-", dir=out)
+    tools = os.path.join(tmp, "bin")
+    os.makedirs(tools)
+    for applet in ("sh", "wget", "grep", "nc", "sleep", "timeout"):
+        os.symlink(busybox, os.path.join(tools, applet))
+    config = os.path.join(tmp, "zdelay.toml")
+    with open(config, "w") as f:
+        f.write(cm["data"]["zdelay.toml"])
+    redis_port, metrics_port, console_port = free_port(), free_port(), free_port()
+    procs = []
+
+    def start(args: list[str], env: dict, log: str) -> subprocess.Popen:
+        p = subprocess.Popen(args, env=env, stdout=open(os.path.join(tmp, log), "w"), stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    def run_script(tries: int) -> subprocess.CompletedProcess:
+        env = {**pod_env, "PATH": tools, "HOST": "127.0.0.1", "PORT": str(metrics_port), "TRIES": str(tries)}
+        return subprocess.run([os.path.join(tools, "sh"), "-c", script], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    try:
+        redis = start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                       "--appendonly", "no", "--dir", tmp], {"PATH": "/usr/bin:/bin"}, "redis.log")
+
+        def redis_up() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", redis_port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    return sock.recv(16).startswith(b"+PONG")
+            except OSError:
+                return False
+        wait_for("redis-server", redis_up, 10)
+        daemon = start([zdelay, "run"], {
+            "PATH": "/usr/bin:/bin", "ZDELAY_CONFIG": config,
+            "ZDELAY_REDIS__URL": f"redis://127.0.0.1:{redis_port}",
+            "ZDELAY_ADMIN__LISTEN": f"127.0.0.1:{console_port}",
+            "ZDELAY_ADMIN__METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
+            "ZDELAY_POLLER__INSTANCE_ID": "helm-test-check", "ZDELAY_LOG": "warn"}, "zdelay.log")
+        ready = f"http://127.0.0.1:{metrics_port}{pod_env['READY_PATH']}"
+        # The script waits for readiness itself: start it at once, as helm test right after an install.
+        res = run_script(30)
+        if res.returncode != 0 or res.stdout.count("ok: GET") != 2:
+            fail(f"the test script failed against a ready zdelay (exit {res.returncode}):\n{res.stdout}{res.stderr}"
+                 f"\nzdelay log:\n{open(os.path.join(tmp, 'zdelay.log')).read()[-2000:]}")
+        print("  against a ready zdelay it passes:\n    " + res.stdout.strip().replace("\n", "\n    "))
+        redis.terminate()
+        redis.wait(10)
+        wait_for(f"{ready} to answer 503 with Redis down", lambda: http_status(ready) == 503, 60)
+        res = run_script(1)
+        if res.returncode == 0 or "FAIL" not in res.stdout or "not ready" not in res.stdout:
+            fail(f"with Redis down the test script must fail and show /readyz's reason (exit {res.returncode}):\n"
+                 f"{res.stdout}{res.stderr}")
+        why = [l for l in res.stdout.splitlines() if "not ready" in l]
+        print(f"  with Redis down it fails, showing /readyz's reason: {why[0].strip()[:120]}")
+        daemon.terminate()
+        daemon.wait(30)
+        res = run_script(1)
+        if res.returncode == 0 or "FAIL" not in res.stdout:
+            fail(f"with nothing listening the test script must fail (exit {res.returncode}):\n{res.stdout}{res.stderr}")
+        print("  with nothing listening it fails")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 # ---------------------------------------------------------------- chart README
 
 README = os.path.join(CHART, "README.md")
@@ -1026,6 +1139,7 @@ def main() -> int:
             "dashboard-rules": lambda: cmd_dashboard_rules(*args),
             "chart-rules": lambda: cmd_chart_rules(*args),
             "chart-readme": lambda: cmd_chart_readme(*args),
+            "helm-test": lambda: cmd_helm_test(*args),
             "configs": lambda: cmd_configs(*args),
         }[cmd]()
     except CheckError as e:
