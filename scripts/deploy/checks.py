@@ -12,6 +12,7 @@ with the reason on the first mismatch.
   checks.py dashboard-rules OUT           the dashboard's queries as a rules file, for promtool check rules
   checks.py chart-rules OUT               the chart's PrometheusRule with defaults = the rules file; written to OUT with its tests
   checks.py configs OUT ZDELAY            zdelay check-config on every rendered zdelay.toml
+  checks.py helm3 OUT HELM                 a Helm 3 CLI's helm template of every case = OUT; kubeVersion enforced
   checks.py helm-test OUT ZDELAY BUSYBOX   the helm test Pod's script, with busybox, against a real zdelay and Redis
   checks.py chart-readme [--write]        charts/zdelay/README.md's values table = the one generated from values.yaml
 """
@@ -868,6 +869,35 @@ def cmd_configs(out: str, zdelay: str) -> None:
                   f"(secrets {secrets or 'none'}, not printed)")
 
 
+# ---------------------------------------------------------------- a Helm 3 CLI
+
+def cmd_helm3(out: str, helm_cli: str) -> None:
+    """The real `helm template` of a Helm 3 built with Go < 1.18 (where a template's `and`
+    and `or` evaluate every argument) renders every case exactly as the engine used above, and
+    refuses a Kubernetes older than Chart.yaml's kubeVersion."""
+    version = subprocess.run([helm_cli, "version", "--short"], capture_output=True, text=True).stdout.strip()
+    kube = min_kube(CHART)
+    for name, values in [("default", {})] + ci_values():
+        args = [helm_cli, "template", RELEASE, CHART, "--namespace", NAMESPACE, "--kube-version", kube]
+        if name != "default":
+            args += ["-f", os.path.join(CHART, "ci", f"{name}-values.yaml")]
+        res = subprocess.run(args, capture_output=True, text=True)
+        if res.returncode != 0:
+            fail(f"helm {version} template ({name}): {res.stderr.strip()}")
+        theirs = sorted(yaml.safe_dump(d) for d in yaml.safe_load_all(res.stdout) if d)
+        ours = sorted(yaml.safe_dump(d) for d in load_case(out, name))
+        if theirs != ours:
+            fail(f"helm {version} renders {name} differently from the engine the other checks use")
+    print(f"  helm {version} template renders every case as the other checks saw it (Kubernetes {kube})")
+    major, minor, patch = (int(x) for x in kube.split("."))
+    older = f"{major}.{minor - 1}.0"
+    res = subprocess.run([helm_cli, "template", RELEASE, CHART, "--kube-version", older], capture_output=True, text=True)
+    if res.returncode == 0 or "kubeVersion" not in res.stderr:
+        fail(f"helm {version} template --kube-version {older} must refuse the chart (kubeVersion >={kube}): "
+             f"exit {res.returncode} {res.stderr.strip()}")
+    print(f"  and refuses Kubernetes {older}: {res.stderr.strip().splitlines()[0]}")
+
+
 # ---------------------------------------------------------------- helm test, run for real
 
 def free_port() -> int:
@@ -1142,6 +1172,7 @@ def main() -> int:
             "chart-rules": lambda: cmd_chart_rules(*args),
             "chart-readme": lambda: cmd_chart_readme(*args),
             "helm-test": lambda: cmd_helm_test(*args),
+            "helm3": lambda: cmd_helm3(*args),
             "configs": lambda: cmd_configs(*args),
         }[cmd]()
     except CheckError as e:

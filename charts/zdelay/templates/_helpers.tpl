@@ -129,11 +129,14 @@ terminationGracePeriodSeconds: config.poller.shutdown_grace (default 10s) rounde
 {{- end -}}
 
 {{/* "true" when v is a non-empty list of tables ([[x]] in TOML). */}}
+{{- /* Two ifs, not `and`: before Go 1.18 (Helm < 3.9) `and` evaluates every argument, and len fails on a number. */ -}}
 {{- define "zdelay.toml.isTableArray" -}}
-{{- if and (kindIs "slice" .) (gt (len .) 0) -}}
+{{- if kindIs "slice" . -}}
+{{- if gt (len .) 0 -}}
 {{- $all := true -}}
 {{- range . }}{{ if not (kindIs "map" .) }}{{ $all = false }}{{ end }}{{ end -}}
 {{- if $all }}true{{ end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
