@@ -6,22 +6,32 @@ with the reason on the first mismatch.
   checks.py render OUT WORK               renders every ci/*-values.yaml and the example chart into OUT/<case>/
   checks.py assert OUT                    what the rendered manifests must say (security, probes, PDB, TOML, sidecar, rules)
   checks.py kubeval OUT KV                kubernetes-validate --strict -k 1.30.0 on OUT, plus a broken manifest it must refuse
-  checks.py schema                        bad values the chart must refuse (schema and template checks)
+  checks.py schema WORK                   bad values the chart must refuse (schema and template checks)
   checks.py metrics-list README OUT       the exported metric names from the README's metrics table
   checks.py metrics METRICS               every metric the dashboard and the rules query is in METRICS
   checks.py dashboard-rules OUT           the dashboard's queries as a rules file, for promtool check rules
+  checks.py chart-rules OUT               the chart's PrometheusRule with defaults = the rules file; written to OUT with its tests
   checks.py configs OUT ZDELAY            zdelay check-config on every rendered zdelay.toml
+  checks.py helm3 OUT HELM                 a Helm 3 CLI's helm template of every case = OUT; kubeVersion enforced
+  checks.py helm-test OUT ZDELAY BUSYBOX   the helm test Pod's script, with busybox, against a real zdelay and Redis
+  checks.py chart-readme [--write]        charts/zdelay/README.md's values table = the one generated from values.yaml
 """
 
 from __future__ import annotations
 
+import copy
 import glob
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
 import tomllib
 
 import yaml
@@ -32,6 +42,7 @@ EXAMPLE = os.path.join(ROOT, "charts", "examples", "app-with-zdelay")
 DASHBOARD = os.path.join(CHART, "dashboards", "zdelay.json")
 RULES = os.path.join(CHART, "files", "zdelay-rules.yaml")
 PLAIN_RULES = os.path.join(ROOT, "deploy", "prometheus", "zdelay-rules.yaml")
+# Besides each chart's minimum (Chart.yaml kubeVersion), manifests are validated against this.
 KUBE_VERSION = "1.30.0"
 RELEASE = "demo"
 NAMESPACE = "jobs"
@@ -49,6 +60,16 @@ def helm():
     import helm_python
 
     return helm_python
+
+
+def min_kube(chart_dir: str) -> str:
+    """The oldest Kubernetes a chart supports: its Chart.yaml kubeVersion, ">=X.Y.Z-0"."""
+    meta = yaml.safe_load(open(os.path.join(chart_dir, "Chart.yaml")))
+    m = re.fullmatch(r">=\s*([0-9]+\.[0-9]+\.[0-9]+)(-0)?", str(meta.get("kubeVersion", "")).strip())
+    if not m:
+        fail(f"{os.path.relpath(chart_dir, ROOT)}/Chart.yaml: kubeVersion must be \">=X.Y.Z-0\", "
+             f"is {meta.get('kubeVersion')!r}")
+    return m.group(1)
 
 
 def ci_values() -> list[tuple[str, dict]]:
@@ -85,7 +106,7 @@ def example_cases() -> list[tuple[str, dict]]:
 # ---------------------------------------------------------------- lint
 
 def lint_report(path: str, values: dict | None, what: str) -> None:
-    report = helm().lint(path, values, strict=True, kube_version=f"v{KUBE_VERSION}",
+    report = helm().lint(path, values, strict=True, kube_version=f"v{min_kube(path)}",
                          namespace=NAMESPACE, with_subcharts=True)
     bad = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
     if report.get("errors") or bad:
@@ -94,7 +115,7 @@ def lint_report(path: str, values: dict | None, what: str) -> None:
         for e in report.get("errors") or []:
             print(f"    {e}")
         fail(f"helm lint --strict {what}: {len(bad)} findings, {len(report.get('errors') or [])} errors")
-    print(f"  lint ok: {what}")
+    print(f"  lint ok: {what} (Kubernetes {min_kube(path)})")
 
 
 def cmd_lint(work: str) -> None:
@@ -108,9 +129,16 @@ def cmd_lint(work: str) -> None:
 
 # ---------------------------------------------------------------- render
 
-def render(chart_dir: str, values: dict) -> dict[str, str]:
+def render(chart_dir: str, values: dict, kube: str | None = None) -> dict[str, str]:
+    """helm template, for Kubernetes `kube` (default: the chart's minimum, so that what the
+    templates decide from .Capabilities holds on the oldest cluster the chart admits)."""
+    from helm_python import _native  # the wrapper's render() has no kube_version; the engine has
+
+    opts = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True,
+            "kube_version": f"v{kube or min_kube(chart_dir)}"}
     with helm().Chart.load(chart_dir) as chart:
-        return chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        rendered = _native.call_string("helm_render", chart._raw(), json.dumps(values), json.dumps(opts))
+    return json.loads(rendered)
 
 
 def cmd_render(out: str, work: str) -> None:
@@ -219,18 +247,117 @@ def config_of(docs: list[dict], case: str, name: str) -> dict:
         fail(f"{case}: zdelay.toml is not valid TOML: {e}\n{text}")
 
 
+THRESHOLD = re.compile(r"([<>=!]=?)\s*[0-9][0-9.e+-]*\s*$")
+
+
+def expected_rules(values: dict) -> dict:
+    """The PrometheusRule spec the chart must render for these values: the rules file with
+    prometheusRule.rules, alertLabels and runbookBaseUrl applied (an implementation of its own,
+    not the template's)."""
+    pr = values.get("prometheusRule", {})
+    settings = pr.get("rules", {})
+    base = pr.get("runbookBaseUrl", "")
+    groups = []
+    for g in yaml.safe_load(open(RULES))["groups"]:
+        rules = []
+        for r in g["rules"]:
+            s = settings.get(r["alert"], {})
+            if s.get("enabled", True) is False:
+                continue
+            r = copy.deepcopy(r)
+            if "threshold" in s:
+                r["expr"], n = THRESHOLD.subn(lambda m: f"{m.group(1)} {s['threshold']}", r["expr"])
+                if n != 1:
+                    fail(f"rule {r['alert']}: no threshold to replace in {r['expr']!r}")
+            if "for" in s:
+                if s["for"]:
+                    r["for"] = s["for"]
+                else:
+                    r.pop("for", None)
+            labels = {**pr.get("alertLabels", {}), **r.get("labels", {})}
+            if s.get("severity"):
+                labels["severity"] = s["severity"]
+            if labels:
+                r["labels"] = labels
+            if base:
+                r.setdefault("annotations", {})["runbook_url"] = \
+                    f"{base.rstrip('/')}/guides/monitoring.html#{r['alert'].lower()}"
+            rules.append(r)
+        if rules:
+            groups.append({**g, "rules": rules})
+    return {"groups": groups}
+
+
+def check_common_labels(docs: list[dict], case: str, values: dict) -> None:
+    """commonLabels on every object and on the pod template; never in a selector."""
+    common = values.get("commonLabels", {})
+    for d in docs:
+        where = f"{case}: {d['kind']} {d['metadata']['name']}"
+        labels = d["metadata"].get("labels", {})
+        for k, v in common.items():
+            if labels.get(k) != v:
+                fail(f"{where}: commonLabels {k}={v} missing from its labels {labels}")
+        if d["kind"] == "Deployment":
+            pod = d["spec"]["template"]["metadata"].get("labels", {})
+            if any(pod.get(k) != v for k, v in common.items()):
+                fail(f"{where}: commonLabels missing from the pod template's labels {pod}")
+            if any(k in d["spec"]["selector"]["matchLabels"] for k in common):
+                fail(f"{where}: commonLabels must stay out of the selector (it cannot change)")
+
+
+def check_test_pod(docs: list[dict], case: str, values: dict, fullname: str, container: dict) -> None:
+    """helm test: one hook Pod that GETs the Service's readiness path and /metrics, which the
+    Service and the PodDisruptionBudget do not select."""
+    tests = [d for d in docs if d["kind"] == "Pod"]
+    if values.get("test", {}).get("enabled", True) is False:
+        if tests:
+            fail(f"{case}: test Pod rendered though test.enabled is false")
+        return
+    if len(tests) != 1:
+        fail(f"{case}: expected one helm test Pod, found {len(tests)}")
+    pod = tests[0]
+    if pod["metadata"].get("annotations", {}).get("helm.sh/hook") != "test":
+        fail(f"{case}: the test Pod must carry helm.sh/hook: test")
+    svc = one(docs, "Service", case, fullname)
+    labels = pod["metadata"].get("labels", {})
+    if all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()):
+        fail(f"{case}: the Service's selector {svc['spec']['selector']} selects the test Pod")
+    (c,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    probe = container.get("readinessProbe", {}).get("httpGet", {}).get("path", "/readyz?sinks=ignore")
+    want = {"HOST": fullname, "PORT": str(svc["spec"]["ports"][0]["port"]), "READY_PATH": probe}
+    if {k: env.get(k) for k in want} != want:
+        fail(f"{case}: the test Pod must GET {want}, has {env}")
+    script = "\n".join(c.get("args", []))
+    if '"$BASE$READY_PATH"' not in script or '"$BASE/metrics"' not in script:
+        fail(f"{case}: the test Pod's script does not GET the readiness path and /metrics")
+    # The test Pod runs under zdelay's own security contexts (admitted wherever zdelay is).
+    dep = one(docs, "Deployment", case)
+    if pod["spec"].get("securityContext") != dep["spec"]["template"]["spec"].get("securityContext") \
+            or c.get("securityContext") != container.get("securityContext"):
+        fail(f"{case}: the test Pod's security contexts must be zdelay's (podSecurityContext, containerSecurityContext)")
+    if pod["spec"].get("restartPolicy") != "Never":
+        fail(f"{case}: the test Pod must have restartPolicy Never")
+
+
 def cmd_assert(out: str) -> None:
-    rules_text = open(RULES).read()
     if os.path.realpath(PLAIN_RULES) != os.path.realpath(RULES):
         fail("deploy/prometheus/zdelay-rules.yaml must be the chart's files/zdelay-rules.yaml (a link to it)")
-    rules = yaml.safe_load(rules_text)
     dashboard = json.load(open(DASHBOARD))
     fullname = f"{RELEASE}-zdelay"
     for name, values in [("default", {})] + ci_values():
         docs = load_case(out, name)
         mode = values.get("mode", "standalone")
         replicas = values.get("replicas", 1)
-        cfg = config_of(docs, name, fullname)
+        external = values.get("existingConfigMap")
+        check_common_labels(docs, name, values)
+        if external:
+            # The user's ConfigMap: the chart renders none and has no config to read.
+            if [d for d in docs if d["kind"] == "ConfigMap" and "zdelay.toml" in d.get("data", {})]:
+                fail(f"{name}: existingConfigMap is set, yet a zdelay.toml ConfigMap is rendered")
+            cfg = {}
+        else:
+            cfg = config_of(docs, name, fullname)
         # Dashboard ConfigMap for Grafana's sidecar.
         dash = one(docs, "ConfigMap", name, f"{fullname}-dashboard")
         if dash["metadata"]["labels"].get("grafana_dashboard") != "1":
@@ -240,8 +367,11 @@ def cmd_assert(out: str) -> None:
         # PrometheusRule: the same rules as the plain file.
         prs = [d for d in docs if d["kind"] == "PrometheusRule"]
         if values.get("prometheusRule", {}).get("enabled"):
-            if len(prs) != 1 or prs[0]["spec"] != rules:
-                fail(f"{name}: PrometheusRule spec must equal files/zdelay-rules.yaml")
+            want_rules = expected_rules(values)
+            if len(prs) != 1 or prs[0]["spec"] != want_rules:
+                fail(f"{name}: PrometheusRule spec must be files/zdelay-rules.yaml with the values' "
+                     f"prometheusRule settings applied:\n{yaml.safe_dump(want_rules)}\ngot:\n"
+                     f"{yaml.safe_dump(prs[0]['spec']) if prs else 'none'}")
         elif prs:
             fail(f"{name}: PrometheusRule rendered though prometheusRule.enabled is false")
         deps = [d for d in docs if d["kind"] == "Deployment"]
@@ -259,6 +389,8 @@ def cmd_assert(out: str) -> None:
                     fail(f"{name}: PodMonitor must select {want} and scrape port zdelay-metrics: {pms}")
             elif pms:
                 fail(f"{name}: PodMonitor rendered though podMonitor.enabled is false")
+            if any(d["kind"] == "Pod" for d in docs):
+                fail(f"{name}: sidecar mode must render no helm test Pod (there is no Service to test)")
             print(f"  {name}: sidecar mode renders config, dashboard{', rules' if prs else ''}"
                   f"{', PodMonitor' if pms else ''} only")
             continue
@@ -299,18 +431,35 @@ def cmd_assert(out: str) -> None:
         consoles = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == f"{fullname}-console"]
         if bool(consoles) != exposed or (consoles and consoles[0]["spec"]["ports"][0]["port"] != 9464):
             fail(f"{name}: Service {fullname}-console (port 9464) rendered iff admin.exposeConsole")
-        admin_cfg = cfg.get("admin", {})
         want_admin = {"console": values.get("admin", {}).get("console", True),
                       "public_reads": values.get("admin", {}).get("publicReads", True)}
         if values.get("admin", {}).get("allowedHosts"):
             want_admin["allowed_hosts"] = values["admin"]["allowedHosts"]
-        if admin_cfg != want_admin:
-            fail(f"{name}: [admin] is {admin_cfg}, want {want_admin}")
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        if external:
+            # What the chart would have written into [admin] comes as env (over the file).
+            admin_env = {k[len("ZDELAY_ADMIN__"):].lower(): json.loads(v) for k, v in env.items()
+                         if k.startswith("ZDELAY_ADMIN__") and not k.endswith("LISTEN") and v is not None}
+            if admin_env != want_admin:
+                fail(f"{name}: with existingConfigMap the admin env must be {want_admin}, is {admin_env}")
+            vol = [v for v in spec["volumes"] if v["name"] == "zdelay-config"]
+            if not vol or vol[0]["configMap"] != {"name": external, "items": [{"key": "zdelay.toml", "path": "zdelay.toml"}]}:
+                fail(f"{name}: the config volume must be ConfigMap {external}, key zdelay.toml: {vol}")
+            if values.get("tls", {}).get("redis", {}).get("enabled"):
+                tls_env = {k: v for k, v in env.items() if k.startswith("ZDELAY_REDIS__TLS__")}
+                if tls_env.get("ZDELAY_REDIS__TLS__CA_FILE") != "/etc/zdelay/tls/redis/ca.crt":
+                    fail(f"{name}: with existingConfigMap, [redis.tls] must come as env, has {tls_env}")
+        else:
+            if cfg.get("admin", {}) != want_admin:
+                fail(f"{name}: [admin] is {cfg.get('admin')}, want {want_admin}")
+            if any(k.startswith("ZDELAY_ADMIN__") and not k.endswith(("LISTEN", "TOKEN")) for k in env):
+                fail(f"{name}: [admin] is in the rendered file; no ZDELAY_ADMIN__ env besides listen and token")
         sms = [d for d in docs if d["kind"] == "ServiceMonitor"]
         if bool(sms) != bool(values.get("serviceMonitor", {}).get("enabled")):
             fail(f"{name}: ServiceMonitor rendered iff serviceMonitor.enabled")
         if sms and [e["port"] for e in sms[0]["spec"]["endpoints"]] != ["metrics"]:
             fail(f"{name}: the ServiceMonitor must scrape the metrics port")
+        check_test_pod(docs, name, values, fullname, c)
         secret_refs = sorted(e["name"] for e in c.get("env", []) if "valueFrom" in e)
         extra = []
         if name == "tls":
@@ -336,6 +485,12 @@ def cmd_assert(out: str) -> None:
             extra.append(f"redis.cluster_nodes = {len(nodes)} seeds")
         if exposed:
             extra.append("console exposed on 0.0.0.0:9464 with Service -console; metrics Service 9465 alone")
+        if external:
+            extra.append(f"config from ConfigMap {external}, [admin] and [redis.tls] as env")
+        if values.get("commonLabels"):
+            extra.append(f"commonLabels on all {len(docs)} objects")
+        if prs:
+            extra.append(f"PrometheusRule with {sum(len(g['rules']) for g in prs[0]['spec']['groups'])} alerts")
         print(f"  {name}: Deployment x{replicas}, grace {tgps}s, PDB {'yes' if pdbs else 'no'}, "
               f"secret env {secret_refs or 'none'}{'; ' + '; '.join(extra) if extra else ''}")
     # The example parent chart: zdelay as a native sidecar in the app's pods.
@@ -386,9 +541,8 @@ spec:
 """
 
 
-def cmd_kubeval(out: str, kv: str) -> None:
-    files = sorted(glob.glob(os.path.join(out, "*", "*.yaml")))
-    res = subprocess.run([kv, "--strict", "-k", KUBE_VERSION, *files], capture_output=True, text=True)
+def kubeval_files(kv: str, version: str, files: list[str]) -> None:
+    res = subprocess.run([kv, "--strict", "-k", version, *files], capture_output=True, text=True)
     lines = (res.stdout + res.stderr).splitlines()
     passed = [l for l in lines if l.startswith("INFO") and " passed " in l]
     unknown = [l for l in lines if "Couldn't find schema" in l]
@@ -397,9 +551,24 @@ def cmd_kubeval(out: str, kv: str) -> None:
                    for l in unknown)
     if res.returncode != 0 or bad or not crd_only:
         print("\n".join(bad + [l for l in unknown]))
-        fail(f"kubernetes-validate --strict -k {KUBE_VERSION}: exit {res.returncode}")
-    print(f"  {len(passed)} resources valid against Kubernetes {KUBE_VERSION} (strict); "
+        fail(f"kubernetes-validate --strict -k {version}: exit {res.returncode}")
+    print(f"  {len(passed)} resources valid against Kubernetes {version} (strict); "
           f"{len(unknown)} Prometheus Operator resources have no schema here (rules checked by promtool)")
+
+
+def cmd_kubeval(out: str, kv: str) -> None:
+    """Every rendered case against KUBE_VERSION and against its chart's minimum (kubeVersion)."""
+    by_min: dict[str, list[str]] = {}
+    every = []
+    for case_dir in sorted(glob.glob(os.path.join(out, "*", ""))):
+        case = os.path.basename(os.path.dirname(case_dir))
+        files = sorted(glob.glob(os.path.join(case_dir, "*.yaml")))
+        every += files
+        by_min.setdefault(min_kube(EXAMPLE if case.startswith("example") else CHART), []).extend(files)
+    kubeval_files(kv, KUBE_VERSION, every)
+    for version, files in sorted(by_min.items()):
+        print(f"  the chart's minimum, Kubernetes {version}:")
+        kubeval_files(kv, version, files)
     broken = os.path.join(out, "broken.yaml.txt")
     with open(broken, "w") as f:
         f.write(BROKEN)
@@ -411,9 +580,9 @@ def cmd_kubeval(out: str, kv: str) -> None:
 
 # ---------------------------------------------------------------- schema
 
-def expect_refusal(values: dict, what: str, needle: str, chart_dir: str = CHART) -> None:
+def expect_refusal(values: dict, what: str, needle: str, chart_dir: str = CHART, kube: str | None = None) -> None:
     try:
-        render(chart_dir, values)
+        render(chart_dir, values, kube)
     except Exception as e:  # noqa: BLE001
         msg = str(e)
         if needle not in msg:
@@ -424,7 +593,7 @@ def expect_refusal(values: dict, what: str, needle: str, chart_dir: str = CHART)
     fail(f"{what}: the chart rendered it; it must refuse it")
 
 
-def cmd_schema() -> None:
+def cmd_schema(work: str) -> None:
     expect_refusal({"iamge": {"repository": "zdelay"}}, "typo at the top (iamge:)", "iamge")
     expect_refusal({"replicas": "two"}, "wrong type (replicas: \"two\")", "replicas")
     expect_refusal({"config": {"poller": {"batchh": 500}}}, "typo inside config (poller.batchh)", "batchh")
@@ -444,9 +613,28 @@ def cmd_schema() -> None:
                    "allowedHosts")
     expect_refusal({"secrets": {"adminToken": {"existingSecret": "zdelay-admin"}}}, "a token Secret without its key",
                    "adminToken")
+    expect_refusal({"commonLabels": {"team": 5}}, "a number as a label value", "commonLabels")
+    expect_refusal({"commonLabels": {"team!": "x"}}, "an invalid label name", "team!")
+    expect_refusal({"commonLabels": {"app.kubernetes.io/instance": "x"}}, "a chart-owned label in commonLabels",
+                   "commonLabels.app.kubernetes.io/instance")
+    expect_refusal({"existingConfigMap": "My_Config"}, "an invalid ConfigMap name", "existingConfigMap")
+    expect_refusal({"prometheusRule": {"enabled": True, "rules": {"ZdelayAbsnt": {"enabled": False}}}},
+                   "a misspelt alert name", "ZdelayAbsnt")
+    expect_refusal({"prometheusRule": {"enabled": True, "rules": {"ZdelayAbsent": {"threshold": 3}}}},
+                   "a threshold on an alert without one", "threshold")
+    expect_refusal({"prometheusRule": {"enabled": True, "rules": {"ZdelaySinkDown": {"for": "2 minutes"}}}},
+                   "an alert's for not a duration", "for")
+    expect_refusal({"prometheusRule": {"enabled": True, "rules": {"ZdelayLatenessHigh": {"threshold": "1s"}}}},
+                   "a threshold with a unit", "threshold")
+    expect_refusal({"prometheusRule": {"runbookBaseUrl": "docs.example.com/zdelay"}}, "a runbook base that is no URL",
+                   "runbookBaseUrl")
+    expect_refusal({"test": {"image": {"repository": "busybox", "tag": ""}}}, "a test image without a tag", "tag")
+    example = example_copy(work)
+    expect_refusal({}, "a native sidecar on Kubernetes 1.28", "sidecar.native", chart_dir=example, kube="1.28.0")
     ok = {"image": {"repository": "zdelay"}, "replicas": 2}
     render(CHART, ok)
-    print("  control: a correct value set renders")
+    render(example, {"zdelay": {"sidecar": {"native": False}}}, kube="1.28.0")
+    print("  control: a correct value set renders; so does the example with a regular sidecar on 1.28")
 
 
 # ---------------------------------------------------------------- metrics
@@ -532,6 +720,27 @@ def cmd_metrics(metrics_file: str) -> None:
           f"{'; not shown anywhere: ' + ', '.join(unused) if unused else ''}")
 
 
+def cmd_chart_rules(out: str) -> None:
+    """The PrometheusRule the chart renders with default values holds exactly the rules file's
+    rules; written to OUT with the rules' unit tests, for promtool test rules."""
+    files = render(CHART, {"prometheusRule": {"enabled": True}})
+    docs = [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    plain = yaml.safe_load(open(RULES))
+    if rule["spec"] != plain:
+        fail("with default values the chart's PrometheusRule differs from deploy/prometheus/zdelay-rules.yaml: "
+             "are prometheusRule.rules' defaults in values.yaml the numbers in the file?\n"
+             + yaml.safe_dump(rule["spec"]))
+    if any("runbook_url" in r.get("annotations", {}) for g in rule["spec"]["groups"] for r in g["rules"]):
+        fail("runbook_url rendered though prometheusRule.runbookBaseUrl is empty")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "zdelay-rules.yaml"), "w") as f:
+        yaml.safe_dump(rule["spec"], f)
+    shutil.copy(os.path.join(os.path.dirname(PLAIN_RULES), "zdelay-rules.test.yaml"), out)
+    n = sum(len(g["rules"]) for g in plain["groups"])
+    print(f"  the chart's PrometheusRule with default values = deploy/prometheus/zdelay-rules.yaml ({n} alerts)")
+
+
 def cmd_dashboard_rules(out: str) -> None:
     rules = []
     for i, (where, expr) in enumerate(queries()):
@@ -586,12 +795,43 @@ def pod_env(docs: list[dict], cfg: dict) -> dict[str, str]:
     return env
 
 
+# A user's zdelay.toml for existingConfigMap, whose [admin] and [redis.tls] contradict what the
+# chart passes as env: check-config must show the env's values (env wins over the file).
+STAND_IN = """# stands in for the user's ConfigMap (existingConfigMap)
+[redis]
+url = "rediss://redis.example:6379"
+[redis.tls]
+ca_file = "/elsewhere/ca.pem"
+[admin]
+listen = "0.0.0.0:1"
+metrics_listen = "0.0.0.0:2"
+console = true
+public_reads = true
+allowed_hosts = ["from-the-file.example"]
+"""
+
+
+def env_value(raw: str):
+    """An env value as the daemon reads it: JSON-looking (true, 5, ["a"]) or a plain string."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
 def cmd_configs(out: str, zdelay: str) -> None:
     cases = [os.path.basename(d) for d in sorted(glob.glob(os.path.join(out, "*"))) if os.path.isdir(d)]
     for case in cases:
         docs = load_case(out, case)
-        for cm in [d for d in docs if d["kind"] == "ConfigMap" and "zdelay.toml" in d.get("data", {})]:
-            text = cm["data"]["zdelay.toml"]
+        configs = [(d["data"]["zdelay.toml"], "rendered config") for d in docs
+                   if d["kind"] == "ConfigMap" and "zdelay.toml" in d.get("data", {})]
+        rendered_names = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+        external = [v["configMap"]["name"] for d in docs if d["kind"] == "Deployment"
+                    for v in d["spec"]["template"]["spec"].get("volumes", [])
+                    if v["name"] == "zdelay-config" and v["configMap"]["name"] not in rendered_names]
+        if external:
+            configs.append((STAND_IN, f"stand-in for ConfigMap {external[0]} (env over its [admin], [redis.tls])"))
+        for text, origin in configs:
             path = os.path.join(out, f"{case}.zdelay.toml")
             with open(path, "w") as f:
                 f.write(text)
@@ -599,18 +839,322 @@ def cmd_configs(out: str, zdelay: str) -> None:
             env = {**pod_env(docs, cfg), "PATH": "/usr/bin:/bin", "ZDELAY_CONFIG": path}
             res = subprocess.run([zdelay, "check-config"], capture_output=True, text=True, env=env)
             secrets = sorted(k for k, v in env.items() if PLACEHOLDER in v)
-            if res.returncode == 0:
-                shown = json.loads(res.stdout)
-                for field, var in [("listen", "ZDELAY_ADMIN__LISTEN"), ("metrics_listen", "ZDELAY_ADMIN__METRICS_LISTEN")]:
-                    if var in env and shown["admin"][field] != env[var]:
-                        fail(f"{case}: check-config shows admin.{field} {shown['admin'][field]}, the pod sets {env[var]}")
-                if PLACEHOLDER in res.stdout + res.stderr:
-                    fail(f"{case}: check-config prints a secret given in {', '.join(secrets)}")
-                print(f"  {case}: check-config accepts it with the pod's env "
-                      f"(secrets {secrets or 'none'}, not printed)")
-            else:
-                fail(f"{case}: zdelay check-config refuses the rendered config with the pod's env "
+            if res.returncode != 0:
+                fail(f"{case}: zdelay check-config refuses the {origin} with the pod's env "
                      f"{sorted(env)}:\n{res.stderr}\n{text}")
+            shown = json.loads(res.stdout)
+            if text == STAND_IN:
+                # The user's file cannot be trusted with what the probes and Services rely on.
+                need = ["ZDELAY_ADMIN__LISTEN", "ZDELAY_ADMIN__METRICS_LISTEN", "ZDELAY_ADMIN__CONSOLE",
+                        "ZDELAY_ADMIN__PUBLIC_READS"]
+                if any(v["name"] == "zdelay-redis-tls" for d in docs if d["kind"] == "Deployment"
+                       for v in d["spec"]["template"]["spec"].get("volumes", [])):
+                    need.append("ZDELAY_REDIS__TLS__CA_FILE")
+                missing = [v for v in need if v not in env]
+                if missing:
+                    fail(f"{case}: with existingConfigMap the pod must set {missing}: the file's values would hold")
+            # Every setting the pod passes for [admin] and [redis.tls] is what the daemon uses.
+            for var, raw in sorted(env.items()):
+                m = re.fullmatch(r"ZDELAY_(ADMIN|REDIS__TLS)__([A-Z_]+)", var)
+                if not m or var == "ZDELAY_ADMIN__TOKEN":
+                    continue
+                section = shown["admin"] if m.group(1) == "ADMIN" else shown["redis"].get("tls") or {}
+                field = m.group(2).lower()
+                if section.get(field) != env_value(raw):
+                    fail(f"{case}: check-config shows {m.group(1).lower().replace('__', '.')}.{field} = "
+                         f"{section.get(field)!r}, the pod sets {var}={raw}")
+            if PLACEHOLDER in res.stdout + res.stderr:
+                fail(f"{case}: check-config prints a secret given in {', '.join(secrets)}")
+            print(f"  {case}: check-config accepts the {origin} config with the pod's env "
+                  f"(secrets {secrets or 'none'}, not printed)")
+
+
+# ---------------------------------------------------------------- a Helm 3 CLI
+
+def cmd_helm3(out: str, helm_cli: str) -> None:
+    """The real `helm template` of a Helm 3 built with Go < 1.18 (where a template's `and`
+    and `or` evaluate every argument) renders every case exactly as the engine used above, and
+    refuses a Kubernetes older than Chart.yaml's kubeVersion."""
+    version = subprocess.run([helm_cli, "version", "--short"], capture_output=True, text=True).stdout.strip()
+    kube = min_kube(CHART)
+    for name, values in [("default", {})] + ci_values():
+        args = [helm_cli, "template", RELEASE, CHART, "--namespace", NAMESPACE, "--kube-version", kube]
+        if name != "default":
+            args += ["-f", os.path.join(CHART, "ci", f"{name}-values.yaml")]
+        res = subprocess.run(args, capture_output=True, text=True)
+        if res.returncode != 0:
+            fail(f"helm {version} template ({name}): {res.stderr.strip()}")
+        theirs = sorted(yaml.safe_dump(d) for d in yaml.safe_load_all(res.stdout) if d)
+        ours = sorted(yaml.safe_dump(d) for d in load_case(out, name))
+        if theirs != ours:
+            fail(f"helm {version} renders {name} differently from the engine the other checks use")
+    print(f"  helm {version} template renders every case as the other checks saw it (Kubernetes {kube})")
+    major, minor, patch = (int(x) for x in kube.split("."))
+    older = f"{major}.{minor - 1}.0"
+    res = subprocess.run([helm_cli, "template", RELEASE, CHART, "--kube-version", older], capture_output=True, text=True)
+    if res.returncode == 0 or "kubeVersion" not in res.stderr:
+        fail(f"helm {version} template --kube-version {older} must refuse the chart (kubeVersion >={kube}): "
+             f"exit {res.returncode} {res.stderr.strip()}")
+    print(f"  and refuses Kubernetes {older}: {res.stderr.strip().splitlines()[0]}")
+
+
+# ---------------------------------------------------------------- helm test, run for real
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as res:
+            return res.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def wait_for(what: str, cond, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            fail(f"timed out after {seconds} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def cmd_helm_test(out: str, zdelay: str, busybox: str) -> None:
+    """The `helm test` Pod's script, as rendered, run by busybox's sh, wget, grep, nc, sleep and
+    timeout (the default test.image's tools, and nothing else on PATH) against a real zdelay and Redis on loopback: it passes while
+    zdelay is ready, fails (showing the reason /readyz gives) while Redis is down, and fails
+    when nothing answers."""
+    docs = load_case(out, "default")
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    (c,) = pod["spec"]["containers"]
+    if c.get("command") != ["sh", "-c"] or len(c.get("args", [])) != 1:
+        fail(f"the test Pod must run sh -c SCRIPT, runs {c.get('command')} {c.get('args')}")
+    script = c["args"][0]
+    pod_env = {e["name"]: e["value"] for e in c["env"]}
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "zdelay.toml" in d.get("data", {})]
+    tmp = tempfile.mkdtemp(prefix="helm-test-", dir=out)
+    tools = os.path.join(tmp, "bin")
+    os.makedirs(tools)
+    for applet in ("sh", "wget", "grep", "nc", "sleep", "timeout"):
+        os.symlink(busybox, os.path.join(tools, applet))
+    config = os.path.join(tmp, "zdelay.toml")
+    with open(config, "w") as f:
+        f.write(cm["data"]["zdelay.toml"])
+    redis_port, metrics_port, console_port = free_port(), free_port(), free_port()
+    procs = []
+
+    def start(args: list[str], env: dict, log: str) -> subprocess.Popen:
+        p = subprocess.Popen(args, env=env, stdout=open(os.path.join(tmp, log), "w"), stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    def run_script(tries: int) -> subprocess.CompletedProcess:
+        env = {**pod_env, "PATH": tools, "HOST": "127.0.0.1", "PORT": str(metrics_port), "TRIES": str(tries)}
+        return subprocess.run([os.path.join(tools, "sh"), "-c", script], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    try:
+        redis = start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                       "--appendonly", "no", "--dir", tmp], {"PATH": "/usr/bin:/bin"}, "redis.log")
+
+        def redis_up() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", redis_port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    return sock.recv(16).startswith(b"+PONG")
+            except OSError:
+                return False
+        wait_for("redis-server", redis_up, 10)
+        daemon = start([zdelay, "run"], {
+            "PATH": "/usr/bin:/bin", "ZDELAY_CONFIG": config,
+            "ZDELAY_REDIS__URL": f"redis://127.0.0.1:{redis_port}",
+            "ZDELAY_ADMIN__LISTEN": f"127.0.0.1:{console_port}",
+            "ZDELAY_ADMIN__METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
+            "ZDELAY_POLLER__INSTANCE_ID": "helm-test-check", "ZDELAY_LOG": "warn"}, "zdelay.log")
+        ready = f"http://127.0.0.1:{metrics_port}{pod_env['READY_PATH']}"
+        # The script waits for readiness itself: start it at once, as helm test right after an install.
+        res = run_script(30)
+        if res.returncode != 0 or res.stdout.count("ok: GET") != 2:
+            fail(f"the test script failed against a ready zdelay (exit {res.returncode}):\n{res.stdout}{res.stderr}"
+                 f"\nzdelay log:\n{open(os.path.join(tmp, 'zdelay.log')).read()[-2000:]}")
+        print("  against a ready zdelay it passes:\n    " + res.stdout.strip().replace("\n", "\n    "))
+        redis.terminate()
+        redis.wait(10)
+        wait_for(f"{ready} to answer 503 with Redis down", lambda: http_status(ready) == 503, 60)
+        res = run_script(1)
+        if res.returncode == 0 or "FAIL" not in res.stdout or "not ready" not in res.stdout:
+            fail(f"with Redis down the test script must fail and show /readyz's reason (exit {res.returncode}):\n"
+                 f"{res.stdout}{res.stderr}")
+        why = [l for l in res.stdout.splitlines() if "not ready" in l]
+        print(f"  with Redis down it fails, showing /readyz's reason: {why[0].strip()[:120]}")
+        daemon.terminate()
+        daemon.wait(30)
+        res = run_script(1)
+        if res.returncode == 0 or "FAIL" not in res.stdout:
+            fail(f"with nothing listening the test script must fail (exit {res.returncode}):\n{res.stdout}{res.stderr}")
+        print("  with nothing listening it fails")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# ---------------------------------------------------------------- chart README
+
+README = os.path.join(CHART, "README.md")
+BEGIN = "<!-- BEGIN values: generated from values.yaml by `bash scripts/deploy-check.sh chart-readme`; do not edit -->"
+END = "<!-- END values -->"
+KEY_LINE = re.compile(r"^ *(?P<key>[A-Za-z0-9_.-]+|\"[^\"]+\"):(?P<rest>\s.*|)$")
+
+
+def split_comment(rest: str) -> tuple[str, str | None]:
+    """A value and its trailing comment: the first # after a blank outside quotes."""
+    quote = None
+    for i, ch in enumerate(rest):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#" and (i == 0 or rest[i - 1] in " \t"):
+            return rest[:i].strip(), rest[i + 1:].strip()
+    return rest.strip(), None
+
+
+class ValueDoc:
+    def __init__(self, path: list[str], line: int, comment: list[str]):
+        self.path = path
+        self.line = line
+        self.comment = comment
+
+
+def values_docs(text: str) -> list[ValueDoc]:
+    """Every key of values.yaml outside lists, with its comment: the comment lines right above
+    it (no blank line between) and the comment after it on its line."""
+    docs: list[ValueDoc] = []
+    stack: list[tuple[int, str]] = []
+    pending: list[str] = []
+    skip_below: int | None = None  # inside a list value: its items are the value, not keys
+    lines = text.splitlines()
+    for n, raw in enumerate(lines, 1):
+        line = raw.rstrip()
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if skip_below is not None and (not stripped or indent > skip_below or
+                                       (indent == skip_below and stripped.startswith("- "))):
+            continue
+        skip_below = None
+        if not stripped:
+            pending = []
+            continue
+        if stripped.startswith("#"):
+            pending.append(stripped[1:].strip())
+            continue
+        m = KEY_LINE.match(line)
+        if not m:
+            fail(f"values.yaml:{n}: cannot read {line!r} (a key: value line, a comment or a list item)")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key = m.group("key").strip('"')
+        value, trailing = split_comment(m.group("rest"))
+        path = [k for _, k in stack] + [key]
+        block = [" ".join(pending)] if pending else []
+        docs.append(ValueDoc(path, n, block + ([trailing] if trailing else [])))
+        pending = []
+        stack.append((indent, key))
+        if not value:
+            # A block value: a map (its keys follow, deeper) or a list (its items follow).
+            following = [l for l in lines[n:] if l.strip() and not l.strip().startswith("#")]
+            if following and following[0].lstrip().startswith("- "):
+                skip_below = indent
+    return docs
+
+
+def schema_at(schema: dict, path: list[str]) -> dict:
+    node = schema
+    for key in path:
+        node = (node.get("properties") or {}).get(key) or {}
+    return node
+
+
+def md_text(text: str) -> str:
+    """A table cell: pipes escaped, <placeholders> kept visible outside code spans, the book's
+    pages linked (relative to charts/zdelay/)."""
+    parts = text.replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):
+        p = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+        parts[i] = re.sub(r"(?<![\[/\w])(docs/[a-z0-9_/-]+\.md)", r"[\1](../../\1)", p)
+    return "`".join(parts)
+
+
+def type_of(value, schema: dict) -> str:
+    t = schema.get("type")
+    if isinstance(t, list):
+        return " or ".join(t)
+    if t:
+        return "map" if t == "object" else "list" if t == "array" else t
+    if "enum" in schema:
+        return "string"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
+            dict: "map", type(None): "null"}[type(value)]
+
+
+def values_table() -> str:
+    text = open(os.path.join(CHART, "values.yaml")).read()
+    values = yaml.safe_load(text)
+    schema = json.load(open(os.path.join(CHART, "values.schema.json")))
+    docs = values_docs(text)
+    documented_below = {tuple(d.path[:i]) for d in docs if d.comment for i in range(1, len(d.path))}
+    rows, undocumented = [], []
+    for d in docs:
+        if len(d.path) > 1 and tuple(d.path[:-1]) not in documented_below:
+            continue  # part of a parent shown whole
+        value = values
+        for k in d.path:
+            value = value[k]
+        whole = not (isinstance(value, dict) and value and tuple(d.path) in documented_below)
+        if not d.comment:
+            if whole:
+                undocumented.append(f"values.yaml:{d.line} {'.'.join(d.path)}")
+            continue
+        sch = schema_at(schema, d.path)
+        default = f"`{json.dumps(value, ensure_ascii=False)}`" if whole else "see below"
+        desc = ""
+        for part in d.comment:
+            desc += (" " if not desc or desc[-1] in ".:;!?" else ". ") + part if desc else part
+        if "enum" in sch:
+            desc += ("" if desc[-1] in ".:;!?" else ".") + " One of: " + ", ".join(f"`{v}`" for v in sch["enum"]) + "."
+        rows.append(f"| `{'.'.join(d.path)}` | {type_of(value, sch)} | {md_text(default)} | {md_text(desc)} |")
+    if undocumented:
+        fail("values without a comment (write one above the key or after its value):\n    "
+             + "\n    ".join(undocumented))
+    return "\n".join(["| Key | Type | Default | Description |", "| --- | --- | --- | --- |", *rows])
+
+
+def cmd_chart_readme(*flags: str) -> None:
+    current = open(README).read() if os.path.exists(README) else ""
+    if BEGIN not in current or END not in current:
+        fail(f"{os.path.relpath(README, ROOT)} must hold the lines {BEGIN!r} and {END!r} around the values table")
+    head, rest = current.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    wanted = f"{head}{BEGIN}\n{values_table()}\n{END}{tail}"
+    if flags == ("--write",):
+        with open(README, "w") as f:
+            f.write(wanted)
+        print(f"  wrote {os.path.relpath(README, ROOT)}")
+        return
+    if wanted != current:
+        import difflib
+        diff = difflib.unified_diff(current.splitlines(), wanted.splitlines(), "committed", "generated", lineterm="", n=0)
+        print("\n".join(list(diff)[:40]))
+        fail(f"{os.path.relpath(README, ROOT)}'s values table is not the one values.yaml gives: "
+             "regenerate it with `bash scripts/deploy-check.sh chart-readme`")
+    print(f"  {os.path.relpath(README, ROOT)}: the values table matches values.yaml ({values_table().count(chr(10)) - 1} values)")
 
 
 def main() -> int:
@@ -621,10 +1165,14 @@ def main() -> int:
             "render": lambda: cmd_render(*args),
             "assert": lambda: cmd_assert(*args),
             "kubeval": lambda: cmd_kubeval(*args),
-            "schema": lambda: cmd_schema(),
+            "schema": lambda: cmd_schema(*args),
             "metrics-list": lambda: cmd_metrics_list(*args),
             "metrics": lambda: cmd_metrics(*args),
             "dashboard-rules": lambda: cmd_dashboard_rules(*args),
+            "chart-rules": lambda: cmd_chart_rules(*args),
+            "chart-readme": lambda: cmd_chart_readme(*args),
+            "helm-test": lambda: cmd_helm_test(*args),
+            "helm3": lambda: cmd_helm3(*args),
             "configs": lambda: cmd_configs(*args),
         }[cmd]()
     except CheckError as e:

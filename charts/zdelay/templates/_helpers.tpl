@@ -38,10 +38,30 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "zdelay.labels" -}}
-helm.sh/chart: {{ include "zdelay.chart" . }}
-{{ include "zdelay.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- include "zdelay.labelsWith" (dict "ctx" . "extra" dict) -}}
+{{- end -}}
+
+{{/*
+An object's labels: the chart's own, then the object's extra labels (e.g.
+serviceMonitor.labels), then commonLabels. The chart's own win, so a selector never changes;
+commonLabels may not name them (a clear error instead of a silently ignored value).
+*/}}
+{{- define "zdelay.labelsWith" -}}
+{{- $ctx := .ctx -}}
+{{- $own := dict "helm.sh/chart" (include "zdelay.chart" $ctx) "app.kubernetes.io/name" (include "zdelay.name" $ctx) "app.kubernetes.io/instance" $ctx.Release.Name "app.kubernetes.io/version" ($ctx.Chart.AppVersion | toString) "app.kubernetes.io/managed-by" $ctx.Release.Service -}}
+{{- $common := $ctx.Values.commonLabels | default dict -}}
+{{- range $k := keys $common | sortAlpha -}}
+{{- if hasKey $own $k -}}
+{{- fail (printf "commonLabels.%s: the chart sets this label itself (its selectors rely on it); choose another key" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (merge (deepCopy $own) (deepCopy (.extra | default dict)) (deepCopy $common)) -}}
+{{- end -}}
+
+{{/* The pod template's labels: the selector's, then podLabels, then commonLabels. */}}
+{{- define "zdelay.podLabels" -}}
+{{- $selector := include "zdelay.selectorLabels" . | fromYaml -}}
+{{- toYaml (merge $selector (deepCopy (.Values.podLabels | default dict)) (deepCopy (.Values.commonLabels | default dict))) -}}
 {{- end -}}
 
 {{- define "zdelay.image" -}}
@@ -68,7 +88,7 @@ terminationGracePeriodSeconds: config.poller.shutdown_grace (default 10s) rounde
 5 s for the process to exit after the batch in hand. A configured value below that fails.
 */}}
 {{- define "zdelay.terminationGracePeriodSeconds" -}}
-{{- $poller := .Values.config.poller | default dict -}}
+{{- $poller := ternary dict (.Values.config.poller | default dict) (not (empty .Values.existingConfigMap)) -}}
 {{- $grace := $poller.shutdown_grace | default "10s" -}}
 {{- $ms := include "zdelay.durationMs" $grace | int64 -}}
 {{- $min := add (div (add $ms 999) 1000) 5 -}}
@@ -109,11 +129,14 @@ terminationGracePeriodSeconds: config.poller.shutdown_grace (default 10s) rounde
 {{- end -}}
 
 {{/* "true" when v is a non-empty list of tables ([[x]] in TOML). */}}
+{{- /* Two ifs, not `and`: before Go 1.18 (Helm < 3.9) `and` evaluates every argument, and len fails on a number. */ -}}
 {{- define "zdelay.toml.isTableArray" -}}
-{{- if and (kindIs "slice" .) (gt (len .) 0) -}}
+{{- if kindIs "slice" . -}}
+{{- if gt (len .) 0 -}}
 {{- $all := true -}}
 {{- range . }}{{ if not (kindIs "map" .) }}{{ $all = false }}{{ end }}{{ end -}}
 {{- if $all }}true{{ end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -159,23 +182,37 @@ sub-tables gets no header of its own.
 {{- end -}}
 {{- end -}}
 
-{{/* The effective config as a dict: values' config plus what the chart derives (redis.tls). */}}
-{{- define "zdelay.configDict" -}}
-{{- $cfg := deepCopy (.Values.config | default dict) -}}
-{{- $redis := $cfg.redis | default dict -}}
+{{/* [redis.tls] from tls.redis (JSON; {} when off). */}}
+{{- define "zdelay.redisTlsDict" -}}
 {{- $t := .Values.tls.redis -}}
+{{- $tls := dict -}}
 {{- if $t.enabled -}}
-{{- $tls := dict "insecure_skip_verify" $t.insecureSkipVerify -}}
+{{- $_ := set $tls "insecure_skip_verify" $t.insecureSkipVerify -}}
 {{- if $t.caKey -}}{{- $_ := set $tls "ca_file" (printf "%s/%s" $t.mountPath $t.caKey) -}}{{- end -}}
 {{- if $t.certKey -}}{{- $_ := set $tls "cert_file" (printf "%s/%s" $t.mountPath $t.certKey) -}}{{- end -}}
 {{- if $t.keyKey -}}{{- $_ := set $tls "key_file" (printf "%s/%s" $t.mountPath $t.keyKey) -}}{{- end -}}
-{{- $_ := set $redis "tls" $tls -}}
 {{- end -}}
-{{- $_ := set $cfg "redis" $redis -}}
+{{- toJson $tls -}}
+{{- end -}}
+
+{{/* [admin] from the admin values, listen addresses aside (those are env: see zdelay.env). */}}
+{{- define "zdelay.adminDict" -}}
 {{- $a := .Values.admin -}}
 {{- $admin := dict "console" $a.console "public_reads" $a.publicReads -}}
 {{- with $a.allowedHosts }}{{ $_ := set $admin "allowed_hosts" . }}{{ end -}}
-{{- $_ := set $cfg "admin" $admin -}}
+{{- toJson $admin -}}
+{{- end -}}
+
+{{/* The effective config as a dict: values' config plus what the chart derives (redis.tls, admin). */}}
+{{- define "zdelay.configDict" -}}
+{{- $cfg := deepCopy (.Values.config | default dict) -}}
+{{- $redis := $cfg.redis | default dict -}}
+{{- $tls := include "zdelay.redisTlsDict" . | fromJson -}}
+{{- if $tls -}}
+{{- $_ := set $redis "tls" $tls -}}
+{{- end -}}
+{{- $_ := set $cfg "redis" $redis -}}
+{{- $_ := set $cfg "admin" (include "zdelay.adminDict" . | fromJson) -}}
 {{- toJson $cfg -}}
 {{- end -}}
 
@@ -188,13 +225,29 @@ sub-tables gets no header of its own.
 {{- include "zdelay.toml.table" (dict "path" "" "table" (include "zdelay.configDict" . | fromJson) "order" (list "redis" "poller" "admin" "tracing" "sinks" "routes" "sources")) }}
 {{ end -}}
 
+{{/*
+Rolls the pods when the config changes. With existingConfigMap the chart cannot see the
+ConfigMap's content: only a new name (or the derived env) rolls them.
+*/}}
 {{- define "zdelay.configChecksum" -}}
+{{- if .Values.existingConfigMap -}}
+{{- include "zdelay.validate" . -}}
+{{- printf "existingConfigMap=%s" .Values.existingConfigMap | sha256sum -}}
+{{- else -}}
 {{- include "zdelay.configToml" . | sha256sum -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ConfigMap holding zdelay.toml: the chart's, or existingConfigMap. */}}
+{{- define "zdelay.configMapName" -}}
+{{- .Values.existingConfigMap | default (include "zdelay.fullname" .) -}}
 {{- end -}}
 
 {{/* Checks the schema cannot express; each failure names the value at fault. */}}
 {{- define "zdelay.validate" -}}
-{{- $cfg := .Values.config | default dict -}}
+{{- $external := not (empty .Values.existingConfigMap) -}}
+{{- /* With existingConfigMap, config is ignored: nothing of it to check. */ -}}
+{{- $cfg := ternary dict (.Values.config | default dict) $external -}}
 {{- $redis := $cfg.redis | default dict -}}
 {{- $sinks := $cfg.sinks | default dict -}}
 {{- $s := .Values.secrets -}}
@@ -219,7 +272,7 @@ sub-tables gets no header of its own.
 {{- end -}}
 {{- end -}}
 {{- range $name, $ref := $s.sinks -}}
-{{- if not (hasKey $sinks $name) -}}
+{{- if and (not $external) (not (hasKey $sinks $name)) -}}
 {{- fail (printf "secrets.sinks.%s: no sink %q in config.sinks" $name $name) -}}
 {{- end -}}
 {{- end -}}
@@ -238,7 +291,7 @@ sub-tables gets no header of its own.
 {{- if ne (empty $t.certKey) (empty $t.keyKey) -}}
 {{- fail "tls.redis.certKey and tls.redis.keyKey go together (mutual TLS needs both)" -}}
 {{- end -}}
-{{- if and (not $s.redis.urlKey) (not $redis.cluster_nodes) (not (hasPrefix "rediss://" ($redis.url | default ""))) -}}
+{{- if and (not $external) (not $s.redis.urlKey) (not $redis.cluster_nodes) (not (hasPrefix "rediss://" ($redis.url | default ""))) -}}
 {{- fail "tls.redis.enabled needs a rediss:// URL in config.redis.url" -}}
 {{- end -}}
 {{- end -}}
@@ -253,6 +306,17 @@ sub-tables gets no header of its own.
   value: {{ printf "%s:%d" (ternary "0.0.0.0" "127.0.0.1" .Values.admin.exposeConsole) (.Values.admin.port | int) | quote }}
 - name: ZDELAY_ADMIN__METRICS_LISTEN
   value: {{ printf "0.0.0.0:%d" (.Values.admin.metricsPort | int) | quote }}
+{{- if .Values.existingConfigMap }}
+{{- /* The file is the user's: what the chart would have written into it comes as env, which wins over the file. */}}
+{{- range $k, $v := include "zdelay.adminDict" . | fromJson }}
+- name: ZDELAY_ADMIN__{{ upper $k }}
+  value: {{ toJson $v | quote }}
+{{- end }}
+{{- range $k, $v := include "zdelay.redisTlsDict" . | fromJson }}
+- name: ZDELAY_REDIS__TLS__{{ upper $k }}
+  value: {{ ternary ($v | toString) (toJson $v) (kindIs "string" $v) | quote }}
+{{- end }}
+{{- end }}
 {{- with .Values.secrets.adminToken }}
 {{- if .existingSecret }}
 - name: ZDELAY_ADMIN__TOKEN
@@ -332,7 +396,10 @@ sub-tables gets no header of its own.
 {{- $mode := ternary "0444" "0440" .sidecar -}}
 - name: zdelay-config
   configMap:
-    name: {{ include "zdelay.fullname" $ctx }}
+    name: {{ include "zdelay.configMapName" $ctx }}
+    items:
+      - key: zdelay.toml
+        path: zdelay.toml
 {{- with $ctx.Values.tls.redis }}
 {{- if .enabled }}
 - name: zdelay-redis-tls
@@ -369,6 +436,9 @@ sub-tables gets no header of its own.
   image: {{ include "zdelay.image" $ctx | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
   {{- if and $sidecar $v.sidecar.native }}
+  {{- if semverCompare "<1.29.0-0" $ctx.Capabilities.KubeVersion.Version }}
+  {{- fail (printf "sidecar.native: a native sidecar (an init container with restartPolicy Always) needs Kubernetes 1.29+, this is %s; set zdelay.sidecar.native=false for a regular container" $ctx.Capabilities.KubeVersion.Version) }}
+  {{- end }}
   restartPolicy: Always
   {{- end }}
   args: ["run"]
