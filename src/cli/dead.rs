@@ -178,10 +178,12 @@ pub async fn run(client: &Client, config: &Config, action: DeadAction) -> anyhow
 
 async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Result<i32> {
     let filter = args.filters.filter();
+    // One more than shown from each shard and source: then "more match" is exact.
+    let read = args.limit.saturating_add(1);
     let (jobs, sources) = match &args.source {
         Some(key) => (Vec::new(), vec![source(config, key)?]),
         None => (
-            client.dead_jobs(&filter, args.limit).await?,
+            client.dead_jobs(&filter, read).await?,
             config.sources.iter().collect(),
         ),
     };
@@ -189,7 +191,7 @@ async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Resul
     let mut raw = Vec::new();
     if envelope_only.is_empty() {
         for source in sources {
-            for member in client.raw_dead_members(source, &filter, args.limit).await? {
+            for member in client.raw_dead_members(source, &filter, read).await? {
                 raw.push((source.key.as_str(), member));
             }
         }
@@ -232,8 +234,8 @@ async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Resul
     Ok(0)
 }
 
-/// The `limit` oldest of every shard's and source's oldest (each read at most `limit`, so
-/// the overall oldest are among them), and whether any was left out.
+/// The `limit` oldest of every shard's and source's oldest (each read `limit` + 1, so the
+/// overall oldest are among them), and whether any was left out.
 fn oldest<'a>(
     mut jobs: Vec<DeadJob>,
     mut raw: Vec<(&'a str, DeadMember)>,

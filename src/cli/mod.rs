@@ -107,6 +107,9 @@ enum Command {
     Get {
         /// The job's id, as enqueue printed it.
         id: String,
+        /// Exit 0, printing nothing, when no job with this id is stored.
+        #[arg(long)]
+        ignore_not_found: bool,
         #[command(flatten)]
         output: Output,
     },
@@ -159,8 +162,9 @@ enum Command {
     Reshard(reshard::ReshardArgs),
     /// Measure throughput and lateness against a Redis (use a scratch Redis or namespace).
     Bench(zdelay::bench::BenchArgs),
-    /// Load and validate the config, then print the effective config as JSON (secrets as
-    /// ***). Offline unless --connect.
+    /// Load and validate the config, then print the effective config as JSON whatever -o
+    /// says (secrets as ***), and a summary of sinks and routes on stderr. Offline unless
+    /// --connect.
     ///
     /// With --connect: connect to Redis and to every sink and check what the daemon will
     /// need — login, ACL rights, the namespace's layout, each route's destination object
@@ -439,7 +443,11 @@ async fn operate(
                 ),
             })
         }
-        Command::Get { id, output } => Ok(match client.get(&id).await? {
+        Command::Get {
+            id,
+            ignore_not_found,
+            output,
+        } => Ok(match client.get(&id).await? {
             Some(job) if output.is_json() => {
                 print_json(&job.to_json())?;
                 0
@@ -449,7 +457,7 @@ async fn operate(
                 0
             }
             None => not_found(
-                false,
+                ignore_not_found,
                 &format!(
                     "no job {id} is stored: it was delivered, cancelled or purged, or never \
                      enqueued (in namespace {} of {origin})",

@@ -31,6 +31,9 @@ pub enum ScheduleAction {
     /// `schedule list -o json` prints each.
     Get {
         id: String,
+        /// Exit 0, printing nothing, when there is no such schedule.
+        #[arg(long)]
+        ignore_not_found: bool,
         #[command(flatten)]
         output: super::Output,
     },
@@ -305,7 +308,11 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
             }
             Ok(0)
         }
-        ScheduleAction::Get { id, output } => match client.schedule_get(&id).await? {
+        ScheduleAction::Get {
+            id,
+            ignore_not_found,
+            output,
+        } => match client.schedule_get(&id).await? {
             Some(view) if output.is_json() => {
                 println!("{}", serde_json::to_string_pretty(&view.to_json())?);
                 Ok(0)
@@ -325,7 +332,10 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
                     println!("{}", unreadable_line(&id, &quarantine));
                     Ok(0)
                 }
-                None => Ok(super::not_found(false, &format!("no schedule {id}"))),
+                None => Ok(super::not_found(
+                    ignore_not_found,
+                    &format!("no schedule {id}"),
+                )),
             },
         },
         ScheduleAction::Pause { id, output } => {

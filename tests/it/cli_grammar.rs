@@ -120,6 +120,25 @@ fn every_printing_command_speaks_text_and_json() {
         assert!(!stderr(&out).is_empty(), "{args:?} says why on stderr");
     }
 
+    for args in [
+        &["get", &id, "--ignore-not-found"][..],
+        &[
+            "schedule",
+            "get",
+            "nope",
+            "--ignore-not-found",
+            "-o",
+            "json",
+        ],
+    ] {
+        let out = config.cli(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        assert!(
+            stdout(&out).is_empty() && stderr(&out).is_empty(),
+            "{args:?}"
+        );
+    }
+
     // schedules: text and JSON.
     ok(
         &config,
@@ -238,6 +257,20 @@ fn dead_list_limit_counts_rows_in_all() {
         "{}",
         stderr(&out)
     );
+    // "more match" is exact, even when all the rows come from one source.
+    for (limit, more) in [("4", true), ("5", false)] {
+        let out = config.cli(&["dead", "list", "--source", "raw:a", "--limit", limit]);
+        assert_eq!(
+            stdout(&out).lines().count(),
+            limit.parse::<usize>().unwrap()
+        );
+        assert_eq!(
+            stderr(&out).contains("more match"),
+            more,
+            "{}",
+            stderr(&out)
+        );
+    }
     let all = config.cli(&["dead", "list", "--limit", "1000"]);
     assert_eq!(stdout(&all).lines().count(), 45);
     assert!(!stderr(&all).contains("more match"), "{}", stderr(&all));
