@@ -236,11 +236,11 @@ async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Resul
 
 /// The `limit` oldest of every shard's and source's oldest (each read `limit` + 1, so the
 /// overall oldest are among them), and whether any was left out.
-fn oldest<'a>(
+fn oldest(
     mut jobs: Vec<DeadJob>,
-    mut raw: Vec<(&'a str, DeadMember)>,
+    mut raw: Vec<(&str, DeadMember)>,
     limit: usize,
-) -> (Vec<DeadJob>, Vec<(&'a str, DeadMember)>, bool) {
+) -> (Vec<DeadJob>, Vec<(&str, DeadMember)>, bool) {
     let more = jobs.len() + raw.len() > limit;
     jobs.sort_by_key(|j| j.died_ms);
     raw.sort_by_key(|(_, m)| m.died_ms);
