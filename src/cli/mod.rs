@@ -565,6 +565,12 @@ mod tests {
     }
 
     #[test]
+    fn the_command_line_is_well_formed() {
+        // Every flattened `-o/--json` and alias must sit with the other flags without clash.
+        <Cli as clap::CommandFactory>::command().debug_assert();
+    }
+
+    #[test]
     fn usage_errors_exit_2() {
         assert_eq!(exit_code(&UsageError("x".into()).into()), 2);
         assert_eq!(

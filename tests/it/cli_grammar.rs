@@ -531,3 +531,29 @@ fn check_config_connect_checks_redis_rights_and_layout() {
         stdout(&out)
     );
 }
+
+/// On a Redis Cluster the same checks run, each command on the node of its key; a route's
+/// list in another slot than the shards' is still tried.
+#[test]
+fn check_config_connect_on_a_cluster() {
+    let cluster = crate::common::RedisCluster::start();
+    let config = cluster.config(
+        SHARDS,
+        "[[routes]]\nname = \"jobs\"\nsink = \"local\"\ntarget = \"{q}:jobs\"\n",
+    );
+    let out = config.cli(&["check-config", "--connect", "-o", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("JSON ({e}): {}\n{}", stdout(&out), stderr(&out)));
+    assert_eq!(out.status.code(), Some(0), "{v:#}");
+    let checks: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        checks,
+        ["redis", "redis rights", "namespace", "sink local"],
+        "{v:#}"
+    );
+}
