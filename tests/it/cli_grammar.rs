@@ -289,63 +289,72 @@ fn check_config_connect_checks_every_destination_object() {
     let (exchange, queue) = (format!("zd-doctor-ex-{tag}"), format!("zd-doctor-q-{tag}"));
     crate::amqp::py(&svc.python(), &svc.amqp_url(), &["exchange", &exchange]);
     crate::amqp::py(&svc.python(), &svc.amqp_url(), &["declare", &queue]);
-    let nats = svc.nats_url();
-    let (long, short) = (format!("doctor.{tag}.long"), format!("doctor.{tag}.short"));
+    // Both NATS servers the suite runs (2.15 and Debian's 2.9): their stream lookups differ.
+    let nats = svc.nats_servers();
     runtime().block_on(async {
-        let js = async_nats::jetstream::new(async_nats::connect(&nats).await.unwrap());
-        for (name, subject, window) in [
-            ("LONG", &long, Duration::from_secs(600)),
-            ("SHORT", &short, Duration::from_secs(120)),
-        ] {
-            js.create_stream(async_nats::jetstream::stream::Config {
-                name: format!("ZD_DOCTOR_{name}_{}", tag.to_uppercase()),
-                subjects: vec![format!("{subject}.>")],
-                duplicate_window: window,
-                ..Default::default()
-            })
-            .await
-            .expect("create stream");
+        for (kind, url) in &nats {
+            let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+            for (name, window) in [
+                ("long", Duration::from_secs(600)),
+                ("short", Duration::from_secs(120)),
+            ] {
+                js.create_stream(async_nats::jetstream::stream::Config {
+                    name: format!("ZD_DOCTOR_{kind}_{name}_{tag}").to_uppercase(),
+                    subjects: vec![format!("doctor.{tag}.{kind}.{name}.>")],
+                    duplicate_window: window,
+                    ..Default::default()
+                })
+                .await
+                .expect("create stream");
+            }
         }
     });
 
-    let sinks = format!(
+    let mut sinks = format!(
         "[sinks.k]\nkind = \"kafka\"\nbrokers = \"{}\"\n\n\
-         [sinks.a]\nkind = \"amqp\"\nurl = \"{}\"\n\n\
-         [sinks.n]\nkind = \"nats\"\nurl = \"{nats}\"\n\n",
+         [sinks.a]\nkind = \"amqp\"\nurl = \"{}\"\n\n",
         svc.kafka_brokers(),
         svc.amqp_url()
     );
+    for (kind, url) in &nats {
+        sinks.push_str(&format!(
+            "[sinks.{kind}]\nkind = \"nats\"\nurl = \"{url}\"\n\n"
+        ));
+    }
     let route = |name: &str, sink: &str, target: &str| {
         format!("[[routes]]\nname = \"{name}\"\nsink = \"{sink}\"\ntarget = \"{target}\"\n\n")
     };
-    let good = [
+    let mut good = [
         route("k-ok", "k", &topic),
         route("a-ex", "a", &format!("{exchange}/key")),
         route("a-q", "a", &format!("/{queue}")),
-        route("n-ok", "n", &format!("{long}.x")),
     ]
     .concat();
-    let bad = [
+    let mut bad = [
         route("k-missing", "k", &format!("{topic}-missing")),
         route("a-missing", "a", &format!("{exchange}-missing/key")),
         route("a-q-missing", "a", &format!("/{queue}-missing")),
-        route("n-short", "n", &format!("{short}.x")),
-        route("n-missing", "n", &format!("doctor.{tag}.none.x")),
     ]
     .concat();
+    for (kind, _) in &nats {
+        let subject = |name: &str| format!("doctor.{tag}.{kind}.{name}.x");
+        good.push_str(&route(&format!("{kind}-ok"), kind, &subject("long")));
+        bad.push_str(&route(&format!("{kind}-short"), kind, &subject("short")));
+        bad.push_str(&route(&format!("{kind}-missing"), kind, &subject("none")));
+    }
 
     let all_good = TestConfig::new(&redis.url(), SHARDS, &format!("{sinks}{good}"));
     let out = all_good.cli(&["check-config", "--connect"]);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
-    for check in [
-        "redis",
-        "redis rights",
-        "namespace",
-        "sink k",
-        "sink a",
-        "sink n",
-    ] {
+    let nats_sinks: Vec<String> = nats
+        .iter()
+        .map(|(kind, _)| format!("sink {kind}"))
+        .collect();
+    for check in ["redis", "redis rights", "namespace", "sink k", "sink a"]
+        .into_iter()
+        .chain(nats_sinks.iter().map(String::as_str))
+    {
         assert!(
             text.contains(&format!("ok      {check}: ")),
             "{check}:\n{text}"
@@ -363,17 +372,25 @@ fn check_config_connect_checks_every_destination_object() {
         text.contains(&format!("route a-q: queue {queue} exists")),
         "{text}"
     );
-    assert!(
-        text.contains("route n-ok: stream ZD_DOCTOR_LONG_"),
-        "{text}"
-    );
+    for (kind, _) in &nats {
+        let stream = format!("ZD_DOCTOR_{kind}_LONG_").to_uppercase();
+        assert!(
+            text.contains(&format!("route {kind}-ok: stream {stream}")),
+            "{text}"
+        );
+    }
     assert!(!text.contains("guest:guest"), "no credentials: {text}");
 
     let with_bad = TestConfig::new(&redis.url(), SHARDS, &format!("{sinks}{good}{bad}"));
     let out = with_bad.cli(&["check-config", "--connect"]);
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{text}\n{}", stderr(&out));
-    assert!(stderr(&out).contains("5 of "), "{}", stderr(&out));
+    let failed = 3 + 2 * nats.len();
+    assert!(
+        stderr(&out).contains(&format!("{failed} of ")),
+        "{}",
+        stderr(&out)
+    );
     let problem = |route: &str, fix: &str| {
         let at = text
             .find(&format!("PROBLEM route {route}: "))
@@ -393,11 +410,17 @@ fn check_config_connect_checks_every_destination_object() {
         "a-q-missing",
         &format!("rabbitmqadmin declare queue name={queue}-missing"),
     );
-    problem("n-short", "nats stream edit ZD_DOCTOR_SHORT_");
-    problem(
-        "n-missing",
-        &format!("nats stream add <NAME> --subjects 'doctor.{tag}.none.x'"),
-    );
+    for (kind, _) in &nats {
+        let stream = format!("ZD_DOCTOR_{kind}_SHORT_").to_uppercase();
+        problem(
+            &format!("{kind}-short"),
+            &format!("nats stream edit {stream}"),
+        );
+        problem(
+            &format!("{kind}-missing"),
+            &format!("nats stream add <NAME> --subjects 'doctor.{tag}.{kind}.none.x'"),
+        );
+    }
     assert!(text.contains("duplicate window, 2m, is shorter"), "{text}");
     assert!(
         text.contains("ok      route k-ok: "),
@@ -417,13 +440,14 @@ fn check_config_connect_checks_every_destination_object() {
     };
     assert_eq!(by_name("route k-ok")["ok"], true);
     assert_eq!(by_name("route k-missing")["ok"], false);
-    assert!(
-        by_name("route n-short")["hint"]
-            .as_str()
-            .unwrap()
-            .contains("--dupe-window 5m30s")
-    );
-    assert!(by_name("route n-ok").get("hint").is_none());
+    for (kind, _) in &nats {
+        let hint = &by_name(&format!("route {kind}-short"))["hint"];
+        assert!(
+            hint.as_str().unwrap().contains("--dupe-window 5m30s"),
+            "{hint}"
+        );
+        assert!(by_name(&format!("route {kind}-ok")).get("hint").is_none());
+    }
     assert!(!stdout(&out).contains("guest:guest"));
 }
 
