@@ -214,18 +214,21 @@ pub fn job_text(job: &serde_json::Value) -> String {
     let Some(fields) = job.as_object() else {
         return format!("{job}\n");
     };
-    // The identity first, then the rest in the JSON's order.
+    // The identity first, then the rest in the JSON's order; the envelope's format version
+    // ("v") is for programs only.
     let first = ["id", "state", "dest", "due", "lease_deadline", "died"];
-    let keys = first
+    let keys: Vec<String> = first
         .iter()
         .filter(|k| fields.contains_key(**k))
         .map(|k| k.to_string())
         .chain(
             fields
                 .keys()
-                .filter(|k| !first.contains(&k.as_str()))
+                .filter(|k| !first.contains(&k.as_str()) && k.as_str() != "v")
                 .cloned(),
-        );
+        )
+        .collect();
+    let width = keys.iter().map(String::len).max().unwrap_or(0);
     for key in keys {
         let value = &fields[&key];
         let text = match (key.as_str(), value) {
@@ -251,7 +254,7 @@ pub fn job_text(job: &serde_json::Value) -> String {
             (_, serde_json::Value::Null) => "-".to_owned(),
             (_, other) => other.to_string(),
         };
-        out.push_str(&format!("{key:<15} {text}\n"));
+        out.push_str(&format!("{key:<width$}  {text}\n"));
     }
     out
 }
