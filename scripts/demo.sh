@@ -172,7 +172,7 @@ CONSUMER_PID=$!
 
 # The due time of each job, by the tag in its payload.
 declare -A DUE=()
-due_of() { zdelay get "$1" | sed -n 's/^ *"due": *\([0-9]*\).*/\1/p'; }
+due_of() { zdelay get "$1" -o json | sed -n 's/^ *"due": *\([0-9]*\).*/\1/p'; }
 
 say "enqueue with the CLI (--in is measured on Redis's clock)"
 for delay in 250ms 500ms 1s 2s; do

@@ -10,7 +10,7 @@ use zdelay::config::redact_known;
 
 fn main() {
     let cli = Cli::parse();
-    init_logging(&cli.log, cli.log_format);
+    init_logging(&cli.log_filter(), cli.log_format);
     redact_panics();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime starts");
     let code = match runtime.block_on(cli::dispatch(cli)) {

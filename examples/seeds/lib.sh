@@ -163,11 +163,27 @@ instance_metric() { ADMIN_PORT=${INSTANCE_ADMIN[$1]} metric "$2"; }
 # plan_is INSTANCES PER_SHARD SHARDS: `zdelay stats` lists INSTANCES live instances, and each
 # of the SHARDS shards is polled by PER_SHARD of them.
 plan_is() {
-    local out s
+    local out s line polled=""
     out=$(zdelay stats | grep '^instance ') || return 1
     [[ $(wc -l <<<"$out") == "$1" ]] || return 1
+    while IFS= read -r line; do polled+=$(shards_polled "$line")$'\n'; done <<<"$out"
     for ((s = 0; s < $3; s++)); do
-        [[ $(grep -cw "shard $s" <<<"$out") == "$2" ]] || return 1
+        [[ $(grep -cx "$s" <<<"$polled") == "$2" ]] || return 1
+    done
+}
+# shards_polled LINE: the shard numbers an `instance …: polls shards 0-3, 5, <source>` line
+# of `zdelay stats` names, one a line.
+shards_polled() {
+    local polls=${1#*: polls shards } part parts
+    [[ $polls == "$1" ]] && return 0
+    IFS=',' read -ra parts <<<"$polls"
+    for part in "${parts[@]}"; do
+        part=${part// /}
+        if [[ $part =~ ^([0-9]+)-([0-9]+)$ ]]; then
+            seq "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+        elif [[ $part =~ ^[0-9]+$ ]]; then
+            echo "$part"
+        fi
     done
 }
 

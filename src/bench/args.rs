@@ -63,8 +63,13 @@ pub struct BenchArgs {
     /// Delete and use the scratch keys even if they hold data.
     #[arg(long)]
     pub force: bool,
-    /// Print the report as JSON on stdout (progress still goes to stderr).
-    #[arg(long)]
+    /// Report format: text for people, json (stable, for scripts) on stdout; progress goes
+    /// to stderr either way.
+    #[arg(short = 'o', long = "output", value_name = "FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    pub output: String,
+    /// The same as -o json.
+    #[arg(long, conflicts_with = "output")]
     pub json: bool,
     /// Steady mode: also enqueue, at the same rate, jobs for this configured two-phase route
     /// (its sink as configured), to show that the local route's lateness does not depend on
@@ -92,4 +97,11 @@ pub struct BenchArgs {
     /// pollers and the route's real sink (claim → publish → broker confirmation → ack).
     #[arg(long)]
     pub route: Option<String>,
+}
+
+impl BenchArgs {
+    /// Whether the report is printed as JSON (`-o json` or `--json`).
+    pub fn is_json(&self) -> bool {
+        self.json || self.output == "json"
+    }
 }

@@ -204,7 +204,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         let cleaned = env.scratch.clean(&mut env.con, true).await;
         let report = result?;
         cleaned?;
-        if args.json {
+        if args.is_json() {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             println!(
@@ -236,7 +236,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     cleaned?;
     report.machine.loadavg_end = read_first_line("/proc/loadavg");
 
-    if args.json {
+    if args.is_json() {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report::render(&report));

@@ -10,7 +10,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 use zdelay::Client;
 use zdelay::config::{Config, SourceConfig};
-use zdelay::dead::{DeadFilter, DeadProgress, DeadSelection, ReplayOptions};
+use zdelay::dead::{DeadFilter, DeadJob, DeadMember, DeadProgress, DeadSelection, ReplayOptions};
 
 const AFTER_HELP: &str = "\
 Filters (list, replay, purge) narrow what is taken; each one given must match:
@@ -26,15 +26,18 @@ started: a job that dies again meanwhile is left alone.";
 #[derive(clap::Subcommand)]
 #[command(after_help = AFTER_HELP)]
 pub enum DeadAction {
-    /// List dead jobs and dead raw members, oldest first: id, route, attempts, reason.
+    /// List dead jobs and dead raw members, oldest first across every shard and raw source:
+    /// id, route, attempts, reason. JSON: {"jobs": [...], "raw": [...]}.
     List(ListArgs),
     /// Show one dead job: when and why it died, its earlier deaths (history), attempts and
     /// last error, route, headers, payload.
     Show(ShowArgs),
     /// Make dead jobs due again — now, or --at / --in — with their attempt count reset
     /// (--keep-attempts keeps it). Raw members (--source) go back into their source.
+    /// JSON: {"replayed", "skipped", "orphans", "due_ms", "attempts" | "source"}.
     Replay(ReplayArgs),
-    /// Delete dead jobs for good (envelope, reason and history).
+    /// Delete dead jobs for good (envelope, reason and history). JSON: {"purged",
+    /// "skipped", "source"?}.
     Purge(PurgeArgs),
 }
 
@@ -74,12 +77,11 @@ impl Filters {
 #[derive(clap::Args)]
 #[command(after_help = AFTER_HELP)]
 pub struct ListArgs {
-    /// At most this many per shard or raw source (after filtering).
+    /// At most this many rows in all (jobs and raw members, after filtering): the oldest.
     #[arg(long, default_value_t = 100)]
     limit: usize,
-    /// Print JSON ({"jobs": [...], "raw": [...]}) instead of lines.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: super::Output,
     /// Only the dead members of this configured raw source (its key). Raw members have no
     /// envelope: --route and --schedule do not apply.
     #[arg(long, value_name = "KEY", conflicts_with_all = ["route", "schedule"])]
@@ -97,9 +99,8 @@ pub struct ShowArgs {
     /// ID is a dead member of this configured raw source (its key).
     #[arg(long, value_name = "KEY")]
     source: Option<String>,
-    /// Print JSON instead of lines.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: super::Output,
 }
 
 /// Which dead jobs replay and purge take: ids, everything, one raw source, or filters.
@@ -153,9 +154,8 @@ pub struct ReplayArgs {
     /// one more try before it dies again.
     #[arg(long, conflicts_with = "source")]
     keep_attempts: bool,
-    /// Print a JSON summary instead of `replayed N`.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: super::Output,
 }
 
 #[derive(clap::Args)]
@@ -163,9 +163,8 @@ pub struct ReplayArgs {
 pub struct PurgeArgs {
     #[command(flatten)]
     select: Select,
-    /// Print a JSON summary instead of `purged N`.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: super::Output,
 }
 
 pub async fn run(client: &Client, config: &Config, action: DeadAction) -> anyhow::Result<i32> {
@@ -179,10 +178,12 @@ pub async fn run(client: &Client, config: &Config, action: DeadAction) -> anyhow
 
 async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Result<i32> {
     let filter = args.filters.filter();
+    // One more than shown from each shard and source: then "more match" is exact.
+    let read = args.limit.saturating_add(1);
     let (jobs, sources) = match &args.source {
         Some(key) => (Vec::new(), vec![source(config, key)?]),
         None => (
-            client.dead_jobs(&filter, args.limit).await?,
+            client.dead_jobs(&filter, read).await?,
             config.sources.iter().collect(),
         ),
     };
@@ -190,7 +191,7 @@ async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Resul
     let mut raw = Vec::new();
     if envelope_only.is_empty() {
         for source in sources {
-            for member in client.raw_dead_members(source, &filter, args.limit).await? {
+            for member in client.raw_dead_members(source, &filter, read).await? {
                 raw.push((source.key.as_str(), member));
             }
         }
@@ -200,20 +201,62 @@ async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Resul
             envelope_only.join(" and ")
         );
     }
-    if args.json {
+    let (jobs, raw, more) = oldest(jobs, raw, args.limit);
+    if args.output.is_json() {
         let raw: Vec<_> = raw.iter().map(|(source, m)| m.to_json(source)).collect();
         let v = serde_json::json!({ "jobs": jobs, "raw": raw });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        for j in &jobs {
-            println!("{}", render::dead_job_line(j));
+        // One list, oldest first, whichever shard or source each row comes from.
+        let mut rows: Vec<(i64, String)> = jobs
+            .iter()
+            .map(|j| (j.died_ms, render::dead_job_line(j)))
+            .chain(
+                raw.iter()
+                    .map(|(source, m)| (m.died_ms, render::dead_member_line(source, m))),
+            )
+            .collect();
+        rows.sort_by_key(|(died, _)| *died);
+        for (_, line) in rows {
+            println!("{line}");
         }
-        for (source, m) in &raw {
-            println!("{}", render::dead_member_line(source, m));
-        }
-        eprintln!("{} dead jobs, {} dead raw members", jobs.len(), raw.len());
+        eprintln!(
+            "{} dead jobs, {} dead raw members{}",
+            jobs.len(),
+            raw.len(),
+            if more {
+                format!(" (the oldest {}: more match; raise --limit)", args.limit)
+            } else {
+                String::new()
+            }
+        );
     }
     Ok(0)
+}
+
+/// The `limit` oldest of every shard's and source's oldest (each read `limit` + 1, so the
+/// overall oldest are among them), and whether any was left out.
+fn oldest(
+    mut jobs: Vec<DeadJob>,
+    mut raw: Vec<(&str, DeadMember)>,
+    limit: usize,
+) -> (Vec<DeadJob>, Vec<(&str, DeadMember)>, bool) {
+    let more = jobs.len() + raw.len() > limit;
+    jobs.sort_by_key(|j| j.died_ms);
+    raw.sort_by_key(|(_, m)| m.died_ms);
+    // Merge by time of death: the cut-off is the `limit`-th oldest of both lists.
+    let (mut taken_jobs, mut taken_raw) = (0, 0);
+    while taken_jobs + taken_raw < limit {
+        match (jobs.get(taken_jobs), raw.get(taken_raw)) {
+            (Some(j), Some((_, m))) if j.died_ms <= m.died_ms => taken_jobs += 1,
+            (_, Some(_)) => taken_raw += 1,
+            (Some(_), None) => taken_jobs += 1,
+            (None, None) => break,
+        }
+    }
+    jobs.truncate(taken_jobs);
+    raw.truncate(taken_raw);
+    (jobs, raw, more)
 }
 
 async fn show(client: &Client, config: &Config, args: ShowArgs) -> anyhow::Result<i32> {
@@ -221,7 +264,7 @@ async fn show(client: &Client, config: &Config, args: ShowArgs) -> anyhow::Resul
         let source = source(config, key)?;
         return Ok(match client.raw_dead_show(source, &args.id).await? {
             Some(m) => {
-                if args.json {
+                if args.output.is_json() {
                     let v = render::dead_member_detail_json(key, &m);
                     println!("{}", serde_json::to_string_pretty(&v)?);
                 } else {
@@ -237,7 +280,7 @@ async fn show(client: &Client, config: &Config, args: ShowArgs) -> anyhow::Resul
     }
     Ok(match client.dead_show(&args.id).await? {
         Some(job) => {
-            if args.json {
+            if args.output.is_json() {
                 let v = render::dead_detail_json(&job);
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -277,7 +320,7 @@ async fn replay(client: &Client, config: &Config, args: ReplayArgs) -> anyhow::R
         }
     };
     bar.finish();
-    if args.json {
+    if args.output.is_json() {
         let mut v = serde_json::to_value(r)?;
         match &args.select.source {
             Some(key) => {
@@ -329,7 +372,7 @@ async fn purge(client: &Client, config: &Config, args: PurgeArgs) -> anyhow::Res
         }
     };
     bar.finish();
-    if args.json {
+    if args.output.is_json() {
         let mut v = serde_json::to_value(p)?;
         if let Some(key) = &args.select.source {
             v["source"] = key.as_str().into();

@@ -52,6 +52,8 @@ pub struct EnqueueArgs {
     /// Prints one id per input line, in order.
     #[arg(long, conflicts_with_all = ["dest", "payload", "payload_file", "id"])]
     batch: Option<String>,
+    #[command(flatten)]
+    output: super::Output,
 }
 
 /// `--on-conflict`, as the CLI spells it.
@@ -86,6 +88,12 @@ pub(super) fn parse_header(s: &str) -> Result<(String, String), String> {
 pub async fn run(client: &Client, args: EnqueueArgs) -> anyhow::Result<i32> {
     let policy = OnConflict::from(args.on_conflict);
     if let Some(path) = &args.batch {
+        if args.output.is_json() {
+            return Err(super::UsageError(
+                "--batch prints one id per input line: -o json does not apply".into(),
+            )
+            .into());
+        }
         return batch::run(path, "jobs enqueued", parse_line, async |jobs| {
             Ok(client
                 .enqueue_batch(jobs, policy)
@@ -110,7 +118,12 @@ pub async fn run(client: &Client, args: EnqueueArgs) -> anyhow::Result<i32> {
     job.max_attempts = args.max_attempts;
     job.max_lateness = args.max_lateness;
     let (id, outcome) = client.enqueue(job, policy).await?;
-    println!("{id}");
+    if args.output.is_json() {
+        let kept = outcome == Enqueued::Kept;
+        super::print_json(&serde_json::json!({ "id": id, "kept": kept }))?;
+    } else {
+        println!("{id}");
+    }
     if outcome == Enqueued::Kept {
         eprintln!("{id} exists; kept as it was (--on-conflict keep)");
     }

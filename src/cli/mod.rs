@@ -3,10 +3,14 @@
 //!
 //! Exit codes: 0 success; 1 an error; 2 a usage error (clap's own, or [`UsageError`]) or bad
 //! `--batch` lines; 3 ([`EXIT_NOT_FOUND`]) no such job or schedule, or not pending;
-//! 130 a second signal during `run`. Messages about failures go to stderr.
+//! 130 a second signal during `run`. Messages about failures go to stderr, data to stdout.
+//!
+//! Output: every command that prints takes `-o text|json` ([`Output`]; `--json` is the same
+//! as `-o json`): text for people, JSON (one document) for scripts.
 
 mod batch;
 mod dead;
+mod doctor;
 mod enqueue;
 mod render;
 mod reshard;
@@ -48,6 +52,20 @@ pub struct Cli {
     command: Command,
 }
 
+impl Cli {
+    /// The log filter to use: `--log`, except for `check-config --connect` left at the
+    /// default, where the broker clients' own connection chatter (a passive declare of a
+    /// missing exchange is an ERROR to lapin) would bury the checks' lines.
+    pub fn log_filter(&self) -> String {
+        match self.command {
+            Command::CheckConfig { connect: true, .. } if self.log == "info" => {
+                "warn,lapin=off,async_nats=off,rdkafka=off".to_owned()
+            }
+            _ => self.log.clone(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -60,39 +78,56 @@ enum Command {
     /// until SIGTERM or SIGINT.
     Run,
     /// Schedule a job and print its id, or many with --batch (one id per input line).
+    /// JSON (one job): {"id", "kept"} (kept: the id existed and --on-conflict keep left it).
     Enqueue(enqueue::EnqueueArgs),
     /// Cancel a pending job by id (exit 3 if it is delivered, dead or unknown; 1 if it is
-    /// being delivered).
+    /// being delivered). JSON: {"id", "cancelled": true}.
     Cancel {
         /// The job's id, as enqueue printed it.
         id: String,
         /// Exit 0, printing nothing, when the job is not pending.
         #[arg(long)]
         ignore_not_found: bool,
+        #[command(flatten)]
+        output: Output,
     },
-    /// Move a pending job to a new due time (exit 3 if it is not pending).
+    /// Move a pending job to a new due time (exit 3 if it is not pending). JSON: {"id",
+    /// "due_ms", "due"} (due as RFC 3339).
     Reschedule {
         /// The job's id, as enqueue printed it.
         id: String,
         #[command(flatten)]
         when: RequiredWhen,
+        #[command(flatten)]
+        output: Output,
     },
-    /// Show a job by id, as JSON: destination, payload, headers, state, due time
-    /// (exit 3 if no job with this id is stored).
+    /// Show a job by id: destination, payload, headers, state, due time (exit 3 if no job
+    /// with this id is stored). JSON: the envelope's fields plus "id", "shard", "state" and
+    /// "due" | "lease_deadline" | "died" (epoch ms).
     Get {
         /// The job's id, as enqueue printed it.
         id: String,
-    },
-    /// Backlog per shard and raw source (due now, scheduled later, in flight, dead, oldest
-    /// due age) and each two-phase sink's health.
-    Stats {
-        /// Print JSON instead of a table.
+        /// Exit 0, printing nothing, when no job with this id is stored.
         #[arg(long)]
-        json: bool,
+        ignore_not_found: bool,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// Backlog: totals (due now, scheduled later, in flight, dead, oldest due age), one line
+    /// per raw source, per two-phase sink (health, jobs waiting, held targets) and per
+    /// running daemon; per-shard rows with --shards. JSON (always in full): {"now_ms",
+    /// "total", "shards", "sources", "sinks", "waiting", "instances", "recent"}.
+    Stats {
+        /// Also one row per shard (text; JSON always has them).
+        #[arg(long)]
+        shards: bool,
+        #[command(flatten)]
+        output: Output,
     },
     /// What falls due in each step ahead (per shard and raw source, and in total), the
     /// overdue backlog, and steps holding more than the last hour's delivery rate drains
-    /// (spikes). Counted in Redis with ZCOUNT per step: cheap on millions of jobs.
+    /// (spikes). Counted in Redis with ZCOUNT per step: cheap on millions of jobs. JSON: the
+    /// shape of GET /api/forecast.
     Forecast {
         /// How far ahead (at most 1440 steps).
         #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
@@ -100,9 +135,8 @@ enum Command {
         /// Step length (at least 1s).
         #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
         step: Duration,
-        /// Print JSON (the shape of GET /api/forecast) instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        output: Output,
     },
     /// Recurring schedules: set (create or update), list, get, pause, resume, delete, and
     /// preview the next occurrences of a cron expression or interval.
@@ -128,14 +162,63 @@ enum Command {
     Reshard(reshard::ReshardArgs),
     /// Measure throughput and lateness against a Redis (use a scratch Redis or namespace).
     Bench(zdelay::bench::BenchArgs),
-    /// Load and validate the config, then print the effective config as JSON (secrets as
-    /// ***).
-    CheckConfig,
+    /// Load and validate the config, then print the effective config as JSON whatever -o
+    /// says (secrets as ***), and a summary of sinks and routes on stderr. Offline unless
+    /// --connect.
+    ///
+    /// With --connect: connect to Redis and to every sink and check what the daemon will
+    /// need — login, ACL rights, the namespace's layout, each route's destination object
+    /// (Kafka topic, AMQP exchange, JetStream stream and its duplicate window). One line per
+    /// check, with what to create when something is missing; exit 0 when all pass, 1
+    /// otherwise. JSON: {"ok", "checks": [{"check", "ok", "detail", "hint"?}]}.
+    CheckConfig {
+        /// Check Redis, the ACL rights and every sink's destination objects.
+        #[arg(long)]
+        connect: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// Print a shell completion script, e.g.
     /// `zdelay completions bash > /etc/bash_completion.d/zdelay`.
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff), e.g. `zdelay man > /usr/local/share/man/man1/zdelay.1`.
     Man,
+}
+
+/// How a command prints: `-o text|json`, `--json` the same as `-o json`.
+#[derive(clap::Args, Clone, Copy, Default, Debug)]
+pub struct Output {
+    /// Output format: text for people, json (stable, for scripts).
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        value_name = "FORMAT",
+        default_value_t
+    )]
+    format: Format,
+    /// The same as -o json.
+    #[arg(long, conflicts_with = "format")]
+    json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Default, Debug)]
+pub enum Format {
+    #[default]
+    Text,
+    Json,
+}
+
+impl Output {
+    pub fn is_json(&self) -> bool {
+        self.json || self.format == Format::Json
+    }
+}
+
+/// Prints `v` as pretty JSON on stdout.
+pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
 }
 
 /// When a job is due; neither flag means now.
@@ -233,7 +316,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             zdelay::app::run(config, shutdown).await?;
             Ok(0)
         }
-        Command::CheckConfig => {
+        Command::CheckConfig {
+            connect: true,
+            output,
+        } => doctor::run(&config, output).await,
+        Command::CheckConfig { .. } => {
             println!("{}", serde_json::to_string_pretty(&config)?);
             eprintln!(
                 "config OK ({}): {} sinks, {} routes, {} sources{}",
@@ -319,9 +406,14 @@ async fn operate(
         Command::Cancel {
             id,
             ignore_not_found,
+            output,
         } => Ok(match client.cancel(&id).await? {
             Cancelled::Cancelled => {
-                println!("cancelled {id}");
+                if output.is_json() {
+                    print_json(&serde_json::json!({ "id": id, "cancelled": true }))?;
+                } else {
+                    println!("cancelled {id}");
+                }
                 0
             }
             Cancelled::InFlight => {
@@ -333,23 +425,39 @@ async fn operate(
                 &format!("{id} is not pending (delivered, dead or unknown)"),
             ),
         }),
-        Command::Reschedule { id, when } => Ok(match client.reschedule(&id, when.due()).await? {
-            Some(due) => {
-                println!("{id} due at {}", render::format_ms(due));
+        Command::Reschedule { id, when, output } => {
+            Ok(match client.reschedule(&id, when.due()).await? {
+                Some(due) => {
+                    if output.is_json() {
+                        print_json(&serde_json::json!({
+                            "id": id, "due_ms": due, "due": render::format_ms(due)
+                        }))?;
+                    } else {
+                        println!("{id} due at {}", render::format_ms(due));
+                    }
+                    0
+                }
+                None => not_found(
+                    false,
+                    &format!("{id} is not pending (delivered, dead, in flight or unknown)"),
+                ),
+            })
+        }
+        Command::Get {
+            id,
+            ignore_not_found,
+            output,
+        } => Ok(match client.get(&id).await? {
+            Some(job) if output.is_json() => {
+                print_json(&job.to_json())?;
                 0
             }
-            None => not_found(
-                false,
-                &format!("{id} is not pending (delivered, dead, in flight or unknown)"),
-            ),
-        }),
-        Command::Get { id } => Ok(match client.get(&id).await? {
             Some(job) => {
-                println!("{}", serde_json::to_string_pretty(&job.to_json())?);
+                print!("{}", render::job_text(&job.to_json()));
                 0
             }
             None => not_found(
-                false,
+                ignore_not_found,
                 &format!(
                     "no job {id} is stored: it was delivered, cancelled or purged, or never \
                      enqueued (in namespace {} of {origin})",
@@ -357,27 +465,27 @@ async fn operate(
                 ),
             ),
         }),
-        Command::Stats { json } => {
-            if json {
+        Command::Stats { shards, output } => {
+            if output.is_json() {
                 let v = zdelay::stats::report(&mut client.connection(), config)
                     .await
                     .context("gathering stats")?;
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                print_json(&v)?;
             } else {
                 let stats = zdelay::stats::gather(&mut client.connection(), config)
                     .await
                     .context("gathering stats")?;
-                print!("{}", render::stats_table(&stats));
+                print!("{}", render::stats_text(&stats, shards));
             }
             Ok(0)
         }
-        Command::Forecast { next, step, json } => {
+        Command::Forecast { next, step, output } => {
             let horizon = zdelay::stats::Horizon::new(next, step).map_err(UsageError)?;
             let forecast = zdelay::stats::forecast(&mut client.connection(), config, horizon)
                 .await
                 .context("forecast")?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&forecast)?);
+            if output.is_json() {
+                print_json(&forecast)?;
             } else {
                 print!("{}", render::forecast_table(&forecast));
             }
@@ -386,7 +494,7 @@ async fn operate(
         Command::Dead { action } => dead::run(client, config, action).await,
         Command::Schedule { action } => schedule::run(client, action).await,
         Command::Run
-        | Command::CheckConfig
+        | Command::CheckConfig { .. }
         | Command::Bench(_)
         | Command::Reshard(_)
         | Command::Completions { .. }
@@ -454,6 +562,12 @@ mod tests {
             error_text(&e),
             "cannot use redis at redis://127.0.0.1:1: redis: Connection refused (os error 111)"
         );
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        // Every flattened `-o/--json` and alias must sit with the other flags without clash.
+        <Cli as clap::CommandFactory>::command().debug_assert();
     }
 
     #[test]

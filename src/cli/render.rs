@@ -2,7 +2,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 use zdelay::dead::{DeadJob, DeadJobDetail, DeadMember, payload_preview};
-use zdelay::stats::{Forecast, Stats};
+use zdelay::stats::{Backlog, Forecast, Stats};
 
 /// Epoch ms as RFC 3339 with milliseconds, UTC.
 pub fn format_ms(ms: i64) -> String {
@@ -40,21 +40,106 @@ pub fn forecast_table(f: &Forecast) -> String {
     out
 }
 
-/// The table printed by `zdelay stats`.
-pub fn stats_table(stats: &Stats) -> String {
-    let mut out = format!(
-        "{:<24} {:>10} {:>10} {:>9} {:>8} {:>14}\n",
-        "", "due now", "scheduled", "inflight", "dead", "oldest due ms"
-    );
+/// A duration for people: its two largest units, no spaces ("3m12s", "250ms", "2d4h").
+pub fn duration(ms: u64) -> String {
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let units = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ];
+    let mut out = String::new();
+    let mut rest = ms;
+    let mut shown = 0;
+    for (name, size) in units {
+        let n = rest / size;
+        rest %= size;
+        if n > 0 || shown > 0 {
+            if n > 0 {
+                out.push_str(&format!("{n}{name}"));
+            }
+            shown += 1;
+            if shown == 2 {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Shard numbers as ranges: "0-7, 9".
+fn shard_ranges(shards: &[u16]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < shards.len() {
+        let start = shards[i];
+        let mut end = start;
+        while i + 1 < shards.len() && shards[i + 1] == end + 1 {
+            i += 1;
+            end = shards[i];
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    parts.join(", ")
+}
+
+/// "N due now (the oldest 3m12s overdue), N scheduled, N in flight, N dead".
+fn backlog_text(b: &Backlog) -> String {
+    let oldest = if b.due_now > 0 {
+        format!(" (the oldest {} overdue)", duration(b.oldest_due_age_ms))
+    } else {
+        String::new()
+    };
+    format!(
+        "{} due now{oldest}, {} scheduled, {} in flight, {} dead",
+        b.due_now, b.scheduled, b.inflight, b.dead
+    )
+}
+
+/// What `zdelay stats` prints: totals, one line per raw source, sink and daemon; with
+/// `shards`, also the per-shard table.
+pub fn stats_text(stats: &Stats, shards: bool) -> String {
     let total = stats.total();
-    for b in stats.shards.iter().chain(&stats.sources).chain([&total]) {
+    let mut out = format!("total: {}\n", backlog_text(&total));
+    if shards {
         out.push_str(&format!(
-            "{:<24} {:>10} {:>10} {:>9} {:>8} {:>14}\n",
-            b.name, b.due_now, b.scheduled, b.inflight, b.dead, b.oldest_due_age_ms
+            "{:<24} {:>10} {:>10} {:>9} {:>8} {:>12}\n",
+            "", "due now", "scheduled", "inflight", "dead", "oldest due"
+        ));
+        for b in &stats.shards {
+            out.push_str(&format!(
+                "{:<24} {:>10} {:>10} {:>9} {:>8} {:>12}\n",
+                b.name,
+                b.due_now,
+                b.scheduled,
+                b.inflight,
+                b.dead,
+                if b.due_now > 0 {
+                    duration(b.oldest_due_age_ms)
+                } else {
+                    "-".to_owned()
+                }
+            ));
+        }
+    } else {
+        out.push_str(&format!(
+            "shards: {} (one row each: --shards)\n",
+            stats.shards.len()
         ));
     }
+    for b in &stats.sources {
+        out.push_str(&format!("source {}: {}\n", b.name, backlog_text(b)));
+    }
     for sink in &stats.sinks {
-        let age_s = (stats.now_ms as u64).saturating_sub(sink.at) / 1000;
+        let age_ms = (stats.now_ms as u64).saturating_sub(sink.at);
         let state = match (&sink.up, &sink.error) {
             (true, _) => "up".to_owned(),
             (false, Some(e)) => format!("down: {e}"),
@@ -62,41 +147,23 @@ pub fn stats_table(stats: &Stats) -> String {
         };
         let waiting = match stats.waiting.iter().find(|w| w.sink == sink.name) {
             Some(w) if w.jobs > 0 => format!(
-                "; {} jobs waiting, the oldest due {} ms ago",
-                w.jobs, w.oldest_age_ms
+                "; {} jobs waiting, the oldest due {} ago",
+                w.jobs,
+                duration(w.oldest_age_ms)
             ),
             _ => String::new(),
         };
         out.push_str(&format!(
-            "sink {} ({}): {state} (checked {age_s}s ago){waiting}\n",
-            sink.name, sink.kind
+            "sink {} ({}): {state} (checked {} ago){waiting}\n",
+            sink.name,
+            sink.kind,
+            duration(age_ms)
         ));
         for (target, why) in &sink.held {
             out.push_str(&format!(
                 "  held {target}: destination missing, its jobs wait: {why}\n"
             ));
         }
-    }
-    if stats.instances.is_empty() {
-        out.push_str("instances: none running\n");
-    }
-    for i in &stats.instances {
-        let polls = i
-            .shards
-            .iter()
-            .map(|s| format!("shard {s}"))
-            .chain(i.sources.iter().cloned())
-            .collect::<Vec<_>>();
-        let polls = if polls.is_empty() {
-            "nothing".to_owned()
-        } else {
-            polls.join(", ")
-        };
-        out.push_str(&format!(
-            "instance {} (seen {} ms ago): polls {polls}\n",
-            i.id,
-            (stats.now_ms - i.last_seen_ms).max(0)
-        ));
     }
     for w in &stats.waiting {
         if w.jobs == 0 || stats.sinks.iter().any(|s| s.name == w.sink) {
@@ -108,9 +175,86 @@ pub fn stats_table(stats: &Stats) -> String {
             "not configured (a running daemon refiles its jobs by their route now)"
         };
         out.push_str(&format!(
-            "sink {}: {state}; {} jobs waiting, the oldest due {} ms ago\n",
-            w.sink, w.jobs, w.oldest_age_ms
+            "sink {}: {state}; {} jobs waiting, the oldest due {} ago\n",
+            w.sink,
+            w.jobs,
+            duration(w.oldest_age_ms)
         ));
+    }
+    if stats.instances.is_empty() {
+        out.push_str("instances: none running\n");
+    }
+    for i in &stats.instances {
+        let mut polls = Vec::new();
+        if !i.shards.is_empty() {
+            polls.push(format!("shards {}", shard_ranges(&i.shards)));
+        }
+        polls.extend(i.sources.iter().cloned());
+        let polls = if polls.is_empty() {
+            "nothing".to_owned()
+        } else {
+            polls.join(", ")
+        };
+        out.push_str(&format!(
+            "instance {} (seen {} ago): polls {polls}\n",
+            i.id,
+            duration((stats.now_ms - i.last_seen_ms).max(0) as u64)
+        ));
+    }
+    out
+}
+
+/// What `zdelay get` prints for people: one field a line, times as RFC 3339 with how far
+/// from now, the payload as text (or base64, as stored).
+pub fn job_text(job: &serde_json::Value) -> String {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let mut out = String::new();
+    let Some(fields) = job.as_object() else {
+        return format!("{job}\n");
+    };
+    // The identity first, then the rest in the JSON's order; the envelope's format version
+    // ("v") is for programs only.
+    let first = ["id", "state", "dest", "due", "lease_deadline", "died"];
+    let keys: Vec<String> = first
+        .iter()
+        .filter(|k| fields.contains_key(**k))
+        .map(|k| k.to_string())
+        .chain(
+            fields
+                .keys()
+                .filter(|k| !first.contains(&k.as_str()) && k.as_str() != "v")
+                .cloned(),
+        )
+        .collect();
+    let width = keys.iter().map(String::len).max().unwrap_or(0);
+    for key in keys {
+        let value = &fields[&key];
+        let text = match (key.as_str(), value) {
+            ("due" | "lease_deadline" | "died", serde_json::Value::Number(n)) => {
+                let ms = n.as_i64().unwrap_or_default();
+                let when = if ms >= now_ms {
+                    format!("in {}", duration((ms - now_ms) as u64))
+                } else {
+                    format!("{} ago", duration((now_ms - ms) as u64))
+                };
+                format!("{} ({when})", format_ms(ms))
+            }
+            (_, serde_json::Value::String(text)) => one_line(text),
+            (_, serde_json::Value::Object(map)) if map.is_empty() => "-".to_owned(),
+            (_, serde_json::Value::Object(map)) => map
+                .iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::String(s) => format!("{k}={s}"),
+                    other => format!("{k}={other}"),
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            (_, serde_json::Value::Null) => "-".to_owned(),
+            (_, other) => other.to_string(),
+        };
+        out.push_str(&format!("{key:<width$}  {text}\n"));
     }
     out
 }
@@ -273,6 +417,25 @@ pub fn dead_member_detail(source: &str, m: &DeadMember) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_durations() {
+        assert_eq!(duration(0), "0ms");
+        assert_eq!(duration(250), "250ms");
+        assert_eq!(duration(1000), "1s");
+        assert_eq!(duration(192_000), "3m12s");
+        assert_eq!(duration(3_600_000), "1h");
+        assert_eq!(duration(3_601_000), "1h");
+        assert_eq!(duration(3_660_000), "1h1m");
+        assert_eq!(duration(2 * 86_400_000 + 4 * 3_600_000 + 5000), "2d4h");
+    }
+
+    #[test]
+    fn shard_lists_read_as_ranges() {
+        assert_eq!(shard_ranges(&[0, 1, 2, 3, 5, 7, 8]), "0-3, 5, 7-8");
+        assert_eq!(shard_ranges(&[4]), "4");
+        assert_eq!(shard_ranges(&[]), "");
+    }
 
     #[test]
     fn payload_lines_quote_text_and_name_base64() {

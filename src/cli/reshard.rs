@@ -20,12 +20,12 @@ pub struct ReshardArgs {
     /// Check and count what would move; change nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Print the outcome as JSON.
-    #[arg(long)]
-    json: bool,
-    /// Job ids per script call (1..=1000).
-    #[arg(long, default_value_t = reshard::DEFAULT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..=1000))]
-    batch: u16,
+    #[command(flatten)]
+    output: super::Output,
+    /// Job ids per script call (1..=1000). (`--batch` is the old name: elsewhere --batch
+    /// names an input file.)
+    #[arg(long, alias = "batch", value_name = "N", default_value_t = reshard::DEFAULT_BATCH as u16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    ids_per_call: u16,
     /// Old shards moved at once (1..=64).
     #[arg(long, default_value_t = reshard::DEFAULT_CONCURRENCY as u16, value_parser = clap::value_parser!(u16).range(1..=64))]
     concurrency: u16,
@@ -46,17 +46,17 @@ pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
     store::check_server(&mut con).await?;
     let namespace = &config.redis.namespace;
     let mut opts = reshard::Options::new(to);
-    opts.batch = args.batch.into();
+    opts.batch = args.ids_per_call.into();
     opts.concurrency = args.concurrency.into();
     let quiet = |_: Progress| {};
     if !args.yes || args.dry_run {
         opts.dry_run = true;
         let outcome = reshard::reshard(&con, namespace, &opts, &quiet).await?;
         let Outcome::DryRun(plan) = &outcome else {
-            return print_outcome(&outcome, args.json);
+            return print_outcome(&outcome, args.output.is_json());
         };
         if args.dry_run {
-            return print_outcome(&outcome, args.json);
+            return print_outcome(&outcome, args.output.is_json());
         }
         eprint!("{}", plan_text(plan));
         if !plan.daemons.is_empty() {
@@ -82,7 +82,7 @@ pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
     }
     let printer = Printer::new(to);
     let outcome = reshard::reshard(&con, namespace, &opts, &|p| printer.show(p)).await?;
-    print_outcome(&outcome, args.json)
+    print_outcome(&outcome, args.output.is_json())
 }
 
 fn print_outcome(outcome: &Outcome, json: bool) -> anyhow::Result<i32> {

@@ -24,32 +24,36 @@ pub enum ScheduleAction {
     /// Every schedule: id, destination, recurrence, next occurrence, paused, quarantined; the
     /// pending ones soonest first, then the paused, ended and quarantined ones.
     List {
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        output: super::Output,
     },
-    /// One schedule, as JSON (exit 3 if there is none).
+    /// One schedule (exit 3 if there is none). JSON: the schedule's fields as
+    /// `schedule list -o json` prints each.
     Get {
         id: String,
+        /// Exit 0, printing nothing, when there is no such schedule.
         #[arg(long)]
-        json: bool,
+        ignore_not_found: bool,
+        #[command(flatten)]
+        output: super::Output,
     },
     /// Stop a schedule's occurrences until it is resumed.
     Pause {
         id: String,
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        output: super::Output,
     },
     /// Resume a paused schedule from now (occurrences missed while paused are not delivered).
     Resume {
         id: String,
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        output: super::Output,
     },
     /// Delete a schedule: no further occurrence (one already handed to a sink completes).
     Delete {
         id: String,
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        output: super::Output,
         /// Exit 0, printing nothing, when there is no such schedule.
         #[arg(long)]
         ignore_not_found: bool,
@@ -123,8 +127,8 @@ pub struct SetArgs {
     /// "<id> <next occurrence>" per input line, in order.
     #[arg(long, conflicts_with_all = ["id", "dest", "cron", "every", "payload", "payload_file"])]
     batch: Option<String>,
-    #[arg(long, conflicts_with = "batch")]
-    json: bool,
+    #[command(flatten)]
+    output: super::Output,
 }
 
 #[derive(clap::Args)]
@@ -140,8 +144,8 @@ pub struct PreviewArgs {
     /// How many occurrences.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     count: u32,
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: super::Output,
 }
 
 #[derive(Clone, Copy, ValueEnum, Deserialize)]
@@ -271,7 +275,8 @@ fn unreadable_json(id: &str, shard: u16, quarantine: &Quarantine) -> serde_json:
 pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32> {
     match action {
         ScheduleAction::Set(args) => set(client, *args).await,
-        ScheduleAction::List { json } => {
+        ScheduleAction::List { output } => {
+            let json = output.is_json();
             let all = client.schedule_list().await?;
             // Quarantined schedules with a readable definition are among `all`; the others
             // are listed last.
@@ -303,8 +308,12 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
             }
             Ok(0)
         }
-        ScheduleAction::Get { id, json } => match client.schedule_get(&id).await? {
-            Some(view) if json => {
+        ScheduleAction::Get {
+            id,
+            ignore_not_found,
+            output,
+        } => match client.schedule_get(&id).await? {
+            Some(view) if output.is_json() => {
                 println!("{}", serde_json::to_string_pretty(&view.to_json())?);
                 Ok(0)
             }
@@ -313,7 +322,7 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
                 Ok(0)
             }
             None => match client.schedule_quarantine(&id).await? {
-                Some(quarantine) if json => {
+                Some(quarantine) if output.is_json() => {
                     let shard = client.keys().shard_of(&id);
                     let v = unreadable_json(&id, shard, &quarantine);
                     println!("{}", serde_json::to_string_pretty(&v)?);
@@ -323,21 +332,24 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
                     println!("{}", unreadable_line(&id, &quarantine));
                     Ok(0)
                 }
-                None => Ok(super::not_found(false, &format!("no schedule {id}"))),
+                None => Ok(super::not_found(
+                    ignore_not_found,
+                    &format!("no schedule {id}"),
+                )),
             },
         },
-        ScheduleAction::Pause { id, json } => {
+        ScheduleAction::Pause { id, output } => {
             let done = client.schedule_pause(&id).await?;
-            report(json, &id, "paused", done, None)
+            report(output.is_json(), &id, "paused", done, None)
         }
-        ScheduleAction::Resume { id, json } => {
+        ScheduleAction::Resume { id, output } => {
             let next = client.schedule_resume(&id).await?;
             let text = match (&next, client.schedule_get(&id).await?) {
                 (Some(next), Some(view)) => Some(occurrence(&view.def, *next)),
                 _ => None,
             };
             report(
-                json,
+                output.is_json(),
                 &id,
                 "resumed",
                 next.is_some(),
@@ -346,14 +358,14 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
         }
         ScheduleAction::Delete {
             id,
-            json,
+            output,
             ignore_not_found,
         } => {
             let done = client.schedule_delete(&id).await?;
             if !done && ignore_not_found {
                 return Ok(0);
             }
-            report(json, &id, "deleted", done, None)
+            report(output.is_json(), &id, "deleted", done, None)
         }
         ScheduleAction::Preview(_) => unreachable!("preview runs without Redis"),
     }
@@ -366,14 +378,15 @@ fn report(
     done: bool,
     next: Option<(String, i64)>,
 ) -> anyhow::Result<i32> {
-    if json {
-        let mut v = serde_json::json!({ "id": id, what: done });
+    if !done {
+        // Like every "not found": a message on stderr, nothing on stdout, exit 3.
+        eprintln!("no schedule {id}");
+    } else if json {
+        let mut v = serde_json::json!({ "id": id, what: true });
         if let Some((_, ms)) = &next {
             v["next_ms"] = (*ms).into();
         }
-        println!("{v}");
-    } else if !done {
-        eprintln!("no schedule {id}");
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         match &next {
             Some((text, _)) => println!("{what} {id}; next occurrence {text}"),
@@ -385,6 +398,12 @@ fn report(
 
 async fn set(client: &Client, args: SetArgs) -> anyhow::Result<i32> {
     if let Some(path) = &args.batch {
+        if args.output.is_json() {
+            return Err(super::UsageError(
+                "--batch prints one line per input line: -o json does not apply".into(),
+            )
+            .into());
+        }
         return batch::run(path, "schedules set", parse_line, async |specs| {
             let mut out = Vec::with_capacity(specs.len());
             for spec in specs {
@@ -423,7 +442,7 @@ async fn set(client: &Client, args: SetArgs) -> anyhow::Result<i32> {
     let next_text = view
         .as_ref()
         .map_or_else(|| "none".to_owned(), |v| occurrence(&v.def, set.next_ms));
-    if args.json {
+    if args.output.is_json() {
         let mut v = view.map(|v| v.to_json()).unwrap_or_default();
         v["created"] = set.created.into();
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -451,7 +470,7 @@ pub fn preview(args: PreviewArgs) -> anyhow::Result<i32> {
         };
     let schedule = def.compile()?;
     let times = schedule.occurrences(from, args.count as usize);
-    if args.json {
+    if args.output.is_json() {
         let v: Vec<_> = times
             .iter()
             .map(|&ms| serde_json::json!({ "ms": ms, "at": schedule.rfc3339(ms) }))

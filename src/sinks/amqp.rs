@@ -239,6 +239,61 @@ impl AmqpSink {
         }
     }
 
+    /// Whether the object `target` needs exists, asked with a passive declare (which creates
+    /// nothing): the exchange of `exchange/key`, or the queue of `/queue` (the default
+    /// exchange routes to a queue by its name). `Ok(None)` when it exists, `Ok(Some(the
+    /// broker's words))` when it does not, `Err` when the broker cannot be asked. Whether an
+    /// exchange routes the key anywhere cannot be asked without publishing: an unroutable
+    /// message is held when it is published.
+    pub async fn missing_object(&self, target: &str) -> Result<Option<String>, String> {
+        let Some((exchange, queue)) = target.split_once('/') else {
+            return Err(format!(
+                "amqp target '{target}' is not exchange/routing-key ('/queue' for the default \
+                 exchange)"
+            ));
+        };
+        let session = timeout(CHECK_TIMEOUT, self.session(CHECK_TIMEOUT))
+            .await
+            .map_err(|_| format!("no answer within {CHECK_TIMEOUT:?}"))??;
+        let declare = async {
+            if exchange.is_empty() {
+                let options = lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                };
+                session
+                    .channel
+                    .queue_declare(queue.into(), options, FieldTable::default())
+                    .await
+                    .map(|_| ())
+            } else {
+                let options = ExchangeDeclareOptions {
+                    passive: true,
+                    ..ExchangeDeclareOptions::default()
+                };
+                session
+                    .channel
+                    .exchange_declare(
+                        exchange.into(),
+                        lapin::ExchangeKind::Direct,
+                        options,
+                        FieldTable::default(),
+                    )
+                    .await
+            }
+        };
+        let result = timeout(CHECK_TIMEOUT, declare)
+            .await
+            .map_err(|_| format!("no answer within {CHECK_TIMEOUT:?}"))?;
+        match result.as_ref().map_err(Failure::from) {
+            Ok(()) => Ok(None),
+            Err(Failure::Closed {
+                code: 404, text, ..
+            }) => Ok(Some(broker_reason(&text))),
+            Err(_) => Err(result.err().map(|e| e.to_string()).unwrap_or_default()),
+        }
+    }
+
     /// [`Self::check`], and once the broker answers, its version against [`MIN_SERVER`]
     /// (read from its `Connection.Start`; an `amqps://` broker is not probed).
     pub async fn health(&self) -> super::Health {

@@ -618,6 +618,24 @@ impl KafkaSink {
         }
     }
 
+    /// Whether `topic` exists, from a metadata read of every topic: a request naming the
+    /// topic could make a broker with `auto.create.topics.enable` create it. `Err` when no
+    /// broker answers.
+    pub async fn topic_exists(&self, topic: &str) -> Result<bool, String> {
+        self.check().await?;
+        let producer = self.producer();
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, CHECK_TIMEOUT)
+                .map(|m| m.topics().iter().any(|t| t.name() == topic))
+                .map_err(|e| format!("metadata request failed: {e}"))
+        })
+        .await
+        .map_err(|e| format!("metadata task failed: {e}"))?
+    }
+
     /// Waits up to `timeout` for queued messages to be delivered (call before exit).
     pub async fn flush(&self, timeout: Duration) {
         let producer = self.producer();

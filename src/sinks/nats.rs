@@ -511,6 +511,37 @@ impl NatsSink {
         }
     }
 
+    /// The JetStream stream that stores `subject` and its duplicate window: `Ok(None)` when
+    /// no stream covers it (publishes would be held), `Err` when the server cannot be asked.
+    /// Core NATS (`jetstream = false`) has no streams: `Err`.
+    pub async fn stream_for(&self, subject: &str) -> Result<Option<(String, Duration)>, String> {
+        if !self.jetstream {
+            return Err("core NATS (jetstream = false) stores nothing: no stream to check".into());
+        }
+        let conn = self.connected(CHECK_TIMEOUT).await?;
+        let found = tokio::time::timeout(CHECK_TIMEOUT, conn.js.stream_by_subject(subject))
+            .await
+            .map_err(|_| format!("JetStream did not answer within {CHECK_TIMEOUT:?}"))?;
+        let name = match found {
+            Ok(name) => name,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    jetstream::context::GetStreamByNameErrorKind::NotFound
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(format!("JetStream stream lookup for {subject}: {e}")),
+        };
+        let stream = tokio::time::timeout(CHECK_TIMEOUT, conn.js.get_stream(&name))
+            .await
+            .map_err(|_| format!("JetStream did not answer within {CHECK_TIMEOUT:?}"))?
+            .map_err(|e| format!("JetStream stream {name}: {e}"))?;
+        let window = stream.cached_info().config.duplicate_window;
+        Ok(Some((name, window)))
+    }
+
     /// [`Self::health`] as a result: `Err` says why it cannot deliver.
     pub async fn check(&self) -> Result<(), String> {
         self.health().await.into_result()

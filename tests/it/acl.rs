@@ -302,7 +302,7 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
         "--on-conflict",
         "replace",
     ]);
-    assert!(ok_out(&["get", "p-1"]).contains("\"b\""));
+    assert!(ok_out(&["get", "p-1", "-o", "json"]).contains("\"b\""));
     ok_out(&["reschedule", "p-1", "--in", "2h"]);
     ok_out(&["cancel", "p-1"]);
 

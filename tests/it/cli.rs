@@ -61,7 +61,7 @@ fn ok(config: &TestConfig, args: &[&str]) -> String {
 
 /// `zdelay get ID` as JSON, or `None` when it says there is no such job (exit 3).
 fn get(config: &TestConfig, id: &str) -> Option<Value> {
-    let out = config.cli(&["get", id]);
+    let out = config.cli(&["get", id, "-o", "json"]);
     if out.status.code() == Some(3) && stderr(&out).contains(&format!("no job {id}")) {
         return None;
     }
@@ -542,27 +542,46 @@ fn stats_reflect_seeded_counts() {
     );
     assert!(sources[0]["oldest_due_age_ms"].as_u64().expect("age") >= 500);
 
-    let table = ok(&config, &["stats"]);
-    let header = table.lines().next().expect("a header line");
-    for column in ["due now", "scheduled", "inflight", "dead"] {
+    // Compact by default: totals, one line per raw source, no per-shard rows; durations as
+    // durations (the oldest due job waited at least 2 s).
+    let text = ok(&config, &["stats"]);
+    let total = text
+        .lines()
+        .find(|l| l.starts_with("total: "))
+        .unwrap_or_else(|| panic!("a total line:\n{text}"));
+    assert!(
+        total.starts_with("total: 7 due now (the oldest ")
+            && total.ends_with("overdue), 11 scheduled, 0 in flight, 4 dead"),
+        "{text}"
+    );
+    assert!(!total.contains(" ms"), "a duration, not ms: {total}");
+    assert!(
+        text.contains("source raw:a: 2 due now (the oldest "),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("shards: {SHARDS} (one row each: --shards)")),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("shard ")).count(),
+        0,
+        "{text}"
+    );
+
+    let table = ok(&config, &["stats", "--shards"]);
+    let header = table.lines().nth(1).expect("a header line");
+    for column in ["due now", "scheduled", "inflight", "dead", "oldest due"] {
         assert!(header.contains(column), "{table}");
     }
-    let row = |name: &str| -> Vec<String> {
-        let line = table
-            .lines()
-            .find(|l| l.starts_with(name))
-            .unwrap_or_else(|| panic!("no {name} row:\n{table}"));
-        line[name.len()..]
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect()
-    };
-    assert_eq!(row("total")[..4], ["7", "11", "0", "4"], "{table}");
-    assert_eq!(row("raw:a")[..4], ["2", "4", "0", "1"], "{table}");
-    assert_eq!(
-        table.lines().filter(|l| l.starts_with("shard ")).count(),
-        SHARDS as usize
-    );
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .filter(|l| l.starts_with("shard "))
+        .map(|l| l.split_whitespace().skip(2).collect())
+        .collect();
+    assert_eq!(rows.len(), SHARDS as usize, "{table}");
+    let column = |i: usize| -> u64 { rows.iter().map(|r| r[i].parse::<u64>().unwrap()).sum() };
+    assert_eq!((column(0), column(1), column(3)), (5, 7, 3), "{table}");
 }
 
 /// `dead list [--json]`, `dead replay --id / --all / --source`, `dead purge --id / --all`.

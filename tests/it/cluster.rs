@@ -164,7 +164,7 @@ fn library_cli_raw_sources_and_routes_work_on_a_cluster() {
         "cli-later",
     ]);
     let later = later.trim();
-    let got: serde_json::Value = serde_json::from_str(&ok(&["get", later])).unwrap();
+    let got: serde_json::Value = serde_json::from_str(&ok(&["get", later, "--json"])).unwrap();
     assert_eq!(got["state"], "scheduled");
     ok(&["reschedule", later, "--in", "2h"]);
     assert!(ok(&["cancel", later]).contains("cancelled"));

@@ -9,6 +9,7 @@ mod bench;
 mod broker_faults;
 mod broker_security;
 mod cli;
+mod cli_grammar;
 mod cluster;
 mod common;
 mod console;

@@ -541,7 +541,7 @@ fn cli_trace_header_names_are_stored_lowercase() {
     let config = TestConfig::new(&redis.url(), SHARDS, "");
     let (_, _, traceparent) = new_origin("01");
     let get = |id: &str| -> serde_json::Value {
-        let out = config.cli(&["get", id]);
+        let out = config.cli(&["get", id, "-o", "json"]);
         assert!(
             out.status.success(),
             "{}",

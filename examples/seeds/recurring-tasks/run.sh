@@ -30,7 +30,7 @@ ended() {
 settled() {
     local out
     out=$(zdelay stats)
-    awk '$1 == "total" { exit !($2 == 0 && $3 == 0 && $4 == 0) }' <<<"$out"
+    grep -q '^total: 0 due now, 0 scheduled, 0 in flight,' <<<"$out"
 }
 schedules() { zdelay schedule list | sort; }
 sink_line() {
@@ -42,7 +42,7 @@ sink_down_with() { [[ $(sink_line) == "sink endpoint (redis): down: "*"; $1 jobs
 sink_up() { [[ $(sink_line) == "sink endpoint (redis): up "* ]]; }
 # Some fields of `zdelay get ID`.
 job_fields() {
-    zdelay get "$1" | grep -E '^  "(id|schedule|attempt|max_attempts|state|reason|waiting_for_sink)":' |
+    zdelay get "$1" -o json | grep -E '^  "(id|schedule|attempt|max_attempts|state|reason|waiting_for_sink)":' |
         sed 's/^ *//'
 }
 json_field() { sed -n "s/^  \"$1\": \"\{0,1\}\([^\",]*\).*/\1/p"; }
@@ -110,7 +110,7 @@ seen=0 keys=()
 deadline=$((SECONDS + 15))
 while :; do
     ((SECONDS < deadline)) || die "the occurrence $occ did not die within 15 s"
-    if job=$(zdelay get "$occ" 2>/dev/null); then
+    if job=$(zdelay get "$occ" -o json 2>/dev/null); then
         state=$(json_field state <<<"$job")
         attempt=$(json_field attempt <<<"$job")
         shard=$(json_field shard <<<"$job")
@@ -128,8 +128,8 @@ while :; do
 done
 show_cmd "zdelay get {report}:<R+0ms>   (fields id, schedule, attempt, max_attempts, state, reason)" \
     job_fields "$occ"
-expect "attempts of the dead occurrence" "$(zdelay get "$occ" | json_field attempt)" 4
-schedule_id=$(zdelay get "$occ" | json_field schedule)
+expect "attempts of the dead occurrence" "$(zdelay get "$occ" -o json | json_field attempt)" 4
+schedule_id=$(zdelay get "$occ" -o json | json_field schedule)
 distinct=$(printf '%s\n' "${keys[@]}" | sort -u | relative "$R" R | paste -sd' ' -)
 say "scheduled due kept while it was retried ({zdelay:<shard>}:scheduled): $distinct"
 say "so each of its calls had the idempotency key $schedule_id:$distinct (<schedule id>:<occurrence ms>)"
@@ -166,7 +166,7 @@ note "$(sink_line)"
 say "zdelay stats: sink endpoint (redis): down; 4 jobs waiting"
 show_cmd "zdelay get {ping}:<P+0ms>   (fields id, schedule, attempt, state, waiting_for_sink)" \
     job_fields "{ping}:$P"
-used=$(zdelay get "{ping}:$P" | json_field attempt | grep . || echo 0)
+used=$(zdelay get "{ping}:$P" -o json | json_field attempt | grep . || echo 0)
 say "attempts used: $used"
 expect "attempts used while the service was down" "$used" 0
 start_redis2
