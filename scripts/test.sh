@@ -10,7 +10,7 @@
 # checks the Rust toolchain, then runs, stopping at the first failure:
 #   cargo fmt --all -- --check
 #   cargo clippy --workspace --all-targets -- -D warnings
-#   cargo build -p zdelay-client       (the producer library alone, without the daemon)
+#   cargo check -p zdelay-client       (the producer library alone, without the daemon)
 #   cargo build --workspace --all-targets          (the build the tests below reuse)
 #   cargo test --workspace --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
 #   the Valkey pass: the core integration tests again (same build, a test name filter), every
@@ -174,10 +174,11 @@ FEATURES=(--features test-failpoints)
 run_step "cargo fmt --all -- --check" fmt.log cargo fmt --all -- --check
 run_step "cargo clippy --workspace --all-targets -- -D warnings" clippy.log \
     cargo clippy --workspace --all-targets "${FEATURES[@]}" -- -D warnings
-# The producer library alone, as a producer's build compiles it: no daemon crate, no broker
-# client (tests/it/producer.rs checks its dependency tree too).
-run_step "cargo build -p zdelay-client (the producer library alone)" producer.log \
-    cargo build -p zdelay-client
+# The producer library alone, with the features a producer's build resolves: no daemon crate,
+# no broker client (tests/it/producer.rs checks its dependency tree too). A check, not a
+# build: a library links nothing, and the check reuses clippy's checked dependencies.
+run_step "cargo check -p zdelay-client (the producer library alone)" producer.log \
+    cargo check -p zdelay-client
 run_step "cargo build --workspace --all-targets" build.log \
     cargo build --workspace --all-targets "${FEATURES[@]}"
 run_step "cargo test --workspace --all-targets -- --test-threads $TEST_THREADS" test.log \
