@@ -13,6 +13,7 @@ pub mod app;
 pub mod bench;
 pub mod metrics;
 pub mod poller;
+pub mod reference;
 pub mod sinks;
 pub mod stats;
 pub mod trace;
