@@ -127,7 +127,7 @@ check_metrics() {
         echo "  exported metrics from ZDELAY_METRICS_FILE=$list"
     else
         list=$WORK/metrics.txt
-        "$PY" "$CHECKS" metrics-list "$ROOT/README.md" "$list" || return 1
+        "$PY" "$CHECKS" metrics-list "$ROOT/docs/reference/metrics.md" "$list" || return 1
     fi
     "$PY" "$CHECKS" metrics "$list"
 }
