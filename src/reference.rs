@@ -530,6 +530,9 @@ pub fn chart_config_schema(schema: &Value) -> Value {
 fn chart_tidy(value: &mut Value) {
     match value {
         Value::Object(map) => {
+            if let Some(Value::String(text)) = map.get_mut("description") {
+                *text = paragraphs(text);
+            }
             for key in ["writeOnly", "x-zdelay-type", "format"] {
                 if map.get(key).is_some_and(|v| !v.is_object()) {
                     map.remove(key);
@@ -544,8 +547,9 @@ fn chart_tidy(value: &mut Value) {
                                 "type": "string",
                                 "minLength": 1,
                                 "description": format!(
-                                    "A file holding {field} (mounted with secrets.files); or \
-                                     set it from a Secret through secrets.env"
+                                    "A file holding the {field}, e.g. mounted through \
+                                     secrets.files (the value itself would land in a \
+                                     ConfigMap); or set it from a Secret through secrets.env"
                                 ),
                             }),
                         );
@@ -997,8 +1001,45 @@ mod tests {
     }
 
     #[test]
+    fn the_sink_name_pattern_is_the_daemons_rule() {
+        let pattern = regex::Regex::new(crate::config::SINK_NAME_PATTERN).unwrap();
+        let long = "x".repeat(64);
+        let too_long = "x".repeat(65);
+        for name in [
+            "a",
+            "orders_eu2",
+            "orders",
+            &long,
+            &too_long,
+            "orders-eu",
+            "Orders",
+            "2nd",
+            "_a",
+            "a.b",
+        ] {
+            let daemon = crate::config::from_toml(&format!(
+                "[sinks.{name:?}]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:4222\""
+            ))
+            .is_ok();
+            assert_eq!(pattern.is_match(name), daemon, "{name}");
+        }
+    }
+
+    /// The chart parses `poller.shutdown_grace` itself: its parser knows the same units.
+    #[test]
+    fn the_charts_duration_parser_knows_the_schemas_units() {
+        let helpers = include_str!("../charts/zdelay/templates/_helpers.tpl");
+        let units = crate::config::DURATION_PATTERN
+            .split_once(" *(")
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .map(|(units, _)| format!("({units})"))
+            .unwrap();
+        assert!(helpers.contains(&units), "_helpers.tpl lacks {units}");
+    }
+
+    #[test]
     fn metric_rows_show_labels_with_their_values() {
-        let page = metrics_page(&METRICS[..]);
+        let page = metrics_page(METRICS);
         assert!(page.contains(
             "| `zdelay_script_duration_seconds` | histogram | `script` (`move_due`, `move_raw`) |"
         ));
