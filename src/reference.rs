@@ -224,8 +224,10 @@ zdelay reads `zdelay.toml` (the file `--config` or `ZDELAY_CONFIG` names; withou
 defaults below), then the environment: a variable `ZDELAY_<SECTION>__<FIELD>` (sections and
 fields joined by two underscores, upper case) sets that field over the file, e.g.
 `ZDELAY_POLLER__BATCH=500` or `ZDELAY_SINKS__ORDERS__URL=amqp://…` for the sink named
-`orders`. The lists `routes` and `sources` are set in the file. `zdelay check-config`
-prints the effective configuration, secrets hidden.
+`orders`. The lists `routes` and `sources` have no variable per field: `ZDELAY_ROUTES` or
+`ZDELAY_SOURCES` replaces the whole list, written as an inline TOML array, e.g.
+`ZDELAY_ROUTES='[{name = \"emails\", sink = \"local\", target = \"queue:emails\"}]'`.
+`zdelay check-config` prints the effective configuration, secrets hidden.
 
 - **Durations** are strings of `<number><unit>` parts: `250ms`, `30s`, `1min`, `1m30s`,
   `2h` (units `ns`, `us`, `ms`, `s`, `m`/`min`, `h`, `d`, `w`, and their long forms such as
@@ -467,7 +469,7 @@ fn no_html(text: &str) -> String {
 /// A sentence ends with punctuation (clap drops a doc comment's final period).
 fn sentence(text: &str) -> String {
     let text = text.trim();
-    if text.is_empty() || text.ends_with(['.', '!', '?', ':', ')']) && !text.ends_with("…)") {
+    if text.is_empty() || text.ends_with(['.', '!', '?', ':']) {
         text.to_owned()
     } else {
         format!("{text}.")
@@ -807,10 +809,10 @@ fn arg_help(arg: &clap::Arg) -> String {
     let defaults: Vec<String> = arg
         .get_default_values()
         .iter()
-        .map(|v| format!("`{}`", v.to_string_lossy()))
+        .map(|v| v.to_string_lossy().into_owned())
         .collect();
     if takes_value && !defaults.is_empty() {
-        facts.push(format!("default {}", defaults.join(" ")));
+        facts.push(format!("default `{}`", defaults.join(",")));
     }
     if let Some(env) = arg.get_env() {
         facts.push(format!("environment `{}`", env.to_string_lossy()));
