@@ -853,6 +853,69 @@ mod tests {
 
     /// Every field and section a user can set carries a description: a field added without
     /// a doc comment fails here.
+    /// The environment variable the page names sets its field: every integer, number,
+    /// boolean and duration field of the `[section]` tables, set through its variable to a
+    /// value other than its default, reads back as set.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure returns figment::Error
+    fn the_environment_variables_shown_set_their_fields() {
+        fn walk(path: Vec<String>, schema: &Value, out: &mut Vec<(Vec<String>, Value)>) {
+            for (name, sub) in properties(schema) {
+                let mut here = path.clone();
+                here.push(name.clone());
+                if is_table(sub) {
+                    walk(here, sub, out);
+                    continue;
+                }
+                let value = if str_of(sub, "x-zdelay-type") == Some("duration") {
+                    Value::from("7s")
+                } else {
+                    match (str_of(sub, "type"), sub.get("default")) {
+                        (Some("boolean"), Some(Value::Bool(b))) => Value::Bool(!b),
+                        (Some("integer"), Some(default)) => {
+                            let min = sub.get("minimum").cloned().unwrap_or(Value::from(1));
+                            if &min == default {
+                                sub.get("maximum").cloned().unwrap_or(Value::from(2))
+                            } else {
+                                min
+                            }
+                        }
+                        (Some("number"), Some(_)) => Value::from(0.5),
+                        _ => continue,
+                    }
+                };
+                out.push((here, value));
+            }
+        }
+        let schema = crate::config::json_schema();
+        let mut fields = Vec::new();
+        for (section, sub) in properties(&schema) {
+            if is_table(sub) {
+                walk(vec![section.clone()], sub, &mut fields);
+            }
+        }
+        assert!(fields.len() >= 20, "{fields:?}");
+        figment::Jail::expect_with(|jail| {
+            // `admin.public_reads = false` needs a token.
+            jail.set_env("ZDELAY_ADMIN__TOKEN", "0123456789abcdef");
+            for (path, value) in &fields {
+                let path: Vec<&str> = path.iter().map(String::as_str).collect();
+                let text = match value {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                jail.set_env(env_name(&path), text);
+            }
+            let config = crate::config::load(None).map_err(|e| e.to_string())?;
+            let shown = serde_json::to_value(&config).unwrap();
+            for (path, value) in &fields {
+                let pointer = format!("/{}", path.join("/"));
+                assert_eq!(shown.pointer(&pointer), Some(value), "{pointer}");
+            }
+            Ok(())
+        });
+    }
+
     #[test]
     fn every_config_field_is_documented() {
         fn walk(path: &str, schema: &Value, missing: &mut Vec<String>) {
