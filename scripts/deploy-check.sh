@@ -30,7 +30,7 @@
 #   metrics     every metric the dashboard and the rules query is one the daemon exports: the
 #               list in $ZDELAY_METRICS_FILE (one name per line, e.g. from a scrape of /metrics:
 #               curl -s :9464/metrics | grep -v '^#' | sed 's/[{ ].*//' | sort -u), else the
-#               README's metrics table
+#               table of docs/reference/metrics.md (generated from the metric definitions)
 #   hadolint    hadolint Dockerfile
 # Works from any directory; writes only under a temporary directory and the cache.
 set -uo pipefail
