@@ -45,7 +45,7 @@
 #   metrics     every metric the dashboard and the rules query is one the daemon exports: the
 #               list in $ZDELAY_METRICS_FILE (one name per line, e.g. from a scrape of /metrics:
 #               curl -s :9464/metrics | grep -v '^#' | sed 's/[{ ].*//' | sort -u), else the
-#               metrics table of docs/guides/monitoring.md ("## Metrics and admin endpoints")
+#               table of docs/reference/metrics.md (generated from the metric definitions)
 #   helm test   the `helm test` Pod's script as rendered, run by busybox (the default
 #               test.image's tools alone on PATH) against that binary and a redis-server on
 #               loopback: passes while zdelay is ready, fails showing /readyz's reason while
@@ -182,7 +182,7 @@ check_metrics() {
         echo "  exported metrics from ZDELAY_METRICS_FILE=$list"
     else
         list=$WORK/metrics.txt
-        "$PY" "$CHECKS" metrics-list "$ROOT/docs/guides/monitoring.md" "$list" || return 1
+        "$PY" "$CHECKS" metrics-list "$ROOT/docs/reference/metrics.md" "$list" || return 1
     fi
     "$PY" "$CHECKS" metrics "$list"
 }

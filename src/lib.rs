@@ -14,6 +14,7 @@ pub mod bench;
 pub mod metrics;
 pub mod poller;
 pub mod preflight;
+pub mod reference;
 pub mod sinks;
 pub mod stats;
 pub mod trace;

@@ -98,81 +98,289 @@ pub async fn run_upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
     }
 }
 
+/// What a metric counts or measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One label of a metric: its name and, when the set is fixed, its values.
+#[derive(Debug, Clone, Copy)]
+pub struct Label {
+    pub name: &'static str,
+    pub values: &'static [&'static str],
+}
+
+const fn label(name: &'static str) -> Label {
+    Label { name, values: &[] }
+}
+
+const fn label_of(name: &'static str, values: &'static [&'static str]) -> Label {
+    Label { name, values }
+}
+
+/// A metric the daemon exports: the one definition its description (`# HELP`) and the
+/// reference page (`docs/reference/metrics.md`) are made from.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub labels: &'static [Label],
+    /// One sentence, the `# HELP` text.
+    pub help: &'static str,
+    /// More for the reference page (Markdown): label values, units, how to read it.
+    pub details: &'static str,
+}
+
+/// Every metric, in the order the reference page lists them.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: JOBS_MOVED,
+        kind: Kind::Counter,
+        labels: &[label("route")],
+        help: "Jobs pushed onto their route's list, by route.",
+        details: "",
+    },
+    Metric {
+        name: JOBS_DEAD,
+        kind: Kind::Counter,
+        labels: &[label("source"), label("reason")],
+        help: "Jobs sent to dead, by source and reason.",
+        details: "`source` is `jobs` for envelope shards or the raw source key. `reason`: from the \
+                  move scripts `malformed`, `unknown_destination`, `wrong_type`, `oversize`, \
+                  `missing` (envelopes) or `implausible_score`, `wrong_type`, `oversize` (raw); on \
+                  the two-phase path `undeliverable` (malformed, not admitted, oversize before \
+                  publishing), `rejected` (the broker refused it, or the destination \
+                  object is missing on a route with `on_missing = \"dead\"`), `gave_up` \
+                  (`max_attempts` reached), `expired` (past `max_lateness`) and `route_gone` \
+                  (claimed, and its `dest` resolves to nothing any more); a mover's walk of the \
+                  ready set counts the jobs whose route is gone as `unknown_destination`.",
+    },
+    Metric {
+        name: LATENESS,
+        kind: Kind::Histogram,
+        labels: &[label("source")],
+        help: "Delivery time minus due time, by source.",
+        details: "Measured on Redis `TIME`; buckets 1, 2, 5, 10, 25, 50, 100, 250, 500 ms, 1, 2.5, \
+                  5, 10, 30, 60, 300 s. Local moves (`source` = `jobs` or the raw source key): the \
+                  move script counts jobs per bucket, so each job is recorded at its bucket's \
+                  upper bound (`_sum` is an upper bound). Two-phase sinks (`source` = the sink \
+                  name): measured when the broker confirmed, exact.",
+    },
+    Metric {
+        name: BATCH_SIZE,
+        kind: Kind::Histogram,
+        labels: &[],
+        help: "Jobs taken per move script call.",
+        details: "Buckets 1 … 1000.",
+    },
+    Metric {
+        name: SCRIPT_DURATION,
+        kind: Kind::Histogram,
+        labels: &[label_of("script", &["move_due", "move_raw"])],
+        help: "Round trip of a script call, by script.",
+        details: "",
+    },
+    Metric {
+        name: ERRORS,
+        kind: Kind::Counter,
+        labels: &[label_of(
+            "kind",
+            &[
+                "redis",
+                "redis_connect",
+                "redis_auth",
+                "pubsub",
+                "push_failed",
+                "sink_unavailable",
+                "sink_outcomes",
+                "schedule_quarantined",
+            ],
+        )],
+        help: "Errors by kind.",
+        details: "Recovered errors, each counted; the log has one line per episode. \
+                  `schedule_quarantined` is counted once per quarantine and logged at ERROR: an \
+                  operator must fix or delete the schedule. `sink_outcomes`: a sink answered a batch \
+                  with the wrong number of outcomes (the batch is released and tried again).",
+    },
+    Metric {
+        name: WAKEUPS,
+        kind: Kind::Counter,
+        labels: &[label_of("cause", &["enqueue", "keyspace"])],
+        help: "Poller wake-ups received, by cause.",
+        details: "",
+    },
+    Metric {
+        name: DUE_BACKLOG,
+        kind: Kind::Gauge,
+        labels: &[label("shard"), label("source")],
+        help: "Jobs due now and not yet moved, by shard or source.",
+        details: "One of the backlog gauges, sampled every `poller.stats_interval` by a task of \
+                  its own (never in the delivery loop); a series has `shard` or `source`.",
+    },
+    Metric {
+        name: SCHEDULED,
+        kind: Kind::Gauge,
+        labels: &[label("shard"), label("source")],
+        help: "Jobs scheduled later, by shard or source.",
+        details: "",
+    },
+    Metric {
+        name: OLDEST_DUE_AGE,
+        kind: Kind::Gauge,
+        labels: &[label("shard"), label("source")],
+        help: "Age of the oldest due job, by shard or source.",
+        details: "",
+    },
+    Metric {
+        name: INFLIGHT,
+        kind: Kind::Gauge,
+        labels: &[label("shard"), label("source")],
+        help: "Jobs claimed by two-phase sinks and not yet settled, by shard or source.",
+        details: "",
+    },
+    Metric {
+        name: DEAD,
+        kind: Kind::Gauge,
+        labels: &[label("shard"), label("source")],
+        help: "Dead jobs, by shard or source.",
+        details: "",
+    },
+    Metric {
+        name: OWNED_SHARDS,
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Shards this instance polls.",
+        details: "",
+    },
+    Metric {
+        name: OCCURRENCES,
+        kind: Kind::Counter,
+        labels: &[label_of("outcome", &["fired", "expired"])],
+        help: "Occurrences of recurring schedules, by outcome: fired (turned into a job), expired \
+               (past max_lateness, into a dead letter).",
+        details: "",
+    },
+    Metric {
+        name: REDIS_UP,
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "1 when the last Redis health check passed.",
+        details: "",
+    },
+    Metric {
+        name: SINK_OUTCOMES,
+        kind: Kind::Counter,
+        labels: &[
+            label("sink"),
+            label_of(
+                "outcome",
+                &["delivered", "retried", "rejected", "unavailable", "held"],
+            ),
+        ],
+        help: "Messages per two-phase sink and outcome: delivered (confirmed), retried, rejected, \
+               unavailable, held (the destination object is missing).",
+        details: "`held`: the job waits, or dies on a route with `on_missing = \"dead\"`. A retry \
+                  that reaches `max_attempts` counts as `retried` and dies.",
+    },
+    Metric {
+        name: SINK_HELD_TARGETS,
+        kind: Kind::Gauge,
+        labels: &[label("sink")],
+        help: "Targets of a sink (topics, exchange/routing keys, subjects) whose jobs wait because \
+               the destination object does not exist, by sink.",
+        details: "Exported as 0 for every sink from the start, so an alert on it has a series \
+                  before the first target is held.",
+    },
+    Metric {
+        name: SINK_PUBLISH_DURATION,
+        kind: Kind::Histogram,
+        labels: &[label("sink")],
+        help: "Publish of one batch until confirmed, by sink.",
+        details: "Buckets 0.2 ms … 1 s.",
+    },
+    Metric {
+        name: SINK_UP,
+        kind: Kind::Gauge,
+        labels: &[label("sink")],
+        help: "1 when the sink's last health check or publish succeeded.",
+        details: "",
+    },
+    Metric {
+        name: FENCED,
+        kind: Kind::Counter,
+        labels: &[],
+        help: "Settles refused because the lease had passed to someone else.",
+        details: "A steady rate means `poller.lease` is shorter than publishes take.",
+    },
+    Metric {
+        name: LEASES_EXPIRED,
+        kind: Kind::Counter,
+        labels: &[],
+        help: "Claimed jobs whose lease ran out, returned to due.",
+        details: "",
+    },
+    Metric {
+        name: SINK_WAITING,
+        kind: Kind::Gauge,
+        labels: &[label("sink")],
+        help: "Jobs due and waiting for their two-phase sink to claim them, by sink.",
+        details: "A sink that is down shows its backlog here; every sink found in the ready \
+                  sets has a series, configured or not.",
+    },
+    Metric {
+        name: SINK_OLDEST_WAITING,
+        kind: Kind::Gauge,
+        labels: &[label("sink")],
+        help: "How long the oldest job waiting for a two-phase sink has been due, by sink.",
+        details: "",
+    },
+    Metric {
+        name: JOBS_REROUTED,
+        kind: Kind::Counter,
+        labels: &[label("from"), label_of("to", &["sink", "local", "dead"])],
+        help: "Jobs waiting for or claimed by a two-phase sink whose route leads elsewhere now (the \
+               config changed), by the sink they waited for (`from`) and where they went (`to`: \
+               sink, local, dead).",
+        details: "",
+    },
+    Metric {
+        name: SETTLE_RETRIES,
+        kind: Kind::Counter,
+        labels: &[],
+        help: "Settles sent again after a passing fault (connection dropped, timeout, busy server).",
+        details: "",
+    },
+    Metric {
+        name: TRACE_CONTEXT_INVALID,
+        kind: Kind::Counter,
+        labels: &[label("sink")],
+        help: "Delivery attempts whose job carried a malformed traceparent (delivered as given, not \
+               used as the delay-hop span's parent), by sink.",
+        details: "",
+    },
+];
+
 fn describe() {
-    describe_counter!(JOBS_MOVED, "Jobs pushed onto their route's list, by route.");
-    describe_counter!(JOBS_DEAD, "Jobs sent to dead, by source and reason.");
-    describe_histogram!(LATENESS, "Delivery time minus due time, by source.");
-    describe_histogram!(BATCH_SIZE, "Jobs taken per move script call.");
-    describe_histogram!(SCRIPT_DURATION, "Round trip of a script call, by script.");
-    describe_counter!(ERRORS, "Errors by kind.");
-    describe_counter!(WAKEUPS, "Poller wake-ups received, by cause.");
-    describe_gauge!(
-        DUE_BACKLOG,
-        "Jobs due now and not yet moved, by shard or source."
-    );
-    describe_gauge!(SCHEDULED, "Jobs scheduled later, by shard or source.");
-    describe_gauge!(
-        OLDEST_DUE_AGE,
-        "Age of the oldest due job, by shard or source."
-    );
-    describe_gauge!(INFLIGHT, "Jobs claimed by two-phase sinks, by shard.");
-    describe_gauge!(DEAD, "Dead jobs, by shard or source.");
-    describe_gauge!(OWNED_SHARDS, "Shards this instance polls.");
-    describe_gauge!(REDIS_UP, "1 when the last Redis health check passed.");
-    describe_counter!(
-        SINK_OUTCOMES,
-        "Messages per two-phase sink and outcome: delivered (confirmed), retried, rejected, \
-         unavailable, held (the destination object is missing)."
-    );
-    describe_histogram!(
-        SINK_PUBLISH_DURATION,
-        "Publish of one batch until confirmed, by sink."
-    );
-    describe_gauge!(
-        SINK_UP,
-        "1 when the sink's last health check or publish succeeded."
-    );
-    describe_gauge!(
-        SINK_HELD_TARGETS,
-        "Targets of a sink (topics, exchange/routing keys, subjects) whose jobs wait because \
-         the destination object does not exist, by sink."
-    );
-    describe_counter!(
-        FENCED,
-        "Settles refused because the lease had passed to someone else."
-    );
-    describe_counter!(
-        LEASES_EXPIRED,
-        "Claimed jobs whose lease ran out, returned to due."
-    );
-    describe_gauge!(
-        SINK_WAITING,
-        "Jobs due and waiting for their two-phase sink to claim them, by sink."
-    );
-    describe_gauge!(
-        SINK_OLDEST_WAITING,
-        "How long the oldest job waiting for a two-phase sink has been due, by sink."
-    );
-    describe_counter!(
-        OCCURRENCES,
-        "Occurrences of recurring schedules, by outcome: fired (turned into a job), expired \
-         (past max_lateness), skipped (misfire policy)."
-    );
-    describe_counter!(
-        JOBS_REROUTED,
-        "Jobs waiting for or claimed by a two-phase sink whose route leads elsewhere now (the \
-         config changed), by the sink they waited for (`from`) and where they went (`to`: \
-         sink, local, dead)."
-    );
-    describe_counter!(
-        SETTLE_RETRIES,
-        "Settles sent again after a passing fault (connection dropped, timeout, busy server)."
-    );
-    describe_counter!(
-        TRACE_CONTEXT_INVALID,
-        "Delivery attempts whose job carried a malformed traceparent (delivered as given, not \
-         used as the delay-hop span's parent), by sink."
-    );
+    for m in METRICS {
+        match m.kind {
+            Kind::Counter => describe_counter!(m.name, m.help),
+            Kind::Gauge => describe_gauge!(m.name, m.help),
+            Kind::Histogram => describe_histogram!(m.name, m.help),
+        }
+    }
 }
 
 /// Records a batch's per-bucket lateness counts (from a move script) into the histogram.

@@ -7,7 +7,7 @@ with the reason on the first mismatch.
   checks.py assert OUT                    what the rendered manifests must say (security, probes, PDB, TOML, sidecar, rules)
   checks.py kubeval OUT KV                kubernetes-validate --strict -k 1.30.0 on OUT, plus a broken manifest it must refuse
   checks.py schema WORK                   bad values the chart must refuse (schema and template checks)
-  checks.py metrics-list README OUT       the exported metric names from the README's metrics table
+  checks.py metrics-list PAGE OUT         the exported metric names from the metrics reference page's table
   checks.py metrics METRICS               every metric the dashboard and the rules query is in METRICS
   checks.py dashboard-rules OUT           the dashboard's queries as a rules file, for promtool check rules
   checks.py chart-rules OUT               the chart's PrometheusRule with defaults = the rules file; written to OUT with its tests
@@ -598,7 +598,7 @@ def cmd_schema(work: str) -> None:
     expect_refusal({"replicas": "two"}, "wrong type (replicas: \"two\")", "replicas")
     expect_refusal({"config": {"poller": {"batchh": 500}}}, "typo inside config (poller.batchh)", "batchh")
     expect_refusal({"config": {"redis": {"shards": "16"}}}, "wrong type inside config (redis.shards: \"16\")", "shards")
-    expect_refusal({"config": {"poller": {"shutdown_grace": "10 seconds"}}}, "unsupported duration", "shutdown_grace")
+    expect_refusal({"config": {"poller": {"shutdown_grace": "10 secs later"}}}, "unsupported duration", "shutdown_grace")
     expect_refusal({"mode": "daemonset"}, "unknown mode", "mode")
     expect_refusal({"tls": {"redis": {"enabled": True, "existingSecrett": "x"}}}, "typo in tls.redis", "existingSecrett")
     expect_refusal({"config": {"sinks": {"rabbit": {"kind": "amqp", "brokers": "x"}}}},
@@ -613,6 +613,10 @@ def cmd_schema(work: str) -> None:
                    "allowedHosts")
     expect_refusal({"secrets": {"adminToken": {"existingSecret": "zdelay-admin"}}}, "a token Secret without its key",
                    "adminToken")
+    expect_refusal({"config": {"poller": {"per_shard": 3}}}, "poller.per_shard above 2", "per_shard")
+    expect_refusal({"config": {"sinks": {"orders-eu": {"kind": "nats", "url": "nats://n:4222"}}}},
+                   "a sink name that cannot be an environment variable's", "orders-eu")
+    expect_refusal({"config": {"redis": {"password": "x"}}}, "a password in the ConfigMap", "password")
     expect_refusal({"commonLabels": {"team": 5}}, "a number as a label value", "commonLabels")
     expect_refusal({"commonLabels": {"team!": "x"}}, "an invalid label name", "team!")
     expect_refusal({"commonLabels": {"app.kubernetes.io/instance": "x"}}, "a chart-owned label in commonLabels",
@@ -635,27 +639,42 @@ def cmd_schema(work: str) -> None:
     render(CHART, ok)
     render(example, {"zdelay": {"sidecar": {"native": False}}}, kube="1.28.0")
     print("  control: a correct value set renders; so does the example with a regular sidecar on 1.28")
+    # Every daemon field the chart offers, in the forms the daemon reads.
+    full = {"config": {
+        "poller": {"per_shard": 2, "slot_lease": "5s", "sink_concurrency": 8, "sink_inflight_bytes": 33554432,
+                   "shutdown_grace": "1min", "lease": "1m30s", "idle_poll": "250ms"},
+        "redis": {"password_file": "/var/run/zdelay/redis-password"},
+        "sinks": {"events": {"kind": "kafka", "brokers": "kafka:9092",
+                             "sasl": {"mechanism": "SCRAM-SHA-512", "username": "zdelay",
+                                      "password_file": "/var/run/zdelay/kafka-password"},
+                             "tls": {"ca_file": "/var/run/zdelay/ca.pem"}}},
+        "routes": [{"name": "events", "sink": "events", "target": "events", "on_missing": "dead"}],
+    }}
+    docs = [d for path, text in render(CHART, full).items() if path.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if d]
+    grace = [d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] for d in docs if d.get("kind") == "Deployment"]
+    if grace != [65]:
+        fail(f"shutdown_grace 1min: terminationGracePeriodSeconds must be 60 + 5, is {grace}")
+    print("  control: per_shard, slot_lease, sink limits, password_file, Kafka SASL/TLS and humantime durations render")
 
 
 # ---------------------------------------------------------------- metrics
 
-def cmd_metrics_list(readme: str, out: str) -> None:
+def cmd_metrics_list(page: str, out: str) -> None:
+    """docs/reference/metrics.md: generated from the metric definitions, one row a metric."""
     names = []
-    section = False
-    for line in open(readme):
-        if line.startswith("## "):
-            section = line.strip() == "## Metrics and admin endpoints"
+    for line in open(page):
         m = re.match(r"\|\s*`(zdelay_[a-z0-9_]+)`\s*\|\s*(counter|gauge|histogram)\s*\|", line)
-        if section and m:
+        if m:
             name, kind = m.groups()
             names.append(name)
             if kind == "histogram":
                 names += [name + "_bucket", name + "_sum", name + "_count"]
     if len(names) < 10:
-        fail(f"found only {len(names)} metric names in {readme}'s metrics table")
+        fail(f"found only {len(names)} metric names in {page}'s metrics table")
     with open(out, "w") as f:
         f.write("\n".join(names) + "\n")
-    print(f"  {len(names)} names (histograms with _bucket, _sum, _count) from the README's metrics table")
+    print(f"  {len(names)} names (histograms with _bucket, _sum, _count) from {page}")
 
 
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",

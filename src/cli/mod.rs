@@ -183,6 +183,16 @@ enum Command {
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff), e.g. `zdelay man > /usr/local/share/man/man1/zdelay.1`.
     Man,
+    /// Write the reference pages made from the code (docs/reference/) and the config part of
+    /// the chart's values schema; with --check, only list the files that differ (exit 1).
+    #[command(hide = true)]
+    GenDocs {
+        /// The repository's root.
+        #[arg(default_value = ".")]
+        root: PathBuf,
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 /// How a command prints: `-o text|json`, `--json` the same as `-o json`.
@@ -297,6 +307,18 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let mut page = Vec::new();
             clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut page)?;
             return write_stdout(&page);
+        }
+        Command::GenDocs { root, check } => {
+            let cli = <Cli as clap::CommandFactory>::command();
+            let stale = zdelay::reference::update(root, cli, *check).map_err(anyhow::Error::msg)?;
+            for path in &stale {
+                eprintln!("{} {path}", if *check { "stale:" } else { "wrote" });
+            }
+            if *check && !stale.is_empty() {
+                eprintln!("regenerate with: {}", zdelay::reference::REGENERATE);
+                return Ok(1);
+            }
+            return Ok(0);
         }
         _ => {}
     }
@@ -498,7 +520,8 @@ async fn operate(
         | Command::Bench(_)
         | Command::Reshard(_)
         | Command::Completions { .. }
-        | Command::Man => {
+        | Command::Man
+        | Command::GenDocs { .. } => {
             unreachable!("handled above")
         }
     }

@@ -27,6 +27,7 @@ mod nats;
 mod producer;
 mod raw_sinks;
 mod redis_faults;
+mod reference;
 mod reshard;
 mod routing;
 mod scale;

@@ -68,19 +68,32 @@ commonLabels may not name them (a clear error instead of a silently ignored valu
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
-{{/* Milliseconds of a duration: <number><unit> parts, unit ms, s, m or h ("10s", "1m30s"). */}}
+{{/*
+Milliseconds of a duration, rounded up: <number><unit> parts as the daemon reads them
+("10s", "1min", "1m30s", "2 hours"; units ns, us, ms, s/sec, m/min, h/hr, d, w, M, y and their
+long forms). The same pattern as the config schema (docs/reference/config.md, Durations).
+*/}}
 {{- define "zdelay.durationMs" -}}
 {{- $d := toString . -}}
-{{- if not (regexMatch "^([0-9]+(ms|s|m|h))+$" $d) -}}
-{{- fail (printf "duration %q: write it as <number><unit> parts with unit ms, s, m or h (10s, 1m30s)" $d) -}}
+{{- $unit := "(nanos|nsec|ns|usec|us|µs|millis|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|hrs|hr|h|days|day|d|weeks|week|wks|wk|w|months|month|M|years|year|yrs|yr|y)" -}}
+{{- if not (regexMatch (printf "^([0-9]+ *%s *)+$" $unit) $d) -}}
+{{- fail (printf "duration %q: write it as <number><unit> parts, e.g. 10s, 1min, 1m30s (units ns, us, ms, s, m, h, d, w)" $d) -}}
 {{- end -}}
-{{- $factors := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 -}}
-{{- $ms := 0 -}}
-{{- range $part := regexFindAll "[0-9]+(ms|s|m|h)" $d -1 -}}
+{{- $second := 1000000000 -}}
+{{- $factors := dict "nanos" 1 "nsec" 1 "ns" 1 "usec" 1000 "us" 1000 "µs" 1000 "millis" 1000000 "msec" 1000000 "ms" 1000000 "seconds" $second "second" $second "secs" $second "sec" $second "s" $second -}}
+{{- range $u := list "minutes" "minute" "mins" "min" "m" }}{{ $_ := set $factors $u (mul 60 $second) }}{{ end -}}
+{{- range $u := list "hours" "hour" "hrs" "hr" "h" }}{{ $_ := set $factors $u (mul 3600 $second) }}{{ end -}}
+{{- range $u := list "days" "day" "d" }}{{ $_ := set $factors $u (mul 86400 $second) }}{{ end -}}
+{{- range $u := list "weeks" "week" "wks" "wk" "w" }}{{ $_ := set $factors $u (mul 604800 $second) }}{{ end -}}
+{{- range $u := list "months" "month" "M" }}{{ $_ := set $factors $u (mul 2630016 $second) }}{{ end -}}
+{{- range $u := list "years" "year" "yrs" "yr" "y" }}{{ $_ := set $factors $u (mul 31557600 $second) }}{{ end -}}
+{{- $ns := 0 -}}
+{{- range $part := regexFindAll "[0-9]+ *[a-zA-Zµ]+" $d -1 -}}
 {{- $n := regexFind "^[0-9]+" $part -}}
-{{- $ms = add $ms (mul ($n | int64) (get $factors (trimPrefix $n $part))) -}}
+{{- $u := trimPrefix $n $part | trim -}}
+{{- $ns = add $ns (mul ($n | int64) (get $factors $u)) -}}
 {{- end -}}
-{{- $ms -}}
+{{- div (add $ns 999999) 1000000 -}}
 {{- end -}}
 
 {{/*

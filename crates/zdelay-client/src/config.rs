@@ -37,6 +37,21 @@ fn invalid(field: impl Into<String>, why: impl Into<String>) -> ConfigError {
 #[derive(Clone, Default, PartialEq)]
 pub struct Secret(String);
 
+/// In a schema: a string, marked `writeOnly` (a value zdelay reads and never shows).
+impl schemars::JsonSchema for Secret {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Secret".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string", "writeOnly": true })
+    }
+}
+
 impl Serialize for Secret {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&redacted(&self.0))
@@ -314,6 +329,23 @@ impl<'de> Deserialize<'de> for Secret {
 mod url_field {
     use serde::{Deserialize, Deserializer, Serializer};
 
+    /// A Redis URL (`redis://`, `rediss://`, or a Unix socket): its password, if any, is
+    /// hidden when shown, so the schema marks it `writeOnly` like a secret.
+    pub fn schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^(rediss?|redis\\+unix|unix)://",
+            "writeOnly": true,
+        })
+    }
+
+    pub fn list_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "array",
+            "items": { "type": "string", "pattern": "^rediss?://[^\\s]+$" },
+        })
+    }
+
     pub fn serialize<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&super::redact_url(url))
     }
@@ -338,6 +370,22 @@ mod url_field {
             Ok(urls)
         }
     }
+}
+
+/// The durations every duration field accepts (a subset of what `humantime` parses: whole
+/// numbers only): one or more `<number><unit>` parts, e.g. `250ms`, `30s`, `1min`,
+/// `1m30s`, `2h`. Units: `ns`, `us`, `ms`, `s`/`sec`, `m`/`min`, `h`/`hr`, `d`, `w`, `M`
+/// (month), `y` (year), with their long forms.
+pub const DURATION_PATTERN: &str = "^([0-9]+ *(nanos|nsec|ns|usec|us|µs|millis|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|hrs|hr|h|days|day|d|weeks|week|wks|wk|w|months|month|M|years|year|yrs|yr|y) *)+$";
+
+/// The schema of a duration field: a string in [`DURATION_PATTERN`], marked
+/// `x-zdelay-type: duration` for the reference page.
+fn duration_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "pattern": DURATION_PATTERN,
+        "x-zdelay-type": "duration",
+    })
 }
 
 /// Registers only the password part of a URL (the URL itself is not secret).
@@ -480,15 +528,21 @@ fn validate_message_timeout(
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// `[redis]`: where jobs are scheduled.
     pub redis: RedisConfig,
+    /// `[poller]`: how due jobs are found and moved.
     pub poller: PollerConfig,
+    /// `[admin]`: the HTTP port for metrics, probes and the operator console.
     pub admin: AdminConfig,
     /// Delay-hop spans and their OTLP export (off by default).
     pub tracing: TracingConfig,
     /// Named sinks. A `local` Redis sink (the scheduling Redis itself) always exists.
+    /// A name is 1 to 64 lowercase letters, digits and `_`, starting with a letter, so
+    /// `ZDELAY_SINKS__<NAME>__<FIELD>` can set its fields.
+    #[schemars(extend("propertyNames" = { "pattern": SINK_NAME_PATTERN }))]
     pub sinks: BTreeMap<String, SinkConfig>,
     /// Configured destinations. Default: `default` → list `queue:default` on `local`.
     pub routes: Vec<RouteConfig>,
@@ -522,7 +576,7 @@ impl Default for Config {
 }
 
 /// `[redis.tls]`: used with `rediss://` URLs (standalone and cluster seeds).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisTlsConfig {
     /// PEM file of the CA(s) that signed the server's certificate. Default: the system's
@@ -555,13 +609,14 @@ pub const LOCAL_SINK: &str = "local";
 pub const MAX_SHARDS: u16 = 16384;
 
 /// `[redis]`: where jobs are scheduled.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
     /// Redis URL: `redis://[user[:password]@]host:port[/db]`, `rediss://` for TLS. Default
     /// `redis://127.0.0.1:6379`. Not used when `cluster_nodes` is set. Shown with its
     /// password hidden.
     #[serde(with = "url_field")]
+    #[schemars(schema_with = "url_field::schema")]
     pub url: String,
     /// Redis Cluster seed nodes (`redis://host:port` or `rediss://`, a few are enough: the
     /// client learns the rest). Set, zdelay runs on the cluster and `url` is not used.
@@ -571,6 +626,7 @@ pub struct RedisConfig {
         default,
         skip_serializing_if = "Vec::is_empty"
     )]
+    #[schemars(schema_with = "url_field::list_schema")]
     pub cluster_nodes: Vec<String>,
     /// Password, overriding any in the URL (`ZDELAY_REDIS__PASSWORD`, or `password_file`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -579,9 +635,11 @@ pub struct RedisConfig {
     #[serde(skip_serializing_if = "RedisTlsConfig::is_default")]
     pub tls: RedisTlsConfig,
     /// Prefix of every key. Default `zdelay`. Must not contain `{` or `}`.
+    #[schemars(regex(pattern = r"^[^{}]+$"))]
     pub namespace: String,
     /// Number of envelope shards. Default 16. Must match `<ns>:schema` once jobs exist; changed
     /// with `zdelay reshard --to N`.
+    #[schemars(range(min = 1, max = 16384))]
     pub shards: u16,
 }
 
@@ -599,59 +657,81 @@ impl Default for RedisConfig {
 }
 
 /// `[poller]`: how due jobs are found and moved.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PollerConfig {
-    /// Jobs per script call, 1..=1000. Default 1000.
+    /// Jobs per script call, 1..=1000. Default 1000. Lower it only if a single batch's
+    /// script call holds Redis for too long.
+    #[schemars(range(min = 1, max = 1000))]
     pub batch: usize,
     /// Fallback poll interval when no wake-up arrives. Default `100ms`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
     pub idle_poll: Duration,
-    /// Claim deadline for two-phase sinks. Default `30s`.
+    /// Claim deadline for two-phase sinks: a claimed job not settled by then goes back to due
+    /// (and is delivered again). At least `1s`. Default `30s`. Raise it when publishes to a
+    /// broker take longer than a few seconds (leases expiring shows in
+    /// `zdelay_leases_expired_total`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
     pub lease: Duration,
     /// Largest payload delivered, in bytes; larger ones go to dead. Default 1048576 (1 MiB).
+    #[schemars(range(min = 1, max = 536870912))]
     pub max_payload: usize,
     /// Payload bytes one script call reads at most: a move or claim batch ends at `batch` jobs
     /// or at this many bytes, whichever comes first (a single larger job moves alone), so a
     /// burst of large payloads never blocks Redis for long (a megabyte costs a few ms of Redis
     /// CPU through a script). Default 4194304 (4 MiB).
+    #[schemars(range(min = 1024, max = 536870912))]
     pub batch_bytes: usize,
     /// Bytes one two-phase sink may have claimed and not yet settled at once, across all
     /// shards and raw sources (with `sink_concurrency`, which bounds the batches). Each claim
     /// takes its bytes from this bound before it runs; one job larger than what is left may
     /// exceed it. Default 67108864 (64 MiB).
+    #[schemars(range(min = 1024, max = 4294967295u32))]
     pub sink_inflight_bytes: usize,
     /// How long SIGTERM waits for the batch in hand. Default `10s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
     pub shutdown_grace: Duration,
     /// How often backlog gauges are sampled. Default `5s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
     pub stats_interval: Duration,
     /// Delivery attempts to a two-phase sink before a job goes to dead, unless the job
     /// sets its own `max_attempts`. Default 10.
+    #[schemars(range(min = 1))]
     pub max_attempts: u32,
     /// Retry backoff: attempt n waits a random time in [0, min(retry_cap, retry_base × 2^n)]
-    /// (exponential with full jitter). Defaults `1s` and `5m`.
+    /// (exponential with full jitter). Default `1s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
     pub retry_base: Duration,
+    /// The longest wait between two delivery attempts (see `retry_base`); at least
+    /// `retry_base`. Default `5m`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
     pub retry_cap: Duration,
     /// First pause of a sink found unavailable; doubles while it stays down, up to 30s.
     /// Its jobs wait without losing attempts. Default `1s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
     pub sink_pause: Duration,
     /// Batches one two-phase sink may have in flight at once, across all shards (each up to
     /// `batch` jobs). A sink that is slow or hung holds up at most this many batches of its
     /// own jobs and nothing else. Default 16.
+    #[schemars(range(min = 1, max = 1024))]
     pub sink_concurrency: usize,
     /// Pollers per shard (and per raw source) across all daemons on the namespace: 1 or 2.
     /// Daemons share the poller slots evenly and take over the slots of one that stops.
-    /// Default 1.
+    /// Default 1. Set 2 for high availability: a standby poller takes over a shard within
+    /// `slot_lease` when its daemon dies.
+    #[schemars(range(min = 1, max = 2))]
     pub per_shard: u8,
     /// How long a daemon keeps its poller slots without renewing them (it renews five times
     /// per lease); a daemon that dies loses them within this. Default `5s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
     pub slot_lease: Duration,
     /// This daemon's identity among the instances on the namespace, kept across restarts: a
     /// daemon restarted after a crash takes its poller slots back at its first heartbeat
@@ -660,6 +740,7 @@ pub struct PollerConfig {
     /// Default: on Kubernetes (`KUBERNETES_SERVICE_HOST` set) the pod name (`POD_NAME`,
     /// else `HOSTNAME`); elsewhere `<host>-<ULID>`, new at every start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9._-]{1,253}$"))]
     pub instance_id: Option<String>,
 }
 
@@ -717,7 +798,7 @@ impl Default for PollerConfig {
 /// Who may read what on the console's API: counts, the forecast and schedule timing are
 /// public unless `public_reads = false`; payloads, headers and dead letters need the token
 /// (without one configured: only on a loopback `listen`); actions always need the token.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Listen address. Default `127.0.0.1:9464`.
@@ -727,6 +808,7 @@ pub struct AdminConfig {
     /// show payloads, headers or dead letters (`GET /api/jobs/{id}`, `/api/dead`,
     /// `/api/dead/{id}`). Without it every action is refused (403), and those reads are
     /// served only when `listen` is a loopback address. At least 16 characters.
+    #[schemars(length(min = 16))]
     pub token: Option<Secret>,
     /// Whether counts, the forecast and schedule timing (`GET /api/stats`, `/api/forecast`,
     /// `/api/schedules`) are readable without the token. `false` needs `token`. Default
@@ -764,20 +846,24 @@ impl Default for AdminConfig {
 
 /// `[tracing]`: the daemon's delay-hop spans, exported over OTLP/HTTP (protobuf). Off
 /// unless `otlp_endpoint` is set; trace headers travel with jobs either way.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TracingConfig {
     /// The collector's OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces` (a URL
     /// without a path gets `/v1/traces`). Default: none, tracing off.
+    #[schemars(extend("pattern" = "^https?://"))]
     pub otlp_endpoint: Option<Secret>,
     /// Share of traces started here (jobs without a `traceparent`) that are sampled,
     /// 0.0..=1.0; a job's own `traceparent` decides by its sampled flag. Default 1.0.
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub sample_ratio: f64,
     /// `service.name` of the spans. Default `zdelay`.
+    #[schemars(length(min = 1))]
     pub service_name: String,
     /// How long one export may take before it is abandoned (spans are exported in the
     /// background: delivery never waits for it). Default `10s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
     pub export_timeout: Duration,
 }
 
@@ -793,7 +879,7 @@ impl Default for TracingConfig {
 }
 
 /// `[sinks.<name>]`: a connection to a delivery system.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum SinkConfig {
     /// Redis lists. Without `url`, the scheduling Redis: moves are atomic, exactly once.
@@ -833,7 +919,8 @@ impl SinkConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// `kind = "redis"`: pushes onto Redis lists.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSinkConfig {
     /// Another Redis to deliver to (two-phase, at least once). None: the scheduling Redis.
@@ -843,7 +930,9 @@ pub struct RedisSinkConfig {
 }
 
 /// Which Kafka record key a job gets.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum KafkaKey {
     /// The job id (default): jobs with one id keep partition order.
@@ -853,13 +942,17 @@ pub enum KafkaKey {
     None,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// `kind = "kafka"`: produces to Kafka topics.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
-    /// `bootstrap.servers`.
+    /// The brokers to bootstrap from, `host:port` comma-separated (librdkafka's
+    /// `bootstrap.servers`).
+    #[schemars(length(min = 1))]
     pub brokers: String,
     /// Targets (topics) jobs may name as `<sink>/<topic>`; globs. Default none.
     #[serde(default)]
+    #[schemars(inner(length(min = 1)))]
     pub allow: Vec<String>,
     /// Record key: `id` (default) or `none`.
     #[serde(default)]
@@ -873,20 +966,25 @@ pub struct KafkaSinkConfig {
     /// Raw librdkafka options, applied last (e.g. `"linger.ms" = "5"`). Options that hold
     /// secrets (`sasl.password`, `ssl.key.password`, …) are hidden when shown.
     #[serde(default, with = "librdkafka_options")]
+    #[schemars(with = "BTreeMap<String, String>")]
     pub librdkafka: BTreeMap<String, String>,
 }
 
 /// `[sinks.<name>.sasl]` of a Kafka sink.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSasl {
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
     pub mechanism: SaslMechanism,
+    /// The SASL user name.
+    #[schemars(length(min = 1))]
     pub username: String,
+    /// The SASL password (`ZDELAY_SINKS__<NAME>__SASL__PASSWORD`, or `password_file`).
     pub password: Secret,
 }
 
 /// The SASL mechanisms the Kafka sink offers (librdkafka's names).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub enum SaslMechanism {
     #[serde(rename = "PLAIN")]
     Plain,
@@ -908,7 +1006,7 @@ impl SaslMechanism {
 
 /// `tls = { ... }` of a broker sink: which CA to trust (default: the system's roots), and a
 /// client certificate for mutual TLS. Paths, read when the sink connects.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM file of the CA certificate(s) that signed the broker's certificate.
@@ -953,24 +1051,30 @@ impl TlsConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// `kind = "amqp"`: publishes to RabbitMQ exchanges (AMQP 0-9-1).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpSinkConfig {
-    /// `amqp://user:pass@host:port/vhost`; put credentials in `ZDELAY_SINKS__<NAME>__URL`.
+    /// `amqp://user:pass@host:port/vhost` (`amqps://` for TLS); put credentials in
+    /// `ZDELAY_SINKS__<NAME>__URL` or `url_file`.
+    #[schemars(extend("pattern" = "^amqps?://"))]
     pub url: Secret,
     /// Targets (`exchange/routing-key`) jobs may name as `<sink>/<target>`; globs.
     #[serde(default)]
+    #[schemars(inner(length(min = 1)))]
     pub allow: Vec<String>,
     /// TLS for an `amqps://` URL: the CA to trust, a client certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// `kind = "nats"`: publishes to NATS subjects.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSinkConfig {
     /// `nats://host:port` (comma-separated for several servers). A secret: it may carry
     /// credentials (`ZDELAY_SINKS__<NAME>__URL`).
+    #[schemars(extend("minLength" = 1))]
     pub url: Secret,
     /// JetStream publish awaiting PubAck (default true). false = core NATS: best effort,
     /// a flush is not an acknowledgement.
@@ -978,10 +1082,12 @@ pub struct NatsSinkConfig {
     pub jetstream: bool,
     /// Subjects jobs may name as `<sink>/<subject>`; globs.
     #[serde(default)]
+    #[schemars(inner(length(min = 1)))]
     pub allow: Vec<String>,
     /// User name for user/password authentication (with `password`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Password for user/password authentication (with `user`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
     /// Token authentication.
@@ -1025,7 +1131,9 @@ fn yes() -> bool {
 
 /// What a two-phase route does with a job whose destination object (Kafka topic, AMQP
 /// exchange or binding, JetStream stream) does not exist.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OnMissing {
     /// The job waits, no attempt counted, and is tried again every few seconds: the route
@@ -1038,11 +1146,15 @@ pub enum OnMissing {
 }
 
 /// Which end of the list a job is pushed onto.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Push {
+    /// `LPUSH`: consumers take from the other end with `BRPOP` (first in, first out).
     #[default]
     Lpush,
+    /// `RPUSH`: consumers take with `BLPOP`.
     Rpush,
 }
 
@@ -1056,21 +1168,25 @@ impl Push {
 }
 
 /// `[[routes]]`: a named destination.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// What jobs name in `dest`.
+    #[schemars(regex(pattern = r"^[^/\n]+$"))]
     pub name: String,
     /// A sink name from `[sinks]`.
+    #[schemars(length(min = 1))]
     pub sink: String,
     /// Where the sink delivers: a list key (Redis), a topic (Kafka), `exchange/routing-key`
     /// (AMQP; `/q` = the default exchange, queue `q`) or a subject (NATS).
+    #[schemars(length(min = 1))]
     pub target: String,
     /// `lpush` (default; consumers `BRPOP`) or `rpush` (consumers `BLPOP`).
     #[serde(default)]
     pub push: Push,
     /// Priority lane: due jobs go to `<target><suffix>`, e.g. `-delayed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
     pub delayed_suffix: Option<String>,
     /// AMQP only: the lane as a message priority (0..=255) instead of a suffix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1091,11 +1207,15 @@ impl RouteConfig {
 }
 
 /// Unit of a raw source's scores.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
 pub enum ScoreUnit {
+    /// Epoch milliseconds.
     #[default]
     #[serde(rename = "ms")]
     Millis,
+    /// Epoch seconds (fractions allowed).
     #[serde(rename = "s")]
     Seconds,
 }
@@ -1118,18 +1238,21 @@ impl ScoreUnit {
 }
 
 /// `[[sources]]`: a raw ZSET, member = payload, score = due time.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     /// The ZSET producers `ZADD` into.
+    #[schemars(length(min = 1))]
     pub key: String,
     /// `ms` (default) or `s`.
     #[serde(default)]
     pub score_unit: ScoreUnit,
     /// The route due members are delivered to.
+    #[schemars(length(min = 1))]
     pub route: String,
     /// Where undeliverable members go. Default `<key>:dead` (reasons in `<dead_key>:reasons`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
     pub dead_key: Option<String>,
 }
 
@@ -1139,6 +1262,9 @@ impl SourceConfig {
         crate::keys::RawKeys::new(&self.key, self.dead_key.as_deref())
     }
 }
+
+/// What [`env_safe_name`] accepts, as a regular expression (for schemas).
+pub const SINK_NAME_PATTERN: &str = "^[a-z][a-z0-9_]{0,63}$";
 
 /// Whether a name can be a segment of an environment variable's name as it is
 /// (`ZDELAY_SINKS__<NAME>__…`: the environment's keys are read lowercased).
@@ -1154,6 +1280,57 @@ fn env_safe_name(name: &str) -> bool {
 const SECTIONS: &[&str] = &[
     "redis", "poller", "admin", "tracing", "sinks", "routes", "sources",
 ];
+
+/// The JSON Schema (draft 7) of `zdelay.toml`, every type inlined: the source of the
+/// configuration reference page and of the Helm chart's values schema. Optional fields are
+/// given as their type alone (TOML has no null: an optional field is left out).
+pub fn json_schema() -> serde_json::Value {
+    let generator = schemars::generate::SchemaSettings::draft07()
+        .with(|s| s.inline_subschemas = true)
+        .for_deserialize()
+        .into_generator();
+    let mut schema = generator.into_root_schema_for::<Config>().to_value();
+    drop_null(&mut schema);
+    schema
+}
+
+/// Removes `null` from `type` lists, `{"type": "null"}` from `anyOf` (collapsing what is
+/// left alone) and null defaults.
+fn drop_null(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            if map.get("default").is_some_and(Value::is_null) {
+                map.remove("default");
+            }
+            if let Some(Value::Object(default)) = map.get_mut("default") {
+                default.retain(|_, v| !v.is_null());
+            }
+            if let Some(Value::Array(types)) = map.get_mut("type") {
+                types.retain(|t| t != "null");
+                if types.len() == 1 {
+                    let only = types.remove(0);
+                    map.insert("type".to_owned(), only);
+                }
+            }
+            if let Some(Value::Array(any)) = map.get_mut("anyOf") {
+                any.retain(|s| s.get("type").is_none_or(|t| t != "null"));
+                if any.len() == 1 {
+                    let Some(Value::Object(only)) = any.pop() else {
+                        unreachable!("schemas are objects")
+                    };
+                    map.remove("anyOf");
+                    for (k, v) in only {
+                        map.entry(k).or_insert(v);
+                    }
+                }
+            }
+            map.values_mut().for_each(drop_null);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_null),
+        _ => {}
+    }
+}
 
 /// Loads defaults ← file ← environment, then validates.
 ///
