@@ -59,6 +59,9 @@ const DEAD_CHUNK: usize = 250;
 /// Dead entries read per page while selecting.
 const PAGE: usize = 500;
 
+/// Raw dead members one walk call reads (hashing each to find an id).
+const RAW_WALK: usize = 1000;
+
 /// One death: when (epoch ms) and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Death {
@@ -1008,7 +1011,7 @@ impl Client {
                 max: &max,
                 offset,
                 take: limit - out.items.len(),
-                walk: PAGE.min(scan - walked),
+                walk: RAW_WALK.min(scan - walked),
                 reason: filter.reason.as_deref().unwrap_or(""),
                 hashes: &[],
             };
@@ -1159,7 +1162,7 @@ async fn raw_dead_act(
             max: &max,
             offset,
             take: DEAD_CHUNK.min(most - taken as usize),
-            walk: PAGE,
+            walk: RAW_WALK,
             reason: filter.reason.as_deref().unwrap_or(""),
             hashes: &[],
         };
@@ -1216,7 +1219,7 @@ async fn raw_dead_by_ids(
                 max: &max,
                 offset,
                 take: hashes.len() - found,
-                walk: PAGE.min(scan - walked),
+                walk: RAW_WALK.min(scan - walked),
                 reason: "",
                 hashes: &hashes,
             };
