@@ -19,8 +19,7 @@
 #                                       cargo install --locked at a pinned version when missing,
 #                                       about 5 min once; any mdbook warning fails the step)
 #   scripts/deploy-check.sh            (Helm chart, dashboard, alert rules, Dockerfile lint; offline)
-#   scripts/image-check.sh             (the Dockerfile's build and runtime steps, without Docker;
-#                                       its release build starts with the tests, at idle priority)
+#   scripts/image-check.sh             (the Dockerfile's build and runtime steps, without Docker)
 # and ends with a summary of step timings and test counts. Works from any directory, needs
 # no TTY and no stdin. Each step runs in its own process group; on exit or on a signal, any
 # step still running is stopped together with what it started (cargo, test binaries, the
@@ -34,7 +33,6 @@ export RUST_BACKTRACE=${RUST_BACKTRACE:-1}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/zdelay-test.XXXXXX")
 STEP_PID=""
-RELEASE_PID=""
 BROKERS_STARTED=0
 STEP_NAME=""
 STEP_START=0
@@ -86,9 +84,6 @@ cleanup() {
         STEP_NAMES+=("$STEP_NAME")
         STEP_SECS+=("$((SECONDS - STEP_START))")
         STEP_RESULTS+=("STOPPED")
-    fi
-    if [[ -n $RELEASE_PID ]]; then
-        kill -KILL -- "-$RELEASE_PID" 2>/dev/null || true
     fi
     if ((BROKERS_STARTED)); then
         bash scripts/services.sh stop || true
@@ -186,17 +181,6 @@ run_step "cargo check -p zdelay-client (the producer library alone)" producer.lo
     cargo check -p zdelay-client
 run_step "cargo build --workspace --all-targets" build.log \
     cargo build --workspace --all-targets "${FEATURES[@]}"
-# The image check's release build (the Dockerfile's own command), started now in the
-# background at idle CPU priority (SCHED_IDLE: it runs only on a core nothing else wants).
-# The tests below spend much of their time waiting on servers, so most of the build is done
-# by the time the image check runs it again and finds it up to date. A failure here is left
-# to that step to report.
-RELEASE_BUILD=$(python3 scripts/deploy/dockerfile.py final-build) ||
-    die "scripts/deploy/dockerfile.py final-build failed"
-# shellcheck disable=SC2016 # $0/$1 expand in the inner bash
-setsid chrt --idle 0 bash -c '$1 >"$0" 2>&1' "$WORK/release-build.log" "$RELEASE_BUILD" \
-    </dev/null &
-RELEASE_PID=$!
 run_step "cargo test --workspace --all-targets -- --test-threads $TEST_THREADS" test.log \
     cargo test --workspace --all-targets "${FEATURES[@]}" -- --test-threads "$TEST_THREADS"
 
@@ -243,11 +227,6 @@ run_step "book: mdbook build docs" book.log \
 # (tests/it/deploy.rs checks the dashboard's and rules' metric names against a live scrape.)
 run_step "deploy checks: chart, dashboard, rules, Dockerfile lint" deploy.log \
     env ZDELAY_BIN="$ROOT/target/debug/zdelay" bash scripts/deploy-check.sh
-say "release build (background, idle priority): waiting for it to end"
-start=$SECONDS
-wait "$RELEASE_PID" || echo "  it failed; the image check's build step runs it again and reports"
-RELEASE_PID=""
-record "release build (background, idle priority): waited" "$((SECONDS - start))"
 run_step "image check: the Dockerfile's steps without Docker" image.log \
     bash scripts/image-check.sh
 
