@@ -19,8 +19,10 @@ use zdelay_client::store::{self, Conn, Layout};
 pub struct MoverSettings {
     /// Jobs per script call.
     pub batch: usize,
-    /// Longest sleep without a wake-up.
+    /// Longest sleep without a wake-up while wake-ups are not known to arrive.
     pub idle_poll: Duration,
+    /// Longest sleep without a wake-up while they are (the idle poll is then a fallback).
+    pub idle_poll_max: Duration,
     /// Largest payload delivered; larger ones go to dead.
     pub max_payload: usize,
     /// Envelope (or raw member) bytes one move call reads at most.
@@ -51,6 +53,7 @@ impl MoverSettings {
         MoverSettings {
             batch: p.batch,
             idle_poll: p.idle_poll,
+            idle_poll_max: p.idle_poll_max,
             max_payload: p.max_payload,
             batch_bytes: p.batch_bytes,
             bounds_ms: crate::metrics::LATENESS_BOUNDS_MS.to_vec(),

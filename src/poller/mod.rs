@@ -79,7 +79,8 @@ pub fn start(
     let wakers = Arc::new(Wakers::default());
     if let Some(first) = options.wake_clients.first() {
         let sources = ctx.sources.iter().map(|s| s.keys.source.clone()).collect();
-        let channels = Channels::new(first, ctx.keys.wake_channel(), sources);
+        let one_server = options.wake_clients.len() == 1 && !ctx.con.is_cluster();
+        let channels = Channels::new(first, ctx.keys.wake_channel(), sources, one_server);
         tracker.spawn(wake::listen(
             options.wake_clients,
             channels,
@@ -180,7 +181,7 @@ impl Supervisor {
             self.tracker.spawn(mover::run(
                 self.ctx.clone(),
                 target,
-                notify,
+                self.wakers.waker(id, notify),
                 publishers,
                 token.clone(),
                 self.on_batch.clone(),

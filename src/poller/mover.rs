@@ -19,6 +19,7 @@
 //! Errors never end the loop: they are logged, counted, and retried with capped backoff.
 
 use super::context::{BatchObserver, PollerContext, RawDelivery, Target, TargetId};
+use super::wake::Waker;
 use crate::metrics::{
     self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, JOBS_REROUTED, LEASES_EXPIRED, OCCURRENCES,
     SCRIPT_DURATION,
@@ -92,9 +93,9 @@ pub async fn move_walking(
     }
 }
 
-/// How long to sleep after a batch that was not full: until the head (or the shard's next
-/// schedule occurrence) is due, at most `idle`. Both times come from Redis, so local clock
-/// skew does not matter.
+/// How long to sleep after a batch that was not full: until the head, the shard's next
+/// schedule occurrence or its earliest lease deadline is due, at most `idle`. The times come
+/// from Redis, so local clock skew does not matter.
 pub fn sleep_after(reply: &MoveReply, unit: ScoreUnit, idle: Duration) -> Duration {
     let until = |ms: f64| {
         let wait_us = ms * 1000.0 - reply.now_us as f64;
@@ -106,7 +107,8 @@ pub fn sleep_after(reply: &MoveReply, unit: ScoreUnit, idle: Duration) -> Durati
     };
     let head = reply.next_due.map(|score| until(unit.to_ms(score)));
     let schedule = reply.next_schedule_ms.map(|ms| until(ms as f64));
-    [head, schedule]
+    let lease = reply.next_lease_ms.map(|ms| until(ms as f64));
+    [head, schedule, lease]
         .into_iter()
         .flatten()
         .fold(idle, Duration::min)
@@ -254,7 +256,7 @@ impl Backoff {
 pub async fn run(
     ctx: Arc<PollerContext>,
     target: Target,
-    wake: Arc<Notify>,
+    wake: Waker,
     publishers: Vec<Option<Arc<Notify>>>,
     stop: CancellationToken,
     on_batch: Option<BatchObserver>,
@@ -344,7 +346,8 @@ pub async fn run(
                         tokio::task::yield_now().await;
                         continue;
                     }
-                    sleep_after(&reply, target.unit(), ctx.mover.idle_poll)
+                    let idle = wake.idle(ctx.mover.idle_poll, ctx.mover.idle_poll_max);
+                    sleep_after(&reply, target.unit(), idle)
                 }
             }
             Err(e) if ctx.is_refusal(&e) => break,
@@ -436,6 +439,19 @@ mod tests {
             next_due,
             ..MoveReply::default()
         }
+    }
+
+    #[test]
+    fn sleeps_no_longer_than_until_the_earliest_lease_deadline() {
+        let idle = Duration::from_secs(5);
+        let r = MoveReply {
+            next_lease_ms: Some(1_000_250),
+            ..reply(1_000_000_000, None)
+        };
+        assert_eq!(
+            sleep_after(&r, ScoreUnit::Millis, idle),
+            Duration::from_millis(250)
+        );
     }
 
     #[test]

@@ -7,22 +7,69 @@
 //! the idle poll. After every (re)subscribe all pollers are woken, since wake-ups may have
 //! been missed.
 //!
+//! The idle poll is only a fallback for a wake-up that did not come, so a poller sleeps
+//! `poller.idle_poll_max` instead of `poller.idle_poll` while wake-ups are known to arrive:
+//! for shards, while the listener sees its own probe (`probe`, published on the wake channel
+//! every [`PROBE_EVERY`]) come back; for a raw source, while the server reports keyspace
+//! events for `z` commands (`CONFIG GET notify-keyspace-events`, on one server only) or an
+//! event for that source has arrived since the subscription. A probe not seen within
+//! [`PROBE_TIMEOUT`] ends the subscription (a silently dead connection) and polls fall back
+//! to `idle_poll` until a new one is confirmed.
+//!
 //! The set of pollers changes at run time (the supervisor starts and stops them), so the
 //! listener subscribes to every configured source and dispatches to whoever is registered.
 
 use super::context::TargetId;
 use crate::metrics::{self, WAKEUPS};
 use futures::StreamExt;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// One `Notify` per running poller, registered and removed by the supervisor.
+/// How often the listener publishes its probe on the wake channel.
+pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// How long a probe may take to come back before the subscription counts as dead.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The probe's payload (the wake channel's other messages start with a shard number).
+const PROBE: &str = "probe";
+
+/// One `Notify` per running poller, registered and removed by the supervisor, and what is
+/// known about the wake-ups reaching them.
 #[derive(Default)]
 pub struct Wakers {
     pollers: RwLock<HashMap<TargetId, Arc<Notify>>>,
+    /// The listener's probe came back on the current subscription.
+    wake_confirmed: AtomicBool,
+    /// The server sends keyspace events for every source (its `notify-keyspace-events`).
+    keyspace_all: AtomicBool,
+    /// Sources an event arrived for on the current subscription.
+    keyspace_seen: RwLock<HashSet<String>>,
+}
+
+/// A poller's side of the wake-ups: what wakes it, and how long it may sleep without one.
+pub struct Waker {
+    notify: Arc<Notify>,
+    wakers: Arc<Wakers>,
+    id: TargetId,
+}
+
+impl Waker {
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+
+    /// The longest sleep without a wake-up: `max` while wake-ups are known to reach this
+    /// poller, else `min`.
+    pub fn idle(&self, min: Duration, max: Duration) -> Duration {
+        if self.wakers.confirmed(&self.id) {
+            max
+        } else {
+            min
+        }
+    }
 }
 
 impl Wakers {
@@ -31,6 +78,43 @@ impl Wakers {
         let notify = Arc::new(Notify::new());
         self.write().insert(id.clone(), notify.clone());
         notify
+    }
+
+    /// The [`Waker`] of a registered poller.
+    pub fn waker(self: &Arc<Self>, id: &TargetId, notify: Arc<Notify>) -> Waker {
+        Waker {
+            notify,
+            wakers: self.clone(),
+            id: id.clone(),
+        }
+    }
+
+    /// Whether wake-ups are known to reach `id`'s poller.
+    fn confirmed(&self, id: &TargetId) -> bool {
+        if !self.wake_confirmed.load(Ordering::Relaxed) {
+            return false;
+        }
+        match id {
+            TargetId::Shard(_) => true,
+            TargetId::Source(key) => {
+                self.keyspace_all.load(Ordering::Relaxed)
+                    || self
+                        .keyspace_seen
+                        .read()
+                        .expect("keyspace lock is never poisoned")
+                        .contains(key)
+            }
+        }
+    }
+
+    /// A new subscription: nothing is known about it yet.
+    fn unconfirm(&self) {
+        self.wake_confirmed.store(false, Ordering::Relaxed);
+        self.keyspace_all.store(false, Ordering::Relaxed);
+        self.keyspace_seen
+            .write()
+            .expect("keyspace lock is never poisoned")
+            .clear();
     }
 
     pub fn remove(&self, id: &TargetId) {
@@ -57,10 +141,14 @@ impl Wakers {
         pollers.values().for_each(|n| n.notify_one());
     }
 
-    fn dispatch(&self, channels: &Channels, msg: &redis::Msg) {
+    /// Wakes whom a message concerns; true when it is a probe.
+    fn dispatch(&self, channels: &Channels, msg: &redis::Msg) -> bool {
         let channel = msg.get_channel_name();
         if channel == channels.wake {
             let payload = String::from_utf8_lossy(msg.get_payload_bytes());
+            if payload == PROBE {
+                return true;
+            }
             let shard = payload
                 .split(' ')
                 .next()
@@ -70,11 +158,21 @@ impl Wakers {
             {
                 ::metrics::counter!(WAKEUPS, "cause" => "enqueue").increment(1);
             }
-        } else if let Some(key) = channel.strip_prefix(&channels.keyspace_prefix)
-            && self.wake(&TargetId::Source(key.to_owned()))
-        {
-            ::metrics::counter!(WAKEUPS, "cause" => "keyspace").increment(1);
+        } else if let Some(key) = channel.strip_prefix(&channels.keyspace_prefix) {
+            {
+                let mut seen = self
+                    .keyspace_seen
+                    .write()
+                    .expect("keyspace lock is never poisoned");
+                if !seen.contains(key) {
+                    seen.insert(key.to_owned());
+                }
+            }
+            if self.wake(&TargetId::Source(key.to_owned())) {
+                ::metrics::counter!(WAKEUPS, "cause" => "keyspace").increment(1);
+            }
         }
+        false
     }
 }
 
@@ -86,15 +184,24 @@ pub struct Channels {
     pub keyspace_prefix: String,
     /// Raw source keys watched through keyspace notifications.
     pub sources: Vec<String>,
+    /// Every source lives on the server the listener subscribes to (not a cluster), so that
+    /// server's `notify-keyspace-events` speaks for all of them.
+    pub one_server: bool,
 }
 
 impl Channels {
-    pub fn new(client: &redis::Client, wake: String, sources: Vec<String>) -> Self {
+    pub fn new(
+        client: &redis::Client,
+        wake: String,
+        sources: Vec<String>,
+        one_server: bool,
+    ) -> Self {
         let db = client.get_connection_info().redis_settings().db();
         Channels {
             wake,
             keyspace_prefix: format!("__keyspace@{db}__:"),
             sources,
+            one_server,
         }
     }
 }
@@ -113,22 +220,55 @@ pub async fn listen(
     while !shutdown.is_cancelled() && !clients.is_empty() {
         let client = &clients[next % clients.len()];
         next += 1;
+        wakers.unconfirm();
         match subscribe(client, &channels).await {
-            Ok(pubsub) => {
+            Ok((pubsub, mut publisher)) => {
                 delay = Duration::from_millis(100);
                 metrics::recovered("pubsub", "wake listener");
                 wakers.wake_all();
+                if !channels.sources.is_empty() && channels.one_server {
+                    let all = keyspace_events_for_zsets(&mut publisher).await;
+                    wakers.keyspace_all.store(all, Ordering::Relaxed);
+                }
                 let mut messages = pubsub.into_on_message();
-                loop {
+                let mut probes = tokio::time::interval(PROBE_EVERY);
+                // Since when a probe is out, not seen back yet.
+                let mut probe_out: Option<Instant> = None;
+                let ended = loop {
                     tokio::select! {
                         msg = messages.next() => match msg {
-                            Some(msg) => wakers.dispatch(&channels, &msg),
-                            None => break,
+                            Some(msg) => if wakers.dispatch(&channels, &msg) {
+                                probe_out = None;
+                                wakers.wake_confirmed.store(true, Ordering::Relaxed);
+                            },
+                            None => break "subscription closed".to_owned(),
                         },
+                        _ = probes.tick() => {
+                            if let Some(sent) = probe_out
+                                && sent.elapsed() >= PROBE_TIMEOUT
+                            {
+                                break format!(
+                                    "the wake-up probe did not come back within {PROBE_TIMEOUT:?}"
+                                );
+                            }
+                            let sent: redis::RedisResult<()> = redis::cmd("PUBLISH")
+                                .arg(&channels.wake)
+                                .arg(PROBE)
+                                .query_async(&mut publisher)
+                                .await;
+                            match sent {
+                                Ok(()) => {
+                                    probe_out.get_or_insert_with(Instant::now);
+                                }
+                                // Unconfirmed until a probe goes out and comes back.
+                                Err(_) => wakers.wake_confirmed.store(false, Ordering::Relaxed),
+                            }
+                        }
                         _ = shutdown.cancelled() => return,
                     }
-                }
-                metrics::error_event("pubsub", "wake listener", &"subscription closed");
+                };
+                wakers.unconfirm();
+                metrics::error_event("pubsub", "wake listener", &ended);
             }
             Err(e) => metrics::error_event("pubsub", "wake listener", &e),
         }
@@ -140,10 +280,12 @@ pub async fn listen(
     }
 }
 
+/// The subscription, and a connection of its own to publish probes on.
 async fn subscribe(
     client: &redis::Client,
     channels: &Channels,
-) -> redis::RedisResult<redis::aio::PubSub> {
+) -> redis::RedisResult<(redis::aio::PubSub, redis::aio::MultiplexedConnection)> {
+    let publisher = client.get_multiplexed_async_connection().await?;
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe(&channels.wake).await?;
     for key in &channels.sources {
@@ -151,5 +293,69 @@ async fn subscribe(
             .subscribe(format!("{}{key}", channels.keyspace_prefix))
             .await?;
     }
-    Ok(pubsub)
+    Ok((pubsub, publisher))
+}
+
+/// Whether the server sends keyspace events for sorted-set commands: `K` and `z` (or `A`)
+/// in its `notify-keyspace-events`. False when it cannot be read (e.g. `CONFIG` is refused
+/// by an ACL or a managed service): then each source is confirmed by an event of its own.
+async fn keyspace_events_for_zsets(con: &mut redis::aio::MultiplexedConnection) -> bool {
+    let flags: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query_async(con)
+        .await;
+    flags
+        .ok()
+        .and_then(|f| f.get(1).cloned())
+        .is_some_and(|f| notify_flags_cover_zsets(&f))
+}
+
+/// `notify-keyspace-events` flags that make keyspace (`K`) events of sorted-set commands
+/// (`z`, or `A`: all classes).
+fn notify_flags_cover_zsets(flags: &str) -> bool {
+    flags.contains('K') && (flags.contains('z') || flags.contains('A'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zset_keyspace_events_need_k_and_z_or_a() {
+        assert!(notify_flags_cover_zsets("Kz"));
+        assert!(notify_flags_cover_zsets("KEA"));
+        assert!(notify_flags_cover_zsets("zK"));
+        assert!(!notify_flags_cover_zsets("Ez"), "keyevent only");
+        assert!(!notify_flags_cover_zsets("K$"), "strings only");
+        assert!(!notify_flags_cover_zsets(""));
+    }
+
+    #[test]
+    fn pollers_sleep_long_only_while_wake_ups_are_confirmed() {
+        let wakers = Arc::new(Wakers::default());
+        let (min, max) = (Duration::from_millis(100), Duration::from_secs(5));
+        let shard = wakers.waker(&TargetId::Shard(3), Arc::new(Notify::new()));
+        let source = wakers.waker(&TargetId::Source("raw:a".into()), Arc::new(Notify::new()));
+        assert_eq!(shard.idle(min, max), min, "nothing confirmed yet");
+        wakers.wake_confirmed.store(true, Ordering::Relaxed);
+        assert_eq!(shard.idle(min, max), max);
+        assert_eq!(source.idle(min, max), min, "no keyspace event seen");
+        wakers.keyspace_seen.write().unwrap().insert("raw:a".into());
+        assert_eq!(source.idle(min, max), max);
+        wakers.unconfirm();
+        assert_eq!(
+            shard.idle(min, max),
+            min,
+            "a new subscription starts unconfirmed"
+        );
+        assert_eq!(source.idle(min, max), min);
+        wakers.wake_confirmed.store(true, Ordering::Relaxed);
+        wakers.keyspace_all.store(true, Ordering::Relaxed);
+        assert_eq!(
+            source.idle(min, max),
+            max,
+            "the server sends every source's events"
+        );
+    }
 }

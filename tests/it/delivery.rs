@@ -1055,3 +1055,105 @@ push = "rpush"
     assert_shards_empty(&mut con, 2);
     assert_eq!(all_keys(&mut con), set(&["zdelay:schema", "q:j"]));
 }
+
+/// Script calls (`EVALSHA`) the server has run since it started.
+fn evalsha_calls(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// While wake-ups are confirmed (the daemon's probe on the wake channel comes back), idle
+/// shards are polled every `idle_poll_max` instead of every `idle_poll`, so an idle daemon's
+/// cost does not grow with its shards; a job enqueued through the library still goes out at
+/// once (its wake-up arrives), and one written by hand without the `PUBLISH` within
+/// `idle_poll_max`.
+#[test]
+fn idle_shards_back_off_to_idle_poll_max_once_wake_ups_are_confirmed() {
+    const SHARDS: u16 = 16;
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        SHARDS,
+        r#"
+[poller]
+idle_poll = "50ms"
+idle_poll_max = "2s"
+
+[[routes]]
+name = "w"
+sink = "local"
+target = "q:w"
+push = "rpush"
+"#,
+    );
+    let _daemon = Daemon::start(&config);
+    let mut con = redis.conn();
+    let mut consumer = redis.conn();
+    // Script calls per second over a 2 s window: 16 shards every 50 ms would be 320 a second;
+    // every 2 s, 8 (plus the daemon's slot leases and stats).
+    let rate = |con: &mut redis::Connection| {
+        let before = evalsha_calls(con);
+        std::thread::sleep(Duration::from_secs(2));
+        (evalsha_calls(con) - before) / 2
+    };
+    let mut last = u64::MAX;
+    wait_for("idle polls backed off", Duration::from_secs(30), || {
+        last = rate(&mut con);
+        last < 60
+    });
+    eprintln!("{last} script calls a second with {SHARDS} idle shards");
+
+    let rt = common::runtime();
+    let client = connect(&rt, &redis.url(), SHARDS);
+    let (id, _) = rt
+        .block_on(client.enqueue(
+            NewJob::new("w", "woken").after(Duration::from_millis(300)),
+            OnConflict::Error,
+        ))
+        .unwrap();
+    let due = rt
+        .block_on(client.get(&id))
+        .unwrap()
+        .unwrap()
+        .score
+        .unwrap() as i64;
+    let (_, item, arrived) = pop_timed(&mut consumer, "BLPOP", &["q:w"]);
+    assert_eq!(item, b"woken");
+    assert!(
+        (0..WAKE_BOUND_MS).contains(&(arrived - due)),
+        "a library enqueue wakes the poller: lateness {} ms",
+        arrived - due
+    );
+
+    // Written by hand, no PUBLISH: found by the next idle poll, at most 2 s later.
+    let keys = Keys::new(NS, SHARDS);
+    let shard = keys.shard_of("{h}:1");
+    let due = redis_now_ms(&mut con);
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("HSET")
+        .arg(keys.jobs(shard))
+        .arg("{h}:1")
+        .arg("zd1:w\n0\nby hand")
+        .ignore()
+        .cmd("ZADD")
+        .arg(keys.due(shard))
+        .arg(due)
+        .arg("{h}:1")
+        .ignore();
+    pipe.exec(&mut con).unwrap();
+    let (_, item, arrived) = pop_timed(&mut consumer, "BLPOP", &["q:w"]);
+    assert_eq!(item, b"by hand");
+    assert!(
+        arrived - due < 2_000 + WAKE_BOUND_MS,
+        "found by an idle poll within idle_poll_max: {} ms",
+        arrived - due
+    );
+}

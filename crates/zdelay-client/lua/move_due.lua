@@ -54,7 +54,9 @@
 --   refiled jobs included),
 --   the next occurrence of the shard's schedules ("" when none),
 --   the walk: jobs refiled to another sink, back to due, to dead, and where it resumes ("" when
---   the sink's part has been walked to its end) }
+--   the sink's part has been walked to its end),
+--   the earliest lease deadline in inflight ("" when nothing is in flight): the caller polls
+--   again by then, so an expired lease needs no idle poll to be noticed }
 -- taken = moved + dead + queued of the batch; a full batch means "call again now", and so does
 -- a next_due that is already due (a batch cut by the byte budget).
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
@@ -538,4 +540,6 @@ out[#out + 1] = refiled_sink
 out[#out + 1] = refiled_due
 out[#out + 1] = refiled_dead
 out[#out + 1] = walk_next
+local lease_head = redis.call('ZRANGE', inflight_key, 0, 0, 'WITHSCORES')
+out[#out + 1] = lease_head[2] or ''
 return out

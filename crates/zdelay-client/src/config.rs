@@ -664,10 +664,19 @@ pub struct PollerConfig {
     /// script call holds Redis for too long.
     #[schemars(range(min = 1, max = 1000))]
     pub batch: usize,
-    /// Fallback poll interval when no wake-up arrives. Default `100ms`.
+    /// Longest a poller sleeps without a wake-up while wake-ups are not known to arrive
+    /// (at start, after a lost subscription, for a raw source without keyspace events).
+    /// Default `100ms`.
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "duration_schema")]
     pub idle_poll: Duration,
+    /// Longest a poller sleeps without a wake-up while wake-ups are known to arrive (the
+    /// daemon's probe on the wake channel comes back; for a raw source, the server sends its
+    /// keyspace events). A job written without its wake-up (a producer that skips the
+    /// `PUBLISH`) can wait this long. At least `idle_poll`. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
+    pub idle_poll_max: Duration,
     /// Claim deadline for two-phase sinks: a claimed job not settled by then goes back to due
     /// (and is delivered again). At least `1s`. Default `30s`. Raise it when publishes to a
     /// broker take longer than a few seconds (leases expiring shows in
@@ -774,6 +783,7 @@ impl Default for PollerConfig {
         PollerConfig {
             batch: 1000,
             idle_poll: Duration::from_millis(100),
+            idle_poll_max: Duration::from_secs(5),
             lease: Duration::from_secs(30),
             max_payload: 1 << 20,
             batch_bytes: 4 << 20,
@@ -1536,6 +1546,15 @@ impl Config {
         }
         if p.idle_poll.is_zero() {
             return Err(invalid("poller.idle_poll", "must be greater than 0"));
+        }
+        if p.idle_poll_max < p.idle_poll {
+            return Err(invalid(
+                "poller.idle_poll_max",
+                format!(
+                    "must be at least poller.idle_poll ({})",
+                    humantime::format_duration(p.idle_poll)
+                ),
+            ));
         }
         if p.lease < Duration::from_secs(1) {
             return Err(invalid("poller.lease", "must be at least 1s"));

@@ -1870,6 +1870,8 @@ pub struct MoveReply {
     pub refiled: Refiled,
     /// Where the walk resumes; `None` once the sink's part was walked to its end.
     pub walk_next: Option<String>,
+    /// The earliest lease deadline of the shard's claimed jobs, ms (`move_due` only).
+    pub next_lease_ms: Option<i64>,
 }
 
 /// Jobs a walk of the ready set refiled by their route now.
@@ -1941,8 +1943,9 @@ impl MoveReply {
         if let [reaped, sinks, tail @ ..] = rest.as_slice() {
             reply.reaped = as_int(reaped.clone())? as u64;
             let sinks = as_int(sinks.clone())? as usize;
-            // Per sink, the schedules' head, then the walk's three counts and where it resumes.
-            if tail.len() != sinks + 5 {
+            // Per sink, the schedules' head, the walk's three counts and where it resumes,
+            // then the earliest lease deadline.
+            if tail.len() != sinks + 6 {
                 return Err(protocol_error(
                     "move_due reply tail",
                     &Value::Int(sinks as i64),
@@ -1965,6 +1968,10 @@ impl MoveReply {
                 dead: as_int(tail[3].clone())? as u64,
             };
             reply.walk_next = Some(as_string(tail[4].clone())?).filter(|s| !s.is_empty());
+            reply.next_lease_ms = as_string(tail[5].clone())?
+                .parse::<f64>()
+                .ok()
+                .map(|ms| ms.ceil() as i64);
         }
         Ok(reply)
     }
@@ -2214,7 +2221,7 @@ mod tests {
         assert_eq!(r.dead, [1, 0, 0, 0, 0, 1]);
         assert_eq!(r.buckets, vec![1, 1]);
         // move_due's tail: reaped leases, one sink's queued count, the schedules' head, the
-        // walk's counts and where it resumes.
+        // walk's counts and where it resumes, the earliest lease deadline.
         due.extend([
             Value::Int(0),
             Value::Int(1),
@@ -2224,6 +2231,7 @@ mod tests {
             Value::Int(2),
             Value::Int(1),
             Value::BulkString(b"gone\n0000000000000001\na".to_vec()),
+            Value::BulkString(b"1700000030000".to_vec()),
         ]);
         let mut short = due.clone();
         let r = MoveReply::parse(Value::Array(due), 2, 1).unwrap();
@@ -2238,6 +2246,7 @@ mod tests {
             }
         );
         assert_eq!(r.walk_next.as_deref(), Some("gone\n0000000000000001\na"));
+        assert_eq!(r.next_lease_ms, Some(1_700_000_030_000));
         short.pop();
         assert!(MoveReply::parse(Value::Array(short), 2, 1).is_err());
         assert!(MoveReply::parse(Value::Array(vec![]), 2, 1).is_err());
