@@ -60,6 +60,18 @@ fn local_now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// Held by each SLOWLOG test for its whole run: two heavy paths at once would have two
+/// Redis servers (both at a high priority) and their loads share the machine's two cores,
+/// and each would time the other's work into its own commands.
+static ONE_HEAVY_PATH_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_heavy_path_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    // A failed test poisons the lock; the next one still runs alone.
+    ONE_HEAVY_PATH_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A private Redis for one path, at a high CPU priority: `SLOWLOG` times a command by the
 /// wall clock, and on a machine whose cores are shared with other work a command preempted
 /// mid-way would count the other work's time as its own.
@@ -378,6 +390,7 @@ fn wait_for_list(con: &mut redis::Connection, daemon: &Daemon, key: &str, n: usi
 /// 400 jobs of 1 MB each (`poller.max_payload` allows 1 MiB) due at one moment.
 #[test]
 fn slowlog_400_one_mb_payloads_due_at_once() {
+    let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
     let client = library(&rt, &redis, 1 << 20);
@@ -399,6 +412,7 @@ fn slowlog_400_one_mb_payloads_due_at_once() {
 /// A backlog of 1M small jobs, all due, drained.
 #[test]
 fn slowlog_backlog_of_1m_drained() {
+    let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
     let client = library(&rt, &redis, 1 << 20);
@@ -420,6 +434,7 @@ fn slowlog_backlog_of_1m_drained() {
 /// occurrences each when the daemon starts.
 #[test]
 fn slowlog_schedules_catching_up_10k_occurrences_each() {
+    let _alone = one_heavy_path_at_a_time();
     const SCHEDULES: usize = 50;
     const OCCURRENCES: i64 = 10_000;
     let redis = redis_server();
@@ -485,6 +500,7 @@ fn load_dead(
 /// other 100k (route y), no daemon running.
 #[test]
 fn slowlog_bulk_replay_and_purge_of_100k_dead_jobs() {
+    let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
     let client = library(&rt, &redis, 1 << 20);
@@ -528,6 +544,7 @@ fn slowlog_bulk_replay_and_purge_of_100k_dead_jobs() {
 /// `zdelay reshard --to 8` of a namespace holding 1M jobs on 4 shards.
 #[test]
 fn slowlog_reshard_of_1m_jobs() {
+    let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
     let client = library(&rt, &redis, 1 << 20);
@@ -557,6 +574,7 @@ fn slowlog_reshard_of_1m_jobs() {
 /// 300 of 1 MB and 3 of 64 MB.
 #[test]
 fn slowlog_console_reads_over_a_large_dead_set() {
+    let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
     let client = library(&rt, &redis, 64 << 20);
@@ -633,6 +651,7 @@ fn slowlog_console_reads_over_a_large_dead_set() {
 /// bounded by bytes as well as by ids.
 #[test]
 fn slowlog_reshard_of_400_one_mb_jobs() {
+    let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
     let client = library(&rt, &redis, 1 << 20);
