@@ -77,9 +77,10 @@ impl Filters {
 #[derive(clap::Args)]
 #[command(after_help = AFTER_HELP)]
 pub struct ListArgs {
-    /// At most this many rows in all (jobs and raw members, after filtering): the oldest.
-    #[arg(long, default_value_t = 100)]
-    limit: usize,
+    /// At most this many rows in all (jobs and raw members, after filtering): the oldest
+    /// (1..=100000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    limit: u32,
     #[command(flatten)]
     output: super::Output,
     /// Only the dead members of this configured raw source (its key). Raw members have no
@@ -179,7 +180,7 @@ pub async fn run(client: &Client, config: &Config, action: DeadAction) -> anyhow
 async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Result<i32> {
     let filter = args.filters.filter();
     // One more than shown from each shard and source: then "more match" is exact.
-    let read = args.limit.saturating_add(1);
+    let read = (args.limit as usize).saturating_add(1);
     let (jobs, sources) = match &args.source {
         Some(key) => (Vec::new(), vec![source(config, key)?]),
         None => (
@@ -201,7 +202,7 @@ async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Resul
             envelope_only.join(" and ")
         );
     }
-    let (jobs, raw, more) = oldest(jobs, raw, args.limit);
+    let (jobs, raw, more) = oldest(jobs, raw, args.limit as usize);
     if args.output.is_json() {
         let raw: Vec<_> = raw.iter().map(|(source, m)| m.to_json(source)).collect();
         let v = serde_json::json!({ "jobs": jobs, "raw": raw });

@@ -243,6 +243,12 @@ fn dead_list_limit_counts_rows_in_all() {
     assert_eq!(jobs, ["job-00", "job-01", "job-02", "job-03"], "{v:#}");
     assert_eq!(raw.len(), 3, "{v:#}");
 
+    // No rows asked for is a usage error, not an empty answer.
+    let out = config.cli(&["dead", "list", "--limit", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--limit"), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty());
+
     let out = config.cli(&["dead", "list", "--limit", "10"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let lines: Vec<String> = stdout(&out).lines().map(str::to_owned).collect();
