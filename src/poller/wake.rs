@@ -159,14 +159,17 @@ impl Wakers {
                 ::metrics::counter!(WAKEUPS, "cause" => "enqueue").increment(1);
             }
         } else if let Some(key) = channel.strip_prefix(&channels.keyspace_prefix) {
-            {
-                let mut seen = self
-                    .keyspace_seen
+            // Every raw enqueue brings an event: the write lock only for a source's first.
+            let known = self
+                .keyspace_seen
+                .read()
+                .expect("keyspace lock is never poisoned")
+                .contains(key);
+            if !known {
+                self.keyspace_seen
                     .write()
-                    .expect("keyspace lock is never poisoned");
-                if !seen.contains(key) {
-                    seen.insert(key.to_owned());
-                }
+                    .expect("keyspace lock is never poisoned")
+                    .insert(key.to_owned());
             }
             if self.wake(&TargetId::Source(key.to_owned())) {
                 ::metrics::counter!(WAKEUPS, "cause" => "keyspace").increment(1);
