@@ -24,6 +24,6 @@ pub use zdelay_client::{
     JobView, NewJob, OnConflict, Replayed, Routes,
 };
 pub use zdelay_client::{
-    client, config, dead, envelope, job, keys, reshard, routes, schedule, schedules, store,
+    client, config, dead, envelope, job, keys, lane, reshard, routes, schedule, schedules, store,
     trace_context,
 };

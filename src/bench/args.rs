@@ -21,6 +21,9 @@ pub enum Mode {
     /// The operator console's pages and API, and the forecast, on `--jobs` scheduled jobs
     /// (not part of `all`).
     Console,
+    /// Storage layout 2 preview: the route-lane scripts against the bare moves (drain by
+    /// wall time and Redis CPU, memory per job; not part of `all`).
+    Lane,
 }
 
 /// Options of `zdelay bench`.

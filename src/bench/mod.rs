@@ -42,6 +42,7 @@ mod console;
 mod daemons;
 mod drain;
 mod fleet;
+mod lane;
 mod load;
 mod measure;
 mod memory;
@@ -182,6 +183,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         daemons: None,
         schedules: Vec::new(),
         console: None,
+        lane: None,
     };
     let mut env = Env {
         con,
@@ -263,6 +265,9 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     }
     if env.args.mode == Mode::Console {
         report.console = Some(console::console(env).await?);
+    }
+    if env.args.mode == Mode::Lane {
+        report.lane = Some(lane::lane(env).await?);
     }
     if env.args.mode == Mode::Schedules {
         for n in env.args.schedules.clone() {

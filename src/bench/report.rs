@@ -20,6 +20,8 @@ pub(super) struct Report {
     pub(super) schedules: Vec<ScheduleFiring>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) console: Option<ConsoleBench>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) lane: Option<LaneBench>,
 }
 
 /// `console`: answer times of the console's pages and API.
@@ -258,6 +260,39 @@ pub(super) struct Memory {
     pub(super) envelope_value_bytes: usize,
 }
 
+/// The aim: the lane move at least as fast as the bare move of today's ids, by wall
+/// time and by Redis CPU.
+pub(super) const LANE_RATIO_TARGET: f64 = 1.0;
+
+#[derive(Debug, Serialize)]
+pub(super) struct LaneBench {
+    /// Round with the median lane / bare (26-character ids) ratio.
+    pub(super) lane: Throughput,
+    pub(super) bare_26: Throughput,
+    pub(super) bare_same_ids: Throughput,
+    /// By wall time: lane jobs/s over bare jobs/s.
+    pub(super) ratio_26: f64,
+    pub(super) ratio_same_ids: f64,
+    /// By Redis CPU: bare CPU per job over lane CPU per job.
+    pub(super) cpu_ratio_26: f64,
+    pub(super) cpu_ratio_same_ids: f64,
+    pub(super) ratio_26_all_rounds: Vec<f64>,
+    pub(super) target_ratio: f64,
+    pub(super) meets_target: bool,
+    pub(super) memory: LaneMemory,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct LaneMemory {
+    pub(super) jobs: u64,
+    pub(super) payload_size: usize,
+    pub(super) generated_id_bytes_per_job: f64,
+    pub(super) id_26_bytes_per_job: f64,
+    pub(super) aim_bytes: f64,
+    /// `None` unless the payload is 100 bytes: the aim is for that size.
+    pub(super) meets_aim: Option<bool>,
+}
+
 /// `--daemons N`: what ran and what it measured.
 #[derive(Debug, Serialize)]
 pub(super) struct Fleet {
@@ -480,6 +515,9 @@ pub(super) fn render(r: &Report) -> String {
             );
         }
     }
+    if let Some(l) = &r.lane {
+        render_lane(&mut s, l);
+    }
     if let Some(c) = &r.console {
         let _ = writeln!(
             s,
@@ -646,6 +684,62 @@ pub(super) fn render(r: &Report) -> String {
         );
     }
     s
+}
+
+fn render_lane(s: &mut String, l: &LaneBench) {
+    let _ = writeln!(
+        s,
+        "\nlane (layout 2 preview: one route lane, one mover, all-due backlog; bare = id ZSET + payload HASH)"
+    );
+    let _ = writeln!(
+        s,
+        "  {:<28} {:>9} {:>8} {:>11} {:>10} {:>7}",
+        "move", "jobs", "seconds", "jobs/s", "cpu s/M", "calls"
+    );
+    for (name, t) in [
+        ("move_lane, 12-char ids", &l.lane),
+        ("bare, 26-char ids", &l.bare_26),
+        ("bare, 12-char ids", &l.bare_same_ids),
+    ] {
+        let _ = writeln!(
+            s,
+            "  {:<28} {:>9} {:>8.3} {:>11.0} {:>10.2} {:>7}",
+            name, t.jobs, t.seconds, t.jobs_per_sec, t.redis_cpu_s_per_million, t.script_calls
+        );
+    }
+    let rounds: Vec<String> = l
+        .ratio_26_all_rounds
+        .iter()
+        .map(|r| format!("{r:.2}"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "  vs bare with 26-char ids: wall {:.2} (rounds: {}), cpu {:.2}; target >= {:.1}: {}",
+        l.ratio_26,
+        rounds.join(" "),
+        l.cpu_ratio_26,
+        l.target_ratio,
+        if l.meets_target { "met" } else { "NOT met" }
+    );
+    let _ = writeln!(
+        s,
+        "  vs bare with the same ids: wall {:.2}, cpu {:.2} (the script's own overhead)",
+        l.ratio_same_ids, l.cpu_ratio_same_ids
+    );
+    let m = &l.memory;
+    let _ = writeln!(
+        s,
+        "  memory ({} jobs, {} B payloads): {:.0} B/job with generated ids{}, {:.0} B/job with 26-char ids",
+        m.jobs,
+        m.payload_size,
+        m.generated_id_bytes_per_job,
+        match m.meets_aim {
+            Some(true) => format!(" (aim <= {:.0}: met)", m.aim_bytes),
+            Some(false) => format!(" (aim <= {:.0}: NOT met)", m.aim_bytes),
+            None => String::new(),
+        },
+        m.id_26_bytes_per_job
+    );
 }
 
 fn render_fleet(s: &mut String, f: &Fleet) {

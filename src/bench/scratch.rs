@@ -5,7 +5,9 @@
 //! `:instance_sources`, `:sinks`). DEL and EXISTS span slots on a cluster (the client splits
 //! them per node and adds the answers up).
 
-use zdelay_client::keys::{Keys, RawKeys};
+use zdelay_client::config::Push;
+use zdelay_client::keys::{self, Keys, RawKeys};
+use zdelay_client::lane::Lane;
 use zdelay_client::store::{self, Conn};
 
 pub(super) struct Scratch {
@@ -13,6 +15,8 @@ pub(super) struct Scratch {
     pub(super) bare: Keys,
     pub(super) raw: RawKeys,
     pub(super) out: String,
+    /// The bench route's lane (storage layout 2 preview), delivering to `out`.
+    pub(super) lane: Lane,
 }
 
 impl Scratch {
@@ -21,6 +25,7 @@ impl Scratch {
             keys: Keys::new(namespace, shards),
             bare: Keys::new(&format!("{namespace}:bare"), shards),
             raw: RawKeys::new(&format!("{namespace}:raw"), None),
+            lane: bench_lane(namespace, &format!("{namespace}:out")),
             out: format!("{namespace}:out"),
         }
     }
@@ -44,6 +49,9 @@ impl Scratch {
             ]);
             out.extend([self.bare.due(s), self.bare.jobs(s)]);
         }
+        let lane = self.lane.keys.clone();
+        out.extend([lane.due, lane.jobs, lane.meta, lane.maxlate, lane.large]);
+        out.extend([lane.dead, lane.reasons, lane.sched_due, lane.marker]);
         out.extend([
             self.raw.source.clone(),
             self.raw.dead.clone(),
@@ -98,6 +106,16 @@ impl Scratch {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
+}
+
+/// The bench route's lane onto `list`, tagged for the list's slot.
+fn bench_lane(namespace: &str, list: &str) -> Lane {
+    let slot = keys::slot_of(list);
+    let tag = (0u32..)
+        .map(|i| format!("{i:x}"))
+        .find(|t| keys::slot_of(&format!("{{{t}}}")) == slot)
+        .expect("every slot has a tag");
+    Lane::new(namespace, &tag, 0, super::ROUTE, list, Push::default())
 }
 
 #[cfg(test)]

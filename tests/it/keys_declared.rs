@@ -257,6 +257,8 @@ route = "m"
             .contains("1 earlier deaths")
     });
     ok(&["stats"]);
+    // The route-lane scripts of storage layout 2 run in the bench's preview of it so far.
+    ok(&["bench", "--mode", "lane", "--jobs", "2000"]);
     // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
     // dead job's history, and needs no daemon running.
     let mut daemon = daemon;

@@ -22,6 +22,7 @@ mod heavy;
 mod history;
 mod kafka;
 mod keys_declared;
+mod lanes;
 mod memory;
 mod nats;
 mod producer;

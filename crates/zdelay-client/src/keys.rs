@@ -349,6 +349,50 @@ impl RawKeys {
     }
 }
 
+/// The keys of one route lane (storage layout 2): a local route's jobs, stored in the hash
+/// slot of the route's list so one script pushes onto the list and removes the jobs, on a
+/// cluster too. `tag` is the slot's tag (`slot_tag`), so every key is
+/// `<namespace>:{<tag>}:<kind>:<route>`; kinds hold no colon, so no two routes' keys collide
+/// whatever their names hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneKeys {
+    /// ZSET: stored id → due ms.
+    pub due: String,
+    /// HASH: stored id → payload, raw bytes.
+    pub jobs: String,
+    /// HASH: stored id → meta JSON, only for jobs that have meta.
+    pub meta: String,
+    /// HASH: stored id → max lateness ms, only for jobs enqueued with one.
+    pub maxlate: String,
+    /// SET: stored ids whose payload is over 4 KiB (the mover reads smaller chunks then).
+    pub large: String,
+    /// ZSET: stored id → ms it died.
+    pub dead: String,
+    /// HASH: stored id → why it died.
+    pub reasons: String,
+    /// ZSET: schedule id → its next occurrence.
+    pub sched_due: String,
+    /// STRING: the lane marker, `2 <lane> <LPUSH|RPUSH> <list key>` while live.
+    pub marker: String,
+}
+
+impl LaneKeys {
+    pub fn new(namespace: &str, tag: &str, route: &str) -> Self {
+        let key = |kind: &str| format!("{namespace}:{{{tag}}}:{kind}:{route}");
+        LaneKeys {
+            due: key("due"),
+            jobs: key("jobs"),
+            meta: key("meta"),
+            maxlate: key("maxlate"),
+            large: key("large"),
+            dead: key("dead"),
+            reasons: key("reasons"),
+            sched_due: key("sched_due"),
+            marker: key("lane"),
+        }
+    }
+}
+
 /// The job id of a schedule's occurrence due at `due_ms`: `<schedule>:<due>`, with the
 /// schedule id as its hash tag (`{<schedule>}:<due>`) unless it has one, so the occurrence
 /// lives in its schedule's shard. Schedule ids with a brace must therefore carry a tag

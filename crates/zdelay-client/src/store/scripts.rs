@@ -11,6 +11,7 @@ use super::Conn;
 use crate::config::{Push, ScoreUnit};
 use crate::job::{Cancelled, Due, Enqueued, OnConflict};
 use crate::keys::{Keys, RawKeys, ShardKey, ShardKeys};
+use crate::lane::Lane;
 use crate::routes::Routes;
 use redis::{Cmd, FromRedisValue, Script, ToRedisArgs, Value};
 use std::sync::LazyLock;
@@ -68,6 +69,8 @@ scripts!(
     settle_jobs,
     bench_bare_move_raw,
     bench_bare_move_hash,
+    enqueue_lane,
+    move_lane,
     claim_slots,
     release_slots,
     upsert_schedule,
@@ -1801,6 +1804,107 @@ pub async fn bench_bare_move_raw(
         .arg(max_score)
         .invoke(con)
         .await
+}
+
+/// One job for a route lane (`enqueue_lane`).
+pub struct LaneItem<'a> {
+    /// The stored id (the lane is in the keys).
+    pub id: &'a str,
+    pub due: Due,
+    pub payload: &'a [u8],
+    /// Meta JSON, for a job whose meta is not all defaults.
+    pub meta: Option<&'a str>,
+    pub max_lateness_ms: Option<u64>,
+}
+
+/// Adds jobs to `lane` (see `enqueue_lane.lua`): one answer per item, `None` when the id
+/// exists and the policy is `Error` (nothing written for it). A lane whose marker is not
+/// `lane`'s refuses the whole call, writing nothing.
+pub async fn enqueue_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    policy: OnConflict,
+    wake_channel: &str,
+    items: &[LaneItem<'_>],
+) -> redis::RedisResult<Vec<Option<Enqueued>>> {
+    let k = &lane.keys;
+    let mut inv = Call::new(&compiled::enqueue_lane);
+    inv.key(&k.due)
+        .key(&k.jobs)
+        .key(&k.meta)
+        .key(&k.maxlate)
+        .key(&k.large)
+        .key(&k.dead)
+        .key(&k.reasons)
+        .key(&k.marker);
+    inv.arg(lane.marker())
+        .arg(policy.as_arg())
+        .arg(wake_channel)
+        .arg(lane.wake_name());
+    for item in items {
+        inv.arg(item.id)
+            .arg(item.due.as_arg())
+            .arg(item.payload)
+            .arg(item.meta.unwrap_or_default())
+            .arg(
+                item.max_lateness_ms
+                    .map(|ms| ms.to_string())
+                    .unwrap_or_default(),
+            );
+    }
+    let codes: Vec<i64> = inv.invoke(con).await?;
+    Ok(codes
+        .into_iter()
+        .map(|code| match code {
+            1 => Some(Enqueued::Added),
+            2 => Some(Enqueued::Replaced),
+            0 => Some(Enqueued::Kept),
+            _ => None,
+        })
+        .collect())
+}
+
+/// One `move_lane` call's limits.
+pub struct MoveLane<'a> {
+    pub batch: usize,
+    /// Overrides Redis `TIME` (tests drive time with it).
+    pub now_ms: Option<i64>,
+    pub max_payload: usize,
+    /// Payload bytes the call reads at most (a single larger payload moves alone).
+    pub batch_bytes: usize,
+    /// Lateness bucket bounds, ms ascending.
+    pub bounds_ms: &'a [u64],
+}
+
+/// Pushes a batch of `lane`'s due jobs onto its list (see `move_lane.lua`). The reply has
+/// `move_due`'s shape for one route and no two-phase sink.
+pub async fn move_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    args: &MoveLane<'_>,
+) -> redis::RedisResult<MoveReply> {
+    let k = &lane.keys;
+    let mut inv = Call::new(&compiled::move_lane);
+    inv.key(&k.due)
+        .key(&k.jobs)
+        .key(&k.meta)
+        .key(&k.maxlate)
+        .key(&k.large)
+        .key(&k.dead)
+        .key(&k.reasons)
+        .key(&k.sched_due)
+        .key(&lane.list)
+        .key(&k.marker);
+    inv.arg(lane.marker())
+        .arg(args.batch)
+        .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(args.max_payload)
+        .arg(args.batch_bytes)
+        .arg(lane.push.command())
+        .arg(args.bounds_ms.len())
+        .arg(args.bounds_ms);
+    let value: Value = inv.invoke(con).await?;
+    MoveReply::parse(value, 1, args.bounds_ms.len())
 }
 
 /// The same for an id ZSET plus a payload HASH.

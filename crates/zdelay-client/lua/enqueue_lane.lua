@@ -1,0 +1,87 @@
+-- enqueue_lane: add jobs to one route lane (storage layout 2) and wake its mover when one of
+-- them becomes the new head. A lane holds one local route's jobs in the hash slot of the
+-- route's list, so its mover pushes and removes in one script on a cluster too.
+-- KEYS[1] due      ZSET   zdelay:{emj}:due:<route>     member = stored id, score = due ms
+-- KEYS[2] jobs     HASH   zdelay:{emj}:jobs:<route>    stored id -> payload (raw bytes)
+-- KEYS[3] meta     HASH   zdelay:{emj}:meta:<route>    stored id -> meta JSON (only jobs with meta)
+-- KEYS[4] maxlate  HASH   zdelay:{emj}:maxlate:<route> stored id -> max lateness ms
+-- KEYS[5] large    SET    zdelay:{emj}:large:<route>   stored ids whose payload is over 4096 bytes
+--                                                       (the mover reads in smaller chunks while any
+--                                                       is waiting)
+-- KEYS[6] dead     ZSET   zdelay:{emj}:dead:<route>    member = stored id, score = ms it died
+-- KEYS[7] reasons  HASH   zdelay:{emj}:reasons:<route> stored id -> why it died
+-- KEYS[8] marker   STRING zdelay:{emj}:lane:<route>    "2 <lane> <LPUSH|RPUSH> <list key>" while
+--                                                       live, "retired <successor>" once moved
+-- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
+--   error ZDELAY_LANE_MOVED <successor> (retired: re-read the lane registry), ZDELAY_LANE_CHANGED
+--   <marker> (re-read the registry), ZDELAY_NO_LANE (no marker: no daemon registered the route)
+-- ARGV[2] policy for an id that exists (waiting or dead): "replace" | "keep" | "error"
+-- ARGV[3] wake channel (zdelay:wake); ARGV[4] the lane's wake name ("l<lane>"), sent with the due
+-- ARGV[5..] quintuples: id, due, payload, meta JSON ("" = none), max lateness in ms ("" = none).
+--   due is epoch ms, or "+N" for N ms after Redis TIME.
+-- Returns: one integer per job, in order: 1 added, 2 replaced, 0 kept (existing left as is),
+--   -1 exists (policy "error"; nothing written for that job).
+-- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
+
+local marker = redis.call('GET', KEYS[8])
+if marker ~= ARGV[1] then
+  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
+  if string.sub(marker, 1, 8) == 'retired ' then
+    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
+  end
+  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
+end
+local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local dead_key, reasons_key = KEYS[6], KEYS[7]
+local policy = ARGV[2]
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+local head_score = head[2] and tonumber(head[2]) or nil
+local earliest = nil
+local out = {}
+for i = 5, #ARGV, 5 do
+  local id, due_arg, payload, meta, max_lateness = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local due
+  if string.sub(due_arg, 1, 1) == '+' then
+    due = now_ms + tonumber(string.sub(due_arg, 2))
+  else
+    due = tonumber(due_arg)
+  end
+  -- A waiting or dead job keeps its payload in jobs: one lookup answers "exists".
+  local exists = redis.call('HEXISTS', jobs_key, id) == 1
+  if exists and policy == 'keep' then
+    out[#out + 1] = 0
+  elseif exists and policy == 'error' then
+    out[#out + 1] = -1
+  else
+    if exists then
+      redis.call('ZREM', dead_key, id)
+      redis.call('HDEL', reasons_key, id)
+    end
+    redis.call('HSET', jobs_key, id, payload)
+    if #payload > 4096 then
+      redis.call('SADD', large_key, id)
+    elseif exists then
+      redis.call('SREM', large_key, id)
+    end
+    redis.call('ZADD', due_key, due, id)
+    if meta ~= '' then
+      redis.call('HSET', meta_key, id, meta)
+    elseif exists then
+      redis.call('HDEL', meta_key, id)
+    end
+    if max_lateness ~= '' then
+      redis.call('HSET', maxlate_key, id, max_lateness)
+    elseif exists then
+      redis.call('HDEL', maxlate_key, id)
+    end
+    if earliest == nil or due < earliest then earliest = due end
+    out[#out + 1] = exists and 2 or 1
+  end
+end
+if earliest ~= nil and (head_score == nil or earliest < head_score) then
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', earliest))
+end
+return out

@@ -1,0 +1,246 @@
+-- move_lane: push one batch of a route lane's due jobs onto the route's list and remove them,
+-- in one script (exactly once; the lane is in the list's hash slot, so on a cluster too). The
+-- route is known from the keys: no job is parsed, no route table is passed.
+-- KEYS[1] due       ZSET   zdelay:{emj}:due:<route>       member = stored id, score = due ms
+-- KEYS[2] jobs      HASH   zdelay:{emj}:jobs:<route>      stored id -> payload (raw bytes)
+-- KEYS[3] meta      HASH   zdelay:{emj}:meta:<route>      stored id -> meta JSON (only jobs with meta)
+-- KEYS[4] maxlate   HASH   zdelay:{emj}:maxlate:<route>   stored id -> max lateness ms
+-- KEYS[5] large     SET    zdelay:{emj}:large:<route>     stored ids whose payload is over 4096 bytes
+-- KEYS[6] dead      ZSET   zdelay:{emj}:dead:<route>      member = stored id, score = ms it died
+-- KEYS[7] reasons   HASH   zdelay:{emj}:reasons:<route>   stored id -> why it died
+-- KEYS[8] sched_due ZSET   zdelay:{emj}:sched_due:<route> schedule id -> its next occurrence (only
+--                                                         its head is read, for the reply)
+-- KEYS[9] list      LIST   the route's list (its target, or target .. delayed_suffix)
+-- KEYS[10] marker   STRING zdelay:{emj}:lane:<route>      "2 <lane> <LPUSH|RPUSH> <list key>"
+-- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
+--   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
+-- ARGV[2] batch size, at most 1000
+-- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
+-- ARGV[4] largest payload in bytes; a larger one goes to dead
+-- ARGV[5] byte budget: payload bytes one call reads at most; a single larger payload still
+--   moves, alone
+-- ARGV[6] "LPUSH" | "RPUSH" (as the marker says)
+-- ARGV[7] B, the number of lateness bucket bounds; then B bounds in ms, ascending
+-- Returns move_due's reply shape for one route and no two-phase sink: { taken, now_us,
+--   next_due ("" when the lane is empty), max_lateness_ms, kept (jobs left due because their
+--   push failed, e.g. OOM), first push error ("" if none), moved,
+--   dead per kind (6 integers: malformed and unknown_destination always 0, wrong_type,
+--   oversize, missing, expired),
+--   jobs per lateness bucket (B + 1 integers; the last is over the largest bound),
+--   0 (leases), 0 (sinks), the next occurrence of the lane's schedules ("" when none),
+--   0, 0, 0, "" (no walk), "" (no lease) }
+-- taken = moved + dead; a full batch means "call again now", and so does a next_due that is
+-- already due (a batch cut by the byte budget).
+-- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
+
+local marker = redis.call('GET', KEYS[10])
+if marker ~= ARGV[1] then
+  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
+  if string.sub(marker, 1, 8) == 'retired ' then
+    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
+  end
+  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
+end
+local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local dead_key, reasons_key, sched_due_key, list_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local batch = tonumber(ARGV[2])
+local now_us
+if ARGV[3] ~= '' then
+  now_us = tonumber(ARGV[3]) * 1000
+else
+  local t = redis.call('TIME')
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local now_ms = math.floor(now_us / 1000)
+local max_payload = tonumber(ARGV[4])
+local budget_left = tonumber(ARGV[5])
+local push = ARGV[6]
+local bound_count = tonumber(ARGV[7])
+local bounds = {}
+for b = 1, bound_count do bounds[b] = tonumber(ARGV[7 + b]) end
+local buckets = {}
+for b = 1, bound_count + 1 do buckets[b] = 0 end
+
+local DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING, DEAD_EXPIRED = 3, 4, 5, 6
+local dead_counts = { 0, 0, 0, 0, 0, 0 }
+local moved, max_lateness, kept, kept_error = 0, 0, 0, ''
+
+local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', 0, batch)
+local n = #ids
+
+-- The payloads of ids[1..] within the byte budget, in chunks of as many ids as the rest of
+-- the budget holds at the largest size a payload of this lane can have: SMALL while the
+-- lane's `large` set is empty (producers list there every payload over SMALL bytes), else
+-- max_payload. So a payload is never read only to be left, and the common batch is one
+-- HMGET. Once a payload over LARGE was seen, one at a time (Redis copies what came before
+-- each value of a multi-value reply). Returns them, how many ids they cover (at least one),
+-- and whether every one is present and within max_payload.
+local SMALL, LARGE = 4096, 65536
+local function read_payloads()
+  local per = max_payload
+  if per > SMALL and redis.call('EXISTS', large_key) == 0 then per = SMALL end
+  local payloads, count, largest, clean = nil, 0, 0, true
+  while count < n do
+    local chunk = math.min(n - count, math.max(1, math.floor(budget_left / per)))
+    if largest >= LARGE then chunk = 1 end
+    local part = redis.call('HMGET', jobs_key, unpack(ids, count + 1, count + chunk))
+    if count == 0 then payloads = part end
+    for j = 1, chunk do
+      local p = part[j]
+      local size = 0
+      if p then
+        size = #p
+        if size > max_payload then clean = false end
+      else
+        clean = false
+      end
+      if size > budget_left and count > 0 then return payloads, count, clean end
+      count = count + 1
+      if count > j then payloads[count] = p end
+      budget_left = budget_left - size
+      if size > largest then largest = size end
+    end
+    if budget_left <= 0 then break end
+  end
+  return payloads, count, clean
+end
+
+-- Lateness buckets of the batch (the n lowest scores, still in due) without reading every
+-- score: the jobs later than bound L are those scored below now - L, counted by ZCOUNT.
+local function count_buckets()
+  local late_max = now_ms - tonumber(redis.call('ZSCORE', due_key, ids[1]))
+  local late_min = now_ms - tonumber(redis.call('ZSCORE', due_key, ids[n]))
+  max_lateness = late_max
+  local above_prev = n
+  for b = 1, bound_count do
+    local bound, above = bounds[b], 0
+    if bound < late_min then
+      above = n
+    elseif bound < late_max then
+      above = redis.call('ZCOUNT', due_key, '-inf', '(' .. string.format('%d', now_ms - bound))
+      if above > n then above = n end
+    end
+    buckets[b] = above_prev - above
+    above_prev = above
+  end
+  buckets[bound_count + 1] = above_prev
+end
+
+local payloads
+local done = false
+if n > 0 then
+  local clean
+  payloads, n, clean = read_payloads()
+  for i = #ids, n + 1, -1 do ids[i] = nil end
+  -- Fast path: every payload present and within max_payload, no max lateness in the lane.
+  if clean and redis.call('EXISTS', maxlate_key) == 0 then
+    -- A failed push (not a list, out of memory) changed nothing: the general path sorts it out.
+    local res = redis.pcall(push, list_key, unpack(payloads, 1, n))
+    if not (type(res) == 'table' and res.err) then
+      moved = n
+      count_buckets()
+      redis.call('HDEL', jobs_key, unpack(ids))
+      if redis.call('EXISTS', meta_key) == 1 then redis.call('HDEL', meta_key, unpack(ids)) end
+      if redis.call('EXISTS', large_key) == 1 then redis.call('SREM', large_key, unpack(ids)) end
+      -- The first n ranks are exactly the ids read above (same script, scores <= now).
+      redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
+      done = true
+    end
+  end
+end
+
+if n > 0 and not done then
+  local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, n)
+  local limits = redis.call('HMGET', maxlate_key, unpack(ids))
+  local out_ids, out_payloads, dead_ids, dead_reasons = {}, {}, {}, {}
+  local function to_dead(id, reason, kind)
+    dead_ids[#dead_ids + 1] = id
+    dead_reasons[#dead_reasons + 1] = reason
+    dead_counts[kind] = dead_counts[kind] + 1
+  end
+  local b = bound_count + 1
+  for i = 1, n do
+    local id, p = ids[i], payloads[i]
+    local late = now_ms - tonumber(items[2 * i])
+    local limit = limits[i] and tonumber(limits[i])
+    if not p then
+      to_dead(id, 'no payload stored for this id', DEAD_MISSING)
+    elseif #p > max_payload then
+      to_dead(id, 'payload of ' .. #p .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
+    elseif limit and late > limit then
+      to_dead(id, 'expired: ' .. late .. ' ms after its due time, max_lateness ' .. limit .. ' ms', DEAD_EXPIRED)
+    else
+      out_ids[#out_ids + 1] = id
+      out_payloads[#out_payloads + 1] = p
+      if late > max_lateness then max_lateness = late end
+      -- Scores ascend, so the bucket is found by walking from the previous job's.
+      while b > 1 and late <= bounds[b - 1] do b = b - 1 end
+      while b <= bound_count and late > bounds[b] do b = b + 1 end
+      buckets[b] = buckets[b] + 1
+    end
+  end
+  -- INVARIANT: push before removing, all inside this script; a failed push leaves its jobs due.
+  if #out_ids > 0 then
+    local res = redis.pcall(push, list_key, unpack(out_payloads))
+    if type(res) == 'table' and res.err then
+      if string.sub(res.err, 1, 9) == 'WRONGTYPE' then
+        local t = redis.call('TYPE', list_key)['ok']
+        for j = 1, #out_ids do
+          to_dead(out_ids[j], 'WRONGTYPE: ' .. list_key .. ' holds a ' .. t .. ', not a list', DEAD_WRONGTYPE)
+        end
+      else
+        kept = #out_ids
+        kept_error = list_key .. ': ' .. res.err
+      end
+      for k = 1, #buckets do buckets[k] = 0 end
+      max_lateness = 0
+      out_ids = {}
+    else
+      moved = #out_ids
+    end
+  end
+  if #dead_ids > 0 then
+    -- A dead job keeps its payload and meta, for replay.
+    local zargs, hargs = {}, {}
+    for j = 1, #dead_ids do
+      zargs[#zargs + 1] = now_ms
+      zargs[#zargs + 1] = dead_ids[j]
+      hargs[#hargs + 1] = dead_ids[j]
+      hargs[#hargs + 1] = dead_reasons[j]
+    end
+    redis.call('ZADD', dead_key, unpack(zargs))
+    redis.call('HSET', reasons_key, unpack(hargs))
+  end
+  if #out_ids > 0 then
+    redis.call('HDEL', jobs_key, unpack(out_ids))
+    if redis.call('EXISTS', meta_key) == 1 then redis.call('HDEL', meta_key, unpack(out_ids)) end
+    if redis.call('EXISTS', large_key) == 1 then redis.call('SREM', large_key, unpack(out_ids)) end
+  end
+  -- The limit applies until the job leaves due.
+  for _, gone in ipairs({ out_ids, dead_ids }) do
+    if #gone > 0 then redis.call('HDEL', maxlate_key, unpack(gone)) end
+  end
+  if kept > 0 then
+    for _, gone in ipairs({ out_ids, dead_ids }) do
+      if #gone > 0 then redis.call('ZREM', due_key, unpack(gone)) end
+    end
+    n = #out_ids + #dead_ids
+  else
+    redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
+  end
+end
+
+local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+local out = { n, now_us, head[2] or '', max_lateness, kept, kept_error, moved }
+for k = 1, 6 do out[#out + 1] = dead_counts[k] end
+for k = 1, bound_count + 1 do out[#out + 1] = buckets[k] end
+local sched_head = redis.call('ZRANGE', sched_due_key, 0, 0, 'WITHSCORES')
+out[#out + 1] = 0
+out[#out + 1] = 0
+out[#out + 1] = sched_head[2] or ''
+out[#out + 1] = 0
+out[#out + 1] = 0
+out[#out + 1] = 0
+out[#out + 1] = ''
+out[#out + 1] = ''
+return out

@@ -1,0 +1,282 @@
+//! `lane`: the route-lane scripts of storage layout 2 (being built) against the bare Lua
+//! move in the same run: an all-due backlog enqueued by `enqueue_lane` and drained by
+//! `move_lane` calls, then the same jobs in the bare id ZSET + payload HASH, once with the
+//! 26-character ids producers write today (the baseline the drain target is judged on) and
+//! once with the lane's own 12-character stored ids (the script's own overhead); and Redis
+//! memory per job in a lane, with generated and with 26-character ids. One lane has one
+//! mover, so every drain here is one call at a time.
+
+use super::load::{backlog_due, bar, payload, status};
+use super::measure::{llen, redis_cpu, used_memory};
+use super::report::{LANE_RATIO_TARGET, LaneBench, LaneMemory, Throughput};
+use super::{Env, MEMORY_AIM_BYTES, MEMORY_AIM_PAYLOAD};
+use crate::metrics::LATENESS_BOUNDS_MS;
+use anyhow::ensure;
+use std::time::Instant;
+use zdelay_client::job::{Due, OnConflict};
+use zdelay_client::keys::Keys;
+use zdelay_client::lane::Lane;
+use zdelay_client::store::Conn;
+use zdelay_client::store::scripts::{self, LaneItem, MoveLane};
+
+pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
+    let n = env.args.jobs;
+    let size = env.payload_size();
+    let out = env.scratch.out.clone();
+    let lane = env.scratch.lane.clone();
+    let short: Vec<String> = (0..n).map(stored_id).collect();
+    let ulids = zdelay_client::client::IdGenerator::default();
+    let long: Vec<String> = (0..n).map(|_| ulids.next()).collect();
+    let bare = &env.scratch.bare;
+    let mut rounds = Vec::new();
+    for round in 1..=env.args.rounds {
+        status(&format!("lane, round {round}: move_lane"));
+        let now = env.redis_now_ms();
+        let due = |i: u64| backlog_due(i, n, now);
+        load_lane(&mut env.con, &lane, &short, size, due, "enqueue_lane").await?;
+        let started = Instant::now();
+        let cpu0 = redis_cpu(&mut env.con).await?;
+        let (moved, calls) =
+            drain_lane(&mut env.con, &lane, env.batch, env.args.payload_size).await?;
+        let lane_run = Throughput::new(
+            moved,
+            started.elapsed(),
+            redis_cpu(&mut env.con).await? - cpu0,
+            calls,
+        );
+        ensure!(
+            moved == n && llen(&mut env.con, &out).await? == n,
+            "lane moved {moved} of {n}"
+        );
+        env.scratch.clean(&mut env.con, false).await?;
+
+        let mut bare_runs = Vec::new();
+        for (what, ids) in [
+            ("bare, 26-character ids", &long),
+            ("bare, the lane's ids", &short),
+        ] {
+            status(&format!("lane, round {round}: {what}"));
+            load_bare(&mut env.con, bare, ids, size, due, what).await?;
+            let max_score = env.redis_now_ms();
+            let started = Instant::now();
+            let cpu0 = redis_cpu(&mut env.con).await?;
+            let (mut moved, mut calls) = (0u64, 0u64);
+            loop {
+                let got = scripts::bench_bare_move_hash(
+                    &mut env.con,
+                    &bare.due(0),
+                    &bare.jobs(0),
+                    &out,
+                    env.batch,
+                    max_score,
+                )
+                .await?;
+                calls += 1;
+                moved += got;
+                if got < env.batch as u64 {
+                    break;
+                }
+            }
+            let run = Throughput::new(
+                moved,
+                started.elapsed(),
+                redis_cpu(&mut env.con).await? - cpu0,
+                calls,
+            );
+            ensure!(
+                moved == n && llen(&mut env.con, &out).await? == n,
+                "{what}: moved {moved} of {n}"
+            );
+            env.scratch.clean(&mut env.con, false).await?;
+            bare_runs.push(run);
+        }
+        let bare_same = bare_runs.pop().expect("two runs");
+        let bare_26 = bare_runs.pop().expect("two runs");
+        rounds.push((lane_run, bare_26, bare_same));
+    }
+    let ratio = |r: &(Throughput, Throughput, Throughput)| r.0.jobs_per_sec / r.1.jobs_per_sec;
+    let all: Vec<f64> = rounds.iter().map(ratio).collect();
+    rounds.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
+    let (lane_run, bare_26, bare_same) = rounds.swap_remove(rounds.len() / 2);
+    let cpu = |bare: &Throughput| {
+        bare.redis_cpu_s_per_million / lane_run.redis_cpu_s_per_million.max(1e-9)
+    };
+    let memory = memory(env, &lane, &short, &long).await?;
+    let ratio_26 = lane_run.jobs_per_sec / bare_26.jobs_per_sec;
+    Ok(LaneBench {
+        ratio_same_ids: lane_run.jobs_per_sec / bare_same.jobs_per_sec,
+        cpu_ratio_26: cpu(&bare_26),
+        cpu_ratio_same_ids: cpu(&bare_same),
+        meets_target: ratio_26 >= LANE_RATIO_TARGET && cpu(&bare_26) >= LANE_RATIO_TARGET,
+        ratio_26,
+        ratio_26_all_rounds: all,
+        target_ratio: LANE_RATIO_TARGET,
+        lane: lane_run,
+        bare_26,
+        bare_same_ids: bare_same,
+        memory,
+    })
+}
+
+/// A 12-character stored id of the lane alphabet (ASCII order = numeric order), unique per
+/// `i`, the shape `enqueue` generates.
+fn stored_id(i: u64) -> String {
+    const ALPHABET: &[u8; 64] = b"-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz";
+    // A fixed millisecond field in the high bits, the sequence in the low ones.
+    let v: u128 = (0x2A5F_3C11_u128 << 30) | u128::from(i);
+    (0..12)
+        .rev()
+        .map(|k| ALPHABET[((v >> (6 * k)) & 63) as usize] as char)
+        .collect()
+}
+
+async fn register(con: &mut Conn, lane: &Lane) -> redis::RedisResult<()> {
+    redis::cmd("SET")
+        .arg(&lane.keys.marker)
+        .arg(lane.marker())
+        .query_async(con)
+        .await
+}
+
+async fn load_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    ids: &[String],
+    size: usize,
+    due: impl Fn(u64) -> i64,
+    what: &str,
+) -> anyhow::Result<()> {
+    register(con, lane).await?;
+    let progress = bar(ids.len() as u64, what);
+    for (c, chunk) in ids.chunks(1000).enumerate() {
+        let base = (c * 1000) as u64;
+        let payloads: Vec<Vec<u8>> = (0..chunk.len() as u64)
+            .map(|k| payload(base + k, size))
+            .collect();
+        let items: Vec<LaneItem> = chunk
+            .iter()
+            .zip(&payloads)
+            .enumerate()
+            .map(|(k, (id, p))| LaneItem {
+                id,
+                due: Due::At(due(base + k as u64)),
+                payload: p,
+                meta: None,
+                max_lateness_ms: None,
+            })
+            .collect();
+        let done =
+            scripts::enqueue_lane(con, lane, OnConflict::Replace, "bench:wake", &items).await?;
+        ensure!(
+            done.iter().all(Option::is_some),
+            "enqueue_lane refused a job"
+        );
+        progress.inc(chunk.len() as u64);
+    }
+    progress.finish_and_clear();
+    Ok(())
+}
+
+async fn drain_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    batch: usize,
+    max_payload: usize,
+) -> anyhow::Result<(u64, u64)> {
+    let args = MoveLane {
+        batch,
+        now_ms: None,
+        max_payload: max_payload.max(1 << 20),
+        batch_bytes: 4 << 20,
+        bounds_ms: LATENESS_BOUNDS_MS,
+    };
+    let (mut moved, mut calls) = (0u64, 0u64);
+    loop {
+        let reply = scripts::move_lane(con, lane, &args).await?;
+        calls += 1;
+        moved += reply.moved_total();
+        ensure!(
+            reply.dead.iter().sum::<u64>() == 0,
+            "move_lane sent jobs to dead: {:?}",
+            reply.dead
+        );
+        if reply.taken < batch {
+            return Ok((moved, calls));
+        }
+    }
+}
+
+/// The jobs in one bare id ZSET + payload HASH (one pair: one lane's shape).
+async fn load_bare(
+    con: &mut Conn,
+    bare: &Keys,
+    ids: &[String],
+    size: usize,
+    due: impl Fn(u64) -> i64,
+    what: &str,
+) -> redis::RedisResult<()> {
+    let progress = bar(ids.len() as u64, what);
+    for (c, chunk) in ids.chunks(10_000).enumerate() {
+        let base = (c * 10_000) as u64;
+        let mut pipe = redis::pipe();
+        let zadd = pipe.cmd("ZADD").arg(bare.due(0));
+        for (k, id) in chunk.iter().enumerate() {
+            zadd.arg(due(base + k as u64)).arg(id);
+        }
+        zadd.ignore();
+        let hset = pipe.cmd("HSET").arg(bare.jobs(0));
+        for (k, id) in chunk.iter().enumerate() {
+            hset.arg(id).arg(payload(base + k as u64, size));
+        }
+        hset.ignore();
+        let _: () = pipe.query_async(con).await?;
+        progress.inc(chunk.len() as u64);
+    }
+    progress.finish_and_clear();
+    Ok(())
+}
+
+async fn memory(
+    env: &mut Env,
+    lane: &Lane,
+    short: &[String],
+    long: &[String],
+) -> anyhow::Result<LaneMemory> {
+    let n = env.args.jobs;
+    let size = env.payload_size();
+    let later = env.redis_now_ms() + 86_400_000;
+    let due = |i: u64| later + i as i64;
+    let mut per_job = Vec::new();
+    for (what, ids) in [
+        ("memory: lane, generated ids", short),
+        ("memory: lane, 26-character ids", long),
+    ] {
+        status(what);
+        env.scratch.clean(&mut env.con, false).await?;
+        let before = used_memory(&mut env.con).await?;
+        load_lane(&mut env.con, lane, ids, size, due, what).await?;
+        let after = used_memory(&mut env.con).await?;
+        per_job.push((after - before) as f64 / n as f64);
+        env.scratch.clean(&mut env.con, false).await?;
+    }
+    Ok(LaneMemory {
+        jobs: n,
+        payload_size: size,
+        generated_id_bytes_per_job: per_job[0],
+        id_26_bytes_per_job: per_job[1],
+        aim_bytes: MEMORY_AIM_BYTES,
+        meets_aim: (size == MEMORY_AIM_PAYLOAD).then_some(per_job[0] <= MEMORY_AIM_BYTES),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_ids_are_12_characters_in_numeric_order() {
+        let ids: Vec<String> = (0..5000).map(stored_id).collect();
+        assert!(ids.iter().all(|id| id.len() == 12));
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    }
+}
