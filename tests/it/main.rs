@@ -24,6 +24,7 @@ mod kafka;
 mod keys_declared;
 mod memory;
 mod nats;
+mod newer_layout;
 mod producer;
 mod raw_sinks;
 mod redis_faults;

@@ -78,6 +78,7 @@ impl ClientError {
             ClientError::Store(StoreError::Unsupported(_)) => "unsupported",
             ClientError::Store(StoreError::Resharding { .. }) => "resharding",
             ClientError::Store(StoreError::Resharded { .. }) => "resharded",
+            ClientError::Store(StoreError::LayoutTooNew { .. }) => "layout_too_new",
             ClientError::Store(_) => "redis",
             ClientError::Envelope(_) => "envelope",
             ClientError::Exists(_) => "exists",
@@ -316,7 +317,8 @@ impl Client {
 
     /// Runs `op` with the current layout. Refused by a layout fence because the namespace
     /// was resharded, it reads the layout again and runs `op` once more; refused because a
-    /// reshard is running, it fails with [`StoreError::Resharding`]. `op` must be safe to
+    /// reshard is running, it fails with [`StoreError::Resharding`], and because a newer
+    /// storage layout owns the shard, with [`StoreError::LayoutTooNew`]. `op` must be safe to
     /// run again after a refusal (a refused script wrote nothing).
     pub(crate) async fn fenced<T, F, Fut>(&self, op: F) -> Result<T, ClientError>
     where
@@ -331,7 +333,9 @@ impl Client {
             },
             ok => return ok,
         };
-        if let Layout::Migrating { .. } = refused {
+        // Only a new shard count is worth another try; a reshard running or a newer layout
+        // refuses the next call the same way.
+        if !matches!(refused, Layout::Shards(_)) {
             return Err(refused.error(&keys).into());
         }
         let keys = self.refresh_layout().await?;
