@@ -7,6 +7,7 @@
 //! The modules are the daemon's too, so both sides agree on the contract:
 //! - [`config`]: the `zdelay.toml` shape, loading and validation;
 //! - [`keys`]: the Redis key layout, the one place key names are built;
+//! - [`lane_id`]: the ids storage layout 2 generates (`~<lane>.<12 characters>`), not used yet;
 //! - [`envelope`]: the stored job format;
 //! - [`routes`]: which destinations a job may name, and where they lead;
 //! - [`store`]: the connection, the schema check, Redis's clock, and one typed function
@@ -24,6 +25,7 @@ pub mod envelope;
 pub mod failpoint;
 pub mod job;
 pub mod keys;
+pub mod lane_id;
 pub mod reshard;
 pub mod routes;
 pub mod schedule;
