@@ -27,3 +27,13 @@ pub use zdelay_client::{
     client, config, dead, envelope, job, keys, lane, reshard, routes, schedule, schedules, store,
     trace_context,
 };
+
+#[cfg(test)]
+mod tests {
+    /// A namespace's `min_version` is compared with the client crate's version, and users run
+    /// the daemon's: the two must be one.
+    #[test]
+    fn the_daemon_and_the_client_share_one_version() {
+        assert_eq!(zdelay_client::store::VERSION, env!("CARGO_PKG_VERSION"));
+    }
+}

@@ -178,6 +178,23 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
+    /// Print the hash tag of a Redis Cluster slot: the shortest string over 0-9a-z whose
+    /// CRC-16 modulo 16384 is the slot (the first in ASCII order among equally short ones).
+    /// Storage layout 2 keeps a route's jobs in its list's slot under this tag.
+    ///
+    /// A number 0..=16383 is a slot; anything else is a key, and its slot (of its own hash
+    /// tag, if it has one) is printed too. Needs no config and no Redis. JSON: {"slot",
+    /// "tag"}, with "key" for a key.
+    SlotTag {
+        /// A slot number (0..=16383), or a key.
+        #[arg(value_name = "SLOT_OR_KEY")]
+        slot_or_key: String,
+        /// Take the argument as a key even when it is a number.
+        #[arg(long)]
+        key: bool,
+        #[command(flatten)]
+        output: Output,
+    },
     /// Print a shell completion script, e.g.
     /// `zdelay completions bash > /etc/bash_completion.d/zdelay`.
     Completions { shell: clap_complete::Shell },
@@ -294,7 +311,7 @@ pub struct UsageError(pub String);
 
 /// Runs the command; returns the exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
-    // Needing no config: they describe the command line itself.
+    // Needing no config: they describe the command line, or the key layout, itself.
     match &cli.command {
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -308,6 +325,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut page)?;
             return write_stdout(&page);
         }
+        Command::SlotTag {
+            slot_or_key,
+            key,
+            output,
+        } => return slot_tag(slot_or_key, *key, *output),
         Command::GenDocs { root, check } => {
             let cli = <Cli as clap::CommandFactory>::command();
             let stale = zdelay::reference::update(root, cli, *check).map_err(anyhow::Error::msg)?;
@@ -520,11 +542,43 @@ async fn operate(
         | Command::Bench(_)
         | Command::Reshard(_)
         | Command::Completions { .. }
+        | Command::SlotTag { .. }
         | Command::Man
         | Command::GenDocs { .. } => {
             unreachable!("handled above")
         }
     }
+}
+
+/// `zdelay slot-tag`: a slot's tag, or a key's slot and its tag.
+fn slot_tag(arg: &str, as_key: bool, output: Output) -> anyhow::Result<i32> {
+    use zdelay::keys::{SLOTS, slot_of, slot_tag};
+    let is_number = !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_digit());
+    let (key, slot) = if is_number && !as_key {
+        let slot = arg.parse::<u16>().ok().filter(|&s| s < SLOTS).ok_or_else(|| {
+            UsageError(format!(
+                "slot {arg} is out of range 0..={}; to look up a key that is a number, add --key",
+                SLOTS - 1
+            ))
+        })?;
+        (None, slot)
+    } else {
+        (Some(arg), slot_of(arg))
+    };
+    let tag = slot_tag(slot);
+    if output.is_json() {
+        let mut v = serde_json::json!({ "slot": slot, "tag": tag });
+        if let Some(key) = key {
+            v["key"] = key.into();
+        }
+        print_json(&v)?;
+    } else {
+        match key {
+            Some(key) => println!("key {key:?}: slot {slot}, tag {tag}"),
+            None => println!("slot {slot}: tag {tag}"),
+        }
+    }
+    Ok(0)
 }
 
 /// Writes `bytes` to stdout; a reader that closed the pipe early (`| head`) is no error.

@@ -275,7 +275,7 @@ impl PollerContext {
         let Some(layout) = Layout::of_error(e) else {
             return false;
         };
-        if self.refused_with.set(layout).is_ok() {
+        if self.refused_with.set(layout.clone()).is_ok() {
             tracing::error!(
                 "{}",
                 refusal_message(self.keys.namespace(), self.keys.shards(), layout)
@@ -287,7 +287,7 @@ impl PollerContext {
 
     /// Why the pollers stopped, when a layout fence refused them.
     pub fn refusal(&self) -> Option<String> {
-        let layout = *self.refused_with.get()?;
+        let layout = self.refused_with.get()?.clone();
         Some(refusal_message(
             self.keys.namespace(),
             self.keys.shards(),
@@ -332,5 +332,7 @@ pub fn refusal_message(namespace: &str, shards: u16, layout: Layout) -> String {
             "namespace {namespace} has been resharded to {n} shards and redis.shards says \
              {shards}: set redis.shards = {n} and start the daemon again"
         ),
+        // The client's words: the version to run.
+        newer @ Layout::Newer { .. } => newer.error(&Keys::new(namespace, shards)).to_string(),
     }
 }

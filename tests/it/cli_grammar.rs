@@ -204,6 +204,42 @@ fn every_printing_command_speaks_text_and_json() {
 }
 
 /// `dead list --limit N` prints N rows in all, the oldest across every shard and raw source.
+/// `slot-tag` needs no Redis: a slot's tag, a key's slot and tag, in text and JSON; a number
+/// that is no slot is a usage error (exit 2) unless `--key` says it is a key.
+#[test]
+fn slot_tag_answers_for_a_slot_and_for_a_key() {
+    // A config naming a Redis that is not there: the command never connects.
+    let config = TestConfig::new("redis://127.0.0.1:1", SHARDS, "");
+    assert_eq!(ok(&config, &["slot-tag", "1"]), "slot 1: tag emj\n");
+    let v = json(&config, &["slot-tag", "16383", "-o", "json"]);
+    assert_eq!(v, serde_json::json!({ "slot": 16383, "tag": "hia" }));
+    // CLUSTER KEYSLOT foo = 12182; a key's slot is its hash tag's.
+    assert_eq!(
+        ok(&config, &["slot-tag", "foo"]),
+        "key \"foo\": slot 12182, tag foo\n"
+    );
+    let v = json(&config, &["slot-tag", "zdelay:{emj}:due:emails", "--json"]);
+    assert_eq!(
+        v,
+        serde_json::json!({ "key": "zdelay:{emj}:due:emails", "slot": 1, "tag": "emj" })
+    );
+    for bad in ["16384", "99999999999999999999"] {
+        let out = config.cli(&["slot-tag", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty());
+        assert!(
+            stderr(&out).contains(&format!("slot {bad} is out of range 0..=16383"))
+                && stderr(&out).contains("--key"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let v = json(&config, &["slot-tag", "--key", "16384", "--json"]);
+    assert_eq!(v["key"], "16384");
+    assert_eq!(v["slot"], 3025);
+    assert_eq!(v["tag"], "657");
+}
+
 #[test]
 fn dead_list_limit_counts_rows_in_all() {
     let redis = RedisServer::start();

@@ -25,6 +25,7 @@ mod keys_declared;
 mod lanes;
 mod memory;
 mod nats;
+mod newer_layout;
 mod producer;
 mod raw_sinks;
 mod redis_faults;

@@ -10,7 +10,9 @@
 -- KEYS[8] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
+--   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
+--   "layout <layout> <min version>", or "upgrading …" while it moves in)
 -- ARGV[2] job id
 -- Returns: 1 cancelled; 0 not pending (already delivered, dead, or never enqueued);
 --   -1 in flight (claimed by a two-phase sink; it is being delivered)
@@ -20,6 +22,10 @@ local layout = redis.call('GET', KEYS[8])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
+  if newer then
+    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
   end
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end

@@ -13,7 +13,9 @@
 -- KEYS[7] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
+--   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
+--   "layout <layout> <min version>", or "upgrading …" while it moves in)
 -- ARGV[2] sink name; ARGV[3] batch size, at most 1000; ARGV[4] lease in ms
 -- ARGV[5] byte budget: the claimed envelopes' bytes stop at it (sizes read with HSTRLEN before
 --   anything is read); a single envelope larger than the budget is claimed alone
@@ -28,6 +30,10 @@ local layout = redis.call('GET', KEYS[7])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
+  if newer then
+    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
   end
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end

@@ -12,7 +12,9 @@
 -- KEYS[10] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
+--   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
+--   "layout <layout> <min version>", or "upgrading …" while it moves in)
 -- ARGV[2] policy for an id that exists: "replace" | "keep" | "error"
 -- ARGV[3] wake channel (zdelay:wake); ARGV[4] shard number, sent in the wake message
 -- ARGV[5..] quadruples: id, due, envelope, max lateness in ms ("" = none). due is epoch ms, or
@@ -26,6 +28,10 @@ local layout = redis.call('GET', KEYS[10])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
+  if newer then
+    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
   end
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end

@@ -24,7 +24,9 @@
 --                                                "migrating <from> <to>" (no marker: never resharded)
 -- KEYS[12..] the list keys of the local routes (route target, or target .. delayed_suffix)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
+--   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
+--   "layout <layout> <min version>", or "upgrading …" while it moves in)
 -- ARGV[2] batch size, at most 1000
 -- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
 -- ARGV[4] largest payload in bytes (local routes); a larger one goes to dead
@@ -66,6 +68,10 @@ local layout = redis.call('GET', KEYS[11])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
+  if newer then
+    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
   end
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end

@@ -5,7 +5,9 @@
 -- KEYS[2] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
+--   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
+--   "layout <layout> <min version>", or "upgrading …" while it moves in)
 -- ARGV[2] the most sinks to report (a bound against a damaged set of many distinct prefixes)
 -- Returns: { S, then S triples: sink name, jobs waiting for it, the oldest one's due ms ("" when
 --   unreadable) }, in name order.
@@ -16,6 +18,10 @@ local layout = redis.call('GET', KEYS[2])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
+  if newer then
+    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
   end
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end

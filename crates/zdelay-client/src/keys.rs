@@ -425,6 +425,9 @@ pub fn valid_schedule_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The number of Redis Cluster hash slots.
+pub const SLOTS: u16 = 16384;
+
 /// The Redis Cluster hash slot of a key (CRC16 of its hash tag, mod 16384).
 pub fn slot_of(key: &str) -> u16 {
     slot_of_bytes(key.as_bytes())
@@ -432,7 +435,60 @@ pub fn slot_of(key: &str) -> u16 {
 
 /// [`slot_of`] for a key that need not be UTF-8.
 pub fn slot_of_bytes(key: &[u8]) -> u16 {
-    CRC16.checksum(hash_tag_bytes(key)) % 16384
+    CRC16.checksum(hash_tag_bytes(key)) % SLOTS
+}
+
+/// The characters a slot's tag is made of, in ASCII order.
+const TAG_ALPHABET: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+
+/// The hash tag of slot `slot` (storage layout 2): the shortest string over `0-9a-z` whose
+/// CRC-16/XMODEM modulo 16384 is `slot`, and among equally short ones the first in ASCII
+/// order. So a key that carries `{<tag>}` lives in that slot, and keys can be put beside any
+/// other key (a route's list) without the user writing hash tags.
+///
+/// The tags are part of the storage layout: data stored under them is found again only if
+/// they never change, so the rule, not a stored table, defines them (a producer in another
+/// language rebuilds the same table from it), and a test pins the table's SHA-256. Built once
+/// per process, on first use: 36 one-character tags, 1,104 of two characters, 15,159 of three
+/// and 85 of four.
+///
+/// # Panics
+/// When `slot` is not below [`SLOTS`] (there is no such slot).
+pub fn slot_tag(slot: u16) -> &'static str {
+    assert!(slot < SLOTS, "slot {slot} is out of range 0..{SLOTS}");
+    &SLOT_TAGS[usize::from(slot)]
+}
+
+static SLOT_TAGS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(slot_tags);
+
+/// Every slot's tag: candidates by length, then in ASCII order, until each slot has its first.
+fn slot_tags() -> Vec<String> {
+    let mut tags: Vec<Option<String>> = vec![None; usize::from(SLOTS)];
+    let mut missing = usize::from(SLOTS);
+    let mut candidate = Vec::with_capacity(4);
+    for len in 1.. {
+        // `digits` counts in base 36, most significant first: ASCII order within a length.
+        let mut digits = vec![0usize; len];
+        loop {
+            candidate.clear();
+            candidate.extend(digits.iter().map(|&d| TAG_ALPHABET[d]));
+            let slot = usize::from(CRC16.checksum(&candidate) % SLOTS);
+            if tags[slot].is_none() {
+                tags[slot] = Some(String::from_utf8(candidate.clone()).expect("ASCII"));
+                missing -= 1;
+                if missing == 0 {
+                    return tags.into_iter().map(|t| t.expect("every slot")).collect();
+                }
+            }
+            // The next string of this length, or the next length once all were tried.
+            let Some(last) = digits.iter().rposition(|&d| d + 1 < TAG_ALPHABET.len()) else {
+                break;
+            };
+            digits[last] += 1;
+            digits[last + 1..].fill(0);
+        }
+    }
+    unreachable!("the lengths go on until every slot has a tag")
 }
 
 fn hash_tag_bytes(key: &[u8]) -> &[u8] {
@@ -552,6 +608,91 @@ mod tests {
         assert_eq!(hash_tag("{}a"), "{}a");
         assert_eq!(hash_tag("no-tag"), "no-tag");
         assert_eq!(hash_tag("{open"), "{open");
+    }
+
+    /// SHA-256 of the slot tag table: the 16,384 tags in slot order, each followed by `\n`.
+    /// Also in docs/internals/layout-2.md.
+    const SLOT_TAGS_SHA256: &str =
+        "07c98064fa6df084a4c6a93b57e731c7af34debbd1a8ba4f9cfef1fc7b25511f";
+
+    #[test]
+    fn slot_tags_are_the_documented_table() {
+        use sha2::{Digest, Sha256};
+        let mut table = String::new();
+        for slot in 0..SLOTS {
+            table.push_str(slot_tag(slot));
+            table.push('\n');
+        }
+        let digest: String = Sha256::digest(table.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(digest, SLOT_TAGS_SHA256);
+        assert_eq!(
+            [slot_tag(0), slot_tag(1), slot_tag(2)],
+            ["1bz", "emj", "7lw"]
+        );
+        // The design's counts: tags by length.
+        let mut by_len = [0usize; 5];
+        for slot in 0..SLOTS {
+            by_len[slot_tag(slot).len()] += 1;
+        }
+        assert_eq!(by_len, [0, 36, 1104, 15159, 85]);
+    }
+
+    #[test]
+    fn every_slots_tag_hashes_to_it_as_a_hash_tag() {
+        for slot in 0..SLOTS {
+            let tag = slot_tag(slot);
+            assert!(tag.bytes().all(|b| TAG_ALPHABET.contains(&b)), "{tag}");
+            assert_eq!(slot_of(&format!("{{{tag}}}")), slot, "{tag}");
+            assert_eq!(slot_of(&format!("zdelay:{{{tag}}}:due:emails")), slot);
+        }
+    }
+
+    #[test]
+    fn no_earlier_string_maps_to_a_slot_than_its_tag() {
+        // Every string of up to 3 characters, and of 4 up to the last 4-character tag, in the
+        // rule's order (by length, then ASCII): each slot's tag is the first that maps to it.
+        let last_four = (0..SLOTS)
+            .map(slot_tag)
+            .filter(|t| t.len() == 4)
+            .max()
+            .expect("85 tags of four characters");
+        let order = |t: &str| (t.len(), t.to_owned());
+        let mut first_seen: Vec<Option<String>> = vec![None; usize::from(SLOTS)];
+        let alphabet: Vec<char> = TAG_ALPHABET.iter().map(|&b| char::from(b)).collect();
+        let mut strings: Vec<String> = vec![String::new()];
+        for _ in 1..=4 {
+            strings = strings
+                .iter()
+                .flat_map(|prefix| alphabet.iter().map(move |c| format!("{prefix}{c}")))
+                .take_while(|s| s.len() < 4 || s.as_str() <= last_four)
+                .collect();
+            for s in &strings {
+                let slot = usize::from(slot_of(s));
+                if first_seen[slot].is_none() {
+                    first_seen[slot] = Some(s.clone());
+                }
+                assert!(
+                    order(slot_tag(slot as u16)) <= order(s),
+                    "{s} maps to slot {slot} and comes before its tag {}",
+                    slot_tag(slot as u16)
+                );
+            }
+        }
+        for slot in 0..SLOTS {
+            assert_eq!(
+                first_seen[usize::from(slot)].as_deref(),
+                Some(slot_tag(slot))
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "slot 16384 is out of range")]
+    fn there_is_no_tag_beyond_the_last_slot() {
+        slot_tag(SLOTS);
     }
 
     #[test]

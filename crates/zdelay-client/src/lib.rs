@@ -8,6 +8,7 @@
 //! - [`config`]: the `zdelay.toml` shape, loading and validation;
 //! - [`keys`]: the Redis key layout, the one place key names are built;
 //! - [`lane`]: route lanes of storage layout 2 (being built);
+//! - [`lane_id`]: the ids storage layout 2 generates (`~<lane>.<12 characters>`), not used yet;
 //! - [`envelope`]: the stored job format;
 //! - [`routes`]: which destinations a job may name, and where they lead;
 //! - [`store`]: the connection, the schema check, Redis's clock, and one typed function
@@ -26,6 +27,7 @@ pub mod failpoint;
 pub mod job;
 pub mod keys;
 pub mod lane;
+pub mod lane_id;
 pub mod reshard;
 pub mod routes;
 pub mod schedule;

@@ -18,6 +18,7 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{Cmd, Pipeline, RedisFuture, Value};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// Why the store cannot be used.
@@ -67,6 +68,69 @@ pub enum StoreError {
         shards: u16,
         configured: u16,
     },
+    /// The namespace, or one of its shards, is on a storage layout this build does not know,
+    /// or needs a newer zdelay (`min_version`): nothing was written, and only that version
+    /// or a later one can use it. Not retryable.
+    #[error("{}", too_new_message(namespace, *layout, min_version.as_ref()))]
+    LayoutTooNew {
+        namespace: String,
+        layout: u32,
+        /// The oldest zdelay that may use the namespace, when the namespace names it.
+        min_version: Option<semver::Version>,
+    },
+}
+
+/// This build's version: a namespace whose `min_version` is above it is refused. The daemon
+/// is released with the same version (a test checks they agree).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+static THIS_VERSION: LazyLock<semver::Version> =
+    LazyLock::new(|| semver::Version::parse(VERSION).expect("Cargo versions are semver"));
+
+/// What [`StoreError::LayoutTooNew`] says: the version to run, when the namespace names one.
+fn too_new_message(namespace: &str, layout: u32, min_version: Option<&semver::Version>) -> String {
+    match min_version {
+        Some(min) => format!(
+            "namespace {namespace} needs zdelay {min} or later (storage layout {layout}; this \
+             is zdelay {VERSION}): run zdelay {min} or later"
+        ),
+        None => format!(
+            "namespace {namespace} is on storage layout {layout}, which this build (zdelay \
+             {VERSION}) does not know (it knows layout {LAYOUT_VERSION}): run a newer zdelay"
+        ),
+    }
+}
+
+/// Refuses a namespace whose schema says a layout above this build's or a `min_version`
+/// above [`VERSION`] (fields as stored; a layout that is no number is left to the caller's
+/// own check, which names it).
+fn refuse_newer(
+    keys: &Keys,
+    layout: Option<&str>,
+    min_version: Option<&str>,
+) -> Result<(), StoreError> {
+    let min_version = match min_version {
+        Some(text) => Some(semver::Version::parse(text).map_err(|e| {
+            StoreError::Schema(format!(
+                "{} field min_version holds {text:?}, not a version ({e})",
+                keys.schema()
+            ))
+        })?),
+        None => None,
+    };
+    let layout_number = layout.and_then(|l| l.parse::<u32>().ok());
+    let newer_layout = layout_number.is_some_and(|n| n > LAYOUT_VERSION);
+    let newer_build = min_version
+        .as_ref()
+        .is_some_and(|min| min.cmp_precedence(&THIS_VERSION).is_gt());
+    if newer_layout || newer_build {
+        return Err(StoreError::LayoutTooNew {
+            namespace: keys.namespace().to_owned(),
+            layout: layout_number.unwrap_or(LAYOUT_VERSION),
+            min_version,
+        });
+    }
+    Ok(())
 }
 
 impl StoreError {
@@ -166,22 +230,33 @@ fn tls_hint(e: &redis::RedisError) -> String {
 }
 
 /// What a shard's layout marker (`{ns:s}:shards`, [`Keys::layout`]) says, and what a
-/// script's layout fence answered: the error `ZDELAY_RESHARDED <shards>` or
-/// `ZDELAY_MIGRATING <from> <to>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// script's layout fence answered: the error `ZDELAY_RESHARDED <shards>`,
+/// `ZDELAY_MIGRATING <from> <to>` or `ZDELAY_LAYOUT <layout> <min version>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
     /// The namespace has this many shards.
     Shards(u16),
     /// `zdelay reshard` is moving it from `from` to `to` shards.
     Migrating { from: u16, to: u16 },
+    /// A newer storage layout owns the shard, or is being moved into it: the marker
+    /// `layout <layout> <min version>`, or `upgrading <layout> <min version>` while the
+    /// upgrade runs. This build may not touch it either way, and both read as this variant.
+    Newer {
+        layout: u32,
+        min_version: semver::Version,
+    },
 }
 
 impl Layout {
-    /// The marker's value: `"8"` or `"migrating 4 8"`.
+    /// The marker's value: `"8"`, `"migrating 4 8"` or `"layout 2 0.3.0"`.
     pub fn marker(&self) -> String {
         match self {
             Layout::Shards(n) => n.to_string(),
             Layout::Migrating { from, to } => format!("migrating {from} {to}"),
+            Layout::Newer {
+                layout,
+                min_version,
+            } => format!("layout {layout} {min_version}"),
         }
     }
 
@@ -194,31 +269,60 @@ impl Layout {
                 to: to.parse().ok()?,
             });
         }
+        if let Some(rest) = marker
+            .strip_prefix("layout ")
+            .or_else(|| marker.strip_prefix("upgrading "))
+        {
+            return Layout::newer(rest);
+        }
         marker.parse().ok().map(Layout::Shards)
     }
 
-    /// The layout a script's fence refused the call with, if `e` is such a refusal.
+    /// `<layout> <min version>`, as a marker and a `ZDELAY_LAYOUT` error carry it.
+    fn newer(text: &str) -> Option<Layout> {
+        let (layout, min_version) = text.split_once(' ')?;
+        Some(Layout::Newer {
+            layout: layout.parse().ok()?,
+            min_version: semver::Version::parse(min_version).ok()?,
+        })
+    }
+
+    /// The layout a script's fence refused the call with, if `e` is such a refusal. A
+    /// `ZDELAY_RESHARDED` that carries a newer layout's marker (what the scripts of builds
+    /// that predate `ZDELAY_LAYOUT` answer) reads as that layout.
     pub fn of_error(e: &redis::RedisError) -> Option<Layout> {
-        let detail = e.detail().unwrap_or_default();
+        let detail = e.detail().unwrap_or_default().trim();
         match e.code()? {
-            "ZDELAY_RESHARDED" => detail.trim().parse().ok().map(Layout::Shards),
-            "ZDELAY_MIGRATING" => Layout::parse(&format!("migrating {}", detail.trim())),
+            "ZDELAY_RESHARDED" => match Layout::parse(detail)? {
+                Layout::Migrating { .. } => None,
+                layout => Some(layout),
+            },
+            "ZDELAY_MIGRATING" => Layout::parse(&format!("migrating {detail}")),
+            "ZDELAY_LAYOUT" => Layout::newer(detail),
             _ => None,
         }
     }
 
     /// The error a process set up with `keys` reports for this layout.
     pub fn error(&self, keys: &Keys) -> StoreError {
-        match *self {
+        match self {
             Layout::Migrating { from, to } => StoreError::Resharding {
                 namespace: keys.namespace().to_owned(),
-                from,
-                to,
+                from: *from,
+                to: *to,
             },
             Layout::Shards(shards) => StoreError::Resharded {
                 namespace: keys.namespace().to_owned(),
-                shards,
+                shards: *shards,
                 configured: keys.shards(),
+            },
+            Layout::Newer {
+                layout,
+                min_version,
+            } => StoreError::LayoutTooNew {
+                namespace: keys.namespace().to_owned(),
+                layout: *layout,
+                min_version: Some(min_version.clone()),
             },
         }
     }
@@ -233,20 +337,26 @@ pub struct Schema {
     pub migrating: Option<(u16, u16)>,
     /// The job counts taken when the running reshard froze the namespace.
     pub migrating_counts: Option<String>,
+    /// The oldest zdelay that may use the namespace (written by the build that moves it to a
+    /// newer layout).
+    pub min_version: Option<semver::Version>,
 }
 
-/// Reads `<ns>:schema` (every field absent when it does not exist).
+/// Reads `<ns>:schema` (every field absent when it does not exist). Refuses a namespace on a
+/// newer layout, or that needs a newer zdelay ([`StoreError::LayoutTooNew`]).
 pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreError> {
-    let (layout, shards, migrating, counts): (
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-    ) = redis::cmd("HMGET")
+    let [layout, shards, migrating, counts, min_version]: [Option<String>; 5] = redis::cmd("HMGET")
         .arg(keys.schema())
-        .arg(&["layout", "shards", "migrating", "migrating_counts"])
+        .arg(&[
+            "layout",
+            "shards",
+            "migrating",
+            "migrating_counts",
+            "min_version",
+        ])
         .query_async(con)
         .await?;
+    refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
     let bad = |field: &str, value: &str| {
         StoreError::Schema(format!(
             "{} field {field} holds {value:?}, not what zdelay writes",
@@ -269,6 +379,7 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
         shards,
         migrating,
         migrating_counts: counts,
+        min_version: min_version.and_then(|v| semver::Version::parse(&v).ok()),
     })
 }
 
@@ -585,15 +696,27 @@ pub fn server_name(info: &std::collections::HashMap<String, String>) -> String {
 }
 
 /// Creates `<ns>:schema` if missing and checks it matches this build and `keys`' shard count;
-/// refuses while `zdelay reshard` runs ([`StoreError::Resharding`], retryable).
+/// refuses while `zdelay reshard` runs ([`StoreError::Resharding`], retryable), and a
+/// namespace on a newer layout or that needs a newer zdelay ([`StoreError::LayoutTooNew`]).
 pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError> {
     let key = keys.schema();
+    // One HGET each (not HMGET): a producer's narrowest ACL grants `+hget` on the schema.
+    let read = |pipe: &mut Pipeline| {
+        for field in ["layout", "shards", "migrating", "min_version"] {
+            pipe.hget(&key, field);
+        }
+    };
+    type Fields = (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    );
     let mut pipe = redis::pipe();
-    pipe.hget(&key, "layout")
-        .hget(&key, "shards")
-        .hget(&key, "migrating");
-    type Fields = (Option<String>, Option<String>, Option<String>);
+    read(&mut pipe);
     let mut fields: Fields = pipe.query_async(con).await?;
+    // Before writing anything: a newer layout's schema gets no layout-1 field.
+    refuse_newer(keys, fields.0.as_deref(), fields.3.as_deref())?;
     if fields.0.is_none() || fields.1.is_none() {
         // Written only when missing, so a producer whose ACL may only read the schema
         // connects to a namespace a daemon created (HSETNX needs write access even when it
@@ -602,10 +725,8 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError
         pipe.hset_nx(&key, "layout", LAYOUT_VERSION)
             .ignore()
             .hset_nx(&key, "shards", keys.shards())
-            .ignore()
-            .hget(&key, "layout")
-            .hget(&key, "shards")
-            .hget(&key, "migrating");
+            .ignore();
+        read(&mut pipe);
         fields = pipe.query_async(con).await.map_err(|e| {
             if e.code() == Some("NOPERM") {
                 StoreError::Schema(format!(
@@ -618,7 +739,8 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError
             }
         })?;
     }
-    let (layout, shards, migrating) = fields;
+    let (layout, shards, migrating, min_version) = fields;
+    refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
     if let Some(m) = migrating {
         return Err(match Layout::parse(&format!("migrating {m}")) {
             Some(layout) => layout.error(keys),
@@ -757,11 +879,26 @@ mod tests {
         assert_eq!(server_name(&redis), "redis 7.0.15");
     }
 
+    fn newer(layout: u32, min_version: &str) -> Layout {
+        Layout::Newer {
+            layout,
+            min_version: semver::Version::parse(min_version).unwrap(),
+        }
+    }
+
     #[test]
     fn layout_markers_round_trip() {
-        for layout in [Layout::Shards(8), Layout::Migrating { from: 4, to: 8 }] {
+        for layout in [
+            Layout::Shards(8),
+            Layout::Migrating { from: 4, to: 8 },
+            newer(2, "0.3.0"),
+            newer(3, "1.0.0-rc.1"),
+        ] {
             assert_eq!(Layout::parse(&layout.marker()), Some(layout));
         }
+        assert_eq!(newer(2, "0.3.0").marker(), "layout 2 0.3.0");
+        // While the upgrade moves a shard in, this build may not touch it either.
+        assert_eq!(Layout::parse("upgrading 2 0.3.0"), Some(newer(2, "0.3.0")));
         assert_eq!(Layout::Shards(3).marker(), "3");
         assert_eq!(
             Layout::Migrating { from: 8, to: 3 }.marker(),
@@ -774,6 +911,12 @@ mod tests {
             "migrating 4",
             "migrating a b",
             "70000",
+            "layout",
+            "layout 2",
+            "layout 2 0.3",
+            "layout x 0.3.0",
+            "upgrading 2 v0.3.0",
+            "layout2 0.3.0",
         ] {
             assert_eq!(Layout::parse(bad), None, "{bad}");
         }
@@ -829,6 +972,92 @@ mod tests {
                 .contains("set redis.shards = 8")
         );
         assert_eq!(Layout::of_error(&err("ERR", "8")), None);
+
+        let too_new = err("ZDELAY_LAYOUT", "2 0.3.0");
+        let layout = Layout::of_error(&too_new).unwrap();
+        assert_eq!(layout, newer(2, "0.3.0"));
+        let error = layout.error(&keys);
+        assert!(!error.is_retryable());
+        assert!(matches!(
+            &error,
+            StoreError::LayoutTooNew { layout: 2, min_version: Some(v), .. } if v.to_string() == "0.3.0"
+        ));
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "namespace zdelay needs zdelay 0.3.0 or later (storage layout 2; this is zdelay \
+                 {VERSION}): run zdelay 0.3.0 or later"
+            )
+        );
+        // A build that predates ZDELAY_LAYOUT answers a newer marker as "resharded" to it.
+        let old_script = err("ZDELAY_RESHARDED", "layout 2 0.3.0");
+        assert_eq!(Layout::of_error(&old_script), Some(newer(2, "0.3.0")));
+        let old_script = err("ZDELAY_RESHARDED", "upgrading 2 0.3.0");
+        assert_eq!(Layout::of_error(&old_script), Some(newer(2, "0.3.0")));
+        // Unreadable: left as the plain Redis error it is.
+        assert_eq!(Layout::of_error(&err("ZDELAY_LAYOUT", "2")), None);
+        assert_eq!(Layout::of_error(&err("ZDELAY_LAYOUT", "2 soon")), None);
+        assert_eq!(
+            Layout::of_error(&err("ZDELAY_RESHARDED", "migrating 4 8")),
+            None
+        );
+    }
+
+    #[test]
+    fn a_schema_that_needs_a_newer_build_is_refused() {
+        let keys = Keys::new("zdelay", 4);
+        let refused = |layout: Option<&str>, min: Option<&str>| {
+            refuse_newer(&keys, layout, min).map_err(|e| e.to_string())
+        };
+        // This build's own, or older, or nothing said.
+        assert_eq!(refused(Some("1"), None), Ok(()));
+        assert_eq!(refused(None, None), Ok(()));
+        assert_eq!(refused(Some("1"), Some(VERSION)), Ok(()));
+        assert_eq!(refused(Some("1"), Some("0.0.1")), Ok(()));
+        // A pre-release of this version is older than it; build metadata does not count.
+        let this = THIS_VERSION.clone();
+        let pre = format!("{}.{}.{}-rc.1", this.major, this.minor, this.patch);
+        assert_eq!(refused(Some("1"), Some(&pre)), Ok(()));
+        assert_eq!(
+            refused(Some("1"), Some(&format!("{VERSION}+build.7"))),
+            Ok(())
+        );
+        // Newer: by version (compared as versions, not as text), by layout, or both.
+        let next_patch = format!("{}.{}.{}", this.major, this.minor, this.patch + 1);
+        for min in ["9.9.9", next_patch.as_str(), "0.10.0"] {
+            if semver::Version::parse(min).unwrap() <= this {
+                continue;
+            }
+            let e = refused(Some("1"), Some(min)).unwrap_err();
+            assert_eq!(
+                e,
+                format!(
+                    "namespace zdelay needs zdelay {min} or later (storage layout 1; this is \
+                     zdelay {VERSION}): run zdelay {min} or later"
+                )
+            );
+        }
+        let e = refused(Some("2"), Some("9.9.9")).unwrap_err();
+        assert!(
+            e.contains("needs zdelay 9.9.9 or later (storage layout 2"),
+            "{e}"
+        );
+        let e = refused(Some("2"), None).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "namespace zdelay is on storage layout 2, which this build (zdelay {VERSION}) \
+                 does not know (it knows layout 1): run a newer zdelay"
+            )
+        );
+        // A version that is none: named as such.
+        let e = refused(Some("1"), Some("0.3")).unwrap_err();
+        assert!(
+            e.starts_with("zdelay:schema field min_version holds \"0.3\", not a version"),
+            "{e}"
+        );
+        // A layout that is no number is the caller's to name (as before).
+        assert_eq!(refused(Some("x"), None), Ok(()));
     }
 
     #[test]

@@ -2254,18 +2254,36 @@ mod tests {
                 .lines()
                 .skip_while(|l| l.starts_with("--") || l.is_empty())
                 .collect();
-            let fence = format!("local layout = redis.call('GET', KEYS[{}])", keys.len());
+            // The whole fence, word for word: a newer layout's marker (`layout …`, `upgrading
+            // …`) is refused as such in every script, before anything is read or written.
+            let fence = format!(
+                "local layout = redis.call('GET', KEYS[{}])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
+  if newer then
+    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end",
+                keys.len()
+            );
+            let fence: Vec<&str> = fence.lines().collect();
             assert!(
-                body.first() == Some(&fence.as_str()),
+                body.get(..fence.len()) == Some(&fence[..]),
                 "{name}: the body opens with the layout fence on KEYS[{}]: {:?}",
                 keys.len(),
-                body.get(..3)
+                body.get(..fence.len())
             );
-            assert!(source.contains("layout ~= ARGV[1]"), "{name}");
-            assert!(source.contains("ZDELAY_RESHARDED") && source.contains("ZDELAY_MIGRATING"));
             assert!(
                 source.contains("-- ARGV[1] the caller's shard count"),
                 "{name}"
+            );
+            assert!(
+                source.contains("--   or ZDELAY_LAYOUT <layout> <min version>"),
+                "{name}: the header names every refusal"
             );
         }
         // Every other shard script is zdelay reshard's own, checking the migration's marker.
