@@ -16,6 +16,7 @@ use std::time::Instant;
 use zdelay_client::job::{Due, OnConflict};
 use zdelay_client::keys::Keys;
 use zdelay_client::lane::Lane;
+use zdelay_client::lane_id::StoredId;
 use zdelay_client::store::Conn;
 use zdelay_client::store::scripts::{self, LaneItem, MoveLane};
 
@@ -23,75 +24,60 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
     let n = env.args.jobs;
     let size = env.payload_size();
     let out = env.scratch.out.clone();
-    let lane = env.scratch.lane.clone();
+    let lane = register(&mut env.con, &env.scratch.keys, &env.scratch.lane).await?;
     let short: Vec<String> = (0..n).map(stored_id).collect();
     let ulids = zdelay_client::client::IdGenerator::default();
     let long: Vec<String> = (0..n).map(|_| ulids.next()).collect();
-    let bare = &env.scratch.bare;
     let mut rounds = Vec::new();
-    for round in 1..=env.args.rounds {
-        status(&format!("lane, round {round}: move_lane"));
-        let now = env.redis_now_ms();
-        let due = |i: u64| backlog_due(i, n, now);
-        load_lane(&mut env.con, &lane, &short, size, due, "enqueue_lane").await?;
-        let started = Instant::now();
-        let cpu0 = redis_cpu(&mut env.con).await?;
-        let (moved, calls) =
-            drain_lane(&mut env.con, &lane, env.batch, env.args.payload_size).await?;
-        let lane_run = Throughput::new(
-            moved,
-            started.elapsed(),
-            redis_cpu(&mut env.con).await? - cpu0,
-            calls,
-        );
-        ensure!(
-            moved == n && llen(&mut env.con, &out).await? == n,
-            "lane moved {moved} of {n}"
-        );
-        env.scratch.clean(&mut env.con, false).await?;
-
-        let mut bare_runs = Vec::new();
-        for (what, ids) in [
-            ("bare, 26-character ids", &long),
-            ("bare, the lane's ids", &short),
-        ] {
-            status(&format!("lane, round {round}: {what}"));
-            load_bare(&mut env.con, bare, ids, size, due, what).await?;
-            let max_score = env.redis_now_ms();
-            let started = Instant::now();
-            let cpu0 = redis_cpu(&mut env.con).await?;
-            let (mut moved, mut calls) = (0u64, 0u64);
-            loop {
-                let got = scripts::bench_bare_move_hash(
-                    &mut env.con,
-                    &bare.due(0),
-                    &bare.jobs(0),
-                    &out,
-                    env.batch,
-                    max_score,
-                )
-                .await?;
-                calls += 1;
-                moved += got;
-                if got < env.batch as u64 {
-                    break;
+    for round in 0..env.args.rounds {
+        // Each round runs the three in another order, so none always runs first (on fresh
+        // allocator state) or last.
+        let mut runs: [Option<Throughput>; 3] = [None, None, None];
+        for k in 0..3 {
+            let variant = (k + round) % 3;
+            let what = [
+                "move_lane",
+                "bare, 26-character ids",
+                "bare, the lane's ids",
+            ][variant];
+            status(&format!("lane, round {}: {what}", round + 1));
+            let now = env.redis_now_ms();
+            let due = |i: u64| backlog_due(i, n, now);
+            let keys = env.scratch.keys.clone();
+            let max_score = env.redis_now_ms() + 1;
+            let mut probe = env.con.clone();
+            let con = &mut env.con;
+            let run = match variant {
+                0 => {
+                    load_lane(con, &keys, &lane, &short, size, due, what).await?;
+                    timed(
+                        &mut probe,
+                        n,
+                        drain_lane(con, &lane, env.batch, env.args.payload_size),
+                    )
+                    .await?
                 }
-            }
-            let run = Throughput::new(
-                moved,
-                started.elapsed(),
-                redis_cpu(&mut env.con).await? - cpu0,
-                calls,
-            );
+                _ => {
+                    let ids = if variant == 1 { &long } else { &short };
+                    load_bare(con, &env.scratch.bare, ids, size, due, what).await?;
+                    timed(
+                        &mut probe,
+                        n,
+                        drain_bare(con, &env.scratch.bare, &out, env.batch, max_score),
+                    )
+                    .await?
+                }
+            };
             ensure!(
-                moved == n && llen(&mut env.con, &out).await? == n,
-                "{what}: moved {moved} of {n}"
+                llen(&mut env.con, &out).await? == n,
+                "{what}: the list has not every job"
             );
             env.scratch.clean(&mut env.con, false).await?;
-            bare_runs.push(run);
+            runs[variant] = Some(run);
         }
-        let bare_same = bare_runs.pop().expect("two runs");
-        let bare_26 = bare_runs.pop().expect("two runs");
+        let [Some(lane_run), Some(bare_26), Some(bare_same)] = runs else {
+            unreachable!("every variant ran")
+        };
         rounds.push((lane_run, bare_26, bare_same));
     }
     let ratio = |r: &(Throughput, Throughput, Throughput)| r.0.jobs_per_sec / r.1.jobs_per_sec;
@@ -118,35 +104,38 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
     })
 }
 
-/// A 12-character stored id of the lane alphabet (ASCII order = numeric order), unique per
-/// `i`, the shape `enqueue` generates.
+/// The `i`-th stored id of one generator in one millisecond range, the shape `enqueue`
+/// generates in layout 2 (12 characters; ASCII order = generation order).
 fn stored_id(i: u64) -> String {
-    const ALPHABET: &[u8; 64] = b"-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz";
-    // A fixed millisecond field in the high bits, the sequence in the low ones.
-    let v: u128 = (0x2A5F_3C11_u128 << 30) | u128::from(i);
-    (0..12)
-        .rev()
-        .map(|k| ALPHABET[((v >> (6 * k)) & 63) as usize] as char)
-        .collect()
+    let (ms, counter) = (600_000_000_000 + (i >> 16), (i & 0xffff) as u16);
+    StoredId::from_parts(ms, 0x155, counter)
+        .expect("fields in range")
+        .as_str()
+        .to_owned()
 }
 
-async fn register(con: &mut Conn, lane: &Lane) -> redis::RedisResult<()> {
-    redis::cmd("SET")
-        .arg(&lane.keys.marker)
-        .arg(lane.marker())
-        .query_async(con)
-        .await
+/// Registers the bench route's lane in the scratch namespace's registry (which writes its
+/// marker: the scratch clean-up deletes it with the data).
+async fn register(con: &mut Conn, keys: &Keys, lane: &Lane) -> anyhow::Result<Lane> {
+    let (registered, _) =
+        zdelay_client::lane::register(con, keys, &lane.route, &lane.list, lane.push).await?;
+    ensure!(
+        registered.keys == lane.keys,
+        "the registry placed the bench lane elsewhere"
+    );
+    Ok(registered)
 }
 
 async fn load_lane(
     con: &mut Conn,
+    keys: &Keys,
     lane: &Lane,
     ids: &[String],
     size: usize,
     due: impl Fn(u64) -> i64,
     what: &str,
 ) -> anyhow::Result<()> {
-    register(con, lane).await?;
+    register(con, keys, lane).await?;
     let progress = bar(ids.len() as u64, what);
     for (c, chunk) in ids.chunks(1000).enumerate() {
         let base = (c * 1000) as u64;
@@ -175,6 +164,41 @@ async fn load_lane(
     }
     progress.finish_and_clear();
     Ok(())
+}
+
+/// Times a drain (wall and Redis CPU) that must move all `n` jobs.
+async fn timed(
+    con: &mut Conn,
+    n: u64,
+    drain: impl std::future::Future<Output = anyhow::Result<(u64, u64)>>,
+) -> anyhow::Result<Throughput> {
+    let cpu0 = redis_cpu(con).await?;
+    let started = Instant::now();
+    let (moved, calls) = drain.await?;
+    let elapsed = started.elapsed();
+    let cpu = redis_cpu(con).await? - cpu0;
+    ensure!(moved == n, "moved {moved} of {n}");
+    Ok(Throughput::new(n, elapsed, cpu, calls))
+}
+
+async fn drain_bare(
+    con: &mut Conn,
+    bare: &Keys,
+    out: &str,
+    batch: usize,
+    max_score: i64,
+) -> anyhow::Result<(u64, u64)> {
+    let (mut moved, mut calls) = (0u64, 0u64);
+    loop {
+        let got =
+            scripts::bench_bare_move_hash(con, &bare.due(0), &bare.jobs(0), out, batch, max_score)
+                .await?;
+        calls += 1;
+        moved += got;
+        if got < batch as u64 {
+            return Ok((moved, calls));
+        }
+    }
 }
 
 async fn drain_lane(
@@ -254,7 +278,7 @@ async fn memory(
         status(what);
         env.scratch.clean(&mut env.con, false).await?;
         let before = used_memory(&mut env.con).await?;
-        load_lane(&mut env.con, lane, ids, size, due, what).await?;
+        load_lane(&mut env.con, &env.scratch.keys, lane, ids, size, due, what).await?;
         let after = used_memory(&mut env.con).await?;
         per_job.push((after - before) as f64 / n as f64);
         env.scratch.clean(&mut env.con, false).await?;

@@ -72,6 +72,7 @@ impl Scratch {
             k.instance_sources(),
             k.sink_states(),
             k.activity(),
+            k.lanes(),
         ]
     }
 
@@ -110,12 +111,8 @@ impl Scratch {
 
 /// The bench route's lane onto `list`, tagged for the list's slot.
 fn bench_lane(namespace: &str, list: &str) -> Lane {
-    let slot = keys::slot_of(list);
-    let tag = (0u32..)
-        .map(|i| format!("{i:x}"))
-        .find(|t| keys::slot_of(&format!("{{{t}}}")) == slot)
-        .expect("every slot has a tag");
-    Lane::new(namespace, &tag, 0, super::ROUTE, list, Push::default())
+    let tag = keys::slot_tag(keys::slot_of(list));
+    Lane::new(namespace, tag, 0, super::ROUTE, list, Push::default())
 }
 
 #[cfg(test)]

@@ -369,3 +369,75 @@ fn the_byte_budget_holds_with_large_payloads_waiting() {
         .unwrap();
     assert_eq!(left, 0, "delivered payloads leave the large set");
 }
+
+#[test]
+fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot() {
+    use zdelay::keys::{Keys, slot_of, slot_tag};
+    use zdelay::lane::{read_registry, register};
+    use zdelay::store::scripts::LaneChange;
+    let mut s = setup();
+    let keys = Keys::new("zdelay", 16);
+    let mut reg = |list: &str, push: Push| {
+        s.rt.block_on(register(&mut s.con, &keys, "emails", list, push))
+    };
+    let (lane, change) = reg("{q}emails", Push::Lpush).expect("register");
+    assert_eq!((lane.number, change), (1, LaneChange::New));
+    assert!(
+        lane.keys
+            .due
+            .starts_with(&format!("zdelay:{{{}}}:", slot_tag(slot_of("{q}emails"))))
+    );
+    let (again, change) = reg("{q}emails", Push::Lpush).expect("register");
+    assert_eq!((again, change), (lane.clone(), LaneChange::Same));
+    // Another list in the same slot: the lane stays, its marker follows.
+    let (same_slot, change) = reg("{q}mails", Push::Rpush).expect("register");
+    assert_eq!((same_slot.number, change), (1, LaneChange::Updated));
+    let mut con = s.redis.conn();
+    let marker: String = redis::cmd("GET")
+        .arg(&lane.keys.marker)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(marker, "2 1 RPUSH {q}mails");
+    // Another slot: a new lane, the old one retired (its marker sends callers on).
+    let (moved, change) = reg("other-list", Push::Lpush).expect("register");
+    assert_eq!(
+        (moved.number, change),
+        (2, LaneChange::Moved { from: "1".into() })
+    );
+    let marker: String = redis::cmd("GET")
+        .arg(&lane.keys.marker)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(marker, "retired 2");
+    let registry =
+        s.rt.block_on(read_registry(&mut s.con, &keys))
+            .expect("read");
+    assert_eq!(registry.by_route.get("emails"), Some(&moved));
+    assert_eq!(registry.lane(2), Some(&moved));
+    assert_eq!(registry.lane(1), None, "a retired lane is not live");
+
+    // A move while the lane holds jobs is refused, changing nothing.
+    let now = redis_now_ms(&mut con);
+    s.rt.block_on(scripts::enqueue_lane(
+        &mut s.con,
+        &moved,
+        OnConflict::Error,
+        "zdelay:wake",
+        &[item("waiting", now + 60_000, b"p")],
+    ))
+    .expect("enqueue");
+    let e =
+        s.rt.block_on(register(
+            &mut s.con,
+            &keys,
+            "emails",
+            "{q}emails",
+            Push::Lpush,
+        ))
+        .expect_err("refused");
+    assert!(e.to_string().contains("still holds 1 waiting jobs"), "{e}");
+    let registry =
+        s.rt.block_on(read_registry(&mut s.con, &keys))
+            .expect("read");
+    assert_eq!(registry.by_route.get("emails"), Some(&moved));
+}

@@ -167,6 +167,12 @@ impl Keys {
         format!("{}:schema", self.namespace)
     }
 
+    /// HASH: the lane registry of storage layout 2: route → its lane (`r:<route>`), lane
+    /// number → what it holds (`#<lane>`), and the last number given out (`next`).
+    pub fn lanes(&self) -> String {
+        format!("{}:lanes", self.namespace)
+    }
+
     /// HASH: sink name → its last health as JSON (`{"kind","up","error","at"}`), written by
     /// the daemons' sink checkers, read by `zdelay stats`. In the registry's slot, so on a
     /// cluster the daemons' own bookkeeping needs one node besides the schema's.

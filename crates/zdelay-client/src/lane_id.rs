@@ -192,7 +192,8 @@ impl std::str::FromStr for LaneId {
 }
 
 /// `n` in base 36, lowercase, no leading zeros.
-fn base36(mut n: u32) -> String {
+/// A lane number as written in ids, markers and wake messages: base 36, `0`–`9` then `a`–`z`.
+pub fn base36(mut n: u32) -> String {
     let mut digits = Vec::new();
     loop {
         digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);

@@ -71,6 +71,7 @@ scripts!(
     bench_bare_move_hash,
     enqueue_lane,
     move_lane,
+    register_lane,
     claim_slots,
     release_slots,
     upsert_schedule,
@@ -1804,6 +1805,52 @@ pub async fn bench_bare_move_raw(
         .arg(max_score)
         .invoke(con)
         .await
+}
+
+/// What `register_lane` did with a route's registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaneChange {
+    /// First registration: a new lane.
+    New,
+    /// Registered as it was.
+    Same,
+    /// Same slot, another list key or push command: the lane stays, its marker changes.
+    Updated,
+    /// Its list moved to another slot: a new lane; the old one (this number) is retired.
+    Moved { from: String },
+}
+
+/// Registers a local route's lane in `registry` (see `register_lane.lua`): its lane number
+/// in base 36 and what changed.
+pub async fn register_lane(
+    con: &mut Conn,
+    registry: &str,
+    route: &str,
+    slot: u16,
+    push: Push,
+    list: &str,
+) -> redis::RedisResult<(String, LaneChange)> {
+    let (lane, change, from): (String, String, String) = Call::new(&compiled::register_lane)
+        .key(registry)
+        .arg(route)
+        .arg(slot)
+        .arg(push.command())
+        .arg(list)
+        .invoke(con)
+        .await?;
+    let change = match change.as_str() {
+        "new" => LaneChange::New,
+        "same" => LaneChange::Same,
+        "updated" => LaneChange::Updated,
+        "moved" => LaneChange::Moved { from },
+        other => {
+            return Err(protocol_error(
+                "register_lane reply",
+                &Value::SimpleString(other.to_owned()),
+            ));
+        }
+    };
+    Ok((lane, change))
 }
 
 /// One job for a route lane (`enqueue_lane`).

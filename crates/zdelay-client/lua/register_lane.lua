@@ -1,0 +1,46 @@
+-- register_lane: give a local route its lane in the namespace's lane registry (storage layout 2),
+-- or confirm the one it has. Lane numbers are given out once and never reused.
+-- KEYS[1] registry HASH zdelay:lanes  "r:<route>" -> "<lane> local <slot> <LPUSH|RPUSH> <list key>",
+--                                      "#<lane>" -> "<route> <slot> live|retired",
+--                                      "next" -> the last lane number given out
+-- ARGV[1] route name; ARGV[2] the slot of its list; ARGV[3] "LPUSH" | "RPUSH"; ARGV[4] the list key
+-- Returns: { lane number (base 36), what happened: "new" (first registration), "same" (nothing
+--   changed), "updated" (same slot, another list key or push: the caller rewrites the marker),
+--   "moved" (another slot: a new lane; the old one is retired), the old lane's number ("" unless
+--   moved) }
+-- Re-run safety: yes; a second run finds its own registration ("same").
+
+local registry = KEYS[1]
+local route, slot, push, list = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local function base36(n)
+  local digits = '0123456789abcdefghijklmnopqrstuvwxyz'
+  local out = ''
+  repeat
+    local d = n % 36
+    out = string.sub(digits, d + 1, d + 1) .. out
+    n = math.floor(n / 36)
+  until n == 0
+  return out
+end
+
+local entry_of = function(lane) return lane .. ' local ' .. slot .. ' ' .. push .. ' ' .. list end
+local old = redis.call('HGET', registry, 'r:' .. route)
+if old then
+  local lane, old_slot = string.match(old, '^(%w+) local (%d+) ')
+  if lane and old_slot == slot then
+    local entry = entry_of(lane)
+    if entry == old then return { lane, 'same', '' } end
+    redis.call('HSET', registry, 'r:' .. route, entry)
+    return { lane, 'updated', '' }
+  end
+  local new = base36(redis.call('HINCRBY', registry, 'next', 1))
+  redis.call('HSET', registry, 'r:' .. route, entry_of(new), '#' .. new, route .. ' ' .. slot .. ' live')
+  if lane then
+    redis.call('HSET', registry, '#' .. lane, route .. ' ' .. old_slot .. ' retired')
+  end
+  return { new, 'moved', lane or '' }
+end
+local new = base36(redis.call('HINCRBY', registry, 'next', 1))
+redis.call('HSET', registry, 'r:' .. route, entry_of(new), '#' .. new, route .. ' ' .. slot .. ' live')
+return { new, 'new', '' }
