@@ -7,7 +7,7 @@
 //! mover, so every drain here is one call at a time.
 
 use super::load::{backlog_due, bar, payload, status};
-use super::measure::{llen, redis_cpu, used_memory};
+use super::measure::{llen, redis_cpu_at, used_memory_at};
 use super::report::{LANE_RATIO_TARGET, LaneBench, LaneMemory, Throughput};
 use super::{Env, MEMORY_AIM_BYTES, MEMORY_AIM_PAYLOAD};
 use crate::metrics::LATENESS_BOUNDS_MS;
@@ -52,6 +52,7 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
                     load_lane(con, &keys, &lane, &short, size, due, what).await?;
                     timed(
                         &mut probe,
+                        &out,
                         n,
                         drain_lane(con, &lane, env.batch, env.args.payload_size),
                     )
@@ -59,11 +60,12 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
                 }
                 _ => {
                     let ids = if variant == 1 { &long } else { &short };
-                    load_bare(con, &env.scratch.bare, ids, size, due, what).await?;
+                    load_bare(con, &env.scratch.lane_bare, ids, size, due, what).await?;
                     timed(
                         &mut probe,
+                        &out,
                         n,
-                        drain_bare(con, &env.scratch.bare, &out, env.batch, max_score),
+                        drain_bare(con, &env.scratch.lane_bare, &out, env.batch, max_score),
                     )
                     .await?
                 }
@@ -169,21 +171,22 @@ async fn load_lane(
 /// Times a drain (wall and Redis CPU) that must move all `n` jobs.
 async fn timed(
     con: &mut Conn,
+    list: &str,
     n: u64,
     drain: impl std::future::Future<Output = anyhow::Result<(u64, u64)>>,
 ) -> anyhow::Result<Throughput> {
-    let cpu0 = redis_cpu(con).await?;
+    let cpu0 = redis_cpu_at(con, list).await?;
     let started = Instant::now();
     let (moved, calls) = drain.await?;
     let elapsed = started.elapsed();
-    let cpu = redis_cpu(con).await? - cpu0;
+    let cpu = redis_cpu_at(con, list).await? - cpu0;
     ensure!(moved == n, "moved {moved} of {n}");
     Ok(Throughput::new(n, elapsed, cpu, calls))
 }
 
 async fn drain_bare(
     con: &mut Conn,
-    bare: &Keys,
+    bare: &(String, String),
     out: &str,
     batch: usize,
     max_score: i64,
@@ -191,8 +194,7 @@ async fn drain_bare(
     let (mut moved, mut calls) = (0u64, 0u64);
     loop {
         let got =
-            scripts::bench_bare_move_hash(con, &bare.due(0), &bare.jobs(0), out, batch, max_score)
-                .await?;
+            scripts::bench_bare_move_hash(con, &bare.0, &bare.1, out, batch, max_score).await?;
         calls += 1;
         moved += got;
         if got < batch as u64 {
@@ -230,10 +232,10 @@ async fn drain_lane(
     }
 }
 
-/// The jobs in one bare id ZSET + payload HASH (one pair: one lane's shape).
+/// The jobs in one bare id ZSET + payload HASH in the lane's slot (one pair: one lane's shape).
 async fn load_bare(
     con: &mut Conn,
-    bare: &Keys,
+    bare: &(String, String),
     ids: &[String],
     size: usize,
     due: impl Fn(u64) -> i64,
@@ -243,12 +245,12 @@ async fn load_bare(
     for (c, chunk) in ids.chunks(10_000).enumerate() {
         let base = (c * 10_000) as u64;
         let mut pipe = redis::pipe();
-        let zadd = pipe.cmd("ZADD").arg(bare.due(0));
+        let zadd = pipe.cmd("ZADD").arg(&bare.0);
         for (k, id) in chunk.iter().enumerate() {
             zadd.arg(due(base + k as u64)).arg(id);
         }
         zadd.ignore();
-        let hset = pipe.cmd("HSET").arg(bare.jobs(0));
+        let hset = pipe.cmd("HSET").arg(&bare.1);
         for (k, id) in chunk.iter().enumerate() {
             hset.arg(id).arg(payload(base + k as u64, size));
         }
@@ -277,9 +279,9 @@ async fn memory(
     ] {
         status(what);
         env.scratch.clean(&mut env.con, false).await?;
-        let before = used_memory(&mut env.con).await?;
+        let before = used_memory_at(&mut env.con, &lane.list).await?;
         load_lane(&mut env.con, &env.scratch.keys, lane, ids, size, due, what).await?;
-        let after = used_memory(&mut env.con).await?;
+        let after = used_memory_at(&mut env.con, &lane.list).await?;
         per_job.push((after - before) as f64 / n as f64);
         env.scratch.clean(&mut env.con, false).await?;
     }

@@ -7,7 +7,35 @@ use zdelay_client::store::{self, Conn};
 
 /// used_cpu_sys + used_cpu_user of the Redis process, seconds.
 pub(super) async fn redis_cpu(con: &mut Conn) -> anyhow::Result<f64> {
-    let info = store::info(con, "cpu").await?;
+    cpu_of(&store::info(con, "cpu").await?)
+}
+
+/// The same on the master serving `key` (the one server on one Redis).
+pub(super) async fn redis_cpu_at(con: &mut Conn, key: &str) -> anyhow::Result<f64> {
+    cpu_of(&info_at(con, key, "cpu").await?)
+}
+
+/// `used_memory` of the master serving `key`.
+pub(super) async fn used_memory_at(con: &mut Conn, key: &str) -> anyhow::Result<i64> {
+    info_at(con, key, "memory")
+        .await?
+        .get("used_memory")
+        .and_then(|v| v.parse().ok())
+        .context("INFO memory has no used_memory")
+}
+
+async fn info_at(
+    con: &mut Conn,
+    key: &str,
+    section: &str,
+) -> anyhow::Result<std::collections::HashMap<String, String>> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg(section);
+    let text: String = redis::from_redis_value(con.on_node_of(key.as_bytes(), cmd).await?)?;
+    Ok(store::parse_info(&text))
+}
+
+fn cpu_of(info: &std::collections::HashMap<String, String>) -> anyhow::Result<f64> {
     let get = |k: &str| -> anyhow::Result<f64> {
         info.get(k)
             .and_then(|v| v.parse().ok())

@@ -119,7 +119,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
             batch <= 1000,
             "--daemons: the daemon allows --batch up to 1000"
         );
-    } else if cluster && args.route.is_none() {
+    } else if cluster && args.route.is_none() && args.mode != Mode::Lane {
         bail!(
             "redis.cluster_nodes is set: the in-process modes need one Redis (their bare \
              baselines and raw source push across slots); on a cluster run \

@@ -17,6 +17,8 @@ pub(super) struct Scratch {
     pub(super) out: String,
     /// The bench route's lane (storage layout 2 preview), delivering to `out`.
     pub(super) lane: Lane,
+    /// The bare id ZSET and payload HASH the lane is compared with, in its slot.
+    pub(super) lane_bare: (String, String),
 }
 
 impl Scratch {
@@ -26,6 +28,13 @@ impl Scratch {
             bare: Keys::new(&format!("{namespace}:bare"), shards),
             raw: RawKeys::new(&format!("{namespace}:raw"), None),
             lane: bench_lane(namespace, &format!("{namespace}:out")),
+            lane_bare: {
+                let tag = keys::slot_tag(keys::slot_of(&format!("{namespace}:out")));
+                (
+                    format!("{namespace}:{{{tag}}}:bare_due"),
+                    format!("{namespace}:{{{tag}}}:bare_jobs"),
+                )
+            },
             out: format!("{namespace}:out"),
         }
     }
@@ -52,6 +61,7 @@ impl Scratch {
         let lane = self.lane.keys.clone();
         out.extend([lane.due, lane.jobs, lane.meta, lane.maxlate, lane.large]);
         out.extend([lane.dead, lane.reasons, lane.sched_due, lane.marker]);
+        out.extend([self.lane_bare.0.clone(), self.lane_bare.1.clone()]);
         out.extend([
             self.raw.source.clone(),
             self.raw.dead.clone(),

@@ -133,3 +133,20 @@ fn bench_in_process_on_a_cluster_points_at_daemons() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--daemons"), "{err}");
 }
+
+/// The route-lane preview on a cluster: the lane lives in its list's slot, so enqueue and
+/// move run there without CROSSSLOT, every job reaches the list, and the comparison with the
+/// bare moves and the memory are measured on the list's master.
+#[test]
+fn bench_lane_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let config = cluster.config(4, "");
+    let report = bench(&config, &["--mode", "lane", "--jobs", "3000"]);
+    let lane = &report["lane"];
+    for run in ["lane", "bare_26", "bare_same_ids"] {
+        assert_eq!(lane[run]["jobs"], 3000, "{lane:#}");
+        assert!(lane[run]["redis_cpu_seconds"].as_f64().unwrap() > 0.0, "{lane:#}");
+    }
+    let memory = lane["memory"]["generated_id_bytes_per_job"].as_f64().unwrap();
+    assert!((150.0..500.0).contains(&memory), "{lane:#}");
+}

@@ -441,3 +441,29 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
             .expect("read");
     assert_eq!(registry.by_route.get("emails"), Some(&moved));
 }
+
+#[test]
+fn a_missing_payload_on_the_fast_path_dies_alone() {
+    let mut s = setup();
+    let now = redis_now_ms(&mut s.redis.conn());
+    s.enqueue(
+        OnConflict::Error,
+        &[item("a", now - 30, b"first"), item("c", now - 10, b"third")],
+    )
+    .expect("enqueue");
+    // Between them, a job whose payload vanished; payloads are small, so the mover reads
+    // without checking each one and finds out from the push.
+    let _: () = redis::cmd("ZADD")
+        .arg(&s.lane.keys.due)
+        .arg(now - 20)
+        .arg("ghost")
+        .query(&mut s.redis.conn())
+        .unwrap();
+    let reply = s.move_at(None, 1 << 20, 4 << 20).expect("move");
+    assert_eq!((reply.taken, reply.moved_total()), (3, 2), "{reply:?}");
+    assert_eq!(reply.dead, [0, 0, 0, 0, 1, 0]);
+    assert_eq!(
+        lrange(&mut s.redis.conn(), "q:emails"),
+        vec![b"third".to_vec(), b"first".to_vec()]
+    );
+}

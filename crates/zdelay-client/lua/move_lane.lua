@@ -68,20 +68,24 @@ local moved, max_lateness, kept, kept_error = 0, 0, 0, ''
 local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', 0, batch)
 local n = #ids
 
--- The payloads of ids[1..] within the byte budget, in chunks of as many ids as the rest of
--- the budget holds at the largest size a payload of this lane can have: SMALL while the
--- lane's `large` set is empty (producers list there every payload over SMALL bytes), else
--- max_payload. So a payload is never read only to be left, and the common batch is one
--- HMGET. Once a payload over LARGE was seen, one at a time (Redis copies what came before
--- each value of a multi-value reply). Returns them, how many ids they cover (at least one),
--- and whether every one is present and within max_payload.
+-- The payloads of ids[1..] within the byte budget. While the lane's `large` set is empty
+-- (producers list there every payload over SMALL bytes) and max_payload is at least SMALL,
+-- no payload can be over the budget's share or over max_payload: one HMGET of as many ids as
+-- the budget holds at SMALL each, with no per-job check (a missing payload makes the push
+-- fail, and the general path sorts it out). Otherwise in chunks of as many ids as the rest
+-- of the budget holds at max_payload each, so a payload is never read only to be left; once
+-- one over LARGE was seen, one at a time (Redis copies what came before each value of a
+-- multi-value reply). Returns them, how many ids they cover (at least one), and whether
+-- every one is known to be present and within max_payload (nil: not checked).
 local SMALL, LARGE = 4096, 65536
 local function read_payloads()
-  local per = max_payload
-  if per > SMALL and redis.call('EXISTS', large_key) == 0 then per = SMALL end
+  if max_payload >= SMALL and redis.call('EXISTS', large_key) == 0 then
+    local count = math.min(n, math.max(1, math.floor(budget_left / SMALL)))
+    return redis.call('HMGET', jobs_key, unpack(ids, 1, count)), count, nil
+  end
   local payloads, count, largest, clean = nil, 0, 0, true
   while count < n do
-    local chunk = math.min(n - count, math.max(1, math.floor(budget_left / per)))
+    local chunk = math.min(n - count, math.max(1, math.floor(budget_left / max_payload)))
     if largest >= LARGE then chunk = 1 end
     local part = redis.call('HMGET', jobs_key, unpack(ids, count + 1, count + chunk))
     if count == 0 then payloads = part end
@@ -132,9 +136,10 @@ if n > 0 then
   local clean
   payloads, n, clean = read_payloads()
   for i = #ids, n + 1, -1 do ids[i] = nil end
-  -- Fast path: every payload present and within max_payload, no max lateness in the lane.
-  if clean and redis.call('EXISTS', maxlate_key) == 0 then
-    -- A failed push (not a list, out of memory) changed nothing: the general path sorts it out.
+  -- Fast path: no payload known to be missing or over max_payload, no max lateness in the lane.
+  if clean ~= false and redis.call('EXISTS', maxlate_key) == 0 then
+    -- A failed push (a missing payload, not a list, out of memory) changed nothing: the
+    -- general path sorts it out.
     local res = redis.pcall(push, list_key, unpack(payloads, 1, n))
     if not (type(res) == 'table' and res.err) then
       moved = n
