@@ -75,6 +75,10 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
                 "{what}: the list has not every job"
             );
             env.scratch.clean(&mut env.con, false).await?;
+            status(&format!(
+                "  {what}: {:.0} jobs/s, {:.2} Redis CPU s per million",
+                run.jobs_per_sec, run.redis_cpu_s_per_million
+            ));
             runs[variant] = Some(run);
         }
         let [Some(lane_run), Some(bare_26), Some(bare_same)] = runs else {

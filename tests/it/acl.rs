@@ -326,6 +326,11 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
         ))
         .expect("enqueue_batch as producer");
     assert!(results.iter().all(Result::is_ok), "{results:?}");
+    // What a producer does after a reshard refused it: read the layout again.
+    let keys = rt
+        .block_on(lib.refresh_layout())
+        .expect("a producer reads the layout again");
+    assert_eq!(keys.shards(), 4);
 
     let mut as_producer = redis::Client::open(producer_url.as_str())
         .and_then(|c| c.get_connection())

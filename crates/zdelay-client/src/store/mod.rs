@@ -345,17 +345,18 @@ pub struct Schema {
 /// Reads `<ns>:schema` (every field absent when it does not exist). Refuses a namespace on a
 /// newer layout, or that needs a newer zdelay ([`StoreError::LayoutTooNew`]).
 pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreError> {
-    let [layout, shards, migrating, counts, min_version]: [Option<String>; 5] = redis::cmd("HMGET")
-        .arg(keys.schema())
-        .arg(&[
-            "layout",
-            "shards",
-            "migrating",
-            "migrating_counts",
-            "min_version",
-        ])
-        .query_async(con)
-        .await?;
+    // One HGET a field, pipelined: the producer's ACL grants HGET, not HMGET.
+    let mut pipe = redis::pipe();
+    for field in ["layout", "shards", "migrating", "migrating_counts", "min_version"] {
+        pipe.hget(keys.schema(), field);
+    }
+    let (layout, shards, migrating, counts, min_version): (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ) = pipe.query_async(con).await?;
     refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
     let bad = |field: &str, value: &str| {
         StoreError::Schema(format!(
