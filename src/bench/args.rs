@@ -21,6 +21,10 @@ pub enum Mode {
     /// The operator console's pages and API, and the forecast, on `--jobs` scheduled jobs
     /// (not part of `all`).
     Console,
+    /// What an idle daemon costs Redis and itself, per config of `--routes` local routes and
+    /// `--sources` raw sources at `--shards` shards, over `--duration` (60 s unless given),
+    /// once its wake-ups are confirmed (not part of `all`).
+    Idle,
 }
 
 /// Options of `zdelay bench`.
@@ -42,9 +46,19 @@ pub struct BenchArgs {
     /// Steady-mode enqueue rates, jobs/s (comma-separated; each runs in turn).
     #[arg(long, value_delimiter = ',', default_values_t = vec![1_000u64, 50_000])]
     pub rate: Vec<u64>,
-    /// How long each steady rate runs.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    pub duration: Duration,
+    /// How long each steady rate runs (default 10 s), or each idle case is measured
+    /// (default 60 s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Local routes configured (comma-separated, each run in turn): idle cases, and the
+    /// envelope drain (jobs for one of them; every move call carries them all).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize],
+          value_parser = clap::value_parser!(usize))]
+    pub routes: Vec<usize>,
+    /// Idle mode: raw sources configured (comma-separated, each a case of its own with one
+    /// route; none unless given), never written to.
+    #[arg(long, value_delimiter = ',')]
+    pub sources: Vec<usize>,
     /// Schedules mode: schedule counts, each run in turn.
     #[arg(long, value_delimiter = ',', default_values_t = vec![10_000u64, 100_000])]
     pub schedules: Vec<u64>,
@@ -100,6 +114,16 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// `--duration` for a steady rate.
+    pub fn steady_duration(&self) -> Duration {
+        self.duration.unwrap_or(Duration::from_secs(10))
+    }
+
+    /// `--duration` for an idle case.
+    pub fn idle_duration(&self) -> Duration {
+        self.duration.unwrap_or(Duration::from_secs(60))
+    }
+
     /// Whether the report is printed as JSON (`-o json` or `--json`).
     pub fn is_json(&self) -> bool {
         self.json || self.output == "json"
