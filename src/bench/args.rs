@@ -59,6 +59,10 @@ pub struct BenchArgs {
     /// route; none unless given), never written to.
     #[arg(long, value_delimiter = ',')]
     pub sources: Vec<usize>,
+    /// Idle mode: also a two-phase route, through a `redis` sink pointed at the same server
+    /// as if it were another one, so that every shard runs a publisher too.
+    #[arg(long)]
+    pub with_sink: bool,
     /// Schedules mode: schedule counts, each run in turn.
     #[arg(long, value_delimiter = ',', default_values_t = vec![10_000u64, 100_000])]
     pub schedules: Vec<u64>,

@@ -47,10 +47,25 @@ fn source_keys(namespace: &str, sources: usize) -> Vec<String> {
         .collect()
 }
 
-/// TOML appended to the daemon's config: the extra routes and the raw sources.
-fn extra_toml(routes: &[(String, String)], sources: &[String]) -> String {
+/// The two-phase sink and route of `--with-sink`.
+const SINK: &str = "idle_remote";
+const SINK_ROUTE: &str = "bench-remote";
+
+/// TOML appended to the daemon's config: the extra routes, the raw sources, and with
+/// `sink_url` a `redis` sink at that URL with a route through it.
+fn extra_toml(routes: &[(String, String)], sources: &[String], sink_url: Option<&str>) -> String {
     let q = |s: &str| serde_json::to_string(s).expect("a string serializes");
     let mut t = String::new();
+    if let Some(url) = sink_url {
+        let _ = writeln!(
+            t,
+            "\n[[routes]]\nname = {}\nsink = {}\ntarget = {}\n\n[sinks.{SINK}]\nkind = \"redis\"\nurl = {}",
+            q(SINK_ROUTE),
+            q(SINK),
+            q(&format!("{ROUTE}:remote-out")),
+            q(url)
+        );
+    }
     for (name, list) in routes {
         let _ = writeln!(
             t,
@@ -177,9 +192,15 @@ async fn idle_case(env: &mut Env, routes: usize, sources: usize) -> anyhow::Resu
     status(&format!(
         "idle: {routes} route(s), {sources} raw source(s), {shards} shards"
     ));
+    let with_sink = env.args.with_sink;
+    anyhow::ensure!(
+        !with_sink || env.config.redis.password.is_none(),
+        "--with-sink writes the Redis URL into the sink's config: use a URL without password"
+    );
     let extra = extra_toml(
         &extra_routes(routes, &env.scratch.out),
         &source_keys(&env.args.namespace, sources),
+        with_sink.then_some(env.config.redis.url.as_str()),
     );
     let mut daemon =
         Daemons::spawn_with(1, &env.config, env.batch, ROUTE, &env.scratch.out, &extra)?;
@@ -240,6 +261,7 @@ async fn measure_case(
         routes,
         sources,
         shards: env.scratch.keys.shards(),
+        with_sink: env.args.with_sink,
         pid,
         wakeups_confirmed: confirmed,
         confirmed_after_s,
@@ -294,9 +316,14 @@ mod tests {
         );
         assert!(extra_routes(1, "ns:out").is_empty());
         let base = "[redis]\nnamespace = \"ns\"\n\n[[routes]]\nname = \"bench\"\nsink = \"local\"\ntarget = \"ns:out\"\n";
-        let text = format!("{base}{}", extra_toml(&routes, &source_keys("ns", 2)));
+        let text = format!("{base}{}", extra_toml(&routes, &source_keys("ns", 2), None));
         let parsed = zdelay_client::config::from_toml(&text).expect(&text);
         assert_eq!(parsed.routes.len(), 3);
+        assert!(!text.contains("sinks"));
+        let sink = extra_toml(&[], &[], Some("redis://127.0.0.1:6390"));
+        let parsed = zdelay_client::config::from_toml(&format!("{base}{sink}")).expect(&sink);
+        assert_eq!(parsed.routes[1].sink, SINK);
+        assert!(parsed.sinks.contains_key(SINK), "{sink}");
         assert_eq!(parsed.routes[2].target, "ns:out:3");
         assert_eq!(parsed.sources.len(), 2);
         assert_eq!(parsed.sources[1].key, "ns:idle:2");

@@ -119,6 +119,10 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         "--sources is for --mode idle"
     );
     ensure!(
+        !args.with_sink || args.mode == Mode::Idle,
+        "--with-sink is for --mode idle"
+    );
+    ensure!(
         args.duration.is_none_or(|d| !d.is_zero()),
         "--duration must be > 0"
     );

@@ -47,6 +47,8 @@ pub(super) struct IdleCase {
     pub(super) routes: usize,
     pub(super) sources: usize,
     pub(super) shards: u16,
+    /// A two-phase route too (`--with-sink`): a publisher per shard.
+    pub(super) with_sink: bool,
     pub(super) pid: u32,
     /// The daemon's `zdelay_wakeups_confirmed` gauges were 1 before the measurement.
     pub(super) wakeups_confirmed: bool,
@@ -737,6 +739,13 @@ fn render_idle(s: &mut String, i: &Idle) {
         "  {:>6} {:>7} {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}  load avg (start / end)",
         "routes", "sources", "shards", "confirmed", "redis %", "daemon %", "cmds/s", "scripts/s"
     );
+    if i.cases.iter().any(|c| c.with_sink) {
+        let _ = writeln!(
+            s,
+            "  (routes: local ones, plus one two-phase route through a `redis` sink: a publisher \
+             per shard)"
+        );
+    }
     for c in &i.cases {
         let _ = writeln!(
             s,
