@@ -14,7 +14,8 @@
 //! events for `z` commands (`CONFIG GET notify-keyspace-events`, on one server only) or an
 //! event for that source has arrived since the subscription. A probe not seen within
 //! [`PROBE_TIMEOUT`] ends the subscription (a silently dead connection) and polls fall back
-//! to `idle_poll` until a new one is confirmed.
+//! to `idle_poll` until a new one is confirmed (every poller is woken when a subscription
+//! ends, so none finishes a long sleep first).
 //!
 //! The set of pollers changes at run time (the supervisor starts and stops them), so the
 //! listener subscribes to every configured source and dispatches to whoever is registered.
@@ -299,6 +300,9 @@ pub async fn listen(
                 };
                 wakers.unconfirm();
                 wakers.publish_confirmed(&channels);
+                // Wake-ups may be missed from now on: every poller looks now, and sleeps
+                // `idle_poll` again until a new subscription is confirmed.
+                wakers.wake_all();
                 metrics::error_event("pubsub", "wake listener", &ended);
             }
             Err(e) => metrics::error_event("pubsub", "wake listener", &e),
