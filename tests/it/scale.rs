@@ -1096,3 +1096,66 @@ route = "w"
         "woken by the enqueue's PUBLISH on the new subscription: {late} ms late"
     );
 }
+
+#[test]
+fn an_idle_raw_publisher_sleeps_until_its_sources_head_is_due_not_a_whole_idle_poll() {
+    let redis = RedisServer::start_with(&["--notify-keyspace-events", "Kz"]);
+    let target = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            r#"
+[poller]
+idle_poll = "100ms"
+idle_poll_max = "60s"
+
+[sinks.mirror]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "m"
+sink = "mirror"
+target = "q:m"
+
+[[sources]]
+key = "raw:m"
+route = "m"
+"#,
+            target.url()
+        ),
+    );
+    let daemon = Daemon::start(&config);
+    wait_confirmed(
+        &daemon,
+        &["shards", "sources"],
+        1.0,
+        Duration::from_secs(30),
+    );
+    let mut con = redis.conn();
+    let mut tcon = target.conn();
+    // Its keyspace event wakes the publisher before it is due: the claim takes nothing and
+    // says when the head is due, and the publisher sleeps until then, not idle_poll_max.
+    for (i, ahead) in [800i64, 1_500].into_iter().enumerate() {
+        let due = crate::common::redis_now_ms(&mut con) + ahead;
+        let member = format!("later-{i}");
+        let _: () = redis::cmd("ZADD")
+            .arg("raw:m")
+            .arg(due)
+            .arg(&member)
+            .query(&mut con)
+            .unwrap();
+        let popped: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg("q:m")
+            .arg(10)
+            .query(&mut tcon)
+            .unwrap();
+        let late = crate::common::redis_now_ms(&mut con) - due;
+        assert_eq!(popped.expect("delivered within 10 s").1, member);
+        assert!(
+            (0..1_000).contains(&late),
+            "{member} delivered {late} ms after its due time (idle_poll_max is 60 s)"
+        );
+    }
+}
