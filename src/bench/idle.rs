@@ -320,14 +320,14 @@ mod tests {
         let parsed = zdelay_client::config::from_toml(&text).expect(&text);
         assert_eq!(parsed.routes.len(), 3);
         assert!(!text.contains("sinks"));
-        let sink = extra_toml(&[], &[], Some("redis://127.0.0.1:6390"));
-        let parsed = zdelay_client::config::from_toml(&format!("{base}{sink}")).expect(&sink);
-        assert_eq!(parsed.routes[1].sink, SINK);
-        assert!(parsed.sinks.contains_key(SINK), "{sink}");
         assert_eq!(parsed.routes[2].target, "ns:out:3");
         assert_eq!(parsed.sources.len(), 2);
         assert_eq!(parsed.sources[1].key, "ns:idle:2");
         assert_eq!(parsed.sources[1].route, "bench");
+        let sink = extra_toml(&[], &[], Some("redis://127.0.0.1:6390"));
+        let parsed = zdelay_client::config::from_toml(&format!("{base}{sink}")).expect(&sink);
+        assert_eq!(parsed.routes[1].sink, SINK);
+        assert!(parsed.sinks.contains_key(SINK), "{sink}");
     }
 
     #[test]
