@@ -19,6 +19,7 @@ pub const BATCH_SIZE: &str = "zdelay_batch_size";
 pub const SCRIPT_DURATION: &str = "zdelay_script_duration_seconds";
 pub const ERRORS: &str = "zdelay_errors_total";
 pub const WAKEUPS: &str = "zdelay_wakeups_total";
+pub const WAKEUPS_CONFIRMED: &str = "zdelay_wakeups_confirmed";
 pub const DUE_BACKLOG: &str = "zdelay_due_backlog";
 pub const SCHEDULED: &str = "zdelay_scheduled";
 pub const OLDEST_DUE_AGE: &str = "zdelay_oldest_due_age_seconds";
@@ -221,6 +222,19 @@ pub const METRICS: &[Metric] = &[
         labels: &[label_of("cause", &["enqueue", "keyspace"])],
         help: "Poller wake-ups received, by cause.",
         details: "",
+    },
+    Metric {
+        name: WAKEUPS_CONFIRMED,
+        kind: Kind::Gauge,
+        labels: &[label_of("targets", &["shards", "sources"])],
+        help: "1 while wake-ups are known to reach the pollers, so idle polls wait \
+               poller.idle_poll_max instead of poller.idle_poll.",
+        details: "`shards`: the wake listener's probe, published on the wake channel every 5 s, \
+                  came back on the current subscription. `sources` (only with raw sources \
+                  configured): keyspace events are known to arrive for every configured source \
+                  (the server's `notify-keyspace-events` covers sorted sets, or an event for each \
+                  one arrived). 0 after the subscription ends, until a new one is confirmed; a \
+                  value that stays 0 means every idle target is polled every `poller.idle_poll`.",
     },
     Metric {
         name: DUE_BACKLOG,

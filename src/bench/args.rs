@@ -24,6 +24,10 @@ pub enum Mode {
     /// Storage layout 2 preview: the route-lane scripts against the bare moves (drain by
     /// wall time and Redis CPU, memory per job; not part of `all`).
     Lane,
+    /// What an idle daemon costs Redis and itself, per config of `--routes` local routes and
+    /// `--sources` raw sources at `--shards` shards, over `--duration` (60 s unless given),
+    /// once its wake-ups are confirmed (not part of `all`).
+    Idle,
 }
 
 /// Options of `zdelay bench`.
@@ -45,9 +49,23 @@ pub struct BenchArgs {
     /// Steady-mode enqueue rates, jobs/s (comma-separated; each runs in turn).
     #[arg(long, value_delimiter = ',', default_values_t = vec![1_000u64, 50_000])]
     pub rate: Vec<u64>,
-    /// How long each steady rate runs.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    pub duration: Duration,
+    /// How long each steady rate runs (default 10 s), or each idle case is measured
+    /// (default 60 s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Local routes configured (comma-separated, each run in turn): idle cases, and the
+    /// envelope drain (jobs for one of them; every move call carries them all).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize],
+          value_parser = clap::value_parser!(usize))]
+    pub routes: Vec<usize>,
+    /// Idle mode: raw sources configured (comma-separated, each a case of its own with one
+    /// route; none unless given), never written to.
+    #[arg(long, value_delimiter = ',')]
+    pub sources: Vec<usize>,
+    /// Idle mode: also a two-phase route, through a `redis` sink pointed at the same server
+    /// as if it were another one, so that every shard runs a publisher too.
+    #[arg(long)]
+    pub with_sink: bool,
     /// Schedules mode: schedule counts, each run in turn.
     #[arg(long, value_delimiter = ',', default_values_t = vec![10_000u64, 100_000])]
     pub schedules: Vec<u64>,
@@ -103,6 +121,16 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// `--duration` for a steady rate.
+    pub fn steady_duration(&self) -> Duration {
+        self.duration.unwrap_or(Duration::from_secs(10))
+    }
+
+    /// `--duration` for an idle case.
+    pub fn idle_duration(&self) -> Duration {
+        self.duration.unwrap_or(Duration::from_secs(60))
+    }
+
     /// Whether the report is printed as JSON (`-o json` or `--json`).
     pub fn is_json(&self) -> bool {
         self.json || self.output == "json"

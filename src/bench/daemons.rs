@@ -29,13 +29,15 @@ use zdelay_client::keys::Keys;
 use zdelay_client::store::{self, Conn};
 
 /// The `zdelay run` config of every bench daemon, as TOML. `batch` is the bench's (the daemon
-/// allows up to 1000); the only route is `route` onto `list`, on the local sink.
+/// allows up to 1000); the first route is `route` onto `list`, on the local sink; `extra` is
+/// appended as it is (more routes and raw sources, for `--mode idle`).
 pub(super) fn daemon_config(
     config: &Config,
     batch: usize,
     route: &str,
     list: &str,
     admin: SocketAddr,
+    extra: &str,
 ) -> String {
     // A JSON string is a valid TOML basic string (the same escapes).
     let q = |s: &str| serde_json::to_string(s).expect("a string serializes");
@@ -57,6 +59,7 @@ pub(super) fn daemon_config(
     let _ = writeln!(t, "[poller]");
     let _ = writeln!(t, "batch = {batch}");
     let _ = writeln!(t, "idle_poll = {}", d(p.idle_poll));
+    let _ = writeln!(t, "idle_poll_max = {}", d(p.idle_poll_max));
     let _ = writeln!(t, "max_payload = {}", p.max_payload);
     let _ = writeln!(t, "lease = {}", d(p.lease));
     let _ = writeln!(t, "sink_concurrency = {}", p.sink_concurrency);
@@ -70,6 +73,7 @@ pub(super) fn daemon_config(
     let _ = writeln!(t, "name = {}", q(route));
     let _ = writeln!(t, "sink = {}", q(zdelay_client::config::LOCAL_SINK));
     let _ = writeln!(t, "target = {}", q(list));
+    t.push_str(extra);
     t
 }
 
@@ -88,6 +92,8 @@ fn free_port() -> std::io::Result<u16> {
 
 pub(super) struct Daemons {
     children: Vec<Child>,
+    /// Each daemon's admin address (`/metrics`).
+    admins: Vec<SocketAddr>,
     dir: PathBuf,
     keys: Keys,
     per_shard: u8,
@@ -107,6 +113,18 @@ impl Daemons {
         route: &str,
         list: &str,
     ) -> anyhow::Result<Daemons> {
+        Self::spawn_with(n, config, batch, route, list, "")
+    }
+
+    /// [`Daemons::spawn`] with `extra` appended to their config (see [`daemon_config`]).
+    pub(super) fn spawn_with(
+        n: u16,
+        config: &Config,
+        batch: usize,
+        route: &str,
+        list: &str,
+        extra: &str,
+    ) -> anyhow::Result<Daemons> {
         let exe = std::env::current_exe().context("the path of this zdelay binary")?;
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -115,6 +133,7 @@ impl Daemons {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut daemons = Daemons {
             children: Vec::new(),
+            admins: Vec::new(),
             dir,
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
             per_shard: config.poller.per_shard,
@@ -125,7 +144,11 @@ impl Daemons {
         for i in 0..n {
             let admin = SocketAddr::from(([127, 0, 0, 1], free_port()?));
             let path = daemons.dir.join(format!("daemon-{i}.toml"));
-            std::fs::write(&path, daemon_config(config, batch, route, list, admin))?;
+            std::fs::write(
+                &path,
+                daemon_config(config, batch, route, list, admin, extra),
+            )?;
+            daemons.admins.push(admin);
             let log = std::fs::File::create(daemons.log_path(i as usize))?;
             let mut cmd = Command::new(&exe);
             for (key, _) in std::env::vars_os() {
@@ -163,6 +186,10 @@ impl Daemons {
 
     pub(super) fn pids(&self) -> Vec<u32> {
         self.children.iter().map(Child::id).collect()
+    }
+
+    pub(super) fn admins(&self) -> &[SocketAddr] {
+        &self.admins
     }
 
     pub(super) fn count(&self) -> usize {
@@ -311,10 +338,11 @@ mod tests {
         config.redis.namespace = "zdelay-bench".into();
         config.redis.shards = 8;
         config.poller.idle_poll = Duration::from_millis(50);
+        config.poller.idle_poll_max = Duration::from_secs(3);
         config.poller.per_shard = 2;
         config.poller.slot_lease = Duration::from_millis(1500);
         let admin = SocketAddr::from(([127, 0, 0, 1], 40123));
-        let text = daemon_config(&config, 500, "bench", "zdelay-bench:\"out\"", admin);
+        let text = daemon_config(&config, 500, "bench", "zdelay-bench:\"out\"", admin, "");
         let parsed = zdelay_client::config::from_toml(&text).expect(&text);
         assert_eq!(parsed.redis.url, config.redis.url);
         assert!(parsed.redis.cluster_nodes.is_empty());
@@ -322,6 +350,7 @@ mod tests {
         assert_eq!(parsed.redis.shards, 8);
         assert_eq!(parsed.poller.batch, 500);
         assert_eq!(parsed.poller.idle_poll, Duration::from_millis(50));
+        assert_eq!(parsed.poller.idle_poll_max, Duration::from_secs(3));
         assert_eq!(parsed.poller.per_shard, 2);
         assert_eq!(parsed.poller.slot_lease, Duration::from_millis(1500));
         assert_eq!(parsed.poller.shutdown_grace, config.poller.shutdown_grace);
@@ -334,7 +363,7 @@ mod tests {
         assert!(!text.contains("password"));
 
         config.redis.cluster_nodes = vec!["redis://127.0.0.1:7000".into(), "redis://h:7001".into()];
-        let text = daemon_config(&config, 1000, "bench", "zdelay-bench:out", admin);
+        let text = daemon_config(&config, 1000, "bench", "zdelay-bench:out", admin, "");
         let parsed = zdelay_client::config::from_toml(&text).expect(&text);
         assert_eq!(parsed.redis.cluster_nodes, config.redis.cluster_nodes);
     }

@@ -215,6 +215,7 @@ pub(super) fn pick_median(
     };
     Drain {
         source,
+        routes: 1,
         mover,
         baseline,
         concurrency,

@@ -327,7 +327,7 @@ async fn steady(
     ensure!(rate > 0, "--rate must be > 0");
     status(&format!(
         "steady: {rate} jobs/s for {:?} through {} daemons, each due 100–500 ms after enqueue",
-        env.args.duration,
+        env.args.steady_duration(),
         daemons.count()
     ));
     env.scratch.clean(&mut env.con, false).await?;

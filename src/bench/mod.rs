@@ -23,6 +23,9 @@
 //!   once and none arrived before its due time (see `Consumer`).
 //! - `same-ms`: jobs all due at one millisecond T; time from T until the last one moved.
 //! - `memory`: `INFO memory` used_memory per envelope job, and per job in the bare layout.
+//! - `idle` (not in `all`): one `zdelay run` per config of `--routes` local routes or
+//!   `--sources` raw sources at `--shards`, nothing due: Redis and daemon CPU, commands/s,
+//!   once the daemon's wake-ups are confirmed (`idle`).
 //! - `console` (not in `all`): the console's pages and API over HTTP, and the forecast, on
 //!   `--jobs` scheduled jobs.
 //!
@@ -42,6 +45,7 @@ mod console;
 mod daemons;
 mod drain;
 mod fleet;
+mod idle;
 mod lane;
 mod load;
 mod measure;
@@ -103,6 +107,26 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         "job counts must be > 0"
     );
     ensure!(args.rounds > 0, "--rounds must be > 0");
+    ensure!(
+        args.routes.iter().all(|r| (1..=10_000).contains(r)),
+        "--routes takes counts of 1 to 10000 local routes"
+    );
+    ensure!(
+        args.sources.iter().all(|s| (1..=10_000).contains(s)),
+        "--sources takes counts of 1 to 10000 raw sources"
+    );
+    ensure!(
+        args.sources.is_empty() || args.mode == Mode::Idle,
+        "--sources is for --mode idle"
+    );
+    ensure!(
+        !args.with_sink || args.mode == Mode::Idle,
+        "--with-sink is for --mode idle"
+    );
+    ensure!(
+        args.duration.is_none_or(|d| !d.is_zero()),
+        "--duration must be > 0"
+    );
     let shards = args.shards.unwrap_or(config.redis.shards);
     ensure!(shards > 0, "--shards must be > 0");
     let cluster = !config.redis.cluster_nodes.is_empty();
@@ -184,6 +208,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         schedules: Vec::new(),
         console: None,
         lane: None,
+        idle: None,
     };
     let mut env = Env {
         con,
@@ -250,7 +275,14 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     let all = env.args.mode == Mode::All;
     if all || env.args.mode == Mode::Drain {
         report.drain.push(drain::drain_raw(env).await?);
-        report.drain.push(drain::drain_envelope(env).await?);
+        for routes in env.args.routes.clone() {
+            env.set_routes(routes);
+            let drained = drain::drain_envelope(env).await;
+            env.set_routes(1);
+            let mut drained = drained?;
+            drained.routes = routes;
+            report.drain.push(drained);
+        }
     }
     if all || env.args.mode == Mode::SameMs {
         report.same_ms = Some(same_ms::same_ms(env).await?);
@@ -262,6 +294,9 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     }
     if all || env.args.mode == Mode::Memory {
         report.memory = Some(memory::memory(env).await?);
+    }
+    if env.args.mode == Mode::Idle {
+        report.idle = Some(idle::idle(env).await?);
     }
     if env.args.mode == Mode::Console {
         report.console = Some(console::console(env).await?);
@@ -318,6 +353,24 @@ struct Env {
 }
 
 impl Env {
+    /// Configures `routes` local routes: the bench route and `routes - 1` idle ones onto
+    /// lists of their own (see `idle::extra_routes`).
+    fn set_routes(&mut self, routes: usize) {
+        let prefix = format!("{ROUTE}-extra-");
+        self.config.routes.retain(|r| !r.name.starts_with(&prefix));
+        for (name, target) in idle::extra_routes(routes, &self.scratch.out) {
+            self.config.routes.push(RouteConfig {
+                name,
+                sink: zdelay_client::config::LOCAL_SINK.into(),
+                target,
+                push: Default::default(),
+                delayed_suffix: None,
+                priority: None,
+                on_missing: Default::default(),
+            });
+        }
+    }
+
     fn payload_size(&self) -> usize {
         self.args.payload_size
     }

@@ -22,6 +22,62 @@ pub(super) struct Report {
     pub(super) console: Option<ConsoleBench>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) lane: Option<LaneBench>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) idle: Option<Idle>,
+}
+
+/// `idle`: an idle daemon's cost per config (see `idle.rs`).
+#[derive(Debug, Serialize)]
+pub(super) struct Idle {
+    pub(super) shards: u16,
+    pub(super) idle_poll_ms: u64,
+    pub(super) idle_poll_max_ms: u64,
+    pub(super) stats_interval_ms: u64,
+    pub(super) duration_s: f64,
+    /// The server's `notify-keyspace-events` (`None`: CONFIG GET refused).
+    pub(super) notify_keyspace_events: Option<String>,
+    /// Redis with no daemon running: its own upkeep, included in every case.
+    pub(super) baseline_redis_cpu_pct: f64,
+    pub(super) baseline_commands_per_s: f64,
+    /// Idle Redis CPU aimed at, % of a core.
+    pub(super) aim_pct: f64,
+    pub(super) cases: Vec<IdleCase>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct IdleCase {
+    pub(super) routes: usize,
+    pub(super) sources: usize,
+    pub(super) shards: u16,
+    /// A two-phase route too (`--with-sink`): a publisher per shard.
+    pub(super) with_sink: bool,
+    pub(super) pid: u32,
+    /// The daemon's `zdelay_wakeups_confirmed` gauges were 1 before the measurement.
+    pub(super) wakeups_confirmed: bool,
+    /// From the daemon's start.
+    pub(super) confirmed_after_s: Option<f64>,
+    pub(super) seconds: f64,
+    /// used_cpu_sys + used_cpu_user delta over the wall time, % of a core.
+    pub(super) redis_cpu_pct: f64,
+    /// The daemon's utime + stime delta over the wall time, % of a core.
+    pub(super) daemon_cpu_pct: f64,
+    pub(super) redis_commands_per_s: f64,
+    /// EVALSHA calls a second (every script call of the daemon).
+    pub(super) script_calls_per_s: f64,
+    /// The costliest commands by Redis µs a second (`INFO commandstats`).
+    pub(super) top_commands: Vec<CommandCost>,
+    pub(super) meets_aim: bool,
+    pub(super) loadavg_start: Option<String>,
+    pub(super) loadavg_end: Option<String>,
+    /// The daemon's exit code after SIGTERM (`None`: killed).
+    pub(super) exit_code: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct CommandCost {
+    pub(super) command: String,
+    pub(super) calls_per_s: f64,
+    pub(super) usec_per_s: f64,
 }
 
 /// `console`: answer times of the console's pages and API.
@@ -149,6 +205,8 @@ impl Throughput {
 pub(super) struct Drain {
     /// "raw" or "envelope".
     pub(super) source: &'static str,
+    /// Local routes configured (every `move_due` call carries them all).
+    pub(super) routes: usize,
     pub(super) mover: &'static str,
     pub(super) baseline: &'static str,
     /// Pollers (real) and loops (bare) running concurrently.
@@ -502,6 +560,15 @@ pub(super) fn render(r: &Report) -> String {
                 .iter()
                 .map(|r| format!("{r:.2}"))
                 .collect();
+            if d.routes > 1 {
+                let _ = writeln!(
+                    s,
+                    "  {:<9} with {} local routes configured (the jobs' route and {} idle ones)",
+                    d.source,
+                    d.routes,
+                    d.routes - 1
+                );
+            }
             let _ = writeln!(
                 s,
                 "  {:<9} ratio {:.2} (rounds: {}), target >= {:.1}: {}; cpu ratio bare/real {:.2}; dead {}",
@@ -517,6 +584,9 @@ pub(super) fn render(r: &Report) -> String {
     }
     if let Some(l) = &r.lane {
         render_lane(&mut s, l);
+    }
+    if let Some(idle) = &r.idle {
+        render_idle(&mut s, idle);
     }
     if let Some(c) = &r.console {
         let _ = writeln!(
@@ -740,6 +810,89 @@ fn render_lane(s: &mut String, l: &LaneBench) {
         },
         m.id_26_bytes_per_job
     );
+}
+
+fn render_idle(s: &mut String, i: &Idle) {
+    let _ = writeln!(
+        s,
+        "\nidle (one `zdelay run`, nothing due; idle_poll {} ms, idle_poll_max {} ms, \
+         stats_interval {} ms; {:.0} s per case; notify-keyspace-events {:?})",
+        i.idle_poll_ms,
+        i.idle_poll_max_ms,
+        i.stats_interval_ms,
+        i.duration_s,
+        i.notify_keyspace_events.as_deref().unwrap_or("unknown")
+    );
+    let _ = writeln!(
+        s,
+        "  Redis alone (no daemon): {:.2} % of a core, {:.1} commands/s (included below)",
+        i.baseline_redis_cpu_pct, i.baseline_commands_per_s
+    );
+    let _ = writeln!(
+        s,
+        "  {:>6} {:>7} {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}  load avg (start / end)",
+        "routes", "sources", "shards", "confirmed", "redis %", "daemon %", "cmds/s", "scripts/s"
+    );
+    if i.cases.iter().any(|c| c.with_sink) {
+        let _ = writeln!(
+            s,
+            "  (routes: local ones, plus one two-phase route through a `redis` sink: a publisher \
+             per shard)"
+        );
+    }
+    for c in &i.cases {
+        let _ = writeln!(
+            s,
+            "  {:>6} {:>7} {:>6} {:>9} {:>10.2} {:>10.2} {:>10.1} {:>11.1}  {} / {}",
+            c.routes,
+            c.sources,
+            c.shards,
+            match c.confirmed_after_s {
+                Some(t) => format!("{t:.1} s"),
+                None => "NO".to_owned(),
+            },
+            c.redis_cpu_pct,
+            c.daemon_cpu_pct,
+            c.redis_commands_per_s,
+            c.script_calls_per_s,
+            c.loadavg_start.as_deref().unwrap_or("?"),
+            c.loadavg_end.as_deref().unwrap_or("?"),
+        );
+        let top: Vec<String> = c
+            .top_commands
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} {:.1}/s {:.0} µs/s",
+                    t.command, t.calls_per_s, t.usec_per_s
+                )
+            })
+            .collect();
+        let _ = writeln!(s, "         costliest commands: {}", top.join(", "));
+        let _ = writeln!(
+            s,
+            "         idle Redis < {:.0} % of a core: {}{}",
+            i.aim_pct,
+            verdict(c.meets_aim),
+            if c.wakeups_confirmed {
+                ""
+            } else {
+                " (wake-ups never confirmed: every idle target polled each idle_poll)"
+            }
+        );
+    }
+    let one = i.cases.iter().find(|c| c.routes == 1 && c.sources == 0);
+    for c in i.cases.iter().filter(|c| c.routes > 1 && c.sources == 0) {
+        if let Some(one) = one {
+            let _ = writeln!(
+                s,
+                "  {} routes / 1 route: Redis CPU {:.2}x, commands {:.2}x",
+                c.routes,
+                c.redis_cpu_pct / one.redis_cpu_pct.max(1e-9),
+                c.redis_commands_per_s / one.redis_commands_per_s.max(1e-9)
+            );
+        }
+    }
 }
 
 fn render_fleet(s: &mut String, f: &Fleet) {

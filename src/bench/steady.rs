@@ -37,7 +37,7 @@ pub(super) fn due_by(rate: u64, elapsed: Duration) -> u64 {
 
 pub(super) async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
     ensure!(rate > 0, "--rate must be > 0");
-    let duration = env.args.duration;
+    let duration = env.args.steady_duration();
     status(&format!(
         "steady: {rate} jobs/s for {duration:?}, each due 100–500 ms after enqueue"
     ));
@@ -140,7 +140,7 @@ pub(super) async fn produce(
     beside: Option<&str>,
     mut hang: Option<&mut Hang>,
 ) -> anyhow::Result<Produced> {
-    let duration = env.args.duration;
+    let duration = env.args.steady_duration();
     let progress = bar(due_by(rate, duration), "enqueue (steady)");
     let mut rng = SplitMix64(rate ^ 0x5EED);
     let mut beside_sent = 0u64;

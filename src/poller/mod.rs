@@ -161,7 +161,7 @@ impl Supervisor {
                             self.ctx.clone(),
                             source.clone(),
                             sink.clone(),
-                            notify,
+                            self.wakers.waker(id, notify),
                             token.clone(),
                         ));
                         self.running.insert(id.clone(), token);
@@ -203,11 +203,12 @@ impl Supervisor {
             .map(|sink| {
                 let sink = sink.as_ref()?;
                 let wake = Arc::new(tokio::sync::Notify::new());
+                // Woken by the shard's mover; its fallback sleep follows the shard's wake-ups.
                 self.tracker.spawn(publisher::run(
                     self.ctx.clone(),
                     shard,
                     sink.clone(),
-                    wake.clone(),
+                    self.wakers.waker(&TargetId::Shard(shard), wake.clone()),
                     token.clone(),
                 ));
                 Some(wake)

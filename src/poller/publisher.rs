@@ -10,22 +10,38 @@
 //! most that, and gives back at once what it did not take. While the sink is paused they
 //! claim nothing: its jobs wait in the ready set, untouched, until it is back.
 //!
-//! Wake-ups come from the shard's mover when it queued jobs for this sink; otherwise the
-//! publisher looks every [`IDLE_CLAIM`] (jobs another daemon released, leases that ran out).
+//! Wake-ups come from the shard's mover when it queued jobs for this sink (leases that ran
+//! out included: the mover wakes at the earliest lease deadline and requeues their jobs).
+//! Otherwise the publisher looks again shortly after the earliest lease deadline (a mover of
+//! another daemon may requeue those jobs), and at the latest after [`IDLE_CLAIM`], or
+//! `poller.idle_poll_max` while wake-ups are known to reach the shard (jobs another daemon
+//! queued or released for this sink wait at most that long).
 
 use super::context::{PollerContext, RawSource, TargetId};
 use super::delivery;
 use super::mover::Backoff;
+use super::wake::Waker;
 use crate::metrics;
 use crate::sinks::SinkHandle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use zdelay_client::store::scripts;
 
-/// Longest wait between two claims without a wake-up.
+/// Longest wait between two claims without a wake-up while wake-ups are not known to reach
+/// the shard.
 const IDLE_CLAIM: Duration = Duration::from_secs(1);
+
+/// How long to wait after a claim that took less than a batch: until `at_ms` (Redis time; its
+/// `now_us` from the same reply) plus `margin`, at most `idle`; `margin` alone when `at_ms`
+/// has passed.
+fn wait_until(at_ms: Option<i64>, now_us: i64, margin: Duration, idle: Duration) -> Duration {
+    let Some(at_ms) = at_ms else {
+        return idle;
+    };
+    let wait_us = at_ms.saturating_mul(1000).saturating_sub(now_us).max(0) as u64;
+    (Duration::from_micros(wait_us) + margin).min(idle)
+}
 
 /// Publishes `sink`'s jobs of `shard` until `stop`. The batch in hand is always published
 /// and settled first.
@@ -33,7 +49,7 @@ pub async fn run(
     ctx: Arc<PollerContext>,
     shard: u16,
     sink: Arc<SinkHandle>,
-    wake: Arc<Notify>,
+    wake: Waker,
     stop: CancellationToken,
 ) {
     let keys = ctx.keys.shard(shard);
@@ -63,11 +79,16 @@ pub async fn run(
             policy.batch_bytes.min(sink.bytes_bound()),
         )
         .await;
+        // A lease that runs out is found by a mover; this one's wakes us, another daemon's
+        // does not: look again a fallback poll after the deadline.
+        let idle = wake.idle(IDLE_CLAIM, ctx.mover.idle_poll_max.max(IDLE_CLAIM));
+        let after_leases =
+            |c: &scripts::Claim| wait_until(c.next_lease_ms, c.now_us, ctx.mover.idle_poll, idle);
         let wait = match claim {
             Ok(claim) if claim.jobs.is_empty() => {
                 backoff.reset();
                 metrics::recovered("redis", &label);
-                IDLE_CLAIM
+                after_leases(&claim)
             }
             Ok(claim) => {
                 permit.keep(claim.bytes());
@@ -82,7 +103,7 @@ pub async fn run(
                     // More may wait: go again at once.
                     Duration::ZERO
                 } else {
-                    IDLE_CLAIM
+                    after_leases(&claim)
                 }
             }
             Err(e) if ctx.is_refusal(&e) => break,
@@ -107,12 +128,14 @@ pub async fn run(
 /// Publishes the due members of a raw source whose route is two-phase, until `stop`: claims
 /// them by lease inside the source (`claim_raw`), publishes them through `sink`, settles them
 /// (`settle_raw`). A paused sink claims nothing: the members wait in the source, untouched.
-/// Woken by keyspace notifications (when the server sends them) or every idle poll.
+/// Woken by keyspace notifications (when the server sends them); otherwise it sleeps until
+/// the source's lowest score (the next member due, or the next lease to run out), at most
+/// the idle poll (`idle_poll_max` while the source's events are known to arrive).
 pub async fn run_raw(
     ctx: Arc<PollerContext>,
     source: Arc<RawSource>,
     sink: Arc<SinkHandle>,
-    wake: Arc<Notify>,
+    wake: Waker,
     stop: CancellationToken,
 ) {
     let policy = &ctx.delivery;
@@ -153,7 +176,14 @@ pub async fn run_raw(
                 if full {
                     Duration::ZERO
                 } else {
-                    ctx.mover.idle_poll
+                    let idle = wake.idle(ctx.mover.idle_poll, ctx.mover.idle_poll_max);
+                    // A millisecond past the head: its score may fall inside the current one.
+                    wait_until(
+                        claim.next_due_ms,
+                        claim.now_us,
+                        Duration::from_millis(1),
+                        idle,
+                    )
                 }
             }
             Err(e) => {
@@ -171,5 +201,35 @@ pub async fn run_raw(
             _ = wake.notified() => {}
             _ = stop.cancelled() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_publisher_waits_until_the_next_lease_deadline_plus_a_margin_at_most_idle() {
+        let (margin, idle) = (Duration::from_millis(100), Duration::from_secs(5));
+        let now_us = 1_000_000_000;
+        assert_eq!(
+            wait_until(None, now_us, margin, idle),
+            idle,
+            "nothing in flight"
+        );
+        assert_eq!(
+            wait_until(Some(1_000_250), now_us, margin, idle),
+            Duration::from_millis(350)
+        );
+        assert_eq!(
+            wait_until(Some(999_000), now_us, margin, idle),
+            margin,
+            "a deadline passed: a mover requeues it, look after the margin"
+        );
+        assert_eq!(wait_until(Some(1_060_000), now_us, margin, idle), idle);
+        assert_eq!(
+            wait_until(Some(1_000_000), now_us + 400, Duration::ZERO, idle),
+            Duration::ZERO
+        );
     }
 }

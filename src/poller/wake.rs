@@ -14,13 +14,14 @@
 //! events for `z` commands (`CONFIG GET notify-keyspace-events`, on one server only) or an
 //! event for that source has arrived since the subscription. A probe not seen within
 //! [`PROBE_TIMEOUT`] ends the subscription (a silently dead connection) and polls fall back
-//! to `idle_poll` until a new one is confirmed.
+//! to `idle_poll` until a new one is confirmed (every poller is woken when a subscription
+//! ends, so none finishes a long sleep first).
 //!
 //! The set of pollers changes at run time (the supervisor starts and stops them), so the
 //! listener subscribes to every configured source and dispatches to whoever is registered.
 
 use super::context::TargetId;
-use crate::metrics::{self, WAKEUPS};
+use crate::metrics::{self, WAKEUPS, WAKEUPS_CONFIRMED};
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -107,6 +108,25 @@ impl Wakers {
         }
     }
 
+    /// Sets the `zdelay_wakeups_confirmed` gauges from what is known now.
+    fn publish_confirmed(&self, channels: &Channels) {
+        let shards = self.wake_confirmed.load(Ordering::Relaxed);
+        ::metrics::gauge!(WAKEUPS_CONFIRMED, "targets" => "shards")
+            .set(f64::from(u8::from(shards)));
+        if !channels.sources.is_empty() {
+            let sources = shards
+                && (self.keyspace_all.load(Ordering::Relaxed)
+                    || self
+                        .keyspace_seen
+                        .read()
+                        .expect("keyspace lock is never poisoned")
+                        .len()
+                        >= channels.sources.len());
+            ::metrics::gauge!(WAKEUPS_CONFIRMED, "targets" => "sources")
+                .set(f64::from(u8::from(sources)));
+        }
+    }
+
     /// A new subscription: nothing is known about it yet.
     fn unconfirm(&self) {
         self.wake_confirmed.store(false, Ordering::Relaxed);
@@ -170,6 +190,7 @@ impl Wakers {
                     .write()
                     .expect("keyspace lock is never poisoned")
                     .insert(key.to_owned());
+                self.publish_confirmed(channels);
             }
             if self.wake(&TargetId::Source(key.to_owned())) {
                 ::metrics::counter!(WAKEUPS, "cause" => "keyspace").increment(1);
@@ -224,6 +245,7 @@ pub async fn listen(
         let client = &clients[next % clients.len()];
         next += 1;
         wakers.unconfirm();
+        wakers.publish_confirmed(&channels);
         match subscribe(client, &channels).await {
             Ok((pubsub, mut publisher)) => {
                 delay = Duration::from_millis(100);
@@ -232,6 +254,7 @@ pub async fn listen(
                 if !channels.sources.is_empty() && channels.one_server {
                     let all = keyspace_events_for_zsets(&mut publisher).await;
                     wakers.keyspace_all.store(all, Ordering::Relaxed);
+                    wakers.publish_confirmed(&channels);
                 }
                 let mut messages = pubsub.into_on_message();
                 let mut probes = tokio::time::interval(PROBE_EVERY);
@@ -242,7 +265,9 @@ pub async fn listen(
                         msg = messages.next() => match msg {
                             Some(msg) => if wakers.dispatch(&channels, &msg) {
                                 probe_out = None;
-                                wakers.wake_confirmed.store(true, Ordering::Relaxed);
+                                if !wakers.wake_confirmed.swap(true, Ordering::Relaxed) {
+                                    wakers.publish_confirmed(&channels);
+                                }
                             },
                             None => break "subscription closed".to_owned(),
                         },
@@ -264,13 +289,20 @@ pub async fn listen(
                                     probe_out.get_or_insert_with(Instant::now);
                                 }
                                 // Unconfirmed until a probe goes out and comes back.
-                                Err(_) => wakers.wake_confirmed.store(false, Ordering::Relaxed),
+                                Err(_) => {
+                                    wakers.wake_confirmed.store(false, Ordering::Relaxed);
+                                    wakers.publish_confirmed(&channels);
+                                }
                             }
                         }
                         _ = shutdown.cancelled() => return,
                     }
                 };
                 wakers.unconfirm();
+                wakers.publish_confirmed(&channels);
+                // Wake-ups may be missed from now on: every poller looks now, and sleeps
+                // `idle_poll` again until a new subscription is confirmed.
+                wakers.wake_all();
                 metrics::error_event("pubsub", "wake listener", &ended);
             }
             Err(e) => metrics::error_event("pubsub", "wake listener", &e),

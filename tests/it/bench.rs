@@ -1,7 +1,8 @@
 //! `zdelay bench --daemons N`: the bench starts N `zdelay run` processes of its own binary on
 //! the scratch namespace, waits until they poll every shard, measures drain and steady from
 //! outside, stops them with SIGTERM and leaves nothing behind — on one Redis and on a cluster.
-//! Small numbers: this checks the machinery, not the machine.
+//! `--mode idle` starts one daemon per config and measures it idle. Small numbers: this
+//! checks the machinery, not the machine.
 
 use crate::common::{RedisCluster, RedisServer, TestConfig};
 use serde_json::Value;
@@ -145,8 +146,70 @@ fn bench_lane_on_a_cluster() {
     let lane = &report["lane"];
     for run in ["lane", "bare_26", "bare_same_ids"] {
         assert_eq!(lane[run]["jobs"], 3000, "{lane:#}");
-        assert!(lane[run]["redis_cpu_seconds"].as_f64().unwrap() > 0.0, "{lane:#}");
+        assert!(
+            lane[run]["redis_cpu_seconds"].as_f64().unwrap() > 0.0,
+            "{lane:#}"
+        );
     }
-    let memory = lane["memory"]["generated_id_bytes_per_job"].as_f64().unwrap();
+    let memory = lane["memory"]["generated_id_bytes_per_job"]
+        .as_f64()
+        .unwrap();
     assert!((150.0..500.0).contains(&memory), "{lane:#}");
+}
+
+/// `--mode idle`: one daemon per config, measured once its wake-ups are confirmed, stopped,
+/// nothing left behind.
+#[test]
+fn bench_idle_measures_each_config_once_its_wake_ups_are_confirmed() {
+    let redis = RedisServer::start_with(&["--notify-keyspace-events", "Kz"]);
+    let config = TestConfig::new(&redis.url(), 4, "[poller]\nidle_poll_max = \"1s\"\n");
+    let report = bench(
+        &config,
+        &[
+            "--mode",
+            "idle",
+            "--duration",
+            "2s",
+            "--routes",
+            "1,5",
+            "--sources",
+            "3",
+            "--with-sink",
+        ],
+    );
+    let idle = &report["idle"];
+    assert_eq!(idle["shards"], 4, "{idle:#}");
+    assert_eq!(idle["idle_poll_max_ms"], 1000, "{idle:#}");
+    assert!(idle["baseline_redis_cpu_pct"].as_f64().unwrap() >= 0.0);
+    let cases = idle["cases"].as_array().unwrap();
+    let configs: Vec<(u64, u64)> = cases
+        .iter()
+        .map(|c| {
+            (
+                c["routes"].as_u64().unwrap(),
+                c["sources"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(configs, [(1, 0), (5, 0), (1, 3)], "{idle:#}");
+    for c in cases {
+        assert_eq!(c["wakeups_confirmed"], true, "{c:#}");
+        assert_eq!(c["with_sink"], true, "{c:#}");
+        assert_eq!(c["exit_code"], 0, "{c:#}");
+        let seconds = c["seconds"].as_f64().unwrap();
+        assert!((2.0..4.0).contains(&seconds), "{c:#}");
+        // The heartbeat alone makes a script call a second.
+        assert!(c["script_calls_per_s"].as_f64().unwrap() >= 0.5, "{c:#}");
+        assert!(c["redis_commands_per_s"].as_f64().unwrap() > 0.0, "{c:#}");
+        let pid = c["pid"].as_u64().unwrap();
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "daemon {pid} still runs"
+        );
+    }
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*zdelay-bench*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(keys.is_empty(), "left behind: {keys:?}");
 }

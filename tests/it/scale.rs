@@ -864,3 +864,298 @@ fn a_second_daemon_with_a_running_ones_instance_id_refuses() {
     );
     assert!(first.try_exit().is_none(), "the first daemon keeps running");
 }
+
+/// used_cpu_sys + used_cpu_user of the Redis server, seconds.
+fn redis_cpu_s(con: &mut redis::Connection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query(con).expect("INFO cpu");
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO cpu has no {name}"))
+    };
+    field("used_cpu_sys") + field("used_cpu_user")
+}
+
+/// Waits until the daemon's `zdelay_wakeups_confirmed` gauges show `value` for `targets`.
+fn wait_confirmed(daemon: &Daemon, targets: &[&str], value: f64, within: Duration) {
+    wait_for_or_show(
+        &format!("zdelay_wakeups_confirmed {targets:?} = {value}"),
+        within,
+        || {
+            targets
+                .iter()
+                .all(|t| daemon.metric("zdelay_wakeups_confirmed", &[("targets", t)]) == value)
+        },
+        || daemon.log_text(),
+    );
+}
+
+/// Starts a daemon with `shards` and `extra` config on `redis`, waits until its wake-ups
+/// are confirmed for `targets`, and returns Redis's and the daemon's CPU over the next
+/// 10 s, % of a core.
+fn idle_cost(redis: &RedisServer, shards: u16, extra: &str, targets: &[&str]) -> (f64, f64) {
+    let config = TestConfig::new(&redis.url(), shards, extra);
+    let daemon = Daemon::start(&config);
+    wait_confirmed(&daemon, targets, 1.0, Duration::from_secs(30));
+    let mut con = redis.conn();
+    let (redis0, daemon0, started) = (
+        redis_cpu_s(&mut con),
+        crate::common::process_cpu(daemon.pid()),
+        Instant::now(),
+    );
+    std::thread::sleep(Duration::from_secs(10));
+    let secs = started.elapsed().as_secs_f64();
+    let redis_pct = 100.0 * (redis_cpu_s(&mut con) - redis0) / secs;
+    let daemon_pct =
+        100.0 * (crate::common::process_cpu(daemon.pid()) - daemon0).as_secs_f64() / secs;
+    (redis_pct, daemon_pct)
+}
+
+/// The idle-cost bound: 3 % of a core is the aim on a quiet machine (`zdelay bench --mode
+/// idle`); a shared test machine gets some slack.
+const IDLE_REDIS_PCT: f64 = 5.0;
+
+#[test]
+fn an_idle_daemon_with_256_shards_costs_redis_under_5_percent_of_a_core() {
+    let redis = RedisServer::start();
+    // A two-phase route too: every shard runs a publisher beside its mover.
+    let extra = format!(
+        r#"
+[[routes]]
+name = "w"
+sink = "local"
+target = "q:w"
+
+[sinks.remote]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "r"
+sink = "remote"
+target = "q:r"
+"#,
+        redis.url()
+    );
+    let (redis_pct, daemon_pct) = idle_cost(&redis, 256, &extra, &["shards"]);
+    eprintln!("256 idle shards: Redis {redis_pct:.2} %, daemon {daemon_pct:.2} % of a core");
+    assert!(
+        redis_pct < IDLE_REDIS_PCT,
+        "256 idle shards cost Redis {redis_pct:.2} % of a core"
+    );
+}
+
+#[test]
+fn an_idle_daemon_with_200_raw_sources_costs_redis_under_5_percent_of_a_core() {
+    // Raw sources are woken by keyspace events: with them on, their idle polls back off.
+    let redis = RedisServer::start_with(&["--notify-keyspace-events", "Kz"]);
+    let mut extra = String::from("[[routes]]\nname = \"w\"\nsink = \"local\"\ntarget = \"q:w\"\n");
+    for i in 0..200 {
+        extra.push_str(&format!(
+            "\n[[sources]]\nkey = \"raw:{i}\"\nroute = \"w\"\n"
+        ));
+    }
+    let (redis_pct, daemon_pct) = idle_cost(&redis, 16, &extra, &["shards", "sources"]);
+    eprintln!("200 idle raw sources: Redis {redis_pct:.2} %, daemon {daemon_pct:.2} % of a core");
+    assert!(
+        redis_pct < IDLE_REDIS_PCT,
+        "200 idle raw sources cost Redis {redis_pct:.2} % of a core"
+    );
+}
+
+#[test]
+fn a_lost_wake_subscription_brings_the_fallback_poll_back_until_a_new_one_is_confirmed() {
+    let redis = RedisServer::start_with(&["--notify-keyspace-events", "Kz"]);
+    const SHARDS: u16 = 4;
+    // idle_poll_max long enough that only the fallback poll can explain a prompt delivery.
+    let config = TestConfig::new(
+        &redis.url(),
+        SHARDS,
+        r#"
+[poller]
+idle_poll = "100ms"
+idle_poll_max = "60s"
+
+[[routes]]
+name = "w"
+sink = "local"
+target = "q:w"
+
+[[sources]]
+key = "raw:a"
+route = "w"
+"#,
+    );
+    let daemon = Daemon::start(&config);
+    wait_confirmed(
+        &daemon,
+        &["shards", "sources"],
+        1.0,
+        Duration::from_secs(30),
+    );
+    let mut con = redis.conn();
+    // The subscription cannot come back while SUBSCRIBE is refused.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "default", "-subscribe"][..])
+        .query(&mut con)
+        .unwrap();
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "pubsub"][..])
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(killed, 1, "the daemon's one subscription");
+    wait_confirmed(
+        &daemon,
+        &["shards", "sources"],
+        0.0,
+        Duration::from_secs(10),
+    );
+
+    // Written without a wake-up (no PUBLISH, no keyspace event reaches anyone): found by the
+    // fallback poll, not after idle_poll_max.
+    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
+    let shard = keys.shard_of("{h}:1");
+    let due = crate::common::redis_now_ms(&mut con);
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("HSET")
+        .arg(keys.jobs(shard))
+        .arg("{h}:1")
+        .arg("zd1:w\n0\nby hand")
+        .ignore()
+        .cmd("ZADD")
+        .arg(keys.due(shard))
+        .arg(due)
+        .arg("{h}:1")
+        .ignore()
+        .cmd("ZADD")
+        .arg("raw:a")
+        .arg(due)
+        .arg("raw by hand")
+        .ignore();
+    pipe.exec(&mut con).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let popped: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg("q:w")
+            .arg(10)
+            .query(&mut con)
+            .unwrap();
+        let (_, item) = popped.expect("delivered by the fallback poll within 10 s");
+        got.push(item);
+    }
+    let late = crate::common::redis_now_ms(&mut con) - due;
+    got.sort();
+    assert_eq!(got, ["by hand", "raw by hand"]);
+    assert!(
+        late < 5_000,
+        "found by the fallback poll (idle_poll 100 ms), not idle_poll_max (60 s): {late} ms"
+    );
+
+    // SUBSCRIBE allowed again: the listener's retries get a new subscription, confirmed by
+    // its probe, and a library enqueue wakes its poller again.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "default", "+subscribe"][..])
+        .query(&mut con)
+        .unwrap();
+    wait_confirmed(
+        &daemon,
+        &["shards", "sources"],
+        1.0,
+        Duration::from_secs(30),
+    );
+    let rt = runtime();
+    let client = rt
+        .block_on(Client::connect(&crate::common::redis_config(
+            &redis.url(),
+            SHARDS,
+        )))
+        .unwrap();
+    let (id, _) = rt
+        .block_on(client.enqueue(
+            NewJob::new("w", "woken").after(Duration::from_millis(300)),
+            OnConflict::Error,
+        ))
+        .unwrap();
+    let due = rt
+        .block_on(client.get(&id))
+        .unwrap()
+        .unwrap()
+        .score
+        .unwrap() as i64;
+    let popped: Option<(String, String)> = redis::cmd("BLPOP")
+        .arg("q:w")
+        .arg(10)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(popped.expect("delivered").1, "woken");
+    let late = crate::common::redis_now_ms(&mut con) - due;
+    assert!(
+        late < 1_000,
+        "woken by the enqueue's PUBLISH on the new subscription: {late} ms late"
+    );
+}
+
+#[test]
+fn an_idle_raw_publisher_sleeps_until_its_sources_head_is_due_not_a_whole_idle_poll() {
+    let redis = RedisServer::start_with(&["--notify-keyspace-events", "Kz"]);
+    let target = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            r#"
+[poller]
+idle_poll = "100ms"
+idle_poll_max = "60s"
+
+[sinks.mirror]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "m"
+sink = "mirror"
+target = "q:m"
+
+[[sources]]
+key = "raw:m"
+route = "m"
+"#,
+            target.url()
+        ),
+    );
+    let daemon = Daemon::start(&config);
+    wait_confirmed(
+        &daemon,
+        &["shards", "sources"],
+        1.0,
+        Duration::from_secs(30),
+    );
+    let mut con = redis.conn();
+    let mut tcon = target.conn();
+    // Its keyspace event wakes the publisher before it is due: the claim takes nothing and
+    // says when the head is due, and the publisher sleeps until then, not idle_poll_max.
+    for (i, ahead) in [800i64, 1_500].into_iter().enumerate() {
+        let due = crate::common::redis_now_ms(&mut con) + ahead;
+        let member = format!("later-{i}");
+        let _: () = redis::cmd("ZADD")
+            .arg("raw:m")
+            .arg(due)
+            .arg(&member)
+            .query(&mut con)
+            .unwrap();
+        let popped: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg("q:m")
+            .arg(10)
+            .query(&mut tcon)
+            .unwrap();
+        let late = crate::common::redis_now_ms(&mut con) - due;
+        assert_eq!(popped.expect("delivered within 10 s").1, member);
+        assert!(
+            (0..1_000).contains(&late),
+            "{member} delivered {late} ms after its due time (idle_poll_max is 60 s)"
+        );
+    }
+}

@@ -20,7 +20,9 @@
 -- ARGV[5] byte budget: the claimed envelopes' bytes stop at it (sizes read with HSTRLEN before
 --   anything is read); a single envelope larger than the budget is claimed alone
 -- Returns: { now_us, lease deadline ms, token ("" when nothing was claimed), more (1 when the
---   budget cut the batch: more jobs wait), C, then C triples: id, scheduled due ms (the first due
+--   budget cut the batch: more jobs wait), the earliest lease deadline in inflight after the call
+--   ms ("" when nothing is in flight: the next time a job may come back for a sink without a
+--   wake-up, once a mover finds its lease ran out), C, then C triples: id, scheduled due ms (the first due
 --   it was scheduled for: stable across retries, releases and lease expiry), envelope ("" when
 --   none is stored) }, in the ready set's order (due, then id).
 -- Re-run safety: yes; a second run claims the next jobs (the first run's claims stay leased).
@@ -43,8 +45,13 @@ local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local deadline = math.floor(now_us / 1000) + lease_ms
 -- Every member of this sink starts with "<sink>\n"; "\n" is byte 10, so "<sink>\11" is past them.
+local function lease_head()
+  local head = redis.call('ZRANGE', inflight_key, 0, 0, 'WITHSCORES')
+  if #head == 0 then return '' end
+  return head[2]
+end
 local members = redis.call('ZRANGEBYLEX', ready_key, '[' .. sink .. '\n', '(' .. sink .. '\11', 'LIMIT', 0, batch)
-if #members == 0 then return { now_us, deadline, '', 0, 0 } end
+if #members == 0 then return { now_us, deadline, '', 0, lease_head(), 0 } end
 local ids, dues = {}, {}
 local prefix = #sink + 2
 local n, used, more, largest = 0, 0, 0, 0
@@ -64,7 +71,7 @@ for i = 1, #members do
 end
 for i = #members, n + 1, -1 do members[i] = nil end
 local token = string.format('%d', redis.call('INCR', KEYS[6]))
-local out = { now_us, deadline, token, more, n }
+local out = { now_us, deadline, token, more, '', n }
 redis.call('ZREM', ready_key, unpack(members))
 redis.call('HDEL', ready_ids_key, unpack(ids))
 local zargs = {}
@@ -73,6 +80,7 @@ for i = 1, n do
   zargs[#zargs + 1] = ids[i]
 end
 redis.call('ZADD', inflight_key, unpack(zargs))
+out[5] = lease_head()
 -- The scheduled due is recorded before the job's score first moves, so its idempotency key
 -- <id>:<due> is the same on every redelivery; the token beside it is this claim's.
 local known = redis.call('HMGET', scheduled_key, unpack(ids))

@@ -12,7 +12,9 @@
 -- ARGV[1] batch size; ARGV[2] score unit "ms" | "s"; ARGV[3] lease in ms; ARGV[4] max payload bytes
 -- Scores implausible for the unit: see move_raw (ms sources: [1e9, 1e11); s sources: >= 1e11).
 -- Returns: { now_us, lease deadline (as stored: ms, or s with 3 decimals), dead implausible,
---   dead oversize, C, then C quadruples: member, original due ms, attempts before this one,
+--   dead oversize, more, the source's lowest score after the call in ms ("" when it is empty: the
+--   next time a member becomes due or a lease runs out, unless a producer writes an earlier one),
+--   C, then C quadruples: member, original due ms, attempts before this one,
 --   sha1 hex of the member }
 -- Re-run safety: yes; a second run finds the claimed members not due and claims the next.
 local src, dead_key, reasons_key, claims_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -97,7 +99,12 @@ if budget_left > 0 and not more then
   local due = redis.call('ZCOUNT', src, '-inf', in_unit(now_ms))
   if due > 0 then items, more = read_members(nil, nil, math.min(batch, due)) end
 end
-local out = { now_us, in_unit(now_ms + lease_ms), 0, 0, more and 1 or 0, 0 }
+local out = { now_us, in_unit(now_ms + lease_ms), 0, 0, more and 1 or 0, '', 0 }
+local function head_ms()
+  local head = redis.call('ZRANGE', src, 0, 0, 'WITHSCORES')
+  if #head == 0 then return '' end
+  return string.format('%d', to_ms(tonumber(head[2])))
+end
 local claimed, shas, scores = {}, {}, {}
 for i = 1, #items, 2 do
   local member, score = items[i], items[i + 1]
@@ -117,8 +124,11 @@ if #zdead > 0 then
 end
 out[3], out[4] = dead_implausible, dead_oversize
 local n = #claimed
-out[6] = n
-if n == 0 then return out end
+out[7] = n
+if n == 0 then
+  out[6] = head_ms()
+  return out
+end
 local known = redis.call('HMGET', claims_key, unpack(shas))
 -- The deadline: past every claimed member's last lease, so no member gets a deadline twice.
 local deadline_ms = now_ms + lease_ms
@@ -154,4 +164,5 @@ for i = 1, n do
 end
 redis.call('ZADD', src, 'XX', unpack(zargs))
 redis.call('HSET', claims_key, unpack(hargs))
+out[6] = head_ms()
 return out

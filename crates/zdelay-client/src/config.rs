@@ -673,7 +673,9 @@ pub struct PollerConfig {
     /// Longest a poller sleeps without a wake-up while wake-ups are known to arrive (the
     /// daemon's probe on the wake channel comes back; for a raw source, the server sends its
     /// keyspace events). A job written without its wake-up (a producer that skips the
-    /// `PUBLISH`) can wait this long. At least `idle_poll`. Default `5s`.
+    /// `PUBLISH`) can wait this long, and so can two-phase jobs that another daemon queued or
+    /// released for a sink only this one publishes (a shard's publishers look at least once a
+    /// second while wake-ups are not confirmed). At least `idle_poll`. Default `5s`.
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "duration_schema")]
     pub idle_poll_max: Duration,

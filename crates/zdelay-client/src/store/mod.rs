@@ -347,7 +347,13 @@ pub struct Schema {
 pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreError> {
     // One HGET a field, pipelined: the producer's ACL grants HGET, not HMGET.
     let mut pipe = redis::pipe();
-    for field in ["layout", "shards", "migrating", "migrating_counts", "min_version"] {
+    for field in [
+        "layout",
+        "shards",
+        "migrating",
+        "migrating_counts",
+        "min_version",
+    ] {
         pipe.hget(keys.schema(), field);
     }
     let (layout, shards, migrating, counts, min_version): (

@@ -922,6 +922,10 @@ pub struct Claim {
     pub token: String,
     /// The byte budget cut the batch: more jobs wait (claim again at once).
     pub more: bool,
+    /// The earliest lease deadline in the shard's inflight after the claim (any sink): when a
+    /// job may next come back to a ready set without a wake-up to its publisher. `None`:
+    /// nothing in flight.
+    pub next_lease_ms: Option<i64>,
     pub jobs: Vec<Claimed>,
 }
 
@@ -951,7 +955,7 @@ pub async fn claim_jobs(
         .invoke(con)
         .await?;
     let items = match value {
-        Value::Array(items) if items.len() >= 5 => items,
+        Value::Array(items) if items.len() >= 6 => items,
         other => return Err(protocol_error("claim reply", &other)),
     };
     let mut it = items.into_iter();
@@ -960,6 +964,7 @@ pub async fn claim_jobs(
     let deadline_ms = as_int(next())?;
     let token = as_string(next())?;
     let more = as_int(next())? == 1;
+    let next_lease_ms = optional_ms(next())?;
     let count = as_int(next())? as usize;
     let rest: Vec<Value> = it.collect();
     if rest.len() != 3 * count || (count > 0 && token.is_empty()) {
@@ -981,8 +986,20 @@ pub async fn claim_jobs(
         deadline_ms,
         token,
         more,
+        next_lease_ms,
         jobs,
     })
+}
+
+/// A time in ms that a script returns as a number, or "" for none.
+fn optional_ms(v: Value) -> redis::RedisResult<Option<i64>> {
+    let text = as_string(v)?;
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse::<f64>()
+        .map(|ms| Some(ms.ceil() as i64))
+        .map_err(|_| protocol_error("a time in ms", &Value::BulkString(text.into_bytes())))
 }
 
 /// The jobs waiting for one sink in a shard's ready set, as `ready_sinks` found them.
@@ -1087,6 +1104,9 @@ pub struct RawClaim {
     pub dead_oversize: u64,
     /// The byte budget cut the batch: more members are due (claim again at once).
     pub more: bool,
+    /// The source's lowest score after the claim, in ms: when a member next becomes due or a
+    /// lease runs out, unless a producer adds an earlier one. `None`: the source is empty.
+    pub next_due_ms: Option<i64>,
     pub members: Vec<RawClaimed>,
 }
 
@@ -1121,7 +1141,7 @@ pub async fn claim_raw(
         .invoke(con)
         .await?;
     let items = match value {
-        Value::Array(items) if items.len() >= 6 => items,
+        Value::Array(items) if items.len() >= 7 => items,
         other => return Err(protocol_error("raw claim reply", &other)),
     };
     let mut it = items.into_iter();
@@ -1131,6 +1151,7 @@ pub async fn claim_raw(
     let dead_implausible = as_int(next())? as u64;
     let dead_oversize = as_int(next())? as u64;
     let more = as_int(next())? == 1;
+    let next_due_ms = optional_ms(next())?;
     let count = as_int(next())? as usize;
     let mut members = Vec::with_capacity(count);
     for _ in 0..count {
@@ -1150,6 +1171,7 @@ pub async fn claim_raw(
         dead_implausible,
         dead_oversize,
         more,
+        next_due_ms,
         members,
     })
 }
