@@ -124,7 +124,8 @@ fn stored_id(i: u64) -> String {
 /// marker: the scratch clean-up deletes it with the data).
 async fn register(con: &mut Conn, keys: &Keys, lane: &Lane) -> anyhow::Result<Lane> {
     let (registered, _) =
-        zdelay_client::lane::register(con, keys, &lane.route, &lane.list, lane.push).await?;
+        zdelay_client::store::lanes::register(con, keys, &lane.route, &lane.list, lane.push)
+            .await?;
     ensure!(
         registered.keys == lane.keys,
         "the registry placed the bench lane elsewhere"

@@ -373,7 +373,7 @@ fn the_byte_budget_holds_with_large_payloads_waiting() {
 #[test]
 fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot() {
     use zdelay::keys::{Keys, slot_of, slot_tag};
-    use zdelay::lane::{read_registry, register};
+    use zdelay::store::lanes::{read_registry, register};
     use zdelay::store::scripts::LaneChange;
     let mut s = setup();
     let keys = Keys::new("zdelay", 16);

@@ -7,7 +7,7 @@
 //! The modules are the daemon's too, so both sides agree on the contract:
 //! - [`config`]: the `zdelay.toml` shape, loading and validation;
 //! - [`keys`]: the Redis key layout, the one place key names are built;
-//! - [`lane`]: route lanes of storage layout 2 (being built);
+//! - [`lane`]: route lanes of storage layout 2 (being built; their registry is in `store::lanes`);
 //! - [`lane_id`]: the ids storage layout 2 generates (`~<lane>.<12 characters>`), not used yet;
 //! - [`envelope`]: the stored job format;
 //! - [`routes`]: which destinations a job may name, and where they lead;

@@ -8,6 +8,7 @@
 //! command and script call touches one slot (a shard's keys share its hash tag); MOVED, ASK
 //! and failover are the cluster client's job.
 
+pub mod lanes;
 pub mod scripts;
 
 use crate::config::{RedisConfig, redact_url};
@@ -356,13 +357,8 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
     ] {
         pipe.hget(keys.schema(), field);
     }
-    let (layout, shards, migrating, counts, min_version): (
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-    ) = pipe.query_async(con).await?;
+    let [layout, shards, migrating, counts, min_version]: [Option<String>; 5] =
+        pipe.query_async(con).await?;
     refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
     let bad = |field: &str, value: &str| {
         StoreError::Schema(format!(
