@@ -12,7 +12,7 @@ use super::report::{LANE_RATIO_TARGET, LaneBench, LaneMemory, Throughput};
 use super::{Env, MEMORY_AIM_BYTES, MEMORY_AIM_PAYLOAD};
 use crate::metrics::LATENESS_BOUNDS_MS;
 use anyhow::ensure;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use zdelay_client::job::{Due, OnConflict};
 use zdelay_client::keys::Keys;
 use zdelay_client::lane::Lane;
@@ -28,62 +28,122 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
     let short: Vec<String> = (0..n).map(stored_id).collect();
     let ulids = zdelay_client::client::IdGenerator::default();
     let long: Vec<String> = (0..n).map(|_| ulids.next()).collect();
+    let lane_args = MoveLane {
+        batch: env.batch,
+        now_ms: None,
+        // The bench's payloads must move, whatever the config's limit.
+        max_payload: env.config.poller.max_payload.max(size),
+        batch_bytes: env.config.poller.batch_bytes,
+        bounds_ms: LATENESS_BOUNDS_MS,
+    };
     let mut rounds = Vec::new();
-    for round in 0..env.args.rounds {
-        // Each round runs the three in another order, so none always runs first (on fresh
-        // allocator state) or last.
-        let mut runs: [Option<Throughput>; 3] = [None, None, None];
-        for k in 0..3 {
-            let variant = (k + round) % 3;
-            let what = [
-                "move_lane",
-                "bare, 26-character ids",
-                "bare, the lane's ids",
-            ][variant];
-            status(&format!("lane, round {}: {what}", round + 1));
-            let now = env.redis_now_ms();
-            let due = |i: u64| backlog_due(i, n, now);
-            let keys = env.scratch.keys.clone();
-            let max_score = env.redis_now_ms() + 1;
-            let mut probe = env.con.clone();
-            let con = &mut env.con;
-            let run = match variant {
-                0 => {
-                    load_lane(con, &keys, &lane, &short, size, due, what).await?;
-                    timed(
-                        &mut probe,
-                        &out,
-                        n,
-                        drain_lane(con, &lane, env.batch, env.args.payload_size),
-                    )
-                    .await?
+    for round in 1..=env.args.rounds {
+        // The three data sets side by side, drained one call of each in turn (the order
+        // rotating every step): all three run on the same server state, so the ratios
+        // compare the scripts, not the moment each ran.
+        status(&format!("lane, round {round}: loading"));
+        let now = env.redis_now_ms();
+        let due = |i: u64| backlog_due(i, n, now);
+        let keys = env.scratch.keys.clone();
+        let (bare_26, bare_same) = (
+            env.scratch.lane_bare[0].clone(),
+            env.scratch.lane_bare[1].clone(),
+        );
+        load_lane(
+            &mut env.con,
+            &keys,
+            &lane,
+            &short,
+            size,
+            due,
+            "enqueue_lane",
+        )
+        .await?;
+        load_bare(
+            &mut env.con,
+            &bare_26,
+            &long,
+            size,
+            due,
+            "bare, 26-character ids",
+        )
+        .await?;
+        load_bare(
+            &mut env.con,
+            &bare_same,
+            &short,
+            size,
+            due,
+            "bare, the lane's ids",
+        )
+        .await?;
+        status(&format!(
+            "lane, round {round}: draining the three, one call of each in turn"
+        ));
+        let max_score = env.redis_now_ms() + 1;
+        let mut probe = env.con.clone();
+        let mut spent = [(Duration::ZERO, 0.0f64, 0u64, 0u64); 3];
+        let mut done = [false; 3];
+        let mut step = 0usize;
+        while done.iter().any(|d| !d) {
+            for k in 0..3 {
+                let variant = (k + step) % 3;
+                if done[variant] {
+                    continue;
                 }
-                _ => {
-                    let ids = if variant == 1 { &long } else { &short };
-                    load_bare(con, &env.scratch.lane_bare, ids, size, due, what).await?;
-                    timed(
-                        &mut probe,
-                        &out,
-                        n,
-                        drain_bare(con, &env.scratch.lane_bare, &out, env.batch, max_score),
-                    )
-                    .await?
-                }
-            };
-            ensure!(
-                llen(&mut env.con, &out).await? == n,
-                "{what}: the list has not every job"
-            );
-            env.scratch.clean(&mut env.con, false).await?;
+                let cpu0 = redis_cpu_at(&mut probe, &out).await?;
+                let started = Instant::now();
+                let moved = match variant {
+                    0 => {
+                        let reply = scripts::move_lane(&mut env.con, &lane, &lane_args).await?;
+                        ensure!(
+                            reply.dead.iter().sum::<u64>() == 0,
+                            "move_lane sent jobs to dead: {:?}",
+                            reply.dead
+                        );
+                        reply.moved_total()
+                    }
+                    _ => {
+                        let (due_key, jobs_key) = if variant == 1 { &bare_26 } else { &bare_same };
+                        scripts::bench_bare_move_hash(
+                            &mut env.con,
+                            due_key,
+                            jobs_key,
+                            &out,
+                            env.batch,
+                            max_score,
+                        )
+                        .await?
+                    }
+                };
+                let wall = started.elapsed();
+                let cpu = redis_cpu_at(&mut probe, &out).await? - cpu0;
+                let s = &mut spent[variant];
+                *s = (s.0 + wall, s.1 + cpu, s.2 + moved, s.3 + 1);
+                done[variant] = moved < env.batch as u64;
+            }
+            step += 1;
+        }
+        let run = |(wall, cpu, moved, calls): (Duration, f64, u64, u64)| {
+            Throughput::new(moved, wall, cpu, calls)
+        };
+        let [lane_run, bare_26, bare_same] = spent.map(run);
+        for (what, run) in [
+            ("move_lane", &lane_run),
+            ("bare, 26-character ids", &bare_26),
+            ("bare, the lane's ids", &bare_same),
+        ] {
+            ensure!(run.jobs == n, "{what}: moved {} of {n}", run.jobs);
             status(&format!(
                 "  {what}: {:.0} jobs/s, {:.2} Redis CPU s per million",
                 run.jobs_per_sec, run.redis_cpu_s_per_million
             ));
-            runs[variant] = Some(run);
         }
-        let [Some(lane_run), Some(bare_26), Some(bare_same)] = runs else {
-            unreachable!("every variant ran")
-        };
+        ensure!(
+            llen(&mut env.con, &out).await? == 3 * n,
+            "the list has not every job"
+        );
+        env.scratch.clean(&mut env.con, false).await?;
         rounds.push((lane_run, bare_26, bare_same));
     }
     let ratio = |r: &(Throughput, Throughput, Throughput)| r.0.jobs_per_sec / r.1.jobs_per_sec;
@@ -171,70 +231,6 @@ async fn load_lane(
     }
     progress.finish_and_clear();
     Ok(())
-}
-
-/// Times a drain (wall and Redis CPU) that must move all `n` jobs.
-async fn timed(
-    con: &mut Conn,
-    list: &str,
-    n: u64,
-    drain: impl std::future::Future<Output = anyhow::Result<(u64, u64)>>,
-) -> anyhow::Result<Throughput> {
-    let cpu0 = redis_cpu_at(con, list).await?;
-    let started = Instant::now();
-    let (moved, calls) = drain.await?;
-    let elapsed = started.elapsed();
-    let cpu = redis_cpu_at(con, list).await? - cpu0;
-    ensure!(moved == n, "moved {moved} of {n}");
-    Ok(Throughput::new(n, elapsed, cpu, calls))
-}
-
-async fn drain_bare(
-    con: &mut Conn,
-    bare: &(String, String),
-    out: &str,
-    batch: usize,
-    max_score: i64,
-) -> anyhow::Result<(u64, u64)> {
-    let (mut moved, mut calls) = (0u64, 0u64);
-    loop {
-        let got =
-            scripts::bench_bare_move_hash(con, &bare.0, &bare.1, out, batch, max_score).await?;
-        calls += 1;
-        moved += got;
-        if got < batch as u64 {
-            return Ok((moved, calls));
-        }
-    }
-}
-
-async fn drain_lane(
-    con: &mut Conn,
-    lane: &Lane,
-    batch: usize,
-    max_payload: usize,
-) -> anyhow::Result<(u64, u64)> {
-    let args = MoveLane {
-        batch,
-        now_ms: None,
-        max_payload: max_payload.max(1 << 20),
-        batch_bytes: 4 << 20,
-        bounds_ms: LATENESS_BOUNDS_MS,
-    };
-    let (mut moved, mut calls) = (0u64, 0u64);
-    loop {
-        let reply = scripts::move_lane(con, lane, &args).await?;
-        calls += 1;
-        moved += reply.moved_total();
-        ensure!(
-            reply.dead.iter().sum::<u64>() == 0,
-            "move_lane sent jobs to dead: {:?}",
-            reply.dead
-        );
-        if reply.taken < batch {
-            return Ok((moved, calls));
-        }
-    }
 }
 
 /// The jobs in one bare id ZSET + payload HASH in the lane's slot (one pair: one lane's shape).

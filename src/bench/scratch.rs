@@ -17,8 +17,9 @@ pub(super) struct Scratch {
     pub(super) out: String,
     /// The bench route's lane (storage layout 2 preview), delivering to `out`.
     pub(super) lane: Lane,
-    /// The bare id ZSET and payload HASH the lane is compared with, in its slot.
-    pub(super) lane_bare: (String, String),
+    /// The bare id ZSETs and payload HASHes the lane is compared with, in its slot: for
+    /// 26-character ids and for the lane's own.
+    pub(super) lane_bare: [(String, String); 2],
 }
 
 impl Scratch {
@@ -30,10 +31,12 @@ impl Scratch {
             lane: bench_lane(namespace, &format!("{namespace}:out")),
             lane_bare: {
                 let tag = keys::slot_tag(keys::slot_of(&format!("{namespace}:out")));
-                (
-                    format!("{namespace}:{{{tag}}}:bare_due"),
-                    format!("{namespace}:{{{tag}}}:bare_jobs"),
-                )
+                ["bare26", "bare12"].map(|kind| {
+                    (
+                        format!("{namespace}:{{{tag}}}:{kind}_due"),
+                        format!("{namespace}:{{{tag}}}:{kind}_jobs"),
+                    )
+                })
             },
             out: format!("{namespace}:out"),
         }
@@ -61,7 +64,9 @@ impl Scratch {
         let lane = self.lane.keys.clone();
         out.extend([lane.due, lane.jobs, lane.meta, lane.maxlate, lane.large]);
         out.extend([lane.dead, lane.reasons, lane.sched_due, lane.marker]);
-        out.extend([self.lane_bare.0.clone(), self.lane_bare.1.clone()]);
+        for (due, jobs) in &self.lane_bare {
+            out.extend([due.clone(), jobs.clone()]);
+        }
         out.extend([
             self.raw.source.clone(),
             self.raw.dead.clone(),
