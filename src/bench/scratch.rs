@@ -147,10 +147,14 @@ mod tests {
         let unique: std::collections::HashSet<_> = keys.iter().collect();
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
         // Per shard: five job keys, three two-phase keys, six schedule and lateness keys,
-        // the death history, two bare keys.
-        assert_eq!(keys.len(), 2 * 17 + 4);
+        // the death history, two bare keys; then the raw source's three keys, the list, the
+        // lane's nine keys and its two bare comparisons.
+        assert_eq!(keys.len(), 2 * 17 + 4 + 9 + 4);
         for k in s.registry_keys() {
-            assert!(k.starts_with("{zdelay-bench}:"), "{k}");
+            assert!(
+                k.starts_with("{zdelay-bench}:") || k == "zdelay-bench:lanes",
+                "{k}"
+            );
         }
     }
 }

@@ -467,3 +467,22 @@ fn a_missing_payload_on_the_fast_path_dies_alone() {
         vec![b"third".to_vec(), b"first".to_vec()]
     );
 }
+
+#[test]
+fn a_large_payload_that_dies_leaves_the_large_set() {
+    let mut s = setup();
+    let now = redis_now_ms(&mut s.redis.conn());
+    let large = vec![b'L'; 10_000];
+    let expired = LaneItem {
+        max_lateness_ms: Some(1),
+        ..item("big", now - 1000, &large)
+    };
+    s.enqueue(OnConflict::Error, &[expired]).expect("enqueue");
+    let reply = s.move_at(None, 1 << 20, 4 << 20).expect("move");
+    assert_eq!(reply.dead[5], 1, "{reply:?}");
+    let left: usize = redis::cmd("EXISTS")
+        .arg(&s.lane.keys.large)
+        .query(&mut s.redis.conn())
+        .unwrap();
+    assert_eq!(left, 0, "the move reads whole batches again");
+}

@@ -219,11 +219,15 @@ if n > 0 and not done then
   if #out_ids > 0 then
     redis.call('HDEL', jobs_key, unpack(out_ids))
     if redis.call('EXISTS', meta_key) == 1 then redis.call('HDEL', meta_key, unpack(out_ids)) end
-    if redis.call('EXISTS', large_key) == 1 then redis.call('SREM', large_key, unpack(out_ids)) end
   end
-  -- The limit applies until the job leaves due.
+  -- The limit applies until the job leaves due, and so does the large set (a dead job's
+  -- payload is never read by the move; a replay lists it again).
+  local listed_large = redis.call('EXISTS', large_key) == 1
   for _, gone in ipairs({ out_ids, dead_ids }) do
-    if #gone > 0 then redis.call('HDEL', maxlate_key, unpack(gone)) end
+    if #gone > 0 then
+      redis.call('HDEL', maxlate_key, unpack(gone))
+      if listed_large then redis.call('SREM', large_key, unpack(gone)) end
+    end
   end
   if kept > 0 then
     for _, gone in ipairs({ out_ids, dead_ids }) do
