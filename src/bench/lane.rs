@@ -49,32 +49,14 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
             env.scratch.lane_bare[0].clone(),
             env.scratch.lane_bare[1].clone(),
         );
-        load_lane(
+        load_side_by_side(
             &mut env.con,
             &keys,
             &lane,
+            [(&bare_26, &long), (&bare_same, &short)],
             &short,
             size,
-            due,
-            "enqueue_lane",
-        )
-        .await?;
-        load_bare(
-            &mut env.con,
-            &bare_26,
-            &long,
-            size,
-            due,
-            "bare, 26-character ids",
-        )
-        .await?;
-        load_bare(
-            &mut env.con,
-            &bare_same,
-            &short,
-            size,
-            due,
-            "bare, the lane's ids",
+            &due,
         )
         .await?;
         status(&format!(
@@ -199,67 +181,77 @@ async fn load_lane(
     lane: &Lane,
     ids: &[String],
     size: usize,
-    due: impl Fn(u64) -> i64,
+    due: &impl Fn(u64) -> i64,
     what: &str,
 ) -> anyhow::Result<()> {
     register(con, keys, lane).await?;
     let progress = bar(ids.len() as u64, what);
-    for (c, chunk) in ids.chunks(1000).enumerate() {
-        let base = (c * 1000) as u64;
-        let payloads: Vec<Vec<u8>> = (0..chunk.len() as u64)
-            .map(|k| payload(base + k, size))
-            .collect();
-        let items: Vec<LaneItem> = chunk
-            .iter()
-            .zip(&payloads)
-            .enumerate()
-            .map(|(k, (id, p))| LaneItem {
-                id,
-                due: Due::At(due(base + k as u64)),
-                payload: p,
-                meta: None,
-                max_lateness_ms: None,
-            })
-            .collect();
-        let done =
-            scripts::enqueue_lane(con, lane, OnConflict::Replace, "bench:wake", &items).await?;
-        ensure!(
-            done.iter().all(Option::is_some),
-            "enqueue_lane refused a job"
-        );
-        progress.inc(chunk.len() as u64);
+    for start in (0..ids.len()).step_by(1000) {
+        let end = (start + 1000).min(ids.len());
+        enqueue_chunk(con, lane, ids, start..end, size, due).await?;
+        progress.inc((end - start) as u64);
     }
     progress.finish_and_clear();
     Ok(())
 }
 
-/// The jobs in one bare id ZSET + payload HASH in the lane's slot (one pair: one lane's shape).
-async fn load_bare(
+/// The lane and the two bare data sets (id ZSET + payload HASH in the lane's slot), loaded
+/// 1,000 jobs of each in turn and job by job (as producers write), so the three are laid out
+/// in memory alike and the move, not the loading, makes the difference.
+async fn load_side_by_side(
     con: &mut Conn,
-    bare: &(String, String),
-    ids: &[String],
+    keys: &Keys,
+    lane: &Lane,
+    bares: [(&(String, String), &Vec<String>); 2],
+    lane_ids: &[String],
     size: usize,
-    due: impl Fn(u64) -> i64,
-    what: &str,
-) -> redis::RedisResult<()> {
-    let progress = bar(ids.len() as u64, what);
-    for (c, chunk) in ids.chunks(10_000).enumerate() {
-        let base = (c * 10_000) as u64;
-        let mut pipe = redis::pipe();
-        let zadd = pipe.cmd("ZADD").arg(&bare.0);
-        for (k, id) in chunk.iter().enumerate() {
-            zadd.arg(due(base + k as u64)).arg(id);
+    due: &impl Fn(u64) -> i64,
+) -> anyhow::Result<()> {
+    register(con, keys, lane).await?;
+    let n = lane_ids.len();
+    let progress = bar(n as u64, "loading the three side by side");
+    for start in (0..n).step_by(1000) {
+        let end = (start + 1000).min(n);
+        enqueue_chunk(con, lane, lane_ids, start..end, size, due).await?;
+        for ((due_key, jobs_key), ids) in bares {
+            let mut pipe = redis::pipe();
+            for (i, id) in ids.iter().enumerate().take(end).skip(start) {
+                pipe.zadd(due_key, id, due(i as u64)).ignore();
+                pipe.hset(jobs_key, id, payload(i as u64, size)).ignore();
+            }
+            let _: () = pipe.query_async(con).await?;
         }
-        zadd.ignore();
-        let hset = pipe.cmd("HSET").arg(&bare.1);
-        for (k, id) in chunk.iter().enumerate() {
-            hset.arg(id).arg(payload(base + k as u64, size));
-        }
-        hset.ignore();
-        let _: () = pipe.query_async(con).await?;
-        progress.inc(chunk.len() as u64);
+        progress.inc((end - start) as u64);
     }
     progress.finish_and_clear();
+    Ok(())
+}
+
+/// Enqueues `ids[range]` into `lane` in one `enqueue_lane` call.
+async fn enqueue_chunk(
+    con: &mut Conn,
+    lane: &Lane,
+    ids: &[String],
+    range: std::ops::Range<usize>,
+    size: usize,
+    due: &impl Fn(u64) -> i64,
+) -> anyhow::Result<()> {
+    let payloads: Vec<Vec<u8>> = range.clone().map(|i| payload(i as u64, size)).collect();
+    let items: Vec<LaneItem> = range
+        .zip(&payloads)
+        .map(|(i, p)| LaneItem {
+            id: &ids[i],
+            due: Due::At(due(i as u64)),
+            payload: p,
+            meta: None,
+            max_lateness_ms: None,
+        })
+        .collect();
+    let done = scripts::enqueue_lane(con, lane, OnConflict::Replace, "bench:wake", &items).await?;
+    ensure!(
+        done.iter().all(Option::is_some),
+        "enqueue_lane refused a job"
+    );
     Ok(())
 }
 
@@ -281,7 +273,7 @@ async fn memory(
         status(what);
         env.scratch.clean(&mut env.con, false).await?;
         let before = used_memory_at(&mut env.con, &lane.list).await?;
-        load_lane(&mut env.con, &env.scratch.keys, lane, ids, size, due, what).await?;
+        load_lane(&mut env.con, &env.scratch.keys, lane, ids, size, &due, what).await?;
         let after = used_memory_at(&mut env.con, &lane.list).await?;
         per_job.push((after - before) as f64 / n as f64);
         env.scratch.clean(&mut env.con, false).await?;

