@@ -24,21 +24,21 @@ pub(super) struct Scratch {
 
 impl Scratch {
     pub(super) fn new(namespace: &str, shards: u16) -> Self {
+        let out = format!("{namespace}:out");
+        // The lane and its bare comparisons in the list's slot, as the registry places a lane.
+        let tag = keys::slot_tag(keys::slot_of(&out));
         Scratch {
             keys: Keys::new(namespace, shards),
             bare: Keys::new(&format!("{namespace}:bare"), shards),
             raw: RawKeys::new(&format!("{namespace}:raw"), None),
-            lane: bench_lane(namespace, &format!("{namespace}:out")),
-            lane_bare: {
-                let tag = keys::slot_tag(keys::slot_of(&format!("{namespace}:out")));
-                ["bare26", "bare12"].map(|kind| {
-                    (
-                        format!("{namespace}:{{{tag}}}:{kind}_due"),
-                        format!("{namespace}:{{{tag}}}:{kind}_jobs"),
-                    )
-                })
-            },
-            out: format!("{namespace}:out"),
+            lane: Lane::new(namespace, tag, 0, super::ROUTE, &out, Push::default()),
+            lane_bare: ["bare26", "bare12"].map(|kind| {
+                (
+                    format!("{namespace}:{{{tag}}}:{kind}_due"),
+                    format!("{namespace}:{{{tag}}}:{kind}_jobs"),
+                )
+            }),
+            out,
         }
     }
 
@@ -122,12 +122,6 @@ impl Scratch {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
-}
-
-/// The bench route's lane onto `list`, tagged for the list's slot.
-fn bench_lane(namespace: &str, list: &str) -> Lane {
-    let tag = keys::slot_tag(keys::slot_of(list));
-    Lane::new(namespace, tag, 0, super::ROUTE, list, Push::default())
 }
 
 #[cfg(test)]

@@ -78,8 +78,14 @@ local n = #ids
 -- multi-value reply). Returns them, how many ids they cover (at least one), and whether
 -- every one is known to be present and within max_payload (nil: not checked).
 local SMALL, LARGE = 4096, 65536
+-- Whether the large set holds any id, once asked (nil until then): asked once per call.
+local any_large = nil
+local function large_listed()
+  if any_large == nil then any_large = redis.call('EXISTS', large_key) == 1 end
+  return any_large
+end
 local function read_payloads()
-  if max_payload >= SMALL and redis.call('EXISTS', large_key) == 0 then
+  if max_payload >= SMALL and not large_listed() then
     local count = math.min(n, math.max(1, math.floor(budget_left / SMALL)))
     return redis.call('HMGET', jobs_key, unpack(ids, 1, count)), count, nil
   end
@@ -146,7 +152,7 @@ if n > 0 then
       count_buckets()
       redis.call('HDEL', jobs_key, unpack(ids))
       if redis.call('EXISTS', meta_key) == 1 then redis.call('HDEL', meta_key, unpack(ids)) end
-      if redis.call('EXISTS', large_key) == 1 then redis.call('SREM', large_key, unpack(ids)) end
+      if large_listed() then redis.call('SREM', large_key, unpack(ids)) end
       -- The first n ranks are exactly the ids read above (same script, scores <= now).
       redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
       done = true
@@ -222,11 +228,10 @@ if n > 0 and not done then
   end
   -- The limit applies until the job leaves due, and so does the large set (a dead job's
   -- payload is never read by the move; a replay lists it again).
-  local listed_large = redis.call('EXISTS', large_key) == 1
   for _, gone in ipairs({ out_ids, dead_ids }) do
     if #gone > 0 then
       redis.call('HDEL', maxlate_key, unpack(gone))
-      if listed_large then redis.call('SREM', large_key, unpack(gone)) end
+      if large_listed() then redis.call('SREM', large_key, unpack(gone)) end
     end
   end
   if kept > 0 then

@@ -40,6 +40,13 @@ impl Lane {
         }
     }
 
+    /// A lane of `route` onto `list`, its keys in the list's hash slot (tagged with the
+    /// slot's `slot_tag`): what the registry places.
+    pub fn for_list(namespace: &str, number: u32, route: &str, list: &str, push: Push) -> Lane {
+        let tag = keys::slot_tag(keys::slot_of(list));
+        Lane::new(namespace, tag, number, route, list, push)
+    }
+
     /// The marker a live lane holds: `2 <lane> <LPUSH|RPUSH> <list key>`. Every lane script
     /// refuses a call whose expected marker differs, so a lane is delivered only as registered.
     pub fn marker(&self) -> String {
@@ -84,14 +91,7 @@ pub fn parse_entry(keys: &Keys, route: &str, entry: &str) -> Option<Lane> {
     };
     let list = parts.next()?;
     (keys::slot_of(list) == slot).then_some(())?;
-    Some(Lane::new(
-        keys.namespace(),
-        keys::slot_tag(slot),
-        number,
-        route,
-        list,
-        push,
-    ))
+    Some(Lane::for_list(keys.namespace(), number, route, list, push))
 }
 
 #[cfg(test)]

@@ -76,14 +76,7 @@ pub async fn register(
         scripts::register_lane(con, &keys.lanes(), route, slot, push, list).await?;
     let number = u32::from_str_radix(&number, 36)
         .map_err(|_| StoreError::Schema(format!("{} gave lane number {number:?}", keys.lanes())))?;
-    let lane = Lane::new(
-        keys.namespace(),
-        keys::slot_tag(slot),
-        number,
-        route,
-        list,
-        push,
-    );
+    let lane = Lane::for_list(keys.namespace(), number, route, list, push);
     // Written on every registration, so a start that died after registering still ends
     // with the marker in place.
     let _: () = redis::cmd("SET")

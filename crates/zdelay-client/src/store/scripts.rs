@@ -491,18 +491,19 @@ pub async fn enqueue_jobs(
         pipelined_by_shard(con, &invocations, |i| calls[i].keys.shard).await?;
     Ok(replies
         .into_iter()
-        .map(|codes| {
-            Ok(codes?
-                .into_iter()
-                .map(|code| match code {
-                    1 => Some(Enqueued::Added),
-                    2 => Some(Enqueued::Replaced),
-                    0 => Some(Enqueued::Kept),
-                    _ => None,
-                })
-                .collect())
-        })
+        .map(|codes| Ok(codes?.into_iter().map(enqueued_of).collect()))
         .collect())
+}
+
+/// What an enqueue script did with one job (`enqueue_jobs`, `enqueue_lane`): `None` when
+/// the id exists and the policy is `Error`.
+fn enqueued_of(code: i64) -> Option<Enqueued> {
+    match code {
+        1 => Some(Enqueued::Added),
+        2 => Some(Enqueued::Replaced),
+        0 => Some(Enqueued::Kept),
+        _ => None,
+    }
 }
 
 pub async fn cancel_job(
@@ -1922,15 +1923,7 @@ pub async fn enqueue_lane(
             );
     }
     let codes: Vec<i64> = inv.invoke(con).await?;
-    Ok(codes
-        .into_iter()
-        .map(|code| match code {
-            1 => Some(Enqueued::Added),
-            2 => Some(Enqueued::Replaced),
-            0 => Some(Enqueued::Kept),
-            _ => None,
-        })
-        .collect())
+    Ok(codes.into_iter().map(enqueued_of).collect())
 }
 
 /// One `move_lane` call's limits.
@@ -2306,6 +2299,34 @@ mod tests {
                     key.name()
                 );
             }
+        }
+    }
+
+    #[test]
+    fn lane_scripts_check_their_lane_marker_first() {
+        for (name, marker_key) in [("enqueue_lane", 8), ("move_lane", 10)] {
+            let (_, source) = ALL.iter().find(|(n, _)| *n == name).expect("script exists");
+            let body: Vec<&str> = source
+                .lines()
+                .skip_while(|l| l.starts_with("--") || l.is_empty())
+                .collect();
+            // The same fence word for word in every lane script, on its last key.
+            let fence = format!(
+                "local marker = redis.call('GET', KEYS[{marker_key}])
+if marker ~= ARGV[1] then
+  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
+  if string.sub(marker, 1, 8) == 'retired ' then
+    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
+  end
+  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
+end"
+            );
+            let fence: Vec<&str> = fence.lines().collect();
+            assert_eq!(body.get(..fence.len()), Some(&fence[..]), "{name}");
+            assert!(
+                source.contains(&format!("-- KEYS[{marker_key}] marker")),
+                "{name}: the marker is its last key"
+            );
         }
     }
 
