@@ -259,6 +259,53 @@ route = "m"
     ok(&["stats"]);
     // The route-lane scripts of storage layout 2 run in the bench's preview of it so far.
     ok(&["bench", "--mode", "lane", "--jobs", "2000"]);
+    // The per-id lane calls, which nothing runs yet but the library: in a namespace of their
+    // own, so the reshard below meets only its own.
+    {
+        use zdelay::store::{Conn, lanes, scripts};
+        let mut lcon = rt
+            .block_on(Conn::connect(&crate::common::redis_config(&redis.url(), 4)))
+            .expect("connect");
+        let lane_keys = Keys::new("lanecalls", 4);
+        let (lane, _) = rt
+            .block_on(lanes::register(
+                &mut lcon,
+                &lane_keys,
+                "emails",
+                "q:lanecalls",
+                zdelay::config::Push::Lpush,
+            ))
+            .expect("register");
+        let item = scripts::LaneItem {
+            id: "w",
+            due: zdelay::job::Due::At(now + 3_600_000),
+            payload: b"p",
+            meta: Some("{}"),
+            max_lateness_ms: Some(5_000),
+        };
+        rt.block_on(scripts::enqueue_lane(
+            &mut lcon,
+            &lane,
+            zdelay::OnConflict::Error,
+            "zdelay:wake",
+            &[item],
+        ))
+        .expect("enqueue_lane");
+        let due = rt
+            .block_on(scripts::reschedule_lane(
+                &mut lcon,
+                &lane,
+                "zdelay:wake",
+                "w",
+                zdelay::job::Due::In(Duration::from_secs(60)),
+            ))
+            .expect("reschedule_lane");
+        assert!(due.is_some(), "rescheduled");
+        let cancelled = rt
+            .block_on(scripts::cancel_lane(&mut lcon, &lane, "w"))
+            .expect("cancel_lane");
+        assert!(cancelled);
+    }
     // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
     // dead job's history, and needs no daemon running.
     let mut daemon = daemon;

@@ -1,15 +1,19 @@
-//! Route lanes (storage layout 2, being built): `enqueue_lane` and `move_lane` against a
-//! real Redis. What must hold as on layout 1: pushed and removed in one call, in due order,
-//! never before due, policies per id, the general path's dead letters (missing, oversize,
-//! expired, wrong type) and a failed push leaving everything due; and what is new: the
-//! marker fence, meta kept beside the payload, the byte budget kept without reading a
-//! payload only to leave it.
+//! Route lanes (storage layout 2, being built): `enqueue_lane`, `move_lane` and the per-id
+//! calls (`cancel_lane`, `reschedule_lane`, `lanes::get`) against a real Redis. What must
+//! hold as on layout 1: pushed and removed in one call, in due order, never before due,
+//! policies per id, the general path's dead letters (missing, oversize, expired, wrong type)
+//! and a failed push leaving everything due; cancel and reschedule touch only a waiting job,
+//! and a reschedule to a new head wakes the mover; and what is new: the marker fence, meta
+//! kept beside the payload, the byte budget kept without reading a payload only to leave it.
 
 use crate::common::{RedisServer, lrange, redis_now_ms, runtime};
+use std::time::Duration;
 use zdelay::config::Push;
+use zdelay::job::JobState;
 use zdelay::job::{Due, Enqueued, OnConflict};
 use zdelay::lane::Lane;
 use zdelay::store::Conn;
+use zdelay::store::lanes::{self, LaneJob, LaneLookup};
 use zdelay::store::scripts::{self, LaneItem, MoveLane, MoveReply};
 
 const BOUNDS: &[u64] = &[1, 10, 100];
@@ -76,6 +80,43 @@ impl Setup {
         };
         self.rt
             .block_on(scripts::move_lane(&mut self.con, &self.lane, &args))
+    }
+
+    fn cancel(&mut self, id: &str) -> redis::RedisResult<bool> {
+        self.rt
+            .block_on(scripts::cancel_lane(&mut self.con, &self.lane, id))
+    }
+
+    fn reschedule(&mut self, id: &str, due: Due) -> redis::RedisResult<Option<i64>> {
+        self.rt.block_on(scripts::reschedule_lane(
+            &mut self.con,
+            &self.lane,
+            "zdelay:wake",
+            id,
+            due,
+        ))
+    }
+
+    fn get(&mut self, id: &str) -> Option<LaneJob> {
+        self.rt
+            .block_on(lanes::get(&mut self.con, &self.lane, id))
+            .expect("get")
+    }
+
+    fn zscore(&mut self, key: &str, member: &str) -> Option<i64> {
+        redis::cmd("ZSCORE")
+            .arg(key)
+            .arg(member)
+            .query(&mut self.redis.conn())
+            .expect("ZSCORE")
+    }
+
+    fn sismember(&mut self, key: &str, member: &str) -> bool {
+        redis::cmd("SISMEMBER")
+            .arg(key)
+            .arg(member)
+            .query(&mut self.redis.conn())
+            .expect("SISMEMBER")
     }
 
     fn zcard(&mut self, key: &str) -> usize {
@@ -485,4 +526,348 @@ fn a_large_payload_that_dies_leaves_the_large_set() {
         .query(&mut s.redis.conn())
         .unwrap();
     assert_eq!(left, 0, "the move reads whole batches again");
+}
+
+/// A job for the per-id calls: a payload over 4 KiB (listed in `large`), meta and a max
+/// lateness, so a cancel has every entry to remove.
+fn full_item<'a>(id: &'a str, due_ms: i64, payload: &'a [u8]) -> LaneItem<'a> {
+    LaneItem {
+        meta: Some(r#"{"headers":{"k":"v"}}"#),
+        max_lateness_ms: Some(60_000),
+        ..item(id, due_ms, payload)
+    }
+}
+
+#[test]
+fn cancel_removes_a_waiting_job_with_everything_it_had() {
+    let mut s = setup();
+    let now = redis_now_ms(&mut s.redis.conn());
+    let large = vec![b'L'; 5_000];
+    s.enqueue(
+        OnConflict::Error,
+        &[
+            full_item("gone", now + 60_000, &large),
+            full_item("stays", now + 60_000, &large),
+        ],
+    )
+    .expect("enqueue");
+    let k = s.lane.keys.clone();
+    assert!(s.sismember(&k.large, "gone"), "listed as large");
+    assert!(
+        s.cancel("gone").expect("cancel"),
+        "a waiting job is cancelled"
+    );
+    assert_eq!(s.zscore(&k.due, "gone"), None);
+    assert_eq!(s.hget(&k.jobs, "gone"), None, "its payload");
+    assert_eq!(s.hget(&k.meta, "gone"), None, "its meta");
+    assert_eq!(s.hget(&k.maxlate, "gone"), None, "its lateness bound");
+    assert!(!s.sismember(&k.large, "gone"), "its large-set entry");
+    // The other job keeps all of its own.
+    assert!(s.zscore(&k.due, "stays").is_some());
+    assert!(s.hget(&k.meta, "stays").is_some());
+    assert_eq!(s.hget(&k.maxlate, "stays").as_deref(), Some("60000"));
+    assert!(s.sismember(&k.large, "stays"));
+    assert!(
+        !s.cancel("gone").expect("cancel"),
+        "a second cancel finds nothing"
+    );
+    assert_eq!(s.get("gone"), None);
+}
+
+#[test]
+fn cancel_leaves_dead_delivered_and_unknown_jobs_alone() {
+    let mut s = setup();
+    let now = redis_now_ms(&mut s.redis.conn());
+    let dies = LaneItem {
+        max_lateness_ms: Some(10),
+        ..item("dead", now - 1_000, b"late")
+    };
+    s.enqueue(
+        OnConflict::Error,
+        &[dies, item("delivered", now - 1_000, b"sent")],
+    )
+    .expect("enqueue");
+    let reply = s.move_at(Some(now), 1 << 20, 4 << 20).expect("move");
+    assert_eq!((reply.moved_total(), reply.dead[5]), (1, 1), "{reply:?}");
+    let k = s.lane.keys.clone();
+    for id in ["dead", "delivered", "never-enqueued"] {
+        assert!(!s.cancel(id).expect("cancel"), "{id}: not waiting");
+    }
+    assert_eq!(
+        s.zscore(&k.dead, "dead"),
+        Some(now),
+        "still dead, as it died"
+    );
+    assert_eq!(
+        s.hget(&k.jobs, "dead").as_deref(),
+        Some("late"),
+        "payload kept"
+    );
+    assert!(s.hget(&k.reasons, "dead").is_some(), "reason kept");
+    assert_eq!(
+        lrange(&mut s.redis.conn(), "q:emails"),
+        vec![b"sent".to_vec()]
+    );
+}
+
+#[test]
+fn reschedule_moves_only_a_waiting_job_and_keeps_its_lateness_bound() {
+    let mut s = setup();
+    let now = redis_now_ms(&mut s.redis.conn());
+    let large = vec![b'L'; 5_000];
+    let dies = LaneItem {
+        max_lateness_ms: Some(10),
+        ..item("dead", now - 1_000, b"late")
+    };
+    s.enqueue(OnConflict::Error, &[dies]).expect("enqueue");
+    s.move_at(Some(now), 1 << 20, 4 << 20).expect("move");
+    s.enqueue(OnConflict::Error, &[full_item("w", now + 60_000, &large)])
+        .expect("enqueue");
+    let k = s.lane.keys.clone();
+
+    let at = now + 120_000;
+    assert_eq!(
+        s.reschedule("w", Due::At(at)).expect("reschedule"),
+        Some(at)
+    );
+    assert_eq!(s.zscore(&k.due, "w"), Some(at));
+    assert_eq!(s.hget(&k.maxlate, "w").as_deref(), Some("60000"), "kept");
+    assert!(s.hget(&k.meta, "w").is_some(), "meta kept");
+    assert_eq!(s.hget(&k.jobs, "w").map(|p| p.len()), Some(5_000));
+
+    // Relative to Redis's clock, read around the call.
+    let before = redis_now_ms(&mut s.redis.conn());
+    let due = s
+        .reschedule("w", Due::In(Duration::from_secs(30)))
+        .expect("reschedule")
+        .expect("waiting");
+    let after = redis_now_ms(&mut s.redis.conn());
+    assert!(
+        (before + 30_000..=after + 30_000).contains(&due),
+        "{before} + 30 s <= {due} <= {after} + 30 s"
+    );
+    assert_eq!(s.zscore(&k.due, "w"), Some(due));
+
+    for id in ["dead", "never-enqueued"] {
+        assert_eq!(
+            s.reschedule(id, Due::At(now + 5_000)).expect("reschedule"),
+            None,
+            "{id}: not waiting"
+        );
+    }
+    assert_eq!(s.zscore(&k.dead, "dead"), Some(now), "still dead");
+    assert_eq!(s.zscore(&k.due, "dead"), None, "not made waiting");
+    assert_eq!(s.zscore(&k.due, "never-enqueued"), None, "nothing added");
+    assert_eq!(s.zcard(&k.due), 1);
+}
+
+#[test]
+fn reschedule_wakes_the_mover_only_for_a_new_head() {
+    let mut s = setup();
+    let now = redis_now_ms(&mut s.redis.conn());
+    let (a, b) = (now + 100_000, now + 200_000);
+    s.enqueue(
+        OnConflict::Error,
+        &[item("a", a, b"pa"), item("b", b, b"pb")],
+    )
+    .expect("enqueue");
+    let mut sub_con = s.redis.conn();
+    let mut sub = sub_con.as_pubsub();
+    sub.subscribe("zdelay:wake").expect("SUBSCRIBE");
+    sub.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut next_wake = || -> Option<String> {
+        sub.get_message()
+            .ok()
+            .map(|m| m.get_payload::<String>().expect("text"))
+    };
+    let wake = |due: i64| format!("l7 {due}");
+
+    // Later than the head: the mover finds it when it wakes for the head anyway.
+    s.reschedule("b", Due::At(b + 1)).expect("reschedule");
+    // The head itself moved later: the mover wakes too early, harmlessly, and reads the next.
+    s.reschedule("a", Due::At(a + 1)).expect("reschedule");
+    // As early as the head, not before it.
+    s.reschedule("b", Due::At(a + 1)).expect("reschedule");
+    // Before the head: the mover must wake sooner than it planned.
+    s.reschedule("b", Due::At(now + 50_000))
+        .expect("reschedule");
+    assert_eq!(
+        next_wake(),
+        Some(wake(now + 50_000)),
+        "the first wake is the new head's"
+    );
+    // The head moved earlier still.
+    s.reschedule("b", Due::At(now + 40_000))
+        .expect("reschedule");
+    assert_eq!(next_wake(), Some(wake(now + 40_000)));
+    // A job that is not waiting wakes no one.
+    s.reschedule("ghost", Due::At(now)).expect("reschedule");
+    sub.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let mut next_wake = || sub.get_message().ok().map(|m| m.get_payload::<String>());
+    assert!(next_wake().is_none(), "no other wake");
+}
+
+#[test]
+fn get_reads_a_job_in_each_state_with_the_lane_marker() {
+    let mut s = setup();
+    let now = redis_now_ms(&mut s.redis.conn());
+    let meta = r#"{"headers":{"k":"v"}}"#;
+    let dies = LaneItem {
+        max_lateness_ms: Some(10),
+        meta: Some(meta),
+        ..item("dead", now - 1_000, b"late")
+    };
+    s.enqueue(OnConflict::Error, &[dies]).expect("enqueue");
+    s.move_at(Some(now), 1 << 20, 4 << 20).expect("move");
+    let later = now + 60_000;
+    s.enqueue(
+        OnConflict::Error,
+        &[
+            LaneItem {
+                meta: Some(meta),
+                max_lateness_ms: Some(5_000),
+                ..item("scheduled", later, b"p1")
+            },
+            item("due", now - 5, b"p2"),
+        ],
+    )
+    .expect("enqueue");
+    let _: () = redis::cmd("HSET")
+        .arg(&s.lane.keys.jobs)
+        .arg("orphan")
+        .arg("p3")
+        .query(&mut s.redis.conn())
+        .unwrap();
+    let marker = Some(s.lane.marker());
+
+    assert_eq!(
+        s.get("scheduled"),
+        Some(LaneJob {
+            state: JobState::Scheduled,
+            score: Some(later as f64),
+            payload: b"p1".to_vec(),
+            meta: Some(meta.to_owned()),
+            max_lateness_ms: Some(5_000),
+            reason: None,
+            marker: marker.clone(),
+        })
+    );
+    let due = s.get("due").expect("stored");
+    assert_eq!(
+        (
+            due.state,
+            due.score,
+            due.payload,
+            due.meta,
+            due.max_lateness_ms
+        ),
+        (
+            JobState::Due,
+            Some((now - 5) as f64),
+            b"p2".to_vec(),
+            None,
+            None
+        )
+    );
+    let dead = s.get("dead").expect("stored");
+    assert_eq!(
+        (dead.state, dead.score, dead.payload, dead.meta),
+        (
+            JobState::Dead,
+            Some(now as f64),
+            b"late".to_vec(),
+            Some(meta.to_owned())
+        )
+    );
+    assert!(
+        dead.reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("expired: ")),
+        "{:?}",
+        dead.reason
+    );
+    assert_eq!(dead.max_lateness_ms, None, "the bound left with the job");
+    let orphan = s.get("orphan").expect("stored");
+    assert_eq!(
+        (orphan.state, orphan.score, orphan.payload),
+        (JobState::Orphan, None, b"p3".to_vec())
+    );
+    assert_eq!(s.get("never-enqueued"), None);
+
+    // Not fenced: the marker comes back for the caller to check, with or without a job.
+    s.set_marker("retired 9");
+    let moved = s.get("scheduled").expect("still there");
+    assert_eq!(moved.marker.as_deref(), Some("retired 9"));
+    let found =
+        s.rt.block_on(lanes::lookup(&mut s.con, &s.lane, "never-enqueued"))
+            .expect("lookup");
+    assert_eq!(
+        found,
+        LaneLookup {
+            marker: Some("retired 9".into()),
+            job: None
+        }
+    );
+
+    // A lateness bound zdelay would not write is an error naming it, not a panic.
+    let _: () = redis::cmd("HSET")
+        .arg(&s.lane.keys.maxlate)
+        .arg("scheduled")
+        .arg("soon")
+        .query(&mut s.redis.conn())
+        .unwrap();
+    let e =
+        s.rt.block_on(lanes::get(&mut s.con, &s.lane, "scheduled"))
+            .expect_err("not a number");
+    assert!(e.to_string().contains("\"soon\""), "{e}");
+}
+
+#[test]
+fn cancel_and_reschedule_refuse_another_marker_writing_nothing() {
+    let mut s = setup();
+    let now = redis_now_ms(&mut s.redis.conn());
+    let large = vec![b'L'; 5_000];
+    s.enqueue(OnConflict::Error, &[full_item("w", now + 60_000, &large)])
+        .expect("enqueue");
+    let k = s.lane.keys.clone();
+    let mut sub_con = s.redis.conn();
+    let mut sub = sub_con.as_pubsub();
+    sub.subscribe("zdelay:wake").expect("SUBSCRIBE");
+    sub.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    for marker in [Some("retired 9"), Some("2 7 RPUSH q:other"), None] {
+        let code = match marker {
+            Some(m) => {
+                s.set_marker(m);
+                if m.starts_with("retired ") {
+                    "ZDELAY_LANE_MOVED"
+                } else {
+                    "ZDELAY_LANE_CHANGED"
+                }
+            }
+            None => {
+                let _: () = redis::cmd("DEL")
+                    .arg(&k.marker)
+                    .query(&mut s.redis.conn())
+                    .unwrap();
+                "ZDELAY_NO_LANE"
+            }
+        };
+        let e = s.cancel("w").expect_err("fenced");
+        assert_eq!(e.code(), Some(code), "{e}");
+        let e = s.reschedule("w", Due::At(now)).expect_err("fenced");
+        assert_eq!(e.code(), Some(code), "{e}");
+        if code == "ZDELAY_LANE_MOVED" {
+            assert_eq!(e.detail(), Some("9"), "names the successor: {e}");
+        }
+        // Everything as it was.
+        assert_eq!(s.zscore(&k.due, "w"), Some(now + 60_000), "{code}");
+        assert_eq!(s.hget(&k.jobs, "w").map(|p| p.len()), Some(5_000));
+        assert!(s.hget(&k.meta, "w").is_some());
+        assert!(s.hget(&k.maxlate, "w").is_some());
+        assert!(s.sismember(&k.large, "w"));
+    }
+    assert!(sub.get_message().is_err(), "no wake from a refused call");
 }

@@ -1,9 +1,10 @@
 //! The lane registry of storage layout 2 (`<ns>:lanes`): reading it, and registering a local
-//! route's lane with its marker.
+//! route's lane with its marker; and reading one job of a lane.
 
 use super::scripts::{self, LaneChange};
 use super::{Conn, StoreError};
 use crate::config::Push;
+use crate::job::JobState;
 use crate::keys::{self, Keys};
 use crate::lane::{Lane, Registry, parse_entry};
 use crate::lane_id::base36;
@@ -92,4 +93,99 @@ pub async fn register(
             .await?;
     }
     Ok((lane, change))
+}
+
+/// One job of a route lane as read by [`get`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaneJob {
+    /// `Scheduled` or `Due` while waiting, `Dead`, or `Orphan` when only its payload is
+    /// stored (in neither `due` nor `dead`: an inconsistency an operator should look at).
+    pub state: JobState,
+    /// Its due ms while waiting, the ms it died when dead; `None` for an orphan.
+    pub score: Option<f64>,
+    /// Raw bytes (a dead job keeps its payload); empty when none is stored.
+    pub payload: Vec<u8>,
+    /// Meta JSON, for a job whose meta is not all defaults.
+    pub meta: Option<String>,
+    /// Not delivered later than this after its due (it dies `expired`).
+    pub max_lateness_ms: Option<u64>,
+    /// Why it died.
+    pub reason: Option<String>,
+    /// The lane's marker as read with the job (`None`: no marker): see [`get`].
+    pub marker: Option<String>,
+}
+
+/// What [`lookup`] read: the lane's marker, and the job when the lane stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaneLookup {
+    pub marker: Option<String>,
+    pub job: Option<LaneJob>,
+}
+
+/// Reads the job `id` of `lane` in one pipeline (every key is in the lane's hash slot, so on
+/// a cluster too); `None` when the lane does not store it (delivered, cancelled, purged or
+/// never enqueued). Scheduled or due is decided on Redis's clock.
+///
+/// Not fenced: the marker read with the job comes back in [`LaneJob::marker`], and the
+/// caller checks it is `lane.marker()` (a retired lane's marker names its successor, where
+/// the job may be now). [`lookup`] returns the marker when the job is not found, too.
+pub async fn get(con: &mut Conn, lane: &Lane, id: &str) -> Result<Option<LaneJob>, StoreError> {
+    Ok(lookup(con, lane, id).await?.job)
+}
+
+/// [`get`], with the marker also when the job is not found (a caller following a retired
+/// lane needs it then).
+pub async fn lookup(con: &mut Conn, lane: &Lane, id: &str) -> Result<LaneLookup, StoreError> {
+    type Reply = (
+        (i64, i64),
+        Option<f64>,
+        Option<Vec<u8>>,
+        Option<String>,
+        Option<String>,
+        Option<f64>,
+        Option<String>,
+        Option<String>,
+    );
+    let k = &lane.keys;
+    let mut pipe = redis::pipe();
+    pipe.cmd("TIME")
+        .zscore(&k.due, id)
+        .hget(&k.jobs, id)
+        .hget(&k.meta, id)
+        .hget(&k.maxlate, id)
+        .zscore(&k.dead, id)
+        .hget(&k.reasons, id)
+        .get(&k.marker);
+    let ((secs, micros), due, payload, meta, max_lateness, dead, reason, marker): Reply =
+        pipe.query_async(con).await?;
+    let max_lateness_ms = match max_lateness {
+        Some(text) => Some(text.parse::<u64>().map_err(|_| {
+            StoreError::Schema(format!(
+                "{} field {id} holds {text:?}, not a max lateness in ms",
+                k.maxlate
+            ))
+        })?),
+        None => None,
+    };
+    let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
+    let (state, score) = match (due, dead) {
+        (Some(s), _) if s > now_ms => (JobState::Scheduled, Some(s)),
+        (Some(s), _) => (JobState::Due, Some(s)),
+        (None, Some(s)) => (JobState::Dead, Some(s)),
+        (None, None) if payload.is_some() => (JobState::Orphan, None),
+        (None, None) => return Ok(LaneLookup { marker, job: None }),
+    };
+    let job = LaneJob {
+        state,
+        score,
+        payload: payload.unwrap_or_default(),
+        meta,
+        max_lateness_ms,
+        reason,
+        marker: marker.clone(),
+    };
+    Ok(LaneLookup {
+        marker,
+        job: Some(job),
+    })
 }

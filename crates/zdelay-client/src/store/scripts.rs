@@ -72,6 +72,8 @@ scripts!(
     enqueue_lane,
     move_lane,
     register_lane,
+    cancel_lane,
+    reschedule_lane,
     claim_slots,
     release_slots,
     upsert_schedule,
@@ -1969,6 +1971,50 @@ pub async fn move_lane(
     MoveReply::parse(value, 1, args.bounds_ms.len())
 }
 
+/// Cancels the job `id` waiting in `lane` (see `cancel_lane.lua`): its payload, meta, max
+/// lateness and large-set entry go with it. `false` when it is not waiting (delivered, dead,
+/// cancelled or never enqueued): nothing changed, and a dead job stays dead. A lane whose
+/// marker is not `lane`'s refuses the call, writing nothing.
+pub async fn cancel_lane(con: &mut Conn, lane: &Lane, id: &str) -> redis::RedisResult<bool> {
+    let k = &lane.keys;
+    let cancelled: i64 = Call::new(&compiled::cancel_lane)
+        .key(&k.due)
+        .key(&k.jobs)
+        .key(&k.meta)
+        .key(&k.maxlate)
+        .key(&k.large)
+        .key(&k.marker)
+        .arg(lane.marker())
+        .arg(id)
+        .invoke(con)
+        .await?;
+    Ok(cancelled == 1)
+}
+
+/// Moves the job `id` waiting in `lane` to `due` (see `reschedule_lane.lua`), publishing
+/// `<wake name> <due>` on `wake_channel` when that puts it before the lane's head. Its max
+/// lateness stays. The new due ms, or `None` when the job is not waiting (nothing changed).
+/// A lane whose marker is not `lane`'s refuses the call, writing nothing.
+pub async fn reschedule_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    wake_channel: &str,
+    id: &str,
+    due: Due,
+) -> redis::RedisResult<Option<i64>> {
+    let k = &lane.keys;
+    Call::new(&compiled::reschedule_lane)
+        .key(&k.due)
+        .key(&k.marker)
+        .arg(lane.marker())
+        .arg(id)
+        .arg(due.as_arg())
+        .arg(wake_channel)
+        .arg(lane.wake_name())
+        .invoke(con)
+        .await
+}
+
 /// The same for an id ZSET plus a payload HASH.
 pub async fn bench_bare_move_hash(
     con: &mut Conn,
@@ -2304,7 +2350,20 @@ mod tests {
 
     #[test]
     fn lane_scripts_check_their_lane_marker_first() {
-        for (name, marker_key) in [("enqueue_lane", 8), ("move_lane", 10)] {
+        let fenced = [
+            ("enqueue_lane", 8),
+            ("move_lane", 10),
+            ("cancel_lane", 6),
+            ("reschedule_lane", 2),
+        ];
+        // Every script on a lane's keys is fenced; the registry's own script takes none.
+        for (name, _) in ALL.iter().filter(|(n, _)| n.ends_with("_lane")) {
+            assert!(
+                *name == "register_lane" || fenced.iter().any(|(f, _)| f == name),
+                "{name}: a lane script missing from this test"
+            );
+        }
+        for (name, marker_key) in fenced {
             let (_, source) = ALL.iter().find(|(n, _)| *n == name).expect("script exists");
             let body: Vec<&str> = source
                 .lines()
@@ -2324,7 +2383,8 @@ end"
             let fence: Vec<&str> = fence.lines().collect();
             assert_eq!(body.get(..fence.len()), Some(&fence[..]), "{name}");
             assert!(
-                source.contains(&format!("-- KEYS[{marker_key}] marker")),
+                source.contains(&format!("-- KEYS[{marker_key}] marker"))
+                    && !source.contains(&format!("-- KEYS[{}]", marker_key + 1)),
                 "{name}: the marker is its last key"
             );
         }

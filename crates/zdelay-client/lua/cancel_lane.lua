@@ -1,0 +1,31 @@
+-- cancel_lane: cancel a job waiting in a route lane (storage layout 2) by its stored id, O(log N).
+-- Only a waiting job is cancelled: a dead one stays for dead replay/purge, a delivered one is gone.
+-- KEYS[1] due      ZSET   zdelay:{emj}:due:<route>     member = stored id, score = due ms
+-- KEYS[2] jobs     HASH   zdelay:{emj}:jobs:<route>    stored id -> payload (raw bytes)
+-- KEYS[3] meta     HASH   zdelay:{emj}:meta:<route>    stored id -> meta JSON (only jobs with meta)
+-- KEYS[4] maxlate  HASH   zdelay:{emj}:maxlate:<route> stored id -> max lateness ms
+-- KEYS[5] large    SET    zdelay:{emj}:large:<route>   stored ids whose payload is over 4096 bytes
+-- KEYS[6] marker   STRING zdelay:{emj}:lane:<route>    "2 <lane> <LPUSH|RPUSH> <list key>" while
+--                                                       live, "retired <successor>" once moved
+-- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
+--   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
+-- ARGV[2] stored id
+-- Returns: 1 cancelled; 0 not waiting (delivered, dead, cancelled or never enqueued: nothing changed)
+-- Re-run safety: yes; a second run returns 0.
+
+local marker = redis.call('GET', KEYS[6])
+if marker ~= ARGV[1] then
+  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
+  if string.sub(marker, 1, 8) == 'retired ' then
+    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
+  end
+  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
+end
+local id = ARGV[2]
+-- Waiting means in due: a dead job keeps its payload in jobs, so jobs cannot tell.
+if redis.call('ZREM', KEYS[1], id) == 0 then return 0 end
+redis.call('HDEL', KEYS[2], id)
+redis.call('HDEL', KEYS[3], id)
+redis.call('HDEL', KEYS[4], id)
+redis.call('SREM', KEYS[5], id)
+return 1

@@ -1,0 +1,42 @@
+-- reschedule_lane: move a job waiting in a route lane (storage layout 2) to a new due time,
+-- O(log N), waking the lane's mover when the job becomes the lane's new head. Its max lateness
+-- stays (as reschedule_job), measured from the new due time.
+-- KEYS[1] due      ZSET   zdelay:{emj}:due:<route>     member = stored id, score = due ms
+-- KEYS[2] marker   STRING zdelay:{emj}:lane:<route>    "2 <lane> <LPUSH|RPUSH> <list key>" while
+--                                                       live, "retired <successor>" once moved
+-- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
+--   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
+-- ARGV[2] stored id
+-- ARGV[3] new due: epoch ms, or "+N" for N ms after Redis TIME
+-- ARGV[4] wake channel (zdelay:wake); ARGV[5] the lane's wake name ("l<lane>"), sent with the due
+-- Returns: the new due ms, or nil when the job is not waiting (delivered, dead, cancelled or never
+--   enqueued: nothing changed)
+-- Re-run safety: yes (absolute times); a relative time is measured again from the re-run.
+
+local marker = redis.call('GET', KEYS[2])
+if marker ~= ARGV[1] then
+  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
+  if string.sub(marker, 1, 8) == 'retired ' then
+    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
+  end
+  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
+end
+local due_key, id = KEYS[1], ARGV[2]
+-- Waiting means in due: a dead job keeps its payload in jobs, and stays dead.
+if not redis.call('ZSCORE', due_key, id) then return false end
+local due
+if string.sub(ARGV[3], 1, 1) == '+' then
+  local t = redis.call('TIME')
+  due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(string.sub(ARGV[3], 2))
+else
+  due = tonumber(ARGV[3])
+end
+-- The head before the change, as enqueue_lane reads it: the mover sleeps until that one is due,
+-- so only an earlier due needs a wake (a later one is found when the mover wakes then).
+local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+local head_score = tonumber(head[2])
+redis.call('ZADD', due_key, 'XX', due, id)
+if due < head_score then
+  redis.call('PUBLISH', ARGV[4], ARGV[5] .. ' ' .. string.format('%d', due))
+end
+return due
