@@ -871,3 +871,65 @@ fn cancel_and_reschedule_refuse_another_marker_writing_nothing() {
     }
     assert!(sub.get_message().is_err(), "no wake from a refused call");
 }
+
+/// On a Redis Cluster the per-id calls reach the lane's one slot: each script's keys, and
+/// `get`'s one pipeline (its keys all in the lane's slot, TIME routed with them).
+#[test]
+fn the_per_id_calls_work_on_a_cluster() {
+    use zdelay::keys::Keys;
+    let cluster = crate::common::RedisCluster::start();
+    let rt = runtime();
+    let mut con = rt
+        .block_on(Conn::connect(&cluster.redis_config(4)))
+        .expect("connect");
+    let keys = Keys::new("zdelay", 4);
+    let (lane, _) = rt
+        .block_on(lanes::register(
+            &mut con,
+            &keys,
+            "emails",
+            "q:emails",
+            Push::Lpush,
+        ))
+        .expect("register");
+    let mut check = cluster.conn();
+    let (secs, _): (i64, i64) = redis::cmd("TIME").query(&mut check).expect("TIME");
+    let later = secs * 1000 + 3_600_000;
+    rt.block_on(scripts::enqueue_lane(
+        &mut con,
+        &lane,
+        OnConflict::Error,
+        "zdelay:wake",
+        &[full_item("w", later, b"p"), item("x", later, b"q")],
+    ))
+    .expect("enqueue");
+    let got = rt
+        .block_on(lanes::get(&mut con, &lane, "w"))
+        .expect("get")
+        .expect("stored");
+    assert_eq!(
+        (got.state, got.score, got.marker),
+        (JobState::Scheduled, Some(later as f64), Some(lane.marker()))
+    );
+    let due = rt
+        .block_on(scripts::reschedule_lane(
+            &mut con,
+            &lane,
+            "zdelay:wake",
+            "w",
+            Due::At(later + 1),
+        ))
+        .expect("reschedule");
+    assert_eq!(due, Some(later + 1));
+    assert!(
+        rt.block_on(scripts::cancel_lane(&mut con, &lane, "x"))
+            .expect("cancel")
+    );
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&lane.keys.due)
+        .arg(0)
+        .arg(-1)
+        .query(&mut check)
+        .expect("ZRANGE");
+    assert_eq!(left, vec!["w".to_owned()]);
+}
