@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use zdelay_client::config::Config;
 use zdelay_client::keys::Keys;
+use zdelay_client::lane::Lane;
 use zdelay_client::store::{self, Conn, Layout, StoreError, scripts};
 use zdelay_client::{Client, Routes};
 
@@ -68,7 +69,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // Tests restart Redis in this window.
         zdelay_client::failpoint::hold("start_up_hold_after_connect").await;
         let server = store::check_server(&mut con).await?;
-        store::ensure_schema(&mut con, &keys)
+        let layout = store::ensure_schema(&mut con, &keys, config.redis.layout)
             .await
             .map_err(|e| match e {
                 StoreError::Resharding { from, to, .. } => {
@@ -81,12 +82,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 other => other.into(),
             })?;
         scripts::load_all(&mut con).await?;
+        let lanes = match layout {
+            1 => Vec::new(),
+            _ => register_lanes(&mut con, &config, &keys, layout).await?,
+        };
         // The console reads and acts through a client of its own, like the CLI.
         let console_client = Client::connect(&config.redis).await?;
-        Ok(Some((con, server, console_client)))
+        Ok(Some((con, server, console_client, (layout, lanes))))
     })
     .await?;
-    let Some((mut con, server, console_client)) = started else {
+    let Some((mut con, server, console_client, (layout, lanes))) = started else {
         return Ok(());
     };
     tracing::info!(%server, "redis reachable");
@@ -101,6 +106,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     });
 
     let mut ctx = PollerContext::new(con.clone(), &config, sinks.clone());
+    ctx.storage_layout = layout;
+    ctx.route_lanes = lanes;
     ctx.tracer = HopTracer::from_config(&config.tracing).map_err(anyhow::Error::msg)?;
     // The heartbeat and the stats sampler (which reads every shard) get connections of
     // their own on a cluster, like each master's shards: nothing waits for a hung node it
@@ -131,10 +138,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         nonce: nonce.clone(),
         per_target: config.poller.per_shard,
         lease: config.poller.slot_lease,
+        shards: ctx.polled_shards(),
         sources: ctx
             .all_targets()
             .into_iter()
-            .filter(|t| matches!(t, poller::TargetId::Source(_)))
+            .filter(|t| !matches!(t, poller::TargetId::Shard(_)))
             .collect(),
     };
     let pollers = poller::start(
@@ -289,6 +297,35 @@ fn is_transient_start_up(e: &anyhow::Error) -> bool {
             || cause.downcast_ref::<StoreError>().is_some_and(store_transient)
             || matches!(cause.downcast_ref::<ClientError>(), Some(ClientError::Store(s)) if store_transient(s))
     })
+}
+
+/// On a namespace on storage layout 2: refuses a config with two-phase routes (not built
+/// there yet), marks the layout-1 shards so that layout-1 calls are refused instead of
+/// writing where nothing reads, and registers every local route's lane (writing its marker).
+async fn register_lanes(
+    con: &mut Conn,
+    config: &Config,
+    keys: &Keys,
+    layout: u32,
+) -> anyhow::Result<Vec<Arc<Lane>>> {
+    if let Some((field, why)) = config.layout_2_refusal() {
+        anyhow::bail!(
+            "namespace {} is on storage layout {layout}; {field}: {why}",
+            keys.namespace()
+        );
+    }
+    store::mark_layout_1_shards(con, keys, layout).await?;
+    let mut lanes = Vec::new();
+    for route in &config.routes {
+        if !config.sinks.get(&route.sink).is_some_and(|s| s.is_local()) {
+            continue;
+        }
+        let (lane, change) =
+            store::lanes::register(con, keys, &route.name, &route.list_key(), route.push).await?;
+        tracing::info!(route = %route.name, lane = %lane.wake_name(), list = %lane.list, ?change, "route lane");
+        lanes.push(Arc::new(lane));
+    }
+    Ok(lanes)
 }
 
 /// Connects, retrying with capped backoff until it works or shutdown is asked.

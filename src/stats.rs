@@ -257,6 +257,7 @@ pub async fn instances(
         match poller::target_of(&slot) {
             Some(TargetId::Shard(shard)) => instance.shards.push(shard),
             Some(TargetId::Source(source)) => instance.sources.push(source),
+            Some(lane @ TargetId::Lane(_)) => instance.sources.push(poller::slot_name(&lane)),
             None => {}
         }
     }

@@ -55,7 +55,11 @@ pub(super) fn daemon_config(
         let _ = writeln!(t, "cluster_nodes = [{}]", nodes.join(", "));
     }
     let _ = writeln!(t, "namespace = {}", q(&r.namespace));
-    let _ = writeln!(t, "shards = {}\n", r.shards);
+    let _ = writeln!(t, "shards = {}", r.shards);
+    if let Some(layout) = r.layout {
+        let _ = writeln!(t, "layout = {layout}");
+    }
+    let _ = writeln!(t);
     let _ = writeln!(t, "[poller]");
     let _ = writeln!(t, "batch = {batch}");
     let _ = writeln!(t, "idle_poll = {}", d(p.idle_poll));
@@ -85,6 +89,17 @@ pub(super) fn all_polled(instances: &[Instance], n: usize, shards: u16, per_shar
         && (0..shards).all(|s| instances.iter().filter(|i| i.shards.contains(&s)).count() == want)
 }
 
+/// On storage layout 2 (no shard is polled): whether the registry shows exactly `n` live
+/// instances and the bench route's lane polled by as many of them as a shard would be.
+pub(super) fn lane_polled(instances: &[Instance], n: usize, per_shard: u8) -> bool {
+    let want = (per_shard as usize).min(n);
+    let polling = instances
+        .iter()
+        .filter(|i| i.sources.iter().any(|s| s.starts_with("lane:")))
+        .count();
+    instances.len() == n && polling == want
+}
+
 /// A free TCP port on 127.0.0.1 (free when asked; the daemon binds it a moment later).
 fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
@@ -96,6 +111,8 @@ pub(super) struct Daemons {
     admins: Vec<SocketAddr>,
     dir: PathBuf,
     keys: Keys,
+    /// The namespace's storage layout (2: one lane, no shards, to wait for).
+    layout: u32,
     per_shard: u8,
     heartbeat: Duration,
     grace: Duration,
@@ -136,6 +153,10 @@ impl Daemons {
             admins: Vec::new(),
             dir,
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
+            layout: config
+                .redis
+                .layout
+                .unwrap_or(zdelay_client::keys::LAYOUT_VERSION),
             per_shard: config.poller.per_shard,
             heartbeat: config.poller.slot_lease / 5,
             grace: config.poller.shutdown_grace,
@@ -229,14 +250,25 @@ impl Daemons {
             self.check_running()?;
             let now = store::server_time_ms(con).await?;
             let last = crate::stats::instances(con, &self.keys, now).await?;
-            if all_polled(&last, n, self.keys.shards(), self.per_shard) {
+            let ready = match self.layout {
+                1 => all_polled(&last, n, self.keys.shards(), self.per_shard),
+                _ => lane_polled(&last, n, self.per_shard),
+            };
+            if ready {
                 break;
             }
             if started.elapsed() > timeout {
                 self.keep_logs = true;
                 let seen: Vec<String> = last
                     .iter()
-                    .map(|i| format!("{} polls {} shards", i.id, i.shards.len()))
+                    .map(|i| {
+                        format!(
+                            "{} polls {} shards and {:?}",
+                            i.id,
+                            i.shards.len(),
+                            i.sources
+                        )
+                    })
                     .collect();
                 bail!(
                     "the {n} daemons were not all polling after {timeout:?}: registry shows [{}]; \

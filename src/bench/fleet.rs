@@ -45,6 +45,9 @@ pub(super) fn rescore_weight(t_ms: i64) -> f64 {
 
 /// How jobs of the bench route reach the list with this config.
 pub(super) fn delivery(config: &Config) -> &'static str {
+    if config.redis.layout == Some(2) {
+        return "exactly once: pushed by move_lane in the list's slot (storage layout 2, route lane)";
+    }
     match Routes::from_config(config).resolve(ROUTE) {
         Ok(Resolved::Local(_)) => "exactly once: pushed by move_due inside the shard's script",
         _ => {
@@ -177,6 +180,7 @@ impl Env {
     async fn dead_total(&mut self) -> redis::RedisResult<u64> {
         let keys: Vec<String> = (0..self.scratch.keys.shards())
             .map(|s| self.scratch.keys.dead(s))
+            .chain([self.scratch.lane.keys.dead.clone()])
             .collect();
         total_size(&mut self.con, "ZCARD", &keys).await
     }
@@ -196,12 +200,14 @@ impl Env {
     }
 }
 
-/// Rescores every shard's due ZSET from the parked time to `t_ms` (one command per shard, all
-/// at once: on a cluster the shards live on several masters).
+/// Rescores every shard's due ZSET, and the bench route's lane (storage layout 2), from the
+/// parked time to `t_ms` (one command per key, all at once: on a cluster they live on several
+/// masters; a key that does not exist stays so).
 async fn rescore(env: &mut Env, t_ms: i64) -> redis::RedisResult<()> {
     let weight = rescore_weight(t_ms).to_string();
     let keys: Vec<String> = (0..env.scratch.keys.shards())
         .map(|s| env.scratch.keys.due(s))
+        .chain([env.scratch.lane.keys.due.clone()])
         .collect();
     futures::future::try_join_all(keys.iter().map(|due| {
         let mut con = env.con.clone();

@@ -127,6 +127,11 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         args.duration.is_none_or(|d| !d.is_zero()),
         "--duration must be > 0"
     );
+    ensure!(
+        config.redis.layout != Some(2) || args.daemons.is_some() || args.mode == Mode::Lane,
+        "redis.layout = 2 is measured with --daemons N (the in-process modes poll layout-1 \
+         shards)"
+    );
     let shards = args.shards.unwrap_or(config.redis.shards);
     ensure!(shards > 0, "--shards must be > 0");
     let cluster = !config.redis.cluster_nodes.is_empty();
@@ -436,6 +441,7 @@ impl Env {
     async fn stored(&mut self) -> redis::RedisResult<u64> {
         let keys: Vec<String> = (0..self.scratch.keys.shards())
             .map(|s| self.scratch.keys.jobs(s))
+            .chain([self.scratch.lane.keys.jobs.clone()])
             .collect();
         measure::total_size(&mut self.con, "HLEN", &keys).await
     }
@@ -444,6 +450,7 @@ impl Env {
     async fn due_left(&mut self) -> redis::RedisResult<u64> {
         let keys: Vec<String> = (0..self.scratch.keys.shards())
             .map(|s| self.scratch.keys.due(s))
+            .chain([self.scratch.lane.keys.due.clone()])
             .collect();
         measure::total_size(&mut self.con, "ZCARD", &keys).await
     }

@@ -63,7 +63,7 @@ impl Scratch {
         }
         let lane = self.lane.keys.clone();
         out.extend([lane.due, lane.jobs, lane.meta, lane.maxlate, lane.large]);
-        out.extend([lane.dead, lane.reasons, lane.sched_due, lane.marker]);
+        out.extend([lane.dead, lane.reasons, lane.sched_due]);
         for (due, jobs) in &self.lane_bare {
             out.extend([due.clone(), jobs.clone()]);
         }
@@ -77,8 +77,9 @@ impl Scratch {
     }
 
     /// The daemons' bookkeeping in the namespace: registry, poller slots, sink states, the
-    /// per-minute activity. Not data (a stopped daemon's registration lapses by itself);
-    /// deleted with the schema.
+    /// per-minute activity, the lane registry and the bench lane's marker (a daemon writes
+    /// them at start, so they outlive the data between rounds). Not data (a stopped daemon's
+    /// registration lapses by itself); deleted with the schema.
     pub(super) fn registry_keys(&self) -> Vec<String> {
         let k = &self.keys;
         vec![
@@ -88,6 +89,7 @@ impl Scratch {
             k.sink_states(),
             k.activity(),
             k.lanes(),
+            self.lane.keys.marker.clone(),
         ]
     }
 
@@ -142,11 +144,13 @@ mod tests {
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
         // Per shard: five job keys, three two-phase keys, six schedule and lateness keys,
         // the death history, two bare keys; then the raw source's three keys, the list, the
-        // lane's nine keys and its two bare comparisons.
-        assert_eq!(keys.len(), 2 * 17 + 4 + 9 + 4);
+        // lane's eight data keys and its two bare comparisons.
+        assert_eq!(keys.len(), 2 * 17 + 4 + 8 + 4);
         for k in s.registry_keys() {
             assert!(
-                k.starts_with("{zdelay-bench}:") || k == "zdelay-bench:lanes",
+                k.starts_with("{zdelay-bench}:")
+                    || k == "zdelay-bench:lanes"
+                    || k == s.lane.keys.marker,
                 "{k}"
             );
         }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zdelay_client::config::{Config, Push, ScoreUnit, SourceConfig};
 use zdelay_client::keys::{Keys, RawKeys};
+use zdelay_client::lane::Lane;
 use zdelay_client::routes::{Destination, Resolved, Routes};
 use zdelay_client::store::scripts::MoveReply;
 use zdelay_client::store::{self, Conn, Layout};
@@ -118,6 +119,8 @@ impl RawSource {
 pub enum Target {
     Shard(u16),
     Source(Arc<RawSource>),
+    /// A local route's lane (storage layout 2).
+    Lane(Arc<Lane>),
 }
 
 /// A target's identity, as ownership hands targets out.
@@ -126,6 +129,8 @@ pub enum TargetId {
     Shard(u16),
     /// A raw source, by key.
     Source(String),
+    /// A route lane, by number.
+    Lane(u32),
 }
 
 /// Label of envelope shards in per-source metrics.
@@ -136,12 +141,13 @@ impl Target {
         match self {
             Target::Shard(s) => TargetId::Shard(*s),
             Target::Source(s) => TargetId::Source(s.keys.source.clone()),
+            Target::Lane(lane) => TargetId::Lane(lane.number),
         }
     }
 
     pub fn unit(&self) -> ScoreUnit {
         match self {
-            Target::Shard(_) => ScoreUnit::Millis,
+            Target::Shard(_) | Target::Lane(_) => ScoreUnit::Millis,
             Target::Source(s) => s.unit,
         }
     }
@@ -149,7 +155,7 @@ impl Target {
     /// The `source` label of its metrics.
     pub fn label(&self) -> String {
         match self {
-            Target::Shard(_) => ENVELOPE_SOURCE.to_owned(),
+            Target::Shard(_) | Target::Lane(_) => ENVELOPE_SOURCE.to_owned(),
             Target::Source(s) => s.keys.source.clone(),
         }
     }
@@ -171,6 +177,10 @@ pub struct PollerContext {
     pub routes: Routes,
     /// Every configured raw source, resolved.
     pub sources: Vec<Arc<RawSource>>,
+    /// The namespace's storage layout (1, or 2: route lanes, and no shard is polled).
+    pub storage_layout: u32,
+    /// On layout 2: the local routes' lanes as registered at start.
+    pub route_lanes: Vec<Arc<Lane>>,
     pub sinks: Sinks,
     /// The two-phase sinks in the route table's order, which is the order of
     /// `MoveReply::queued` (`None` for a sink with no handle here).
@@ -208,6 +218,8 @@ impl PollerContext {
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
             routes,
             sources,
+            storage_layout: zdelay_client::keys::LAYOUT_VERSION,
+            route_lanes: Vec::new(),
             sinks,
             sink_order,
             mover: MoverSettings::from_config(config),
@@ -238,6 +250,12 @@ impl PollerContext {
                 (
                     TargetId::Source(s.keys.source.clone()),
                     zdelay_client::keys::slot_of(&s.keys.source),
+                )
+            }))
+            .chain(self.route_lanes.iter().map(|l| {
+                (
+                    TargetId::Lane(l.number),
+                    zdelay_client::keys::slot_of(&l.list),
                 )
             }))
             .collect();
@@ -304,18 +322,33 @@ impl PollerContext {
                 .iter()
                 .find(|s| s.keys.source == *key)
                 .map(|s| Target::Source(s.clone())),
+            TargetId::Lane(number) => self
+                .route_lanes
+                .iter()
+                .find(|l| l.number == *number)
+                .map(|l| Target::Lane(l.clone())),
         }
     }
 
-    /// Every shard and raw source: what a single instance polls.
+    /// The envelope shards this daemon polls: none on layout 2, whose jobs are in lanes.
+    pub fn polled_shards(&self) -> u16 {
+        if self.storage_layout == 1 {
+            self.keys.shards()
+        } else {
+            0
+        }
+    }
+
+    /// Every shard, raw source and route lane: what a single instance polls.
     pub fn all_targets(&self) -> std::collections::BTreeSet<TargetId> {
-        (0..self.keys.shards())
+        (0..self.polled_shards())
             .map(TargetId::Shard)
             .chain(
                 self.sources
                     .iter()
                     .map(|s| TargetId::Source(s.keys.source.clone())),
             )
+            .chain(self.route_lanes.iter().map(|l| TargetId::Lane(l.number)))
             .collect()
     }
 }

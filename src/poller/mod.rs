@@ -176,7 +176,7 @@ impl Supervisor {
             }
             let publishers = match &target {
                 Target::Shard(shard) => self.start_publishers(*shard, &token),
-                Target::Source(_) => Vec::new(),
+                Target::Source(_) | Target::Lane(_) => Vec::new(),
             };
             self.tracker.spawn(mover::run(
                 self.ctx.clone(),

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use zdelay_client::config::ScoreUnit;
 use zdelay_client::schedules::{self, ScheduleCache};
 use zdelay_client::store::scripts::{
-    self, DUE_DEAD_KINDS, MoveDue, MoveRaw, MoveReply, RAW_DEAD_KINDS,
+    self, DUE_DEAD_KINDS, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS,
 };
 
 /// How often a shard's mover looks for sinks in its ready set to walk.
@@ -89,6 +89,16 @@ pub async fn move_walking(
                 bounds_ms: &m.bounds_ms,
             };
             scripts::move_raw(&mut con, &source.keys, &args).await
+        }
+        Target::Lane(lane) => {
+            let args = MoveLane {
+                batch: m.batch,
+                now_ms,
+                max_payload: m.max_payload,
+                batch_bytes: m.batch_bytes,
+                bounds_ms: &m.bounds_ms,
+            };
+            scripts::move_lane(&mut con, lane, &args).await
         }
     }
 }
@@ -265,6 +275,7 @@ pub async fn run(
     let script = match target {
         Target::Shard(_) => "move_due",
         Target::Source(_) => "move_raw",
+        Target::Lane(_) => "move_lane",
     };
     let mut backoff = Backoff::new();
     let mut schedule_cache = ScheduleCache::default();
@@ -412,9 +423,13 @@ fn record(ctx: &PollerContext, target: &Target, label: &str, reply: &MoveReply) 
             ::metrics::counter!(JOBS_MOVED, "route" => s.route.clone())
                 .increment(reply.moved_total());
         }
+        Target::Lane(lane) => {
+            ::metrics::counter!(JOBS_MOVED, "route" => lane.route.clone())
+                .increment(reply.moved_total());
+        }
     }
     let kinds = match target {
-        Target::Shard(_) => &DUE_DEAD_KINDS,
+        Target::Shard(_) | Target::Lane(_) => &DUE_DEAD_KINDS,
         Target::Source(_) => &RAW_DEAD_KINDS,
     };
     for (kind, &n) in kinds.iter().zip(&reply.dead) {

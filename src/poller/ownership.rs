@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use zdelay_client::config::valid_instance_id;
 use zdelay_client::keys::Keys;
-use zdelay_client::store::scripts::{Registrant, Registration, Standing};
+use zdelay_client::store::scripts::{PolledTargets, Registrant, Registration, Standing};
 use zdelay_client::store::{Conn, scripts};
 
 /// The set of targets this instance polls.
@@ -75,6 +75,7 @@ pub fn slot_name(target: &TargetId) -> String {
     match target {
         TargetId::Shard(s) => format!("shard:{s}"),
         TargetId::Source(key) => format!("source:{key}"),
+        TargetId::Lane(number) => format!("lane:{}", zdelay_client::lane_id::base36(*number)),
     }
 }
 
@@ -83,6 +84,9 @@ pub fn target_of(name: &str) -> Option<TargetId> {
     let name = name.rsplit_once('#').map_or(name, |(target, _)| target);
     if let Some(shard) = name.strip_prefix("shard:") {
         return shard.parse().ok().map(TargetId::Shard);
+    }
+    if let Some(lane) = name.strip_prefix("lane:") {
+        return u32::from_str_radix(lane, 36).ok().map(TargetId::Lane);
     }
     name.strip_prefix("source:")
         .map(|key| TargetId::Source(key.to_owned()))
@@ -110,7 +114,10 @@ pub struct Leases {
     pub nonce: String,
     pub per_target: u8,
     pub lease: Duration,
-    /// The raw sources of this daemon's config (shards are the same for every daemon).
+    /// The shards every daemon polls: the namespace's count (none on layout 2).
+    pub shards: u16,
+    /// The raw sources and route lanes of this daemon's config (shards are the same for
+    /// every daemon).
     pub sources: Vec<TargetId>,
 }
 
@@ -164,7 +171,10 @@ impl Leases {
                 standing,
                 self.lease.as_millis() as u64,
                 self.per_target,
-                &sources,
+                PolledTargets {
+                    shards: self.shards,
+                    named: &sources,
+                },
             )
             .await;
             match heartbeat {
@@ -260,6 +270,7 @@ mod tests {
         for target in [
             TargetId::Shard(7),
             TargetId::Source("{raw}:events:a".to_owned()),
+            TargetId::Lane(56),
         ] {
             assert_eq!(target_of(&slot_name(&target)), Some(target));
         }

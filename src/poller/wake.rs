@@ -96,7 +96,7 @@ impl Wakers {
             return false;
         }
         match id {
-            TargetId::Shard(_) => true,
+            TargetId::Shard(_) | TargetId::Lane(_) => true,
             TargetId::Source(key) => {
                 self.keyspace_all.load(Ordering::Relaxed)
                     || self
@@ -169,12 +169,14 @@ impl Wakers {
             if payload == PROBE {
                 return true;
             }
-            let shard = payload
-                .split(' ')
-                .next()
-                .and_then(|s| s.parse::<u16>().ok());
-            if let Some(shard) = shard
-                && self.wake(&TargetId::Shard(shard))
+            // "<shard> <due>" (layout 1) or "l<lane> <due>" (a route lane, layout 2).
+            let name = payload.split(' ').next().unwrap_or_default();
+            let target = match name.strip_prefix('l') {
+                Some(lane) => u32::from_str_radix(lane, 36).ok().map(TargetId::Lane),
+                None => name.parse::<u16>().ok().map(TargetId::Shard),
+            };
+            if let Some(target) = target
+                && self.wake(&target)
             {
                 ::metrics::counter!(WAKEUPS, "cause" => "enqueue").increment(1);
             }

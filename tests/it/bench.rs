@@ -119,6 +119,49 @@ fn bench_daemons_on_a_cluster() {
     }
 }
 
+/// Storage layout 2 on a cluster: the bench route's lane sits in its list's slot, so the
+/// daemons move it exactly once, and the run leaves neither lane nor registry behind.
+#[test]
+fn bench_daemons_on_layout_2_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let config = cluster.config(4, "[poller]\nslot_lease = \"1s\"\n");
+    let body = std::fs::read_to_string(&config.path).unwrap();
+    std::fs::write(
+        &config.path,
+        body.replacen("[redis]\n", "[redis]\nlayout = 2\n", 1),
+    )
+    .unwrap();
+    let report = bench(
+        &config,
+        &[
+            "--daemons",
+            "2",
+            "--mode",
+            "all",
+            "--jobs",
+            "2000",
+            "--rate",
+            "200",
+            "--duration",
+            "2s",
+        ],
+    );
+    check(&report, 2000, 3, "exactly once: pushed by move_lane");
+    let mut con = cluster.conn();
+    let tag = zdelay::keys::slot_tag(zdelay::keys::slot_of("zdelay-bench:out"));
+    for key in [
+        "zdelay-bench:out".to_owned(),
+        "zdelay-bench:schema".to_owned(),
+        "zdelay-bench:lanes".to_owned(),
+        format!("zdelay-bench:{{{tag}}}:due:bench"),
+        format!("zdelay-bench:{{{tag}}}:lane:bench"),
+        "{zdelay-bench:0}:shards".to_owned(),
+    ] {
+        let n: u64 = redis::cmd("EXISTS").arg(&key).query(&mut con).unwrap();
+        assert_eq!(n, 0, "{key} left behind");
+    }
+}
+
 /// The in-process modes need one Redis: on a cluster the bench says what to run instead.
 #[test]
 fn bench_in_process_on_a_cluster_points_at_daemons() {

@@ -23,6 +23,7 @@ mod history;
 mod kafka;
 mod keys_declared;
 mod lanes;
+mod layout2;
 mod memory;
 mod nats;
 mod newer_layout;

@@ -184,11 +184,11 @@ fn a_schema_that_needs_a_newer_build_stops_a_daemon_and_a_producer_at_start() {
         text(&out)
     );
 
-    // A schema on layout 2 that names no version: refused as a layout this build does not know.
+    // A schema on layout 3 that names no version: refused as a layout this build does not know.
     let _: () = redis::cmd("HSET")
         .arg("zdelay:schema")
         .arg("layout")
-        .arg("2")
+        .arg("3")
         .query(&mut con)
         .unwrap();
     let _: () = redis::cmd("HDEL")
@@ -206,7 +206,7 @@ fn a_schema_that_needs_a_newer_build_stops_a_daemon_and_a_producer_at_start() {
     assert!(
         daemon
             .log_text()
-            .contains("namespace zdelay is on storage layout 2, which this build"),
+            .contains("namespace zdelay is on storage layout 3, which this build"),
         "{}",
         daemon.log_text()
     );

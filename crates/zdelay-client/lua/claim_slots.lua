@@ -21,11 +21,11 @@
 -- KEYS[2] slots     HASH {zdelay}:slots             "<target>#<k>" -> instance id
 -- KEYS[3] sources   HASH {zdelay}:instance_sources  id -> its raw sources' targets, "\n"-separated
 -- ARGV[1] this instance's id; ARGV[2] registration lifetime ms (the slot lease)
--- ARGV[3] slots per target (1 or 2); ARGV[4] the shard count
+-- ARGV[3] slots per target (1 or 2); ARGV[4] the shard count (0 on storage layout 2: no shard is polled)
 -- ARGV[5] this process's nonce (new at every start)
 -- ARGV[6] its standing: "new" (no heartbeat yet), "held" (renewed within a lease), "lost"
 --   (registered once, but no renewal for a lease)
--- ARGV[7..] this instance's raw source targets ("source:<key>")
+-- ARGV[7..] this instance's raw source and route lane targets ("source:<key>", "lane:<n>")
 -- Returns: { registration, live instances, then this instance's targets (each once) };
 --   registration 0 = registered or renewed, 1 = took over a live registration of this id
 --   (a previous life), 2 = took it back from a newer process with this id (which will

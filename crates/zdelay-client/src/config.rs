@@ -641,6 +641,13 @@ pub struct RedisConfig {
     /// with `zdelay reshard --to N`.
     #[schemars(range(min = 1, max = 16384))]
     pub shards: u16,
+    /// Storage layout a new namespace is created with: 1, or 2 (a preview: route lanes, with
+    /// local routes exactly once on a Redis Cluster too; no two-phase routes, dead-letter
+    /// commands or schedules yet). An existing namespace keeps its own layout, and a value set
+    /// here must match it. Default: unset (follow the namespace; a new one gets layout 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2))]
+    pub layout: Option<u32>,
 }
 
 impl Default for RedisConfig {
@@ -652,6 +659,7 @@ impl Default for RedisConfig {
             tls: RedisTlsConfig::default(),
             namespace: "zdelay".into(),
             shards: 16,
+            layout: None,
         }
     }
 }
@@ -1460,6 +1468,31 @@ fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
 }
 
 impl Config {
+    /// What keeps this config off storage layout 2 (a preview that holds local routes
+    /// only): the field of the first route to a two-phase sink, and why.
+    pub fn layout_2_refusal(&self) -> Option<(String, String)> {
+        self.routes.iter().enumerate().find_map(|(i, route)| {
+            let sink = self.sinks.get(&route.sink)?;
+            (!sink.is_local()).then(|| {
+                (
+                    format!("routes[{i}].sink"),
+                    format!(
+                        "route {} goes to sink {} ({}{}): storage layout 2 holds local routes \
+                         only so far (redis sinks without url); use layout 1 for two-phase routes",
+                        route.name,
+                        route.sink,
+                        sink.kind(),
+                        if sink.kind() == "redis" {
+                            " with url"
+                        } else {
+                            ""
+                        },
+                    ),
+                )
+            })
+        })
+    }
+
     /// Cross-field checks; each error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let r = &self.redis;
@@ -1471,6 +1504,19 @@ impl Config {
         }
         if r.shards == 0 || r.shards > MAX_SHARDS {
             return Err(invalid("redis.shards", "must be 1..=16384"));
+        }
+        if let Some(layout) = r.layout
+            && !(1..=crate::keys::NEWEST_LAYOUT).contains(&layout)
+        {
+            return Err(invalid(
+                "redis.layout",
+                format!("must be 1 or 2, not {layout}"),
+            ));
+        }
+        if r.layout == Some(2)
+            && let Some((field, why)) = self.layout_2_refusal()
+        {
+            return Err(invalid(field, why));
         }
         for (i, node) in r.cluster_nodes.iter().enumerate() {
             if !node.starts_with("redis://") && !node.starts_with("rediss://") {

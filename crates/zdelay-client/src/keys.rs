@@ -8,8 +8,12 @@
 
 use crc::{CRC_16_XMODEM, Crc};
 
-/// Version of the key layout and envelope frame written by this build.
+/// The storage layout a new namespace gets unless `redis.layout` says otherwise.
 pub const LAYOUT_VERSION: u32 = 1;
+
+/// The newest storage layout this build reads and writes (layout 2, route lanes, is a
+/// preview: see `lane`).
+pub const NEWEST_LAYOUT: u32 = 2;
 
 const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_XMODEM);
 

@@ -394,8 +394,11 @@ pub async fn reshard(
         return Err(ReshardError::NoSchema(namespace.to_owned()));
     };
     if *layout != LAYOUT_VERSION.to_string() {
-        return Err(StoreError::Schema(format!(
-            "{} says layout {layout}; this build knows layout {LAYOUT_VERSION} only",
+        // Layout 2 keeps a local route's jobs in its list's slot: there is no shard count
+        // to change for them.
+        return Err(StoreError::Unsupported(format!(
+            "{} says layout {layout}: zdelay reshard works on layout {LAYOUT_VERSION} \
+             namespaces only",
             probe.schema()
         ))
         .into());

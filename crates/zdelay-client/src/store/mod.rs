@@ -12,7 +12,7 @@ pub mod lanes;
 pub mod scripts;
 
 use crate::config::{RedisConfig, redact_url};
-use crate::keys::{Keys, LAYOUT_VERSION};
+use crate::keys::{Keys, LAYOUT_VERSION, NEWEST_LAYOUT};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
@@ -97,7 +97,7 @@ fn too_new_message(namespace: &str, layout: u32, min_version: Option<&semver::Ve
         ),
         None => format!(
             "namespace {namespace} is on storage layout {layout}, which this build (zdelay \
-             {VERSION}) does not know (it knows layout {LAYOUT_VERSION}): run a newer zdelay"
+             {VERSION}) does not know (it knows layouts 1 to {NEWEST_LAYOUT}): run a newer zdelay"
         ),
     }
 }
@@ -120,7 +120,7 @@ fn refuse_newer(
         None => None,
     };
     let layout_number = layout.and_then(|l| l.parse::<u32>().ok());
-    let newer_layout = layout_number.is_some_and(|n| n > LAYOUT_VERSION);
+    let newer_layout = layout_number.is_some_and(|n| n > NEWEST_LAYOUT);
     let newer_build = min_version
         .as_ref()
         .is_some_and(|min| min.cmp_precedence(&THIS_VERSION).is_gt());
@@ -317,6 +317,20 @@ impl Layout {
                 shards: *shards,
                 configured: keys.shards(),
             },
+            // A layout this build knows, marked by this build or an older one: the shard
+            // is a layout-1 shard of a namespace on layout 2, whose layout-1 calls (dead
+            // letters, schedules, reshard) are not built there yet.
+            Layout::Newer {
+                layout,
+                min_version,
+            } if *layout <= NEWEST_LAYOUT && min_version.cmp_precedence(&THIS_VERSION).is_le() => {
+                StoreError::Unsupported(format!(
+                    "namespace {} is on storage layout {layout} (a preview), which has route \
+                     lanes only so far: enqueue, get, cancel and reschedule work; dead-letter \
+                     commands, schedules, two-phase routes and reshard do not yet",
+                    keys.namespace()
+                ))
+            }
             Layout::Newer {
                 layout,
                 min_version,
@@ -698,10 +712,16 @@ pub fn server_name(info: &std::collections::HashMap<String, String>) -> String {
     }
 }
 
-/// Creates `<ns>:schema` if missing and checks it matches this build and `keys`' shard count;
-/// refuses while `zdelay reshard` runs ([`StoreError::Resharding`], retryable), and a
-/// namespace on a newer layout or that needs a newer zdelay ([`StoreError::LayoutTooNew`]).
-pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError> {
+/// Creates `<ns>:schema` if missing (on layout `want`, else [`LAYOUT_VERSION`]) and checks it
+/// matches this build and `keys`' shard count; returns the namespace's layout. Refuses a
+/// layout other than `want` when one is given, refuses while `zdelay reshard` runs
+/// ([`StoreError::Resharding`], retryable), and a namespace on a newer layout or that needs a
+/// newer zdelay ([`StoreError::LayoutTooNew`]).
+pub async fn ensure_schema(
+    con: &mut Conn,
+    keys: &Keys,
+    want: Option<u32>,
+) -> Result<u32, StoreError> {
     let key = keys.schema();
     // One HGET each (not HMGET): a producer's narrowest ACL grants `+hget` on the schema.
     let read = |pipe: &mut Pipeline| {
@@ -720,15 +740,20 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError
     let mut fields: Fields = pipe.query_async(con).await?;
     // Before writing anything: a newer layout's schema gets no layout-1 field.
     refuse_newer(keys, fields.0.as_deref(), fields.3.as_deref())?;
+    let create = want.unwrap_or(LAYOUT_VERSION);
     if fields.0.is_none() || fields.1.is_none() {
         // Written only when missing, so a producer whose ACL may only read the schema
         // connects to a namespace a daemon created (HSETNX needs write access even when it
         // writes nothing).
         let mut pipe = redis::pipe();
-        pipe.hset_nx(&key, "layout", LAYOUT_VERSION)
+        pipe.hset_nx(&key, "layout", create)
             .ignore()
             .hset_nx(&key, "shards", keys.shards())
             .ignore();
+        if create > 1 {
+            // Builds that predate this layout refuse it, naming the version to run.
+            pipe.hset_nx(&key, "min_version", VERSION).ignore();
+        }
         read(&mut pipe);
         fields = pipe.query_async(con).await.map_err(|e| {
             if e.code() == Some("NOPERM") {
@@ -750,10 +775,23 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError
             None => StoreError::Schema(format!("{key} field migrating holds {m:?}")),
         });
     }
-    if layout.as_deref() != Some(&LAYOUT_VERSION.to_string()) {
+    let layout = match layout.as_deref().map(str::parse::<u32>) {
+        Some(Ok(n)) if (1..=NEWEST_LAYOUT).contains(&n) => n,
+        _ => {
+            return Err(StoreError::Schema(format!(
+                "{key} says layout {}; this build knows layouts 1 to {NEWEST_LAYOUT}",
+                layout.unwrap_or_default()
+            )));
+        }
+    };
+    if let Some(want) = want
+        && want != layout
+    {
         return Err(StoreError::Schema(format!(
-            "{key} says layout {}; this build knows layout {LAYOUT_VERSION} only",
-            layout.unwrap_or_default()
+            "namespace {} is on storage layout {layout} and redis.layout says {want}: a \
+             namespace keeps the layout it was created with (unset redis.layout to follow it, \
+             or use a new namespace)",
+            keys.namespace()
         )));
     }
     if shards.as_deref() != Some(&keys.shards().to_string()) {
@@ -763,6 +801,31 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<(), StoreError
             shards.unwrap_or_default(),
             keys.shards()
         )));
+    }
+    Ok(layout)
+}
+
+/// On a namespace on layout 2, marks every layout-1 shard (`layout 2 <this version>`), so
+/// that every layout-1 script refuses it (dead letters, schedules, reshard are not built on
+/// layout 2 yet) instead of writing where nothing reads. The daemon writes them at every
+/// start (a SET of the same value); a producer never needs to.
+pub async fn mark_layout_1_shards(
+    con: &mut Conn,
+    keys: &Keys,
+    layout: u32,
+) -> redis::RedisResult<()> {
+    let marker = Layout::Newer {
+        layout,
+        min_version: THIS_VERSION.clone(),
+    }
+    .marker();
+    for shard in 0..keys.shards() {
+        // One command a shard: on a cluster each marker is in its shard's slot.
+        let _: () = redis::cmd("SET")
+            .arg(keys.layout(shard))
+            .arg(&marker)
+            .query_async(con)
+            .await?;
     }
     Ok(())
 }
@@ -1045,12 +1108,15 @@ mod tests {
             e.contains("needs zdelay 9.9.9 or later (storage layout 2"),
             "{e}"
         );
-        let e = refused(Some("2"), None).unwrap_err();
+        // Layout 2 is known; layout 3 is not.
+        assert_eq!(refused(Some("2"), None), Ok(()));
+        assert_eq!(refused(Some("2"), Some(VERSION)), Ok(()));
+        let e = refused(Some("3"), None).unwrap_err();
         assert_eq!(
             e,
             format!(
-                "namespace zdelay is on storage layout 2, which this build (zdelay {VERSION}) \
-                 does not know (it knows layout 1): run a newer zdelay"
+                "namespace zdelay is on storage layout 3, which this build (zdelay {VERSION}) \
+                 does not know (it knows layouts 1 to 2): run a newer zdelay"
             )
         );
         // A version that is none: named as such.

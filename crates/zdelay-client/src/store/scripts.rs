@@ -1550,6 +1550,15 @@ pub struct Registrant<'a> {
     pub nonce: &'a str,
 }
 
+/// What a daemon polls, as `claim_slots` plans it.
+#[derive(Debug, Clone, Copy)]
+pub struct PolledTargets<'a> {
+    /// Shards `0..shards`, polled by every daemon (none on storage layout 2).
+    pub shards: u16,
+    /// This daemon's raw sources and route lanes, by slot name (`source:<key>`, `lane:<n>`).
+    pub named: &'a [String],
+}
+
 /// Registers `me` (with the raw sources it is configured with) and plans who polls what
 /// for every live instance; returns this instance's part (none when its id is in use).
 pub async fn claim_slots(
@@ -1559,7 +1568,7 @@ pub async fn claim_slots(
     standing: Standing,
     lease_ms: u64,
     per_target: u8,
-    sources: &[String],
+    targets: PolledTargets<'_>,
 ) -> redis::RedisResult<SlotClaim> {
     let values: Vec<Value> = Call::new(&compiled::claim_slots)
         .key(keys.instances())
@@ -1568,10 +1577,10 @@ pub async fn claim_slots(
         .arg(me.instance)
         .arg(lease_ms)
         .arg(per_target)
-        .arg(keys.shards())
+        .arg(targets.shards)
         .arg(me.nonce)
         .arg(standing.as_arg())
-        .arg(sources)
+        .arg(targets.named)
         .invoke(con)
         .await?;
     let mut it = values.into_iter();

@@ -14,14 +14,17 @@
 use crate::config::RedisConfig;
 use crate::envelope::{Envelope, EnvelopeError, validate_dest};
 pub use crate::job::{Cancelled, Due, Enqueued, JobState, OnConflict};
-use crate::keys::{Keys, LAYOUT_VERSION};
+use crate::keys::{Keys, LAYOUT_VERSION, NEWEST_LAYOUT};
 use crate::routes::{Refused, Routes};
 use crate::store::scripts::{self, EnqueueCall, EnqueueItem, EnvelopeHead, PEEK_HEAD_MAX};
 use crate::store::{self, Conn, Layout, StoreError};
+use lanes::LaneBook;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
+
+mod lanes;
 
 /// Jobs per `enqueue_jobs` call: small enough to keep one script call short.
 const ENQUEUE_CHUNK: usize = 500;
@@ -52,6 +55,16 @@ pub enum ClientError {
          id that does not"
     )]
     ReservedId(String),
+    /// A generated id (`~<lane>.<stored id>`) that is not one.
+    #[error(transparent)]
+    Id(#[from] crate::lane_id::IdError),
+    /// On storage layout 2, a user-chosen id held by more than one route's lane.
+    #[error(
+        "job id {id:?} is stored for routes {}: on storage layout 2 a user-chosen id is unique \
+         per route only, so it cannot be found by id alone; use ids unique across routes",
+        routes.join(" and ")
+    )]
+    AmbiguousId { id: String, routes: Vec<String> },
     /// A dead-letter selection that cannot be served: a filter that does not apply to raw
     /// members, an empty time window, a raw member id that is not one.
     #[error("{0}")]
@@ -93,6 +106,8 @@ impl ClientError {
             ClientError::Oversize { .. } => "oversize",
             ClientError::BadId(_) => "bad_id",
             ClientError::ReservedId(_) => "reserved_id",
+            ClientError::Id(_) => "bad_id",
+            ClientError::AmbiguousId { .. } => "ambiguous_id",
             ClientError::InvalidSelection(_) => "invalid_selection",
             ClientError::BadScheduleId { .. } => "bad_schedule_id",
             ClientError::Schedule(_) => "invalid_schedule",
@@ -186,7 +201,10 @@ impl NewJob {
 #[derive(Debug, Clone)]
 pub struct JobView {
     pub id: String,
+    /// The shard that holds it (storage layout 1).
     pub shard: u16,
+    /// The route lane that holds it (storage layout 2; `shard` is then 0).
+    pub lane: Option<u32>,
     pub state: JobState,
     /// Due ms (Scheduled, Due), lease deadline (InFlight) or time of death (Dead).
     pub score: Option<f64>,
@@ -217,7 +235,10 @@ impl JobView {
             }
         };
         obj.insert("id".into(), self.id.clone().into());
-        obj.insert("shard".into(), self.shard.into());
+        match self.lane {
+            Some(lane) => obj.insert("lane".into(), crate::lane_id::base36(lane).into()),
+            None => obj.insert("shard".into(), self.shard.into()),
+        };
         obj.insert("state".into(), serde_json::to_value(self.state).unwrap());
         let field = match self.state {
             JobState::Scheduled | JobState::Due => "due",
@@ -247,6 +268,8 @@ pub struct Client {
     routes: Option<Arc<Routes>>,
     max_payload: Option<usize>,
     ids: Arc<IdGenerator>,
+    /// On a namespace on storage layout 2: its lane registry and stored-id generator.
+    lanes: Option<Arc<LaneBook>>,
 }
 
 impl Client {
@@ -255,14 +278,19 @@ impl Client {
         let mut con = Conn::connect(cfg).await?;
         store::check_server(&mut con).await?;
         let keys = Keys::new(&cfg.namespace, cfg.shards);
-        store::ensure_schema(&mut con, &keys).await?;
+        let layout = store::ensure_schema(&mut con, &keys, cfg.layout).await?;
         scripts::load_all(&mut con).await?;
+        let lanes = match layout {
+            1 => None,
+            _ => Some(Arc::new(LaneBook::read(&mut con, &keys).await?)),
+        };
         Ok(Client {
             con,
             layout: Arc::new(RwLock::new(keys)),
             routes: None,
             max_payload: None,
             ids: Arc::new(IdGenerator::default()),
+            lanes,
         })
     }
 
@@ -294,6 +322,15 @@ impl Client {
         self
     }
 
+    /// The namespace's storage layout: 1, or 2 (route lanes, a preview).
+    pub fn storage_layout(&self) -> u32 {
+        if self.lanes.is_some() {
+            2
+        } else {
+            LAYOUT_VERSION
+        }
+    }
+
     /// The key layout in use: the namespace and the shard count last read from it.
     pub fn keys(&self) -> Keys {
         self.layout.read().expect("layout lock").clone()
@@ -308,9 +345,14 @@ impl Client {
             return Err(Layout::Migrating { from, to }.error(&current).into());
         }
         let key = current.schema();
-        if schema.layout.as_deref() != Some(&LAYOUT_VERSION.to_string()) {
+        let known = schema
+            .layout
+            .as_deref()
+            .and_then(|l| l.parse::<u32>().ok())
+            .is_some_and(|l| (1..=NEWEST_LAYOUT).contains(&l));
+        if !known {
             return Err(StoreError::Schema(format!(
-                "{key} says layout {}; this build knows layout {LAYOUT_VERSION} only",
+                "{key} says layout {}; this build knows layouts 1 to {NEWEST_LAYOUT}",
                 schema.layout.unwrap_or_default()
             ))
             .into());
@@ -407,6 +449,9 @@ impl Client {
         jobs: Vec<NewJob>,
         policy: OnConflict,
     ) -> Result<Vec<Result<(String, Enqueued), ClientError>>, ClientError> {
+        if let Some(book) = self.lane_book() {
+            return self.enqueue_lanes(book, jobs, policy).await;
+        }
         let mut results: Vec<Option<Result<(String, Enqueued), ClientError>>> =
             (0..jobs.len()).map(|_| None).collect();
         // The jobs to write, with their input positions.
@@ -543,6 +588,9 @@ impl Client {
 
     /// Cancels a pending job.
     pub async fn cancel(&self, id: &str) -> Result<Cancelled, ClientError> {
+        if let Some(book) = self.lane_book() {
+            return self.cancel_in_lane(book, id).await;
+        }
         self.fenced(|keys| async move {
             let keys = keys.shard(keys.shard_of(id));
             Ok(scripts::cancel_job(&mut self.con.clone(), &keys, id).await?)
@@ -553,6 +601,9 @@ impl Client {
     /// Moves a pending job to a new due time; `None` when it is not pending.
     pub async fn reschedule(&self, id: &str, due: Due) -> Result<Option<i64>, ClientError> {
         check_due(due)?;
+        if let Some(book) = self.lane_book() {
+            return self.reschedule_in_lane(book, id, due).await;
+        }
         self.fenced(|keys| async move {
             let keys = keys.shard(keys.shard_of(id));
             Ok(scripts::reschedule_job(&mut self.con.clone(), &keys, id, due).await?)
@@ -563,6 +614,9 @@ impl Client {
     /// Looks a job up by id in its shard; `None` when it is not stored (delivered,
     /// cancelled, purged, or never enqueued).
     pub async fn get(&self, id: &str) -> Result<Option<JobView>, ClientError> {
+        if let Some(book) = self.lane_book() {
+            return self.get_in_lane(book, id, None).await;
+        }
         self.fenced(|keys| self.get_in(keys, id, None)).await
     }
 
@@ -574,6 +628,9 @@ impl Client {
         id: &str,
         preview: usize,
     ) -> Result<Option<JobView>, ClientError> {
+        if let Some(book) = self.lane_book() {
+            return self.get_in_lane(book, id, Some(preview)).await;
+        }
         self.fenced(|keys| self.get_in(keys, id, Some(preview)))
             .await
     }
@@ -659,6 +716,7 @@ impl Client {
         Ok(Some(JobView {
             id: id.to_owned(),
             shard,
+            lane: None,
             state,
             score,
             raw: raw.unwrap_or_default(),

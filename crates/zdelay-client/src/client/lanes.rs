@@ -1,0 +1,426 @@
+//! `Client` on a namespace on storage layout 2 (a preview): every job is for a local route and
+//! lives in that route's lane, in the hash slot of the route's list (see `lane`).
+//!
+//! Producers place a job by its destination through the lane registry (`<ns>:lanes`, written
+//! by daemons at start), cached here and read again when a lane script refuses a call
+//! (`ZDELAY_LANE_MOVED`, `ZDELAY_LANE_CHANGED`, `ZDELAY_NO_LANE`: nothing was written) or a
+//! destination has no lane yet. A generated id (`~<lane>.<stored id>`) names its lane, so
+//! `cancel`, `get` and `reschedule` of it are one call in one slot; a user-chosen id is found
+//! by asking every lane (one `HEXISTS` each), and refused when two routes hold it.
+
+use super::{Client, ClientError, ENQUEUE_CHUNK, JobView, NewJob, check_due};
+use crate::envelope::{Envelope, Meta};
+use crate::job::{Cancelled, Due, Enqueued, OnConflict};
+use crate::lane::{Lane, Registry};
+use crate::lane_id::{LaneId, StoredId, StoredIdGenerator, is_reserved};
+use crate::store::scripts::{self, LaneItem};
+use crate::store::{self, Conn, StoreError};
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+
+/// Tries of a generated id that another producer took in the same millisecond.
+const ID_TRIES: u32 = 3;
+
+/// What a client keeps for layout 2: the registry as last read and its id generator.
+pub(crate) struct LaneBook {
+    registry: RwLock<Registry>,
+    ids: StoredIdGenerator,
+}
+
+impl LaneBook {
+    pub(crate) async fn read(con: &mut Conn, keys: &crate::keys::Keys) -> Result<Self, StoreError> {
+        Ok(LaneBook {
+            registry: RwLock::new(store::lanes::read_registry(con, keys).await?),
+            ids: StoredIdGenerator::new(),
+        })
+    }
+
+    fn registry(&self) -> Registry {
+        self.registry.read().expect("registry lock").clone()
+    }
+}
+
+/// Whether a lane script refused the call because the lane is not the one the caller read
+/// from the registry (nothing was written): read the registry again.
+fn lane_refusal(e: &redis::RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("ZDELAY_LANE_MOVED" | "ZDELAY_LANE_CHANGED" | "ZDELAY_NO_LANE")
+    )
+}
+
+/// One job ready for its lane.
+#[derive(Clone)]
+struct Prepared {
+    index: usize,
+    dest: String,
+    /// A generated id is drawn again if another producer took it.
+    generated: Option<StoredId>,
+    stored: String,
+    due: Due,
+    payload: Vec<u8>,
+    meta: Option<String>,
+    max_lateness_ms: Option<u64>,
+    tries: u32,
+}
+
+impl Prepared {
+    /// The id `enqueue` returns: the user's, or `~<lane>.<stored id>`.
+    fn public_id(&self, lane: &Lane) -> String {
+        match self.generated {
+            Some(stored) => LaneId {
+                lane: lane.number,
+                stored,
+            }
+            .to_string(),
+            None => self.stored.clone(),
+        }
+    }
+}
+
+type Answer = Result<(String, Enqueued), ClientError>;
+
+impl Client {
+    /// The lane book, on a namespace on layout 2.
+    pub(super) fn lane_book(&self) -> Option<&LaneBook> {
+        self.lanes.as_deref()
+    }
+
+    /// Reads the lane registry again (a daemon registered, moved or changed a lane).
+    pub(super) async fn refresh_lanes(&self, book: &LaneBook) -> Result<Registry, ClientError> {
+        let registry = store::lanes::read_registry(&mut self.con.clone(), &self.keys()).await?;
+        *book.registry.write().expect("registry lock") = registry.clone();
+        Ok(registry)
+    }
+
+    fn prepare_for_lane(
+        &self,
+        book: &LaneBook,
+        index: usize,
+        job: NewJob,
+    ) -> Result<Prepared, ClientError> {
+        self.check_dest_and_payload(&job.dest, &job.payload)?;
+        check_due(job.due)?;
+        let (generated, stored) = match job.id {
+            Some(id) if id.is_empty() || id.len() > 256 => return Err(ClientError::BadId(id)),
+            Some(id) if is_reserved(&id) => return Err(ClientError::ReservedId(id)),
+            Some(id) => (None, id),
+            None => {
+                let stored = book.ids.next_id()?;
+                (Some(stored), stored.to_string())
+            }
+        };
+        let mut meta = Meta {
+            headers: job.headers,
+            max_attempts: job.max_attempts,
+            ..Meta::default()
+        };
+        crate::trace_context::normalize_header_names(&mut meta.headers);
+        let meta = (meta != Meta::default())
+            .then(|| serde_json::to_string(&meta).expect("a Meta of strings and numbers"));
+        Ok(Prepared {
+            index,
+            dest: job.dest,
+            generated,
+            stored,
+            due: job.due,
+            payload: job.payload,
+            meta,
+            max_lateness_ms: job.max_lateness.map(|d| d.as_millis() as u64),
+            tries: 0,
+        })
+    }
+
+    /// `enqueue_batch` on layout 2: one `enqueue_lane` call per lane and chunk.
+    pub(super) async fn enqueue_lanes(
+        &self,
+        book: &LaneBook,
+        jobs: Vec<NewJob>,
+        policy: OnConflict,
+    ) -> Result<Vec<Answer>, ClientError> {
+        let mut results: Vec<Option<Answer>> = (0..jobs.len()).map(|_| None).collect();
+        let mut pending = Vec::new();
+        for (i, job) in jobs.into_iter().enumerate() {
+            match self.prepare_for_lane(book, i, job) {
+                Ok(p) => pending.push(p),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let mut registry = book.registry();
+        let mut refreshed = false;
+        if pending
+            .iter()
+            .any(|p| !registry.by_route.contains_key(&p.dest))
+        {
+            registry = self.refresh_lanes(book).await?;
+            refreshed = true;
+        }
+        let wake = self.keys().wake_channel();
+        while !pending.is_empty() {
+            // Per lane and kind of id: generated ids are written with the policy `error`,
+            // so a collision never replaces another producer's job.
+            let mut groups: BTreeMap<(String, bool), Vec<Prepared>> = BTreeMap::new();
+            for p in pending.drain(..) {
+                if !registry.by_route.contains_key(&p.dest) {
+                    results[p.index] = Some(Err(no_lane(&p.dest, &registry)));
+                    continue;
+                }
+                groups
+                    .entry((p.dest.clone(), p.generated.is_some()))
+                    .or_default()
+                    .push(p);
+            }
+            let mut again = false;
+            for ((route, generated), group) in groups {
+                let lane = &registry.by_route[&route];
+                let policy = if generated { OnConflict::Error } else { policy };
+                for chunk in group.chunks(ENQUEUE_CHUNK) {
+                    let items: Vec<LaneItem> = chunk
+                        .iter()
+                        .map(|p| LaneItem {
+                            id: &p.stored,
+                            due: p.due,
+                            payload: &p.payload,
+                            meta: p.meta.as_deref(),
+                            max_lateness_ms: p.max_lateness_ms,
+                        })
+                        .collect();
+                    let answers = match scripts::enqueue_lane(
+                        &mut self.con.clone(),
+                        lane,
+                        policy,
+                        &wake,
+                        &items,
+                    )
+                    .await
+                    {
+                        Ok(answers) => answers,
+                        Err(e) if lane_refusal(&e) && !refreshed => {
+                            pending.extend(chunk.iter().cloned());
+                            again = true;
+                            continue;
+                        }
+                        Err(e) if lane_refusal(&e) => {
+                            for p in chunk {
+                                results[p.index] = Some(Err(lane_refused(&p.dest, &e)));
+                            }
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
+                    for (p, answer) in chunk.iter().zip(answers) {
+                        match answer {
+                            Some(done) => results[p.index] = Some(Ok((p.public_id(lane), done))),
+                            None if generated && p.tries + 1 < ID_TRIES => {
+                                let mut p = p.clone();
+                                let stored = book.ids.next_id()?;
+                                p.generated = Some(stored);
+                                p.stored = stored.to_string();
+                                p.tries += 1;
+                                pending.push(p);
+                            }
+                            None => {
+                                results[p.index] = Some(Err(ClientError::Exists(p.public_id(lane))))
+                            }
+                        }
+                    }
+                }
+            }
+            if again {
+                registry = self.refresh_lanes(book).await?;
+                refreshed = true;
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every job has a result"))
+            .collect())
+    }
+
+    /// The lane that holds `id` and its stored id there; `None` when no lane holds it.
+    async fn find_in_lanes(
+        &self,
+        book: &LaneBook,
+        id: &str,
+    ) -> Result<Option<(Lane, String)>, ClientError> {
+        if is_reserved(id) {
+            let parsed = LaneId::parse(id)?;
+            let mut lane = book.registry().lane(parsed.lane).cloned();
+            if lane.is_none() {
+                lane = self.refresh_lanes(book).await?.lane(parsed.lane).cloned();
+            }
+            return Ok(lane.map(|lane| (lane, parsed.stored.to_string())));
+        }
+        // A user-chosen id: unique per route only, so ask every lane (its jobs hash holds
+        // waiting and dead jobs alike).
+        let registry = self.refresh_lanes(book).await?;
+        let asks = registry.by_route.values().map(|lane| async move {
+            let held: bool = redis::cmd("HEXISTS")
+                .arg(&lane.keys.jobs)
+                .arg(id)
+                .query_async(&mut self.con.clone())
+                .await?;
+            Ok::<_, redis::RedisError>(held.then(|| lane.clone()))
+        });
+        let found: Vec<Lane> = futures::future::try_join_all(asks)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        match found.len() {
+            0 => Ok(None),
+            1 => Ok(found.into_iter().next().map(|lane| (lane, id.to_owned()))),
+            _ => Err(ClientError::AmbiguousId {
+                id: id.to_owned(),
+                routes: found.into_iter().map(|l| l.route).collect(),
+            }),
+        }
+    }
+
+    /// Runs `op` on the lane holding `id`; once more after reading the registry again when
+    /// the lane refused the call (it moved or changed since it was read).
+    async fn on_lane<T, F, Fut>(
+        &self,
+        book: &LaneBook,
+        id: &str,
+        op: F,
+    ) -> Result<Option<T>, ClientError>
+    where
+        F: Fn(Lane, String) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        for last in [false, true] {
+            let Some((lane, stored)) = self.find_in_lanes(book, id).await? else {
+                return Ok(None);
+            };
+            match op(lane, stored).await {
+                Ok(out) => return Ok(Some(out)),
+                Err(e) if lane_refusal(&e) && !last => {
+                    self.refresh_lanes(book).await?;
+                }
+                Err(e) if lane_refusal(&e) => return Err(lane_refused(id, &e)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        unreachable!("the second try returns")
+    }
+
+    pub(super) async fn cancel_in_lane(
+        &self,
+        book: &LaneBook,
+        id: &str,
+    ) -> Result<Cancelled, ClientError> {
+        let cancelled = self
+            .on_lane(book, id, |lane, stored| async move {
+                scripts::cancel_lane(&mut self.con.clone(), &lane, &stored).await
+            })
+            .await?;
+        Ok(match cancelled {
+            Some(true) => Cancelled::Cancelled,
+            _ => Cancelled::NotPending,
+        })
+    }
+
+    pub(super) async fn reschedule_in_lane(
+        &self,
+        book: &LaneBook,
+        id: &str,
+        due: Due,
+    ) -> Result<Option<i64>, ClientError> {
+        let wake = self.keys().wake_channel();
+        let wake = &wake;
+        Ok(self
+            .on_lane(book, id, |lane, stored| async move {
+                scripts::reschedule_lane(&mut self.con.clone(), &lane, wake, &stored, due).await
+            })
+            .await?
+            .flatten())
+    }
+
+    pub(super) async fn get_in_lane(
+        &self,
+        book: &LaneBook,
+        id: &str,
+        preview: Option<usize>,
+    ) -> Result<Option<JobView>, ClientError> {
+        for last in [false, true] {
+            let Some((lane, stored)) = self.find_in_lanes(book, id).await? else {
+                return Ok(None);
+            };
+            let Some(job) = store::lanes::get(&mut self.con.clone(), &lane, &stored).await? else {
+                return Ok(None);
+            };
+            if job.marker.as_deref() != Some(lane.marker().as_str()) {
+                // The lane moved or changed since the registry was read.
+                if last {
+                    return Err(StoreError::Schema(format!(
+                        "{} holds {:?}, not the lane the registry names for route {}",
+                        lane.keys.marker, job.marker, lane.route
+                    ))
+                    .into());
+                }
+                self.refresh_lanes(book).await?;
+                continue;
+            }
+            let payload_size = job.payload.len() as u64;
+            let mut payload = job.payload;
+            if let Some(preview) = preview {
+                payload.truncate(preview);
+            }
+            let mut meta: Meta = match job.meta.as_deref() {
+                Some(text) => serde_json::from_str(text).map_err(|e| {
+                    StoreError::Schema(format!(
+                        "{} holds meta {text:?} for {stored}, not JSON zdelay writes ({e})",
+                        lane.keys.meta
+                    ))
+                })?,
+                None => Meta::default(),
+            };
+            meta.max_lateness_ms = job.max_lateness_ms;
+            let envelope = Envelope {
+                dest: lane.route.clone(),
+                payload,
+                meta,
+            };
+            return Ok(Some(JobView {
+                id: id.to_owned(),
+                shard: 0,
+                lane: Some(lane.number),
+                state: job.state,
+                score: job.score,
+                raw: Vec::new(),
+                envelope: Ok(envelope),
+                payload_size,
+                reason: job.reason,
+                sink: None,
+            }));
+        }
+        unreachable!("the second try returns")
+    }
+}
+
+/// A destination with no lane: on layout 2 only local routes have one, registered by a
+/// daemon whose config has the route when it starts.
+fn no_lane(dest: &str, registry: &Registry) -> ClientError {
+    let known: Vec<&str> = registry.by_route.keys().map(String::as_str).collect();
+    ClientError::UnknownDestination {
+        dest: dest.to_owned(),
+        detail: " (no route lane: on storage layout 2 a local route gets its lane when a daemon \
+                 whose config has it starts, and two-phase routes are not built yet)"
+            .to_owned(),
+        known: if known.is_empty() {
+            "none registered".to_owned()
+        } else {
+            known.join(", ")
+        },
+    }
+}
+
+/// A lane that kept refusing after the registry was read again.
+fn lane_refused(what: &str, e: &redis::RedisError) -> ClientError {
+    StoreError::Schema(format!(
+        "the route lane of {what} refused the call after the lane registry was read again ({e}): \
+         daemons with different routes may be starting; try again"
+    ))
+    .into()
+}

@@ -1,0 +1,390 @@
+//! A namespace on storage layout 2 (route lanes, a preview), end to end against real Redis and
+//! a real Redis Cluster: `zdelay run` registers each local route's lane and moves it; the
+//! library enqueues into lanes with generated (`~<lane>.<id>`) and user-chosen ids, and gets,
+//! cancels and reschedules by either; what layout 2 does not hold yet is refused with a clear
+//! error; on a cluster a local route is delivered exactly once through kill -9 of the daemon.
+
+use crate::common::{
+    self, Daemon, RedisCluster, RedisServer, TestConfig, lrange, redis_now_ms, wait_for,
+};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use zdelay::config::RedisConfig;
+use zdelay::{Client, ClientError, NewJob, OnConflict};
+
+const ROUTES: &str = r#"
+[poller]
+idle_poll = "50ms"
+
+[[routes]]
+name = "a"
+sink = "local"
+target = "q:a"
+push = "rpush"
+
+[[routes]]
+name = "b"
+sink = "local"
+target = "q:b"
+push = "lpush"
+"#;
+
+/// `config` with `redis.layout = 2`.
+fn on_layout_2(config: TestConfig) -> TestConfig {
+    let body = std::fs::read_to_string(&config.path).expect("config");
+    std::fs::write(
+        &config.path,
+        body.replacen("[redis]\n", "[redis]\nlayout = 2\n", 1),
+    )
+    .expect("config");
+    config
+}
+
+fn connect(rt: &tokio::runtime::Runtime, cfg: RedisConfig) -> Client {
+    rt.block_on(Client::connect(&cfg))
+        .expect("library client on the layout-2 namespace")
+}
+
+/// How often each `p<i>` payload is in `lists`.
+fn delivered(lists: &[Vec<Vec<u8>>], total: usize) -> Vec<u32> {
+    let mut counts = vec![0u32; total];
+    for list in lists {
+        for item in list {
+            let text = String::from_utf8_lossy(item);
+            let i: usize = text
+                .strip_prefix('p')
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("unexpected item {text:?}"));
+            counts[i] += 1;
+        }
+    }
+    counts
+}
+
+fn assert_exactly_once(counts: &[u32]) {
+    let missing: Vec<usize> = (0..counts.len()).filter(|&i| counts[i] == 0).collect();
+    let twice: Vec<usize> = (0..counts.len()).filter(|&i| counts[i] > 1).collect();
+    assert!(
+        missing.is_empty() && twice.is_empty(),
+        "{} missing (first {:?}), {} delivered more than once (first {:?})",
+        missing.len(),
+        &missing[..missing.len().min(10)],
+        twice.len(),
+        &twice[..twice.len().min(10)]
+    );
+}
+
+#[test]
+fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
+    const TOTAL: usize = 3_000;
+    let redis = RedisServer::start();
+    let config = on_layout_2(TestConfig::new(&redis.url(), 4, ROUTES));
+    let daemon = Daemon::start(&config);
+    let rt = common::runtime();
+    // A producer with no layout in its config follows the namespace.
+    let lib = connect(&rt, common::redis_config(&redis.url(), 4));
+    assert_eq!(lib.storage_layout(), 2);
+    let mut con = redis.conn();
+
+    // Even jobs to a (generated ids), odd ones to b (user ids), due over 1.5 s in reverse
+    // enqueue order; one far in the future stays.
+    let base = redis_now_ms(&mut con) + 500;
+    let jobs: Vec<NewJob> = (0..TOTAL)
+        .map(|i| {
+            let due = base + ((TOTAL - i) as i64 * 1_500 / TOTAL as i64);
+            let job = NewJob::new(if i % 2 == 0 { "a" } else { "b" }, format!("p{i}")).at(due);
+            if i % 2 == 0 {
+                job
+            } else {
+                job.id(format!("user-{i}")).header("tenant", "t1")
+            }
+        })
+        .collect();
+    let answers = rt
+        .block_on(lib.enqueue_batch(jobs, OnConflict::Error))
+        .expect("enqueue");
+    let ids: Vec<String> = answers
+        .into_iter()
+        .map(|a| a.expect("each job enqueued").0)
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        if i % 2 == 0 {
+            assert!(id.starts_with('~') && id.len() > 14, "generated id {id}");
+        } else {
+            assert_eq!(*id, format!("user-{i}"));
+        }
+    }
+    let (far, _) = rt
+        .block_on(lib.enqueue(
+            NewJob::new("a", "far").after(Duration::from_secs(600)),
+            OnConflict::Error,
+        ))
+        .expect("enqueue far");
+
+    // No layout-1 shard holds anything: the jobs are in their routes' lanes.
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).expect("KEYS");
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.starts_with("{zdelay:") && k.ends_with(":due")),
+        "a layout-1 shard holds jobs: {keys:?}"
+    );
+    let tag_a = zdelay::keys::slot_tag(zdelay::keys::slot_of("q:a"));
+    assert!(
+        keys.contains(&format!("zdelay:{{{tag_a}}}:due:a")),
+        "route a's lane is in q:a's slot: {keys:?}"
+    );
+
+    wait_for("every job delivered", Duration::from_secs(30), || {
+        common::llen(&mut con, "q:a") + common::llen(&mut con, "q:b") >= TOTAL
+    });
+    let a = lrange(&mut con, "q:a");
+    let b = lrange(&mut con, "q:b");
+    assert_exactly_once(&delivered(&[a.clone(), b.clone()], TOTAL));
+    // Each route's list got its own jobs, in due order (b is LPUSHed: reversed).
+    let order = |list: &[Vec<u8>]| -> Vec<usize> {
+        list.iter()
+            .map(|p| String::from_utf8_lossy(&p[1..]).parse().expect("p<i>"))
+            .collect()
+    };
+    let a_order = order(&a);
+    assert!(a_order.iter().all(|i| i % 2 == 0), "only a's jobs in q:a");
+    assert!(
+        a_order.windows(2).all(|w| w[0] > w[1]),
+        "q:a in due order (later index = earlier due)"
+    );
+    let mut b_order = order(&b);
+    b_order.reverse();
+    assert!(b_order.iter().all(|i| i % 2 == 1), "only b's jobs in q:b");
+    assert!(b_order.windows(2).all(|w| w[0] > w[1]), "q:b in due order");
+    // Moved per route, counted by route.
+    assert_eq!(
+        daemon.metric("zdelay_jobs_moved_total", &[("route", "a")]),
+        (TOTAL / 2) as f64
+    );
+
+    // The far job waits in its lane: get, reschedule and cancel by its generated id.
+    let view = rt
+        .block_on(lib.get(&far))
+        .expect("get")
+        .expect("the far job is stored");
+    assert_eq!(view.state, zdelay::JobState::Scheduled);
+    assert_eq!(view.envelope.as_ref().expect("readable").dest, "a");
+    let json = view.to_json();
+    assert_eq!(json["payload"], "far");
+    assert!(
+        json.get("lane").is_some() && json.get("shard").is_none(),
+        "{json}"
+    );
+    let soon = redis_now_ms(&mut con) + 300;
+    let moved = rt
+        .block_on(lib.reschedule(&far, zdelay::Due::At(soon)))
+        .expect("reschedule");
+    assert_eq!(moved, Some(soon));
+    wait_for(
+        "the rescheduled job delivered",
+        Duration::from_secs(10),
+        || lrange(&mut con, "q:a").last().map(Vec::as_slice) == Some(b"far".as_slice()),
+    );
+    assert!(rt.block_on(lib.get(&far)).expect("get").is_none());
+    assert_eq!(
+        rt.block_on(lib.cancel(&far)).expect("cancel"),
+        zdelay::Cancelled::NotPending
+    );
+
+    // A user-chosen id, found by asking every lane; cancelled before it is due.
+    rt.block_on(
+        lib.enqueue(
+            NewJob::new("b", "late")
+                .id("order-7")
+                .after(Duration::from_secs(600)),
+            OnConflict::Error,
+        ),
+    )
+    .expect("enqueue order-7");
+    let view = rt
+        .block_on(lib.get("order-7"))
+        .expect("get")
+        .expect("stored");
+    assert_eq!(view.envelope.as_ref().expect("readable").dest, "b");
+    assert_eq!(
+        rt.block_on(lib.cancel("order-7")).expect("cancel"),
+        zdelay::Cancelled::Cancelled
+    );
+    assert!(rt.block_on(lib.get("order-7")).expect("get").is_none());
+
+    // The same user id in two routes' lanes: found in both, so refused by id alone.
+    for dest in ["a", "b"] {
+        rt.block_on(
+            lib.enqueue(
+                NewJob::new(dest, "twice")
+                    .id("dup-1")
+                    .after(Duration::from_secs(600)),
+                OnConflict::Error,
+            ),
+        )
+        .expect("enqueue dup-1");
+    }
+    let err = rt.block_on(lib.cancel("dup-1")).expect_err("ambiguous");
+    assert!(
+        matches!(&err, ClientError::AmbiguousId { routes, .. } if routes == &["a", "b"]),
+        "{err}"
+    );
+    assert!(err.to_string().contains("routes a and b"), "{err}");
+
+    // Refused, with the reason, writing nothing.
+    let err = rt
+        .block_on(lib.enqueue(NewJob::new("a", "x").id("~1.abc"), OnConflict::Error))
+        .expect_err("a reserved id");
+    assert!(matches!(err, ClientError::ReservedId(_)), "{err}");
+    let err = rt
+        .block_on(lib.enqueue(NewJob::new("nowhere", "x"), OnConflict::Error))
+        .expect_err("a destination without a lane");
+    assert!(err.to_string().contains("no route lane"), "{err}");
+    let err = rt
+        .block_on(lib.get("~zz.short"))
+        .expect_err("not a generated id");
+    assert!(matches!(err, ClientError::Id(_)), "{err}");
+    // Layout-1 calls are refused by the shards' markers, naming layout 2.
+    let out = config.cli(&["schedule", "set", "s1", "--dest", "a", "--every", "1m"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "schedule set must fail: {stderr}");
+    assert!(stderr.contains("storage layout 2"), "{stderr}");
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("*sched*")
+        .query(&mut con)
+        .expect("KEYS");
+    assert!(left.is_empty(), "a refused schedule wrote {left:?}");
+    drop(daemon);
+}
+
+#[test]
+fn layout_2_refuses_what_it_cannot_hold_yet_by_name() {
+    let redis = RedisServer::start();
+    // A two-phase route with layout 2 configured: refused at config load, naming the field.
+    let kafka = on_layout_2(TestConfig::new(
+        &redis.url(),
+        4,
+        r#"
+[sinks.events]
+kind = "kafka"
+brokers = "127.0.0.1:1"
+
+[[routes]]
+name = "e"
+sink = "events"
+target = "events"
+"#,
+    ));
+    let out = kafka.cli(&["check-config"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("routes[0].sink") && stderr.contains("local routes only"),
+        "{stderr}"
+    );
+
+    // A namespace keeps its layout: created on 1, a config that says 2 is refused.
+    let rt = common::runtime();
+    connect(&rt, common::redis_config(&redis.url(), 4));
+    let two = on_layout_2(TestConfig::new(&redis.url(), 4, ROUTES));
+    let mut daemon = Daemon::spawn(&two);
+    let status = daemon.wait_exit(Duration::from_secs(20));
+    assert!(!status.success());
+    let log = daemon.log_text();
+    assert!(
+        log.contains("is on storage layout 1 and redis.layout says 2"),
+        "{log}"
+    );
+}
+
+/// On a cluster a local route's lane sits in its list's slot, so the move is one script
+/// there too: 20,000 jobs for two routes on two masters, the daemon killed with SIGKILL
+/// three times mid-drain, every job delivered exactly once and no command crossed slots.
+#[test]
+fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
+    const TOTAL: usize = 20_000;
+    let cluster = RedisCluster::start();
+    let config = on_layout_2(cluster.config(4, ROUTES));
+    assert_ne!(
+        cluster.master_of("q:a"),
+        cluster.master_of("q:b"),
+        "the two routes' lists are on two masters"
+    );
+    // The first daemon registers the lanes.
+    let mut daemon = Daemon::start(&config);
+    let rt = common::runtime();
+    let lib = connect(&rt, cluster.redis_config(4));
+    let mut con = cluster.conn();
+    let now = common::redis_now_ms_any(&mut con);
+    // Due over 2 s from 1 s ahead: the daemon is killed both while following the front and
+    // while draining a backlog.
+    let jobs: Vec<NewJob> = (0..TOTAL)
+        .map(|i| {
+            NewJob::new(if i % 2 == 0 { "a" } else { "b" }, format!("p{i}"))
+                .at(now + 1_000 + (i as i64 * 2_000 / TOTAL as i64))
+        })
+        .collect();
+    for answer in rt
+        .block_on(lib.enqueue_batch(jobs, OnConflict::Error))
+        .expect("enqueue")
+    {
+        answer.expect("each job enqueued");
+    }
+    let count = |con: &mut redis::cluster::ClusterConnection| -> usize {
+        ["q:a", "q:b"]
+            .iter()
+            .map(|l| redis::cmd("LLEN").arg(l).query::<usize>(con).expect("LLEN"))
+            .sum()
+    };
+    let mut kills = Vec::new();
+    for k in 1..=3usize {
+        let target = TOTAL * k / 5;
+        wait_for(
+            &format!("progress past {target}"),
+            Duration::from_secs(30),
+            || count(&mut con) >= target,
+        );
+        assert!(
+            !daemon.log_text().contains("CROSSSLOT"),
+            "{}",
+            daemon.log_text()
+        );
+        daemon.kill9();
+        kills.push(count(&mut con));
+        daemon = Daemon::spawn(&config);
+    }
+    wait_for("every job delivered", Duration::from_secs(60), || {
+        count(&mut con) >= TOTAL
+    });
+    let lists: Vec<Vec<Vec<u8>>> = ["q:a", "q:b"]
+        .iter()
+        .map(|l| {
+            redis::cmd("LRANGE")
+                .arg(l)
+                .arg(0)
+                .arg(-1)
+                .query(&mut con)
+                .expect("LRANGE")
+        })
+        .collect();
+    assert_exactly_once(&delivered(&lists, TOTAL));
+    let log = daemon.log_text();
+    assert!(
+        !log.contains("CROSSSLOT") && !log.contains("crossed slots"),
+        "{log}"
+    );
+    // Nothing left in the lanes.
+    let mut left = BTreeMap::new();
+    for route in ["a", "b"] {
+        let list = format!("q:{route}");
+        let tag = zdelay::keys::slot_tag(zdelay::keys::slot_of(&list));
+        let n: usize = redis::cmd("ZCARD")
+            .arg(format!("zdelay:{{{tag}}}:due:{route}"))
+            .query(&mut con)
+            .expect("ZCARD");
+        left.insert(route, n);
+    }
+    assert!(left.values().all(|n| *n == 0), "{left:?}");
+    eprintln!("killed at {kills:?} of {TOTAL}");
+}
