@@ -3,8 +3,10 @@
 //!
 //! Nothing here sees a move reply: what counts is what reaches the list.
 //! - drain: `--jobs` envelope jobs are loaded parked (due 2^42 ms, year 2109) while the
-//!   daemons idle, then every shard is rescored to one instant T (Redis clock + 1 s) with
-//!   `ZUNIONSTORE due 1 due WEIGHTS T/2^42`, exact because 2^42 is a power of two. From T the
+//!   daemons idle, then every shard (on layout 2: the route's lane) is rescored to one instant
+//!   T (Redis clock + 1 s, more for large keys) with `ZUNIONSTORE due 1 due WEIGHTS T/2^42`,
+//!   exact because 2^42 is a power of two, and every mover is woken as an enqueue of a new
+//!   head would (an idle one sleeps up to `idle_poll_max`, longer than the lead). From T the
 //!   list's length is read every millisecond with the list server's TIME: first seen, all
 //!   delivered, then all settled (nothing stored any more: on a cluster the two-phase settles
 //!   trail the pushes). A read waits its turn behind the move scripts Redis is running, so
@@ -34,8 +36,11 @@ use zdelay_client::store;
 
 /// Where drain jobs wait while they load: 2^42 ms after the epoch (year 2109).
 const PARKED_DUE_MS: i64 = 1 << 42;
-/// T, the instant every drain job becomes due, is this long after the rescoring started.
+/// T, the instant every drain job becomes due, is at least this long after the rescoring
+/// started, plus [`RESCORE_US_PER_JOB`] per job in the largest due ZSET (on layout 2 the
+/// route's lane holds them all: 200k take about a second to rescore).
 const DRAIN_LEAD_MS: i64 = 1_000;
+const RESCORE_US_PER_JOB: i64 = 10;
 
 /// The ZUNIONSTORE weight that turns the parked score into `t_ms` exactly: the parked score
 /// is a power of two, so `t_ms / 2^42` is exact and so is `2^42 × weight`.
@@ -227,6 +232,24 @@ async fn rescore(env: &mut Env, t_ms: i64) -> redis::RedisResult<()> {
     Ok(())
 }
 
+/// Tells every mover its head is now due at `t_ms`, as an enqueue of a new head would: idle
+/// movers sleep up to `poller.idle_poll_max` while wake-ups are known to arrive, longer than
+/// the lead before T.
+async fn wake_movers(env: &mut Env, t_ms: i64) -> anyhow::Result<()> {
+    let keys = &env.scratch.keys;
+    let mut names: Vec<String> = (0..keys.shards()).map(|s| s.to_string()).collect();
+    let registry = store::lanes::read_registry(&mut env.con, keys).await?;
+    names.extend(registry.by_route.values().map(|lane| lane.wake_name()));
+    for name in names {
+        let _: () = redis::cmd("PUBLISH")
+            .arg(keys.wake_channel())
+            .arg(format!("{name} {t_ms}"))
+            .query_async(&mut env.con)
+            .await?;
+    }
+    Ok(())
+}
+
 async fn drain(
     env: &mut Env,
     daemons: &mut Daemons,
@@ -251,8 +274,14 @@ async fn drain(
     .await?;
     daemons.check_running()?;
     let loadavg_start = read_first_line("/proc/loadavg");
-    let t_ms = store::server_time_ms(&mut env.con).await? + DRAIN_LEAD_MS;
+    let largest = match env.config.redis.layout {
+        Some(2) => n as i64,
+        _ => n as i64 / env.scratch.keys.shards() as i64,
+    };
+    let lead_ms = DRAIN_LEAD_MS + largest * RESCORE_US_PER_JOB / 1000;
+    let t_ms = store::server_time_ms(&mut env.con).await? + lead_ms;
     rescore(env, t_ms).await?;
+    wake_movers(env, t_ms).await?;
     let margin_ms = t_ms - store::server_time_ms(&mut env.con).await?;
     ensure!(
         margin_ms > 200,

@@ -209,9 +209,36 @@ async fn idle_case(env: &mut Env, routes: usize, sources: usize) -> anyhow::Resu
         daemon.keep_logs();
     }
     let codes = daemon.stop().await;
+    forget_lanes(env, routes).await?;
     let mut case = measured?;
     case.exit_code = codes.first().copied().flatten();
     Ok(case)
+}
+
+/// On storage layout 2 the daemon registered a lane for each extra route: deletes their
+/// markers (the bench route's lane and the registry go with the scratch namespace).
+async fn forget_lanes(env: &mut Env, routes: usize) -> redis::RedisResult<()> {
+    let markers: Vec<String> = extra_routes(routes, &env.scratch.out)
+        .iter()
+        .map(|(name, list)| {
+            zdelay_client::lane::Lane::for_list(
+                &env.args.namespace,
+                0,
+                name,
+                list,
+                Default::default(),
+            )
+            .keys
+            .marker
+        })
+        .collect();
+    for chunk in markers.chunks(64) {
+        let _: () = redis::cmd("DEL")
+            .arg(chunk)
+            .query_async(&mut env.con)
+            .await?;
+    }
+    Ok(())
 }
 
 async fn measure_case(

@@ -128,9 +128,11 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         "--duration must be > 0"
     );
     ensure!(
-        config.redis.layout != Some(2) || args.daemons.is_some() || args.mode == Mode::Lane,
-        "redis.layout = 2 is measured with --daemons N (the in-process modes poll layout-1 \
-         shards)"
+        config.redis.layout != Some(2)
+            || args.daemons.is_some()
+            || matches!(args.mode, Mode::Lane | Mode::Idle),
+        "redis.layout = 2 is measured with --daemons N or --mode idle (the in-process modes \
+         poll layout-1 shards)"
     );
     let shards = args.shards.unwrap_or(config.redis.shards);
     ensure!(shards > 0, "--shards must be > 0");

@@ -37,6 +37,13 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The probe's payload (the wake channel's other messages start with a shard number).
 const PROBE: &str = "probe";
 
+/// A daemon's route lanes make at most this many targets' worth of fallback polls per
+/// `idle_poll_max` while wake-ups are confirmed (the default shard count).
+const FALLBACK_POLLERS: usize = 16;
+/// The longest a stretched fallback sleep gets: what a wake-up lost on a live subscription
+/// (a cluster node cut off from the others) can cost at most.
+const LONGEST_FALLBACK: Duration = Duration::from_secs(60);
+
 /// One `Notify` per running poller, registered and removed by the supervisor, and what is
 /// known about the wake-ups reaching them.
 #[derive(Default)]
@@ -62,14 +69,29 @@ impl Waker {
         self.notify.notified().await
     }
 
-    /// The longest sleep without a wake-up: `max` while wake-ups are known to reach this
-    /// poller, else `min`.
+    /// The longest sleep without a wake-up: `min` until wake-ups are known to reach this
+    /// poller; then `max`, and for a route lane `max` stretched so that a daemon's lanes make
+    /// the fallback polls of [`FALLBACK_POLLERS`] targets however many there are (100 lanes
+    /// sleep 6.25 × `max`), at most [`LONGEST_FALLBACK`]. Every lane write publishes its
+    /// wake-up from inside its script, a lost subscription wakes every poller and they sleep
+    /// `min` until it is confirmed again: the stretch only spaces out polls that find nothing.
     pub fn idle(&self, min: Duration, max: Duration) -> Duration {
-        if self.wakers.confirmed(&self.id) {
-            max
-        } else {
-            min
+        if !self.wakers.confirmed(&self.id) {
+            return min;
         }
+        if !matches!(self.id, TargetId::Lane(_)) {
+            return max;
+        }
+        let pollers = self
+            .wakers
+            .pollers
+            .read()
+            .expect("wakers lock is never poisoned")
+            .keys()
+            .filter(|id| matches!(id, TargetId::Lane(_)))
+            .count();
+        let stretch = (pollers as f64 / FALLBACK_POLLERS as f64).max(1.0);
+        max.mul_f64(stretch).min(LONGEST_FALLBACK.max(max))
     }
 }
 
@@ -394,5 +416,32 @@ mod tests {
             max,
             "the server sends every source's events"
         );
+    }
+
+    #[test]
+    fn many_pollers_space_their_fallback_polls_out() {
+        let wakers = Arc::new(Wakers::default());
+        let (min, max) = (Duration::from_millis(100), Duration::from_secs(5));
+        for lane in 0..100 {
+            wakers.register(&TargetId::Lane(lane));
+        }
+        let lane = wakers.waker(&TargetId::Lane(7), Arc::new(Notify::new()));
+        assert_eq!(lane.idle(min, max), min, "nothing confirmed yet");
+        wakers.wake_confirmed.store(true, Ordering::Relaxed);
+        // 100 pollers poll like 16: each sleeps 100 / 16 × 5 s.
+        assert_eq!(lane.idle(min, max), Duration::from_millis(31_250));
+        for extra in 100..1000 {
+            wakers.register(&TargetId::Lane(extra));
+        }
+        assert_eq!(lane.idle(min, max), LONGEST_FALLBACK);
+        wakers.unconfirm();
+        assert_eq!(lane.idle(min, max), min);
+        // Shards keep `max`: raw producers may write their jobs without a wake-up.
+        wakers.wake_confirmed.store(true, Ordering::Relaxed);
+        for shard in 0..256 {
+            wakers.register(&TargetId::Shard(shard));
+        }
+        let shard = wakers.waker(&TargetId::Shard(3), Arc::new(Notify::new()));
+        assert_eq!(shard.idle(min, max), max);
     }
 }

@@ -683,7 +683,9 @@ pub struct PollerConfig {
     /// keyspace events). A job written without its wake-up (a producer that skips the
     /// `PUBLISH`) can wait this long, and so can two-phase jobs that another daemon queued or
     /// released for a sink only this one publishes (a shard's publishers look at least once a
-    /// second while wake-ups are not confirmed). At least `idle_poll`. Default `5s`.
+    /// second while wake-ups are not confirmed). At least `idle_poll`. Default `5s`. On storage
+    /// layout 2 a daemon with more than 16 route lanes stretches each lane's sleep so that
+    /// its lanes poll like 16 would (at most 60 s); every lane write wakes its lane.
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "duration_schema")]
     pub idle_poll_max: Duration,
