@@ -964,6 +964,53 @@ fn an_idle_daemon_with_200_raw_sources_costs_redis_under_5_percent_of_a_core() {
     );
 }
 
+/// Storage layout 2 gives every local route a lane of its own, polled as a target: with
+/// 1,000 routes the lanes' fallback polls are spaced out to those of 16 targets once wake-ups
+/// are confirmed, so an idle daemon makes about 20 script calls a second, not 200.
+#[test]
+fn an_idle_layout_2_daemon_with_1000_route_lanes_polls_like_16_targets() {
+    let redis = RedisServer::start();
+    let mut extra = String::new();
+    for i in 0..1000 {
+        extra.push_str(&format!(
+            "\n[[routes]]\nname = \"r{i}\"\nsink = \"local\"\ntarget = \"q:{i}\"\n"
+        ));
+    }
+    let config = TestConfig::new(&redis.url(), 16, &extra);
+    let body = std::fs::read_to_string(&config.path).expect("config");
+    std::fs::write(
+        &config.path,
+        body.replacen("[redis]\n", "[redis]\nlayout = 2\n", 1),
+    )
+    .expect("config");
+    let daemon = Daemon::start(&config);
+    wait_confirmed(&daemon, &["shards"], 1.0, Duration::from_secs(30));
+    // Every lane finishes the short sleep it was in (idle_poll_max is 5 s) and starts a long one.
+    std::thread::sleep(Duration::from_secs(6));
+    let mut con = redis.conn();
+    let (calls0, redis0, started) = (
+        crate::common::script_calls(&mut con),
+        redis_cpu_s(&mut con),
+        Instant::now(),
+    );
+    std::thread::sleep(Duration::from_secs(10));
+    let secs = started.elapsed().as_secs_f64();
+    let calls_per_s = (crate::common::script_calls(&mut con) - calls0) as f64 / secs;
+    let redis_pct = 100.0 * (redis_cpu_s(&mut con) - redis0) / secs;
+    eprintln!(
+        "1,000 idle lanes: {calls_per_s:.1} script calls/s, Redis {redis_pct:.2} % of a core"
+    );
+    // 1,000 lanes each every 60 s (16.7/s) plus the heartbeat's and the sampler's scripts.
+    assert!(
+        calls_per_s < 40.0,
+        "1,000 idle lanes made {calls_per_s:.1} script calls a second"
+    );
+    assert!(
+        redis_pct < IDLE_REDIS_PCT,
+        "Redis {redis_pct:.2} % of a core"
+    );
+}
+
 #[test]
 fn a_lost_wake_subscription_brings_the_fallback_poll_back_until_a_new_one_is_confirmed() {
     let redis = RedisServer::start_with(&["--notify-keyspace-events", "Kz"]);
