@@ -119,6 +119,27 @@ impl Setup {
             .expect("SISMEMBER")
     }
 
+    /// One call with the default limits and `batch` jobs at most.
+    fn move_batch(&mut self, now_ms: i64, batch: usize) -> MoveReply {
+        let args = MoveLane {
+            batch,
+            now_ms: Some(now_ms),
+            max_payload: 1 << 20,
+            batch_bytes: 4 << 20,
+            bounds_ms: BOUNDS,
+        };
+        self.rt
+            .block_on(scripts::move_lane(&mut self.con, &self.lane, &args))
+            .expect("move")
+    }
+
+    fn hlen(&mut self, key: &str) -> usize {
+        redis::cmd("HLEN")
+            .arg(key)
+            .query(&mut self.redis.conn())
+            .expect("HLEN")
+    }
+
     fn zcard(&mut self, key: &str) -> usize {
         redis::cmd("ZCARD")
             .arg(key)
@@ -932,4 +953,57 @@ fn the_per_id_calls_work_on_a_cluster() {
         .query(&mut check)
         .expect("ZRANGE");
     assert_eq!(left, vec!["w".to_owned()]);
+}
+
+#[test]
+fn the_fast_path_counts_lateness_buckets_and_reads_the_next_head() {
+    let mut s = setup();
+    let now = redis_now_ms(&mut s.redis.conn());
+    // Ten jobs at each lateness (ms at `now`), the latest first; every one with meta, so a
+    // batch of 40 deletes more ids than one delete call takes (32).
+    let lateness = [1000, 100, 50, 10, 5, 1, 0];
+    let ids: Vec<String> = (0..70).map(|i| format!("j{i:02}")).collect();
+    let payloads: Vec<Vec<u8>> = (0..70).map(|i| format!("p{i:02}").into_bytes()).collect();
+    let mut items: Vec<LaneItem> = ids
+        .iter()
+        .zip(&payloads)
+        .enumerate()
+        .map(|(i, (id, payload))| LaneItem {
+            meta: Some(r#"{"headers":{"k":"v"}}"#),
+            ..item(id, now - lateness[i / 10], payload)
+        })
+        .collect();
+    let later = now + 60_000;
+    items.push(item("later", later, b"later"));
+    s.enqueue(OnConflict::Error, &items).expect("enqueue");
+
+    // Bounds 1, 10, 100: buckets (.., 1], (1, 10], (10, 100], over 100.
+    let reply = s.move_batch(now, 40);
+    assert_eq!((reply.taken, reply.moved_total()), (40, 40), "{reply:?}");
+    assert_eq!(reply.buckets, vec![0, 10, 20, 10]);
+    assert_eq!(reply.max_lateness_ms, 1000);
+    assert_eq!(
+        reply.next_due,
+        Some((now - 5) as f64),
+        "a full batch: the head is the next job due"
+    );
+    let reply = s.move_batch(now, 1000);
+    assert_eq!((reply.taken, reply.moved_total()), (30, 30), "{reply:?}");
+    assert_eq!(reply.buckets, vec![20, 10, 0, 0]);
+    assert_eq!(reply.max_lateness_ms, 5);
+    assert_eq!(reply.next_due, Some(later as f64));
+
+    let listed = lrange(&mut s.redis.conn(), "q:emails");
+    let expected: Vec<Vec<u8>> = payloads.iter().rev().cloned().collect();
+    assert_eq!(listed, expected, "every job once, in due order");
+    let (jobs_key, meta_key) = (s.lane.keys.jobs.clone(), s.lane.keys.meta.clone());
+    assert_eq!(s.hlen(&jobs_key), 1, "only the later job's payload is left");
+    assert_eq!(s.hlen(&meta_key), 0, "no moved job's meta is left");
+
+    // A single job: its lateness is the batch's least and greatest, and the lane is empty.
+    let reply = s.move_batch(later + 7, 1000);
+    assert_eq!(reply.moved_total(), 1);
+    assert_eq!(reply.buckets, vec![0, 1, 0, 0]);
+    assert_eq!(reply.max_lateness_ms, 7);
+    assert_eq!(reply.next_due, None);
 }

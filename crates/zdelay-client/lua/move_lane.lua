@@ -43,7 +43,6 @@ if marker ~= ARGV[1] then
 end
 local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, reasons_key, sched_due_key, list_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local batch = tonumber(ARGV[2])
 local now_us
 if ARGV[3] ~= '' then
   now_us = tonumber(ARGV[3]) * 1000
@@ -56,8 +55,16 @@ local max_payload = tonumber(ARGV[4])
 local budget_left = tonumber(ARGV[5])
 local push = ARGV[6]
 local bound_count = tonumber(ARGV[7])
-local bounds = {}
-for b = 1, bound_count do bounds[b] = tonumber(ARGV[7 + b]) end
+-- Bound b as a number, converted when first needed (a call compares a few of them).
+local bound_values = {}
+local function bound(b)
+  local v = bound_values[b]
+  if not v then
+    v = tonumber(ARGV[7 + b])
+    bound_values[b] = v
+  end
+  return v
+end
 local buckets = {}
 for b = 1, bound_count + 1 do buckets[b] = 0 end
 
@@ -65,7 +72,7 @@ local DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING, DEAD_EXPIRED = 3, 4, 5, 6
 local dead_counts = { 0, 0, 0, 0, 0, 0 }
 local moved, max_lateness, kept, kept_error = 0, 0, 0, ''
 
-local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', 0, batch)
+local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', '0', ARGV[2])
 local n = #ids
 
 -- The payloads of ids[1..] within the byte budget. While the lane's `large` set is empty
@@ -78,6 +85,7 @@ local n = #ids
 -- multi-value reply). Returns them, how many ids they cover (at least one), and whether
 -- every one is known to be present and within max_payload (nil: not checked).
 local SMALL, LARGE = 4096, 65536
+
 -- Whether the large set holds any id, once asked (nil until then): asked once per call.
 local any_large = nil
 local function large_listed()
@@ -115,29 +123,49 @@ local function read_payloads()
   return payloads, count, clean
 end
 
--- Lateness buckets of the batch (the n lowest scores, still in due) without reading every
--- score: the jobs later than bound L are those scored below now - L, counted by ZCOUNT.
+-- HDEL of ids[1..count], 32 at a time: Redis reuses its argument objects for the first 32
+-- arguments of a command called from Lua and allocates the others, so small deletes cost
+-- less than one large one.
+local function hdel_ids(key, list, count)
+  for i = 1, count, 32 do redis.call('HDEL', key, unpack(list, i, math.min(count, i + 31))) end
+end
+
+-- Lateness buckets of the batch (the n lowest scores, still in due: ranks 0 to n - 1) without
+-- reading every score: the jobs later than bound L are those scored below now - L, counted
+-- by ZCOUNT, for the bounds between the batch's least and greatest lateness. Returns the
+-- score of rank n, the lane's head once the batch is gone ('' when none).
 local function count_buckets()
-  local late_max = now_ms - tonumber(redis.call('ZSCORE', due_key, ids[1]))
-  local late_min = now_ms - tonumber(redis.call('ZSCORE', due_key, ids[n]))
+  local tail = redis.call('ZRANGE', due_key, n - 1, n, 'WITHSCORES')
+  local late_min = now_ms - tonumber(tail[2])
+  local late_max = late_min
+  if n > 1 then late_max = now_ms - tonumber(redis.call('ZSCORE', due_key, ids[1])) end
   max_lateness = late_max
-  local above_prev = n
-  for b = 1, bound_count do
-    local bound, above = bounds[b], 0
-    if bound < late_min then
-      above = n
-    elseif bound < late_max then
-      above = redis.call('ZCOUNT', due_key, '-inf', '(' .. string.format('%d', now_ms - bound))
-      if above > n then above = n end
+  -- Bucket k holds lateness in (bound k - 1, bound k]; the last one is over every bound.
+  local function bucket_of(late)
+    local lo, hi = 1, bound_count + 1
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if late <= bound(mid) then hi = mid else lo = mid + 1 end
     end
+    return lo
+  end
+  local first, last = bucket_of(late_min), bucket_of(late_max)
+  -- above: jobs later than the bound below the bucket being counted.
+  local above_prev = n
+  for b = first, last - 1 do
+    local above = redis.call('ZCOUNT', due_key, '-inf', '(' .. string.format('%d', now_ms - bound(b)))
+    if above > n then above = n end
     buckets[b] = above_prev - above
     above_prev = above
   end
-  buckets[bound_count + 1] = above_prev
+  buckets[last] = above_prev
+  return tail[4] or ''
 end
 
 local payloads
 local done = false
+-- The reply's next_due when the fast path knows it.
+local next_due = nil
 if n > 0 then
   local clean
   payloads, n, clean = read_payloads()
@@ -149,12 +177,12 @@ if n > 0 then
     local res = redis.pcall(push, list_key, unpack(payloads, 1, n))
     if not (type(res) == 'table' and res.err) then
       moved = n
-      count_buckets()
-      redis.call('HDEL', jobs_key, unpack(ids))
-      if redis.call('EXISTS', meta_key) == 1 then redis.call('HDEL', meta_key, unpack(ids)) end
+      next_due = count_buckets()
+      hdel_ids(jobs_key, ids, n)
+      if redis.call('EXISTS', meta_key) == 1 then hdel_ids(meta_key, ids, n) end
       if large_listed() then redis.call('SREM', large_key, unpack(ids)) end
       -- The first n ranks are exactly the ids read above (same script, scores <= now).
-      redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
+      redis.call('ZREMRANGEBYRANK', due_key, '0', n - 1)
       done = true
     end
   end
@@ -169,6 +197,8 @@ if n > 0 and not done then
     dead_reasons[#dead_reasons + 1] = reason
     dead_counts[kind] = dead_counts[kind] + 1
   end
+  local bounds = {}
+  for k = 1, bound_count do bounds[k] = bound(k) end
   local b = bound_count + 1
   for i = 1, n do
     local id, p = ids[i], payloads[i]
@@ -223,8 +253,8 @@ if n > 0 and not done then
     redis.call('HSET', reasons_key, unpack(hargs))
   end
   if #out_ids > 0 then
-    redis.call('HDEL', jobs_key, unpack(out_ids))
-    if redis.call('EXISTS', meta_key) == 1 then redis.call('HDEL', meta_key, unpack(out_ids)) end
+    hdel_ids(jobs_key, out_ids, #out_ids)
+    if redis.call('EXISTS', meta_key) == 1 then hdel_ids(meta_key, out_ids, #out_ids) end
   end
   -- The limit applies until the job leaves due, and so does the large set (a dead job's
   -- payload is never read by the move; a replay lists it again).
@@ -244,11 +274,11 @@ if n > 0 and not done then
   end
 end
 
-local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
-local out = { n, now_us, head[2] or '', max_lateness, kept, kept_error, moved }
+if not next_due then next_due = redis.call('ZRANGE', due_key, '0', '0', 'WITHSCORES')[2] or '' end
+local out = { n, now_us, next_due, max_lateness, kept, kept_error, moved }
 for k = 1, 6 do out[#out + 1] = dead_counts[k] end
 for k = 1, bound_count + 1 do out[#out + 1] = buckets[k] end
-local sched_head = redis.call('ZRANGE', sched_due_key, 0, 0, 'WITHSCORES')
+local sched_head = redis.call('ZRANGE', sched_due_key, '0', '0', 'WITHSCORES')
 out[#out + 1] = 0
 out[#out + 1] = 0
 out[#out + 1] = sched_head[2] or ''
