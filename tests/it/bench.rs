@@ -124,13 +124,9 @@ fn bench_daemons_on_a_cluster() {
 #[test]
 fn bench_daemons_on_layout_2_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let config = cluster.config(4, "[poller]\nslot_lease = \"1s\"\n");
-    let body = std::fs::read_to_string(&config.path).unwrap();
-    std::fs::write(
-        &config.path,
-        body.replacen("[redis]\n", "[redis]\nlayout = 2\n", 1),
-    )
-    .unwrap();
+    let config = cluster
+        .config(4, "[poller]\nslot_lease = \"1s\"\n")
+        .on_layout_2();
     let report = bench(
         &config,
         &[

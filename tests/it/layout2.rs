@@ -29,17 +29,6 @@ target = "q:b"
 push = "lpush"
 "#;
 
-/// `config` with `redis.layout = 2`.
-fn on_layout_2(config: TestConfig) -> TestConfig {
-    let body = std::fs::read_to_string(&config.path).expect("config");
-    std::fs::write(
-        &config.path,
-        body.replacen("[redis]\n", "[redis]\nlayout = 2\n", 1),
-    )
-    .expect("config");
-    config
-}
-
 fn connect(rt: &tokio::runtime::Runtime, cfg: RedisConfig) -> Client {
     rt.block_on(Client::connect(&cfg))
         .expect("library client on the layout-2 namespace")
@@ -78,7 +67,7 @@ fn assert_exactly_once(counts: &[u32]) {
 fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
     const TOTAL: usize = 3_000;
     let redis = RedisServer::start();
-    let config = on_layout_2(TestConfig::new(&redis.url(), 4, ROUTES));
+    let config = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
     let daemon = Daemon::start(&config);
     let rt = common::runtime();
     // A producer with no layout in its config follows the namespace.
@@ -262,7 +251,7 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
 fn layout_2_refuses_what_it_cannot_hold_yet_by_name() {
     let redis = RedisServer::start();
     // A two-phase route with layout 2 configured: refused at config load, naming the field.
-    let kafka = on_layout_2(TestConfig::new(
+    let kafka = TestConfig::new(
         &redis.url(),
         4,
         r#"
@@ -275,7 +264,8 @@ name = "e"
 sink = "events"
 target = "events"
 "#,
-    ));
+    )
+    .on_layout_2();
     let out = kafka.cli(&["check-config"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
@@ -287,7 +277,7 @@ target = "events"
     // A namespace keeps its layout: created on 1, a config that says 2 is refused.
     let rt = common::runtime();
     connect(&rt, common::redis_config(&redis.url(), 4));
-    let two = on_layout_2(TestConfig::new(&redis.url(), 4, ROUTES));
+    let two = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
     let mut daemon = Daemon::spawn(&two);
     let status = daemon.wait_exit(Duration::from_secs(20));
     assert!(!status.success());
@@ -305,7 +295,7 @@ target = "events"
 fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
     const TOTAL: usize = 20_000;
     let cluster = RedisCluster::start();
-    let config = on_layout_2(cluster.config(4, ROUTES));
+    let config = cluster.config(4, ROUTES).on_layout_2();
     assert_ne!(
         cluster.master_of("q:a"),
         cluster.master_of("q:b"),

@@ -976,13 +976,7 @@ fn an_idle_layout_2_daemon_with_1000_route_lanes_polls_like_16_targets() {
             "\n[[routes]]\nname = \"r{i}\"\nsink = \"local\"\ntarget = \"q:{i}\"\n"
         ));
     }
-    let config = TestConfig::new(&redis.url(), 16, &extra);
-    let body = std::fs::read_to_string(&config.path).expect("config");
-    std::fs::write(
-        &config.path,
-        body.replacen("[redis]\n", "[redis]\nlayout = 2\n", 1),
-    )
-    .expect("config");
+    let config = TestConfig::new(&redis.url(), 16, &extra).on_layout_2();
     let daemon = Daemon::start(&config);
     wait_confirmed(&daemon, &["shards"], 1.0, Duration::from_secs(30));
     // Every lane finishes the short sleep it was in (idle_poll_max is 5 s) and starts a long one.

@@ -193,6 +193,17 @@ impl TestConfig {
         }
     }
 
+    /// The same config with `redis.layout = 2` (a new namespace on storage layout 2).
+    pub fn on_layout_2(self) -> Self {
+        let body = std::fs::read_to_string(&self.path).expect("config");
+        std::fs::write(
+            &self.path,
+            body.replacen("[redis]\n", "[redis]\nlayout = 2\n", 1),
+        )
+        .expect("config");
+        self
+    }
+
     /// Runs a CLI command with this config and returns its output.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         Command::new(zdelay_bin())
