@@ -15,7 +15,7 @@ use zdelay_client::store::{self, Conn, scripts};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Backlog {
-    /// `shard N` or the raw source key.
+    /// `shard N`, the raw source key, or the route of a route lane.
     pub name: String,
     pub due_now: u64,
     pub scheduled: u64,
@@ -30,6 +30,10 @@ pub struct Stats {
     pub now_ms: i64,
     pub shards: Vec<Backlog>,
     pub sources: Vec<Backlog>,
+    /// On storage layout 2, one per route lane (named by its route); its layout-1 shards
+    /// hold nothing and are not listed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lanes: Vec<Backlog>,
     /// Two-phase sinks as the daemons last saw them (`<ns>:sinks`); empty when none.
     pub sinks: Vec<SinkState>,
     /// Jobs due and waiting for each two-phase sink (its part of the shards' ready sets), as
@@ -88,7 +92,7 @@ impl Stats {
             dead: 0,
             oldest_due_age_ms: 0,
         };
-        for b in self.shards.iter().chain(&self.sources) {
+        for b in self.shards.iter().chain(&self.sources).chain(&self.lanes) {
             t.due_now += b.due_now;
             t.scheduled += b.scheduled;
             t.inflight += b.inflight;
@@ -101,8 +105,22 @@ impl Stats {
 
 /// Gathers the backlog of every shard and configured raw source.
 pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats> {
-    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    let mut keys = Keys::new(&config.redis.namespace, config.redis.shards);
     let now_ms = store::server_time_ms(con).await?;
+    let layout: Option<String> = redis::cmd("HGET")
+        .arg(keys.schema())
+        .arg("layout")
+        .query_async(con)
+        .await?;
+    let lanes = match layout.as_deref() {
+        Some("2") => {
+            let lanes = lane_backlogs(con, &keys, now_ms).await?;
+            // Its layout-1 shards hold nothing (and refuse the shards' scripts).
+            keys = Keys::new(keys.namespace(), 0);
+            lanes
+        }
+        _ => Vec::new(),
+    };
     let sink_names: Vec<String> = Routes::from_config(config)
         .two_phase_sinks()
         .map(str::to_owned)
@@ -218,10 +236,51 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
         now_ms,
         shards,
         sources,
+        lanes,
         sinks,
         waiting: waiting.into_values().collect(),
         instances,
     })
+}
+
+/// The backlog of every registered route lane: one pipeline per lane (its keys share a slot).
+async fn lane_backlogs(
+    con: &mut Conn,
+    keys: &Keys,
+    now_ms: i64,
+) -> redis::RedisResult<Vec<Backlog>> {
+    let registry = match zdelay_client::store::lanes::read_registry(con, keys).await {
+        Ok(registry) => registry,
+        Err(zdelay_client::store::StoreError::Redis(e)) => return Err(e),
+        Err(other) => {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "lane registry",
+                other.to_string(),
+            )));
+        }
+    };
+    let reads = registry.by_route.values().map(|lane| {
+        let mut con = con.clone();
+        async move {
+            let mut pipe = redis::pipe();
+            add_zset_queries(&mut pipe, &lane.keys.due, now_ms as f64);
+            pipe.zcard(&lane.keys.dead);
+            let values: Vec<redis::Value> = pipe.query_async(&mut con).await?;
+            let mut it = values.into_iter();
+            let (due_now, total, head) = read_zset_queries(&mut it)?;
+            let dead = redis::from_redis_value(it.next().unwrap_or_default())?;
+            Ok::<_, redis::RedisError>(Backlog {
+                name: lane.route.clone(),
+                due_now,
+                scheduled: total - due_now,
+                inflight: 0,
+                dead,
+                oldest_due_age_ms: age(now_ms, head, ScoreUnit::Millis),
+            })
+        }
+    });
+    futures::future::try_join_all(reads).await
 }
 
 /// A HASH read whole, as field-value pairs.
@@ -298,7 +357,8 @@ pub fn publish_gauges(stats: &Stats) {
         .enumerate()
         .map(|(i, b)| ("shard", i.to_string(), b));
     let sources = stats.sources.iter().map(|b| ("source", b.name.clone(), b));
-    for (label, value, b) in shards.chain(sources) {
+    let lanes = stats.lanes.iter().map(|b| ("route", b.name.clone(), b));
+    for (label, value, b) in shards.chain(sources).chain(lanes) {
         metrics::gauge!(DUE_BACKLOG, label => value.clone()).set(b.due_now as f64);
         metrics::gauge!(SCHEDULED, label => value.clone()).set(b.scheduled as f64);
         metrics::gauge!(INFLIGHT, label => value.clone()).set(b.inflight as f64);

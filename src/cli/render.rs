@@ -138,6 +138,9 @@ pub fn stats_text(stats: &Stats, shards: bool) -> String {
     for b in &stats.sources {
         out.push_str(&format!("source {}: {}\n", b.name, backlog_text(b)));
     }
+    for b in &stats.lanes {
+        out.push_str(&format!("route lane {}: {}\n", b.name, backlog_text(b)));
+    }
     for sink in &stats.sinks {
         let age_ms = (stats.now_ms as u64).saturating_sub(sink.at);
         let state = match (&sink.up, &sink.error) {

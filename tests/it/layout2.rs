@@ -152,6 +152,33 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         (TOTAL / 2) as f64
     );
 
+    // `zdelay stats` and the backlog gauges count the lanes (the far job waits in a's).
+    let out = config.cli(&["stats", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    let lanes = stats["lanes"].as_array().expect("lanes in stats");
+    let lane_a = lanes
+        .iter()
+        .find(|l| l["name"] == "a")
+        .expect("route a's lane");
+    assert_eq!(lane_a["scheduled"], 1, "{stats:#}");
+    assert_eq!(lane_a["due_now"], 0, "{stats:#}");
+    assert_eq!(stats["total"]["scheduled"], 1, "{stats:#}");
+    assert_eq!(
+        stats["shards"].as_array().map(Vec::len),
+        Some(0),
+        "{stats:#}"
+    );
+    wait_for(
+        "the daemon's gauge of route a's lane",
+        Duration::from_secs(15),
+        || daemon.metric("zdelay_scheduled", &[("route", "a")]) == 1.0,
+    );
+
     // The far job waits in its lane: get, reschedule and cancel by its generated id.
     let view = rt
         .block_on(lib.get(&far))
@@ -244,6 +271,12 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         .query(&mut con)
         .expect("KEYS");
     assert!(left.is_empty(), "a refused schedule wrote {left:?}");
+    // The daemon's own readers (the stats sampler) never hit a layout-1 shard's refusal.
+    let log = daemon.log_text();
+    assert!(
+        !log.contains("ZDELAY_LAYOUT") && !log.contains("stats sampler"),
+        "{log}"
+    );
     drop(daemon);
 }
 
