@@ -22,6 +22,7 @@ use zdelay_client::config::{Config, SourceConfig};
 use zdelay_client::dead::{DeadFilter, DeadSelection, ReplayOptions};
 use zdelay_client::job::parse_at;
 use zdelay_client::schedules::{IdleCursor, ScheduleView};
+use zdelay_client::store::StoreError;
 use zdelay_client::{Cancelled, Client, ClientError, Due, Replayed};
 
 /// Bytes of a payload shown by `GET /api/jobs/{id}` and `GET /api/dead/{id}` (cut inside
@@ -103,6 +104,9 @@ impl From<ClientError> for ApiError {
     fn from(e: ClientError) -> Self {
         let status = if matches!(e, ClientError::InvalidSelection(_)) {
             StatusCode::BAD_REQUEST
+        } else if matches!(e, ClientError::Store(StoreError::Unsupported(_))) {
+            // What this namespace's storage layout does not offer (yet): not a fault.
+            StatusCode::NOT_IMPLEMENTED
         } else if e.is_retryable() {
             StatusCode::SERVICE_UNAVAILABLE
         } else {

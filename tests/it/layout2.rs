@@ -271,6 +271,10 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         .query(&mut con)
         .expect("KEYS");
     assert!(left.is_empty(), "a refused schedule wrote {left:?}");
+    // The console says so too: not built on this layout (501), not a fault.
+    let (status, body) = daemon.admin_get("/api/dead").expect("console API");
+    assert_eq!(status, 501, "{body}");
+    assert!(body.contains("storage layout 2"), "{body}");
     // The daemon's own readers (the stats sampler) never hit a layout-1 shard's refusal.
     let log = daemon.log_text();
     assert!(
