@@ -105,22 +105,9 @@ impl Stats {
 
 /// Gathers the backlog of every shard and configured raw source.
 pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats> {
-    let mut keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    let (keys, route_lanes) = read_layout(con, config).await?;
     let now_ms = store::server_time_ms(con).await?;
-    let layout: Option<String> = redis::cmd("HGET")
-        .arg(keys.schema())
-        .arg("layout")
-        .query_async(con)
-        .await?;
-    let lanes = match layout.as_deref() {
-        Some("2") => {
-            let lanes = lane_backlogs(con, &keys, now_ms).await?;
-            // Its layout-1 shards hold nothing (and refuse the shards' scripts).
-            keys = Keys::new(keys.namespace(), 0);
-            lanes
-        }
-        _ => Vec::new(),
-    };
+    let lanes = lane_backlogs(con, &route_lanes, now_ms).await?;
     let sink_names: Vec<String> = Routes::from_config(config)
         .two_phase_sinks()
         .map(str::to_owned)
@@ -243,13 +230,23 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
     })
 }
 
-/// The backlog of every registered route lane: one pipeline per lane (its keys share a slot).
-async fn lane_backlogs(
+/// The keys whose shards hold jobs, and the route lanes: on storage layout 2 no shard (its
+/// layout-1 shards hold nothing and refuse the shards' scripts) and every registered lane;
+/// on layout 1 the configured shards and no lane.
+async fn read_layout(
     con: &mut Conn,
-    keys: &Keys,
-    now_ms: i64,
-) -> redis::RedisResult<Vec<Backlog>> {
-    let registry = match zdelay_client::store::lanes::read_registry(con, keys).await {
+    config: &Config,
+) -> redis::RedisResult<(Keys, Vec<zdelay_client::lane::Lane>)> {
+    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    let layout: Option<String> = redis::cmd("HGET")
+        .arg(keys.schema())
+        .arg("layout")
+        .query_async(con)
+        .await?;
+    if layout.as_deref() != Some("2") {
+        return Ok((keys, Vec::new()));
+    }
+    let registry = match zdelay_client::store::lanes::read_registry(con, &keys).await {
         Ok(registry) => registry,
         Err(zdelay_client::store::StoreError::Redis(e)) => return Err(e),
         Err(other) => {
@@ -260,7 +257,19 @@ async fn lane_backlogs(
             )));
         }
     };
-    let reads = registry.by_route.values().map(|lane| {
+    Ok((
+        Keys::new(keys.namespace(), 0),
+        registry.by_route.into_values().collect(),
+    ))
+}
+
+/// The backlog of each route lane: one pipeline per lane (its keys share a slot).
+async fn lane_backlogs(
+    con: &mut Conn,
+    lanes: &[zdelay_client::lane::Lane],
+    now_ms: i64,
+) -> redis::RedisResult<Vec<Backlog>> {
+    let reads = lanes.iter().map(|lane| {
         let mut con = con.clone();
         async move {
             let mut pipe = redis::pipe();
@@ -426,6 +435,9 @@ pub struct Forecast {
     pub overdue: u64,
     pub overdue_by_shard: BTreeMap<String, u64>,
     pub overdue_by_source: BTreeMap<String, u64>,
+    /// By route lane (storage layout 2).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub overdue_by_route: BTreeMap<String, u64>,
     /// Step `i` counts what falls due in `(now + i·step, now + (i+1)·step]`.
     pub steps: Vec<Step>,
     /// The last hour's measured delivery rate (every daemon of the namespace, from
@@ -446,6 +458,9 @@ pub struct Step {
     pub by_shard: BTreeMap<String, u64>,
     /// By raw source key; each source has one route, so these are per route too.
     pub by_source: BTreeMap<String, u64>,
+    /// By route lane (storage layout 2).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_route: BTreeMap<String, u64>,
     /// Recurring schedules whose next occurrence falls in the step (each becomes a job then).
     pub schedules: u64,
     /// More than the last hour's delivery rate drains in one step.
@@ -459,7 +474,7 @@ pub async fn forecast(
     config: &Config,
     horizon: Horizon,
 ) -> anyhow::Result<Forecast> {
-    let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    let (keys, lanes) = read_layout(con, config).await?;
     let now_ms = store::server_time_ms(con).await?;
     let bounds: Vec<(i64, i64)> = (0..horizon.steps as i64)
         .map(|i| {
@@ -493,6 +508,14 @@ pub async fn forecast(
         }
         pipes.push(pipe);
     }
+    for lane in &lanes {
+        let mut pipe = redis::pipe();
+        pipe.zcount(&lane.keys.due, "-inf", now_ms);
+        for (start, end) in &bounds {
+            pipe.zcount(&lane.keys.due, format!("({start}"), end);
+        }
+        pipes.push(pipe);
+    }
     let replies = futures::future::join_all(pipes.iter().map(|pipe| {
         let mut con = con.clone();
         async move { pipe.query_async::<Vec<u64>>(&mut con).await }
@@ -511,6 +534,7 @@ pub async fn forecast(
             count: 0,
             by_shard: BTreeMap::new(),
             by_source: BTreeMap::new(),
+            by_route: BTreeMap::new(),
             schedules: 0,
             spike: false,
         })
@@ -522,11 +546,13 @@ pub async fn forecast(
         overdue: 0,
         overdue_by_shard: BTreeMap::new(),
         overdue_by_source: BTreeMap::new(),
+        overdue_by_route: BTreeMap::new(),
         steps: Vec::new(),
         delivery_rate_per_s: recent.delivery_rate_per_s,
         drain_per_step,
     };
-    let (shard_replies, source_replies) = replies.split_at(keys.shards() as usize);
+    let (shard_replies, rest) = replies.split_at(keys.shards() as usize);
+    let (source_replies, lane_replies) = rest.split_at(config.sources.len());
     for (shard, counts) in shard_replies.iter().enumerate() {
         let overdue = counts[0] + counts[1];
         forecast.overdue += overdue;
@@ -546,6 +572,16 @@ pub async fn forecast(
         for (i, step) in steps.iter_mut().enumerate() {
             step.count += counts[1 + i];
             step.by_source.insert(source.key.clone(), counts[1 + i]);
+        }
+    }
+    for (lane, counts) in lanes.iter().zip(lane_replies) {
+        forecast.overdue += counts[0];
+        forecast
+            .overdue_by_route
+            .insert(lane.route.clone(), counts[0]);
+        for (i, step) in steps.iter_mut().enumerate() {
+            step.count += counts[1 + i];
+            step.by_route.insert(lane.route.clone(), counts[1 + i]);
         }
     }
     for step in &mut steps {

@@ -129,7 +129,7 @@ pub fn stats_text(stats: &Stats, shards: bool) -> String {
                 }
             ));
         }
-    } else {
+    } else if !stats.shards.is_empty() {
         out.push_str(&format!(
             "shards: {} (one row each: --shards)\n",
             stats.shards.len()

@@ -173,6 +173,30 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         Some(0),
         "{stats:#}"
     );
+    let out = config.cli(&["forecast", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let forecast: serde_json::Value = serde_json::from_slice(&out.stdout).expect("forecast JSON");
+    let ahead: u64 = forecast["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            s["by_route"]["a"]
+                .as_u64()
+                .expect("route a counted per step")
+        })
+        .sum();
+    assert_eq!(ahead, 1, "the far job, due in 10 minutes: {forecast:#}");
+    assert_eq!(forecast["overdue_by_route"]["a"], 0, "{forecast:#}");
+    let text = String::from_utf8_lossy(&config.cli(&["stats"]).stdout).into_owned();
+    assert!(
+        text.contains("route lane a: 0 due now, 1 scheduled") && !text.contains("shards:"),
+        "{text}"
+    );
     wait_for(
         "the daemon's gauge of route a's lane",
         Duration::from_secs(15),
