@@ -86,7 +86,7 @@ pub fn target_of(name: &str) -> Option<TargetId> {
         return shard.parse().ok().map(TargetId::Shard);
     }
     if let Some(lane) = name.strip_prefix("lane:") {
-        return u32::from_str_radix(lane, 36).ok().map(TargetId::Lane);
+        return zdelay_client::lane_id::parse_base36(lane).map(TargetId::Lane);
     }
     name.strip_prefix("source:")
         .map(|key| TargetId::Source(key.to_owned()))

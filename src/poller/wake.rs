@@ -24,7 +24,7 @@ use super::context::TargetId;
 use crate::metrics::{self, WAKEUPS, WAKEUPS_CONFIRMED};
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -49,6 +49,8 @@ const LONGEST_FALLBACK: Duration = Duration::from_secs(60);
 #[derive(Default)]
 pub struct Wakers {
     pollers: RwLock<HashMap<TargetId, Arc<Notify>>>,
+    /// How many of `pollers` are route lanes (kept with it, read by every lane's sleep).
+    lanes: AtomicUsize,
     /// The listener's probe came back on the current subscription.
     wake_confirmed: AtomicBool,
     /// The server sends keyspace events for every source (its `notify-keyspace-events`).
@@ -82,15 +84,8 @@ impl Waker {
         if !matches!(self.id, TargetId::Lane(_)) {
             return max;
         }
-        let pollers = self
-            .wakers
-            .pollers
-            .read()
-            .expect("wakers lock is never poisoned")
-            .keys()
-            .filter(|id| matches!(id, TargetId::Lane(_)))
-            .count();
-        let stretch = (pollers as f64 / FALLBACK_POLLERS as f64).max(1.0);
+        let lanes = self.wakers.lanes.load(Ordering::Relaxed);
+        let stretch = (lanes as f64 / FALLBACK_POLLERS as f64).max(1.0);
         max.mul_f64(stretch).min(LONGEST_FALLBACK.max(max))
     }
 }
@@ -99,7 +94,10 @@ impl Wakers {
     /// Registers a poller and returns the `Notify` it waits on.
     pub fn register(&self, id: &TargetId) -> Arc<Notify> {
         let notify = Arc::new(Notify::new());
-        self.write().insert(id.clone(), notify.clone());
+        let replaced = self.write().insert(id.clone(), notify.clone());
+        if replaced.is_none() && matches!(id, TargetId::Lane(_)) {
+            self.lanes.fetch_add(1, Ordering::Relaxed);
+        }
         notify
     }
 
@@ -160,7 +158,9 @@ impl Wakers {
     }
 
     pub fn remove(&self, id: &TargetId) {
-        self.write().remove(id);
+        if self.write().remove(id).is_some() && matches!(id, TargetId::Lane(_)) {
+            self.lanes.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<TargetId, Arc<Notify>>> {
@@ -194,7 +194,7 @@ impl Wakers {
             // "<shard> <due>" (layout 1) or "l<lane> <due>" (a route lane, layout 2).
             let name = payload.split(' ').next().unwrap_or_default();
             let target = match name.strip_prefix('l') {
-                Some(lane) => u32::from_str_radix(lane, 36).ok().map(TargetId::Lane),
+                Some(lane) => zdelay_client::lane_id::parse_base36(lane).map(TargetId::Lane),
                 None => name.parse::<u16>().ok().map(TargetId::Shard),
             };
             if let Some(target) = target

@@ -85,25 +85,25 @@ fn bench_daemons_on_one_redis() {
     assert!(keys.is_empty(), "left behind: {keys:?}");
 }
 
+/// Two daemons, every mode, on a cluster: small numbers, the machinery only.
+const CLUSTER_RUN: &[&str] = &[
+    "--daemons",
+    "2",
+    "--mode",
+    "all",
+    "--jobs",
+    "2000",
+    "--rate",
+    "200",
+    "--duration",
+    "2s",
+];
+
 #[test]
 fn bench_daemons_on_a_cluster() {
     let cluster = RedisCluster::start();
     let config = cluster.config(4, "[poller]\nslot_lease = \"1s\"\n");
-    let report = bench(
-        &config,
-        &[
-            "--daemons",
-            "2",
-            "--mode",
-            "all",
-            "--jobs",
-            "2000",
-            "--rate",
-            "200",
-            "--duration",
-            "2s",
-        ],
-    );
+    let report = bench(&config, CLUSTER_RUN);
     check(&report, 2000, 3, "at least once");
     let mut con = cluster.conn();
     for key in [
@@ -127,21 +127,7 @@ fn bench_daemons_on_layout_2_on_a_cluster() {
     let config = cluster
         .config(4, "[poller]\nslot_lease = \"1s\"\n")
         .on_layout_2();
-    let report = bench(
-        &config,
-        &[
-            "--daemons",
-            "2",
-            "--mode",
-            "all",
-            "--jobs",
-            "2000",
-            "--rate",
-            "200",
-            "--duration",
-            "2s",
-        ],
-    );
+    let report = bench(&config, CLUSTER_RUN);
     check(&report, 2000, 3, "exactly once: pushed by move_lane");
     let mut con = cluster.conn();
     let tag = zdelay::keys::slot_tag(zdelay::keys::slot_of("zdelay-bench:out"));

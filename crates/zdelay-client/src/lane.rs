@@ -81,7 +81,7 @@ impl Registry {
 /// hold spaces: it is the rest of the line).
 pub fn parse_entry(keys: &Keys, route: &str, entry: &str) -> Option<Lane> {
     let mut parts = entry.splitn(5, ' ');
-    let number = u32::from_str_radix(parts.next()?, 36).ok()?;
+    let number = crate::lane_id::parse_base36(parts.next()?)?;
     (parts.next()? == "local").then_some(())?;
     let slot: u16 = parts.next()?.parse().ok().filter(|s| *s < 16384)?;
     let push = match parts.next()? {

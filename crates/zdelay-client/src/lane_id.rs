@@ -168,8 +168,7 @@ impl LaneId {
                 "the lane number is not base 36 (0-9, a-z) without leading zeros",
             ));
         }
-        let lane =
-            u32::from_str_radix(lane, 36).map_err(|_| malformed("the lane number is too large"))?;
+        let lane = parse_base36(lane).ok_or_else(|| malformed("the lane number is too large"))?;
         let stored = StoredId::parse(stored).map_err(|e| match e {
             IdError::Malformed { why, .. } => malformed(why),
             other => other,
@@ -204,6 +203,17 @@ pub fn base36(mut n: u32) -> String {
     }
     digits.reverse();
     String::from_utf8(digits).expect("ASCII")
+}
+
+/// Reads a lane number as [`base36`] writes it (ids, markers, the registry, wake messages,
+/// poller slots): `0`–`9`, `a`–`z`, no leading zeros, at most `u32::MAX`; `None` otherwise.
+pub fn parse_base36(text: &str) -> Option<u32> {
+    let canonical = !text.is_empty()
+        && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'z'))
+        && !(text.len() > 1 && text.starts_with('0'));
+    canonical
+        .then(|| u32::from_str_radix(text, 36).ok())
+        .flatten()
 }
 
 /// A clock in Unix milliseconds.

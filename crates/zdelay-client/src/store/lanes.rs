@@ -75,8 +75,9 @@ pub async fn register(
     }
     let (number, change) =
         scripts::register_lane(con, &keys.lanes(), route, slot, push, list).await?;
-    let number = u32::from_str_radix(&number, 36)
-        .map_err(|_| StoreError::Schema(format!("{} gave lane number {number:?}", keys.lanes())))?;
+    let number = crate::lane_id::parse_base36(&number).ok_or_else(|| {
+        StoreError::Schema(format!("{} gave lane number {number:?}", keys.lanes()))
+    })?;
     let lane = Lane::for_list(keys.namespace(), number, route, list, push);
     // Written on every registration, so a start that died after registering still ends
     // with the marker in place.
