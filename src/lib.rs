@@ -24,8 +24,8 @@ pub use zdelay_client::{
     JobView, NewJob, OnConflict, Replayed, Routes,
 };
 pub use zdelay_client::{
-    client, config, dead, envelope, job, keys, lane, reshard, routes, schedule, schedules, store,
-    trace_context,
+    client, config, dead, envelope, job, keys, lane, lane_id, reshard, routes, schedule, schedules,
+    store, trace_context,
 };
 
 #[cfg(test)]

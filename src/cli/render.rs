@@ -270,6 +270,14 @@ fn one_line(text: &str) -> String {
     text.replace(['\r', '\n'], " ")
 }
 
+/// Where a dead job is kept: `shard <n>`, or `lane <n>` on storage layout 2.
+fn dead_place(j: &DeadJob) -> [String; 2] {
+    match j.lane {
+        Some(lane) => ["lane".into(), zdelay::lane_id::base36(lane)],
+        None => ["shard".into(), j.shard.to_string()],
+    }
+}
+
 /// One dead envelope job, as `dead list` prints it.
 pub fn dead_job_line(j: &DeadJob) -> String {
     let attempts = match j.max_attempts {
@@ -281,9 +289,9 @@ pub fn dead_job_line(j: &DeadJob) -> String {
         n => format!("  (+{n} earlier)"),
     };
     format!(
-        "{}  shard {}  died {}  route {}  attempts {attempts}  {}{earlier}",
+        "{}  {}  died {}  route {}  attempts {attempts}  {}{earlier}",
         j.id,
-        j.shard,
+        dead_place(j).join(" "),
         format_ms(j.died_ms),
         j.route.as_deref().unwrap_or("-"),
         one_line(&j.reason)
@@ -312,7 +320,8 @@ pub fn dead_detail(d: &DeadJobDetail) -> String {
     let mut out = String::new();
     let mut row = |name: &str, value: String| out.push_str(&format!("{name:<11} {value}\n"));
     row("id", j.id.clone());
-    row("shard", j.shard.to_string());
+    let [name, value] = dead_place(j);
+    row(&name, value);
     row("died", format_ms(j.died_ms));
     row("reason", one_line(&j.reason));
     if let Some(e) = &j.envelope_error {

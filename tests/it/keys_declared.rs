@@ -305,6 +305,51 @@ route = "m"
             .block_on(scripts::cancel_lane(&mut lcon, &lane, "w"))
             .expect("cancel_lane");
         assert!(cancelled);
+        // A dead letter of the lane (set dead by hand: a move would need a daemon on the
+        // lane), shown, replayed, dead again, purged, and its history pruned.
+        let kill = |con: &mut redis::Connection| {
+            let k = &lane.keys;
+            let _: () = redis::pipe()
+                .zrem(&k.due, "w")
+                .zadd(&k.dead, "w", 1)
+                .hset(&k.reasons, "w", "x")
+                .hset(&k.jobs, "w", "p")
+                .query(con)
+                .expect("kill by hand");
+        };
+        kill(&mut con);
+        let peeked = rt
+            .block_on(scripts::peek_dead_lane(
+                &mut lcon,
+                &lane,
+                &["w".to_owned()],
+                8,
+            ))
+            .expect("peek_dead_lane");
+        assert_eq!(peeked[0].died, Some(1.0));
+        let w = [("w".to_owned(), None)];
+        let replayed = rt
+            .block_on(scripts::replay_dead_lane(
+                &mut lcon,
+                &lane,
+                "zdelay:wake",
+                zdelay::job::Due::In(Duration::from_secs(60)),
+                5,
+                &w,
+            ))
+            .expect("replay_dead_lane");
+        assert_eq!(replayed.replayed, 1);
+        kill(&mut con);
+        let purged = rt
+            .block_on(scripts::purge_dead_lane(&mut lcon, &lane, &w))
+            .expect("purge_dead_lane");
+        assert_eq!(purged, (1, 0));
+        rt.block_on(scripts::prune_history_lane(
+            &mut lcon,
+            &lane,
+            &["w".to_owned()],
+        ))
+        .expect("prune_history_lane");
     }
     // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
     // dead job's history, and needs no daemon running.

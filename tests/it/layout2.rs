@@ -296,7 +296,7 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         .expect("KEYS");
     assert!(left.is_empty(), "a refused schedule wrote {left:?}");
     // The console says so too: not built on this layout (501), not a fault.
-    let (status, body) = daemon.admin_get("/api/dead").expect("console API");
+    let (status, body) = daemon.admin_get("/api/schedules").expect("console API");
     assert_eq!(status, 501, "{body}");
     assert!(body.contains("storage layout 2"), "{body}");
     // The daemon's own readers (the stats sampler) never hit a layout-1 shard's refusal.
@@ -305,6 +305,164 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         !log.contains("ZDELAY_LAYOUT") && !log.contains("stats sampler"),
         "{log}"
     );
+    drop(daemon);
+}
+
+#[test]
+fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
+    use zdelay::dead::{DeadFilter, DeadSelection, ReplayOptions};
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
+    let daemon = Daemon::start(&config);
+    let rt = common::runtime();
+    let lib = connect(&rt, common::redis_config(&redis.url(), 4));
+    let mut con = redis.conn();
+    // b's list is not a list: its jobs die with WRONGTYPE; a's jobs die expired.
+    let _: () = redis::cmd("SET")
+        .arg("q:b")
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    let past = redis_now_ms(&mut con) - 60_000;
+    let expired = |id: Option<&str>, payload: &str| {
+        let job = NewJob::new("a", payload.to_owned())
+            .at(past)
+            .max_lateness(Duration::from_secs(1))
+            .header("tenant", "t1");
+        match id {
+            Some(id) => job.id(id),
+            None => job,
+        }
+    };
+    let enqueue = |job: NewJob| {
+        rt.block_on(lib.enqueue(job, OnConflict::Error))
+            .expect("enqueue")
+            .0
+    };
+    let gen_a = enqueue(expired(None, "pa0"));
+    enqueue(expired(Some("exp-1"), "pa1"));
+    enqueue(expired(Some("dup-d"), "pa2"));
+    let gen_b = enqueue(NewJob::new("b", "pb0"));
+    enqueue(NewJob::new("b", "pb1").id("wt-1"));
+    enqueue(NewJob::new("b", "pb2").id("dup-d"));
+    // A listing takes the jobs that died before Redis's clock of the call: wait for it.
+    wait_for("six dead letters", Duration::from_secs(10), || {
+        rt.block_on(lib.dead_list(100)).unwrap().len() == 6
+    });
+    assert_eq!(
+        rt.block_on(lib.dead_counts()).unwrap().iter().sum::<u64>(),
+        6
+    );
+    let dead = rt.block_on(lib.dead_list(100)).expect("dead list");
+    for job in &dead {
+        let route = job.route.as_deref().expect("a lane job's route");
+        assert!(job.lane.is_some(), "{job:?}");
+        let why = if route == "a" { "expired" } else { "WRONGTYPE" };
+        assert!(job.reason.contains(why), "{job:?}");
+        assert_eq!(job.payload_size, Some(3), "{job:?}");
+    }
+    let ids: Vec<&str> = dead.iter().map(|j| j.id.as_str()).collect();
+    for id in [gen_a.as_str(), gen_b.as_str(), "exp-1", "wt-1"] {
+        assert!(ids.contains(&id), "{id} not among {ids:?}");
+    }
+    // Shown by generated id and by user id, with headers and payload; an id two lanes hold
+    // is refused by name.
+    let shown = rt
+        .block_on(lib.dead_show("exp-1"))
+        .expect("show")
+        .expect("dead");
+    assert_eq!(
+        (shown.job.route.as_deref(), shown.payload.as_slice()),
+        (Some("a"), &b"pa1"[..])
+    );
+    assert_eq!(shown.headers.get("tenant").map(String::as_str), Some("t1"));
+    let shown = rt
+        .block_on(lib.dead_show(&gen_b))
+        .expect("show")
+        .expect("dead");
+    assert_eq!(shown.payload, b"pb0");
+    let err = rt.block_on(lib.dead_show("dup-d")).expect_err("two lanes");
+    assert!(
+        matches!(&err, ClientError::AmbiguousId { routes, .. } if routes == &["a", "b"]),
+        "{err}"
+    );
+    // The CLI and the console list them with their lanes.
+    let out = config.cli(&["dead", "list", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("\"lane\"") && listed.contains(&gen_a),
+        "{listed}"
+    );
+    let out = config.cli(&["dead", "show", "exp-1"]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("lane ") && !shown.contains("shard"),
+        "{shown}"
+    );
+    let (status, body) = daemon.admin_get("/api/dead").expect("console API");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("exp-1") && body.contains("\"lane\""),
+        "{body}"
+    );
+
+    // Replay b's by route once its list is a list again: delivered once each.
+    let _: () = redis::cmd("DEL").arg("q:b").query(&mut con).unwrap();
+    let route_b = DeadFilter {
+        route: Some("b".into()),
+        ..DeadFilter::default()
+    };
+    let replayed = rt
+        .block_on(lib.dead_replay_selected(
+            &DeadSelection::Matching(route_b),
+            ReplayOptions::default(),
+            |_| {},
+        ))
+        .expect("replay b");
+    assert_eq!(
+        (replayed.replayed, replayed.skipped),
+        (3, 0),
+        "{replayed:?}"
+    );
+    wait_for("b's three delivered", Duration::from_secs(10), || {
+        lrange(&mut con, "q:b").len() == 3
+    });
+    // Replayed by id: its max lateness went when it died, so it is delivered now.
+    let r = rt
+        .block_on(lib.dead_replay(&["exp-1".to_owned(), "no-such".to_owned()]))
+        .expect("replay exp-1");
+    assert_eq!((r.replayed, r.skipped), (1, 1), "{r:?}");
+    wait_for("exp-1 delivered", Duration::from_secs(10), || {
+        lrange(&mut con, "q:a") == [b"pa1".to_vec()]
+    });
+    // Purged: one by its generated id, the rest by filter; nothing of them is left.
+    assert_eq!(
+        rt.block_on(lib.dead_purge(std::slice::from_ref(&gen_a)))
+            .unwrap(),
+        1
+    );
+    assert_eq!(rt.block_on(lib.dead_purge(&[])).unwrap(), 1);
+    assert_eq!(
+        rt.block_on(lib.dead_counts()).unwrap().iter().sum::<u64>(),
+        0
+    );
+    let mut left: Vec<String> = Vec::new();
+    for kind in [
+        "jobs", "meta", "dead", "reasons", "history", "due", "maxlate", "large",
+    ] {
+        let found: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("zdelay:{{*}}:{kind}:*"))
+            .query(&mut con)
+            .unwrap();
+        left.extend(found);
+    }
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert_eq!(lrange(&mut con, "q:b").len(), 3, "nothing delivered twice");
     drop(daemon);
 }
 

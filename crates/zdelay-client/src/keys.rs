@@ -380,6 +380,8 @@ pub struct LaneKeys {
     pub dead: String,
     /// HASH: stored id → why it died.
     pub reasons: String,
+    /// HASH: stored id → its earlier deaths (replayed jobs only).
+    pub history: String,
     /// ZSET: schedule id → its next occurrence.
     pub sched_due: String,
     /// STRING: the lane marker, `2 <lane> <LPUSH|RPUSH> <list key>` while live.
@@ -397,6 +399,7 @@ impl LaneKeys {
             large: key("large"),
             dead: key("dead"),
             reasons: key("reasons"),
+            history: key("history"),
             sched_due: key("sched_due"),
             marker: key("lane"),
         }

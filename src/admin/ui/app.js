@@ -29,6 +29,11 @@ function svg(tag, attrs, ...children) {
   return e;
 }
 
+// Where a job is stored: its shard, or its route lane on storage layout 2.
+function place(j) {
+  return j.lane !== undefined ? ["lane", j.lane] : ["shard", j.shard];
+}
+
 function iso(ms) {
   return ms === null || ms === undefined ? "—" : new Date(ms).toISOString().replace(".000Z", "Z");
 }
@@ -356,7 +361,7 @@ async function deadDetail(id, source) {
   }
   const rows = [["id", source ? `${j.id} (message id ${j.message_id})` : j.id]];
   if (source) rows.push(["source", source]);
-  else rows.push(["route", j.route ?? "—"], ["shard", j.shard]);
+  else rows.push(["route", j.route ?? "—"], place(j));
   rows.push(["died", iso(j.died_ms)], ["reason", j.reason]);
   if (!source) {
     if (j.envelope_error) rows.push(["envelope", j.envelope_error]);
@@ -404,7 +409,7 @@ pages.job = async function (arg) {
     if (e instanceof HttpError && e.status === 403) return out.concat(refusedRead(e, "Jobs"));
     return out.concat(el("p", { id: "job-missing", text: e.message }));
   }
-  const rows = [["id", j.id], ["state", j.state], ["destination", j.dest], ["shard", j.shard]];
+  const rows = [["id", j.id], ["state", j.state], ["destination", j.dest], place(j)];
   if (j.due !== undefined) rows.push(["due", iso(j.due)]);
   if (j.died !== undefined) rows.push(["died", iso(j.died)]);
   if (j.lease_deadline !== undefined) rows.push(["lease deadline", iso(j.lease_deadline)]);

@@ -42,11 +42,38 @@ impl LaneBook {
 
 /// Whether a lane script refused the call because the lane is not the one the caller read
 /// from the registry (nothing was written): read the registry again.
-fn lane_refusal(e: &redis::RedisError) -> bool {
+pub(crate) fn lane_refusal(e: &redis::RedisError) -> bool {
     matches!(
         e.code(),
         Some("ZDELAY_LANE_MOVED" | "ZDELAY_LANE_CHANGED" | "ZDELAY_NO_LANE")
     )
+}
+
+impl ClientError {
+    /// A lane script's refusal ([`lane_refusal`]): nothing was written; the registry is worth
+    /// reading again.
+    pub(crate) fn is_lane_refusal(&self) -> bool {
+        matches!(self, ClientError::Store(StoreError::Redis(e)) if lane_refusal(e))
+    }
+}
+
+/// The id a lane's stored id is known by: `~<lane>.<stored id>` for one in the generated form,
+/// the stored id itself otherwise (a user's). A user-chosen id that happens to have the
+/// generated form is shown as a generated one; both forms find it.
+pub(crate) fn public_id(lane: u32, stored: &str) -> String {
+    match StoredId::parse(stored) {
+        Ok(stored) => LaneId { lane, stored }.to_string(),
+        Err(_) => stored.to_owned(),
+    }
+}
+
+/// What a lane is asked about an id when it is looked for by id.
+#[derive(Clone, Copy)]
+pub(crate) enum Held {
+    /// Waiting or dead: its payload is in the lane's `jobs` hash.
+    Stored,
+    /// Dead: in the lane's `dead` set (an orphan has no payload).
+    Dead,
 }
 
 /// One job ready for its lane.
@@ -82,12 +109,12 @@ type Answer = Result<(String, Enqueued), ClientError>;
 
 impl Client {
     /// The lane book, on a namespace on layout 2.
-    pub(super) fn lane_book(&self) -> Option<&LaneBook> {
+    pub(crate) fn lane_book(&self) -> Option<&LaneBook> {
         self.lanes.as_deref()
     }
 
     /// Reads the lane registry again (a daemon registered, moved or changed a lane).
-    pub(super) async fn refresh_lanes(&self, book: &LaneBook) -> Result<Registry, ClientError> {
+    pub(crate) async fn refresh_lanes(&self, book: &LaneBook) -> Result<Registry, ClientError> {
         let registry = store::lanes::read_registry(&mut self.con.clone(), &self.keys()).await?;
         *book.registry.write().expect("registry lock") = registry.clone();
         Ok(registry)
@@ -238,10 +265,11 @@ impl Client {
     }
 
     /// The lane that holds `id` and its stored id there; `None` when no lane holds it.
-    async fn find_in_lanes(
+    pub(crate) async fn find_in_lanes(
         &self,
         book: &LaneBook,
         id: &str,
+        held: Held,
     ) -> Result<Option<(Lane, String)>, ClientError> {
         if is_reserved(id) {
             let parsed = LaneId::parse(id)?;
@@ -251,16 +279,16 @@ impl Client {
             }
             return Ok(lane.map(|lane| (lane, parsed.stored.to_string())));
         }
-        // A user-chosen id: unique per route only, so ask every lane (its jobs hash holds
-        // waiting and dead jobs alike).
+        // A user-chosen id: unique per route only, so ask every lane.
         let registry = self.refresh_lanes(book).await?;
         let asks = registry.by_route.values().map(|lane| async move {
-            let held: bool = redis::cmd("HEXISTS")
-                .arg(&lane.keys.jobs)
-                .arg(id)
-                .query_async(&mut self.con.clone())
-                .await?;
-            Ok::<_, redis::RedisError>(held.then(|| lane.clone()))
+            let ask = match held {
+                Held::Stored => redis::cmd("HEXISTS").arg(&lane.keys.jobs).arg(id).clone(),
+                Held::Dead => redis::cmd("ZSCORE").arg(&lane.keys.dead).arg(id).clone(),
+            };
+            let answer: redis::Value = ask.query_async(&mut self.con.clone()).await?;
+            let found = !matches!(answer, redis::Value::Nil | redis::Value::Int(0));
+            Ok::<_, redis::RedisError>(found.then(|| lane.clone()))
         });
         let found: Vec<Lane> = futures::future::try_join_all(asks)
             .await?
@@ -290,7 +318,7 @@ impl Client {
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         for last in [false, true] {
-            let Some((lane, stored)) = self.find_in_lanes(book, id).await? else {
+            let Some((lane, stored)) = self.find_in_lanes(book, id, Held::Stored).await? else {
                 return Ok(None);
             };
             match op(lane, stored).await {
@@ -344,7 +372,7 @@ impl Client {
         preview: Option<usize>,
     ) -> Result<Option<JobView>, ClientError> {
         for last in [false, true] {
-            let Some((lane, stored)) = self.find_in_lanes(book, id).await? else {
+            let Some((lane, stored)) = self.find_in_lanes(book, id, Held::Stored).await? else {
                 return Ok(None);
             };
             let Some(job) = store::lanes::get(&mut self.con.clone(), &lane, &stored).await? else {
@@ -417,7 +445,7 @@ fn no_lane(dest: &str, registry: &Registry) -> ClientError {
 }
 
 /// A lane that kept refusing after the registry was read again.
-fn lane_refused(what: &str, e: &redis::RedisError) -> ClientError {
+pub(crate) fn lane_refused(what: &str, e: &redis::RedisError) -> ClientError {
     StoreError::Schema(format!(
         "the route lane of {what} refused the call after the lane registry was read again ({e}): \
          daemons with different routes may be starting; try again"

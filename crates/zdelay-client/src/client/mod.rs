@@ -24,7 +24,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-mod lanes;
+pub(crate) mod lanes;
 
 /// Jobs per `enqueue_jobs` call: small enough to keep one script call short.
 const ENQUEUE_CHUNK: usize = 500;

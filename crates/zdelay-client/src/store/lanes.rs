@@ -67,7 +67,10 @@ pub async fn register(
             let (due, dead, schedules): (u64, u64, u64) = pipe.query_async(con).await?;
             if due + dead + schedules > 0 {
                 return Err(StoreError::Schema(format!(
-                    "route {route}'s list moved from {} (slot {old_slot}) to {list} (slot {slot})                      while its lane still holds {due} waiting jobs, {dead} dead letters and                      {schedules} schedules; moving them to another slot is not built yet: point                      the route at {} again until they are gone",
+                    "route {route}'s list moved from {} (slot {old_slot}) to {list} (slot {slot}) \
+                     while its lane still holds {due} waiting jobs, {dead} dead letters and \
+                     {schedules} schedules; moving them to another slot is not built yet: point \
+                     the route at {} again until they are gone",
                     old.list, old.list
                 )));
             }

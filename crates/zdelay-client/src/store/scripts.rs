@@ -74,6 +74,10 @@ scripts!(
     register_lane,
     cancel_lane,
     reschedule_lane,
+    peek_dead_lane,
+    replay_dead_lane,
+    purge_dead_lane,
+    prune_history_lane,
     claim_slots,
     release_slots,
     upsert_schedule,
@@ -669,16 +673,61 @@ pub async fn peek_dead(
     ids: &[String],
     preview: usize,
 ) -> redis::RedisResult<Vec<DeadPeek>> {
+    let con = con.clone();
+    peek_in_budget(ids, |rest| {
+        let mut con = con.clone();
+        async move {
+            let mut inv = fenced_invocation(&compiled::peek_dead, "peek_dead", keys);
+            inv.arg(PEEK_BUDGET).arg(preview).arg(rest);
+            inv.invoke(&mut con).await
+        }
+    })
+    .await
+}
+
+/// [`peek_dead`] for the stored ids of a route lane (storage layout 2): the lane's meta comes
+/// back as a frame head with the route as `dest` (`peek_dead_lane.lua`). A lane whose marker
+/// is not `lane`'s refuses the call.
+pub async fn peek_dead_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    ids: &[String],
+    preview: usize,
+) -> redis::RedisResult<Vec<DeadPeek>> {
+    let (k, con) = (&lane.keys, con.clone());
+    peek_in_budget(ids, |rest| {
+        let mut con = con.clone();
+        async move {
+            Call::new(&compiled::peek_dead_lane)
+                .key(&k.jobs)
+                .key(&k.meta)
+                .key(&k.dead)
+                .key(&k.reasons)
+                .key(&k.history)
+                .key(&k.marker)
+                .arg(lane.marker())
+                .arg(PEEK_BUDGET)
+                .arg(preview)
+                .arg(&lane.route)
+                .arg(rest)
+                .invoke(&mut con)
+                .await
+        }
+    })
+    .await
+}
+
+/// Calls `peek` with the ids it has not reached yet until every id is read, decoding its
+/// seven values per id (each call reads a prefix within its byte budget).
+async fn peek_in_budget<'a, F, Fut>(ids: &'a [String], peek: F) -> redis::RedisResult<Vec<DeadPeek>>
+where
+    F: Fn(&'a [String]) -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<Vec<Value>>>,
+{
     let mut out = Vec::with_capacity(ids.len());
     while out.len() < ids.len() {
         let rest = &ids[out.len()..];
-        let mut inv = fenced_invocation(&compiled::peek_dead, "peek_dead", keys);
-        let values: Vec<Value> = inv
-            .arg(PEEK_BUDGET)
-            .arg(preview)
-            .arg(rest)
-            .invoke(con)
-            .await?;
+        let values = peek(rest).await?;
         if values.is_empty() || !values.len().is_multiple_of(7) || values.len() / 7 > rest.len() {
             return Err(protocol_error(
                 "peek_dead",
@@ -733,6 +782,86 @@ pub async fn prune_history(
     }
     let mut inv = fenced_invocation(&compiled::prune_history, "prune_history", keys);
     inv.arg(ids).invoke(con).await
+}
+
+/// [`replay_dead`] for the stored ids of a route lane (storage layout 2): local routes count
+/// no attempts, so there is nothing to reset. A lane whose marker is not `lane`'s refuses the
+/// call, writing nothing.
+pub async fn replay_dead_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    wake_channel: &str,
+    due: Due,
+    history_cap: usize,
+    ids: &[(String, Option<f64>)],
+) -> redis::RedisResult<Replayed> {
+    let k = &lane.keys;
+    let mut inv = Call::new(&compiled::replay_dead_lane);
+    inv.key(&k.due)
+        .key(&k.jobs)
+        .key(&k.large)
+        .key(&k.dead)
+        .key(&k.reasons)
+        .key(&k.history)
+        .key(&k.marker)
+        .arg(lane.marker())
+        .arg(due.as_arg())
+        .arg(wake_channel)
+        .arg(lane.wake_name())
+        .arg(history_cap);
+    for (id, selected) in ids {
+        inv.arg(id).arg(selected_score_arg(*selected));
+    }
+    let (replayed, orphans, skipped, due_ms): (u64, u64, u64, i64) = inv.invoke(con).await?;
+    Ok(Replayed {
+        replayed,
+        orphans,
+        skipped,
+        due_ms: (replayed > 0).then_some(due_ms),
+        history_pruned: 0,
+    })
+}
+
+/// [`purge_dead`] for the stored ids of a route lane (its meta goes too). Returns (purged,
+/// skipped).
+pub async fn purge_dead_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    ids: &[(String, Option<f64>)],
+) -> redis::RedisResult<(u64, u64)> {
+    let k = &lane.keys;
+    let mut inv = Call::new(&compiled::purge_dead_lane);
+    inv.key(&k.jobs)
+        .key(&k.meta)
+        .key(&k.dead)
+        .key(&k.reasons)
+        .key(&k.history)
+        .key(&k.marker)
+        .arg(lane.marker());
+    for (id, selected) in ids {
+        inv.arg(id).arg(selected_score_arg(*selected));
+    }
+    inv.invoke(con).await
+}
+
+/// [`prune_history`] for the stored ids of a route lane.
+pub async fn prune_history_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    ids: &[String],
+) -> redis::RedisResult<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let k = &lane.keys;
+    Call::new(&compiled::prune_history_lane)
+        .key(&k.jobs)
+        .key(&k.history)
+        .key(&k.marker)
+        .arg(lane.marker())
+        .arg(ids)
+        .invoke(con)
+        .await
 }
 
 /// What one `walk_raw_dead` call does.
@@ -2364,6 +2493,10 @@ mod tests {
             ("move_lane", 10),
             ("cancel_lane", 6),
             ("reschedule_lane", 2),
+            ("peek_dead_lane", 6),
+            ("replay_dead_lane", 7),
+            ("purge_dead_lane", 6),
+            ("prune_history_lane", 3),
         ];
         // Every script on a lane's keys is fenced; the registry's own script takes none.
         for (name, _) in ALL.iter().filter(|(n, _)| n.ends_with("_lane")) {

@@ -39,6 +39,9 @@
 //! the script, so it is atomic and safe to re-run. Raw members keep no attempt count while
 //! dead (their `<source>:claims` entry goes when they die): a replayed member starts at 0.
 
+mod home;
+
+use crate::client::lanes::{Held, lane_refusal, lane_refused};
 use crate::client::{Client, ClientError, read_envelope};
 use crate::config::{ScoreUnit, SourceConfig};
 use crate::envelope::{Envelope, EnvelopeError};
@@ -46,7 +49,9 @@ use crate::job::Due;
 use crate::keys::Keys;
 use crate::store::scripts::{self, DeadPeek, RawDeadRange, RawDeadWalk, Replayed};
 use crate::store::{self, Conn};
+use home::DeadHome;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -187,6 +192,11 @@ impl DeadFilter {
     }
 
     /// Whether the filter reads the reason or the envelope (not only the dead score).
+    /// Whether `home` may hold jobs the filter admits (a route filter skips other lanes).
+    fn may_be_in(&self, home: &DeadHome) -> bool {
+        self.route.as_deref().is_none_or(|r| home.may_hold_route(r))
+    }
+
     fn reads_content(&self) -> bool {
         self.reason.is_some() || self.route.is_some() || self.schedule.is_some()
     }
@@ -325,10 +335,13 @@ pub struct Bounded<T> {
 }
 
 /// A dead envelope job, as `dead list` shows it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeadJob {
     pub id: String,
     pub shard: u16,
+    /// The route lane that holds it (storage layout 2; `shard` is then 0, and the JSON form
+    /// has `lane` instead of `shard`).
+    pub lane: Option<u32>,
     pub died_ms: i64,
     pub reason: String,
     /// The envelope's `dest`; `None` when the envelope is missing or malformed.
@@ -346,8 +359,32 @@ pub struct DeadJob {
     /// Why the envelope cannot be read: missing (an orphan: nothing to replay) or malformed.
     pub envelope_error: Option<String>,
     /// The dead score it was read with (a bulk operation acts on it only while it has it).
-    #[serde(skip)]
     score: f64,
+    /// The id its home stores it under (a lane stores a generated id without `~<lane>.`).
+    stored: String,
+}
+
+impl serde::Serialize for DeadJob {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("id", &self.id)?;
+        match self.lane {
+            Some(lane) => m.serialize_entry("lane", &crate::lane_id::base36(lane))?,
+            None => m.serialize_entry("shard", &self.shard)?,
+        }
+        m.serialize_entry("died_ms", &self.died_ms)?;
+        m.serialize_entry("reason", &self.reason)?;
+        m.serialize_entry("route", &self.route)?;
+        m.serialize_entry("attempt", &self.attempt)?;
+        m.serialize_entry("max_attempts", &self.max_attempts)?;
+        m.serialize_entry("last_error", &self.last_error)?;
+        m.serialize_entry("schedule", &self.schedule)?;
+        m.serialize_entry("payload_size", &self.payload_size)?;
+        m.serialize_entry("earlier_deaths", &self.earlier_deaths)?;
+        m.serialize_entry("envelope_error", &self.envelope_error)?;
+        m.end()
+    }
 }
 
 /// Payload bytes `dead show` and the console's detail views read at most.
@@ -546,21 +583,12 @@ fn old_id_not_found(source: &str, hashes: &[String]) -> ClientError {
     ))
 }
 
-/// A dead job from what `peek_dead` read; `None` when it is not dead.
-fn dead_job(shard: u16, peek: DeadPeek) -> Option<DeadJob> {
-    dead_detail(shard, peek).map(|(job, _)| job)
-}
-
-/// A dead job and its envelope as far as `peek_dead` read it (the payload: its first
-/// bytes); `None` when it is not dead.
-fn dead_detail(
-    shard: u16,
-    peek: DeadPeek,
-) -> Option<(DeadJob, Option<Result<Envelope, EnvelopeError>>)> {
+/// A dead job and its envelope as far as a peek read it (the payload: its first bytes),
+/// stored where the peek's id says; `None` when it is not dead. Its home sets where.
+fn dead_detail(peek: DeadPeek) -> Option<(DeadJob, Option<Result<Envelope, EnvelopeError>>)> {
     let score = peek.died?;
     let (envelope, payload_size) = read_envelope(peek.envelope);
     let job = describe(
-        shard,
         peek.id,
         score,
         peek.reason,
@@ -572,7 +600,6 @@ fn dead_detail(
 }
 
 fn describe(
-    shard: u16,
     id: String,
     score: f64,
     reason: String,
@@ -581,8 +608,10 @@ fn describe(
     payload_size: Option<u64>,
 ) -> DeadJob {
     let mut job = DeadJob {
+        stored: id.clone(),
         id,
-        shard,
+        shard: 0,
+        lane: None,
         died_ms: score as i64,
         reason,
         route: None,
@@ -610,16 +639,73 @@ fn describe(
     job
 }
 
-/// The ids to act on, per shard, each with the dead score it was selected with.
-type Selected = BTreeMap<u16, Vec<(String, Option<f64>)>>;
+/// The ids to act on, per home (by its number), each stored id with the dead score it was
+/// selected with.
+type Selected = BTreeMap<u32, Vec<(String, Option<f64>)>>;
+
+/// Where dead jobs are kept, by number.
+type Homes = BTreeMap<u32, DeadHome>;
 
 impl Client {
-    /// The oldest dead jobs, at most `limit` per shard, oldest first.
+    /// The homes of dead jobs: the shards of `layout`, or on storage layout 2 the route lanes
+    /// as the registry names them now.
+    async fn dead_homes(&self, layout: &Keys) -> Result<Homes, ClientError> {
+        let homes: Vec<DeadHome> = match self.lane_book() {
+            Some(book) => {
+                let registry = self.refresh_lanes(book).await?;
+                registry
+                    .by_route
+                    .into_values()
+                    .map(DeadHome::Lane)
+                    .collect()
+            }
+            None => (0..layout.shards())
+                .map(|s| DeadHome::Shard(layout.shard(s)))
+                .collect(),
+        };
+        Ok(homes.into_iter().map(|h| (h.number(), h)).collect())
+    }
+
+    /// Fails when the namespace no longer has `layout`'s shards (layout 1; for reads no script
+    /// fences). Lanes are fenced by every lane script.
+    async fn check_dead_layout(&self, layout: &Keys) -> Result<(), ClientError> {
+        match self.lane_book() {
+            Some(_) => Ok(()),
+            None => self.check_layout(layout).await,
+        }
+    }
+
+    /// Runs `op` fenced like every call on layout 1 ([`Client::fenced`]); on layout 2 once
+    /// more when a lane refused it (the homes are read from the registry again; what the
+    /// first run did is skipped, as replayed or purged ids are no longer dead).
+    async fn dead_fenced<T, F, Fut>(&self, op: F) -> Result<T, ClientError>
+    where
+        F: Fn(Keys) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        if self.lane_book().is_none() {
+            return self.fenced(op).await;
+        }
+        match op(self.keys()).await {
+            Err(e) if e.is_lane_refusal() => {}
+            other => return other,
+        }
+        match op(self.keys()).await {
+            Err(ClientError::Store(store::StoreError::Redis(e))) if lane_refusal(&e) => {
+                Err(lane_refused("the dead letters", &e))
+            }
+            other => other,
+        }
+    }
+
+    /// The oldest dead jobs, at most `limit` per shard (per route lane on layout 2), oldest
+    /// first.
     pub async fn dead_list(&self, limit: usize) -> Result<Vec<DeadJob>, ClientError> {
         self.dead_jobs(&DeadFilter::default(), limit).await
     }
 
-    /// The oldest dead jobs the filter admits, at most `limit` per shard, oldest first.
+    /// The oldest dead jobs the filter admits, at most `limit` per shard (per route lane on
+    /// layout 2), oldest first.
     pub async fn dead_jobs(
         &self,
         filter: &DeadFilter,
@@ -631,8 +717,8 @@ impl Client {
             .items)
     }
 
-    /// Like [`Client::dead_jobs`], reading at most `scan` dead entries per shard (oldest
-    /// first, in the filter's age window): a filter on reason, route or schedule that
+    /// Like [`Client::dead_jobs`], reading at most `scan` dead entries per shard or lane
+    /// (oldest first, in the filter's age window): a filter on reason, route or schedule that
     /// matches little cannot make the call read a whole dead set. `complete` is false when a
     /// shard had more to read.
     pub async fn dead_jobs_bounded(
@@ -642,7 +728,7 @@ impl Client {
         scan: usize,
     ) -> Result<Bounded<DeadJob>, ClientError> {
         filter.check()?;
-        self.fenced(|layout| self.dead_jobs_in(layout, filter, limit, scan))
+        self.dead_fenced(|layout| self.dead_jobs_in(layout, filter, limit, scan))
             .await
     }
 
@@ -653,7 +739,8 @@ impl Client {
         limit: usize,
         scan: usize,
     ) -> Result<Bounded<DeadJob>, ClientError> {
-        self.check_layout(&layout).await?;
+        self.check_dead_layout(&layout).await?;
+        let homes = self.dead_homes(&layout).await?;
         let mut con = self.con.clone();
         let now_ms = store::server_time_ms(&mut con).await?;
         let (min, max) = filter.score_range(now_ms);
@@ -662,8 +749,7 @@ impl Client {
             items: Vec::new(),
             complete: true,
         };
-        for shard in 0..layout.shards() {
-            let keys = layout.shard(shard);
+        for home in homes.values().filter(|h| filter.may_be_in(h)) {
             let mut found = 0;
             let mut offset = 0;
             while found < limit {
@@ -672,11 +758,12 @@ impl Client {
                     break;
                 }
                 let count = page.min(scan - offset);
-                let entries = dead_page(&mut con, &keys.dead, &min, &max, offset, count).await?;
+                let entries =
+                    dead_page(&mut con, home.dead_key(), &min, &max, offset, count).await?;
                 offset += entries.len();
                 let ids: Vec<String> = entries.iter().map(|(m, _)| lossy(m)).collect();
-                for job in scripts::peek_dead(&mut con, &keys, &ids, 0).await? {
-                    if let Some(job) = dead_job(shard, job)
+                for peek in home.peek(&mut con, &ids, 0).await? {
+                    if let Some(job) = home.job(peek)
                         && found < limit
                         && filter.matches(now_ms, &job)
                     {
@@ -689,17 +776,19 @@ impl Client {
                 }
             }
         }
-        out.items
-            .sort_by(|a, b| (a.died_ms, a.shard, &a.id).cmp(&(b.died_ms, b.shard, &b.id)));
+        out.items.sort_by(|a, b| {
+            (a.died_ms, a.shard, a.lane, &a.id).cmp(&(b.died_ms, b.shard, b.lane, &b.id))
+        });
         Ok(out)
     }
 
-    /// Dead entries per shard (`ZCARD`), in shard order.
+    /// Dead entries per shard (`ZCARD`), in shard order; on layout 2 per route lane, in lane
+    /// order.
     pub async fn dead_counts(&self) -> Result<Vec<u64>, ClientError> {
-        let layout = self.keys();
+        let homes = self.dead_homes(&self.keys()).await?;
         let mut pipe = redis::pipe();
-        for shard in 0..layout.shards() {
-            pipe.zcard(layout.dead(shard));
+        for home in homes.values() {
+            pipe.zcard(home.dead_key());
         }
         Ok(pipe.query_async(&mut self.con.clone()).await?)
     }
@@ -708,7 +797,8 @@ impl Client {
     /// its payload (never more: the payload is cut inside Redis); `None` when `id` is not
     /// dead.
     pub async fn dead_show(&self, id: &str) -> Result<Option<DeadJobDetail>, ClientError> {
-        self.fenced(|layout| self.dead_show_in(layout, id)).await
+        self.dead_fenced(|layout| self.dead_show_in(layout, id))
+            .await
     }
 
     async fn dead_show_in(
@@ -716,18 +806,15 @@ impl Client {
         layout: Keys,
         id: &str,
     ) -> Result<Option<DeadJobDetail>, ClientError> {
-        let shard = layout.shard_of(id);
-        let keys = layout.shard(shard);
-        let ids = [id.to_owned()];
+        let Some((home, stored)) = self.dead_home_of(&layout, id).await? else {
+            return Ok(None);
+        };
         let mut con = self.con.clone();
-        let Some(peek) = scripts::peek_dead(&mut con, &keys, &ids, PREVIEW_BYTES)
-            .await?
-            .pop()
-        else {
+        let Some(peek) = home.peek(&mut con, &[stored], PREVIEW_BYTES).await?.pop() else {
             return Ok(None);
         };
         let history = parse_history(&peek.history);
-        let Some((job, envelope)) = dead_detail(shard, peek) else {
+        let Some((job, envelope)) = home.detail(peek) else {
             return Ok(None);
         };
         let (headers, payload) = match envelope {
@@ -740,6 +827,26 @@ impl Client {
             payload,
             history,
         }))
+    }
+
+    /// Where the dead job `id` is kept and its stored id there: its shard on layout 1; on
+    /// layout 2 the lane its generated id names, or the one lane whose dead set holds a
+    /// user-chosen id (`AmbiguousId` when several do). `None`: no lane holds it.
+    async fn dead_home_of(
+        &self,
+        layout: &Keys,
+        id: &str,
+    ) -> Result<Option<(DeadHome, String)>, ClientError> {
+        Ok(match self.lane_book() {
+            Some(book) => self
+                .find_in_lanes(book, id, Held::Dead)
+                .await?
+                .map(|(lane, stored)| (DeadHome::Lane(lane), stored)),
+            None => Some((
+                DeadHome::Shard(layout.shard(layout.shard_of(id))),
+                id.to_owned(),
+            )),
+        })
     }
 
     /// Makes dead jobs due now, resetting their attempt counts: the given ids, or, when
@@ -763,7 +870,7 @@ impl Client {
         progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Replayed, ClientError> {
         let progress = Mutex::new(progress);
-        self.fenced(|layout| self.dead_replay_in(layout, selection, options, &progress))
+        self.dead_fenced(|layout| self.dead_replay_in(layout, selection, options, &progress))
             .await
     }
 
@@ -778,32 +885,38 @@ impl Client {
         let mut con = self.con.clone();
         let now_ms = store::server_time_ms(&mut con).await?;
         let due = Due::At(due_ms(options.due, now_ms));
-        let selected = self
-            .select_dead(&mut con, &layout, selection, now_ms, progress)
+        let mut homes = self.dead_homes(&layout).await?;
+        let (selected, unknown) = self
+            .select_dead(&mut con, &layout, &mut homes, selection, now_ms, progress)
             .await?;
         let total = selected.values().map(|ids| ids.len() as u64).sum();
         let mut done = 0;
-        let mut out = Replayed::default();
+        let mut out = Replayed {
+            skipped: unknown,
+            ..Replayed::default()
+        };
+        let wake = layout.wake_channel();
         progress(DeadProgress::Acting { done, total });
-        for (shard, ids) in selected {
-            let keys = layout.shard(shard);
+        for (number, ids) in selected {
+            let home = &homes[&number];
             for chunk in ids.chunks(DEAD_CHUNK) {
-                let r = scripts::replay_dead(
-                    &mut con,
-                    &keys,
-                    due,
-                    !options.keep_attempts,
-                    HISTORY_CAP,
-                    chunk,
-                )
-                .await?;
+                let r = home
+                    .replay(
+                        &mut con,
+                        &wake,
+                        due,
+                        !options.keep_attempts,
+                        HISTORY_CAP,
+                        chunk,
+                    )
+                    .await?;
                 out.add(r);
                 done += chunk.len() as u64;
                 progress(DeadProgress::Acting { done, total });
             }
         }
         if selection.by_filter().is_some() {
-            out.history_pruned = self.prune_histories(&mut con, &layout).await?;
+            out.history_pruned = self.prune_histories(&mut con, &homes).await?;
         }
         Ok(out)
     }
@@ -826,7 +939,7 @@ impl Client {
         progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Purged, ClientError> {
         let progress = Mutex::new(progress);
-        self.fenced(|layout| self.dead_purge_in(layout, selection, &progress))
+        self.dead_fenced(|layout| self.dead_purge_in(layout, selection, &progress))
             .await
     }
 
@@ -839,17 +952,21 @@ impl Client {
         let progress = |p| (progress.lock().expect("progress lock"))(p);
         let mut con = self.con.clone();
         let now_ms = store::server_time_ms(&mut con).await?;
-        let selected = self
-            .select_dead(&mut con, &layout, selection, now_ms, progress)
+        let mut homes = self.dead_homes(&layout).await?;
+        let (selected, unknown) = self
+            .select_dead(&mut con, &layout, &mut homes, selection, now_ms, progress)
             .await?;
         let total = selected.values().map(|ids| ids.len() as u64).sum();
         let mut done = 0;
-        let mut out = Purged::default();
+        let mut out = Purged {
+            skipped: unknown,
+            ..Purged::default()
+        };
         progress(DeadProgress::Acting { done, total });
-        for (shard, ids) in selected {
-            let keys = layout.shard(shard);
+        for (number, ids) in selected {
+            let home = &homes[&number];
             for chunk in ids.chunks(DEAD_CHUNK) {
-                let (purged, skipped) = scripts::purge_dead(&mut con, &keys, chunk).await?;
+                let (purged, skipped) = home.purge(&mut con, chunk).await?;
                 out.purged += purged;
                 out.skipped += skipped;
                 done += chunk.len() as u64;
@@ -857,54 +974,60 @@ impl Client {
             }
         }
         if selection.by_filter().is_some() {
-            out.history_pruned = self.prune_histories(&mut con, &layout).await?;
+            out.history_pruned = self.prune_histories(&mut con, &homes).await?;
         }
         Ok(out)
     }
 
-    /// The selected ids per shard of `layout`: given ids without a score, or what the filter
-    /// admits now, each with the dead score it had.
+    /// The selected stored ids per home: given ids without a score, or what the filter admits
+    /// now, each with the dead score it had; and how many given ids no lane holds (layout 2:
+    /// skipped, as a script skips an id that is not dead).
     async fn select_dead(
         &self,
         con: &mut Conn,
         layout: &Keys,
+        homes: &mut Homes,
         selection: &DeadSelection,
         now_ms: i64,
         progress: impl Fn(DeadProgress),
-    ) -> Result<Selected, ClientError> {
+    ) -> Result<(Selected, u64), ClientError> {
         let mut out: Selected = BTreeMap::new();
         let Some((filter, most)) = selection.by_filter() else {
+            let mut unknown = 0;
             if let DeadSelection::Ids(ids) = selection {
-                // The scripts that act on them check each shard's layout marker.
+                // The scripts that act on them check each shard's layout marker (each lane's).
                 for id in ids {
-                    out.entry(layout.shard_of(id))
-                        .or_default()
-                        .push((id.clone(), None));
+                    let Some((home, stored)) = self.dead_home_of(layout, id).await? else {
+                        unknown += 1;
+                        continue;
+                    };
+                    out.entry(home.number()).or_default().push((stored, None));
+                    // A lane registered since the homes were read.
+                    homes.entry(home.number()).or_insert(home);
                 }
             }
-            return Ok(out);
+            return Ok((out, unknown));
         };
         filter.check()?;
         // Read before any script runs: a namespace resharded away from this layout may hold
         // its dead jobs in shards the layout does not have.
-        self.check_layout(layout).await?;
+        self.check_dead_layout(layout).await?;
         let (min, max) = filter.score_range(now_ms);
         let (mut scanned, mut selected) = (0u64, 0u64);
-        'shards: for shard in 0..layout.shards() {
-            let keys = layout.shard(shard);
+        'homes: for home in homes.values().filter(|h| filter.may_be_in(h)) {
             let mut offset = 0;
             loop {
-                let entries = dead_page(con, &keys.dead, &min, &max, offset, PAGE).await?;
+                let entries = dead_page(con, home.dead_key(), &min, &max, offset, PAGE).await?;
                 offset += entries.len();
                 scanned += entries.len() as u64;
                 let ids: Vec<String> = entries.iter().map(|(m, _)| lossy(m)).collect();
                 let mut taken: Vec<(String, Option<f64>)> = if filter.reads_content() {
-                    scripts::peek_dead(con, &keys, &ids, 0)
+                    home.peek(con, &ids, 0)
                         .await?
                         .into_iter()
-                        .filter_map(|peek| dead_job(shard, peek))
+                        .filter_map(|peek| home.job(peek))
                         .filter(|job| filter.matches(now_ms, job))
-                        .map(|job| (job.id, Some(job.score)))
+                        .map(|job| (job.stored, Some(job.score)))
                         .collect()
                 } else {
                     ids.into_iter()
@@ -914,29 +1037,28 @@ impl Client {
                 taken.truncate(most.saturating_sub(selected as usize));
                 selected += taken.len() as u64;
                 if !taken.is_empty() {
-                    out.entry(shard).or_default().extend(taken);
+                    out.entry(home.number()).or_default().extend(taken);
                 }
                 progress(DeadProgress::Selecting { scanned, selected });
                 if selected as usize >= most {
-                    break 'shards;
+                    break 'homes;
                 }
                 if entries.len() < PAGE {
                     break;
                 }
             }
         }
-        Ok(out)
+        Ok((out, 0))
     }
 
-    /// Drops the history of every id no longer stored, in every shard; returns how many.
-    async fn prune_histories(&self, con: &mut Conn, layout: &Keys) -> Result<u64, ClientError> {
+    /// Drops the history of every id no longer stored, in every home; returns how many.
+    async fn prune_histories(&self, con: &mut Conn, homes: &Homes) -> Result<u64, ClientError> {
         let mut pruned = 0;
-        for shard in 0..layout.shards() {
-            let keys = layout.shard(shard);
+        for home in homes.values() {
             let mut cursor = "0".to_owned();
             loop {
                 let (next, fields): (String, Vec<Vec<u8>>) = redis::cmd("HSCAN")
-                    .arg(&keys.history)
+                    .arg(home.history_key())
                     .arg(&cursor)
                     .arg("COUNT")
                     .arg(PAGE)
@@ -944,7 +1066,7 @@ impl Client {
                     .await?;
                 // HSCAN answers field, value, field, value…
                 let ids: Vec<String> = fields.iter().step_by(2).map(|f| lossy(f)).collect();
-                pruned += scripts::prune_history(con, &keys, &ids).await?;
+                pruned += home.prune_history(con, &ids).await?;
                 if next == "0" {
                     break;
                 }
@@ -1302,7 +1424,32 @@ mod tests {
             earlier_deaths: 0,
             envelope_error: None,
             score: died_ms as f64,
+            stored: "j".into(),
+            lane: None,
         }
+    }
+
+    /// A dead job as a shard's peek describes it.
+    fn dead_job(shard: u16, peek: DeadPeek) -> Option<DeadJob> {
+        dead_detail(peek).map(|(job, _)| DeadJob { shard, ..job })
+    }
+
+    #[test]
+    fn a_lane_job_is_shown_with_its_lane_and_public_id() {
+        let mut j = job(5, "expired", Some("emails"), None);
+        let shard_json = serde_json::to_value(&j).unwrap();
+        assert_eq!(shard_json["shard"], 0);
+        assert!(shard_json.get("lane").is_none());
+        j.lane = Some(46);
+        let lane_json = serde_json::to_value(&j).unwrap();
+        assert_eq!(lane_json["lane"], "1a");
+        assert!(lane_json.get("shard").is_none(), "{lane_json}");
+        assert_eq!(lane_json["route"], "emails");
+        assert_eq!(
+            crate::client::lanes::public_id(46, "0PQ3aZr-x_9F"),
+            "~1a.0PQ3aZr-x_9F"
+        );
+        assert_eq!(crate::client::lanes::public_id(46, "order-17"), "order-17");
     }
 
     const NOW: i64 = 1_000_000_000;
