@@ -30,10 +30,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use zdelay_client::config::ScoreUnit;
+use zdelay_client::lane::Lane;
 use zdelay_client::schedules::{self, ScheduleCache};
 use zdelay_client::store::scripts::{
     self, DUE_DEAD_KINDS, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS,
 };
+use zdelay_client::store::{StoreError, lanes};
 
 /// How often a shard's mover looks for sinks in its ready set to walk.
 pub const LOOK_EVERY: Duration = Duration::from_secs(10);
@@ -122,6 +124,19 @@ pub fn sleep_after(reply: &MoveReply, unit: ScoreUnit, idle: Duration) -> Durati
         .into_iter()
         .flatten()
         .fold(idle, Duration::min)
+}
+
+/// `lane` as the registry has it now, after the lane refused a move: the same lane with the
+/// list or push command another daemon registered (same slot, so the same keys), or `None`
+/// when the registry gives the route another lane or none (this one is retired).
+async fn reread_lane(ctx: &PollerContext, lane: &Lane) -> Result<Option<Arc<Lane>>, StoreError> {
+    let mut con = ctx.con.clone();
+    let registry = lanes::read_registry(&mut con, &ctx.keys).await?;
+    Ok(registry
+        .by_route
+        .get(&lane.route)
+        .filter(|now| now.number == lane.number && now.keys == lane.keys)
+        .map(|now| Arc::new(now.clone())))
 }
 
 /// What firing a shard's due schedules leaves to do.
@@ -265,7 +280,7 @@ impl Backoff {
 /// publisher for each two-phase sink, in `ctx.sink_order` (`None` where none runs).
 pub async fn run(
     ctx: Arc<PollerContext>,
-    target: Target,
+    mut target: Target,
     wake: Waker,
     publishers: Vec<Option<Arc<Notify>>>,
     stop: CancellationToken,
@@ -362,6 +377,37 @@ pub async fn run(
                 }
             }
             Err(e) if ctx.is_refusal(&e) => break,
+            Err(e) if lanes::is_lane_refusal(&e) => {
+                let Target::Lane(lane) = &target else {
+                    unreachable!("only lane scripts refuse with a lane's marker")
+                };
+                match reread_lane(&ctx, lane).await {
+                    Ok(Some(now)) => {
+                        tracing::warn!(
+                            route = %now.route,
+                            list = %now.list,
+                            push = now.push.command(),
+                            "route lane registered again with another list or push command (a \
+                             daemon with another config started); moving it as registered now"
+                        );
+                        target = Target::Lane(now);
+                        Duration::ZERO
+                    }
+                    Ok(None) => {
+                        tracing::warn!(
+                            route = %lane.route,
+                            lane = lane.number,
+                            "route lane retired (its route's list moved to another slot or the \
+                             route is gone); the daemon that registered its successor moves it"
+                        );
+                        break;
+                    }
+                    Err(e) => {
+                        metrics::error_event("redis", &label, &e);
+                        backoff.step()
+                    }
+                }
+            }
             Err(e) => {
                 metrics::error_event("redis", &label, &e);
                 backoff.step()

@@ -467,6 +467,54 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
 }
 
 #[test]
+fn a_daemon_moves_a_lane_registered_again_by_another_config() {
+    use zdelay::store::{Conn, lanes};
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
+    let daemon = Daemon::start(&config);
+    let rt = common::runtime();
+    let lib = connect(&rt, common::redis_config(&redis.url(), 4));
+    let mut con = redis.conn();
+    let enqueue = |payload: &str| {
+        rt.block_on(lib.enqueue(NewJob::new("a", payload.to_owned()), OnConflict::Error))
+            .expect("enqueue");
+    };
+    enqueue("p0");
+    wait_for("p0 delivered", Duration::from_secs(10), || {
+        lrange(&mut con, "q:a") == [b"p0".to_vec()]
+    });
+    // Another daemon's config (as in a rolling change) points route a at another list in the
+    // same slot, pushed from the other end: the lane stays, its marker changes.
+    let moved_list = "{q:a}:v2";
+    let mut lcon = rt
+        .block_on(Conn::connect(&common::redis_config(&redis.url(), 4)))
+        .expect("connect");
+    let (lane, _) = rt
+        .block_on(lanes::register(
+            &mut lcon,
+            &zdelay::keys::Keys::new("zdelay", 4),
+            "a",
+            moved_list,
+            zdelay::config::Push::Lpush,
+        ))
+        .expect("register again");
+    assert_eq!(lane.list, moved_list);
+    enqueue("p1");
+    enqueue("p2");
+    // The running daemon's mover was refused by the new marker: it reads the registry and
+    // moves the lane as registered now.
+    wait_for(
+        "p1 and p2 delivered by the new marker",
+        Duration::from_secs(10),
+        || lrange(&mut con, moved_list) == [b"p2".to_vec(), b"p1".to_vec()],
+    );
+    assert_eq!(lrange(&mut con, "q:a"), [b"p0".to_vec()]);
+    let log = daemon.log_text();
+    assert!(log.contains("registered again"), "{log}");
+    drop(daemon);
+}
+
+#[test]
 fn layout_2_refuses_what_it_cannot_hold_yet_by_name() {
     let redis = RedisServer::start();
     // A two-phase route with layout 2 configured: refused at config load, naming the field.

@@ -40,14 +40,7 @@ impl LaneBook {
     }
 }
 
-/// Whether a lane script refused the call because the lane is not the one the caller read
-/// from the registry (nothing was written): read the registry again.
-pub(crate) fn lane_refusal(e: &redis::RedisError) -> bool {
-    matches!(
-        e.code(),
-        Some("ZDELAY_LANE_MOVED" | "ZDELAY_LANE_CHANGED" | "ZDELAY_NO_LANE")
-    )
-}
+pub(crate) use crate::store::lanes::is_lane_refusal as lane_refusal;
 
 impl ClientError {
     /// A lane script's refusal ([`lane_refusal`]): nothing was written; the registry is worth

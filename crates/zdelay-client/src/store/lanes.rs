@@ -10,6 +10,16 @@ use crate::lane::{Lane, Registry, parse_entry};
 use crate::lane_id::base36;
 use std::collections::BTreeMap;
 
+/// Whether a lane script refused the call because the lane is not the one the caller read
+/// from the registry (`ZDELAY_LANE_MOVED`, `_CHANGED`, `ZDELAY_NO_LANE`; nothing was
+/// written): read the registry again.
+pub fn is_lane_refusal(e: &redis::RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("ZDELAY_LANE_MOVED" | "ZDELAY_LANE_CHANGED" | "ZDELAY_NO_LANE")
+    )
+}
+
 /// Reads the lane registry. An entry zdelay would not write is an error naming it.
 pub async fn read_registry(con: &mut Conn, keys: &Keys) -> Result<Registry, StoreError> {
     let fields: BTreeMap<String, String> = redis::cmd("HGETALL")
