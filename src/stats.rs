@@ -514,6 +514,9 @@ pub async fn forecast(
         for (start, end) in &bounds {
             pipe.zcount(&lane.keys.due, format!("({start}"), end);
         }
+        for (start, end) in &bounds {
+            pipe.zcount(&lane.keys.sched_due, format!("({start}"), end);
+        }
         pipes.push(pipe);
     }
     let replies = futures::future::join_all(pipes.iter().map(|pipe| {
@@ -582,6 +585,7 @@ pub async fn forecast(
         for (i, step) in steps.iter_mut().enumerate() {
             step.count += counts[1 + i];
             step.by_route.insert(lane.route.clone(), counts[1 + i]);
+            step.schedules += counts[1 + n + i];
         }
     }
     for step in &mut steps {

@@ -267,8 +267,27 @@ fn unreadable_line(id: &str, quarantine: &Quarantine) -> String {
     format!("{id}  quarantined: {}", quarantine.reason)
 }
 
-fn unreadable_json(id: &str, shard: u16, quarantine: &Quarantine) -> serde_json::Value {
-    serde_json::json!({ "id": id, "shard": shard, "quarantine": quarantine.to_json() })
+/// `place`: its shard, or its route lane on storage layout 2 (`None`: not known here).
+fn unreadable_json(id: &str, place: Option<Place>, quarantine: &Quarantine) -> serde_json::Value {
+    let mut v = serde_json::json!({ "id": id, "quarantine": quarantine.to_json() });
+    match place {
+        Some(Place::Shard(shard)) => v["shard"] = shard.into(),
+        Some(Place::Lane(lane)) => v["lane"] = zdelay::lane_id::base36(lane).into(),
+        None => {}
+    }
+    v
+}
+
+/// Where a schedule is kept.
+enum Place {
+    Shard(u16),
+    Lane(u32),
+}
+
+impl Place {
+    fn of(shard: u16, lane: Option<u32>) -> Place {
+        lane.map_or(Place::Shard(shard), Place::Lane)
+    }
 }
 
 /// Runs a `schedule` action that needs Redis.
@@ -291,11 +310,9 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
                 let v: Vec<_> = all
                     .iter()
                     .map(ScheduleView::to_json)
-                    .chain(
-                        unreadable
-                            .iter()
-                            .map(|q| unreadable_json(&q.id, q.shard, &q.quarantine)),
-                    )
+                    .chain(unreadable.iter().map(|q| {
+                        unreadable_json(&q.id, Some(Place::of(q.shard, q.lane)), &q.quarantine)
+                    }))
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -323,8 +340,10 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
             }
             None => match client.schedule_quarantine(&id).await? {
                 Some(quarantine) if output.is_json() => {
-                    let shard = client.keys().shard_of(&id);
-                    let v = unreadable_json(&id, shard, &quarantine);
+                    // On layout 2 the lane was found by asking each one, and is not kept.
+                    let place = (client.storage_layout() == 1)
+                        .then(|| Place::Shard(client.keys().shard_of(&id)));
+                    let v = unreadable_json(&id, place, &quarantine);
                     println!("{}", serde_json::to_string_pretty(&v)?);
                     Ok(0)
                 }

@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use zdelay_client::config::ScoreUnit;
 use zdelay_client::lane::Lane;
-use zdelay_client::schedules::{self, ScheduleCache};
+use zdelay_client::schedules::{self, SchedAt, ScheduleCache};
 use zdelay_client::store::scripts::{
     self, DUE_DEAD_KINDS, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS,
 };
@@ -163,15 +163,30 @@ impl FireOutcome {
     }
 }
 
-/// Fires the shard's due schedules (one bounded script call).
+/// Fires the due schedules of a shard or a route lane (one bounded script call); a raw
+/// source has none.
 async fn fire_schedules(
     ctx: &PollerContext,
-    shard: u16,
+    target: &Target,
     cache: &mut ScheduleCache,
     label: &str,
 ) -> redis::RedisResult<FireOutcome> {
-    let mut con = ctx.con_for(&TargetId::Shard(shard));
-    let report = schedules::fire_due(&mut con, &ctx.keys.shard(shard), None, cache).await?;
+    let mut con = ctx.con_for(&target.id());
+    let report = match target {
+        Target::Shard(shard) => {
+            let keys = ctx.keys.shard(*shard);
+            schedules::fire_due(&mut con, SchedAt::Shard(&keys), None, cache).await?
+        }
+        Target::Lane(lane) => {
+            let wake_channel = ctx.keys.wake_channel();
+            let at = SchedAt::Lane {
+                lane,
+                wake_channel: &wake_channel,
+            };
+            schedules::fire_due(&mut con, at, None, cache).await?
+        }
+        Target::Source(_) => return Ok(FireOutcome::Done),
+    };
     let fired = &report.fired;
     if fired.created > 0 {
         ::metrics::counter!(OCCURRENCES, "outcome" => "fired").increment(fired.created);
@@ -327,10 +342,10 @@ pub async fn run(
                         publisher.notify_one();
                     }
                 }
-                if let (Target::Shard(shard), Some(at)) = (&target, reply.next_schedule_ms)
+                if let Some(at) = reply.next_schedule_ms
                     && at.saturating_mul(1000) <= reply.now_us
                 {
-                    let fired = fire_schedules(&ctx, *shard, &mut schedule_cache, &label).await;
+                    let fired = fire_schedules(&ctx, &target, &mut schedule_cache, &label).await;
                     if fired.is_ok() {
                         metrics::recovered("redis", &schedules_label);
                     }

@@ -350,6 +350,54 @@ route = "m"
             &["w".to_owned()],
         ))
         .expect("prune_history_lane");
+        // A schedule in the lane: written, read as due, fired (one occurrence delivered, one
+        // expired), deleted.
+        let at = scripts::SchedAt::Lane {
+            lane: &lane,
+            wake_channel: "zdelay:wake",
+        };
+        let frame = zdelay::Envelope::new("emails", b"s".to_vec())
+            .encode()
+            .expect("a frame");
+        let write = scripts::ScheduleWrite {
+            id: "s",
+            expected_version: 0,
+            read_mark: None,
+            definition: "{}",
+            envelope: &frame,
+            pending: scripts::PendingWrite::Next(Some(now - 1_000)),
+            now_ms: now - 2_000,
+        };
+        rt.block_on(scripts::upsert_schedule(&mut lcon, at, &write))
+            .expect("upsert_schedule_lane");
+        let (_, due) = rt
+            .block_on(scripts::due_schedules(&mut lcon, at, Some(now), 10))
+            .expect("due_schedules_lane");
+        let firing = scripts::Firing {
+            id: "s".into(),
+            read_score: due[0].score.clone(),
+            read_version: "1".into(),
+            mark_ms: Some(now),
+            next_ms: None,
+            max_lateness_ms: Some(5),
+            quarantine: None,
+            deliver: vec![("s:1".into(), now - 1_000)],
+            expired: vec![("s:2".into(), now - 900)],
+        };
+        let fired = rt
+            .block_on(scripts::fire_schedules(
+                &mut lcon,
+                at,
+                now,
+                3_600_000,
+                &[firing],
+            ))
+            .expect("fire_schedules_lane");
+        assert_eq!((fired.created, fired.expired), (1, 1));
+        assert!(
+            rt.block_on(scripts::delete_schedule(&mut lcon, at, "s", 3_600_000))
+                .expect("delete_schedule_lane")
+        );
     }
     // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
     // dead job's history, and needs no daemon running.

@@ -285,20 +285,11 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         .block_on(lib.get("~zz.short"))
         .expect_err("not a generated id");
     assert!(matches!(err, ClientError::Id(_)), "{err}");
-    // Layout-1 calls are refused by the shards' markers, naming layout 2.
-    let out = config.cli(&["schedule", "set", "s1", "--dest", "a", "--every", "1m"]);
+    // What layout 2 does not hold yet is refused, naming it.
+    let out = config.cli(&["reshard", "--to", "8", "--yes"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "schedule set must fail: {stderr}");
-    assert!(stderr.contains("storage layout 2"), "{stderr}");
-    let left: Vec<String> = redis::cmd("KEYS")
-        .arg("*sched*")
-        .query(&mut con)
-        .expect("KEYS");
-    assert!(left.is_empty(), "a refused schedule wrote {left:?}");
-    // The console says so too: not built on this layout (501), not a fault.
-    let (status, body) = daemon.admin_get("/api/schedules").expect("console API");
-    assert_eq!(status, 501, "{body}");
-    assert!(body.contains("storage layout 2"), "{body}");
+    assert!(!out.status.success(), "reshard must fail: {stderr}");
+    assert!(stderr.contains("layout 2"), "{stderr}");
     // The daemon's own readers (the stats sampler) never hit a layout-1 shard's refusal.
     let log = daemon.log_text();
     assert!(
@@ -463,6 +454,112 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
     }
     assert!(left.is_empty(), "left behind: {left:?}");
     assert_eq!(lrange(&mut con, "q:b").len(), 3, "nothing delivered twice");
+    drop(daemon);
+}
+
+#[test]
+fn schedules_live_and_fire_in_their_destinations_lanes() {
+    use zdelay::schedules::{NewSchedule, Repeat};
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
+    let daemon = Daemon::start(&config);
+    let rt = common::runtime();
+    let lib = connect(&rt, common::redis_config(&redis.url(), 4));
+    let mut con = redis.conn();
+    // Five occurrences 200 ms apart, from half a second on: then the schedule ends.
+    let base = redis_now_ms(&mut con) + 500;
+    let mut spec = NewSchedule::new("tick", "a", "t", Repeat::Every(Duration::from_millis(200)));
+    spec.start_at = Some(base);
+    spec.end_at = Some(base + 900);
+    spec.headers.insert("tenant".into(), "t1".into());
+    let set = rt
+        .block_on(lib.schedule_set(spec.clone()))
+        .expect("schedule set");
+    assert!(set.created);
+    assert_eq!(set.next_ms, Some(base));
+    // It is kept in route a's lane, in the slot of a's list.
+    let tag = zdelay::keys::slot_tag(zdelay::keys::slot_of("q:a"));
+    let sched_key = format!("zdelay:{{{tag}}}:sched:a");
+    let held: bool = redis::cmd("HEXISTS")
+        .arg(&sched_key)
+        .arg("tick")
+        .query(&mut con)
+        .unwrap();
+    assert!(held, "{sched_key} holds tick");
+    let view = rt
+        .block_on(lib.schedule_get("tick"))
+        .expect("get")
+        .expect("stored");
+    assert!(view.lane.is_some() && view.to_json().get("shard").is_none());
+    assert_eq!(view.dest, "a");
+    let counts = rt.block_on(lib.schedule_counts()).expect("counts");
+    assert_eq!((counts.schedules, counts.pending), (1, 1));
+    // Its id cannot move to another route's lane by a set.
+    let mut elsewhere = spec.clone();
+    elsewhere.dest = "b".into();
+    let err = rt
+        .block_on(lib.schedule_set(elsewhere))
+        .expect_err("another route");
+    assert!(
+        matches!(&err, ClientError::ScheduleElsewhere { route, .. } if route == "a"),
+        "{err}"
+    );
+    // The daemon fires each occurrence into the lane and moves it: five, each once, then
+    // the schedule has ended.
+    wait_for(
+        "five occurrences delivered",
+        Duration::from_secs(10),
+        || lrange(&mut con, "q:a").len() >= 5,
+    );
+    wait_for("the schedule ended", Duration::from_secs(10), || {
+        rt.block_on(lib.schedule_get("tick"))
+            .unwrap()
+            .is_some_and(|v| v.next_ms.is_none())
+    });
+    assert_eq!(lrange(&mut con, "q:a"), vec![b"t".to_vec(); 5]);
+    // Run now: one more, off the grid.
+    let run = rt
+        .block_on(lib.schedule_run_now("tick"))
+        .expect("run now")
+        .expect("a schedule");
+    assert!(run.starts_with("{tick}:") && run.ends_with(":run"), "{run}");
+    wait_for("the run delivered", Duration::from_secs(10), || {
+        lrange(&mut con, "q:a").len() == 6
+    });
+    // Listed by the CLI and the console, with its lane.
+    let out = config.cli(&["schedule", "list", "--json"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && listed.contains("\"lane\""),
+        "{listed}"
+    );
+    let (status, body) = daemon.admin_get("/api/schedules").expect("console API");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("tick"), "{body}");
+    // Paused, resumed and deleted by id alone: found in its lane.
+    assert!(rt.block_on(lib.schedule_pause("tick")).expect("pause"));
+    assert!(
+        rt.block_on(lib.schedule_get("tick"))
+            .unwrap()
+            .is_some_and(|v| v.paused)
+    );
+    assert!(
+        rt.block_on(lib.schedule_resume("tick"))
+            .expect("resume")
+            .is_some()
+    );
+    assert!(rt.block_on(lib.schedule_delete("tick")).expect("delete"));
+    assert!(rt.block_on(lib.schedule_get("tick")).unwrap().is_none());
+    assert!(
+        !rt.block_on(lib.schedule_delete("tick"))
+            .expect("delete again")
+    );
+    assert_eq!(lrange(&mut con, "q:a").len(), 6, "nothing delivered twice");
+    let log = daemon.log_text();
+    assert!(
+        !log.contains("ZDELAY_LAYOUT") && !log.contains("ERROR"),
+        "{log}"
+    );
     drop(daemon);
 }
 

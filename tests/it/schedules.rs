@@ -600,7 +600,7 @@ fn fire_and_move(
     let report = rt
         .block_on(zdelay::schedules::fire_due(
             &mut con,
-            &keys,
+            zdelay::schedules::SchedAt::Shard(&keys),
             Some(now),
             &mut cache,
         ))
@@ -1025,7 +1025,7 @@ fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
             let report = rt
                 .block_on(zdelay::schedules::fire_due(
                     &mut fire_con,
-                    &keys,
+                    zdelay::schedules::SchedAt::Shard(&keys),
                     Some(now),
                     &mut cache,
                 ))

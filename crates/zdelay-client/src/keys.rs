@@ -382,8 +382,16 @@ pub struct LaneKeys {
     pub reasons: String,
     /// HASH: stored id → its earlier deaths (replayed jobs only).
     pub history: String,
+    /// HASH: schedule id → `"<version>\n<definition JSON>"` (the route's schedules).
+    pub schedules: String,
+    /// HASH: schedule id → the `zd1` frame its occurrences carry.
+    pub sched_env: String,
     /// ZSET: schedule id → its next occurrence.
     pub sched_due: String,
+    /// ZSET: schedule id → its high-water mark.
+    pub sched_fired: String,
+    /// HASH: schedule id → why it is quarantined.
+    pub sched_quarantine: String,
     /// STRING: the lane marker, `2 <lane> <LPUSH|RPUSH> <list key>` while live.
     pub marker: String,
 }
@@ -400,7 +408,11 @@ impl LaneKeys {
             dead: key("dead"),
             reasons: key("reasons"),
             history: key("history"),
+            schedules: key("sched"),
+            sched_env: key("sched_env"),
             sched_due: key("sched_due"),
+            sched_fired: key("sched_fired"),
+            sched_quarantine: key("sched_quarantine"),
             marker: key("lane"),
         }
     }

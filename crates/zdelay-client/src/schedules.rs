@@ -33,15 +33,18 @@
 //! that cannot be read (definition, pending occurrence, envelope) is quarantined with a
 //! reason, once, instead of being retried.
 
+use crate::client::lanes::Held;
 use crate::client::{Client, ClientError, read_fence};
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, Meta};
 use crate::job::{Due, OnConflict};
-use crate::keys::{ShardKeys, occurrence_id, run_now_id, valid_schedule_id};
+use crate::keys::{Keys, ShardKeys, occurrence_id, run_now_id, valid_schedule_id};
+use crate::lane::Lane;
 use crate::schedule::{Schedule, ScheduleDef};
 pub use crate::store::scripts::FIRE_MAX_OCCURRENCES;
+pub use crate::store::scripts::SchedAt;
 use crate::store::scripts::{
-    self, DueSchedule, EnqueueCall, EnqueueItem, Fired, Firing, PendingWrite, ScheduleWrite,
-    Upserted, score_ms,
+    self, DueSchedule, EnqueueCall, EnqueueItem, Fired, Firing, LaneItem, PendingWrite,
+    ScheduleWrite, Upserted, score_ms,
 };
 use crate::store::{self, Conn};
 use serde::{Deserialize, Serialize};
@@ -163,6 +166,8 @@ impl Quarantine {
 pub struct QuarantinedSchedule {
     pub id: String,
     pub shard: u16,
+    /// The route lane that holds it (storage layout 2; `shard` is then 0).
+    pub lane: Option<u32>,
     pub quarantine: Quarantine,
 }
 
@@ -171,6 +176,9 @@ pub struct QuarantinedSchedule {
 pub struct ScheduleView {
     pub id: String,
     pub shard: u16,
+    /// The route lane that holds it (storage layout 2; `shard` is then 0, and the JSON form
+    /// has `lane` instead of `shard`).
+    pub lane: Option<u32>,
     pub dest: String,
     pub def: ScheduleDef,
     pub paused: bool,
@@ -196,7 +204,10 @@ impl ScheduleView {
         obj.remove("v");
         obj.remove("schedule");
         obj.insert("id".into(), self.id.clone().into());
-        obj.insert("shard".into(), self.shard.into());
+        match self.lane {
+            Some(lane) => obj.insert("lane".into(), crate::lane_id::base36(lane).into()),
+            None => obj.insert("shard".into(), self.shard.into()),
+        };
         obj.insert("dest".into(), self.dest.clone().into());
         if let Ok(serde_json::Value::Object(def)) = serde_json::to_value(&self.def) {
             obj.extend(def);
@@ -265,12 +276,98 @@ struct Current {
     quarantined: bool,
 }
 
+/// Where schedules are kept: in their ids' shards (layout 1), or in their destinations' route
+/// lanes (layout 2: a schedule's occurrences are written in the slot they are moved from, so
+/// a firing and the move are exactly once on a cluster too).
+pub enum SchedHome {
+    Shard(ShardKeys),
+    Lane { lane: Lane, wake_channel: String },
+}
+
+/// The keys of a home's schedules.
+struct SchedKeys<'a> {
+    schedules: &'a str,
+    sched_env: &'a str,
+    sched_due: &'a str,
+    sched_quarantine: &'a str,
+}
+
+impl SchedHome {
+    /// The scripts' view of it.
+    pub fn at(&self) -> SchedAt<'_> {
+        match self {
+            SchedHome::Shard(keys) => SchedAt::Shard(keys),
+            SchedHome::Lane { lane, wake_channel } => SchedAt::Lane { lane, wake_channel },
+        }
+    }
+
+    /// Its number: the shard's, or the lane's (the key of a listing's order and cursor).
+    fn number(&self) -> u32 {
+        match self {
+            SchedHome::Shard(keys) => u32::from(keys.shard),
+            SchedHome::Lane { lane, .. } => lane.number,
+        }
+    }
+
+    /// (shard, lane) as views show it: a lane's shard is 0.
+    fn place(&self) -> (u16, Option<u32>) {
+        match self {
+            SchedHome::Shard(keys) => (keys.shard, None),
+            SchedHome::Lane { lane, .. } => (0, Some(lane.number)),
+        }
+    }
+
+    fn keys(&self) -> SchedKeys<'_> {
+        match self {
+            SchedHome::Shard(k) => SchedKeys {
+                schedules: &k.schedules,
+                sched_env: &k.sched_env,
+                sched_due: &k.sched_due,
+                sched_quarantine: &k.sched_quarantine,
+            },
+            SchedHome::Lane { lane, .. } => SchedKeys {
+                schedules: &lane.keys.schedules,
+                sched_env: &lane.keys.sched_env,
+                sched_due: &lane.keys.sched_due,
+                sched_quarantine: &lane.keys.sched_quarantine,
+            },
+        }
+    }
+
+    /// The marker a read of this home gets with its data: a shard's layout marker (a
+    /// namespace resharded away holds its schedules elsewhere), or the lane's marker.
+    fn fence_key(&self) -> &str {
+        match self {
+            SchedHome::Shard(keys) => &keys.layout,
+            SchedHome::Lane { lane, .. } => &lane.keys.marker,
+        }
+    }
+
+    /// Fails when the marker read with the data says the namespace left `layout` (layout 1).
+    /// A lane's keys hold its schedules for as long as the registry names it (relocation is
+    /// not built), so its marker is not checked.
+    fn check_read(&self, marker: Option<String>, layout: &Keys) -> Result<(), ClientError> {
+        match self {
+            SchedHome::Shard(keys) => read_fence(marker, layout, &keys.layout),
+            SchedHome::Lane { .. } => Ok(()),
+        }
+    }
+
+    fn fired_key(&self) -> &str {
+        match self {
+            SchedHome::Shard(k) => &k.sched_fired,
+            SchedHome::Lane { lane, .. } => &lane.keys.sched_fired,
+        }
+    }
+}
+
 impl Current {
-    async fn read(con: &mut Conn, keys: &ShardKeys, id: &str) -> Result<Self, ClientError> {
+    async fn read(con: &mut Conn, home: &SchedHome, id: &str) -> Result<Self, ClientError> {
+        let keys = home.keys();
         let (record, mark, quarantined): (Option<String>, Option<String>, bool) = redis::pipe()
-            .hget(&keys.schedules, id)
-            .zscore(&keys.sched_fired, id)
-            .hexists(&keys.sched_quarantine, id)
+            .hget(keys.schedules, id)
+            .zscore(home.fired_key(), id)
+            .hexists(keys.sched_quarantine, id)
             .query_async(con)
             .await?;
         Ok(Current {
@@ -313,20 +410,90 @@ impl Current {
 }
 
 impl Client {
+    /// Where schedules are kept: the shards of `layout`, or on layout 2 the route lanes as the
+    /// registry names them now, in number order.
+    async fn schedule_homes(&self, layout: &Keys) -> Result<Vec<SchedHome>, ClientError> {
+        Ok(match self.lane_book() {
+            Some(book) => {
+                let registry = self.refresh_lanes(book).await?;
+                let mut lanes: Vec<Lane> = registry.by_route.into_values().collect();
+                lanes.sort_by_key(|lane| lane.number);
+                let wake_channel = layout.wake_channel();
+                lanes
+                    .into_iter()
+                    .map(|lane| SchedHome::Lane {
+                        lane,
+                        wake_channel: wake_channel.clone(),
+                    })
+                    .collect()
+            }
+            None => (0..layout.shards())
+                .map(|s| SchedHome::Shard(layout.shard(s)))
+                .collect(),
+        })
+    }
+
+    /// Where schedule `id` is kept: its shard on layout 1; on layout 2 the one route lane that
+    /// holds it (`None`: none does; `AmbiguousId` when two do, which only a hand-made write
+    /// can cause: `schedule_set` refuses a second lane).
+    async fn schedule_home_of(
+        &self,
+        layout: &Keys,
+        id: &str,
+    ) -> Result<Option<SchedHome>, ClientError> {
+        Ok(match self.lane_book() {
+            Some(book) => self
+                .find_in_lanes(book, id, Held::Schedule)
+                .await?
+                .map(|(lane, _)| SchedHome::Lane {
+                    lane,
+                    wake_channel: layout.wake_channel(),
+                }),
+            None => Some(SchedHome::Shard(layout.shard(layout.shard_of(id)))),
+        })
+    }
+
+    /// Where `spec` is written: its shard, or on layout 2 its destination's lane. A schedule
+    /// with this id in another route's lane is refused: moving it between lanes cannot be
+    /// one atomic write on a cluster, so it is deleted and set again instead.
+    async fn schedule_home_for(
+        &self,
+        layout: &Keys,
+        spec: &NewSchedule,
+    ) -> Result<SchedHome, ClientError> {
+        let Some(book) = self.lane_book() else {
+            return Ok(SchedHome::Shard(layout.shard(layout.shard_of(&spec.id))));
+        };
+        let lane = self.lane_for(book, &spec.dest).await?;
+        if let Some((held, _)) = self.find_in_lanes(book, &spec.id, Held::Schedule).await?
+            && held.number != lane.number
+        {
+            return Err(ClientError::ScheduleElsewhere {
+                id: spec.id.clone(),
+                route: held.route,
+                dest: spec.dest.clone(),
+            });
+        }
+        Ok(SchedHome::Lane {
+            lane,
+            wake_channel: layout.wake_channel(),
+        })
+    }
+
     /// Compare-and-set loop: `change` gets the stored definition (`Err` with why when it
     /// cannot be read) and Redis's now, and returns the new one, or `None` to write nothing;
     /// the pending occurrence follows from it. Returns (version, created, pending occurrence)
     /// of what was written.
     async fn write_schedule(
         &self,
-        keys: &ShardKeys,
+        home: &SchedHome,
         id: &str,
         envelope: &[u8],
         change: impl Fn(Option<Result<&Stored, &str>>, i64) -> Result<Option<Stored>, ClientError>,
     ) -> Result<Option<(u64, bool, Option<i64>)>, ClientError> {
         let mut con = self.con.clone();
         for _ in 0..CAS_ATTEMPTS {
-            let current = Current::read(&mut con, keys, id).await?;
+            let current = Current::read(&mut con, home, id).await?;
             let now_ms = store::server_time_ms(&mut con).await?;
             // Tests open the read → compare-and-set window here.
             crate::failpoint::hold("schedule_hold_after_read").await;
@@ -354,7 +521,7 @@ impl Client {
                 pending,
                 now_ms,
             };
-            match scripts::upsert_schedule(&mut con, keys, &write).await? {
+            match scripts::upsert_schedule(&mut con, home.at(), &write).await? {
                 Upserted::Written {
                     version,
                     pending_ms,
@@ -367,7 +534,9 @@ impl Client {
 
     /// Creates or updates a schedule (by id) and returns its pending occurrence. An update
     /// keeps an interval's grid and a pause, and applies from the next occurrence (one
-    /// already turned into a job completes as it was).
+    /// already turned into a job completes as it was). On storage layout 2 a schedule lives
+    /// in its destination's route lane; changing its destination to another route is
+    /// refused (`ScheduleElsewhere`: delete it and set it again).
     pub async fn schedule_set(&self, spec: NewSchedule) -> Result<ScheduleSet, ClientError> {
         valid_schedule_id(&spec.id).map_err(|why| ClientError::BadScheduleId {
             id: spec.id.clone(),
@@ -384,11 +553,11 @@ impl Client {
         envelope.meta.max_lateness_ms = spec.max_lateness.map(|d| d.as_millis() as u64);
         let envelope = envelope.encode()?;
         let written = self
-            .fenced(|layout| {
-                let keys = layout.shard(layout.shard_of(&spec.id));
+            .fenced_by_layout("the schedule", |layout| {
                 let (spec, envelope) = (&spec, &envelope);
                 async move {
-                    self.write_schedule(&keys, &spec.id, envelope, |stored, now_ms| {
+                    let home = self.schedule_home_for(&layout, spec).await?;
+                    self.write_schedule(&home, &spec.id, envelope, |stored, now_ms| {
                         // An unreadable definition is replaced.
                         let stored = stored.and_then(Result::ok);
                         Ok(Some(Stored {
@@ -427,9 +596,11 @@ impl Client {
         id: &str,
         paused: bool,
     ) -> Result<Option<(u64, bool, Option<i64>)>, ClientError> {
-        self.fenced(|layout| async move {
-            let keys = layout.shard(layout.shard_of(id));
-            self.write_schedule(&keys, id, b"", |stored, now_ms| match stored {
+        self.fenced_by_layout("the schedule", |layout| async move {
+            let Some(home) = self.schedule_home_of(&layout, id).await? else {
+                return Ok(None);
+            };
+            self.write_schedule(&home, id, b"", |stored, now_ms| match stored {
                 None => Ok(None),
                 Some(Err(why)) => Err(ClientError::UnreadableSchedule {
                     id: id.to_owned(),
@@ -450,11 +621,13 @@ impl Client {
     /// for [`MARK_RETENTION`]: a schedule created again with this id never fires an
     /// occurrence this one fired.
     pub async fn schedule_delete(&self, id: &str) -> Result<bool, ClientError> {
-        self.fenced(|layout| async move {
-            let keys = layout.shard(layout.shard_of(id));
+        self.fenced_by_layout("the schedule", |layout| async move {
+            let Some(home) = self.schedule_home_of(&layout, id).await? else {
+                return Ok(false);
+            };
             let mut con = self.con.clone();
             let retention = MARK_RETENTION.as_millis() as u64;
-            Ok(scripts::delete_schedule(&mut con, &keys, id, retention).await?)
+            Ok(scripts::delete_schedule(&mut con, home.at(), id, retention).await?)
         })
         .await
     }
@@ -466,12 +639,15 @@ impl Client {
     /// not move; a paused schedule runs too. Returns the job id, or `None` when there is no
     /// such schedule (or its definition cannot be read).
     pub async fn schedule_run_now(&self, id: &str) -> Result<Option<String>, ClientError> {
-        self.fenced(|layout| async move {
-            let keys = layout.shard(layout.shard_of(id));
+        self.fenced_by_layout("the schedule", |layout| async move {
+            let Some(home) = self.schedule_home_of(&layout, id).await? else {
+                return Ok(None);
+            };
+            let keys = home.keys();
             let mut con = self.con.clone();
             let (record, envelope): (Option<String>, Option<Vec<u8>>) = redis::pipe()
-                .hget(&keys.schedules, id)
-                .hget(&keys.sched_env, id)
+                .hget(keys.schedules, id)
+                .hget(keys.sched_env, id)
                 .query_async(&mut con)
                 .await?;
             let (Some(Ok((_, stored))), Some(envelope)) =
@@ -480,22 +656,41 @@ impl Client {
                 return Ok(None);
             };
             let now_ms = store::server_time_ms(&mut con).await?;
-            let item = EnqueueItem {
-                id: run_now_id(id, now_ms),
-                due: Due::At(now_ms),
-                envelope,
-                max_lateness_ms: stored.def.max_lateness_ms,
-            };
-            let items = [item];
-            let call = EnqueueCall {
-                keys,
-                items: &items,
-            };
+            let job_id = run_now_id(id, now_ms);
             // Keep: a second click in the same millisecond is the same run.
-            let mut answers = scripts::enqueue_jobs(&mut con, OnConflict::Keep, &[call]).await?;
-            answers.pop().expect("one answer per call")?;
-            let [item] = items;
-            Ok(Some(item.id))
+            match &home {
+                SchedHome::Shard(keys) => {
+                    let items = [EnqueueItem {
+                        id: job_id.clone(),
+                        due: Due::At(now_ms),
+                        envelope,
+                        max_lateness_ms: stored.def.max_lateness_ms,
+                    }];
+                    let call = EnqueueCall {
+                        keys: keys.clone(),
+                        items: &items,
+                    };
+                    let mut answers =
+                        scripts::enqueue_jobs(&mut con, OnConflict::Keep, &[call]).await?;
+                    answers.pop().expect("one answer per call")?;
+                }
+                SchedHome::Lane { lane, wake_channel } => {
+                    let mut env = Envelope::decode(&envelope)?;
+                    env.meta.max_lateness_ms = None;
+                    let meta = (env.meta != Meta::default())
+                        .then(|| serde_json::to_string(&env.meta).expect("a Meta serializes"));
+                    let item = LaneItem {
+                        id: &job_id,
+                        due: Due::At(now_ms),
+                        payload: &env.payload,
+                        meta: meta.as_deref(),
+                        max_lateness_ms: stored.def.max_lateness_ms,
+                    };
+                    scripts::enqueue_lane(&mut con, lane, OnConflict::Keep, wake_channel, &[item])
+                        .await?;
+                }
+            }
+            Ok(Some(job_id))
         })
         .await
     }
@@ -503,8 +698,10 @@ impl Client {
     /// One schedule, or `None`.
     pub async fn schedule_get(&self, id: &str) -> Result<Option<ScheduleView>, ClientError> {
         let layout = self.keys();
-        let shard = layout.shard_of(id);
-        let keys = layout.shard(shard);
+        let Some(home) = self.schedule_home_of(&layout, id).await? else {
+            return Ok(None);
+        };
+        let keys = home.keys();
         type Reply = (
             Option<String>,
             Option<Vec<u8>>,
@@ -513,20 +710,20 @@ impl Client {
             Option<String>,
         );
         let (record, envelope, next, quarantine, marker): Reply = redis::pipe()
-            .hget(&keys.schedules, id)
-            .hget(&keys.sched_env, id)
-            .zscore(&keys.sched_due, id)
-            .hget(&keys.sched_quarantine, id)
-            .get(&keys.layout)
+            .hget(keys.schedules, id)
+            .hget(keys.sched_env, id)
+            .zscore(keys.sched_due, id)
+            .hget(keys.sched_quarantine, id)
+            .get(home.fence_key())
             .query_async(&mut self.con.clone())
             .await?;
-        read_fence(marker, &layout, &keys.layout)?;
+        home.check_read(marker, &layout)?;
         let Some(Ok((version, stored))) = record.as_deref().map(parse_record) else {
             return Ok(None);
         };
         Ok(Some(view(
             id.to_owned(),
-            shard,
+            &home,
             version,
             stored,
             envelope.as_deref(),
@@ -539,39 +736,44 @@ impl Client {
     /// cannot be read (which [`Client::schedule_get`] does not return).
     pub async fn schedule_quarantine(&self, id: &str) -> Result<Option<Quarantine>, ClientError> {
         let layout = self.keys();
-        let keys = layout.shard(layout.shard_of(id));
+        let Some(home) = self.schedule_home_of(&layout, id).await? else {
+            return Ok(None);
+        };
+        let keys = home.keys();
         let (quarantine, marker): (Option<String>, Option<String>) = redis::pipe()
-            .hget(&keys.sched_quarantine, id)
-            .get(&keys.layout)
+            .hget(keys.sched_quarantine, id)
+            .get(home.fence_key())
             .query_async(&mut self.con.clone())
             .await?;
-        read_fence(marker, &layout, &keys.layout)?;
+        home.check_read(marker, &layout)?;
         Ok(quarantine.as_deref().map(Quarantine::parse))
     }
 
-    /// Every quarantined schedule, by shard and id (`HSCAN` of each shard's quarantine,
-    /// which holds only those).
+    /// Every quarantined schedule, by shard (or lane) and id (`HSCAN` of each home's
+    /// quarantine, which holds only those).
     pub async fn schedules_quarantined(&self) -> Result<Vec<QuarantinedSchedule>, ClientError> {
         let layout = self.keys();
         let mut con = self.con.clone();
         let mut out = Vec::new();
-        for shard in 0..layout.shards() {
-            let keys = layout.shard(shard);
+        for home in self.schedule_homes(&layout).await? {
+            let keys = home.keys();
+            let (shard, lane) = home.place();
             let mut cursor = 0;
             loop {
                 let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
                     .cmd("HSCAN")
-                    .arg(&keys.sched_quarantine)
+                    .arg(keys.sched_quarantine)
                     .arg(cursor)
                     .arg("COUNT")
                     .arg(SCAN_PAGE)
-                    .get(&keys.layout)
+                    .get(home.fence_key())
                     .query_async(&mut con)
                     .await?;
-                read_fence(marker, &layout, &keys.layout)?;
+                home.check_read(marker, &layout)?;
                 out.extend(page.into_iter().map(|(id, text)| QuarantinedSchedule {
                     id,
                     shard,
+                    lane,
                     quarantine: Quarantine::parse(&text),
                 }));
                 if next == 0 {
@@ -580,7 +782,7 @@ impl Client {
                 cursor = next;
             }
         }
-        out.sort_by(|a, b| (a.shard, &a.id).cmp(&(b.shard, &b.id)));
+        out.sort_by(|a, b| (a.shard, a.lane, &a.id).cmp(&(b.shard, b.lane, &b.id)));
         Ok(out)
     }
 
@@ -597,8 +799,8 @@ impl Client {
         Ok(out)
     }
 
-    /// The next `limit` schedules to fire, soonest first (ties by shard, then id): each
-    /// shard's first `limit` pending occurrences (`sched_due` by score, `LIMIT`), merged;
+    /// The next `limit` schedules to fire, soonest first (ties by shard or lane, then id):
+    /// each home's first `limit` pending occurrences (`sched_due` by score, `LIMIT`), merged;
     /// then only those schedules' definitions and envelopes are read (`HMGET`). Paused and
     /// ended schedules have no pending occurrence: [`Client::schedules_idle`] lists them.
     pub async fn schedules_upcoming(&self, limit: usize) -> Result<Vec<ScheduleView>, ClientError> {
@@ -606,55 +808,58 @@ impl Client {
             return Ok(Vec::new());
         }
         let layout = self.keys();
+        let homes = self.schedule_homes(&layout).await?;
         let count = i64::try_from(limit).unwrap_or(i64::MAX);
-        let heads = futures::future::try_join_all((0..layout.shards()).map(|shard| {
-            let keys = layout.shard(shard);
+        let heads = futures::future::try_join_all(homes.iter().enumerate().map(|(at, home)| {
             let mut con = self.con.clone();
             let layout = &layout;
             async move {
+                let keys = home.keys();
                 let (next, marker): (Vec<(String, f64)>, Option<String>) = redis::pipe()
                     .cmd("ZRANGEBYSCORE")
-                    .arg(&keys.sched_due)
+                    .arg(keys.sched_due)
                     .arg("-inf")
                     .arg("+inf")
                     .arg("WITHSCORES")
                     .arg("LIMIT")
                     .arg(0)
                     .arg(count)
-                    .get(&keys.layout)
+                    .get(home.fence_key())
                     .query_async(&mut con)
                     .await?;
-                read_fence(marker, layout, &keys.layout)?;
-                Ok::<_, ClientError>(next.into_iter().map(move |(id, at)| (at, shard, id)))
+                home.check_read(marker, layout)?;
+                Ok::<_, ClientError>(next.into_iter().map(move |(id, next)| (next, at, id)))
             }
         }))
         .await?;
-        let mut next: Vec<(f64, u16, String)> = heads.into_iter().flatten().collect();
+        let mut next: Vec<(f64, usize, String)> = heads.into_iter().flatten().collect();
         next.sort_by(|a, b| {
             a.0.total_cmp(&b.0)
                 .then_with(|| (a.1, &a.2).cmp(&(b.1, &b.2)))
         });
         next.truncate(limit);
-        let mut by_shard: BTreeMap<u16, Vec<(String, f64)>> = BTreeMap::new();
-        for (at, shard, id) in next {
-            by_shard.entry(shard).or_default().push((id, at));
+        let mut by_home: BTreeMap<usize, Vec<(String, f64)>> = BTreeMap::new();
+        for (next, at, id) in next {
+            by_home.entry(at).or_default().push((id, next));
         }
-        let read = futures::future::try_join_all(by_shard.into_iter().map(|(shard, ids)| {
-            let keys = layout.shard(shard);
-            let con = self.con.clone();
-            async move { read_views(con, &keys, shard, ids).await }
-        }))
+        let read = futures::future::try_join_all(
+            by_home
+                .into_iter()
+                .map(|(at, ids)| read_views(self.con.clone(), &homes[at], ids)),
+        )
         .await?;
         let mut out: Vec<ScheduleView> = read.into_iter().flatten().collect();
-        out.sort_by(|a, b| (a.next_ms, a.shard, &a.id).cmp(&(b.next_ms, b.shard, &b.id)));
+        out.sort_by(|a, b| {
+            (a.next_ms, a.shard, a.lane, &a.id).cmp(&(b.next_ms, b.shard, b.lane, &b.id))
+        });
         Ok(out)
     }
 
     /// Schedules without a pending occurrence — paused, or past their end — found by a
-    /// bounded scan of the definitions (`HSCAN`, shard by shard, from `from`): about `scan`
-    /// definitions are read, those without a pending occurrence (`ZMSCORE`) returned, with
-    /// where to continue (`None`: every shard was scanned). Unreadable definitions are left
-    /// out, as everywhere.
+    /// bounded scan of the definitions (`HSCAN`, home by home in number order, from `from`):
+    /// about `scan` definitions are read, those without a pending occurrence (`ZMSCORE`)
+    /// returned, with where to continue (`None`: every home was scanned). Unreadable
+    /// definitions are left out, as everywhere.
     pub async fn schedules_idle(
         &self,
         from: IdleCursor,
@@ -666,68 +871,78 @@ impl Client {
             schedules: Vec::new(),
             next: None,
         };
-        let (mut shard, mut cursor, mut read) = (from.shard, from.cursor, 0);
-        while shard < layout.shards() {
-            if read >= scan.max(1) {
-                out.next = Some(IdleCursor { shard, cursor });
-                break;
-            }
-            let keys = layout.shard(shard);
-            let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
-                .cmd("HSCAN")
-                .arg(&keys.schedules)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg((scan - read).clamp(1, SCAN_PAGE))
-                .get(&keys.layout)
-                .query_async(&mut con)
-                .await?;
-            read_fence(marker, &layout, &keys.layout)?;
-            read += page.len().max(1);
-            if !page.is_empty() {
-                let pending: Vec<Option<f64>> = redis::cmd("ZMSCORE")
-                    .arg(&keys.sched_due)
-                    .arg(page.iter().map(|(id, _)| id).collect::<Vec<_>>())
+        let homes = self.schedule_homes(&layout).await?;
+        let mut read = 0;
+        for home in homes.iter().filter(|h| h.number() >= from.home) {
+            let keys = home.keys();
+            let mut cursor = if home.number() == from.home {
+                from.cursor
+            } else {
+                0
+            };
+            loop {
+                if read >= scan.max(1) {
+                    out.next = Some(IdleCursor {
+                        home: home.number(),
+                        cursor,
+                    });
+                    return Ok(out);
+                }
+                let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
+                    .cmd("HSCAN")
+                    .arg(keys.schedules)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg((scan - read).clamp(1, SCAN_PAGE))
+                    .get(home.fence_key())
                     .query_async(&mut con)
                     .await?;
-                let idle: Vec<(String, String)> = page
-                    .into_iter()
-                    .zip(pending)
-                    .filter(|(_, next)| next.is_none())
-                    .map(|(entry, _)| entry)
-                    .collect();
-                if !idle.is_empty() {
-                    let names: Vec<&String> = idle.iter().map(|(id, _)| id).collect();
-                    let (envelopes, quarantines): (Vec<Option<Vec<u8>>>, Vec<Option<String>>) =
-                        redis::pipe()
-                            .cmd("HMGET")
-                            .arg(&keys.sched_env)
-                            .arg(&names)
-                            .cmd("HMGET")
-                            .arg(&keys.sched_quarantine)
-                            .arg(&names)
-                            .query_async(&mut con)
-                            .await?;
-                    for (((id, record), envelope), quarantine) in
-                        idle.into_iter().zip(envelopes).zip(quarantines)
-                    {
-                        if let Ok((version, s)) = parse_record(&record) {
-                            out.schedules.push(view(
-                                id,
-                                shard,
-                                version,
-                                s,
-                                envelope.as_deref(),
-                                None,
-                                quarantine.as_deref(),
-                            ));
+                home.check_read(marker, &layout)?;
+                read += page.len().max(1);
+                if !page.is_empty() {
+                    let pending: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+                        .arg(keys.sched_due)
+                        .arg(page.iter().map(|(id, _)| id).collect::<Vec<_>>())
+                        .query_async(&mut con)
+                        .await?;
+                    let idle: Vec<(String, String)> = page
+                        .into_iter()
+                        .zip(pending)
+                        .filter(|(_, next)| next.is_none())
+                        .map(|(entry, _)| entry)
+                        .collect();
+                    if !idle.is_empty() {
+                        let names: Vec<&String> = idle.iter().map(|(id, _)| id).collect();
+                        let (envelopes, quarantines): (Vec<Option<Vec<u8>>>, Vec<Option<String>>) =
+                            redis::pipe()
+                                .cmd("HMGET")
+                                .arg(keys.sched_env)
+                                .arg(&names)
+                                .cmd("HMGET")
+                                .arg(keys.sched_quarantine)
+                                .arg(&names)
+                                .query_async(&mut con)
+                                .await?;
+                        for (((id, record), envelope), quarantine) in
+                            idle.into_iter().zip(envelopes).zip(quarantines)
+                        {
+                            if let Ok((version, s)) = parse_record(&record) {
+                                out.schedules.push(view(
+                                    id,
+                                    home,
+                                    version,
+                                    s,
+                                    envelope.as_deref(),
+                                    None,
+                                    quarantine.as_deref(),
+                                ));
+                            }
                         }
                     }
                 }
-            }
-            if next == 0 {
-                (shard, cursor) = (shard + 1, 0);
-            } else {
+                if next == 0 {
+                    break;
+                }
                 cursor = next;
             }
         }
@@ -735,19 +950,19 @@ impl Client {
     }
 
     /// How many schedules there are, and how many have a pending occurrence (`HLEN` and
-    /// `ZCARD` per shard, summed).
+    /// `ZCARD` per shard or lane, summed).
     pub async fn schedule_counts(&self) -> Result<ScheduleCounts, ClientError> {
         let layout = self.keys();
         let mut counts = ScheduleCounts::default();
-        for shard in 0..layout.shards() {
-            let keys = layout.shard(shard);
+        for home in self.schedule_homes(&layout).await? {
+            let keys = home.keys();
             let (schedules, pending, marker): (u64, u64, Option<String>) = redis::pipe()
-                .hlen(&keys.schedules)
-                .zcard(&keys.sched_due)
-                .get(&keys.layout)
+                .hlen(keys.schedules)
+                .zcard(keys.sched_due)
+                .get(home.fence_key())
                 .query_async(&mut self.con.clone())
                 .await?;
-            read_fence(marker, &layout, &keys.layout)?;
+            home.check_read(marker, &layout)?;
             counts.schedules += schedules;
             counts.pending += pending;
         }
@@ -762,14 +977,14 @@ type ScanPage = (u64, Vec<(String, String)>);
 /// [`Client::schedule_list`] reads them all.
 const SCAN_PAGE: usize = 1000;
 
-/// The views of `ids` (each with its pending occurrence) in one shard: definitions and
+/// The views of `ids` (each with its pending occurrence) in one home: definitions and
 /// envelopes by `HMGET`, in chunks. A schedule deleted meanwhile is left out.
 async fn read_views(
     mut con: Conn,
-    keys: &ShardKeys,
-    shard: u16,
+    home: &SchedHome,
     ids: Vec<(String, f64)>,
 ) -> Result<Vec<ScheduleView>, ClientError> {
+    let keys = home.keys();
     let mut out = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(SCAN_PAGE) {
         let names: Vec<&String> = chunk.iter().map(|(id, _)| id).collect();
@@ -780,13 +995,13 @@ async fn read_views(
         );
         let (records, envelopes, quarantines): Reply = redis::pipe()
             .cmd("HMGET")
-            .arg(&keys.schedules)
+            .arg(keys.schedules)
             .arg(&names)
             .cmd("HMGET")
-            .arg(&keys.sched_env)
+            .arg(keys.sched_env)
             .arg(&names)
             .cmd("HMGET")
-            .arg(&keys.sched_quarantine)
+            .arg(keys.sched_quarantine)
             .arg(&names)
             .query_async(&mut con)
             .await?;
@@ -795,7 +1010,7 @@ async fn read_views(
             if let Some(Ok((version, s))) = record.as_deref().map(parse_record) {
                 out.push(view(
                     id.clone(),
-                    shard,
+                    home,
                     version,
                     s,
                     envelope.as_deref(),
@@ -808,17 +1023,18 @@ async fn read_views(
     Ok(out)
 }
 
-/// Where a scan for schedules without a pending occurrence continues: a shard and its
-/// `HSCAN` cursor. Its text form is `<shard>-<cursor>`; the default starts at the beginning.
+/// Where a scan for schedules without a pending occurrence continues: a home (a shard's
+/// number, or a route lane's on layout 2) and its `HSCAN` cursor. Its text form is
+/// `<home>-<cursor>`; the default starts at the beginning.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IdleCursor {
-    pub shard: u16,
+    pub home: u32,
     pub cursor: u64,
 }
 
 impl std::fmt::Display for IdleCursor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}-{}", self.shard, self.cursor)
+        write!(f, "{}-{}", self.home, self.cursor)
     }
 }
 
@@ -826,10 +1042,10 @@ impl std::str::FromStr for IdleCursor {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || format!("{text:?} is not a scan position: expected <shard>-<cursor>");
-        let (shard, cursor) = text.split_once('-').ok_or_else(bad)?;
+        let bad = || format!("{text:?} is not a scan position: expected <shard or lane>-<cursor>");
+        let (home, cursor) = text.split_once('-').ok_or_else(bad)?;
         Ok(IdleCursor {
-            shard: shard.parse().map_err(|_| bad())?,
+            home: home.parse().map_err(|_| bad())?,
             cursor: cursor.parse().map_err(|_| bad())?,
         })
     }
@@ -839,7 +1055,7 @@ impl std::str::FromStr for IdleCursor {
 #[derive(Debug, Clone)]
 pub struct IdleSchedules {
     pub schedules: Vec<ScheduleView>,
-    /// Where to continue; `None` when every shard was scanned.
+    /// Where to continue; `None` when every home was scanned.
     pub next: Option<IdleCursor>,
 }
 
@@ -854,16 +1070,18 @@ pub struct ScheduleCounts {
 
 fn view(
     id: String,
-    shard: u16,
+    home: &SchedHome,
     version: u64,
     s: Stored,
     envelope: Option<&[u8]>,
     next: Option<f64>,
     quarantine: Option<&str>,
 ) -> ScheduleView {
+    let (shard, lane) = home.place();
     ScheduleView {
         id,
         shard,
+        lane,
         dest: s.dest,
         def: s.def,
         paused: s.paused,
@@ -933,11 +1151,11 @@ impl FireReport {
 /// script. `now_ms` overrides Redis TIME (tests drive time with it).
 pub async fn fire_due(
     con: &mut Conn,
-    keys: &ShardKeys,
+    at: SchedAt<'_>,
     now_ms: Option<i64>,
     cache: &mut ScheduleCache,
 ) -> redis::RedisResult<FireReport> {
-    let (now, due) = scripts::due_schedules(con, keys, now_ms, FIRE_BATCH).await?;
+    let (now, due) = scripts::due_schedules(con, at, now_ms, FIRE_BATCH).await?;
     let mut report = FireReport {
         due: due.len(),
         more: due.len() >= FIRE_BATCH,
@@ -1007,7 +1225,7 @@ pub async fn fire_due(
     report.sent = firings.len();
     if !firings.is_empty() {
         let retention = MARK_RETENTION.as_millis() as u64;
-        report.fired = scripts::fire_schedules(con, keys, now, retention, &firings).await?;
+        report.fired = scripts::fire_schedules(con, at, now, retention, &firings).await?;
     }
     Ok(report)
 }
@@ -1098,15 +1316,15 @@ mod tests {
     #[test]
     fn idle_cursors_round_trip_their_text() {
         let c = IdleCursor {
-            shard: 3,
+            home: 3,
             cursor: 917,
         };
         assert_eq!(c.to_string(), "3-917");
         assert_eq!("3-917".parse::<IdleCursor>(), Ok(c));
         assert_eq!("0-0".parse::<IdleCursor>(), Ok(IdleCursor::default()));
-        for bad in ["", "3", "x-1", "1-", "-1-2", "70000-1"] {
+        for bad in ["", "3", "x-1", "1-", "-1-2", "5000000000-1"] {
             let e = bad.parse::<IdleCursor>().unwrap_err();
-            assert!(e.contains("<shard>-<cursor>"), "{bad}: {e}");
+            assert!(e.contains("-<cursor>"), "{bad}: {e}");
         }
     }
 }

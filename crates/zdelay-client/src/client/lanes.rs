@@ -11,6 +11,7 @@
 use super::{Client, ClientError, ENQUEUE_CHUNK, JobView, NewJob, check_due};
 use crate::envelope::{Envelope, Meta};
 use crate::job::{Cancelled, Due, Enqueued, OnConflict};
+use crate::keys::Keys;
 use crate::lane::{Lane, Registry};
 use crate::lane_id::{LaneId, StoredId, StoredIdGenerator, is_reserved};
 use crate::store::scripts::{self, LaneItem};
@@ -67,6 +68,8 @@ pub(crate) enum Held {
     Stored,
     /// Dead: in the lane's `dead` set (an orphan has no payload).
     Dead,
+    /// A schedule: in the lane's schedule definitions.
+    Schedule,
 }
 
 /// One job ready for its lane.
@@ -257,6 +260,48 @@ impl Client {
             .collect())
     }
 
+    /// The lane of destination `dest`, reading the registry again when the cached one has
+    /// none; an unknown destination when it still has none.
+    pub(crate) async fn lane_for(&self, book: &LaneBook, dest: &str) -> Result<Lane, ClientError> {
+        if let Some(lane) = book.registry().by_route.get(dest) {
+            return Ok(lane.clone());
+        }
+        let registry = self.refresh_lanes(book).await?;
+        registry
+            .by_route
+            .get(dest)
+            .cloned()
+            .ok_or_else(|| no_lane(dest, &registry))
+    }
+
+    /// Runs `op` fenced like every call on layout 1 ([`Client::fenced`]); on layout 2 once
+    /// more when a lane refused it (`op` reads the registry again; what the first run did is
+    /// skipped or written again the same way, as every call here is safe to re-run). `what`
+    /// names what was refused twice.
+    pub(crate) async fn fenced_by_layout<T, F, Fut>(
+        &self,
+        what: &str,
+        op: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(Keys) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        if self.lane_book().is_none() {
+            return self.fenced(op).await;
+        }
+        match op(self.keys()).await {
+            Err(e) if e.is_lane_refusal() => {}
+            other => return other,
+        }
+        match op(self.keys()).await {
+            Err(ClientError::Store(StoreError::Redis(e))) if lane_refusal(&e) => {
+                Err(lane_refused(what, &e))
+            }
+            other => other,
+        }
+    }
+
     /// The lane that holds `id` and its stored id there; `None` when no lane holds it.
     pub(crate) async fn find_in_lanes(
         &self,
@@ -278,6 +323,10 @@ impl Client {
             let ask = match held {
                 Held::Stored => redis::cmd("HEXISTS").arg(&lane.keys.jobs).arg(id).clone(),
                 Held::Dead => redis::cmd("ZSCORE").arg(&lane.keys.dead).arg(id).clone(),
+                Held::Schedule => redis::cmd("HEXISTS")
+                    .arg(&lane.keys.schedules)
+                    .arg(id)
+                    .clone(),
             };
             let answer: redis::Value = ask.query_async(&mut self.con.clone()).await?;
             let found = !matches!(answer, redis::Value::Nil | redis::Value::Int(0));

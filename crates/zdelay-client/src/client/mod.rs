@@ -65,6 +65,17 @@ pub enum ClientError {
         routes.join(" and ")
     )]
     AmbiguousId { id: String, routes: Vec<String> },
+    /// On storage layout 2, `schedule_set` of an id kept for another route: a schedule lives
+    /// in its destination's lane, and moving it to another is not one atomic write.
+    #[error(
+        "schedule {id:?} exists for route {route}, so it cannot be set for {dest}: on storage \
+         layout 2 a schedule lives with its destination; delete it and set it again"
+    )]
+    ScheduleElsewhere {
+        id: String,
+        route: String,
+        dest: String,
+    },
     /// A dead-letter selection that cannot be served: a filter that does not apply to raw
     /// members, an empty time window, a raw member id that is not one.
     #[error("{0}")]
@@ -108,6 +119,7 @@ impl ClientError {
             ClientError::ReservedId(_) => "reserved_id",
             ClientError::Id(_) => "bad_id",
             ClientError::AmbiguousId { .. } => "ambiguous_id",
+            ClientError::ScheduleElsewhere { .. } => "schedule_elsewhere",
             ClientError::InvalidSelection(_) => "invalid_selection",
             ClientError::BadScheduleId { .. } => "bad_schedule_id",
             ClientError::Schedule(_) => "invalid_schedule",

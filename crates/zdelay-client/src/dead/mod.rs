@@ -41,7 +41,7 @@
 
 mod home;
 
-use crate::client::lanes::{Held, lane_refusal, lane_refused};
+use crate::client::lanes::Held;
 use crate::client::{Client, ClientError, read_envelope};
 use crate::config::{ScoreUnit, SourceConfig};
 use crate::envelope::{Envelope, EnvelopeError};
@@ -51,7 +51,6 @@ use crate::store::scripts::{self, DeadPeek, RawDeadRange, RawDeadWalk, Replayed}
 use crate::store::{self, Conn};
 use home::DeadHome;
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -675,29 +674,6 @@ impl Client {
         }
     }
 
-    /// Runs `op` fenced like every call on layout 1 ([`Client::fenced`]); on layout 2 once
-    /// more when a lane refused it (the homes are read from the registry again; what the
-    /// first run did is skipped, as replayed or purged ids are no longer dead).
-    async fn dead_fenced<T, F, Fut>(&self, op: F) -> Result<T, ClientError>
-    where
-        F: Fn(Keys) -> Fut,
-        Fut: Future<Output = Result<T, ClientError>>,
-    {
-        if self.lane_book().is_none() {
-            return self.fenced(op).await;
-        }
-        match op(self.keys()).await {
-            Err(e) if e.is_lane_refusal() => {}
-            other => return other,
-        }
-        match op(self.keys()).await {
-            Err(ClientError::Store(store::StoreError::Redis(e))) if lane_refusal(&e) => {
-                Err(lane_refused("the dead letters", &e))
-            }
-            other => other,
-        }
-    }
-
     /// The oldest dead jobs, at most `limit` per shard (per route lane on layout 2), oldest
     /// first.
     pub async fn dead_list(&self, limit: usize) -> Result<Vec<DeadJob>, ClientError> {
@@ -728,8 +704,10 @@ impl Client {
         scan: usize,
     ) -> Result<Bounded<DeadJob>, ClientError> {
         filter.check()?;
-        self.dead_fenced(|layout| self.dead_jobs_in(layout, filter, limit, scan))
-            .await
+        self.fenced_by_layout("the dead letters", |layout| {
+            self.dead_jobs_in(layout, filter, limit, scan)
+        })
+        .await
     }
 
     async fn dead_jobs_in(
@@ -797,7 +775,7 @@ impl Client {
     /// its payload (never more: the payload is cut inside Redis); `None` when `id` is not
     /// dead.
     pub async fn dead_show(&self, id: &str) -> Result<Option<DeadJobDetail>, ClientError> {
-        self.dead_fenced(|layout| self.dead_show_in(layout, id))
+        self.fenced_by_layout("the dead letters", |layout| self.dead_show_in(layout, id))
             .await
     }
 
@@ -870,8 +848,10 @@ impl Client {
         progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Replayed, ClientError> {
         let progress = Mutex::new(progress);
-        self.dead_fenced(|layout| self.dead_replay_in(layout, selection, options, &progress))
-            .await
+        self.fenced_by_layout("the dead letters", |layout| {
+            self.dead_replay_in(layout, selection, options, &progress)
+        })
+        .await
     }
 
     async fn dead_replay_in(
@@ -939,8 +919,10 @@ impl Client {
         progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Purged, ClientError> {
         let progress = Mutex::new(progress);
-        self.dead_fenced(|layout| self.dead_purge_in(layout, selection, &progress))
-            .await
+        self.fenced_by_layout("the dead letters", |layout| {
+            self.dead_purge_in(layout, selection, &progress)
+        })
+        .await
     }
 
     async fn dead_purge_in(

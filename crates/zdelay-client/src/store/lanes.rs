@@ -73,7 +73,8 @@ pub async fn register(
         if old_slot != slot {
             let k = &old.keys;
             let mut pipe = redis::pipe();
-            pipe.zcard(&k.due).zcard(&k.dead).zcard(&k.sched_due);
+            // Schedules by definition: a paused one has no pending occurrence.
+            pipe.zcard(&k.due).zcard(&k.dead).hlen(&k.schedules);
             let (due, dead, schedules): (u64, u64, u64) = pipe.query_async(con).await?;
             if due + dead + schedules > 0 {
                 return Err(StoreError::Schema(format!(

@@ -319,15 +319,15 @@ impl Layout {
             },
             // A layout this build knows, marked by this build or an older one: the shard
             // is a layout-1 shard of a namespace on layout 2, whose layout-1 calls
-            // (schedules, reshard) are not built there yet.
+            // (reshard) are not built there yet.
             Layout::Newer {
                 layout,
                 min_version,
             } if *layout <= NEWEST_LAYOUT && min_version.cmp_precedence(&THIS_VERSION).is_le() => {
                 StoreError::Unsupported(format!(
                     "namespace {} is on storage layout {layout} (a preview), which has route \
-                     lanes only so far: enqueue, get, cancel, reschedule and dead letters work; \
-                     schedules, two-phase routes and reshard do not yet",
+                     lanes only so far: enqueue, get, cancel, reschedule, dead letters and \
+                     schedules work; two-phase routes and reshard do not yet",
                     keys.namespace()
                 ))
             }

@@ -78,6 +78,10 @@ scripts!(
     replay_dead_lane,
     purge_dead_lane,
     prune_history_lane,
+    upsert_schedule_lane,
+    delete_schedule_lane,
+    due_schedules_lane,
+    fire_schedules_lane,
     claim_slots,
     release_slots,
     upsert_schedule,
@@ -1441,12 +1445,19 @@ pub struct ScheduleWrite<'a> {
     pub now_ms: i64,
 }
 
+/// Creates or updates a schedule where `at` says, compare-and-set on the version and mark
+/// `write` read (see `upsert_schedule.lua`).
 pub async fn upsert_schedule(
     con: &mut Conn,
-    keys: &ShardKeys,
+    at: SchedAt<'_>,
     write: &ScheduleWrite<'_>,
 ) -> redis::RedisResult<Upserted> {
-    let mut inv = fenced_invocation(&compiled::upsert_schedule, "upsert_schedule", keys);
+    let mut inv = at.schedule_call(
+        &compiled::upsert_schedule,
+        "upsert_schedule",
+        &compiled::upsert_schedule_lane,
+    );
+    let (wake_channel, wake_name) = at.wake();
     let pending = match write.pending {
         PendingWrite::Keep => "keep".to_owned(),
         PendingWrite::Unchanged => "same".to_owned(),
@@ -1461,8 +1472,8 @@ pub async fn upsert_schedule(
         .arg(write.envelope)
         .arg(pending)
         .arg(write.now_ms)
-        .arg(&keys.wake_channel)
-        .arg(keys.shard);
+        .arg(wake_channel)
+        .arg(wake_name);
     let reply: Vec<Value> = inv.invoke(con).await?;
     match <[Value; 2]>::try_from(reply) {
         Ok([Value::Int(-1), current]) => Ok(Upserted::Stale(as_int(current)? as u64)),
@@ -1474,15 +1485,81 @@ pub async fn upsert_schedule(
     }
 }
 
+/// Where a schedule is kept: in its id's shard (layout 1), or in its destination's route lane
+/// (layout 2; `wake_channel` is the namespace's). The schedule scripts have a lane variant
+/// (`*_lane.lua`) with the same body behind the lane's fence; this picks the call.
+#[derive(Debug, Clone, Copy)]
+pub enum SchedAt<'a> {
+    Shard(&'a ShardKeys),
+    Lane {
+        lane: &'a Lane,
+        wake_channel: &'a str,
+    },
+}
+
+impl SchedAt<'_> {
+    /// A call of `script` (its name `name`) on a shard, or of `lane_script` on a lane with
+    /// the lane keys `lane_keys` picks, then the marker, and the expected marker as ARGV[1].
+    fn call(
+        &self,
+        script: &'static Compiled,
+        name: &str,
+        lane_script: &'static Compiled,
+        lane_keys: impl Fn(&crate::keys::LaneKeys) -> Vec<&String>,
+    ) -> Call {
+        match self {
+            SchedAt::Shard(keys) => fenced_invocation(script, name, keys),
+            SchedAt::Lane { lane, .. } => {
+                let mut inv = Call::new(lane_script);
+                for key in lane_keys(&lane.keys) {
+                    inv.key(key);
+                }
+                inv.key(&lane.keys.marker).arg(lane.marker());
+                inv
+            }
+        }
+    }
+
+    /// The wake channel, and the name a wake message gives this place.
+    fn wake(&self) -> (&str, String) {
+        match self {
+            SchedAt::Shard(keys) => (&keys.wake_channel, keys.shard.to_string()),
+            SchedAt::Lane { lane, wake_channel } => (wake_channel, lane.wake_name()),
+        }
+    }
+
+    /// The call of a script on a schedule's own keys (upsert, delete).
+    fn schedule_call(
+        &self,
+        script: &'static Compiled,
+        name: &str,
+        lane: &'static Compiled,
+    ) -> Call {
+        self.call(script, name, lane, |k| {
+            vec![
+                &k.schedules,
+                &k.sched_env,
+                &k.sched_due,
+                &k.sched_fired,
+                &k.sched_quarantine,
+            ]
+        })
+    }
+}
+
 /// Deletes a schedule, its pending occurrence and any quarantine (its mark stays until it is
 /// older than `mark_retention_ms`, as every mark pruned here); whether it existed.
 pub async fn delete_schedule(
     con: &mut Conn,
-    keys: &ShardKeys,
+    at: SchedAt<'_>,
     id: &str,
     mark_retention_ms: u64,
 ) -> redis::RedisResult<bool> {
-    let mut inv = fenced_invocation(&compiled::delete_schedule, "delete_schedule", keys);
+    let mut inv = at.schedule_call(
+        &compiled::delete_schedule,
+        "delete_schedule",
+        &compiled::delete_schedule_lane,
+    );
     let deleted: i64 = inv.arg(id).arg(mark_retention_ms).invoke(con).await?;
     Ok(deleted == 1)
 }
@@ -1508,11 +1585,16 @@ pub struct DueSchedule {
 /// Up to `batch` schedules of a shard due at `now_ms` (Redis TIME when `None`), and that now.
 pub async fn due_schedules(
     con: &mut Conn,
-    keys: &ShardKeys,
+    at: SchedAt<'_>,
     now_ms: Option<i64>,
     batch: usize,
 ) -> redis::RedisResult<(i64, Vec<DueSchedule>)> {
-    let mut inv = fenced_invocation(&compiled::due_schedules, "due_schedules", keys);
+    let mut inv = at.call(
+        &compiled::due_schedules,
+        "due_schedules",
+        &compiled::due_schedules_lane,
+        |k| vec![&k.schedules, &k.sched_due],
+    );
     inv.arg(now_ms.map(|n| n.to_string()).unwrap_or_default())
         .arg(batch);
     let values: Vec<Value> = inv.invoke(con).await?;
@@ -1564,12 +1646,32 @@ pub struct Fired {
 /// script refuses more).
 pub async fn fire_schedules(
     con: &mut Conn,
-    keys: &ShardKeys,
+    at: SchedAt<'_>,
     now_ms: i64,
     mark_retention_ms: u64,
     firings: &[Firing],
 ) -> redis::RedisResult<Fired> {
-    let mut inv = fenced_invocation(&compiled::fire_schedules, "fire_schedules", keys);
+    let mut inv = at.call(
+        &compiled::fire_schedules,
+        "fire_schedules",
+        &compiled::fire_schedules_lane,
+        |k| {
+            vec![
+                &k.due,
+                &k.jobs,
+                &k.meta,
+                &k.large,
+                &k.dead,
+                &k.reasons,
+                &k.maxlate,
+                &k.schedules,
+                &k.sched_env,
+                &k.sched_due,
+                &k.sched_fired,
+                &k.sched_quarantine,
+            ]
+        },
+    );
     inv.arg(now_ms).arg(mark_retention_ms);
     let text = |n: Option<i64>| n.map(|n| n.to_string()).unwrap_or_default();
     for f in firings {
@@ -2487,6 +2589,21 @@ mod tests {
     }
 
     #[test]
+    fn the_lane_schedule_scripts_share_the_shard_ones_bodies() {
+        // What follows the fence: everything after its closing `end`, the first line that is
+        // only `end`.
+        let body = |name: &str| {
+            let (_, source) = ALL.iter().find(|(n, _)| *n == name).expect("script exists");
+            let lines: Vec<&str> = source.lines().collect();
+            let end = lines.iter().position(|l| *l == "end").expect("a fence");
+            lines[end + 1..].join("\n")
+        };
+        for name in ["upsert_schedule", "delete_schedule", "due_schedules"] {
+            assert_eq!(body(name), body(&format!("{name}_lane")), "{name}");
+        }
+    }
+
+    #[test]
     fn lane_scripts_check_their_lane_marker_first() {
         let fenced = [
             ("enqueue_lane", 8),
@@ -2497,6 +2614,10 @@ mod tests {
             ("replay_dead_lane", 7),
             ("purge_dead_lane", 6),
             ("prune_history_lane", 3),
+            ("upsert_schedule_lane", 6),
+            ("delete_schedule_lane", 6),
+            ("due_schedules_lane", 3),
+            ("fire_schedules_lane", 13),
         ];
         // Every script on a lane's keys is fenced; the registry's own script takes none.
         for (name, _) in ALL.iter().filter(|(n, _)| n.ends_with("_lane")) {

@@ -1,0 +1,146 @@
+-- fire_schedules_lane: fire_schedules for the schedules kept in a route lane (storage layout
+-- 2): turn due occurrences into the lane's jobs, raise each schedule's high-water mark and write
+-- its pending occurrence, in one step, as fire_schedules does (same arguments, same replies,
+-- same invariants: an occurrence at or before the mark is never written, the mark only rises).
+-- An occurrence is written as the lane keeps a job: the payload of the schedule's zd1 frame in
+-- jobs, its meta apart, its max lateness in maxlate, a payload over 4096 bytes listed in large.
+-- So the occurrence is in the slot of the list it is moved to: exactly once on a cluster too.
+-- KEYS[1] due          ZSET   zdelay:{emj}:due:<route>
+-- KEYS[2] jobs         HASH   zdelay:{emj}:jobs:<route>     stored id -> payload
+-- KEYS[3] meta         HASH   zdelay:{emj}:meta:<route>     stored id -> meta JSON
+-- KEYS[4] large        SET    zdelay:{emj}:large:<route>    stored ids whose payload is over 4096 bytes
+-- KEYS[5] dead         ZSET   zdelay:{emj}:dead:<route>
+-- KEYS[6] reasons      HASH   zdelay:{emj}:reasons:<route>
+-- KEYS[7] maxlate      HASH   zdelay:{emj}:maxlate:<route>  stored id -> max lateness ms
+-- KEYS[8] schedules    HASH   zdelay:{emj}:sched:<route>    id -> "<version>\n<definition JSON>"
+-- KEYS[9] sched_env    HASH   zdelay:{emj}:sched_env:<route> id -> the occurrences' zd1 frame
+-- KEYS[10] sched_due   ZSET   zdelay:{emj}:sched_due:<route> id -> pending occurrence ms
+-- KEYS[11] sched_fired ZSET   zdelay:{emj}:sched_fired:<route> id -> high-water mark ms
+-- KEYS[12] sched_quarantine HASH zdelay:{emj}:sched_quarantine:<route> id -> "<ms> <reason>"
+-- KEYS[13] marker      STRING zdelay:{emj}:lane:<route>     "2 <lane> <LPUSH|RPUSH> <list key>"
+-- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
+--   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
+-- ARGV[2] now ms (when occurrences expired die, when a quarantine began)
+-- ARGV[3] mark retention ms: marks older than now minus this are pruned, at most 100 a call
+-- ARGV[4..] per schedule: id, its pending occurrence as due_schedules read it (the exact
+--   score text), version read ("" when the definition has none), the mark to set ("" =
+--   leave it), next pending occurrence ms ("" = none: ended), max lateness ms ("" = none),
+--   quarantine reason ("" = none; otherwise nothing else applies), D, then D pairs (job id,
+--   occurrence ms) to deliver, E, then E pairs (job id, occurrence ms) expired
+-- Returns: { jobs created, occurrences expired, schedules fenced, then for each schedule
+--   quarantined its id and the reason };
+--   error ZDELAY_FIRE_BOUND <n> (nothing written) when the call carries more than 1000
+--   occurrences.
+-- Re-run safety: yes; the first run moved each schedule's pending occurrence, so a re-run is
+--   fenced, and no occurrence at or before the mark is written.
+local marker = redis.call('GET', KEYS[13])
+if marker ~= ARGV[1] then
+  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
+  if string.sub(marker, 1, 8) == 'retired ' then
+    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
+  end
+  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
+end
+local MAX_OCCURRENCES = 1000
+local due_key, jobs_key, meta_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local dead_key, reasons_key, limit_key = KEYS[5], KEYS[6], KEYS[7]
+local schedules_key, env_key, sched_due_key = KEYS[8], KEYS[9], KEYS[10]
+local fired_key, quarantine_key = KEYS[11], KEYS[12]
+local SMALL = 4096
+local now = tonumber(ARGV[2])
+-- Where each schedule's arguments start, and the bound, before anything is written.
+local starts, total, i = {}, 0, 4
+while i <= #ARGV do
+  starts[#starts + 1] = i
+  local deliver = tonumber(ARGV[i + 7])
+  local expired = tonumber(ARGV[i + 8 + 2 * deliver])
+  total = total + deliver + expired
+  i = i + 9 + 2 * (deliver + expired)
+end
+if total > MAX_OCCURRENCES then
+  return redis.error_reply('ZDELAY_FIRE_BOUND ' .. total)
+end
+local old = redis.call('ZRANGEBYSCORE', fired_key, '-inf', '(' .. (now - tonumber(ARGV[3])),
+  'LIMIT', 0, 100)
+if #old > 0 then redis.call('ZREM', fired_key, unpack(old)) end
+local created, expired, fenced, quarantined = 0, 0, 0, {}
+-- The meta and payload of a zd1 frame, cut as move_due reads one; nil when it is not one.
+local function split(frame)
+  if string.sub(frame, 1, 4) ~= 'zd1:' then return nil end
+  local a = string.find(frame, '\n', 5, true)
+  local b = a and string.find(frame, '\n', a + 1, true)
+  local digits = b and string.sub(frame, a + 1, b - 1)
+  local meta_len = digits and string.find(digits, '^%d+$') and tonumber(digits)
+  if not meta_len or b + meta_len > #frame then return nil end
+  return string.sub(frame, b + 1, b + meta_len), string.sub(frame, b + meta_len + 1)
+end
+local function quarantine(id, reason)
+  redis.call('ZREM', sched_due_key, id)
+  redis.call('HSET', quarantine_key, id, now .. ' ' .. reason)
+  quarantined[#quarantined + 1] = id
+  quarantined[#quarantined + 1] = reason
+end
+for _, s in ipairs(starts) do
+  local id, read_due, read_version = ARGV[s], ARGV[s + 1], ARGV[s + 2]
+  local set_mark, next_ms, limit, reason = ARGV[s + 3], ARGV[s + 4], ARGV[s + 5], ARGV[s + 6]
+  local deliver = tonumber(ARGV[s + 7])
+  local first_deliver = s + 8
+  local n_expired = tonumber(ARGV[first_deliver + 2 * deliver])
+  local first_expired = first_deliver + 2 * deliver + 1
+  local score = redis.call('ZSCORE', sched_due_key, id)
+  local record = redis.call('HGET', schedules_key, id)
+  local version = record and string.match(record, '^(%d+)\n') or ''
+  if score ~= read_due or version ~= read_version then
+    fenced = fenced + 1
+  elseif not record then
+    -- No definition (removed by hand): nothing to fire, its occurrence goes.
+    redis.call('ZREM', sched_due_key, id)
+  elseif reason ~= '' then
+    quarantine(id, reason)
+  else
+    local envelope = redis.call('HGET', env_key, id)
+    local meta, payload = nil, nil
+    if envelope then meta, payload = split(envelope) end
+    if not envelope then
+      quarantine(id, 'no envelope stored for its occurrences')
+    elseif not payload then
+      quarantine(id, 'the envelope stored for its occurrences is not a zd1 frame')
+    else
+      local mark = tonumber(redis.call('ZSCORE', fired_key, id))
+      -- Writes occurrence `job` as the lane keeps a job (payload, meta apart); false when the
+      -- id is taken (written already, waiting or dead).
+      local function write(job)
+        if redis.call('HSETNX', jobs_key, job, payload) == 0 then return false end
+        if meta ~= '' then redis.call('HSET', meta_key, job, meta) end
+        return true
+      end
+      for k = 0, deliver - 1 do
+        local job, at = ARGV[first_deliver + 2 * k], ARGV[first_deliver + 2 * k + 1]
+        if (not mark or tonumber(at) > mark) and write(job) then
+          redis.call('ZADD', due_key, at, job)
+          if limit ~= '' then redis.call('HSET', limit_key, job, limit) end
+          if #payload > SMALL then redis.call('SADD', large_key, job) end
+          created = created + 1
+        end
+      end
+      for k = 0, n_expired - 1 do
+        local job, at = ARGV[first_expired + 2 * k], ARGV[first_expired + 2 * k + 1]
+        if (not mark or tonumber(at) > mark) and write(job) then
+          redis.call('ZADD', dead_key, now, job)
+          redis.call('HSET', reasons_key, job, 'expired: ' .. (now - tonumber(at)) ..
+            ' ms after its occurrence, max_lateness ' .. limit .. ' ms')
+          expired = expired + 1
+        end
+      end
+      if set_mark ~= '' then redis.call('ZADD', fired_key, 'GT', set_mark, id) end
+      if next_ms == '' then
+        redis.call('ZREM', sched_due_key, id)
+      else
+        redis.call('ZADD', sched_due_key, next_ms, id)
+      end
+    end
+  end
+end
+local out = { created, expired, fenced }
+for _, v in ipairs(quarantined) do out[#out + 1] = v end
+return out
