@@ -86,12 +86,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             1 => Vec::new(),
             _ => register_lanes(&mut con, &config, &keys, layout).await?,
         };
+        let keys = Keys::for_layout(keys.namespace(), keys.shards(), layout);
         // The console reads and acts through a client of its own, like the CLI.
         let console_client = Client::connect(&config.redis).await?;
-        Ok(Some((con, server, console_client, (layout, lanes))))
+        Ok(Some((con, server, console_client, (layout, keys, lanes))))
     })
     .await?;
-    let Some((mut con, server, console_client, (layout, lanes))) = started else {
+    let Some((mut con, server, console_client, (layout, keys, lanes))) = started else {
         return Ok(());
     };
     tracing::info!(%server, "redis reachable");
@@ -106,8 +107,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     });
 
     let mut ctx = PollerContext::new(con.clone(), &config, sinks.clone());
-    ctx.storage_layout = layout;
-    ctx.route_lanes = lanes;
+    if layout == 1 {
+        ctx.storage_layout = layout;
+    } else {
+        ctx.on_layout_2(layout, keys.clone(), lanes);
+    }
     ctx.tracer = HopTracer::from_config(&config.tracing).map_err(anyhow::Error::msg)?;
     // The heartbeat and the stats sampler (which reads every shard) get connections of
     // their own on a cluster, like each master's shards: nothing waits for a hung node it
@@ -299,25 +303,52 @@ fn is_transient_start_up(e: &anyhow::Error) -> bool {
     })
 }
 
-/// On a namespace on storage layout 2: refuses a config with two-phase routes (not built
-/// there yet), marks the layout-1 shards so that layout-1 calls are refused instead of
-/// writing where nothing reads, and registers every local route's lane (writing its marker).
+/// On a namespace on storage layout 2: marks the layout-1 shards so that layout-1 calls are
+/// refused instead of writing where nothing reads, registers every local route's lane
+/// (writing its marker) and the two-phase routes and sinks (whose jobs the spread shards
+/// hold). A route that changed between local and two-phase is refused: its waiting jobs
+/// would stay where nothing moves them (moving them is not built yet).
 async fn register_lanes(
     con: &mut Conn,
     config: &Config,
     keys: &Keys,
     layout: u32,
 ) -> anyhow::Result<Vec<Arc<Lane>>> {
-    if let Some((field, why)) = config.layout_2_refusal() {
+    store::mark_layout_1_shards(con, keys, layout).await?;
+    let registry = store::lanes::read_registry(con, keys).await?;
+    let is_local = |route: &zdelay_client::config::RouteConfig| {
+        config.sinks.get(&route.sink).is_some_and(|s| s.is_local())
+    };
+    for route in &config.routes {
+        let was = match (is_local(route), &registry) {
+            (true, r) if r.two_phase.contains_key(&route.name) => "two-phase",
+            (false, r) if r.by_route.contains_key(&route.name) => "local (a route lane)",
+            _ => continue,
+        };
         anyhow::bail!(
-            "namespace {} is on storage layout {layout}; {field}: {why}",
-            keys.namespace()
+            "namespace {} is on storage layout {layout}; route {} was {was} here and is not \
+             in this config: moving a route's waiting jobs between a route lane and the spread \
+             shards is not built yet; give the changed route a new name",
+            keys.namespace(),
+            route.name
         );
     }
-    store::mark_layout_1_shards(con, keys, layout).await?;
+    let two_phase: Vec<(String, String)> = config
+        .routes
+        .iter()
+        .filter(|r| !is_local(r) && config.sinks.contains_key(&r.sink))
+        .map(|r| (r.name.clone(), r.sink.clone()))
+        .collect();
+    let sinks: Vec<String> = config
+        .sinks
+        .iter()
+        .filter(|(_, s)| !s.is_local())
+        .map(|(name, _)| name.clone())
+        .collect();
+    store::lanes::register_two_phase(con, keys, &two_phase, &sinks).await?;
     let mut lanes = Vec::new();
     for route in &config.routes {
-        if !config.sinks.get(&route.sink).is_some_and(|s| s.is_local()) {
+        if !is_local(route) {
             continue;
         }
         let (lane, change) =

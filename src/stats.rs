@@ -230,9 +230,9 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
     })
 }
 
-/// The keys whose shards hold jobs, and the route lanes: on storage layout 2 no shard (its
-/// layout-1 shards hold nothing and refuse the shards' scripts) and every registered lane;
-/// on layout 1 the configured shards and no lane.
+/// The keys whose shards hold jobs, and the route lanes: on storage layout 2 the spread
+/// shards (two-phase jobs) and every registered lane; on layout 1 the configured shards and
+/// no lane.
 async fn read_layout(
     con: &mut Conn,
     config: &Config,
@@ -258,7 +258,7 @@ async fn read_layout(
         }
     };
     Ok((
-        Keys::new(keys.namespace(), 0),
+        Keys::for_layout(keys.namespace(), keys.shards(), 2),
         registry.by_route.into_values().collect(),
     ))
 }

@@ -332,11 +332,21 @@ impl PollerContext {
 
     /// The envelope shards this daemon polls: none on layout 2, whose jobs are in lanes.
     pub fn polled_shards(&self) -> u16 {
-        if self.storage_layout == 1 {
-            self.keys.shards()
-        } else {
-            0
-        }
+        self.keys.shards()
+    }
+
+    /// Storage layout 2: the shards are spread shards (`keys`), which hold the two-phase
+    /// jobs only, and `lanes` the local routes' lanes.
+    pub fn on_layout_2(&mut self, layout: u32, keys: Keys, lanes: Vec<Arc<Lane>>) {
+        self.storage_layout = layout;
+        self.keys = keys;
+        self.route_lanes = lanes;
+        self.routes = self.routes.two_phase_only();
+        self.sink_order = self
+            .routes
+            .two_phase_sinks()
+            .map(|name| self.sinks.get(name).cloned())
+            .collect();
     }
 
     /// Every shard, raw source and route lane: what a single instance polls.

@@ -168,11 +168,10 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
     assert_eq!(lane_a["scheduled"], 1, "{stats:#}");
     assert_eq!(lane_a["due_now"], 0, "{stats:#}");
     assert_eq!(stats["total"]["scheduled"], 1, "{stats:#}");
-    assert_eq!(
-        stats["shards"].as_array().map(Vec::len),
-        Some(0),
-        "{stats:#}"
-    );
+    // The spread shards (two-phase jobs) are counted too, and hold nothing here.
+    let shards = stats["shards"].as_array().expect("shards");
+    assert_eq!(shards.len(), 4, "{stats:#}");
+    assert!(shards.iter().all(|b| b["scheduled"] == 0), "{stats:#}");
     let out = config.cli(&["forecast", "--json"]);
     assert!(
         out.status.success(),
@@ -194,7 +193,7 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
     assert_eq!(forecast["overdue_by_route"]["a"], 0, "{forecast:#}");
     let text = String::from_utf8_lossy(&config.cli(&["stats"]).stdout).into_owned();
     assert!(
-        text.contains("route lane a: 0 due now, 1 scheduled") && !text.contains("shards:"),
+        text.contains("route lane a: 0 due now, 1 scheduled"),
         "{text}"
     );
     wait_for(
@@ -563,6 +562,146 @@ fn schedules_live_and_fire_in_their_destinations_lanes() {
     drop(daemon);
 }
 
+/// Two-phase routes on layout 2: their jobs wait in the spread shards (layout 1's shard keys
+/// at evenly spread slots) and go through claim, publish and fenced settle, here to a remote
+/// Redis; local routes keep their lanes. Ids, cancel, get and schedules find either.
+#[test]
+fn two_phase_routes_go_through_the_spread_shards() {
+    use zdelay::schedules::{NewSchedule, Repeat};
+    const TOTAL: usize = 1_000;
+    let redis = RedisServer::start();
+    let target = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            r#"
+[poller]
+idle_poll = "50ms"
+
+[sinks.other]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "a"
+sink = "local"
+target = "q:a"
+push = "rpush"
+
+[[routes]]
+name = "m"
+sink = "other"
+target = "q:m"
+push = "rpush"
+"#,
+            target.url()
+        ),
+    )
+    .on_layout_2();
+    let daemon = Daemon::start(&config);
+    let rt = common::runtime();
+    let lib = connect(&rt, common::redis_config(&redis.url(), 4));
+    let (mut con, mut far) = (redis.conn(), target.conn());
+    let base = redis_now_ms(&mut con) + 700;
+    let jobs: Vec<NewJob> = (0..TOTAL)
+        .map(|i| {
+            let job = NewJob::new(if i % 2 == 0 { "a" } else { "m" }, format!("p{i}"))
+                .at(base + (i as i64 % 300));
+            if i % 4 == 1 {
+                job.id(format!("m-{i}"))
+            } else {
+                job
+            }
+        })
+        .collect();
+    let ids: Vec<String> = rt
+        .block_on(lib.enqueue_batch(jobs, OnConflict::Error))
+        .expect("enqueue")
+        .into_iter()
+        .map(|a| a.expect("each enqueued").0)
+        .collect();
+    // Local jobs got lane ids; two-phase ones layout 1's ids, in the spread shards.
+    assert!(
+        ids[0].starts_with('~') && !ids[3].starts_with('~'),
+        "{ids:?}"
+    );
+    let spread: Vec<String> = redis::cmd("KEYS")
+        .arg("zdelay:{*}:s*:due")
+        .query(&mut con)
+        .expect("KEYS");
+    assert!(
+        !spread.is_empty(),
+        "no spread shard holds the two-phase jobs"
+    );
+    let keys = zdelay::keys::Keys::for_layout("zdelay", 4, 2);
+    for key in &spread {
+        let shard: u16 = key.rsplit(':').nth(1).unwrap()[1..].parse().unwrap();
+        assert_eq!(key, &keys.due(shard));
+        assert_eq!(
+            zdelay::keys::slot_of(key),
+            zdelay::keys::spread_slot(shard, 4)
+        );
+    }
+    // By id: a two-phase job is found in its spread shard, and one is cancelled.
+    let view = rt.block_on(lib.get("m-1")).expect("get").expect("stored");
+    assert_eq!(view.envelope.as_ref().expect("readable").dest, "m");
+    assert_eq!(view.lane, None);
+    assert_eq!(
+        rt.block_on(lib.cancel("m-5")).expect("cancel"),
+        zdelay::Cancelled::Cancelled
+    );
+    let err = rt
+        .block_on(lib.enqueue(NewJob::new("nowhere", "x"), OnConflict::Error))
+        .expect_err("not a route");
+    assert!(
+        err.to_string().contains("no route lane or two-phase route"),
+        "{err}"
+    );
+    // A schedule to the two-phase route lives in its id's spread shard: three occurrences.
+    let sched_base = redis_now_ms(&mut con) + 400;
+    let mut spec = NewSchedule::new("t", "m", "tick", Repeat::Every(Duration::from_millis(200)));
+    spec.start_at = Some(sched_base);
+    spec.end_at = Some(sched_base + 500);
+    rt.block_on(lib.schedule_set(spec)).expect("schedule set");
+    let view = rt
+        .block_on(lib.schedule_get("t"))
+        .unwrap()
+        .expect("schedule");
+    assert_eq!(view.lane, None);
+
+    let expected_m = TOTAL / 2 - 1 + 3;
+    wait_for("every job delivered", Duration::from_secs(20), || {
+        lrange(&mut con, "q:a").len() == TOTAL / 2 && lrange(&mut far, "q:m").len() >= expected_m
+    });
+    let local = lrange(&mut con, "q:a");
+    let remote = lrange(&mut far, "q:m");
+    let mut seen = std::collections::BTreeMap::new();
+    for item in local.iter().chain(&remote) {
+        *seen
+            .entry(String::from_utf8_lossy(item).into_owned())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(seen.get("tick"), Some(&3), "three occurrences");
+    assert_eq!(seen.get("p5"), None, "the cancelled job");
+    let twice: Vec<_> = seen
+        .iter()
+        .filter(|(k, n)| **n > 1 && *k != "tick")
+        .collect();
+    assert!(twice.is_empty(), "delivered twice with no fault: {twice:?}");
+    assert_eq!(seen.len(), TOTAL - 1 + 1, "every job once, and the ticks");
+    assert_eq!(
+        daemon.metric("zdelay_jobs_moved_total", &[("route", "a")]),
+        (TOTAL / 2) as f64
+    );
+    let log = daemon.log_text();
+    assert!(
+        !log.contains("ZDELAY_") && !log.contains("CROSSSLOT"),
+        "{log}"
+    );
+    drop(daemon);
+}
+
 #[test]
 fn a_daemon_moves_a_lane_registered_again_by_another_config() {
     use zdelay::store::{Conn, lanes};
@@ -614,29 +753,37 @@ fn a_daemon_moves_a_lane_registered_again_by_another_config() {
 #[test]
 fn layout_2_refuses_what_it_cannot_hold_yet_by_name() {
     let redis = RedisServer::start();
-    // A two-phase route with layout 2 configured: refused at config load, naming the field.
-    let kafka = TestConfig::new(
+    // A route that changes between local and two-phase: its waiting jobs would stay where
+    // nothing moves them, so the daemon refuses to start, naming the route.
+    let target = RedisServer::start();
+    let local = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
+    drop(Daemon::start(&local));
+    let changed = TestConfig::new(
         &redis.url(),
         4,
-        r#"
-[sinks.events]
-kind = "kafka"
-brokers = "127.0.0.1:1"
+        &format!(
+            r#"
+[sinks.other]
+kind = "redis"
+url = "{}"
 
 [[routes]]
-name = "e"
-sink = "events"
-target = "events"
+name = "a"
+sink = "other"
+target = "q:a"
 "#,
-    )
-    .on_layout_2();
-    let out = kafka.cli(&["check-config"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("routes[0].sink") && stderr.contains("local routes only"),
-        "{stderr}"
+            target.url()
+        ),
     );
+    let mut daemon = Daemon::spawn(&changed);
+    let status = daemon.wait_exit(Duration::from_secs(20));
+    assert!(!status.success());
+    let log = daemon.log_text();
+    assert!(
+        log.contains("route a was local (a route lane)") && log.contains("new name"),
+        "{log}"
+    );
+    let redis = RedisServer::start();
 
     // A namespace keeps its layout: created on 1, a config that says 2 is refused.
     let rt = common::runtime();
@@ -653,13 +800,20 @@ target = "events"
 }
 
 /// On a cluster a local route's lane sits in its list's slot, so the move is one script
-/// there too: 20,000 jobs for two routes on two masters, the daemon killed with SIGKILL
-/// three times mid-drain, every job delivered exactly once and no command crossed slots.
+/// there too: 21,000 jobs for two local routes on two masters and a two-phase one, the daemon
+/// killed with SIGKILL three times mid-drain; every local job delivered exactly once, every
+/// two-phase one at least once, and no command crossed slots.
 #[test]
 fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
-    const TOTAL: usize = 20_000;
+    const TOTAL: usize = 21_000;
     let cluster = RedisCluster::start();
-    let config = cluster.config(4, ROUTES).on_layout_2();
+    // A third route is two-phase (to another Redis): its jobs wait in the spread shards.
+    let remote = RedisServer::start();
+    let routes = format!(
+        "{ROUTES}\n[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"m\"\nsink = \"other\"\ntarget = \"q:m\"\n",
+        remote.url()
+    );
+    let config = cluster.config(4, &routes).on_layout_2();
     assert_ne!(
         cluster.master_of("q:a"),
         cluster.master_of("q:b"),
@@ -670,12 +824,13 @@ fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
     let rt = common::runtime();
     let lib = connect(&rt, cluster.redis_config(4));
     let mut con = cluster.conn();
+    let mut far = remote.conn();
     let now = common::redis_now_ms_any(&mut con);
     // Due over 2 s from 1 s ahead: the daemon is killed both while following the front and
     // while draining a backlog.
     let jobs: Vec<NewJob> = (0..TOTAL)
         .map(|i| {
-            NewJob::new(if i % 2 == 0 { "a" } else { "b" }, format!("p{i}"))
+            NewJob::new(["a", "b", "m"][i % 3], format!("p{i}"))
                 .at(now + 1_000 + (i as i64 * 2_000 / TOTAL as i64))
         })
         .collect();
@@ -685,11 +840,15 @@ fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
     {
         answer.expect("each job enqueued");
     }
-    let count = |con: &mut redis::cluster::ClusterConnection| -> usize {
+    let count = |con: &mut redis::cluster::ClusterConnection, far: &mut redis::Connection| {
         ["q:a", "q:b"]
             .iter()
             .map(|l| redis::cmd("LLEN").arg(l).query::<usize>(con).expect("LLEN"))
-            .sum()
+            .sum::<usize>()
+            + redis::cmd("LLEN")
+                .arg("q:m")
+                .query::<usize>(far)
+                .expect("LLEN")
     };
     let mut kills = Vec::new();
     for k in 1..=3usize {
@@ -697,7 +856,7 @@ fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
         wait_for(
             &format!("progress past {target}"),
             Duration::from_secs(30),
-            || count(&mut con) >= target,
+            || count(&mut con, &mut far) >= target,
         );
         assert!(
             !daemon.log_text().contains("CROSSSLOT"),
@@ -705,13 +864,21 @@ fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
             daemon.log_text()
         );
         daemon.kill9();
-        kills.push(count(&mut con));
+        kills.push(count(&mut con, &mut far));
         daemon = Daemon::spawn(&config);
     }
-    wait_for("every job delivered", Duration::from_secs(60), || {
-        count(&mut con) >= TOTAL
+    // Counted by distinct payloads: a two-phase job claimed by a killed daemon comes back
+    // once its lease runs out, after redeliveries of others may have been counted.
+    let distinct = |far: &mut redis::Connection| {
+        lrange(far, "q:m")
+            .into_iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    wait_for("every job delivered", Duration::from_secs(90), || {
+        count(&mut con, &mut far) >= TOTAL && distinct(&mut far) == TOTAL / 3
     });
-    let lists: Vec<Vec<Vec<u8>>> = ["q:a", "q:b"]
+    let mut lists: Vec<Vec<Vec<u8>>> = ["q:a", "q:b"]
         .iter()
         .map(|l| {
             redis::cmd("LRANGE")
@@ -722,7 +889,21 @@ fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
                 .expect("LRANGE")
         })
         .collect();
-    assert_exactly_once(&delivered(&lists, TOTAL));
+    let local = delivered(&lists, TOTAL);
+    let local: Vec<u32> = (0..TOTAL)
+        .filter(|i| i % 3 != 2)
+        .map(|i| local[i])
+        .collect();
+    assert_exactly_once(&local);
+    // The two-phase route: at least once, the redeliveries bounded and reported.
+    lists = vec![lrange(&mut far, "q:m")];
+    let two_phase = delivered(&lists, TOTAL);
+    let missing = (0..TOTAL)
+        .filter(|i| i % 3 == 2 && two_phase[*i] == 0)
+        .count();
+    let again: u32 = two_phase.iter().map(|n| n.saturating_sub(1)).sum();
+    assert_eq!(missing, 0, "two-phase jobs lost");
+    assert!(again <= 3 * 1000, "{again} redeliveries through 3 kills");
     let log = daemon.log_text();
     assert!(
         !log.contains("CROSSSLOT") && !log.contains("crossed slots"),
@@ -740,5 +921,5 @@ fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
         left.insert(route, n);
     }
     assert!(left.values().all(|n| *n == 0), "{left:?}");
-    eprintln!("killed at {kills:?} of {TOTAL}");
+    eprintln!("killed at {kills:?} of {TOTAL}; two-phase redeliveries: {again}");
 }

@@ -1470,31 +1470,6 @@ fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
 }
 
 impl Config {
-    /// What keeps this config off storage layout 2 (a preview that holds local routes
-    /// only): the field of the first route to a two-phase sink, and why.
-    pub fn layout_2_refusal(&self) -> Option<(String, String)> {
-        self.routes.iter().enumerate().find_map(|(i, route)| {
-            let sink = self.sinks.get(&route.sink)?;
-            (!sink.is_local()).then(|| {
-                (
-                    format!("routes[{i}].sink"),
-                    format!(
-                        "route {} goes to sink {} ({}{}): storage layout 2 holds local routes \
-                         only so far (redis sinks without url); use layout 1 for two-phase routes",
-                        route.name,
-                        route.sink,
-                        sink.kind(),
-                        if sink.kind() == "redis" {
-                            " with url"
-                        } else {
-                            ""
-                        },
-                    ),
-                )
-            })
-        })
-    }
-
     /// Cross-field checks; each error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let r = &self.redis;
@@ -1514,11 +1489,6 @@ impl Config {
                 "redis.layout",
                 format!("must be 1 or 2, not {layout}"),
             ));
-        }
-        if r.layout == Some(2)
-            && let Some((field, why)) = self.layout_2_refusal()
-        {
-            return Err(invalid(field, why));
         }
         for (i, node) in r.cluster_nodes.iter().enumerate() {
             if !node.starts_with("redis://") && !node.starts_with("rediss://") {

@@ -22,6 +22,10 @@ const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_XMODEM);
 pub struct Keys {
     namespace: String,
     shards: u16,
+    /// Storage layout 2: the shards are *spread shards*, each at the middle slot of its
+    /// share of the slot range ([`spread_slot`]), keyed `<ns>:{<tag>}:s<k>:<kind>`; they hold
+    /// the two-phase jobs (local routes have route lanes).
+    spread: bool,
 }
 
 impl Keys {
@@ -29,7 +33,38 @@ impl Keys {
         Keys {
             namespace: namespace.to_owned(),
             shards,
+            spread: false,
         }
+    }
+
+    /// The keys of a namespace on storage layout `layout`: spread shards on layout 2.
+    pub fn for_layout(namespace: &str, shards: u16, layout: u32) -> Self {
+        Keys {
+            spread: layout >= 2,
+            ..Keys::new(namespace, shards)
+        }
+    }
+
+    /// The same namespace and layout with another shard count.
+    pub fn with_shards(&self, shards: u16) -> Self {
+        Keys {
+            shards,
+            ..self.clone()
+        }
+    }
+
+    /// The layout-1 shards of this namespace (which a layout-2 namespace marks so that
+    /// layout-1 calls are refused there).
+    pub fn layout_1(&self) -> Self {
+        Keys {
+            spread: false,
+            ..self.clone()
+        }
+    }
+
+    /// Whether the shards are layout 2's spread shards.
+    pub fn is_spread(&self) -> bool {
+        self.spread
     }
 
     pub fn namespace(&self) -> &str {
@@ -82,7 +117,12 @@ impl Keys {
     }
 
     fn shard_key(&self, shard: u16, suffix: &str) -> String {
-        format!("{{{}:{}}}:{}", self.namespace, shard, suffix)
+        if self.spread {
+            let tag = slot_tag(spread_slot(shard, self.shards));
+            format!("{}:{{{tag}}}:s{shard}:{suffix}", self.namespace)
+        } else {
+            format!("{{{}:{}}}:{}", self.namespace, shard, suffix)
+        }
     }
 
     /// ZSET: member = job id, score = due ms.
@@ -418,6 +458,13 @@ impl LaneKeys {
     }
 }
 
+/// The slot of spread shard `shard` of `shards` (storage layout 2): the middle slot of the
+/// shard's equal share of the 16,384 slots, so a cluster whose slots are split evenly holds
+/// an even share of the shards on each master.
+pub fn spread_slot(shard: u16, shards: u16) -> u16 {
+    ((2 * u32::from(shard) + 1) * 16384 / (2 * u32::from(shards.max(1)))) as u16
+}
+
 /// The job id of a schedule's occurrence due at `due_ms`: `<schedule>:<due>`, with the
 /// schedule id as its hash tag (`{<schedule>}:<due>`) unless it has one, so the occurrence
 /// lives in its schedule's shard. Schedule ids with a brace must therefore carry a tag
@@ -540,6 +587,29 @@ fn hash_tag(id: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spread_shards_sit_mid_share_in_their_tagged_slot() {
+        assert_eq!(spread_slot(0, 16), 512);
+        assert_eq!(spread_slot(15, 16), 15872);
+        assert_eq!(spread_slot(0, 1), 8192);
+        let k = Keys::for_layout("zdelay", 16, 2);
+        assert!(k.is_spread() && !k.layout_1().is_spread());
+        for shard in 0..16 {
+            let due = k.due(shard);
+            assert_eq!(slot_of(&due), spread_slot(shard, 16), "{due}");
+            assert!(due.starts_with("zdelay:{") && due.ends_with(&format!(":s{shard}:due")));
+            assert_eq!(k.shard_slot(shard), spread_slot(shard, 16));
+        }
+        // Three masters splitting the slots evenly (0-5460, 5461-10922, 10923-16383) get
+        // 5, 6 and 5 of 16 shards (layout 1's tags give 4, 8 and 4).
+        let per_master = (0..16).fold([0; 3], |mut n, s| {
+            n[usize::from(spread_slot(s, 16) / 5461).min(2)] += 1;
+            n
+        });
+        assert_eq!(per_master, [5, 6, 5]);
+        assert_eq!(Keys::new("zdelay", 16).due(3), "{zdelay:3}:due");
+    }
 
     #[test]
     fn all_lists_every_shard_key_once_in_declaration_order() {

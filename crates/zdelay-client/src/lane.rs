@@ -64,13 +64,27 @@ impl Lane {
     }
 }
 
-/// The lane registry as read (`<ns>:lanes`): every local route's live lane.
+/// The lane registry as read (`<ns>:lanes`): every local route's live lane, and the two-phase
+/// routes and sinks whose jobs go to the spread shards.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Registry {
     pub by_route: BTreeMap<String, Lane>,
+    /// Two-phase routes (`t:<route>` → its sink).
+    pub two_phase: BTreeMap<String, String>,
+    /// Two-phase sinks (`s:<sink>`): `<sink>/<target>` destinations go to the spread shards.
+    pub sinks: std::collections::BTreeSet<String>,
 }
 
 impl Registry {
+    /// Whether `dest` is delivered two-phase: a registered two-phase route, or
+    /// `<sink>/<target>` with a registered two-phase sink.
+    pub fn is_two_phase(&self, dest: &str) -> bool {
+        self.two_phase.contains_key(dest)
+            || dest
+                .split_once('/')
+                .is_some_and(|(sink, target)| !target.is_empty() && self.sinks.contains(sink))
+    }
+
     /// The live lane numbered `number`.
     pub fn lane(&self, number: u32) -> Option<&Lane> {
         self.by_route.values().find(|l| l.number == number)

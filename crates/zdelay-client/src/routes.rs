@@ -310,6 +310,20 @@ impl Routes {
     pub fn has_two_phase(&self) -> bool {
         !self.sinks.is_empty()
     }
+
+    /// The routes the spread shards of storage layout 2 deliver: the two-phase routes to
+    /// configured sinks only (local routes have lanes, so no local list and no hand-over
+    /// through the local sink).
+    pub fn two_phase_only(&self) -> Routes {
+        let mut routes = Routes {
+            two_phase: self.two_phase.clone(),
+            sinks: self.sinks.clone(),
+            ..Routes::default()
+        };
+        routes.two_phase.retain(|_, dest| dest.sink != LOCAL_SINK);
+        routes.sinks.remove(LOCAL_SINK);
+        routes
+    }
 }
 
 /// A config's sink kinds, for callers that only hold a `SinkConfig`.

@@ -33,7 +33,7 @@
 //! that cannot be read (definition, pending occurrence, envelope) is quarantined with a
 //! reason, once, instead of being retried.
 
-use crate::client::lanes::Held;
+use crate::client::lanes::{Found, Held};
 use crate::client::{Client, ClientError, read_fence};
 use crate::envelope::{Envelope, Meta};
 use crate::job::{Due, OnConflict};
@@ -301,14 +301,6 @@ impl SchedHome {
         }
     }
 
-    /// Its number: the shard's, or the lane's (the key of a listing's order and cursor).
-    fn number(&self) -> u32 {
-        match self {
-            SchedHome::Shard(keys) => u32::from(keys.shard),
-            SchedHome::Lane { lane, .. } => lane.number,
-        }
-    }
-
     /// (shard, lane) as views show it: a lane's shard is 0.
     fn place(&self) -> (u16, Option<u32>) {
         match self {
@@ -413,71 +405,92 @@ impl Client {
     /// Where schedules are kept: the shards of `layout`, or on layout 2 the route lanes as the
     /// registry names them now, in number order.
     async fn schedule_homes(&self, layout: &Keys) -> Result<Vec<SchedHome>, ClientError> {
-        Ok(match self.lane_book() {
-            Some(book) => {
-                let registry = self.refresh_lanes(book).await?;
-                let mut lanes: Vec<Lane> = registry.by_route.into_values().collect();
-                lanes.sort_by_key(|lane| lane.number);
-                let wake_channel = layout.wake_channel();
-                lanes
-                    .into_iter()
-                    .map(|lane| SchedHome::Lane {
-                        lane,
-                        wake_channel: wake_channel.clone(),
-                    })
-                    .collect()
-            }
-            None => (0..layout.shards())
-                .map(|s| SchedHome::Shard(layout.shard(s)))
-                .collect(),
-        })
+        // The shards: layout 1's, or layout 2's spread shards (two-phase destinations).
+        let mut homes: Vec<SchedHome> = (0..layout.shards())
+            .map(|s| SchedHome::Shard(layout.shard(s)))
+            .collect();
+        if let Some(book) = self.lane_book() {
+            let registry = self.refresh_lanes(book).await?;
+            let mut lanes: Vec<Lane> = registry.by_route.into_values().collect();
+            lanes.sort_by_key(|lane| lane.number);
+            let wake_channel = layout.wake_channel();
+            homes.extend(lanes.into_iter().map(|lane| SchedHome::Lane {
+                lane,
+                wake_channel: wake_channel.clone(),
+            }));
+        }
+        Ok(homes)
     }
 
-    /// Where schedule `id` is kept: its shard on layout 1; on layout 2 the one route lane that
-    /// holds it (`None`: none does; `AmbiguousId` when two do, which only a hand-made write
-    /// can cause: `schedule_set` refuses a second lane).
+    /// Where schedule `id` is kept: its shard on layout 1; on layout 2 the one route lane or
+    /// spread shard that holds it (`None`: none does; `AmbiguousId` when two do, which only
+    /// a hand-made write can cause: `schedule_set` refuses a second place).
     async fn schedule_home_of(
         &self,
         layout: &Keys,
         id: &str,
     ) -> Result<Option<SchedHome>, ClientError> {
-        Ok(match self.lane_book() {
-            Some(book) => self
+        let in_shard = || SchedHome::Shard(layout.shard(layout.shard_of(id)));
+        let Some(book) = self.lane_book() else {
+            return Ok(Some(in_shard()));
+        };
+        Ok(match self.locate(book, id, Held::Schedule).await? {
+            Found::Shard => Some(in_shard()),
+            Found::Lane => self
                 .find_in_lanes(book, id, Held::Schedule)
                 .await?
                 .map(|(lane, _)| SchedHome::Lane {
                     lane,
                     wake_channel: layout.wake_channel(),
                 }),
-            None => Some(SchedHome::Shard(layout.shard(layout.shard_of(id)))),
+            Found::Nowhere => None,
         })
     }
 
-    /// Where `spec` is written: its shard, or on layout 2 its destination's lane. A schedule
-    /// with this id in another route's lane is refused: moving it between lanes cannot be
+    /// Where `spec` is written: its id's shard; on layout 2 its destination's lane, or for a
+    /// two-phase destination its id's spread shard. A schedule with this id kept elsewhere
+    /// (another route's lane, or the other kind of place) is refused: moving it cannot be
     /// one atomic write on a cluster, so it is deleted and set again instead.
     async fn schedule_home_for(
         &self,
         layout: &Keys,
         spec: &NewSchedule,
     ) -> Result<SchedHome, ClientError> {
+        let in_shard = || SchedHome::Shard(layout.shard(layout.shard_of(&spec.id)));
         let Some(book) = self.lane_book() else {
-            return Ok(SchedHome::Shard(layout.shard(layout.shard_of(&spec.id))));
+            return Ok(in_shard());
         };
-        let lane = self.lane_for(book, &spec.dest).await?;
-        if let Some((held, _)) = self.find_in_lanes(book, &spec.id, Held::Schedule).await?
-            && held.number != lane.number
-        {
-            return Err(ClientError::ScheduleElsewhere {
-                id: spec.id.clone(),
-                route: held.route,
-                dest: spec.dest.clone(),
-            });
+        let home = match self.lane_for(book, &spec.dest).await {
+            Ok(lane) => SchedHome::Lane {
+                lane,
+                wake_channel: layout.wake_channel(),
+            },
+            Err(ClientError::UnknownDestination { .. })
+                if self.refresh_lanes(book).await?.is_two_phase(&spec.dest) =>
+            {
+                in_shard()
+            }
+            Err(e) => return Err(e),
+        };
+        let elsewhere = |route: String| ClientError::ScheduleElsewhere {
+            id: spec.id.clone(),
+            route,
+            dest: spec.dest.clone(),
+        };
+        match (self.locate(book, &spec.id, Held::Schedule).await?, &home) {
+            (Found::Shard, SchedHome::Lane { .. }) => {
+                return Err(elsewhere("a two-phase destination".to_owned()));
+            }
+            (Found::Lane, _) => {
+                if let Some((held, _)) = self.find_in_lanes(book, &spec.id, Held::Schedule).await?
+                    && !matches!(&home, SchedHome::Lane { lane, .. } if lane.number == held.number)
+                {
+                    return Err(elsewhere(held.route));
+                }
+            }
+            _ => {}
         }
-        Ok(SchedHome::Lane {
-            lane,
-            wake_channel: layout.wake_channel(),
-        })
+        Ok(home)
     }
 
     /// Compare-and-set loop: `change` gets the stored definition (`Err` with why when it
@@ -873,9 +886,9 @@ impl Client {
         };
         let homes = self.schedule_homes(&layout).await?;
         let mut read = 0;
-        for home in homes.iter().filter(|h| h.number() >= from.home) {
+        for (at, home) in homes.iter().enumerate().skip(from.home as usize) {
             let keys = home.keys();
-            let mut cursor = if home.number() == from.home {
+            let mut cursor = if at == from.home as usize {
                 from.cursor
             } else {
                 0
@@ -883,7 +896,7 @@ impl Client {
             loop {
                 if read >= scan.max(1) {
                     out.next = Some(IdleCursor {
-                        home: home.number(),
+                        home: at as u32,
                         cursor,
                     });
                     return Ok(out);
@@ -1023,9 +1036,9 @@ async fn read_views(
     Ok(out)
 }
 
-/// Where a scan for schedules without a pending occurrence continues: a home (a shard's
-/// number, or a route lane's on layout 2) and its `HSCAN` cursor. Its text form is
-/// `<home>-<cursor>`; the default starts at the beginning.
+/// Where a scan for schedules without a pending occurrence continues: a home (its position
+/// among the shards, then on layout 2 the route lanes in number order) and its `HSCAN`
+/// cursor. Its text form is `<home>-<cursor>`; the default starts at the beginning.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IdleCursor {
     pub home: u32,
@@ -1042,7 +1055,7 @@ impl std::str::FromStr for IdleCursor {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || format!("{text:?} is not a scan position: expected <shard or lane>-<cursor>");
+        let bad = || format!("{text:?} is not a scan position: expected <home>-<cursor>");
         let (home, cursor) = text.split_once('-').ok_or_else(bad)?;
         Ok(IdleCursor {
             home: home.parse().map_err(|_| bad())?,

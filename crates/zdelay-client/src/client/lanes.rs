@@ -61,6 +61,15 @@ pub(crate) fn public_id(lane: u32, stored: &str) -> String {
     }
 }
 
+/// Where an id is stored on layout 2: in a route lane, in its spread shard (a two-phase
+/// job), or nowhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    Lane,
+    Shard,
+    Nowhere,
+}
+
 /// What a lane is asked about an id when it is looked for by id.
 #[derive(Clone, Copy)]
 pub(crate) enum Held {
@@ -154,7 +163,8 @@ impl Client {
         })
     }
 
-    /// `enqueue_batch` on layout 2: one `enqueue_lane` call per lane and chunk.
+    /// `enqueue_batch` on layout 2: one `enqueue_lane` call per lane and chunk; jobs for
+    /// two-phase destinations go to the spread shards, as layout 1 writes them.
     pub(super) async fn enqueue_lanes(
         &self,
         book: &LaneBook,
@@ -162,18 +172,44 @@ impl Client {
         policy: OnConflict,
     ) -> Result<Vec<Answer>, ClientError> {
         let mut results: Vec<Option<Answer>> = (0..jobs.len()).map(|_| None).collect();
+        let mut registry = book.registry();
+        let mut refreshed = false;
+        let known =
+            |r: &Registry, dest: &str| r.by_route.contains_key(dest) || r.is_two_phase(dest);
+        if jobs.iter().any(|j| !known(&registry, &j.dest)) {
+            registry = self.refresh_lanes(book).await?;
+            refreshed = true;
+        }
         let mut pending = Vec::new();
+        let (mut two_phase, mut two_phase_at) = (Vec::new(), Vec::new());
         for (i, job) in jobs.into_iter().enumerate() {
+            if !registry.by_route.contains_key(&job.dest) && registry.is_two_phase(&job.dest) {
+                match &job.id {
+                    Some(id) if is_reserved(id) => {
+                        results[i] = Some(Err(ClientError::ReservedId(id.clone())));
+                    }
+                    _ => {
+                        two_phase.push(job);
+                        two_phase_at.push(i);
+                    }
+                }
+                continue;
+            }
             match self.prepare_for_lane(book, i, job) {
                 Ok(p) => pending.push(p),
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
-        let mut registry = book.registry();
-        let mut refreshed = false;
-        if pending
-            .iter()
-            .any(|p| !registry.by_route.contains_key(&p.dest))
+        if !two_phase.is_empty() {
+            let answers = self.enqueue_in_shards(two_phase, policy).await?;
+            for (i, answer) in two_phase_at.into_iter().zip(answers) {
+                results[i] = Some(answer);
+            }
+        }
+        if !refreshed
+            && pending
+                .iter()
+                .any(|p| !registry.by_route.contains_key(&p.dest))
         {
             registry = self.refresh_lanes(book).await?;
             refreshed = true;
@@ -302,6 +338,72 @@ impl Client {
         }
     }
 
+    /// The lanes that hold the user-chosen id `id` (unique per route only, so every lane is
+    /// asked, one command each).
+    async fn lanes_holding(
+        &self,
+        book: &LaneBook,
+        id: &str,
+        held: Held,
+    ) -> Result<Vec<Lane>, ClientError> {
+        let registry = self.refresh_lanes(book).await?;
+        let asks = registry.by_route.values().map(|lane| async move {
+            let ask = match held {
+                Held::Stored => redis::cmd("HEXISTS").arg(&lane.keys.jobs).arg(id).clone(),
+                Held::Dead => redis::cmd("ZSCORE").arg(&lane.keys.dead).arg(id).clone(),
+                Held::Schedule => redis::cmd("HEXISTS")
+                    .arg(&lane.keys.schedules)
+                    .arg(id)
+                    .clone(),
+            };
+            let answer: redis::Value = ask.query_async(&mut self.con.clone()).await?;
+            let found = !matches!(answer, redis::Value::Nil | redis::Value::Int(0));
+            Ok::<_, redis::RedisError>(found.then(|| lane.clone()))
+        });
+        Ok(futures::future::try_join_all(asks)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
+    /// Where `id` is stored: a generated id names its lane; a user-chosen one is looked for
+    /// in every lane and in its spread shard. Held in more than one place: `AmbiguousId`.
+    pub(crate) async fn locate(
+        &self,
+        book: &LaneBook,
+        id: &str,
+        held: Held,
+    ) -> Result<Found, ClientError> {
+        if is_reserved(id) {
+            return Ok(Found::Lane);
+        }
+        let keys = self.keys();
+        let shard = keys.shard(keys.shard_of(id));
+        let ask = match held {
+            Held::Stored => redis::cmd("HEXISTS").arg(&shard.jobs).arg(id).clone(),
+            Held::Dead => redis::cmd("ZSCORE").arg(&shard.dead).arg(id).clone(),
+            Held::Schedule => redis::cmd("HEXISTS").arg(&shard.schedules).arg(id).clone(),
+        };
+        let (lanes, in_shard) = tokio::try_join!(self.lanes_holding(book, id, held), async {
+            let answer: redis::Value = ask.query_async(&mut self.con.clone()).await?;
+            Ok(!matches!(answer, redis::Value::Nil | redis::Value::Int(0)))
+        })?;
+        match (lanes.len(), in_shard) {
+            (0, false) => Ok(Found::Nowhere),
+            (0, true) => Ok(Found::Shard),
+            (1, false) => Ok(Found::Lane),
+            _ => Err(ClientError::AmbiguousId {
+                id: id.to_owned(),
+                routes: lanes
+                    .into_iter()
+                    .map(|l| l.route)
+                    .chain(in_shard.then(|| "a two-phase destination".to_owned()))
+                    .collect(),
+            }),
+        }
+    }
+
     /// The lane that holds `id` and its stored id there; `None` when no lane holds it.
     pub(crate) async fn find_in_lanes(
         &self,
@@ -317,26 +419,7 @@ impl Client {
             }
             return Ok(lane.map(|lane| (lane, parsed.stored.to_string())));
         }
-        // A user-chosen id: unique per route only, so ask every lane.
-        let registry = self.refresh_lanes(book).await?;
-        let asks = registry.by_route.values().map(|lane| async move {
-            let ask = match held {
-                Held::Stored => redis::cmd("HEXISTS").arg(&lane.keys.jobs).arg(id).clone(),
-                Held::Dead => redis::cmd("ZSCORE").arg(&lane.keys.dead).arg(id).clone(),
-                Held::Schedule => redis::cmd("HEXISTS")
-                    .arg(&lane.keys.schedules)
-                    .arg(id)
-                    .clone(),
-            };
-            let answer: redis::Value = ask.query_async(&mut self.con.clone()).await?;
-            let found = !matches!(answer, redis::Value::Nil | redis::Value::Int(0));
-            Ok::<_, redis::RedisError>(found.then(|| lane.clone()))
-        });
-        let found: Vec<Lane> = futures::future::try_join_all(asks)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect();
+        let found = self.lanes_holding(book, id, held).await?;
         match found.len() {
             0 => Ok(None),
             1 => Ok(found.into_iter().next().map(|lane| (lane, id.to_owned()))),
@@ -475,8 +558,8 @@ fn no_lane(dest: &str, registry: &Registry) -> ClientError {
     let known: Vec<&str> = registry.by_route.keys().map(String::as_str).collect();
     ClientError::UnknownDestination {
         dest: dest.to_owned(),
-        detail: " (no route lane: on storage layout 2 a local route gets its lane when a daemon \
-                 whose config has it starts, and two-phase routes are not built yet)"
+        detail: " (no route lane or two-phase route: on storage layout 2 a daemon whose config \
+                 has the route registers it when it starts)"
             .to_owned(),
         known: if known.is_empty() {
             "none registered".to_owned()

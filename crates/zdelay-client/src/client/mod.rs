@@ -18,7 +18,7 @@ use crate::keys::{Keys, LAYOUT_VERSION, NEWEST_LAYOUT};
 use crate::routes::{Refused, Routes};
 use crate::store::scripts::{self, EnqueueCall, EnqueueItem, EnvelopeHead, PEEK_HEAD_MAX};
 use crate::store::{self, Conn, Layout, StoreError};
-use lanes::LaneBook;
+use lanes::{Found, Held, LaneBook};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
@@ -291,6 +291,7 @@ impl Client {
         store::check_server(&mut con).await?;
         let keys = Keys::new(&cfg.namespace, cfg.shards);
         let layout = store::ensure_schema(&mut con, &keys, cfg.layout).await?;
+        let keys = Keys::for_layout(&cfg.namespace, cfg.shards, layout);
         scripts::load_all(&mut con).await?;
         let lanes = match layout {
             1 => None,
@@ -372,7 +373,7 @@ impl Client {
         let shards = schema
             .shards
             .ok_or_else(|| StoreError::Schema(format!("{key} has no shard count")))?;
-        let keys = Keys::new(current.namespace(), shards);
+        let keys = current.with_shards(shards);
         *self.layout.write().expect("layout lock") = keys.clone();
         Ok(keys)
     }
@@ -464,6 +465,15 @@ impl Client {
         if let Some(book) = self.lane_book() {
             return self.enqueue_lanes(book, jobs, policy).await;
         }
+        self.enqueue_in_shards(jobs, policy).await
+    }
+
+    /// `enqueue_batch` into the shards (layout 1's, or layout 2's spread shards).
+    pub(super) async fn enqueue_in_shards(
+        &self,
+        jobs: Vec<NewJob>,
+        policy: OnConflict,
+    ) -> Result<Vec<Result<(String, Enqueued), ClientError>>, ClientError> {
         let mut results: Vec<Option<Result<(String, Enqueued), ClientError>>> =
             (0..jobs.len()).map(|_| None).collect();
         // The jobs to write, with their input positions.
@@ -600,7 +610,9 @@ impl Client {
 
     /// Cancels a pending job.
     pub async fn cancel(&self, id: &str) -> Result<Cancelled, ClientError> {
-        if let Some(book) = self.lane_book() {
+        if let Some(book) = self.lane_book()
+            && self.locate(book, id, Held::Stored).await? != Found::Shard
+        {
             return self.cancel_in_lane(book, id).await;
         }
         self.fenced(|keys| async move {
@@ -613,7 +625,9 @@ impl Client {
     /// Moves a pending job to a new due time; `None` when it is not pending.
     pub async fn reschedule(&self, id: &str, due: Due) -> Result<Option<i64>, ClientError> {
         check_due(due)?;
-        if let Some(book) = self.lane_book() {
+        if let Some(book) = self.lane_book()
+            && self.locate(book, id, Held::Stored).await? != Found::Shard
+        {
             return self.reschedule_in_lane(book, id, due).await;
         }
         self.fenced(|keys| async move {
@@ -626,7 +640,9 @@ impl Client {
     /// Looks a job up by id in its shard; `None` when it is not stored (delivered,
     /// cancelled, purged, or never enqueued).
     pub async fn get(&self, id: &str) -> Result<Option<JobView>, ClientError> {
-        if let Some(book) = self.lane_book() {
+        if let Some(book) = self.lane_book()
+            && self.locate(book, id, Held::Stored).await? != Found::Shard
+        {
             return self.get_in_lane(book, id, None).await;
         }
         self.fenced(|keys| self.get_in(keys, id, None)).await
@@ -640,7 +656,9 @@ impl Client {
         id: &str,
         preview: usize,
     ) -> Result<Option<JobView>, ClientError> {
-        if let Some(book) = self.lane_book() {
+        if let Some(book) = self.lane_book()
+            && self.locate(book, id, Held::Stored).await? != Found::Shard
+        {
             return self.get_in_lane(book, id, Some(preview)).await;
         }
         self.fenced(|keys| self.get_in(keys, id, Some(preview)))

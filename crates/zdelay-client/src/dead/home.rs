@@ -18,11 +18,11 @@ pub(super) enum DeadHome {
 }
 
 impl DeadHome {
-    /// Its number: the shard's, or the lane's (the key of a selection).
-    pub(super) fn number(&self) -> u32 {
+    /// Its key in a selection: (0, shard) or (1, lane number).
+    pub(super) fn key(&self) -> (u8, u32) {
         match self {
-            DeadHome::Shard(keys) => u32::from(keys.shard),
-            DeadHome::Lane(lane) => lane.number,
+            DeadHome::Shard(keys) => (0, u32::from(keys.shard)),
+            DeadHome::Lane(lane) => (1, lane.number),
         }
     }
 

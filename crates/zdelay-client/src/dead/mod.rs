@@ -41,7 +41,7 @@
 
 mod home;
 
-use crate::client::lanes::Held;
+use crate::client::lanes::{Found, Held};
 use crate::client::{Client, ClientError, read_envelope};
 use crate::config::{ScoreUnit, SourceConfig};
 use crate::envelope::{Envelope, EnvelopeError};
@@ -640,29 +640,24 @@ fn describe(
 
 /// The ids to act on, per home (by its number), each stored id with the dead score it was
 /// selected with.
-type Selected = BTreeMap<u32, Vec<(String, Option<f64>)>>;
+type Selected = BTreeMap<(u8, u32), Vec<(String, Option<f64>)>>;
 
 /// Where dead jobs are kept, by number.
-type Homes = BTreeMap<u32, DeadHome>;
+type Homes = BTreeMap<(u8, u32), DeadHome>;
 
 impl Client {
     /// The homes of dead jobs: the shards of `layout`, or on storage layout 2 the route lanes
     /// as the registry names them now.
     async fn dead_homes(&self, layout: &Keys) -> Result<Homes, ClientError> {
-        let homes: Vec<DeadHome> = match self.lane_book() {
-            Some(book) => {
-                let registry = self.refresh_lanes(book).await?;
-                registry
-                    .by_route
-                    .into_values()
-                    .map(DeadHome::Lane)
-                    .collect()
-            }
-            None => (0..layout.shards())
-                .map(|s| DeadHome::Shard(layout.shard(s)))
-                .collect(),
-        };
-        Ok(homes.into_iter().map(|h| (h.number(), h)).collect())
+        // The shards: layout 1's, or layout 2's spread shards (two-phase jobs).
+        let mut homes: Vec<DeadHome> = (0..layout.shards())
+            .map(|s| DeadHome::Shard(layout.shard(s)))
+            .collect();
+        if let Some(book) = self.lane_book() {
+            let registry = self.refresh_lanes(book).await?;
+            homes.extend(registry.by_route.into_values().map(DeadHome::Lane));
+        }
+        Ok(homes.into_iter().map(|h| (h.key(), h)).collect())
     }
 
     /// Fails when the namespace no longer has `layout`'s shards (layout 1; for reads no script
@@ -808,22 +803,27 @@ impl Client {
     }
 
     /// Where the dead job `id` is kept and its stored id there: its shard on layout 1; on
-    /// layout 2 the lane its generated id names, or the one lane whose dead set holds a
-    /// user-chosen id (`AmbiguousId` when several do). `None`: no lane holds it.
+    /// layout 2 the lane its generated id names, or the one lane or spread shard whose dead
+    /// set holds a user-chosen id (`AmbiguousId` when several do). `None`: none holds it.
     async fn dead_home_of(
         &self,
         layout: &Keys,
         id: &str,
     ) -> Result<Option<(DeadHome, String)>, ClientError> {
-        Ok(match self.lane_book() {
-            Some(book) => self
+        let in_shard = || {
+            let keys = layout.shard(layout.shard_of(id));
+            Some((DeadHome::Shard(keys), id.to_owned()))
+        };
+        let Some(book) = self.lane_book() else {
+            return Ok(in_shard());
+        };
+        Ok(match self.locate(book, id, Held::Dead).await? {
+            Found::Shard => in_shard(),
+            Found::Lane => self
                 .find_in_lanes(book, id, Held::Dead)
                 .await?
                 .map(|(lane, stored)| (DeadHome::Lane(lane), stored)),
-            None => Some((
-                DeadHome::Shard(layout.shard(layout.shard_of(id))),
-                id.to_owned(),
-            )),
+            Found::Nowhere => None,
         })
     }
 
@@ -983,9 +983,9 @@ impl Client {
                         unknown += 1;
                         continue;
                     };
-                    out.entry(home.number()).or_default().push((stored, None));
+                    out.entry(home.key()).or_default().push((stored, None));
                     // A lane registered since the homes were read.
-                    homes.entry(home.number()).or_insert(home);
+                    homes.entry(home.key()).or_insert(home);
                 }
             }
             return Ok((out, unknown));
@@ -1019,7 +1019,7 @@ impl Client {
                 taken.truncate(most.saturating_sub(selected as usize));
                 selected += taken.len() as u64;
                 if !taken.is_empty() {
-                    out.entry(home.number()).or_default().extend(taken);
+                    out.entry(home.key()).or_default().extend(taken);
                 }
                 progress(DeadProgress::Selecting { scanned, selected });
                 if selected as usize >= most {

@@ -28,6 +28,14 @@ pub async fn read_registry(con: &mut Conn, keys: &Keys) -> Result<Registry, Stor
         .await?;
     let mut registry = Registry::default();
     for (field, entry) in &fields {
+        if let Some(route) = field.strip_prefix("t:") {
+            registry.two_phase.insert(route.to_owned(), entry.clone());
+            continue;
+        }
+        if let Some(sink) = field.strip_prefix("s:") {
+            registry.sinks.insert(sink.to_owned());
+            continue;
+        }
         let Some(route) = field.strip_prefix("r:") else {
             continue;
         };
@@ -108,6 +116,29 @@ pub async fn register(
             .await?;
     }
     Ok((lane, change))
+}
+
+/// Registers the two-phase routes (`t:<route>` → sink) and sinks (`s:<sink>`) of a daemon's
+/// config, so producers know which destinations go to the spread shards. A route registered
+/// as local with a lane is not changed here: [`register`] refuses that config.
+pub async fn register_two_phase(
+    con: &mut Conn,
+    keys: &Keys,
+    routes: &[(String, String)],
+    sinks: &[String],
+) -> Result<(), StoreError> {
+    if routes.is_empty() && sinks.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for (route, sink) in routes {
+        pipe.hset(keys.lanes(), format!("t:{route}"), sink).ignore();
+    }
+    for sink in sinks {
+        pipe.hset(keys.lanes(), format!("s:{sink}"), "").ignore();
+    }
+    let () = pipe.query_async(con).await?;
+    Ok(())
 }
 
 /// One job of a route lane as read by [`get`].

@@ -819,6 +819,7 @@ pub async fn mark_layout_1_shards(
         min_version: THIS_VERSION.clone(),
     }
     .marker();
+    let keys = keys.layout_1();
     for shard in 0..keys.shards() {
         // One command a shard: on a cluster each marker is in its shard's slot.
         let _: () = redis::cmd("SET")
