@@ -85,6 +85,11 @@ enum Command {
     Cancel {
         /// The job's id, as enqueue printed it.
         id: String,
+        /// The job's destination (its route, or <sink>/<target>): on storage layout 2 a
+        /// user-chosen id is unique per route only, and this finds it in one call, also when
+        /// other routes hold the same id. Not needed on layout 1.
+        #[arg(long)]
+        dest: Option<String>,
         /// Exit 0, printing nothing, when the job is not pending.
         #[arg(long)]
         ignore_not_found: bool,
@@ -96,6 +101,11 @@ enum Command {
     Reschedule {
         /// The job's id, as enqueue printed it.
         id: String,
+        /// The job's destination (its route, or <sink>/<target>): on storage layout 2 a
+        /// user-chosen id is unique per route only, and this finds it in one call, also when
+        /// other routes hold the same id. Not needed on layout 1.
+        #[arg(long)]
+        dest: Option<String>,
         #[command(flatten)]
         when: RequiredWhen,
         #[command(flatten)]
@@ -107,6 +117,11 @@ enum Command {
     Get {
         /// The job's id, as enqueue printed it.
         id: String,
+        /// The job's destination (its route, or <sink>/<target>): on storage layout 2 a
+        /// user-chosen id is unique per route only, and this finds it in one call, also when
+        /// other routes hold the same id. Not needed on layout 1.
+        #[arg(long)]
+        dest: Option<String>,
         /// Exit 0, printing nothing, when no job with this id is stored.
         #[arg(long)]
         ignore_not_found: bool,
@@ -449,9 +464,10 @@ async fn operate(
         Command::Enqueue(args) => enqueue::run(client, args).await,
         Command::Cancel {
             id,
+            dest,
             ignore_not_found,
             output,
-        } => Ok(match client.cancel(&id).await? {
+        } => Ok(match client.cancel_at(dest.as_deref(), &id).await? {
             Cancelled::Cancelled => {
                 if output.is_json() {
                     print_json(&serde_json::json!({ "id": id, "cancelled": true }))?;
@@ -469,8 +485,16 @@ async fn operate(
                 &format!("{id} is not pending (delivered, dead or unknown)"),
             ),
         }),
-        Command::Reschedule { id, when, output } => {
-            Ok(match client.reschedule(&id, when.due()).await? {
+        Command::Reschedule {
+            id,
+            dest,
+            when,
+            output,
+        } => Ok(
+            match client
+                .reschedule_at(dest.as_deref(), &id, when.due())
+                .await?
+            {
                 Some(due) => {
                     if output.is_json() {
                         print_json(&serde_json::json!({
@@ -485,13 +509,14 @@ async fn operate(
                     false,
                     &format!("{id} is not pending (delivered, dead, in flight or unknown)"),
                 ),
-            })
-        }
+            },
+        ),
         Command::Get {
             id,
+            dest,
             ignore_not_found,
             output,
-        } => Ok(match client.get(&id).await? {
+        } => Ok(match client.get_at(dest.as_deref(), &id, None).await? {
             Some(job) if output.is_json() => {
                 print_json(&job.to_json())?;
                 0

@@ -270,6 +270,36 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         "{err}"
     );
     assert!(err.to_string().contains("routes a and b"), "{err}");
+    // With its destination it is found in one call: the library and the CLI.
+    let in_a = rt
+        .block_on(lib.get_in("a", "dup-1"))
+        .expect("get_in")
+        .expect("stored for a");
+    assert!(in_a.lane.is_some(), "{in_a:?}");
+    assert_eq!(in_a.envelope.as_ref().expect("readable").dest, "a");
+    assert_eq!(
+        rt.block_on(lib.cancel_in("b", "dup-1")).expect("cancel_in"),
+        zdelay::Cancelled::Cancelled
+    );
+    let out = config.cli(&["get", "dup-1", "--dest", "a", "--json"]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && shown.contains("\"dest\": \"a\""),
+        "{shown}"
+    );
+    let out = config.cli(&["cancel", "dup-1"]);
+    assert!(
+        out.status.success(),
+        "only a holds it now: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = rt
+        .block_on(lib.cancel_in("nowhere", "dup-1"))
+        .expect_err("an unknown destination");
+    assert!(
+        matches!(err, ClientError::UnknownDestination { .. }),
+        "{err}"
+    );
 
     // Refused, with the reason, writing nothing.
     let err = rt
@@ -647,6 +677,8 @@ push = "rpush"
     let view = rt.block_on(lib.get("m-1")).expect("get").expect("stored");
     assert_eq!(view.envelope.as_ref().expect("readable").dest, "m");
     assert_eq!(view.lane, None);
+    let by_dest = rt.block_on(lib.get_in("m", "m-1")).expect("get_in");
+    assert_eq!(by_dest.map(|v| v.id), Some("m-1".to_owned()));
     assert_eq!(
         rt.block_on(lib.cancel("m-5")).expect("cancel"),
         zdelay::Cancelled::Cancelled

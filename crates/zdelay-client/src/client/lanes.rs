@@ -430,11 +430,57 @@ impl Client {
         }
     }
 
+    /// The lane of job `id` and its stored id there: with `dest`, that destination's lane
+    /// (one lookup of the registry, no search; a generated id naming another lane is in none);
+    /// without, the lane found by [`Client::find_in_lanes`].
+    async fn lane_of(
+        &self,
+        book: &LaneBook,
+        dest: Option<&str>,
+        id: &str,
+    ) -> Result<Option<(Lane, String)>, ClientError> {
+        let Some(dest) = dest else {
+            return self.find_in_lanes(book, id, Held::Stored).await;
+        };
+        let lane = self.lane_for(book, dest).await?;
+        if !is_reserved(id) {
+            return Ok(Some((lane, id.to_owned())));
+        }
+        let parsed = LaneId::parse(id)?;
+        Ok((parsed.lane == lane.number).then(|| (lane, parsed.stored.to_string())))
+    }
+
+    /// Whether the job `id` is looked for in a route lane (else in its spread shard): by
+    /// `dest` when given (a local route has a lane, a two-phase destination does not; an
+    /// unknown one is an error), else by where it is stored ([`Client::locate`]).
+    pub(crate) async fn in_a_lane(
+        &self,
+        book: &LaneBook,
+        dest: Option<&str>,
+        id: &str,
+    ) -> Result<bool, ClientError> {
+        let Some(dest) = dest else {
+            return Ok(self.locate(book, id, Held::Stored).await? != Found::Shard);
+        };
+        let mut registry = book.registry();
+        if !registry.by_route.contains_key(dest) && !registry.is_two_phase(dest) {
+            registry = self.refresh_lanes(book).await?;
+        }
+        if registry.by_route.contains_key(dest) {
+            Ok(true)
+        } else if registry.is_two_phase(dest) {
+            Ok(false)
+        } else {
+            Err(no_lane(dest, &registry))
+        }
+    }
+
     /// Runs `op` on the lane holding `id`; once more after reading the registry again when
     /// the lane refused the call (it moved or changed since it was read).
     async fn on_lane<T, F, Fut>(
         &self,
         book: &LaneBook,
+        dest: Option<&str>,
         id: &str,
         op: F,
     ) -> Result<Option<T>, ClientError>
@@ -443,7 +489,7 @@ impl Client {
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         for last in [false, true] {
-            let Some((lane, stored)) = self.find_in_lanes(book, id, Held::Stored).await? else {
+            let Some((lane, stored)) = self.lane_of(book, dest, id).await? else {
                 return Ok(None);
             };
             match op(lane, stored).await {
@@ -461,10 +507,11 @@ impl Client {
     pub(super) async fn cancel_in_lane(
         &self,
         book: &LaneBook,
+        dest: Option<&str>,
         id: &str,
     ) -> Result<Cancelled, ClientError> {
         let cancelled = self
-            .on_lane(book, id, |lane, stored| async move {
+            .on_lane(book, dest, id, |lane, stored| async move {
                 scripts::cancel_lane(&mut self.con.clone(), &lane, &stored).await
             })
             .await?;
@@ -477,13 +524,14 @@ impl Client {
     pub(super) async fn reschedule_in_lane(
         &self,
         book: &LaneBook,
+        dest: Option<&str>,
         id: &str,
         due: Due,
     ) -> Result<Option<i64>, ClientError> {
         let wake = self.keys().wake_channel();
         let wake = &wake;
         Ok(self
-            .on_lane(book, id, |lane, stored| async move {
+            .on_lane(book, dest, id, |lane, stored| async move {
                 scripts::reschedule_lane(&mut self.con.clone(), &lane, wake, &stored, due).await
             })
             .await?
@@ -493,11 +541,12 @@ impl Client {
     pub(super) async fn get_in_lane(
         &self,
         book: &LaneBook,
+        dest: Option<&str>,
         id: &str,
         preview: Option<usize>,
     ) -> Result<Option<JobView>, ClientError> {
         for last in [false, true] {
-            let Some((lane, stored)) = self.find_in_lanes(book, id, Held::Stored).await? else {
+            let Some((lane, stored)) = self.lane_of(book, dest, id).await? else {
                 return Ok(None);
             };
             let Some(job) = store::lanes::get(&mut self.con.clone(), &lane, &stored).await? else {

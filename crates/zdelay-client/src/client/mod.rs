@@ -18,7 +18,7 @@ use crate::keys::{Keys, LAYOUT_VERSION, NEWEST_LAYOUT};
 use crate::routes::{Refused, Routes};
 use crate::store::scripts::{self, EnqueueCall, EnqueueItem, EnvelopeHead, PEEK_HEAD_MAX};
 use crate::store::{self, Conn, Layout, StoreError};
-use lanes::{Found, Held, LaneBook};
+use lanes::LaneBook;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
@@ -61,7 +61,8 @@ pub enum ClientError {
     /// On storage layout 2, a user-chosen id held by more than one route's lane.
     #[error(
         "job id {id:?} is stored for routes {}: on storage layout 2 a user-chosen id is unique \
-         per route only, so it cannot be found by id alone; use ids unique across routes",
+         per route only, so it cannot be found by id alone; give its destination (--dest, \
+         Client::cancel_in and its siblings), or use ids unique across routes",
         routes.join(" and ")
     )]
     AmbiguousId { id: String, routes: Vec<String> },
@@ -610,10 +611,23 @@ impl Client {
 
     /// Cancels a pending job.
     pub async fn cancel(&self, id: &str) -> Result<Cancelled, ClientError> {
+        self.cancel_at(None, id).await
+    }
+
+    /// [`Client::cancel`] of the job `id` of destination `dest`. On storage layout 2 a
+    /// user-chosen id is unique per route only: with its destination the job is found in one
+    /// call, also when other routes hold the same id (without, that is `AmbiguousId`). On
+    /// layout 1 ids are unique per namespace and `dest` changes nothing.
+    pub async fn cancel_in(&self, dest: &str, id: &str) -> Result<Cancelled, ClientError> {
+        self.cancel_at(Some(dest), id).await
+    }
+
+    /// [`Client::cancel`], or [`Client::cancel_in`] when `dest` is given.
+    pub async fn cancel_at(&self, dest: Option<&str>, id: &str) -> Result<Cancelled, ClientError> {
         if let Some(book) = self.lane_book()
-            && self.locate(book, id, Held::Stored).await? != Found::Shard
+            && self.in_a_lane(book, dest, id).await?
         {
-            return self.cancel_in_lane(book, id).await;
+            return self.cancel_in_lane(book, dest, id).await;
         }
         self.fenced(|keys| async move {
             let keys = keys.shard(keys.shard_of(id));
@@ -624,11 +638,32 @@ impl Client {
 
     /// Moves a pending job to a new due time; `None` when it is not pending.
     pub async fn reschedule(&self, id: &str, due: Due) -> Result<Option<i64>, ClientError> {
+        self.reschedule_at(None, id, due).await
+    }
+
+    /// [`Client::reschedule`] of the job `id` of destination `dest` (see
+    /// [`Client::cancel_in`]).
+    pub async fn reschedule_in(
+        &self,
+        dest: &str,
+        id: &str,
+        due: Due,
+    ) -> Result<Option<i64>, ClientError> {
+        self.reschedule_at(Some(dest), id, due).await
+    }
+
+    /// [`Client::reschedule`], or [`Client::reschedule_in`] when `dest` is given.
+    pub async fn reschedule_at(
+        &self,
+        dest: Option<&str>,
+        id: &str,
+        due: Due,
+    ) -> Result<Option<i64>, ClientError> {
         check_due(due)?;
         if let Some(book) = self.lane_book()
-            && self.locate(book, id, Held::Stored).await? != Found::Shard
+            && self.in_a_lane(book, dest, id).await?
         {
-            return self.reschedule_in_lane(book, id, due).await;
+            return self.reschedule_in_lane(book, dest, id, due).await;
         }
         self.fenced(|keys| async move {
             let keys = keys.shard(keys.shard_of(id));
@@ -640,12 +675,12 @@ impl Client {
     /// Looks a job up by id in its shard; `None` when it is not stored (delivered,
     /// cancelled, purged, or never enqueued).
     pub async fn get(&self, id: &str) -> Result<Option<JobView>, ClientError> {
-        if let Some(book) = self.lane_book()
-            && self.locate(book, id, Held::Stored).await? != Found::Shard
-        {
-            return self.get_in_lane(book, id, None).await;
-        }
-        self.fenced(|keys| self.get_in(keys, id, None)).await
+        self.get_at(None, id, None).await
+    }
+
+    /// [`Client::get`] of the job `id` of destination `dest` (see [`Client::cancel_in`]).
+    pub async fn get_in(&self, dest: &str, id: &str) -> Result<Option<JobView>, ClientError> {
+        self.get_at(Some(dest), id, None).await
     }
 
     /// Like [`Client::get`], with at most the first `preview` bytes of the payload: they are
@@ -656,16 +691,27 @@ impl Client {
         id: &str,
         preview: usize,
     ) -> Result<Option<JobView>, ClientError> {
+        self.get_at(None, id, Some(preview)).await
+    }
+
+    /// [`Client::get`] (or [`Client::get_preview`] with `preview`), in `dest` when given
+    /// ([`Client::get_in`]).
+    pub async fn get_at(
+        &self,
+        dest: Option<&str>,
+        id: &str,
+        preview: Option<usize>,
+    ) -> Result<Option<JobView>, ClientError> {
         if let Some(book) = self.lane_book()
-            && self.locate(book, id, Held::Stored).await? != Found::Shard
+            && self.in_a_lane(book, dest, id).await?
         {
-            return self.get_in_lane(book, id, Some(preview)).await;
+            return self.get_in_lane(book, dest, id, preview).await;
         }
-        self.fenced(|keys| self.get_in(keys, id, Some(preview)))
+        self.fenced(|keys| self.get_in_shard(keys, id, preview))
             .await
     }
 
-    async fn get_in(
+    async fn get_in_shard(
         &self,
         keys: Keys,
         id: &str,
