@@ -580,6 +580,30 @@ fn selected_score_arg(score: Option<f64>) -> String {
     score.map(|s| s.to_string()).unwrap_or_default()
 }
 
+/// Adds the ARGV pairs of a selection: id, the dead score it was selected with.
+fn add_selected(inv: &mut Call, ids: &[(String, Option<f64>)]) {
+    for (id, selected) in ids {
+        inv.arg(id).arg(selected_score_arg(*selected));
+    }
+}
+
+/// Runs a replay script (`replay_dead`, `replay_dead_lane`) on the selection `ids`.
+async fn invoke_replay(
+    con: &mut Conn,
+    inv: &mut Call,
+    ids: &[(String, Option<f64>)],
+) -> redis::RedisResult<Replayed> {
+    add_selected(inv, ids);
+    let (replayed, orphans, skipped, due_ms): (u64, u64, u64, i64) = inv.invoke(con).await?;
+    Ok(Replayed {
+        replayed,
+        orphans,
+        skipped,
+        due_ms: (replayed > 0).then_some(due_ms),
+        history_pruned: 0,
+    })
+}
+
 /// Makes dead jobs due at `due` (Redis `TIME` based for `Due::In`), each only if its dead
 /// score is still the one it was selected with (`None`: whatever it is). `reset_attempts`
 /// drops the envelope's attempt count; `history_cap` bounds each id's history.
@@ -597,17 +621,7 @@ pub async fn replay_dead(
         .arg(keys.shard)
         .arg(if reset_attempts { "reset" } else { "keep" })
         .arg(history_cap);
-    for (id, selected) in ids {
-        inv.arg(id).arg(selected_score_arg(*selected));
-    }
-    let (replayed, orphans, skipped, due_ms): (u64, u64, u64, i64) = inv.invoke(con).await?;
-    Ok(Replayed {
-        replayed,
-        orphans,
-        skipped,
-        due_ms: (replayed > 0).then_some(due_ms),
-        history_pruned: 0,
-    })
+    invoke_replay(con, &mut inv, ids).await
 }
 
 /// Deletes dead jobs (envelope, reason, history), each only if its dead score is still the
@@ -618,9 +632,7 @@ pub async fn purge_dead(
     ids: &[(String, Option<f64>)],
 ) -> redis::RedisResult<(u64, u64)> {
     let mut inv = fenced_invocation(&compiled::purge_dead, "purge_dead", keys);
-    for (id, selected) in ids {
-        inv.arg(id).arg(selected_score_arg(*selected));
-    }
+    add_selected(&mut inv, ids);
     inv.invoke(con).await
 }
 
@@ -813,17 +825,7 @@ pub async fn replay_dead_lane(
         .arg(wake_channel)
         .arg(lane.wake_name())
         .arg(history_cap);
-    for (id, selected) in ids {
-        inv.arg(id).arg(selected_score_arg(*selected));
-    }
-    let (replayed, orphans, skipped, due_ms): (u64, u64, u64, i64) = inv.invoke(con).await?;
-    Ok(Replayed {
-        replayed,
-        orphans,
-        skipped,
-        due_ms: (replayed > 0).then_some(due_ms),
-        history_pruned: 0,
-    })
+    invoke_replay(con, &mut inv, ids).await
 }
 
 /// [`purge_dead`] for the stored ids of a route lane (its meta goes too). Returns (purged,
@@ -842,9 +844,7 @@ pub async fn purge_dead_lane(
         .key(&k.history)
         .key(&k.marker)
         .arg(lane.marker());
-    for (id, selected) in ids {
-        inv.arg(id).arg(selected_score_arg(*selected));
-    }
+    add_selected(&mut inv, ids);
     inv.invoke(con).await
 }
 
