@@ -21,7 +21,7 @@
 -- KEYS[2] slots     HASH {zdelay}:slots             "<target>#<k>" -> instance id
 -- KEYS[3] sources   HASH {zdelay}:instance_sources  id -> its raw sources' targets, "\n"-separated
 -- ARGV[1] this instance's id; ARGV[2] registration lifetime ms (the slot lease)
--- ARGV[3] slots per target (1 or 2); ARGV[4] the shard count (0 on storage layout 2: no shard is polled)
+-- ARGV[3] slots per target (1 or 2); ARGV[4] the shard count (on storage layout 2: the spread shards)
 -- ARGV[5] this process's nonce (new at every start)
 -- ARGV[6] its standing: "new" (no heartbeat yet), "held" (renewed within a lease), "lost"
 --   (registered once, but no renewal for a lease)
