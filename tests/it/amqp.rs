@@ -409,6 +409,16 @@ fn amqp_throughput_with_confirms() {
 /// confirms, acked; read back by pika with their headers and idempotency key.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_rabbitmq() {
+    daemon_delivers_to_rabbitmq(1);
+}
+
+/// The same on a namespace on storage layout 2, whose two-phase jobs wait in spread shards.
+#[test]
+fn daemon_delivers_scheduled_jobs_to_rabbitmq_on_layout_2() {
+    daemon_delivers_to_rabbitmq(2);
+}
+
+fn daemon_delivers_to_rabbitmq(layout: u32) {
     use crate::common::{Daemon, RedisServer, TestConfig};
     use zdelay::client::{NewJob, OnConflict};
 
@@ -432,10 +442,14 @@ target = "/{queue}"
 priority = 7
 "#
     );
-    let config = TestConfig::new(&redis.url(), 2, &extra);
+    let mut config = TestConfig::new(&redis.url(), 2, &extra);
+    if layout == 2 {
+        config = config.on_layout_2();
+    }
     let daemon = Daemon::start(&config);
     let rt = rt();
     let client = crate::common::client(&rt, &redis.url(), 2);
+    assert_eq!(client.storage_layout(), layout);
     let mut jobs: Vec<NewJob> = (0..200)
         .map(|i| {
             NewJob::new("billing", vec![i as u8, 0, 255])
@@ -467,7 +481,8 @@ priority = 7
         assert_eq!(m.priority, Some(7), "the route's priority lane");
     }
     let mut con = redis.conn();
-    crate::common::wait_all_settled(&mut con, 2, std::time::Duration::from_secs(10));
+    let keys = zdelay::keys::Keys::for_layout("zdelay", 2, layout);
+    crate::common::wait_all_settled_in(&mut con, &keys, std::time::Duration::from_secs(10));
     let (_, metrics) = daemon.admin_get("/metrics").expect("metrics");
     assert!(
         metrics.contains("zdelay_sink_messages_total{sink=\"rabbit\",outcome=\"delivered\"} 201"),

@@ -489,7 +489,17 @@ fn kafka_throughput_100k() {
 /// broker with key = id and the `zdelay-id` header, confirmed (acks=all) before the ack.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_kafka() {
-    use crate::common::{Daemon, RedisServer, TestConfig, client, wait_all_settled};
+    daemon_delivers_to_kafka(1);
+}
+
+/// The same on a namespace on storage layout 2, whose two-phase jobs wait in spread shards.
+#[test]
+fn daemon_delivers_scheduled_jobs_to_kafka_on_layout_2() {
+    daemon_delivers_to_kafka(2);
+}
+
+fn daemon_delivers_to_kafka(layout: u32) {
+    use crate::common::{Daemon, RedisServer, TestConfig, client, wait_all_settled_in};
     use zdelay::client::{NewJob, OnConflict};
 
     let svc = Services::get();
@@ -510,10 +520,14 @@ sink = "kafka"
 target = "{topic}"
 "#
     );
-    let config = TestConfig::new(&redis.url(), 2, &extra);
+    let mut config = TestConfig::new(&redis.url(), 2, &extra);
+    if layout == 2 {
+        config = config.on_layout_2();
+    }
     let _daemon = Daemon::start(&config);
     let rt = common::runtime();
     let client = client(&rt, &redis.url(), 2);
+    assert_eq!(client.storage_layout(), layout);
     let mut jobs: Vec<NewJob> = (0..200)
         .map(|i| {
             NewJob::new("orders", vec![i as u8, 0, 0xff])
@@ -529,7 +543,8 @@ target = "{topic}"
         .map(|r| r.expect("enqueued").0)
         .collect();
     let mut con = redis.conn();
-    wait_all_settled(&mut con, 2, Duration::from_secs(60));
+    let keys = zdelay::keys::Keys::for_layout("zdelay", 2, layout);
+    wait_all_settled_in(&mut con, &keys, Duration::from_secs(60));
     let records = consume(&svc.python(), &brokers, &topic, 201);
     let mut seen = HashMap::new();
     for r in &records {

@@ -524,11 +524,19 @@ async fn nats_jetstream_throughput_100k() {
 fn daemon_delivers_scheduled_jobs_to_jetstream() {
     let services = Services::get();
     for (kind, url) in services.nats_servers() {
-        daemon_delivers_to_jetstream(&services, kind, &url);
+        daemon_delivers_to_jetstream(&services, kind, &url, 1);
     }
 }
 
-fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str) {
+/// The same on a namespace on storage layout 2, whose two-phase jobs wait in spread shards.
+#[test]
+fn daemon_delivers_scheduled_jobs_to_jetstream_on_layout_2() {
+    let services = Services::get();
+    let (kind, url) = services.nats_servers().pop().expect("a NATS server");
+    daemon_delivers_to_jetstream(&services, kind, &url, 2);
+}
+
+fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layout: u32) {
     use crate::common::{Daemon, RedisServer, TestConfig};
     use zdelay::client::{NewJob, OnConflict};
 
@@ -550,9 +558,14 @@ sink = "bus"
 target = "{prefix}.due"
 "#
     );
-    let config = TestConfig::new(&redis.url(), 2, &extra);
+    let mut config = TestConfig::new(&redis.url(), 2, &extra);
+    if layout == 2 {
+        config = config.on_layout_2();
+    }
     let daemon = Daemon::start(&config);
+    // A client without a layout of its own follows the namespace.
     let client = crate::common::client(&rt, &redis.url(), 2);
+    assert_eq!(client.storage_layout(), layout);
     let mut jobs: Vec<NewJob> = (0..300)
         .map(|i| {
             NewJob::new("events", binary_payload(i))
@@ -604,7 +617,8 @@ target = "{prefix}.due"
         }
     }
     let mut con = redis.conn();
-    crate::common::wait_all_settled(&mut con, 2, Duration::from_secs(10));
+    let keys = zdelay::keys::Keys::for_layout("zdelay", 2, layout);
+    crate::common::wait_all_settled_in(&mut con, &keys, Duration::from_secs(10));
     // The health check passes on this version too (2.9's account info once kept it down).
     crate::common::wait_for(
         "the sink checked up",

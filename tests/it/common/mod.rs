@@ -698,10 +698,28 @@ pub fn client(rt: &tokio::runtime::Runtime, url: &str, shards: u16) -> zdelay::C
 
 /// Waits until no job is stored or in flight in any shard: everything was settled.
 pub fn wait_all_settled(con: &mut redis::Connection, shards: u16, timeout: Duration) {
+    wait_all_settled_in(con, &zdelay::keys::Keys::new("zdelay", shards), timeout);
+}
+
+/// [`wait_all_settled`] in the shards of `keys` (layout 2's spread shards, say).
+pub fn wait_all_settled_in(
+    con: &mut redis::Connection,
+    keys: &zdelay::keys::Keys,
+    timeout: Duration,
+) {
     wait_for(
         "every job settled (jobs and inflight empty)",
         timeout,
-        || shard_total(con, shards, "jobs") == 0 && shard_total(con, shards, "inflight") == 0,
+        || {
+            (0..keys.shards()).all(|s| {
+                let (jobs, inflight): (usize, usize) = redis::pipe()
+                    .hlen(keys.jobs(s))
+                    .zcard(keys.inflight(s))
+                    .query(con)
+                    .expect("shard sizes");
+                jobs + inflight == 0
+            })
+        },
     );
 }
 
