@@ -53,6 +53,8 @@ pub struct Instance {
     pub sources: Vec<String>,
     /// Its last heartbeat, epoch ms (Redis clock).
     pub last_seen_ms: i64,
+    /// The zdelay version it runs (`None`: a build from before daemons registered it).
+    pub version: Option<String>,
 }
 
 /// The jobs waiting for one two-phase sink, over every shard.
@@ -311,6 +313,7 @@ pub async fn instances(
         .filter_map(|(id, registration)| {
             let (expires, seen) = scripts::registration_times(&registration)?;
             (expires > now_ms).then(|| Instance {
+                version: scripts::registration_version(&registration).map(str::to_owned),
                 id,
                 shards: Vec::new(),
                 sources: Vec::new(),

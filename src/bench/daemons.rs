@@ -406,6 +406,7 @@ mod tests {
             shards: shards.to_vec(),
             sources: Vec::new(),
             last_seen_ms: 0,
+            version: None,
         }
     }
 

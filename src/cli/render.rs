@@ -198,8 +198,12 @@ pub fn stats_text(stats: &Stats, shards: bool) -> String {
         } else {
             polls.join(", ")
         };
+        let version = i
+            .version
+            .as_deref()
+            .map_or(String::new(), |v| format!("zdelay {v}, "));
         out.push_str(&format!(
-            "instance {} (seen {} ago): polls {polls}\n",
+            "instance {} ({version}seen {} ago): polls {polls}\n",
             i.id,
             duration((stats.now_ms - i.last_seen_ms).max(0) as u64)
         ));

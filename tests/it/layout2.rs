@@ -166,6 +166,12 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         .find(|l| l["name"] == "a")
         .expect("route a's lane");
     assert_eq!(lane_a["scheduled"], 1, "{stats:#}");
+    // The daemon registered the version it runs.
+    assert_eq!(
+        stats["instances"][0]["version"],
+        zdelay::store::VERSION,
+        "{stats:#}"
+    );
     assert_eq!(lane_a["due_now"], 0, "{stats:#}");
     assert_eq!(stats["total"]["scheduled"], 1, "{stats:#}");
     // The spread shards (two-phase jobs) are counted too, and hold nothing here.

@@ -17,7 +17,7 @@
 -- registration taken from it and takes it back; the newcomer then finds its id held by a
 -- process that did not give it up, and refuses. Two live processes with one id never
 -- take turns: the one that has been running keeps the id.
--- KEYS[1] instances HASH {zdelay}:instances         id -> "<registration expiry ms> <last heartbeat ms> <nonce> <nonce it was taken from, or ->"
+-- KEYS[1] instances HASH {zdelay}:instances         id -> "<registration expiry ms> <last heartbeat ms> <nonce> <nonce it was taken from, or -> <version>"
 -- KEYS[2] slots     HASH {zdelay}:slots             "<target>#<k>" -> instance id
 -- KEYS[3] sources   HASH {zdelay}:instance_sources  id -> its raw sources' targets, "\n"-separated
 -- ARGV[1] this instance's id; ARGV[2] registration lifetime ms (the slot lease)
@@ -25,7 +25,9 @@
 -- ARGV[5] this process's nonce (new at every start)
 -- ARGV[6] its standing: "new" (no heartbeat yet), "held" (renewed within a lease), "lost"
 --   (registered once, but no renewal for a lease)
--- ARGV[7..] this instance's raw source and route lane targets ("source:<key>", "lane:<n>")
+-- ARGV[7] this process's zdelay version (what `zdelay stats` shows, and what an upgrade of the
+--   namespace's storage layout checks)
+-- ARGV[8..] this instance's raw source and route lane targets ("source:<key>", "lane:<n>")
 -- Returns: { registration, live instances, then this instance's targets (each once) };
 --   registration 0 = registered or renewed, 1 = took over a live registration of this id
 --   (a previous life), 2 = took it back from a newer process with this id (which will
@@ -57,9 +59,9 @@ if current then
     taken_from = from
   end
 end
-redis.call('HSET', instances_key, me, string.format('%d %d %s %s', now + ttl, now, nonce, taken_from))
+redis.call('HSET', instances_key, me, string.format('%d %d %s %s %s', now + ttl, now, nonce, taken_from, ARGV[7]))
 local my_sources = {}
-for i = 7, #ARGV do my_sources[#my_sources + 1] = ARGV[i] end
+for i = 8, #ARGV do my_sources[#my_sources + 1] = ARGV[i] end
 if #my_sources > 0 then
   redis.call('HSET', sources_key, me, table.concat(my_sources, '\n'))
 else

@@ -142,9 +142,10 @@ pages.overview = async function () {
 
   out.push(el("h2", { text: "Instances and the shards they poll" }));
   out.push(s.instances.length === 0 ? el("p", { class: "muted", text: "No daemon registered." }) :
-    table(["instance", "shards", "raw sources", "last heartbeat"], s.instances.map(i =>
+    table(["instance", "version", "shards", "raw sources", "last heartbeat"], s.instances.map(i =>
       el("tr", { "data-instance": i.id },
         el("td", { text: i.id }),
+        el("td", { text: i.version ?? "—" }),
         el("td", { text: i.shards.join(", ") || "—" }),
         el("td", { text: i.sources.join(", ") || "—" }),
         el("td", { text: when(i.last_seen_ms, now) })))));

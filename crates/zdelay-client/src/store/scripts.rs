@@ -1774,6 +1774,12 @@ pub fn registration_times(value: &str) -> Option<(i64, i64)> {
     Some((expiry, last))
 }
 
+/// The zdelay version a registration (`{ns}:instances`) names: its fifth field, written
+/// since this field exists (`None` for a daemon of an older build).
+pub fn registration_version(value: &str) -> Option<&str> {
+    value.split(' ').nth(4).filter(|v| !v.is_empty())
+}
+
 /// This process's registration: its instance id and the nonce it registers with.
 #[derive(Debug, Clone, Copy)]
 pub struct Registrant<'a> {
@@ -1784,7 +1790,7 @@ pub struct Registrant<'a> {
 /// What a daemon polls, as `claim_slots` plans it.
 #[derive(Debug, Clone, Copy)]
 pub struct PolledTargets<'a> {
-    /// Shards `0..shards`, polled by every daemon (none on storage layout 2).
+    /// Shards `0..shards`, polled by every daemon (layout 2's spread shards on layout 2).
     pub shards: u16,
     /// This daemon's raw sources and route lanes, by slot name (`source:<key>`, `lane:<n>`).
     pub named: &'a [String],
@@ -1811,6 +1817,7 @@ pub async fn claim_slots(
         .arg(targets.shards)
         .arg(me.nonce)
         .arg(standing.as_arg())
+        .arg(super::VERSION)
         .arg(targets.named)
         .invoke(con)
         .await?;
@@ -2586,6 +2593,13 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn registrations_name_their_version_from_the_fifth_field() {
+        assert_eq!(registration_version("20 10 n1 - 0.1.0"), Some("0.1.0"));
+        assert_eq!(registration_version("20 10 n1 -"), None, "an older build's");
+        assert_eq!(registration_times("20 10 n1 - 0.1.0"), Some((20, 10)));
     }
 
     #[test]
