@@ -503,6 +503,19 @@ fn schedules_live_and_fire_in_their_destinations_lanes() {
     let mut con = redis.conn();
     // Five occurrences 200 ms apart, from half a second on: then the schedule ends.
     let base = redis_now_ms(&mut con) + 500;
+    // A schedule id may start with `~` (only job ids are generated in that form).
+    let tilde = NewSchedule::new(
+        "~hourly",
+        "b",
+        "h",
+        Repeat::Every(Duration::from_secs(3600)),
+    );
+    rt.block_on(lib.schedule_set(tilde))
+        .expect("a ~ schedule id");
+    assert!(
+        rt.block_on(lib.schedule_delete("~hourly"))
+            .expect("delete it")
+    );
     let mut spec = NewSchedule::new("tick", "a", "t", Repeat::Every(Duration::from_millis(200)));
     spec.start_at = Some(base);
     spec.end_at = Some(base + 900);

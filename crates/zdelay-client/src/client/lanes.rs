@@ -375,7 +375,7 @@ impl Client {
         id: &str,
         held: Held,
     ) -> Result<Found, ClientError> {
-        if is_reserved(id) {
+        if generated(id, held) {
             return Ok(Found::Lane);
         }
         let keys = self.keys();
@@ -411,7 +411,7 @@ impl Client {
         id: &str,
         held: Held,
     ) -> Result<Option<(Lane, String)>, ClientError> {
-        if is_reserved(id) {
+        if generated(id, held) {
             let parsed = LaneId::parse(id)?;
             let mut lane = book.registry().lane(parsed.lane).cloned();
             if lane.is_none() {
@@ -599,6 +599,12 @@ impl Client {
         }
         unreachable!("the second try returns")
     }
+}
+
+/// Whether `id` is a generated job id (`~<lane>.<stored id>`), which names its lane. Schedule
+/// ids are never generated: one starting with `~` is looked for like any other.
+fn generated(id: &str, held: Held) -> bool {
+    is_reserved(id) && !matches!(held, Held::Schedule)
 }
 
 /// A destination with no lane: on layout 2 only local routes have one, registered by a
