@@ -769,12 +769,19 @@ fn get_reads_a_job_in_each_state_with_the_lane_marker() {
             state: JobState::Scheduled,
             score: Some(later as f64),
             payload: b"p1".to_vec(),
+            payload_size: 2,
             meta: Some(meta.to_owned()),
             max_lateness_ms: Some(5_000),
             reason: None,
             marker: marker.clone(),
         })
     );
+    // With a preview the payload is cut inside Redis; its size is the whole one's.
+    let cut =
+        s.rt.block_on(lanes::get_preview(&mut s.con, &s.lane, "scheduled", 1))
+            .expect("get_preview")
+            .expect("stored");
+    assert_eq!((cut.payload, cut.payload_size), (b"p".to_vec(), 2));
     let due = s.get("due").expect("stored");
     assert_eq!(
         (

@@ -110,6 +110,23 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         ))
         .expect("enqueue far");
 
+    // A preview of a large payload is cut inside Redis; the size is the whole payload's.
+    let (big, _) = rt
+        .block_on(lib.enqueue(
+            NewJob::new("b", vec![b'x'; 10_000]).after(Duration::from_secs(600)),
+            OnConflict::Error,
+        ))
+        .expect("enqueue big");
+    let view = rt
+        .block_on(lib.get_preview(&big, 100))
+        .expect("get_preview")
+        .expect("stored");
+    let envelope = view.envelope.as_ref().expect("readable");
+    assert_eq!((envelope.payload.len(), view.payload_size), (100, 10_000));
+    assert_eq!(
+        rt.block_on(lib.cancel(&big)).expect("cancel big"),
+        zdelay::Cancelled::Cancelled
+    );
     // No layout-1 shard holds anything: the jobs are in their routes' lanes.
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).expect("KEYS");
     assert!(

@@ -549,7 +549,12 @@ impl Client {
             let Some((lane, stored)) = self.lane_of(book, dest, id).await? else {
                 return Ok(None);
             };
-            let Some(job) = store::lanes::get(&mut self.con.clone(), &lane, &stored).await? else {
+            let mut con = self.con.clone();
+            let job = match preview {
+                None => store::lanes::get(&mut con, &lane, &stored).await?,
+                Some(n) => store::lanes::get_preview(&mut con, &lane, &stored, n).await?,
+            };
+            let Some(job) = job else {
                 return Ok(None);
             };
             if job.marker.as_deref() != Some(lane.marker().as_str()) {
@@ -564,11 +569,8 @@ impl Client {
                 self.refresh_lanes(book).await?;
                 continue;
             }
-            let payload_size = job.payload.len() as u64;
-            let mut payload = job.payload;
-            if let Some(preview) = preview {
-                payload.truncate(preview);
-            }
+            let payload_size = job.payload_size;
+            let payload = job.payload;
             let mut meta: Meta = match job.meta.as_deref() {
                 Some(text) => serde_json::from_str(text).map_err(|e| {
                     StoreError::Schema(format!(

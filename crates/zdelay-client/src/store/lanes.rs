@@ -149,8 +149,11 @@ pub struct LaneJob {
     pub state: JobState,
     /// Its due ms while waiting, the ms it died when dead; `None` for an orphan.
     pub score: Option<f64>,
-    /// Raw bytes (a dead job keeps its payload); empty when none is stored.
+    /// Raw bytes (a dead job keeps its payload); empty when none is stored. Read with a
+    /// preview ([`get_preview`]): its first bytes only, cut inside Redis.
     pub payload: Vec<u8>,
+    /// The whole payload's size in bytes.
+    pub payload_size: u64,
     /// Meta JSON, for a job whose meta is not all defaults.
     pub meta: Option<String>,
     /// Not delivered later than this after its due (it dies `expired`).
@@ -176,16 +179,39 @@ pub struct LaneLookup {
 /// caller checks it is `lane.marker()` (a retired lane's marker names its successor, where
 /// the job may be now). [`lookup`] returns the marker when the job is not found, too.
 pub async fn get(con: &mut Conn, lane: &Lane, id: &str) -> Result<Option<LaneJob>, StoreError> {
-    Ok(lookup(con, lane, id).await?.job)
+    Ok(read(con, lane, id, None).await?.job)
+}
+
+/// [`get`] with at most the first `preview` bytes of the payload, cut inside Redis
+/// (`peek_dead_lane`), so a large payload is never sent whole.
+pub async fn get_preview(
+    con: &mut Conn,
+    lane: &Lane,
+    id: &str,
+    preview: usize,
+) -> Result<Option<LaneJob>, StoreError> {
+    Ok(read(con, lane, id, Some(preview)).await?.job)
 }
 
 /// [`get`], with the marker also when the job is not found (a caller following a retired
 /// lane needs it then).
 pub async fn lookup(con: &mut Conn, lane: &Lane, id: &str) -> Result<LaneLookup, StoreError> {
+    read(con, lane, id, None).await
+}
+
+/// [`lookup`], reading the payload whole or (`preview`) its first bytes.
+async fn read(
+    con: &mut Conn,
+    lane: &Lane,
+    id: &str,
+    preview: Option<usize>,
+) -> Result<LaneLookup, StoreError> {
     type Reply = (
         (i64, i64),
         Option<f64>,
         Option<Vec<u8>>,
+        u64,
+        bool,
         Option<String>,
         Option<String>,
         Option<f64>,
@@ -194,16 +220,56 @@ pub async fn lookup(con: &mut Conn, lane: &Lane, id: &str) -> Result<LaneLookup,
     );
     let k = &lane.keys;
     let mut pipe = redis::pipe();
-    pipe.cmd("TIME")
-        .zscore(&k.due, id)
-        .hget(&k.jobs, id)
+    pipe.cmd("TIME").zscore(&k.due, id);
+    // The payload, or its size and whether it is stored (HSTRLEN cannot tell an empty one).
+    match preview {
+        None => pipe.hget(&k.jobs, id).cmd("HSTRLEN").arg(&k.jobs).arg(id),
+        Some(_) => pipe.cmd("ECHO").arg("").cmd("HSTRLEN").arg(&k.jobs).arg(id),
+    };
+    pipe.hexists(&k.jobs, id)
         .hget(&k.meta, id)
         .hget(&k.maxlate, id)
         .zscore(&k.dead, id)
         .hget(&k.reasons, id)
         .get(&k.marker);
-    let ((secs, micros), due, payload, meta, max_lateness, dead, reason, marker): Reply =
-        pipe.query_async(con).await?;
+    let (
+        (secs, micros),
+        due,
+        payload,
+        payload_size,
+        stored,
+        meta,
+        max_lateness,
+        dead,
+        reason,
+        mut marker,
+    ): Reply = pipe.query_async(con).await?;
+    let payload = match (preview, stored) {
+        (None, _) => payload,
+        (Some(_), false) => None,
+        (Some(0), true) => Some(Vec::new()),
+        (Some(n), true) => {
+            match super::scripts::peek_dead_lane(con, lane, &[id.to_owned()], n).await {
+                Ok(mut peeked) => Some(
+                    peeked
+                        .pop()
+                        .and_then(|peek| match peek.envelope {
+                            super::scripts::EnvelopeHead::Frame { payload_start, .. } => {
+                                Some(payload_start)
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or_default(),
+                ),
+                // The lane changed since its marker was read: the caller reads it again.
+                Err(e) if is_lane_refusal(&e) => {
+                    marker = None;
+                    Some(Vec::new())
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
     let max_lateness_ms = match max_lateness {
         Some(text) => Some(text.parse::<u64>().map_err(|_| {
             StoreError::Schema(format!(
@@ -218,13 +284,14 @@ pub async fn lookup(con: &mut Conn, lane: &Lane, id: &str) -> Result<LaneLookup,
         (Some(s), _) if s > now_ms => (JobState::Scheduled, Some(s)),
         (Some(s), _) => (JobState::Due, Some(s)),
         (None, Some(s)) => (JobState::Dead, Some(s)),
-        (None, None) if payload.is_some() => (JobState::Orphan, None),
+        (None, None) if stored => (JobState::Orphan, None),
         (None, None) => return Ok(LaneLookup { marker, job: None }),
     };
     let job = LaneJob {
         state,
         score,
         payload: payload.unwrap_or_default(),
+        payload_size,
         meta,
         max_lateness_ms,
         reason,
