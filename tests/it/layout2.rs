@@ -770,6 +770,31 @@ push = "rpush"
     drop(daemon);
 }
 
+/// Raw sources work as on layout 1: members `ZADD`ed by any client reach the route's list.
+#[test]
+fn a_raw_source_delivers_on_layout_2() {
+    let redis = RedisServer::start();
+    let routes = format!("{ROUTES}\n[[sources]]\nkey = \"delayed:a\"\nroute = \"a\"\n");
+    let config = TestConfig::new(&redis.url(), 4, &routes).on_layout_2();
+    let daemon = Daemon::start(&config);
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    for i in 0..50 {
+        let _: () = redis::cmd("ZADD")
+            .arg("delayed:a")
+            .arg(now + 200 + i)
+            .arg(format!("r{i}"))
+            .query(&mut con)
+            .unwrap();
+    }
+    wait_for("the raw members delivered", Duration::from_secs(10), || {
+        lrange(&mut con, "q:a").len() == 50
+    });
+    let expected: Vec<Vec<u8>> = (0..50).map(|i| format!("r{i}").into_bytes()).collect();
+    assert_eq!(lrange(&mut con, "q:a"), expected, "in due order, once each");
+    drop(daemon);
+}
+
 #[test]
 fn a_daemon_moves_a_lane_registered_again_by_another_config() {
     use zdelay::store::{Conn, lanes};
