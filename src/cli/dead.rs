@@ -100,6 +100,11 @@ pub struct ShowArgs {
     /// ID is a dead member of this configured raw source (its key).
     #[arg(long, value_name = "KEY")]
     source: Option<String>,
+    /// The job's destination (its route, or <sink>/<target>): on storage layout 2 a
+    /// user-chosen id is unique per route only, and this finds it in one call, also when
+    /// other routes hold the same id. Not needed on layout 1.
+    #[arg(long, conflicts_with = "source")]
+    dest: Option<String>,
     #[command(flatten)]
     output: super::Output,
 }
@@ -279,24 +284,26 @@ async fn show(client: &Client, config: &Config, args: ShowArgs) -> anyhow::Resul
             ),
         });
     }
-    Ok(match client.dead_show(&args.id).await? {
-        Some(job) => {
-            if args.output.is_json() {
-                let v = render::dead_detail_json(&job);
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                print!("{}", render::dead_detail(&job));
+    Ok(
+        match client.dead_show_at(args.dest.as_deref(), &args.id).await? {
+            Some(job) => {
+                if args.output.is_json() {
+                    let v = render::dead_detail_json(&job);
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                } else {
+                    print!("{}", render::dead_detail(&job));
+                }
+                0
             }
-            0
-        }
-        None => super::not_found(
-            false,
-            &format!(
-                "{} is not dead (`zdelay get {}` says whether and where it is stored)",
-                args.id, args.id
+            None => super::not_found(
+                false,
+                &format!(
+                    "{} is not dead (`zdelay get {}` says whether and where it is stored)",
+                    args.id, args.id
+                ),
             ),
-        ),
-    })
+        },
+    )
 }
 
 async fn replay(client: &Client, config: &Config, args: ReplayArgs) -> anyhow::Result<i32> {

@@ -429,6 +429,15 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
         matches!(&err, ClientError::AmbiguousId { routes, .. } if routes == &["a", "b"]),
         "{err}"
     );
+    // With its destination it is found in one call.
+    let in_b = rt
+        .block_on(lib.dead_show_at(Some("b"), "dup-d"))
+        .expect("show in b")
+        .expect("dead in b");
+    assert_eq!(in_b.payload, b"pb2");
+    let out = config.cli(&["dead", "show", "dup-d", "--dest", "a", "--json"]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && shown.contains("pa2"), "{shown}");
     // The CLI and the console list them with their lanes.
     let out = config.cli(&["dead", "list", "--json"]);
     assert!(

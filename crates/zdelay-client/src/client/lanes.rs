@@ -433,7 +433,7 @@ impl Client {
     /// The lane of job `id` and its stored id there: with `dest`, that destination's lane
     /// (one lookup of the registry, no search; a generated id naming another lane is in none);
     /// without, the lane found by [`Client::find_in_lanes`].
-    async fn lane_of(
+    pub(crate) async fn lane_of(
         &self,
         book: &LaneBook,
         dest: Option<&str>,

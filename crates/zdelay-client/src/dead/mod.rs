@@ -770,16 +770,29 @@ impl Client {
     /// its payload (never more: the payload is cut inside Redis); `None` when `id` is not
     /// dead.
     pub async fn dead_show(&self, id: &str) -> Result<Option<DeadJobDetail>, ClientError> {
-        self.fenced_by_layout("the dead letters", |layout| self.dead_show_in(layout, id))
-            .await
+        self.dead_show_at(None, id).await
+    }
+
+    /// [`Client::dead_show`] of the job `id` of destination `dest` (see
+    /// [`Client::cancel_in`]), or by id alone when `dest` is `None`.
+    pub async fn dead_show_at(
+        &self,
+        dest: Option<&str>,
+        id: &str,
+    ) -> Result<Option<DeadJobDetail>, ClientError> {
+        self.fenced_by_layout("the dead letters", |layout| {
+            self.dead_show_in(layout, dest, id)
+        })
+        .await
     }
 
     async fn dead_show_in(
         &self,
         layout: Keys,
+        dest: Option<&str>,
         id: &str,
     ) -> Result<Option<DeadJobDetail>, ClientError> {
-        let Some((home, stored)) = self.dead_home_of(&layout, id).await? else {
+        let Some((home, stored)) = self.dead_home_of(&layout, dest, id).await? else {
             return Ok(None);
         };
         let mut con = self.con.clone();
@@ -808,6 +821,7 @@ impl Client {
     async fn dead_home_of(
         &self,
         layout: &Keys,
+        dest: Option<&str>,
         id: &str,
     ) -> Result<Option<(DeadHome, String)>, ClientError> {
         let in_shard = || {
@@ -817,6 +831,15 @@ impl Client {
         let Some(book) = self.lane_book() else {
             return Ok(in_shard());
         };
+        if let Some(dest) = dest {
+            return Ok(match self.in_a_lane(book, Some(dest), id).await? {
+                true => self
+                    .lane_of(book, Some(dest), id)
+                    .await?
+                    .map(|(lane, stored)| (DeadHome::Lane(lane), stored)),
+                false => in_shard(),
+            });
+        }
         Ok(match self.locate(book, id, Held::Dead).await? {
             Found::Shard => in_shard(),
             Found::Lane => self
@@ -979,7 +1002,7 @@ impl Client {
             if let DeadSelection::Ids(ids) = selection {
                 // The scripts that act on them check each shard's layout marker (each lane's).
                 for id in ids {
-                    let Some((home, stored)) = self.dead_home_of(layout, id).await? else {
+                    let Some((home, stored)) = self.dead_home_of(layout, None, id).await? else {
                         unknown += 1;
                         continue;
                     };
