@@ -329,6 +329,11 @@ pub async fn instances(
             Some(TargetId::Shard(shard)) => instance.shards.push(shard),
             Some(TargetId::Source(source)) => instance.sources.push(source),
             Some(lane @ TargetId::Lane(_)) => instance.sources.push(poller::slot_name(&lane)),
+            // A group of route lanes (`lanes:<group>:<members>`).
+            None if slot.starts_with("lanes:") => {
+                let group = slot.rsplit_once('#').map_or(slot.as_str(), |(g, _)| g);
+                instance.sources.push(group.to_owned());
+            }
             None => {}
         }
     }

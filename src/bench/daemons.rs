@@ -89,13 +89,13 @@ pub(super) fn all_polled(instances: &[Instance], n: usize, shards: u16, per_shar
         && (0..shards).all(|s| instances.iter().filter(|i| i.shards.contains(&s)).count() == want)
 }
 
-/// On storage layout 2 (no shard is polled): whether the registry shows exactly `n` live
-/// instances and the bench route's lane polled by as many of them as a shard would be.
+/// On storage layout 2: whether the registry shows exactly `n` live instances and the bench
+/// route's lane (its group) polled by as many of them as a shard would be.
 pub(super) fn lane_polled(instances: &[Instance], n: usize, per_shard: u8) -> bool {
     let want = (per_shard as usize).min(n);
     let polling = instances
         .iter()
-        .filter(|i| i.sources.iter().any(|s| s.starts_with("lane:")))
+        .filter(|i| i.sources.iter().any(|s| s.starts_with("lane")))
         .count();
     instances.len() == n && polling == want
 }

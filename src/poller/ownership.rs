@@ -24,7 +24,7 @@
 
 use super::context::TargetId;
 use crate::metrics::{self, OWNED_SHARDS};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -92,6 +92,58 @@ pub fn target_of(name: &str) -> Option<TargetId> {
         .map(|key| TargetId::Source(key.to_owned()))
 }
 
+/// Route lanes are dealt in groups, not one slot each: lane `n` is in group `n % LANE_GROUPS`,
+/// so the heartbeat's plan (`claim_slots`, one Lua call a second per daemon) costs the same
+/// for 1,000 routes as for 64, and a group's holder polls every lane in it.
+pub const LANE_GROUPS: u32 = 64;
+
+/// This daemon's lanes by group. A group's slot name carries its members
+/// (`lanes:<group>:<hash of its lane numbers>`), so daemons whose configs differ (a rolling
+/// change) register different names for a group they hold different lanes of: each name is
+/// dealt among the daemons that have exactly those lanes, and no lane is left unpolled.
+#[derive(Debug, Default)]
+pub struct LaneGroups {
+    by_name: BTreeMap<String, Vec<TargetId>>,
+}
+
+impl LaneGroups {
+    pub fn of(targets: &[TargetId]) -> Self {
+        let mut groups: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for target in targets {
+            if let TargetId::Lane(n) = target {
+                groups.entry(n % LANE_GROUPS).or_default().push(*n);
+            }
+        }
+        let by_name = groups
+            .into_iter()
+            .map(|(group, mut lanes)| {
+                lanes.sort_unstable();
+                let members: Vec<String> = lanes.iter().map(|n| n.to_string()).collect();
+                let hash = zdelay_client::keys::slot_of(&members.join(","));
+                (
+                    format!("lanes:{group}:{hash}"),
+                    lanes.into_iter().map(TargetId::Lane).collect(),
+                )
+            })
+            .collect();
+        LaneGroups { by_name }
+    }
+
+    /// The groups' slot names.
+    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
+        self.by_name.keys().cloned()
+    }
+
+    /// The targets a claimed slot name stands for: a group's lanes, or the one target.
+    pub fn targets_of(&self, name: &str) -> Vec<TargetId> {
+        let base = name.rsplit_once('#').map_or(name, |(target, _)| target);
+        match self.by_name.get(base) {
+            Some(lanes) => lanes.clone(),
+            None => target_of(name).into_iter().collect(),
+        }
+    }
+}
+
 /// Another live process renews the registration of this daemon's instance id.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -114,10 +166,10 @@ pub struct Leases {
     pub nonce: String,
     pub per_target: u8,
     pub lease: Duration,
-    /// The shards every daemon polls: the namespace's count (none on layout 2).
+    /// The shards every daemon polls: the namespace's count (layout 2's spread shards).
     pub shards: u16,
     /// The raw sources and route lanes of this daemon's config (shards are the same for
-    /// every daemon).
+    /// every daemon); the lanes are dealt by [`LaneGroups`].
     pub sources: Vec<TargetId>,
 }
 
@@ -150,7 +202,14 @@ impl Leases {
         ownership: Ownership,
         shutdown: CancellationToken,
     ) -> Result<(), InstanceIdInUse> {
-        let sources: Vec<String> = self.sources.iter().map(slot_name).collect();
+        let groups = LaneGroups::of(&self.sources);
+        let sources: Vec<String> = self
+            .sources
+            .iter()
+            .filter(|t| !matches!(t, TargetId::Lane(_)))
+            .map(slot_name)
+            .chain(groups.names())
+            .collect();
         let every = self.lease / 5;
         let mut last_ok: Option<Instant> = None;
         let mut instances = 0;
@@ -209,7 +268,13 @@ impl Leases {
                             "poller slots rebalanced"
                         );
                     }
-                    ownership.set(claim.targets.iter().filter_map(|n| target_of(n)).collect());
+                    ownership.set(
+                        claim
+                            .targets
+                            .iter()
+                            .flat_map(|name| groups.targets_of(name))
+                            .collect(),
+                    );
                 }
                 Err(e) => {
                     // Soon again: once Redis answers, slots whose lease ran out meanwhile
@@ -264,6 +329,34 @@ fn pod_name(env: impl Fn(&str) -> Option<String>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lanes_are_dealt_in_groups_named_by_their_members() {
+        let lanes: Vec<TargetId> = (0..1000).map(TargetId::Lane).collect();
+        let groups = LaneGroups::of(&lanes);
+        let names: Vec<String> = groups.names().collect();
+        assert_eq!(names.len(), LANE_GROUPS as usize);
+        let all: usize = names
+            .iter()
+            .map(|n| groups.targets_of(&format!("{n}#1")).len())
+            .sum();
+        assert_eq!(all, 1000, "every lane in one group");
+        assert_eq!(groups.targets_of("shard:3"), [TargetId::Shard(3)]);
+        // A daemon without lane 64 names group 0 differently: each gets dealt apart.
+        let fewer = LaneGroups::of(&lanes[..64]);
+        assert!(fewer.names().all(|n| n.starts_with("lanes:")));
+        assert_ne!(
+            fewer.names().next(),
+            groups.names().next(),
+            "group 0 holds 0 and 64 here, 0 alone there"
+        );
+        assert!(
+            LaneGroups::of(&[TargetId::Shard(1)])
+                .names()
+                .next()
+                .is_none()
+        );
+    }
 
     #[test]
     fn slot_names_round_trip() {
