@@ -804,6 +804,89 @@ fn a_raw_source_delivers_on_layout_2() {
     drop(daemon);
 }
 
+/// Route lanes are dealt in poll groups named by their members: two daemons whose configs
+/// differ (a rolling change: one has routes the other lacks) register different names for a
+/// group they hold different lanes of, so every lane is polled whichever holds what.
+#[test]
+fn daemons_with_different_routes_leave_no_lane_unpolled() {
+    let routes = |n: usize| -> String {
+        // One daemon a slot: with two, both would poll every group anyway.
+        let mut text = String::from("[poller]\nidle_poll = \"50ms\"\nper_shard = 1\n");
+        for i in 0..n {
+            text.push_str(&format!(
+                "\n[[routes]]\nname = \"r{i}\"\nsink = \"local\"\ntarget = \"q:r{i}\"\n"
+            ));
+        }
+        text
+    };
+    let redis = RedisServer::start();
+    // The first registers 70 lanes (numbers 0 to 69: group 0 holds lanes 0 and 64), the
+    // second knows the first 64 routes only (group 0: lane 0 alone).
+    let wide = TestConfig::new(&redis.url(), 4, &routes(70)).on_layout_2();
+    let narrow = TestConfig::new(&redis.url(), 4, &routes(64)).on_layout_2();
+    let first = Daemon::start(&wide);
+    let second = Daemon::start(&narrow);
+    // Until the heartbeats have dealt the groups out, the first daemon still polls them all.
+    wait_for(
+        "the groups dealt to both daemons",
+        Duration::from_secs(15),
+        || {
+            let out = wide.cli(&["stats", "--json"]);
+            let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let held: Vec<Vec<String>> = stats["instances"]
+                .as_array()
+                .map(|all| {
+                    all.iter()
+                        .map(|i| {
+                            i["sources"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter_map(|s| s.as_str())
+                                .filter(|s| s.starts_with("lanes:"))
+                                .map(str::to_owned)
+                                .collect()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let distinct: std::collections::BTreeSet<&String> = held.iter().flatten().collect();
+            held.len() == 2
+                && held.iter().all(|h| !h.is_empty())
+                && distinct.len() == held.iter().map(Vec::len).sum::<usize>()
+        },
+    );
+    // The first daemon follows the plan at its next heartbeat, which it logs.
+    wait_for(
+        "the first daemon rebalanced",
+        Duration::from_secs(15),
+        || {
+            first
+                .log_text()
+                .lines()
+                .any(|l| l.contains("poller slots rebalanced") && l.contains("instances=2"))
+        },
+    );
+    let rt = common::runtime();
+    let lib = connect(&rt, common::redis_config(&redis.url(), 4));
+    let mut con = redis.conn();
+    // Lanes 64 to 69 share groups 0 to 5 with lanes the second daemon also has.
+    let sent = ["r0", "r1", "r64", "r65", "r66", "r67", "r68", "r69"];
+    for route in sent {
+        rt.block_on(lib.enqueue(NewJob::new(route, route.to_owned()), OnConflict::Error))
+            .expect("enqueue");
+    }
+    wait_for(
+        "every route's job delivered",
+        Duration::from_secs(15),
+        || {
+            sent.iter()
+                .all(|r| lrange(&mut con, &format!("q:{r}")) == [r.as_bytes().to_vec()])
+        },
+    );
+    drop((first, second));
+}
+
 #[test]
 fn a_daemon_moves_a_lane_registered_again_by_another_config() {
     use zdelay::store::{Conn, lanes};
