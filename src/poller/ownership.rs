@@ -119,7 +119,11 @@ impl LaneGroups {
             .map(|(group, mut lanes)| {
                 lanes.sort_unstable();
                 let members: Vec<String> = lanes.iter().map(|n| n.to_string()).collect();
-                let hash = zdelay_client::keys::slot_of(&members.join(","));
+                // 64 bits of SHA-1: two different member sets never share a name in practice.
+                let mut hash = sha1_smol::Sha1::from(members.join(","))
+                    .digest()
+                    .to_string();
+                hash.truncate(16);
                 (
                     format!("lanes:{group}:{hash}"),
                     lanes.into_iter().map(TargetId::Lane).collect(),

@@ -62,11 +62,6 @@ impl Keys {
         }
     }
 
-    /// Whether the shards are layout 2's spread shards.
-    pub fn is_spread(&self) -> bool {
-        self.spread
-    }
-
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
@@ -594,7 +589,7 @@ mod tests {
         assert_eq!(spread_slot(15, 16), 15872);
         assert_eq!(spread_slot(0, 1), 8192);
         let k = Keys::for_layout("zdelay", 16, 2);
-        assert!(k.is_spread() && !k.layout_1().is_spread());
+        assert_eq!(k.layout_1().due(3), "{zdelay:3}:due");
         for shard in 0..16 {
             let due = k.due(shard);
             assert_eq!(slot_of(&due), spread_slot(shard, 16), "{due}");

@@ -289,6 +289,7 @@ struct SchedKeys<'a> {
     schedules: &'a str,
     sched_env: &'a str,
     sched_due: &'a str,
+    sched_fired: &'a str,
     sched_quarantine: &'a str,
 }
 
@@ -315,12 +316,14 @@ impl SchedHome {
                 schedules: &k.schedules,
                 sched_env: &k.sched_env,
                 sched_due: &k.sched_due,
+                sched_fired: &k.sched_fired,
                 sched_quarantine: &k.sched_quarantine,
             },
             SchedHome::Lane { lane, .. } => SchedKeys {
                 schedules: &lane.keys.schedules,
                 sched_env: &lane.keys.sched_env,
                 sched_due: &lane.keys.sched_due,
+                sched_fired: &lane.keys.sched_fired,
                 sched_quarantine: &lane.keys.sched_quarantine,
             },
         }
@@ -344,13 +347,6 @@ impl SchedHome {
             SchedHome::Lane { .. } => Ok(()),
         }
     }
-
-    fn fired_key(&self) -> &str {
-        match self {
-            SchedHome::Shard(k) => &k.sched_fired,
-            SchedHome::Lane { lane, .. } => &lane.keys.sched_fired,
-        }
-    }
 }
 
 impl Current {
@@ -358,7 +354,7 @@ impl Current {
         let keys = home.keys();
         let (record, mark, quarantined): (Option<String>, Option<String>, bool) = redis::pipe()
             .hget(keys.schedules, id)
-            .zscore(home.fired_key(), id)
+            .zscore(keys.sched_fired, id)
             .hexists(keys.sched_quarantine, id)
             .query_async(con)
             .await?;
@@ -436,13 +432,10 @@ impl Client {
         };
         Ok(match self.locate(book, id, Held::Schedule).await? {
             Found::Shard => Some(in_shard()),
-            Found::Lane => self
-                .find_in_lanes(book, id, Held::Schedule)
-                .await?
-                .map(|(lane, _)| SchedHome::Lane {
-                    lane,
-                    wake_channel: layout.wake_channel(),
-                }),
+            Found::Lane(lane, _) => Some(SchedHome::Lane {
+                lane,
+                wake_channel: layout.wake_channel(),
+            }),
             Found::Nowhere => None,
         })
     }
@@ -460,17 +453,15 @@ impl Client {
         let Some(book) = self.lane_book() else {
             return Ok(in_shard());
         };
-        let home = match self.lane_for(book, &spec.dest).await {
-            Ok(lane) => SchedHome::Lane {
+        let home = match self
+            .place_of(book, Some(&spec.dest), &spec.id, Held::Schedule)
+            .await?
+        {
+            Found::Lane(lane, _) => SchedHome::Lane {
                 lane,
                 wake_channel: layout.wake_channel(),
             },
-            Err(ClientError::UnknownDestination { .. })
-                if self.refresh_lanes(book).await?.is_two_phase(&spec.dest) =>
-            {
-                in_shard()
-            }
-            Err(e) => return Err(e),
+            Found::Shard | Found::Nowhere => in_shard(),
         };
         let elsewhere = |route: String| ClientError::ScheduleElsewhere {
             id: spec.id.clone(),
@@ -481,12 +472,9 @@ impl Client {
             (Found::Shard, SchedHome::Lane { .. }) => {
                 return Err(elsewhere("a two-phase destination".to_owned()));
             }
-            (Found::Lane, _) => {
-                if let Some((held, _)) = self.find_in_lanes(book, &spec.id, Held::Schedule).await?
-                    && !matches!(&home, SchedHome::Lane { lane, .. } if lane.number == held.number)
-                {
-                    return Err(elsewhere(held.route));
-                }
+            (Found::Lane(held, _), _) if !matches!(&home, SchedHome::Lane { lane, .. } if lane.number == held.number) =>
+            {
+                return Err(elsewhere(held.route));
             }
             _ => {}
         }

@@ -61,11 +61,13 @@ pub(crate) fn public_id(lane: u32, stored: &str) -> String {
     }
 }
 
-/// Where an id is stored on layout 2: in a route lane, in its spread shard (a two-phase
-/// job), or nowhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where an id is stored on layout 2: in a route lane (under this stored id), in its spread
+/// shard (a two-phase job), or nowhere.
+// A short-lived answer, never stored: boxing the lane would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Found {
-    Lane,
+    Lane(Lane, String),
     Shard,
     Nowhere,
 }
@@ -79,6 +81,18 @@ pub(crate) enum Held {
     Dead,
     /// A schedule: in the lane's schedule definitions.
     Schedule,
+}
+
+impl Held {
+    /// The command that answers whether `id` is held, in a lane's or a shard's keys: a `0` or
+    /// a nil reply means no.
+    fn ask(self, jobs: &str, dead: &str, schedules: &str, id: &str) -> redis::Cmd {
+        match self {
+            Held::Stored => redis::cmd("HEXISTS").arg(jobs).arg(id).clone(),
+            Held::Dead => redis::cmd("ZSCORE").arg(dead).arg(id).clone(),
+            Held::Schedule => redis::cmd("HEXISTS").arg(schedules).arg(id).clone(),
+        }
+    }
 }
 
 /// One job ready for its lane.
@@ -338,6 +352,12 @@ impl Client {
         }
     }
 
+    /// Whether `ask` ([`Held::ask`]) answers yes.
+    async fn holds(&self, ask: redis::Cmd) -> redis::RedisResult<bool> {
+        let answer: redis::Value = ask.query_async(&mut self.con.clone()).await?;
+        Ok(!matches!(answer, redis::Value::Nil | redis::Value::Int(0)))
+    }
+
     /// The lanes that hold the user-chosen id `id` (unique per route only, so every lane is
     /// asked, one command each).
     async fn lanes_holding(
@@ -348,23 +368,30 @@ impl Client {
     ) -> Result<Vec<Lane>, ClientError> {
         let registry = self.refresh_lanes(book).await?;
         let asks = registry.by_route.values().map(|lane| async move {
-            let ask = match held {
-                Held::Stored => redis::cmd("HEXISTS").arg(&lane.keys.jobs).arg(id).clone(),
-                Held::Dead => redis::cmd("ZSCORE").arg(&lane.keys.dead).arg(id).clone(),
-                Held::Schedule => redis::cmd("HEXISTS")
-                    .arg(&lane.keys.schedules)
-                    .arg(id)
-                    .clone(),
-            };
-            let answer: redis::Value = ask.query_async(&mut self.con.clone()).await?;
-            let found = !matches!(answer, redis::Value::Nil | redis::Value::Int(0));
-            Ok::<_, redis::RedisError>(found.then(|| lane.clone()))
+            let k = &lane.keys;
+            let ask = held.ask(&k.jobs, &k.dead, &k.schedules, id);
+            Ok::<_, redis::RedisError>(self.holds(ask).await?.then(|| lane.clone()))
         });
         Ok(futures::future::try_join_all(asks)
             .await?
             .into_iter()
             .flatten()
             .collect())
+    }
+
+    /// The lane a generated id names, and its stored id; `None` when no live lane has that
+    /// number.
+    async fn generated_lane(
+        &self,
+        book: &LaneBook,
+        id: &str,
+    ) -> Result<Option<(Lane, String)>, ClientError> {
+        let parsed = LaneId::parse(id)?;
+        let mut lane = book.registry().lane(parsed.lane).cloned();
+        if lane.is_none() {
+            lane = self.refresh_lanes(book).await?.lane(parsed.lane).cloned();
+        }
+        Ok(lane.map(|lane| (lane, parsed.stored.to_string())))
     }
 
     /// Where `id` is stored: a generated id names its lane; a user-chosen one is looked for
@@ -376,23 +403,21 @@ impl Client {
         held: Held,
     ) -> Result<Found, ClientError> {
         if generated(id, held) {
-            return Ok(Found::Lane);
+            return Ok(match self.generated_lane(book, id).await? {
+                Some((lane, stored)) => Found::Lane(lane, stored),
+                None => Found::Nowhere,
+            });
         }
         let keys = self.keys();
         let shard = keys.shard(keys.shard_of(id));
-        let ask = match held {
-            Held::Stored => redis::cmd("HEXISTS").arg(&shard.jobs).arg(id).clone(),
-            Held::Dead => redis::cmd("ZSCORE").arg(&shard.dead).arg(id).clone(),
-            Held::Schedule => redis::cmd("HEXISTS").arg(&shard.schedules).arg(id).clone(),
-        };
-        let (lanes, in_shard) = tokio::try_join!(self.lanes_holding(book, id, held), async {
-            let answer: redis::Value = ask.query_async(&mut self.con.clone()).await?;
-            Ok(!matches!(answer, redis::Value::Nil | redis::Value::Int(0)))
+        let ask = held.ask(&shard.jobs, &shard.dead, &shard.schedules, id);
+        let (mut lanes, in_shard) = tokio::try_join!(self.lanes_holding(book, id, held), async {
+            Ok(self.holds(ask).await?)
         })?;
         match (lanes.len(), in_shard) {
             (0, false) => Ok(Found::Nowhere),
             (0, true) => Ok(Found::Shard),
-            (1, false) => Ok(Found::Lane),
+            (1, false) => Ok(Found::Lane(lanes.remove(0), id.to_owned())),
             _ => Err(ClientError::AmbiguousId {
                 id: id.to_owned(),
                 routes: lanes
@@ -404,72 +429,54 @@ impl Client {
         }
     }
 
-    /// The lane that holds `id` and its stored id there; `None` when no lane holds it.
-    pub(crate) async fn find_in_lanes(
-        &self,
-        book: &LaneBook,
-        id: &str,
-        held: Held,
-    ) -> Result<Option<(Lane, String)>, ClientError> {
-        if generated(id, held) {
-            let parsed = LaneId::parse(id)?;
-            let mut lane = book.registry().lane(parsed.lane).cloned();
-            if lane.is_none() {
-                lane = self.refresh_lanes(book).await?.lane(parsed.lane).cloned();
-            }
-            return Ok(lane.map(|lane| (lane, parsed.stored.to_string())));
-        }
-        let found = self.lanes_holding(book, id, held).await?;
-        match found.len() {
-            0 => Ok(None),
-            1 => Ok(found.into_iter().next().map(|lane| (lane, id.to_owned()))),
-            _ => Err(ClientError::AmbiguousId {
-                id: id.to_owned(),
-                routes: found.into_iter().map(|l| l.route).collect(),
-            }),
-        }
-    }
-
-    /// The lane of job `id` and its stored id there: with `dest`, that destination's lane
-    /// (one lookup of the registry, no search; a generated id naming another lane is in none);
-    /// without, the lane found by [`Client::find_in_lanes`].
-    pub(crate) async fn lane_of(
+    /// The lane of `id` and its stored id there: with `dest`, that destination's lane (one
+    /// lookup of the registry, no search; a generated id naming another lane is in none);
+    /// without, where [`Client::locate`] finds it.
+    async fn lane_of(
         &self,
         book: &LaneBook,
         dest: Option<&str>,
         id: &str,
+        held: Held,
     ) -> Result<Option<(Lane, String)>, ClientError> {
         let Some(dest) = dest else {
-            return self.find_in_lanes(book, id, Held::Stored).await;
+            return Ok(match self.locate(book, id, held).await? {
+                Found::Lane(lane, stored) => Some((lane, stored)),
+                Found::Shard | Found::Nowhere => None,
+            });
         };
         let lane = self.lane_for(book, dest).await?;
-        if !is_reserved(id) {
+        if !generated(id, held) {
             return Ok(Some((lane, id.to_owned())));
         }
         let parsed = LaneId::parse(id)?;
         Ok((parsed.lane == lane.number).then(|| (lane, parsed.stored.to_string())))
     }
 
-    /// Whether the job `id` is looked for in a route lane (else in its spread shard): by
-    /// `dest` when given (a local route has a lane, a two-phase destination does not; an
-    /// unknown one is an error), else by where it is stored ([`Client::locate`]).
-    pub(crate) async fn in_a_lane(
+    /// Where the job `id` is looked for: by `dest` when given (a local route's lane; a
+    /// two-phase destination's spread shard; an unknown one is an error), else where it is
+    /// stored ([`Client::locate`]).
+    pub(crate) async fn place_of(
         &self,
         book: &LaneBook,
         dest: Option<&str>,
         id: &str,
-    ) -> Result<bool, ClientError> {
+        held: Held,
+    ) -> Result<Found, ClientError> {
         let Some(dest) = dest else {
-            return Ok(self.locate(book, id, Held::Stored).await? != Found::Shard);
+            return self.locate(book, id, held).await;
         };
         let mut registry = book.registry();
         if !registry.by_route.contains_key(dest) && !registry.is_two_phase(dest) {
             registry = self.refresh_lanes(book).await?;
         }
         if registry.by_route.contains_key(dest) {
-            Ok(true)
+            Ok(match self.lane_of(book, Some(dest), id, held).await? {
+                Some((lane, stored)) => Found::Lane(lane, stored),
+                None => Found::Nowhere,
+            })
         } else if registry.is_two_phase(dest) {
-            Ok(false)
+            Ok(Found::Shard)
         } else {
             Err(no_lane(dest, &registry))
         }
@@ -482,14 +489,20 @@ impl Client {
         book: &LaneBook,
         dest: Option<&str>,
         id: &str,
+        found: (Lane, String),
         op: F,
     ) -> Result<Option<T>, ClientError>
     where
         F: Fn(Lane, String) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
+        let mut found = Some(found);
         for last in [false, true] {
-            let Some((lane, stored)) = self.lane_of(book, dest, id).await? else {
+            let place = match found.take() {
+                Some(place) => Some(place),
+                None => self.lane_of(book, dest, id, Held::Stored).await?,
+            };
+            let Some((lane, stored)) = place else {
                 return Ok(None);
             };
             match op(lane, stored).await {
@@ -509,9 +522,10 @@ impl Client {
         book: &LaneBook,
         dest: Option<&str>,
         id: &str,
+        found: (Lane, String),
     ) -> Result<Cancelled, ClientError> {
         let cancelled = self
-            .on_lane(book, dest, id, |lane, stored| async move {
+            .on_lane(book, dest, id, found, |lane, stored| async move {
                 scripts::cancel_lane(&mut self.con.clone(), &lane, &stored).await
             })
             .await?;
@@ -526,12 +540,13 @@ impl Client {
         book: &LaneBook,
         dest: Option<&str>,
         id: &str,
+        found: (Lane, String),
         due: Due,
     ) -> Result<Option<i64>, ClientError> {
         let wake = self.keys().wake_channel();
         let wake = &wake;
         Ok(self
-            .on_lane(book, dest, id, |lane, stored| async move {
+            .on_lane(book, dest, id, found, |lane, stored| async move {
                 scripts::reschedule_lane(&mut self.con.clone(), &lane, wake, &stored, due).await
             })
             .await?
@@ -543,10 +558,16 @@ impl Client {
         book: &LaneBook,
         dest: Option<&str>,
         id: &str,
+        found: (Lane, String),
         preview: Option<usize>,
     ) -> Result<Option<JobView>, ClientError> {
+        let mut found = Some(found);
         for last in [false, true] {
-            let Some((lane, stored)) = self.lane_of(book, dest, id).await? else {
+            let place = match found.take() {
+                Some(place) => Some(place),
+                None => self.lane_of(book, dest, id, Held::Stored).await?,
+            };
+            let Some((lane, stored)) = place else {
                 return Ok(None);
             };
             let mut con = self.con.clone();

@@ -18,7 +18,7 @@ use crate::keys::{Keys, LAYOUT_VERSION, NEWEST_LAYOUT};
 use crate::routes::{Refused, Routes};
 use crate::store::scripts::{self, EnqueueCall, EnqueueItem, EnvelopeHead, PEEK_HEAD_MAX};
 use crate::store::{self, Conn, Layout, StoreError};
-use lanes::LaneBook;
+use lanes::{Found, Held, LaneBook};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
@@ -624,10 +624,14 @@ impl Client {
 
     /// [`Client::cancel`], or [`Client::cancel_in`] when `dest` is given.
     pub async fn cancel_at(&self, dest: Option<&str>, id: &str) -> Result<Cancelled, ClientError> {
-        if let Some(book) = self.lane_book()
-            && self.in_a_lane(book, dest, id).await?
-        {
-            return self.cancel_in_lane(book, dest, id).await;
+        if let Some(book) = self.lane_book() {
+            match self.place_of(book, dest, id, Held::Stored).await? {
+                Found::Lane(lane, stored) => {
+                    return self.cancel_in_lane(book, dest, id, (lane, stored)).await;
+                }
+                Found::Nowhere => return Ok(Cancelled::NotPending),
+                Found::Shard => {}
+            }
         }
         self.fenced(|keys| async move {
             let keys = keys.shard(keys.shard_of(id));
@@ -660,10 +664,16 @@ impl Client {
         due: Due,
     ) -> Result<Option<i64>, ClientError> {
         check_due(due)?;
-        if let Some(book) = self.lane_book()
-            && self.in_a_lane(book, dest, id).await?
-        {
-            return self.reschedule_in_lane(book, dest, id, due).await;
+        if let Some(book) = self.lane_book() {
+            match self.place_of(book, dest, id, Held::Stored).await? {
+                Found::Lane(lane, stored) => {
+                    return self
+                        .reschedule_in_lane(book, dest, id, (lane, stored), due)
+                        .await;
+                }
+                Found::Nowhere => return Ok(None),
+                Found::Shard => {}
+            }
         }
         self.fenced(|keys| async move {
             let keys = keys.shard(keys.shard_of(id));
@@ -702,10 +712,16 @@ impl Client {
         id: &str,
         preview: Option<usize>,
     ) -> Result<Option<JobView>, ClientError> {
-        if let Some(book) = self.lane_book()
-            && self.in_a_lane(book, dest, id).await?
-        {
-            return self.get_in_lane(book, dest, id, preview).await;
+        if let Some(book) = self.lane_book() {
+            match self.place_of(book, dest, id, Held::Stored).await? {
+                Found::Lane(lane, stored) => {
+                    return self
+                        .get_in_lane(book, dest, id, (lane, stored), preview)
+                        .await;
+                }
+                Found::Nowhere => return Ok(None),
+                Found::Shard => {}
+            }
         }
         self.fenced(|keys| self.get_in_shard(keys, id, preview))
             .await

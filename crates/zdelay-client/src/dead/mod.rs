@@ -831,21 +831,9 @@ impl Client {
         let Some(book) = self.lane_book() else {
             return Ok(in_shard());
         };
-        if let Some(dest) = dest {
-            return Ok(match self.in_a_lane(book, Some(dest), id).await? {
-                true => self
-                    .lane_of(book, Some(dest), id)
-                    .await?
-                    .map(|(lane, stored)| (DeadHome::Lane(lane), stored)),
-                false => in_shard(),
-            });
-        }
-        Ok(match self.locate(book, id, Held::Dead).await? {
+        Ok(match self.place_of(book, dest, id, Held::Dead).await? {
             Found::Shard => in_shard(),
-            Found::Lane => self
-                .find_in_lanes(book, id, Held::Dead)
-                .await?
-                .map(|(lane, stored)| (DeadHome::Lane(lane), stored)),
+            Found::Lane(lane, stored) => Some((DeadHome::Lane(lane), stored)),
             Found::Nowhere => None,
         })
     }
