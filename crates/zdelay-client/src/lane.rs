@@ -64,6 +64,15 @@ impl Lane {
     }
 }
 
+/// Where jobs, their dead letters and schedules are kept: a shard (layout 1's, or one of
+/// layout 2's spread shards), or a route lane (layout 2). The dead-letter and schedule code
+/// walk homes, so both layouts share it; each adds its own methods.
+#[derive(Debug, Clone)]
+pub enum Home {
+    Shard(crate::keys::ShardKeys),
+    Lane(Lane),
+}
+
 /// The lane registry as read (`<ns>:lanes`): every local route's live lane, and the two-phase
 /// routes and sinks whose jobs go to the spread shards.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -37,8 +37,8 @@ use crate::client::lanes::{Found, Held};
 use crate::client::{Client, ClientError, read_fence};
 use crate::envelope::{Envelope, Meta};
 use crate::job::{Due, OnConflict};
-use crate::keys::{Keys, ShardKeys, occurrence_id, run_now_id, valid_schedule_id};
-use crate::lane::Lane;
+use crate::keys::{Keys, occurrence_id, run_now_id, valid_schedule_id};
+use crate::lane::Home;
 use crate::schedule::{Schedule, ScheduleDef};
 pub use crate::store::scripts::FIRE_MAX_OCCURRENCES;
 pub use crate::store::scripts::SchedAt;
@@ -276,14 +276,6 @@ struct Current {
     quarantined: bool,
 }
 
-/// Where schedules are kept: in their ids' shards (layout 1), or in their destinations' route
-/// lanes (layout 2: a schedule's occurrences are written in the slot they are moved from, so
-/// a firing and the move are exactly once on a cluster too).
-pub enum SchedHome {
-    Shard(ShardKeys),
-    Lane { lane: Lane, wake_channel: String },
-}
-
 /// The keys of a home's schedules.
 struct SchedKeys<'a> {
     schedules: &'a str,
@@ -293,33 +285,33 @@ struct SchedKeys<'a> {
     sched_quarantine: &'a str,
 }
 
-impl SchedHome {
-    /// The scripts' view of it.
-    pub fn at(&self) -> SchedAt<'_> {
+impl Home {
+    /// The schedule scripts' view of it (`wake_channel`: the namespace's).
+    pub fn at<'a>(&'a self, wake_channel: &'a str) -> SchedAt<'a> {
         match self {
-            SchedHome::Shard(keys) => SchedAt::Shard(keys),
-            SchedHome::Lane { lane, wake_channel } => SchedAt::Lane { lane, wake_channel },
+            Home::Shard(keys) => SchedAt::Shard(keys),
+            Home::Lane(lane) => SchedAt::Lane { lane, wake_channel },
         }
     }
 
     /// (shard, lane) as views show it: a lane's shard is 0.
     fn place(&self) -> (u16, Option<u32>) {
         match self {
-            SchedHome::Shard(keys) => (keys.shard, None),
-            SchedHome::Lane { lane, .. } => (0, Some(lane.number)),
+            Home::Shard(keys) => (keys.shard, None),
+            Home::Lane(lane) => (0, Some(lane.number)),
         }
     }
 
     fn keys(&self) -> SchedKeys<'_> {
         match self {
-            SchedHome::Shard(k) => SchedKeys {
+            Home::Shard(k) => SchedKeys {
                 schedules: &k.schedules,
                 sched_env: &k.sched_env,
                 sched_due: &k.sched_due,
                 sched_fired: &k.sched_fired,
                 sched_quarantine: &k.sched_quarantine,
             },
-            SchedHome::Lane { lane, .. } => SchedKeys {
+            Home::Lane(lane) => SchedKeys {
                 schedules: &lane.keys.schedules,
                 sched_env: &lane.keys.sched_env,
                 sched_due: &lane.keys.sched_due,
@@ -333,8 +325,8 @@ impl SchedHome {
     /// namespace resharded away holds its schedules elsewhere), or the lane's marker.
     fn fence_key(&self) -> &str {
         match self {
-            SchedHome::Shard(keys) => &keys.layout,
-            SchedHome::Lane { lane, .. } => &lane.keys.marker,
+            Home::Shard(keys) => &keys.layout,
+            Home::Lane(lane) => &lane.keys.marker,
         }
     }
 
@@ -343,14 +335,14 @@ impl SchedHome {
     /// not built), so its marker is not checked.
     fn check_read(&self, marker: Option<String>, layout: &Keys) -> Result<(), ClientError> {
         match self {
-            SchedHome::Shard(keys) => read_fence(marker, layout, &keys.layout),
-            SchedHome::Lane { .. } => Ok(()),
+            Home::Shard(keys) => read_fence(marker, layout, &keys.layout),
+            Home::Lane(_) => Ok(()),
         }
     }
 }
 
 impl Current {
-    async fn read(con: &mut Conn, home: &SchedHome, id: &str) -> Result<Self, ClientError> {
+    async fn read(con: &mut Conn, home: &Home, id: &str) -> Result<Self, ClientError> {
         let keys = home.keys();
         let (record, mark, quarantined): (Option<String>, Option<String>, bool) = redis::pipe()
             .hget(keys.schedules, id)
@@ -398,44 +390,17 @@ impl Current {
 }
 
 impl Client {
-    /// Where schedules are kept: the shards of `layout`, or on layout 2 the route lanes as the
-    /// registry names them now, in number order.
-    async fn schedule_homes(&self, layout: &Keys) -> Result<Vec<SchedHome>, ClientError> {
-        // The shards: layout 1's, or layout 2's spread shards (two-phase destinations).
-        let mut homes: Vec<SchedHome> = (0..layout.shards())
-            .map(|s| SchedHome::Shard(layout.shard(s)))
-            .collect();
-        if let Some(book) = self.lane_book() {
-            let registry = self.refresh_lanes(book).await?;
-            let mut lanes: Vec<Lane> = registry.by_route.into_values().collect();
-            lanes.sort_by_key(|lane| lane.number);
-            let wake_channel = layout.wake_channel();
-            homes.extend(lanes.into_iter().map(|lane| SchedHome::Lane {
-                lane,
-                wake_channel: wake_channel.clone(),
-            }));
-        }
-        Ok(homes)
-    }
-
     /// Where schedule `id` is kept: its shard on layout 1; on layout 2 the one route lane or
     /// spread shard that holds it (`None`: none does; `AmbiguousId` when two do, which only
     /// a hand-made write can cause: `schedule_set` refuses a second place).
-    async fn schedule_home_of(
-        &self,
-        layout: &Keys,
-        id: &str,
-    ) -> Result<Option<SchedHome>, ClientError> {
-        let in_shard = || SchedHome::Shard(layout.shard(layout.shard_of(id)));
+    async fn schedule_home_of(&self, layout: &Keys, id: &str) -> Result<Option<Home>, ClientError> {
+        let in_shard = || Home::Shard(layout.shard(layout.shard_of(id)));
         let Some(book) = self.lane_book() else {
             return Ok(Some(in_shard()));
         };
         Ok(match self.locate(book, id, Held::Schedule).await? {
             Found::Shard => Some(in_shard()),
-            Found::Lane(lane, _) => Some(SchedHome::Lane {
-                lane,
-                wake_channel: layout.wake_channel(),
-            }),
+            Found::Lane(lane, _) => Some(Home::Lane(lane)),
             Found::Nowhere => None,
         })
     }
@@ -448,8 +413,8 @@ impl Client {
         &self,
         layout: &Keys,
         spec: &NewSchedule,
-    ) -> Result<SchedHome, ClientError> {
-        let in_shard = || SchedHome::Shard(layout.shard(layout.shard_of(&spec.id)));
+    ) -> Result<Home, ClientError> {
+        let in_shard = || Home::Shard(layout.shard(layout.shard_of(&spec.id)));
         let Some(book) = self.lane_book() else {
             return Ok(in_shard());
         };
@@ -457,10 +422,7 @@ impl Client {
             .place_of(book, Some(&spec.dest), &spec.id, Held::Schedule)
             .await?
         {
-            Found::Lane(lane, _) => SchedHome::Lane {
-                lane,
-                wake_channel: layout.wake_channel(),
-            },
+            Found::Lane(lane, _) => Home::Lane(lane),
             Found::Shard | Found::Nowhere => in_shard(),
         };
         let elsewhere = |route: String| ClientError::ScheduleElsewhere {
@@ -469,10 +431,10 @@ impl Client {
             dest: spec.dest.clone(),
         };
         match (self.locate(book, &spec.id, Held::Schedule).await?, &home) {
-            (Found::Shard, SchedHome::Lane { .. }) => {
+            (Found::Shard, Home::Lane(_)) => {
                 return Err(elsewhere("a two-phase destination".to_owned()));
             }
-            (Found::Lane(held, _), _) if !matches!(&home, SchedHome::Lane { lane, .. } if lane.number == held.number) =>
+            (Found::Lane(held, _), _) if !matches!(&home, Home::Lane(lane) if lane.number == held.number) =>
             {
                 return Err(elsewhere(held.route));
             }
@@ -487,12 +449,13 @@ impl Client {
     /// of what was written.
     async fn write_schedule(
         &self,
-        home: &SchedHome,
+        home: &Home,
         id: &str,
         envelope: &[u8],
         change: impl Fn(Option<Result<&Stored, &str>>, i64) -> Result<Option<Stored>, ClientError>,
     ) -> Result<Option<(u64, bool, Option<i64>)>, ClientError> {
         let mut con = self.con.clone();
+        let wake_channel = self.keys().wake_channel();
         for _ in 0..CAS_ATTEMPTS {
             let current = Current::read(&mut con, home, id).await?;
             let now_ms = store::server_time_ms(&mut con).await?;
@@ -522,7 +485,7 @@ impl Client {
                 pending,
                 now_ms,
             };
-            match scripts::upsert_schedule(&mut con, home.at(), &write).await? {
+            match scripts::upsert_schedule(&mut con, home.at(&wake_channel), &write).await? {
                 Upserted::Written {
                     version,
                     pending_ms,
@@ -628,7 +591,10 @@ impl Client {
             };
             let mut con = self.con.clone();
             let retention = MARK_RETENTION.as_millis() as u64;
-            Ok(scripts::delete_schedule(&mut con, home.at(), id, retention).await?)
+            Ok(
+                scripts::delete_schedule(&mut con, home.at(&layout.wake_channel()), id, retention)
+                    .await?,
+            )
         })
         .await
     }
@@ -660,7 +626,7 @@ impl Client {
             let job_id = run_now_id(id, now_ms);
             // Keep: a second click in the same millisecond is the same run.
             match &home {
-                SchedHome::Shard(keys) => {
+                Home::Shard(keys) => {
                     let items = [EnqueueItem {
                         id: job_id.clone(),
                         due: Due::At(now_ms),
@@ -675,7 +641,7 @@ impl Client {
                         scripts::enqueue_jobs(&mut con, OnConflict::Keep, &[call]).await?;
                     answers.pop().expect("one answer per call")?;
                 }
-                SchedHome::Lane { lane, wake_channel } => {
+                Home::Lane(lane) => {
                     let mut env = Envelope::decode(&envelope)?;
                     env.meta.max_lateness_ms = None;
                     let meta = (env.meta != Meta::default())
@@ -687,8 +653,14 @@ impl Client {
                         meta: meta.as_deref(),
                         max_lateness_ms: stored.def.max_lateness_ms,
                     };
-                    scripts::enqueue_lane(&mut con, lane, OnConflict::Keep, wake_channel, &[item])
-                        .await?;
+                    scripts::enqueue_lane(
+                        &mut con,
+                        lane,
+                        OnConflict::Keep,
+                        &layout.wake_channel(),
+                        &[item],
+                    )
+                    .await?;
                 }
             }
             Ok(Some(job_id))
@@ -756,7 +728,7 @@ impl Client {
         let layout = self.keys();
         let mut con = self.con.clone();
         let mut out = Vec::new();
-        for home in self.schedule_homes(&layout).await? {
+        for home in self.homes(&layout).await? {
             let keys = home.keys();
             let (shard, lane) = home.place();
             let mut cursor = 0;
@@ -809,7 +781,7 @@ impl Client {
             return Ok(Vec::new());
         }
         let layout = self.keys();
-        let homes = self.schedule_homes(&layout).await?;
+        let homes = self.homes(&layout).await?;
         let count = i64::try_from(limit).unwrap_or(i64::MAX);
         let heads = futures::future::try_join_all(homes.iter().enumerate().map(|(at, home)| {
             let mut con = self.con.clone();
@@ -872,7 +844,7 @@ impl Client {
             schedules: Vec::new(),
             next: None,
         };
-        let homes = self.schedule_homes(&layout).await?;
+        let homes = self.homes(&layout).await?;
         let mut read = 0;
         for (at, home) in homes.iter().enumerate().skip(from.home as usize) {
             let keys = home.keys();
@@ -955,7 +927,7 @@ impl Client {
     pub async fn schedule_counts(&self) -> Result<ScheduleCounts, ClientError> {
         let layout = self.keys();
         let mut counts = ScheduleCounts::default();
-        for home in self.schedule_homes(&layout).await? {
+        for home in self.homes(&layout).await? {
             let keys = home.keys();
             let (schedules, pending, marker): (u64, u64, Option<String>) = redis::pipe()
                 .hlen(keys.schedules)
@@ -982,7 +954,7 @@ const SCAN_PAGE: usize = 1000;
 /// envelopes by `HMGET`, in chunks. A schedule deleted meanwhile is left out.
 async fn read_views(
     mut con: Conn,
-    home: &SchedHome,
+    home: &Home,
     ids: Vec<(String, f64)>,
 ) -> Result<Vec<ScheduleView>, ClientError> {
     let keys = home.keys();
@@ -1071,7 +1043,7 @@ pub struct ScheduleCounts {
 
 fn view(
     id: String,
-    home: &SchedHome,
+    home: &Home,
     version: u64,
     s: Stored,
     envelope: Option<&[u8]>,

@@ -12,7 +12,7 @@ use super::{Client, ClientError, ENQUEUE_CHUNK, JobView, NewJob, check_due};
 use crate::envelope::{Envelope, Meta};
 use crate::job::{Cancelled, Due, Enqueued, OnConflict};
 use crate::keys::Keys;
-use crate::lane::{Lane, Registry};
+use crate::lane::{Home, Lane, Registry};
 use crate::lane_id::{LaneId, StoredId, StoredIdGenerator, is_reserved};
 use crate::store::scripts::{self, LaneItem};
 use crate::store::{self, Conn, StoreError};
@@ -308,6 +308,26 @@ impl Client {
             .into_iter()
             .map(|r| r.expect("every job has a result"))
             .collect())
+    }
+
+    /// Every home of jobs, dead letters and schedules: the shards of `layout` (on layout 2
+    /// the spread shards), then on layout 2 the route lanes as the registry names them now,
+    /// in number order.
+    pub(crate) async fn homes(&self, layout: &Keys) -> Result<Vec<Home>, ClientError> {
+        let mut homes: Vec<Home> = (0..layout.shards())
+            .map(|s| Home::Shard(layout.shard(s)))
+            .collect();
+        if let Some(book) = self.lane_book() {
+            let mut lanes: Vec<Lane> = self
+                .refresh_lanes(book)
+                .await?
+                .by_route
+                .into_values()
+                .collect();
+            lanes.sort_by_key(|lane| lane.number);
+            homes.extend(lanes.into_iter().map(Home::Lane));
+        }
+        Ok(homes)
     }
 
     /// The lane of destination `dest`, reading the registry again when the cached one has

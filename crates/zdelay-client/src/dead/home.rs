@@ -1,5 +1,5 @@
-//! Where dead envelope jobs are kept: a shard on storage layout 1, a route lane on layout 2
-//! (its `dead`, `reasons` and `history` keys, the payload and meta in the lane's hashes). The
+//! Dead envelope jobs where they are kept ([`Home`]): a shard's `dead`, `reasons` and
+//! `history`, or a route lane's (layout 2; the payload and meta in the lane's hashes). The
 //! listing, selection and bulk operations in the parent module walk homes, so both layouts
 //! share them; only the scripts differ.
 
@@ -7,44 +7,38 @@ use super::DeadJob;
 use crate::client::lanes::public_id;
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::job::Due;
-use crate::keys::ShardKeys;
-use crate::lane::Lane;
+use crate::lane::Home;
 use crate::store::Conn;
 use crate::store::scripts::{self, DeadPeek, Replayed};
 
-pub(super) enum DeadHome {
-    Shard(ShardKeys),
-    Lane(Lane),
-}
-
-impl DeadHome {
+impl Home {
     /// Its key in a selection: (0, shard) or (1, lane number).
     pub(super) fn key(&self) -> (u8, u32) {
         match self {
-            DeadHome::Shard(keys) => (0, u32::from(keys.shard)),
-            DeadHome::Lane(lane) => (1, lane.number),
+            Home::Shard(keys) => (0, u32::from(keys.shard)),
+            Home::Lane(lane) => (1, lane.number),
         }
     }
 
     pub(super) fn dead_key(&self) -> &str {
         match self {
-            DeadHome::Shard(keys) => &keys.dead,
-            DeadHome::Lane(lane) => &lane.keys.dead,
+            Home::Shard(keys) => &keys.dead,
+            Home::Lane(lane) => &lane.keys.dead,
         }
     }
 
     pub(super) fn history_key(&self) -> &str {
         match self {
-            DeadHome::Shard(keys) => &keys.history,
-            DeadHome::Lane(lane) => &lane.keys.history,
+            Home::Shard(keys) => &keys.history,
+            Home::Lane(lane) => &lane.keys.history,
         }
     }
 
     /// Whether every job here is for `route`'s lane, or could be for it (a shard).
     pub(super) fn may_hold_route(&self, route: &str) -> bool {
         match self {
-            DeadHome::Shard(_) => true,
-            DeadHome::Lane(lane) => lane.route == route,
+            Home::Shard(_) => true,
+            Home::Lane(lane) => lane.route == route,
         }
     }
 
@@ -56,8 +50,8 @@ impl DeadHome {
         preview: usize,
     ) -> redis::RedisResult<Vec<DeadPeek>> {
         match self {
-            DeadHome::Shard(keys) => scripts::peek_dead(con, keys, ids, preview).await,
-            DeadHome::Lane(lane) => scripts::peek_dead_lane(con, lane, ids, preview).await,
+            Home::Shard(keys) => scripts::peek_dead(con, keys, ids, preview).await,
+            Home::Lane(lane) => scripts::peek_dead_lane(con, lane, ids, preview).await,
         }
     }
 
@@ -68,8 +62,8 @@ impl DeadHome {
     ) -> Option<(DeadJob, Option<Result<Envelope, EnvelopeError>>)> {
         let (mut job, envelope) = super::dead_detail(peek)?;
         match self {
-            DeadHome::Shard(keys) => job.shard = keys.shard,
-            DeadHome::Lane(lane) => {
+            Home::Shard(keys) => job.shard = keys.shard,
+            Home::Lane(lane) => {
                 job.lane = Some(lane.number);
                 job.id = public_id(lane.number, &job.stored);
             }
@@ -91,10 +85,10 @@ impl DeadHome {
         ids: &[(String, Option<f64>)],
     ) -> redis::RedisResult<Replayed> {
         match self {
-            DeadHome::Shard(keys) => {
+            Home::Shard(keys) => {
                 scripts::replay_dead(con, keys, due, reset_attempts, history_cap, ids).await
             }
-            DeadHome::Lane(lane) => {
+            Home::Lane(lane) => {
                 scripts::replay_dead_lane(con, lane, wake_channel, due, history_cap, ids).await
             }
         }
@@ -106,8 +100,8 @@ impl DeadHome {
         ids: &[(String, Option<f64>)],
     ) -> redis::RedisResult<(u64, u64)> {
         match self {
-            DeadHome::Shard(keys) => scripts::purge_dead(con, keys, ids).await,
-            DeadHome::Lane(lane) => scripts::purge_dead_lane(con, lane, ids).await,
+            Home::Shard(keys) => scripts::purge_dead(con, keys, ids).await,
+            Home::Lane(lane) => scripts::purge_dead_lane(con, lane, ids).await,
         }
     }
 
@@ -117,8 +111,8 @@ impl DeadHome {
         ids: &[String],
     ) -> redis::RedisResult<u64> {
         match self {
-            DeadHome::Shard(keys) => scripts::prune_history(con, keys, ids).await,
-            DeadHome::Lane(lane) => scripts::prune_history_lane(con, lane, ids).await,
+            Home::Shard(keys) => scripts::prune_history(con, keys, ids).await,
+            Home::Lane(lane) => scripts::prune_history_lane(con, lane, ids).await,
         }
     }
 }

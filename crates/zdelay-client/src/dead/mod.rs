@@ -47,9 +47,9 @@ use crate::config::{ScoreUnit, SourceConfig};
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::job::Due;
 use crate::keys::Keys;
+use crate::lane::Home;
 use crate::store::scripts::{self, DeadPeek, RawDeadRange, RawDeadWalk, Replayed};
 use crate::store::{self, Conn};
-use home::DeadHome;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -192,7 +192,7 @@ impl DeadFilter {
 
     /// Whether the filter reads the reason or the envelope (not only the dead score).
     /// Whether `home` may hold jobs the filter admits (a route filter skips other lanes).
-    fn may_be_in(&self, home: &DeadHome) -> bool {
+    fn may_be_in(&self, home: &Home) -> bool {
         self.route.as_deref().is_none_or(|r| home.may_hold_route(r))
     }
 
@@ -643,20 +643,13 @@ fn describe(
 type Selected = BTreeMap<(u8, u32), Vec<(String, Option<f64>)>>;
 
 /// Where dead jobs are kept, by number.
-type Homes = BTreeMap<(u8, u32), DeadHome>;
+type Homes = BTreeMap<(u8, u32), Home>;
 
 impl Client {
     /// The homes of dead jobs: the shards of `layout`, or on storage layout 2 the route lanes
     /// as the registry names them now.
     async fn dead_homes(&self, layout: &Keys) -> Result<Homes, ClientError> {
-        // The shards: layout 1's, or layout 2's spread shards (two-phase jobs).
-        let mut homes: Vec<DeadHome> = (0..layout.shards())
-            .map(|s| DeadHome::Shard(layout.shard(s)))
-            .collect();
-        if let Some(book) = self.lane_book() {
-            let registry = self.refresh_lanes(book).await?;
-            homes.extend(registry.by_route.into_values().map(DeadHome::Lane));
-        }
+        let homes = self.homes(layout).await?;
         Ok(homes.into_iter().map(|h| (h.key(), h)).collect())
     }
 
@@ -823,17 +816,17 @@ impl Client {
         layout: &Keys,
         dest: Option<&str>,
         id: &str,
-    ) -> Result<Option<(DeadHome, String)>, ClientError> {
+    ) -> Result<Option<(Home, String)>, ClientError> {
         let in_shard = || {
             let keys = layout.shard(layout.shard_of(id));
-            Some((DeadHome::Shard(keys), id.to_owned()))
+            Some((Home::Shard(keys), id.to_owned()))
         };
         let Some(book) = self.lane_book() else {
             return Ok(in_shard());
         };
         Ok(match self.place_of(book, dest, id, Held::Dead).await? {
             Found::Shard => in_shard(),
-            Found::Lane(lane, stored) => Some((DeadHome::Lane(lane), stored)),
+            Found::Lane(lane, stored) => Some((Home::Lane(lane), stored)),
             Found::Nowhere => None,
         })
     }
