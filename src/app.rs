@@ -58,8 +58,43 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         "admin server up"
     );
 
-    let pubsub = store::pubsub_clients(&config.redis)?;
     let sinks = sinks::build_all(&config)?;
+    // `zdelay upgrade` moves the namespace to a newer layout under running daemons: a
+    // layout fence that names a layout this build runs restarts the pollers on it.
+    loop {
+        match serve(&config, &sinks, &health, &console, &shutdown).await? {
+            Served::Stopped => break,
+            Served::Follow => tracing::info!("starting again on the namespace's new layout"),
+        }
+    }
+    admin.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// How one run of the pollers ended.
+enum Served {
+    /// Shutdown was asked (or start-up was interrupted by it).
+    Stopped,
+    /// A layout fence refused them because the namespace moves to a layout this build runs.
+    Follow,
+}
+
+/// Runs the pollers, the sink checkers and the stats sampler on the namespace's layout as
+/// the schema says it now, until shutdown or a fence that asks to follow an upgrade.
+async fn serve(
+    config: &Config,
+    sinks: &sinks::Sinks,
+    health: &Arc<Health>,
+    console: &Arc<std::sync::OnceLock<admin::Console>>,
+    outer: &CancellationToken,
+) -> anyhow::Result<Served> {
+    let config = config.clone();
+    let sinks = sinks.clone();
+    let health = health.clone();
+    // Cancelled by the outer shutdown, or by this run alone when it follows an upgrade.
+    let shutdown = outer.child_token();
+    let pubsub = store::pubsub_clients(&config.redis)?;
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     // Redis may drop between the connect and the checks: the whole sequence is retried.
     let started = retry_start_up(&health, &shutdown, || async {
@@ -93,7 +128,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     })
     .await?;
     let Some((mut con, server, console_client, (layout, keys, lanes))) = started else {
-        return Ok(());
+        return Ok(Served::Stopped);
     };
     tracing::info!(%server, "redis reachable");
     refuse_unsupported_brokers(&sinks).await?;
@@ -127,7 +162,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         independent(),
     );
     let (Some(leases_con), Some(sampler_con)) = (leases_con?, sampler_con?) else {
-        return Ok(());
+        return Ok(Served::Stopped);
     };
     let ctx = Arc::new(ctx);
     // What this daemon polls is decided by poller-slot leases shared with the others.
@@ -222,14 +257,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // Blocking (the SDK's shutdown waits for its export thread), bounded.
         let _ = tokio::task::spawn_blocking(move || tracer.shutdown(FLUSH_TIMEOUT)).await;
     }
-    admin.abort();
-    tracing::info!("stopped");
     if let Some(in_use) = in_use {
         return Err(in_use.into());
     }
+    if ctx.follows_upgrade() && !outer.is_cancelled() {
+        return Ok(Served::Follow);
+    }
     match ctx.refusal() {
         Some(why) => Err(anyhow::anyhow!(why)),
-        None => Ok(()),
+        None => Ok(Served::Stopped),
     }
 }
 
@@ -308,7 +344,7 @@ fn is_transient_start_up(e: &anyhow::Error) -> bool {
 /// (writing its marker) and the two-phase routes and sinks (whose jobs the spread shards
 /// hold). A route that changed between local and two-phase is refused: its waiting jobs
 /// would stay where nothing moves them (moving them is not built yet).
-async fn register_lanes(
+pub async fn register_lanes(
     con: &mut Conn,
     config: &Config,
     keys: &Keys,

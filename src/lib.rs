@@ -25,7 +25,7 @@ pub use zdelay_client::{
 };
 pub use zdelay_client::{
     client, config, dead, envelope, job, keys, lane, lane_id, reshard, routes, schedule, schedules,
-    store, trace_context,
+    store, trace_context, upgrade,
 };
 
 #[cfg(test)]

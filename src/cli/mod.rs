@@ -15,6 +15,7 @@ mod enqueue;
 mod render;
 mod reshard;
 mod schedule;
+mod upgrade;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -175,6 +176,18 @@ enum Command {
     /// start the daemons; producers still connected follow the new layout on their own.
     /// Without --yes it shows what it would do and asks.
     Reshard(reshard::ReshardArgs),
+    /// Move the namespace from storage layout 1 to layout 2 while producers enqueue and
+    /// daemons deliver.
+    ///
+    /// Roll every daemon to this version first: it refuses while a daemon of an older build
+    /// is registered (and names it). It registers the config's route lanes, tells producers
+    /// and daemons to use layout 2, fences the layout-1 shards (processes of this version
+    /// switch to layout 2 at the fence, older ones stop), then moves every job, dead job and
+    /// schedule, earliest due first: local routes' into their lanes, the rest into spread
+    /// shards. Each job is written once into its new home before it is deleted from the old
+    /// one, so a crash loses nothing and delivers nothing twice: run the same command again
+    /// and it finishes. Without --yes it shows what it would do and asks.
+    Upgrade(upgrade::UpgradeArgs),
     /// Measure throughput and lateness against a Redis (use a scratch Redis or namespace).
     Bench(zdelay::bench::BenchArgs),
     /// Load and validate the config, then print the effective config as JSON whatever -o
@@ -407,6 +420,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => schedule::preview(args),
         // Not through `client()`: the namespace may be frozen, or resharded already.
         Command::Reshard(args) => reshard::run(&config, args).await,
+        Command::Upgrade(args) => upgrade::run(&config, args).await,
         command => {
             let client = client(&config).await?;
             operate(&client, &config, &origin, command)
@@ -566,6 +580,7 @@ async fn operate(
         | Command::CheckConfig { .. }
         | Command::Bench(_)
         | Command::Reshard(_)
+        | Command::Upgrade(_)
         | Command::Completions { .. }
         | Command::SlotTag { .. }
         | Command::Man

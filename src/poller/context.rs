@@ -294,13 +294,26 @@ impl PollerContext {
             return false;
         };
         if self.refused_with.set(layout.clone()).is_ok() {
-            tracing::error!(
-                "{}",
-                refusal_message(self.keys.namespace(), self.keys.shards(), layout)
-            );
+            if layout.is_followable() {
+                tracing::info!(
+                    "{}: restarting the pollers on it",
+                    refusal_message(self.keys.namespace(), self.keys.shards(), layout)
+                );
+            } else {
+                tracing::error!(
+                    "{}",
+                    refusal_message(self.keys.namespace(), self.keys.shards(), layout)
+                );
+            }
         }
         self.refused.cancel();
         true
+    }
+
+    /// Whether a layout fence refused the pollers because `zdelay upgrade` moves the
+    /// namespace to a layout this build runs: the daemon restarts its pollers on it.
+    pub fn follows_upgrade(&self) -> bool {
+        self.refused_with.get().is_some_and(Layout::is_followable)
     }
 
     /// Why the pollers stopped, when a layout fence refused them.

@@ -40,6 +40,7 @@ mod seeds;
 mod soak;
 mod trace;
 mod two_phase;
+mod upgrade;
 
 #[test]
 fn harness_starts_redis_and_daemon() {

@@ -106,6 +106,7 @@ impl Keys {
             sched_quarantine: self.shard_key(shard, ShardKey::SchedQuarantine.name()),
             history: self.history(shard),
             lease_seq: self.shard_key(shard, ShardKey::LeaseSeq.name()),
+            transit_in: self.shard_key(shard, "transit_in"),
             layout: self.layout(shard),
             wake_channel: self.wake_channel(),
         }
@@ -340,6 +341,8 @@ pub struct ShardKeys {
     /// `zdelay reshard` need not move it (a reshard refuses every older claim's settle by
     /// the layout fence).
     pub lease_seq: String,
+    /// SET: ids `zdelay upgrade` put into this spread shard (deleted when it finishes).
+    pub transit_in: String,
     /// The layout marker (see [`Keys::layout`]).
     pub layout: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
@@ -427,6 +430,8 @@ pub struct LaneKeys {
     pub sched_fired: String,
     /// HASH: schedule id → why it is quarantined.
     pub sched_quarantine: String,
+    /// SET: ids `zdelay upgrade` put here (deleted when it finishes).
+    pub transit_in: String,
     /// STRING: the lane marker, `2 <lane> <LPUSH|RPUSH> <list key>` while live.
     pub marker: String,
 }
@@ -448,6 +453,7 @@ impl LaneKeys {
             sched_due: key("sched_due"),
             sched_fired: key("sched_fired"),
             sched_quarantine: key("sched_quarantine"),
+            transit_in: key("transit_in"),
             marker: key("lane"),
         }
     }

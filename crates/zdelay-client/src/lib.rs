@@ -34,6 +34,7 @@ pub mod schedule;
 pub mod schedules;
 pub mod store;
 pub mod trace_context;
+pub mod upgrade;
 
 pub use client::{Client, ClientError, JobView, NewJob};
 pub use config::Config;

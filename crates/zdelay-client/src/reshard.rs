@@ -36,7 +36,7 @@
 
 use crate::config::MAX_SHARDS;
 use crate::keys::{Keys, LAYOUT_VERSION};
-use crate::store::scripts::{self, ScanKind, StoredJob};
+use crate::store::scripts::{self, PutMode, ScanKind, StoredJob};
 use crate::store::{self, Conn, Layout, StoreError};
 use futures::{StreamExt, TryStreamExt};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -49,19 +49,19 @@ pub const MAX_BATCH: usize = 1000;
 /// Old shards moved at once.
 pub const DEFAULT_CONCURRENCY: usize = 4;
 /// Largest COUNT hint of a scan page.
-const SCAN_COUNT: usize = 1000;
+pub(crate) const SCAN_COUNT: usize = 1000;
 /// What one scan page of a hash may copy in values (Redis 7.0's `HSCAN` cannot leave them
 /// out): pages shrink towards one field when the values are large envelopes.
 const SCAN_BYTES: usize = 1 << 20;
 /// Largest payload of one `reshard_put` call, bytes (at least one job per call): a
 /// megabyte of small jobs (about a thousand) held Redis 20-60 ms per call.
-const PUT_BYTES: usize = 256 << 10;
+pub(crate) const PUT_BYTES: usize = 256 << 10;
 /// Most bytes of envelopes (and schedule envelopes, histories) one `reshard_take` call reads,
 /// and so one `reshard_drop` call frees (at least one job per call): a batch of ids whose
 /// payloads weigh a megabyte each would otherwise hold Redis for seconds.
-const TAKE_BYTES: usize = 1 << 20;
+pub(crate) const TAKE_BYTES: usize = 1 << 20;
 /// Round trips run at once for per-shard commands (counts, markers).
-const PARALLEL: usize = 16;
+pub(crate) const PARALLEL: usize = 16;
 
 /// What to do.
 #[derive(Debug, Clone)]
@@ -573,7 +573,7 @@ pub async fn live_daemons(con: &mut Conn, keys: &Keys) -> Result<Vec<Daemon>, Re
 }
 
 /// Parses the instances hash (`id → "<expiry ms> <last heartbeat ms> …"`) at `now`.
-fn live_from(registered: &BTreeMap<String, String>, now: i64) -> Vec<Daemon> {
+pub(crate) fn live_from(registered: &BTreeMap<String, String>, now: i64) -> Vec<Daemon> {
     registered
         .iter()
         .filter_map(|(id, value)| {
@@ -588,7 +588,11 @@ fn live_from(registered: &BTreeMap<String, String>, now: i64) -> Vec<Daemon> {
 }
 
 /// The data keys of `shard` that exist.
-async fn stored_keys(con: &Conn, keys: &Keys, shard: u16) -> Result<Vec<String>, ReshardError> {
+pub(crate) async fn stored_keys(
+    con: &Conn,
+    keys: &Keys,
+    shard: u16,
+) -> Result<Vec<String>, ReshardError> {
     let names = data_keys(keys, shard);
     let mut pipe = redis::pipe();
     for name in &names {
@@ -625,7 +629,7 @@ fn data_keys(keys: &Keys, shard: u16) -> Vec<String> {
 }
 
 /// The counts over `shards` (one pipeline per shard, so one slot each).
-async fn count(
+pub(crate) async fn count(
     con: &Conn,
     keys: &Keys,
     shards: std::ops::Range<u16>,
@@ -687,7 +691,7 @@ async fn set_markers(con: &Conn, keys: &Keys, span: u16, value: &str) -> Result<
 
 /// The keys a pass scans for ids, with what each holds per id. The envelopes come last: by
 /// then they are mostly the ids that stay.
-fn scanned(keys: &crate::keys::ShardKeys) -> [(&str, ScanKind, bool); 15] {
+pub(crate) fn scanned(keys: &crate::keys::ShardKeys) -> [(&str, ScanKind, bool); 15] {
     [
         (&keys.history, ScanKind::Hash, false),
         (&keys.sched_quarantine, ScanKind::Hash, false),
@@ -760,19 +764,19 @@ async fn count_misplaced(con: &Conn, new: &Keys, from: u16) -> Result<u64, Resha
 /// values along, and one envelope may weigh megabytes), doubles while pages come back light
 /// and shrinks when one weighs more than [`SCAN_BYTES`], so a page copies about that much
 /// at most, or one value when a single one weighs more.
-struct ScanCount(usize);
+pub(crate) struct ScanCount(usize);
 
 impl ScanCount {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ScanCount(1)
     }
 
-    fn get(&self) -> usize {
+    pub(crate) fn get(&self) -> usize {
         self.0
     }
 
     /// Adjusts to what the last page's values weighed.
-    fn after(&mut self, bytes: usize) {
+    pub(crate) fn after(&mut self, bytes: usize) {
         self.0 = if bytes > SCAN_BYTES {
             (self.0 / 4).max(1)
         } else if bytes <= SCAN_BYTES / 4 {
@@ -904,7 +908,9 @@ impl Mover<'_> {
             put_calls(group).into_iter().map(move |call| {
                 let mut con = self.con.clone();
                 let keys = self.new.shard(*target);
-                async move { scripts::reshard_put(&mut con, &keys, self.marker, &call).await }
+                async move {
+                    scripts::reshard_put(&mut con, &keys, self.marker, PutMode::Copy, &call).await
+                }
             })
         });
         futures::future::try_join_all(puts).await?;
@@ -926,15 +932,25 @@ impl Mover<'_> {
 
 /// Splits jobs into `reshard_put` calls of at most [`PUT_BYTES`] (at least one job each).
 fn put_calls(jobs: &[&StoredJob]) -> Vec<Vec<StoredJob>> {
-    let mut calls: Vec<Vec<StoredJob>> = Vec::new();
-    let mut size = 0;
-    for job in jobs {
-        if calls.is_empty() || size + job.size() > PUT_BYTES {
+    sized_calls(jobs, StoredJob::size)
+}
+
+/// Splits records into script calls of at most [`PUT_BYTES`] by `size` (at least one record
+/// each).
+pub(crate) fn sized_calls<T: Clone>(records: &[&T], size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let mut calls: Vec<Vec<T>> = Vec::new();
+    let mut bytes = 0;
+    for record in records {
+        let weight = size(record);
+        if calls.is_empty() || bytes + weight > PUT_BYTES {
             calls.push(Vec::new());
-            size = 0;
+            bytes = 0;
         }
-        size += job.size();
-        calls.last_mut().expect("pushed above").push((*job).clone());
+        bytes += weight;
+        calls
+            .last_mut()
+            .expect("pushed above")
+            .push((*record).clone());
     }
     calls
 }

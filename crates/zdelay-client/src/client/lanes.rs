@@ -17,7 +17,8 @@ use crate::lane_id::{LaneId, StoredId, StoredIdGenerator, is_reserved};
 use crate::store::scripts::{self, LaneItem};
 use crate::store::{self, Conn, StoreError};
 use std::collections::BTreeMap;
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 /// Tries of a generated id that another producer took in the same millisecond.
 const ID_TRIES: u32 = 3;
@@ -26,13 +27,24 @@ const ID_TRIES: u32 = 3;
 pub(crate) struct LaneBook {
     registry: RwLock<Registry>,
     ids: StoredIdGenerator,
+    /// While `zdelay upgrade` runs: when the schema last said so. Jobs it has not moved yet
+    /// are still in their layout-1 shards.
+    upgrading: Mutex<Option<Instant>>,
 }
+
+/// How often a client that knows an upgrade runs reads the schema to see it finished.
+const UPGRADE_LOOK: Duration = Duration::from_secs(5);
+
+/// How long a lookup by id waits for the upgrade to move the job it names.
+const UPGRADE_WAIT: Duration = Duration::from_secs(3);
 
 impl LaneBook {
     pub(crate) async fn read(con: &mut Conn, keys: &crate::keys::Keys) -> Result<Self, StoreError> {
+        let upgrading = store::read_schema(con, keys).await?.upgrading.is_some();
         Ok(LaneBook {
             registry: RwLock::new(store::lanes::read_registry(con, keys).await?),
             ids: StoredIdGenerator::new(),
+            upgrading: Mutex::new(upgrading.then(Instant::now)),
         })
     }
 
@@ -129,7 +141,7 @@ type Answer = Result<(String, Enqueued), ClientError>;
 impl Client {
     /// The lane book, on a namespace on layout 2.
     pub(crate) fn lane_book(&self) -> Option<&LaneBook> {
-        self.lanes.as_deref()
+        self.lanes.get().map(|book| &**book)
     }
 
     /// Reads the lane registry again (a daemon registered, moved or changed a lane).
@@ -358,7 +370,12 @@ impl Client {
         Fut: std::future::Future<Output = Result<T, ClientError>>,
     {
         if self.lane_book().is_none() {
-            return self.fenced(op).await;
+            match self.fenced(&op).await {
+                // Upgraded under this client, which now runs layout 2: `op` again there.
+                Err(ClientError::Store(StoreError::Upgrading { .. }))
+                    if self.lane_book().is_some() => {}
+                other => return other,
+            }
         }
         match op(self.keys()).await {
             Err(e) if e.is_lane_refusal() => {}
@@ -483,6 +500,7 @@ impl Client {
         id: &str,
         held: Held,
     ) -> Result<Found, ClientError> {
+        self.wait_out_upgrade(book, id, held).await?;
         let Some(dest) = dest else {
             return self.locate(book, id, held).await;
         };
@@ -499,6 +517,51 @@ impl Client {
             Ok(Found::Shard)
         } else {
             Err(no_lane(dest, &registry))
+        }
+    }
+
+    /// While `zdelay upgrade` runs, waits until the layout-1 shard of `id` no longer holds
+    /// it (the upgrade writes a job into layout 2 before it deletes it from layout 1, so
+    /// looking there afterwards cannot miss it); `StoreError::Upgrading` (retryable) when
+    /// that takes longer than [`UPGRADE_WAIT`].
+    async fn wait_out_upgrade(
+        &self,
+        book: &LaneBook,
+        id: &str,
+        held: Held,
+    ) -> Result<(), ClientError> {
+        if generated(id, held) {
+            // Layout 1 never gave out ids of that form.
+            return Ok(());
+        }
+        let keys = self.keys();
+        let legacy = Keys::new(keys.namespace(), keys.shards());
+        let started = Instant::now();
+        loop {
+            let Some(since) = *book.upgrading.lock().expect("upgrading lock") else {
+                return Ok(());
+            };
+            if since.elapsed() > UPGRADE_LOOK {
+                let schema = store::read_schema(&mut self.con.clone(), &keys).await?;
+                *book.upgrading.lock().expect("upgrading lock") =
+                    schema.upgrading.is_some().then(Instant::now);
+                continue;
+            }
+            let shard = legacy.shard(legacy.shard_of(id));
+            if !self
+                .holds(held.ask(&shard.jobs, &shard.dead, &shard.schedules, id))
+                .await?
+            {
+                return Ok(());
+            }
+            if started.elapsed() > UPGRADE_WAIT {
+                return Err(StoreError::Upgrading {
+                    namespace: keys.namespace().to_owned(),
+                    layout: 2,
+                }
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

@@ -21,7 +21,7 @@ use crate::store::{self, Conn, Layout, StoreError};
 use lanes::{Found, Held, LaneBook};
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 pub(crate) mod lanes;
@@ -281,8 +281,9 @@ pub struct Client {
     routes: Option<Arc<Routes>>,
     max_payload: Option<usize>,
     ids: Arc<IdGenerator>,
-    /// On a namespace on storage layout 2: its lane registry and stored-id generator.
-    lanes: Option<Arc<LaneBook>>,
+    /// On a namespace on storage layout 2: its lane registry and stored-id generator. Set
+    /// once: at connect, or when `zdelay upgrade` moves the namespace under this client.
+    lanes: Arc<OnceLock<Arc<LaneBook>>>,
 }
 
 impl Client {
@@ -294,10 +295,10 @@ impl Client {
         let layout = store::ensure_schema(&mut con, &keys, cfg.layout).await?;
         let keys = Keys::for_layout(&cfg.namespace, cfg.shards, layout);
         scripts::load_all(&mut con).await?;
-        let lanes = match layout {
-            1 => None,
-            _ => Some(Arc::new(LaneBook::read(&mut con, &keys).await?)),
-        };
+        let lanes = Arc::new(OnceLock::new());
+        if layout > 1 {
+            let _ = lanes.set(Arc::new(LaneBook::read(&mut con, &keys).await?));
+        }
         Ok(Client {
             con,
             layout: Arc::new(RwLock::new(keys)),
@@ -306,6 +307,46 @@ impl Client {
             ids: Arc::new(IdGenerator::default()),
             lanes,
         })
+    }
+
+    /// Switches this client (and its clones) to the layout `zdelay upgrade` moves the
+    /// namespace to, once a layout-1 shard's fence named a layout this build runs. Calls
+    /// made from then on use layout 2.
+    pub(crate) async fn follow_upgrade(&self) -> Result<(), ClientError> {
+        if self.lane_book().is_some() {
+            return Ok(());
+        }
+        let current = self.keys();
+        let mut con = self.con.clone();
+        let layout = store::ensure_schema(&mut con, &current, None).await?;
+        if layout == 1 {
+            return Err(StoreError::Schema(format!(
+                "a layout-1 shard of namespace {} is fenced by an upgrade, but {} says layout 1",
+                current.namespace(),
+                current.schema()
+            ))
+            .into());
+        }
+        let keys = Keys::for_layout(current.namespace(), current.shards(), layout);
+        let book = Arc::new(LaneBook::read(&mut con, &keys).await?);
+        let _ = self.lanes.set(book);
+        *self.layout.write().expect("layout lock") = keys;
+        Ok(())
+    }
+
+    /// Runs `op`, and once more when it was refused because this client switched to the
+    /// layout `zdelay upgrade` moves the namespace to (the refused call wrote nothing).
+    pub(crate) async fn switching<T, F, Fut>(&self, op: F) -> Result<T, ClientError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        match op().await {
+            Err(ClientError::Store(StoreError::Upgrading { .. })) if self.lane_book().is_some() => {
+                op().await
+            }
+            other => other,
+        }
     }
 
     /// Connects to a URL with the default namespace and shard count.
@@ -338,7 +379,7 @@ impl Client {
 
     /// The namespace's storage layout: 1, or 2 (route lanes, a preview).
     pub fn storage_layout(&self) -> u32 {
-        if self.lanes.is_some() {
+        if self.lane_book().is_some() {
             2
         } else {
             LAYOUT_VERSION
@@ -397,6 +438,11 @@ impl Client {
             },
             ok => return ok,
         };
+        if refused.is_followable() {
+            // Upgraded under this client: the caller runs the call again on the new layout.
+            self.follow_upgrade().await?;
+            return Err(refused.error(&keys).into());
+        }
         // Only a new shard count is worth another try; a reshard running or a newer layout
         // refuses the next call the same way.
         if !matches!(refused, Layout::Shards(_)) {
@@ -466,7 +512,23 @@ impl Client {
         if let Some(book) = self.lane_book() {
             return self.enqueue_lanes(book, jobs, policy).await;
         }
-        self.enqueue_in_shards(jobs, policy).await
+        let (mut results, refused) = self.enqueue_or_refuse(jobs, policy).await?;
+        if refused.is_empty() {
+            return Ok(results);
+        }
+        // `zdelay upgrade` fenced their shards: nothing was written for them, and they go
+        // to layout 2 under the ids they were given.
+        self.follow_upgrade().await?;
+        let book = self.lane_book().expect("followed the upgrade");
+        let (index, jobs): (Vec<usize>, Vec<NewJob>) = refused
+            .into_iter()
+            .map(|(i, item)| (i, unprepared(item)))
+            .unzip();
+        let again = self.enqueue_lanes(book, jobs, policy).await?;
+        for (i, result) in index.into_iter().zip(again) {
+            results[i] = result;
+        }
+        Ok(results)
     }
 
     /// `enqueue_batch` into the shards (layout 1's, or layout 2's spread shards).
@@ -475,6 +537,33 @@ impl Client {
         jobs: Vec<NewJob>,
         policy: OnConflict,
     ) -> Result<Vec<Result<(String, Enqueued), ClientError>>, ClientError> {
+        let keys = self.keys();
+        let (mut results, refused) = self.enqueue_or_refuse(jobs, policy).await?;
+        for (i, _) in refused {
+            results[i] = Err(StoreError::Upgrading {
+                namespace: keys.namespace().to_owned(),
+                layout: 2,
+            }
+            .into());
+        }
+        Ok(results)
+    }
+
+    /// `enqueue_in_shards`, and the jobs (with their input positions) that a shard refused
+    /// because `zdelay upgrade` fenced it; their results are placeholders.
+    #[allow(clippy::type_complexity)]
+    async fn enqueue_or_refuse(
+        &self,
+        jobs: Vec<NewJob>,
+        policy: OnConflict,
+    ) -> Result<
+        (
+            Vec<Result<(String, Enqueued), ClientError>>,
+            Vec<(usize, EnqueueItem)>,
+        ),
+        ClientError,
+    > {
+        let mut refused: Vec<(usize, EnqueueItem)> = Vec::new();
         let mut results: Vec<Option<Result<(String, Enqueued), ClientError>>> =
             (0..jobs.len()).map(|_| None).collect();
         // The jobs to write, with their input positions.
@@ -516,6 +605,13 @@ impl Client {
                             pending.extend(index.iter().copied().zip(call.items.iter().cloned()));
                             continue;
                         }
+                        Some(layout) if layout.is_followable() => {
+                            for (&i, item) in index.iter().zip(call.items) {
+                                refused.push((i, item.clone()));
+                                results[i] = Some(Err(layout.error(&keys).into()));
+                            }
+                            continue;
+                        }
                         Some(layout) => {
                             for &i in index {
                                 results[i] = Some(Err(layout.error(&keys).into()));
@@ -548,10 +644,11 @@ impl Client {
                 }
             }
         }
-        Ok(results
+        let results = results
             .into_iter()
             .map(|r| r.expect("every job has a result"))
-            .collect())
+            .collect();
+        Ok((results, refused))
     }
 
     /// Checks a destination (against the routes when known) and a payload's size.
@@ -608,7 +705,24 @@ impl Client {
             max_lateness_ms,
         })
     }
+}
 
+/// The job `prepare` made `item` from, under the id it was given (for a job a fence refused,
+/// which is sent again on the new layout).
+fn unprepared(item: EnqueueItem) -> NewJob {
+    let env = Envelope::decode(&item.envelope).expect("prepare encodes a frame");
+    NewJob {
+        id: Some(item.id),
+        dest: env.dest,
+        payload: env.payload,
+        due: item.due,
+        headers: env.meta.headers,
+        max_attempts: env.meta.max_attempts,
+        max_lateness: item.max_lateness_ms.map(Duration::from_millis),
+    }
+}
+
+impl Client {
     /// Cancels a pending job.
     pub async fn cancel(&self, id: &str) -> Result<Cancelled, ClientError> {
         self.cancel_at(None, id).await
@@ -624,6 +738,10 @@ impl Client {
 
     /// [`Client::cancel`], or [`Client::cancel_in`] when `dest` is given.
     pub async fn cancel_at(&self, dest: Option<&str>, id: &str) -> Result<Cancelled, ClientError> {
+        self.switching(|| self.cancel_once(dest, id)).await
+    }
+
+    async fn cancel_once(&self, dest: Option<&str>, id: &str) -> Result<Cancelled, ClientError> {
         if let Some(book) = self.lane_book() {
             match self.place_of(book, dest, id, Held::Stored).await? {
                 Found::Lane(lane, stored) => {
@@ -664,6 +782,15 @@ impl Client {
         due: Due,
     ) -> Result<Option<i64>, ClientError> {
         check_due(due)?;
+        self.switching(|| self.reschedule_once(dest, id, due)).await
+    }
+
+    async fn reschedule_once(
+        &self,
+        dest: Option<&str>,
+        id: &str,
+        due: Due,
+    ) -> Result<Option<i64>, ClientError> {
         if let Some(book) = self.lane_book() {
             match self.place_of(book, dest, id, Held::Stored).await? {
                 Found::Lane(lane, stored) => {
@@ -707,6 +834,15 @@ impl Client {
     /// [`Client::get`] (or [`Client::get_preview`] with `preview`), in `dest` when given
     /// ([`Client::get_in`]).
     pub async fn get_at(
+        &self,
+        dest: Option<&str>,
+        id: &str,
+        preview: Option<usize>,
+    ) -> Result<Option<JobView>, ClientError> {
+        self.switching(|| self.get_once(dest, id, preview)).await
+    }
+
+    async fn get_once(
         &self,
         dest: Option<&str>,
         id: &str,

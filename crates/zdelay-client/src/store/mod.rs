@@ -69,6 +69,14 @@ pub enum StoreError {
         shards: u16,
         configured: u16,
     },
+    /// `zdelay upgrade` moved (or is moving) the namespace to storage layout `layout`, which
+    /// this build runs: the refused call wrote nothing, and this process uses the new layout
+    /// from now on. Retry.
+    #[error(
+        "namespace {namespace} is being upgraded to storage layout {layout} (zdelay upgrade): \
+         nothing was written; retry (this process now uses layout {layout})"
+    )]
+    Upgrading { namespace: String, layout: u32 },
     /// The namespace, or one of its shards, is on a storage layout this build does not know,
     /// or needs a newer zdelay (`min_version`): nothing was written, and only that version
     /// or a later one can use it. Not retryable.
@@ -137,7 +145,10 @@ fn refuse_newer(
 impl StoreError {
     /// Whether retrying later can succeed without a change of config (a reshard running).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Resharding { .. })
+        matches!(
+            self,
+            StoreError::Resharding { .. } | StoreError::Upgrading { .. }
+        )
     }
 
     /// Whether the server refused the credentials.
@@ -304,6 +315,13 @@ impl Layout {
         }
     }
 
+    /// Whether this build runs the newer layout this marker names (so a process refused by
+    /// it switches to that layout instead of stopping).
+    pub fn is_followable(&self) -> bool {
+        matches!(self, Layout::Newer { layout, min_version }
+            if *layout <= NEWEST_LAYOUT && min_version.cmp_precedence(&THIS_VERSION).is_le())
+    }
+
     /// The error a process set up with `keys` reports for this layout.
     pub fn error(&self, keys: &Keys) -> StoreError {
         match self {
@@ -317,19 +335,13 @@ impl Layout {
                 shards: *shards,
                 configured: keys.shards(),
             },
-            // A layout this build knows, marked by this build or an older one: the shard
-            // is a layout-1 shard of a namespace on layout 2, whose layout-1 calls
-            // (reshard) are not built there yet.
-            Layout::Newer {
-                layout,
-                min_version,
-            } if *layout <= NEWEST_LAYOUT && min_version.cmp_precedence(&THIS_VERSION).is_le() => {
-                StoreError::Unsupported(format!(
-                    "namespace {} is on storage layout {layout} (a preview), which has route \
-                     lanes only so far: enqueue, get, cancel, reschedule, dead letters and \
-                     schedules work; two-phase routes and reshard do not yet",
-                    keys.namespace()
-                ))
+            // A layout this build runs: the shard is a layout-1 shard of a namespace that
+            // `zdelay upgrade` moves (or moved) to it.
+            layout @ Layout::Newer { layout: n, .. } if layout.is_followable() => {
+                StoreError::Upgrading {
+                    namespace: keys.namespace().to_owned(),
+                    layout: *n,
+                }
             }
             Layout::Newer {
                 layout,
@@ -355,6 +367,8 @@ pub struct Schema {
     /// The oldest zdelay that may use the namespace (written by the build that moves it to a
     /// newer layout).
     pub min_version: Option<semver::Version>,
+    /// The layout `zdelay upgrade` is moving the namespace to (`layout` is still the old one).
+    pub upgrading: Option<u32>,
 }
 
 /// Reads `<ns>:schema` (every field absent when it does not exist). Refuses a namespace on a
@@ -368,10 +382,11 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
         "migrating",
         "migrating_counts",
         "min_version",
+        "upgrading",
     ] {
         pipe.hget(keys.schema(), field);
     }
-    let [layout, shards, migrating, counts, min_version]: [Option<String>; 5] =
+    let [layout, shards, migrating, counts, min_version, upgrading]: [Option<String>; 6] =
         pipe.query_async(con).await?;
     refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
     let bad = |field: &str, value: &str| {
@@ -391,12 +406,17 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
         },
         None => None,
     };
+    let upgrading = match upgrading {
+        Some(u) => Some(u.parse::<u32>().map_err(|_| bad("upgrading", &u))?),
+        None => None,
+    };
     Ok(Schema {
         layout,
         shards,
         migrating,
         migrating_counts: counts,
         min_version: min_version.and_then(|v| semver::Version::parse(&v).ok()),
+        upgrading,
     })
 }
 
@@ -725,11 +745,12 @@ pub async fn ensure_schema(
     let key = keys.schema();
     // One HGET each (not HMGET): a producer's narrowest ACL grants `+hget` on the schema.
     let read = |pipe: &mut Pipeline| {
-        for field in ["layout", "shards", "migrating", "min_version"] {
+        for field in ["layout", "shards", "migrating", "min_version", "upgrading"] {
             pipe.hget(&key, field);
         }
     };
     type Fields = (
+        Option<String>,
         Option<String>,
         Option<String>,
         Option<String>,
@@ -767,8 +788,10 @@ pub async fn ensure_schema(
             }
         })?;
     }
-    let (layout, shards, migrating, min_version) = fields;
+    let (layout, shards, migrating, min_version, upgrading) = fields;
     refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
+    // While `zdelay upgrade` runs, new work goes to the layout it moves the namespace to.
+    let layout = upgrading.or(layout);
     if let Some(m) = migrating {
         return Err(match Layout::parse(&format!("migrating {m}")) {
             Some(layout) => layout.error(keys),
@@ -806,14 +829,20 @@ pub async fn ensure_schema(
 }
 
 /// On a namespace on layout 2, marks every layout-1 shard (`layout 2 <this version>`), so
-/// that every layout-1 script refuses it (dead letters, schedules, reshard are not built on
-/// layout 2 yet) instead of writing where nothing reads. The daemon writes them at every
-/// start (a SET of the same value); a producer never needs to.
+/// that every layout-1 script of an older process refuses it instead of writing where
+/// nothing reads. The daemon writes them at every start (a SET of the same value); a
+/// producer never needs to. Nothing while `zdelay upgrade` runs.
 pub async fn mark_layout_1_shards(
     con: &mut Conn,
     keys: &Keys,
     layout: u32,
-) -> redis::RedisResult<()> {
+) -> Result<(), StoreError> {
+    // While `zdelay upgrade` runs (`layout` is still 1 in the schema) the layout-1 shards
+    // hold jobs it has not moved yet: the upgrade retires each once it is empty.
+    let schema = read_schema(con, keys).await?;
+    if schema.layout.as_deref() != Some(&layout.to_string()) || schema.upgrading.is_some() {
+        return Ok(());
+    }
     let marker = Layout::Newer {
         layout,
         min_version: THIS_VERSION.clone(),

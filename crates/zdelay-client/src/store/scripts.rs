@@ -82,6 +82,7 @@ scripts!(
     delete_schedule_lane,
     due_schedules_lane,
     fire_schedules_lane,
+    upgrade_put_lane,
     claim_slots,
     release_slots,
     upsert_schedule,
@@ -2019,15 +2020,52 @@ pub async fn reshard_take(
         .collect())
 }
 
-/// Writes `jobs` into the shard of `keys` (overwriting); returns how many.
+/// How `reshard_put` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    /// Every record, overwriting (a reshard: the namespace is frozen, a re-run writes the
+    /// same values).
+    Copy,
+    /// Each id at most once, ever, recorded in the target's `transit_in` (an upgrade: the
+    /// target's movers run, so a job written twice could be delivered twice); an id the
+    /// target already holds stays as it is.
+    Transit,
+}
+
+/// What a put wrote and skipped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Put {
+    pub written: u64,
+    /// Ids an earlier run put (transit only).
+    pub put_before: u64,
+    /// Ids the target already held as another job or schedule (transit only).
+    pub held: u64,
+}
+
+impl redis::FromRedisValue for Put {
+    fn from_redis_value(v: Value) -> Result<Self, redis::ParsingError> {
+        let (written, put_before, held) = <(u64, u64, u64)>::from_redis_value(v)?;
+        Ok(Put {
+            written,
+            put_before,
+            held,
+        })
+    }
+}
+
+/// Writes `jobs` into the shard of `keys` (see [`PutMode`]).
 pub async fn reshard_put(
     con: &mut Conn,
     keys: &ShardKeys,
     marker: &str,
+    mode: PutMode,
     jobs: &[StoredJob],
-) -> redis::RedisResult<u64> {
+) -> redis::RedisResult<Put> {
     let mut inv = shard_invocation(&compiled::reshard_put, "reshard_put", keys);
-    inv.arg(marker);
+    inv.key(&keys.transit_in).arg(marker).arg(match mode {
+        PutMode::Copy => "copy",
+        PutMode::Transit => "transit",
+    });
     for job in jobs {
         let values = job.values();
         let mask: String = values
@@ -2039,6 +2077,95 @@ pub async fn reshard_put(
             inv.arg(v.as_deref().unwrap_or_default());
         }
         inv.arg(job.ready.len()).arg(&job.ready);
+    }
+    inv.invoke(con).await
+}
+
+/// One job, dead job or schedule of a local route as a lane keeps it, for `upgrade_put_lane`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LaneRecord {
+    pub id: Vec<u8>,
+    pub due: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub meta: Option<Vec<u8>>,
+    pub max_lateness: Option<Vec<u8>>,
+    pub dead: Option<Vec<u8>>,
+    pub reason: Option<Vec<u8>>,
+    pub history: Option<Vec<u8>>,
+    pub schedule: Option<Vec<u8>>,
+    pub schedule_envelope: Option<Vec<u8>>,
+    pub next_occurrence: Option<Vec<u8>>,
+    pub sched_fired: Option<Vec<u8>>,
+    pub sched_quarantine: Option<Vec<u8>>,
+}
+
+impl LaneRecord {
+    fn values(&self) -> [&Option<Vec<u8>>; 12] {
+        [
+            &self.due,
+            &self.payload,
+            &self.meta,
+            &self.max_lateness,
+            &self.dead,
+            &self.reason,
+            &self.history,
+            &self.schedule,
+            &self.schedule_envelope,
+            &self.next_occurrence,
+            &self.sched_fired,
+            &self.sched_quarantine,
+        ]
+    }
+
+    /// Bytes it carries (for sizing script calls).
+    pub fn size(&self) -> usize {
+        self.id.len()
+            + self
+                .values()
+                .iter()
+                .map(|v| v.as_ref().map_or(0, Vec::len))
+                .sum::<usize>()
+    }
+}
+
+/// Writes `records` into `lane`, each id at most once, ever (see [`PutMode::Transit`]).
+pub async fn upgrade_put_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    records: &[LaneRecord],
+) -> redis::RedisResult<Put> {
+    let k = &lane.keys;
+    let mut inv = Call::new(&compiled::upgrade_put_lane);
+    for key in [
+        &k.due,
+        &k.jobs,
+        &k.meta,
+        &k.maxlate,
+        &k.large,
+        &k.dead,
+        &k.reasons,
+        &k.history,
+        &k.schedules,
+        &k.sched_env,
+        &k.sched_due,
+        &k.sched_fired,
+        &k.sched_quarantine,
+        &k.transit_in,
+        &k.marker,
+    ] {
+        inv.key(key);
+    }
+    inv.arg(lane.marker());
+    for record in records {
+        let values = record.values();
+        let mask: String = values
+            .iter()
+            .map(|v| if v.is_some() { '1' } else { '0' })
+            .collect();
+        inv.arg(&record.id).arg(mask);
+        for v in values {
+            inv.arg(v.as_deref().unwrap_or_default());
+        }
     }
     inv.invoke(con).await
 }

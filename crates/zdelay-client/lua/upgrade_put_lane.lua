@@ -1,0 +1,85 @@
+-- upgrade_put_lane: write jobs, dead jobs and schedules of one local route, as reshard_take read
+-- them from a layout-1 shard, into the route's lane (storage layout 2), for zdelay upgrade. Each
+-- id is written at most once, ever: an id in transit_in was put by an earlier run (and may have
+-- been delivered since), an id the lane already holds was enqueued here meanwhile (the newer job
+-- stays); both are skipped.
+-- KEYS[1] due          ZSET   zdelay:{emj}:due:<route>
+-- KEYS[2] jobs         HASH   zdelay:{emj}:jobs:<route>     stored id -> payload
+-- KEYS[3] meta         HASH   zdelay:{emj}:meta:<route>     stored id -> meta JSON
+-- KEYS[4] maxlate      HASH   zdelay:{emj}:maxlate:<route>  stored id -> max lateness ms
+-- KEYS[5] large        SET    zdelay:{emj}:large:<route>    stored ids whose payload is over 4096 bytes
+-- KEYS[6] dead         ZSET   zdelay:{emj}:dead:<route>
+-- KEYS[7] reasons      HASH   zdelay:{emj}:reasons:<route>
+-- KEYS[8] history      HASH   zdelay:{emj}:history:<route>
+-- KEYS[9] schedules    HASH   zdelay:{emj}:sched:<route>
+-- KEYS[10] sched_env   HASH   zdelay:{emj}:sched_env:<route>
+-- KEYS[11] sched_due   ZSET   zdelay:{emj}:sched_due:<route>
+-- KEYS[12] sched_fired ZSET   zdelay:{emj}:sched_fired:<route>
+-- KEYS[13] sched_quarantine HASH zdelay:{emj}:sched_quarantine:<route>
+-- KEYS[14] transit_in  SET    zdelay:{emj}:transit_in:<route> ids an upgrade put here
+-- KEYS[15] marker      STRING zdelay:{emj}:lane:<route>     "2 <lane> <LPUSH|RPUSH> <list key>"
+-- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
+--   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
+-- ARGV[2..] records (at most 1000): id, mask, 12 values. mask has 12 characters, "1" where the
+--   value is present, in this order: due score, payload, meta JSON, max lateness ms, dead score,
+--   reason, history, schedule definition, schedule envelope (zd1 frame), next occurrence,
+--   schedule mark, quarantine. Scores as Redis printed them.
+-- Returns: { records written, records skipped as put before, records skipped as held }.
+-- Re-run safety: yes; a re-run skips what the first wrote.
+local marker = redis.call('GET', KEYS[15])
+if marker ~= ARGV[1] then
+  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
+  if string.sub(marker, 1, 8) == 'retired ' then
+    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
+  end
+  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
+end
+local SMALL = 4096
+local VALUES = 12
+local function present(mask, k) return string.byte(mask, k) == 49 end -- "1"
+-- Where each value goes: a ZSET takes (score, id), a HASH (id, value); gathered per key, then
+-- one command per key for the whole batch.
+local targets = {
+  { KEYS[1], 'zset' }, { KEYS[2], 'hash' }, { KEYS[3], 'hash' }, { KEYS[4], 'hash' },
+  { KEYS[6], 'zset' }, { KEYS[7], 'hash' }, { KEYS[8], 'hash' }, { KEYS[9], 'hash' },
+  { KEYS[10], 'hash' }, { KEYS[11], 'zset' }, { KEYS[12], 'zset' }, { KEYS[13], 'hash' },
+}
+local gathered = {}
+for k = 1, VALUES do gathered[k] = {} end
+local large, arrived = {}, {}
+local written, put_before, held = 0, 0, 0
+for i = 2, #ARGV, VALUES + 2 do
+  local id, mask = ARGV[i], ARGV[i + 1]
+  if redis.call('SISMEMBER', KEYS[14], id) == 1 then
+    put_before = put_before + 1
+  elseif redis.call('HEXISTS', KEYS[2], id) == 1 or redis.call('HEXISTS', KEYS[9], id) == 1 then
+    held = held + 1
+  else
+    for k = 1, VALUES do
+      if present(mask, k) then
+        local t, value = gathered[k], ARGV[i + 1 + k]
+        if targets[k][2] == 'zset' then
+          t[#t + 1] = value; t[#t + 1] = id
+        else
+          t[#t + 1] = id; t[#t + 1] = value
+        end
+      end
+    end
+    if present(mask, 2) and #ARGV[i + 3] > SMALL then large[#large + 1] = id end
+    arrived[#arrived + 1] = id
+    written = written + 1
+  end
+end
+for k = 1, VALUES do
+  local t = gathered[k]
+  if #t > 0 then
+    if targets[k][2] == 'zset' then
+      redis.call('ZADD', targets[k][1], unpack(t))
+    else
+      redis.call('HSET', targets[k][1], unpack(t))
+    end
+  end
+end
+if #large > 0 then redis.call('SADD', KEYS[5], unpack(large)) end
+if #arrived > 0 then redis.call('SADD', KEYS[14], unpack(arrived)) end
+return { written, put_before, held }

@@ -1,0 +1,755 @@
+//! `zdelay upgrade`: moves a live namespace from storage layout 1 to layout 2 while producers
+//! enqueue and daemons deliver.
+//!
+//! 1. Checks: the schema says layout 1 (or an unfinished upgrade, which is resumed), no
+//!    reshard is unfinished, and every daemon registered live runs a build that follows the
+//!    upgrade (its registration names a version at or above this one's); others are named.
+//! 2. Announce: `<ns>:schema` gets `upgrading = 2` and `min_version` = this version. Clients
+//!    and daemons of this build that connect from now on use layout 2; older builds refuse.
+//! 3. Fence: every spread shard's marker is set to the shard count, then every layout-1
+//!    shard's marker becomes `upgrading 2 <version>`. From then on every layout-1 script
+//!    refuses the shard before writing anything: a producer or daemon of this build switches
+//!    to layout 2 at that refusal (a producer's refused call wrote nothing and is retried), an
+//!    older one stops with a message naming the version to run. A layout-1 shard is inert.
+//! 4. Move, in rounds over the shards (a few at once): each round takes the earliest due
+//!    batch of every shard, so what falls due soonest moves first; then the rest (dead jobs,
+//!    schedules, jobs in flight, histories) by scanning. A batch is read (`reshard_take`),
+//!    written to its new home, then deleted from the layout-1 shard (`reshard_drop`). A job
+//!    for a local route goes to the route's lane, its frame split into payload and meta
+//!    (`upgrade_put_lane`); anything else (two-phase routes, destinations no route names)
+//!    goes as it is to the spread shard of its id (`reshard_put` in transit mode). Each put
+//!    records its ids in the target's `transit_in` set and skips ids already there, so a
+//!    re-run after a crash between the put and the delete never writes a job twice (the
+//!    target's mover may have delivered it meanwhile). An id the target already holds (a
+//!    producer enqueued the same id in layout 2 meanwhile) keeps the newer job.
+//! 5. Each layout-1 shard found empty gets the marker `layout 2 <version>`; then the schema
+//!    says `layout = 2` and loses `upgrading`, and the `transit_in` sets are deleted.
+//!
+//! Running it again after a crash anywhere resumes. Nothing here prints: progress goes to a
+//! callback.
+
+use crate::envelope::{Envelope, Meta};
+use crate::keys::{Keys, ShardKeys};
+use crate::lane::{Lane, Registry};
+use crate::reshard::{self, Counts, ScanCount, ready_member_id, scanned, sized_calls};
+use crate::store::scripts::{self, LaneRecord, Put, PutMode, StoredJob};
+use crate::store::{self, Conn, Layout, StoreError, VERSION};
+use futures::{StreamExt, TryStreamExt};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+pub const DEFAULT_BATCH: usize = 500;
+pub const DEFAULT_CONCURRENCY: usize = 4;
+
+/// The layout this module upgrades to.
+const TO_LAYOUT: u32 = 2;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub batch: usize,
+    pub concurrency: usize,
+    pub dry_run: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            batch: DEFAULT_BATCH,
+            concurrency: DEFAULT_CONCURRENCY,
+            dry_run: false,
+        }
+    }
+}
+
+/// A daemon registered live, with the version it registered (none for builds that predate
+/// the version field).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LiveDaemon {
+    pub id: String,
+    pub version: Option<String>,
+}
+
+/// What happens as an upgrade runs, in this order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    Start {
+        shards: u16,
+        resumed: bool,
+    },
+    /// The schema says `upgrading`: new work goes to layout 2.
+    Announced,
+    /// Every layout-1 shard is fenced.
+    Fenced,
+    /// Jobs moved so far, over every shard.
+    Moved {
+        total: u64,
+    },
+    /// Layout-1 shard `shard` is empty and retired.
+    ShardDone {
+        shard: u16,
+    },
+    /// Every shard is retired; the schema is next.
+    Finishing,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The namespace is on layout 2 already.
+    AlreadyDone {
+        namespace: String,
+    },
+    DryRun(Plan),
+    Done(Report),
+}
+
+/// What an upgrade would do.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Plan {
+    pub namespace: String,
+    pub shards: u16,
+    pub resume: bool,
+    /// What the layout-1 shards hold now.
+    pub counts: Counts,
+    /// The local routes whose jobs would go to route lanes.
+    pub lanes: Vec<String>,
+    pub daemons: Vec<LiveDaemon>,
+    /// Daemons that cannot follow: the upgrade would refuse while any is registered.
+    pub outdated: Vec<LiveDaemon>,
+}
+
+/// What a finished upgrade did.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Report {
+    pub namespace: String,
+    pub shards: u16,
+    pub resumed: bool,
+    /// Ids written into route lanes (jobs, dead jobs and schedules of local routes).
+    pub to_lanes: u64,
+    /// Ids written into spread shards (two-phase routes, unknown destinations).
+    pub to_spread_shards: u64,
+    /// Ids an earlier, interrupted run had written already.
+    pub put_before: u64,
+    /// Ids whose new home already held a job or schedule under the same id, enqueued there
+    /// during the upgrade: the newer one stays, the layout-1 one is dropped.
+    pub superseded: u64,
+    /// Local-route jobs that were claimed for a two-phase delivery (on a cluster, layout 1
+    /// delivers local routes in two phases) when the upgrade fenced their shard: made due
+    /// again at their scheduled due, so each may be delivered twice.
+    pub redelivered: u64,
+    pub elapsed_ms: u64,
+}
+
+/// Why an upgrade refused or stopped. A refusal changes nothing; a stop after the announce
+/// leaves the namespace upgrading (every job still delivered), and running the command
+/// again finishes it.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("namespace {0} has no schema ({0}:schema): nothing to upgrade")]
+    NoSchema(String),
+    #[error("namespace {namespace} says layout {layout}: zdelay upgrade moves layout 1 to 2")]
+    UnknownLayout { namespace: String, layout: String },
+    #[error(
+        "a reshard of namespace {namespace} from {from} to {to} shards is unfinished: run \
+         `zdelay reshard --to {to}` to finish it first"
+    )]
+    Resharding {
+        namespace: String,
+        from: u16,
+        to: u16,
+    },
+    #[error("{}", outdated_text(.namespace, .daemons))]
+    OutdatedDaemons {
+        namespace: String,
+        daemons: Vec<LiveDaemon>,
+    },
+    #[error(
+        "route {route} delivers to a local list but has no route lane: start a daemon of \
+         this version with the route in its config, or run zdelay upgrade with the daemons' \
+         config"
+    )]
+    NoLane { route: String },
+    #[error(
+        "a marker changed under this upgrade ({0}): another `zdelay upgrade` or `zdelay \
+         reshard` ran at the same time; run it again to see where it stands"
+    )]
+    MarkerChanged(String),
+    #[error(
+        "layout-1 shard {shard} still holds data after the move ({}): run zdelay upgrade \
+         again, and if it persists inspect those keys", keys.join(", ")
+    )]
+    NotEmpty { shard: u16, keys: Vec<String> },
+}
+
+impl From<redis::RedisError> for UpgradeError {
+    fn from(e: redis::RedisError) -> Self {
+        if e.code() == Some("ZDELAY_NOT_MIGRATING") {
+            return UpgradeError::MarkerChanged(e.detail().unwrap_or_default().to_owned());
+        }
+        UpgradeError::Store(StoreError::Redis(e))
+    }
+}
+
+impl From<reshard::ReshardError> for UpgradeError {
+    fn from(e: reshard::ReshardError) -> Self {
+        match e {
+            reshard::ReshardError::Store(s) => UpgradeError::Store(s),
+            reshard::ReshardError::MarkerChanged(m) => UpgradeError::MarkerChanged(m),
+            other => UpgradeError::Store(StoreError::Schema(other.to_string())),
+        }
+    }
+}
+
+fn outdated_text(namespace: &str, daemons: &[LiveDaemon]) -> String {
+    let list: Vec<String> = daemons
+        .iter()
+        .map(|d| match &d.version {
+            Some(v) => format!("{} (zdelay {v})", d.id),
+            None => format!("{} (a build that registers no version)", d.id),
+        })
+        .collect();
+    format!(
+        "{} daemon{} registered on namespace {namespace} cannot follow the upgrade: {}. Roll \
+         every daemon to zdelay {VERSION} or later first (they keep serving layout 1 until \
+         the upgrade), then run zdelay upgrade",
+        daemons.len(),
+        if daemons.len() == 1 { " is" } else { "s are" },
+        list.join(", ")
+    )
+}
+
+/// The marker of a layout-1 shard while the upgrade moves it, and once it is empty.
+fn fence_marker() -> String {
+    format!("upgrading {TO_LAYOUT} {VERSION}")
+}
+
+fn retired_marker() -> String {
+    Layout::Newer {
+        layout: TO_LAYOUT,
+        min_version: semver::Version::parse(VERSION).expect("Cargo versions are semver"),
+    }
+    .marker()
+}
+
+/// Upgrades `namespace` to layout 2 (see the module's documentation), or with
+/// `opts.dry_run` says what it would do. `registry` is the lane registry with every local
+/// route of the config registered.
+pub async fn upgrade(
+    con: &Conn,
+    namespace: &str,
+    registry: &Registry,
+    opts: &Options,
+    progress: &(dyn Fn(Progress) + Send + Sync),
+) -> Result<Outcome, UpgradeError> {
+    let started = Instant::now();
+    let mut con = con.clone();
+    let probe = Keys::new(namespace, 1);
+    let schema = store::read_schema(&mut con, &probe).await?;
+    let (Some(layout), Some(shards)) = (&schema.layout, schema.shards) else {
+        return Err(UpgradeError::NoSchema(namespace.to_owned()));
+    };
+    match layout.as_str() {
+        "1" => {}
+        "2" => {
+            return Ok(Outcome::AlreadyDone {
+                namespace: namespace.to_owned(),
+            });
+        }
+        other => {
+            return Err(UpgradeError::UnknownLayout {
+                namespace: namespace.to_owned(),
+                layout: other.to_owned(),
+            });
+        }
+    }
+    if let Some((from, to)) = schema.migrating {
+        return Err(UpgradeError::Resharding {
+            namespace: namespace.to_owned(),
+            from,
+            to,
+        });
+    }
+    let resumed = schema.upgrading == Some(TO_LAYOUT);
+    let legacy = Keys::new(namespace, shards);
+    let spread = Keys::for_layout(namespace, shards, TO_LAYOUT);
+    let daemons = live_daemons(&mut con, &legacy).await?;
+    let outdated: Vec<LiveDaemon> = daemons.iter().filter(|d| !follows(d)).cloned().collect();
+    if opts.dry_run {
+        return Ok(Outcome::DryRun(Plan {
+            namespace: namespace.to_owned(),
+            shards,
+            resume: resumed,
+            counts: reshard::count(&con, &legacy, 0..shards).await?,
+            lanes: registry.by_route.keys().cloned().collect(),
+            daemons,
+            outdated,
+        }));
+    }
+    if !outdated.is_empty() {
+        return Err(UpgradeError::OutdatedDaemons {
+            namespace: namespace.to_owned(),
+            daemons: outdated,
+        });
+    }
+    progress(Progress::Start { shards, resumed });
+    let _: () = redis::pipe()
+        .hset(legacy.schema(), "upgrading", TO_LAYOUT)
+        .hset(legacy.schema(), "min_version", VERSION)
+        .query_async(&mut con)
+        .await?;
+    progress(Progress::Announced);
+    crate::failpoint::hold("upgrade_after_announce").await;
+    fence(&con, &legacy, &spread).await?;
+    progress(Progress::Fenced);
+
+    let mover = Mover {
+        con: &con,
+        legacy: &legacy,
+        spread: &spread,
+        registry,
+        batch: opts.batch.clamp(1, reshard::MAX_BATCH),
+        progress,
+        moved: AtomicU64::new(0),
+        tally: std::sync::Mutex::new(Report::default()),
+        channel: legacy.wake_channel(),
+    };
+    let concurrency = opts.concurrency.max(1);
+    // Rounds of each shard's earliest batch: what falls due soonest moves first everywhere.
+    let mut pending: Vec<u16> = (0..shards).collect();
+    while !pending.is_empty() {
+        let left: Vec<Option<u16>> = futures::stream::iter(pending.iter().copied())
+            .map(|shard| {
+                let mover = &mover;
+                async move { Ok::<_, UpgradeError>(mover.earliest(shard).await?.then_some(shard)) }
+            })
+            .buffer_unordered(concurrency)
+            .try_collect()
+            .await?;
+        pending = left.into_iter().flatten().collect();
+    }
+    futures::stream::iter(0..shards)
+        .map(|shard| mover.rest(shard))
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+
+    progress(Progress::Finishing);
+    let mut con = con.clone();
+    let _: () = redis::pipe()
+        .hset(legacy.schema(), "layout", TO_LAYOUT)
+        .hdel(legacy.schema(), "upgrading")
+        .query_async(&mut con)
+        .await?;
+    delete_transit_sets(&con, &spread, registry).await?;
+    let mut report = mover.tally.into_inner().expect("tally lock");
+    report.namespace = namespace.to_owned();
+    report.shards = shards;
+    report.resumed = resumed;
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(Outcome::Done(report))
+}
+
+/// The daemons registered live, with their versions.
+async fn live_daemons(con: &mut Conn, keys: &Keys) -> Result<Vec<LiveDaemon>, UpgradeError> {
+    let now = store::server_time_ms(con).await?;
+    let registered: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.instances())
+        .query_async(con)
+        .await?;
+    let live = reshard::live_from(&registered, now);
+    Ok(live
+        .into_iter()
+        .map(|d| LiveDaemon {
+            version: registered
+                .get(&d.id)
+                .and_then(|v| scripts::registration_version(v))
+                .map(str::to_owned),
+            id: d.id,
+        })
+        .collect())
+}
+
+/// Whether a daemon runs a build that follows the upgrade (this version or later).
+fn follows(daemon: &LiveDaemon) -> bool {
+    let this = semver::Version::parse(VERSION).expect("Cargo versions are semver");
+    daemon
+        .version
+        .as_deref()
+        .and_then(|v| semver::Version::parse(v).ok())
+        .is_some_and(|v| v.cmp_precedence(&this).is_ge())
+}
+
+/// Sets the spread shards' markers to the shard count (what their scripts expect) and
+/// fences every layout-1 shard not retired yet.
+async fn fence(con: &Conn, legacy: &Keys, spread: &Keys) -> Result<(), UpgradeError> {
+    let shards = legacy.shards();
+    let fence = fence_marker();
+    futures::stream::iter(0..shards)
+        .map(|shard| {
+            let mut con = con.clone();
+            let fence = fence.clone();
+            async move {
+                let _: () = redis::cmd("SET")
+                    .arg(spread.layout(shard))
+                    .arg(shards)
+                    .query_async(&mut con)
+                    .await?;
+                let marker: Option<String> = redis::cmd("GET")
+                    .arg(legacy.layout(shard))
+                    .query_async(&mut con)
+                    .await?;
+                if !marker.is_some_and(|m| m.starts_with("layout ")) {
+                    let _: () = redis::cmd("SET")
+                        .arg(legacy.layout(shard))
+                        .arg(&fence)
+                        .query_async(&mut con)
+                        .await?;
+                    // An idle daemon polling the shard meets the fence now, not at its next
+                    // idle poll, and starts its layout-2 pollers.
+                    let _: i64 = redis::cmd("PUBLISH")
+                        .arg(legacy.wake_channel())
+                        .arg(format!("{shard} 0"))
+                        .query_async(&mut con)
+                        .await?;
+                }
+                Ok::<_, UpgradeError>(())
+            }
+        })
+        .buffer_unordered(reshard::PARALLEL)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Deletes the `transit_in` sets once every layout-1 shard is retired (UNLINK: Redis frees
+/// them in the background).
+async fn delete_transit_sets(
+    con: &Conn,
+    spread: &Keys,
+    registry: &Registry,
+) -> Result<(), UpgradeError> {
+    let keys: Vec<String> = (0..spread.shards())
+        .map(|s| spread.shard(s).transit_in)
+        .chain(
+            registry
+                .by_route
+                .values()
+                .map(|l| l.keys.transit_in.clone()),
+        )
+        .collect();
+    futures::stream::iter(keys)
+        .map(|key| {
+            let mut con = con.clone();
+            async move {
+                redis::cmd("UNLINK")
+                    .arg(key)
+                    .query_async::<u64>(&mut con)
+                    .await
+            }
+        })
+        .buffer_unordered(reshard::PARALLEL)
+        .try_collect::<Vec<u64>>()
+        .await?;
+    Ok(())
+}
+
+/// Where one layout-1 record goes.
+enum Home<'a> {
+    Lane(&'a Lane),
+    Spread(u16),
+}
+
+struct Mover<'a> {
+    con: &'a Conn,
+    legacy: &'a Keys,
+    spread: &'a Keys,
+    registry: &'a Registry,
+    batch: usize,
+    progress: &'a (dyn Fn(Progress) + Send + Sync),
+    moved: AtomicU64,
+    tally: std::sync::Mutex<Report>,
+    channel: String,
+}
+
+impl Mover<'_> {
+    /// Moves the earliest due batch of `shard`; whether it had one.
+    async fn earliest(&self, shard: u16) -> Result<bool, UpgradeError> {
+        let mut con = self.con.clone();
+        let ids: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+            .arg(self.legacy.due(shard))
+            .arg(0)
+            .arg(self.batch - 1)
+            .query_async(&mut con)
+            .await?;
+        if ids.is_empty() {
+            return Ok(false);
+        }
+        self.move_ids(&mut con, shard, &ids, &HashMap::new())
+            .await?;
+        Ok(true)
+    }
+
+    /// Moves whatever else `shard` holds (dead jobs, schedules, jobs in flight, histories),
+    /// pass after pass until one finds nothing, then retires the shard.
+    async fn rest(&self, shard: u16) -> Result<(), UpgradeError> {
+        let mut con = self.con.clone();
+        let keys = self.legacy.shard(shard);
+        loop {
+            let mut moved_in_pass = 0;
+            for (key, kind, ready) in scanned(&keys) {
+                let mut cursor = "0".to_owned();
+                let mut count = ScanCount::new();
+                loop {
+                    let (next, items, bytes) =
+                        scripts::reshard_scan(&mut con, key, kind, &cursor, count.get()).await?;
+                    count.after(bytes);
+                    let mut ids: Vec<Vec<u8>> = Vec::new();
+                    let mut seen: HashSet<Vec<u8>> = HashSet::new();
+                    let mut members: HashMap<Vec<u8>, Vec<Vec<u8>>> = HashMap::new();
+                    for item in items {
+                        let id = if ready {
+                            match ready_member_id(&item) {
+                                Some(id) => id.to_vec(),
+                                None => continue,
+                            }
+                        } else {
+                            item.clone()
+                        };
+                        if ready {
+                            members.entry(id.clone()).or_default().push(item);
+                        }
+                        if seen.insert(id.clone()) {
+                            ids.push(id);
+                        }
+                    }
+                    for chunk in ids.chunks(self.batch) {
+                        moved_in_pass += self.move_ids(&mut con, shard, chunk, &members).await?;
+                    }
+                    if next == "0" {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            if moved_in_pass == 0 {
+                break;
+            }
+        }
+        let left = reshard::stored_keys(self.con, self.legacy, shard).await?;
+        if !left.is_empty() {
+            return Err(UpgradeError::NotEmpty { shard, keys: left });
+        }
+        // The claim counter holds no job, and nothing claims from a fenced shard again.
+        let _: () = redis::pipe()
+            .del(&keys.lease_seq)
+            .ignore()
+            .set(&keys.layout, retired_marker())
+            .ignore()
+            .query_async(&mut con)
+            .await?;
+        (self.progress)(Progress::ShardDone { shard });
+        Ok(())
+    }
+
+    /// Moves `ids` of layout-1 shard `shard`, as many a call as the take's byte budget allows.
+    async fn move_ids(
+        &self,
+        con: &mut Conn,
+        shard: u16,
+        mut ids: &[Vec<u8>],
+        members: &HashMap<Vec<u8>, Vec<Vec<u8>>>,
+    ) -> Result<u64, UpgradeError> {
+        let source = self.legacy.shard(shard);
+        let mut moved = 0;
+        while !ids.is_empty() {
+            let mut jobs =
+                scripts::reshard_take(con, &source, &fence_marker(), reshard::TAKE_BYTES, ids)
+                    .await?;
+            ids = &ids[jobs.len()..];
+            for job in &mut jobs {
+                if let Some(found) = members.get(&job.id) {
+                    job.ready = found
+                        .iter()
+                        .filter(|m| job.ready_member.as_ref() != Some(*m))
+                        .cloned()
+                        .collect();
+                }
+            }
+            jobs.retain(|job| !job.is_empty());
+            if jobs.is_empty() {
+                continue;
+            }
+            self.put(&jobs).await?;
+            crate::failpoint::hold("upgrade_after_put").await;
+            scripts::reshard_drop(con, &source, &fence_marker(), &jobs).await?;
+            let n = jobs.len() as u64;
+            moved += n;
+            let total = self.moved.fetch_add(n, Ordering::Relaxed) + n;
+            (self.progress)(Progress::Moved { total });
+        }
+        Ok(moved)
+    }
+
+    /// Writes `jobs` into their new homes, then wakes their movers.
+    async fn put(&self, jobs: &[StoredJob]) -> Result<(), UpgradeError> {
+        let mut to_lanes: BTreeMap<u32, (&Lane, Vec<LaneRecord>)> = BTreeMap::new();
+        let mut to_spread: BTreeMap<u16, Vec<&StoredJob>> = BTreeMap::new();
+        let mut redelivered = 0;
+        for job in jobs {
+            match self.home_of(job) {
+                Home::Lane(lane) => {
+                    let (record, in_flight) = lane_record(job);
+                    redelivered += u64::from(in_flight);
+                    to_lanes
+                        .entry(lane.number)
+                        .or_insert_with(|| (lane, Vec::new()))
+                        .1
+                        .push(record);
+                }
+                Home::Spread(shard) => to_spread.entry(shard).or_default().push(job),
+            }
+        }
+        let lane_puts = to_lanes.values().flat_map(|(lane, records)| {
+            let refs: Vec<&LaneRecord> = records.iter().collect();
+            sized_calls(&refs, LaneRecord::size)
+                .into_iter()
+                .map(move |call| async move {
+                    let mut con = self.con.clone();
+                    let put = scripts::upgrade_put_lane(&mut con, lane, &call).await?;
+                    let dues = call.iter().map(|r| &r.due);
+                    wake(&mut con, &self.channel, &lane.wake_name(), dues).await?;
+                    Ok::<_, UpgradeError>((true, put))
+                })
+        });
+        let spread_puts = to_spread.iter().flat_map(|(shard, group)| {
+            sized_calls(group, StoredJob::size)
+                .into_iter()
+                .map(move |call| async move {
+                    let mut con = self.con.clone();
+                    let keys: ShardKeys = self.spread.shard(*shard);
+                    let put = scripts::reshard_put(
+                        &mut con,
+                        &keys,
+                        &self.spread.shards().to_string(),
+                        PutMode::Transit,
+                        &call,
+                    )
+                    .await?;
+                    let dues = call.iter().map(|j| &j.due);
+                    wake(&mut con, &self.channel, &shard.to_string(), dues).await?;
+                    Ok::<_, UpgradeError>((false, put))
+                })
+        });
+        let lane_puts: Vec<_> = lane_puts.collect();
+        let spread_puts: Vec<_> = spread_puts.collect();
+        let (lanes, spreads) = futures::future::try_join(
+            futures::future::try_join_all(lane_puts),
+            futures::future::try_join_all(spread_puts),
+        )
+        .await?;
+        let mut tally = self.tally.lock().expect("tally lock");
+        for (to_lane, put) in lanes.into_iter().chain(spreads) {
+            let Put {
+                written,
+                put_before,
+                held,
+            } = put;
+            if to_lane {
+                tally.to_lanes += written;
+            } else {
+                tally.to_spread_shards += written;
+            }
+            tally.put_before += put_before;
+            tally.superseded += held;
+        }
+        tally.redelivered += redelivered;
+        Ok(())
+    }
+
+    /// A local route's record goes to its lane; anything else to the spread shard of its id.
+    /// A job whose envelope is not one (malformed) keeps it, in its spread shard, where the
+    /// mover sends it to dead as layout 1's would.
+    fn home_of(&self, job: &StoredJob) -> Home<'_> {
+        let frame = job.envelope.as_ref().or(job.schedule_envelope.as_ref());
+        let dest = frame.and_then(|f| Envelope::decode(f).ok()).map(|e| e.dest);
+        match dest.and_then(|d| self.registry.by_route.get(&d)) {
+            Some(lane) => Home::Lane(lane),
+            None => Home::Spread(self.spread.shard_of_bytes(&job.id)),
+        }
+    }
+}
+
+/// A local route's job as its lane keeps it: the payload and meta apart (the max lateness in
+/// its own hash), dead score, reason and history, and a schedule's definition, frame, next
+/// occurrence, mark and quarantine as they are. A job claimed for a two-phase delivery (only
+/// on a cluster) is made due again at its scheduled due: `true` then.
+fn lane_record(job: &StoredJob) -> (LaneRecord, bool) {
+    let mut record = LaneRecord {
+        id: job.id.clone(),
+        due: job.due.clone(),
+        dead: job.dead.clone(),
+        reason: job.reason.clone(),
+        history: job.history.clone(),
+        max_lateness: job.max_lateness.clone(),
+        schedule: job.schedule.clone(),
+        schedule_envelope: job.schedule_envelope.clone(),
+        next_occurrence: job.next_occurrence.clone(),
+        sched_fired: job.sched_fired.clone(),
+        sched_quarantine: job.sched_quarantine.clone(),
+        ..LaneRecord::default()
+    };
+    if let Some(envelope) = job
+        .envelope
+        .as_deref()
+        .and_then(|e| Envelope::decode(e).ok())
+    {
+        let mut meta = envelope.meta;
+        if record.max_lateness.is_none() {
+            record.max_lateness = meta.max_lateness_ms.map(|ms| ms.to_string().into_bytes());
+        }
+        meta.max_lateness_ms = None;
+        if meta != Meta::default() {
+            record.meta = Some(serde_json::to_vec(&meta).expect("a Meta of strings and numbers"));
+        }
+        record.payload = Some(envelope.payload);
+    }
+    let mut in_flight = false;
+    if record.payload.is_some() && record.due.is_none() && record.dead.is_none() {
+        // Claimed (in flight or ready): its scheduled due is `"<due ms> <token>"`.
+        let scheduled = job
+            .scheduled
+            .as_deref()
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| s.split(' ').next())
+            .map(|due| due.as_bytes().to_vec());
+        record.due = Some(scheduled.unwrap_or_else(|| b"0".to_vec()));
+        in_flight = true;
+    }
+    (record, in_flight)
+}
+
+/// Announces the earliest of `dues` on the namespace's wake channel as `"<name> <due ms>"`,
+/// so the target's mover need not wait for its idle poll.
+async fn wake<'d>(
+    con: &mut Conn,
+    channel: &str,
+    name: &str,
+    dues: impl Iterator<Item = &'d Option<Vec<u8>>>,
+) -> redis::RedisResult<()> {
+    let earliest = dues
+        .flatten()
+        .filter_map(|d| std::str::from_utf8(d).ok()?.parse::<f64>().ok())
+        .reduce(f64::min);
+    let Some(earliest) = earliest else {
+        return Ok(());
+    };
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg(format!("{name} {}", earliest as i64))
+        .query_async(con)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,424 @@
+//! `zdelay upgrade` moves a live layout-1 namespace to storage layout 2 while producers
+//! enqueue and daemons deliver, against real Redis: every job delivered once and none early,
+//! dead jobs and schedules kept, a crash of the upgrade between writing a batch into layout 2
+//! and deleting it from layout 1 resumed by running it again, the daemons and a connected
+//! producer following on their own, and the layout-1 keys empty at the end.
+
+use crate::common::{
+    self, Daemon, RedisServer, TestConfig, lrange, redis_now_ms, wait_for, zdelay_bin,
+};
+use std::collections::BTreeMap;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use zdelay::keys::Keys;
+use zdelay::{NewJob, OnConflict};
+
+const SHARDS: u16 = 4;
+
+fn config(redis: &RedisServer, target: &RedisServer) -> TestConfig {
+    TestConfig::new(
+        &redis.url(),
+        SHARDS,
+        &format!(
+            r#"
+[poller]
+idle_poll = "50ms"
+
+[sinks.other]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "a"
+sink = "local"
+target = "q:a"
+push = "rpush"
+
+[[routes]]
+name = "m"
+sink = "other"
+target = "q:m"
+push = "rpush"
+"#,
+            target.url()
+        ),
+    )
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Pops `q:a` as a consumer would, noting Redis's clock after each pop: (payload, popped ms).
+fn consume(url: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<(String, i64)>> {
+    std::thread::spawn(move || {
+        let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let mut seen = Vec::new();
+        loop {
+            let popped: Option<(String, String)> = redis::cmd("BLPOP")
+                .arg("q:a")
+                .arg(0.2)
+                .query(&mut con)
+                .unwrap();
+            match popped {
+                Some((_, item)) => seen.push((item, redis_now_ms(&mut con))),
+                None if stop.load(Ordering::Relaxed) => return seen,
+                None => {}
+            }
+        }
+    })
+}
+
+/// `"<name>:<due ms>"` payloads: each delivered at most (and for local routes exactly) once,
+/// and none before its due.
+fn check_deliveries(
+    popped: &[(String, i64)],
+    remote: &[Vec<u8>],
+    expected: &BTreeMap<String, &'static str>,
+) -> usize {
+    let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
+    for (item, at) in popped {
+        if item.starts_with("tick") {
+            continue;
+        }
+        let due: i64 = item.rsplit(':').next().unwrap().parse().unwrap();
+        assert!(*at >= due, "{item} popped at {at}, before its due");
+        *seen.entry(item.as_str()).or_default() += 1;
+    }
+    let remote: Vec<String> = remote
+        .iter()
+        .map(|r| String::from_utf8_lossy(r).into_owned())
+        .collect();
+    for item in &remote {
+        if !item.starts_with("tick") {
+            *seen.entry(item.as_str()).or_default() += 1;
+        }
+    }
+    let missing: Vec<&String> = expected
+        .keys()
+        .filter(|k| !seen.contains_key(k.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} missing, first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    let twice_local: Vec<&&str> = seen
+        .iter()
+        .filter(|(k, n)| **n > 1 && expected.get(**k) == Some(&"a"))
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        twice_local.is_empty(),
+        "local jobs delivered twice: {twice_local:?}"
+    );
+    seen.values().filter(|n| **n > 1).count()
+}
+
+#[test]
+fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
+    use zdelay::schedules::{NewSchedule, Repeat};
+    const WAITING: usize = 20_000;
+    let redis = RedisServer::start();
+    let target = RedisServer::start();
+    let config = config(&redis, &target);
+    let daemons = [Daemon::start(&config), Daemon::start_instance(&config)];
+    let rt = common::runtime();
+    let lib = common::client(&rt, &redis.url(), SHARDS);
+    assert_eq!(lib.storage_layout(), 1);
+    let (mut con, mut far) = (redis.conn(), target.conn());
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer = consume(redis.url(), stop.clone());
+
+    // Waiting jobs for both routes, due over the next 12 s, some under chosen ids.
+    let now = redis_now_ms(&mut con);
+    let mut expected: BTreeMap<String, &'static str> = BTreeMap::new();
+    let jobs: Vec<NewJob> = (0..WAITING)
+        .map(|i| {
+            let dest = if i % 2 == 0 { "a" } else { "m" };
+            let due = now + 1_500 + (i as i64 * 7919) % 10_500;
+            let payload = format!("p{i}:{due}");
+            expected.insert(payload.clone(), dest);
+            let job = NewJob::new(dest, payload).at(due);
+            if i % 10 == 3 {
+                job.id(format!("user-{i}"))
+            } else {
+                job
+            }
+        })
+        .collect();
+    for chunk in jobs.chunks(2_000) {
+        for r in rt
+            .block_on(lib.enqueue_batch(chunk.to_vec(), OnConflict::Error))
+            .unwrap()
+        {
+            r.unwrap();
+        }
+    }
+    // Dead jobs: one of the local route (expired) and two for a destination no route names.
+    let expired = NewJob::new("a", "late")
+        .id("expired-1")
+        .at(now - 60_000)
+        .max_lateness(Duration::from_millis(1));
+    rt.block_on(lib.enqueue(expired, OnConflict::Error))
+        .unwrap();
+    for id in ["lost-1", "lost-2"] {
+        rt.block_on(lib.enqueue(NewJob::new("nowhere", "x").id(id), OnConflict::Error))
+            .unwrap();
+    }
+    // A schedule for each route.
+    for (id, dest) in [("tick-a", "a"), ("tick-m", "m")] {
+        let spec = NewSchedule::new(id, dest, "tick", Repeat::Every(Duration::from_millis(250)));
+        rt.block_on(lib.schedule_set(spec)).unwrap();
+    }
+    wait_for("the dead jobs died", Duration::from_secs(10), || {
+        common::shard_total(&mut con, SHARDS, "dead") == 3
+    });
+
+    // A producer that connected on layout 1 keeps enqueueing through the upgrade.
+    let producing = Arc::new(AtomicBool::new(true));
+    let (retried, produced) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let producer = {
+        let (producing, retried, produced) = (producing.clone(), retried.clone(), produced.clone());
+        let url = redis.url();
+        std::thread::spawn(move || {
+            let rt = common::runtime();
+            let lib = common::client(&rt, &url, SHARDS);
+            let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let mut sent = Vec::new();
+            let mut k = 0u64;
+            while producing.load(Ordering::Relaxed) {
+                let dest = if k % 2 == 0 { "a" } else { "m" };
+                let due = redis_now_ms(&mut con) + (k as i64 * 37) % 1_500;
+                let payload = format!("s{k}:{due}");
+                loop {
+                    match rt.block_on(lib.enqueue(
+                        NewJob::new(dest, payload.clone()).at(due),
+                        OnConflict::Error,
+                    )) {
+                        Ok(_) => break,
+                        Err(e) if e.is_retryable() => {
+                            retried.fetch_add(1, Ordering::Relaxed);
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        Err(e) => panic!("enqueue {payload}: {e}"),
+                    }
+                }
+                sent.push((payload, dest));
+                k += 1;
+                produced.store(k, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            (sent, lib.storage_layout())
+        })
+    };
+    wait_for("the producer runs", Duration::from_secs(10), || {
+        produced.load(Ordering::Relaxed) > 50
+    });
+
+    // The first run dies (kill -9) after writing a batch into layout 2, before deleting it
+    // from layout 1; the second finishes.
+    let dir = tempfile::tempdir().unwrap();
+    let hold = dir.path().join("hold");
+    let mut crashed = Command::new(zdelay_bin())
+        .arg("--config")
+        .arg(&config.path)
+        .args(["upgrade", "--yes", "--ids-per-call", "200"])
+        .env(
+            "ZDELAY_FAILPOINT",
+            format!("upgrade_after_put={}", hold.display()),
+        )
+        .env("ZDELAY_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let reached = hold.with_extension("reached");
+    wait_for("the upgrade wrote a batch", Duration::from_secs(30), || {
+        reached.exists()
+    });
+    crashed.kill().unwrap();
+    crashed.wait().unwrap();
+    let schema: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("zdelay:schema")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        schema.get("upgrading").map(String::as_str),
+        Some("2"),
+        "{schema:?}"
+    );
+
+    let started = Instant::now();
+    let out = config.cli(&["upgrade", "--yes", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["outcome"], "done", "{report}");
+    assert_eq!(report["resumed"], true, "{report}");
+    assert!(
+        report["put_before"].as_u64().unwrap() >= 1,
+        "the crashed run's batch: {report}"
+    );
+    assert!(report["to_lanes"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["to_spread_shards"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(
+        report["redelivered"], 0,
+        "one Redis moves local routes atomically"
+    );
+    eprintln!("upgrade finished in {:?}: {report}", started.elapsed());
+
+    // Producers keep going a little on layout 2, then stop; everything arrives.
+    std::thread::sleep(Duration::from_millis(500));
+    producing.store(false, Ordering::Relaxed);
+    let (sent, producer_layout) = producer.join().unwrap();
+    assert_eq!(
+        producer_layout, 2,
+        "the connected producer followed the upgrade"
+    );
+    for (payload, dest) in &sent {
+        expected.insert(payload.clone(), dest);
+    }
+    let local = expected.values().filter(|d| **d == "a").count();
+    let remote_count = expected.len() - local;
+    wait_for("every job delivered", Duration::from_secs(60), || {
+        common::llen(&mut con, "q:a") == 0
+            && lrange(&mut far, "q:m")
+                .iter()
+                .filter(|r| !r.starts_with(b"tick"))
+                .count()
+                >= remote_count
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let popped = consumer.join().unwrap();
+    let remote = lrange(&mut far, "q:m");
+    let twice = check_deliveries(&popped, &remote, &expected);
+    eprintln!(
+        "{} jobs ({local} local), {} produced during the upgrade ({} retried calls), {twice} \
+         two-phase redeliveries",
+        expected.len(),
+        sent.len(),
+        retried.load(Ordering::Relaxed)
+    );
+
+    // Layout 2 now; the layout-1 shards are empty and retired, the transit sets gone.
+    let schema: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("zdelay:schema")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        schema.get("layout").map(String::as_str),
+        Some("2"),
+        "{schema:?}"
+    );
+    assert!(!schema.contains_key("upgrading"), "{schema:?}");
+    let legacy = Keys::new("zdelay", SHARDS);
+    for key in common::all_keys(&mut con) {
+        let layout_1 = key.starts_with("{zdelay:") && !key.ends_with(":shards");
+        assert!(
+            !layout_1 && !key.contains("transit_in"),
+            "left behind: {key}"
+        );
+    }
+    for shard in 0..SHARDS {
+        let marker: String = redis::cmd("GET")
+            .arg(legacy.layout(shard))
+            .query(&mut con)
+            .unwrap();
+        assert!(marker.starts_with("layout 2 "), "shard {shard}: {marker}");
+    }
+
+    // Dead jobs and schedules came along; the schedules keep firing.
+    let lib = common::client(&rt, &redis.url(), SHARDS);
+    assert_eq!(lib.storage_layout(), 2);
+    let dead = rt.block_on(lib.dead_list(100)).unwrap();
+    let mut ids: Vec<&str> = dead.iter().map(|d| d.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["expired-1", "lost-1", "lost-2"], "{dead:?}");
+    let view = rt
+        .block_on(lib.schedule_get("tick-a"))
+        .unwrap()
+        .expect("kept");
+    assert!(
+        view.lane.is_some(),
+        "the local route's schedule is in its lane"
+    );
+    let before = popped_ticks(&mut far);
+    wait_for("tick-m fires on layout 2", Duration::from_secs(10), || {
+        popped_ticks(&mut far) > before
+    });
+    assert!(rt.block_on(lib.schedule_get("tick-m")).unwrap().is_some());
+
+    // The daemons followed without stopping.
+    for daemon in &daemons {
+        let log = daemon.log_text();
+        assert!(log.contains("restarting the pollers"), "{log}");
+        assert!(!log.contains("panicked"), "{log}");
+        assert!(
+            matches!(daemon.admin_get("/readyz"), Some((200, _))),
+            "{log}"
+        );
+    }
+    // A lookup by a layout-1 id finds its job (or its absence) in layout 2.
+    let err = rt.block_on(lib.get("user-3"));
+    assert!(matches!(err, Ok(None)), "delivered: {err:?}");
+}
+
+fn popped_ticks(con: &mut redis::Connection) -> usize {
+    lrange(con, "q:m")
+        .iter()
+        .filter(|r| r.starts_with(b"tick"))
+        .count()
+}
+
+/// A daemon registered without a version (a build older than the upgrade) makes it refuse,
+/// naming the daemon, before it changes anything.
+#[test]
+fn the_upgrade_refuses_while_an_older_daemon_runs() {
+    let redis = RedisServer::start();
+    let target = RedisServer::start();
+    let config = config(&redis, &target);
+    let rt = common::runtime();
+    let lib = common::client(&rt, &redis.url(), SHARDS);
+    rt.block_on(lib.enqueue(
+        NewJob::new("a", "x").after(Duration::from_secs(60)),
+        OnConflict::Error,
+    ))
+    .unwrap();
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    let _: () = redis::cmd("HSET")
+        .arg("{zdelay}:instances")
+        .arg("old-host-1")
+        .arg(format!("{} {now} 1 n0", now + 60_000))
+        .query(&mut con)
+        .unwrap();
+    let out = config.cli(&["upgrade", "--yes"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("old-host-1") && err.contains("cannot follow the upgrade"),
+        "{err}"
+    );
+    let schema: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("zdelay:schema")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(schema.get("layout").map(String::as_str), Some("1"));
+    assert!(!schema.contains_key("upgrading"), "{schema:?}");
+    let dry = config.cli(&["upgrade", "--dry-run"]);
+    assert!(dry.status.success(), "{}", text(&dry));
+    assert!(
+        String::from_utf8_lossy(&dry.stdout).contains("old-host-1"),
+        "{}",
+        text(&dry)
+    );
+}
