@@ -405,6 +405,26 @@ route = "m"
     daemon.signal(libc::SIGTERM);
     daemon.wait_exit(Duration::from_secs(10));
     ok(&["reshard", "--to", "8", "--yes"]);
+    // Then the upgrade to storage layout 2: the local route's waiting job and schedule go
+    // into its lane, the dead job into a spread shard.
+    let eight = tempfile::NamedTempFile::new().expect("a config file");
+    let body = std::fs::read_to_string(&config.path).expect("config");
+    std::fs::write(
+        eight.path(),
+        body.replacen("shards = 4\n", "shards = 8\n", 1),
+    )
+    .expect("config");
+    let upgraded = std::process::Command::new(crate::common::zdelay_bin())
+        .arg("--config")
+        .arg(eight.path())
+        .args(["upgrade", "--yes"])
+        .output()
+        .expect("zdelay runs");
+    assert!(
+        upgraded.status.success(),
+        "upgrade: {}",
+        String::from_utf8_lossy(&upgraded.stderr)
+    );
     // MONITOR reaches its file a little after the commands ran: wait for a last command of
     // our own before reading it, or the reshard's scripts may be cut off.
     let _: String = redis::cmd("ECHO")

@@ -196,7 +196,7 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
             let mut sent = Vec::new();
             let mut k = 0u64;
             while producing.load(Ordering::Relaxed) {
-                let dest = if k % 2 == 0 { "a" } else { "m" };
+                let dest = if k.is_multiple_of(2) { "a" } else { "m" };
                 let due = redis_now_ms(&mut con) + (k as i64 * 37) % 1_500;
                 let payload = format!("s{k}:{due}");
                 loop {

@@ -753,3 +753,109 @@ async fn wake<'d>(
         .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(dest: &str, payload: &str, meta: Meta) -> Vec<u8> {
+        let mut env = Envelope::new(dest, payload.as_bytes().to_vec());
+        env.meta = meta;
+        env.encode().unwrap()
+    }
+
+    #[test]
+    fn a_local_job_becomes_its_payload_and_meta_with_the_max_lateness_apart() {
+        let mut meta = Meta::default();
+        meta.headers
+            .insert("traceparent".into(), "00-ab-cd-01".into());
+        meta.max_lateness_ms = Some(250);
+        let job = StoredJob {
+            id: b"j1".to_vec(),
+            due: Some(b"1764150000000".to_vec()),
+            envelope: Some(frame("a", "hello", meta)),
+            ..StoredJob::default()
+        };
+        let (record, in_flight) = lane_record(&job);
+        assert!(!in_flight);
+        assert_eq!(record.payload.as_deref(), Some(&b"hello"[..]));
+        assert_eq!(record.due.as_deref(), Some(&b"1764150000000"[..]));
+        assert_eq!(record.max_lateness.as_deref(), Some(&b"250"[..]));
+        let meta: serde_json::Value =
+            serde_json::from_slice(record.meta.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            meta,
+            serde_json::json!({"headers": {"traceparent": "00-ab-cd-01"}})
+        );
+        // Without meta, none is written; the lateness hash wins over the frame's copy.
+        let job = StoredJob {
+            id: b"j2".to_vec(),
+            due: Some(b"5".to_vec()),
+            envelope: Some(frame("a", "x", Meta::default())),
+            max_lateness: Some(b"9".to_vec()),
+            ..StoredJob::default()
+        };
+        let (record, _) = lane_record(&job);
+        assert_eq!(record.meta, None);
+        assert_eq!(record.max_lateness.as_deref(), Some(&b"9"[..]));
+    }
+
+    #[test]
+    fn a_claimed_local_job_is_due_again_at_its_scheduled_due() {
+        let job = StoredJob {
+            id: b"j".to_vec(),
+            envelope: Some(frame("a", "x", Meta::default())),
+            inflight: Some(b"1764150005000".to_vec()),
+            scheduled: Some(b"1764150000000 17".to_vec()),
+            ..StoredJob::default()
+        };
+        let (record, in_flight) = lane_record(&job);
+        assert!(in_flight);
+        assert_eq!(record.due.as_deref(), Some(&b"1764150000000"[..]));
+        // A dead job stays dead, a schedule keeps its frame whole.
+        let dead = StoredJob {
+            id: b"d".to_vec(),
+            envelope: Some(frame("a", "x", Meta::default())),
+            dead: Some(b"7".to_vec()),
+            reason: Some(b"expired".to_vec()),
+            ..StoredJob::default()
+        };
+        let (record, in_flight) = lane_record(&dead);
+        assert!(!in_flight && record.due.is_none());
+        assert_eq!(record.dead.as_deref(), Some(&b"7"[..]));
+        let sched_frame = frame("a", "tick", Meta::default());
+        let schedule = StoredJob {
+            id: b"s".to_vec(),
+            schedule: Some(b"1\n{}".to_vec()),
+            schedule_envelope: Some(sched_frame.clone()),
+            next_occurrence: Some(b"100".to_vec()),
+            ..StoredJob::default()
+        };
+        let (record, in_flight) = lane_record(&schedule);
+        assert!(!in_flight && record.payload.is_none() && record.due.is_none());
+        assert_eq!(record.schedule_envelope, Some(sched_frame));
+    }
+
+    #[test]
+    fn daemons_follow_when_they_run_this_version_or_a_later_one() {
+        let daemon = |version: Option<&str>| LiveDaemon {
+            id: "d".into(),
+            version: version.map(str::to_owned),
+        };
+        assert!(follows(&daemon(Some(VERSION))));
+        assert!(follows(&daemon(Some("99.0.0"))));
+        assert!(!follows(&daemon(Some("0.0.1"))));
+        assert!(!follows(&daemon(None)));
+        assert!(!follows(&daemon(Some("not a version"))));
+    }
+
+    #[test]
+    fn the_markers_read_as_the_layout_this_build_follows() {
+        for marker in [fence_marker(), retired_marker()] {
+            let layout = Layout::parse(&marker).expect("a marker");
+            assert!(layout.is_followable(), "{marker}");
+        }
+        assert!(fence_marker().starts_with("upgrading 2 "));
+        assert!(retired_marker().starts_with("layout 2 "));
+    }
+}
