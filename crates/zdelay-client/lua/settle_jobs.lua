@@ -34,9 +34,11 @@
 -- Returns: { settled, fenced } where fenced counts jobs whose lease was no longer ours.
 -- Re-run safety: yes; after a first run the fence no longer matches, so nothing repeats.
 
--- Layout fence: refuse a shard its caller computed with another shard count.
+-- Layout fence: refuse a shard its caller computed with another shard count. While zdelay
+-- upgrade moves the shard ("upgrading …") a settle still lands: the upgrade waits for the jobs
+-- in flight to settle before it moves them, so none is delivered twice.
 local layout = redis.call('GET', KEYS[9])
-if layout and layout ~= ARGV[1] then
+if layout and layout ~= ARGV[1] and string.sub(layout, 1, 10) ~= 'upgrading ' then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
   end

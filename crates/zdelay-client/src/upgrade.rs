@@ -134,9 +134,9 @@ pub struct Report {
     /// Ids whose new home already held a job or schedule under the same id, enqueued there
     /// during the upgrade: the newer one stays, the layout-1 one is dropped.
     pub superseded: u64,
-    /// Local-route jobs that were claimed for a two-phase delivery (on a cluster, layout 1
-    /// delivers local routes in two phases) when the upgrade fenced their shard: made due
-    /// again at their scheduled due, so each may be delivered twice.
+    /// Local-route jobs still held by a publisher whose lease ran out (its daemon died
+    /// mid-delivery; on a cluster layout 1 delivers local routes in two phases): made due
+    /// again at their scheduled due in their lane, so each may be delivered twice.
     pub redelivered: u64,
     pub elapsed_ms: u64,
 }
@@ -497,6 +497,7 @@ impl Mover<'_> {
     async fn rest(&self, shard: u16) -> Result<(), UpgradeError> {
         let mut con = self.con.clone();
         let keys = self.legacy.shard(shard);
+        self.wait_for_settles(&mut con, &keys).await?;
         loop {
             let mut moved_in_pass = 0;
             for (key, kind, ready) in scanned(&keys) {
@@ -552,6 +553,29 @@ impl Mover<'_> {
             .await?;
         (self.progress)(Progress::ShardDone { shard });
         Ok(())
+    }
+
+    /// Waits until the jobs in flight from the shard (claimed for a two-phase delivery
+    /// before the fence) are settled: their publishers settle them through the fence, so
+    /// none is moved after it was delivered. A lease that runs out (its daemon died) ends
+    /// the wait: that job moves and may be delivered twice, as layout 1 would redeliver it.
+    async fn wait_for_settles(&self, con: &mut Conn, keys: &ShardKeys) -> Result<(), UpgradeError> {
+        loop {
+            let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                .arg(&keys.inflight)
+                .arg(0)
+                .arg(0)
+                .arg("WITHSCORES")
+                .query_async(con)
+                .await?;
+            let Some((_, deadline)) = first.first() else {
+                return Ok(());
+            };
+            if store::server_time_ms(con).await? as f64 > *deadline {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     /// Moves `ids` of layout-1 shard `shard`, as many a call as the take's byte budget allows.
@@ -716,19 +740,27 @@ fn lane_record(job: &StoredJob) -> (LaneRecord, bool) {
         }
         record.payload = Some(envelope.payload);
     }
-    let mut in_flight = false;
     if record.payload.is_some() && record.due.is_none() && record.dead.is_none() {
-        // Claimed (in flight or ready): its scheduled due is `"<due ms> <token>"`.
+        // Claimed for a two-phase delivery: its scheduled due is `"<due ms> <token>"` once
+        // a publisher took it, its ready member `<sink>\n<due ms>\n<id>` before.
         let scheduled = job
             .scheduled
             .as_deref()
-            .and_then(|s| std::str::from_utf8(s).ok())
-            .and_then(|s| s.split(' ').next())
-            .map(|due| due.as_bytes().to_vec());
-        record.due = Some(scheduled.unwrap_or_else(|| b"0".to_vec()));
-        in_flight = true;
+            .and_then(|s| s.split(|&b| b == b' ').next())
+            .or_else(|| job.ready_member.as_deref()?.split(|&b| b == b'\n').nth(1));
+        let due = scheduled
+            .and_then(|d| {
+                std::str::from_utf8(d)
+                    .ok()?
+                    .trim_start_matches('0')
+                    .parse::<i64>()
+                    .ok()
+            })
+            .unwrap_or(0);
+        record.due = Some(due.to_string().into_bytes());
     }
-    (record, in_flight)
+    // Only a job a publisher held may have reached its list already.
+    (record, job.inflight.is_some())
 }
 
 /// Announces the earliest of `dues` on the namespace's wake channel as `"<name> <due ms>"`,
@@ -812,6 +844,16 @@ mod tests {
         let (record, in_flight) = lane_record(&job);
         assert!(in_flight);
         assert_eq!(record.due.as_deref(), Some(&b"1764150000000"[..]));
+        // Waiting for a publisher, not yet held by one: nothing can have reached the list.
+        let ready = StoredJob {
+            id: b"r".to_vec(),
+            envelope: Some(frame("a", "x", Meta::default())),
+            ready_member: Some(b"local\n0001764150000001\nr".to_vec()),
+            ..StoredJob::default()
+        };
+        let (record, in_flight) = lane_record(&ready);
+        assert!(!in_flight);
+        assert_eq!(record.due.as_deref(), Some(&b"1764150000001"[..]));
         // A dead job stays dead, a schedule keeps its frame whole.
         let dead = StoredJob {
             id: b"d".to_vec(),

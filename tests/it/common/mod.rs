@@ -394,8 +394,8 @@ pub fn http_request(
     Some((status, body))
 }
 
-/// Reads a whole list.
-pub fn lrange(con: &mut redis::Connection, key: &str) -> Vec<Vec<u8>> {
+/// Reads a whole list (on one Redis or a cluster).
+pub fn lrange(con: &mut dyn redis::ConnectionLike, key: &str) -> Vec<Vec<u8>> {
     redis::cmd("LRANGE")
         .arg(key)
         .arg(0)
@@ -404,7 +404,7 @@ pub fn lrange(con: &mut redis::Connection, key: &str) -> Vec<Vec<u8>> {
         .expect("LRANGE")
 }
 
-pub fn llen(con: &mut redis::Connection, key: &str) -> usize {
+pub fn llen(con: &mut dyn redis::ConnectionLike, key: &str) -> usize {
     redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
 }
 
