@@ -28,6 +28,9 @@ pub enum Mode {
     /// `--sources` raw sources at `--shards` shards, over `--duration` (60 s unless given),
     /// once its wake-ups are confirmed (not part of `all`).
     Idle,
+    /// `zdelay upgrade` of a layout-1 namespace holding `--jobs` waiting jobs while a producer
+    /// enqueues: seconds per million jobs, Redis CPU per job (not part of `all`).
+    Upgrade,
 }
 
 /// Options of `zdelay bench`.

@@ -57,6 +57,7 @@ mod schedules;
 mod scratch;
 mod steady;
 mod tally;
+mod upgrade;
 
 pub use args::{BenchArgs, Mode};
 
@@ -216,6 +217,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         console: None,
         lane: None,
         idle: None,
+        upgrade: None,
     };
     let mut env = Env {
         con,
@@ -310,6 +312,9 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     }
     if env.args.mode == Mode::Lane {
         report.lane = Some(lane::lane(env).await?);
+    }
+    if env.args.mode == Mode::Upgrade {
+        report.upgrade = Some(upgrade::upgrade(env).await?);
     }
     if env.args.mode == Mode::Schedules {
         for n in env.args.schedules.clone() {

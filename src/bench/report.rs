@@ -24,6 +24,24 @@ pub(super) struct Report {
     pub(super) lane: Option<LaneBench>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) idle: Option<Idle>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) upgrade: Option<UpgradeBench>,
+}
+
+/// `upgrade`: `zdelay upgrade` of a layout-1 namespace while a producer enqueues.
+#[derive(Debug, Serialize)]
+pub(super) struct UpgradeBench {
+    pub(super) jobs: u64,
+    pub(super) payload_size: usize,
+    pub(super) seconds: f64,
+    pub(super) jobs_per_second: f64,
+    pub(super) seconds_per_million: f64,
+    /// Redis CPU (user + sys) over the upgrade, per job moved into a lane.
+    pub(super) redis_cpu_us_per_job: f64,
+    /// Jobs the producer enqueued while the upgrade ran, and in all.
+    pub(super) produced_during: u64,
+    pub(super) produced_total: u64,
+    pub(super) moved_to_lanes: u64,
 }
 
 /// `idle`: an idle daemon's cost per config (see `idle.rs`).
@@ -733,6 +751,26 @@ pub(super) fn render(r: &Report) -> String {
     }
     if let Some(f) = &r.daemons {
         render_fleet(&mut s, f);
+    }
+    if let Some(u) = &r.upgrade {
+        let _ = writeln!(
+            s,
+            "\nupgrade (layout 1 -> 2, waiting jobs of one local route into its lane, a \
+             producer enqueueing meanwhile)"
+        );
+        let _ = writeln!(
+            s,
+            "  {} jobs of {} B moved in {:.2} s = {:.0} jobs/s ({:.1} s per million), Redis \
+             CPU {:.2} us/job; {} enqueued during it ({} in all), every one in the lane after",
+            u.jobs,
+            u.payload_size,
+            u.seconds,
+            u.jobs_per_second,
+            u.seconds_per_million,
+            u.redis_cpu_us_per_job,
+            u.produced_during,
+            u.produced_total
+        );
     }
     if let Some(x) = &r.memory {
         let _ = writeln!(s, "\nmemory (INFO memory used_memory delta / jobs)");

@@ -6,7 +6,7 @@
 //! them per node and adds the answers up).
 
 use zdelay_client::config::Push;
-use zdelay_client::keys::{self, Keys, RawKeys};
+use zdelay_client::keys::{self, Keys, RawKeys, ShardKey};
 use zdelay_client::lane::Lane;
 use zdelay_client::store::{self, Conn};
 
@@ -42,6 +42,11 @@ impl Scratch {
         }
     }
 
+    /// The namespace's spread shards (storage layout 2).
+    fn spread(&self) -> Keys {
+        Keys::for_layout(self.keys.namespace(), self.keys.shards(), 2)
+    }
+
     /// Every scratch key that holds data (not the schema hash).
     pub(super) fn data_keys(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -61,9 +66,27 @@ impl Scratch {
             ]);
             out.extend([self.bare.due(s), self.bare.jobs(s)]);
         }
+        // Where `--mode upgrade` moves them: the spread shards and the lane.
+        let spread = self.spread();
+        for s in 0..spread.shards() {
+            let k = spread.shard(s);
+            let data = ShardKey::ALL
+                .iter()
+                .filter(|kind| **kind != ShardKey::Layout);
+            out.extend(data.map(|kind| k.get(*kind).to_owned()));
+            out.push(k.transit_in);
+        }
         let lane = self.lane.keys.clone();
         out.extend([lane.due, lane.jobs, lane.meta, lane.maxlate, lane.large]);
-        out.extend([lane.dead, lane.reasons, lane.sched_due]);
+        out.extend([
+            lane.dead,
+            lane.reasons,
+            lane.history,
+            lane.schedules,
+            lane.sched_env,
+        ]);
+        out.extend([lane.sched_due, lane.sched_fired, lane.sched_quarantine]);
+        out.push(lane.transit_in);
         for (due, jobs) in &self.lane_bare {
             out.extend([due.clone(), jobs.clone()]);
         }
@@ -101,8 +124,10 @@ impl Scratch {
         if schema {
             keys.push(self.keys.schema());
             keys.extend(self.registry_keys());
-            // A reshard of the scratch namespace would have left layout markers.
+            // A reshard or an upgrade of the scratch namespace leaves layout markers.
             keys.extend((0..self.keys.shards()).map(|s| self.keys.layout(s)));
+            let spread = self.spread();
+            keys.extend((0..spread.shards()).map(|s| spread.layout(s)));
         }
         for chunk in keys.chunks(64) {
             let _: () = redis::cmd("DEL").arg(chunk).query_async(con).await?;
@@ -143,9 +168,10 @@ mod tests {
         let unique: std::collections::HashSet<_> = keys.iter().collect();
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
         // Per shard: five job keys, three two-phase keys, six schedule and lateness keys,
-        // the death history, two bare keys; then the raw source's three keys, the list, the
-        // lane's eight data keys and its two bare comparisons.
-        assert_eq!(keys.len(), 2 * 17 + 4 + 8 + 4);
+        // the death history, two bare keys, and its spread shard's seventeen; then the raw
+        // source's three keys, the list, the lane's fourteen data keys and its two bare
+        // comparisons.
+        assert_eq!(keys.len(), 2 * (17 + 17) + 4 + 14 + 4);
         for k in s.registry_keys() {
             assert!(
                 k.starts_with("{zdelay-bench}:")

@@ -46,12 +46,25 @@ local sched_fired, sched_quarantine = {}, {}
 local function pair(t, a, b) t[#t + 1] = a; t[#t + 1] = b end
 local i, written, put_before, held = 3, 0, 0, 0
 local arrived = {}
+-- Which ids an earlier run put, one command for the batch.
+local put = {}
+if transit then
+  local ids, j = {}, 3
+  while j <= #ARGV do
+    ids[#ids + 1] = ARGV[j]
+    j = j + 17 + tonumber(ARGV[j + 16])
+  end
+  if #ids > 0 then
+    local answers = redis.call('SMISMEMBER', KEYS[17], unpack(ids))
+    for n = 1, #ids do put[ids[n]] = answers[n] == 1 end
+  end
+end
 while i <= #ARGV do
   local id, mask, v = ARGV[i], ARGV[i + 1], i + 2
   local m = tonumber(ARGV[v + 14])
   local skip = false
   if transit then
-    if redis.call('SISMEMBER', KEYS[17], id) == 1 then
+    if put[id] then
       skip, put_before = true, put_before + 1
     elseif redis.call('HEXISTS', KEYS[2], id) == 1 or redis.call('HEXISTS', KEYS[10], id) == 1 then
       skip, held = true, held + 1

@@ -36,17 +36,30 @@ local ids = {}
 local bytes = 0
 for i = 3, #ARGV do
   local id = ARGV[i]
-  -- HSTRLEN is O(1): the sizes are known before anything is copied.
-  bytes = bytes + redis.call('HSTRLEN', KEYS[2], id) + redis.call('HSTRLEN', KEYS[10], id)
-    + redis.call('HSTRLEN', KEYS[14], id)
+  -- HSTRLEN is O(1): the envelopes' sizes are known before any is copied. (One call per id
+  -- costs more than its command; schedule envelopes and histories, which few ids have, are
+  -- read for the whole batch below and the prefix cut again.)
+  bytes = bytes + redis.call('HSTRLEN', KEYS[2], id)
   if #ids > 0 and bytes > budget then break end
   ids[#ids + 1] = id
 end
 if #ids == 0 then return {} end
+local sched_env = redis.call('HMGET', KEYS[10], unpack(ids))
+local history = redis.call('HMGET', KEYS[14], unpack(ids))
+bytes = 0
+local n = 0
+local envelopes = redis.call('HMGET', KEYS[2], unpack(ids))
+for i = 1, #ids do
+  bytes = bytes + (envelopes[i] and #envelopes[i] or 0) + (sched_env[i] and #sched_env[i] or 0)
+    + (history[i] and #history[i] or 0)
+  if n > 0 and bytes > budget then break end
+  n = n + 1
+end
+for i = #ids, n + 1, -1 do ids[i] = nil end
 -- One command per key for the whole batch (ZMSCORE, HMGET), not one per id.
 local cols = {
   redis.call('ZMSCORE', KEYS[1], unpack(ids)),
-  redis.call('HMGET', KEYS[2], unpack(ids)),
+  envelopes,
   redis.call('ZMSCORE', KEYS[3], unpack(ids)),
   redis.call('ZMSCORE', KEYS[4], unpack(ids)),
   redis.call('HMGET', KEYS[5], unpack(ids)),
@@ -54,11 +67,11 @@ local cols = {
   redis.call('HMGET', KEYS[7], unpack(ids)),
   redis.call('HMGET', KEYS[8], unpack(ids)),
   redis.call('HMGET', KEYS[9], unpack(ids)),
-  redis.call('HMGET', KEYS[10], unpack(ids)),
+  sched_env,
   redis.call('ZMSCORE', KEYS[11], unpack(ids)),
   redis.call('ZMSCORE', KEYS[12], unpack(ids)),
   redis.call('HMGET', KEYS[13], unpack(ids)),
-  redis.call('HMGET', KEYS[14], unpack(ids)),
+  history,
 }
 local out = {}
 for i = 1, #ids do

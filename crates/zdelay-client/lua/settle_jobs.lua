@@ -17,7 +17,8 @@
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
 --   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>", or "upgrading …" while it moves in)
+--   "layout <layout> <min version>"). While zdelay upgrade moves the shard ("upgrading …") the
+--   settle lands: the upgrade moves jobs in flight only once they are settled.
 -- ARGV[2] the claim's token (claim_jobs), the fence
 -- ARGV[3] wake channel; ARGV[4] shard number
 -- ARGV[5..] quadruples: op, id, a, b

@@ -48,11 +48,21 @@ local gathered = {}
 for k = 1, VALUES do gathered[k] = {} end
 local large, arrived = {}, {}
 local written, put_before, held = 0, 0, 0
-for i = 2, #ARGV, VALUES + 2 do
+local ids = {}
+for i = 2, #ARGV, VALUES + 2 do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then return { 0, 0, 0 } end
+-- What the lane holds of these ids, one command per key for the whole batch (a call per id
+-- costs more than its command): put before, waiting, dead, or a schedule.
+local put = redis.call('SMISMEMBER', KEYS[14], unpack(ids))
+local waiting = redis.call('ZMSCORE', KEYS[1], unpack(ids))
+local died = redis.call('ZMSCORE', KEYS[6], unpack(ids))
+local scheduled = redis.call('HMGET', KEYS[9], unpack(ids))
+for n = 1, #ids do
+  local i = 2 + (n - 1) * (VALUES + 2)
   local id, mask = ARGV[i], ARGV[i + 1]
-  if redis.call('SISMEMBER', KEYS[14], id) == 1 then
+  if put[n] == 1 then
     put_before = put_before + 1
-  elseif redis.call('HEXISTS', KEYS[2], id) == 1 or redis.call('HEXISTS', KEYS[9], id) == 1 then
+  elseif waiting[n] or died[n] or scheduled[n] then
     held = held + 1
   else
     for k = 1, VALUES do

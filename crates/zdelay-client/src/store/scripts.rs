@@ -2810,10 +2810,16 @@ end"
                 .skip_while(|l| l.starts_with("--") || l.is_empty())
                 .collect();
             // The whole fence, word for word: a newer layout's marker (`layout …`, `upgrading
-            // …`) is refused as such in every script, before anything is read or written.
+            // …`) is refused as such in every script, before anything is read or written;
+            // only a settle lands while `zdelay upgrade` moves the shard (it waits for them).
+            let passes = if *name == "settle_jobs" {
+                " and string.sub(layout, 1, 10) ~= 'upgrading '"
+            } else {
+                ""
+            };
             let fence = format!(
                 "local layout = redis.call('GET', KEYS[{}])
-if layout and layout ~= ARGV[1] then
+if layout and layout ~= ARGV[1]{passes} then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
   end
