@@ -644,9 +644,10 @@ pub struct RedisConfig {
     /// Storage layout a new namespace is created with: 1, or 2 (a preview: each local route's
     /// jobs, dead letters and schedules in a route lane in its list's hash slot, so local
     /// routes are exactly once on a Redis Cluster too; two-phase routes in spread shards; no
-    /// `zdelay reshard`, and no upgrade of a layout-1 namespace yet). An existing namespace
-    /// keeps its own layout, and a value set here must match it. Default: unset (follow the
-    /// namespace; a new one gets layout 1).
+    /// `zdelay reshard`). An existing namespace keeps its own layout until `zdelay upgrade`
+    /// moves it to 2, and a value set here must match it: leave it unset where a namespace
+    /// will be upgraded under running processes. Default: unset (follow the namespace; a new
+    /// one gets layout 1).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 2))]
     pub layout: Option<u32>,
