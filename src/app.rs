@@ -437,8 +437,9 @@ async fn connect_with_retry(
 /// `poller.stats_interval`, off the hot path.
 async fn sample_stats(mut con: Conn, config: Config, shutdown: CancellationToken) {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
+    let mut lanes = stats::LaneSampler::default();
     while !shutdown.is_cancelled() {
-        match stats::gather(&mut con, &config).await {
+        match stats::gather_sampled(&mut con, &config, Some(&mut lanes)).await {
             Ok(s) => {
                 stats::publish_gauges(&s);
                 crate::metrics::recovered("redis", "stats sampler");

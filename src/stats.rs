@@ -7,9 +7,10 @@ use crate::metrics::{
 };
 use crate::poller::{self, TargetId};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use zdelay_client::config::{Config, ScoreUnit};
 use zdelay_client::keys::Keys;
+use zdelay_client::lane::Lane;
 use zdelay_client::routes::Routes;
 use zdelay_client::store::{self, Conn, scripts};
 
@@ -107,9 +108,45 @@ impl Stats {
 
 /// Gathers the backlog of every shard and configured raw source.
 pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats> {
+    gather_sampled(con, config, None).await
+}
+
+/// [`gather`] for the daemon's sampler, which only probes a route lane that was empty when
+/// last read ([`LaneSampler`]).
+pub async fn gather_sampled(
+    con: &mut Conn,
+    config: &Config,
+    sampler: Option<&mut LaneSampler>,
+) -> redis::RedisResult<Stats> {
     let (keys, route_lanes) = read_layout(con, config).await?;
     let now_ms = store::server_time_ms(con).await?;
-    let lanes = lane_backlogs(con, &route_lanes, now_ms).await?;
+    let lanes = match sampler {
+        None => lane_backlogs(con, &route_lanes, now_ms).await?,
+        Some(sampler) => {
+            let (mut read, probed) = sampler.split(&route_lanes);
+            let holding = lanes_holding(con, &probed).await?;
+            let mut empty = Vec::new();
+            for (lane, holds) in probed.into_iter().zip(holding) {
+                if holds {
+                    read.push(lane);
+                } else {
+                    empty.push(Backlog {
+                        name: lane.route,
+                        due_now: 0,
+                        scheduled: 0,
+                        inflight: 0,
+                        dead: 0,
+                        oldest_due_age_ms: 0,
+                    });
+                }
+            }
+            let fresh = lane_backlogs(con, &read, now_ms).await?;
+            sampler.remember(&fresh);
+            let mut all: Vec<Backlog> = fresh.into_iter().chain(empty).collect();
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+            all
+        }
+    };
     let sink_names: Vec<String> = Routes::from_config(config)
         .two_phase_sinks()
         .map(str::to_owned)
@@ -235,17 +272,15 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
 /// The keys whose shards hold jobs, and the route lanes: on storage layout 2 the spread
 /// shards (two-phase jobs) and every registered lane; on layout 1 the configured shards and
 /// no lane.
-async fn read_layout(
-    con: &mut Conn,
-    config: &Config,
-) -> redis::RedisResult<(Keys, Vec<zdelay_client::lane::Lane>)> {
+async fn read_layout(con: &mut Conn, config: &Config) -> redis::RedisResult<(Keys, Vec<Lane>)> {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
-    let layout: Option<String> = redis::cmd("HGET")
-        .arg(keys.schema())
-        .arg("layout")
+    // While `zdelay upgrade` runs (`upgrading`), new work goes to layout 2: show that.
+    let (layout, upgrading): (Option<String>, Option<String>) = redis::pipe()
+        .hget(keys.schema(), "layout")
+        .hget(keys.schema(), "upgrading")
         .query_async(con)
         .await?;
-    if layout.as_deref() != Some("2") {
+    if upgrading.or(layout).as_deref() != Some("2") {
         return Ok((keys, Vec::new()));
     }
     let registry = match zdelay_client::store::lanes::read_registry(con, &keys).await {
@@ -265,10 +300,53 @@ async fn read_layout(
     ))
 }
 
+/// What the daemon's sampler last read of each route lane: an empty one is only asked
+/// whether it still is (one `EXISTS` of its due and dead sets, which Redis deletes when they
+/// empty) instead of read whole (four commands): with 1,000 idle routes the full reads were
+/// most of an idle daemon's cost to Redis.
+#[derive(Debug, Default)]
+pub struct LaneSampler {
+    /// Route → whether its lane was empty when last read.
+    empty: HashMap<String, bool>,
+}
+
+impl LaneSampler {
+    /// The lanes to read whole (unknown, or not empty when last read) and those to probe.
+    fn split(&self, lanes: &[Lane]) -> (Vec<Lane>, Vec<Lane>) {
+        lanes
+            .iter()
+            .cloned()
+            .partition(|lane| self.empty.get(&lane.route) != Some(&true))
+    }
+
+    fn remember(&mut self, read: &[Backlog]) {
+        for b in read {
+            let empty = b.due_now == 0 && b.scheduled == 0 && b.dead == 0;
+            self.empty.insert(b.name.clone(), empty);
+        }
+    }
+}
+
+/// Whether each lane holds anything (its due or dead set exists).
+async fn lanes_holding(con: &mut Conn, lanes: &[Lane]) -> redis::RedisResult<Vec<bool>> {
+    let probes = lanes.iter().map(|lane| {
+        let mut con = con.clone();
+        async move {
+            let n: u64 = redis::cmd("EXISTS")
+                .arg(&lane.keys.due)
+                .arg(&lane.keys.dead)
+                .query_async(&mut con)
+                .await?;
+            Ok::<_, redis::RedisError>(n > 0)
+        }
+    });
+    futures::future::try_join_all(probes).await
+}
+
 /// The backlog of each route lane: one pipeline per lane (its keys share a slot).
 async fn lane_backlogs(
     con: &mut Conn,
-    lanes: &[zdelay_client::lane::Lane],
+    lanes: &[Lane],
     now_ms: i64,
 ) -> redis::RedisResult<Vec<Backlog>> {
     let reads = lanes.iter().map(|lane| {
@@ -619,5 +697,38 @@ mod tests {
         assert!(Horizon::new(Duration::from_secs(1), Duration::from_secs(60)).is_err());
         assert!(Horizon::new(Duration::from_secs(86_400), Duration::from_secs(1)).is_err());
         assert!(Horizon::new(Duration::from_secs(86_400), Duration::from_secs(60)).is_ok());
+    }
+
+    #[test]
+    fn the_sampler_reads_unknown_and_busy_lanes_whole_and_probes_empty_ones() {
+        use zdelay_client::config::Push;
+        let lanes: Vec<Lane> = (0..3)
+            .map(|i| Lane::new("ns", "t", i, &format!("r{i}"), "q", Push::default()))
+            .collect();
+        let backlog = |name: &str, scheduled: u64| Backlog {
+            name: name.to_owned(),
+            due_now: 0,
+            scheduled,
+            inflight: 0,
+            dead: 0,
+            oldest_due_age_ms: 0,
+        };
+        let mut sampler = LaneSampler::default();
+        let (read, probed) = sampler.split(&lanes);
+        assert_eq!((read.len(), probed.len()), (3, 0), "never read: read whole");
+        sampler.remember(&[backlog("r0", 0), backlog("r1", 4), backlog("r2", 0)]);
+        let (read, probed) = sampler.split(&lanes);
+        let names = |l: &[Lane]| l.iter().map(|l| l.route.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&read), ["r1"]);
+        assert_eq!(names(&probed), ["r0", "r2"]);
+        sampler.remember(&[backlog("r0", 1), backlog("r1", 0)]);
+        let (read, probed) = sampler.split(&lanes);
+        assert_eq!(
+            (names(&read), names(&probed)),
+            (
+                vec!["r0".to_owned()],
+                vec!["r1".to_owned(), "r2".to_owned()]
+            )
+        );
     }
 }
