@@ -109,6 +109,7 @@ impl Scratch {
             k.instances(),
             k.poller_slots(),
             k.instance_sources(),
+            k.slot_plan(),
             k.sink_states(),
             k.activity(),
             k.lanes(),

@@ -5,6 +5,8 @@
 -- KEYS[1] instances HASH {zdelay}:instances         id -> "<registration expiry ms> <last heartbeat ms> <nonce> <nonce it was taken from, or ->"
 -- KEYS[2] slots     HASH {zdelay}:slots             "<target>#<k>" -> instance id
 -- KEYS[3] sources   HASH {zdelay}:instance_sources  id -> its raw sources' targets
+-- KEYS[4] plan      HASH {zdelay}:plan              claim_slots' last plan (deleted: the others
+--                                                    make a new one without this instance)
 -- ARGV[1] this instance's id; ARGV[2] this process's nonce
 -- Returns: the number of slots released, or -1 when another process holds the registration
 -- Re-run safety: yes.
@@ -23,4 +25,5 @@ for i = 1, #flat, 2 do
 end
 redis.call('HDEL', KEYS[1], me)
 redis.call('HDEL', KEYS[3], me)
+redis.call('DEL', KEYS[4])
 return released

@@ -197,6 +197,12 @@ impl Keys {
         format!("{{{}}}:slots", self.namespace)
     }
 
+    /// HASH: the last plan of who polls what (`claim_slots`): `sig` → SHA-1 of what it was
+    /// made of, instance id → its targets, one a line. Deleted by a graceful stop.
+    pub fn slot_plan(&self) -> String {
+        format!("{{{}}}:plan", self.namespace)
+    }
+
     /// HASH: instance id → the raw sources it is configured with (`source:<key>`, one a line).
     pub fn instance_sources(&self) -> String {
         format!("{{{}}}:instance_sources", self.namespace)

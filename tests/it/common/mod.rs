@@ -542,9 +542,15 @@ pub fn all_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<Strin
         redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
     keys.into_iter()
         .filter(|k| {
-            !["}:instances", "}:slots", "}:instance_sources", "}:activity"]
-                .iter()
-                .any(|suffix| k.ends_with(suffix))
+            ![
+                "}:instances",
+                "}:slots",
+                "}:instance_sources",
+                "}:plan",
+                "}:activity",
+            ]
+            .iter()
+            .any(|suffix| k.ends_with(suffix))
         })
         .collect()
 }
