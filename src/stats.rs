@@ -116,9 +116,9 @@ pub async fn gather(con: &mut Conn, config: &Config) -> redis::RedisResult<Stats
 pub async fn gather_sampled(
     con: &mut Conn,
     config: &Config,
-    sampler: Option<&mut LaneSampler>,
+    mut sampler: Option<&mut LaneSampler>,
 ) -> redis::RedisResult<Stats> {
-    let (keys, route_lanes) = read_layout(con, config).await?;
+    let (keys, route_lanes) = read_layout(con, config, sampler.as_deref_mut()).await?;
     let now_ms = store::server_time_ms(con).await?;
     let lanes = match sampler {
         None => lane_backlogs(con, &route_lanes, now_ms).await?,
@@ -272,16 +272,29 @@ pub async fn gather_sampled(
 /// The keys whose shards hold jobs, and the route lanes: on storage layout 2 the spread
 /// shards (two-phase jobs) and every registered lane; on layout 1 the configured shards and
 /// no lane.
-async fn read_layout(con: &mut Conn, config: &Config) -> redis::RedisResult<(Keys, Vec<Lane>)> {
+async fn read_layout(
+    con: &mut Conn,
+    config: &Config,
+    mut sampler: Option<&mut LaneSampler>,
+) -> redis::RedisResult<(Keys, Vec<Lane>)> {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     // While `zdelay upgrade` runs (`upgrading`), new work goes to layout 2: show that.
-    let (layout, upgrading): (Option<String>, Option<String>) = redis::pipe()
+    let (layout, upgrading, fields): (Option<String>, Option<String>, usize) = redis::pipe()
         .hget(keys.schema(), "layout")
         .hget(keys.schema(), "upgrading")
+        .hlen(keys.lanes())
         .query_async(con)
         .await?;
     if upgrading.or(layout).as_deref() != Some("2") {
         return Ok((keys, Vec::new()));
+    }
+    let spread = Keys::for_layout(keys.namespace(), keys.shards(), 2);
+    // The registry only grows when a route registers or a lane moves (a field is added): the
+    // sampler reads it whole again only then.
+    if let Some((known, lanes)) = sampler.as_ref().and_then(|s| s.registry.as_ref())
+        && *known == fields
+    {
+        return Ok((spread, lanes.clone()));
     }
     let registry = match zdelay_client::store::lanes::read_registry(con, &keys).await {
         Ok(registry) => registry,
@@ -294,10 +307,11 @@ async fn read_layout(con: &mut Conn, config: &Config) -> redis::RedisResult<(Key
             )));
         }
     };
-    Ok((
-        Keys::for_layout(keys.namespace(), keys.shards(), 2),
-        registry.by_route.into_values().collect(),
-    ))
+    let lanes: Vec<Lane> = registry.by_route.into_values().collect();
+    if let Some(sampler) = sampler.as_mut() {
+        sampler.registry = Some((fields, lanes.clone()));
+    }
+    Ok((spread, lanes))
 }
 
 /// What the daemon's sampler last read of each route lane: an empty one is only asked
@@ -308,6 +322,8 @@ async fn read_layout(con: &mut Conn, config: &Config) -> redis::RedisResult<(Key
 pub struct LaneSampler {
     /// Route → whether its lane was empty when last read.
     empty: HashMap<String, bool>,
+    /// The registry's field count and lanes when last read.
+    registry: Option<(usize, Vec<Lane>)>,
 }
 
 impl LaneSampler {
@@ -327,8 +343,19 @@ impl LaneSampler {
     }
 }
 
-/// Whether each lane holds anything (its due or dead set exists).
+/// Whether each lane holds anything (its due or dead set exists). On one Redis one `EXISTS`
+/// of every lane's keys answers first for all (idle lanes are the common case); on a cluster,
+/// whose keys span slots, or when some lane holds something, one per lane.
 async fn lanes_holding(con: &mut Conn, lanes: &[Lane]) -> redis::RedisResult<Vec<bool>> {
+    if !con.is_cluster() && !lanes.is_empty() {
+        let mut all = redis::cmd("EXISTS");
+        for lane in lanes {
+            all.arg(&lane.keys.due).arg(&lane.keys.dead);
+        }
+        if all.query_async::<u64>(con).await? == 0 {
+            return Ok(vec![false; lanes.len()]);
+        }
+    }
     let probes = lanes.iter().map(|lane| {
         let mut con = con.clone();
         async move {
@@ -560,7 +587,7 @@ pub async fn forecast(
     config: &Config,
     horizon: Horizon,
 ) -> anyhow::Result<Forecast> {
-    let (keys, lanes) = read_layout(con, config).await?;
+    let (keys, lanes) = read_layout(con, config, None).await?;
     let now_ms = store::server_time_ms(con).await?;
     let bounds: Vec<(i64, i64)> = (0..horizon.steps as i64)
         .map(|i| {
