@@ -279,15 +279,19 @@ async fn read_layout(
 ) -> redis::RedisResult<(Keys, Vec<Lane>)> {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     // While `zdelay upgrade` runs (`upgrading`), new work goes to layout 2: show that.
-    let (layout, upgrading, fields): (Option<String>, Option<String>, usize) = redis::pipe()
+    let (layout, upgrading): (Option<String>, Option<String>) = redis::pipe()
         .hget(keys.schema(), "layout")
         .hget(keys.schema(), "upgrading")
-        .hlen(keys.lanes())
         .query_async(con)
         .await?;
     if upgrading.or(layout).as_deref() != Some("2") {
         return Ok((keys, Vec::new()));
     }
+    // Another slot than the schema's: a command of its own on a cluster.
+    let fields: usize = redis::cmd("HLEN")
+        .arg(keys.lanes())
+        .query_async(con)
+        .await?;
     let spread = Keys::for_layout(keys.namespace(), keys.shards(), 2);
     // The registry only grows when a route registers or a lane moves (a field is added): the
     // sampler reads it whole again only then.

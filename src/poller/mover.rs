@@ -312,8 +312,27 @@ pub async fn run(
     // Its own context: a move that works must not end an episode of failing schedules.
     let schedules_label = format!("{label} schedules");
     let mut walks = Walks::default();
+    // A route lane whose sleep ran out (no wake-up came) first reads its heads: most such
+    // fallback polls find nothing, and with many lanes their script calls were most of an
+    // idle daemon's cost to Redis.
+    let mut look_first = false;
     tracing::debug!(source = %label, ?target, "poller started");
     while !stop.is_cancelled() {
+        if let (Target::Lane(lane), true) = (&target, std::mem::take(&mut look_first)) {
+            match lane_wait(&ctx, lane).await {
+                Ok(wait) if wait.is_none_or(|w| !w.is_zero()) => {
+                    let idle = wake.idle(ctx.mover.idle_poll, ctx.mover.idle_poll_max);
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait.unwrap_or(idle).min(idle)) => look_first = true,
+                        _ = wake.notified() => {}
+                        _ = stop.cancelled() => {}
+                    }
+                    continue;
+                }
+                // Something is due, or the read failed: the move says what and how.
+                _ => {}
+            }
+        }
         if let Target::Shard(shard) = &target {
             match walks.look(&ctx, *shard).await {
                 Ok(()) => {}
@@ -432,12 +451,32 @@ pub async fn run(
             continue;
         }
         tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
+            _ = tokio::time::sleep(delay) => look_first = true,
             _ = wake.notified() => {}
             _ = stop.cancelled() => {}
         }
     }
     tracing::debug!(source = %label, "poller stopped");
+}
+
+/// How long until a route lane has something to do: its earliest job or schedule occurrence,
+/// by the Redis clock (`Some(ZERO)` when due now, `None` when it holds neither), read with
+/// plain commands in the lane's slot.
+async fn lane_wait(ctx: &PollerContext, lane: &Lane) -> redis::RedisResult<Option<Duration>> {
+    let mut con = ctx.con_for(&TargetId::Lane(lane.number));
+    type Head = Vec<(String, f64)>;
+    let (time, due, schedule): ((i64, i64), Head, Head) = redis::pipe()
+        .cmd("TIME")
+        .zrange_withscores(&lane.keys.due, 0, 0)
+        .zrange_withscores(&lane.keys.sched_due, 0, 0)
+        .query_async(&mut con)
+        .await?;
+    let now_ms = time.0 as f64 * 1000.0 + time.1 as f64 / 1000.0;
+    Ok(due
+        .iter()
+        .chain(&schedule)
+        .map(|(_, at)| Duration::from_secs_f64(((at - now_ms) / 1000.0).max(0.0)))
+        .min())
 }
 
 /// What a batch of a walk of `sink`'s waiting jobs refiled.
