@@ -33,8 +33,9 @@
 --   (registered once, but no renewal for a lease)
 -- ARGV[7] this process's zdelay version (what `zdelay stats` shows, and what an upgrade of the
 --   namespace's storage layout checks)
--- ARGV[8..] this instance's raw source and route lane targets ("source:<key>", "lane:<n>")
--- Returns: { registration, live instances, then this instance's targets (each once) };
+-- ARGV[8] this instance's raw source and route lane group targets ("source:<key>",
+--   "lanes:<group>:<hash>"), "\n"-separated, as one argument ("" for none)
+-- Returns: { registration, live instances, this instance's targets (each once) "\n"-separated };
 --   registration 0 = registered or renewed, 1 = took over a live registration of this id
 --   (a previous life), 2 = took it back from a newer process with this id (which will
 --   refuse), -1 = refused: another live process holds this id (then nothing else is
@@ -67,10 +68,8 @@ if current then
 end
 redis.call('HSET', instances_key, me, string.format('%d %d %s %s %s', now + ttl, now, nonce, taken_from, ARGV[7]))
 local plan_key = KEYS[4]
-local my_sources = {}
-for i = 8, #ARGV do my_sources[#my_sources + 1] = ARGV[i] end
-local my_list = table.concat(my_sources, '\n')
-if #my_sources == 0 then
+local my_list = ARGV[8] or ''
+if my_list == '' then
   redis.call('HDEL', sources_key, me)
 elseif redis.call('HGET', sources_key, me) ~= my_list then
   redis.call('HSET', sources_key, me, my_list)
@@ -107,11 +106,7 @@ end
 -- The same inputs make the same plan, written already: answer from it.
 local sig = redis.sha1hex(table.concat(inputs, '\0'))
 if redis.call('HGET', plan_key, 'sig') == sig then
-  local out = { registration, #live }
-  for name in string.gmatch(redis.call('HGET', plan_key, me) or '', '[^\n]+') do
-    out[#out + 1] = name
-  end
-  return out
+  return { registration, #live, redis.call('HGET', plan_key, me) or '' }
 end
 local source_pollers = {}
 for _, id in ipairs(live) do
@@ -196,6 +191,4 @@ for id, names in pairs(of) do
 end
 redis.call('DEL', plan_key)
 redis.call('HSET', plan_key, unpack(cached))
-local out = { registration, #live }
-for _, name in ipairs(of[me] or {}) do out[#out + 1] = name end
-return out
+return { registration, #live, table.concat(of[me] or {}, '\n') }

@@ -1820,7 +1820,7 @@ pub async fn claim_slots(
         .arg(me.nonce)
         .arg(standing.as_arg())
         .arg(super::VERSION)
-        .arg(targets.named)
+        .arg(targets.named.join("\n"))
         .invoke(con)
         .await?;
     let mut it = values.into_iter();
@@ -1842,7 +1842,14 @@ pub async fn claim_slots(
         }
     };
     let live_instances = as_int(it.next().unwrap_or_default())? as u64;
-    let targets = it.map(as_string).collect::<Result<_, _>>()?;
+    let targets = match it.next() {
+        Some(joined) => as_string(joined)?
+            .split('\n')
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        None => Vec::new(),
+    };
     Ok(SlotClaim {
         registration,
         live_instances,
