@@ -241,6 +241,23 @@ enum Command {
 }
 
 /// How a command prints: `-o text|json`, `--json` the same as `-o json`.
+/// Asks `question` on the terminal; `Ok(false)` unless answered yes. Without a terminal it
+/// refuses ("not <doing>: pass --yes …"): a script must say `--yes`.
+fn confirm(doing: &str, question: &str) -> anyhow::Result<bool> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return Err(UsageError(format!(
+            "not {doing}: pass --yes to go ahead (or --dry-run to only look)"
+        ))
+        .into());
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
 #[derive(clap::Args, Clone, Copy, Default, Debug)]
 pub struct Output {
     /// Output format: text for people, json (stable, for scripts).

@@ -2,7 +2,6 @@
 //! stdout) and asks before changing anything unless `--yes`.
 
 use super::UsageError;
-use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use zdelay::config::Config;
@@ -64,17 +63,7 @@ pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
             opts.dry_run = false;
             reshard::reshard(&con, namespace, &opts, &quiet).await?;
         }
-        if !std::io::stdin().is_terminal() {
-            return Err(UsageError(
-                "not resharding: pass --yes to go ahead (or --dry-run to only look)".into(),
-            )
-            .into());
-        }
-        eprint!("reshard namespace {namespace} now? [y/N] ");
-        std::io::stderr().flush()?;
-        let mut answer = String::new();
-        std::io::stdin().lock().read_line(&mut answer)?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+        if !super::confirm("resharding", &format!("reshard namespace {namespace} now?"))? {
             eprintln!("not resharded");
             return Ok(1);
         }

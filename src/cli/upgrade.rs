@@ -1,8 +1,6 @@
 //! `zdelay upgrade`: renders `zdelay::upgrade` (progress on stderr, the outcome on stdout)
 //! and asks before changing anything unless `--yes`.
 
-use super::UsageError;
-use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use zdelay::config::Config;
@@ -50,17 +48,8 @@ pub async fn run(config: &Config, args: UpgradeArgs) -> anyhow::Result<i32> {
             return print_outcome(&outcome, args.output.is_json());
         }
         eprint!("{}", plan_text(plan, config));
-        if !std::io::stdin().is_terminal() {
-            return Err(UsageError(
-                "not upgrading: pass --yes to go ahead (or --dry-run to only look)".into(),
-            )
-            .into());
-        }
-        eprint!("upgrade namespace {namespace} to storage layout 2 now? [y/N] ");
-        std::io::stderr().flush()?;
-        let mut answer = String::new();
-        std::io::stdin().lock().read_line(&mut answer)?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+        let question = format!("upgrade namespace {namespace} to storage layout 2 now?");
+        if !super::confirm("upgrading", &question)? {
             eprintln!("not upgraded");
             return Ok(1);
         }

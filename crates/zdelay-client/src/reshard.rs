@@ -691,7 +691,7 @@ async fn set_markers(con: &Conn, keys: &Keys, span: u16, value: &str) -> Result<
 
 /// The keys a pass scans for ids, with what each holds per id. The envelopes come last: by
 /// then they are mostly the ids that stay.
-pub(crate) fn scanned(keys: &crate::keys::ShardKeys) -> [(&str, ScanKind, bool); 15] {
+fn scanned(keys: &crate::keys::ShardKeys) -> [(&str, ScanKind, bool); 15] {
     [
         (&keys.history, ScanKind::Hash, false),
         (&keys.sched_quarantine, ScanKind::Hash, false),
@@ -726,31 +726,9 @@ async fn count_misplaced(con: &Conn, new: &Keys, from: u16) -> Result<u64, Resha
             let mut con = con.clone();
             let keys = new.shard(shard);
             let mut misplaced: HashSet<Vec<u8>> = HashSet::new();
-            for (key, kind, ready) in scanned(&keys) {
-                let mut cursor = "0".to_owned();
-                let mut count = ScanCount::new();
-                loop {
-                    let (next, items, bytes) =
-                        scripts::reshard_scan(&mut con, key, kind, &cursor, count.get()).await?;
-                    count.after(bytes);
-                    for item in items {
-                        let id = if ready {
-                            match ready_member_id(&item) {
-                                Some(id) => id.to_vec(),
-                                None => continue,
-                            }
-                        } else {
-                            item
-                        };
-                        if new.shard_of_bytes(&id) != shard {
-                            misplaced.insert(id);
-                        }
-                    }
-                    if next == "0" {
-                        break;
-                    }
-                    cursor = next;
-                }
+            let mut pages = IdPages::new(&keys);
+            while let Some((ids, _)) = pages.next(&mut con).await? {
+                misplaced.extend(ids.into_iter().filter(|id| new.shard_of_bytes(id) != shard));
             }
             Ok::<_, ReshardError>(misplaced.len() as u64)
         })
@@ -758,6 +736,67 @@ async fn count_misplaced(con: &Conn, new: &Keys, from: u16) -> Result<u64, Resha
     per_shard
         .try_fold(0, |total, n| async move { Ok(total + n) })
         .await
+}
+
+/// The ids a shard holds, a scan page at a time over every key [`scanned`] lists, each id
+/// once a page, with the ready-set members found for it (a member names its id; one that does
+/// not is left alone).
+pub(crate) struct IdPages<'a> {
+    keys: [(&'a str, ScanKind, bool); 15],
+    key: usize,
+    cursor: String,
+    count: ScanCount,
+}
+
+/// A page of [`IdPages`]: ids, and the ready members found per id.
+pub(crate) type IdPage = (Vec<Vec<u8>>, HashMap<Vec<u8>, Vec<Vec<u8>>>);
+
+impl<'a> IdPages<'a> {
+    pub(crate) fn new(keys: &'a crate::keys::ShardKeys) -> Self {
+        IdPages {
+            keys: scanned(keys),
+            key: 0,
+            cursor: "0".to_owned(),
+            count: ScanCount::new(),
+        }
+    }
+
+    /// The next page; `None` once every key was scanned through.
+    pub(crate) async fn next(&mut self, con: &mut Conn) -> redis::RedisResult<Option<IdPage>> {
+        let Some(&(key, kind, ready)) = self.keys.get(self.key) else {
+            return Ok(None);
+        };
+        let (next, items, bytes) =
+            scripts::reshard_scan(con, key, kind, &self.cursor, self.count.get()).await?;
+        self.count.after(bytes);
+        if next == "0" {
+            self.key += 1;
+            self.cursor = "0".to_owned();
+            self.count = ScanCount::new();
+        } else {
+            self.cursor = next;
+        }
+        let mut ids: Vec<Vec<u8>> = Vec::new();
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        let mut members: HashMap<Vec<u8>, Vec<Vec<u8>>> = HashMap::new();
+        for item in items {
+            let id = if ready {
+                match ready_member_id(&item) {
+                    Some(id) => id.to_vec(),
+                    None => continue,
+                }
+            } else {
+                item.clone()
+            };
+            if ready {
+                members.entry(id.clone()).or_default().push(item);
+            }
+            if seen.insert(id.clone()) {
+                ids.push(id);
+            }
+        }
+        Ok(Some((ids, members)))
+    }
 }
 
 /// The COUNT of a key's next scan page: it starts at one (a page of hash fields brings their
@@ -806,44 +845,14 @@ impl Mover<'_> {
         let mut moved = 0;
         loop {
             let mut moved_in_pass = 0;
-            for (key, kind, ready) in scanned(&keys) {
-                let mut cursor = "0".to_owned();
-                let mut count = ScanCount::new();
-                loop {
-                    let (next, items, bytes) =
-                        scripts::reshard_scan(&mut con, key, kind, &cursor, count.get()).await?;
-                    count.after(bytes);
-                    let mut ids: Vec<Vec<u8>> = Vec::new();
-                    let mut seen: HashSet<Vec<u8>> = HashSet::new();
-                    // Ready members found in the set itself (normally also in ready_ids).
-                    let mut members: HashMap<Vec<u8>, Vec<Vec<u8>>> = HashMap::new();
-                    for item in items {
-                        let id = if ready {
-                            match ready_member_id(&item) {
-                                Some(id) => id.to_vec(),
-                                // Not a member zdelay writes: left alone (verify counts it).
-                                None => continue,
-                            }
-                        } else {
-                            item.clone()
-                        };
-                        if self.new.shard_of_bytes(&id) == shard {
-                            continue;
-                        }
-                        if ready {
-                            members.entry(id.clone()).or_default().push(item);
-                        }
-                        if seen.insert(id.clone()) {
-                            ids.push(id);
-                        }
-                    }
-                    for chunk in ids.chunks(self.batch) {
-                        moved_in_pass += self.move_ids(&mut con, shard, chunk, &members).await?;
-                    }
-                    if next == "0" {
-                        break;
-                    }
-                    cursor = next;
+            let mut pages = IdPages::new(&keys);
+            while let Some((ids, members)) = pages.next(&mut con).await? {
+                let ids: Vec<Vec<u8>> = ids
+                    .into_iter()
+                    .filter(|id| self.new.shard_of_bytes(id) != shard)
+                    .collect();
+                for chunk in ids.chunks(self.batch) {
+                    moved_in_pass += self.move_ids(&mut con, shard, chunk, &members).await?;
                 }
             }
             moved += moved_in_pass;

@@ -31,11 +31,11 @@
 use crate::envelope::{Envelope, Meta};
 use crate::keys::{Keys, ShardKeys};
 use crate::lane::{Lane, Registry};
-use crate::reshard::{self, Counts, ScanCount, ready_member_id, scanned, sized_calls};
+use crate::reshard::{self, Counts, IdPages, sized_calls};
 use crate::store::scripts::{self, LaneRecord, Put, PutMode, StoredJob};
 use crate::store::{self, Conn, Layout, StoreError, VERSION};
 use futures::{StreamExt, TryStreamExt};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -500,39 +500,10 @@ impl Mover<'_> {
         self.wait_for_settles(&mut con, &keys).await?;
         loop {
             let mut moved_in_pass = 0;
-            for (key, kind, ready) in scanned(&keys) {
-                let mut cursor = "0".to_owned();
-                let mut count = ScanCount::new();
-                loop {
-                    let (next, items, bytes) =
-                        scripts::reshard_scan(&mut con, key, kind, &cursor, count.get()).await?;
-                    count.after(bytes);
-                    let mut ids: Vec<Vec<u8>> = Vec::new();
-                    let mut seen: HashSet<Vec<u8>> = HashSet::new();
-                    let mut members: HashMap<Vec<u8>, Vec<Vec<u8>>> = HashMap::new();
-                    for item in items {
-                        let id = if ready {
-                            match ready_member_id(&item) {
-                                Some(id) => id.to_vec(),
-                                None => continue,
-                            }
-                        } else {
-                            item.clone()
-                        };
-                        if ready {
-                            members.entry(id.clone()).or_default().push(item);
-                        }
-                        if seen.insert(id.clone()) {
-                            ids.push(id);
-                        }
-                    }
-                    for chunk in ids.chunks(self.batch) {
-                        moved_in_pass += self.move_ids(&mut con, shard, chunk, &members).await?;
-                    }
-                    if next == "0" {
-                        break;
-                    }
-                    cursor = next;
+            let mut pages = IdPages::new(&keys);
+            while let Some((ids, members)) = pages.next(&mut con).await? {
+                for chunk in ids.chunks(self.batch) {
+                    moved_in_pass += self.move_ids(&mut con, shard, chunk, &members).await?;
                 }
             }
             if moved_in_pass == 0 {

@@ -2076,15 +2076,7 @@ pub async fn reshard_put(
         PutMode::Transit => "transit",
     });
     for job in jobs {
-        let values = job.values();
-        let mask: String = values
-            .iter()
-            .map(|v| if v.is_some() { '1' } else { '0' })
-            .collect();
-        inv.arg(&job.id).arg(mask);
-        for v in values {
-            inv.arg(v.as_deref().unwrap_or_default());
-        }
+        add_record(&mut inv, &job.id, &job.values());
         inv.arg(job.ready.len()).arg(&job.ready);
     }
     inv.invoke(con).await
@@ -2166,17 +2158,22 @@ pub async fn upgrade_put_lane(
     }
     inv.arg(lane.marker());
     for record in records {
-        let values = record.values();
-        let mask: String = values
-            .iter()
-            .map(|v| if v.is_some() { '1' } else { '0' })
-            .collect();
-        inv.arg(&record.id).arg(mask);
-        for v in values {
-            inv.arg(v.as_deref().unwrap_or_default());
-        }
+        add_record(&mut inv, &record.id, &record.values());
     }
     inv.invoke(con).await
+}
+
+/// A record's arguments: its id, a mask with "1" where a value is present, then the values
+/// ("" where absent).
+fn add_record(inv: &mut Call, id: &[u8], values: &[&Option<Vec<u8>>]) {
+    let mask: String = values
+        .iter()
+        .map(|v| if v.is_some() { '1' } else { '0' })
+        .collect();
+    inv.arg(id).arg(mask);
+    for v in values {
+        inv.arg(v.as_deref().unwrap_or_default());
+    }
 }
 
 /// Deletes every trace of `jobs`' ids from the shard of `keys`; returns how many entries it
