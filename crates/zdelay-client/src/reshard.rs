@@ -59,7 +59,7 @@ pub(crate) const PUT_BYTES: usize = 256 << 10;
 /// Most bytes of envelopes (and schedule envelopes, histories) one `reshard_take` call reads,
 /// and so one `reshard_drop` call frees (at least one job per call): a batch of ids whose
 /// payloads weigh a megabyte each would otherwise hold Redis for seconds.
-pub(crate) const TAKE_BYTES: usize = 1 << 20;
+const TAKE_BYTES: usize = 1 << 20;
 /// Round trips run at once for per-shard commands (counts, markers).
 pub(crate) const PARALLEL: usize = 16;
 
@@ -891,18 +891,7 @@ impl Mover<'_> {
         members: &HashMap<Vec<u8>, Vec<Vec<u8>>>,
     ) -> Result<(usize, u64), ReshardError> {
         let source = self.new.shard(shard);
-        let mut jobs = scripts::reshard_take(con, &source, self.marker, TAKE_BYTES, ids).await?;
-        let taken = jobs.len();
-        for job in &mut jobs {
-            if let Some(found) = members.get(&job.id) {
-                job.ready = found
-                    .iter()
-                    .filter(|m| job.ready_member.as_ref() != Some(*m))
-                    .cloned()
-                    .collect();
-            }
-        }
-        jobs.retain(|job| !job.is_empty());
+        let (taken, jobs) = take(con, &source, self.marker, ids, members).await?;
         if jobs.is_empty() {
             return Ok((taken, 0));
         }
@@ -937,6 +926,31 @@ impl Mover<'_> {
         (self.progress)(Progress::Moved { total });
         Ok((taken, moved))
     }
+}
+
+/// What `source` holds of the longest prefix of `ids` one `reshard_take` call reads: (ids
+/// taken, the jobs among them with anything stored), each with the ready members found for it
+/// by the scan besides the one `ready_ids` names.
+pub(crate) async fn take(
+    con: &mut Conn,
+    source: &crate::keys::ShardKeys,
+    marker: &str,
+    ids: &[Vec<u8>],
+    members: &HashMap<Vec<u8>, Vec<Vec<u8>>>,
+) -> redis::RedisResult<(usize, Vec<StoredJob>)> {
+    let mut jobs = scripts::reshard_take(con, source, marker, TAKE_BYTES, ids).await?;
+    let taken = jobs.len();
+    for job in &mut jobs {
+        if let Some(found) = members.get(&job.id) {
+            job.ready = found
+                .iter()
+                .filter(|m| job.ready_member.as_ref() != Some(*m))
+                .cloned()
+                .collect();
+        }
+    }
+    jobs.retain(|job| !job.is_empty());
+    Ok((taken, jobs))
 }
 
 /// Splits jobs into `reshard_put` calls of at most [`PUT_BYTES`] (at least one job each).

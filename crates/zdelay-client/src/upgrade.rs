@@ -560,20 +560,8 @@ impl Mover<'_> {
         let source = self.legacy.shard(shard);
         let mut moved = 0;
         while !ids.is_empty() {
-            let mut jobs =
-                scripts::reshard_take(con, &source, &fence_marker(), reshard::TAKE_BYTES, ids)
-                    .await?;
-            ids = &ids[jobs.len()..];
-            for job in &mut jobs {
-                if let Some(found) = members.get(&job.id) {
-                    job.ready = found
-                        .iter()
-                        .filter(|m| job.ready_member.as_ref() != Some(*m))
-                        .cloned()
-                        .collect();
-                }
-            }
-            jobs.retain(|job| !job.is_empty());
+            let (taken, jobs) = reshard::take(con, &source, &fence_marker(), ids, members).await?;
+            ids = &ids[taken..];
             if jobs.is_empty() {
                 continue;
             }
