@@ -276,7 +276,10 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
     eprintln!("upgrade finished in {:?}: {report}", started.elapsed());
 
     // Producers keep going a little on layout 2, then stop; everything arrives.
-    std::thread::sleep(Duration::from_millis(500));
+    let at_upgrade = produced.load(Ordering::Relaxed);
+    wait_for("the producer goes on", Duration::from_secs(10), || {
+        produced.load(Ordering::Relaxed) > at_upgrade + 100
+    });
     producing.store(false, Ordering::Relaxed);
     let (sent, producer_layout) = producer.join().unwrap();
     assert_eq!(

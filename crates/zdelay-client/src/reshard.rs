@@ -215,6 +215,8 @@ pub struct Daemon {
     pub last_seen_ms: i64,
     /// Ms until its registration lapses if it stops beating.
     pub expires_in_ms: i64,
+    /// The zdelay version it registered (none for builds that predate the field).
+    pub version: Option<String>,
 }
 
 /// What happens as a reshard runs, for the caller to show. The order is the order below.
@@ -573,7 +575,7 @@ pub async fn live_daemons(con: &mut Conn, keys: &Keys) -> Result<Vec<Daemon>, Re
 }
 
 /// Parses the instances hash (`id → "<expiry ms> <last heartbeat ms> …"`) at `now`.
-pub(crate) fn live_from(registered: &BTreeMap<String, String>, now: i64) -> Vec<Daemon> {
+fn live_from(registered: &BTreeMap<String, String>, now: i64) -> Vec<Daemon> {
     registered
         .iter()
         .filter_map(|(id, value)| {
@@ -582,6 +584,7 @@ pub(crate) fn live_from(registered: &BTreeMap<String, String>, now: i64) -> Vec<
                 id: id.clone(),
                 last_seen_ms: (now - last).max(0),
                 expires_in_ms: expiry - now,
+                version: scripts::registration_version(value).map(str::to_owned),
             })
         })
         .collect()
@@ -1017,7 +1020,7 @@ mod tests {
     #[test]
     fn live_daemons_are_those_whose_registration_has_not_lapsed() {
         let registered: BTreeMap<String, String> = [
-            ("a", "2000 1500"),
+            ("a", "2000 1500 n0 - 0.3.0"),
             ("b", "999 500"),
             ("c", "garbage"),
             ("d", "1001"),
@@ -1032,12 +1035,14 @@ mod tests {
                 Daemon {
                     id: "a".into(),
                     last_seen_ms: 0,
-                    expires_in_ms: 1000
+                    expires_in_ms: 1000,
+                    version: Some("0.3.0".into()),
                 },
                 Daemon {
                     id: "d".into(),
                     last_seen_ms: 0,
-                    expires_in_ms: 1
+                    expires_in_ms: 1,
+                    version: None,
                 }
             ]
         );

@@ -31,7 +31,7 @@
 use crate::envelope::{Envelope, Meta};
 use crate::keys::{Keys, ShardKeys};
 use crate::lane::{Lane, Registry};
-use crate::reshard::{self, Counts, IdPages, sized_calls};
+use crate::reshard::{self, Counts, Daemon, IdPages, sized_calls};
 use crate::store::scripts::{self, LaneRecord, Put, PutMode, StoredJob};
 use crate::store::{self, Conn, Layout, StoreError, VERSION};
 use futures::{StreamExt, TryStreamExt};
@@ -60,14 +60,6 @@ impl Default for Options {
             dry_run: false,
         }
     }
-}
-
-/// A daemon registered live, with the version it registered (none for builds that predate
-/// the version field).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct LiveDaemon {
-    pub id: String,
-    pub version: Option<String>,
 }
 
 /// What happens as an upgrade runs, in this order.
@@ -114,9 +106,9 @@ pub struct Plan {
     pub counts: Counts,
     /// The local routes whose jobs would go to route lanes.
     pub lanes: Vec<String>,
-    pub daemons: Vec<LiveDaemon>,
+    pub daemons: Vec<Daemon>,
     /// Daemons that cannot follow: the upgrade would refuse while any is registered.
-    pub outdated: Vec<LiveDaemon>,
+    pub outdated: Vec<Daemon>,
 }
 
 /// What a finished upgrade did.
@@ -164,14 +156,8 @@ pub enum UpgradeError {
     #[error("{}", outdated_text(.namespace, .daemons))]
     OutdatedDaemons {
         namespace: String,
-        daemons: Vec<LiveDaemon>,
+        daemons: Vec<Daemon>,
     },
-    #[error(
-        "route {route} delivers to a local list but has no route lane: start a daemon of \
-         this version with the route in its config, or run zdelay upgrade with the daemons' \
-         config"
-    )]
-    NoLane { route: String },
     #[error(
         "a marker changed under this upgrade ({0}): another `zdelay upgrade` or `zdelay \
          reshard` ran at the same time; run it again to see where it stands"
@@ -203,7 +189,7 @@ impl From<reshard::ReshardError> for UpgradeError {
     }
 }
 
-fn outdated_text(namespace: &str, daemons: &[LiveDaemon]) -> String {
+fn outdated_text(namespace: &str, daemons: &[Daemon]) -> String {
     let list: Vec<String> = daemons
         .iter()
         .map(|d| match &d.version {
@@ -229,7 +215,7 @@ fn fence_marker() -> String {
 fn retired_marker() -> String {
     Layout::Newer {
         layout: TO_LAYOUT,
-        min_version: semver::Version::parse(VERSION).expect("Cargo versions are semver"),
+        min_version: store::this_version().clone(),
     }
     .marker()
 }
@@ -275,8 +261,8 @@ pub async fn upgrade(
     let resumed = schema.upgrading == Some(TO_LAYOUT);
     let legacy = Keys::new(namespace, shards);
     let spread = Keys::for_layout(namespace, shards, TO_LAYOUT);
-    let daemons = live_daemons(&mut con, &legacy).await?;
-    let outdated: Vec<LiveDaemon> = daemons.iter().filter(|d| !follows(d)).cloned().collect();
+    let daemons = reshard::live_daemons(&mut con, &legacy).await?;
+    let outdated: Vec<Daemon> = daemons.iter().filter(|d| !follows(d)).cloned().collect();
     if opts.dry_run {
         return Ok(Outcome::DryRun(Plan {
             namespace: namespace.to_owned(),
@@ -352,34 +338,13 @@ pub async fn upgrade(
     Ok(Outcome::Done(report))
 }
 
-/// The daemons registered live, with their versions.
-async fn live_daemons(con: &mut Conn, keys: &Keys) -> Result<Vec<LiveDaemon>, UpgradeError> {
-    let now = store::server_time_ms(con).await?;
-    let registered: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg(keys.instances())
-        .query_async(con)
-        .await?;
-    let live = reshard::live_from(&registered, now);
-    Ok(live
-        .into_iter()
-        .map(|d| LiveDaemon {
-            version: registered
-                .get(&d.id)
-                .and_then(|v| scripts::registration_version(v))
-                .map(str::to_owned),
-            id: d.id,
-        })
-        .collect())
-}
-
 /// Whether a daemon runs a build that follows the upgrade (this version or later).
-fn follows(daemon: &LiveDaemon) -> bool {
-    let this = semver::Version::parse(VERSION).expect("Cargo versions are semver");
+fn follows(daemon: &Daemon) -> bool {
     daemon
         .version
         .as_deref()
         .and_then(|v| semver::Version::parse(v).ok())
-        .is_some_and(|v| v.cmp_precedence(&this).is_ge())
+        .is_some_and(|v| v.cmp_precedence(store::this_version()).is_ge())
 }
 
 /// Sets the spread shards' markers to the shard count (what their scripts expect) and
@@ -839,8 +804,10 @@ mod tests {
 
     #[test]
     fn daemons_follow_when_they_run_this_version_or_a_later_one() {
-        let daemon = |version: Option<&str>| LiveDaemon {
+        let daemon = |version: Option<&str>| Daemon {
             id: "d".into(),
+            last_seen_ms: 0,
+            expires_in_ms: 1,
             version: version.map(str::to_owned),
         };
         assert!(follows(&daemon(Some(VERSION))));

@@ -96,6 +96,11 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 static THIS_VERSION: LazyLock<semver::Version> =
     LazyLock::new(|| semver::Version::parse(VERSION).expect("Cargo versions are semver"));
 
+/// [`VERSION`], parsed.
+pub fn this_version() -> &'static semver::Version {
+    &THIS_VERSION
+}
+
 /// What [`StoreError::LayoutTooNew`] says: the version to run, when the namespace names one.
 fn too_new_message(namespace: &str, layout: u32, min_version: Option<&semver::Version>) -> String {
     match min_version {

@@ -1972,13 +1972,7 @@ impl StoredJob {
 
     /// Bytes it carries (for sizing script calls).
     pub fn size(&self) -> usize {
-        self.id.len()
-            + self
-                .values()
-                .iter()
-                .map(|v| v.as_ref().map_or(0, Vec::len))
-                .sum::<usize>()
-            + self.ready.iter().map(Vec::len).sum::<usize>()
+        record_size(&self.id, &self.values()) + self.ready.iter().map(Vec::len).sum::<usize>()
     }
 }
 
@@ -2120,12 +2114,7 @@ impl LaneRecord {
 
     /// Bytes it carries (for sizing script calls).
     pub fn size(&self) -> usize {
-        self.id.len()
-            + self
-                .values()
-                .iter()
-                .map(|v| v.as_ref().map_or(0, Vec::len))
-                .sum::<usize>()
+        record_size(&self.id, &self.values())
     }
 }
 
@@ -2161,6 +2150,15 @@ pub async fn upgrade_put_lane(
         add_record(&mut inv, &record.id, &record.values());
     }
     inv.invoke(con).await
+}
+
+/// The bytes a record's id and values carry.
+fn record_size(id: &[u8], values: &[&Option<Vec<u8>>]) -> usize {
+    id.len()
+        + values
+            .iter()
+            .map(|v| v.as_ref().map_or(0, Vec::len))
+            .sum::<usize>()
 }
 
 /// A record's arguments: its id, a mask with "1" where a value is present, then the values
