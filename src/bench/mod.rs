@@ -43,6 +43,7 @@
 mod args;
 mod console;
 mod daemons;
+mod direct;
 mod drain;
 mod fleet;
 mod idle;
@@ -245,7 +246,8 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         } else {
             println!(
                 "route {} (sink {}, {}): {} jobs of {} bytes, batch {}, {} shards\n\
-                 confirmed and acked in {:.2} s = {:.0} msgs/s; dead {}",
+                 confirmed and acked in {:.2} s = {:.0} msgs/s; dead {}; \
+                 CPU per job: Redis {:.1} µs, zdelay {:.1} µs",
                 report.route,
                 report.sink,
                 report.kind,
@@ -255,8 +257,19 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
                 report.shards,
                 report.seconds,
                 report.per_second,
-                report.dead
+                report.dead,
+                report.redis_us_per_job,
+                report.zdelay_us_per_job
             );
+            for d in &report.direct {
+                println!(
+                    "  direct, {}: {:.2} s = {:.0} msgs/s",
+                    d.client, d.seconds, d.per_second
+                );
+            }
+            if let Some(ratio) = report.ratio {
+                println!("  zdelay / direct: {ratio:.2}");
+            }
         }
         return Ok(());
     }

@@ -1,8 +1,9 @@
 //! `--route`: confirmed messages/s through one two-phase route, end to end.
 
 use super::Env;
+use super::direct::{self, Direct, Plan};
 use super::load::{MIN_PAYLOAD, load_envelopes_to};
-use super::measure::total_size;
+use super::measure::{process_cpu, redis_cpu, total_size};
 use crate::poller::{self, Options, Ownership, PollerContext};
 use anyhow::Context;
 use std::sync::Arc;
@@ -23,6 +24,14 @@ pub(super) struct SinkDrainReport {
     pub(super) seconds: f64,
     pub(super) per_second: f64,
     pub(super) dead: u64,
+    /// Redis CPU per job confirmed (claim, ack and everything else Redis did), µs.
+    pub(super) redis_us_per_job: f64,
+    /// This process's CPU per job (pollers and the sink's client), µs.
+    pub(super) zdelay_us_per_job: f64,
+    /// The broker's own client publishing the same messages directly, before and after.
+    pub(super) direct: Vec<Direct>,
+    /// zdelay's rate over the direct runs' mean.
+    pub(super) ratio: Option<f64>,
 }
 
 pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<SinkDrainReport> {
@@ -48,6 +57,22 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
         .map_err(|e| anyhow::anyhow!("sink {} is not reachable: {e}", dest.sink))?;
     let n = env.args.jobs;
     let size = env.payload_size().max(MIN_PAYLOAD);
+    let sink_config = env
+        .config
+        .sinks
+        .get(&dest.sink)
+        .with_context(|| format!("sink {} not configured", dest.sink))?
+        .clone();
+    // As many unconfirmed as zdelay may hold: a batch per shard.
+    let plan = Plan {
+        sink: &dest.sink,
+        target: &dest.target,
+        n,
+        size,
+        window: env.batch.min(1000) * usize::from(env.scratch.keys.shards()),
+    };
+    let mut direct = Vec::new();
+    direct.extend(direct::publish(&sink_config, &plan).await?);
     let past = env.redis_now_ms() - 1_000;
     load_envelopes_to(
         &env.producer,
@@ -63,6 +88,8 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
     let dead_keys: Vec<String> = (0..keys.shards()).map(|s| keys.dead(s)).collect();
     let ctx = Arc::new(ctx);
     let ownership = Ownership::new(ctx.all_targets());
+    let redis_before = redis_cpu(&mut env.con).await?;
+    let own_before = process_cpu(std::process::id()).unwrap_or(0.0);
     let started = Instant::now();
     let pollers = poller::start(
         ctx,
@@ -79,9 +106,16 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
+    let redis_used = redis_cpu(&mut env.con).await? - redis_before;
+    let own_used = process_cpu(std::process::id()).unwrap_or(0.0) - own_before;
     pollers.stop().await;
     let dead = total_size(&mut env.con, "ZCARD", &dead_keys).await?;
     sink.sink.flush(Duration::from_secs(5)).await;
+    direct.extend(direct::publish(&sink_config, &plan).await?);
+    let per_second = (n - dead) as f64 / elapsed.as_secs_f64();
+    let ratio = (!direct.is_empty()).then(|| {
+        per_second / (direct.iter().map(|d| d.per_second).sum::<f64>() / direct.len() as f64)
+    });
     Ok(SinkDrainReport {
         route: route.to_owned(),
         sink: dest.sink.clone(),
@@ -91,7 +125,11 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
         batch: env.batch.min(1000),
         shards: keys.shards(),
         seconds: elapsed.as_secs_f64(),
-        per_second: (n - dead) as f64 / elapsed.as_secs_f64(),
+        per_second,
         dead,
+        redis_us_per_job: redis_used * 1e6 / (n - dead).max(1) as f64,
+        zdelay_us_per_job: own_used * 1e6 / (n - dead).max(1) as f64,
+        direct,
+        ratio,
     })
 }

@@ -56,38 +56,53 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local settled, fenced = 0, 0
 local earliest = nil
--- Whether `id` is still leased by the claim holding `token`.
-local function ours(id)
-  if not redis.call('ZSCORE', inflight_key, id) then return false end
-  local record = redis.call('HGET', scheduled_key, id)
-  return record ~= false and string.match(record, ' (%d+)$') == token
-end
+-- Ownership of the whole batch in two reads (one command per key, not per id): a job is ours
+-- while it is in inflight and its scheduled entry carries this claim's token.
+local ids = {}
+for i = 6, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then return { 0, 0 } end
+local leased = redis.call('ZMSCORE', inflight_key, unpack(ids))
+local records = redis.call('HMGET', scheduled_key, unpack(ids))
+-- Acks, the commonest outcome, are written in one command per key at the end.
+local acked, seen = {}, {}
+local n = 0
 for i = 5, #ARGV, 4 do
+  n = n + 1
   local op, id, a, b = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  if ours(id) then
-    redis.call('ZREM', inflight_key, id)
+  local record = records[n]
+  -- An id named twice settles once: the second finds it no longer leased, as it would
+  -- after the first had run alone.
+  if leased[n] and not seen[id] and record and string.match(record, ' (%d+)$') == token then
+    seen[id] = true
     if op == 'ack' then
-      redis.call('HDEL', jobs_key, id)
-      redis.call('HDEL', scheduled_key, id)
-    elseif op == 'retry' or op == 'due' then
-      local due = tonumber(a)
-      redis.call('ZADD', due_key, due, id)
-      if op == 'retry' then redis.call('HSET', jobs_key, id, b) end
-      if earliest == nil or due < earliest then earliest = due end
-    elseif op == 'release' then
-      local member = b .. '\n' .. string.format('%016d', math.floor(tonumber(a))) .. '\n' .. id
-      redis.call('ZADD', ready_key, 0, member)
-      redis.call('HSET', ready_ids_key, id, member)
+      acked[#acked + 1] = id
     else
-      redis.call('HDEL', scheduled_key, id)
-      redis.call('ZADD', dead_key, now_ms, id)
-      redis.call('HSET', reasons_key, id, a)
-      if b ~= '' then redis.call('HSET', jobs_key, id, b) end
+      redis.call('ZREM', inflight_key, id)
+      if op == 'retry' or op == 'due' then
+        local due = tonumber(a)
+        redis.call('ZADD', due_key, due, id)
+        if op == 'retry' then redis.call('HSET', jobs_key, id, b) end
+        if earliest == nil or due < earliest then earliest = due end
+      elseif op == 'release' then
+        local member = b .. '\n' .. string.format('%016d', math.floor(tonumber(a))) .. '\n' .. id
+        redis.call('ZADD', ready_key, 0, member)
+        redis.call('HSET', ready_ids_key, id, member)
+      else
+        redis.call('HDEL', scheduled_key, id)
+        redis.call('ZADD', dead_key, now_ms, id)
+        redis.call('HSET', reasons_key, id, a)
+        if b ~= '' then redis.call('HSET', jobs_key, id, b) end
+      end
     end
     settled = settled + 1
   else
     fenced = fenced + 1
   end
+end
+if #acked > 0 then
+  redis.call('ZREM', inflight_key, unpack(acked))
+  redis.call('HDEL', jobs_key, unpack(acked))
+  redis.call('HDEL', scheduled_key, unpack(acked))
 end
 if earliest ~= nil then
   local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
