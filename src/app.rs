@@ -202,7 +202,12 @@ async fn serve(
         health.clone(),
         shutdown.clone(),
     ));
-    tracker.spawn(sample_stats(sampler_con, config.clone(), shutdown.clone()));
+    tracker.spawn(sample_stats(
+        sampler_con,
+        config.clone(),
+        pollers.wakers(),
+        shutdown.clone(),
+    ));
     for sink in sinks.values() {
         tracker.spawn(check_sink(
             sink.clone(),
@@ -435,10 +440,16 @@ async fn connect_with_retry(
 
 /// Samples backlog gauges and writes this process's activity tally (`activity`) at
 /// `poller.stats_interval`, off the hot path.
-async fn sample_stats(mut con: Conn, config: Config, shutdown: CancellationToken) {
+async fn sample_stats(
+    mut con: Conn,
+    config: Config,
+    wakers: Arc<poller::Wakers>,
+    shutdown: CancellationToken,
+) {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     let mut lanes = stats::LaneSampler::default();
     while !shutdown.is_cancelled() {
+        lanes.written(wakers.take_lane_writes());
         match stats::gather_sampled(&mut con, &config, Some(&mut lanes)).await {
             Ok(s) => {
                 stats::publish_gauges(&s);

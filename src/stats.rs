@@ -7,7 +7,8 @@ use crate::metrics::{
 };
 use crate::poller::{self, TargetId};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
 use zdelay_client::config::{Config, ScoreUnit};
 use zdelay_client::keys::Keys;
 use zdelay_client::lane::Lane;
@@ -123,9 +124,11 @@ pub async fn gather_sampled(
     let lanes = match sampler {
         None => lane_backlogs(con, &route_lanes, now_ms).await?,
         Some(sampler) => {
-            let (mut read, probed) = sampler.split(&route_lanes);
+            let (mut read, probed, quiet) = sampler.split(&route_lanes);
             let holding = lanes_holding(con, &probed).await?;
             let mut empty = Vec::new();
+            let probed: Vec<Lane> = probed.into_iter().chain(quiet).collect();
+            let holding = holding.into_iter().chain(std::iter::repeat(false));
             for (lane, holds) in probed.into_iter().zip(holding) {
                 if holds {
                     read.push(lane);
@@ -328,15 +331,49 @@ pub struct LaneSampler {
     empty: HashMap<String, bool>,
     /// The registry's field count and lanes when last read.
     registry: Option<(usize, Vec<Lane>)>,
+    /// The lanes wake-ups named since the last sample (`None`: unknown, probe them all).
+    written: Option<HashSet<u32>>,
+    /// When the empty lanes were last all probed, whatever the wake-ups said.
+    probed_all: Option<Instant>,
 }
 
+/// How long an empty lane with no wake-up goes unprobed at most: what a write whose wake-up
+/// was lost can stay unseen in the gauges (the lane's mover has a fallback poll of its own).
+const PROBE_ALL_EVERY: Duration = Duration::from_secs(60);
+
 impl LaneSampler {
-    /// The lanes to read whole (unknown, or not empty when last read) and those to probe.
-    fn split(&self, lanes: &[Lane]) -> (Vec<Lane>, Vec<Lane>) {
-        lanes
-            .iter()
-            .cloned()
-            .partition(|lane| self.empty.get(&lane.route) != Some(&true))
+    /// What the wake-ups say was written since the last sample.
+    pub fn written(&mut self, lanes: Option<HashSet<u32>>) {
+        self.written = lanes;
+    }
+
+    /// The lanes to read whole (unknown, or not empty when last read), those to probe (empty
+    /// when last read, and written since as far as wake-ups tell), and those left as they
+    /// were (empty, no wake-up: every lane write publishes one).
+    fn split(&mut self, lanes: &[Lane]) -> (Vec<Lane>, Vec<Lane>, Vec<Lane>) {
+        let probe_all = self.written.is_none()
+            || self
+                .probed_all
+                .is_none_or(|at| at.elapsed() >= PROBE_ALL_EVERY);
+        if probe_all {
+            self.probed_all = Some(Instant::now());
+        }
+        let (mut read, mut probe, mut quiet) = (Vec::new(), Vec::new(), Vec::new());
+        for lane in lanes {
+            if self.empty.get(&lane.route) != Some(&true) {
+                read.push(lane.clone());
+            } else if probe_all
+                || self
+                    .written
+                    .as_ref()
+                    .is_some_and(|w| w.contains(&lane.number))
+            {
+                probe.push(lane.clone());
+            } else {
+                quiet.push(lane.clone());
+            }
+        }
+        (read, probe, quiet)
     }
 
     fn remember(&mut self, read: &[Backlog]) {
@@ -745,15 +782,23 @@ mod tests {
             oldest_due_age_ms: 0,
         };
         let mut sampler = LaneSampler::default();
-        let (read, probed) = sampler.split(&lanes);
-        assert_eq!((read.len(), probed.len()), (3, 0), "never read: read whole");
+        let (read, probed, quiet) = sampler.split(&lanes);
+        assert_eq!(
+            (read.len(), probed.len(), quiet.len()),
+            (3, 0, 0),
+            "never read: read whole"
+        );
         sampler.remember(&[backlog("r0", 0), backlog("r1", 4), backlog("r2", 0)]);
-        let (read, probed) = sampler.split(&lanes);
+        let (read, probed, _) = sampler.split(&lanes);
         let names = |l: &[Lane]| l.iter().map(|l| l.route.clone()).collect::<Vec<_>>();
         assert_eq!(names(&read), ["r1"]);
-        assert_eq!(names(&probed), ["r0", "r2"]);
+        assert_eq!(
+            names(&probed),
+            ["r0", "r2"],
+            "wake-ups unknown: every empty lane"
+        );
         sampler.remember(&[backlog("r0", 1), backlog("r1", 0)]);
-        let (read, probed) = sampler.split(&lanes);
+        let (read, probed, _) = sampler.split(&lanes);
         assert_eq!(
             (names(&read), names(&probed)),
             (
@@ -761,5 +806,24 @@ mod tests {
                 vec!["r1".to_owned(), "r2".to_owned()]
             )
         );
+        // Wake-ups confirmed, every empty lane probed a moment ago: only a lane a wake-up
+        // named is probed; the others stay as they were.
+        sampler.written(Some(HashSet::from([lanes[2].number])));
+        let (read, probed, quiet) = sampler.split(&lanes);
+        assert_eq!(
+            (names(&read), names(&probed), names(&quiet)),
+            (
+                vec!["r0".to_owned()],
+                vec!["r2".to_owned()],
+                vec!["r1".to_owned()]
+            )
+        );
+        sampler.written(Some(HashSet::new()));
+        let (_, probed, quiet) = sampler.split(&lanes);
+        assert_eq!((probed.len(), quiet.len()), (0, 2));
+        // A subscription lost since: every empty lane again.
+        sampler.written(None);
+        let (_, probed, quiet) = sampler.split(&lanes);
+        assert_eq!((probed.len(), quiet.len()), (2, 0));
     }
 }

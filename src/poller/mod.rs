@@ -34,7 +34,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use wake::{Channels, Wakers};
+use wake::Channels;
+pub use wake::Wakers;
 
 /// How pollers are started.
 #[derive(Default)]
@@ -51,9 +52,15 @@ pub struct Options {
 pub struct Pollers {
     tracker: TaskTracker,
     stop: CancellationToken,
+    wakers: Arc<Wakers>,
 }
 
 impl Pollers {
+    /// What the wake-up listener knows, for the stats sampler.
+    pub fn wakers(&self) -> Arc<Wakers> {
+        self.wakers.clone()
+    }
+
     /// Stops every poller and waits for them.
     pub async fn stop(self) {
         self.stop.cancel();
@@ -90,7 +97,7 @@ pub fn start(
     }
     let supervisor = Supervisor {
         ctx,
-        wakers,
+        wakers: wakers.clone(),
         on_batch: options.on_batch,
         tracker: tracker.clone(),
         stop: stop.clone(),
@@ -98,7 +105,11 @@ pub fn start(
     };
     tracker.spawn(supervisor.run(owned));
     tracker.close();
-    Pollers { tracker, stop }
+    Pollers {
+        tracker,
+        stop,
+        wakers,
+    }
 }
 
 struct Supervisor {

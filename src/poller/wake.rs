@@ -25,7 +25,7 @@ use crate::metrics::{self, WAKEUPS, WAKEUPS_CONFIRMED};
 use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -57,6 +57,11 @@ pub struct Wakers {
     keyspace_all: AtomicBool,
     /// Sources an event arrived for on the current subscription.
     keyspace_seen: RwLock<HashSet<String>>,
+    /// Route lanes a wake-up named since the stats sampler last asked, polled here or not.
+    lane_writes: Mutex<HashSet<u32>>,
+    /// A subscription ended (or was not confirmed) since the sampler last asked: wake-ups
+    /// may have been missed, so `lane_writes` does not tell which lanes were written.
+    lane_writes_unsure: AtomicBool,
 }
 
 /// A poller's side of the wake-ups: what wakes it, and how long it may sleep without one.
@@ -147,8 +152,23 @@ impl Wakers {
         }
     }
 
+    /// The route lanes written since the last call, as far as wake-ups tell: `None` when
+    /// wake-ups were not confirmed at some moment since, so any lane may have been written.
+    pub fn take_lane_writes(&self) -> Option<HashSet<u32>> {
+        let written = std::mem::take(
+            &mut *self
+                .lane_writes
+                .lock()
+                .expect("lane writes lock is never poisoned"),
+        );
+        let unsure = self.lane_writes_unsure.swap(false, Ordering::Relaxed)
+            || !self.wake_confirmed.load(Ordering::Relaxed);
+        (!unsure).then_some(written)
+    }
+
     /// A new subscription: nothing is known about it yet.
     fn unconfirm(&self) {
+        self.lane_writes_unsure.store(true, Ordering::Relaxed);
         self.wake_confirmed.store(false, Ordering::Relaxed);
         self.keyspace_all.store(false, Ordering::Relaxed);
         self.keyspace_seen
@@ -197,6 +217,12 @@ impl Wakers {
                 Some(lane) => zdelay_client::lane_id::parse_base36(lane).map(TargetId::Lane),
                 None => name.parse::<u16>().ok().map(TargetId::Shard),
             };
+            if let Some(TargetId::Lane(lane)) = target {
+                self.lane_writes
+                    .lock()
+                    .expect("lane writes lock is never poisoned")
+                    .insert(lane);
+            }
             if let Some(target) = target
                 && self.wake(&target)
             {

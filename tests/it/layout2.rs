@@ -254,6 +254,33 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         zdelay::Cancelled::NotPending
     );
 
+    // Lane b is empty in the gauges now; a write to it shows there within a stats interval
+    // or two: its wake-up tells the sampler to look (idle lanes are otherwise probed only
+    // once a minute).
+    wait_for(
+        "lane b empty in the gauges",
+        Duration::from_secs(15),
+        || daemon.metric("zdelay_scheduled", &[("route", "b")]) == 0.0,
+    );
+    rt.block_on(
+        lib.enqueue(
+            NewJob::new("b", "gauged")
+                .id("gauged-1")
+                .after(Duration::from_secs(600)),
+            OnConflict::Error,
+        ),
+    )
+    .expect("enqueue gauged-1");
+    wait_for(
+        "the gauge of lane b counts the new job",
+        Duration::from_secs(15),
+        || daemon.metric("zdelay_scheduled", &[("route", "b")]) == 1.0,
+    );
+    assert_eq!(
+        rt.block_on(lib.cancel("gauged-1")).expect("cancel"),
+        zdelay::Cancelled::Cancelled
+    );
+
     // A user-chosen id, found by asking every lane; cancelled before it is due.
     rt.block_on(
         lib.enqueue(
