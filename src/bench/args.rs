@@ -119,6 +119,9 @@ pub struct BenchArgs {
     /// Instead of the modes: confirmed messages/s through this configured two-phase route
     /// (Kafka, AMQP, NATS or remote Redis), `--jobs` jobs all due, with the daemon's
     /// pollers and the route's real sink (claim → publish → broker confirmation → ack).
+    /// Before and after, the broker's own client publishes as many messages of the same size
+    /// with the same confirms directly (Kafka, NATS JetStream, AMQP without TLS): the report
+    /// gives zdelay's rate over theirs, and Redis and zdelay CPU per job.
     #[arg(long)]
     pub route: Option<String>,
 }

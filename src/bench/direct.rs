@@ -34,16 +34,21 @@ impl Plan<'_> {
     /// Ids unique to this run, so JetStream's duplicate window never drops one as a repeat
     /// of an earlier run.
     fn ids(&self) -> impl Iterator<Item = (String, String)> + use<> {
-        let run = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64;
+        let run = run_stamp();
         (0..self.n).map(move |i| {
             let id = format!("{run:013}{i:013}");
             let key = format!("{id}:{run}");
             (id, key)
         })
     }
+}
+
+/// This run's mark in its ids: the wall clock in ms.
+fn run_stamp() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
 }
 
 /// Publishes the plan through the sink's broker client; `None` for a sink kind without one
@@ -155,7 +160,8 @@ async fn nats(cfg: &NatsSinkConfig, plan: &Plan<'_>) -> anyhow::Result<Direct> {
         h.insert("Nats-Msg-Id", key);
         h
     };
-    js.publish_with_headers(plan.target.to_owned(), headers("warm-up"), "x".into())
+    let warm_up = format!("warm-up:{}", run_stamp());
+    js.publish_with_headers(plan.target.to_owned(), headers(&warm_up), "x".into())
         .await?
         .await?;
     windowed(

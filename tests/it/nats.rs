@@ -626,3 +626,60 @@ target = "{prefix}.due"
         || matches!(daemon.admin_get("/readyz"), Some((200, body)) if body.contains("sink bus (nats): up")),
     );
 }
+
+/// `zdelay bench --route` through JetStream: every job confirmed and settled, and the same
+/// number of messages published directly through async-nats before and after, all of them
+/// in the stream (none dropped as a duplicate of another run), with the ratio reported.
+#[test]
+fn bench_route_compares_the_drain_with_the_brokers_own_client() {
+    use crate::common::{RedisServer, TestConfig};
+    const JOBS: u64 = 2_000;
+    let services = Services::get();
+    let (kind, url) = services.nats_servers().pop().expect("a NATS server");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(crate::common::nats_version(kind, &url));
+    let (js, stream, prefix) = rt.block_on(make_stream(&url));
+    let redis = RedisServer::start();
+    let extra = format!(
+        r#"
+[sinks.bus]
+kind = "nats"
+url = "{url}"
+
+[[routes]]
+name = "events"
+sink = "bus"
+target = "{prefix}.due"
+"#
+    );
+    let config = TestConfig::new(&redis.url(), 4, &extra);
+    let out = config.cli(&["bench", "--json", "--route", "events", "--jobs", "2000"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(report["jobs"], JOBS, "{report:#}");
+    assert_eq!(report["dead"], 0, "{report:#}");
+    let direct = report["direct"].as_array().expect("direct runs");
+    assert_eq!(direct.len(), 2, "{report:#}");
+    for run in direct {
+        assert!(
+            run["per_second"].as_f64().expect("rate") > 0.0,
+            "{report:#}"
+        );
+    }
+    let ratio = report["ratio"].as_f64().expect("ratio");
+    let zdelay = report["per_second"].as_f64().expect("rate");
+    let mean = direct
+        .iter()
+        .map(|d| d["per_second"].as_f64().expect("rate"))
+        .sum::<f64>()
+        / 2.0;
+    assert!((ratio - zdelay / mean).abs() < 1e-6, "{report:#}");
+    assert!(report["redis_us_per_job"].as_f64().expect("Redis CPU") > 0.0);
+    // The bench's jobs, its two direct runs and their warm-up messages.
+    assert_eq!(
+        rt.block_on(stream_count(&js, &stream)),
+        3 * JOBS + 2,
+        "{report:#}"
+    );
+}

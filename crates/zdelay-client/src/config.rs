@@ -718,7 +718,9 @@ pub struct PollerConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "duration_schema")]
     pub shutdown_grace: Duration,
-    /// How often backlog gauges are sampled. Default `5s`.
+    /// How often backlog gauges are sampled. On storage layout 2 a route lane found empty is
+    /// looked at again when a write to it publishes its wake-up, and at least once a minute.
+    /// Default `5s`.
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "duration_schema")]
     pub stats_interval: Duration,
