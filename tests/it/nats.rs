@@ -536,16 +536,10 @@ fn daemon_delivers_scheduled_jobs_to_jetstream_on_layout_2() {
     daemon_delivers_to_jetstream(&services, kind, &url, 2);
 }
 
-fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layout: u32) {
-    use crate::common::{Daemon, RedisServer, TestConfig};
-    use zdelay::client::{NewJob, OnConflict};
-
-    let url = url.to_owned();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(crate::common::nats_version(kind, &url));
-    let (js, stream, prefix) = rt.block_on(make_stream(&url));
-    let redis = RedisServer::start();
-    let extra = format!(
+/// A sink `bus` on the NATS server at `url` and a route `events` to `<prefix>.due`; jobs may
+/// also name `bus/<prefix>.*`.
+fn events_route(url: &str, prefix: &str) -> String {
+    format!(
         r#"
 [sinks.bus]
 kind = "nats"
@@ -557,8 +551,19 @@ name = "events"
 sink = "bus"
 target = "{prefix}.due"
 "#
-    );
-    let mut config = TestConfig::new(&redis.url(), 2, &extra);
+    )
+}
+
+fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layout: u32) {
+    use crate::common::{Daemon, RedisServer, TestConfig};
+    use zdelay::client::{NewJob, OnConflict};
+
+    let url = url.to_owned();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(crate::common::nats_version(kind, &url));
+    let (js, stream, prefix) = rt.block_on(make_stream(&url));
+    let redis = RedisServer::start();
+    let mut config = TestConfig::new(&redis.url(), 2, &events_route(&url, &prefix));
     if layout == 2 {
         config = config.on_layout_2();
     }
@@ -640,19 +645,7 @@ fn bench_route_compares_the_drain_with_the_brokers_own_client() {
     rt.block_on(crate::common::nats_version(kind, &url));
     let (js, stream, prefix) = rt.block_on(make_stream(&url));
     let redis = RedisServer::start();
-    let extra = format!(
-        r#"
-[sinks.bus]
-kind = "nats"
-url = "{url}"
-
-[[routes]]
-name = "events"
-sink = "bus"
-target = "{prefix}.due"
-"#
-    );
-    let config = TestConfig::new(&redis.url(), 4, &extra);
+    let config = TestConfig::new(&redis.url(), 4, &events_route(&url, &prefix));
     let out = config.cli(&["bench", "--json", "--route", "events", "--jobs", "2000"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
