@@ -14,7 +14,7 @@
 //!   and `reschedule` find it with one call; the `~` marks the id as generated, which is why a
 //!   user-chosen id may not start with it ([`is_reserved`]).
 //!
-//! Nothing writes these ids yet: layout 1 still generates ULIDs.
+//! Layout 1 generates ULIDs; these are layout 2's.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
