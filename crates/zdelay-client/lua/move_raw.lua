@@ -9,9 +9,10 @@
 -- ARGV[3] score unit: "ms" or "s"
 -- ARGV[4] largest payload in bytes
 -- ARGV[5] "LPUSH" | "RPUSH"
--- ARGV[6] byte budget: member bytes one call reads at most (members are read in chunks of as
---   many as the rest of the budget holds at the largest payload each); a single member larger
---   than the budget is still taken, alone
+-- ARGV[6] byte budget: member bytes one call moves at most (members are read in chunks of as
+--   many as the rest of the budget holds at the largest payload each, or, once every member
+--   read is at most 1/16 of it, at that size: a chunk may then read up to 16 times the rest
+--   of the budget); a single member larger than the budget is still taken, alone
 -- ARGV[7] B, the number of lateness bucket bounds; then B bounds in ms, ascending
 -- Scores implausible for the unit go to dead instead of being delivered at the wrong time:
 -- in an "ms" source a score in [1e9, 1e11) is a seconds timestamp (2001..5138 read as seconds);
@@ -55,32 +56,56 @@ end
 
 -- Members read within budget_left (at least one), in chunks of as many as the rest of the
 -- budget holds at max_payload each (large members one at a time: a multi-value reply reaches
--- a script by repeated appends). With `ranks`, the first `ranks` ranks (members known due),
--- read by rank, O(log N + chunk); otherwise up to `batch` members scored in [min, max].
+-- a script by repeated appends). Once every member read is small (at most max_payload /
+-- SMALL_SHARE), chunks hold as many as the budget holds at that size: with the defaults, 64
+-- members a command instead of 4, so a chunk may read past the budget only where a source
+-- turns from small members to large ones. With `ranks`, the first `ranks` ranks (members
+-- known due), read by rank, O(log N + chunk); otherwise up to `batch` members scored in
+-- [min, max].
+local SMALL_SHARE = 16
+-- Returns the members and the largest one's size.
 local function read_members(min, max, ranks)
-  local items, largest = {}, 0
+  local items, n, largest = {}, 0, 0
   local want = ranks or batch
-  while #items < want do
-    local chunk = math.min(want - #items, math.max(1, math.floor(budget_left / max_payload)))
+  while n < want do
+    local each = max_payload
+    if n > 0 and largest * SMALL_SHARE <= max_payload then each = max_payload / SMALL_SHARE end
+    local chunk = math.min(want - n, math.max(1, math.floor(budget_left / each)))
     if largest >= 65536 then chunk = 1 end
     local part
     if ranks then
-      part = redis.call('ZRANGE', src, #items, #items + chunk - 1)
+      part = redis.call('ZRANGE', src, n, n + chunk - 1)
     else
-      part = redis.call('ZRANGEBYSCORE', src, min, max, 'LIMIT', #items, chunk)
+      part = redis.call('ZRANGEBYSCORE', src, min, max, 'LIMIT', n, chunk)
     end
-    for j = 1, #part do
-      if #items > 0 and #part[j] > budget_left then
-        budget_left = 0
-        return items
+    local got = #part
+    -- The common case, a first chunk within the budget: taken as it came.
+    local bytes, part_largest = 0, 0
+    for j = 1, got do
+      local size = #part[j]
+      bytes = bytes + size
+      if size > part_largest then part_largest = size end
+    end
+    if n == 0 and bytes <= budget_left then
+      items, n = part, got
+      budget_left = budget_left - bytes
+      largest = part_largest
+    else
+      for j = 1, got do
+        local size = #part[j]
+        if n > 0 and size > budget_left then
+          budget_left = 0
+          return items, largest
+        end
+        n = n + 1
+        items[n] = part[j]
+        budget_left = budget_left - size
+        if size > largest then largest = size end
       end
-      items[#items + 1] = part[j]
-      budget_left = budget_left - #part[j]
-      if #part[j] > largest then largest = #part[j] end
     end
-    if #part < chunk or budget_left <= 0 then break end
+    if got < chunk or budget_left <= 0 then break end
   end
-  return items
+  return items, largest
 end
 
 local implausible
@@ -126,12 +151,12 @@ local function count_buckets(members)
 end
 
 local max_score = unit_ms and now_ms or (now_ms / 1000)
-local items = {}
+local items, largest = {}, 0
 -- The implausible ones gone, the members due now are the lowest ranks (unless the budget or the
 -- batch stopped their removal short: then this call moves nothing more).
 if budget_left > 0 and #implausible < batch then
   local due = redis.call('ZCOUNT', src, '-inf', string.format('%.3f', max_score))
-  if due > 0 then items = read_members(nil, nil, math.min(batch, due)) end
+  if due > 0 then items, largest = read_members(nil, nil, math.min(batch, due)) end
 end
 local n = #items
 local moved, kept, kept_error = 0, 0, ''
@@ -139,12 +164,7 @@ if n > 0 then
   local list_type = redis.call('TYPE', list)['ok']
   local list_ok = list_type == 'list' or list_type == 'none'
   -- Fast path: the list is usable and no member is oversize, so the batch is pushed as read.
-  local clean = list_ok
-  if clean then
-    for i = 1, n do
-      if #items[i] > max_payload then clean = false break end
-    end
-  end
+  local clean = list_ok and largest <= max_payload
   local payloads = items
   if clean then
     count_buckets(items)

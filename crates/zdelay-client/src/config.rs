@@ -705,7 +705,11 @@ pub struct PollerConfig {
     /// Payload bytes one script call reads at most: a move or claim batch ends at `batch` jobs
     /// or at this many bytes, whichever comes first (a single larger job moves alone), so a
     /// burst of large payloads never blocks Redis for long (a megabyte costs a few ms of Redis
-    /// CPU through a script). Default 4194304 (4 MiB).
+    /// CPU through a script). A raw source's members cannot be measured before they are read:
+    /// its mover reads them in chunks the budget holds at `max_payload` each, and once every
+    /// member read in the call is small (at most `max_payload` / 16) in chunks sized for
+    /// such members, so a call that meets large members right after small ones may read up
+    /// to 16 times this before it stops. Default 4194304 (4 MiB).
     #[schemars(range(min = 1024, max = 536870912))]
     pub batch_bytes: usize,
     /// Bytes one two-phase sink may have claimed and not yet settled at once, across all
