@@ -207,8 +207,16 @@ ID=$(in_image "${RUN_ENV[@]}" -- enqueue --dest emails --payload hello-from-the-
     die "zdelay enqueue failed in the image root"
 GOT=$(redis-cli -p "$RP" BRPOP queue:emails-delayed 5 | tail -1)
 [[ $GOT == hello-from-the-image ]] || { daemon_log; die "job $ID not delivered to queue:emails-delayed (got '$GOT')"; }
-curl -fs "http://127.0.0.1:$AP/metrics" | grep -q '^zdelay_jobs_moved_total{route="emails"} 1' ||
-    die "/metrics does not count the delivered job"
+# The consumer can pop the job before the daemon has counted its move: wait for the count.
+counted=0
+for _ in $(seq 50); do
+    if curl -fs "http://127.0.0.1:$AP/metrics" | grep -q '^zdelay_jobs_moved_total{route="emails"} 1'; then
+        counted=1
+        break
+    fi
+    sleep 0.1
+done
+[[ $counted == 1 ]] || die "/metrics does not count the delivered job within 5 s"
 echo "  job $ID enqueued by the image's binary, delivered to queue:emails-delayed, counted in /metrics"
 kill -TERM "$DAEMON_PID"
 RC=0
