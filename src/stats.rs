@@ -126,10 +126,13 @@ pub async fn gather_sampled(
         Some(sampler) => {
             let (mut read, probed, quiet) = sampler.split(&route_lanes);
             let holding = lanes_holding(con, &probed).await?;
+            // Lanes no wake-up named since stay empty without a look.
             let mut empty = Vec::new();
-            let probed: Vec<Lane> = probed.into_iter().chain(quiet).collect();
-            let holding = holding.into_iter().chain(std::iter::repeat(false));
-            for (lane, holds) in probed.into_iter().zip(holding) {
+            for (lane, holds) in probed
+                .into_iter()
+                .zip(holding)
+                .chain(quiet.into_iter().map(|l| (l, false)))
+            {
                 if holds {
                     read.push(lane);
                 } else {

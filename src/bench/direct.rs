@@ -101,22 +101,27 @@ where
 async fn kafka(cfg: &KafkaSinkConfig, plan: &Plan<'_>) -> anyhow::Result<Direct> {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let producer: FutureProducer =
-        crate::sinks::kafka::client_config(plan.sink, cfg, Duration::from_secs(30)).create()?;
-    let keyed = cfg.key == KafkaKey::Id;
-    let record = |id: &str, key: &str, payload: &[u8]| {
+    /// What the sink sends: the idempotency header, and the job id as the record key unless
+    /// the sink's `key` is `none`.
+    fn record<'a>(
+        target: &'a str,
+        keyed: bool,
+        id: &'a str,
+        key: &str,
+        payload: &'a [u8],
+    ) -> FutureRecord<'a, str, [u8]> {
         let headers = OwnedHeaders::new().insert(Header {
             key: IDEMPOTENCY_HEADER,
             value: Some(key),
         });
-        (id.to_owned(), payload.to_vec(), headers)
-    };
+        let rec = FutureRecord::to(target).payload(payload).headers(headers);
+        if keyed { rec.key(id) } else { rec }
+    }
+    let producer: FutureProducer =
+        crate::sinks::kafka::client_config(plan.sink, cfg, Duration::from_secs(30)).create()?;
+    let keyed = cfg.key == KafkaKey::Id;
     // Metadata and the producer id first, as the sink's own check does before a drain.
-    let (id, payload, headers) = record("warm-up", "warm-up:0", b"x");
-    let warm = FutureRecord::<str, [u8]>::to(plan.target)
-        .payload(&payload)
-        .headers(headers)
-        .key(&id);
+    let warm = record(plan.target, keyed, "warm-up", "warm-up:0", b"x");
     producer
         .send(warm, Duration::from_secs(30))
         .await
@@ -125,15 +130,8 @@ async fn kafka(cfg: &KafkaSinkConfig, plan: &Plan<'_>) -> anyhow::Result<Direct>
         "rdkafka FutureProducer, acks=all, idempotent (the sink's settings)",
         plan,
         async |id, key, payload| {
-            let (id, payload, headers) = record(id, key, payload);
-            let mut rec = FutureRecord::<str, [u8]>::to(plan.target)
-                .payload(&payload)
-                .headers(headers);
-            if keyed {
-                rec = rec.key(&id);
-            }
             producer
-                .send_result(rec)
+                .send_result(record(plan.target, keyed, id, key, payload))
                 .map_err(|(e, _)| anyhow::anyhow!("enqueue: {e}"))
         },
         async |fut| match fut.await {
