@@ -63,13 +63,15 @@ end
 -- known due), read by rank, O(log N + chunk); otherwise up to `batch` members scored in
 -- [min, max].
 local SMALL_SHARE = 16
--- Returns the members and the largest one's size.
+local small = max_payload / SMALL_SHARE
+-- Returns the chunks as read (lists of members, in rank order; kept apart so that nothing is
+-- copied per member), how many members they hold, and the largest one's size.
 local function read_members(min, max, ranks)
-  local items, n, largest = {}, 0, 0
+  local chunks, n, largest = {}, 0, 0
   local want = ranks or batch
   while n < want do
     local each = max_payload
-    if n > 0 and largest * SMALL_SHARE <= max_payload then each = max_payload / SMALL_SHARE end
+    if n > 0 and largest <= small then each = small end
     local chunk = math.min(want - n, math.max(1, math.floor(budget_left / each)))
     if largest >= 65536 then chunk = 1 end
     local part
@@ -79,40 +81,56 @@ local function read_members(min, max, ranks)
       part = redis.call('ZRANGEBYSCORE', src, min, max, 'LIMIT', n, chunk)
     end
     local got = #part
-    -- The common case, a first chunk within the budget: taken as it came.
+    if got == 0 then break end
     local bytes, part_largest = 0, 0
     for j = 1, got do
       local size = #part[j]
       bytes = bytes + size
       if size > part_largest then part_largest = size end
     end
-    if n == 0 and bytes <= budget_left then
-      items, n = part, got
+    if bytes <= budget_left then
+      -- The common case: the chunk is within the budget, taken as it came.
+      chunks[#chunks + 1] = part
+      n = n + got
       budget_left = budget_left - bytes
-      largest = part_largest
+      if part_largest > largest then largest = part_largest end
     else
+      -- The budget ends inside this chunk: members up to it.
+      local taken = {}
       for j = 1, got do
         local size = #part[j]
-        if n > 0 and size > budget_left then
-          budget_left = 0
-          return items, largest
-        end
-        n = n + 1
-        items[n] = part[j]
+        if size > budget_left and (n > 0 or j > 1) then break end
+        taken[j] = part[j]
         budget_left = budget_left - size
         if size > largest then largest = size end
       end
+      if #taken > 0 then
+        chunks[#chunks + 1] = taken
+        n = n + #taken
+      end
+      budget_left = 0
     end
     if got < chunk or budget_left <= 0 then break end
   end
-  return items, largest
+  return chunks, n, largest
+end
+
+-- The members of `chunks` in one list (the paths that look at members one by one).
+local function flatten(chunks)
+  if #chunks == 1 then return chunks[1] end
+  local all = {}
+  for c = 1, #chunks do
+    local part = chunks[c]
+    for j = 1, #part do all[#all + 1] = part[j] end
+  end
+  return all
 end
 
 local implausible
 if unit_ms then
-  implausible = read_members('1e9', '(1e11')
+  implausible = flatten(read_members('1e9', '(1e11'))
 else
-  implausible = read_members('1e11', '+inf')
+  implausible = flatten(read_members('1e11', '+inf'))
 end
 for i = 1, #implausible do
   to_dead(implausible[i], unit_ms and 'score looks like seconds in a millisecond source'
@@ -129,10 +147,9 @@ local function late_of(score)
   if late < 0 then late = 0 end
   return late
 end
-local function count_buckets(members)
-  local k = #members
-  local late_max = late_of(tonumber(redis.call('ZSCORE', src, members[1])))
-  local late_min = late_of(tonumber(redis.call('ZSCORE', src, members[k])))
+local function count_buckets(first, last, k)
+  local late_max = late_of(tonumber(redis.call('ZSCORE', src, first)))
+  local late_min = late_of(tonumber(redis.call('ZSCORE', src, last)))
   max_lateness = late_max
   local above_prev = k -- members later than bounds[b - 1]
   for b = 1, bound_count do
@@ -151,57 +168,67 @@ local function count_buckets(members)
 end
 
 local max_score = unit_ms and now_ms or (now_ms / 1000)
-local items, largest = {}, 0
+local chunks, n, largest = {}, 0, 0
 -- The implausible ones gone, the members due now are the lowest ranks (unless the budget or the
 -- batch stopped their removal short: then this call moves nothing more).
 if budget_left > 0 and #implausible < batch then
   local due = redis.call('ZCOUNT', src, '-inf', string.format('%.3f', max_score))
-  if due > 0 then items, largest = read_members(nil, nil, math.min(batch, due)) end
+  if due > 0 then chunks, n, largest = read_members(nil, nil, math.min(batch, due)) end
 end
-local n = #items
 local moved, kept, kept_error = 0, 0, ''
 if n > 0 then
   local list_type = redis.call('TYPE', list)['ok']
   local list_ok = list_type == 'list' or list_type == 'none'
-  -- Fast path: the list is usable and no member is oversize, so the batch is pushed as read.
-  local clean = list_ok and largest <= max_payload
-  local payloads = items
-  if clean then
-    count_buckets(items)
-  else
-    payloads = {}
-  end
-  for i = 1, clean and 0 or n do
-    local member = items[i]
-    if not list_ok then
-      to_dead(member, 'WRONGTYPE: ' .. list .. ' holds a ' .. list_type .. ', not a list', DEAD_WRONGTYPE)
-    elseif #member > max_payload then
-      to_dead(member, 'payload of ' .. #member .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
-    else
-      payloads[#payloads + 1] = member
-      local score = tonumber(redis.call('ZSCORE', src, member))
-      local late = now_ms - (unit_ms and score or math.floor(score * 1000))
-      if late < 0 then late = 0 end
-      if late > max_lateness then max_lateness = late end
-      local b = 1
-      while b <= bound_count and late > bounds[b] do b = b + 1 end
-      buckets[b] = buckets[b] + 1
-    end
-  end
   -- INVARIANT: push before removing, all inside this script.
-  if #payloads > 0 then
-    local res = redis.pcall(cmd, list, unpack(payloads))
-    if type(res) == 'table' and res.err then
-      kept, kept_error = #payloads, list .. ': ' .. res.err
-    else
-      moved = #payloads
+  if list_ok and largest <= max_payload then
+    -- Fast path: the list is usable and no member is oversize, so each chunk is pushed as
+    -- read (in rank order, which one push of them all would give too).
+    local last = chunks[#chunks]
+    count_buckets(chunks[1][1], last[#last], n)
+    for c = 1, #chunks do
+      local res = redis.pcall(cmd, list, unpack(chunks[c]))
+      if type(res) == 'table' and res.err then
+        kept, kept_error = n - moved, list .. ': ' .. res.err
+        break
+      end
+      moved = moved + #chunks[c]
     end
-  end
-  if kept > 0 then
-    -- The push failed: only the dead members leave; the rest stay due.
-    n = n - kept
+    -- The push failed: the members it did not take stay due.
+    n = moved
+    if moved > 0 then redis.call('ZREMRANGEBYRANK', src, 0, moved - 1) end
   else
-    redis.call('ZREMRANGEBYRANK', src, 0, n - 1)
+    local items, payloads = flatten(chunks), {}
+    for i = 1, n do
+      local member = items[i]
+      if not list_ok then
+        to_dead(member, 'WRONGTYPE: ' .. list .. ' holds a ' .. list_type .. ', not a list', DEAD_WRONGTYPE)
+      elseif #member > max_payload then
+        to_dead(member, 'payload of ' .. #member .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
+      else
+        payloads[#payloads + 1] = member
+        local score = tonumber(redis.call('ZSCORE', src, member))
+        local late = now_ms - (unit_ms and score or math.floor(score * 1000))
+        if late < 0 then late = 0 end
+        if late > max_lateness then max_lateness = late end
+        local b = 1
+        while b <= bound_count and late > bounds[b] do b = b + 1 end
+        buckets[b] = buckets[b] + 1
+      end
+    end
+    if #payloads > 0 then
+      local res = redis.pcall(cmd, list, unpack(payloads))
+      if type(res) == 'table' and res.err then
+        kept, kept_error = #payloads, list .. ': ' .. res.err
+      else
+        moved = #payloads
+      end
+    end
+    if kept > 0 then
+      -- The push failed: only the dead members leave; the rest stay due.
+      n = n - kept
+    else
+      redis.call('ZREMRANGEBYRANK', src, 0, n - 1)
+    end
   end
 end
 if #zdead > 0 then
