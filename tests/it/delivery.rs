@@ -1157,3 +1157,90 @@ push = "rpush"
         arrived - due
     );
 }
+
+/// `move_raw` reads a batch in chunks (the byte budget: it cannot know a member's size before
+/// reading it) and pushes each chunk as read: the list must still hold the batch in due
+/// order, for either push side, and a budget must stop the batch at the member it cannot hold.
+#[test]
+fn a_raw_batch_read_in_chunks_reaches_the_list_in_due_order_and_stops_at_the_byte_budget() {
+    use zdelay::config::{Push, ScoreUnit};
+    use zdelay::keys::RawKeys;
+    use zdelay::store::Conn;
+    use zdelay::store::scripts::{self, MoveRaw};
+    let redis = RedisServer::start();
+    let rt = common::runtime();
+    let mut con = rt
+        .block_on(Conn::connect(&redis_config(&redis.url(), 1)))
+        .expect("connect");
+    let mut plain = redis.conn();
+    let now = redis_now_ms(&mut plain);
+    // Members of 100 bytes, named in due order; scores in reverse order of insertion so that
+    // insertion order cannot pass for due order.
+    let load = |con: &mut redis::Connection, key: &str, n: usize| -> Vec<Vec<u8>> {
+        let members: Vec<Vec<u8>> = (0..n).map(|i| format!("{i:0>100}").into_bytes()).collect();
+        for (i, m) in members.iter().enumerate().rev() {
+            let _: () = redis::cmd("ZADD")
+                .arg(key)
+                .arg(now - 10_000 + i as i64)
+                .arg(m)
+                .query(con)
+                .unwrap();
+        }
+        members
+    };
+    let mut call = |source: &str, list: &str, push: Push, max_payload: usize, bytes: usize| {
+        let args = MoveRaw {
+            batch: 1000,
+            now_ms: None,
+            unit: ScoreUnit::Millis,
+            max_payload,
+            batch_bytes: bytes,
+            list,
+            push,
+            bounds_ms: &[1, 1_000, 60_000],
+        };
+        rt.block_on(scripts::move_raw(
+            &mut con,
+            &RawKeys::new(source, None),
+            &args,
+        ))
+        .expect("move_raw")
+    };
+
+    // 300 small members: a first chunk of 4, then chunks of 64.
+    let members = load(&mut plain, "delayed:r", 300);
+    let reply = call("delayed:r", "q:r", Push::Rpush, 1 << 20, 4 << 20);
+    assert_eq!((reply.moved_total(), reply.kept), (300, 0), "{reply:?}");
+    assert_eq!(lrange(&mut plain, "q:r"), members, "RPUSH: head first");
+    assert_eq!(reply.buckets.iter().sum::<u64>(), 300, "{reply:?}");
+
+    let members = load(&mut plain, "delayed:l", 300);
+    let reply = call("delayed:l", "q:l", Push::Lpush, 1 << 20, 4 << 20);
+    assert_eq!(reply.moved_total(), 300, "{reply:?}");
+    let mut reversed = members.clone();
+    reversed.reverse();
+    assert_eq!(
+        lrange(&mut plain, "q:l"),
+        reversed,
+        "LPUSH: the earliest at the tail"
+    );
+
+    // A budget of 1,024 bytes holds 10 members of 100: each call moves 10, in order.
+    let members = load(&mut plain, "delayed:b", 35);
+    let mut calls = 0;
+    loop {
+        let reply = call("delayed:b", "q:b", Push::Rpush, 4096, 1024);
+        calls += 1;
+        assert!(reply.moved_total() <= 10, "over the budget: {reply:?}");
+        if reply.moved_total() < 10 {
+            break;
+        }
+    }
+    assert_eq!(calls, 4, "10 + 10 + 10 + 5");
+    assert_eq!(lrange(&mut plain, "q:b"), members);
+    let left: u64 = redis::cmd("ZCARD")
+        .arg("delayed:b")
+        .query(&mut plain)
+        .unwrap();
+    assert_eq!(left, 0);
+}
