@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 pub(crate) mod lanes;
+#[cfg(test)]
+mod vectors;
 
 /// Jobs per `enqueue_jobs` call: small enough to keep one script call short.
 const ENQUEUE_CHUNK: usize = 500;
@@ -684,27 +686,35 @@ impl Client {
         Ok(())
     }
 
-    fn prepare(&self, job: NewJob) -> Result<EnqueueItem, ClientError> {
+    fn prepare(&self, mut job: NewJob) -> Result<EnqueueItem, ClientError> {
         self.check_dest_and_payload(&job.dest, &job.payload)?;
         check_due(job.due)?;
-        let id = match job.id {
+        let id = match job.id.take() {
             Some(id) if id.is_empty() || id.len() > 256 => return Err(ClientError::BadId(id)),
             Some(id) => id,
             None => self.new_id(),
         };
-        let mut env = Envelope::new(job.dest, job.payload);
-        env.meta.headers = job.headers;
-        crate::trace_context::normalize_header_names(&mut env.meta.headers);
-        env.meta.max_attempts = job.max_attempts;
         let max_lateness_ms = job.max_lateness.map(|d| d.as_millis() as u64);
-        env.meta.max_lateness_ms = max_lateness_ms;
+        let due = job.due;
         Ok(EnqueueItem {
             id,
-            due: job.due,
-            envelope: env.encode()?,
+            due,
+            envelope: envelope_of(job).encode()?,
             max_lateness_ms,
         })
     }
+}
+
+/// The envelope a job is stored as: its headers (trace context names lowercased), max
+/// attempts and max lateness in the meta. The bytes are the producer protocol's
+/// (`docs/reference/protocol-vectors.json`).
+fn envelope_of(job: NewJob) -> Envelope {
+    let mut env = Envelope::new(job.dest, job.payload);
+    env.meta.headers = job.headers;
+    crate::trace_context::normalize_header_names(&mut env.meta.headers);
+    env.meta.max_attempts = job.max_attempts;
+    env.meta.max_lateness_ms = job.max_lateness.map(|d| d.as_millis() as u64);
+    env
 }
 
 /// The job `prepare` made `item` from, under the id it was given (for a job a fence refused,
