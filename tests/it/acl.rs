@@ -307,13 +307,14 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
     ok_out(&["cancel", "p-1"]);
 
     let rt = crate::common::runtime();
+    // A producer's connect: the shard count (4) comes from the namespace, not the config.
     let lib = rt
-        .block_on(zdelay::Client::connect(&zdelay::config::RedisConfig {
+        .block_on(zdelay::Client::attach(&zdelay::config::RedisConfig {
             url: producer_url.clone(),
-            shards: 4,
             ..Default::default()
         }))
         .expect("library as producer");
+    assert_eq!(lib.keys().shards(), 4);
     rt.block_on(lib.enqueue(zdelay::NewJob::new("l", "lib"), zdelay::OnConflict::Error))
         .expect("enqueue as producer");
     let results = rt

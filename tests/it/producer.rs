@@ -61,3 +61,56 @@ fn producer_crate_needs_no_broker_client_http_server_or_cli_parser() {
         );
     }
 }
+
+/// A producer takes the namespace as the daemons made it: `Client::open` reads the shard count
+/// (10 here, not the default 16, so the job lands in the shard the whole CRC modulo 10 names,
+/// not the key slot modulo 10), and before any daemon it is refused, retryably, writing
+/// nothing: a producer that created the namespace would choose the shard count itself.
+#[test]
+fn a_producer_reads_the_shard_count_from_the_namespace_and_never_creates_it() {
+    use crate::common::{self, RedisServer};
+    use zdelay::config::RedisConfig;
+    use zdelay::store::StoreError;
+    use zdelay::{Client, ClientError, NewJob, OnConflict};
+
+    let redis = RedisServer::start();
+    let rt = common::runtime();
+    let url = redis.url();
+    let mut con = redis.conn();
+    let dbsize = |con: &mut redis::Connection| -> u64 { redis::cmd("DBSIZE").query(con).unwrap() };
+
+    let err = rt
+        .block_on(Client::open(&url))
+        .err()
+        .expect("no namespace yet");
+    assert!(
+        matches!(&err, ClientError::Store(StoreError::NoNamespace { namespace }) if namespace == "zdelay"),
+        "{err}"
+    );
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("start one"), "{err}");
+    assert_eq!(dbsize(&mut con), 0, "a refused producer writes nothing");
+
+    // What a daemon does at start: create the namespace from its config.
+    rt.block_on(Client::connect(&RedisConfig {
+        url: url.clone(),
+        shards: 10,
+        ..RedisConfig::default()
+    }))
+    .expect("create with 10 shards");
+
+    let producer = rt.block_on(Client::open(&url)).expect("open");
+    assert_eq!(producer.keys().shards(), 10);
+    let id = "{user-42}:invoice";
+    rt.block_on(producer.enqueue(NewJob::new("emails", "hi").id(id), OnConflict::Replace))
+        .expect("enqueue");
+    // CRC-16 of "user-42" is 63,739: shard 9 of 10; its key slot 14,587 would say 7.
+    let in_shard = |s: u16| -> bool {
+        redis::cmd("HEXISTS")
+            .arg(format!("{{zdelay:{s}}}:jobs"))
+            .arg(id)
+            .query(&mut redis.conn())
+            .unwrap()
+    };
+    assert!(in_shard(9) && !in_shard(7));
+}

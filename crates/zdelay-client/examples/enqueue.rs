@@ -5,7 +5,7 @@
 //! cargo run -p zdelay-client --example enqueue -- redis://127.0.0.1:6379
 //! ```
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 use zdelay_client::{Cancelled, Client, Due, NewJob, OnConflict};
 
 #[tokio::main]
@@ -13,8 +13,8 @@ async fn main() -> anyhow::Result<()> {
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
-    // Namespace "zdelay", 16 shards: the daemon's defaults. `Client::connect(&config.redis)`
-    // takes a `[redis]` section instead. `with_destinations` makes an unknown route an
+    // Namespace "zdelay", as the daemons created it (its shard count is read from Redis).
+    // `Client::attach(&config.redis)` takes a `[redis]` section's namespace instead. `with_destinations` makes an unknown route an
     // enqueue error rather than a dead job at delivery.
     let client = Client::open(&url)
         .await?
@@ -27,9 +27,10 @@ async fn main() -> anyhow::Result<()> {
     let (id, outcome) = client.enqueue(job, OnConflict::Replace).await?;
     println!("{id} {outcome:?}");
 
-    // At an absolute time (epoch ms), with our own id: enqueueing it again is idempotent.
+    // At a moment (a SystemTime, or epoch ms as an i64), with our own id: enqueueing it again
+    // is idempotent.
     // The {user-42} hash tag puts every job of this user on one shard, in id order.
-    let in_a_minute = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64 + 60_000;
+    let in_a_minute = SystemTime::now() + Duration::from_secs(60);
     let reminder = NewJob::new("emails", "reminder for user 42")
         .id("{user-42}:reminder")
         .at(in_a_minute);

@@ -36,7 +36,12 @@ pub mod store;
 pub mod trace_context;
 pub mod upgrade;
 
-pub use client::{Client, ClientError, JobView, NewJob};
+pub use client::{Client, ClientError, DueMoment, JobView, NewJob};
+
+/// The README's examples, compiled as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 pub use config::Config;
 pub use dead::{
     DeadFilter, DeadJob, DeadJobDetail, DeadMember, DeadProgress, DeadSelection, Purged,

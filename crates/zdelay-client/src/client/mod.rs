@@ -32,6 +32,7 @@ mod vectors;
 const ENQUEUE_CHUNK: usize = 500;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -113,6 +114,7 @@ impl ClientError {
             ClientError::Store(StoreError::Resharding { .. }) => "resharding",
             ClientError::Store(StoreError::Resharded { .. }) => "resharded",
             ClientError::Store(StoreError::LayoutTooNew { .. }) => "layout_too_new",
+            ClientError::Store(StoreError::NoNamespace { .. }) => "no_namespace",
             ClientError::Store(_) => "redis",
             ClientError::Envelope(_) => "envelope",
             ClientError::Exists(_) => "exists",
@@ -132,8 +134,11 @@ impl ClientError {
         }
     }
 
-    /// Whether the same call may succeed later unchanged: a reshard is running (nothing was
-    /// written).
+    /// Whether the same call may succeed later unchanged ([`StoreError::is_retryable`]): the
+    /// connection or the server failed for a moment, a reshard or an upgrade runs, the
+    /// namespace waits for its first daemon. A call refused by a fence wrote nothing; after a
+    /// dropped connection the call may have run, so send an enqueue again with the same id
+    /// (a generated id is new each time: the job could then be stored twice).
     pub fn is_retryable(&self) -> bool {
         matches!(self, ClientError::Store(e) if e.is_retryable())
     }
@@ -154,6 +159,27 @@ impl ClientError {
             }
             _ => None,
         }
+    }
+}
+
+/// A moment a job is due at, for [`NewJob::at`]: epoch milliseconds, or a `SystemTime`.
+pub trait DueMoment {
+    fn epoch_ms(self) -> i64;
+}
+
+impl DueMoment for i64 {
+    fn epoch_ms(self) -> i64 {
+        self
+    }
+}
+
+impl DueMoment for std::time::SystemTime {
+    fn epoch_ms(self) -> i64 {
+        // Rounded up to the millisecond, so a job is never due before the moment given.
+        self.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| {
+            let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+            i64::try_from(ms).unwrap_or(i64::MAX)
+        })
     }
 }
 
@@ -183,8 +209,10 @@ impl NewJob {
             max_lateness: None,
         }
     }
-    pub fn at(mut self, epoch_ms: i64) -> Self {
-        self.due = Due::At(epoch_ms);
+    /// Due at a moment: epoch milliseconds (`i64`) or a [`std::time::SystemTime`]
+    /// (`SystemTime::now() + Duration::from_secs(60)`; a time before 1970 means now).
+    pub fn at(mut self, when: impl DueMoment) -> Self {
+        self.due = Due::At(when.epoch_ms());
         self
     }
     pub fn after(mut self, delay: Duration) -> Self {
@@ -289,13 +317,41 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects, checks the namespace's schema against `cfg.shards` and loads the scripts.
+    /// Connects with a config's view of the namespace: creates it when missing (with
+    /// `cfg.shards` and `cfg.layout`), checks it against them otherwise, and loads the scripts.
+    /// For daemons and tools that own the config; a producer uses [`Client::attach`].
     pub async fn connect(cfg: &RedisConfig) -> Result<Self, ClientError> {
         let mut con = Conn::connect(cfg).await?;
         store::check_server(&mut con).await?;
-        let keys = Keys::new(&cfg.namespace, cfg.shards);
-        let layout = store::ensure_schema(&mut con, &keys, cfg.layout).await?;
-        let keys = Keys::for_layout(&cfg.namespace, cfg.shards, layout);
+        Self::connected(con, &cfg.namespace, cfg.shards, cfg.layout).await
+    }
+
+    /// Connects as a producer: the namespace's shard count and storage layout are read from
+    /// Redis (`cfg.shards` and `cfg.layout` are not used), so a producer cannot disagree with
+    /// the daemons, and it never creates the namespace: until a daemon has, this fails with
+    /// [`StoreError::NoNamespace`] (retryable), having written nothing.
+    pub async fn attach(cfg: &RedisConfig) -> Result<Self, ClientError> {
+        let mut con = Conn::connect(cfg).await?;
+        store::check_server(&mut con).await?;
+        let schema = store::read_schema(&mut con, &Keys::new(&cfg.namespace, cfg.shards)).await?;
+        let Some(shards) = schema.shards else {
+            return Err(StoreError::NoNamespace {
+                namespace: cfg.namespace.clone(),
+            }
+            .into());
+        };
+        Self::connected(con, &cfg.namespace, shards, None).await
+    }
+
+    async fn connected(
+        mut con: Conn,
+        namespace: &str,
+        shards: u16,
+        want_layout: Option<u32>,
+    ) -> Result<Self, ClientError> {
+        let keys = Keys::new(namespace, shards);
+        let layout = store::ensure_schema(&mut con, &keys, want_layout).await?;
+        let keys = Keys::for_layout(namespace, shards, layout);
         scripts::load_all(&mut con).await?;
         let lanes = Arc::new(OnceLock::new());
         if layout > 1 {
@@ -351,9 +407,9 @@ impl Client {
         }
     }
 
-    /// Connects to a URL with the default namespace and shard count.
+    /// Connects a producer to the default namespace (`zdelay`) at a URL: [`Client::attach`].
     pub async fn open(url: &str) -> Result<Self, ClientError> {
-        Self::connect(&RedisConfig {
+        Self::attach(&RedisConfig {
             url: url.to_owned(),
             ..RedisConfig::default()
         })
@@ -1087,6 +1143,27 @@ pub(crate) fn read_fence(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_is_due_at_epoch_ms_or_at_a_system_time() {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        let at = |job: NewJob| job.due;
+        assert_eq!(
+            at(NewJob::new("d", "p").at(1_700_000_000_123)),
+            Due::At(1_700_000_000_123)
+        );
+        let t = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        assert_eq!(at(NewJob::new("d", "p").at(t)), Due::At(1_700_000_000_123));
+        // A part of a millisecond rounds up: never due before the moment given.
+        let t = t + Duration::from_nanos(1);
+        assert_eq!(at(NewJob::new("d", "p").at(t)), Due::At(1_700_000_000_124));
+        let before_1970 = UNIX_EPOCH - Duration::from_secs(5);
+        assert_eq!(at(NewJob::new("d", "p").at(before_1970)), Due::At(0));
+        let soon = SystemTime::now() + Duration::from_secs(60);
+        assert!(
+            matches!(at(NewJob::new("d", "p").at(soon)), Due::At(ms) if ms > 1_700_000_000_000)
+        );
+    }
 
     #[test]
     fn ids_sort_in_generation_order() {

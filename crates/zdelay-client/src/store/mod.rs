@@ -24,7 +24,16 @@ use std::time::Duration;
 
 /// Why the store cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
+    /// A producer ([`crate::Client::open`]) found no `<ns>:schema`: no daemon has created the
+    /// namespace yet, and a producer does not create one (it would pick the shard count).
+    #[error(
+        "namespace {namespace} does not exist yet: a zdelay daemon (zdelay run) creates it \
+         when it starts, with the shard count of its config; start one, or check \
+         redis.namespace"
+    )]
+    NoNamespace { namespace: String },
     #[error("cannot use redis at {url}: {}", tls_hint(source))]
     Connect {
         url: String,
@@ -148,12 +157,18 @@ fn refuse_newer(
 }
 
 impl StoreError {
-    /// Whether retrying later can succeed without a change of config (a reshard running).
+    /// Whether the same call may succeed later, unchanged: the connection or the server failed
+    /// for a moment ([`is_transient`]: dropped, timed out, refused, `BUSY`, `LOADING`, a
+    /// cluster failing over, `OOM`), a reshard or an upgrade is running, or the namespace
+    /// waits for its first daemon. Not after refused credentials or a wrong config.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Resharding { .. } | StoreError::Upgrading { .. }
-        )
+        match self {
+            StoreError::Resharding { .. }
+            | StoreError::Upgrading { .. }
+            | StoreError::NoNamespace { .. } => true,
+            StoreError::Redis(e) | StoreError::Connect { source: e, .. } => is_transient(e),
+            _ => false,
+        }
     }
 
     /// Whether the server refused the credentials.
