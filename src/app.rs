@@ -117,6 +117,7 @@ async fn serve(
                 other => other.into(),
             })?;
         scripts::load_all(&mut con).await?;
+        load_producer_functions(&mut con).await;
         let lanes = match layout {
             1 => Vec::new(),
             _ => register_lanes(&mut con, &config, &keys, layout).await?,
@@ -557,4 +558,23 @@ pub async fn watch_signals(shutdown: CancellationToken) {
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     eprintln!("zdelay: second signal: exiting now; unfinished work stays in Redis");
     std::process::exit(130);
+}
+
+/// Loads the producer protocol's function library (`store::functions`), for producers in
+/// other languages (`FCALL`). Not fatal: the daemon itself runs scripts, so a server without
+/// Functions (before Redis 7.0) or a user without `+function|load` only leaves those
+/// producers without it, which the warning says.
+async fn load_producer_functions(con: &mut store::Conn) {
+    use zdelay_client::store::functions;
+    match functions::load(con).await {
+        Ok(()) => tracing::debug!(library = functions::LIBRARY, "producer functions loaded"),
+        Err(e) => tracing::warn!(
+            library = functions::LIBRARY,
+            error = %e,
+            "the producer protocol's function library was not loaded: producers that call \
+             FCALL zd{}_… cannot enqueue until a daemon loads it (it needs Redis 7.0 or \
+             Valkey 7.2, and the daemon's ACL user needs +function|load)",
+            functions::PROTOCOL
+        ),
+    }
 }

@@ -28,6 +28,7 @@ mod memory;
 mod nats;
 mod newer_layout;
 mod producer;
+mod protocol;
 mod raw_sinks;
 mod redis_faults;
 mod reference;

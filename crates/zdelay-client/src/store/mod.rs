@@ -8,6 +8,7 @@
 //! command and script call touches one slot (a shard's keys share its hash tag); MOVED, ASK
 //! and failover are the cluster client's job.
 
+pub mod functions;
 pub mod lanes;
 pub mod scripts;
 

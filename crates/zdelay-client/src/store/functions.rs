@@ -1,0 +1,110 @@
+//! The producer protocol's Redis Functions library (`docs/reference/protocol.md`): the
+//! producer scripts of `lua/`, each under a stable function name, so that a client in any
+//! language calls `FCALL` and carries no Lua of its own. Each function is its script's body,
+//! unchanged: the keys and arguments its header documents are the function's, so the library
+//! and the scripts the Rust client runs cannot drift apart.
+//!
+//! Functions rather than scripts: a library is stored with the data (RDB/AOF) and replicated,
+//! so it survives restarts and failovers where the script cache does not; it is named and
+//! versioned (`FUNCTION LIST`); an ACL may grant `+fcall` alone. Redis 7.0 and Valkey 7.2 have
+//! them. Every daemon loads the library at start (`FUNCTION LOAD REPLACE`, on every master of
+//! a cluster); a newer protocol version is a new library beside this one, so producers of both
+//! keep working during a rolling upgrade.
+
+use super::Conn;
+
+/// The producer protocol version this build speaks: the `zd<N>_` of the function names.
+pub const PROTOCOL: u32 = 1;
+
+/// The library's name (`FUNCTION LIST LIBRARYNAME zdelay_p1`).
+pub const LIBRARY: &str = "zdelay_p1";
+
+/// (function name, script source, whether it only reads).
+const FUNCTIONS: &[(&str, &str, bool)] = &[
+    (
+        "zd1_enqueue",
+        include_str!("../../lua/enqueue_jobs.lua"),
+        false,
+    ),
+    (
+        "zd1_cancel",
+        include_str!("../../lua/cancel_job.lua"),
+        false,
+    ),
+    (
+        "zd1_reschedule",
+        include_str!("../../lua/reschedule_job.lua"),
+        false,
+    ),
+    (
+        "zd1_enqueue_lane",
+        include_str!("../../lua/enqueue_lane.lua"),
+        false,
+    ),
+    (
+        "zd1_cancel_lane",
+        include_str!("../../lua/cancel_lane.lua"),
+        false,
+    ),
+    (
+        "zd1_reschedule_lane",
+        include_str!("../../lua/reschedule_lane.lua"),
+        false,
+    ),
+];
+
+/// The library's source: every function's script body inside `function(KEYS, ARGV)`, then
+/// `zd1_protocol`, which answers the protocol version and the build that loaded it.
+pub fn library() -> String {
+    let mut lua = format!("#!lua name={LIBRARY}\n");
+    for (i, (name, body, read_only)) in FUNCTIONS.iter().enumerate() {
+        lua.push_str(&format!("local function f{i}(KEYS, ARGV)\n{body}\nend\n"));
+        let flags = if *read_only { "{'no-writes'}" } else { "{}" };
+        lua.push_str(&format!(
+            "redis.register_function{{function_name='{name}', callback=f{i}, flags={flags}}}\n"
+        ));
+    }
+    lua.push_str(&format!(
+        "redis.register_function{{function_name='zd{PROTOCOL}_protocol', \
+         callback=function() return {{ {PROTOCOL}, '{}' }} end, flags={{'no-writes'}}}}\n",
+        env!("CARGO_PKG_VERSION")
+    ));
+    lua
+}
+
+/// The names of the library's functions.
+pub fn names() -> Vec<String> {
+    FUNCTIONS
+        .iter()
+        .map(|(name, _, _)| (*name).to_owned())
+        .chain([format!("zd{PROTOCOL}_protocol")])
+        .collect()
+}
+
+/// Loads (or replaces) the library on the server, on every master of a cluster.
+pub async fn load(con: &mut Conn) -> redis::RedisResult<()> {
+    let mut cmd = redis::cmd("FUNCTION");
+    cmd.arg("LOAD").arg("REPLACE").arg(library());
+    con.on_every_primary(cmd).await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_function_is_a_script_body_under_a_protocol_name() {
+        let lua = library();
+        assert!(lua.starts_with("#!lua name=zdelay_p1\n"));
+        for (name, body, _) in FUNCTIONS {
+            assert!(name.starts_with(&format!("zd{PROTOCOL}_")), "{name}");
+            assert!(
+                lua.contains(body),
+                "{name}'s script is in the library as it is"
+            );
+            assert!(lua.contains(&format!("function_name='{name}'")));
+        }
+        assert!(names().contains(&"zd1_protocol".to_owned()));
+        assert_eq!(names().len(), FUNCTIONS.len() + 1);
+    }
+}
