@@ -155,3 +155,175 @@ fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_
         lrange(&mut redis.conn(), "q:emails") == [b"now!".to_vec()]
     });
 }
+
+/// On a Redis Cluster on storage layout 2: the daemon loaded the library on every master, and
+/// a job enqueued into a route's lane by `FCALL` (keys from the lane registry and the slot's
+/// tag, the marker the registry implies) is stored as the Rust library stores it and
+/// delivered exactly once from the list's master.
+#[test]
+fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivered() {
+    use crate::common::RedisCluster;
+    use zdelay::keys::{LaneKeys, slot_tag};
+
+    let cluster = RedisCluster::start();
+    let config = cluster.config(4, ROUTES).on_layout_2();
+    let _daemon = Daemon::start(&config);
+    let mut con = cluster.conn();
+
+    for &port in &cluster.ports {
+        let mut node = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut node).unwrap();
+        let listed: Vec<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg("zdelay_p1")
+            .query(&mut node)
+            .unwrap();
+        // Masters got it from the daemon, replicas by replication.
+        assert_eq!(
+            listed.len(),
+            1,
+            "node {port} ({:?}) has the library",
+            role.first()
+        );
+    }
+
+    // What a client reads: the route's lane, then the lane's keys from its slot's tag.
+    let entry: String = redis::cmd("HGET")
+        .arg("zdelay:lanes")
+        .arg("r:emails")
+        .query(&mut con)
+        .expect("the daemon registered the route's lane");
+    let fields: Vec<&str> = entry.split(' ').collect();
+    let [lane, "local", slot, push, list] = fields[..] else {
+        panic!("registry entry {entry:?}")
+    };
+    assert_eq!(list, "q:emails");
+    let tag = slot_tag(slot.parse().unwrap());
+    let keys = LaneKeys::new("zdelay", tag, "emails");
+    let marker = format!("2 {lane} {push} {list}");
+    let fcall = |expected: &str,
+                 policy: &str,
+                 id: &str,
+                 due: &str,
+                 payload: &[u8],
+                 meta: &str,
+                 max_lateness: &str| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("zd1_enqueue_lane").arg(8);
+        for key in [
+            &keys.due,
+            &keys.jobs,
+            &keys.meta,
+            &keys.maxlate,
+            &keys.large,
+            &keys.dead,
+            &keys.reasons,
+            &keys.marker,
+        ] {
+            cmd.arg(key);
+        }
+        cmd.arg(expected)
+            .arg(policy)
+            .arg("zdelay:wake")
+            .arg(format!("l{lane}"))
+            .arg(id)
+            .arg(due)
+            .arg(payload)
+            .arg(meta)
+            .arg(max_lateness);
+        cmd
+    };
+
+    let rt = common::runtime();
+    let client = rt
+        .block_on(Client::attach(&cluster.redis_config(4)))
+        .expect("attach");
+    let far = common::redis_now_ms_any(&mut con) + 3_600_000;
+    let payload = b"lane \xff payload".to_vec();
+    rt.block_on(
+        client.enqueue(
+            NewJob::new("emails", payload.clone())
+                .id("rust-1")
+                .at(far)
+                .header("tenant", "acme")
+                .max_attempts(3)
+                .max_lateness(Duration::from_secs(30)),
+            OnConflict::Replace,
+        ),
+    )
+    .expect("enqueue");
+    let meta = r#"{"headers":{"tenant":"acme"},"max_attempts":3}"#;
+    let codes: Vec<i64> = fcall(
+        &marker,
+        "replace",
+        "fcall-1",
+        &far.to_string(),
+        &payload,
+        meta,
+        "30000",
+    )
+    .query(&mut con)
+    .expect("FCALL zd1_enqueue_lane");
+    assert_eq!(codes, [1]);
+    let stored = |con: &mut redis::cluster::ClusterConnection,
+                  id: &str|
+     -> (Vec<u8>, Option<String>, f64, Option<String>) {
+        (
+            redis::cmd("HGET")
+                .arg(&keys.jobs)
+                .arg(id)
+                .query(con)
+                .unwrap(),
+            redis::cmd("HGET")
+                .arg(&keys.meta)
+                .arg(id)
+                .query(con)
+                .unwrap(),
+            redis::cmd("ZSCORE")
+                .arg(&keys.due)
+                .arg(id)
+                .query(con)
+                .unwrap(),
+            redis::cmd("HGET")
+                .arg(&keys.maxlate)
+                .arg(id)
+                .query(con)
+                .unwrap(),
+        )
+    };
+    let by_library = stored(&mut con, "rust-1");
+    assert_eq!(by_library, stored(&mut con, "fcall-1"));
+    assert_eq!(by_library.1.as_deref(), Some(meta));
+
+    // A stale marker writes nothing and says the lane changed.
+    let stale = format!("2 {lane} {push} q:other");
+    let err = fcall(&stale, "replace", "fcall-2", "+0", b"x", "", "")
+        .query::<Vec<i64>>(&mut con)
+        .unwrap_err();
+    assert_eq!(err.code(), Some("ZDELAY_LANE_CHANGED"), "{err}");
+    let held: bool = redis::cmd("HEXISTS")
+        .arg(&keys.jobs)
+        .arg("fcall-2")
+        .query(&mut con)
+        .unwrap();
+    assert!(!held, "a refused call writes nothing");
+
+    // Due now: delivered from the lane by the list's master, once.
+    let codes: Vec<i64> = fcall(&marker, "replace", "fcall-now", "+0", b"lane now", "", "")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(codes, [1]);
+    wait_for("the lane job delivered", Duration::from_secs(5), || {
+        let got: Vec<Vec<u8>> = redis::cmd("LRANGE")
+            .arg("q:emails")
+            .arg(0)
+            .arg(-1)
+            .query(&mut cluster.conn())
+            .unwrap();
+        got == [b"lane now".to_vec()]
+    });
+}
