@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use zdelay::keys::Keys;
+use zdelay::store::functions;
 use zdelay::store::scripts::ALL;
 
 /// One line of `redis-cli MONITOR`: the client (`lua` for commands run by a script) and the
@@ -156,6 +157,23 @@ route = "m"
     let later = ok(&["enqueue", "--dest", "l", "--in", "1h", "--payload", "later"]);
     ok(&["reschedule", &later, "--in", "2h"]);
     ok(&["get", &later]);
+    // The producer protocol's read (the writes are the scripts above under other names).
+    let shard = Keys::new("zdelay", 4).shard(Keys::new("zdelay", 4).shard_of(&later));
+    let read: Vec<redis::Value> = redis::cmd("FCALL")
+        .arg("zd1_get")
+        .arg(7)
+        .arg(&shard.due)
+        .arg(&shard.jobs)
+        .arg(&shard.inflight)
+        .arg(&shard.dead)
+        .arg(&shard.reasons)
+        .arg(&shard.ready_ids)
+        .arg(&shard.layout)
+        .arg(4)
+        .arg(&later)
+        .query(&mut con)
+        .expect("FCALL zd1_get");
+    assert_eq!(read.len(), 8);
     ok(&["cancel", &later]);
     // Raw members: local, two-phase, one too large (dead).
     let now = redis_now_ms(&mut con);
@@ -291,6 +309,22 @@ route = "m"
             &[item],
         ))
         .expect("enqueue_lane");
+        let k = &lane.keys;
+        let read: Vec<redis::Value> = redis::cmd("FCALL")
+            .arg("zd1_get_lane")
+            .arg(7)
+            .arg(&k.due)
+            .arg(&k.jobs)
+            .arg(&k.meta)
+            .arg(&k.maxlate)
+            .arg(&k.dead)
+            .arg(&k.reasons)
+            .arg(&k.marker)
+            .arg(lane.marker())
+            .arg("w")
+            .query(&mut con)
+            .expect("FCALL zd1_get_lane");
+        assert_eq!(read.len(), 8);
         let due = rt
             .block_on(scripts::reschedule_lane(
                 &mut lcon,
@@ -458,12 +492,22 @@ route = "m"
         if client != "lua" {
             let upper = command.to_ascii_uppercase();
             current = None;
-            if upper == b"EVALSHA" || upper == b"EVAL" {
+            let called = if upper == b"EVALSHA" || upper == b"EVAL" {
                 let sha = String::from_utf8_lossy(&args[1]).into_owned();
-                let name = script_names
-                    .get(&sha)
-                    .copied()
-                    .unwrap_or("an unknown script");
+                Some(
+                    script_names
+                        .get(&sha)
+                        .copied()
+                        .unwrap_or("an unknown script"),
+                )
+            } else if upper == b"FCALL" || upper == b"FCALL_RO" {
+                // The producer protocol's functions run the same scripts.
+                let function = String::from_utf8_lossy(&args[1]).into_owned();
+                Some(functions::script_of(&function).unwrap_or("an unknown function"))
+            } else {
+                None
+            };
+            if let Some(name) = called {
                 let count: usize = String::from_utf8_lossy(&args[2]).parse().expect("numkeys");
                 seen.insert(name);
                 current = Some((name, args[3..3 + count].iter().cloned().collect()));

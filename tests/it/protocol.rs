@@ -130,6 +130,45 @@ fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_
         "the library stores the frame the protocol describes"
     );
 
+    // Read back in one call: Redis's clock, the due score, no ready member, not in flight,
+    // not dead, the frame, no reason.
+    type Read = (
+        i64,
+        i64,
+        Option<f64>,
+        Option<String>,
+        Option<f64>,
+        Option<f64>,
+        Option<Vec<u8>>,
+        Option<String>,
+    );
+    let read: Read = redis::cmd("FCALL")
+        .arg("zd1_get")
+        .arg(7)
+        .arg(&shard.due)
+        .arg(&shard.jobs)
+        .arg(&shard.inflight)
+        .arg(&shard.dead)
+        .arg(&shard.reasons)
+        .arg(&shard.ready_ids)
+        .arg(&shard.layout)
+        .arg(shards)
+        .arg("{u1}:fcall")
+        .query(&mut con)
+        .expect("FCALL zd1_get");
+    assert!(read.0 > 1_700_000_000, "TIME seconds: {read:?}");
+    assert_eq!(
+        (read.2, read.3, read.4, read.5, read.6.as_deref(), read.7),
+        (
+            Some(far as f64),
+            None,
+            None,
+            None,
+            Some(frame.as_slice()),
+            None
+        )
+    );
+
     // The conflict policies answer as documented: kept, exists.
     for (policy, code) in [("keep", 0), ("error", -1), ("replace", 2)] {
         let codes: Vec<i64> = fcall_enqueue(
@@ -170,26 +209,38 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
     let _daemon = Daemon::start(&config);
     let mut con = cluster.conn();
 
-    for &port in &cluster.ports {
+    // Masters got the library from the daemon at its start, replicas by replication (which
+    // may lag a moment).
+    let has_library = |port: u16| -> (bool, bool) {
         let mut node = redis::Client::open(format!("redis://127.0.0.1:{port}"))
             .unwrap()
             .get_connection()
             .unwrap();
         let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut node).unwrap();
+        let master = role.first() == Some(&redis::Value::BulkString(b"master".to_vec()));
         let listed: Vec<redis::Value> = redis::cmd("FUNCTION")
             .arg("LIST")
             .arg("LIBRARYNAME")
             .arg("zdelay_p1")
             .query(&mut node)
             .unwrap();
-        // Masters got it from the daemon, replicas by replication.
-        assert_eq!(
-            listed.len(),
-            1,
-            "node {port} ({:?}) has the library",
-            role.first()
-        );
+        (master, listed.len() == 1)
+    };
+    let masters: Vec<u16> = cluster
+        .ports
+        .iter()
+        .copied()
+        .filter(|&p| has_library(p).0)
+        .collect();
+    assert_eq!(masters.len(), 3, "{:?}", cluster.ports);
+    for &port in &masters {
+        assert!(has_library(port).1, "master {port} has the library");
     }
+    wait_for(
+        "every replica has the library",
+        Duration::from_secs(10),
+        || cluster.ports.iter().all(|&p| has_library(p).1),
+    );
 
     // What a client reads: the route's lane, then the lane's keys from its slot's tag.
     let entry: String = redis::cmd("HGET")
@@ -298,6 +349,54 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
     let by_library = stored(&mut con, "rust-1");
     assert_eq!(by_library, stored(&mut con, "fcall-1"));
     assert_eq!(by_library.1.as_deref(), Some(meta));
+
+    // Read back in one call: the due score, payload, meta and max lateness.
+    type Read = (
+        i64,
+        i64,
+        Option<f64>,
+        Option<Vec<u8>>,
+        Option<String>,
+        Option<String>,
+        Option<f64>,
+        Option<String>,
+    );
+    let mut read = redis::cmd("FCALL");
+    read.arg("zd1_get_lane").arg(7);
+    for key in [
+        &keys.due,
+        &keys.jobs,
+        &keys.meta,
+        &keys.maxlate,
+        &keys.dead,
+        &keys.reasons,
+        &keys.marker,
+    ] {
+        read.arg(key);
+    }
+    let read: Read = read
+        .arg(&marker)
+        .arg("fcall-1")
+        .query(&mut con)
+        .expect("FCALL zd1_get_lane");
+    assert_eq!(
+        (
+            read.2,
+            read.3,
+            read.4.as_deref(),
+            read.5.as_deref(),
+            read.6,
+            read.7
+        ),
+        (
+            Some(far as f64),
+            Some(payload.clone()),
+            Some(meta),
+            Some("30000"),
+            None,
+            None
+        )
+    );
 
     // A stale marker writes nothing and says the lane changed.
     let stale = format!("2 {lane} {push} q:other");

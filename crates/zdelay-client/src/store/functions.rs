@@ -19,45 +19,40 @@ pub const PROTOCOL: u32 = 1;
 /// The library's name (`FUNCTION LIST LIBRARYNAME zdelay_p1`).
 pub const LIBRARY: &str = "zdelay_p1";
 
-/// (function name, script source, whether it only reads).
-const FUNCTIONS: &[(&str, &str, bool)] = &[
-    (
-        "zd1_enqueue",
-        include_str!("../../lua/enqueue_jobs.lua"),
-        false,
-    ),
-    (
-        "zd1_cancel",
-        include_str!("../../lua/cancel_job.lua"),
-        false,
-    ),
-    (
-        "zd1_reschedule",
-        include_str!("../../lua/reschedule_job.lua"),
-        false,
-    ),
-    (
-        "zd1_enqueue_lane",
-        include_str!("../../lua/enqueue_lane.lua"),
-        false,
-    ),
-    (
-        "zd1_cancel_lane",
-        include_str!("../../lua/cancel_lane.lua"),
-        false,
-    ),
-    (
-        "zd1_reschedule_lane",
-        include_str!("../../lua/reschedule_lane.lua"),
-        false,
-    ),
+/// (function name, the script of `lua/` it runs, whether it only reads).
+pub const FUNCTIONS: &[(&str, &str, bool)] = &[
+    ("zd1_enqueue", "enqueue_jobs", false),
+    ("zd1_cancel", "cancel_job", false),
+    ("zd1_reschedule", "reschedule_job", false),
+    ("zd1_get", "get_job", true),
+    ("zd1_enqueue_lane", "enqueue_lane", false),
+    ("zd1_cancel_lane", "cancel_lane", false),
+    ("zd1_reschedule_lane", "reschedule_lane", false),
+    ("zd1_get_lane", "get_lane", true),
 ];
+
+/// The script a function of the library runs.
+pub fn script_of(function: &str) -> Option<&'static str> {
+    FUNCTIONS
+        .iter()
+        .find(|(name, _, _)| *name == function)
+        .map(|(_, script, _)| *script)
+}
+
+fn source_of(script: &str) -> &'static str {
+    super::scripts::ALL
+        .iter()
+        .find(|(name, _)| *name == script)
+        .map(|(_, source)| *source)
+        .expect("every function runs a script of lua/")
+}
 
 /// The library's source: every function's script body inside `function(KEYS, ARGV)`, then
 /// `zd1_protocol`, which answers the protocol version and the build that loaded it.
 pub fn library() -> String {
     let mut lua = format!("#!lua name={LIBRARY}\n");
-    for (i, (name, body, read_only)) in FUNCTIONS.iter().enumerate() {
+    for (i, (name, script, read_only)) in FUNCTIONS.iter().enumerate() {
+        let body = source_of(script);
         lua.push_str(&format!("local function f{i}(KEYS, ARGV)\n{body}\nend\n"));
         let flags = if *read_only { "{'no-writes'}" } else { "{}" };
         lua.push_str(&format!(
@@ -96,8 +91,10 @@ mod tests {
     fn every_function_is_a_script_body_under_a_protocol_name() {
         let lua = library();
         assert!(lua.starts_with("#!lua name=zdelay_p1\n"));
-        for (name, body, _) in FUNCTIONS {
+        for (name, script, _) in FUNCTIONS {
             assert!(name.starts_with(&format!("zd{PROTOCOL}_")), "{name}");
+            let body = source_of(script);
+            assert!(body.starts_with(&format!("-- {script}: ")), "{script}");
             assert!(
                 lua.contains(body),
                 "{name}'s script is in the library as it is"

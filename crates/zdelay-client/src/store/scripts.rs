@@ -94,6 +94,8 @@ scripts!(
     reshard_put,
     reshard_drop,
     ready_sinks,
+    get_job,
+    get_lane,
 );
 
 use ShardKey::{

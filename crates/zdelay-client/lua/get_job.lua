@@ -1,0 +1,40 @@
+-- get_job: one job of a layout-1 shard, read in one call (the producer protocol's zd1_get;
+-- no writes). The Rust library reads the same fields in one pipeline (Client::get).
+-- KEYS[1] due       ZSET  {zdelay:3}:due
+-- KEYS[2] jobs      HASH  {zdelay:3}:jobs
+-- KEYS[3] inflight  ZSET  {zdelay:3}:inflight
+-- KEYS[4] dead      ZSET  {zdelay:3}:dead
+-- KEYS[5] reasons   HASH  {zdelay:3}:reasons
+-- KEYS[6] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
+-- KEYS[7] shards   STRING {zdelay:3}:shards     layout marker (as enqueue_jobs)
+-- ARGV[1] the caller's shard count: a marker that differs refuses the call (ZDELAY_RESHARDED,
+--   ZDELAY_MIGRATING, ZDELAY_LAYOUT, as enqueue_jobs)
+-- ARGV[2] job id
+-- Returns: { Redis TIME seconds, microseconds, due score, ready member ("<sink>\n<due ms, 16
+--   digits>\n<id>": due and waiting for its two-phase sink), inflight score (lease deadline),
+--   dead score (ms it died), stored envelope, death reason }, each absent field nil. State:
+--   due later than TIME: scheduled; due: due; a ready member: due, for its sink; inflight:
+--   being delivered; dead: dead; only an envelope: orphan; nothing: unknown.
+-- Re-run safety: yes (reads only).
+local layout = redis.call('GET', KEYS[7])
+if layout and layout ~= ARGV[1] then
+  if string.sub(layout, 1, 10) == 'migrating ' then
+    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
+  end
+  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
+  if newer then
+    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
+  end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
+end
+local id = ARGV[2]
+local t = redis.call('TIME')
+return {
+  t[1], t[2],
+  redis.call('ZSCORE', KEYS[1], id),
+  redis.call('HGET', KEYS[6], id),
+  redis.call('ZSCORE', KEYS[3], id),
+  redis.call('ZSCORE', KEYS[4], id),
+  redis.call('HGET', KEYS[2], id),
+  redis.call('HGET', KEYS[5], id),
+}

@@ -1,0 +1,35 @@
+-- get_lane: one job of a route lane (storage layout 2), read in one call (the producer
+-- protocol's zd1_get_lane; no writes). The Rust library reads the same fields in one pipeline.
+-- KEYS[1] due      ZSET   zdelay:{emj}:due:<route>     member = stored id, score = due ms
+-- KEYS[2] jobs     HASH   zdelay:{emj}:jobs:<route>    stored id -> payload (raw bytes)
+-- KEYS[3] meta     HASH   zdelay:{emj}:meta:<route>    stored id -> meta JSON (only jobs with meta)
+-- KEYS[4] maxlate  HASH   zdelay:{emj}:maxlate:<route> stored id -> max lateness ms
+-- KEYS[5] dead     ZSET   zdelay:{emj}:dead:<route>    member = stored id, score = ms it died
+-- KEYS[6] reasons  HASH   zdelay:{emj}:reasons:<route> stored id -> why it died
+-- KEYS[7] marker   STRING zdelay:{emj}:lane:<route>    "2 <lane> <LPUSH|RPUSH> <list key>"
+-- ARGV[1] the marker the caller expects: another value refuses the call (ZDELAY_LANE_MOVED,
+--   ZDELAY_LANE_CHANGED, ZDELAY_NO_LANE, as enqueue_lane)
+-- ARGV[2] stored id
+-- Returns: { Redis TIME seconds, microseconds, due score, payload, meta JSON, max lateness ms,
+--   dead score, death reason }, each absent field nil. State: due later than TIME: scheduled;
+--   due: due; dead: dead; only a payload: orphan; nothing: unknown.
+-- Re-run safety: yes (reads only).
+local marker = redis.call('GET', KEYS[7])
+if marker ~= ARGV[1] then
+  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
+  if string.sub(marker, 1, 8) == 'retired ' then
+    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
+  end
+  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
+end
+local id = ARGV[2]
+local t = redis.call('TIME')
+return {
+  t[1], t[2],
+  redis.call('ZSCORE', KEYS[1], id),
+  redis.call('HGET', KEYS[2], id),
+  redis.call('HGET', KEYS[3], id),
+  redis.call('HGET', KEYS[4], id),
+  redis.call('ZSCORE', KEYS[5], id),
+  redis.call('HGET', KEYS[6], id),
+}
