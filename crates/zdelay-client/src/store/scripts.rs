@@ -2766,6 +2766,7 @@ mod tests {
             ("due_schedules_lane", 3),
             ("fire_schedules_lane", 13),
             ("upgrade_put_lane", 15),
+            ("get_lane", 7),
         ];
         // Every script on a lane's keys is fenced; the registry's own script takes none.
         for (name, _) in ALL.iter().filter(|(n, _)| n.ends_with("_lane")) {
