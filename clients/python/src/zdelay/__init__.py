@@ -1,0 +1,20 @@
+"""zdelay producer client: schedule messages in Redis for `zdelay run` to deliver."""
+
+from ._core import (
+    PROTOCOL,
+    Enqueued,
+    Fenced,
+    InvalidJob,
+    Job,
+    JobExists,
+    NoNamespace,
+    ProtocolError,
+    UnknownDestination,
+    ZdelayError,
+)
+from .client import AsyncClient, Client
+
+__all__ = [
+    "PROTOCOL", "AsyncClient", "Client", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
+    "NoNamespace", "ProtocolError", "UnknownDestination", "ZdelayError",
+]

@@ -1,0 +1,466 @@
+"""The zdelay producer protocol (docs/reference/protocol.md) without I/O: key names, frames,
+ids, checks, and each operation as a generator that yields Redis commands and receives their
+replies, so that the sync and the asyncio client share every rule."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Dict, Generator, List, Mapping, NamedTuple, Optional, Tuple, Union
+
+PROTOCOL = 1
+SLOTS = 16384
+Command = Tuple[Any, ...]
+Op = Generator[List[Command], List[Any], Any]
+Moment = Union[datetime, int]
+Span = Union[timedelta, int]
+
+
+class ZdelayError(Exception):
+    """Base of every error this client raises; `retryable`: the same call may succeed later."""
+
+    retryable = False
+
+
+class NoNamespace(ZdelayError):
+    retryable = True
+
+
+class ProtocolError(ZdelayError):
+    pass
+
+
+class Fenced(ZdelayError):
+    """The namespace changed under the call (reshard, upgrade, a lane moved): nothing was written."""
+
+    retryable = True
+
+
+class UnknownDestination(ZdelayError):
+    pass
+
+
+class JobExists(ZdelayError):
+    pass
+
+
+class InvalidJob(ZdelayError, ValueError):
+    def __init__(self, field_name: str, why: str) -> None:
+        super().__init__(f"{field_name}: {why}")
+        self.field = field_name
+
+
+def _crc_table() -> List[int]:
+    table = []
+    for i in range(256):
+        c = i << 8
+        for _ in range(8):
+            c = ((c << 1) ^ 0x1021) if c & 0x8000 else c << 1
+        table.append(c & 0xFFFF)
+    return table
+
+
+_CRC = _crc_table()
+
+
+def crc16(data: bytes) -> int:
+    """CRC-16/XMODEM, the checksum Redis Cluster hashes keys with."""
+    c = 0
+    for b in data:
+        c = ((c << 8) & 0xFFFF) ^ _CRC[((c >> 8) ^ b) & 0xFF]
+    return c
+
+
+def hash_tag(key: bytes) -> bytes:
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
+
+
+def shard_of(job_id: str, shards: int) -> int:
+    """The whole CRC-16 of the id's tag modulo the shard count (not the cluster slot)."""
+    return crc16(hash_tag(job_id.encode())) % shards
+
+
+_TAG_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+_tags: Dict[int, str] = {}
+
+
+def slot_tag(slot: int) -> str:
+    """The shortest string over 0-9a-z in slot `slot`, the first in ASCII order among equals."""
+    if slot not in _tags:
+        # Enumerated from the start each time, so the first tag seen for a slot is its tag.
+        for n in range(1, 5):
+            for chars in itertools.product(_TAG_ALPHABET, repeat=n):
+                tag = "".join(chars)
+                at = crc16(tag.encode()) % SLOTS
+                _tags.setdefault(at, tag)
+                if at == slot:
+                    return _tags[slot]
+    return _tags[slot]
+
+
+def base36(n: int) -> str:
+    out = ""
+    while True:
+        n, d = divmod(n, 36)
+        out = _TAG_ALPHABET[d] + out
+        if n == 0:
+            return out
+
+
+@dataclass
+class Lane:
+    number: int
+    route: str
+    slot: int
+    push: str
+    list: str
+
+    def keys(self, ns: str, *kinds: str) -> List[str]:
+        tag = slot_tag(self.slot)
+        return [f"{ns}:{{{tag}}}:{kind}:{self.route}" for kind in kinds]
+
+    @property
+    def marker(self) -> str:
+        return f"2 {base36(self.number)} {self.push} {self.list}"
+
+
+@dataclass
+class Namespace:
+    name: str
+    layout: int
+    shards: int
+    lanes: Dict[str, Lane] = field(default_factory=dict)
+    two_phase: Dict[str, str] = field(default_factory=dict)
+
+    def shard_keys(self, shard: int, *kinds: str) -> List[str]:
+        if self.layout == 1:
+            return [f"{{{self.name}:{shard}}}:{kind}" for kind in kinds]
+        tag = slot_tag((2 * shard + 1) * SLOTS // (2 * self.shards))
+        return [f"{self.name}:{{{tag}}}:s{shard}:{kind}" for kind in kinds]
+
+    def lane_by_number(self, number: int) -> Lane:
+        for lane in self.lanes.values():
+            if lane.number == number:
+                return lane
+        raise Fenced(f"lane {base36(number)} is not in {self.name}:lanes")
+
+
+def load_namespace(name: str) -> Op:
+    fields = ["layout", "shards", "migrating", "upgrading"]
+    replies = yield [("HGET", f"{name}:schema", f) for f in fields] + [("FCALL", "zd1_protocol", 0)]
+    layout, shards, migrating, upgrading, protocol = replies
+    if shards is None:
+        raise NoNamespace(f"namespace {name} does not exist yet: a zdelay daemon creates it when it starts")
+    if isinstance(protocol, Exception):
+        raise ProtocolError(
+            f"the zdelay function library for protocol {PROTOCOL} is not on this server ({protocol}): "
+            "a zdelay daemon loads it when it starts (Redis 7.0 or later, or Valkey 7.2)"
+        )
+    if protocol[0] != PROTOCOL:
+        raise ProtocolError(f"the server's zd{PROTOCOL}_protocol says {protocol[0]}; this client speaks {PROTOCOL}")
+    if migrating is not None:
+        raise Fenced(f"namespace {name} is being resharded ({migrating.decode()}): try again")
+    layout_n = int(upgrading or layout)
+    if layout_n not in (1, 2):
+        raise ProtocolError(f"namespace {name} is on storage layout {layout_n}; this client knows 1 and 2")
+    ns = Namespace(name, layout_n, int(shards))
+    if layout_n == 2:
+        (registry,) = yield [("HGETALL", f"{name}:lanes")]
+        for key, value in _pairs(registry):
+            if key.startswith("r:"):
+                number, _, slot, push, lst = value.split(" ", 4)
+                ns.lanes[key[2:]] = Lane(int(number, 36), key[2:], int(slot), push, lst)
+            elif key.startswith("t:"):
+                ns.two_phase[key[2:]] = value
+    return ns
+
+
+def _pairs(reply: Any) -> List[Tuple[str, str]]:
+    items = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+    return [(k.decode(), v.decode()) for k, v in items]
+
+
+class _Ids:
+    """ULIDs (layout 1) and 12-character stored ids (layout 2), increasing within a process."""
+
+    ULID = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    STORED = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = (0, 0)
+        self._stored = (0, 0)
+        self._random14 = int.from_bytes(os.urandom(2), "big") & 0x3FFF
+
+    def ulid(self) -> str:
+        with self._lock:
+            ms = int(time.time() * 1000)
+            rnd = int.from_bytes(os.urandom(10), "big")
+            if ms <= self._last[0]:
+                ms, rnd = self._last[0], self._last[1] + 1
+            self._last = (ms, rnd)
+        n = (ms << 80) | (rnd & ((1 << 80) - 1))
+        return "".join(self.ULID[(n >> (5 * i)) & 31] for i in reversed(range(26)))
+
+    def stored(self) -> str:
+        with self._lock:
+            ms = int(time.time() * 1000) - 1_704_067_200_000
+            counter = self._stored[1] + 1 if ms <= self._stored[0] else 0
+            ms = max(ms, self._stored[0])
+            if counter > 0xFFFF:
+                ms, counter = ms + 1, 0
+            self._stored = (ms, counter)
+        n = (ms << 30) | (self._random14 << 16) | counter
+        return "".join(self.STORED[(n >> (6 * i)) & 63] for i in reversed(range(12)))
+
+
+class Job(NamedTuple):
+    dest: str
+    payload: Union[bytes, str]
+    at: Optional[Moment] = None
+    delay: Optional[Span] = None
+    id: Optional[str] = None
+    headers: Optional[Mapping[str, str]] = None
+    max_attempts: Optional[int] = None
+    max_lateness: Optional[Span] = None
+
+
+class Enqueued(NamedTuple):
+    id: str
+    outcome: str  # "added", "replaced" or "kept"
+
+
+def _ms(value: Span, name: str) -> int:
+    ms = value // timedelta(milliseconds=1) if isinstance(value, timedelta) else value
+    if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
+        raise InvalidJob(name, f"must be a timedelta or whole milliseconds >= 0, got {value!r}")
+    return ms
+
+
+def due_arg(at: Optional[Moment], delay: Optional[Span]) -> str:
+    if at is not None and delay is not None:
+        raise InvalidJob("at", "give at or delay, not both")
+    if at is None:
+        return f"+{_ms(delay or 0, 'delay')}"
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            raise InvalidJob("at", "a datetime needs a timezone (for example timezone.utc)")
+        micros = (at - datetime.fromtimestamp(0, at.tzinfo)) // timedelta(microseconds=1)
+        return str(-(-micros // 1000))  # rounded up: never due before the moment given
+    if not isinstance(at, int) or isinstance(at, bool) or at < 0:
+        raise InvalidJob("at", f"must be an aware datetime or epoch milliseconds, got {at!r}")
+    if 1_000_000_000 <= at < 100_000_000_000:
+        raise InvalidJob("at", f"{at} looks like epoch seconds; at takes epoch milliseconds")
+    return str(at)
+
+
+def _headers(headers: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for k, v in (headers or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidJob(f"headers.{k}", f"names and values must be strings, got {type(v).__name__}")
+        out[k] = v
+    for name in ("traceparent", "tracestate"):
+        for k in [k for k in out if k != name and k.lower() == name]:
+            out.setdefault(name, out.pop(k))
+    return dict(sorted(out.items(), key=lambda kv: kv[0].encode()))
+
+
+def _json(meta: Dict[str, Any]) -> bytes:
+    return json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode() if meta else b""
+
+
+def checked(job: Job, max_payload: Optional[int]) -> Tuple[bytes, Dict[str, Any], Optional[int]]:
+    """The payload, the meta (headers, max attempts) and the max lateness of a valid job."""
+    dest = job.dest.encode() if isinstance(job.dest, str) else b""
+    if not dest or len(dest) > 512 or b"\n" in dest:
+        raise InvalidJob("dest", f"must be a non-empty string of at most 512 bytes without newlines: {job.dest!r}")
+    payload = job.payload.encode() if isinstance(job.payload, str) else job.payload
+    if not isinstance(payload, bytes):
+        raise InvalidJob("payload", f"must be bytes or str, got {type(job.payload).__name__}")
+    if max_payload is not None and len(payload) > max_payload:
+        raise InvalidJob("payload", f"{len(payload)} bytes exceeds max_payload {max_payload}")
+    if job.id is not None and not (isinstance(job.id, str) and 0 < len(job.id.encode()) <= 256):
+        raise InvalidJob("id", f"must be a non-empty string of at most 256 bytes: {job.id!r}")
+    if job.id is not None and job.id.startswith("~"):
+        raise InvalidJob("id", "ids starting with ~ are reserved for the ids zdelay generates")
+    meta: Dict[str, Any] = {}
+    if job.headers:
+        meta["headers"] = _headers(job.headers)
+    if job.max_attempts is not None:
+        if not isinstance(job.max_attempts, int) or job.max_attempts < 1:
+            raise InvalidJob("max_attempts", f"must be a whole number >= 1, got {job.max_attempts!r}")
+        meta["max_attempts"] = job.max_attempts
+    late = None if job.max_lateness is None else _ms(job.max_lateness, "max_lateness")
+    return payload, meta, late
+
+
+POLICIES = {"replace", "keep", "error"}
+OUTCOMES = {1: "added", 2: "replaced", 0: "kept"}
+SHARD_ENQUEUE = ("due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards")
+LANE_ENQUEUE = ("due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane")
+
+
+def enqueue(ns: Namespace, jobs: List[Job], policy: str, ids: _Ids, max_payload: Optional[int]) -> Op:
+    if policy not in POLICIES:
+        raise InvalidJob("on_conflict", f"must be one of replace, keep, error: {policy!r}")
+    results: List[Any] = [None] * len(jobs)
+    groups: Dict[Tuple[str, ...], List[Tuple[int, str, List[Any]]]] = {}
+    wake = f"{ns.name}:wake"
+    for i, job in enumerate(jobs):
+        try:
+            payload, meta, late = checked(job, max_payload)
+            due = due_arg(job.at, job.delay)
+            lane = ns.lanes.get(job.dest) if ns.layout == 2 else None
+            if ns.layout == 2 and lane is None and job.dest not in ns.two_phase and "/" not in job.dest:
+                known = ", ".join(sorted(ns.lanes) + sorted(ns.two_phase)) or "none registered"
+                raise UnknownDestination(f"unknown destination {job.dest!r}; routes: {known}")
+            late_arg = "" if late is None else str(late)
+            if lane is not None:
+                stored = job.id or ids.stored()
+                job_id = job.id or f"~{base36(lane.number)}.{stored}"
+                head = ("zd1_enqueue_lane", *lane.keys(ns.name, *LANE_ENQUEUE), lane.marker, policy, wake, f"l{base36(lane.number)}")
+                item = [stored, due, payload, _json(meta), late_arg]
+            else:
+                job_id = job.id or ids.ulid()
+                shard = shard_of(job_id, ns.shards)
+                if late is not None:
+                    meta["max_lateness_ms"] = late
+                m = _json(meta)
+                frame = b"zd1:" + job.dest.encode() + b"\n" + str(len(m)).encode() + b"\n" + m + payload
+                head = ("zd1_enqueue", *ns.shard_keys(shard, *SHARD_ENQUEUE), ns.shards, policy, wake, shard)
+                item = [job_id, due, frame, late_arg]
+            groups.setdefault(head, []).append((i, job_id, item))
+        except ZdelayError as e:
+            results[i] = e
+    calls, members = [], []
+    for head, items in groups.items():
+        for start in range(0, len(items), 500):
+            chunk = items[start : start + 500]
+            keys = 8 if head[0] == "zd1_enqueue_lane" else 10
+            calls.append(("FCALL", head[0], keys, *head[1:], *[a for _, _, item in chunk for a in item]))
+            members.append(chunk)
+    replies = yield calls
+    for reply, chunk in zip(replies, members):
+        for n, (i, job_id, _) in enumerate(chunk):
+            if isinstance(reply, Exception):
+                results[i] = reply
+            elif reply[n] == -1:
+                results[i] = JobExists(f"job {job_id} exists (on_conflict='error')")
+            else:
+                results[i] = Enqueued(job_id, OUTCOMES[reply[n]])
+    return results
+
+
+def _place(ns: Namespace, job_id: str, dest: Optional[str]) -> Tuple[Optional[Lane], str]:
+    """Where an id lives: (its lane and stored id) or (None, id) for a shard."""
+    if ns.layout == 2 and job_id.startswith("~"):
+        number, dot, stored = job_id[1:].partition(".")
+        if not dot or len(stored) != 12:
+            raise InvalidJob("id", f"{job_id!r} is not a generated id (~<lane>.<12 characters>)")
+        return ns.lane_by_number(int(number, 36)), stored
+    if ns.layout == 2 and dest is None:
+        raise InvalidJob("dest", "on storage layout 2 an id of your own is found through its destination: give dest")
+    if ns.layout == 2 and dest in ns.lanes:
+        return ns.lanes[dest], job_id
+    return None, job_id
+
+
+def cancel(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
+    lane, stored = _place(ns, job_id, dest)
+    if lane is not None:
+        keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "large", "lane")
+        (code,) = yield [("FCALL", "zd1_cancel_lane", 6, *keys, lane.marker, stored)]
+    else:
+        shard = shard_of(job_id, ns.shards)
+        keys = ns.shard_keys(shard, "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards")
+        (code,) = yield [("FCALL", "zd1_cancel", 8, *keys, ns.shards, job_id)]
+    return {1: "cancelled", 0: "not_pending", -1: "in_flight"}[_ok(code)]
+
+
+def reschedule(ns: Namespace, job_id: str, due: str, dest: Optional[str]) -> Op:
+    lane, stored = _place(ns, job_id, dest)
+    wake = f"{ns.name}:wake"
+    if lane is not None:
+        keys = lane.keys(ns.name, "due", "lane")
+        (ms,) = yield [("FCALL", "zd1_reschedule_lane", 2, *keys, lane.marker, stored, due, wake, f"l{base36(lane.number)}")]
+    else:
+        shard = shard_of(job_id, ns.shards)
+        keys = ns.shard_keys(shard, "due", "scheduled", "ready", "ready_ids", "shards")
+        (ms,) = yield [("FCALL", "zd1_reschedule", 5, *keys, ns.shards, job_id, due, wake, shard)]
+    ms = _ok(ms)
+    return None if ms is None or ms == -1 else int(ms)
+
+
+def get(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
+    lane, stored = _place(ns, job_id, dest)
+    if lane is not None:
+        keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "dead", "reasons", "lane")
+        (r,) = yield [("FCALL", "zd1_get_lane", 7, *keys, lane.marker, stored)]
+        sec, usec, due, payload, meta, late, dead, reason = _ok(r)
+        ready = inflight = None
+        meta_json = json.loads(meta) if meta else {}
+        job_dest = lane.route
+    else:
+        shard = shard_of(job_id, ns.shards)
+        keys = ns.shard_keys(shard, "due", "jobs", "inflight", "dead", "reasons", "ready_ids", "shards")
+        (r,) = yield [("FCALL", "zd1_get", 7, *keys, ns.shards, job_id)]
+        sec, usec, due, ready, inflight, dead, payload, reason = _ok(r)
+        job_dest, meta_json, payload = _unframe(payload) if payload is not None else (None, {}, None)
+        late = meta_json.get("max_lateness_ms")
+    now = int(sec) * 1000 + int(usec) / 1000
+    if due is not None:
+        state, score = ("scheduled" if float(due) > now else "due"), due
+    elif ready is not None:
+        state, score = "due", ready.split(b"\n")[1]
+    elif inflight is not None or dead is not None:
+        state, score = ("in_flight", inflight) if inflight is not None else ("dead", dead)
+    elif payload is not None:
+        state, score = "orphan", None
+    else:
+        return None
+    return {
+        "id": job_id, "state": state, "dest": job_dest, "payload": payload,
+        "due_ms": None if score is None else int(float(score)),
+        "headers": meta_json.get("headers", {}), "max_attempts": meta_json.get("max_attempts"),
+        "max_lateness_ms": None if late is None else int(late),
+        "reason": None if reason is None else reason.decode(errors="replace"),
+    }
+
+
+def _unframe(value: bytes) -> Tuple[Optional[str], Dict[str, Any], bytes]:
+    if not value.startswith(b"zd1:"):
+        return None, {}, value
+    dest, _, rest = value[4:].partition(b"\n")
+    length, _, rest = rest.partition(b"\n")
+    n = int(length)
+    return dest.decode(), json.loads(rest[:n]) if n else {}, rest[n:]
+
+
+FENCES = ("ZDELAY_RESHARDED", "ZDELAY_MIGRATING", "ZDELAY_LAYOUT", "ZDELAY_LANE_MOVED", "ZDELAY_LANE_CHANGED")
+
+
+def _ok(reply: Any) -> Any:
+    """A reply, or the error it is: fences become `Fenced` (read the namespace again)."""
+    if isinstance(reply, Exception):
+        text = str(reply)
+        if text.startswith(FENCES):
+            raise Fenced(text)
+        if text.startswith("ZDELAY_NO_LANE"):
+            raise UnknownDestination(f"no daemon registered this route's lane ({text})")
+        raise reply
+    return reply
+
+
+def fenced(results: List[Any]) -> bool:
+    return any(isinstance(r, Exception) and str(r).startswith(FENCES) for r in results)

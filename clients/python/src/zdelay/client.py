@@ -1,0 +1,187 @@
+"""The sync and asyncio clients: each runs the protocol's operations (`_core`) on a redis-py
+connection, reading the namespace once and again when a call meets a fence."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+from . import _core
+from ._core import Enqueued, Fenced, Job, JobExists, Moment, Namespace, Op, Span
+
+
+def _drive(op: Op, execute: Callable[[List[Any]], List[Any]]) -> Any:
+    try:
+        commands = next(op)
+        while True:
+            commands = op.send(execute(commands))
+    except StopIteration as done:
+        return done.value
+
+
+class _Base:
+    def __init__(self, conn: Any, namespace: str = "zdelay", max_payload: Optional[int] = None) -> None:
+        self.redis = conn
+        self.namespace = namespace
+        self.max_payload = max_payload
+        self._ns: Optional[Namespace] = None
+        self._ids = _core._Ids()
+
+    @staticmethod
+    def _one(results: List[Any]) -> Enqueued:
+        result = results[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+def _job(dest: str, payload: Union[bytes, str], **kw: Any) -> Job:
+    return Job(dest, payload, **kw)
+
+
+def _refused(results: List[Any]) -> List[int]:
+    return [i for i, r in enumerate(results) if isinstance(r, Exception) and str(r).startswith(_core.FENCES)]
+
+
+class Client(_Base):
+    """A producer on a redis-py `Redis` or `RedisCluster` (bytes replies: the default)."""
+
+    @classmethod
+    def from_url(cls, url: str, namespace: str = "zdelay", cluster: bool = False, **kw: Any) -> "Client":
+        conn = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+        return cls(conn, namespace, **kw)
+
+    def _execute(self, commands: List[Any]) -> List[Any]:
+        if isinstance(self.redis, RedisCluster):
+            out = []
+            for c in commands:
+                try:
+                    out.append(self.redis.execute_command(*c))
+                except redis.ResponseError as e:
+                    out.append(e)
+            return out
+        pipe = self.redis.pipeline(transaction=False)
+        for c in commands:
+            pipe.execute_command(*c)
+        return pipe.execute(raise_on_error=False)
+
+    def _namespace(self, again: bool = False) -> Namespace:
+        if self._ns is None or again:
+            self._ns = _drive(_core.load_namespace(self.namespace), self._execute)
+        return self._ns
+
+    def _run(self, make: Callable[[Namespace], Op]) -> Any:
+        try:
+            return _drive(make(self._namespace()), self._execute)
+        except Fenced:
+            return _drive(make(self._namespace(again=True)), self._execute)
+
+    def enqueue_many(self, jobs: Sequence[Job], on_conflict: str = "replace") -> List[Union[Enqueued, Exception]]:
+        """One result per job, in order: `Enqueued`, or the error of that job alone."""
+        jobs = list(jobs)
+        results = self._run(lambda ns: _core.enqueue(ns, jobs, on_conflict, self._ids, self.max_payload))
+        again = _refused(results)
+        if again:
+            retried = _drive(
+                _core.enqueue(self._namespace(again=True), [jobs[i] for i in again], on_conflict, self._ids, self.max_payload),
+                self._execute,
+            )
+            for i, r in zip(again, retried):
+                results[i] = r
+        return results
+
+    def enqueue(self, dest: str, payload: Union[bytes, str], *, on_conflict: str = "replace", **kw: Any) -> Enqueued:
+        """Enqueue one job: `at` (aware datetime or epoch ms) or `delay` (on Redis's clock),
+        `id`, `headers`, `max_attempts`, `max_lateness`. Raises `JobExists` with
+        on_conflict="error"."""
+        return self._one(self.enqueue_many([_job(dest, payload, **kw)], on_conflict))
+
+    def cancel(self, id: str, dest: Optional[str] = None) -> str:
+        """"cancelled", "not_pending" (delivered, dead, unknown) or "in_flight"."""
+        return self._run(lambda ns: _core.cancel(ns, id, dest))
+
+    def reschedule(self, id: str, *, at: Optional[Moment] = None, delay: Optional[Span] = None, dest: Optional[str] = None) -> Optional[int]:
+        """The new due time in epoch ms, or None when the job is not pending."""
+        due = _core.due_arg(at, delay)
+        return self._run(lambda ns: _core.reschedule(ns, id, due, dest))
+
+    def get(self, id: str, dest: Optional[str] = None) -> Optional[dict]:
+        """The job (state, dest, payload, due_ms, headers, …), or None when there is none."""
+        return self._run(lambda ns: _core.get(ns, id, dest))
+
+
+class AsyncClient(_Base):
+    """The same producer on `redis.asyncio.Redis` or `redis.asyncio.cluster.RedisCluster`."""
+
+    @classmethod
+    def from_url(cls, url: str, namespace: str = "zdelay", cluster: bool = False, **kw: Any) -> "AsyncClient":
+        conn = AsyncRedisCluster.from_url(url) if cluster else redis.asyncio.Redis.from_url(url)
+        return cls(conn, namespace, **kw)
+
+    async def _execute(self, commands: List[Any]) -> List[Any]:
+        if isinstance(self.redis, AsyncRedisCluster):
+            out = []
+            for c in commands:
+                try:
+                    out.append(await self.redis.execute_command(*c))
+                except redis.ResponseError as e:
+                    out.append(e)
+            return out
+        pipe = self.redis.pipeline(transaction=False)
+        for c in commands:
+            pipe.execute_command(*c)
+        return await pipe.execute(raise_on_error=False)
+
+    async def _drive(self, op: Op) -> Any:
+        try:
+            commands = next(op)
+            while True:
+                commands = op.send(await self._execute(commands))
+        except StopIteration as done:
+            return done.value
+
+    async def _namespace(self, again: bool = False) -> Namespace:
+        if self._ns is None or again:
+            self._ns = await self._drive(_core.load_namespace(self.namespace))
+        return self._ns
+
+    async def _run(self, make: Callable[[Namespace], Op]) -> Any:
+        try:
+            return await self._drive(make(await self._namespace()))
+        except Fenced:
+            return await self._drive(make(await self._namespace(again=True)))
+
+    async def enqueue_many(self, jobs: Sequence[Job], on_conflict: str = "replace") -> List[Union[Enqueued, Exception]]:
+        jobs = list(jobs)
+        results = await self._run(lambda ns: _core.enqueue(ns, jobs, on_conflict, self._ids, self.max_payload))
+        again = _refused(results)
+        if again:
+            ns = await self._namespace(again=True)
+            retried = await self._drive(_core.enqueue(ns, [jobs[i] for i in again], on_conflict, self._ids, self.max_payload))
+            for i, r in zip(again, retried):
+                results[i] = r
+        return results
+
+    async def enqueue(self, dest: str, payload: Union[bytes, str], *, on_conflict: str = "replace", **kw: Any) -> Enqueued:
+        return self._one(await self.enqueue_many([_job(dest, payload, **kw)], on_conflict))
+
+    async def cancel(self, id: str, dest: Optional[str] = None) -> str:
+        return await self._run(lambda ns: _core.cancel(ns, id, dest))
+
+    async def reschedule(self, id: str, *, at: Optional[Moment] = None, delay: Optional[Span] = None, dest: Optional[str] = None) -> Optional[int]:
+        due = _core.due_arg(at, delay)
+        return await self._run(lambda ns: _core.reschedule(ns, id, due, dest))
+
+    async def get(self, id: str, dest: Optional[str] = None) -> Optional[dict]:
+        return await self._run(lambda ns: _core.get(ns, id, dest))
+
+    async def aclose(self) -> None:
+        # redis-py 5 renamed close() to aclose().
+        await getattr(self.redis, "aclose", self.redis.close)()
+
+
+__all__ = ["Client", "AsyncClient", "JobExists"]

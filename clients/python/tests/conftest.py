@@ -1,0 +1,153 @@
+"""Real servers for the client's tests: a private redis-server (or a 3-master cluster) and a
+real `zdelay run` of this checkout (ZDELAY_BIN, else target/debug/zdelay)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[3]
+ZDELAY = os.environ.get("ZDELAY_BIN", str(ROOT / "target" / "debug" / "zdelay"))
+REDIS_SERVER = os.environ.get("ZDELAY_TEST_REDIS_SERVER", "redis-server")
+ROUTES = """
+[[routes]]
+name = "emails"
+sink = "local"
+target = "q:emails"
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too, both below the ephemeral range."""
+    for port in random.sample(range(20000, 30000), 200):
+        if _free(port) and _free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def wait_for(what: str, cond, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def start_redis(tmp: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    port = free_cluster_port() if "--cluster-enabled" in extra else free_port()
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp), *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    r = redis.Redis(port=port)
+    wait_for("redis-server", lambda: _pings(r))
+    return proc, port
+
+
+def _pings(r: redis.Redis) -> bool:
+    try:
+        return bool(r.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Daemon:
+    """`zdelay run` on a config written for the test; stopped by its pid."""
+
+    def __init__(self, redis_toml: str, routes: str = ROUTES, shards: int = 10, layout: int = 1) -> None:
+        self.dir = Path(tempfile.mkdtemp())
+        admin = free_port()
+        self.config = self.dir / "zdelay.toml"
+        self.config.write_text(
+            f"[redis]\n{redis_toml}\nshards = {shards}\nlayout = {layout}\n\n"
+            f"[admin]\nlisten = \"127.0.0.1:{admin}\"\n{routes}"
+        )
+        self.log = open(self.dir / "daemon.log", "wb")
+        self.proc = subprocess.Popen([ZDELAY, "run", "--config", str(self.config)], stdout=self.log, stderr=self.log)
+        wait_for("the daemon ready", lambda: self._ready(admin), timeout=30)
+
+    def _ready(self, port: int) -> bool:
+        assert self.proc.poll() is None, (self.dir / "daemon.log").read_text()
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200
+        except OSError:
+            return False
+
+    def cli(self, *args: str) -> str:
+        out = subprocess.run([ZDELAY, *args, "--config", str(self.config)], capture_output=True, check=True)
+        return out.stdout.decode().strip()
+
+    def stop(self) -> None:
+        stop(self.proc)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    proc, port = start_redis(tmp_path)
+    yield f"redis://127.0.0.1:{port}"
+    stop(proc)
+
+
+@pytest.fixture
+def daemon(redis_url):
+    d = Daemon(f'url = "{redis_url}"')
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Three masters, no replicas: (seed URL, the processes)."""
+    procs, ports = [], []
+    for i in range(3):
+        node = tmp_path / f"n{i}"
+        node.mkdir()
+        proc, port = start_redis(node, "--cluster-enabled", "yes", "--cluster-config-file", str(node / "nodes.conf"))
+        procs.append(proc)
+        ports.append(port)
+    subprocess.run(
+        ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-replicas", "0", "--cluster-yes"],
+        check=True, capture_output=True,
+    )
+    wait_for("cluster_state:ok", lambda: all(
+        b"cluster_state:ok" in redis.Redis(port=p).execute_command("CLUSTER", "INFO") for p in ports))
+    yield ports
+    for proc in procs:
+        stop(proc)

@@ -1,0 +1,149 @@
+"""The client against a real Redis and a real `zdelay run`: what it stores is byte for byte what
+zdelay's own CLI stores, the daemon delivers it, and bad input is refused by name, unwritten."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import redis
+
+import zdelay
+from zdelay import _core
+
+from .conftest import Daemon, wait_for
+
+VECTORS = json.loads((Path(__file__).resolve().parents[3] / "docs/reference/protocol-vectors.json").read_text())
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_keys_shards_slot_tags_and_frames_match_the_vectors():
+    assert _core.crc16(b"123456789") == VECTORS["crc16_xmodem_check"]["crc16"]
+    for case in VECTORS["shard_rule"]:
+        assert _core.shard_of(case["id"], case["shards"]) == case["shard"], case
+    for case in VECTORS["slot_tags"]["examples"]:
+        assert _core.slot_tag(case["slot"]) == case["tag"]
+    for case in VECTORS["lanes"]:
+        slot = _core.crc16(_core.hash_tag(case["list"].encode())) % _core.SLOTS
+        lane = _core.Lane(1, case["route"], slot, "LPUSH", case["list"])
+        assert lane.keys(case["namespace"], "due", "lane") == [case["keys"]["due"], case["keys"]["marker"]]
+    for case in VECTORS["spread_shards"]:
+        ns = _core.Namespace(case["namespace"], 2, case["shards"])
+        assert ns.shard_keys(case["shard"], "due", "jobs") == [case["due"], case["jobs"]]
+    for case in VECTORS["envelopes"]:
+        ns = _core.Namespace("zdelay", 1, 16)
+        job = zdelay.Job(case["dest"], base64.b64decode(case["payload_base64"]), id="x", headers=case["headers"],
+                         max_attempts=case["max_attempts"], max_lateness=case["max_lateness_ms"])
+        op = _core.enqueue(ns, [job], "replace", _core._Ids(), None)
+        (call,) = next(op)
+        assert call[-2] == base64.b64decode(case["frame_base64"]), case["name"]
+
+
+def test_a_job_is_stored_as_zdelay_stores_it_and_delivered(daemon, redis_url):
+    client = zdelay.Client.from_url(redis_url)
+    r = redis.Redis.from_url(redis_url)
+    at = datetime.now(timezone.utc) + timedelta(hours=1)
+    at_ms = -(-int(at.timestamp() * 1_000_000) // 1000)
+    daemon.cli("enqueue", "--dest", "emails", "--id", "{u}:cli", "--at", str(at_ms), "--payload", "hi there",
+               "--header", "tenant=acme", "--header", f"Traceparent={TRACEPARENT}", "--max-attempts", "3",
+               "--max-lateness", "30s")
+    done = client.enqueue("emails", "hi there", id="{u}:py", at=at_ms, headers={"tenant": "acme", "Traceparent": TRACEPARENT},
+                          max_attempts=3, max_lateness=timedelta(seconds=30))
+    assert done == zdelay.Enqueued("{u}:py", "added")
+    shard = _core.shard_of("{u}:py", 10)
+    assert shard == _core.shard_of("{u}:cli", 10)
+    for key in ("jobs", "max_lateness"):
+        assert r.hget(f"{{zdelay:{shard}}}:{key}", "{u}:py") == r.hget(f"{{zdelay:{shard}}}:{key}", "{u}:cli"), key
+    assert r.zscore(f"{{zdelay:{shard}}}:due", "{u}:py") == r.zscore(f"{{zdelay:{shard}}}:due", "{u}:cli")
+
+    job = client.get("{u}:py")
+    assert job["state"] == "scheduled" and job["due_ms"] == at_ms and job["payload"] == b"hi there"
+    assert job["headers"] == {"tenant": "acme", "traceparent": TRACEPARENT} and job["max_lateness_ms"] == 30000
+    assert client.enqueue("emails", "other", id="{u}:py", on_conflict="keep").outcome == "kept"
+    with pytest.raises(zdelay.JobExists):
+        client.enqueue("emails", "other", id="{u}:py", on_conflict="error")
+    assert client.reschedule("{u}:py", delay=timedelta(hours=2)) > at_ms
+    assert client.cancel("{u}:py") == "cancelled"
+    assert client.cancel("{u}:py") == "not_pending" and client.get("{u}:py") is None
+
+    # Many at once, due now by Redis's clock: every one delivered, in due order.
+    results = client.enqueue_many([zdelay.Job("emails", f"p{i}", delay=i) for i in range(300)])
+    assert all(isinstance(x, zdelay.Enqueued) for x in results)
+    wait_for("300 delivered", lambda: r.llen("q:emails") == 300)
+    assert sorted(r.lrange("q:emails", 0, -1)) == sorted(f"p{i}".encode() for i in range(300))
+
+
+def test_bad_input_is_refused_by_name_and_writes_nothing(daemon, redis_url):
+    client = zdelay.Client.from_url(redis_url, max_payload=100)
+    r = redis.Redis.from_url(redis_url)
+    before = r.dbsize()
+    cases = [
+        (dict(headers={"n": 1}), "headers.n"),
+        (dict(at=1_700_000_000), "at"),
+        (dict(at=datetime(2030, 1, 1)), "at"),
+        (dict(at=1, delay=1), "at"),
+        (dict(id="~mine"), "id"),
+        (dict(max_attempts=0), "max_attempts"),
+        (dict(max_lateness=-5), "max_lateness"),
+    ]
+    for kw, field in cases:
+        with pytest.raises(zdelay.InvalidJob) as e:
+            client.enqueue("emails", "x", **kw)
+        assert e.value.field == field, (kw, e.value)
+    with pytest.raises(zdelay.InvalidJob, match="exceeds max_payload 100"):
+        client.enqueue("emails", b"x" * 101)
+    with pytest.raises(zdelay.InvalidJob, match="dest"):
+        client.enqueue("a\nb", "x")
+    mixed = client.enqueue_many([zdelay.Job("emails", "ok"), zdelay.Job("emails", "bad", headers={"h": None})])
+    assert isinstance(mixed[0], zdelay.Enqueued) and isinstance(mixed[1], zdelay.InvalidJob)
+    assert r.dbsize() <= before + 3, "only the good job (its due, jobs and nothing else) was written"
+
+
+def test_before_any_daemon_the_namespace_is_missing_and_retryable(redis_url):
+    with pytest.raises(zdelay.NoNamespace) as e:
+        zdelay.Client.from_url(redis_url).enqueue("emails", "x")
+    assert e.value.retryable and "does not exist yet" in str(e.value)
+    assert redis.Redis.from_url(redis_url).dbsize() == 0
+
+
+def test_the_asyncio_client_does_the_same(daemon, redis_url):
+    async def main():
+        client = zdelay.AsyncClient.from_url(redis_url)
+        done = await client.enqueue("emails", b"async", id="a-1", delay=timedelta(hours=1))
+        assert done.outcome == "added"
+        assert (await client.get("a-1"))["state"] == "scheduled"
+        assert await client.reschedule("a-1", delay=0) is not None
+        results = await client.enqueue_many([zdelay.Job("emails", f"q{i}") for i in range(50)])
+        assert len(results) == 50
+        await client.aclose()
+
+    asyncio.run(main())
+    r = redis.Redis.from_url(redis_url)
+    wait_for("51 delivered", lambda: r.llen("q:emails") == 51)
+
+
+def test_on_a_cluster_on_layout_2_jobs_go_to_their_route_lane(cluster):
+    seeds = ", ".join(f'"redis://127.0.0.1:{p}"' for p in cluster)
+    daemon = Daemon(f"cluster_nodes = [{seeds}]", shards=4, layout=2)
+    try:
+        client = zdelay.Client.from_url(f"redis://127.0.0.1:{cluster[0]}", cluster=True)
+        generated = client.enqueue("emails", "later", delay=timedelta(hours=1))
+        assert generated.id.startswith("~") and client.get(generated.id)["state"] == "scheduled"
+        assert client.get("mine", dest="emails") is None
+        client.enqueue("emails", "mine", id="mine", delay=timedelta(hours=1), headers={"k": "v"})
+        assert client.get("mine", dest="emails")["headers"] == {"k": "v"}
+        with pytest.raises(zdelay.InvalidJob) as e:
+            client.get("mine")
+        assert e.value.field == "dest"
+        with pytest.raises(zdelay.UnknownDestination):
+            client.enqueue("nowhere", "x")
+        assert client.cancel(generated.id) == "cancelled"
+        client.enqueue("emails", "now", delay=0)
+        r = redis.RedisCluster.from_url(f"redis://127.0.0.1:{cluster[0]}")
+        wait_for("delivered from the lane", lambda: r.lrange("q:emails", 0, -1) == [b"now"])
+    finally:
+        daemon.stop()
