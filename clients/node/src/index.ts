@@ -1,0 +1,457 @@
+// zdelay producer client for Node: the producer protocol (docs/reference/protocol.md) on
+// ioredis. Every call is one FCALL of the function library the zdelay daemons load.
+
+import { randomBytes } from "crypto";
+import Redis, { Cluster } from "ioredis";
+
+export const PROTOCOL = 1;
+const SLOTS = 16384;
+
+export class ZdelayError extends Error {
+  /** Whether the same call may succeed later, unchanged. */
+  retryable = false;
+  constructor(message: string) {
+    super(message);
+    this.name = new.target.name;
+  }
+}
+export class NoNamespace extends ZdelayError { retryable = true; }
+export class ProtocolError extends ZdelayError {}
+/** The namespace changed under the call (reshard, upgrade, a lane moved): nothing was written. */
+export class Fenced extends ZdelayError { retryable = true; }
+export class UnknownDestination extends ZdelayError {}
+export class JobExists extends ZdelayError {}
+export class InvalidJob extends ZdelayError {
+  constructor(readonly field: string, why: string) {
+    super(`${field}: ${why}`);
+  }
+}
+
+const CRC: number[] = Array.from({ length: 256 }, (_, i) => {
+  let c = i << 8;
+  for (let k = 0; k < 8; k++) c = c & 0x8000 ? (c << 1) ^ 0x1021 : c << 1;
+  return c & 0xffff;
+});
+
+/** CRC-16/XMODEM, the checksum Redis Cluster hashes keys with. */
+export function crc16(data: Uint8Array): number {
+  let c = 0;
+  for (const b of data) c = ((c << 8) & 0xffff) ^ CRC[((c >> 8) ^ b) & 0xff];
+  return c;
+}
+
+export function hashTag(key: Buffer): Buffer {
+  const start = key.indexOf("{");
+  if (start >= 0) {
+    const end = key.indexOf("}", start + 1);
+    if (end > start + 1) return key.subarray(start + 1, end);
+  }
+  return key;
+}
+
+/** The whole CRC-16 of the id's tag modulo the shard count (not the cluster slot). */
+export function shardOf(id: string, shards: number): number {
+  return crc16(hashTag(Buffer.from(id))) % shards;
+}
+
+const TAG_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz";
+const tags = new Map<number, string>();
+
+/** The shortest string over 0-9a-z in `slot`, the first in ASCII order among equals. */
+export function slotTag(slot: number): string {
+  const known = tags.get(slot);
+  if (known !== undefined) return known;
+  for (let n = 1; n <= 4; n++) {
+    const digits = new Array<number>(n).fill(0);
+    for (;;) {
+      const tag = digits.map((d) => TAG_ALPHABET[d]).join("");
+      const at = crc16(Buffer.from(tag)) % SLOTS;
+      if (!tags.has(at)) tags.set(at, tag);
+      if (at === slot) return tags.get(slot)!;
+      let i = n - 1;
+      while (i >= 0 && digits[i] === 35) digits[i--] = 0;
+      if (i < 0) break;
+      digits[i]++;
+    }
+  }
+  throw new Error(`no tag for slot ${slot}`);
+}
+
+interface Lane { number: number; route: string; slot: number; push: string; list: string; }
+const laneKeys = (ns: string, lane: Lane, ...kinds: string[]) =>
+  kinds.map((k) => `${ns}:{${slotTag(lane.slot)}}:${k}:${lane.route}`);
+const marker = (l: Lane) => `2 ${l.number.toString(36)} ${l.push} ${l.list}`;
+
+interface Namespace {
+  name: string; layout: number; shards: number;
+  lanes: Map<string, Lane>; twoPhase: Set<string>;
+}
+function shardKeys(ns: Namespace, shard: number, ...kinds: string[]): string[] {
+  if (ns.layout === 1) return kinds.map((k) => `{${ns.name}:${shard}}:${k}`);
+  const tag = slotTag(Math.floor(((2 * shard + 1) * SLOTS) / (2 * ns.shards)));
+  return kinds.map((k) => `${ns.name}:{${tag}}:s${shard}:${k}`);
+}
+
+type Command = (string | number | Buffer)[];
+type Op<T> = Generator<Command[], T, unknown[]>;
+
+function* loadNamespace(name: string): Op<Namespace> {
+  const [layout, shards, migrating, upgrading, protocol] = yield [
+    ...["layout", "shards", "migrating", "upgrading"].map((f) => ["HGET", `${name}:schema`, f]),
+    ["FCALL", "zd1_protocol", 0],
+  ];
+  if (shards == null) {
+    throw new NoNamespace(`namespace ${name} does not exist yet: a zdelay daemon creates it when it starts`);
+  }
+  if (protocol instanceof Error) {
+    throw new ProtocolError(`the zdelay function library for protocol ${PROTOCOL} is not on this server `
+      + `(${protocol.message}): a zdelay daemon loads it when it starts (Redis 7.0 or later, or Valkey 7.2)`);
+  }
+  if (migrating != null) throw new Fenced(`namespace ${name} is being resharded (${migrating}): try again`);
+  const n = Number(String(upgrading ?? layout));
+  if (n !== 1 && n !== 2) throw new ProtocolError(`namespace ${name} is on storage layout ${n}; this client knows 1 and 2`);
+  const ns: Namespace = { name, layout: n, shards: Number(String(shards)), lanes: new Map(), twoPhase: new Set() };
+  if (n === 2) {
+    const [registry] = yield [["HGETALL", `${name}:lanes`]];
+    const flat = (registry as Buffer[]).map(String);
+    for (let i = 0; i < flat.length; i += 2) {
+      const [key, value] = [flat[i], flat[i + 1]];
+      if (key.startsWith("r:")) {
+        const [num, , slot, push, ...list] = value.split(" ");
+        ns.lanes.set(key.slice(2), { number: parseInt(num, 36), route: key.slice(2), slot: Number(slot), push, list: list.join(" ") });
+      } else if (key.startsWith("t:")) ns.twoPhase.add(key.slice(2));
+    }
+  }
+  return ns;
+}
+
+const ULID = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+const STORED = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz";
+class Ids {
+  private last = [0n, 0n];
+  private stored = [0n, 0n];
+  private random14 = BigInt(randomBytes(2).readUInt16BE() & 0x3fff);
+  ulid(): string {
+    let ms = BigInt(Date.now());
+    let rnd = BigInt("0x" + randomBytes(10).toString("hex"));
+    if (ms <= this.last[0]) [ms, rnd] = [this.last[0], this.last[1] + 1n];
+    this.last = [ms, rnd];
+    const n = (ms << 80n) | (rnd & ((1n << 80n) - 1n));
+    return Array.from({ length: 26 }, (_, i) => ULID[Number((n >> BigInt(5 * (25 - i))) & 31n)]).join("");
+  }
+  storedId(): string {
+    let ms = BigInt(Date.now() - 1_704_067_200_000);
+    let counter = ms <= this.stored[0] ? this.stored[1] + 1n : 0n;
+    if (ms < this.stored[0]) ms = this.stored[0];
+    if (counter > 0xffffn) [ms, counter] = [ms + 1n, 0n];
+    this.stored = [ms, counter];
+    const n = (ms << 30n) | (this.random14 << 16n) | counter;
+    return Array.from({ length: 12 }, (_, i) => STORED[Number((n >> BigInt(6 * (11 - i))) & 63n)]).join("");
+  }
+}
+
+export interface Job {
+  dest: string;
+  payload: Buffer | string;
+  /** A Date, or epoch milliseconds (rounded up: never due before it). */
+  at?: Date | number;
+  /** Milliseconds after Redis's clock. */
+  delay?: number;
+  id?: string;
+  headers?: Record<string, string>;
+  maxAttempts?: number;
+  /** Milliseconds after the due time beyond which the job is not delivered. */
+  maxLateness?: number;
+}
+export interface Enqueued { id: string; outcome: "added" | "replaced" | "kept"; }
+export type OnConflict = "replace" | "keep" | "error";
+
+const wholeMs = (v: number, field: string) => {
+  if (!Number.isInteger(v) || v < 0) throw new InvalidJob(field, `must be whole milliseconds >= 0, got ${v}`);
+  return v;
+};
+
+export function dueArg(at?: Date | number, delay?: number): string {
+  if (at !== undefined && delay !== undefined) throw new InvalidJob("at", "give at or delay, not both");
+  if (at === undefined) return `+${wholeMs(delay ?? 0, "delay")}`;
+  const ms = at instanceof Date ? Math.ceil(at.getTime()) : at;
+  if (!Number.isInteger(ms) || ms < 0) throw new InvalidJob("at", `must be a Date or epoch milliseconds, got ${String(at)}`);
+  if (ms >= 1e9 && ms < 1e11) throw new InvalidJob("at", `${ms} looks like epoch seconds; at takes epoch milliseconds`);
+  return String(ms);
+}
+
+function meta(job: Job): Record<string, unknown> {
+  const m: Record<string, unknown> = {};
+  if (job.headers && Object.keys(job.headers).length) {
+    const h: Record<string, string> = {};
+    for (const [k, v] of Object.entries(job.headers)) {
+      if (typeof v !== "string") throw new InvalidJob(`headers.${k}`, `values must be strings, got ${typeof v}`);
+      h[k] = v;
+    }
+    for (const name of ["traceparent", "tracestate"]) {
+      for (const k of Object.keys(h)) {
+        if (k !== name && k.toLowerCase() === name) {
+          if (!(name in h)) h[name] = h[k];
+          delete h[k];
+        }
+      }
+    }
+    const byBytes = (a: string, b: string) => Buffer.compare(Buffer.from(a), Buffer.from(b));
+    m.headers = Object.fromEntries(Object.keys(h).sort(byBytes).map((k) => [k, h[k]]));
+  }
+  if (job.maxAttempts !== undefined) {
+    if (!Number.isInteger(job.maxAttempts) || job.maxAttempts < 1) {
+      throw new InvalidJob("maxAttempts", `must be a whole number >= 1, got ${job.maxAttempts}`);
+    }
+    m.max_attempts = job.maxAttempts;
+  }
+  return m;
+}
+
+function payloadOf(job: Job, maxPayload?: number): Buffer {
+  const dest = Buffer.from(typeof job.dest === "string" ? job.dest : "");
+  if (!dest.length || dest.length > 512 || dest.includes("\n")) {
+    throw new InvalidJob("dest", `must be a non-empty string of at most 512 bytes without newlines: ${JSON.stringify(job.dest)}`);
+  }
+  const payload = typeof job.payload === "string" ? Buffer.from(job.payload) : job.payload;
+  if (!Buffer.isBuffer(payload)) throw new InvalidJob("payload", "must be a Buffer or a string");
+  if (maxPayload !== undefined && payload.length > maxPayload) {
+    throw new InvalidJob("payload", `${payload.length} bytes exceeds maxPayload ${maxPayload}`);
+  }
+  if (job.id !== undefined) {
+    const n = Buffer.byteLength(job.id);
+    if (typeof job.id !== "string" || n === 0 || n > 256) throw new InvalidJob("id", "must be a non-empty string of at most 256 bytes");
+    if (job.id.startsWith("~")) throw new InvalidJob("id", "ids starting with ~ are reserved for the ids zdelay generates");
+  }
+  return payload;
+}
+
+const json = (m: Record<string, unknown>) => (Object.keys(m).length ? Buffer.from(JSON.stringify(m)) : Buffer.alloc(0));
+const OUTCOMES: Record<number, Enqueued["outcome"]> = { 1: "added", 2: "replaced", 0: "kept" };
+
+function* enqueueOp(ns: Namespace, jobs: Job[], policy: OnConflict, ids: Ids, maxPayload?: number): Op<(Enqueued | Error)[]> {
+  if (!["replace", "keep", "error"].includes(policy)) throw new InvalidJob("onConflict", `must be replace, keep or error: ${policy}`);
+  const results: (Enqueued | Error)[] = new Array(jobs.length);
+  const groups = new Map<string, { head: Command; nkeys: number; items: [number, string, Command][] }>();
+  const wake = `${ns.name}:wake`;
+  jobs.forEach((job, i) => {
+    try {
+      const payload = payloadOf(job, maxPayload);
+      const m = meta(job);
+      const due = dueArg(job.at, job.delay);
+      const late = job.maxLateness === undefined ? "" : String(wholeMs(job.maxLateness, "maxLateness"));
+      const lane = ns.layout === 2 ? ns.lanes.get(job.dest) : undefined;
+      if (ns.layout === 2 && !lane && !ns.twoPhase.has(job.dest) && !job.dest.includes("/")) {
+        const known = [...ns.lanes.keys(), ...ns.twoPhase].sort().join(", ") || "none registered";
+        throw new UnknownDestination(`unknown destination ${JSON.stringify(job.dest)}; routes: ${known}`);
+      }
+      let head: Command, item: Command, id: string, nkeys: number;
+      if (lane) {
+        const stored = job.id ?? ids.storedId();
+        id = job.id ?? `~${lane.number.toString(36)}.${stored}`;
+        nkeys = 8;
+        head = ["zd1_enqueue_lane", ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane"),
+          marker(lane), policy, wake, `l${lane.number.toString(36)}`];
+        item = [stored, due, payload, json(m), late];
+      } else {
+        id = job.id ?? ids.ulid();
+        const shard = shardOf(id, ns.shards);
+        if (late !== "") m.max_lateness_ms = Number(late);
+        const mj = json(m);
+        const frame = Buffer.concat([Buffer.from(`zd1:${job.dest}\n${mj.length}\n`), mj, payload]);
+        nkeys = 10;
+        head = ["zd1_enqueue", ...shardKeys(ns, shard, "due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards"),
+          ns.shards, policy, wake, shard];
+        item = [id, due, frame, late];
+      }
+      const key = head.join("\u0000");
+      if (!groups.has(key)) groups.set(key, { head, nkeys, items: [] });
+      groups.get(key)!.items.push([i, id, item]);
+    } catch (e) {
+      if (!(e instanceof ZdelayError)) throw e;
+      results[i] = e;
+    }
+  });
+  const calls: Command[] = [];
+  const members: [number, string, Command][][] = [];
+  for (const { head, nkeys, items } of groups.values()) {
+    for (let s = 0; s < items.length; s += 500) {
+      const chunk = items.slice(s, s + 500);
+      calls.push(["FCALL", head[0], nkeys, ...head.slice(1), ...chunk.flatMap(([, , item]) => item)]);
+      members.push(chunk);
+    }
+  }
+  const replies = yield calls;
+  replies.forEach((reply, c) => members[c].forEach(([i, id], n) => {
+    if (reply instanceof Error) results[i] = reply;
+    else {
+      const code = Number((reply as unknown[])[n]);
+      results[i] = code === -1 ? new JobExists(`job ${id} exists (onConflict 'error')`) : { id, outcome: OUTCOMES[code] };
+    }
+  }));
+  return results;
+}
+
+function place(ns: Namespace, id: string, dest?: string): [Lane | undefined, string] {
+  if (ns.layout === 2 && id.startsWith("~")) {
+    const [num, stored] = id.slice(1).split(".", 2);
+    if (!stored || stored.length !== 12) throw new InvalidJob("id", `${id} is not a generated id (~<lane>.<12 characters>)`);
+    const lane = [...ns.lanes.values()].find((l) => l.number === parseInt(num, 36));
+    if (!lane) throw new Fenced(`lane ${num} is not in ${ns.name}:lanes`);
+    return [lane, stored];
+  }
+  if (ns.layout === 2 && dest === undefined) {
+    throw new InvalidJob("dest", "on storage layout 2 an id of your own is found through its destination: give dest");
+  }
+  return [ns.layout === 2 && dest !== undefined ? ns.lanes.get(dest) : undefined, id];
+}
+
+const FENCES = ["ZDELAY_RESHARDED", "ZDELAY_MIGRATING", "ZDELAY_LAYOUT", "ZDELAY_LANE_MOVED", "ZDELAY_LANE_CHANGED"];
+const isFence = (r: unknown) => r instanceof Error && FENCES.some((f) => r.message.startsWith(f));
+function ok(reply: unknown): any {
+  if (reply instanceof Error) {
+    if (isFence(reply)) throw new Fenced(reply.message);
+    if (reply.message.startsWith("ZDELAY_NO_LANE")) throw new UnknownDestination(`no daemon registered this route's lane (${reply.message})`);
+    throw reply;
+  }
+  return reply;
+}
+
+function* cancelOp(ns: Namespace, id: string, dest?: string): Op<"cancelled" | "not_pending" | "in_flight"> {
+  const [lane, stored] = place(ns, id, dest);
+  const [code] = lane
+    ? yield [["FCALL", "zd1_cancel_lane", 6, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "lane"), marker(lane), stored]]
+    : yield [["FCALL", "zd1_cancel", 8, ...shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards"), ns.shards, id]];
+  return ({ 1: "cancelled", 0: "not_pending", [-1]: "in_flight" } as const)[Number(ok(code)) as 1 | 0 | -1];
+}
+
+function* rescheduleOp(ns: Namespace, id: string, due: string, dest?: string): Op<number | null> {
+  const [lane, stored] = place(ns, id, dest);
+  const wake = `${ns.name}:wake`;
+  const shard = shardOf(id, ns.shards);
+  const [ms] = lane
+    ? yield [["FCALL", "zd1_reschedule_lane", 2, ...laneKeys(ns.name, lane, "due", "lane"), marker(lane), stored, due, wake, `l${lane.number.toString(36)}`]]
+    : yield [["FCALL", "zd1_reschedule", 5, ...shardKeys(ns, shard, "due", "scheduled", "ready", "ready_ids", "shards"), ns.shards, id, due, wake, shard]];
+  const v = ok(ms);
+  return v == null || Number(v) === -1 ? null : Number(v);
+}
+
+export interface JobView {
+  id: string; state: "scheduled" | "due" | "in_flight" | "dead" | "orphan"; dest: string | null;
+  payload: Buffer | null; dueMs: number | null; headers: Record<string, string>;
+  maxAttempts: number | null; maxLatenessMs: number | null; reason: string | null;
+}
+
+function* getOp(ns: Namespace, id: string, dest?: string): Op<JobView | null> {
+  const [lane, stored] = place(ns, id, dest);
+  let due, ready = null, inflight = null, dead, payload: Buffer | null, reason, late, m: any = {}, jobDest: string | null;
+  let t: Buffer[];
+  if (lane) {
+    const [r] = yield [["FCALL", "zd1_get_lane", 7, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "dead", "reasons", "lane"), marker(lane), stored]];
+    let mj;
+    [t, due, payload, mj, late, dead, reason] = [ok(r).slice(0, 2), ...ok(r).slice(2)];
+    m = mj ? JSON.parse(String(mj)) : {};
+    jobDest = lane.route;
+  } else {
+    const keys = shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "dead", "reasons", "ready_ids", "shards");
+    const [r] = yield [["FCALL", "zd1_get", 7, ...keys, ns.shards, id]];
+    [t, due, ready, inflight, dead, payload, reason] = [ok(r).slice(0, 2), ...ok(r).slice(2)];
+    jobDest = null;
+    if (payload && payload.subarray(0, 4).toString() === "zd1:") {
+      const nl = payload.indexOf("\n"), nl2 = payload.indexOf("\n", nl + 1);
+      const len = Number(payload.subarray(nl + 1, nl2).toString());
+      jobDest = payload.subarray(4, nl).toString();
+      m = len ? JSON.parse(payload.subarray(nl2 + 1, nl2 + 1 + len).toString()) : {};
+      payload = payload.subarray(nl2 + 1 + len);
+    }
+    late = m.max_lateness_ms ?? null;
+  }
+  const now = Number(String(t[0])) * 1000 + Number(String(t[1])) / 1000;
+  let state: JobView["state"], score: unknown;
+  if (due != null) [state, score] = [Number(String(due)) > now ? "scheduled" : "due", due];
+  else if (ready != null) [state, score] = ["due", String(ready).split("\n")[1]];
+  else if (inflight != null) [state, score] = ["in_flight", inflight];
+  else if (dead != null) [state, score] = ["dead", dead];
+  else if (payload != null) [state, score] = ["orphan", null];
+  else return null;
+  return {
+    id, state, dest: jobDest, payload, dueMs: score == null ? null : Math.trunc(Number(String(score))),
+    headers: m.headers ?? {}, maxAttempts: m.max_attempts ?? null,
+    maxLatenessMs: late == null ? null : Number(String(late)), reason: reason == null ? null : String(reason),
+  };
+}
+
+export interface ClientOptions { namespace?: string; maxPayload?: number; }
+
+/** A producer on an ioredis `Redis` or `Cluster`. */
+export class Client {
+  readonly namespace: string;
+  private ns?: Namespace;
+  private ids = new Ids();
+  constructor(readonly redis: Redis | Cluster, private options: ClientOptions = {}) {
+    this.namespace = options.namespace ?? "zdelay";
+  }
+
+  private async execute(commands: Command[]): Promise<unknown[]> {
+    const run = (c: Command) => (this.redis as Redis).callBuffer(String(c[0]), ...c.slice(1)) as Promise<unknown>;
+    if (this.redis instanceof Cluster) {
+      return Promise.all(commands.map((c) => run(c).catch((e: unknown) => e)));
+    }
+    const pipe = this.redis.pipeline();
+    for (const c of commands) (pipe as any).callBuffer(String(c[0]), ...c.slice(1));
+    return ((await pipe.exec()) ?? []).map(([err, value]) => err ?? value);
+  }
+
+  private async drive<T>(op: Op<T>): Promise<T> {
+    let step = op.next(undefined as unknown as unknown[]);
+    while (!step.done) step = op.next(await this.execute(step.value));
+    return step.value;
+  }
+
+  private async namespaceOf(again = false): Promise<Namespace> {
+    if (!this.ns || again) this.ns = await this.drive(loadNamespace(this.namespace));
+    return this.ns;
+  }
+
+  private async run<T>(make: (ns: Namespace) => Op<T>): Promise<T> {
+    try {
+      return await this.drive(make(await this.namespaceOf()));
+    } catch (e) {
+      if (!(e instanceof Fenced)) throw e;
+      return this.drive(make(await this.namespaceOf(true)));
+    }
+  }
+
+  /** One result per job, in order: `Enqueued`, or the error of that job alone. */
+  async enqueueMany(jobs: Job[], onConflict: OnConflict = "replace"): Promise<(Enqueued | Error)[]> {
+    const results = await this.run((ns) => enqueueOp(ns, jobs, onConflict, this.ids, this.options.maxPayload));
+    const again = results.flatMap((r, i) => (isFence(r) ? [i] : []));
+    if (again.length) {
+      const ns = await this.namespaceOf(true);
+      const retried = await this.drive(enqueueOp(ns, again.map((i) => jobs[i]), onConflict, this.ids, this.options.maxPayload));
+      again.forEach((i, n) => (results[i] = retried[n]));
+    }
+    return results;
+  }
+
+  async enqueue(job: Job, onConflict: OnConflict = "replace"): Promise<Enqueued> {
+    const [result] = await this.enqueueMany([job], onConflict);
+    if (result instanceof Error) throw result;
+    return result;
+  }
+
+  /** "cancelled", "not_pending" (delivered, dead, unknown) or "in_flight". */
+  cancel(id: string, dest?: string) {
+    return this.run((ns) => cancelOp(ns, id, dest));
+  }
+
+  /** The new due time in epoch ms, or null when the job is not pending. */
+  reschedule(id: string, when: { at?: Date | number; delay?: number; dest?: string }) {
+    const due = dueArg(when.at, when.delay);
+    return this.run((ns) => rescheduleOp(ns, id, due, when.dest));
+  }
+
+  get(id: string, dest?: string) {
+    return this.run((ns) => getOp(ns, id, dest));
+  }
+}

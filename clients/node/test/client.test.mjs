@@ -1,0 +1,135 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join } from "node:path";
+import Redis, { Cluster } from "ioredis";
+import { execFileSync } from "node:child_process";
+import * as zdelay from "../dist/esm/index.js";
+import { ROOT, startRedis, startDaemon, waitFor } from "./servers.mjs";
+
+const VECTORS = JSON.parse(readFileSync(join(ROOT, "docs/reference/protocol-vectors.json"), "utf8"));
+const TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+test("the shard rule and slot tags match the vectors; CommonJS loads too", () => {
+  assert.equal(zdelay.crc16(Buffer.from("123456789")), VECTORS.crc16_xmodem_check.crc16);
+  for (const c of VECTORS.shard_rule) assert.equal(zdelay.shardOf(c.id, c.shards), c.shard, JSON.stringify(c));
+  for (const c of VECTORS.slot_tags.examples) assert.equal(zdelay.slotTag(c.slot), c.tag);
+  const cjs = createRequire(import.meta.url)("../dist/cjs/index.js");
+  assert.equal(cjs.shardOf("{user-42}:invoice", 10), 9);
+});
+
+test("jobs are stored as zdelay stores them, framed as the vectors say, and delivered", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`);
+  const redis = new Redis(server.url);
+  const client = new zdelay.Client(new Redis(server.url));
+  try {
+    const atMs = Date.now() + 3_600_000;
+    daemon.cli("enqueue", "--dest", "emails", "--id", "{u}:cli", "--at", String(atMs), "--payload", "hi there",
+      "--header", "tenant=acme", "--header", `Traceparent=${TRACEPARENT}`, "--max-attempts", "3", "--max-lateness", "30s");
+    const done = await client.enqueue({ dest: "emails", payload: "hi there", id: "{u}:node", at: atMs,
+      headers: { tenant: "acme", Traceparent: TRACEPARENT }, maxAttempts: 3, maxLateness: 30_000 });
+    assert.deepEqual(done, { id: "{u}:node", outcome: "added" });
+    const shard = zdelay.shardOf("{u}:node", 10);
+    for (const key of ["jobs", "max_lateness"]) {
+      assert.deepEqual(await redis.hgetBuffer(`{zdelay:${shard}}:${key}`, "{u}:node"),
+        await redis.hgetBuffer(`{zdelay:${shard}}:${key}`, "{u}:cli"), key);
+    }
+    for (const [i, c] of VECTORS.envelopes.entries()) {
+      const id = `{v}:${i}`;
+      await client.enqueue({ dest: c.dest, payload: Buffer.from(c.payload_base64, "base64"), id, delay: 3_600_000,
+        headers: c.headers, maxAttempts: c.max_attempts ?? undefined, maxLateness: c.max_lateness_ms ?? undefined });
+      const stored = await redis.hgetBuffer(`{zdelay:${zdelay.shardOf(id, 10)}}:jobs`, id);
+      assert.equal(stored.toString("base64"), c.frame_base64, c.name);
+    }
+    const job = await client.get("{u}:node");
+    assert.equal(job.state, "scheduled");
+    assert.equal(job.dueMs, atMs);
+    assert.equal(job.payload.toString(), "hi there");
+    assert.deepEqual(job.headers, { tenant: "acme", traceparent: TRACEPARENT });
+    assert.equal((await client.enqueue({ dest: "emails", payload: "x", id: "{u}:node" }, "keep")).outcome, "kept");
+    await assert.rejects(client.enqueue({ dest: "emails", payload: "x", id: "{u}:node" }, "error"), zdelay.JobExists);
+    assert.ok((await client.reschedule("{u}:node", { delay: 7_200_000 })) > atMs);
+    assert.equal(await client.cancel("{u}:node"), "cancelled");
+    assert.equal(await client.cancel("{u}:node"), "not_pending");
+    assert.equal(await client.get("{u}:node"), null);
+
+    const results = await client.enqueueMany(Array.from({ length: 300 }, (_, i) => ({ dest: "emails", payload: `p${i}`, delay: i })));
+    assert.ok(results.every((r) => !(r instanceof Error)));
+    await waitFor("300 delivered", async () => (await redis.llen("q:emails")) === 300);
+  } finally {
+    redis.disconnect();
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
+test("bad input is refused by name and writes nothing; no namespace before a daemon", async () => {
+  const server = await startRedis();
+  const redis = new Redis(server.url);
+  const client = new zdelay.Client(new Redis(server.url), { maxPayload: 100 });
+  try {
+    await assert.rejects(client.enqueue({ dest: "emails", payload: "x" }), (e) => e instanceof zdelay.NoNamespace && e.retryable);
+    assert.equal(await redis.dbsize(), 0);
+    const daemon = await startDaemon(`url = "${server.url}"`);
+    try {
+      const before = await redis.dbsize();
+      const cases = [
+        [{ headers: { n: 1 } }, "headers.n"], [{ at: 1_700_000_000 }, "at"], [{ at: 1, delay: 1 }, "at"],
+        [{ id: "~mine" }, "id"], [{ maxAttempts: 0 }, "maxAttempts"], [{ maxLateness: -5 }, "maxLateness"],
+        [{ payload: "x".repeat(101) }, "payload"], [{ dest: "a\nb" }, "dest"],
+      ];
+      for (const [extra, field] of cases) {
+        await assert.rejects(client.enqueue({ dest: "emails", payload: "x", ...extra }),
+          (e) => e instanceof zdelay.InvalidJob && e.field === field, JSON.stringify(extra));
+      }
+      assert.equal(await redis.dbsize(), before);
+    } finally {
+      await daemon.stop();
+    }
+  } finally {
+    redis.disconnect();
+    client.redis.disconnect();
+    await server.stop();
+  }
+});
+
+test("on a cluster on layout 2, jobs go to their route's lane and are delivered", async () => {
+  const nodes = [];
+  for (let i = 0; i < 3; i++) nodes.push(await startRedis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]));
+  try {
+    execFileSync("redis-cli", ["--cluster", "create", ...nodes.map((n) => `127.0.0.1:${n.port}`), "--cluster-replicas", "0", "--cluster-yes"], { stdio: "ignore" });
+    await waitFor("cluster_state:ok", async () => {
+      for (const n of nodes) {
+        const r = new Redis(n.port);
+        const info = await r.cluster("INFO");
+        r.disconnect();
+        if (!String(info).includes("cluster_state:ok")) return false;
+      }
+      return true;
+    });
+    const seeds = nodes.map((n) => `"${n.url}"`).join(", ");
+    const daemon = await startDaemon(`cluster_nodes = [${seeds}]`, { shards: 4, layout: 2 });
+    const cluster = new Cluster(nodes.map((n) => ({ host: "127.0.0.1", port: n.port })));
+    const client = new zdelay.Client(cluster);
+    try {
+      const later = await client.enqueue({ dest: "emails", payload: "later", delay: 3_600_000 });
+      assert.match(later.id, /^~/);
+      assert.equal((await client.get(later.id)).state, "scheduled");
+      await client.enqueue({ dest: "emails", payload: "mine", id: "mine", delay: 3_600_000, headers: { k: "v" } });
+      assert.deepEqual((await client.get("mine", "emails")).headers, { k: "v" });
+      await assert.rejects(client.get("mine"), (e) => e instanceof zdelay.InvalidJob && e.field === "dest");
+      await assert.rejects(client.enqueue({ dest: "nowhere", payload: "x" }), zdelay.UnknownDestination);
+      assert.equal(await client.cancel(later.id), "cancelled");
+      await client.enqueue({ dest: "emails", payload: "now" });
+      await waitFor("delivered from the lane", async () => (await cluster.lrange("q:emails", 0, -1)).join() === "now");
+    } finally {
+      cluster.disconnect();
+      await daemon.stop();
+    }
+  } finally {
+    for (const n of nodes) await n.stop();
+  }
+});

@@ -1,0 +1,84 @@
+// Real servers for the tests: private redis-servers and a real `zdelay run` of this checkout
+// (ZDELAY_BIN, else target/debug/zdelay), stopped by pid.
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, writeFileSync, rmSync, openSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import Redis from "ioredis";
+
+export const ROOT = resolve(import.meta.dirname ?? new URL(".", import.meta.url).pathname, "../../..");
+export const ZDELAY = process.env.ZDELAY_BIN ?? join(ROOT, "target/debug/zdelay");
+const REDIS_SERVER = process.env.ZDELAY_TEST_REDIS_SERVER ?? "redis-server";
+
+export async function waitFor(what, cond, timeoutMs = 15000) {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+export function freePort() {
+  return new Promise((res) => {
+    const s = createServer().listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => res(port));
+    });
+  });
+}
+
+async function isFree(port) {
+  return new Promise((res) => {
+    const s = createServer().once("error", () => res(false)).listen(port, "127.0.0.1", () => s.close(() => res(true)));
+  });
+}
+
+export async function startRedis(extra = []) {
+  let port = await freePort();
+  if (extra.includes("--cluster-enabled")) {
+    // The cluster bus listens on port + 10000: both must be free.
+    do port = 20000 + Math.floor(Math.random() * 10000); while (!(await isFree(port)) || !(await isFree(port + 10000)));
+  }
+  const dir = mkdtempSync(join(tmpdir(), "zd-node-"));
+  const proc = spawn(REDIS_SERVER, ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir, ...extra], { stdio: "ignore" });
+  const probe = new Redis({ port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+  probe.on("error", () => {}); // refused until the server listens: expected, polled below
+  await waitFor("redis-server", async () => {
+    try {
+      if (probe.status !== "ready") await probe.connect();
+      return (await probe.ping()) === "PONG";
+    } catch {
+      probe.disconnect();
+      return false;
+    }
+  });
+  probe.disconnect();
+  return { port, url: `redis://127.0.0.1:${port}`, stop: () => stop(proc, dir) };
+}
+
+function stop(proc, dir) {
+  return new Promise((res) => {
+    if (proc.exitCode !== null) return res();
+    proc.once("exit", () => { if (dir) rmSync(dir, { recursive: true, force: true }); res(); });
+    proc.kill("SIGTERM");
+  });
+}
+
+export async function startDaemon(redisToml, { shards = 10, layout = 1 } = {}) {
+  const dir = mkdtempSync(join(tmpdir(), "zd-node-daemon-"));
+  const admin = await freePort();
+  const config = join(dir, "zdelay.toml");
+  writeFileSync(config, `[redis]\n${redisToml}\nshards = ${shards}\nlayout = ${layout}\n\n[admin]\nlisten = "127.0.0.1:${admin}"\n\n`
+    + `[[routes]]\nname = "emails"\nsink = "local"\ntarget = "q:emails"\n`);
+  const log = openSync(join(dir, "daemon.log"), "w");
+  const proc = spawn(ZDELAY, ["run", "--config", config], { stdio: ["ignore", log, log] });
+  await waitFor("the daemon ready", async () => {
+    if (proc.exitCode !== null) throw new Error(`zdelay run exited: see ${dir}/daemon.log`);
+    try { return (await fetch(`http://127.0.0.1:${admin}/readyz`)).ok; } catch { return false; }
+  }, 30000);
+  return {
+    cli: (...args) => execFileSync(ZDELAY, [...args, "--config", config]).toString().trim(),
+    stop: () => stop(proc, dir),
+  };
+}
