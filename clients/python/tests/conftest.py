@@ -90,6 +90,7 @@ class Daemon:
     """`zdelay run` on a config written for the test; stopped by its pid."""
 
     def __init__(self, redis_toml: str, routes: str = ROUTES, shards: int = 10, layout: int = 1) -> None:
+        # routes: TOML of [[routes]] and [sinks.*] after [admin]
         self.dir = Path(tempfile.mkdtemp())
         admin = free_port()
         self.config = self.dir / "zdelay.toml"
