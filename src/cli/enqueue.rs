@@ -4,12 +4,9 @@ use super::When;
 use super::batch;
 use anyhow::Context;
 use clap::ValueEnum;
-use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
-use zdelay::envelope::payload_from_json;
-use zdelay::{Client, Due, Enqueued, NewJob, OnConflict};
+use zdelay::{Client, Enqueued, NewJob, OnConflict};
 
 #[derive(clap::Args)]
 pub struct EnqueueArgs {
@@ -130,48 +127,14 @@ pub async fn run(client: &Client, args: EnqueueArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// One line of `enqueue --batch`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BatchLine {
-    dest: String,
-    payload: String,
-    #[serde(default)]
-    payload_encoding: Option<String>,
-    #[serde(default)]
-    at: Option<i64>,
-    #[serde(default, rename = "in", with = "humantime_serde")]
-    delay: Option<Duration>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
-    #[serde(default)]
-    max_attempts: Option<u32>,
-    #[serde(default, with = "humantime_serde")]
-    max_lateness: Option<Duration>,
-}
-
 fn parse_line(line: &str) -> Result<NewJob, String> {
-    let l: BatchLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
-    let payload = payload_from_json(l.payload, l.payload_encoding.as_deref())?;
-    let mut job = NewJob::new(l.dest, payload);
-    job.due = match (l.at, l.delay) {
-        (Some(_), Some(_)) => return Err("give \"at\" or \"in\", not both".into()),
-        (Some(ms), None) => Due::At(zdelay::job::check_epoch_ms(ms)?),
-        (None, Some(d)) => Due::In(d),
-        (None, None) => Due::In(Duration::ZERO),
-    };
-    job.id = l.id;
-    job.headers = l.headers;
-    job.max_attempts = l.max_attempts;
-    job.max_lateness = l.max_lateness;
-    Ok(job)
+    NewJob::from_json_line(line)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zdelay::Due;
 
     #[test]
     fn a_seconds_looking_at_is_a_bad_line() {

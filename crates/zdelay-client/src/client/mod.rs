@@ -24,7 +24,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
+mod json_job;
 pub(crate) mod lanes;
+pub use json_job::JobLine;
 #[cfg(test)]
 mod vectors;
 

@@ -1,0 +1,53 @@
+//! The JSON form of a job: one object per line of `zdelay enqueue --batch`, and the body of the
+//! HTTP enqueue (`POST /api/jobs`): one place for its fields and their checks.
+
+use super::NewJob;
+use crate::envelope::payload_from_json;
+use crate::job::Due;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A job as one JSON object: a line of `zdelay enqueue --batch` and the body of the HTTP
+/// `POST /api/jobs`. `payload_encoding` is `utf8` (default) or `base64`; `at` is epoch ms,
+/// `in` and `max_lateness` are durations (`"250ms"`, `"1h"`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobLine {
+    dest: String,
+    payload: String,
+    #[serde(default)]
+    payload_encoding: Option<String>,
+    #[serde(default)]
+    at: Option<i64>,
+    #[serde(default, rename = "in", with = "humantime_serde")]
+    delay: Option<Duration>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    max_lateness: Option<Duration>,
+}
+
+impl NewJob {
+    /// A job from its JSON form ([`JobLine`]); the error names what is wrong.
+    pub fn from_json_line(line: &str) -> Result<NewJob, String> {
+        let l: JobLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
+        let payload = payload_from_json(l.payload, l.payload_encoding.as_deref())?;
+        let mut job = NewJob::new(l.dest, payload);
+        job.due = match (l.at, l.delay) {
+            (Some(_), Some(_)) => return Err("give \"at\" or \"in\", not both".into()),
+            (Some(ms), None) => Due::At(crate::job::check_epoch_ms(ms)?),
+            (None, Some(d)) => Due::In(d),
+            (None, None) => Due::In(Duration::ZERO),
+        };
+        job.id = l.id;
+        job.headers = l.headers;
+        job.max_attempts = l.max_attempts;
+        job.max_lateness = l.max_lateness;
+        Ok(job)
+    }
+}
