@@ -480,7 +480,7 @@ fn sentence(text: &str) -> String {
 
 /// Fields that hold nothing but a credential: the chart takes them from Secrets (the
 /// rendered TOML is a ConfigMap), so its schema offers only `<field>_file`.
-pub const CREDENTIAL_FIELDS: &[&str] = &["password", "token"];
+pub const CREDENTIAL_FIELDS: &[&str] = &["password", "token", "producer_token"];
 
 /// Sections the chart writes itself: `[admin]` from `admin.*`, `redis.tls` from
 /// `tls.redis`.

@@ -53,7 +53,7 @@ pub struct ApiState {
 }
 
 impl ApiState {
-    fn console(&self) -> Result<&Console, ApiError> {
+    pub(super) fn console(&self) -> Result<&Console, ApiError> {
         self.console.get().ok_or_else(|| {
             ApiError(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -86,7 +86,7 @@ impl ApiState {
 }
 
 /// An error answer: `{"error": "…"}` with its status.
-pub struct ApiError(StatusCode, String);
+pub struct ApiError(pub(super) StatusCode, pub(super) String);
 
 impl ApiError {
     pub fn forbidden(refused: Refused) -> Self {

@@ -35,12 +35,16 @@ pub enum Access {
     PayloadRead,
     /// A `POST` that changes something.
     Action,
+    /// A producer's call (the HTTP enqueue): needs `admin.producer_token`, which grants
+    /// nothing else, as the operator's token does not grant this.
+    Produce,
 }
 
 /// Why a request was refused (the 403 body).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refused {
     ReadOnly,
+    NoProducers,
     PayloadsNeedToken,
     NoToken,
     WrongToken,
@@ -55,11 +59,17 @@ impl std::fmt::Display for Refused {
             Refused::ReadOnly => {
                 f.write_str("the console is read-only: admin.token is not configured")
             }
+            Refused::NoProducers => {
+                f.write_str("the HTTP enqueue is off: admin.producer_token is not configured")
+            }
             Refused::PayloadsNeedToken => f.write_str(
                 "payloads and dead letters are not served on a non-loopback admin.listen \
                  without admin.token",
             ),
-            Refused::NoToken => f.write_str("this needs Authorization: Bearer <admin.token>"),
+            Refused::NoToken => f.write_str(
+                "this needs Authorization: Bearer <admin.token> (the HTTP enqueue: \
+                 <admin.producer_token>)",
+            ),
             Refused::WrongToken => f.write_str("wrong token"),
             Refused::CrossSite(why) => write!(f, "cross-site request refused: {why}"),
             Refused::ForeignHost(host) => write!(
@@ -75,6 +85,7 @@ impl std::fmt::Display for Refused {
 #[derive(Clone)]
 pub struct Policy {
     token: Option<Secret>,
+    producer_token: Option<Secret>,
     public_reads: bool,
     /// `admin.listen` is a loopback address: only this host reaches it.
     loopback: bool,
@@ -85,6 +96,7 @@ impl Policy {
     pub fn new(admin: &AdminConfig) -> Self {
         Policy {
             token: admin.token.clone(),
+            producer_token: admin.producer_token.clone(),
             public_reads: admin.public_reads,
             loopback: admin.listen.ip().is_loopback(),
             allowed_hosts: admin.allowed_hosts.clone(),
@@ -107,14 +119,16 @@ impl Policy {
 
     /// Whether the request may do `access`.
     pub fn check(&self, headers: &HeaderMap, access: Access) -> Result<(), Refused> {
-        let token = match (access, &self.token) {
-            (Access::PublicRead, _) if self.public_reads => return Ok(()),
-            (Access::PayloadRead, None) if self.loopback => return Ok(()),
-            (Access::PayloadRead, None) => return Err(Refused::PayloadsNeedToken),
-            (_, None) => return Err(Refused::ReadOnly),
-            (_, Some(token)) => token,
+        let token = match (access, &self.token, &self.producer_token) {
+            (Access::Produce, _, None) => return Err(Refused::NoProducers),
+            (Access::Produce, _, Some(producers)) => producers,
+            (Access::PublicRead, _, _) if self.public_reads => return Ok(()),
+            (Access::PayloadRead, None, _) if self.loopback => return Ok(()),
+            (Access::PayloadRead, None, _) => return Err(Refused::PayloadsNeedToken),
+            (_, None, _) => return Err(Refused::ReadOnly),
+            (_, Some(token), _) => token,
         };
-        if access == Access::Action
+        if matches!(access, Access::Action | Access::Produce)
             && let Some(kind) = header(headers, CONTENT_TYPE.as_str())
         {
             let mime = kind

@@ -7,6 +7,7 @@
 
 mod api;
 mod guard;
+mod produce;
 mod ui;
 
 pub use api::Console;
@@ -145,6 +146,7 @@ fn console_routes(admin: &AdminConfig, console: Arc<OnceLock<Console>>) -> Route
     let policy = Arc::new(guard::Policy::new(admin));
     let api_prefix = format!("{prefix}/api/");
     api::routes(prefix)
+        .merge(produce::routes(prefix))
         .with_state(api::ApiState {
             console,
             policy: policy.clone(),

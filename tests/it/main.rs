@@ -20,6 +20,7 @@ mod docs;
 mod faults;
 mod heavy;
 mod history;
+mod http_enqueue;
 mod kafka;
 mod keys_declared;
 mod lanes;

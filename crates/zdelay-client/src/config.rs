@@ -841,6 +841,12 @@ pub struct AdminConfig {
     /// served only when `listen` is a loopback address. At least 16 characters.
     #[schemars(length(min = 16))]
     pub token: Option<Secret>,
+    /// The producers' key for the HTTP enqueue (`POST /api/jobs`, `DELETE /api/jobs/{id}`,
+    /// `POST /api/jobs/{id}/reschedule`): callers send `Authorization: Bearer <producer_token>`.
+    /// Distinct from `token`: it enqueues, cancels and reschedules, and reads nothing. Unset
+    /// (the default): the HTTP enqueue is off (403). At least 16 characters.
+    #[schemars(length(min = 16))]
+    pub producer_token: Option<Secret>,
     /// Whether counts, the forecast and schedule timing (`GET /api/stats`, `/api/forecast`,
     /// `/api/schedules`) are readable without the token. `false` needs `token`. Default
     /// `true`.
@@ -866,6 +872,7 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             token: None,
+            producer_token: None,
             public_reads: true,
             console: true,
             metrics_listen: None,
@@ -1526,6 +1533,23 @@ impl Config {
         let a = &self.admin;
         if a.token.as_ref().is_some_and(|t| t.expose().len() < 16) {
             return Err(invalid("admin.token", "must be at least 16 characters"));
+        }
+        if a.producer_token
+            .as_ref()
+            .is_some_and(|t| t.expose().len() < 16)
+        {
+            return Err(invalid(
+                "admin.producer_token",
+                "must be at least 16 characters",
+            ));
+        }
+        if let (Some(p), Some(t)) = (&a.producer_token, &a.token)
+            && p.expose() == t.expose()
+        {
+            return Err(invalid(
+                "admin.producer_token",
+                "must differ from admin.token (producers must not get the operator's rights)",
+            ));
         }
         if !a.public_reads && a.token.is_none() {
             return Err(invalid(

@@ -369,6 +369,17 @@ pub fn http_request(
     path: &str,
     headers: &[&str],
 ) -> Option<(u16, String)> {
+    http_send(port, method, path, headers, b"")
+}
+
+/// [`http_request`] with a body.
+pub fn http_send(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &[u8],
+) -> Option<(u16, String)> {
     use std::io::Read;
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream
@@ -386,7 +397,9 @@ pub fn http_request(
         head.push_str(h);
         head.push_str("\r\n");
     }
-    write!(stream, "{head}Content-Length: 0\r\n\r\n").ok()?;
+    write!(stream, "{head}Content-Length: {}\r\n\r\n", body.len()).ok()?;
+    // A server may answer (413) before reading all of a large body.
+    let _ = stream.write_all(body);
     let mut text = String::new();
     stream.read_to_string(&mut text).ok()?;
     let status = text.split(' ').nth(1)?.parse().ok()?;

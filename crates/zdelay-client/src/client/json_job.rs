@@ -35,7 +35,18 @@ pub struct JobLine {
 impl NewJob {
     /// A job from its JSON form ([`JobLine`]); the error names what is wrong.
     pub fn from_json_line(line: &str) -> Result<NewJob, String> {
-        let l: JobLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
+        let value: serde_json::Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+        // Named here, since serde would say only "expected a string" and where.
+        if let Some((name, v)) = value
+            .get("headers")
+            .and_then(|h| h.as_object())
+            .and_then(|h| h.iter().find(|(_, v)| !v.is_string()))
+        {
+            return Err(format!(
+                "headers.{name}: header values must be strings, got {v}"
+            ));
+        }
+        let l: JobLine = serde_json::from_value(value).map_err(|e| e.to_string())?;
         let payload = payload_from_json(l.payload, l.payload_encoding.as_deref())?;
         let mut job = NewJob::new(l.dest, payload);
         job.due = match (l.at, l.delay) {
