@@ -158,19 +158,7 @@ route = "m"
     ok(&["reschedule", &later, "--in", "2h"]);
     ok(&["get", &later]);
     // The producer protocol's read (the writes are the scripts above under other names).
-    let shard = Keys::new("zdelay", 4).shard(Keys::new("zdelay", 4).shard_of(&later));
-    let read: Vec<redis::Value> = redis::cmd("FCALL")
-        .arg("zd1_get")
-        .arg(7)
-        .arg(&shard.due)
-        .arg(&shard.jobs)
-        .arg(&shard.inflight)
-        .arg(&shard.dead)
-        .arg(&shard.reasons)
-        .arg(&shard.ready_ids)
-        .arg(&shard.layout)
-        .arg(4)
-        .arg(&later)
+    let read: Vec<redis::Value> = crate::protocol::fcall_get(&Keys::new("zdelay", 4), &later)
         .query(&mut con)
         .expect("FCALL zd1_get");
     assert_eq!(read.len(), 8);
@@ -309,21 +297,10 @@ route = "m"
             &[item],
         ))
         .expect("enqueue_lane");
-        let k = &lane.keys;
-        let read: Vec<redis::Value> = redis::cmd("FCALL")
-            .arg("zd1_get_lane")
-            .arg(7)
-            .arg(&k.due)
-            .arg(&k.jobs)
-            .arg(&k.meta)
-            .arg(&k.maxlate)
-            .arg(&k.dead)
-            .arg(&k.reasons)
-            .arg(&k.marker)
-            .arg(lane.marker())
-            .arg("w")
-            .query(&mut con)
-            .expect("FCALL zd1_get_lane");
+        let read: Vec<redis::Value> =
+            crate::protocol::fcall_get_lane(&lane.keys, &lane.marker(), "w")
+                .query(&mut con)
+                .expect("FCALL zd1_get_lane");
         assert_eq!(read.len(), 8);
         let due = rt
             .block_on(scripts::reschedule_lane(

@@ -55,6 +55,45 @@ fn fcall_enqueue(
     cmd
 }
 
+/// `FCALL zd1_get` for `id`: the seven keys of its shard, the shard count, the id.
+pub(crate) fn fcall_get(keys: &Keys, id: &str) -> redis::Cmd {
+    let k = keys.shard(keys.shard_of(id));
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg("zd1_get").arg(7);
+    for key in [
+        &k.due,
+        &k.jobs,
+        &k.inflight,
+        &k.dead,
+        &k.reasons,
+        &k.ready_ids,
+        &k.layout,
+    ] {
+        cmd.arg(key);
+    }
+    cmd.arg(keys.shards()).arg(id);
+    cmd
+}
+
+/// `FCALL zd1_get_lane` for a stored id: the lane's seven keys, the marker expected, the id.
+pub(crate) fn fcall_get_lane(keys: &zdelay::keys::LaneKeys, marker: &str, id: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg("zd1_get_lane").arg(7);
+    for key in [
+        &keys.due,
+        &keys.jobs,
+        &keys.meta,
+        &keys.maxlate,
+        &keys.dead,
+        &keys.reasons,
+        &keys.marker,
+    ] {
+        cmd.arg(key);
+    }
+    cmd.arg(marker).arg(id);
+    cmd
+}
+
 #[test]
 fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_delivered() {
     let redis = RedisServer::start();
@@ -142,18 +181,7 @@ fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_
         Option<Vec<u8>>,
         Option<String>,
     );
-    let read: Read = redis::cmd("FCALL")
-        .arg("zd1_get")
-        .arg(7)
-        .arg(&shard.due)
-        .arg(&shard.jobs)
-        .arg(&shard.inflight)
-        .arg(&shard.dead)
-        .arg(&shard.reasons)
-        .arg(&shard.ready_ids)
-        .arg(&shard.layout)
-        .arg(shards)
-        .arg("{u1}:fcall")
+    let read: Read = fcall_get(&keys, "{u1}:fcall")
         .query(&mut con)
         .expect("FCALL zd1_get");
     assert!(read.0 > 1_700_000_000, "TIME seconds: {read:?}");
@@ -361,22 +389,7 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
         Option<f64>,
         Option<String>,
     );
-    let mut read = redis::cmd("FCALL");
-    read.arg("zd1_get_lane").arg(7);
-    for key in [
-        &keys.due,
-        &keys.jobs,
-        &keys.meta,
-        &keys.maxlate,
-        &keys.dead,
-        &keys.reasons,
-        &keys.marker,
-    ] {
-        read.arg(key);
-    }
-    let read: Read = read
-        .arg(&marker)
-        .arg("fcall-1")
+    let read: Read = fcall_get_lane(&keys, &marker, "fcall-1")
         .query(&mut con)
         .expect("FCALL zd1_get_lane");
     assert_eq!(
