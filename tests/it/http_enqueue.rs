@@ -111,6 +111,40 @@ fn the_http_enqueue_takes_a_job_or_json_lines_behind_its_own_token() {
     );
     assert_eq!(status, 409, "{body}");
 
+    // Stored byte for byte as the Rust library stores the same job.
+    let at = crate::common::redis_now_ms(&mut redis.conn()) + 3_600_000;
+    let same = format!(
+        r#"{{"dest":"emails","payload":"same","at":{at},"id":"{{s}}:http","headers":{{"tenant":"acme","Traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}},"max_attempts":3,"max_lateness":"30s"}}"#
+    );
+    assert_eq!(post(Some(PRODUCERS), &same, &[]).0, 201);
+    let rt = crate::common::runtime();
+    let lib = rt
+        .block_on(zdelay::Client::open(&redis.url()))
+        .expect("library");
+    let job = zdelay::NewJob::new("emails", "same")
+        .id("{s}:lib")
+        .at(at)
+        .header("tenant", "acme")
+        .header(
+            "Traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )
+        .max_attempts(3)
+        .max_lateness(Duration::from_secs(30));
+    rt.block_on(lib.enqueue(job, zdelay::OnConflict::Replace))
+        .expect("enqueue");
+    let keys = zdelay::keys::Keys::new("zdelay", 4);
+    let shard = keys.shard(keys.shard_of("{s}:http"));
+    let stored = |id: &str| -> (Vec<u8>, f64, String) {
+        redis::pipe()
+            .hget(&shard.jobs, id)
+            .zscore(&shard.due, id)
+            .hget(&shard.max_lateness, id)
+            .query(&mut redis.conn())
+            .unwrap()
+    };
+    assert_eq!(stored("{s}:http"), stored("{s}:lib"));
+
     // Bad input: named, and nothing written.
     for (bad, says) in [
         (
