@@ -219,7 +219,7 @@ run_step "TypeScript client: npm ci, build, node --test" node.log \
 # (same features, nothing rebuilt), chosen by test name. harness_runs_the_named_server fails
 # unless the servers started really are Valkey and the daemon names it at start-up, so this
 # pass cannot quietly test Redis again. (broker_faults:: is skipped: `faults::` matches it.)
-VALKEY_TESTS=(harness_ delivery:: cli:: two_phase:: cluster:: bad_input:: faults:: seeds::)
+VALKEY_TESTS=(harness_ delivery:: cli:: two_phase:: cluster:: bad_input:: faults:: seeds:: protocol::)
 [[ -x ${ZDELAY_TEST_VALKEY_SERVER:-} ]] ||
     die "ZDELAY_TEST_VALKEY_SERVER='${ZDELAY_TEST_VALKEY_SERVER:-}' is not an executable (scripts/services.sh install)"
 VALKEY_NAME=$("$ZDELAY_TEST_VALKEY_SERVER" --version | awk '{ sub(/^v=/, "", $3); print tolower($1), $3 }')
@@ -229,6 +229,10 @@ run_step "Valkey pass: cargo test --test it -- ${VALKEY_TESTS[*]} ($VALKEY_NAME)
     env ZDELAY_TEST_REDIS_SERVER="$ZDELAY_TEST_VALKEY_SERVER" \
     cargo test --workspace --test it "${FEATURES[@]}" -- --test-threads "$TEST_THREADS" \
     "${VALKEY_TESTS[@]}" --skip broker_faults::
+# The producer protocol's Functions on Valkey from another language too.
+run_step "Valkey pass: the Python client ($VALKEY_NAME)" python-valkey.log \
+    "${PY_CLIENT_ENV[@]}" ZDELAY_TEST_REDIS_SERVER="$ZDELAY_TEST_VALKEY_SERVER" "$ZDELAY_TEST_PYTHON" \
+    -m pytest -q -p no:cacheprovider -m "not broker" clients/python/tests
 
 # --- the book ------------------------------------------------------------------------------
 # docs/ is an mdBook book; tests/it/docs.rs (above) checked its links, this renders it. mdBook
