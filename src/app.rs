@@ -462,6 +462,11 @@ async fn sample_stats(
             Ok(_) => crate::metrics::recovered("redis", "activity"),
             Err(e) => crate::metrics::error_event("redis", "activity", &e),
         }
+        // Producers in other languages need the library on every master, also after a
+        // restart that lost it; where the start-up load could not run it stays a warning.
+        if let Err(e) = zdelay_client::store::functions::ensure(&mut con).await {
+            tracing::debug!(error = %e, "producer functions not loaded");
+        }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}
             _ = shutdown.cancelled() => {}

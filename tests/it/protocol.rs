@@ -212,6 +212,17 @@ fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_
         assert_eq!(codes, [code], "{policy}");
     }
 
+    // A server that lost the library (a restart without persistence, FUNCTION FLUSH) gets it
+    // back from the running daemon at its next stats sample.
+    let _: () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut con).unwrap();
+    wait_for("the library loaded again", Duration::from_secs(15), || {
+        redis::cmd("FCALL")
+            .arg("zd1_protocol")
+            .arg(0)
+            .query::<(u32, String)>(&mut redis.conn())
+            .is_ok()
+    });
+
     // Due now (relative, on Redis's clock): the daemon, woken by the call, delivers the payload.
     let codes: Vec<i64> =
         fcall_enqueue(&keys, "replace", "now-1", "+0", b"zd1:emails\n0\nnow!", "")

@@ -83,6 +83,18 @@ pub async fn load(con: &mut Conn) -> redis::RedisResult<()> {
     con.on_every_primary(cmd).await.map(drop)
 }
 
+/// Loads the library where it is missing — a server restarted without persistence, a master
+/// added to the cluster — and leaves it where it is: `FUNCTION LOAD` without `REPLACE`, which a
+/// server holding the library refuses before compiling anything (about 5 µs).
+pub async fn ensure(con: &mut Conn) -> redis::RedisResult<()> {
+    let mut cmd = redis::cmd("FUNCTION");
+    cmd.arg("LOAD").arg(library());
+    match con.on_every_primary(cmd).await {
+        Err(e) if !e.to_string().contains("already exists") => Err(e),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
