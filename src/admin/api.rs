@@ -86,9 +86,13 @@ impl ApiState {
 }
 
 /// An error answer: `{"error": "…"}` with its status.
-pub struct ApiError(pub(super) StatusCode, pub(super) String);
+pub struct ApiError(StatusCode, String);
 
 impl ApiError {
+    pub fn new(status: StatusCode, why: impl Into<String>) -> Self {
+        ApiError(status, why.into())
+    }
+
     pub fn forbidden(refused: Refused) -> Self {
         ApiError(StatusCode::FORBIDDEN, refused.to_string())
     }

@@ -235,9 +235,3 @@ async fn reschedule(
         )),
     }
 }
-
-impl ApiError {
-    pub fn new(status: StatusCode, why: impl Into<String>) -> Self {
-        ApiError(status, why.into())
-    }
-}

@@ -461,6 +461,3 @@ def _ok(reply: Any) -> Any:
         raise reply
     return reply
 
-
-def fenced(results: List[Any]) -> bool:
-    return any(isinstance(r, Exception) and str(r).startswith(FENCES) for r in results)

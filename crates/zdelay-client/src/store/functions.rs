@@ -47,9 +47,15 @@ fn source_of(script: &str) -> &'static str {
         .expect("every function runs a script of lua/")
 }
 
-/// The library's source: every function's script body inside `function(KEYS, ARGV)`, then
-/// `zd1_protocol`, which answers the protocol version and the build that loaded it.
-pub fn library() -> String {
+/// The library's source, built once: the daemons send it at start and at every stats sample.
+pub fn library() -> &'static str {
+    static LIBRARY_SOURCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(build_library);
+    &LIBRARY_SOURCE
+}
+
+/// Every function's script body inside `function(KEYS, ARGV)`, then `zd1_protocol`, which
+/// answers the protocol version and the build that loaded it.
+fn build_library() -> String {
     let mut lua = format!("#!lua name={LIBRARY}\n");
     for (i, (name, script, read_only)) in FUNCTIONS.iter().enumerate() {
         let body = source_of(script);
@@ -65,15 +71,6 @@ pub fn library() -> String {
         env!("CARGO_PKG_VERSION")
     ));
     lua
-}
-
-/// The names of the library's functions.
-pub fn names() -> Vec<String> {
-    FUNCTIONS
-        .iter()
-        .map(|(name, _, _)| (*name).to_owned())
-        .chain([format!("zd{PROTOCOL}_protocol")])
-        .collect()
 }
 
 /// Loads (or replaces) the library on the server, on every master of a cluster.
@@ -113,7 +110,10 @@ mod tests {
             );
             assert!(lua.contains(&format!("function_name='{name}'")));
         }
-        assert!(names().contains(&"zd1_protocol".to_owned()));
-        assert_eq!(names().len(), FUNCTIONS.len() + 1);
+        assert!(lua.contains(&format!("function_name='zd{PROTOCOL}_protocol'")));
+        assert_eq!(
+            lua.matches("redis.register_function{").count(),
+            FUNCTIONS.len() + 1
+        );
     }
 }
