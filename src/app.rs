@@ -137,6 +137,7 @@ async fn serve(
     let console_client = console_client
         .with_routes(Routes::from_config(&config))
         .with_max_payload(config.poller.max_payload);
+    let requests_client = console_client.clone();
     let _ = console.set(admin::Console {
         client: console_client,
         config: config.clone(),
@@ -207,6 +208,12 @@ async fn serve(
         sampler_con,
         config.clone(),
         pollers.wakers(),
+        shutdown.clone(),
+    ));
+    tracker.spawn(apply_schedule_requests(
+        requests_client,
+        con.clone(),
+        format!("{instance} {nonce}"),
         shutdown.clone(),
     ));
     for sink in sinks.values() {
@@ -469,6 +476,57 @@ async fn sample_stats(
         }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}
+            _ = shutdown.cancelled() => {}
+        }
+    }
+}
+
+/// How often a daemon looks for producers' schedule requests (one `EXISTS`).
+const SCHEDULE_REQUESTS_EVERY: Duration = Duration::from_millis(250);
+
+/// Applies producers' schedule requests (`zd1_schedule`, `schedule_requests`) soon after they
+/// are made, and prunes their outcomes once they are an hour old.
+async fn apply_schedule_requests(
+    client: Client,
+    mut con: Conn,
+    holder: String,
+    shutdown: CancellationToken,
+) {
+    use zdelay_client::schedule_requests;
+    let requests = client.keys().schedule_requests();
+    let mut pruned_at = std::time::Instant::now();
+    while !shutdown.is_cancelled() {
+        let waiting: redis::RedisResult<bool> = redis::cmd("EXISTS")
+            .arg(&requests)
+            .query_async(&mut con)
+            .await;
+        let mut again = false;
+        match waiting {
+            Ok(true) => match schedule_requests::apply_requests(&client, &holder).await {
+                Ok(applied) => {
+                    crate::metrics::recovered("redis", "schedule requests");
+                    if let Some(why) = &applied.deferred_why {
+                        tracing::debug!(deferred = applied.deferred, %why, "schedule requests left for later");
+                    }
+                    // A full call: more may wait.
+                    again = applied.applied >= schedule_requests::REQUESTS_PER_CALL;
+                }
+                Err(e) => crate::metrics::error_event("redis", "schedule requests", &e),
+            },
+            Ok(false) => {}
+            Err(e) => crate::metrics::error_event("redis", "schedule requests", &e),
+        }
+        if pruned_at.elapsed() >= Duration::from_secs(60) {
+            pruned_at = std::time::Instant::now();
+            if let Err(e) = schedule_requests::prune_results(&client).await {
+                crate::metrics::error_event("redis", "schedule requests", &e);
+            }
+        }
+        if again {
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(SCHEDULE_REQUESTS_EVERY) => {}
             _ = shutdown.cancelled() => {}
         }
     }

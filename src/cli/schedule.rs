@@ -6,14 +6,12 @@ use super::enqueue::parse_header;
 use super::render::format_ms;
 use anyhow::Context;
 use clap::ValueEnum;
-use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zdelay::Client;
-use zdelay::envelope::payload_from_json;
 use zdelay::job::parse_at;
-use zdelay::schedule::{DEFAULT_MAX_CATCH_UP, Misfire, ScheduleDef};
+use zdelay::schedule::{Misfire, ScheduleDef};
+use zdelay::schedule_requests::MisfireName;
 use zdelay::schedules::{NewSchedule, Quarantine, Repeat, ScheduleView};
 
 #[derive(clap::Subcommand)]
@@ -148,8 +146,7 @@ pub struct PreviewArgs {
     output: super::Output,
 }
 
-#[derive(Clone, Copy, ValueEnum, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, ValueEnum)]
 enum MisfireArg {
     Coalesce,
     Skip,
@@ -157,76 +154,14 @@ enum MisfireArg {
     CatchUp,
 }
 
-fn misfire(arg: MisfireArg, max: Option<u32>) -> Result<Misfire, String> {
-    match (arg, max) {
-        (MisfireArg::CatchUp, max) => Ok(Misfire::CatchUp {
-            max: max.unwrap_or(DEFAULT_MAX_CATCH_UP),
-        }),
-        (_, Some(_)) => Err("max_catch_up applies to misfire catch_up only".into()),
-        (MisfireArg::Coalesce, None) => Ok(Misfire::Coalesce),
-        (MisfireArg::Skip, None) => Ok(Misfire::Skip),
+impl From<MisfireArg> for MisfireName {
+    fn from(arg: MisfireArg) -> Self {
+        match arg {
+            MisfireArg::Coalesce => MisfireName::Coalesce,
+            MisfireArg::Skip => MisfireName::Skip,
+            MisfireArg::CatchUp => MisfireName::CatchUp,
+        }
     }
-}
-
-fn repeat(
-    cron: Option<String>,
-    every: Option<Duration>,
-    tz: Option<String>,
-) -> Result<Repeat, String> {
-    match (cron, every, tz) {
-        (Some(expr), None, tz) => Ok(Repeat::Cron {
-            expr,
-            tz: tz.unwrap_or_else(|| "UTC".to_owned()),
-        }),
-        (None, Some(every), None) => Ok(Repeat::Every(every)),
-        (None, Some(_), Some(_)) => Err("tz applies to cron only".into()),
-        (Some(_), Some(_), _) => Err("give cron or every, not both".into()),
-        (None, None, _) => Err("give cron or every".into()),
-    }
-}
-
-/// One line of `schedule set --batch`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BatchLine {
-    id: String,
-    dest: String,
-    #[serde(default)]
-    cron: Option<String>,
-    #[serde(default, with = "humantime_serde")]
-    every: Option<Duration>,
-    #[serde(default)]
-    tz: Option<String>,
-    payload: String,
-    #[serde(default)]
-    payload_encoding: Option<String>,
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
-    #[serde(default)]
-    misfire: Option<MisfireArg>,
-    #[serde(default)]
-    max_catch_up: Option<u32>,
-    #[serde(default)]
-    start_at: Option<i64>,
-    #[serde(default)]
-    end_at: Option<i64>,
-    #[serde(default, with = "humantime_serde")]
-    max_lateness: Option<Duration>,
-    #[serde(default)]
-    max_attempts: Option<u32>,
-}
-
-fn parse_line(line: &str) -> Result<NewSchedule, String> {
-    let l: BatchLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
-    let payload = payload_from_json(l.payload, l.payload_encoding.as_deref())?;
-    let mut spec = NewSchedule::new(l.id, l.dest, payload, repeat(l.cron, l.every, l.tz)?);
-    spec.headers = l.headers;
-    spec.misfire = misfire(l.misfire.unwrap_or(MisfireArg::Coalesce), l.max_catch_up)?;
-    spec.start_at = l.start_at;
-    spec.end_at = l.end_at;
-    spec.max_lateness = l.max_lateness;
-    spec.max_attempts = l.max_attempts;
-    Ok(spec)
 }
 
 /// An occurrence as the schedule's own zone shows it (UTC for intervals).
@@ -423,20 +358,25 @@ async fn set(client: &Client, args: SetArgs) -> anyhow::Result<i32> {
             )
             .into());
         }
-        return batch::run(path, "schedules set", parse_line, async |specs| {
-            let mut out = Vec::with_capacity(specs.len());
-            for spec in specs {
-                let id = spec.id.clone();
-                out.push(match client.schedule_set(spec).await {
-                    Ok(set) => Ok(format!(
-                        "{id} {}",
-                        set.next_ms.map_or("none".to_owned(), format_ms)
-                    )),
-                    Err(e) => Err(e.to_string()),
-                });
-            }
-            Ok(out)
-        })
+        return batch::run(
+            path,
+            "schedules set",
+            NewSchedule::from_json_line,
+            async |specs| {
+                let mut out = Vec::with_capacity(specs.len());
+                for spec in specs {
+                    let id = spec.id.clone();
+                    out.push(match client.schedule_set(spec).await {
+                        Ok(set) => Ok(format!(
+                            "{id} {}",
+                            set.next_ms.map_or("none".to_owned(), format_ms)
+                        )),
+                        Err(e) => Err(e.to_string()),
+                    });
+                }
+                Ok(out)
+            },
+        )
         .await;
     }
     let id = args.id.expect("clap requires an id without --batch");
@@ -447,11 +387,12 @@ async fn set(client: &Client, args: SetArgs) -> anyhow::Result<i32> {
             .with_context(|| format!("cannot read --payload-file {}", path.display()))?,
         (None, None) => Vec::new(),
     };
-    let repeat = repeat(args.cron, args.every, args.tz)
+    let repeat = Repeat::from_parts(args.cron, args.every, args.tz)
         .map_err(|why| super::UsageError(format!("{why} (--cron or --every)")))?;
     let mut spec = NewSchedule::new(id.clone(), dest, payload, repeat);
     spec.headers = args.headers.into_iter().collect();
-    spec.misfire = misfire(args.misfire, args.max_catch_up).map_err(super::UsageError)?;
+    spec.misfire =
+        Misfire::from_name(args.misfire.into(), args.max_catch_up).map_err(super::UsageError)?;
     spec.start_at = args.start_at;
     spec.end_at = args.end_at;
     spec.max_lateness = args.max_lateness;
@@ -482,11 +423,12 @@ pub fn preview(args: PreviewArgs) -> anyhow::Result<i32> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64)
     });
-    let def =
-        match repeat(args.repeat.cron, args.repeat.every, args.tz).map_err(super::UsageError)? {
-            Repeat::Cron { expr, tz } => ScheduleDef::cron(expr, tz),
-            Repeat::Every(every) => ScheduleDef::every(every.as_millis() as u64, from),
-        };
+    let def = match Repeat::from_parts(args.repeat.cron, args.repeat.every, args.tz)
+        .map_err(super::UsageError)?
+    {
+        Repeat::Cron { expr, tz } => ScheduleDef::cron(expr, tz),
+        Repeat::Every(every) => ScheduleDef::every(every.as_millis() as u64, from),
+    };
     let schedule = def.compile()?;
     let times = schedule.occurrences(from, args.count as usize);
     if args.output.is_json() {
@@ -501,43 +443,4 @@ pub fn preview(args: PreviewArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batch_lines_parse_or_say_why() {
-        let spec = parse_line(
-            r#"{"id":"r","dest":"q","cron":"0 9 * * 1-5","tz":"Europe/Paris","payload":"x","misfire":"catch_up","max_catch_up":5}"#,
-        )
-        .unwrap();
-        assert_eq!(spec.misfire, Misfire::CatchUp { max: 5 });
-        assert!(matches!(spec.repeat, Repeat::Cron { ref tz, .. } if tz == "Europe/Paris"));
-        let spec = parse_line(r#"{"id":"e","dest":"q","every":"250ms","payload":"x"}"#).unwrap();
-        assert_eq!(spec.repeat, Repeat::Every(Duration::from_millis(250)));
-        for (bad, why) in [
-            (r#"{"id":"b","dest":"q","payload":"x"}"#, "cron or every"),
-            (
-                r#"{"id":"b","dest":"q","cron":"* * * * *","every":"1s","payload":"x"}"#,
-                "not both",
-            ),
-            (
-                r#"{"id":"b","dest":"q","every":"1s","tz":"UTC","payload":"x"}"#,
-                "cron only",
-            ),
-            (
-                r#"{"id":"b","dest":"q","every":"1s","payload":"x","max_catch_up":3}"#,
-                "catch_up only",
-            ),
-            (
-                r#"{"id":"b","dest":"q","every":"1s","payload":"x","x":1}"#,
-                "unknown field",
-            ),
-        ] {
-            let err = parse_line(bad).map(|_| ()).unwrap_err();
-            assert!(err.contains(why), "{bad}: {err}");
-        }
-    }
 }

@@ -217,6 +217,15 @@ route = "m"
     ok(&["schedule", "pause", "tick"]);
     ok(&["schedule", "resume", "tick"]);
     ok(&["schedule", "delete", "tick"]);
+    // A producer's schedule request, applied by the daemon.
+    let seq = crate::protocol::fcall_schedule(
+        &mut con,
+        "asked",
+        "set",
+        Some(r#"{"id":"asked","dest":"l","every":"1h","payload":"a"}"#),
+    )
+    .expect("FCALL zd1_schedule");
+    crate::protocol::outcome(&mut con, "asked", seq);
     ok(&[
         "schedule",
         "set",

@@ -450,3 +450,221 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
         got == [b"lane now".to_vec()]
     });
 }
+
+/// `FCALL zd1_schedule`: the namespace's request and result hashes, the id, the operation and
+/// (set) the schedule's JSON; the request's sequence number.
+pub(crate) fn fcall_schedule(
+    con: &mut redis::Connection,
+    id: &str,
+    op: &str,
+    json: Option<&str>,
+) -> redis::RedisResult<u64> {
+    let keys = Keys::new("zdelay", 1);
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg("zd1_schedule")
+        .arg(2)
+        .arg(keys.schedule_requests())
+        .arg(keys.schedule_results())
+        .arg(id)
+        .arg(op);
+    if let Some(json) = json {
+        cmd.arg(json);
+    }
+    cmd.query(con)
+}
+
+/// The outcome a daemon recorded for the requests of `id` up to `seq`.
+pub(crate) fn outcome(con: &mut redis::Connection, id: &str, seq: u64) -> serde_json::Value {
+    let results = Keys::new("zdelay", 1).schedule_results();
+    let mut found = serde_json::Value::Null;
+    wait_for(
+        "a daemon to apply the schedule request",
+        Duration::from_secs(10),
+        || {
+            let text: Option<String> = redis::cmd("HGET").arg(&results).arg(id).query(con).unwrap();
+            found = text.map_or(serde_json::Value::Null, |t| {
+                serde_json::from_str(&t).unwrap()
+            });
+            found["seq"].as_u64().is_some_and(|s| s >= seq)
+        },
+    );
+    found
+}
+
+/// The daemons' lock on schedule requests, held by the test so that requests wait; released
+/// on drop.
+struct HeldRequests(redis::Connection);
+
+impl HeldRequests {
+    fn take(redis: &RedisServer) -> Self {
+        let mut con = redis.conn();
+        let lock = Keys::new("zdelay", 1).schedule_requests_lock();
+        wait_for("the schedule request lock", Duration::from_secs(10), || {
+            let taken: Option<String> = redis::cmd("SET")
+                .arg(&lock)
+                .arg("test")
+                .arg("NX")
+                .arg("PX")
+                .arg(60_000)
+                .query(&mut con)
+                .unwrap();
+            taken.is_some()
+        });
+        HeldRequests(con)
+    }
+}
+
+impl Drop for HeldRequests {
+    fn drop(&mut self) {
+        let lock = Keys::new("zdelay", 1).schedule_requests_lock();
+        let _: redis::RedisResult<()> = redis::cmd("DEL").arg(lock).query(&mut self.0);
+    }
+}
+
+#[test]
+fn schedule_requests_by_fcall_are_applied_by_a_daemon_in_order_with_their_outcome() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 10, ROUTES);
+    // Two daemons: one at a time applies the requests.
+    let _daemons = [Daemon::start(&config), Daemon::start_instance(&config)];
+    let mut con = redis.conn();
+    let rt = common::runtime();
+    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+
+    // The same cron schedule through the library and through a request.
+    let json = |id: &str, payload: &str| {
+        format!(
+            r#"{{"id":"{id}","dest":"emails","cron":"0 9 * * 1-5","tz":"Europe/Paris","payload":"{payload}","headers":{{"tenant":"acme","Traceparent":"{TRACEPARENT}"}},"misfire":"skip","max_lateness":"30s","max_attempts":3}}"#
+        )
+    };
+    let spec = zdelay::schedules::NewSchedule::from_json_line(&json("by-lib", "report")).unwrap();
+    rt.block_on(client.schedule_set(spec))
+        .expect("schedule_set");
+    let seq = fcall_schedule(
+        &mut con,
+        "by-fcall",
+        "set",
+        Some(&json("by-fcall", "report")),
+    )
+    .unwrap();
+    let done = outcome(&mut con, "by-fcall", seq);
+    assert_eq!(done["ok"], true, "{done}");
+    assert_eq!(done["exists"], true, "{done}");
+    let (lib, req) = rt
+        .block_on(async {
+            Ok::<_, zdelay::ClientError>((
+                client.schedule_get("by-lib").await?.unwrap(),
+                client.schedule_get("by-fcall").await?.unwrap(),
+            ))
+        })
+        .unwrap();
+    assert_eq!(
+        (&req.dest, &req.def, req.paused),
+        (&lib.dest, &lib.def, false)
+    );
+    assert_eq!(req.next_ms, lib.next_ms);
+    assert_eq!(done["next_ms"].as_i64(), req.next_ms);
+    let (mut lib_env, mut req_env) = (lib.envelope.unwrap(), req.envelope.unwrap());
+    assert_eq!(req_env.meta.schedule.take().as_deref(), Some("by-fcall"));
+    lib_env.meta.schedule = None;
+    assert_eq!(req_env, lib_env, "an occurrence carries the same");
+
+    // An interval schedule fires through the daemon: its occurrences reach the list.
+    let every = r#"{"id":"tick","dest":"emails","every":"200ms","payload":"tick"}"#;
+    let seq = fcall_schedule(&mut con, "tick", "set", Some(every)).unwrap();
+    assert_eq!(outcome(&mut con, "tick", seq)["ok"], true);
+    wait_for("two occurrences delivered", Duration::from_secs(10), || {
+        lrange(&mut con, "q:emails")
+            .iter()
+            .filter(|p| p.as_slice() == b"tick")
+            .count()
+            >= 2
+    });
+
+    // Requests made before a daemon applies them are applied in the order asked: pause, then
+    // a set (which keeps the pause), is paused with the new payload.
+    let held = HeldRequests::take(&redis);
+    fcall_schedule(&mut con, "tick", "pause", None).unwrap();
+    let changed = every.replace(r#""payload":"tick""#, r#""payload":"tock""#);
+    let seq = fcall_schedule(&mut con, "tick", "set", Some(&changed)).unwrap();
+    drop(held);
+    let done = outcome(&mut con, "tick", seq);
+    assert_eq!(
+        (&done["paused"], &done["next_ms"]),
+        (&true.into(), &serde_json::Value::Null),
+        "{done}"
+    );
+    let view = rt.block_on(client.schedule_get("tick")).unwrap().unwrap();
+    assert_eq!(view.envelope.unwrap().payload, b"tock");
+    let seq = fcall_schedule(&mut con, "tick", "resume", None).unwrap();
+    let done = outcome(&mut con, "tick", seq);
+    assert_eq!(done["paused"], false, "{done}");
+    assert!(done["next_ms"].as_i64().is_some(), "{done}");
+
+    // A delete drops what was asked before it, and a pause after it changes nothing.
+    let held = HeldRequests::take(&redis);
+    fcall_schedule(&mut con, "tick", "set", Some(every)).unwrap();
+    fcall_schedule(&mut con, "tick", "delete", None).unwrap();
+    let seq = fcall_schedule(&mut con, "tick", "pause", None).unwrap();
+    drop(held);
+    assert_eq!(outcome(&mut con, "tick", seq)["exists"], false);
+    assert!(rt.block_on(client.schedule_get("tick")).unwrap().is_none());
+
+    // What cannot succeed is answered with why and removed; what is malformed is refused at
+    // once, writing nothing.
+    for (id, line, why) in [
+        (
+            "bad-cron",
+            r#"{"id":"bad-cron","dest":"emails","cron":"61 * * * *","payload":""}"#,
+            "cron",
+        ),
+        (
+            "bad-dest",
+            r#"{"id":"bad-dest","dest":"nowhere","every":"1s","payload":""}"#,
+            "unknown destination",
+        ),
+        (
+            "bad-header",
+            r#"{"id":"bad-header","dest":"emails","every":"1s","payload":"","headers":{"n":1}}"#,
+            "headers.n",
+        ),
+        (
+            "other-id",
+            r#"{"id":"not-me","dest":"emails","every":"1s","payload":""}"#,
+            "id",
+        ),
+    ] {
+        let seq = fcall_schedule(&mut con, id, "set", Some(line)).unwrap();
+        let done = outcome(&mut con, id, seq);
+        assert_eq!(done["ok"], false, "{id}: {done}");
+        assert!(
+            done["error"].as_str().unwrap().contains(why),
+            "{id}: {done}"
+        );
+        assert!(
+            rt.block_on(client.schedule_get(id)).unwrap().is_none(),
+            "{id}"
+        );
+    }
+    let requests = Keys::new("zdelay", 1).schedule_requests();
+    for (op, json, why) in [
+        ("stop", None, "op"),
+        ("set", None, "JSON object"),
+        ("set", Some("not json"), "JSON object"),
+    ] {
+        let err = fcall_schedule(&mut con, "x", op, json).unwrap_err();
+        assert!(
+            err.to_string().contains("ZDELAY_BAD_REQUEST") && err.to_string().contains(why),
+            "{err}"
+        );
+    }
+    let err = fcall_schedule(&mut con, "", "pause", None).unwrap_err();
+    assert_eq!(err.code(), Some("ZDELAY_BAD_REQUEST"), "{err}");
+    assert!(err.detail().is_some_and(|d| d.starts_with("id:")), "{err}");
+    let waiting: bool = redis::cmd("HEXISTS")
+        .arg(&requests)
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    assert!(!waiting, "a refused request writes nothing");
+}

@@ -235,6 +235,25 @@ impl Keys {
         format!("{{{}}}:activity", self.namespace)
     }
 
+    /// HASH of schedule requests not applied yet (`zd1_schedule`): schedule id → what its
+    /// producer asked, merged (`{"seq","delete","set","paused"}`). Applied by a daemon.
+    /// In the registry's slot, with `schedule_results` and `schedule_requests_lock`.
+    pub fn schedule_requests(&self) -> String {
+        format!("{{{}}}:sched_requests", self.namespace)
+    }
+
+    /// HASH of the outcome of each schedule's last applied request: schedule id → JSON with
+    /// its `seq`; field `""` is the request sequence. Entries are kept for an hour.
+    pub fn schedule_results(&self) -> String {
+        format!("{{{}}}:sched_results", self.namespace)
+    }
+
+    /// STRING: the daemon applying schedule requests now (`SET NX PX`), so requests of one
+    /// schedule are applied one at a time, in order.
+    pub fn schedule_requests_lock(&self) -> String {
+        format!("{{{}}}:sched_requests_lock", self.namespace)
+    }
+
     /// Pub/sub channel on which enqueues announce a new head: message `"<shard> <due ms>"`.
     pub fn wake_channel(&self) -> String {
         format!("{}:wake", self.namespace)

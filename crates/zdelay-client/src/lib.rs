@@ -31,6 +31,7 @@ pub mod lane_id;
 pub mod reshard;
 pub mod routes;
 pub mod schedule;
+pub mod schedule_requests;
 pub mod schedules;
 pub mod store;
 pub mod trace_context;

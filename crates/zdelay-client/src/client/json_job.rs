@@ -5,6 +5,7 @@ use super::NewJob;
 use crate::envelope::payload_from_json;
 use crate::job::Due;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -32,21 +33,26 @@ pub struct JobLine {
     max_lateness: Option<Duration>,
 }
 
+/// Parses one JSON object whose `headers` map names to strings, naming the first header
+/// that is not a string (serde would say only "expected a string" and where).
+pub(crate) fn from_json_with_headers<T: DeserializeOwned>(line: &str) -> Result<T, String> {
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    if let Some((name, v)) = value
+        .get("headers")
+        .and_then(|h| h.as_object())
+        .and_then(|h| h.iter().find(|(_, v)| !v.is_string()))
+    {
+        return Err(format!(
+            "headers.{name}: header values must be strings, got {v}"
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
 impl NewJob {
     /// A job from its JSON form ([`JobLine`]); the error names what is wrong.
     pub fn from_json_line(line: &str) -> Result<NewJob, String> {
-        let value: serde_json::Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
-        // Named here, since serde would say only "expected a string" and where.
-        if let Some((name, v)) = value
-            .get("headers")
-            .and_then(|h| h.as_object())
-            .and_then(|h| h.iter().find(|(_, v)| !v.is_string()))
-        {
-            return Err(format!(
-                "headers.{name}: header values must be strings, got {v}"
-            ));
-        }
-        let l: JobLine = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        let l: JobLine = from_json_with_headers(line)?;
         let payload = payload_from_json(l.payload, l.payload_encoding.as_deref())?;
         let mut job = NewJob::new(l.dest, payload);
         job.due = match (l.at, l.delay) {

@@ -24,7 +24,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
-mod json_job;
+pub(crate) mod json_job;
 pub(crate) mod lanes;
 pub use json_job::JobLine;
 #[cfg(test)]
@@ -86,6 +86,10 @@ pub enum ClientError {
     /// members, an empty time window, a raw member id that is not one.
     #[error("{0}")]
     InvalidSelection(String),
+    /// A schedule in its JSON form that cannot be read, or a schedule request that does not
+    /// fit (`schedule_requests`): the text names the field.
+    #[error("{0}")]
+    InvalidSchedule(String),
     #[error("invalid schedule id {id:?}: {why}")]
     BadScheduleId { id: String, why: String },
     #[error(transparent)]
@@ -129,7 +133,7 @@ impl ClientError {
             ClientError::ScheduleElsewhere { .. } => "schedule_elsewhere",
             ClientError::InvalidSelection(_) => "invalid_selection",
             ClientError::BadScheduleId { .. } => "bad_schedule_id",
-            ClientError::Schedule(_) => "invalid_schedule",
+            ClientError::Schedule(_) | ClientError::InvalidSchedule(_) => "invalid_schedule",
             ClientError::Contended(_) => "contended",
             ClientError::UnreadableSchedule { .. } => "unreadable_schedule",
             ClientError::SecondsLikeDue(_) => "seconds_like_due",

@@ -29,6 +29,7 @@ pub const FUNCTIONS: &[(&str, &str, bool)] = &[
     ("zd1_cancel_lane", "cancel_lane", false),
     ("zd1_reschedule_lane", "reschedule_lane", false),
     ("zd1_get_lane", "get_lane", true),
+    ("zd1_schedule", "schedule_request", false),
 ];
 
 /// The script a function of the library runs.

@@ -96,6 +96,9 @@ scripts!(
     ready_sinks,
     get_job,
     get_lane,
+    schedule_request,
+    schedule_request_done,
+    unlock,
 );
 
 use ShardKey::{
@@ -1565,6 +1568,36 @@ pub async fn delete_schedule(
     );
     let deleted: i64 = inv.arg(id).arg(mark_retention_ms).invoke(con).await?;
     Ok(deleted == 1)
+}
+
+/// Records that the schedule requests of `id` up to `seq` were applied, with their outcome
+/// (`schedule_request_done.lua`); whether the request was removed (`false`: a newer one waits).
+pub async fn schedule_request_done(
+    con: &mut Conn,
+    keys: &Keys,
+    id: &str,
+    seq: u64,
+    outcome: &str,
+) -> redis::RedisResult<bool> {
+    let removed: i64 = Call::new(&compiled::schedule_request_done)
+        .key(keys.schedule_requests())
+        .key(keys.schedule_results())
+        .arg(id)
+        .arg(seq)
+        .arg(outcome)
+        .invoke(con)
+        .await?;
+    Ok(removed == 1)
+}
+
+/// Releases a lock taken with `SET NX PX` if `token` still holds it (`unlock.lua`).
+pub async fn unlock(con: &mut Conn, lock: &str, token: &str) -> redis::RedisResult<bool> {
+    let released: i64 = Call::new(&compiled::unlock)
+        .key(lock)
+        .arg(token)
+        .invoke(con)
+        .await?;
+    Ok(released == 1)
 }
 
 /// A score as a time in ms: `None` unless it is a whole number of ms (a score written by

@@ -1,0 +1,44 @@
+-- schedule_request: records what a producer asks of a recurring schedule (set, pause, resume,
+-- delete), for a daemon to apply: the next occurrence of a cron schedule in an IANA zone is
+-- computed where the firing code runs, so a client in any language never plans one itself.
+-- One entry per schedule id holds every request not applied yet, merged in the order asked:
+-- a delete drops what was asked before it; a set keeps an earlier delete (applied first) and
+-- an earlier pause or resume (applied after it, as a set keeps a schedule's pause); pause
+-- and resume replace each other, and neither changes anything after a delete without a set.
+-- KEYS[1] requests HASH {zdelay}:sched_requests  id -> {"seq","delete","set","paused"} JSON
+-- KEYS[2] results  HASH {zdelay}:sched_results   id -> the last outcome (JSON with "seq");
+--                                                field "" is the request sequence
+-- ARGV[1] schedule id (non-empty, at most 512 bytes, no newline)
+-- ARGV[2] set | pause | resume | delete
+-- ARGV[3] set only: the schedule as one JSON object (the line form of schedule set --batch),
+--   checked by the daemon that applies it; at most 16 MiB
+-- Returns: the request's sequence number: the outcome is the results entry of the id once
+--   its "seq" is at least this.
+-- Errors: ZDELAY_BAD_REQUEST <why>; nothing is written.
+-- Re-run safety: yes; a second run is a second request asking the same.
+local id, op, spec = ARGV[1], ARGV[2], ARGV[3]
+if not id or id == '' or #id > 512 or string.find(id, '\n', 1, true) then
+  return redis.error_reply('ZDELAY_BAD_REQUEST id: must be non-empty, at most 512 bytes, without newlines')
+end
+if op ~= 'set' and op ~= 'pause' and op ~= 'resume' and op ~= 'delete' then
+  return redis.error_reply('ZDELAY_BAD_REQUEST op: must be set, pause, resume or delete, got ' .. tostring(op))
+end
+if op == 'set' and (not spec or string.sub(spec, 1, 1) ~= '{' or #spec > 16777216) then
+  return redis.error_reply('ZDELAY_BAD_REQUEST schedule: set takes the schedule as one JSON object of at most 16 MiB')
+end
+local current = redis.call('HGET', KEYS[1], id)
+local req = {}
+if current then
+  local ok, decoded = pcall(cjson.decode, current)
+  if ok and type(decoded) == 'table' then req = decoded end
+end
+if op == 'delete' then
+  req = { delete = true }
+elseif op == 'set' then
+  req.set = spec
+elseif not (req.delete and not req.set) then
+  req.paused = (op == 'pause')
+end
+req.seq = redis.call('HINCRBY', KEYS[2], '', 1)
+redis.call('HSET', KEYS[1], id, cjson.encode(req))
+return req.seq
