@@ -21,6 +21,10 @@ export class ProtocolError extends ZdelayError {}
 export class Fenced extends ZdelayError { retryable = true; }
 export class UnknownDestination extends ZdelayError {}
 export class JobExists extends ZdelayError {}
+/** A daemon could not apply a schedule request: the message names why; nothing of it was written. */
+export class ScheduleRefused extends ZdelayError {}
+/** No daemon applied the schedule request in time; it stays, and is applied when one runs. */
+export class NotApplied extends ZdelayError { retryable = true; }
 export class InvalidJob extends ZdelayError {
   constructor(readonly field: string, why: string) {
     super(`${field}: ${why}`);
@@ -381,6 +385,66 @@ function* getOp(ns: Namespace, id: string, dest?: string): Op<JobView | null> {
   };
 }
 
+export interface Schedule {
+  id: string;
+  dest: string;
+  payload?: Buffer | string;
+  /** A cron expression (5 fields, or 6 with seconds first) in `tz` (IANA, default UTC)… */
+  cron?: string;
+  tz?: string;
+  /** …or an interval in milliseconds. */
+  every?: number;
+  headers?: Record<string, string>;
+  misfire?: "coalesce" | "skip" | "catch_up";
+  maxCatchUp?: number;
+  startAt?: Date | number;
+  endAt?: Date | number;
+  maxLateness?: number;
+  maxAttempts?: number;
+}
+/** A schedule after its requests were applied. */
+export interface ScheduleState { exists: boolean; paused: boolean | null; nextMs: number | null; }
+
+/** The JSON form a daemon applies (a line of `zdelay schedule set --batch`). */
+export function scheduleJson(s: Schedule): string {
+  const id = Buffer.from(typeof s.id === "string" ? s.id : "");
+  if (!id.length || id.length > 512 || id.includes("\n")) throw new InvalidJob("id", "must be a non-empty string of at most 512 bytes without newlines");
+  const job = { dest: s.dest, payload: s.payload ?? "", headers: s.headers, maxAttempts: s.maxAttempts };
+  const payload = payloadOf(job);
+  const m = meta(job);
+  if ((s.cron === undefined) === (s.every === undefined)) throw new InvalidJob("cron", "give cron or every, not both");
+  if (s.tz !== undefined && s.cron === undefined) throw new InvalidJob("tz", "applies to cron only");
+  if (s.misfire !== undefined && !["coalesce", "skip", "catch_up"].includes(s.misfire)) {
+    throw new InvalidJob("misfire", `must be one of coalesce, skip, catch_up: ${s.misfire}`);
+  }
+  if (s.every !== undefined && wholeMs(s.every, "every") === 0) throw new InvalidJob("every", "must be at least 1 ms");
+  const utf8 = payload.toString("utf8");
+  const exact = Buffer.from(utf8).equals(payload);
+  const out: Record<string, unknown> = {
+    id: s.id, dest: s.dest, cron: s.cron, tz: s.tz, every: s.every === undefined ? undefined : `${s.every}ms`,
+    payload: exact ? utf8 : payload.toString("base64"), payload_encoding: exact ? undefined : "base64",
+    headers: m.headers, misfire: s.misfire, max_catch_up: s.maxCatchUp, max_attempts: m.max_attempts,
+    start_at: s.startAt === undefined ? undefined : Number(dueArg(s.startAt)),
+    end_at: s.endAt === undefined ? undefined : Number(dueArg(s.endAt)),
+    max_lateness: s.maxLateness === undefined ? undefined : `${wholeMs(s.maxLateness, "maxLateness")}ms`,
+  };
+  return JSON.stringify(out);
+}
+
+function* scheduleRequestOp(ns: Namespace, id: string, op: string, spec?: string): Op<number> {
+  const keys = [`{${ns.name}}:sched_requests`, `{${ns.name}}:sched_results`];
+  const [seq] = yield [["FCALL", "zd1_schedule", 2, ...keys, id, op, ...(spec === undefined ? [] : [spec])]];
+  return Number(ok(seq));
+}
+
+function* scheduleOutcomeOp(ns: Namespace, id: string, seq: number): Op<ScheduleState | null> {
+  const [text] = yield [["HGET", `{${ns.name}}:sched_results`, id]];
+  const o = text == null ? {} : JSON.parse(String(text));
+  if ((o.seq ?? -1) < seq) return null;
+  if (!o.ok) throw new ScheduleRefused(`schedule ${id}: ${o.error}`);
+  return { exists: o.exists, paused: o.paused ?? null, nextMs: o.next_ms ?? null };
+}
+
 export interface ClientOptions { namespace?: string; maxPayload?: number; }
 
 /** A producer on an ioredis `Redis` or `Cluster`. */
@@ -453,5 +517,30 @@ export class Client {
 
   get(id: string, dest?: string) {
     return this.run((ns) => getOp(ns, id, dest));
+  }
+
+  /**
+   * Creates or updates a recurring schedule. A daemon plans it: waits up to `waitMs` for the
+   * outcome, throwing `ScheduleRefused` (why) or `NotApplied`; waitMs 0 resolves null at once.
+   */
+  async scheduleSet(schedule: Schedule, waitMs = 5000) {
+    return this.schedule(schedule.id, "set", scheduleJson(schedule), waitMs);
+  }
+  schedulePause(id: string, waitMs = 5000) { return this.schedule(id, "pause", undefined, waitMs); }
+  scheduleResume(id: string, waitMs = 5000) { return this.schedule(id, "resume", undefined, waitMs); }
+  scheduleDelete(id: string, waitMs = 5000) { return this.schedule(id, "delete", undefined, waitMs); }
+
+  private async schedule(id: string, op: string, spec: string | undefined, waitMs: number): Promise<ScheduleState | null> {
+    const seq = await this.run((ns) => scheduleRequestOp(ns, id, op, spec));
+    const deadline = Date.now() + waitMs;
+    while (waitMs > 0) {
+      const state = await this.run((ns) => scheduleOutcomeOp(ns, id, seq));
+      if (state) return state;
+      if (Date.now() > deadline) {
+        throw new NotApplied(`no zdelay daemon applied the request for schedule ${id} within ${waitMs} ms; it stays, and is applied when a daemon runs`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    return null;
   }
 }

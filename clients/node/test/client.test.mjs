@@ -66,6 +66,49 @@ test("jobs are stored as zdelay stores them, framed as the vectors say, and deli
   }
 });
 
+test("schedules are set, paused, resumed and deleted through a daemon, planned as the CLI plans them", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`);
+  const redis = new Redis(server.url);
+  const client = new zdelay.Client(new Redis(server.url));
+  try {
+    daemon.cli("schedule", "set", "by-cli", "--dest", "emails", "--cron", "0 9 * * 1-5", "--tz", "Europe/Paris",
+      "--payload", "report", "--header", "tenant=acme", "--misfire", "skip", "--max-lateness", "30s");
+    const state = await client.scheduleSet({ id: "by-node", dest: "emails", payload: "report", cron: "0 9 * * 1-5",
+      tz: "Europe/Paris", headers: { tenant: "acme" }, misfire: "skip", maxLateness: 30_000 });
+    const read = (id) => {
+      const v = JSON.parse(daemon.cli("schedule", "get", id, "-o", "json"));
+      for (const k of ["id", "version", "created_ms", "updated_ms", "shard"]) delete v[k];
+      return v;
+    };
+    const cli = read("by-cli");
+    assert.deepEqual(state, { exists: true, paused: false, nextMs: cli.next_ms });
+    assert.deepEqual(read("by-node"), cli);
+
+    await client.scheduleSet({ id: "tick", dest: "emails", payload: "tick", every: 200 });
+    await waitFor("two occurrences", async () => (await redis.lrange("q:emails", 0, -1)).filter((p) => p === "tick").length >= 2);
+    assert.deepEqual(await client.schedulePause("tick"), { exists: true, paused: true, nextMs: null });
+    assert.ok((await client.scheduleResume("tick")).nextMs > 0);
+    assert.equal((await client.scheduleDelete("tick")).exists, false);
+
+    await assert.rejects(client.scheduleSet({ id: "bad", dest: "emails", cron: "61 * * * *" }),
+      (e) => e instanceof zdelay.ScheduleRefused && /cron/.test(e.message));
+    await assert.rejects(client.scheduleSet({ id: "bad", dest: "nowhere", every: 1000 }),
+      (e) => e instanceof zdelay.ScheduleRefused && /unknown destination/.test(e.message));
+    for (const [extra, field] of [[{}, "cron"], [{ every: 5, tz: "UTC" }, "tz"], [{ every: 0 }, "every"],
+      [{ every: 5, misfire: "later" }, "misfire"], [{ every: 5, startAt: 1_700_000_000 }, "at"], [{ every: 5, headers: { n: 1 } }, "headers.n"]]) {
+      await assert.rejects(client.scheduleSet({ id: "bad", dest: "emails", ...extra }),
+        (e) => e instanceof zdelay.InvalidJob && e.field === field, JSON.stringify(extra));
+    }
+    assert.equal(await redis.hlen("{zdelay}:sched_requests"), 0);
+  } finally {
+    redis.disconnect();
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
 test("bad input is refused by name and writes nothing; no namespace before a daemon", async () => {
   const server = await startRedis();
   const redis = new Redis(server.url);
@@ -125,6 +168,9 @@ test("on a cluster on layout 2, jobs go to their route's lane and are delivered"
       assert.equal(await client.cancel(later.id), "cancelled");
       await client.enqueue({ dest: "emails", payload: "now" });
       await waitFor("delivered from the lane", async () => (await cluster.lrange("q:emails", 0, -1)).join() === "now");
+      assert.ok((await client.scheduleSet({ id: "s", dest: "emails", payload: "tick", every: 200 })).exists);
+      await waitFor("an occurrence from the lane", async () => (await cluster.lrange("q:emails", 0, -1)).includes("tick"));
+      assert.equal((await client.scheduleDelete("s")).exists, false);
     } finally {
       cluster.disconnect();
       await daemon.stop();

@@ -103,6 +103,61 @@ def test_bad_input_is_refused_by_name_and_writes_nothing(daemon, redis_url):
     assert r.dbsize() <= before + 3, "only the good job (its due, jobs and nothing else) was written"
 
 
+def test_schedules_are_set_paused_resumed_and_deleted_through_a_daemon(daemon, redis_url):
+    client = zdelay.Client.from_url(redis_url)
+    r = redis.Redis.from_url(redis_url)
+    # The same cron schedule set by the CLI and by the client: the daemon plans both alike.
+    daemon.cli("schedule", "set", "by-cli", "--dest", "emails", "--cron", "0 9 * * 1-5", "--tz", "Europe/Paris",
+               "--payload", "report", "--header", "tenant=acme", "--misfire", "skip", "--max-lateness", "30s")
+    state = client.schedule_set("by-py", "emails", "report", cron="0 9 * * 1-5", tz="Europe/Paris",
+                                headers={"tenant": "acme"}, misfire="skip", max_lateness=timedelta(seconds=30))
+    cli = json.loads(daemon.cli("schedule", "get", "by-cli", "-o", "json"))
+    py = json.loads(daemon.cli("schedule", "get", "by-py", "-o", "json"))
+    assert state == {"exists": True, "paused": False, "next_ms": cli["next_ms"]}
+    for v in (cli, py):
+        for k in ("id", "version", "created_ms", "updated_ms", "shard"):
+            v.pop(k)
+    assert py == cli
+
+    # An interval fires through the daemon; pause, resume and delete answer the state after them.
+    client.schedule_set("tick", "emails", b"tick", every=timedelta(milliseconds=200))
+    wait_for("two occurrences", lambda: r.lrange("q:emails", 0, -1).count(b"tick") >= 2)
+    assert client.schedule_pause("tick") == {"exists": True, "paused": True, "next_ms": None}
+    assert client.schedule_resume("tick")["next_ms"] is not None
+    assert client.schedule_delete("tick") == {"exists": False, "paused": None, "next_ms": None}
+    assert client.schedule_pause("tick")["exists"] is False
+
+    # What only the daemon can check comes back as ScheduleRefused naming it; what the client
+    # can check is refused before anything is written.
+    with pytest.raises(zdelay.ScheduleRefused, match="cron"):
+        client.schedule_set("bad", "emails", "x", cron="61 * * * *")
+    with pytest.raises(zdelay.ScheduleRefused, match="unknown destination"):
+        client.schedule_set("bad", "nowhere", "x", every=1000)
+    for kw, field in [(dict(), "cron"), (dict(cron="* * * * *", every=5), "cron"), (dict(every=5, tz="UTC"), "tz"),
+                      (dict(every=0), "every"), (dict(every=5, misfire="later"), "misfire"),
+                      (dict(every=5, start_at=1_700_000_000), "at"), (dict(every=5, headers={"n": 1}), "headers.n")]:
+        with pytest.raises(zdelay.InvalidJob) as e:
+            client.schedule_set("bad", "emails", "x", **kw)
+        assert e.value.field == field, (kw, e.value)
+    assert r.hlen("{zdelay}:sched_requests") == 0
+
+
+def test_a_schedule_request_waits_for_a_daemon(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    daemon = Daemon(f'url = "{redis_url}"')
+    daemon.stop()
+    client = zdelay.Client.from_url(redis_url)
+    with pytest.raises(zdelay.NotApplied) as e:
+        client.schedule_set("later", "emails", "x", every=timedelta(hours=1), wait=0.3)
+    assert e.value.retryable and r.hexists("{zdelay}:sched_requests", "later")
+    daemon = Daemon(f'url = "{redis_url}"')
+    try:
+        wait_for("the request applied", lambda: not r.hexists("{zdelay}:sched_requests", "later"))
+        assert client.schedule_pause("later")["paused"] is True
+    finally:
+        daemon.stop()
+
+
 def test_before_any_daemon_the_namespace_is_missing_and_retryable(redis_url):
     with pytest.raises(zdelay.NoNamespace) as e:
         zdelay.Client.from_url(redis_url).enqueue("emails", "x")
@@ -119,6 +174,10 @@ def test_the_asyncio_client_does_the_same(daemon, redis_url):
         assert await client.reschedule("a-1", delay=0) is not None
         results = await client.enqueue_many([zdelay.Job("emails", f"q{i}") for i in range(50)])
         assert len(results) == 50
+        state = await client.schedule_set("a-s", "emails", "s", every=timedelta(hours=1))
+        assert state["exists"] and not state["paused"]
+        assert (await client.schedule_pause("a-s"))["paused"] is True
+        assert (await client.schedule_delete("a-s"))["exists"] is False
         await client.aclose()
 
     asyncio.run(main())
@@ -145,5 +204,8 @@ def test_on_a_cluster_on_layout_2_jobs_go_to_their_route_lane(cluster):
         client.enqueue("emails", "now", delay=0)
         r = redis.RedisCluster.from_url(f"redis://127.0.0.1:{cluster[0]}")
         wait_for("delivered from the lane", lambda: r.lrange("q:emails", 0, -1) == [b"now"])
+        assert client.schedule_set("s", "emails", "tick", every=timedelta(milliseconds=200))["exists"]
+        wait_for("an occurrence from the lane", lambda: b"tick" in r.lrange("q:emails", 0, -1))
+        assert client.schedule_delete("s")["exists"] is False
     finally:
         daemon.stop()

@@ -8,7 +8,9 @@ from ._core import (
     Job,
     JobExists,
     NoNamespace,
+    NotApplied,
     ProtocolError,
+    ScheduleRefused,
     UnknownDestination,
     ZdelayError,
 )
@@ -16,5 +18,5 @@ from .client import AsyncClient, Client
 
 __all__ = [
     "PROTOCOL", "AsyncClient", "Client", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
-    "NoNamespace", "ProtocolError", "UnknownDestination", "ZdelayError",
+    "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused", "UnknownDestination", "ZdelayError",
 ]

@@ -4,6 +4,7 @@ replies, so that the sync and the asyncio client share every rule."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -47,6 +48,17 @@ class UnknownDestination(ZdelayError):
 
 class JobExists(ZdelayError):
     pass
+
+
+class ScheduleRefused(ZdelayError):
+    """A daemon could not apply a schedule request (a bad cron expression or time zone, an
+    unknown destination…): the text names why. Nothing of that request was written."""
+
+
+class NotApplied(ZdelayError):
+    """No daemon applied the schedule request in time; it stays and is applied when one runs."""
+
+    retryable = True
 
 
 class InvalidJob(ZdelayError, ValueError):
@@ -461,3 +473,55 @@ def _ok(reply: Any) -> Any:
         raise reply
     return reply
 
+
+MISFIRES = {"coalesce", "skip", "catch_up"}
+
+
+def schedule_json(id: str, dest: str, payload: Union[bytes, str], *, cron: Optional[str] = None, tz: Optional[str] = None,
+                  every: Optional[Span] = None, headers: Optional[Mapping[str, str]] = None, misfire: Optional[str] = None,
+                  max_catch_up: Optional[int] = None, start_at: Optional[Moment] = None, end_at: Optional[Moment] = None,
+                  max_lateness: Optional[Span] = None, max_attempts: Optional[int] = None) -> str:
+    """A schedule in the JSON form a daemon applies (a line of `zdelay schedule set --batch`)."""
+    if not isinstance(id, str) or not 0 < len(id.encode()) <= 512 or "\n" in id:
+        raise InvalidJob("id", f"must be a non-empty string of at most 512 bytes without newlines: {id!r}")
+    body, meta, late = checked(Job(dest, payload, headers=headers, max_attempts=max_attempts, max_lateness=max_lateness), None)
+    if (cron is None) == (every is None):
+        raise InvalidJob("cron", "give cron or every, not both")
+    if tz is not None and cron is None:
+        raise InvalidJob("tz", "applies to cron only")
+    if misfire is not None and misfire not in MISFIRES:
+        raise InvalidJob("misfire", f"must be one of coalesce, skip, catch_up: {misfire!r}")
+    out: Dict[str, Any] = {"id": id, "dest": dest, "cron": cron, "tz": tz, "misfire": misfire, "max_catch_up": max_catch_up,
+                           "max_attempts": meta.get("max_attempts"), "headers": meta.get("headers")}
+    try:
+        out["payload"] = body.decode()
+    except UnicodeDecodeError:
+        out["payload"], out["payload_encoding"] = base64.b64encode(body).decode(), "base64"
+    if every is not None:
+        if _ms(every, "every") == 0:
+            raise InvalidJob("every", "must be at least 1 ms")
+        out["every"] = f"{_ms(every, 'every')}ms"
+    if late is not None:
+        out["max_lateness"] = f"{late}ms"
+    for name, moment in (("start_at", start_at), ("end_at", end_at)):
+        if moment is not None:
+            out[name] = int(due_arg(moment, None))
+    return json.dumps({k: v for k, v in out.items() if v is not None}, ensure_ascii=False, separators=(",", ":"))
+
+
+def schedule_request(ns: Namespace, id: str, op: str, spec: Optional[str] = None) -> Op:
+    """Asks the daemons to set, pause, resume or delete a schedule; the request's number."""
+    keys = (f"{{{ns.name}}}:sched_requests", f"{{{ns.name}}}:sched_results")
+    (seq,) = yield [("FCALL", "zd1_schedule", 2, *keys, id, op, *([spec] if spec is not None else []))]
+    return int(_ok(seq))
+
+
+def schedule_outcome(ns: Namespace, id: str, seq: int) -> Op:
+    """The schedule's state once requests up to `seq` were applied, or None while they wait."""
+    (text,) = yield [("HGET", f"{{{ns.name}}}:sched_results", id)]
+    outcome = json.loads(text) if text else {}
+    if outcome.get("seq", -1) < seq:
+        return None
+    if not outcome.get("ok"):
+        raise ScheduleRefused(f"schedule {id}: {outcome.get('error')}")
+    return {k: outcome.get(k) for k in ("exists", "paused", "next_ms")}

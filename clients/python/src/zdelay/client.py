@@ -3,6 +3,8 @@ connection, reading the namespace once and again when a call meets a fence."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import redis
@@ -11,7 +13,9 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from . import _core
-from ._core import Enqueued, Fenced, Job, JobExists, Moment, Namespace, Op, Span
+from ._core import Enqueued, Fenced, Job, JobExists, Moment, Namespace, NotApplied, Op, Span
+
+POLL = 0.02  # seconds between reads of a schedule request's outcome
 
 
 def _drive(op: Op, execute: Callable[[List[Any]], List[Any]]) -> Any:
@@ -30,6 +34,13 @@ class _Base:
         self.max_payload = max_payload
         self._ns: Optional[Namespace] = None
         self._ids = _core._Ids()
+
+    @staticmethod
+    def _late(id: str, wait: float, deadline: float) -> bool:
+        if time.monotonic() < deadline:
+            return False
+        raise NotApplied(f"no zdelay daemon applied the request for schedule {id} within {wait} s; "
+                         "it stays, and is applied when a daemon runs")
 
     @staticmethod
     def _one(results: List[Any]) -> Enqueued:
@@ -113,6 +124,32 @@ class Client(_Base):
         """The job (state, dest, payload, due_ms, headers, …), or None when there is none."""
         return self._run(lambda ns: _core.get(ns, id, dest))
 
+    def schedule_set(self, id: str, dest: str, payload: Union[bytes, str] = b"", *, wait: float = 5.0, **kw: Any) -> Optional[dict]:
+        """Create or update a recurring schedule: `cron` (with `tz`) or `every`; `headers`,
+        `misfire`, `max_catch_up`, `start_at`, `end_at`, `max_lateness`, `max_attempts`. A daemon
+        plans it: waits up to `wait` s for the outcome ({"exists", "paused", "next_ms"}), raising
+        `ScheduleRefused` (why) or `NotApplied`; wait=0 returns None at once."""
+        return self._schedule(id, "set", _core.schedule_json(id, dest, payload, **kw), wait)
+
+    def schedule_pause(self, id: str, *, wait: float = 5.0) -> Optional[dict]:
+        return self._schedule(id, "pause", None, wait)
+
+    def schedule_resume(self, id: str, *, wait: float = 5.0) -> Optional[dict]:
+        return self._schedule(id, "resume", None, wait)
+
+    def schedule_delete(self, id: str, *, wait: float = 5.0) -> Optional[dict]:
+        return self._schedule(id, "delete", None, wait)
+
+    def _schedule(self, id: str, op: str, spec: Optional[str], wait: float) -> Optional[dict]:
+        seq = self._run(lambda ns: _core.schedule_request(ns, id, op, spec))
+        deadline = time.monotonic() + wait
+        while wait > 0:
+            outcome = self._run(lambda ns: _core.schedule_outcome(ns, id, seq))
+            if outcome is not None or self._late(id, wait, deadline):
+                return outcome
+            time.sleep(POLL)
+        return None
+
 
 class AsyncClient(_Base):
     """The same producer on `redis.asyncio.Redis` or `redis.asyncio.cluster.RedisCluster`."""
@@ -178,6 +215,28 @@ class AsyncClient(_Base):
 
     async def get(self, id: str, dest: Optional[str] = None) -> Optional[dict]:
         return await self._run(lambda ns: _core.get(ns, id, dest))
+
+    async def schedule_set(self, id: str, dest: str, payload: Union[bytes, str] = b"", *, wait: float = 5.0, **kw: Any) -> Optional[dict]:
+        return await self._schedule(id, "set", _core.schedule_json(id, dest, payload, **kw), wait)
+
+    async def schedule_pause(self, id: str, *, wait: float = 5.0) -> Optional[dict]:
+        return await self._schedule(id, "pause", None, wait)
+
+    async def schedule_resume(self, id: str, *, wait: float = 5.0) -> Optional[dict]:
+        return await self._schedule(id, "resume", None, wait)
+
+    async def schedule_delete(self, id: str, *, wait: float = 5.0) -> Optional[dict]:
+        return await self._schedule(id, "delete", None, wait)
+
+    async def _schedule(self, id: str, op: str, spec: Optional[str], wait: float) -> Optional[dict]:
+        seq = await self._run(lambda ns: _core.schedule_request(ns, id, op, spec))
+        deadline = time.monotonic() + wait
+        while wait > 0:
+            outcome = await self._run(lambda ns: _core.schedule_outcome(ns, id, seq))
+            if outcome is not None or self._late(id, wait, deadline):
+                return outcome
+            await asyncio.sleep(POLL)
+        return None
 
     async def aclose(self) -> None:
         # redis-py 5 renamed close() to aclose().
