@@ -193,6 +193,14 @@ run_step "cargo test --workspace --all-targets -- --test-threads $TEST_THREADS" 
 run_step "cargo test --workspace --doc" doctest.log \
     cargo test --workspace --doc "${FEATURES[@]}"
 
+# --- the TypeScript client (clients/node) ----------------------------------------------------
+# Its locked dependencies (ioredis, typescript) from npm, both builds (ESM and CommonJS, with
+# types), then node's own test runner against real redis-servers and this `zdelay run`. First,
+# so that the Python broker tests below deliver a job enqueued by this build too.
+run_step "TypeScript client: npm ci, build, node --test" node.log \
+    bash -c 'cd clients/node && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build &&
+        ZDELAY_BIN="$1" npm test --silent' _ "$PWD/target/debug/zdelay"
+
 # --- the Python client (clients/python) ------------------------------------------------------
 # pytest against real redis-servers and the `zdelay run` just built: installed with pip from
 # its directory into the services venv (redis-py from PyPI), and again on Debian's
@@ -201,17 +209,10 @@ run_step "cargo test --workspace --doc" doctest.log \
 PY_CLIENT_ENV=(env ZDELAY_BIN="$PWD/target/debug/zdelay" PYTHONDONTWRITEBYTECODE=1)
 run_step "Python client: pytest, redis-py from PyPI" python-pypi.log \
     bash -c '"$1" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall ./clients/python &&
-        "${@:2}" "$1" -m pytest -q -p no:cacheprovider clients/python/tests' _ "$ZDELAY_TEST_PYTHON" "${PY_CLIENT_ENV[@]}"
+        "${@:2}" ZDELAY_TEST_NODE_CLIENT=1 "$1" -m pytest -q -p no:cacheprovider clients/python/tests' _ "$ZDELAY_TEST_PYTHON" "${PY_CLIENT_ENV[@]}"
 run_step "Python client: pytest, Debian's python3-redis" python-debian.log \
     "${PY_CLIENT_ENV[@]}" PYTHONPATH=clients/python/src /usr/bin/python3 -m pytest -q -p no:cacheprovider \
     -m "not broker" clients/python/tests
-
-# --- the TypeScript client (clients/node) ----------------------------------------------------
-# Its locked dependencies (ioredis, typescript) from npm, both builds (ESM and CommonJS, with
-# types), then node's own test runner against real redis-servers and this `zdelay run`.
-run_step "TypeScript client: npm ci, build, node --test" node.log \
-    bash -c 'cd clients/node && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build &&
-        ZDELAY_BIN="$1" npm test --silent' _ "$PWD/target/debug/zdelay"
 
 # --- the Valkey pass ------------------------------------------------------------------------
 # The core integration tests once more with every server the harness starts (RedisServer,

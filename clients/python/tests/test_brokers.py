@@ -1,11 +1,14 @@
-"""A job enqueued by this client reaches each broker through a real daemon with its payload
-and headers: NATS JetStream, RabbitMQ and a Kafka-protocol broker, at the addresses
-scripts/services.sh writes (ZDELAY_TEST_*). Needs nats-py, pika and confluent-kafka, so
-scripts/test.sh runs these in the services venv only (`-m broker`)."""
+"""A job enqueued by this client, and one enqueued by the TypeScript client (clients/node,
+built), reaches each broker through a real daemon with its payload and headers: NATS
+JetStream, RabbitMQ and a Kafka-protocol broker, at the addresses scripts/services.sh writes
+(ZDELAY_TEST_*). Needs nats-py, pika and confluent-kafka, so scripts/test.sh runs these in the
+services venv only (`-m broker`), after building the TypeScript client."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import subprocess
 import time
@@ -15,7 +18,7 @@ import pytest
 
 import zdelay
 
-from .conftest import ROUTES, Daemon, wait_for
+from .conftest import ROOT, ROUTES, Daemon, wait_for
 
 pytestmark = pytest.mark.broker
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -29,25 +32,52 @@ def env(name: str) -> str:
     return value
 
 
-def through(redis_url: str, sink: str, target: str, read) -> dict:
+NODE_CLIENT = ROOT / "clients" / "node"
+# Enqueues one job through the TypeScript client's CommonJS build: argv = url, id, payload (base64), headers JSON.
+NODE_ENQUEUE = """
+const [dist, ioredis, url, id, payload, headers] = process.argv.slice(1);
+const { Client } = require(dist);
+const Redis = require(ioredis);
+const client = new Client(new Redis(url));
+client.enqueue({ dest: "out", payload: Buffer.from(payload, "base64"), id, headers: JSON.parse(headers) })
+  .then((r) => { console.log(JSON.stringify(r)); process.exit(0); }, (e) => { console.error(e); process.exit(1); });
+"""
+
+
+@pytest.fixture(params=["python", "node"])
+def producer(request):
+    """Enqueues (url, id, payload, headers) and returns the id, through one client."""
+    if request.param == "python":
+        return lambda url, id, payload, headers: zdelay.Client.from_url(url).enqueue("out", payload, id=id, headers=headers).id
+    dist = NODE_CLIENT / "dist" / "cjs" / "index.js"
+    if not dist.exists() and not os.environ.get("ZDELAY_TEST_NODE_CLIENT"):
+        pytest.skip("the TypeScript client is not built (cd clients/node && npm ci && npm run build)")
+
+    def enqueue(url, id, payload, headers):
+        out = subprocess.run(["node", "-e", NODE_ENQUEUE, str(dist), str(NODE_CLIENT / "node_modules" / "ioredis"), url, id,
+                              base64.b64encode(payload).decode(), json.dumps(headers)], capture_output=True, check=True)
+        return json.loads(out.stdout)["id"]
+
+    return enqueue
+
+
+def through(redis_url: str, producer, sink: str, target: str, read) -> dict:
     """Enqueues one job with headers for a route to `target` on `sink` (TOML), runs a daemon,
     and returns the headers `read()` found with the payload."""
     routes = ROUTES + sink + f'\n[[routes]]\nname = "out"\nsink = "bus"\ntarget = "{target}"\n'
     daemon = Daemon(f'url = "{redis_url}"', routes=routes)
     try:
-        done = zdelay.Client.from_url(redis_url).enqueue(
-            "out", PAYLOAD, id=f"order-{uuid.uuid4().hex[:6]}", headers={"tenant": "acme", "Traceparent": TRACEPARENT}
-        )
+        done_id = producer(redis_url, f"order-{uuid.uuid4().hex[:6]}", PAYLOAD, {"tenant": "acme", "Traceparent": TRACEPARENT})
         payload, headers = read()
     finally:
         daemon.stop()
     assert payload == PAYLOAD
     assert headers["tenant"] == "acme" and TRACE_ID in headers["traceparent"], headers
-    assert done.id in headers["zdelay-id"] or done.id in headers.get("Nats-Msg-Id", ""), headers
+    assert done_id in headers["zdelay-id"] or done_id in headers.get("Nats-Msg-Id", ""), headers
     return headers
 
 
-def test_nats_jetstream(redis_url):
+def test_nats_jetstream(redis_url, producer):
     import nats
 
     url = env("ZDELAY_TEST_NATS_URL")
@@ -68,10 +98,10 @@ def test_nats_jetstream(redis_url):
 
     asyncio.run(make_stream())
     sink = f'\n[sinks.bus]\nkind = "nats"\nurl = "{url}"\nallow = ["{prefix}.*"]\n'
-    through(redis_url, sink, f"{prefix}.due", lambda: asyncio.run(fetch()))
+    through(redis_url, producer, sink, f"{prefix}.due", lambda: asyncio.run(fetch()))
 
 
-def test_rabbitmq(redis_url):
+def test_rabbitmq(redis_url, producer):
     import pika
 
     url = env("ZDELAY_TEST_AMQP_URL")
@@ -88,12 +118,12 @@ def test_rabbitmq(redis_url):
 
     try:
         sink = f'\n[sinks.bus]\nkind = "amqp"\nurl = "{url}"\n'
-        through(redis_url, sink, f"/{queue}", read)
+        through(redis_url, producer, sink, f"/{queue}", read)
     finally:
         conn.close()
 
 
-def test_kafka(redis_url):
+def test_kafka(redis_url, producer):
     from confluent_kafka import Consumer
 
     brokers = env("ZDELAY_TEST_KAFKA_BROKERS")
@@ -114,4 +144,4 @@ def test_kafka(redis_url):
             consumer.close()
 
     sink = f'\n[sinks.bus]\nkind = "kafka"\nbrokers = "{brokers}"\n'
-    through(redis_url, sink, topic, read)
+    through(redis_url, producer, sink, topic, read)
