@@ -24,7 +24,7 @@ pub use zdelay_client::{
     JobView, NewJob, OnConflict, Replayed, Routes,
 };
 pub use zdelay_client::{
-    client, config, dead, envelope, job, keys, lane, lane_id, reshard, routes, schedule,
+    client, config, dead, envelope, job, keys, lane, lane_id, operator, reshard, routes, schedule,
     schedule_requests, schedules, store, trace_context, upgrade,
 };
 

@@ -291,6 +291,7 @@ async fn dead(State(s): State<ApiState>, headers: HeaderMap, Query(q): Query<Dea
     if only.is_none() {
         let found = c
             .client
+            .operator()
             .dead_jobs_bounded(&filter, limit, DEAD_SCAN)
             .await?;
         jobs = found.items;
@@ -307,12 +308,13 @@ async fn dead(State(s): State<ApiState>, headers: HeaderMap, Query(q): Query<Dea
     for source in sources {
         let found = c
             .client
+            .operator()
             .raw_dead_members_bounded(source, &filter, limit, DEAD_SCAN)
             .await?;
         complete &= found.complete;
         raw.extend(found.items.iter().map(|m| m.to_json(&source.key)));
     }
-    let total: u64 = c.client.dead_counts().await?.iter().sum();
+    let total: u64 = c.client.operator().dead_counts().await?.iter().sum();
     Ok(Json(json!({
         "now_ms": now_ms,
         "total": total,
@@ -338,7 +340,7 @@ async fn dead_show(
     s.may_read(&headers, Access::PayloadRead)?;
     let c = s.console()?;
     if let Some(source) = q.source(&c.config)? {
-        return match c.client.raw_dead_show(source, &id).await? {
+        return match c.client.operator().raw_dead_show(source, &id).await? {
             Some(m) => Ok(Json(m.detail_json(&source.key, PREVIEW_BYTES))),
             None => Err(not_found(format!(
                 "no dead member of {} has the id {id}",
@@ -346,7 +348,7 @@ async fn dead_show(
             ))),
         };
     }
-    match c.client.dead_show(&id).await? {
+    match c.client.operator().dead_show(&id).await? {
         Some(detail) => Ok(Json(detail.to_json(PREVIEW_BYTES))),
         None => Err(not_found(format!("{id} is not dead"))),
     }
@@ -401,9 +403,9 @@ async fn schedules(
     };
     let mut con = c.client.connection();
     let now_ms = zdelay_client::store::server_time_ms(&mut con).await?;
-    let counts = c.client.schedule_counts().await?;
-    let upcoming = c.client.schedules_upcoming(limit).await?;
-    let idle = c.client.schedules_idle(from, IDLE_SCAN).await?;
+    let counts = c.client.operator().schedule_counts().await?;
+    let upcoming = c.client.operator().schedules_upcoming(limit).await?;
+    let idle = c.client.operator().schedules_idle(from, IDLE_SCAN).await?;
     // Walking a cron back to its previous occurrence is CPU work, up to thousands per answer:
     // on a blocking thread, one answer's walks at a time, so requests cannot starve the
     // runtime the pollers share. The permit goes with the walks: a caller that hangs up
@@ -475,13 +477,18 @@ async fn dead_replay(
         Some(source) => {
             let r = c
                 .client
+                .operator()
                 .raw_dead_replay_selected(source, &ids, q.due()?, |_| {})
                 .await?;
             (r, None)
         }
         None => {
             let options = q.options()?;
-            let r = c.client.dead_replay_selected(&ids, options, |_| {}).await?;
+            let r = c
+                .client
+                .operator()
+                .dead_replay_selected(&ids, options, |_| {})
+                .await?;
             (r, Some(options.keep_attempts))
         }
     };
@@ -503,10 +510,16 @@ async fn dead_purge(
     let p = match q.source(&c.config)? {
         Some(source) => {
             c.client
+                .operator()
                 .raw_dead_purge_selected(source, &ids, |_| {})
                 .await?
         }
-        None => c.client.dead_purge_selected(&ids, |_| {}).await?,
+        None => {
+            c.client
+                .operator()
+                .dead_purge_selected(&ids, |_| {})
+                .await?
+        }
     };
     if p.purged == 0 {
         return Err(not_found(format!("{id} is not dead")));
@@ -547,10 +560,16 @@ async fn dead_bulk(
         let p = match source {
             Some(source) => {
                 c.client
+                    .operator()
                     .raw_dead_purge_selected(source, &selection, |_| {})
                     .await?
             }
-            None => c.client.dead_purge_selected(&selection, |_| {}).await?,
+            None => {
+                c.client
+                    .operator()
+                    .dead_purge_selected(&selection, |_| {})
+                    .await?
+            }
         };
         let taken = p.purged + p.skipped;
         let mut v = serde_json::to_value(p).map_err(anyhow::Error::from)?;
@@ -561,6 +580,7 @@ async fn dead_bulk(
             Some(source) => {
                 let r = c
                     .client
+                    .operator()
                     .raw_dead_replay_selected(source, &selection, q.due()?, |_| {})
                     .await?;
                 (r, None)
@@ -569,6 +589,7 @@ async fn dead_bulk(
                 let options = q.options()?;
                 let r = c
                     .client
+                    .operator()
                     .dead_replay_selected(&selection, options, |_| {})
                     .await?;
                 (r, Some(options.keep_attempts))
@@ -642,7 +663,7 @@ async fn schedule_run(
     Path(id): Path<String>,
 ) -> Answer {
     s.authorize(&headers, "schedule run", &id)?;
-    let Some(job) = s.console()?.client.schedule_run_now(&id).await? else {
+    let Some(job) = s.console()?.client.operator().schedule_run_now(&id).await? else {
         return Err(not_found(format!("no schedule {id}")));
     };
     Ok(Json(json!({ "ok": true, "job": job })))

@@ -189,7 +189,7 @@ async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Resul
     let (jobs, sources) = match &args.source {
         Some(key) => (Vec::new(), vec![source(config, key)?]),
         None => (
-            client.dead_jobs(&filter, read).await?,
+            client.operator().dead_jobs(&filter, read).await?,
             config.sources.iter().collect(),
         ),
     };
@@ -197,7 +197,11 @@ async fn list(client: &Client, config: &Config, args: ListArgs) -> anyhow::Resul
     let mut raw = Vec::new();
     if envelope_only.is_empty() {
         for source in sources {
-            for member in client.raw_dead_members(source, &filter, read).await? {
+            for member in client
+                .operator()
+                .raw_dead_members(source, &filter, read)
+                .await?
+            {
                 raw.push((source.key.as_str(), member));
             }
         }
@@ -268,24 +272,30 @@ fn oldest(
 async fn show(client: &Client, config: &Config, args: ShowArgs) -> anyhow::Result<i32> {
     if let Some(key) = &args.source {
         let source = source(config, key)?;
-        return Ok(match client.raw_dead_show(source, &args.id).await? {
-            Some(m) => {
-                if args.output.is_json() {
-                    let v = render::dead_member_detail_json(key, &m);
-                    println!("{}", serde_json::to_string_pretty(&v)?);
-                } else {
-                    print!("{}", render::dead_member_detail(key, &m));
+        return Ok(
+            match client.operator().raw_dead_show(source, &args.id).await? {
+                Some(m) => {
+                    if args.output.is_json() {
+                        let v = render::dead_member_detail_json(key, &m);
+                        println!("{}", serde_json::to_string_pretty(&v)?);
+                    } else {
+                        print!("{}", render::dead_member_detail(key, &m));
+                    }
+                    0
                 }
-                0
-            }
-            None => super::not_found(
-                false,
-                &format!("no dead member of {key} has the id {}", args.id),
-            ),
-        });
+                None => super::not_found(
+                    false,
+                    &format!("no dead member of {key} has the id {}", args.id),
+                ),
+            },
+        );
     }
     Ok(
-        match client.dead_show_at(args.dest.as_deref(), &args.id).await? {
+        match client
+            .operator()
+            .dead_show_at(args.dest.as_deref(), &args.id)
+            .await?
+        {
             Some(job) => {
                 if args.output.is_json() {
                     let v = render::dead_detail_json(&job);
@@ -314,6 +324,7 @@ async fn replay(client: &Client, config: &Config, args: ReplayArgs) -> anyhow::R
         Some(key) => {
             let source = source(config, key)?;
             client
+                .operator()
                 .raw_dead_replay_selected(source, &selection, due, bar.reporter())
                 .await?
         }
@@ -323,6 +334,7 @@ async fn replay(client: &Client, config: &Config, args: ReplayArgs) -> anyhow::R
                 keep_attempts: args.keep_attempts,
             };
             client
+                .operator()
                 .dead_replay_selected(&selection, options, bar.reporter())
                 .await?
         }
@@ -370,11 +382,13 @@ async fn purge(client: &Client, config: &Config, args: PurgeArgs) -> anyhow::Res
         Some(key) => {
             let source = source(config, key)?;
             client
+                .operator()
                 .raw_dead_purge_selected(source, &selection, bar.reporter())
                 .await?
         }
         None => {
             client
+                .operator()
                 .dead_purge_selected(&selection, bar.reporter())
                 .await?
         }

@@ -231,12 +231,12 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
         ScheduleAction::Set(args) => set(client, *args).await,
         ScheduleAction::List { output } => {
             let json = output.is_json();
-            let all = client.schedule_list().await?;
+            let all = client.operator().schedule_list().await?;
             // Quarantined schedules with a readable definition are among `all`; the others
             // are listed last.
             let listed: std::collections::HashSet<&str> =
                 all.iter().map(|v| v.id.as_str()).collect();
-            let quarantined = client.schedules_quarantined().await?;
+            let quarantined = client.operator().schedules_quarantined().await?;
             let unreadable: Vec<_> = quarantined
                 .iter()
                 .filter(|q| !listed.contains(q.id.as_str()))
@@ -273,7 +273,7 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
                 println!("{}", line(&view));
                 Ok(0)
             }
-            None => match client.schedule_quarantine(&id).await? {
+            None => match client.operator().schedule_quarantine(&id).await? {
                 Some(quarantine) if output.is_json() => {
                     // On layout 2 the lane was found by asking each one, and is not kept.
                     let place = (client.storage_layout() == 1)

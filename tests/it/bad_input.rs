@@ -68,7 +68,7 @@ fn assert_alive(daemon: &Daemon) {
 }
 
 fn dead_reasons(rt: &tokio::runtime::Runtime, client: &Client) -> BTreeMap<String, String> {
-    rt.block_on(client.dead_list(100))
+    rt.block_on(client.operator().dead_list(100))
         .unwrap()
         .into_iter()
         .map(|d| (d.id, d.reason))
@@ -217,7 +217,7 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
     // Dead: exactly these, each with its reason, timed after the seeding.
     assert_eq!(dead_reasons(&rt, &client), expected_dead);
     let now = redis_now_ms(&mut con);
-    for d in rt.block_on(client.dead_list(100)).unwrap() {
+    for d in rt.block_on(client.operator().dead_list(100)).unwrap() {
         assert!(
             (seeded_at..=now).contains(&d.died_ms),
             "{d:?} died at a plausible time"
@@ -450,7 +450,9 @@ route = "wrong"
         ),
     ];
     for (key, member, reason) in expected {
-        let listed = rt.block_on(client.raw_dead_list(&source(key), 10)).unwrap();
+        let listed = rt
+            .block_on(client.operator().raw_dead_list(&source(key), 10))
+            .unwrap();
         assert_eq!(listed.len(), 1, "{key}: {listed:?}");
         let dead = &listed[0];
         // A listing carries the member's size and its first 200 bytes.

@@ -923,10 +923,12 @@ fn replaying_an_orphan_keeps_it_dead_and_counts_it() {
         .query(&mut con)
         .expect("seed an orphan");
     let r = rt
-        .block_on(client.dead_replay(&["orphan-1".to_owned()]))
+        .block_on(client.operator().dead_replay(&["orphan-1".to_owned()]))
         .expect("replay");
     assert_eq!((r.replayed, r.orphans), (0, 1));
-    let r = rt.block_on(client.dead_replay(&[])).expect("replay all");
+    let r = rt
+        .block_on(client.operator().dead_replay(&[]))
+        .expect("replay all");
     assert_eq!((r.replayed, r.orphans), (0, 1));
     let score: Option<f64> = redis::cmd("ZSCORE")
         .arg(&dead)

@@ -331,6 +331,7 @@ fn seed_for_console(redis: &RedisServer, config: &TestConfig) -> (Vec<String>, V
             .await
             .unwrap();
         client
+            .operator()
             .schedule_run_now("broken-tick")
             .await
             .unwrap()

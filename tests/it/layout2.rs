@@ -417,13 +417,18 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
     enqueue(NewJob::new("b", "pb2").id("dup-d"));
     // A listing takes the jobs that died before Redis's clock of the call: wait for it.
     wait_for("six dead letters", Duration::from_secs(10), || {
-        rt.block_on(lib.dead_list(100)).unwrap().len() == 6
+        rt.block_on(lib.operator().dead_list(100)).unwrap().len() == 6
     });
     assert_eq!(
-        rt.block_on(lib.dead_counts()).unwrap().iter().sum::<u64>(),
+        rt.block_on(lib.operator().dead_counts())
+            .unwrap()
+            .iter()
+            .sum::<u64>(),
         6
     );
-    let dead = rt.block_on(lib.dead_list(100)).expect("dead list");
+    let dead = rt
+        .block_on(lib.operator().dead_list(100))
+        .expect("dead list");
     for job in &dead {
         let route = job.route.as_deref().expect("a lane job's route");
         assert!(job.lane.is_some(), "{job:?}");
@@ -438,7 +443,7 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
     // Shown by generated id and by user id, with headers and payload; an id two lanes hold
     // is refused by name.
     let shown = rt
-        .block_on(lib.dead_show("exp-1"))
+        .block_on(lib.operator().dead_show("exp-1"))
         .expect("show")
         .expect("dead");
     assert_eq!(
@@ -447,18 +452,20 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
     );
     assert_eq!(shown.headers.get("tenant").map(String::as_str), Some("t1"));
     let shown = rt
-        .block_on(lib.dead_show(&gen_b))
+        .block_on(lib.operator().dead_show(&gen_b))
         .expect("show")
         .expect("dead");
     assert_eq!(shown.payload, b"pb0");
-    let err = rt.block_on(lib.dead_show("dup-d")).expect_err("two lanes");
+    let err = rt
+        .block_on(lib.operator().dead_show("dup-d"))
+        .expect_err("two lanes");
     assert!(
         matches!(&err, ClientError::AmbiguousId { routes, .. } if routes == &["a", "b"]),
         "{err}"
     );
     // With its destination it is found in one call.
     let in_b = rt
-        .block_on(lib.dead_show_at(Some("b"), "dup-d"))
+        .block_on(lib.operator().dead_show_at(Some("b"), "dup-d"))
         .expect("show in b")
         .expect("dead in b");
     assert_eq!(in_b.payload, b"pb2");
@@ -497,7 +504,7 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
         ..DeadFilter::default()
     };
     let replayed = rt
-        .block_on(lib.dead_replay_selected(
+        .block_on(lib.operator().dead_replay_selected(
             &DeadSelection::Matching(route_b),
             ReplayOptions::default(),
             |_| {},
@@ -513,7 +520,10 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
     });
     // Replayed by id: its max lateness went when it died, so it is delivered now.
     let r = rt
-        .block_on(lib.dead_replay(&["exp-1".to_owned(), "no-such".to_owned()]))
+        .block_on(
+            lib.operator()
+                .dead_replay(&["exp-1".to_owned(), "no-such".to_owned()]),
+        )
         .expect("replay exp-1");
     assert_eq!((r.replayed, r.skipped), (1, 1), "{r:?}");
     wait_for("exp-1 delivered", Duration::from_secs(10), || {
@@ -521,13 +531,16 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
     });
     // Purged: one by its generated id, the rest by filter; nothing of them is left.
     assert_eq!(
-        rt.block_on(lib.dead_purge(std::slice::from_ref(&gen_a)))
+        rt.block_on(lib.operator().dead_purge(std::slice::from_ref(&gen_a)))
             .unwrap(),
         1
     );
-    assert_eq!(rt.block_on(lib.dead_purge(&[])).unwrap(), 1);
+    assert_eq!(rt.block_on(lib.operator().dead_purge(&[])).unwrap(), 1);
     assert_eq!(
-        rt.block_on(lib.dead_counts()).unwrap().iter().sum::<u64>(),
+        rt.block_on(lib.operator().dead_counts())
+            .unwrap()
+            .iter()
+            .sum::<u64>(),
         0
     );
     let mut left: Vec<String> = Vec::new();
@@ -593,7 +606,9 @@ fn schedules_live_and_fire_in_their_destinations_lanes() {
         .expect("stored");
     assert!(view.lane.is_some() && view.to_json().get("shard").is_none());
     assert_eq!(view.dest, "a");
-    let counts = rt.block_on(lib.schedule_counts()).expect("counts");
+    let counts = rt
+        .block_on(lib.operator().schedule_counts())
+        .expect("counts");
     assert_eq!((counts.schedules, counts.pending), (1, 1));
     // Its id cannot move to another route's lane by a set.
     let mut elsewhere = spec.clone();
@@ -620,7 +635,7 @@ fn schedules_live_and_fire_in_their_destinations_lanes() {
     assert_eq!(lrange(&mut con, "q:a"), vec![b"t".to_vec(); 5]);
     // Run now: one more, off the grid.
     let run = rt
-        .block_on(lib.schedule_run_now("tick"))
+        .block_on(lib.operator().schedule_run_now("tick"))
         .expect("run now")
         .expect("a schedule");
     assert!(run.starts_with("{tick}:") && run.ends_with(":run"), "{run}");

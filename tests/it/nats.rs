@@ -595,7 +595,7 @@ fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layo
             "{} messages in the stream after 20 s; daemon log:\n{}\ndead: {:?}",
             rt.block_on(stream_count(&js, &stream)),
             daemon.log_text(),
-            rt.block_on(client.dead_list(5))
+            rt.block_on(client.operator().dead_list(5))
                 .map(|d| d.into_iter().map(|j| j.reason).collect::<Vec<_>>())
         );
         std::thread::sleep(Duration::from_millis(20));

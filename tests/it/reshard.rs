@@ -354,7 +354,7 @@ fn load(place: &Place, config: &TestConfig, shards: u16, scale: usize) -> Loaded
     // Replay the dead ones, due before now - 500, and kill them again: each leaves its first
     // death in its history.
     let replayed = rt
-        .block_on(client.dead_replay_selected(
+        .block_on(client.operator().dead_replay_selected(
             &DeadSelection::Ids(dead.clone()),
             ReplayOptions {
                 due: Due::At(now - 700),
@@ -796,7 +796,12 @@ fn a_client_connected_before_a_reshard_follows_it_and_never_misroutes() {
         rt.block_on(poller::move_once(&ctx, &Target::Shard(shard), Some(now)))
             .expect("move_once");
     }
-    assert_eq!(rt.block_on(operator.dead_list(100)).unwrap().len(), 20);
+    assert_eq!(
+        rt.block_on(operator.operator().dead_list(100))
+            .unwrap()
+            .len(),
+        20
+    );
 
     // A reshard that crashed mid-way leaves the namespace frozen: writes and reads are
     // refused with a retryable error, and nothing is written.
@@ -833,14 +838,16 @@ fn a_client_connected_before_a_reshard_follows_it_and_never_misroutes() {
     }
     // Every dead-letter call: listing, show, replay and purge by id or all.
     let refusals = [
-        rt.block_on(operator.dead_list(100)).map(|_| ()),
-        rt.block_on(operator.dead_show("d-1")).map(|_| ()),
-        rt.block_on(operator.dead_replay(&["d-1".to_owned()]))
+        rt.block_on(operator.operator().dead_list(100)).map(|_| ()),
+        rt.block_on(operator.operator().dead_show("d-1"))
             .map(|_| ()),
-        rt.block_on(operator.dead_replay(&[])).map(|_| ()),
-        rt.block_on(operator.dead_purge(&["d-2".to_owned()]))
+        rt.block_on(operator.operator().dead_replay(&["d-1".to_owned()]))
             .map(|_| ()),
-        rt.block_on(operator.dead_purge(&[])).map(|_| ()),
+        rt.block_on(operator.operator().dead_replay(&[]))
+            .map(|_| ()),
+        rt.block_on(operator.operator().dead_purge(&["d-2".to_owned()]))
+            .map(|_| ()),
+        rt.block_on(operator.operator().dead_purge(&[])).map(|_| ()),
     ];
     for r in refusals {
         let e = r.expect_err("refused while frozen");
@@ -895,10 +902,13 @@ fn a_client_connected_before_a_reshard_follows_it_and_never_misroutes() {
         rt.block_on(client.cancel("a-7")).unwrap(),
         zdelay::Cancelled::Cancelled
     );
-    assert_eq!(rt.block_on(reader.dead_list(100)).unwrap().len(), 20);
+    assert_eq!(
+        rt.block_on(reader.operator().dead_list(100)).unwrap().len(),
+        20
+    );
     // The operator's client follows too: it lists every dead job in its new shard, and
     // replays and purges by id there.
-    let listed = rt.block_on(operator.dead_list(100)).unwrap();
+    let listed = rt.block_on(operator.operator().dead_list(100)).unwrap();
     assert_eq!(operator.keys().shards(), 8);
     assert_eq!(listed.len(), 20);
     assert!(
@@ -908,17 +918,18 @@ fn a_client_connected_before_a_reshard_follows_it_and_never_misroutes() {
         "{listed:?}"
     );
     let shown = rt
-        .block_on(operator.dead_show("d-3"))
+        .block_on(operator.operator().dead_show("d-3"))
         .unwrap()
         .expect("dead");
     assert_eq!(shown.job.reason, "unknown destination: nowhere");
     assert_eq!(
-        rt.block_on(operator.dead_purge(&dead[..5])).unwrap(),
+        rt.block_on(operator.operator().dead_purge(&dead[..5]))
+            .unwrap(),
         5,
         "purged in their new shards"
     );
     let replayed = rt
-        .block_on(operator.dead_replay_selected(
+        .block_on(operator.operator().dead_replay_selected(
             &DeadSelection::Ids(dead[5..8].to_vec()),
             ReplayOptions {
                 due: Due::In(Duration::from_secs(3600)),

@@ -379,7 +379,7 @@ fn max_lateness_expires_stale_jobs_and_occurrences() {
     wait_for("the schedule back on time", Duration::from_secs(10), || {
         llen(&mut con, "q:a") >= 2
     });
-    let dead = rt.block_on(lib.dead_list(100)).unwrap();
+    let dead = rt.block_on(lib.operator().dead_list(100)).unwrap();
     assert!(
         dead.iter()
             .any(|d| d.id.starts_with("{old}:") && d.reason.starts_with("expired")),
@@ -840,7 +840,7 @@ fn concurrent_unchanged_sets_keep_every_occurrence_exactly_once() {
         "the window over and delivered",
         Duration::from_secs(20),
         || {
-            let counts = lib_rt.block_on(lib.schedule_counts()).unwrap();
+            let counts = lib_rt.block_on(lib.operator().schedule_counts()).unwrap();
             counts.pending == 0 && crate::common::shard_total(&mut con, SHARDS, "jobs") == 0
         },
     );
@@ -922,7 +922,10 @@ fn an_update_while_no_daemon_runs_leaves_due_occurrences_to_the_misfire_policy()
     }
     let _daemon = Daemon::start(&config);
     wait_for("every schedule fired", Duration::from_secs(10), || {
-        rt.block_on(lib.schedule_counts()).unwrap().pending == 0
+        rt.block_on(lib.operator().schedule_counts())
+            .unwrap()
+            .pending
+            == 0
             && crate::common::shard_total(&mut con, SHARDS, "jobs") == 0
     });
     let got = |con: &mut redis::Connection, list: &str| crate::common::lrange(con, list);

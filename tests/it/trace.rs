@@ -408,7 +408,10 @@ target = "q:remote"
         .map(|r| r.expect("enqueued").0)
         .collect();
     wait_for("both jobs dead", Duration::from_secs(20), || {
-        rt.block_on(client.dead_list(10)).expect("dead list").len() == 2
+        rt.block_on(client.operator().dead_list(10))
+            .expect("dead list")
+            .len()
+            == 2
     });
     let spans = receiver.wait_job_spans(&ids[0], 2);
     assert_eq!(spans.len(), 2, "one span per attempt");

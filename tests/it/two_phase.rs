@@ -175,9 +175,15 @@ fn rejects_and_exhausted_retries_go_to_dead_with_reasons() {
     let rt = crate::common::runtime();
     let client = client(&rt, &scheduler.url(), SHARDS);
     wait_for("WRONGTYPE rejects dead", Duration::from_secs(10), || {
-        rt.block_on(client.dead_list(100)).expect("dead list").len() == 5
+        rt.block_on(client.operator().dead_list(100))
+            .expect("dead list")
+            .len()
+            == 5
     });
-    for d in rt.block_on(client.dead_list(100)).expect("dead list") {
+    for d in rt
+        .block_on(client.operator().dead_list(100))
+        .expect("dead list")
+    {
         assert!(rejected.contains(&d.id));
         assert!(d.reason.contains("WRONGTYPE"), "{}", d.reason);
     }
@@ -194,7 +200,10 @@ fn rejects_and_exhausted_retries_go_to_dead_with_reasons() {
         .expect("maxmemory");
     let retried = enqueue(&scheduler, "mirror", "r", 3);
     wait_for("retries exhausted", Duration::from_secs(20), || {
-        rt.block_on(client.dead_list(100)).expect("dead list").len() == 8
+        rt.block_on(client.operator().dead_list(100))
+            .expect("dead list")
+            .len()
+            == 8
     });
     for id in &retried {
         let job = rt

@@ -346,7 +346,7 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
     // Dead jobs and schedules came along; the schedules keep firing.
     let lib = common::client(&rt, &redis.url(), SHARDS);
     assert_eq!(lib.storage_layout(), 2);
-    let dead = rt.block_on(lib.dead_list(100)).unwrap();
+    let dead = rt.block_on(lib.operator().dead_list(100)).unwrap();
     let mut ids: Vec<&str> = dead.iter().map(|d| d.id.as_str()).collect();
     ids.sort();
     assert_eq!(ids, ["expired-1", "lost-1", "lost-2"], "{dead:?}");

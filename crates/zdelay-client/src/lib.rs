@@ -1,8 +1,10 @@
 //! The producer side of zdelay: schedule jobs into Redis for `zdelay run` to deliver.
 //!
 //! [`Client`] enqueues (at a time or after a delay measured on Redis's clock, one job or
-//! thousands per round trip), gets, reschedules and cancels jobs by id, and lists, replays
-//! and purges dead letters. It needs no broker client: the daemon publishes.
+//! thousands per round trip), gets, reschedules and cancels jobs by id, and sets, pauses,
+//! resumes and deletes recurring schedules. It needs no broker client: the daemon publishes.
+//! The operator's calls are apart ([`operator`]): dead letters, the schedules' internals, and
+//! the [`reshard`] and [`upgrade`] modules.
 //!
 //! The modules are the daemon's too, so both sides agree on the contract:
 //! - [`config`]: the `zdelay.toml` shape, loading and validation;
@@ -17,6 +19,10 @@
 //! - [`schedule`]: recurring schedules: the stored definition, validation, next occurrences
 //!   (cron in IANA zones, intervals) and misfire handling.
 //! - [`reshard`]: moving a namespace to another shard count (`zdelay reshard`).
+//! - [`operator`]: [`operator::Operator`], the operator's calls (dead letters, schedule
+//!   internals), apart from the producer's.
+//! - [`schedule_requests`]: the JSON form of a schedule, and the schedule requests of
+//!   producers in other languages that daemons apply.
 //! - [`trace_context`]: W3C `traceparent`/`tracestate` in headers: name case, validation.
 
 pub mod client;
@@ -28,6 +34,7 @@ pub mod job;
 pub mod keys;
 pub mod lane;
 pub mod lane_id;
+pub mod operator;
 pub mod reshard;
 pub mod routes;
 pub mod schedule;

@@ -39,6 +39,7 @@ use crate::envelope::{Envelope, Meta};
 use crate::job::{Due, OnConflict};
 use crate::keys::{Keys, occurrence_id, run_now_id, valid_schedule_id};
 use crate::lane::Home;
+use crate::operator::Operator;
 use crate::schedule::{Schedule, ScheduleDef};
 pub use crate::store::scripts::FIRE_MAX_OCCURRENCES;
 pub use crate::store::scripts::SchedAt;
@@ -599,6 +600,45 @@ impl Client {
         .await
     }
 
+    /// One schedule, or `None`.
+    pub async fn schedule_get(&self, id: &str) -> Result<Option<ScheduleView>, ClientError> {
+        let layout = self.keys();
+        let Some(home) = self.schedule_home_of(&layout, id).await? else {
+            return Ok(None);
+        };
+        let keys = home.keys();
+        type Reply = (
+            Option<String>,
+            Option<Vec<u8>>,
+            Option<f64>,
+            Option<String>,
+            Option<String>,
+        );
+        let (record, envelope, next, quarantine, marker): Reply = redis::pipe()
+            .hget(keys.schedules, id)
+            .hget(keys.sched_env, id)
+            .zscore(keys.sched_due, id)
+            .hget(keys.sched_quarantine, id)
+            .get(home.fence_key())
+            .query_async(&mut self.con.clone())
+            .await?;
+        home.check_read(marker, &layout)?;
+        let Some(Ok((version, stored))) = record.as_deref().map(parse_record) else {
+            return Ok(None);
+        };
+        Ok(Some(view(
+            id.to_owned(),
+            &home,
+            version,
+            stored,
+            envelope.as_deref(),
+            next,
+            quarantine.as_deref(),
+        )))
+    }
+}
+
+impl Operator {
     /// Runs a schedule once now, off its grid: enqueues one occurrence due now, id
     /// `<schedule>:<now ms>:run` ([`run_now_id`]: never the id of an occurrence on the grid,
     /// which is written once), carrying what the schedule's occurrences carry (its
@@ -666,43 +706,6 @@ impl Client {
             Ok(Some(job_id))
         })
         .await
-    }
-
-    /// One schedule, or `None`.
-    pub async fn schedule_get(&self, id: &str) -> Result<Option<ScheduleView>, ClientError> {
-        let layout = self.keys();
-        let Some(home) = self.schedule_home_of(&layout, id).await? else {
-            return Ok(None);
-        };
-        let keys = home.keys();
-        type Reply = (
-            Option<String>,
-            Option<Vec<u8>>,
-            Option<f64>,
-            Option<String>,
-            Option<String>,
-        );
-        let (record, envelope, next, quarantine, marker): Reply = redis::pipe()
-            .hget(keys.schedules, id)
-            .hget(keys.sched_env, id)
-            .zscore(keys.sched_due, id)
-            .hget(keys.sched_quarantine, id)
-            .get(home.fence_key())
-            .query_async(&mut self.con.clone())
-            .await?;
-        home.check_read(marker, &layout)?;
-        let Some(Ok((version, stored))) = record.as_deref().map(parse_record) else {
-            return Ok(None);
-        };
-        Ok(Some(view(
-            id.to_owned(),
-            &home,
-            version,
-            stored,
-            envelope.as_deref(),
-            next,
-            quarantine.as_deref(),
-        )))
     }
 
     /// Why a schedule is quarantined, when it is: also for a schedule whose definition

@@ -42,12 +42,13 @@
 mod home;
 
 use crate::client::lanes::{Found, Held};
-use crate::client::{Client, ClientError, read_envelope};
+use crate::client::{ClientError, read_envelope};
 use crate::config::{ScoreUnit, SourceConfig};
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::job::Due;
 use crate::keys::Keys;
 use crate::lane::Home;
+use crate::operator::Operator;
 use crate::store::scripts::{self, DeadPeek, RawDeadRange, RawDeadWalk, Replayed};
 use crate::store::{self, Conn};
 use std::collections::BTreeMap;
@@ -645,7 +646,7 @@ type Selected = BTreeMap<(u8, u32), Vec<(String, Option<f64>)>>;
 /// Where dead jobs are kept, by number.
 type Homes = BTreeMap<(u8, u32), Home>;
 
-impl Client {
+impl Operator {
     /// The homes of dead jobs: the shards of `layout`, or on storage layout 2 the route lanes
     /// as the registry names them now.
     async fn dead_homes(&self, layout: &Keys) -> Result<Homes, ClientError> {
