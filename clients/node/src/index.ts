@@ -111,6 +111,8 @@ function* loadNamespace(name: string): Op<Namespace> {
     throw new ProtocolError(`the zdelay function library for protocol ${PROTOCOL} is not on this server `
       + `(${protocol.message}): a zdelay daemon loads it when it starts (Redis 7.0 or later, or Valkey 7.2)`);
   }
+  const spoken = Number((protocol as unknown[])[0]);
+  if (spoken !== PROTOCOL) throw new ProtocolError(`the server's zd${PROTOCOL}_protocol says ${spoken}; this client speaks ${PROTOCOL}`);
   if (migrating != null) throw new Fenced(`namespace ${name} is being resharded (${migrating}): try again`);
   const n = Number(String(upgrading ?? layout));
   if (n !== 1 && n !== 2) throw new ProtocolError(`namespace ${name} is on storage layout ${n}; this client knows 1 and 2`);

@@ -139,6 +139,31 @@ test("bad input is refused by name and writes nothing; no namespace before a dae
   }
 });
 
+test("a server without the library, or speaking another protocol or layout, is refused by name", async () => {
+  const server = await startRedis();
+  const redis = new Redis(server.url);
+  const client = () => new zdelay.Client(new Redis(server.url));
+  const refused = async (pattern) => {
+    const c = client();
+    await assert.rejects(c.enqueue({ dest: "emails", payload: "x" }), (e) => e instanceof zdelay.ProtocolError && pattern.test(e.message));
+    c.redis.disconnect();
+  };
+  try {
+    await redis.hset("zdelay:schema", { shards: 4, layout: 1 });
+    await refused(/function library for protocol 1 is not on this server/);
+    const newer = "#!lua name=zdelay_p1\nredis.register_function('zd1_protocol', function() return {2, '9.0.0'} end)";
+    await redis.call("FUNCTION", "LOAD", newer);
+    await refused(/says 2; this client speaks 1/);
+    await redis.call("FUNCTION", "LOAD", "REPLACE", newer.replace("{2,", "{1,"));
+    await redis.hset("zdelay:schema", "layout", 3);
+    await refused(/storage layout 3/);
+    assert.deepEqual(await redis.keys("*"), ["zdelay:schema"]);
+  } finally {
+    redis.disconnect();
+    await server.stop();
+  }
+});
+
 test("on a cluster on layout 2, jobs go to their route's lane and are delivered", async () => {
   const nodes = [];
   for (let i = 0; i < 3; i++) nodes.push(await startRedis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]));

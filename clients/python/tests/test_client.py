@@ -165,6 +165,22 @@ def test_before_any_daemon_the_namespace_is_missing_and_retryable(redis_url):
     assert redis.Redis.from_url(redis_url).dbsize() == 0
 
 
+def test_a_server_without_the_library_or_speaking_another_protocol_is_refused_by_name(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    r.hset("zdelay:schema", mapping={"shards": 4, "layout": 1})
+    with pytest.raises(zdelay.ProtocolError, match="function library for protocol 1 is not on this server"):
+        zdelay.Client.from_url(redis_url).enqueue("emails", "x")
+    newer = "#!lua name=zdelay_p1\nredis.register_function('zd1_protocol', function() return {2, '9.0.0'} end)"
+    r.function_load(newer)
+    with pytest.raises(zdelay.ProtocolError, match="says 2; this client speaks 1"):
+        zdelay.Client.from_url(redis_url).enqueue("emails", "x")
+    r.function_load(newer.replace("{2,", "{1,"), replace=True)
+    r.hset("zdelay:schema", "layout", 3)
+    with pytest.raises(zdelay.ProtocolError, match="storage layout 3"):
+        zdelay.Client.from_url(redis_url).enqueue("emails", "x")
+    assert sorted(r.keys()) == [b"zdelay:schema"], "nothing written"
+
+
 def test_the_asyncio_client_does_the_same(daemon, redis_url):
     async def main():
         client = zdelay.AsyncClient.from_url(redis_url)
