@@ -501,10 +501,12 @@ async fn apply_schedule_requests(
             .query_async(&mut con)
             .await;
         let mut again = false;
+        if waiting.is_ok() {
+            crate::metrics::recovered("redis", "schedule requests");
+        }
         match waiting {
             Ok(true) => match schedule_requests::apply_requests(&client, &holder).await {
                 Ok(applied) => {
-                    crate::metrics::recovered("redis", "schedule requests");
                     if let Some(why) = &applied.deferred_why {
                         tracing::debug!(deferred = applied.deferred, %why, "schedule requests left for later");
                     }
