@@ -131,6 +131,16 @@ async fn serve(
     let Some((mut con, server, console_client, (layout, keys, lanes))) = started else {
         return Ok(Served::Stopped);
     };
+    if layout == 1
+        && let Some(route) = config.routes.iter().find(|r| r.flow().is_some())
+    {
+        anyhow::bail!(
+            "route {:?} sets rate or max_length, which need storage layout 2: namespace {} is on \
+             layout 1 (set redis.layout = 2 for a new namespace, or run zdelay upgrade)",
+            route.name,
+            keys.namespace()
+        );
+    }
     tracing::info!(%server, "redis reachable");
     refuse_unsupported_brokers(&sinks).await?;
     health.redis_ok.store(true, Ordering::Relaxed);

@@ -38,6 +38,9 @@ pub const SINK_OLDEST_WAITING: &str = "zdelay_sink_oldest_waiting_seconds";
 pub const OCCURRENCES: &str = "zdelay_schedule_occurrences_total";
 pub const TRACE_CONTEXT_INVALID: &str = "zdelay_trace_context_invalid_total";
 pub const JOBS_REROUTED: &str = "zdelay_jobs_rerouted_total";
+pub const DEFERRED: &str = "zdelay_deferred_total";
+pub const DEFERRAL: &str = "zdelay_deferral_seconds";
+pub const ROUTE_HELD: &str = "zdelay_route_held";
 pub const SETTLE_RETRIES: &str = "zdelay_settle_retries_total";
 
 /// Lateness buckets in ms: from 1 ms to 5 minutes. The move scripts count jobs per bucket.
@@ -64,6 +67,7 @@ pub fn install() -> PrometheusHandle {
                 .collect();
             let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full(LATENESS.into()), &lateness)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(DEFERRAL.into()), &lateness))
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), BATCH_BUCKETS)
                 })
@@ -147,6 +151,29 @@ pub struct Metric {
 
 /// Every metric, in the order the reference page lists them.
 pub const METRICS: &[Metric] = &[
+    Metric {
+        name: DEFERRED,
+        kind: Kind::Counter,
+        labels: &[label("route")],
+        help: "Jobs moved after waiting while their route was held by its rate or its list's bound.",
+        details: "Routes with `rate` or `max_length` only. Their wait while held is counted in \
+                  `zdelay_deferral_seconds_total`, not in `zdelay_lateness_seconds`, so lateness \
+                  still means late against the promise.",
+    },
+    Metric {
+        name: DEFERRAL,
+        kind: Kind::Histogram,
+        labels: &[label("route")],
+        help: "How long deferred jobs waited while their route was held (lateness's buckets).",
+        details: "Each call's deferred jobs are recorded at their mean deferral.",
+    },
+    Metric {
+        name: ROUTE_HELD,
+        kind: Kind::Gauge,
+        labels: &[label("route"), label("by")],
+        help: "1 while a route holds back due work, by `rate` or `max_length`; else 0.",
+        details: "Set by the daemon that last moved the route's jobs.",
+    },
     Metric {
         name: JOBS_MOVED,
         kind: Kind::Counter,
@@ -435,6 +462,22 @@ pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Disp
 /// has failed for [`EPISODE_SETTLE`], the episode ends with one line (how long it lasted, how
 /// many errors it counted). Cheap when no episode is open: it runs after every successful
 /// call.
+/// A flow-controlled route's move: the jobs it deferred and for how long, and whether it
+/// holds back due work now (by rate or by its list's bound).
+pub fn record_flow(route: &str, reply: &zdelay_client::store::scripts::MoveReply) {
+    use zdelay_client::store::scripts::Held;
+    if reply.deferred > 0 {
+        ::metrics::counter!(DEFERRED, "route" => route.to_owned()).increment(reply.deferred);
+        let mean_s = reply.deferral_ms as f64 / reply.deferred as f64 / 1000.0;
+        ::metrics::histogram!(DEFERRAL, "route" => route.to_owned())
+            .record_many(mean_s, reply.deferred as usize);
+    }
+    for (by, held) in [("rate", Held::Rate), ("max_length", Held::MaxLength)] {
+        ::metrics::gauge!(ROUTE_HELD, "route" => route.to_owned(), "by" => by)
+            .set(if reply.held == held { 1.0 } else { 0.0 });
+    }
+}
+
 pub fn recovered(kind: &'static str, context: &str) {
     if OPEN_EPISODES.load(Ordering::Relaxed) == 0 {
         return;

@@ -447,6 +447,9 @@ mod tests {
             delayed_suffix: None,
             priority: None,
             on_missing: Default::default(),
+            rate: None,
+            burst: None,
+            max_length: None,
         });
         assert!(delivery(&config).starts_with("exactly once"));
         config.redis.cluster_nodes = vec!["redis://127.0.0.1:7000".into()];

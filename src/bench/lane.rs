@@ -35,6 +35,7 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
         max_payload: env.config.poller.max_payload.max(size),
         batch_bytes: env.config.poller.batch_bytes,
         bounds_ms: LATENESS_BOUNDS_MS,
+        flow: None,
     };
     let mut rounds = Vec::new();
     for round in 1..=env.args.rounds {

@@ -351,6 +351,9 @@ fn bench_config(mut config: Config, scratch: &Scratch, namespace: &str, shards: 
         delayed_suffix: None,
         priority: None,
         on_missing: Default::default(),
+        rate: None,
+        burst: None,
+        max_length: None,
     });
     config.sources = vec![SourceConfig {
         key: scratch.raw.source.clone(),
@@ -392,6 +395,9 @@ impl Env {
                 delayed_suffix: None,
                 priority: None,
                 on_missing: Default::default(),
+                rate: None,
+                burst: None,
+                max_length: None,
             });
         }
     }

@@ -86,7 +86,7 @@ impl Scratch {
             lane.sched_env,
         ]);
         out.extend([lane.sched_due, lane.sched_fired, lane.sched_quarantine]);
-        out.push(lane.transit_in);
+        out.extend([lane.transit_in, lane.flow]);
         for (due, jobs) in &self.lane_bare {
             out.extend([due.clone(), jobs.clone()]);
         }
@@ -170,9 +170,9 @@ mod tests {
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
         // Per shard: five job keys, three two-phase keys, six schedule and lateness keys,
         // the death history, two bare keys, and its spread shard's seventeen; then the raw
-        // source's three keys, the list, the lane's fourteen data keys and its two bare
-        // comparisons.
-        assert_eq!(keys.len(), 2 * (17 + 17) + 4 + 14 + 4);
+        // source's three keys, the list, the lane's fourteen data keys, its flow control state
+        // and its two bare comparisons.
+        assert_eq!(keys.len(), 2 * (17 + 17) + 4 + 15 + 4);
         for k in s.registry_keys() {
             assert!(
                 k.starts_with("{zdelay-bench}:")

@@ -30,6 +30,8 @@ pub struct MoverSettings {
     pub batch_bytes: usize,
     /// Lateness bucket bounds passed to the scripts, ms.
     pub bounds_ms: Vec<u64>,
+    /// Flow control of the routes that have any, by route name.
+    pub flows: HashMap<String, zdelay_client::config::RouteFlow>,
 }
 
 /// How two-phase jobs are claimed, and what happens to them after their sink answered.
@@ -58,6 +60,11 @@ impl MoverSettings {
             max_payload: p.max_payload,
             batch_bytes: p.batch_bytes,
             bounds_ms: crate::metrics::LATENESS_BOUNDS_MS.to_vec(),
+            flows: config
+                .routes
+                .iter()
+                .filter_map(|r| Some((r.name.clone(), r.flow()?)))
+                .collect(),
         }
     }
 }

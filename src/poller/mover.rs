@@ -99,6 +99,7 @@ pub async fn move_walking(
                 max_payload: m.max_payload,
                 batch_bytes: m.batch_bytes,
                 bounds_ms: &m.bounds_ms,
+                flow: m.flows.get(&lane.route),
             };
             scripts::move_lane(&mut con, lane, &args).await
         }
@@ -526,6 +527,9 @@ fn record(ctx: &PollerContext, target: &Target, label: &str, reply: &MoveReply) 
         Target::Lane(lane) => {
             ::metrics::counter!(JOBS_MOVED, "route" => lane.route.clone())
                 .increment(reply.moved_total());
+            if ctx.mover.flows.contains_key(&lane.route) {
+                metrics::record_flow(&lane.route, reply);
+            }
         }
     }
     let kinds = match target {

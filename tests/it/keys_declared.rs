@@ -321,6 +321,25 @@ route = "m"
             ))
             .expect("reschedule_lane");
         assert!(due.is_some(), "rescheduled");
+        // A move under flow control (a rate and a bound), which reads and writes the lane's
+        // flow state; the job is not due, so nothing moves.
+        let flow = zdelay::config::RouteFlow {
+            rate_per_s: Some(10.0),
+            burst: 1,
+            max_length: Some(5),
+        };
+        let args = scripts::MoveLane {
+            batch: 10,
+            now_ms: None,
+            max_payload: 1 << 20,
+            batch_bytes: 1 << 20,
+            bounds_ms: &[1, 10],
+            flow: Some(&flow),
+        };
+        let moved = rt
+            .block_on(scripts::move_lane(&mut lcon, &lane, &args))
+            .expect("move_lane");
+        assert_eq!(moved.taken, 0);
         let cancelled = rt
             .block_on(scripts::cancel_lane(&mut lcon, &lane, "w"))
             .expect("cancel_lane");

@@ -77,6 +77,7 @@ impl Setup {
             max_payload,
             batch_bytes,
             bounds_ms: BOUNDS,
+            flow: None,
         };
         self.rt
             .block_on(scripts::move_lane(&mut self.con, &self.lane, &args))
@@ -127,6 +128,7 @@ impl Setup {
             max_payload: 1 << 20,
             batch_bytes: 4 << 20,
             bounds_ms: BOUNDS,
+            flow: None,
         };
         self.rt
             .block_on(scripts::move_lane(&mut self.con, &self.lane, &args))

@@ -18,6 +18,7 @@ mod delivery;
 mod deploy;
 mod docs;
 mod faults;
+mod flow;
 mod heavy;
 mod history;
 mod http_enqueue;

@@ -11,7 +11,12 @@
 -- KEYS[8] sched_due ZSET   zdelay:{emj}:sched_due:<route> schedule id -> its next occurrence (only
 --                                                         its head is read, for the reply)
 -- KEYS[9] list      LIST   the route's list (its target, or target .. delayed_suffix)
--- KEYS[10] marker   STRING zdelay:{emj}:lane:<route>      "2 <lane> <LPUSH|RPUSH> <list key>"
+-- KEYS[10] flow     HASH   zdelay:{emj}:flow:<route>      the route's flow control: "tokens" and
+--                                                         "at" (the rate's bucket, refilled at
+--                                                         ms "at"), "held_since" (ms the route
+--                                                         has been held since, by its rate or
+--                                                         its list's bound; absent: flowing)
+-- KEYS[11] marker   STRING zdelay:{emj}:lane:<route>      "2 <lane> <LPUSH|RPUSH> <list key>"
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
 -- ARGV[2] batch size, at most 1000
@@ -21,6 +26,15 @@
 --   moves, alone
 -- ARGV[6] "LPUSH" | "RPUSH" (as the marker says)
 -- ARGV[7] B, the number of lateness bucket bounds; then B bounds in ms, ascending
+-- ARGV[8 + B] the route's rate in jobs per second ("" = none), ARGV[9 + B] its burst (jobs
+--   the bucket holds), ARGV[10 + B] the list's bound ("" = none: max_length), ARGV[11 + B] how
+--   long a held route waits before it looks at its list again, ms
+-- Flow control: at most the bucket's whole tokens are moved (the bucket refills at the rate,
+-- up to the burst, on Redis's clock, shared by every daemon), and never more than the list
+-- has room for below its bound. Jobs over either wait in due, in order; none is dropped. While
+-- the route is held, the wait counts as deferral, not lateness: lateness (the buckets, the
+-- max lateness, and expiry by a job's max lateness) is measured up to the moment the route
+-- became held.
 -- Returns move_due's reply shape for one route and no two-phase sink: { taken, now_us,
 --   next_due ("" when the lane is empty), max_lateness_ms, kept (jobs left due because their
 --   push failed, e.g. OOM), first push error ("" if none), moved,
@@ -28,12 +42,16 @@
 --   oversize, missing, expired),
 --   jobs per lateness bucket (B + 1 integers; the last is over the largest bound),
 --   0 (leases), 0 (sinks), the next occurrence of the lane's schedules ("" when none),
---   0, 0, 0, "" (no walk), "" (no lease) }
+--   0, 0, 0, "" (no walk), "" (no lease),
+--   jobs moved that were deferred, their deferral in ms summed, held (0 flowing, 1 by the
+--   rate, 2 by the list's bound) }
+-- While held, next_due is when the route may move again (tokens, or a look at the list), so
+-- a held route never makes its mover spin.
 -- taken = moved + dead; a full batch means "call again now", and so does a next_due that is
 -- already due (a batch cut by the byte budget).
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
 
-local marker = redis.call('GET', KEYS[10])
+local marker = redis.call('GET', KEYS[11])
 if marker ~= ARGV[1] then
   if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
   if string.sub(marker, 1, 8) == 'retired ' then
@@ -43,6 +61,7 @@ if marker ~= ARGV[1] then
 end
 local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, reasons_key, sched_due_key, list_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local flow_key = KEYS[10]
 local now_us
 if ARGV[3] ~= '' then
   now_us = tonumber(ARGV[3]) * 1000
@@ -68,11 +87,43 @@ end
 local buckets = {}
 for b = 1, bound_count + 1 do buckets[b] = 0 end
 
+-- Flow control: how many jobs this call may move.
+local flow_at = 8 + bound_count
+local rate, burst = tonumber(ARGV[flow_at]), tonumber(ARGV[flow_at + 1])
+local max_length, hold_recheck = tonumber(ARGV[flow_at + 2]), tonumber(ARGV[flow_at + 3])
+local allowed = tonumber(ARGV[2])
+local tokens, held_since, held_by = nil, nil, 0
+if rate or max_length then
+  local state = redis.call('HMGET', flow_key, 'tokens', 'at', 'held_since')
+  held_since = tonumber(state[3])
+  if rate then
+    tokens = tonumber(state[1]) or burst
+    local at = tonumber(state[2]) or now_ms
+    if now_ms > at then tokens = math.min(burst, tokens + (now_ms - at) * rate / 1000) end
+    if math.floor(tokens) < allowed then
+      allowed = math.floor(tokens)
+      held_by = 1
+    end
+  end
+  if max_length then
+    local room = max_length - redis.call('LLEN', list_key)
+    if room < allowed then
+      allowed = math.max(0, room)
+      held_by = 2
+    end
+  end
+end
+-- Lateness is measured up to the moment the route became held; the rest is deferral.
+local late_now = now_ms
+if held_since and held_since < now_ms then late_now = held_since end
+local deferred, deferral_ms = 0, 0
+
 local DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING, DEAD_EXPIRED = 3, 4, 5, 6
 local dead_counts = { 0, 0, 0, 0, 0, 0 }
 local moved, max_lateness, kept, kept_error = 0, 0, 0, ''
 
-local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', '0', ARGV[2])
+local ids = {}
+if allowed > 0 then ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', '0', allowed) end
 local n = #ids
 
 -- The payloads of ids[1..] within the byte budget. While the lane's `large` set is empty
@@ -171,7 +222,7 @@ if n > 0 then
   payloads, n, clean = read_payloads()
   for i = #ids, n + 1, -1 do ids[i] = nil end
   -- Fast path: no payload known to be missing or over max_payload, no max lateness in the lane.
-  if clean ~= false and redis.call('EXISTS', maxlate_key) == 0 then
+  if clean ~= false and not held_since and redis.call('EXISTS', maxlate_key) == 0 then
     -- A failed push (a missing payload, not a list, out of memory) changed nothing: the
     -- general path sorts it out.
     local res = redis.pcall(push, list_key, unpack(payloads, 1, n))
@@ -202,7 +253,8 @@ if n > 0 and not done then
   local b = bound_count + 1
   for i = 1, n do
     local id, p = ids[i], payloads[i]
-    local late = now_ms - tonumber(items[2 * i])
+    local due_ms = tonumber(items[2 * i])
+    local late = math.max(0, late_now - due_ms)
     local limit = limits[i] and tonumber(limits[i])
     if not p then
       to_dead(id, 'no payload stored for this id', DEAD_MISSING)
@@ -213,6 +265,10 @@ if n > 0 and not done then
     else
       out_ids[#out_ids + 1] = id
       out_payloads[#out_payloads + 1] = p
+      if held_since then
+        deferred = deferred + 1
+        deferral_ms = deferral_ms + now_ms - math.max(due_ms, held_since)
+      end
       if late > max_lateness then max_lateness = late end
       -- Scores ascend, so the bucket is found by walking from the previous job's.
       while b > 1 and late <= bounds[b - 1] do b = b - 1 end
@@ -234,7 +290,7 @@ if n > 0 and not done then
         kept_error = list_key .. ': ' .. res.err
       end
       for k = 1, #buckets do buckets[k] = 0 end
-      max_lateness = 0
+      max_lateness, deferred, deferral_ms = 0, 0, 0
       out_ids = {}
     else
       moved = #out_ids
@@ -275,6 +331,32 @@ if n > 0 and not done then
 end
 
 if not next_due then next_due = redis.call('ZRANGE', due_key, '0', '0', 'WITHSCORES')[2] or '' end
+if rate or max_length then
+  -- Held: due work is left that the rate or the bound kept back.
+  local held = held_by > 0 and next_due ~= '' and tonumber(next_due) <= now_ms
+  if not held then held_by = 0 end
+  local writes = {}
+  if rate then
+    tokens = tokens - moved
+    writes = { 'tokens', tostring(tokens), 'at', now_ms }
+  end
+  if held and not held_since then
+    writes[#writes + 1] = 'held_since'
+    writes[#writes + 1] = now_ms
+  end
+  if #writes > 0 then redis.call('HSET', flow_key, unpack(writes)) end
+  if held_since and not held then redis.call('HDEL', flow_key, 'held_since') end
+  if held then
+    -- When the route may move again: enough tokens for a tenth of a second's worth (at least
+    -- one job, at most a batch), or the next look at the list.
+    local wait = hold_recheck
+    if held_by == 1 then
+      local want = math.max(1, math.min(tonumber(ARGV[2]), math.floor(rate / 10)))
+      wait = math.max(1, math.ceil((want - tokens) * 1000 / rate))
+    end
+    next_due = tostring(now_ms + wait)
+  end
+end
 local out = { n, now_us, next_due, max_lateness, kept, kept_error, moved }
 for k = 1, 6 do out[#out + 1] = dead_counts[k] end
 for k = 1, bound_count + 1 do out[#out + 1] = buckets[k] end
@@ -287,4 +369,7 @@ out[#out + 1] = 0
 out[#out + 1] = 0
 out[#out + 1] = ''
 out[#out + 1] = ''
+out[#out + 1] = deferred
+out[#out + 1] = deferral_ms
+out[#out + 1] = held_by
 return out

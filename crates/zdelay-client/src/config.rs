@@ -498,6 +498,43 @@ pub const KAFKA_MESSAGE_TIMEOUT_KEYS: [&str; 2] = ["message.timeout.ms", "delive
 /// A Kafka sink's own message timeout must end within the publish deadline: a message
 /// librdkafka still tries to deliver after the batch gave up on it would reach the topic
 /// after its job went back to due, and be delivered again.
+/// A route's `rate`, `burst` and `max_length`: well formed, and on a local route only.
+fn validate_flow(
+    route: &RouteConfig,
+    sink: Option<&SinkConfig>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    if let Some(rate) = &route.rate {
+        parse_rate(rate).map_err(|why| invalid(field("rate"), why))?;
+    }
+    match route.burst {
+        Some(_) if route.rate.is_none() => {
+            return Err(invalid(field("burst"), "applies with rate only"));
+        }
+        Some(0) => return Err(invalid(field("burst"), "must be at least 1")),
+        _ => {}
+    }
+    if route.max_length == Some(0) {
+        return Err(invalid(field("max_length"), "must be at least 1"));
+    }
+    if sink.is_some_and(|s| !s.is_local()) {
+        if route.max_length.is_some() {
+            return Err(invalid(
+                field("max_length"),
+                "bounds the Redis list of a local route (sink \"local\"); a two-phase route's \
+                 broker applies its own limits",
+            ));
+        }
+        if route.rate.is_some() {
+            return Err(invalid(
+                field("rate"),
+                "is built for local routes (sink \"local\") only so far",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn validate_message_timeout(
     name: &str,
     kafka: &KafkaSinkConfig,
@@ -569,6 +606,9 @@ impl Default for Config {
                 delayed_suffix: None,
                 priority: None,
                 on_missing: Default::default(),
+                rate: None,
+                burst: None,
+                max_length: None,
             }],
             sources: Vec::new(),
         }
@@ -1232,9 +1272,76 @@ pub struct RouteConfig {
     /// Two-phase routes: `wait` (default) or `dead` when the destination object is missing.
     #[serde(default)]
     pub on_missing: OnMissing,
+    /// Local routes on storage layout 2: at most this many jobs reach the list, counted
+    /// across every daemon on Redis's clock: `"10000/s"`, `"600/m"`, `"36000/h"`. Jobs over
+    /// the rate wait in due order and go as soon as it allows: none is dropped or expired by
+    /// the wait, which counts as deferral, not lateness. Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?/(s|m|h)$"))]
+    pub rate: Option<String>,
+    /// With `rate`: how many jobs may go at once after a quiet spell. Default: a tenth of a
+    /// second's worth of the rate, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub burst: Option<u32>,
+    /// Local routes on storage layout 2: the route is held while its list holds this many
+    /// jobs or more (its consumers stopped or slow) and resumes as they drain it, so the list
+    /// never grows past it. Unset: no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_length: Option<u64>,
+}
+
+/// A route's flow control as the mover applies it (`move_lane`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouteFlow {
+    /// Jobs per second, when the route has a rate.
+    pub rate_per_s: Option<f64>,
+    /// Jobs the rate's bucket holds.
+    pub burst: u32,
+    /// The list's bound.
+    pub max_length: Option<u64>,
+}
+
+/// A rate as configured, `<jobs>/<s|m|h>`, in jobs per second.
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let (count, unit) = text.split_once('/').ok_or_else(|| {
+        format!("{text:?} is not a rate: write <jobs>/s, /m or /h, e.g. \"10000/s\"")
+    })?;
+    let per = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => return Err(format!("unknown unit {other:?} in {text:?}: use s, m or h")),
+    };
+    let count: f64 = count
+        .trim()
+        .parse()
+        .map_err(|_| format!("{count:?} in {text:?} is not a number of jobs"))?;
+    if !count.is_finite() || count <= 0.0 {
+        return Err(format!("{text:?}: the rate must be more than 0"));
+    }
+    Ok(count / per)
 }
 
 impl RouteConfig {
+    /// Its flow control, or `None` when it has neither a rate nor a bound (a rate that does
+    /// not parse is refused by [`Config::validate`]).
+    pub fn flow(&self) -> Option<RouteFlow> {
+        let rate_per_s = self.rate.as_deref().and_then(|r| parse_rate(r).ok());
+        if rate_per_s.is_none() && self.max_length.is_none() {
+            return None;
+        }
+        let burst = self
+            .burst
+            .unwrap_or_else(|| (rate_per_s.unwrap_or(0.0) / 10.0).ceil().max(1.0) as u32);
+        Some(RouteFlow {
+            rate_per_s,
+            burst,
+            max_length: self.max_length,
+        })
+    }
+
     /// Where due jobs land: the target, or its priority lane `<target><delayed_suffix>`.
     pub fn list_key(&self) -> String {
         match &self.delayed_suffix {
@@ -1755,6 +1862,7 @@ impl Config {
                     "must be non-empty when set",
                 ));
             }
+            validate_flow(route, self.sinks.get(&route.sink), &field)?;
         }
         let mut keys = BTreeSet::new();
         for (i, source) in self.sources.iter().enumerate() {
@@ -1811,6 +1919,39 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_parse_to_jobs_per_second_or_say_why() {
+        assert_eq!(parse_rate("10000/s"), Ok(10_000.0));
+        assert_eq!(parse_rate("600/m"), Ok(10.0));
+        assert_eq!(parse_rate("36000/h"), Ok(10.0));
+        assert_eq!(parse_rate("0.5/s"), Ok(0.5));
+        for (bad, why) in [
+            ("0/s", "more than 0"),
+            ("-3/s", "more than 0"),
+            ("NaN/s", "more than 0"),
+            ("10", "not a rate"),
+            ("ten/s", "not a number"),
+            ("10/d", "unknown unit"),
+        ] {
+            let err = parse_rate(bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_route_s_flow_defaults_its_burst_to_a_tenth_of_a_second() {
+        let mut route = Config::default().routes.remove(0);
+        assert_eq!(route.flow(), None);
+        route.rate = Some("2000/s".into());
+        assert_eq!(route.flow().map(|f| f.burst), Some(200));
+        route.rate = Some("5/m".into());
+        assert_eq!(route.flow().map(|f| f.burst), Some(1));
+        route.burst = Some(7);
+        route.max_length = Some(9);
+        let flow = route.flow().unwrap();
+        assert_eq!((flow.burst, flow.max_length), (7, Some(9)));
+    }
 
     #[test]
     fn nats_identity_names_the_user_of_the_config_or_the_url() {

@@ -457,6 +457,10 @@ pub struct LaneKeys {
     pub sched_quarantine: String,
     /// SET: ids `zdelay upgrade` put here (deleted when it finishes).
     pub transit_in: String,
+    /// HASH: the route's flow control state (`move_lane`): its rate's bucket (`tokens`, `at`)
+    /// and since when it is held (`held_since`). Only for routes with a `rate` or a
+    /// `max_length`.
+    pub flow: String,
     /// STRING: the lane marker, `2 <lane> <LPUSH|RPUSH> <list key>` while live.
     pub marker: String,
 }
@@ -479,6 +483,7 @@ impl LaneKeys {
             sched_fired: key("sched_fired"),
             sched_quarantine: key("sched_quarantine"),
             transit_in: key("transit_in"),
+            flow: key("flow"),
             marker: key("lane"),
         }
     }

@@ -2351,10 +2351,15 @@ pub struct MoveLane<'a> {
     pub batch_bytes: usize,
     /// Lateness bucket bounds, ms ascending.
     pub bounds_ms: &'a [u64],
+    /// The route's flow control, when it has any.
+    pub flow: Option<&'a crate::config::RouteFlow>,
 }
 
+/// How long a route held by its list's bound waits before it looks at the list again.
+pub const HOLD_RECHECK_MS: u64 = 50;
+
 /// Pushes a batch of `lane`'s due jobs onto its list (see `move_lane.lua`). The reply has
-/// `move_due`'s shape for one route and no two-phase sink.
+/// `move_due`'s shape for one route and no two-phase sink, then the flow control's counts.
 pub async fn move_lane(
     con: &mut Conn,
     lane: &Lane,
@@ -2371,7 +2376,9 @@ pub async fn move_lane(
         .key(&k.reasons)
         .key(&k.sched_due)
         .key(&lane.list)
+        .key(&k.flow)
         .key(&k.marker);
+    let flow = args.flow;
     inv.arg(lane.marker())
         .arg(args.batch)
         .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
@@ -2379,7 +2386,19 @@ pub async fn move_lane(
         .arg(args.batch_bytes)
         .arg(lane.push.command())
         .arg(args.bounds_ms.len())
-        .arg(args.bounds_ms);
+        .arg(args.bounds_ms)
+        .arg(
+            flow.and_then(|f| f.rate_per_s)
+                .map(|r| r.to_string())
+                .unwrap_or_default(),
+        )
+        .arg(flow.map_or(0, |f| f.burst))
+        .arg(
+            flow.and_then(|f| f.max_length)
+                .map(|n| n.to_string())
+                .unwrap_or_default(),
+        )
+        .arg(HOLD_RECHECK_MS);
     let value: Value = inv.invoke(con).await?;
     MoveReply::parse(value, 1, args.bounds_ms.len())
 }
@@ -2497,6 +2516,23 @@ pub struct MoveReply {
     pub walk_next: Option<String>,
     /// The earliest lease deadline of the shard's claimed jobs, ms (`move_due` only).
     pub next_lease_ms: Option<i64>,
+    /// Jobs moved after waiting while their route was held (`move_lane` only).
+    pub deferred: u64,
+    /// The time those jobs waited while the route was held, ms summed.
+    pub deferral_ms: u64,
+    /// Why the route is held after this call (`move_lane` only).
+    pub held: Held,
+}
+
+/// Whether a route's flow control holds back due work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Held {
+    #[default]
+    Flowing,
+    /// By its rate: the bucket has no whole token.
+    Rate,
+    /// By its list's bound (`max_length`).
+    MaxLength,
 }
 
 /// Jobs a walk of the ready set refiled by their route now.
@@ -2569,7 +2605,20 @@ impl MoveReply {
             reply.reaped = as_int(reaped.clone())? as u64;
             let sinks = as_int(sinks.clone())? as usize;
             // Per sink, the schedules' head, the walk's three counts and where it resumes,
-            // then the earliest lease deadline.
+            // then the earliest lease deadline; a lane adds its flow control's counts.
+            let (tail, flow) = match tail.len().checked_sub(sinks + 6) {
+                Some(3) => tail.split_at(sinks + 6),
+                _ => (tail, &[][..]),
+            };
+            if let [deferred, deferral_ms, held] = flow {
+                reply.deferred = as_int(deferred.clone())? as u64;
+                reply.deferral_ms = as_int(deferral_ms.clone())? as u64;
+                reply.held = match as_int(held.clone())? {
+                    1 => Held::Rate,
+                    2 => Held::MaxLength,
+                    _ => Held::Flowing,
+                };
+            }
             if tail.len() != sinks + 6 {
                 return Err(protocol_error(
                     "move_due reply tail",
@@ -2787,7 +2836,7 @@ mod tests {
     fn lane_scripts_check_their_lane_marker_first() {
         let fenced = [
             ("enqueue_lane", 8),
-            ("move_lane", 10),
+            ("move_lane", 11),
             ("cancel_lane", 6),
             ("reschedule_lane", 2),
             ("peek_dead_lane", 6),

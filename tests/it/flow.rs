@@ -1,0 +1,283 @@
+//! Flow control at release (storage layout 2, local routes): a route's rate holds across
+//! daemons, keeps due order and drops nothing; a list's bound holds the route until its
+//! consumers drain it; other routes keep flowing; bad settings are refused by name.
+
+use crate::common::{Daemon, RedisServer, TestConfig, redis_now_ms, wait_for};
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use zdelay::{Client, NewJob, OnConflict};
+
+fn epoch_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64
+}
+
+/// Enqueues `n` jobs for `dest`, job `i` due at `due(i)`, payload `i`.
+fn enqueue(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    dest: &str,
+    n: usize,
+    due: impl Fn(usize) -> i64,
+) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
+        let jobs = chunk
+            .iter()
+            .map(|&i| NewJob::new(dest, i.to_string()).at(due(i)))
+            .collect();
+        let results = rt
+            .block_on(client.enqueue_batch(jobs, OnConflict::Replace))
+            .expect("enqueue");
+        assert!(results.iter().all(Result::is_ok));
+    }
+}
+
+/// Pops `list` until `n` arrived or `timeout`: (local ms at the pop, payload) per job.
+fn consume(
+    con: &mut redis::Connection,
+    list: &str,
+    n: usize,
+    timeout: Duration,
+) -> Vec<(i64, usize)> {
+    let deadline = Instant::now() + timeout;
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n && Instant::now() < deadline {
+        let popped: Option<Vec<String>> = redis::cmd("RPOP").arg(list).arg(500).query(con).unwrap();
+        let at = epoch_ms();
+        match popped {
+            Some(items) => got.extend(items.iter().map(|p| (at, p.parse().unwrap()))),
+            None => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    got
+}
+
+#[test]
+fn a_rate_limited_route_goes_at_its_rate_across_three_daemons_in_order_none_twice_none_early() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        r#"
+[[routes]]
+name = "limited"
+sink = "local"
+target = "q:limited"
+rate = "2000/s"
+burst = 200
+
+[[routes]]
+name = "free"
+sink = "local"
+target = "q:free"
+"#,
+    )
+    .on_layout_2();
+    let daemons = [
+        Daemon::start(&config),
+        Daemon::start_instance(&config),
+        Daemon::start_instance(&config),
+    ];
+    let rt = crate::common::runtime();
+    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let mut con = redis.conn();
+    // 10,000 jobs due within 100 ms of one another: a burst the rate spreads over 5 s.
+    const N: usize = 10_000;
+    let base = redis_now_ms(&mut con) + 500;
+    let due = |i: usize| base + (i / 100) as i64;
+    enqueue(&rt, &client, "limited", N, due);
+    // Another route on the same namespace, due while the limited one is held.
+    let mut free_con = redis.conn();
+    let url = redis.url();
+    let free = std::thread::spawn(move || {
+        let pause = (base + 1500 - epoch_ms()).max(0) as u64;
+        std::thread::sleep(Duration::from_millis(pause));
+        let rt = crate::common::runtime();
+        let client = rt.block_on(Client::open(&url)).expect("open");
+        let at = epoch_ms();
+        enqueue(&rt, &client, "free", 100, |_| at);
+        let got = consume(&mut free_con, "q:free", 100, Duration::from_secs(5));
+        (at, got)
+    });
+
+    let got = consume(&mut con, "q:limited", N, Duration::from_secs(30));
+    assert_eq!(got.len(), N, "every job arrives");
+    let ids: HashSet<usize> = got.iter().map(|(_, i)| *i).collect();
+    assert_eq!(ids.len(), N, "none twice");
+    for (at, i) in &got {
+        assert!(
+            *at >= due(*i),
+            "job {i} arrived at {at}, before its due time {}",
+            due(*i)
+        );
+    }
+    // In due order: each job's due time is at least that of the one before.
+    assert!(
+        got.windows(2).all(|w| due(w[0].1) <= due(w[1].1)),
+        "jobs leave in due order"
+    );
+    // At most rate × 1 s + burst in any one-second window (with 5% for the pops' timing).
+    let times: Vec<i64> = got.iter().map(|(at, _)| *at).collect();
+    let mut most = 0;
+    let mut start = 0;
+    for end in 0..times.len() {
+        while times[end] - times[start] >= 1000 {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    assert!(
+        most <= 2_310,
+        "{most} jobs within one second; the rate is 2000/s with a burst of 200"
+    );
+    let took = (times[N - 1] - times[0]) as f64 / 1000.0;
+    let expected = (N - 200) as f64 / 2000.0;
+    eprintln!("{N} jobs in {took:.2} s (expected {expected:.2} s); at most {most} in one second");
+    assert!(
+        took >= expected * 0.95 && took <= expected * 1.15,
+        "{N} jobs took {took:.2} s; at 2000/s after a burst of 200: {expected:.2} s"
+    );
+
+    // The wait while held is deferral, reported apart from lateness.
+    let deferred: f64 = daemons
+        .iter()
+        .map(|d| d.metric("zdelay_deferred_total", &[("route", "limited")]))
+        .sum();
+    assert!(
+        deferred > (N / 2) as f64,
+        "deferred jobs counted: {deferred}"
+    );
+
+    let (free_at, free_got) = free.join().expect("free route consumer");
+    assert_eq!(free_got.len(), 100, "the other route's jobs all arrive");
+    let last = free_got.iter().map(|(at, _)| *at).max().unwrap();
+    eprintln!(
+        "the other route's 100 jobs arrived within {} ms",
+        last - free_at
+    );
+    assert!(
+        last - free_at < 500,
+        "the other route is not slowed by the limited one's backlog: {} ms",
+        last - free_at
+    );
+}
+
+#[test]
+fn a_bounded_route_holds_while_its_list_is_full_and_resumes_as_consumers_drain_it() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        r#"
+[[routes]]
+name = "bounded"
+sink = "local"
+target = "q:bounded"
+max_length = 100
+"#,
+    )
+    .on_layout_2();
+    let daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    enqueue(&rt, &client, "bounded", 1000, |_| now);
+    // No consumer: the list fills to its bound and stays there.
+    let mut longest = 0;
+    wait_for("the list at its bound", Duration::from_secs(10), || {
+        let len: usize = redis::cmd("LLEN").arg("q:bounded").query(&mut con).unwrap();
+        longest = longest.max(len);
+        len == 100
+    });
+    let watch_until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < watch_until {
+        let len: usize = redis::cmd("LLEN").arg("q:bounded").query(&mut con).unwrap();
+        longest = longest.max(len);
+    }
+    assert_eq!(longest, 100, "the list never grows past its bound");
+    wait_for("the route reported held", Duration::from_secs(5), || {
+        daemon.metric(
+            "zdelay_route_held",
+            &[("route", "bounded"), ("by", "max_length")],
+        ) == 1.0
+    });
+    // A consumer drains it: everything arrives, once each.
+    let got = consume(&mut con, "q:bounded", 1000, Duration::from_secs(20));
+    let ids: HashSet<usize> = got.iter().map(|(_, i)| *i).collect();
+    assert_eq!((got.len(), ids.len()), (1000, 1000), "every job once");
+    wait_for("the route flowing again", Duration::from_secs(5), || {
+        daemon.metric(
+            "zdelay_route_held",
+            &[("route", "bounded"), ("by", "max_length")],
+        ) == 0.0
+    });
+}
+
+#[test]
+fn bad_flow_settings_are_refused_naming_the_field() {
+    let url = "redis://127.0.0.1:1";
+    let route = |extra: &str| {
+        format!("[[routes]]\nname = \"r\"\nsink = \"local\"\ntarget = \"q\"\n{extra}")
+    };
+    let kafka = "[sinks.k]\nkind = \"kafka\"\nbrokers = \"127.0.0.1:1\"\n[[routes]]\nname = \"r\"\nsink = \"k\"\ntarget = \"t\"\n";
+    let cases = [
+        (
+            route("rate = \"0/s\""),
+            vec!["routes[0] (r).rate", "more than 0"],
+        ),
+        (
+            route("rate = \"-5/s\""),
+            vec!["routes[0] (r).rate", "more than 0"],
+        ),
+        (
+            route("rate = \"fast\""),
+            vec!["routes[0] (r).rate", "not a rate"],
+        ),
+        (
+            route("rate = \"10/d\""),
+            vec!["routes[0] (r).rate", "unknown unit"],
+        ),
+        (
+            route("burst = 5"),
+            vec!["routes[0] (r).burst", "with rate only"],
+        ),
+        (
+            route("rate = \"5/s\"\nburst = 0"),
+            vec!["routes[0] (r).burst", "at least 1"],
+        ),
+        (
+            route("max_length = 0"),
+            vec!["routes[0] (r).max_length", "at least 1"],
+        ),
+        (
+            format!("{kafka}max_length = 10\n"),
+            vec!["routes[0] (r).max_length", "local route"],
+        ),
+    ];
+    for (toml, needles) in cases {
+        let config = TestConfig::new(url, 1, &toml);
+        let out = config.cli(&["check-config"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{toml}: must fail");
+        for needle in needles {
+            assert!(
+                err.contains(needle),
+                "{toml}: stderr names {needle:?}: {err}"
+            );
+        }
+    }
+
+    // On storage layout 1 a daemon refuses to start, saying what to do.
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, &route("rate = \"5/s\""));
+    let mut daemon = Daemon::spawn(&config);
+    assert!(!daemon.wait_exit(Duration::from_secs(20)).success());
+    let log = daemon.log_text();
+    assert!(
+        log.contains("need storage layout 2") && log.contains("\"r\""),
+        "{log}"
+    );
+}
