@@ -24,6 +24,10 @@ pub enum Mode {
     /// Storage layout 2 preview: the route-lane scripts against the bare moves (drain by
     /// wall time and Redis CPU, memory per job; not part of `all`).
     Lane,
+    /// What a route's flow control costs Redis: one lane drained without it, with a rate that
+    /// never holds and with one that holds (`--rate`'s first value, jobs/s; not part of
+    /// `all`).
+    Flow,
     /// What an idle daemon costs Redis and itself, per config of `--routes` local routes and
     /// `--sources` raw sources at `--shards` shards, over `--duration` (60 s unless given),
     /// once its wake-ups are confirmed (not part of `all`).

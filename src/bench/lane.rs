@@ -155,7 +155,7 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
 
 /// The `i`-th stored id of one generator in one millisecond range, the shape `enqueue`
 /// generates in layout 2 (12 characters; ASCII order = generation order).
-fn stored_id(i: u64) -> String {
+pub(super) fn stored_id(i: u64) -> String {
     let (ms, counter) = (600_000_000_000 + (i >> 16), (i & 0xffff) as u16);
     StoredId::from_parts(ms, 0x155, counter)
         .expect("fields in range")
@@ -165,7 +165,7 @@ fn stored_id(i: u64) -> String {
 
 /// Registers the bench route's lane in the scratch namespace's registry (which writes its
 /// marker: the scratch clean-up deletes it with the data).
-async fn register(con: &mut Conn, keys: &Keys, lane: &Lane) -> anyhow::Result<Lane> {
+pub(super) async fn register(con: &mut Conn, keys: &Keys, lane: &Lane) -> anyhow::Result<Lane> {
     let (registered, _) =
         zdelay_client::store::lanes::register(con, keys, &lane.route, &lane.list, lane.push)
             .await?;
@@ -176,7 +176,7 @@ async fn register(con: &mut Conn, keys: &Keys, lane: &Lane) -> anyhow::Result<La
     Ok(registered)
 }
 
-async fn load_lane(
+pub(super) async fn load_lane(
     con: &mut Conn,
     keys: &Keys,
     lane: &Lane,

@@ -46,6 +46,7 @@ mod daemons;
 mod direct;
 mod drain;
 mod fleet;
+mod flow;
 mod idle;
 mod lane;
 mod load;
@@ -132,7 +133,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     ensure!(
         config.redis.layout != Some(2)
             || args.daemons.is_some()
-            || matches!(args.mode, Mode::Lane | Mode::Idle),
+            || matches!(args.mode, Mode::Lane | Mode::Flow | Mode::Idle),
         "redis.layout = 2 is measured with --daemons N or --mode idle (the in-process modes \
          poll layout-1 shards)"
     );
@@ -152,7 +153,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
             batch <= 1000,
             "--daemons: the daemon allows --batch up to 1000"
         );
-    } else if cluster && args.route.is_none() && args.mode != Mode::Lane {
+    } else if cluster && args.route.is_none() && !matches!(args.mode, Mode::Lane | Mode::Flow) {
         bail!(
             "redis.cluster_nodes is set: the in-process modes need one Redis (their bare \
              baselines and raw source push across slots); on a cluster run \
@@ -217,6 +218,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         schedules: Vec::new(),
         console: None,
         lane: None,
+        flow: None,
         idle: None,
         upgrade: None,
     };
@@ -325,6 +327,9 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     }
     if env.args.mode == Mode::Lane {
         report.lane = Some(lane::lane(env).await?);
+    }
+    if env.args.mode == Mode::Flow {
+        report.flow = Some(flow::flow(env).await?);
     }
     if env.args.mode == Mode::Upgrade {
         report.upgrade = Some(upgrade::upgrade(env).await?);

@@ -22,6 +22,7 @@ pub(super) struct Report {
     pub(super) console: Option<ConsoleBench>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) lane: Option<LaneBench>,
+    pub(super) flow: Option<FlowBench>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) idle: Option<Idle>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -358,6 +359,30 @@ pub(super) struct LaneBench {
     pub(super) memory: LaneMemory,
 }
 
+/// `--mode flow`: one lane drained without flow control, with a rate that never holds and
+/// with one that holds.
+#[derive(Debug, Serialize)]
+pub(super) struct FlowBench {
+    pub(super) rate_per_s: f64,
+    pub(super) burst: u32,
+    pub(super) cases: Vec<FlowCase>,
+    /// Redis CPU per job over that of no flow control.
+    pub(super) cpu_ratio_never_holds: f64,
+    pub(super) cpu_ratio_holds: f64,
+    /// Jobs/s of the held drain after its first burst.
+    pub(super) reached_rate: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct FlowCase {
+    pub(super) case: &'static str,
+    pub(super) run: Throughput,
+    /// Calls that found the route held.
+    pub(super) held_calls: u64,
+    /// Jobs moved after waiting while the route was held.
+    pub(super) deferred: u64,
+}
+
 #[derive(Debug, Serialize)]
 pub(super) struct LaneMemory {
     pub(super) jobs: u64,
@@ -603,6 +628,9 @@ pub(super) fn render(r: &Report) -> String {
     if let Some(l) = &r.lane {
         render_lane(&mut s, l);
     }
+    if let Some(f) = &r.flow {
+        render_flow(&mut s, f);
+    }
     if let Some(idle) = &r.idle {
         render_idle(&mut s, idle);
     }
@@ -792,6 +820,38 @@ pub(super) fn render(r: &Report) -> String {
         );
     }
     s
+}
+
+fn render_flow(s: &mut String, f: &FlowBench) {
+    let _ = writeln!(
+        s,
+        "\nflow (one route lane, all-due backlog; the held rate {:.0}/s, burst {})",
+        f.rate_per_s, f.burst
+    );
+    let _ = writeln!(
+        s,
+        "  {:<26} {:>9} {:>8} {:>11} {:>10} {:>7} {:>7}",
+        "case", "jobs", "seconds", "jobs/s", "cpu s/M", "calls", "held"
+    );
+    for c in &f.cases {
+        let t = &c.run;
+        let _ = writeln!(
+            s,
+            "  {:<26} {:>9} {:>8.3} {:>11.0} {:>10.2} {:>7} {:>7}",
+            c.case,
+            t.jobs,
+            t.seconds,
+            t.jobs_per_sec,
+            t.redis_cpu_s_per_million,
+            t.script_calls,
+            c.held_calls
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  Redis CPU per job vs no flow control: {:.2} (never holds), {:.2} (holds); reached {:.0}/s of {:.0}/s",
+        f.cpu_ratio_never_holds, f.cpu_ratio_holds, f.reached_rate, f.rate_per_s
+    );
 }
 
 fn render_lane(s: &mut String, l: &LaneBench) {

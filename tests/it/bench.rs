@@ -183,6 +183,29 @@ fn bench_lane_on_a_cluster() {
     assert!((100.0..2000.0).contains(&memory), "{lane:#}");
 }
 
+/// `--mode flow`: one lane drained three ways; the held drain keeps to its rate and every
+/// job reaches the list each time.
+#[test]
+fn bench_flow_measures_the_cost_of_a_limited_route() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, "");
+    let report = bench(
+        &config,
+        &["--mode", "flow", "--jobs", "3000", "--rate", "5000"],
+    );
+    let flow = &report["flow"];
+    let cases = flow["cases"].as_array().expect("cases");
+    assert_eq!(cases.len(), 3, "{flow:#}");
+    for case in cases {
+        assert_eq!(case["run"]["jobs"], 3000, "{flow:#}");
+    }
+    assert_eq!(cases[0]["held_calls"], 0, "{flow:#}");
+    assert!(cases[2]["held_calls"].as_u64().unwrap() > 0, "{flow:#}");
+    // 3,000 jobs at 5,000/s after a burst of 500: about half a second, never much faster.
+    let reached = flow["reached_rate"].as_f64().unwrap();
+    assert!(reached <= 5000.0 * 1.05, "{flow:#}");
+}
+
 /// `--mode idle`: one daemon per config, measured once its wake-ups are confirmed, stopped,
 /// nothing left behind.
 #[test]
