@@ -139,8 +139,21 @@ for name, dest, payload, headers, attempts, lateness in env_cases:
                       "headers": headers, "max_attempts": attempts, "max_lateness_ms": lateness,
                       "frame_base64": base64.b64encode(f).decode()})
 
+def fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+# A job spread over a window is due at its due time plus FNV-1a-64(id) mod the window (ms).
+spread_offsets = [{"id": i, "window_ms": w, "offset_ms": fnv1a64(i.encode()) % w}
+                  for i, w in [("", 1000), ("a", 1000), ("order-1001", 300000), ("order-1002", 300000),
+                               ("{user-42}:invoice", 60000), ("ünïcødé", 7), ("01JD4S8Q2ZKX7V3M5N6P8R9T0W", 86400000),
+                               ("Xy0_-AbC1234", 3600000)]]
+
 doc = {
-    "about": "Test vectors for zdelay producers: the shard rule, key names and the zd1 frame. "
+    "about": "Test vectors for zdelay producers: the shard rule, key names, the zd1 frame and "
+             "where a spread job falls in its window. "
              "Read by zdelay's own tests; a client in another language checks its code against "
              "them. Byte strings are base64; text is UTF-8.",
     "crc16_xmodem_check": {"input": "123456789", "crc16": crc16(b"123456789")},
@@ -152,6 +165,7 @@ doc = {
               lane("orders", "jobs:ünïcødé", "uni")],
     "spread_shards": [spread("zdelay", 16, 0), spread("zdelay", 16, 15), spread("zdelay", 10, 3)],
     "envelopes": envelopes,
+    "spread_offsets": spread_offsets,
 }
 json.dump(doc, open(sys.argv[1], "w"), ensure_ascii=False, indent=1)
 open(sys.argv[1], "a").write("\n")

@@ -40,12 +40,17 @@ pub struct EnqueueArgs {
     /// (reason expired) instead.
     #[arg(long, value_parser = humantime::parse_duration)]
     max_lateness: Option<Duration>,
+    /// Spread over this window after the due time: the job is due at a point in it derived
+    /// from its id (the same point each time that id is enqueued), so a burst of jobs is
+    /// spread evenly; never before the window starts.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "batch")]
+    spread: Option<Duration>,
     /// When the id exists: replace it, keep the existing job, or fail.
     #[arg(long, value_enum, default_value_t = Conflict::Replace)]
     on_conflict: Conflict,
     /// Read jobs from FILE ("-" = stdin), one JSON object a line:
     /// {"dest","payload","payload_encoding","at"|"in","id","headers","max_attempts",
-    /// "max_lateness"}.
+    /// "max_lateness","spread"}.
     /// Prints one id per input line, in order.
     #[arg(long, conflicts_with_all = ["dest", "payload", "payload_file", "id"])]
     batch: Option<String>,
@@ -114,6 +119,7 @@ pub async fn run(client: &Client, args: EnqueueArgs) -> anyhow::Result<i32> {
     job.headers = args.headers.into_iter().collect();
     job.max_attempts = args.max_attempts;
     job.max_lateness = args.max_lateness;
+    job.spread = args.spread;
     let (id, outcome) = client.enqueue(job, policy).await?;
     if args.output.is_json() {
         let kept = outcome == Enqueued::Kept;

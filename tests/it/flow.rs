@@ -281,3 +281,99 @@ fn bad_flow_settings_are_refused_naming_the_field() {
         "{log}"
     );
 }
+
+#[test]
+fn a_spread_burst_is_flat_over_its_window_none_early_and_each_id_falls_in_one_place() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        "[[routes]]\nname = \"r\"\nsink = \"local\"\ntarget = \"q:r\"\n",
+    );
+    let _daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let mut con = redis.conn();
+    let base = redis_now_ms(&mut con) + 3_600_000;
+    const N: usize = 10_000;
+    const WINDOW_MS: i64 = 10_000;
+    let jobs = (0..N)
+        .map(|i| {
+            NewJob::new("r", "x")
+                .id(format!("job-{i}"))
+                .at(base)
+                .spread(Duration::from_millis(WINDOW_MS as u64))
+        })
+        .collect();
+    let results = rt
+        .block_on(client.enqueue_batch(jobs, OnConflict::Replace))
+        .unwrap();
+    assert!(results.iter().all(Result::is_ok));
+    let mut dues = Vec::with_capacity(N);
+    for shard in 0..4 {
+        let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(format!("{{zdelay:{shard}}}:due"))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(&mut con)
+            .unwrap();
+        dues.extend(page.into_iter().map(|(_, s)| s as i64));
+    }
+    assert_eq!(dues.len(), N);
+    assert!(
+        dues.iter().all(|d| (base..base + WINDOW_MS).contains(d)),
+        "all within the window, none early"
+    );
+    // Flat: chi-square over 20 equal bins below the 0.1 % critical value (19 degrees: 43.82).
+    let mut bins = [0f64; 20];
+    for d in &dues {
+        bins[((d - base) * 20 / WINDOW_MS) as usize] += 1.0;
+    }
+    let expected = N as f64 / 20.0;
+    let chi2: f64 = bins.iter().map(|o| (o - expected).powi(2) / expected).sum();
+    assert!(chi2 < 43.82, "chi-square {chi2:.1} over {bins:?}");
+    // The same id enqueued again lands on the same point; the CLI spreads alike.
+    let again = rt
+        .block_on(
+            client.enqueue(
+                NewJob::new("r", "x")
+                    .id("job-7")
+                    .at(base)
+                    .spread(Duration::from_millis(WINDOW_MS as u64)),
+                OnConflict::Replace,
+            ),
+        )
+        .unwrap();
+    assert_eq!(again.0, "job-7");
+    let score = |con: &mut redis::Connection, id: &str| -> i64 {
+        let shard = zdelay::keys::Keys::new("zdelay", 4).shard_of(id);
+        let s: f64 = redis::cmd("ZSCORE")
+            .arg(format!("{{zdelay:{shard}}}:due"))
+            .arg(id)
+            .query(con)
+            .unwrap();
+        s as i64
+    };
+    let offset = zdelay::client::spread_offset_ms("job-7", WINDOW_MS as u64) as i64;
+    assert_eq!(score(&mut con, "job-7"), base + offset);
+    let out = config.cli(&[
+        "enqueue",
+        "--dest",
+        "r",
+        "--payload",
+        "x",
+        "--id",
+        "job-7",
+        "--at",
+        &base.to_string(),
+        "--spread",
+        "10s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(score(&mut con, "job-7"), base + offset);
+}

@@ -168,6 +168,8 @@ export interface Job {
   maxAttempts?: number;
   /** Milliseconds after the due time beyond which the job is not delivered. */
   maxLateness?: number;
+  /** Milliseconds: due at a point of this window after its due time, derived from its id. */
+  spread?: number;
 }
 export interface Enqueued { id: string; outcome: "added" | "replaced" | "kept"; }
 export type OnConflict = "replace" | "keep" | "error";
@@ -176,6 +178,19 @@ const wholeMs = (v: number, field: string) => {
   if (!Number.isInteger(v) || v < 0) throw new InvalidJob(field, `must be whole milliseconds >= 0, got ${v}`);
   return v;
 };
+
+/** Where in a spread window a job falls: FNV-1a (64 bits) of its id's bytes mod the window. */
+export function spreadOffset(id: string, windowMs: number): number {
+  let h = 0xcbf29ce484222325n;
+  for (const b of Buffer.from(id)) h = ((h ^ BigInt(b)) * 0x100000001b3n) & 0xffffffffffffffffn;
+  return windowMs ? Number(h % BigInt(windowMs)) : 0;
+}
+
+function spreadDue(due: string, id: string, job: Job): string {
+  if (job.spread === undefined) return due;
+  const offset = spreadOffset(id, wholeMs(job.spread, "spread"));
+  return due.startsWith("+") ? `+${Number(due.slice(1)) + offset}` : String(Number(due) + offset);
+}
 
 export function dueArg(at?: Date | number, delay?: number): string {
   if (at !== undefined && delay !== undefined) throw new InvalidJob("at", "give at or delay, not both");
@@ -258,7 +273,7 @@ function* enqueueOp(ns: Namespace, jobs: Job[], policy: OnConflict, ids: Ids, ma
         nkeys = 8;
         head = ["zd1_enqueue_lane", ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane"),
           marker(lane), policy, wake, `l${lane.number.toString(36)}`];
-        item = [stored, due, payload, json(m), late];
+        item = [stored, spreadDue(due, stored, job), payload, json(m), late];
       } else {
         id = job.id ?? ids.ulid();
         const shard = shardOf(id, ns.shards);
@@ -268,7 +283,7 @@ function* enqueueOp(ns: Namespace, jobs: Job[], policy: OnConflict, ids: Ids, ma
         nkeys = 10;
         head = ["zd1_enqueue", ...shardKeys(ns, shard, "due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards"),
           ns.shards, policy, wake, shard];
-        item = [id, due, frame, late];
+        item = [id, spreadDue(due, id, job), frame, late];
       }
       const key = head.join("\u0000");
       if (!groups.has(key)) groups.set(key, { head, nkeys, items: [] });

@@ -15,6 +15,7 @@ test("the shard rule and slot tags match the vectors; CommonJS loads too", () =>
   assert.equal(zdelay.crc16(Buffer.from("123456789")), VECTORS.crc16_xmodem_check.crc16);
   for (const c of VECTORS.shard_rule) assert.equal(zdelay.shardOf(c.id, c.shards), c.shard, JSON.stringify(c));
   for (const c of VECTORS.slot_tags.examples) assert.equal(zdelay.slotTag(c.slot), c.tag);
+  for (const c of VECTORS.spread_offsets) assert.equal(zdelay.spreadOffset(c.id, c.window_ms), c.offset_ms, JSON.stringify(c));
   const cjs = createRequire(import.meta.url)("../dist/cjs/index.js");
   assert.equal(cjs.shardOf("{user-42}:invoice", 10), 9);
 });
@@ -50,6 +51,9 @@ test("jobs are stored as zdelay stores them, framed as the vectors say, and deli
     assert.deepEqual(job.headers, { tenant: "acme", traceparent: TRACEPARENT });
     assert.equal((await client.enqueue({ dest: "emails", payload: "x", id: "{u}:node" }, "keep")).outcome, "kept");
     await assert.rejects(client.enqueue({ dest: "emails", payload: "x", id: "{u}:node" }, "error"), zdelay.JobExists);
+    daemon.cli("enqueue", "--dest", "emails", "--id", "s-cli", "--at", String(atMs), "--payload", "x", "--spread", "10s");
+    await client.enqueue({ dest: "emails", payload: "x", id: "s-node", at: atMs, spread: 10_000 });
+    for (const id of ["s-cli", "s-node"]) assert.equal((await client.get(id)).dueMs, atMs + zdelay.spreadOffset(id, 10_000));
     assert.ok((await client.reschedule("{u}:node", { delay: 7_200_000 })) > atMs);
     assert.equal(await client.cancel("{u}:node"), "cancelled");
     assert.equal(await client.cancel("{u}:node"), "not_pending");

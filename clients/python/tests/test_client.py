@@ -34,6 +34,8 @@ def test_keys_shards_slot_tags_and_frames_match_the_vectors():
     for case in VECTORS["spread_shards"]:
         ns = _core.Namespace(case["namespace"], 2, case["shards"])
         assert ns.shard_keys(case["shard"], "due", "jobs") == [case["due"], case["jobs"]]
+    for case in VECTORS["spread_offsets"]:
+        assert _core.spread_offset(case["id"], case["window_ms"]) == case["offset_ms"], case
     for case in VECTORS["envelopes"]:
         ns = _core.Namespace("zdelay", 1, 16)
         job = zdelay.Job(case["dest"], base64.b64decode(case["payload_base64"]), id="x", headers=case["headers"],
@@ -66,6 +68,10 @@ def test_a_job_is_stored_as_zdelay_stores_it_and_delivered(daemon, redis_url):
     assert client.enqueue("emails", "other", id="{u}:py", on_conflict="keep").outcome == "kept"
     with pytest.raises(zdelay.JobExists):
         client.enqueue("emails", "other", id="{u}:py", on_conflict="error")
+    daemon.cli("enqueue", "--dest", "emails", "--id", "s-cli", "--at", str(at_ms), "--payload", "x", "--spread", "10s")
+    client.enqueue("emails", "x", id="s-py", at=at_ms, spread=timedelta(seconds=10))
+    for spread_id in ("s-cli", "s-py"):
+        assert client.get(spread_id)["due_ms"] == at_ms + _core.spread_offset(spread_id, 10_000)
     assert client.reschedule("{u}:py", delay=timedelta(hours=2)) > at_ms
     assert client.cancel("{u}:py") == "cancelled"
     assert client.cancel("{u}:py") == "not_pending" and client.get("{u}:py") is None

@@ -245,6 +245,7 @@ class Job(NamedTuple):
     headers: Optional[Mapping[str, str]] = None
     max_attempts: Optional[int] = None
     max_lateness: Optional[Span] = None
+    spread: Optional[Span] = None
 
 
 class Enqueued(NamedTuple):
@@ -274,6 +275,21 @@ def due_arg(at: Optional[Moment], delay: Optional[Span]) -> str:
     if 1_000_000_000 <= at < 100_000_000_000:
         raise InvalidJob("at", f"{at} looks like epoch seconds; at takes epoch milliseconds")
     return str(at)
+
+
+def spread_offset(job_id: str, window_ms: int) -> int:
+    """Where in a spread window a job falls: FNV-1a (64 bits) of its id's bytes mod the window."""
+    h = 0xCBF29CE484222325
+    for b in job_id.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h % window_ms if window_ms else 0
+
+
+def _spread(due: str, job_id: str, job: Job) -> str:
+    if job.spread is None:
+        return due
+    offset = spread_offset(job_id, _ms(job.spread, "spread"))
+    return f"+{int(due[1:]) + offset}" if due.startswith("+") else str(int(due) + offset)
 
 
 def _headers(headers: Optional[Mapping[str, str]]) -> Dict[str, str]:
@@ -342,7 +358,7 @@ def enqueue(ns: Namespace, jobs: List[Job], policy: str, ids: _Ids, max_payload:
                 stored = job.id or ids.stored()
                 job_id = job.id or f"~{base36(lane.number)}.{stored}"
                 head = ("zd1_enqueue_lane", *lane.keys(ns.name, *LANE_ENQUEUE), lane.marker, policy, wake, f"l{base36(lane.number)}")
-                item = [stored, due, payload, _json(meta), late_arg]
+                item = [stored, _spread(due, stored, job), payload, _json(meta), late_arg]
             else:
                 job_id = job.id or ids.ulid()
                 shard = shard_of(job_id, ns.shards)
@@ -351,7 +367,7 @@ def enqueue(ns: Namespace, jobs: List[Job], policy: str, ids: _Ids, max_payload:
                 m = _json(meta)
                 frame = b"zd1:" + job.dest.encode() + b"\n" + str(len(m)).encode() + b"\n" + m + payload
                 head = ("zd1_enqueue", *ns.shard_keys(shard, *SHARD_ENQUEUE), ns.shards, policy, wake, shard)
-                item = [job_id, due, frame, late_arg]
+                item = [job_id, _spread(due, job_id, job), frame, late_arg]
             groups.setdefault(head, []).append((i, job_id, item))
         except ZdelayError as e:
             results[i] = e

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// A job as one JSON object: a line of `zdelay enqueue --batch` and the body of the HTTP
 /// `POST /api/jobs`. `payload_encoding` is `utf8` (default) or `base64`; `at` is epoch ms,
-/// `in` and `max_lateness` are durations (`"250ms"`, `"1h"`).
+/// `in`, `max_lateness` and `spread` are durations (`"250ms"`, `"1h"`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobLine {
@@ -31,6 +31,8 @@ pub struct JobLine {
     max_attempts: Option<u32>,
     #[serde(default, with = "humantime_serde")]
     max_lateness: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    spread: Option<Duration>,
 }
 
 /// Parses one JSON object whose `headers` map names to strings, naming the first header
@@ -65,6 +67,7 @@ impl NewJob {
         job.headers = l.headers;
         job.max_attempts = l.max_attempts;
         job.max_lateness = l.max_lateness;
+        job.spread = l.spread;
         Ok(job)
     }
 }

@@ -200,6 +200,32 @@ pub struct NewJob {
     pub max_attempts: Option<u32>,
     /// Delivered no later than this after its due time, else dead with reason `expired`.
     pub max_lateness: Option<Duration>,
+    /// Spread over this window after `due`: the job is due at a point in it derived from its
+    /// id ([`spread_offset_ms`]), the same point every time that id is enqueued.
+    pub spread: Option<Duration>,
+}
+
+/// Where in a spread window of `window_ms` the job with stored id `id` falls: FNV-1a (64
+/// bits) of the id's bytes modulo the window, in ms from its start. The producer protocol's
+/// rule (`docs/reference/protocol.md`), so every client spreads a job alike.
+pub fn spread_offset_ms(id: &str, window_ms: u64) -> u64 {
+    if window_ms == 0 {
+        return 0;
+    }
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash % window_ms
+}
+
+/// `due` moved to the point of `window` that `id` falls on.
+pub(crate) fn spread_due(due: Due, id: &str, window: Option<Duration>) -> Due {
+    let Some(window) = window else { return due };
+    let offset = spread_offset_ms(id, window.as_millis() as u64);
+    match due {
+        Due::At(ms) => Due::At(ms.saturating_add(offset as i64)),
+        Due::In(delay) => Due::In(delay + Duration::from_millis(offset)),
+    }
 }
 
 impl NewJob {
@@ -213,6 +239,7 @@ impl NewJob {
             headers: BTreeMap::new(),
             max_attempts: None,
             max_lateness: None,
+            spread: None,
         }
     }
     /// Due at a moment: epoch milliseconds (`i64`) or a [`std::time::SystemTime`]
@@ -242,6 +269,12 @@ impl NewJob {
     /// when it is published).
     pub fn max_lateness(mut self, limit: Duration) -> Self {
         self.max_lateness = Some(limit);
+        self
+    }
+    /// Due at a point of the `window` after its due time derived from its id: a burst of
+    /// jobs spread evenly over it, each never before the window starts.
+    pub fn spread(mut self, window: Duration) -> Self {
+        self.spread = Some(window);
         self
     }
 }
@@ -757,7 +790,7 @@ impl Client {
             None => self.new_id(),
         };
         let max_lateness_ms = job.max_lateness.map(|d| d.as_millis() as u64);
-        let due = job.due;
+        let due = spread_due(job.due, &id, job.spread);
         Ok(EnqueueItem {
             id,
             due,
@@ -791,6 +824,8 @@ fn unprepared(item: EnqueueItem) -> NewJob {
         headers: env.meta.headers,
         max_attempts: env.meta.max_attempts,
         max_lateness: item.max_lateness_ms.map(Duration::from_millis),
+        // Spread already: `due` is the point in the window.
+        spread: None,
     }
 }
 

@@ -140,6 +140,7 @@ fn jobs_are_framed_as_the_vectors_say_and_read_back() {
             headers,
             max_attempts: case["max_attempts"].as_u64().map(|n| n as u32),
             max_lateness: case["max_lateness_ms"].as_u64().map(Duration::from_millis),
+            spread: None,
         };
         let frame = bytes(case, "frame_base64");
         let encoded = envelope_of(job.clone()).encode().expect("encode");
@@ -158,5 +159,17 @@ fn jobs_are_framed_as_the_vectors_say_and_read_back() {
             back.meta.max_lateness_ms,
             job.max_lateness.map(|d| d.as_millis() as u64)
         );
+    }
+}
+
+#[test]
+fn a_spread_job_falls_where_the_vectors_say() {
+    let v = vectors();
+    let cases = v["spread_offsets"].as_array().expect("spread_offsets");
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let window = case["window_ms"].as_u64().expect("window_ms");
+        let offset = super::spread_offset_ms(text(case, "id"), window);
+        assert_eq!(Some(offset), case["offset_ms"].as_u64(), "{case}");
     }
 }
