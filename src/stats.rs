@@ -602,6 +602,21 @@ pub struct Forecast {
     pub delivery_rate_per_s: Option<f64>,
     /// What that rate drains in one step; a step holding more is a spike.
     pub drain_per_step: Option<u64>,
+    /// Routes with a configured `rate`: what the limit will do to what falls due.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub route_limits: BTreeMap<String, RouteLimit>,
+}
+
+/// A rate-limited route in the forecast: its own drain line is its configured rate.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RouteLimit {
+    pub rate_per_s: f64,
+    /// What the rate lets through in one step.
+    pub drain_per_step: u64,
+    /// Steps (by index) holding more of the route's jobs than that: the limit spreads them.
+    pub over_rate_steps: Vec<usize>,
+    /// How long the route's overdue jobs take to go at its rate, ms.
+    pub overdue_clears_in_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -710,6 +725,7 @@ pub async fn forecast(
         steps: Vec::new(),
         delivery_rate_per_s: recent.delivery_rate_per_s,
         drain_per_step,
+        route_limits: BTreeMap::new(),
     };
     let (shard_replies, rest) = replies.split_at(keys.shards() as usize);
     let (source_replies, lane_replies) = rest.split_at(config.sources.len());
@@ -747,6 +763,38 @@ pub async fn forecast(
     }
     for step in &mut steps {
         step.spike = drain_per_step.is_some_and(|drain| step.count > drain);
+    }
+    for lane in &lanes {
+        let Some(rate) = config
+            .routes
+            .iter()
+            .find(|r| r.name == lane.route)
+            .and_then(|r| r.flow()?.rate_per_s)
+        else {
+            continue;
+        };
+        let drain = (rate * horizon.step_ms as f64 / 1000.0).floor() as u64;
+        let overdue = forecast
+            .overdue_by_route
+            .get(&lane.route)
+            .copied()
+            .unwrap_or(0);
+        forecast.route_limits.insert(
+            lane.route.clone(),
+            RouteLimit {
+                rate_per_s: rate,
+                drain_per_step: drain,
+                over_rate_steps: (0..steps.len())
+                    .filter(|&i| {
+                        steps[i]
+                            .by_route
+                            .get(&lane.route)
+                            .is_some_and(|&c| c > drain)
+                    })
+                    .collect(),
+                overdue_clears_in_ms: (overdue as f64 * 1000.0 / rate).ceil() as u64,
+            },
+        );
     }
     forecast.steps = steps;
     Ok(forecast)

@@ -37,6 +37,16 @@ pub fn forecast_table(f: &Forecast) -> String {
         )),
         _ => out.push_str("no deliveries recorded in the last hour: no spike threshold\n"),
     }
+    for (route, limit) in &f.route_limits {
+        out.push_str(&format!(
+            "route {route} is limited to {:.1}/s, {} per step: overdue clears in {}; {} step(s) \
+             over its rate, spread by the limit\n",
+            limit.rate_per_s,
+            limit.drain_per_step,
+            duration(limit.overdue_clears_in_ms),
+            limit.over_rate_steps.len()
+        ));
+    }
     out
 }
 

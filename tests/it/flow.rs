@@ -377,3 +377,38 @@ fn a_spread_burst_is_flat_over_its_window_none_early_and_each_id_falls_in_one_pl
     );
     assert_eq!(score(&mut con, "job-7"), base + offset);
 }
+
+#[test]
+fn the_forecast_draws_a_limited_route_s_drain_line_at_its_rate() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        "[[routes]]\nname = \"limited\"\nsink = \"local\"\ntarget = \"q:l\"\nrate = \"10/s\"\n",
+    )
+    .on_layout_2();
+    let _daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let mut con = redis.conn();
+    // 900 jobs due in 2 minutes: at 10/s a 60 s step drains 600 of them.
+    let at = redis_now_ms(&mut con) + 90_000;
+    enqueue(&rt, &client, "limited", 900, |_| at);
+    let out = config.cli(&["forecast", "--next", "3m", "--step", "60s", "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let limit = &f["route_limits"]["limited"];
+    assert_eq!(limit["rate_per_s"], 10.0, "{f:#}");
+    assert_eq!(limit["drain_per_step"], 600, "{f:#}");
+    assert_eq!(limit["over_rate_steps"], serde_json::json!([1]), "{f:#}");
+    let text = config.cli(&["forecast", "--next", "3m", "--step", "60s"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("route limited is limited to 10.0/s, 600 per step"),
+        "{text}"
+    );
+}
