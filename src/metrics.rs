@@ -333,8 +333,10 @@ pub const METRICS: &[Metric] = &[
             ),
         ],
         help: "Messages per two-phase sink and outcome: delivered (confirmed), retried, rejected, \
-               unavailable, held (the destination object is missing).",
-        details: "`held`: the job waits, or dies on a route with `on_missing = \"dead\"`. A retry \
+               unavailable, held (the destination object is missing, or full).",
+        details: "`held`: the job waits with no attempt counted; for a missing object it dies \
+                  instead on a route with `on_missing = \"dead\"`, for a full one (a JetStream \
+                  stream at its limits) never. A retry \
                   that reaches `max_attempts` counts as `retried` and dies.",
     },
     Metric {

@@ -138,7 +138,8 @@ impl HopTracer {
             Outcome::Retry(why)
             | Outcome::Reject(why)
             | Outcome::Unavailable(why)
-            | Outcome::Missing(why) => span.set_status(Status::error(why.clone())),
+            | Outcome::Missing(why)
+            | Outcome::Full(why) => span.set_status(Status::error(why.clone())),
         }
         span.end_with_timestamp(epoch_ms(hop.answered_ms));
     }

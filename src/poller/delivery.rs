@@ -210,11 +210,11 @@ pub async fn deliver(
                         due_ms: p.job.due_ms,
                         sink: sink.name.clone(),
                     },
-                    Outcome::Missing(why) => match p.on_missing {
-                        OnMissing::Dead => dead(p, m, why.clone()),
-                        OnMissing::Wait => Settle::Due {
-                            due_ms: redis_now_ms() + HELD_RECHECK.as_millis() as i64,
-                        },
+                    Outcome::Missing(why) if p.on_missing == OnMissing::Dead => {
+                        dead(p, m, why.clone())
+                    }
+                    Outcome::Missing(_) | Outcome::Full(_) => Settle::Due {
+                        due_ms: redis_now_ms() + HELD_RECHECK.as_millis() as i64,
                     },
                 };
                 settles.push((&p.job.id, settle));
@@ -420,18 +420,16 @@ pub async fn deliver_raw(
                         due_ms: m.due_ms,
                         sink: sink.name.clone(),
                     },
-                    Outcome::Missing(why) => match dest.on_missing {
-                        OnMissing::Dead => Settle::Dead {
-                            kind: DeadKind::Rejected,
-                            reason: why.clone(),
-                            envelope: Vec::new(),
-                        },
-                        // A raw release sets the member's score to this time, keeping its
-                        // scheduled due (and idempotency key) in `<source>:claims`.
-                        OnMissing::Wait => Settle::Release {
-                            due_ms: redis_now_ms() + HELD_RECHECK.as_millis() as i64,
-                            sink: sink.name.clone(),
-                        },
+                    Outcome::Missing(why) if dest.on_missing == OnMissing::Dead => Settle::Dead {
+                        kind: DeadKind::Rejected,
+                        reason: why.clone(),
+                        envelope: Vec::new(),
+                    },
+                    // A raw release sets the member's score to this time, keeping its
+                    // scheduled due (and idempotency key) in `<source>:claims`.
+                    Outcome::Missing(_) | Outcome::Full(_) => Settle::Release {
+                        due_ms: redis_now_ms() + HELD_RECHECK.as_millis() as i64,
+                        sink: sink.name.clone(),
                     },
                 });
             }
@@ -541,6 +539,7 @@ fn track_held(
     for (i, (m, outcome)) in messages.iter().zip(outcomes).enumerate() {
         match outcome {
             Outcome::Missing(why) if waits(i) => sink.hold(&m.target, why),
+            Outcome::Full(why) => sink.hold(&m.target, why),
             Outcome::Delivered => {
                 delivered.insert(m.target.as_str());
             }

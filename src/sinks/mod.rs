@@ -76,6 +76,11 @@ pub enum Outcome {
     /// a route with `on_missing = "dead"` dead-letters it instead. Other targets of the sink
     /// flow on.
     Missing(String),
+    /// The destination is full or asks to slow down (a JetStream stream at its message,
+    /// byte or storage limit): like `Missing`, the job waits with no attempt counted and is
+    /// tried again after `HELD_RECHECK` while its target shows as held, but it never goes to
+    /// dead for it, whatever `on_missing` says.
+    Full(String),
 }
 
 /// How long a job whose destination object is missing waits before it is tried again.
@@ -89,7 +94,7 @@ impl Outcome {
             Outcome::Retry(_) => "retried",
             Outcome::Reject(_) => "rejected",
             Outcome::Unavailable(_) => "unavailable",
-            Outcome::Missing(_) => "held",
+            Outcome::Missing(_) | Outcome::Full(_) => "held",
         }
     }
 }

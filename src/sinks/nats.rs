@@ -629,7 +629,10 @@ pub(crate) enum Cause {
     BrokenPipe,
     /// The client could not queue the message (client closed).
     SendFailed,
-    /// Anything else (JetStream store failures, resource limits, …): transient.
+    /// The stream is at a limit (maximum messages or bytes, storage) or the client has as
+    /// many acks pending as it allows: the destination asks to slow down.
+    Full,
+    /// Anything else (other JetStream store failures, …): transient.
     Other,
 }
 
@@ -643,11 +646,11 @@ pub(crate) fn js_cause(err: &jetstream::context::PublishError) -> Cause {
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
             Cause::Refused
         }
-        PublishErrorKind::MaxAckPending => Cause::Other,
+        PublishErrorKind::MaxAckPending => Cause::Full,
         PublishErrorKind::Other => {
             let source = std::error::Error::source(err);
             if let Some(js) = source.and_then(|s| s.downcast_ref::<jetstream::Error>()) {
-                js_code_cause(js.error_code())
+                js_code_cause(js.error_code(), &js.to_string())
             } else if source
                 .and_then(|s| s.downcast_ref::<async_nats::SubjectError>())
                 .is_some()
@@ -661,7 +664,14 @@ pub(crate) fn js_cause(err: &jetstream::context::PublishError) -> Cause {
 }
 
 /// Maps a JetStream API error code (from a negative PubAck) to its [`Cause`].
-pub(crate) fn js_code_cause(code: ErrorCode) -> Cause {
+pub(crate) fn js_code_cause(code: ErrorCode, description: &str) -> Cause {
+    // 10047: storage resources exceeded; 10077: a store failure, which names the limit hit
+    // ("maximum messages exceeded", "maximum bytes exceeded", "… per subject …").
+    let full =
+        code == ErrorCode(10047) || (code == ErrorCode(10077) && description.contains("maximum"));
+    if full {
+        return Cause::Full;
+    }
     match code {
         ErrorCode::STREAM_NOT_FOUND => Cause::NoStream,
         ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM => {
@@ -714,6 +724,7 @@ pub(crate) fn classify(cause: Cause, detail: &str, subject: &str, ctx: Ctx) -> O
         Cause::BrokenPipe | Cause::SendFailed => {
             Outcome::Unavailable(format!("nats connection lost: {detail}"))
         }
+        Cause::Full => Outcome::Full(format!("{subject}: the stream is full ({detail})")),
         Cause::Other if !ctx.connected => {
             Outcome::Unavailable(format!("nats server disconnected: {detail}"))
         }
@@ -769,6 +780,7 @@ mod tests {
             Outcome::Reject(_) => "reject",
             Outcome::Unavailable(_) => "unavailable",
             Outcome::Missing(_) => "missing",
+            Outcome::Full(_) => "full",
         }
     }
 
@@ -797,7 +809,7 @@ mod tests {
             ),
             (
                 PublishError::new(PublishErrorKind::MaxAckPending),
-                Cause::Other,
+                Cause::Full,
             ),
             (PublishError::new(PublishErrorKind::Other), Cause::Other),
             (
@@ -811,8 +823,10 @@ mod tests {
             (js_err(10059, "stream not found"), Cause::NoStream),
             (js_err(10109, "stream is sealed"), Cause::Refused),
             (js_err(10076, "jetstream not enabled"), Cause::Refused),
-            (js_err(10077, "maximum messages exceeded"), Cause::Other),
-            (js_err(10047, "insufficient storage"), Cause::Other),
+            (js_err(10077, "maximum messages exceeded"), Cause::Full),
+            (js_err(10077, "maximum bytes exceeded"), Cause::Full),
+            (js_err(10077, "store failed: io error"), Cause::Other),
+            (js_err(10047, "insufficient storage"), Cause::Full),
             (
                 PublishError::with_source(
                     PublishErrorKind::Other,
@@ -844,6 +858,8 @@ mod tests {
             (Cause::BrokenPipe, UP, "unavailable"),
             (Cause::SendFailed, UP, "unavailable"),
             (Cause::Other, UP, "retry"),
+            (Cause::Full, UP, "full"),
+            (Cause::Full, DOWN, "full"),
             (Cause::Other, DOWN, "unavailable"),
         ];
         for (cause, ctx, want) in table {

@@ -277,6 +277,65 @@ async fn rejects_unknown_subject_and_oversize(services: &Services, url: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_a_full_stream_holds_its_messages_without_burning_attempts() {
+    let services = Services::get();
+    for (kind, url) in services.nats_servers() {
+        crate::common::nats_version(kind, &url).await;
+        a_full_stream_holds(&url).await;
+    }
+}
+
+/// A stream at its message limit (discard new) answers "maximum messages exceeded": the sink
+/// says `Full` (the job waits, no attempt counted), not `Retry`; once the limit is raised the
+/// same messages go.
+async fn a_full_stream_holds(url: &str) {
+    let client = async_nats::connect(url).await.expect("connect to nats");
+    let js = jetstream::new(client);
+    let tag = tag();
+    let (name, prefix) = (
+        format!("ZDFULL_{}", tag.to_uppercase()),
+        format!("zdfull.{tag}"),
+    );
+    let mut config = jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{prefix}.>")],
+        max_messages: 3,
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..Default::default()
+    };
+    js.create_stream(config.clone())
+        .await
+        .expect("create stream");
+    let sink = sink(url, true);
+    let batch: Vec<Message> = (0..5)
+        .map(|i| message(&format!("{prefix}.x"), i, vec![i as u8]))
+        .collect();
+    let out = sink.publish(&batch).await;
+    let delivered = out.iter().filter(|o| **o == Outcome::Delivered).count();
+    let full: Vec<&Outcome> = out
+        .iter()
+        .filter(|o| matches!(o, Outcome::Full(_)))
+        .collect();
+    assert_eq!((delivered, full.len()), (3, 2), "{out:?}");
+    assert!(
+        matches!(full[0], Outcome::Full(why) if why.contains("full") && why.contains("maximum")),
+        "{out:?}"
+    );
+    config.max_messages = -1;
+    js.update_stream(config).await.expect("raise the limit");
+    let rest: Vec<Message> = batch
+        .iter()
+        .zip(&out)
+        .filter(|(_, o)| matches!(o, Outcome::Full(_)))
+        .map(|(m, _)| m.clone())
+        .collect();
+    let again = sink.publish(&rest).await;
+    assert!(again.iter().all(|o| *o == Outcome::Delivered), "{again:?}");
+    assert_eq!(stream_count(&js, &name).await, 5);
+    js.delete_stream(&name).await.expect("delete stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
     for kind in crate::common::NATS_KINDS {
         server_down_is_unavailable_then_recovers(kind).await;
