@@ -43,6 +43,20 @@ pub struct Stats {
     pub waiting: Vec<SinkWaiting>,
     /// The daemons registered on the namespace and the targets each one polls.
     pub instances: Vec<Instance>,
+    /// Routes with flow control (a `rate` or a `max_length`, storage layout 2): whether each
+    /// holds back due work now, and since when.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub flow: Vec<RouteFlowState>,
+}
+
+/// A flow-controlled route as its lane's flow state says.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RouteFlowState {
+    pub route: String,
+    pub rate: Option<String>,
+    pub max_length: Option<u64>,
+    /// Since when the route holds back due work (Redis ms); `None`: flowing.
+    pub held_since_ms: Option<i64>,
 }
 
 /// A daemon registered on the namespace (poller-slot heartbeat).
@@ -264,6 +278,7 @@ pub async fn gather_sampled(
         })
         .collect();
     let instances = instances(con, &keys, now_ms).await?;
+    let flow = flow_states(con, config, &route_lanes).await?;
     Ok(Stats {
         now_ms,
         shards,
@@ -272,7 +287,38 @@ pub async fn gather_sampled(
         sinks,
         waiting: waiting.into_values().collect(),
         instances,
+        flow,
     })
+}
+
+/// The flow state of each route lane whose route has flow control: one `HGET` each.
+async fn flow_states(
+    con: &mut Conn,
+    config: &Config,
+    lanes: &[Lane],
+) -> redis::RedisResult<Vec<RouteFlowState>> {
+    let mut out = Vec::new();
+    for lane in lanes {
+        let Some(route) = config
+            .routes
+            .iter()
+            .find(|r| r.name == lane.route && r.flow().is_some())
+        else {
+            continue;
+        };
+        let held: Option<i64> = redis::cmd("HGET")
+            .arg(&lane.keys.flow)
+            .arg("held_since")
+            .query_async(con)
+            .await?;
+        out.push(RouteFlowState {
+            route: route.name.clone(),
+            rate: route.rate.clone(),
+            max_length: route.max_length,
+            held_since_ms: held,
+        });
+    }
+    Ok(out)
 }
 
 /// The keys whose shards hold jobs, and the route lanes: on storage layout 2 the spread

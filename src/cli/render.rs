@@ -194,6 +194,26 @@ pub fn stats_text(stats: &Stats, shards: bool) -> String {
             duration(w.oldest_age_ms)
         ));
     }
+    for f in &stats.flow {
+        let limits: Vec<String> = f
+            .rate
+            .iter()
+            .map(|r| format!("rate {r}"))
+            .chain(f.max_length.map(|n| format!("max_length {n}")))
+            .collect();
+        let state = match f.held_since_ms {
+            Some(since) => format!(
+                "held for {}",
+                duration(stats.now_ms.saturating_sub(since).max(0) as u64)
+            ),
+            None => "flowing".to_owned(),
+        };
+        out.push_str(&format!(
+            "route {} ({}): {state}\n",
+            f.route,
+            limits.join(", ")
+        ));
+    }
     if stats.instances.is_empty() {
         out.push_str("instances: none running\n");
     }

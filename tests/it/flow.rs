@@ -204,6 +204,20 @@ max_length = 100
             &[("route", "bounded"), ("by", "max_length")],
         ) == 1.0
     });
+    let out = config.cli(&["stats", "-o", "json"]);
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    let flow = &stats["flow"][0];
+    assert_eq!(
+        (&flow["route"], &flow["max_length"]),
+        (&"bounded".into(), &100.into()),
+        "{stats:#}"
+    );
+    assert!(flow["held_since_ms"].as_i64().is_some(), "{stats:#}");
+    let text = String::from_utf8_lossy(&config.cli(&["stats"]).stdout).into_owned();
+    assert!(
+        text.contains("route bounded (max_length 100): held for"),
+        "{text}"
+    );
     // A consumer drains it: everything arrives, once each.
     let got = consume(&mut con, "q:bounded", 1000, Duration::from_secs(20));
     let ids: HashSet<usize> = got.iter().map(|(_, i)| *i).collect();
