@@ -119,9 +119,13 @@ pub struct SetArgs {
     /// Delivery attempts of each occurrence on two-phase sinks.
     #[arg(long)]
     max_attempts: Option<u32>,
+    /// Each occurrence is due at a point of this window after its time, derived from its id
+    /// (the same point every time): many schedules on one moment are spread over it.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    jitter: Option<Duration>,
     /// Read schedules from FILE ("-" = stdin), one JSON object a line:
     /// {"id","dest","cron"|"every","tz","payload","payload_encoding","headers","misfire",
-    /// "max_catch_up","start_at","end_at","max_lateness","max_attempts"}. Prints
+    /// "max_catch_up","start_at","end_at","max_lateness","max_attempts","jitter"}. Prints
     /// "<id> <next occurrence>" per input line, in order.
     #[arg(long, conflicts_with_all = ["id", "dest", "cron", "every", "payload", "payload_file"])]
     batch: Option<String>,
@@ -397,6 +401,7 @@ async fn set(client: &Client, args: SetArgs) -> anyhow::Result<i32> {
     spec.end_at = args.end_at;
     spec.max_lateness = args.max_lateness;
     spec.max_attempts = args.max_attempts;
+    spec.jitter = args.jitter;
     let set = client.schedule_set(spec).await?;
     let view = client.schedule_get(&id).await?;
     let next_text = view

@@ -426,3 +426,87 @@ fn the_forecast_draws_a_limited_route_s_drain_line_at_its_rate() {
         "{text}"
     );
 }
+
+#[test]
+fn a_schedule_s_jitter_spreads_each_occurrence_over_its_window_from_its_id() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        "[[routes]]\nname = \"r\"\nsink = \"local\"\ntarget = \"q:r\"\n",
+    );
+    let _daemon = Daemon::start(&config);
+    let out = config.cli(&[
+        "schedule",
+        "set",
+        "tick",
+        "--dest",
+        "r",
+        "--every",
+        "1s",
+        "--jitter",
+        "900ms",
+        "--payload",
+        "t",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut con = redis.conn();
+    // Each occurrence's job waits in its shard's due set until its jittered time.
+    let mut seen = Vec::new();
+    wait_for(
+        "three jittered occurrences",
+        Duration::from_secs(15),
+        || {
+            for shard in 0..4 {
+                let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                    .arg(format!("{{zdelay:{shard}}}:due"))
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query(&mut con)
+                    .unwrap();
+                for (id, score) in page {
+                    if !seen.iter().any(|(s, _)| *s == id) {
+                        seen.push((id, score as i64));
+                    }
+                }
+            }
+            seen.len() >= 3
+        },
+    );
+    for (id, due) in &seen {
+        let t: i64 = id.rsplit(':').next().unwrap().parse().unwrap();
+        let offset = zdelay::client::spread_offset_ms(id, 900) as i64;
+        assert_eq!(
+            *due,
+            t + offset,
+            "{id}: due at its occurrence plus its offset"
+        );
+    }
+    assert!(
+        seen.iter()
+            .any(|(id, due)| *due > id.rsplit(':').next().unwrap().parse::<i64>().unwrap())
+    );
+    wait_for("occurrences delivered", Duration::from_secs(10), || {
+        crate::common::llen(&mut con, "q:r") >= 3
+    });
+    let bad = config.cli(&[
+        "schedule",
+        "set",
+        "bad",
+        "--dest",
+        "r",
+        "--every",
+        "1s",
+        "--jitter",
+        "0s",
+        "--payload",
+        "t",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("jitter"));
+}

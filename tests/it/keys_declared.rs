@@ -420,7 +420,7 @@ route = "m"
             next_ms: None,
             max_lateness_ms: Some(5),
             quarantine: None,
-            deliver: vec![("s:1".into(), now - 1_000)],
+            deliver: vec![("s:1".into(), now - 1_000, now - 1_000)],
             expired: vec![("s:2".into(), now - 900)],
         };
         let fired = rt

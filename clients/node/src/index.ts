@@ -418,6 +418,8 @@ export interface Schedule {
   endAt?: Date | number;
   maxLateness?: number;
   maxAttempts?: number;
+  /** Milliseconds: each occurrence is due at a point of this window after it, from its id. */
+  jitter?: number;
 }
 /** A schedule after its requests were applied. */
 export interface ScheduleState { exists: boolean; paused: boolean | null; nextMs: number | null; }
@@ -444,6 +446,7 @@ export function scheduleJson(s: Schedule): string {
     start_at: s.startAt === undefined ? undefined : Number(dueArg(s.startAt)),
     end_at: s.endAt === undefined ? undefined : Number(dueArg(s.endAt)),
     max_lateness: s.maxLateness === undefined ? undefined : `${wholeMs(s.maxLateness, "maxLateness")}ms`,
+    jitter: s.jitter === undefined ? undefined : `${wholeMs(s.jitter, "jitter")}ms`,
   };
   return JSON.stringify(out);
 }

@@ -77,9 +77,9 @@ test("schedules are set, paused, resumed and deleted through a daemon, planned a
   const client = new zdelay.Client(new Redis(server.url));
   try {
     daemon.cli("schedule", "set", "by-cli", "--dest", "emails", "--cron", "0 9 * * 1-5", "--tz", "Europe/Paris",
-      "--payload", "report", "--header", "tenant=acme", "--misfire", "skip", "--max-lateness", "30s");
+      "--payload", "report", "--header", "tenant=acme", "--misfire", "skip", "--max-lateness", "30s", "--jitter", "2m");
     const state = await client.scheduleSet({ id: "by-node", dest: "emails", payload: "report", cron: "0 9 * * 1-5",
-      tz: "Europe/Paris", headers: { tenant: "acme" }, misfire: "skip", maxLateness: 30_000 });
+      tz: "Europe/Paris", headers: { tenant: "acme" }, misfire: "skip", maxLateness: 30_000, jitter: 120_000 });
     const read = (id) => {
       const v = JSON.parse(daemon.cli("schedule", "get", id, "-o", "json"));
       for (const k of ["id", "version", "created_ms", "updated_ms", "shard"]) delete v[k];
@@ -88,6 +88,7 @@ test("schedules are set, paused, resumed and deleted through a daemon, planned a
     const cli = read("by-cli");
     assert.deepEqual(state, { exists: true, paused: false, nextMs: cli.next_ms });
     assert.deepEqual(read("by-node"), cli);
+    assert.equal(cli.jitter_ms, 120_000);
 
     await client.scheduleSet({ id: "tick", dest: "emails", payload: "tick", every: 200 });
     await waitFor("two occurrences", async () => (await redis.lrange("q:emails", 0, -1)).filter((p) => p === "tick").length >= 2);

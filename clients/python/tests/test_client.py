@@ -114,16 +114,18 @@ def test_schedules_are_set_paused_resumed_and_deleted_through_a_daemon(daemon, r
     r = redis.Redis.from_url(redis_url)
     # The same cron schedule set by the CLI and by the client: the daemon plans both alike.
     daemon.cli("schedule", "set", "by-cli", "--dest", "emails", "--cron", "0 9 * * 1-5", "--tz", "Europe/Paris",
-               "--payload", "report", "--header", "tenant=acme", "--misfire", "skip", "--max-lateness", "30s")
+               "--payload", "report", "--header", "tenant=acme", "--misfire", "skip", "--max-lateness", "30s",
+               "--jitter", "2m")
     state = client.schedule_set("by-py", "emails", "report", cron="0 9 * * 1-5", tz="Europe/Paris",
-                                headers={"tenant": "acme"}, misfire="skip", max_lateness=timedelta(seconds=30))
+                                headers={"tenant": "acme"}, misfire="skip", max_lateness=timedelta(seconds=30),
+                                jitter=timedelta(minutes=2))
     cli = json.loads(daemon.cli("schedule", "get", "by-cli", "-o", "json"))
     py = json.loads(daemon.cli("schedule", "get", "by-py", "-o", "json"))
     assert state == {"exists": True, "paused": False, "next_ms": cli["next_ms"]}
     for v in (cli, py):
         for k in ("id", "version", "created_ms", "updated_ms", "shard"):
             v.pop(k)
-    assert py == cli
+    assert py == cli and py["jitter_ms"] == 120_000
 
     # An interval fires through the daemon; pause, resume and delete answer the state after them.
     client.schedule_set("tick", "emails", b"tick", every=timedelta(milliseconds=200))

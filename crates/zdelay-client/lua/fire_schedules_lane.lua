@@ -25,8 +25,8 @@
 -- ARGV[4..] per schedule: id, its pending occurrence as due_schedules read it (the exact
 --   score text), version read ("" when the definition has none), the mark to set ("" =
 --   leave it), next pending occurrence ms ("" = none: ended), max lateness ms ("" = none),
---   quarantine reason ("" = none; otherwise nothing else applies), D, then D pairs (job id,
---   occurrence ms) to deliver, E, then E pairs (job id, occurrence ms) expired
+--   quarantine reason ("" = none; otherwise nothing else applies), D, then D triples (job id,
+--   occurrence ms, due ms: the occurrence, or later by the schedule's jitter) to deliver, E, then E pairs (job id, occurrence ms) expired
 -- Returns: { jobs created, occurrences expired, schedules fenced, then for each schedule
 --   quarantined its id and the reason };
 --   error ZDELAY_FIRE_BOUND <n> (nothing written) when the call carries more than 1000
@@ -53,9 +53,9 @@ local starts, total, i = {}, 0, 4
 while i <= #ARGV do
   starts[#starts + 1] = i
   local deliver = tonumber(ARGV[i + 7])
-  local expired = tonumber(ARGV[i + 8 + 2 * deliver])
+  local expired = tonumber(ARGV[i + 8 + 3 * deliver])
   total = total + deliver + expired
-  i = i + 9 + 2 * (deliver + expired)
+  i = i + 9 + 3 * deliver + 2 * expired
 end
 if total > MAX_OCCURRENCES then
   return redis.error_reply('ZDELAY_FIRE_BOUND ' .. total)
@@ -85,8 +85,8 @@ for _, s in ipairs(starts) do
   local set_mark, next_ms, limit, reason = ARGV[s + 3], ARGV[s + 4], ARGV[s + 5], ARGV[s + 6]
   local deliver = tonumber(ARGV[s + 7])
   local first_deliver = s + 8
-  local n_expired = tonumber(ARGV[first_deliver + 2 * deliver])
-  local first_expired = first_deliver + 2 * deliver + 1
+  local n_expired = tonumber(ARGV[first_deliver + 3 * deliver])
+  local first_expired = first_deliver + 3 * deliver + 1
   local score = redis.call('ZSCORE', sched_due_key, id)
   local record = redis.call('HGET', schedules_key, id)
   local version = record and string.match(record, '^(%d+)\n') or ''
@@ -115,9 +115,10 @@ for _, s in ipairs(starts) do
         return true
       end
       for k = 0, deliver - 1 do
-        local job, at = ARGV[first_deliver + 2 * k], ARGV[first_deliver + 2 * k + 1]
+        local job, at = ARGV[first_deliver + 3 * k], ARGV[first_deliver + 3 * k + 1]
+        local due = ARGV[first_deliver + 3 * k + 2]
         if (not mark or tonumber(at) > mark) and write(job) then
-          redis.call('ZADD', due_key, at, job)
+          redis.call('ZADD', due_key, due, job)
           if limit ~= '' then redis.call('HSET', limit_key, job, limit) end
           if #payload > SMALL then redis.call('SADD', large_key, job) end
           created = created + 1

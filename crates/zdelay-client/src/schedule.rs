@@ -106,6 +106,12 @@ pub struct ScheduleDef {
     /// An occurrence delivered later than this after its time goes to dead (`expired`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lateness_ms: Option<u64>,
+    /// Each occurrence's job is due at a point of this window after the occurrence, derived
+    /// from its job id (`client::spread_offset_ms`): occurrences of many schedules on one
+    /// moment are spread over it. The occurrences themselves (their ids, the grid, misfire,
+    /// expiry) stay on the grid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter_ms: Option<u64>,
 }
 
 /// An invalid schedule: the field (as the CLI names it) and why.
@@ -147,6 +153,7 @@ impl ScheduleDef {
             start_at: None,
             end_at: None,
             max_lateness_ms: None,
+            jitter_ms: None,
         }
     }
 
@@ -186,6 +193,9 @@ impl ScheduleDef {
         }
         if self.max_lateness_ms == Some(0) {
             return Err(invalid("max_lateness", "must be more than 0"));
+        }
+        if self.jitter_ms == Some(0) {
+            return Err(invalid("jitter", "must be more than 0"));
         }
         let rule = match &self.recurrence {
             Recurrence::Cron { expr, tz } => {

@@ -70,7 +70,7 @@ impl Repeat {
     }
 }
 
-/// A schedule as one JSON object. `every` and `max_lateness` are durations (`"250ms"`,
+/// A schedule as one JSON object. `every`, `max_lateness` and `jitter` are durations (`"250ms"`,
 /// `"1h"`), `start_at`/`end_at` epoch ms, `payload_encoding` `utf8` (default) or `base64`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -100,6 +100,8 @@ struct ScheduleLine {
     max_lateness: Option<Duration>,
     #[serde(default)]
     max_attempts: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    jitter: Option<Duration>,
 }
 
 impl NewSchedule {
@@ -121,6 +123,7 @@ impl NewSchedule {
         spec.end_at = l.end_at.map(crate::job::check_epoch_ms).transpose()?;
         spec.max_lateness = l.max_lateness;
         spec.max_attempts = l.max_attempts;
+        spec.jitter = l.jitter;
         Ok(spec)
     }
 }

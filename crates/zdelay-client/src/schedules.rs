@@ -86,6 +86,9 @@ pub struct NewSchedule {
     pub end_at: Option<i64>,
     /// An occurrence not delivered within this of its time goes to dead (`expired`).
     pub max_lateness: Option<Duration>,
+    /// Each occurrence's job is due at a point of this window after the occurrence, derived
+    /// from its id.
+    pub jitter: Option<Duration>,
 }
 
 impl NewSchedule {
@@ -106,6 +109,7 @@ impl NewSchedule {
             start_at: None,
             end_at: None,
             max_lateness: None,
+            jitter: None,
         }
     }
 }
@@ -260,6 +264,7 @@ fn definition(
     def.start_at = spec.start_at;
     def.end_at = spec.end_at;
     def.max_lateness_ms = spec.max_lateness.map(|d| d.as_millis() as u64);
+    def.jitter_ms = spec.jitter.map(|d| d.as_millis() as u64);
     def.validate()?;
     Ok(def)
 }
@@ -1194,7 +1199,18 @@ pub async fn fire_due(
                 .map(|&t| (occurrence_id(&firing.id, t), t))
                 .collect::<Vec<_>>()
         };
-        (firing.deliver, firing.expired) = (jobs(&plan.deliver), jobs(&plan.expired));
+        let jitter = schedule.def().jitter_ms.map(Duration::from_millis);
+        firing.deliver = jobs(&plan.deliver)
+            .into_iter()
+            .map(|(job, t)| {
+                let due = match crate::client::spread_due(Due::At(t), &job, jitter) {
+                    Due::At(ms) => ms,
+                    Due::In(_) => t,
+                };
+                (job, t, due)
+            })
+            .collect();
+        firing.expired = jobs(&plan.expired);
         firing.max_lateness_ms = schedule.def().max_lateness_ms;
         firings.push(firing);
     }

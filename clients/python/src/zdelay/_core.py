@@ -496,7 +496,8 @@ MISFIRES = {"coalesce", "skip", "catch_up"}
 def schedule_json(id: str, dest: str, payload: Union[bytes, str], *, cron: Optional[str] = None, tz: Optional[str] = None,
                   every: Optional[Span] = None, headers: Optional[Mapping[str, str]] = None, misfire: Optional[str] = None,
                   max_catch_up: Optional[int] = None, start_at: Optional[Moment] = None, end_at: Optional[Moment] = None,
-                  max_lateness: Optional[Span] = None, max_attempts: Optional[int] = None) -> str:
+                  max_lateness: Optional[Span] = None, max_attempts: Optional[int] = None,
+                  jitter: Optional[Span] = None) -> str:
     """A schedule in the JSON form a daemon applies (a line of `zdelay schedule set --batch`)."""
     if not isinstance(id, str) or not 0 < len(id.encode()) <= 512 or "\n" in id:
         raise InvalidJob("id", f"must be a non-empty string of at most 512 bytes without newlines: {id!r}")
@@ -519,6 +520,8 @@ def schedule_json(id: str, dest: str, payload: Union[bytes, str], *, cron: Optio
         out["every"] = f"{_ms(every, 'every')}ms"
     if late is not None:
         out["max_lateness"] = f"{late}ms"
+    if jitter is not None:
+        out["jitter"] = f"{_ms(jitter, 'jitter')}ms"
     for name, moment in (("start_at", start_at), ("end_at", end_at)):
         if moment is not None:
             out[name] = int(due_arg(moment, None))

@@ -1662,8 +1662,9 @@ pub struct Firing {
     pub max_lateness_ms: Option<u64>,
     /// Set: take it off its timeline with this reason instead (nothing else applies).
     pub quarantine: Option<String>,
-    /// (job id, occurrence ms) to deliver.
-    pub deliver: Vec<(String, i64)>,
+    /// (job id, occurrence ms, due ms) to deliver: due later than the occurrence by the
+    /// schedule's jitter.
+    pub deliver: Vec<(String, i64, i64)>,
     /// (job id, occurrence ms) past their max lateness.
     pub expired: Vec<(String, i64)>,
 }
@@ -1719,8 +1720,8 @@ pub async fn fire_schedules(
             .arg(f.max_lateness_ms.map(|n| n.to_string()).unwrap_or_default())
             .arg(f.quarantine.as_deref().unwrap_or_default())
             .arg(f.deliver.len());
-        for (job, at) in &f.deliver {
-            inv.arg(job).arg(at);
+        for (job, at, due) in &f.deliver {
+            inv.arg(job).arg(at).arg(due);
         }
         inv.arg(f.expired.len());
         for (job, at) in &f.expired {
