@@ -450,6 +450,9 @@ mod tests {
             rate: None,
             burst: None,
             max_length: None,
+            key_header: None,
+            key_rate: None,
+            key_burst: None,
         });
         assert!(delivery(&config).starts_with("exactly once"));
         config.redis.cluster_nodes = vec!["redis://127.0.0.1:7000".into()];

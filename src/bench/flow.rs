@@ -28,6 +28,7 @@ pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
                 rate_per_s: Some(1e12),
                 burst: u32::MAX,
                 max_length: None,
+                per_key: None,
             }),
         ),
         (
@@ -36,6 +37,7 @@ pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
                 rate_per_s: Some(rate),
                 burst,
                 max_length: None,
+                per_key: None,
             }),
         ),
     ];

@@ -359,6 +359,9 @@ fn bench_config(mut config: Config, scratch: &Scratch, namespace: &str, shards: 
         rate: None,
         burst: None,
         max_length: None,
+        key_header: None,
+        key_rate: None,
+        key_burst: None,
     });
     config.sources = vec![SourceConfig {
         key: scratch.raw.source.clone(),
@@ -403,6 +406,9 @@ impl Env {
                 rate: None,
                 burst: None,
                 max_length: None,
+                key_header: None,
+                key_rate: None,
+                key_burst: None,
             });
         }
     }

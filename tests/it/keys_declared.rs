@@ -327,6 +327,7 @@ route = "m"
             rate_per_s: Some(10.0),
             burst: 1,
             max_length: Some(5),
+            per_key: Some(("tenant".into(), 10.0, 1)),
         };
         let args = scripts::MoveLane {
             batch: 10,

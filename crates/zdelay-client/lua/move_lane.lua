@@ -29,6 +29,13 @@
 -- ARGV[8 + B] the route's rate in jobs per second ("" = none), ARGV[9 + B] its burst (jobs
 --   the bucket holds), ARGV[10 + B] the list's bound ("" = none: max_length), ARGV[11 + B] how
 --   long a held route waits before it looks at its list again, ms
+-- ARGV[12 + B] the header that names a job's key ("" = no per-key rate), ARGV[13 + B] the
+--   rate per key in jobs per second, ARGV[14 + B] the burst per key
+-- Per key: each key has a bucket of its own (field "k:<key>" of the flow hash: "<tokens>
+--   <refilled at ms> <the end of its last turn given, ms>"); a job without the header, or
+--   without meta, has the key "". A job whose key has no whole token, or has jobs waiting
+--   their turn, is put later instead of moved: scored at its turn plus half a millisecond,
+--   which marks it granted, so it moves then. That wait counts as deferral too.
 -- Flow control: at most the bucket's whole tokens are moved (the bucket refills at the rate,
 -- up to the burst, on Redis's clock, shared by every daemon), and never more than the list
 -- has room for below its bound. Jobs over either wait in due, in order; none is dropped. While
@@ -122,9 +129,96 @@ local DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING, DEAD_EXPIRED = 3, 4, 5, 6
 local dead_counts = { 0, 0, 0, 0, 0, 0 }
 local moved, max_lateness, kept, kept_error = 0, 0, 0, ''
 
-local ids = {}
-if allowed > 0 then ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', '0', allowed) end
+local key_header = ARGV[flow_at + 4]
+local per_key = key_header and key_header ~= ''
+local ids, scores = {}, {}
+if allowed > 0 and per_key then
+  local read = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', '0', allowed)
+  for k = 1, #read, 2 do
+    ids[#ids + 1] = read[k]
+    scores[#scores + 1] = read[k + 1]
+  end
+elseif allowed > 0 then
+  ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', '0', allowed)
+end
 local n = #ids
+
+-- Per-key rates: a job whose key has no token, or whose key has jobs waiting their turn
+-- already, is put later, at its turn (a slot one per 1/rate after the last one given to its
+-- key), scored half a millisecond past it: the half marks it granted, so at its slot it
+-- moves without asking for a token again. One key's burst waits in due order while other
+-- keys' jobs flow.
+if per_key and n > 0 then
+  local key_rate, key_burst = tonumber(ARGV[flow_at + 5]), tonumber(ARGV[flow_at + 6])
+  local step = 1000 / key_rate
+  local metas = redis.call('HMGET', meta_key, unpack(ids))
+  -- A job's key: found as text in the compact JSON producers write ('"<header>":"<value>"',
+  -- no backslash in the meta), else by decoding it.
+  local needle = '"' .. key_header .. '":"'
+  local function key_of(meta)
+    if not meta then return '' end
+    if not string.find(meta, '\\', 1, true) then
+      local _, e = string.find(meta, needle, 1, true)
+      if e then return string.sub(meta, e + 1, string.find(meta, '"', e + 1, true) - 1) end
+    end
+    local ok, m = pcall(cjson.decode, meta)
+    if ok and type(m) == 'table' and type(m.headers) == 'table' then
+      local v = m.headers[key_header]
+      if type(v) == 'string' then return v end
+    end
+    return ''
+  end
+  local buckets_of, order = {}, {}
+  local kept_ids, later = {}, {}
+  for i = 1, n do
+    if string.find(scores[i], '.5', 1, true) then
+      -- Its turn came: it waited for it.
+      kept_ids[#kept_ids + 1] = ids[i]
+    else
+      local key = key_of(metas[i])
+      local b = buckets_of[key]
+      if not b then
+        local state = redis.call('HGET', flow_key, 'k:' .. key)
+        local t, at, tail = key_burst, now_ms, now_ms
+        if state then
+          local ts, as, ls = string.match(state, '^(%S+) (%S+) (%S+)$')
+          t, at, tail = tonumber(ts) or key_burst, tonumber(as) or now_ms, tonumber(ls) or now_ms
+        end
+        if now_ms > at then t = math.min(key_burst, t + (now_ms - at) * key_rate / 1000) end
+        b = { tokens = t, tail = tail }
+        buckets_of[key] = b
+        order[#order + 1] = key
+      end
+      if b.tail <= now_ms and b.tokens >= 1 then
+        b.tokens = b.tokens - 1
+        kept_ids[#kept_ids + 1] = ids[i]
+      else
+        local slot = b.tail
+        if b.tail <= now_ms then slot = now_ms + math.ceil((1 - b.tokens) * step) end
+        b.tail = slot + step
+        local at = math.ceil(slot)
+        later[#later + 1] = at + 0.5
+        later[#later + 1] = ids[i]
+        deferred = deferred + 1
+        deferral_ms = deferral_ms + at - now_ms
+      end
+    end
+  end
+  if #later > 0 then
+    for k = 1, #later, 1000 do
+      redis.call('ZADD', due_key, 'XX', unpack(later, k, math.min(#later, k + 999)))
+    end
+  end
+  local writes = {}
+  for _, key in ipairs(order) do
+    local b = buckets_of[key]
+    writes[#writes + 1] = 'k:' .. key
+    writes[#writes + 1] = tostring(b.tokens) .. ' ' .. now_ms .. ' ' .. tostring(b.tail)
+  end
+  if #writes > 0 then redis.call('HSET', flow_key, unpack(writes)) end
+  ids = kept_ids
+  n = #ids
+end
 
 -- The payloads of ids[1..] within the byte budget. While the lane's `large` set is empty
 -- (producers list there every payload over SMALL bytes) and max_payload is at least SMALL,

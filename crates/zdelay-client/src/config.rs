@@ -517,6 +517,29 @@ fn validate_flow(
     if route.max_length == Some(0) {
         return Err(invalid(field("max_length"), "must be at least 1"));
     }
+    if let Some(rate) = &route.key_rate {
+        parse_rate(rate).map_err(|why| invalid(field("key_rate"), why))?;
+    }
+    match (&route.key_header, &route.key_rate) {
+        (Some(h), _) if h.is_empty() => {
+            return Err(invalid(field("key_header"), "must be non-empty"));
+        }
+        (Some(_), None) => return Err(invalid(field("key_header"), "needs key_rate")),
+        (None, Some(_)) => {
+            return Err(invalid(
+                field("key_rate"),
+                "needs key_header, the header naming a job's key",
+            ));
+        }
+        _ => {}
+    }
+    match route.key_burst {
+        Some(_) if route.key_rate.is_none() => {
+            return Err(invalid(field("key_burst"), "applies with key_rate only"));
+        }
+        Some(0) => return Err(invalid(field("key_burst"), "must be at least 1")),
+        _ => {}
+    }
     if sink.is_some_and(|s| !s.is_local()) {
         if route.max_length.is_some() {
             return Err(invalid(
@@ -525,11 +548,16 @@ fn validate_flow(
                  broker applies its own limits",
             ));
         }
-        if route.rate.is_some() {
-            return Err(invalid(
-                field("rate"),
-                "is built for local routes (sink \"local\") only so far",
-            ));
+        for (name, set) in [
+            ("rate", route.rate.is_some()),
+            ("key_rate", route.key_rate.is_some()),
+        ] {
+            if set {
+                return Err(invalid(
+                    field(name),
+                    "is built for local routes (sink \"local\") only so far",
+                ));
+            }
         }
     }
     Ok(())
@@ -609,6 +637,9 @@ impl Default for Config {
                 rate: None,
                 burst: None,
                 max_length: None,
+                key_header: None,
+                key_rate: None,
+                key_burst: None,
             }],
             sources: Vec::new(),
         }
@@ -1290,10 +1321,27 @@ pub struct RouteConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_length: Option<u64>,
+    /// Local routes on storage layout 2, with `key_rate`: the header whose value is a job's
+    /// key (a tenant, a customer). Each key gets its own rate, so one key's burst waits while
+    /// the other keys' jobs flow. A job without the header has the key `""`, which has a rate
+    /// of its own like any other key. Header names match exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub key_header: Option<String>,
+    /// With `key_header`: at most this many jobs of one key reach the list, like `rate`
+    /// (`"1000/s"`). Jobs over it are put later, in due order, never dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?/(s|m|h)$"))]
+    pub key_rate: Option<String>,
+    /// With `key_rate`: how many jobs of one key may go at once after a quiet spell. Default:
+    /// a tenth of a second's worth, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub key_burst: Option<u32>,
 }
 
 /// A route's flow control as the mover applies it (`move_lane`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RouteFlow {
     /// Jobs per second, when the route has a rate.
     pub rate_per_s: Option<f64>,
@@ -1301,6 +1349,9 @@ pub struct RouteFlow {
     pub burst: u32,
     /// The list's bound.
     pub max_length: Option<u64>,
+    /// Per-key rates: the header naming a job's key, jobs per second per key, and the burst
+    /// per key.
+    pub per_key: Option<(String, f64, u32)>,
 }
 
 /// A rate as configured, `<jobs>/<s|m|h>`, in jobs per second.
@@ -1329,16 +1380,27 @@ impl RouteConfig {
     /// not parse is refused by [`Config::validate`]).
     pub fn flow(&self) -> Option<RouteFlow> {
         let rate_per_s = self.rate.as_deref().and_then(|r| parse_rate(r).ok());
-        if rate_per_s.is_none() && self.max_length.is_none() {
+        let tenth = |rate: f64| (rate / 10.0).ceil().max(1.0) as u32;
+        let per_key = match (&self.key_header, self.key_rate.as_deref()) {
+            (Some(header), Some(rate)) => parse_rate(rate).ok().map(|r| {
+                (
+                    header.clone(),
+                    r,
+                    self.key_burst.unwrap_or_else(|| tenth(r)),
+                )
+            }),
+            _ => None,
+        };
+        if rate_per_s.is_none() && self.max_length.is_none() && per_key.is_none() {
             return None;
         }
-        let burst = self
-            .burst
-            .unwrap_or_else(|| (rate_per_s.unwrap_or(0.0) / 10.0).ceil().max(1.0) as u32);
         Some(RouteFlow {
             rate_per_s,
-            burst,
+            burst: self
+                .burst
+                .unwrap_or_else(|| tenth(rate_per_s.unwrap_or(0.0))),
             max_length: self.max_length,
+            per_key,
         })
     }
 

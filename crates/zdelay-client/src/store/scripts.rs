@@ -2400,6 +2400,10 @@ pub async fn move_lane(
                 .unwrap_or_default(),
         )
         .arg(HOLD_RECHECK_MS);
+    match flow.and_then(|f| f.per_key.as_ref()) {
+        Some((header, rate, burst)) => inv.arg(header).arg(rate.to_string()).arg(burst),
+        None => inv.arg("").arg("").arg(""),
+    };
     let value: Value = inv.invoke(con).await?;
     MoveReply::parse(value, 1, args.bounds_ms.len())
 }
