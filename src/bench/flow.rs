@@ -1,8 +1,9 @@
 //! `flow`: what a route's flow control costs Redis. One lane's all-due backlog is drained by
-//! `move_lane` calls three times: with no flow control, with a rate that never holds (the
-//! bucket's bookkeeping alone), and with a rate that holds (`--rate`'s first value), the
-//! mover sleeping until the time each held call names, as the daemon does. Redis CPU per job
-//! of each, and the rate the held drain reached against the one configured.
+//! `move_lane` calls: with no flow control, with a rate that never holds (the bucket's
+//! bookkeeping alone), with a rate that holds (`--rate`'s first value), the mover sleeping
+//! until the time each held call names, as the daemon does; then with jobs of 10,000 keys (a
+//! header each), without flow control and with a per-key rate that never holds. Redis CPU per
+//! job of each, and the rate the held drain reached against the one configured.
 
 use super::Env;
 use super::lane::{load_lane, register, stored_id};
@@ -15,22 +16,23 @@ use std::time::{Duration, Instant};
 use zdelay_client::config::RouteFlow;
 use zdelay_client::store::scripts::{self, Held, MoveLane};
 
+/// Keys of the per-key cases.
+const KEYS: u64 = 10_000;
+
 pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
     let n = env.args.jobs;
     let rate = *env.args.rate.first().expect("--rate has a default") as f64;
     let burst = (rate / 10.0).ceil().max(1.0) as u32;
     let ids: Vec<String> = (0..n).map(stored_id).collect();
+    let never = |per_key: Option<(String, f64, u32)>| RouteFlow {
+        rate_per_s: per_key.is_none().then_some(1e12),
+        burst: u32::MAX,
+        max_length: None,
+        per_key,
+    };
     let cases = [
-        ("no flow control", None),
-        (
-            "a rate that never holds",
-            Some(RouteFlow {
-                rate_per_s: Some(1e12),
-                burst: u32::MAX,
-                max_length: None,
-                per_key: None,
-            }),
-        ),
+        ("no flow control", None, None),
+        ("a rate that never holds", Some(never(None)), None),
         (
             "a rate that holds",
             Some(RouteFlow {
@@ -39,17 +41,24 @@ pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
                 max_length: None,
                 per_key: None,
             }),
+            None,
+        ),
+        ("10,000 keys, no flow control", None, Some(KEYS)),
+        (
+            "10,000 keys, a key rate that never holds",
+            Some(never(Some(("tenant".to_owned(), 1e12, u32::MAX)))),
+            Some(KEYS),
         ),
     ];
     let mut out = Vec::new();
-    for (what, flow) in cases {
+    for (what, flow, tenants) in cases {
         status(&format!("flow: {what}: loading"));
         let now = env.redis_now_ms();
         let due = |i: u64| backlog_due(i, n, now);
         let keys = env.scratch.keys.clone();
         let lane = register(&mut env.con, &keys, &env.scratch.lane.clone()).await?;
         let size = env.payload_size();
-        load_lane(&mut env.con, &keys, &lane, &ids, size, &due, what).await?;
+        load_lane(&mut env.con, &keys, &lane, &ids, size, &due, what, tenants).await?;
         let _: () = redis::cmd("DEL")
             .arg(&lane.keys.flow)
             .query_async(&mut env.con)
@@ -117,6 +126,8 @@ pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
         burst,
         cpu_ratio_never_holds: cpu(1),
         cpu_ratio_holds: cpu(2),
+        cpu_ratio_per_key: out[4].run.redis_cpu_s_per_million
+            / out[3].run.redis_cpu_s_per_million.max(1e-9),
         // The held drain after its first burst, against the rate configured.
         reached_rate: (n.saturating_sub(u64::from(burst))) as f64 / out[2].run.seconds.max(1e-9),
         cases: out,

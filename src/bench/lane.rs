@@ -176,6 +176,8 @@ pub(super) async fn register(con: &mut Conn, keys: &Keys, lane: &Lane) -> anyhow
     Ok(registered)
 }
 
+/// Loads `ids` into the lane; with `tenants`, job `i` carries header `tenant` = `t<i % n>`.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn load_lane(
     con: &mut Conn,
     keys: &Keys,
@@ -184,12 +186,13 @@ pub(super) async fn load_lane(
     size: usize,
     due: &impl Fn(u64) -> i64,
     what: &str,
+    tenants: Option<u64>,
 ) -> anyhow::Result<()> {
     register(con, keys, lane).await?;
     let progress = bar(ids.len() as u64, what);
     for start in (0..ids.len()).step_by(1000) {
         let end = (start + 1000).min(ids.len());
-        enqueue_chunk(con, lane, ids, start..end, size, due).await?;
+        enqueue_chunk(con, lane, ids, start..end, size, due, tenants).await?;
         progress.inc((end - start) as u64);
     }
     progress.finish_and_clear();
@@ -213,7 +216,7 @@ async fn load_side_by_side(
     let progress = bar(n as u64, "loading the three side by side");
     for start in (0..n).step_by(1000) {
         let end = (start + 1000).min(n);
-        enqueue_chunk(con, lane, lane_ids, start..end, size, due).await?;
+        enqueue_chunk(con, lane, lane_ids, start..end, size, due, None).await?;
         for ((due_key, jobs_key), ids) in bares {
             let mut pipe = redis::pipe();
             for (i, id) in ids.iter().enumerate().take(end).skip(start) {
@@ -236,15 +239,21 @@ async fn enqueue_chunk(
     range: std::ops::Range<usize>,
     size: usize,
     due: &impl Fn(u64) -> i64,
+    tenants: Option<u64>,
 ) -> anyhow::Result<()> {
     let payloads: Vec<Vec<u8>> = range.clone().map(|i| payload(i as u64, size)).collect();
+    let metas: Vec<Option<String>> = range
+        .clone()
+        .map(|i| tenants.map(|n| format!(r#"{{"headers":{{"tenant":"t{}"}}}}"#, i as u64 % n)))
+        .collect();
     let items: Vec<LaneItem> = range
         .zip(&payloads)
-        .map(|(i, p)| LaneItem {
+        .zip(&metas)
+        .map(|((i, p), meta)| LaneItem {
             id: &ids[i],
             due: Due::At(due(i as u64)),
             payload: p,
-            meta: None,
+            meta: meta.as_deref(),
             max_lateness_ms: None,
         })
         .collect();
@@ -274,7 +283,17 @@ async fn memory(
         status(what);
         env.scratch.clean(&mut env.con, false).await?;
         let before = used_memory_at(&mut env.con, &lane.list).await?;
-        load_lane(&mut env.con, &env.scratch.keys, lane, ids, size, &due, what).await?;
+        load_lane(
+            &mut env.con,
+            &env.scratch.keys,
+            lane,
+            ids,
+            size,
+            &due,
+            what,
+            None,
+        )
+        .await?;
         let after = used_memory_at(&mut env.con, &lane.list).await?;
         per_job.push((after - before) as f64 / n as f64);
         env.scratch.clean(&mut env.con, false).await?;

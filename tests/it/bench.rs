@@ -195,7 +195,7 @@ fn bench_flow_measures_the_cost_of_a_limited_route() {
     );
     let flow = &report["flow"];
     let cases = flow["cases"].as_array().expect("cases");
-    assert_eq!(cases.len(), 3, "{flow:#}");
+    assert_eq!(cases.len(), 5, "{flow:#}");
     for case in cases {
         assert_eq!(case["run"]["jobs"], 3000, "{flow:#}");
     }

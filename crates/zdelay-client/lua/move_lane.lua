@@ -168,27 +168,41 @@ if per_key and n > 0 then
     end
     return ''
   end
-  local buckets_of, order = {}, {}
-  local kept_ids, later = {}, {}
+  -- Every key of the batch, then their buckets in one read.
+  local key_at, order, seen = {}, {}, {}
   for i = 1, n do
-    if string.find(scores[i], '.5', 1, true) then
-      -- Its turn came: it waited for it.
-      kept_ids[#kept_ids + 1] = ids[i]
-    else
+    if not string.find(scores[i], '.5', 1, true) then
       local key = key_of(metas[i])
-      local b = buckets_of[key]
-      if not b then
-        local state = redis.call('HGET', flow_key, 'k:' .. key)
-        local t, at, tail = key_burst, now_ms, now_ms
-        if state then
-          local ts, as, ls = string.match(state, '^(%S+) (%S+) (%S+)$')
-          t, at, tail = tonumber(ts) or key_burst, tonumber(as) or now_ms, tonumber(ls) or now_ms
-        end
-        if now_ms > at then t = math.min(key_burst, t + (now_ms - at) * key_rate / 1000) end
-        b = { tokens = t, tail = tail }
-        buckets_of[key] = b
+      key_at[i] = key
+      if not seen[key] then
+        seen[key] = true
         order[#order + 1] = key
       end
+    end
+  end
+  local buckets_of = {}
+  if #order > 0 then
+    local fields = {}
+    for k = 1, #order do fields[k] = 'k:' .. order[k] end
+    local states = redis.call('HMGET', flow_key, unpack(fields))
+    for k = 1, #order do
+      local t, at, tail = key_burst, now_ms, now_ms
+      if states[k] then
+        local ts, as, ls = string.match(states[k], '^(%S+) (%S+) (%S+)$')
+        t, at, tail = tonumber(ts) or key_burst, tonumber(as) or now_ms, tonumber(ls) or now_ms
+      end
+      if now_ms > at then t = math.min(key_burst, t + (now_ms - at) * key_rate / 1000) end
+      buckets_of[order[k]] = { tokens = t, tail = tail }
+    end
+  end
+  local kept_ids, later = {}, {}
+  for i = 1, n do
+    local key = key_at[i]
+    if not key then
+      -- Its turn came (scored at a turn): it waited for it.
+      kept_ids[#kept_ids + 1] = ids[i]
+    else
+      local b = buckets_of[key]
       if b.tail <= now_ms and b.tokens >= 1 then
         b.tokens = b.tokens - 1
         kept_ids[#kept_ids + 1] = ids[i]
