@@ -439,21 +439,11 @@ mod tests {
     #[test]
     fn delivery_says_how_the_bench_route_goes() {
         let mut config = Config::default();
-        config.routes.push(zdelay_client::config::RouteConfig {
-            name: ROUTE.into(),
-            sink: zdelay_client::config::LOCAL_SINK.into(),
-            target: "zdelay-bench:out".into(),
-            push: Default::default(),
-            delayed_suffix: None,
-            priority: None,
-            on_missing: Default::default(),
-            rate: None,
-            burst: None,
-            max_length: None,
-            key_header: None,
-            key_rate: None,
-            key_burst: None,
-        });
+        config.routes.push(zdelay_client::config::RouteConfig::new(
+            ROUTE,
+            zdelay_client::config::LOCAL_SINK,
+            "zdelay-bench:out",
+        ));
         assert!(delivery(&config).starts_with("exactly once"));
         config.redis.cluster_nodes = vec!["redis://127.0.0.1:7000".into()];
         assert!(delivery(&config).starts_with("at least once"));

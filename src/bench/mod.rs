@@ -348,21 +348,11 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
 fn bench_config(mut config: Config, scratch: &Scratch, namespace: &str, shards: u16) -> Config {
     config.redis.namespace = namespace.to_owned();
     config.redis.shards = shards;
-    config.routes.push(RouteConfig {
-        name: ROUTE.into(),
-        sink: zdelay_client::config::LOCAL_SINK.into(),
-        target: scratch.out.clone(),
-        push: Default::default(),
-        delayed_suffix: None,
-        priority: None,
-        on_missing: Default::default(),
-        rate: None,
-        burst: None,
-        max_length: None,
-        key_header: None,
-        key_rate: None,
-        key_burst: None,
-    });
+    config.routes.push(RouteConfig::new(
+        ROUTE,
+        zdelay_client::config::LOCAL_SINK,
+        scratch.out.clone(),
+    ));
     config.sources = vec![SourceConfig {
         key: scratch.raw.source.clone(),
         score_unit: Default::default(),
@@ -395,21 +385,11 @@ impl Env {
         let prefix = format!("{ROUTE}-extra-");
         self.config.routes.retain(|r| !r.name.starts_with(&prefix));
         for (name, target) in idle::extra_routes(routes, &self.scratch.out) {
-            self.config.routes.push(RouteConfig {
+            self.config.routes.push(RouteConfig::new(
                 name,
-                sink: zdelay_client::config::LOCAL_SINK.into(),
+                zdelay_client::config::LOCAL_SINK,
                 target,
-                push: Default::default(),
-                delayed_suffix: None,
-                priority: None,
-                on_missing: Default::default(),
-                rate: None,
-                burst: None,
-                max_length: None,
-                key_header: None,
-                key_rate: None,
-                key_burst: None,
-            });
+            ));
         }
     }
 

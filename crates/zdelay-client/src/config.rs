@@ -626,21 +626,7 @@ impl Default for Config {
                 LOCAL_SINK.to_owned(),
                 SinkConfig::Redis(RedisSinkConfig::default()),
             )]),
-            routes: vec![RouteConfig {
-                name: "default".into(),
-                sink: LOCAL_SINK.into(),
-                target: "queue:default".into(),
-                push: Push::Lpush,
-                delayed_suffix: None,
-                priority: None,
-                on_missing: Default::default(),
-                rate: None,
-                burst: None,
-                max_length: None,
-                key_header: None,
-                key_rate: None,
-                key_burst: None,
-            }],
+            routes: vec![RouteConfig::new("default", LOCAL_SINK, "queue:default")],
             sources: Vec::new(),
         }
     }
@@ -1376,6 +1362,30 @@ pub fn parse_rate(text: &str) -> Result<f64, String> {
 }
 
 impl RouteConfig {
+    /// A route to `target` on `sink`, every other field at its default (push `lpush`, no
+    /// priority lane, no flow control).
+    pub fn new(
+        name: impl Into<String>,
+        sink: impl Into<String>,
+        target: impl Into<String>,
+    ) -> Self {
+        RouteConfig {
+            name: name.into(),
+            sink: sink.into(),
+            target: target.into(),
+            push: Push::Lpush,
+            delayed_suffix: None,
+            priority: None,
+            on_missing: Default::default(),
+            rate: None,
+            burst: None,
+            max_length: None,
+            key_header: None,
+            key_rate: None,
+            key_burst: None,
+        }
+    }
+
     /// Its flow control, or `None` when it has neither a rate nor a bound (a rate that does
     /// not parse is refused by [`Config::validate`]).
     pub fn flow(&self) -> Option<RouteFlow> {
