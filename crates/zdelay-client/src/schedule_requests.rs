@@ -182,6 +182,8 @@ pub async fn apply_requests(client: &Client, holder: &str) -> Result<Applied, Cl
             .query_async(&mut con)
             .await?;
         let mut applied = Applied::default();
+        // One clock read stamps the call's outcomes: it only dates them for pruning.
+        let at = store::server_time_ms(&mut con).await?;
         for (id, text) in page.into_iter().take(REQUESTS_PER_CALL) {
             let request: Result<Request, _> = serde_json::from_str(&text);
             let seq = request.as_ref().map_or(0, |r| r.seq);
@@ -205,7 +207,7 @@ pub async fn apply_requests(client: &Client, holder: &str) -> Result<Applied, Cl
             };
             let mut outcome = outcome;
             outcome["seq"] = seq.into();
-            outcome["at"] = store::server_time_ms(&mut con).await?.into();
+            outcome["at"] = at.into();
             scripts::schedule_request_done(&mut con, &keys, &id, seq, &outcome.to_string()).await?;
             applied.applied += 1;
         }

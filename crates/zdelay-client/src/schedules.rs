@@ -1199,14 +1199,11 @@ pub async fn fire_due(
                 .map(|&t| (occurrence_id(&firing.id, t), t))
                 .collect::<Vec<_>>()
         };
-        let jitter = schedule.def().jitter_ms.map(Duration::from_millis);
+        let jitter_ms = schedule.def().jitter_ms.unwrap_or(0);
         firing.deliver = jobs(&plan.deliver)
             .into_iter()
             .map(|(job, t)| {
-                let due = match crate::client::spread_due(Due::At(t), &job, jitter) {
-                    Due::At(ms) => ms,
-                    Due::In(_) => t,
-                };
+                let due = t + crate::client::spread_offset_ms(&job, jitter_ms) as i64;
                 (job, t, due)
             })
             .collect();
