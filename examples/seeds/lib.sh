@@ -76,11 +76,12 @@ has_subscriber() { [[ $(rcli PUBSUB NUMSUB "$1" | sed -n 2p) -ge 1 ]]; }
 alive() { kill -0 "$1" 2>/dev/null; }
 not_alive() { ! kill -0 "$1" 2>/dev/null; }
 
-# A loopback port nobody listens on (checked by connecting).
+# A loopback port nobody listens on (checked by connecting), below the kernel's ephemeral range
+# (32768 and up), where an outgoing connection may take it before the server binds it.
 free_port() {
     local port
     for _ in $(seq 200); do
-        port=$((20000 + RANDOM % 40000))
+        port=$((10000 + RANDOM % 22768))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             echo "$port"
             return 0
@@ -189,19 +190,35 @@ shards_polled() {
 
 # A second private redis-server on loopback, e.g. the far end of a remote `redis` sink.
 # start_redis2 picks a free port the first time (REDIS2_PORT) and the same one on a restart;
-# it starts empty (no persistence). stop_redis2: SIGTERM by pid. Stopped on exit too.
+# it starts empty (no persistence). A first start whose port was taken meanwhile (the server
+# exits at once) moves to another port. stop_redis2: SIGTERM by pid. Stopped on exit too.
 # redis-server comes from PATH, or REDIS_SERVER.
 start_redis2() {
-    [[ -n $REDIS2_PORT ]] || REDIS2_PORT=$(free_port)
+    local attempt first="" why deadline
+    [[ -n $REDIS2_PORT ]] || first=1
     mkdir -p "$WORK/redis2"
-    "${REDIS_SERVER:-redis-server}" --port "$REDIS2_PORT" --bind 127.0.0.1 --save '' \
-        --appendonly no --dir "$WORK/redis2" --logfile redis.log </dev/null >/dev/null 2>&1 &
-    REDIS2_PID=$!
-    wait_until 10 "redis-server on 127.0.0.1:$REDIS2_PORT" redis2_answers
-}
-redis2_answers() {
-    alive "$REDIS2_PID" || die "redis-server on 127.0.0.1:$REDIS2_PORT exited: $(tail -n 3 "$WORK/redis2/redis.log" 2>/dev/null)"
-    [[ $(redis-cli -p "$REDIS2_PORT" PING 2>/dev/null) == PONG ]]
+    for attempt in 1 2 3; do
+        [[ -z $first ]] || REDIS2_PORT=$(free_port)
+        rm -f "$WORK/redis2/redis.log"
+        "${REDIS_SERVER:-redis-server}" --port "$REDIS2_PORT" --bind 127.0.0.1 --save '' \
+            --appendonly no --dir "$WORK/redis2" --logfile redis.log </dev/null >/dev/null 2>&1 &
+        REDIS2_PID=$!
+        deadline=$((SECONDS + 10))
+        while alive "$REDIS2_PID" && ((SECONDS < deadline)); do
+            # By pid: another process's server on this port must not pass for ours.
+            if redis-cli -p "$REDIS2_PORT" INFO server 2>/dev/null | grep -q "^process_id:$REDIS2_PID"; then
+                return 0
+            fi
+            sleep 0.02
+        done
+        if alive "$REDIS2_PID"; then die "redis-server on 127.0.0.1:$REDIS2_PORT not answering within 10s"; fi
+        wait "$REDIS2_PID" 2>/dev/null || true
+        REDIS2_PID=""
+        why=$(tail -n 1 "$WORK/redis2/redis.log" 2>/dev/null)
+        [[ -n $first ]] || die "redis-server on 127.0.0.1:$REDIS2_PORT exited: $why"
+        echo "redis-server exited at start (attempt $attempt): $why" >&2
+    done
+    die "redis-server did not start"
 }
 stop_redis2() {
     kill -TERM "$REDIS2_PID"

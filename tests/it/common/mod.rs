@@ -11,12 +11,33 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free loopback port (bound then released; the OS does not hand it out again at once).
+/// A free loopback port, checked by binding it. Chosen below the kernel's ephemeral range
+/// (32768 and up): there, any outgoing connection may take the port between this choice and
+/// the server's bind. Taken in turn from a per-process random start so that the threads of one
+/// run never pick the same port; the cluster bus (+10000) stays below that range too.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 12_768;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id().wrapping_mul(7_919)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0))
+            % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
 /// Polls `cond` until it holds or `timeout` passes; panics with `what` on timeout.
@@ -66,6 +87,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     extra: Vec<String>,
+    /// Whether it has run once: a restart keeps its port (a daemon points at it).
+    started: bool,
 }
 
 impl RedisServer {
@@ -80,23 +103,63 @@ impl RedisServer {
             dir: tempfile::tempdir().expect("a temp dir"),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            started: false,
         };
         server.spawn();
         server
     }
 
+    /// Starts the server and waits until it answers, checking that the process answering is
+    /// this one (another test's server may hold the port). A first start whose port was taken
+    /// meanwhile moves to another port; a restart must keep its port and fails instead.
     fn spawn(&mut self) {
-        self.spawn_process(&[]);
+        let may_move = !self.started;
+        for _ in 0..5 {
+            self.spawn_process(&[]);
+            if self.wait_answering() {
+                self.started = true;
+                return;
+            }
+            let log =
+                std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+            assert!(
+                may_move,
+                "redis-server could not start again on port {}: {}",
+                self.port,
+                log.lines().last().unwrap_or("")
+            );
+            self.port = free_port();
+        }
+        panic!("redis-server did not start on five free ports");
+    }
+
+    /// True once the server answers; false when it exited first (its port was taken).
+    fn wait_answering(&mut self) -> bool {
         let url = self.url();
-        wait_for(
-            "redis-server to answer PING",
-            Duration::from_secs(10),
-            || {
-                redis::Client::open(url.as_str())
-                    .and_then(|c| c.get_connection())
-                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                    .is_ok()
-            },
+        let pid = self
+            .child
+            .as_ref()
+            .map(Child::id)
+            .expect("a started server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return false;
+            }
+            let info = redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("INFO").arg("server").query::<String>(&mut c));
+            if let Ok(info) = info {
+                if info.contains(&format!("process_id:{pid}\r\n")) {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!(
+            "redis-server on port {} did not answer within 10 s",
+            self.port
         );
     }
 
@@ -456,6 +519,8 @@ impl RedisServer {
             dir: tempfile::tempdir().expect("a temp dir"),
             child: None,
             extra: Vec::new(),
+            // The port is given: a daemon already points at it.
+            started: true,
         };
         server.spawn();
         server
