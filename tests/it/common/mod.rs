@@ -150,10 +150,8 @@ impl RedisServer {
             let info = redis::Client::open(url.as_str())
                 .and_then(|c| c.get_connection())
                 .and_then(|mut c| redis::cmd("INFO").arg("server").query::<String>(&mut c));
-            if let Ok(info) = info {
-                if info.contains(&format!("process_id:{pid}\r\n")) {
-                    return true;
-                }
+            if info.is_ok_and(|info| info.contains(&format!("process_id:{pid}\r\n"))) {
+                return true;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
