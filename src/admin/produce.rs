@@ -35,6 +35,9 @@ struct Target {
     /// Layout 2: the route of an id of the caller's own.
     dest: Option<String>,
     on_conflict: Option<String>,
+    /// With `on_conflict=debounce`: how far a waiting job may be pushed from its first
+    /// enqueue (`"1m"`).
+    max_wait: Option<String>,
 }
 
 fn produce(s: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -69,6 +72,7 @@ fn outcome(o: Enqueued) -> &'static str {
         Enqueued::Added => "added",
         Enqueued::Replaced => "replaced",
         Enqueued::Kept => "kept",
+        Enqueued::Duplicate => "duplicate",
     }
 }
 
@@ -84,14 +88,22 @@ async fn enqueue(
         .map(|v| v.to_str().map_err(|_| bad("Idempotency-Key is not text")))
         .transpose()?;
     // A request sent again under its Idempotency-Key finds its job and leaves it as it is.
-    let policy = match q.on_conflict.as_deref() {
-        None if key.is_some() => OnConflict::Keep,
-        None | Some("replace") => OnConflict::Replace,
-        Some("keep") => OnConflict::Keep,
-        Some("error") => OnConflict::Error,
-        Some(other) => {
+    let max_wait = q
+        .max_wait
+        .as_deref()
+        .map(|t| humantime::parse_duration(t).map_err(|e| bad(format!("max_wait: {e}"))))
+        .transpose()?;
+    let policy = match (q.on_conflict.as_deref(), max_wait) {
+        (Some("debounce"), Some(max_wait)) => OnConflict::Debounce { max_wait },
+        (Some("debounce"), None) => return Err(bad("on_conflict=debounce needs max_wait")),
+        (_, Some(_)) => return Err(bad("max_wait applies only with on_conflict=debounce")),
+        (None, None) if key.is_some() => OnConflict::Keep,
+        (None | Some("replace"), None) => OnConflict::Replace,
+        (Some("keep"), None) => OnConflict::Keep,
+        (Some("error"), None) => OnConflict::Error,
+        (Some(other), None) => {
             return Err(bad(format!(
-                "on_conflict: {other:?} is not replace, keep or error"
+                "on_conflict: {other:?} is not replace, keep, error or debounce"
             )));
         }
     };

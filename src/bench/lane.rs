@@ -255,6 +255,7 @@ async fn enqueue_chunk(
             payload: p,
             meta: meta.as_deref(),
             max_lateness_ms: None,
+            unique_for_ms: None,
         })
         .collect();
     let done = scripts::enqueue_lane(con, lane, OnConflict::Replace, "bench:wake", &items).await?;

@@ -45,12 +45,21 @@ pub struct EnqueueArgs {
     /// spread evenly; never before the window starts.
     #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "batch")]
     spread: Option<Duration>,
-    /// When the id exists: replace it, keep the existing job, or fail.
+    /// Unique for this long after it leaves: once the job is delivered or dead, enqueuing its
+    /// id again within this window answers "duplicate" and schedules nothing.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "batch")]
+    unique_for: Option<Duration>,
+    /// When the id exists: replace it, keep the existing job, fail, or debounce (replace it,
+    /// but a waiting job's due time never moves past its first enqueue plus --max-wait).
     #[arg(long, value_enum, default_value_t = Conflict::Replace)]
     on_conflict: Conflict,
+    /// With --on-conflict debounce: the longest a job may be pushed back from its first
+    /// enqueue.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_wait: Option<Duration>,
     /// Read jobs from FILE ("-" = stdin), one JSON object a line:
     /// {"dest","payload","payload_encoding","at"|"in","id","headers","max_attempts",
-    /// "max_lateness","spread"}.
+    /// "max_lateness","spread","unique_for"}.
     /// Prints one id per input line, in order.
     #[arg(long, conflicts_with_all = ["dest", "payload", "payload_file", "id"])]
     batch: Option<String>,
@@ -67,15 +76,21 @@ enum Conflict {
     Keep,
     /// Fail (exit 1).
     Error,
+    /// Replace it, pushing a waiting job later up to its first enqueue plus --max-wait.
+    Debounce,
 }
 
-impl From<Conflict> for OnConflict {
-    fn from(c: Conflict) -> Self {
-        match c {
-            Conflict::Replace => OnConflict::Replace,
-            Conflict::Keep => OnConflict::Keep,
-            Conflict::Error => OnConflict::Error,
+/// The policy `--on-conflict` and `--max-wait` name together.
+fn policy_of(conflict: Conflict, max_wait: Option<Duration>) -> Result<OnConflict, String> {
+    match (conflict, max_wait) {
+        (Conflict::Debounce, Some(max_wait)) => Ok(OnConflict::Debounce { max_wait }),
+        (Conflict::Debounce, None) => {
+            Err("--on-conflict debounce needs --max-wait (e.g. --max-wait 1m)".into())
         }
+        (_, Some(_)) => Err("--max-wait applies only with --on-conflict debounce".into()),
+        (Conflict::Replace, None) => Ok(OnConflict::Replace),
+        (Conflict::Keep, None) => Ok(OnConflict::Keep),
+        (Conflict::Error, None) => Ok(OnConflict::Error),
     }
 }
 
@@ -88,7 +103,7 @@ pub(super) fn parse_header(s: &str) -> Result<(String, String), String> {
 }
 
 pub async fn run(client: &Client, args: EnqueueArgs) -> anyhow::Result<i32> {
-    let policy = OnConflict::from(args.on_conflict);
+    let policy = policy_of(args.on_conflict, args.max_wait).map_err(super::UsageError)?;
     if let Some(path) = &args.batch {
         if args.output.is_json() {
             return Err(super::UsageError(
@@ -120,15 +135,21 @@ pub async fn run(client: &Client, args: EnqueueArgs) -> anyhow::Result<i32> {
     job.max_attempts = args.max_attempts;
     job.max_lateness = args.max_lateness;
     job.spread = args.spread;
+    job.unique_for = args.unique_for;
     let (id, outcome) = client.enqueue(job, policy).await?;
     if args.output.is_json() {
         let kept = outcome == Enqueued::Kept;
-        super::print_json(&serde_json::json!({ "id": id, "kept": kept }))?;
+        let duplicate = outcome == Enqueued::Duplicate;
+        super::print_json(&serde_json::json!({ "id": id, "kept": kept, "duplicate": duplicate }))?;
     } else {
         println!("{id}");
     }
-    if outcome == Enqueued::Kept {
-        eprintln!("{id} exists; kept as it was (--on-conflict keep)");
+    match outcome {
+        Enqueued::Kept => eprintln!("{id} exists; kept as it was (--on-conflict keep)"),
+        Enqueued::Duplicate => eprintln!(
+            "{id} was delivered or went dead within its unique window; not enqueued again"
+        ),
+        Enqueued::Added | Enqueued::Replaced => {}
     }
     Ok(0)
 }

@@ -297,6 +297,7 @@ route = "m"
             payload: b"p",
             meta: Some("{}"),
             max_lateness_ms: Some(5_000),
+            unique_for_ms: Some(60_000),
         };
         rt.block_on(scripts::enqueue_lane(
             &mut lcon,

@@ -165,6 +165,7 @@ fn item<'a>(id: &'a str, due_ms: i64, payload: &'a [u8]) -> LaneItem<'a> {
         payload,
         meta: None,
         max_lateness_ms: None,
+        unique_for_ms: None,
     }
 }
 

@@ -43,6 +43,7 @@ mod seeds;
 mod soak;
 mod trace;
 mod two_phase;
+mod unique;
 mod upgrade;
 
 #[test]

@@ -861,6 +861,7 @@ fn a_client_connected_before_a_reshard_follows_it_and_never_misroutes() {
         due: zdelay::Due::In(Duration::ZERO),
         envelope: b"zd1:here\n0\nx".to_vec(),
         max_lateness_ms: None,
+        unique_for_ms: None,
     };
     let call = scripts::EnqueueCall {
         keys: stale.shard(stale.shard_of("stale")),

@@ -9,6 +9,8 @@
 -- KEYS[7] max_lateness HASH {zdelay:3}:max_lateness
 -- KEYS[8] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
+-- KEYS[9] unique   HASH  {zdelay:3}:unique      id -> its unique_for window (optional: a
+--                                                cancelled job is not remembered)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
 --   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
@@ -43,6 +45,7 @@ if pending then
   redis.call('HDEL', KEYS[2], id)
   redis.call('HDEL', KEYS[4], id)
   redis.call('HDEL', KEYS[7], id)
+  if KEYS[9] then redis.call('HDEL', KEYS[9], id) end
   return 1
 end
 if redis.call('ZSCORE', KEYS[3], id) then return -1 end

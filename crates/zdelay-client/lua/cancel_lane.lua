@@ -7,6 +7,8 @@
 -- KEYS[5] large    SET    zdelay:{emj}:large:<route>   stored ids whose payload is over 4096 bytes
 -- KEYS[6] marker   STRING zdelay:{emj}:lane:<route>    "2 <lane> <LPUSH|RPUSH> <list key>" while
 --                                                       live, "retired <successor>" once moved
+-- KEYS[7] unique   HASH   zdelay:{emj}:unique:<route> stored id -> its unique_for window
+--                                                      (optional: a cancelled job is not remembered)
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
 -- ARGV[2] stored id
@@ -28,4 +30,5 @@ redis.call('HDEL', KEYS[2], id)
 redis.call('HDEL', KEYS[3], id)
 redis.call('HDEL', KEYS[4], id)
 redis.call('SREM', KEYS[5], id)
+if KEYS[7] then redis.call('HDEL', KEYS[7], id) end
 return 1

@@ -15,12 +15,23 @@
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
 --   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
 --   "layout <layout> <min version>", or "upgrading …" while it moves in)
--- ARGV[2] policy for an id that exists: "replace" | "keep" | "error"
+-- KEYS[11] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms, while it waits
+-- KEYS[12] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which the id, delivered or
+--                                               dead, is answered as a duplicate; "d:<id>" ->
+--                                               the latest due a debounced job may be pushed to.
+--                                               Both are optional (a caller that never sends
+--                                               "debounce" or "unique" may leave them out).
+-- ARGV[2] policy for an id that exists: "replace" | "keep" | "error" | "debounce <max_wait ms>"
+--   ("replace", but a job still waiting keeps its due no later than its first enqueue plus
+--   max_wait), then optionally " unique <ms>": once delivered or dead, the id is remembered for
+--   that long. An id remembered so is answered 3 (duplicate) whatever the policy.
 -- ARGV[3] wake channel (zdelay:wake); ARGV[4] shard number, sent in the wake message
 -- ARGV[5..] quadruples: id, due, envelope, max lateness in ms ("" = none). due is epoch ms, or
 --   "+N" for N ms after Redis TIME.
 -- Returns: one integer per job, in order: 1 added, 2 replaced, 0 kept (existing left as is),
---   -1 exists (policy "error"; nothing written for that job).
+--   -1 exists (policy "error"; nothing written for that job), 3 duplicate (delivered or dead
+--   within its unique window; nothing written). A malformed policy is refused with
+--   ZDELAY_BAD_REQUEST policy: …, writing nothing.
 -- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
 
 -- Layout fence: refuse a shard its caller computed with another shard count.
@@ -37,9 +48,21 @@ if layout and layout ~= ARGV[1] then
 end
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key, max_lateness_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local policy = ARGV[2]
+local unique_key, windows_key = KEYS[11], KEYS[12]
+local policy = string.match(ARGV[2], '^%a+')
+local max_wait = tonumber(string.match(ARGV[2], '^debounce (%d+)'))
+local unique_for = tonumber(string.match(ARGV[2], ' unique (%d+)$'))
+if not (policy == 'replace' or policy == 'keep' or policy == 'error' or max_wait) then
+  return redis.error_reply('ZDELAY_BAD_REQUEST policy: ' .. ARGV[2])
+end
+if (max_wait or unique_for) and not windows_key then
+  return redis.error_reply('ZDELAY_BAD_REQUEST policy: debounce and unique need the unique and windows keys')
+end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Windows that ended are dropped here, so the set holds only live ones.
+local remembered = windows_key and redis.call('EXISTS', windows_key) == 1
+if remembered then redis.call('ZREMRANGEBYSCORE', windows_key, '-inf', now_ms) end
 
 local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local head_score = head[2] and tonumber(head[2]) or nil
@@ -54,11 +77,26 @@ for i = 5, #ARGV, 4 do
     due = tonumber(due_arg)
   end
   local exists = redis.call('HEXISTS', jobs_key, id) == 1
-  if exists and policy == 'keep' then
+  if remembered and redis.call('ZSCORE', windows_key, 'u:' .. id) then
+    out[#out + 1] = 3
+  elseif exists and policy == 'keep' then
     out[#out + 1] = 0
   elseif exists and policy == 'error' then
     out[#out + 1] = -1
   else
+    if max_wait then
+      -- Debounce: a waiting job's due never passes its first enqueue plus max_wait (or, once
+      -- that has passed, its due as it stands); any other starts a window of its own.
+      local waiting = exists and redis.call('ZSCORE', due_key, id)
+      local deadline
+      if waiting then
+        deadline = tonumber(redis.call('ZSCORE', windows_key, 'd:' .. id)) or tonumber(waiting)
+      else
+        deadline = now_ms + max_wait
+        redis.call('ZADD', windows_key, deadline, 'd:' .. id)
+      end
+      if due > deadline then due = deadline end
+    end
     if exists then
       -- A replaced job leaves whatever state it was in: dead, waiting for its sink, or claimed
       -- by a two-phase sink (whose fenced ack then fails, so the old version is not
@@ -79,6 +117,11 @@ for i = 5, #ARGV, 4 do
       redis.call('HSET', max_lateness_key, id, max_lateness)
     elseif exists then
       redis.call('HDEL', max_lateness_key, id)
+    end
+    if unique_for then
+      redis.call('HSET', unique_key, id, unique_for)
+    elseif exists and unique_key then
+      redis.call('HDEL', unique_key, id)
     end
     if earliest == nil or due < earliest then earliest = due end
     out[#out + 1] = exists and 2 or 1

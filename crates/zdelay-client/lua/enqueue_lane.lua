@@ -12,15 +12,23 @@
 -- KEYS[7] reasons  HASH   zdelay:{emj}:reasons:<route> stored id -> why it died
 -- KEYS[8] marker   STRING zdelay:{emj}:lane:<route>    "2 <lane> <LPUSH|RPUSH> <list key>" while
 --                                                       live, "retired <successor>" once moved
+-- KEYS[9] unique   HASH   zdelay:{emj}:unique:<route>  stored id -> its unique_for window ms
+-- KEYS[10] windows ZSET   zdelay:{emj}:windows:<route> "u:<stored id>" -> ms until which it is
+--                                                       a duplicate; "d:<stored id>" -> the
+--                                                       latest due of a debounced job. Both
+--                                                       optional, as in enqueue_jobs.
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   error ZDELAY_LANE_MOVED <successor> (retired: re-read the lane registry), ZDELAY_LANE_CHANGED
 --   <marker> (re-read the registry), ZDELAY_NO_LANE (no marker: no daemon registered the route)
--- ARGV[2] policy for an id that exists (waiting or dead): "replace" | "keep" | "error"
+-- ARGV[2] policy for an id that exists (waiting or dead): "replace" | "keep" | "error" |
+--   "debounce <max_wait ms>", then optionally " unique <ms>" (as in enqueue_jobs)
 -- ARGV[3] wake channel (zdelay:wake); ARGV[4] the lane's wake name ("l<lane>"), sent with the due
 -- ARGV[5..] quintuples: id, due, payload, meta JSON ("" = none), max lateness in ms ("" = none).
 --   due is epoch ms, or "+N" for N ms after Redis TIME.
 -- Returns: one integer per job, in order: 1 added, 2 replaced, 0 kept (existing left as is),
---   -1 exists (policy "error"; nothing written for that job).
+--   -1 exists (policy "error"; nothing written for that job), 3 duplicate (delivered or dead
+--   within its unique window; nothing written). A malformed policy is refused with
+--   ZDELAY_BAD_REQUEST policy: …, writing nothing.
 -- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
 
 local marker = redis.call('GET', KEYS[8])
@@ -33,9 +41,21 @@ if marker ~= ARGV[1] then
 end
 local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, reasons_key = KEYS[6], KEYS[7]
-local policy = ARGV[2]
+local unique_key, windows_key = KEYS[9], KEYS[10]
+local policy = string.match(ARGV[2], '^%a+')
+local max_wait = tonumber(string.match(ARGV[2], '^debounce (%d+)'))
+local unique_for = tonumber(string.match(ARGV[2], ' unique (%d+)$'))
+if not (policy == 'replace' or policy == 'keep' or policy == 'error' or max_wait) then
+  return redis.error_reply('ZDELAY_BAD_REQUEST policy: ' .. ARGV[2])
+end
+if (max_wait or unique_for) and not windows_key then
+  return redis.error_reply('ZDELAY_BAD_REQUEST policy: debounce and unique need the unique and windows keys')
+end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Windows that ended are dropped here, so the set holds only live ones.
+local remembered = windows_key and redis.call('EXISTS', windows_key) == 1
+if remembered then redis.call('ZREMRANGEBYSCORE', windows_key, '-inf', now_ms) end
 
 local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local head_score = head[2] and tonumber(head[2]) or nil
@@ -51,11 +71,26 @@ for i = 5, #ARGV, 5 do
   end
   -- A waiting or dead job keeps its payload in jobs: one lookup answers "exists".
   local exists = redis.call('HEXISTS', jobs_key, id) == 1
-  if exists and policy == 'keep' then
+  if remembered and redis.call('ZSCORE', windows_key, 'u:' .. id) then
+    out[#out + 1] = 3
+  elseif exists and policy == 'keep' then
     out[#out + 1] = 0
   elseif exists and policy == 'error' then
     out[#out + 1] = -1
   else
+    if max_wait then
+      -- Debounce: a waiting job's due never passes its first enqueue plus max_wait (or, once
+      -- that has passed, its due as it stands); any other starts a window of its own.
+      local waiting = exists and redis.call('ZSCORE', due_key, id)
+      local deadline
+      if waiting then
+        deadline = tonumber(redis.call('ZSCORE', windows_key, 'd:' .. id)) or tonumber(waiting)
+      else
+        deadline = now_ms + max_wait
+        redis.call('ZADD', windows_key, deadline, 'd:' .. id)
+      end
+      if due > deadline then due = deadline end
+    end
     if exists then
       redis.call('ZREM', dead_key, id)
       redis.call('HDEL', reasons_key, id)
@@ -76,6 +111,11 @@ for i = 5, #ARGV, 5 do
       redis.call('HSET', maxlate_key, id, max_lateness)
     elseif exists then
       redis.call('HDEL', maxlate_key, id)
+    end
+    if unique_for then
+      redis.call('HSET', unique_key, id, unique_for)
+    elseif exists and unique_key then
+      redis.call('HDEL', unique_key, id)
     end
     if earliest == nil or due < earliest then earliest = due end
     out[#out + 1] = exists and 2 or 1

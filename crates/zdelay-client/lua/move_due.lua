@@ -22,7 +22,9 @@
 --                                               head is read, for the reply)
 -- KEYS[11] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
--- KEYS[12..] the list keys of the local routes (route target, or target .. delayed_suffix)
+-- KEYS[12] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
+-- KEYS[13] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
+-- KEYS[14..] the list keys of the local routes (route target, or target .. delayed_suffix)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
 --   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
@@ -87,6 +89,26 @@ else
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local now_ms = math.floor(now_us / 1000)
+local unique_key, windows_key = KEYS[12], KEYS[13]
+-- unique_for: an id that leaves for good (delivered or dead) and was enqueued with a window is
+-- remembered until the window ends; enqueues of it meanwhile are answered as duplicates.
+local any_unique = redis.call('EXISTS', unique_key) == 1
+local function remember(ids)
+  if not any_unique or #ids == 0 then return end
+  local windows = redis.call('HMGET', unique_key, unpack(ids))
+  local zargs, gone = {}, {}
+  for i = 1, #ids do
+    if windows[i] then
+      zargs[#zargs + 1] = now_ms + tonumber(windows[i])
+      zargs[#zargs + 1] = 'u:' .. ids[i]
+      gone[#gone + 1] = ids[i]
+    end
+  end
+  if #gone > 0 then
+    redis.call('ZADD', windows_key, unpack(zargs))
+    redis.call('HDEL', unique_key, unpack(gone))
+  end
+end
 local max_payload = tonumber(ARGV[4])
 local budget_left = tonumber(ARGV[5])
 local budget_full = budget_left
@@ -302,6 +324,7 @@ if walk_sink ~= '' then
     redis.call('ZADD', dead_key, unpack(zdead))
     redis.call('HSET', reasons_key, unpack(hdead))
     redis.call('HDEL', scheduled_key, unpack(dead_ids))
+    remember(dead_ids)
   end
 end
 
@@ -389,6 +412,7 @@ if n > 0 then
         moved[route.index] = n
         count_buckets()
         redis.call('HDEL', jobs_key, unpack(ids))
+        remember(ids)
         if redis.call('HLEN', scheduled_key) > 0 then
           -- A job released earlier may now go to a local route (config changed): forget it.
           redis.call('HDEL', scheduled_key, unpack(ids))
@@ -493,8 +517,10 @@ if n > 0 and not fast_done then
     end
     redis.call('ZADD', dead_key, unpack(zargs))
     redis.call('HSET', reasons_key, unpack(hargs))
+    remember(dead_ids)
   end
   if #delivered > 0 then redis.call('HDEL', jobs_key, unpack(delivered)) end
+  remember(delivered)
   if #ready_members > 0 then
     local zargs, hargs = {}, {}
     for j = 1, #ready_members do

@@ -17,6 +17,9 @@
 --                                                         has been held since, by its rate or
 --                                                         its list's bound; absent: flowing)
 -- KEYS[11] marker   STRING zdelay:{emj}:lane:<route>      "2 <lane> <LPUSH|RPUSH> <list key>"
+-- KEYS[12] unique   HASH   zdelay:{emj}:unique:<route>    stored id -> its unique_for window ms
+-- KEYS[13] windows  ZSET   zdelay:{emj}:windows:<route>   "u:<stored id>" -> ms until which it
+--                                                         is a duplicate (enqueue_lane)
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
 -- ARGV[2] batch size, at most 1000
@@ -77,6 +80,26 @@ else
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local now_ms = math.floor(now_us / 1000)
+local unique_key, windows_key = KEYS[12], KEYS[13]
+-- unique_for: an id that leaves for good (delivered or dead) and was enqueued with a window is
+-- remembered until the window ends; enqueues of it meanwhile are answered as duplicates.
+local any_unique = redis.call('EXISTS', unique_key) == 1
+local function remember(ids)
+  if not any_unique or #ids == 0 then return end
+  local windows = redis.call('HMGET', unique_key, unpack(ids))
+  local zargs, gone = {}, {}
+  for i = 1, #ids do
+    if windows[i] then
+      zargs[#zargs + 1] = now_ms + tonumber(windows[i])
+      zargs[#zargs + 1] = 'u:' .. ids[i]
+      gone[#gone + 1] = ids[i]
+    end
+  end
+  if #gone > 0 then
+    redis.call('ZADD', windows_key, unpack(zargs))
+    redis.call('HDEL', unique_key, unpack(gone))
+  end
+end
 local max_payload = tonumber(ARGV[4])
 local budget_left = tonumber(ARGV[5])
 local push = ARGV[6]
@@ -338,6 +361,7 @@ if n > 0 then
       moved = n
       next_due = count_buckets()
       hdel_ids(jobs_key, ids, n)
+      remember(ids)
       if redis.call('EXISTS', meta_key) == 1 then hdel_ids(meta_key, ids, n) end
       if large_listed() then redis.call('SREM', large_key, unpack(ids)) end
       -- The first n ranks are exactly the ids read above (same script, scores <= now).
@@ -423,6 +447,7 @@ if n > 0 and not done then
   -- The limit applies until the job leaves due, and so does the large set (a dead job's
   -- payload is never read by the move; a replay lists it again).
   for _, gone in ipairs({ out_ids, dead_ids }) do
+    remember(gone)
     if #gone > 0 then
       redis.call('HDEL', maxlate_key, unpack(gone))
       if large_listed() then redis.call('SREM', large_key, unpack(gone)) end

@@ -14,6 +14,8 @@
 -- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
 -- KEYS[9] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
+-- KEYS[10] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
+-- KEYS[11] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
 --   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
@@ -54,6 +56,26 @@ local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
 local token = ARGV[2]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local unique_key, windows_key = KEYS[10], KEYS[11]
+-- unique_for: an id that leaves for good (delivered or dead) and was enqueued with a window is
+-- remembered until the window ends; enqueues of it meanwhile are answered as duplicates.
+local any_unique = redis.call('EXISTS', unique_key) == 1
+local function remember(ids)
+  if not any_unique or #ids == 0 then return end
+  local windows = redis.call('HMGET', unique_key, unpack(ids))
+  local zargs, gone = {}, {}
+  for i = 1, #ids do
+    if windows[i] then
+      zargs[#zargs + 1] = now_ms + tonumber(windows[i])
+      zargs[#zargs + 1] = 'u:' .. ids[i]
+      gone[#gone + 1] = ids[i]
+    end
+  end
+  if #gone > 0 then
+    redis.call('ZADD', windows_key, unpack(zargs))
+    redis.call('HDEL', unique_key, unpack(gone))
+  end
+end
 local settled, fenced = 0, 0
 local earliest = nil
 -- Ownership of the whole batch in two reads (one command per key, not per id): a job is ours
@@ -64,7 +86,7 @@ if #ids == 0 then return { 0, 0 } end
 local leased = redis.call('ZMSCORE', inflight_key, unpack(ids))
 local records = redis.call('HMGET', scheduled_key, unpack(ids))
 -- Acks, the commonest outcome, are written in one command per key at the end.
-local acked, seen = {}, {}
+local acked, seen, died = {}, {}, {}
 local n = 0
 for i = 5, #ARGV, 4 do
   n = n + 1
@@ -88,6 +110,7 @@ for i = 5, #ARGV, 4 do
         redis.call('ZADD', ready_key, 0, member)
         redis.call('HSET', ready_ids_key, id, member)
       else
+        died[#died + 1] = id
         redis.call('HDEL', scheduled_key, id)
         redis.call('ZADD', dead_key, now_ms, id)
         redis.call('HSET', reasons_key, id, a)
@@ -103,7 +126,9 @@ if #acked > 0 then
   redis.call('ZREM', inflight_key, unpack(acked))
   redis.call('HDEL', jobs_key, unpack(acked))
   redis.call('HDEL', scheduled_key, unpack(acked))
+  remember(acked)
 end
+remember(died)
 if earliest ~= nil then
   local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
   if head[2] and tonumber(head[2]) >= earliest then

@@ -64,14 +64,26 @@ pub enum OnConflict {
     Keep,
     /// Fail with `ClientError::Exists`.
     Error,
+    /// Replace the job, but a job still waiting keeps its due time no later than its first
+    /// enqueue plus `max_wait`: each enqueue pushes it later (to the new due time), up to
+    /// that point. A job not waiting (dead, or being delivered) is replaced and starts a
+    /// window of its own.
+    Debounce { max_wait: Duration },
 }
 
 impl OnConflict {
-    pub(crate) fn as_arg(self) -> &'static str {
-        match self {
-            OnConflict::Replace => "replace",
-            OnConflict::Keep => "keep",
-            OnConflict::Error => "error",
+    /// The scripts' form (`enqueue_jobs.lua`): the policy, then ` unique <ms>` when the jobs
+    /// of the call are remembered for a window after they leave.
+    pub(crate) fn as_arg(self, unique_for_ms: Option<u64>) -> String {
+        let policy = match self {
+            OnConflict::Replace => "replace".to_owned(),
+            OnConflict::Keep => "keep".to_owned(),
+            OnConflict::Error => "error".to_owned(),
+            OnConflict::Debounce { max_wait } => format!("debounce {}", max_wait.as_millis()),
+        };
+        match unique_for_ms {
+            Some(ms) => format!("{policy} unique {ms}"),
+            None => policy,
         }
     }
 }
@@ -84,6 +96,9 @@ pub enum Enqueued {
     Replaced,
     /// The id existed and was left as it was (`OnConflict::Keep`).
     Kept,
+    /// The id was delivered or died within the unique window it was enqueued with
+    /// (`NewJob::unique_for`): nothing was written.
+    Duplicate,
 }
 
 /// Outcome of `cancel`.

@@ -108,6 +108,8 @@ impl Keys {
             lease_seq: self.shard_key(shard, ShardKey::LeaseSeq.name()),
             transit_in: self.shard_key(shard, "transit_in"),
             layout: self.layout(shard),
+            unique: self.shard_key(shard, "unique"),
+            windows: self.shard_key(shard, "windows"),
             wake_channel: self.wake_channel(),
         }
     }
@@ -370,6 +372,14 @@ pub struct ShardKeys {
     pub transit_in: String,
     /// The layout marker (see [`Keys::layout`]).
     pub layout: String,
+    /// HASH: id → its unique_for window, ms, while the job waits (`NewJob::unique_for`).
+    /// Scripts take it after the layout marker: producers that never ask for a window may
+    /// leave it out.
+    pub unique: String,
+    /// ZSET: `u:<id>` → ms until which an enqueue of the id, delivered or dead, is answered
+    /// as a duplicate; `d:<id>` → the latest due a debounced job may be pushed to. Entries
+    /// whose time has passed are dropped by the next enqueue into the shard.
+    pub windows: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
     pub wake_channel: String,
 }
@@ -463,6 +473,10 @@ pub struct LaneKeys {
     pub flow: String,
     /// STRING: the lane marker, `2 <lane> <LPUSH|RPUSH> <list key>` while live.
     pub marker: String,
+    /// HASH and ZSET: unique windows and debounce deadlines, as [`ShardKeys::unique`] and
+    /// [`ShardKeys::windows`]; taken after the marker.
+    pub unique: String,
+    pub windows: String,
 }
 
 impl LaneKeys {
@@ -485,6 +499,8 @@ impl LaneKeys {
             transit_in: key("transit_in"),
             flow: key("flow"),
             marker: key("lane"),
+            unique: key("unique"),
+            windows: key("windows"),
         }
     }
 }

@@ -677,6 +677,7 @@ impl Operator {
                         due: Due::At(now_ms),
                         envelope,
                         max_lateness_ms: stored.def.max_lateness_ms,
+                        unique_for_ms: None,
                     }];
                     let call = EnqueueCall {
                         keys: keys.clone(),
@@ -697,6 +698,7 @@ impl Operator {
                         payload: &env.payload,
                         meta: meta.as_deref(),
                         max_lateness_ms: stored.def.max_lateness_ms,
+                        unique_for_ms: None,
                     };
                     scripts::enqueue_lane(
                         &mut con,

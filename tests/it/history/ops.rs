@@ -237,6 +237,9 @@ impl Producer {
                     Ok((_, Enqueued::Added)) => Answer::Added,
                     Ok((_, Enqueued::Replaced)) => Answer::Replaced,
                     Ok((_, Enqueued::Kept)) => Answer::Kept,
+                    Ok((_, Enqueued::Duplicate)) => {
+                        unreachable!("these histories enqueue without a unique window")
+                    }
                     Err(e) => failed(e),
                 }
             }

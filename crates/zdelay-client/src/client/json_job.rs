@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// A job as one JSON object: a line of `zdelay enqueue --batch` and the body of the HTTP
 /// `POST /api/jobs`. `payload_encoding` is `utf8` (default) or `base64`; `at` is epoch ms,
-/// `in`, `max_lateness` and `spread` are durations (`"250ms"`, `"1h"`).
+/// `in`, `max_lateness`, `spread` and `unique_for` are durations (`"250ms"`, `"1h"`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobLine {
@@ -33,6 +33,8 @@ pub struct JobLine {
     max_lateness: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     spread: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    unique_for: Option<Duration>,
 }
 
 /// Parses one JSON object whose `headers` map names to strings, naming the first header
@@ -68,6 +70,7 @@ impl NewJob {
         job.max_attempts = l.max_attempts;
         job.max_lateness = l.max_lateness;
         job.spread = l.spread;
+        job.unique_for = l.unique_for;
         Ok(job)
     }
 }

@@ -119,6 +119,7 @@ struct Prepared {
     payload: Vec<u8>,
     meta: Option<String>,
     max_lateness_ms: Option<u64>,
+    unique_for_ms: Option<u64>,
     tries: u32,
 }
 
@@ -185,6 +186,7 @@ impl Client {
             payload: job.payload,
             meta,
             max_lateness_ms: job.max_lateness.map(|d| d.as_millis() as u64),
+            unique_for_ms: job.unique_for.map(|d| d.as_millis() as u64),
             tries: 0,
         })
     }
@@ -268,6 +270,7 @@ impl Client {
                             payload: &p.payload,
                             meta: p.meta.as_deref(),
                             max_lateness_ms: p.max_lateness_ms,
+                            unique_for_ms: p.unique_for_ms,
                         })
                         .collect();
                     let answers = match scripts::enqueue_lane(

@@ -203,6 +203,9 @@ pub struct NewJob {
     /// Spread over this window after `due`: the job is due at a point in it derived from its
     /// id ([`spread_offset_ms`]), the same point every time that id is enqueued.
     pub spread: Option<Duration>,
+    /// Once delivered or dead, its id is remembered this long: an enqueue of the id meanwhile
+    /// is answered [`Enqueued::Duplicate`] and writes nothing.
+    pub unique_for: Option<Duration>,
 }
 
 /// Where in a spread window of `window_ms` the job with stored id `id` falls: FNV-1a (64
@@ -240,6 +243,7 @@ impl NewJob {
             max_attempts: None,
             max_lateness: None,
             spread: None,
+            unique_for: None,
         }
     }
     /// Due at a moment: epoch milliseconds (`i64`) or a [`std::time::SystemTime`]
@@ -275,6 +279,13 @@ impl NewJob {
     /// jobs spread evenly over it, each never before the window starts.
     pub fn spread(mut self, window: Duration) -> Self {
         self.spread = Some(window);
+        self
+    }
+    /// Unique for a window after it leaves: once delivered or dead, an enqueue of its id within
+    /// `window` is answered [`Enqueued::Duplicate`] instead of scheduling it again. Costs one
+    /// sorted-set entry per id for the window (see the flow control page).
+    pub fn unique_for(mut self, window: Duration) -> Self {
+        self.unique_for = Some(window);
         self
     }
 }
@@ -790,12 +801,14 @@ impl Client {
             None => self.new_id(),
         };
         let max_lateness_ms = job.max_lateness.map(|d| d.as_millis() as u64);
+        let unique_for_ms = job.unique_for.map(|d| d.as_millis() as u64);
         let due = spread_due(job.due, &id, job.spread);
         Ok(EnqueueItem {
             id,
             due,
             envelope: envelope_of(job).encode()?,
             max_lateness_ms,
+            unique_for_ms,
         })
     }
 }
@@ -826,6 +839,7 @@ fn unprepared(item: EnqueueItem) -> NewJob {
         max_lateness: item.max_lateness_ms.map(Duration::from_millis),
         // Spread already: `due` is the point in the window.
         spread: None,
+        unique_for: item.unique_for_ms.map(Duration::from_millis),
     }
 }
 

@@ -141,6 +141,7 @@ fn jobs_are_framed_as_the_vectors_say_and_read_back() {
             max_attempts: case["max_attempts"].as_u64().map(|n| n as u32),
             max_lateness: case["max_lateness_ms"].as_u64().map(Duration::from_millis),
             spread: None,
+            unique_for: None,
         };
         let frame = bytes(case, "frame_base64");
         let encoded = envelope_of(job.clone()).encode().expect("encode");

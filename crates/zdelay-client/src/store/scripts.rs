@@ -463,6 +463,8 @@ pub struct EnqueueItem {
     pub envelope: Vec<u8>,
     /// Not delivered later than this after its due (dead, `expired`); ms.
     pub max_lateness_ms: Option<u64>,
+    /// Remembered this long once delivered or dead (`NewJob::unique_for`); ms.
+    pub unique_for_ms: Option<u64>,
 }
 
 /// One `enqueue_jobs` call: jobs of one shard.
@@ -483,14 +485,17 @@ pub async fn enqueue_jobs(
     policy: OnConflict,
     calls: &[EnqueueCall<'_>],
 ) -> redis::RedisResult<Vec<redis::RedisResult<Vec<Option<Enqueued>>>>> {
-    let invocations: Vec<Call> = calls
-        .iter()
-        .map(|call| {
+    // The unique window is one per invocation: a call's items go in runs of one window each.
+    let mut invocations: Vec<Call> = Vec::new();
+    let mut owner: Vec<usize> = Vec::new();
+    for (c, call) in calls.iter().enumerate() {
+        for run in call.items.chunk_by(|a, b| a.unique_for_ms == b.unique_for_ms) {
             let mut inv = fenced_invocation(&compiled::enqueue_jobs, "enqueue_jobs", &call.keys);
-            inv.arg(policy.as_arg())
+            inv.key(&call.keys.unique).key(&call.keys.windows);
+            inv.arg(policy.as_arg(run[0].unique_for_ms))
                 .arg(&call.keys.wake_channel)
                 .arg(call.keys.shard);
-            for item in call.items {
+            for item in run {
                 inv.arg(&item.id)
                     .arg(item.due.as_arg())
                     .arg(&item.envelope)
@@ -500,15 +505,23 @@ pub async fn enqueue_jobs(
                             .unwrap_or_default(),
                     );
             }
-            inv
-        })
-        .collect();
+            invocations.push(inv);
+            owner.push(c);
+        }
+    }
     let replies: Vec<redis::RedisResult<Vec<i64>>> =
-        pipelined_by_shard(con, &invocations, |i| calls[i].keys.shard).await?;
-    Ok(replies
-        .into_iter()
-        .map(|codes| Ok(codes?.into_iter().map(enqueued_of).collect()))
-        .collect())
+        pipelined_by_shard(con, &invocations, |i| calls[owner[i]].keys.shard).await?;
+    let mut answers: Vec<redis::RedisResult<Vec<Option<Enqueued>>>> =
+        calls.iter().map(|_| Ok(Vec::new())).collect();
+    for (reply, c) in replies.into_iter().zip(owner) {
+        // A call's runs share its shard, so a fence refuses them all alike.
+        match (&mut answers[c], reply) {
+            (Ok(codes), Ok(more)) => codes.extend(more.into_iter().map(enqueued_of)),
+            (Ok(_), Err(e)) => answers[c] = Err(e),
+            (Err(_), _) => {}
+        }
+    }
+    Ok(answers)
 }
 
 /// What an enqueue script did with one job (`enqueue_jobs`, `enqueue_lane`): `None` when
@@ -518,6 +531,7 @@ fn enqueued_of(code: i64) -> Option<Enqueued> {
         1 => Some(Enqueued::Added),
         2 => Some(Enqueued::Replaced),
         0 => Some(Enqueued::Kept),
+        3 => Some(Enqueued::Duplicate),
         _ => None,
     }
 }
@@ -528,7 +542,7 @@ pub async fn cancel_job(
     id: &str,
 ) -> redis::RedisResult<Cancelled> {
     let mut inv = fenced_invocation(&compiled::cancel_job, "cancel_job", keys);
-    let code: i64 = inv.arg(id).invoke(con).await?;
+    let code: i64 = inv.key(&keys.unique).arg(id).invoke(con).await?;
     Ok(match code {
         1 => Cancelled::Cancelled,
         -1 => Cancelled::InFlight,
@@ -1014,7 +1028,8 @@ pub async fn move_due(
     args: &MoveDue<'_>,
 ) -> redis::RedisResult<MoveReply> {
     let mut inv = fenced_invocation(&compiled::move_due, "move_due", keys);
-    let fixed = inv_key_count("move_due");
+    inv.key(&keys.unique).key(&keys.windows);
+    let fixed = inv.keys.len();
     let routes = args.routes;
     for list in routes.lists() {
         inv.key(list);
@@ -1177,12 +1192,6 @@ pub async fn ready_sinks(con: &mut Conn, keys: &ShardKeys) -> redis::RedisResult
         .collect()
 }
 
-fn inv_key_count(name: &str) -> usize {
-    SHARD_KEYS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map_or(0, |(_, keys)| keys.len())
-}
 
 /// Arguments of one `move_raw` call.
 pub struct MoveRaw<'a> {
@@ -1383,6 +1392,7 @@ pub async fn settle_jobs(
     ops: &[(&str, SettleOp<'_>)],
 ) -> redis::RedisResult<Settled> {
     let mut inv = fenced_invocation(&compiled::settle_jobs, "settle_jobs", keys);
+    inv.key(&keys.unique).key(&keys.windows);
     inv.arg(token).arg(&keys.wake_channel).arg(keys.shard);
     for (id, op) in ops {
         match op {
@@ -2301,6 +2311,8 @@ pub struct LaneItem<'a> {
     /// Meta JSON, for a job whose meta is not all defaults.
     pub meta: Option<&'a str>,
     pub max_lateness_ms: Option<u64>,
+    /// Remembered this long once delivered or dead; ms.
+    pub unique_for_ms: Option<u64>,
 }
 
 /// Adds jobs to `lane` (see `enqueue_lane.lua`): one answer per item, `None` when the id
@@ -2314,32 +2326,39 @@ pub async fn enqueue_lane(
     items: &[LaneItem<'_>],
 ) -> redis::RedisResult<Vec<Option<Enqueued>>> {
     let k = &lane.keys;
-    let mut inv = Call::new(&compiled::enqueue_lane);
-    inv.key(&k.due)
-        .key(&k.jobs)
-        .key(&k.meta)
-        .key(&k.maxlate)
-        .key(&k.large)
-        .key(&k.dead)
-        .key(&k.reasons)
-        .key(&k.marker);
-    inv.arg(lane.marker())
-        .arg(policy.as_arg())
-        .arg(wake_channel)
-        .arg(lane.wake_name());
-    for item in items {
-        inv.arg(item.id)
-            .arg(item.due.as_arg())
-            .arg(item.payload)
-            .arg(item.meta.unwrap_or_default())
-            .arg(
-                item.max_lateness_ms
-                    .map(|ms| ms.to_string())
-                    .unwrap_or_default(),
-            );
+    let mut answers = Vec::with_capacity(items.len());
+    // The unique window is one per call: the items go in runs of one window each.
+    for run in items.chunk_by(|a, b| a.unique_for_ms == b.unique_for_ms) {
+        let mut inv = Call::new(&compiled::enqueue_lane);
+        inv.key(&k.due)
+            .key(&k.jobs)
+            .key(&k.meta)
+            .key(&k.maxlate)
+            .key(&k.large)
+            .key(&k.dead)
+            .key(&k.reasons)
+            .key(&k.marker)
+            .key(&k.unique)
+            .key(&k.windows);
+        inv.arg(lane.marker())
+            .arg(policy.as_arg(run[0].unique_for_ms))
+            .arg(wake_channel)
+            .arg(lane.wake_name());
+        for item in run {
+            inv.arg(item.id)
+                .arg(item.due.as_arg())
+                .arg(item.payload)
+                .arg(item.meta.unwrap_or_default())
+                .arg(
+                    item.max_lateness_ms
+                        .map(|ms| ms.to_string())
+                        .unwrap_or_default(),
+                );
+        }
+        let codes: Vec<i64> = inv.invoke(con).await?;
+        answers.extend(codes.into_iter().map(enqueued_of));
     }
-    let codes: Vec<i64> = inv.invoke(con).await?;
-    Ok(codes.into_iter().map(enqueued_of).collect())
+    Ok(answers)
 }
 
 /// One `move_lane` call's limits.
@@ -2378,7 +2397,9 @@ pub async fn move_lane(
         .key(&k.sched_due)
         .key(&lane.list)
         .key(&k.flow)
-        .key(&k.marker);
+        .key(&k.marker)
+        .key(&k.unique)
+        .key(&k.windows);
     let flow = args.flow;
     inv.arg(lane.marker())
         .arg(args.batch)
@@ -2421,6 +2442,7 @@ pub async fn cancel_lane(con: &mut Conn, lane: &Lane, id: &str) -> redis::RedisR
         .key(&k.maxlate)
         .key(&k.large)
         .key(&k.marker)
+        .key(&k.unique)
         .arg(lane.marker())
         .arg(id)
         .invoke(con)
@@ -2881,10 +2903,15 @@ end"
             );
             let fence: Vec<&str> = fence.lines().collect();
             assert_eq!(body.get(..fence.len()), Some(&fence[..]), "{name}");
+            // After the marker, only the unique-window keys, which a producer may leave out.
+            let after_marker = format!("-- KEYS[{}]", marker_key + 1);
             assert!(
                 source.contains(&format!("-- KEYS[{marker_key}] marker"))
-                    && !source.contains(&format!("-- KEYS[{}]", marker_key + 1)),
-                "{name}: the marker is its last key"
+                    && source
+                        .lines()
+                        .filter(|l| l.starts_with(&after_marker))
+                        .all(|l| l.split_whitespace().nth(2) == Some("unique")),
+                "{name}: the marker is its last key but the unique window's"
             );
         }
     }
