@@ -79,7 +79,7 @@ enum Command {
     /// until SIGTERM or SIGINT.
     Run,
     /// Schedule a job and print its id, or many with --batch (one id per input line).
-    /// JSON (one job): {"id", "kept"} (kept: the id existed and --on-conflict keep left it).
+    /// JSON (one job): {"id", "kept", "duplicate"} (kept: the id existed and --on-conflict keep left it; duplicate: it was delivered or dead within its --unique-for window, nothing written).
     Enqueue(enqueue::EnqueueArgs),
     /// Cancel a pending job by id (exit 3 if it is delivered, dead or unknown; 1 if it is
     /// being delivered). JSON: {"id", "cancelled": true}.

@@ -33,7 +33,11 @@ target = "q:there"
         remote.url()
     );
     let config = TestConfig::new(&redis.url(), 4, &extra);
-    if layout_2 { config.on_layout_2() } else { config }
+    if layout_2 {
+        config.on_layout_2()
+    } else {
+        config
+    }
 }
 
 fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, job: NewJob) -> Enqueued {
@@ -77,7 +81,9 @@ fn unique_windows_hold(layout_2: bool) {
             Enqueued::Duplicate
         );
         assert!(
-            rt.block_on(client.get_in(dest, &id)).expect("get").is_none(),
+            rt.block_on(client.get_in(dest, &id))
+                .expect("get")
+                .is_none(),
             "{dest}: nothing written"
         );
         // After the window: scheduled and delivered again.
@@ -157,7 +163,9 @@ fn debounce_holds(layout_2: bool) {
     let before = redis_now_ms(&mut con);
     let first = NewJob::new("here", "v1").id("d").at(before + 30_000);
     assert_eq!(
-        rt.block_on(client.enqueue(first, debounce)).expect("enqueue").1,
+        rt.block_on(client.enqueue(first, debounce))
+            .expect("enqueue")
+            .1,
         Enqueued::Added
     );
     let after = redis_now_ms(&mut con);
@@ -165,7 +173,9 @@ fn debounce_holds(layout_2: bool) {
     // Pushed later by each enqueue…
     let again = NewJob::new("here", "v2").id("d").at(before + 50_000);
     assert_eq!(
-        rt.block_on(client.enqueue(again, debounce)).expect("enqueue").1,
+        rt.block_on(client.enqueue(again, debounce))
+            .expect("enqueue")
+            .1,
         Enqueued::Replaced
     );
     assert_eq!(due_of("d"), before + 50_000);
@@ -177,7 +187,10 @@ fn debounce_holds(layout_2: bool) {
         (before + 60_000..=after + 60_000).contains(&capped),
         "due {capped} is the first enqueue ({before}..{after}) plus 60 s"
     );
-    let view = rt.block_on(client.get_in("here", "d")).expect("get").expect("waiting");
+    let view = rt
+        .block_on(client.get_in("here", "d"))
+        .expect("get")
+        .expect("waiting");
     assert_eq!(
         view.envelope.expect("envelope").payload,
         b"v3",
@@ -185,7 +198,8 @@ fn debounce_holds(layout_2: bool) {
     );
     // An earlier due time is taken as asked.
     let sooner = NewJob::new("here", "v4").id("d").at(before + 10_000);
-    rt.block_on(client.enqueue(sooner, debounce)).expect("enqueue");
+    rt.block_on(client.enqueue(sooner, debounce))
+        .expect("enqueue");
     assert_eq!(due_of("d"), before + 10_000);
     // Delivered: the next enqueue starts a window of its own.
     let now = NewJob::new("here", "v5").id("d");
@@ -196,7 +210,9 @@ fn debounce_holds(layout_2: bool) {
     let restart = redis_now_ms(&mut con);
     let far = NewJob::new("here", "v6").id("d").at(restart + 600_000);
     assert_eq!(
-        rt.block_on(client.enqueue(far, debounce)).expect("enqueue").1,
+        rt.block_on(client.enqueue(far, debounce))
+            .expect("enqueue")
+            .1,
         Enqueued::Added
     );
     let capped = due_of("d");
@@ -205,7 +221,15 @@ fn debounce_holds(layout_2: bool) {
         "a new window from the new first enqueue: due {capped}, enqueued at {restart}"
     );
     // Bad input: debounce through the CLI needs its max wait.
-    let out = config.cli(&["enqueue", "--dest", "here", "--payload", "x", "--on-conflict", "debounce"]);
+    let out = config.cli(&[
+        "enqueue",
+        "--dest",
+        "here",
+        "--payload",
+        "x",
+        "--on-conflict",
+        "debounce",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("--max-wait"),

@@ -170,9 +170,13 @@ export interface Job {
   maxLateness?: number;
   /** Milliseconds: due at a point of this window after its due time, derived from its id. */
   spread?: number;
+  /** Milliseconds: once delivered or dead, an enqueue of its id within this is a "duplicate". */
+  uniqueFor?: number;
 }
-export interface Enqueued { id: string; outcome: "added" | "replaced" | "kept"; }
-export type OnConflict = "replace" | "keep" | "error";
+export interface Enqueued { id: string; outcome: "added" | "replaced" | "kept" | "duplicate"; }
+/** `{ debounce: ms }`: replace, but a waiting job is never made due later than its first
+ * enqueue plus that many milliseconds. */
+export type OnConflict = "replace" | "keep" | "error" | { debounce: number };
 
 const wholeMs = (v: number, field: string) => {
   if (!Number.isInteger(v) || v < 0) throw new InvalidJob(field, `must be whole milliseconds >= 0, got ${v}`);
@@ -248,10 +252,13 @@ function payloadOf(job: Job, maxPayload?: number): Buffer {
 }
 
 const json = (m: Record<string, unknown>) => (Object.keys(m).length ? Buffer.from(JSON.stringify(m)) : Buffer.alloc(0));
-const OUTCOMES: Record<number, Enqueued["outcome"]> = { 1: "added", 2: "replaced", 0: "kept" };
+const OUTCOMES: Record<number, Enqueued["outcome"]> = { 1: "added", 2: "replaced", 0: "kept", 3: "duplicate" };
 
-function* enqueueOp(ns: Namespace, jobs: Job[], policy: OnConflict, ids: Ids, maxPayload?: number): Op<(Enqueued | Error)[]> {
-  if (!["replace", "keep", "error"].includes(policy)) throw new InvalidJob("onConflict", `must be replace, keep or error: ${policy}`);
+function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids, maxPayload?: number): Op<(Enqueued | Error)[]> {
+  let base: string;
+  if (typeof onConflict === "object" && onConflict !== null) base = `debounce ${wholeMs(onConflict.debounce, "onConflict.debounce")}`;
+  else if (["replace", "keep", "error"].includes(onConflict)) base = onConflict;
+  else throw new InvalidJob("onConflict", `must be replace, keep, error or { debounce: ms }: ${onConflict}`);
   const results: (Enqueued | Error)[] = new Array(jobs.length);
   const groups = new Map<string, { head: Command; nkeys: number; items: [number, string, Command][] }>();
   const wake = `${ns.name}:wake`;
@@ -261,6 +268,7 @@ function* enqueueOp(ns: Namespace, jobs: Job[], policy: OnConflict, ids: Ids, ma
       const m = meta(job);
       const due = dueArg(job.at, job.delay);
       const late = job.maxLateness === undefined ? "" : String(wholeMs(job.maxLateness, "maxLateness"));
+      const policy = job.uniqueFor === undefined ? base : `${base} unique ${wholeMs(job.uniqueFor, "uniqueFor")}`;
       const lane = ns.layout === 2 ? ns.lanes.get(job.dest) : undefined;
       if (ns.layout === 2 && !lane && !ns.twoPhase.has(job.dest) && !job.dest.includes("/")) {
         const known = [...ns.lanes.keys(), ...ns.twoPhase].sort().join(", ") || "none registered";
@@ -270,8 +278,8 @@ function* enqueueOp(ns: Namespace, jobs: Job[], policy: OnConflict, ids: Ids, ma
       if (lane) {
         const stored = job.id ?? ids.storedId();
         id = job.id ?? `~${lane.number.toString(36)}.${stored}`;
-        nkeys = 8;
-        head = ["zd1_enqueue_lane", ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane"),
+        nkeys = 10;
+        head = ["zd1_enqueue_lane", ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane", "unique", "windows"),
           marker(lane), policy, wake, `l${lane.number.toString(36)}`];
         item = [stored, spreadDue(due, stored, job), payload, json(m), late];
       } else {
@@ -280,8 +288,8 @@ function* enqueueOp(ns: Namespace, jobs: Job[], policy: OnConflict, ids: Ids, ma
         if (late !== "") m.max_lateness_ms = Number(late);
         const mj = json(m);
         const frame = Buffer.concat([Buffer.from(`zd1:${job.dest}\n${mj.length}\n`), mj, payload]);
-        nkeys = 10;
-        head = ["zd1_enqueue", ...shardKeys(ns, shard, "due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards"),
+        nkeys = 12;
+        head = ["zd1_enqueue", ...shardKeys(ns, shard, "due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique", "windows"),
           ns.shards, policy, wake, shard];
         item = [id, spreadDue(due, id, job), frame, late];
       }
@@ -341,8 +349,8 @@ function ok(reply: unknown): any {
 function* cancelOp(ns: Namespace, id: string, dest?: string): Op<"cancelled" | "not_pending" | "in_flight"> {
   const [lane, stored] = place(ns, id, dest);
   const [code] = lane
-    ? yield [["FCALL", "zd1_cancel_lane", 6, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "lane"), marker(lane), stored]]
-    : yield [["FCALL", "zd1_cancel", 8, ...shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards"), ns.shards, id]];
+    ? yield [["FCALL", "zd1_cancel_lane", 7, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "lane", "unique"), marker(lane), stored]]
+    : yield [["FCALL", "zd1_cancel", 9, ...shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique"), ns.shards, id]];
   return ({ 1: "cancelled", 0: "not_pending", [-1]: "in_flight" } as const)[Number(ok(code)) as 1 | 0 | -1];
 }
 

@@ -70,6 +70,41 @@ test("jobs are stored as zdelay stores them, framed as the vectors say, and deli
   }
 });
 
+test("unique windows and debounce answer as the CLI does", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`);
+  const redis = new Redis(server.url);
+  const client = new zdelay.Client(new Redis(server.url));
+  const now = async () => { const [s, us] = await redis.time(); return Number(s) * 1000 + Math.floor(Number(us) / 1000); };
+  try {
+    assert.equal((await client.enqueue({ dest: "emails", payload: "once", id: "u1", uniqueFor: 300_000 })).outcome, "added");
+    await waitFor("delivered", async () => (await redis.lrange("q:emails", 0, -1)).includes("once"));
+    // Delivered within its window: a duplicate whatever the policy, and nothing written.
+    assert.equal((await client.enqueue({ dest: "emails", payload: "again", id: "u1" })).outcome, "duplicate");
+    assert.equal((await client.enqueue({ dest: "emails", payload: "again", id: "u1" }, "error")).outcome, "duplicate");
+    assert.equal(await client.get("u1"), null);
+    assert.equal(JSON.parse(daemon.cli("enqueue", "--dest", "emails", "--id", "u1", "--payload", "x", "-o", "json")).duplicate, true);
+
+    // Debounce: pushed later by each enqueue, never past the first enqueue plus max wait.
+    const before = await now();
+    await client.enqueue({ dest: "emails", payload: "v1", id: "d1", at: before + 30_000 }, { debounce: 60_000 });
+    const after = await now();
+    const again = await client.enqueue({ dest: "emails", payload: "v2", id: "d1", at: before + 600_000 }, { debounce: 60_000 });
+    assert.equal(again.outcome, "replaced");
+    const due = (await client.get("d1")).dueMs;
+    assert.ok(due >= before + 60_000 && due <= after + 60_000, `${due}`);
+    daemon.cli("enqueue", "--dest", "emails", "--id", "d1", "--payload", "v3", "--at", String(before + 40_000),
+      "--on-conflict", "debounce", "--max-wait", "60s");
+    assert.equal((await client.get("d1")).dueMs, before + 40_000);
+    await assert.rejects(client.enqueue({ dest: "emails", payload: "x" }, "debounce"), (e) => e instanceof zdelay.InvalidJob && e.field === "onConflict");
+  } finally {
+    redis.disconnect();
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
 test("schedules are set, paused, resumed and deleted through a daemon, planned as the CLI plans them", async () => {
   const server = await startRedis();
   const daemon = await startDaemon(`url = "${server.url}"`);

@@ -83,6 +83,33 @@ def test_a_job_is_stored_as_zdelay_stores_it_and_delivered(daemon, redis_url):
     assert sorted(r.lrange("q:emails", 0, -1)) == sorted(f"p{i}".encode() for i in range(300))
 
 
+def test_unique_windows_and_debounce_answer_as_the_cli_does(daemon, redis_url):
+    client = zdelay.Client.from_url(redis_url)
+    r = redis.Redis.from_url(redis_url)
+    assert client.enqueue("emails", "once", id="u1", unique_for=timedelta(minutes=5)).outcome == "added"
+    wait_for("delivered", lambda: b"once" in r.lrange("q:emails", 0, -1))
+    # Delivered within its window: a duplicate, whatever the policy, and nothing written.
+    assert client.enqueue("emails", "again", id="u1").outcome == "duplicate"
+    assert client.enqueue("emails", "again", id="u1", on_conflict="error").outcome == "duplicate"
+    assert client.get("u1") is None
+    assert json.loads(daemon.cli("enqueue", "--dest", "emails", "--id", "u1", "--payload", "x", "-o", "json"))["duplicate"]
+
+    # Debounce: each enqueue pushes the job later, never past its first enqueue plus max_wait.
+    debounce = zdelay.Debounce(timedelta(seconds=60))
+    before = int(r.time()[0]) * 1000 + int(r.time()[1]) // 1000
+    client.enqueue("emails", "v1", id="d1", at=before + 30_000, on_conflict=debounce)
+    after = int(r.time()[0]) * 1000 + int(r.time()[1]) // 1000
+    assert client.enqueue("emails", "v2", id="d1", at=before + 600_000, on_conflict=debounce).outcome == "replaced"
+    job = client.get("d1")
+    assert before + 60_000 <= job["due_ms"] <= after + 60_000 and job["payload"] == b"v2"
+    daemon.cli("enqueue", "--dest", "emails", "--id", "d1", "--payload", "v3", "--at", str(before + 40_000),
+               "--on-conflict", "debounce", "--max-wait", "60s")
+    assert client.get("d1")["due_ms"] == before + 40_000
+    with pytest.raises(zdelay.InvalidJob) as e:
+        client.enqueue("emails", "x", on_conflict="debounce")
+    assert e.value.field == "on_conflict"
+
+
 def test_bad_input_is_refused_by_name_and_writes_nothing(daemon, redis_url):
     client = zdelay.Client.from_url(redis_url, max_payload=100)
     r = redis.Redis.from_url(redis_url)

@@ -133,6 +133,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn policies_are_sent_as_the_scripts_read_them() {
+        assert_eq!(OnConflict::Keep.as_arg(None), "keep");
+        assert_eq!(
+            OnConflict::Replace.as_arg(Some(3_600_000)),
+            "replace unique 3600000"
+        );
+        let debounce = OnConflict::Debounce {
+            max_wait: Duration::from_secs(60),
+        };
+        assert_eq!(debounce.as_arg(None), "debounce 60000");
+        assert_eq!(debounce.as_arg(Some(5)), "debounce 60000 unique 5");
+    }
+
+    #[test]
     fn at_takes_rfc3339_and_epoch_ms() {
         assert_eq!(parse_at("1700000000000"), Ok(1_700_000_000_000));
         assert_eq!(parse_at("2023-11-14T22:13:20.250Z"), Ok(1_700_000_000_250));

@@ -2,6 +2,7 @@
 
 from ._core import (
     PROTOCOL,
+    Debounce,
     Enqueued,
     Fenced,
     InvalidJob,
@@ -17,6 +18,6 @@ from ._core import (
 from .client import AsyncClient, Client
 
 __all__ = [
-    "PROTOCOL", "AsyncClient", "Client", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
+    "PROTOCOL", "AsyncClient", "Client", "Debounce", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
     "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused", "UnknownDestination", "ZdelayError",
 ]

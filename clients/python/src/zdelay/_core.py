@@ -246,11 +246,18 @@ class Job(NamedTuple):
     max_attempts: Optional[int] = None
     max_lateness: Optional[Span] = None
     spread: Optional[Span] = None
+    unique_for: Optional[Span] = None  # once delivered or dead, its id is a duplicate this long
 
 
 class Enqueued(NamedTuple):
     id: str
-    outcome: str  # "added", "replaced" or "kept"
+    outcome: str  # "added", "replaced", "kept" or "duplicate"
+
+
+class Debounce(NamedTuple):
+    """on_conflict=Debounce(max_wait): replace, but a waiting job is never made due later
+    than its first enqueue plus max_wait."""
+    max_wait: Span
 
 
 def _ms(value: Span, name: str) -> int:
@@ -334,14 +341,18 @@ def checked(job: Job, max_payload: Optional[int]) -> Tuple[bytes, Dict[str, Any]
 
 
 POLICIES = {"replace", "keep", "error"}
-OUTCOMES = {1: "added", 2: "replaced", 0: "kept"}
-SHARD_ENQUEUE = ("due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards")
-LANE_ENQUEUE = ("due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane")
+OUTCOMES = {1: "added", 2: "replaced", 0: "kept", 3: "duplicate"}
+SHARD_ENQUEUE = ("due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique", "windows")
+LANE_ENQUEUE = ("due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane", "unique", "windows")
 
 
-def enqueue(ns: Namespace, jobs: List[Job], policy: str, ids: _Ids, max_payload: Optional[int]) -> Op:
-    if policy not in POLICIES:
-        raise InvalidJob("on_conflict", f"must be one of replace, keep, error: {policy!r}")
+def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], ids: _Ids, max_payload: Optional[int]) -> Op:
+    if isinstance(on_conflict, Debounce):
+        base = f"debounce {_ms(on_conflict.max_wait, 'max_wait')}"
+    elif on_conflict in POLICIES:
+        base = on_conflict
+    else:
+        raise InvalidJob("on_conflict", f"must be one of replace, keep, error or Debounce(max_wait): {on_conflict!r}")
     results: List[Any] = [None] * len(jobs)
     groups: Dict[Tuple[str, ...], List[Tuple[int, str, List[Any]]]] = {}
     wake = f"{ns.name}:wake"
@@ -354,6 +365,7 @@ def enqueue(ns: Namespace, jobs: List[Job], policy: str, ids: _Ids, max_payload:
                 known = ", ".join(sorted(ns.lanes) + sorted(ns.two_phase)) or "none registered"
                 raise UnknownDestination(f"unknown destination {job.dest!r}; routes: {known}")
             late_arg = "" if late is None else str(late)
+            policy = base if job.unique_for is None else f"{base} unique {_ms(job.unique_for, 'unique_for')}"
             if lane is not None:
                 stored = job.id or ids.stored()
                 job_id = job.id or f"~{base36(lane.number)}.{stored}"
@@ -375,7 +387,7 @@ def enqueue(ns: Namespace, jobs: List[Job], policy: str, ids: _Ids, max_payload:
     for head, items in groups.items():
         for start in range(0, len(items), 500):
             chunk = items[start : start + 500]
-            keys = 8 if head[0] == "zd1_enqueue_lane" else 10
+            keys = len(LANE_ENQUEUE) if head[0] == "zd1_enqueue_lane" else len(SHARD_ENQUEUE)
             calls.append(("FCALL", head[0], keys, *head[1:], *[a for _, _, item in chunk for a in item]))
             members.append(chunk)
     replies = yield calls
@@ -407,12 +419,12 @@ def _place(ns: Namespace, job_id: str, dest: Optional[str]) -> Tuple[Optional[La
 def cancel(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
     lane, stored = _place(ns, job_id, dest)
     if lane is not None:
-        keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "large", "lane")
-        (code,) = yield [("FCALL", "zd1_cancel_lane", 6, *keys, lane.marker, stored)]
+        keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "large", "lane", "unique")
+        (code,) = yield [("FCALL", "zd1_cancel_lane", 7, *keys, lane.marker, stored)]
     else:
         shard = shard_of(job_id, ns.shards)
-        keys = ns.shard_keys(shard, "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards")
-        (code,) = yield [("FCALL", "zd1_cancel", 8, *keys, ns.shards, job_id)]
+        keys = ns.shard_keys(shard, "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique")
+        (code,) = yield [("FCALL", "zd1_cancel", 9, *keys, ns.shards, job_id)]
     return {1: "cancelled", 0: "not_pending", -1: "in_flight"}[_ok(code)]
 
 

@@ -13,7 +13,10 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from . import _core
-from ._core import Enqueued, Fenced, Job, JobExists, Moment, Namespace, NotApplied, Op, Span
+from ._core import Debounce, Enqueued, Fenced, Job, JobExists, Moment, Namespace, NotApplied, Op, Span
+
+# "replace", "keep", "error", or Debounce(max_wait).
+Policy = Union[str, Debounce]
 
 POLL = 0.02  # seconds between reads of a schedule request's outcome
 
@@ -91,7 +94,7 @@ class Client(_Base):
         except Fenced:
             return _drive(make(self._namespace(again=True)), self._execute)
 
-    def enqueue_many(self, jobs: Sequence[Job], on_conflict: str = "replace") -> List[Union[Enqueued, Exception]]:
+    def enqueue_many(self, jobs: Sequence[Job], on_conflict: Policy = "replace") -> List[Union[Enqueued, Exception]]:
         """One result per job, in order: `Enqueued`, or the error of that job alone."""
         jobs = list(jobs)
         results = self._run(lambda ns: _core.enqueue(ns, jobs, on_conflict, self._ids, self.max_payload))
@@ -105,10 +108,11 @@ class Client(_Base):
                 results[i] = r
         return results
 
-    def enqueue(self, dest: str, payload: Union[bytes, str], *, on_conflict: str = "replace", **kw: Any) -> Enqueued:
+    def enqueue(self, dest: str, payload: Union[bytes, str], *, on_conflict: Policy = "replace", **kw: Any) -> Enqueued:
         """Enqueue one job: `at` (aware datetime or epoch ms) or `delay` (on Redis's clock),
-        `id`, `headers`, `max_attempts`, `max_lateness`. Raises `JobExists` with
-        on_conflict="error"."""
+        `id`, `headers`, `max_attempts`, `max_lateness`, `spread`, `unique_for`. Raises
+        `JobExists` with on_conflict="error"; outcome "duplicate": delivered or dead within
+        its unique window, nothing written."""
         return self._one(self.enqueue_many([_job(dest, payload, **kw)], on_conflict))
 
     def cancel(self, id: str, dest: Optional[str] = None) -> str:
@@ -192,7 +196,7 @@ class AsyncClient(_Base):
         except Fenced:
             return await self._drive(make(await self._namespace(again=True)))
 
-    async def enqueue_many(self, jobs: Sequence[Job], on_conflict: str = "replace") -> List[Union[Enqueued, Exception]]:
+    async def enqueue_many(self, jobs: Sequence[Job], on_conflict: Policy = "replace") -> List[Union[Enqueued, Exception]]:
         jobs = list(jobs)
         results = await self._run(lambda ns: _core.enqueue(ns, jobs, on_conflict, self._ids, self.max_payload))
         again = _refused(results)
@@ -203,7 +207,7 @@ class AsyncClient(_Base):
                 results[i] = r
         return results
 
-    async def enqueue(self, dest: str, payload: Union[bytes, str], *, on_conflict: str = "replace", **kw: Any) -> Enqueued:
+    async def enqueue(self, dest: str, payload: Union[bytes, str], *, on_conflict: Policy = "replace", **kw: Any) -> Enqueued:
         return self._one(await self.enqueue_many([_job(dest, payload, **kw)], on_conflict))
 
     async def cancel(self, id: str, dest: Optional[str] = None) -> str:

@@ -489,7 +489,10 @@ pub async fn enqueue_jobs(
     let mut invocations: Vec<Call> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
     for (c, call) in calls.iter().enumerate() {
-        for run in call.items.chunk_by(|a, b| a.unique_for_ms == b.unique_for_ms) {
+        for run in call
+            .items
+            .chunk_by(|a, b| a.unique_for_ms == b.unique_for_ms)
+        {
             let mut inv = fenced_invocation(&compiled::enqueue_jobs, "enqueue_jobs", &call.keys);
             inv.key(&call.keys.unique).key(&call.keys.windows);
             inv.arg(policy.as_arg(run[0].unique_for_ms))
@@ -1191,7 +1194,6 @@ pub async fn ready_sinks(con: &mut Conn, keys: &ShardKeys) -> redis::RedisResult
         })
         .collect()
 }
-
 
 /// Arguments of one `move_raw` call.
 pub struct MoveRaw<'a> {
