@@ -55,6 +55,11 @@ pub struct RouteFlowState {
     pub route: String,
     pub rate: Option<String>,
     pub max_length: Option<u64>,
+    /// The per-key rate: the header naming a job's key, and the rate each key gets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_header: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_rate: Option<String>,
     /// Since when the route holds back due work (Redis ms); `None`: flowing.
     pub held_since_ms: Option<i64>,
 }
@@ -315,6 +320,8 @@ async fn flow_states(
             route: route.name.clone(),
             rate: route.rate.clone(),
             max_length: route.max_length,
+            key_header: route.key_header.clone(),
+            key_rate: route.key_rate.clone(),
             held_since_ms: held,
         });
     }

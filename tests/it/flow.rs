@@ -409,15 +409,34 @@ fn a_spread_burst_is_flat_over_its_window_none_early_and_each_id_falls_in_one_pl
 }
 
 #[test]
-fn the_forecast_draws_a_limited_route_s_drain_line_at_its_rate() {
+fn the_forecast_and_the_console_show_what_each_limit_will_do() {
     let redis = RedisServer::start();
     let config = TestConfig::new(
         &redis.url(),
         4,
-        "[[routes]]\nname = \"limited\"\nsink = \"local\"\ntarget = \"q:l\"\nrate = \"10/s\"\n",
+        r#"
+[[routes]]
+name = "limited"
+sink = "local"
+target = "q:l"
+rate = "10/s"
+
+[[routes]]
+name = "bounded"
+sink = "local"
+target = "q:b"
+max_length = 5
+
+[[routes]]
+name = "keyed"
+sink = "local"
+target = "q:k"
+key_header = "tenant"
+key_rate = "50/s"
+"#,
     )
     .on_layout_2();
-    let _daemon = Daemon::start(&config);
+    let daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
     let mut con = redis.conn();
@@ -440,6 +459,50 @@ fn the_forecast_draws_a_limited_route_s_drain_line_at_its_rate() {
     assert!(
         text.contains("route limited is limited to 10.0/s, 600 per step"),
         "{text}"
+    );
+
+    // The console, in a real browser: each limit, and whether its route holds work back now.
+    let now = redis_now_ms(&mut con);
+    enqueue(&rt, &client, "bounded", 10, |_| now);
+    wait_for("the bounded route held", Duration::from_secs(10), || {
+        daemon.metric(
+            "zdelay_route_held",
+            &[("route", "bounded"), ("by", "max_length")],
+        ) == 1.0
+    });
+    let out = std::process::Command::new(crate::common::venv_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/it/py/console_flow.py"
+        ))
+        .arg(format!("http://127.0.0.1:{}/", config.admin_port))
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "browser script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let row = |table: &str, route: &str| -> Vec<String> {
+        serde_json::from_value(page[table][route].clone()).unwrap_or_else(|_| panic!("{page:#}"))
+    };
+    assert_eq!(row("flow", "limited")[..4], ["limited", "10/s", "—", "—"]);
+    assert_eq!(row("flow", "limited")[4], "flowing");
+    assert_eq!(
+        row("flow", "keyed")[..4],
+        ["keyed", "—", "50/s per tenant", "—"]
+    );
+    assert_eq!(row("flow", "bounded")[..4], ["bounded", "—", "—", "5"]);
+    assert!(
+        row("flow", "bounded")[4].starts_with("held for"),
+        "{page:#}"
+    );
+    let limited = row("limits", "limited");
+    assert_eq!(limited[..3], ["limited", "10", "600"], "{page:#}");
+    assert!(
+        limited[4].contains('+'),
+        "the step over its rate is named: {page:#}"
     );
 }
 

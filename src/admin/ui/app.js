@@ -178,6 +178,19 @@ pages.overview = async function () {
         num((waiting[k.name] || {}).jobs || 0), num((waiting[k.name] || {}).oldest_age_ms || 0),
         el("td", { text: when(k.at, now) }))).concat(unchecked)));
 
+  if ((s.flow || []).length > 0) {
+    // Routes with a rate or a bound on their list: held means due work waits for it.
+    out.push(el("h2", { text: "Flow control" }));
+    out.push(table(["route", "rate", "per key", "max length", "now"], s.flow.map(f =>
+      el("tr", { "data-flow": f.route },
+        el("td", { text: f.route }),
+        el("td", { text: f.rate ?? "—" }),
+        el("td", { text: f.key_rate ? `${f.key_rate} per ${f.key_header}` : "—" }),
+        num(f.max_length ?? "—"),
+        el("td", { class: f.held_since_ms === null ? "up" : "down",
+          text: f.held_since_ms === null ? "flowing" : `held for ${span(Math.max(0, now - f.held_since_ms))}` }))), { id: "flow" }));
+  }
+
   out.push(el("h2", { text: "Delivered per minute (last 15 minutes, every daemon)" }));
   out.push(minuteChart(s.recent.minutes.slice(-15)));
   return out;
@@ -212,6 +225,16 @@ pages.forecast = async function () {
     el("div", { class: "card" }, "drained per step (last hour's rate)", el("b", { id: "forecast-drain", text: f.drain_per_step ?? "—" })),
     el("div", { class: "card" }, "spikes", el("b", { id: "forecast-spikes", class: f.steps.some(s => s.spike) ? "spike" : null, text: f.steps.filter(s => s.spike).length }))));
   out.push(forecastChart(f));
+  const limited = Object.entries(f.route_limits || {});
+  if (limited.length > 0) {
+    // A limited route drains at its own rate, whatever the namespace's recent pace.
+    out.push(el("h2", { text: "Rate-limited routes" }));
+    out.push(table(["route", { t: "rate / s", n: 1 }, { t: "per step", n: 1 }, "overdue clears in", "steps over its rate"],
+      limited.map(([name, l]) => el("tr", { "data-limit": name },
+        el("td", { text: name }), num(l.rate_per_s), num(l.drain_per_step),
+        el("td", { text: span(l.overdue_clears_in_ms) }),
+        el("td", { text: l.over_rate_steps.map(i => `+${span(i * f.step_ms)}`).join(", ") || "none" }))), { id: "route-limits" }));
+  }
   const shards = Object.keys(f.overdue_by_shard);
   const sources = Object.keys(f.overdue_by_source);
   out.push(el("h2", { text: "Per step" }));
