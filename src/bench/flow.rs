@@ -9,7 +9,7 @@ use super::Env;
 use super::lane::{load_lane, register, stored_id};
 use super::load::{backlog_due, status};
 use super::measure::{llen, redis_cpu_at};
-use super::report::{FlowBench, FlowCase, Throughput};
+use super::report::{FlowBench, FlowCase, KeyBurst, Throughput};
 use crate::metrics::LATENESS_BOUNDS_MS;
 use anyhow::ensure;
 use std::time::{Duration, Instant};
@@ -118,6 +118,7 @@ pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
             deferred,
         });
     }
+    let key_burst = key_burst(env).await?;
     let cpu = |k: usize| {
         out[k].run.redis_cpu_s_per_million / out[0].run.redis_cpu_s_per_million.max(1e-9)
     };
@@ -131,5 +132,101 @@ pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
         // The held drain after its first burst, against the rate configured.
         reached_rate: (n.saturating_sub(u64::from(burst))) as f64 / out[2].run.seconds.max(1e-9),
         cases: out,
+        key_burst,
     })
+}
+
+/// Key "a"'s `--jobs` jobs and key "b"'s 100, all due now, "b"'s last in due order, at
+/// 1,000/s per key: how long "b" waits while the mover sets "a"'s burst aside.
+async fn key_burst(env: &mut Env) -> anyhow::Result<KeyBurst> {
+    const OTHER: u64 = 100;
+    let n = env.args.jobs;
+    status("flow: one key's burst ahead of another's: loading");
+    let keys = env.scratch.keys.clone();
+    let lane = register(&mut env.con, &keys, &env.scratch.lane.clone()).await?;
+    let ids: Vec<String> = (0..n + OTHER).map(stored_id).collect();
+    let now = env.redis_now_ms();
+    let size = env.payload_size();
+    // Jobs 0..n are key a's (tenant t0 of one), then b's (t0 of one as well: a new lane key).
+    load_lane(
+        &mut env.con,
+        &keys,
+        &lane,
+        &ids[..n as usize],
+        size,
+        &|_| now,
+        "key a",
+        Some(1),
+    )
+    .await?;
+    let meta = r#"{"headers":{"tenant":"b"}}"#;
+    let payloads: Vec<Vec<u8>> = (0..OTHER).map(|i| i.to_string().into_bytes()).collect();
+    let items: Vec<scripts::LaneItem> = ids[n as usize..]
+        .iter()
+        .zip(&payloads)
+        .map(|(id, p)| scripts::LaneItem {
+            id,
+            due: zdelay_client::Due::At(now),
+            payload: p,
+            meta: Some(meta),
+            max_lateness_ms: None,
+            unique_for_ms: None,
+        })
+        .collect();
+    scripts::enqueue_lane(
+        &mut env.con,
+        &lane,
+        zdelay_client::OnConflict::Replace,
+        "bench:wake",
+        &items,
+    )
+    .await?;
+    let flow = RouteFlow {
+        rate_per_s: None,
+        burst: 0,
+        max_length: None,
+        per_key: Some(("tenant".to_owned(), 1000.0, 100)),
+    };
+    let args = MoveLane {
+        batch: env.batch,
+        now_ms: None,
+        max_payload: env.config.poller.max_payload.max(size),
+        batch_bytes: env.config.poller.batch_bytes,
+        bounds_ms: LATENESS_BOUNDS_MS,
+        flow: Some(&flow),
+    };
+    status("flow: one key's burst ahead of another's: draining");
+    let others = &ids[n as usize..];
+    let mut probe = env.con.clone();
+    let cpu0 = redis_cpu_at(&mut probe, &lane.list).await?;
+    let started = Instant::now();
+    let mut calls = 0u64;
+    loop {
+        scripts::move_lane(&mut env.con, &lane, &args).await?;
+        calls += 1;
+        let waiting: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+            .arg(&lane.keys.due)
+            .arg(others)
+            .query_async(&mut env.con)
+            .await?;
+        if waiting.iter().all(Option::is_none) {
+            break;
+        }
+        ensure!(calls < 100_000, "key b's jobs never left");
+    }
+    let waited = started.elapsed();
+    let cpu = redis_cpu_at(&mut probe, &lane.list).await? - cpu0;
+    env.scratch.clean(&mut env.con, false).await?;
+    let out = KeyBurst {
+        burst_jobs: n,
+        other_key_waited_ms: waited.as_secs_f64() * 1000.0,
+        // All but key a's burst (100) are set aside before b's jobs are reached.
+        redis_cpu_us_per_job_set_aside: cpu * 1e6 / n.max(1) as f64,
+        calls,
+    };
+    status(&format!(
+        "  one key's burst of {n}: the other key waited {:.0} ms, {:.2} µs Redis CPU per job set aside",
+        out.other_key_waited_ms, out.redis_cpu_us_per_job_set_aside
+    ));
+    Ok(out)
 }

@@ -374,6 +374,21 @@ pub(super) struct FlowBench {
     pub(super) cpu_ratio_per_key: f64,
     /// Jobs/s of the held drain after its first burst.
     pub(super) reached_rate: f64,
+    /// One key's burst ahead of another key's few jobs, all due at one moment.
+    pub(super) key_burst: KeyBurst,
+}
+
+/// `--mode flow`'s per-key burst: key "a" has `--jobs` jobs and key "b" 100, all due at one
+/// moment, "b"'s last in due order, at 1,000/s per key (burst 100). "b" waits only while the
+/// movers set "a"'s burst aside, one job at a time.
+#[derive(Debug, Serialize)]
+pub(super) struct KeyBurst {
+    pub(super) burst_jobs: u64,
+    /// From the first move call until every one of "b"'s jobs was on the list, ms.
+    pub(super) other_key_waited_ms: f64,
+    /// Redis CPU per job of "a" set aside, µs.
+    pub(super) redis_cpu_us_per_job_set_aside: f64,
+    pub(super) calls: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -859,6 +874,12 @@ fn render_flow(s: &mut String, f: &FlowBench) {
         s,
         "  a key rate over 10,000 keys vs the same jobs without flow control: {:.2} Redis CPU per job",
         f.cpu_ratio_per_key
+    );
+    let k = &f.key_burst;
+    let _ = writeln!(
+        s,
+        "  one key's burst of {} ahead of another key's 100 (1,000/s per key): the other key waited {:.0} ms; {:.2} µs Redis CPU per job set aside, {} calls",
+        k.burst_jobs, k.other_key_waited_ms, k.redis_cpu_us_per_job_set_aside, k.calls
     );
 }
 

@@ -157,9 +157,9 @@ local per_key = key_header and key_header ~= ''
 local ids, scores = {}, {}
 if allowed > 0 and per_key then
   local read = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', '0', allowed)
-  for k = 1, #read, 2 do
-    ids[#ids + 1] = read[k]
-    scores[#scores + 1] = read[k + 1]
+  for k = 1, #read / 2 do
+    ids[k] = read[2 * k - 1]
+    scores[k] = read[2 * k]
   end
 elseif allowed > 0 then
   ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', '0', allowed)
@@ -191,12 +191,14 @@ if per_key and n > 0 then
     end
     return ''
   end
-  -- Every key of the batch, then their buckets in one read.
-  local key_at, order, seen = {}, {}, {}
+  -- Every key of the batch, then their buckets in one read. A key's jobs mostly carry the
+  -- same meta, so each distinct meta is parsed once, and a job finds its bucket by its meta.
+  local key_by_meta, order, seen = {}, {}, {}
   for i = 1, n do
-    if not string.find(scores[i], '.5', 1, true) then
-      local key = key_of(metas[i])
-      key_at[i] = key
+    local meta = metas[i] or ''
+    if key_by_meta[meta] == nil then
+      local key = key_of(meta ~= '' and meta or nil)
+      key_by_meta[meta] = key
       if not seen[key] then
         seen[key] = true
         order[#order + 1] = key
@@ -204,47 +206,44 @@ if per_key and n > 0 then
     end
   end
   local buckets_of = {}
-  if #order > 0 then
-    local fields = {}
-    for k = 1, #order do fields[k] = 'k:' .. order[k] end
-    local states = redis.call('HMGET', flow_key, unpack(fields))
-    for k = 1, #order do
-      local t, at, tail = key_burst, now_ms, now_ms
-      if states[k] then
-        local ts, as, ls = string.match(states[k], '^(%S+) (%S+) (%S+)$')
-        t, at, tail = tonumber(ts) or key_burst, tonumber(as) or now_ms, tonumber(ls) or now_ms
-      end
-      if now_ms > at then t = math.min(key_burst, t + (now_ms - at) * key_rate / 1000) end
-      buckets_of[order[k]] = { tokens = t, tail = tail }
+  local fields = {}
+  for k = 1, #order do fields[k] = 'k:' .. order[k] end
+  local states = redis.call('HMGET', flow_key, unpack(fields))
+  for k = 1, #order do
+    local t, at, tail = key_burst, now_ms, now_ms
+    if states[k] then
+      local ts, as, ls = string.match(states[k], '^(%S+) (%S+) (%S+)$')
+      t, at, tail = tonumber(ts) or key_burst, tonumber(as) or now_ms, tonumber(ls) or now_ms
     end
+    if now_ms > at then t = math.min(key_burst, t + (now_ms - at) * key_rate / 1000) end
+    buckets_of[order[k]] = { tokens = t, tail = tail }
   end
-  local kept_ids, later = {}, {}
+  local bucket_by_meta = {}
+  for meta, key in pairs(key_by_meta) do bucket_by_meta[meta] = buckets_of[key] end
+  local kept_ids, later, kept_n, later_n = {}, {}, 0, 0
+  local ceil, byte = math.ceil, string.byte
   for i = 1, n do
-    local key = key_at[i]
-    if not key then
-      -- Its turn came (scored at a turn): it waited for it.
-      kept_ids[#kept_ids + 1] = ids[i]
+    local b = bucket_by_meta[metas[i] or '']
+    -- A granted turn's score ends in ".5": it waited for its turn and goes now.
+    local granted = byte(scores[i], -2) == 46
+    if granted or (b.tail <= now_ms and b.tokens >= 1) then
+      if not granted then b.tokens = b.tokens - 1 end
+      kept_n = kept_n + 1
+      kept_ids[kept_n] = ids[i]
     else
-      local b = buckets_of[key]
-      if b.tail <= now_ms and b.tokens >= 1 then
-        b.tokens = b.tokens - 1
-        kept_ids[#kept_ids + 1] = ids[i]
-      else
-        local slot = b.tail
-        if b.tail <= now_ms then slot = now_ms + math.ceil((1 - b.tokens) * step) end
-        b.tail = slot + step
-        local at = math.ceil(slot)
-        later[#later + 1] = at + 0.5
-        later[#later + 1] = ids[i]
-        deferred = deferred + 1
-        deferral_ms = deferral_ms + at - now_ms
-      end
+      local slot = b.tail
+      if slot <= now_ms then slot = now_ms + ceil((1 - b.tokens) * step) end
+      b.tail = slot + step
+      local at = ceil(slot)
+      later[later_n + 1] = at + 0.5
+      later[later_n + 2] = ids[i]
+      later_n = later_n + 2
+      deferred = deferred + 1
+      deferral_ms = deferral_ms + at - now_ms
     end
   end
-  if #later > 0 then
-    for k = 1, #later, 1000 do
-      redis.call('ZADD', due_key, 'XX', unpack(later, k, math.min(#later, k + 999)))
-    end
+  for k = 1, later_n, 1000 do
+    redis.call('ZADD', due_key, 'XX', unpack(later, k, math.min(later_n, k + 999)))
   end
   local writes = {}
   for _, key in ipairs(order) do
