@@ -65,8 +65,8 @@ fn a_rate_limited_route_goes_at_its_rate_across_three_daemons_in_order_none_twic
 name = "limited"
 sink = "local"
 target = "q:limited"
-rate = "2000/s"
-burst = 200
+rate = "10000/s"
+burst = 1000
 
 [[routes]]
 name = "free"
@@ -83,11 +83,18 @@ target = "q:free"
     let rt = crate::common::runtime();
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
     let mut con = redis.conn();
-    // 10,000 jobs due within 100 ms of one another: a burst the rate spreads over 5 s.
-    const N: usize = 10_000;
-    let base = redis_now_ms(&mut con) + 500;
-    let due = |i: usize| base + (i / 100) as i64;
+    // 300,000 jobs due within 100 ms of one another: a burst the rate spreads over 30 s.
+    const N: usize = 300_000;
+    let base = redis_now_ms(&mut con) + 2_000;
+    let due = |i: usize| base + (i / 3_000) as i64;
+    // The consumer pops from the start, so a slow enqueue cannot bunch its pops.
+    let mut consumer_con = redis.conn();
+    let consumer = std::thread::spawn(move || {
+        consume(&mut consumer_con, "q:limited", N, Duration::from_secs(45))
+    });
+    let enqueue_start = Instant::now();
     enqueue(&rt, &client, "limited", N, due);
+    eprintln!("{N} jobs enqueued in {:?}", enqueue_start.elapsed());
     // Another route on the same namespace, due while the limited one is held.
     let mut free_con = redis.conn();
     let url = redis.url();
@@ -102,7 +109,7 @@ target = "q:free"
         (at, got)
     });
 
-    let got = consume(&mut con, "q:limited", N, Duration::from_secs(30));
+    let got = consumer.join().expect("consumer");
     assert_eq!(got.len(), N, "every job arrives");
     let ids: HashSet<usize> = got.iter().map(|(_, i)| *i).collect();
     assert_eq!(ids.len(), N, "none twice");
@@ -129,15 +136,16 @@ target = "q:free"
         most = most.max(end - start + 1);
     }
     assert!(
-        most <= 2_310,
-        "{most} jobs within one second; the rate is 2000/s with a burst of 200"
+        most <= 11_550,
+        "{most} jobs within one second; the rate is 10000/s with a burst of 1000"
     );
-    let took = (times[N - 1] - times[0]) as f64 / 1000.0;
-    let expected = (N - 200) as f64 / 2000.0;
+    // All within 30 s ± 5 % of their due moment: the burst at once, then 10,000 a second.
+    let took = (times[N - 1] - base) as f64 / 1000.0;
+    let expected = (N - 1000) as f64 / 10_000.0;
     eprintln!("{N} jobs in {took:.2} s (expected {expected:.2} s); at most {most} in one second");
     assert!(
-        took >= expected * 0.95 && took <= expected * 1.15,
-        "{N} jobs took {took:.2} s; at 2000/s after a burst of 200: {expected:.2} s"
+        took >= expected * 0.95 && took <= expected * 1.05,
+        "{N} jobs took {took:.2} s; at 10000/s after a burst of 1000: {expected:.2} s"
     );
 
     // The wait while held is deferral, reported apart from lateness.
@@ -610,70 +618,72 @@ key_burst = 100
     let _daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
-    let mut con = redis.conn();
-    // Tenant A's 100,000 jobs and then tenant B's 100, all due at one moment a few seconds
-    // ahead: A's come first in due order.
-    let at = redis_now_ms(&mut con) + 8_000;
+    // As the issue tells it: tenant A enqueues 100,000 jobs due now, then tenant B 100 due
+    // now. (All of them due at one moment, B's last in due order, is measured by `zdelay
+    // bench --mode flow`: there B waits while the mover sets A's whole burst aside.)
     let tenant_jobs = |tenant: &str, n: usize| -> Vec<NewJob> {
         (0..n)
-            .map(|i| {
-                NewJob::new("hooks", format!("{tenant}{i}"))
-                    .at(at)
-                    .header("tenant", tenant)
-            })
+            .map(|i| NewJob::new("hooks", format!("{tenant}{i}")).header("tenant", tenant))
             .collect()
     };
+    // A consumer from the start, on its own thread.
+    let mut consumer_con = redis.conn();
+    let consumer = std::thread::spawn(move || {
+        let mut got: Vec<(i64, String)> = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let popped: Option<Vec<String>> = redis::cmd("RPOP")
+                .arg("q:hooks")
+                .arg(1000)
+                .query(&mut consumer_con)
+                .unwrap();
+            let now = epoch_ms();
+            match popped {
+                Some(items) => got.extend(items.into_iter().map(|p| (now, p))),
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+            let b = got.iter().filter(|(_, p)| p.starts_with('b')).count();
+            if b == 100 && got.len() >= 3_500 {
+                break;
+            }
+        }
+        got
+    });
+    let a_start = epoch_ms();
     for chunk in tenant_jobs("a", 100_000).chunks(5000) {
         let r = rt
             .block_on(client.enqueue_batch(chunk.to_vec(), OnConflict::Replace))
             .unwrap();
         assert!(r.iter().all(Result::is_ok));
     }
+    let b_start = epoch_ms();
     let r = rt
         .block_on(client.enqueue_batch(tenant_jobs("b", 100), OnConflict::Replace))
         .unwrap();
     assert!(r.iter().all(Result::is_ok));
-    assert!(
-        redis_now_ms(&mut con) < at - 500,
-        "enqueued before the moment"
-    );
-    // A consumer from the moment on.
-    let mut got: Vec<(i64, String)> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        let popped: Option<Vec<String>> = redis::cmd("RPOP")
-            .arg("q:hooks")
-            .arg(1000)
-            .query(&mut con)
-            .unwrap();
-        let now = epoch_ms();
-        match popped {
-            Some(items) => got.extend(items.into_iter().map(|p| (now, p))),
-            None => std::thread::sleep(Duration::from_millis(1)),
-        }
-        if got.iter().filter(|(_, p)| p.starts_with('b')).count() == 100 && now > at + 3_000 {
-            break;
-        }
-    }
-    let b_last = got
+    let got = consumer.join().expect("consumer");
+    let b_times: Vec<i64> = got
         .iter()
         .filter(|(_, p)| p.starts_with('b'))
         .map(|(t, _)| *t)
-        .max();
-    let b_count = got.iter().filter(|(_, p)| p.starts_with('b')).count();
-    assert_eq!(b_count, 100, "tenant B's jobs all arrive");
-    let b_after = b_last.unwrap() - at;
-    eprintln!("tenant B's 100 jobs arrived within {b_after} ms of their due time");
+        .collect();
+    assert_eq!(b_times.len(), 100, "tenant B's jobs all arrive");
+    let b_after = b_times.iter().max().unwrap() - b_start;
+    eprintln!(
+        "tenant A's 100,000 enqueued in {} ms; tenant B's 100 arrived within {b_after} ms of their enqueue",
+        b_start - a_start
+    );
     // Behind A's whole burst at A's rate B would wait 100 s; how soon it goes is measured,
     // not asserted: timing aims belong in the benchmark.
     assert!(
         b_after < 2_000,
         "tenant B waited {b_after} ms behind tenant A's burst"
     );
-    // Tenant A goes at its rate: 3 s after the moment, its burst and about 3,000 more.
+    // Tenant A goes at its rate: in the 3 s from its first enqueue, its burst (100) and about
+    // 3,000 more.
     let a_by_3s = got
         .iter()
-        .filter(|(t, p)| p.starts_with('a') && *t <= at + 3_000)
+        .filter(|(t, p)| p.starts_with('a') && *t <= a_start + 3_000)
         .count();
     eprintln!("tenant A: {a_by_3s} jobs in the first 3 s");
     assert!(
