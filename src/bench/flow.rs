@@ -119,6 +119,7 @@ pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
         });
     }
     let key_burst = key_burst(env).await?;
+    let (unique_waiting, unique_remembered) = unique_memory(env).await?;
     let cpu = |k: usize| {
         out[k].run.redis_cpu_s_per_million / out[0].run.redis_cpu_s_per_million.max(1e-9)
     };
@@ -133,14 +134,86 @@ pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
         reached_rate: (n.saturating_sub(u64::from(burst))) as f64 / out[2].run.seconds.max(1e-9),
         cases: out,
         key_burst,
+        unique_bytes_per_waiting_job: unique_waiting,
+        unique_bytes_per_remembered_id: unique_remembered,
     })
+}
+
+/// `--jobs` jobs with 26-character ids enqueued with a one-hour unique window, then moved:
+/// bytes per id of the window while they wait (`unique`) and once delivered (`windows`).
+async fn unique_memory(env: &mut Env) -> anyhow::Result<(f64, f64)> {
+    let n = env.args.jobs;
+    status("flow: unique windows: loading");
+    let keys = env.scratch.keys.clone();
+    let lane = register(&mut env.con, &keys, &env.scratch.lane.clone()).await?;
+    let now = env.redis_now_ms();
+    let ids: Vec<String> = (0..n).map(|i| format!("{:026}", i)).collect();
+    let payload = b"x".to_vec();
+    for chunk in ids.chunks(1000) {
+        let items: Vec<scripts::LaneItem> = chunk
+            .iter()
+            .map(|id| scripts::LaneItem {
+                id,
+                due: zdelay_client::Due::At(now),
+                payload: &payload,
+                meta: None,
+                max_lateness_ms: None,
+                unique_for_ms: Some(3_600_000),
+            })
+            .collect();
+        scripts::enqueue_lane(
+            &mut env.con,
+            &lane,
+            zdelay_client::OnConflict::Replace,
+            "bench:wake",
+            &items,
+        )
+        .await?;
+    }
+    let probe = env.con.clone();
+    let usage = |key: String| {
+        let mut con = probe.clone();
+        async move {
+            let bytes: Option<u64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut con)
+                .await?;
+            anyhow::Ok(bytes.unwrap_or(0) as f64 / n.max(1) as f64)
+        }
+    };
+    let waiting = usage(lane.keys.unique.clone()).await?;
+    status("flow: unique windows: moving");
+    let args = MoveLane {
+        batch: env.batch,
+        now_ms: None,
+        max_payload: env.config.poller.max_payload,
+        batch_bytes: env.config.poller.batch_bytes,
+        bounds_ms: LATENESS_BOUNDS_MS,
+        flow: None,
+    };
+    let mut moved = 0;
+    while moved < n {
+        moved += scripts::move_lane(&mut env.con, &lane, &args)
+            .await?
+            .moved_total();
+    }
+    let remembered = usage(lane.keys.windows.clone()).await?;
+    env.scratch.clean(&mut env.con, false).await?;
+    status(&format!(
+        "  unique windows: {waiting:.0} B per job waiting, {remembered:.0} B per id remembered"
+    ));
+    Ok((waiting, remembered))
 }
 
 /// Key "a"'s `--jobs` jobs and key "b"'s 100, all due now, "b"'s last in due order, at
 /// 1,000/s per key: how long "b" waits while the mover sets "a"'s burst aside.
 async fn key_burst(env: &mut Env) -> anyhow::Result<KeyBurst> {
     const OTHER: u64 = 100;
-    let n = env.args.jobs;
+    // The burst: 100,000 (fewer with a smaller --jobs).
+    let n = env.args.jobs.min(100_000);
     status("flow: one key's burst ahead of another's: loading");
     let keys = env.scratch.keys.clone();
     let lane = register(&mut env.con, &keys, &env.scratch.lane.clone()).await?;

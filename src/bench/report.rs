@@ -376,6 +376,11 @@ pub(super) struct FlowBench {
     pub(super) reached_rate: f64,
     /// One key's burst ahead of another key's few jobs, all due at one moment.
     pub(super) key_burst: KeyBurst,
+    /// What unique windows hold in Redis: `MEMORY USAGE` per id of the lane's `unique` HASH
+    /// (jobs waiting with a window) and of its `windows` ZSET (ids delivered within theirs),
+    /// for `--jobs` ids of 26 characters.
+    pub(super) unique_bytes_per_waiting_job: f64,
+    pub(super) unique_bytes_per_remembered_id: f64,
 }
 
 /// `--mode flow`'s per-key burst: key "a" has `--jobs` jobs and key "b" 100, all due at one
@@ -880,6 +885,11 @@ fn render_flow(s: &mut String, f: &FlowBench) {
         s,
         "  one key's burst of {} ahead of another key's 100 (1,000/s per key): the other key waited {:.0} ms; {:.2} µs Redis CPU per job set aside, {} calls",
         k.burst_jobs, k.other_key_waited_ms, k.redis_cpu_us_per_job_set_aside, k.calls
+    );
+    let _ = writeln!(
+        s,
+        "  unique windows: {:.0} B per job waiting with one, {:.0} B per id remembered after delivery",
+        f.unique_bytes_per_waiting_job, f.unique_bytes_per_remembered_id
     );
 }
 

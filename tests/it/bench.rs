@@ -204,6 +204,19 @@ fn bench_flow_measures_the_cost_of_a_limited_route() {
     // 3,000 jobs at 5,000/s after a burst of 500: about half a second, never much faster.
     let reached = flow["reached_rate"].as_f64().unwrap();
     assert!(reached <= 5000.0 * 1.05, "{flow:#}");
+    // Another key's jobs were reached behind one key's burst, and unique windows take room.
+    assert_eq!(flow["key_burst"]["burst_jobs"], 3000, "{flow:#}");
+    assert!(
+        flow["key_burst"]["calls"].as_u64().unwrap() >= 3,
+        "{flow:#}"
+    );
+    for field in [
+        "unique_bytes_per_waiting_job",
+        "unique_bytes_per_remembered_id",
+    ] {
+        let bytes = flow[field].as_f64().unwrap();
+        assert!((20.0..400.0).contains(&bytes), "{field}: {flow:#}");
+    }
 }
 
 /// `--mode idle`: one daemon per config, measured once its wake-ups are confirmed, stopped,
