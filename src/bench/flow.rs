@@ -161,7 +161,7 @@ async fn unique_memory(env: &mut Env) -> anyhow::Result<(f64, f64)> {
                 unique_for_ms: Some(3_600_000),
             })
             .collect();
-        scripts::enqueue_lane(
+        let done = scripts::enqueue_lane(
             &mut env.con,
             &lane,
             zdelay_client::OnConflict::Replace,
@@ -169,6 +169,11 @@ async fn unique_memory(env: &mut Env) -> anyhow::Result<(f64, f64)> {
             &items,
         )
         .await?;
+        ensure!(
+            done.iter()
+                .all(|d| *d == Some(zdelay_client::Enqueued::Added)),
+            "unique windows: an id was not added (left from an earlier run?)"
+        );
     }
     let probe = env.con.clone();
     let usage = |key: String| {
@@ -196,9 +201,11 @@ async fn unique_memory(env: &mut Env) -> anyhow::Result<(f64, f64)> {
     };
     let mut moved = 0;
     while moved < n {
-        moved += scripts::move_lane(&mut env.con, &lane, &args)
+        let now_moved = scripts::move_lane(&mut env.con, &lane, &args)
             .await?
             .moved_total();
+        ensure!(now_moved > 0, "unique windows: a move call moved nothing");
+        moved += now_moved;
     }
     let remembered = usage(lane.keys.windows.clone()).await?;
     env.scratch.clean(&mut env.con, false).await?;

@@ -63,6 +63,8 @@ impl Scratch {
                 shard.sched_quarantine,
                 shard.max_lateness,
                 shard.history,
+                shard.unique,
+                shard.windows,
             ]);
             out.extend([self.bare.due(s), self.bare.jobs(s)]);
         }
@@ -74,7 +76,7 @@ impl Scratch {
                 .iter()
                 .filter(|kind| **kind != ShardKey::Layout);
             out.extend(data.map(|kind| k.get(*kind).to_owned()));
-            out.push(k.transit_in);
+            out.extend([k.transit_in, k.unique, k.windows]);
         }
         let lane = self.lane.keys.clone();
         out.extend([lane.due, lane.jobs, lane.meta, lane.maxlate, lane.large]);
@@ -86,7 +88,7 @@ impl Scratch {
             lane.sched_env,
         ]);
         out.extend([lane.sched_due, lane.sched_fired, lane.sched_quarantine]);
-        out.extend([lane.transit_in, lane.flow]);
+        out.extend([lane.transit_in, lane.flow, lane.unique, lane.windows]);
         for (due, jobs) in &self.lane_bare {
             out.extend([due.clone(), jobs.clone()]);
         }
