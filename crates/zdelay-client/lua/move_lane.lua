@@ -191,14 +191,21 @@ if per_key and n > 0 then
     end
     return ''
   end
-  -- Every key of the batch, then their buckets in one read. A key's jobs mostly carry the
-  -- same meta, so each distinct meta is parsed once, and a job finds its bucket by its meta.
-  local key_by_meta, order, seen = {}, {}, {}
+  -- Every key of the batch, then their buckets in one read. A burst of one key's jobs carry
+  -- the same meta one after another: a job whose meta is its predecessor's has its key.
+  -- A granted turn's score ends in ".5": it waited for its turn and goes now.
+  local key_at, order, seen = {}, {}, {}
+  local last_meta, last_key = nil, nil
+  local byte = string.byte
   for i = 1, n do
-    local meta = metas[i] or ''
-    if key_by_meta[meta] == nil then
-      local key = key_of(meta ~= '' and meta or nil)
-      key_by_meta[meta] = key
+    if byte(scores[i], -2) ~= 46 then
+      local meta = metas[i]
+      local key = last_key
+      if meta ~= last_meta then
+        key = key_of(meta)
+        last_meta, last_key = meta, key
+      end
+      key_at[i] = key
       if not seen[key] then
         seen[key] = true
         order[#order + 1] = key
@@ -208,7 +215,7 @@ if per_key and n > 0 then
   local buckets_of = {}
   local fields = {}
   for k = 1, #order do fields[k] = 'k:' .. order[k] end
-  local states = redis.call('HMGET', flow_key, unpack(fields))
+  local states = #order > 0 and redis.call('HMGET', flow_key, unpack(fields)) or {}
   for k = 1, #order do
     local t, at, tail = key_burst, now_ms, now_ms
     if states[k] then
@@ -218,16 +225,13 @@ if per_key and n > 0 then
     if now_ms > at then t = math.min(key_burst, t + (now_ms - at) * key_rate / 1000) end
     buckets_of[order[k]] = { tokens = t, tail = tail }
   end
-  local bucket_by_meta = {}
-  for meta, key in pairs(key_by_meta) do bucket_by_meta[meta] = buckets_of[key] end
   local kept_ids, later, kept_n, later_n = {}, {}, 0, 0
-  local ceil, byte = math.ceil, string.byte
+  local ceil = math.ceil
   for i = 1, n do
-    local b = bucket_by_meta[metas[i] or '']
-    -- A granted turn's score ends in ".5": it waited for its turn and goes now.
-    local granted = byte(scores[i], -2) == 46
-    if granted or (b.tail <= now_ms and b.tokens >= 1) then
-      if not granted then b.tokens = b.tokens - 1 end
+    local key = key_at[i]
+    local b = key and buckets_of[key]
+    if not key or (b.tail <= now_ms and b.tokens >= 1) then
+      if key then b.tokens = b.tokens - 1 end
       kept_n = kept_n + 1
       kept_ids[kept_n] = ids[i]
     else
