@@ -171,10 +171,10 @@ mod tests {
         let unique: std::collections::HashSet<_> = keys.iter().collect();
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
         // Per shard: five job keys, three two-phase keys, six schedule and lateness keys,
-        // the death history, two bare keys, and its spread shard's seventeen; then the raw
-        // source's three keys, the list, the lane's fourteen data keys, its flow control state
-        // and its two bare comparisons.
-        assert_eq!(keys.len(), 2 * (17 + 17) + 4 + 15 + 4);
+        // the death history, the unique windows' two, two bare keys, and its spread shard's
+        // nineteen; then the raw source's three keys, the list, the lane's fourteen data keys,
+        // its flow control state, its unique windows' two and its two bare comparisons.
+        assert_eq!(keys.len(), 2 * (19 + 19) + 4 + 17 + 4);
         for k in s.registry_keys() {
             assert!(
                 k.starts_with("{zdelay-bench}:")
