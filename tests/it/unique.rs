@@ -75,11 +75,6 @@ fn unique_windows_hold(layout_2: bool) {
                 .1;
             assert_eq!(answer, Enqueued::Duplicate, "{dest}, {policy:?}");
         }
-        // Even without a window of its own, the id is remembered.
-        assert_eq!(
-            enqueue(&rt, &client, NewJob::new(dest, "plain").id(&id)),
-            Enqueued::Duplicate
-        );
         assert!(
             rt.block_on(client.get_in(dest, &id))
                 .expect("get")

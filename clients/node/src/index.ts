@@ -269,6 +269,9 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
       const due = dueArg(job.at, job.delay);
       const late = job.maxLateness === undefined ? "" : String(wholeMs(job.maxLateness, "maxLateness"));
       const policy = job.uniqueFor === undefined ? base : `${base} unique ${wholeMs(job.uniqueFor, "uniqueFor")}`;
+      // The unique-window keys only for calls that use them: a producer whose ACL predates
+      // them still enqueues.
+      const windows = policy === onConflict ? [] : ["unique", "windows"];
       const lane = ns.layout === 2 ? ns.lanes.get(job.dest) : undefined;
       if (ns.layout === 2 && !lane && !ns.twoPhase.has(job.dest) && !job.dest.includes("/")) {
         const known = [...ns.lanes.keys(), ...ns.twoPhase].sort().join(", ") || "none registered";
@@ -278,8 +281,8 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
       if (lane) {
         const stored = job.id ?? ids.storedId();
         id = job.id ?? `~${lane.number.toString(36)}.${stored}`;
-        nkeys = 10;
-        head = ["zd1_enqueue_lane", ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane", "unique", "windows"),
+        nkeys = 8 + windows.length;
+        head = ["zd1_enqueue_lane", ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane", ...windows),
           marker(lane), policy, wake, `l${lane.number.toString(36)}`];
         item = [stored, spreadDue(due, stored, job), payload, json(m), late];
       } else {
@@ -288,8 +291,8 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
         if (late !== "") m.max_lateness_ms = Number(late);
         const mj = json(m);
         const frame = Buffer.concat([Buffer.from(`zd1:${job.dest}\n${mj.length}\n`), mj, payload]);
-        nkeys = 12;
-        head = ["zd1_enqueue", ...shardKeys(ns, shard, "due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique", "windows"),
+        nkeys = 10 + windows.length;
+        head = ["zd1_enqueue", ...shardKeys(ns, shard, "due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards", ...windows),
           ns.shards, policy, wake, shard];
         item = [id, spreadDue(due, id, job), frame, late];
       }
@@ -348,9 +351,15 @@ function ok(reply: unknown): any {
 
 function* cancelOp(ns: Namespace, id: string, dest?: string): Op<"cancelled" | "not_pending" | "in_flight"> {
   const [lane, stored] = place(ns, id, dest);
-  const [code] = lane
-    ? yield [["FCALL", "zd1_cancel_lane", 7, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "lane", "unique"), marker(lane), stored]]
-    : yield [["FCALL", "zd1_cancel", 9, ...shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique"), ns.shards, id]];
+  let code: unknown;
+  // With the job's unique-window key, so its window entry goes too; a user whose ACL
+  // predates that key cancels without it.
+  for (const window of [["unique"], []]) {
+    [code] = lane
+      ? yield [["FCALL", "zd1_cancel_lane", 6 + window.length, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "lane", ...window), marker(lane), stored]]
+      : yield [["FCALL", "zd1_cancel", 8 + window.length, ...shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", ...window), ns.shards, id]];
+    if (!(code instanceof Error && code.message.startsWith("NOPERM"))) break;
+  }
   return ({ 1: "cancelled", 0: "not_pending", [-1]: "in_flight" } as const)[Number(ok(code)) as 1 | 0 | -1];
 }
 

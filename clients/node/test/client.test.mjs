@@ -80,10 +80,10 @@ test("unique windows and debounce answer as the CLI does", async () => {
     assert.equal((await client.enqueue({ dest: "emails", payload: "once", id: "u1", uniqueFor: 300_000 })).outcome, "added");
     await waitFor("delivered", async () => (await redis.lrange("q:emails", 0, -1)).includes("once"));
     // Delivered within its window: a duplicate whatever the policy, and nothing written.
-    assert.equal((await client.enqueue({ dest: "emails", payload: "again", id: "u1" })).outcome, "duplicate");
-    assert.equal((await client.enqueue({ dest: "emails", payload: "again", id: "u1" }, "error")).outcome, "duplicate");
+    assert.equal((await client.enqueue({ dest: "emails", payload: "again", id: "u1", uniqueFor: 300_000 })).outcome, "duplicate");
+    assert.equal((await client.enqueue({ dest: "emails", payload: "again", id: "u1", uniqueFor: 300_000 }, "error")).outcome, "duplicate");
     assert.equal(await client.get("u1"), null);
-    assert.equal(JSON.parse(daemon.cli("enqueue", "--dest", "emails", "--id", "u1", "--payload", "x", "-o", "json")).duplicate, true);
+    assert.equal(JSON.parse(daemon.cli("enqueue", "--dest", "emails", "--id", "u1", "--payload", "x", "--unique-for", "5m", "-o", "json")).duplicate, true);
 
     // Debounce: pushed later by each enqueue, never past the first enqueue plus max wait.
     const before = await now();

@@ -89,10 +89,12 @@ def test_unique_windows_and_debounce_answer_as_the_cli_does(daemon, redis_url):
     assert client.enqueue("emails", "once", id="u1", unique_for=timedelta(minutes=5)).outcome == "added"
     wait_for("delivered", lambda: b"once" in r.lrange("q:emails", 0, -1))
     # Delivered within its window: a duplicate, whatever the policy, and nothing written.
-    assert client.enqueue("emails", "again", id="u1").outcome == "duplicate"
-    assert client.enqueue("emails", "again", id="u1", on_conflict="error").outcome == "duplicate"
+    window = timedelta(minutes=5)
+    assert client.enqueue("emails", "again", id="u1", unique_for=window).outcome == "duplicate"
+    assert client.enqueue("emails", "again", id="u1", unique_for=window, on_conflict="error").outcome == "duplicate"
     assert client.get("u1") is None
-    assert json.loads(daemon.cli("enqueue", "--dest", "emails", "--id", "u1", "--payload", "x", "-o", "json"))["duplicate"]
+    assert json.loads(daemon.cli("enqueue", "--dest", "emails", "--id", "u1", "--payload", "x", "--unique-for", "5m",
+                                 "-o", "json"))["duplicate"]
 
     # Debounce: each enqueue pushes the job later, never past its first enqueue plus max_wait.
     debounce = zdelay.Debounce(timedelta(seconds=60))

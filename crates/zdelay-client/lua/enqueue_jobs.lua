@@ -24,7 +24,8 @@
 -- ARGV[2] policy for an id that exists: "replace" | "keep" | "error" | "debounce <max_wait ms>"
 --   ("replace", but a job still waiting keeps its due no later than its first enqueue plus
 --   max_wait), then optionally " unique <ms>": once delivered or dead, the id is remembered for
---   that long. An id remembered so is answered 3 (duplicate) whatever the policy.
+--   that long, and a call with " unique" finds an id remembered so answered 3 (duplicate)
+--   whatever the policy.
 -- ARGV[3] wake channel (zdelay:wake); ARGV[4] shard number, sent in the wake message
 -- ARGV[5..] quadruples: id, due, envelope, max lateness in ms ("" = none). due is epoch ms, or
 --   "+N" for N ms after Redis TIME.
@@ -60,9 +61,10 @@ if (max_wait or unique_for) and not windows_key then
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Windows that ended are dropped here, so the set holds only live ones.
-local remembered = windows_key and redis.call('EXISTS', windows_key) == 1
-if remembered then redis.call('ZREMRANGEBYSCORE', windows_key, '-inf', now_ms) end
+-- Windows that ended are dropped here, so the set holds only live ones. A call that asks
+-- for a window checks its ids against the remembered ones.
+if windows_key then redis.call('ZREMRANGEBYSCORE', windows_key, '-inf', now_ms) end
+local remembered = unique_for and redis.call('EXISTS', windows_key) == 1
 
 local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local head_score = head[2] and tonumber(head[2]) or nil
@@ -118,11 +120,8 @@ for i = 5, #ARGV, 4 do
     elseif exists then
       redis.call('HDEL', max_lateness_key, id)
     end
-    if unique_for then
-      redis.call('HSET', unique_key, id, unique_for)
-    elseif exists and unique_key then
-      redis.call('HDEL', unique_key, id)
-    end
+    -- A replacement without a window of its own keeps the earlier job's window.
+    if unique_for then redis.call('HSET', unique_key, id, unique_for) end
     if earliest == nil or due < earliest then earliest = due end
     out[#out + 1] = exists and 2 or 1
   end

@@ -53,9 +53,10 @@ if (max_wait or unique_for) and not windows_key then
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Windows that ended are dropped here, so the set holds only live ones.
-local remembered = windows_key and redis.call('EXISTS', windows_key) == 1
-if remembered then redis.call('ZREMRANGEBYSCORE', windows_key, '-inf', now_ms) end
+-- Windows that ended are dropped here, so the set holds only live ones. A call that asks
+-- for a window checks its ids against the remembered ones.
+if windows_key then redis.call('ZREMRANGEBYSCORE', windows_key, '-inf', now_ms) end
+local remembered = unique_for and redis.call('EXISTS', windows_key) == 1
 
 local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local head_score = head[2] and tonumber(head[2]) or nil
@@ -112,11 +113,8 @@ for i = 5, #ARGV, 5 do
     elseif exists then
       redis.call('HDEL', maxlate_key, id)
     end
-    if unique_for then
-      redis.call('HSET', unique_key, id, unique_for)
-    elseif exists and unique_key then
-      redis.call('HDEL', unique_key, id)
-    end
+    -- A replacement without a window of its own keeps the earlier job's window.
+    if unique_for then redis.call('HSET', unique_key, id, unique_for) end
     if earliest == nil or due < earliest then earliest = due end
     out[#out + 1] = exists and 2 or 1
   end

@@ -342,8 +342,10 @@ def checked(job: Job, max_payload: Optional[int]) -> Tuple[bytes, Dict[str, Any]
 
 POLICIES = {"replace", "keep", "error"}
 OUTCOMES = {1: "added", 2: "replaced", 0: "kept", 3: "duplicate"}
-SHARD_ENQUEUE = ("due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique", "windows")
-LANE_ENQUEUE = ("due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane", "unique", "windows")
+SHARD_ENQUEUE = ("due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards")
+LANE_ENQUEUE = ("due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane")
+# Taken only by calls that use them, so a producer whose ACL predates them still enqueues.
+WINDOWS = ("unique", "windows")
 
 
 def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], ids: _Ids, max_payload: Optional[int]) -> Op:
@@ -366,10 +368,12 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
                 raise UnknownDestination(f"unknown destination {job.dest!r}; routes: {known}")
             late_arg = "" if late is None else str(late)
             policy = base if job.unique_for is None else f"{base} unique {_ms(job.unique_for, 'unique_for')}"
+            extra = WINDOWS if policy != on_conflict else ()
             if lane is not None:
                 stored = job.id or ids.stored()
                 job_id = job.id or f"~{base36(lane.number)}.{stored}"
-                head = ("zd1_enqueue_lane", *lane.keys(ns.name, *LANE_ENQUEUE), lane.marker, policy, wake, f"l{base36(lane.number)}")
+                head = ("zd1_enqueue_lane", len(LANE_ENQUEUE) + len(extra), *lane.keys(ns.name, *LANE_ENQUEUE, *extra),
+                        lane.marker, policy, wake, f"l{base36(lane.number)}")
                 item = [stored, _spread(due, stored, job), payload, _json(meta), late_arg]
             else:
                 job_id = job.id or ids.ulid()
@@ -378,7 +382,8 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
                     meta["max_lateness_ms"] = late
                 m = _json(meta)
                 frame = b"zd1:" + job.dest.encode() + b"\n" + str(len(m)).encode() + b"\n" + m + payload
-                head = ("zd1_enqueue", *ns.shard_keys(shard, *SHARD_ENQUEUE), ns.shards, policy, wake, shard)
+                head = ("zd1_enqueue", len(SHARD_ENQUEUE) + len(extra), *ns.shard_keys(shard, *SHARD_ENQUEUE, *extra),
+                        ns.shards, policy, wake, shard)
                 item = [job_id, _spread(due, job_id, job), frame, late_arg]
             groups.setdefault(head, []).append((i, job_id, item))
         except ZdelayError as e:
@@ -387,8 +392,7 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
     for head, items in groups.items():
         for start in range(0, len(items), 500):
             chunk = items[start : start + 500]
-            keys = len(LANE_ENQUEUE) if head[0] == "zd1_enqueue_lane" else len(SHARD_ENQUEUE)
-            calls.append(("FCALL", head[0], keys, *head[1:], *[a for _, _, item in chunk for a in item]))
+            calls.append(("FCALL", *head, *[a for _, _, item in chunk for a in item]))
             members.append(chunk)
     replies = yield calls
     for reply, chunk in zip(replies, members):
@@ -418,13 +422,19 @@ def _place(ns: Namespace, job_id: str, dest: Optional[str]) -> Tuple[Optional[La
 
 def cancel(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
     lane, stored = _place(ns, job_id, dest)
-    if lane is not None:
-        keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "large", "lane", "unique")
-        (code,) = yield [("FCALL", "zd1_cancel_lane", 7, *keys, lane.marker, stored)]
-    else:
-        shard = shard_of(job_id, ns.shards)
-        keys = ns.shard_keys(shard, "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique")
-        (code,) = yield [("FCALL", "zd1_cancel", 9, *keys, ns.shards, job_id)]
+    # With the job's unique-window key, so its window entry goes too; a user whose ACL
+    # predates that key cancels without it.
+    for window in (("unique",), ()):
+        if lane is not None:
+            keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "large", "lane", *window)
+            (code,) = yield [("FCALL", "zd1_cancel_lane", len(keys), *keys, lane.marker, stored)]
+        else:
+            shard = shard_of(job_id, ns.shards)
+            keys = ns.shard_keys(shard, "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", *window)
+            (code,) = yield [("FCALL", "zd1_cancel", len(keys), *keys, ns.shards, job_id)]
+        refused = isinstance(code, Exception) and (type(code).__name__ == "NoPermissionError" or str(code).startswith("NOPERM"))
+        if not refused:
+            break
     return {1: "cancelled", 0: "not_pending", -1: "in_flight"}[_ok(code)]
 
 

@@ -494,7 +494,9 @@ pub async fn enqueue_jobs(
             .chunk_by(|a, b| a.unique_for_ms == b.unique_for_ms)
         {
             let mut inv = fenced_invocation(&compiled::enqueue_jobs, "enqueue_jobs", &call.keys);
-            inv.key(&call.keys.unique).key(&call.keys.windows);
+            if needs_windows(policy, run[0].unique_for_ms) {
+                inv.key(&call.keys.unique).key(&call.keys.windows);
+            }
             inv.arg(policy.as_arg(run[0].unique_for_ms))
                 .arg(&call.keys.wake_channel)
                 .arg(call.keys.shard);
@@ -527,6 +529,26 @@ pub async fn enqueue_jobs(
     Ok(answers)
 }
 
+/// Whether an enqueue call takes the unique-window keys: only when it uses them, so that a
+/// producer whose ACL predates them (docs/guides/security.md) still enqueues.
+fn needs_windows(policy: OnConflict, unique_for_ms: Option<u64>) -> bool {
+    unique_for_ms.is_some() || matches!(policy, OnConflict::Debounce { .. })
+}
+
+/// Runs a cancel with the job's unique-window key, so a cancelled job's window entry goes
+/// with it; a user whose ACL does not cover that key (it predates unique windows) cancels
+/// without it, as before.
+async fn cancel_with_window(
+    con: &mut Conn,
+    with_window: &Call,
+    without: &Call,
+) -> redis::RedisResult<i64> {
+    match with_window.invoke(con).await {
+        Err(e) if e.code() == Some("NOPERM") => without.invoke(con).await,
+        other => other,
+    }
+}
+
 /// What an enqueue script did with one job (`enqueue_jobs`, `enqueue_lane`): `None` when
 /// the id exists and the policy is `Error`.
 fn enqueued_of(code: i64) -> Option<Enqueued> {
@@ -544,8 +566,11 @@ pub async fn cancel_job(
     keys: &ShardKeys,
     id: &str,
 ) -> redis::RedisResult<Cancelled> {
-    let mut inv = fenced_invocation(&compiled::cancel_job, "cancel_job", keys);
-    let code: i64 = inv.key(&keys.unique).arg(id).invoke(con).await?;
+    let mut without = fenced_invocation(&compiled::cancel_job, "cancel_job", keys);
+    let mut with_window = fenced_invocation(&compiled::cancel_job, "cancel_job", keys);
+    with_window.key(&keys.unique).arg(id);
+    without.arg(id);
+    let code = cancel_with_window(con, &with_window, &without).await?;
     Ok(match code {
         1 => Cancelled::Cancelled,
         -1 => Cancelled::InFlight,
@@ -2339,9 +2364,10 @@ pub async fn enqueue_lane(
             .key(&k.large)
             .key(&k.dead)
             .key(&k.reasons)
-            .key(&k.marker)
-            .key(&k.unique)
-            .key(&k.windows);
+            .key(&k.marker);
+        if needs_windows(policy, run[0].unique_for_ms) {
+            inv.key(&k.unique).key(&k.windows);
+        }
         inv.arg(lane.marker())
             .arg(policy.as_arg(run[0].unique_for_ms))
             .arg(wake_channel)
@@ -2437,18 +2463,21 @@ pub async fn move_lane(
 /// marker is not `lane`'s refuses the call, writing nothing.
 pub async fn cancel_lane(con: &mut Conn, lane: &Lane, id: &str) -> redis::RedisResult<bool> {
     let k = &lane.keys;
-    let cancelled: i64 = Call::new(&compiled::cancel_lane)
-        .key(&k.due)
-        .key(&k.jobs)
-        .key(&k.meta)
-        .key(&k.maxlate)
-        .key(&k.large)
-        .key(&k.marker)
-        .key(&k.unique)
-        .arg(lane.marker())
-        .arg(id)
-        .invoke(con)
-        .await?;
+    let call = |with_window: bool| {
+        let mut inv = Call::new(&compiled::cancel_lane);
+        inv.key(&k.due)
+            .key(&k.jobs)
+            .key(&k.meta)
+            .key(&k.maxlate)
+            .key(&k.large)
+            .key(&k.marker);
+        if with_window {
+            inv.key(&k.unique);
+        }
+        inv.arg(lane.marker()).arg(id);
+        inv
+    };
+    let cancelled = cancel_with_window(con, &call(true), &call(false)).await?;
     Ok(cancelled == 1)
 }
 
