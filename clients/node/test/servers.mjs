@@ -19,13 +19,13 @@ export async function waitFor(what, cond, timeoutMs = 15000) {
   }
 }
 
-export function freePort() {
-  return new Promise((res) => {
-    const s = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => res(port));
-    });
-  });
+// A free loopback port below the kernel's ephemeral range (32768 and up), where any outgoing
+// connection may take a port between this choice and the server's bind.
+export async function freePort() {
+  for (;;) {
+    const port = 10000 + Math.floor(Math.random() * 22768);
+    if (await isFree(port)) return port;
+  }
 }
 
 async function isFree(port) {
