@@ -10,6 +10,36 @@ use zdelay::{Cancelled, Client, Enqueued, NewJob, OnConflict};
 
 const WINDOW: Duration = Duration::from_secs(3);
 
+/// The two Redis servers (the namespace's and the remote sink's), a daemon on them, and a
+/// client.
+struct Setup {
+    redis: RedisServer,
+    remote: RedisServer,
+    config: TestConfig,
+    _daemon: Daemon,
+    rt: tokio::runtime::Runtime,
+    client: Client,
+}
+
+impl Setup {
+    fn start(layout_2: bool) -> Self {
+        let redis = RedisServer::start();
+        let remote = RedisServer::start();
+        let config = config(&redis, &remote, layout_2);
+        let daemon = Daemon::start(&config);
+        let rt = crate::common::runtime();
+        let client = rt.block_on(Client::open(&redis.url())).expect("open");
+        Setup {
+            redis,
+            remote,
+            config,
+            _daemon: daemon,
+            rt,
+            client,
+        }
+    }
+}
+
 fn config(redis: &RedisServer, remote: &RedisServer, layout_2: bool) -> TestConfig {
     let extra = format!(
         r#"
@@ -47,12 +77,14 @@ fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, job: NewJob) -> Enqueu
 }
 
 fn unique_windows_hold(layout_2: bool) {
-    let redis = RedisServer::start();
-    let remote = RedisServer::start();
-    let config = config(&redis, &remote, layout_2);
-    let _daemon = Daemon::start(&config);
-    let rt = crate::common::runtime();
-    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let Setup {
+        redis,
+        remote,
+        config: _config,
+        _daemon,
+        rt,
+        client,
+    } = Setup::start(layout_2);
     let mut con = redis.conn();
     let mut remote_con = remote.conn();
     let unique = |dest: &str, id: &str| NewJob::new(dest, id).id(id).unique_for(WINDOW);
@@ -139,12 +171,14 @@ fn a_unique_job_is_answered_duplicate_within_its_window_on_layout_2() {
 }
 
 fn debounce_holds(layout_2: bool) {
-    let redis = RedisServer::start();
-    let remote = RedisServer::start();
-    let config = config(&redis, &remote, layout_2);
-    let _daemon = Daemon::start(&config);
-    let rt = crate::common::runtime();
-    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let Setup {
+        redis,
+        remote: _remote,
+        config,
+        _daemon,
+        rt,
+        client,
+    } = Setup::start(layout_2);
     let mut con = redis.conn();
     let debounce = OnConflict::Debounce {
         max_wait: Duration::from_secs(60),
