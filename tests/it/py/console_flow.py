@@ -11,21 +11,15 @@ import json
 import os
 import sys
 
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
+from chromium import headless
+
 base = sys.argv[1]
 shots = sys.argv[2] if len(sys.argv) > 2 else None
-options = Options()
-options.binary_location = "/usr/bin/chromium"
-for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000",
-            "--disable-dev-shm-usage"):
-    options.add_argument(arg)
-driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+driver = headless()
 wait = WebDriverWait(driver, 20)
 
 

@@ -9,18 +9,13 @@ BASE_URL is the console's root, ending with "/". Prints one JSON document on std
 import json
 import sys
 
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from chromium import headless
+
 base = sys.argv[1]
-options = Options()
-options.binary_location = "/usr/bin/chromium"
-for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-    options.add_argument(arg)
-driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+driver = headless()
 try:
     driver.get(base + "#overview")
     WebDriverWait(driver, 20).until(
