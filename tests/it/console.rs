@@ -4,8 +4,7 @@
 //! dead job with the token and is refused without it.
 
 use crate::common::{
-    Daemon, RedisServer, SeededRng, TestConfig, http_request, lrange, redis_now_ms, venv_python,
-    wait_for,
+    Daemon, RedisServer, SeededRng, TestConfig, http_request, lrange, redis_now_ms, wait_for,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -886,24 +885,19 @@ fn console_in_a_real_browser() {
     let seeded_minute = seed_activity(&mut con, 15);
     let dead_before = dead_ids(&mut con);
     let base = format!("http://127.0.0.1:{}/ops/zdelay/", config.admin_port);
-    let mut cmd = std::process::Command::new(venv_python());
-    cmd.arg(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/it/py/console_browser.py"
-    ))
-    .args([
-        &base, TOKEN, "job-5", &dead[0], &dead[1], "nightly", "broken", "wrong-0",
-    ]);
-    if let Ok(dir) = std::env::var("ZDELAY_CONSOLE_SHOTS") {
-        cmd.arg(dir);
-    }
-    let out = cmd.output().expect("python runs");
-    assert!(
-        out.status.success(),
-        "browser script failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut args = vec![
+        base.as_str(),
+        TOKEN,
+        "job-5",
+        &dead[0],
+        &dead[1],
+        "nightly",
+        "broken",
+        "wrong-0",
+    ];
+    let shots = std::env::var("ZDELAY_CONSOLE_SHOTS").ok();
+    args.extend(shots.as_deref());
+    let r = crate::common::browser_script("console_browser.py", &args);
 
     let o = &r["overview"];
     assert_eq!(o["scheduled"].as_u64().unwrap() as usize, jobs.len());

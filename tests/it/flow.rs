@@ -478,20 +478,8 @@ key_rate = "50/s"
             &[("route", "bounded"), ("by", "max_length")],
         ) == 1.0
     });
-    let out = std::process::Command::new(crate::common::venv_python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/it/py/console_flow.py"
-        ))
-        .arg(format!("http://127.0.0.1:{}/", config.admin_port))
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "browser script failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let base = format!("http://127.0.0.1:{}/", config.admin_port);
+    let page = crate::common::browser_script("console_flow.py", &[&base]);
     let row = |table: &str, route: &str| -> Vec<String> {
         serde_json::from_value(page[table][route].clone()).unwrap_or_else(|_| panic!("{page:#}"))
     };

@@ -644,20 +644,8 @@ on_missing = "dead"
         || stats().contains(&format!("held {later}")),
     );
     // The console shows it too, in a real browser: the sink up, the topic held.
-    let out = std::process::Command::new(svc.python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/it/py/console_sinks.py"
-        ))
-        .arg(format!("http://127.0.0.1:{}/", config.admin_port))
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "browser script failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let sinks: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let base = format!("http://127.0.0.1:{}/", config.admin_port);
+    let sinks = crate::common::browser_script("console_sinks.py", &[&base]);
     assert_eq!(sinks["kafka"]["health"], "up", "{sinks}");
     assert_eq!(
         sinks["kafka"]["held"],

@@ -692,6 +692,25 @@ pub fn venv_python() -> String {
     py
 }
 
+/// Runs a console script of `tests/it/py/` (headless chromium) with `args` and returns the
+/// JSON document it prints; panics with its stderr when it fails.
+pub fn browser_script(script: &str, args: &[&str]) -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/it/py")
+        .join(script);
+    let out = Command::new(venv_python())
+        .arg(path)
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "browser script {script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the script prints JSON")
+}
+
 /// The brokers started by `scripts/services.sh start` (scripts/test.sh does it): read from
 /// `ZDELAY_TEST_*` variables, or from the env file it writes. Panics with the command to
 /// run when they are not there: broker tests never skip silently.
