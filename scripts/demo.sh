@@ -60,11 +60,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "scripts/demo.sh: interrupted" >&2; exit 130' INT TERM
 
-# A loopback port nobody listens on (checked by connecting; the servers bind it right away).
+# A loopback port nobody listens on (checked by connecting; the servers bind it right away),
+# below the kernel's ephemeral range (32768 and up), where an outgoing connection may take it.
 free_port() {
     local port
     for _ in $(seq 200); do
-        port=$((20000 + RANDOM % 40000))
+        port=$((20000 + RANDOM % 12000))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             echo "$port"
             return 0

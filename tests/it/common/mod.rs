@@ -14,11 +14,16 @@ use std::time::{Duration, Instant};
 /// A free loopback port, checked by binding it. Chosen below the kernel's ephemeral range
 /// (32768 and up): there, any outgoing connection may take the port between this choice and
 /// the server's bind. Taken in turn from a per-process random start so that the threads of one
-/// run never pick the same port; the cluster bus (+10000) stays below that range too.
+/// run never pick the same port. The bands of whatever else a run starts stay apart, because a
+/// bind check cannot see a port another process has checked but not yet bound:
+/// - 10000–17999: servers of this harness;
+/// - 18000–19999: the seed examples' servers (`examples/seeds/lib.sh`);
+/// - 20000–27999: the cluster bus of this harness's clusters (port + 10000);
+/// - 30000–32767: brokers of `scripts/services.sh`, shared and private.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 10_000;
-    const SPAN: u32 = 12_768;
+    const SPAN: u32 = 8_000;
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
     let _ = NEXT.compare_exchange(
         u32::MAX,
@@ -852,32 +857,47 @@ impl PrivateBrokers {
     }
 
     /// With extra environment for services.sh, e.g. `ZDELAY_TANSU_STORAGE=memory`.
+    /// A start that fails (a broker slow to boot on a loaded machine, a port taken between
+    /// the check and the bind) is retried once on fresh ports before the test fails.
     pub fn start_with(kind: &str, env: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().expect("a temp dir");
         let started = Instant::now();
-        let out = Command::new("bash")
-            .arg(services_sh())
-            .args(["start", kind])
-            .env("ZDELAY_SERVICES_DIR", dir.path())
-            .envs(env.iter().copied())
-            .output()
-            .expect("services.sh runs");
-        // From here on, Drop stops whatever did start.
-        let mut brokers = PrivateBrokers {
-            dir,
-            services: Services {
-                vars: Default::default(),
-            },
-        };
-        assert!(
-            out.status.success(),
-            "services.sh start {kind} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = std::fs::read_to_string(brokers.dir.path().join("env")).expect("env file");
-        brokers.services.vars = parse_env_file(&text);
-        eprintln!("private {kind} ready in {:?}", started.elapsed());
-        brokers
+        let mut failures = Vec::new();
+        for attempt in 1..=2 {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            let out = Command::new("bash")
+                .arg(services_sh())
+                .args(["start", kind])
+                .env("ZDELAY_SERVICES_DIR", dir.path())
+                .envs(env.iter().copied())
+                .output()
+                .expect("services.sh runs");
+            // From here on, Drop stops whatever did start.
+            let mut brokers = PrivateBrokers {
+                dir,
+                services: Services {
+                    vars: Default::default(),
+                },
+            };
+            if out.status.success() {
+                let text =
+                    std::fs::read_to_string(brokers.dir.path().join("env")).expect("env file");
+                brokers.services.vars = parse_env_file(&text);
+                eprintln!("private {kind} ready in {:?}", started.elapsed());
+                return brokers;
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!(
+                "private {kind}: attempt {attempt} failed:\n{}",
+                tail.join("\n")
+            );
+            failures.push(tail.join("\n"));
+        }
+        panic!(
+            "services.sh start {kind} failed twice; the last failure:\n{}",
+            failures.last().map(String::as_str).unwrap_or_default()
+        )
     }
 
     /// A `ZDELAY_TEST_…` value of this instance, e.g. `var("NATS_URL")`.
@@ -927,10 +947,7 @@ pub struct RedisCluster {
 fn free_cluster_port(taken: &[u16]) -> u16 {
     loop {
         let port = free_port();
-        if port < 55_000
-            && !taken.contains(&port)
-            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
-        {
+        if !taken.contains(&port) && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
             return port;
         }
     }
