@@ -18,7 +18,7 @@ use zdelay::store::scripts;
 use zdelay::{Client, Due, NewJob, OnConflict};
 
 /// Every kind of shard key, with how to read it whole.
-const STRUCTURES: [(&str, Kind); 15] = [
+const STRUCTURES: [(&str, Kind); 17] = [
     ("due", Kind::Zset),
     ("jobs", Kind::Hash),
     ("inflight", Kind::Zset),
@@ -34,6 +34,8 @@ const STRUCTURES: [(&str, Kind); 15] = [
     ("sched_fired", Kind::Zset),
     ("sched_quarantine", Kind::Hash),
     ("history", Kind::Hash),
+    ("unique", Kind::Hash),
+    ("windows", Kind::Zset),
 ];
 
 #[derive(Clone, Copy)]
@@ -69,6 +71,8 @@ fn snapshot(con: &mut dyn ConnectionLike, span: u16, shards: Option<u16>) -> Sna
                         "ready" => zdelay::reshard::ready_member_id(&member)
                             .expect("a ready member")
                             .to_vec(),
+                        // `u:<id>` (a unique window) or `d:<id>` (a debounce deadline).
+                        "windows" => member[2..].to_vec(),
                         _ => member.clone(),
                     };
                     let owner = Keys::new("zdelay", shards).shard_of_bytes(&id);
@@ -429,8 +433,40 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
             ],
         );
     }
+    // Unique windows and debounce deadlines move with their ids: ten jobs waiting with a
+    // window, ten debounced ones, and below ten ids remembered after their delivery.
+    for i in 0..10 {
+        let (unique, debounced) = (format!("unique-{i}"), format!("debounced-{i}"));
+        config_cli_ok(
+            &old,
+            &["enqueue", "--dest", "here", "--id", &unique, "--in", "1h"]
+                .into_iter()
+                .chain(["--unique-for", "1h", "--payload", "u"])
+                .collect::<Vec<_>>(),
+        );
+        config_cli_ok(
+            &old,
+            &[
+                "enqueue", "--dest", "here", "--id", &debounced, "--in", "1h",
+            ]
+            .into_iter()
+            .chain(["--on-conflict", "debounce", "--max-wait", "2h"])
+            .chain(["--payload", "d"])
+            .collect::<Vec<_>>(),
+        );
+    }
     let mut boxed = place.conn();
     let con: &mut dyn ConnectionLike = boxed.as_mut();
+    let window_end = crate::common::redis_now_ms_any(con) + 3_600_000;
+    for i in 0..10 {
+        let id = format!("remembered-{i}");
+        let _: () = redis::cmd("ZADD")
+            .arg(old_keys_windows(from, &id))
+            .arg(window_end)
+            .arg(format!("u:{id}"))
+            .query(con)
+            .unwrap();
+    }
     // A quarantine (what a firing leaves on a schedule it cannot read) moves too.
     let old_keys = Keys::new("zdelay", from);
     let _: () = redis::cmd("HSET")
@@ -447,9 +483,17 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
     let count = |structure: &str| before.keys().filter(|(s, _)| s == structure).count();
     assert_eq!(
         count("jobs"),
-        loaded.local.len() + loaded.mirror.len() + loaded.dead.len() + 10,
-        "the loaded jobs and the ten with a max lateness"
+        loaded.local.len() + loaded.mirror.len() + loaded.dead.len() + 30,
+        "the loaded jobs, the ten with a max lateness, the ten unique and the ten debounced"
     );
+    assert_eq!(count("unique"), 10);
+    let windows = |prefix: &str| {
+        before
+            .keys()
+            .filter(|(s, m)| s == "windows" && m.starts_with(prefix.as_bytes()))
+            .count()
+    };
+    assert_eq!((windows("u:"), windows("d:")), (10, 10));
     assert_eq!(count("max_lateness"), 10);
     assert_eq!(count("schedules"), 20);
     assert_eq!(count("sched_due"), 20);
@@ -529,7 +573,13 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
         config_cli_ok(&new, &["schedule", "get", &format!("sched-{i}")]);
     }
     for i in 0..10 {
-        config_cli_ok(&new, &["cancel", &format!("limited-{i}")]);
+        for id in [
+            format!("limited-{i}"),
+            format!("unique-{i}"),
+            format!("debounced-{i}"),
+        ] {
+            config_cli_ok(&new, &["cancel", &id]);
+        }
     }
     // Running it again is a no-op.
     let again = reshard(&new, to);
@@ -559,6 +609,7 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
                 "sched_fired",
                 "sched_quarantine",
                 "history",
+                "windows",
             ]
             .contains(&s.as_str())
         }) && left.keys().filter(|(s, _)| s == "jobs").count() == loaded.dead.len()
@@ -595,11 +646,35 @@ fn reshard_and_deliver(place: &Place, from: u16, to: u16, scale: usize) {
         // Both deaths were dated by the test's move (`now - 500`), so they may be the same ms.
         assert!(history[0]["died_ms"].as_i64().unwrap() <= show["died_ms"].as_i64().unwrap());
     }
+    // The remembered ids are still remembered in their new shards.
+    let again = config_cli_ok(
+        &new,
+        &[
+            "enqueue",
+            "--dest",
+            "here",
+            "--id",
+            "remembered-3",
+            "--unique-for",
+            "1h",
+        ]
+        .into_iter()
+        .chain(["--payload", "again", "--json"])
+        .collect::<Vec<_>>(),
+    );
+    let again: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again["duplicate"], true, "{again}");
     assert!(
         !daemon.log_text().contains("CROSSSLOT"),
         "{}",
         daemon.log_text()
     );
+}
+
+/// The `windows` key of `id`'s shard under `shards`.
+fn old_keys_windows(shards: u16, id: &str) -> String {
+    let keys = Keys::new("zdelay", shards);
+    keys.shard(keys.shard_of(id)).windows
 }
 
 fn config_cli_ok(config: &TestConfig, args: &[&str]) -> String {

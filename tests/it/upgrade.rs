@@ -182,6 +182,14 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
     wait_for("the dead jobs died", Duration::from_secs(10), || {
         common::shard_total(&mut con, SHARDS, "dead") == 3
     });
+    // A remembered unique window and a waiting job's window: they do not move, and they do
+    // not stay behind in the retired shards either.
+    let legacy_shard = Keys::new("zdelay", SHARDS).shard(1);
+    let _: () = redis::pipe()
+        .zadd(&legacy_shard.windows, "u:remembered", i64::MAX / 4)
+        .hset(&legacy_shard.unique, "waiting", 3_600_000)
+        .query(&mut con)
+        .unwrap();
 
     // A producer that connected on layout 1 keeps enqueueing through the upgrade.
     let producing = Arc::new(AtomicBool::new(true));

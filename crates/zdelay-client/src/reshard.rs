@@ -60,6 +60,10 @@ pub(crate) const PUT_BYTES: usize = 256 << 10;
 /// and so one `reshard_drop` call frees (at least one job per call): a batch of ids whose
 /// payloads weigh a megabyte each would otherwise hold Redis for seconds.
 const TAKE_BYTES: usize = 1 << 20;
+/// Entries per scan page of a shard's unique windows: an id and a number each.
+const WINDOW_PAGE: usize = 500;
+/// A scan page of windows: the next cursor, and (member, value or score) pairs.
+type WindowPage<T> = (u64, Vec<(Vec<u8>, T)>);
 /// Round trips run at once for per-shard commands (counts, markers).
 pub(crate) const PARALLEL: usize = 16;
 
@@ -431,7 +435,7 @@ pub async fn reshard(
         // Shards the namespace does not have yet must be empty: what they hold would be
         // taken for jobs of the new layout.
         for shard in from..to {
-            let keys = stored_keys(&con, &new, shard).await?;
+            let keys = held_keys(&con, &new, shard).await?;
             if !keys.is_empty() {
                 return Err(ReshardError::StrayData {
                     namespace: namespace.to_owned(),
@@ -527,7 +531,7 @@ pub async fn reshard(
     // Verify.
     let after = count(&con, &new, 0..to).await?;
     for shard in to..from {
-        let keys = stored_keys(&con, &new, shard).await?;
+        let keys = held_keys(&con, &new, shard).await?;
         if !keys.is_empty() {
             return Err(ReshardError::RetiredNotEmpty { to, shard, keys });
         }
@@ -596,7 +600,19 @@ pub(crate) async fn stored_keys(
     keys: &Keys,
     shard: u16,
 ) -> Result<Vec<String>, ReshardError> {
-    let names = data_keys(keys, shard);
+    existing(con, data_keys(keys, shard)).await
+}
+
+/// The keys of a shard that hold jobs or their unique windows, of those that exist.
+async fn held_keys(con: &Conn, keys: &Keys, shard: u16) -> Result<Vec<String>, ReshardError> {
+    let mut names = data_keys(keys, shard);
+    let k = keys.shard(shard);
+    names.extend([k.unique, k.windows]);
+    existing(con, names).await
+}
+
+/// Those of `names` (keys of one shard) that exist.
+async fn existing(con: &Conn, names: Vec<String>) -> Result<Vec<String>, ReshardError> {
     let mut pipe = redis::pipe();
     for name in &names {
         pipe.exists(name);
@@ -863,8 +879,109 @@ impl Mover<'_> {
                 break;
             }
         }
+        self.move_windows(&mut con, shard).await?;
         (self.progress)(Progress::ShardDone { shard, moved });
         Ok(moved)
+    }
+
+    /// Moves the unique windows and debounce deadlines of `shard` whose ids the new count
+    /// places elsewhere: each page is copied into its new shards, then deleted here (a
+    /// resumed run copies again what a crash left in both, unchanged). They are not jobs,
+    /// so they are not counted. Nothing else writes a frozen shard.
+    async fn move_windows(&self, con: &mut Conn, shard: u16) -> Result<(), ReshardError> {
+        let source = self.new.shard(shard);
+        let elsewhere = |id: &[u8]| Some(self.new.shard_of_bytes(id)).filter(|&s| s != shard);
+        // `unique`: id → its window, while the job waits.
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): WindowPage<Vec<u8>> = redis::cmd("HSCAN")
+                .arg(&source.unique)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(WINDOW_PAGE)
+                .query_async(con)
+                .await?;
+            let mut by_target: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
+            let mut misplaced = Vec::new();
+            for (id, window) in &page {
+                if let Some(target) = elsewhere(id) {
+                    let pipe = by_target.entry(target).or_default();
+                    pipe.hset(self.new.shard(target).unique, id, window)
+                        .ignore();
+                    misplaced.push(id);
+                }
+            }
+            self.copy_then_delete(
+                con,
+                by_target,
+                redis::cmd("HDEL").arg(&source.unique),
+                &misplaced,
+            )
+            .await?;
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        // `windows`: `u:<id>` scored by its window's end, `d:<id>` by its debounce deadline.
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): WindowPage<String> = redis::cmd("ZSCAN")
+                .arg(&source.windows)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(WINDOW_PAGE)
+                .query_async(con)
+                .await?;
+            let mut by_target: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
+            let mut misplaced = Vec::new();
+            for (member, score) in &page {
+                let id = match member.as_slice() {
+                    [b'u' | b'd', b':', id @ ..] => id,
+                    _ => continue,
+                };
+                if let Some(target) = elsewhere(id) {
+                    let pipe = by_target.entry(target).or_default();
+                    pipe.cmd("ZADD")
+                        .arg(self.new.shard(target).windows)
+                        .arg(score)
+                        .arg(member)
+                        .ignore();
+                    misplaced.push(member);
+                }
+            }
+            self.copy_then_delete(
+                con,
+                by_target,
+                redis::cmd("ZREM").arg(&source.windows),
+                &misplaced,
+            )
+            .await?;
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(())
+    }
+
+    /// Runs the copies (one pipeline per target shard, so one slot each), then `delete` with
+    /// `members` appended; nothing when `members` is empty.
+    async fn copy_then_delete(
+        &self,
+        con: &mut Conn,
+        copies: BTreeMap<u16, redis::Pipeline>,
+        delete: &mut redis::Cmd,
+        members: &[&Vec<u8>],
+    ) -> Result<(), ReshardError> {
+        if members.is_empty() {
+            return Ok(());
+        }
+        for pipe in copies.values() {
+            pipe.query_async::<()>(con).await?;
+        }
+        delete.arg(members).query_async::<()>(con).await?;
+        Ok(())
     }
 
     /// Copies `ids` from `shard` into their new shards, then deletes them from `shard`, as

@@ -479,9 +479,15 @@ impl Mover<'_> {
         if !left.is_empty() {
             return Err(UpgradeError::NotEmpty { shard, keys: left });
         }
-        // The claim counter holds no job, and nothing claims from a fenced shard again.
+        // The claim counter holds no job, and nothing claims from a fenced shard again. Its
+        // unique windows go too: nothing reads a retired shard's, and the lanes the jobs moved
+        // to start theirs afresh.
         let _: () = redis::pipe()
             .del(&keys.lease_seq)
+            .ignore()
+            .del(&keys.unique)
+            .ignore()
+            .del(&keys.windows)
             .ignore()
             .set(&keys.layout, retired_marker())
             .ignore()
