@@ -1,7 +1,8 @@
 //! The admin HTTP port: `/metrics` (Prometheus), `/healthz` (the process serves requests),
 //! `/readyz` (Redis answered the last health check and the pollers run), and the operator
 //! console under `admin.ui_prefix` (unless `admin.console = false`): its pages (`ui`) and
-//! its JSON API (`api`); `guard` decides who may read and act. `admin.metrics_listen` adds
+//! its JSON API (`api`), beside the HTTP enqueue (`produce`, once `admin.producer_token` is
+//! set, with the console or without it); `guard` decides who may read and act. `admin.metrics_listen` adds
 //! a second port with the first three only, so what serves Prometheus and the probes need
 //! not expose the console.
 
@@ -139,42 +140,49 @@ fn health_routes(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// The console's pages and API under `admin.ui_prefix`, behind the site check
-/// ([`guard::Policy::site`]).
+/// Under `admin.ui_prefix`, behind the site check ([`guard::Policy::site`]): the console's
+/// pages and API unless `admin.console = false`, and the HTTP enqueue once
+/// `admin.producer_token` is set, with the console or without it.
 fn console_routes(admin: &AdminConfig, console: Arc<OnceLock<Console>>) -> Router {
     let prefix = admin.ui_prefix.as_str();
     let policy = Arc::new(guard::Policy::new(admin));
     let api_prefix = format!("{prefix}/api/");
-    api::routes(prefix)
-        .merge(produce::routes(prefix))
-        .with_state(api::ApiState {
-            console,
-            policy: policy.clone(),
-        })
-        .merge(ui::routes(prefix))
-        .layer(axum::middleware::from_fn(
-            move |request: Request, next: Next| {
-                let policy = policy.clone();
-                let api = request.uri().path().starts_with(&api_prefix);
-                async move {
-                    match policy.site(request.headers(), api) {
-                        Ok(()) => next.run(request).await,
-                        Err(refused) => {
-                            tracing::info!(
-                                path = request.uri().path(),
-                                why = %refused,
-                                "console request refused"
-                            );
-                            api::ApiError::forbidden(refused).into_response()
-                        }
+    let state = api::ApiState {
+        console,
+        policy: policy.clone(),
+    };
+    let app = if admin.console {
+        api::routes(prefix)
+            .merge(produce::routes(prefix))
+            .with_state(state)
+            .merge(ui::routes(prefix))
+    } else {
+        produce::routes(prefix).with_state(state)
+    };
+    app.layer(axum::middleware::from_fn(
+        move |request: Request, next: Next| {
+            let policy = policy.clone();
+            let api = request.uri().path().starts_with(&api_prefix);
+            async move {
+                match policy.site(request.headers(), api) {
+                    Ok(()) => next.run(request).await,
+                    Err(refused) => {
+                        tracing::info!(
+                            path = request.uri().path(),
+                            why = %refused,
+                            "console request refused"
+                        );
+                        api::ApiError::forbidden(refused).into_response()
                     }
                 }
-            },
-        ))
+            }
+        },
+    ))
 }
 
 /// Binds now (a bad address fails start-up) and serves until `shutdown`: `admin.listen`
-/// with the health routes and, unless `admin.console = false`, the console; and
+/// with the health routes and, unless `admin.console = false`, the console, and the HTTP
+/// enqueue when `admin.producer_token` is set; and
 /// `admin.metrics_listen`, when set, with the health routes alone. The console's API
 /// answers 503 until `console` is set (once the daemon reached Redis).
 pub async fn serve(
@@ -199,7 +207,7 @@ pub async fn serve(
     };
     let state = AdminState { metrics, health };
     let mut app = health_routes(state.clone());
-    if admin.console {
+    if admin.console || admin.producer_token.is_some() {
         app = app.merge(console_routes(admin, console));
     }
     let serve = |listener: tokio::net::TcpListener, app: Router| {

@@ -287,3 +287,32 @@ fn without_a_producer_token_the_http_enqueue_is_off() {
         .unwrap();
     assert!(keys.is_empty(), "{keys:?}");
 }
+
+#[test]
+fn with_the_console_off_the_http_enqueue_is_served_alone() {
+    let redis = RedisServer::start();
+    let config = config(
+        &redis,
+        &format!("producer_token = \"{PRODUCERS}\"\ntoken = \"{OPERATORS}\"\nconsole = false"),
+    );
+    let _daemon = Daemon::start(&config);
+    let port = config.admin_port;
+    let (status, answer) = call(
+        port,
+        "POST",
+        "/api/jobs",
+        Some(PRODUCERS),
+        "application/json",
+        br#"{"dest":"emails","payload":"x","id":"console-off"}"#,
+        &[],
+    );
+    assert_eq!(status, 201, "{answer}");
+    let mut con = redis.conn();
+    wait_for("the job delivered", Duration::from_secs(5), || {
+        llen(&mut con, "q:emails") == 1
+    });
+    for path in ["/", "/api/stats", "/api/dead"] {
+        let (status, answer) = call(port, "GET", path, Some(OPERATORS), "text/plain", b"", &[]);
+        assert_eq!(status, 404, "{path}: {answer}");
+    }
+}

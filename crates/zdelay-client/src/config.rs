@@ -909,7 +909,8 @@ pub struct AdminConfig {
     /// `true`.
     pub public_reads: bool,
     /// Serve the console (its pages and `/api/…`) on `listen`. `false`: only `/metrics`,
-    /// `/healthz` and `/readyz` are served there; every other path is 404. Default `true`.
+    /// `/healthz` and `/readyz` are served there, and the HTTP enqueue when `producer_token`
+    /// is set; every other path is 404. Default `true`.
     pub console: bool,
     /// A second listen address serving only `/metrics`, `/healthz` and `/readyz` (no
     /// console), for a metrics Service or probes that must not reach the console. Default:
