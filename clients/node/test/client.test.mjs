@@ -105,6 +105,36 @@ test("unique windows and debounce answer as the CLI does", async () => {
   }
 });
 
+// The producer's ACL rules from the security guide, with +fcall for the protocol.
+function documentedProducerAcl() {
+  const guide = readFileSync(join(ROOT, "docs/guides/security.md"), "utf8");
+  const block = guide.split("ACL SETUSER producer")[1].split("```")[0];
+  const rules = block.replaceAll("\\\n", " ").split(/\s+/).filter(Boolean);
+  return [...rules.filter((r) => r !== "+script|load" && r !== "+evalsha"), "+fcall"];
+}
+
+test("a producer with the documented ACL cancels without the window keys", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`);
+  const redis = new Redis(server.url);
+  const client = new zdelay.Client(new Redis(server.url.replace("redis://", "redis://producer:secret@")));
+  try {
+    await redis.call("ACL", "SETUSER", "producer", "reset", ...documentedProducerAcl());
+    assert.equal((await client.enqueue({ dest: "emails", payload: "x", id: "acl-1", delay: 3_600_000 })).outcome, "added");
+    // Cancel asks for the window key first; refused it, it cancels without it.
+    assert.equal(await client.cancel("acl-1"), "cancelled");
+    assert.equal(await client.get("acl-1"), null);
+    // A call that uses a window needs the keys the guide says to add; nothing is written.
+    await assert.rejects(client.enqueue({ dest: "emails", payload: "x", id: "acl-2", delay: 3_600_000, uniqueFor: 3_600_000 }), /NOPERM/);
+    assert.equal(await new zdelay.Client(redis).get("acl-2"), null);
+  } finally {
+    redis.disconnect();
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
 test("schedules are set, paused, resumed and deleted through a daemon, planned as the CLI plans them", async () => {
   const server = await startRedis();
   const daemon = await startDaemon(`url = "${server.url}"`);

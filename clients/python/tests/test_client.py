@@ -262,3 +262,25 @@ def test_on_a_cluster_on_layout_2_jobs_go_to_their_route_lane(cluster):
         assert client.schedule_delete("s")["exists"] is False
     finally:
         daemon.stop()
+
+
+def _documented_producer_acl() -> list[str]:
+    """The producer's ACL rules from the security guide, with `+fcall` for the protocol."""
+    guide = (Path(__file__).resolve().parents[3] / "docs/guides/security.md").read_text()
+    block = guide.split("ACL SETUSER producer", 1)[1].split("```", 1)[0]
+    rules = block.replace("\\\n", " ").split()
+    return [r for r in rules if r not in ("+script|load", "+evalsha")] + ["+fcall"]
+
+
+def test_a_producer_with_the_documented_acl_cancels_without_the_window_keys(daemon, redis_url):
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "producer", "reset", *_documented_producer_acl())
+    client = zdelay.Client.from_url(redis_url.replace("redis://", "redis://producer:secret@"))
+    client.enqueue("emails", "x", id="acl-1", delay=timedelta(hours=1))
+    # Cancel asks for the window key first; refused it, it cancels without it.
+    assert client.cancel("acl-1") == "cancelled"
+    assert client.get("acl-1") is None
+    # A call that uses a window needs the keys the guide says to add; nothing is written.
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        client.enqueue("emails", "x", id="acl-2", delay=timedelta(hours=1), unique_for=timedelta(hours=1))
+    assert zdelay.Client.from_url(redis_url).get("acl-2") is None
