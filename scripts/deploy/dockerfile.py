@@ -261,6 +261,24 @@ def ignored(rel: str, pats) -> bool:
     return result
 
 
+def build_script_inputs() -> set[str]:
+    """Each crate's build.rs and the files under the paths it names in
+    `cargo:rerun-if-changed=`, relative to the repository."""
+    out = set()
+    for dirpath, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in ("target", ".git", "node_modules")]
+        if "build.rs" not in names or "Cargo.toml" not in names:
+            continue
+        script = os.path.join(dirpath, "build.rs")
+        out.add(os.path.relpath(script, ROOT))
+        for path in re.findall(r"cargo:rerun-if-changed=([^\"\s]+)", open(script).read()):
+            full = os.path.join(dirpath, path)
+            walked = [os.path.join(d, n) for d, _, ns in os.walk(full) for n in ns]
+            for f in walked or [full]:
+                out.add(os.path.relpath(f, ROOT))
+    return out
+
+
 def cmd_dockerignore(depinfo: str) -> None:
     text = open(depinfo).read().replace("\\\n", " ")
     files = set()
@@ -270,8 +288,11 @@ def cmd_dockerignore(depinfo: str) -> None:
         _, _, deps = line.partition(": ")
         for f in re.split(r"(?<!\\) ", deps):
             f = f.replace("\\ ", " ").strip()
-            if f.startswith(ROOT + "/"):
+            # Files a build script generated under target/ are not in the context; the
+            # build script and what it reads are (below).
+            if f.startswith(ROOT + "/") and not f.startswith(ROOT + "/target/"):
                 files.add(os.path.relpath(f, ROOT))
+    files |= build_script_inputs()
     build, rt = stages()
     for stage in (build, rt):
         for op, rest in stage["ops"]:

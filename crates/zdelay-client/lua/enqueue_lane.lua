@@ -42,21 +42,7 @@ end
 local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, reasons_key = KEYS[6], KEYS[7]
 local unique_key, windows_key = KEYS[9], KEYS[10]
-local policy = string.match(ARGV[2], '^%a+')
-local max_wait = tonumber(string.match(ARGV[2], '^debounce (%d+)'))
-local unique_for = tonumber(string.match(ARGV[2], ' unique (%d+)$'))
-if not (policy == 'replace' or policy == 'keep' or policy == 'error' or max_wait) then
-  return redis.error_reply('ZDELAY_BAD_REQUEST policy: ' .. ARGV[2])
-end
-if (max_wait or unique_for) and not windows_key then
-  return redis.error_reply('ZDELAY_BAD_REQUEST policy: debounce and unique need the unique and windows keys')
-end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Windows that ended are dropped here, so the set holds only live ones. A call that asks
--- for a window checks its ids against the remembered ones.
-if windows_key then redis.call('ZREMRANGEBYSCORE', windows_key, '-inf', now_ms) end
-local remembered = unique_for and redis.call('EXISTS', windows_key) == 1
+-- @include enqueue_policy
 
 local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local head_score = head[2] and tonumber(head[2]) or nil

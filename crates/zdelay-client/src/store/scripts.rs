@@ -20,14 +20,14 @@ macro_rules! scripts {
     ($($name:ident),* $(,)?) => {
         /// Every script: (name, source). Used by tests and by `load_all`.
         pub const ALL: &[(&str, &str)] = &[
-            $((stringify!($name), include_str!(concat!("../../lua/", stringify!($name), ".lua")))),*
+            $((stringify!($name), include_str!(concat!(env!("OUT_DIR"), "/lua/", stringify!($name), ".lua")))),*
         ];
         mod compiled {
             use super::*;
             $(
                 #[allow(non_upper_case_globals)]
                 pub static $name: LazyLock<Compiled> = LazyLock::new(|| {
-                    let source = include_str!(concat!("../../lua/", stringify!($name), ".lua"));
+                    let source = include_str!(concat!(env!("OUT_DIR"), "/lua/", stringify!($name), ".lua"));
                     Compiled { script: Script::new(source), source }
                 });
             )*
