@@ -62,8 +62,44 @@ pub(crate) const PUT_BYTES: usize = 256 << 10;
 const TAKE_BYTES: usize = 1 << 20;
 /// Entries per scan page of a shard's unique windows: an id and a number each.
 const WINDOW_PAGE: usize = 500;
-/// A scan page of windows: the next cursor, and (member, value or score) pairs.
-type WindowPage<T> = (u64, Vec<(Vec<u8>, T)>);
+/// A scan page of a window key: the next cursor, and (member, value or score) pairs.
+type WindowPage = (u64, Vec<(Vec<u8>, Vec<u8>)>);
+
+/// A shard key of unique windows, as a reshard moves it.
+struct WindowKey {
+    key: fn(&crate::keys::ShardKeys) -> &String,
+    scan: &'static str,
+    /// Writes one entry into a shard: `HSET key field value` or `ZADD key score member`.
+    copy: &'static str,
+    score_first: bool,
+    delete: &'static str,
+    /// The job id an entry belongs to.
+    id: fn(&[u8]) -> Option<&[u8]>,
+}
+
+const WINDOW_KEYS: [WindowKey; 2] = [
+    // `unique`: id → its window, while the job waits.
+    WindowKey {
+        key: |k| &k.unique,
+        scan: "HSCAN",
+        copy: "HSET",
+        score_first: false,
+        delete: "HDEL",
+        id: |id| Some(id),
+    },
+    // `windows`: `u:<id>` scored by its window's end, `d:<id>` by its debounce deadline.
+    WindowKey {
+        key: |k| &k.windows,
+        scan: "ZSCAN",
+        copy: "ZADD",
+        score_first: true,
+        delete: "ZREM",
+        id: |member| match member {
+            [b'u' | b'd', b':', id @ ..] => Some(id),
+            _ => None,
+        },
+    },
+];
 /// Round trips run at once for per-shard commands (counts, markers).
 pub(crate) const PARALLEL: usize = 16;
 
@@ -890,97 +926,51 @@ impl Mover<'_> {
     /// so they are not counted. Nothing else writes a frozen shard.
     async fn move_windows(&self, con: &mut Conn, shard: u16) -> Result<(), ReshardError> {
         let source = self.new.shard(shard);
-        let elsewhere = |id: &[u8]| Some(self.new.shard_of_bytes(id)).filter(|&s| s != shard);
-        // `unique`: id → its window, while the job waits.
-        let mut cursor = 0u64;
-        loop {
-            let (next, page): WindowPage<Vec<u8>> = redis::cmd("HSCAN")
-                .arg(&source.unique)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(WINDOW_PAGE)
-                .query_async(con)
-                .await?;
-            let mut by_target: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
-            let mut misplaced = Vec::new();
-            for (id, window) in &page {
-                if let Some(target) = elsewhere(id) {
-                    let pipe = by_target.entry(target).or_default();
-                    pipe.hset(self.new.shard(target).unique, id, window)
-                        .ignore();
-                    misplaced.push(id);
-                }
-            }
-            self.copy_then_delete(
-                con,
-                by_target,
-                redis::cmd("HDEL").arg(&source.unique),
-                &misplaced,
-            )
-            .await?;
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        // `windows`: `u:<id>` scored by its window's end, `d:<id>` by its debounce deadline.
-        let mut cursor = 0u64;
-        loop {
-            let (next, page): WindowPage<String> = redis::cmd("ZSCAN")
-                .arg(&source.windows)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(WINDOW_PAGE)
-                .query_async(con)
-                .await?;
-            let mut by_target: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
-            let mut misplaced = Vec::new();
-            for (member, score) in &page {
-                let id = match member.as_slice() {
-                    [b'u' | b'd', b':', id @ ..] => id,
-                    _ => continue,
-                };
-                if let Some(target) = elsewhere(id) {
-                    let pipe = by_target.entry(target).or_default();
-                    pipe.cmd("ZADD")
-                        .arg(self.new.shard(target).windows)
-                        .arg(score)
-                        .arg(member)
-                        .ignore();
+        for kind in WINDOW_KEYS {
+            let mut cursor = 0u64;
+            loop {
+                let (next, page): WindowPage = redis::cmd(kind.scan)
+                    .arg((kind.key)(&source))
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(WINDOW_PAGE)
+                    .query_async(con)
+                    .await?;
+                let mut copies: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
+                let mut misplaced = Vec::new();
+                for (member, value) in &page {
+                    let Some(id) = (kind.id)(member) else {
+                        continue;
+                    };
+                    let target = self.new.shard_of_bytes(id);
+                    if target == shard {
+                        continue;
+                    }
+                    let copy = copies.entry(target).or_default().cmd(kind.copy);
+                    copy.arg((kind.key)(&self.new.shard(target)));
+                    if kind.score_first {
+                        copy.arg(value).arg(member).ignore();
+                    } else {
+                        copy.arg(member).arg(value).ignore();
+                    }
                     misplaced.push(member);
                 }
+                if !misplaced.is_empty() {
+                    for pipe in copies.values() {
+                        pipe.query_async::<()>(con).await?;
+                    }
+                    redis::cmd(kind.delete)
+                        .arg((kind.key)(&source))
+                        .arg(&misplaced)
+                        .query_async::<()>(con)
+                        .await?;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            self.copy_then_delete(
-                con,
-                by_target,
-                redis::cmd("ZREM").arg(&source.windows),
-                &misplaced,
-            )
-            .await?;
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
-        Ok(())
-    }
-
-    /// Runs the copies (one pipeline per target shard, so one slot each), then `delete` with
-    /// `members` appended; nothing when `members` is empty.
-    async fn copy_then_delete(
-        &self,
-        con: &mut Conn,
-        copies: BTreeMap<u16, redis::Pipeline>,
-        delete: &mut redis::Cmd,
-        members: &[&Vec<u8>],
-    ) -> Result<(), ReshardError> {
-        if members.is_empty() {
-            return Ok(());
-        }
-        for pipe in copies.values() {
-            pipe.query_async::<()>(con).await?;
-        }
-        delete.arg(members).query_async::<()>(con).await?;
         Ok(())
     }
 
