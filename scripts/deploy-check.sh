@@ -50,6 +50,9 @@
 #               test.image's tools alone on PATH) against that binary and a redis-server on
 #               loopback: passes while zdelay is ready, fails showing /readyz's reason while
 #               Redis is down, fails when nothing answers (skipped, and said so, without a binary)
+#   enqueue     the enqueue case (ci/enqueue-values.yaml) as rendered, on that binary and a
+#               redis-server on loopback: the HTTP enqueue answers 201 called by its Service's
+#               names with the producers' token, 403 for another host or no token; no console
 #   hadolint    hadolint Dockerfile
 # Works from any directory; writes only under a temporary directory and the cache.
 set -uo pipefail
@@ -155,6 +158,16 @@ check_helm_test() {
     "$PY" "$CHECKS" helm-test "$WORK/render" "$bin" "$(command -v busybox)"
 }
 
+check_enqueue() {
+    local bin
+    bin=$(zdelay_bin)
+    if [[ -z $bin ]]; then
+        echo "  no zdelay binary (set ZDELAY_BIN or build one): the enqueue case not run"
+        return 0
+    fi
+    "$PY" "$CHECKS" enqueue "$WORK/render" "$bin"
+}
+
 check_promtool() {
     local dir=$ROOT/deploy/prometheus
     promtool check rules "$dir/zdelay-rules.yaml" &&
@@ -209,6 +222,7 @@ if [[ -d $WORK/render/default ]]; then
     check "helm3 (helm 3.6 CLI renders the same; kubeVersion enforced)" check_helm3
     check "configs (zdelay check-config on rendered TOML)" check_configs
     check "helm test (the test Pod's script, by busybox, against zdelay and Redis)" check_helm_test
+    check "enqueue (the HTTP enqueue called by its Service's names, on zdelay and Redis)" check_enqueue
 fi
 check "readme (charts/zdelay/README.md from values.yaml)" "$PY" "$CHECKS" chart-readme
 check "schema (bad values refused)" "$PY" "$CHECKS" schema "$WORK/example"

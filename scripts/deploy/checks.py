@@ -199,9 +199,13 @@ def check_container(c: dict, case: str, sidecar: bool, admin: dict | None = None
     if (sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
         fail(f"{case}: container zdelay seccompProfile must be RuntimeDefault")
     env = {e["name"]: e for e in c.get("env", [])}
-    # The console on loopback unless exposed; probes and metrics on a port of their own.
-    exposed = (admin or {}).get("exposeConsole", False)
-    listen = ("0.0.0.0" if exposed else "127.0.0.1") + ":9464"
+    # The console and the HTTP enqueue on loopback unless exposed; probes and metrics on a
+    # port of their own.
+    admin = admin or {}
+    enqueue = admin.get("exposeHttpEnqueue", False)
+    exposed = (admin.get("console", True) and admin.get("exposeConsole", False)) or enqueue
+    public = admin.get("exposeConsole", False) or enqueue
+    listen = ("0.0.0.0" if public else "127.0.0.1") + ":9464"
     if env.get("ZDELAY_ADMIN__LISTEN", {}).get("value") != listen:
         fail(f"{case}: ZDELAY_ADMIN__LISTEN must be {listen}")
     if env.get("ZDELAY_ADMIN__METRICS_LISTEN", {}).get("value") != "0.0.0.0:9465":
@@ -211,7 +215,8 @@ def check_container(c: dict, case: str, sidecar: bool, admin: dict | None = None
     if ports.get(metrics) != 9465:
         fail(f"{case}: container port {metrics} must be 9465, ports are {ports}")
     if (9464 in ports.values()) != exposed:
-        fail(f"{case}: the console's port 9464 is a container port iff admin.exposeConsole: {ports}")
+        fail(f"{case}: the console's port 9464 is a container port iff admin.exposeConsole (with the "
+             f"console) or admin.exposeHttpEnqueue: {ports}")
     if env.get("ZDELAY_CONFIG", {}).get("value") != "/etc/zdelay/zdelay.toml":
         fail(f"{case}: ZDELAY_CONFIG must be /etc/zdelay/zdelay.toml")
     instance = env.get("ZDELAY_POLLER__INSTANCE_ID", {}).get("valueFrom", {}).get("fieldRef", {})
@@ -427,14 +432,29 @@ def cmd_assert(out: str) -> None:
         svc = one(docs, "Service", name, fullname)
         if [(p["name"], p["port"]) for p in svc["spec"]["ports"]] != [("metrics", 9465)]:
             fail(f"{name}: Service {fullname} must carry the metrics port 9465 alone, never the console")
-        exposed = values.get("admin", {}).get("exposeConsole", False)
-        consoles = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == f"{fullname}-console"]
-        if bool(consoles) != exposed or (consoles and consoles[0]["spec"]["ports"][0]["port"] != 9464):
-            fail(f"{name}: Service {fullname}-console (port 9464) rendered iff admin.exposeConsole")
+        admin = values.get("admin", {})
+        for suffix, exposed, value in [
+            ("console", admin.get("console", True) and admin.get("exposeConsole", False), "admin.exposeConsole"),
+            ("enqueue", admin.get("exposeHttpEnqueue", False), "admin.exposeHttpEnqueue"),
+        ]:
+            svcs = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == f"{fullname}-{suffix}"]
+            if bool(svcs) != exposed or (svcs and svcs[0]["spec"]["ports"][0]["port"] != 9464):
+                fail(f"{name}: Service {fullname}-{suffix} (port 9464) rendered iff {value}")
+        producer = values.get("secrets", {}).get("producerToken", {})
+        token = [e for e in c.get("env", []) if e["name"] == "ZDELAY_ADMIN__PRODUCER_TOKEN"]
+        want_ref = {"name": producer.get("existingSecret"), "key": producer.get("key")}
+        if bool(token) != bool(producer.get("existingSecret")) or (
+                token and token[0].get("valueFrom", {}).get("secretKeyRef") != want_ref):
+            fail(f"{name}: ZDELAY_ADMIN__PRODUCER_TOKEN from Secret {want_ref} iff secrets.producerToken: {token}")
         want_admin = {"console": values.get("admin", {}).get("console", True),
                       "public_reads": values.get("admin", {}).get("publicReads", True)}
-        if values.get("admin", {}).get("allowedHosts"):
-            want_admin["allowed_hosts"] = values["admin"]["allowedHosts"]
+        hosts = list(values.get("admin", {}).get("allowedHosts", []))
+        if values.get("admin", {}).get("exposeHttpEnqueue"):
+            # The enqueue Service's names, which producers in the cluster call it by.
+            svc = f"{fullname}-enqueue"
+            hosts += [svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc", f"{svc}.{NAMESPACE}.svc.cluster.local"]
+        if hosts:
+            want_admin["allowed_hosts"] = hosts
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
         if external:
             # What the chart would have written into [admin] comes as env (over the file).
@@ -483,8 +503,12 @@ def cmd_assert(out: str) -> None:
             if "url" in cfg["redis"]:
                 fail("cluster: redis.url must be left out (url: null) when cluster_nodes is set")
             extra.append(f"redis.cluster_nodes = {len(nodes)} seeds")
-        if exposed:
-            extra.append("console exposed on 0.0.0.0:9464 with Service -console; metrics Service 9465 alone")
+        shown = [s for s, on in [("console", admin.get("console", True) and admin.get("exposeConsole", False)),
+                                  ("HTTP enqueue", admin.get("exposeHttpEnqueue", False))] if on]
+        if shown:
+            services = ", ".join("-console" if s == "console" else "-enqueue" for s in shown)
+            extra.append(f"{' and '.join(shown)} exposed on 0.0.0.0:9464 with Service {services}; "
+                         "metrics Service 9465 alone")
         if external:
             extra.append(f"config from ConfigMap {external}, [admin] and [redis.tls] as env")
         if values.get("commonLabels"):
@@ -613,6 +637,10 @@ def cmd_schema(work: str) -> None:
                    "allowedHosts")
     expect_refusal({"secrets": {"adminToken": {"existingSecret": "zdelay-admin"}}}, "a token Secret without its key",
                    "adminToken")
+    expect_refusal({"secrets": {"producerToken": {"key": "token"}}}, "a producer token key without its Secret",
+                   "producerToken")
+    expect_refusal({"admin": {"exposeHttpEnqueue": True}}, "the HTTP enqueue exposed without the producers' token",
+                   "secrets.producerToken")
     expect_refusal({"config": {"poller": {"per_shard": 3}}}, "poller.per_shard above 2", "per_shard")
     expect_refusal({"config": {"sinks": {"orders-eu": {"kind": "nats", "url": "nats://n:4222"}}}},
                    "a sink name that cannot be an environment variable's", "orders-eu")
@@ -875,7 +903,7 @@ def cmd_configs(out: str, zdelay: str) -> None:
             # Every setting the pod passes for [admin] and [redis.tls] is what the daemon uses.
             for var, raw in sorted(env.items()):
                 m = re.fullmatch(r"ZDELAY_(ADMIN|REDIS__TLS)__([A-Z_]+)", var)
-                if not m or var == "ZDELAY_ADMIN__TOKEN":
+                if not m or var in ("ZDELAY_ADMIN__TOKEN", "ZDELAY_ADMIN__PRODUCER_TOKEN"):
                     continue
                 section = shown["admin"] if m.group(1) == "ADMIN" else shown["redis"].get("tls") or {}
                 field = m.group(2).lower()
@@ -1176,6 +1204,65 @@ def cmd_chart_readme(*flags: str) -> None:
     print(f"  {os.path.relpath(README, ROOT)}: the values table matches values.yaml ({values_table().count(chr(10)) - 1} values)")
 
 
+def cmd_enqueue(out: str, zdelay: str) -> None:
+    """The enqueue case's pod, as rendered (its config and env, with a stand-in token), on a
+    real Redis on loopback: a producer calling the enqueue Service by its cluster name with
+    the token gets its job enqueued; a foreign host name and a missing token are refused; the
+    console is off."""
+    docs = load_case(out, "enqueue")
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "zdelay.toml" in d.get("data", {})]
+    text = cm["data"]["zdelay.toml"]
+    tmp = tempfile.mkdtemp(prefix="enqueue-", dir=out)
+    config = os.path.join(tmp, "zdelay.toml")
+    with open(config, "w") as f:
+        f.write(text)
+    redis_port, metrics_port, admin_port = free_port(), free_port(), free_port()
+    env = {**pod_env(docs, tomllib.loads(text)), "PATH": "/usr/bin:/bin", "ZDELAY_CONFIG": config,
+           "ZDELAY_REDIS__URL": f"redis://127.0.0.1:{redis_port}", "ZDELAY_LOG": "warn",
+           # Loopback here, where the pod binds 0.0.0.0.
+           "ZDELAY_ADMIN__LISTEN": f"127.0.0.1:{admin_port}",
+           "ZDELAY_ADMIN__METRICS_LISTEN": f"127.0.0.1:{metrics_port}"}
+    token = env["ZDELAY_ADMIN__PRODUCER_TOKEN"]
+    procs = []
+    try:
+        procs.append(subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+                                       "--save", "", "--appendonly", "no", "--dir", tmp],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        log = open(os.path.join(tmp, "zdelay.log"), "w")
+        procs.append(subprocess.Popen([zdelay, "run"], env=env, stdout=log, stderr=subprocess.STDOUT))
+        wait_for("zdelay ready", lambda: http_status(f"http://127.0.0.1:{metrics_port}/readyz") == 200, 30)
+
+        def post(host: str, auth: str | None) -> int:
+            req = urllib.request.Request(f"http://127.0.0.1:{admin_port}/api/jobs", method="POST",
+                                         data=b'{"dest":"emails","payload":"hello","in":"1h"}',
+                                         headers={"Host": host, "Content-Type": "application/json"})
+            if auth:
+                req.add_header("Authorization", f"Bearer {auth}")
+            try:
+                with urllib.request.urlopen(req, timeout=5) as res:
+                    return res.status
+            except urllib.error.HTTPError as e:
+                return e.code
+
+        svc = f"{RELEASE}-zdelay-enqueue"
+        for host in (f"{svc}:9464", f"{svc}.{NAMESPACE}:9464", f"{svc}.{NAMESPACE}.svc.cluster.local:9464"):
+            if (status := post(host, token)) != 201:
+                fail(f"POST /api/jobs to {host} with the producers' token answered {status}, want 201:\n"
+                     + open(os.path.join(tmp, "zdelay.log")).read()[-2000:])
+        for host, auth, want in ((f"other.{NAMESPACE}:9464", token, 403), (f"{svc}:9464", None, 403)):
+            if (status := post(host, auth)) != want:
+                fail(f"POST /api/jobs to {host} {'with' if auth else 'without'} the token answered {status}, want {want}")
+        if (status := http_status(f"http://127.0.0.1:{admin_port}/")) != 404:
+            fail(f"with admin.console false the console's page answered {status}, want 404")
+        print(f"  by its Service's names ({svc}, .{NAMESPACE}, .svc.cluster.local) with the token: 201;"
+              " another host or no token: 403; no console (404)")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def main() -> int:
     cmd, *args = sys.argv[1:]
     try:
@@ -1191,6 +1278,7 @@ def main() -> int:
             "chart-rules": lambda: cmd_chart_rules(*args),
             "chart-readme": lambda: cmd_chart_readme(*args),
             "helm-test": lambda: cmd_helm_test(*args),
+            "enqueue": lambda: cmd_enqueue(*args),
             "helm3": lambda: cmd_helm3(*args),
             "configs": lambda: cmd_configs(*args),
         }[cmd]()

@@ -212,7 +212,13 @@ sub-tables gets no header of its own.
 {{- define "zdelay.adminDict" -}}
 {{- $a := .Values.admin -}}
 {{- $admin := dict "console" $a.console "public_reads" $a.publicReads -}}
-{{- with $a.allowedHosts }}{{ $_ := set $admin "allowed_hosts" . }}{{ end -}}
+{{- $hosts := $a.allowedHosts | default list -}}
+{{- if $a.exposeHttpEnqueue -}}
+{{- /* The enqueue Service's names: producers in the cluster call it by them. */ -}}
+{{- $svc := printf "%s-enqueue" (include "zdelay.fullname" .) -}}
+{{- $hosts = concat $hosts (list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace)) -}}
+{{- end -}}
+{{- with $hosts }}{{ $_ := set $admin "allowed_hosts" . }}{{ end -}}
 {{- toJson $admin -}}
 {{- end -}}
 
@@ -296,6 +302,13 @@ ConfigMap's content: only a new name (or the derived env) rolls them.
 {{- if ne (empty $at.existingSecret) (empty $at.key) -}}
 {{- fail "secrets.adminToken.existingSecret and key go together (the Secret and its key holding the token)" -}}
 {{- end -}}
+{{- $pt := $s.producerToken -}}
+{{- if ne (empty $pt.existingSecret) (empty $pt.key) -}}
+{{- fail "secrets.producerToken.existingSecret and key go together (the Secret and its key holding the token)" -}}
+{{- end -}}
+{{- if and .Values.admin.exposeHttpEnqueue (not $pt.existingSecret) (not (has "ZDELAY_ADMIN__PRODUCER_TOKEN" $envNames)) -}}
+{{- fail "admin.exposeHttpEnqueue needs secrets.producerToken (without the producers' token the HTTP enqueue is off)" -}}
+{{- end -}}
 {{- $t := .Values.tls.redis -}}
 {{- if $t.enabled -}}
 {{- if not $t.existingSecret -}}
@@ -316,7 +329,7 @@ ConfigMap's content: only a new name (or the derived env) rolls them.
 - name: ZDELAY_CONFIG
   value: /etc/zdelay/zdelay.toml
 - name: ZDELAY_ADMIN__LISTEN
-  value: {{ printf "%s:%d" (ternary "0.0.0.0" "127.0.0.1" .Values.admin.exposeConsole) (.Values.admin.port | int) | quote }}
+  value: {{ printf "%s:%d" (ternary "0.0.0.0" "127.0.0.1" (or .Values.admin.exposeConsole .Values.admin.exposeHttpEnqueue)) (.Values.admin.port | int) | quote }}
 - name: ZDELAY_ADMIN__METRICS_LISTEN
   value: {{ printf "0.0.0.0:%d" (.Values.admin.metricsPort | int) | quote }}
 {{- if .Values.existingConfigMap }}
@@ -333,6 +346,15 @@ ConfigMap's content: only a new name (or the derived env) rolls them.
 {{- with .Values.secrets.adminToken }}
 {{- if .existingSecret }}
 - name: ZDELAY_ADMIN__TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .key }}
+{{- end }}
+{{- end }}
+{{- with .Values.secrets.producerToken }}
+{{- if .existingSecret }}
+- name: ZDELAY_ADMIN__PRODUCER_TOKEN
   valueFrom:
     secretKeyRef:
       name: {{ .existingSecret }}
@@ -465,7 +487,7 @@ ConfigMap's content: only a new name (or the derived env) rolls them.
     - name: {{ $port }}
       containerPort: {{ $v.admin.metricsPort }}
       protocol: TCP
-    {{- if and $v.admin.console $v.admin.exposeConsole }}
+    {{- if or (and $v.admin.console $v.admin.exposeConsole) $v.admin.exposeHttpEnqueue }}
     - name: {{ $console }}
       containerPort: {{ $v.admin.port }}
       protocol: TCP
