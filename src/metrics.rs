@@ -157,7 +157,7 @@ pub const METRICS: &[Metric] = &[
         labels: &[label("route")],
         help: "Jobs moved after waiting while their route was held by its rate or its list's bound.",
         details: "Routes with `rate` or `max_length` only. Their wait while held is counted in \
-                  `zdelay_deferral_seconds_total`, not in `zdelay_lateness_seconds`, so lateness \
+                  `zdelay_deferral_seconds`, not in `zdelay_lateness_seconds`, so lateness \
                   still means late against the promise.",
     },
     Metric {

@@ -2,7 +2,8 @@
 //! a daemon delivers local, two-phase, scheduled and dead jobs, its `/metrics` is scraped,
 //! and every `zdelay_*` name the dashboard and the rules use must be in the scrape. A name
 //! only a fault emits (an expired lease, a fenced settle) cannot be produced on demand here:
-//! those few are listed below and must at least be metric names the daemon declares.
+//! those few are listed below and must at least be metric names the daemon declares. Flow
+//! control's come from a second daemon, on storage layout 2, whose route's rate holds.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -156,6 +157,8 @@ target = "q:m"
         || format!("scraped: {:?}", scrape()),
     );
 
+    scraped.extend(flow_control_metrics());
+
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let declared = std::fs::read_to_string(root.join("src/metrics.rs")).expect("metrics.rs");
     let mut missing = Vec::new();
@@ -180,4 +183,59 @@ target = "q:m"
         "metrics the dashboard or rules query but the daemon does not export: {missing:?}\n\
          scraped: {scraped:?}"
     );
+}
+
+/// The series a daemon exports once a rate has held a route back (storage layout 2): ten jobs
+/// due at once on a route of 20 a second with a burst of one.
+fn flow_control_metrics() -> BTreeSet<String> {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        2,
+        r#"
+[poller]
+idle_poll = "50ms"
+
+[[routes]]
+name = "limited"
+sink = "local"
+target = "q:limited"
+rate = "20/s"
+burst = 1
+"#,
+    )
+    .on_layout_2();
+    let daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let client = rt
+        .block_on(zdelay::Client::open(&redis.url()))
+        .expect("open");
+    let jobs = (0..10)
+        .map(|i| zdelay::NewJob::new("limited", i.to_string()))
+        .collect();
+    let results = rt
+        .block_on(client.enqueue_batch(jobs, zdelay::OnConflict::Error))
+        .expect("enqueue");
+    assert!(results.iter().all(Result::is_ok));
+    let wanted = [
+        "zdelay_deferred_total",
+        "zdelay_deferral_seconds_bucket",
+        "zdelay_route_held",
+    ];
+    let mut scraped = BTreeSet::new();
+    wait_for_or_show(
+        "a scrape with the flow control metrics",
+        Duration::from_secs(20),
+        || {
+            let text = daemon.admin_get("/metrics").map(|(_, text)| text);
+            scraped = scraped_names(&text.unwrap_or_default());
+            wanted.iter().all(|w| scraped.contains(*w))
+        },
+        || {
+            let text = daemon.admin_get("/metrics").map(|(_, text)| text);
+            let names = scraped_names(&text.unwrap_or_default());
+            format!("scraped: {names:?}; log:\n{}", daemon.log_text())
+        },
+    );
+    scraped
 }
