@@ -460,10 +460,6 @@ pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Disp
     }
 }
 
-/// Reports that `context` works again after errors of `kind`; once nothing of the episode
-/// has failed for [`EPISODE_SETTLE`], the episode ends with one line (how long it lasted, how
-/// many errors it counted). Cheap when no episode is open: it runs after every successful
-/// call.
 /// A flow-controlled route's move: the jobs it deferred and for how long, and whether it
 /// holds back due work now (by rate or by its list's bound).
 pub fn record_flow(route: &str, reply: &zdelay_client::store::scripts::MoveReply) {
@@ -480,6 +476,10 @@ pub fn record_flow(route: &str, reply: &zdelay_client::store::scripts::MoveReply
     }
 }
 
+/// Reports that `context` works again after errors of `kind`; once nothing of the episode
+/// has failed for [`EPISODE_SETTLE`], the episode ends with one line (how long it lasted, how
+/// many errors it counted). Cheap when no episode is open: it runs after every successful
+/// call.
 pub fn recovered(kind: &'static str, context: &str) {
     if OPEN_EPISODES.load(Ordering::Relaxed) == 0 {
         return;
