@@ -172,7 +172,8 @@ pub const METRICS: &[Metric] = &[
         kind: Kind::Gauge,
         labels: &[label("route"), label("by")],
         help: "1 while a route holds back due work, by `rate` or `max_length`; else 0.",
-        details: "Set by the daemon that last moved the route's jobs.",
+        details: "Sampled from the route's flow state in Redis every `poller.stats_interval` \
+                  by every instance, like the backlog gauges: combine with `max`.",
     },
     Metric {
         name: JOBS_MOVED,
@@ -460,19 +461,14 @@ pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Disp
     }
 }
 
-/// A flow-controlled route's move: the jobs it deferred and for how long, and whether it
-/// holds back due work now (by rate or by its list's bound).
+/// A flow-controlled route's move: the jobs it deferred and for how long. (Whether the route
+/// is held is sampled from Redis with the backlog gauges, `stats::publish_gauges`.)
 pub fn record_flow(route: &str, reply: &zdelay_client::store::scripts::MoveReply) {
-    use zdelay_client::store::scripts::Held;
     if reply.deferred > 0 {
         ::metrics::counter!(DEFERRED, "route" => route.to_owned()).increment(reply.deferred);
         let mean_s = reply.deferral_ms as f64 / reply.deferred as f64 / 1000.0;
         ::metrics::histogram!(DEFERRAL, "route" => route.to_owned())
             .record_many(mean_s, reply.deferred as usize);
-    }
-    for (by, held) in [("rate", Held::Rate), ("max_length", Held::MaxLength)] {
-        ::metrics::gauge!(ROUTE_HELD, "route" => route.to_owned(), "by" => by)
-            .set(if reply.held == held { 1.0 } else { 0.0 });
     }
 }
 

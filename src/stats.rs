@@ -3,7 +3,8 @@
 //! and by the daemon's low-rate sampler (never by the hot loop).
 
 use crate::metrics::{
-    DEAD, DUE_BACKLOG, INFLIGHT, OLDEST_DUE_AGE, SCHEDULED, SINK_OLDEST_WAITING, SINK_WAITING,
+    DEAD, DUE_BACKLOG, INFLIGHT, OLDEST_DUE_AGE, ROUTE_HELD, SCHEDULED, SINK_OLDEST_WAITING,
+    SINK_WAITING,
 };
 use crate::poller::{self, TargetId};
 use serde::Serialize;
@@ -62,6 +63,8 @@ pub struct RouteFlowState {
     pub key_rate: Option<String>,
     /// Since when the route holds back due work (Redis ms); `None`: flowing.
     pub held_since_ms: Option<i64>,
+    /// What holds it: `"rate"` or `"max_length"`; `None`: flowing.
+    pub held_by: Option<String>,
 }
 
 /// A daemon registered on the namespace (poller-slot heartbeat).
@@ -296,7 +299,7 @@ pub async fn gather_sampled(
     })
 }
 
-/// The flow state of each route lane whose route has flow control: one `HGET` each.
+/// The flow state of each route lane whose route has flow control: one `HMGET` each.
 async fn flow_states(
     con: &mut Conn,
     config: &Config,
@@ -311,11 +314,19 @@ async fn flow_states(
         else {
             continue;
         };
-        let held: Option<i64> = redis::cmd("HGET")
+        let (held, by): (Option<i64>, Option<String>) = redis::cmd("HMGET")
             .arg(&lane.keys.flow)
             .arg("held_since")
+            .arg("held_by")
             .query_async(con)
             .await?;
+        // A hold an older build began names no cause: the route's only limit, else its rate.
+        let by = held.map(|_| {
+            by.unwrap_or_else(|| match (&route.rate, route.max_length) {
+                (None, Some(_)) => "max_length".to_owned(),
+                _ => "rate".to_owned(),
+            })
+        });
         out.push(RouteFlowState {
             route: route.name.clone(),
             rate: route.rate.clone(),
@@ -323,6 +334,7 @@ async fn flow_states(
             key_header: route.key_header.clone(),
             key_rate: route.key_rate.clone(),
             held_since_ms: held,
+            held_by: by,
         });
     }
     Ok(out)
@@ -583,6 +595,17 @@ pub fn publish_gauges(stats: &Stats) {
         metrics::gauge!(INFLIGHT, label => value.clone()).set(b.inflight as f64);
         metrics::gauge!(DEAD, label => value.clone()).set(b.dead as f64);
         metrics::gauge!(OLDEST_DUE_AGE, label => value).set(b.oldest_due_age_ms as f64 / 1000.0);
+    }
+    // From Redis's flow state, so every instance reports the same, whichever moved the route.
+    for f in &stats.flow {
+        for by in ["rate", "max_length"] {
+            let held = f.held_by.as_deref() == Some(by);
+            metrics::gauge!(ROUTE_HELD, "route" => f.route.clone(), "by" => by).set(if held {
+                1.0
+            } else {
+                0.0
+            });
+        }
     }
     for w in &stats.waiting {
         metrics::gauge!(SINK_WAITING, "sink" => w.sink.clone()).set(w.jobs as f64);

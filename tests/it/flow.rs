@@ -206,7 +206,7 @@ max_length = 100
         longest = longest.max(len);
     }
     assert_eq!(longest, 100, "the list never grows past its bound");
-    wait_for("the route reported held", Duration::from_secs(5), || {
+    wait_for("the route reported held", Duration::from_secs(15), || {
         daemon.metric(
             "zdelay_route_held",
             &[("route", "bounded"), ("by", "max_length")],
@@ -221,6 +221,7 @@ max_length = 100
         "{stats:#}"
     );
     assert!(flow["held_since_ms"].as_i64().is_some(), "{stats:#}");
+    assert_eq!(flow["held_by"], "max_length", "{stats:#}");
     let text = String::from_utf8_lossy(&config.cli(&["stats"]).stdout).into_owned();
     assert!(
         text.contains("route bounded (max_length 100): held for"),
@@ -230,7 +231,7 @@ max_length = 100
     let got = consume(&mut con, "q:bounded", 1000, Duration::from_secs(20));
     let ids: HashSet<usize> = got.iter().map(|(_, i)| *i).collect();
     assert_eq!((got.len(), ids.len()), (1000, 1000), "every job once");
-    wait_for("the route flowing again", Duration::from_secs(5), || {
+    wait_for("the route flowing again", Duration::from_secs(15), || {
         daemon.metric(
             "zdelay_route_held",
             &[("route", "bounded"), ("by", "max_length")],
@@ -472,7 +473,7 @@ key_rate = "50/s"
     // The console, in a real browser: each limit, and whether its route holds work back now.
     let now = redis_now_ms(&mut con);
     enqueue(&rt, &client, "bounded", 10, |_| now);
-    wait_for("the bounded route held", Duration::from_secs(10), || {
+    wait_for("the bounded route held", Duration::from_secs(15), || {
         daemon.metric(
             "zdelay_route_held",
             &[("route", "bounded"), ("by", "max_length")],

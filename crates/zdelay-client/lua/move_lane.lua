@@ -15,7 +15,8 @@
 --                                                         "at" (the rate's bucket, refilled at
 --                                                         ms "at"), "held_since" (ms the route
 --                                                         has been held since, by its rate or
---                                                         its list's bound; absent: flowing)
+--                                                         its list's bound; absent: flowing) and
+--                                                         "held_by" ("rate" or "max_length")
 -- KEYS[11] marker   STRING zdelay:{emj}:lane:<route>      "2 <lane> <LPUSH|RPUSH> <list key>"
 -- KEYS[12] unique   HASH   zdelay:{emj}:unique:<route>    stored id -> its unique_for window ms
 -- KEYS[13] windows  ZSET   zdelay:{emj}:windows:<route>   "u:<stored id>" -> ms until which it
@@ -462,8 +463,12 @@ if rate or max_length then
     writes[#writes + 1] = 'held_since'
     writes[#writes + 1] = now_ms
   end
+  if held then
+    writes[#writes + 1] = 'held_by'
+    writes[#writes + 1] = held_by == 1 and 'rate' or 'max_length'
+  end
   if #writes > 0 then redis.call('HSET', flow_key, unpack(writes)) end
-  if held_since and not held then redis.call('HDEL', flow_key, 'held_since') end
+  if held_since and not held then redis.call('HDEL', flow_key, 'held_since', 'held_by') end
   if held then
     -- When the route may move again: enough tokens for a tenth of a second's worth (at least
     -- one job, at most a batch), or the next look at the list.
