@@ -711,7 +711,7 @@ fn replica_promoted_in_a_cluster() {
     wait_for_or_show(
         "the replica promoted",
         Duration::from_secs(20),
-        || cluster.master_of("{zdelay:0}:due") == replica,
+        || cluster.master_serving("{zdelay:0}:due") == Ok(replica),
         || cluster.log_tails(20),
     );
     cluster.wait_ok();

@@ -1169,12 +1169,19 @@ impl RedisCluster {
 
     /// The port of the master serving `key`'s slot.
     pub fn master_of(&self, key: &str) -> u16 {
+        self.master_serving(key)
+            .unwrap_or_else(|slots| panic!("no master for {key} in {slots}"))
+    }
+
+    /// The port of the master serving `key`'s slot, or what `CLUSTER SLOTS` said instead: in
+    /// the middle of a failover a node may list the slot under no master for a moment.
+    pub fn master_serving(&self, key: &str) -> Result<u16, String> {
         let live = self.live_port();
         let slot: u16 = redis_cli_auth(live, &self.auth_args(), &["CLUSTER", "KEYSLOT", key])
             .and_then(|s| s.trim().parse().ok())
-            .expect("CLUSTER KEYSLOT");
-        let shards =
-            redis_cli_auth(live, &self.auth_args(), &["CLUSTER", "SLOTS"]).expect("CLUSTER SLOTS");
+            .ok_or("no answer to CLUSTER KEYSLOT")?;
+        let shards = redis_cli_auth(live, &self.auth_args(), &["CLUSTER", "SLOTS"])
+            .ok_or("no answer to CLUSTER SLOTS")?;
         // redis-cli prints: start, end, then [ip, port, id] per node, master first.
         let lines: Vec<&str> = shards.lines().map(str::trim).collect();
         let mut i = 0;
@@ -1184,11 +1191,11 @@ impl RedisCluster {
                 && let Ok(port) = lines[i + 3].parse::<u16>()
                 && (start..=end).contains(&slot)
             {
-                return port;
+                return Ok(port);
             }
             i += 1;
         }
-        panic!("no master for slot {slot} in {shards}")
+        Err(format!("slot {slot} in {shards}"))
     }
 
     /// A node still running.
