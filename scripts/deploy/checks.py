@@ -188,6 +188,13 @@ def duration_ms(text: str) -> int:
     return sum(int(n) * factors[u] for n, u in re.findall(r"([0-9]+)(ms|s|m|h)", text))
 
 
+def exposed(admin: dict) -> dict[str, bool]:
+    """What the values put on 0.0.0.0:9464 with a Service of its own: the console (when on
+    and exposeConsole) and the HTTP enqueue (exposeHttpEnqueue)."""
+    return {"console": admin.get("console", True) and admin.get("exposeConsole", False),
+            "enqueue": admin.get("exposeHttpEnqueue", False)}
+
+
 def check_container(c: dict, case: str, sidecar: bool, admin: dict | None = None) -> None:
     sc = c.get("securityContext") or {}
     want = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}
@@ -202,9 +209,9 @@ def check_container(c: dict, case: str, sidecar: bool, admin: dict | None = None
     # The console and the HTTP enqueue on loopback unless exposed; probes and metrics on a
     # port of their own.
     admin = admin or {}
-    enqueue = admin.get("exposeHttpEnqueue", False)
-    exposed = (admin.get("console", True) and admin.get("exposeConsole", False)) or enqueue
-    public = admin.get("exposeConsole", False) or enqueue
+    port_open = any(exposed(admin).values())
+    # exposeConsole binds 0.0.0.0 even with the console off (nothing but health there then).
+    public = admin.get("exposeConsole", False) or port_open
     listen = ("0.0.0.0" if public else "127.0.0.1") + ":9464"
     if env.get("ZDELAY_ADMIN__LISTEN", {}).get("value") != listen:
         fail(f"{case}: ZDELAY_ADMIN__LISTEN must be {listen}")
@@ -214,7 +221,7 @@ def check_container(c: dict, case: str, sidecar: bool, admin: dict | None = None
     metrics = "zdelay-metrics" if sidecar else "metrics"
     if ports.get(metrics) != 9465:
         fail(f"{case}: container port {metrics} must be 9465, ports are {ports}")
-    if (9464 in ports.values()) != exposed:
+    if (9464 in ports.values()) != port_open:
         fail(f"{case}: the console's port 9464 is a container port iff admin.exposeConsole (with the "
              f"console) or admin.exposeHttpEnqueue: {ports}")
     if env.get("ZDELAY_CONFIG", {}).get("value") != "/etc/zdelay/zdelay.toml":
@@ -433,12 +440,10 @@ def cmd_assert(out: str) -> None:
         if [(p["name"], p["port"]) for p in svc["spec"]["ports"]] != [("metrics", 9465)]:
             fail(f"{name}: Service {fullname} must carry the metrics port 9465 alone, never the console")
         admin = values.get("admin", {})
-        for suffix, exposed, value in [
-            ("console", admin.get("console", True) and admin.get("exposeConsole", False), "admin.exposeConsole"),
-            ("enqueue", admin.get("exposeHttpEnqueue", False), "admin.exposeHttpEnqueue"),
-        ]:
+        exposure = exposed(admin)
+        for suffix, value in [("console", "admin.exposeConsole"), ("enqueue", "admin.exposeHttpEnqueue")]:
             svcs = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == f"{fullname}-{suffix}"]
-            if bool(svcs) != exposed or (svcs and svcs[0]["spec"]["ports"][0]["port"] != 9464):
+            if bool(svcs) != exposure[suffix] or (svcs and svcs[0]["spec"]["ports"][0]["port"] != 9464):
                 fail(f"{name}: Service {fullname}-{suffix} (port 9464) rendered iff {value}")
         producer = values.get("secrets", {}).get("producerToken", {})
         token = [e for e in c.get("env", []) if e["name"] == "ZDELAY_ADMIN__PRODUCER_TOKEN"]
@@ -503,12 +508,11 @@ def cmd_assert(out: str) -> None:
             if "url" in cfg["redis"]:
                 fail("cluster: redis.url must be left out (url: null) when cluster_nodes is set")
             extra.append(f"redis.cluster_nodes = {len(nodes)} seeds")
-        shown = [s for s, on in [("console", admin.get("console", True) and admin.get("exposeConsole", False)),
-                                  ("HTTP enqueue", admin.get("exposeHttpEnqueue", False))] if on]
+        shown = [s for s, on in exposure.items() if on]
         if shown:
-            services = ", ".join("-console" if s == "console" else "-enqueue" for s in shown)
-            extra.append(f"{' and '.join(shown)} exposed on 0.0.0.0:9464 with Service {services}; "
-                         "metrics Service 9465 alone")
+            names = {"console": "console", "enqueue": "HTTP enqueue"}
+            extra.append(f"{' and '.join(names[s] for s in shown)} exposed on 0.0.0.0:9464 with Service "
+                         f"{', '.join('-' + s for s in shown)}; metrics Service 9465 alone")
         if external:
             extra.append(f"config from ConfigMap {external}, [admin] and [redis.tls] as env")
         if values.get("commonLabels"):
@@ -953,6 +957,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_redis(port: int, tmp: str, log) -> subprocess.Popen:
+    """A throwaway redis-server on 127.0.0.1:`port`, no persistence, its files under `tmp`."""
+    return subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", tmp], env={"PATH": "/usr/bin:/bin"},
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
 def http_status(url: str) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as res:
@@ -1006,8 +1017,8 @@ def cmd_helm_test(out: str, zdelay: str, busybox: str) -> None:
                               text=True, timeout=120)
 
     try:
-        redis = start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                       "--appendonly", "no", "--dir", tmp], {"PATH": "/usr/bin:/bin"}, "redis.log")
+        redis = start_redis(redis_port, tmp, open(os.path.join(tmp, "redis.log"), "w"))
+        procs.append(redis)
 
         def redis_up() -> bool:
             try:
@@ -1225,9 +1236,7 @@ def cmd_enqueue(out: str, zdelay: str) -> None:
     token = env["ZDELAY_ADMIN__PRODUCER_TOKEN"]
     procs = []
     try:
-        procs.append(subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
-                                       "--save", "", "--appendonly", "no", "--dir", tmp],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(start_redis(redis_port, tmp, subprocess.DEVNULL))
         log = open(os.path.join(tmp, "zdelay.log"), "w")
         procs.append(subprocess.Popen([zdelay, "run"], env=env, stdout=log, stderr=subprocess.STDOUT))
         wait_for("zdelay ready", lambda: http_status(f"http://127.0.0.1:{metrics_port}/readyz") == 200, 30)

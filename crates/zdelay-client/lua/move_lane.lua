@@ -105,10 +105,10 @@ local flow_at = 8 + bound_count
 local rate, burst = tonumber(ARGV[flow_at]), tonumber(ARGV[flow_at + 1])
 local max_length, hold_recheck = tonumber(ARGV[flow_at + 2]), tonumber(ARGV[flow_at + 3])
 local allowed = tonumber(ARGV[2])
-local tokens, held_since, held_by = nil, nil, 0
+local tokens, held_since, held_by, was_held_by = nil, nil, 0, nil
 if rate or max_length then
-  local state = redis.call('HMGET', flow_key, 'tokens', 'at', 'held_since')
-  held_since = tonumber(state[3])
+  local state = redis.call('HMGET', flow_key, 'tokens', 'at', 'held_since', 'held_by')
+  held_since, was_held_by = tonumber(state[3]), state[4]
   if rate then
     tokens = tonumber(state[1]) or burst
     local at = tonumber(state[2]) or now_ms
@@ -463,9 +463,10 @@ if rate or max_length then
     writes[#writes + 1] = 'held_since'
     writes[#writes + 1] = now_ms
   end
-  if held then
+  local by = held and (held_by == 1 and 'rate' or 'max_length')
+  if by and by ~= was_held_by then
     writes[#writes + 1] = 'held_by'
-    writes[#writes + 1] = held_by == 1 and 'rate' or 'max_length'
+    writes[#writes + 1] = by
   end
   if #writes > 0 then redis.call('HSET', flow_key, unpack(writes)) end
   if held_since and not held then redis.call('HDEL', flow_key, 'held_since', 'held_by') end

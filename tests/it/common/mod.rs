@@ -861,7 +861,7 @@ impl PrivateBrokers {
     /// the check and the bind) is retried once on fresh ports before the test fails.
     pub fn start_with(kind: &str, env: &[(&str, &str)]) -> Self {
         let started = Instant::now();
-        let mut failures = Vec::new();
+        let mut last_failure = String::new();
         for attempt in 1..=2 {
             let dir = tempfile::tempdir().expect("a temp dir");
             let out = Command::new("bash")
@@ -887,17 +887,10 @@ impl PrivateBrokers {
             }
             let stderr = String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            eprintln!(
-                "private {kind}: attempt {attempt} failed:\n{}",
-                tail.join("\n")
-            );
-            failures.push(tail.join("\n"));
+            last_failure = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+            eprintln!("private {kind}: attempt {attempt} failed:\n{last_failure}");
         }
-        panic!(
-            "services.sh start {kind} failed twice; the last failure:\n{}",
-            failures.last().map(String::as_str).unwrap_or_default()
-        )
+        panic!("services.sh start {kind} failed twice; the last failure:\n{last_failure}")
     }
 
     /// A `ZDELAY_TEST_…` value of this instance, e.g. `var("NATS_URL")`.
