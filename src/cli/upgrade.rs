@@ -182,6 +182,15 @@ impl Printer {
                     eprintln!("moved {total} jobs");
                 }
             }
+            Progress::Settling {
+                shard,
+                jobs,
+                lease_left_ms,
+            } => eprintln!(
+                "layout-1 shard {shard}: waiting for {jobs} jobs in flight to be settled by \
+                 their publishers (their leases end within {:.1} s)",
+                lease_left_ms.max(0) as f64 / 1000.0
+            ),
             Progress::ShardDone { .. } => {}
             Progress::Finishing => eprintln!("every layout-1 shard is empty: writing layout 2"),
         }

@@ -439,6 +439,20 @@ route = "m"
             rt.block_on(scripts::delete_schedule(&mut lcon, at, "s", 3_600_000))
                 .expect("delete_schedule_lane")
         );
+        // The route's list moves to another slot: the emptied lane is retired (retire_lane).
+        let (_, change) = rt
+            .block_on(lanes::register(
+                &mut lcon,
+                &lane_keys,
+                "emails",
+                "q:lanecalls:elsewhere",
+                zdelay::config::Push::Lpush,
+            ))
+            .expect("register again");
+        assert!(
+            matches!(change, scripts::LaneChange::Moved { .. }),
+            "{change:?}"
+        );
     }
     // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
     // dead job's history, and needs no daemon running.

@@ -5,6 +5,10 @@ import { randomBytes } from "crypto";
 import Redis, { Cluster } from "ioredis";
 
 export const PROTOCOL = 1;
+/** This client's release: a namespace whose schema names a newer `min_version` is refused. */
+export const VERSION = "0.1.0";
+/** Milliseconds a lookup by id waits, while `zdelay upgrade` runs, for the job to leave layout 1. */
+const UPGRADE_WAIT_MS = 3000;
 const SLOTS = 16384;
 
 export class ZdelayError extends Error {
@@ -19,6 +23,10 @@ export class NoNamespace extends ZdelayError { retryable = true; }
 export class ProtocolError extends ZdelayError {}
 /** The namespace changed under the call (reshard, upgrade, a lane moved): nothing was written. */
 export class Fenced extends ZdelayError { retryable = true; }
+/** `zdelay upgrade` has not moved the job looked up by id to layout 2 yet: nothing was written; try again. */
+export class Upgrading extends Fenced {}
+/** The namespace needs a newer client (`min_version`, or an unknown storage layout): nothing was written. */
+export class LayoutTooNew extends ProtocolError {}
 export class UnknownDestination extends ZdelayError {}
 export class JobExists extends ZdelayError {}
 /** A daemon could not apply a schedule request: the message names why; nothing of it was written. */
@@ -89,6 +97,8 @@ const marker = (l: Lane) => `2 ${l.number.toString(36)} ${l.push} ${l.list}`;
 interface Namespace {
   name: string; layout: number; shards: number;
   lanes: Map<string, Lane>; twoPhase: Set<string>;
+  /** `zdelay upgrade` is moving it to layout 2: jobs not moved yet are in their layout-1 shards. */
+  upgrading: boolean;
 }
 function shardKeys(ns: Namespace, shard: number, ...kinds: string[]): string[] {
   if (ns.layout === 1) return kinds.map((k) => `{${ns.name}:${shard}}:${k}`);
@@ -99,9 +109,39 @@ function shardKeys(ns: Namespace, shard: number, ...kinds: string[]): string[] {
 type Command = (string | number | Buffer)[];
 type Op<T> = Generator<Command[], T, unknown[]>;
 
+/** A semantic version's precedence as comparable parts (a pre-release sorts before its release;
+ * build metadata is ignored), or null for text that is no version. */
+export function versionKey(text: string): (number | string)[][] | null {
+  const [core, ...pre] = text.split("+", 1)[0].split("-");
+  const parts = core.split(".");
+  if (parts.length !== 3 || !parts.every((p) => /^[0-9]+$/.test(p))) return null;
+  const tags = pre.length ? pre.join("-").split(".").map((t) => (/^[0-9]+$/.test(t) ? [0, Number(t), ""] : [1, 0, t])) : [];
+  return [parts.map(Number), [pre.length ? 0 : 1], ...tags];
+}
+
+/** Negative, zero or positive as version `a` sorts before, with or after `b` (both versions). */
+export function compareVersions(a: string, b: string): number {
+  const [x, y] = [versionKey(a)!, versionKey(b)!];
+  for (let i = 0; i < Math.max(x.length, y.length); i++) {
+    if (x[i] === undefined || y[i] === undefined) return x[i] === undefined ? -1 : 1;
+    for (let j = 0; j < x[i].length; j++) {
+      if (x[i][j] !== y[i][j]) return x[i][j] < y[i][j] ? -1 : 1;
+    }
+  }
+  return 0;
+}
+
+function tooNew(name: string | null, layout: number, minVersion: string | null): LayoutTooNew {
+  const what = name ? `namespace ${name}` : "the namespace";
+  return new LayoutTooNew(minVersion
+    ? `${what} needs zdelay ${minVersion} or later (storage layout ${layout}; this is the zdelay Node client ${VERSION}): `
+      + `upgrade the client to ${minVersion} or later`
+    : `${what} is on storage layout ${layout}, which this client (${VERSION}) does not know (it knows 1 and 2): upgrade the client`);
+}
+
 function* loadNamespace(name: string): Op<Namespace> {
-  const [layout, shards, migrating, upgrading, protocol] = yield [
-    ...["layout", "shards", "migrating", "upgrading"].map((f) => ["HGET", `${name}:schema`, f]),
+  const [layout, shards, migrating, upgrading, minVersion, protocol] = yield [
+    ...["layout", "shards", "migrating", "upgrading", "min_version"].map((f) => ["HGET", `${name}:schema`, f]),
     ["FCALL", "zd1_protocol", 0],
   ];
   if (shards == null) {
@@ -113,10 +153,17 @@ function* loadNamespace(name: string): Op<Namespace> {
   }
   const spoken = Number((protocol as unknown[])[0]);
   if (spoken !== PROTOCOL) throw new ProtocolError(`the server's zd${PROTOCOL}_protocol says ${spoken}; this client speaks ${PROTOCOL}`);
-  if (migrating != null) throw new Fenced(`namespace ${name} is being resharded (${migrating}): try again`);
   const n = Number(String(upgrading ?? layout));
-  if (n !== 1 && n !== 2) throw new ProtocolError(`namespace ${name} is on storage layout ${n}; this client knows 1 and 2`);
-  const ns: Namespace = { name, layout: n, shards: Number(String(shards)), lanes: new Map(), twoPhase: new Set() };
+  if (minVersion != null) {
+    const needed = String(minVersion);
+    if (!versionKey(needed)) throw new ProtocolError(`${name}:schema field min_version holds ${JSON.stringify(needed)}, not a version`);
+    if (compareVersions(needed, VERSION) > 0) throw tooNew(name, n, needed);
+  }
+  if (n !== 1 && n !== 2) throw tooNew(name, n, null);
+  if (migrating != null) throw new Fenced(`namespace ${name} is being resharded (${migrating}): try again`);
+  const ns: Namespace = {
+    name, layout: n, shards: Number(String(shards)), lanes: new Map(), twoPhase: new Set(), upgrading: upgrading != null,
+  };
   if (n === 2) {
     const [registry] = yield [["HGETALL", `${name}:lanes`]];
     const flat = (registry as Buffer[]).map(String);
@@ -324,7 +371,12 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
   return results;
 }
 
-function place(ns: Namespace, id: string, dest?: string): [Lane | undefined, string] {
+const NOWHERE: [undefined, null] = [undefined, null];
+
+/** Where an id lives: [its lane, stored id], [undefined, id] for a shard, or NOWHERE. On layout 2
+ * an id of your own without `dest` is looked for in every lane and in its spread shard (one
+ * HEXISTS each); held in more than one place, it needs `dest`. */
+function* place(ns: Namespace, id: string, dest?: string): Op<[Lane | undefined, string | null]> {
   if (ns.layout === 2 && id.startsWith("~")) {
     const [num, stored] = id.slice(1).split(".", 2);
     if (!stored || stored.length !== 12) throw new InvalidJob("id", `${id} is not a generated id (~<lane>.<12 characters>)`);
@@ -333,15 +385,44 @@ function place(ns: Namespace, id: string, dest?: string): [Lane | undefined, str
     return [lane, stored];
   }
   if (ns.layout === 2 && dest === undefined) {
-    throw new InvalidJob("dest", "on storage layout 2 an id of your own is found through its destination: give dest");
+    const lanes = [...ns.lanes.values()];
+    const shard = shardKeys(ns, shardOf(id, ns.shards), "jobs")[0];
+    const held = yield [...lanes.map((l) => ["HEXISTS", laneKeys(ns.name, l, "jobs")[0], id]), ["HEXISTS", shard, id]];
+    for (const reply of held) if (reply instanceof Error) throw reply;
+    const places: [Lane | undefined, string][] = lanes.flatMap((l, i) => (Number(held[i]) ? [[l, id] as [Lane, string]] : []));
+    if (Number(held[lanes.length])) places.push([undefined, id]);
+    if (places.length > 1) {
+      const names = places.map(([l]) => (l ? l.route : "a two-phase destination")).join(", ");
+      throw new InvalidJob("dest", `job id ${JSON.stringify(id)} is stored for ${names}: on storage layout 2 an id of your own is unique per route; give dest`);
+    }
+    return places[0] ?? NOWHERE;
   }
   return [ns.layout === 2 && dest !== undefined ? ns.lanes.get(dest) : undefined, id];
+}
+
+/** While `zdelay upgrade` runs: whether the layout-1 shard of `id` still holds it. The upgrade
+ * writes a job into layout 2 before it deletes it from layout 1, so once it is gone there, layout
+ * 2 has it. A generated id was never given out on layout 1. Notes when the upgrade finished. */
+function* stillInLayout1(ns: Namespace, id: string): Op<boolean> {
+  if (!ns.upgrading || id.startsWith("~")) return false;
+  const [upgrading, held] = yield [["HGET", `${ns.name}:schema`, "upgrading"], ["HEXISTS", `{${ns.name}:${shardOf(id, ns.shards)}}:jobs`, id]];
+  if (upgrading instanceof Error) throw upgrading;
+  if (held instanceof Error) throw held;
+  if (upgrading == null) {
+    ns.upgrading = false;
+    return false;
+  }
+  return Number(held) === 1;
 }
 
 const FENCES = ["ZDELAY_RESHARDED", "ZDELAY_MIGRATING", "ZDELAY_LAYOUT", "ZDELAY_LANE_MOVED", "ZDELAY_LANE_CHANGED"];
 const isFence = (r: unknown) => r instanceof Error && FENCES.some((f) => r.message.startsWith(f));
 function ok(reply: unknown): any {
   if (reply instanceof Error) {
+    const [code, layout, version] = reply.message.split(" ");
+    if (code === "ZDELAY_LAYOUT" && version !== undefined && (Number(layout) > 2 || !versionKey(version) || compareVersions(version, VERSION) > 0)) {
+      throw tooNew(null, Number(layout), version);
+    }
     if (isFence(reply)) throw new Fenced(reply.message);
     if (reply.message.startsWith("ZDELAY_NO_LANE")) throw new UnknownDestination(`no daemon registered this route's lane (${reply.message})`);
     throw reply;
@@ -350,7 +431,8 @@ function ok(reply: unknown): any {
 }
 
 function* cancelOp(ns: Namespace, id: string, dest?: string): Op<"cancelled" | "not_pending" | "in_flight"> {
-  const [lane, stored] = place(ns, id, dest);
+  const [lane, stored] = yield* place(ns, id, dest);
+  if (stored === null) return "not_pending";
   let code: unknown;
   // With the job's unique-window key, so its window entry goes too; a user whose ACL
   // predates that key cancels without it.
@@ -364,7 +446,8 @@ function* cancelOp(ns: Namespace, id: string, dest?: string): Op<"cancelled" | "
 }
 
 function* rescheduleOp(ns: Namespace, id: string, due: string, dest?: string): Op<number | null> {
-  const [lane, stored] = place(ns, id, dest);
+  const [lane, stored] = yield* place(ns, id, dest);
+  if (stored === null) return null;
   const wake = `${ns.name}:wake`;
   const shard = shardOf(id, ns.shards);
   const [ms] = lane
@@ -381,7 +464,8 @@ export interface JobView {
 }
 
 function* getOp(ns: Namespace, id: string, dest?: string): Op<JobView | null> {
-  const [lane, stored] = place(ns, id, dest);
+  const [lane, stored] = yield* place(ns, id, dest);
+  if (stored === null) return null;
   let due, ready = null, inflight = null, dead, payload: Buffer | null, reason, late, m: any = {}, jobDest: string | null;
   let t: Buffer[];
   if (lane) {
@@ -514,13 +598,26 @@ export class Client {
     return this.ns;
   }
 
-  private async run<T>(make: (ns: Namespace) => Op<T>): Promise<T> {
+  /** `make` on the namespace; once more after reading it again when a fence refused the call.
+   * With `id` (a lookup by id), first waits while `zdelay upgrade` has not moved that job. */
+  private async run<T>(make: (ns: Namespace) => Op<T>, id?: string): Promise<T> {
     try {
-      return await this.drive(make(await this.namespaceOf()));
+      return await this.drive(make(await this.moved(await this.namespaceOf(), id)));
     } catch (e) {
-      if (!(e instanceof Fenced)) throw e;
-      return this.drive(make(await this.namespaceOf(true)));
+      if (!(e instanceof Fenced) || e instanceof Upgrading) throw e;
+      return this.drive(make(await this.moved(await this.namespaceOf(true), id)));
     }
+  }
+
+  private async moved(ns: Namespace, id?: string): Promise<Namespace> {
+    const deadline = Date.now() + UPGRADE_WAIT_MS;
+    while (id !== undefined && (await this.drive(stillInLayout1(ns, id)))) {
+      if (Date.now() > deadline) {
+        throw new Upgrading(`namespace ${ns.name} is being upgraded to storage layout 2 and job ${id} is not moved yet: nothing was written; try again`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    return ns;
   }
 
   /** One result per job, in order: `Enqueued`, or the error of that job alone. */
@@ -543,17 +640,17 @@ export class Client {
 
   /** "cancelled", "not_pending" (delivered, dead, unknown) or "in_flight". */
   cancel(id: string, dest?: string) {
-    return this.run((ns) => cancelOp(ns, id, dest));
+    return this.run((ns) => cancelOp(ns, id, dest), id);
   }
 
   /** The new due time in epoch ms, or null when the job is not pending. */
   reschedule(id: string, when: { at?: Date | number; delay?: number; dest?: string }) {
     const due = dueArg(when.at, when.delay);
-    return this.run((ns) => rescheduleOp(ns, id, due, when.dest));
+    return this.run((ns) => rescheduleOp(ns, id, due, when.dest), id);
   }
 
   get(id: string, dest?: string) {
-    return this.run((ns) => getOp(ns, id, dest));
+    return this.run((ns) => getOp(ns, id, dest), id);
   }
 
   /**

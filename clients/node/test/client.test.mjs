@@ -1,12 +1,12 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 import Redis, { Cluster } from "ioredis";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import * as zdelay from "../dist/esm/index.js";
-import { ROOT, startRedis, startDaemon, waitFor } from "./servers.mjs";
+import { ROOT, ZDELAY as zdelayBin, startRedis, startDaemon, waitFor } from "./servers.mjs";
 
 const VECTORS = JSON.parse(readFileSync(join(ROOT, "docs/reference/protocol-vectors.json"), "utf8"));
 const TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -258,7 +258,9 @@ test("on a cluster on layout 2, jobs go to their route's lane and are delivered"
       assert.equal((await client.get(later.id)).state, "scheduled");
       await client.enqueue({ dest: "emails", payload: "mine", id: "mine", delay: 3_600_000, headers: { k: "v" } });
       assert.deepEqual((await client.get("mine", "emails")).headers, { k: "v" });
-      await assert.rejects(client.get("mine"), (e) => e instanceof zdelay.InvalidJob && e.field === "dest");
+      // Without its destination, an id of your own is looked for in every lane.
+      assert.equal((await client.get("mine")).dest, "emails");
+      assert.equal(await client.get("nobody"), null);
       await assert.rejects(client.enqueue({ dest: "nowhere", payload: "x" }), zdelay.UnknownDestination);
       assert.equal(await client.cancel(later.id), "cancelled");
       await client.enqueue({ dest: "emails", payload: "now" });
@@ -273,4 +275,96 @@ test("on a cluster on layout 2, jobs go to their route's lane and are delivered"
   } finally {
     for (const n of nodes) await n.stop();
   }
+});
+
+// `zdelay upgrade --yes`, held right after it fenced every layout-1 shard (nothing moved yet)
+// until release().
+async function heldUpgrade(daemon) {
+  const gate = join(daemon.dir, "upgrade-gate");
+  const proc = spawn(zdelayBin, ["upgrade", "--yes", "--config", daemon.config], {
+    env: { ...process.env, ZDELAY_FAILPOINT: `upgrade_after_fence=${gate}`, ZDELAY_LOG: "warn" },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let stderr = "";
+  proc.stderr.on("data", (d) => (stderr += d));
+  const exited = new Promise((res) => proc.once("exit", (code) => res(code)));
+  await waitFor("the upgrade fenced layout 1", async () => existsSync(`${gate}.reached`) || proc.exitCode !== null);
+  assert.equal(proc.exitCode, null, stderr);
+  return {
+    release: () => writeFileSync(gate, "go"),
+    finish: async () => {
+      writeFileSync(gate, "go");
+      assert.equal(await exited, 0, stderr);
+    },
+  };
+}
+
+test("lookups by id during an upgrade find jobs it has not moved yet", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: null });
+  const client = new zdelay.Client(new Redis(server.url));
+  let upgrade;
+  try {
+    for (const id of ["keep", "cancel", "reschedule"]) await client.enqueue({ dest: "emails", payload: id, id, delay: 3_600_000 });
+    upgrade = await heldUpgrade(daemon);
+    // Not moved yet and nothing moves: a retryable refusal, never "not pending".
+    await assert.rejects(client.cancel("cancel", "emails"), (e) => e instanceof zdelay.Upgrading && e.retryable && /cancel/.test(e.message));
+    // The upgrade goes on while a lookup waits: it finds each job where it was moved.
+    setTimeout(upgrade.release, 300);
+    assert.equal(await client.cancel("cancel", "emails"), "cancelled");
+    assert.equal((await client.get("keep")).state, "scheduled");
+    assert.ok((await client.reschedule("reschedule", { delay: 7_200_000 })) > Date.now());
+    await upgrade.finish();
+    assert.equal(await client.get("cancel", "emails"), null);
+    assert.equal((await client.get("keep", "emails")).payload.toString(), "keep");
+  } finally {
+    upgrade?.release();
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
+test("a namespace that needs a newer client is refused with nothing written", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`);
+  const redis = new Redis(server.url);
+  const client = () => new zdelay.Client(new Redis(server.url));
+  try {
+    await redis.hset("zdelay:schema", "min_version", "99.0.0");
+    const c = client();
+    await assert.rejects(c.enqueue({ dest: "emails", payload: "x", id: "too-old" }),
+      (e) => e instanceof zdelay.LayoutTooNew && !e.retryable && /99\.0\.0/.test(e.message));
+    for (let s = 0; s < 10; s++) assert.equal(await redis.hexists(`{zdelay:${s}}:jobs`, "too-old"), 0);
+    // This client's own version, or an older one, is fine; so is a pre-release of it.
+    for (const version of [zdelay.VERSION, "0.0.9", "0.1.0-rc.1"]) {
+      await redis.hset("zdelay:schema", "min_version", version);
+      const ok = client();
+      assert.equal((await ok.enqueue({ dest: "emails", payload: "x", id: `ok-${version}` })).outcome, "added");
+      ok.redis.disconnect();
+    }
+    await redis.hset("zdelay:schema", "min_version", "not a version");
+    const bad = client();
+    await assert.rejects(bad.get("x"), (e) => e instanceof zdelay.ProtocolError && /min_version/.test(e.message));
+    bad.redis.disconnect();
+    // A shard fenced by a newer zdelay refuses a client that read the namespace before.
+    await redis.hdel("zdelay:schema", "min_version");
+    for (let s = 0; s < 10; s++) await redis.set(`{zdelay:${s}}:shards`, "layout 3 99.0.0");
+    await assert.rejects(c.cancel("ok-0.0.9"), (e) => e instanceof zdelay.LayoutTooNew && /99\.0\.0/.test(e.message));
+    c.redis.disconnect();
+  } finally {
+    redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
+test("versions are ordered as semantic versions; the client's is the package's", () => {
+  const order = ["0.1.0-alpha", "0.1.0-alpha.1", "0.1.0-alpha.beta", "0.1.0-beta.2", "0.1.0-beta.11", "0.1.0-rc.1",
+    "0.1.0", "0.1.1", "0.2.0", "1.0.0+build.5"];
+  for (let i = 1; i < order.length; i++) assert.ok(zdelay.compareVersions(order[i - 1], order[i]) < 0, `${order[i - 1]} < ${order[i]}`);
+  assert.equal(zdelay.compareVersions("1.0.0+a", "1.0.0+b"), 0);
+  for (const bad of ["", "1.0", "v1.0.0", "1.0.x", "not a version"]) assert.equal(zdelay.versionKey(bad), null, bad);
+  const pkg = JSON.parse(readFileSync(join(ROOT, "clients/node/package.json"), "utf8"));
+  assert.equal(zdelay.VERSION, pkg.version);
 });

@@ -69,7 +69,9 @@ export async function startDaemon(redisToml, { shards = 10, layout = 1 } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "zd-node-daemon-"));
   const admin = await freePort();
   const config = join(dir, "zdelay.toml");
-  writeFileSync(config, `[redis]\n${redisToml}\nshards = ${shards}\nlayout = ${layout}\n\n[admin]\nlisten = "127.0.0.1:${admin}"\n\n`
+  // layout null: none in the config, so the daemon follows the namespace (onto layout 2 when upgraded).
+  const layoutLine = layout === null ? "" : `layout = ${layout}\n`;
+  writeFileSync(config, `[redis]\n${redisToml}\nshards = ${shards}\n${layoutLine}\n[admin]\nlisten = "127.0.0.1:${admin}"\n\n`
     + `[[routes]]\nname = "emails"\nsink = "local"\ntarget = "q:emails"\n`);
   const log = openSync(join(dir, "daemon.log"), "w");
   const proc = spawn(ZDELAY, ["run", "--config", config], { stdio: ["ignore", log, log] });
@@ -78,6 +80,8 @@ export async function startDaemon(redisToml, { shards = 10, layout = 1 } = {}) {
     try { return (await fetch(`http://127.0.0.1:${admin}/readyz`)).ok; } catch { return false; }
   }, 30000);
   return {
+    config,
+    dir,
     cli: (...args) => execFileSync(ZDELAY, [...args, "--config", config]).toString().trim(),
     stop: () => stop(proc, dir),
   };

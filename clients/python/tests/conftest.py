@@ -12,6 +12,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import redis
@@ -92,13 +93,13 @@ def stop(proc: subprocess.Popen) -> None:
 class Daemon:
     """`zdelay run` on a config written for the test; stopped by its pid."""
 
-    def __init__(self, redis_toml: str, routes: str = ROUTES, shards: int = 10, layout: int = 1) -> None:
+    def __init__(self, redis_toml: str, routes: str = ROUTES, shards: int = 10, layout: Optional[int] = 1) -> None:
         # routes: TOML of [[routes]] and [sinks.*] after [admin]
         self.dir = Path(tempfile.mkdtemp())
         admin = free_port()
         self.config = self.dir / "zdelay.toml"
         self.config.write_text(
-            f"[redis]\n{redis_toml}\nshards = {shards}\nlayout = {layout}\n\n"
+            f"[redis]\n{redis_toml}\nshards = {shards}\n{'' if layout is None else f'layout = {layout}'}\n\n"
             f"[admin]\nlisten = \"127.0.0.1:{admin}\"\n{routes}"
         )
         self.log = open(self.dir / "daemon.log", "wb")

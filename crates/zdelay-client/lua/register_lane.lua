@@ -4,6 +4,8 @@
 --                                      "#<lane>" -> "<route> <slot> live|retired",
 --                                      "next" -> the last lane number given out
 -- ARGV[1] route name; ARGV[2] the slot of its list; ARGV[3] "LPUSH" | "RPUSH"; ARGV[4] the list key
+-- ARGV[5] optional: the successor's number (base 36) when the list moved to another slot, taken
+--   from "next" by the caller before it retired the old lane (retire_lane) naming it
 -- Returns: { lane number (base 36), what happened: "new" (first registration), "same" (nothing
 --   changed), "updated" (same slot, another list key or push: the caller rewrites the marker),
 --   "moved" (another slot: a new lane; the old one is retired), the old lane's number ("" unless
@@ -34,7 +36,8 @@ if old then
     redis.call('HSET', registry, 'r:' .. route, entry)
     return { lane, 'updated', '' }
   end
-  local new = base36(redis.call('HINCRBY', registry, 'next', 1))
+  local new = ARGV[5]
+  if not new or new == '' then new = base36(redis.call('HINCRBY', registry, 'next', 1)) end
   redis.call('HSET', registry, 'r:' .. route, entry_of(new), '#' .. new, route .. ' ' .. slot .. ' live')
   if lane then
     redis.call('HSET', registry, '#' .. lane, route .. ' ' .. old_slot .. ' retired')

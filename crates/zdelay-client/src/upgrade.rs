@@ -13,7 +13,9 @@
 //!    older one stops with a message naming the version to run. A layout-1 shard is inert.
 //! 4. Move, in rounds over the shards (a few at once): each round takes the earliest due
 //!    batch of every shard, so what falls due soonest moves first; then the rest (dead jobs,
-//!    schedules, jobs in flight, histories) by scanning. A batch is read (`reshard_take`),
+//!    schedules, jobs in flight, histories) by scanning, once every job a live publisher
+//!    holds (claimed for a two-phase delivery before the fence) is settled or its lease ran
+//!    out: the last lease, not the first, ends the wait. A batch is read (`reshard_take`),
 //!    written to its new home, then deleted from the layout-1 shard (`reshard_drop`). A job
 //!    for a local route goes to the route's lane, its frame split into payload and meta
 //!    (`upgrade_put_lane`); anything else (two-phase routes, destinations no route names)
@@ -76,6 +78,14 @@ pub enum Progress {
     /// Jobs moved so far, over every shard.
     Moved {
         total: u64,
+    },
+    /// Jobs of layout-1 shard `shard` are held by live publishers (two-phase deliveries
+    /// claimed before the fence): the shard's move waits until they are settled or their
+    /// leases run out, the last in `lease_left_ms`.
+    Settling {
+        shard: u16,
+        jobs: u64,
+        lease_left_ms: i64,
     },
     /// Layout-1 shard `shard` is empty and retired.
     ShardDone {
@@ -290,6 +300,7 @@ pub async fn upgrade(
     crate::failpoint::hold("upgrade_after_announce").await;
     fence(&con, &legacy, &spread).await?;
     progress(Progress::Fenced);
+    crate::failpoint::hold("upgrade_after_fence").await;
 
     let mover = Mover {
         con: &con,
@@ -462,7 +473,7 @@ impl Mover<'_> {
     async fn rest(&self, shard: u16) -> Result<(), UpgradeError> {
         let mut con = self.con.clone();
         let keys = self.legacy.shard(shard);
-        self.wait_for_settles(&mut con, &keys).await?;
+        self.wait_for_settles(&mut con, shard, &keys).await?;
         loop {
             let mut moved_in_pass = 0;
             let mut pages = IdPages::new(&keys);
@@ -499,22 +510,42 @@ impl Mover<'_> {
 
     /// Waits until the jobs in flight from the shard (claimed for a two-phase delivery
     /// before the fence) are settled: their publishers settle them through the fence, so
-    /// none is moved after it was delivered. A lease that runs out (its daemon died) ends
-    /// the wait: that job moves and may be delivered twice, as layout 1 would redeliver it.
-    async fn wait_for_settles(&self, con: &mut Conn, keys: &ShardKeys) -> Result<(), UpgradeError> {
+    /// none is moved after it was delivered. Every live lease is waited for, the last one
+    /// too: a lease that ran out (its daemon died) does not end the wait for the others.
+    /// Once no lease is live, the jobs left in flight move and may be delivered twice, as
+    /// layout 1 would redeliver them.
+    async fn wait_for_settles(
+        &self,
+        con: &mut Conn,
+        shard: u16,
+        keys: &ShardKeys,
+    ) -> Result<(), UpgradeError> {
+        let mut announced = false;
         loop {
-            let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            let now = store::server_time_ms(con).await?;
+            // Leases still live (their deadline is after now), and the last deadline.
+            let (live, last): (u64, Vec<(String, f64)>) = redis::pipe()
+                .cmd("ZCOUNT")
                 .arg(&keys.inflight)
-                .arg(0)
-                .arg(0)
+                .arg(format!("({now}"))
+                .arg("+inf")
+                .cmd("ZRANGE")
+                .arg(&keys.inflight)
+                .arg(-1)
+                .arg(-1)
                 .arg("WITHSCORES")
                 .query_async(con)
                 .await?;
-            let Some((_, deadline)) = first.first() else {
+            let Some((_, last)) = last.first().filter(|_| live > 0) else {
                 return Ok(());
             };
-            if store::server_time_ms(con).await? as f64 > *deadline {
-                return Ok(());
+            if !announced {
+                announced = true;
+                (self.progress)(Progress::Settling {
+                    shard,
+                    jobs: live,
+                    lease_left_ms: *last as i64 - now,
+                });
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }

@@ -2,22 +2,26 @@
 
 from ._core import (
     PROTOCOL,
+    VERSION,
     Debounce,
     Enqueued,
     Fenced,
     InvalidJob,
     Job,
     JobExists,
+    LayoutTooNew,
     NoNamespace,
     NotApplied,
     ProtocolError,
     ScheduleRefused,
     UnknownDestination,
+    Upgrading,
     ZdelayError,
 )
 from .client import AsyncClient, Client
 
 __all__ = [
-    "PROTOCOL", "AsyncClient", "Client", "Debounce", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
-    "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused", "UnknownDestination", "ZdelayError",
+    "PROTOCOL", "VERSION", "AsyncClient", "Client", "Debounce", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
+    "LayoutTooNew", "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused", "UnknownDestination",
+    "Upgrading", "ZdelayError",
 ]

@@ -15,6 +15,10 @@ from datetime import datetime, timedelta
 from typing import Any, Dict, Generator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 PROTOCOL = 1
+# This client's release: a namespace whose schema names a newer `min_version` is refused.
+VERSION = "0.1.0"
+# Seconds a lookup by id waits, while `zdelay upgrade` runs, for the job to leave layout 1.
+UPGRADE_WAIT = 3.0
 SLOTS = 16384
 Command = Tuple[Any, ...]
 Op = Generator[List[Command], List[Any], Any]
@@ -40,6 +44,16 @@ class Fenced(ZdelayError):
     """The namespace changed under the call (reshard, upgrade, a lane moved): nothing was written."""
 
     retryable = True
+
+
+class Upgrading(Fenced):
+    """`zdelay upgrade` has not moved the job looked up by id to storage layout 2 yet (it is
+    moved within moments): nothing was written; try again."""
+
+
+class LayoutTooNew(ProtocolError):
+    """The namespace needs a newer zdelay client (its schema's `min_version`, or a storage layout
+    this client does not know): nothing was written, and only a newer client can use it."""
 
 
 class UnknownDestination(ZdelayError):
@@ -153,6 +167,9 @@ class Namespace:
     shards: int
     lanes: Dict[str, Lane] = field(default_factory=dict)
     two_phase: Dict[str, str] = field(default_factory=dict)
+    # `zdelay upgrade` is moving the namespace to layout 2: jobs it has not moved yet are still
+    # in their layout-1 shards.
+    upgrading: bool = False
 
     def shard_keys(self, shard: int, *kinds: str) -> List[str]:
         if self.layout == 1:
@@ -167,10 +184,31 @@ class Namespace:
         raise Fenced(f"lane {base36(number)} is not in {self.name}:lanes")
 
 
+def version_key(text: str) -> Optional[Tuple[Any, ...]]:
+    """A semantic version's precedence as a sortable tuple (a pre-release sorts before its
+    release; build metadata is ignored), or None for text that is no version."""
+    core, _, pre = text.split("+", 1)[0].partition("-")
+    parts = core.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    tags = tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in pre.split(".")) if pre else ()
+    return (tuple(int(p) for p in parts), 0 if pre else 1, tags)
+
+
+def too_new(name: Optional[str], layout: int, min_version: Optional[str]) -> LayoutTooNew:
+    """`name`: the namespace, when known (a script's fence does not say)."""
+    what = f"namespace {name}" if name else "the namespace"
+    if min_version:
+        return LayoutTooNew(f"{what} needs zdelay {min_version} or later (storage layout {layout}; this is the "
+                            f"zdelay Python client {VERSION}): upgrade the client to {min_version} or later")
+    return LayoutTooNew(f"{what} is on storage layout {layout}, which this client ({VERSION}) does not know "
+                        "(it knows 1 and 2): upgrade the client")
+
+
 def load_namespace(name: str) -> Op:
-    fields = ["layout", "shards", "migrating", "upgrading"]
+    fields = ["layout", "shards", "migrating", "upgrading", "min_version"]
     replies = yield [("HGET", f"{name}:schema", f) for f in fields] + [("FCALL", "zd1_protocol", 0)]
-    layout, shards, migrating, upgrading, protocol = replies
+    layout, shards, migrating, upgrading, min_version, protocol = replies
     if shards is None:
         raise NoNamespace(f"namespace {name} does not exist yet: a zdelay daemon creates it when it starts")
     if isinstance(protocol, Exception):
@@ -180,12 +218,19 @@ def load_namespace(name: str) -> Op:
         )
     if protocol[0] != PROTOCOL:
         raise ProtocolError(f"the server's zd{PROTOCOL}_protocol says {protocol[0]}; this client speaks {PROTOCOL}")
+    layout_n = int(upgrading or layout)
+    if min_version is not None:
+        needed = min_version.decode()
+        key = version_key(needed)
+        if key is None:
+            raise ProtocolError(f"{name}:schema field min_version holds {needed!r}, not a version")
+        if key > version_key(VERSION):
+            raise too_new(name, layout_n, needed)
+    if layout_n not in (1, 2):
+        raise too_new(name, layout_n, None)
     if migrating is not None:
         raise Fenced(f"namespace {name} is being resharded ({migrating.decode()}): try again")
-    layout_n = int(upgrading or layout)
-    if layout_n not in (1, 2):
-        raise ProtocolError(f"namespace {name} is on storage layout {layout_n}; this client knows 1 and 2")
-    ns = Namespace(name, layout_n, int(shards))
+    ns = Namespace(name, layout_n, int(shards), upgrading=upgrading is not None)
     if layout_n == 2:
         (registry,) = yield [("HGETALL", f"{name}:lanes")]
         for key, value in _pairs(registry):
@@ -406,22 +451,62 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
     return results
 
 
-def _place(ns: Namespace, job_id: str, dest: Optional[str]) -> Tuple[Optional[Lane], str]:
-    """Where an id lives: (its lane and stored id) or (None, id) for a shard."""
+NOWHERE = (None, None)
+
+
+def _place(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
+    """Where an id lives: (its lane, stored id), (None, id) for a shard, or `NOWHERE`. On
+    layout 2 an id of your own without `dest` is looked for in every lane and in its spread
+    shard (one HEXISTS each); held in more than one place, it needs `dest`."""
     if ns.layout == 2 and job_id.startswith("~"):
         number, dot, stored = job_id[1:].partition(".")
         if not dot or len(stored) != 12:
             raise InvalidJob("id", f"{job_id!r} is not a generated id (~<lane>.<12 characters>)")
         return ns.lane_by_number(int(number, 36)), stored
     if ns.layout == 2 and dest is None:
-        raise InvalidJob("dest", "on storage layout 2 an id of your own is found through its destination: give dest")
+        lanes = list(ns.lanes.values())
+        shard = ns.shard_keys(shard_of(job_id, ns.shards), "jobs")[0]
+        held = yield [("HEXISTS", lane.keys(ns.name, "jobs")[0], job_id) for lane in lanes] + [("HEXISTS", shard, job_id)]
+        for reply in held:
+            if isinstance(reply, Exception):
+                raise reply
+        places = [(lane, job_id) for lane, h in zip(lanes, held) if h] + ([(None, job_id)] if held[-1] else [])
+        if len(places) > 1:
+            names = ", ".join(lane.route if lane else "a two-phase destination" for lane, _ in places)
+            raise InvalidJob("dest", f"job id {job_id!r} is stored for {names}: on storage layout 2 an id of your own "
+                             "is unique per route; give dest")
+        return places[0] if places else NOWHERE
     if ns.layout == 2 and dest in ns.lanes:
         return ns.lanes[dest], job_id
     return None, job_id
 
 
+def still_in_layout_1(ns: Namespace, job_id: str) -> Op:
+    """While `zdelay upgrade` runs: whether the layout-1 shard of `job_id` still holds it. The
+    upgrade writes a job into layout 2 before it deletes it from layout 1, so once it is gone
+    there, layout 2 has it (or it was delivered or cancelled). A generated id (`~…`) was never
+    given out on layout 1. Notes in `ns` when the upgrade has finished."""
+    if not ns.upgrading or job_id.startswith("~"):
+        return False
+    shard = shard_of(job_id, ns.shards)
+    upgrading, held = yield [("HGET", f"{ns.name}:schema", "upgrading"), ("HEXISTS", f"{{{ns.name}:{shard}}}:jobs", job_id)]
+    if isinstance(upgrading, Exception) or isinstance(held, Exception):
+        raise upgrading if isinstance(upgrading, Exception) else held
+    if upgrading is None:
+        ns.upgrading = False
+        return False
+    return bool(held)
+
+
+def not_moved_yet(ns: Namespace, job_id: str) -> Upgrading:
+    return Upgrading(f"namespace {ns.name} is being upgraded to storage layout 2 and job {job_id} is not moved yet: "
+                     "nothing was written; try again")
+
+
 def cancel(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
-    lane, stored = _place(ns, job_id, dest)
+    lane, stored = yield from _place(ns, job_id, dest)
+    if stored is None:
+        return "not_pending"
     # With the job's unique-window key, so its window entry goes too; a user whose ACL
     # predates that key cancels without it.
     for window in (("unique",), ()):
@@ -439,7 +524,9 @@ def cancel(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
 
 
 def reschedule(ns: Namespace, job_id: str, due: str, dest: Optional[str]) -> Op:
-    lane, stored = _place(ns, job_id, dest)
+    lane, stored = yield from _place(ns, job_id, dest)
+    if stored is None:
+        return None
     wake = f"{ns.name}:wake"
     if lane is not None:
         keys = lane.keys(ns.name, "due", "lane")
@@ -453,7 +540,9 @@ def reschedule(ns: Namespace, job_id: str, due: str, dest: Optional[str]) -> Op:
 
 
 def get(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
-    lane, stored = _place(ns, job_id, dest)
+    lane, stored = yield from _place(ns, job_id, dest)
+    if stored is None:
+        return None
     if lane is not None:
         keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "dead", "reasons", "lane")
         (r,) = yield [("FCALL", "zd1_get_lane", 7, *keys, lane.marker, stored)]
@@ -501,9 +590,15 @@ FENCES = ("ZDELAY_RESHARDED", "ZDELAY_MIGRATING", "ZDELAY_LAYOUT", "ZDELAY_LANE_
 
 
 def _ok(reply: Any) -> Any:
-    """A reply, or the error it is: fences become `Fenced` (read the namespace again)."""
+    """A reply, or the error it is: fences become `Fenced` (read the namespace again), a layout
+    fence naming a newer zdelay `LayoutTooNew`."""
     if isinstance(reply, Exception):
         text = str(reply)
+        newer = text.split(" ")
+        if newer[0] == "ZDELAY_LAYOUT" and len(newer) == 3 and newer[1].isdigit():
+            key = version_key(newer[2])
+            if int(newer[1]) > 2 or key is None or key > version_key(VERSION):
+                raise too_new(None, int(newer[1]), newer[2]) from None
         if text.startswith(FENCES):
             raise Fenced(text)
         if text.startswith("ZDELAY_NO_LANE"):

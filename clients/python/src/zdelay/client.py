@@ -13,7 +13,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from . import _core
-from ._core import Debounce, Enqueued, Fenced, Job, JobExists, Moment, Namespace, NotApplied, Op, Span
+from ._core import Debounce, Enqueued, Fenced, Job, JobExists, Moment, Namespace, NotApplied, Op, Span, Upgrading
 
 # "replace", "keep", "error", or Debounce(max_wait).
 Policy = Union[str, Debounce]
@@ -88,11 +88,24 @@ class Client(_Base):
             self._ns = _drive(_core.load_namespace(self.namespace), self._execute)
         return self._ns
 
-    def _run(self, make: Callable[[Namespace], Op]) -> Any:
+    def _run(self, make: Callable[[Namespace], Op], job_id: Optional[str] = None) -> Any:
+        """`make` on the namespace; once more after reading it again when a fence refused the
+        call. With `job_id` (a lookup by id), first waits while `zdelay upgrade` has not moved
+        that job out of layout 1."""
         try:
-            return _drive(make(self._namespace()), self._execute)
+            return _drive(make(self._moved(self._namespace(), job_id)), self._execute)
+        except Upgrading:
+            raise
         except Fenced:
-            return _drive(make(self._namespace(again=True)), self._execute)
+            return _drive(make(self._moved(self._namespace(again=True), job_id)), self._execute)
+
+    def _moved(self, ns: Namespace, job_id: Optional[str]) -> Namespace:
+        deadline = time.monotonic() + _core.UPGRADE_WAIT
+        while job_id is not None and _drive(_core.still_in_layout_1(ns, job_id), self._execute):
+            if time.monotonic() > deadline:
+                raise _core.not_moved_yet(ns, job_id)
+            time.sleep(POLL)
+        return ns
 
     def enqueue_many(self, jobs: Sequence[Job], on_conflict: Policy = "replace") -> List[Union[Enqueued, Exception]]:
         """One result per job, in order: `Enqueued`, or the error of that job alone."""
@@ -117,16 +130,16 @@ class Client(_Base):
 
     def cancel(self, id: str, dest: Optional[str] = None) -> str:
         """"cancelled", "not_pending" (delivered, dead, unknown) or "in_flight"."""
-        return self._run(lambda ns: _core.cancel(ns, id, dest))
+        return self._run(lambda ns: _core.cancel(ns, id, dest), id)
 
     def reschedule(self, id: str, *, at: Optional[Moment] = None, delay: Optional[Span] = None, dest: Optional[str] = None) -> Optional[int]:
         """The new due time in epoch ms, or None when the job is not pending."""
         due = _core.due_arg(at, delay)
-        return self._run(lambda ns: _core.reschedule(ns, id, due, dest))
+        return self._run(lambda ns: _core.reschedule(ns, id, due, dest), id)
 
     def get(self, id: str, dest: Optional[str] = None) -> Optional[dict]:
         """The job (state, dest, payload, due_ms, headers, …), or None when there is none."""
-        return self._run(lambda ns: _core.get(ns, id, dest))
+        return self._run(lambda ns: _core.get(ns, id, dest), id)
 
     def schedule_set(self, id: str, dest: str, payload: Union[bytes, str] = b"", *, wait: float = 5.0, **kw: Any) -> Optional[dict]:
         """Create or update a recurring schedule: `cron` (with `tz`) or `every`; `headers`,
@@ -190,11 +203,21 @@ class AsyncClient(_Base):
             self._ns = await self._drive(_core.load_namespace(self.namespace))
         return self._ns
 
-    async def _run(self, make: Callable[[Namespace], Op]) -> Any:
+    async def _run(self, make: Callable[[Namespace], Op], job_id: Optional[str] = None) -> Any:
         try:
-            return await self._drive(make(await self._namespace()))
+            return await self._drive(make(await self._moved(await self._namespace(), job_id)))
+        except Upgrading:
+            raise
         except Fenced:
-            return await self._drive(make(await self._namespace(again=True)))
+            return await self._drive(make(await self._moved(await self._namespace(again=True), job_id)))
+
+    async def _moved(self, ns: Namespace, job_id: Optional[str]) -> Namespace:
+        deadline = time.monotonic() + _core.UPGRADE_WAIT
+        while job_id is not None and await self._drive(_core.still_in_layout_1(ns, job_id)):
+            if time.monotonic() > deadline:
+                raise _core.not_moved_yet(ns, job_id)
+            await asyncio.sleep(POLL)
+        return ns
 
     async def enqueue_many(self, jobs: Sequence[Job], on_conflict: Policy = "replace") -> List[Union[Enqueued, Exception]]:
         jobs = list(jobs)
@@ -211,14 +234,14 @@ class AsyncClient(_Base):
         return self._one(await self.enqueue_many([_job(dest, payload, **kw)], on_conflict))
 
     async def cancel(self, id: str, dest: Optional[str] = None) -> str:
-        return await self._run(lambda ns: _core.cancel(ns, id, dest))
+        return await self._run(lambda ns: _core.cancel(ns, id, dest), id)
 
     async def reschedule(self, id: str, *, at: Optional[Moment] = None, delay: Optional[Span] = None, dest: Optional[str] = None) -> Optional[int]:
         due = _core.due_arg(at, delay)
-        return await self._run(lambda ns: _core.reschedule(ns, id, due, dest))
+        return await self._run(lambda ns: _core.reschedule(ns, id, due, dest), id)
 
     async def get(self, id: str, dest: Optional[str] = None) -> Optional[dict]:
-        return await self._run(lambda ns: _core.get(ns, id, dest))
+        return await self._run(lambda ns: _core.get(ns, id, dest), id)
 
     async def schedule_set(self, id: str, dest: str, payload: Union[bytes, str] = b"", *, wait: float = 5.0, **kw: Any) -> Optional[dict]:
         return await self._schedule(id, "set", _core.schedule_json(id, dest, payload, **kw), wait)

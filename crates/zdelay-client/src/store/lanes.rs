@@ -53,7 +53,7 @@ pub async fn read_registry(con: &mut Conn, keys: &Keys) -> Result<Registry, Stor
 /// Gives the local route `route` (delivering to `list` with `push`) its lane, or confirms the
 /// one it has, and writes the lane's marker. A route whose list moved to another hash slot
 /// gets a new lane; while its old lane still holds jobs that is refused, since moving them
-/// across slots is not built yet (nothing is changed then).
+/// across slots is not built yet (nothing is changed then but a lane number given out).
 pub async fn register(
     con: &mut Conn,
     keys: &Keys,
@@ -76,27 +76,54 @@ pub async fn register(
         })?),
         None => None,
     };
+    // A list moved to another slot: a new lane. The old one is retired first, only if it
+    // holds nothing (checked in the script that retires it), naming the successor's number
+    // taken now; only then does the registry name the successor. A producer with the old
+    // lane cached is refused from the retirement on and reads the registry again.
+    let mut successor = None;
     if let Some(old) = &old {
         let old_slot = keys::slot_of(&old.list);
         if old_slot != slot {
-            let k = &old.keys;
-            let mut pipe = redis::pipe();
-            // Schedules by definition: a paused one has no pending occurrence.
-            pipe.zcard(&k.due).zcard(&k.dead).hlen(&k.schedules);
-            let (due, dead, schedules): (u64, u64, u64) = pipe.query_async(con).await?;
-            if due + dead + schedules > 0 {
+            let next: u32 = redis::cmd("HINCRBY")
+                .arg(keys.lanes())
+                .arg("next")
+                .arg(1)
+                .query_async(con)
+                .await?;
+            crate::failpoint::hold("lane_hold_before_retire").await;
+            let number = base36(next);
+            if let Err(holds) = scripts::retire_lane(con, old, &number).await? {
+                let orphans = holds.stored.saturating_sub(holds.waiting + holds.dead);
                 return Err(StoreError::Schema(format!(
                     "route {route}'s list moved from {} (slot {old_slot}) to {list} (slot {slot}) \
-                     while its lane still holds {due} waiting jobs, {dead} dead letters and \
-                     {schedules} schedules; moving them to another slot is not built yet: point \
-                     the route at {} again until they are gone",
-                    old.list, old.list
+                     while its lane still holds {} waiting jobs, {} dead letters and {} \
+                     schedules{}; moving them to another slot is not built yet: point the route \
+                     at {} again until they are gone",
+                    old.list,
+                    holds.waiting,
+                    holds.dead,
+                    holds.schedules,
+                    if orphans > 0 {
+                        format!(" (and {orphans} stored payloads of neither)")
+                    } else {
+                        String::new()
+                    },
+                    old.list
                 )));
             }
+            successor = Some(number);
         }
     }
-    let (number, change) =
-        scripts::register_lane(con, &keys.lanes(), route, slot, push, list).await?;
+    let (number, change) = scripts::register_lane(
+        con,
+        &keys.lanes(),
+        route,
+        slot,
+        push,
+        list,
+        successor.as_deref(),
+    )
+    .await?;
     let number = crate::lane_id::parse_base36(&number).ok_or_else(|| {
         StoreError::Schema(format!("{} gave lane number {number:?}", keys.lanes()))
     })?;
@@ -108,13 +135,6 @@ pub async fn register(
         .arg(lane.marker())
         .query_async(con)
         .await?;
-    if let (LaneChange::Moved { .. }, Some(old)) = (&change, &old) {
-        let _: () = redis::cmd("SET")
-            .arg(&old.keys.marker)
-            .arg(format!("retired {}", base36(number)))
-            .query_async(con)
-            .await?;
-    }
     Ok((lane, change))
 }
 

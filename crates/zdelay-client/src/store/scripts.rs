@@ -72,6 +72,7 @@ scripts!(
     enqueue_lane,
     move_lane,
     register_lane,
+    retire_lane,
     cancel_lane,
     reschedule_lane,
     peek_dead_lane,
@@ -2297,7 +2298,8 @@ pub enum LaneChange {
 }
 
 /// Registers a local route's lane in `registry` (see `register_lane.lua`): its lane number
-/// in base 36 and what changed.
+/// in base 36 and what changed. `successor`: the number taken for the new lane when the
+/// route's list moved to another slot (the old lane was retired naming it).
 pub async fn register_lane(
     con: &mut Conn,
     registry: &str,
@@ -2305,6 +2307,7 @@ pub async fn register_lane(
     slot: u16,
     push: Push,
     list: &str,
+    successor: Option<&str>,
 ) -> redis::RedisResult<(String, LaneChange)> {
     let (lane, change, from): (String, String, String) = Call::new(&compiled::register_lane)
         .key(registry)
@@ -2312,6 +2315,7 @@ pub async fn register_lane(
         .arg(slot)
         .arg(push.command())
         .arg(list)
+        .arg(successor.unwrap_or(""))
         .invoke(con)
         .await?;
     let change = match change.as_str() {
@@ -2327,6 +2331,51 @@ pub async fn register_lane(
         }
     };
     Ok((lane, change))
+}
+
+/// What a lane held when [`retire_lane`] refused to retire it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneHolds {
+    pub waiting: u64,
+    pub dead: u64,
+    pub schedules: u64,
+    /// Payloads stored (waiting and dead jobs' alike).
+    pub stored: u64,
+}
+
+/// Retires `lane` (its route's list moved to another slot) naming `successor`, only if it
+/// holds nothing: checked in the same script that retires it, so no job enqueued by a
+/// producer that read the lane's marker earlier is left where no mover reads
+/// (`retire_lane.lua`). `Err(holds)` when it holds something: nothing was changed.
+pub async fn retire_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    successor: &str,
+) -> redis::RedisResult<Result<(), LaneHolds>> {
+    let k = &lane.keys;
+    let reply: Vec<u64> = Call::new(&compiled::retire_lane)
+        .key(&k.due)
+        .key(&k.jobs)
+        .key(&k.dead)
+        .key(&k.schedules)
+        .key(&k.marker)
+        .arg(lane.marker())
+        .arg(successor)
+        .invoke(con)
+        .await?;
+    match reply[..] {
+        [1] => Ok(Ok(())),
+        [0, waiting, dead, schedules, stored] => Ok(Err(LaneHolds {
+            waiting,
+            dead,
+            schedules,
+            stored,
+        })),
+        _ => Err(protocol_error(
+            "retire_lane reply",
+            &Value::Array(reply.into_iter().map(|n| Value::Int(n as i64)).collect()),
+        )),
+    }
 }
 
 /// One job for a route lane (`enqueue_lane`).
@@ -2908,10 +2957,13 @@ mod tests {
             ("upgrade_put_lane", 15),
             ("get_lane", 7),
         ];
-        // Every script on a lane's keys is fenced; the registry's own script takes none.
+        // Every script on a lane's keys is fenced; the registry's own script takes none, and
+        // retiring a lane accepts a retired marker too (a re-run).
         for (name, _) in ALL.iter().filter(|(n, _)| n.ends_with("_lane")) {
             assert!(
-                *name == "register_lane" || fenced.iter().any(|(f, _)| f == name),
+                *name == "register_lane"
+                    || *name == "retire_lane"
+                    || fenced.iter().any(|(f, _)| f == name),
                 "{name}: a lane script missing from this test"
             );
         }

@@ -1,0 +1,130 @@
+"""The client while `zdelay upgrade` moves a namespace to storage layout 2 (a real upgrade of this
+checkout, held after its fence by a failpoint), and on a namespace that needs a newer client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+
+import zdelay
+from zdelay import _core
+
+from .conftest import ZDELAY, Daemon, wait_for
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+class HeldUpgrade:
+    """`zdelay upgrade --yes`, held right after it fenced every layout-1 shard (nothing moved
+    yet) until `release()`."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.gate = daemon.dir / "upgrade-gate"
+        self.proc = subprocess.Popen(
+            [ZDELAY, "upgrade", "--yes", "--config", str(daemon.config)],
+            env={**os.environ, "ZDELAY_FAILPOINT": f"upgrade_after_fence={self.gate}", "ZDELAY_LOG": "warn"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        wait_for("the upgrade fenced layout 1", lambda: self.gate.with_suffix(".reached").exists() or self.proc.poll() is not None)
+        assert self.proc.poll() is None, self.proc.stderr.read().decode()
+
+    def release(self) -> None:
+        self.gate.write_text("go")
+
+    def finish(self) -> None:
+        self.release()
+        _, err = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, err.decode()
+
+
+@pytest.fixture
+def held_upgrade(redis_url):
+    # No redis.layout in its config: the daemon follows the namespace onto layout 2.
+    daemon = Daemon(f'url = "{redis_url}"', shards=4, layout=None)
+    client = zdelay.Client.from_url(redis_url)
+    for id in ("keep", "cancel", "reschedule"):
+        client.enqueue("emails", id, id=id, delay=timedelta(hours=1))
+    upgrade = HeldUpgrade(daemon)
+    yield client, upgrade
+    upgrade.release()
+    upgrade.proc.wait(60)
+    daemon.stop()
+
+
+def test_lookups_by_id_during_an_upgrade_find_jobs_not_moved_yet(held_upgrade):
+    client, upgrade = held_upgrade
+    # Not moved yet and nothing moves: a retryable refusal, never "not pending".
+    with pytest.raises(zdelay.Upgrading) as refused:
+        client.cancel("cancel", dest="emails")
+    assert refused.value.retryable and "cancel" in str(refused.value)
+    assert client._ns.layout == 2 and client._ns.upgrading
+    # The upgrade goes on while a lookup waits: it finds each job where it was moved.
+    threading.Timer(0.3, upgrade.release).start()
+    assert client.cancel("cancel", dest="emails") == "cancelled"
+    assert client.get("keep")["state"] == "scheduled"
+    assert client.reschedule("reschedule", delay=timedelta(hours=2)) is not None
+    upgrade.finish()
+    assert client.get("cancel", dest="emails") is None
+    assert client.get("keep", dest="emails")["payload"] == b"keep"
+    assert not client._ns.upgrading, "the client saw the upgrade finish"
+
+
+def test_the_asyncio_client_waits_for_the_upgrade_too(held_upgrade, redis_url):
+    _, upgrade = held_upgrade
+
+    async def run() -> None:
+        client = zdelay.AsyncClient.from_url(redis_url)
+        with pytest.raises(zdelay.Upgrading):
+            await client.get("keep", dest="emails")
+        asyncio.get_running_loop().call_later(0.3, upgrade.release)
+        assert await client.cancel("cancel") == "cancelled"
+        assert (await client.get("keep"))["dest"] == "emails"
+        await client.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_namespace_that_needs_a_newer_client_is_refused_with_nothing_written(daemon, redis_url):
+    r = redis.Redis.from_url(redis_url)
+    r.hset("zdelay:schema", "min_version", "99.0.0")
+    client = zdelay.Client.from_url(redis_url)
+    with pytest.raises(zdelay.LayoutTooNew) as refused:
+        client.enqueue("emails", "x", id="too-old")
+    assert "99.0.0" in str(refused.value) and not refused.value.retryable
+    assert not any(r.hexists(f"{{zdelay:{s}}}:jobs", "too-old") for s in range(10))
+    # This client's own version, or an older one, is fine; so is a pre-release of it.
+    for version in (zdelay.VERSION, "0.0.9", "0.1.0-rc.1"):
+        r.hset("zdelay:schema", "min_version", version)
+        assert zdelay.Client.from_url(redis_url).enqueue("emails", "x", id=f"ok-{version}").outcome == "added"
+    r.hset("zdelay:schema", "min_version", "not a version")
+    with pytest.raises(zdelay.ProtocolError, match="min_version"):
+        zdelay.Client.from_url(redis_url).get("x")
+    # A shard fenced by a newer zdelay refuses a client that read the namespace before.
+    r.hdel("zdelay:schema", "min_version")
+    for s in range(10):
+        r.set(f"{{zdelay:{s}}}:shards", "layout 3 99.0.0")
+    with pytest.raises(zdelay.LayoutTooNew, match="99.0.0"):
+        client.cancel("ok-0.0.9")
+
+
+def test_versions_are_ordered_as_semantic_versions():
+    order = ["0.1.0-alpha", "0.1.0-alpha.1", "0.1.0-alpha.beta", "0.1.0-beta.2", "0.1.0-beta.11", "0.1.0-rc.1",
+             "0.1.0", "0.1.1", "0.2.0", "1.0.0+build.5"]
+    keys = [_core.version_key(v) for v in order]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert _core.version_key("1.0.0+a") == _core.version_key("1.0.0+b")
+    for bad in ("", "1.0", "v1.0.0", "1.0.x", "not a version"):
+        assert _core.version_key(bad) is None, bad
+
+
+def test_the_client_version_is_the_packages():
+    pyproject = (ROOT / "clients/python/pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == zdelay.VERSION
