@@ -439,19 +439,18 @@ route = "m"
             rt.block_on(scripts::delete_schedule(&mut lcon, at, "s", 3_600_000))
                 .expect("delete_schedule_lane")
         );
-        // The route's list moves to another slot: the emptied lane is retired (retire_lane).
-        let (_, change) = rt
-            .block_on(lanes::register(
-                &mut lcon,
-                &lane_keys,
-                "emails",
-                "q:lanecalls:elsewhere",
-                zdelay::config::Push::Lpush,
-            ))
-            .expect("register again");
+        // The route's list moves to another slot: the lane still holds jobs, so retire_lane
+        // keeps it live and the registration is refused.
+        let refused = rt.block_on(lanes::register(
+            &mut lcon,
+            &lane_keys,
+            "emails",
+            "q:lanecalls:elsewhere",
+            zdelay::config::Push::Lpush,
+        ));
         assert!(
-            matches!(change, scripts::LaneChange::Moved { .. }),
-            "{change:?}"
+            refused.as_ref().is_err_and(|e| e.to_string().contains("still holds")),
+            "{refused:?}"
         );
     }
     // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
