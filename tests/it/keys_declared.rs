@@ -449,7 +449,9 @@ route = "m"
             zdelay::config::Push::Lpush,
         ));
         assert!(
-            refused.as_ref().is_err_and(|e| e.to_string().contains("still holds")),
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("still holds")),
             "{refused:?}"
         );
     }

@@ -631,9 +631,14 @@ push = "rpush"
         OnConflict::Error,
     ))
     .unwrap();
-    wait_for("the publisher holds its job", Duration::from_secs(20), || {
-        release_publisher.with_extension("reached").exists() && common::llen(&mut far, "q:m") == 1
-    });
+    wait_for(
+        "the publisher holds its job",
+        Duration::from_secs(20),
+        || {
+            release_publisher.with_extension("reached").exists()
+                && common::llen(&mut far, "q:m") == 1
+        },
+    );
 
     let release_upgrade = dir.path().join("upgrade");
     let progress = dir.path().join("upgrade.log");
@@ -650,9 +655,11 @@ push = "rpush"
         .stderr(std::fs::File::create(&progress).unwrap())
         .spawn()
         .unwrap();
-    wait_for("the upgrade fenced the shard", Duration::from_secs(20), || {
-        release_upgrade.with_extension("reached").exists()
-    });
+    wait_for(
+        "the upgrade fenced the shard",
+        Duration::from_secs(20),
+        || release_upgrade.with_extension("reached").exists(),
+    );
     // "stale" as a daemon that died holding it leaves it: in flight, its lease over, its
     // scheduled due kept with the claim's token. Nothing claims from a fenced shard, so it
     // stays so until the upgrade moves it.
@@ -692,15 +699,19 @@ push = "rpush"
     assert!(status.success(), "{}", said());
     // The daemon follows onto layout 2 and delivers what moved there: "stale" only.
     let spread = Keys::for_layout("zdelay", 1, 2).shard(0);
-    wait_for("the moved job is delivered", Duration::from_secs(30), || {
-        lrange(&mut far, "q:m").iter().any(|p| p == b"stale")
-            && common::shard_total(&mut con, 1, "inflight") == 0
-            && redis::cmd("HLEN")
-                .arg(&spread.jobs)
-                .query::<u64>(&mut con)
-                .unwrap()
-                == 0
-    });
+    wait_for(
+        "the moved job is delivered",
+        Duration::from_secs(30),
+        || {
+            lrange(&mut far, "q:m").iter().any(|p| p == b"stale")
+                && common::shard_total(&mut con, 1, "inflight") == 0
+                && redis::cmd("HLEN")
+                    .arg(&spread.jobs)
+                    .query::<u64>(&mut con)
+                    .unwrap()
+                    == 0
+        },
+    );
     let delivered: Vec<String> = lrange(&mut far, "q:m")
         .iter()
         .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -711,7 +722,11 @@ push = "rpush"
         "the held job was moved while its publisher held it: {delivered:?}\n{}",
         said()
     );
-    assert!(said().contains("waiting for 1 jobs in flight"), "{}", said());
+    assert!(
+        said().contains("waiting for 1 jobs in flight"),
+        "{}",
+        said()
+    );
 }
 
 /// A route's list moves to another hash slot: its lane is retired, which it may be only when
@@ -751,9 +766,11 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
     let release = dir.path().join("retire");
     let hold = format!("lane_hold_before_retire={}", release.display());
     let mut moving = Daemon::spawn_with_env(&there, &[("ZDELAY_FAILPOINT", hold.as_str())]);
-    wait_for("the daemon is about to retire the lane", Duration::from_secs(20), || {
-        release.with_extension("reached").exists()
-    });
+    wait_for(
+        "the daemon is about to retire the lane",
+        Duration::from_secs(20),
+        || release.with_extension("reached").exists(),
+    );
     let (id, _) = rt
         .block_on(lib.enqueue(
             NewJob::new("a", "slipped-in").after(Duration::from_millis(100)),
@@ -782,8 +799,10 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
     let (id, _) = rt
         .block_on(lib.enqueue(NewJob::new("a", "after"), OnConflict::Error))
         .unwrap();
-    wait_for("the later job is delivered", Duration::from_secs(20), || {
-        lrange(&mut con, "q:a2") == [b"after".to_vec()]
-    });
+    wait_for(
+        "the later job is delivered",
+        Duration::from_secs(20),
+        || lrange(&mut con, "q:a2") == [b"after".to_vec()],
+    );
     assert!(!id.starts_with("~1."), "sent to the retired lane: {id}");
 }
