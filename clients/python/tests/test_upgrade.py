@@ -1,5 +1,6 @@
-"""The client while `zdelay upgrade` moves a namespace to storage layout 2 (a real upgrade of this
-checkout, held after its fence by a failpoint), and on a namespace that needs a newer client."""
+"""Finding a job by id: while `zdelay upgrade` moves a namespace to storage layout 2 (a real upgrade
+of this checkout, held after its fence by a failpoint), and in every lane on layout 2; and a
+namespace that needs a newer client."""
 
 from __future__ import annotations
 
@@ -90,6 +91,25 @@ def test_the_asyncio_client_waits_for_the_upgrade_too(held_upgrade, redis_url):
         await client.aclose()
 
     asyncio.run(run())
+
+
+def test_an_id_of_your_own_is_looked_for_in_every_lane_and_two_routes_need_dest(redis_url):
+    routes = "".join(f'\n[[routes]]\nname = "{r}"\nsink = "local"\ntarget = "q:{r}"\n' for r in ("emails", "sms"))
+    daemon = Daemon(f'url = "{redis_url}"', routes=routes, shards=4, layout=2)
+    try:
+        client = zdelay.Client.from_url(redis_url)
+        client.enqueue("sms", "text", id="one", delay=timedelta(hours=1))
+        assert client.get("one")["dest"] == "sms"
+        assert client.reschedule("one", delay=timedelta(hours=2)) is not None
+        for dest in ("emails", "sms"):
+            client.enqueue(dest, dest, id="two", delay=timedelta(hours=1))
+        with pytest.raises(zdelay.InvalidJob) as refused:
+            client.cancel("two")
+        assert refused.value.field == "dest" and "emails, sms" in str(refused.value)
+        assert client.cancel("two", dest="sms") == "cancelled" and client.get("two")["dest"] == "emails"
+        assert client.cancel("none") == "not_pending" and client.get("none") is None
+    finally:
+        daemon.stop()
 
 
 def test_a_namespace_that_needs_a_newer_client_is_refused_with_nothing_written(daemon, redis_url):
