@@ -733,9 +733,9 @@ push = "rpush"
 /// empty. A producer that read the lane before keeps sending to it until the retirement, so
 /// the emptiness is checked in the script that retires: a job that slipped in first keeps the
 /// lane live (the daemon refuses the new list, naming what the lane holds) and is delivered
-/// once the route points at its list again; after the retirement the producer is refused,
-/// reads the registry again and enqueues into the new lane. No job is left where no mover
-/// reads.
+/// once the route points at its list again; after the retirement the producer is refused
+/// (retryable until the registry names the new lane), reads the registry again and enqueues
+/// into the new lane. No job is left where no mover reads.
 #[cfg(feature = "test-failpoints")]
 #[test]
 fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
@@ -793,9 +793,23 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
     });
     drop(back);
 
-    // Emptied, the lane is retired; the producer that still has it cached is refused, reads
-    // the registry again and enqueues into the successor.
-    let _moved = Daemon::start(&there);
+    // Emptied, the lane is retired before the registry names its successor: meanwhile the
+    // producer that still has it cached is refused (retryable, nothing written); then it
+    // reads the registry again and enqueues into the successor.
+    let registered = dir.path().join("registered");
+    let hold = format!("lane_hold_after_retire={}", registered.display());
+    let moved = Daemon::spawn_with_env(&there, &[("ZDELAY_FAILPOINT", hold.as_str())]);
+    wait_for(
+        "the daemon retired the lane",
+        Duration::from_secs(20),
+        || registered.with_extension("reached").exists(),
+    );
+    let refused = rt
+        .block_on(lib.enqueue(NewJob::new("a", "after"), OnConflict::Error))
+        .unwrap_err();
+    assert!(refused.is_retryable(), "{refused}");
+    std::fs::write(&registered, b"go").unwrap();
+    moved.wait_ready();
     let (id, _) = rt
         .block_on(lib.enqueue(NewJob::new("a", "after"), OnConflict::Error))
         .unwrap();
@@ -805,4 +819,9 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
         || lrange(&mut con, "q:a2") == [b"after".to_vec()],
     );
     assert!(!id.starts_with("~1."), "sent to the retired lane: {id}");
+    assert_eq!(
+        common::llen(&mut con, "q:a"),
+        1,
+        "nothing more reached the old list"
+    );
 }

@@ -733,11 +733,11 @@ fn no_lane(dest: &str, registry: &Registry) -> ClientError {
     }
 }
 
-/// A lane that kept refusing after the registry was read again.
+/// A lane that kept refusing after the registry was read again (retryable: nothing was
+/// written).
 pub(crate) fn lane_refused(what: &str, e: &redis::RedisError) -> ClientError {
-    StoreError::Schema(format!(
-        "the route lane of {what} refused the call after the lane registry was read again ({e}): \
-         daemons with different routes may be starting; try again"
-    ))
-    .into()
+    ClientError::LaneRefused {
+        what: what.to_owned(),
+        detail: e.to_string(),
+    }
 }

@@ -103,6 +103,16 @@ pub enum ClientError {
     /// A due time in epoch ms that reads as epoch seconds (`job::check_epoch_ms`).
     #[error("{0}")]
     SecondsLikeDue(String),
+    /// On storage layout 2, a route lane kept refusing the call after the lane registry was
+    /// read again: its route is moving to a new lane (the old one is retired a moment before
+    /// the registry names the new one), or daemons with different routes are starting.
+    /// Nothing was written; retryable.
+    #[error(
+        "the route lane of {what} refused the call after the lane registry was read again \
+         ({detail}): its route may be moving to a new lane, or daemons with different routes \
+         are starting; nothing was written, try again"
+    )]
+    LaneRefused { what: String, detail: String },
 }
 
 impl From<redis::RedisError> for ClientError {
@@ -137,16 +147,21 @@ impl ClientError {
             ClientError::Contended(_) => "contended",
             ClientError::UnreadableSchedule { .. } => "unreadable_schedule",
             ClientError::SecondsLikeDue(_) => "seconds_like_due",
+            ClientError::LaneRefused { .. } => "lane_refused",
         }
     }
 
     /// Whether the same call may succeed later unchanged ([`StoreError::is_retryable`]): the
     /// connection or the server failed for a moment, a reshard or an upgrade runs, the
-    /// namespace waits for its first daemon. A call refused by a fence wrote nothing; after a
+    /// namespace waits for its first daemon, a route lane is being moved. A call refused by a fence wrote nothing; after a
     /// dropped connection the call may have run, so send an enqueue again with the same id
     /// (a generated id is new each time: the job could then be stored twice).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ClientError::Store(e) if e.is_retryable())
+        match self {
+            ClientError::Store(e) => e.is_retryable(),
+            ClientError::LaneRefused { .. } => true,
+            _ => false,
+        }
     }
 
     /// The layout a shard's marker refused the call with (the namespace was resharded, or is

@@ -111,6 +111,7 @@ pub async fn register(
                     old.list
                 )));
             }
+            crate::failpoint::hold("lane_hold_after_retire").await;
             successor = Some(number);
         }
     }
