@@ -325,6 +325,27 @@ test("lookups by id during an upgrade find jobs it has not moved yet", async () 
   }
 });
 
+test("on layout 2 an id of your own is looked for in every lane; held by two routes it needs dest", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2, routes: ["emails", "sms"] });
+  const client = new zdelay.Client(new Redis(server.url));
+  try {
+    await client.enqueue({ dest: "sms", payload: "text", id: "one", delay: 3_600_000 });
+    assert.equal((await client.get("one")).dest, "sms");
+    assert.ok((await client.reschedule("one", { delay: 7_200_000 })) > Date.now());
+    for (const dest of ["emails", "sms"]) await client.enqueue({ dest, payload: dest, id: "two", delay: 3_600_000 });
+    await assert.rejects(client.cancel("two"), (e) => e instanceof zdelay.InvalidJob && e.field === "dest" && /emails, sms/.test(e.message));
+    assert.equal(await client.cancel("two", "sms"), "cancelled");
+    assert.equal((await client.get("two")).dest, "emails");
+    assert.equal(await client.cancel("none"), "not_pending");
+    assert.equal(await client.get("none"), null);
+  } finally {
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
 test("a namespace that needs a newer client is refused with nothing written", async () => {
   const server = await startRedis();
   const daemon = await startDaemon(`url = "${server.url}"`);
