@@ -56,11 +56,13 @@ pub struct Cli {
 impl Cli {
     /// The log filter to use: `--log`, except for `check-config --connect` left at the
     /// default, where the broker clients' own connection chatter (a passive declare of a
-    /// missing exchange is an ERROR to lapin) would bury the checks' lines.
+    /// missing exchange is an ERROR to lapin) and the sinks' outage lines would bury the
+    /// checks' lines, which already say what each sink found.
     pub fn log_filter(&self) -> String {
         match self.command {
             Command::CheckConfig { connect: true, .. } if self.log == "info" => {
-                "warn,lapin=off,async_nats=off,rdkafka=off".to_owned()
+                "warn,lapin=off,async_nats=off,rdkafka=off,zdelay::sinks=off,zdelay::metrics=off"
+                    .to_owned()
             }
             _ => self.log.clone(),
         }
