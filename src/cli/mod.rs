@@ -64,9 +64,25 @@ impl Cli {
                 "warn,lapin=off,async_nats=off,rdkafka=off,zdelay::sinks=off,zdelay::metrics=off"
                     .to_owned()
             }
-            _ => self.log.clone(),
+            _ => quiet_clients(&self.log),
         }
     }
+}
+
+/// Broker client libraries whose own lines repeat with every reconnect attempt (async-nats
+/// logs each at INFO, lapin each failed connection at ERROR): the sinks log their outages
+/// once per episode instead. A filter that names the library keeps its level.
+const CLIENT_LEVELS: &[(&str, &str)] = &[("async_nats", "warn"), ("lapin", "off")];
+
+/// `filter` with [`CLIENT_LEVELS`] for the libraries it does not name.
+fn quiet_clients(filter: &str) -> String {
+    let mut filter = filter.to_owned();
+    for (library, level) in CLIENT_LEVELS {
+        if !filter.contains(library) {
+            filter.push_str(&format!(",{library}={level}"));
+        }
+    }
+    filter
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -677,7 +677,9 @@ impl KafkaSink {
         if !Arc::ptr_eq(&slot, used) {
             return true;
         }
-        tracing::warn!(sink = %self.name, reason = %why, "replacing the kafka producer");
+        // Routine after an outage purged messages (the outage itself is the sink's episode,
+        // already logged): information, not a warning.
+        tracing::info!(sink = %self.name, reason = %why, "replacing the kafka producer");
         match create(&self.name, &self.config, &self.auth_failure) {
             Ok(p) => {
                 *slot = Arc::new(p);
