@@ -730,7 +730,10 @@ mod tests {
             "another sink's is news too"
         );
         for ms in (20..2_000).step_by(20) {
-            assert!(!e.error("sink_unavailable", "kafka", at(ms)), "kafka at {ms}");
+            assert!(
+                !e.error("sink_unavailable", "kafka", at(ms)),
+                "kafka at {ms}"
+            );
             assert!(!e.error("sink_outcomes", "kafka", at(ms)), "any sink kind");
         }
         assert_eq!(

@@ -1167,7 +1167,8 @@ fn lines_about<'a>(log: &'a str, name: &str, library: &str) -> Vec<&'a str> {
     let tags = [format!("sink={name} "), format!("sink=\"{name}\"")];
     log.lines()
         .filter(|l| {
-            tags.iter().any(|t| l.contains(t.as_str()) || l.ends_with(t.trim_end()))
+            tags.iter()
+                .any(|t| l.contains(t.as_str()) || l.ends_with(t.trim_end()))
                 || l.contains(&format!(" {library}"))
         })
         .collect()
@@ -1340,7 +1341,11 @@ target = "q:far"
             .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
             .count();
         report.push(format!("{sink}: {} lines", lines.len()));
-        assert_eq!(starts.len(), 1, "{sink}: one line starts the outage:\n{log}");
+        assert_eq!(
+            starts.len(),
+            1,
+            "{sink}: one line starts the outage:\n{log}"
+        );
         assert_eq!(ends.len(), 1, "{sink}: one line ends it:\n{log}");
         assert_eq!(warnings, 1, "{sink}: no other warning:\n{log}");
         let suppressed: u64 = ends[0]
@@ -1348,7 +1353,12 @@ target = "q:far"
             .nth(1)
             .and_then(|v| v.split(' ').next())
             .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{sink}: the end line counts what it did not log: {}", ends[0]));
+            .unwrap_or_else(|| {
+                panic!(
+                    "{sink}: the end line counts what it did not log: {}",
+                    ends[0]
+                )
+            });
         assert!(suppressed > 0, "{sink}: 30 s of checks failed: {}", ends[0]);
         assert!(
             lines.len() <= 4,
@@ -1367,8 +1377,7 @@ target = "q:far"
             .collect()
     };
     let kafka_ids = ids("to-kafka");
-    let records =
-        crate::kafka::consume(&python, &kafka_brokers, &topic, -(kafka_ids.len() as i64));
+    let records = crate::kafka::consume(&python, &kafka_brokers, &topic, -(kafka_ids.len() as i64));
     let record_ids: Vec<String> = records
         .iter()
         .filter_map(|r| r.headers.iter().find(|(name, _)| name == "zdelay-id"))
@@ -1389,7 +1398,11 @@ target = "q:far"
         );
     }
     let far_jobs: BTreeSet<Vec<u8>> = lrange(&mut far.conn(), "q:far").into_iter().collect();
-    assert_eq!(far_jobs.len(), ids("to-far").len(), "every remote Redis job");
+    assert_eq!(
+        far_jobs.len(),
+        ids("to-far").len(),
+        "every remote Redis job"
+    );
     eprintln!(
         "{} jobs; {}; test {:?}",
         sent.len(),
