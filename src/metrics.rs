@@ -240,6 +240,9 @@ pub const METRICS: &[Metric] = &[
         )],
         help: "Errors by kind.",
         details: "Recovered errors, each counted; the log has one line per episode. \
+                  `sink_unavailable`: a sink's failed health check, unavailable publish or broker \
+                  client connection error (librdkafka and async-nats report each reconnect \
+                  attempt), one episode per sink. \
                   `schedule_quarantined` is counted once per quarantine and logged at ERROR: an \
                   operator must fix or delete the schedule. `sink_outcomes`: a sink answered a batch \
                   with the wrong number of outcomes (the batch is released and tried again).",
