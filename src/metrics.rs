@@ -240,6 +240,9 @@ pub const METRICS: &[Metric] = &[
         )],
         help: "Errors by kind.",
         details: "Recovered errors, each counted; the log has one line per episode. \
+                  `sink_unavailable`: a sink's failed health check, unavailable publish or broker \
+                  client connection error (librdkafka and async-nats report each reconnect \
+                  attempt), one episode per sink. \
                   `schedule_quarantined` is counted once per quarantine and logged at ERROR: an \
                   operator must fix or delete the schedule. `sink_outcomes`: a sink answered a batch \
                   with the wrong number of outcomes (the batch is released and tried again).",
@@ -446,18 +449,21 @@ pub fn record_lateness(source: &str, buckets: &[u64], max_lateness_ms: i64) {
 }
 
 /// Counts one error event, and logs it when it opens an episode: while errors go on (Redis
-/// busy, loading, out of memory, connections cut), the first is logged and the rest only
-/// counted, so a minute-long outage is one warning, not one per poll. The errors about Redis
-/// (`redis`, `push_failed`, `pubsub`, `redis_connect`, `redis_auth`) make one episode; any
-/// other `kind` (a bounded label) is its own. The caller reports the success that follows
-/// with [`recovered`], with the same kind and context.
+/// busy, loading, out of memory, connections cut, a broker down), the first is logged and the
+/// rest only counted, so a minute-long outage is one warning, not one per poll. The errors
+/// about Redis (`redis`, `push_failed`, `pubsub`, `redis_connect`, `redis_auth`) make one
+/// episode; each sink's errors (the `sink_*` kinds, `context` = the sink's name) make one per
+/// sink; any other `kind` (a bounded label) is its own. The caller reports the success that
+/// follows with [`recovered`], with the same kind and context.
 pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Display) {
     counter!(ERRORS, "kind" => kind).increment(1);
     let opened = episodes().error(kind, context, Instant::now());
-    if opened {
-        tracing::warn!(kind, context, %error, "recovering from error");
-    } else {
-        tracing::debug!(kind, context, %error, "error goes on");
+    // Broker errors may quote an address with its credentials, and span lines.
+    let error = zdelay_client::config::redact_known(&error.to_string()).replace('\n', " ");
+    match (opened, Subject::of(kind, context)) {
+        (true, Subject::Sink(sink)) => tracing::warn!(sink, kind, error, "sink unavailable"),
+        (true, _) => tracing::warn!(kind, context, error, "recovering from error"),
+        (false, _) => tracing::debug!(kind, context, error, "error goes on"),
     }
 }
 
@@ -474,19 +480,31 @@ pub fn record_flow(route: &str, reply: &zdelay_client::store::scripts::MoveReply
 
 /// Reports that `context` works again after errors of `kind`; once nothing of the episode
 /// has failed for [`EPISODE_SETTLE`], the episode ends with one line (how long it lasted, how
-/// many errors it counted). Cheap when no episode is open: it runs after every successful
-/// call.
+/// many errors it counted, how many of them were not logged). Cheap when no episode is open:
+/// it runs after every successful call.
 pub fn recovered(kind: &'static str, context: &str) {
     if OPEN_EPISODES.load(Ordering::Relaxed) == 0 {
         return;
     }
-    if let Some(closed) = episodes().success(kind, context, Instant::now()) {
-        tracing::info!(
-            episode = closed.subject,
+    let Some(closed) = episodes().success(kind, context, Instant::now()) else {
+        return;
+    };
+    let suppressed = closed.errors - 1;
+    match &closed.subject {
+        Subject::Sink(sink) => tracing::info!(
+            sink = %sink,
             errors = closed.errors,
+            suppressed,
+            lasted = ?closed.lasted,
+            "sink available again"
+        ),
+        Subject::Kind(episode) => tracing::info!(
+            episode,
+            errors = closed.errors,
+            suppressed,
             lasted = ?closed.lasted,
             "recovered"
-        );
+        ),
     }
 }
 
@@ -509,12 +527,23 @@ pub fn trace_context_invalid(sink: &str, messages: u64) {
     tracing::debug!(sink, messages, "malformed traceparent ignored");
 }
 
-/// The episode an error kind belongs to: everything that goes wrong when Redis misbehaves
-/// is one.
-fn subject(kind: &'static str) -> &'static str {
-    match kind {
-        "redis" | "push_failed" | "pubsub" | "redis_connect" | "redis_auth" => "redis",
-        other => other,
+/// What an episode is about: everything that goes wrong when Redis misbehaves is one; each
+/// sink's troubles are one per sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Subject {
+    Kind(&'static str),
+    Sink(String),
+}
+
+impl Subject {
+    fn of(kind: &'static str, context: &str) -> Self {
+        match kind {
+            "redis" | "push_failed" | "pubsub" | "redis_connect" | "redis_auth" => {
+                Subject::Kind("redis")
+            }
+            kind if kind.starts_with("sink_") => Subject::Sink(context.to_owned()),
+            other => Subject::Kind(other),
+        }
     }
 }
 
@@ -540,7 +569,7 @@ const EPISODE_STALE: Duration = Duration::from_secs(60);
 
 /// Open error episodes, by subject.
 struct Episodes {
-    open: Vec<(&'static str, Episode)>,
+    open: Vec<(Subject, Episode)>,
 }
 
 struct Episode {
@@ -554,7 +583,7 @@ struct Episode {
 /// An episode that ended.
 #[derive(Debug, PartialEq)]
 struct Closed {
-    subject: &'static str,
+    subject: Subject,
     errors: u64,
     lasted: Duration,
 }
@@ -566,7 +595,7 @@ impl Episodes {
 
     /// Records an error; true when it opens an episode.
     fn error(&mut self, kind: &'static str, context: &str, now: Instant) -> bool {
-        let subject = subject(kind);
+        let subject = Subject::of(kind, context);
         let failing = (kind, context.to_owned());
         if let Some((_, episode)) = self.open.iter_mut().find(|(s, _)| *s == subject) {
             if now.duration_since(episode.last_error) < EPISODE_STALE {
@@ -587,10 +616,15 @@ impl Episodes {
 
     /// Records a success; the episode it belongs to when nothing of it fails any more.
     fn success(&mut self, kind: &'static str, context: &str, now: Instant) -> Option<Closed> {
-        let subject = subject(kind);
+        let subject = Subject::of(kind, context);
         let at = self.open.iter().position(|(s, _)| *s == subject)?;
         let episode = &mut self.open[at].1;
-        episode.failing.remove(&(kind, context.to_owned()));
+        if matches!(subject, Subject::Sink(_)) {
+            // A sink that published or passed its check works, whatever failed before.
+            episode.failing.clear();
+        } else {
+            episode.failing.remove(&(kind, context.to_owned()));
+        }
         episode.forget_stale(now);
         if !episode.failing.is_empty() || now.duration_since(episode.last_error) < EPISODE_SETTLE {
             return None;
@@ -671,7 +705,7 @@ mod tests {
         assert_eq!(
             e.success("push_failed", "shard 2", at(settled)),
             Some(Closed {
-                subject: "redis",
+                subject: Subject::Kind("redis"),
                 errors: 5,
                 lasted: Duration::from_millis(settled)
             })
@@ -686,6 +720,45 @@ mod tests {
             "the next one is logged"
         );
         assert!(e.success("schedule", "shard 0", at(settled)).is_some());
+    }
+
+    #[test]
+    fn each_sink_has_its_own_episode_and_ends_it_when_it_works() {
+        let mut e = Episodes::new();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert!(e.error("sink_unavailable", "kafka", at(0)), "kafka's opens");
+        assert!(
+            e.error("sink_unavailable", "rabbit", at(10)),
+            "another sink's is news too"
+        );
+        for ms in (20..2_000).step_by(20) {
+            assert!(
+                !e.error("sink_unavailable", "kafka", at(ms)),
+                "kafka at {ms}"
+            );
+            assert!(!e.error("sink_outcomes", "kafka", at(ms)), "any sink kind");
+        }
+        assert_eq!(
+            e.success("sink_unavailable", "kafka", at(2_100)),
+            None,
+            "not settled yet"
+        );
+        let closed = e
+            .success("sink_unavailable", "kafka", at(1_980) + EPISODE_SETTLE)
+            .expect("kafka works: whatever failed before, its episode ends");
+        assert_eq!(closed.subject, Subject::Sink("kafka".into()));
+        assert_eq!(closed.errors, 1 + 2 * 99);
+        assert!(
+            e.error("sink_unavailable", "kafka", at(5_000)),
+            "the next outage is logged"
+        );
+        assert_eq!(
+            e.success("sink_unavailable", "rabbit", at(1_010) + EPISODE_SETTLE)
+                .map(|c| (c.subject, c.errors)),
+            Some((Subject::Sink("rabbit".into()), 1)),
+            "rabbit's ends on its own"
+        );
     }
 
     #[test]

@@ -56,15 +56,33 @@ pub struct Cli {
 impl Cli {
     /// The log filter to use: `--log`, except for `check-config --connect` left at the
     /// default, where the broker clients' own connection chatter (a passive declare of a
-    /// missing exchange is an ERROR to lapin) would bury the checks' lines.
+    /// missing exchange is an ERROR to lapin) and the sinks' outage lines would bury the
+    /// checks' lines, which already say what each sink found.
     pub fn log_filter(&self) -> String {
         match self.command {
             Command::CheckConfig { connect: true, .. } if self.log == "info" => {
-                "warn,lapin=off,async_nats=off,rdkafka=off".to_owned()
+                "warn,lapin=off,async_nats=off,rdkafka=off,zdelay::sinks=off,zdelay::metrics=off"
+                    .to_owned()
             }
-            _ => self.log.clone(),
+            _ => quiet_clients(&self.log),
         }
     }
+}
+
+/// Broker client libraries whose own lines repeat with every reconnect attempt (async-nats
+/// logs each at INFO, lapin each failed connection at ERROR): the sinks log their outages
+/// once per episode instead. A filter that names the library keeps its level.
+const CLIENT_LEVELS: &[(&str, &str)] = &[("async_nats", "warn"), ("lapin", "off")];
+
+/// `filter` with [`CLIENT_LEVELS`] for the libraries it does not name.
+fn quiet_clients(filter: &str) -> String {
+    let mut filter = filter.to_owned();
+    for (library, level) in CLIENT_LEVELS {
+        if !filter.contains(library) {
+            filter.push_str(&format!(",{library}={level}"));
+        }
+    }
+    filter
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -509,18 +509,11 @@ fn sink_answered(sink: &SinkHandle, outcomes: &[Outcome]) {
             .increment(n);
     }
     match unavailable {
+        // The sink's outage episode (its log lines) is the handle's.
         Some(why) => {
-            let pause = sink.pause(why);
-            metrics::error_event(
-                "sink_unavailable",
-                &sink.name,
-                &format!("{why}; paused {pause:?}"),
-            );
+            sink.pause(why);
         }
-        None if outcomes.iter().any(|o| matches!(o, Outcome::Delivered)) => {
-            sink.resume();
-            metrics::recovered("sink_unavailable", &sink.name);
-        }
+        None if outcomes.iter().any(|o| matches!(o, Outcome::Delivered)) => sink.resume(),
         None => {}
     }
 }

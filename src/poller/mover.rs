@@ -237,13 +237,19 @@ impl Walks {
                 None => false,
             };
             if walk && !self.pending.iter().any(|(s, _)| *s == sink) {
-                tracing::info!(
-                    shard,
-                    sink = %sink,
-                    jobs = waiting.jobs,
-                    configured,
-                    "refiling the jobs waiting for a sink by their route now"
-                );
+                // A paused sink's walk is routine during its outage, which the sink's
+                // episode already logs; a sink gone from the config is news.
+                if configured {
+                    tracing::debug!(shard, sink = %sink, jobs = waiting.jobs,
+                        "refiling the jobs waiting for a paused sink by their route now");
+                } else {
+                    tracing::info!(
+                        shard,
+                        sink = %sink,
+                        jobs = waiting.jobs,
+                        "refiling the jobs waiting for a sink by their route now"
+                    );
+                }
                 self.pending.push_back((sink, String::new()));
             }
         }

@@ -12,6 +12,9 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 /// Longest pause of an unavailable sink.
 const MAX_PAUSE: Duration = Duration::from_secs(30);
 
+/// The error kind (`zdelay_errors_total`) and episode of a sink that cannot deliver.
+pub const UNAVAILABLE: &str = "sink_unavailable";
+
 /// The byte bound of a handle built without one (`poller.sink_inflight_bytes`' default).
 const DEFAULT_BYTES: usize = 64 << 20;
 
@@ -193,19 +196,21 @@ impl SinkHandle {
         self.set_health(Ok(()));
     }
 
+    /// Records what the sink's last check or publish found. Its log is one line when an outage
+    /// starts and one when it ends (the errors between are counted, not logged): the episode
+    /// is `metrics::error_event`'s, which the Kafka client's own errors join.
     pub fn set_health(&self, result: Result<(), String>) {
         let ok = result.is_ok();
         // Broker errors may quote the address with its credentials.
         *self.last_error.lock().expect("error lock") = result
+            .as_ref()
             .err()
-            .map(|e| crate::config::redact_known(&e).into_owned())
+            .map(|e| crate::config::redact_known(e).into_owned())
             .unwrap_or_default();
-        if self.healthy.swap(ok, Ordering::Relaxed) != ok {
-            if ok {
-                tracing::info!(sink = %self.name, "sink available again");
-            } else {
-                tracing::error!(sink = %self.name, error = %self.last_error(), "sink unavailable");
-            }
+        self.healthy.store(ok, Ordering::Relaxed);
+        match result {
+            Ok(()) => crate::metrics::recovered(UNAVAILABLE, &self.name),
+            Err(why) => crate::metrics::error_event(UNAVAILABLE, &self.name, &why),
         }
     }
 

@@ -208,7 +208,10 @@ pub fn client_config(
 /// broker refuses the credentials, so this is what tells "wrong password" from "unreachable".
 type AuthFailure = Arc<std::sync::Mutex<Option<String>>>;
 
-/// Routes librdkafka's log lines and global errors to `tracing`, tagged with the sink.
+/// Routes librdkafka's log lines and global errors to `tracing`, tagged with the sink. Its
+/// errors (a broker unreachable, credentials refused) join the sink's outage episode
+/// (`metrics::error_event`): logged when they start one, counted while it lasts, however
+/// often librdkafka retries.
 struct SinkContext {
     sink: String,
     auth_failure: AuthFailure,
@@ -222,10 +225,15 @@ pub fn is_auth_failure(code: RDKafkaErrorCode) -> bool {
     )
 }
 
+/// librdkafka's log facility for a broker connection that failed: each such line is also
+/// reported to the error callback, which is where the sink's episode counts it.
+const CONNECTION_FAILED: &str = "FAIL";
+
 impl ClientContext for SinkContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, line: &str) {
         let sink = &self.sink;
         match level {
+            _ if fac == CONNECTION_FAILED => tracing::debug!(sink, fac, "librdkafka: {line}"),
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
@@ -239,12 +247,13 @@ impl ClientContext for SinkContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code().is_some_and(is_auth_failure) {
-            tracing::error!(sink = %self.sink, "kafka authentication failed: {reason}");
+        let why = if error.rdkafka_error_code().is_some_and(is_auth_failure) {
             *self.auth_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_owned());
+            format!("kafka authentication failed: {reason}")
         } else {
-            tracing::warn!(sink = %self.sink, error = %error, "kafka client error: {reason}");
-        }
+            format!("kafka client error: {reason}")
+        };
+        crate::metrics::error_event(super::handle::UNAVAILABLE, &self.sink, &why);
     }
 }
 
@@ -668,7 +677,9 @@ impl KafkaSink {
         if !Arc::ptr_eq(&slot, used) {
             return true;
         }
-        tracing::warn!(sink = %self.name, reason = %why, "replacing the kafka producer");
+        // Routine after an outage purged messages (the outage itself is the sink's episode,
+        // already logged): information, not a warning.
+        tracing::info!(sink = %self.name, reason = %why, "replacing the kafka producer");
         match create(&self.name, &self.config, &self.auth_failure) {
             Ok(p) => {
                 *slot = Arc::new(p);

@@ -113,6 +113,24 @@ impl std::fmt::Debug for NatsSink {
     }
 }
 
+/// The client's connection troubles (a lost connection, each failed reconnect) join the
+/// sink's outage episode: logged when they start one, counted while it lasts.
+fn episode_events(
+    sink: String,
+) -> impl Fn(async_nats::Event) -> futures::future::Ready<()> + Send + Sync + 'static {
+    move |event| {
+        use async_nats::Event as E;
+        if matches!(event, E::Disconnected | E::ClientError(_)) {
+            crate::metrics::error_event(
+                super::handle::UNAVAILABLE,
+                &sink,
+                &format!("nats client: {event}"),
+            );
+        }
+        futures::future::ready(())
+    }
+}
+
 impl NatsSink {
     /// Validates the config; does not connect (the first publish or check does, in the
     /// background, retrying until the server is there).
@@ -162,6 +180,7 @@ impl NatsSink {
                     .connect_options()
                     .await?
                     .name(format!("zdelay/{}", self.name))
+                    .event_callback(episode_events(self.name.clone()))
                     .max_reconnects(None)
                     .connection_timeout(CHECK_TIMEOUT)
                     .reconnect_delay_callback(|attempts| {

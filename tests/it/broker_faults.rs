@@ -14,7 +14,7 @@
 
 use crate::common::{
     Daemon, PrivateBrokers, RedisServer, Services, TestConfig, llen, lrange, runtime, shard_total,
-    wait_for,
+    wait_for, wait_for_or_show,
 };
 use async_nats::jetstream;
 use std::collections::{BTreeMap, BTreeSet};
@@ -1156,4 +1156,260 @@ target = "/{queue}"
     rt.block_on(js.delete_stream(&stream))
         .expect("delete stream");
     amqp_tool(&python, &amqp_url, &["delete", &queue, &exchange]);
+}
+
+/// How long every broker stays down in the episode test.
+const EPISODE_OUTAGE: Duration = Duration::from_secs(30);
+
+/// The lines of `log` about sink `name`: tagged with it, or (for the broker client libraries,
+/// which do not know the sink's name) from the library `library`.
+fn lines_about<'a>(log: &'a str, name: &str, library: &str) -> Vec<&'a str> {
+    let tags = [format!("sink={name} "), format!("sink=\"{name}\"")];
+    log.lines()
+        .filter(|l| {
+            tags.iter()
+                .any(|t| l.contains(t.as_str()) || l.ends_with(t.trim_end()))
+                || l.contains(&format!(" {library}"))
+        })
+        .collect()
+}
+
+/// Every kind of sink down for 30 s at once — Kafka, RabbitMQ, NATS 2.15 and 2.9, a remote
+/// Redis — while a daemon has due jobs for each: its log has, per sink, one line when the
+/// outage starts (WARN, naming the sink and the cause) and one when it ends (INFO, with the
+/// errors it did not log), nothing else about it however often the clients retried, and
+/// every job arrives once the brokers are back.
+#[test]
+fn every_sink_logs_one_line_when_an_outage_starts_and_one_when_it_ends() {
+    let started = Instant::now();
+    let brokers = PrivateBrokers::start("kafka amqp nats nats29");
+    let mut far = RedisServer::start();
+    let redis = RedisServer::start();
+    let rt = runtime();
+    let python = brokers.var("PYTHON");
+    let kafka_brokers = brokers.var("KAFKA_BROKERS");
+    let topic = format!("ep-{}", tag());
+    crate::kafka::create_topic(&brokers.var("KAFKA_TOPIC_CMD"), &topic, 2);
+    let amqp_url = brokers.var("AMQP_URL");
+    let queue = format!("ep-{}", tag());
+    amqp_tool(&python, &amqp_url, &["declare", &queue]);
+    let nats_url = brokers.var("NATS_URL");
+    let nats29_url = brokers.var("NATS29_URL");
+    let (_, stream, prefix) = rt.block_on(make_stream(&nats_url));
+    let (_, stream29, prefix29) = rt.block_on(make_stream(&nats29_url));
+    // (sink, the client library that may log about it, route)
+    let sinks = [
+        ("kafka", "rdkafka", "to-kafka"),
+        ("rabbit", "lapin", "to-rabbit"),
+        ("jetnew", "async_nats", "to-jetnew"),
+        ("jetold", "async_nats", "to-jetold"),
+        ("far", "redis::", "to-far"),
+    ];
+    let extra = format!(
+        r#"
+[poller]
+idle_poll = "50ms"
+sink_pause = "100ms"
+
+[sinks.kafka]
+kind = "kafka"
+brokers = "{kafka_brokers}"
+
+[sinks.rabbit]
+kind = "amqp"
+url = "{amqp_url}"
+
+[sinks.jetnew]
+kind = "nats"
+url = "{nats_url}"
+
+[sinks.jetold]
+kind = "nats"
+url = "{nats29_url}"
+
+[sinks.far]
+kind = "redis"
+url = "{far_url}"
+
+[[routes]]
+name = "to-kafka"
+sink = "kafka"
+target = "{topic}"
+
+[[routes]]
+name = "to-rabbit"
+sink = "rabbit"
+target = "/{queue}"
+
+[[routes]]
+name = "to-jetnew"
+sink = "jetnew"
+target = "{prefix}.due"
+
+[[routes]]
+name = "to-jetold"
+sink = "jetold"
+target = "{prefix29}.due"
+
+[[routes]]
+name = "to-far"
+sink = "far"
+target = "q:far"
+"#,
+        far_url = far.url(),
+    );
+    let config = TestConfig::new(&redis.url(), SHARDS, &extra);
+    let daemon = Daemon::start(&config);
+    let mut con = redis.conn();
+    let routes: Vec<(&'static str, usize)> = sinks.iter().map(|(_, _, r)| (*r, 2)).collect();
+    // Jobs due all the time, before, through and after the outage.
+    let producer = Producer::start(redis.url(), &routes, Duration::from_millis(200));
+    let delivered = |sink: &str| {
+        metric(
+            &daemon,
+            "zdelay_sink_messages_total",
+            &[("sink", sink), ("outcome", "delivered")],
+        )
+    };
+    wait_for("every sink delivering", Duration::from_secs(20), || {
+        sinks.iter().all(|(sink, _, _)| delivered(sink) > 0.0)
+    });
+    let from = daemon.log_text().len();
+
+    // Down together: the test costs one outage, not five. The remote Redis saves what it
+    // acknowledged, as the brokers keep theirs.
+    let _ = redis::cmd("SHUTDOWN")
+        .arg("SAVE")
+        .query::<()>(&mut far.conn());
+    let stop_all = |what: &str| {
+        std::thread::scope(|s| {
+            for broker in ["KAFKA", "AMQP", "NATS", "NATS29"] {
+                let brokers = &brokers;
+                s.spawn(move || brokers.run(&format!("{what}_{broker}")));
+            }
+        })
+    };
+    stop_all("STOP");
+    let stopped = Instant::now();
+    wait_for(
+        "/readyz names every sink down",
+        Duration::from_secs(15),
+        || {
+            matches!(daemon.admin_get("/readyz"), Some((503, body))
+                if sinks.iter().all(|(sink, _, _)| body.contains(&format!("sink {sink} (")))
+                    && body.matches(": down").count() >= sinks.len())
+        },
+    );
+    std::thread::sleep(EPISODE_OUTAGE.saturating_sub(stopped.elapsed()));
+    far.restart();
+    stop_all("START");
+    let sent = producer.finish();
+    wait_for(
+        "every job acked after the brokers are back",
+        Duration::from_secs(60),
+        || pending(&mut con) == (0, 0),
+    );
+    let log = || daemon.log_text().get(from..).unwrap_or_default().to_owned();
+    wait_for_or_show(
+        "every sink's outage ended in the log",
+        Duration::from_secs(30),
+        || {
+            let log = log();
+            sinks.iter().all(|(sink, library, _)| {
+                lines_about(&log, sink, library)
+                    .iter()
+                    .any(|l| l.contains("sink available again"))
+            })
+        },
+        log,
+    );
+
+    let log = log();
+    let mut report = Vec::new();
+    for (sink, library, _) in sinks {
+        let lines = lines_about(&log, sink, library);
+        let starts: Vec<&&str> = lines
+            .iter()
+            .filter(|l| l.contains(" WARN ") && l.contains("sink unavailable"))
+            .collect();
+        let ends: Vec<&&str> = lines
+            .iter()
+            .filter(|l| l.contains(" INFO ") && l.contains("sink available again"))
+            .collect();
+        let warnings = lines
+            .iter()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .count();
+        assert_eq!(
+            starts.len(),
+            1,
+            "{sink}: one line starts the outage:\n{log}"
+        );
+        assert_eq!(ends.len(), 1, "{sink}: one line ends it:\n{log}");
+        assert_eq!(warnings, 1, "{sink}: no other warning:\n{log}");
+        let suppressed: u64 = ends[0]
+            .split("suppressed=")
+            .nth(1)
+            .and_then(|v| v.split(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "{sink}: the end line counts what it did not log: {}",
+                    ends[0]
+                )
+            });
+        assert!(suppressed > 0, "{sink}: 30 s of checks failed: {}", ends[0]);
+        report.push(format!(
+            "{sink}: {} lines, {suppressed} errors suppressed",
+            lines.len()
+        ));
+        assert!(
+            lines.len() <= 4,
+            "{sink}: a few lines about an outage, not a flood ({}):\n{}",
+            lines.len(),
+            lines.join("\n")
+        );
+    }
+    assert!(!log.contains("guest:guest"), "no credentials in the log");
+
+    // Every job arrived.
+    let ids = |route: &str| -> Vec<String> {
+        sent.iter()
+            .filter(|s| s.route == route)
+            .map(|s| s.id.clone())
+            .collect()
+    };
+    let kafka_ids = ids("to-kafka");
+    let records = crate::kafka::consume(&python, &kafka_brokers, &topic, -(kafka_ids.len() as i64));
+    let record_ids: Vec<String> = records
+        .iter()
+        .filter_map(|r| r.headers.iter().find(|(name, _)| name == "zdelay-id"))
+        .map(|(_, id)| String::from_utf8_lossy(id).into_owned())
+        .collect();
+    check_message_ids("Kafka after the outage", &kafka_ids, &record_ids);
+    let rabbit_ids = ids("to-rabbit");
+    let consumed = amqp_message_ids(&python, &amqp_url, &queue, rabbit_ids.len());
+    check_message_ids("RabbitMQ after the outage", &rabbit_ids, &consumed);
+    for (url, stream, route) in [
+        (&nats_url, &stream, "to-jetnew"),
+        (&nats29_url, &stream29, "to-jetold"),
+    ] {
+        assert_eq!(
+            js_count(&rt, url, stream),
+            ids(route).len() as u64,
+            "{route}: one message per job"
+        );
+    }
+    let far_jobs: BTreeSet<Vec<u8>> = lrange(&mut far.conn(), "q:far").into_iter().collect();
+    assert_eq!(
+        far_jobs.len(),
+        ids("to-far").len(),
+        "every remote Redis job"
+    );
+    eprintln!(
+        "{} jobs; {}; test {:?}",
+        sent.len(),
+        report.join(", "),
+        started.elapsed()
+    );
 }

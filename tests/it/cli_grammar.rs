@@ -598,6 +598,62 @@ fn check_config_connect_checks_redis_rights_and_layout() {
     );
 }
 
+/// Every kind of sink with nothing listening at its address: `check-config --connect` answers
+/// within seconds with one line per sink naming the cause, and nothing else (no retry chatter
+/// from the broker clients), never showing a password.
+#[test]
+fn check_config_connect_reports_each_unreachable_sink_in_one_line() {
+    let redis = RedisServer::start();
+    let closed = crate::common::free_port();
+    let mut extra = format!(
+        "[sinks.k]\nkind = \"kafka\"\nbrokers = \"127.0.0.1:{closed}\"\n\n\
+         [sinks.a]\nkind = \"amqp\"\nurl = \"amqp://u:amqp-secret@127.0.0.1:{closed}/%2f\"\n\n\
+         [sinks.n]\nkind = \"nats\"\nurl = \"nats://u:nats-secret@127.0.0.1:{closed}\"\n\n\
+         [sinks.r]\nkind = \"redis\"\nurl = \"redis://:redis-secret@127.0.0.1:{closed}\"\n\n"
+    );
+    for sink in ["k", "a", "n", "r"] {
+        extra.push_str(&format!(
+            "[[routes]]\nname = \"to-{sink}\"\nsink = \"{sink}\"\ntarget = \"t.{sink}\"\n\n"
+        ));
+    }
+    let config = TestConfig::new(&redis.url(), SHARDS, &extra);
+    let started = std::time::Instant::now();
+    // At the default log level, as an operator runs it.
+    let out = std::process::Command::new(crate::common::zdelay_bin())
+        .arg("--config")
+        .arg(&config.path)
+        .args(["check-config", "--connect"])
+        .env_remove("ZDELAY_LOG")
+        .output()
+        .expect("zdelay runs");
+    let took = started.elapsed();
+    let (text, errors) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{text}\n{errors}");
+    for sink in ["k", "a", "n", "r"] {
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(&format!(" sink {sink}: ")))
+            .collect();
+        assert!(
+            lines.len() == 1 && lines[0].starts_with("PROBLEM sink "),
+            "one line for sink {sink}:\n{text}"
+        );
+    }
+    assert!(
+        text.lines().count() <= 8,
+        "the checks and nothing else:\n{text}"
+    );
+    assert!(
+        errors.lines().count() == 1 && errors.starts_with("4 of "),
+        "stderr has the summary only:\n{errors}"
+    );
+    for secret in ["amqp-secret", "nats-secret", "redis-secret"] {
+        assert!(!text.contains(secret), "{secret} shown: {text}");
+    }
+    assert!(took < Duration::from_secs(30), "answered in {took:?}");
+    eprintln!("check-config --connect with 4 sinks down: {took:?}\n{text}");
+}
+
 /// On a Redis Cluster the same checks run, each command on the node of its key; a route's
 /// list in another slot than the shards' is still tried.
 #[test]

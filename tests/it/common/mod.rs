@@ -856,6 +856,7 @@ impl PrivateBrokers {
         Self::start_with(kind, &[])
     }
 
+    /// `kind` names one broker or several ("kafka amqp nats nats29"), started together.
     /// With extra environment for services.sh, e.g. `ZDELAY_TANSU_STORAGE=memory`.
     /// A start that fails (a broker slow to boot on a loaded machine, a port taken between
     /// the check and the bind) is retried once on fresh ports before the test fails.
@@ -866,7 +867,8 @@ impl PrivateBrokers {
             let dir = tempfile::tempdir().expect("a temp dir");
             let out = Command::new("bash")
                 .arg(services_sh())
-                .args(["start", kind])
+                .arg("start")
+                .args(kind.split_whitespace())
                 .env("ZDELAY_SERVICES_DIR", dir.path())
                 .envs(env.iter().copied())
                 .output()
