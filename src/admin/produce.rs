@@ -67,7 +67,7 @@ pub fn routes(prefix: &str, admin: &AdminConfig, policy: Arc<Policy>) -> Router<
 async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
     if let Err(refused) = gate.policy.check(request.headers(), Access::Produce) {
         tracing::info!(why = %refused, "HTTP enqueue refused");
-        return ApiError::forbidden(refused).into_response();
+        return unread(ApiError::forbidden(refused));
     }
     // Refused rather than queued: a queue would hold the waiting requests' connections
     // (and their unread bodies) all the same, and a producer retries anyway.
@@ -76,7 +76,7 @@ async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
             "{} HTTP enqueue requests are being served (admin.enqueue_concurrency): retry",
             gate.concurrency
         );
-        let mut answer = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+        let mut answer = unread(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why));
         answer
             .headers_mut()
             .insert(RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
@@ -89,26 +89,30 @@ async fn admit(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return too_large().into_response();
+        return unread(too_large());
     }
     let body = match tokio::time::timeout(gate.body_timeout, read_body(body)).await {
         Ok(Ok(body)) => body,
-        Ok(Err(e)) => return e.into_response(),
+        Ok(Err(e)) => return unread(e),
         Err(_) => {
             let why = format!(
                 "the body was not sent within {} (admin.enqueue_body_timeout)",
                 humantime::format_duration(gate.body_timeout)
             );
-            let mut answer = ApiError::new(StatusCode::REQUEST_TIMEOUT, why).into_response();
-            // The rest of the body may still come: the connection cannot serve another
-            // request, so it is closed.
-            answer
-                .headers_mut()
-                .insert(CONNECTION, axum::http::HeaderValue::from_static("close"));
-            return answer;
+            return unread(ApiError::new(StatusCode::REQUEST_TIMEOUT, why));
         }
     };
     next.run(Request::from_parts(parts, Body::from(body))).await
+}
+
+/// An answer given before the body was read whole: the rest of it may still come, so the
+/// connection cannot serve another request and is closed (rather than read to its end).
+fn unread(refused: ApiError) -> Response {
+    let mut answer = refused.into_response();
+    answer
+        .headers_mut()
+        .insert(CONNECTION, axum::http::HeaderValue::from_static("close"));
+    answer
 }
 
 fn too_large() -> ApiError {
@@ -347,7 +351,11 @@ async fn batch(
                 jobs.push(job);
                 lines.push(number);
             }
-            Err(why) => results.push(line_failed(number, key.map(|k| k.line_id(number)), bad(why))),
+            Err(why) => results.push(line_failed(
+                number,
+                key.map(|k| k.line_id(number)),
+                bad(why),
+            )),
         }
     }
     if jobs.is_empty() && results.is_empty() {

@@ -392,14 +392,7 @@ fn the_producer_token_is_checked_before_the_body_is_read() {
         let head = format!(
             "POST /api/jobs HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {full}{auth}"
         );
-        let (answer, _) = raw_request(
-            port,
-            &head,
-            b"",
-            1,
-            Duration::ZERO,
-            Duration::from_secs(5),
-        );
+        let (answer, _) = raw_request(port, &head, b"", 1, Duration::ZERO, Duration::from_secs(5));
         let answer = answer.expect("an answer without the body being sent");
         assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
     }
@@ -428,7 +421,10 @@ fn the_producer_token_is_checked_before_the_body_is_read() {
     });
     let grown_mb = peak_rss_kb(daemon.pid()).saturating_sub(before) / 1024;
     // 8 bodies read would be 128 MiB; what a connection's buffers hold stays far below.
-    assert!(grown_mb < 32, "the daemon's peak memory grew {grown_mb} MiB");
+    assert!(
+        grown_mb < 32,
+        "the daemon's peak memory grew {grown_mb} MiB"
+    );
 }
 
 #[test]
@@ -437,7 +433,7 @@ fn enqueue_requests_are_bounded_in_number_and_in_time() {
     let config = config(
         &redis,
         &format!(
-            "producer_token = \"{PRODUCERS}\"\nenqueue_concurrency = 1\nenqueue_body_timeout = \"1s\""
+            "producer_token = \"{PRODUCERS}\"\nenqueue_concurrency = 1\nenqueue_body_timeout = \"2s\""
         ),
     );
     let _daemon = Daemon::start(&config);
@@ -450,26 +446,45 @@ fn enqueue_requests_are_bounded_in_number_and_in_time() {
 
     // A client trickling its body holds the only permit: another request is told to retry.
     std::thread::scope(|s| {
-        let slow = s.spawn(|| {
-            raw_request(
-                port,
-                &head,
-                &[b' '; 1000],
-                1,
-                Duration::from_millis(100),
-                Duration::from_secs(30),
-            )
-        });
+        let trickle = || {
+            s.spawn(|| {
+                raw_request(
+                    port,
+                    &head,
+                    &[b' '; 1000],
+                    1,
+                    Duration::from_millis(100),
+                    Duration::from_secs(30),
+                )
+            })
+        };
+        let mut slow = trickle();
         let mut refused = String::new();
-        wait_for("a request refused while the slow one is served", Duration::from_secs(5), || {
-            let head = format!(
-                "POST /api/jobs HTTP/1.1\r\nContent-Type: application/json\r\nAuthorization: Bearer {PRODUCERS}\r\nContent-Length: {}",
-                job.len()
-            );
-            let (answer, _) = raw_request(port, &head, job, job.len(), Duration::ZERO, Duration::from_secs(5));
-            refused = answer.unwrap_or_default();
-            refused.starts_with("HTTP/1.1 503")
-        });
+        let probe = format!(
+            "POST /api/jobs HTTP/1.1\r\nConnection: close\r\nContent-Type: application/json\r\nAuthorization: Bearer {PRODUCERS}\r\nContent-Length: {}",
+            job.len()
+        );
+        wait_for(
+            "a request refused while the slow one is served",
+            Duration::from_secs(10),
+            || {
+                let (answer, _) = raw_request(
+                    port,
+                    &probe,
+                    job,
+                    job.len(),
+                    Duration::ZERO,
+                    Duration::from_secs(5),
+                );
+                refused = answer.unwrap_or_else(|e| e.to_string());
+                // A probe served before the slow request was admitted may have made that one the
+                // refused request: start it again.
+                if !refused.starts_with("HTTP/1.1 503") && slow.is_finished() {
+                    slow = trickle();
+                }
+                refused.starts_with("HTTP/1.1 503")
+            },
+        );
         let lower = refused.to_ascii_lowercase();
         assert!(lower.contains("\r\nretry-after: 1\r\n"), "{refused}");
         assert!(refused.contains("admin.enqueue_concurrency"), "{refused}");
@@ -479,13 +494,24 @@ fn enqueue_requests_are_bounded_in_number_and_in_time() {
         let (answer, took) = slow.join().unwrap();
         let answer = answer.expect("the slow request answered and its connection closed");
         assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-        assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
         assert!(answer.contains("admin.enqueue_body_timeout"), "{answer}");
         assert!(took < Duration::from_secs(20), "answered after {took:?}");
     });
 
     // The permit is back: the next request is served.
-    let (status, body) = call(port, "POST", "/api/jobs", Some(PRODUCERS), "application/json", job, &[]);
+    let (status, body) = call(
+        port,
+        "POST",
+        "/api/jobs",
+        Some(PRODUCERS),
+        "application/json",
+        job,
+        &[],
+    );
     assert_eq!(status, 201, "{body}");
 }
 
@@ -500,7 +526,15 @@ fn an_idempotency_key_is_remembered_for_its_window_after_delivery() {
     let port = config.admin_port;
     let post = |body: &str, key: &str| {
         let key = format!("Idempotency-Key: {key}");
-        call(port, "POST", "/api/jobs", Some(PRODUCERS), "application/json", body.as_bytes(), &[&key])
+        call(
+            port,
+            "POST",
+            "/api/jobs",
+            Some(PRODUCERS),
+            "application/json",
+            body.as_bytes(),
+            &[&key],
+        )
     };
     let mut con = redis.conn();
     let now = |con: &mut redis::Connection| crate::common::redis_now_ms(con);
@@ -508,8 +542,14 @@ fn an_idempotency_key_is_remembered_for_its_window_after_delivery() {
     // Delivered at once, then sent again: found, nothing made.
     let job = r#"{"dest":"emails","payload":"pay order 9"}"#;
     let (status, body) = post(job, "order-9");
-    assert_eq!((status, body["outcome"].as_str()), (201, Some("added")), "{body}");
-    wait_for("the job delivered", Duration::from_secs(5), || llen(&mut con, "q:emails") == 1);
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (201, Some("added")),
+        "{body}"
+    );
+    wait_for("the job delivered", Duration::from_secs(5), || {
+        llen(&mut con, "q:emails") == 1
+    });
     let (status, body) = post(job, "order-9");
     assert_eq!(
         (status, body["id"].as_str(), body["outcome"].as_str()),
@@ -528,19 +568,38 @@ fn an_idempotency_key_is_remembered_for_its_window_after_delivery() {
     assert!((0..=3_000).contains(&left), "window ends in {left} ms");
     // Nothing to wait for: a second job would be delivered within a few idle polls.
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(llen(&mut con, "q:emails"), 1, "a retry delivered a second job");
+    assert_eq!(
+        llen(&mut con, "q:emails"),
+        1,
+        "a retry delivered a second job"
+    );
 
     // Another job under a key in use: refused, the first left as it was.
     let waiting = r#"{"dest":"emails","payload":"first","in":"1h"}"#;
     assert_eq!(post(waiting, "order-10").0, 201);
     let (status, body) = post(waiting, "order-10");
-    assert_eq!((status, body["outcome"].as_str()), (200, Some("kept")), "{body}");
-    let (status, body) = post(r#"{"dest":"emails","payload":"second","in":"1h"}"#, "order-10");
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("kept")),
+        "{body}"
+    );
+    let (status, body) = post(
+        r#"{"dest":"emails","payload":"second","in":"1h"}"#,
+        "order-10",
+    );
     assert_eq!(status, 422, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("order-10"), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("order-10"),
+        "{body}"
+    );
     let rt = crate::common::runtime();
-    let lib = rt.block_on(zdelay::Client::open(&redis.url())).expect("library");
-    let stored = rt.block_on(lib.get("order-10")).unwrap().expect("still waiting");
+    let lib = rt
+        .block_on(zdelay::Client::open(&redis.url()))
+        .expect("library");
+    let stored = rt
+        .block_on(lib.get("order-10"))
+        .unwrap()
+        .expect("still waiting");
     assert_eq!(stored.envelope.unwrap().payload, b"first");
 
     // After the window the key is free: the same request makes a new job.
@@ -549,7 +608,9 @@ fn an_idempotency_key_is_remembered_for_its_window_after_delivery() {
         assert!(matches!(status, 200 | 201), "{body}");
         status == 201
     });
-    wait_for("the new job delivered", Duration::from_secs(5), || llen(&mut con, "q:emails") == 2);
+    wait_for("the new job delivered", Duration::from_secs(5), || {
+        llen(&mut con, "q:emails") == 2
+    });
 }
 
 #[test]
@@ -571,9 +632,15 @@ fn a_batch_reports_each_line_and_a_retry_under_its_key_duplicates_none() {
     };
     let lines = |fixed: bool| {
         let (second, fourth) = if fixed {
-            (r#"{"dest":"emails","payload":"b"}"#, r#"{"dest":"emails","payload":"d"}"#)
+            (
+                r#"{"dest":"emails","payload":"b"}"#,
+                r#"{"dest":"emails","payload":"d"}"#,
+            )
         } else {
-            (r#"{"dest":"emails"}"#, r#"{"dest":"nowhere","payload":"d"}"#)
+            (
+                r#"{"dest":"emails"}"#,
+                r#"{"dest":"nowhere","payload":"d"}"#,
+            )
         };
         format!(
             "{{\"dest\":\"emails\",\"payload\":\"a\"}}\n{second}\n{{\"dest\":\"emails\",\"payload\":\"c\",\"id\":\"own-3\"}}\n{fourth}\n"
@@ -589,12 +656,18 @@ fn a_batch_reports_each_line_and_a_retry_under_its_key_duplicates_none() {
                     r["line"].as_u64().unwrap(),
                     r["id"].as_str().unwrap_or("").to_owned(),
                     r["status"].as_u64().unwrap(),
-                    r["outcome"].as_str().or(r["error"].as_str().map(|_| "error")).unwrap().to_owned(),
+                    r["outcome"]
+                        .as_str()
+                        .or(r["error"].as_str().map(|_| "error"))
+                        .unwrap()
+                        .to_owned(),
                 )
             })
             .collect()
     };
-    let row = |line: u64, id: &str, status: u64, what: &str| (line, id.to_owned(), status, what.to_owned());
+    let row = |line: u64, id: &str, status: u64, what: &str| {
+        (line, id.to_owned(), status, what.to_owned())
+    };
 
     // Each line answered: made, or refused with why; a line without an id gets one from the key.
     let (status, body) = send(&lines(false));
@@ -609,11 +682,28 @@ fn a_batch_reports_each_line_and_a_retry_under_its_key_duplicates_none() {
         ],
         "{body}"
     );
-    assert!(body["results"][1]["error"].as_str().unwrap().contains("payload"), "{body}");
-    assert!(body["results"][3]["error"].as_str().unwrap().contains("unknown destination"), "{body}");
-    assert_eq!((body["enqueued"].as_u64(), body["failed"].as_u64()), (Some(2), Some(2)));
+    assert!(
+        body["results"][1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("payload"),
+        "{body}"
+    );
+    assert!(
+        body["results"][3]["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown destination"),
+        "{body}"
+    );
+    assert_eq!(
+        (body["enqueued"].as_u64(), body["failed"].as_u64()),
+        (Some(2), Some(2))
+    );
     let mut con = redis.conn();
-    wait_for("two lines delivered", Duration::from_secs(5), || llen(&mut con, "q:emails") == 2);
+    wait_for("two lines delivered", Duration::from_secs(5), || {
+        llen(&mut con, "q:emails") == 2
+    });
 
     // The whole batch sent again with its failed lines mended: only those are made.
     let (status, body) = send(&lines(true));
@@ -628,12 +718,26 @@ fn a_batch_reports_each_line_and_a_retry_under_its_key_duplicates_none() {
         ],
         "{body}"
     );
-    wait_for("four lines delivered", Duration::from_secs(5), || llen(&mut con, "q:emails") == 4);
+    wait_for("four lines delivered", Duration::from_secs(5), || {
+        llen(&mut con, "q:emails") == 4
+    });
     let (_, body) = send(&lines(true));
-    assert_eq!(body["results"].as_array().unwrap().iter().filter(|r| r["outcome"] == "duplicate").count(), 4, "{body}");
+    assert_eq!(
+        body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["outcome"] == "duplicate")
+            .count(),
+        4,
+        "{body}"
+    );
     // As above: more jobs would be delivered within a few idle polls.
     std::thread::sleep(Duration::from_millis(300));
     let mut delivered = crate::common::lrange(&mut con, "q:emails");
     delivered.sort();
-    assert_eq!(delivered, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]);
+    assert_eq!(
+        delivered,
+        [b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]
+    );
 }

@@ -2217,6 +2217,39 @@ user = "a"
     }
 
     #[test]
+    fn http_enqueue_limits_have_defaults_and_are_checked() {
+        let c = from_toml("").unwrap();
+        assert_eq!(c.admin.enqueue_concurrency, 64);
+        assert_eq!(c.admin.enqueue_body_timeout, Duration::from_secs(30));
+        assert_eq!(c.admin.idempotency_window, Duration::from_secs(86_400));
+        let c = from_toml(
+            "[admin]\nenqueue_concurrency = 8\nenqueue_body_timeout = \"5s\"\n\
+             idempotency_window = \"1h\"",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.admin.enqueue_concurrency,
+                c.admin.enqueue_body_timeout,
+                c.admin.idempotency_window
+            ),
+            (8, Duration::from_secs(5), Duration::from_secs(3600))
+        );
+        for (bad, field) in [
+            ("enqueue_concurrency = 0", "admin.enqueue_concurrency"),
+            ("enqueue_concurrency = 10001", "admin.enqueue_concurrency"),
+            (
+                "enqueue_body_timeout = \"0s\"",
+                "admin.enqueue_body_timeout",
+            ),
+            ("idempotency_window = \"500ms\"", "admin.idempotency_window"),
+        ] {
+            let said = err(&format!("[admin]\n{bad}"));
+            assert!(said.contains(field), "{bad}: {said}");
+        }
+    }
+
+    #[test]
     fn admin_access_settings_are_checked() {
         let c = from_toml("").unwrap();
         assert!(c.admin.public_reads && c.admin.console);
