@@ -96,6 +96,14 @@ impl ApiError {
     pub fn forbidden(refused: Refused) -> Self {
         ApiError(StatusCode::FORBIDDEN, refused.to_string())
     }
+
+    pub fn status(&self) -> StatusCode {
+        self.0
+    }
+
+    pub fn message(&self) -> &str {
+        &self.1
+    }
 }
 
 impl IntoResponse for ApiError {

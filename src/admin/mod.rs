@@ -153,11 +153,11 @@ fn console_routes(admin: &AdminConfig, console: Arc<OnceLock<Console>>) -> Route
     };
     let app = if admin.console {
         api::routes(prefix)
-            .merge(produce::routes(prefix))
+            .merge(produce::routes(prefix, admin, policy.clone()))
             .with_state(state)
             .merge(ui::routes(prefix))
     } else {
-        produce::routes(prefix).with_state(state)
+        produce::routes(prefix, admin, policy.clone()).with_state(state)
     };
     app.layer(axum::middleware::from_fn(
         move |request: Request, next: Next| {

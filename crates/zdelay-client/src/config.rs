@@ -923,6 +923,24 @@ pub struct AdminConfig {
     pub allowed_hosts: Vec<String>,
     /// Path the console and its API are served under, e.g. `/zdelay` (default: `/`).
     pub ui_prefix: String,
+    /// HTTP enqueue requests served at once, counted once their token is accepted; one
+    /// more is answered 503 with `Retry-After: 1` (it is not queued). 1..=10000. Default
+    /// `64`.
+    #[schemars(range(min = 1, max = 10000))]
+    pub enqueue_concurrency: usize,
+    /// How long an HTTP enqueue request may take to send its body, from its headers on: a
+    /// client still sending after it is answered 408 and its connection closed. Default
+    /// `30s`.
+    #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
+    pub enqueue_body_timeout: Duration,
+    /// How long a job enqueued over HTTP with an `Idempotency-Key` is remembered after it
+    /// is delivered or dies (its `unique_for`, unless the job sets its own): a request sent
+    /// again within it is answered `duplicate` and enqueues nothing. At least `1s`. Default
+    /// `24h`.
+    #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
+    pub idempotency_window: Duration,
 }
 
 impl Default for AdminConfig {
@@ -936,6 +954,9 @@ impl Default for AdminConfig {
             metrics_listen: None,
             allowed_hosts: Vec::new(),
             ui_prefix: String::new(),
+            enqueue_concurrency: 64,
+            enqueue_body_timeout: Duration::from_secs(30),
+            idempotency_window: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -1773,6 +1794,21 @@ impl Config {
                  trailing /, not /api, /metrics, /healthz or /readyz)",
             ));
         }
+        if !(1..=10_000).contains(&a.enqueue_concurrency) {
+            return Err(invalid("admin.enqueue_concurrency", "must be 1..=10000"));
+        }
+        if a.enqueue_body_timeout.is_zero() {
+            return Err(invalid(
+                "admin.enqueue_body_timeout",
+                "must be more than 0 (a duration like \"30s\")",
+            ));
+        }
+        if a.idempotency_window < Duration::from_secs(1) {
+            return Err(invalid(
+                "admin.idempotency_window",
+                "must be at least 1s (a duration like \"24h\")",
+            ));
+        }
         let p = &self.poller;
         if p.batch == 0 || p.batch > 1000 {
             return Err(invalid("poller.batch", "must be 1..=1000"));
@@ -2178,6 +2214,39 @@ user = "a"
 
     fn err(text: &str) -> String {
         from_toml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn http_enqueue_limits_have_defaults_and_are_checked() {
+        let c = from_toml("").unwrap();
+        assert_eq!(c.admin.enqueue_concurrency, 64);
+        assert_eq!(c.admin.enqueue_body_timeout, Duration::from_secs(30));
+        assert_eq!(c.admin.idempotency_window, Duration::from_secs(86_400));
+        let c = from_toml(
+            "[admin]\nenqueue_concurrency = 8\nenqueue_body_timeout = \"5s\"\n\
+             idempotency_window = \"1h\"",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.admin.enqueue_concurrency,
+                c.admin.enqueue_body_timeout,
+                c.admin.idempotency_window
+            ),
+            (8, Duration::from_secs(5), Duration::from_secs(3600))
+        );
+        for (bad, field) in [
+            ("enqueue_concurrency = 0", "admin.enqueue_concurrency"),
+            ("enqueue_concurrency = 10001", "admin.enqueue_concurrency"),
+            (
+                "enqueue_body_timeout = \"0s\"",
+                "admin.enqueue_body_timeout",
+            ),
+            ("idempotency_window = \"500ms\"", "admin.idempotency_window"),
+        ] {
+            let said = err(&format!("[admin]\n{bad}"));
+            assert!(said.contains(field), "{bad}: {said}");
+        }
     }
 
     #[test]
