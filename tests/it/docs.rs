@@ -346,6 +346,9 @@ fn every_example_time_in_the_docs_is_read_as_written() {
         "README.md: 2026-12-01T09:00:00+01:00",
         "docs/getting-started.md: 2026-12-01T09:00:00+01:00",
     ] {
-        assert!(seen.iter().any(|s| s == example), "{example} not found in {seen:?}");
+        assert!(
+            seen.iter().any(|s| s == example),
+            "{example} not found in {seen:?}"
+        );
     }
 }

@@ -300,7 +300,11 @@ mod tests {
             assert!(err.contains("no UTC offset"), "{text}: {err}");
             assert!(err.contains("add Z"), "{text}: {err}");
         }
-        assert!(parse_at("2027-12-01").unwrap_err().contains("2027-12-01T00:00:00Z"));
+        assert!(
+            parse_at("2027-12-01")
+                .unwrap_err()
+                .contains("2027-12-01T00:00:00Z")
+        );
     }
 
     #[test]
@@ -310,24 +314,46 @@ mod tests {
         assert_eq!(parse_at("2027-12-01T09:00:00.000+05:00"), Ok(four_utc));
         assert_eq!(parse_at("2027-12-01T09:00:00+05:00"), Ok(four_utc));
         assert_eq!(parse_at(" 2027-12-01T04:00:00.0009Z "), Ok(four_utc));
-        for bad in ["tomorrow", "2027-13-01T00:00:00Z", "1969-12-31T23:59:59Z", "", "-"] {
+        for bad in [
+            "tomorrow",
+            "2027-13-01T00:00:00Z",
+            "1969-12-31T23:59:59Z",
+            "",
+            "-",
+        ] {
             assert!(parse_at(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(parse_at("99999999999999999999").unwrap_err().contains("out of range"));
+        assert!(
+            parse_at("99999999999999999999")
+                .unwrap_err()
+                .contains("out of range")
+        );
     }
 
     #[test]
     fn json_times_take_numbers_and_text_and_name_the_field() {
         let read = |json: &str| serde_json::from_str::<TimeArg>(json).map_err(|e| e.to_string());
-        assert_eq!(read("1700000000000").unwrap().ms("at"), Ok(1_700_000_000_000));
+        assert_eq!(
+            read("1700000000000").unwrap().ms("at"),
+            Ok(1_700_000_000_000)
+        );
         assert_eq!(
             read("\"2023-11-14T22:13:20.250Z\"").unwrap().ms("at"),
             Ok(1_700_000_000_250)
         );
-        let err = read("\"2027-12-01T09:00:00\"").unwrap().ms("start_at").unwrap_err();
+        let err = read("\"2027-12-01T09:00:00\"")
+            .unwrap()
+            .ms("start_at")
+            .unwrap_err();
         assert!(err.starts_with("start_at: "), "{err}");
         assert!(read("1.5").unwrap_err().contains("epoch milliseconds"));
-        assert!(read("1700000000").unwrap().ms("at").unwrap_err().contains("at: "));
+        assert!(
+            read("1700000000")
+                .unwrap()
+                .ms("at")
+                .unwrap_err()
+                .contains("at: ")
+        );
     }
 
     #[test]

@@ -320,7 +320,10 @@ mod tests {
             r#"{"id":"w","dest":"q","every":"1h","payload":"x","start_at":"2023-11-15T03:13:20+05:00","end_at":1800000000000}"#,
         )
         .unwrap();
-        assert_eq!((spec.start_at, spec.end_at), (Some(1_700_000_000_000), Some(1_800_000_000_000)));
+        assert_eq!(
+            (spec.start_at, spec.end_at),
+            (Some(1_700_000_000_000), Some(1_800_000_000_000))
+        );
         for (bad, why) in [
             (r#"{"id":"b","dest":"q","payload":"x"}"#, "cron or every"),
             (

@@ -92,7 +92,10 @@ mod tests {
             Ok(Due::At(1_700_000_000_250))
         );
         let err = due(r#"{"dest":"q","payload":"x","at":"2023-11-15T03:13:20"}"#).unwrap_err();
-        assert!(err.starts_with("at: ") && err.contains("no UTC offset"), "{err}");
+        assert!(
+            err.starts_with("at: ") && err.contains("no UTC offset"),
+            "{err}"
+        );
         let err = due(r#"{"dest":"q","payload":"x","at":1700000000}"#).unwrap_err();
         assert!(err.contains("looks like epoch seconds"), "{err}");
     }
