@@ -757,7 +757,7 @@ fn the_example_configs_pass_check_config() {
         let out = cmd
             .arg("--config")
             .arg(path)
-            .arg("check-config")
+            .args(["check-config", "-o", "json"])
             .output()
             .expect("zdelay runs");
         assert!(out.status.success(), "{}: {}", path.display(), stderr(&out));
@@ -788,16 +788,16 @@ fn shipped_config() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/zdelay.toml")
 }
 
-/// `check-config` on the shipped config succeeds and prints it as JSON; environment
-/// overrides apply (upper-case variables, as users write them), and a password from the
-/// environment prints as `***`.
+/// `check-config` on the shipped config succeeds and prints it as JSON with `-o json`, and as
+/// TOML that loads as the same config without; environment overrides apply (upper-case
+/// variables, as users write them), and a password from the environment prints as `***`.
 #[test]
 fn check_config_on_the_shipped_file() {
-    let run = |envs: &[(&str, &str)]| {
+    let run_as = |format: &str, envs: &[(&str, &str)]| {
         let mut cmd = Command::new(common::zdelay_bin());
         cmd.arg("--config")
             .arg(shipped_config())
-            .arg("check-config");
+            .args(["check-config", "-o", format]);
         for (k, _) in std::env::vars() {
             if k.starts_with("ZDELAY_") {
                 cmd.env_remove(k);
@@ -806,6 +806,28 @@ fn check_config_on_the_shipped_file() {
         cmd.envs(envs.iter().copied());
         cmd.output().expect("zdelay runs")
     };
+    let run = |envs: &[(&str, &str)]| run_as("json", envs);
+    // For people: the config file's own form, which reads back as the same config.
+    let out = run_as("text", &[("ZDELAY_POLLER__BATCH", "250")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        !text.trim_start().starts_with('{'),
+        "TOML, not JSON: {text}"
+    );
+    let shown = zdelay::config::from_toml(&text).expect("the printed TOML loads");
+    assert_eq!(shown.poller.batch, 250, "{text}");
+    let file = zdelay::config::load(Some(&shipped_config())).unwrap();
+    assert_eq!(
+        serde_json::to_value(&shown).unwrap(),
+        serde_json::to_value(&file)
+            .map(|mut v| {
+                v["poller"]["batch"] = 250.into();
+                v
+            })
+            .unwrap(),
+        "the printed TOML is the effective config"
+    );
     let out = run(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
