@@ -214,6 +214,67 @@ fn enqueue_one_job_at_a_time() {
 }
 
 /// `--id` with `--on-conflict keep | error | replace`.
+/// A typed time is the instant it names, whatever its offset: 09:00 at +05:00 is 04:00 UTC,
+/// on `enqueue --at`, `reschedule --at` and `schedule preview --from` alike.
+#[test]
+fn typed_times_are_the_instants_they_name() {
+    let (_redis, config) = setup();
+    let utc = |text: &str| text.parse::<jiff::Timestamp>().unwrap().as_millisecond();
+    let four_utc = utc("2027-12-01T04:00:00Z");
+    for (id, at) in [
+        ("with-fraction", "2027-12-01T09:00:00.000+05:00"),
+        ("as-documented", "2027-12-01T09:00:00+05:00"),
+        ("lower-case", "2027-12-01t04:00:00.0009z"),
+        ("west", "2027-11-30T23:00:00-05:00"),
+    ] {
+        ok(
+            &config,
+            &[
+                "enqueue",
+                "--dest",
+                "a",
+                "--id",
+                id,
+                "--at",
+                at,
+                "--payload",
+                "x",
+            ],
+        );
+        assert_eq!(get(&config, id).expect("job")["due"], four_utc, "{at}");
+    }
+    let out = ok(
+        &config,
+        &[
+            "reschedule",
+            "west",
+            "--at",
+            "2027-12-01T10:30:00+05:30",
+            "-o",
+            "json",
+        ],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["due_ms"], utc("2027-12-01T05:00:00Z"), "{v}");
+    let out = ok(
+        &config,
+        &[
+            "schedule",
+            "preview",
+            "--every",
+            "1h",
+            "--from",
+            "2027-12-01T09:00:00+05:00",
+            "--count",
+            "1",
+            "-o",
+            "json",
+        ],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["ms"], four_utc, "{v}");
+}
+
 #[test]
 fn enqueue_with_id_and_conflict_policies() {
     let (_redis, config) = setup();
