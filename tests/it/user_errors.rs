@@ -142,6 +142,15 @@ fn environment_mistakes_name_the_variable() {
                 "environment variable ZDELAY_POLLER__BATCHH",
             ],
         ),
+        (
+            "ZDELAY_ROUTES",
+            "[{name = \"a\", sink = \"local\", target = \"q\", push = \"up\"}]",
+            &[
+                "routes[0].push",
+                "lpush, rpush",
+                "environment variable ZDELAY_ROUTES",
+            ],
+        ),
     ] {
         let out = Command::new(zdelay_bin())
             .arg("--config")

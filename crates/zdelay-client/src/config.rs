@@ -1921,16 +1921,18 @@ fn where_written(path: &[String], written: &Written) -> Option<String> {
     if path.is_empty() {
         return written.file.as_ref().map(|(name, _)| name.clone());
     }
-    if written.environment && path.iter().all(|k| k.parse::<usize>().is_err()) {
-        let var = format!(
-            "ZDELAY_{}",
-            path.iter()
-                .map(|k| k.to_ascii_uppercase())
-                .collect::<Vec<_>>()
-                .join("__")
-        );
-        if std::env::var_os(&var).is_some() {
-            return Some(format!("environment variable {var}"));
+    if written.environment {
+        // The variable of the field, or of a table or list holding it (`ZDELAY_ROUTES`).
+        let names: Vec<String> = path
+            .iter()
+            .take_while(|k| k.parse::<usize>().is_err())
+            .map(|k| k.to_ascii_uppercase())
+            .collect();
+        for len in (1..=names.len()).rev() {
+            let var = format!("ZDELAY_{}", names[..len].join("__"));
+            if std::env::var_os(&var).is_some() {
+                return Some(format!("environment variable {var}"));
+            }
         }
     }
     let (name, text) = written.file.as_ref()?;
@@ -2575,6 +2577,40 @@ user = "a"
             err("[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"q\"\n[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"r\"")
                 .contains("another route")
         );
+    }
+
+    #[test]
+    fn parse_errors_say_where_and_what_is_allowed_in_toml_words() {
+        for (toml, says) in [
+            (
+                "[poller]\nbatchh = 3",
+                "poller.batchh: unknown field: [poller] takes batch,",
+            ),
+            (
+                "[poller]\n\nbatch = \"x\"",
+                "\"x\" is not allowed: expected a whole number",
+            ),
+            (
+                "[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"q\"\npush=\"up\"",
+                "lpush, rpush",
+            ),
+            (
+                "[sinks.k]\nkind=\"kafka\"\nbrokers=\"b\"\nkey=1",
+                "sinks.k.key: 1 is not allowed",
+            ),
+        ] {
+            let e = err(toml);
+            let line = toml.lines().count();
+            assert!(e.contains(says), "{toml}: {e}");
+            assert!(
+                e.contains(&format!("(the config text line {line})")),
+                "{toml}: {e}"
+            );
+            assert!(
+                !e.contains("::") && !e.contains(".rs") && !e.contains("Value"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
