@@ -145,7 +145,7 @@ export ZDELAY_REDIS__URL="redis://127.0.0.1:$REDIS_PORT"
 export ZDELAY_ADMIN__LISTEN="127.0.0.1:$ADMIN_PORT"
 echo "ZDELAY_REDIS__URL=$ZDELAY_REDIS__URL ZDELAY_ADMIN__LISTEN=$ZDELAY_ADMIN__LISTEN"
 # Never let the demo fall back to a Redis on 6379: the overrides must be in effect.
-effective=$(zdelay check-config 2>&1) || die "zdelay check-config failed: $effective"
+effective=$(zdelay check-config -o json 2>&1) || die "zdelay check-config failed: $effective"
 if ! grep -qF "\"url\": \"$ZDELAY_REDIS__URL\"" <<<"$effective" ||
     ! grep -qF "\"listen\": \"$ZDELAY_ADMIN__LISTEN\"" <<<"$effective"; then
     die "the ZDELAY_REDIS__URL / ZDELAY_ADMIN__LISTEN overrides are not in effect; zdelay check-config says:

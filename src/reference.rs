@@ -227,7 +227,11 @@ fields joined by two underscores, upper case) sets that field over the file, e.g
 `orders`. The lists `routes` and `sources` have no variable per field: `ZDELAY_ROUTES` or
 `ZDELAY_SOURCES` replaces the whole list, written as an inline TOML array, e.g.
 `ZDELAY_ROUTES='[{name = \"emails\", sink = \"local\", target = \"queue:emails\"}]'`.
-`zdelay check-config` prints the effective configuration, secrets hidden.
+`zdelay check-config` prints the effective configuration, secrets hidden (as TOML; with
+`-o json` as JSON). A mistake is named with the field, where it was written (the file and
+line, or the variable) and what is allowed, e.g. `invalid config: poller.batchh: unknown
+field: [poller] takes batch, … (/etc/zdelay/zdelay.toml line 7)`; every command then exits 2
+without doing anything.
 
 - **Durations** are strings of `<number><unit>` parts: `250ms`, `30s`, `1min`, `1m30s`,
   `2h` (units `ns`, `us`, `ms`, `s`, `m`/`min`, `h`, `d`, `w`, and their long forms such as

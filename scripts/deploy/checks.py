@@ -888,7 +888,7 @@ def cmd_configs(out: str, zdelay: str) -> None:
                 f.write(text)
             cfg = tomllib.loads(text)
             env = {**pod_env(docs, cfg), "PATH": "/usr/bin:/bin", "ZDELAY_CONFIG": path}
-            res = subprocess.run([zdelay, "check-config"], capture_output=True, text=True, env=env)
+            res = subprocess.run([zdelay, "check-config", "-o", "json"], capture_output=True, text=True, env=env)
             secrets = sorted(k for k, v in env.items() if PLACEHOLDER in v)
             if res.returncode != 0:
                 fail(f"{case}: zdelay check-config refuses the {origin} with the pod's env "

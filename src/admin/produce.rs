@@ -413,7 +413,7 @@ async fn cancel(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct When {
-    at: Option<i64>,
+    at: Option<zdelay_client::job::TimeArg>,
     #[serde(default, rename = "in", with = "humantime_serde")]
     delay: Option<Duration>,
 }
@@ -426,11 +426,11 @@ async fn reschedule(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let when: When = serde_json::from_slice(&body).map_err(|e| bad(e.to_string()))?;
     let due = match (when.at, when.delay) {
-        (Some(ms), None) => Due::At(ms),
+        (Some(at), None) => Due::At(at.ms("at").map_err(bad)?),
         (None, Some(d)) => Due::In(d),
         _ => {
             return Err(bad(
-                "give \"at\" (epoch ms) or \"in\" (a duration), one of them",
+                "give \"at\" (epoch ms or RFC 3339) or \"in\" (a duration), one of them",
             ));
         }
     };

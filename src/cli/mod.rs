@@ -208,9 +208,9 @@ enum Command {
     Upgrade(upgrade::UpgradeArgs),
     /// Measure throughput and lateness against a Redis (use a scratch Redis or namespace).
     Bench(zdelay::bench::BenchArgs),
-    /// Load and validate the config, then print the effective config as JSON whatever -o
-    /// says (secrets as ***), and a summary of sinks and routes on stderr. Offline unless
-    /// --connect.
+    /// Load and validate the config, then print the effective config (secrets as ***): as
+    /// TOML, the config file's own form, or with -o json as JSON; and a summary of sinks and
+    /// routes on stderr. Offline unless --connect.
     ///
     /// With --connect: connect to Redis and to every sink and check what the daemon will
     /// need — login, ACL rights, the namespace's layout, each route's destination object
@@ -244,7 +244,8 @@ enum Command {
     /// Print a shell completion script, e.g.
     /// `zdelay completions bash > /etc/bash_completion.d/zdelay`.
     Completions { shell: clap_complete::Shell },
-    /// Print the manual page (roff), e.g. `zdelay man > /usr/local/share/man/man1/zdelay.1`.
+    /// Print the manual page (roff), every command in one page, e.g.
+    /// `zdelay man > /usr/local/share/man/man1/zdelay.1`.
     Man,
     /// Write the reference pages made from the code (docs/reference/) and the config part of
     /// the chart's values schema; with --check, only list the files that differ (exit 1).
@@ -315,7 +316,8 @@ pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 #[derive(clap::Args, Default)]
 #[group(multiple = false)]
 pub struct When {
-    /// Due time: RFC 3339 (2026-11-21T14:03:07.250Z) or epoch milliseconds.
+    /// Due time: RFC 3339 with Z or a UTC offset (2026-12-01T09:00:00+01:00,
+    /// 2026-11-21T14:03:07.250Z), or epoch milliseconds.
     #[arg(long, value_parser = zdelay::job::parse_at)]
     at: Option<i64>,
     /// Delay from now, measured on Redis's clock: 250ms, 5s, 1h30m, …
@@ -337,7 +339,8 @@ impl When {
 #[derive(clap::Args)]
 #[group(required = true, multiple = false)]
 struct RequiredWhen {
-    /// New due time: RFC 3339 (2026-11-21T14:03:07.250Z) or epoch milliseconds.
+    /// New due time: RFC 3339 with Z or a UTC offset (2026-12-01T09:00:00+01:00,
+    /// 2026-11-21T14:03:07.250Z), or epoch milliseconds.
     #[arg(long, value_parser = zdelay::job::parse_at)]
     at: Option<i64>,
     /// New delay from now, measured on Redis's clock: 250ms, 5s, 1h30m, …
@@ -384,9 +387,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             return write_stdout(&script);
         }
         Command::Man => {
-            let mut page = Vec::new();
-            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut page)?;
-            return write_stdout(&page);
+            return write_stdout(&man_page(<Cli as clap::CommandFactory>::command())?);
         }
         Command::SlotTag {
             slot_or_key,
@@ -427,8 +428,12 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             connect: true,
             output,
         } => doctor::run(&config, output).await,
-        Command::CheckConfig { .. } => {
-            println!("{}", serde_json::to_string_pretty(&config)?);
+        Command::CheckConfig { output, .. } => {
+            if output.is_json() {
+                print_json(&config)?;
+            } else {
+                print!("{}", config_toml(&config)?);
+            }
             eprintln!(
                 "config OK ({}): {} sinks, {} routes, {} sources{}",
                 origin,
@@ -462,6 +467,27 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 .await
                 .map_err(|e| origin.explain(e))
         }
+    }
+}
+
+/// The effective config as TOML: a file that loads as this config (secrets as ***).
+fn config_toml(config: &Config) -> anyhow::Result<String> {
+    // Through JSON: TOML has no null, and a table must follow the plain values of its parent.
+    let value = serde_json::to_value(config)?;
+    Ok(toml::to_string(&without_nulls(value))?)
+}
+
+fn without_nulls(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
+        other => other,
     }
 }
 
@@ -656,6 +682,55 @@ fn slot_tag(arg: &str, as_key: bool, output: Output) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The manual page, every command in it: the top page, then a COMMANDS section with each
+/// command's synopsis, description and options (`zdelay dead list` under `zdelay dead`).
+/// One page, so that it names no page `zdelay man` does not write (clap_mangen's own page
+/// lists `zdelay-enqueue(1)` and the like, one page per command).
+fn man_page(mut cli: clap::Command) -> std::io::Result<Vec<u8>> {
+    cli.build();
+    let mut commands = Vec::new();
+    fn walk(cmd: &clap::Command, into: &mut Vec<clap::Command>) {
+        for sub in cmd.get_subcommands() {
+            if sub.is_hide_set() || sub.get_name() == "help" {
+                continue;
+            }
+            into.push(sub.clone());
+            walk(sub, into);
+        }
+    }
+    walk(&cli, &mut commands);
+    // The top page without its list of per-command pages.
+    let names: Vec<String> = cli
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .collect();
+    let top = names
+        .iter()
+        .fold(cli, |cmd, name| cmd.mut_subcommand(name, |s| s.hide(true)));
+    let mut page = Vec::new();
+    clap_mangen::Man::new(top).render(&mut page)?;
+    page.extend_from_slice(b".SH COMMANDS\n");
+    for cmd in commands {
+        let name = cmd.get_bin_name().unwrap_or(cmd.get_name()).to_owned();
+        let man = clap_mangen::Man::new(cmd);
+        let mut parts = Vec::new();
+        man.render_synopsis_section(&mut parts)?;
+        man.render_description_section(&mut parts)?;
+        man.render_options_section(&mut parts)?;
+        page.extend_from_slice(format!(".SS \"{name}\"\n").as_bytes());
+        // The sections' own headings would each start a top-level section.
+        for line in String::from_utf8_lossy(&parts).lines() {
+            if line.starts_with(".SH") {
+                page.extend_from_slice(b".PP\n");
+            } else {
+                page.extend_from_slice(line.as_bytes());
+                page.push(b'\n');
+            }
+        }
+    }
+    Ok(page)
+}
+
 /// Writes `bytes` to stdout; a reader that closed the pipe early (`| head`) is no error.
 fn write_stdout(bytes: &[u8]) -> anyhow::Result<i32> {
     use std::io::Write;
@@ -683,13 +758,29 @@ pub fn error_text(e: &anyhow::Error) -> String {
     text
 }
 
-/// The exit code for an error that ended a command.
+/// The exit code for an error that ended a command: 2 when what the user wrote is wrong — a
+/// flag or argument (as clap exits for the ones it checks), the config, or the job, schedule
+/// or selection given — and nothing was done; 1 when something failed on the way.
 pub fn exit_code(e: &anyhow::Error) -> i32 {
-    if e.downcast_ref::<UsageError>().is_some()
-        || matches!(
-            e.downcast_ref::<ClientError>(),
-            Some(ClientError::InvalidSelection(_))
+    let refused_input = matches!(
+        e.downcast_ref::<ClientError>(),
+        Some(
+            ClientError::InvalidSelection(_)
+                | ClientError::InvalidSchedule(_)
+                | ClientError::BadScheduleId { .. }
+                | ClientError::Schedule(_)
+                | ClientError::BadId(_)
+                | ClientError::ReservedId(_)
+                | ClientError::SecondsLikeDue(_)
+                | ClientError::UnknownDestination { .. }
+                | ClientError::Oversize { .. }
         )
+    );
+    if refused_input
+        || e.downcast_ref::<UsageError>().is_some()
+        || e.downcast_ref::<zdelay::schedule::ScheduleError>()
+            .is_some()
+        || e.downcast_ref::<config::ConfigError>().is_some()
     {
         2
     } else {
@@ -723,6 +814,28 @@ mod tests {
     }
 
     #[test]
+    fn the_manual_page_carries_every_command_and_names_no_other_page() {
+        let page =
+            String::from_utf8(man_page(<Cli as clap::CommandFactory>::command()).unwrap()).unwrap();
+        // Pages are named as name(section): only the page's own title may have one.
+        assert!(!page.contains("(1)"), "refers to another page");
+        for command in [
+            "zdelay enqueue",
+            "zdelay dead list",
+            "zdelay schedule preview",
+        ] {
+            assert!(
+                page.contains(&format!(".SS \"{command}\"")),
+                "{command} missing"
+            );
+        }
+        assert!(
+            page.contains("\\-\\-start\\-at"),
+            "options of nested commands"
+        );
+    }
+
+    #[test]
     fn usage_errors_exit_2() {
         assert_eq!(exit_code(&UsageError("x".into()).into()), 2);
         assert_eq!(
@@ -730,5 +843,9 @@ mod tests {
             2
         );
         assert_eq!(exit_code(&anyhow::anyhow!("x")), 1);
+        let bad_config = config::from_toml("[poller]\nbatchh = 3").unwrap_err();
+        assert_eq!(exit_code(&bad_config.into()), 2);
+        let bad_cron = zdelay::schedule::ScheduleDef::cron("0 9 * *", "UTC").compile();
+        assert_eq!(exit_code(&bad_cron.unwrap_err().into()), 2);
     }
 }

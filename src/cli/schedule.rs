@@ -107,10 +107,10 @@ pub struct SetArgs {
     /// catch_up: at most this many missed occurrences delivered (the latest).
     #[arg(long)]
     max_catch_up: Option<u32>,
-    /// No occurrence before this: RFC 3339 or epoch ms.
+    /// No occurrence before this: RFC 3339 with Z or a UTC offset, or epoch ms.
     #[arg(long, value_parser = parse_at)]
     start_at: Option<i64>,
-    /// No occurrence at or after this: RFC 3339 or epoch ms.
+    /// No occurrence at or after this: RFC 3339 with Z or a UTC offset, or epoch ms.
     #[arg(long, value_parser = parse_at)]
     end_at: Option<i64>,
     /// An occurrence not delivered within this of its time goes to dead (reason expired).
@@ -140,7 +140,8 @@ pub struct PreviewArgs {
     /// IANA time zone of the cron expression (default UTC).
     #[arg(long, requires = "cron")]
     tz: Option<String>,
-    /// From this time (RFC 3339 or epoch ms; default now); for --every also the anchor.
+    /// From this time (RFC 3339 with Z or a UTC offset, or epoch ms; default now); for
+    /// --every also the anchor.
     #[arg(long, value_parser = parse_at)]
     from: Option<i64>,
     /// How many occurrences.

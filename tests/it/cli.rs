@@ -214,6 +214,67 @@ fn enqueue_one_job_at_a_time() {
 }
 
 /// `--id` with `--on-conflict keep | error | replace`.
+/// A typed time is the instant it names, whatever its offset: 09:00 at +05:00 is 04:00 UTC,
+/// on `enqueue --at`, `reschedule --at` and `schedule preview --from` alike.
+#[test]
+fn typed_times_are_the_instants_they_name() {
+    let (_redis, config) = setup();
+    let utc = |text: &str| text.parse::<jiff::Timestamp>().unwrap().as_millisecond();
+    let four_utc = utc("2027-12-01T04:00:00Z");
+    for (id, at) in [
+        ("with-fraction", "2027-12-01T09:00:00.000+05:00"),
+        ("as-documented", "2027-12-01T09:00:00+05:00"),
+        ("lower-case", "2027-12-01t04:00:00.0009z"),
+        ("west", "2027-11-30T23:00:00-05:00"),
+    ] {
+        ok(
+            &config,
+            &[
+                "enqueue",
+                "--dest",
+                "a",
+                "--id",
+                id,
+                "--at",
+                at,
+                "--payload",
+                "x",
+            ],
+        );
+        assert_eq!(get(&config, id).expect("job")["due"], four_utc, "{at}");
+    }
+    let out = ok(
+        &config,
+        &[
+            "reschedule",
+            "west",
+            "--at",
+            "2027-12-01T10:30:00+05:30",
+            "-o",
+            "json",
+        ],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["due_ms"], utc("2027-12-01T05:00:00Z"), "{v}");
+    let out = ok(
+        &config,
+        &[
+            "schedule",
+            "preview",
+            "--every",
+            "1h",
+            "--from",
+            "2027-12-01T09:00:00+05:00",
+            "--count",
+            "1",
+            "-o",
+            "json",
+        ],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["ms"], four_utc, "{v}");
+}
+
 #[test]
 fn enqueue_with_id_and_conflict_policies() {
     let (_redis, config) = setup();
@@ -757,7 +818,7 @@ fn the_example_configs_pass_check_config() {
         let out = cmd
             .arg("--config")
             .arg(path)
-            .arg("check-config")
+            .args(["check-config", "-o", "json"])
             .output()
             .expect("zdelay runs");
         assert!(out.status.success(), "{}: {}", path.display(), stderr(&out));
@@ -788,16 +849,16 @@ fn shipped_config() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/zdelay.toml")
 }
 
-/// `check-config` on the shipped config succeeds and prints it as JSON; environment
-/// overrides apply (upper-case variables, as users write them), and a password from the
-/// environment prints as `***`.
+/// `check-config` on the shipped config succeeds and prints it as JSON with `-o json`, and as
+/// TOML that loads as the same config without; environment overrides apply (upper-case
+/// variables, as users write them), and a password from the environment prints as `***`.
 #[test]
 fn check_config_on_the_shipped_file() {
-    let run = |envs: &[(&str, &str)]| {
+    let run_as = |format: &str, envs: &[(&str, &str)]| {
         let mut cmd = Command::new(common::zdelay_bin());
         cmd.arg("--config")
             .arg(shipped_config())
-            .arg("check-config");
+            .args(["check-config", "-o", format]);
         for (k, _) in std::env::vars() {
             if k.starts_with("ZDELAY_") {
                 cmd.env_remove(k);
@@ -806,6 +867,28 @@ fn check_config_on_the_shipped_file() {
         cmd.envs(envs.iter().copied());
         cmd.output().expect("zdelay runs")
     };
+    let run = |envs: &[(&str, &str)]| run_as("json", envs);
+    // For people: the config file's own form, which reads back as the same config.
+    let out = run_as("text", &[("ZDELAY_POLLER__BATCH", "250")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        !text.trim_start().starts_with('{'),
+        "TOML, not JSON: {text}"
+    );
+    let shown = zdelay::config::from_toml(&text).expect("the printed TOML loads");
+    assert_eq!(shown.poller.batch, 250, "{text}");
+    let file = zdelay::config::load(Some(&shipped_config())).unwrap();
+    assert_eq!(
+        serde_json::to_value(&shown).unwrap(),
+        serde_json::to_value(&file)
+            .map(|mut v| {
+                v["poller"]["batch"] = 250.into();
+                v
+            })
+            .unwrap(),
+        "the printed TOML is the effective config"
+    );
     let out = run(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_str(&stdout(&out)).expect("JSON");

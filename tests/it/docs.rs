@@ -315,3 +315,40 @@ fn broken_links_are_reported() {
         "{problems:#?}"
     );
 }
+
+/// Every time the pages show being typed (`--at`, `--from`, `--start-at`, `--end-at`, JSON
+/// `at`/`start_at`/`end_at`, `?at=`) is read by zdelay's one time parser, as jiff reads it.
+#[test]
+fn every_example_time_in_the_docs_is_read_as_written() {
+    let root = repo_root();
+    let pattern = regex::Regex::new(
+        r#"--(?:at|from|start-at|end-at)[ =]([0-9][^ `'"]*)|"(?:at|start_at|end_at)" *: *"?([0-9][^",} ]*)|[?&]at=([0-9][^& `]*)"#,
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    for file in checked_files(&root) {
+        if file == Path::new("CHANGELOG.md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(root.join(&file)).expect("page");
+        for found in pattern.captures_iter(&text) {
+            let time = (1..=3).find_map(|i| found.get(i)).unwrap().as_str();
+            let read = zdelay::job::parse_at(time)
+                .unwrap_or_else(|e| panic!("{}: {time}: {e}", file.display()));
+            if time.contains(['T', 't', ' ']) {
+                let jiff: jiff::Timestamp = time.parse().unwrap();
+                assert_eq!(read, jiff.as_millisecond(), "{}: {time}", file.display());
+            }
+            seen.push(format!("{}: {time}", file.display()));
+        }
+    }
+    for example in [
+        "README.md: 2026-12-01T09:00:00+01:00",
+        "docs/getting-started.md: 2026-12-01T09:00:00+01:00",
+    ] {
+        assert!(
+            seen.iter().any(|s| s == example),
+            "{example} not found in {seen:?}"
+        );
+    }
+}

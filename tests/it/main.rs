@@ -45,6 +45,7 @@ mod trace;
 mod two_phase;
 mod unique;
 mod upgrade;
+mod user_errors;
 
 #[test]
 fn harness_starts_redis_and_daemon() {

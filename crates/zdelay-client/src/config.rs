@@ -1530,7 +1530,27 @@ pub fn json_schema() -> serde_json::Value {
         .into_generator();
     let mut schema = generator.into_root_schema_for::<Config>().to_value();
     drop_null(&mut schema);
+    only_kafka_skips_verify(&mut schema);
     schema
+}
+
+/// The sinks share [`TlsConfig`], but only Kafka takes `tls.insecure_skip_verify`
+/// (`validate_security` refuses it elsewhere): the other sinks' schemas do not offer it.
+fn only_kafka_skips_verify(schema: &mut serde_json::Value) {
+    let variants = schema
+        .pointer_mut("/properties/sinks/additionalProperties/oneOf")
+        .and_then(serde_json::Value::as_array_mut);
+    for variant in variants.into_iter().flatten() {
+        if variant.pointer("/properties/kind/const") == Some(&"kafka".into()) {
+            continue;
+        }
+        if let Some(tls) = variant
+            .pointer_mut("/properties/tls/properties")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            tls.remove("insecure_skip_verify");
+        }
+    }
 }
 
 /// Removes `null` from `type` lists, `{"type": "null"}` from `anyOf` (collapsing what is
@@ -1585,10 +1605,14 @@ pub fn load_with_redis_url(
     redis_url: Option<&str>,
 ) -> Result<Config, ConfigError> {
     let mut layers = Figment::new();
+    let mut written = Written::default();
     if let Some(path) = path {
         if !path.is_file() {
             return Err(ConfigError::Missing(path.display().to_string()));
         }
+        written.file = std::fs::read_to_string(path)
+            .ok()
+            .map(|text| (path.display().to_string(), text));
         layers = layers.merge(Toml::file_exact(path));
     }
     layers = layers.merge(
@@ -1601,30 +1625,42 @@ pub fn load_with_redis_url(
                 SECTIONS.iter().any(|s| s.eq_ignore_ascii_case(first))
             }),
     );
+    written.environment = true;
     if let Some(url) = redis_url {
         layers = layers.merge(Serialized::default("redis.url", url));
     }
-    from_layers(layers)
+    from_layers(layers, &written)
 }
 
 /// Parses TOML text on top of the defaults (no environment); for tests and examples.
 pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-    from_layers(Figment::from(Toml::string(text)))
+    let written = Written {
+        file: Some(("the config text".to_owned(), text.to_owned())),
+        environment: false,
+    };
+    from_layers(Figment::from(Toml::string(text)), &written)
+}
+
+/// What the user wrote, to point at a bad value: the file (its name and text) and whether
+/// `ZDELAY_…` variables were read.
+#[derive(Default)]
+struct Written {
+    file: Option<(String, String)>,
+    environment: bool,
 }
 
 /// What the user wrote (file, environment), `<field>_file` references read, on top of the
 /// defaults. The references are read before the defaults join, so a default value never
 /// counts as "both set".
-fn from_layers(layers: Figment) -> Result<Config, ConfigError> {
-    let mut values: figment::value::Dict = layers.extract().map_err(parse_error)?;
+fn from_layers(layers: Figment, written: &Written) -> Result<Config, ConfigError> {
+    let mut values: figment::value::Dict = layers.extract().map_err(|e| explain(e, written))?;
     read_file_references(&mut values, "")?;
-    from_figment(
-        Figment::from(Serialized::defaults(Config::default())).merge(Serialized::defaults(values)),
-    )
-}
-
-fn parse_error(e: figment::Error) -> ConfigError {
-    ConfigError::Parse(redact_known(&format!("invalid config: {e}")).into_owned())
+    let config: Config = Figment::from(Serialized::defaults(Config::default()))
+        .merge(Serialized::defaults(&values))
+        .extract()
+        .map_err(|e| explain(inside_sink(e, &values), written))?;
+    config.validate()?;
+    Ok(config)
 }
 
 /// Fields that end in `_file` and are paths, not `<field>_file` references.
@@ -1680,10 +1716,289 @@ fn read_file_references(dict: &mut figment::value::Dict, at: &str) -> Result<(),
     Ok(())
 }
 
-fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
-    let config: Config = figment.extract().map_err(parse_error)?;
-    config.validate()?;
-    Ok(config)
+/// An error about a whole sink (`sinks.x`) from inside it: serde reads a sink's fields only
+/// after its `kind`, and loses their path on the way. Read again as its kind's own type, the
+/// sink names the field at fault.
+fn inside_sink(e: figment::Error, values: &figment::value::Dict) -> figment::Error {
+    use figment::value::Value;
+    let [section, name] = e.path.as_slice() else {
+        return e;
+    };
+    let sink = match values.get(section.as_str()) {
+        Some(Value::Dict(_, sinks)) if section == "sinks" => sinks.get(name.as_str()),
+        _ => None,
+    };
+    let Some(Value::Dict(_, sink)) = sink else {
+        return e;
+    };
+    let mut fields = sink.clone();
+    let kind = fields.remove("kind").and_then(|k| k.into_string());
+    let fields = Figment::from(Serialized::defaults(fields));
+    let inner = match kind.as_deref() {
+        Some("redis") => fields.extract::<RedisSinkConfig>().err(),
+        Some("kafka") => fields.extract::<KafkaSinkConfig>().err(),
+        Some("amqp") => fields.extract::<AmqpSinkConfig>().err(),
+        Some("nats") => fields.extract::<NatsSinkConfig>().err(),
+        _ => None,
+    };
+    match inner {
+        Some(mut inner) => {
+            inner.path.splice(0..0, [section.clone(), name.clone()]);
+            inner
+        }
+        None => e,
+    }
+}
+
+/// A figment error in the words of the config: the field (`poller.batch`,
+/// `routes[0].sink`), what is wrong and what is allowed, and where it was written (the
+/// file and line, or the environment variable). figment's own text names Rust types and
+/// source locations of zdelay (the defaults are a serialized value), which mean nothing to
+/// the person who wrote the config.
+fn explain(e: figment::Error, written: &Written) -> ConfigError {
+    use figment::error::Kind;
+    let mut path = e.path.clone();
+    let choices = || choices_at(&path).map(|c| format!("one of {}", c.join(", ")));
+    let why = match &e.kind {
+        // The path ends with the unknown field.
+        Kind::UnknownField(name, allowed) => {
+            if path.last() != Some(name) {
+                path.push(name.clone());
+            }
+            let within = match &path[..path.len() - 1] {
+                [] => "the config".to_owned(),
+                parent => format!("[{}]", field_name(parent)),
+            };
+            if allowed.is_empty() {
+                format!("unknown field: {within} takes no fields")
+            } else {
+                format!("unknown field: {within} takes {}", allowed.join(", "))
+            }
+        }
+        Kind::UnknownVariant(name, allowed) => {
+            format!("{name:?} is not one of {}", allowed.join(", "))
+        }
+        Kind::MissingField(name) => {
+            if path.last().map(String::as_str) != Some(name.as_ref()) {
+                path.push(name.to_string());
+            }
+            "required, and not set".to_owned()
+        }
+        Kind::DuplicateField(name) => format!("{name} is given twice"),
+        Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => format!(
+            "{} is not allowed: expected {}",
+            actual_text(actual),
+            choices().unwrap_or_else(|| expected_text(expected))
+        ),
+        Kind::InvalidLength(n, expected) => {
+            format!(
+                "{n} items is not allowed: expected {}",
+                expected_text(expected)
+            )
+        }
+        Kind::Message(message) => message.clone(),
+        other => other.to_string(),
+    };
+    let why = redact_known(&scrub(&why)).into_owned();
+    let place = where_written(&path, written);
+    if path.is_empty() {
+        // Not a field: the file is not TOML, say. The parser's words say where.
+        return ConfigError::Parse(match place {
+            Some(place) => format!("invalid config: {place}: {why}"),
+            None => format!("invalid config: {why}"),
+        });
+    }
+    invalid(
+        field_name(&path),
+        match place {
+            Some(place) => format!("{why} ({place})"),
+            None => why,
+        },
+    )
+}
+
+/// The values the schema allows at `path`, when it lists them (an enum's names).
+fn choices_at(path: &[String]) -> Option<Vec<String>> {
+    use serde_json::Value;
+    let schema = json_schema();
+    // Candidates: a map of sink kinds offers each kind's fields.
+    let mut nodes = vec![&schema];
+    for key in path {
+        let mut next = Vec::new();
+        for node in nodes {
+            let variants = node["oneOf"].as_array().into_iter().flatten();
+            for node in std::iter::once(node).chain(variants) {
+                if key.parse::<usize>().is_ok() {
+                    next.extend(node.get("items"));
+                } else if let Some(field) = node.pointer(&format!("/properties/{key}")) {
+                    next.push(field);
+                } else {
+                    next.extend(node.get("additionalProperties").filter(|v| v.is_object()));
+                }
+            }
+        }
+        nodes = next;
+    }
+    let node = nodes.first()?;
+    let names = |v: &Value| -> Vec<String> {
+        let of = |v: &Value| {
+            v.get("const")
+                .into_iter()
+                .chain(v["enum"].as_array().into_iter().flatten())
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let mut all = of(v);
+        for variant in ["oneOf", "anyOf"]
+            .iter()
+            .flat_map(|k| v[k].as_array().into_iter().flatten())
+        {
+            all.extend(of(variant));
+        }
+        all
+    };
+    Some(names(node)).filter(|n| !n.is_empty())
+}
+
+/// `["routes", "0", "sink"]` as `routes[0].sink`.
+fn field_name(path: &[String]) -> String {
+    let mut name = String::new();
+    for key in path {
+        if key.parse::<usize>().is_ok() {
+            name.push_str(&format!("[{key}]"));
+        } else {
+            if !name.is_empty() {
+                name.push('.');
+            }
+            name.push_str(key);
+        }
+    }
+    name
+}
+
+/// A value as the user wrote it.
+fn actual_text(actual: &figment::error::Actual) -> String {
+    use figment::error::Actual;
+    match actual {
+        Actual::Bool(v) => v.to_string(),
+        Actual::Unsigned(v) => v.to_string(),
+        Actual::Signed(v) => v.to_string(),
+        Actual::Float(v) => v.to_string(),
+        Actual::Char(v) => format!("{v:?}"),
+        Actual::Str(v) => format!("{v:?}"),
+        Actual::Seq => "a list".to_owned(),
+        Actual::Map => "a table".to_owned(),
+        Actual::Unit | Actual::Option => "an empty value".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// What serde expected, in the words of TOML rather than of Rust types.
+fn expected_text(expected: &str) -> String {
+    let expected = expected.trim();
+    let unsigned = ["u8", "u16", "u32", "u64", "u128", "usize"];
+    let signed = ["i8", "i16", "i32", "i64", "i128", "isize"];
+    if unsigned.contains(&expected) {
+        "a whole number, 0 or more".to_owned()
+    } else if signed.contains(&expected) {
+        "a whole number".to_owned()
+    } else if expected == "f32" || expected == "f64" {
+        "a number".to_owned()
+    } else if expected == "a boolean" || expected == "bool" {
+        "true or false".to_owned()
+    } else if expected.contains("string") {
+        "text in quotes".to_owned()
+    } else if expected.starts_with("struct ")
+        || expected.starts_with("enum ")
+        || expected.starts_with("internally tagged enum")
+        || expected.contains("map")
+    {
+        "a table".to_owned()
+    } else if expected.contains("sequence") {
+        "a list".to_owned()
+    } else if expected == "a duration" {
+        "a duration such as \"250ms\", \"30s\" or \"1m30s\"".to_owned()
+    } else {
+        expected.to_owned()
+    }
+}
+
+/// Text that may quote a Rust path (`a::b::C`) with the path cut to its last name.
+fn scrub(text: &str) -> String {
+    text.split(' ')
+        .map(|word| match word.rfind("::") {
+            Some(i) => &word[i + 2..],
+            None => word,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Where the value at `path` was written: the environment variable that sets it (it wins
+/// over the file), or the file and the line of its key (of the nearest enclosing key the
+/// file has).
+fn where_written(path: &[String], written: &Written) -> Option<String> {
+    if path.is_empty() {
+        return written.file.as_ref().map(|(name, _)| name.clone());
+    }
+    if written.environment {
+        // The variable of the field, or of a table or list holding it (`ZDELAY_ROUTES`).
+        let names: Vec<String> = path
+            .iter()
+            .take_while(|k| k.parse::<usize>().is_err())
+            .map(|k| k.to_ascii_uppercase())
+            .collect();
+        for len in (1..=names.len()).rev() {
+            let var = format!("ZDELAY_{}", names[..len].join("__"));
+            if std::env::var_os(&var).is_some() {
+                return Some(format!("environment variable {var}"));
+            }
+        }
+    }
+    let (name, text) = written.file.as_ref()?;
+    Some(match line_of(text, path) {
+        Some(line) => format!("{name} line {line}"),
+        None => name.clone(),
+    })
+}
+
+/// The line of `path` in TOML `text`: of its key, or of the deepest enclosing key written.
+fn line_of(text: &str, path: &[String]) -> Option<usize> {
+    use toml_edit::{Item, TableLike, Value};
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let mut table: &dyn TableLike = doc.as_table();
+    // Where the deepest key (or list element) found so far starts.
+    let mut start = None;
+    let mut keys = path.iter().peekable();
+    while let Some(key) = keys.next() {
+        let Some((k, item)) = table.get_key_value(key) else {
+            break;
+        };
+        start = k.span().map(|s| s.start).or(start);
+        let element = keys.peek().and_then(|k| k.parse::<usize>().ok());
+        let next: Option<&dyn TableLike> = match (item, element) {
+            (Item::ArrayOfTables(tables), Some(i)) => {
+                keys.next();
+                let t = tables.get(i);
+                start = t.and_then(|t| t.span()).map(|s| s.start).or(start);
+                t.map(|t| t as &dyn TableLike)
+            }
+            (Item::Value(Value::Array(values)), Some(i)) => {
+                keys.next();
+                let v = values.get(i);
+                start = v.and_then(|v| v.span()).map(|s| s.start).or(start);
+                v.and_then(|v| v.as_inline_table())
+                    .map(|t| t as &dyn TableLike)
+            }
+            _ => item.as_table_like(),
+        };
+        match next {
+            Some(t) => table = t,
+            None => break,
+        }
+    }
+    start.map(|start| text[..start].matches('\n').count() + 1)
 }
 
 impl Config {
@@ -2084,6 +2399,40 @@ mod tests {
         assert_eq!(configured.identity(), "user alice");
     }
 
+    /// The reference (made from the schema) offers `tls.insecure_skip_verify` on a sink kind
+    /// exactly when a config of that kind with it set is accepted.
+    #[test]
+    fn the_schema_offers_skip_verify_where_the_config_takes_it() {
+        let schema = json_schema();
+        let variants = schema["properties"]["sinks"]["additionalProperties"]["oneOf"]
+            .as_array()
+            .unwrap();
+        let mut with_tls = 0;
+        for variant in variants {
+            let kind = variant["properties"]["kind"]["const"].as_str().unwrap();
+            let Some(tls) = variant["properties"]["tls"]["properties"].as_object() else {
+                continue;
+            };
+            with_tls += 1;
+            let connect = match kind {
+                "kafka" => "brokers = \"127.0.0.1:9092\"",
+                "amqp" => "url = \"amqps://127.0.0.1\"",
+                "nats" => "url = \"tls://127.0.0.1:4222\"",
+                other => panic!("a sink kind with tls this test does not know: {other}"),
+            };
+            let toml = format!(
+                "[sinks.s]\nkind = \"{kind}\"\n{connect}\ntls = {{ insecure_skip_verify = true }}\n"
+            );
+            assert_eq!(
+                tls.contains_key("insecure_skip_verify"),
+                from_toml(&toml).is_ok(),
+                "{kind}: {:?}",
+                from_toml(&toml).err()
+            );
+        }
+        assert_eq!(with_tls, 3, "kafka, amqp and nats take tls");
+    }
+
     #[test]
     fn broker_security_options_parse_and_bad_combinations_name_the_field() {
         let ok = from_toml(
@@ -2297,6 +2646,40 @@ user = "a"
             err("[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"q\"\n[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"r\"")
                 .contains("another route")
         );
+    }
+
+    #[test]
+    fn parse_errors_say_where_and_what_is_allowed_in_toml_words() {
+        for (toml, says) in [
+            (
+                "[poller]\nbatchh = 3",
+                "poller.batchh: unknown field: [poller] takes batch,",
+            ),
+            (
+                "[poller]\n\nbatch = \"x\"",
+                "\"x\" is not allowed: expected a whole number",
+            ),
+            (
+                "[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"q\"\npush=\"up\"",
+                "lpush, rpush",
+            ),
+            (
+                "[sinks.k]\nkind=\"kafka\"\nbrokers=\"b\"\nkey=1",
+                "sinks.k.key: 1 is not allowed",
+            ),
+        ] {
+            let e = err(toml);
+            let line = toml.lines().count();
+            assert!(e.contains(says), "{toml}: {e}");
+            assert!(
+                e.contains(&format!("(the config text line {line})")),
+                "{toml}: {e}"
+            );
+            assert!(
+                !e.contains("::") && !e.contains(".rs") && !e.contains("Value"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 use crate::client::json_job::from_json_with_headers;
 use crate::client::{Client, ClientError};
 use crate::envelope::payload_from_json;
+use crate::job::TimeArg;
 use crate::schedule::{DEFAULT_MAX_CATCH_UP, Misfire};
 use crate::schedules::{NewSchedule, Repeat};
 use crate::store::{self, scripts};
@@ -71,7 +72,7 @@ impl Repeat {
 }
 
 /// A schedule as one JSON object. `every`, `max_lateness` and `jitter` are durations (`"250ms"`,
-/// `"1h"`), `start_at`/`end_at` epoch ms, `payload_encoding` `utf8` (default) or `base64`.
+/// `"1h"`), `start_at`/`end_at` epoch ms or RFC 3339 text (`job::parse_at`), `payload_encoding` `utf8` (default) or `base64`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ScheduleLine {
@@ -93,9 +94,9 @@ struct ScheduleLine {
     #[serde(default)]
     max_catch_up: Option<u32>,
     #[serde(default)]
-    start_at: Option<i64>,
+    start_at: Option<TimeArg>,
     #[serde(default)]
-    end_at: Option<i64>,
+    end_at: Option<TimeArg>,
     #[serde(default, with = "humantime_serde")]
     max_lateness: Option<Duration>,
     #[serde(default)]
@@ -119,8 +120,8 @@ impl NewSchedule {
         spec.headers = l.headers;
         spec.misfire =
             Misfire::from_name(l.misfire.unwrap_or(MisfireName::Coalesce), l.max_catch_up)?;
-        spec.start_at = l.start_at.map(crate::job::check_epoch_ms).transpose()?;
-        spec.end_at = l.end_at.map(crate::job::check_epoch_ms).transpose()?;
+        spec.start_at = l.start_at.map(|t| t.ms("start_at")).transpose()?;
+        spec.end_at = l.end_at.map(|t| t.ms("end_at")).transpose()?;
         spec.max_lateness = l.max_lateness;
         spec.max_attempts = l.max_attempts;
         spec.jitter = l.jitter;
@@ -315,6 +316,14 @@ mod tests {
             NewSchedule::from_json_line(r#"{"id":"e","dest":"q","every":"250ms","payload":"x"}"#)
                 .unwrap();
         assert_eq!(spec.repeat, Repeat::Every(Duration::from_millis(250)));
+        let spec = NewSchedule::from_json_line(
+            r#"{"id":"w","dest":"q","every":"1h","payload":"x","start_at":"2023-11-15T03:13:20+05:00","end_at":1800000000000}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (spec.start_at, spec.end_at),
+            (Some(1_700_000_000_000), Some(1_800_000_000_000))
+        );
         for (bad, why) in [
             (r#"{"id":"b","dest":"q","payload":"x"}"#, "cron or every"),
             (
@@ -340,6 +349,10 @@ mod tests {
             (
                 r#"{"id":"b","dest":"q","every":"1s","payload":"x","start_at":1764000000}"#,
                 "seconds",
+            ),
+            (
+                r#"{"id":"b","dest":"q","every":"1s","payload":"x","end_at":"2030-01-01T00:00:00"}"#,
+                "end_at: \"2030-01-01T00:00:00\" has no UTC offset",
             ),
             (
                 r#"{"id":"b","dest":"q","every":"1s","payload":"x","misfire":"later"}"#,

@@ -3,14 +3,15 @@
 
 use super::NewJob;
 use crate::envelope::payload_from_json;
-use crate::job::Due;
+use crate::job::{Due, TimeArg};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// A job as one JSON object: a line of `zdelay enqueue --batch` and the body of the HTTP
-/// `POST /api/jobs`. `payload_encoding` is `utf8` (default) or `base64`; `at` is epoch ms,
+/// `POST /api/jobs`. `payload_encoding` is `utf8` (default) or `base64`; `at` is epoch ms or
+/// RFC 3339 text (`job::parse_at`),
 /// `in`, `max_lateness`, `spread` and `unique_for` are durations (`"250ms"`, `"1h"`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -20,7 +21,7 @@ pub struct JobLine {
     #[serde(default)]
     payload_encoding: Option<String>,
     #[serde(default)]
-    at: Option<i64>,
+    at: Option<TimeArg>,
     #[serde(default, rename = "in", with = "humantime_serde")]
     delay: Option<Duration>,
     #[serde(default)]
@@ -61,7 +62,7 @@ impl NewJob {
         let mut job = NewJob::new(l.dest, payload);
         job.due = match (l.at, l.delay) {
             (Some(_), Some(_)) => return Err("give \"at\" or \"in\", not both".into()),
-            (Some(ms), None) => Due::At(crate::job::check_epoch_ms(ms)?),
+            (Some(at), None) => Due::At(at.ms("at")?),
             (None, Some(d)) => Due::In(d),
             (None, None) => Due::In(Duration::ZERO),
         };
@@ -72,5 +73,30 @@ impl NewJob {
         job.spread = l.spread;
         job.unique_for = l.unique_for;
         Ok(job)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_is_epoch_ms_or_rfc3339_text() {
+        let due = |line: &str| NewJob::from_json_line(line).map(|j| j.due);
+        assert_eq!(
+            due(r#"{"dest":"q","payload":"x","at":1700000000000}"#),
+            Ok(Due::At(1_700_000_000_000))
+        );
+        assert_eq!(
+            due(r#"{"dest":"q","payload":"x","at":"2023-11-15T03:13:20.250+05:00"}"#),
+            Ok(Due::At(1_700_000_000_250))
+        );
+        let err = due(r#"{"dest":"q","payload":"x","at":"2023-11-15T03:13:20"}"#).unwrap_err();
+        assert!(
+            err.starts_with("at: ") && err.contains("no UTC offset"),
+            "{err}"
+        );
+        let err = due(r#"{"dest":"q","payload":"x","at":1700000000}"#).unwrap_err();
+        assert!(err.contains("looks like epoch seconds"), "{err}");
     }
 }
