@@ -4,9 +4,9 @@
 
 use crate::common::{Daemon, RedisServer, TestConfig, redis_now_ms, wait_for};
 use crate::flow_model::{Rig, rate_flow};
-use zdelay::store::scripts::Held;
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use zdelay::store::scripts::Held;
 use zdelay::{Client, NewJob, OnConflict};
 
 fn epoch_ms() -> i64 {
@@ -718,7 +718,12 @@ fn drive_as_the_mover(
     moved
 }
 
-fn lane_jobs(prefix: &str, n: usize, due: i64, meta: Option<&str>) -> Vec<(String, i64, Option<String>)> {
+fn lane_jobs(
+    prefix: &str,
+    n: usize,
+    due: i64,
+    meta: Option<&str>,
+) -> Vec<(String, i64, Option<String>)> {
     (0..n)
         .map(|i| (format!("{prefix}{i:05}"), due, meta.map(str::to_owned)))
         .collect()
@@ -787,14 +792,22 @@ fn a_rate_hold_lasts_until_the_backlog_is_gone_so_its_wait_is_never_lateness() {
                 "at {now}: the hold since {held_since:?} restarted at {since:?}"
             );
             held_since = since;
-            assert_ne!(reply.held, Held::Flowing, "at {now}: held while due work is left");
+            assert_ne!(
+                reply.held,
+                Held::Flowing,
+                "at {now}: held while due work is left"
+            );
         }
         if reply.taken < 1000 {
             now = reply.next_due.expect("a backlog is left") as i64;
         }
     }
     assert!(held_since.is_some(), "the route was held");
-    assert_eq!(rig.flow_field("held_since"), None, "caught up: the hold ends");
+    assert_eq!(
+        rig.flow_field("held_since"),
+        None,
+        "caught up: the hold ends"
+    );
 }
 
 #[test]
@@ -840,7 +853,12 @@ fn a_job_whose_meta_cannot_be_read_for_its_key_goes_to_dead_and_the_route_moves_
         per_key: Some(("tenant".to_owned(), 1000.0, 100)),
     };
     let mut jobs = lane_jobs("bad", 1, t0, Some(r#"{"headers":{"tenant":"abc"#));
-    jobs.extend(lane_jobs("good", 3, t0, Some(r#"{"headers":{"tenant":"a"}}"#)));
+    jobs.extend(lane_jobs(
+        "good",
+        3,
+        t0,
+        Some(r#"{"headers":{"tenant":"a"}}"#),
+    ));
     rig.enqueue(&jobs);
     let reply = rig.call(Some(t0), 1000, Some(&flow)).expect("move_lane");
     let mut moved = rig.take_moved();
@@ -871,7 +889,11 @@ fn a_bounded_route_whose_list_key_is_not_a_list_sends_its_jobs_to_dead_instead_o
     let mut rig = Rig::start();
     let t0 = 1_700_000_000_000;
     let list = rig.lane.list.clone();
-    let _: () = redis::cmd("SET").arg(&list).arg("x").query(rig.raw()).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&list)
+        .arg("x")
+        .query(rig.raw())
+        .unwrap();
     rig.enqueue(&lane_jobs("j", 3, t0, None));
     let flow = zdelay::config::RouteFlow {
         rate_per_s: None,

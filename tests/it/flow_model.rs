@@ -254,10 +254,12 @@ fn assert_within_bucket(what: &str, times: &[i64], counts: &[usize], capacity: f
 #[test]
 fn a_route_s_rate_matches_its_reference_bucket_on_generated_inputs() {
     let mut rig = Rig::start();
-    let mut rng = SeededRng::new(0x5eed_29_02);
+    let mut rng = SeededRng::new(0x5eed_2902);
     for case in 0..40 {
         let rate = log_uniform(&mut rng, 1.0 / 3600.0, 100_000.0);
-        let burst = log_uniform(&mut rng, 1.0, (10.0 * rate).max(1.0)).round().max(1.0) as u32;
+        let burst = log_uniform(&mut rng, 1.0, (10.0 * rate).max(1.0))
+            .round()
+            .max(1.0) as u32;
         let batch = [1, 7, 100, 1000][rng.range(0, 4) as usize];
         let flow = rate_flow(rate, burst);
         let token_ms = 1000.0 / rate;
@@ -306,7 +308,10 @@ fn a_route_s_rate_matches_its_reference_bucket_on_generated_inputs() {
             assert_eq!(reply.moved_total() as usize, moved.len(), "{what}");
             // No stall: due work and a whole token move something.
             if want > 0 {
-                assert!(!moved.is_empty(), "{what}: at {now} nothing moved, {want} were due");
+                assert!(
+                    !moved.is_empty(),
+                    "{what}: at {now} nothing moved, {want} were due"
+                );
             }
             // A held route wakes when its bucket has a token again, before it overflows.
             if reply.held == Held::Rate
@@ -351,10 +356,12 @@ fn a_route_s_rate_matches_its_reference_bucket_on_generated_inputs() {
 #[test]
 fn a_held_route_driven_as_the_mover_drives_it_reaches_its_rate() {
     let mut rig = Rig::start();
-    let mut rng = SeededRng::new(0x5eed_29_03);
+    let mut rng = SeededRng::new(0x5eed_2903);
     for case in 0..30 {
         let rate = log_uniform(&mut rng, 1.0 / 3600.0, 100_000.0);
-        let burst = log_uniform(&mut rng, 1.0, (10.0 * rate).max(1.0)).round().max(1.0) as u32;
+        let burst = log_uniform(&mut rng, 1.0, (10.0 * rate).max(1.0))
+            .round()
+            .max(1.0) as u32;
         let batch = [100, 1000][rng.range(0, 2) as usize];
         let flow = rate_flow(rate, burst);
         let capacity = Bucket::new(rate, burst).capacity;
@@ -381,7 +388,6 @@ fn a_held_route_driven_as_the_mover_drives_it_reaches_its_rate() {
             let reply = rig.call(Some(now), batch, Some(&flow)).expect(&what);
             moved += rig.take_moved().len();
             calls += 1;
-            if std::env::var_os("FM_DEBUG").is_some() { eprintln!("{case} {} {:?} {:?} {}", now - base, reply.taken, reply.next_due.map(|n| n as i64 - base), moved); }
             assert!(calls < 1_000_000, "{what}: the mover spins");
             if reply.taken >= batch {
                 continue;
@@ -421,11 +427,12 @@ struct KeyBucket {
 #[test]
 fn per_key_turns_match_their_reference_model_on_generated_inputs() {
     let mut rig = Rig::start();
-    let mut rng = SeededRng::new(0x5eed_29_04);
+    let mut rng = SeededRng::new(0x5eed_2904);
     for case in 0..25 {
         let key_rate = log_uniform(&mut rng, 1.0 / 3600.0, 100_000.0);
-        let key_burst =
-            log_uniform(&mut rng, 1.0, (10.0 * key_rate).max(1.0)).round().max(1.0) as u32;
+        let key_burst = log_uniform(&mut rng, 1.0, (10.0 * key_rate).max(1.0))
+            .round()
+            .max(1.0) as u32;
         let batch = [3, 50, 1000][rng.range(0, 3) as usize];
         let flow = RouteFlow {
             rate_per_s: None,
@@ -531,8 +538,8 @@ fn per_key_turns_match_their_reference_model_on_generated_inputs() {
                     admitted.entry(key.clone()).or_default().push(b.at);
                 } else {
                     let turn = b.at + ((1.0 - b.tokens) * step_ms - 1e-9).ceil() as i64;
-                    let over = b.tokens + (turn - b.at) as f64 * key_rate / 1000.0
-                        - f64::from(key_burst);
+                    let over =
+                        b.tokens + (turn - b.at) as f64 * key_rate / 1000.0 - f64::from(key_burst);
                     b.tokens -= 1.0;
                     if over > 0.0 {
                         b.tokens -= over;
@@ -547,7 +554,8 @@ fn per_key_turns_match_their_reference_model_on_generated_inputs() {
                 b.free = b.at as f64 + (1.0 - b.tokens).max(0.0) * step_ms;
             }
             assert_eq!(
-                moved, expect_moved,
+                moved,
+                expect_moved,
                 "{what}: at {now} the script moved {} jobs, the model {}",
                 moved.len(),
                 expect_moved.len()
@@ -556,7 +564,10 @@ fn per_key_turns_match_their_reference_model_on_generated_inputs() {
             // A granted job moves at its turn, never before.
             for id in &moved {
                 if let Some(turn) = turns.get(id) {
-                    assert!(*turn < now, "{what}: {id} moved at {now}, its turn is {turn}");
+                    assert!(
+                        *turn < now,
+                        "{what}: {id} moved at {now}, its turn is {turn}"
+                    );
                 }
             }
         }
