@@ -1,6 +1,9 @@
 //! Flow control at release (storage layout 2, local routes): a route's rate holds across
 //! daemons, keeps due order and drops nothing; a list's bound holds the route until its
-//! consumers drain it; other routes keep flowing; bad settings are refused by name.
+//! consumers drain it; other routes keep flowing; bad settings are refused by name. A small
+//! burst still reaches its rate, a hold lasts until its backlog is gone, a key's turns take
+//! its tokens, and a job the script cannot handle goes to dead instead of stalling its route
+//! (the bucket's math on generated inputs is in `flow_model`).
 
 use crate::common::{Daemon, RedisServer, TestConfig, redis_now_ms, wait_for};
 use crate::flow_model::{Rig, rate_flow};
