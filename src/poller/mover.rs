@@ -33,7 +33,7 @@ use zdelay_client::config::ScoreUnit;
 use zdelay_client::lane::Lane;
 use zdelay_client::schedules::{self, SchedAt, ScheduleCache};
 use zdelay_client::store::scripts::{
-    self, DUE_DEAD_KINDS, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS,
+    self, DUE_DEAD_KINDS, Held, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS,
 };
 use zdelay_client::store::{StoreError, lanes};
 
@@ -350,8 +350,12 @@ pub async fn run(
         let started = Instant::now();
         let walk = walks.next();
         let walking = walk.map(|(sink, _)| sink.to_owned());
+        // A held route sleeps until its tokens are in or its list is looked at again, with
+        // due work known to wait: no look at its heads first when that sleep runs out.
+        let mut held = false;
         let delay = match move_walking(&ctx, &target, None, walk).await {
             Ok(reply) => {
+                held = reply.held != Held::Flowing;
                 ::metrics::histogram!(SCRIPT_DURATION, "script" => script)
                     .record(started.elapsed().as_secs_f64());
                 metrics::recovered("redis", &label);
@@ -458,7 +462,7 @@ pub async fn run(
             continue;
         }
         tokio::select! {
-            _ = tokio::time::sleep(delay) => look_first = true,
+            _ = tokio::time::sleep(delay) => look_first = !held,
             _ = wake.notified() => {}
             _ = stop.cancelled() => {}
         }

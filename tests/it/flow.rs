@@ -1,10 +1,15 @@
 //! Flow control at release (storage layout 2, local routes): a route's rate holds across
 //! daemons, keeps due order and drops nothing; a list's bound holds the route until its
-//! consumers drain it; other routes keep flowing; bad settings are refused by name.
+//! consumers drain it; other routes keep flowing; bad settings are refused by name. A small
+//! burst still reaches its rate, a hold lasts until its backlog is gone, a key's turns take
+//! its tokens, and a job the script cannot handle goes to dead instead of stalling its route
+//! (the bucket's math on generated inputs is in `flow_model`).
 
 use crate::common::{Daemon, RedisServer, TestConfig, redis_now_ms, wait_for};
+use crate::flow_model::{Rig, rate_flow};
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use zdelay::store::scripts::Held;
 use zdelay::{Client, NewJob, OnConflict};
 
 fn epoch_ms() -> i64 {
@@ -689,4 +694,223 @@ key_burst = 100
         got.iter().filter(|(_, p)| p.starts_with('a')).count(),
         "none twice"
     );
+}
+
+/// Drives a rate-limited lane as the mover does, on the script's clock from `start` for
+/// `span_ms`: again at once after a full batch, else at the time the call named, 1 ms late.
+/// Returns the jobs moved.
+fn drive_as_the_mover(
+    rig: &mut Rig,
+    flow: &zdelay::config::RouteFlow,
+    batch: usize,
+    start: i64,
+    span_ms: i64,
+) -> usize {
+    let (mut now, mut moved, mut calls) = (start, 0, 0);
+    while now < start + span_ms {
+        let reply = rig.call(Some(now), batch, Some(flow)).expect("move_lane");
+        moved += rig.take_moved().len();
+        calls += 1;
+        assert!(calls < 100_000, "the mover spins");
+        if reply.taken >= batch {
+            continue;
+        }
+        let Some(next) = reply.next_due else { break };
+        now = (next as i64).max(now + 1) + 1;
+    }
+    moved
+}
+
+fn lane_jobs(
+    prefix: &str,
+    n: usize,
+    due: i64,
+    meta: Option<&str>,
+) -> Vec<(String, i64, Option<String>)> {
+    (0..n)
+        .map(|i| (format!("{prefix}{i:05}"), due, meta.map(str::to_owned)))
+        .collect()
+}
+
+#[test]
+fn a_rate_of_1000_per_s_with_burst_1_moves_1000_a_second_not_10() {
+    let mut rig = Rig::start();
+    let t0 = 1_700_000_000_000;
+    rig.enqueue(&lane_jobs("j", 3_000, t0, None));
+    let moved = drive_as_the_mover(&mut rig, &rate_flow(1000.0, 1), 1000, t0, 3_000);
+    // The bucket holds 1 + 10 ms of the rate (11), then 1000 a second.
+    assert!(
+        (2_950..=3_000).contains(&moved),
+        "{moved} jobs in 3 s at 1000/s, burst 1"
+    );
+}
+
+#[test]
+fn a_rate_of_1000_per_s_with_burst_1_delivers_about_1000_a_second_from_a_daemon() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        "[[routes]]\nname = \"r\"\nsink = \"local\"\ntarget = \"q:r\"\nrate = \"1000/s\"\nburst = 1\n",
+    )
+    .on_layout_2();
+    let _daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let mut con = redis.conn();
+    let now = redis_now_ms(&mut con);
+    enqueue(&rt, &client, "r", 6_000, |_| now);
+    let got = consume(&mut con, "q:r", 6_000, Duration::from_secs(4));
+    let first = got.first().expect("jobs arrive").0;
+    let in_3s = got.iter().filter(|(at, _)| *at < first + 3_000).count();
+    eprintln!("{in_3s} jobs in the first 3 s at 1000/s, burst 1");
+    // Before the rate math was mended: 30 (one job per tenth of a second). Generous bounds:
+    // the pops' timing and a loaded machine's timers.
+    assert!(
+        (2_000..=3_300).contains(&in_3s),
+        "{in_3s} jobs in 3 s at 1000/s with burst 1"
+    );
+}
+
+#[test]
+fn a_rate_hold_lasts_until_the_backlog_is_gone_so_its_wait_is_never_lateness() {
+    let mut rig = Rig::start();
+    let t0 = 1_700_000_000_000;
+    // 20,000/s with a batch of 1,000: a held call's tenth of a second of tokens is a whole
+    // batch, so calls the rate does not cut come between the ones it does.
+    rig.enqueue(&lane_jobs("j", 10_000, t0, None));
+    let flow = rate_flow(20_000.0, 2_000);
+    let (mut now, mut moved, mut held_since) = (t0, 0, None);
+    while moved < 10_000 {
+        let reply = rig.call(Some(now), 1000, Some(&flow)).expect("move_lane");
+        moved += rig.take_moved().len();
+        assert_eq!(
+            reply.max_lateness_ms, 0,
+            "at {now}: the backlog's wait while held is deferral, not lateness: {reply:?}"
+        );
+        let since = rig.flow_field("held_since");
+        if moved < 10_000 && since.is_some() {
+            assert!(
+                held_since.is_none() || held_since == since,
+                "at {now}: the hold since {held_since:?} restarted at {since:?}"
+            );
+            held_since = since;
+            assert_ne!(
+                reply.held,
+                Held::Flowing,
+                "at {now}: held while due work is left"
+            );
+        }
+        if reply.taken < 1000 {
+            now = reply.next_due.expect("a backlog is left") as i64;
+        }
+    }
+    assert!(held_since.is_some(), "the route was held");
+    assert_eq!(
+        rig.flow_field("held_since"),
+        None,
+        "caught up: the hold ends"
+    );
+}
+
+#[test]
+fn a_key_s_turns_take_its_tokens_so_it_never_gets_more_than_burst_plus_rate_times_t() {
+    let mut rig = Rig::start();
+    let t0 = 1_700_000_000_000;
+    let meta = r#"{"headers":{"tenant":"a"}}"#;
+    let flow = zdelay::config::RouteFlow {
+        rate_per_s: None,
+        burst: 1,
+        max_length: None,
+        per_key: Some(("tenant".to_owned(), 100.0, 10)),
+    };
+    // 30 at once: the burst (10) goes, 20 are given turns 10 ms apart.
+    rig.enqueue(&lane_jobs("a", 30, t0, Some(meta)));
+    let mut moved = 0;
+    for now in (t0..=t0 + 201).step_by(1) {
+        rig.call(Some(now), 1000, Some(&flow)).expect("move_lane");
+        moved += rig.take_moved().len();
+    }
+    assert_eq!(moved, 30, "the burst and every turn by its time");
+    // 10 more of the same key once its last turn is past: the turns took its tokens, so
+    // they wait too (before, the bucket was full again and all 10 went at once).
+    rig.enqueue(&lane_jobs("b", 10, t0 + 211, Some(meta)));
+    rig.call(Some(t0 + 211), 1000, Some(&flow))
+        .expect("move_lane");
+    moved += rig.take_moved().len();
+    // In 211 ms: at most the burst (10) + 100/s × 0.211 s.
+    assert!(
+        moved as f64 <= 10.0 + 21.1,
+        "{moved} jobs of one key within 211 ms at 100/s, burst 10"
+    );
+}
+
+#[test]
+fn a_job_whose_meta_cannot_be_read_for_its_key_goes_to_dead_and_the_route_moves_on() {
+    let mut rig = Rig::start();
+    let t0 = 1_700_000_000_000;
+    let flow = zdelay::config::RouteFlow {
+        rate_per_s: None,
+        burst: 1,
+        max_length: None,
+        per_key: Some(("tenant".to_owned(), 1000.0, 100)),
+    };
+    let mut jobs = lane_jobs("bad", 1, t0, Some(r#"{"headers":{"tenant":"abc"#));
+    jobs.extend(lane_jobs(
+        "good",
+        3,
+        t0,
+        Some(r#"{"headers":{"tenant":"a"}}"#),
+    ));
+    rig.enqueue(&jobs);
+    let reply = rig.call(Some(t0), 1000, Some(&flow)).expect("move_lane");
+    let mut moved = rig.take_moved();
+    moved.sort();
+    assert_eq!(moved, ["good00000", "good00001", "good00002"]);
+    assert_eq!((reply.taken, reply.dead[0]), (4, 1), "{reply:?}");
+    let reason: Option<String> = redis::cmd("HGET")
+        .arg(&rig.lane.keys.reasons)
+        .arg("bad00000")
+        .query(rig.raw())
+        .unwrap();
+    let reason = reason.expect("a reason");
+    assert!(
+        reason.contains("not valid JSON") && reason.contains("tenant"),
+        "{reason}"
+    );
+    let dead: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&rig.lane.keys.dead)
+        .arg("bad00000")
+        .query(rig.raw())
+        .unwrap();
+    assert!(dead.is_some(), "in the dead set");
+    assert!(rig.due().is_empty(), "nothing left due");
+}
+
+#[test]
+fn a_bounded_route_whose_list_key_is_not_a_list_sends_its_jobs_to_dead_instead_of_wedging() {
+    let mut rig = Rig::start();
+    let t0 = 1_700_000_000_000;
+    let list = rig.lane.list.clone();
+    let _: () = redis::cmd("SET")
+        .arg(&list)
+        .arg("x")
+        .query(rig.raw())
+        .unwrap();
+    rig.enqueue(&lane_jobs("j", 3, t0, None));
+    let flow = zdelay::config::RouteFlow {
+        rate_per_s: None,
+        burst: 1,
+        max_length: Some(10),
+        per_key: None,
+    };
+    let reply = rig.call(Some(t0), 1000, Some(&flow)).expect("move_lane");
+    assert_eq!((reply.taken, reply.dead[2]), (3, 3), "{reply:?}");
+    let reason: Option<String> = redis::cmd("HGET")
+        .arg(&rig.lane.keys.reasons)
+        .arg("j00000")
+        .query(rig.raw())
+        .unwrap();
+    assert!(reason.unwrap_or_default().contains("not a list"));
+    assert!(rig.due().is_empty(), "nothing left due");
 }

@@ -19,6 +19,7 @@ mod deploy;
 mod docs;
 mod faults;
 mod flow;
+mod flow_model;
 mod heavy;
 mod history;
 mod http_enqueue;

@@ -36,28 +36,33 @@
 -- ARGV[12 + B] the header that names a job's key ("" = no per-key rate), ARGV[13 + B] the
 --   rate per key in jobs per second, ARGV[14 + B] the burst per key
 -- Per key: each key has a bucket of its own (field "k:<key>" of the flow hash: "<tokens>
---   <refilled at ms> <the end of its last turn given, ms>"); a job without the header, or
---   without meta, has the key "". A job whose key has no whole token, or has jobs waiting
---   their turn, is put later instead of moved: scored at its turn plus half a millisecond,
---   which marks it granted, so it moves then. That wait counts as deferral too.
+--   <refilled at ms> <when it next has a whole token, ms>"); a job without the header, or
+--   without meta, has the key "". A job whose key has no whole token is put later instead of
+--   moved, at its turn, and its token is taken then (the bucket goes below zero): scored at
+--   its turn plus half a millisecond, which marks it granted, so it moves then. That wait
+--   counts as deferral too. A job whose meta is not JSON (its key unreadable) goes to dead.
 -- Flow control: at most the bucket's whole tokens are moved (the bucket refills at the rate,
--- up to the burst, on Redis's clock, shared by every daemon), and never more than the list
--- has room for below its bound. Jobs over either wait in due, in order; none is dropped. While
--- the route is held, the wait counts as deferral, not lateness: lateness (the buckets, the
--- max lateness, and expiry by a job's max lateness) is measured up to the moment the route
--- became held.
+-- up to max(burst, 1 + 10 ms of the rate), on Redis's clock, shared by every daemon, and never
+-- for a clock that stepped back), and never more than the list has room for below its bound.
+-- Jobs over either wait in due, in order; none is dropped. The route is held from the call
+-- one of them cut with due work left until a call leaves none due; while held, the wait
+-- counts as deferral, not lateness: lateness (the buckets, the max lateness, and expiry by a
+-- job's max lateness) is measured up to the moment the route became held. A list key that is
+-- not a list is not a bound's reason to hold: the push sends the jobs to dead (wrong_type).
 -- Returns move_due's reply shape for one route and no two-phase sink: { taken, now_us,
 --   next_due ("" when the lane is empty), max_lateness_ms, kept (jobs left due because their
 --   push failed, e.g. OOM), first push error ("" if none), moved,
---   dead per kind (6 integers: malformed and unknown_destination always 0, wrong_type,
+--   dead per kind (6 integers: malformed (a per-key meta not JSON), unknown_destination
+--   always 0, wrong_type,
 --   oversize, missing, expired),
 --   jobs per lateness bucket (B + 1 integers; the last is over the largest bound),
 --   0 (leases), 0 (sinks), the next occurrence of the lane's schedules ("" when none),
 --   0, 0, 0, "" (no walk), "" (no lease),
 --   jobs moved that were deferred, their deferral in ms summed, held (0 flowing, 1 by the
 --   rate, 2 by the list's bound) }
--- While held, next_due is when the route may move again (tokens, or a look at the list), so
--- a held route never makes its mover spin.
+-- When the rate or the bound cut the call, next_due is when the route may move again (the
+-- bucket has its next tenth of a second of tokens, at least one, with room left for a late
+-- wake-up; or the next look at the list), so a held route never makes its mover spin.
 -- taken = moved + dead; a full batch means "call again now", and so does a next_due that is
 -- already due (a batch cut by the byte budget).
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
@@ -101,28 +106,50 @@ local buckets = {}
 for b = 1, bound_count + 1 do buckets[b] = 0 end
 
 -- Flow control: how many jobs this call may move.
+-- The rate's bucket holds `capacity` tokens: the burst, but at least one job plus
+-- MIN_BUCKET_MS of the rate. A daemon wakes a held route on a millisecond timer that can be a
+-- few ms late; a bucket that fills while it wakes loses the tokens that come meanwhile, and
+-- the route falls short of its rate (at 1000/s with burst 1 it would move one job per wake-up).
+-- A held route is called again once it has `want` tokens, which leaves at least WAKE_SLACK_MS
+-- of the rate's room in the bucket for the wake-up to be late in without losing any.
+local MIN_BUCKET_MS, WAKE_SLACK_MS = 10, 5
 local flow_at = 8 + bound_count
 local rate, burst = tonumber(ARGV[flow_at]), tonumber(ARGV[flow_at + 1])
 local max_length, hold_recheck = tonumber(ARGV[flow_at + 2]), tonumber(ARGV[flow_at + 3])
-local allowed = tonumber(ARGV[2])
-local tokens, held_since, held_by, was_held_by = nil, nil, 0, nil
+local batch = tonumber(ARGV[2])
+local allowed = batch
+-- cut_by: what cut this call's batch (0 nothing, 1 the rate, 2 the list's bound).
+local tokens, capacity, bucket_at, held_since, cut_by, was_held_by = nil, nil, nil, nil, 0, nil
 if rate or max_length then
   local state = redis.call('HMGET', flow_key, 'tokens', 'at', 'held_since', 'held_by')
   held_since, was_held_by = tonumber(state[3]), state[4]
   if rate then
-    tokens = tonumber(state[1]) or burst
-    local at = tonumber(state[2]) or now_ms
-    if now_ms > at then tokens = math.min(burst, tokens + (now_ms - at) * rate / 1000) end
-    if math.floor(tokens) < allowed then
-      allowed = math.floor(tokens)
-      held_by = 1
+    capacity = math.max(burst, 1 + rate * MIN_BUCKET_MS / 1000)
+    tokens = tonumber(state[1]) or capacity
+    bucket_at = tonumber(state[2]) or now_ms
+    -- A clock that steps back refills nothing until it passes the last refill again.
+    if now_ms > bucket_at then
+      tokens = tokens + (now_ms - bucket_at) * rate / 1000
+      bucket_at = now_ms
+    end
+    tokens = math.min(capacity, tokens)
+    -- The epsilon absorbs the refill's rounding (0.9999999 tokens is one).
+    local whole = math.floor(tokens + 1e-9)
+    if whole < allowed then
+      allowed = math.max(0, whole)
+      cut_by = 1
     end
   end
   if max_length then
-    local room = max_length - redis.call('LLEN', list_key)
-    if room < allowed then
-      allowed = math.max(0, room)
-      held_by = 2
+    -- A key that is not a list has no length to keep below the bound: the push finds it
+    -- and sends the jobs to dead, saying why, instead of every call failing here.
+    local len = redis.pcall('LLEN', list_key)
+    if type(len) == 'number' then
+      local room = max_length - len
+      if room < allowed then
+        allowed = math.max(0, room)
+        cut_by = 2
+      end
     end
   end
 end
@@ -149,26 +176,32 @@ elseif allowed > 0 then
 end
 local n = #ids
 
--- Per-key rates: a job whose key has no token, or whose key has jobs waiting their turn
--- already, is put later, at its turn (a slot one per 1/rate after the last one given to its
--- key), scored half a millisecond past it: the half marks it granted, so at its slot it
--- moves without asking for a token again. One key's burst waits in due order while other
--- keys' jobs flow.
+-- Per-key rates: a job whose key has no whole token is put later, at its turn, scored half a
+-- millisecond past it: the half marks it granted, so at its turn it moves without asking for
+-- a token again. Its token is taken when the turn is given (the bucket goes below zero, and
+-- the next turn is when it has paid that back and has a whole token again), so a key's
+-- turns and its immediate moves together stay within its bucket: at most burst + rate * T in
+-- any T. A key with jobs waiting their turn has less than one token, so its new jobs queue
+-- behind them, in due order, while other keys' jobs flow. A job whose meta cannot be read
+-- for its key goes to dead, saying why.
+local per_key_dead = 0
 if per_key and n > 0 then
   local key_rate, key_burst = tonumber(ARGV[flow_at + 5]), tonumber(ARGV[flow_at + 6])
   local step = 1000 / key_rate
   local metas = redis.call('HMGET', meta_key, unpack(ids))
   -- A job's key: found as text in the compact JSON producers write ('"<header>":"<value>"',
-  -- no backslash in the meta), else by decoding it.
+  -- no backslash in the meta), else by decoding it. false: the meta is not JSON.
   local needle = '"' .. key_header .. '":"'
   local function key_of(meta)
     if not meta then return '' end
     if not string.find(meta, '\\', 1, true) then
       local _, e = string.find(meta, needle, 1, true)
-      if e then return string.sub(meta, e + 1, string.find(meta, '"', e + 1, true) - 1) end
+      local close = e and string.find(meta, '"', e + 1, true)
+      if close then return string.sub(meta, e + 1, close - 1) end
     end
     local ok, m = pcall(cjson.decode, meta)
-    if ok and type(m) == 'table' and type(m.headers) == 'table' then
+    if not ok then return false end
+    if type(m) == 'table' and type(m.headers) == 'table' then
       local v = m.headers[key_header]
       if type(v) == 'string' then return v end
     end
@@ -189,44 +222,58 @@ if per_key and n > 0 then
         last_meta, last_key = meta, key
       end
       key_at[i] = key
-      if not seen[key] then
+      if key and not seen[key] then
         seen[key] = true
         order[#order + 1] = key
       end
     end
   end
+  -- A key's state: "<tokens> <refilled at ms> <when it next has a whole token, ms>". The
+  -- last field keeps a waiting key's place for a daemon that reads it alone (and is read
+  -- for the same reason: tokens never exceed what it allows).
   local buckets_of = {}
   local fields = {}
   for k = 1, #order do fields[k] = 'k:' .. order[k] end
   local states = #order > 0 and redis.call('HMGET', flow_key, unpack(fields)) or {}
   for k = 1, #order do
-    local t, at, tail = key_burst, now_ms, now_ms
+    local t, at, free = key_burst, now_ms, now_ms
     if states[k] then
-      local ts, as, ls = string.match(states[k], '^(%S+) (%S+) (%S+)$')
-      t, at, tail = tonumber(ts) or key_burst, tonumber(as) or now_ms, tonumber(ls) or now_ms
+      local ts, as, fs = string.match(states[k], '^(%S+) (%S+) (%S+)$')
+      t, at, free = tonumber(ts) or key_burst, tonumber(as) or now_ms, tonumber(fs) or now_ms
     end
-    if now_ms > at then t = math.min(key_burst, t + (now_ms - at) * key_rate / 1000) end
-    buckets_of[order[k]] = { tokens = t, tail = tail }
+    if now_ms > at then
+      t = math.min(key_burst, t + (now_ms - at) * key_rate / 1000)
+      at = now_ms
+    end
+    if free > at then t = math.min(t, 1 - (free - at) / step) end
+    buckets_of[order[k]] = { tokens = t, at = at }
   end
-  local kept_ids, later, kept_n, later_n = {}, {}, 0, 0
+  local kept_ids, later, kept_n, later_n, dead_ids = {}, {}, 0, 0, {}
   local ceil = math.ceil
   for i = 1, n do
     local key = key_at[i]
-    local b = key and buckets_of[key]
-    if not key or (b.tail <= now_ms and b.tokens >= 1) then
-      if key then b.tokens = b.tokens - 1 end
-      kept_n = kept_n + 1
-      kept_ids[kept_n] = ids[i]
+    if key == false then
+      dead_ids[#dead_ids + 1] = ids[i]
     else
-      local slot = b.tail
-      if slot <= now_ms then slot = now_ms + ceil((1 - b.tokens) * step) end
-      b.tail = slot + step
-      local at = ceil(slot)
-      later[later_n + 1] = at + 0.5
-      later[later_n + 2] = ids[i]
-      later_n = later_n + 2
-      deferred = deferred + 1
-      deferral_ms = deferral_ms + at - now_ms
+      local b = key and buckets_of[key]
+      if not key or b.tokens >= 1 - 1e-9 then
+        if key then b.tokens = b.tokens - 1 end
+        kept_n = kept_n + 1
+        kept_ids[kept_n] = ids[i]
+      else
+        -- From the bucket's own time: a clock that stepped back gives no earlier turn.
+        local turn = b.at + ceil((1 - b.tokens) * step - 1e-9)
+        -- The turn is on a whole ms, a little after the token: what the bucket gained
+        -- meanwhile over its burst is lost, as it would be to a full bucket.
+        local over = b.tokens + (turn - b.at) * key_rate / 1000 - key_burst
+        b.tokens = b.tokens - 1
+        if over > 0 then b.tokens = b.tokens - over end
+        later[later_n + 1] = turn + 0.5
+        later[later_n + 2] = ids[i]
+        later_n = later_n + 2
+        deferred = deferred + 1
+        deferral_ms = deferral_ms + turn - now_ms
+      end
     end
   end
   for k = 1, later_n, 1000 do
@@ -236,9 +283,30 @@ if per_key and n > 0 then
   for _, key in ipairs(order) do
     local b = buckets_of[key]
     writes[#writes + 1] = 'k:' .. key
-    writes[#writes + 1] = tostring(b.tokens) .. ' ' .. now_ms .. ' ' .. tostring(b.tail)
+    writes[#writes + 1] = string.format('%.17g %d %.17g', b.tokens, b.at,
+      b.at + math.max(0, 1 - b.tokens) * step)
   end
   if #writes > 0 then redis.call('HSET', flow_key, unpack(writes)) end
+  if #dead_ids > 0 then
+    -- As every dead job: payload and meta kept for replay (a replay with its meta mended
+    -- moves it), its max lateness and large-set entry gone with it.
+    local zargs, hargs = {}, {}
+    local why = 'meta is not valid JSON, so its ' .. key_header .. ' header (the key of its route\'s key_rate) cannot be read'
+    for j = 1, #dead_ids do
+      zargs[#zargs + 1] = now_ms
+      zargs[#zargs + 1] = dead_ids[j]
+      hargs[#hargs + 1] = dead_ids[j]
+      hargs[#hargs + 1] = why
+    end
+    redis.call('ZADD', dead_key, unpack(zargs))
+    redis.call('HSET', reasons_key, unpack(hargs))
+    redis.call('ZREM', due_key, unpack(dead_ids))
+    redis.call('HDEL', maxlate_key, unpack(dead_ids))
+    redis.call('SREM', large_key, unpack(dead_ids))
+    remember(dead_ids)
+    per_key_dead = #dead_ids
+    dead_counts[1] = per_key_dead
+  end
   ids = kept_ids
   n = #ids
 end
@@ -450,14 +518,24 @@ if n > 0 and not done then
 end
 
 if not next_due then next_due = redis.call('ZRANGE', due_key, '0', '0', 'WITHSCORES')[2] or '' end
+local held_by = 0
 if rate or max_length then
-  -- Held: due work is left that the rate or the bound kept back.
-  local held = held_by > 0 and next_due ~= '' and tonumber(next_due) <= now_ms
-  if not held then held_by = 0 end
+  -- Held: due work is left and the rate or the bound cut this call, or the route was held
+  -- already. A hold lasts until the route has caught up (nothing due is left): a call the
+  -- limits did not cut (its tokens covered a whole batch, or the list had room) goes on from
+  -- the same hold, so the backlog's wait stays deferral and the hold does not flap.
+  local due_left = next_due ~= '' and tonumber(next_due) <= now_ms
+  if due_left and cut_by > 0 then
+    held_by = cut_by
+  elseif due_left and held_since then
+    held_by = was_held_by == 'max_length' and 2 or 1
+  end
+  local held = held_by > 0
   local writes = {}
   if rate then
     tokens = tokens - moved
-    writes = { 'tokens', tostring(tokens), 'at', now_ms }
+    -- %.17g: read back exactly (tostring keeps 14 digits).
+    writes = { 'tokens', string.format('%.17g', tokens), 'at', bucket_at }
   end
   if held and not held_since then
     writes[#writes + 1] = 'held_since'
@@ -470,18 +548,21 @@ if rate or max_length then
   end
   if #writes > 0 then redis.call('HSET', flow_key, unpack(writes)) end
   if held_since and not held then redis.call('HDEL', flow_key, 'held_since', 'held_by') end
-  if held then
-    -- When the route may move again: enough tokens for a tenth of a second's worth (at least
-    -- one job, at most a batch), or the next look at the list.
-    local wait = hold_recheck
-    if held_by == 1 then
-      local want = math.max(1, math.min(tonumber(ARGV[2]), math.floor(rate / 10)))
-      wait = math.max(1, math.ceil((want - tokens) * 1000 / rate))
+  if cut_by > 0 and held then
+    -- When the route may move again: once the bucket has `want` tokens (a tenth of a
+    -- second's worth, at most a batch, and room left in the bucket for a late wake-up; at
+    -- least one job), or at the next look at the list.
+    local wake = now_ms + hold_recheck
+    if cut_by == 1 then
+      local want = math.min(batch, rate / 10, capacity - rate * WAKE_SLACK_MS / 1000)
+      want = math.max(1, math.floor(want))
+      -- From the bucket's own time: after a clock that stepped back, later than now says.
+      wake = bucket_at + math.max(1, math.ceil((want - tokens) * 1000 / rate))
     end
-    next_due = tostring(now_ms + wait)
+    next_due = tostring(wake)
   end
 end
-local out = { n, now_us, next_due, max_lateness, kept, kept_error, moved }
+local out = { n + per_key_dead, now_us, next_due, max_lateness, kept, kept_error, moved }
 for k = 1, 6 do out[#out + 1] = dead_counts[k] end
 for k = 1, bound_count + 1 do out[#out + 1] = buckets[k] end
 local sched_head = redis.call('ZRANGE', sched_due_key, '0', '0', 'WITHSCORES')

@@ -1319,7 +1319,8 @@ pub struct RouteConfig {
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?/(s|m|h)$"))]
     pub rate: Option<String>,
     /// With `rate`: how many jobs may go at once after a quiet spell. Default: a tenth of a
-    /// second's worth of the rate, at least 1.
+    /// second's worth of the rate, at least 1. Whatever it says, the bucket holds at least one
+    /// job plus 10 ms of the rate, so that a daemon's wake-ups can keep up with the rate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub burst: Option<u32>,
