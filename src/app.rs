@@ -480,9 +480,11 @@ async fn sample_stats(
             Err(e) => crate::metrics::error_event("redis", "activity", &e),
         }
         // Producers in other languages need the library on every master, also after a
-        // restart that lost it; where the start-up load could not run it stays a warning.
-        if let Err(e) = zdelay_client::store::functions::ensure(&mut con).await {
-            tracing::debug!(error = %e, "producer functions not loaded");
+        // restart that lost it or an older daemon's start that put its older revision back;
+        // where the start-up load could not run it stays a warning.
+        match zdelay_client::store::functions::sync(&mut con).await {
+            Ok(outcomes) => report_producer_functions(&outcomes),
+            Err(e) => tracing::debug!(error = %e, "producer functions not loaded"),
         }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}
@@ -636,13 +638,13 @@ pub async fn watch_signals(shutdown: CancellationToken) {
 }
 
 /// Loads the producer protocol's function library (`store::functions`), for producers in
-/// other languages (`FCALL`). Not fatal: the daemon itself runs scripts, so a server without
-/// Functions (before Redis 7.0) or a user without `+function|load` only leaves those
-/// producers without it, which the warning says.
+/// other languages (`FCALL`), unless a newer revision is there. Not fatal: the daemon itself
+/// runs scripts, so a server without Functions (before Redis 7.0) or a user without
+/// `+function|load` only leaves those producers without it, which the warning says.
 async fn load_producer_functions(con: &mut store::Conn) {
     use zdelay_client::store::functions;
-    match functions::load(con).await {
-        Ok(()) => tracing::debug!(library = functions::LIBRARY, "producer functions loaded"),
+    match functions::sync(con).await {
+        Ok(outcomes) => report_producer_functions(&outcomes),
         Err(e) => tracing::warn!(
             library = functions::LIBRARY,
             error = %e,
@@ -652,4 +654,44 @@ async fn load_producer_functions(con: &mut store::Conn) {
             functions::PROTOCOL
         ),
     }
+}
+
+/// Logs what a sync of the function library found on each master: a load or a replace each
+/// time, a newer revision or another body once while it stays (the sampler syncs at every
+/// sample).
+fn report_producer_functions(outcomes: &[zdelay_client::store::functions::NodeOutcome]) {
+    use zdelay_client::store::functions::{self, Outcome};
+    static REPORTED: std::sync::Mutex<Vec<functions::NodeOutcome>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut reported = REPORTED.lock().unwrap_or_else(|p| p.into_inner());
+    let mine = functions::identity();
+    for (node, outcome) in outcomes {
+        let again = reported.iter().any(|(n, o)| n == node && o == outcome);
+        let node = if node.is_empty() { "redis" } else { node.as_str() };
+        match outcome {
+            Outcome::Current => {}
+            Outcome::Loaded => tracing::info!(
+                library = functions::LIBRARY, node, revision = %mine, "producer functions loaded"
+            ),
+            Outcome::Replaced(old) => tracing::info!(
+                library = functions::LIBRARY, node, revision = %mine, replaced = %old,
+                "producer functions: replaced an older revision (a daemon of an older build \
+                 started, or this is the first start of this build)"
+            ),
+            Outcome::Newer(newer) if !again => tracing::info!(
+                library = functions::LIBRARY, node, revision = %mine, loaded = %newer,
+                "producer functions: a newer revision is loaded and left as it is (it serves \
+                 this build's producers too)"
+            ),
+            Outcome::OtherBody(other) if !again => tracing::error!(
+                library = functions::LIBRARY, node, revision = %mine, loaded = %other,
+                "producer functions: the loaded library has this build's revision with another \
+                 body, so one of the two builds is wrong; left as it is: run one build of zdelay \
+                 per revision"
+            ),
+            Outcome::Newer(_) | Outcome::OtherBody(_) => {}
+        }
+    }
+    *reported = outcomes.to_vec();
+}
 }
