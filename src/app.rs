@@ -466,6 +466,7 @@ async fn sample_stats(
 ) {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     let mut lanes = stats::LaneSampler::default();
+    let mut windows = WindowSweep::default();
     while !shutdown.is_cancelled() {
         lanes.written(wakers.take_lane_writes());
         match stats::gather_sampled(&mut con, &config, Some(&mut lanes)).await {
@@ -486,10 +487,56 @@ async fn sample_stats(
             Ok(outcomes) => report_producer_functions(&outcomes),
             Err(e) => tracing::debug!(error = %e, "producer functions not loaded"),
         }
+        match windows.step(&mut con, &keys).await {
+            Ok(()) => crate::metrics::recovered("redis", "unique windows"),
+            Err(e) => crate::metrics::error_event("redis", "unique windows", &e),
+        }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}
             _ = shutdown.cancelled() => {}
         }
+    }
+}
+
+/// Windows sets [`WindowSweep`] looks at per stats sample.
+const WINDOW_SETS_PER_SAMPLE: usize = 16;
+
+/// Drops the unique windows that ended from every windows set in turn (each shard's of both
+/// layouts, each lane's the registry ever gave out), a few sets per stats sample. Enqueues
+/// drop some at each call; this reaches the sets no enqueue does: a removed route's lane, a
+/// retired lane, a shard after a quiet spell.
+#[derive(Default)]
+struct WindowSweep {
+    sets: Vec<String>,
+    /// The registry's field count when `sets` was made (it grows with every lane).
+    registry_fields: Option<usize>,
+    next: usize,
+}
+
+impl WindowSweep {
+    async fn step(&mut self, con: &mut Conn, keys: &Keys) -> anyhow::Result<()> {
+        use zdelay_client::store::{lanes, scripts};
+        let fields: usize = redis::cmd("HLEN")
+            .arg(keys.lanes())
+            .query_async(con)
+            .await?;
+        if self.registry_fields != Some(fields) {
+            let spread = Keys::for_layout(keys.namespace(), keys.shards(), 2);
+            self.sets = (0..keys.shards())
+                .flat_map(|s| [keys.shard(s).windows, spread.shard(s).windows])
+                .chain(lanes::every_lanes_windows(con, keys).await?)
+                .collect();
+            self.registry_fields = Some(fields);
+        }
+        for _ in 0..WINDOW_SETS_PER_SAMPLE.min(self.sets.len()) {
+            self.next %= self.sets.len();
+            let dropped = scripts::drop_ended_windows(con, &self.sets[self.next]).await?;
+            if dropped > 0 {
+                tracing::debug!(set = %self.sets[self.next], dropped, "ended unique windows dropped");
+            }
+            self.next += 1;
+        }
+        Ok(())
     }
 }
 

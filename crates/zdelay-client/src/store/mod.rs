@@ -11,6 +11,8 @@
 pub mod functions;
 pub mod lanes;
 pub mod scripts;
+#[cfg(test)]
+mod lua_bounds;
 
 use crate::config::{RedisConfig, redact_url};
 use crate::keys::{Keys, LAYOUT_VERSION, NEWEST_LAYOUT};
