@@ -25,6 +25,56 @@ const SCANS: &[&str] = &["SCAN", "HSCAN", "SSCAN", "ZSCAN"];
 /// (file, the call's arguments without whitespace, why it is bounded).
 #[rustfmt::skip]
 const BOUNDED_ELSEWHERE: &[(&str, &str, &str)] = &[
+    ("bench_bare_move_hash.lua", "KEYS[1],0,#ids-1",
+     "the ids the call just read with LIMIT ARGV[1]"),
+    ("bench_bare_move_raw.lua", "KEYS[1],0,#items-1",
+     "the items the call just read with LIMIT ARGV[1]"),
+    ("claim_raw.lua", "src,count,count+chunk-1,'WITHSCORES'",
+     "chunk ≤ the batch left to read"),
+    ("claim_slots.lua", "instances_key",
+     "one field per live daemon"),
+    ("claim_slots.lua", "slots_key",
+     "one field per poller slot: shards × per_shard and raw sources"),
+    ("claim_slots.lua", "plan_key",
+     "the plan: one field per live daemon, rewritten in the same call"),
+    ("drop_ended_windows.lua", "KEYS[1],0,n-1",
+     "n ≤ ARGV[1] (ENDED_WINDOWS_PER_CALL)"),
+    ("move_due.lua", "due_key,0,n-1",
+     "the n ≤ batch ids the call read with LIMIT"),
+    ("move_due.lua", "route.key,unpack(payloads)",
+     "LPUSH/RPUSH of the batch the call read"),
+    ("move_due.lua", "key,unpack(p.payloads)",
+     "LPUSH/RPUSH of the batch the call read"),
+    ("move_lane.lua", "due_key,n-1,n,'WITHSCORES'",
+     "two elements"),
+    ("move_lane.lua", "due_key,'0',n-1",
+     "the n ≤ batch ids the call read with LIMIT"),
+    ("move_lane.lua", "due_key,0,n-1",
+     "the n ≤ batch ids the call read with LIMIT"),
+    ("move_lane.lua", "list_key,unpack(payloads,1,n)",
+     "LPUSH/RPUSH of the batch the call read"),
+    ("move_lane.lua", "list_key,unpack(out_payloads)",
+     "LPUSH/RPUSH of the batch the call read"),
+    ("move_raw.lua", "src,n,n+chunk-1",
+     "chunk ≤ the batch left to read"),
+    ("move_raw.lua", "src,0,moved-1",
+     "moved ≤ the batch the call read"),
+    ("move_raw.lua", "src,0,n-1",
+     "the n ≤ batch members the call read"),
+    ("move_raw.lua", "list,unpack(chunks[c])",
+     "LPUSH/RPUSH of a chunk of the batch"),
+    ("move_raw.lua", "list,unpack(payloads)",
+     "LPUSH/RPUSH of the batch the call read"),
+    ("release_slots.lua", "KEYS[2]",
+     "one field per poller slot: shards × per_shard and raw sources"),
+    ("release_slots.lua", "KEYS[4]",
+     "the plan: one field per live daemon"),
+    ("reshard_scan.lua", "KEYS[1],ARGV[2],'COUNT',ARGV[3]",
+     "HSCAN or ZSCAN with a COUNT"),
+    ("unlock.lua", "KEYS[1]",
+     "a lock: one string"),
+    ("include/enqueue_policy.lua", "windows_key,0,math.min(ended,500+#ARGV)-1",
+     "at most 500 more than the call's arguments"),
 ];
 
 /// A `redis.call`/`redis.pcall` in a script: its file, line, command (upper case; `None`
@@ -48,7 +98,7 @@ fn without_comments(text: &str) -> String {
         while i < bytes.len() {
             let c = bytes[i];
             match quote {
-                Some(q) if c == b'\\' => i += 1,
+                Some(_) if c == b'\\' => i += 1,
                 Some(q) if c == q => quote = None,
                 Some(_) => {}
                 None if c == b'\'' || c == b'"' => quote = Some(c),
@@ -72,13 +122,19 @@ fn calls(file: &str, text: &str) -> Vec<Call> {
     for pattern in ["redis.call(", "redis.pcall("] {
         for (at, _) in code.match_indices(pattern) {
             let start = at + pattern.len();
-            let mut depth = 1;
-            let mut end = start;
+            // The closing parenthesis, outside strings ('(' .. x is common in scores).
+            let (mut depth, mut quote, mut escaped) = (1, None, false);
+            let mut end = code.len();
             for (i, c) in code[start..].char_indices() {
-                match c {
-                    '(' | '{' => depth += 1,
-                    ')' | '}' => depth -= 1,
-                    _ => {}
+                match (quote, c) {
+                    (Some(_), _) if escaped => escaped = false,
+                    (Some(_), '\\') => escaped = true,
+                    (Some(q), c) if c == q => quote = None,
+                    (Some(_), _) => {}
+                    (None, '\'' | '"') => quote = Some(c),
+                    (None, '(' | '{') => depth += 1,
+                    (None, ')' | '}') => depth -= 1,
+                    (None, _) => {}
                 }
                 if depth == 0 {
                     end = start + i;
@@ -209,4 +265,6 @@ fn the_lint_finds_what_it_must() {
     assert!(found("redis.call('GET', 'a -- b')").is_none());
     assert!(found("redis.pcall('SMEMBERS', k)").is_some());
     assert!(found("redis.call('HSCAN', k, c, 'COUNT', 10)").is_none());
+    assert!(found("redis.call('ZRANGEBYLEX', k, '(' .. a, '+', 'LIMIT', 0, 1)").is_none());
+    assert!(found("redis.call('ZRANGEBYLEX', k, '(' .. a, '+')").is_some());
 }
