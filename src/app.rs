@@ -718,20 +718,20 @@ fn report_producer_functions(outcomes: &[zdelay_client::store::functions::NodeOu
         match outcome {
             Outcome::Current => {}
             Outcome::Loaded => tracing::info!(
-                library = functions::LIBRARY, node, revision = %mine, "producer functions loaded"
+                library = functions::LIBRARY, node, this_build = %mine, "producer functions loaded"
             ),
             Outcome::Replaced(old) => tracing::info!(
-                library = functions::LIBRARY, node, revision = %mine, replaced = %old,
+                library = functions::LIBRARY, node, this_build = %mine, replaced = %old,
                 "producer functions: replaced an older revision (a daemon of an older build \
                  started, or this is the first start of this build)"
             ),
             Outcome::Newer(newer) if !again => tracing::info!(
-                library = functions::LIBRARY, node, revision = %mine, loaded = %newer,
+                library = functions::LIBRARY, node, this_build = %mine, loaded = %newer,
                 "producer functions: a newer revision is loaded and left as it is (it serves \
                  this build's producers too)"
             ),
             Outcome::OtherBody(other) if !again => tracing::error!(
-                library = functions::LIBRARY, node, revision = %mine, loaded = %other,
+                library = functions::LIBRARY, node, this_build = %mine, loaded = %other,
                 "producer functions: the loaded library has this build's revision with another \
                  body, so one of the two builds is wrong; left as it is: run one build of zdelay \
                  per revision"
@@ -740,5 +740,4 @@ fn report_producer_functions(outcomes: &[zdelay_client::store::functions::NodeOu
         }
     }
     *reported = outcomes.to_vec();
-}
 }

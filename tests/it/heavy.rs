@@ -697,7 +697,8 @@ fn slowlog_a_million_ended_unique_windows_dropped_by_enqueues() {
     let keys = Keys::new("zdelay", SHARDS);
     let shard = keys.shard_of("live");
     let windows = keys.shard(shard).windows;
-    let in_shard = |prefix: &str| {
+    let in_shard = |prefix: &'static str| {
+        let keys = &keys;
         (0..)
             .map(move |i| format!("{prefix}-{i}"))
             .filter(move |id| keys.shard_of(id) == shard)
