@@ -714,7 +714,11 @@ fn report_producer_functions(outcomes: &[zdelay_client::store::functions::NodeOu
     let mine = functions::identity();
     for (node, outcome) in outcomes {
         let again = reported.iter().any(|(n, o)| n == node && o == outcome);
-        let node = if node.is_empty() { "redis" } else { node.as_str() };
+        let node = if node.is_empty() {
+            "redis"
+        } else {
+            node.as_str()
+        };
         match outcome {
             Outcome::Current => {}
             Outcome::Loaded => tracing::info!(

@@ -732,7 +732,11 @@ fn slowlog_a_million_ended_unique_windows_dropped_by_enqueues() {
     assert_eq!(card(&mut con), ENDED + 1);
 
     let mut slowlog = Slowlog::start(&redis);
-    let unique = |id: &str| NewJob::new("a", "x").id(id).unique_for(Duration::from_secs(3600));
+    let unique = |id: &str| {
+        NewJob::new("a", "x")
+            .id(id)
+            .unique_for(Duration::from_secs(3600))
+    };
     let enqueue = |job: NewJob| {
         rt.block_on(client.enqueue(job, OnConflict::Replace))
             .expect("enqueue")
@@ -745,13 +749,20 @@ fn slowlog_a_million_ended_unique_windows_dropped_by_enqueues() {
         (1..=PER_CALL).contains(&dropped),
         "one enqueue dropped {dropped} ended windows"
     );
-    assert_eq!(enqueue(unique("live")), Enqueued::Duplicate, "a live window counts");
+    assert_eq!(
+        enqueue(unique("live")),
+        Enqueued::Duplicate,
+        "a live window counts"
+    );
     let mut calls = 2;
     for id in in_shard("probe") {
         if card(&mut con) == 1 {
             break;
         }
-        assert!(calls < 2 * ENDED / PER_CALL, "{calls} enqueues and ended windows left");
+        assert!(
+            calls < 2 * ENDED / PER_CALL,
+            "{calls} enqueues and ended windows left"
+        );
         assert_eq!(enqueue(unique(&id)), Enqueued::Added);
         calls += 1;
     }

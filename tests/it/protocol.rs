@@ -698,9 +698,9 @@ fn loaded_on(masters: &[u16]) -> Vec<Option<Loaded>> {
                     .and_then(|v| redis::from_redis_value(v.clone()).ok())
                     .unwrap_or_default()
             };
-            let revision = values
-                .get(2)
-                .map_or(1, |v| redis::from_redis_value(v.clone()).expect("a revision"));
+            let revision = values.get(2).map_or(1, |v| {
+                redis::from_redis_value(v.clone()).expect("a revision")
+            });
             Some((revision, text(3), text(1)))
         })
         .collect()
@@ -749,7 +749,9 @@ fn daemon(config: &TestConfig, claims: Option<&str>) -> Daemon {
 
 fn every_master_holds(masters: &[u16], what: &str, expected: impl Fn(&Loaded) -> bool) -> Loaded {
     let held = loaded_on(masters);
-    let first = held[0].clone().unwrap_or_else(|| panic!("{what}: no library: {held:?}"));
+    let first = held[0]
+        .clone()
+        .unwrap_or_else(|| panic!("{what}: no library: {held:?}"));
     assert!(
         held.iter().all(|h| h.as_ref() == Some(&first)) && expected(&first),
         "{what}: {held:?}"
@@ -765,7 +767,9 @@ fn no_start_order_downgrades(config: &TestConfig, masters: &[u16]) {
     let mine = zdelay::store::functions::identity();
     let is_mine = |l: &Loaded| l.0 == mine.revision && l.1 == mine.body;
     let log_says = |d: &Daemon, what: &str| {
-        wait_for(what, Duration::from_secs(15), || d.log_text().contains(what));
+        wait_for(what, Duration::from_secs(15), || {
+            d.log_text().contains(what)
+        });
     };
 
     // The previous release, then this build: replaced at its start.
@@ -780,7 +784,9 @@ fn no_start_order_downgrades(config: &TestConfig, masters: &[u16]) {
     // older body is back until this build's next sample.
     previous_release_starts(masters);
     wait_for("this build's body back", Duration::from_secs(15), || {
-        loaded_on(masters).iter().all(|l| l.as_ref().is_some_and(is_mine))
+        loaded_on(masters)
+            .iter()
+            .all(|l| l.as_ref().is_some_and(is_mine))
     });
     log_says(&this, "replaced an older revision");
 

@@ -153,19 +153,21 @@ fn held(reply: redis::RedisResult<Value>) -> redis::RedisResult<Option<Identity>
     let values = match reply {
         Ok(Value::Array(values)) => values,
         Ok(other) => {
-            return Err(unexpected(format!("zd{PROTOCOL}_protocol answered {other:?}")));
+            return Err(unexpected(format!(
+                "zd{PROTOCOL}_protocol answered {other:?}"
+            )));
         }
         Err(e) if e.to_string().contains("Function not found") => return Ok(None),
         Err(e) => return Err(e),
     };
-    let text = |i: usize| -> Option<String> { redis::from_redis_value(values.get(i)?.clone()).ok() };
+    let text =
+        |i: usize| -> Option<String> { redis::from_redis_value(values.get(i)?.clone()).ok() };
     let build = text(1).unwrap_or_default();
     // Revision 1 answers { protocol, build } only.
     let revision = match values.get(2) {
         None => 1,
-        Some(v) => redis::from_redis_value(v.clone()).map_err(|_| {
-            unexpected(format!("zd{PROTOCOL}_protocol answered revision {v:?}"))
-        })?,
+        Some(v) => redis::from_redis_value(v.clone())
+            .map_err(|_| unexpected(format!("zd{PROTOCOL}_protocol answered revision {v:?}")))?,
     };
     Ok(Some(Identity {
         revision,
@@ -273,7 +275,10 @@ mod tests {
         );
         let protocol = library().rsplit_once("redis.register_function").unwrap().1;
         assert!(
-            protocol.contains(&format!("{{ {PROTOCOL}, '{}', {REVISION}, '{BODY_SHA1}' }}", mine.build)),
+            protocol.contains(&format!(
+                "{{ {PROTOCOL}, '{}', {REVISION}, '{BODY_SHA1}' }}",
+                mine.build
+            )),
             "{protocol}"
         );
     }
@@ -292,7 +297,13 @@ mod tests {
             "a body from before revisions"
         );
         assert_eq!(
-            answer(vec![Value::Int(1), text("0.2.0"), Value::Int(7), text("ab")]).unwrap(),
+            answer(vec![
+                Value::Int(1),
+                text("0.2.0"),
+                Value::Int(7),
+                text("ab")
+            ])
+            .unwrap(),
             Some(Identity {
                 revision: 7,
                 body: "ab".into(),

@@ -7,18 +7,49 @@ use std::path::Path;
 
 /// Commands that work on a whole key or a whole range, bounded by nothing in the call.
 const WHOLE: &[&str] = &[
-    "KEYS", "HGETALL", "HKEYS", "HVALS", "SMEMBERS", "SINTER", "SUNION", "SDIFF",
-    "SINTERSTORE", "SUNIONSTORE", "SDIFFSTORE", "ZUNIONSTORE", "ZINTERSTORE", "ZDIFFSTORE",
-    "ZUNION", "ZINTER", "ZDIFF", "ZREMRANGEBYSCORE", "ZREMRANGEBYLEX", "SORT", "SORT_RO", "DEL",
-    "LREM", "FLUSHALL", "FLUSHDB",
+    "KEYS",
+    "HGETALL",
+    "HKEYS",
+    "HVALS",
+    "SMEMBERS",
+    "SINTER",
+    "SUNION",
+    "SDIFF",
+    "SINTERSTORE",
+    "SUNIONSTORE",
+    "SDIFFSTORE",
+    "ZUNIONSTORE",
+    "ZINTERSTORE",
+    "ZDIFFSTORE",
+    "ZUNION",
+    "ZINTER",
+    "ZDIFF",
+    "ZREMRANGEBYSCORE",
+    "ZREMRANGEBYLEX",
+    "SORT",
+    "SORT_RO",
+    "DEL",
+    "LREM",
+    "FLUSHALL",
+    "FLUSHDB",
 ];
 /// Score or lex ranges: bounded by a `LIMIT`.
 const NEED_LIMIT: &[&str] = &[
-    "ZRANGEBYSCORE", "ZREVRANGEBYSCORE", "ZRANGEBYLEX", "ZREVRANGEBYLEX",
+    "ZRANGEBYSCORE",
+    "ZREVRANGEBYSCORE",
+    "ZRANGEBYLEX",
+    "ZREVRANGEBYLEX",
 ];
 /// Rank ranges (`ZRANGE` also takes `BYSCORE`/`BYLEX`, then it needs a `LIMIT`): bounded when
 /// the range is one element (the same expression twice); any other range is listed.
-const RANKS: &[&str] = &["ZRANGE", "ZREVRANGE", "ZRANGESTORE", "ZREMRANGEBYRANK", "LRANGE", "LTRIM"];
+const RANKS: &[&str] = &[
+    "ZRANGE",
+    "ZREVRANGE",
+    "ZRANGESTORE",
+    "ZREMRANGEBYRANK",
+    "LRANGE",
+    "LTRIM",
+];
 /// Cursor walks: bounded by a `COUNT`.
 const SCANS: &[&str] = &["SCAN", "HSCAN", "SSCAN", "ZSCAN"];
 
@@ -164,8 +195,10 @@ fn unbounded(call: &Call) -> Option<&'static str> {
     let Some(command) = call.command.as_deref() else {
         return Some("a command that is not a literal");
     };
-    let has = |word: &str| call.args.to_uppercase().contains(&format!("'{word}'"))
-        || call.args.to_uppercase().contains(&format!("\"{word}\""));
+    let has = |word: &str| {
+        call.args.to_uppercase().contains(&format!("'{word}'"))
+            || call.args.to_uppercase().contains(&format!("\"{word}\""))
+    };
     if WHOLE.contains(&command) {
         return Some("works on the whole key or range");
     }
@@ -201,7 +234,11 @@ fn every_call() -> Vec<Call> {
             .collect();
         files.sort();
         for path in files {
-            let name = path.strip_prefix(&root).expect("under lua/").display().to_string();
+            let name = path
+                .strip_prefix(&root)
+                .expect("under lua/")
+                .display()
+                .to_string();
             let text = std::fs::read_to_string(&path).expect("a script reads");
             out.extend(calls(&name, &text));
         }
@@ -243,7 +280,10 @@ fn no_script_runs_an_unbounded_command() {
         .filter(|(_, used)| !used)
         .map(|((file, args, _), _)| format!("{file}: {args}"))
         .collect();
-    assert!(stale.is_empty(), "listed but no longer in a script: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "listed but no longer in a script: {stale:?}"
+    );
 }
 
 #[test]

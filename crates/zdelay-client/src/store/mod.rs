@@ -10,9 +10,9 @@
 
 pub mod functions;
 pub mod lanes;
-pub mod scripts;
 #[cfg(test)]
 mod lua_bounds;
+pub mod scripts;
 
 use crate::config::{RedisConfig, redact_url};
 use crate::keys::{Keys, LAYOUT_VERSION, NEWEST_LAYOUT};
@@ -576,8 +576,7 @@ impl Conn {
         match &mut self.inner {
             Inner::Single(c) => Ok(vec![(String::new(), cmd.query_async(c).await)]),
             Inner::Cluster(c) => {
-                let routing =
-                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 // Without a response policy the client answers a map of address → reply.
                 let Value::Map(replies) = c.route_command(cmd, routing).await? else {
                     return Err(redis::RedisError::from((
