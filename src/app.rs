@@ -466,6 +466,7 @@ async fn sample_stats(
 ) {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     let mut lanes = stats::LaneSampler::default();
+    let mut windows = WindowSweep::default();
     while !shutdown.is_cancelled() {
         lanes.written(wakers.take_lane_writes());
         match stats::gather_sampled(&mut con, &config, Some(&mut lanes)).await {
@@ -480,14 +481,62 @@ async fn sample_stats(
             Err(e) => crate::metrics::error_event("redis", "activity", &e),
         }
         // Producers in other languages need the library on every master, also after a
-        // restart that lost it; where the start-up load could not run it stays a warning.
-        if let Err(e) = zdelay_client::store::functions::ensure(&mut con).await {
-            tracing::debug!(error = %e, "producer functions not loaded");
+        // restart that lost it or an older daemon's start that put its older revision back;
+        // where the start-up load could not run it stays a warning.
+        match zdelay_client::store::functions::sync(&mut con).await {
+            Ok(outcomes) => report_producer_functions(&outcomes),
+            Err(e) => tracing::debug!(error = %e, "producer functions not loaded"),
+        }
+        match windows.step(&mut con, &keys).await {
+            Ok(()) => crate::metrics::recovered("redis", "unique windows"),
+            Err(e) => crate::metrics::error_event("redis", "unique windows", &e),
         }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}
             _ = shutdown.cancelled() => {}
         }
+    }
+}
+
+/// Windows sets [`WindowSweep`] looks at per stats sample.
+const WINDOW_SETS_PER_SAMPLE: usize = 16;
+
+/// Drops the unique windows that ended from every windows set in turn (each shard's of both
+/// layouts, each lane's the registry ever gave out), a few sets per stats sample. Enqueues
+/// drop some at each call; this reaches the sets no enqueue does: a removed route's lane, a
+/// retired lane, a shard after a quiet spell.
+#[derive(Default)]
+struct WindowSweep {
+    sets: Vec<String>,
+    /// The registry's field count when `sets` was made (it grows with every lane).
+    registry_fields: Option<usize>,
+    next: usize,
+}
+
+impl WindowSweep {
+    async fn step(&mut self, con: &mut Conn, keys: &Keys) -> anyhow::Result<()> {
+        use zdelay_client::store::{lanes, scripts};
+        let fields: usize = redis::cmd("HLEN")
+            .arg(keys.lanes())
+            .query_async(con)
+            .await?;
+        if self.registry_fields != Some(fields) {
+            let spread = Keys::for_layout(keys.namespace(), keys.shards(), 2);
+            self.sets = (0..keys.shards())
+                .flat_map(|s| [keys.shard(s).windows, spread.shard(s).windows])
+                .chain(lanes::every_lanes_windows(con, keys).await?)
+                .collect();
+            self.registry_fields = Some(fields);
+        }
+        for _ in 0..WINDOW_SETS_PER_SAMPLE.min(self.sets.len()) {
+            self.next %= self.sets.len();
+            let dropped = scripts::drop_ended_windows(con, &self.sets[self.next]).await?;
+            if dropped > 0 {
+                tracing::debug!(set = %self.sets[self.next], dropped, "ended unique windows dropped");
+            }
+            self.next += 1;
+        }
+        Ok(())
     }
 }
 
@@ -636,13 +685,13 @@ pub async fn watch_signals(shutdown: CancellationToken) {
 }
 
 /// Loads the producer protocol's function library (`store::functions`), for producers in
-/// other languages (`FCALL`). Not fatal: the daemon itself runs scripts, so a server without
-/// Functions (before Redis 7.0) or a user without `+function|load` only leaves those
-/// producers without it, which the warning says.
+/// other languages (`FCALL`), unless a newer revision is there. Not fatal: the daemon itself
+/// runs scripts, so a server without Functions (before Redis 7.0) or a user without
+/// `+function|load` only leaves those producers without it, which the warning says.
 async fn load_producer_functions(con: &mut store::Conn) {
     use zdelay_client::store::functions;
-    match functions::load(con).await {
-        Ok(()) => tracing::debug!(library = functions::LIBRARY, "producer functions loaded"),
+    match functions::sync(con).await {
+        Ok(outcomes) => report_producer_functions(&outcomes),
         Err(e) => tracing::warn!(
             library = functions::LIBRARY,
             error = %e,
@@ -652,4 +701,47 @@ async fn load_producer_functions(con: &mut store::Conn) {
             functions::PROTOCOL
         ),
     }
+}
+
+/// Logs what a sync of the function library found on each master: a load or a replace each
+/// time, a newer revision or another body once while it stays (the sampler syncs at every
+/// sample).
+fn report_producer_functions(outcomes: &[zdelay_client::store::functions::NodeOutcome]) {
+    use zdelay_client::store::functions::{self, Outcome};
+    static REPORTED: std::sync::Mutex<Vec<functions::NodeOutcome>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut reported = REPORTED.lock().unwrap_or_else(|p| p.into_inner());
+    let mine = functions::identity();
+    for (node, outcome) in outcomes {
+        let again = reported.iter().any(|(n, o)| n == node && o == outcome);
+        let node = if node.is_empty() {
+            "redis"
+        } else {
+            node.as_str()
+        };
+        match outcome {
+            Outcome::Current => {}
+            Outcome::Loaded => tracing::info!(
+                library = functions::LIBRARY, node, this_build = %mine, "producer functions loaded"
+            ),
+            Outcome::Replaced(old) => tracing::info!(
+                library = functions::LIBRARY, node, this_build = %mine, replaced = %old,
+                "producer functions: replaced an older revision (a daemon of an older build \
+                 started, or this is the first start of this build)"
+            ),
+            Outcome::Newer(newer) if !again => tracing::info!(
+                library = functions::LIBRARY, node, this_build = %mine, loaded = %newer,
+                "producer functions: a newer revision is loaded and left as it is (it serves \
+                 this build's producers too)"
+            ),
+            Outcome::OtherBody(other) if !again => tracing::error!(
+                library = functions::LIBRARY, node, this_build = %mine, loaded = %other,
+                "producer functions: the loaded library has this build's revision with another \
+                 body, so one of the two builds is wrong; left as it is: run one build of zdelay \
+                 per revision"
+            ),
+            Outcome::Newer(_) | Outcome::OtherBody(_) => {}
+        }
+    }
+    *reported = outcomes.to_vec();
 }

@@ -677,3 +677,102 @@ fn slowlog_reshard_of_400_one_mb_jobs() {
     assert_eq!(shard_total(&mut con, 8, "due"), 400);
     slowlog.assert_no_command_over_bound("reshard of 400 x 1 MB");
 }
+
+/// A million unique windows and debounce deadlines that ended during a quiet spell, in one
+/// shard's windows set: each enqueue with a unique window drops a bounded part of them (the
+/// oldest first), none holds Redis, enqueue after enqueue they all go, and a window that
+/// ended but is not dropped yet no longer counts (its id is enqueued, not a duplicate) while
+/// a live one does.
+#[test]
+fn slowlog_a_million_ended_unique_windows_dropped_by_enqueues() {
+    use zdelay::Enqueued;
+    use zdelay::keys::Keys;
+    let _alone = one_heavy_path_at_a_time();
+    const ENDED: i64 = 1_000_000;
+    /// What one call with one job may drop: the scripts' 500, plus its 8 arguments.
+    const PER_CALL: i64 = 508;
+    let redis = redis_server();
+    let rt = common::runtime();
+    let client = library(&rt, &redis, 1 << 20);
+    let keys = Keys::new("zdelay", SHARDS);
+    let shard = keys.shard_of("live");
+    let windows = keys.shard(shard).windows;
+    let in_shard = |prefix: &'static str| {
+        let keys = &keys;
+        (0..)
+            .map(move |i| format!("{prefix}-{i}"))
+            .filter(move |id| keys.shard_of(id) == shard)
+    };
+    let mut con = test_conn(&redis);
+    let now = local_now_ms();
+    // Ended between about 2.6 h and 1.6 h ago, the newest an id this test enqueues.
+    let newest_ended = in_shard("ended").next().expect("an id");
+    for chunk in (0..ENDED).collect::<Vec<_>>().chunks(20_000) {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&windows);
+        for i in chunk {
+            let member = match i {
+                i if *i == ENDED - 1 => format!("u:{newest_ended}"),
+                i if i % 2 == 0 => format!("u:old-{i}"),
+                i => format!("d:old-{i}"),
+            };
+            zadd.arg(now - 9_600_000 + i * 5).arg(member);
+        }
+        let _: () = zadd.query(&mut con).expect("ZADD");
+    }
+    let _: () = redis::cmd("ZADD")
+        .arg(&windows)
+        .arg(now + 3_600_000)
+        .arg("u:live")
+        .query(&mut con)
+        .unwrap();
+    let card = |con: &mut redis::Connection| -> i64 {
+        redis::cmd("ZCARD").arg(&windows).query(con).unwrap()
+    };
+    assert_eq!(card(&mut con), ENDED + 1);
+
+    let mut slowlog = Slowlog::start(&redis);
+    let unique = |id: &str| {
+        NewJob::new("a", "x")
+            .id(id)
+            .unique_for(Duration::from_secs(3600))
+    };
+    let enqueue = |job: NewJob| {
+        rt.block_on(client.enqueue(job, OnConflict::Replace))
+            .expect("enqueue")
+            .1
+    };
+    // The newest ended window is among the last to go: its id is enqueued all the same.
+    assert_eq!(enqueue(unique(&newest_ended)), Enqueued::Added);
+    let dropped = ENDED + 1 - card(&mut con);
+    assert!(
+        (1..=PER_CALL).contains(&dropped),
+        "one enqueue dropped {dropped} ended windows"
+    );
+    assert_eq!(
+        enqueue(unique("live")),
+        Enqueued::Duplicate,
+        "a live window counts"
+    );
+    let mut calls = 2;
+    for id in in_shard("probe") {
+        if card(&mut con) == 1 {
+            break;
+        }
+        assert!(
+            calls < 2 * ENDED / PER_CALL,
+            "{calls} enqueues and ended windows left"
+        );
+        assert_eq!(enqueue(unique(&id)), Enqueued::Added);
+        calls += 1;
+    }
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&windows)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(left, ["u:live"], "only the live window is left");
+    eprintln!("{ENDED} ended windows dropped by {calls} enqueues");
+    slowlog.assert_no_command_over_bound("a million ended windows");
+}

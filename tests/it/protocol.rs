@@ -102,12 +102,14 @@ fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_
     let mut con = redis.conn();
 
     // The daemon loaded the library; it says which protocol it speaks.
-    let (protocol, build): (u32, String) = redis::cmd("FCALL")
+    let (protocol, build, revision, body): (u32, String, u32, String) = redis::cmd("FCALL")
         .arg("zd1_protocol")
         .arg(0)
         .query(&mut con)
         .expect("zd1_protocol");
+    let mine = zdelay::store::functions::identity();
     assert_eq!((protocol, build.as_str()), (1, env!("CARGO_PKG_VERSION")));
+    assert_eq!((revision, &body), (mine.revision, &mine.body));
 
     // A client reads the shard count (10: not a power of two) from the schema.
     let shards: u16 = redis::cmd("HGET")
@@ -219,7 +221,7 @@ fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_
         redis::cmd("FCALL")
             .arg("zd1_protocol")
             .arg(0)
-            .query::<(u32, String)>(&mut redis.conn())
+            .query::<Vec<redis::Value>>(&mut redis.conn())
             .is_ok()
     });
 
@@ -667,4 +669,202 @@ fn schedule_requests_by_fcall_are_applied_by_a_daemon_in_order_with_their_outcom
         .query(&mut con)
         .unwrap();
     assert!(!waiting, "a refused request writes nothing");
+}
+
+/// The function library as the release before revisions (commit de46fba) loads it, byte for
+/// byte: every start of that release puts it back with `FUNCTION LOAD REPLACE`.
+const PREVIOUS_RELEASE_LIBRARY: &str = include_str!("fixtures/library_zdelay_p1_de46fba.lua");
+
+/// Samples (and library syncs) every 300 ms, so a repair is seen quickly.
+const QUICK_SAMPLES: &str = "[poller]\nstats_interval = \"300ms\"\n";
+
+/// A library as `zd1_protocol` names it: (revision, body, build).
+type Loaded = (u32, String, String);
+
+/// What each master holds (`None`: no library).
+fn loaded_on(masters: &[u16]) -> Vec<Option<Loaded>> {
+    masters
+        .iter()
+        .map(|port| {
+            let mut con = node_conn(*port);
+            let answer: redis::RedisResult<Vec<redis::Value>> = redis::cmd("FCALL_RO")
+                .arg("zd1_protocol")
+                .arg(0)
+                .query(&mut con);
+            let values = answer.ok()?;
+            let text = |i: usize| -> String {
+                values
+                    .get(i)
+                    .and_then(|v| redis::from_redis_value(v.clone()).ok())
+                    .unwrap_or_default()
+            };
+            let revision = values.get(2).map_or(1, |v| {
+                redis::from_redis_value(v.clone()).expect("a revision")
+            });
+            Some((revision, text(3), text(1)))
+        })
+        .collect()
+}
+
+fn node_conn(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+/// What the previous release's start does on every master.
+fn previous_release_starts(masters: &[u16]) {
+    for port in masters {
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(PREVIOUS_RELEASE_LIBRARY)
+            .query(&mut node_conn(*port))
+            .expect("the previous release's library loads");
+    }
+}
+
+fn flush_functions(masters: &[u16]) {
+    for port in masters {
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query(&mut node_conn(*port))
+            .unwrap();
+    }
+}
+
+/// A daemon of this build, or of this build claiming another revision or body
+/// (`library_claims=<revision>[:<mark>]`), as another release would be.
+fn daemon(config: &TestConfig, claims: Option<&str>) -> Daemon {
+    let spec = claims.map(|c| format!("library_claims={c}"));
+    let env: Vec<(&str, &str)> = spec
+        .iter()
+        .map(|s| ("ZDELAY_FAILPOINT", s.as_str()))
+        .collect();
+    let daemon = Daemon::spawn_instance_with_env(config, &env);
+    daemon.wait_ready();
+    daemon
+}
+
+fn every_master_holds(masters: &[u16], what: &str, expected: impl Fn(&Loaded) -> bool) -> Loaded {
+    let held = loaded_on(masters);
+    let first = held[0]
+        .clone()
+        .unwrap_or_else(|| panic!("{what}: no library: {held:?}"));
+    assert!(
+        held.iter().all(|h| h.as_ref() == Some(&first)) && expected(&first),
+        "{what}: {held:?}"
+    );
+    first
+}
+
+/// The previous release (its library, loaded as it loads it), this build, and this build
+/// claiming an older revision, a newer one, or another body of its own, start in every order
+/// of each pair on `masters`: no start puts an older or another body over the library, and a
+/// newer daemon puts its own back within a sample where the previous release did.
+fn no_start_order_downgrades(config: &TestConfig, masters: &[u16]) {
+    let mine = zdelay::store::functions::identity();
+    let is_mine = |l: &Loaded| l.0 == mine.revision && l.1 == mine.body;
+    let log_says = |d: &Daemon, what: &str| {
+        wait_for(what, Duration::from_secs(15), || {
+            d.log_text().contains(what)
+        });
+    };
+
+    // The previous release, then this build: replaced at its start.
+    flush_functions(masters);
+    previous_release_starts(masters);
+    let old = every_master_holds(masters, "previous release", |l| l.0 == 1);
+    assert_eq!(old.2, "0.1.0");
+    let this = daemon(config, None);
+    every_master_holds(masters, "this build after the previous release", is_mine);
+
+    // This build, then the previous release (restarting mid-rollout or on rollback): its
+    // older body is back until this build's next sample.
+    previous_release_starts(masters);
+    wait_for("this build's body back", Duration::from_secs(15), || {
+        loaded_on(masters)
+            .iter()
+            .all(|l| l.as_ref().is_some_and(is_mine))
+    });
+    log_says(&this, "replaced an older revision");
+
+    // This build, then an older revision of a later release: left alone, logged once.
+    let older = daemon(config, Some("1:older"));
+    log_says(&older, "a newer revision is loaded");
+    // This build, then another body of its revision: left alone, an error.
+    let other = daemon(config, Some(&format!("{}:other", mine.revision)));
+    log_says(&other, "with another body");
+    // A few samples of all three later, still this build's.
+    std::thread::sleep(Duration::from_secs(1));
+    every_master_holds(masters, "after older and other bodies started", is_mine);
+    for d in [&older, &other] {
+        assert_eq!(
+            d.log_text().matches("producer functions:").count(),
+            masters.len(),
+            "logged once per master, not at every sample:\n{}",
+            d.log_text()
+        );
+    }
+    drop((this, older, other));
+
+    // This build, then a newer revision: replaced; this build restarting after it leaves it.
+    let _this = daemon(config, None);
+    let newer = daemon(config, Some(&format!("{}:newer", mine.revision + 1)));
+    let next = every_master_holds(masters, "a newer revision after this build", |l| {
+        l.0 == mine.revision + 1
+    });
+    drop(_this);
+    let this = daemon(config, None);
+    log_says(&this, "a newer revision is loaded");
+    std::thread::sleep(Duration::from_secs(1));
+    every_master_holds(masters, "this build after a newer revision", |l| *l == next);
+    drop((this, newer));
+
+    // An older revision, then this build: replaced.
+    flush_functions(masters);
+    let older = daemon(config, Some("1:older"));
+    let older_body = every_master_holds(masters, "an older revision alone", |l| l.0 == 1);
+    assert_ne!(older_body.1, mine.body);
+    let this = daemon(config, None);
+    every_master_holds(masters, "this build after an older revision", is_mine);
+    drop((older, this));
+
+    // Another body of this revision, then this build: left alone, an error.
+    flush_functions(masters);
+    let other = daemon(config, Some(&format!("{}:other", mine.revision)));
+    let theirs = every_master_holds(masters, "another body alone", |l| {
+        l.0 == mine.revision && l.1 != mine.body
+    });
+    let this = daemon(config, None);
+    log_says(&this, "with another body");
+    std::thread::sleep(Duration::from_secs(1));
+    every_master_holds(masters, "another body after this build", |l| *l == theirs);
+    drop((other, this));
+}
+
+#[test]
+fn no_daemon_start_puts_an_older_or_other_library_body_back_on_one_redis() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, &format!("{QUICK_SAMPLES}{ROUTES}"));
+    no_start_order_downgrades(&config, &[redis.port]);
+}
+
+#[test]
+fn no_daemon_start_puts_an_older_or_other_library_body_back_on_a_cluster() {
+    use crate::common::RedisCluster;
+    let cluster = RedisCluster::start();
+    let config = cluster.config(4, &format!("{QUICK_SAMPLES}{ROUTES}"));
+    let masters: Vec<u16> = cluster
+        .ports
+        .iter()
+        .copied()
+        .filter(|&p| {
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut node_conn(p)).unwrap();
+            role.first() == Some(&redis::Value::BulkString(b"master".to_vec()))
+        })
+        .collect();
+    assert_eq!(masters.len(), 3, "{:?}", cluster.ports);
+    no_start_order_downgrades(&config, &masters);
 }

@@ -276,3 +276,65 @@ fn debounce_pushes_a_waiting_job_later_but_never_past_its_first_enqueue_plus_max
 fn debounce_holds_on_layout_2() {
     debounce_holds(true);
 }
+
+/// A route removed from the config keeps its lane in the registry, and no enqueue reaches its
+/// windows set (nor a spread shard's when no enqueue asks for a window): a running daemon drops
+/// the windows that ended there, in bounded calls, and keeps the live ones.
+#[test]
+fn a_removed_routes_ended_windows_are_dropped_by_the_daemon() {
+    use zdelay::keys::{Keys, LaneKeys, slot_tag};
+    let redis = RedisServer::start();
+    let two_routes = r#"
+[poller]
+stats_interval = "200ms"
+
+[[routes]]
+name = "here"
+sink = "local"
+target = "q:here"
+
+[[routes]]
+name = "gone"
+sink = "local"
+target = "q:gone"
+"#;
+    let config = TestConfig::new(&redis.url(), 4, two_routes).on_layout_2();
+    drop(Daemon::start(&config));
+    let mut con = redis.conn();
+    let entry: String = redis::cmd("HGET")
+        .arg("zdelay:lanes")
+        .arg("r:gone")
+        .query(&mut con)
+        .expect("the route's lane is registered");
+    let slot: u16 = entry.split(' ').nth(2).unwrap().parse().unwrap();
+    let lane_windows = LaneKeys::new("zdelay", slot_tag(slot), "gone").windows;
+    let shard_windows = Keys::for_layout("zdelay", 4, 2).shard(3).windows;
+    let now = redis_now_ms(&mut con);
+    for key in [&lane_windows, &shard_windows] {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(key).arg(now + 3_600_000).arg("u:live");
+        for i in 0..2_500i64 {
+            zadd.arg(now - 60_000 + i).arg(format!("u:ended-{i}"));
+        }
+        let _: () = zadd.query(&mut con).unwrap();
+    }
+
+    let (here, _gone) = two_routes.split_at(two_routes.rfind("[[routes]]").unwrap());
+    let only_here = TestConfig::new(&redis.url(), 4, here).on_layout_2();
+    let _daemon = Daemon::start(&only_here);
+    for key in [&lane_windows, &shard_windows] {
+        wait_for(
+            &format!("the ended windows of {key} dropped"),
+            Duration::from_secs(20),
+            || {
+                let left: Vec<String> = redis::cmd("ZRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(-1)
+                    .query(&mut redis.conn())
+                    .unwrap();
+                left == ["u:live"]
+            },
+        );
+    }
+}

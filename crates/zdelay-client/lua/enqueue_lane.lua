@@ -58,7 +58,7 @@ for i = 5, #ARGV, 5 do
   end
   -- A waiting or dead job keeps its payload in jobs: one lookup answers "exists".
   local exists = redis.call('HEXISTS', jobs_key, id) == 1
-  if remembered and redis.call('ZSCORE', windows_key, 'u:' .. id) then
+  if remembered and live_window('u:' .. id) then
     out[#out + 1] = 3
   elseif exists and policy == 'keep' then
     out[#out + 1] = 0
@@ -71,7 +71,7 @@ for i = 5, #ARGV, 5 do
       local waiting = exists and redis.call('ZSCORE', due_key, id)
       local deadline
       if waiting then
-        deadline = tonumber(redis.call('ZSCORE', windows_key, 'd:' .. id)) or tonumber(waiting)
+        deadline = live_window('d:' .. id) or tonumber(waiting)
       else
         deadline = now_ms + max_wait
         redis.call('ZADD', windows_key, deadline, 'd:' .. id)

@@ -23,3 +23,18 @@ pub async fn hold(name: &str) {
 
 #[cfg(not(feature = "test-failpoints"))]
 pub async fn hold(_name: &str) {}
+
+/// With `ZDELAY_FAILPOINT=<name>=VALUE`: VALUE, for a test that makes the build claim
+/// something else. Otherwise (and without the feature) `None`.
+#[cfg(feature = "test-failpoints")]
+pub fn value(name: &str) -> Option<String> {
+    let spec = std::env::var("ZDELAY_FAILPOINT").ok()?;
+    spec.strip_prefix(name)?
+        .strip_prefix('=')
+        .map(str::to_owned)
+}
+
+#[cfg(not(feature = "test-failpoints"))]
+pub fn value(_name: &str) -> Option<String> {
+    None
+}

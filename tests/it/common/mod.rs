@@ -334,9 +334,16 @@ impl Daemon {
 
     /// [`Daemon::start_instance`] without waiting for readiness (Redis may be down).
     pub fn spawn_instance(config: &TestConfig) -> Self {
+        Self::spawn_instance_with_env(config, &[])
+    }
+
+    /// [`Daemon::spawn_instance`] with extra environment variables.
+    pub fn spawn_instance_with_env(config: &TestConfig, env: &[(&str, &str)]) -> Self {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
-        let mut daemon = Self::spawn_with_env(config, &[("ZDELAY_ADMIN__LISTEN", listen.as_str())]);
+        let mut env = env.to_vec();
+        env.push(("ZDELAY_ADMIN__LISTEN", listen.as_str()));
+        let mut daemon = Self::spawn_with_env(config, &env);
         daemon.admin_port = port;
         daemon
     }

@@ -15,7 +15,19 @@ if (max_wait or unique_for) and not windows_key then
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Windows that ended are dropped here, so the set holds only live ones. A call that asks
--- for a window checks its ids against the remembered ones.
-if windows_key then redis.call('ZREMRANGEBYSCORE', windows_key, '-inf', now_ms) end
+-- Windows that ended are dropped here, the oldest first and at most 500 more than the call
+-- has arguments (after a quiet spell millions may have ended): each call drops more than it
+-- can add, and the daemons drop those of lanes no call reaches. An ended window may still be
+-- in the set, so a call reads one through live_window. A call that asks for a window checks
+-- its ids against the remembered ones.
+if windows_key then
+  local ended = redis.call('ZCOUNT', windows_key, '-inf', now_ms)
+  if ended > 0 then redis.call('ZREMRANGEBYRANK', windows_key, 0, math.min(ended, 500 + #ARGV) - 1) end
+end
+-- The end (ms) of the window `member` of the set names, while it has not ended.
+local function live_window(member)
+  local ends = tonumber(redis.call('ZSCORE', windows_key, member))
+  if ends and ends > now_ms then return ends end
+  return nil
+end
 local remembered = unique_for and redis.call('EXISTS', windows_key) == 1

@@ -7,11 +7,20 @@
 //! Functions rather than scripts: a library is stored with the data (RDB/AOF) and replicated,
 //! so it survives restarts and failovers where the script cache does not; it is named and
 //! versioned (`FUNCTION LIST`); an ACL may grant `+fcall` alone. Redis 7.0 and Valkey 7.2 have
-//! them. Every daemon loads the library at start (`FUNCTION LOAD REPLACE`, on every master of
-//! a cluster); a newer protocol version is a new library beside this one, so producers of both
-//! keep working during a rolling upgrade.
+//! them.
+//!
+//! Versions. A library has a protocol version (its name, `zdelay_p<N>`, and its functions'
+//! `zd<N>_`) and, within it, a revision ([`REVISION`]) and a body (the SHA-1 of its functions'
+//! text), which `zd<N>_protocol` answers. A revision only fixes or bounds what the protocol
+//! already promises; anything a client could come to rely on is a new protocol version, a new
+//! library loaded beside this one. A daemon ([`sync`], at start and at every stats sample, on
+//! every master) loads the library where it is missing, replaces an older revision, and leaves
+//! a newer one, or another body of its own revision, as it is: the last daemon to start never
+//! puts an older body back, and a newer daemon puts its own back within one sample where an
+//! older build (whose start always replaces) did.
 
 use super::Conn;
+use redis::Value;
 
 /// The producer protocol version this build speaks: the `zd<N>_` of the function names.
 pub const PROTOCOL: u32 = 1;
@@ -48,15 +57,61 @@ fn source_of(script: &str) -> &'static str {
         .expect("every function runs a script of lua/")
 }
 
-/// The library's source, built once: the daemons send it at start and at every stats sample.
+/// The library's revision within protocol [`PROTOCOL`]. Bump it with any change to a function's
+/// text (a script of `FUNCTIONS`, an include they use, or how the library is put together) and
+/// set `BODY_SHA1` (below) to the new body's hash: a unit test fails until both agree, so a changed
+/// body cannot ship under an old revision. Revision 1 is the body of the releases before
+/// revisions (its `zd1_protocol` answers two values).
+pub const REVISION: u32 = 2;
+
+/// The SHA-1 of the body of [`REVISION`] (the library's text before `zd<N>_protocol`).
+#[cfg(test)]
+const BODY_SHA1: &str = "cd0707811dbfda90802a91f23d4f2a767c187bf7";
+
+/// What identifies a loaded library within its protocol version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub revision: u32,
+    /// SHA-1 (hex) of the functions' text; empty for revision 1, which does not say.
+    pub body: String,
+    /// The version of the zdelay build that loaded it.
+    pub build: String,
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "revision {} (zdelay {}", self.revision, self.build)?;
+        match self.body.get(..12) {
+            Some(short) => write!(f, ", body {short})"),
+            None => write!(f, ")"),
+        }
+    }
+}
+
+/// The library this build loads: its source and identity, built once.
+struct Built {
+    source: String,
+    identity: Identity,
+}
+
+fn built() -> &'static Built {
+    static BUILT: std::sync::LazyLock<Built> = std::sync::LazyLock::new(build_library);
+    &BUILT
+}
+
+/// The library's source: the daemons send it where it is missing or older.
 pub fn library() -> &'static str {
-    static LIBRARY_SOURCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(build_library);
-    &LIBRARY_SOURCE
+    &built().source
+}
+
+/// This build's revision, body and version.
+pub fn identity() -> &'static Identity {
+    &built().identity
 }
 
 /// Every function's script body inside `function(KEYS, ARGV)`, then `zd1_protocol`, which
-/// answers the protocol version and the build that loaded it.
-fn build_library() -> String {
+/// answers the protocol version, the build that loaded it, the revision and the body's hash.
+fn build_library() -> Built {
     let mut lua = format!("#!lua name={LIBRARY}\n");
     for (i, (name, script, read_only)) in FUNCTIONS.iter().enumerate() {
         let body = source_of(script);
@@ -66,31 +121,120 @@ fn build_library() -> String {
             "redis.register_function{{function_name='{name}', callback=f{i}, flags={flags}}}\n"
         ));
     }
+    let mut revision = REVISION;
+    // Tests start this build claiming another revision, or another body under its own, to
+    // play a daemon of another release (`library_claims=<revision>[:<mark>]`).
+    if let Some(claim) = crate::failpoint::value("library_claims") {
+        let (claimed, mark) = claim.split_once(':').unwrap_or((&claim, ""));
+        revision = claimed.parse().unwrap_or(REVISION);
+        if !mark.is_empty() {
+            lua.push_str(&format!("-- {mark}\n"));
+        }
+    }
+    let body = sha1_smol::Sha1::from(&lua).digest().to_string();
+    let build = env!("CARGO_PKG_VERSION");
     lua.push_str(&format!(
         "redis.register_function{{function_name='zd{PROTOCOL}_protocol', \
-         callback=function() return {{ {PROTOCOL}, '{}' }} end, flags={{'no-writes'}}}}\n",
-        env!("CARGO_PKG_VERSION")
+         callback=function() return {{ {PROTOCOL}, '{build}', {revision}, '{body}' }} end, \
+         flags={{'no-writes'}}}}\n"
     ));
-    lua
-}
-
-/// Loads (or replaces) the library on the server, on every master of a cluster.
-pub async fn load(con: &mut Conn) -> redis::RedisResult<()> {
-    let mut cmd = redis::cmd("FUNCTION");
-    cmd.arg("LOAD").arg("REPLACE").arg(library());
-    con.on_every_primary(cmd).await.map(drop)
-}
-
-/// Loads the library where it is missing — a server restarted without persistence, a master
-/// added to the cluster — and leaves it where it is: `FUNCTION LOAD` without `REPLACE`, which a
-/// server holding the library refuses before compiling anything (about 5 µs).
-pub async fn ensure(con: &mut Conn) -> redis::RedisResult<()> {
-    let mut cmd = redis::cmd("FUNCTION");
-    cmd.arg("LOAD").arg(library());
-    match con.on_every_primary(cmd).await {
-        Err(e) if !e.to_string().contains("already exists") => Err(e),
-        _ => Ok(()),
+    Built {
+        source: lua,
+        identity: Identity {
+            revision,
+            body,
+            build: build.to_owned(),
+        },
     }
+}
+
+/// What a master holds, read from its `zd<N>_protocol` (`None`: no library).
+fn held(reply: redis::RedisResult<Value>) -> redis::RedisResult<Option<Identity>> {
+    let values = match reply {
+        Ok(Value::Array(values)) => values,
+        Ok(other) => {
+            return Err(unexpected(format!(
+                "zd{PROTOCOL}_protocol answered {other:?}"
+            )));
+        }
+        Err(e) if e.to_string().contains("Function not found") => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let text =
+        |i: usize| -> Option<String> { redis::from_redis_value(values.get(i)?.clone()).ok() };
+    let build = text(1).unwrap_or_default();
+    // Revision 1 answers { protocol, build } only.
+    let revision = match values.get(2) {
+        None => 1,
+        Some(v) => redis::from_redis_value(v.clone())
+            .map_err(|_| unexpected(format!("zd{PROTOCOL}_protocol answered revision {v:?}")))?,
+    };
+    Ok(Some(Identity {
+        revision,
+        body: text(3).unwrap_or_default(),
+        build,
+    }))
+}
+
+fn unexpected(what: String) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Client, "producer function library", what))
+}
+
+/// What [`sync`] found on one master, and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// This build's revision and body: nothing to do.
+    Current,
+    /// There was none: loaded.
+    Loaded,
+    /// An older revision (an older daemon started since): replaced with this one.
+    Replaced(Identity),
+    /// A newer revision: left as it is (it serves this build's producers too).
+    Newer(Identity),
+    /// This revision with another body, which one of the two builds got wrong: left as it is.
+    OtherBody(Identity),
+}
+
+/// A master's address (`host:port`; empty on one Redis) and what [`sync`] did there.
+pub type NodeOutcome = (String, Outcome);
+
+/// Brings the library on every master to this build's revision unless a newer one or another
+/// body of it is there: loads it where missing, replaces an older revision, and leaves the
+/// rest. One read (`FCALL_RO zd<N>_protocol`) per master when nothing is to be done.
+///
+/// Between the read and a load another daemon may load too: two loads of a missing library
+/// leave one (the second is refused), and a replace racing a newer daemon's may leave the
+/// older revision until the newer daemon's next sample puts its own back.
+pub async fn sync(con: &mut Conn) -> redis::RedisResult<Vec<NodeOutcome>> {
+    let mut read = redis::cmd("FCALL_RO");
+    read.arg(format!("zd{PROTOCOL}_protocol")).arg(0);
+    let mine = identity();
+    let mut outcomes = Vec::new();
+    for (node, reply) in con.on_each_primary(read).await? {
+        let outcome = match held(reply)? {
+            None => {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg(library());
+                match con.on_primary(&node, load).await {
+                    // Another daemon loaded it since the read: the next sample looks again.
+                    Err(e) if e.to_string().contains("already exists") => Outcome::Current,
+                    Err(e) => return Err(e),
+                    Ok(_) => Outcome::Loaded,
+                }
+            }
+            Some(found) if found.revision < mine.revision => {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg("REPLACE").arg(library());
+                con.on_primary(&node, load).await?;
+                Outcome::Replaced(found)
+            }
+            Some(found) if found.revision > mine.revision => Outcome::Newer(found),
+            Some(found) if found.body != mine.body => Outcome::OtherBody(found),
+            Some(_) => Outcome::Current,
+        };
+        outcomes.push((node, outcome));
+    }
+    Ok(outcomes)
 }
 
 #[cfg(test)]
@@ -116,5 +260,61 @@ mod tests {
             lua.matches("redis.register_function{").count(),
             FUNCTIONS.len() + 1
         );
+    }
+
+    #[test]
+    fn a_changed_body_is_a_new_revision() {
+        let mine = identity();
+        assert_eq!(mine.revision, REVISION);
+        assert_eq!(
+            mine.body, BODY_SHA1,
+            "the producer function library's body changed: bump REVISION (now {REVISION}) in \
+             crates/zdelay-client/src/store/functions.rs and set BODY_SHA1 to {}; a change a \
+             client could rely on is a new protocol version instead (docs/reference/protocol.md)",
+            mine.body
+        );
+        let protocol = library().rsplit_once("redis.register_function").unwrap().1;
+        assert!(
+            protocol.contains(&format!(
+                "{{ {PROTOCOL}, '{}', {REVISION}, '{BODY_SHA1}' }}",
+                mine.build
+            )),
+            "{protocol}"
+        );
+    }
+
+    #[test]
+    fn what_zd_protocol_answers_names_the_revision_and_body() {
+        let answer = |values: Vec<Value>| held(Ok(Value::Array(values)));
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert_eq!(
+            answer(vec![Value::Int(1), text("0.1.0")]).unwrap(),
+            Some(Identity {
+                revision: 1,
+                body: String::new(),
+                build: "0.1.0".into()
+            }),
+            "a body from before revisions"
+        );
+        assert_eq!(
+            answer(vec![
+                Value::Int(1),
+                text("0.2.0"),
+                Value::Int(7),
+                text("ab")
+            ])
+            .unwrap(),
+            Some(Identity {
+                revision: 7,
+                body: "ab".into(),
+                build: "0.2.0".into()
+            })
+        );
+        assert!(answer(vec![Value::Int(1), text("0.2.0"), text("seven")]).is_err());
+        let missing = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "Function not found",
+        ));
+        assert_eq!(held(Err(missing)).unwrap(), None);
     }
 }

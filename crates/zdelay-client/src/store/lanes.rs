@@ -50,6 +50,30 @@ pub async fn read_registry(con: &mut Conn, keys: &Keys) -> Result<Registry, Stor
     Ok(registry)
 }
 
+/// The unique windows set of every lane the registry ever gave out (`#<lane>` → `<route>
+/// <slot> live|retired`): live lanes, retired ones, and those of routes no config names any
+/// more, which no enqueue reaches to drop their ended windows. An entry zdelay would not
+/// write is skipped.
+pub async fn every_lanes_windows(con: &mut Conn, keys: &Keys) -> Result<Vec<String>, StoreError> {
+    let fields: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.lanes())
+        .query_async(con)
+        .await?;
+    Ok(fields
+        .iter()
+        .filter(|(field, _)| field.starts_with('#'))
+        .filter_map(|(_, entry)| {
+            let mut words = entry.rsplitn(3, ' ');
+            let _state = words.next()?;
+            let slot = words.next()?.parse::<u16>().ok()?;
+            let route = words.next()?;
+            (slot < keys::SLOTS).then(|| {
+                crate::keys::LaneKeys::new(keys.namespace(), keys::slot_tag(slot), route).windows
+            })
+        })
+        .collect())
+}
+
 /// Gives the local route `route` (delivering to `list` with `push`) its lane, or confirms the
 /// one it has, and writes the lane's marker. A route whose list moved to another hash slot
 /// gets a new lane; while its old lane still holds jobs that is refused, since moving them

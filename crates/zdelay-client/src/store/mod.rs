@@ -10,6 +10,8 @@
 
 pub mod functions;
 pub mod lanes;
+#[cfg(test)]
+mod lua_bounds;
 pub mod scripts;
 
 use crate::config::{RedisConfig, redact_url};
@@ -560,6 +562,60 @@ impl Conn {
                     MultipleNodeRoutingInfo::AllMasters,
                     Some(ResponsePolicy::AllSucceeded),
                 ));
+                c.route_command(cmd, routing).await
+            }
+        }
+    }
+
+    /// Runs `cmd` on every primary and answers each one's reply, error replies included, by
+    /// its address (`host:port`; empty on one Redis), for [`Conn::on_primary`] to follow up.
+    pub async fn on_each_primary(
+        &mut self,
+        cmd: Cmd,
+    ) -> redis::RedisResult<Vec<(String, redis::RedisResult<Value>)>> {
+        match &mut self.inner {
+            Inner::Single(c) => Ok(vec![(String::new(), cmd.query_async(c).await)]),
+            Inner::Cluster(c) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                // Without a response policy the client answers a map of address → reply.
+                let Value::Map(replies) = c.route_command(cmd, routing).await? else {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "a command on every master did not answer per master",
+                    )));
+                };
+                Ok(replies
+                    .into_iter()
+                    .map(|(node, reply)| {
+                        let node = redis::from_redis_value::<String>(node).unwrap_or_default();
+                        let reply = match reply {
+                            Value::ServerError(e) => Err(e.into()),
+                            other => Ok(other),
+                        };
+                        (node, reply)
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    /// Runs `cmd` on the primary at `node` as [`Conn::on_each_primary`] named it.
+    pub async fn on_primary(&mut self, node: &str, cmd: Cmd) -> redis::RedisResult<Value> {
+        match &mut self.inner {
+            Inner::Single(c) => cmd.query_async(c).await,
+            Inner::Cluster(c) => {
+                let (host, port) = node
+                    .rsplit_once(':')
+                    .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+                    .ok_or_else(|| {
+                        redis::RedisError::from((
+                            redis::ErrorKind::Client,
+                            "not a master's address",
+                            node.to_owned(),
+                        ))
+                    })?;
+                let routing =
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
                 c.route_command(cmd, routing).await
             }
         }

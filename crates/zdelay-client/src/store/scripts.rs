@@ -100,6 +100,7 @@ scripts!(
     schedule_request,
     schedule_request_done,
     unlock,
+    drop_ended_windows,
 );
 
 use ShardKey::{
@@ -1636,6 +1637,26 @@ pub async fn unlock(con: &mut Conn, lock: &str, token: &str) -> redis::RedisResu
         .invoke(con)
         .await?;
     Ok(released == 1)
+}
+
+/// The most ended windows one `drop_ended_windows` call drops (about 0.3 ms of Redis).
+pub const ENDED_WINDOWS_PER_CALL: u64 = 1_000;
+
+/// Drops the unique windows and debounce deadlines that ended from the windows set `key`,
+/// a bounded number per call, until none that ended is left; answers how many it dropped.
+pub async fn drop_ended_windows(con: &mut Conn, key: &str) -> redis::RedisResult<u64> {
+    let mut dropped = 0;
+    loop {
+        let (n, left): (u64, u64) = Call::new(&compiled::drop_ended_windows)
+            .key(key)
+            .arg(ENDED_WINDOWS_PER_CALL)
+            .invoke(con)
+            .await?;
+        dropped += n;
+        if left == 0 || n == 0 {
+            return Ok(dropped);
+        }
+    }
 }
 
 /// A score as a time in ms: `None` unless it is a whole number of ms (a score written by
