@@ -17,12 +17,12 @@ end
 -- A due time: epoch milliseconds (not one that reads as epoch seconds: 1e9 .. 1e11 ms is
 -- 1970-01-12 .. 1973-03-03, when nobody schedules a job) or +<ms> after the server's clock.
 local function due_problem(due)
-  local digits = due and string.match(due, '^%+?(%d+)$')
-  if not digits or #digits > 15 then
+  local n = due and #due or 0
+  if n == 0 or n > 16 or not string.find(due, '^%+?%d+$') or due == '+' or (n == 16 and string.byte(due) ~= 43) then
     return 'must be epoch milliseconds or +<milliseconds>, at most 15 digits'
   end
-  if string.byte(due) ~= 43 and #digits >= 10 and #digits <= 11 then
-    local ms = tonumber(digits)
+  if (n == 10 or n == 11) and string.byte(due) ~= 43 then
+    local ms = tonumber(due)
     if ms >= 1e9 and ms < 1e11 then
       return 'looks like epoch seconds: due times are epoch milliseconds'
     end
@@ -42,7 +42,7 @@ end
 
 -- A max lateness: milliseconds, or empty for none.
 local function lateness_problem(ms)
-  if not ms or (ms ~= '' and not string.find(ms, '^%d+$')) or #ms > 15 then
+  if ms ~= '' and (not ms or #ms > 15 or not string.find(ms, '^%d+$')) then
     return 'must be milliseconds (at most 15 digits) or empty'
   end
   return nil
@@ -51,6 +51,7 @@ end
 -- The conflict policy, whole: replace | keep | error | debounce <ms>, then optionally
 -- " unique <ms>" (the include enqueue_policy reads it, trusting this check).
 local function policy_problem(policy)
+  if policy == 'replace' or policy == 'keep' or policy == 'error' then return nil end
   if not policy then return 'must be replace, keep, error or debounce <ms>, then optionally unique <ms>' end
   local base = string.match(policy, '^(.-) unique %d+$') or policy
   local windows = string.match(policy, ' unique (%d+)$')
