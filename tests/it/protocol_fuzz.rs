@@ -78,16 +78,8 @@ impl Target {
         .to_vec();
         let l = LaneKeys::new("zdelay", slot_tag(4242), "emails");
         let lane = [
-            &l.due,
-            &l.jobs,
-            &l.meta,
-            &l.maxlate,
-            &l.large,
-            &l.dead,
-            &l.reasons,
-            &l.marker,
-            &l.unique,
-            &l.windows,
+            &l.due, &l.jobs, &l.meta, &l.maxlate, &l.large, &l.dead, &l.reasons, &l.marker,
+            &l.unique, &l.windows,
         ]
         .map(|s| s.to_string())
         .to_vec();
@@ -165,6 +157,9 @@ fn all_keys(t: &Target, function: &str) -> Vec<String> {
     }
 }
 
+/// A job's meta: none, or some.
+const METAS: &[&[u8]] = &[b"", br#"{"max_attempts":3}"#];
+
 const BAD_VALUES: &[&[u8]] = &[
     b"",
     b"abc",
@@ -204,7 +199,9 @@ fn good_due(rng: &mut SeededRng, now: i64) -> Bytes {
     if rng.range(0, 2) == 0 {
         format!("+{}", rng.range(0, 100_000)).into_bytes()
     } else {
-        (now + rng.range(-10_000, 3_600_000)).to_string().into_bytes()
+        (now + rng.range(-10_000, 3_600_000))
+            .to_string()
+            .into_bytes()
     }
 }
 
@@ -246,58 +243,99 @@ fn good_call(rng: &mut SeededRng, t: &Target, now: i64) -> Call {
     let shard = SHARD.to_string().into_bytes();
     let wake = b"zdelay:wake".to_vec();
     let optional = rng.range(0, 2) == 0;
-    let (function, keys, args): (&'static str, Vec<String>, Vec<Bytes>) = match (t.family, rng.range(0, 4)) {
-        (Family::Shard, 0) => {
-            let mut args = vec![shards, policy(rng, optional), wake, shard];
-            for _ in 0..rng.range(0, 4) {
-                let meta: &[u8] = *pick(rng, &[&b""[..], &br#"{"max_attempts":3}"#[..]]);
-                let mut frame = format!("zd1:emails\n{}\n", meta.len()).into_bytes();
-                frame.extend_from_slice(meta);
-                frame.extend(payload(rng));
-                args.extend([pick(rng, &t.ids).clone().into_bytes(), good_due(rng, now), frame, lateness(rng)]);
+    let (function, keys, args): (&'static str, Vec<String>, Vec<Bytes>) =
+        match (t.family, rng.range(0, 4)) {
+            (Family::Shard, 0) => {
+                let mut args = vec![shards, policy(rng, optional), wake, shard];
+                for _ in 0..rng.range(0, 4) {
+                    let meta = pick(rng, METAS).to_vec();
+                    let mut frame = format!("zd1:emails\n{}\n", meta.len()).into_bytes();
+                    frame.extend_from_slice(&meta);
+                    frame.extend(payload(rng));
+                    args.extend([
+                        pick(rng, &t.ids).clone().into_bytes(),
+                        good_due(rng, now),
+                        frame,
+                        lateness(rng),
+                    ]);
+                }
+                (
+                    "zd1_enqueue",
+                    all_keys(t, "zd1_enqueue")[..if optional { 12 } else { 10 }].to_vec(),
+                    args,
+                )
             }
-            ("zd1_enqueue", all_keys(t, "zd1_enqueue")[..if optional { 12 } else { 10 }].to_vec(), args)
-        }
-        (Family::Shard, 1) => (
-            "zd1_cancel",
-            all_keys(t, "zd1_cancel")[..if optional { 9 } else { 8 }].to_vec(),
-            vec![shards, id],
-        ),
-        (Family::Shard, 2) => (
-            "zd1_reschedule",
-            all_keys(t, "zd1_reschedule"),
-            vec![shards, id, good_due(rng, now), wake, shard],
-        ),
-        (Family::Shard, _) => ("zd1_get", all_keys(t, "zd1_get"), vec![shards, id]),
-        (Family::Lane, 0) => {
-            let mut args = vec![LANE_MARKER.into(), policy(rng, optional), wake, b"l1".to_vec()];
-            for _ in 0..rng.range(0, 4) {
-                let meta: &[u8] = *pick(rng, &[&b""[..], &br#"{"max_attempts":3}"#[..]]);
-                args.extend([pick(rng, &t.ids).clone().into_bytes(), good_due(rng, now), payload(rng), meta.to_vec(), lateness(rng)]);
+            (Family::Shard, 1) => (
+                "zd1_cancel",
+                all_keys(t, "zd1_cancel")[..if optional { 9 } else { 8 }].to_vec(),
+                vec![shards, id],
+            ),
+            (Family::Shard, 2) => (
+                "zd1_reschedule",
+                all_keys(t, "zd1_reschedule"),
+                vec![shards, id, good_due(rng, now), wake, shard],
+            ),
+            (Family::Shard, _) => ("zd1_get", all_keys(t, "zd1_get"), vec![shards, id]),
+            (Family::Lane, 0) => {
+                let mut args = vec![
+                    LANE_MARKER.into(),
+                    policy(rng, optional),
+                    wake,
+                    b"l1".to_vec(),
+                ];
+                for _ in 0..rng.range(0, 4) {
+                    let meta = pick(rng, METAS).to_vec();
+                    args.extend([
+                        pick(rng, &t.ids).clone().into_bytes(),
+                        good_due(rng, now),
+                        payload(rng),
+                        meta,
+                        lateness(rng),
+                    ]);
+                }
+                (
+                    "zd1_enqueue_lane",
+                    t.lane[..if optional { 10 } else { 8 }].to_vec(),
+                    args,
+                )
             }
-            ("zd1_enqueue_lane", t.lane[..if optional { 10 } else { 8 }].to_vec(), args)
-        }
-        (Family::Lane, 1) => (
-            "zd1_cancel_lane",
-            all_keys(t, "zd1_cancel_lane")[..if optional { 7 } else { 6 }].to_vec(),
-            vec![LANE_MARKER.into(), id],
-        ),
-        (Family::Lane, 2) => (
-            "zd1_reschedule_lane",
-            all_keys(t, "zd1_reschedule_lane"),
-            vec![LANE_MARKER.into(), id, good_due(rng, now), wake, b"l1".to_vec()],
-        ),
-        (Family::Lane, _) => ("zd1_get_lane", all_keys(t, "zd1_get_lane"), vec![LANE_MARKER.into(), id]),
-        (Family::Schedule, n) => {
-            let op = ["set", "pause", "resume", "delete"][n as usize];
-            let mut args = vec![format!("s{}", rng.range(0, 3)).into_bytes(), op.into()];
-            if op == "set" {
-                args.push(br#"{"id":"s1","dest":"emails","every":"5m","payload":"x"}"#.to_vec());
+            (Family::Lane, 1) => (
+                "zd1_cancel_lane",
+                all_keys(t, "zd1_cancel_lane")[..if optional { 7 } else { 6 }].to_vec(),
+                vec![LANE_MARKER.into(), id],
+            ),
+            (Family::Lane, 2) => (
+                "zd1_reschedule_lane",
+                all_keys(t, "zd1_reschedule_lane"),
+                vec![
+                    LANE_MARKER.into(),
+                    id,
+                    good_due(rng, now),
+                    wake,
+                    b"l1".to_vec(),
+                ],
+            ),
+            (Family::Lane, _) => (
+                "zd1_get_lane",
+                all_keys(t, "zd1_get_lane"),
+                vec![LANE_MARKER.into(), id],
+            ),
+            (Family::Schedule, n) => {
+                let op = ["set", "pause", "resume", "delete"][n as usize];
+                let mut args = vec![format!("s{}", rng.range(0, 3)).into_bytes(), op.into()];
+                if op == "set" {
+                    args.push(
+                        br#"{"id":"s1","dest":"emails","every":"5m","payload":"x"}"#.to_vec(),
+                    );
+                }
+                ("zd1_schedule", t.sched.clone(), args)
             }
-            ("zd1_schedule", t.sched.clone(), args)
-        }
-    };
-    Call { function, keys, args }
+        };
+    Call {
+        function,
+        keys,
+        args,
+    }
 }
 
 /// One to three changes a stranger might make: an argument of another kind, one missing or
@@ -330,7 +368,10 @@ fn mutate(rng: &mut SeededRng, call: &mut Call, t: &Target) {
                 // The next key of the function's list, or one past its end (of the same slot,
                 // so the call stays on one node).
                 let all = all_keys(t, call.function);
-                let next = all.get(call.keys.len()).cloned().unwrap_or_else(|| format!("{}:extra", all[0]));
+                let next = all
+                    .get(call.keys.len())
+                    .cloned()
+                    .unwrap_or_else(|| format!("{}:extra", all[0]));
                 call.keys.push(next);
             }
         }
@@ -376,14 +417,17 @@ fn lateness_ok(s: &[u8]) -> bool {
 
 /// (whether the policy is well formed, whether it needs the window keys)
 fn policy_ok(s: &[u8]) -> (bool, bool) {
-    let Ok(s) = std::str::from_utf8(s) else { return (false, false) };
+    let Ok(s) = std::str::from_utf8(s) else {
+        return (false, false);
+    };
     let (base, unique) = match s.rsplit_once(" unique ") {
         Some((base, ms)) => (base, Some(ms)),
         None => (s, None),
     };
     let unique_ok = unique.is_none_or(|ms| digits(ms.as_bytes(), 15));
     let wait = base.strip_prefix("debounce ");
-    let base_ok = matches!(base, "replace" | "keep" | "error") || wait.is_some_and(|ms| digits(ms.as_bytes(), 15));
+    let base_ok = matches!(base, "replace" | "keep" | "error")
+        || wait.is_some_and(|ms| digits(ms.as_bytes(), 15));
     (base_ok && unique_ok, wait.is_some() || unique.is_some())
 }
 
@@ -396,17 +440,27 @@ fn shard_ok(s: &[u8], shards: &[u8]) -> bool {
 }
 
 fn wake_name_ok(s: &[u8]) -> bool {
-    s.len() > 1 && s[0] == b'l' && s[1..].iter().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+    s.len() > 1
+        && s[0] == b'l'
+        && s[1..]
+            .iter()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
 }
 
 fn frame_ok(f: &[u8]) -> bool {
-    let Some(rest) = f.strip_prefix(b"zd1:") else { return false };
-    let Some(dest_end) = rest.iter().position(|&b| b == b'\n') else { return false };
+    let Some(rest) = f.strip_prefix(b"zd1:") else {
+        return false;
+    };
+    let Some(dest_end) = rest.iter().position(|&b| b == b'\n') else {
+        return false;
+    };
     if dest_end == 0 {
         return false;
     }
     let rest = &rest[dest_end + 1..];
-    let Some(len_end) = rest.iter().position(|&b| b == b'\n') else { return false };
+    let Some(len_end) = rest.iter().position(|&b| b == b'\n') else {
+        return false;
+    };
     if !digits(&rest[..len_end], 9) {
         return false;
     }
@@ -427,27 +481,33 @@ fn refused(call: &Call) -> bool {
     match call.function {
         "zd1_enqueue" => {
             let (policy_ok, needs_windows) = arg(1).map_or((false, false), policy_ok);
-            !(n == 10 || n == 12)
+            (n != 10 && n != 12)
                 || !arg(0).is_some_and(shards_ok)
                 || !policy_ok
-                || !arg(2).is_some_and(|w| !w.is_empty())
+                || arg(2).is_none_or(|w| w.is_empty())
                 || !arg(3).is_some_and(|s| shard_ok(s, &a[0]))
-                || (a.len() - 4) % 4 != 0
-                || a[4..].chunks(4).any(|j| !(id_ok(&j[0], true) && due_ok(&j[1]) && frame_ok(&j[2]) && lateness_ok(&j[3])))
+                || !(a.len() - 4).is_multiple_of(4)
+                || a[4..].chunks(4).any(|j| {
+                    !(id_ok(&j[0], true) && due_ok(&j[1]) && frame_ok(&j[2]) && lateness_ok(&j[3]))
+                })
                 || (needs_windows && n == 10)
         }
         "zd1_enqueue_lane" => {
             let (policy_ok, needs_windows) = arg(1).map_or((false, false), policy_ok);
-            !(n == 8 || n == 10)
+            (n != 8 && n != 10)
                 || a.is_empty()
                 || !policy_ok
-                || !arg(2).is_some_and(|w| !w.is_empty())
+                || arg(2).is_none_or(|w| w.is_empty())
                 || !arg(3).is_some_and(wake_name_ok)
-                || (a.len() - 4) % 5 != 0
-                || a[4..].chunks(5).any(|j| !(id_ok(&j[0], true) && due_ok(&j[1]) && meta_ok(&j[3]) && lateness_ok(&j[4])))
+                || !(a.len() - 4).is_multiple_of(5)
+                || a[4..].chunks(5).any(|j| {
+                    !(id_ok(&j[0], true) && due_ok(&j[1]) && meta_ok(&j[3]) && lateness_ok(&j[4]))
+                })
                 || (needs_windows && n == 8)
         }
-        "zd1_cancel" => !(n == 8 || n == 9) || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false),
+        "zd1_cancel" => {
+            !(n == 8 || n == 9) || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false)
+        }
         "zd1_get" => n != 7 || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false),
         "zd1_reschedule" => {
             n != 5
@@ -461,12 +521,20 @@ fn refused(call: &Call) -> bool {
         "zd1_cancel_lane" => !(n == 6 || n == 7) || a.len() != 2 || !id_ok(&a[1], false),
         "zd1_get_lane" => n != 7 || a.len() != 2 || !id_ok(&a[1], false),
         "zd1_reschedule_lane" => {
-            n != 2 || a.len() != 5 || !id_ok(&a[1], false) || !due_ok(&a[2]) || a[3].is_empty() || !wake_name_ok(&a[4])
+            n != 2
+                || a.len() != 5
+                || !id_ok(&a[1], false)
+                || !due_ok(&a[2])
+                || a[3].is_empty()
+                || !wake_name_ok(&a[4])
         }
         "zd1_schedule" => {
             let id_ok = arg(0).is_some_and(|id| {
                 let tag_ok = match id.iter().position(|&b| b == b'{') {
-                    Some(open) => id[open + 1..].iter().position(|&b| b == b'}').is_some_and(|len| len > 0),
+                    Some(open) => id[open + 1..]
+                        .iter()
+                        .position(|&b| b == b'}')
+                        .is_some_and(|len| len > 0),
                     None => !id.contains(&b'}'),
                 };
                 !id.is_empty() && id.len() <= 512 && !id.contains(&b'\n') && tag_ok
@@ -489,7 +557,11 @@ fn hget(con: &mut redis::Connection, key: &str, field: &[u8]) -> Option<Bytes> {
 }
 
 fn zscore(con: &mut redis::Connection, key: &str, member: &[u8]) -> Option<i64> {
-    let score: Option<f64> = redis::cmd("ZSCORE").arg(key).arg(member).query(con).unwrap();
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(key)
+        .arg(member)
+        .query(con)
+        .unwrap();
     score.map(|s| s as i64)
 }
 
@@ -497,7 +569,14 @@ fn fields(con: &mut redis::Connection, key: &str) -> BTreeSet<Bytes> {
     let kind: String = redis::cmd("TYPE").arg(key).query(con).unwrap();
     let cmd = match kind.as_str() {
         "hash" => "HKEYS",
-        "zset" => return redis::cmd("ZRANGE").arg(key).arg(0).arg(-1).query(con).unwrap(),
+        "zset" => {
+            return redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .query(con)
+                .unwrap();
+        }
         "set" => "SMEMBERS",
         _ => return BTreeSet::new(),
     };
@@ -511,32 +590,57 @@ fn check_no_orphan(t: &mut Target, context: &str) {
         Family::Lane => (1, vec![0, 5], vec![0, 2, 3, 4]),
         Family::Schedule => return,
     };
-    let keys = if t.family == Family::Shard { t.shard.clone() } else { t.lane.clone() };
+    let keys = if t.family == Family::Shard {
+        t.shard.clone()
+    } else {
+        t.lane.clone()
+    };
     let frames = fields(&mut t.con, &keys[jobs]);
-    let mut stated: BTreeSet<Bytes> = with_state.iter().flat_map(|&i| fields(&mut t.con, &keys[i])).collect();
+    let mut stated: BTreeSet<Bytes> = with_state
+        .iter()
+        .flat_map(|&i| fields(&mut t.con, &keys[i]))
+        .collect();
     if t.family == Family::Shard {
         stated.extend(fields(&mut t.con, &keys[7]));
     }
     for frame in &frames {
-        assert!(stated.contains(frame), "{context}: an orphan frame {:?}", String::from_utf8_lossy(frame));
+        assert!(
+            stated.contains(frame),
+            "{context}: an orphan frame {:?}",
+            String::from_utf8_lossy(frame)
+        );
     }
     for &i in &owned_by_jobs {
         for id in fields(&mut t.con, &keys[i]) {
-            assert!(frames.contains(&id), "{context}: {} holds {:?} without its frame", keys[i], String::from_utf8_lossy(&id));
+            assert!(
+                frames.contains(&id),
+                "{context}: {} holds {:?} without its frame",
+                keys[i],
+                String::from_utf8_lossy(&id)
+            );
         }
     }
 }
 
 /// An id's whole state, to compare before and after.
 fn id_state(t: &mut Target, id: &[u8]) -> Vec<Option<Bytes>> {
-    let keys = if t.family == Family::Shard { t.shard.clone() } else { t.lane.clone() };
+    let keys = if t.family == Family::Shard {
+        t.shard.clone()
+    } else {
+        t.lane.clone()
+    };
     keys.iter()
         .map(|key| {
             let kind: String = redis::cmd("TYPE").arg(key).query(&mut t.con).unwrap();
             match kind.as_str() {
                 "hash" => hget(&mut t.con, key, id),
                 "zset" => zscore(&mut t.con, key, id).map(|s| s.to_string().into_bytes()),
-                "set" => redis::cmd("SISMEMBER").arg(key).arg(id).query::<i64>(&mut t.con).ok().map(|b| vec![b as u8]),
+                "set" => redis::cmd("SISMEMBER")
+                    .arg(key)
+                    .arg(id)
+                    .query::<i64>(&mut t.con)
+                    .ok()
+                    .map(|b| vec![b as u8]),
                 _ => None,
             }
         })
@@ -547,11 +651,15 @@ fn id_state(t: &mut Target, id: &[u8]) -> Vec<Option<Bytes>> {
 fn fenced(t: &mut Target, call: &Call) -> bool {
     match t.family {
         Family::Shard => {
-            let marker: Option<Bytes> = redis::cmd("GET").arg(&t.shard[9]).query(&mut t.con).unwrap();
+            let marker: Option<Bytes> = redis::cmd("GET")
+                .arg(&t.shard[9])
+                .query(&mut t.con)
+                .unwrap();
             marker.is_some_and(|m| m != call.args[0])
         }
         Family::Lane => {
-            let marker: Option<Bytes> = redis::cmd("GET").arg(&t.lane[7]).query(&mut t.con).unwrap();
+            let marker: Option<Bytes> =
+                redis::cmd("GET").arg(&t.lane[7]).query(&mut t.con).unwrap();
             marker.is_none_or(|m| m != call.args[0])
         }
         Family::Schedule => false,
@@ -559,7 +667,15 @@ fn fenced(t: &mut Target, call: &Call) -> bool {
 }
 
 fn run_call(t: &mut Target, call: &Call, n: usize) {
-    let context = format!("call {n} {} {:?} {:?}", call.function, call.keys, call.args.iter().map(|a| String::from_utf8_lossy(&a[..a.len().min(60)]).into_owned()).collect::<Vec<_>>());
+    let context = format!(
+        "call {n} {} {:?} {:?}",
+        call.function,
+        call.keys,
+        call.args
+            .iter()
+            .map(|a| String::from_utf8_lossy(&a[..a.len().min(60)]).into_owned())
+            .collect::<Vec<_>>()
+    );
     let before = snapshot(&mut t.con);
     let refuse = refused(call);
     let fence = !refuse && fenced(t, call);
@@ -594,7 +710,15 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
             assert_eq!(code, "ZDELAY_BAD_REQUEST", "{context}: {err}");
         } else {
             assert!(
-                matches!(code.as_str(), "ZDELAY_RESHARDED" | "ZDELAY_MIGRATING" | "ZDELAY_LAYOUT" | "ZDELAY_LANE_MOVED" | "ZDELAY_LANE_CHANGED" | "ZDELAY_NO_LANE"),
+                matches!(
+                    code.as_str(),
+                    "ZDELAY_RESHARDED"
+                        | "ZDELAY_MIGRATING"
+                        | "ZDELAY_LAYOUT"
+                        | "ZDELAY_LANE_MOVED"
+                        | "ZDELAY_LANE_CHANGED"
+                        | "ZDELAY_NO_LANE"
+                ),
                 "{context}: {err}"
             );
         }
@@ -608,58 +732,118 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
             assert_eq!(codes.len(), jobs.len(), "{context}: one reply per job");
             let debounce = call.args[1].starts_with(b"debounce");
             for (j, (code, job)) in codes.iter().zip(&jobs).enumerate() {
-                let Value::Int(code) = code else { panic!("{context}: reply {code:?}") };
+                let Value::Int(code) = code else {
+                    panic!("{context}: reply {code:?}")
+                };
                 assert!([-1, 0, 1, 2, 3].contains(code), "{context}: reply {code}");
                 let id = &job[0];
                 if last[id] != j {
                     continue;
                 }
-                let keys = if t.family == Family::Shard { t.shard.clone() } else { t.lane.clone() };
+                let keys = if t.family == Family::Shard {
+                    t.shard.clone()
+                } else {
+                    t.lane.clone()
+                };
                 if matches!(code, 1 | 2) {
-                    let stored = if t.family == Family::Shard { &job[2] } else { &job[2] };
-                    assert_eq!(hget(&mut t.con, &keys[1], id).as_ref(), Some(stored), "{context}: the frame of job {}", j + 1);
-                    let due = zscore(&mut t.con, &keys[0], id).unwrap_or_else(|| panic!("{context}: job {} has no due", j + 1));
+                    // The frame (layout 1) or the payload (a lane) is the third of a job's arguments.
+                    let stored = &job[2];
+                    assert_eq!(
+                        hget(&mut t.con, &keys[1], id).as_ref(),
+                        Some(stored),
+                        "{context}: the frame of job {}",
+                        j + 1
+                    );
+                    let due = zscore(&mut t.con, &keys[0], id)
+                        .unwrap_or_else(|| panic!("{context}: job {} has no due", j + 1));
                     let (lo, hi) = match job[1].strip_prefix(b"+") {
                         Some(ms) => (t0 + number(ms), t1 + number(ms)),
                         None => (number(&job[1]), number(&job[1])),
                     };
-                    assert!(due <= hi && (debounce || due >= lo), "{context}: job {} due {due}, asked {lo}..={hi}", j + 1);
-                    let late_key = if t.family == Family::Shard { &keys[8] } else { &keys[3] };
+                    assert!(
+                        due <= hi && (debounce || due >= lo),
+                        "{context}: job {} due {due}, asked {lo}..={hi}",
+                        j + 1
+                    );
+                    let late_key = if t.family == Family::Shard {
+                        &keys[8]
+                    } else {
+                        &keys[3]
+                    };
                     let lateness = &job[arity - 1];
                     let expected = (!lateness.is_empty()).then(|| lateness.clone());
-                    assert_eq!(hget(&mut t.con, late_key, id), expected, "{context}: max lateness of job {}", j + 1);
+                    assert_eq!(
+                        hget(&mut t.con, late_key, id),
+                        expected,
+                        "{context}: max lateness of job {}",
+                        j + 1
+                    );
                     if t.family == Family::Lane {
                         let meta = &job[3];
                         let expected = (!meta.is_empty()).then(|| meta.clone());
-                        assert_eq!(hget(&mut t.con, &keys[2], id), expected, "{context}: meta of job {}", j + 1);
+                        assert_eq!(
+                            hget(&mut t.con, &keys[2], id),
+                            expected,
+                            "{context}: meta of job {}",
+                            j + 1
+                        );
                     }
                 } else if count[id] == 1 {
-                    assert_eq!(id_state(t, id), states[id], "{context}: job {} ({code}) changed its id's state", j + 1);
+                    assert_eq!(
+                        id_state(t, id),
+                        states[id],
+                        "{context}: job {} ({code}) changed its id's state",
+                        j + 1
+                    );
                 }
             }
         }
         ("zd1_cancel" | "zd1_cancel_lane", Value::Int(code)) => {
-            let keys = if t.family == Family::Shard { t.shard.clone() } else { t.lane.clone() };
+            let keys = if t.family == Family::Shard {
+                t.shard.clone()
+            } else {
+                t.lane.clone()
+            };
             let id = &call.args[1];
             match code {
                 1 => {
                     assert_eq!(zscore(&mut t.con, &keys[0], id), None, "{context}");
                     assert_eq!(hget(&mut t.con, &keys[1], id), None, "{context}");
-                    let with_unique = call.keys.len() == if t.family == Family::Shard { 9 } else { 7 };
+                    let with_unique =
+                        call.keys.len() == if t.family == Family::Shard { 9 } else { 7 };
                     if with_unique {
-                        let unique = if t.family == Family::Shard { &keys[10] } else { &keys[8] };
-                        assert_eq!(hget(&mut t.con, unique, id), None, "{context}: the cancelled job's unique entry");
+                        let unique = if t.family == Family::Shard {
+                            &keys[10]
+                        } else {
+                            &keys[8]
+                        };
+                        assert_eq!(
+                            hget(&mut t.con, unique, id),
+                            None,
+                            "{context}: the cancelled job's unique entry"
+                        );
                     }
                 }
                 0 | -1 if *code == 0 || t.family == Family::Shard => {
-                    assert!(before == after, "{context}: cancel answered {code} and wrote");
+                    assert!(
+                        before == after,
+                        "{context}: cancel answered {code} and wrote"
+                    );
                 }
                 other => panic!("{context}: reply {other}"),
             }
         }
         ("zd1_reschedule" | "zd1_reschedule_lane", Value::Int(due)) if *due >= 0 => {
-            let due_key = if t.family == Family::Shard { &t.shard[0] } else { &t.lane[0] };
-            assert_eq!(zscore(&mut t.con, &due_key.clone(), &call.args[1]), Some(*due), "{context}");
+            let due_key = if t.family == Family::Shard {
+                &t.shard[0]
+            } else {
+                &t.lane[0]
+            };
+            assert_eq!(
+                zscore(&mut t.con, &due_key.clone(), &call.args[1]),
+                Some(*due),
+                "{context}"
+            );
         }
         ("zd1_reschedule", Value::Int(-1)) | ("zd1_reschedule_lane", Value::Nil) => {
             assert!(before == after, "{context}: a reschedule of nothing wrote");
@@ -670,7 +854,10 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
         }
         ("zd1_schedule", Value::Int(seq)) => {
             assert!(*seq >= 1, "{context}");
-            assert!(hget(&mut t.con, &t.sched[0].clone(), &call.args[0]).is_some(), "{context}: the request is recorded");
+            assert!(
+                hget(&mut t.con, &t.sched[0].clone(), &call.args[0]).is_some(),
+                "{context}: the request is recorded"
+            );
         }
         _ => panic!("{context}: undocumented reply {reply:?}"),
     }
@@ -707,15 +894,32 @@ fn fuzz(t: &mut Target, seed: u64) {
         if n % 100 == 50 {
             // A fence for a while: another shard count, a reshard running, a changed lane.
             let (key, value) = match t.family {
-                Family::Shard => (&t.shard[9], *pick(&mut rng, &["4", "8", "migrating 4 8", "layout 2 0.2.0"])),
-                Family::Lane => (&t.lane[7], *pick(&mut rng, &[LANE_MARKER, "retired 9", "2 1 RPUSH q:emails"])),
+                Family::Shard => (
+                    &t.shard[9],
+                    *pick(&mut rng, &["4", "8", "migrating 4 8", "layout 2 0.2.0"]),
+                ),
+                Family::Lane => (
+                    &t.lane[7],
+                    *pick(&mut rng, &[LANE_MARKER, "retired 9", "2 1 RPUSH q:emails"]),
+                ),
                 Family::Schedule => continue,
             };
-            redis::cmd("SET").arg(key).arg(value).query::<()>(&mut t.con).unwrap();
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .query::<()>(&mut t.con)
+                .unwrap();
         } else if n % 100 == 80 {
             match t.family {
-                Family::Shard => redis::cmd("DEL").arg(&t.shard[9]).query::<()>(&mut t.con).unwrap(),
-                Family::Lane => redis::cmd("SET").arg(&t.lane[7]).arg(LANE_MARKER).query::<()>(&mut t.con).unwrap(),
+                Family::Shard => redis::cmd("DEL")
+                    .arg(&t.shard[9])
+                    .query::<()>(&mut t.con)
+                    .unwrap(),
+                Family::Lane => redis::cmd("SET")
+                    .arg(&t.lane[7])
+                    .arg(LANE_MARKER)
+                    .query::<()>(&mut t.con)
+                    .unwrap(),
                 Family::Schedule => {}
             }
         }
@@ -732,11 +936,17 @@ fn fuzz(t: &mut Target, seed: u64) {
         run_call(t, &call, n);
     }
     // The run is worth something only if both kinds of call were many.
-    assert!(refused_calls > CALLS / 4 && ok_calls > CALLS / 4, "{refused_calls} refused, {ok_calls} run");
+    assert!(
+        refused_calls > CALLS / 4 && ok_calls > CALLS / 4,
+        "{refused_calls} refused, {ok_calls} run"
+    );
 }
 
 fn fuzz_every_family(ports: &[u16]) {
-    for (i, family) in [Family::Shard, Family::Lane, Family::Schedule].into_iter().enumerate() {
+    for (i, family) in [Family::Shard, Family::Lane, Family::Schedule]
+        .into_iter()
+        .enumerate()
+    {
         let mut target = Target::on(ports, family);
         fuzz(&mut target, SEED + i as u64);
     }
@@ -761,28 +971,128 @@ fn a_malformed_job_refuses_the_whole_enqueue_and_writes_nothing_on_both_layouts(
     let redis = RedisServer::start();
     let mut shard = Target::on(&[redis.port], Family::Shard);
     let mut lane = Target::on(&[redis.port], Family::Lane);
-    redis::cmd("SET").arg(&lane.lane[7]).arg(LANE_MARKER).query::<()>(&mut lane.con).unwrap();
-    let head: Vec<Bytes> = vec!["4".into(), "replace".into(), "zdelay:wake".into(), "1".into()];
-    let good: Vec<Bytes> = vec!["j1".into(), "+1000".into(), b"zd1:emails\n0\nhello".to_vec(), "".into()];
+    redis::cmd("SET")
+        .arg(&lane.lane[7])
+        .arg(LANE_MARKER)
+        .query::<()>(&mut lane.con)
+        .unwrap();
+    let head: Vec<Bytes> = vec![
+        "4".into(),
+        "replace".into(),
+        "zdelay:wake".into(),
+        "1".into(),
+    ];
+    let good: Vec<Bytes> = vec![
+        "j1".into(),
+        "+1000".into(),
+        b"zd1:emails\n0\nhello".to_vec(),
+        "".into(),
+    ];
     let cases: Vec<(&str, Vec<Bytes>, &str)> = vec![
-        ("due abc", [&good[..], &["j2".into(), "abc".into(), good[2].clone(), "".into()]].concat(), "job 2 due"),
-        ("a missing argument", [&good[..], &["j2".into(), "+5".into(), good[2].clone()]].concat(), "job 2:"),
-        ("an empty id", [&good[..], &["".into(), "+5".into(), good[2].clone(), "".into()]].concat(), "job 2 id"),
-        ("a 300-byte id", [&good[..], &[vec![b'x'; 300], "+5".into(), good[2].clone(), "".into()]].concat(), "job 2 id"),
-        ("a ~ id", [&good[..], &["~x".into(), "+5".into(), good[2].clone(), "".into()]].concat(), "job 2 id"),
-        ("max lateness soon", [&good[..], &["j2".into(), "+5".into(), good[2].clone(), "soon".into()]].concat(), "job 2 max lateness"),
-        ("a negative due", [&good[..], &["j2".into(), "-5".into(), good[2].clone(), "".into()]].concat(), "job 2 due"),
-        ("a fractional due", [&good[..], &["j2".into(), "1.5".into(), good[2].clone(), "".into()]].concat(), "job 2 due"),
-        ("a due in seconds", [&good[..], &["j2".into(), "1764662400".into(), good[2].clone(), "".into()]].concat(), "job 2 due"),
-        ("a frame that is not one", [&good[..], &["j2".into(), "+5".into(), b"hello".to_vec(), "".into()]].concat(), "job 2 frame"),
+        (
+            "due abc",
+            [
+                &good[..],
+                &["j2".into(), "abc".into(), good[2].clone(), "".into()],
+            ]
+            .concat(),
+            "job 2 due",
+        ),
+        (
+            "a missing argument",
+            [&good[..], &["j2".into(), "+5".into(), good[2].clone()]].concat(),
+            "job 2:",
+        ),
+        (
+            "an empty id",
+            [
+                &good[..],
+                &["".into(), "+5".into(), good[2].clone(), "".into()],
+            ]
+            .concat(),
+            "job 2 id",
+        ),
+        (
+            "a 300-byte id",
+            [
+                &good[..],
+                &[vec![b'x'; 300], "+5".into(), good[2].clone(), "".into()],
+            ]
+            .concat(),
+            "job 2 id",
+        ),
+        (
+            "a ~ id",
+            [
+                &good[..],
+                &["~x".into(), "+5".into(), good[2].clone(), "".into()],
+            ]
+            .concat(),
+            "job 2 id",
+        ),
+        (
+            "max lateness soon",
+            [
+                &good[..],
+                &["j2".into(), "+5".into(), good[2].clone(), "soon".into()],
+            ]
+            .concat(),
+            "job 2 max lateness",
+        ),
+        (
+            "a negative due",
+            [
+                &good[..],
+                &["j2".into(), "-5".into(), good[2].clone(), "".into()],
+            ]
+            .concat(),
+            "job 2 due",
+        ),
+        (
+            "a fractional due",
+            [
+                &good[..],
+                &["j2".into(), "1.5".into(), good[2].clone(), "".into()],
+            ]
+            .concat(),
+            "job 2 due",
+        ),
+        (
+            "a due in seconds",
+            [
+                &good[..],
+                &["j2".into(), "1764662400".into(), good[2].clone(), "".into()],
+            ]
+            .concat(),
+            "job 2 due",
+        ),
+        (
+            "a frame that is not one",
+            [
+                &good[..],
+                &["j2".into(), "+5".into(), b"hello".to_vec(), "".into()],
+            ]
+            .concat(),
+            "job 2 frame",
+        ),
     ];
     for (what, jobs, field) in cases {
         let before = snapshot(&mut shard.con);
-        let call = Call { function: "zd1_enqueue", keys: shard.shard[..10].to_vec(), args: [&head[..], &jobs[..]].concat() };
+        let call = Call {
+            function: "zd1_enqueue",
+            keys: shard.shard[..10].to_vec(),
+            args: [&head[..], &jobs[..]].concat(),
+        };
         let err = fcall(&call).query::<Value>(&mut shard.con).expect_err(what);
         assert_eq!(err.code(), Some("ZDELAY_BAD_REQUEST"), "{what}: {err}");
-        assert!(err.detail().unwrap_or_default().starts_with(field), "{what}: {err} names {field}");
-        assert!(snapshot(&mut shard.con) == before, "layout 1, {what}: nothing written");
+        assert!(
+            err.detail().unwrap_or_default().starts_with(field),
+            "{what}: {err} names {field}"
+        );
+        assert!(
+            snapshot(&mut shard.con) == before,
+            "layout 1, {what}: nothing written"
+        );
 
         // The same jobs on a lane: payload, meta and max lateness in place of frame and max lateness.
         let lane_jobs: Vec<Bytes> = jobs
@@ -798,18 +1108,48 @@ fn a_malformed_job_refuses_the_whole_enqueue_and_writes_nothing_on_both_layouts(
         if field == "job 2 frame" {
             continue;
         }
-        let lane_head: Vec<Bytes> = vec![LANE_MARKER.into(), "replace".into(), "zdelay:wake".into(), "l1".into()];
+        let lane_head: Vec<Bytes> = vec![
+            LANE_MARKER.into(),
+            "replace".into(),
+            "zdelay:wake".into(),
+            "l1".into(),
+        ];
         let before = snapshot(&mut lane.con);
-        let call = Call { function: "zd1_enqueue_lane", keys: lane.lane[..8].to_vec(), args: [&lane_head[..], &lane_jobs[..]].concat() };
+        let call = Call {
+            function: "zd1_enqueue_lane",
+            keys: lane.lane[..8].to_vec(),
+            args: [&lane_head[..], &lane_jobs[..]].concat(),
+        };
         let err = fcall(&call).query::<Value>(&mut lane.con).expect_err(what);
         assert_eq!(err.code(), Some("ZDELAY_BAD_REQUEST"), "{what}: {err}");
-        assert!(snapshot(&mut lane.con) == before, "layout 2, {what}: nothing written");
+        assert!(
+            snapshot(&mut lane.con) == before,
+            "layout 2, {what}: nothing written"
+        );
     }
     // A marker absent (never resharded) no longer lets any shard count through.
     let before = snapshot(&mut shard.con);
-    let call = Call { function: "zd1_enqueue", keys: shard.shard[..10].to_vec(), args: [&["0".into(), "replace".into(), "zdelay:wake".into(), "1".into()][..], &good[..]].concat() };
-    let err = fcall(&call).query::<Value>(&mut shard.con).expect_err("shards 0");
-    assert!(err.detail().unwrap_or_default().starts_with("shards:"), "{err}");
+    let call = Call {
+        function: "zd1_enqueue",
+        keys: shard.shard[..10].to_vec(),
+        args: [
+            &[
+                "0".into(),
+                "replace".into(),
+                "zdelay:wake".into(),
+                "1".into(),
+            ][..],
+            &good[..],
+        ]
+        .concat(),
+    };
+    let err = fcall(&call)
+        .query::<Value>(&mut shard.con)
+        .expect_err("shards 0");
+    assert!(
+        err.detail().unwrap_or_default().starts_with("shards:"),
+        "{err}"
+    );
     assert!(snapshot(&mut shard.con) == before);
 }
 
@@ -833,50 +1173,107 @@ fn a_cancelled_window_is_not_inherited(layout_2: bool) {
     let mut con = redis.conn();
     let id = "u1";
     let frame = b"zd1:emails\n0\nhello".to_vec();
-    let (enqueue, cancel_short): (Box<dyn Fn(&str, &str) -> Call>, Call) = if layout_2 {
-        let entry: String = redis::cmd("HGET").arg("zdelay:lanes").arg("r:emails").query(&mut con).expect("the lane");
+    type Enqueue = Box<dyn Fn(&str, &str) -> Call>;
+    let (enqueue, cancel_short): (Enqueue, Call) = if layout_2 {
+        let entry: String = redis::cmd("HGET")
+            .arg("zdelay:lanes")
+            .arg("r:emails")
+            .query(&mut con)
+            .expect("the lane");
         let f: Vec<&str> = entry.split(' ').collect();
         let (lane, slot, push, list) = (f[0].to_owned(), f[2].parse::<u16>().unwrap(), f[3], f[4]);
         let k = LaneKeys::new("zdelay", slot_tag(slot), "emails");
         let marker = format!("2 {lane} {push} {list}");
-        let keys = vec![k.due, k.jobs, k.meta, k.maxlate, k.large, k.dead, k.reasons, k.marker, k.unique, k.windows];
+        let keys = vec![
+            k.due, k.jobs, k.meta, k.maxlate, k.large, k.dead, k.reasons, k.marker, k.unique,
+            k.windows,
+        ];
         let cancel = Call {
             function: "zd1_cancel_lane",
-            keys: [0, 1, 2, 3, 4, 7].iter().map(|&i| keys[i].clone()).collect(),
+            keys: [0, 1, 2, 3, 4, 7]
+                .iter()
+                .map(|&i| keys[i].clone())
+                .collect(),
             args: vec![marker.clone().into(), id.into()],
         };
         let enqueue = move |policy: &str, due: &str| Call {
             function: "zd1_enqueue_lane",
             keys: keys.clone(),
-            args: vec![marker.clone().into(), policy.into(), "zdelay:wake".into(), format!("l{lane}").into(), id.into(), due.into(), "hello".into(), "".into(), "".into()],
+            args: vec![
+                marker.clone().into(),
+                policy.into(),
+                "zdelay:wake".into(),
+                format!("l{lane}").into(),
+                id.into(),
+                due.into(),
+                "hello".into(),
+                "".into(),
+                "".into(),
+            ],
         };
         (Box::new(enqueue), cancel)
     } else {
         let keys = Keys::new("zdelay", SHARDS);
         let shard = keys.shard_of(id);
         let k = keys.shard(shard);
-        let all = vec![k.due, k.jobs, k.inflight, k.dead, k.reasons, k.scheduled, k.ready, k.ready_ids, k.max_lateness, k.layout, k.unique, k.windows];
+        let all = vec![
+            k.due,
+            k.jobs,
+            k.inflight,
+            k.dead,
+            k.reasons,
+            k.scheduled,
+            k.ready,
+            k.ready_ids,
+            k.max_lateness,
+            k.layout,
+            k.unique,
+            k.windows,
+        ];
         let cancel = Call {
             function: "zd1_cancel",
-            keys: [0, 1, 2, 5, 6, 7, 8, 9].iter().map(|&i| all[i].clone()).collect(),
+            keys: [0, 1, 2, 5, 6, 7, 8, 9]
+                .iter()
+                .map(|&i| all[i].clone())
+                .collect(),
             args: vec![SHARDS.to_string().into(), id.into()],
         };
         let enqueue = move |policy: &str, due: &str| Call {
             function: "zd1_enqueue",
             keys: all.clone(),
-            args: vec![SHARDS.to_string().into(), policy.into(), "zdelay:wake".into(), shard.to_string().into(), id.into(), due.into(), frame.clone(), "".into()],
+            args: vec![
+                SHARDS.to_string().into(),
+                policy.into(),
+                "zdelay:wake".into(),
+                shard.to_string().into(),
+                id.into(),
+                due.into(),
+                frame.clone(),
+                "".into(),
+            ],
         };
         (Box::new(enqueue), cancel)
     };
-    let codes = |call: Call, con: &mut redis::Connection| -> Vec<i64> { fcall(&call).query(con).expect("enqueue") };
-    assert_eq!(codes(enqueue("replace unique 3600000", "+3600000"), &mut con), [1]);
+    let codes = |call: Call, con: &mut redis::Connection| -> Vec<i64> {
+        fcall(&call).query(con).expect("enqueue")
+    };
+    assert_eq!(
+        codes(enqueue("replace unique 3600000", "+3600000"), &mut con),
+        [1]
+    );
     let cancelled: i64 = fcall(&cancel_short).query(&mut con).expect("cancel");
     assert_eq!(cancelled, 1);
     // A new job of the id, without a window: delivered at once.
     assert_eq!(codes(enqueue("replace", "+0"), &mut con), [1]);
-    wait_for("the job delivered", Duration::from_secs(10), || common::lrange(&mut con, "q:emails").len() == 1);
+    wait_for("the job delivered", Duration::from_secs(10), || {
+        common::lrange(&mut con, "q:emails").len() == 1
+    });
     // Not remembered: an enqueue with a window of its own is added, not a duplicate.
-    assert_eq!(codes(enqueue("replace unique 3600000", "+3600000"), &mut con), [1], "the cancelled job's window was inherited");
+    assert_eq!(
+        codes(enqueue("replace unique 3600000", "+3600000"), &mut con),
+        [1],
+        "the cancelled job's window was inherited"
+    );
 }
 
 #[test]

@@ -23,7 +23,7 @@ if not id or id == '' or #id > 512 or string.find(id, '\n', 1, true) then
   return redis.error_reply('ZDELAY_BAD_REQUEST id: must be non-empty, at most 512 bytes, without newlines')
 end
 if op ~= 'set' and op ~= 'pause' and op ~= 'resume' and op ~= 'delete' then
-  return redis.error_reply('ZDELAY_BAD_REQUEST op: must be set, pause, resume or delete, got ' .. tostring(op))
+  return bad_request('op', 'must be set, pause, resume or delete', op)
 end
 if op == 'set' and (not spec or string.sub(spec, 1, 1) ~= '{' or #spec > 16777216) then
   return redis.error_reply('ZDELAY_BAD_REQUEST schedule: set takes the schedule as one JSON object of at most 16 MiB')
