@@ -32,6 +32,7 @@ mod nats;
 mod newer_layout;
 mod producer;
 mod protocol;
+mod protocol_fuzz;
 mod raw_sinks;
 mod redis_faults;
 mod reference;

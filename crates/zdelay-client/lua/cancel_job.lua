@@ -19,6 +19,15 @@
 -- Returns: 1 cancelled; 0 not pending (already delivered, dead, or never enqueued);
 --   -1 in flight (claimed by a two-phase sink; it is being delivered)
 -- Re-run safety: yes; a second run returns 0.
+-- @include validate
+-- Every argument is checked before anything is read or written (ZDELAY_BAD_REQUEST <field>: …).
+if #KEYS ~= 8 and #KEYS ~= 9 then return bad_request('keys', keys_problem('8 or 9'), tostring(#KEYS)) end
+if #ARGV ~= 2 then return bad_request('arguments', 'this function takes 2: shards, id', tostring(#ARGV)) end
+local why = shards_problem(ARGV[1])
+if why then return bad_request('shards', why, ARGV[1]) end
+why = id_problem(ARGV[2])
+if why then return bad_request('id', why, ARGV[2]) end
+
 -- Layout fence: refuse a shard its caller computed with another shard count.
 local layout = redis.call('GET', KEYS[8])
 if layout and layout ~= ARGV[1] then

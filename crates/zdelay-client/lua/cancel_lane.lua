@@ -15,6 +15,13 @@
 -- Returns: 1 cancelled; 0 not waiting (delivered, dead, cancelled or never enqueued: nothing changed)
 -- Re-run safety: yes; a second run returns 0.
 
+-- @include validate
+-- Every argument is checked before anything is read or written (ZDELAY_BAD_REQUEST <field>: …).
+if #KEYS ~= 6 and #KEYS ~= 7 then return bad_request('keys', keys_problem('6 or 7'), tostring(#KEYS)) end
+if #ARGV ~= 2 then return bad_request('arguments', 'this function takes 2: marker, id', tostring(#ARGV)) end
+local why = id_problem(ARGV[2])
+if why then return bad_request('id', why, ARGV[2]) end
+
 local marker = redis.call('GET', KEYS[6])
 if marker ~= ARGV[1] then
   if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end

@@ -35,6 +35,39 @@
 --   ZDELAY_BAD_REQUEST policy: …, writing nothing.
 -- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
 
+-- @include validate
+-- Every argument of every job is checked before the first write: a bad one refuses the call
+-- whole (ZDELAY_BAD_REQUEST <field>: …, naming the job by its place in the call).
+if #KEYS ~= 10 and #KEYS ~= 12 then return bad_request('keys', keys_problem('10 or 12'), tostring(#KEYS)) end
+local why = shards_problem(ARGV[1])
+if why then return bad_request('shards', why, ARGV[1]) end
+why = policy_problem(ARGV[2])
+if why then return bad_request('policy', why, ARGV[2]) end
+if not ARGV[3] or ARGV[3] == '' then return bad_request('wake channel', 'must not be empty', ARGV[3]) end
+if not string.find(ARGV[4] or '', '^%d%d?%d?%d?%d?$') or tonumber(ARGV[4]) >= tonumber(ARGV[1]) then
+  return bad_request('shard', 'must be the shard number, 0 to shards - 1', ARGV[4])
+end
+if (#ARGV - 4) % 4 ~= 0 then
+  return bad_request('job ' .. math.floor((#ARGV - 4) / 4) + 1, 'each job takes 4 arguments: id, due, frame, max lateness', nil)
+end
+for i = 5, #ARGV, 4 do
+  local n = (i - 1) / 4
+  why = id_problem(ARGV[i], true)
+  if why then return bad_request('job ' .. n .. ' id', why, ARGV[i]) end
+  why = due_problem(ARGV[i + 1])
+  if why then return bad_request('job ' .. n .. ' due', why, ARGV[i + 1]) end
+  -- zd1:<dest>\n<meta length>\n<meta JSON><payload>
+  local frame = ARGV[i + 2]
+  local _, head_end, meta_len = string.find(frame, '^zd1:[^\n]+\n(%d%d?%d?%d?%d?%d?%d?%d?%d?)\n')
+  meta_len = tonumber(meta_len)
+  if not meta_len or meta_len > #frame - head_end or (meta_len > 0 and
+      (string.byte(frame, head_end + 1) ~= 123 or string.byte(frame, head_end + meta_len) ~= 125)) then
+    return bad_request('job ' .. n .. ' frame', 'must be zd1:<dest>\\n<meta length>\\n<meta JSON object><payload>', frame)
+  end
+  why = lateness_problem(ARGV[i + 3])
+  if why then return bad_request('job ' .. n .. ' max lateness', why, ARGV[i + 3]) end
+end
+
 -- Layout fence: refuse a shard its caller computed with another shard count.
 local layout = redis.call('GET', KEYS[10])
 if layout and layout ~= ARGV[1] then
@@ -106,8 +139,13 @@ for i = 5, #ARGV, 4 do
     elseif exists then
       redis.call('HDEL', max_lateness_key, id)
     end
-    -- A replacement without a window of its own keeps the earlier job's window.
-    if unique_for then redis.call('HSET', unique_key, id, unique_for) end
+    -- A replacement without a window of its own keeps the earlier job's window; a new job has
+    -- only its own (an entry a cancel without the unique key left behind goes).
+    if unique_for then
+      redis.call('HSET', unique_key, id, unique_for)
+    elseif unique_key and not exists then
+      redis.call('HDEL', unique_key, id)
+    end
     if earliest == nil or due < earliest then earliest = due end
     out[#out + 1] = exists and 2 or 1
   end

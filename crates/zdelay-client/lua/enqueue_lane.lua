@@ -31,6 +31,35 @@
 --   ZDELAY_BAD_REQUEST policy: …, writing nothing.
 -- Re-run safety: yes. "replace" rewrites the same state; "keep"/"error" see the first run's writes.
 
+-- @include validate
+-- Every argument of every job is checked before the first write: a bad one refuses the call
+-- whole (ZDELAY_BAD_REQUEST <field>: …, naming the job by its place in the call).
+if #KEYS ~= 8 and #KEYS ~= 10 then return bad_request('keys', keys_problem('8 or 10'), tostring(#KEYS)) end
+if not ARGV[1] then return bad_request('marker', 'must be the marker expected', nil) end
+local why = policy_problem(ARGV[2])
+if why then return bad_request('policy', why, ARGV[2]) end
+if not ARGV[3] or ARGV[3] == '' then return bad_request('wake channel', 'must not be empty', ARGV[3]) end
+if not string.find(ARGV[4] or '', '^l[0-9a-z]+$') then
+  return bad_request('wake name', 'must be l<lane number>', ARGV[4])
+end
+if (#ARGV - 4) % 5 ~= 0 then
+  return bad_request('job ' .. math.floor((#ARGV - 4) / 5) + 1,
+    'each job takes 5 arguments: id, due, payload, meta JSON, max lateness', nil)
+end
+for i = 5, #ARGV, 5 do
+  local n = i / 5
+  why = id_problem(ARGV[i], true)
+  if why then return bad_request('job ' .. n .. ' id', why, ARGV[i]) end
+  why = due_problem(ARGV[i + 1])
+  if why then return bad_request('job ' .. n .. ' due', why, ARGV[i + 1]) end
+  local meta = ARGV[i + 3]
+  if meta ~= '' and (string.byte(meta) ~= 123 or string.byte(meta, -1) ~= 125) then
+    return bad_request('job ' .. n .. ' meta', 'must be a JSON object or empty', meta)
+  end
+  why = lateness_problem(ARGV[i + 4])
+  if why then return bad_request('job ' .. n .. ' max lateness', why, ARGV[i + 4]) end
+end
+
 local marker = redis.call('GET', KEYS[8])
 if marker ~= ARGV[1] then
   if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
@@ -99,8 +128,13 @@ for i = 5, #ARGV, 5 do
     elseif exists then
       redis.call('HDEL', maxlate_key, id)
     end
-    -- A replacement without a window of its own keeps the earlier job's window.
-    if unique_for then redis.call('HSET', unique_key, id, unique_for) end
+    -- A replacement without a window of its own keeps the earlier job's window; a new job has
+    -- only its own (an entry a cancel without the unique key left behind goes).
+    if unique_for then
+      redis.call('HSET', unique_key, id, unique_for)
+    elseif unique_key and not exists then
+      redis.call('HDEL', unique_key, id)
+    end
     if earliest == nil or due < earliest then earliest = due end
     out[#out + 1] = exists and 2 or 1
   end

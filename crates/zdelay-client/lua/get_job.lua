@@ -16,6 +16,15 @@
 --   due later than TIME: scheduled; due: due; a ready member: due, for its sink; inflight:
 --   being delivered; dead: dead; only an envelope: orphan; nothing: unknown.
 -- Re-run safety: yes (reads only).
+-- @include validate
+-- Every argument is checked before anything is read or written (ZDELAY_BAD_REQUEST <field>: …).
+if #KEYS ~= 7 then return bad_request('keys', keys_problem('7'), tostring(#KEYS)) end
+if #ARGV ~= 2 then return bad_request('arguments', 'this function takes 2: shards, id', tostring(#ARGV)) end
+local why = shards_problem(ARGV[1])
+if why then return bad_request('shards', why, ARGV[1]) end
+why = id_problem(ARGV[2])
+if why then return bad_request('id', why, ARGV[2]) end
+
 local layout = redis.call('GET', KEYS[7])
 if layout and layout ~= ARGV[1] then
   if string.sub(layout, 1, 10) == 'migrating ' then

@@ -14,6 +14,13 @@
 --   dead score, death reason }, each absent field nil. State: due later than TIME: scheduled;
 --   due: due; dead: dead; only a payload: orphan; nothing: unknown.
 -- Re-run safety: yes (reads only).
+-- @include validate
+-- Every argument is checked before anything is read or written (ZDELAY_BAD_REQUEST <field>: …).
+if #KEYS ~= 7 then return bad_request('keys', keys_problem('7'), tostring(#KEYS)) end
+if #ARGV ~= 2 then return bad_request('arguments', 'this function takes 2: marker, id', tostring(#ARGV)) end
+local why = id_problem(ARGV[2])
+if why then return bad_request('id', why, ARGV[2]) end
+
 local marker = redis.call('GET', KEYS[7])
 if marker ~= ARGV[1] then
   if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end

@@ -16,6 +16,21 @@
 -- Returns: the new due ms, or -1 when the job is not pending (delivered, dead, in flight, unknown)
 -- Re-run safety: yes (absolute times); a relative time is measured again from the re-run.
 
+-- @include validate
+-- Every argument is checked before anything is read or written (ZDELAY_BAD_REQUEST <field>: …).
+if #KEYS ~= 5 then return bad_request('keys', keys_problem('5'), tostring(#KEYS)) end
+if #ARGV ~= 5 then return bad_request('arguments', 'this function takes 5: shards, id, new due, wake channel, shard', tostring(#ARGV)) end
+local why = shards_problem(ARGV[1])
+if why then return bad_request('shards', why, ARGV[1]) end
+why = id_problem(ARGV[2])
+if why then return bad_request('id', why, ARGV[2]) end
+why = due_problem(ARGV[3])
+if why then return bad_request('new due', why, ARGV[3]) end
+if ARGV[4] == '' then return bad_request('wake channel', 'must not be empty', ARGV[4]) end
+if not string.find(ARGV[5], '^%d%d?%d?%d?%d?$') or tonumber(ARGV[5]) >= tonumber(ARGV[1]) then
+  return bad_request('shard', 'must be the shard number, 0 to shards - 1', ARGV[5])
+end
+
 -- Layout fence: refuse a shard its caller computed with another shard count.
 local layout = redis.call('GET', KEYS[5])
 if layout and layout ~= ARGV[1] then

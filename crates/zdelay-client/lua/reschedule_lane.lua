@@ -13,6 +13,17 @@
 --   enqueued: nothing changed)
 -- Re-run safety: yes (absolute times); a relative time is measured again from the re-run.
 
+-- @include validate
+-- Every argument is checked before anything is read or written (ZDELAY_BAD_REQUEST <field>: …).
+if #KEYS ~= 2 then return bad_request('keys', keys_problem('2'), tostring(#KEYS)) end
+if #ARGV ~= 5 then return bad_request('arguments', 'this function takes 5: marker, id, new due, wake channel, wake name', tostring(#ARGV)) end
+local why = id_problem(ARGV[2])
+if why then return bad_request('id', why, ARGV[2]) end
+why = due_problem(ARGV[3])
+if why then return bad_request('new due', why, ARGV[3]) end
+if ARGV[4] == '' then return bad_request('wake channel', 'must not be empty', ARGV[4]) end
+if not string.find(ARGV[5], '^l[0-9a-z]+$') then return bad_request('wake name', 'must be l<lane number>', ARGV[5]) end
+
 local marker = redis.call('GET', KEYS[2])
 if marker ~= ARGV[1] then
   if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end

@@ -16,15 +16,25 @@
 --   its "seq" is at least this.
 -- Errors: ZDELAY_BAD_REQUEST <why>; nothing is written.
 -- Re-run safety: yes; a second run is a second request asking the same.
+-- @include validate
+if #KEYS ~= 2 then return bad_request('keys', keys_problem('2'), tostring(#KEYS)) end
 local id, op, spec = ARGV[1], ARGV[2], ARGV[3]
 if not id or id == '' or #id > 512 or string.find(id, '\n', 1, true) then
-  return redis.error_reply('ZDELAY_BAD_REQUEST id: must be non-empty, at most 512 bytes, without newlines')
+  return bad_request('id', 'must be non-empty, at most 512 bytes, without newlines', id)
 end
 if op ~= 'set' and op ~= 'pause' and op ~= 'resume' and op ~= 'delete' then
-  return redis.error_reply('ZDELAY_BAD_REQUEST op: must be set, pause, resume or delete, got ' .. tostring(op))
+  return bad_request('op', 'must be set, pause, resume or delete', op)
 end
 if op == 'set' and (not spec or string.sub(spec, 1, 1) ~= '{' or #spec > 16777216) then
-  return redis.error_reply('ZDELAY_BAD_REQUEST schedule: set takes the schedule as one JSON object of at most 16 MiB')
+  return bad_request('schedule', 'set takes the schedule as one JSON object of at most 16 MiB', spec)
+end
+if #ARGV ~= (op == 'set' and 3 or 2) then
+  return bad_request('arguments', 'set takes id, set, the schedule JSON; pause, resume and delete take id and the operation', tostring(#ARGV))
+end
+-- Braces only as a hash tag (user{42}:daily), so the schedule's occurrences land in its shard.
+local tag = string.match(id, '{([^}]*)}')
+if string.find(id, '[{}]') and (not tag or tag == '') then
+  return bad_request('id', 'braces are only allowed as a hash tag, e.g. user{42}:daily', id)
 end
 local current = redis.call('HGET', KEYS[1], id)
 local req = {}

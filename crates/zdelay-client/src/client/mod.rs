@@ -812,6 +812,11 @@ impl Client {
         check_due(job.due)?;
         let id = match job.id.take() {
             Some(id) if id.is_empty() || id.len() > 256 => return Err(ClientError::BadId(id)),
+            // Refused on layout 1 too (the functions refuse it), so a namespace upgraded to
+            // layout 2 never holds a user id in the generated form.
+            Some(id) if crate::lane_id::is_reserved(&id) => {
+                return Err(ClientError::ReservedId(id));
+            }
             Some(id) => id,
             None => self.new_id(),
         };
@@ -1184,10 +1189,8 @@ impl IdGenerator {
 /// Refuses a user-chosen id that reads as one zdelay generates in storage layout 2
 /// (`~<lane>.<stored id>`, [`crate::lane_id`]), so a user's id can never be taken for a
 /// generated one and looked for in the wrong lane.
-///
-/// Not applied yet: layout 1, the only layout written so far, accepts ids starting with `~`,
-/// and refusing them now would change what existing producers may send. Layout 2's enqueue
-/// applies it.
+/// Both layouts' enqueues apply it, as the producer protocol's functions do: a layout-1 id in
+/// that form would be taken for a generated one once the namespace is upgraded to layout 2.
 pub fn refuse_reserved_id(id: &str) -> Result<(), ClientError> {
     if crate::lane_id::is_reserved(id) {
         return Err(ClientError::ReservedId(id.to_owned()));

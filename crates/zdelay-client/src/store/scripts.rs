@@ -2990,11 +2990,9 @@ mod tests {
         }
         for (name, marker_key) in fenced {
             let (_, source) = ALL.iter().find(|(n, _)| *n == name).expect("script exists");
-            let body: Vec<&str> = source
-                .lines()
-                .skip_while(|l| l.starts_with("--") || l.is_empty())
-                .collect();
-            // The same fence word for word in every lane script, on its last key.
+            // The same fence word for word in every lane script, on its last key: the first
+            // thing that touches Redis (checks of the arguments alone may come before it).
+            let body = from_first_call(source);
             let fence = format!(
                 "local marker = redis.call('GET', KEYS[{marker_key}])
 if marker ~= ARGV[1] then
@@ -3020,6 +3018,15 @@ end"
         }
     }
 
+    /// A script's lines from the one holding its first Redis call (the fence's `local … =
+    /// redis.call('GET', …)`) on: what comes before only checks the arguments.
+    fn from_first_call(source: &str) -> Vec<&str> {
+        source
+            .lines()
+            .skip_while(|l| !l.contains("redis.call("))
+            .collect()
+    }
+
     #[test]
     fn fenced_scripts_check_their_layout_marker_first() {
         for name in FENCED {
@@ -3030,10 +3037,7 @@ end"
                 "{name}: the marker is its last shard key"
             );
             let (_, source) = ALL.iter().find(|(n, _)| n == name).expect("script exists");
-            let body: Vec<&str> = source
-                .lines()
-                .skip_while(|l| l.starts_with("--") || l.is_empty())
-                .collect();
+            let body = from_first_call(source);
             // The whole fence, word for word: a newer layout's marker (`layout …`, `upgrading
             // …`) is refused as such in every script, before anything is read or written;
             // only a settle lands while `zdelay upgrade` moves the shard (it waits for them).
