@@ -537,7 +537,8 @@ impl KafkaSink {
                         if let Probe::Unreachable(why) =
                             self.probe(&producer, PROBE_TIMEOUT.min(left)).await
                         {
-                            tracing::warn!(sink = %self.name, reason = %why,
+                            // The outage's episode already says the sink is down, once.
+                            tracing::debug!(sink = %self.name, reason = %why,
                                 "kafka broker unreachable; purging queued messages");
                             // Queued and in-flight messages resolve now with _PURGE_*
                             // (Unavailable); the producer is replaced below.

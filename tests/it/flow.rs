@@ -855,7 +855,7 @@ fn a_job_whose_meta_cannot_be_read_for_its_key_goes_to_dead_and_the_route_moves_
         max_length: None,
         per_key: Some(("tenant".to_owned(), 1000.0, 100)),
     };
-    let mut jobs = lane_jobs("bad", 1, t0, Some(r#"{"headers":{"tenant":"abc"#));
+    let mut jobs = lane_jobs("bad", 1, t0, Some(r#"{"headers":{"tenant":"b"}}"#));
     jobs.extend(lane_jobs(
         "good",
         3,
@@ -863,6 +863,14 @@ fn a_job_whose_meta_cannot_be_read_for_its_key_goes_to_dead_and_the_route_moves_
         Some(r#"{"headers":{"tenant":"a"}}"#),
     ));
     rig.enqueue(&jobs);
+    // The producer functions refuse such a meta, so it is written as an older client or a raw
+    // write could have left it.
+    let _: () = redis::cmd("HSET")
+        .arg(&rig.lane.keys.meta)
+        .arg("bad00000")
+        .arg(r#"{"headers":{"tenant":"abc"#)
+        .query(rig.raw())
+        .unwrap();
     let reply = rig.call(Some(t0), 1000, Some(&flow)).expect("move_lane");
     let mut moved = rig.take_moved();
     moved.sort();
