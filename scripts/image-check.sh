@@ -164,7 +164,7 @@ GOT=$(in_image -- --version) || die "zdelay --version failed in the image root"
 [[ $GOT == "zdelay $WANT_VERSION" ]] || die "zdelay --version says '$GOT', want 'zdelay $WANT_VERSION'"
 echo "  zdelay --version: $GOT"
 
-(in_image -- check-config) >"$WORK/check.json" 2>"$WORK/check.err" ||
+(in_image -- check-config -o json) >"$WORK/check.json" 2>"$WORK/check.err" ||
     { cat "$WORK/check.err"; die "zdelay check-config fails with the shipped config"; }
 grep -q "config OK (/etc/zdelay/zdelay.toml)" "$WORK/check.err" ||
     die "check-config did not read /etc/zdelay/zdelay.toml: $(cat "$WORK/check.err")"
