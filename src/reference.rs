@@ -69,7 +69,8 @@ pub fn update(
 
 fn header(source: &str) -> String {
     format!(
-        "<!-- Generated from {source} by `{REGENERATE}`: edit the source, not this page. -->\n\n"
+        "<!-- Generated from {source} in the code by `{REGENERATE}` (CONTRIBUTING.md): edit the \
+         code, not this page. -->\n\n"
     )
 }
 
@@ -181,7 +182,7 @@ pub fn config_page(schema: &Value) -> String {
             ),
         }
     }
-    let mut out = header("the config types in `crates/zdelay-client/src/config.rs`");
+    let mut out = header("the config types");
     out.push_str(CONFIG_INTRO);
     for section in sections {
         let _ = write!(out, "\n## `{}`\n\n", section.title);
@@ -670,7 +671,7 @@ fn value_len(text: &str) -> Option<usize> {
 
 /// The metrics reference page: one table row per metric.
 pub fn metrics_page(metrics: &[Metric]) -> String {
-    let mut out = header("`METRICS` in `src/metrics.rs`");
+    let mut out = header("the metrics table");
     out.push_str(
         "# Metrics reference\n\n\
          Every metric `GET /metrics` exports (Prometheus text format), on `admin.listen` and on \
@@ -716,7 +717,7 @@ pub fn metrics_page(metrics: &[Metric]) -> String {
 /// arguments.
 pub fn cli_page(mut cli: clap::Command) -> String {
     cli.build();
-    let mut out = header("the clap definitions in `src/cli/`");
+    let mut out = header("the command-line definitions");
     out.push_str(
         "# Command-line reference\n\n\
          `zdelay <command> --help` prints the same; `zdelay man` prints a manual page. The \
