@@ -208,7 +208,7 @@ fn without_cluster_slots_the_error_says_what_is_missing() {
 const PRODUCER_RULES: &str = "%R~zdelay:schema ~{zdelay:*}:due ~{zdelay:*}:jobs \
     ~{zdelay:*}:inflight ~{zdelay:*}:dead ~{zdelay:*}:reasons ~{zdelay:*}:scheduled \
     ~{zdelay:*}:ready ~{zdelay:*}:ready_ids ~{zdelay:*}:max_lateness ~{zdelay:*}:shards \
-    ~{raw}:src &zdelay:wake +ping +info +time +script|load +evalsha +get +hget +hexists +hset \
+    ~{zdelay:*}:unique ~{raw}:src &zdelay:wake +ping +info +time +script|load +evalsha +get +hget +hexists +hset \
     +hdel +zadd +zrange +zscore +zrem +publish";
 
 fn words(text: &str) -> Vec<&str> {

@@ -19,16 +19,62 @@ const CALLS: usize = 2000;
 const SEED: u64 = 0x2907_f022;
 
 type Bytes = Vec<u8>;
-type Snapshot = BTreeMap<Bytes, Bytes>;
+type Snapshot = BTreeMap<Bytes, Vec<Bytes>>;
 
 /// Every key of the node with its DUMP.
+/// Every key's value in a canonical form (DUMP is not one: a read may advance a big hash's
+/// incremental rehash and so the order DUMP writes its fields in).
 fn snapshot(con: &mut redis::Connection) -> Snapshot {
     let keys: Vec<Bytes> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
     keys.into_iter()
         .map(|key| {
-            let dump: Bytes = redis::cmd("DUMP").arg(&key).query(con).expect("DUMP");
-            (key, dump)
+            let kind: String = redis::cmd("TYPE").arg(&key).query(con).expect("TYPE");
+            let mut items: Vec<Bytes> = match kind.as_str() {
+                "string" => vec![redis::cmd("GET").arg(&key).query(con).expect("GET")],
+                "list" => redis::cmd("LRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .query(con)
+                    .expect("LRANGE"),
+                "zset" => redis::cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query(con)
+                    .expect("ZRANGE"),
+                "hash" => {
+                    let pairs: Vec<(Bytes, Bytes)> =
+                        redis::cmd("HGETALL").arg(&key).query(con).expect("HGETALL");
+                    let sorted: BTreeMap<Bytes, Bytes> = pairs.into_iter().collect();
+                    sorted.into_iter().flat_map(|(f, v)| [f, v]).collect()
+                }
+                "set" => {
+                    let mut members: Vec<Bytes> = redis::cmd("SMEMBERS")
+                        .arg(&key)
+                        .query(con)
+                        .expect("SMEMBERS");
+                    members.sort();
+                    members
+                }
+                other => panic!("{other} key in a producer's keyspace"),
+            };
+            items.insert(0, kind.into_bytes());
+            (key, items)
         })
+        .collect()
+}
+
+/// The keys whose value differs between two snapshots (for failure messages).
+fn changed_keys(before: &Snapshot, after: &Snapshot) -> Vec<String> {
+    before
+        .keys()
+        .chain(after.keys())
+        .filter(|k| before.get(*k) != after.get(*k))
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
         .collect()
 }
 
@@ -505,9 +551,7 @@ fn refused(call: &Call) -> bool {
                 })
                 || (needs_windows && n == 8)
         }
-        "zd1_cancel" => {
-            !(n == 8 || n == 9) || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false)
-        }
+        "zd1_cancel" => n != 9 || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false),
         "zd1_get" => n != 7 || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false),
         "zd1_reschedule" => {
             n != 5
@@ -518,7 +562,7 @@ fn refused(call: &Call) -> bool {
                 || a[3].is_empty()
                 || !shard_ok(&a[4], &a[0])
         }
-        "zd1_cancel_lane" => !(n == 6 || n == 7) || a.len() != 2 || !id_ok(&a[1], false),
+        "zd1_cancel_lane" => n != 7 || a.len() != 2 || !id_ok(&a[1], false),
         "zd1_get_lane" => n != 7 || a.len() != 2 || !id_ok(&a[1], false),
         "zd1_reschedule_lane" => {
             n != 2
@@ -850,7 +894,11 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
         }
         ("zd1_get" | "zd1_get_lane", Value::Array(fields)) => {
             assert_eq!(fields.len(), 8, "{context}");
-            assert!(before == after, "{context}: a read wrote");
+            assert!(
+                before == after,
+                "{context}: a read wrote {:?}",
+                changed_keys(&before, &after)
+            );
         }
         ("zd1_schedule", Value::Int(seq)) => {
             assert!(*seq >= 1, "{context}");
@@ -1160,9 +1208,10 @@ sink = "local"
 target = "q:emails"
 "#;
 
-/// A job cancelled without the `<unique>` key (a producer whose ACL lacks it) leaves its
-/// window entry; a later job of the id enqueued with the unique keys but without a window must
-/// not inherit it: delivered, it is not remembered, and an enqueue with `unique` adds it.
+/// A cancel must take the `<unique>` key, so a cancelled job's window always goes with it: a
+/// cancel without it is refused and changes nothing, and a later job of the id enqueued by a
+/// call without the unique keys is not remembered once delivered (an enqueue with `unique`
+/// adds it).
 fn a_cancelled_window_is_not_inherited(layout_2: bool) {
     let redis = RedisServer::start();
     let mut config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
@@ -1173,8 +1222,8 @@ fn a_cancelled_window_is_not_inherited(layout_2: bool) {
     let mut con = redis.conn();
     let id = "u1";
     let frame = b"zd1:emails\n0\nhello".to_vec();
-    type Enqueue = Box<dyn Fn(&str, &str) -> Call>;
-    let (enqueue, cancel_short): (Enqueue, Call) = if layout_2 {
+    type Enqueue = Box<dyn Fn(&str, &str, bool) -> Call>;
+    let (enqueue, cancel_short, cancel): (Enqueue, Call, Call) = if layout_2 {
         let entry: String = redis::cmd("HGET")
             .arg("zdelay:lanes")
             .arg("r:emails")
@@ -1188,17 +1237,18 @@ fn a_cancelled_window_is_not_inherited(layout_2: bool) {
             k.due, k.jobs, k.meta, k.maxlate, k.large, k.dead, k.reasons, k.marker, k.unique,
             k.windows,
         ];
-        let cancel = Call {
+        let cancel_with = |with: &[usize]| Call {
             function: "zd1_cancel_lane",
-            keys: [0, 1, 2, 3, 4, 7]
-                .iter()
-                .map(|&i| keys[i].clone())
-                .collect(),
+            keys: with.iter().map(|&i| keys[i].clone()).collect(),
             args: vec![marker.clone().into(), id.into()],
         };
-        let enqueue = move |policy: &str, due: &str| Call {
+        let (cancel_short, cancel) = (
+            cancel_with(&[0, 1, 2, 3, 4, 7]),
+            cancel_with(&[0, 1, 2, 3, 4, 7, 8]),
+        );
+        let enqueue = move |policy: &str, due: &str, windows: bool| Call {
             function: "zd1_enqueue_lane",
-            keys: keys.clone(),
+            keys: keys[..if windows { 10 } else { 8 }].to_vec(),
             args: vec![
                 marker.clone().into(),
                 policy.into(),
@@ -1211,7 +1261,7 @@ fn a_cancelled_window_is_not_inherited(layout_2: bool) {
                 "".into(),
             ],
         };
-        (Box::new(enqueue), cancel)
+        (Box::new(enqueue), cancel_short, cancel)
     } else {
         let keys = Keys::new("zdelay", SHARDS);
         let shard = keys.shard_of(id);
@@ -1230,17 +1280,18 @@ fn a_cancelled_window_is_not_inherited(layout_2: bool) {
             k.unique,
             k.windows,
         ];
-        let cancel = Call {
+        let cancel_with = |with: &[usize]| Call {
             function: "zd1_cancel",
-            keys: [0, 1, 2, 5, 6, 7, 8, 9]
-                .iter()
-                .map(|&i| all[i].clone())
-                .collect(),
+            keys: with.iter().map(|&i| all[i].clone()).collect(),
             args: vec![SHARDS.to_string().into(), id.into()],
         };
-        let enqueue = move |policy: &str, due: &str| Call {
+        let (cancel_short, cancel) = (
+            cancel_with(&[0, 1, 2, 5, 6, 7, 8, 9]),
+            cancel_with(&[0, 1, 2, 5, 6, 7, 8, 9, 10]),
+        );
+        let enqueue = move |policy: &str, due: &str, windows: bool| Call {
             function: "zd1_enqueue",
-            keys: all.clone(),
+            keys: all[..if windows { 12 } else { 10 }].to_vec(),
             args: vec![
                 SHARDS.to_string().into(),
                 policy.into(),
@@ -1252,36 +1303,57 @@ fn a_cancelled_window_is_not_inherited(layout_2: bool) {
                 "".into(),
             ],
         };
-        (Box::new(enqueue), cancel)
+        (Box::new(enqueue), cancel_short, cancel)
     };
     let codes = |call: Call, con: &mut redis::Connection| -> Vec<i64> {
         fcall(&call).query(con).expect("enqueue")
     };
     assert_eq!(
-        codes(enqueue("replace unique 3600000", "+3600000"), &mut con),
+        codes(
+            enqueue("replace unique 3600000", "+3600000", true),
+            &mut con
+        ),
         [1]
     );
-    let cancelled: i64 = fcall(&cancel_short).query(&mut con).expect("cancel");
+    let refused = fcall(&cancel_short)
+        .query::<i64>(&mut con)
+        .expect_err("a cancel without <unique> is refused");
+    assert_eq!(refused.code(), Some("ZDELAY_BAD_REQUEST"), "{refused}");
+    assert!(
+        refused.detail().unwrap_or_default().starts_with("keys"),
+        "{refused}"
+    );
+    let due_key = &cancel.keys[0];
+    let waiting: Option<f64> = redis::cmd("ZSCORE")
+        .arg(due_key)
+        .arg(id)
+        .query(&mut con)
+        .expect("zscore");
+    assert!(waiting.is_some(), "the refused cancel changed nothing");
+    let cancelled: i64 = fcall(&cancel).query(&mut con).expect("cancel");
     assert_eq!(cancelled, 1);
-    // A new job of the id, without a window: delivered at once.
-    assert_eq!(codes(enqueue("replace", "+0"), &mut con), [1]);
+    // A new job of the id, enqueued by a call without the unique keys: delivered at once.
+    assert_eq!(codes(enqueue("replace", "+0", false), &mut con), [1]);
     wait_for("the job delivered", Duration::from_secs(10), || {
         common::lrange(&mut con, "q:emails").len() == 1
     });
     // Not remembered: an enqueue with a window of its own is added, not a duplicate.
     assert_eq!(
-        codes(enqueue("replace unique 3600000", "+3600000"), &mut con),
+        codes(
+            enqueue("replace unique 3600000", "+3600000", true),
+            &mut con
+        ),
         [1],
         "the cancelled job's window was inherited"
     );
 }
 
 #[test]
-fn a_job_cancelled_without_the_unique_key_leaves_no_window_to_a_later_job_of_its_id() {
+fn a_cancel_without_the_unique_key_is_refused_and_no_later_job_inherits_a_window() {
     a_cancelled_window_is_not_inherited(false);
 }
 
 #[test]
-fn a_lane_job_cancelled_without_the_unique_key_leaves_no_window_to_a_later_job_of_its_id() {
+fn a_lane_cancel_without_the_unique_key_is_refused_and_no_later_job_inherits_a_window() {
     a_cancelled_window_is_not_inherited(true);
 }

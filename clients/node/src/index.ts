@@ -433,15 +433,10 @@ function ok(reply: unknown): any {
 function* cancelOp(ns: Namespace, id: string, dest?: string): Op<"cancelled" | "not_pending" | "in_flight"> {
   const [lane, stored] = yield* place(ns, id, dest);
   if (stored === null) return "not_pending";
-  let code: unknown;
-  // With the job's unique-window key, so its window entry goes too; a user whose ACL
-  // predates that key cancels without it.
-  for (const window of [["unique"], []]) {
-    [code] = lane
-      ? yield [["FCALL", "zd1_cancel_lane", 6 + window.length, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "lane", ...window), marker(lane), stored]]
-      : yield [["FCALL", "zd1_cancel", 8 + window.length, ...shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", ...window), ns.shards, id]];
-    if (!(code instanceof Error && code.message.startsWith("NOPERM"))) break;
-  }
+  // With the job's unique-window key (the functions require it): its window entry goes too.
+  const [code] = lane
+    ? yield [["FCALL", "zd1_cancel_lane", 7, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "lane", "unique"), marker(lane), stored]]
+    : yield [["FCALL", "zd1_cancel", 9, ...shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique"), ns.shards, id]];
   return ({ 1: "cancelled", 0: "not_pending", [-1]: "in_flight" } as const)[Number(ok(code)) as 1 | 0 | -1];
 }
 

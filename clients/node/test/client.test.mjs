@@ -113,7 +113,7 @@ function documentedProducerAcl() {
   return [...rules.filter((r) => r !== "+script|load" && r !== "+evalsha"), "+fcall"];
 }
 
-test("a producer with the documented ACL cancels without the window keys", async () => {
+test("a producer with the documented ACL cancels and needs the windows key for a window", async () => {
   const server = await startRedis();
   const daemon = await startDaemon(`url = "${server.url}"`);
   const redis = new Redis(server.url);
@@ -121,10 +121,10 @@ test("a producer with the documented ACL cancels without the window keys", async
   try {
     await redis.call("ACL", "SETUSER", "producer", "reset", ...documentedProducerAcl());
     assert.equal((await client.enqueue({ dest: "emails", payload: "x", id: "acl-1", delay: 3_600_000 })).outcome, "added");
-    // Cancel asks for the window key first; refused it, it cancels without it.
+    // A cancel takes the unique key, which the documented ACL grants.
     assert.equal(await client.cancel("acl-1"), "cancelled");
     assert.equal(await client.get("acl-1"), null);
-    // A call that uses a window needs the keys the guide says to add; nothing is written.
+    // A call that uses a window needs the windows key the guide says to add; nothing is written.
     await assert.rejects(client.enqueue({ dest: "emails", payload: "x", id: "acl-2", delay: 3_600_000, uniqueFor: 3_600_000 }), /NOPERM/);
     assert.equal(await new zdelay.Client(redis).get("acl-2"), null);
   } finally {

@@ -271,15 +271,15 @@ def _documented_producer_acl() -> list[str]:
     return [r for r in rules if r not in ("+script|load", "+evalsha")] + ["+fcall"]
 
 
-def test_a_producer_with_the_documented_acl_cancels_without_the_window_keys(daemon, redis_url):
+def test_a_producer_with_the_documented_acl_cancels_and_needs_the_windows_key_for_a_window(daemon, redis_url):
     admin = redis.Redis.from_url(redis_url)
     admin.execute_command("ACL", "SETUSER", "producer", "reset", *_documented_producer_acl())
     client = zdelay.Client.from_url(redis_url.replace("redis://", "redis://producer:secret@"))
     client.enqueue("emails", "x", id="acl-1", delay=timedelta(hours=1))
-    # Cancel asks for the window key first; refused it, it cancels without it.
+    # A cancel takes the unique key, which the documented ACL grants.
     assert client.cancel("acl-1") == "cancelled"
     assert client.get("acl-1") is None
-    # A call that uses a window needs the keys the guide says to add; nothing is written.
+    # A call that uses a window needs the windows key the guide says to add; nothing is written.
     with pytest.raises(redis.exceptions.NoPermissionError):
         client.enqueue("emails", "x", id="acl-2", delay=timedelta(hours=1), unique_for=timedelta(hours=1))
     assert zdelay.Client.from_url(redis_url).get("acl-2") is None

@@ -9,8 +9,9 @@
 -- KEYS[7] max_lateness HASH {zdelay:3}:max_lateness
 -- KEYS[8] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
 --                                                "migrating <from> <to>" (no marker: never resharded)
--- KEYS[9] unique   HASH  {zdelay:3}:unique      id -> its unique_for window (optional: a
---                                                cancelled job is not remembered)
+-- KEYS[9] unique   HASH  {zdelay:3}:unique      id -> its unique_for window (required: a
+--                                                cancelled job's window goes with it, so a
+--                                                later job of its id never inherits it)
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
 --   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
@@ -21,7 +22,7 @@
 -- Re-run safety: yes; a second run returns 0.
 -- @include validate
 -- Every argument is checked before anything is read or written (ZDELAY_BAD_REQUEST <field>: …).
-if #KEYS ~= 8 and #KEYS ~= 9 then return bad_request('keys', keys_problem('8 or 9'), tostring(#KEYS)) end
+if #KEYS ~= 9 then return bad_request('keys', keys_problem('9'), tostring(#KEYS)) end
 if #ARGV ~= 2 then return bad_request('arguments', 'this function takes 2: shards, id', tostring(#ARGV)) end
 local why = shards_problem(ARGV[1])
 if why then return bad_request('shards', why, ARGV[1]) end
@@ -54,7 +55,7 @@ if pending then
   redis.call('HDEL', KEYS[2], id)
   redis.call('HDEL', KEYS[4], id)
   redis.call('HDEL', KEYS[7], id)
-  if KEYS[9] then redis.call('HDEL', KEYS[9], id) end
+  redis.call('HDEL', KEYS[9], id)
   return 1
 end
 if redis.call('ZSCORE', KEYS[3], id) then return -1 end

@@ -8,7 +8,8 @@
 -- KEYS[6] marker   STRING zdelay:{emj}:lane:<route>    "2 <lane> <LPUSH|RPUSH> <list key>" while
 --                                                       live, "retired <successor>" once moved
 -- KEYS[7] unique   HASH   zdelay:{emj}:unique:<route> stored id -> its unique_for window
---                                                      (optional: a cancelled job is not remembered)
+--                                                      (required: a cancelled job's window goes
+--                                                      with it, so a later job never inherits it)
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
 -- ARGV[2] stored id
@@ -17,7 +18,7 @@
 
 -- @include validate
 -- Every argument is checked before anything is read or written (ZDELAY_BAD_REQUEST <field>: …).
-if #KEYS ~= 6 and #KEYS ~= 7 then return bad_request('keys', keys_problem('6 or 7'), tostring(#KEYS)) end
+if #KEYS ~= 7 then return bad_request('keys', keys_problem('7'), tostring(#KEYS)) end
 if #ARGV ~= 2 then return bad_request('arguments', 'this function takes 2: marker, id', tostring(#ARGV)) end
 local why = id_problem(ARGV[2])
 if why then return bad_request('id', why, ARGV[2]) end
@@ -37,5 +38,5 @@ redis.call('HDEL', KEYS[2], id)
 redis.call('HDEL', KEYS[3], id)
 redis.call('HDEL', KEYS[4], id)
 redis.call('SREM', KEYS[5], id)
-if KEYS[7] then redis.call('HDEL', KEYS[7], id) end
+redis.call('HDEL', KEYS[7], id)
 return 1

@@ -507,19 +507,14 @@ def cancel(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
     lane, stored = yield from _place(ns, job_id, dest)
     if stored is None:
         return "not_pending"
-    # With the job's unique-window key, so its window entry goes too; a user whose ACL
-    # predates that key cancels without it.
-    for window in (("unique",), ()):
-        if lane is not None:
-            keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "large", "lane", *window)
-            (code,) = yield [("FCALL", "zd1_cancel_lane", len(keys), *keys, lane.marker, stored)]
-        else:
-            shard = shard_of(job_id, ns.shards)
-            keys = ns.shard_keys(shard, "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", *window)
-            (code,) = yield [("FCALL", "zd1_cancel", len(keys), *keys, ns.shards, job_id)]
-        refused = isinstance(code, Exception) and (type(code).__name__ == "NoPermissionError" or str(code).startswith("NOPERM"))
-        if not refused:
-            break
+    # With the job's unique-window key (the functions require it): its window entry goes too.
+    if lane is not None:
+        keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "large", "lane", "unique")
+        (code,) = yield [("FCALL", "zd1_cancel_lane", len(keys), *keys, lane.marker, stored)]
+    else:
+        shard = shard_of(job_id, ns.shards)
+        keys = ns.shard_keys(shard, "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique")
+        (code,) = yield [("FCALL", "zd1_cancel", len(keys), *keys, ns.shards, job_id)]
     return {1: "cancelled", 0: "not_pending", -1: "in_flight"}[_ok(code)]
 
 

@@ -537,20 +537,6 @@ fn needs_windows(policy: OnConflict, unique_for_ms: Option<u64>) -> bool {
     unique_for_ms.is_some() || matches!(policy, OnConflict::Debounce { .. })
 }
 
-/// Runs a cancel with the job's unique-window key, so a cancelled job's window entry goes
-/// with it; a user whose ACL does not cover that key (it predates unique windows) cancels
-/// without it, as before.
-async fn cancel_with_window(
-    con: &mut Conn,
-    with_window: &Call,
-    without: &Call,
-) -> redis::RedisResult<i64> {
-    match with_window.invoke(con).await {
-        Err(e) if e.code() == Some("NOPERM") => without.invoke(con).await,
-        other => other,
-    }
-}
-
 /// What an enqueue script did with one job (`enqueue_jobs`, `enqueue_lane`): `None` when
 /// the id exists and the policy is `Error`.
 fn enqueued_of(code: i64) -> Option<Enqueued> {
@@ -568,11 +554,9 @@ pub async fn cancel_job(
     keys: &ShardKeys,
     id: &str,
 ) -> redis::RedisResult<Cancelled> {
-    let mut without = fenced_invocation(&compiled::cancel_job, "cancel_job", keys);
-    let mut with_window = fenced_invocation(&compiled::cancel_job, "cancel_job", keys);
-    with_window.key(&keys.unique).arg(id);
-    without.arg(id);
-    let code = cancel_with_window(con, &with_window, &without).await?;
+    // The unique-window key is always sent: a cancelled job's window goes with it.
+    let mut inv = fenced_invocation(&compiled::cancel_job, "cancel_job", keys);
+    let code: i64 = inv.key(&keys.unique).arg(id).invoke(con).await?;
     Ok(match code {
         1 => Cancelled::Cancelled,
         -1 => Cancelled::InFlight,
@@ -2533,21 +2517,18 @@ pub async fn move_lane(
 /// marker is not `lane`'s refuses the call, writing nothing.
 pub async fn cancel_lane(con: &mut Conn, lane: &Lane, id: &str) -> redis::RedisResult<bool> {
     let k = &lane.keys;
-    let call = |with_window: bool| {
-        let mut inv = Call::new(&compiled::cancel_lane);
-        inv.key(&k.due)
-            .key(&k.jobs)
-            .key(&k.meta)
-            .key(&k.maxlate)
-            .key(&k.large)
-            .key(&k.marker);
-        if with_window {
-            inv.key(&k.unique);
-        }
-        inv.arg(lane.marker()).arg(id);
-        inv
-    };
-    let cancelled = cancel_with_window(con, &call(true), &call(false)).await?;
+    let cancelled: i64 = Call::new(&compiled::cancel_lane)
+        .key(&k.due)
+        .key(&k.jobs)
+        .key(&k.meta)
+        .key(&k.maxlate)
+        .key(&k.large)
+        .key(&k.marker)
+        .key(&k.unique)
+        .arg(lane.marker())
+        .arg(id)
+        .invoke(con)
+        .await?;
     Ok(cancelled == 1)
 }
 
