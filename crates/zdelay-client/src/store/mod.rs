@@ -10,6 +10,7 @@
 
 pub mod functions;
 pub mod lanes;
+pub mod relocate;
 #[cfg(test)]
 mod lua_bounds;
 pub mod scripts;
