@@ -481,7 +481,9 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
     assert_eq!(registry.lane(2), Some(&moved));
     assert_eq!(registry.lane(1), None, "a retired lane is not live");
 
-    // A move while the lane holds jobs is refused, changing nothing.
+    // A move while the lane holds a job: the lane is retired holding it (the registry names
+    // the successor at once) and the relocation moves it there, under the same stored id
+    // and due. The route moved back to the first list's slot: lane 3 has lane 1's keys.
     let now = redis_now_ms(&mut con);
     s.rt.block_on(scripts::enqueue_lane(
         &mut s.con,
@@ -491,7 +493,7 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
         &[item("waiting", now + 60_000, b"p")],
     ))
     .expect("enqueue");
-    let e =
+    let (back, change) =
         s.rt.block_on(register(
             &mut s.con,
             &keys,
@@ -499,12 +501,36 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
             "{q}emails",
             Push::Lpush,
         ))
-        .expect_err("refused");
-    assert!(e.to_string().contains("still holds 1 waiting jobs"), "{e}");
+        .expect("register");
+    assert_eq!(
+        (back.number, change),
+        (3, LaneChange::Moved { from: "2".into() })
+    );
     let registry =
         s.rt.block_on(read_registry(&mut s.con, &keys))
             .expect("read");
-    assert_eq!(registry.by_route.get("emails"), Some(&moved));
+    assert_eq!(registry.successor(2), Some(&back));
+    assert_eq!(registry.successor(1), Some(&back));
+    // Lane 1's keys are live again as lane 3's: only lane 2 is relocated from.
+    let retired: Vec<_> = registry.retired_of("emails").collect();
+    assert_eq!(retired.len(), 1);
+    let done =
+        s.rt.block_on(zdelay::store::relocate::relocate(
+            &mut s.con, &keys, &back, &retired,
+        ))
+        .expect("relocate");
+    assert_eq!(done.moved, 1, "{done:?}");
+    let job =
+        s.rt.block_on(lanes::get(&mut s.con, &back, "waiting"))
+            .expect("get")
+            .expect("relocated");
+    assert_eq!(job.score, Some((now + 60_000) as f64));
+    let left: u64 = redis::cmd("EXISTS")
+        .arg(&moved.keys.due)
+        .arg(&moved.keys.jobs)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(left, 0, "the retired lane is empty");
 }
 
 #[test]
