@@ -35,6 +35,7 @@ mod protocol;
 mod protocol_fuzz;
 mod raw_sinks;
 mod redis_faults;
+mod relocate;
 mod reference;
 mod reshard;
 mod routing;
