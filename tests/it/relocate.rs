@@ -280,3 +280,4 @@ fn on_a_cluster_a_route_whose_list_moves_slot_keeps_every_job_through_a_kill_9()
         cluster.conn(),
     );
 }
+
