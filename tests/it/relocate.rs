@@ -25,6 +25,9 @@ fn route(list: &str) -> String {
     )
 }
 
+/// A payload popped from a list, and Redis's clock (ms) just after the pop.
+type Popped = (String, &'static str, i64);
+
 /// Retries `call` while it fails with a retryable error (a job in the middle of the move is
 /// waited for a moment, then reported retryable), for up to 60 s.
 fn answered<T>(mut call: impl FnMut() -> Result<T, ClientError>) -> T {
@@ -86,7 +89,7 @@ fn relocates_every_job_once_never_early(
 
     // A consumer pops both lists and notes Redis's clock after each pop: a job popped before
     // its due was pushed before it.
-    let popped: Arc<Mutex<Vec<(String, &'static str, i64)>>> = Arc::default();
+    let popped: Arc<Mutex<Vec<Popped>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let consuming = {
         let (popped, stop) = (popped.clone(), stop.clone());
@@ -111,7 +114,7 @@ fn relocates_every_job_once_never_early(
             }
         })
     };
-    let count = |popped: &Mutex<Vec<(String, &str, i64)>>, prefix: &str| {
+    let count = |popped: &Mutex<Vec<Popped>>, prefix: &str| {
         popped
             .lock()
             .unwrap()
@@ -153,9 +156,11 @@ fn relocates_every_job_once_never_early(
             }
         });
 
-        wait_for("deliveries at the old list", Duration::from_secs(30), || {
-            count(&popped, "p") >= 100
-        });
+        wait_for(
+            "deliveries at the old list",
+            Duration::from_secs(30),
+            || count(&popped, "p") >= 100,
+        );
         first.signal(libc::SIGTERM);
         first.wait_exit(Duration::from_secs(10));
         // Restarted with the new list: held after its first put (the earliest jobs are in
@@ -164,9 +169,11 @@ fn relocates_every_job_once_never_early(
         let hold = dir.path().join("put");
         let env = format!("relocate_after_put={}", hold.display());
         let mut moving = Daemon::spawn_with_env(new, &[("ZDELAY_FAILPOINT", env.as_str())]);
-        wait_for("the relocation put a batch", Duration::from_secs(30), || {
-            hold.with_extension("reached").exists()
-        });
+        wait_for(
+            "the relocation put a batch",
+            Duration::from_secs(30),
+            || hold.with_extension("reached").exists(),
+        );
         // Looked for by id in the middle of the move: answered once it is where it goes.
         let found = scope.spawn(|| answered(|| rt.block_on(lib.get(&get_me))));
         let cancelled = scope.spawn(|| answered(|| rt.block_on(lib.cancel(&cancel_me))));
@@ -197,20 +204,31 @@ fn relocates_every_job_once_never_early(
     let mut early = Vec::new();
     for (payload, list, at) in popped.iter() {
         *times.entry(payload).or_default() += 1;
-        if let Some(due) = dues.get(payload) {
-            if at < due {
-                early.push(format!("{payload} at {at} due {due} ({list})"));
-            }
+        if let Some(due) = dues.get(payload)
+            && at < due
+        {
+            early.push(format!("{payload} at {at} due {due} ({list})"));
         }
     }
-    let missing: Vec<&String> = dues.keys().filter(|p| !times.contains_key(p.as_str())).collect();
+    let missing: Vec<&String> = dues
+        .keys()
+        .filter(|p| !times.contains_key(p.as_str()))
+        .collect();
     let twice: Vec<(&&str, &u32)> = times.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(missing.is_empty(), "{} missing: {:?}", missing.len(), &missing[..missing.len().min(10)]);
+    assert!(
+        missing.is_empty(),
+        "{} missing: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
     assert!(twice.is_empty(), "delivered twice: {twice:?}");
     assert!(early.is_empty(), "early: {early:?}");
     let at_new = popped.iter().filter(|(_, l, _)| *l == lists[1]).count();
     assert!(at_new > 0, "nothing reached the new list");
-    assert!(!times.contains_key("cancel-me"), "a cancelled job was delivered");
+    assert!(
+        !times.contains_key("cancel-me"),
+        "a cancelled job was delivered"
+    );
     drop(popped);
 
     // The windows moved with the jobs: both unique ids are duplicates now, and the debounced
@@ -280,4 +298,3 @@ fn on_a_cluster_a_route_whose_list_moves_slot_keeps_every_job_through_a_kill_9()
         cluster.conn(),
     );
 }
-

@@ -783,14 +783,15 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
     // the new list once.
     moving.wait_ready();
     let found = rt.block_on(lib.get(&id)).unwrap();
-    assert!(
-        found.is_some(),
-        "stranded: {id} is in no registered lane"
-    );
+    assert!(found.is_some(), "stranded: {id} is in no registered lane");
     wait_for("the job is delivered", Duration::from_secs(20), || {
         lrange(&mut con, "q:a2") == [b"slipped-in".to_vec()]
     });
-    assert_eq!(common::llen(&mut con, "q:a"), 0, "nothing reached the old list");
+    assert_eq!(
+        common::llen(&mut con, "q:a"),
+        0,
+        "nothing reached the old list"
+    );
     moving.signal(libc::SIGTERM);
     moving.wait_exit(Duration::from_secs(10));
 

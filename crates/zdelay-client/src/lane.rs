@@ -129,10 +129,7 @@ impl Registry {
     /// The retired lanes of `route` whose keys are not its live lane's (a route whose list
     /// moved back to a slot it had is live there again): where jobs not yet relocated wait.
     pub fn retired_of<'a>(&'a self, route: &'a str) -> impl Iterator<Item = &'a RetiredLane> {
-        let live_slot = self
-            .by_route
-            .get(route)
-            .map(|l| keys::slot_of(&l.list));
+        let live_slot = self.by_route.get(route).map(|l| keys::slot_of(&l.list));
         self.retired
             .values()
             .filter(move |r| r.route == route && Some(r.slot) != live_slot)
@@ -144,7 +141,11 @@ impl Registry {
 pub fn parse_retired(entry: &str) -> Option<RetiredLane> {
     let mut words = entry.rsplitn(3, ' ');
     (words.next()? == "retired").then_some(())?;
-    let slot = words.next()?.parse::<u16>().ok().filter(|s| *s < keys::SLOTS)?;
+    let slot = words
+        .next()?
+        .parse::<u16>()
+        .ok()
+        .filter(|s| *s < keys::SLOTS)?;
     let route = words.next()?;
     Some(RetiredLane {
         route: route.to_owned(),

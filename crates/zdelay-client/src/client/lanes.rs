@@ -624,7 +624,12 @@ impl Client {
                     .retired
                     .values()
                     .map(|r| r.keys(&namespace))
-                    .filter(|k| !registry.by_route.values().any(|l| l.keys.marker == k.marker))
+                    .filter(|k| {
+                        !registry
+                            .by_route
+                            .values()
+                            .any(|l| l.keys.marker == k.marker)
+                    })
                     .map(|k| (k, id.to_owned())),
             );
         }
@@ -742,8 +747,7 @@ impl Client {
             let Some((lane, stored)) = place else {
                 return Ok(None);
             };
-            let read =
-                store::lanes::read(&mut self.con.clone(), &lane, &stored, preview).await?;
+            let read = store::lanes::read(&mut self.con.clone(), &lane, &stored, preview).await?;
             if read.marker.as_deref() != Some(lane.marker().as_str()) {
                 // The lane moved or changed since the registry was read (a job not found in
                 // a retired lane may have been relocated to its successor).

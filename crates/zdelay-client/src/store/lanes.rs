@@ -114,20 +114,20 @@ pub async fn register(
     // producer with the old lane cached is refused from the retirement on and reads the
     // registry again; nothing more enters or leaves the old lane but by the relocation.
     let mut successor = None;
-    if let Some(old) = &old {
-        if keys::slot_of(&old.list) != slot {
-            let next: u32 = redis::cmd("HINCRBY")
-                .arg(keys.lanes())
-                .arg("next")
-                .arg(1)
-                .query_async(con)
-                .await?;
-            crate::failpoint::hold("lane_hold_before_retire").await;
-            let number = base36(next);
-            scripts::retire_lane(con, old, &number).await?;
-            crate::failpoint::hold("lane_hold_after_retire").await;
-            successor = Some(number);
-        }
+    if let Some(old) = &old
+        && keys::slot_of(&old.list) != slot
+    {
+        let next: u32 = redis::cmd("HINCRBY")
+            .arg(keys.lanes())
+            .arg("next")
+            .arg(1)
+            .query_async(con)
+            .await?;
+        crate::failpoint::hold("lane_hold_before_retire").await;
+        let number = base36(next);
+        scripts::retire_lane(con, old, &number).await?;
+        crate::failpoint::hold("lane_hold_after_retire").await;
+        successor = Some(number);
     }
     let (number, change) = scripts::register_lane(
         con,

@@ -10,9 +10,9 @@
 
 pub mod functions;
 pub mod lanes;
-pub mod relocate;
 #[cfg(test)]
 mod lua_bounds;
+pub mod relocate;
 pub mod scripts;
 
 use crate::config::{RedisConfig, redact_url};

@@ -327,7 +327,12 @@ async fn wake(
 ) -> Result<(), StoreError> {
     let earliest = records
         .iter()
-        .filter_map(|r| std::str::from_utf8(r.due.as_deref()?).ok()?.parse::<f64>().ok())
+        .filter_map(|r| {
+            std::str::from_utf8(r.due.as_deref()?)
+                .ok()?
+                .parse::<f64>()
+                .ok()
+        })
         .min_by(f64::total_cmp);
     if let Some(due) = earliest {
         let _: u64 = redis::cmd("PUBLISH")
@@ -354,11 +359,13 @@ mod tests {
     #[test]
     fn calls_hold_at_most_the_byte_budget_and_every_record_once() {
         // A reference: greedy packing, one record alone may exceed the budget.
-        let mut seed = 7u64;
-        for _ in 0..200 {
+        for round in 0..200u64 {
+            let mut seed = 7 + round;
             let records: Vec<LaneRecord> = (0..(seed % 40) as usize)
                 .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     record(1 + (seed >> 33) as usize % (PUT_BYTES / 3))
                 })
                 .collect();
@@ -369,7 +376,6 @@ mod tests {
                 assert!(call.len() == 1 || bytes <= PUT_BYTES, "{bytes}");
                 assert!(!call.is_empty());
             }
-            seed += 1;
         }
         assert!(sized(&[]).is_empty());
     }
