@@ -493,6 +493,15 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
         &[item("waiting", now + 60_000, b"p")],
     ))
     .expect("enqueue");
+    // And a dead letter with its reason, and the window of a job delivered earlier.
+    let k = &moved.keys;
+    let _: () = redis::pipe()
+        .zadd(&k.dead, "died", now - 5_000)
+        .hset(&k.reasons, "died", "why")
+        .hset(&k.jobs, "died", "d")
+        .zadd(&k.windows, "u:gone", now + 600_000)
+        .query(&mut con)
+        .unwrap();
     let (back, change) =
         s.rt.block_on(register(
             &mut s.con,
@@ -519,15 +528,31 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
             &mut s.con, &keys, &back, &retired,
         ))
         .expect("relocate");
-    assert_eq!(done.moved, 1, "{done:?}");
+    assert_eq!((done.moved, done.windows), (2, 1), "{done:?}");
     let job =
         s.rt.block_on(lanes::get(&mut s.con, &back, "waiting"))
             .expect("get")
             .expect("relocated");
     assert_eq!(job.score, Some((now + 60_000) as f64));
+    let dead =
+        s.rt.block_on(lanes::get(&mut s.con, &back, "died"))
+            .expect("get")
+            .expect("relocated");
+    assert_eq!(
+        (dead.state, dead.score, dead.reason.as_deref()),
+        (JobState::Dead, Some((now - 5_000) as f64), Some("why"))
+    );
+    let window: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&back.keys.windows)
+        .arg("u:gone")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(window, Some((now + 600_000) as f64));
     let left: u64 = redis::cmd("EXISTS")
         .arg(&moved.keys.due)
         .arg(&moved.keys.jobs)
+        .arg(&moved.keys.dead)
+        .arg(&moved.keys.windows)
         .query(&mut con)
         .unwrap();
     assert_eq!(left, 0, "the retired lane is empty");
