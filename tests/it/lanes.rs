@@ -558,6 +558,66 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
     assert_eq!(left, 0, "the retired lane is empty");
 }
 
+/// A route moved to another slot and back before the relocation out of its first lane ended
+/// (the daemon that ran it died after writing a job into the second lane, which delivered it):
+/// registering the first slot again finishes that relocation first, so the job is not live
+/// again in the first lane's keys, which the route uses once more.
+#[test]
+fn a_route_moved_back_before_its_relocation_ended_delivers_nothing_twice() {
+    use zdelay::keys::Keys;
+    use zdelay::store::lanes::register;
+    let mut s = setup();
+    let keys = Keys::new("zdelay", 16);
+    let reg = |s: &mut Setup, list: &str| {
+        s.rt.block_on(register(&mut s.con, &keys, "back", list, Push::Rpush))
+            .expect("register")
+            .0
+    };
+    let first = reg(&mut s, "{p}back");
+    let now = redis_now_ms(&mut s.redis.conn());
+    s.rt.block_on(scripts::enqueue_lane(
+        &mut s.con,
+        &first,
+        OnConflict::Error,
+        "zdelay:wake",
+        &[item("x", now + 60_000, b"p")],
+    ))
+    .expect("enqueue");
+    let second = reg(&mut s, "other-back");
+    // Half a relocation: x put into the second lane (its id recorded there), then delivered
+    // from it; the first lane still holds it.
+    let record = scripts::LaneRecord {
+        id: b"x".to_vec(),
+        due: Some((now + 60_000).to_string().into_bytes()),
+        payload: Some(b"p".to_vec()),
+        ..Default::default()
+    };
+    s.rt.block_on(scripts::upgrade_put_lane(
+        &mut s.con,
+        &second,
+        None,
+        &[record],
+    ))
+    .expect("put");
+    let mut con = s.redis.conn();
+    let _: () = redis::pipe()
+        .zrem(&second.keys.due, "x")
+        .hdel(&second.keys.jobs, "x")
+        .query(&mut con)
+        .unwrap();
+    let third = reg(&mut s, "{p}back");
+    assert_eq!(
+        third.keys, first.keys,
+        "the first lane's keys are live again"
+    );
+    let held: bool = redis::cmd("HEXISTS")
+        .arg(&third.keys.jobs)
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    assert!(!held, "x, delivered already, is waiting again");
+}
+
 #[test]
 fn a_missing_payload_on_the_fast_path_dies_alone() {
     let mut s = setup();

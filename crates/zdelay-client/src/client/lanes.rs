@@ -514,14 +514,17 @@ impl Client {
         held: Held,
     ) -> Result<Found, ClientError> {
         self.wait_out_upgrade(book, id, held).await?;
-        if dest.is_none() && !generated(id, held) {
-            // The search asks live lanes only: a job not yet relocated must be known of.
-            self.refresh_lanes(book).await?;
-        }
-        self.wait_out_relocation(book, dest, id, held).await?;
         let Some(dest) = dest else {
-            return self.locate(book, id, held).await;
+            // The search of a user-chosen id reads the registry, so retired lanes are known
+            // after it: a job still in one is waited for, then looked for again. A generated
+            // id names its lane (or the successor of its retired lane).
+            let found = self.locate(book, id, held).await?;
+            if self.wait_out_relocation(book, None, id, held).await? && !generated(id, held) {
+                return self.locate(book, id, held).await;
+            }
+            return Ok(found);
         };
+        self.wait_out_relocation(book, Some(dest), id, held).await?;
         let mut registry = book.registry();
         if !registry.by_route.contains_key(dest) && !registry.is_two_phase(dest) {
             registry = self.refresh_lanes(book).await?;
@@ -588,18 +591,19 @@ impl Client {
     /// (the one a generated id names; `dest`'s; without `dest`, every one) no longer hold it.
     /// The relocation writes a job into the live lane before it forgets it in the retired
     /// one, and nothing else changes a retired lane, so looking in the live lane afterwards
-    /// cannot miss it, and a cancel there cannot be undone by the move. `LaneRefused`
-    /// (retryable) when that takes longer than [`UPGRADE_WAIT`] (no daemon is relocating).
+    /// cannot miss it, and a cancel there cannot be undone by the move. Whether a retired lane
+    /// held it; `LaneRefused` (retryable) when it still does after [`UPGRADE_WAIT`] (no
+    /// daemon is relocating).
     async fn wait_out_relocation(
         &self,
         book: &LaneBook,
         dest: Option<&str>,
         id: &str,
         held: Held,
-    ) -> Result<(), ClientError> {
+    ) -> Result<bool, ClientError> {
         let registry = book.registry();
         if registry.retired.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let namespace = self.keys().namespace().to_owned();
         let live_keys = |route: &str| registry.by_route.get(route).map(|l| l.keys.marker.clone());
@@ -634,6 +638,7 @@ impl Client {
             );
         }
         let started = Instant::now();
+        let mut waited = false;
         while !places.is_empty() {
             let asks = places.iter().map(|(k, stored)| async move {
                 self.holds(held.ask(&k.jobs, &k.dead, &k.schedules, stored))
@@ -645,6 +650,7 @@ impl Client {
             if places.is_empty() {
                 break;
             }
+            waited = true;
             if started.elapsed() > UPGRADE_WAIT {
                 return Err(ClientError::LaneRefused {
                     what: id.to_owned(),
@@ -654,7 +660,7 @@ impl Client {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(())
+        Ok(waited)
     }
 
     /// Runs `op` on the lane holding `id`; once more after reading the registry again when

@@ -117,6 +117,15 @@ pub async fn register(
     if let Some(old) = &old
         && keys::slot_of(&old.list) != slot
     {
+        // A relocation into the live lane that did not finish (no daemon with that config
+        // ran it through) is finished first: the lane it empties may be the one this
+        // registration makes live again, whose jobs the unfinished run had already put into
+        // the live lane, where they may have been delivered since.
+        let registry = read_registry(con, keys).await?;
+        let pending: Vec<_> = registry.retired_of(route).collect();
+        if super::relocate::unfinished(con, keys, &pending).await? {
+            super::relocate::relocate(con, keys, old, &pending).await?;
+        }
         let next: u32 = redis::cmd("HINCRBY")
             .arg(keys.lanes())
             .arg("next")
