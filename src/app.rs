@@ -415,7 +415,32 @@ pub async fn register_lanes(
         tracing::info!(route = %route.name, lane = %lane.wake_name(), list = %lane.list, ?change, "route lane");
         lanes.push(Arc::new(lane));
     }
+    relocate_lanes(con, keys, &lanes).await?;
     Ok(lanes)
+}
+
+/// Moves what the retired lanes of each route still hold (its list moved to another hash
+/// slot, now or at an earlier start that did not finish) into the route's live lane, before
+/// the pollers start. Other daemons starting meanwhile wait for it (one run at a time).
+async fn relocate_lanes(con: &mut Conn, keys: &Keys, lanes: &[Arc<Lane>]) -> anyhow::Result<()> {
+    let registry = store::lanes::read_registry(con, keys).await?;
+    for lane in lanes {
+        let retired: Vec<_> = registry.retired_of(&lane.route).collect();
+        if !store::relocate::unfinished(con, keys, &retired).await? {
+            continue;
+        }
+        tracing::info!(route = %lane.route, lane = %lane.wake_name(), "relocating the route's jobs from its retired lanes (its list moved to another hash slot)");
+        let done = store::relocate::relocate(con, keys, lane, &retired).await?;
+        tracing::info!(
+            route = %lane.route,
+            moved = done.moved,
+            windows = done.windows,
+            put_before = done.put_before,
+            superseded = done.superseded,
+            "relocated"
+        );
+    }
+    Ok(())
 }
 
 /// Connects, retrying with capped backoff until it works or shutdown is asked.

@@ -439,21 +439,28 @@ route = "m"
             rt.block_on(scripts::delete_schedule(&mut lcon, at, "s", 3_600_000))
                 .expect("delete_schedule_lane")
         );
-        // The route's list moves to another slot: the lane still holds jobs, so retire_lane
-        // keeps it live and the registration is refused.
-        let refused = rt.block_on(lanes::register(
-            &mut lcon,
-            &lane_keys,
-            "emails",
-            "q:lanecalls:elsewhere",
-            zdelay::config::Push::Lpush,
-        ));
-        assert!(
-            refused
-                .as_ref()
-                .is_err_and(|e| e.to_string().contains("still holds")),
-            "{refused:?}"
-        );
+        // The route's list moves to another slot: the lane is retired holding the fired
+        // occurrences, and the relocation moves it into the new lane and ends the old one.
+        let (moved, _) = rt
+            .block_on(lanes::register(
+                &mut lcon,
+                &lane_keys,
+                "emails",
+                "q:lanecalls:elsewhere",
+                zdelay::config::Push::Lpush,
+            ))
+            .expect("register elsewhere");
+        let registry = rt
+            .block_on(lanes::read_registry(&mut lcon, &lane_keys))
+            .expect("registry");
+        let retired: Vec<_> = registry.retired_of("emails").collect();
+        let relocated = rt
+            .block_on(zdelay::store::relocate::relocate(
+                &mut lcon, &lane_keys, &moved, &retired,
+            ))
+            .expect("relocate");
+        // The delivered occurrence, waiting, and the expired one, dead.
+        assert_eq!(relocated.moved, 2, "{relocated:?}");
     }
     // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
     // dead job's history, and needs no daemon running.

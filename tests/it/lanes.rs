@@ -481,7 +481,9 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
     assert_eq!(registry.lane(2), Some(&moved));
     assert_eq!(registry.lane(1), None, "a retired lane is not live");
 
-    // A move while the lane holds jobs is refused, changing nothing.
+    // A move while the lane holds a job: the lane is retired holding it (the registry names
+    // the successor at once) and the relocation moves it there, under the same stored id
+    // and due. The route moved back to the first list's slot: lane 3 has lane 1's keys.
     let now = redis_now_ms(&mut con);
     s.rt.block_on(scripts::enqueue_lane(
         &mut s.con,
@@ -491,7 +493,16 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
         &[item("waiting", now + 60_000, b"p")],
     ))
     .expect("enqueue");
-    let e =
+    // And a dead letter with its reason, and the window of a job delivered earlier.
+    let k = &moved.keys;
+    let _: () = redis::pipe()
+        .zadd(&k.dead, "died", now - 5_000)
+        .hset(&k.reasons, "died", "why")
+        .hset(&k.jobs, "died", "d")
+        .zadd(&k.windows, "u:gone", now + 600_000)
+        .query(&mut con)
+        .unwrap();
+    let (back, change) =
         s.rt.block_on(register(
             &mut s.con,
             &keys,
@@ -499,12 +510,112 @@ fn the_registry_gives_each_route_a_lane_and_a_new_one_when_its_list_changes_slot
             "{q}emails",
             Push::Lpush,
         ))
-        .expect_err("refused");
-    assert!(e.to_string().contains("still holds 1 waiting jobs"), "{e}");
+        .expect("register");
+    assert_eq!(
+        (back.number, change),
+        (3, LaneChange::Moved { from: "2".into() })
+    );
     let registry =
         s.rt.block_on(read_registry(&mut s.con, &keys))
             .expect("read");
-    assert_eq!(registry.by_route.get("emails"), Some(&moved));
+    assert_eq!(registry.successor(2), Some(&back));
+    assert_eq!(registry.successor(1), Some(&back));
+    // Lane 1's keys are live again as lane 3's: only lane 2 is relocated from.
+    let retired: Vec<_> = registry.retired_of("emails").collect();
+    assert_eq!(retired.len(), 1);
+    let done =
+        s.rt.block_on(zdelay::store::relocate::relocate(
+            &mut s.con, &keys, &back, &retired,
+        ))
+        .expect("relocate");
+    assert_eq!((done.moved, done.windows), (2, 1), "{done:?}");
+    let job =
+        s.rt.block_on(lanes::get(&mut s.con, &back, "waiting"))
+            .expect("get")
+            .expect("relocated");
+    assert_eq!(job.score, Some((now + 60_000) as f64));
+    let dead =
+        s.rt.block_on(lanes::get(&mut s.con, &back, "died"))
+            .expect("get")
+            .expect("relocated");
+    assert_eq!(
+        (dead.state, dead.score, dead.reason.as_deref()),
+        (JobState::Dead, Some((now - 5_000) as f64), Some("why"))
+    );
+    let window: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&back.keys.windows)
+        .arg("u:gone")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(window, Some((now + 600_000) as f64));
+    let left: u64 = redis::cmd("EXISTS")
+        .arg(&moved.keys.due)
+        .arg(&moved.keys.jobs)
+        .arg(&moved.keys.dead)
+        .arg(&moved.keys.windows)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(left, 0, "the retired lane is empty");
+}
+
+/// A route moved to another slot and back before the relocation out of its first lane ended
+/// (the daemon that ran it died after writing a job into the second lane, which delivered it):
+/// registering the first slot again finishes that relocation first, so the job is not live
+/// again in the first lane's keys, which the route uses once more.
+#[test]
+fn a_route_moved_back_before_its_relocation_ended_delivers_nothing_twice() {
+    use zdelay::keys::Keys;
+    use zdelay::store::lanes::register;
+    let mut s = setup();
+    let keys = Keys::new("zdelay", 16);
+    let reg = |s: &mut Setup, list: &str| {
+        s.rt.block_on(register(&mut s.con, &keys, "back", list, Push::Rpush))
+            .expect("register")
+            .0
+    };
+    let first = reg(&mut s, "{p}back");
+    let now = redis_now_ms(&mut s.redis.conn());
+    s.rt.block_on(scripts::enqueue_lane(
+        &mut s.con,
+        &first,
+        OnConflict::Error,
+        "zdelay:wake",
+        &[item("x", now + 60_000, b"p")],
+    ))
+    .expect("enqueue");
+    let second = reg(&mut s, "other-back");
+    // Half a relocation: x put into the second lane (its id recorded there), then delivered
+    // from it; the first lane still holds it.
+    let record = scripts::LaneRecord {
+        id: b"x".to_vec(),
+        due: Some((now + 60_000).to_string().into_bytes()),
+        payload: Some(b"p".to_vec()),
+        ..Default::default()
+    };
+    s.rt.block_on(scripts::upgrade_put_lane(
+        &mut s.con,
+        &second,
+        None,
+        &[record],
+    ))
+    .expect("put");
+    let mut con = s.redis.conn();
+    let _: () = redis::pipe()
+        .zrem(&second.keys.due, "x")
+        .hdel(&second.keys.jobs, "x")
+        .query(&mut con)
+        .unwrap();
+    let third = reg(&mut s, "{p}back");
+    assert_eq!(
+        third.keys, first.keys,
+        "the first lane's keys are live again"
+    );
+    let held: bool = redis::cmd("HEXISTS")
+        .arg(&third.keys.jobs)
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    assert!(!held, "x, delivered already, is waiting again");
 }
 
 #[test]

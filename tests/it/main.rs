@@ -36,6 +36,7 @@ mod protocol_fuzz;
 mod raw_sinks;
 mod redis_faults;
 mod reference;
+mod relocate;
 mod reshard;
 mod routing;
 mod scale;

@@ -99,6 +99,9 @@ interface Namespace {
   lanes: Map<string, Lane>; twoPhase: Set<string>;
   /** `zdelay upgrade` is moving it to layout 2: jobs not moved yet are in their layout-1 shards. */
   upgrading: boolean;
+  /** Retired lanes (`#<lane>` → `<route> <slot> retired`): their route's list moved to another hash
+   * slot, and a daemon relocates their jobs into the route's live lane (same stored ids). */
+  retired: Map<number, { route: string; slot: number }>;
 }
 function shardKeys(ns: Namespace, shard: number, ...kinds: string[]): string[] {
   if (ns.layout === 1) return kinds.map((k) => `{${ns.name}:${shard}}:${k}`);
@@ -163,6 +166,7 @@ function* loadNamespace(name: string): Op<Namespace> {
   if (migrating != null) throw new Fenced(`namespace ${name} is being resharded (${migrating}): try again`);
   const ns: Namespace = {
     name, layout: n, shards: Number(String(shards)), lanes: new Map(), twoPhase: new Set(), upgrading: upgrading != null,
+    retired: new Map(),
   };
   if (n === 2) {
     const [registry] = yield [["HGETALL", `${name}:lanes`]];
@@ -173,6 +177,11 @@ function* loadNamespace(name: string): Op<Namespace> {
         const [num, , slot, push, ...list] = value.split(" ");
         ns.lanes.set(key.slice(2), { number: parseInt(num, 36), route: key.slice(2), slot: Number(slot), push, list: list.join(" ") });
       } else if (key.startsWith("t:")) ns.twoPhase.add(key.slice(2));
+      else if (key.startsWith("#") && value.endsWith(" retired")) {
+        const words = value.split(" ");
+        const slot = Number(words[words.length - 2]);
+        ns.retired.set(parseInt(key.slice(1), 36), { route: words.slice(0, -2).join(" "), slot });
+      }
     }
   }
   return ns;
@@ -380,7 +389,9 @@ function* place(ns: Namespace, id: string, dest?: string): Op<[Lane | undefined,
   if (ns.layout === 2 && id.startsWith("~")) {
     const [num, stored] = id.slice(1).split(".", 2);
     if (!stored || stored.length !== 12) throw new InvalidJob("id", `${id} is not a generated id (~<lane>.<12 characters>)`);
-    const lane = [...ns.lanes.values()].find((l) => l.number === parseInt(num, 36));
+    const number = parseInt(num, 36);
+    // A retired lane's jobs are relocated into its route's live lane.
+    const lane = [...ns.lanes.values()].find((l) => l.number === number) ?? ns.lanes.get(ns.retired.get(number)?.route ?? "");
     if (!lane) throw new Fenced(`lane ${num} is not in ${ns.name}:lanes`);
     return [lane, stored];
   }
@@ -413,6 +424,33 @@ function* stillInLayout1(ns: Namespace, id: string): Op<boolean> {
     return false;
   }
   return Number(held) === 1;
+}
+
+/** Whether a retired lane (its route's list moved to another hash slot) still holds `id`: the
+ * relocation writes a job into the route's live lane before it deletes it from the retired one,
+ * and nothing else changes a retired lane, so once it is gone there the live lane has it (or it
+ * was delivered). The lane a generated id names; for an id of your own, every one. */
+function* stillRelocating(ns: Namespace, id: string): Op<boolean> {
+  const live = new Set([...ns.lanes.values()].map((l) => `${l.slot} ${l.route}`));
+  const places: [{ route: string; slot: number }, string][] = [];
+  if (id.startsWith("~")) {
+    const [num, stored] = id.slice(1).split(".", 2);
+    const retired = stored ? ns.retired.get(parseInt(num, 36)) : undefined;
+    if (retired && !live.has(`${retired.slot} ${retired.route}`)) places.push([retired, stored]);
+  } else {
+    const seen = new Set<string>();
+    for (const r of ns.retired.values()) {
+      const name = `${r.slot} ${r.route}`;
+      if (!live.has(name) && !seen.has(name)) {
+        seen.add(name);
+        places.push([r, id]);
+      }
+    }
+  }
+  if (!places.length) return false;
+  const held = yield places.map(([r, stored]) => ["HEXISTS", `${ns.name}:{${slotTag(r.slot)}}:jobs:${r.route}`, stored]);
+  for (const reply of held) if (reply instanceof Error) throw reply;
+  return held.some((h: unknown) => Number(h) === 1);
 }
 
 const FENCES = ["ZDELAY_RESHARDED", "ZDELAY_MIGRATING", "ZDELAY_LAYOUT", "ZDELAY_LANE_MOVED", "ZDELAY_LANE_CHANGED"];
@@ -609,6 +647,13 @@ export class Client {
     while (id !== undefined && (await this.drive(stillInLayout1(ns, id)))) {
       if (Date.now() > deadline) {
         throw new Upgrading(`namespace ${ns.name} is being upgraded to storage layout 2 and job ${id} is not moved yet: nothing was written; try again`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    while (id !== undefined && (await this.drive(stillRelocating(ns, id)))) {
+      if (Date.now() > deadline) {
+        throw new Fenced(`job ${id} is being moved to its route's new lane (the route's list moved to another hash slot; `
+          + "a daemon with the new config moves it when it starts): nothing was written; try again");
       }
       await new Promise((resolve) => setTimeout(resolve, 20));
     }

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 import Redis, { Cluster } from "ioredis";
@@ -388,4 +388,37 @@ test("versions are ordered as semantic versions; the client's is the package's",
   for (const bad of ["", "1.0", "v1.0.0", "1.0.x", "not a version"]) assert.equal(zdelay.versionKey(bad), null, bad);
   const pkg = JSON.parse(readFileSync(join(ROOT, "clients/node/package.json"), "utf8"));
   assert.equal(zdelay.VERSION, pkg.version);
+});
+
+test("lookups by id follow a lane whose route's list moved to another slot", async () => {
+  // The daemon started with the new list retires the old lane and relocates its jobs (held here
+  // after its first put, so they are in both lanes); a client that read the registry before finds
+  // and cancels them by id meanwhile.
+  const server = await startRedis();
+  let daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2 });
+  const client = new zdelay.Client(new Redis(server.url));
+  const gate = join(daemon.dir, "..", `relocate-gate-${process.pid}`);
+  try {
+    const generated = (await client.enqueue({ dest: "emails", payload: "generated", delay: 3_600_000 })).id;
+    await client.enqueue({ dest: "emails", payload: "gone", id: "gone", delay: 3_600_000 });
+    assert.ok(generated.startsWith("~"));
+    await daemon.stop();
+    daemon = await startDaemon(`url = "${server.url}"`, {
+      shards: 4, layout: 2, targets: { emails: "q:elsewhere" },
+      env: { ZDELAY_FAILPOINT: `relocate_after_put=${gate}` }, ready: async () => existsSync(`${gate}.reached`),
+    });
+    // Still in the old lane (not forgotten there yet): a retryable refusal, never "not found".
+    await assert.rejects(client.get(generated), (e) => e instanceof zdelay.Fenced && e.retryable && /new lane/.test(e.message));
+    setTimeout(() => writeFileSync(gate, "go"), 300);
+    assert.equal((await client.get(generated)).payload.toString(), "generated");
+    assert.equal(await client.cancel("gone"), "cancelled");
+    assert.equal(await client.get("gone"), null);
+  } finally {
+    writeFileSync(gate, "go");
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+    rmSync(gate, { force: true });
+    rmSync(`${gate}.reached`, { force: true });
+  }
 });

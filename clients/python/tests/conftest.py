@@ -93,7 +93,9 @@ def stop(proc: subprocess.Popen) -> None:
 class Daemon:
     """`zdelay run` on a config written for the test; stopped by its pid."""
 
-    def __init__(self, redis_toml: str, routes: str = ROUTES, shards: int = 10, layout: Optional[int] = 1) -> None:
+    def __init__(self, redis_toml: str, routes: str = ROUTES, shards: int = 10, layout: Optional[int] = 1,
+                 env: Optional[dict] = None, ready=None) -> None:
+        # env: added to the daemon's environment; ready: what counts as started (default /readyz)
         # routes: TOML of [[routes]] and [sinks.*] after [admin]
         self.dir = Path(tempfile.mkdtemp())
         admin = free_port()
@@ -103,8 +105,9 @@ class Daemon:
             f"[admin]\nlisten = \"127.0.0.1:{admin}\"\n{routes}"
         )
         self.log = open(self.dir / "daemon.log", "wb")
-        self.proc = subprocess.Popen([ZDELAY, "run", "--config", str(self.config)], stdout=self.log, stderr=self.log)
-        wait_for("the daemon ready", lambda: self._ready(admin), timeout=30)
+        self.proc = subprocess.Popen([ZDELAY, "run", "--config", str(self.config)], stdout=self.log, stderr=self.log,
+                                     env={**os.environ, **(env or {})})
+        wait_for("the daemon ready", ready or (lambda: self._ready(admin)), timeout=30)
 
     def _ready(self, port: int) -> bool:
         assert self.proc.poll() is None, (self.dir / "daemon.log").read_text()

@@ -148,3 +148,34 @@ def test_versions_are_ordered_as_semantic_versions():
 def test_the_client_version_is_the_packages():
     pyproject = (ROOT / "clients/python/pyproject.toml").read_text()
     assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == zdelay.VERSION
+
+
+def test_lookups_by_id_follow_a_lane_whose_route_moved_to_another_slot(redis_url, tmp_path):
+    """A route's list moves to another hash slot: the daemon started with the new config retires
+    the old lane and relocates its jobs (held here after its first put, so they are in both
+    lanes); a client that read the registry before finds and cancels them by id meanwhile."""
+    route = '\n[[routes]]\nname = "emails"\nsink = "local"\ntarget = "{}"\n'
+    daemon = Daemon(f'url = "{redis_url}"', routes=route.format("q:emails"), shards=4, layout=2)
+    client = zdelay.Client.from_url(redis_url)
+    generated = client.enqueue("emails", "generated", delay=timedelta(hours=1)).id
+    client.enqueue("emails", "mine", id="mine", delay=timedelta(hours=1))
+    client.enqueue("emails", "gone", id="gone", delay=timedelta(hours=1))
+    assert generated.startswith("~")
+    daemon.stop()
+    gate = tmp_path / "put"
+    moving = Daemon(f'url = "{redis_url}"', routes=route.format("q:elsewhere"), shards=4, layout=2,
+                    env={"ZDELAY_FAILPOINT": f"relocate_after_put={gate}"},
+                    ready=lambda: gate.with_suffix(".reached").exists())
+    try:
+        # Still in the old lane (not forgotten there yet): a retryable refusal, never "not found".
+        with pytest.raises(zdelay.Fenced) as refused:
+            client.get(generated)
+        assert refused.value.retryable and "new lane" in str(refused.value)
+        threading.Timer(0.3, lambda: gate.write_text("go")).start()
+        assert client.get(generated)["payload"] == b"generated"
+        assert client.cancel("gone") == "cancelled"
+        assert client.get("mine", dest="emails")["state"] == "scheduled"
+        assert client.get("gone") is None
+    finally:
+        gate.write_text("go")
+        moving.stop()

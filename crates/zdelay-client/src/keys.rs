@@ -465,8 +465,11 @@ pub struct LaneKeys {
     pub sched_fired: String,
     /// HASH: schedule id → why it is quarantined.
     pub sched_quarantine: String,
-    /// SET: ids `zdelay upgrade` put here (deleted when it finishes).
+    /// SET: ids `zdelay upgrade` or a relocation put here (deleted when it finishes).
     pub transit_in: String,
+    /// STRING: the lock of a relocation into this lane (its holder's token, expiring), so one
+    /// run at a time moves a retired lane's jobs here.
+    pub relocating: String,
     /// HASH: the route's flow control state (`move_lane`): its rate's bucket (`tokens`, `at`)
     /// and since when it is held (`held_since`). Only for routes with a `rate` or a
     /// `max_length`.
@@ -497,6 +500,7 @@ impl LaneKeys {
             sched_fired: key("sched_fired"),
             sched_quarantine: key("sched_quarantine"),
             transit_in: key("transit_in"),
+            relocating: key("relocating"),
             flow: key("flow"),
             marker: key("lane"),
             unique: key("unique"),

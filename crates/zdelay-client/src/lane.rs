@@ -82,6 +82,24 @@ pub struct Registry {
     pub two_phase: BTreeMap<String, String>,
     /// Two-phase sinks (`s:<sink>`): `<sink>/<target>` destinations go to the spread shards.
     pub sinks: std::collections::BTreeSet<String>,
+    /// Retired lanes (`#<lane>` → `<route> <slot> retired`): their route's list moved to
+    /// another slot. Their jobs are relocated into the route's live lane under the same
+    /// stored ids, so a generated id naming one is looked for there.
+    pub retired: BTreeMap<u32, RetiredLane>,
+}
+
+/// A lane whose route's list moved to another slot: where its keys are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetiredLane {
+    pub route: String,
+    pub slot: u16,
+}
+
+impl RetiredLane {
+    /// The retired lane's keys (a lane's keys follow from its route and slot).
+    pub fn keys(&self, namespace: &str) -> LaneKeys {
+        LaneKeys::new(namespace, keys::slot_tag(self.slot), &self.route)
+    }
 }
 
 impl Registry {
@@ -98,6 +116,41 @@ impl Registry {
     pub fn lane(&self, number: u32) -> Option<&Lane> {
         self.by_route.values().find(|l| l.number == number)
     }
+
+    /// Where the jobs of lane `number` are: the lane itself while live, its route's live lane
+    /// once retired (the relocation keeps stored ids).
+    pub fn successor(&self, number: u32) -> Option<&Lane> {
+        self.lane(number).or_else(|| {
+            let retired = self.retired.get(&number)?;
+            self.by_route.get(&retired.route)
+        })
+    }
+
+    /// The retired lanes of `route` whose keys are not its live lane's (a route whose list
+    /// moved back to a slot it had is live there again): where jobs not yet relocated wait.
+    pub fn retired_of<'a>(&'a self, route: &'a str) -> impl Iterator<Item = &'a RetiredLane> {
+        let live_slot = self.by_route.get(route).map(|l| keys::slot_of(&l.list));
+        self.retired
+            .values()
+            .filter(move |r| r.route == route && Some(r.slot) != live_slot)
+    }
+}
+
+/// One `#<lane>` entry of a retired lane: `<route> <slot> retired` (the route may hold
+/// spaces); `None` for a live one or an entry zdelay would not write.
+pub fn parse_retired(entry: &str) -> Option<RetiredLane> {
+    let mut words = entry.rsplitn(3, ' ');
+    (words.next()? == "retired").then_some(())?;
+    let slot = words
+        .next()?
+        .parse::<u16>()
+        .ok()
+        .filter(|s| *s < keys::SLOTS)?;
+    let route = words.next()?;
+    Some(RetiredLane {
+        route: route.to_owned(),
+        slot,
+    })
 }
 
 /// One `r:<route>` entry: `<lane> local <slot> <LPUSH|RPUSH> <list key>` (the list key may

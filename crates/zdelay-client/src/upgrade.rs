@@ -603,7 +603,7 @@ impl Mover<'_> {
                 .into_iter()
                 .map(move |call| async move {
                     let mut con = self.con.clone();
-                    let put = scripts::upgrade_put_lane(&mut con, lane, &call).await?;
+                    let put = scripts::upgrade_put_lane(&mut con, lane, None, &call).await?;
                     let dues = call.iter().map(|r| &r.due);
                     wake(&mut con, &self.channel, &lane.wake_name(), dues).await?;
                     Ok::<_, UpgradeError>((true, put))

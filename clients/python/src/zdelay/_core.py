@@ -170,6 +170,9 @@ class Namespace:
     # `zdelay upgrade` is moving the namespace to layout 2: jobs it has not moved yet are still
     # in their layout-1 shards.
     upgrading: bool = False
+    # Retired lanes (`#<lane>` -> `<route> <slot> retired`): their route's list moved to another
+    # hash slot, and a daemon relocates their jobs into the route's live lane (same stored ids).
+    retired: Dict[int, Tuple[str, int]] = field(default_factory=dict)
 
     def shard_keys(self, shard: int, *kinds: str) -> List[str]:
         if self.layout == 1:
@@ -181,6 +184,10 @@ class Namespace:
         for lane in self.lanes.values():
             if lane.number == number:
                 return lane
+        # A retired lane's jobs are relocated into its route's live lane.
+        route = self.retired.get(number, ("", 0))[0]
+        if route in self.lanes:
+            return self.lanes[route]
         raise Fenced(f"lane {base36(number)} is not in {self.name}:lanes")
 
 
@@ -239,6 +246,9 @@ def load_namespace(name: str) -> Op:
                 ns.lanes[key[2:]] = Lane(int(number, 36), key[2:], int(slot), push, lst)
             elif key.startswith("t:"):
                 ns.two_phase[key[2:]] = value
+            elif key.startswith("#") and value.endswith(" retired"):
+                route, slot, _ = value.rsplit(" ", 2)
+                ns.retired[int(key[1:], 36)] = (route, int(slot))
     return ns
 
 
@@ -496,6 +506,38 @@ def still_in_layout_1(ns: Namespace, job_id: str) -> Op:
         ns.upgrading = False
         return False
     return bool(held)
+
+
+def still_relocating(ns: Namespace, job_id: str) -> Op:
+    """Whether a retired lane (its route's list moved to another hash slot) still holds `job_id`:
+    the relocation writes a job into the route's live lane before it deletes it from the retired
+    one, and nothing else changes a retired lane, so once it is gone there the live lane has it
+    (or it was delivered). The lane a generated id names; for an id of your own, every one."""
+    live = {(lane.route, lane.slot) for lane in ns.lanes.values()}
+    places: List[Tuple[Tuple[str, int], str]] = []
+    if job_id.startswith("~"):
+        number, dot, stored = job_id[1:].partition(".")
+        try:
+            retired = ns.retired.get(int(number, 36)) if dot else None
+        except ValueError:
+            retired = None
+        if retired is not None and retired not in live:
+            places.append((retired, stored))
+    else:
+        places = [(retired, job_id) for retired in set(ns.retired.values()) if retired not in live]
+    if not places:
+        return False
+    held = yield [("HEXISTS", Lane(0, route, slot, "", "").keys(ns.name, "jobs")[0], stored)
+                  for (route, slot), stored in places]
+    for reply in held:
+        if isinstance(reply, Exception):
+            raise reply
+    return any(held)
+
+
+def not_relocated_yet(job_id: str) -> Fenced:
+    return Fenced(f"job {job_id} is being moved to its route's new lane (the route's list moved to another hash "
+                  "slot; a daemon with the new config moves it when it starts): nothing was written; try again")
 
 
 def not_moved_yet(ns: Namespace, job_id: str) -> Upgrading:

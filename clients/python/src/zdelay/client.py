@@ -105,6 +105,10 @@ class Client(_Base):
             if time.monotonic() > deadline:
                 raise _core.not_moved_yet(ns, job_id)
             time.sleep(POLL)
+        while job_id is not None and _drive(_core.still_relocating(ns, job_id), self._execute):
+            if time.monotonic() > deadline:
+                raise _core.not_relocated_yet(job_id)
+            time.sleep(POLL)
         return ns
 
     def enqueue_many(self, jobs: Sequence[Job], on_conflict: Policy = "replace") -> List[Union[Enqueued, Exception]]:
@@ -216,6 +220,10 @@ class AsyncClient(_Base):
         while job_id is not None and await self._drive(_core.still_in_layout_1(ns, job_id)):
             if time.monotonic() > deadline:
                 raise _core.not_moved_yet(ns, job_id)
+            await asyncio.sleep(POLL)
+        while job_id is not None and await self._drive(_core.still_relocating(ns, job_id)):
+            if time.monotonic() > deadline:
+                raise _core.not_relocated_yet(job_id)
             await asyncio.sleep(POLL)
         return ns
 

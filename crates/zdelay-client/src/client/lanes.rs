@@ -419,17 +419,21 @@ impl Client {
             .collect())
     }
 
-    /// The lane a generated id names, and its stored id; `None` when no live lane has that
-    /// number.
+    /// The lane a generated id names (or, once that lane is retired, its route's live lane,
+    /// where the relocation put its jobs), and its stored id; `None` when there is none.
     async fn generated_lane(
         &self,
         book: &LaneBook,
         id: &str,
     ) -> Result<Option<(Lane, String)>, ClientError> {
         let parsed = LaneId::parse(id)?;
-        let mut lane = book.registry().lane(parsed.lane).cloned();
+        let mut lane = book.registry().successor(parsed.lane).cloned();
         if lane.is_none() {
-            lane = self.refresh_lanes(book).await?.lane(parsed.lane).cloned();
+            lane = self
+                .refresh_lanes(book)
+                .await?
+                .successor(parsed.lane)
+                .cloned();
         }
         Ok(lane.map(|lane| (lane, parsed.stored.to_string())))
     }
@@ -490,7 +494,13 @@ impl Client {
             return Ok(Some((lane, id.to_owned())));
         }
         let parsed = LaneId::parse(id)?;
-        Ok((parsed.lane == lane.number).then(|| (lane, parsed.stored.to_string())))
+        let registry = book.registry();
+        let names_it = parsed.lane == lane.number
+            || registry
+                .retired
+                .get(&parsed.lane)
+                .is_some_and(|r| r.route == lane.route);
+        Ok(names_it.then(|| (lane, parsed.stored.to_string())))
     }
 
     /// Where the job `id` is looked for: by `dest` when given (a local route's lane; a
@@ -505,8 +515,16 @@ impl Client {
     ) -> Result<Found, ClientError> {
         self.wait_out_upgrade(book, id, held).await?;
         let Some(dest) = dest else {
-            return self.locate(book, id, held).await;
+            // The search of a user-chosen id reads the registry, so retired lanes are known
+            // after it: a job still in one is waited for, then looked for again. A generated
+            // id names its lane (or the successor of its retired lane).
+            let found = self.locate(book, id, held).await?;
+            if self.wait_out_relocation(book, None, id, held).await? && !generated(id, held) {
+                return self.locate(book, id, held).await;
+            }
+            return Ok(found);
         };
+        self.wait_out_relocation(book, Some(dest), id, held).await?;
         let mut registry = book.registry();
         if !registry.by_route.contains_key(dest) && !registry.is_two_phase(dest) {
             registry = self.refresh_lanes(book).await?;
@@ -568,6 +586,83 @@ impl Client {
         }
     }
 
+    /// While a relocation moves a retired lane's jobs into its route's live lane (the route's
+    /// list moved to another hash slot), waits until the retired lanes where `id` may still be
+    /// (the one a generated id names; `dest`'s; without `dest`, every one) no longer hold it.
+    /// The relocation writes a job into the live lane before it forgets it in the retired
+    /// one, and nothing else changes a retired lane, so looking in the live lane afterwards
+    /// cannot miss it, and a cancel there cannot be undone by the move. Whether a retired lane
+    /// held it; `LaneRefused` (retryable) when it still does after [`UPGRADE_WAIT`] (no
+    /// daemon is relocating).
+    async fn wait_out_relocation(
+        &self,
+        book: &LaneBook,
+        dest: Option<&str>,
+        id: &str,
+        held: Held,
+    ) -> Result<bool, ClientError> {
+        let registry = book.registry();
+        if registry.retired.is_empty() {
+            return Ok(false);
+        }
+        let namespace = self.keys().namespace().to_owned();
+        let live_keys = |route: &str| registry.by_route.get(route).map(|l| l.keys.marker.clone());
+        let mut places: Vec<(crate::keys::LaneKeys, String)> = Vec::new();
+        if generated(id, held) {
+            let parsed = LaneId::parse(id)?;
+            if let Some(retired) = registry.retired.get(&parsed.lane) {
+                let keys = retired.keys(&namespace);
+                if live_keys(&retired.route) != Some(keys.marker.clone()) {
+                    places.push((keys, parsed.stored.to_string()));
+                }
+            }
+        } else if let Some(dest) = dest {
+            places.extend(
+                registry
+                    .retired_of(dest)
+                    .map(|r| (r.keys(&namespace), id.to_owned())),
+            );
+        } else {
+            places.extend(
+                registry
+                    .retired
+                    .values()
+                    .map(|r| r.keys(&namespace))
+                    .filter(|k| {
+                        !registry
+                            .by_route
+                            .values()
+                            .any(|l| l.keys.marker == k.marker)
+                    })
+                    .map(|k| (k, id.to_owned())),
+            );
+        }
+        let started = Instant::now();
+        let mut waited = false;
+        while !places.is_empty() {
+            let asks = places.iter().map(|(k, stored)| async move {
+                self.holds(held.ask(&k.jobs, &k.dead, &k.schedules, stored))
+                    .await
+            });
+            let holding = futures::future::try_join_all(asks).await?;
+            let mut holding = holding.into_iter();
+            places.retain(|_| holding.next().unwrap_or(false));
+            if places.is_empty() {
+                break;
+            }
+            waited = true;
+            if started.elapsed() > UPGRADE_WAIT {
+                return Err(ClientError::LaneRefused {
+                    what: id.to_owned(),
+                    detail: "its route's list moved to another hash slot and the job is still                              in the route's old lane: a daemon with the new config moves it                              when it starts"
+                        .to_owned(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(waited)
+    }
+
     /// Runs `op` on the lane holding `id`; once more after reading the registry again when
     /// the lane refused the call (it moved or changed since it was read).
     async fn on_lane<T, F, Fut>(
@@ -595,6 +690,8 @@ impl Client {
                 Ok(out) => return Ok(Some(out)),
                 Err(e) if lane_refusal(&e) && !last => {
                     self.refresh_lanes(book).await?;
+                    self.wait_out_relocation(book, dest, id, Held::Stored)
+                        .await?;
                 }
                 Err(e) if lane_refusal(&e) => return Err(lane_refused(id, &e)),
                 Err(e) => return Err(e.into()),
@@ -656,26 +753,25 @@ impl Client {
             let Some((lane, stored)) = place else {
                 return Ok(None);
             };
-            let mut con = self.con.clone();
-            let job = match preview {
-                None => store::lanes::get(&mut con, &lane, &stored).await?,
-                Some(n) => store::lanes::get_preview(&mut con, &lane, &stored, n).await?,
-            };
-            let Some(job) = job else {
-                return Ok(None);
-            };
-            if job.marker.as_deref() != Some(lane.marker().as_str()) {
-                // The lane moved or changed since the registry was read.
+            let read = store::lanes::read(&mut self.con.clone(), &lane, &stored, preview).await?;
+            if read.marker.as_deref() != Some(lane.marker().as_str()) {
+                // The lane moved or changed since the registry was read (a job not found in
+                // a retired lane may have been relocated to its successor).
                 if last {
                     return Err(StoreError::Schema(format!(
                         "{} holds {:?}, not the lane the registry names for route {}",
-                        lane.keys.marker, job.marker, lane.route
+                        lane.keys.marker, read.marker, lane.route
                     ))
                     .into());
                 }
                 self.refresh_lanes(book).await?;
+                self.wait_out_relocation(book, dest, id, Held::Stored)
+                    .await?;
                 continue;
             }
+            let Some(job) = read.job else {
+                return Ok(None);
+            };
             let payload_size = job.payload_size;
             let payload = job.payload;
             let mut meta: Meta = match job.meta.as_deref() {

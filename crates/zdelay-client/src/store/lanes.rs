@@ -36,6 +36,15 @@ pub async fn read_registry(con: &mut Conn, keys: &Keys) -> Result<Registry, Stor
             registry.sinks.insert(sink.to_owned());
             continue;
         }
+        if let Some(number) = field.strip_prefix('#') {
+            if let (Some(number), Some(retired)) = (
+                crate::lane_id::parse_base36(number),
+                crate::lane::parse_retired(entry),
+            ) {
+                registry.retired.insert(number, retired);
+            }
+            continue;
+        }
         let Some(route) = field.strip_prefix("r:") else {
             continue;
         };
@@ -76,8 +85,8 @@ pub async fn every_lanes_windows(con: &mut Conn, keys: &Keys) -> Result<Vec<Stri
 
 /// Gives the local route `route` (delivering to `list` with `push`) its lane, or confirms the
 /// one it has, and writes the lane's marker. A route whose list moved to another hash slot
-/// gets a new lane; while its old lane still holds jobs that is refused, since moving them
-/// across slots is not built yet (nothing is changed then but a lane number given out).
+/// gets a new lane and its old one is retired: what that still holds waits there until
+/// [`super::relocate::relocate`] moves it into the new lane.
 pub async fn register(
     con: &mut Conn,
     keys: &Keys,
@@ -100,44 +109,34 @@ pub async fn register(
         })?),
         None => None,
     };
-    // A list moved to another slot: a new lane. The old one is retired first, only if it
-    // holds nothing (checked in the script that retires it), naming the successor's number
-    // taken now; only then does the registry name the successor. A producer with the old
-    // lane cached is refused from the retirement on and reads the registry again.
+    // A list moved to another slot: a new lane. The old one is retired first, naming the
+    // successor's number taken now; only then does the registry name the successor. A
+    // producer with the old lane cached is refused from the retirement on and reads the
+    // registry again; nothing more enters or leaves the old lane but by the relocation.
     let mut successor = None;
-    if let Some(old) = &old {
-        let old_slot = keys::slot_of(&old.list);
-        if old_slot != slot {
-            let next: u32 = redis::cmd("HINCRBY")
-                .arg(keys.lanes())
-                .arg("next")
-                .arg(1)
-                .query_async(con)
-                .await?;
-            crate::failpoint::hold("lane_hold_before_retire").await;
-            let number = base36(next);
-            if let Err(holds) = scripts::retire_lane(con, old, &number).await? {
-                let orphans = holds.stored.saturating_sub(holds.waiting + holds.dead);
-                return Err(StoreError::Schema(format!(
-                    "route {route}'s list moved from {} (slot {old_slot}) to {list} (slot {slot}) \
-                     while its lane still holds {} waiting jobs, {} dead letters and {} \
-                     schedules{}; moving them to another slot is not built yet: point the route \
-                     at {} again until they are gone",
-                    old.list,
-                    holds.waiting,
-                    holds.dead,
-                    holds.schedules,
-                    if orphans > 0 {
-                        format!(" (and {orphans} stored payloads of neither)")
-                    } else {
-                        String::new()
-                    },
-                    old.list
-                )));
-            }
-            crate::failpoint::hold("lane_hold_after_retire").await;
-            successor = Some(number);
+    if let Some(old) = &old
+        && keys::slot_of(&old.list) != slot
+    {
+        // A relocation into the live lane that did not finish (no daemon with that config
+        // ran it through) is finished first: the lane it empties may be the one this
+        // registration makes live again, whose jobs the unfinished run had already put into
+        // the live lane, where they may have been delivered since.
+        let registry = read_registry(con, keys).await?;
+        let pending: Vec<_> = registry.retired_of(route).collect();
+        if super::relocate::unfinished(con, keys, &pending).await? {
+            super::relocate::relocate(con, keys, old, &pending).await?;
         }
+        let next: u32 = redis::cmd("HINCRBY")
+            .arg(keys.lanes())
+            .arg("next")
+            .arg(1)
+            .query_async(con)
+            .await?;
+        crate::failpoint::hold("lane_hold_before_retire").await;
+        let number = base36(next);
+        scripts::retire_lane(con, old, &number).await?;
+        crate::failpoint::hold("lane_hold_after_retire").await;
+        successor = Some(number);
     }
     let (number, change) = scripts::register_lane(
         con,
@@ -245,7 +244,7 @@ pub async fn lookup(con: &mut Conn, lane: &Lane, id: &str) -> Result<LaneLookup,
 }
 
 /// [`lookup`], reading the payload whole or (`preview`) its first bytes.
-async fn read(
+pub async fn read(
     con: &mut Conn,
     lane: &Lane,
     id: &str,

@@ -70,6 +70,8 @@ const BOUNDED_ELSEWHERE: &[(&str, &str, &str)] = &[
      "the plan: one field per live daemon, rewritten in the same call"),
     ("drop_ended_windows.lua", "KEYS[1],0,n-1",
      "n ≤ ARGV[1] (ENDED_WINDOWS_PER_CALL)"),
+    ("relocate_drop_lane.lua", "key,0,999",
+     "1000 entries"),
     ("move_due.lua", "due_key,0,n-1",
      "the n ≤ batch ids the call read with LIMIT"),
     ("move_due.lua", "route.key,unpack(payloads)",

@@ -12,6 +12,7 @@ pub mod functions;
 pub mod lanes;
 #[cfg(test)]
 mod lua_bounds;
+pub mod relocate;
 pub mod scripts;
 
 use crate::config::{RedisConfig, redact_url};

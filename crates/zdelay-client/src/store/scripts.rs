@@ -84,6 +84,7 @@ scripts!(
     due_schedules_lane,
     fire_schedules_lane,
     upgrade_put_lane,
+    relocate_drop_lane,
     claim_slots,
     release_slots,
     upsert_schedule,
@@ -2171,10 +2172,12 @@ pub struct LaneRecord {
     pub next_occurrence: Option<Vec<u8>>,
     pub sched_fired: Option<Vec<u8>>,
     pub sched_quarantine: Option<Vec<u8>>,
+    /// A waiting job's unique_for window, ms (its `unique` entry).
+    pub unique_for: Option<Vec<u8>>,
 }
 
 impl LaneRecord {
-    fn values(&self) -> [&Option<Vec<u8>>; 12] {
+    fn values(&self) -> [&Option<Vec<u8>>; 13] {
         [
             &self.due,
             &self.payload,
@@ -2188,6 +2191,7 @@ impl LaneRecord {
             &self.next_occurrence,
             &self.sched_fired,
             &self.sched_quarantine,
+            &self.unique_for,
         ]
     }
 
@@ -2198,9 +2202,12 @@ impl LaneRecord {
 }
 
 /// Writes `records` into `lane`, each id at most once, ever (see [`PutMode::Transit`]).
+/// `lock`: a relocation's lock token (refused with `ZDELAY_RELOCATING` unless it still holds
+/// the lane's relocation lock, which is extended); `None` for the upgrade.
 pub async fn upgrade_put_lane(
     con: &mut Conn,
     lane: &Lane,
+    lock: Option<&str>,
     records: &[LaneRecord],
 ) -> redis::RedisResult<Put> {
     let k = &lane.keys;
@@ -2220,11 +2227,13 @@ pub async fn upgrade_put_lane(
         &k.sched_fired,
         &k.sched_quarantine,
         &k.transit_in,
+        &k.relocating,
         &k.marker,
+        &k.unique,
     ] {
         inv.key(key);
     }
-    inv.arg(lane.marker());
+    inv.arg(lane.marker()).arg(lock.unwrap_or(""));
     for record in records {
         add_record(&mut inv, &record.id, &record.values());
     }
@@ -2338,7 +2347,7 @@ pub async fn register_lane(
     Ok((lane, change))
 }
 
-/// What a lane held when [`retire_lane`] refused to retire it.
+/// What a lane held when [`retire_lane`] retired it: what the relocation moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaneHolds {
     pub waiting: u64,
@@ -2348,15 +2357,14 @@ pub struct LaneHolds {
     pub stored: u64,
 }
 
-/// Retires `lane` (its route's list moved to another slot) naming `successor`, only if it
-/// holds nothing: checked in the same script that retires it, so no job enqueued by a
-/// producer that read the lane's marker earlier is left where no mover reads
-/// (`retire_lane.lua`). `Err(holds)` when it holds something: nothing was changed.
+/// Retires `lane` (its route's list moved to another slot) naming `successor`
+/// (`retire_lane.lua`): every lane script refuses it from then on, so what it holds stays
+/// put for the relocation. Returns what it holds.
 pub async fn retire_lane(
     con: &mut Conn,
     lane: &Lane,
     successor: &str,
-) -> redis::RedisResult<Result<(), LaneHolds>> {
+) -> redis::RedisResult<LaneHolds> {
     let k = &lane.keys;
     let reply: Vec<u64> = Call::new(&compiled::retire_lane)
         .key(&k.due)
@@ -2369,18 +2377,57 @@ pub async fn retire_lane(
         .invoke(con)
         .await?;
     match reply[..] {
-        [1] => Ok(Ok(())),
-        [0, waiting, dead, schedules, stored] => Ok(Err(LaneHolds {
+        [waiting, dead, schedules, stored] => Ok(LaneHolds {
             waiting,
             dead,
             schedules,
             stored,
-        })),
+        }),
         _ => Err(protocol_error(
             "retire_lane reply",
             &Value::Array(reply.into_iter().map(|n| Value::Int(n as i64)).collect()),
         )),
     }
+}
+
+/// Forgets `ids` (stored ids) from the retired lane with keys `k` and marker `marker`, or,
+/// with no ids, ends it once it holds nothing (`relocate_drop_lane.lua`): the number of ids
+/// forgotten; ending, 1 when ended, 2 when leftovers remain (call again), 0 when it still
+/// holds something.
+pub async fn relocate_drop_lane(
+    con: &mut Conn,
+    k: &crate::keys::LaneKeys,
+    marker: &str,
+    ids: &[Vec<u8>],
+) -> redis::RedisResult<u64> {
+    let mut inv = Call::new(&compiled::relocate_drop_lane);
+    for key in [
+        &k.due,
+        &k.jobs,
+        &k.meta,
+        &k.maxlate,
+        &k.large,
+        &k.dead,
+        &k.reasons,
+        &k.history,
+        &k.schedules,
+        &k.sched_env,
+        &k.sched_due,
+        &k.sched_fired,
+        &k.sched_quarantine,
+        &k.windows,
+        &k.transit_in,
+        &k.flow,
+        &k.marker,
+        &k.unique,
+    ] {
+        inv.key(key);
+    }
+    inv.arg(marker);
+    for id in ids {
+        inv.arg(id);
+    }
+    inv.invoke(con).await
 }
 
 /// One job for a route lane (`enqueue_lane`).
@@ -2956,7 +3003,8 @@ mod tests {
             ("delete_schedule_lane", 6),
             ("due_schedules_lane", 3),
             ("fire_schedules_lane", 13),
-            ("upgrade_put_lane", 15),
+            ("upgrade_put_lane", 16),
+            ("relocate_drop_lane", 17),
             ("get_lane", 7),
         ];
         // Every script on a lane's keys is fenced; the registry's own script takes none, and
