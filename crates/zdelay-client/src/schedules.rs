@@ -424,6 +424,14 @@ impl Client {
         let Some(book) = self.lane_book() else {
             return Ok(in_shard());
         };
+        // A producer given the config registers a route that has no lane yet.
+        let registry = self.refresh_lanes(book).await?;
+        let (refusals, _) = self
+            .register_destinations(&registry, [spec.dest.as_str()])
+            .await?;
+        if let Some(refusal) = refusals.get(&spec.dest) {
+            return Err(refusal.error(&spec.dest, &registry));
+        }
         let home = match self
             .place_of(book, Some(&spec.dest), &spec.id, Held::Schedule)
             .await?
