@@ -73,8 +73,10 @@ fn one_lane_per_route(
     local: &[(&str, &str, &str)],
 ) {
     let registry = registry_of(con, namespace);
-    let created: Vec<(&String, &String)> =
-        registry.iter().filter(|(f, _)| f.starts_with('#')).collect();
+    let created: Vec<(&String, &String)> = registry
+        .iter()
+        .filter(|(f, _)| f.starts_with('#'))
+        .collect();
     assert_eq!(created.len(), local.len(), "lanes created: {registry:?}");
     assert_eq!(
         registry.get("next").map(String::as_str),
@@ -86,7 +88,10 @@ fn one_lane_per_route(
         let number = entry.split(' ').next().expect("lane number");
         let slot = zdelay::keys::slot_of(list);
         assert_eq!(*entry, format!("{number} local {slot} {push} {list}"));
-        assert_eq!(registry[&format!("#{number}")], format!("{route} {slot} live"));
+        assert_eq!(
+            registry[&format!("#{number}")],
+            format!("{route} {slot} live")
+        );
         let tag = zdelay::keys::slot_tag(slot);
         let marker: Option<String> = redis::cmd("GET")
             .arg(format!("{namespace}:{{{tag}}}:lane:{route}"))
@@ -131,7 +136,10 @@ fn producers_before_any_daemon(
         .map(|i| format!("{{\"dest\":\"{}\",\"payload\":\"p{i}\"}}\n", dest(i)))
         .collect();
     std::fs::write(batch.path(), lines).expect("batch file");
-    cli_ok(config, &["enqueue", "--batch", common::path_str(batch.path())]);
+    cli_ok(
+        config,
+        &["enqueue", "--batch", common::path_str(batch.path())],
+    );
     // The library as a producer, given the config's routes.
     let rt = common::runtime();
     let cfg = zdelay::config::load(Some(&config.path)).expect("config");
@@ -170,7 +178,10 @@ fn producers_before_any_daemon(
         .map(|i| (i, counts[i]))
         .filter(|(_, n)| *n != 1)
         .collect();
-    assert!(wrong.is_empty(), "(job, times delivered) not once: {wrong:?}");
+    assert!(
+        wrong.is_empty(),
+        "(job, times delivered) not once: {wrong:?}"
+    );
     for (list, route) in lists.iter().zip(["a", "b", "m"]) {
         for item in list {
             let i: usize = String::from_utf8_lossy(&item[1..]).parse().expect("p<i>");
@@ -178,7 +189,10 @@ fn producers_before_any_daemon(
         }
     }
     let log = daemon.log_text();
-    assert!(!log.contains("ZDELAY_") && !log.contains("CROSSSLOT"), "{log}");
+    assert!(
+        !log.contains("ZDELAY_") && !log.contains("CROSSSLOT"),
+        "{log}"
+    );
 }
 
 #[test]
@@ -200,10 +214,7 @@ fn producers_given_the_config_register_lanes_before_any_daemon_on_a_cluster() {
 /// Two producers (`zdelay enqueue --batch` with the config) and a daemon start at the same
 /// moment, over and over on a fresh namespace: every route gets one lane, never two, and every
 /// job is delivered exactly once. `config` makes round `n`'s config from its extra TOML.
-fn racing_registrations(
-    con: &mut dyn redis::ConnectionLike,
-    config: impl Fn(&str) -> TestConfig,
-) {
+fn racing_registrations(con: &mut dyn redis::ConnectionLike, config: impl Fn(&str) -> TestConfig) {
     const ROUTES: usize = 12;
     const ROUNDS: usize = 3;
     for round in 0..ROUNDS {
@@ -221,7 +232,11 @@ fn racing_registrations(
         let body = std::fs::read_to_string(&config.path).expect("config");
         std::fs::write(
             &config.path,
-            body.replacen("[redis]\n", &format!("[redis]\nnamespace = \"{namespace}\"\n"), 1),
+            body.replacen(
+                "[redis]\n",
+                &format!("[redis]\nnamespace = \"{namespace}\"\n"),
+                1,
+            ),
         )
         .expect("config");
         let batch = |producer: usize| {
@@ -309,7 +324,9 @@ fn a_producer_without_the_config_gets_a_retryable_error_and_writes_nothing() {
     let attached = rt
         .block_on(Client::attach(&common::redis_config(&redis.url(), 4)))
         .expect("attach");
-    let named = attached.clone().with_destinations(["a".to_owned(), "b".to_owned()]);
+    let named = attached
+        .clone()
+        .with_destinations(["a".to_owned(), "b".to_owned()]);
     // With route names only, a destination outside them is refused as unknown first.
     for (lib, dests) in [(&attached, &["b", "m"][..]), (&named, &["b"][..])] {
         for &dest in dests {
@@ -354,7 +371,9 @@ fn a_producer_without_the_config_gets_a_retryable_error_and_writes_nothing() {
         .collect();
     assert!(new.is_empty(), "keys written: {new:?}");
     assert!(
-        rt.block_on(attached.get_in("a", "now")).expect("get").is_some(),
+        rt.block_on(attached.get_in("a", "now"))
+            .expect("get")
+            .is_some(),
         "the job for route a"
     );
 }
@@ -423,13 +442,19 @@ fn a_producers_registration_of_a_route_registered_otherwise_writes_nothing() {
     let remote = RedisServer::start();
     let config = TestConfig::new(&redis.url(), 4, &routes(&remote.url())).on_layout_2();
     for dest in ["a", "m"] {
-        cli_ok(&config, &["enqueue", "--dest", dest, "--in", "1h", "--payload", "x"]);
+        cli_ok(
+            &config,
+            &["enqueue", "--dest", dest, "--in", "1h", "--payload", "x"],
+        );
     }
     let mut con = redis.conn();
     let before = (common::all_keys(&mut con), registry(&mut con));
     let rt = common::runtime();
     let mut lcon = rt
-        .block_on(zdelay::store::Conn::connect(&common::redis_config(&redis.url(), 4)))
+        .block_on(zdelay::store::Conn::connect(&common::redis_config(
+            &redis.url(),
+            4,
+        )))
         .expect("connect");
     let keys = zdelay::keys::Keys::new("zdelay", 4);
     let lpush = LocalRoute {
@@ -472,4 +497,66 @@ fn a_producers_registration_of_a_route_registered_otherwise_writes_nothing() {
     assert_eq!(two_phase.as_deref(), Some("sink other"));
     let after = (common::all_keys(&mut con), registry(&mut con));
     assert_eq!(after, before, "nothing written");
+}
+
+/// A producer given the config whose Redis user may read the lane registry but not write it:
+/// a route with no lane yet is refused with the retryable error, naming the refusal and what to
+/// grant, and nothing is written; with write access to the registry it registers the route.
+#[test]
+fn a_producer_whose_user_may_not_register_is_told_what_to_grant() {
+    let producer_rules = "%R~zdelay:schema %R~zdelay:lanes ~zdelay:{* ~q:* &zdelay:wake \
+        +@read +@write +@scripting +@connection +publish -@dangerous +info +time";
+    let mut args = vec!["--user", "producer", "on", ">producer-secret"];
+    args.extend(producer_rules.split_whitespace());
+    let redis = RedisServer::start_with(&args);
+    // A daemon whose config has route a only has run (with the default user's rights).
+    let only_a = "[[routes]]\nname = \"a\"\nsink = \"local\"\ntarget = \"q:a\"\n";
+    drop(Daemon::start(
+        &TestConfig::new(&redis.url(), 4, only_a).on_layout_2(),
+    ));
+    let producer_url = redis
+        .url()
+        .replacen("redis://", "redis://producer:producer-secret@", 1);
+    let with_n =
+        format!("{only_a}\n[[routes]]\nname = \"n\"\nsink = \"local\"\ntarget = \"q:n\"\n");
+    let producer = TestConfig::new(&producer_url, 4, &with_n).on_layout_2();
+    let mut con = redis.conn();
+    let before = (common::all_keys(&mut con), registry(&mut con));
+    let out = producer.cli(&["enqueue", "--dest", "n", "--payload", "x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("destination \"n\" has no route lane yet and this producer's Redis user may not register it")
+            && err.contains("(NOPERM this user has no permissions")
+            && err.contains("grant it write access to the lane registry zdelay:lanes and the lane markers zdelay:{*}:lane:* with +hincrby and +set")
+            && err.contains("start a daemon whose config has the route first")
+            && !err.contains("producer-secret"),
+        "{err}"
+    );
+    // Its routes that have a lane take jobs as before.
+    cli_ok(
+        &producer,
+        &["enqueue", "--dest", "a", "--in", "1h", "--payload", "y"],
+    );
+    let after = (common::all_keys(&mut con), registry(&mut con));
+    assert_eq!(after.1, before.1, "the registry is unchanged");
+    let new: BTreeSet<&String> = after
+        .0
+        .difference(&before.0)
+        .filter(|k| !k.ends_with(":a"))
+        .collect();
+    assert!(new.is_empty(), "keys written: {new:?}");
+    // Granted the registry, it registers route n itself.
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("producer")
+        .arg("~zdelay:lanes")
+        .query(&mut con)
+        .expect("ACL SETUSER");
+    cli_ok(&producer, &["enqueue", "--dest", "n", "--payload", "x"]);
+    one_lane_per_route(
+        &mut con,
+        "zdelay",
+        &[("a", "q:a", "LPUSH"), ("n", "q:n", "LPUSH")],
+    );
 }

@@ -91,7 +91,10 @@ pub struct LaneRoutes {
 pub enum LaneRoute<'a> {
     Local(&'a LocalRoute),
     /// A two-phase route: its sink.
-    TwoPhase { route: &'a str, sink: &'a str },
+    TwoPhase {
+        route: &'a str,
+        sink: &'a str,
+    },
     /// `<sink>/<target>` of a two-phase sink.
     Sink(&'a str),
 }

@@ -334,7 +334,10 @@ impl Client {
                 // A lane registered a moment ago may not have its marker yet (it is written
                 // after the registry names the lane): a producer given the config writes it.
                 let (more, _) = self
-                    .register_destinations(&Registry::default(), refused_routes.iter().map(String::as_str))
+                    .register_destinations(
+                        &Registry::default(),
+                        refused_routes.iter().map(String::as_str),
+                    )
                     .await?;
                 refusals.extend(more);
                 registry = self.refresh_lanes(book).await?;
@@ -382,7 +385,16 @@ impl Client {
                     refusals.insert(dest.to_owned(), differs(route, describe_entry(&entry)));
                 }
                 Err(StoreError::Redis(e)) if is_no_permission(&e) => {
-                    refusals.insert(dest.to_owned(), Refusal::NoRights(e.to_string()));
+                    let why = e.detail().map_or_else(|| e.to_string(), str::to_owned);
+                    let ns = keys.namespace();
+                    refusals.insert(
+                        dest.to_owned(),
+                        Refusal::NoRights(format!(
+                            "NOPERM {why}): grant it write access to the lane registry \
+                             {ns}:lanes and the lane markers {ns}:{{*}}:lane:* with +hincrby and \
+                             +set (the security guide's producer user on storage layout 2"
+                        )),
+                    );
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -806,7 +818,7 @@ fn no_lane(dest: &str, detail: &str, registry: &Registry) -> ClientError {
 pub(crate) enum Refusal {
     /// Registered otherwise than the config says: (route, registered, the config's).
     Differs(String, String, String),
-    /// The ACL refused the registration (the error's text).
+    /// The ACL refused the registration: why, and what to grant.
     NoRights(String),
 }
 
@@ -821,10 +833,8 @@ impl Refusal {
             Refusal::NoRights(why) => no_lane(
                 dest,
                 &format!(
-                    " and this producer's Redis user may not register it ({why}): grant it \
-                     write access to the lane registry and the lane markers (see the security \
-                     guide's producer user for storage layout 2), or start a daemon whose config \
-                     has the route first"
+                    " and this producer's Redis user may not register it ({why}), or start a \
+                     daemon whose config has the route first"
                 ),
                 registry,
             ),
@@ -843,19 +853,25 @@ enum Registration {
 fn registration(registry: &Registry, route: LaneRoute<'_>) -> Registration {
     match route {
         LaneRoute::Local(local) => match registry.by_route.get(&local.name) {
-            Some(lane) if lane.list == local.list && lane.push == local.push => Registration::Agrees,
+            Some(lane) if lane.list == local.list && lane.push == local.push => {
+                Registration::Agrees
+            }
             Some(lane) => Registration::Differs(local_words(&lane.list, lane.push.command())),
             None => match registry.two_phase.get(&local.name) {
                 Some(sink) => Registration::Differs(two_phase_words(sink)),
                 None => Registration::Missing,
             },
         },
-        LaneRoute::TwoPhase { route, sink } => match (registry.by_route.get(route), registry.two_phase.get(route)) {
-            (Some(lane), _) => Registration::Differs(local_words(&lane.list, lane.push.command())),
-            (None, Some(registered)) if registered == sink => Registration::Agrees,
-            (None, Some(registered)) => Registration::Differs(two_phase_words(registered)),
-            (None, None) => Registration::Missing,
-        },
+        LaneRoute::TwoPhase { route, sink } => {
+            match (registry.by_route.get(route), registry.two_phase.get(route)) {
+                (Some(lane), _) => {
+                    Registration::Differs(local_words(&lane.list, lane.push.command()))
+                }
+                (None, Some(registered)) if registered == sink => Registration::Agrees,
+                (None, Some(registered)) => Registration::Differs(two_phase_words(registered)),
+                (None, None) => Registration::Missing,
+            }
+        }
         LaneRoute::Sink(sink) if registry.sinks.contains(sink) => Registration::Agrees,
         LaneRoute::Sink(_) => Registration::Missing,
     }
@@ -863,7 +879,10 @@ fn registration(registry: &Registry, route: LaneRoute<'_>) -> Registration {
 
 fn differs(route: LaneRoute<'_>, registered: String) -> Refusal {
     let (name, config) = match route {
-        LaneRoute::Local(local) => (local.name.clone(), local_words(&local.list, local.push.command())),
+        LaneRoute::Local(local) => (
+            local.name.clone(),
+            local_words(&local.list, local.push.command()),
+        ),
         LaneRoute::TwoPhase { route, sink } => (route.to_owned(), two_phase_words(sink)),
         LaneRoute::Sink(sink) => (sink.to_owned(), format!("sink {sink}")),
     };

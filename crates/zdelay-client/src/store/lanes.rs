@@ -220,7 +220,13 @@ pub async fn register_missing(
             let number = crate::lane_id::parse_base36(&number).ok_or_else(|| {
                 StoreError::Schema(format!("{registry} gave lane number {number:?}"))
             })?;
-            let lane = Lane::for_list(keys.namespace(), number, &local.name, &local.list, local.push);
+            let lane = Lane::for_list(
+                keys.namespace(),
+                number,
+                &local.name,
+                &local.list,
+                local.push,
+            );
             let _: Option<String> = redis::cmd("SET")
                 .arg(&lane.keys.marker)
                 .arg(lane.marker())
@@ -229,9 +235,10 @@ pub async fn register_missing(
                 .await?;
             return Ok(None);
         }
-        LaneRoute::TwoPhase { route, sink } => {
-            (vec![(route.to_owned(), sink.to_owned())], vec![sink.to_owned()])
-        }
+        LaneRoute::TwoPhase { route, sink } => (
+            vec![(route.to_owned(), sink.to_owned())],
+            vec![sink.to_owned()],
+        ),
         LaneRoute::Sink(sink) => (Vec::new(), vec![sink.to_owned()]),
     };
     Ok(
