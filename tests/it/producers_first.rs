@@ -125,6 +125,25 @@ fn producers_before_any_daemon(
 ) {
     const TOTAL: usize = 63;
     let dest = |i: usize| ["a", "b", "m"][i % 3];
+    // A schedule first: it registers route b's lane, where it lives (no occurrence for ages).
+    cli_ok(
+        config,
+        &[
+            "schedule",
+            "set",
+            "someday",
+            "--dest",
+            "b",
+            "--every",
+            "1h",
+            "--start-at",
+            "2099-01-01T00:00:00Z",
+            "--payload",
+            "tick",
+        ],
+    );
+    let shown = cli_ok(config, &["schedule", "get", "someday", "-o", "json"]);
+    assert!(shown.contains("\"dest\": \"b\""), "{shown}");
     for i in 0..3 {
         cli_ok(
             config,
@@ -216,7 +235,7 @@ fn producers_given_the_config_register_lanes_before_any_daemon_on_a_cluster() {
 /// job is delivered exactly once. `config` makes round `n`'s config from its extra TOML.
 fn racing_registrations(con: &mut dyn redis::ConnectionLike, config: impl Fn(&str) -> TestConfig) {
     const ROUTES: usize = 12;
-    const ROUNDS: usize = 3;
+    const ROUNDS: usize = 5;
     for round in 0..ROUNDS {
         let namespace = format!("race{round}");
         let lists: Vec<(String, String)> = (0..ROUTES)

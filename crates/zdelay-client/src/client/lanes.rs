@@ -203,6 +203,7 @@ impl Client {
         let mut results: Vec<Option<Answer>> = (0..jobs.len()).map(|_| None).collect();
         let mut registry = book.registry();
         let mut refreshed = false;
+        let mut marked = false;
         let known =
             |r: &Registry, dest: &str| r.by_route.contains_key(dest) || r.is_two_phase(dest);
         if jobs.iter().any(|j| !known(&registry, &j.dest)) {
@@ -298,7 +299,13 @@ impl Client {
                     .await
                     {
                         Ok(answers) => answers,
-                        Err(e) if lane_refusal(&e) && !refreshed => {
+                        // Once after reading the registry again; and once after writing the
+                        // marker of a lane this client's config has (registered a moment ago
+                        // by another, its marker may not be written yet).
+                        Err(e)
+                            if lane_refusal(&e)
+                                && (!refreshed || (!marked && self.has_route(&route))) =>
+                        {
                             pending.extend(chunk.iter().cloned());
                             again = true;
                             refused_routes.insert(route.clone());
@@ -333,6 +340,7 @@ impl Client {
             if again {
                 // A lane registered a moment ago may not have its marker yet (it is written
                 // after the registry names the lane): a producer given the config writes it.
+                marked |= refused_routes.iter().any(|r| self.has_route(r));
                 let (more, _) = self
                     .register_destinations(
                         &Registry::default(),
@@ -400,6 +408,11 @@ impl Client {
             }
         }
         Ok((refusals, registered))
+    }
+
+    /// Whether this client was given a config that has route `route`.
+    fn has_route(&self, route: &str) -> bool {
+        self.lane_routes().is_some_and(|c| c.find(route).is_some())
     }
 
     /// Every home of jobs, dead letters and schedules: the shards of `layout` (on layout 2
