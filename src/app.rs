@@ -392,26 +392,12 @@ pub async fn register_lanes(
             route.name
         );
     }
-    let two_phase: Vec<(String, String)> = config
-        .routes
-        .iter()
-        .filter(|r| !is_local(r) && config.sinks.contains_key(&r.sink))
-        .map(|r| (r.name.clone(), r.sink.clone()))
-        .collect();
-    let sinks: Vec<String> = config
-        .sinks
-        .iter()
-        .filter(|(_, s)| !s.is_local())
-        .map(|(name, _)| name.clone())
-        .collect();
-    store::lanes::register_two_phase(con, keys, &two_phase, &sinks).await?;
+    let plan = zdelay_client::routes::LaneRoutes::from_config(config);
+    store::lanes::register_two_phase(con, keys, &plan.two_phase, &plan.sinks).await?;
     let mut lanes = Vec::new();
-    for route in &config.routes {
-        if !is_local(route) {
-            continue;
-        }
+    for route in &plan.local {
         let (lane, change) =
-            store::lanes::register(con, keys, &route.name, &route.list_key(), route.push).await?;
+            store::lanes::register(con, keys, &route.name, &route.list, route.push).await?;
         tracing::info!(route = %route.name, lane = %lane.wake_name(), list = %lane.list, ?change, "route lane");
         lanes.push(Arc::new(lane));
     }

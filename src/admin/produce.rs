@@ -154,7 +154,11 @@ fn bad(why: impl Into<String>) -> ApiError {
 /// A client error as the producer sees it: its own mistakes are 400, an existing id 409.
 fn refused(e: ClientError) -> ApiError {
     match e {
-        ClientError::Exists(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+        // On layout 2, this daemon's config and the route's registration (another daemon's
+        // config) disagree: nothing was written.
+        ClientError::Exists(_) | ClientError::RouteDiffers { .. } => {
+            ApiError::new(StatusCode::CONFLICT, e.to_string())
+        }
         ClientError::UnknownDestination { .. }
         | ClientError::Oversize { .. }
         | ClientError::BadId(_)

@@ -773,6 +773,7 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
                 | ClientError::ReservedId(_)
                 | ClientError::SecondsLikeDue(_)
                 | ClientError::UnknownDestination { .. }
+                | ClientError::RouteDiffers { .. }
                 | ClientError::Oversize { .. }
         )
     );

@@ -291,6 +291,13 @@ route = "m"
                 zdelay::config::Push::Lpush,
             ))
             .expect("register");
+        rt.block_on(lanes::register_two_phase(
+            &mut lcon,
+            &lane_keys,
+            &[("m".to_owned(), "other".to_owned())],
+            &["other".to_owned()],
+        ))
+        .expect("register two-phase");
         let item = scripts::LaneItem {
             id: "w",
             due: zdelay::job::Due::At(now + 3_600_000),

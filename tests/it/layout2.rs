@@ -347,7 +347,7 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
         .block_on(lib.cancel_in("nowhere", "dup-1"))
         .expect_err("an unknown destination");
     assert!(
-        matches!(err, ClientError::UnknownDestination { .. }),
+        matches!(err, ClientError::NoLane { .. }) && err.is_retryable(),
         "{err}"
     );
 
@@ -773,10 +773,7 @@ push = "rpush"
     let err = rt
         .block_on(lib.enqueue(NewJob::new("nowhere", "x"), OnConflict::Error))
         .expect_err("not a route");
-    assert!(
-        err.to_string().contains("no route lane or two-phase route"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("has no route lane yet"), "{err}");
     // A schedule to the two-phase route lives in its id's spread shard: three occurrences.
     let sched_base = redis_now_ms(&mut con) + 400;
     let mut spec = NewSchedule::new("t", "m", "tick", Repeat::Every(Duration::from_millis(200)));

@@ -31,6 +31,7 @@ mod memory;
 mod nats;
 mod newer_layout;
 mod producer;
+mod producers_first;
 mod protocol;
 mod protocol_fuzz;
 mod raw_sinks;

@@ -28,6 +28,16 @@ export class Upgrading extends Fenced {}
 /** The namespace needs a newer client (`min_version`, or an unknown storage layout): nothing was written. */
 export class LayoutTooNew extends ProtocolError {}
 export class UnknownDestination extends ZdelayError {}
+/** Storage layout 2: the destination has no route lane yet. A zdelay daemon whose config has the
+ * route registers it when it starts, and so does a zdelay producer given that config (`zdelay
+ * enqueue --config`, the Rust library with the config's routes); this client, which has no
+ * config, cannot. Nothing was written; try again once one has (a destination no config names
+ * stays refused). */
+export class NoLane extends UnknownDestination { retryable = true; }
+function noLane(dest: string, ns: Namespace): NoLane {
+  const known = [...[...ns.lanes.keys()].sort(), ...[...ns.twoPhase].sort()].join(", ") || "none";
+  return new NoLane(`destination ${JSON.stringify(dest)} has no route lane yet: on storage layout 2 a daemon whose config has the route registers it when it starts, and so does a producer given that config; nothing was written, try again once one has (registered: ${known})`);
+}
 export class JobExists extends ZdelayError {}
 /** A daemon could not apply a schedule request: the message names why; nothing of it was written. */
 export class ScheduleRefused extends ZdelayError {}
@@ -329,10 +339,7 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
       // them still enqueues.
       const windows = policy === onConflict ? [] : ["unique", "windows"];
       const lane = ns.layout === 2 ? ns.lanes.get(job.dest) : undefined;
-      if (ns.layout === 2 && !lane && !ns.twoPhase.has(job.dest) && !job.dest.includes("/")) {
-        const known = [...ns.lanes.keys(), ...ns.twoPhase].sort().join(", ") || "none registered";
-        throw new UnknownDestination(`unknown destination ${JSON.stringify(job.dest)}; routes: ${known}`);
-      }
+      if (ns.layout === 2 && !lane && !ns.twoPhase.has(job.dest) && !job.dest.includes("/")) throw noLane(job.dest, ns);
       let head: Command, item: Command, id: string, nkeys: number;
       if (lane) {
         const stored = job.id ?? ids.storedId();
@@ -371,7 +378,9 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
   }
   const replies = yield calls;
   replies.forEach((reply, c) => members[c].forEach(([i, id], n) => {
-    if (reply instanceof Error) results[i] = reply;
+    // Registered, but its marker not written yet: as good as no lane (nothing written).
+    if (reply instanceof Error && reply.message.startsWith("ZDELAY_NO_LANE")) results[i] = noLane(jobs[i].dest, ns);
+    else if (reply instanceof Error) results[i] = reply;
     else {
       const code = Number((reply as unknown[])[n]);
       results[i] = code === -1 ? new JobExists(`job ${id} exists (onConflict 'error')`) : { id, outcome: OUTCOMES[code] };
@@ -462,7 +471,9 @@ function ok(reply: unknown): any {
       throw tooNew(null, Number(layout), version);
     }
     if (isFence(reply)) throw new Fenced(reply.message);
-    if (reply.message.startsWith("ZDELAY_NO_LANE")) throw new UnknownDestination(`no daemon registered this route's lane (${reply.message})`);
+    if (reply.message.startsWith("ZDELAY_NO_LANE")) {
+      throw new NoLane(`this route's lane has no marker yet (${reply.message}): a daemon or a producer given the route's config registers it; nothing was written, try again`);
+    }
     throw reply;
   }
   return reply;
@@ -663,7 +674,8 @@ export class Client {
   /** One result per job, in order: `Enqueued`, or the error of that job alone. */
   async enqueueMany(jobs: Job[], onConflict: OnConflict = "replace"): Promise<(Enqueued | Error)[]> {
     const results = await this.run((ns) => enqueueOp(ns, jobs, onConflict, this.ids, this.options.maxPayload));
-    const again = results.flatMap((r, i) => (isFence(r) ? [i] : []));
+    // Refused by a fence, or no lane in the registry as last read (one may be registered now).
+    const again = results.flatMap((r, i) => (isFence(r) || r instanceof NoLane ? [i] : []));
     if (again.length) {
       const ns = await this.namespaceOf(true);
       const retried = await this.drive(enqueueOp(ns, again.map((i) => jobs[i]), onConflict, this.ids, this.options.maxPayload));

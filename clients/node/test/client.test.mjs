@@ -346,6 +346,37 @@ test("on layout 2 an id of your own is looked for in every lane; held by two rou
   }
 });
 
+test("on layout 2 a route without a lane is retryable and writes nothing", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2 });
+  const redis = new Redis(server.url);
+  const client = new zdelay.Client(new Redis(server.url));
+  try {
+    const lanesBefore = await redis.hgetall("zdelay:lanes");
+    const keysBefore = new Set(await redis.keys("zdelay:{*"));
+    for (const dest of ["sms", "nowhere"]) {
+      await assert.rejects(client.enqueue({ dest, payload: "x" }), (e) => e instanceof zdelay.NoLane
+        && e instanceof zdelay.UnknownDestination && e.retryable
+        && e.message.includes(`destination "${dest}" has no route lane yet`)
+        && e.message.includes("a producer given that config") && e.message.includes("nothing was written"));
+    }
+    const [refused, done] = await client.enqueueMany([{ dest: "sms", payload: "x" }, { dest: "emails", payload: "y", delay: 3_600_000 }]);
+    assert.ok(refused instanceof zdelay.NoLane && done.outcome === "added");
+    assert.deepEqual(await redis.hgetall("zdelay:lanes"), lanesBefore);
+    assert.deepEqual((await redis.keys("zdelay:{*")).filter((k) => !keysBefore.has(k) && !k.endsWith(":emails")), []);
+    // A producer given a config with the route registers its lane; the same call then goes in.
+    const config = join(daemon.dir, "sms.toml");
+    writeFileSync(config, `[redis]\nurl = "${server.url}"\nlayout = 2\nshards = 4\n\n[[routes]]\nname = "sms"\nsink = "local"\ntarget = "q:sms"\n`);
+    execFileSync(zdelayBin, ["enqueue", "--config", config, "--dest", "sms", "--in", "1h", "--payload", "z"]);
+    assert.equal((await client.enqueue({ dest: "sms", payload: "x" })).outcome, "added");
+  } finally {
+    redis.disconnect();
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
 test("a namespace that needs a newer client is refused with nothing written", async () => {
   const server = await startRedis();
   const daemon = await startDaemon(`url = "${server.url}"`);

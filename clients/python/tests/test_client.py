@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import redis
 import zdelay
 from zdelay import _core
 
-from .conftest import Daemon, wait_for
+from .conftest import ZDELAY, Daemon, wait_for
 
 VECTORS = json.loads((Path(__file__).resolve().parents[3] / "docs/reference/protocol-vectors.json").read_text())
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -200,6 +201,35 @@ def test_before_any_daemon_the_namespace_is_missing_and_retryable(redis_url):
         zdelay.Client.from_url(redis_url).enqueue("emails", "x")
     assert e.value.retryable and "does not exist yet" in str(e.value)
     assert redis.Redis.from_url(redis_url).dbsize() == 0
+
+
+def test_on_layout_2_a_route_without_a_lane_is_retryable_and_writes_nothing(redis_url, tmp_path):
+    daemon = Daemon(f'url = "{redis_url}"', shards=4, layout=2)
+    try:
+        r = redis.Redis.from_url(redis_url)
+        lanes_before = r.hgetall("zdelay:lanes")
+        keys_before = set(r.keys("zdelay:{*"))
+        client = zdelay.Client.from_url(redis_url)
+        for dest in ("sms", "nowhere"):
+            with pytest.raises(zdelay.NoLane) as e:
+                client.enqueue(dest, "x")
+            assert e.value.retryable and isinstance(e.value, zdelay.UnknownDestination)
+            assert f"destination '{dest}' has no route lane yet" in str(e.value)
+            assert "a producer given that config" in str(e.value) and "nothing was written" in str(e.value)
+        [refused, done] = client.enqueue_many([zdelay.Job("sms", "x"), zdelay.Job("emails", "y", delay=3_600_000)])
+        assert isinstance(refused, zdelay.NoLane) and done.outcome == "added"
+        assert r.hgetall("zdelay:lanes") == lanes_before
+        assert {k for k in set(r.keys("zdelay:{*")) - keys_before if not k.endswith(b":emails")} == set()
+        # A producer given a config with the route registers its lane; the same call then goes in.
+        config = tmp_path / "sms.toml"
+        config.write_text(f'[redis]\nurl = "{redis_url}"\nlayout = 2\nshards = 4\n\n'
+                          '[[routes]]\nname = "sms"\nsink = "local"\ntarget = "q:sms"\n')
+        out = subprocess.run([ZDELAY, "enqueue", "--config", str(config), "--dest", "sms", "--in", "1h", "--payload", "z"],
+                             capture_output=True)
+        assert out.returncode == 0, out.stderr
+        assert client.enqueue("sms", "x").outcome == "added"
+    finally:
+        daemon.stop()
 
 
 def test_a_server_without_the_library_or_speaking_another_protocol_is_refused_by_name(redis_url):

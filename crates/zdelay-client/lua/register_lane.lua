@@ -6,10 +6,14 @@
 -- ARGV[1] route name; ARGV[2] the slot of its list; ARGV[3] "LPUSH" | "RPUSH"; ARGV[4] the list key
 -- ARGV[5] optional: the successor's number (base 36) when the list moved to another slot, taken
 --   from "next" by the caller before it retired the old lane (retire_lane) naming it
+-- ARGV[6] optional: "missing" for a producer, which registers a route the registry lacks and
+--   never changes one: a route registered otherwise (another list or push, or as two-phase,
+--   "t:<route>") is answered "differs" with nothing written
 -- Returns: { lane number (base 36), what happened: "new" (first registration), "same" (nothing
 --   changed), "updated" (same slot, another list key or push: the caller rewrites the marker),
 --   "moved" (another slot: a new lane; the old one is retired), the old lane's number ("" unless
---   moved) }
+--   moved) }, or with "missing": { lane number or "", "differs", the registered entry (for a
+--   two-phase route: "sink <sink>") }
 -- Re-run safety: yes; a second run finds its own registration ("same").
 
 local registry = KEYS[1]
@@ -28,6 +32,15 @@ end
 
 local entry_of = function(lane) return lane .. ' local ' .. slot .. ' ' .. push .. ' ' .. list end
 local old = redis.call('HGET', registry, 'r:' .. route)
+if ARGV[6] == 'missing' then
+  local sink = redis.call('HGET', registry, 't:' .. route)
+  if sink then return { '', 'differs', 'sink ' .. sink } end
+  if old then
+    local lane = string.match(old, '^(%w+) ') or ''
+    if old == entry_of(lane) then return { lane, 'same', '' } end
+    return { lane, 'differs', old }
+  end
+end
 if old then
   local lane, old_slot = string.match(old, '^(%w+) local (%d+) ')
   if lane and old_slot == slot then

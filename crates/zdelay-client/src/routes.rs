@@ -73,6 +73,71 @@ impl fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
+/// What a configuration registers in a layout-2 namespace's lane registry: every local
+/// route's lane (a route lane in its list's slot, on one Redis and on a cluster alike), the
+/// two-phase routes with their sinks, and the two-phase sinks. Daemons register all of it at
+/// start; a producer given the config registers a destination of it the registry lacks.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LaneRoutes {
+    pub local: Vec<LocalRoute>,
+    /// Two-phase routes: (route, sink).
+    pub two_phase: Vec<(String, String)>,
+    /// Two-phase sinks (`<sink>/<target>` destinations file into them).
+    pub sinks: Vec<String>,
+}
+
+/// What a configuration says of one destination, for its registration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LaneRoute<'a> {
+    Local(&'a LocalRoute),
+    /// A two-phase route: its sink.
+    TwoPhase {
+        route: &'a str,
+        sink: &'a str,
+    },
+    /// `<sink>/<target>` of a two-phase sink.
+    Sink(&'a str),
+}
+
+impl LaneRoutes {
+    pub fn from_config(config: &Config) -> Self {
+        let mut lanes = LaneRoutes::default();
+        for route in &config.routes {
+            match config.sinks.get(&route.sink) {
+                Some(sink) if sink.is_local() => lanes.local.push(LocalRoute {
+                    name: route.name.clone(),
+                    list: route.list_key(),
+                    push: route.push,
+                }),
+                Some(_) => lanes
+                    .two_phase
+                    .push((route.name.clone(), route.sink.clone())),
+                None => {}
+            }
+        }
+        lanes.sinks = config
+            .sinks
+            .iter()
+            .filter(|(_, s)| !s.is_local())
+            .map(|(name, _)| name.clone())
+            .collect();
+        lanes
+    }
+
+    /// What `dest` is in this configuration; `None` when it names none of it.
+    pub fn find(&self, dest: &str) -> Option<LaneRoute<'_>> {
+        if let Some(route) = self.local.iter().find(|r| r.name == dest) {
+            return Some(LaneRoute::Local(route));
+        }
+        if let Some((route, sink)) = self.two_phase.iter().find(|(r, _)| r == dest) {
+            return Some(LaneRoute::TwoPhase { route, sink });
+        }
+        let (sink, target) = dest.split_once('/')?;
+        let sink = self.sinks.iter().find(|s| *s == sink)?;
+        (!target.is_empty()).then_some(LaneRoute::Sink(sink))
+    }
+}
+
 /// The routes of one configuration.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Routes {
@@ -85,6 +150,9 @@ pub struct Routes {
     /// On a Redis Cluster: every local route by name (exactly-once or not), with the slots of
     /// the shards, for raw sources and `explain`. `None` on a single Redis.
     cluster: Option<ClusterLayout>,
+    /// What the configuration registers on layout 2 (`None`: built without a configuration,
+    /// [`Routes::names`]).
+    lanes: Option<LaneRoutes>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -95,7 +163,10 @@ struct ClusterLayout {
 
 impl Routes {
     pub fn from_config(config: &Config) -> Self {
-        let mut routes = Routes::default();
+        let mut routes = Routes {
+            lanes: Some(LaneRoutes::from_config(config)),
+            ..Routes::default()
+        };
         for (name, sink) in &config.sinks {
             if !sink.is_local() {
                 routes.sinks.insert(name.clone(), sink.allow().to_vec());
@@ -223,6 +294,12 @@ impl Routes {
             })),
             None => self.resolve(route),
         }
+    }
+
+    /// What the configuration this table was built from registers on layout 2; `None` for a
+    /// table of names only.
+    pub fn lane_routes(&self) -> Option<&LaneRoutes> {
+        self.lanes.as_ref()
     }
 
     /// Whether this table is for a Redis Cluster.

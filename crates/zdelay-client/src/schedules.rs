@@ -38,7 +38,7 @@ use crate::client::{Client, ClientError, read_fence};
 use crate::envelope::{Envelope, Meta};
 use crate::job::{Due, OnConflict};
 use crate::keys::{Keys, occurrence_id, run_now_id, valid_schedule_id};
-use crate::lane::Home;
+use crate::lane::{Home, Registry};
 use crate::operator::Operator;
 use crate::schedule::{Schedule, ScheduleDef};
 pub use crate::store::scripts::FIRE_MAX_OCCURRENCES;
@@ -424,6 +424,16 @@ impl Client {
         let Some(book) = self.lane_book() else {
             return Ok(in_shard());
         };
+        // A producer given the config registers a route that has no lane yet, or confirms it
+        // and writes a marker its registrant may not have written yet (rare enough to ask
+        // every time).
+        let (refusals, _) = self
+            .register_destinations(&Registry::default(), [spec.dest.as_str()])
+            .await?;
+        let registry = self.refresh_lanes(book).await?;
+        if let Some(refusal) = refusals.get(&spec.dest) {
+            return Err(refusal.error(&spec.dest, &registry));
+        }
         let home = match self
             .place_of(book, Some(&spec.dest), &spec.id, Held::Schedule)
             .await?

@@ -10,6 +10,7 @@ from ._core import (
     Job,
     JobExists,
     LayoutTooNew,
+    NoLane,
     NoNamespace,
     NotApplied,
     ProtocolError,
@@ -22,6 +23,6 @@ from .client import AsyncClient, Client
 
 __all__ = [
     "PROTOCOL", "VERSION", "AsyncClient", "Client", "Debounce", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
-    "LayoutTooNew", "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused", "UnknownDestination",
+    "LayoutTooNew", "NoLane", "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused", "UnknownDestination",
     "Upgrading", "ZdelayError",
 ]

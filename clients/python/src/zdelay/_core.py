@@ -60,6 +60,23 @@ class UnknownDestination(ZdelayError):
     pass
 
 
+class NoLane(UnknownDestination):
+    """Storage layout 2: the destination has no route lane yet. A zdelay daemon whose config
+    has the route registers it when it starts, and so does a zdelay producer given that config
+    (`zdelay enqueue --config`, the Rust library with the config's routes); this client, which
+    has no config, cannot. Nothing was written; try again once one has (a destination no config
+    names stays refused)."""
+
+    retryable = True
+
+
+def no_lane(dest: str, ns: "Namespace") -> NoLane:
+    known = ", ".join(sorted(ns.lanes) + sorted(ns.two_phase)) or "none"
+    return NoLane(f"destination {dest!r} has no route lane yet: on storage layout 2 a daemon whose config has the "
+                  "route registers it when it starts, and so does a producer given that config; nothing was "
+                  f"written, try again once one has (registered: {known})")
+
+
 class JobExists(ZdelayError):
     pass
 
@@ -419,8 +436,7 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
             due = due_arg(job.at, job.delay)
             lane = ns.lanes.get(job.dest) if ns.layout == 2 else None
             if ns.layout == 2 and lane is None and job.dest not in ns.two_phase and "/" not in job.dest:
-                known = ", ".join(sorted(ns.lanes) + sorted(ns.two_phase)) or "none registered"
-                raise UnknownDestination(f"unknown destination {job.dest!r}; routes: {known}")
+                raise no_lane(job.dest, ns)
             late_arg = "" if late is None else str(late)
             policy = base if job.unique_for is None else f"{base} unique {_ms(job.unique_for, 'unique_for')}"
             extra = WINDOWS if policy != on_conflict else ()
@@ -448,11 +464,14 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
         for start in range(0, len(items), 500):
             chunk = items[start : start + 500]
             calls.append(("FCALL", *head, *[a for _, _, item in chunk for a in item]))
-            members.append(chunk)
+            members.append((jobs[chunk[0][0]].dest, chunk))
     replies = yield calls
-    for reply, chunk in zip(replies, members):
+    for reply, (dest, chunk) in zip(replies, members):
         for n, (i, job_id, _) in enumerate(chunk):
-            if isinstance(reply, Exception):
+            if isinstance(reply, Exception) and str(reply).startswith("ZDELAY_NO_LANE"):
+                # Registered, but its marker not written yet: as good as no lane (nothing written).
+                results[i] = no_lane(dest, ns)
+            elif isinstance(reply, Exception):
                 results[i] = reply
             elif reply[n] == -1:
                 results[i] = JobExists(f"job {job_id} exists (on_conflict='error')")
@@ -639,7 +658,8 @@ def _ok(reply: Any) -> Any:
         if text.startswith(FENCES):
             raise Fenced(text)
         if text.startswith("ZDELAY_NO_LANE"):
-            raise UnknownDestination(f"no daemon registered this route's lane ({text})")
+            raise NoLane(f"this route's lane has no marker yet ({text}): a daemon or a producer given the route's "
+                         "config registers it; nothing was written, try again")
         raise reply
     return reply
 

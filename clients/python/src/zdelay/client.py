@@ -58,7 +58,10 @@ def _job(dest: str, payload: Union[bytes, str], **kw: Any) -> Job:
 
 
 def _refused(results: List[Any]) -> List[int]:
-    return [i for i, r in enumerate(results) if isinstance(r, Exception) and str(r).startswith(_core.FENCES)]
+    """Jobs worth sending again after reading the namespace again: refused by a fence, or for a
+    destination without a lane in the registry as last read (one may have been registered)."""
+    return [i for i, r in enumerate(results)
+            if isinstance(r, _core.NoLane) or (isinstance(r, Exception) and str(r).startswith(_core.FENCES))]
 
 
 class Client(_Base):

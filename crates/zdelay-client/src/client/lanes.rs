@@ -14,9 +14,10 @@ use crate::job::{Cancelled, Due, Enqueued, OnConflict};
 use crate::keys::Keys;
 use crate::lane::{Home, Lane, Registry};
 use crate::lane_id::{LaneId, StoredId, StoredIdGenerator, is_reserved};
+use crate::routes::LaneRoute;
 use crate::store::scripts::{self, LaneItem};
 use crate::store::{self, Conn, StoreError};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -202,15 +203,25 @@ impl Client {
         let mut results: Vec<Option<Answer>> = (0..jobs.len()).map(|_| None).collect();
         let mut registry = book.registry();
         let mut refreshed = false;
+        let mut marked = false;
         let known =
             |r: &Registry, dest: &str| r.by_route.contains_key(dest) || r.is_two_phase(dest);
         if jobs.iter().any(|j| !known(&registry, &j.dest)) {
             registry = self.refresh_lanes(book).await?;
             refreshed = true;
         }
+        let dests: BTreeSet<&str> = jobs.iter().map(|j| j.dest.as_str()).collect();
+        let (mut refusals, registered) = self.register_destinations(&registry, dests).await?;
+        if registered {
+            registry = self.refresh_lanes(book).await?;
+        }
         let mut pending = Vec::new();
         let (mut two_phase, mut two_phase_at) = (Vec::new(), Vec::new());
         for (i, job) in jobs.into_iter().enumerate() {
+            if let Some(refusal) = refusals.get(&job.dest) {
+                results[i] = Some(Err(refusal.error(&job.dest, &registry)));
+                continue;
+            }
             if !registry.by_route.contains_key(&job.dest) && registry.is_two_phase(&job.dest) {
                 match &job.id {
                     Some(id) if is_reserved(id) => {
@@ -248,8 +259,12 @@ impl Client {
             // so a collision never replaces another producer's job.
             let mut groups: BTreeMap<(String, bool), Vec<Prepared>> = BTreeMap::new();
             for p in pending.drain(..) {
+                if let Some(refusal) = refusals.get(&p.dest) {
+                    results[p.index] = Some(Err(refusal.error(&p.dest, &registry)));
+                    continue;
+                }
                 if !registry.by_route.contains_key(&p.dest) {
-                    results[p.index] = Some(Err(no_lane(&p.dest, &registry)));
+                    results[p.index] = Some(Err(no_lane(&p.dest, "", &registry)));
                     continue;
                 }
                 groups
@@ -258,6 +273,7 @@ impl Client {
                     .push(p);
             }
             let mut again = false;
+            let mut refused_routes = BTreeSet::new();
             for ((route, generated), group) in groups {
                 let lane = &registry.by_route[&route];
                 let policy = if generated { OnConflict::Error } else { policy };
@@ -283,9 +299,16 @@ impl Client {
                     .await
                     {
                         Ok(answers) => answers,
-                        Err(e) if lane_refusal(&e) && !refreshed => {
+                        // Once after reading the registry again; and once after writing the
+                        // marker of a lane this client's config has (registered a moment ago
+                        // by another, its marker may not be written yet).
+                        Err(e)
+                            if lane_refusal(&e)
+                                && (!refreshed || (!marked && self.has_route(&route))) =>
+                        {
                             pending.extend(chunk.iter().cloned());
                             again = true;
+                            refused_routes.insert(route.clone());
                             continue;
                         }
                         Err(e) if lane_refusal(&e) => {
@@ -315,6 +338,16 @@ impl Client {
                 }
             }
             if again {
+                // A lane registered a moment ago may not have its marker yet (it is written
+                // after the registry names the lane): a producer given the config writes it.
+                marked |= refused_routes.iter().any(|r| self.has_route(r));
+                let (more, _) = self
+                    .register_destinations(
+                        &Registry::default(),
+                        refused_routes.iter().map(String::as_str),
+                    )
+                    .await?;
+                refusals.extend(more);
                 registry = self.refresh_lanes(book).await?;
                 refreshed = true;
             }
@@ -323,6 +356,63 @@ impl Client {
             .into_iter()
             .map(|r| r.expect("every job has a result"))
             .collect())
+    }
+
+    /// On a client given its config's routes ([`Client::with_routes`] with
+    /// `Routes::from_config`): registers each destination of `dests` that the config has and
+    /// `registry` lacks, as a daemon with that config would at start, and checks the others
+    /// against the config. Returns the destinations refused (registered otherwise, or this
+    /// user may not register them), and whether anything was registered (read the registry
+    /// again). Without a config, nothing.
+    pub(crate) async fn register_destinations<'d>(
+        &self,
+        registry: &Registry,
+        dests: impl IntoIterator<Item = &'d str>,
+    ) -> Result<(BTreeMap<String, Refusal>, bool), ClientError> {
+        let mut refusals = BTreeMap::new();
+        let mut registered = false;
+        let Some(config) = self.lane_routes() else {
+            return Ok((refusals, registered));
+        };
+        let keys = self.keys();
+        for dest in dests {
+            let Some(route) = config.find(dest) else {
+                continue;
+            };
+            match registration(registry, route) {
+                Registration::Agrees => continue,
+                Registration::Differs(registered) => {
+                    refusals.insert(dest.to_owned(), differs(route, registered));
+                    continue;
+                }
+                Registration::Missing => {}
+            }
+            match store::lanes::register_missing(&mut self.con.clone(), &keys, route).await {
+                Ok(None) => registered = true,
+                Ok(Some(entry)) => {
+                    refusals.insert(dest.to_owned(), differs(route, describe_entry(&entry)));
+                }
+                Err(StoreError::Redis(e)) if is_no_permission(&e) => {
+                    let why = e.detail().map_or_else(|| e.to_string(), str::to_owned);
+                    let ns = keys.namespace();
+                    refusals.insert(
+                        dest.to_owned(),
+                        Refusal::NoRights(format!(
+                            "NOPERM {why}): grant it write access to the lane registry \
+                             {ns}:lanes and the lane markers {ns}:{{*}}:lane:* with +hincrby and \
+                             +set (the security guide's producer user on storage layout 2"
+                        )),
+                    );
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok((refusals, registered))
+    }
+
+    /// Whether this client was given a config that has route `route`.
+    fn has_route(&self, route: &str) -> bool {
+        self.lane_routes().is_some_and(|c| c.find(route).is_some())
     }
 
     /// Every home of jobs, dead letters and schedules: the shards of `layout` (on layout 2
@@ -356,7 +446,7 @@ impl Client {
             .by_route
             .get(dest)
             .cloned()
-            .ok_or_else(|| no_lane(dest, &registry))
+            .ok_or_else(|| no_lane(dest, "", &registry))
     }
 
     /// Runs `op` fenced like every call on layout 1 ([`Client::fenced`]); on layout 2 once
@@ -537,7 +627,7 @@ impl Client {
         } else if registry.is_two_phase(dest) {
             Ok(Found::Shard)
         } else {
-            Err(no_lane(dest, &registry))
+            Err(no_lane(dest, "", &registry))
         }
     }
 
@@ -812,21 +902,126 @@ fn generated(id: &str, held: Held) -> bool {
     is_reserved(id) && !matches!(held, Held::Schedule)
 }
 
-/// A destination with no lane: on layout 2 only local routes have one, registered by a
-/// daemon whose config has the route when it starts.
-fn no_lane(dest: &str, registry: &Registry) -> ClientError {
-    let known: Vec<&str> = registry.by_route.keys().map(String::as_str).collect();
-    ClientError::UnknownDestination {
+/// A destination the lane registry does not name (retryable: a daemon or a producer with the
+/// route's config registers it). `detail` says why this producer did not.
+fn no_lane(dest: &str, detail: &str, registry: &Registry) -> ClientError {
+    let known: Vec<&str> = registry
+        .by_route
+        .keys()
+        .chain(registry.two_phase.keys())
+        .map(String::as_str)
+        .collect();
+    ClientError::NoLane {
         dest: dest.to_owned(),
-        detail: " (no route lane or two-phase route: on storage layout 2 a daemon whose config \
-                 has the route registers it when it starts)"
-            .to_owned(),
+        detail: detail.to_owned(),
         known: if known.is_empty() {
-            "none registered".to_owned()
+            "none".to_owned()
         } else {
             known.join(", ")
         },
     }
+}
+
+/// Why a producer given the config did not enqueue to a destination of it.
+#[derive(Debug, Clone)]
+pub(crate) enum Refusal {
+    /// Registered otherwise than the config says: (route, registered, the config's).
+    Differs(String, String, String),
+    /// The ACL refused the registration: why, and what to grant.
+    NoRights(String),
+}
+
+impl Refusal {
+    pub(crate) fn error(&self, dest: &str, registry: &Registry) -> ClientError {
+        match self {
+            Refusal::Differs(route, registered, config) => ClientError::RouteDiffers {
+                route: route.clone(),
+                registered: registered.clone(),
+                config: config.clone(),
+            },
+            Refusal::NoRights(why) => no_lane(
+                dest,
+                &format!(
+                    " and this producer's Redis user may not register it ({why}), or start a \
+                     daemon whose config has the route first"
+                ),
+                registry,
+            ),
+        }
+    }
+}
+
+/// How the registry holds what a config says of one destination.
+enum Registration {
+    Agrees,
+    /// Registered otherwise: the registered form, in words.
+    Differs(String),
+    Missing,
+}
+
+fn registration(registry: &Registry, route: LaneRoute<'_>) -> Registration {
+    match route {
+        LaneRoute::Local(local) => match registry.by_route.get(&local.name) {
+            Some(lane) if lane.list == local.list && lane.push == local.push => {
+                Registration::Agrees
+            }
+            Some(lane) => Registration::Differs(local_words(&lane.list, lane.push.command())),
+            None => match registry.two_phase.get(&local.name) {
+                Some(sink) => Registration::Differs(two_phase_words(sink)),
+                None => Registration::Missing,
+            },
+        },
+        LaneRoute::TwoPhase { route, sink } => {
+            match (registry.by_route.get(route), registry.two_phase.get(route)) {
+                (Some(lane), _) => {
+                    Registration::Differs(local_words(&lane.list, lane.push.command()))
+                }
+                (None, Some(registered)) if registered == sink => Registration::Agrees,
+                (None, Some(registered)) => Registration::Differs(two_phase_words(registered)),
+                (None, None) => Registration::Missing,
+            }
+        }
+        LaneRoute::Sink(sink) if registry.sinks.contains(sink) => Registration::Agrees,
+        LaneRoute::Sink(_) => Registration::Missing,
+    }
+}
+
+fn differs(route: LaneRoute<'_>, registered: String) -> Refusal {
+    let (name, config) = match route {
+        LaneRoute::Local(local) => (
+            local.name.clone(),
+            local_words(&local.list, local.push.command()),
+        ),
+        LaneRoute::TwoPhase { route, sink } => (route.to_owned(), two_phase_words(sink)),
+        LaneRoute::Sink(sink) => (sink.to_owned(), format!("sink {sink}")),
+    };
+    Refusal::Differs(name, registered, config)
+}
+
+fn local_words(list: &str, push: &str) -> String {
+    format!("a local route to list {list:?} ({push})")
+}
+
+fn two_phase_words(sink: &str) -> String {
+    format!("a two-phase route to sink {sink}")
+}
+
+/// A registry entry as the registration scripts answer it (`<lane> local <slot> <push>
+/// <list>`, or `sink <sink>`), in words.
+fn describe_entry(entry: &str) -> String {
+    if let Some(sink) = entry.strip_prefix("sink ") {
+        return two_phase_words(sink);
+    }
+    let mut parts = entry.splitn(5, ' ');
+    match (parts.nth(3), parts.next()) {
+        (Some(push), Some(list)) => local_words(list, push),
+        _ => format!("{entry:?}"),
+    }
+}
+
+/// Whether Redis refused a call for the user's ACL.
+fn is_no_permission(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOPERM") || e.to_string().contains("NOPERM")
 }
 
 /// A lane that kept refusing after the registry was read again (retryable: nothing was

@@ -49,6 +49,33 @@ pub enum ClientError {
         detail: String,
         known: String,
     },
+    /// On storage layout 2, a destination the lane registry does not name yet: no daemon
+    /// whose config has the route has started, and no producer given that config registered
+    /// it (or this one may not: `detail` says so). Nothing was written; retryable.
+    #[error(
+        "destination {dest:?} has no route lane yet{detail}: on storage layout 2 a daemon whose \
+         config has the route registers it when it starts, and so does a producer given that \
+         config; nothing was written, try again once one has (registered: {known})"
+    )]
+    NoLane {
+        dest: String,
+        detail: String,
+        known: String,
+    },
+    /// On storage layout 2, a producer's config says otherwise of a route than the lane
+    /// registry (another list or push side, local against two-phase): a producer never
+    /// changes a registration. Nothing was written.
+    #[error(
+        "route {route:?} is registered as {registered}, but this config says {config}: a \
+         producer never changes a route's registration, so nothing was written; start a daemon \
+         with this config to register the change, or give the producer the config the daemons \
+         run"
+    )]
+    RouteDiffers {
+        route: String,
+        registered: String,
+        config: String,
+    },
     #[error("payload of {size} bytes exceeds max_payload {max}")]
     Oversize { size: usize, max: usize },
     #[error("invalid job id {0:?}: it must be non-empty, at most 256 bytes")]
@@ -135,6 +162,8 @@ impl ClientError {
             ClientError::Envelope(_) => "envelope",
             ClientError::Exists(_) => "exists",
             ClientError::UnknownDestination { .. } => "unknown_destination",
+            ClientError::NoLane { .. } => "no_lane",
+            ClientError::RouteDiffers { .. } => "route_differs",
             ClientError::Oversize { .. } => "oversize",
             ClientError::BadId(_) => "bad_id",
             ClientError::ReservedId(_) => "reserved_id",
@@ -153,13 +182,14 @@ impl ClientError {
 
     /// Whether the same call may succeed later unchanged ([`StoreError::is_retryable`]): the
     /// connection or the server failed for a moment, a reshard or an upgrade runs, the
-    /// namespace waits for its first daemon, a route lane is being moved. A call refused by a fence wrote nothing; after a
+    /// namespace waits for its first daemon, a route lane is being moved or not registered yet.
+    /// A call refused by a fence wrote nothing; after a
     /// dropped connection the call may have run, so send an enqueue again with the same id
     /// (a generated id is new each time: the job could then be stored twice).
     pub fn is_retryable(&self) -> bool {
         match self {
             ClientError::Store(e) => e.is_retryable(),
-            ClientError::LaneRefused { .. } => true,
+            ClientError::LaneRefused { .. } | ClientError::NoLane { .. } => true,
             _ => false,
         }
     }
@@ -492,6 +522,11 @@ impl Client {
     /// names but not the daemon's config.
     pub fn with_destinations(self, names: impl IntoIterator<Item = String>) -> Self {
         self.with_routes(Routes::names(names))
+    }
+
+    /// What the config these routes came from registers on layout 2 (`None` without one).
+    pub(crate) fn lane_routes(&self) -> Option<&crate::routes::LaneRoutes> {
+        self.routes.as_deref().and_then(Routes::lane_routes)
     }
 
     /// Rejects payloads over `max` bytes at enqueue (otherwise they die at delivery).

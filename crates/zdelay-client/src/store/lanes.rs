@@ -1,13 +1,14 @@
 //! The lane registry of storage layout 2 (`<ns>:lanes`): reading it, and registering a local
 //! route's lane with its marker; and reading one job of a lane.
 
-use super::scripts::{self, LaneChange};
+use super::scripts::{self, LaneChange, Registering};
 use super::{Conn, StoreError};
 use crate::config::Push;
 use crate::job::JobState;
 use crate::keys::{self, Keys};
 use crate::lane::{Lane, Registry, parse_entry};
 use crate::lane_id::base36;
+use crate::routes::LaneRoute;
 use std::collections::BTreeMap;
 
 /// Whether a lane script refused the call because the lane is not the one the caller read
@@ -146,6 +147,7 @@ pub async fn register(
         push,
         list,
         successor.as_deref(),
+        Registering::Daemon,
     )
     .await?;
     let number = crate::lane_id::parse_base36(&number).ok_or_else(|| {
@@ -174,15 +176,75 @@ pub async fn register_two_phase(
     if routes.is_empty() && sinks.is_empty() {
         return Ok(());
     }
-    let mut pipe = redis::pipe();
-    for (route, sink) in routes {
-        pipe.hset(keys.lanes(), format!("t:{route}"), sink).ignore();
-    }
-    for sink in sinks {
-        pipe.hset(keys.lanes(), format!("s:{sink}"), "").ignore();
-    }
-    let () = pipe.query_async(con).await?;
+    scripts::register_two_phase(con, &keys.lanes(), routes, sinks, Registering::Daemon).await?;
     Ok(())
+}
+
+/// A producer's registration of one destination of its config that the registry lacks
+/// (`register_lane.lua` and `register_two_phase.lua`, the daemons' scripts, which give a route
+/// one lane number however many register it at once). It never changes a registration:
+/// `Some(entry)` when the destination is registered otherwise (another list or push side, a
+/// two-phase route registered as local or the other way round), and nothing was written. A
+/// new lane's marker is written only where none is (`SET NX`): a daemon that registered the
+/// lane meanwhile wrote it already, and may have changed it since.
+pub async fn register_missing(
+    con: &mut Conn,
+    keys: &Keys,
+    route: LaneRoute<'_>,
+) -> Result<Option<String>, StoreError> {
+    let registry = keys.lanes();
+    let (routes, sinks) = match route {
+        LaneRoute::Local(local) => {
+            let slot = keys::slot_of(&local.list);
+            let (number, change) = scripts::register_lane(
+                con,
+                &registry,
+                &local.name,
+                slot,
+                local.push,
+                &local.list,
+                None,
+                Registering::Missing,
+            )
+            .await?;
+            match change {
+                LaneChange::New | LaneChange::Same => {}
+                LaneChange::Differs { registered } => return Ok(Some(registered)),
+                other => {
+                    return Err(StoreError::Schema(format!(
+                        "{registry} answered {other:?} to a registration of a missing route"
+                    )));
+                }
+            }
+            let number = crate::lane_id::parse_base36(&number).ok_or_else(|| {
+                StoreError::Schema(format!("{registry} gave lane number {number:?}"))
+            })?;
+            let lane = Lane::for_list(
+                keys.namespace(),
+                number,
+                &local.name,
+                &local.list,
+                local.push,
+            );
+            let _: Option<String> = redis::cmd("SET")
+                .arg(&lane.keys.marker)
+                .arg(lane.marker())
+                .arg("NX")
+                .query_async(con)
+                .await?;
+            return Ok(None);
+        }
+        LaneRoute::TwoPhase { route, sink } => (
+            vec![(route.to_owned(), sink.to_owned())],
+            vec![sink.to_owned()],
+        ),
+        LaneRoute::Sink(sink) => (Vec::new(), vec![sink.to_owned()]),
+    };
+    Ok(
+        scripts::register_two_phase(con, &registry, &routes, &sinks, Registering::Missing)
+            .await?
+            .map(|(_, registered)| registered),
+    )
 }
 
 /// One job of a route lane as read by [`get`].

@@ -72,6 +72,7 @@ scripts!(
     enqueue_lane,
     move_lane,
     register_lane,
+    register_two_phase,
     retire_lane,
     cancel_lane,
     reschedule_lane,
@@ -2309,11 +2310,34 @@ pub enum LaneChange {
     Updated,
     /// Its list moved to another slot: a new lane; the old one (this number) is retired.
     Moved { from: String },
+    /// A producer's registration ([`Registering::Missing`]) of a route registered otherwise:
+    /// nothing was written. `registered`: the registry's entry (`<lane> local <slot> <push>
+    /// <list>`, or `sink <sink>` for a two-phase route).
+    Differs { registered: String },
+}
+
+/// Who registers, and so what a registration may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registering {
+    /// A daemon (or `zdelay upgrade`): the registry follows its config.
+    Daemon,
+    /// A producer given the config: it registers what the registry lacks and changes nothing.
+    Missing,
+}
+
+impl Registering {
+    fn mode(self) -> &'static str {
+        match self {
+            Registering::Daemon => "",
+            Registering::Missing => "missing",
+        }
+    }
 }
 
 /// Registers a local route's lane in `registry` (see `register_lane.lua`): its lane number
 /// in base 36 and what changed. `successor`: the number taken for the new lane when the
 /// route's list moved to another slot (the old lane was retired naming it).
+#[allow(clippy::too_many_arguments)]
 pub async fn register_lane(
     con: &mut Conn,
     registry: &str,
@@ -2322,6 +2346,7 @@ pub async fn register_lane(
     push: Push,
     list: &str,
     successor: Option<&str>,
+    who: Registering,
 ) -> redis::RedisResult<(String, LaneChange)> {
     let (lane, change, from): (String, String, String) = Call::new(&compiled::register_lane)
         .key(registry)
@@ -2330,6 +2355,7 @@ pub async fn register_lane(
         .arg(push.command())
         .arg(list)
         .arg(successor.unwrap_or(""))
+        .arg(who.mode())
         .invoke(con)
         .await?;
     let change = match change.as_str() {
@@ -2337,6 +2363,7 @@ pub async fn register_lane(
         "same" => LaneChange::Same,
         "updated" => LaneChange::Updated,
         "moved" => LaneChange::Moved { from },
+        "differs" => LaneChange::Differs { registered: from },
         other => {
             return Err(protocol_error(
                 "register_lane reply",
@@ -2345,6 +2372,35 @@ pub async fn register_lane(
         }
     };
     Ok((lane, change))
+}
+
+/// Registers two-phase routes (route, sink) and two-phase sinks in `registry` (see
+/// `register_two_phase.lua`). `Some((route, registered entry))`: a producer's registration
+/// ([`Registering::Missing`]) met a route registered otherwise, and wrote nothing.
+pub async fn register_two_phase(
+    con: &mut Conn,
+    registry: &str,
+    routes: &[(String, String)],
+    sinks: &[String],
+    who: Registering,
+) -> redis::RedisResult<Option<(String, String)>> {
+    let mut call = Call::new(&compiled::register_two_phase);
+    call.key(registry).arg(who.mode()).arg(routes.len());
+    for (route, sink) in routes {
+        call.arg(route).arg(sink);
+    }
+    for sink in sinks {
+        call.arg(sink);
+    }
+    let reply: Vec<String> = call.invoke(con).await?;
+    match <[String; 2]>::try_from(reply) {
+        Ok([route, registered]) => Ok(Some((route, registered))),
+        Err(reply) if reply.is_empty() => Ok(None),
+        Err(reply) => Err(protocol_error(
+            "register_two_phase reply",
+            &Value::SimpleString(reply.join(" ")),
+        )),
+    }
 }
 
 /// What a lane held when [`retire_lane`] retired it: what the relocation moves.
