@@ -17,7 +17,7 @@
 //! `poller.idle_poll_max` while wake-ups are known to reach the shard (jobs another daemon
 //! queued or released for this sink wait at most that long).
 
-use super::context::{PollerContext, RawSource, TargetId};
+use super::context::{PollerContext, RawSource, ReadyPart, TargetId};
 use super::delivery;
 use super::mover::Backoff;
 use super::wake::Waker;
@@ -26,6 +26,7 @@ use crate::sinks::SinkHandle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use zdelay_client::routes::FlowPart;
 use zdelay_client::store::scripts;
 
 /// Longest wait between two claims without a wake-up while wake-ups are not known to reach
@@ -43,19 +44,23 @@ fn wait_until(at_ms: Option<i64>, now_us: i64, margin: Duration, idle: Duration)
     (Duration::from_micros(wait_us) + margin).min(idle)
 }
 
-/// Publishes `sink`'s jobs of `shard` until `stop`. The batch in hand is always published
-/// and settled first.
+/// Publishes the jobs of `part` (a sink's own part of `shard`'s ready set, or a route's flow
+/// part) until `stop`. The batch in hand is always published and settled first. A flow part
+/// claims only what its route's bucket grants (`take_flow`): while the bucket is empty it
+/// sleeps until the bucket has tokens again, and its jobs wait in the part, holding nothing
+/// else up.
 pub async fn run(
     ctx: Arc<PollerContext>,
     shard: u16,
-    sink: Arc<SinkHandle>,
+    part: Arc<ReadyPart>,
     wake: Waker,
     stop: CancellationToken,
 ) {
     let keys = ctx.keys.shard(shard);
     let policy = &ctx.delivery;
+    let sink = &part.sink;
     let mut backoff = Backoff::new();
-    let label = format!("sink {} shard {shard}", sink.name);
+    let label = format!("sink {} shard {shard}", part.name);
     while !stop.is_cancelled() {
         if sink.is_paused() {
             tokio::select! {
@@ -68,17 +73,55 @@ pub async fn run(
             permit = sink.permit(policy.batch_bytes) => permit,
             _ = stop.cancelled() => break,
         };
+        let taken = match &part.flow {
+            None => None,
+            Some(flow) => match take(&ctx, shard, flow, policy.batch, 0, false).await {
+                Ok(taken) => Some(taken),
+                Err(e) if ctx.is_refusal(&e) => break,
+                Err(e) => {
+                    metrics::error_event("redis", &label, &e);
+                    drop(permit);
+                    sleep_or_stop(backoff.step(), &stop).await;
+                    continue;
+                }
+            },
+        };
+        let batch = taken.as_ref().map_or(policy.batch, |t| t.granted);
+        if batch == 0 {
+            // The route's bucket is empty: its jobs wait here until it has tokens again. A
+            // wake-up from the mover (more jobs queued) changes nothing before then.
+            drop(permit);
+            let idle = wake.idle(IDLE_CLAIM, ctx.mover.idle_poll_max.max(IDLE_CLAIM));
+            let wait = taken.as_ref().map_or(idle, |t| {
+                wait_until(t.wake_ms, t.now_ms * 1000, Duration::ZERO, idle)
+            });
+            sleep_or_stop(wait.max(Duration::from_millis(1)), &stop).await;
+            continue;
+        }
         let claimed_at = Instant::now();
         let lease_ms = policy.lease.as_millis() as u64;
         let claim = scripts::claim_jobs(
             &mut ctx.con_for(&TargetId::Shard(shard)),
             &keys,
-            &sink.name,
-            policy.batch,
+            &part.name,
+            batch,
             lease_ms,
             policy.batch_bytes.min(sink.bytes_bound()),
         )
         .await;
+        if let (Some(flow), Some(t)) = (&part.flow, &taken) {
+            // Tokens the claim did not use go back at once: other shards may use them.
+            let (used, more) = claim
+                .as_ref()
+                .map_or((0, false), |c| (c.jobs.len(), c.more));
+            if used < t.granted {
+                let caught_up = claim.is_ok() && !more;
+                if let Err(e) = take(&ctx, shard, flow, 0, t.granted - used, caught_up).await {
+                    metrics::error_event("redis", &label, &e);
+                }
+            }
+        }
+        let held_since_ms = taken.as_ref().and_then(|t| t.held_since_ms);
         // A lease that runs out is found by a mover; this one's wakes us, another daemon's
         // does not: look again a fallback poll after the deadline.
         let idle = wake.idle(IDLE_CLAIM, ctx.mover.idle_poll_max.max(IDLE_CLAIM));
@@ -93,15 +136,27 @@ pub async fn run(
             Ok(claim) => {
                 permit.keep(claim.bytes());
                 backoff.reset();
-                match delivery::deliver(&ctx, shard, &sink, &claim, claimed_at).await {
+                let claimed = delivery::ClaimedBatch {
+                    part: &part.name,
+                    claim: &claim,
+                    claimed_at,
+                    held_since_ms,
+                };
+                match delivery::deliver(&ctx, shard, sink, &claimed).await {
                     Ok(_) => metrics::recovered("redis", &label),
                     // The batch stays in flight; its lease lapses wherever it lands.
                     Err(e) if ctx.is_refusal(&e) => break,
                     Err(e) => metrics::error_event("redis", &label, &e),
                 }
+                let cut = taken.as_ref().and_then(|t| t.wake_ms);
                 if claim.more || claim.jobs.len() >= policy.batch {
                     // More may wait: go again at once.
                     Duration::ZERO
+                } else if let (Some(wake_ms), Some(t)) = (cut, &taken)
+                    && claim.jobs.len() >= t.granted
+                {
+                    // The bucket cut the claim and more may wait: again once it has tokens.
+                    wait_until(Some(wake_ms), t.now_ms * 1000, Duration::ZERO, idle)
                 } else {
                     after_leases(&claim)
                 }
@@ -122,6 +177,39 @@ pub async fn run(
             _ = wake.notified() => {}
             _ = stop.cancelled() => {}
         }
+    }
+}
+
+/// One `take_flow` call for `flow`'s bucket from `shard`'s publisher.
+async fn take(
+    ctx: &PollerContext,
+    shard: u16,
+    flow: &FlowPart,
+    want: usize,
+    give_back: usize,
+    caught_up: bool,
+) -> redis::RedisResult<scripts::FlowTaken> {
+    let take = scripts::TakeFlow {
+        shard,
+        want,
+        give_back,
+        caught_up,
+        now_ms: None,
+        rate_per_s: flow.rate_per_s,
+        burst: flow.burst,
+    };
+    scripts::take_flow(
+        &mut ctx.con.clone(),
+        &ctx.keys.route_flow(&flow.route),
+        &take,
+    )
+    .await
+}
+
+async fn sleep_or_stop(wait: Duration, stop: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => {}
+        _ = stop.cancelled() => {}
     }
 }
 

@@ -548,16 +548,12 @@ fn validate_flow(
                  broker applies its own limits",
             ));
         }
-        for (name, set) in [
-            ("rate", route.rate.is_some()),
-            ("key_rate", route.key_rate.is_some()),
-        ] {
-            if set {
-                return Err(invalid(
-                    field(name),
-                    "is built for local routes (sink \"local\") only so far",
-                ));
-            }
+        if route.key_rate.is_some() {
+            return Err(invalid(
+                field("key_rate"),
+                "is built for local routes (sink \"local\") only so far; a two-phase route \
+                 takes rate and burst",
+            ));
         }
     }
     Ok(())

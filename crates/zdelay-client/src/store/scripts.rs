@@ -71,6 +71,7 @@ scripts!(
     bench_bare_move_hash,
     enqueue_lane,
     move_lane,
+    take_flow,
     register_lane,
     retire_lane,
     cancel_lane,
@@ -1074,12 +1075,13 @@ pub async fn move_due(
             .arg(fixed + routes.list_index(route) + 1)
             .arg(route.push.command());
     }
-    let two_phase: Vec<(&str, &str)> = routes.two_phase_routes().collect();
+    // A route with a rate is queued in its own part of the ready set (`Routes::flow_part`).
+    let two_phase: Vec<(&str, &str)> = routes.two_phase_parts().collect();
     inv.arg(two_phase.len());
-    for (route, sink) in two_phase {
-        inv.arg(route).arg(sink);
+    for (route, part) in two_phase {
+        inv.arg(route).arg(part);
     }
-    let sinks: Vec<&str> = routes.two_phase_sinks().collect();
+    let sinks: Vec<&str> = routes.ready_parts().collect();
     inv.arg(sinks.len()).arg(sinks);
     inv.arg(args.bounds_ms.len()).arg(args.bounds_ms);
     let (walk_sink, walk_from) = args.walk.unwrap_or(("", ""));
@@ -2525,6 +2527,58 @@ pub async fn move_lane(
     };
     let value: Value = inv.invoke(con).await?;
     MoveReply::parse(value, 1, args.bounds_ms.len())
+}
+
+/// One `take_flow` call: a spread shard's publisher asks a two-phase route's rate bucket
+/// for tokens before it claims from the route's part of the shard's ready set.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeFlow {
+    pub shard: u16,
+    /// Jobs the caller would claim now (0: only give back).
+    pub want: usize,
+    /// Tokens an earlier take of this shard granted that its claim did not use.
+    pub give_back: usize,
+    /// That claim found nothing more waiting: the shard's hold ends.
+    pub caught_up: bool,
+    /// Overrides Redis `TIME` (tests drive time with it).
+    pub now_ms: Option<i64>,
+    pub rate_per_s: f64,
+    pub burst: u32,
+}
+
+/// What `take_flow` granted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowTaken {
+    pub granted: usize,
+    pub now_ms: i64,
+    /// When the bucket cut the take: when the part may claim again (ms).
+    pub wake_ms: Option<i64>,
+    /// Since when (ms) the route's part in this shard is held by its rate, if it is.
+    pub held_since_ms: Option<i64>,
+}
+
+/// Takes tokens from the rate bucket `flow_key` of a two-phase route (see `take_flow.lua`).
+pub async fn take_flow(
+    con: &mut Conn,
+    flow_key: &str,
+    take: &TakeFlow,
+) -> redis::RedisResult<FlowTaken> {
+    let mut inv = Call::new(&compiled::take_flow);
+    inv.key(flow_key)
+        .arg(take.shard)
+        .arg(take.want)
+        .arg(take.give_back)
+        .arg(if take.caught_up { "1" } else { "" })
+        .arg(take.now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(take.rate_per_s.to_string())
+        .arg(take.burst);
+    let (granted, now_ms, wake, held): (usize, i64, String, String) = inv.invoke(con).await?;
+    Ok(FlowTaken {
+        granted,
+        now_ms,
+        wake_ms: wake.parse().ok(),
+        held_since_ms: held.parse().ok(),
+    })
 }
 
 /// Cancels the job `id` waiting in `lane` (see `cancel_lane.lua`): its payload, meta, max
