@@ -604,7 +604,7 @@ fn per_key_turns_match_their_reference_model_on_generated_inputs() {
 /// in and before the bucket overflows; and a shard is held from a cut take until it catches up.
 #[test]
 fn a_two_phase_route_s_rate_over_its_spread_shards_matches_the_reference_bucket() {
-    use zdelay::store::scripts::{TakeFlow, take_flow};
+    use zdelay::store::scripts::{Found, TakeFlow, take_flow};
     let redis = RedisServer::start();
     let rt = runtime();
     let mut con = rt
@@ -648,10 +648,11 @@ fn a_two_phase_route_s_rate_over_its_spread_shards_matches_the_reference_bucket(
                 shard,
                 want: batch,
                 give_back: 0,
-                caught_up: false,
+                found: Found::Nothing,
                 now_ms: Some(now),
-                rate_per_s: rate,
-                burst,
+                rate: Some((rate, burst)),
+                lock: None,
+                release: false,
             };
             let got = call(&mut con, take);
             let tokens = model.refill(now);
@@ -688,7 +689,7 @@ fn a_two_phase_route_s_rate_over_its_spread_shards_matches_the_reference_bucket(
                 let back = TakeFlow {
                     want: 0,
                     give_back: got.granted - used,
-                    caught_up: true,
+                    found: Found::CaughtUp,
                     ..take
                 };
                 let after = call(&mut con, back);

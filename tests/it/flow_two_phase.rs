@@ -186,3 +186,79 @@ target = "q:local"
         "the slow route sent {slow_count} in {took:.2} s at 1/s with a burst of 1"
     );
 }
+
+/// A route to a list on another Redis with `max_length = 50`, its 500 jobs due at once in 4
+/// spread shards (4 publishers): the list fills to 50 and stays there, never over; as a
+/// consumer drains it the rest arrive, each once. The wait is deferral.
+#[test]
+fn max_length_on_a_remote_redis_route_holds_at_the_bound_and_resumes() {
+    const N: usize = 500;
+    let redis = RedisServer::start();
+    let target = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            r#"
+[sinks.other]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "bounded"
+sink = "other"
+target = "q:bounded"
+max_length = 50
+"#,
+            target.url()
+        ),
+    )
+    .on_layout_2();
+    let daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let mut far = target.conn();
+    let due = redis_now_ms(&mut redis.conn()) + 200;
+    enqueue(&rt, &client, "bounded", N, due);
+    let llen = |con: &mut redis::Connection| -> usize {
+        redis::cmd("LLEN").arg("q:bounded").query(con).unwrap()
+    };
+    let mut longest = 0;
+    wait_for("the list at its bound", Duration::from_secs(15), || {
+        let len = llen(&mut far);
+        longest = longest.max(len);
+        len == 50
+    });
+    let watch_until = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < watch_until {
+        longest = longest.max(llen(&mut far));
+    }
+    assert_eq!(longest, 50, "the list never grows past its bound");
+    // A consumer drains it: everything arrives, once each, never over the bound.
+    let mut got: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < N && Instant::now() < deadline {
+        let len = llen(&mut far);
+        longest = longest.max(len);
+        let popped: Option<Vec<String>> = redis::cmd("RPOP")
+            .arg("q:bounded")
+            .arg(20)
+            .query(&mut far)
+            .unwrap();
+        match popped {
+            Some(items) => got.extend(items),
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    let ids: HashSet<&String> = got.iter().collect();
+    assert_eq!((got.len(), ids.len()), (N, N), "every job once");
+    assert!(
+        longest <= 50,
+        "the list reached {longest}, over its bound of 50"
+    );
+    wait_for(
+        "the wait counted as deferral",
+        Duration::from_secs(10),
+        || daemon.metric("zdelay_deferred_total", &[("route", "bounded")]) > 0.0,
+    );
+}

@@ -540,13 +540,9 @@ fn validate_flow(
         Some(0) => return Err(invalid(field("key_burst"), "must be at least 1")),
         _ => {}
     }
-    if sink.is_some_and(|s| !s.is_local()) {
+    if let Some(sink) = sink.filter(|s| !s.is_local()) {
         if route.max_length.is_some() {
-            return Err(invalid(
-                field("max_length"),
-                "bounds the Redis list of a local route (sink \"local\"); a two-phase route's \
-                 broker applies its own limits",
-            ));
+            bounded_destination(route, sink).map_err(|why| invalid(field("max_length"), why))?;
         }
         if route.key_rate.is_some() {
             return Err(invalid(
@@ -557,6 +553,32 @@ fn validate_flow(
         }
     }
     Ok(())
+}
+
+/// Whether a two-phase route's destination has a depth `max_length` can bound: a remote
+/// Redis list (its length), an AMQP queue (`/queue`: its messages), a subject a JetStream
+/// stream stores (the stream's messages). Kafka has none: a topic keeps its messages for
+/// every consumer group, whatever they have read.
+fn bounded_destination(route: &RouteConfig, sink: &SinkConfig) -> Result<(), String> {
+    match sink {
+        SinkConfig::Kafka(_) => Err(
+            "has no meaning on Kafka: a topic keeps every message for each consumer group \
+             until its retention ends, so it has no queue depth to bound; limit the route \
+             with rate instead"
+                .to_owned(),
+        ),
+        SinkConfig::Nats(n) if !n.jetstream => Err(
+            "needs JetStream (jetstream = true): core NATS stores no messages, so it has no \
+             depth to bound"
+                .to_owned(),
+        ),
+        SinkConfig::Amqp(_) if !route.list_key().starts_with('/') => Err(format!(
+            "bounds a queue: give the route the target \"/<queue>\" (the default exchange, \
+             whose routing key is the queue it counts), not {:?}",
+            route.list_key()
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn validate_message_timeout(

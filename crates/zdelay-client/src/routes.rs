@@ -73,18 +73,23 @@ impl fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
-/// A two-phase route with a rate: its jobs wait for their sink in a part of each spread
-/// shard's ready set named `<sink>:<route>` (no sink name holds a `:`), beside the sink's own
-/// part, and its publishers claim from there only tokens its bucket grants (`take_flow`). A
-/// held route's jobs wait there, so the sink's other routes flow on.
+/// A two-phase route with a rate or a bound: its jobs wait for their sink in a part of each
+/// spread shard's ready set named `<sink>:<route>` (no sink name holds a `:`), beside the
+/// sink's own part, and its publishers claim from there only what its flow hash grants
+/// (`take_flow`: its rate's tokens; for a bound, the room its destination has). A held
+/// route's jobs wait there, so the sink's other routes flow on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlowPart {
     pub route: String,
     pub sink: String,
+    /// The destination whose depth a bound limits.
+    pub target: String,
     /// The part's name in the ready set.
     pub part: String,
-    pub rate_per_s: f64,
-    pub burst: u32,
+    /// Jobs per second and the bucket's burst, if it has a rate.
+    pub rate: Option<(f64, u32)>,
+    /// The most messages its destination may hold.
+    pub max_length: Option<u64>,
 }
 
 /// The routes of one configuration.
@@ -96,7 +101,7 @@ pub struct Routes {
     two_phase: BTreeMap<String, Destination>,
     /// Two-phase sinks and their `allow` globs.
     sinks: BTreeMap<String, Vec<String>>,
-    /// Two-phase routes with a rate, by route name: their jobs wait in a part of the ready
+    /// Two-phase routes with a rate or a bound, by route name: their jobs wait in a part of the ready
     /// set of their own, claimed within the route's bucket.
     flow_parts: BTreeMap<String, FlowPart>,
     /// On a Redis Cluster: every local route by name (exactly-once or not), with the slots of
@@ -157,16 +162,17 @@ impl Routes {
                 }
                 Some(_) => {
                     if let Some(flow) = route.flow()
-                        && let Some(rate_per_s) = flow.rate_per_s
+                        && (flow.rate_per_s.is_some() || flow.max_length.is_some())
                     {
                         routes.flow_parts.insert(
                             route.name.clone(),
                             FlowPart {
                                 route: route.name.clone(),
                                 sink: route.sink.clone(),
+                                target: route.list_key(),
                                 part: format!("{}:{}", route.sink, route.name),
-                                rate_per_s,
-                                burst: flow.burst,
+                                rate: flow.rate_per_s.map(|r| (r, flow.burst)),
+                                max_length: flow.max_length,
                             },
                         );
                     }

@@ -2529,21 +2529,35 @@ pub async fn move_lane(
     MoveReply::parse(value, 1, args.bounds_ms.len())
 }
 
-/// One `take_flow` call: a spread shard's publisher asks a two-phase route's rate bucket
-/// for tokens before it claims from the route's part of the shard's ready set.
+/// One `take_flow` call: a spread shard's publisher asks a two-phase route's flow hash for
+/// leave to claim from the route's part of the shard's ready set.
 #[derive(Debug, Clone, Copy)]
-pub struct TakeFlow {
+pub struct TakeFlow<'a> {
     pub shard: u16,
     /// Jobs the caller would claim now (0: only give back).
     pub want: usize,
-    /// Tokens an earlier take of this shard granted that its claim did not use.
+    /// Tokens an earlier grant to this caller that its claim did not use.
     pub give_back: usize,
-    /// That claim found nothing more waiting: the shard's hold ends.
-    pub caught_up: bool,
+    /// What that claim found.
+    pub found: Found,
     /// Overrides Redis `TIME` (tests drive time with it).
     pub now_ms: Option<i64>,
-    pub rate_per_s: f64,
-    pub burst: u32,
+    /// The route's rate and burst, if it has a rate.
+    pub rate: Option<(f64, u32)>,
+    /// A bounded route's admission lock: the caller's token and how long a grant holds it.
+    pub lock: Option<(&'a str, u64)>,
+    /// Release the lock (after the claim's jobs were published).
+    pub release: bool,
+}
+
+/// What a claim found in a flow part, reported with its give back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Nothing,
+    /// Nothing more waits in the shard's part: its hold ends.
+    CaughtUp,
+    /// The destination had no room: the part is held.
+    Held,
 }
 
 /// What `take_flow` granted.
@@ -2551,27 +2565,40 @@ pub struct TakeFlow {
 pub struct FlowTaken {
     pub granted: usize,
     pub now_ms: i64,
-    /// When the bucket cut the take: when the part may claim again (ms).
+    /// When less than asked was granted: when to ask again (ms).
     pub wake_ms: Option<i64>,
-    /// Since when (ms) the route's part in this shard is held by its rate, if it is.
+    /// Since when (ms) the route's part in this shard is held, if it is.
     pub held_since_ms: Option<i64>,
 }
 
-/// Takes tokens from the rate bucket `flow_key` of a two-phase route (see `take_flow.lua`).
+/// Asks the flow hash `flow_key` of a two-phase route for leave to claim (see
+/// `take_flow.lua`).
 pub async fn take_flow(
     con: &mut Conn,
     flow_key: &str,
-    take: &TakeFlow,
+    take: &TakeFlow<'_>,
 ) -> redis::RedisResult<FlowTaken> {
     let mut inv = Call::new(&compiled::take_flow);
+    let found = match take.found {
+        Found::Nothing => "",
+        Found::CaughtUp => "caught_up",
+        Found::Held => "held",
+    };
+    let (rate, burst) = take
+        .rate
+        .map_or((String::new(), 0), |(r, b)| (r.to_string(), b));
+    let (token, lock_ms) = take.lock.unwrap_or(("", 0));
     inv.key(flow_key)
         .arg(take.shard)
         .arg(take.want)
         .arg(take.give_back)
-        .arg(if take.caught_up { "1" } else { "" })
+        .arg(found)
         .arg(take.now_ms.map(|n| n.to_string()).unwrap_or_default())
-        .arg(take.rate_per_s.to_string())
-        .arg(take.burst);
+        .arg(rate)
+        .arg(burst)
+        .arg(token)
+        .arg(lock_ms)
+        .arg(if take.release { "1" } else { "" });
     let (granted, now_ms, wake, held): (usize, i64, String, String) = inv.invoke(con).await?;
     Ok(FlowTaken {
         granted,
