@@ -1329,10 +1329,11 @@ pub struct RouteConfig {
     /// Two-phase routes: `wait` (default) or `dead` when the destination object is missing.
     #[serde(default)]
     pub on_missing: OnMissing,
-    /// Local routes on storage layout 2: at most this many jobs reach the list, counted
-    /// across every daemon on Redis's clock: `"10000/s"`, `"600/m"`, `"36000/h"`. Jobs over
-    /// the rate wait in due order and go as soon as it allows: none is dropped or expired by
-    /// the wait, which counts as deferral, not lateness. Unset: no limit.
+    /// Storage layout 2, every route: at most this many jobs reach the list (or are handed
+    /// to the broker), counted across every daemon on Redis's clock: `"10000/s"`, `"600/m"`,
+    /// `"36000/h"`. Jobs over the rate wait in due order and go as soon as it allows: none is
+    /// dropped or expired by the wait, which counts as deferral, not lateness, and other
+    /// routes flow on. Unset: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?/(s|m|h)$"))]
     pub rate: Option<String>,
@@ -1342,15 +1343,17 @@ pub struct RouteConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub burst: Option<u32>,
-    /// Local routes on storage layout 2: the route is held while its list holds this many
-    /// jobs or more (its consumers stopped or slow) and resumes as they drain it, so the list
-    /// never grows past it. Unset: no bound.
+    /// Storage layout 2: the route is held while its destination holds this many messages
+    /// or more (its consumers stopped or slow) and resumes as they drain it, so it never
+    /// grows past it: a list's length (local or remote Redis), a RabbitMQ queue's message
+    /// count (target `/<queue>`), the messages of the JetStream stream that stores the
+    /// subject. Refused on Kafka (a topic has no queue depth) and core NATS. Unset: no bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_length: Option<u64>,
-    /// Local routes on storage layout 2, with `key_rate`: the header whose value is a job's
-    /// key (a tenant, a customer). Each key gets its own rate, so one key's burst waits while
-    /// the other keys' jobs flow. A job without the header has the key `""`, which has a rate
+    /// Local routes on storage layout 2 (not yet two-phase routes), with `key_rate`: the
+    /// header whose value is a job's key (a tenant, a customer). Each key gets its own rate,
+    /// so one key's burst waits while the other keys' jobs flow. A job without the header has the key `""`, which has a rate
     /// of its own like any other key. Header names match exactly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
