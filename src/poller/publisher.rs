@@ -262,12 +262,10 @@ impl<'a> Gate<'a> {
             found: scripts::Found::Nothing,
             now_ms: None,
             rate: self.flow.rate,
-            lock: self.bounded.then(|| {
-                (
-                    self.token.as_str(),
-                    self.ctx.delivery.lease.as_millis() as u64,
-                )
-            }),
+            lock: self.bounded.then_some((
+                self.token.as_str(),
+                self.ctx.delivery.lease.as_millis() as u64,
+            )),
             release: false,
         }
     }
