@@ -262,3 +262,127 @@ max_length = 50
         || daemon.metric("zdelay_deferred_total", &[("route", "bounded")]) > 0.0,
     );
 }
+
+/// A route to a RabbitMQ queue with `max_length = 20`: the queue fills to 20 messages and
+/// stays there; a consumer drains it and every job arrives, once.
+#[test]
+fn max_length_on_a_rabbitmq_route_bounds_its_queue() {
+    use crate::amqp::{consume, py};
+    const N: usize = 60;
+    let services = Services::get();
+    let (url, python) = (services.amqp_url(), services.python());
+    let queue = format!(
+        "zd-bounded-{}",
+        ulid::Ulid::generate().to_string().to_lowercase()
+    );
+    py(&python, &url, &["declare", &queue]);
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            r#"
+[sinks.rabbit]
+kind = "amqp"
+url = "{url}"
+
+[[routes]]
+name = "bounded"
+sink = "rabbit"
+target = "/{queue}"
+max_length = 20
+"#
+        ),
+    )
+    .on_layout_2();
+    let _daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let due = redis_now_ms(&mut redis.conn()) + 200;
+    enqueue(&rt, &client, "bounded", N, due);
+    let count = || -> usize {
+        py(&python, &url, &["count", &queue])
+            .trim()
+            .parse()
+            .expect("a count")
+    };
+    let mut most = 0;
+    wait_for("the queue at its bound", Duration::from_secs(15), || {
+        let n = count();
+        most = most.max(n);
+        n == 20
+    });
+    for _ in 0..4 {
+        most = most.max(count());
+    }
+    assert_eq!(most, 20, "the queue never grows past its bound");
+    let got = consume(&python, &url, &queue, N);
+    let bodies: HashSet<Vec<u8>> = got.iter().map(|m| m.body.clone()).collect();
+    assert_eq!((got.len(), bodies.len()), (N, N), "every job once");
+    py(&python, &url, &["delete", &queue]);
+}
+
+/// A route to a subject a JetStream stream stores, with `max_length = 30`: the stream fills
+/// to 30 messages and stays there; each purge makes room for 30 more, until all 100 went.
+#[test]
+fn max_length_on_a_nats_route_bounds_its_stream() {
+    const N: usize = 100;
+    let services = Services::get();
+    let url = services.nats_url();
+    let rt = crate::common::runtime();
+    let (js, stream, prefix) = rt.block_on(make_stream(&url));
+    let redis = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            r#"
+[sinks.bus]
+kind = "nats"
+url = "{url}"
+
+[[routes]]
+name = "bounded"
+sink = "bus"
+target = "{prefix}.bounded"
+max_length = 30
+"#
+        ),
+    )
+    .on_layout_2();
+    let _daemon = Daemon::start(&config);
+    let got = listen(&rt, &url, &format!("{prefix}.bounded"));
+    let client = rt.block_on(Client::open(&redis.url())).expect("open");
+    let due = redis_now_ms(&mut redis.conn()) + 200;
+    enqueue(&rt, &client, "bounded", N, due);
+    let messages = || -> u64 {
+        rt.block_on(async {
+            let mut s = js.get_stream(&stream).await.expect("get stream");
+            s.info().await.expect("stream info").state.messages
+        })
+    };
+    let mut most = 0;
+    while got.lock().unwrap().len() < N {
+        wait_for("the stream at its bound", Duration::from_secs(15), || {
+            let n = messages();
+            most = most.max(n);
+            n == 30 || got.lock().unwrap().len() == N
+        });
+        for _ in 0..5 {
+            most = most.max(messages());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        rt.block_on(async {
+            js.get_stream(&stream)
+                .await
+                .expect("get stream")
+                .purge()
+                .await
+                .expect("purge")
+        });
+    }
+    assert!(most <= 30, "the stream held {most}, over its bound of 30");
+    let got = got.lock().unwrap().clone();
+    let payloads: HashSet<&String> = got.iter().map(|(_, p)| p).collect();
+    assert_eq!((got.len(), payloads.len()), (N, N), "every job once");
+}
