@@ -63,6 +63,9 @@ pub async fn run(
     let mut backoff = Backoff::new();
     let label = format!("sink {} shard {shard}", part.name);
     let gate = part.flow.as_ref().map(|flow| Gate::new(&ctx, shard, flow));
+    // A flow part's last claim found it empty, and no wake-up came since: while its bound
+    // holds, it waits for a wake-up instead of asking the destination every recheck.
+    let mut found_empty = false;
     while !stop.is_cancelled() {
         if sink.is_paused() {
             tokio::select! {
@@ -81,10 +84,20 @@ pub async fn run(
                 Ok(Ok(admitted)) => Some(admitted),
                 Ok(Err(wait)) => {
                     // Nothing admitted: the jobs wait in the part. A wake-up from the mover
-                    // (more jobs queued) changes nothing before then.
+                    // (more jobs queued) changes nothing before then, unless the part was
+                    // empty: then only a wake-up (or the idle poll) is worth a look.
                     drop(permit);
                     backoff.reset();
-                    sleep_or_stop(wait, &stop).await;
+                    if found_empty && gate.bounded {
+                        let idle = wake.idle(IDLE_CLAIM, ctx.mover.idle_poll_max.max(IDLE_CLAIM));
+                        tokio::select! {
+                            _ = tokio::time::sleep(idle) => {}
+                            _ = wake.notified() => found_empty = false,
+                            _ = stop.cancelled() => {}
+                        }
+                    } else {
+                        sleep_or_stop(wait, &stop).await;
+                    }
                     continue;
                 }
                 Err(e) if ctx.is_refusal(&e) => break,
@@ -114,6 +127,7 @@ pub async fn run(
                     .as_ref()
                     .map_or((0, false), |c| (c.jobs.len(), c.more));
                 let done = a.done(used, more, claim.is_ok());
+                found_empty = claim.is_ok() && used == 0;
                 // A rate's unused tokens go back at once (other shards may use them); a
                 // bound's lock once the claim's jobs are published, so the next admission
                 // counts them at the destination.
@@ -182,7 +196,7 @@ pub async fn run(
         }
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = wake.notified() => {}
+            _ = wake.notified() => found_empty = false,
             _ = stop.cancelled() => {}
         }
     }
