@@ -47,11 +47,11 @@ fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, dest: &str, n: usize, 
 }
 
 /// A NATS route with `rate = "50/s"` and `burst = 10`: 150 jobs due at once in 4 spread
-/// shards arrive each once, never more in a window T than the bucket (10) + 50 × T (with a
+/// shards, published by two daemons, arrive each once, never more in a window T than the bucket (10) + 50 × T (with a
 /// little room for the publish's own timing), and at about the rate: the last one after
 /// about (150 - 10) / 50 s. The wait is counted as deferral.
 #[test]
-fn a_rate_on_a_nats_route_holds_across_its_spread_shards() {
+fn a_rate_on_a_nats_route_holds_across_its_spread_shards_and_daemons() {
     const N: usize = 150;
     const RATE: f64 = 50.0;
     const BURST: f64 = 10.0;
@@ -79,7 +79,8 @@ burst = 10
         ),
     )
     .on_layout_2();
-    let daemon = Daemon::start(&config);
+    // Two daemons share the spread shards, and the route's one bucket.
+    let daemons = [Daemon::start(&config), Daemon::start_instance(&config)];
     let got = listen(&rt, &url, &format!("{prefix}.limited"));
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
     let due = redis_now_ms(&mut redis.conn()) + 300;
@@ -116,7 +117,13 @@ burst = 10
     wait_for(
         "the wait counted as deferral",
         Duration::from_secs(10),
-        || daemon.metric("zdelay_deferred_total", &[("route", "limited")]) > (N / 2) as f64,
+        || {
+            let deferred: f64 = daemons
+                .iter()
+                .map(|d| d.metric("zdelay_deferred_total", &[("route", "limited")]))
+                .sum();
+            deferred > (N / 2) as f64
+        },
     );
 }
 
