@@ -470,11 +470,16 @@ pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Disp
 /// A flow-controlled route's move: the jobs it deferred and for how long. (Whether the route
 /// is held is sampled from Redis with the backlog gauges, `stats::publish_gauges`.)
 pub fn record_flow(route: &str, reply: &zdelay_client::store::scripts::MoveReply) {
-    if reply.deferred > 0 {
-        ::metrics::counter!(DEFERRED, "route" => route.to_owned()).increment(reply.deferred);
-        let mean_s = reply.deferral_ms as f64 / reply.deferred as f64 / 1000.0;
+    deferred(route, reply.deferred, reply.deferral_ms);
+}
+
+/// `jobs` of `route` went out after waiting `deferral_ms` in all while it was held.
+pub fn deferred(route: &str, jobs: u64, deferral_ms: u64) {
+    if jobs > 0 {
+        ::metrics::counter!(DEFERRED, "route" => route.to_owned()).increment(jobs);
+        let mean_s = deferral_ms as f64 / jobs as f64 / 1000.0;
         ::metrics::histogram!(DEFERRAL, "route" => route.to_owned())
-            .record_many(mean_s, reply.deferred as usize);
+            .record_many(mean_s, jobs as usize);
     }
 }
 

@@ -175,10 +175,8 @@ pub async fn gather_sampled(
             all
         }
     };
-    let sink_names: Vec<String> = Routes::from_config(config)
-        .two_phase_sinks()
-        .map(str::to_owned)
-        .collect();
+    let routes = Routes::from_config(config);
+    let sink_names: Vec<String> = routes.two_phase_sinks().map(str::to_owned).collect();
     // One pipeline per slot (a shard's keys, a source, a source's dead set), so it runs on a
     // Redis Cluster too; all of them at once. The sinks waiting in each shard's ready set, as
     // found there, come from one script call per shard.
@@ -236,14 +234,17 @@ pub async fn gather_sampled(
         let mut waiting_here = 0;
         for r in found {
             let oldest_age_ms = age(now_ms, r.oldest_due_ms.map(|d| d as f64), ScoreUnit::Millis);
-            let entry = waiting
-                .entry(r.sink.clone())
-                .or_insert_with(|| SinkWaiting {
-                    sink: r.sink.clone(),
-                    jobs: 0,
-                    oldest_age_ms: 0,
-                    configured: false,
-                });
+            // A route's flow part counts with its sink.
+            let sink = match routes.flow_part(&r.sink) {
+                Some(part) => part.sink.clone(),
+                None => r.sink.clone(),
+            };
+            let entry = waiting.entry(sink.clone()).or_insert_with(|| SinkWaiting {
+                sink,
+                jobs: 0,
+                oldest_age_ms: 0,
+                configured: false,
+            });
             entry.jobs += r.jobs;
             entry.oldest_age_ms = entry.oldest_age_ms.max(oldest_age_ms);
             waiting_here += r.jobs;

@@ -168,6 +168,32 @@ impl Target {
     }
 }
 
+/// A part of the spread shards' ready set, and the sink that publishes its jobs: the sink's
+/// own part, or a route's flow part (`Routes::flow_part`), claimed within its rate.
+pub struct ReadyPart {
+    pub name: String,
+    pub sink: Arc<SinkHandle>,
+    pub flow: Option<zdelay_client::routes::FlowPart>,
+}
+
+impl ReadyPart {
+    /// Every part of `routes`, in `MoveReply::queued` order (`None` where its sink has no
+    /// handle).
+    fn all(routes: &Routes, sinks: &Sinks) -> Vec<Option<Arc<ReadyPart>>> {
+        routes
+            .ready_parts()
+            .map(|name| {
+                let sink = sinks.get(Routes::sink_of_part(name))?.clone();
+                Some(Arc::new(ReadyPart {
+                    name: name.to_owned(),
+                    sink,
+                    flow: routes.flow_part(name).cloned(),
+                }))
+            })
+            .collect()
+    }
+}
+
 /// Sees every successful move reply (the benchmark counts and times batches with it).
 pub type BatchObserver = Arc<dyn Fn(&Target, &MoveReply) + Send + Sync>;
 
@@ -189,9 +215,10 @@ pub struct PollerContext {
     /// On layout 2: the local routes' lanes as registered at start.
     pub route_lanes: Vec<Arc<Lane>>,
     pub sinks: Sinks,
-    /// The two-phase sinks in the route table's order, which is the order of
-    /// `MoveReply::queued` (`None` for a sink with no handle here).
-    pub sink_order: Vec<Option<Arc<SinkHandle>>>,
+    /// The parts of the ready set (two-phase sinks, then routes' flow parts) in the route
+    /// table's order, which is the order of `MoveReply::queued` (`None` for a part whose
+    /// sink has no handle here).
+    pub sink_order: Vec<Option<Arc<ReadyPart>>>,
     pub mover: MoverSettings,
     pub delivery: DeliveryPolicy,
     /// Delay-hop spans of two-phase deliveries; `None` when tracing is off.
@@ -215,10 +242,7 @@ impl PollerContext {
                 Arc::new(RawSource::resolve(s, &routes).expect("a validated source route"))
             })
             .collect();
-        let sink_order = routes
-            .two_phase_sinks()
-            .map(|name| sinks.get(name).cloned())
-            .collect();
+        let sink_order = ReadyPart::all(&routes, &sinks);
         PollerContext {
             con,
             lanes: HashMap::new(),
@@ -362,11 +386,7 @@ impl PollerContext {
         self.keys = keys;
         self.route_lanes = lanes;
         self.routes = self.routes.two_phase_only();
-        self.sink_order = self
-            .routes
-            .two_phase_sinks()
-            .map(|name| self.sinks.get(name).cloned())
-            .collect();
+        self.sink_order = ReadyPart::all(&self.routes, &self.sinks);
     }
 
     /// Every shard, raw source and route lane: what a single instance polls.

@@ -137,23 +137,40 @@ struct Pending<'a> {
     on_missing: OnMissing,
 }
 
+/// A batch a publisher claimed from one part of a shard's ready set.
+pub struct ClaimedBatch<'a> {
+    /// The part it was claimed from: the sink's own, or a route's flow part.
+    pub part: &'a str,
+    pub claim: &'a Claim,
+    pub claimed_at: Instant,
+    /// Since when (ms) the part's route was held by its rate: the jobs' wait from then on
+    /// is deferral, not lateness.
+    pub held_since_ms: Option<i64>,
+}
+
 /// Publishes the jobs `sink` claimed in `shard` and settles them, handing over those whose
 /// route now leads elsewhere.
 pub async fn deliver(
     ctx: &PollerContext,
     shard: u16,
     sink: &SinkHandle,
-    claim: &Claim,
-    claimed_at: Instant,
+    claimed: &ClaimedBatch<'_>,
 ) -> redis::RedisResult<()> {
+    let ClaimedBatch {
+        part,
+        claim,
+        claimed_at,
+        held_since_ms,
+    } = *claimed;
     let policy = &ctx.delivery;
+    let mut deferral = Deferral::default();
     // Redis time now, from the claim's Redis time: no local clock involved.
     let redis_now_ms = || claim.now_us / 1000 + claimed_at.elapsed().as_millis() as i64;
     let mut settles: Vec<(&str, Settle)> = Vec::with_capacity(claim.jobs.len());
     let mut pending: Vec<Pending> = Vec::with_capacity(claim.jobs.len());
     let mut messages: Vec<Message> = Vec::with_capacity(claim.jobs.len());
     for job in &claim.jobs {
-        match prepare(ctx, sink, job, redis_now_ms()) {
+        match prepare(ctx, sink, part, job, held_since_ms, redis_now_ms()) {
             Ok((p, message)) => {
                 pending.push(p);
                 messages.push(message);
@@ -182,7 +199,7 @@ pub async fn deliver(
         None => settles.extend(pending.iter().map(|p| {
             let release = Settle::Release {
                 due_ms: p.job.due_ms,
-                sink: sink.name.clone(),
+                sink: part.to_owned(),
             };
             (p.job.id.as_str(), release)
         })),
@@ -201,14 +218,19 @@ pub async fn deliver(
                 }
                 let settle = match outcome {
                     Outcome::Delivered => {
-                        record_lateness(sink, redis_now_ms() - p.job.due_ms);
+                        let now_ms = redis_now_ms();
+                        let late_now = held_since_ms.map_or(now_ms, |h| h.min(now_ms));
+                        record_lateness(sink, late_now - p.job.due_ms);
+                        if let Some(held) = held_since_ms.filter(|h| *h < now_ms) {
+                            deferral.add(&p.envelope.dest, now_ms - p.job.due_ms.max(held));
+                        }
                         Settle::Ack
                     }
                     Outcome::Retry(why) => retry(policy, p, m, why, redis_now_ms(), &mut rng),
                     Outcome::Reject(why) => dead(p, m, why.clone()),
                     Outcome::Unavailable(_) => Settle::Release {
                         due_ms: p.job.due_ms,
-                        sink: sink.name.clone(),
+                        sink: part.to_owned(),
                     },
                     Outcome::Missing(why) if p.on_missing == OnMissing::Dead => {
                         dead(p, m, why.clone())
@@ -228,6 +250,7 @@ pub async fn deliver(
         }
     }
     count_dead(ENVELOPE_SOURCE, settles.iter().map(|(_, s)| s));
+    deferral.record();
     if settles.is_empty() {
         return Ok(());
     }
@@ -470,6 +493,25 @@ fn count_invalid_trace_context(sink: &SinkHandle, messages: &[Message]) {
     }
 }
 
+/// The deliveries of one batch that waited while their route was held by its rate, per
+/// route: counted as deferral (`zdelay_deferred_total`), as a local route's are.
+#[derive(Default)]
+struct Deferral(BTreeMap<String, (u64, u64)>);
+
+impl Deferral {
+    fn add(&mut self, route: &str, waited_ms: i64) {
+        let entry = self.0.entry(route.to_owned()).or_default();
+        entry.0 += 1;
+        entry.1 += waited_ms.max(0) as u64;
+    }
+
+    fn record(&self) {
+        for (route, (jobs, ms)) in &self.0 {
+            metrics::deferred(route, *jobs, *ms);
+        }
+    }
+}
+
 /// One job delivered (confirmed by its broker), this late.
 fn record_lateness(sink: &SinkHandle, late_ms: i64) {
     ::metrics::histogram!(LATENESS, "source" => sink.name.clone())
@@ -565,7 +607,9 @@ fn count_dead<'a>(source: &str, settles: impl Iterator<Item = &'a Settle>) {
 fn prepare<'a>(
     ctx: &PollerContext,
     claimer: &SinkHandle,
+    part: &str,
     job: &'a Claimed,
+    held_since_ms: Option<i64>,
     now_ms: i64,
 ) -> Result<(Pending<'a>, Message), Settle> {
     let dead = |kind, reason: String| {
@@ -583,14 +627,16 @@ fn prepare<'a>(
         Ok(envelope) => envelope,
         Err(e) => return undeliverable(e.to_string()),
     };
+    // Lateness ends where the route's hold began: a held job waits as deferral.
+    let late_now = held_since_ms.map_or(now_ms, |h| h.min(now_ms));
     if let Some(limit) = envelope.meta.max_lateness_ms
-        && now_ms - job.due_ms > limit as i64
+        && late_now - job.due_ms > limit as i64
     {
         return dead(
             DeadKind::Expired,
             format!(
                 "expired: {} ms after its due time, max_lateness {limit} ms",
-                now_ms - job.due_ms
+                late_now - job.due_ms
             ),
         );
     }
@@ -613,11 +659,13 @@ fn prepare<'a>(
         }
         Err(refused) => return undeliverable(refused.to_string()),
     };
-    if dest.sink != claimer.name {
-        // Another sink's job now: it waits for that sink, within that sink's bounds.
+    let belongs = ctx.routes.part_of(&envelope.dest, &dest.sink);
+    if belongs != part {
+        // Another sink's job now (it waits for that sink, within that sink's bounds), or its
+        // route's rate changed: it waits in the part that applies it.
         return Err(Settle::Release {
             due_ms: job.due_ms,
-            sink: dest.sink,
+            sink: belongs.to_owned(),
         });
     }
     if envelope.payload.len() > ctx.delivery.max_payload {

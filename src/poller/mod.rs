@@ -201,7 +201,7 @@ impl Supervisor {
         }
     }
 
-    /// A publisher per two-phase sink for `shard`, stopped with the shard's mover; returns
+    /// A publisher per part of the ready set (two-phase sink or flow part) for `shard`, stopped with the shard's mover; returns
     /// their wake-ups in `ctx.sink_order`.
     fn start_publishers(
         &self,
@@ -211,14 +211,14 @@ impl Supervisor {
         self.ctx
             .sink_order
             .iter()
-            .map(|sink| {
-                let sink = sink.as_ref()?;
+            .map(|part| {
+                let part = part.as_ref()?;
                 let wake = Arc::new(tokio::sync::Notify::new());
                 // Woken by the shard's mover; its fallback sleep follows the shard's wake-ups.
                 self.tracker.spawn(publisher::run(
                     self.ctx.clone(),
                     shard,
-                    sink.clone(),
+                    part.clone(),
                     self.wakers.waker(&TargetId::Shard(shard), wake.clone()),
                     token.clone(),
                 ));

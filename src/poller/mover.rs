@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use zdelay_client::config::ScoreUnit;
 use zdelay_client::lane::Lane;
+use zdelay_client::routes::Routes;
 use zdelay_client::schedules::{self, SchedAt, ScheduleCache};
 use zdelay_client::store::scripts::{
     self, DUE_DEAD_KINDS, Held, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS,
@@ -225,8 +226,8 @@ impl Walks {
         let found = scripts::ready_sinks(&mut con, &ctx.keys.shard(shard)).await?;
         for waiting in found {
             let sink = waiting.sink;
-            let configured = ctx.routes.two_phase_sinks().any(|s| s == sink);
-            let walk = match ctx.sinks.get(&sink) {
+            let configured = ctx.routes.ready_parts().any(|s| s == sink);
+            let walk = match ctx.sinks.get(Routes::sink_of_part(&sink)) {
                 _ if !configured => true,
                 Some(handle) if handle.is_paused() => self.walked_paused.insert(sink.clone()),
                 Some(_) => {

@@ -17,7 +17,7 @@
 //! `poller.idle_poll_max` while wake-ups are known to reach the shard (jobs another daemon
 //! queued or released for this sink wait at most that long).
 
-use super::context::{PollerContext, RawSource, TargetId};
+use super::context::{PollerContext, RawSource, ReadyPart, TargetId};
 use super::delivery;
 use super::mover::Backoff;
 use super::wake::Waker;
@@ -26,6 +26,7 @@ use crate::sinks::SinkHandle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use zdelay_client::routes::FlowPart;
 use zdelay_client::store::scripts;
 
 /// Longest wait between two claims without a wake-up while wake-ups are not known to reach
@@ -43,19 +44,28 @@ fn wait_until(at_ms: Option<i64>, now_us: i64, margin: Duration, idle: Duration)
     (Duration::from_micros(wait_us) + margin).min(idle)
 }
 
-/// Publishes `sink`'s jobs of `shard` until `stop`. The batch in hand is always published
-/// and settled first.
+/// Publishes the jobs of `part` (a sink's own part of `shard`'s ready set, or a route's flow
+/// part) until `stop`. The batch in hand is always published and settled first. A flow part
+/// claims only what its route's flow hash admits (`take_flow`: its rate's tokens, and for a
+/// bound the room its destination has, one publisher at a time): while none is admitted it
+/// sleeps until the bucket has tokens again or looks at the destination again shortly, and
+/// its jobs wait in the part, holding nothing else up.
 pub async fn run(
     ctx: Arc<PollerContext>,
     shard: u16,
-    sink: Arc<SinkHandle>,
+    part: Arc<ReadyPart>,
     wake: Waker,
     stop: CancellationToken,
 ) {
     let keys = ctx.keys.shard(shard);
     let policy = &ctx.delivery;
+    let sink = &part.sink;
     let mut backoff = Backoff::new();
-    let label = format!("sink {} shard {shard}", sink.name);
+    let label = format!("sink {} shard {shard}", part.name);
+    let gate = part.flow.as_ref().map(|flow| Gate::new(&ctx, shard, flow));
+    // A flow part's last claim found it empty, and no wake-up came since: while its bound
+    // holds, it waits for a wake-up instead of asking the destination every recheck.
+    let mut found_empty = false;
     while !stop.is_cancelled() {
         if sink.is_paused() {
             tokio::select! {
@@ -68,17 +78,67 @@ pub async fn run(
             permit = sink.permit(policy.batch_bytes) => permit,
             _ = stop.cancelled() => break,
         };
+        let admitted = match &gate {
+            None => None,
+            Some(gate) => match gate.admit(sink, policy.batch).await {
+                Ok(Ok(admitted)) => Some(admitted),
+                Ok(Err(wait)) => {
+                    // Nothing admitted: the jobs wait in the part. A wake-up from the mover
+                    // (more jobs queued) changes nothing before then, unless the part was
+                    // empty: then only a wake-up (or the idle poll) is worth a look.
+                    drop(permit);
+                    backoff.reset();
+                    if found_empty && gate.bounded {
+                        let idle = wake.idle(IDLE_CLAIM, ctx.mover.idle_poll_max.max(IDLE_CLAIM));
+                        tokio::select! {
+                            _ = tokio::time::sleep(idle) => {}
+                            _ = wake.notified() => found_empty = false,
+                            _ = stop.cancelled() => {}
+                        }
+                    } else {
+                        sleep_or_stop(wait, &stop).await;
+                    }
+                    continue;
+                }
+                Err(e) if ctx.is_refusal(&e) => break,
+                Err(e) => {
+                    metrics::error_event("redis", &label, &e);
+                    drop(permit);
+                    sleep_or_stop(backoff.step(), &stop).await;
+                    continue;
+                }
+            },
+        };
+        let batch = admitted.as_ref().map_or(policy.batch, |a| a.limit);
         let claimed_at = Instant::now();
         let lease_ms = policy.lease.as_millis() as u64;
         let claim = scripts::claim_jobs(
             &mut ctx.con_for(&TargetId::Shard(shard)),
             &keys,
-            &sink.name,
-            policy.batch,
+            &part.name,
+            batch,
             lease_ms,
             policy.batch_bytes.min(sink.bytes_bound()),
         )
         .await;
+        let done = match (&gate, &admitted) {
+            (Some(gate), Some(a)) => {
+                let (used, more) = claim
+                    .as_ref()
+                    .map_or((0, false), |c| (c.jobs.len(), c.more));
+                let done = a.done(used, more, claim.is_ok());
+                found_empty = claim.is_ok() && used == 0;
+                // A rate's unused tokens go back at once (other shards may use them); a
+                // bound's lock once the claim's jobs are published, so the next admission
+                // counts them at the destination.
+                if !gate.bounded {
+                    gate.finish(&done, &label).await;
+                }
+                Some(done)
+            }
+            _ => None,
+        };
+        let held_since_ms = admitted.as_ref().and_then(|a| a.taken.held_since_ms);
         // A lease that runs out is found by a mover; this one's wakes us, another daemon's
         // does not: look again a fallback poll after the deadline.
         let idle = wake.idle(IDLE_CLAIM, ctx.mover.idle_poll_max.max(IDLE_CLAIM));
@@ -93,15 +153,27 @@ pub async fn run(
             Ok(claim) => {
                 permit.keep(claim.bytes());
                 backoff.reset();
-                match delivery::deliver(&ctx, shard, &sink, &claim, claimed_at).await {
+                let claimed = delivery::ClaimedBatch {
+                    part: &part.name,
+                    claim: &claim,
+                    claimed_at,
+                    held_since_ms,
+                };
+                match delivery::deliver(&ctx, shard, sink, &claimed).await {
                     Ok(_) => metrics::recovered("redis", &label),
                     // The batch stays in flight; its lease lapses wherever it lands.
                     Err(e) if ctx.is_refusal(&e) => break,
                     Err(e) => metrics::error_event("redis", &label, &e),
                 }
+                let again = admitted.as_ref().and_then(|a| a.again(claim.jobs.len()));
                 if claim.more || claim.jobs.len() >= policy.batch {
                     // More may wait: go again at once.
                     Duration::ZERO
+                } else if let Some(at_ms) = again {
+                    // A limit cut the claim and more may wait: again once it may move.
+                    let now_us = admitted.as_ref().map_or(0, |a| a.taken.now_ms * 1000);
+                    wait_until(Some(at_ms), now_us, Duration::ZERO, idle)
+                        .max(Duration::from_millis(1))
                 } else {
                     after_leases(&claim)
                 }
@@ -112,6 +184,11 @@ pub async fn run(
                 backoff.step()
             }
         };
+        if let (Some(gate), Some(done)) = (&gate, &done)
+            && gate.bounded
+        {
+            gate.finish(done, &label).await;
+        }
         drop(permit);
         if wait.is_zero() {
             tokio::task::yield_now().await;
@@ -119,9 +196,185 @@ pub async fn run(
         }
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = wake.notified() => {}
+            _ = wake.notified() => found_empty = false,
             _ = stop.cancelled() => {}
         }
+    }
+}
+
+/// A flow part's admission: one publisher's side of its route's flow hash (`take_flow`).
+struct Gate<'a> {
+    ctx: &'a PollerContext,
+    shard: u16,
+    flow: &'a FlowPart,
+    key: String,
+    /// The route has a bound: admissions take its lock, and read its destination's depth.
+    bounded: bool,
+    /// This publisher's lock token.
+    token: String,
+}
+
+/// What one admission granted.
+struct Admitted {
+    taken: scripts::FlowTaken,
+    /// Jobs the claim may take: the grant, at most the destination's room.
+    limit: usize,
+    /// The bound cut the grant: the destination is full up to `limit`.
+    cut_by_bound: bool,
+}
+
+/// What one admitted claim leaves to report.
+struct Done {
+    give_back: usize,
+    found: scripts::Found,
+}
+
+impl Admitted {
+    fn done(&self, used: usize, more: bool, claimed: bool) -> Done {
+        let found = if claimed && used < self.limit && !more {
+            scripts::Found::CaughtUp
+        } else if self.cut_by_bound && used >= self.limit {
+            scripts::Found::Held
+        } else {
+            scripts::Found::Nothing
+        };
+        Done {
+            give_back: self.taken.granted - used.min(self.taken.granted),
+            found,
+        }
+    }
+
+    /// When to claim again after a claim of `used` jobs that a limit cut (ms), if one did.
+    fn again(&self, used: usize) -> Option<i64> {
+        if used < self.limit {
+            return None;
+        }
+        if self.cut_by_bound {
+            return Some(self.taken.now_ms + scripts::HOLD_RECHECK_MS as i64);
+        }
+        self.taken.wake_ms
+    }
+}
+
+impl<'a> Gate<'a> {
+    fn new(ctx: &'a PollerContext, shard: u16, flow: &'a FlowPart) -> Self {
+        Gate {
+            ctx,
+            shard,
+            flow,
+            key: ctx.keys.route_flow(&flow.route),
+            bounded: flow.max_length.is_some(),
+            token: ulid::Ulid::generate().to_string(),
+        }
+    }
+
+    fn args(&self, want: usize) -> scripts::TakeFlow<'_> {
+        scripts::TakeFlow {
+            shard: self.shard,
+            want,
+            give_back: 0,
+            found: scripts::Found::Nothing,
+            now_ms: None,
+            rate: self.flow.rate,
+            lock: self.bounded.then_some((
+                self.token.as_str(),
+                self.ctx.delivery.lease.as_millis() as u64,
+            )),
+            release: false,
+        }
+    }
+
+    async fn call(&self, take: &scripts::TakeFlow<'_>) -> redis::RedisResult<scripts::FlowTaken> {
+        scripts::take_flow(&mut self.ctx.con.clone(), &self.key, take).await
+    }
+
+    /// Asks for up to `batch` jobs: `Ok(Ok(_))` what may be claimed, `Ok(Err(wait))` none
+    /// (look again after `wait`).
+    async fn admit(
+        &self,
+        sink: &SinkHandle,
+        batch: usize,
+    ) -> redis::RedisResult<Result<Admitted, Duration>> {
+        let taken = self.call(&self.args(batch)).await?;
+        let recheck = Duration::from_millis(scripts::HOLD_RECHECK_MS);
+        if taken.granted == 0 {
+            let wait = wait_until(
+                taken.wake_ms,
+                taken.now_ms * 1000,
+                Duration::ZERO,
+                recheck * 20,
+            );
+            // Another publisher holds the bound's lock: it releases it within a publish.
+            let wait = if self.bounded {
+                wait.min(recheck)
+            } else {
+                wait
+            };
+            return Ok(Err(wait.max(Duration::from_millis(1))));
+        }
+        let Some(bound) = self.flow.max_length else {
+            let limit = taken.granted;
+            return Ok(Ok(Admitted {
+                taken,
+                limit,
+                cut_by_bound: false,
+            }));
+        };
+        let context = format!("route {} max_length", self.flow.route);
+        let room = match sink.sink.depth(&self.flow.target).await {
+            Ok(depth) => {
+                metrics::recovered("sink_depth", &context);
+                bound.saturating_sub(depth) as usize
+            }
+            Err(why) => {
+                // Unknown room is no room: the jobs wait, and the depth is asked again.
+                metrics::error_event("sink_depth", &context, &why);
+                let done = Done {
+                    give_back: taken.granted,
+                    found: scripts::Found::Nothing,
+                };
+                self.finish(&done, &context).await;
+                return Ok(Err(recheck * 4));
+            }
+        };
+        let cut_by_bound = room < taken.granted;
+        if room == 0 {
+            let done = Done {
+                give_back: taken.granted,
+                found: scripts::Found::Held,
+            };
+            self.finish(&done, "").await;
+            return Ok(Err(recheck));
+        }
+        Ok(Ok(Admitted {
+            limit: room.min(taken.granted),
+            taken,
+            cut_by_bound,
+        }))
+    }
+
+    /// Gives back what the claim did not use, says what it found, and releases the lock.
+    async fn finish(&self, done: &Done, label: &str) {
+        let take = scripts::TakeFlow {
+            give_back: done.give_back,
+            found: done.found,
+            release: true,
+            ..self.args(0)
+        };
+        // Nothing to give back, say or release: no call.
+        if done.give_back == 0 && done.found == scripts::Found::Nothing && !self.bounded {
+            return;
+        }
+        if let Err(e) = self.call(&take).await {
+            metrics::error_event("redis", label, &e);
+        }
+    }
+}
+
+async fn sleep_or_stop(wait: Duration, stop: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => {}
+        _ = stop.cancelled() => {}
     }
 }
 

@@ -294,6 +294,31 @@ impl AmqpSink {
         }
     }
 
+    /// The messages ready in the queue of a `/queue` target (the default exchange routes to
+    /// a queue by its name), asked with a passive declare, for a route's `max_length`.
+    pub async fn depth(&self, target: &str) -> Result<u64, String> {
+        let Some(("", queue)) = target.split_once('/') else {
+            return Err(format!(
+                "amqp target '{target}' is not a queue ('/queue', the default exchange)"
+            ));
+        };
+        let session = timeout(CHECK_TIMEOUT, self.session(CHECK_TIMEOUT))
+            .await
+            .map_err(|_| format!("no answer within {CHECK_TIMEOUT:?}"))??;
+        let options = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let declare = session
+            .channel
+            .queue_declare(queue.into(), options, FieldTable::default());
+        match timeout(CHECK_TIMEOUT, declare).await {
+            Ok(Ok(q)) => Ok(u64::from(q.message_count())),
+            Ok(Err(e)) => Err(format!("queue {queue}: {e}")),
+            Err(_) => Err(format!("no answer within {CHECK_TIMEOUT:?}")),
+        }
+    }
+
     /// [`Self::check`], and once the broker answers, its version against [`MIN_SERVER`]
     /// (read from its `Connection.Start`; an `amqps://` broker is not probed).
     pub async fn health(&self) -> super::Health {
@@ -815,6 +840,10 @@ fn quoted_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
 }
 
 impl super::Sink for AmqpSink {
+    fn depth<'a>(&'a self, target: &'a str) -> futures::future::BoxFuture<'a, Result<u64, String>> {
+        Box::pin(AmqpSink::depth(self, target))
+    }
+
     fn publish<'a>(&'a self, batch: &'a [Message]) -> futures::future::BoxFuture<'a, Vec<Outcome>> {
         Box::pin(AmqpSink::publish(self, batch))
     }

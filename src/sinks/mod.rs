@@ -157,6 +157,14 @@ pub trait Sink: Send + Sync {
     fn flush(&self, _timeout: Duration) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+
+    /// How many messages wait at `target`, for a route's `max_length`: a Redis list's
+    /// length, an AMQP queue's message count, the messages of the JetStream stream that
+    /// stores a subject. `Err` says why it cannot be known now (config validation refuses
+    /// `max_length` where it never can be, e.g. on Kafka).
+    fn depth<'a>(&'a self, _target: &'a str) -> BoxFuture<'a, Result<u64, String>> {
+        Box::pin(async { Err("this sink has no queue depth".to_owned()) })
+    }
 }
 
 /// Builds the sink named `name`; `None` for the local Redis sink (no two-phase path).

@@ -561,6 +561,24 @@ impl NatsSink {
         Ok(Some((name, window)))
     }
 
+    /// The messages the JetStream stream that stores `subject` holds (a work-queue stream's
+    /// are the ones not yet consumed), for a route's `max_length`.
+    pub async fn depth(&self, subject: &str) -> Result<u64, String> {
+        let Some((name, _)) = self.stream_for(subject).await? else {
+            return Err(format!("no JetStream stream stores {subject}"));
+        };
+        let conn = self.connected(CHECK_TIMEOUT).await?;
+        let info = async {
+            let mut stream = conn.js.get_stream(&name).await.map_err(|e| e.to_string())?;
+            let info = stream.info().await.map_err(|e| e.to_string())?;
+            Ok::<u64, String>(info.state.messages)
+        };
+        tokio::time::timeout(CHECK_TIMEOUT, info)
+            .await
+            .map_err(|_| format!("JetStream did not answer within {CHECK_TIMEOUT:?}"))?
+            .map_err(|e| format!("JetStream stream {name}: {e}"))
+    }
+
     /// [`Self::health`] as a result: `Err` says why it cannot deliver.
     pub async fn check(&self) -> Result<(), String> {
         self.health().await.into_result()
@@ -752,6 +770,10 @@ pub(crate) fn classify(cause: Cause, detail: &str, subject: &str, ctx: Ctx) -> O
 }
 
 impl super::Sink for NatsSink {
+    fn depth<'a>(&'a self, target: &'a str) -> futures::future::BoxFuture<'a, Result<u64, String>> {
+        Box::pin(NatsSink::depth(self, target))
+    }
+
     fn publish<'a>(&'a self, batch: &'a [Message]) -> futures::future::BoxFuture<'a, Vec<Outcome>> {
         Box::pin(NatsSink::publish(self, batch))
     }

@@ -172,7 +172,23 @@ fn classify(result: redis::RedisResult<i64>) -> Outcome {
     }
 }
 
+impl RedisRemoteSink {
+    /// The length of the list `target` (0 when it does not exist).
+    pub async fn depth(&self, target: &str) -> Result<u64, String> {
+        let mut con = self.connection().await?;
+        redis::cmd("LLEN")
+            .arg(target)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| format!("LLEN {target}: {e}"))
+    }
+}
+
 impl super::Sink for RedisRemoteSink {
+    fn depth<'a>(&'a self, target: &'a str) -> futures::future::BoxFuture<'a, Result<u64, String>> {
+        Box::pin(RedisRemoteSink::depth(self, target))
+    }
+
     fn publish<'a>(&'a self, batch: &'a [Message]) -> futures::future::BoxFuture<'a, Vec<Outcome>> {
         Box::pin(RedisRemoteSink::publish(self, batch))
     }

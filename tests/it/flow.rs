@@ -251,6 +251,8 @@ fn bad_flow_settings_are_refused_naming_the_field() {
         format!("[[routes]]\nname = \"r\"\nsink = \"local\"\ntarget = \"q\"\n{extra}")
     };
     let kafka = "[sinks.k]\nkind = \"kafka\"\nbrokers = \"127.0.0.1:1\"\n[[routes]]\nname = \"r\"\nsink = \"k\"\ntarget = \"t\"\n";
+    let amqp = "[sinks.a]\nkind = \"amqp\"\nurl = \"amqp://127.0.0.1:1\"\n[[routes]]\nname = \"r\"\nsink = \"a\"\ntarget = \"x/k\"\n";
+    let core_nats = "[sinks.n]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:1\"\njetstream = false\n[[routes]]\nname = \"r\"\nsink = \"n\"\ntarget = \"s\"\n";
     let cases = [
         (
             route("rate = \"0/s\""),
@@ -282,7 +284,24 @@ fn bad_flow_settings_are_refused_naming_the_field() {
         ),
         (
             format!("{kafka}max_length = 10\n"),
-            vec!["routes[0] (r).max_length", "local route"],
+            vec![
+                "routes[0] (r).max_length",
+                "Kafka",
+                "no queue depth",
+                "rate",
+            ],
+        ),
+        (
+            format!("{kafka}key_header = \"t\"\nkey_rate = \"5/s\"\n"),
+            vec!["routes[0] (r).key_rate", "local routes", "rate and burst"],
+        ),
+        (
+            format!("{amqp}max_length = 10\n"),
+            vec!["routes[0] (r).max_length", "\"/<queue>\"", "\"x/k\""],
+        ),
+        (
+            format!("{core_nats}max_length = 10\n"),
+            vec!["routes[0] (r).max_length", "needs JetStream"],
         ),
         (
             route("key_rate = \"5/s\""),

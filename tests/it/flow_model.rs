@@ -1,4 +1,5 @@
-//! The route's rate and the per-key turns of `move_lane` against a reference model, on
+//! The route's rate and the per-key turns of `move_lane`, and a two-phase route's rate
+//! (`take_flow`, shared by every spread shard), against a reference model, on
 //! generated inputs: random rates (1/h to 100,000/s), bursts (1 to 10 × the rate), batch
 //! sizes, arrival patterns and clock steps (forward, none, long jumps, a step back). The real
 //! script runs on a real Redis, its clock driven through its "now" argument; the model is
@@ -184,6 +185,13 @@ impl Bucket {
     fn take(&mut self, n: usize) {
         if let Some((tokens, _)) = &mut self.state {
             *tokens -= n as f64;
+        }
+    }
+
+    /// Tokens a claim did not use, back (never over the bucket).
+    fn give_back(&mut self, n: usize) {
+        if let Some((tokens, _)) = &mut self.state {
+            *tokens = (*tokens + n as f64).min(self.capacity);
         }
     }
 
@@ -584,5 +592,116 @@ fn per_key_turns_match_their_reference_model_on_generated_inputs() {
                 key_rate,
             );
         }
+    }
+}
+
+/// A two-phase route's rate: its jobs wait in its part of several spread shards, whose
+/// publishers take tokens from the route's one bucket (`take_flow`) and give back what their
+/// claim did not use. Driven with generated rates, bursts, clocks and parts of random sizes,
+/// the grants equal the reference bucket's (the local route's, `Bucket`) at every call; the
+/// jobs claimed across all shards stay within the bucket + rate × T in every window; a take
+/// with tokens and jobs waiting is never refused; a cut take names a wake-up when a token is
+/// in and before the bucket overflows; and a shard is held from a cut take until it catches up.
+#[test]
+fn a_two_phase_route_s_rate_over_its_spread_shards_matches_the_reference_bucket() {
+    use zdelay::store::scripts::{Found, TakeFlow, take_flow};
+    let redis = RedisServer::start();
+    let rt = runtime();
+    let mut con = rt
+        .block_on(Conn::connect(&crate::common::redis_config(&redis.url(), 1)))
+        .expect("connect");
+    let mut raw = redis.conn();
+    let mut rng = SeededRng::new(0x5eed_2905);
+    for case in 0..40 {
+        let rate = log_uniform(&mut rng, 1.0 / 3600.0, 100_000.0);
+        let burst = log_uniform(&mut rng, 1.0, (10.0 * rate).max(1.0))
+            .round()
+            .max(1.0) as u32;
+        let batch = [1, 7, 100, 1000][rng.range(0, 4) as usize];
+        let shards = rng.range(1, 9) as u16;
+        let key = format!("{{zdelay}}:flow:case{case}");
+        let what =
+            format!("case {case}: rate {rate:.6}/s, burst {burst}, batch {batch}, {shards} shards");
+        let token_ms = 1000.0 / rate;
+        let mut model = Bucket::new(rate, burst);
+        // Jobs waiting in each shard's part.
+        let mut waiting = vec![0usize; usize::from(shards)];
+        let mut held = vec![false; usize::from(shards)];
+        let mut now = 1_700_000_000_000 + case * 100_000_000_000;
+        // The bucket's own clock, from its first call on: it never steps back.
+        let mut clock = i64::MIN;
+        let (mut times, mut claimed) = (Vec::new(), Vec::new());
+        let call = |con: &mut Conn, take: TakeFlow| {
+            rt.block_on(take_flow(con, &key, &take)).expect("take_flow")
+        };
+        for _ in 0..300 {
+            now = step(&mut rng, now, token_ms);
+            clock = clock.max(now);
+            // Jobs arrive in a few parts; one shard's publisher takes and claims.
+            for _ in 0..rng.range(0, 3) {
+                let s = rng.range(0, i64::from(shards)) as usize;
+                waiting[s] += rng.range(0, 2 * batch as i64 + 1) as usize;
+            }
+            let shard = rng.range(0, i64::from(shards)) as u16;
+            let s = usize::from(shard);
+            let take = TakeFlow {
+                shard,
+                want: batch,
+                give_back: 0,
+                found: Found::Nothing,
+                now_ms: Some(now),
+                rate: Some((rate, burst)),
+                lock: None,
+                release: false,
+            };
+            let got = call(&mut con, take);
+            let tokens = model.refill(now);
+            let want = batch.min(Bucket::whole(tokens));
+            assert_eq!(
+                got.granted, want,
+                "{what}: at {now} granted {}, the model {want}",
+                got.granted
+            );
+            model.take(got.granted);
+            let used = got.granted.min(waiting[s]);
+            waiting[s] -= used;
+            if got.granted < batch {
+                held[s] = true;
+                // A cut take names when a token is in, before a late wake-up could overflow.
+                let next = got.wake_ms.expect("a cut take names its wake-up");
+                let at_wake = model.uncapped_at(next);
+                let late = rate * (WAKE_SLACK_MS - 1.0) / 1000.0;
+                assert!(
+                    at_wake >= 1.0 - 1e-9 && at_wake + late <= model.capacity + 1e-9,
+                    "{what}: cut at {now}, wakes at {next} with {at_wake:.9} tokens (bucket {:.9})",
+                    model.capacity
+                );
+            } else {
+                assert_eq!(got.wake_ms, None, "{what}: a take not cut names no wake-up");
+            }
+            assert_eq!(
+                got.held_since_ms.is_some(),
+                held[s],
+                "{what}: shard {shard} held?"
+            );
+            if used < got.granted {
+                // The claim found fewer: the rest goes back, and the shard has caught up.
+                let back = TakeFlow {
+                    want: 0,
+                    give_back: got.granted - used,
+                    found: Found::CaughtUp,
+                    ..take
+                };
+                let after = call(&mut con, back);
+                assert_eq!(after.granted, 0, "{what}");
+                assert_eq!(after.held_since_ms, None, "{what}: caught up, not held");
+                held[s] = false;
+                model.give_back(got.granted - used);
+            }
+            times.push(clock);
+            claimed.push(used);
+        }
+        assert_within_bucket(&what, &times, &claimed, model.capacity, rate);
+        let _: () = redis::cmd("DEL").arg(&key).query(&mut raw).unwrap();
     }
 }

@@ -349,6 +349,30 @@ route = "m"
             .block_on(scripts::move_lane(&mut lcon, &lane, &args))
             .expect("move_lane");
         assert_eq!(moved.taken, 0);
+        // A two-phase route's admission (its rate and its bound's lock), then the give back.
+        let take = scripts::TakeFlow {
+            shard: 0,
+            want: 5,
+            give_back: 0,
+            found: scripts::Found::Nothing,
+            now_ms: None,
+            rate: Some((10.0, 1)),
+            lock: Some(("t", 1000)),
+            release: false,
+        };
+        let flow_key = Keys::new("zdelay", 4).route_flow("m");
+        let taken = rt
+            .block_on(scripts::take_flow(&mut lcon, &flow_key, &take))
+            .expect("take_flow");
+        let back = scripts::TakeFlow {
+            want: 0,
+            give_back: taken.granted,
+            found: scripts::Found::CaughtUp,
+            release: true,
+            ..take
+        };
+        rt.block_on(scripts::take_flow(&mut lcon, &flow_key, &back))
+            .expect("take_flow give back");
         let cancelled = rt
             .block_on(scripts::cancel_lane(&mut lcon, &lane, "w"))
             .expect("cancel_lane");

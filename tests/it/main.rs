@@ -20,6 +20,7 @@ mod docs;
 mod faults;
 mod flow;
 mod flow_model;
+mod flow_two_phase;
 mod heavy;
 mod history;
 mod http_enqueue;

@@ -106,13 +106,7 @@ local buckets = {}
 for b = 1, bound_count + 1 do buckets[b] = 0 end
 
 -- Flow control: how many jobs this call may move.
--- The rate's bucket holds `capacity` tokens: the burst, but at least one job plus
--- MIN_BUCKET_MS of the rate. A daemon wakes a held route on a millisecond timer that can be a
--- few ms late; a bucket that fills while it wakes loses the tokens that come meanwhile, and
--- the route falls short of its rate (at 1000/s with burst 1 it would move one job per wake-up).
--- A held route is called again once it has `want` tokens, which leaves at least WAKE_SLACK_MS
--- of the rate's room in the bucket for the wake-up to be late in without losing any.
-local MIN_BUCKET_MS, WAKE_SLACK_MS = 10, 5
+-- @include flow_bucket
 local flow_at = 8 + bound_count
 local rate, burst = tonumber(ARGV[flow_at]), tonumber(ARGV[flow_at + 1])
 local max_length, hold_recheck = tonumber(ARGV[flow_at + 2]), tonumber(ARGV[flow_at + 3])
@@ -124,19 +118,11 @@ if rate or max_length then
   local state = redis.call('HMGET', flow_key, 'tokens', 'at', 'held_since', 'held_by')
   held_since, was_held_by = tonumber(state[3]), state[4]
   if rate then
-    capacity = math.max(burst, 1 + rate * MIN_BUCKET_MS / 1000)
-    tokens = tonumber(state[1]) or capacity
-    bucket_at = tonumber(state[2]) or now_ms
-    -- A clock that steps back refills nothing until it passes the last refill again.
-    if now_ms > bucket_at then
-      tokens = tokens + (now_ms - bucket_at) * rate / 1000
-      bucket_at = now_ms
-    end
-    tokens = math.min(capacity, tokens)
-    -- The epsilon absorbs the refill's rounding (0.9999999 tokens is one).
-    local whole = math.floor(tokens + 1e-9)
+    capacity = bucket_capacity(rate, burst)
+    local whole
+    tokens, bucket_at, whole = bucket_refill(rate, capacity, tonumber(state[1]), tonumber(state[2]), now_ms)
     if whole < allowed then
-      allowed = math.max(0, whole)
+      allowed = whole
       cut_by = 1
     end
   end
@@ -553,12 +539,7 @@ if rate or max_length then
     -- second's worth, at most a batch, and room left in the bucket for a late wake-up; at
     -- least one job), or at the next look at the list.
     local wake = now_ms + hold_recheck
-    if cut_by == 1 then
-      local want = math.min(batch, rate / 10, capacity - rate * WAKE_SLACK_MS / 1000)
-      want = math.max(1, math.floor(want))
-      -- From the bucket's own time: after a clock that stepped back, later than now says.
-      wake = bucket_at + math.max(1, math.ceil((want - tokens) * 1000 / rate))
-    end
+    if cut_by == 1 then wake = bucket_wake(rate, capacity, tokens, bucket_at, batch) end
     next_due = tostring(wake)
   end
 end

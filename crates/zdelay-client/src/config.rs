@@ -540,27 +540,45 @@ fn validate_flow(
         Some(0) => return Err(invalid(field("key_burst"), "must be at least 1")),
         _ => {}
     }
-    if sink.is_some_and(|s| !s.is_local()) {
+    if let Some(sink) = sink.filter(|s| !s.is_local()) {
         if route.max_length.is_some() {
-            return Err(invalid(
-                field("max_length"),
-                "bounds the Redis list of a local route (sink \"local\"); a two-phase route's \
-                 broker applies its own limits",
-            ));
+            bounded_destination(route, sink).map_err(|why| invalid(field("max_length"), why))?;
         }
-        for (name, set) in [
-            ("rate", route.rate.is_some()),
-            ("key_rate", route.key_rate.is_some()),
-        ] {
-            if set {
-                return Err(invalid(
-                    field(name),
-                    "is built for local routes (sink \"local\") only so far",
-                ));
-            }
+        if route.key_rate.is_some() {
+            return Err(invalid(
+                field("key_rate"),
+                "is built for local routes (sink \"local\") only so far; a two-phase route \
+                 takes rate and burst",
+            ));
         }
     }
     Ok(())
+}
+
+/// Whether a two-phase route's destination has a depth `max_length` can bound: a remote
+/// Redis list (its length), an AMQP queue (`/queue`: its messages), a subject a JetStream
+/// stream stores (the stream's messages). Kafka has none: a topic keeps its messages for
+/// every consumer group, whatever they have read.
+fn bounded_destination(route: &RouteConfig, sink: &SinkConfig) -> Result<(), String> {
+    match sink {
+        SinkConfig::Kafka(_) => Err(
+            "has no meaning on Kafka: a topic keeps every message for each consumer group \
+             until its retention ends, so it has no queue depth to bound; limit the route \
+             with rate instead"
+                .to_owned(),
+        ),
+        SinkConfig::Nats(n) if !n.jetstream => Err(
+            "needs JetStream (jetstream = true): core NATS stores no messages, so it has no \
+             depth to bound"
+                .to_owned(),
+        ),
+        SinkConfig::Amqp(_) if !route.list_key().starts_with('/') => Err(format!(
+            "bounds a queue: give the route the target \"/<queue>\" (the default exchange, \
+             whose routing key is the queue it counts), not {:?}",
+            route.list_key()
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn validate_message_timeout(
@@ -1311,10 +1329,11 @@ pub struct RouteConfig {
     /// Two-phase routes: `wait` (default) or `dead` when the destination object is missing.
     #[serde(default)]
     pub on_missing: OnMissing,
-    /// Local routes on storage layout 2: at most this many jobs reach the list, counted
-    /// across every daemon on Redis's clock: `"10000/s"`, `"600/m"`, `"36000/h"`. Jobs over
-    /// the rate wait in due order and go as soon as it allows: none is dropped or expired by
-    /// the wait, which counts as deferral, not lateness. Unset: no limit.
+    /// Storage layout 2, every route: at most this many jobs reach the list (or are handed
+    /// to the broker), counted across every daemon on Redis's clock: `"10000/s"`, `"600/m"`,
+    /// `"36000/h"`. Jobs over the rate wait in due order and go as soon as it allows: none is
+    /// dropped or expired by the wait, which counts as deferral, not lateness, and other
+    /// routes flow on. Unset: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?/(s|m|h)$"))]
     pub rate: Option<String>,
@@ -1324,15 +1343,17 @@ pub struct RouteConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub burst: Option<u32>,
-    /// Local routes on storage layout 2: the route is held while its list holds this many
-    /// jobs or more (its consumers stopped or slow) and resumes as they drain it, so the list
-    /// never grows past it. Unset: no bound.
+    /// Storage layout 2: the route is held while its destination holds this many messages
+    /// or more (its consumers stopped or slow) and resumes as they drain it, so it never
+    /// grows past it: a list's length (local or remote Redis), a RabbitMQ queue's message
+    /// count (target `/<queue>`), the messages of the JetStream stream that stores the
+    /// subject. Refused on Kafka (a topic has no queue depth) and core NATS. Unset: no bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_length: Option<u64>,
-    /// Local routes on storage layout 2, with `key_rate`: the header whose value is a job's
-    /// key (a tenant, a customer). Each key gets its own rate, so one key's burst waits while
-    /// the other keys' jobs flow. A job without the header has the key `""`, which has a rate
+    /// Local routes on storage layout 2 (not yet two-phase routes), with `key_rate`: the
+    /// header whose value is a job's key (a tenant, a customer). Each key gets its own rate,
+    /// so one key's burst waits while the other keys' jobs flow. A job without the header has the key `""`, which has a rate
     /// of its own like any other key. Header names match exactly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]

@@ -228,6 +228,13 @@ impl Keys {
         format!("{{{}}}:sinks", self.namespace)
     }
 
+    /// HASH: a two-phase route's rate bucket, shared by every spread shard and daemon
+    /// (`take_flow.lua`): "tokens", "at", and "h<shard>" while its part in spread shard
+    /// <shard> is held. In the registry's slot: one key per route, one call per claim.
+    pub fn route_flow(&self, route: &str) -> String {
+        format!("{{{}}}:flow:{route}", self.namespace)
+    }
+
     /// HASH of recent activity, per minute (`<epoch minute>`): `<minute>:delivered` → jobs
     /// delivered, `<minute>:late<k>` → deliveries in lateness bucket `k` (the bounds of
     /// `zdelay_lateness_seconds`). Written by every daemon (HINCRBY, so instances add up),

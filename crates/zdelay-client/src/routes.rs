@@ -138,6 +138,25 @@ impl LaneRoutes {
     }
 }
 
+/// A two-phase route with a rate or a bound: its jobs wait for their sink in a part of each
+/// spread shard's ready set named `<sink>:<route>` (no sink name holds a `:`), beside the
+/// sink's own part, and its publishers claim from there only what its flow hash grants
+/// (`take_flow`: its rate's tokens; for a bound, the room its destination has). A held
+/// route's jobs wait there, so the sink's other routes flow on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowPart {
+    pub route: String,
+    pub sink: String,
+    /// The destination whose depth a bound limits.
+    pub target: String,
+    /// The part's name in the ready set.
+    pub part: String,
+    /// Jobs per second and the bucket's burst, if it has a rate.
+    pub rate: Option<(f64, u32)>,
+    /// The most messages its destination may hold.
+    pub max_length: Option<u64>,
+}
+
 /// The routes of one configuration.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Routes {
@@ -147,6 +166,9 @@ pub struct Routes {
     two_phase: BTreeMap<String, Destination>,
     /// Two-phase sinks and their `allow` globs.
     sinks: BTreeMap<String, Vec<String>>,
+    /// Two-phase routes with a rate or a bound, by route name: their jobs wait in a part of the ready
+    /// set of their own, claimed within the route's bucket.
+    flow_parts: BTreeMap<String, FlowPart>,
     /// On a Redis Cluster: every local route by name (exactly-once or not), with the slots of
     /// the shards, for raw sources and `explain`. `None` on a single Redis.
     cluster: Option<ClusterLayout>,
@@ -210,6 +232,21 @@ impl Routes {
                     }
                 }
                 Some(_) => {
+                    if let Some(flow) = route.flow()
+                        && (flow.rate_per_s.is_some() || flow.max_length.is_some())
+                    {
+                        routes.flow_parts.insert(
+                            route.name.clone(),
+                            FlowPart {
+                                route: route.name.clone(),
+                                sink: route.sink.clone(),
+                                target: route.list_key(),
+                                part: format!("{}:{}", route.sink, route.name),
+                                rate: flow.rate_per_s.map(|r| (r, flow.burst)),
+                                max_length: flow.max_length,
+                            },
+                        );
+                    }
                     routes.two_phase.insert(
                         route.name.clone(),
                         Destination {
@@ -384,6 +421,40 @@ impl Routes {
         self.sinks.keys().map(String::as_str)
     }
 
+    /// Two-phase routes as `move_due` queues them: (route name, part of the ready set): the
+    /// sink's own part, or the route's [`FlowPart`].
+    pub fn two_phase_parts(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.two_phase.iter().map(|(name, d)| {
+            let part = self.flow_parts.get(name).map_or(&d.sink, |f| &f.part);
+            (name.as_str(), part.as_str())
+        })
+    }
+
+    /// Every part of the ready set jobs are queued in: the two-phase sinks, then the flow
+    /// parts of routes with a rate.
+    pub fn ready_parts(&self) -> impl Iterator<Item = &str> {
+        self.two_phase_sinks()
+            .chain(self.flow_parts.values().map(|f| f.part.as_str()))
+    }
+
+    /// The flow part named `part`, if it is one.
+    pub fn flow_part(&self, part: &str) -> Option<&FlowPart> {
+        self.flow_parts.values().find(|f| f.part == part)
+    }
+
+    /// The part of the ready set a job for `dest` waits in when its sink is `sink`.
+    pub fn part_of<'a>(&'a self, dest: &str, sink: &'a str) -> &'a str {
+        match self.flow_parts.get(dest) {
+            Some(f) if f.sink == sink => &f.part,
+            _ => sink,
+        }
+    }
+
+    /// The sink a part of the ready set waits for (a flow part's sink, or the part itself).
+    pub fn sink_of_part(part: &str) -> &str {
+        part.split_once(':').map_or(part, |(sink, _)| sink)
+    }
+
     pub fn has_two_phase(&self) -> bool {
         !self.sinks.is_empty()
     }
@@ -395,6 +466,7 @@ impl Routes {
         let mut routes = Routes {
             two_phase: self.two_phase.clone(),
             sinks: self.sinks.clone(),
+            flow_parts: self.flow_parts.clone(),
             ..Routes::default()
         };
         routes.two_phase.retain(|_, dest| dest.sink != LOCAL_SINK);

@@ -29,6 +29,8 @@ def main():
         if "--exchange" in opts:
             ch.exchange_declare(opts["--exchange"], exchange_type="direct", durable=True)
             ch.queue_bind(queue, opts["--exchange"], routing_key=opts["--key"])
+    elif cmd == "count":
+        print(ch.queue_declare(args[0], passive=True).method.message_count)
     elif cmd == "exchange":
         ch.exchange_declare(args[0], exchange_type="direct", durable=True)
     elif cmd == "consume":

@@ -71,6 +71,7 @@ scripts!(
     bench_bare_move_hash,
     enqueue_lane,
     move_lane,
+    take_flow,
     register_lane,
     register_two_phase,
     retire_lane,
@@ -1060,12 +1061,13 @@ pub async fn move_due(
             .arg(fixed + routes.list_index(route) + 1)
             .arg(route.push.command());
     }
-    let two_phase: Vec<(&str, &str)> = routes.two_phase_routes().collect();
+    // A route with a rate is queued in its own part of the ready set (`Routes::flow_part`).
+    let two_phase: Vec<(&str, &str)> = routes.two_phase_parts().collect();
     inv.arg(two_phase.len());
-    for (route, sink) in two_phase {
-        inv.arg(route).arg(sink);
+    for (route, part) in two_phase {
+        inv.arg(route).arg(part);
     }
-    let sinks: Vec<&str> = routes.two_phase_sinks().collect();
+    let sinks: Vec<&str> = routes.ready_parts().collect();
     inv.arg(sinks.len()).arg(sinks);
     inv.arg(args.bounds_ms.len()).arg(args.bounds_ms);
     let (walk_sink, walk_from) = args.walk.unwrap_or(("", ""));
@@ -2612,6 +2614,85 @@ pub async fn move_lane(
     };
     let value: Value = inv.invoke(con).await?;
     MoveReply::parse(value, 1, args.bounds_ms.len())
+}
+
+/// One `take_flow` call: a spread shard's publisher asks a two-phase route's flow hash for
+/// leave to claim from the route's part of the shard's ready set.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeFlow<'a> {
+    pub shard: u16,
+    /// Jobs the caller would claim now (0: only give back).
+    pub want: usize,
+    /// Tokens an earlier grant to this caller that its claim did not use.
+    pub give_back: usize,
+    /// What that claim found.
+    pub found: Found,
+    /// Overrides Redis `TIME` (tests drive time with it).
+    pub now_ms: Option<i64>,
+    /// The route's rate and burst, if it has a rate.
+    pub rate: Option<(f64, u32)>,
+    /// A bounded route's admission lock: the caller's token and how long a grant holds it.
+    pub lock: Option<(&'a str, u64)>,
+    /// Release the lock (after the claim's jobs were published).
+    pub release: bool,
+}
+
+/// What a claim found in a flow part, reported with its give back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Nothing,
+    /// Nothing more waits in the shard's part: its hold ends.
+    CaughtUp,
+    /// The destination had no room: the part is held.
+    Held,
+}
+
+/// What `take_flow` granted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowTaken {
+    pub granted: usize,
+    pub now_ms: i64,
+    /// When less than asked was granted: when to ask again (ms).
+    pub wake_ms: Option<i64>,
+    /// Since when (ms) the route's part in this shard is held, if it is.
+    pub held_since_ms: Option<i64>,
+}
+
+/// Asks the flow hash `flow_key` of a two-phase route for leave to claim (see
+/// `take_flow.lua`).
+pub async fn take_flow(
+    con: &mut Conn,
+    flow_key: &str,
+    take: &TakeFlow<'_>,
+) -> redis::RedisResult<FlowTaken> {
+    let mut inv = Call::new(&compiled::take_flow);
+    let found = match take.found {
+        Found::Nothing => "",
+        Found::CaughtUp => "caught_up",
+        Found::Held => "held",
+    };
+    let (rate, burst) = take
+        .rate
+        .map_or((String::new(), 0), |(r, b)| (r.to_string(), b));
+    let (token, lock_ms) = take.lock.unwrap_or(("", 0));
+    inv.key(flow_key)
+        .arg(take.shard)
+        .arg(take.want)
+        .arg(take.give_back)
+        .arg(found)
+        .arg(take.now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(rate)
+        .arg(burst)
+        .arg(token)
+        .arg(lock_ms)
+        .arg(if take.release { "1" } else { "" });
+    let (granted, now_ms, wake, held): (usize, i64, String, String) = inv.invoke(con).await?;
+    Ok(FlowTaken {
+        granted,
+        now_ms,
+        wake_ms: wake.parse().ok(),
+        held_since_ms: held.parse().ok(),
+    })
 }
 
 /// Cancels the job `id` waiting in `lane` (see `cancel_lane.lua`): its payload, meta, max
