@@ -2,9 +2,9 @@
 
 use super::load::{backlog_due, load_bare_hash, load_envelopes, load_raw, status};
 use super::measure::{del, llen, redis_cpu};
-use super::report::{Drain, Throughput};
+use super::report::{CheckedBaseline, Drain, Throughput};
 use super::tally::Tally;
-use super::{ENVELOPE_RATIO_TARGET, Env, RAW_RATIO_TARGET};
+use super::{ENVELOPE_RATIO_TARGET, Env, RAW_CHECKED_RATIO_TARGET, RAW_RATIO_TARGET};
 use crate::metrics::LATENESS_BOUNDS_MS;
 use anyhow::{Context, ensure};
 use std::sync::atomic::Ordering;
@@ -85,10 +85,61 @@ pub(super) async fn drain_raw(env: &mut Env) -> anyhow::Result<Drain> {
             "bare raw: list length != jobs"
         );
         del(&mut env.con, &out).await?;
+        let checked = drain_raw_checked(env, round).await?;
         let dead = tally.dead.load(Ordering::Relaxed);
-        rounds.push((real, bare, dead));
+        rounds.push((real, bare, dead, Some(checked)));
     }
     Ok(pick_median("raw", rounds, 1, RAW_RATIO_TARGET))
+}
+
+/// The same members moved by `bench_bare_move_raw_checked`: the bare move plus the checks a
+/// raw source cannot skip (each member's size, the byte budget, read in budget-sized chunks).
+async fn drain_raw_checked(env: &mut Env, round: usize) -> anyhow::Result<Throughput> {
+    let n = env.args.jobs;
+    let key = env.scratch.raw.source.clone();
+    let out = env.scratch.out.clone();
+    status(&format!("drain raw, round {round}: bare_move_raw_checked"));
+    let now = env.redis_now_ms();
+    let size = env.payload_size();
+    load_raw(
+        &mut env.con,
+        &key,
+        n,
+        size,
+        |i| backlog_due(i, n, now),
+        "load raw (bare, checked)",
+    )
+    .await?;
+    let max_score = env.redis_now_ms();
+    // The poller's own limits, as the real move gets them.
+    let (max_payload, budget) = (env.config.poller.max_payload, env.config.poller.batch_bytes);
+    let cpu0 = redis_cpu(&mut env.con).await?;
+    let started = Instant::now();
+    let (mut moved, mut calls) = (0u64, 0u64);
+    loop {
+        let got = scripts::bench_bare_move_raw_checked(
+            &mut env.con,
+            &key,
+            &out,
+            (env.batch, max_score),
+            (max_payload, budget),
+        )
+        .await?;
+        calls += 1;
+        moved += got;
+        if got < env.batch as u64 {
+            break;
+        }
+    }
+    let elapsed = started.elapsed();
+    let cpu1 = redis_cpu(&mut env.con).await?;
+    ensure!(moved == n, "bare raw (checked) moved {moved} of {n}");
+    ensure!(
+        llen(&mut env.con, &out).await? == n,
+        "bare raw (checked): list length != jobs"
+    );
+    del(&mut env.con, &out).await?;
+    Ok(Throughput::new(n, elapsed, cpu1 - cpu0, calls))
 }
 
 pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
@@ -183,7 +234,7 @@ pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
         );
         env.scratch.clean(&mut env.con, false).await?;
         let dead = tally.dead.load(Ordering::Relaxed);
-        rounds.push((real, bare, dead));
+        rounds.push((real, bare, dead, None));
     }
     Ok(pick_median(
         "envelope",
@@ -197,17 +248,43 @@ pub(super) fn drain_timeout(n: u64) -> Duration {
     Duration::from_secs(60 + n / 10_000)
 }
 
+/// One drain round: the real move, the bare one, the real move's dead jobs, and (raw) the
+/// bare move with the size checks.
+type Round = (Throughput, Throughput, u64, Option<Throughput>);
+
 /// Keeps the round with the median real/bare ratio; lists every round's ratio.
 pub(super) fn pick_median(
     source: &'static str,
-    mut rounds: Vec<(Throughput, Throughput, u64)>,
+    mut rounds: Vec<Round>,
     concurrency: usize,
     target: f64,
 ) -> Drain {
-    let ratio = |r: &(Throughput, Throughput, u64)| r.0.jobs_per_sec / r.1.jobs_per_sec;
+    let ratio = |r: &Round| r.0.jobs_per_sec / r.1.jobs_per_sec;
     let all: Vec<f64> = rounds.iter().map(ratio).collect();
+    let cpu_ratio = |real: &Throughput, bare: &Throughput| {
+        bare.redis_cpu_s_per_million / real.redis_cpu_s_per_million.max(1e-9)
+    };
+    let checked_all: Vec<(f64, f64)> = rounds
+        .iter()
+        .filter_map(|r| {
+            let c = r.3.as_ref()?;
+            Some((r.0.jobs_per_sec / c.jobs_per_sec, cpu_ratio(&r.0, c)))
+        })
+        .collect();
     rounds.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
-    let (real, bare, dead) = rounds.swap_remove(rounds.len() / 2);
+    let (real, bare, dead, checked) = rounds.swap_remove(rounds.len() / 2);
+    let checked = checked.map(|c| CheckedBaseline {
+        ratio: real.jobs_per_sec / c.jobs_per_sec,
+        cpu_ratio: cpu_ratio(&real, &c),
+        ratio_all_rounds: checked_all.iter().map(|r| r.0).collect(),
+        cpu_ratio_all_rounds: checked_all.iter().map(|r| r.1).collect(),
+        target_ratio: RAW_CHECKED_RATIO_TARGET,
+        meets_target: checked_all
+            .iter()
+            .all(|r| r.1 >= RAW_CHECKED_RATIO_TARGET),
+        baseline: "bench_bare_move_raw_checked",
+        bare: c,
+    });
     let r = real.jobs_per_sec / bare.jobs_per_sec;
     let (mover, baseline) = match source {
         "raw" => ("move_raw (poller::run)", "bench_bare_move_raw"),
@@ -226,5 +303,6 @@ pub(super) fn pick_median(
         target_ratio: target,
         meets_target: r >= target,
         dead,
+        checked,
     }
 }
