@@ -1037,7 +1037,9 @@ fn a_failed_push_mid_batch_moves_the_chunks_before_it_once_and_the_rest_as_the_m
         // Job i is due 300 - 1.5 i ms before now (rounded): lateness from 300 down to 2,
         // across every bound.
         let ids: Vec<String> = (0..n).map(|i| format!("j{i:03}")).collect();
-        let payloads: Vec<Vec<u8>> = (0..n).map(|i| format!("payload {i}").into_bytes()).collect();
+        let payloads: Vec<Vec<u8>> = (0..n)
+            .map(|i| format!("payload {i}").into_bytes())
+            .collect();
         let due = |i: usize| now - 300 + 3 * i as i64 / 2;
         let items: Vec<LaneItem> = (0..n)
             .map(|i| LaneItem {
@@ -1068,9 +1070,14 @@ fn a_failed_push_mid_batch_moves_the_chunks_before_it_once_and_the_rest_as_the_m
             let mut want = [0u64; 4];
             for &i in &moved {
                 let late = (now - due(i)) as u64;
-                want[BOUNDS.iter().position(|&b| late <= b).unwrap_or(BOUNDS.len())] += 1;
+                want[BOUNDS
+                    .iter()
+                    .position(|&b| late <= b)
+                    .unwrap_or(BOUNDS.len())] += 1;
             }
-            let context = format!("seed {seed}: n {n}, batch {batch}, missing {missing:?}, from {start}: {reply:?}");
+            let context = format!(
+                "seed {seed}: n {n}, batch {batch}, missing {missing:?}, from {start}: {reply:?}"
+            );
             assert_eq!(reply.taken, taken, "{context}");
             assert_eq!(reply.moved_total(), moved.len() as u64, "{context}");
             assert_eq!(reply.dead, [0, 0, 0, 0, died.len() as u64, 0], "{context}");
@@ -1085,13 +1092,21 @@ fn a_failed_push_mid_batch_moves_the_chunks_before_it_once_and_the_rest_as_the_m
             start += taken;
         }
         let expect: Vec<Vec<u8>> = pushed.iter().rev().map(|&i| payloads[i].clone()).collect();
-        assert_eq!(lrange(&mut s.redis.conn(), "q:emails"), expect, "seed {seed}");
+        assert_eq!(
+            lrange(&mut s.redis.conn(), "q:emails"),
+            expect,
+            "seed {seed}"
+        );
         let mut gone: Vec<usize> = missing.clone();
         gone.sort_unstable();
         gone.dedup();
         assert_eq!(dead, gone, "seed {seed}");
         assert_eq!(s.zcard(&s.lane.keys.due.clone()), 0, "seed {seed}");
-        assert_eq!(s.zcard(&s.lane.keys.dead.clone()), gone.len(), "seed {seed}");
+        assert_eq!(
+            s.zcard(&s.lane.keys.dead.clone()),
+            gone.len(),
+            "seed {seed}"
+        );
         assert_eq!(s.hlen(&s.lane.keys.jobs.clone()), 0, "seed {seed}");
         // Meta stays only with the dead, for a replay.
         let meta_left = gone.iter().filter(|&&i| i % 3 == 0).count();
