@@ -86,6 +86,8 @@ const BOUNDED_ELSEWHERE: &[(&str, &str, &str)] = &[
      "the n ≤ batch ids the call read with LIMIT"),
     ("move_lane.lua", "due_key,0,n-1",
      "the n ≤ batch ids the call read with LIMIT"),
+    ("move_lane.lua", "list_key,unpack(part,1,j-i+1)",
+     "the push (LPUSH or RPUSH, from the marker): one chunk of at most 30 payloads"),
     ("move_lane.lua", "list_key,unpack(payloads,1,n)",
      "LPUSH/RPUSH of the batch the call read"),
     ("move_lane.lua", "list_key,unpack(out_payloads)",
