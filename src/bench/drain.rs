@@ -2,9 +2,9 @@
 
 use super::load::{backlog_due, load_bare_hash, load_envelopes, load_raw, status};
 use super::measure::{del, llen, redis_cpu};
-use super::report::{Drain, Throughput};
+use super::report::{CheckedBaseline, Drain, Throughput};
 use super::tally::Tally;
-use super::{ENVELOPE_RATIO_TARGET, Env, RAW_RATIO_TARGET};
+use super::{ENVELOPE_RATIO_TARGET, Env, RAW_CHECKED_RATIO_TARGET, RAW_RATIO_TARGET};
 use crate::metrics::LATENESS_BOUNDS_MS;
 use anyhow::{Context, ensure};
 use std::sync::atomic::Ordering;
@@ -85,10 +85,120 @@ pub(super) async fn drain_raw(env: &mut Env) -> anyhow::Result<Drain> {
             "bare raw: list length != jobs"
         );
         del(&mut env.con, &out).await?;
+        let side_by_side = drain_raw_checked(env, round).await?;
         let dead = tally.dead.load(Ordering::Relaxed);
-        rounds.push((real, bare, dead));
+        rounds.push((real, bare, dead, Some(side_by_side)));
     }
     Ok(pick_median("raw", rounds, 1, RAW_RATIO_TARGET))
+}
+
+/// `move_raw` (the script the poller runs) against the bare raw move and against
+/// `bench_bare_move_raw_checked` (the bare move plus the size checks a raw source cannot
+/// skip: each member's size, the byte budget, read in budget-sized chunks), the same members
+/// loaded into three ZSETs and drained one call of each in turn, the order rotating every
+/// step, with the Redis CPU read around each call (as the lane mode does): all three run on
+/// the same server state, so the ratios compare the scripts, not the moment each ran.
+/// Returns (move_raw, bare, checked).
+async fn drain_raw_checked(
+    env: &mut Env,
+    round: usize,
+) -> anyhow::Result<(Throughput, Throughput, Throughput)> {
+    let n = env.args.jobs;
+    let size = env.payload_size();
+    let raw = env.scratch.raw.clone();
+    let out = env.scratch.out.clone();
+    // Two of the bare layout's ZSETs (scratch keys, cleaned with the rest) as raw sources.
+    let (bare_key, checked_key) = (env.scratch.bare.due(0), env.scratch.bare.due(1));
+    status(&format!(
+        "drain raw, round {round}: move_raw, bare and checked side by side"
+    ));
+    let now = env.redis_now_ms();
+    for (key, what) in [
+        (&raw.source, "load raw (move_raw)"),
+        (&bare_key, "load raw (bare)"),
+        (&checked_key, "load raw (bare, checked)"),
+    ] {
+        load_raw(&mut env.con, key, n, size, |i| backlog_due(i, n, now), what).await?;
+    }
+    let max_score = env.redis_now_ms();
+    // The poller's own limits, as the real move gets them.
+    let (max_payload, budget) = (env.config.poller.max_payload, env.config.poller.batch_bytes);
+    let args = scripts::MoveRaw {
+        batch: env.batch,
+        now_ms: None,
+        unit: Default::default(),
+        max_payload,
+        batch_bytes: budget,
+        list: &out,
+        push: Default::default(),
+        bounds_ms: LATENESS_BOUNDS_MS,
+    };
+    let mut probe = env.con.clone();
+    let mut spent = [(Duration::ZERO, 0.0f64, 0u64, 0u64); 3];
+    let mut done = [false; 3];
+    let mut step = 0usize;
+    while done.iter().any(|d| !d) {
+        for k in 0..3 {
+            let variant = (k + step) % 3;
+            if done[variant] {
+                continue;
+            }
+            let cpu0 = redis_cpu(&mut probe).await?;
+            let started = Instant::now();
+            let moved = match variant {
+                0 => {
+                    let reply = scripts::move_raw(&mut env.con, &raw, &args).await?;
+                    ensure!(
+                        reply.dead.iter().sum::<u64>() == 0,
+                        "move_raw sent members to dead: {:?}",
+                        reply.dead
+                    );
+                    reply.moved_total()
+                }
+                1 => {
+                    scripts::bench_bare_move_raw(
+                        &mut env.con,
+                        &bare_key,
+                        &out,
+                        env.batch,
+                        max_score,
+                    )
+                    .await?
+                }
+                _ => {
+                    scripts::bench_bare_move_raw_checked(
+                        &mut env.con,
+                        &checked_key,
+                        &out,
+                        (env.batch, max_score),
+                        (max_payload, budget),
+                    )
+                    .await?
+                }
+            };
+            let wall = started.elapsed();
+            let cpu = redis_cpu(&mut probe).await? - cpu0;
+            let s = &mut spent[variant];
+            *s = (s.0 + wall, s.1 + cpu, s.2 + moved, s.3 + 1);
+            done[variant] = moved < env.batch as u64;
+        }
+        step += 1;
+    }
+    let [real, bare, checked] =
+        spent.map(|(wall, cpu, moved, calls)| Throughput::new(moved, wall, cpu, calls));
+    for (what, run) in [("move_raw", &real), ("bare", &bare), ("checked", &checked)] {
+        ensure!(
+            run.jobs == n,
+            "raw side by side, {what}: moved {} of {n}",
+            run.jobs
+        );
+    }
+    ensure!(
+        llen(&mut env.con, &out).await? == 3 * n,
+        "raw side by side: the list has not every member"
+    );
+    del(&mut env.con, &out).await?;
+    Ok((real, bare, checked))
 }
 
 pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
@@ -183,7 +293,7 @@ pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
         );
         env.scratch.clean(&mut env.con, false).await?;
         let dead = tally.dead.load(Ordering::Relaxed);
-        rounds.push((real, bare, dead));
+        rounds.push((real, bare, dead, None));
     }
     Ok(pick_median(
         "envelope",
@@ -197,17 +307,57 @@ pub(super) fn drain_timeout(n: u64) -> Duration {
     Duration::from_secs(60 + n / 10_000)
 }
 
+/// One drain round: the real move, the bare one, the real move's dead jobs, and (raw) the
+/// scripts side by side: `move_raw`, the bare move, the bare move with the size checks.
+type Round = (
+    Throughput,
+    Throughput,
+    u64,
+    Option<(Throughput, Throughput, Throughput)>,
+);
+
 /// Keeps the round with the median real/bare ratio; lists every round's ratio.
 pub(super) fn pick_median(
     source: &'static str,
-    mut rounds: Vec<(Throughput, Throughput, u64)>,
+    mut rounds: Vec<Round>,
     concurrency: usize,
     target: f64,
 ) -> Drain {
-    let ratio = |r: &(Throughput, Throughput, u64)| r.0.jobs_per_sec / r.1.jobs_per_sec;
+    let ratio = |r: &Round| r.0.jobs_per_sec / r.1.jobs_per_sec;
     let all: Vec<f64> = rounds.iter().map(ratio).collect();
+    let cpu_ratio = |real: &Throughput, bare: &Throughput| {
+        bare.redis_cpu_s_per_million / real.redis_cpu_s_per_million.max(1e-9)
+    };
+    // Side by side (raw): move_raw against the checked baseline, by wall and by CPU, and
+    // against the bare move by CPU.
+    let side_ratios = |r: &Round| {
+        r.3.as_ref().map(|(real, bare, checked)| {
+            (
+                real.jobs_per_sec / checked.jobs_per_sec,
+                cpu_ratio(real, checked),
+                cpu_ratio(real, bare),
+            )
+        })
+    };
+    let side_all: Vec<(f64, f64, f64)> = rounds.iter().filter_map(side_ratios).collect();
     rounds.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
-    let (real, bare, dead) = rounds.swap_remove(rounds.len() / 2);
+    let median = rounds.swap_remove(rounds.len() / 2);
+    let side = side_ratios(&median);
+    let (real, bare, dead, side_runs) = median;
+    let checked = side_runs
+        .zip(side)
+        .map(|((script, _, c), (r, cpu, cpu_bare))| CheckedBaseline {
+            baseline: "bench_bare_move_raw_checked",
+            script,
+            bare: c,
+            ratio: r,
+            cpu_ratio: cpu,
+            cpu_ratio_to_bare: cpu_bare,
+            ratio_all_rounds: side_all.iter().map(|r| r.0).collect(),
+            cpu_ratio_all_rounds: side_all.iter().map(|r| r.1).collect(),
+            target_ratio: RAW_CHECKED_RATIO_TARGET,
+            meets_target: side_all.iter().all(|r| r.1 >= RAW_CHECKED_RATIO_TARGET),
+        });
     let r = real.jobs_per_sec / bare.jobs_per_sec;
     let (mover, baseline) = match source {
         "raw" => ("move_raw (poller::run)", "bench_bare_move_raw"),
@@ -226,5 +376,6 @@ pub(super) fn pick_median(
         target_ratio: target,
         meets_target: r >= target,
         dead,
+        checked,
     }
 }

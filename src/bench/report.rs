@@ -238,6 +238,27 @@ pub(super) struct Drain {
     pub(super) target_ratio: f64,
     pub(super) meets_target: bool,
     pub(super) dead: u64,
+    /// Raw: against the bare move that makes the size checks a raw source cannot skip.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) checked: Option<CheckedBaseline>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct CheckedBaseline {
+    pub(super) baseline: &'static str,
+    /// `move_raw` called directly, one call in turn with the two bare moves.
+    pub(super) script: Throughput,
+    pub(super) bare: Throughput,
+    /// `move_raw` / this baseline, by wall time and by Redis CPU per job (the median round's).
+    pub(super) ratio: f64,
+    pub(super) cpu_ratio: f64,
+    /// `move_raw` / the bare move without the checks, by Redis CPU, in the same calls' turns.
+    pub(super) cpu_ratio_to_bare: f64,
+    pub(super) ratio_all_rounds: Vec<f64>,
+    pub(super) cpu_ratio_all_rounds: Vec<f64>,
+    pub(super) target_ratio: f64,
+    /// Every round's CPU ratio at least the target (wall time swings on a shared machine).
+    pub(super) meets_target: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -646,6 +667,39 @@ pub(super) fn render(r: &Report) -> String {
                 d.bare.redis_cpu_s_per_million / d.real.redis_cpu_s_per_million.max(1e-9),
                 d.dead
             );
+            if let Some(c) = &d.checked {
+                for (name, t) in [("move_raw, in turn", &c.script), (c.baseline, &c.bare)] {
+                    let _ = writeln!(
+                        s,
+                        "  {:<9} {:<24} {:>9} {:>8.3} {:>11.0} {:>10.2} {:>7}",
+                        d.source,
+                        name,
+                        t.jobs,
+                        t.seconds,
+                        t.jobs_per_sec,
+                        t.redis_cpu_s_per_million,
+                        t.script_calls
+                    );
+                }
+                let list = |v: &[f64]| {
+                    v.iter()
+                        .map(|r| format!("{r:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                let _ = writeln!(
+                    s,
+                    "  {:<9} in turn, against the same size checks: ratio {:.2} (rounds: {}); cpu ratio {:.2} (rounds: {}), target >= {:.2}: {}; cpu ratio to the bare move {:.2}",
+                    d.source,
+                    c.ratio,
+                    list(&c.ratio_all_rounds),
+                    c.cpu_ratio,
+                    list(&c.cpu_ratio_all_rounds),
+                    c.target_ratio,
+                    verdict(c.meets_target),
+                    c.cpu_ratio_to_bare
+                );
+            }
         }
     }
     if let Some(l) = &r.lane {

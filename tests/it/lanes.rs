@@ -1128,3 +1128,99 @@ fn the_fast_path_counts_lateness_buckets_and_reads_the_next_head() {
     assert_eq!(reply.max_lateness_ms, 7);
     assert_eq!(reply.next_due, None);
 }
+
+/// Generated backlogs with payloads gone missing at random places (so a chunk's push fails
+/// mid-batch, after chunks that moved), meta on some jobs and lateness across the bounds,
+/// moved in batches of random size, against a model: every job with a payload pushed once in
+/// due order, each missing one dead alone, the lateness buckets and max lateness of exactly
+/// the moved jobs, and nothing left behind in due, jobs or meta.
+#[test]
+fn a_failed_push_mid_batch_moves_the_chunks_before_it_once_and_the_rest_as_the_model_says() {
+    let mut s = setup();
+    for seed in 0..16u64 {
+        let mut rng = crate::common::SeededRng::new(seed);
+        let _: () = redis::cmd("FLUSHALL")
+            .query(&mut s.redis.conn())
+            .expect("FLUSHALL");
+        s.set_marker(&s.lane.marker());
+        let now = 1_700_000_000_000i64;
+        let n = rng.range(1, 200) as usize;
+        // Job i is due 300 - 1.5 i ms before now (rounded): lateness from 300 down to 2,
+        // across every bound.
+        let ids: Vec<String> = (0..n).map(|i| format!("j{i:03}")).collect();
+        let payloads: Vec<Vec<u8>> = (0..n)
+            .map(|i| format!("payload {i}").into_bytes())
+            .collect();
+        let due = |i: usize| now - 300 + 3 * i as i64 / 2;
+        let items: Vec<LaneItem> = (0..n)
+            .map(|i| LaneItem {
+                meta: (i % 3 == 0).then_some(r#"{"headers":{"k":"v"}}"#),
+                ..item(&ids[i], due(i), &payloads[i])
+            })
+            .collect();
+        s.enqueue(OnConflict::Error, &items).expect("enqueue");
+        let missing: Vec<usize> = (0..rng.range(0, 3))
+            .map(|_| rng.range(0, n as i64) as usize)
+            .collect();
+        for &m in &missing {
+            let _: () = redis::cmd("HDEL")
+                .arg(&s.lane.keys.jobs)
+                .arg(&ids[m])
+                .query(&mut s.redis.conn())
+                .unwrap();
+        }
+        let batch = rng.range(1, 250) as usize;
+        let (mut pushed, mut dead) = (Vec::new(), Vec::new());
+        let mut buckets = [0u64; 4];
+        let mut start = 0;
+        while start < n {
+            let reply = s.move_batch(now, batch);
+            let taken = (n - start).min(batch);
+            let (moved, died): (Vec<usize>, Vec<usize>) =
+                (start..start + taken).partition(|i| !missing.contains(i));
+            let mut want = [0u64; 4];
+            for &i in &moved {
+                let late = (now - due(i)) as u64;
+                want[BOUNDS
+                    .iter()
+                    .position(|&b| late <= b)
+                    .unwrap_or(BOUNDS.len())] += 1;
+            }
+            let context = format!(
+                "seed {seed}: n {n}, batch {batch}, missing {missing:?}, from {start}: {reply:?}"
+            );
+            assert_eq!(reply.taken, taken, "{context}");
+            assert_eq!(reply.moved_total(), moved.len() as u64, "{context}");
+            assert_eq!(reply.dead, [0, 0, 0, 0, died.len() as u64, 0], "{context}");
+            assert_eq!(reply.buckets, want.to_vec(), "{context}");
+            let late_max = moved.first().map_or(0, |&i| now - due(i));
+            assert_eq!(reply.max_lateness_ms, late_max, "{context}");
+            for (k, w) in want.iter().enumerate() {
+                buckets[k] += w;
+            }
+            pushed.extend(moved);
+            dead.extend(died);
+            start += taken;
+        }
+        let expect: Vec<Vec<u8>> = pushed.iter().rev().map(|&i| payloads[i].clone()).collect();
+        assert_eq!(
+            lrange(&mut s.redis.conn(), "q:emails"),
+            expect,
+            "seed {seed}"
+        );
+        let mut gone: Vec<usize> = missing.clone();
+        gone.sort_unstable();
+        gone.dedup();
+        assert_eq!(dead, gone, "seed {seed}");
+        assert_eq!(s.zcard(&s.lane.keys.due.clone()), 0, "seed {seed}");
+        assert_eq!(
+            s.zcard(&s.lane.keys.dead.clone()),
+            gone.len(),
+            "seed {seed}"
+        );
+        assert_eq!(s.hlen(&s.lane.keys.jobs.clone()), 0, "seed {seed}");
+        // Meta stays only with the dead, for a replay.
+        let meta_left = gone.iter().filter(|&&i| i % 3 == 0).count();
+        assert_eq!(s.hlen(&s.lane.keys.meta.clone()), meta_left, "seed {seed}");
+    }
+}

@@ -361,7 +361,7 @@ local function count_buckets()
   local late_min = now_ms - tonumber(tail[2])
   local late_max = late_min
   if n > 1 then late_max = now_ms - tonumber(redis.call('ZSCORE', due_key, ids[1])) end
-  max_lateness = late_max
+  if late_max > max_lateness then max_lateness = late_max end
   -- Bucket k holds lateness in (bound k - 1, bound k]; the last one is over every bound.
   local function bucket_of(late)
     local lo, hi = 1, bound_count + 1
@@ -377,10 +377,10 @@ local function count_buckets()
   for b = first, last - 1 do
     local above = redis.call('ZCOUNT', due_key, '-inf', '(' .. string.format('%d', now_ms - bound(b)))
     if above > n then above = n end
-    buckets[b] = above_prev - above
+    buckets[b] = buckets[b] + above_prev - above
     above_prev = above
   end
-  buckets[last] = above_prev
+  buckets[last] = buckets[last] + above_prev
   return tail[4] or ''
 end
 
@@ -388,6 +388,47 @@ local payloads
 local done = false
 -- The reply's next_due when the fast path knows it.
 local next_due = nil
+-- Jobs the chunked path below moved (they are gone from due when the paths after it run).
+local pushed = 0
+-- The common case (no payload listed as large, no max lateness in the lane, the route not
+-- held): read, push and delete CHUNK jobs a command. Redis reuses the argument objects of the
+-- first 32 arguments of a command called from Lua and allocates the others, so chunks of 30
+-- ids cost 5-10 % less per job than one HMGET and one HDEL of the whole batch. A chunk
+-- whose push fails (a missing payload, not a list, out of memory) changes nothing: the chunks
+-- before it are moved, and it and the rest go on to the paths below, which sort them out.
+local CHUNK = 30
+if n > 0 and max_payload >= SMALL and not held_since and not large_listed()
+    and redis.call('EXISTS', maxlate_key) == 0 then
+  local count = math.min(n, math.max(1, math.floor(budget_left / SMALL)))
+  for i = #ids, count + 1, -1 do ids[i] = nil end
+  n = count
+  for i = 1, n, CHUNK do
+    local j = math.min(n, i + CHUNK - 1)
+    local part = redis.call('HMGET', jobs_key, unpack(ids, i, j))
+    local res = redis.pcall(push, list_key, unpack(part, 1, j - i + 1))
+    if type(res) == 'table' and res.err then break end
+    redis.call('HDEL', jobs_key, unpack(ids, i, j))
+    pushed = j
+  end
+  if pushed > 0 then
+    local rest = {}
+    for i = pushed + 1, n do
+      rest[#rest + 1] = ids[i]
+      ids[i] = nil
+    end
+    n = pushed
+    moved = pushed
+    next_due = count_buckets()
+    remember(ids)
+    if redis.call('EXISTS', meta_key) == 1 then hdel_ids(meta_key, ids, n) end
+    -- The first n ranks are exactly the ids read above (same script, scores <= now).
+    redis.call('ZREMRANGEBYRANK', due_key, '0', n - 1)
+    ids, n = rest, #rest
+    if n > 0 then next_due = nil end
+  end
+  -- What is left (a failed push) goes to the paths below.
+  budget_left = budget_left - pushed * SMALL
+end
 if n > 0 then
   local clean
   payloads, n, clean = read_payloads()
@@ -398,7 +439,7 @@ if n > 0 then
     -- general path sorts it out.
     local res = redis.pcall(push, list_key, unpack(payloads, 1, n))
     if not (type(res) == 'table' and res.err) then
-      moved = n
+      moved = moved + n
       next_due = count_buckets()
       hdel_ids(jobs_key, ids, n)
       remember(ids)
@@ -412,6 +453,9 @@ if n > 0 then
 end
 
 if n > 0 and not done then
+  -- What the chunked path counted stays counted if this push fails.
+  local before = { buckets = {}, max_lateness = max_lateness, deferred = deferred, deferral_ms = deferral_ms }
+  for k = 1, #buckets do before.buckets[k] = buckets[k] end
   local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, n)
   local limits = redis.call('HMGET', maxlate_key, unpack(ids))
   local out_ids, out_payloads, dead_ids, dead_reasons = {}, {}, {}, {}
@@ -461,11 +505,11 @@ if n > 0 and not done then
         kept = #out_ids
         kept_error = list_key .. ': ' .. res.err
       end
-      for k = 1, #buckets do buckets[k] = 0 end
-      max_lateness, deferred, deferral_ms = 0, 0, 0
+      buckets = before.buckets
+      max_lateness, deferred, deferral_ms = before.max_lateness, before.deferred, before.deferral_ms
       out_ids = {}
     else
-      moved = #out_ids
+      moved = moved + #out_ids
     end
   end
   if #dead_ids > 0 then
@@ -543,7 +587,7 @@ if rate or max_length then
     next_due = tostring(wake)
   end
 end
-local out = { n + per_key_dead, now_us, next_due, max_lateness, kept, kept_error, moved }
+local out = { pushed + n + per_key_dead, now_us, next_due, max_lateness, kept, kept_error, moved }
 for k = 1, 6 do out[#out + 1] = dead_counts[k] end
 for k = 1, bound_count + 1 do out[#out + 1] = buckets[k] end
 local sched_head = redis.call('ZRANGE', sched_due_key, '0', '0', 'WITHSCORES')

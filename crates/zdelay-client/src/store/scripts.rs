@@ -68,6 +68,7 @@ scripts!(
     walk_raw_dead,
     settle_jobs,
     bench_bare_move_raw,
+    bench_bare_move_raw_checked,
     bench_bare_move_hash,
     enqueue_lane,
     move_lane,
@@ -2297,6 +2298,26 @@ pub async fn bench_bare_move_raw(
         .key(list)
         .arg(batch)
         .arg(max_score)
+        .invoke(con)
+        .await
+}
+
+/// The bare raw move plus the checks a raw source cannot skip: up to `batch` members scored
+/// ≤ `max_score`, each within `max_payload` bytes, read in chunks within `batch_bytes`.
+pub async fn bench_bare_move_raw_checked(
+    con: &mut Conn,
+    source: &str,
+    list: &str,
+    (batch, max_score): (usize, i64),
+    (max_payload, batch_bytes): (usize, usize),
+) -> redis::RedisResult<u64> {
+    Call::new(&compiled::bench_bare_move_raw_checked)
+        .key(source)
+        .key(list)
+        .arg(batch)
+        .arg(max_score)
+        .arg(max_payload)
+        .arg(batch_bytes)
         .invoke(con)
         .await
 }
