@@ -37,6 +37,7 @@ mod raw_sinks;
 mod redis_faults;
 mod reference;
 mod reshard;
+mod reshard_layout2;
 mod routing;
 mod scale;
 mod schedules;

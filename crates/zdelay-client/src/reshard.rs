@@ -71,6 +71,9 @@ struct WindowKey {
     scan: &'static str,
     /// Writes one entry into a shard: `HSET key field value` or `ZADD key score member`.
     copy: &'static str,
+    /// The same, leaving an entry the shard holds already: the command, and a flag after
+    /// the key (`HSETNX`, `ZADD key NX`).
+    copy_new: (&'static str, Option<&'static str>),
     score_first: bool,
     delete: &'static str,
     /// The job id an entry belongs to.
@@ -83,6 +86,7 @@ const WINDOW_KEYS: [WindowKey; 2] = [
         key: |k| &k.unique,
         scan: "HSCAN",
         copy: "HSET",
+        copy_new: ("HSETNX", None),
         score_first: false,
         delete: "HDEL",
         id: |id| Some(id),
@@ -92,6 +96,7 @@ const WINDOW_KEYS: [WindowKey; 2] = [
         key: |k| &k.windows,
         scan: "ZSCAN",
         copy: "ZADD",
+        copy_new: ("ZADD", Some("NX")),
         score_first: true,
         delete: "ZREM",
         id: |member| match member {
@@ -268,11 +273,15 @@ pub enum Progress {
     Warning(String),
     /// The namespace is frozen; these are its counts.
     Frozen { counts: Counts },
+    /// Layout 2: producers and daemons use the new count from now on; the old spread shards
+    /// are fenced and hold these counts, to be moved.
+    Fenced { counts: Counts },
     /// `jobs` jobs of `shard` were written into their new shards, not yet deleted from it.
     Copied { shard: u16, jobs: usize },
     /// Jobs moved so far, over every shard.
     Moved { total: u64 },
-    /// Nothing of `shard` is left to move; `moved` jobs left it.
+    /// Nothing of `shard` is left to move; `moved` jobs left it (layout 2: 0, not counted
+    /// per shard).
     ShardDone { shard: u16, moved: u64 },
     /// The counts over the new shards equal the frozen ones.
     Verified { counts: Counts },
@@ -305,8 +314,10 @@ pub struct Plan {
     pub counts: Counts,
     /// Distinct ids whose shard changes.
     pub to_move: u64,
-    /// Daemons registered now: the reshard would refuse while any is.
+    /// Daemons registered now: the reshard would refuse while any is (layout 1).
     pub daemons: Vec<Daemon>,
+    /// Layout 2: the spread shards move while producers and daemons run.
+    pub online: bool,
 }
 
 /// What a finished reshard did.
@@ -322,6 +333,11 @@ pub struct Report {
     pub after: Counts,
     /// Ids moved by this run.
     pub moved: u64,
+    /// Layout 2: ids a producer enqueued again into their new shard while the old one still
+    /// held them (the newer job stays, the older is dropped).
+    pub superseded: u64,
+    /// Layout 2: moved online.
+    pub online: bool,
     pub elapsed_ms: u64,
 }
 
@@ -358,6 +374,16 @@ pub enum ReshardError {
         shards: u16,
         shard: u16,
         keys: Vec<String>,
+    },
+    #[error(
+        "spread shard {shard} has the same keys with {from} and with {to} shards (both counts \
+         place it in slot {slot}), so its jobs cannot move online: choose another count"
+    )]
+    SameKeys {
+        from: u16,
+        to: u16,
+        shard: u16,
+        slot: u16,
     },
     #[error(
         "the layout marker of a shard changed under this reshard ({0}): another `zdelay \
@@ -435,12 +461,12 @@ pub async fn reshard(
     let (Some(layout), Some(shards)) = (&schema.layout, schema.shards) else {
         return Err(ReshardError::NoSchema(namespace.to_owned()));
     };
+    if *layout == "2" {
+        return reshard_spread(&con, namespace, &schema, shards, opts, progress, started).await;
+    }
     if *layout != LAYOUT_VERSION.to_string() {
-        // Layout 2 keeps a local route's jobs in its list's slot: there is no shard count
-        // to change for them.
         return Err(StoreError::Unsupported(format!(
-            "{} says layout {layout}: zdelay reshard works on layout {LAYOUT_VERSION} \
-             namespaces only",
+            "{} says layout {layout}: zdelay reshard works on layouts {LAYOUT_VERSION} and 2",
             probe.schema()
         ))
         .into());
@@ -496,6 +522,7 @@ pub async fn reshard(
             counts,
             to_move,
             daemons,
+            online: false,
         }));
     }
     if !daemons.is_empty() {
@@ -600,6 +627,201 @@ pub async fn reshard(
         before,
         after,
         moved,
+        superseded: 0,
+        online: false,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    }))
+}
+
+/// `zdelay reshard` on layout 2: the spread shards (two-phase jobs) get another count while
+/// producers and daemons run (see "Layout 2" in the module's documentation). Every spread
+/// shard's slot depends on the count, so every job moves: the old shards are fenced and moved
+/// into the new ones by the online mover `zdelay upgrade` uses.
+async fn reshard_spread(
+    con: &Conn,
+    namespace: &str,
+    schema: &store::Schema,
+    shards: u16,
+    opts: &Options,
+    progress: &(dyn Fn(Progress) + Send + Sync),
+    started: Instant,
+) -> Result<Outcome, ReshardError> {
+    let mut con = con.clone();
+    let to = opts.to;
+    let (from, resumed) = match schema.resharding {
+        Some((from, unfinished)) if unfinished == to => (from, true),
+        Some((from, unfinished)) => {
+            return Err(ReshardError::OtherReshard {
+                namespace: namespace.to_owned(),
+                from,
+                to: unfinished,
+            });
+        }
+        None if shards == to => {
+            return Ok(Outcome::AlreadyDone {
+                namespace: namespace.to_owned(),
+                shards,
+            });
+        }
+        None => (shards, false),
+    };
+    let old = Keys::for_layout(namespace, from, 2);
+    let new = Keys::for_layout(namespace, to, 2);
+    // A job is written into its new shard before it is deleted from its old one, so the two
+    // must be different keys.
+    if let Some(shard) = (0..from.min(to)).find(|&k| old.due(k) == new.due(k)) {
+        return Err(ReshardError::SameKeys {
+            from,
+            to,
+            shard,
+            slot: crate::keys::spread_slot(shard, to),
+        });
+    }
+    let daemons = live_daemons(&mut con, &old).await?;
+    if !resumed {
+        for shard in 0..to {
+            let keys = held_keys(&con, &new, shard).await?;
+            if !keys.is_empty() {
+                return Err(ReshardError::StrayData {
+                    namespace: namespace.to_owned(),
+                    shards: from,
+                    shard,
+                    keys,
+                });
+            }
+        }
+    }
+    let before = count(&con, &old, 0..from).await?;
+    if opts.dry_run {
+        let mut to_move = 0;
+        for shard in 0..from {
+            let keys = old.shard(shard);
+            let mut pages = IdPages::new(&keys);
+            let mut ids: HashSet<Vec<u8>> = HashSet::new();
+            while let Some((page, _)) = pages.next(&mut con).await? {
+                ids.extend(page);
+            }
+            to_move += ids.len() as u64;
+        }
+        return Ok(Outcome::DryRun(Plan {
+            namespace: namespace.to_owned(),
+            from,
+            to,
+            resume: resumed,
+            counts: before,
+            to_move,
+            daemons,
+            online: true,
+        }));
+    }
+    progress(Progress::Start { from, to, resumed });
+    let outdated: Vec<&Daemon> = daemons
+        .iter()
+        .filter(|d| !crate::upgrade::follows(d))
+        .collect();
+    if !outdated.is_empty() {
+        let names: Vec<&str> = outdated.iter().map(|d| d.id.as_str()).collect();
+        progress(Progress::Warning(format!(
+            "daemons of builds older than this one cannot follow the new shard count and stop \
+             at the fence (their jobs stay in Redis and move): {}; start them again with this \
+             build",
+            names.join(", ")
+        )));
+    }
+    let probe = old.schema();
+    if !resumed {
+        let set: bool = redis::cmd("HSETNX")
+            .arg(&probe)
+            .arg("resharding")
+            .arg(format!("{from} {to}"))
+            .query_async(&mut con)
+            .await?;
+        if !set {
+            return Err(ReshardError::MarkerChanged(
+                "another reshard started meanwhile".into(),
+            ));
+        }
+    }
+    // The new shards take the new count's calls; then new work goes there; then the old
+    // shards refuse every call made with the old count except a settle, so a producer or a
+    // daemon meets the fence at its next call and follows (a refused call wrote nothing).
+    let marker = Layout::Shards(to).marker();
+    set_markers(&con, &new, to, &marker).await?;
+    let _: () = redis::cmd("HSET")
+        .arg(&probe)
+        .arg("shards")
+        .arg(to)
+        .query_async(&mut con)
+        .await?;
+    set_markers(&con, &old, from, &marker).await?;
+    // An idle daemon polling an old shard meets the fence now, not at its next idle poll.
+    let mut wake = redis::pipe();
+    for shard in 0..from {
+        wake.publish(old.wake_channel(), format!("{shard} 0")).ignore();
+    }
+    wake.query_async::<()>(&mut con).await?;
+    progress(Progress::Fenced { counts: before });
+
+    let adapt = |p: crate::upgrade::Progress| match p {
+        crate::upgrade::Progress::Moved { total } => progress(Progress::Moved { total }),
+        crate::upgrade::Progress::Settling {
+            shard,
+            jobs,
+            lease_left_ms,
+        } => progress(Progress::Warning(format!(
+            "old shard {shard}: {jobs} jobs in flight; waiting for their daemons to settle \
+             them (the last lease ends in {:.1} s)",
+            lease_left_ms as f64 / 1000.0
+        ))),
+        crate::upgrade::Progress::ShardDone { shard } => {
+            progress(Progress::ShardDone { shard, moved: 0 })
+        }
+        _ => {}
+    };
+    let registry = crate::lane::Registry::default();
+    let mover = crate::upgrade::Mover {
+        con: &con,
+        legacy: &old,
+        spread: &new,
+        registry: &registry,
+        batch: opts.batch.clamp(1, MAX_BATCH),
+        progress: &adapt,
+        moved: std::sync::atomic::AtomicU64::new(0),
+        tally: Default::default(),
+        channel: old.wake_channel(),
+        fence: marker.clone(),
+        retired: marker,
+        carry_windows: true,
+    };
+    mover.run(opts.concurrency).await.map_err(|e| match e {
+        crate::upgrade::UpgradeError::Store(s) => ReshardError::Store(s),
+        crate::upgrade::UpgradeError::MarkerChanged(m) => ReshardError::MarkerChanged(m),
+        crate::upgrade::UpgradeError::NotEmpty { shard, keys } => {
+            ReshardError::RetiredNotEmpty { to, shard, keys }
+        }
+        other => ReshardError::Store(StoreError::Schema(other.to_string())),
+    })?;
+    let tally = mover.tally.into_inner().expect("tally lock");
+    progress(Progress::Finishing);
+    let after = count(&con, &new, 0..to).await?;
+    let _: () = redis::cmd("HDEL")
+        .arg(&probe)
+        .arg("resharding")
+        .query_async(&mut con)
+        .await?;
+    crate::upgrade::delete_transit_sets(&con, &new, &registry)
+        .await
+        .map_err(|e| ReshardError::Store(StoreError::Schema(e.to_string())))?;
+    Ok(Outcome::Done(Report {
+        namespace: namespace.to_owned(),
+        from,
+        to,
+        resumed,
+        before,
+        after,
+        moved: tally.to_spread_shards,
+        superseded: tally.superseded,
+        online: true,
         elapsed_ms: started.elapsed().as_millis() as u64,
     }))
 }
@@ -915,63 +1137,10 @@ impl Mover<'_> {
                 break;
             }
         }
-        self.move_windows(&mut con, shard).await?;
+        // Nothing else writes a frozen shard: what the new shard holds is a copy.
+        carry_windows(&mut con, self.new, shard, self.new, false).await?;
         (self.progress)(Progress::ShardDone { shard, moved });
         Ok(moved)
-    }
-
-    /// Moves the unique windows and debounce deadlines of `shard` whose ids the new count
-    /// places elsewhere: each page is copied into its new shards, then deleted here (a
-    /// resumed run copies again what a crash left in both, unchanged). They are not jobs,
-    /// so they are not counted. Nothing else writes a frozen shard.
-    async fn move_windows(&self, con: &mut Conn, shard: u16) -> Result<(), ReshardError> {
-        let source = self.new.shard(shard);
-        for kind in WINDOW_KEYS {
-            let mut cursor = 0u64;
-            loop {
-                let (next, page): WindowPage = redis::cmd(kind.scan)
-                    .arg((kind.key)(&source))
-                    .arg(cursor)
-                    .arg("COUNT")
-                    .arg(WINDOW_PAGE)
-                    .query_async(con)
-                    .await?;
-                let mut copies: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
-                let mut misplaced = Vec::new();
-                for (member, value) in &page {
-                    let Some(id) = (kind.id)(member) else {
-                        continue;
-                    };
-                    let target = self.new.shard_of_bytes(id);
-                    if target == shard {
-                        continue;
-                    }
-                    let copy = copies.entry(target).or_default().cmd(kind.copy);
-                    copy.arg((kind.key)(&self.new.shard(target)));
-                    if kind.score_first {
-                        copy.arg(value).arg(member).ignore();
-                    } else {
-                        copy.arg(member).arg(value).ignore();
-                    }
-                    misplaced.push(member);
-                }
-                if !misplaced.is_empty() {
-                    for pipe in copies.values() {
-                        pipe.query_async::<()>(con).await?;
-                    }
-                    redis::cmd(kind.delete)
-                        .arg((kind.key)(&source))
-                        .arg(&misplaced)
-                        .query_async::<()>(con)
-                        .await?;
-                }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        Ok(())
     }
 
     /// Copies `ids` from `shard` into their new shards, then deletes them from `shard`, as
@@ -1036,6 +1205,76 @@ impl Mover<'_> {
         (self.progress)(Progress::Moved { total });
         Ok((taken, moved))
     }
+}
+
+/// Moves the unique windows and debounce deadlines of shard `shard` of `source` whose ids
+/// `target` keeps in other keys: each page is copied into the target shards, then deleted
+/// here (a resumed run copies again what a crash left in both). They are not jobs, so they
+/// are not counted. `keep_newer`: an entry a target shard holds already stays (a producer or
+/// a delivery wrote it there while the reshard ran, online).
+pub(crate) async fn carry_windows(
+    con: &mut Conn,
+    source: &Keys,
+    shard: u16,
+    target: &Keys,
+    keep_newer: bool,
+) -> Result<(), ReshardError> {
+    let from = source.shard(shard);
+    for kind in WINDOW_KEYS {
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): WindowPage = redis::cmd(kind.scan)
+                .arg((kind.key)(&from))
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(WINDOW_PAGE)
+                .query_async(con)
+                .await?;
+            let mut copies: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
+            let mut misplaced = Vec::new();
+            for (member, value) in &page {
+                let Some(id) = (kind.id)(member) else {
+                    continue;
+                };
+                let to = target.shard_of_bytes(id);
+                let key = (kind.key)(&target.shard(to)).clone();
+                if key == *(kind.key)(&from) {
+                    continue;
+                }
+                let copy = if keep_newer {
+                    let (command, flag) = kind.copy_new;
+                    let copy = copies.entry(to).or_default().cmd(command).arg(key);
+                    if let Some(flag) = flag {
+                        copy.arg(flag);
+                    }
+                    copy
+                } else {
+                    copies.entry(to).or_default().cmd(kind.copy).arg(key)
+                };
+                if kind.score_first {
+                    copy.arg(value).arg(member).ignore();
+                } else {
+                    copy.arg(member).arg(value).ignore();
+                }
+                misplaced.push(member);
+            }
+            if !misplaced.is_empty() {
+                for pipe in copies.values() {
+                    pipe.query_async::<()>(con).await?;
+                }
+                redis::cmd(kind.delete)
+                    .arg((kind.key)(&from))
+                    .arg(&misplaced)
+                    .query_async::<()>(con)
+                    .await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(())
 }
 
 /// What `source` holds of the longest prefix of `ids` one `reshard_take` call reads: (ids
