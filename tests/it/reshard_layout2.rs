@@ -449,3 +449,94 @@ fn layout_2_reshards_its_spread_shards_online_on_one_redis() {
 fn layout_2_reshards_its_spread_shards_online_on_a_redis_cluster() {
     reshard_online(Place::Cluster(RedisCluster::start()));
 }
+
+/// A reshard held right after its fence (nothing moved yet): a lookup by id of a two-phase job
+/// still in its old shard waits for it and then fails with a retryable error, never "not
+/// found"; once the move runs, the same calls find the job in its new shard. Enqueues follow
+/// the new count at once.
+#[test]
+fn lookups_by_id_wait_while_a_held_reshard_has_not_moved_the_job() {
+    let redis = RedisServer::start();
+    let remote = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            "[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"r\"\nsink = \"other\"\ntarget = \"q:r\"\n",
+            remote.url()
+        ),
+    )
+    .on_layout_2();
+    let daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let lib = rt
+        .block_on(Client::connect(&crate::common::redis_config(&redis.url(), 4)))
+        .expect("library client");
+    for id in ["keep", "cancel", "reschedule"] {
+        rt.block_on(lib.enqueue(
+            NewJob::new("r", id).id(id).after(Duration::from_secs(3600)),
+            OnConflict::Error,
+        ))
+        .expect("enqueued");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let mut held = std::process::Command::new(crate::common::zdelay_bin())
+        .arg("--config")
+        .arg(&config.path)
+        .args(["reshard", "--to", "8", "--yes"])
+        .env(
+            "ZDELAY_FAILPOINT",
+            format!("reshard_after_fence={}", gate.display()),
+        )
+        .env("ZDELAY_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("zdelay reshard runs");
+    let reached = gate.with_extension("reached");
+    wait_for("the reshard fenced its old shards", Duration::from_secs(20), || {
+        reached.exists()
+    });
+
+    // New work goes to the new shards at once.
+    let (id, _) = rt
+        .block_on(lib.enqueue(NewJob::new("r", "new").after(Duration::from_secs(3600)), OnConflict::Error))
+        .expect("an enqueue follows the new count");
+    let new_keys = zdelay::keys::Keys::for_layout("zdelay", 8, 2);
+    let mut con = redis.conn();
+    let in_new: bool = redis::cmd("HEXISTS")
+        .arg(new_keys.jobs(new_keys.shard_of(&id)))
+        .arg(&id)
+        .query(&mut con)
+        .unwrap();
+    assert!(in_new, "the new job is in its new shard");
+    // Held: the job is still in its old shard. Not "not found": a retryable refusal.
+    let err = rt.block_on(lib.get("keep")).expect_err("held");
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("resharded"), "{err}");
+    // A cancel waits for the move, which the gate now lets run.
+    let cancel = {
+        let lib = lib.clone();
+        std::thread::spawn(move || crate::common::runtime().block_on(lib.cancel("cancel")))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&gate, "go").unwrap();
+    assert_eq!(
+        cancel.join().unwrap().expect("cancel"),
+        zdelay::Cancelled::Cancelled
+    );
+    let status = held.wait().expect("reshard exits");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(held.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    let view = rt.block_on(lib.get("keep")).unwrap().expect("moved, found");
+    assert_eq!(view.id, "keep");
+    assert!(
+        rt.block_on(lib.reschedule("reschedule", zdelay::Due::In(Duration::from_secs(7200))))
+            .unwrap()
+            .is_some()
+    );
+    assert!(rt.block_on(lib.get("cancel")).unwrap().is_none());
+    drop(daemon);
+}

@@ -761,6 +761,7 @@ async fn reshard_spread(
     }
     wake.query_async::<()>(&mut con).await?;
     progress(Progress::Fenced { counts: before });
+    crate::failpoint::hold("reshard_after_fence").await;
 
     let adapt = |p: crate::upgrade::Progress| match p {
         crate::upgrade::Progress::Moved { total } => progress(Progress::Moved { total }),
