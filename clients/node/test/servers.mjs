@@ -65,14 +65,14 @@ function stop(proc, dir) {
   });
 }
 
-export async function startDaemon(redisToml, { shards = 10, layout = 1, routes = ["emails"] } = {}) {
+export async function startDaemon(redisToml, { shards = 10, layout = 1, routes = ["emails"], extra = "" } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "zd-node-daemon-"));
   const admin = await freePort();
   const config = join(dir, "zdelay.toml");
   // layout null: none in the config, so the daemon follows the namespace (onto layout 2 when upgraded).
   const layoutLine = layout === null ? "" : `layout = ${layout}\n`;
   writeFileSync(config, `[redis]\n${redisToml}\nshards = ${shards}\n${layoutLine}\n[admin]\nlisten = "127.0.0.1:${admin}"\n\n`
-    + routes.map((r) => `[[routes]]\nname = "${r}"\nsink = "local"\ntarget = "q:${r}"\n`).join("\n"));
+    + routes.map((r) => `[[routes]]\nname = "${r}"\nsink = "local"\ntarget = "q:${r}"\n`).join("\n") + extra);
   const log = openSync(join(dir, "daemon.log"), "w");
   const proc = spawn(ZDELAY, ["run", "--config", config], { stdio: ["ignore", log, log] });
   await waitFor("the daemon ready", async () => {
