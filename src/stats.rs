@@ -350,13 +350,12 @@ async fn read_layout(
 ) -> redis::RedisResult<(Keys, Vec<Lane>)> {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     // While `zdelay upgrade` runs (`upgrading`), new work goes to layout 2: show that.
-    let (layout, upgrading, shards): (Option<String>, Option<String>, Option<u16>) =
-        redis::pipe()
-            .hget(keys.schema(), "layout")
-            .hget(keys.schema(), "upgrading")
-            .hget(keys.schema(), "shards")
-            .query_async(con)
-            .await?;
+    let (layout, upgrading, shards): (Option<String>, Option<String>, Option<u16>) = redis::pipe()
+        .hget(keys.schema(), "layout")
+        .hget(keys.schema(), "upgrading")
+        .hget(keys.schema(), "shards")
+        .query_async(con)
+        .await?;
     if upgrading.or(layout).as_deref() != Some("2") {
         return Ok((keys, Vec::new()));
     }

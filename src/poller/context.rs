@@ -325,8 +325,7 @@ impl PollerContext {
     }
 
     fn follows(&self, layout: &Layout) -> bool {
-        layout.is_followable()
-            || (self.storage_layout >= 2 && matches!(layout, Layout::Shards(_)))
+        layout.is_followable() || (self.storage_layout >= 2 && matches!(layout, Layout::Shards(_)))
     }
 
     /// Why the pollers stopped, when a layout fence refused them.

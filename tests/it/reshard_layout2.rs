@@ -45,6 +45,9 @@ impl Place {
     }
 }
 
+/// An item of the remote list, with Redis's time when it was popped.
+type Popped = (Vec<u8>, i64);
+
 /// A job the producer enqueued: its number, route and due ms (the payload is `p<n>:<due>`).
 #[derive(Clone, Copy)]
 struct Sent {
@@ -135,7 +138,12 @@ push = "rpush"
     let first = now + 100_000;
     rt.block_on(lib.enqueue(NewJob::new("r", "debounced").id("d-1").at(first), debounce))
         .unwrap();
-    let mut spec = NewSchedule::new("tick", "r", "tick", Repeat::Every(Duration::from_millis(300)));
+    let mut spec = NewSchedule::new(
+        "tick",
+        "r",
+        "tick",
+        Repeat::Every(Duration::from_millis(300)),
+    );
     spec.start_at = Some(now);
     rt.block_on(lib.schedule_set(spec)).expect("schedule set");
     const DEAD: usize = 20;
@@ -163,7 +171,7 @@ push = "rpush"
 
     // The consumer of the remote route: every item with Redis's time at its pop.
     let stop = Arc::new(AtomicBool::new(false));
-    let popped: Arc<Mutex<Vec<(Vec<u8>, i64)>>> = Arc::default();
+    let popped: Arc<Mutex<Vec<Popped>>> = Arc::default();
     let consumer = {
         let (stop, popped) = (stop.clone(), popped.clone());
         let mut far = remote.conn();
@@ -191,8 +199,12 @@ push = "rpush"
     let retried = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let producing = Arc::new(AtomicBool::new(true));
     let producer = {
-        let (sent, retried, producing, lib) =
-            (sent.clone(), retried.clone(), producing.clone(), lib.clone());
+        let (sent, retried, producing, lib) = (
+            sent.clone(),
+            retried.clone(),
+            producing.clone(),
+            lib.clone(),
+        );
         let mut clock = place.conn();
         std::thread::spawn(move || {
             let rt = crate::common::runtime();
@@ -202,7 +214,7 @@ push = "rpush"
                 let batch: Vec<Sent> = (n..n + 40)
                     .map(|n| Sent {
                         n,
-                        nats: n % 2 == 0,
+                        nats: n.is_multiple_of(2),
                         due: now + (n as i64 * 37) % 1500,
                     })
                     .collect();
@@ -210,8 +222,11 @@ push = "rpush"
                 let mut pending = batch;
                 while !pending.is_empty() {
                     let jobs = pending.iter().map(|s| {
-                        NewJob::new(if s.nats { "n" } else { "r" }, format!("p{}:{}", s.n, s.due))
-                            .at(s.due)
+                        NewJob::new(
+                            if s.nats { "n" } else { "r" },
+                            format!("p{}:{}", s.n, s.due),
+                        )
+                        .at(s.due)
                     });
                     let answers = rt
                         .block_on(lib.enqueue_batch(jobs.collect(), OnConflict::Error))
@@ -248,7 +263,7 @@ push = "rpush"
         let out = config.cli(&[
             "enqueue",
             "--dest",
-            if n % 2 == 0 { "n" } else { "r" },
+            if n.is_multiple_of(2) { "n" } else { "r" },
             "--at",
             &due.to_string(),
             "--payload",
@@ -261,7 +276,7 @@ push = "rpush"
         );
         cli_jobs.lock().unwrap().push(Sent {
             n,
-            nats: n % 2 == 0,
+            nats: n.is_multiple_of(2),
             due,
         });
     };
@@ -270,7 +285,10 @@ push = "rpush"
     enqueued(1_000);
     let down = reshard(&config, 4);
     assert_eq!(down["outcome"], "done", "{down}");
-    assert_eq!((down["from"].as_u64(), down["to"].as_u64()), (Some(16), Some(4)));
+    assert_eq!(
+        (down["from"].as_u64(), down["to"].as_u64()),
+        (Some(16), Some(4))
+    );
     assert_eq!(down["online"], true);
     assert!(down["moved"].as_u64().unwrap() > 0, "{down}");
     cli_enqueue(CLI_BASE);
@@ -279,7 +297,10 @@ push = "rpush"
     enqueued(mid + 1_000);
     let up = reshard(&config, 32);
     assert_eq!(up["outcome"], "done", "{up}");
-    assert_eq!((up["from"].as_u64(), up["to"].as_u64()), (Some(4), Some(32)));
+    assert_eq!(
+        (up["from"].as_u64(), up["to"].as_u64()),
+        (Some(4), Some(32))
+    );
     cli_enqueue(CLI_BASE + 2);
     cli_enqueue(CLI_BASE + 3);
     let late = sent.lock().unwrap().len();
@@ -300,15 +321,14 @@ push = "rpush"
             })
             .unwrap_or(0)
     };
-    let arrived = |popped: &[(Vec<u8>, i64)]| {
+    let arrived = |popped: &[Popped]| {
         popped
             .iter()
             .filter(|(p, _)| parse_payload(p).is_some())
             .count()
     };
     wait_for("every job delivered", Duration::from_secs(90), || {
-        arrived(&popped.lock().unwrap()) >= to_redis.len()
-            && stream_count() >= to_nats.len() as u64
+        arrived(&popped.lock().unwrap()) >= to_redis.len() && stream_count() >= to_nats.len() as u64
     });
 
     // The remote route: each job once, none popped before its due.
@@ -323,7 +343,11 @@ push = "rpush"
         *seen.entry(n).or_default() += 1;
         assert!(at >= due, "job {n} popped at {at}, before its due {due}");
     }
-    let twice: Vec<usize> = seen.iter().filter(|(_, c)| **c > 1).map(|(n, _)| *n).collect();
+    let twice: Vec<usize> = seen
+        .iter()
+        .filter(|(_, c)| **c > 1)
+        .map(|(n, _)| *n)
+        .collect();
     let missing: Vec<usize> = to_redis
         .iter()
         .map(|s| s.n)
@@ -337,7 +361,11 @@ push = "rpush"
     );
     assert!(missing.is_empty(), "lost: {missing:?}");
     assert!(twice.is_empty(), "delivered twice: {twice:?}");
-    assert_eq!(seen.len(), to_redis.len(), "nothing the producer did not send");
+    assert_eq!(
+        seen.len(),
+        to_redis.len(),
+        "nothing the producer did not send"
+    );
 
     // The stream: each job once (a duplicate publish would be a second message unless the
     // stream's duplicate window dropped it: zdelay's own retries reuse the message id), none
@@ -356,12 +384,18 @@ push = "rpush"
     for m in &messages {
         let (n, due) = parse_payload(&m.payload).expect("a producer's payload");
         let stored = m.time.unix_timestamp_nanos() / 1_000_000;
-        assert!(stored >= due as i128, "job {n} stored at {stored}, before its due {due}");
+        assert!(
+            stored >= due as i128,
+            "job {n} stored at {stored}, before its due {due}"
+        );
         *in_stream.entry(n).or_insert(0) += 1;
     }
     let expected: std::collections::BTreeSet<usize> = to_nats.iter().map(|s| s.n).collect();
     assert_eq!(
-        in_stream.keys().copied().collect::<std::collections::BTreeSet<_>>(),
+        in_stream
+            .keys()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
         expected
     );
 
@@ -378,7 +412,10 @@ push = "rpush"
         debounce,
     ))
     .unwrap();
-    let view = rt.block_on(lib.get("d-1")).unwrap().expect("the debounced job");
+    let view = rt
+        .block_on(lib.get("d-1"))
+        .unwrap()
+        .expect("the debounced job");
     let due = view.score.expect("a due") as i64;
     assert!(
         (first..=now + 110_000 + 1_000).contains(&due),
@@ -399,9 +436,11 @@ push = "rpush"
             .count()
     };
     let before = ticks();
-    wait_for("the schedule fires in its new shard", Duration::from_secs(10), || {
-        ticks() >= before + 3
-    });
+    wait_for(
+        "the schedule fires in its new shard",
+        Duration::from_secs(10),
+        || ticks() >= before + 3,
+    );
     stop.store(true, Ordering::SeqCst);
     consumer.join().expect("consumer");
 
@@ -427,7 +466,13 @@ push = "rpush"
         for shard in 0..old {
             let k = keys.shard(shard);
             for key in [
-                &k.jobs, &k.due, &k.inflight, &k.ready, &k.dead, &k.schedules, &k.unique,
+                &k.jobs,
+                &k.due,
+                &k.inflight,
+                &k.ready,
+                &k.dead,
+                &k.schedules,
+                &k.unique,
                 &k.windows,
             ] {
                 let exists: bool = redis::cmd("EXISTS").arg(key).query(&mut *con).unwrap();
@@ -437,7 +482,8 @@ push = "rpush"
             assert_eq!(marker, if old == 16 { "4" } else { "32" });
         }
     }
-    rt.block_on(js.delete_stream(&stream)).expect("delete stream");
+    rt.block_on(js.delete_stream(&stream))
+        .expect("delete stream");
 }
 
 #[test]
@@ -470,7 +516,10 @@ fn lookups_by_id_wait_while_a_held_reshard_has_not_moved_the_job() {
     let daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let lib = rt
-        .block_on(Client::connect(&crate::common::redis_config(&redis.url(), 4)))
+        .block_on(Client::connect(&crate::common::redis_config(
+            &redis.url(),
+            4,
+        )))
         .expect("library client");
     for id in ["keep", "cancel", "reschedule"] {
         rt.block_on(lib.enqueue(
@@ -495,13 +544,18 @@ fn lookups_by_id_wait_while_a_held_reshard_has_not_moved_the_job() {
         .spawn()
         .expect("zdelay reshard runs");
     let reached = gate.with_extension("reached");
-    wait_for("the reshard fenced its old shards", Duration::from_secs(20), || {
-        reached.exists()
-    });
+    wait_for(
+        "the reshard fenced its old shards",
+        Duration::from_secs(20),
+        || reached.exists(),
+    );
 
     // New work goes to the new shards at once.
     let (id, _) = rt
-        .block_on(lib.enqueue(NewJob::new("r", "new").after(Duration::from_secs(3600)), OnConflict::Error))
+        .block_on(lib.enqueue(
+            NewJob::new("r", "new").after(Duration::from_secs(3600)),
+            OnConflict::Error,
+        ))
         .expect("an enqueue follows the new count");
     let new_keys = zdelay::keys::Keys::for_layout("zdelay", 8, 2);
     let mut con = redis.conn();

@@ -757,7 +757,8 @@ async fn reshard_spread(
     // An idle daemon polling an old shard meets the fence now, not at its next idle poll.
     let mut wake = redis::pipe();
     for shard in 0..from {
-        wake.publish(old.wake_channel(), format!("{shard} 0")).ignore();
+        wake.publish(old.wake_channel(), format!("{shard} 0"))
+            .ignore();
     }
     wake.query_async::<()>(&mut con).await?;
     progress(Progress::Fenced { counts: before });

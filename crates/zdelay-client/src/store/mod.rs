@@ -413,8 +413,15 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
     ] {
         pipe.hget(keys.schema(), field);
     }
-    let [layout, shards, migrating, counts, min_version, upgrading, resharding]: [Option<String>;
-        7] = pipe.query_async(con).await?;
+    let [
+        layout,
+        shards,
+        migrating,
+        counts,
+        min_version,
+        upgrading,
+        resharding,
+    ]: [Option<String>; 7] = pipe.query_async(con).await?;
     refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
     let bad = |field: &str, value: &str| {
         StoreError::Schema(format!(
