@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use zdelay::config::Config;
 use zdelay::reshard::{self, Counts, Outcome, Plan, Progress};
+use zdelay::reshard_spread;
 use zdelay::store::{self, Conn};
 
 #[derive(clap::Args)]
@@ -50,7 +51,7 @@ pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
     let quiet = |_: Progress| {};
     if !args.yes || args.dry_run {
         opts.dry_run = true;
-        let outcome = reshard::reshard(&con, namespace, &opts, &quiet).await?;
+        let outcome = reshard_spread::reshard(&con, namespace, &opts, &quiet).await?;
         let Outcome::DryRun(plan) = &outcome else {
             return print_outcome(&outcome, args.output.is_json());
         };
@@ -61,7 +62,7 @@ pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
         if !plan.online && !plan.daemons.is_empty() {
             // The real run refuses with the daemons' names; say it now.
             opts.dry_run = false;
-            reshard::reshard(&con, namespace, &opts, &quiet).await?;
+            reshard_spread::reshard(&con, namespace, &opts, &quiet).await?;
         }
         if !super::confirm("resharding", &format!("reshard namespace {namespace} now?"))? {
             eprintln!("not resharded");
@@ -70,7 +71,7 @@ pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
         opts.dry_run = false;
     }
     let printer = Printer::new(to);
-    let outcome = reshard::reshard(&con, namespace, &opts, &|p| printer.show(p)).await?;
+    let outcome = reshard_spread::reshard(&con, namespace, &opts, &|p| printer.show(p)).await?;
     print_outcome(&outcome, args.output.is_json())
 }
 

@@ -1,5 +1,7 @@
 //! Resharding: moving a live namespace's envelope jobs to another shard count
 //! (`zdelay reshard --to N`), without loss or duplicates, on one Redis or a Redis Cluster.
+//! This is storage layout 1's, frozen; layout 2's spread shards move online
+//! ([`crate::reshard_spread`], the command's entry, which reuses the helpers here).
 //!
 //! A job's shard is `crc16(id) % shards`, so a new count moves most ids to another shard, and
 //! on a cluster the old and the new shard live in different slots: a job's move cannot be one
@@ -461,12 +463,10 @@ pub async fn reshard(
     let (Some(layout), Some(shards)) = (&schema.layout, schema.shards) else {
         return Err(ReshardError::NoSchema(namespace.to_owned()));
     };
-    if *layout == "2" {
-        return reshard_spread(&con, namespace, &schema, shards, opts, progress, started).await;
-    }
     if *layout != LAYOUT_VERSION.to_string() {
+        // Layout 2's spread shards move online: `reshard_spread`, which runs this for layout 1.
         return Err(StoreError::Unsupported(format!(
-            "{} says layout {layout}: zdelay reshard works on layouts {LAYOUT_VERSION} and 2",
+            "{} says layout {layout}: this moves layout-{LAYOUT_VERSION} shards only",
             probe.schema()
         ))
         .into());
@@ -633,199 +633,10 @@ pub async fn reshard(
     }))
 }
 
-/// `zdelay reshard` on layout 2: the spread shards (two-phase jobs) get another count while
-/// producers and daemons run (see "Layout 2" in the module's documentation). Every spread
-/// shard's slot depends on the count, so every job moves: the old shards are fenced and moved
-/// into the new ones by the online mover `zdelay upgrade` uses.
-async fn reshard_spread(
-    con: &Conn,
-    namespace: &str,
-    schema: &store::Schema,
-    shards: u16,
-    opts: &Options,
-    progress: &(dyn Fn(Progress) + Send + Sync),
-    started: Instant,
-) -> Result<Outcome, ReshardError> {
-    let mut con = con.clone();
-    let to = opts.to;
-    let (from, resumed) = match schema.resharding {
-        Some((from, unfinished)) if unfinished == to => (from, true),
-        Some((from, unfinished)) => {
-            return Err(ReshardError::OtherReshard {
-                namespace: namespace.to_owned(),
-                from,
-                to: unfinished,
-            });
-        }
-        None if shards == to => {
-            return Ok(Outcome::AlreadyDone {
-                namespace: namespace.to_owned(),
-                shards,
-            });
-        }
-        None => (shards, false),
-    };
-    let old = Keys::for_layout(namespace, from, 2);
-    let new = Keys::for_layout(namespace, to, 2);
-    // A job is written into its new shard before it is deleted from its old one, so the two
-    // must be different keys.
-    if let Some(shard) = (0..from.min(to)).find(|&k| old.due(k) == new.due(k)) {
-        return Err(ReshardError::SameKeys {
-            from,
-            to,
-            shard,
-            slot: crate::keys::spread_slot(shard, to),
-        });
-    }
-    let daemons = live_daemons(&mut con, &old).await?;
-    if !resumed {
-        for shard in 0..to {
-            let keys = held_keys(&con, &new, shard).await?;
-            if !keys.is_empty() {
-                return Err(ReshardError::StrayData {
-                    namespace: namespace.to_owned(),
-                    shards: from,
-                    shard,
-                    keys,
-                });
-            }
-        }
-    }
-    let before = count(&con, &old, 0..from).await?;
-    if opts.dry_run {
-        let mut to_move = 0;
-        for shard in 0..from {
-            let keys = old.shard(shard);
-            let mut pages = IdPages::new(&keys);
-            let mut ids: HashSet<Vec<u8>> = HashSet::new();
-            while let Some((page, _)) = pages.next(&mut con).await? {
-                ids.extend(page);
-            }
-            to_move += ids.len() as u64;
-        }
-        return Ok(Outcome::DryRun(Plan {
-            namespace: namespace.to_owned(),
-            from,
-            to,
-            resume: resumed,
-            counts: before,
-            to_move,
-            daemons,
-            online: true,
-        }));
-    }
-    progress(Progress::Start { from, to, resumed });
-    let outdated: Vec<&Daemon> = daemons
-        .iter()
-        .filter(|d| !crate::upgrade::follows(d))
-        .collect();
-    if !outdated.is_empty() {
-        let names: Vec<&str> = outdated.iter().map(|d| d.id.as_str()).collect();
-        progress(Progress::Warning(format!(
-            "daemons of builds older than this one cannot follow the new shard count and stop \
-             at the fence (their jobs stay in Redis and move): {}; start them again with this \
-             build",
-            names.join(", ")
-        )));
-    }
-    let probe = old.schema();
-    if !resumed {
-        let set: bool = redis::cmd("HSETNX")
-            .arg(&probe)
-            .arg("resharding")
-            .arg(format!("{from} {to}"))
-            .query_async(&mut con)
-            .await?;
-        if !set {
-            return Err(ReshardError::MarkerChanged(
-                "another reshard started meanwhile".into(),
-            ));
-        }
-    }
-    // The new shards take the new count's calls; then new work goes there; then the old
-    // shards refuse every call made with the old count except a settle, so a producer or a
-    // daemon meets the fence at its next call and follows (a refused call wrote nothing).
-    let marker = Layout::Shards(to).marker();
-    set_markers(&con, &new, to, &marker).await?;
-    let _: () = redis::cmd("HSET")
-        .arg(&probe)
-        .arg("shards")
-        .arg(to)
-        .query_async(&mut con)
-        .await?;
-    set_markers(&con, &old, from, &marker).await?;
-    // An idle daemon polling an old shard meets the fence now, not at its next idle poll.
-    let mut wake = redis::pipe();
-    for shard in 0..from {
-        wake.publish(old.wake_channel(), format!("{shard} 0"))
-            .ignore();
-    }
-    wake.query_async::<()>(&mut con).await?;
-    progress(Progress::Fenced { counts: before });
-    crate::failpoint::hold("reshard_after_fence").await;
-
-    let adapt = |p: crate::upgrade::Progress| match p {
-        crate::upgrade::Progress::Moved { total } => progress(Progress::Moved { total }),
-        crate::upgrade::Progress::Settling {
-            shard,
-            jobs,
-            lease_left_ms,
-        } => progress(Progress::Warning(format!(
-            "old shard {shard}: {jobs} jobs in flight; waiting for their daemons to settle \
-             them (the last lease ends in {:.1} s)",
-            lease_left_ms as f64 / 1000.0
-        ))),
-        crate::upgrade::Progress::ShardDone { shard } => {
-            progress(Progress::ShardDone { shard, moved: 0 })
-        }
-        _ => {}
-    };
-    let registry = crate::lane::Registry::default();
-    let mover = crate::upgrade::Mover {
-        con: &con,
-        legacy: &old,
-        spread: &new,
-        registry: &registry,
-        batch: opts.batch.clamp(1, MAX_BATCH),
-        progress: &adapt,
-        moved: std::sync::atomic::AtomicU64::new(0),
-        tally: Default::default(),
-        channel: old.wake_channel(),
-        fence: marker.clone(),
-        retired: marker,
-        carry_windows: true,
-    };
-    mover.run(opts.concurrency).await.map_err(|e| match e {
-        crate::upgrade::UpgradeError::Store(s) => ReshardError::Store(s),
-        crate::upgrade::UpgradeError::MarkerChanged(m) => ReshardError::MarkerChanged(m),
-        crate::upgrade::UpgradeError::NotEmpty { shard, keys } => {
-            ReshardError::RetiredNotEmpty { to, shard, keys }
-        }
-        other => ReshardError::Store(StoreError::Schema(other.to_string())),
-    })?;
-    let tally = mover.tally.into_inner().expect("tally lock");
-    progress(Progress::Finishing);
-    let after = count(&con, &new, 0..to).await?;
-    let _: () = redis::cmd("HDEL")
-        .arg(&probe)
-        .arg("resharding")
-        .query_async(&mut con)
-        .await?;
-    crate::upgrade::delete_transit_sets(&con, &new, &registry)
-        .await
-        .map_err(|e| ReshardError::Store(StoreError::Schema(e.to_string())))?;
-    Ok(Outcome::Done(Report {
-        namespace: namespace.to_owned(),
-        from,
-        to,
-        resumed,
-        before,
-        after,
-        moved: tally.to_spread_shards,
-        superseded: tally.superseded,
-        online: true,
-        elapsed_ms: started.elapsed().as_millis() as u64,
-    }))
+/// A spread shard number whose keys are the same under both counts (both place it in one
+/// slot), which an online reshard cannot move.
+pub(crate) fn shared_shard(old: &Keys, new: &Keys) -> Option<u16> {
+    (0..old.shards().min(new.shards())).find(|&k| old.due(k) == new.due(k))
 }
 
 /// The daemons registered live on the namespace (`{ns}:instances`, by the Redis clock).
@@ -864,7 +675,11 @@ pub(crate) async fn stored_keys(
 }
 
 /// The keys of a shard that hold jobs or their unique windows, of those that exist.
-async fn held_keys(con: &Conn, keys: &Keys, shard: u16) -> Result<Vec<String>, ReshardError> {
+pub(crate) async fn held_keys(
+    con: &Conn,
+    keys: &Keys,
+    shard: u16,
+) -> Result<Vec<String>, ReshardError> {
     let mut names = data_keys(keys, shard);
     let k = keys.shard(shard);
     names.extend([k.unique, k.windows]);
@@ -949,7 +764,12 @@ pub(crate) async fn count(
 }
 
 /// Sets the layout marker of shards `0..span` to `value`.
-async fn set_markers(con: &Conn, keys: &Keys, span: u16, value: &str) -> Result<(), ReshardError> {
+pub(crate) async fn set_markers(
+    con: &Conn,
+    keys: &Keys,
+    span: u16,
+    value: &str,
+) -> Result<(), ReshardError> {
     futures::stream::iter(0..span)
         .map(|shard| {
             let mut con = con.clone();
@@ -1444,6 +1264,41 @@ mod tests {
             vec![2, 1, 1]
         );
         assert!(put_calls(&[]).is_empty());
+    }
+
+    #[test]
+    fn spread_shards_keep_their_keys_under_another_count_only_for_large_close_counts() {
+        // The model: shard k of n sits at slot ⌊(2k + 1) · 16384 / (2n)⌋; its keys are the
+        // same under two counts exactly when that slot is.
+        let model = |from: u16, to: u16| {
+            (0..from.min(to)).find(|&k| {
+                (2 * u32::from(k) + 1) * 8192 / u32::from(from)
+                    == (2 * u32::from(k) + 1) * 8192 / u32::from(to)
+            })
+        };
+        let spread = |n| Keys::for_layout("zdelay", n, 2);
+        for from in 1..=64 {
+            for to in 1..=64 {
+                let found = shared_shard(&spread(from), &spread(to));
+                assert_eq!(found, model(from, to), "{from} → {to}");
+                // Counts up to 64 never share (the slots differ by at least 2).
+                assert_eq!(found.is_some(), from == to, "{from} → {to}");
+            }
+        }
+        let mut rng = 0x5eed_u64;
+        let mut shared = 0;
+        for _ in 0..2000 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let from = (rng >> 33) as u16 % 16384 + 1;
+            let to = (from + (rng >> 17) as u16 % 8).min(16384);
+            let found = shared_shard(&spread(from), &spread(to));
+            assert_eq!(found, model(from, to), "{from} → {to}");
+            shared += usize::from(found.is_some() && from != to);
+        }
+        assert!(shared > 0, "large close counts do share a shard's keys");
+        assert_eq!(shared_shard(&spread(1000), &spread(1001)), Some(0));
     }
 
     #[test]
