@@ -594,3 +594,106 @@ fn lookups_by_id_wait_while_a_held_reshard_has_not_moved_the_job() {
     assert!(rt.block_on(lib.get("cancel")).unwrap().is_none());
     drop(daemon);
 }
+
+/// The reshard killed (SIGKILL) after it wrote a batch into its new shard and before it deleted
+/// it from the old one, with a daemon delivering meanwhile; run again, it finishes: every job
+/// delivered once: the new shard remembers what it received, so a job the daemon delivered
+/// from there between the two runs is not written again.
+#[test]
+fn a_killed_online_reshard_runs_again_to_the_end_with_each_job_delivered_once() {
+    const JOBS: usize = 3_000;
+    let redis = RedisServer::start();
+    let remote = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            "[poller]\nidle_poll = \"50ms\"\n\n[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"r\"\nsink = \"other\"\ntarget = \"q:r\"\n",
+            remote.url()
+        ),
+    )
+    .on_layout_2();
+    let daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let lib = rt
+        .block_on(Client::connect(&crate::common::redis_config(
+            &redis.url(),
+            4,
+        )))
+        .expect("library client");
+    let mut con = redis.conn();
+    let base = crate::common::redis_now_ms(&mut con) + 1_500;
+    let jobs: Vec<NewJob> = (0..JOBS)
+        .map(|i| {
+            let due = base + (i as i64 % 1_000);
+            NewJob::new("r", format!("p{i}:{due}"))
+                .id(format!("j{i}"))
+                .at(due)
+        })
+        .collect();
+    for r in rt
+        .block_on(lib.enqueue_batch(jobs, OnConflict::Error))
+        .unwrap()
+    {
+        r.expect("enqueued");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let mut first = std::process::Command::new(crate::common::zdelay_bin())
+        .arg("--config")
+        .arg(&config.path)
+        .args(["reshard", "--to", "7", "--yes", "--ids-per-call", "200"])
+        .env(
+            "ZDELAY_FAILPOINT",
+            format!("upgrade_after_put={}", gate.display()),
+        )
+        .env("ZDELAY_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("zdelay reshard runs");
+    let reached = gate.with_extension("reached");
+    wait_for(
+        "a batch written into its new shard",
+        Duration::from_secs(20),
+        || reached.exists(),
+    );
+    // Jobs in both places while the daemon delivers from the new shards.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let mut far = remote.conn();
+    wait_for(
+        "the daemon delivers what reached a new shard",
+        Duration::from_secs(20),
+        || crate::common::llen(&mut far, "q:r") > 0,
+    );
+    let second = reshard(&config, 7);
+    assert_eq!(second["outcome"], "done", "{second}");
+    assert_eq!(second["resumed"], true, "{second}");
+    assert!(
+        second["put_before"].as_u64().unwrap() > 0,
+        "the first run left jobs in both shards: {second}"
+    );
+
+    wait_for("every job delivered", Duration::from_secs(60), || {
+        crate::common::llen(&mut far, "q:r") >= JOBS
+    });
+    // Every job settled: nothing is left to deliver twice.
+    let keys = zdelay::keys::Keys::for_layout("zdelay", 7, 2);
+    crate::common::wait_all_settled_in(&mut con, &keys, Duration::from_secs(20));
+    let mut seen = vec![0u32; JOBS];
+    for item in lrange(&mut far, "q:r") {
+        let (n, _) = parse_payload(&item).expect("a job's payload");
+        seen[n] += 1;
+    }
+    let twice: Vec<usize> = (0..JOBS).filter(|&i| seen[i] > 1).collect();
+    let missing: Vec<usize> = (0..JOBS).filter(|&i| seen[i] == 0).collect();
+    assert!(missing.is_empty(), "lost: {missing:?}");
+    assert!(twice.is_empty(), "delivered twice: {twice:?}");
+    let transit: Vec<String> = redis::cmd("KEYS")
+        .arg("zdelay:*:transit_in")
+        .query(&mut con)
+        .unwrap();
+    assert!(transit.is_empty(), "transit sets left: {transit:?}");
+    drop(daemon);
+}

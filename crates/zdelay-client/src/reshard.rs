@@ -338,6 +338,9 @@ pub struct Report {
     /// Layout 2: ids a producer enqueued again into their new shard while the old one still
     /// held them (the newer job stays, the older is dropped).
     pub superseded: u64,
+    /// Layout 2: ids an interrupted earlier run had written into their new shard already
+    /// (not written again: the daemons may have delivered them since).
+    pub put_before: u64,
     /// Layout 2: moved online.
     pub online: bool,
     pub elapsed_ms: u64,
@@ -628,6 +631,7 @@ pub async fn reshard(
         after,
         moved,
         superseded: 0,
+        put_before: 0,
         online: false,
         elapsed_ms: started.elapsed().as_millis() as u64,
     }))

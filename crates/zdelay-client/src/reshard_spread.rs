@@ -247,6 +247,7 @@ async fn reshard_spread(
         after,
         moved: tally.to_spread_shards,
         superseded: tally.superseded,
+        put_before: tally.put_before,
         online: true,
         elapsed_ms: started.elapsed().as_millis() as u64,
     }))
