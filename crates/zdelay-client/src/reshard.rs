@@ -1057,13 +1057,18 @@ pub(crate) async fn carry_windows(
                 .query_async(con)
                 .await?;
             let mut copies: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
+            // The target shards' keys of this kind, built once a page.
+            let mut names: BTreeMap<u16, String> = BTreeMap::new();
             let mut misplaced = Vec::new();
             for (member, value) in &page {
                 let Some(id) = (kind.id)(member) else {
                     continue;
                 };
                 let to = target.shard_of_bytes(id);
-                let key = (kind.key)(&target.shard(to)).clone();
+                let key = names
+                    .entry(to)
+                    .or_insert_with(|| (kind.key)(&target.shard(to)).clone())
+                    .clone();
                 if key == *(kind.key)(&from) {
                     continue;
                 }
