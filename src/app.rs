@@ -64,7 +64,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     loop {
         match serve(&config, &sinks, &health, &console, &shutdown).await? {
             Served::Stopped => break,
-            Served::Follow => tracing::info!("starting again on the namespace's new layout"),
+            Served::Follow => {
+                tracing::info!("starting again on the namespace's new layout or shard count")
+            }
         }
     }
     admin.abort();
@@ -76,7 +78,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 enum Served {
     /// Shutdown was asked (or start-up was interrupted by it).
     Stopped,
-    /// A layout fence refused them because the namespace moves to a layout this build runs.
+    /// A layout fence refused them because the namespace moves to a layout this build runs,
+    /// or (layout 2) its spread shards to another count.
     Follow,
 }
 
@@ -104,7 +107,7 @@ async fn serve(
         // Tests restart Redis in this window.
         zdelay_client::failpoint::hold("start_up_hold_after_connect").await;
         let server = store::check_server(&mut con).await?;
-        let layout = store::ensure_schema(&mut con, &keys, config.redis.layout)
+        let (layout, shards) = store::ensure_schema(&mut con, &keys, config.redis.layout)
             .await
             .map_err(|e| match e {
                 StoreError::Resharding { from, to, .. } => {
@@ -118,11 +121,12 @@ async fn serve(
             })?;
         scripts::load_all(&mut con).await?;
         load_producer_functions(&mut con).await;
+        // On layout 2 the namespace's count (a reshard changes it under running daemons).
+        let keys = Keys::for_layout(keys.namespace(), shards, layout);
         let lanes = match layout {
             1 => Vec::new(),
             _ => register_lanes(&mut con, &config, &keys, layout).await?,
         };
-        let keys = Keys::for_layout(keys.namespace(), keys.shards(), layout);
         // The console reads and acts through a client of its own, like the CLI.
         let console_client = Client::connect(&config.redis).await?;
         Ok(Some((con, server, console_client, (layout, keys, lanes))))
@@ -239,7 +243,7 @@ async fn serve(
     health.pollers_running.store(true, Ordering::Relaxed);
     tracing::info!(
         %instance,
-        shards = config.redis.shards,
+        shards = keys.shards(),
         sources = config.sources.len(),
         routes = config.routes.len(),
         per_shard = config.poller.per_shard,

@@ -24,8 +24,8 @@ pub use zdelay_client::{
     JobView, NewJob, OnConflict, Replayed, Routes,
 };
 pub use zdelay_client::{
-    client, config, dead, envelope, job, keys, lane, lane_id, operator, reshard, routes, schedule,
-    schedule_requests, schedules, store, trace_context, upgrade,
+    client, config, dead, envelope, job, keys, lane, lane_id, operator, reshard, reshard_spread,
+    routes, schedule, schedule_requests, schedules, store, trace_context, upgrade,
 };
 
 #[cfg(test)]

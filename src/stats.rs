@@ -351,14 +351,17 @@ async fn read_layout(
 ) -> redis::RedisResult<(Keys, Vec<Lane>)> {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     // While `zdelay upgrade` runs (`upgrading`), new work goes to layout 2: show that.
-    let (layout, upgrading): (Option<String>, Option<String>) = redis::pipe()
+    let (layout, upgrading, shards): (Option<String>, Option<String>, Option<u16>) = redis::pipe()
         .hget(keys.schema(), "layout")
         .hget(keys.schema(), "upgrading")
+        .hget(keys.schema(), "shards")
         .query_async(con)
         .await?;
     if upgrading.or(layout).as_deref() != Some("2") {
         return Ok((keys, Vec::new()));
     }
+    // Layout 2's spread shards have the namespace's count (`zdelay reshard` changes it online).
+    let keys = keys.with_shards(shards.unwrap_or(keys.shards()));
     // Another slot than the schema's: a command of its own on a cluster.
     let fields: usize = redis::cmd("HLEN")
         .arg(keys.lanes())

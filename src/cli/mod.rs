@@ -186,13 +186,21 @@ enum Command {
     },
     /// Move the namespace's jobs to another shard count, without loss or duplicates.
     ///
-    /// Stop every daemon first: it refuses while any is registered (and names them). While it
-    /// runs, the namespace is frozen: producers and CLI commands get a retryable error, and
-    /// daemons cannot start. It copies each job into its new shard before deleting the old
-    /// copy, so a crash loses nothing: run the same command again and it finishes. At the end
-    /// it checks the job counts are unchanged. Then set redis.shards = N in every config and
-    /// start the daemons; producers still connected follow the new layout on their own.
-    /// Without --yes it shows what it would do and asks.
+    /// Storage layout 2: changes the number of spread shards (the jobs, dead jobs, schedules,
+    /// unique windows and debounce deadlines of two-phase routes: Kafka, RabbitMQ, NATS,
+    /// remote Redis) online, with producers and daemons running: they follow the new count at
+    /// its fence, and the old shards move earliest due first. Route lanes (local routes) are
+    /// not resharded: each lives in its list's slot.
+    ///
+    /// Layout 1: stop every daemon first: it refuses while any is registered (and names them).
+    /// While it runs, the namespace is frozen: producers and CLI commands get a retryable
+    /// error, and daemons cannot start. At the end it checks the job counts are unchanged.
+    /// Then set redis.shards = N in every config and start the daemons; producers still
+    /// connected follow the new layout on their own.
+    ///
+    /// Both copy each job into its new shard before deleting the old copy, so a crash loses
+    /// nothing: run the same command again and it finishes. Without --yes it shows what it
+    /// would do and asks.
     Reshard(reshard::ReshardArgs),
     /// Move the namespace from storage layout 1 to layout 2 while producers enqueue and
     /// daemons deliver.

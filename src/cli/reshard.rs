@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use zdelay::config::Config;
 use zdelay::reshard::{self, Counts, Outcome, Plan, Progress};
+use zdelay::reshard_spread;
 use zdelay::store::{self, Conn};
 
 #[derive(clap::Args)]
@@ -50,7 +51,7 @@ pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
     let quiet = |_: Progress| {};
     if !args.yes || args.dry_run {
         opts.dry_run = true;
-        let outcome = reshard::reshard(&con, namespace, &opts, &quiet).await?;
+        let outcome = reshard_spread::reshard(&con, namespace, &opts, &quiet).await?;
         let Outcome::DryRun(plan) = &outcome else {
             return print_outcome(&outcome, args.output.is_json());
         };
@@ -58,10 +59,10 @@ pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
             return print_outcome(&outcome, args.output.is_json());
         }
         eprint!("{}", plan_text(plan));
-        if !plan.daemons.is_empty() {
+        if !plan.online && !plan.daemons.is_empty() {
             // The real run refuses with the daemons' names; say it now.
             opts.dry_run = false;
-            reshard::reshard(&con, namespace, &opts, &quiet).await?;
+            reshard_spread::reshard(&con, namespace, &opts, &quiet).await?;
         }
         if !super::confirm("resharding", &format!("reshard namespace {namespace} now?"))? {
             eprintln!("not resharded");
@@ -70,7 +71,7 @@ pub async fn run(config: &Config, args: ReshardArgs) -> anyhow::Result<i32> {
         opts.dry_run = false;
     }
     let printer = Printer::new(to);
-    let outcome = reshard::reshard(&con, namespace, &opts, &|p| printer.show(p)).await?;
+    let outcome = reshard_spread::reshard(&con, namespace, &opts, &|p| printer.show(p)).await?;
     print_outcome(&outcome, args.output.is_json())
 }
 
@@ -96,11 +97,27 @@ fn print_outcome(outcome: &Outcome, json: bool) -> anyhow::Result<i32> {
             );
             println!("  before: {}", r.before);
             println!("  after:  {}", r.after);
-            println!(
-                "set redis.shards = {} in every config (daemons, CLI, producers) before starting \
-                 daemons again; producers still connected follow on their own",
-                r.to
-            );
+            if r.superseded > 0 {
+                println!(
+                    "  {} ids were enqueued again into their new shard while the move ran: the \
+                     newer job stayed",
+                    r.superseded
+                );
+            }
+            if r.online {
+                println!(
+                    "producers and daemons follow the new count on their own (redis.shards is \
+                     only the count a new namespace gets on layout 2; set it to {} to keep \
+                     configs telling the truth)",
+                    r.to
+                );
+            } else {
+                println!(
+                    "set redis.shards = {} in every config (daemons, CLI, producers) before \
+                     starting daemons again; producers still connected follow on their own",
+                    r.to
+                );
+            }
         }
     }
     Ok(0)
@@ -120,7 +137,15 @@ fn plan_text(plan: &Plan) -> String {
         plan.to_move,
         plan.counts
     );
-    if plan.daemons.is_empty() {
+    if plan.online {
+        text.push_str(&format!(
+            "producers and daemons keep running: at the fence new work goes to the {} new spread \
+             shards, and each daemon restarts its pollers on them; the two-phase jobs, dead jobs \
+             and schedules of the old shards move earliest due first, with their unique windows \
+             and debounce deadlines. Route lanes stay where they are\n",
+            plan.to
+        ));
+    } else if plan.daemons.is_empty() {
         text.push_str(&format!(
             "no daemon is registered. While it runs, producers get a retryable error; those \
              connected then follow the new layout, and every config needs redis.shards = {}\n",
@@ -167,6 +192,12 @@ impl Printer {
                 }
             ),
             Progress::Warning(text) => eprintln!("warning: {text}"),
+            Progress::Fenced { counts } => eprintln!(
+                "fenced: producers and daemons now use {} shards (each follows at its next \
+                 call); moving what the old shards hold, earliest due first: {}",
+                self.to,
+                summary(&counts)
+            ),
             Progress::Frozen { counts } => eprintln!(
                 "frozen: until the end, producers get a retryable error and daemons cannot \
                  start; {}",
@@ -200,7 +231,7 @@ fn summary(counts: &Counts) -> String {
 
 /// Test-only crash injection (feature `test-failpoints`): `ZDELAY_FAILPOINT=
 /// reshard_abort_after=<event>[:<n>]` aborts the process, like `kill -9`, at the n-th (default
-/// first) progress event of that kind: `frozen`, `copied` (jobs written into their new shard,
+/// first) progress event of that kind: `frozen`, `fenced` (layout 2), `copied` (jobs written into their new shard,
 /// not yet deleted from the old one), `verified`, `finishing` (markers set, schema not yet).
 #[cfg(feature = "test-failpoints")]
 mod failpoint {
@@ -229,6 +260,7 @@ mod failpoint {
             let Some((event, n)) = &self.at else { return };
             let name = match progress {
                 Progress::Frozen { .. } => "frozen",
+                Progress::Fenced { .. } => "fenced",
                 Progress::Copied { .. } => "copied",
                 Progress::Verified { .. } => "verified",
                 Progress::Finishing => "finishing",

@@ -325,7 +325,7 @@ impl PollerContext {
             return false;
         };
         if self.refused_with.set(layout.clone()).is_ok() {
-            if layout.is_followable() {
+            if self.follows(&layout) {
                 tracing::info!(
                     "{}: restarting the pollers on it",
                     refusal_message(self.keys.namespace(), self.keys.shards(), layout)
@@ -342,9 +342,14 @@ impl PollerContext {
     }
 
     /// Whether a layout fence refused the pollers because `zdelay upgrade` moves the
-    /// namespace to a layout this build runs: the daemon restarts its pollers on it.
+    /// namespace to a layout this build runs, or because `zdelay reshard` gave a layout-2
+    /// namespace's spread shards another count: the daemon restarts its pollers on it.
     pub fn follows_upgrade(&self) -> bool {
-        self.refused_with.get().is_some_and(Layout::is_followable)
+        self.refused_with.get().is_some_and(|l| self.follows(l))
+    }
+
+    fn follows(&self, layout: &Layout) -> bool {
+        layout.is_followable() || (self.storage_layout >= 2 && matches!(layout, Layout::Shards(_)))
     }
 
     /// Why the pollers stopped, when a layout fence refused them.

@@ -40,6 +40,7 @@ mod redis_faults;
 mod reference;
 mod relocate;
 mod reshard;
+mod reshard_layout2;
 mod routing;
 mod scale;
 mod schedules;

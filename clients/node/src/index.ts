@@ -23,7 +23,8 @@ export class NoNamespace extends ZdelayError { retryable = true; }
 export class ProtocolError extends ZdelayError {}
 /** The namespace changed under the call (reshard, upgrade, a lane moved): nothing was written. */
 export class Fenced extends ZdelayError { retryable = true; }
-/** `zdelay upgrade` has not moved the job looked up by id to layout 2 yet: nothing was written; try again. */
+/** `zdelay upgrade` has not moved the job looked up by id to layout 2 yet, or `zdelay reshard` to its
+ * new spread shard: nothing was written; try again. */
 export class Upgrading extends Fenced {}
 /** The namespace needs a newer client (`min_version`, or an unknown storage layout): nothing was written. */
 export class LayoutTooNew extends ProtocolError {}
@@ -112,6 +113,9 @@ interface Namespace {
   /** Retired lanes (`#<lane>` → `<route> <slot> retired`): their route's list moved to another hash
    * slot, and a daemon relocates their jobs into the route's live lane (same stored ids). */
   retired: Map<number, { route: string; slot: number }>;
+  /** `zdelay reshard` is moving the spread shards from this count to `shards`: two-phase jobs
+   * not moved yet are in their old shards. */
+  reshardingFrom?: number;
 }
 function shardKeys(ns: Namespace, shard: number, ...kinds: string[]): string[] {
   if (ns.layout === 1) return kinds.map((k) => `{${ns.name}:${shard}}:${k}`);
@@ -153,8 +157,8 @@ function tooNew(name: string | null, layout: number, minVersion: string | null):
 }
 
 function* loadNamespace(name: string): Op<Namespace> {
-  const [layout, shards, migrating, upgrading, minVersion, protocol] = yield [
-    ...["layout", "shards", "migrating", "upgrading", "min_version"].map((f) => ["HGET", `${name}:schema`, f]),
+  const [layout, shards, migrating, upgrading, minVersion, resharding, protocol] = yield [
+    ...["layout", "shards", "migrating", "upgrading", "min_version", "resharding"].map((f) => ["HGET", `${name}:schema`, f]),
     ["FCALL", "zd1_protocol", 0],
   ];
   if (shards == null) {
@@ -177,6 +181,7 @@ function* loadNamespace(name: string): Op<Namespace> {
   const ns: Namespace = {
     name, layout: n, shards: Number(String(shards)), lanes: new Map(), twoPhase: new Set(), upgrading: upgrading != null,
     retired: new Map(),
+    reshardingFrom: resharding == null ? undefined : Number(String(resharding).split(" ")[0]),
   };
   if (n === 2) {
     const [registry] = yield [["HGETALL", `${name}:lanes`]];
@@ -424,6 +429,7 @@ function* place(ns: Namespace, id: string, dest?: string): Op<[Lane | undefined,
  * writes a job into layout 2 before it deletes it from layout 1, so once it is gone there, layout
  * 2 has it. A generated id was never given out on layout 1. Notes when the upgrade finished. */
 function* stillInLayout1(ns: Namespace, id: string): Op<boolean> {
+  if (ns.reshardingFrom !== undefined) return yield* stillInOldShard(ns, id);
   if (!ns.upgrading || id.startsWith("~")) return false;
   const [upgrading, held] = yield [["HGET", `${ns.name}:schema`, "upgrading"], ["HEXISTS", `{${ns.name}:${shardOf(id, ns.shards)}}:jobs`, id]];
   if (upgrading instanceof Error) throw upgrading;
@@ -460,6 +466,22 @@ function* stillRelocating(ns: Namespace, id: string): Op<boolean> {
   const held = yield places.map(([r, stored]) => ["HEXISTS", `${ns.name}:{${slotTag(r.slot)}}:jobs:${r.route}`, stored]);
   for (const reply of held) if (reply instanceof Error) throw reply;
   return held.some((h: unknown) => Number(h) === 1);
+}
+
+/** While `zdelay reshard` moves a layout-2 namespace's spread shards: whether the old spread shard
+ * of `id` still holds it. The reshard writes a job into its new shard before it deletes it from
+ * the old one, so once it is gone there, the new shard has it. Notes when the reshard finished. */
+function* stillInOldShard(ns: Namespace, id: string): Op<boolean> {
+  const old: Namespace = { ...ns, shards: ns.reshardingFrom as number };
+  const jobs = shardKeys(old, shardOf(id, old.shards), "jobs")[0];
+  const [resharding, held] = yield [["HGET", `${ns.name}:schema`, "resharding"], ["HEXISTS", jobs, id]];
+  if (resharding instanceof Error) throw resharding;
+  if (held instanceof Error) throw held;
+  if (resharding == null) {
+    ns.reshardingFrom = undefined;
+    return false;
+  }
+  return Number(held) === 1;
 }
 
 const FENCES = ["ZDELAY_RESHARDED", "ZDELAY_MIGRATING", "ZDELAY_LAYOUT", "ZDELAY_LANE_MOVED", "ZDELAY_LANE_CHANGED"];
@@ -657,7 +679,9 @@ export class Client {
     const deadline = Date.now() + UPGRADE_WAIT_MS;
     while (id !== undefined && (await this.drive(stillInLayout1(ns, id)))) {
       if (Date.now() > deadline) {
-        throw new Upgrading(`namespace ${ns.name} is being upgraded to storage layout 2 and job ${id} is not moved yet: nothing was written; try again`);
+        throw new Upgrading(ns.reshardingFrom !== undefined
+          ? `namespace ${ns.name} is being resharded (${ns.reshardingFrom} to ${ns.shards} spread shards) and job ${id} is not moved yet: nothing was written; try again`
+          : `namespace ${ns.name} is being upgraded to storage layout 2 and job ${id} is not moved yet: nothing was written; try again`);
       }
       await new Promise((resolve) => setTimeout(resolve, 20));
     }

@@ -325,6 +325,44 @@ test("lookups by id during an upgrade find jobs it has not moved yet", async () 
   }
 });
 
+test("lookups by id during a reshard of the spread shards find two-phase jobs it has not moved yet", async () => {
+  const [server, remote] = [await startRedis(), await startRedis()];
+  const extra = `\n[sinks.other]\nkind = "redis"\nurl = "${remote.url}"\n\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n`;
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2, extra });
+  const client = new zdelay.Client(new Redis(server.url));
+  const gate = join(daemon.dir, "reshard-gate");
+  let proc;
+  try {
+    for (const id of ["keep", "cancel", "reschedule"]) await client.enqueue({ dest: "mirror", payload: id, id, delay: 3_600_000 });
+    proc = spawn(zdelayBin, ["reshard", "--to", "8", "--yes", "--config", daemon.config], {
+      env: { ...process.env, ZDELAY_FAILPOINT: `reshard_after_fence=${gate}`, ZDELAY_LOG: "warn" },
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+    let stderr = "";
+    proc.stderr.on("data", (d) => (stderr += d));
+    const exited = new Promise((res) => proc.once("exit", (code) => res(code)));
+    await waitFor("the reshard fenced the old shards", async () => existsSync(`${gate}.reached`) || proc.exitCode !== null);
+    assert.equal(proc.exitCode, null, stderr);
+    // New work follows the new count at once.
+    assert.equal((await client.enqueue({ dest: "mirror", payload: "new", delay: 3_600_000 })).outcome, "added");
+    // Not moved yet and nothing moves: a retryable refusal, never "not pending".
+    await assert.rejects(client.cancel("cancel", "mirror"), (e) => e instanceof zdelay.Upgrading && e.retryable && /resharded/.test(e.message));
+    setTimeout(() => writeFileSync(gate, "go"), 300);
+    assert.equal(await client.cancel("cancel", "mirror"), "cancelled");
+    assert.equal((await client.get("keep")).state, "scheduled");
+    assert.ok((await client.reschedule("reschedule", { delay: 7_200_000 })) > Date.now());
+    assert.equal(await exited, 0, stderr);
+    assert.equal(await client.get("cancel", "mirror"), null);
+    assert.equal((await client.get("keep", "mirror")).payload.toString(), "keep");
+  } finally {
+    writeFileSync(gate, "go");
+    client.redis.disconnect();
+    await daemon.stop();
+    await remote.stop();
+    await server.stop();
+  }
+});
+
 test("on layout 2 an id of your own is looked for in every lane; held by two routes it needs dest", async () => {
   const server = await startRedis();
   const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2, routes: ["emails", "sms"] });

@@ -67,14 +67,14 @@ function stop(proc, dir) {
 
 // targets: a route's list other than q:<route>; env: added to the daemon's environment; ready: what
 // counts as started (default /readyz).
-export async function startDaemon(redisToml, { shards = 10, layout = 1, routes = ["emails"], targets = {}, env = {}, ready } = {}) {
+export async function startDaemon(redisToml, { shards = 10, layout = 1, routes = ["emails"], targets = {}, env = {}, ready, extra = "" } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "zd-node-daemon-"));
   const admin = await freePort();
   const config = join(dir, "zdelay.toml");
   // layout null: none in the config, so the daemon follows the namespace (onto layout 2 when upgraded).
   const layoutLine = layout === null ? "" : `layout = ${layout}\n`;
   writeFileSync(config, `[redis]\n${redisToml}\nshards = ${shards}\n${layoutLine}\n[admin]\nlisten = "127.0.0.1:${admin}"\n\n`
-    + routes.map((r) => `[[routes]]\nname = "${r}"\nsink = "local"\ntarget = "${targets[r] ?? `q:${r}`}"\n`).join("\n"));
+    + routes.map((r) => `[[routes]]\nname = "${r}"\nsink = "local"\ntarget = "${targets[r] ?? `q:${r}`}"\n`).join("\n") + extra);
   const log = openSync(join(dir, "daemon.log"), "w");
   const proc = spawn(ZDELAY, ["run", "--config", config], { stdio: ["ignore", log, log], env: { ...process.env, ...env } });
   await waitFor("the daemon ready", async () => {

@@ -19,8 +19,9 @@
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
 --   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>"). While zdelay upgrade moves the shard ("upgrading …") the
---   settle lands: the upgrade moves jobs in flight only once they are settled.
+--   "layout <layout> <min version>"). While zdelay upgrade moves the shard ("upgrading …"), or
+--   zdelay reshard moves a layout-2 spread shard online (the new count), the settle lands: both
+--   move jobs in flight only once they are settled, and the token fences the settle.
 -- ARGV[2] the claim's token (claim_jobs), the fence
 -- ARGV[3] wake channel; ARGV[4] shard number
 -- ARGV[5..] quadruples: op, id, a, b
@@ -38,10 +39,11 @@
 -- Re-run safety: yes; after a first run the fence no longer matches, so nothing repeats.
 
 -- Layout fence: refuse a shard its caller computed with another shard count. While zdelay
--- upgrade moves the shard ("upgrading …") a settle still lands: the upgrade waits for the jobs
--- in flight to settle before it moves them, so none is delivered twice.
+-- upgrade moves the shard ("upgrading …"), or zdelay reshard moves it online (a count), a
+-- settle still lands: both wait for the jobs in flight to settle before they move them, so
+-- none is delivered twice (a settle of a job no longer here finds no lease and does nothing).
 local layout = redis.call('GET', KEYS[9])
-if layout and layout ~= ARGV[1] and string.sub(layout, 1, 10) ~= 'upgrading ' then
+if layout and layout ~= ARGV[1] and string.sub(layout, 1, 10) ~= 'upgrading ' and not string.find(layout, '^%d+$') then
   if string.sub(layout, 1, 10) == 'migrating ' then
     return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
   end

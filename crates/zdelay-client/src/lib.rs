@@ -18,7 +18,8 @@
 //! - [`job`]: the words of the job life cycle (due, conflict policy, states);
 //! - [`schedule`]: recurring schedules: the stored definition, validation, next occurrences
 //!   (cron in IANA zones, intervals) and misfire handling.
-//! - [`reshard`]: moving a namespace to another shard count (`zdelay reshard`).
+//! - [`reshard`]: moving a namespace to another shard count (`zdelay reshard`; on layout 2
+//!   online, [`reshard_spread`]).
 //! - [`operator`]: [`operator::Operator`], the operator's calls (dead letters, schedule
 //!   internals), apart from the producer's.
 //! - [`schedule_requests`]: the JSON form of a schedule, and the schedule requests of
@@ -36,6 +37,7 @@ pub mod lane;
 pub mod lane_id;
 pub mod operator;
 pub mod reshard;
+pub mod reshard_spread;
 pub mod routes;
 pub mod schedule;
 pub mod schedule_requests;

@@ -1,5 +1,7 @@
 //! Resharding: moving a live namespace's envelope jobs to another shard count
 //! (`zdelay reshard --to N`), without loss or duplicates, on one Redis or a Redis Cluster.
+//! This is storage layout 1's, frozen; layout 2's spread shards move online
+//! ([`crate::reshard_spread`], the command's entry, which reuses the helpers here).
 //!
 //! A job's shard is `crc16(id) % shards`, so a new count moves most ids to another shard, and
 //! on a cluster the old and the new shard live in different slots: a job's move cannot be one
@@ -71,6 +73,9 @@ struct WindowKey {
     scan: &'static str,
     /// Writes one entry into a shard: `HSET key field value` or `ZADD key score member`.
     copy: &'static str,
+    /// The same, leaving an entry the shard holds already: the command, and a flag after
+    /// the key (`HSETNX`, `ZADD key NX`).
+    copy_new: (&'static str, Option<&'static str>),
     score_first: bool,
     delete: &'static str,
     /// The job id an entry belongs to.
@@ -83,6 +88,7 @@ const WINDOW_KEYS: [WindowKey; 2] = [
         key: |k| &k.unique,
         scan: "HSCAN",
         copy: "HSET",
+        copy_new: ("HSETNX", None),
         score_first: false,
         delete: "HDEL",
         id: |id| Some(id),
@@ -92,6 +98,7 @@ const WINDOW_KEYS: [WindowKey; 2] = [
         key: |k| &k.windows,
         scan: "ZSCAN",
         copy: "ZADD",
+        copy_new: ("ZADD", Some("NX")),
         score_first: true,
         delete: "ZREM",
         id: |member| match member {
@@ -268,11 +275,15 @@ pub enum Progress {
     Warning(String),
     /// The namespace is frozen; these are its counts.
     Frozen { counts: Counts },
+    /// Layout 2: producers and daemons use the new count from now on; the old spread shards
+    /// are fenced and hold these counts, to be moved.
+    Fenced { counts: Counts },
     /// `jobs` jobs of `shard` were written into their new shards, not yet deleted from it.
     Copied { shard: u16, jobs: usize },
     /// Jobs moved so far, over every shard.
     Moved { total: u64 },
-    /// Nothing of `shard` is left to move; `moved` jobs left it.
+    /// Nothing of `shard` is left to move; `moved` jobs left it (layout 2: 0, not counted
+    /// per shard).
     ShardDone { shard: u16, moved: u64 },
     /// The counts over the new shards equal the frozen ones.
     Verified { counts: Counts },
@@ -305,8 +316,10 @@ pub struct Plan {
     pub counts: Counts,
     /// Distinct ids whose shard changes.
     pub to_move: u64,
-    /// Daemons registered now: the reshard would refuse while any is.
+    /// Daemons registered now: the reshard would refuse while any is (layout 1).
     pub daemons: Vec<Daemon>,
+    /// Layout 2: the spread shards move while producers and daemons run.
+    pub online: bool,
 }
 
 /// What a finished reshard did.
@@ -322,6 +335,14 @@ pub struct Report {
     pub after: Counts,
     /// Ids moved by this run.
     pub moved: u64,
+    /// Layout 2: ids a producer enqueued again into their new shard while the old one still
+    /// held them (the newer job stays, the older is dropped).
+    pub superseded: u64,
+    /// Layout 2: ids an interrupted earlier run had written into their new shard already
+    /// (not written again: the daemons may have delivered them since).
+    pub put_before: u64,
+    /// Layout 2: moved online.
+    pub online: bool,
     pub elapsed_ms: u64,
 }
 
@@ -358,6 +379,16 @@ pub enum ReshardError {
         shards: u16,
         shard: u16,
         keys: Vec<String>,
+    },
+    #[error(
+        "spread shard {shard} has the same keys with {from} and with {to} shards (both counts \
+         place it in slot {slot}), so its jobs cannot move online: choose another count"
+    )]
+    SameKeys {
+        from: u16,
+        to: u16,
+        shard: u16,
+        slot: u16,
     },
     #[error(
         "the layout marker of a shard changed under this reshard ({0}): another `zdelay \
@@ -436,11 +467,9 @@ pub async fn reshard(
         return Err(ReshardError::NoSchema(namespace.to_owned()));
     };
     if *layout != LAYOUT_VERSION.to_string() {
-        // Layout 2 keeps a local route's jobs in its list's slot: there is no shard count
-        // to change for them.
+        // Layout 2's spread shards move online: `reshard_spread`, which runs this for layout 1.
         return Err(StoreError::Unsupported(format!(
-            "{} says layout {layout}: zdelay reshard works on layout {LAYOUT_VERSION} \
-             namespaces only",
+            "{} says layout {layout}: this moves layout-{LAYOUT_VERSION} shards only",
             probe.schema()
         ))
         .into());
@@ -496,6 +525,7 @@ pub async fn reshard(
             counts,
             to_move,
             daemons,
+            online: false,
         }));
     }
     if !daemons.is_empty() {
@@ -600,8 +630,17 @@ pub async fn reshard(
         before,
         after,
         moved,
+        superseded: 0,
+        put_before: 0,
+        online: false,
         elapsed_ms: started.elapsed().as_millis() as u64,
     }))
+}
+
+/// A spread shard number whose keys are the same under both counts (both place it in one
+/// slot), which an online reshard cannot move.
+pub(crate) fn shared_shard(old: &Keys, new: &Keys) -> Option<u16> {
+    (0..old.shards().min(new.shards())).find(|&k| old.due(k) == new.due(k))
 }
 
 /// The daemons registered live on the namespace (`{ns}:instances`, by the Redis clock).
@@ -640,7 +679,11 @@ pub(crate) async fn stored_keys(
 }
 
 /// The keys of a shard that hold jobs or their unique windows, of those that exist.
-async fn held_keys(con: &Conn, keys: &Keys, shard: u16) -> Result<Vec<String>, ReshardError> {
+pub(crate) async fn held_keys(
+    con: &Conn,
+    keys: &Keys,
+    shard: u16,
+) -> Result<Vec<String>, ReshardError> {
     let mut names = data_keys(keys, shard);
     let k = keys.shard(shard);
     names.extend([k.unique, k.windows]);
@@ -725,7 +768,12 @@ pub(crate) async fn count(
 }
 
 /// Sets the layout marker of shards `0..span` to `value`.
-async fn set_markers(con: &Conn, keys: &Keys, span: u16, value: &str) -> Result<(), ReshardError> {
+pub(crate) async fn set_markers(
+    con: &Conn,
+    keys: &Keys,
+    span: u16,
+    value: &str,
+) -> Result<(), ReshardError> {
     futures::stream::iter(0..span)
         .map(|shard| {
             let mut con = con.clone();
@@ -915,63 +963,10 @@ impl Mover<'_> {
                 break;
             }
         }
-        self.move_windows(&mut con, shard).await?;
+        // Nothing else writes a frozen shard: what the new shard holds is a copy.
+        carry_windows(&mut con, self.new, shard, self.new, false).await?;
         (self.progress)(Progress::ShardDone { shard, moved });
         Ok(moved)
-    }
-
-    /// Moves the unique windows and debounce deadlines of `shard` whose ids the new count
-    /// places elsewhere: each page is copied into its new shards, then deleted here (a
-    /// resumed run copies again what a crash left in both, unchanged). They are not jobs,
-    /// so they are not counted. Nothing else writes a frozen shard.
-    async fn move_windows(&self, con: &mut Conn, shard: u16) -> Result<(), ReshardError> {
-        let source = self.new.shard(shard);
-        for kind in WINDOW_KEYS {
-            let mut cursor = 0u64;
-            loop {
-                let (next, page): WindowPage = redis::cmd(kind.scan)
-                    .arg((kind.key)(&source))
-                    .arg(cursor)
-                    .arg("COUNT")
-                    .arg(WINDOW_PAGE)
-                    .query_async(con)
-                    .await?;
-                let mut copies: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
-                let mut misplaced = Vec::new();
-                for (member, value) in &page {
-                    let Some(id) = (kind.id)(member) else {
-                        continue;
-                    };
-                    let target = self.new.shard_of_bytes(id);
-                    if target == shard {
-                        continue;
-                    }
-                    let copy = copies.entry(target).or_default().cmd(kind.copy);
-                    copy.arg((kind.key)(&self.new.shard(target)));
-                    if kind.score_first {
-                        copy.arg(value).arg(member).ignore();
-                    } else {
-                        copy.arg(member).arg(value).ignore();
-                    }
-                    misplaced.push(member);
-                }
-                if !misplaced.is_empty() {
-                    for pipe in copies.values() {
-                        pipe.query_async::<()>(con).await?;
-                    }
-                    redis::cmd(kind.delete)
-                        .arg((kind.key)(&source))
-                        .arg(&misplaced)
-                        .query_async::<()>(con)
-                        .await?;
-                }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        Ok(())
     }
 
     /// Copies `ids` from `shard` into their new shards, then deletes them from `shard`, as
@@ -1036,6 +1031,81 @@ impl Mover<'_> {
         (self.progress)(Progress::Moved { total });
         Ok((taken, moved))
     }
+}
+
+/// Moves the unique windows and debounce deadlines of shard `shard` of `source` whose ids
+/// `target` keeps in other keys: each page is copied into the target shards, then deleted
+/// here (a resumed run copies again what a crash left in both). They are not jobs, so they
+/// are not counted. `keep_newer`: an entry a target shard holds already stays (a producer or
+/// a delivery wrote it there while the reshard ran, online).
+pub(crate) async fn carry_windows(
+    con: &mut Conn,
+    source: &Keys,
+    shard: u16,
+    target: &Keys,
+    keep_newer: bool,
+) -> Result<(), ReshardError> {
+    let from = source.shard(shard);
+    for kind in WINDOW_KEYS {
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): WindowPage = redis::cmd(kind.scan)
+                .arg((kind.key)(&from))
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(WINDOW_PAGE)
+                .query_async(con)
+                .await?;
+            let mut copies: BTreeMap<u16, redis::Pipeline> = BTreeMap::new();
+            // The target shards' keys of this kind, built once a page.
+            let mut names: BTreeMap<u16, String> = BTreeMap::new();
+            let mut misplaced = Vec::new();
+            for (member, value) in &page {
+                let Some(id) = (kind.id)(member) else {
+                    continue;
+                };
+                let to = target.shard_of_bytes(id);
+                let key = names
+                    .entry(to)
+                    .or_insert_with(|| (kind.key)(&target.shard(to)).clone())
+                    .clone();
+                if key == *(kind.key)(&from) {
+                    continue;
+                }
+                let copy = if keep_newer {
+                    let (command, flag) = kind.copy_new;
+                    let copy = copies.entry(to).or_default().cmd(command).arg(key);
+                    if let Some(flag) = flag {
+                        copy.arg(flag);
+                    }
+                    copy
+                } else {
+                    copies.entry(to).or_default().cmd(kind.copy).arg(key)
+                };
+                if kind.score_first {
+                    copy.arg(value).arg(member).ignore();
+                } else {
+                    copy.arg(member).arg(value).ignore();
+                }
+                misplaced.push(member);
+            }
+            if !misplaced.is_empty() {
+                for pipe in copies.values() {
+                    pipe.query_async::<()>(con).await?;
+                }
+                redis::cmd(kind.delete)
+                    .arg((kind.key)(&from))
+                    .arg(&misplaced)
+                    .query_async::<()>(con)
+                    .await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(())
 }
 
 /// What `source` holds of the longest prefix of `ids` one `reshard_take` call reads: (ids
@@ -1203,6 +1273,41 @@ mod tests {
             vec![2, 1, 1]
         );
         assert!(put_calls(&[]).is_empty());
+    }
+
+    #[test]
+    fn spread_shards_keep_their_keys_under_another_count_only_for_large_close_counts() {
+        // The model: shard k of n sits at slot ⌊(2k + 1) · 16384 / (2n)⌋; its keys are the
+        // same under two counts exactly when that slot is.
+        let model = |from: u16, to: u16| {
+            (0..from.min(to)).find(|&k| {
+                (2 * u32::from(k) + 1) * 8192 / u32::from(from)
+                    == (2 * u32::from(k) + 1) * 8192 / u32::from(to)
+            })
+        };
+        let spread = |n| Keys::for_layout("zdelay", n, 2);
+        for from in 1..=64 {
+            for to in 1..=64 {
+                let found = shared_shard(&spread(from), &spread(to));
+                assert_eq!(found, model(from, to), "{from} → {to}");
+                // Counts up to 64 never share (the slots differ by at least 2).
+                assert_eq!(found.is_some(), from == to, "{from} → {to}");
+            }
+        }
+        let mut rng = 0x5eed_u64;
+        let mut shared = 0;
+        for _ in 0..2000 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let from = (rng >> 33) as u16 % 16384 + 1;
+            let to = (from + (rng >> 17) as u16 % 8).min(16384);
+            let found = shared_shard(&spread(from), &spread(to));
+            assert_eq!(found, model(from, to), "{from} → {to}");
+            shared += usize::from(found.is_some() && from != to);
+        }
+        assert!(shared > 0, "large close counts do share a shard's keys");
+        assert_eq!(shared_shard(&spread(1000), &spread(1001)), Some(0));
     }
 
     #[test]

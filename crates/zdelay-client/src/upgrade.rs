@@ -312,26 +312,11 @@ pub async fn upgrade(
         moved: AtomicU64::new(0),
         tally: std::sync::Mutex::new(Report::default()),
         channel: legacy.wake_channel(),
+        fence: fence_marker(),
+        retired: retired_marker(),
+        carry_windows: false,
     };
-    let concurrency = opts.concurrency.max(1);
-    // Rounds of each shard's earliest batch: what falls due soonest moves first everywhere.
-    let mut pending: Vec<u16> = (0..shards).collect();
-    while !pending.is_empty() {
-        let left: Vec<Option<u16>> = futures::stream::iter(pending.iter().copied())
-            .map(|shard| {
-                let mover = &mover;
-                async move { Ok::<_, UpgradeError>(mover.earliest(shard).await?.then_some(shard)) }
-            })
-            .buffer_unordered(concurrency)
-            .try_collect()
-            .await?;
-        pending = left.into_iter().flatten().collect();
-    }
-    futures::stream::iter(0..shards)
-        .map(|shard| mover.rest(shard))
-        .buffer_unordered(concurrency)
-        .try_collect::<Vec<()>>()
-        .await?;
+    mover.run(opts.concurrency).await?;
 
     progress(Progress::Finishing);
     let mut con = con.clone();
@@ -350,7 +335,7 @@ pub async fn upgrade(
 }
 
 /// Whether a daemon runs a build that follows the upgrade (this version or later).
-fn follows(daemon: &Daemon) -> bool {
+pub(crate) fn follows(daemon: &Daemon) -> bool {
     daemon
         .version
         .as_deref()
@@ -402,7 +387,7 @@ async fn fence(con: &Conn, legacy: &Keys, spread: &Keys) -> Result<(), UpgradeEr
 
 /// Deletes the `transit_in` sets once every layout-1 shard is retired (UNLINK: Redis frees
 /// them in the background).
-async fn delete_transit_sets(
+pub(crate) async fn delete_transit_sets(
     con: &Conn,
     spread: &Keys,
     registry: &Registry,
@@ -438,19 +423,68 @@ enum Home<'a> {
     Spread(u16),
 }
 
-struct Mover<'a> {
-    con: &'a Conn,
-    legacy: &'a Keys,
-    spread: &'a Keys,
-    registry: &'a Registry,
-    batch: usize,
-    progress: &'a (dyn Fn(Progress) + Send + Sync),
-    moved: AtomicU64,
-    tally: std::sync::Mutex<Report>,
-    channel: String,
+/// Moves every job, dead job and schedule of the shards of `legacy` into their homes under
+/// `spread` (and the lanes of `registry`) while producers and daemons run: `zdelay upgrade`
+/// (layout-1 shards into layout 2) and `zdelay reshard` on layout 2 (spread shards into the
+/// spread shards of another count, `registry` empty). The source shards are fenced with
+/// `fence` before, and get `retired` once empty.
+pub(crate) struct Mover<'a> {
+    pub(crate) con: &'a Conn,
+    pub(crate) legacy: &'a Keys,
+    pub(crate) spread: &'a Keys,
+    pub(crate) registry: &'a Registry,
+    pub(crate) batch: usize,
+    pub(crate) progress: &'a (dyn Fn(Progress) + Send + Sync),
+    pub(crate) moved: AtomicU64,
+    pub(crate) tally: std::sync::Mutex<Report>,
+    pub(crate) channel: String,
+    /// The source shards' marker while they move (what `reshard_take` and `reshard_drop`
+    /// expect), and once they are empty.
+    pub(crate) fence: String,
+    pub(crate) retired: String,
+    /// Carry the unique windows and debounce deadlines into the target shards (a reshard);
+    /// otherwise they are dropped with the source shard (the upgrade: lanes start theirs
+    /// afresh).
+    pub(crate) carry_windows: bool,
 }
 
 impl Mover<'_> {
+    /// Moves everything: rounds of each source shard's earliest due batch, so what falls due
+    /// soonest moves first everywhere; then the rest of each shard, which is then retired.
+    pub(crate) async fn run(&self, concurrency: usize) -> Result<(), UpgradeError> {
+        let concurrency = concurrency.max(1);
+        let shards = self.legacy.shards();
+        if self.carry_windows {
+            // Before any job moves, so a producer enqueuing into a target shard meets the
+            // windows of ids that were waiting or delivered before the fence.
+            futures::stream::iter(0..shards)
+                .map(|shard| async move {
+                    let mut con = self.con.clone();
+                    reshard::carry_windows(&mut con, self.legacy, shard, self.spread, true).await
+                })
+                .buffer_unordered(concurrency)
+                .try_collect::<Vec<()>>()
+                .await?;
+        }
+        let mut pending: Vec<u16> = (0..shards).collect();
+        while !pending.is_empty() {
+            let left: Vec<Option<u16>> = futures::stream::iter(pending.iter().copied())
+                .map(|shard| async move {
+                    Ok::<_, UpgradeError>(self.earliest(shard).await?.then_some(shard))
+                })
+                .buffer_unordered(concurrency)
+                .try_collect()
+                .await?;
+            pending = left.into_iter().flatten().collect();
+        }
+        futures::stream::iter(0..shards)
+            .map(|shard| self.rest(shard))
+            .buffer_unordered(concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
+
     /// Moves the earliest due batch of `shard`; whether it had one.
     async fn earliest(&self, shard: u16) -> Result<bool, UpgradeError> {
         let mut con = self.con.clone();
@@ -490,6 +524,10 @@ impl Mover<'_> {
         if !left.is_empty() {
             return Err(UpgradeError::NotEmpty { shard, keys: left });
         }
+        if self.carry_windows {
+            // Again: settles through the fence wrote windows of the jobs they delivered.
+            reshard::carry_windows(&mut con, self.legacy, shard, self.spread, true).await?;
+        }
         // The claim counter holds no job, and nothing claims from a fenced shard again. Its
         // unique windows go too: nothing reads a retired shard's, and the lanes the jobs moved
         // to start theirs afresh.
@@ -500,7 +538,7 @@ impl Mover<'_> {
             .ignore()
             .del(&keys.windows)
             .ignore()
-            .set(&keys.layout, retired_marker())
+            .set(&keys.layout, &self.retired)
             .ignore()
             .query_async(&mut con)
             .await?;
@@ -562,14 +600,14 @@ impl Mover<'_> {
         let source = self.legacy.shard(shard);
         let mut moved = 0;
         while !ids.is_empty() {
-            let (taken, jobs) = reshard::take(con, &source, &fence_marker(), ids, members).await?;
+            let (taken, jobs) = reshard::take(con, &source, &self.fence, ids, members).await?;
             ids = &ids[taken..];
             if jobs.is_empty() {
                 continue;
             }
             self.put(&jobs).await?;
             crate::failpoint::hold("upgrade_after_put").await;
-            scripts::reshard_drop(con, &source, &fence_marker(), &jobs).await?;
+            scripts::reshard_drop(con, &source, &self.fence, &jobs).await?;
             let n = jobs.len() as u64;
             moved += n;
             let total = self.moved.fetch_add(n, Ordering::Relaxed) + n;

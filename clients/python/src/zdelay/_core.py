@@ -47,8 +47,9 @@ class Fenced(ZdelayError):
 
 
 class Upgrading(Fenced):
-    """`zdelay upgrade` has not moved the job looked up by id to storage layout 2 yet (it is
-    moved within moments): nothing was written; try again."""
+    """`zdelay upgrade` has not moved the job looked up by id to storage layout 2 yet, or
+    `zdelay reshard` has not moved it to its new spread shard (it is moved within moments):
+    nothing was written; try again."""
 
 
 class LayoutTooNew(ProtocolError):
@@ -190,6 +191,9 @@ class Namespace:
     # Retired lanes (`#<lane>` -> `<route> <slot> retired`): their route's list moved to another
     # hash slot, and a daemon relocates their jobs into the route's live lane (same stored ids).
     retired: Dict[int, Tuple[str, int]] = field(default_factory=dict)
+    # `zdelay reshard` is moving the spread shards from this count to `shards`: two-phase jobs
+    # it has not moved yet are still in their old shards.
+    resharding_from: Optional[int] = None
 
     def shard_keys(self, shard: int, *kinds: str) -> List[str]:
         if self.layout == 1:
@@ -230,9 +234,9 @@ def too_new(name: Optional[str], layout: int, min_version: Optional[str]) -> Lay
 
 
 def load_namespace(name: str) -> Op:
-    fields = ["layout", "shards", "migrating", "upgrading", "min_version"]
+    fields = ["layout", "shards", "migrating", "upgrading", "min_version", "resharding"]
     replies = yield [("HGET", f"{name}:schema", f) for f in fields] + [("FCALL", "zd1_protocol", 0)]
-    layout, shards, migrating, upgrading, min_version, protocol = replies
+    layout, shards, migrating, upgrading, min_version, resharding, protocol = replies
     if shards is None:
         raise NoNamespace(f"namespace {name} does not exist yet: a zdelay daemon creates it when it starts")
     if isinstance(protocol, Exception):
@@ -254,7 +258,8 @@ def load_namespace(name: str) -> Op:
         raise too_new(name, layout_n, None)
     if migrating is not None:
         raise Fenced(f"namespace {name} is being resharded ({migrating.decode()}): try again")
-    ns = Namespace(name, layout_n, int(shards), upgrading=upgrading is not None)
+    ns = Namespace(name, layout_n, int(shards), upgrading=upgrading is not None,
+                   resharding_from=int(resharding.split()[0]) if resharding is not None else None)
     if layout_n == 2:
         (registry,) = yield [("HGETALL", f"{name}:lanes")]
         for key, value in _pairs(registry):
@@ -515,6 +520,8 @@ def still_in_layout_1(ns: Namespace, job_id: str) -> Op:
     upgrade writes a job into layout 2 before it deletes it from layout 1, so once it is gone
     there, layout 2 has it (or it was delivered or cancelled). A generated id (`~…`) was never
     given out on layout 1. Notes in `ns` when the upgrade has finished."""
+    if ns.resharding_from is not None:
+        return (yield from still_in_old_shard(ns, job_id))
     if not ns.upgrading or job_id.startswith("~"):
         return False
     shard = shard_of(job_id, ns.shards)
@@ -559,7 +566,26 @@ def not_relocated_yet(job_id: str) -> Fenced:
                   "slot; a daemon with the new config moves it when it starts): nothing was written; try again")
 
 
+def still_in_old_shard(ns: Namespace, job_id: str) -> Op:
+    """While `zdelay reshard` moves the spread shards of a layout-2 namespace: whether the old
+    spread shard of `job_id` still holds it. The reshard writes a job into its new shard before
+    it deletes it from the old one, so once it is gone there, the new shard has it (or it was
+    delivered or cancelled). Notes in `ns` when the reshard has finished."""
+    old = Namespace(ns.name, 2, ns.resharding_from)
+    (jobs,) = old.shard_keys(shard_of(job_id, old.shards), "jobs")
+    resharding, held = yield [("HGET", f"{ns.name}:schema", "resharding"), ("HEXISTS", jobs, job_id)]
+    if isinstance(resharding, Exception) or isinstance(held, Exception):
+        raise resharding if isinstance(resharding, Exception) else held
+    if resharding is None:
+        ns.resharding_from = None
+        return False
+    return bool(held)
+
+
 def not_moved_yet(ns: Namespace, job_id: str) -> Upgrading:
+    if ns.resharding_from is not None:
+        return Upgrading(f"namespace {ns.name} is being resharded ({ns.resharding_from} to {ns.shards} spread shards) "
+                         f"and job {job_id} is not moved yet: nothing was written; try again")
     return Upgrading(f"namespace {ns.name} is being upgraded to storage layout 2 and job {job_id} is not moved yet: "
                      "nothing was written; try again")
 

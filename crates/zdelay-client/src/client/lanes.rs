@@ -31,6 +31,9 @@ pub(crate) struct LaneBook {
     /// While `zdelay upgrade` runs: when the schema last said so. Jobs it has not moved yet
     /// are still in their layout-1 shards.
     upgrading: Mutex<Option<Instant>>,
+    /// While `zdelay reshard` moves the spread shards: the old count, and when the schema
+    /// last said so. Two-phase jobs it has not moved yet are still in the old shards.
+    resharding: Mutex<Option<(u16, Instant)>>,
 }
 
 /// How often a client that knows an upgrade runs reads the schema to see it finished.
@@ -41,12 +44,19 @@ const UPGRADE_WAIT: Duration = Duration::from_secs(3);
 
 impl LaneBook {
     pub(crate) async fn read(con: &mut Conn, keys: &crate::keys::Keys) -> Result<Self, StoreError> {
-        let upgrading = store::read_schema(con, keys).await?.upgrading.is_some();
+        let schema = store::read_schema(con, keys).await?;
         Ok(LaneBook {
             registry: RwLock::new(store::lanes::read_registry(con, keys).await?),
             ids: StoredIdGenerator::new(),
-            upgrading: Mutex::new(upgrading.then(Instant::now)),
+            upgrading: Mutex::new(schema.upgrading.is_some().then(Instant::now)),
+            resharding: Mutex::new(schema.resharding.map(|(from, _)| (from, Instant::now()))),
         })
+    }
+
+    /// Notes what the schema says of a reshard of the spread shards.
+    pub(crate) fn reshard_seen(&self, resharding: Option<(u16, u16)>) {
+        *self.resharding.lock().expect("resharding lock") =
+            resharding.map(|(from, _)| (from, Instant::now()));
     }
 
     fn registry(&self) -> Registry {
@@ -604,6 +614,7 @@ impl Client {
         held: Held,
     ) -> Result<Found, ClientError> {
         self.wait_out_upgrade(book, id, held).await?;
+        self.wait_out_reshard(&self.keys(), id, held).await?;
         let Some(dest) = dest else {
             // The search of a user-chosen id reads the registry, so retired lanes are known
             // after it: a job still in one is waited for, then looked for again. A generated
@@ -744,13 +755,63 @@ impl Client {
             if started.elapsed() > UPGRADE_WAIT {
                 return Err(ClientError::LaneRefused {
                     what: id.to_owned(),
-                    detail: "its route's list moved to another hash slot and the job is still                              in the route's old lane: a daemon with the new config moves it                              when it starts"
+                    detail: "its route's list moved to another hash slot and the job is still in the \
+                             route's old lane: a daemon with the new config moves it when it \
+                             starts"
                         .to_owned(),
                 });
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(waited)
+    }
+
+    /// While `zdelay reshard` moves the spread shards, waits until the old shard of `id` (a
+    /// two-phase job's id) no longer holds it, so a lookup in its new shard (`keys`) cannot
+    /// miss it: the reshard writes a job into its new shard before it deletes it from the old
+    /// one. `StoreError::Resharding` (retryable) when that takes longer than [`UPGRADE_WAIT`].
+    pub(crate) async fn wait_out_reshard(
+        &self,
+        keys: &crate::keys::Keys,
+        id: &str,
+        held: Held,
+    ) -> Result<(), ClientError> {
+        let Some(book) = self.lane_book() else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        loop {
+            let Some((from, since)) = *book.resharding.lock().expect("resharding lock") else {
+                return Ok(());
+            };
+            if since.elapsed() > UPGRADE_LOOK {
+                let schema = store::read_schema(&mut self.con.clone(), keys).await?;
+                book.reshard_seen(schema.resharding);
+                continue;
+            }
+            if from == keys.shards() {
+                // Still on the old count: its fence refuses the call, which then reads the
+                // layout again.
+                return Ok(());
+            }
+            let old = keys.with_shards(from);
+            let shard = old.shard(old.shard_of(id));
+            if !self
+                .holds(held.ask(&shard.jobs, &shard.dead, &shard.schedules, id))
+                .await?
+            {
+                return Ok(());
+            }
+            if started.elapsed() > UPGRADE_WAIT {
+                return Err(StoreError::Resharding {
+                    namespace: keys.namespace().to_owned(),
+                    from,
+                    to: keys.shards(),
+                }
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Runs `op` on the lane holding `id`; once more after reading the registry again when

@@ -445,7 +445,7 @@ impl Client {
         want_layout: Option<u32>,
     ) -> Result<Self, ClientError> {
         let keys = Keys::new(namespace, shards);
-        let layout = store::ensure_schema(&mut con, &keys, want_layout).await?;
+        let (layout, shards) = store::ensure_schema(&mut con, &keys, want_layout).await?;
         let keys = Keys::for_layout(namespace, shards, layout);
         scripts::load_all(&mut con).await?;
         let lanes = Arc::new(OnceLock::new());
@@ -471,7 +471,7 @@ impl Client {
         }
         let current = self.keys();
         let mut con = self.con.clone();
-        let layout = store::ensure_schema(&mut con, &current, None).await?;
+        let (layout, _) = store::ensure_schema(&mut con, &current, None).await?;
         if layout == 1 {
             return Err(StoreError::Schema(format!(
                 "a layout-1 shard of namespace {} is fenced by an upgrade, but {} says layout 1",
@@ -573,6 +573,9 @@ impl Client {
         let shards = schema
             .shards
             .ok_or_else(|| StoreError::Schema(format!("{key} has no shard count")))?;
+        if let Some(book) = self.lane_book() {
+            book.reshard_seen(schema.resharding);
+        }
         let keys = current.with_shards(shards);
         *self.layout.write().expect("layout lock") = keys.clone();
         Ok(keys)
@@ -928,6 +931,7 @@ impl Client {
             }
         }
         self.fenced(|keys| async move {
+            self.wait_out_reshard(&keys, id, Held::Stored).await?;
             let keys = keys.shard(keys.shard_of(id));
             Ok(scripts::cancel_job(&mut self.con.clone(), &keys, id).await?)
         })
@@ -979,6 +983,7 @@ impl Client {
             }
         }
         self.fenced(|keys| async move {
+            self.wait_out_reshard(&keys, id, Held::Stored).await?;
             let keys = keys.shard(keys.shard_of(id));
             Ok(scripts::reschedule_job(&mut self.con.clone(), &keys, id, due).await?)
         })
@@ -1035,8 +1040,11 @@ impl Client {
                 Found::Shard => {}
             }
         }
-        self.fenced(|keys| self.get_in_shard(keys, id, preview))
-            .await
+        self.fenced(|keys| async move {
+            self.wait_out_reshard(&keys, id, Held::Stored).await?;
+            self.get_in_shard(keys, id, preview).await
+        })
+        .await
     }
 
     async fn get_in_shard(

@@ -393,6 +393,9 @@ pub struct Schema {
     pub min_version: Option<semver::Version>,
     /// The layout `zdelay upgrade` is moving the namespace to (`layout` is still the old one).
     pub upgrading: Option<u32>,
+    /// `(from, to)` while `zdelay reshard` moves a layout-2 namespace's spread shards online
+    /// (`shards` says `to` already: new work goes there).
+    pub resharding: Option<(u16, u16)>,
 }
 
 /// Reads `<ns>:schema` (every field absent when it does not exist). Refuses a namespace on a
@@ -407,11 +410,19 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
         "migrating_counts",
         "min_version",
         "upgrading",
+        "resharding",
     ] {
         pipe.hget(keys.schema(), field);
     }
-    let [layout, shards, migrating, counts, min_version, upgrading]: [Option<String>; 6] =
-        pipe.query_async(con).await?;
+    let [
+        layout,
+        shards,
+        migrating,
+        counts,
+        min_version,
+        upgrading,
+        resharding,
+    ]: [Option<String>; 7] = pipe.query_async(con).await?;
     refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
     let bad = |field: &str, value: &str| {
         StoreError::Schema(format!(
@@ -434,6 +445,13 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
         Some(u) => Some(u.parse::<u32>().map_err(|_| bad("upgrading", &u))?),
         None => None,
     };
+    let resharding = match resharding {
+        Some(r) => match Layout::parse(&format!("migrating {r}")) {
+            Some(Layout::Migrating { from, to }) => Some((from, to)),
+            _ => return Err(bad("resharding", &r)),
+        },
+        None => None,
+    };
     Ok(Schema {
         layout,
         shards,
@@ -441,6 +459,7 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
         migrating_counts: counts,
         min_version: min_version.and_then(|v| semver::Version::parse(&v).ok()),
         upgrading,
+        resharding,
     })
 }
 
@@ -811,7 +830,9 @@ pub fn server_name(info: &std::collections::HashMap<String, String>) -> String {
 }
 
 /// Creates `<ns>:schema` if missing (on layout `want`, else [`LAYOUT_VERSION`]) and checks it
-/// matches this build and `keys`' shard count; returns the namespace's layout. Refuses a
+/// matches this build and, on layout 1, `keys`' shard count; returns the namespace's layout
+/// and shard count (on layout 2 the stored one: `zdelay reshard` changes it online, so
+/// `keys`' count is only what a new namespace gets). Refuses a
 /// layout other than `want` when one is given, refuses while `zdelay reshard` runs
 /// ([`StoreError::Resharding`], retryable), and a namespace on a newer layout or that needs a
 /// newer zdelay ([`StoreError::LayoutTooNew`]).
@@ -819,7 +840,7 @@ pub async fn ensure_schema(
     con: &mut Conn,
     keys: &Keys,
     want: Option<u32>,
-) -> Result<u32, StoreError> {
+) -> Result<(u32, u16), StoreError> {
     let key = keys.schema();
     // One HGET each (not HMGET): a producer's narrowest ACL grants `+hget` on the schema.
     let read = |pipe: &mut Pipeline| {
@@ -895,15 +916,17 @@ pub async fn ensure_schema(
             keys.namespace()
         )));
     }
-    if shards.as_deref() != Some(&keys.shards().to_string()) {
-        return Err(StoreError::Schema(format!(
+    let stored = shards.as_deref().and_then(|s| s.parse::<u16>().ok());
+    match stored {
+        Some(n) if layout >= 2 && (1..=crate::config::MAX_SHARDS).contains(&n) => Ok((layout, n)),
+        Some(n) if n == keys.shards() => Ok((layout, n)),
+        _ => Err(StoreError::Schema(format!(
             "namespace {} has {} shards (in {key}); the config says {}: set redis.shards to match",
             keys.namespace(),
             shards.unwrap_or_default(),
             keys.shards()
-        )));
+        ))),
     }
-    Ok(layout)
 }
 
 /// On a namespace on layout 2, marks every layout-1 shard (`layout 2 <this version>`), so

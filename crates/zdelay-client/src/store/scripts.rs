@@ -3227,9 +3227,10 @@ end"
             let body = from_first_call(source);
             // The whole fence, word for word: a newer layout's marker (`layout …`, `upgrading
             // …`) is refused as such in every script, before anything is read or written;
-            // only a settle lands while `zdelay upgrade` moves the shard (it waits for them).
+            // only a settle lands while `zdelay upgrade` or an online reshard moves the shard
+            // (both wait for them).
             let passes = if *name == "settle_jobs" {
-                " and string.sub(layout, 1, 10) ~= 'upgrading '"
+                " and string.sub(layout, 1, 10) ~= 'upgrading ' and not string.find(layout, '^%d+$')"
             } else {
                 ""
             };
