@@ -5,7 +5,7 @@ use super::measure::{del, llen, redis_cpu};
 use super::report::{Drain, Throughput};
 use super::tally::Tally;
 use super::{ENVELOPE_RATIO_TARGET, Env, RAW_RATIO_TARGET};
-use crate::metrics::LATENESS_BOUNDS_MS;
+use zdelay::metrics::LATENESS_BOUNDS_MS;
 use anyhow::{Context, ensure};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

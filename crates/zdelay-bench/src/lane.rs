@@ -10,7 +10,7 @@ use super::load::{backlog_due, bar, payload, status};
 use super::measure::{llen, redis_cpu_at, used_memory_at};
 use super::report::{LANE_RATIO_TARGET, LaneBench, LaneMemory, Throughput};
 use super::{Env, MEMORY_AIM_BYTES, MEMORY_AIM_PAYLOAD};
-use crate::metrics::LATENESS_BOUNDS_MS;
+use zdelay::metrics::LATENESS_BOUNDS_MS;
 use anyhow::ensure;
 use std::time::{Duration, Instant};
 use zdelay_client::job::{Due, OnConflict};
