@@ -248,6 +248,27 @@ pub fn bench_bin() -> PathBuf {
                 Some(other) => other.to_owned(),
             };
             let mut cargo = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+            // Without what cargo set for this test process: a build script that watches one
+            // of them (ring's, CARGO_MANIFEST_DIR) would rebuild the dependency tree, and the
+            // next `cargo test` rebuild it back.
+            for (key, _) in std::env::vars_os() {
+                let key = key.to_string_lossy();
+                if key == "OUT_DIR"
+                    || key.starts_with("CARGO_PKG_")
+                    || [
+                        "CARGO_MANIFEST_DIR",
+                        "CARGO_MANIFEST_PATH",
+                        "CARGO_CRATE_NAME",
+                        "CARGO_BIN_NAME",
+                        "CARGO_PRIMARY_PACKAGE",
+                        "CARGO_TARGET_TMPDIR",
+                        "CARGO_RUSTC_CURRENT_DIR",
+                    ]
+                    .contains(&key.as_ref())
+                {
+                    cargo.env_remove(key.as_ref());
+                }
+            }
             cargo
                 .args(["build", "--quiet", "-p", "zdelay-bench", "--bin", "zdelay-bench"])
                 .args(["--profile", &profile])
