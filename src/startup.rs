@@ -31,7 +31,8 @@ impl GlobalArgs {
     /// The config from `--config` (or the defaults), the environment and `--redis-url`,
     /// with a warning when the Redis server's certificate is not verified.
     pub fn load_config(&self) -> Result<Config, config::ConfigError> {
-        let config = config::load_with_redis_url(self.config.as_deref(), self.redis_url.as_deref())?;
+        let config =
+            config::load_with_redis_url(self.config.as_deref(), self.redis_url.as_deref())?;
         if config.redis.tls.insecure_skip_verify {
             tracing::warn!(
                 "redis.tls.insecure_skip_verify = true: the Redis server's certificate is NOT \

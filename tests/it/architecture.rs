@@ -168,15 +168,23 @@ fn no_import_cycles_in_any_crate() {
     check_crate(&root.join("crates/zdelay-bench/src"));
 }
 
-/// Every `.rs` file under `dir` with its text.
+/// Every `.rs` file under `dir` with its text (a crate's `lib.rs` and `main.rs` both, which
+/// [`modules`] takes for one module).
 fn sources(dir: &Path) -> Vec<(PathBuf, String)> {
-    modules(dir)
-        .into_values()
-        .map(|path| {
-            let text = std::fs::read_to_string(&path).expect("read source");
-            (path, text)
-        })
-        .collect()
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read src dir") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("read source");
+                out.push((path, text));
+            }
+        }
+    }
+    out
 }
 
 /// The benchmark is a crate of its own: the daemon's crate neither depends on it nor names
@@ -192,9 +200,9 @@ fn the_daemon_never_names_the_benchmark() {
         );
     }
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("read Cargo.toml");
-    let dependencies = manifest
-        .split("\n[")
-        .filter(|table| table.starts_with("dependencies]") || table.starts_with("dev-dependencies]"));
+    let dependencies = manifest.split("\n[").filter(|table| {
+        table.starts_with("dependencies]") || table.starts_with("dev-dependencies]")
+    });
     for table in dependencies {
         assert!(
             !table.contains("zdelay-bench"),

@@ -799,7 +799,13 @@ fn the_bench_binary_has_its_own_help() {
         .expect("zdelay-bench runs");
     assert!(out.status.success(), "{}", stderr(&out));
     let help = stdout(&out);
-    for flag in ["--mode", "--daemons", "--zdelay-bin", "--config", "--redis-url"] {
+    for flag in [
+        "--mode",
+        "--daemons",
+        "--zdelay-bin",
+        "--config",
+        "--redis-url",
+    ] {
         assert!(help.contains(flag), "--help lacks {flag}: {help}");
     }
     assert!(!help.contains("hang-pid"), "{help}");

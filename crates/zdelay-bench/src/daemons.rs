@@ -18,13 +18,13 @@
 
 use super::load::status;
 use super::measure::process_cpu;
-use zdelay::stats::Instance;
 use anyhow::{Context, bail};
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use zdelay::stats::Instance;
 use zdelay_client::config::Config;
 use zdelay_client::keys::Keys;
 use zdelay_client::store::{self, Conn};
@@ -368,6 +368,24 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The `zdelay` binary the daemons run: `given` (`--zdelay-bin`), else the `zdelay` in this
+/// binary's directory, else the one on the `PATH`.
+pub(super) fn zdelay_binary(given: Option<&Path>) -> PathBuf {
+    if let Some(path) = given {
+        return path.to_path_buf();
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            Some(
+                exe.parent()?
+                    .join(format!("zdelay{}", std::env::consts::EXE_SUFFIX)),
+            )
+        })
+        .filter(|path| path.is_file());
+    beside.unwrap_or_else(|| PathBuf::from("zdelay"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,17 +452,4 @@ mod tests {
         assert!(all_polled(&both, 2, 4, 2));
         assert!(all_polled(&[instance("a", &[0, 1])], 1, 2, 2));
     }
-}
-
-/// The `zdelay` binary the daemons run: `given` (`--zdelay-bin`), else the `zdelay` in this
-/// binary's directory, else the one on the `PATH`.
-pub(super) fn zdelay_binary(given: Option<&Path>) -> PathBuf {
-    if let Some(path) = given {
-        return path.to_path_buf();
-    }
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join(format!("zdelay{}", std::env::consts::EXE_SUFFIX))))
-        .filter(|path| path.is_file());
-    beside.unwrap_or_else(|| PathBuf::from("zdelay"))
 }

@@ -1,11 +1,11 @@
 //! `--route`'s baseline: the broker's own client publishing the same messages with the same
 //! confirms, no Redis in the path. zdelay's rate over this one is what its path costs.
 
-use zdelay::sinks::IDEMPOTENCY_HEADER;
 use anyhow::{Context, bail};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::time::{Duration, Instant};
+use zdelay::sinks::IDEMPOTENCY_HEADER;
 use zdelay_client::config::{
     AmqpSinkConfig, KafkaKey, KafkaSinkConfig, NatsSinkConfig, SinkConfig,
 };

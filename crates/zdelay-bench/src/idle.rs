@@ -202,8 +202,15 @@ async fn idle_case(env: &mut Env, routes: usize, sources: usize) -> anyhow::Resu
         &source_keys(&env.args.namespace, sources),
         with_sink.then_some(env.config.redis.url.as_str()),
     );
-    let mut daemon =
-        Daemons::spawn_with(&env.daemon_binary(), 1, &env.config, env.batch, ROUTE, &env.scratch.out, &extra)?;
+    let mut daemon = Daemons::spawn_with(
+        &env.daemon_binary(),
+        1,
+        &env.config,
+        env.batch,
+        ROUTE,
+        &env.scratch.out,
+        &extra,
+    )?;
     let measured = measure_case(env, &mut daemon, routes, sources).await;
     if measured.is_err() {
         daemon.keep_logs();

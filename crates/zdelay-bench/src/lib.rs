@@ -114,9 +114,6 @@ pub fn gen_docs(root: &std::path::Path, check_only: bool) -> anyhow::Result<bool
         .map_err(anyhow::Error::msg)
 }
 
-use zdelay::poller::{
-    self, BatchObserver, Options, Owned, Ownership, PollerContext, Pollers, Target, TargetId,
-};
 use anyhow::{bail, ensure};
 use load::MIN_PAYLOAD;
 use measure::{clock_offset_ms, local_now_ms, read_first_line};
@@ -125,6 +122,9 @@ use scratch::Scratch;
 use std::sync::Arc;
 use tally::Tally;
 use tokio_util::sync::CancellationToken;
+use zdelay::poller::{
+    self, BatchObserver, Options, Owned, Ownership, PollerContext, Pollers, Target, TargetId,
+};
 use zdelay_client::Client;
 use zdelay_client::config::{Config, RouteConfig, SourceConfig, redact_url};
 use zdelay_client::store::scripts::{self, MoveReply};

@@ -4,11 +4,11 @@ use super::Env;
 use super::direct::{self, Direct, Plan};
 use super::load::{MIN_PAYLOAD, load_envelopes_to};
 use super::measure::{process_cpu, redis_cpu, total_size};
-use zdelay::poller::{self, Options, Ownership, PollerContext};
 use anyhow::Context;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use zdelay::poller::{self, Options, Ownership, PollerContext};
 use zdelay_client::routes::Resolved;
 
 /// `--route`: throughput of one two-phase route, end to end.

@@ -270,7 +270,14 @@ pub fn bench_bin() -> PathBuf {
                 }
             }
             cargo
-                .args(["build", "--quiet", "-p", "zdelay-bench", "--bin", "zdelay-bench"])
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "zdelay-bench",
+                    "--bin",
+                    "zdelay-bench",
+                ])
                 .args(["--profile", &profile])
                 .arg("--manifest-path")
                 .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
