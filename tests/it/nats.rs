@@ -691,7 +691,7 @@ fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layo
     );
 }
 
-/// `zdelay bench --route` through JetStream: every job confirmed and settled, and the same
+/// `zdelay-bench --route` through JetStream: every job confirmed and settled, and the same
 /// number of messages published directly through async-nats before and after, all of them
 /// in the stream (none dropped as a duplicate of another run), with the ratio reported.
 #[test]

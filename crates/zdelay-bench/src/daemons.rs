@@ -47,7 +47,7 @@ pub(super) fn daemon_config(
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "# written by zdelay bench --daemons; deleted after the run\n"
+        "# written by zdelay-bench --daemons; deleted after the run\n"
     );
     let _ = writeln!(t, "[redis]");
     let _ = writeln!(t, "url = {}", q(&r.url));
