@@ -28,11 +28,14 @@ WORKDIR /src
 # until Cargo.toml or Cargo.lock change.
 COPY Cargo.toml Cargo.lock ./
 COPY crates/zdelay-client/Cargo.toml crates/zdelay-client/Cargo.toml
-RUN mkdir -p src crates/zdelay-client/src \
+# The benchmark's manifest only so that the workspace loads: `cargo build` at the root builds
+# the zdelay package alone, so the image carries no benchmark.
+COPY crates/zdelay-bench/Cargo.toml crates/zdelay-bench/Cargo.toml
+RUN mkdir -p src crates/zdelay-client/src crates/zdelay-bench/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs crates/zdelay-client/src/lib.rs \
+    && touch src/lib.rs crates/zdelay-client/src/lib.rs crates/zdelay-bench/src/lib.rs \
     && cargo build --release --locked \
-    && rm -rf src crates/zdelay-client/src
+    && rm -rf src crates/zdelay-client/src crates/zdelay-bench/src
 
 # The project. The touch makes cargo rebuild the two crates over their stubs whatever the
 # copied files' modification times.

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The "through brokers" benchmark of docs/operations/benchmarks.md, reproducible: a private
 # Redis, a memory-storage Kafka (tansu) beside the brokers of scripts/services.sh, the topic,
-# stream and queue, a config with one route per broker, then `zdelay bench --route` for each.
+# stream and queue, a config with one route per broker, then `zdelay-bench --route` for each.
 # Each run also publishes the same messages through the broker's own client directly, before
 # and after zdelay's drain, and prints zdelay's rate over theirs.
 #
 #   bash scripts/services.sh install && bash scripts/services.sh start amqp nats
-#   bash scripts/bench-brokers.sh [ZDELAY_BINARY] [JOBS]     # default target/release/zdelay 100000
+#   cargo build --release -p zdelay-bench
+#   bash scripts/bench-brokers.sh [BENCH_BINARY] [JOBS]   # default target/release/zdelay-bench 100000
 #   bash scripts/services.sh stop
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-bin=${1:-$here/target/release/zdelay}
+bin=${1:-$here/target/release/zdelay-bench}
 jobs=${2:-100000}
 services=${ZDELAY_SERVICES_DIR:-/tmp/zdelay-services}
 work=$(mktemp -d /tmp/zdelay-bench-brokers.XXXXXX)
@@ -76,5 +77,5 @@ sink = "n"
 target = "zdbench.due"
 EOF
 for route in ${ROUTES:-k n a}; do
-    "$bin" --config "$work/zdelay.toml" bench --route "$route" --jobs "$jobs"
+    "$bin" --config "$work/zdelay.toml" --route "$route" --jobs "$jobs"
 done

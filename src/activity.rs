@@ -42,7 +42,7 @@ fn with_minute(f: impl FnOnce(&mut MinuteTally)) {
     let mut pending = PENDING.lock().expect("activity lock");
     let now = minute_now();
     f(pending.entry(now).or_default());
-    // Nobody flushes in `zdelay bench`: keep the tally bounded anyway.
+    // Nobody flushes in `zdelay-bench`: keep the tally bounded anyway.
     while pending.len() > KEEP_MINUTES as usize {
         pending.pop_first();
     }

@@ -1,8 +1,8 @@
 //! zdelay: precise, reliable delayed delivery from Redis sorted sets to the queues a team
 //! already runs: Redis lists, Kafka, RabbitMQ (AMQP) and NATS.
 //!
-//! This crate is the daemon (`zdelay run`, [`app::run`]), the benchmark and the CLI's
-//! commands. The producer library — [`Client`], the config, key layout, envelope, route
+//! This crate is the daemon (`zdelay run`, [`app::run`]) and the CLI's commands; the
+//! benchmark (`zdelay-bench`, `crates/zdelay-bench`) drives it from outside. The producer library — [`Client`], the config, key layout, envelope, route
 //! table and the store's scripts — is the `zdelay-client` crate, re-exported here; a
 //! producer depends on that crate alone and compiles no broker client. See
 //! `docs/internals/architecture.md` for the parts and which may call which.
@@ -10,12 +10,12 @@
 pub mod activity;
 pub mod admin;
 pub mod app;
-pub mod bench;
 pub mod metrics;
 pub mod poller;
 pub mod preflight;
 pub mod reference;
 pub mod sinks;
+pub mod startup;
 pub mod stats;
 pub mod trace;
 

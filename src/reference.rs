@@ -51,25 +51,43 @@ pub fn update(
         read(VALUES_SCHEMA).map_err(|e| format!("cannot read {VALUES_SCHEMA}: {e}"))?;
     let mut stale = Vec::new();
     for (path, content) in files(cli, &values_schema)? {
-        if read(path).ok().as_deref() == Some(content.as_str()) {
-            continue;
-        }
-        stale.push(path);
-        if !check_only {
-            let full = root.join(path);
-            if let Some(dir) = full.parent() {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            }
-            std::fs::write(&full, content).map_err(|e| format!("cannot write {path}: {e}"))?;
+        if update_file(root, path, &content, check_only)? {
+            stale.push(path);
         }
     }
     Ok(stale)
 }
 
+/// Whether the file at `path` under `root` differs from `content`; unless `check_only`, one
+/// that differs is written.
+pub fn update_file(
+    root: &std::path::Path,
+    path: &str,
+    content: &str,
+    check_only: bool,
+) -> Result<bool, String> {
+    let full = root.join(path);
+    if std::fs::read_to_string(&full).ok().as_deref() == Some(content) {
+        return Ok(false);
+    }
+    if !check_only {
+        if let Some(dir) = full.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        std::fs::write(&full, content).map_err(|e| format!("cannot write {path}: {e}"))?;
+    }
+    Ok(true)
+}
+
 fn header(source: &str) -> String {
+    header_by(source, REGENERATE)
+}
+
+/// The generated pages' first line: made from `source` by `regenerate`.
+fn header_by(source: &str, regenerate: &str) -> String {
     format!(
-        "<!-- Generated from {source} in the code by `{REGENERATE}` (CONTRIBUTING.md): edit the \
+        "<!-- Generated from {source} in the code by `{regenerate}` (CONTRIBUTING.md): edit the \
          code, not this page. -->\n\n"
     )
 }
@@ -715,14 +733,23 @@ pub fn metrics_page(metrics: &[Metric]) -> String {
 
 /// The command-line reference page: every command that is not hidden, its usage and its
 /// arguments.
-pub fn cli_page(mut cli: clap::Command) -> String {
-    cli.build();
-    let mut out = header("the command-line definitions");
-    out.push_str(
+pub fn cli_page(cli: clap::Command) -> String {
+    command_page(
+        cli,
         "# Command-line reference\n\n\
          `zdelay <command> --help` prints the same; `zdelay man` prints a manual page. The \
          global options work with every command.\n",
-    );
+        REGENERATE,
+    )
+}
+
+/// A command-line page of another binary (the benchmark's): its title and introduction
+/// (`intro`, Markdown), then every command as in [`cli_page`]; the header names
+/// `regenerate`.
+pub fn command_page(mut cli: clap::Command, intro: &str, regenerate: &str) -> String {
+    cli.build();
+    let mut out = header_by("the command-line definitions", regenerate);
+    out.push_str(intro);
     command_section(&cli, &[], &mut out);
     out
 }

@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zdelay::config::{self, Config};
+use zdelay::startup::{GlobalArgs, quiet_clients};
 use zdelay::{Cancelled, Client, ClientError, Due, Routes};
 
 #[derive(Parser)]
@@ -33,22 +34,8 @@ use zdelay::{Cancelled, Client, ClientError, Due, Routes};
              topics, RabbitMQ (AMQP) exchanges and queues, and NATS subjects."
 )]
 pub struct Cli {
-    /// Config file (TOML). Without it: built-in defaults (Redis at 127.0.0.1:6379, one
-    /// route "default" → list queue:default). ZDELAY_<SECTION>__<FIELD> variables override
-    /// either.
-    #[arg(long, global = true, env = "ZDELAY_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Redis URL, over the config file and ZDELAY_REDIS__URL (prefer the variable for a URL
-    /// that carries a password: command lines are visible to other users of the host).
-    #[arg(short = 'u', long, global = true)]
-    pub redis_url: Option<String>,
-    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "zdelay=debug". Logs go to
-    /// stderr.
-    #[arg(long, global = true, env = "ZDELAY_LOG", default_value = "info")]
-    pub log: String,
-    /// Log line format: "text" for people, "json" (one object a line) for log collectors.
-    #[arg(long, global = true, env = "ZDELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub global: GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,35 +47,13 @@ impl Cli {
     /// checks' lines, which already say what each sink found.
     pub fn log_filter(&self) -> String {
         match self.command {
-            Command::CheckConfig { connect: true, .. } if self.log == "info" => {
+            Command::CheckConfig { connect: true, .. } if self.global.log == "info" => {
                 "warn,lapin=off,async_nats=off,rdkafka=off,zdelay::sinks=off,zdelay::metrics=off"
                     .to_owned()
             }
-            _ => quiet_clients(&self.log),
+            _ => quiet_clients(&self.global.log),
         }
     }
-}
-
-/// Broker client libraries whose own lines repeat with every reconnect attempt (async-nats
-/// logs each at INFO, lapin each failed connection at ERROR): the sinks log their outages
-/// once per episode instead. A filter that names the library keeps its level.
-const CLIENT_LEVELS: &[(&str, &str)] = &[("async_nats", "warn"), ("lapin", "off")];
-
-/// `filter` with [`CLIENT_LEVELS`] for the libraries it does not name.
-fn quiet_clients(filter: &str) -> String {
-    let mut filter = filter.to_owned();
-    for (library, level) in CLIENT_LEVELS {
-        if !filter.contains(library) {
-            filter.push_str(&format!(",{library}={level}"));
-        }
-    }
-    filter
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -214,8 +179,6 @@ enum Command {
     /// one, so a crash loses nothing and delivers nothing twice: run the same command again
     /// and it finishes. Without --yes it shows what it would do and asks.
     Upgrade(upgrade::UpgradeArgs),
-    /// Measure throughput and lateness against a Redis (use a scratch Redis or namespace).
-    Bench(zdelay::bench::BenchArgs),
     /// Load and validate the config, then print the effective config (secrets as ***): as
     /// TOML, the config file's own form, or with -o json as JSON; and a summary of sinks and
     /// routes on stderr. Offline unless --connect.
@@ -416,15 +379,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         _ => {}
     }
-    let config = config::load_with_redis_url(cli.config.as_deref(), cli.redis_url.as_deref())?;
-    if config.redis.tls.insecure_skip_verify {
-        tracing::warn!(
-            "redis.tls.insecure_skip_verify = true: the Redis server's certificate is NOT \
-             verified, so anyone on the network path can impersonate it and read the \
-             traffic; use redis.tls.ca_file instead outside tests"
-        );
-    }
-    let origin = ConfigOrigin(cli.config.clone());
+    let config = cli.global.load_config()?;
+    let origin = ConfigOrigin(cli.global.config.clone());
     match cli.command {
         Command::Run => {
             let shutdown = CancellationToken::new();
@@ -457,10 +413,6 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             for line in Routes::from_config(&config).explain() {
                 eprintln!("  {line}");
             }
-            Ok(0)
-        }
-        Command::Bench(args) => {
-            zdelay::bench::run(config, args).await?;
             Ok(0)
         }
         Command::Schedule {
@@ -647,7 +599,6 @@ async fn operate(
         Command::Schedule { action } => schedule::run(client, action).await,
         Command::Run
         | Command::CheckConfig { .. }
-        | Command::Bench(_)
         | Command::Reshard(_)
         | Command::Upgrade(_)
         | Command::Completions { .. }
@@ -749,23 +700,6 @@ fn write_stdout(bytes: &[u8]) -> anyhow::Result<i32> {
     }
 }
 
-/// An error chain as one line, each cause once: libraries often repeat their source's text
-/// in their own message.
-pub fn error_text(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        let message = cause.to_string();
-        if message.is_empty() || text.contains(&message) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&message);
-    }
-    text
-}
-
 /// The exit code for an error that ended a command: 2 when what the user wrote is wrong — a
 /// flag or argument (as clap exits for the ones it checks), the config, or the job, schedule
 /// or selection given — and nothing was done; 1 when something failed on the way.
@@ -800,21 +734,6 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn error_text_names_each_cause_once() {
-        let io = std::io::Error::new(
-            std::io::ErrorKind::ConnectionRefused,
-            "Connection refused (os error 111)",
-        );
-        let e = anyhow::Error::new(io)
-            .context("redis: Connection refused (os error 111)")
-            .context("cannot use redis at redis://127.0.0.1:1");
-        assert_eq!(
-            error_text(&e),
-            "cannot use redis at redis://127.0.0.1:1: redis: Connection refused (os error 111)"
-        );
-    }
 
     #[test]
     fn the_command_line_is_well_formed() {

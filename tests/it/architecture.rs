@@ -1,6 +1,7 @@
 //! The import rules of `docs/internals/architecture.md`, checked on the source: no cycle
-//! between the top-level modules of a crate, nor between the sibling files of a folder, and the
-//! producer crate never names the daemon's modules.
+//! between the top-level modules of a crate, nor between the sibling files of a folder, the
+//! producer crate never names the daemon's modules, the daemon never names the benchmark, and
+//! the benchmark calls the daemon's modules the page lists and no other.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -160,10 +161,87 @@ fn check_crate(src: &Path) {
 }
 
 #[test]
-fn no_import_cycles_in_either_crate() {
+fn no_import_cycles_in_any_crate() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     check_crate(&root.join("src"));
     check_crate(&root.join("crates/zdelay-client/src"));
+    check_crate(&root.join("crates/zdelay-bench/src"));
+}
+
+/// Every `.rs` file under `dir` with its text (a crate's `lib.rs` and `main.rs` both, which
+/// [`modules`] takes for one module).
+fn sources(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read src dir") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("read source");
+                out.push((path, text));
+            }
+        }
+    }
+    out
+}
+
+/// The benchmark is a crate of its own: the daemon's crate neither depends on it nor names
+/// it, so the shipped `zdelay` binary does not contain it.
+#[test]
+fn the_daemon_never_names_the_benchmark() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (path, text) in sources(&root.join("src")) {
+        assert!(
+            !text.contains("zdelay_bench") && !text.contains("mod bench"),
+            "{} names the benchmark",
+            path.display()
+        );
+    }
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("read Cargo.toml");
+    let dependencies = manifest.split("\n[").filter(|table| {
+        table.starts_with("dependencies]") || table.starts_with("dev-dependencies]")
+    });
+    for table in dependencies {
+        assert!(
+            !table.contains("zdelay-bench"),
+            "the zdelay package depends on zdelay-bench: [{table}"
+        );
+    }
+}
+
+/// The daemon's modules the benchmark calls are the ones `docs/internals/architecture.md`
+/// lists for it ("The benchmark calls these modules of the daemon: …"), no more and no less.
+#[test]
+fn the_benchmark_calls_the_daemon_modules_the_page_lists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/internals/architecture.md"))
+        .expect("read architecture.md");
+    const LEAD: &str = "The benchmark calls these modules of the daemon:";
+    let line = page
+        .lines()
+        .find(|l| l.starts_with(LEAD))
+        .unwrap_or_else(|| panic!("architecture.md has no line starting {LEAD:?}"));
+    let listed: BTreeSet<String> = line[LEAD.len()..]
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    let call = regex::Regex::new(r"\bzdelay::([a-z_]+)").unwrap();
+    let called: BTreeSet<String> = sources(&root.join("crates/zdelay-bench/src"))
+        .iter()
+        .flat_map(|(_, text)| {
+            call.captures_iter(text)
+                .map(|c| c[1].to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        called, listed,
+        "the daemon modules zdelay-bench calls (left) differ from architecture.md's list (right)"
+    );
 }
 
 #[test]

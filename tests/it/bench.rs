@@ -1,5 +1,5 @@
-//! `zdelay bench --daemons N`: the bench starts N `zdelay run` processes of its own binary on
-//! the scratch namespace, waits until they poll every shard, measures drain and steady from
+//! `zdelay-bench --daemons N`: the bench starts N `zdelay run` processes of the `zdelay` binary
+//! beside it on the scratch namespace, waits until they poll every shard, measures drain and steady from
 //! outside, stops them with SIGTERM and leaves nothing behind — on one Redis and on a cluster.
 //! `--mode idle` starts one daemon per config and measures it idle. Small numbers: this
 //! checks the machinery, not the machine.
@@ -11,7 +11,7 @@ use std::time::Instant;
 /// Runs the bench with `config` and returns its JSON report.
 fn bench(config: &TestConfig, args: &[&str]) -> Value {
     let started = Instant::now();
-    let out = config.cli(&[&["bench", "--json"][..], args].concat());
+    let out = config.bench(&[&["--json"][..], args].concat());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
     eprintln!("bench took {:?}", started.elapsed());
@@ -154,7 +154,7 @@ fn bench_in_process_on_a_cluster_points_at_daemons() {
         1,
     );
     std::fs::write(&config.path, body).unwrap();
-    let out = config.cli(&["bench", "--mode", "drain"]);
+    let out = config.bench(&["--mode", "drain"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--daemons"), "{err}");

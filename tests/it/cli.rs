@@ -787,8 +787,27 @@ fn completions_and_the_man_page_need_no_config() {
         "{man}"
     );
     assert!(man.contains("enqueue"), "{man}");
-    // Fault-injection flags of the benchmark stay out of --help.
-    let help = run(&["bench", "--help"]);
+}
+
+/// The benchmark is a binary of its own: `zdelay-bench --help` shows its modes and the
+/// options it shares with `zdelay`, and keeps its fault-injection flags out of sight.
+#[test]
+fn the_bench_binary_has_its_own_help() {
+    let out = Command::new(common::bench_bin())
+        .arg("--help")
+        .output()
+        .expect("zdelay-bench runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let help = stdout(&out);
+    for flag in [
+        "--mode",
+        "--daemons",
+        "--zdelay-bin",
+        "--config",
+        "--redis-url",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}: {help}");
+    }
     assert!(!help.contains("hang-pid"), "{help}");
 }
 
@@ -942,11 +961,12 @@ fn help_lists_every_command() {
         "get",
         "stats",
         "dead",
-        "bench",
         "check-config",
     ] {
         assert!(commands.contains(&c), "--help lacks {c}: {text}");
     }
+    // The benchmark is `zdelay-bench`, not part of the shipped binary.
+    assert!(!commands.contains(&"bench"), "--help lists bench: {text}");
     let dead = Command::new(common::zdelay_bin())
         .args(["dead", "--help"])
         .output()

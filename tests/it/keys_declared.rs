@@ -273,7 +273,12 @@ route = "m"
     });
     ok(&["stats"]);
     // The route-lane scripts of storage layout 2 run in the bench's preview of it so far.
-    ok(&["bench", "--mode", "lane", "--jobs", "2000"]);
+    let out = config.bench(&["--mode", "lane", "--jobs", "2000"]);
+    assert!(
+        out.status.success(),
+        "zdelay-bench --mode lane: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The per-id lane calls, which nothing runs yet but the library: in a namespace of their
     // own, so the reshard below meets only its own.
     {

@@ -691,7 +691,7 @@ fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layo
     );
 }
 
-/// `zdelay bench --route` through JetStream: every job confirmed and settled, and the same
+/// `zdelay-bench --route` through JetStream: every job confirmed and settled, and the same
 /// number of messages published directly through async-nats before and after, all of them
 /// in the stream (none dropped as a duplicate of another run), with the ratio reported.
 #[test]
@@ -705,7 +705,7 @@ fn bench_route_compares_the_drain_with_the_brokers_own_client() {
     let (js, stream, prefix) = rt.block_on(make_stream(&url));
     let redis = RedisServer::start();
     let config = TestConfig::new(&redis.url(), 4, &events_route(&url, &prefix));
-    let out = config.cli(&["bench", "--json", "--route", "events", "--jobs", "2000"]);
+    let out = config.bench(&["--json", "--route", "events", "--jobs", "2000"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");

@@ -24,6 +24,20 @@ fn reference_pages_are_current() {
          `cargo run -- gen-docs` or \
          `ZDELAY_BLESS=1 cargo test --test it reference_pages_are_current`, and commit them"
     );
+    // The benchmark's own page, from its binary's command line.
+    let mut cmd = Command::new(crate::common::bench_bin());
+    cmd.args(["--gen-docs", root]);
+    if !bless {
+        cmd.arg("--check");
+    }
+    let out = cmd.output().expect("zdelay-bench --gen-docs runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the benchmark's reference page is stale:\n{said}\nregenerate it with \
+         `cargo run -p zdelay-bench -- --gen-docs .` or \
+         `ZDELAY_BLESS=1 cargo test --test it reference_pages_are_current`, and commit it"
+    );
 }
 
 /// Every label a metric is recorded with in the source is declared in `metrics::METRICS`

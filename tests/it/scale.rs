@@ -914,7 +914,7 @@ fn idle_cost(redis: &RedisServer, shards: u16, extra: &str, targets: &[&str]) ->
     (redis_pct, daemon_pct)
 }
 
-/// The idle-cost bound: 3 % of a core is the aim on a quiet machine (`zdelay bench --mode
+/// The idle-cost bound: 3 % of a core is the aim on a quiet machine (`zdelay-bench --mode
 /// idle`); a shared test machine gets some slack.
 const IDLE_REDIS_PCT: f64 = 5.0;
 

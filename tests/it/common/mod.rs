@@ -233,6 +233,72 @@ pub fn zdelay_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_zdelay"))
 }
 
+/// The benchmark's binary (`crates/zdelay-bench`), built once per test run beside
+/// [`zdelay_bin`] with this build's profile and features: cargo builds only this package's
+/// binaries for its tests, and a stale benchmark would test old code. Its `--daemons` and
+/// `--mode idle` then run the `zdelay` beside it, the binary under test.
+pub fn bench_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let zdelay = zdelay_bin();
+            let dir = zdelay.parent().expect("the binary's directory");
+            let profile = match dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") | None => "dev".to_owned(),
+                Some(other) => other.to_owned(),
+            };
+            let mut cargo = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+            // Without what cargo set for this test process: a build script that watches one
+            // of them (ring's, CARGO_MANIFEST_DIR) would rebuild the dependency tree, and the
+            // next `cargo test` rebuild it back.
+            for (key, _) in std::env::vars_os() {
+                let key = key.to_string_lossy();
+                if key == "OUT_DIR"
+                    || key.starts_with("CARGO_PKG_")
+                    || [
+                        "CARGO_MANIFEST_DIR",
+                        "CARGO_MANIFEST_PATH",
+                        "CARGO_CRATE_NAME",
+                        "CARGO_BIN_NAME",
+                        "CARGO_PRIMARY_PACKAGE",
+                        "CARGO_TARGET_TMPDIR",
+                        "CARGO_RUSTC_CURRENT_DIR",
+                    ]
+                    .contains(&key.as_ref())
+                {
+                    cargo.env_remove(key.as_ref());
+                }
+            }
+            cargo
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "zdelay-bench",
+                    "--bin",
+                    "zdelay-bench",
+                ])
+                .args(["--profile", &profile])
+                .arg("--manifest-path")
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+                .arg("--target-dir")
+                .arg(dir.parent().expect("the target directory"));
+            if cfg!(feature = "test-failpoints") {
+                cargo.args(["--features", "test-failpoints"]);
+            }
+            let out = cargo.output().expect("cargo runs");
+            assert!(
+                out.status.success(),
+                "building zdelay-bench failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let bench = dir.join(format!("zdelay-bench{}", std::env::consts::EXE_SUFFIX));
+            assert!(bench.is_file(), "{} was not built", bench.display());
+            bench
+        })
+        .clone()
+}
+
 /// A config file for tests: `redis.url`, a free admin port, 100 ms idle poll, plus `extra`
 /// TOML (routes, sources, more sections' fields must not repeat `[redis]`/`[admin]`).
 pub struct TestConfig {
@@ -279,6 +345,17 @@ impl TestConfig {
             .env("ZDELAY_LOG", "warn")
             .output()
             .expect("zdelay runs")
+    }
+
+    /// Runs `zdelay-bench --config <this> <args…>` ([`bench_bin`]) and returns its output.
+    pub fn bench(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bench_bin())
+            .arg("--config")
+            .arg(&self.path)
+            .args(args)
+            .env("ZDELAY_LOG", "warn")
+            .output()
+            .expect("zdelay-bench runs")
     }
 }
 

@@ -82,7 +82,14 @@ pub(super) async fn run(env: &mut Env, n: u16) -> anyhow::Result<Fleet> {
     let cluster = env.con.is_cluster();
     let mut nodes = Nodes::connect(&mut env.con, &redis_cfg).await?;
     let out_client = list_client(env, &redis_cfg).await?;
-    let mut daemons = Daemons::spawn(n, &env.config, env.batch, ROUTE, &env.scratch.out)?;
+    let mut daemons = Daemons::spawn(
+        &env.daemon_binary(),
+        n,
+        &env.config,
+        env.batch,
+        ROUTE,
+        &env.scratch.out,
+    )?;
     let mut fleet = Fleet {
         daemons: n as usize,
         pids: daemons.pids(),

@@ -1,11 +1,11 @@
 //! `--route`'s baseline: the broker's own client publishing the same messages with the same
 //! confirms, no Redis in the path. zdelay's rate over this one is what its path costs.
 
-use crate::sinks::IDEMPOTENCY_HEADER;
 use anyhow::{Context, bail};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::time::{Duration, Instant};
+use zdelay::sinks::IDEMPOTENCY_HEADER;
 use zdelay_client::config::{
     AmqpSinkConfig, KafkaKey, KafkaSinkConfig, NatsSinkConfig, SinkConfig,
 };
@@ -118,7 +118,7 @@ async fn kafka(cfg: &KafkaSinkConfig, plan: &Plan<'_>) -> anyhow::Result<Direct>
         if keyed { rec.key(id) } else { rec }
     }
     let producer: FutureProducer =
-        crate::sinks::kafka::client_config(plan.sink, cfg, Duration::from_secs(30)).create()?;
+        zdelay::sinks::kafka::client_config(plan.sink, cfg, Duration::from_secs(30)).create()?;
     let keyed = cfg.key == KafkaKey::Id;
     // Metadata and the producer id first, as the sink's own check does before a drain.
     let warm = record(plan.target, keyed, "warm-up", "warm-up:0", b"x");

@@ -1,7 +1,9 @@
-//! `zdelay bench`: measures the mover against a given Redis, in a scratch namespace.
+//! `zdelay-bench`: measures the mover against a given Redis, in a scratch namespace. A
+//! crate and binary of its own, so that the shipped `zdelay` binary does not carry it; it
+//! drives the daemon's library (`zdelay`) in process and its binary as processes.
 //!
-//! Every mode runs the product's own code in process: the pollers started by
-//! `poller::start`, exactly as the daemon starts them (with a `BatchObserver` that counts
+//! Every mode but `idle` and `--daemons` runs the product's own code in process: the pollers
+//! started by `zdelay::poller::start`, exactly as the daemon starts them (with a `BatchObserver` that counts
 //! moved jobs and adds up the scripts' lateness buckets, and the wake listener where
 //! wake-ups matter), and `Client::enqueue_batch` for envelope jobs. Jobs are loaded (with a
 //! progress bar) before any clock starts: filling a ZSET runs at ~200k/s and must not count.
@@ -30,8 +32,8 @@
 //!   `--jobs` scheduled jobs.
 //!
 //! - `--daemons N` (drain, steady): the same measurements from outside N `zdelay run`
-//!   processes of this binary (`daemons` starts and stops them, `fleet` measures), on one
-//!   Redis or a Redis Cluster.
+//!   processes of the `zdelay` binary (`--zdelay-bin`, else the one beside this binary;
+//!   `daemons` starts and stops them, `fleet` measures), on one Redis or a Redis Cluster.
 //!
 //! Scratch keys: the envelope keys of `--namespace` (default `zdelay-bench`), the bare
 //! layout under `<ns>:bare`, the raw source `<ns>:raw` (and its dead keys) and the list
@@ -63,9 +65,55 @@ mod upgrade;
 
 pub use args::{BenchArgs, Mode};
 
-use crate::poller::{
-    self, BatchObserver, Options, Owned, Ownership, PollerContext, Pollers, Target, TargetId,
-};
+/// The benchmark's command-line reference page, written by `zdelay-bench --gen-docs`.
+pub const REFERENCE_PAGE: &str = "docs/reference/bench.md";
+/// How to regenerate [`REFERENCE_PAGE`], for its header and the freshness test's message.
+pub const REGENERATE: &str = "cargo run -p zdelay-bench -- --gen-docs .";
+
+/// The `zdelay-bench` command line.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "zdelay-bench",
+    version,
+    about = "Measure zdelay's throughput, lateness, memory and idle cost against a Redis (use a \
+             scratch Redis or namespace)."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: zdelay::startup::GlobalArgs,
+    #[command(flatten)]
+    pub bench: BenchArgs,
+    /// Write the benchmark's command-line reference page under this repository root instead
+    /// of measuring; with --check, only say whether it differs (exit 1).
+    #[arg(long, value_name = "ROOT", hide = true)]
+    pub gen_docs: Option<std::path::PathBuf>,
+    /// With --gen-docs: check only.
+    #[arg(long, requires = "gen_docs", hide = true)]
+    pub check: bool,
+}
+
+/// The benchmark's command-line reference page as it should be.
+pub fn reference_page() -> String {
+    zdelay::reference::command_page(
+        <Cli as clap::CommandFactory>::command(),
+        "# Benchmark command line\n\n\
+         `zdelay-bench` is the project's benchmark, a binary of its own (not in the `zdelay` \
+         image): build it from the repository with `cargo build --release -p zdelay-bench`. \
+         `zdelay-bench --help` prints the same. It takes the same config file, `ZDELAY_…` \
+         variables and global options as `zdelay`; `--daemons` and `--mode idle` start \
+         `zdelay run` processes of the `zdelay` binary beside it (or `--zdelay-bin`). What \
+         each mode measures and the figures: [Benchmarks](../operations/benchmarks.md).\n",
+        REGENERATE,
+    )
+}
+
+/// `--gen-docs ROOT [--check]`: whether the page under `root` was stale (and, unless
+/// `check_only`, has been written).
+pub fn gen_docs(root: &std::path::Path, check_only: bool) -> anyhow::Result<bool> {
+    zdelay::reference::update_file(root, REFERENCE_PAGE, &reference_page(), check_only)
+        .map_err(anyhow::Error::msg)
+}
+
 use anyhow::{bail, ensure};
 use load::MIN_PAYLOAD;
 use measure::{clock_offset_ms, local_now_ms, read_first_line};
@@ -74,6 +122,9 @@ use scratch::Scratch;
 use std::sync::Arc;
 use tally::Tally;
 use tokio_util::sync::CancellationToken;
+use zdelay::poller::{
+    self, BatchObserver, Options, Owned, Ownership, PollerContext, Pollers, Target, TargetId,
+};
 use zdelay_client::Client;
 use zdelay_client::config::{Config, RouteConfig, SourceConfig, redact_url};
 use zdelay_client::store::scripts::{self, MoveReply};
@@ -159,7 +210,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         bail!(
             "redis.cluster_nodes is set: the in-process modes need one Redis (their bare \
              baselines and raw source push across slots); on a cluster run \
-             `zdelay bench --daemons N --mode drain|steady`"
+             `zdelay-bench --daemons N --mode drain|steady`"
         );
     }
     let scratch = Scratch::new(&args.namespace, shards);
@@ -181,7 +232,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     let now_ms = store::server_time_ms(&mut con).await?;
-    let live = crate::stats::instances(&mut con, &scratch.keys, now_ms).await?;
+    let live = zdelay::stats::instances(&mut con, &scratch.keys, now_ms).await?;
     if !live.is_empty() {
         bail!(
             "{} daemon(s) run on namespace {:?} ({}): they would move the bench's jobs; stop \
@@ -236,7 +287,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         sinks: Default::default(),
     };
     if env.args.beside.is_some() {
-        env.sinks = crate::sinks::build_all(&env.config)?;
+        env.sinks = zdelay::sinks::build_all(&env.config)?;
     }
     env.clock_offset_ms = clock_offset_ms(&mut env.con).await?;
 
@@ -377,10 +428,15 @@ struct Env {
     /// Redis clock minus the local clock, ms (0 on the same host).
     clock_offset_ms: i64,
     /// The config's two-phase sinks, when a mode publishes through one (`--beside`).
-    sinks: crate::sinks::Sinks,
+    sinks: zdelay::sinks::Sinks,
 }
 
 impl Env {
+    /// The `zdelay` binary that `--daemons` and `--mode idle` run.
+    fn daemon_binary(&self) -> std::path::PathBuf {
+        daemons::zdelay_binary(self.args.zdelay_bin.as_deref())
+    }
+
     /// Configures `routes` local routes: the bench route and `routes - 1` idle ones onto
     /// lists of their own (see `idle::extra_routes`).
     fn set_routes(&mut self, routes: usize) {

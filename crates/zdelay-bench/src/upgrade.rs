@@ -31,7 +31,7 @@ pub(super) async fn upgrade(env: &mut Env) -> anyhow::Result<UpgradeBench> {
     )
     .await?;
     let keys = env.scratch.keys.clone();
-    crate::app::register_lanes(&mut env.con, &env.config, &keys, 2).await?;
+    zdelay::app::register_lanes(&mut env.con, &env.config, &keys, 2).await?;
     let registry = lanes::read_registry(&mut env.con, &keys).await?;
 
     status(&format!(

@@ -594,7 +594,7 @@ pub(super) fn render(r: &Report) -> String {
     let mut s = String::new();
     let m = &r.machine;
     let st = &r.settings;
-    let _ = writeln!(s, "zdelay bench {} ({})", m.zdelay_version, m.build);
+    let _ = writeln!(s, "zdelay-bench {} ({})", m.zdelay_version, m.build);
     let _ = writeln!(
         s,
         "machine: {} cpus ({}), {} RAM, load avg {} at start, {} at end",

@@ -1,5 +1,6 @@
-//! `--daemons N`: `zdelay run` processes of this very binary, started for a measurement and
-//! stopped after it.
+//! `--daemons N`: `zdelay run` processes, started for a measurement and stopped after it. The
+//! binary is `--zdelay-bin`, else the `zdelay` beside this one (cargo builds both into one
+//! directory), else `zdelay` on the `PATH` ([`zdelay_binary`]).
 //!
 //! Each gets the same generated config ([`daemon_config`]): the bench's Redis or cluster, the
 //! scratch namespace and shard count, the bench's poller settings, the one route `bench`
@@ -17,13 +18,13 @@
 
 use super::load::status;
 use super::measure::process_cpu;
-use crate::stats::Instance;
 use anyhow::{Context, bail};
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use zdelay::stats::Instance;
 use zdelay_client::config::Config;
 use zdelay_client::keys::Keys;
 use zdelay_client::store::{self, Conn};
@@ -46,7 +47,7 @@ pub(super) fn daemon_config(
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "# written by zdelay bench --daemons; deleted after the run\n"
+        "# written by zdelay-bench --daemons; deleted after the run\n"
     );
     let _ = writeln!(t, "[redis]");
     let _ = writeln!(t, "url = {}", q(&r.url));
@@ -121,20 +122,22 @@ pub(super) struct Daemons {
 }
 
 impl Daemons {
-    /// Starts `n` daemons of this binary on `config` (the bench's, already on the scratch
-    /// namespace with its route onto `list`).
+    /// Starts `n` daemons of the `zdelay` binary `exe` on `config` (the bench's, already on the
+    /// scratch namespace with its route onto `list`).
     pub(super) fn spawn(
+        exe: &Path,
         n: u16,
         config: &Config,
         batch: usize,
         route: &str,
         list: &str,
     ) -> anyhow::Result<Daemons> {
-        Self::spawn_with(n, config, batch, route, list, "")
+        Self::spawn_with(exe, n, config, batch, route, list, "")
     }
 
     /// [`Daemons::spawn`] with `extra` appended to their config (see [`daemon_config`]).
     pub(super) fn spawn_with(
+        exe: &Path,
         n: u16,
         config: &Config,
         batch: usize,
@@ -142,7 +145,6 @@ impl Daemons {
         list: &str,
         extra: &str,
     ) -> anyhow::Result<Daemons> {
-        let exe = std::env::current_exe().context("the path of this zdelay binary")?;
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
@@ -171,7 +173,7 @@ impl Daemons {
             )?;
             daemons.admins.push(admin);
             let log = std::fs::File::create(daemons.log_path(i as usize))?;
-            let mut cmd = Command::new(&exe);
+            let mut cmd = Command::new(exe);
             for (key, _) in std::env::vars_os() {
                 if key.to_string_lossy().starts_with("ZDELAY_") {
                     cmd.env_remove(&key);
@@ -188,7 +190,13 @@ impl Daemons {
                 .stdout(log.try_clone()?)
                 .stderr(log)
                 .spawn()
-                .with_context(|| format!("starting {} run", exe.display()))?;
+                .with_context(|| {
+                    format!(
+                        "starting {} run (build the daemon with `cargo build --release --bin \
+                         zdelay`, or name it with --zdelay-bin)",
+                        exe.display()
+                    )
+                })?;
             daemons.children.push(child);
         }
         let pids: Vec<String> = daemons.pids().iter().map(u32::to_string).collect();
@@ -249,7 +257,7 @@ impl Daemons {
         loop {
             self.check_running()?;
             let now = store::server_time_ms(con).await?;
-            let last = crate::stats::instances(con, &self.keys, now).await?;
+            let last = zdelay::stats::instances(con, &self.keys, now).await?;
             let ready = match self.layout {
                 1 => all_polled(&last, n, self.keys.shards(), self.per_shard),
                 _ => lane_polled(&last, n, self.per_shard),
@@ -358,6 +366,24 @@ fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The `zdelay` binary the daemons run: `given` (`--zdelay-bin`), else the `zdelay` in this
+/// binary's directory, else the one on the `PATH`.
+pub(super) fn zdelay_binary(given: Option<&Path>) -> PathBuf {
+    if let Some(path) = given {
+        return path.to_path_buf();
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            Some(
+                exe.parent()?
+                    .join(format!("zdelay{}", std::env::consts::EXE_SUFFIX)),
+            )
+        })
+        .filter(|path| path.is_file());
+    beside.unwrap_or_else(|| PathBuf::from("zdelay"))
 }
 
 #[cfg(test)]

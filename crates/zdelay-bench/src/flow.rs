@@ -10,9 +10,9 @@ use super::lane::{load_lane, register, stored_id};
 use super::load::{backlog_due, status};
 use super::measure::{llen, redis_cpu_at};
 use super::report::{FlowBench, FlowCase, KeyBurst, Throughput};
-use crate::metrics::LATENESS_BOUNDS_MS;
 use anyhow::ensure;
 use std::time::{Duration, Instant};
+use zdelay::metrics::LATENESS_BOUNDS_MS;
 use zdelay_client::config::RouteFlow;
 use zdelay_client::store::scripts::{self, Held, MoveLane};
 

@@ -8,14 +8,14 @@
 use super::load::{load_envelopes, status};
 use super::report::{ConsoleBench, ConsoleTiming};
 use super::{Env, ROUTE};
-use crate::admin::{self, Console, Health};
-use crate::stats::{self, Horizon};
 use anyhow::{Context, ensure};
 use futures::{StreamExt, TryStreamExt};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+use zdelay::admin::{self, Console, Health};
+use zdelay::stats::{self, Horizon};
 use zdelay_client::schedules::{NewSchedule, Repeat};
 use zdelay_client::store;
 use zdelay_client::{NewJob, OnConflict};
@@ -119,7 +119,7 @@ pub(super) async fn console(env: &mut Env) -> anyhow::Result<ConsoleBench> {
     let shutdown = CancellationToken::new();
     let server = admin::serve(
         &admin_cfg,
-        crate::metrics::install(),
+        zdelay::metrics::install(),
         Arc::new(Health::default()),
         console,
         shutdown.clone(),

@@ -1,7 +1,7 @@
 //! `idle`: what a daemon with nothing due costs Redis and itself, for a config of N local
 //! routes, M raw sources or S shards.
 //!
-//! Each case starts one `zdelay run` of this binary (`daemons`) on a config of its own: the
+//! Each case starts one `zdelay run` (`daemons`) on a config of its own: the
 //! bench route plus `routes - 1` more local routes onto lists of their own, and `sources` raw
 //! sources of the bench route (`<ns>:idle:<i>`, never written), at `--shards`. It waits
 //! until every shard is polled and the daemon's `zdelay_wakeups_confirmed` gauges say the
@@ -202,8 +202,15 @@ async fn idle_case(env: &mut Env, routes: usize, sources: usize) -> anyhow::Resu
         &source_keys(&env.args.namespace, sources),
         with_sink.then_some(env.config.redis.url.as_str()),
     );
-    let mut daemon =
-        Daemons::spawn_with(1, &env.config, env.batch, ROUTE, &env.scratch.out, &extra)?;
+    let mut daemon = Daemons::spawn_with(
+        &env.daemon_binary(),
+        1,
+        &env.config,
+        env.batch,
+        ROUTE,
+        &env.scratch.out,
+        &extra,
+    )?;
     let measured = measure_case(env, &mut daemon, routes, sources).await;
     if measured.is_err() {
         daemon.keep_logs();

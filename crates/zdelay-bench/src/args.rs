@@ -1,4 +1,4 @@
-//! `zdelay bench` arguments.
+//! `zdelay-bench` arguments.
 
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ pub enum Mode {
     Upgrade,
 }
 
-/// Options of `zdelay bench`.
+/// Options of `zdelay-bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// What to measure.
@@ -112,7 +112,7 @@ pub struct BenchArgs {
     /// How long --hang-pid stays stopped.
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration, hide = true)]
     pub hang: Duration,
-    /// Drain and steady through N `zdelay run` processes of this binary instead of pollers
+    /// Drain and steady through N `zdelay run` processes (see --zdelay-bin) instead of pollers
     /// in this process: the bench writes them a config for the scratch namespace (same
     /// Redis or cluster, free admin ports on 127.0.0.1), waits until the registry shows N
     /// live instances with every shard polled, measures from outside (the list's length,
@@ -120,6 +120,10 @@ pub struct BenchArgs {
     /// (`redis.cluster_nodes`); envelope jobs only.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub daemons: Option<u16>,
+    /// The `zdelay` binary that --daemons and --mode idle run (default: the `zdelay` in this
+    /// binary's directory, else the one on the PATH).
+    #[arg(long, value_name = "PATH")]
+    pub zdelay_bin: Option<std::path::PathBuf>,
     /// Instead of the modes: confirmed messages/s through this configured two-phase route
     /// (Kafka, AMQP, NATS or remote Redis), `--jobs` jobs all due, with the daemon's
     /// pollers and the route's real sink (claim → publish → broker confirmation → ack).

@@ -4,11 +4,11 @@ use super::Env;
 use super::direct::{self, Direct, Plan};
 use super::load::{MIN_PAYLOAD, load_envelopes_to};
 use super::measure::{process_cpu, redis_cpu, total_size};
-use crate::poller::{self, Options, Ownership, PollerContext};
 use anyhow::Context;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use zdelay::poller::{self, Options, Ownership, PollerContext};
 use zdelay_client::routes::Resolved;
 
 /// `--route`: throughput of one two-phase route, end to end.
@@ -35,7 +35,7 @@ pub(super) struct SinkDrainReport {
 }
 
 pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<SinkDrainReport> {
-    let sinks = crate::sinks::build_all(&env.config)?;
+    let sinks = zdelay::sinks::build_all(&env.config)?;
     let mut ctx = PollerContext::new(env.con.clone(), &env.config, sinks);
     ctx.mover.batch = env.batch.min(1000);
     let dest = match ctx.routes.resolve(route) {

@@ -5,10 +5,10 @@ use super::measure::{del, llen, redis_cpu};
 use super::report::{CheckedBaseline, Drain, Throughput};
 use super::tally::Tally;
 use super::{ENVELOPE_RATIO_TARGET, Env, RAW_CHECKED_RATIO_TARGET, RAW_RATIO_TARGET};
-use crate::metrics::LATENESS_BOUNDS_MS;
 use anyhow::{Context, ensure};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use zdelay::metrics::LATENESS_BOUNDS_MS;
 use zdelay_client::store::scripts;
 
 pub(super) async fn drain_raw(env: &mut Env) -> anyhow::Result<Drain> {
