@@ -586,6 +586,7 @@ target = "q:r"
 
 /// Fires what is due in `id`'s shard at `now` (explicit: tests drive time), then moves what
 /// is due at `now` to the lists; returns the occurrences written as jobs.
+#[cfg(feature = "test-failpoints")]
 fn fire_and_move(
     rt: &tokio::runtime::Runtime,
     lib: &Client,

@@ -755,10 +755,11 @@ impl Client {
             if started.elapsed() > UPGRADE_WAIT {
                 return Err(ClientError::LaneRefused {
                     what: id.to_owned(),
-                    detail: "its route's list moved to another hash slot and the job is still in the \
+                    detail:
+                        "its route's list moved to another hash slot and the job is still in the \
                              route's old lane: a daemon with the new config moves it when it \
                              starts"
-                        .to_owned(),
+                            .to_owned(),
                 });
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
