@@ -79,8 +79,15 @@ burst = 10
         ),
     )
     .on_layout_2();
-    // Two daemons share the spread shards, and the route's one bucket.
+    // Two daemons share the spread shards, and the route's one bucket. The rate is measured
+    // once they share them out: while both hold a shard, one's mover may queue jobs its
+    // publisher then hands over, and the other's publisher finds them only at its idle poll.
     let daemons = [Daemon::start(&config), Daemon::start_instance(&config)];
+    wait_for("the shards shared out", Duration::from_secs(15), || {
+        daemons
+            .iter()
+            .all(|d| d.log_text().contains("poller slots rebalanced instances=2"))
+    });
     let got = listen(&rt, &url, &format!("{prefix}.limited"));
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
     let due = redis_now_ms(&mut redis.conn()) + 300;
