@@ -490,6 +490,26 @@ pub struct LaneKeys {
 }
 
 impl LaneKeys {
+    /// The keys that hold a lane's jobs, dead letters and schedules, in the order the scripts
+    /// that move a lane's content (`upgrade_put_lane`, `relocate_drop_lane`) take them first.
+    pub fn held(&self) -> [&String; 13] {
+        [
+            &self.due,
+            &self.jobs,
+            &self.meta,
+            &self.maxlate,
+            &self.large,
+            &self.dead,
+            &self.reasons,
+            &self.history,
+            &self.schedules,
+            &self.sched_env,
+            &self.sched_due,
+            &self.sched_fired,
+            &self.sched_quarantine,
+        ]
+    }
+
     pub fn new(namespace: &str, tag: &str, route: &str) -> Self {
         let key = |kind: &str| format!("{namespace}:{{{tag}}}:{kind}:{route}");
         LaneKeys {

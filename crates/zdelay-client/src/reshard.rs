@@ -474,22 +474,9 @@ pub async fn reshard(
         ))
         .into());
     }
-    let (from, resumed) = match schema.migrating {
-        Some((from, unfinished)) if unfinished == to => (from, true),
-        Some((from, unfinished)) => {
-            return Err(ReshardError::OtherReshard {
-                namespace: namespace.to_owned(),
-                from,
-                to: unfinished,
-            });
-        }
-        None if shards == to => {
-            return Ok(Outcome::AlreadyDone {
-                namespace: namespace.to_owned(),
-                shards,
-            });
-        }
-        None => (shards, false),
+    let (from, resumed) = match run_of(namespace, shards, to, schema.migrating)? {
+        Ok(run) => run,
+        Err(done) => return Ok(done),
     };
     let old = Keys::new(namespace, from);
     let new = Keys::new(namespace, to);
@@ -702,6 +689,32 @@ async fn existing(con: &Conn, names: Vec<String>) -> Result<Vec<String>, Reshard
         .zip(exists)
         .filter_map(|(name, e)| e.then_some(name))
         .collect())
+}
+
+/// Which run a reshard to `to` is, from the unfinished one the schema records (`(from, to)`):
+/// `(from, resumed)`, or the outcome when there is nothing to do. Another unfinished target
+/// is refused.
+// Called once per command: the error's size costs nothing here.
+#[allow(clippy::result_large_err)]
+pub(crate) fn run_of(
+    namespace: &str,
+    shards: u16,
+    to: u16,
+    unfinished: Option<(u16, u16)>,
+) -> Result<Result<(u16, bool), Outcome>, ReshardError> {
+    match unfinished {
+        Some((from, target)) if target == to => Ok(Ok((from, true))),
+        Some((from, target)) => Err(ReshardError::OtherReshard {
+            namespace: namespace.to_owned(),
+            from,
+            to: target,
+        }),
+        None if shards == to => Ok(Err(Outcome::AlreadyDone {
+            namespace: namespace.to_owned(),
+            shards,
+        })),
+        None => Ok(Ok((shards, false))),
+    }
 }
 
 /// Every key of a shard that holds jobs, in [`Counts`] order.

@@ -72,22 +72,9 @@ async fn reshard_spread(
 ) -> Result<Outcome, ReshardError> {
     let mut con = con.clone();
     let to = opts.to;
-    let (from, resumed) = match schema.resharding {
-        Some((from, unfinished)) if unfinished == to => (from, true),
-        Some((from, unfinished)) => {
-            return Err(ReshardError::OtherReshard {
-                namespace: namespace.to_owned(),
-                from,
-                to: unfinished,
-            });
-        }
-        None if shards == to => {
-            return Ok(Outcome::AlreadyDone {
-                namespace: namespace.to_owned(),
-                shards,
-            });
-        }
-        None => (shards, false),
+    let (from, resumed) = match reshard::run_of(namespace, shards, to, schema.resharding)? {
+        Ok(run) => run,
+        Err(done) => return Ok(done),
     };
     let old = Keys::for_layout(namespace, from, 2);
     let new = Keys::for_layout(namespace, to, 2);

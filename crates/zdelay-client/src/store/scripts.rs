@@ -2216,25 +2216,11 @@ pub async fn upgrade_put_lane(
 ) -> redis::RedisResult<Put> {
     let k = &lane.keys;
     let mut inv = Call::new(&compiled::upgrade_put_lane);
-    for key in [
-        &k.due,
-        &k.jobs,
-        &k.meta,
-        &k.maxlate,
-        &k.large,
-        &k.dead,
-        &k.reasons,
-        &k.history,
-        &k.schedules,
-        &k.sched_env,
-        &k.sched_due,
-        &k.sched_fired,
-        &k.sched_quarantine,
-        &k.transit_in,
-        &k.relocating,
-        &k.marker,
-        &k.unique,
-    ] {
+    for key in k
+        .held()
+        .into_iter()
+        .chain([&k.transit_in, &k.relocating, &k.marker, &k.unique])
+    {
         inv.key(key);
     }
     inv.arg(lane.marker()).arg(lock.unwrap_or(""));
@@ -2480,26 +2466,11 @@ pub async fn relocate_drop_lane(
     ids: &[Vec<u8>],
 ) -> redis::RedisResult<u64> {
     let mut inv = Call::new(&compiled::relocate_drop_lane);
-    for key in [
-        &k.due,
-        &k.jobs,
-        &k.meta,
-        &k.maxlate,
-        &k.large,
-        &k.dead,
-        &k.reasons,
-        &k.history,
-        &k.schedules,
-        &k.sched_env,
-        &k.sched_due,
-        &k.sched_fired,
-        &k.sched_quarantine,
-        &k.windows,
-        &k.transit_in,
-        &k.flow,
-        &k.marker,
-        &k.unique,
-    ] {
+    for key in
+        k.held()
+            .into_iter()
+            .chain([&k.windows, &k.transit_in, &k.flow, &k.marker, &k.unique])
+    {
         inv.key(key);
     }
     inv.arg(marker);
