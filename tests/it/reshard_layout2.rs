@@ -496,31 +496,63 @@ fn layout_2_reshards_its_spread_shards_online_on_a_redis_cluster() {
     reshard_online(Place::Cluster(RedisCluster::start()));
 }
 
+/// A layout-2 namespace of 4 spread shards with one remote-Redis route `r` (list `q:r` on
+/// `remote`), a daemon delivering it and a library client; `extra` goes before the sink.
+struct RemoteRoute {
+    redis: RedisServer,
+    remote: RedisServer,
+    config: TestConfig,
+    daemon: Daemon,
+    rt: tokio::runtime::Runtime,
+    lib: Client,
+}
+
+impl RemoteRoute {
+    fn start(extra: &str) -> Self {
+        let redis = RedisServer::start();
+        let remote = RedisServer::start();
+        let config = TestConfig::new(
+            &redis.url(),
+            4,
+            &format!(
+                "{extra}[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"r\"\nsink = \"other\"\ntarget = \"q:r\"\n",
+                remote.url()
+            ),
+        )
+        .on_layout_2();
+        let daemon = Daemon::start(&config);
+        let rt = crate::common::runtime();
+        let lib = rt
+            .block_on(Client::connect(&crate::common::redis_config(
+                &redis.url(),
+                4,
+            )))
+            .expect("library client");
+        RemoteRoute {
+            redis,
+            remote,
+            config,
+            daemon,
+            rt,
+            lib,
+        }
+    }
+}
+
 /// A reshard held right after its fence (nothing moved yet): a lookup by id of a two-phase job
 /// still in its old shard waits for it and then fails with a retryable error, never "not
 /// found"; once the move runs, the same calls find the job in its new shard. Enqueues follow
 /// the new count at once.
 #[test]
 fn lookups_by_id_wait_while_a_held_reshard_has_not_moved_the_job() {
-    let redis = RedisServer::start();
-    let remote = RedisServer::start();
-    let config = TestConfig::new(
-        &redis.url(),
-        4,
-        &format!(
-            "[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"r\"\nsink = \"other\"\ntarget = \"q:r\"\n",
-            remote.url()
-        ),
-    )
-    .on_layout_2();
-    let daemon = Daemon::start(&config);
-    let rt = crate::common::runtime();
-    let lib = rt
-        .block_on(Client::connect(&crate::common::redis_config(
-            &redis.url(),
-            4,
-        )))
-        .expect("library client");
+    let RemoteRoute {
+        redis,
+        remote: _remote,
+        config,
+        daemon,
+        rt,
+        lib,
+    } = RemoteRoute::start("");
     for id in ["keep", "cancel", "reschedule"] {
         rt.block_on(lib.enqueue(
             NewJob::new("r", id).id(id).after(Duration::from_secs(3600)),
@@ -602,25 +634,14 @@ fn lookups_by_id_wait_while_a_held_reshard_has_not_moved_the_job() {
 #[test]
 fn a_killed_online_reshard_runs_again_to_the_end_with_each_job_delivered_once() {
     const JOBS: usize = 3_000;
-    let redis = RedisServer::start();
-    let remote = RedisServer::start();
-    let config = TestConfig::new(
-        &redis.url(),
-        4,
-        &format!(
-            "[poller]\nidle_poll = \"50ms\"\n\n[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"r\"\nsink = \"other\"\ntarget = \"q:r\"\n",
-            remote.url()
-        ),
-    )
-    .on_layout_2();
-    let daemon = Daemon::start(&config);
-    let rt = crate::common::runtime();
-    let lib = rt
-        .block_on(Client::connect(&crate::common::redis_config(
-            &redis.url(),
-            4,
-        )))
-        .expect("library client");
+    let RemoteRoute {
+        redis,
+        remote,
+        config,
+        daemon,
+        rt,
+        lib,
+    } = RemoteRoute::start("[poller]\nidle_poll = \"50ms\"\n\n");
     let mut con = redis.conn();
     let base = crate::common::redis_now_ms(&mut con) + 1_500;
     let jobs: Vec<NewJob> = (0..JOBS)
