@@ -249,7 +249,7 @@ impl PollerContext {
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
             routes,
             sources,
-            storage_layout: zdelay_client::keys::LAYOUT_VERSION,
+            storage_layout: zdelay_client::keys::LEGACY_LAYOUT,
             route_lanes: Vec::new(),
             sinks,
             sink_order,

@@ -158,7 +158,7 @@ impl Daemons {
             layout: config
                 .redis
                 .layout
-                .unwrap_or(zdelay_client::keys::LAYOUT_VERSION),
+                .unwrap_or(zdelay_client::keys::NEWEST_LAYOUT),
             per_shard: config.poller.per_shard,
             heartbeat: config.poller.slot_lease / 5,
             grace: config.poller.shutdown_grace,

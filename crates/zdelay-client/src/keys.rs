@@ -8,11 +8,11 @@
 
 use crc::{CRC_16_XMODEM, Crc};
 
-/// The storage layout a new namespace gets unless `redis.layout` says otherwise.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Storage layout 1: every job in one of the namespace's shards. A new namespace gets it only
+/// when `redis.layout = 1` asks; `zdelay upgrade` moves one to [`NEWEST_LAYOUT`].
+pub const LEGACY_LAYOUT: u32 = 1;
 
-/// The newest storage layout this build reads and writes (layout 2, route lanes, is a
-/// preview: see `lane`).
+/// The newest storage layout, and the one a new namespace gets: route lanes (see `lane`).
 pub const NEWEST_LAYOUT: u32 = 2;
 
 const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_XMODEM);

@@ -37,7 +37,7 @@
 //! unfinished) and finishes it. Nothing here prints: progress goes to a callback.
 
 use crate::config::MAX_SHARDS;
-use crate::keys::{Keys, LAYOUT_VERSION};
+use crate::keys::{Keys, LEGACY_LAYOUT};
 use crate::store::scripts::{self, PutMode, ScanKind, StoredJob};
 use crate::store::{self, Conn, Layout, StoreError};
 use futures::{StreamExt, TryStreamExt};
@@ -466,10 +466,10 @@ pub async fn reshard(
     let (Some(layout), Some(shards)) = (&schema.layout, schema.shards) else {
         return Err(ReshardError::NoSchema(namespace.to_owned()));
     };
-    if *layout != LAYOUT_VERSION.to_string() {
+    if *layout != LEGACY_LAYOUT.to_string() {
         // Layout 2's spread shards move online: `reshard_spread`, which runs this for layout 1.
         return Err(StoreError::Unsupported(format!(
-            "{} says layout {layout}: this moves layout-{LAYOUT_VERSION} shards only",
+            "{} says layout {layout}: this moves layout-{LEGACY_LAYOUT} shards only",
             probe.schema()
         ))
         .into());

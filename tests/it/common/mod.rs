@@ -325,15 +325,41 @@ impl TestConfig {
         }
     }
 
-    /// The same config with `redis.layout = 2` (a new namespace on storage layout 2).
+    /// The same config with `redis.layout = 2`: what a new namespace gets anyway, said
+    /// explicitly.
     pub fn on_layout_2(self) -> Self {
+        self.on_layout(2)
+    }
+
+    /// The same config with `redis.layout = 1`: a new namespace on the legacy layout, for what
+    /// only reads layout 1 (`zdelay upgrade`, layout 1's reshard).
+    pub fn on_layout_1(self) -> Self {
+        self.on_layout(1)
+    }
+
+    fn on_layout(self, layout: u32) -> Self {
         let body = std::fs::read_to_string(&self.path).expect("config");
         std::fs::write(
             &self.path,
-            body.replacen("[redis]\n", "[redis]\nlayout = 2\n", 1),
+            body.replacen("[redis]\n", &format!("[redis]\nlayout = {layout}\n"), 1),
         )
         .expect("config");
         self
+    }
+
+    /// The config file, loaded as the daemon loads it.
+    pub fn load(&self) -> zdelay::config::Config {
+        zdelay::config::load(Some(&self.path)).expect("the test config loads")
+    }
+
+    /// A library client with this config's routes, creating the namespace if needed: like a
+    /// producer deployed with the config, it registers a route's lane itself when no daemon
+    /// has yet.
+    pub fn client(&self, rt: &tokio::runtime::Runtime) -> zdelay::Client {
+        let cfg = self.load();
+        rt.block_on(zdelay::Client::connect(&cfg.redis))
+            .expect("library client connects")
+            .with_routes(zdelay::routes::Routes::from_config(&cfg))
     }
 
     /// Runs a CLI command with this config and returns its output.

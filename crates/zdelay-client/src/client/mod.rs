@@ -14,7 +14,7 @@
 use crate::config::RedisConfig;
 use crate::envelope::{Envelope, EnvelopeError, validate_dest};
 pub use crate::job::{Cancelled, Due, Enqueued, JobState, OnConflict};
-use crate::keys::{Keys, LAYOUT_VERSION, NEWEST_LAYOUT};
+use crate::keys::{Keys, LEGACY_LAYOUT, NEWEST_LAYOUT};
 use crate::routes::{Refused, Routes};
 use crate::store::scripts::{self, EnqueueCall, EnqueueItem, EnvelopeHead, PEEK_HEAD_MAX};
 use crate::store::{self, Conn, Layout, StoreError};
@@ -540,7 +540,7 @@ impl Client {
         if self.lane_book().is_some() {
             2
         } else {
-            LAYOUT_VERSION
+            LEGACY_LAYOUT
         }
     }
 

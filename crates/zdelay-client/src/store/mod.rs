@@ -16,7 +16,7 @@ pub mod relocate;
 pub mod scripts;
 
 use crate::config::{RedisConfig, redact_url};
-use crate::keys::{Keys, LAYOUT_VERSION, NEWEST_LAYOUT};
+use crate::keys::{Keys, LEGACY_LAYOUT, NEWEST_LAYOUT};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
@@ -153,7 +153,7 @@ fn refuse_newer(
     if newer_layout || newer_build {
         return Err(StoreError::LayoutTooNew {
             namespace: keys.namespace().to_owned(),
-            layout: layout_number.unwrap_or(LAYOUT_VERSION),
+            layout: layout_number.unwrap_or(LEGACY_LAYOUT),
             min_version,
         });
     }
@@ -829,7 +829,7 @@ pub fn server_name(info: &std::collections::HashMap<String, String>) -> String {
     }
 }
 
-/// Creates `<ns>:schema` if missing (on layout `want`, else [`LAYOUT_VERSION`]) and checks it
+/// Creates `<ns>:schema` if missing (on layout `want`, else [`NEWEST_LAYOUT`]) and checks it
 /// matches this build and, on layout 1, `keys`' shard count; returns the namespace's layout
 /// and shard count (on layout 2 the stored one: `zdelay reshard` changes it online, so
 /// `keys`' count is only what a new namespace gets). Refuses a
@@ -860,7 +860,7 @@ pub async fn ensure_schema(
     let mut fields: Fields = pipe.query_async(con).await?;
     // Before writing anything: a newer layout's schema gets no layout-1 field.
     refuse_newer(keys, fields.0.as_deref(), fields.3.as_deref())?;
-    let create = want.unwrap_or(LAYOUT_VERSION);
+    let create = want.unwrap_or(NEWEST_LAYOUT);
     if fields.0.is_none() || fields.1.is_none() {
         // Written only when missing, so a producer whose ACL may only read the schema
         // connects to a namespace a daemon created (HSETNX needs write access even when it
