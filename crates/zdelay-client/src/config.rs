@@ -716,13 +716,12 @@ pub struct RedisConfig {
     /// with `zdelay reshard --to N`.
     #[schemars(range(min = 1, max = 16384))]
     pub shards: u16,
-    /// Storage layout a new namespace is created with: 1, or 2 (a preview: each local route's
-    /// jobs, dead letters and schedules in a route lane in its list's hash slot, so local
-    /// routes are exactly once on a Redis Cluster too; two-phase routes in spread shards; no
-    /// `zdelay reshard`). An existing namespace keeps its own layout until `zdelay upgrade`
-    /// moves it to 2, and a value set here must match it: leave it unset where a namespace
-    /// will be upgraded under running processes. Default: unset (follow the namespace; a new
-    /// one gets layout 1).
+    /// Storage layout of a new namespace. Leave it unset: a new namespace gets layout 2 (route
+    /// lanes: each local route's jobs, dead letters and schedules in the hash slot of its
+    /// list, exactly once on a Redis Cluster too; two-phase routes in spread shards), and an
+    /// existing one keeps the layout it records until `zdelay upgrade` moves it to 2. A value
+    /// set here must match the namespace's. `1` creates a new namespace on the legacy layout
+    /// 1, which later versions read only to upgrade it. Default: unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 2))]
     pub layout: Option<u32>,

@@ -1,5 +1,5 @@
-//! `Client` on a namespace on storage layout 2 (a preview): every job is for a local route and
-//! lives in that route's lane, in the hash slot of the route's list (see `lane`).
+//! `Client` on a namespace on storage layout 2 (every new namespace's): every job is for a local
+//! route and lives in that route's lane, in the hash slot of the route's list (see `lane`).
 //!
 //! Producers place a job by its destination through the lane registry (`<ns>:lanes`, written
 //! by daemons at start), cached here and read again when a lane script refuses a call
