@@ -250,9 +250,11 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: WAKEUPS,
         kind: Kind::Counter,
-        labels: &[label_of("cause", &["enqueue", "keyspace"])],
+        labels: &[label_of("cause", &["enqueue", "keyspace", "queued"])],
         help: "Poller wake-ups received, by cause.",
-        details: "",
+        details: "`queued`: another daemon's mover queued jobs for a two-phase sink in a shard \
+                  this daemon also publishes (both poll it: `poller.per_shard = 2`, or a \
+                  hand-over).",
     },
     Metric {
         name: WAKEUPS_CONFIRMED,

@@ -214,7 +214,10 @@ impl Supervisor {
             .map(|part| {
                 let part = part.as_ref()?;
                 let wake = Arc::new(tokio::sync::Notify::new());
-                // Woken by the shard's mover; its fallback sleep follows the shard's wake-ups.
+                self.wakers
+                    .register_publisher(shard, &part.name, wake.clone());
+                // Woken by the shard's mover, or another daemon's through the wake channel;
+                // its fallback sleep follows the shard's wake-ups.
                 self.tracker.spawn(publisher::run(
                     self.ctx.clone(),
                     shard,

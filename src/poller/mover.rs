@@ -299,6 +299,32 @@ impl Backoff {
     }
 }
 
+/// Tells the other daemons' publishers of a shard that its mover queued jobs for them
+/// (`queued`, in `ctx.sink_order`): while two daemons poll the shard, either's publisher may be
+/// the one to claim them. Sent on the side; a lost message costs an idle poll.
+fn announce_queued(ctx: &Arc<PollerContext>, wake: &Waker, queued: &[u64]) {
+    let messages: Vec<String> = queued
+        .iter()
+        .zip(&ctx.sink_order)
+        .filter_map(|(n, part)| (*n > 0).then_some(part.as_ref()?))
+        .filter_map(|part| wake.queued_message(&part.name))
+        .collect();
+    if messages.is_empty() {
+        return;
+    }
+    let channel = ctx.keys.wake_channel();
+    let mut con = ctx.con.clone();
+    tokio::spawn(async move {
+        let mut pipe = redis::pipe();
+        for message in &messages {
+            pipe.publish(&channel, message).ignore();
+        }
+        if let Err(e) = pipe.query_async::<()>(&mut con).await {
+            tracing::debug!(error = %e, "announcing queued jobs failed; other publishers poll");
+        }
+    });
+}
+
 /// Moves from `target` until `stop`. `publishers`: for a shard, the `Notify` of its
 /// publisher for each two-phase sink, in `ctx.sink_order` (`None` where none runs).
 pub async fn run(
@@ -373,6 +399,7 @@ pub async fn run(
                         publisher.notify_one();
                     }
                 }
+                announce_queued(&ctx, &wake, &reply.queued);
                 if let Some(at) = reply.next_schedule_ms
                     && at.saturating_mul(1000) <= reply.now_us
                 {

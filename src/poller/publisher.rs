@@ -66,6 +66,7 @@ pub async fn run(
     // A flow part's last claim found it empty, and no wake-up came since: while its bound
     // holds, it waits for a wake-up instead of asking the destination every recheck.
     let mut found_empty = false;
+    zdelay_client::failpoint::hold("publisher_start").await;
     while !stop.is_cancelled() {
         if sink.is_paused() {
             tokio::select! {

@@ -1,7 +1,10 @@
 //! Wake-ups: a pub/sub listener that wakes a poller when its head may have changed.
 //!
 //! `enqueue_jobs`, `reschedule_job`, `replay_dead` and `settle_jobs` publish
-//! `"<shard> <due ms>"` on `<ns>:wake` when they create a new head. Raw sources are watched
+//! `"<shard> <due ms>"` on `<ns>:wake` when they create a new head. A mover that queued jobs
+//! for a two-phase part publishes `"q<shard> <origin> <part>"`: while two daemons poll a shard
+//! (`poller.per_shard = 2`, or a hand-over), the other daemon's publisher of that part may be
+//! the one to claim them, and would otherwise find them only at its idle poll. Raw sources are watched
 //! through keyspace notifications (`__keyspace@<db>__:<key>`), which Redis sends only when
 //! the server has `notify-keyspace-events` including `Kz`; without them raw sources rely on
 //! the idle poll. After every (re)subscribe all pollers are woken, since wake-ups may have
@@ -62,6 +65,10 @@ pub struct Wakers {
     /// A subscription ended (or was not confirmed) since the sampler last asked: wake-ups
     /// may have been missed, so `lane_writes` does not tell which lanes were written.
     lane_writes_unsure: AtomicBool,
+    /// The running publishers of each shard, by part (`ReadyPart::name`).
+    publishers: RwLock<HashMap<u16, Vec<(String, Arc<Notify>)>>>,
+    /// Marks this process's own "queued" messages, which it has acted on already.
+    origin: std::sync::OnceLock<String>,
 }
 
 /// A poller's side of the wake-ups: what wakes it, and how long it may sleep without one.
@@ -74,6 +81,14 @@ pub struct Waker {
 impl Waker {
     pub async fn notified(&self) {
         self.notify.notified().await
+    }
+
+    /// For a shard's mover: the wake message saying it queued jobs for `part`.
+    pub fn queued_message(&self, part: &str) -> Option<String> {
+        match self.id {
+            TargetId::Shard(shard) => Some(self.wakers.queued_message(shard, part)),
+            TargetId::Source(_) | TargetId::Lane(_) => None,
+        }
     }
 
     /// The longest sleep without a wake-up: `min` until wake-ups are known to reach this
@@ -96,6 +111,55 @@ impl Waker {
 }
 
 impl Wakers {
+    /// Registers the publisher of `part` in `shard`, woken by `notify` when another daemon's
+    /// mover queued jobs there.
+    pub fn register_publisher(&self, shard: u16, part: &str, notify: Arc<Notify>) {
+        self.publishers
+            .write()
+            .expect("publishers lock is never poisoned")
+            .entry(shard)
+            .or_default()
+            .push((part.to_owned(), notify));
+    }
+
+    /// What a mover publishes on the wake channel after it queued jobs for `part` of `shard`.
+    pub fn queued_message(&self, shard: u16, part: &str) -> String {
+        format!("q{shard} {} {part}", self.origin())
+    }
+
+    fn origin(&self) -> &str {
+        self.origin
+            .get_or_init(|| format!("{:016x}", rand::random::<u64>()))
+    }
+
+    /// Wakes `shard`'s publisher of `part` for another daemon's "queued" message.
+    fn wake_queued(&self, payload: &str) -> bool {
+        let Some((shard, rest)) = payload.strip_prefix('q').and_then(|p| p.split_once(' ')) else {
+            return false;
+        };
+        let Some((origin, part)) = rest.split_once(' ') else {
+            return false;
+        };
+        let Ok(shard) = shard.parse::<u16>() else {
+            return false;
+        };
+        if origin == self.origin() {
+            return false;
+        }
+        let publishers = self
+            .publishers
+            .read()
+            .expect("publishers lock is never poisoned");
+        let mut woken = false;
+        for (name, notify) in publishers.get(&shard).into_iter().flatten() {
+            if name == part {
+                notify.notify_one();
+                woken = true;
+            }
+        }
+        woken
+    }
+
     /// Registers a poller and returns the `Notify` it waits on.
     pub fn register(&self, id: &TargetId) -> Arc<Notify> {
         let notify = Arc::new(Notify::new());
@@ -181,6 +245,12 @@ impl Wakers {
         if self.write().remove(id).is_some() && matches!(id, TargetId::Lane(_)) {
             self.lanes.fetch_sub(1, Ordering::Relaxed);
         }
+        if let TargetId::Shard(shard) = id {
+            self.publishers
+                .write()
+                .expect("publishers lock is never poisoned")
+                .remove(shard);
+        }
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<TargetId, Arc<Notify>>> {
@@ -210,6 +280,12 @@ impl Wakers {
             let payload = String::from_utf8_lossy(msg.get_payload_bytes());
             if payload == PROBE {
                 return true;
+            }
+            if payload.starts_with('q') {
+                if self.wake_queued(&payload) {
+                    ::metrics::counter!(WAKEUPS, "cause" => "queued").increment(1);
+                }
+                return false;
             }
             // "<shard> <due>" (layout 1) or "l<lane> <due>" (a route lane, layout 2).
             let name = payload.split(' ').next().unwrap_or_default();
@@ -405,6 +481,7 @@ fn notify_flags_cover_zsets(flags: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
 
     #[test]
     fn zset_keyspace_events_need_k_and_z_or_a() {
@@ -441,6 +518,36 @@ mod tests {
             source.idle(min, max),
             max,
             "the server sends every source's events"
+        );
+    }
+
+    #[test]
+    fn a_queued_message_wakes_another_daemons_publisher_of_that_part_only() {
+        let (here, there) = (Wakers::default(), Wakers::default());
+        let (bus, flow, other_shard) = (
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+        );
+        there.register_publisher(3, "bus", bus.clone());
+        there.register_publisher(3, "bus:limited", flow.clone());
+        there.register_publisher(4, "bus", other_shard.clone());
+        let message = here.queued_message(3, "bus:limited");
+        assert!(!here.wake_queued(&message), "a daemon ignores its own");
+        assert!(there.wake_queued(&message));
+        let woken = |n: &Notify| n.notified().now_or_never().is_some();
+        assert!(woken(&flow));
+        assert!(
+            !woken(&bus) && !woken(&other_shard),
+            "only that part of that shard"
+        );
+        for bad in ["q", "q3", "q3 x", "qx y bus", "q99999 y bus", "q3 y nobody"] {
+            assert!(!there.wake_queued(bad), "{bad:?}");
+        }
+        there.remove(&TargetId::Shard(3));
+        assert!(
+            !there.wake_queued(&message),
+            "a stopped shard's publishers are gone"
         );
     }
 

@@ -79,9 +79,8 @@ burst = 10
         ),
     )
     .on_layout_2();
-    // Two daemons share the spread shards, and the route's one bucket. The rate is measured
-    // once they share them out: while both hold a shard, one's mover may queue jobs its
-    // publisher then hands over, and the other's publisher finds them only at its idle poll.
+    // Two daemons share the spread shards, and the route's one bucket; the rate is measured
+    // once they have shared them out.
     let daemons = [Daemon::start(&config), Daemon::start_instance(&config)];
     wait_for("the shards shared out", Duration::from_secs(15), || {
         daemons

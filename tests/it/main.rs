@@ -52,6 +52,7 @@ mod two_phase;
 mod unique;
 mod upgrade;
 mod user_errors;
+mod wake;
 
 #[test]
 fn harness_starts_redis_and_daemon() {
