@@ -47,6 +47,9 @@ const FALLBACK_POLLERS: usize = 16;
 /// (a cluster node cut off from the others) can cost at most.
 const LONGEST_FALLBACK: Duration = Duration::from_secs(60);
 
+/// A running publisher of a shard: its part's name and what wakes it.
+type PartPublisher = (String, Arc<Notify>);
+
 /// One `Notify` per running poller, registered and removed by the supervisor, and what is
 /// known about the wake-ups reaching them.
 #[derive(Default)]
@@ -66,7 +69,7 @@ pub struct Wakers {
     /// may have been missed, so `lane_writes` does not tell which lanes were written.
     lane_writes_unsure: AtomicBool,
     /// The running publishers of each shard, by part (`ReadyPart::name`).
-    publishers: RwLock<HashMap<u16, Vec<(String, Arc<Notify>)>>>,
+    publishers: RwLock<HashMap<u16, Vec<PartPublisher>>>,
     /// Marks this process's own "queued" messages, which it has acted on already.
     origin: std::sync::OnceLock<String>,
 }
