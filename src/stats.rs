@@ -10,7 +10,7 @@ use crate::poller::{self, TargetId};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
-use zdelay_client::config::{Config, ScoreUnit};
+use zdelay_client::config::{Config, LOCAL_SINK, RouteConfig, ScoreUnit};
 use zdelay_client::keys::Keys;
 use zdelay_client::lane::Lane;
 use zdelay_client::routes::Routes;
@@ -44,13 +44,14 @@ pub struct Stats {
     pub waiting: Vec<SinkWaiting>,
     /// The daemons registered on the namespace and the targets each one polls.
     pub instances: Vec<Instance>,
-    /// Routes with flow control (a `rate` or a `max_length`, storage layout 2): whether each
-    /// holds back due work now, and since when.
+    /// Routes with flow control (a `rate` or a `max_length`, storage layout 2), local and
+    /// two-phase: whether each holds back due work now, and since when.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub flow: Vec<RouteFlowState>,
 }
 
-/// A flow-controlled route as its lane's flow state says.
+/// A flow-controlled route as its flow state says (its lane's, or a two-phase route's
+/// `take_flow` hash).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RouteFlowState {
     pub route: String,
@@ -287,7 +288,8 @@ pub async fn gather_sampled(
         })
         .collect();
     let instances = instances(con, &keys, now_ms).await?;
-    let flow = flow_states(con, config, &route_lanes).await?;
+    let mut flow = flow_states(con, config, &route_lanes).await?;
+    flow.extend(two_phase_flow_states(con, config, &keys).await?);
     Ok(Stats {
         now_ms,
         shards,
@@ -321,13 +323,7 @@ async fn flow_states(
             .arg("held_by")
             .query_async(con)
             .await?;
-        // A hold an older build began names no cause: the route's only limit, else its rate.
-        let by = held.map(|_| {
-            by.unwrap_or_else(|| match (&route.rate, route.max_length) {
-                (None, Some(_)) => "max_length".to_owned(),
-                _ => "rate".to_owned(),
-            })
-        });
+        let by = held.map(|_| by.unwrap_or_else(|| held_by_default(route)));
         out.push(RouteFlowState {
             route: route.name.clone(),
             rate: route.rate.clone(),
@@ -339,6 +335,56 @@ async fn flow_states(
         });
     }
     Ok(out)
+}
+
+/// The flow state of each two-phase route with flow control (storage layout 2): held since
+/// the earliest hold of its part in any spread shard (`take_flow`), one `HGETALL` each.
+async fn two_phase_flow_states(
+    con: &mut Conn,
+    config: &Config,
+    keys: &Keys,
+) -> redis::RedisResult<Vec<RouteFlowState>> {
+    let mut out = Vec::new();
+    for route in &config.routes {
+        if route.sink == LOCAL_SINK || route.flow().is_none() {
+            continue;
+        }
+        let fields: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(keys.route_flow(&route.name))
+            .query_async(con)
+            .await?;
+        let earliest = fields
+            .iter()
+            .filter_map(|(field, value)| {
+                let shard = field.strip_prefix('h')?;
+                Some((value.parse::<i64>().ok()?, shard))
+            })
+            .min();
+        out.push(RouteFlowState {
+            route: route.name.clone(),
+            rate: route.rate.clone(),
+            max_length: route.max_length,
+            key_header: route.key_header.clone(),
+            key_rate: route.key_rate.clone(),
+            held_since_ms: earliest.map(|(since, _)| since),
+            held_by: earliest.map(|(_, shard)| {
+                fields
+                    .get(&format!("b{shard}"))
+                    .cloned()
+                    .unwrap_or_else(|| held_by_default(route))
+            }),
+        });
+    }
+    Ok(out)
+}
+
+/// What holds a route whose hold an older build began, naming no cause: its only limit,
+/// else its rate.
+fn held_by_default(route: &RouteConfig) -> String {
+    match (&route.rate, route.max_length) {
+        (None, Some(_)) => "max_length".to_owned(),
+        _ => "rate".to_owned(),
+    }
 }
 
 /// The keys whose shards hold jobs, and the route lanes: on storage layout 2 the spread

@@ -247,6 +247,27 @@ max_length = 50
         longest = longest.max(llen(&mut far));
     }
     assert_eq!(longest, 50, "the list never grows past its bound");
+    // Held, as `zdelay stats` and the daemon's gauge say.
+    let held_by = |config: &TestConfig| {
+        let out = config.cli(&["stats", "--json"]);
+        let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats json");
+        let route = stats["flow"]
+            .as_array()
+            .and_then(|f| f.iter().find(|r| r["route"] == "bounded").cloned())
+            .unwrap_or_else(|| panic!("no flow row for the route: {stats}"));
+        (route["held_by"].clone(), route["held_since_ms"].is_i64())
+    };
+    assert_eq!(
+        held_by(&config),
+        (serde_json::json!("max_length"), true),
+        "held by its bound"
+    );
+    wait_for("the route-held gauge", Duration::from_secs(10), || {
+        daemon.metric(
+            "zdelay_route_held",
+            &[("route", "bounded"), ("by", "max_length")],
+        ) == 1.0
+    });
     // A consumer drains it: everything arrives, once each, never over the bound.
     let mut got: Vec<String> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -274,6 +295,9 @@ max_length = 50
         Duration::from_secs(10),
         || daemon.metric("zdelay_deferred_total", &[("route", "bounded")]) > 0.0,
     );
+    wait_for("the route flows again", Duration::from_secs(10), || {
+        held_by(&config) == (serde_json::Value::Null, false)
+    });
 }
 
 /// A route to a RabbitMQ queue with `max_length = 20`: the queue fills to 20 messages and

@@ -10,7 +10,8 @@
 -- KEYS[1] flow HASH  {zdelay}:flow:<route>  "tokens" and "at" (the bucket, refilled at ms
 --                                            "at"), "h<shard>" (ms the route's part in spread
 --                                            shard <shard> has been held since, by its rate or
---                                            its bound; absent: flowing there), "lock"
+--                                            its bound; absent: flowing there), "b<shard>"
+--                                            (what holds it: "rate" or "max_length"), "lock"
 --                                            ("<token> <until ms>": the admission lock)
 -- ARGV[1] the spread shard
 -- ARGV[2] want: jobs the caller would claim now (0: take none, only give back)
@@ -34,7 +35,7 @@
 -- yes for a give back of 0.
 
 local flow_key = KEYS[1]
-local held_field = 'h' .. ARGV[1]
+local held_field, by_field = 'h' .. ARGV[1], 'b' .. ARGV[1]
 local want, give_back, found = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local now_ms
 if ARGV[5] ~= '' then
@@ -49,11 +50,11 @@ local token, lock_ms, release = ARGV[8], tonumber(ARGV[9]), ARGV[10] == '1'
 local state = redis.call('HMGET', flow_key, 'tokens', 'at', held_field, 'lock')
 local held_since = state[3]
 if found == 'caught_up' and held_since then
-  redis.call('HDEL', flow_key, held_field)
+  redis.call('HDEL', flow_key, held_field, by_field)
   held_since = nil
 elseif found == 'held' and not held_since then
   held_since = string.format('%d', now_ms)
-  redis.call('HSET', flow_key, held_field, held_since)
+  redis.call('HSET', flow_key, held_field, held_since, by_field, 'max_length')
 end
 local writes = {}
 if token ~= '' then
@@ -82,6 +83,8 @@ if rate then
       held_since = string.format('%d', now_ms)
       writes[#writes + 1] = held_field
       writes[#writes + 1] = held_since
+      writes[#writes + 1] = by_field
+      writes[#writes + 1] = 'rate'
     end
   end
   -- %.17g: read back exactly (tostring keeps 14 digits).

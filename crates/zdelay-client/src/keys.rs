@@ -229,8 +229,8 @@ impl Keys {
     }
 
     /// HASH: a two-phase route's rate bucket, shared by every spread shard and daemon
-    /// (`take_flow.lua`): "tokens", "at", and "h<shard>" while its part in spread shard
-    /// <shard> is held. In the registry's slot: one key per route, one call per claim.
+    /// (`take_flow.lua`): "tokens", "at", and "h<shard>" (since when) and "b<shard>" (by what)
+    /// while its part in spread shard <shard> is held. In the registry's slot: one key per route, one call per claim.
     pub fn route_flow(&self, route: &str) -> String {
         format!("{{{}}}:flow:{route}", self.namespace)
     }
