@@ -1073,7 +1073,12 @@ push = "rpush"
     assert_eq!(lrange(&mut rcon, "q:j"), expected);
     common::wait_spread_settled(&mut con, 2, Duration::from_secs(10));
     assert_shards_empty(&mut con, 2);
-    assert_eq!(data_keys(&mut con), set(&["zdelay:schema"]));
+    // Left: the shard's claim counter (never deleted) and the sinks' states.
+    let lease_seq = keys.shard(shard).lease_seq;
+    assert_eq!(
+        data_keys(&mut con),
+        set(&["zdelay:schema", &lease_seq, "{zdelay}:sinks"])
+    );
 }
 
 /// Script calls (`EVALSHA`) the server has run since it started.
