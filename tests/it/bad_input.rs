@@ -4,8 +4,8 @@
 //! enqueues fail with a message naming the field and write nothing.
 
 use crate::common::{
-    self, Daemon, RedisServer, TestConfig, all_keys, llen, lrange, metric_value, process_cpu,
-    redis_config, redis_now_ms, script_calls, wait_for, zdelay_bin,
+    self, Daemon, RedisServer, TestConfig, all_keys, data_keys, lane_keys, llen, lrange,
+    metric_value, process_cpu, redis_config, redis_now_ms, script_calls, wait_for, zdelay_bin,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -96,6 +96,16 @@ name = "wrong"
 sink = "local"
 target = "q:wrong"
 "#;
+
+/// A two-phase route `far` to a remote Redis sink (`remote`, a second server), list `q:far`:
+/// its jobs live in the spread shards, as `zd1` frames.
+fn remote_route(remote: &RedisServer) -> String {
+    format!(
+        "\n[sinks.remote]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"far\"\nsink = \
+         \"remote\"\ntarget = \"q:far\"\npush = \"rpush\"\n",
+        remote.url()
+    )
+}
 
 fn poller_section() -> String {
     format!("[poller]\nidle_poll = \"{IDLE_POLL_MS}ms\"\nmax_payload = {MAX_PAYLOAD}\n")
@@ -502,7 +512,7 @@ route = "wrong"
     let string: String = redis::cmd("GET").arg("q:wrong").query(&mut con).unwrap();
     assert_eq!(string, "i am a string");
     assert_eq!(
-        all_keys(&mut con),
+        data_keys(&mut con),
         set(&[
             "zdelay:schema",
             "q:other",
@@ -533,8 +543,8 @@ route = "wrong"
     }
 
     assert_alive(&daemon);
-    // One shard poller and four source pollers.
-    assert_no_hot_spin(&mut con, &daemon, 5);
+    // One spread shard's poller, one per route lane (three routes) and four source pollers.
+    assert_no_hot_spin(&mut con, &daemon, 1 + 3 + 4);
 
     // Fix the key, replay its source: delivered. Replaying the misdated member gives it a
     // correct score (now), so it is delivered too.
@@ -556,7 +566,7 @@ route = "wrong"
     assert_eq!(llen(&mut con, "q:other"), 5);
     // The other dead members stay where they are.
     assert_eq!(
-        all_keys(&mut con),
+        data_keys(&mut con),
         set(&[
             "zdelay:schema",
             "q:other",
@@ -691,21 +701,28 @@ fn cli_enqueue_refuses_unknown_destination_and_oversize_writing_nothing() {
     let out = config.cli(&["enqueue", "--dest", "good", "--in", "1h", "--payload", "x"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let id = stdout(&out).trim().to_owned();
-    let keys = Keys::new("zdelay", 2);
-    assert_eq!(zcard(&mut con, &keys.due(keys.shard_of(&id))), 1);
+    assert!(id.starts_with('~'), "a generated id names its lane: {id}");
+    assert_eq!(zcard(&mut con, &lane_keys("good", "q:good").due), 1);
 }
 
 #[test]
 fn corrupt_zd1_frame_lengths_go_to_dead_not_to_the_list() {
     // The Rust decoder (`Envelope::decode`, used by `zdelay get`) rejects these frames as
-    // malformed; the mover must agree instead of delivering a cut or empty payload.
+    // malformed; the mover must agree instead of delivering a cut or empty payload. On storage
+    // layout 2 frames are what the spread shards hold: the jobs of a two-phase route (here a
+    // remote Redis, a second server).
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 1, &format!("{}{ROUTES}", poller_section()));
+    let remote = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        1,
+        &format!("{}{ROUTES}{}", poller_section(), remote_route(&remote)),
+    );
     let mut con = redis.conn();
-    let keys = Keys::new("zdelay", 1);
+    let keys = Keys::for_layout("zdelay", 1, 2);
     let frames: [(&str, &[u8]); 2] = [
-        ("meta-past-end", b"zd1:good\n50\n{\"a\":1}"),
-        ("meta-negative", b"zd1:good\n-3\npayload"),
+        ("meta-past-end", b"zd1:far\n50\n{\"a\":1}"),
+        ("meta-negative", b"zd1:far\n-3\npayload"),
     ];
     for (id, frame) in frames {
         assert!(
@@ -726,13 +743,13 @@ fn corrupt_zd1_frame_lengths_go_to_dead_not_to_the_list() {
     pipe.exec(&mut con).unwrap();
     let _daemon = Daemon::start(&config);
     wait_for("both frames handled", Duration::from_secs(10), || {
-        zcard(&mut con, &keys.due(0)) == 0
+        zcard(&mut con, &keys.dead(0)) == 2
     });
     assert_eq!(
-        llen(&mut con, "q:good"),
+        llen(&mut remote.conn(), "q:far"),
         0,
         "nothing delivered: {:?}",
-        lrange(&mut con, "q:good")
+        lrange(&mut remote.conn(), "q:far")
     );
     let reasons: BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(keys.reasons(0))
@@ -746,6 +763,7 @@ fn corrupt_zd1_frame_lengths_go_to_dead_not_to_the_list() {
             ("meta-past-end".to_owned(), bad)
         ])
     );
+    assert_eq!(zcard(&mut con, &keys.due(0)), 0);
 }
 
 #[test]
@@ -758,13 +776,22 @@ fn dead_replay_all_replays_each_job_once_even_if_it_dies_again() {
     let client = rt
         .block_on(Client::connect(&redis_config(&redis.url(), 1)))
         .unwrap();
-    let jobs: Vec<NewJob> = (0..JOBS)
-        .map(|i| NewJob::new("nowhere", format!("p{i}")))
-        .collect();
-    rt.block_on(client.enqueue_batch(jobs, OnConflict::Error))
+    // Jobs that die at every delivery: their route's list is a string. (A destination no
+    // route names is refused at enqueue on storage layout 2, so it cannot be that.)
+    redis::cmd("SET")
+        .arg("q:wrong")
+        .arg("i am a string")
+        .exec(&mut con)
         .unwrap();
-    let dead = Keys::new("zdelay", 1).dead(0);
     let _daemon = Daemon::start(&config);
+    let jobs: Vec<NewJob> = (0..JOBS)
+        .map(|i| NewJob::new("wrong", format!("p{i}")))
+        .collect();
+    let results = rt
+        .block_on(client.enqueue_batch(jobs, OnConflict::Error))
+        .unwrap();
+    assert!(results.iter().all(|r| r.is_ok()), "every job enqueued");
+    let dead = lane_keys("wrong", "q:wrong").dead;
     wait_for("all dead", Duration::from_secs(10), || {
         zcard(&mut con, &dead) == JOBS as u64
     });
@@ -796,7 +823,7 @@ fn dead_replay_all_replays_each_job_once_even_if_it_dies_again() {
     assert!(
         dead_reasons(&rt, &client)
             .values()
-            .all(|r| r == "unknown destination: nowhere")
+            .all(|r| r == "WRONGTYPE: q:wrong holds a string, not a list")
     );
 }
 
@@ -920,7 +947,8 @@ target = "q"
     let config = TestConfig::new(&redis.url(), 2, &extra);
     let daemon = Daemon::spawn(&config);
     let rt = common::runtime();
-    let client = common::client(&rt, &redis.url(), 2);
+    // Given the config, as the daemon may not have registered the routes yet.
+    let client = config.client(&rt);
     let jobs: Vec<NewJob> = ["a", "n", "k", "r"]
         .iter()
         .flat_map(|dest| (0..5).map(move |i| NewJob::new(*dest, format!("{dest}-{i}"))))
@@ -974,6 +1002,6 @@ target = "q"
         assert_eq!(job.envelope.unwrap().meta.attempt, 0, "{id}");
     }
     let mut con = redis.conn();
-    assert_eq!(common::shard_total(&mut con, 2, "dead"), 0);
+    assert_eq!(common::spread_total(&mut con, 2, "dead"), 0);
     drop((http, tls));
 }
