@@ -780,14 +780,14 @@ pub fn all_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<Strin
 
 /// [`all_keys`] without what a layout-2 namespace keeps however many jobs it holds: the lane
 /// registry (`zdelay:lanes`), the lane markers (`zdelay:{t}:lane:<route>`), the spread shards'
-/// markers (`zdelay:{t}:s<k>:lane`) and the layout-1 shards' markers that fence old builds
+/// markers (`zdelay:{t}:s<k>:shards`) and the layout-1 shards' markers that fence old builds
 /// (`{zdelay:<k>}:shards`): what is left is job data and the tests' own keys.
 pub fn data_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<String> {
     all_keys(con)
         .into_iter()
         .filter(|k| {
             !(k == "zdelay:lanes"
-                || (k.starts_with("zdelay:{") && (k.contains("}:lane:") || k.ends_with(":lane")))
+                || (k.starts_with("zdelay:{") && (k.contains("}:lane:") || k.ends_with(":shards")))
                 || (k.starts_with("{zdelay:") && k.ends_with("}:shards")))
         })
         .collect()
