@@ -383,13 +383,17 @@ pub async fn register_lanes(
         config.sinks.get(&route.sink).is_some_and(|s| s.is_local())
     };
     for route in &config.routes {
-        let was = match (is_local(route), &registry) {
-            (true, r) if r.two_phase.contains_key(&route.name) => "two-phase",
-            (false, r) if r.by_route.contains_key(&route.name) => "local (a route lane)",
+        let (was, is) = match (is_local(route), &registry) {
+            (true, r) if r.two_phase.contains_key(&route.name) => {
+                ("two-phase", "local (a route lane)")
+            }
+            (false, r) if r.by_route.contains_key(&route.name) => {
+                ("local (a route lane)", "two-phase")
+            }
             _ => continue,
         };
         anyhow::bail!(
-            "namespace {} is on storage layout {layout}; route {} was {was} here and is not \
+            "namespace {} is on storage layout {layout}; route {} was {was} here and is {is} \
              in this config: moving a route's waiting jobs between a route lane and the spread \
              shards is not built yet; give the changed route a new name",
             keys.namespace(),

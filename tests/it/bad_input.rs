@@ -4,8 +4,8 @@
 //! enqueues fail with a message naming the field and write nothing.
 
 use crate::common::{
-    self, Daemon, RedisServer, TestConfig, all_keys, llen, lrange, metric_value, process_cpu,
-    redis_config, redis_now_ms, script_calls, wait_for, zdelay_bin,
+    self, Daemon, RedisServer, TestConfig, all_keys, data_keys, lane_keys, llen, lrange,
+    metric_value, process_cpu, redis_config, redis_now_ms, script_calls, wait_for, zdelay_bin,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -97,23 +97,47 @@ sink = "local"
 target = "q:wrong"
 "#;
 
+/// A two-phase route `far` to a remote Redis sink (`remote`, a second server), list `q:far`:
+/// its jobs live in the spread shards, as `zd1` frames.
+fn remote_route(remote: &RedisServer) -> String {
+    format!(
+        "\n[sinks.remote]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"far\"\nsink = \
+         \"remote\"\ntarget = \"q:far\"\npush = \"rpush\"\n",
+        remote.url()
+    )
+}
+
 fn poller_section() -> String {
     format!("[poller]\nidle_poll = \"{IDLE_POLL_MS}ms\"\nmax_payload = {MAX_PAYLOAD}\n")
 }
 
 #[test]
 fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
-    // One shard and everything seeded before the daemon starts: the good and the bad jobs
-    // are in the same move batch.
+    // One spread shard and everything seeded before the daemon starts: the good and the bad
+    // jobs of a home (a route's lane, the spread shard) are in the same move batch. On storage
+    // layout 2 a local route's lane holds raw payloads (what can be wrong there: a payload
+    // over max_payload, an id without one, a list of the wrong type), and the spread shards
+    // hold the two-phase jobs as envelopes (what can be wrong there: the envelope itself).
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 1, &format!("{}{ROUTES}", poller_section()));
+    let remote = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        1,
+        &format!("{}{ROUTES}{}", poller_section(), remote_route(&remote)),
+    );
     let mut con = redis.conn();
+    let mut rcon = remote.conn();
     let rt = common::runtime();
-    let client = rt
-        .block_on(Client::connect(&redis_config(&redis.url(), 1)))
-        .unwrap();
-    let keys = Keys::new("zdelay", 1);
-    let (due, jobs, dead, reasons) = (keys.due(0), keys.jobs(0), keys.dead(0), keys.reasons(0));
+    // A producer given the config: it registers the routes' lanes (no daemon yet).
+    let client = config.client(&rt);
+    let spread = Keys::for_layout("zdelay", 1, 2);
+    let (due, jobs, dead, reasons) = (
+        spread.due(0),
+        spread.jobs(0),
+        spread.dead(0),
+        spread.reasons(0),
+    );
+    let (good, wrong) = (lane_keys("good", "q:good"), lane_keys("wrong", "q:wrong"));
     redis::cmd("SET")
         .arg("q:wrong")
         .arg("i am a string")
@@ -122,16 +146,25 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
 
     let seeded_at = redis_now_ms(&mut con);
     let past = seeded_at - 1_000;
-    // Through the library (which, without `with_destinations`, accepts any destination).
+    // A destination no route names is refused at enqueue, writing nothing.
+    let refused = rt.block_on(client.enqueue(
+        NewJob::new("nowhere", "lost?").id("unknown-dest").at(past),
+        OnConflict::Error,
+    ));
+    assert!(
+        matches!(&refused, Err(zdelay::ClientError::UnknownDestination { dest, .. }) if dest == "nowhere"),
+        "{refused:?}"
+    );
+    // Through the library.
     let exact_max = vec![b'm'; MAX_PAYLOAD];
     let library = vec![
         NewJob::new("good", "good-1").id("good-1"),
         NewJob::new("other", "other-1").id("other-1"),
         NewJob::new("good", exact_max.clone()).id("good-max"),
-        NewJob::new("nowhere", "lost?").id("unknown-dest"),
         NewJob::new("wrong", "w1").id("wrongtype-1"),
         NewJob::new("wrong", "w2").id("wrongtype-2"),
         NewJob::new("other", "other-2").id("other-2"),
+        NewJob::new("far", "far-1").id("far-1"),
     ];
     let results = rt
         .block_on(client.enqueue_batch(
@@ -139,47 +172,59 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
             OnConflict::Error,
         ))
         .unwrap();
-    assert!(results.iter().all(|r| r.is_ok()));
-    // Written directly, as a producer bypassing the library might.
-    let too_big = Envelope::new("good", vec![b'x'; 2_000]).encode().unwrap();
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    // Written directly, as a producer bypassing the library might: into route good's lane
+    // (raw payloads) and into the spread shard (envelopes).
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    pipe.cmd("HSET")
+        .arg(&good.jobs)
+        .arg("too-big")
+        .arg(vec![b'x'; 2_000])
+        .ignore();
+    for id in ["too-big", "orphan"] {
+        pipe.cmd("ZADD").arg(&good.due).arg(past).arg(id).ignore();
+    }
+    let too_big = Envelope::new("far", vec![b'x'; 2_000]).encode().unwrap();
     let direct: Vec<(&str, Vec<u8>)> = vec![
-        (
-            "bad-json",
-            br#"{"v":1,"dest":"good","payload":"x""#.to_vec(),
-        ),
+        ("bad-json", br#"{"v":1,"dest":"far","payload":"x""#.to_vec()),
         ("no-dest", br#"{"v":1,"payload":"x"}"#.to_vec()),
         ("not-an-envelope", b"hello".to_vec()),
-        ("bad-frame", b"zd1:good\nnot-a-number\npayload".to_vec()),
+        ("bad-frame", b"zd1:far\nnot-a-number\npayload".to_vec()),
         (
             "bad-version",
-            br#"{"v":2,"dest":"good","payload":"x"}"#.to_vec(),
+            br#"{"v":2,"dest":"far","payload":"x"}"#.to_vec(),
         ),
         (
             "bad-base64",
-            br#"{"v":1,"dest":"good","payload":"!!!!","payload_encoding":"base64"}"#.to_vec(),
+            br#"{"v":1,"dest":"far","payload":"!!!!","payload_encoding":"base64"}"#.to_vec(),
         ),
-        ("too-big", too_big),
+        ("too-big-frame", too_big),
         (
             "too-big-json",
             format!(
-                r#"{{"v":1,"dest":"good","payload":"{}"}}"#,
+                r#"{{"v":1,"dest":"far","payload":"{}"}}"#,
                 "j".repeat(1_500)
             )
             .into_bytes(),
         ),
+        ("unknown-frame-dest", b"zd1:nowhere\n0\nlost?".to_vec()),
+        ("far-direct", b"zd1:far\n0\nfar-direct".to_vec()),
     ];
-    let mut pipe = redis::pipe();
-    pipe.atomic();
     for (id, envelope) in &direct {
         pipe.cmd("HSET").arg(&jobs).arg(*id).arg(envelope).ignore();
         pipe.cmd("ZADD").arg(&due).arg(past).arg(*id).ignore();
     }
     // An id in due whose envelope was never stored.
-    pipe.cmd("ZADD").arg(&due).arg(past).arg("orphan").ignore();
+    pipe.cmd("ZADD")
+        .arg(&due)
+        .arg(past)
+        .arg("spread-orphan")
+        .ignore();
     pipe.exec(&mut con).unwrap();
 
     let wrongtype = "WRONGTYPE: q:wrong holds a string, not a list";
-    let mut expected_dead: BTreeMap<String, String> = [
+    let in_spread: BTreeMap<String, String> = [
         ("bad-json", "malformed envelope: invalid JSON"),
         ("no-dest", "malformed envelope: missing dest"),
         (
@@ -189,28 +234,41 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
         ("bad-frame", "malformed envelope: bad zd1 frame"),
         ("bad-version", "malformed envelope: unsupported version"),
         ("bad-base64", "malformed envelope: invalid base64 payload"),
-        ("too-big", "payload of 2000 bytes exceeds max_payload 1024"),
+        (
+            "too-big-frame",
+            "payload of 2000 bytes exceeds max_payload 1024",
+        ),
         (
             "too-big-json",
             "payload of 1500 bytes exceeds max_payload 1024",
         ),
-        ("unknown-dest", "unknown destination: nowhere"),
-        ("wrongtype-1", wrongtype),
-        ("wrongtype-2", wrongtype),
-        ("orphan", "no envelope stored for this id"),
+        ("unknown-frame-dest", "unknown destination: nowhere"),
+        ("spread-orphan", "no envelope stored for this id"),
     ]
     .into_iter()
     .map(|(id, reason)| (id.to_owned(), reason.to_owned()))
     .collect();
+    let mut expected_dead = in_spread.clone();
+    for (id, reason) in [
+        ("too-big", "payload of 2000 bytes exceeds max_payload 1024"),
+        ("orphan", "no payload stored for this id"),
+        ("wrongtype-1", wrongtype),
+        ("wrongtype-2", wrongtype),
+    ] {
+        expected_dead.insert(id.to_owned(), reason.to_owned());
+    }
 
     let daemon = Daemon::start(&config);
     wait_for(
         "bad jobs dead, good ones delivered",
         Duration::from_secs(10),
         || {
-            zcard(&mut con, &dead) == expected_dead.len() as u64
+            zcard(&mut con, &dead) == in_spread.len() as u64
+                && zcard(&mut con, &good.dead) == 2
+                && zcard(&mut con, &wrong.dead) == 2
                 && llen(&mut con, "q:good") == 2
                 && llen(&mut con, "q:other") == 2
+                && llen(&mut rcon, "q:far") == 2
         },
     );
 
@@ -223,23 +281,31 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
             "{d:?} died at a plausible time"
         );
     }
-    // Good jobs of the same batch delivered (the exact-limit payload included).
+    // Good jobs of the same batches delivered (the exact-limit payload included).
     assert_eq!(
         lrange(&mut con, "q:good"),
         vec![exact_max, b"good-1".to_vec()]
     );
     assert_eq!(lrange(&mut con, "q:other"), bytes(&["other-1", "other-2"]));
-    // Nothing due any more; every dead envelope is kept as it was written; the key of the
-    // wrong type is untouched.
-    assert_eq!(zcard(&mut con, &due), 0);
+    let mut far = lrange(&mut rcon, "q:far");
+    far.sort();
+    assert_eq!(far, bytes(&["far-1", "far-direct"]));
+    // Nothing due any more; every dead envelope and payload is kept as it was written; the
+    // key of the wrong type is untouched.
+    wait_for("far's jobs settled", Duration::from_secs(10), || {
+        zcard(&mut con, &spread.inflight(0)) == 0
+    });
+    for key in [&due, &good.due, &wrong.due] {
+        assert_eq!(zcard(&mut con, key), 0, "{key}");
+    }
     let stored: BTreeSet<String> = redis::cmd("HKEYS").arg(&jobs).query(&mut con).unwrap();
-    let dead_with_envelope: BTreeSet<String> = expected_dead
+    let dead_with_envelope: BTreeSet<String> = in_spread
         .keys()
-        .filter(|id| *id != "orphan")
+        .filter(|id| *id != "spread-orphan")
         .cloned()
         .collect();
     assert_eq!(stored, dead_with_envelope);
-    for (id, envelope) in &direct {
+    for (id, envelope) in direct.iter().filter(|(id, _)| *id != "far-direct") {
         let kept: Vec<u8> = redis::cmd("HGET")
             .arg(&jobs)
             .arg(*id)
@@ -247,15 +313,30 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
             .unwrap();
         assert_eq!(&kept, envelope, "{id}: envelope kept byte for byte");
     }
+    let kept: Vec<u8> = redis::cmd("HGET")
+        .arg(&good.jobs)
+        .arg("too-big")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(kept, vec![b'x'; 2_000], "too-big: payload kept");
     let string: String = redis::cmd("GET").arg("q:wrong").query(&mut con).unwrap();
     assert_eq!(string, "i am a string");
+    let lease_seq = spread.shard(0).lease_seq;
     assert_eq!(
-        all_keys(&mut con),
+        data_keys(&mut con),
         set(&[
             "zdelay:schema",
             &jobs,
             &dead,
             &reasons,
+            &good.jobs,
+            &good.dead,
+            &good.reasons,
+            &wrong.jobs,
+            &wrong.dead,
+            &wrong.reasons,
+            &lease_seq,
+            "{zdelay}:sinks",
             "q:good",
             "q:other",
             "q:wrong"
@@ -263,12 +344,15 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
     );
     // Counted by kind.
     let (_, metrics) = daemon.admin_get("/metrics").unwrap();
+    // A two-phase job's payload is checked against max_payload by its publisher, which
+    // counts what it cannot publish at all as undeliverable.
     for (kind, n) in [
         ("malformed", 6.0),
-        ("oversize", 2.0),
+        ("oversize", 1.0),
+        ("undeliverable", 2.0),
         ("unknown_destination", 1.0),
         ("wrong_type", 2.0),
-        ("missing_envelope", 1.0),
+        ("missing_envelope", 2.0),
     ] {
         let v = metric_value(&metrics, "zdelay_jobs_dead_total", &[("reason", kind)]);
         assert_eq!(v, Some(n), "dead counter for {kind}");
@@ -276,7 +360,8 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
 
     // The daemon is alive and idle, not retrying the dead.
     assert_alive(&daemon);
-    assert_no_hot_spin(&mut con, &daemon, 1);
+    // One spread shard's poller and one per route lane (four routes).
+    assert_no_hot_spin(&mut con, &daemon, 1 + 4);
 
     // Fix the list key, replay the two jobs it killed (CLI): they are delivered.
     redis::cmd("DEL").arg("q:wrong").exec(&mut con).unwrap();
@@ -296,30 +381,31 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
     // LPUSH route, equal due time: a BRPOP consumer gets them in id order.
     assert_eq!(lrange(&mut con, "q:wrong"), bytes(&["w2", "w1"]));
     // A replayed job that is still broken dies again with the same reason.
-    let out = config.cli(&["dead", "replay", "--id", "unknown-dest"]);
+    let out = config.cli(&["dead", "replay", "--id", "unknown-frame-dest"]);
     assert_eq!(stdout(&out).trim(), "replayed 1", "{}", stderr(&out));
     expected_dead.remove("wrongtype-1");
     expected_dead.remove("wrongtype-2");
-    wait_for("unknown-dest dead again", Duration::from_secs(5), || {
-        zcard(&mut con, &due) == 0 && zcard(&mut con, &dead) == expected_dead.len() as u64
-    });
+    wait_for(
+        "unknown-frame-dest dead again",
+        Duration::from_secs(5),
+        || zcard(&mut con, &due) == 0 && zcard(&mut con, &dead) == in_spread.len() as u64,
+    );
     // The listing shows jobs dead before the current millisecond (a bulk replay's selection
     // must not pick up what dies during it), so one that died just now appears a moment later.
     wait_for("the dead listing shows it", Duration::from_secs(2), || {
-        dead_reasons(&rt, &client).contains_key("unknown-dest")
+        dead_reasons(&rt, &client).contains_key("unknown-frame-dest")
     });
     assert_eq!(
         dead_reasons(&rt, &client),
         expected_dead,
         "the others stay dead, untouched"
     );
-    let stored: BTreeSet<String> = redis::cmd("HKEYS").arg(&jobs).query(&mut con).unwrap();
-    let dead_with_envelope: BTreeSet<String> = expected_dead
-        .keys()
-        .filter(|id| *id != "orphan")
-        .cloned()
-        .collect();
-    assert_eq!(stored, dead_with_envelope, "delivered envelopes are gone");
+    assert_eq!(zcard(&mut con, &wrong.dead), 0);
+    let stored: BTreeSet<String> = redis::cmd("HKEYS")
+        .arg(&wrong.jobs)
+        .query(&mut con)
+        .unwrap();
+    assert!(stored.is_empty(), "delivered payloads are gone: {stored:?}");
     // And new work still flows.
     rt.block_on(client.enqueue(NewJob::new("other", "after"), OnConflict::Error))
         .unwrap();
@@ -502,7 +588,7 @@ route = "wrong"
     let string: String = redis::cmd("GET").arg("q:wrong").query(&mut con).unwrap();
     assert_eq!(string, "i am a string");
     assert_eq!(
-        all_keys(&mut con),
+        data_keys(&mut con),
         set(&[
             "zdelay:schema",
             "q:other",
@@ -533,8 +619,8 @@ route = "wrong"
     }
 
     assert_alive(&daemon);
-    // One shard poller and four source pollers.
-    assert_no_hot_spin(&mut con, &daemon, 5);
+    // One spread shard's poller, one per route lane (three routes) and four source pollers.
+    assert_no_hot_spin(&mut con, &daemon, 1 + 3 + 4);
 
     // Fix the key, replay its source: delivered. Replaying the misdated member gives it a
     // correct score (now), so it is delivered too.
@@ -556,7 +642,7 @@ route = "wrong"
     assert_eq!(llen(&mut con, "q:other"), 5);
     // The other dead members stay where they are.
     assert_eq!(
-        all_keys(&mut con),
+        data_keys(&mut con),
         set(&[
             "zdelay:schema",
             "q:other",
@@ -691,21 +777,28 @@ fn cli_enqueue_refuses_unknown_destination_and_oversize_writing_nothing() {
     let out = config.cli(&["enqueue", "--dest", "good", "--in", "1h", "--payload", "x"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let id = stdout(&out).trim().to_owned();
-    let keys = Keys::new("zdelay", 2);
-    assert_eq!(zcard(&mut con, &keys.due(keys.shard_of(&id))), 1);
+    assert!(id.starts_with('~'), "a generated id names its lane: {id}");
+    assert_eq!(zcard(&mut con, &lane_keys("good", "q:good").due), 1);
 }
 
 #[test]
 fn corrupt_zd1_frame_lengths_go_to_dead_not_to_the_list() {
     // The Rust decoder (`Envelope::decode`, used by `zdelay get`) rejects these frames as
-    // malformed; the mover must agree instead of delivering a cut or empty payload.
+    // malformed; the mover must agree instead of delivering a cut or empty payload. On storage
+    // layout 2 frames are what the spread shards hold: the jobs of a two-phase route (here a
+    // remote Redis, a second server).
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 1, &format!("{}{ROUTES}", poller_section()));
+    let remote = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        1,
+        &format!("{}{ROUTES}{}", poller_section(), remote_route(&remote)),
+    );
     let mut con = redis.conn();
-    let keys = Keys::new("zdelay", 1);
+    let keys = Keys::for_layout("zdelay", 1, 2);
     let frames: [(&str, &[u8]); 2] = [
-        ("meta-past-end", b"zd1:good\n50\n{\"a\":1}"),
-        ("meta-negative", b"zd1:good\n-3\npayload"),
+        ("meta-past-end", b"zd1:far\n50\n{\"a\":1}"),
+        ("meta-negative", b"zd1:far\n-3\npayload"),
     ];
     for (id, frame) in frames {
         assert!(
@@ -726,13 +819,13 @@ fn corrupt_zd1_frame_lengths_go_to_dead_not_to_the_list() {
     pipe.exec(&mut con).unwrap();
     let _daemon = Daemon::start(&config);
     wait_for("both frames handled", Duration::from_secs(10), || {
-        zcard(&mut con, &keys.due(0)) == 0
+        zcard(&mut con, &keys.dead(0)) == 2
     });
     assert_eq!(
-        llen(&mut con, "q:good"),
+        llen(&mut remote.conn(), "q:far"),
         0,
         "nothing delivered: {:?}",
-        lrange(&mut con, "q:good")
+        lrange(&mut remote.conn(), "q:far")
     );
     let reasons: BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(keys.reasons(0))
@@ -746,6 +839,7 @@ fn corrupt_zd1_frame_lengths_go_to_dead_not_to_the_list() {
             ("meta-past-end".to_owned(), bad)
         ])
     );
+    assert_eq!(zcard(&mut con, &keys.due(0)), 0);
 }
 
 #[test]
@@ -758,13 +852,22 @@ fn dead_replay_all_replays_each_job_once_even_if_it_dies_again() {
     let client = rt
         .block_on(Client::connect(&redis_config(&redis.url(), 1)))
         .unwrap();
-    let jobs: Vec<NewJob> = (0..JOBS)
-        .map(|i| NewJob::new("nowhere", format!("p{i}")))
-        .collect();
-    rt.block_on(client.enqueue_batch(jobs, OnConflict::Error))
+    // Jobs that die at every delivery: their route's list is a string. (A destination no
+    // route names is refused at enqueue on storage layout 2, so it cannot be that.)
+    redis::cmd("SET")
+        .arg("q:wrong")
+        .arg("i am a string")
+        .exec(&mut con)
         .unwrap();
-    let dead = Keys::new("zdelay", 1).dead(0);
     let _daemon = Daemon::start(&config);
+    let jobs: Vec<NewJob> = (0..JOBS)
+        .map(|i| NewJob::new("wrong", format!("p{i}")))
+        .collect();
+    let results = rt
+        .block_on(client.enqueue_batch(jobs, OnConflict::Error))
+        .unwrap();
+    assert!(results.iter().all(|r| r.is_ok()), "every job enqueued");
+    let dead = lane_keys("wrong", "q:wrong").dead;
     wait_for("all dead", Duration::from_secs(10), || {
         zcard(&mut con, &dead) == JOBS as u64
     });
@@ -796,7 +899,7 @@ fn dead_replay_all_replays_each_job_once_even_if_it_dies_again() {
     assert!(
         dead_reasons(&rt, &client)
             .values()
-            .all(|r| r == "unknown destination: nowhere")
+            .all(|r| r == "WRONGTYPE: q:wrong holds a string, not a list")
     );
 }
 
@@ -920,7 +1023,8 @@ target = "q"
     let config = TestConfig::new(&redis.url(), 2, &extra);
     let daemon = Daemon::spawn(&config);
     let rt = common::runtime();
-    let client = common::client(&rt, &redis.url(), 2);
+    // Given the config, as the daemon may not have registered the routes yet.
+    let client = config.client(&rt);
     let jobs: Vec<NewJob> = ["a", "n", "k", "r"]
         .iter()
         .flat_map(|dest| (0..5).map(move |i| NewJob::new(*dest, format!("{dest}-{i}"))))
@@ -974,6 +1078,6 @@ target = "q"
         assert_eq!(job.envelope.unwrap().meta.attempt, 0, "{id}");
     }
     let mut con = redis.conn();
-    assert_eq!(common::shard_total(&mut con, 2, "dead"), 0);
+    assert_eq!(common::spread_total(&mut con, 2, "dead"), 0);
     drop((http, tls));
 }

@@ -4,8 +4,8 @@
 //! "now"), and asserts every key afterwards, including what must not move.
 
 use crate::common::{
-    self, Daemon, RedisServer, TestConfig, all_keys, llen, lrange, metric_value, redis_config,
-    redis_now_ms, subscribers, wait_for,
+    self, Daemon, RedisServer, TestConfig, data_keys, lane_keys, llen, lrange, metric_value,
+    redis_config, redis_now_ms, subscribers, wait_for,
 };
 use base64::Engine;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use zdelay::client::JobState;
 use zdelay::keys::Keys;
 use zdelay::poller::{self, PollerContext, RawSource, Target};
+use zdelay::routes::Routes;
 use zdelay::{Client, NewJob, OnConflict};
 
 /// The namespace every test here uses (each test has its own server).
@@ -50,9 +51,10 @@ fn bytes(items: &[&str]) -> Vec<Vec<u8>> {
     items.iter().map(|s| s.as_bytes().to_vec()).collect()
 }
 
-/// Asserts every shard's due, jobs, inflight, dead and reasons keys are empty.
+/// Asserts every spread shard's due, jobs, inflight, dead and reasons keys are empty (local
+/// routes' lanes are checked by the tests' `data_keys`: an empty key does not exist).
 fn assert_shards_empty(con: &mut redis::Connection, shards: u16) {
-    let keys = Keys::new(NS, shards);
+    let keys = Keys::for_layout(NS, shards, 2);
     for s in 0..shards {
         assert_eq!(zcard(con, &keys.due(s)), 0, "shard {s} due");
         assert_eq!(hlen(con, &keys.jobs(s)), 0, "shard {s} jobs");
@@ -213,17 +215,23 @@ delayed_suffix = "-delayed"
     let delivered_during_load: usize = lists.iter().map(|l| llen(&mut con, l)).sum();
 
     // Every job handled: then whatever is on the lists is all there will be.
-    let keys = client.keys().clone();
-    wait_for("every due set empty", Duration::from_secs(45), || {
-        (0..SHARDS).all(|s| zcard(&mut con, &keys.due(s)) == 0)
-    });
+    let lanes: Vec<_> = routes
+        .iter()
+        .zip(lists)
+        .map(|(route, list)| lane_keys(route, list))
+        .collect();
+    wait_for(
+        "every lane's due set empty",
+        Duration::from_secs(45),
+        || lanes.iter().all(|lane| zcard(&mut con, &lane.due) == 0),
+    );
     let delivered = started.elapsed();
 
     // Nothing left behind, nothing dead, nothing in flight; no other key exists (the plain
     // `q:lane` list stays untouched: its route delivers to the priority lane).
     assert_shards_empty(&mut con, SHARDS);
     assert_eq!(
-        all_keys(&mut con),
+        data_keys(&mut con),
         set(&["zdelay:schema", "q:left", "q:right", "q:lane-delayed"])
     );
     for (route, list) in lists.iter().enumerate() {
@@ -244,10 +252,12 @@ delayed_suffix = "-delayed"
 
 #[test]
 fn equal_due_jobs_leave_in_enqueue_order_per_shard() {
-    // Ordering at equal due time is a per-shard guarantee: a shard's ZSET orders equal
-    // scores by member, and the library's ids are monotonic ULIDs. Ids sharing a `{tag}`
-    // share a shard, so a tagged group keeps a total order; untagged ids keep the order of
-    // each shard's subsequence (shards are moved independently).
+    // Ordering at equal due time is a per-shard guarantee, and a local route's lane is its one
+    // shard: the lane's ZSET orders equal scores by member, and the library's ids increase
+    // within a process (its generated `~<lane>.<id>` ids, and the ULIDs of `new_id` for ids
+    // chosen by the caller). So each route keeps a total order, whether its jobs came in
+    // batches or one at a time. The two kinds of ids do not compare with each other: each
+    // route here gets one kind.
     const SHARDS: u16 = 4;
     const PER_GROUP: usize = 2_000;
     let redis = RedisServer::start();
@@ -272,11 +282,10 @@ push = "lpush"
     let mut con = redis.conn();
     let rt = common::runtime();
     let client = connect(&rt, &redis.url(), SHARDS);
-    let keys = client.keys().clone();
 
     let due = redis_now_ms(&mut con) + 2_000;
-    let mut tagged = Vec::new(); // payloads in enqueue order
-    let mut spread = Vec::new(); // (shard, payload) in enqueue order
+    let mut tagged = Vec::new(); // payloads in enqueue order (ids chosen with `new_id`)
+    let mut spread = Vec::new(); // payloads in enqueue order (generated ids)
     // Interleave the two groups over several batch calls and single enqueues.
     for round in 0..4 {
         let mut jobs = Vec::new();
@@ -287,9 +296,8 @@ push = "lpush"
             tagged.push(payload.clone().into_bytes());
             jobs.push(NewJob::new("tagged", payload).id(id).at(due));
             let payload = format!("spread-{n}");
-            let id = client.new_id();
-            spread.push((keys.shard_of(&id), payload.clone().into_bytes()));
-            jobs.push(NewJob::new("spread", payload).id(id).at(due));
+            spread.push(payload.clone().into_bytes());
+            jobs.push(NewJob::new("spread", payload).at(due));
         }
         let results = rt
             .block_on(client.enqueue_batch(jobs, OnConflict::Error))
@@ -298,45 +306,28 @@ push = "lpush"
         // One job enqueued on its own between batches, with a library-generated id.
         let n = PER_GROUP + round;
         let payload = format!("spread-{n}");
-        let (id, _) = rt
-            .block_on(client.enqueue(
-                NewJob::new("spread", payload.clone()).at(due),
-                OnConflict::Error,
-            ))
-            .unwrap();
-        spread.push((keys.shard_of(&id), payload.into_bytes()));
+        rt.block_on(client.enqueue(
+            NewJob::new("spread", payload.clone()).at(due),
+            OnConflict::Error,
+        ))
+        .unwrap();
+        spread.push(payload.into_bytes());
     }
-    let shards_used: BTreeSet<u16> = spread.iter().map(|(s, _)| *s).collect();
-    assert_eq!(
-        shards_used.len(),
-        SHARDS as usize,
-        "the spread group covers every shard"
-    );
 
     wait_for("both groups delivered", Duration::from_secs(20), || {
         llen(&mut con, "q:tagged") + llen(&mut con, "q:spread") == tagged.len() + spread.len()
     });
     // RPUSH: a BLPOP consumer reads the list left to right: exactly the enqueue order.
     assert_same_order("tagged group", &lrange(&mut con, "q:tagged"), &tagged);
-    // LPUSH: a BRPOP consumer reads right to left; per shard, that is the enqueue order.
+    // LPUSH: a BRPOP consumer reads right to left: exactly the enqueue order too.
     let mut consumed = lrange(&mut con, "q:spread");
     consumed.reverse();
-    let shard_of: HashMap<&[u8], u16> = spread.iter().map(|(s, p)| (p.as_slice(), *s)).collect();
-    for shard in 0..SHARDS {
-        let got: Vec<&[u8]> = consumed
-            .iter()
-            .map(|p| p.as_slice())
-            .filter(|p| shard_of.get(p) == Some(&shard))
-            .collect();
-        let want: Vec<&[u8]> = spread
-            .iter()
-            .filter(|(s, _)| *s == shard)
-            .map(|(_, p)| p.as_slice())
-            .collect();
-        assert_same_order(&format!("spread group, shard {shard}"), &got, &want);
-    }
-    assert_eq!(consumed.len(), spread.len());
+    assert_same_order("spread group", &consumed, &spread);
     assert_shards_empty(&mut con, SHARDS);
+    assert_eq!(
+        data_keys(&mut con),
+        set(&["zdelay:schema", "q:tagged", "q:spread"])
+    );
 }
 
 #[test]
@@ -374,14 +365,8 @@ route = "r"
     ))
     .expect("valid config");
     let rt = common::runtime();
-    let client = connect(&rt, &redis.url(), 2);
-    let ctx = PollerContext::new(client.connection(), &config, Default::default());
-    let source = |i: usize| {
-        Target::Source(Arc::new(
-            RawSource::resolve(&config.sources[i], &ctx.routes).expect("local route"),
-        ))
-    };
-    let keys = client.keys().clone();
+    // Given the config, the client registers route r's lane, as a producer deployed first does.
+    let client = connect(&rt, &redis.url(), 2).with_routes(Routes::from_config(&config));
 
     // Far from Redis's own clock on purpose: only the explicit now decides.
     const T: i64 = 1_900_000_000_123;
@@ -389,9 +374,29 @@ route = "r"
         rt.block_on(client.enqueue(NewJob::new("r", payload).id(id).at(due), OnConflict::Error))
             .unwrap();
     }
-    let shard = keys.shard_of("{t}:a");
-    let target = Target::Shard(shard);
-    let other = 1 - shard;
+    let registry = rt
+        .block_on(zdelay::store::lanes::read_registry(
+            &mut client.connection(),
+            &client.keys(),
+        ))
+        .expect("the lane registry");
+    let lane = Arc::new(registry.by_route["r"].clone());
+    let mut ctx = PollerContext::new(client.connection(), &config, Default::default());
+    // Raw sources resolve their route among every route; the context on layout 2 keeps the
+    // two-phase ones only (local routes have lanes).
+    let sources: Vec<Target> = config
+        .sources
+        .iter()
+        .map(|s| {
+            Target::Source(Arc::new(
+                RawSource::resolve(s, &ctx.routes).expect("local route"),
+            ))
+        })
+        .collect();
+    let source = |i: usize| sources[i].clone();
+    ctx.on_layout_2(2, client.keys(), vec![lane.clone()]);
+    let lane_keys = lane.keys.clone();
+    let target = Target::Lane(lane);
 
     let reply = rt
         .block_on(poller::move_once(&ctx, &target, Some(T - 1)))
@@ -401,13 +406,13 @@ route = "r"
     assert_eq!(reply.now_us, (T - 1) * 1000, "the explicit now is used");
     assert_eq!(llen(&mut con, "q:r"), 0);
     assert_eq!(
-        zrange_withscores(&mut con, &keys.due(shard)),
+        zrange_withscores(&mut con, &lane_keys.due),
         vec![
             (b"{t}:a".to_vec(), T as f64),
             (b"{t}:b".to_vec(), (T + 1) as f64)
         ]
     );
-    assert_eq!(hlen(&mut con, &keys.jobs(shard)), 2);
+    assert_eq!(hlen(&mut con, &lane_keys.jobs), 2);
 
     let reply = rt
         .block_on(poller::move_once(&ctx, &target, Some(T)))
@@ -421,11 +426,11 @@ route = "r"
     assert_eq!(reply.next_due, Some((T + 1) as f64));
     assert_eq!(lrange(&mut con, "q:r"), bytes(&["a"]));
     assert_eq!(
-        zrange_withscores(&mut con, &keys.due(shard)),
+        zrange_withscores(&mut con, &lane_keys.due),
         vec![(b"{t}:b".to_vec(), (T + 1) as f64)]
     );
     let jobs: Vec<String> = redis::cmd("HKEYS")
-        .arg(keys.jobs(shard))
+        .arg(&lane_keys.jobs)
         .query(&mut con)
         .unwrap();
     assert_eq!(jobs, vec!["{t}:b"]);
@@ -435,10 +440,12 @@ route = "r"
         .unwrap();
     assert_eq!((reply.taken, reply.next_due), (1, None));
     assert_eq!(lrange(&mut con, "q:r"), bytes(&["a", "b"]));
-    let reply = rt
-        .block_on(poller::move_once(&ctx, &Target::Shard(other), Some(T + 10)))
-        .unwrap();
-    assert_eq!(reply.taken, 0, "the other shard never held these jobs");
+    for shard in 0..2 {
+        let reply = rt
+            .block_on(poller::move_once(&ctx, &Target::Shard(shard), Some(T + 10)))
+            .unwrap();
+        assert_eq!(reply.taken, 0, "spread shard {shard} never held these jobs");
+    }
     redis::cmd("DEL").arg("q:r").exec(&mut con).unwrap();
 
     // Raw ms source.
@@ -485,7 +492,7 @@ route = "r"
 
     // Nothing else appeared: no dead keys, no leftovers.
     assert_shards_empty(&mut con, 2);
-    assert_eq!(all_keys(&mut con), set(&["zdelay:schema", "q:r"]));
+    assert_eq!(data_keys(&mut con), set(&["zdelay:schema", "q:r"]));
 }
 
 #[test]
@@ -545,7 +552,7 @@ route = "t"
     assert!(dues.is_empty());
     assert!(worst < 1_000, "worst lateness {worst} ms");
     assert_shards_empty(&mut con, 2);
-    assert_eq!(all_keys(&mut con), set(&["zdelay:schema"]));
+    assert_eq!(data_keys(&mut con), set(&["zdelay:schema"]));
 }
 
 #[test]
@@ -663,7 +670,7 @@ route = "raws"
         vec![(b"s-far".to_vec(), far_s.parse::<f64>().unwrap())]
     );
     assert_eq!(
-        all_keys(&mut con),
+        data_keys(&mut con),
         set(&[
             "zdelay:schema",
             "q:rawms",
@@ -748,7 +755,7 @@ route = "lane"
     );
     assert_shards_empty(&mut con, 1);
     assert_eq!(
-        all_keys(&mut con),
+        data_keys(&mut con),
         set(&[
             "zdelay:schema",
             "q:lane",
@@ -799,7 +806,7 @@ route = "lane"
         right,
         ["right-0", "right-1", "right-2", "right-3", "right-4"]
     );
-    assert_eq!(all_keys(&mut con), set(&["zdelay:schema"]));
+    assert_eq!(data_keys(&mut con), set(&["zdelay:schema"]));
 }
 
 /// Lateness bound for the wake-up tests: far below the 5 s idle poll they configure, so
@@ -906,7 +913,7 @@ fn wake_up_delivers_within_milliseconds_while_idle_poll_is_5s() {
     check("CLI --in 300ms", "cli", due_of(&id));
 
     assert_shards_empty(&mut con, 2);
-    assert_eq!(all_keys(&mut con), set(&["zdelay:schema"]));
+    assert_eq!(data_keys(&mut con), set(&["zdelay:schema"]));
 }
 
 /// ZADDs `member` due in 200 ms into `delayed:kn` and checks it arrives on time.
@@ -962,7 +969,7 @@ fn keyspace_notifications_wake_raw_source_pollers() {
         zrange_withscores(&mut con, "delayed:kn"),
         vec![(b"far".to_vec(), far as f64)]
     );
-    assert_eq!(all_keys(&mut con), set(&["zdelay:schema", "delayed:kn"]));
+    assert_eq!(data_keys(&mut con), set(&["zdelay:schema", "delayed:kn"]));
     let (_, metrics) = daemon.admin_get("/metrics").unwrap();
     let wakeups = metric_value(&metrics, "zdelay_wakeups_total", &[("cause", "keyspace")]);
     assert!(
@@ -973,22 +980,34 @@ fn keyspace_notifications_wake_raw_source_pollers() {
 
 #[test]
 fn hand_written_json_envelopes_are_delivered_decoded() {
-    // DESIGN §3: a producer may HSET a JSON envelope and ZADD its id itself.
+    // DESIGN §3: a producer may HSET a JSON envelope and ZADD its id itself. On storage layout
+    // 2 envelopes are what the spread shards hold (two-phase routes: here a remote Redis
+    // sink, a second server); a local route's lane holds raw payloads, written by hand in
+    // `idle_shards_back_off_to_idle_poll_max_once_wake_ups_are_confirmed`.
     let redis = RedisServer::start();
+    let remote = RedisServer::start();
     let config = TestConfig::new(
         &redis.url(),
         2,
-        r#"
+        &format!(
+            r#"
+[sinks.remote]
+kind = "redis"
+url = "{}"
+
 [[routes]]
 name = "j"
-sink = "local"
+sink = "remote"
 target = "q:j"
 push = "rpush"
 "#,
+            remote.url()
+        ),
     );
     let _daemon = Daemon::start(&config);
     let mut con = redis.conn();
-    let keys = Keys::new(NS, 2);
+    let mut rcon = remote.conn();
+    let keys = Keys::for_layout(NS, 2, 2);
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let binary: &[u8] = b"\0\xff\xfe binary \n\r\0";
     // (id, envelope, payload expected on the list). Ids share a tag: one shard, id order.
@@ -1048,12 +1067,18 @@ push = "rpush"
     pipe.exec(&mut con).unwrap();
 
     wait_for("JSON envelopes delivered", Duration::from_secs(10), || {
-        llen(&mut con, "q:j") == cases.len()
+        llen(&mut rcon, "q:j") == cases.len()
     });
     let expected: Vec<Vec<u8>> = cases.iter().map(|(_, _, p)| p.clone()).collect();
-    assert_eq!(lrange(&mut con, "q:j"), expected);
+    assert_eq!(lrange(&mut rcon, "q:j"), expected);
+    common::wait_spread_settled(&mut con, 2, Duration::from_secs(10));
     assert_shards_empty(&mut con, 2);
-    assert_eq!(all_keys(&mut con), set(&["zdelay:schema", "q:j"]));
+    // Left: the shard's claim counter (never deleted) and the sinks' states.
+    let lease_seq = keys.shard(shard).lease_seq;
+    assert_eq!(
+        data_keys(&mut con),
+        set(&["zdelay:schema", &lease_seq, "{zdelay}:sinks"])
+    );
 }
 
 /// Script calls (`EVALSHA`) the server has run since it started.
@@ -1132,21 +1157,21 @@ push = "rpush"
         arrived - due
     );
 
-    // Written by hand, no PUBLISH: found by the next idle poll, at most 2 s later.
-    let keys = Keys::new(NS, SHARDS);
-    let shard = keys.shard_of("{h}:1");
+    // Written by hand into the route's lane (its raw payload), no PUBLISH: found by the next
+    // idle poll, at most 2 s later.
+    let lane = lane_keys("w", "q:w");
     let due = redis_now_ms(&mut con);
     let mut pipe = redis::pipe();
     pipe.atomic()
         .cmd("HSET")
-        .arg(keys.jobs(shard))
-        .arg("{h}:1")
-        .arg("zd1:w\n0\nby hand")
+        .arg(&lane.jobs)
+        .arg("h1")
+        .arg("by hand")
         .ignore()
         .cmd("ZADD")
-        .arg(keys.due(shard))
+        .arg(&lane.due)
         .arg(due)
-        .arg("{h}:1")
+        .arg("h1")
         .ignore();
     pipe.exec(&mut con).unwrap();
     let (_, item, arrived) = pop_timed(&mut consumer, "BLPOP", &["q:w"]);

@@ -6,8 +6,8 @@
 //! bookkeeping entry outlives its job; and a burst of 1 MB payloads never blocks Redis.
 
 use crate::common::{
-    self, Daemon, RedisServer, TestConfig, client, free_port, llen, lrange, redis_now_ms,
-    script_calls, shard_total, wait_all_settled, wait_for, wait_for_or_show,
+    self, Daemon, RedisServer, TestConfig, client, free_port, lane_keys, llen, lrange,
+    redis_now_ms, script_calls, spread_total, wait_for, wait_for_or_show, wait_spread_settled,
 };
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -33,10 +33,11 @@ fn parsed(config: &TestConfig) -> zdelay::config::Config {
         .expect("valid config")
 }
 
-/// Enqueues `n` jobs for `dest`, due now, payload `<prefix>-<i>`; returns their ids.
-fn enqueue(redis: &RedisServer, dest: &str, prefix: &str, n: usize) -> Vec<String> {
+/// Enqueues `n` jobs for `dest`, due now, payload `<prefix>-<i>`, through a producer given
+/// `config` (it registers where the route's jobs go if no daemon has yet); returns their ids.
+fn enqueue(config: &TestConfig, dest: &str, prefix: &str, n: usize) -> Vec<String> {
     let rt = common::runtime();
-    let client = client(&rt, &redis.url(), SHARDS);
+    let client = config.client(&rt);
     let mut ids = Vec::with_capacity(n);
     for start in (0..n).step_by(1000) {
         let jobs = (start..(start + 1000).min(n))
@@ -58,7 +59,9 @@ fn park(config: &TestConfig) {
     let rt = common::runtime();
     let cfg = parsed(config);
     let client = client(&rt, &cfg.redis.url, SHARDS);
-    let ctx = PollerContext::new(client.connection(), &cfg, Default::default());
+    let mut ctx = PollerContext::new(client.connection(), &cfg, Default::default());
+    // Storage layout 2: the two-phase jobs are in the spread shards.
+    ctx.on_layout_2(2, client.keys(), Vec::new());
     for shard in 0..SHARDS {
         loop {
             let reply = rt
@@ -71,12 +74,17 @@ fn park(config: &TestConfig) {
     }
 }
 
+/// The spread shards' keys (storage layout 2), where two-phase jobs wait.
+fn spread_keys() -> zdelay::keys::Keys {
+    zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2)
+}
+
 /// Jobs waiting in the ready sets for `sink`.
 fn waiting_for(con: &mut redis::Connection, sink: &str) -> usize {
     (0..SHARDS)
         .map(|s| {
             redis::cmd("ZLEXCOUNT")
-                .arg(format!("{{zdelay:{s}}}:ready"))
+                .arg(spread_keys().ready(s))
                 .arg(format!("[{sink}\n"))
                 .arg(format!("({sink}\u{b}"))
                 .query::<usize>(con)
@@ -88,8 +96,10 @@ fn waiting_for(con: &mut redis::Connection, sink: &str) -> usize {
 fn hlen_all(con: &mut redis::Connection, suffix: &str) -> usize {
     (0..SHARDS)
         .map(|s| {
+            let due = spread_keys().due(s);
+            let prefix = due.strip_suffix("due").expect("a shard's due key");
             redis::cmd("HLEN")
-                .arg(format!("{{zdelay:{s}}}:{suffix}"))
+                .arg(format!("{prefix}{suffix}"))
                 .query::<usize>(con)
                 .expect("HLEN")
         })
@@ -99,7 +109,7 @@ fn hlen_all(con: &mut redis::Connection, suffix: &str) -> usize {
 /// No job's bookkeeping is left behind: nothing due, waiting, in flight, or remembered.
 fn assert_nothing_left(con: &mut redis::Connection) {
     for zset in ["due", "ready", "inflight"] {
-        assert_eq!(shard_total(con, SHARDS, zset), 0, "{zset} is empty");
+        assert_eq!(spread_total(con, SHARDS, zset), 0, "{zset} is empty");
     }
     for hash in ["jobs", "ready_ids", "scheduled", "max_lateness"] {
         assert_eq!(hlen_all(con, hash), 0, "{hash} is empty");
@@ -163,7 +173,7 @@ target = "q:remote"
             free_port()
         ),
     );
-    enqueue(&scheduler, "mirror", "m", JOBS);
+    enqueue(&old, "mirror", "m", JOBS);
     park(&old);
     let mut con = scheduler.conn();
     assert_eq!(
@@ -211,9 +221,9 @@ target = "q:remote"
         || llen(&mut lcon, "q:remote") >= JOBS,
         || daemon.log_text(),
     );
-    wait_all_settled(&mut con, SHARDS, Duration::from_secs(10));
+    wait_spread_settled(&mut con, SHARDS, Duration::from_secs(10));
     assert_each_once(&counts(lrange(&mut lcon, "q:remote")), "m", JOBS);
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(spread_total(&mut con, SHARDS, "dead"), 0);
     assert_nothing_left(&mut con);
     assert!(
         daemon.metric(
@@ -253,8 +263,8 @@ target = "q:stay"
     );
     // Interleaved, so the first batch the down sink claims holds both routes' jobs.
     for i in 0..STAYING {
-        enqueue(&scheduler, "mirror", &format!("m{i}"), MOVED / STAYING);
-        enqueue(&scheduler, "stay", &format!("s{i}"), 1);
+        enqueue(&old, "mirror", &format!("m{i}"), MOVED / STAYING);
+        enqueue(&old, "stay", &format!("s{i}"), 1);
     }
     park(&old);
     let mut con = scheduler.conn();
@@ -287,7 +297,7 @@ target = "q:stay"
     assert_eq!(got.len(), MOVED);
     assert!(got.values().all(|&n| n == 1), "each once");
     assert_eq!(
-        shard_total(&mut con, SHARDS, "dead"),
+        spread_total(&mut con, SHARDS, "dead"),
         0,
         "no moved job died: {:?}",
         crate::common::all_keys(&mut con)
@@ -303,7 +313,7 @@ target = "q:stay"
         Duration::from_secs(10),
         || {
             waiting_for(&mut con, "old") == STAYING
-                && shard_total(&mut con, SHARDS, "inflight") == 0
+                && spread_total(&mut con, SHARDS, "inflight") == 0
         },
     );
     assert_eq!(hlen_all(&mut con, "ready_ids"), STAYING);
@@ -331,7 +341,7 @@ target = "q:remote"
             free_port()
         ),
     );
-    let ids = enqueue(&scheduler, "mirror", "g", JOBS);
+    let ids = enqueue(&old, "mirror", "g", JOBS);
     park(&old);
     let new = config(
         &scheduler,
@@ -342,7 +352,7 @@ target = "q:remote"
     wait_for_or_show(
         "every job of the removed route dead",
         Duration::from_secs(30),
-        || shard_total(&mut con, SHARDS, "dead") == JOBS,
+        || spread_total(&mut con, SHARDS, "dead") == JOBS,
         || daemon.log_text(),
     );
     let rt = common::runtime();
@@ -359,7 +369,7 @@ target = "q:remote"
         );
     }
     for zset in ["due", "ready", "inflight"] {
-        assert_eq!(shard_total(&mut con, SHARDS, zset), 0, "{zset}");
+        assert_eq!(spread_total(&mut con, SHARDS, zset), 0, "{zset}");
     }
     assert_eq!(hlen_all(&mut con, "ready_ids"), 0);
     assert_eq!(hlen_all(&mut con, "scheduled"), 0);
@@ -384,7 +394,7 @@ fn a_claim_for_a_down_sink_is_handed_over_without_a_claim_release_loop() {
         &scheduler,
         &format!("{sinks}\n[[routes]]\nname = \"r\"\nsink = \"c\"\ntarget = \"q:r\"\n"),
     );
-    enqueue(&scheduler, "r", "h", JOBS);
+    enqueue(&old, "r", "h", JOBS);
     park(&old);
     let mut con = scheduler.conn();
     assert_eq!(waiting_for(&mut con, "c"), JOBS);
@@ -404,7 +414,7 @@ fn a_claim_for_a_down_sink_is_handed_over_without_a_claim_release_loop() {
                 &[("sink", "s"), ("outcome", "unavailable")],
             ) > 0.0
                 && waiting_for(&mut con, "s") == JOBS
-                && shard_total(&mut con, SHARDS, "inflight") == 0
+                && spread_total(&mut con, SHARDS, "inflight") == 0
         },
         || daemon.log_text(),
     );
@@ -426,13 +436,13 @@ fn a_claim_for_a_down_sink_is_handed_over_without_a_claim_release_loop() {
     assert_eq!(
         (
             waiting_for(&mut con, "s"),
-            shard_total(&mut con, SHARDS, "inflight")
+            spread_total(&mut con, SHARDS, "inflight")
         ),
         (JOBS, 0),
         "still waiting for their sink: {}",
         daemon.log_text()
     );
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(spread_total(&mut con, SHARDS, "dead"), 0);
 }
 
 /// A sink's in-flight bytes are bounded across its publishers: with eight shards (eight
@@ -486,7 +496,7 @@ target = "q:remote"
         .expect("enqueue");
     let mut con = scheduler.conn();
     let mut tcon = target.conn();
-    let inflight = |con: &mut redis::Connection| shard_total(con, 8, "inflight");
+    let inflight = |con: &mut redis::Connection| spread_total(con, 8, "inflight");
     wait_for(
         "a batch published and held",
         Duration::from_secs(20),
@@ -510,7 +520,7 @@ target = "q:remote"
     wait_for("every job delivered", Duration::from_secs(60), || {
         llen(&mut tcon, "q:remote") >= JOBS
     });
-    wait_all_settled(&mut con, 8, Duration::from_secs(20));
+    wait_spread_settled(&mut con, 8, Duration::from_secs(20));
     let got = lrange(&mut tcon, "q:remote");
     assert_eq!(got.len(), JOBS, "each once");
 }
@@ -526,7 +536,7 @@ fn two_claims_with_one_deadline_have_distinct_fencing_tokens() {
         "[sinks.other]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \
          \"m\"\nsink = \"other\"\ntarget = \"q\"\n",
     );
-    let ids = enqueue(&scheduler, "m", "t", 1);
+    let ids = enqueue(&config, "m", "t", 1);
     park(&config);
     let rt = common::runtime();
     let lib = client(&rt, &scheduler.url(), SHARDS);
@@ -592,7 +602,7 @@ fn two_claims_with_one_deadline_have_distinct_fencing_tokens() {
         "the first claim's late ack is fenced, not taken for the second's"
     );
     assert_eq!(
-        shard_total(&mut con, SHARDS, "inflight"),
+        spread_total(&mut con, SHARDS, "inflight"),
         1,
         "still the second's"
     );
@@ -640,13 +650,16 @@ target = "q:remote"
     let hold = format!("hold_after_publish={}", release.display());
     let daemon = Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", hold.as_str())]);
     daemon.wait_ready();
-    enqueue(&scheduler, "mirror", "k", JOBS);
+    enqueue(&config, "mirror", "k", JOBS);
     let mut con = scheduler.conn();
     let mut tcon = target.conn();
     wait_for(
         "the jobs published and held",
         Duration::from_secs(20),
-        || llen(&mut tcon, "q:remote") == JOBS && shard_total(&mut con, SHARDS, "inflight") == JOBS,
+        || {
+            llen(&mut tcon, "q:remote") == JOBS
+                && spread_total(&mut con, SHARDS, "inflight") == JOBS
+        },
     );
     // Writes wait on the server; the settle, once sent, waits with them.
     let blocked = |con: &mut redis::Connection| -> u64 {
@@ -690,7 +703,7 @@ target = "q:remote"
     wait_for_or_show(
         "the batch acked",
         Duration::from_secs(10),
-        || shard_total(&mut con, SHARDS, "inflight") == 0 && hlen_all(&mut con, "jobs") == 0,
+        || spread_total(&mut con, SHARDS, "inflight") == 0 && hlen_all(&mut con, "jobs") == 0,
         || daemon.log_text(),
     );
     eprintln!("acked {:?} after the kill", killed_at.elapsed());
@@ -709,7 +722,7 @@ fn a_job_dying_in_move_due_leaves_no_scheduled_entry() {
         "[sinks.other]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \
          \"m\"\nsink = \"other\"\ntarget = \"q\"\n",
     );
-    let ids = enqueue(&scheduler, "m", "d", 1);
+    let ids = enqueue(&two_phase, "m", "d", 1);
     park(&two_phase);
     let rt = common::runtime();
     let lib = client(&rt, &scheduler.url(), SHARDS);
@@ -748,7 +761,7 @@ fn a_job_dying_in_move_due_leaves_no_scheduled_entry() {
     // The route is gone: the next move sends the job to dead.
     let local_only = config(&scheduler, "");
     park(&local_only);
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 1, "dead");
+    assert_eq!(spread_total(&mut con, SHARDS, "dead"), 1, "dead");
     assert_eq!(
         hlen_all(&mut con, "scheduled"),
         0,
@@ -913,7 +926,7 @@ route = "here"
         ),
     );
     let rt = common::runtime();
-    let lib = client(&rt, &scheduler.url(), SHARDS);
+    let lib = config.client(&rt);
     let mut con = scheduler.conn();
     let due = redis_now_ms(&mut con);
     let payload = |tag: &str, i: usize| {
@@ -940,6 +953,7 @@ route = "here"
             .expect("ZADD");
     }
     let _: () = redis::cmd("SLOWLOG").arg("RESET").query(&mut con).unwrap();
+    let here = lane_keys("here", "q:here");
     let cpu0 = redis_cpu_s(&mut con);
     let started = Instant::now();
     let daemon = Daemon::start(&config);
@@ -951,6 +965,7 @@ route = "here"
             llen(&mut con, "q:here") == LOCAL + RAW
                 && llen(&mut tcon, "q:remote") == REMOTE
                 && hlen_all(&mut con, "jobs") == 0
+                && hlen(&mut con, &here.jobs) == 0
         },
         || daemon.log_text(),
     );
@@ -966,7 +981,16 @@ route = "here"
         slowest < 50_000,
         "{script} ran {slowest} µs, blocking Redis for every client"
     );
-    wait_all_settled(&mut con, SHARDS, Duration::from_secs(20));
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    wait_spread_settled(&mut con, SHARDS, Duration::from_secs(20));
+    assert_eq!(spread_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(zcard(&mut con, &here.dead), 0);
     assert_nothing_left(&mut con);
+}
+
+fn hlen(con: &mut redis::Connection, key: &str) -> usize {
+    redis::cmd("HLEN").arg(key).query(con).expect("HLEN")
+}
+
+fn zcard(con: &mut redis::Connection, key: &str) -> usize {
+    redis::cmd("ZCARD").arg(key).query(con).expect("ZCARD")
 }

@@ -3,7 +3,8 @@
 //! retries to dead, a crash between publish and ack, and a late settle refused by the fence.
 
 use crate::common::{
-    Daemon, RedisServer, TestConfig, client, llen, lrange, shard_total, wait_all_settled, wait_for,
+    Daemon, RedisServer, TestConfig, client, llen, lrange, spread_total, wait_for,
+    wait_spread_settled,
 };
 use std::collections::HashMap;
 use std::time::Duration;
@@ -37,9 +38,11 @@ target = "q:local"
     TestConfig::new(&scheduler.url(), SHARDS, &extra)
 }
 
-fn enqueue(redis: &RedisServer, dest: &str, prefix: &str, n: usize) -> Vec<String> {
+/// Enqueues `n` jobs through a producer given `config` (it registers the route's place if no
+/// daemon has yet).
+fn enqueue(config: &TestConfig, dest: &str, prefix: &str, n: usize) -> Vec<String> {
     let rt = crate::common::runtime();
-    let client = client(&rt, &redis.url(), SHARDS);
+    let client = config.client(&rt);
     let jobs = (0..n)
         .map(|i| NewJob::new(dest, format!("{prefix}-{i}").into_bytes()))
         .collect();
@@ -73,7 +76,7 @@ fn remote_redis_sink_delivers_each_job_and_acks() {
     let scheduler = RedisServer::start();
     let target = RedisServer::start();
     let config = config(&scheduler, &target, "");
-    enqueue(&scheduler, "mirror", "m", 5_000);
+    enqueue(&config, "mirror", "m", 5_000);
     let _daemon = Daemon::start(&config);
     let mut tcon = target.conn();
     wait_for(
@@ -82,12 +85,12 @@ fn remote_redis_sink_delivers_each_job_and_acks() {
         || llen(&mut tcon, "q:remote") >= 5_000,
     );
     let mut scon = scheduler.conn();
-    wait_all_settled(&mut scon, SHARDS, Duration::from_secs(10));
+    wait_spread_settled(&mut scon, SHARDS, Duration::from_secs(10));
     let got = counts(lrange(&mut tcon, "q:remote"));
     assert_eq!(got.len(), 5_000);
     assert!(got.values().all(|&n| n == 1), "no crash, so no duplicate");
-    assert_eq!(shard_total(&mut scon, SHARDS, "due"), 0);
-    assert_eq!(shard_total(&mut scon, SHARDS, "dead"), 0);
+    assert_eq!(spread_total(&mut scon, SHARDS, "due"), 0);
+    assert_eq!(spread_total(&mut scon, SHARDS, "dead"), 0);
 }
 
 #[test]
@@ -108,8 +111,8 @@ fn a_sink_down_pauses_without_burning_attempts_while_others_flow() {
     assert_eq!(stats["sinks"][0]["up"], false, "{stats}");
     let table = String::from_utf8_lossy(&config.cli(&["stats"]).stdout).into_owned();
     assert!(table.contains("sink other (redis): down"), "{table}");
-    let remote_ids = enqueue(&scheduler, "mirror", "m", 300);
-    enqueue(&scheduler, "here", "h", 300);
+    let remote_ids = enqueue(&config, "mirror", "m", 300);
+    enqueue(&config, "here", "h", 300);
     let mut scon = scheduler.conn();
     wait_for(
         "local jobs flow while the sink is down",
@@ -137,7 +140,7 @@ fn a_sink_down_pauses_without_burning_attempts_while_others_flow() {
         let env = job.envelope.expect("envelope");
         assert_eq!(env.meta.attempt, 0, "an unavailable sink burns no attempt");
     }
-    assert_eq!(shard_total(&mut scon, SHARDS, "dead"), 0);
+    assert_eq!(spread_total(&mut scon, SHARDS, "dead"), 0);
 
     target.start_again();
     let mut tcon = target.conn();
@@ -146,7 +149,7 @@ fn a_sink_down_pauses_without_burning_attempts_while_others_flow() {
         Duration::from_secs(40),
         || llen(&mut tcon, "q:remote") >= 300,
     );
-    wait_all_settled(&mut scon, SHARDS, Duration::from_secs(10));
+    wait_spread_settled(&mut scon, SHARDS, Duration::from_secs(10));
     let got = counts(lrange(&mut tcon, "q:remote"));
     assert_eq!(got.len(), 300);
     assert!(got.values().all(|&n| n == 1));
@@ -170,7 +173,7 @@ fn rejects_and_exhausted_retries_go_to_dead_with_reasons() {
         .arg("not a list")
         .query(&mut tcon)
         .expect("SET");
-    let rejected = enqueue(&scheduler, "mirror", "w", 5);
+    let rejected = enqueue(&config, "mirror", "w", 5);
     let daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = client(&rt, &scheduler.url(), SHARDS);
@@ -198,7 +201,7 @@ fn rejects_and_exhausted_retries_go_to_dead_with_reasons() {
         .arg("1")
         .query(&mut tcon)
         .expect("maxmemory");
-    let retried = enqueue(&scheduler, "mirror", "r", 3);
+    let retried = enqueue(&config, "mirror", "r", 3);
     wait_for("retries exhausted", Duration::from_secs(20), || {
         rt.block_on(client.operator().dead_list(100))
             .expect("dead list")
@@ -231,7 +234,7 @@ fn crash_between_publish_and_ack_redelivers_after_the_lease() {
     let scheduler = RedisServer::start();
     let target = RedisServer::start();
     let config = config(&scheduler, &target, "lease = \"1s\"");
-    enqueue(&scheduler, "mirror", "c", 2_000);
+    enqueue(&config, "mirror", "c", 2_000);
     let mut crashing =
         Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", "abort_after_publish")]);
     let status = crashing.wait_exit(Duration::from_secs(30));
@@ -241,12 +244,12 @@ fn crash_between_publish_and_ack_redelivers_after_the_lease() {
     assert!(published_before_crash > 0, "it crashed after publishing");
     let mut scon = scheduler.conn();
     assert!(
-        shard_total(&mut scon, SHARDS, "inflight") > 0,
+        spread_total(&mut scon, SHARDS, "inflight") > 0,
         "claimed, published, not acked"
     );
 
     let _daemon = Daemon::start(&config);
-    wait_all_settled(&mut scon, SHARDS, Duration::from_secs(30));
+    wait_spread_settled(&mut scon, SHARDS, Duration::from_secs(30));
     let got = counts(lrange(&mut tcon, "q:remote"));
     assert_eq!(got.len(), 2_000, "none lost");
     let duplicates: usize = got.values().map(|n| n - 1).sum();
@@ -272,7 +275,7 @@ fn a_late_settle_is_refused_by_the_fence() {
     let hold = format!("hold_after_publish={}", release.display());
     let slow = Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", hold.as_str())]);
     slow.wait_ready();
-    enqueue(&scheduler, "mirror", "f", 200);
+    enqueue(&config, "mirror", "f", 200);
     let mut tcon = target.conn();
     wait_for("the slow daemon published", Duration::from_secs(10), || {
         llen(&mut tcon, "q:remote") > 0
@@ -292,8 +295,8 @@ fn a_late_settle_is_refused_by_the_fence() {
         "the fast daemon reclaimed and acked everything",
         Duration::from_secs(30),
         || {
-            shard_total(&mut scon, SHARDS, "jobs") == 0
-                && shard_total(&mut scon, SHARDS, "inflight") == 0
+            spread_total(&mut scon, SHARDS, "jobs") == 0
+                && spread_total(&mut scon, SHARDS, "inflight") == 0
         },
     );
     std::fs::write(&release, b"go").expect("release the slow daemon");
@@ -313,11 +316,11 @@ fn a_late_settle_is_refused_by_the_fence() {
         "the slow daemon's publish repeats"
     );
     assert_eq!(
-        shard_total(&mut scon, SHARDS, "jobs"),
+        spread_total(&mut scon, SHARDS, "jobs"),
         0,
         "the refused settle changed nothing"
     );
-    assert_eq!(shard_total(&mut scon, SHARDS, "dead"), 0);
+    assert_eq!(spread_total(&mut scon, SHARDS, "dead"), 0);
 }
 
 #[test]
@@ -353,7 +356,7 @@ allow = ["events.*"]
     );
     let mut con = scheduler.conn();
     assert_eq!(
-        shard_total(&mut con, SHARDS, "due"),
+        spread_total(&mut con, SHARDS, "due"),
         1,
         "only the admitted job is stored"
     );
@@ -397,13 +400,13 @@ fn a_long_outage_parks_the_backlog_without_churn_and_delivers_it_all() {
     let daemon = Daemon::start(&config);
     target.stop();
     let stopped = std::time::Instant::now();
-    enqueue(&scheduler, "mirror", "long", JOBS);
+    enqueue(&config, "mirror", "long", JOBS);
     let mut con = scheduler.conn();
     let ready = |con: &mut redis::Connection| -> usize {
         (0..SHARDS)
             .map(|s| {
                 redis::cmd("ZCARD")
-                    .arg(format!("{{zdelay:{s}}}:ready"))
+                    .arg(zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2).ready(s))
                     .query::<usize>(con)
                     .expect("ZCARD ready")
             })
@@ -451,7 +454,7 @@ fn a_long_outage_parks_the_backlog_without_churn_and_delivers_it_all() {
     wait_for("every job delivered", Duration::from_secs(120), || {
         llen(&mut tcon, "q:remote") >= JOBS
     });
-    wait_all_settled(&mut con, SHARDS, Duration::from_secs(30));
+    wait_spread_settled(&mut con, SHARDS, Duration::from_secs(30));
     eprintln!(
         "{JOBS} jobs delivered {:?} after the sink came back",
         started.elapsed()
@@ -462,5 +465,5 @@ fn a_long_outage_parks_the_backlog_without_churn_and_delivers_it_all() {
         got.values().all(|&n| n == 1),
         "none twice after a clean outage"
     );
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(spread_total(&mut con, SHARDS, "dead"), 0);
 }

@@ -713,6 +713,38 @@ pub fn shard_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> us
         .sum()
 }
 
+/// [`shard_total`] over the spread shards of a namespace `zdelay` on storage layout 2 (where
+/// the two-phase jobs are).
+pub fn spread_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> usize {
+    let keys = zdelay::keys::Keys::for_layout("zdelay", shards, 2);
+    let cmd = if matches!(suffix, "jobs" | "reasons" | "history") {
+        "HLEN"
+    } else {
+        "ZCARD"
+    };
+    (0..shards)
+        .map(|s| {
+            let due = keys.due(s);
+            let prefix = due
+                .strip_suffix("due")
+                .expect("a shard's due key ends in due");
+            redis::cmd(cmd)
+                .arg(format!("{prefix}{suffix}"))
+                .query::<usize>(con)
+                .expect("spread shard key size")
+        })
+        .sum()
+}
+
+/// [`wait_all_settled`] in the spread shards of a namespace `zdelay` on storage layout 2.
+pub fn wait_spread_settled(con: &mut redis::Connection, shards: u16, timeout: Duration) {
+    wait_all_settled_in(
+        con,
+        &zdelay::keys::Keys::for_layout("zdelay", shards, 2),
+        timeout,
+    );
+}
+
 // ---- Helpers for the delivery and bad-input tests (additive). ----
 
 /// `[redis]` for the library client: this server, the default namespace, `shards` shards.
@@ -744,6 +776,28 @@ pub fn all_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<Strin
             .any(|suffix| k.ends_with(suffix))
         })
         .collect()
+}
+
+/// [`all_keys`] without what a layout-2 namespace keeps however many jobs it holds: the lane
+/// registry (`zdelay:lanes`), the lane markers (`zdelay:{t}:lane:<route>`), the spread shards'
+/// markers (`zdelay:{t}:s<k>:shards`) and the layout-1 shards' markers that fence old builds
+/// (`{zdelay:<k>}:shards`): what is left is job data and the tests' own keys.
+pub fn data_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<String> {
+    all_keys(con)
+        .into_iter()
+        .filter(|k| {
+            !(k == "zdelay:lanes"
+                || (k.starts_with("zdelay:{") && (k.contains("}:lane:") || k.ends_with(":shards")))
+                || (k.starts_with("{zdelay:") && k.ends_with("}:shards")))
+        })
+        .collect()
+}
+
+/// The keys of local route `route`'s lane in namespace `zdelay` (storage layout 2): a lane
+/// sits in the slot of the list it delivers to (`list`, with any `delayed_suffix`).
+pub fn lane_keys(route: &str, list: &str) -> zdelay::keys::LaneKeys {
+    let tag = zdelay::keys::slot_tag(zdelay::keys::slot_of(list));
+    zdelay::keys::LaneKeys::new("zdelay", tag, route)
 }
 
 /// Script calls the server has run so far (`EVALSHA` + `EVAL`, from `INFO commandstats`).

@@ -169,11 +169,8 @@ impl Client {
         index: usize,
         job: NewJob,
     ) -> Result<Prepared, ClientError> {
-        self.check_dest_and_payload(&job.dest, &job.payload)?;
-        check_due(job.due)?;
+        self.check_lane_job(&job)?;
         let (generated, stored) = match job.id {
-            Some(id) if id.is_empty() || id.len() > 256 => return Err(ClientError::BadId(id)),
-            Some(id) if is_reserved(&id) => return Err(ClientError::ReservedId(id)),
             Some(id) => (None, id),
             None => {
                 let stored = book.ids.next_id()?;
@@ -202,6 +199,18 @@ impl Client {
         })
     }
 
+    /// What a lane refuses of `job` before writing anything: its destination, payload, due
+    /// time and id.
+    fn check_lane_job(&self, job: &NewJob) -> Result<(), ClientError> {
+        self.check_dest_and_payload(&job.dest, &job.payload)?;
+        check_due(job.due)?;
+        match &job.id {
+            Some(id) if id.is_empty() || id.len() > 256 => Err(ClientError::BadId(id.clone())),
+            Some(id) if is_reserved(id) => Err(ClientError::ReservedId(id.clone())),
+            _ => Ok(()),
+        }
+    }
+
     /// `enqueue_batch` on layout 2: one `enqueue_lane` call per lane and chunk; jobs for
     /// two-phase destinations go to the spread shards, as layout 1 writes them.
     pub(super) async fn enqueue_lanes(
@@ -220,7 +229,12 @@ impl Client {
             registry = self.refresh_lanes(book).await?;
             refreshed = true;
         }
-        let dests: BTreeSet<&str> = jobs.iter().map(|j| j.dest.as_str()).collect();
+        // A refused job writes nothing, not even its route's lane.
+        let dests: BTreeSet<&str> = jobs
+            .iter()
+            .filter(|j| self.check_lane_job(j).is_ok())
+            .map(|j| j.dest.as_str())
+            .collect();
         let (mut refusals, registered) = self.register_destinations(&registry, dests).await?;
         if registered {
             registry = self.refresh_lanes(book).await?;
