@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 use zdelay::dead::{HISTORY_CAP, member_id};
 use zdelay::envelope::Envelope;
-use zdelay::keys::{Keys, LaneKeys, slot_of, slot_tag};
+use zdelay::keys::{Keys, LaneKeys};
 
 const SHARDS: u16 = 4;
 
@@ -49,18 +49,7 @@ const LOCAL: [&str; 3] = ["a", "b", "w"];
 fn setup() -> (RedisServer, TestConfig) {
     let redis = RedisServer::start();
     let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
-    let rt = crate::common::runtime();
-    let cfg = config.load();
-    let lib = rt
-        .block_on(zdelay::Client::connect(&cfg.redis))
-        .expect("the namespace created");
-    rt.block_on(zdelay::app::register_lanes(
-        &mut lib.connection(),
-        &cfg,
-        &lib.keys(),
-        2,
-    ))
-    .expect("the routes registered");
+    config.register_routes(&crate::common::runtime());
     (redis, config)
 }
 
@@ -118,7 +107,7 @@ fn spread() -> Keys {
 }
 
 fn lane_keys(route: &str) -> LaneKeys {
-    LaneKeys::new("zdelay", slot_tag(slot_of(&format!("q:{route}"))), route)
+    crate::common::lane_keys(route, &format!("q:{route}"))
 }
 
 /// The keys a job lives in: its route's lane (`meta` holding the meta apart from the raw

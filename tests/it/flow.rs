@@ -21,8 +21,7 @@ fn epoch_ms() -> i64 {
 
 /// The due set of local route `route`'s lane (its list `list`): its jobs waiting, by due time.
 fn lane_due(route: &str, list: &str) -> String {
-    use zdelay::keys::{LaneKeys, slot_of, slot_tag};
-    LaneKeys::new("zdelay", slot_tag(slot_of(list)), route).due
+    crate::common::lane_keys(route, list).due
 }
 
 /// Enqueues `n` jobs for `dest`, job `i` due at `due(i)`, payload `i`.

@@ -22,8 +22,7 @@ fn config(redis: &RedisServer, tokens: &str) -> TestConfig {
 
 /// The keys of route `emails`' lane, where its jobs and unique windows are kept.
 fn lane_keys() -> zdelay::keys::LaneKeys {
-    use zdelay::keys::{LaneKeys, slot_of, slot_tag};
-    LaneKeys::new("zdelay", slot_tag(slot_of("q:emails")), "emails")
+    crate::common::lane_keys("emails", "q:emails")
 }
 
 /// (status, JSON body) of a request with `token` (if any) and a content type.

@@ -54,8 +54,7 @@ fn client(rt: &tokio::runtime::Runtime, config: &TestConfig) -> Client {
 /// The keys of `route`'s lane (its list is `q:<route>`), where its schedules and their
 /// occurrences are kept.
 fn lane_keys(route: &str) -> zdelay::keys::LaneKeys {
-    use zdelay::keys::{LaneKeys, slot_of, slot_tag};
-    LaneKeys::new("zdelay", slot_tag(slot_of(&format!("q:{route}"))), route)
+    crate::common::lane_keys(route, &format!("q:{route}"))
 }
 
 /// Jobs stored in the lanes of `routes` (occurrences written and not delivered yet).
@@ -706,23 +705,17 @@ impl Race {
         let config = config(&redis, "");
         let rt = runtime();
         let lib = client(&rt, &config);
-        // The lanes registered as a daemon registers them at start.
-        let cfg = config.load();
-        let lanes = rt
-            .block_on(zdelay::app::register_lanes(
-                &mut lib.connection(),
-                &cfg,
-                &lib.keys(),
-                2,
-            ))
-            .expect("the lanes registered");
+        let lanes = config.register_routes(&rt);
         let lane = lanes
             .iter()
             .find(|lane| lane.route == "l")
             .expect("route l's lane")
             .clone();
-        let mut ctx =
-            zdelay::poller::PollerContext::new(lib.connection(), &cfg, Default::default());
+        let mut ctx = zdelay::poller::PollerContext::new(
+            lib.connection(),
+            &config.load(),
+            Default::default(),
+        );
         ctx.on_layout_2(2, lib.keys(), lanes);
         Race {
             redis,
