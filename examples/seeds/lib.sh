@@ -50,6 +50,25 @@ redis_ms() {
 # Epoch ms as epoch seconds with three decimals (for score_unit = "s" sources).
 ms_to_s() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
 
+# slot_tag SLOT_OR_KEY [--key]: the hash tag storage layout 2 gives a slot (or a key's slot).
+slot_tag() {
+    local tag
+    tag=$(zdelay slot-tag "$@" -o json | sed -n 's/^ *"tag": *"\([^"]*\)".*/\1/p')
+    [[ -n $tag ]] || die "no slot tag for $1"
+    echo "$tag"
+}
+
+# lane_key KIND ROUTE LIST: the key of kind KIND (due, jobs, sched_due, ...) of local route
+# ROUTE's lane, whose jobs are pushed onto LIST: zdelay:{<tag of LIST's slot>}:KIND:ROUTE.
+lane_key() { printf 'zdelay:{%s}:%s:%s' "$(slot_tag "$3" --key)" "$1" "$2"; }
+
+# spread_key KIND SHARD SHARDS: the key of kind KIND (due, jobs, scheduled, ...) of spread
+# shard SHARD of SHARDS, where two-phase jobs wait: zdelay:{<tag>}:s<SHARD>:KIND, at the middle
+# slot of the shard's share of the 16384 slots.
+spread_key() {
+    printf 'zdelay:{%s}:s%d:%s' "$(slot_tag $(((2 * $2 + 1) * 16384 / (2 * $3))))" "$2" "$1"
+}
+
 # expect WHAT GOT WANT: fails the example unless GOT is WANT, so a run that prints OK has
 # checked its numbers itself (the test suite compares the transcript as well).
 expect() {
@@ -164,14 +183,18 @@ kill9_instance() {
 instance_metric() { ADMIN_PORT=${INSTANCE_ADMIN[$1]} metric "$2"; }
 
 # plan_is INSTANCES PER_SHARD SHARDS: `zdelay stats` lists INSTANCES live instances, and each
-# of the SHARDS shards is polled by PER_SHARD of them.
+# of the SHARDS shards, and each group of route lanes (`lanes:<group>:<hash>`) polled at all,
+# is polled by PER_SHARD of them.
 plan_is() {
-    local out s line polled=""
+    local out s line group polled=""
     out=$(zdelay stats | grep '^instance ') || return 1
     [[ $(wc -l <<<"$out") == "$1" ]] || return 1
     while IFS= read -r line; do polled+=$(shards_polled "$line")$'\n'; done <<<"$out"
     for ((s = 0; s < $3; s++)); do
         [[ $(grep -cx "$s" <<<"$polled") == "$2" ]] || return 1
+    done
+    for group in $(grep -o 'lanes:[^ ,]*' <<<"$out" | sort -u); do
+        [[ $(grep -cF "$group" <<<"$out") == "$2" ]] || return 1
     done
 }
 # shards_polled LINE: the shard numbers an `instance …: polls shards 0-3, 5, <source>` line

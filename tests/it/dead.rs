@@ -3,16 +3,14 @@
 //! history of deaths (capped, dropped by purge and once a job is delivered), raw members,
 //! the progress bar (on a terminal only), and the combinations the CLI refuses.
 
-use crate::common::{
-    Daemon, RedisServer, TestConfig, llen, redis_now_ms, shard_total, wait_for, zdelay_bin,
-};
+use crate::common::{Daemon, RedisServer, TestConfig, llen, redis_now_ms, wait_for, zdelay_bin};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 use zdelay::dead::{HISTORY_CAP, member_id};
 use zdelay::envelope::Envelope;
-use zdelay::keys::Keys;
+use zdelay::keys::{Keys, LaneKeys};
 
 const SHARDS: u16 = 4;
 
@@ -43,9 +41,15 @@ score_unit = "ms"
 route = "a"
 "#;
 
+/// The local routes of [`ROUTES`]: each keeps its jobs and dead letters in its lane.
+const LOCAL: [&str; 3] = ["a", "b", "w"];
+
+/// A Redis and a config with [`ROUTES`], the routes registered as a daemon registers them at
+/// start (so dead jobs can be seeded into the lanes before any daemon runs).
 fn setup() -> (RedisServer, TestConfig) {
     let redis = RedisServer::start();
     let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
+    config.register_routes(&crate::common::runtime());
     (redis, config)
 }
 
@@ -96,21 +100,100 @@ fn get(config: &TestConfig, id: &str) -> Option<Value> {
     Some(serde_json::from_slice(&out.stdout).expect("get prints JSON"))
 }
 
-fn keys() -> Keys {
-    Keys::new("zdelay", SHARDS)
+/// The spread shards: two-phase jobs (route `mirror`), and those of a destination no route
+/// names any more.
+fn spread() -> Keys {
+    Keys::for_layout("zdelay", SHARDS, 2)
+}
+
+fn lane_keys(route: &str) -> LaneKeys {
+    crate::common::lane_keys(route, &format!("q:{route}"))
+}
+
+/// The keys a job lives in: its route's lane (`meta` holding the meta apart from the raw
+/// payload), or a spread shard (`zd1` frames in `jobs`).
+struct Home {
+    jobs: String,
+    meta: Option<String>,
+    due: String,
+    dead: String,
+    reasons: String,
+    history: String,
+}
+
+impl Home {
+    /// Where a job of `dest` with `id` is kept.
+    fn of(id: &str, dest: &str) -> Home {
+        if LOCAL.contains(&dest) {
+            let k = lane_keys(dest);
+            Home {
+                jobs: k.jobs,
+                meta: Some(k.meta),
+                due: k.due,
+                dead: k.dead,
+                reasons: k.reasons,
+                history: k.history,
+            }
+        } else {
+            let k = spread().shard(spread().shard_of(id));
+            Home {
+                jobs: k.jobs,
+                meta: None,
+                due: k.due,
+                dead: k.dead,
+                reasons: k.reasons,
+                history: k.history,
+            }
+        }
+    }
+
+    /// Every place a job with `id` may be kept: the lanes, and its spread shard.
+    fn all(id: &str) -> Vec<Home> {
+        LOCAL
+            .iter()
+            .chain(&["mirror"])
+            .map(|dest| Home::of(id, dest))
+            .collect()
+    }
 }
 
 /// Stores `env` under `id` as a job that died at `died_ms` with `reason` (what the move and
-/// settle scripts leave), without a daemon.
+/// settle scripts leave), without a daemon: in its route's lane (the payload raw, the frame's
+/// meta apart), or in its spread shard as a frame.
 fn seed_dead(con: &mut redis::Connection, id: &str, env: &Envelope, died_ms: i64, reason: &str) {
-    let k = keys();
-    let shard = k.shard_of(id);
-    let _: () = redis::pipe()
-        .hset(k.jobs(shard), id, env.encode().expect("envelope encodes"))
-        .zadd(k.dead(shard), id, died_ms)
-        .hset(k.reasons(shard), id, reason)
-        .query(con)
+    let home = Home::of(id, &env.dest);
+    let frame = env.encode().expect("envelope encodes");
+    let mut pipe = redis::pipe();
+    match &home.meta {
+        Some(meta_key) => {
+            let meta = frame_meta(&frame, &env.dest);
+            pipe.hset(&home.jobs, id, &env.payload);
+            if !meta.is_empty() {
+                pipe.hset(meta_key, id, meta);
+            }
+        }
+        None => {
+            pipe.hset(&home.jobs, id, frame);
+        }
+    }
+    pipe.zadd(&home.dead, id, died_ms)
+        .hset(&home.reasons, id, reason)
+        .query::<()>(con)
         .expect("seed a dead job");
+}
+
+/// The meta JSON of a `zd1` frame to `dest` (empty when every field has its default).
+fn frame_meta(frame: &[u8], dest: &str) -> Vec<u8> {
+    let rest = &frame[format!("zd1:{dest}\n").len()..];
+    let newline = rest
+        .iter()
+        .position(|&b| b == b'\n')
+        .expect("a meta length");
+    let len: usize = std::str::from_utf8(&rest[..newline])
+        .expect("digits")
+        .parse()
+        .expect("a meta length");
+    rest[newline + 1..newline + 1 + len].to_vec()
 }
 
 fn envelope(dest: &str, payload: &str, schedule: Option<&str>) -> Envelope {
@@ -120,22 +203,56 @@ fn envelope(dest: &str, payload: &str, schedule: Option<&str>) -> Envelope {
 }
 
 fn dead_score(con: &mut redis::Connection, id: &str) -> Option<i64> {
-    let k = keys();
-    let score: Option<f64> = redis::cmd("ZSCORE")
-        .arg(k.dead(k.shard_of(id)))
-        .arg(id)
-        .query(con)
-        .expect("ZSCORE");
-    score.map(|s| s as i64)
+    Home::all(id).iter().find_map(|home| {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&home.dead)
+            .arg(id)
+            .query(con)
+            .expect("ZSCORE");
+        score.map(|s| s as i64)
+    })
 }
 
 fn history_text(con: &mut redis::Connection, id: &str) -> Option<String> {
-    let k = keys();
-    redis::cmd("HGET")
-        .arg(k.history(k.shard_of(id)))
-        .arg(id)
-        .query(con)
-        .expect("HGET history")
+    Home::all(id).iter().find_map(|home| {
+        redis::cmd("HGET")
+            .arg(&home.history)
+            .arg(id)
+            .query(con)
+            .expect("HGET history")
+    })
+}
+
+/// How many jobs are due, dead or have a history (`kind`), over every lane and spread shard.
+fn total(con: &mut redis::Connection, kind: &str) -> usize {
+    let spread = spread();
+    let mut homes: Vec<Home> = LOCAL.iter().map(|route| Home::of("", route)).collect();
+    homes.extend((0..SHARDS).map(|s| {
+        let k = spread.shard(s);
+        Home {
+            jobs: k.jobs,
+            meta: None,
+            due: k.due,
+            dead: k.dead,
+            reasons: k.reasons,
+            history: k.history,
+        }
+    }));
+    homes
+        .iter()
+        .map(|home| {
+            let (cmd, key) = match kind {
+                "due" => ("ZCARD", &home.due),
+                "dead" => ("ZCARD", &home.dead),
+                "history" => ("HLEN", &home.history),
+                other => panic!("no such kind {other}"),
+            };
+            redis::cmd(cmd)
+                .arg(key)
+                .query::<usize>(con)
+                .expect("a home's size")
+        })
+        .sum()
 }
 
 const MIN: i64 = 60_000;
@@ -183,14 +300,11 @@ fn filters_select_for_list_replay_and_purge() {
         now - 65 * MIN,
         "unknown destination: c",
     );
-    let k = keys();
+    // An orphan (no envelope stored) in a spread shard.
+    let orphan = Home::of("orphan", "mirror");
     let _: () = redis::pipe()
-        .zadd(k.dead(k.shard_of("orphan")), "orphan", now - 180 * MIN)
-        .hset(
-            k.reasons(k.shard_of("orphan")),
-            "orphan",
-            "no envelope stored for this id",
-        )
+        .zadd(&orphan.dead, "orphan", now - 180 * MIN)
+        .hset(&orphan.reasons, "orphan", "no envelope stored for this id")
         .query(&mut con)
         .expect("seed an orphan");
 
@@ -249,13 +363,13 @@ fn filters_select_for_list_replay_and_purge() {
             "earlier_deaths",
             "envelope_error",
             "id",
+            "lane",
             "last_error",
             "max_attempts",
             "payload_size",
             "reason",
             "route",
-            "schedule",
-            "shard"
+            "schedule"
         ],
         "{job:#}"
     );
@@ -332,8 +446,8 @@ fn filters_select_for_list_replay_and_purge() {
         "replayed 0"
     );
     assert_eq!(ok(&config, &["dead", "purge", "--all"]).trim(), "purged 1");
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
-    assert_eq!(shard_total(&mut con, SHARDS, "due"), 4);
+    assert_eq!(total(&mut con, "dead"), 0);
+    assert_eq!(total(&mut con, "due"), 4);
 }
 
 /// `dead replay --in` / `--at`: the job waits for that time (scheduled, never delivered
@@ -475,7 +589,7 @@ target = "q:remote"
     let mut con = scheduler.conn();
     let _daemon = Daemon::start(&config);
     wait_for("both gave up", Duration::from_secs(20), || {
-        shard_total(&mut con, SHARDS, "dead") == 2
+        total(&mut con, "dead") == 2
     });
     let first_deaths: BTreeMap<&str, i64> = ["r-reset", "r-keep"]
         .into_iter()
@@ -533,7 +647,7 @@ target = "q:remote"
         ok(&config, &["reschedule", id, "--in", "0ms"]);
     }
     wait_for("both dead again", Duration::from_secs(20), || {
-        shard_total(&mut con, SHARDS, "dead") == 2
+        total(&mut con, "dead") == 2
     });
     for (id, attempts) in [("r-reset", 2), ("r-keep", 3)] {
         let show = json(&config, &["dead", "show", id, "--json"]);
@@ -655,7 +769,7 @@ fn history_is_capped_purged_and_dropped_after_delivery() {
         (&Value::from(0), &Value::from(1))
     );
     assert_eq!(history_text(&mut con, "fixed"), None);
-    assert_eq!(shard_total(&mut con, SHARDS, "history"), 0);
+    assert_eq!(total(&mut con, "history"), 0);
 }
 
 /// Raw members: list with the filters that apply (reason, age), show by member id, replay
@@ -782,18 +896,17 @@ fn raw_members_by_id_reason_and_age() {
     assert_eq!(raw_payloads(&[]), Vec::<String>::new());
 }
 
+/// `n` dead jobs of route a, in its lane.
 fn seed_many(con: &mut redis::Connection, n: usize) {
-    let k = keys();
-    let frame = envelope("a", "bulk", None).encode().unwrap();
+    let home = Home::of("", "a");
     let mut pipe = redis::pipe();
     for i in 0..n {
         let id = format!("bulk-{i}");
-        let shard = k.shard_of(&id);
-        pipe.hset(k.jobs(shard), &id, &frame)
+        pipe.hset(&home.jobs, &id, "bulk")
             .ignore()
-            .zadd(k.dead(shard), &id, 5)
+            .zadd(&home.dead, &id, 5)
             .ignore()
-            .hset(k.reasons(shard), &id, "seeded")
+            .hset(&home.reasons, &id, "seeded")
             .ignore();
     }
     pipe.query::<()>(con).expect("seed dead jobs");
@@ -832,7 +945,7 @@ fn progress_bar_only_on_a_terminal() {
     let tty = text(&out.stdout);
     assert!(tty.contains("reading dead jobs"), "{tty:?}");
     assert!(tty.contains("purged 3000"), "{tty:?}");
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(total(&mut con, "dead"), 0);
 }
 
 /// Combinations that make no sense are refused before anything runs (exit 2, saying why).

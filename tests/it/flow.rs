@@ -19,6 +19,11 @@ fn epoch_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// The due set of local route `route`'s lane (its list `list`): its jobs waiting, by due time.
+fn lane_due(route: &str, list: &str) -> String {
+    crate::common::lane_keys(route, list).due
+}
+
 /// Enqueues `n` jobs for `dest`, job `i` due at `due(i)`, payload `i`.
 fn enqueue(
     rt: &tokio::runtime::Runtime,
@@ -333,9 +338,10 @@ fn bad_flow_settings_are_refused_naming_the_field() {
         }
     }
 
-    // On storage layout 1 a daemon refuses to start, saying what to do.
+    // On storage layout 1 (a namespace created with it) a daemon refuses to start, saying
+    // what to do.
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, &route("rate = \"5/s\""));
+    let config = TestConfig::new(&redis.url(), 4, &route("rate = \"5/s\"")).on_layout_1();
     let mut daemon = Daemon::spawn(&config);
     assert!(!daemon.wait_exit(Duration::from_secs(20)).success());
     let log = daemon.log_text();
@@ -372,17 +378,14 @@ fn a_spread_burst_is_flat_over_its_window_none_early_and_each_id_falls_in_one_pl
         .block_on(client.enqueue_batch(jobs, OnConflict::Replace))
         .unwrap();
     assert!(results.iter().all(Result::is_ok));
-    let mut dues = Vec::with_capacity(N);
-    for shard in 0..4 {
-        let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(format!("{{zdelay:{shard}}}:due"))
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query(&mut con)
-            .unwrap();
-        dues.extend(page.into_iter().map(|(_, s)| s as i64));
-    }
+    let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(lane_due("r", "q:r"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut con)
+        .unwrap();
+    let dues: Vec<i64> = page.into_iter().map(|(_, s)| s as i64).collect();
     assert_eq!(dues.len(), N);
     assert!(
         dues.iter().all(|d| (base..base + WINDOW_MS).contains(d)),
@@ -410,9 +413,8 @@ fn a_spread_burst_is_flat_over_its_window_none_early_and_each_id_falls_in_one_pl
         .unwrap();
     assert_eq!(again.0, "job-7");
     let score = |con: &mut redis::Connection, id: &str| -> i64 {
-        let shard = zdelay::keys::Keys::new("zdelay", 4).shard_of(id);
         let s: f64 = redis::cmd("ZSCORE")
-            .arg(format!("{{zdelay:{shard}}}:due"))
+            .arg(lane_due("r", "q:r"))
             .arg(id)
             .query(con)
             .unwrap();
@@ -555,24 +557,22 @@ fn a_schedule_s_jitter_spreads_each_occurrence_over_its_window_from_its_id() {
         String::from_utf8_lossy(&out.stderr)
     );
     let mut con = redis.conn();
-    // Each occurrence's job waits in its shard's due set until its jittered time.
+    // Each occurrence's job waits in its route's lane until its jittered time.
     let mut seen = Vec::new();
     wait_for(
         "three jittered occurrences",
         Duration::from_secs(15),
         || {
-            for shard in 0..4 {
-                let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
-                    .arg(format!("{{zdelay:{shard}}}:due"))
-                    .arg(0)
-                    .arg(-1)
-                    .arg("WITHSCORES")
-                    .query(&mut con)
-                    .unwrap();
-                for (id, score) in page {
-                    if !seen.iter().any(|(s, _)| *s == id) {
-                        seen.push((id, score as i64));
-                    }
+            let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                .arg(lane_due("r", "q:r"))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query(&mut con)
+                .unwrap();
+            for (id, score) in page {
+                if !seen.iter().any(|(s, _)| *s == id) {
+                    seen.push((id, score as i64));
                 }
             }
             seen.len() >= 3

@@ -20,6 +20,11 @@ fn config(redis: &RedisServer, tokens: &str) -> TestConfig {
     )
 }
 
+/// The keys of route `emails`' lane, where its jobs and unique windows are kept.
+fn lane_keys() -> zdelay::keys::LaneKeys {
+    crate::common::lane_keys("emails", "q:emails")
+}
+
 /// (status, JSON body) of a request with `token` (if any) and a content type.
 fn call(
     port: u16,
@@ -93,9 +98,9 @@ fn the_http_enqueue_takes_a_job_or_json_lines_behind_its_own_token() {
         "{body}"
     );
     // Remembered a day after delivery by default (its unique window, while it waits).
-    let keys = zdelay::keys::Keys::new("zdelay", 4);
+    let lane = lane_keys();
     let window: Option<u64> = redis::cmd("HGET")
-        .arg(&keys.shard(keys.shard_of("order-7")).unique)
+        .arg(&lane.unique)
         .arg("order-7")
         .query(&mut redis.conn())
         .unwrap();
@@ -141,13 +146,12 @@ fn the_http_enqueue_takes_a_job_or_json_lines_behind_its_own_token() {
         .max_lateness(Duration::from_secs(30));
     rt.block_on(lib.enqueue(job, zdelay::OnConflict::Replace))
         .expect("enqueue");
-    let keys = zdelay::keys::Keys::new("zdelay", 4);
-    let shard = keys.shard(keys.shard_of("{s}:http"));
-    let stored = |id: &str| -> (Vec<u8>, f64, String) {
+    let stored = |id: &str| -> (Vec<u8>, f64, String, String) {
         redis::pipe()
-            .hget(&shard.jobs, id)
-            .zscore(&shard.due, id)
-            .hget(&shard.max_lateness, id)
+            .hget(&lane.jobs, id)
+            .zscore(&lane.due, id)
+            .hget(&lane.maxlate, id)
+            .hget(&lane.meta, id)
             .query(&mut redis.conn())
             .unwrap()
     };
@@ -557,13 +561,11 @@ fn an_idempotency_key_is_remembered_for_its_window_after_delivery() {
         "{body}"
     );
     // Remembered where every unique window is, for the configured window.
-    let keys = zdelay::keys::Keys::new("zdelay", 4);
-    let shard = keys.shard(keys.shard_of("order-9"));
     let ends: f64 = redis::cmd("ZSCORE")
-        .arg(&shard.windows)
+        .arg(&lane_keys().windows)
         .arg("u:order-9")
         .query(&mut con)
-        .expect("the key remembered in the shard's windows");
+        .expect("the key remembered in the lane's windows");
     let left = ends as i64 - now(&mut con);
     assert!((0..=3_000).contains(&left), "window ends in {left} ms");
     // Nothing to wait for: a second job would be delivered within a few idle polls.

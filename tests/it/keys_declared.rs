@@ -122,7 +122,10 @@ route = "m"
 "#,
             target.url()
         ),
-    );
+    )
+    // Layout 1 first: its reshard and `zdelay upgrade` (which run only from layout 1) are
+    // among the scripts; layout 2's run after the upgrade, in the bench and below.
+    .on_layout_1();
     let ok = |args: &[&str]| {
         let out = config.cli(args);
         assert!(
@@ -510,7 +513,8 @@ route = "m"
     let body = std::fs::read_to_string(&config.path).expect("config");
     std::fs::write(
         eight.path(),
-        body.replacen("shards = 4\n", "shards = 8\n", 1),
+        body.replacen("shards = 4\n", "shards = 8\n", 1)
+            .replacen("layout = 1\n", "", 1),
     )
     .expect("config");
     let upgraded = std::process::Command::new(crate::common::zdelay_bin())

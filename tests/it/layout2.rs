@@ -1,8 +1,9 @@
 //! A namespace on storage layout 2 (route lanes, a preview), end to end against real Redis and
 //! a real Redis Cluster: `zdelay run` registers each local route's lane and moves it; the
 //! library enqueues into lanes with generated (`~<lane>.<id>`) and user-chosen ids, and gets,
-//! cancels and reschedules by either; what layout 2 does not hold yet is refused with a clear
-//! error; on a cluster a local route is delivered exactly once through kill -9 of the daemon.
+//! cancels and reschedules by either; a route changing between local and two-phase, and a
+//! namespace changing layout, are refused by name; on a cluster a local route is delivered
+//! exactly once through kill -9 of the daemon.
 
 use crate::common::{
     self, Daemon, RedisCluster, RedisServer, TestConfig, lrange, redis_now_ms, wait_for,
@@ -986,7 +987,7 @@ fn a_daemon_moves_a_lane_registered_again_by_another_config() {
 }
 
 #[test]
-fn layout_2_refuses_what_it_cannot_hold_yet_by_name() {
+fn a_route_changing_kind_and_a_namespace_changing_layout_are_refused_by_name() {
     let redis = RedisServer::start();
     // A route that changes between local and two-phase: its waiting jobs would stay where
     // nothing moves them, so the daemon refuses to start, naming the route.
@@ -1018,20 +1019,38 @@ target = "q:a"
         log.contains("route a was local (a route lane)") && log.contains("new name"),
         "{log}"
     );
-    let redis = RedisServer::start();
 
-    // A namespace keeps its layout: created on 1, a config that says 2 is refused.
+    // A namespace keeps its layout, both ways: one created on layout 1 (which only
+    // `redis.layout = 1` asks for now) refuses a config that says 2, and one created on 2
+    // (the default) a config that says 1.
     let rt = common::runtime();
-    connect(&rt, common::redis_config(&redis.url(), 4));
-    let two = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
-    let mut daemon = Daemon::spawn(&two);
-    let status = daemon.wait_exit(Duration::from_secs(20));
-    assert!(!status.success());
-    let log = daemon.log_text();
-    assert!(
-        log.contains("is on storage layout 1 and redis.layout says 2"),
-        "{log}"
-    );
+    for (created, says) in [(1, 2), (2, 1)] {
+        let redis = RedisServer::start();
+        let lib = connect(
+            &rt,
+            RedisConfig {
+                layout: (created == 1).then_some(1),
+                ..common::redis_config(&redis.url(), 4)
+            },
+        );
+        assert_eq!(lib.storage_layout(), created);
+        let config = TestConfig::new(&redis.url(), 4, ROUTES);
+        let config = if says == 2 {
+            config.on_layout_2()
+        } else {
+            config.on_layout_1()
+        };
+        let mut daemon = Daemon::spawn(&config);
+        let status = daemon.wait_exit(Duration::from_secs(20));
+        assert!(!status.success());
+        let log = daemon.log_text();
+        assert!(
+            log.contains(&format!(
+                "is on storage layout {created} and redis.layout says {says}"
+            )),
+            "{log}"
+        );
+    }
 }
 
 /// On a cluster a local route's lane sits in its list's slot, so the move is one script

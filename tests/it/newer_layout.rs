@@ -2,6 +2,10 @@
 //! a shard whose marker says `layout 2 <version>` (or `upgrading 2 <version>`) refuses this
 //! build's producers and stops its daemons, writing nothing; a schema whose `min_version` is
 //! above this build stops a daemon at start. Every refusal names the version to run.
+//!
+//! The markers' test is about a layout-1 namespace (what an older build's namespace looks
+//! like when a newer one upgrades it), so it asks for layout 1; the schema's test runs on the
+//! layout a new namespace gets.
 
 use crate::common::{Daemon, RedisServer, TestConfig, all_keys, client, llen};
 use std::collections::BTreeSet;
@@ -49,10 +53,15 @@ fn text(out: &std::process::Output) -> String {
 #[test]
 fn a_newer_layouts_marker_refuses_producers_and_stops_a_daemon_writing_nothing() {
     let redis = RedisServer::start();
-    let config = config(&redis);
+    let config = config(&redis).on_layout_1();
     let mut con = redis.conn();
     let rt = crate::common::runtime();
-    let producer = client(&rt, &redis.url(), SHARDS);
+    let producer = rt
+        .block_on(zdelay::Client::connect(&zdelay::config::RedisConfig {
+            layout: Some(1),
+            ..crate::common::redis_config(&redis.url(), SHARDS)
+        }))
+        .expect("a layout-1 namespace");
     // Jobs due now, written before the newer layout took the shards over.
     let waiting: Vec<String> = (0..20)
         .map(|i| {
@@ -155,7 +164,7 @@ fn a_schema_that_needs_a_newer_build_stops_a_daemon_and_a_producer_at_start() {
         .query(&mut con)
         .unwrap();
     let want = format!(
-        "namespace zdelay needs zdelay 9.9.9 or later (storage layout 1; this is zdelay {}): \
+        "namespace zdelay needs zdelay 9.9.9 or later (storage layout 2; this is zdelay {}): \
          run zdelay 9.9.9 or later",
         env!("CARGO_PKG_VERSION")
     );

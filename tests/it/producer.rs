@@ -63,13 +63,13 @@ fn producer_crate_needs_no_broker_client_http_server_or_cli_parser() {
 }
 
 /// A producer takes the namespace as the daemons made it: `Client::open` reads the shard count
-/// (10 here, not the default 16, so the job lands in the shard the whole CRC modulo 10 names,
-/// not the key slot modulo 10), and before any daemon it is refused, retryably, writing
-/// nothing: a producer that created the namespace would choose the shard count itself.
+/// (10 here, not the default 16, so a two-phase job lands in the spread shard the whole CRC
+/// modulo 10 names, not the key slot modulo 10), and before any daemon it is refused,
+/// retryably, writing nothing: a producer that created the namespace would choose the shard
+/// count itself.
 #[test]
 fn a_producer_reads_the_shard_count_from_the_namespace_and_never_creates_it() {
-    use crate::common::{self, RedisServer};
-    use zdelay::config::RedisConfig;
+    use crate::common::{self, Daemon, RedisServer, TestConfig};
     use zdelay::store::StoreError;
     use zdelay::{Client, ClientError, NewJob, OnConflict};
 
@@ -91,23 +91,32 @@ fn a_producer_reads_the_shard_count_from_the_namespace_and_never_creates_it() {
     assert!(err.to_string().contains("start one"), "{err}");
     assert_eq!(dbsize(&mut con), 0, "a refused producer writes nothing");
 
-    // What a daemon does at start: create the namespace from its config.
-    rt.block_on(Client::connect(&RedisConfig {
-        url: url.clone(),
-        shards: 10,
-        ..RedisConfig::default()
-    }))
-    .expect("create with 10 shards");
+    // A daemon at start creates the namespace from its config and registers its routes (here
+    // a two-phase one, to a Redis list: its jobs wait in the spread shards).
+    let config = TestConfig::new(
+        &url,
+        10,
+        &format!(
+            "[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"emails\"\n\
+             sink = \"other\"\ntarget = \"q:emails\"\n",
+            redis.url()
+        ),
+    );
+    let _daemon = Daemon::start(&config);
 
     let producer = rt.block_on(Client::open(&url)).expect("open");
     assert_eq!(producer.keys().shards(), 10);
     let id = "{user-42}:invoice";
-    rt.block_on(producer.enqueue(NewJob::new("emails", "hi").id(id), OnConflict::Replace))
+    let later = NewJob::new("emails", "hi")
+        .id(id)
+        .after(std::time::Duration::from_secs(3600));
+    rt.block_on(producer.enqueue(later, OnConflict::Replace))
         .expect("enqueue");
     // CRC-16 of "user-42" is 63,739: shard 9 of 10; its key slot 14,587 would say 7.
+    let spread = zdelay::keys::Keys::for_layout("zdelay", 10, 2);
     let in_shard = |s: u16| -> bool {
         redis::cmd("HEXISTS")
-            .arg(format!("{{zdelay:{s}}}:jobs"))
+            .arg(spread.jobs(s))
             .arg(id)
             .query(&mut redis.conn())
             .unwrap()

@@ -94,10 +94,30 @@ pub(crate) fn fcall_get_lane(keys: &zdelay::keys::LaneKeys, marker: &str, id: &s
     cmd
 }
 
+/// On one Redis, through a two-phase route (to another Redis): its jobs are kept in the spread
+/// shards, with layout 1's keys and frames under the spread shards' names, so `zd1_enqueue`
+/// and `zd1_get` are called there as a client in another language calls them for such a route.
 #[test]
 fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_delivered() {
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 10, ROUTES);
+    let remote = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        10,
+        &format!(
+            r#"
+[sinks.remote]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "emails"
+sink = "remote"
+target = "q:emails"
+"#,
+            remote.url()
+        ),
+    );
     let _daemon = Daemon::start(&config);
     let mut con = redis.conn();
 
@@ -118,7 +138,7 @@ fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_
         .query(&mut con)
         .unwrap();
     assert_eq!(shards, 10);
-    let keys = Keys::new("zdelay", shards);
+    let keys = Keys::for_layout("zdelay", shards, 2);
 
     // The same job through the Rust library and through FCALL, under two ids of one tag.
     let rt = common::runtime();
@@ -231,8 +251,8 @@ fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_
             .query(&mut con)
             .unwrap();
     assert_eq!(codes, [1]);
-    wait_for("the FCALL job delivered", Duration::from_secs(5), || {
-        lrange(&mut redis.conn(), "q:emails") == [b"now!".to_vec()]
+    wait_for("the FCALL job delivered", Duration::from_secs(15), || {
+        lrange(&mut remote.conn(), "q:emails") == [b"now!".to_vec()]
     });
 }
 

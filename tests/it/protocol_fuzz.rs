@@ -1211,19 +1211,30 @@ target = "q:emails"
 /// A cancel must take the `<unique>` key, so a cancelled job's window always goes with it: a
 /// cancel without it is refused and changes nothing, and a later job of the id enqueued by a
 /// call without the unique keys is not remembered once delivered (an enqueue with `unique`
-/// adds it).
-fn a_cancelled_window_is_not_inherited(layout_2: bool) {
+/// adds it). In a route's lane (`zd1_*_lane`), or in a spread shard (layout 1's `zd1_*` on the
+/// spread shards' keys: a two-phase route, here to another Redis).
+fn a_cancelled_window_is_not_inherited(lane: bool) {
     let redis = RedisServer::start();
-    let mut config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
-    if layout_2 {
-        config = config.on_layout_2();
-    }
+    let remote = (!lane).then(RedisServer::start);
+    let config = match &remote {
+        None => TestConfig::new(&redis.url(), SHARDS, ROUTES),
+        Some(remote) => TestConfig::new(
+            &redis.url(),
+            SHARDS,
+            &format!(
+                "[sinks.remote]\nkind = \"redis\"\nurl = \"{}\"\n\n{}",
+                remote.url(),
+                ROUTES.replace("sink = \"local\"", "sink = \"remote\"")
+            ),
+        ),
+    };
     let _daemon = Daemon::start(&config);
     let mut con = redis.conn();
+    let mut delivered_to = remote.as_ref().unwrap_or(&redis).conn();
     let id = "u1";
     let frame = b"zd1:emails\n0\nhello".to_vec();
     type Enqueue = Box<dyn Fn(&str, &str, bool) -> Call>;
-    let (enqueue, cancel_short, cancel): (Enqueue, Call, Call) = if layout_2 {
+    let (enqueue, cancel_short, cancel): (Enqueue, Call, Call) = if lane {
         let entry: String = redis::cmd("HGET")
             .arg("zdelay:lanes")
             .arg("r:emails")
@@ -1263,7 +1274,7 @@ fn a_cancelled_window_is_not_inherited(layout_2: bool) {
         };
         (Box::new(enqueue), cancel_short, cancel)
     } else {
-        let keys = Keys::new("zdelay", SHARDS);
+        let keys = Keys::for_layout("zdelay", SHARDS, 2);
         let shard = keys.shard_of(id);
         let k = keys.shard(shard);
         let all = vec![
@@ -1335,7 +1346,7 @@ fn a_cancelled_window_is_not_inherited(layout_2: bool) {
     // A new job of the id, enqueued by a call without the unique keys: delivered at once.
     assert_eq!(codes(enqueue("replace", "+0", false), &mut con), [1]);
     wait_for("the job delivered", Duration::from_secs(10), || {
-        common::lrange(&mut con, "q:emails").len() == 1
+        common::lrange(&mut delivered_to, "q:emails").len() == 1
     });
     // Not remembered: an enqueue with a window of its own is added, not a duplicate.
     assert_eq!(

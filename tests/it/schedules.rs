@@ -8,7 +8,6 @@
 
 use crate::common::{Daemon, RedisServer, TestConfig, llen, redis_now_ms, runtime, wait_for};
 use std::time::{Duration, Instant};
-use zdelay::config::RedisConfig;
 use zdelay::schedule::Misfire;
 use zdelay::schedules::{NewSchedule, Repeat};
 use zdelay::{Client, NewJob, OnConflict};
@@ -47,13 +46,39 @@ push = "rpush"
     )
 }
 
-fn client(rt: &tokio::runtime::Runtime, redis: &RedisServer) -> Client {
-    rt.block_on(Client::connect(&RedisConfig {
-        url: redis.url(),
-        shards: SHARDS,
-        ..Default::default()
-    }))
-    .expect("client")
+/// A producer with `config`'s routes: it registers their lanes if no daemon has yet.
+fn client(rt: &tokio::runtime::Runtime, config: &TestConfig) -> Client {
+    config.client(rt)
+}
+
+/// The keys of `route`'s lane (its list is `q:<route>`), where its schedules and their
+/// occurrences are kept.
+fn lane_keys(route: &str) -> zdelay::keys::LaneKeys {
+    crate::common::lane_keys(route, &format!("q:{route}"))
+}
+
+/// Jobs stored in the lanes of `routes` (occurrences written and not delivered yet).
+fn lane_jobs(con: &mut redis::Connection, routes: &[&str]) -> usize {
+    routes
+        .iter()
+        .map(|route| {
+            redis::cmd("HLEN")
+                .arg(lane_keys(route).jobs)
+                .query::<usize>(con)
+                .expect("HLEN")
+        })
+        .sum()
+}
+
+/// `route`'s lane as the registry gives it (the producer or the daemon registered it).
+fn lane(rt: &tokio::runtime::Runtime, lib: &Client, route: &str) -> zdelay::lane::Lane {
+    let registry = rt
+        .block_on(zdelay::store::lanes::read_registry(
+            &mut lib.connection(),
+            &lib.keys(),
+        ))
+        .expect("the lane registry");
+    registry.by_route[route].clone()
 }
 
 /// Every `every` from `start` (inclusive) to `end` (exclusive), catching up what it misses.
@@ -70,7 +95,7 @@ fn a_per_second_schedule_fires_each_occurrence_once_across_a_kill_9() {
     let redis = RedisServer::start();
     let config = config(&redis, "");
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let start = redis_now_ms(&mut con) + 1_000;
     let end = start + 10_000;
@@ -99,7 +124,7 @@ fn three_daemons_fire_a_per_second_schedule_exactly_sixty_times() {
     let redis = RedisServer::start();
     let config = config(&redis, "slot_lease = \"2s\"");
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let mut daemons: Vec<Daemon> = (0..3).map(|_| Daemon::start_instance(&config)).collect();
     let start = redis_now_ms(&mut con) + 1_000;
@@ -131,7 +156,7 @@ fn each_misfire_policy_after_a_five_second_stop() {
     let redis = RedisServer::start();
     let config = config(&redis, "");
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let mut daemon = Daemon::start(&config);
     let start = redis_now_ms(&mut con) + 500;
@@ -186,8 +211,9 @@ fn each_misfire_policy_after_a_five_second_stop() {
 #[test]
 fn quick_upserts_keep_one_pending_occurrence_and_the_grid() {
     let redis = RedisServer::start();
+    let config = config(&redis, "");
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let spec = || {
         let mut s = NewSchedule::new("grid", "l", "x", Repeat::Every(Duration::from_secs(7)));
@@ -214,14 +240,10 @@ fn quick_upserts_keep_one_pending_occurrence_and_the_grid() {
         );
     }
     let pending = |con: &mut redis::Connection| -> usize {
-        (0..SHARDS)
-            .map(|s| {
-                redis::cmd("ZCARD")
-                    .arg(format!("{{zdelay:{s}}}:sched_due"))
-                    .query::<usize>(con)
-                    .unwrap()
-            })
-            .sum()
+        redis::cmd("ZCARD")
+            .arg(lane_keys("l").sched_due)
+            .query::<usize>(con)
+            .unwrap()
     };
     assert_eq!(pending(&mut con), 1, "one pending occurrence");
     let view = rt.block_on(lib.schedule_get("grid")).unwrap().unwrap();
@@ -272,7 +294,7 @@ fn a_schedule_keeps_firing_across_a_redis_restart() {
     let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let config = config(&redis, "");
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let start = redis_now_ms(&mut con) + 500;
     rt.block_on(lib.schedule_set(windowed(
@@ -301,7 +323,7 @@ fn ten_thousand_schedules_due_on_one_second_all_go_within_a_second() {
     let redis = RedisServer::start();
     let config = config(&redis, "");
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let _daemon = Daemon::start(&config);
     // All first due at T (start_at, on each schedule's grid), then hourly.
@@ -339,7 +361,7 @@ fn max_lateness_expires_stale_jobs_and_occurrences() {
     let redis = RedisServer::start();
     let config = config(&redis, "");
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
     // Due 10 s ago with 1 s of tolerance: stale. Due now with 5 s: fresh.
@@ -545,7 +567,7 @@ target = "q:r"
             remote.url()
         ),
     );
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let _daemon = Daemon::start(&config);
     let start = redis_now_ms(&mut con) + 500;
@@ -584,31 +606,34 @@ target = "q:r"
     assert_eq!(llen(&mut remote.conn(), "q:r"), 0, "not delivered stale");
 }
 
-/// Fires what is due in `id`'s shard at `now` (explicit: tests drive time), then moves what
-/// is due at `now` to the lists; returns the occurrences written as jobs.
+/// Fires what is due in `lane` at `now` (explicit: tests drive time), then moves what is due
+/// at `now` to its list; returns the occurrences written as jobs.
 #[cfg(feature = "test-failpoints")]
 fn fire_and_move(
     rt: &tokio::runtime::Runtime,
     lib: &Client,
     ctx: &zdelay::poller::PollerContext,
-    id: &str,
+    lane: &std::sync::Arc<zdelay::lane::Lane>,
     now: i64,
 ) -> u64 {
-    let shard = lib.keys().shard_of(id);
-    let keys = lib.keys().shard(shard);
     let mut con = lib.connection();
     let mut cache = zdelay::schedules::ScheduleCache::default();
+    let wake_channel = lib.keys().wake_channel();
+    let at = zdelay::schedules::SchedAt::Lane {
+        lane,
+        wake_channel: &wake_channel,
+    };
     let report = rt
         .block_on(zdelay::schedules::fire_due(
             &mut con,
-            zdelay::schedules::SchedAt::Shard(&keys),
+            at,
             Some(now),
             &mut cache,
         ))
         .expect("fire_due");
     rt.block_on(zdelay::poller::move_once(
         ctx,
-        &zdelay::poller::Target::Shard(shard),
+        &zdelay::poller::Target::Lane(lane.clone()),
         Some(now),
     ))
     .expect("move_once");
@@ -661,7 +686,8 @@ fn release_set(child: std::process::Child, release: &std::path::Path) -> String 
 }
 
 /// What the race tests share: a Redis, a config with a local route, a client, a poller
-/// context to move jobs with an explicit clock.
+/// context to move jobs with an explicit clock, and the lane of route `l`, where the
+/// schedules are kept and fire.
 #[cfg(feature = "test-failpoints")]
 struct Race {
     redis: RedisServer,
@@ -669,6 +695,7 @@ struct Race {
     rt: tokio::runtime::Runtime,
     lib: Client,
     ctx: zdelay::poller::PollerContext,
+    lane: std::sync::Arc<zdelay::lane::Lane>,
 }
 
 #[cfg(feature = "test-failpoints")]
@@ -677,15 +704,26 @@ impl Race {
         let redis = RedisServer::start();
         let config = config(&redis, "");
         let rt = runtime();
-        let lib = client(&rt, &redis);
-        let cfg = zdelay::config::load(Some(&config.path)).expect("config");
-        let ctx = zdelay::poller::PollerContext::new(lib.connection(), &cfg, Default::default());
+        let lib = client(&rt, &config);
+        let lanes = config.register_routes(&rt);
+        let lane = lanes
+            .iter()
+            .find(|lane| lane.route == "l")
+            .expect("route l's lane")
+            .clone();
+        let mut ctx = zdelay::poller::PollerContext::new(
+            lib.connection(),
+            &config.load(),
+            Default::default(),
+        );
+        ctx.on_layout_2(2, lib.keys(), lanes);
         Race {
             redis,
             config,
             rt,
             lib,
             ctx,
+            lane,
         }
     }
 
@@ -698,8 +736,9 @@ impl Race {
         set.next_ms.unwrap()
     }
 
-    fn fire_and_move(&self, id: &str, now: i64) -> u64 {
-        fire_and_move(&self.rt, &self.lib, &self.ctx, id, now)
+    /// Fires and moves at `now` what is due in the lane of the schedules.
+    fn fire_and_move(&self, now: i64) -> u64 {
+        fire_and_move(&self.rt, &self.lib, &self.ctx, &self.lane, now)
     }
 
     fn delivered(&self) -> usize {
@@ -726,11 +765,11 @@ fn a_set_racing_a_firing_never_fires_an_occurrence_twice() {
     let race = Race::new();
     let o = race.hourly("race");
     let (child, release) = stalled_set(&race.config, &[&["race"], &HOURLY[..]].concat());
-    assert_eq!(race.fire_and_move("race", o), 1, "O fires");
+    assert_eq!(race.fire_and_move(o), 1, "O fires");
     assert_eq!(race.delivered(), 1);
     release_set(child, &release);
     assert_eq!(
-        race.fire_and_move("race", o + 1_800_000),
+        race.fire_and_move(o + 1_800_000),
         0,
         "nothing is due half an hour after O"
     );
@@ -748,9 +787,9 @@ fn a_timing_change_racing_a_firing_plans_after_what_fired() {
     let end = (o + 100 * 3_600_000).to_string();
     let args = [&["race"], &HOURLY[..], &["--end-at", &end]].concat();
     let (child, release) = stalled_set(&race.config, &args);
-    assert_eq!(race.fire_and_move("race", o), 1, "O fires");
+    assert_eq!(race.fire_and_move(o), 1, "O fires");
     release_set(child, &release);
-    assert_eq!(race.fire_and_move("race", o + 1_800_000), 0);
+    assert_eq!(race.fire_and_move(o + 1_800_000), 0);
     assert_eq!(race.delivered(), 1, "O delivered once");
     assert_eq!(race.next_ms("race"), Some(o + 3_600_000));
 }
@@ -764,16 +803,12 @@ fn a_set_racing_a_delete_and_create_never_fires_an_occurrence_twice() {
     let race = Race::new();
     let o = race.hourly("race");
     let (child, release) = stalled_set(&race.config, &[&["race"], &HOURLY[..]].concat());
-    assert_eq!(race.fire_and_move("race", o), 1, "O fires");
+    assert_eq!(race.fire_and_move(o), 1, "O fires");
     assert!(race.rt.block_on(race.lib.schedule_delete("race")).unwrap());
     let next = race.hourly("race");
     assert!(next > o, "a new grid, anchored later");
     release_set(child, &release);
-    assert_eq!(
-        race.fire_and_move("race", next - 1),
-        0,
-        "O is not pending again"
-    );
+    assert_eq!(race.fire_and_move(next - 1), 0, "O is not pending again");
     assert_eq!(race.delivered(), 1, "O delivered once");
 }
 
@@ -836,13 +871,13 @@ fn concurrent_unchanged_sets_keep_every_occurrence_exactly_once() {
         }
     });
     let lib_rt = runtime();
-    let lib = client(&lib_rt, &redis);
+    let lib = client(&lib_rt, &config);
     wait_for(
         "the window over and delivered",
         Duration::from_secs(20),
         || {
             let counts = lib_rt.block_on(lib.operator().schedule_counts()).unwrap();
-            counts.pending == 0 && crate::common::shard_total(&mut con, SHARDS, "jobs") == 0
+            counts.pending == 0 && lane_jobs(&mut con, &["l"]) == 0
         },
     );
     let delivered = llen(&mut con, "q:l");
@@ -858,7 +893,7 @@ fn concurrent_unchanged_sets_keep_every_occurrence_exactly_once() {
     let _ = monitor.kill();
     let _ = monitor.wait();
     let text = std::fs::read_to_string(monitor_file.path()).unwrap();
-    // Every job a firing wrote: HSETNX <shard>:jobs {tick}:<ms> <envelope>, run by a script.
+    // Every job a firing wrote: HSETNX <lane>:jobs {tick}:<ms> <payload>, run by a script.
     let mut written: Vec<i64> = text
         .lines()
         .filter_map(crate::keys_declared::parse_monitor_line)
@@ -888,7 +923,7 @@ fn an_update_while_no_daemon_runs_leaves_due_occurrences_to_the_misfire_policy()
     let redis = RedisServer::start();
     let config = config(&redis, "");
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     // Three occurrences (start, +1 s, +2 s), all past before any daemon runs.
     let start = redis_now_ms(&mut con) + 500;
@@ -927,7 +962,7 @@ fn an_update_while_no_daemon_runs_leaves_due_occurrences_to_the_misfire_policy()
             .unwrap()
             .pending
             == 0
-            && crate::common::shard_total(&mut con, SHARDS, "jobs") == 0
+            && lane_jobs(&mut con, &["l", "a", "b"]) == 0
     });
     let got = |con: &mut redis::Connection, list: &str| crate::common::lrange(con, list);
     assert_eq!(got(&mut con, "q:l"), vec![b"v2".to_vec()], "coalesce: one");
@@ -984,8 +1019,9 @@ fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
     /// The most occurrences one call may write (`schedules::FIRE_MAX_OCCURRENCES`).
     const BOUND: u64 = 1_000;
     let redis = RedisServer::start();
+    let config = config(&redis, "");
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let created: Vec<Vec<(String, i64)>> =
         rt.block_on(futures::future::join_all((0..16).map(|part| {
@@ -1008,7 +1044,7 @@ fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
     let now = first.values().max().unwrap() + (MISSED - 1) * 1000;
     let (_, source) = zdelay::store::scripts::ALL
         .iter()
-        .find(|(name, _)| *name == "fire_schedules")
+        .find(|(name, _)| *name == "fire_schedules_lane")
         .unwrap();
     let sha = redis::Script::new(source).get_hash().to_owned();
     let _: () = redis::cmd("CONFIG")
@@ -1021,15 +1057,22 @@ fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
     let mut written: std::collections::HashMap<String, Vec<i64>> = Default::default();
     let (mut calls, mut most, mut script_us) = (0, 0, Vec::new());
     let started = Instant::now();
-    for shard in 0..SHARDS {
-        let keys = lib.keys().shard(shard);
+    // Every schedule is kept in route l's lane and fires there.
+    let lane = lane(&rt, &lib, "l");
+    let wake_channel = lib.keys().wake_channel();
+    let keys = &lane.keys;
+    {
         let mut fire_con = lib.connection();
         let mut cache = zdelay::schedules::ScheduleCache::default();
         loop {
+            let at = zdelay::schedules::SchedAt::Lane {
+                lane: &lane,
+                wake_channel: &wake_channel,
+            };
             let report = rt
                 .block_on(zdelay::schedules::fire_due(
                     &mut fire_con,
-                    zdelay::schedules::SchedAt::Shard(&keys),
+                    at,
                     Some(now),
                     &mut cache,
                 ))
@@ -1059,6 +1102,9 @@ fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
             let _: () = redis::cmd("UNLINK")
                 .arg(&keys.due)
                 .arg(&keys.jobs)
+                .arg(&keys.meta)
+                .arg(&keys.maxlate)
+                .arg(&keys.large)
                 .query(&mut con)
                 .unwrap();
             if report.due == 0 {
@@ -1093,7 +1139,7 @@ fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
 /// version, a cut JSON, a pending occurrence that is not a whole ms) are quarantined at their
 /// first firing, with a reason `schedule list` and `get` show and the daemon logs once; the
 /// mover does not retry them in a loop (its script calls stay at their idle rate), a healthy
-/// schedule on the same shard keeps firing, and `schedule set` puts a quarantined one back
+/// schedule in the same lane keeps firing, and `schedule set` puts a quarantined one back
 /// on its timeline.
 #[test]
 fn an_unreadable_schedule_is_quarantined_and_the_mover_does_not_spin() {
@@ -1113,7 +1159,7 @@ push = "rpush"
 "#,
     );
     let rt = runtime();
-    let lib = client(&rt, &redis);
+    let lib = client(&rt, &config);
     let mut con = redis.conn();
     let every = |id: &str, every: Duration| NewSchedule::new(id, "l", id, Repeat::Every(every));
     rt.block_on(lib.schedule_set(every("healthy", Duration::from_millis(200))))
@@ -1122,7 +1168,7 @@ push = "rpush"
     for (id, record) in [("no-version", "v2\n{}"), ("cut", "1\n{\"dest\":\"l\",")] {
         rt.block_on(lib.schedule_set(every(id, Duration::from_secs(3600))))
             .unwrap();
-        let keys = lib.keys().shard(lib.keys().shard_of(id));
+        let keys = lane_keys("l");
         let _: () = redis::pipe()
             .hset(&keys.schedules, id, record)
             .zadd(&keys.sched_due, id, now)
@@ -1130,16 +1176,12 @@ push = "rpush"
             .unwrap();
     }
     // A pending occurrence that is not a whole ms (a score written by hand), at the head of
-    // the healthy schedule's shard: it must not hold that shard's schedules up either.
-    let healthy_shard = lib.keys().shard_of("healthy");
-    let fraction = (0..)
-        .map(|i| format!("fraction-{i}"))
-        .find(|id| lib.keys().shard_of(id) == healthy_shard)
-        .unwrap();
+    // the healthy schedule's lane: it must not hold that lane's schedules up either.
+    let fraction = "fraction".to_owned();
     rt.block_on(lib.schedule_set(every(&fraction, Duration::from_secs(3600))))
         .unwrap();
     let _: () = redis::cmd("ZADD")
-        .arg(lib.keys().shard(healthy_shard).sched_due)
+        .arg(lane_keys("l").sched_due)
         .arg(now as f64 + 0.5)
         .arg(&fraction)
         .query(&mut con)

@@ -271,7 +271,7 @@ fn recurring_tasks() {
         "schedule": "report",
         "state": "dead",
         (exit 0)
-        scheduled due kept while it was retried ({zdelay:<shard>}:scheduled): <R+0ms>
+        scheduled due kept while it was retried (zdelay:{<tag>}:s<shard>:scheduled): <R+0ms>
         so each of its calls had the idempotency key report:<R+0ms> (<schedule id>:<occurrence ms>)
         (Kafka, AMQP and NATS messages carry it as zdelay-id / message id; a Redis list gets the payload only)
         the service refused 4 RPUSH calls (INFO commandstats, rejected_calls)
@@ -311,7 +311,7 @@ fn recurring_tasks() {
 }
 
 /// Recipe 002 (a distributed scheduled queue): cron schedules with seconds fired by three
-/// daemons, two per shard, one killed with SIGKILL: 63 occurrences fired and consumed once
+/// daemons, two per shard and lane, one killed with SIGKILL: 63 occurrences fired and consumed once
 /// each. No daemon running while occurrences pass: coalesce, skip and catch_up deliver 1, 0
 /// and 3 of 3. A weekday schedule in Europe/Paris keeps one pending occurrence through
 /// update, pause, resume and delete.
@@ -334,8 +334,8 @@ fn distributed_cron() {
         2030-04-01T09:30:00+02:00  1901259000000
         2030-04-02T09:30:00+02:00  1901345400000
         (exit 0)
-        == the workers: zdelay run x3, each of the 4 shards polled by two of them
-        zdelay stats: 3 instances, each shard polled by 2 of them
+        == the workers: zdelay run x3, each of the 4 shards and the route's lane polled by two of them
+        zdelay stats: 3 instances, each shard and lane polled by 2 of them
         == the consumers: two of them BRPOP queue:cron
         consumers c1 and c2 started
         == ZADD cron:queue <time> <job> becomes a schedule: 13 of them, from T (an even second) for 5 s
@@ -358,10 +358,10 @@ fn distributed_cron() {
         job-12 <T+0ms>
         job-even <T+0ms>
         (exit 0)
-        pending occurrences (ZCARD {zdelay:<s>}:sched_due, all shards): 13, one per schedule; jobs stored ahead of time: 0
-        == a worker dies (kill -9) at T+2200ms: the other daemon on each of its shards carries on
+        pending occurrences (ZCARD zdelay:{<tag>}:sched_due:jobs, the route's lane): 13, one per schedule; jobs stored ahead of time: 0
+        == a worker dies (kill -9) at T+2200ms: the other daemon on each of its shards and lanes carries on
         instance 1 killed with SIGKILL
-        zdelay stats: 2 instances, each shard polled by 2 of them
+        zdelay stats: 2 instances, each shard and lane polled by 2 of them
         == each occurrence fired once, by one fenced script, and consumed once
         job-01: consumed 5 times
         job-02: consumed 5 times
@@ -399,7 +399,7 @@ fn distributed_cron() {
         $ zdelay schedule set standup --dest jobs --cron '0 30 9 * * 1-5' --tz Europe/Paris --start-at 2030-03-29T00:00:00Z --payload standup
         created standup; next occurrence 2030-03-29T09:30:00+01:00 (1901003400000)
         (exit 0)
-        $ redis-cli ZRANGE {zdelay:<shard>}:sched_due 0 -1 WITHSCORES
+        $ redis-cli ZRANGE zdelay:{<tag>}:sched_due:jobs 0 -1 WITHSCORES
         standup
         1901003400000
         (exit 0)

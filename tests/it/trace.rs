@@ -7,7 +7,7 @@
 //! the names lowercase.
 
 use crate::common::{
-    Daemon, RedisServer, Services, TestConfig, client, wait_all_settled, wait_for,
+    Daemon, RedisServer, Services, TestConfig, client, wait_all_settled_in, wait_for,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
@@ -152,6 +152,12 @@ fn new_origin(flags: &str) -> (String, String, String) {
     (trace, span, traceparent)
 }
 
+/// Waits until every two-phase job (kept in the spread shards) was settled.
+fn wait_spread_settled(con: &mut redis::Connection) {
+    let spread = zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2);
+    wait_all_settled_in(con, &spread, Duration::from_secs(30));
+}
+
 /// The span is a child of the origin and links to it.
 fn assert_continues(span: &Span, trace: &str, parent: &str) {
     assert_eq!(hex(&span.trace_id), trace, "same trace as the producer");
@@ -203,7 +209,7 @@ fn through_broker(
         .map(|r| r.expect("enqueued").0)
         .collect();
     let mut con = redis.conn();
-    wait_all_settled(&mut con, SHARDS, Duration::from_secs(30));
+    wait_spread_settled(&mut con);
     let got = read();
     let with = &got[b"with".as_slice()];
     assert_eq!(
@@ -499,7 +505,7 @@ target = "q:remote"
     rt.block_on(client.enqueue_batch(jobs, OnConflict::Error))
         .expect("enqueue");
     let mut scon = scheduler.conn();
-    wait_all_settled(&mut scon, SHARDS, Duration::from_secs(30));
+    wait_spread_settled(&mut scon);
     let mut tcon = target.conn();
     assert_eq!(crate::common::llen(&mut tcon, "q:remote"), JOBS);
     assert!(

@@ -28,7 +28,8 @@ done
 section "a task for later: zdelay enqueue --dest <queue> --in <delay>, or ZADD delayed:low"
 zdelay enqueue --dest high --in 300ms --payload "$(task h-later list_item '["shield",90]')" >/dev/null
 say "zdelay enqueue --dest high --in 300ms h-later"
-# Ids sharing the {medium} tag share a shard: they leave in due order however late the mover.
+# A route's jobs wait in its lane (beside its list): they leave in due order however late the
+# mover.
 zdelay enqueue --dest medium --id '{medium}:m-later-1' --in 300ms \
     --payload "$(task m-later-1 list_item '["bow",40]')" >/dev/null
 say "zdelay enqueue --dest medium --id {medium}:m-later-1 --in 300ms m-later-1"
@@ -63,11 +64,9 @@ for ((n = 1; n <= BULK; n++)); do
 done >"$WORK/bulk.jsonl"
 zdelay enqueue --batch "$WORK/bulk.jsonl" >"$WORK/bulk.ids"
 say "zdelay enqueue --batch: $(grep -c . "$WORK/bulk.ids") tasks for medium, due in 300 ms"
-no_jobs_stored() {
-    local s
-    for ((s = 0; s < 16; s++)); do [[ $(rcli HLEN "{zdelay:$s}:jobs") == 0 ]] || return 1; done
-}
-wait_until 20 "every task moved (no job left in the 16 shards)" no_jobs_stored
+MEDIUM_JOBS=$(lane_key jobs medium queue:medium-delayed)
+no_jobs_stored() { [[ $(rcli HLEN "$MEDIUM_JOBS") == 0 ]]; }
+wait_until 20 "every task moved (no job left in medium's lane)" no_jobs_stored
 rcli LRANGE queue:medium-delayed 0 -1 >"$WORK/bulk.txt"
 say "queue:medium-delayed: $(wc -l <"$WORK/bulk.txt") tasks, $(sort -u "$WORK/bulk.txt" | wc -l) distinct"
 by_first=$(ADMIN_PORT=$FIRST_ADMIN metric 'zdelay_jobs_moved_total{route="medium"}')

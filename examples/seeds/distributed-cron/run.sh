@@ -7,7 +7,8 @@
 # Planning: cron expressions with seconds, previewed by the daemon's own code. Coordinating:
 # each schedule keeps one pending occurrence; one fenced script turns it into a job and writes
 # the next, so nothing is computed hours ahead and no two workers fire the same occurrence.
-# Execution: three zdelay daemons share the shards, two on each; one is killed with SIGKILL
+# Execution: three zdelay daemons share the shards and the route's lane (where its schedules
+# live and fire), two on each; one is killed with SIGKILL
 # mid-run; two consumers BRPOP the queue. Thirteen schedules fire 63 occurrences in 5 s, and
 # each is consumed once. Then no daemon runs while three occurrences of each of three
 # schedules pass: a daemon that starts later applies each one's misfire policy. Last, a
@@ -32,11 +33,6 @@ settled() {
     out=$(zdelay stats)
     grep -q '^total: 0 due now, 0 scheduled, 0 in flight,' <<<"$out"
 }
-sum_over_shards() {
-    local s total=0
-    for ((s = 0; s < SHARDS; s++)); do total=$((total + $(rcli "$1" "{zdelay:$s}:$2"))); done
-    echo "$total"
-}
 consumed() { cat "$WORK"/consumer-* 2>/dev/null | wc -l; }
 consumed_is() { [[ $(consumed) == "$1" ]]; }
 # A consumer: BRPOP the queue until it pops the word stop; one job a line in $WORK/consumer-NAME.
@@ -57,10 +53,10 @@ show_cmd "zdelay schedule preview --cron '*/20 * * * * *' --from 2030-01-01T00:0
 show_cmd "zdelay schedule preview --cron '0 30 9 * * 1-5' --tz Europe/Paris --from 2030-03-29T00:00:00Z --count 3" \
     zdelay schedule preview --cron '0 30 9 * * 1-5' --tz Europe/Paris --from 2030-03-29T00:00:00Z --count 3
 
-section "the workers: zdelay run x3, each of the $SHARDS shards polled by two of them"
+section "the workers: zdelay run x3, each of the $SHARDS shards and the route's lane polled by two of them"
 for _ in 1 2 3; do start_instance; done
-wait_until 10 "two daemons on every shard" plan_is 3 2 "$SHARDS"
-say "zdelay stats: 3 instances, each shard polled by 2 of them"
+wait_until 10 "two daemons on every shard and lane" plan_is 3 2 "$SHARDS"
+say "zdelay stats: 3 instances, each shard and lane polled by 2 of them"
 zdelay stats | grep '^instance ' | while IFS= read -r line; do note "$line"; done
 
 section "the consumers: two of them BRPOP $QUEUE"
@@ -84,20 +80,22 @@ show_cmd "head -n 1 schedules.jsonl; tail -n 1 schedules.jsonl" \
     eval "head -n 1 '$WORK/schedules.jsonl'; tail -n 1 '$WORK/schedules.jsonl'"
 show_cmd "zdelay schedule set --batch schedules.jsonl | sort" \
     eval "zdelay schedule set --batch '$WORK/schedules.jsonl' | sort"
-pending=$(sum_over_shards ZCARD sched_due) jobs=$(sum_over_shards HLEN jobs)
+# The route's schedules, their pending occurrences and its jobs live in its lane.
+SCHED_DUE=$(lane_key sched_due jobs "$QUEUE")
+pending=$(rcli ZCARD "$SCHED_DUE") jobs=$(rcli HLEN "$(lane_key jobs jobs "$QUEUE")")
 (($(redis_ms) < T)) || die "the schedules were set after T: machine too slow for this timeline"
-say "pending occurrences (ZCARD {zdelay:<s>}:sched_due, all shards): $pending, one per schedule; jobs stored ahead of time: $jobs"
+say "pending occurrences (ZCARD zdelay:{<tag>}:sched_due:jobs, the route's lane): $pending, one per schedule; jobs stored ahead of time: $jobs"
 expect "pending occurrences" "$pending" 13
 expect "jobs stored ahead" "$jobs" 0
 
-section "a worker dies (kill -9) at T+2200ms: the other daemon on each of its shards carries on"
+section "a worker dies (kill -9) at T+2200ms: the other daemon on each of its shards and lanes carries on"
 wait_until 10 "T+2200ms" redis_time_past $((T + 2200))
 # Its count just before the kill: nothing is due between T+2s and T+3s.
 fired_by_killed=$(instance_metric 0 'zdelay_schedule_occurrences_total{outcome="fired"}')
 kill9_instance 0
 say "instance 1 killed with SIGKILL"
 wait_until 10 "its registration to lapse and the shards to be dealt again" plan_is 2 2 "$SHARDS"
-say "zdelay stats: 2 instances, each shard polled by 2 of them"
+say "zdelay stats: 2 instances, each shard and lane polled by 2 of them"
 
 section "each occurrence fired once, by one fenced script, and consumed once"
 wait_until 15 "the schedules' last occurrences" ended
@@ -155,9 +153,8 @@ T0=""
 show_cmd "zdelay schedule set standup --dest jobs --cron '0 30 9 * * 1-5' --tz Europe/Paris --start-at 2030-03-29T00:00:00Z --payload standup" \
     zdelay schedule set standup --dest jobs --cron '0 30 9 * * 1-5' --tz Europe/Paris \
     --start-at 2030-03-29T00:00:00Z --payload standup
-shard=$(zdelay schedule get standup --json | sed -n 's/^  "shard": \([0-9]*\).*/\1/p')
-show_cmd "redis-cli ZRANGE {zdelay:<shard>}:sched_due 0 -1 WITHSCORES" \
-    rcli ZRANGE "{zdelay:$shard}:sched_due" 0 -1 WITHSCORES
+show_cmd "redis-cli ZRANGE zdelay:{<tag>}:sched_due:jobs 0 -1 WITHSCORES" \
+    rcli ZRANGE "$SCHED_DUE" 0 -1 WITHSCORES
 show_cmd "zdelay schedule set standup --dest jobs --cron '0 0 10 * * 1-5' --tz Europe/Paris --start-at 2030-03-29T00:00:00Z --payload standup" \
     zdelay schedule set standup --dest jobs --cron '0 0 10 * * 1-5' --tz Europe/Paris \
     --start-at 2030-03-29T00:00:00Z --payload standup

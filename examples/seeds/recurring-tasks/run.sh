@@ -103,7 +103,8 @@ show_cmd "zdelay schedule set report --dest calls --every 3s --start-at <R> --en
     --max-attempts 4 --payload report
 # Follow the first occurrence, a job of its own, until it dies: each refused call rewrites its
 # attempt count and its due time (the backoff); the scheduled due of its idempotency key
-# (HGET {zdelay:<shard>}:scheduled <id>: "<scheduled due> <fencing token of its last claim>")
+# (HGET zdelay:{<tag>}:s<shard>:scheduled <id>, in its spread shard: "<scheduled due>
+# <fencing token of its last claim>")
 # stays.
 occ="{report}:$R"
 seen=0 keys=()
@@ -114,7 +115,7 @@ while :; do
         state=$(json_field state <<<"$job")
         attempt=$(json_field attempt <<<"$job")
         shard=$(json_field shard <<<"$job")
-        key=$(rcli HGET "{zdelay:$shard}:scheduled" "$occ")
+        key=$(rcli HGET "$(spread_key scheduled "$shard" "$SHARDS")" "$occ")
         key=${key%% *}
         [[ -z $key ]] || keys+=("$key")
         [[ $state == dead ]] && break
@@ -131,7 +132,7 @@ show_cmd "zdelay get {report}:<R+0ms>   (fields id, schedule, attempt, max_attem
 expect "attempts of the dead occurrence" "$(zdelay get "$occ" -o json | json_field attempt)" 4
 schedule_id=$(zdelay get "$occ" -o json | json_field schedule)
 distinct=$(printf '%s\n' "${keys[@]}" | sort -u | relative "$R" R | paste -sd' ' -)
-say "scheduled due kept while it was retried ({zdelay:<shard>}:scheduled): $distinct"
+say "scheduled due kept while it was retried (zdelay:{<tag>}:s<shard>:scheduled): $distinct"
 say "so each of its calls had the idempotency key $schedule_id:$distinct (<schedule id>:<occurrence ms>)"
 expect "scheduled dues kept while retried" "$distinct" "<R+0ms>"
 say "(Kafka, AMQP and NATS messages carry it as zdelay-id / message id; a Redis list gets the payload only)"

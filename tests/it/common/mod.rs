@@ -362,6 +362,26 @@ impl TestConfig {
             .with_routes(zdelay::routes::Routes::from_config(&cfg))
     }
 
+    /// Registers this config's routes (each local route's lane, the two-phase routes) as a
+    /// daemon does at start, creating the namespace if needed; returns the local routes'
+    /// lanes. For tests that write or drive a lane before (or without) any daemon.
+    pub fn register_routes(
+        &self,
+        rt: &tokio::runtime::Runtime,
+    ) -> Vec<std::sync::Arc<zdelay::lane::Lane>> {
+        let cfg = self.load();
+        let lib = rt
+            .block_on(zdelay::Client::connect(&cfg.redis))
+            .expect("library client connects");
+        rt.block_on(zdelay::app::register_lanes(
+            &mut lib.connection(),
+            &cfg,
+            &lib.keys(),
+            lib.storage_layout(),
+        ))
+        .expect("the routes registered")
+    }
+
     /// Runs a CLI command with this config and returns its output.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         Command::new(zdelay_bin())
@@ -746,6 +766,13 @@ pub fn wait_spread_settled(con: &mut redis::Connection, shards: u16, timeout: Du
 }
 
 // ---- Helpers for the delivery and bad-input tests (additive). ----
+
+/// The keys of local route `route`'s lane in namespace `zdelay` (storage layout 2), whose
+/// jobs are pushed onto `list`: the lane sits in the list's hash slot.
+pub fn lane_keys(route: &str, list: &str) -> zdelay::keys::LaneKeys {
+    use zdelay::keys::{LaneKeys, slot_of, slot_tag};
+    LaneKeys::new("zdelay", slot_tag(slot_of(list)), route)
+}
 
 /// `[redis]` for the library client: this server, the default namespace, `shards` shards.
 pub fn redis_config(url: &str, shards: u16) -> zdelay::config::RedisConfig {
