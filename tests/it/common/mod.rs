@@ -767,13 +767,6 @@ pub fn wait_spread_settled(con: &mut redis::Connection, shards: u16, timeout: Du
 
 // ---- Helpers for the delivery and bad-input tests (additive). ----
 
-/// The keys of local route `route`'s lane in namespace `zdelay` (storage layout 2), whose
-/// jobs are pushed onto `list`: the lane sits in the list's hash slot.
-pub fn lane_keys(route: &str, list: &str) -> zdelay::keys::LaneKeys {
-    use zdelay::keys::{LaneKeys, slot_of, slot_tag};
-    LaneKeys::new("zdelay", slot_tag(slot_of(list)), route)
-}
-
 /// `[redis]` for the library client: this server, the default namespace, `shards` shards.
 pub fn redis_config(url: &str, shards: u16) -> zdelay::config::RedisConfig {
     zdelay::config::RedisConfig {
