@@ -510,6 +510,10 @@ async fn sample_stats(
             Ok(()) => crate::metrics::recovered("redis", "unique windows"),
             Err(e) => crate::metrics::error_event("redis", "unique windows", &e),
         }
+        match crate::gone::step(&mut con, &config, &keys).await {
+            Ok(_) => crate::metrics::recovered("redis", "gone routes"),
+            Err(e) => crate::metrics::error_event("redis", "gone routes", &e),
+        }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}
             _ = shutdown.cancelled() => {}

@@ -10,6 +10,7 @@
 pub mod activity;
 pub mod admin;
 pub mod app;
+pub mod gone;
 pub mod metrics;
 pub mod poller;
 pub mod preflight;

@@ -500,6 +500,17 @@ route = "m"
             .expect("relocate");
         // The delivered occurrence, waiting, and the expired one, dead.
         assert_eq!(relocated.moved, 2, "{relocated:?}");
+        // A route no daemon has any more: its due jobs go to dead.
+        let (gone, _) = rt
+            .block_on(scripts::route_gone_lane(
+                &mut lcon,
+                &moved,
+                10,
+                Some(i64::MAX / 4),
+                "route gone",
+            ))
+            .expect("route_gone_lane");
+        assert!(gone >= 1, "the relocated occurrence is due by then");
     }
     // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
     // dead job's history, and needs no daemon running.

@@ -375,6 +375,99 @@ target = "q:remote"
     assert_eq!(hlen_all(&mut con, "scheduled"), 0);
 }
 
+/// A local route removed from every daemon's config: once no running daemon has had it for
+/// the grace period its due jobs go to dead saying so, and its later jobs as they fall due;
+/// nothing dies while one daemon still has it, nor in a lane a producer registered before any
+/// daemon had its route.
+#[test]
+fn a_removed_local_routes_jobs_die_once_no_daemon_has_it() {
+    let scheduler = RedisServer::start();
+    let routes = |names: &[&str]| {
+        let body: String = names
+            .iter()
+            .map(|n| {
+                format!("\n[[routes]]\nname = \"{n}\"\nsink = \"local\"\ntarget = \"q:{n}\"\n")
+            })
+            .collect();
+        config(&scheduler, &format!("stats_interval = \"100ms\"\n{body}"))
+    };
+    let (old, new, later) = (
+        routes(&["keep", "gone"]),
+        routes(&["keep"]),
+        routes(&["keep", "fresh"]),
+    );
+    let grace = [("ZDELAY_FAILPOINT", "routes_gone_grace_ms=1000")];
+    let with_gone = Daemon::start(&old);
+    let without = Daemon::spawn_instance_with_env(&new, &grace);
+    without.wait_ready();
+    let mut con = scheduler.conn();
+    let lane = lane_keys("gone", "q:gone");
+    let zcard = |con: &mut redis::Connection, key: &str| -> usize {
+        redis::cmd("ZCARD").arg(key).query(con).unwrap()
+    };
+    // While a daemon has the route, it delivers and nothing dies, past the grace period.
+    enqueue(&old, "gone", "early", 3);
+    wait_for(
+        "the route's daemon delivers",
+        Duration::from_secs(10),
+        || llen(&mut con, "q:gone") == 3,
+    );
+    let rt = common::runtime();
+    let producer = old.client(&rt);
+    let future = redis_now_ms(&mut con) + 3_600_000;
+    for i in 0..5 {
+        rt.block_on(producer.enqueue(
+            NewJob::new("gone", format!("later-{i}")).at(future),
+            OnConflict::Error,
+        ))
+        .expect("enqueue");
+    }
+    // No condition marks "a sweep ran and left the lane alone": wait out the grace period.
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(zcard(&mut con, &lane.dead), 0, "{}", without.log_text());
+    drop(with_gone);
+
+    // No daemon has it now: its due jobs die, saying why; the later ones wait.
+    let ids: Vec<String> = (0..4)
+        .map(|i| {
+            rt.block_on(
+                producer.enqueue(NewJob::new("gone", format!("due-{i}")), OnConflict::Error),
+            )
+            .expect("enqueue")
+            .0
+        })
+        .collect();
+    wait_for_or_show(
+        "the removed route's due jobs dead",
+        Duration::from_secs(15),
+        || zcard(&mut con, &lane.dead) == 4,
+        || without.log_text(),
+    );
+    assert_eq!(zcard(&mut con, &lane.due), 5, "the later jobs wait");
+    assert_eq!(llen(&mut con, "q:gone"), 3, "nothing more delivered");
+    let job = rt
+        .block_on(producer.get(&ids[0]))
+        .expect("get")
+        .expect("kept");
+    assert_eq!(
+        job.reason.as_deref(),
+        Some("route gone: route gone is in no running daemon's config")
+    );
+    assert_eq!(
+        without.metric("zdelay_jobs_dead_total", &[("reason", "route_gone")]),
+        4.0
+    );
+
+    // A route a producer registered before any daemon had it waits for that daemon.
+    enqueue(&later, "fresh", "first", 2);
+    let fresh = lane_keys("fresh", "q:fresh");
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(
+        (zcard(&mut con, &fresh.due), zcard(&mut con, &fresh.dead)),
+        (2, 0)
+    );
+}
+
 /// Jobs claimed by a live sink whose route now names another sink, which is down: they are
 /// handed over to the down sink's part of the ready set (which it claims from, within its own
 /// bounds), not published through the down sink by the claimer, and claim and release do not

@@ -221,6 +221,13 @@ impl Keys {
         format!("{}:lanes", self.namespace)
     }
 
+    /// HASH: local route → when a running daemon last had it in its config (Redis ms),
+    /// refreshed by every daemon at `poller.stats_interval`. A route's lane whose entry is
+    /// stale is swept to dead by the daemons that do not have the route.
+    pub fn routes_seen(&self) -> String {
+        format!("{{{}}}:routes_seen", self.namespace)
+    }
+
     /// HASH: sink name → its last health as JSON (`{"kind","up","error","at"}`), written by
     /// the daemons' sink checkers, read by `zdelay stats`. In the registry's slot, so on a
     /// cluster the daemons' own bookkeeping needs one node besides the schema's.

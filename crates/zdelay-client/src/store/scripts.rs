@@ -88,6 +88,7 @@ scripts!(
     fire_schedules_lane,
     upgrade_put_lane,
     relocate_drop_lane,
+    route_gone_lane,
     claim_slots,
     release_slots,
     upsert_schedule,
@@ -2480,6 +2481,34 @@ pub async fn relocate_drop_lane(
     inv.invoke(con).await
 }
 
+/// Sends up to `batch` due jobs of `lane` to dead with `reason` (`route_gone_lane.lua`): its
+/// route is in no running daemon's config. Returns how many, and whether more are due.
+pub async fn route_gone_lane(
+    con: &mut Conn,
+    lane: &Lane,
+    batch: usize,
+    now_ms: Option<i64>,
+    reason: &str,
+) -> redis::RedisResult<(u64, bool)> {
+    let k = &lane.keys;
+    let (dead, more): (u64, u8) = Call::new(&compiled::route_gone_lane)
+        .key(&k.due)
+        .key(&k.maxlate)
+        .key(&k.large)
+        .key(&k.dead)
+        .key(&k.reasons)
+        .key(&k.marker)
+        .key(&k.unique)
+        .key(&k.windows)
+        .arg(lane.marker())
+        .arg(batch)
+        .arg(now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(reason)
+        .invoke(con)
+        .await?;
+    Ok((dead, more == 1))
+}
+
 /// One job for a route lane (`enqueue_lane`).
 pub struct LaneItem<'a> {
     /// The stored id (the lane is in the keys).
@@ -3134,6 +3163,7 @@ mod tests {
             ("fire_schedules_lane", 13),
             ("upgrade_put_lane", 16),
             ("relocate_drop_lane", 17),
+            ("route_gone_lane", 6),
             ("get_lane", 7),
         ];
         // Every script on a lane's keys is fenced; the registry's own script takes none, and
