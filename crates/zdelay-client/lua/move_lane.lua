@@ -173,7 +173,7 @@ local n = #ids
 local per_key_dead = 0
 if per_key and n > 0 then
   local key_rate, key_burst = tonumber(ARGV[flow_at + 5]), tonumber(ARGV[flow_at + 6])
-  local step = 1000 / key_rate
+-- @include key_bucket
   local metas = redis.call('HMGET', meta_key, unpack(ids))
   -- A job's key: found as text in the compact JSON producers write ('"<header>":"<value>"',
   -- no backslash in the meta), else by decoding it. false: the meta is not JSON.
@@ -214,46 +214,18 @@ if per_key and n > 0 then
       end
     end
   end
-  -- A key's state: "<tokens> <refilled at ms> <when it next has a whole token, ms>". The
-  -- last field keeps a waiting key's place for a daemon that reads it alone (and is read
-  -- for the same reason: tokens never exceed what it allows).
-  local buckets_of = {}
-  local fields = {}
-  for k = 1, #order do fields[k] = 'k:' .. order[k] end
-  local states = #order > 0 and redis.call('HMGET', flow_key, unpack(fields)) or {}
-  for k = 1, #order do
-    local t, at, free = key_burst, now_ms, now_ms
-    if states[k] then
-      local ts, as, fs = string.match(states[k], '^(%S+) (%S+) (%S+)$')
-      t, at, free = tonumber(ts) or key_burst, tonumber(as) or now_ms, tonumber(fs) or now_ms
-    end
-    if now_ms > at then
-      t = math.min(key_burst, t + (now_ms - at) * key_rate / 1000)
-      at = now_ms
-    end
-    if free > at then t = math.min(t, 1 - (free - at) / step) end
-    buckets_of[order[k]] = { tokens = t, at = at }
-  end
+  local buckets_of = key_buckets(flow_key, order)
   local kept_ids, later, kept_n, later_n, dead_ids = {}, {}, 0, 0, {}
-  local ceil = math.ceil
   for i = 1, n do
     local key = key_at[i]
     if key == false then
       dead_ids[#dead_ids + 1] = ids[i]
     else
-      local b = key and buckets_of[key]
-      if not key or b.tokens >= 1 - 1e-9 then
-        if key then b.tokens = b.tokens - 1 end
+      local turn = key and key_take(buckets_of[key])
+      if not turn then
         kept_n = kept_n + 1
         kept_ids[kept_n] = ids[i]
       else
-        -- From the bucket's own time: a clock that stepped back gives no earlier turn.
-        local turn = b.at + ceil((1 - b.tokens) * step - 1e-9)
-        -- The turn is on a whole ms, a little after the token: what the bucket gained
-        -- meanwhile over its burst is lost, as it would be to a full bucket.
-        local over = b.tokens + (turn - b.at) * key_rate / 1000 - key_burst
-        b.tokens = b.tokens - 1
-        if over > 0 then b.tokens = b.tokens - over end
         later[later_n + 1] = turn + 0.5
         later[later_n + 2] = ids[i]
         later_n = later_n + 2
@@ -265,14 +237,7 @@ if per_key and n > 0 then
   for k = 1, later_n, 1000 do
     redis.call('ZADD', due_key, 'XX', unpack(later, k, math.min(later_n, k + 999)))
   end
-  local writes = {}
-  for _, key in ipairs(order) do
-    local b = buckets_of[key]
-    writes[#writes + 1] = 'k:' .. key
-    writes[#writes + 1] = string.format('%.17g %d %.17g', b.tokens, b.at,
-      b.at + math.max(0, 1 - b.tokens) * step)
-  end
-  if #writes > 0 then redis.call('HSET', flow_key, unpack(writes)) end
+  key_buckets_write(flow_key, buckets_of, order)
   if #dead_ids > 0 then
     -- As every dead job: payload and meta kept for replay (a replay with its meta mended
     -- moves it), its max lateness and large-set entry gone with it.
