@@ -291,7 +291,7 @@ test("on a cluster on layout 2, jobs go to their route's lane and are delivered"
       return true;
     });
     const seeds = nodes.map((n) => `"${n.url}"`).join(", ");
-    const daemon = await startDaemon(`cluster_nodes = [${seeds}]`, { shards: 4, layout: 2 });
+    const daemon = await startDaemon(`cluster_nodes = [${seeds}]`, { shards: 4 });
     const cluster = new Cluster(nodes.map((n) => ({ host: "127.0.0.1", port: n.port })));
     const client = new zdelay.Client(cluster);
     try {
@@ -373,7 +373,7 @@ test("lookups by id during an upgrade find jobs it has not moved yet", async () 
 test("lookups by id during a reshard of the spread shards find two-phase jobs it has not moved yet", async () => {
   const [server, remote] = [await startRedis(), await startRedis()];
   const extra = `\n[sinks.other]\nkind = "redis"\nurl = "${remote.url}"\n\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n`;
-  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2, extra });
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, extra });
   const client = new zdelay.Client(new Redis(server.url));
   const gate = join(daemon.dir, "reshard-gate");
   let proc;
@@ -410,7 +410,7 @@ test("lookups by id during a reshard of the spread shards find two-phase jobs it
 
 test("on layout 2 an id of your own is looked for in every lane; held by two routes it needs dest", async () => {
   const server = await startRedis();
-  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2, routes: ["emails", "sms"] });
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, routes: ["emails", "sms"] });
   const client = new zdelay.Client(new Redis(server.url));
   try {
     await client.enqueue({ dest: "sms", payload: "text", id: "one", delay: 3_600_000 });
@@ -431,7 +431,7 @@ test("on layout 2 an id of your own is looked for in every lane; held by two rou
 
 test("on layout 2 a route without a lane is retryable and writes nothing", async () => {
   const server = await startRedis();
-  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2 });
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4 });
   const redis = new Redis(server.url);
   const client = new zdelay.Client(new Redis(server.url));
   try {
@@ -449,7 +449,7 @@ test("on layout 2 a route without a lane is retryable and writes nothing", async
     assert.deepEqual((await redis.keys("zdelay:{*")).filter((k) => !keysBefore.has(k) && !k.endsWith(":emails")), []);
     // A producer given a config with the route registers its lane; the same call then goes in.
     const config = join(daemon.dir, "sms.toml");
-    writeFileSync(config, `[redis]\nurl = "${server.url}"\nlayout = 2\nshards = 4\n\n[[routes]]\nname = "sms"\nsink = "local"\ntarget = "q:sms"\n`);
+    writeFileSync(config, `[redis]\nurl = "${server.url}"\nshards = 4\n\n[[routes]]\nname = "sms"\nsink = "local"\ntarget = "q:sms"\n`);
     execFileSync(zdelayBin, ["enqueue", "--config", config, "--dest", "sms", "--in", "1h", "--payload", "z"]);
     assert.equal((await client.enqueue({ dest: "sms", payload: "x" })).outcome, "added");
   } finally {
@@ -517,7 +517,7 @@ test("lookups by id follow a lane whose route's list moved to another slot", asy
   // after its first put, so they are in both lanes); a client that read the registry before finds
   // and cancels them by id meanwhile.
   const server = await startRedis();
-  let daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2 });
+  let daemon = await startDaemon(`url = "${server.url}"`, { shards: 4 });
   const client = new zdelay.Client(new Redis(server.url));
   const gate = join(daemon.dir, "..", `relocate-gate-${process.pid}`);
   try {
@@ -526,7 +526,7 @@ test("lookups by id follow a lane whose route's list moved to another slot", asy
     assert.ok(generated.startsWith("~"));
     await daemon.stop();
     daemon = await startDaemon(`url = "${server.url}"`, {
-      shards: 4, layout: 2, targets: { emails: "q:elsewhere" },
+      shards: 4, targets: { emails: "q:elsewhere" },
       env: { ZDELAY_FAILPOINT: `relocate_after_put=${gate}` }, ready: async () => existsSync(`${gate}.reached`),
     });
     // Still in the old lane (not forgotten there yet): a retryable refusal, never "not found".

@@ -204,7 +204,7 @@ def test_before_any_daemon_the_namespace_is_missing_and_retryable(redis_url):
 
 
 def test_on_layout_2_a_route_without_a_lane_is_retryable_and_writes_nothing(redis_url, tmp_path):
-    daemon = Daemon(f'url = "{redis_url}"', shards=4, layout=2)
+    daemon = Daemon(f'url = "{redis_url}"', shards=4)
     try:
         r = redis.Redis.from_url(redis_url)
         lanes_before = r.hgetall("zdelay:lanes")
@@ -222,7 +222,7 @@ def test_on_layout_2_a_route_without_a_lane_is_retryable_and_writes_nothing(redi
         assert {k for k in set(r.keys("zdelay:{*")) - keys_before if not k.endswith(b":emails")} == set()
         # A producer given a config with the route registers its lane; the same call then goes in.
         config = tmp_path / "sms.toml"
-        config.write_text(f'[redis]\nurl = "{redis_url}"\nlayout = 2\nshards = 4\n\n'
+        config.write_text(f'[redis]\nurl = "{redis_url}"\nshards = 4\n\n'
                           '[[routes]]\nname = "sms"\nsink = "local"\ntarget = "q:sms"\n')
         out = subprocess.run([ZDELAY, "enqueue", "--config", str(config), "--dest", "sms", "--in", "1h", "--payload", "z"],
                              capture_output=True)
@@ -270,7 +270,7 @@ def test_the_asyncio_client_does_the_same(daemon, redis_url):
 
 def test_on_a_cluster_on_layout_2_jobs_go_to_their_route_lane(cluster):
     seeds = ", ".join(f'"redis://127.0.0.1:{p}"' for p in cluster)
-    daemon = Daemon(f"cluster_nodes = [{seeds}]", shards=4, layout=2)
+    daemon = Daemon(f"cluster_nodes = [{seeds}]", shards=4)
     try:
         client = zdelay.Client.from_url(f"redis://127.0.0.1:{cluster[0]}", cluster=True)
         generated = client.enqueue("emails", "later", delay=timedelta(hours=1))

@@ -97,7 +97,7 @@ def test_the_asyncio_client_waits_for_the_upgrade_too(held_upgrade, redis_url):
 
 def test_an_id_of_your_own_is_looked_for_in_every_lane_and_two_routes_need_dest(redis_url):
     routes = "".join(f'\n[[routes]]\nname = "{r}"\nsink = "local"\ntarget = "q:{r}"\n' for r in ("emails", "sms"))
-    daemon = Daemon(f'url = "{redis_url}"', routes=routes, shards=4, layout=2)
+    daemon = Daemon(f'url = "{redis_url}"', routes=routes, shards=4)
     try:
         client = zdelay.Client.from_url(redis_url)
         client.enqueue("sms", "text", id="one", delay=timedelta(hours=1))
@@ -171,7 +171,7 @@ def test_lookups_by_id_follow_a_lane_whose_route_moved_to_another_slot(redis_url
     the old lane and relocates its jobs (held here after its first put, so they are in both
     lanes); a client that read the registry before finds and cancels them by id meanwhile."""
     route = '\n[[routes]]\nname = "emails"\nsink = "local"\ntarget = "{}"\n'
-    daemon = Daemon(f'url = "{redis_url}"', routes=route.format("q:emails"), shards=4, layout=2)
+    daemon = Daemon(f'url = "{redis_url}"', routes=route.format("q:emails"), shards=4)
     client = zdelay.Client.from_url(redis_url)
     generated = client.enqueue("emails", "generated", delay=timedelta(hours=1)).id
     client.enqueue("emails", "mine", id="mine", delay=timedelta(hours=1))
@@ -179,7 +179,7 @@ def test_lookups_by_id_follow_a_lane_whose_route_moved_to_another_slot(redis_url
     assert generated.startswith("~")
     daemon.stop()
     gate = tmp_path / "put"
-    moving = Daemon(f'url = "{redis_url}"', routes=route.format("q:elsewhere"), shards=4, layout=2,
+    moving = Daemon(f'url = "{redis_url}"', routes=route.format("q:elsewhere"), shards=4,
                     env={"ZDELAY_FAILPOINT": f"relocate_after_put={gate}"},
                     ready=lambda: gate.with_suffix(".reached").exists())
     try:
