@@ -209,7 +209,12 @@ const PRODUCER_RULES: &str = "%R~zdelay:schema ~{zdelay:*}:due ~{zdelay:*}:jobs 
     ~{zdelay:*}:inflight ~{zdelay:*}:dead ~{zdelay:*}:reasons ~{zdelay:*}:scheduled \
     ~{zdelay:*}:ready ~{zdelay:*}:ready_ids ~{zdelay:*}:max_lateness ~{zdelay:*}:shards \
     ~{zdelay:*}:unique ~{raw}:src &zdelay:wake +ping +info +time +script|load +evalsha +get +hget +hexists +hset \
-    +hdel +zadd +zrange +zscore +zrem +publish";
+    +hdel +zadd +zrange +zscore +zrem +publish +hgetall +hstrlen +sadd +srem %R~zdelay:lanes ~zdelay:{*}:due:* \
+    ~zdelay:{*}:jobs:* ~zdelay:{*}:meta:* ~zdelay:{*}:maxlate:* ~zdelay:{*}:large:* ~zdelay:{*}:dead:* \
+    ~zdelay:{*}:reasons:* ~zdelay:{*}:lane:* ~zdelay:{*}:unique:* ~zdelay:{*}:s*:due ~zdelay:{*}:s*:jobs \
+    ~zdelay:{*}:s*:inflight ~zdelay:{*}:s*:dead ~zdelay:{*}:s*:reasons ~zdelay:{*}:s*:scheduled \
+    ~zdelay:{*}:s*:ready ~zdelay:{*}:s*:ready_ids ~zdelay:{*}:s*:max_lateness ~zdelay:{*}:s*:shards \
+    ~zdelay:{*}:s*:unique";
 
 fn words(text: &str) -> Vec<&str> {
     text.split_whitespace().filter(|w| *w != "\\").collect()

@@ -185,6 +185,7 @@ function* loadNamespace(name: string): Op<Namespace> {
   };
   if (n === 2) {
     const [registry] = yield [["HGETALL", `${name}:lanes`]];
+    if (registry instanceof Error) throw registry; // e.g. NOPERM: Redis's own error, as for any other refused command
     const flat = (registry as Buffer[]).map(String);
     for (let i = 0; i < flat.length; i += 2) {
       const [key, value] = [flat[i], flat[i + 1]];

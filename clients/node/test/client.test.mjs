@@ -6,7 +6,7 @@ import { join } from "node:path";
 import Redis, { Cluster } from "ioredis";
 import { execFileSync, spawn } from "node:child_process";
 import * as zdelay from "../dist/esm/index.js";
-import { ROOT, ZDELAY as zdelayBin, startRedis, startDaemon, waitFor } from "./servers.mjs";
+import { ROOT, ZDELAY as zdelayBin, laneKeys, legacyNamespace, spreadShardKeys, startRedis, startDaemon, waitFor } from "./servers.mjs";
 
 const VECTORS = JSON.parse(readFileSync(join(ROOT, "docs/reference/protocol-vectors.json"), "utf8"));
 const TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -16,6 +16,7 @@ test("the shard rule and slot tags match the vectors; CommonJS loads too", () =>
   for (const c of VECTORS.shard_rule) assert.equal(zdelay.shardOf(c.id, c.shards), c.shard, JSON.stringify(c));
   for (const c of VECTORS.slot_tags.examples) assert.equal(zdelay.slotTag(c.slot), c.tag);
   for (const c of VECTORS.spread_offsets) assert.equal(zdelay.spreadOffset(c.id, c.window_ms), c.offset_ms, JSON.stringify(c));
+  for (const c of VECTORS.spread_shards) assert.deepEqual(spreadShardKeys(c.shards, c.shard, "due", "jobs"), [c.due, c.jobs]);
   const cjs = createRequire(import.meta.url)("../dist/cjs/index.js");
   assert.equal(cjs.shardOf("{user-42}:invoice", 10), 9);
 });
@@ -32,18 +33,15 @@ test("jobs are stored as zdelay stores them, framed as the vectors say, and deli
     const done = await client.enqueue({ dest: "emails", payload: "hi there", id: "{u}:node", at: atMs,
       headers: { tenant: "acme", Traceparent: TRACEPARENT }, maxAttempts: 3, maxLateness: 30_000 });
     assert.deepEqual(done, { id: "{u}:node", outcome: "added" });
-    const shard = zdelay.shardOf("{u}:node", 10);
-    for (const key of ["jobs", "max_lateness"]) {
-      assert.deepEqual(await redis.hgetBuffer(`{zdelay:${shard}}:${key}`, "{u}:node"),
-        await redis.hgetBuffer(`{zdelay:${shard}}:${key}`, "{u}:cli"), key);
+    // Both in the route's lane, ids of your own stored as given: payload, meta, lateness, due alike.
+    const [due, ...hashes] = await laneKeys(redis, "emails", "due", "jobs", "meta", "maxlate");
+    for (const key of hashes) {
+      const stored = await redis.hgetBuffer(key, "{u}:node");
+      assert.ok(stored !== null, key);
+      assert.deepEqual(stored, await redis.hgetBuffer(key, "{u}:cli"), key);
     }
-    for (const [i, c] of VECTORS.envelopes.entries()) {
-      const id = `{v}:${i}`;
-      await client.enqueue({ dest: c.dest, payload: Buffer.from(c.payload_base64, "base64"), id, delay: 3_600_000,
-        headers: c.headers, maxAttempts: c.max_attempts ?? undefined, maxLateness: c.max_lateness_ms ?? undefined });
-      const stored = await redis.hgetBuffer(`{zdelay:${zdelay.shardOf(id, 10)}}:jobs`, id);
-      assert.equal(stored.toString("base64"), c.frame_base64, c.name);
-    }
+    assert.equal(await redis.zscore(due, "{u}:node"), String(atMs));
+    assert.equal(await redis.zscore(due, "{u}:cli"), String(atMs));
     const job = await client.get("{u}:node");
     assert.equal(job.state, "scheduled");
     assert.equal(job.dueMs, atMs);
@@ -62,6 +60,33 @@ test("jobs are stored as zdelay stores them, framed as the vectors say, and deli
     const results = await client.enqueueMany(Array.from({ length: 300 }, (_, i) => ({ dest: "emails", payload: `p${i}`, delay: i })));
     assert.ok(results.every((r) => !(r instanceof Error)));
     await waitFor("300 delivered", async () => (await redis.llen("q:emails")) === 300);
+  } finally {
+    redis.disconnect();
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
+test("two-phase jobs are stored in their spread shard framed as the vectors say", async () => {
+  // A route lane keeps payload and meta apart; the frame is what spread shards store, so every
+  // destination of the vectors is a two-phase route here (a remote-Redis sink), or a <sink>/<target>.
+  const server = await startRedis();
+  const dests = [...new Set(VECTORS.envelopes.map((c) => c.dest).filter((d) => !d.includes("/")))];
+  const extra = `[sinks.other]\nkind = "redis"\nurl = "${server.url}"\n\n`
+    + dests.map((d) => `[[routes]]\nname = "${d}"\nsink = "other"\ntarget = "q:${d}"\n`).join("\n");
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, routes: [], extra });
+  const redis = new Redis(server.url);
+  const client = new zdelay.Client(new Redis(server.url));
+  try {
+    for (const [i, c] of VECTORS.envelopes.entries()) {
+      const id = `{v}:${i}`;
+      await client.enqueue({ dest: c.dest, payload: Buffer.from(c.payload_base64, "base64"), id, delay: 3_600_000,
+        headers: c.headers, maxAttempts: c.max_attempts ?? undefined, maxLateness: c.max_lateness_ms ?? undefined });
+      const [jobs] = spreadShardKeys(4, zdelay.shardOf(id, 4), "jobs");
+      const stored = await redis.hgetBuffer(jobs, id);
+      assert.equal(stored?.toString("base64"), c.frame_base64, c.name);
+    }
   } finally {
     redis.disconnect();
     client.redis.disconnect();
@@ -127,6 +152,23 @@ test("a producer with the documented ACL cancels and needs the windows key for a
     // A call that uses a window needs the windows key the guide says to add; nothing is written.
     await assert.rejects(client.enqueue({ dest: "emails", payload: "x", id: "acl-2", delay: 3_600_000, uniqueFor: 3_600_000 }), /NOPERM/);
     assert.equal(await new zdelay.Client(redis).get("acl-2"), null);
+  } finally {
+    redis.disconnect();
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
+test("a producer that may not read the lane registry gets Redis's refusal", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`);
+  const redis = new Redis(server.url);
+  const client = new zdelay.Client(new Redis(server.url.replace("redis://", "redis://no-registry:secret@")));
+  try {
+    await redis.call("ACL", "SETUSER", "no-registry", "on", ">secret", "~*", "&*", "+@all", "-hgetall");
+    await assert.rejects(client.enqueue({ dest: "emails", payload: "x", id: "refused" }), /NOPERM.*hgetall/);
+    assert.equal(await new zdelay.Client(redis).get("refused"), null);
   } finally {
     redis.disconnect();
     client.redis.disconnect();
@@ -249,7 +291,7 @@ test("on a cluster on layout 2, jobs go to their route's lane and are delivered"
       return true;
     });
     const seeds = nodes.map((n) => `"${n.url}"`).join(", ");
-    const daemon = await startDaemon(`cluster_nodes = [${seeds}]`, { shards: 4, layout: 2 });
+    const daemon = await startDaemon(`cluster_nodes = [${seeds}]`, { shards: 4 });
     const cluster = new Cluster(nodes.map((n) => ({ host: "127.0.0.1", port: n.port })));
     const client = new zdelay.Client(cluster);
     try {
@@ -301,7 +343,10 @@ async function heldUpgrade(daemon) {
 
 test("lookups by id during an upgrade find jobs it has not moved yet", async () => {
   const server = await startRedis();
-  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: null });
+  // A namespace of zdelay 0.1, on layout 1; no redis.layout in the daemon's config: it runs on the
+  // namespace's layout and follows it onto layout 2.
+  legacyNamespace(`url = "${server.url}"`, 4);
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4 });
   const client = new zdelay.Client(new Redis(server.url));
   let upgrade;
   try {
@@ -328,7 +373,7 @@ test("lookups by id during an upgrade find jobs it has not moved yet", async () 
 test("lookups by id during a reshard of the spread shards find two-phase jobs it has not moved yet", async () => {
   const [server, remote] = [await startRedis(), await startRedis()];
   const extra = `\n[sinks.other]\nkind = "redis"\nurl = "${remote.url}"\n\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n`;
-  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2, extra });
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, extra });
   const client = new zdelay.Client(new Redis(server.url));
   const gate = join(daemon.dir, "reshard-gate");
   let proc;
@@ -365,7 +410,7 @@ test("lookups by id during a reshard of the spread shards find two-phase jobs it
 
 test("on layout 2 an id of your own is looked for in every lane; held by two routes it needs dest", async () => {
   const server = await startRedis();
-  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2, routes: ["emails", "sms"] });
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, routes: ["emails", "sms"] });
   const client = new zdelay.Client(new Redis(server.url));
   try {
     await client.enqueue({ dest: "sms", payload: "text", id: "one", delay: 3_600_000 });
@@ -386,7 +431,7 @@ test("on layout 2 an id of your own is looked for in every lane; held by two rou
 
 test("on layout 2 a route without a lane is retryable and writes nothing", async () => {
   const server = await startRedis();
-  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2 });
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4 });
   const redis = new Redis(server.url);
   const client = new zdelay.Client(new Redis(server.url));
   try {
@@ -404,7 +449,7 @@ test("on layout 2 a route without a lane is retryable and writes nothing", async
     assert.deepEqual((await redis.keys("zdelay:{*")).filter((k) => !keysBefore.has(k) && !k.endsWith(":emails")), []);
     // A producer given a config with the route registers its lane; the same call then goes in.
     const config = join(daemon.dir, "sms.toml");
-    writeFileSync(config, `[redis]\nurl = "${server.url}"\nlayout = 2\nshards = 4\n\n[[routes]]\nname = "sms"\nsink = "local"\ntarget = "q:sms"\n`);
+    writeFileSync(config, `[redis]\nurl = "${server.url}"\nshards = 4\n\n[[routes]]\nname = "sms"\nsink = "local"\ntarget = "q:sms"\n`);
     execFileSync(zdelayBin, ["enqueue", "--config", config, "--dest", "sms", "--in", "1h", "--payload", "z"]);
     assert.equal((await client.enqueue({ dest: "sms", payload: "x" })).outcome, "added");
   } finally {
@@ -417,32 +462,40 @@ test("on layout 2 a route without a lane is retryable and writes nothing", async
 
 test("a namespace that needs a newer client is refused with nothing written", async () => {
   const server = await startRedis();
-  const daemon = await startDaemon(`url = "${server.url}"`);
+  // Beside the local route, a two-phase one: its jobs are in spread shards, which a newer storage
+  // layout fences as an upgrade to layout 2 fenced layout 1's shards.
+  const extra = `[sinks.other]\nkind = "redis"\nurl = "${server.url}"\n\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n`;
+  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, extra });
   const redis = new Redis(server.url);
   const client = () => new zdelay.Client(new Redis(server.url));
+  const c = client();
   try {
+    const [jobs] = await laneKeys(redis, "emails", "jobs");
     await redis.hset("zdelay:schema", "min_version", "99.0.0");
-    const c = client();
     await assert.rejects(c.enqueue({ dest: "emails", payload: "x", id: "too-old" }),
       (e) => e instanceof zdelay.LayoutTooNew && !e.retryable && /99\.0\.0/.test(e.message));
-    for (let s = 0; s < 10; s++) assert.equal(await redis.hexists(`{zdelay:${s}}:jobs`, "too-old"), 0);
+    assert.equal(await redis.hexists(jobs, "too-old"), 0);
     // This client's own version, or an older one, is fine; so is a pre-release of it.
     for (const version of [zdelay.VERSION, "0.0.9", "0.1.0-rc.1"]) {
       await redis.hset("zdelay:schema", "min_version", version);
       const ok = client();
-      assert.equal((await ok.enqueue({ dest: "emails", payload: "x", id: `ok-${version}` })).outcome, "added");
+      for (const dest of ["emails", "mirror"]) {
+        assert.equal((await ok.enqueue({ dest, payload: "x", id: `ok-${version}`, delay: 3_600_000 })).outcome, "added");
+      }
       ok.redis.disconnect();
     }
     await redis.hset("zdelay:schema", "min_version", "not a version");
     const bad = client();
     await assert.rejects(bad.get("x"), (e) => e instanceof zdelay.ProtocolError && /min_version/.test(e.message));
     bad.redis.disconnect();
-    // A shard fenced by a newer zdelay refuses a client that read the namespace before.
+    // A spread shard fenced by a newer zdelay refuses a client that read the namespace before.
     await redis.hdel("zdelay:schema", "min_version");
-    for (let s = 0; s < 10; s++) await redis.set(`{zdelay:${s}}:shards`, "layout 3 99.0.0");
-    await assert.rejects(c.cancel("ok-0.0.9"), (e) => e instanceof zdelay.LayoutTooNew && /99\.0\.0/.test(e.message));
-    c.redis.disconnect();
+    assert.equal((await c.get("ok-0.0.9", "mirror")).state, "scheduled");
+    for (let s = 0; s < 4; s++) await redis.set(spreadShardKeys(4, s, "shards")[0], "layout 3 99.0.0");
+    await assert.rejects(c.cancel("ok-0.0.9", "mirror"), (e) => e instanceof zdelay.LayoutTooNew && /99\.0\.0/.test(e.message));
+    assert.equal((await c.get("ok-0.0.9", "emails")).state, "scheduled", "a lane is not a spread shard");
   } finally {
+    c.redis.disconnect();
     redis.disconnect();
     await daemon.stop();
     await server.stop();
@@ -464,7 +517,7 @@ test("lookups by id follow a lane whose route's list moved to another slot", asy
   // after its first put, so they are in both lanes); a client that read the registry before finds
   // and cancels them by id meanwhile.
   const server = await startRedis();
-  let daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 2 });
+  let daemon = await startDaemon(`url = "${server.url}"`, { shards: 4 });
   const client = new zdelay.Client(new Redis(server.url));
   const gate = join(daemon.dir, "..", `relocate-gate-${process.pid}`);
   try {
@@ -473,7 +526,7 @@ test("lookups by id follow a lane whose route's list moved to another slot", asy
     assert.ok(generated.startsWith("~"));
     await daemon.stop();
     daemon = await startDaemon(`url = "${server.url}"`, {
-      shards: 4, layout: 2, targets: { emails: "q:elsewhere" },
+      shards: 4, targets: { emails: "q:elsewhere" },
       env: { ZDELAY_FAILPOINT: `relocate_after_put=${gate}` }, ready: async () => existsSync(`${gate}.reached`),
     });
     // Still in the old lane (not forgotten there yet): a retryable refusal, never "not found".

@@ -6,6 +6,7 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import Redis from "ioredis";
+import { slotTag } from "../dist/esm/index.js";
 
 export const ROOT = resolve(import.meta.dirname ?? new URL(".", import.meta.url).pathname, "../../..");
 export const ZDELAY = process.env.ZDELAY_BIN ?? join(ROOT, "target/debug/zdelay");
@@ -66,12 +67,12 @@ function stop(proc, dir) {
 }
 
 // targets: a route's list other than q:<route>; env: added to the daemon's environment; ready: what
-// counts as started (default /readyz).
-export async function startDaemon(redisToml, { shards = 10, layout = 1, routes = ["emails"], targets = {}, env = {}, ready, extra = "" } = {}) {
+// counts as started (default /readyz); layout null (no setting) is what users get: a new namespace
+// on layout 2, an existing one as it is (followed onto layout 2 when upgraded).
+export async function startDaemon(redisToml, { shards = 10, layout = null, routes = ["emails"], targets = {}, env = {}, ready, extra = "" } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "zd-node-daemon-"));
   const admin = await freePort();
   const config = join(dir, "zdelay.toml");
-  // layout null: none in the config, so the daemon follows the namespace (onto layout 2 when upgraded).
   const layoutLine = layout === null ? "" : `layout = ${layout}\n`;
   writeFileSync(config, `[redis]\n${redisToml}\nshards = ${shards}\n${layoutLine}\n[admin]\nlisten = "127.0.0.1:${admin}"\n\n`
     + routes.map((r) => `[[routes]]\nname = "${r}"\nsink = "local"\ntarget = "${targets[r] ?? `q:${r}`}"\n`).join("\n") + extra);
@@ -88,4 +89,34 @@ export async function startDaemon(redisToml, { shards = 10, layout = 1, routes =
     cli: (...args) => execFileSync(ZDELAY, [...args, "--config", config]).toString().trim(),
     stop: () => stop(proc, dir),
   };
+}
+
+// Creates the namespace on storage layout 1, as zdelay 0.1 did (what `zdelay upgrade` moves from):
+// a CLI run whose config says `layout = 1`. Daemons started after it without a layout setting run
+// on it, and follow it onto layout 2 when it is upgraded.
+export function legacyNamespace(redisToml, shards) {
+  const dir = mkdtempSync(join(tmpdir(), "zd-node-legacy-"));
+  try {
+    const config = join(dir, "zdelay.toml");
+    writeFileSync(config, `[redis]\n${redisToml}\nshards = ${shards}\nlayout = 1\n\n[[routes]]\nname = "emails"\nsink = "local"\ntarget = "q:emails"\n`);
+    execFileSync(ZDELAY, ["stats", "--config", config], { stdio: "ignore" });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+// The keys of a route's lane (storage layout 2) in namespace zdelay, from its registry entry
+// (`r:<route>` = `<lane> local <slot> <push> <list>`): `zdelay:{<slot's tag>}:<kind>:<route>`.
+export async function laneKeys(redis, route, ...kinds) {
+  const entry = await redis.hget("zdelay:lanes", `r:${route}`);
+  if (entry === null) throw new Error(`no lane registered for ${route}`);
+  const tag = slotTag(Number(entry.split(" ")[2]));
+  return kinds.map((kind) => `zdelay:{${tag}}:${kind}:${route}`);
+}
+
+// The keys of spread shard `shard` of `shards` (storage layout 2): `zdelay:{<tag>}:s<shard>:<kind>`,
+// the tag of the slot in the middle of the shard's share of the slots.
+export function spreadShardKeys(shards, shard, ...kinds) {
+  const tag = slotTag(Math.floor(((2 * shard + 1) * 16384) / (2 * shards)));
+  return kinds.map((kind) => `zdelay:{${tag}}:s${shard}:${kind}`);
 }

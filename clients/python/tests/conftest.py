@@ -17,6 +17,8 @@ from typing import Optional
 import pytest
 import redis
 
+import zdelay
+
 ROOT = Path(__file__).resolve().parents[3]
 ZDELAY = os.environ.get("ZDELAY_BIN", str(ROOT / "target" / "debug" / "zdelay"))
 REDIS_SERVER = os.environ.get("ZDELAY_TEST_REDIS_SERVER", "redis-server")
@@ -93,10 +95,11 @@ def stop(proc: subprocess.Popen) -> None:
 class Daemon:
     """`zdelay run` on a config written for the test; stopped by its pid."""
 
-    def __init__(self, redis_toml: str, routes: str = ROUTES, shards: int = 10, layout: Optional[int] = 1,
+    def __init__(self, redis_toml: str, routes: str = ROUTES, shards: int = 10, layout: Optional[int] = None,
                  env: Optional[dict] = None, ready=None) -> None:
         # env: added to the daemon's environment; ready: what counts as started (default /readyz)
-        # routes: TOML of [[routes]] and [sinks.*] after [admin]
+        # routes: TOML of [[routes]] and [sinks.*] after [admin]; layout: None (no setting) is
+        # what users get: a new namespace on layout 2, an existing one as it is
         self.dir = Path(tempfile.mkdtemp())
         admin = free_port()
         self.config = self.dir / "zdelay.toml"
@@ -124,6 +127,25 @@ class Daemon:
         stop(self.proc)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def legacy_namespace(redis_toml: str, shards: int) -> None:
+    """Creates the namespace on storage layout 1, as zdelay 0.1 did (what `zdelay upgrade`
+    moves from): a CLI run whose config says `layout = 1`. Daemons started after it without a
+    layout setting run on it, and follow it onto layout 2 when it is upgraded."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "zdelay.toml"
+        config.write_text(f"[redis]\n{redis_toml}\nshards = {shards}\nlayout = 1\n{ROUTES}")
+        out = subprocess.run([ZDELAY, "stats", "--config", str(config)], capture_output=True)
+        assert out.returncode == 0, out.stderr.decode()
+
+
+def lane_keys(r: redis.Redis, route: str, *kinds: str) -> list[str]:
+    """The keys of `route`'s lane (storage layout 2) in namespace zdelay, as the registry names
+    it, e.g. `zdelay:{19b}:jobs:emails`."""
+    lanes = zdelay.Client(r)._namespace().lanes
+    assert route in lanes, f"no lane registered for {route}: {sorted(lanes)}"
+    return lanes[route].keys("zdelay", *kinds)
 
 
 @pytest.fixture

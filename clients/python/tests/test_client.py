@@ -16,7 +16,7 @@ import redis
 import zdelay
 from zdelay import _core
 
-from .conftest import ZDELAY, Daemon, wait_for
+from .conftest import ZDELAY, Daemon, lane_keys, wait_for
 
 VECTORS = json.loads((Path(__file__).resolve().parents[3] / "docs/reference/protocol-vectors.json").read_text())
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -57,11 +57,11 @@ def test_a_job_is_stored_as_zdelay_stores_it_and_delivered(daemon, redis_url):
     done = client.enqueue("emails", "hi there", id="{u}:py", at=at_ms, headers={"tenant": "acme", "Traceparent": TRACEPARENT},
                           max_attempts=3, max_lateness=timedelta(seconds=30))
     assert done == zdelay.Enqueued("{u}:py", "added")
-    shard = _core.shard_of("{u}:py", 10)
-    assert shard == _core.shard_of("{u}:cli", 10)
-    for key in ("jobs", "max_lateness"):
-        assert r.hget(f"{{zdelay:{shard}}}:{key}", "{u}:py") == r.hget(f"{{zdelay:{shard}}}:{key}", "{u}:cli"), key
-    assert r.zscore(f"{{zdelay:{shard}}}:due", "{u}:py") == r.zscore(f"{{zdelay:{shard}}}:due", "{u}:cli")
+    # Both in the route's lane, ids of your own stored as given: payload, meta, lateness, due alike.
+    due, *hashes = lane_keys(r, "emails", "due", "jobs", "meta", "maxlate")
+    for key in hashes:
+        assert r.hget(key, "{u}:py") == r.hget(key, "{u}:cli") is not None, key
+    assert r.zscore(due, "{u}:py") == r.zscore(due, "{u}:cli") == at_ms
 
     job = client.get("{u}:py")
     assert job["state"] == "scheduled" and job["due_ms"] == at_ms and job["payload"] == b"hi there"
@@ -153,9 +153,9 @@ def test_schedules_are_set_paused_resumed_and_deleted_through_a_daemon(daemon, r
     py = json.loads(daemon.cli("schedule", "get", "by-py", "-o", "json"))
     assert state == {"exists": True, "paused": False, "next_ms": cli["next_ms"]}
     for v in (cli, py):
-        for k in ("id", "version", "created_ms", "updated_ms", "shard"):
+        for k in ("id", "version", "created_ms", "updated_ms"):
             v.pop(k)
-    assert py == cli and py["jitter_ms"] == 120_000
+    assert py == cli and py["jitter_ms"] == 120_000 and "lane" in py
 
     # An interval fires through the daemon; pause, resume and delete answer the state after them.
     client.schedule_set("tick", "emails", b"tick", every=timedelta(milliseconds=200))
@@ -204,7 +204,7 @@ def test_before_any_daemon_the_namespace_is_missing_and_retryable(redis_url):
 
 
 def test_on_layout_2_a_route_without_a_lane_is_retryable_and_writes_nothing(redis_url, tmp_path):
-    daemon = Daemon(f'url = "{redis_url}"', shards=4, layout=2)
+    daemon = Daemon(f'url = "{redis_url}"', shards=4)
     try:
         r = redis.Redis.from_url(redis_url)
         lanes_before = r.hgetall("zdelay:lanes")
@@ -222,7 +222,7 @@ def test_on_layout_2_a_route_without_a_lane_is_retryable_and_writes_nothing(redi
         assert {k for k in set(r.keys("zdelay:{*")) - keys_before if not k.endswith(b":emails")} == set()
         # A producer given a config with the route registers its lane; the same call then goes in.
         config = tmp_path / "sms.toml"
-        config.write_text(f'[redis]\nurl = "{redis_url}"\nlayout = 2\nshards = 4\n\n'
+        config.write_text(f'[redis]\nurl = "{redis_url}"\nshards = 4\n\n'
                           '[[routes]]\nname = "sms"\nsink = "local"\ntarget = "q:sms"\n')
         out = subprocess.run([ZDELAY, "enqueue", "--config", str(config), "--dest", "sms", "--in", "1h", "--payload", "z"],
                              capture_output=True)
@@ -270,7 +270,7 @@ def test_the_asyncio_client_does_the_same(daemon, redis_url):
 
 def test_on_a_cluster_on_layout_2_jobs_go_to_their_route_lane(cluster):
     seeds = ", ".join(f'"redis://127.0.0.1:{p}"' for p in cluster)
-    daemon = Daemon(f"cluster_nodes = [{seeds}]", shards=4, layout=2)
+    daemon = Daemon(f"cluster_nodes = [{seeds}]", shards=4)
     try:
         client = zdelay.Client.from_url(f"redis://127.0.0.1:{cluster[0]}", cluster=True)
         generated = client.enqueue("emails", "later", delay=timedelta(hours=1))
@@ -313,3 +313,12 @@ def test_a_producer_with_the_documented_acl_cancels_and_needs_the_windows_key_fo
     with pytest.raises(redis.exceptions.NoPermissionError):
         client.enqueue("emails", "x", id="acl-2", delay=timedelta(hours=1), unique_for=timedelta(hours=1))
     assert zdelay.Client.from_url(redis_url).get("acl-2") is None
+
+
+def test_a_producer_that_may_not_read_the_lane_registry_gets_redis_refusal(daemon, redis_url):
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "no-registry", "on", ">secret", "~*", "&*", "+@all", "-hgetall")
+    client = zdelay.Client.from_url(redis_url.replace("redis://", "redis://no-registry:secret@"))
+    with pytest.raises(redis.exceptions.NoPermissionError, match="hgetall"):
+        client.enqueue("emails", "x", id="refused")
+    assert zdelay.Client.from_url(redis_url).get("refused") is None

@@ -21,7 +21,7 @@ def test_lookups_by_id_during_a_reshard_find_two_phase_jobs_not_moved_yet(redis_
     remote, port = start_redis(tmp_path / "remote")
     routes = (f'\n[sinks.other]\nkind = "redis"\nurl = "redis://127.0.0.1:{port}"\n'
               '\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n')
-    daemon = Daemon(f'url = "{redis_url}"', routes=routes, shards=4, layout=2)
+    daemon = Daemon(f'url = "{redis_url}"', routes=routes, shards=4)
     gate = daemon.dir / "reshard-gate"
     proc = None
     try:

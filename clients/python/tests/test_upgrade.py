@@ -18,7 +18,7 @@ import redis
 import zdelay
 from zdelay import _core
 
-from .conftest import ZDELAY, Daemon, wait_for
+from .conftest import ROUTES, ZDELAY, Daemon, lane_keys, legacy_namespace, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -48,8 +48,10 @@ class HeldUpgrade:
 
 @pytest.fixture
 def held_upgrade(redis_url):
-    # No redis.layout in its config: the daemon follows the namespace onto layout 2.
-    daemon = Daemon(f'url = "{redis_url}"', shards=4, layout=None)
+    # A namespace of zdelay 0.1, on layout 1; no redis.layout in the daemon's config: it runs
+    # on the namespace's layout and follows it onto layout 2.
+    legacy_namespace(f'url = "{redis_url}"', shards=4)
+    daemon = Daemon(f'url = "{redis_url}"', shards=4)
     client = zdelay.Client.from_url(redis_url)
     for id in ("keep", "cancel", "reschedule"):
         client.enqueue("emails", id, id=id, delay=timedelta(hours=1))
@@ -95,7 +97,7 @@ def test_the_asyncio_client_waits_for_the_upgrade_too(held_upgrade, redis_url):
 
 def test_an_id_of_your_own_is_looked_for_in_every_lane_and_two_routes_need_dest(redis_url):
     routes = "".join(f'\n[[routes]]\nname = "{r}"\nsink = "local"\ntarget = "q:{r}"\n' for r in ("emails", "sms"))
-    daemon = Daemon(f'url = "{redis_url}"', routes=routes, shards=4, layout=2)
+    daemon = Daemon(f'url = "{redis_url}"', routes=routes, shards=4)
     try:
         client = zdelay.Client.from_url(redis_url)
         client.enqueue("sms", "text", id="one", delay=timedelta(hours=1))
@@ -112,27 +114,41 @@ def test_an_id_of_your_own_is_looked_for_in_every_lane_and_two_routes_need_dest(
         daemon.stop()
 
 
-def test_a_namespace_that_needs_a_newer_client_is_refused_with_nothing_written(daemon, redis_url):
-    r = redis.Redis.from_url(redis_url)
-    r.hset("zdelay:schema", "min_version", "99.0.0")
-    client = zdelay.Client.from_url(redis_url)
-    with pytest.raises(zdelay.LayoutTooNew) as refused:
-        client.enqueue("emails", "x", id="too-old")
-    assert "99.0.0" in str(refused.value) and not refused.value.retryable
-    assert not any(r.hexists(f"{{zdelay:{s}}}:jobs", "too-old") for s in range(10))
-    # This client's own version, or an older one, is fine; so is a pre-release of it.
-    for version in (zdelay.VERSION, "0.0.9", "0.1.0-rc.1"):
-        r.hset("zdelay:schema", "min_version", version)
-        assert zdelay.Client.from_url(redis_url).enqueue("emails", "x", id=f"ok-{version}").outcome == "added"
-    r.hset("zdelay:schema", "min_version", "not a version")
-    with pytest.raises(zdelay.ProtocolError, match="min_version"):
-        zdelay.Client.from_url(redis_url).get("x")
-    # A shard fenced by a newer zdelay refuses a client that read the namespace before.
-    r.hdel("zdelay:schema", "min_version")
-    for s in range(10):
-        r.set(f"{{zdelay:{s}}}:shards", "layout 3 99.0.0")
-    with pytest.raises(zdelay.LayoutTooNew, match="99.0.0"):
-        client.cancel("ok-0.0.9")
+def test_a_namespace_that_needs_a_newer_client_is_refused_with_nothing_written(redis_url):
+    # Beside the local route, a two-phase one: its jobs are in spread shards, which a newer
+    # storage layout fences as an upgrade to layout 2 fenced layout 1's shards.
+    routes = ROUTES + (f'\n[sinks.other]\nkind = "redis"\nurl = "{redis_url}"\n'
+                       '\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n')
+    daemon = Daemon(f'url = "{redis_url}"', routes=routes, shards=4)
+    try:
+        r = redis.Redis.from_url(redis_url)
+        (jobs,) = lane_keys(r, "emails", "jobs")
+        r.hset("zdelay:schema", "min_version", "99.0.0")
+        client = zdelay.Client.from_url(redis_url)
+        with pytest.raises(zdelay.LayoutTooNew) as refused:
+            client.enqueue("emails", "x", id="too-old")
+        assert "99.0.0" in str(refused.value) and not refused.value.retryable
+        assert not r.hexists(jobs, "too-old")
+        # This client's own version, or an older one, is fine; so is a pre-release of it.
+        for version in (zdelay.VERSION, "0.0.9", "0.1.0-rc.1"):
+            r.hset("zdelay:schema", "min_version", version)
+            for dest in ("emails", "mirror"):
+                done = zdelay.Client.from_url(redis_url).enqueue(dest, "x", id=f"ok-{version}", delay=timedelta(hours=1))
+                assert done.outcome == "added"
+        r.hset("zdelay:schema", "min_version", "not a version")
+        with pytest.raises(zdelay.ProtocolError, match="min_version"):
+            zdelay.Client.from_url(redis_url).get("x")
+        # A spread shard fenced by a newer zdelay refuses a client that read the namespace before.
+        r.hdel("zdelay:schema", "min_version")
+        ns = client._namespace()
+        assert ns.layout == 2 and ns.shards == 4
+        for shard in range(ns.shards):
+            r.set(ns.shard_keys(shard, "shards")[0], "layout 3 99.0.0")
+        with pytest.raises(zdelay.LayoutTooNew, match="99.0.0"):
+            client.cancel("ok-0.0.9", dest="mirror")
+        assert client.get("ok-0.0.9", dest="emails")["state"] == "scheduled", "a lane is not a spread shard"
+    finally:
+        daemon.stop()
 
 
 def test_versions_are_ordered_as_semantic_versions():
@@ -155,7 +171,7 @@ def test_lookups_by_id_follow_a_lane_whose_route_moved_to_another_slot(redis_url
     the old lane and relocates its jobs (held here after its first put, so they are in both
     lanes); a client that read the registry before finds and cancels them by id meanwhile."""
     route = '\n[[routes]]\nname = "emails"\nsink = "local"\ntarget = "{}"\n'
-    daemon = Daemon(f'url = "{redis_url}"', routes=route.format("q:emails"), shards=4, layout=2)
+    daemon = Daemon(f'url = "{redis_url}"', routes=route.format("q:emails"), shards=4)
     client = zdelay.Client.from_url(redis_url)
     generated = client.enqueue("emails", "generated", delay=timedelta(hours=1)).id
     client.enqueue("emails", "mine", id="mine", delay=timedelta(hours=1))
@@ -163,7 +179,7 @@ def test_lookups_by_id_follow_a_lane_whose_route_moved_to_another_slot(redis_url
     assert generated.startswith("~")
     daemon.stop()
     gate = tmp_path / "put"
-    moving = Daemon(f'url = "{redis_url}"', routes=route.format("q:elsewhere"), shards=4, layout=2,
+    moving = Daemon(f'url = "{redis_url}"', routes=route.format("q:elsewhere"), shards=4,
                     env={"ZDELAY_FAILPOINT": f"relocate_after_put={gate}"},
                     ready=lambda: gate.with_suffix(".reached").exists())
     try:

@@ -20,7 +20,9 @@ async fn main() -> anyhow::Result<()> {
         .await?
         .with_destinations(["emails".to_owned(), "default".to_owned()]);
 
-    // Due 250 ms from now by Redis's clock; the id is a new ULID.
+    // Due 250 ms from now by Redis's clock; the id is generated: `~<lane>.<12 characters>` for a
+    // local route on storage layout 2 (the default), naming its lane; a ULID for a two-phase
+    // route (Kafka, RabbitMQ, NATS, remote Redis) and on layout 1.
     let job = NewJob::new("emails", r#"{"to":"ann@example.com"}"#)
         .after(Duration::from_millis(250))
         .header("trace", "7f3a");

@@ -262,6 +262,8 @@ def load_namespace(name: str) -> Op:
                    resharding_from=int(resharding.split()[0]) if resharding is not None else None)
     if layout_n == 2:
         (registry,) = yield [("HGETALL", f"{name}:lanes")]
+        if isinstance(registry, Exception):
+            raise registry  # e.g. NOPERM: Redis's own error, as for any other refused command
         for key, value in _pairs(registry):
             if key.startswith("r:"):
                 number, _, slot, push, lst = value.split(" ", 4)
