@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use zdelay_client::config::OnMissing;
 use zdelay_client::envelope::Envelope;
 use zdelay_client::routes::{Refused, Resolved};
-use zdelay_client::store::scripts::{self, Claim, Claimed, RawClaim, SettleOp, Settled};
+use zdelay_client::store::scripts::{self, Claim, Claimed, KeyTurn, RawClaim, SettleOp, Settled};
 use zdelay_client::trace_context::{self, Origin};
 
 /// Retry delay for a job that has failed `attempt` times before: a random time in
@@ -100,6 +100,10 @@ enum Settle {
     Due {
         due_ms: i64,
     },
+    /// Back to due at its key's turn, no attempt counted: its route's per-key rate.
+    Deferred {
+        due_ms: i64,
+    },
     Dead {
         kind: DeadKind,
         reason: String,
@@ -119,7 +123,9 @@ impl Settle {
                 due_ms: *due_ms,
                 sink,
             },
-            Settle::Due { due_ms } => SettleOp::Due { due_ms: *due_ms },
+            Settle::Due { due_ms } | Settle::Deferred { due_ms } => {
+                SettleOp::Due { due_ms: *due_ms }
+            }
             Settle::Dead {
                 reason, envelope, ..
             } => SettleOp::Dead { reason, envelope },
@@ -132,6 +138,8 @@ impl Settle {
 /// `rewrite` puts them back for the rare retry or death.
 struct Pending<'a> {
     job: &'a Claimed,
+    /// Where its lateness counts from: its due, or the turn its key's rate gave it.
+    late_from: i64,
     envelope: Envelope,
     /// Its route's choice when the destination object is missing.
     on_missing: OnMissing,
@@ -146,6 +154,8 @@ pub struct ClaimedBatch<'a> {
     /// Since when (ms) the part's route was held by its rate: the jobs' wait from then on
     /// is deferral, not lateness.
     pub held_since_ms: Option<i64>,
+    /// Each job's admission by its key's rate, in `claim.jobs` order (empty: none asked).
+    pub turns: &'a [KeyTurn],
 }
 
 /// Publishes the jobs `sink` claimed in `shard` and settles them, handing over those whose
@@ -161,6 +171,7 @@ pub async fn deliver(
         claim,
         claimed_at,
         held_since_ms,
+        turns,
     } = *claimed;
     let policy = &ctx.delivery;
     let mut deferral = Deferral::default();
@@ -169,8 +180,26 @@ pub async fn deliver(
     let mut settles: Vec<(&str, Settle)> = Vec::with_capacity(claim.jobs.len());
     let mut pending: Vec<Pending> = Vec::with_capacity(claim.jobs.len());
     let mut messages: Vec<Message> = Vec::with_capacity(claim.jobs.len());
-    for job in &claim.jobs {
-        match prepare(ctx, sink, part, job, held_since_ms, redis_now_ms()) {
+    for (i, job) in claim.jobs.iter().enumerate() {
+        let late_from = match turns.get(i) {
+            // Its key's turn is later: back to due then, unpublished, no attempt counted.
+            Some(KeyTurn::Later(turn)) => {
+                settles.push((&job.id, Settle::Deferred { due_ms: *turn }));
+                continue;
+            }
+            // At its turn: its lateness counts from the turn, the wait before as deferral.
+            Some(KeyTurn::Granted(turn)) => job.due_ms.max(*turn),
+            Some(KeyTurn::Now) | None => job.due_ms,
+        };
+        match prepare(
+            ctx,
+            sink,
+            part,
+            job,
+            late_from,
+            held_since_ms,
+            redis_now_ms(),
+        ) {
             Ok((p, message)) => {
                 pending.push(p);
                 messages.push(message);
@@ -220,9 +249,12 @@ pub async fn deliver(
                     Outcome::Delivered => {
                         let now_ms = redis_now_ms();
                         let late_now = held_since_ms.map_or(now_ms, |h| h.min(now_ms));
-                        record_lateness(sink, late_now - p.job.due_ms);
-                        if let Some(held) = held_since_ms.filter(|h| *h < now_ms) {
-                            deferral.add(&p.envelope.dest, now_ms - p.job.due_ms.max(held));
+                        record_lateness(sink, late_now - p.late_from);
+                        let held = held_since_ms
+                            .filter(|h| *h < now_ms)
+                            .map_or(0, |held| now_ms - p.late_from.max(held));
+                        if held > 0 || p.late_from > p.job.due_ms {
+                            deferral.add(&p.envelope.dest, held + p.late_from - p.job.due_ms);
                         }
                         Settle::Ack
                     }
@@ -609,6 +641,7 @@ fn prepare<'a>(
     claimer: &SinkHandle,
     part: &str,
     job: &'a Claimed,
+    late_from: i64,
     held_since_ms: Option<i64>,
     now_ms: i64,
 ) -> Result<(Pending<'a>, Message), Settle> {
@@ -630,13 +663,13 @@ fn prepare<'a>(
     // Lateness ends where the route's hold began: a held job waits as deferral.
     let late_now = held_since_ms.map_or(now_ms, |h| h.min(now_ms));
     if let Some(limit) = envelope.meta.max_lateness_ms
-        && late_now - job.due_ms > limit as i64
+        && late_now - late_from > limit as i64
     {
         return dead(
             DeadKind::Expired,
             format!(
                 "expired: {} ms after its due time, max_lateness {limit} ms",
-                late_now - job.due_ms
+                late_now - late_from
             ),
         );
     }
@@ -692,6 +725,7 @@ fn prepare<'a>(
     Ok((
         Pending {
             job,
+            late_from,
             envelope,
             on_missing: dest.on_missing,
         },

@@ -26,8 +26,9 @@ use crate::sinks::SinkHandle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use zdelay_client::envelope::Envelope;
 use zdelay_client::routes::FlowPart;
-use zdelay_client::store::scripts;
+use zdelay_client::store::scripts::{self, KeyTurn};
 
 /// Longest wait between two claims without a wake-up while wake-ups are not known to reach
 /// the shard.
@@ -62,7 +63,11 @@ pub async fn run(
     let sink = &part.sink;
     let mut backoff = Backoff::new();
     let label = format!("sink {} shard {shard}", part.name);
-    let gate = part.flow.as_ref().map(|flow| Gate::new(&ctx, shard, flow));
+    let gate = part
+        .flow
+        .as_ref()
+        .filter(|flow| flow.gated())
+        .map(|flow| Gate::new(&ctx, shard, flow));
     // A flow part's last claim found it empty, and no wake-up came since: while its bound
     // holds, it waits for a wake-up instead of asking the destination every recheck.
     let mut found_empty = false;
@@ -122,11 +127,26 @@ pub async fn run(
             policy.batch_bytes.min(sink.bytes_bound()),
         )
         .await;
+        // A per-key rate admits each claimed job by its key: the others go back due at their
+        // turn, unpublished, and give the route's tokens back.
+        let turns = match (&claim, &part.flow) {
+            (Ok(c), Some(flow)) if !c.jobs.is_empty() => key_turns(&ctx, shard, flow, c).await,
+            _ => Ok(Vec::new()),
+        };
+        let (claim, turns) = match turns {
+            Ok(turns) => (claim, turns),
+            // The claimed jobs stay leased: they come back when their lease runs out.
+            Err(e) => (Err(e), Vec::new()),
+        };
+        let later = turns
+            .iter()
+            .filter(|t| matches!(t, KeyTurn::Later(_)))
+            .count();
         let done = match (&gate, &admitted) {
             (Some(gate), Some(a)) => {
                 let (used, more) = claim
                     .as_ref()
-                    .map_or((0, false), |c| (c.jobs.len(), c.more));
+                    .map_or((0, false), |c| (c.jobs.len() - later, c.more));
                 let done = a.done(used, more, claim.is_ok());
                 found_empty = claim.is_ok() && used == 0;
                 // A rate's unused tokens go back at once (other shards may use them); a
@@ -159,6 +179,7 @@ pub async fn run(
                     claim: &claim,
                     claimed_at,
                     held_since_ms,
+                    turns: &turns,
                 };
                 match delivery::deliver(&ctx, shard, sink, &claimed).await {
                     Ok(_) => metrics::recovered("redis", &label),
@@ -201,6 +222,47 @@ pub async fn run(
             _ = stop.cancelled() => {}
         }
     }
+}
+
+/// Each claimed job's admission by its key (`take_keys`), for a route with a per-key rate
+/// (none for another route). A job whose envelope cannot be read is asked for with the key
+/// `""`; its publish sends it to dead.
+async fn key_turns(
+    ctx: &PollerContext,
+    shard: u16,
+    flow: &FlowPart,
+    claim: &scripts::Claim,
+) -> redis::RedisResult<Vec<KeyTurn>> {
+    let Some((header, rate, burst)) = &flow.per_key else {
+        return Ok(Vec::new());
+    };
+    let keys: Vec<String> = claim
+        .jobs
+        .iter()
+        .map(|job| {
+            Envelope::decode(&job.envelope)
+                .ok()
+                .and_then(|e| e.meta.headers.get(header).cloned())
+                .unwrap_or_default()
+        })
+        .collect();
+    let jobs: Vec<(&str, &str)> = claim
+        .jobs
+        .iter()
+        .zip(&keys)
+        .map(|(job, key)| (job.id.as_str(), key.as_str()))
+        .collect();
+    // The route's keys are in the registry's slot, as `take_flow`'s.
+    scripts::take_keys(
+        &mut ctx.con.clone(),
+        &ctx.keys,
+        &flow.route,
+        shard,
+        (*rate, *burst),
+        None,
+        &jobs,
+    )
+    .await
 }
 
 /// A flow part's admission: one publisher's side of its route's flow hash (`take_flow`).

@@ -297,10 +297,6 @@ fn bad_flow_settings_are_refused_naming_the_field() {
             ],
         ),
         (
-            format!("{kafka}key_header = \"t\"\nkey_rate = \"5/s\"\n"),
-            vec!["routes[0] (r).key_rate", "local routes", "rate and burst"],
-        ),
-        (
             format!("{amqp}max_length = 10\n"),
             vec!["routes[0] (r).max_length", "\"/<queue>\"", "\"x/k\""],
         ),

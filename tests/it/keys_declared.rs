@@ -381,6 +381,22 @@ route = "m"
         };
         rt.block_on(scripts::take_flow(&mut lcon, &flow_key, &back))
             .expect("take_flow give back");
+        // Its per-key rate: a key's second job gets a turn, and goes at it.
+        let per_key = |now| {
+            rt.block_on(scripts::take_keys(
+                &mut lcon.clone(),
+                &Keys::new("zdelay", 4),
+                "m",
+                0,
+                (1.0, 1),
+                Some(now),
+                &[("k1", "t"), ("k2", "t")],
+            ))
+            .expect("take_keys")
+        };
+        let turns = per_key(1_000_000);
+        assert_eq!(turns[0], scripts::KeyTurn::Now);
+        assert!(matches!(turns[1], scripts::KeyTurn::Later(_)), "{turns:?}");
         let cancelled = rt
             .block_on(scripts::cancel_lane(&mut lcon, &lane, "w"))
             .expect("cancel_lane");

@@ -544,13 +544,6 @@ fn validate_flow(
         if route.max_length.is_some() {
             bounded_destination(route, sink).map_err(|why| invalid(field("max_length"), why))?;
         }
-        if route.key_rate.is_some() {
-            return Err(invalid(
-                field("key_rate"),
-                "is built for local routes (sink \"local\") only so far; a two-phase route \
-                 takes rate and burst",
-            ));
-        }
     }
     Ok(())
 }
@@ -1350,15 +1343,15 @@ pub struct RouteConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_length: Option<u64>,
-    /// Local routes on storage layout 2 (not yet two-phase routes), with `key_rate`: the
-    /// header whose value is a job's key (a tenant, a customer). Each key gets its own rate,
-    /// so one key's burst waits while the other keys' jobs flow. A job without the header has the key `""`, which has a rate
-    /// of its own like any other key. Header names match exactly.
+    /// Storage layout 2, every route, with `key_rate`: the header whose value is a job's key
+    /// (a tenant, a customer). Each key gets its own rate, so one key's burst waits while the
+    /// other keys' jobs flow. A job without the header has the key `""`, which has a rate of
+    /// its own like any other key. Header names match exactly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub key_header: Option<String>,
-    /// With `key_header`: at most this many jobs of one key reach the list, like `rate`
-    /// (`"1000/s"`). Jobs over it are put later, in due order, never dropped.
+    /// With `key_header`: at most this many jobs of one key reach the destination, like
+    /// `rate` (`"1000/s"`). Jobs over it are put later, in due order, never dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?/(s|m|h)$"))]
     pub key_rate: Option<String>,

@@ -242,6 +242,12 @@ impl Keys {
         format!("{{{}}}:flow:{route}", self.namespace)
     }
 
+    /// ZSET: the turns a two-phase route's per-key rate gave its jobs (`take_keys.lua`),
+    /// `"<spread shard> <id>"` → turn ms. In the registry's slot, beside [`Keys::route_flow`].
+    pub fn route_turns(&self, route: &str) -> String {
+        format!("{{{}}}:turns:{route}", self.namespace)
+    }
+
     /// HASH of recent activity, per minute (`<epoch minute>`): `<minute>:delivered` → jobs
     /// delivered, `<minute>:late<k>` → deliveries in lateness bucket `k` (the bounds of
     /// `zdelay_lateness_seconds`). Written by every daemon (HINCRBY, so instances add up),

@@ -155,6 +155,16 @@ pub struct FlowPart {
     pub rate: Option<(f64, u32)>,
     /// The most messages its destination may hold.
     pub max_length: Option<u64>,
+    /// Its per-key rate: the header naming a job's key, jobs per second and burst per key.
+    pub per_key: Option<(String, f64, u32)>,
+}
+
+impl FlowPart {
+    /// Whether a claim asks the route's bucket or bound first (`take_flow`): a part with
+    /// only a per-key rate is admitted per job, after its claim (`take_keys`).
+    pub fn gated(&self) -> bool {
+        self.rate.is_some() || self.max_length.is_some()
+    }
 }
 
 /// The routes of one configuration.
@@ -232,9 +242,7 @@ impl Routes {
                     }
                 }
                 Some(_) => {
-                    if let Some(flow) = route.flow()
-                        && (flow.rate_per_s.is_some() || flow.max_length.is_some())
-                    {
+                    if let Some(flow) = route.flow() {
                         routes.flow_parts.insert(
                             route.name.clone(),
                             FlowPart {
@@ -244,6 +252,7 @@ impl Routes {
                                 part: format!("{}:{}", route.sink, route.name),
                                 rate: flow.rate_per_s.map(|r| (r, flow.burst)),
                                 max_length: flow.max_length,
+                                per_key: flow.per_key,
                             },
                         );
                     }

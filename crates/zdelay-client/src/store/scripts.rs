@@ -73,6 +73,7 @@ scripts!(
     enqueue_lane,
     move_lane,
     take_flow,
+    take_keys,
     register_lane,
     register_two_phase,
     retire_lane,
@@ -2635,6 +2636,56 @@ pub async fn move_lane(
     };
     let value: Value = inv.invoke(con).await?;
     MoveReply::parse(value, 1, args.bounds_ms.len())
+}
+
+/// A job's answer from `take_keys`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyTurn {
+    /// Its key had a token: it goes now.
+    Now,
+    /// Its key had none: it goes at this turn (ms), whose token it took.
+    Later(i64),
+    /// It goes now, at the turn it was given earlier (ms): its wait since its due is deferral.
+    Granted(i64),
+}
+
+/// Admits the jobs a publisher claimed from spread shard `shard` for two-phase route `route`
+/// with a per-key rate, each by its key's bucket (`take_keys.lua`): `jobs` are (id, key)
+/// pairs; the answers are in their order. `now_ms` overrides Redis `TIME` (tests).
+pub async fn take_keys(
+    con: &mut Conn,
+    keys: &Keys,
+    route: &str,
+    shard: u16,
+    per_key: (f64, u32),
+    now_ms: Option<i64>,
+    jobs: &[(&str, &str)],
+) -> redis::RedisResult<Vec<KeyTurn>> {
+    let mut inv = Call::new(&compiled::take_keys);
+    inv.key(keys.route_flow(route))
+        .key(keys.route_turns(route))
+        .arg(shard)
+        .arg(now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(per_key.0.to_string())
+        .arg(per_key.1);
+    for (id, key) in jobs {
+        inv.arg(*id).arg(*key);
+    }
+    let reply: Vec<i64> = inv.invoke(con).await?;
+    if reply.len() != jobs.len() + 1 {
+        return Err(protocol_error(
+            "take_keys reply",
+            &Value::Array(reply.into_iter().map(Value::Int).collect()),
+        ));
+    }
+    Ok(reply[1..]
+        .iter()
+        .map(|&t| match t {
+            0 => KeyTurn::Now,
+            t if t > 0 => KeyTurn::Later(t),
+            t => KeyTurn::Granted(-t),
+        })
+        .collect())
 }
 
 /// One `take_flow` call: a spread shard's publisher asks a two-phase route's flow hash for
