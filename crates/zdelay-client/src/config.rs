@@ -540,10 +540,10 @@ fn validate_flow(
         Some(0) => return Err(invalid(field("key_burst"), "must be at least 1")),
         _ => {}
     }
-    if let Some(sink) = sink.filter(|s| !s.is_local()) {
-        if route.max_length.is_some() {
-            bounded_destination(route, sink).map_err(|why| invalid(field("max_length"), why))?;
-        }
+    if let Some(sink) = sink.filter(|s| !s.is_local())
+        && route.max_length.is_some()
+    {
+        bounded_destination(route, sink).map_err(|why| invalid(field("max_length"), why))?;
     }
     Ok(())
 }
