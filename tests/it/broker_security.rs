@@ -12,9 +12,7 @@
 //! and `zdelay stats`, and its jobs are neither dead-lettered nor charged an attempt.
 
 use crate::common::stored::stored_total;
-use crate::common::{
-    Daemon, RedisServer, Services, TestConfig, free_port, runtime, wait_for,
-};
+use crate::common::{Daemon, RedisServer, Services, TestConfig, free_port, runtime, wait_for};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

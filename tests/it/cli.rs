@@ -419,7 +419,10 @@ fn enqueue_batch_from_stdin() {
     let text = stdout(&out);
     let ids: Vec<&str> = text.lines().collect();
     assert_eq!(ids.len(), N);
-    assert!(ids.iter().all(|id| is_generated_id(id)), "every line is an id");
+    assert!(
+        ids.iter().all(|id| is_generated_id(id)),
+        "every line is an id"
+    );
     let distinct: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
     assert_eq!(distinct.len(), N, "ids are unique");
     let mut con = redis.conn();
@@ -683,13 +686,7 @@ fn dead_list_replay_purge() {
     let out = config.cli(&["dead", "list"]);
     assert!(out.status.success());
     let text = stdout(&out);
-    for id in [
-        "dead-1",
-        "dead-2",
-        "dead-3",
-        "raw-dead",
-        "WRONGTYPE",
-    ] {
+    for id in ["dead-1", "dead-2", "dead-3", "raw-dead", "WRONGTYPE"] {
         assert!(text.contains(id), "dead list shows {id}: {text}");
     }
 

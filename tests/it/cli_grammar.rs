@@ -599,7 +599,10 @@ fn check_config_connect_checks_redis_rights_and_layout() {
     // A legacy layout-1 namespace has the count in its keys: another one fails, with the fix.
     let legacy = RedisServer::start();
     let legacy_full = TestConfig::new(&legacy.url(), SHARDS, "").on_layout_1();
-    ok(&legacy_full, &["enqueue", "--dest", "default", "--payload", "x"]);
+    ok(
+        &legacy_full,
+        &["enqueue", "--dest", "default", "--payload", "x"],
+    );
     let namespace = namespace_check(&TestConfig::new(&legacy.url(), 2, ""), 1);
     assert_eq!(namespace["ok"], false, "{namespace}");
     assert!(

@@ -104,12 +104,14 @@ target = "q:m"
     let rt = crate::common::runtime();
     let lib = config.client(&rt);
     let past = crate::common::redis_now_ms(&mut redis.conn()) - 60_000;
-    rt.block_on(lib.enqueue(
-        zdelay::NewJob::new("l", "three")
-            .at(past)
-            .max_lateness(Duration::from_secs(1)),
-        zdelay::OnConflict::Error,
-    ))
+    rt.block_on(
+        lib.enqueue(
+            zdelay::NewJob::new("l", "three")
+                .at(past)
+                .max_lateness(Duration::from_secs(1)),
+            zdelay::OnConflict::Error,
+        ),
+    )
     .expect("enqueued");
     ok(&["enqueue", "--dest", "l", "--in", "1h", "--payload", "later"]);
     ok(&[
