@@ -973,10 +973,18 @@ fn console_in_a_real_browser() {
     );
     assert_eq!(o["due"], 0);
     assert_eq!(o["instances"].as_array().unwrap().len(), 1);
-    // Four shards, the two raw sources, the total.
-    assert_eq!(
-        o["backlog_rows"].as_array().unwrap().len(),
-        SHARDS as usize + 3
+    // The four spread shards, the two route lanes (where the jobs are), the two raw
+    // sources, the total.
+    let rows: BTreeSet<&str> = o["backlog_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(rows.len(), SHARDS as usize + 5, "{rows:?}");
+    assert!(
+        rows.contains("route lane default") && rows.contains("route lane broken"),
+        "{rows:?}"
     );
     assert_eq!(o["lateness"], "≤10 / ≤1000 ms", "seeded buckets 3 and 9");
 
