@@ -394,7 +394,12 @@ fn seed_for_console(redis: &RedisServer, config: &TestConfig) -> (Vec<String>, V
     }
     let rt = crate::common::runtime();
     let occurrence = rt
-        .block_on(config.client(&rt).operator().schedule_run_now("broken-tick"))
+        .block_on(
+            config
+                .client(&rt)
+                .operator()
+                .schedule_run_now("broken-tick"),
+        )
         .unwrap()
         .unwrap();
     dead.push("wrong-0".into());
@@ -443,8 +448,8 @@ fn dead_truth(con: &mut redis::Connection) -> Vec<DeadTruth> {
     for shard in 0..SHARDS {
         for (id, died) in zset_whole(con, &keys.dead(shard)) {
             let reason = text(hget(con, &keys.reasons(shard), &id));
-            let env = hget(con, &keys.jobs(shard), &id)
-                .and_then(|r| zdelay::Envelope::decode(&r).ok());
+            let env =
+                hget(con, &keys.jobs(shard), &id).and_then(|r| zdelay::Envelope::decode(&r).ok());
             out.push(DeadTruth {
                 id,
                 died_ms: died as i64,
