@@ -473,7 +473,9 @@ fn a_killed_master_is_replaced_by_its_replica_and_the_daemon_recovers() {
     wait_for("jobs flowing", Duration::from_secs(10), || {
         lrange(&mut con, "q:a").len() > 300
     });
-    let victim = cluster.master_of("{zdelay:0}:due");
+    // The master of route a's lane: where every job of the load waits.
+    let lane_due = crate::common::stored::lane_keys("a", "q:a").due;
+    let victim = cluster.master_of(&lane_due);
     let killed_at = Instant::now();
     // On the load's clock (which started a moment after `load_started`).
     let kill_offset = killed_at - load_started;
@@ -481,7 +483,7 @@ fn a_killed_master_is_replaced_by_its_replica_and_the_daemon_recovers() {
     // The survivors mark it failed, then its replica is promoted.
     wait_for("its replica promoted", Duration::from_secs(20), || {
         cluster
-            .master_serving("{zdelay:0}:due")
+            .master_serving(&lane_due)
             .is_ok_and(|master| master != victim)
     });
     cluster.wait_ok();
