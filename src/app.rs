@@ -377,7 +377,9 @@ pub async fn register_lanes(
     keys: &Keys,
     layout: u32,
 ) -> anyhow::Result<Vec<Arc<Lane>>> {
-    store::mark_layout_1_shards(con, keys, layout).await?;
+    // The layout-1 shards' fence is a SET on every master: written in the background, so a
+    // master that hangs holds up neither this start nor the other masters' shards.
+    tokio::spawn(mark_layout_1_shards(con.clone(), keys.clone(), layout));
     let registry = store::lanes::read_registry(con, keys).await?;
     let is_local = |route: &zdelay_client::config::RouteConfig| {
         config.sinks.get(&route.sink).is_some_and(|s| s.is_local())
@@ -411,6 +413,17 @@ pub async fn register_lanes(
     }
     relocate_lanes(con, keys, &lanes).await?;
     Ok(lanes)
+}
+
+/// Marks the layout-1 shards of a layout-2 namespace ([`store::mark_layout_1_shards`]), again
+/// until every master took its markers.
+async fn mark_layout_1_shards(mut con: Conn, keys: Keys, layout: u32) {
+    let mut delay = Duration::from_millis(200);
+    while let Err(e) = store::mark_layout_1_shards(&mut con, &keys, layout).await {
+        tracing::warn!(error = %e, "marking the layout-1 shards: trying again");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
 }
 
 /// Moves what the retired lanes of each route still hold (its list moved to another hash

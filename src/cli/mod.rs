@@ -410,7 +410,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     ", on a Redis Cluster"
                 }
             );
-            for line in Routes::from_config(&config).explain() {
+            let layout = config.redis.layout.unwrap_or(zdelay::keys::NEWEST_LAYOUT);
+            for line in Routes::from_config(&config).explain_on_layout(layout) {
                 eprintln!("  {line}");
             }
             Ok(0)

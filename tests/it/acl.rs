@@ -60,6 +60,12 @@ sink = "local"
 target = "{raw}:out"
 push = "rpush"
 
+# Its list is made a string: its jobs die (WRONGTYPE), again when replayed.
+[[routes]]
+name = "w"
+sink = "local"
+target = "q:w"
+
 [[sources]]
 key = "{raw}:src"
 route = "raw"
@@ -71,6 +77,11 @@ fn run_everything(
     con: &mut dyn redis::ConnectionLike,
     redis: zdelay::config::RedisConfig,
 ) {
+    let _: () = redis::cmd("SET")
+        .arg("q:w")
+        .arg("not a list")
+        .query(con)
+        .expect("SET");
     let daemon = Daemon::start(config);
     let ok = |args: &[&str]| {
         let out = config.cli(args);
@@ -104,25 +115,21 @@ fn run_everything(
     let lib = rt
         .block_on(zdelay::Client::connect(&redis))
         .expect("library as zd");
-    rt.block_on(lib.enqueue(
-        zdelay::NewJob::new("nowhere", "x"),
-        zdelay::OnConflict::Error,
-    ))
-    .expect("enqueued");
+    let (doomed, _) = rt
+        .block_on(lib.enqueue(zdelay::NewJob::new("w", "x"), zdelay::OnConflict::Error))
+        .expect("enqueued");
     let len = |con: &mut dyn redis::ConnectionLike, key: &str| -> usize {
         redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
     };
     wait_for("everything delivered", Duration::from_secs(30), || {
         len(con, "q:l") == 20 && len(con, "{raw}:out") == 10
     });
-    wait_for(
-        "the unknown destination dead",
-        Duration::from_secs(10),
-        || ok(&["dead", "list"]).contains("nowhere"),
-    );
+    wait_for("the job to w dead", Duration::from_secs(10), || {
+        ok(&["dead", "list"]).contains(&doomed)
+    });
     ok(&["dead", "replay", "--all"]);
     wait_for("dead again", Duration::from_secs(10), || {
-        ok(&["dead", "list"]).contains("nowhere")
+        ok(&["dead", "list"]).contains(&doomed)
     });
     ok(&["dead", "purge", "--all"]);
     let stats = ok(&["stats", "--json"]);
@@ -203,18 +210,18 @@ fn without_cluster_slots_the_error_says_what_is_missing() {
 }
 
 /// The book's producer user (docs/guides/security.md, "The producer's user"): the rules after
-/// `ACL SETUSER producer on >secret`. Enqueue (one, batch, replace), get, reschedule and cancel on the namespace's job
-/// keys, a read-only schema, and `ZADD` on one raw source.
-const PRODUCER_RULES: &str = "%R~zdelay:schema ~{zdelay:*}:due ~{zdelay:*}:jobs \
-    ~{zdelay:*}:inflight ~{zdelay:*}:dead ~{zdelay:*}:reasons ~{zdelay:*}:scheduled \
-    ~{zdelay:*}:ready ~{zdelay:*}:ready_ids ~{zdelay:*}:max_lateness ~{zdelay:*}:shards \
-    ~{zdelay:*}:unique ~{raw}:src &zdelay:wake +ping +info +time +script|load +evalsha +get +hget +hexists +hset \
-    +hdel +zadd +zrange +zscore +zrem +publish +hgetall +hstrlen +sadd +srem %R~zdelay:lanes ~zdelay:{*}:due:* \
-    ~zdelay:{*}:jobs:* ~zdelay:{*}:meta:* ~zdelay:{*}:maxlate:* ~zdelay:{*}:large:* ~zdelay:{*}:dead:* \
-    ~zdelay:{*}:reasons:* ~zdelay:{*}:lane:* ~zdelay:{*}:unique:* ~zdelay:{*}:s*:due ~zdelay:{*}:s*:jobs \
-    ~zdelay:{*}:s*:inflight ~zdelay:{*}:s*:dead ~zdelay:{*}:s*:reasons ~zdelay:{*}:s*:scheduled \
-    ~zdelay:{*}:s*:ready ~zdelay:{*}:s*:ready_ids ~zdelay:{*}:s*:max_lateness ~zdelay:{*}:s*:shards \
-    ~zdelay:{*}:s*:unique";
+/// `ACL SETUSER producer on >secret`. Enqueue (one, batch, replace), get, reschedule and
+/// cancel in the route lanes a daemon registered; the schema, the lane registry and the lane
+/// markers read only; and `ZADD` on one raw source.
+const PRODUCER_RULES: &str = "%R~zdelay:schema %R~zdelay:lanes ~zdelay:{*}:lane:* \
+    ~zdelay:{*}:due:* ~zdelay:{*}:jobs:* ~zdelay:{*}:meta:* ~zdelay:{*}:maxlate:* \
+    ~zdelay:{*}:large:* ~zdelay:{*}:dead:* ~zdelay:{*}:reasons:* ~zdelay:{*}:unique:* \
+    ~zdelay:{*}:s*:due ~zdelay:{*}:s*:jobs ~zdelay:{*}:s*:inflight ~zdelay:{*}:s*:dead \
+    ~zdelay:{*}:s*:reasons ~zdelay:{*}:s*:scheduled ~zdelay:{*}:s*:ready \
+    ~zdelay:{*}:s*:ready_ids ~zdelay:{*}:s*:max_lateness ~zdelay:{*}:s*:shards \
+    ~zdelay:{*}:s*:unique ~{raw}:src &zdelay:wake +ping +info +time +script|load +evalsha \
+    +get +hget +hgetall +hexists +hset +hdel +zadd +zrange +zscore +zrem +sadd +srem +hstrlen \
+    +publish";
 
 fn words(text: &str) -> Vec<&str> {
     text.split_whitespace().filter(|w| *w != "\\").collect()
@@ -232,9 +239,10 @@ fn the_security_guide_shows_the_tested_producer_acl() {
 }
 
 /// With the daemon's user (`zd`) running the daemon, a producer user limited to
-/// `PRODUCER_RULES` enqueues through the CLI (one job, `--batch`), the library (`enqueue`,
-/// `enqueue_batch`) and a raw `ZADD`, and everything is delivered; what a producer has no
-/// business doing is refused with NOPERM.
+/// `PRODUCER_RULES` enqueues through the CLI (one job, `--batch`, to a local and a two-phase
+/// route), the library (`enqueue`, `enqueue_batch`) and a raw `ZADD`, and everything is
+/// delivered; what a producer has no business doing is refused with NOPERM. With the book's
+/// addition for producers that register routes, it registers a route no daemon has.
 #[test]
 fn a_producer_user_enqueues_and_is_refused_the_rest() {
     let mut args = acl_user(&[]);
@@ -249,7 +257,19 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
     let producer_url = redis
         .url()
         .replacen("redis://", "redis://producer:producer-secret@", 1);
-    let producer = TestConfig::new(&producer_url, 4, ROUTES);
+    // And a two-phase route (to another Redis), whose jobs wait in the spread shards.
+    let target = RedisServer::start();
+    let routes = format!(
+        "{ROUTES}\n[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n\
+         [[routes]]\nname = \"m\"\nsink = \"other\"\ntarget = \"q:m\"\n",
+        target.url()
+    );
+    // The producer's config has one more route, n, which no daemon registers.
+    let producer = TestConfig::new(
+        &producer_url,
+        4,
+        &format!("{routes}\n[[routes]]\nname = \"n\"\nsink = \"local\"\ntarget = \"q:n\"\n"),
+    );
     let run = |args: &[&str]| {
         let out = producer.cli(args);
         let text = format!(
@@ -266,7 +286,7 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
     assert!(text.contains("start a daemon"), "{text}");
     assert!(!text.contains("producer-secret"), "{text}");
 
-    let daemon_config = TestConfig::new(&with_user(&redis.url()), 4, ROUTES);
+    let daemon_config = TestConfig::new(&with_user(&redis.url()), 4, &routes);
     let daemon = Daemon::start(&daemon_config);
 
     let ok_out = |args: &[&str]| {
@@ -275,6 +295,7 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
         text.trim().to_owned()
     };
     ok_out(&["enqueue", "--dest", "l", "--payload", "cli"]);
+    ok_out(&["enqueue", "--dest", "m", "--payload", "two-phase"]);
     let batch = tempfile::NamedTempFile::new().expect("batch file");
     std::fs::write(
         batch.path(),
@@ -353,7 +374,11 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
     wait_for(
         "the producer's jobs delivered",
         Duration::from_secs(30),
-        || llen(&mut admin, "q:l") == 6 && llen(&mut admin, "{raw}:out") == 1,
+        || {
+            llen(&mut admin, "q:l") == 6
+                && llen(&mut admin, "{raw}:out") == 1
+                && llen(&mut target.conn(), "q:m") == 1
+        },
     );
     let mut delivered: Vec<String> = crate::common::lrange(&mut admin, "q:l")
         .into_iter()
@@ -380,8 +405,20 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
             .expect_err("refused");
         assert_eq!(err.code(), Some("NOPERM"), "{err}");
     };
-    refused(redis::cmd("DEL").arg("{zdelay:0}:jobs"));
-    refused(redis::cmd("ZRANGE").arg("{other:0}:due").arg(0).arg(-1));
+    let lane = crate::common::stored::lane_keys("l", "q:l");
+    refused(redis::cmd("DEL").arg(&lane.jobs));
+    refused(
+        redis::cmd("SET")
+            .arg(&lane.marker)
+            .arg("2 0 LPUSH elsewhere"),
+    );
+    refused(redis::cmd("HSET").arg("zdelay:lanes").arg("r:x").arg("1"));
+    refused(
+        redis::cmd("ZRANGE")
+            .arg(lane.due.replacen("zdelay:", "other:", 1))
+            .arg(0)
+            .arg(-1),
+    );
     refused(redis::cmd("LRANGE").arg("q:l").arg(0).arg(-1));
     refused(redis::cmd("HSET").arg("zdelay:schema").arg("shards").arg(8));
     refused(redis::cmd("HGETALL").arg("{zdelay}:instances"));
@@ -397,6 +434,29 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
         assert!(!ok, "{args:?} as producer: {text}");
         assert!(text.contains("no permissions"), "{args:?}: {text}");
     }
+    // Route n has no lane: this user may not register it, and is told what to grant; granted
+    // that (the book's addition), the producer registers it and enqueues.
+    let (ok, text) = run(&["enqueue", "--dest", "n", "--payload", "first"]);
+    assert!(!ok && text.contains("may not register it"), "{text}");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("producer")
+        .arg("~zdelay:lanes")
+        .arg("~zdelay:{*}:lane:*")
+        .arg("+hincrby")
+        .arg("+set")
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    ok_out(&["enqueue", "--dest", "n", "--in", "1h", "--payload", "first"]);
+    let registered: Option<String> = redis::cmd("HGET")
+        .arg("zdelay:lanes")
+        .arg("r:n")
+        .query(&mut admin)
+        .expect("HGET");
+    assert!(
+        registered.is_some_and(|e| e.ends_with(" q:n")),
+        "route n's lane"
+    );
     let log = daemon.log_text();
     assert!(
         !log.contains("NOPERM"),

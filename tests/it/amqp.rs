@@ -406,13 +406,15 @@ fn amqp_throughput_with_confirms() {
 }
 
 /// End to end through the daemon: jobs enqueued with the library, claimed, published with
-/// confirms, acked; read back by pika with their headers and idempotency key.
+/// confirms, acked; read back by pika with their headers and idempotency key. On a legacy
+/// layout-1 namespace (`redis.layout = 1`), which daemons deliver from until it is upgraded.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_rabbitmq() {
     daemon_delivers_to_rabbitmq(1);
 }
 
-/// The same on a namespace on storage layout 2, whose two-phase jobs wait in spread shards.
+/// The same on storage layout 2, a new namespace's default, whose two-phase jobs wait in
+/// spread shards.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_rabbitmq_on_layout_2() {
     daemon_delivers_to_rabbitmq(2);
@@ -443,8 +445,8 @@ priority = 7
 "#
     );
     let mut config = TestConfig::new(&redis.url(), 2, &extra);
-    if layout == 2 {
-        config = config.on_layout_2();
+    if layout == 1 {
+        config = config.on_layout_1();
     }
     let daemon = Daemon::start(&config);
     let rt = rt();

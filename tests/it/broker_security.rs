@@ -11,14 +11,13 @@
 //! Plus the daemon: a sink whose credentials are refused stays paused, says so in `/readyz`
 //! and `zdelay stats`, and its jobs are neither dead-lettered nor charged an attempt.
 
-use crate::common::{
-    Daemon, RedisServer, Services, TestConfig, free_port, runtime, shard_total, wait_for,
-};
+use crate::common::stored::stored_total;
+use crate::common::{Daemon, RedisServer, Services, TestConfig, free_port, runtime, wait_for};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use zdelay::client::{Client, NewJob, OnConflict};
+use zdelay::client::{NewJob, OnConflict};
 use zdelay::config::{
     AmqpSinkConfig, KafkaSasl, KafkaSinkConfig, NatsSinkConfig, SaslMechanism, TlsConfig,
 };
@@ -563,12 +562,8 @@ target = "/zd-never"
     const SHARDS: u16 = 2;
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
     let rt = runtime();
-    let client = rt
-        .block_on(Client::connect(&crate::common::redis_config(
-            &redis.url(),
-            SHARDS,
-        )))
-        .expect("client");
+    // A producer given the config, deployed before the daemon: it registers the route.
+    let client = config.client(&rt);
     let ids: Vec<String> = rt
         .block_on(
             client.enqueue_batch(
@@ -607,7 +602,7 @@ target = "/zd-never"
     // Let it retry for a while: still no job dead, none delivered, every job still there.
     std::thread::sleep(Duration::from_secs(3)); // an observation window, not a wait for a condition
     let mut con = redis.conn();
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(stored_total(&mut con, SHARDS, "dead"), 0);
     for id in &ids {
         let job = rt
             .block_on(client.get(id))

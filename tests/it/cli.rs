@@ -1,9 +1,8 @@
 //! CLI integration tests: the real `zdelay` binary against a real `redis-server`, checking
 //! what it prints, its exit codes, and the Redis state it leaves (jobs, lists, dead letters).
 
-use crate::common::{
-    self, Daemon, RedisServer, TestConfig, llen, lrange, redis_now_ms, shard_total, wait_for,
-};
+use crate::common::stored::stored_total;
+use crate::common::{self, Daemon, RedisServer, TestConfig, llen, lrange, redis_now_ms, wait_for};
 use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
@@ -69,10 +68,9 @@ fn get(config: &TestConfig, id: &str) -> Option<Value> {
     Some(serde_json::from_str(&stdout(&out)).expect("get prints JSON"))
 }
 
-fn is_ulid(s: &str) -> bool {
-    s.len() == 26
-        && s.chars()
-            .all(|c| c.is_ascii_digit() || (c.is_ascii_uppercase() && !"ILOU".contains(c)))
+/// Whether `s` is an id `enqueue` generates (`~<lane>.<12 characters>`).
+fn is_generated_id(s: &str) -> bool {
+    zdelay::lane_id::LaneId::parse(s).is_ok()
 }
 
 /// The single id `enqueue` printed.
@@ -86,15 +84,6 @@ fn strings(list: Vec<Vec<u8>>) -> Vec<String> {
     list.into_iter()
         .map(|b| String::from_utf8(b).expect("utf-8 payload"))
         .collect()
-}
-
-fn client(rt: &tokio::runtime::Runtime, redis: &RedisServer) -> Client {
-    rt.block_on(Client::connect(&RedisConfig {
-        url: redis.url(),
-        shards: SHARDS,
-        ..RedisConfig::default()
-    }))
-    .expect("the library connects")
 }
 
 /// `--in`, `--at` (RFC 3339 and epoch ms), `--header`, `--payload-file` with binary bytes:
@@ -118,7 +107,7 @@ fn enqueue_one_job_at_a_time() {
         ],
     ));
     let after = redis_now_ms(&mut con);
-    assert!(is_ulid(&id_in), "{id_in:?} is not a ULID");
+    assert!(is_generated_id(&id_in), "{id_in:?} is not a generated id");
     let job = get(&config, &id_in).expect("the job exists");
     let due = job["due"].as_i64().expect("due");
     assert!(
@@ -320,8 +309,8 @@ fn enqueue_with_id_and_conflict_policies() {
     assert_eq!(get(&config, "order-42").expect("job")["payload"], "four");
     // Still one job.
     let mut con = _redis.conn();
-    assert_eq!(shard_total(&mut con, SHARDS, "due"), 1);
-    assert_eq!(shard_total(&mut con, SHARDS, "jobs"), 1);
+    assert_eq!(stored_total(&mut con, SHARDS, "due"), 1);
+    assert_eq!(stored_total(&mut con, SHARDS, "jobs"), 1);
 }
 
 /// `enqueue --batch FILE`: one output line per input line in order (empty for a bad line),
@@ -368,7 +357,7 @@ fn enqueue_batch_file_with_bad_lines() {
         } else if number == 4 {
             assert_eq!(*line, "batch-4");
         } else {
-            assert!(is_ulid(line), "line {number}: {line:?}");
+            assert!(is_generated_id(line), "line {number}: {line:?}");
         }
     }
     let err = stderr(&out);
@@ -394,8 +383,8 @@ fn enqueue_batch_file_with_bad_lines() {
     a.sort();
     assert_eq!(a, vec!["g1", "g10", "g2", "g4", "g5", "g9"]);
     assert_eq!(lrange(&mut con, "q:b"), vec![vec![0u8, 1, 2, 255]]);
-    assert_eq!(shard_total(&mut con, SHARDS, "due"), 0);
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(stored_total(&mut con, SHARDS, "due"), 0);
+    assert_eq!(stored_total(&mut con, SHARDS, "dead"), 0);
 }
 
 /// `enqueue --batch -` reads 20 000 lines from stdin: 20 000 distinct ids, all stored.
@@ -430,12 +419,15 @@ fn enqueue_batch_from_stdin() {
     let text = stdout(&out);
     let ids: Vec<&str> = text.lines().collect();
     assert_eq!(ids.len(), N);
-    assert!(ids.iter().all(|id| is_ulid(id)), "every line is an id");
+    assert!(
+        ids.iter().all(|id| is_generated_id(id)),
+        "every line is an id"
+    );
     let distinct: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
     assert_eq!(distinct.len(), N, "ids are unique");
     let mut con = redis.conn();
-    assert_eq!(shard_total(&mut con, SHARDS, "due"), N);
-    assert_eq!(shard_total(&mut con, SHARDS, "jobs"), N);
+    assert_eq!(stored_total(&mut con, SHARDS, "due"), N);
+    assert_eq!(stored_total(&mut con, SHARDS, "jobs"), N);
     // Output line i answers input line i.
     for i in [0, 1, N / 2, N - 1] {
         assert_eq!(
@@ -494,8 +486,8 @@ fn get_reschedule_cancel() {
     let out = ok(&config, &["cancel", &id]);
     assert!(out.contains("cancelled"), "{out}");
     assert!(get(&config, &id).is_none(), "cancelled job still found");
-    assert_eq!(shard_total(&mut con, SHARDS, "due"), 0);
-    assert_eq!(shard_total(&mut con, SHARDS, "jobs"), 0);
+    assert_eq!(stored_total(&mut con, SHARDS, "due"), 0);
+    assert_eq!(stored_total(&mut con, SHARDS, "jobs"), 0);
 
     // Not pending: exit 3, said on stderr; --ignore-not-found makes a cancel idempotent.
     let out = config.cli(&["cancel", &id]);
@@ -509,17 +501,22 @@ fn get_reschedule_cancel() {
     assert!(stderr(&out).contains("not pending"), "{}", stderr(&out));
 }
 
-/// Seeds dead jobs (unknown destination) and a dead raw member (a seconds score in a
-/// millisecond source) through the daemon, then stops it.
+/// Seeds dead jobs (route `b`, whose list is not a list) and a dead raw member (a seconds
+/// score in a millisecond source) through the daemon, then stops it. `q:b` stays a string, so
+/// `b`'s jobs die again when replayed.
 fn seed_dead(redis: &RedisServer, config: &TestConfig, rt: &tokio::runtime::Runtime) {
-    // The library without a destination list accepts any dest; the mover sends these to dead.
-    let lib = client(rt, redis);
+    let mut con = redis.conn();
+    redis::cmd("SET")
+        .arg("q:b")
+        .arg("not a list")
+        .query::<()>(&mut con)
+        .expect("SET");
+    let lib = config.client(rt);
     for i in 1..=3 {
-        let job = NewJob::new("nope", format!("dead payload {i}")).id(format!("dead-{i}"));
+        let job = NewJob::new("b", format!("dead payload {i}")).id(format!("dead-{i}"));
         rt.block_on(lib.enqueue(job, OnConflict::Error))
             .expect("enqueue");
     }
-    let mut con = redis.conn();
     redis::cmd("ZADD")
         .arg("raw:a")
         .arg(1_700_000_000)
@@ -530,11 +527,14 @@ fn seed_dead(redis: &RedisServer, config: &TestConfig, rt: &tokio::runtime::Runt
     wait_for(
         "3 dead jobs and 1 dead raw member",
         Duration::from_secs(10),
-        || shard_total(&mut con, SHARDS, "dead") == 3 && zcard(&mut con, "raw:a:dead") == 1,
+        || stored_total(&mut con, SHARDS, "dead") == 3 && zcard(&mut con, "raw:a:dead") == 1,
     );
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait_exit(Duration::from_secs(15)).code(), Some(0));
 }
+
+/// Why [`seed_dead`]'s jobs die.
+const WRONG_TYPE: &str = "WRONGTYPE: q:b holds a string, not a list";
 
 fn zcard(con: &mut redis::Connection, key: &str) -> usize {
     redis::cmd("ZCARD").arg(key).query(con).expect("ZCARD")
@@ -547,7 +547,7 @@ fn stats_reflect_seeded_counts() {
     let (redis, config) = setup();
     let rt = common::runtime();
     seed_dead(&redis, &config, &rt);
-    let lib = client(&rt, &redis);
+    let lib = config.client(&rt);
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
     let mut jobs = Vec::new();
@@ -581,14 +581,21 @@ fn stats_reflect_seeded_counts() {
     assert_eq!(total["inflight"], 0, "{v:#}");
     assert_eq!(total["dead"], 4, "{v:#}");
     assert!(total["oldest_due_age_ms"].as_u64().expect("age") >= 2_000);
+    // A local route's jobs wait in its route lane, one row each; the spread shards (for
+    // two-phase routes) hold none of them.
+    let counts = |b: &Value| -> (u64, u64, u64) {
+        let n = |field: &str| b[field].as_u64().unwrap();
+        (n("due_now"), n("scheduled"), n("dead"))
+    };
+    let lanes = v["lanes"].as_array().expect("lanes");
+    let lane = |route: &str| {
+        let row = lanes.iter().find(|l| l["name"] == route);
+        counts(row.unwrap_or_else(|| panic!("no lane row {route}: {v:#}")))
+    };
+    assert_eq!((lane("a"), lane("b")), ((5, 7, 0), (0, 0, 3)), "{v:#}");
     let shards = v["shards"].as_array().expect("shards");
     assert_eq!(shards.len(), SHARDS as usize);
-    let sum = |field: &str| -> u64 { shards.iter().map(|s| s[field].as_u64().unwrap()).sum() };
-    assert_eq!(
-        (sum("due_now"), sum("scheduled"), sum("dead")),
-        (5, 7, 3),
-        "{v:#}"
-    );
+    assert!(shards.iter().all(|s| counts(s) == (0, 0, 0)), "{v:#}");
     let sources = v["sources"].as_array().expect("sources");
     assert_eq!(sources.len(), 1);
     assert_eq!(sources[0]["name"], "raw:a");
@@ -621,6 +628,11 @@ fn stats_reflect_seeded_counts() {
         "{text}"
     );
     assert!(
+        text.contains("route lane a: 5 due now (the oldest ")
+            && text.contains("route lane b: 0 due now, 0 scheduled, 0 in flight, 3 dead"),
+        "{text}"
+    );
+    assert!(
         text.contains(&format!("shards: {SHARDS} (one row each: --shards)")),
         "{text}"
     );
@@ -642,7 +654,8 @@ fn stats_reflect_seeded_counts() {
         .collect();
     assert_eq!(rows.len(), SHARDS as usize, "{table}");
     let column = |i: usize| -> u64 { rows.iter().map(|r| r[i].parse::<u64>().unwrap()).sum() };
-    assert_eq!((column(0), column(1), column(3)), (5, 7, 3), "{table}");
+    assert_eq!((column(0), column(1), column(3)), (0, 0, 0), "{table}");
+    assert!(table.contains("route lane b: 0 due now"), "{table}");
 }
 
 /// `dead list [--json]`, `dead replay --id / --all / --source`, `dead purge --id / --all`.
@@ -659,7 +672,7 @@ fn dead_list_replay_purge() {
     ids.sort();
     assert_eq!(ids, ["dead-1", "dead-2", "dead-3"], "{v:#}");
     for j in jobs {
-        assert_eq!(j["reason"], "unknown destination: nope", "{v:#}");
+        assert_eq!(j["reason"], WRONG_TYPE, "{v:#}");
         assert!(j["died_ms"].as_i64().expect("died_ms") > 1_700_000_000_000);
     }
     let raw = v["raw"].as_array().expect("raw");
@@ -673,13 +686,7 @@ fn dead_list_replay_purge() {
     let out = config.cli(&["dead", "list"]);
     assert!(out.status.success());
     let text = stdout(&out);
-    for id in [
-        "dead-1",
-        "dead-2",
-        "dead-3",
-        "raw-dead",
-        "unknown destination",
-    ] {
+    for id in ["dead-1", "dead-2", "dead-3", "raw-dead", "WRONGTYPE"] {
         assert!(text.contains(id), "dead list shows {id}: {text}");
     }
 
@@ -691,7 +698,7 @@ fn dead_list_replay_purge() {
     assert_eq!(get(&config, "dead-1").expect("job")["state"], "due");
     let dead2 = get(&config, "dead-2").expect("job");
     assert_eq!(dead2["state"], "dead");
-    assert_eq!(dead2["reason"], "unknown destination: nope");
+    assert_eq!(dead2["reason"], WRONG_TYPE);
     assert_eq!(
         ok(&config, &["dead", "replay", "--all"]).trim(),
         "replayed 2"
@@ -699,14 +706,14 @@ fn dead_list_replay_purge() {
     for id in ["dead-1", "dead-2", "dead-3"] {
         assert_eq!(get(&config, id).expect("job")["state"], "due", "{id}");
     }
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
-    assert_eq!(shard_total(&mut con, SHARDS, "reasons"), 0);
-    assert_eq!(shard_total(&mut con, SHARDS, "due"), 3);
+    assert_eq!(stored_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(stored_total(&mut con, SHARDS, "reasons"), 0);
+    assert_eq!(stored_total(&mut con, SHARDS, "due"), 3);
 
     // The daemon sends them to dead again; purge one by id, then all.
     let _daemon = Daemon::start(&config);
     wait_for("3 dead again", Duration::from_secs(10), || {
-        shard_total(&mut con, SHARDS, "dead") == 3
+        stored_total(&mut con, SHARDS, "dead") == 3
     });
     assert_eq!(
         ok(&config, &["dead", "purge", "--id", "dead-1"]).trim(),
@@ -718,7 +725,7 @@ fn dead_list_replay_purge() {
         assert!(get(&config, id).is_none(), "{id} purged");
     }
     for kind in ["due", "jobs", "dead", "reasons"] {
-        assert_eq!(shard_total(&mut con, SHARDS, kind), 0, "{kind}");
+        assert_eq!(stored_total(&mut con, SHARDS, kind), 0, "{kind}");
     }
     let v: Value = serde_json::from_str(&ok(&config, &["dead", "list", "--json"])).expect("JSON");
     assert_eq!(v["jobs"], serde_json::json!([]));

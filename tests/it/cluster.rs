@@ -25,19 +25,7 @@ fn lrange(con: &mut ClusterConnection, key: &str) -> Vec<String> {
 }
 
 fn shard_total(con: &mut ClusterConnection, suffix: &str) -> usize {
-    let cmd = if matches!(suffix, "jobs" | "reasons" | "ready_ids") {
-        "HLEN"
-    } else {
-        "ZCARD"
-    };
-    (0..SHARDS)
-        .map(|s| {
-            redis::cmd(cmd)
-                .arg(format!("{{zdelay:{s}}}:{suffix}"))
-                .query::<usize>(con)
-                .expect("shard key size")
-        })
-        .sum()
+    crate::common::stored::stored_total(con, SHARDS, suffix)
 }
 
 fn client(rt: &tokio::runtime::Runtime, cluster: &RedisCluster) -> Client {
@@ -45,8 +33,8 @@ fn client(rt: &tokio::runtime::Runtime, cluster: &RedisCluster) -> Client {
         .expect("library client on the cluster")
 }
 
-/// A config on the cluster: route `a` to list `q:a` (another slot than any shard: two-phase
-/// through the local sink), route `r` to `{raw}:out`, raw source `{raw}:src` → `r` (one
+/// A config on the cluster: route `a` to list `q:a` (its route lane is in `q:a`'s slot:
+/// exactly once, whatever slot the list is in), route `r` to `{raw}:out`, raw source `{raw}:src` → `r` (one
 /// slot: exactly once in move_raw) and `{raw2}:src` → `a` (two-phase, leased in place).
 fn config(cluster: &RedisCluster, extra: &str) -> TestConfig {
     let text = format!(
@@ -95,9 +83,8 @@ fn library_cli_raw_sources_and_routes_work_on_a_cluster() {
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{said}");
     assert!(
-        said.contains("route a: list q:a is in cluster slot")
-            && said.contains("delivered two-phase (at least once"),
-        "check-config says which routes are two-phase on the cluster and why: {said}"
+        said.contains("route a: list q:a, moved exactly once from its route lane"),
+        "check-config says a local route is delivered from its lane on the cluster: {said}"
     );
     let daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
@@ -225,15 +212,16 @@ fn library_cli_raw_sources_and_routes_work_on_a_cluster() {
     assert_eq!(raw_left, 0);
 
     // Dead letters and stats on the cluster.
-    let unknown = NewJob::new("nowhere", "x").id("{d}:dead-1");
-    rt.block_on(lib.enqueue(unknown, OnConflict::Error))
+    let expired = NewJob::new("a", "x")
+        .id("{d}:dead-1")
+        .at(now - 60_000)
+        .max_lateness(Duration::from_secs(1));
+    rt.block_on(lib.enqueue(expired, OnConflict::Error))
         .unwrap();
-    wait_for(
-        "the unknown destination died",
-        Duration::from_secs(10),
-        || shard_total(&mut con, "dead") == 1,
-    );
-    assert!(ok(&["dead", "list"]).contains("unknown destination: nowhere"));
+    wait_for("the expired job died", Duration::from_secs(10), || {
+        shard_total(&mut con, "dead") == 1
+    });
+    assert!(ok(&["dead", "list"]).contains("{d}:dead-1"));
     let stats: serde_json::Value = serde_json::from_str(&ok(&["stats", "--json"])).unwrap();
     assert_eq!(stats["total"]["dead"], 1, "{stats:#}");
     assert_eq!(ok(&["dead", "purge", "--all"]).trim(), "purged 1");

@@ -50,40 +50,95 @@ fn config(redis: &RedisServer, admin_extra: &str) -> TestConfig {
     config
 }
 
-/// Enqueues `(id, due ms, payload)` jobs to route `default`.
-fn enqueue(redis: &RedisServer, jobs: &[(String, i64, String)]) {
+/// Enqueues `(id, due ms, payload)` jobs to route `default`, as a producer given the config
+/// (it registers the route's lane if no daemon has yet).
+fn enqueue(config: &TestConfig, jobs: &[(String, i64, String)]) {
     let batch = jobs
         .iter()
         .map(|(id, due, payload)| NewJob::new("default", payload.clone()).id(id).at(*due))
         .collect();
-    let results = crate::common::runtime().block_on(async {
-        let client = Client::connect(&crate::common::redis_config(&redis.url(), SHARDS))
-            .await
-            .unwrap();
-        client
-            .enqueue_batch(batch, OnConflict::Replace)
-            .await
-            .unwrap()
-    });
+    let rt = crate::common::runtime();
+    let results = rt
+        .block_on(config.client(&rt).enqueue_batch(batch, OnConflict::Replace))
+        .unwrap();
     for r in results {
         r.unwrap();
     }
 }
 
-/// Every member with its score (ms) of each shard's `suffix` ZSET: the truth, read whole.
+/// The keys of one kind (`due`, `dead`, `sched_due`, `ready`) of spread shard `s`.
+fn spread_key(s: u16, suffix: &str) -> String {
+    let keys = zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2);
+    match suffix {
+        "due" => keys.due(s),
+        "dead" => keys.dead(s),
+        "ready" => keys.ready(s),
+        "sched_due" => keys.shard(s).sched_due,
+        other => panic!("no spread shard key {other}"),
+    }
+}
+
+/// The key of one kind (`due`, `dead`, `sched_due`) of a route lane.
+fn lane_key(lane: &zdelay::keys::LaneKeys, suffix: &str) -> String {
+    match suffix {
+        "due" => lane.due.clone(),
+        "dead" => lane.dead.clone(),
+        "sched_due" => lane.sched_due.clone(),
+        other => panic!("no lane key {other}"),
+    }
+}
+
+fn zset_whole(con: &mut redis::Connection, key: &str) -> BTreeMap<String, f64> {
+    let v: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(con)
+        .unwrap();
+    v.into_iter().collect()
+}
+
+/// Every member with its score (ms) of one kind of ZSET in each spread shard, and in each
+/// route lane (by route): the truth, read whole.
+type Members = (
+    Vec<BTreeMap<String, f64>>,
+    BTreeMap<String, BTreeMap<String, f64>>,
+);
+
+fn members(con: &mut redis::Connection, suffix: &str) -> Members {
+    let shards = (0..SHARDS)
+        .map(|s| zset_whole(con, &spread_key(s, suffix)))
+        .collect();
+    let lanes = lanes(con)
+        .into_iter()
+        .map(|(route, lane)| (route, zset_whole(con, &lane_key(&lane, suffix))))
+        .collect();
+    (shards, lanes)
+}
+
+/// [`members`] of the spread shards and the lanes alike.
 fn shard_members(con: &mut redis::Connection, suffix: &str) -> Vec<BTreeMap<String, f64>> {
-    (0..SHARDS)
-        .map(|s| {
-            let v: Vec<(String, f64)> = redis::cmd("ZRANGE")
-                .arg(format!("{{zdelay:{s}}}:{suffix}"))
-                .arg(0)
-                .arg(-1)
-                .arg("WITHSCORES")
-                .query(con)
-                .unwrap();
-            v.into_iter().collect()
+    let (shards, lanes) = members(con, suffix);
+    shards.into_iter().chain(lanes.into_values()).collect()
+}
+
+/// The live route lanes, by route.
+fn lanes(con: &mut redis::Connection) -> BTreeMap<String, zdelay::keys::LaneKeys> {
+    crate::common::stored::every_lane(con)
+        .into_iter()
+        .map(|lane| {
+            let route = lane.due.rsplit_once(":due:").unwrap().1.to_owned();
+            (route, lane)
         })
         .collect()
+}
+
+/// The keys of route `route`'s lane.
+fn lane_of(con: &mut redis::Connection, route: &str) -> zdelay::keys::LaneKeys {
+    lanes(con)
+        .remove(route)
+        .unwrap_or_else(|| panic!("no lane for route {route}"))
 }
 
 /// What falls in each step `(now + i·step, now + (i+1)·step]`, from scores (ms).
@@ -107,11 +162,11 @@ fn check_forecast(con: &mut redis::Connection, f: &Value) {
     let now = f["now_ms"].as_i64().unwrap();
     let step = f["step_ms"].as_i64().unwrap();
     let steps = f["steps"].as_array().unwrap();
-    let due = shard_members(con, "due");
+    let (due, due_in_lanes) = members(con, "due");
     let ready: u64 = (0..SHARDS)
         .map(|s| {
             redis::cmd("ZCARD")
-                .arg(format!("{{zdelay:{s}}}:ready"))
+                .arg(spread_key(s, "ready"))
                 .query::<u64>(con)
                 .unwrap()
         })
@@ -126,6 +181,7 @@ fn check_forecast(con: &mut redis::Connection, f: &Value) {
     let raw_ms: Vec<f64> = raw.iter().map(|(_, s)| (s * 1000.0).round()).collect();
     let overdue = due
         .iter()
+        .chain(due_in_lanes.values())
         .flat_map(|m| m.values())
         .chain(&raw_ms)
         .filter(|&&s| s <= now as f64)
@@ -140,6 +196,17 @@ fn check_forecast(con: &mut redis::Connection, f: &Value) {
                 steps[i]["by_shard"][shard.to_string()].as_u64().unwrap(),
                 *c,
                 "shard {shard} step {i}"
+            );
+            total[i] += c;
+        }
+    }
+    for (route, members) in &due_in_lanes {
+        let counts = bucket(members.values().copied(), now, step, steps.len());
+        for (i, c) in counts.iter().enumerate() {
+            assert_eq!(
+                steps[i]["by_route"][route].as_u64().unwrap(),
+                *c,
+                "route {route} step {i}"
             );
             total[i] += c;
         }
@@ -201,7 +268,7 @@ fn forecast_counts_equal_redis_truth_and_flag_spikes() {
         })
         .collect();
     jobs.extend((0..200).map(|i| (format!("burst-{i}"), now + 330_000, "b".into())));
-    enqueue(&redis, &jobs);
+    enqueue(&config, &jobs);
     for i in 0..50 {
         let score = (now + rng.range(-30_000, 600_000)) as f64 / 1000.0;
         redis::cmd("ZADD")
@@ -276,7 +343,7 @@ fn seed_for_console(redis: &RedisServer, config: &TestConfig) -> (Vec<String>, V
         })
         .collect();
     jobs.push(("big".into(), now + 300_000, "x".repeat(10_000)));
-    enqueue(redis, &jobs);
+    enqueue(config, &jobs);
     let mut dead: Vec<String> = (0..3).map(|i| format!("late-{i}")).collect();
     for id in &dead {
         let out = config.cli(&[
@@ -325,17 +392,16 @@ fn seed_for_console(redis: &RedisServer, config: &TestConfig) -> (Vec<String>, V
         let out = config.cli(&args);
         assert!(out.status.success(), "{out:?}");
     }
-    let occurrence = crate::common::runtime().block_on(async {
-        let client = Client::connect(&crate::common::redis_config(&redis.url(), SHARDS))
-            .await
-            .unwrap();
-        client
-            .operator()
-            .schedule_run_now("broken-tick")
-            .await
-            .unwrap()
-            .unwrap()
-    });
+    let rt = crate::common::runtime();
+    let occurrence = rt
+        .block_on(
+            config
+                .client(&rt)
+                .operator()
+                .schedule_run_now("broken-tick"),
+        )
+        .unwrap()
+        .unwrap();
     dead.push("wrong-0".into());
     dead.push(occurrence);
     wait_for("every seeded job is dead", Duration::from_secs(10), || {
@@ -343,10 +409,7 @@ fn seed_for_console(redis: &RedisServer, config: &TestConfig) -> (Vec<String>, V
     });
     let out = config.cli(&["dead", "replay", "--id", "wrong-0"]);
     assert!(out.status.success(), "{out:?}");
-    let history = format!(
-        "{{zdelay:{}}}:history",
-        zdelay::keys::Keys::new("zdelay", SHARDS).shard_of("wrong-0")
-    );
+    let history = lane_of(&mut con, "broken").history;
     wait_for("wrong-0 died again", Duration::from_secs(10), || {
         dead_ids(&mut con).contains("wrong-0")
             && redis::cmd("HEXISTS")
@@ -375,26 +438,39 @@ struct DeadTruth {
 }
 
 fn dead_truth(con: &mut redis::Connection) -> Vec<DeadTruth> {
+    let hget = |con: &mut redis::Connection, key: &str, id: &str| -> Option<Vec<u8>> {
+        redis::cmd("HGET").arg(key).arg(id).query(con).unwrap()
+    };
+    let text = |bytes: Option<Vec<u8>>| String::from_utf8(bytes.unwrap_or_default()).unwrap();
     let mut out = Vec::new();
-    for (shard, members) in shard_members(con, "dead").into_iter().enumerate() {
-        for (id, died) in members {
-            let reason: Option<String> = redis::cmd("HGET")
-                .arg(format!("{{zdelay:{shard}}}:reasons"))
-                .arg(&id)
-                .query(con)
-                .unwrap();
-            let raw: Option<Vec<u8>> = redis::cmd("HGET")
-                .arg(format!("{{zdelay:{shard}}}:jobs"))
-                .arg(&id)
-                .query(con)
-                .unwrap();
-            let env = raw.and_then(|r| zdelay::Envelope::decode(&r).ok());
+    // Spread shards hold envelopes (two-phase routes).
+    let keys = zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2);
+    for shard in 0..SHARDS {
+        for (id, died) in zset_whole(con, &keys.dead(shard)) {
+            let reason = text(hget(con, &keys.reasons(shard), &id));
+            let env =
+                hget(con, &keys.jobs(shard), &id).and_then(|r| zdelay::Envelope::decode(&r).ok());
             out.push(DeadTruth {
                 id,
                 died_ms: died as i64,
-                reason: reason.unwrap_or_default(),
+                reason,
                 dest: env.as_ref().map(|e| e.dest.clone()),
                 schedule: env.and_then(|e| e.meta.schedule),
+            });
+        }
+    }
+    // A lane holds its route's payloads raw, the meta (schedule, headers) apart.
+    for (route, lane) in lanes(con) {
+        for (id, died) in zset_whole(con, &lane.dead) {
+            let reason = text(hget(con, &lane.reasons, &id));
+            let meta: Option<Value> =
+                hget(con, &lane.meta, &id).map(|m| serde_json::from_slice(&m).unwrap());
+            out.push(DeadTruth {
+                id,
+                died_ms: died as i64,
+                reason,
+                dest: Some(route.clone()),
+                schedule: meta.and_then(|m| m["schedule"].as_str().map(str::to_owned)),
             });
         }
     }
@@ -585,10 +661,7 @@ fn console_api_equals_redis_and_actions_need_the_token() {
     // One dead job: its history (the earlier death), attempts, last error, payload.
     let w = get_json(port, "/api/dead/wrong-0");
     let history: String = redis::cmd("HGET")
-        .arg(format!(
-            "{{zdelay:{}}}:history",
-            zdelay::keys::Keys::new("zdelay", SHARDS).shard_of("wrong-0")
-        ))
+        .arg(lane_of(&mut con, "broken").history)
         .arg("wrong-0")
         .query(&mut con)
         .unwrap();
@@ -718,10 +791,7 @@ fn console_api_equals_redis_and_actions_need_the_token() {
     ok(&format!("/api/dead/{}/purge", dead[1]));
     assert!(!dead_ids(&mut con).contains(&dead[1]));
     let stored: bool = redis::cmd("HEXISTS")
-        .arg(format!(
-            "{{zdelay:{}}}:jobs",
-            zdelay::keys::Keys::new("zdelay", SHARDS).shard_of(&dead[1])
-        ))
+        .arg(lane_of(&mut con, "default").jobs)
         .arg(&dead[1])
         .query(&mut con)
         .unwrap();
@@ -837,7 +907,7 @@ fn console_without_a_token_is_read_only() {
     let _daemon = Daemon::start(&config);
     let port = config.admin_port;
     enqueue(
-        &redis,
+        &config,
         &[(
             "a".into(),
             redis_now_ms(&mut redis.conn()) + 600_000,
@@ -908,10 +978,18 @@ fn console_in_a_real_browser() {
     );
     assert_eq!(o["due"], 0);
     assert_eq!(o["instances"].as_array().unwrap().len(), 1);
-    // Four shards, the two raw sources, the total.
-    assert_eq!(
-        o["backlog_rows"].as_array().unwrap().len(),
-        SHARDS as usize + 3
+    // The four spread shards, the two route lanes (where the jobs are), the two raw
+    // sources, the total.
+    let rows: BTreeSet<&str> = o["backlog_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(rows.len(), SHARDS as usize + 5, "{rows:?}");
+    assert!(
+        rows.contains("route lane default") && rows.contains("route lane broken"),
+        "{rows:?}"
     );
     assert_eq!(o["lateness"], "≤10 / ≤1000 ms", "seeded buckets 3 and 9");
 
@@ -1018,19 +1096,18 @@ fn console_in_a_real_browser() {
     );
 }
 
-/// Stores a dead envelope job `id` (payload, one header) in its shard, as the kill scripts
-/// leave it.
+/// Stores a dead job `id` (payload, one header) in route `default`'s lane, as the move
+/// script leaves one that died: its payload and meta kept, its reason beside.
 fn seed_dead_job(con: &mut redis::Connection, id: &str, payload: &[u8], died_ms: i64) {
-    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
-    let shard = keys.shard_of(id);
-    let mut env = zdelay::Envelope::new("default", payload.to_vec());
-    env.meta
-        .headers
+    let lane = crate::common::stored::lane_keys("default", "queue:default");
+    let mut meta = zdelay::envelope::Meta::default();
+    meta.headers
         .insert("authorization".into(), "Basic c2VjcmV0".into());
     let _: () = redis::pipe()
-        .hset(keys.jobs(shard), id, env.encode().unwrap())
-        .zadd(keys.dead(shard), id, died_ms)
-        .hset(keys.reasons(shard), id, "rejected: no")
+        .hset(&lane.jobs, id, payload)
+        .hset(&lane.meta, id, serde_json::to_string(&meta).unwrap())
+        .zadd(&lane.dead, id, died_ms)
+        .hset(&lane.reasons, id, "rejected: no")
         .query(con)
         .unwrap();
 }
@@ -1057,7 +1134,7 @@ fn payload_reads_need_the_token_and_gets_check_the_site() {
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
     enqueue(
-        &redis,
+        &config,
         &[("pending".into(), now + 600_000, "secret-payload".into())],
     );
     seed_dead_job(&mut con, "dead-1", b"secret-payload", now - 1000);
@@ -1441,8 +1518,9 @@ fn raw_dead_lookup_by_id_does_not_scan_the_set() {
     }
 }
 
-/// Replaying or purging one dead job touches its own shard only: no scan of every shard's
-/// history (that is left to the bulk operations).
+/// Replaying or purging one dead job touches its own lane only: no scan of every lane's
+/// history (that is left to the bulk operations). Finding it by id alone asks each route's
+/// lane, one call each.
 #[test]
 fn single_id_replay_and_purge_touch_one_shard() {
     let redis = RedisServer::start();
@@ -1451,24 +1529,23 @@ fn single_id_replay_and_purge_touch_one_shard() {
     let port = config.admin_port;
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
-    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
+    let lane = crate::common::stored::lane_keys("default", "queue:default");
     for i in 0..20 {
         seed_dead_job(&mut con, &format!("d-{i}"), b"x", now - 1000);
-        let shard = keys.shard_of(&format!("d-{i}"));
         let _: () = redis::cmd("HSET")
-            .arg(keys.history(shard))
+            .arg(&lane.history)
             .arg(format!("gone-{i}"))
             .arg("1 old")
             .query(&mut con)
             .unwrap();
     }
-    let dead_ops = [
-        "replay_dead",
-        "purge_dead",
-        "prune_history",
-        "peek_dead",
-        "walk_raw_dead",
-    ];
+    let writes = ["replay_dead_lane", "purge_dead_lane", "prune_history_lane"];
+    let tag = |key: &str| {
+        key.strip_prefix("zdelay:{")
+            .and_then(|rest| rest.split_once('}'))
+            .map(|(tag, _)| tag.to_owned())
+    };
+    let own = tag(&lane.due).unwrap();
     for (i, action) in ["replay?in=1h", "purge"].iter().enumerate() {
         let id = format!("d-{i}");
         log_every_command(&mut con);
@@ -1481,31 +1558,20 @@ fn single_id_replay_and_purge_touch_one_shard() {
         .unwrap();
         assert_eq!(status, 200, "{action}: {body}");
         let log = logged(&mut con);
+        assert!(
+            log.iter().all(|l| !l.args[0].eq_ignore_ascii_case("hscan")),
+            "{action}: a scan"
+        );
         let ours: Vec<&Logged> = log
             .iter()
-            .filter(|l| {
-                dead_ops.iter().any(|s| l.is_script(s))
-                    || l.args[0].eq_ignore_ascii_case("hscan")
-                    || l.names(":history")
-            })
+            .filter(|l| writes.iter().any(|s| l.is_script(s)) || l.names(":history:"))
             .collect();
         assert!(!ours.is_empty(), "{action}: its script is logged");
-        let tag = format!("{{zdelay:{}}}", keys.shard_of(&id));
         for l in &ours {
-            assert!(
-                !l.args[0].eq_ignore_ascii_case("hscan"),
-                "{action}: a scan: {:?}",
-                l.args
-            );
-            let shards: BTreeSet<&str> = l
-                .args
-                .iter()
-                .filter_map(|a| a.strip_prefix("{zdelay:"))
-                .filter_map(|a| a.split_once('}').map(|(n, _)| n))
-                .collect();
+            let tags: BTreeSet<String> = l.args.iter().filter_map(|a| tag(a)).collect();
             assert_eq!(
-                shards.into_iter().collect::<Vec<_>>(),
-                vec![&tag["{zdelay:".len()..tag.len() - 1]],
+                tags.into_iter().collect::<Vec<_>>(),
+                vec![own.clone()],
                 "{action}: {:?}",
                 l.args
             );
@@ -1565,16 +1631,14 @@ fn dead_listing_peeks_within_a_budget_per_call() {
     let port = config.admin_port;
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
-    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
-    let shard = keys.shard_of("{one}:0");
+    let lane = crate::common::stored::lane_keys("default", "queue:default");
     let payload = "p".repeat(60_000);
     let mut pipe = redis::pipe();
     for i in 0..600 {
         let id = format!("{{one}}:{i}");
-        let json = serde_json::json!({"v": 1, "dest": "default", "payload": payload});
-        pipe.hset(keys.jobs(shard), &id, json.to_string())
+        pipe.hset(&lane.jobs, &id, &payload)
             .ignore()
-            .zadd(keys.dead(shard), &id, now - 10_000 + i)
+            .zadd(&lane.dead, &id, now - 10_000 + i)
             .ignore();
     }
     let _: () = pipe.query(&mut con).unwrap();
@@ -1586,15 +1650,15 @@ fn dead_listing_peeks_within_a_budget_per_call() {
     assert_eq!(v["jobs"][0]["route"], "default", "{}", v["jobs"][0]);
     let peeks: Vec<Logged> = logged(&mut con)
         .into_iter()
-        .filter(|l| l.is_script("peek_dead"))
+        .filter(|l| l.is_script("peek_dead_lane"))
         .collect();
     let per_call = sent / peeks.len().max(1) as u64;
     assert!(
         per_call < 2 << 20,
-        "{} peek_dead calls sent {sent} bytes",
+        "{} peek_dead_lane calls sent {sent} bytes",
         peeks.len()
     );
-    assert_calls_short("peek_dead", &peeks.iter().collect::<Vec<_>>());
+    assert_calls_short("peek_dead_lane", &peeks.iter().collect::<Vec<_>>());
 }
 
 /// A bulk replay or purge through the API does a bounded amount of work per request

@@ -100,13 +100,18 @@ target = "q:m"
     ok(&["enqueue", "--dest", "l", "--payload", "one"]);
     ok(&["enqueue", "--dest", "m", "--payload", "two"]);
     ok(&["enqueue", "--dest", "g", "--payload", "waits"]); // its publish fails: an error
-    // The CLI refuses an unknown destination; the library (no route table) takes it: dead.
+    // A job a minute late with a second's max lateness: dead.
     let rt = crate::common::runtime();
-    let lib = crate::common::client(&rt, &redis.url(), 2);
-    rt.block_on(lib.enqueue(
-        zdelay::NewJob::new("nowhere", "three"),
-        zdelay::OnConflict::Error,
-    ))
+    let lib = config.client(&rt);
+    let past = crate::common::redis_now_ms(&mut redis.conn()) - 60_000;
+    rt.block_on(
+        lib.enqueue(
+            zdelay::NewJob::new("l", "three")
+                .at(past)
+                .max_lateness(Duration::from_secs(1)),
+            zdelay::OnConflict::Error,
+        ),
+    )
     .expect("enqueued");
     ok(&["enqueue", "--dest", "l", "--in", "1h", "--payload", "later"]);
     ok(&[

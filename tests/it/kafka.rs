@@ -488,13 +488,16 @@ fn kafka_throughput_100k() {
 }
 
 /// End to end through the daemon: jobs enqueued with the library reach a real Kafka-protocol
-/// broker with key = id and the `zdelay-id` header, confirmed (acks=all) before the ack.
+/// broker with key = id and the `zdelay-id` header, confirmed (acks=all) before the ack. On a
+/// legacy layout-1 namespace (`redis.layout = 1`), which daemons deliver from until it is
+/// upgraded.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_kafka() {
     daemon_delivers_to_kafka(1);
 }
 
-/// The same on a namespace on storage layout 2, whose two-phase jobs wait in spread shards.
+/// The same on storage layout 2, a new namespace's default, whose two-phase jobs wait in
+/// spread shards.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_kafka_on_layout_2() {
     daemon_delivers_to_kafka(2);
@@ -523,8 +526,8 @@ target = "{topic}"
 "#
     );
     let mut config = TestConfig::new(&redis.url(), 2, &extra);
-    if layout == 2 {
-        config = config.on_layout_2();
+    if layout == 1 {
+        config = config.on_layout_1();
     }
     let _daemon = Daemon::start(&config);
     let rt = common::runtime();
@@ -574,7 +577,8 @@ target = "{topic}"
 /// its jobs to dead naming the topic instead.
 #[test]
 fn a_missing_topic_holds_its_jobs_until_it_exists() {
-    use crate::common::{Daemon, RedisServer, TestConfig, client, shard_total, wait_for};
+    use crate::common::stored::stored_total;
+    use crate::common::{Daemon, RedisServer, TestConfig, client, wait_for};
     use zdelay::client::{NewJob, OnConflict};
 
     let svc = Services::get();
@@ -634,7 +638,7 @@ on_missing = "dead"
     wait_for(
         "the strict route's jobs dead",
         Duration::from_secs(30),
-        || shard_total(&mut con, 2, "dead") == 5,
+        || stored_total(&mut con, 2, "dead") == 5,
     );
     let dead = config.cli(&["dead", "list", "--json"]);
     let dead = String::from_utf8_lossy(&dead.stdout).into_owned();
@@ -656,7 +660,7 @@ on_missing = "dead"
     );
     assert_eq!(consume(&svc.python(), &brokers, &live, 10).len(), 10);
     // Held, not retried: nothing else dead, no attempt burned.
-    assert_eq!(shard_total(&mut con, 2, "dead"), 5);
+    assert_eq!(stored_total(&mut con, 2, "dead"), 5);
     assert!(daemon.log_text().contains("destination missing"));
     for id in &later_ids {
         let view = rt
@@ -677,7 +681,7 @@ on_missing = "dead"
         Duration::from_secs(30),
         || !stats().contains("held "),
     );
-    assert_eq!(shard_total(&mut con, 2, "dead"), 5);
+    assert_eq!(stored_total(&mut con, 2, "dead"), 5);
 }
 
 /// A hung broker (SIGSTOP: its port stays open, nothing answers) under a short lease: each
@@ -687,7 +691,7 @@ on_missing = "dead"
 /// attempt is burned. Once the broker resumes, every job reaches the topic.
 #[test]
 fn kafka_batches_end_by_the_publish_deadline_while_the_broker_hangs() {
-    use crate::common::{Daemon, RedisServer, TestConfig, client, wait_all_settled, wait_for};
+    use crate::common::{Daemon, RedisServer, TestConfig, client, wait_all_settled_in, wait_for};
     use zdelay::client::{NewJob, OnConflict};
 
     const JOBS: usize = 60;
@@ -753,7 +757,11 @@ target = "{topic}"
 
     own.run("RESUME_KAFKA");
     let mut con = redis.conn();
-    wait_all_settled(&mut con, 1, Duration::from_secs(60));
+    wait_all_settled_in(
+        &mut con,
+        &zdelay::keys::Keys::for_layout("zdelay", 1, 2),
+        Duration::from_secs(60),
+    );
     let records = consume(&own.var("PYTHON"), &brokers, &topic, -(JOBS as i64));
     let keys: std::collections::BTreeSet<String> = records
         .iter()

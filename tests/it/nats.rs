@@ -578,7 +578,8 @@ async fn nats_jetstream_throughput_100k() {
 
 /// End to end through the daemon, against each NATS version: jobs enqueued with the library
 /// reach a JetStream stream with their headers and `Nats-Msg-Id`, confirmed by PubAck before
-/// the daemon acks them, and the sink reports up in `/readyz`.
+/// the daemon acks them, and the sink reports up in `/readyz`. On a legacy layout-1 namespace
+/// (`redis.layout = 1`), which daemons deliver from until it is upgraded.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_jetstream() {
     let services = Services::get();
@@ -587,7 +588,8 @@ fn daemon_delivers_scheduled_jobs_to_jetstream() {
     }
 }
 
-/// The same on a namespace on storage layout 2, whose two-phase jobs wait in spread shards.
+/// The same on storage layout 2, a new namespace's default, whose two-phase jobs wait in
+/// spread shards.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_jetstream_on_layout_2() {
     let services = Services::get();
@@ -623,8 +625,8 @@ fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layo
     let (js, stream, prefix) = rt.block_on(make_stream(&url));
     let redis = RedisServer::start();
     let mut config = TestConfig::new(&redis.url(), 2, &events_route(&url, &prefix));
-    if layout == 2 {
-        config = config.on_layout_2();
+    if layout == 1 {
+        config = config.on_layout_1();
     }
     let daemon = Daemon::start(&config);
     // A client without a layout of its own follows the namespace.

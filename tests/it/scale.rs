@@ -449,12 +449,13 @@ fn an_instance_stalled_past_its_lease_delivers_nothing_twice_locally_and_is_fenc
     );
 }
 
-/// A master and the shards it serves, and one that serves none of the registry keys.
+/// Each master and the spread shards it serves.
 fn shard_masters(cluster: &RedisCluster) -> BTreeMap<u16, BTreeSet<u16>> {
+    let keys = zdelay::keys::Keys::for_layout("zdelay", CLUSTER_SHARDS, 2);
     let mut by_master: BTreeMap<u16, BTreeSet<u16>> = BTreeMap::new();
     for s in 0..CLUSTER_SHARDS {
         by_master
-            .entry(cluster.master_of(&format!("{{zdelay:{s}}}:due")))
+            .entry(cluster.master_of(&keys.due(s)))
             .or_default()
             .insert(s);
     }
@@ -472,7 +473,9 @@ fn a_killed_master_is_replaced_by_its_replica_and_the_daemon_recovers() {
     wait_for("jobs flowing", Duration::from_secs(10), || {
         lrange(&mut con, "q:a").len() > 300
     });
-    let victim = cluster.master_of("{zdelay:0}:due");
+    // The master of route a's lane: where every job of the load waits.
+    let lane_due = crate::common::stored::lane_keys("a", "q:a").due;
+    let victim = cluster.master_of(&lane_due);
     let killed_at = Instant::now();
     // On the load's clock (which started a moment after `load_started`).
     let kill_offset = killed_at - load_started;
@@ -480,7 +483,7 @@ fn a_killed_master_is_replaced_by_its_replica_and_the_daemon_recovers() {
     // The survivors mark it failed, then its replica is promoted.
     wait_for("its replica promoted", Duration::from_secs(20), || {
         cluster
-            .master_serving("{zdelay:0}:due")
+            .master_serving(&lane_due)
             .is_ok_and(|master| master != victim)
     });
     cluster.wait_ok();
@@ -594,38 +597,59 @@ fn script_flush_on_every_node_mid_run_is_recovered_from() {
     assert_eq!(dead, 0.0);
 }
 
+/// A hung master (SIGSTOP) holding spread shards stalls neither a daemon's start-up nor the
+/// spread shards on the other masters: their jobs go out as usual, and the hung master's
+/// jobs once it answers. The route is two-phase (to another Redis), so its jobs wait in the
+/// spread shards, by id.
 #[test]
 fn a_hung_master_stalls_neither_start_up_nor_the_shards_on_other_nodes() {
     // A node timeout longer than the test: the hung master is not failed over meanwhile.
     let cluster = RedisCluster::start_with(&["--cluster-node-timeout", "60000"]);
+    let target = RedisServer::start();
     // A claim the publisher gave up on while the node hung still runs once it answers (the
     // command was already in its socket), with a lease from then on: its jobs come back when
     // that lease runs out. 5 s instead of the default 30 s keeps that within the wait below.
-    let config = cluster_config(&cluster, "lease = \"5s\"");
+    let config = cluster.config(
+        CLUSTER_SHARDS,
+        &format!(
+            r#"
+[poller]
+idle_poll = "50ms"
+lease = "5s"
+
+[sinks.far]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "a"
+sink = "far"
+target = "q:a"
+push = "rpush"
+"#,
+            target.url()
+        ),
+    );
+    let keys = zdelay::keys::Keys::for_layout("zdelay", CLUSTER_SHARDS, 2);
     let by_master = shard_masters(&cluster);
-    // Hang a master that holds shards but not the schema (start-up reads it), the registry
-    // or the route's list.
+    // Hang a master that holds spread shards but neither the schema (start-up reads it), the
+    // daemons' registry nor the lane registry.
     let needed = [
         cluster.master_of("zdelay:schema"),
         cluster.master_of("{zdelay}:instances"),
-        cluster.master_of("q:a"),
+        cluster.master_of(&keys.lanes()),
     ];
     let hung = *by_master
         .keys()
         .find(|m| !needed.contains(m))
-        .expect("a master without the schema, the registry and the list");
-    let keys = zdelay::keys::Keys::new("zdelay", CLUSTER_SHARDS);
+        .expect("a master without the schema and the registries");
     let on_hung = |id: &str| by_master[&hung].contains(&keys.shard_of(id));
     let rt = runtime();
-    let client = rt
-        .block_on(Client::connect(&cluster.redis_config(CLUSTER_SHARDS)))
-        .expect("client");
-    let enqueue = |ids: &[String]| {
-        let jobs = ids
-            .iter()
-            .map(|id| NewJob::new("a", id.clone()).id(id.clone()));
+    // A producer with the config: it registers the route before any daemon runs.
+    let client = config.client(&rt);
+    let enqueue = |jobs: Vec<NewJob>| {
         for r in rt
-            .block_on(client.enqueue_batch(jobs.collect(), OnConflict::Error))
+            .block_on(client.enqueue_batch(jobs, OnConflict::Error))
             .expect("enqueued")
         {
             r.expect("enqueued");
@@ -637,20 +661,18 @@ fn a_hung_master_stalls_neither_start_up_nor_the_shards_on_other_nodes() {
         .filter(|id| on_hung(id))
         .take(50)
         .collect();
-    let jobs = waiting.iter().map(|id| {
-        NewJob::new("a", id.clone())
-            .id(id.clone())
-            .after(Duration::from_secs(1))
-    });
-    for r in rt
-        .block_on(client.enqueue_batch(jobs.collect(), OnConflict::Error))
-        .expect("enqueued")
-    {
-        r.expect("enqueued");
-    }
+    enqueue(
+        waiting
+            .iter()
+            .map(|id| {
+                NewJob::new("a", id.clone())
+                    .id(id.clone())
+                    .after(Duration::from_secs(1))
+            })
+            .collect(),
+    );
     let daemon = Daemon::start(&config);
-    // Connected before the hang (a new connection meets every node, the hung one too).
-    let mut con = cluster.conn();
+    let mut far = target.conn();
     let pid = cluster.pid(hung) as i32;
     // SAFETY: kill(2) on our own child's pid; the cluster's drop sends SIGCONT.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -663,13 +685,18 @@ fn a_hung_master_stalls_neither_start_up_nor_the_shards_on_other_nodes() {
         .take(300)
         .collect();
     let at = Instant::now();
-    enqueue(&healthy);
+    enqueue(
+        healthy
+            .iter()
+            .map(|id| NewJob::new("a", id.clone()).id(id.clone()))
+            .collect(),
+    );
     let enqueued_in = at.elapsed();
     wait_for(
         "jobs of shards on healthy masters delivered",
         Duration::from_secs(20),
         || {
-            let got = counts(lrange(&mut con, "q:a"));
+            let got = counts(lrange(&mut far, "q:a"));
             healthy.iter().all(|p| got.contains_key(p))
         },
     );
@@ -684,26 +711,23 @@ fn a_hung_master_stalls_neither_start_up_nor_the_shards_on_other_nodes() {
         "the hung master's jobs delivered once it answers",
         Duration::from_secs(30),
         || {
-            let got = counts(lrange(&mut con, "q:a"));
+            let got = counts(lrange(&mut far, "q:a"));
             waiting.iter().all(|p| got.contains_key(p))
         },
         || {
             let mut con = cluster.conn();
             let state: Vec<String> = by_master[&hung]
                 .iter()
-                .map(|s| {
-                    let mut size = |suffix: &str, cmd: &str| -> i64 {
-                        redis::cmd(cmd)
-                            .arg(format!("{{zdelay:{s}}}:{suffix}"))
-                            .query(&mut con)
-                            .unwrap_or(-1)
+                .map(|&s| {
+                    let mut size = |key: String, cmd: &str| -> i64 {
+                        redis::cmd(cmd).arg(key).query(&mut con).unwrap_or(-1)
                     };
                     format!(
                         "shard {s}: due {} ready {} inflight {} jobs {}",
-                        size("due", "ZCARD"),
-                        size("ready", "ZCARD"),
-                        size("inflight", "ZCARD"),
-                        size("jobs", "HLEN")
+                        size(keys.due(s), "ZCARD"),
+                        size(keys.ready(s), "ZCARD"),
+                        size(keys.inflight(s), "ZCARD"),
+                        size(keys.jobs(s), "HLEN")
                     )
                 })
                 .collect();
@@ -1057,20 +1081,19 @@ route = "w"
 
     // Written without a wake-up (no PUBLISH, no keyspace event reaches anyone): found by the
     // fallback poll, not after idle_poll_max.
-    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
-    let shard = keys.shard_of("{h}:1");
+    let lane = crate::common::stored::lane_keys("w", "q:w");
     let due = crate::common::redis_now_ms(&mut con);
     let mut pipe = redis::pipe();
     pipe.atomic()
         .cmd("HSET")
-        .arg(keys.jobs(shard))
-        .arg("{h}:1")
-        .arg("zd1:w\n0\nby hand")
+        .arg(&lane.jobs)
+        .arg("by-hand-1")
+        .arg("by hand")
         .ignore()
         .cmd("ZADD")
-        .arg(keys.due(shard))
+        .arg(&lane.due)
         .arg(due)
-        .arg("{h}:1")
+        .arg("by-hand-1")
         .ignore()
         .cmd("ZADD")
         .arg("raw:a")

@@ -186,6 +186,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     ensure!(
         config.redis.layout != Some(2)
             || args.daemons.is_some()
+            || args.route.is_some()
             || matches!(args.mode, Mode::Lane | Mode::Flow | Mode::Idle),
         "redis.layout = 2 is measured with --daemons N or --mode idle (the in-process modes \
          poll layout-1 shards)"

@@ -74,8 +74,23 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
     let mut direct = Vec::new();
     direct.extend(direct::publish(&sink_config, &plan).await?);
     let past = env.redis_now_ms() - 1_000;
+    // Given the config's routes, the producer registers the route in a namespace on storage
+    // layout 2 (which refuses a destination it does not know); its jobs then wait in the
+    // spread shards, which the pollers poll instead of layout 1's shards.
+    let producer = env
+        .producer
+        .clone()
+        .with_routes(zdelay_client::routes::Routes::from_config(&env.config));
+    let layout = producer.storage_layout();
+    let keys = if layout >= 2 {
+        let spread = env.scratch.spread();
+        ctx.on_layout_2(layout, spread.clone(), Vec::new());
+        spread
+    } else {
+        env.scratch.keys.clone()
+    };
     load_envelopes_to(
-        &env.producer,
+        &producer,
         route,
         n,
         size,
@@ -83,7 +98,6 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
         "loading jobs for the route",
     )
     .await?;
-    let keys = env.scratch.keys.clone();
     let jobs_keys: Vec<String> = (0..keys.shards()).map(|s| keys.jobs(s)).collect();
     let dead_keys: Vec<String> = (0..keys.shards()).map(|s| keys.dead(s)).collect();
     let ctx = Arc::new(ctx);

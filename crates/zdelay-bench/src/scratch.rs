@@ -43,7 +43,7 @@ impl Scratch {
     }
 
     /// The namespace's spread shards (storage layout 2).
-    fn spread(&self) -> Keys {
+    pub(super) fn spread(&self) -> Keys {
         Keys::for_layout(self.keys.namespace(), self.keys.shards(), 2)
     }
 

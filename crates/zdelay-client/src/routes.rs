@@ -138,6 +138,15 @@ impl LaneRoutes {
     }
 }
 
+/// How [`Routes::explain`] says a route to a broker (or remote Redis) is delivered.
+fn two_phase_line(name: &str, dest: &Destination) -> String {
+    format!(
+        "route {name}: sink {} target {}, delivered two-phase (claim, publish, broker \
+         confirmation, fenced ack: at least once, idempotency key <id>:<due>)",
+        dest.sink, dest.target
+    )
+}
+
 /// A two-phase route with a rate or a bound: its jobs wait for their sink in a part of each
 /// spread shard's ready set named `<sink>:<route>` (no sink name holds a `:`), beside the
 /// sink's own part, and its publishers claim from there only what its flow hash grants
@@ -378,14 +387,36 @@ impl Routes {
                         slots.join(", ")
                     )
                 }
-                _ => format!(
-                    "route {name}: sink {} target {}, delivered two-phase (claim, publish, \
-                     broker confirmation, fenced ack: at least once, idempotency key <id>:<due>)",
-                    dest.sink, dest.target
-                ),
+                _ => two_phase_line(name, dest),
             };
             out.push(line);
         }
+        out
+    }
+
+    /// [`Self::explain`] for a namespace on storage `layout`: on layout 2 every local route,
+    /// on a cluster too, is moved exactly once from its route lane in its list's slot.
+    pub fn explain_on_layout(&self, layout: u32) -> Vec<String> {
+        let Some(lanes) = self.lanes.as_ref().filter(|_| layout >= 2) else {
+            return self.explain();
+        };
+        let mut out: Vec<String> = lanes
+            .local
+            .iter()
+            .map(|route| {
+                format!(
+                    "route {}: list {}, moved exactly once from its route lane (in the list's \
+                     hash slot) inside the move script",
+                    route.name, route.list
+                )
+            })
+            .collect();
+        out.extend(
+            self.two_phase
+                .iter()
+                .filter(|(_, dest)| dest.sink != LOCAL_SINK)
+                .map(|(name, dest)| two_phase_line(name, dest)),
+        );
         out
     }
 

@@ -151,7 +151,9 @@ pages.overview = async function () {
         el("td", { text: when(i.last_seen_ms, now) })))));
 
   out.push(el("h2", { text: "Backlog" }));
-  const rows = s.shards.concat(s.sources).map(b => el("tr", { "data-backlog": b.name },
+  // On storage layout 2 a local route's jobs wait in its route lane: one row each.
+  const lanes = (s.lanes || []).map(b => ({ ...b, name: "route lane " + b.name }));
+  const rows = s.shards.concat(lanes, s.sources).map(b => el("tr", { "data-backlog": b.name },
     el("td", { text: b.name }), num(b.due_now), num(b.scheduled), num(b.inflight), num(b.dead), num(b.oldest_due_age_ms)));
   rows.push(el("tr", { class: "total", "data-backlog": "total" },
     el("td", { text: "total" }), num(t.due_now), num(t.scheduled), num(t.inflight), num(t.dead), num(t.oldest_due_age_ms)));
@@ -237,12 +239,13 @@ pages.forecast = async function () {
   }
   const shards = Object.keys(f.overdue_by_shard);
   const sources = Object.keys(f.overdue_by_source);
+  const routes = Object.keys(f.overdue_by_route || {});
   out.push(el("h2", { text: "Per step" }));
-  out.push(table(["step start", { t: "jobs", n: 1 }, { t: "schedules", n: 1 }, ""].concat(shards.map(s => ({ t: "shard " + s, n: 1 }))).concat(sources.map(s => ({ t: s, n: 1 }))),
+  out.push(table(["step start", { t: "jobs", n: 1 }, { t: "schedules", n: 1 }, ""].concat(shards.map(s => ({ t: "shard " + s, n: 1 }))).concat(routes.map(r => ({ t: "route " + r, n: 1 }))).concat(sources.map(s => ({ t: s, n: 1 }))),
     f.steps.map((s, i) => el("tr", { "data-step": i, class: s.spike ? "spike" : null },
       el("td", { text: `+${span(i * f.step_ms)}  ${iso(s.start_ms)}` }), num(s.count, { "data-count": s.count }), num(s.schedules),
       el("td", { text: s.spike ? "SPIKE" : "" }),
-      shards.map(k => num(s.by_shard[k])), sources.map(k => num(s.by_source[k])))), { id: "forecast-steps" }));
+      shards.map(k => num(s.by_shard[k])), routes.map(k => num(s.by_route[k])), sources.map(k => num(s.by_source[k])))), { id: "forecast-steps" }));
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod stored;
 pub mod tls;
 
 use std::io::Write;
