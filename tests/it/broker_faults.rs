@@ -13,8 +13,8 @@
 //! drop); the reject test uses the shared ones.
 
 use crate::common::{
-    Daemon, PrivateBrokers, RedisServer, Services, TestConfig, llen, lrange, runtime, shard_total,
-    wait_for, wait_for_or_show,
+    Daemon, PrivateBrokers, RedisServer, Services, TestConfig, llen, lrange, runtime,
+    stored_total, wait_for, wait_for_or_show,
 };
 use async_nats::jetstream;
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,11 +48,12 @@ fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, jobs: Vec<NewJob>) -> 
         .collect()
 }
 
-/// Jobs still held by zdelay: stored (due, in flight or dead) plus in-flight leases.
+/// Jobs still held by zdelay, in every lane and spread shard: stored (due, in flight or dead)
+/// plus in-flight leases.
 fn pending(con: &mut redis::Connection) -> (usize, usize) {
     (
-        shard_total(con, SHARDS, "jobs"),
-        shard_total(con, SHARDS, "inflight"),
+        stored_total(con, "jobs"),
+        stored_total(con, "inflight"),
     )
 }
 
@@ -528,7 +529,7 @@ target = "q:local"
             .join("\n")
     );
     assert_eq!(outcome("rejected"), 0.0);
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0, "nothing dead");
+    assert_eq!(stored_total(&mut con, "dead"), 0, "nothing dead");
     assert!(
         outcome("delivered") >= remote_ids.len() as f64,
         "every remote job confirmed"
@@ -635,7 +636,7 @@ target = "{prefix}.due"
         "the second daemon published every job again, the {published} already stored too \
          ({delivered})"
     );
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(stored_total(&mut con, "dead"), 0);
 
     // Read by nats-py first: on failure it shows which jobs repeat and under which ids.
     let in_stream = js_count(&rt, &url, &stream);
@@ -730,7 +731,7 @@ target = "/{queue}"
         "exactly the jobs confirmed before the crash repeat, under the same message_id"
     );
     assert!(metric(&daemon, "zdelay_leases_expired_total", &[]) >= inflight as f64);
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(stored_total(&mut con, "dead"), 0);
     amqp_tool(&python, &url, &["delete", &queue]);
 }
 
@@ -992,7 +993,7 @@ target = "q:local"
         || pending(&mut con) == (0, 0),
     );
     eprintln!("all acked {:?} after SIGCONT", resumed.elapsed());
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0, "nothing died");
+    assert_eq!(stored_total(&mut con, "dead"), 0, "nothing died");
     let remote_ids: Vec<String> = sent
         .iter()
         .filter(|s| s.route == "remote")
@@ -1092,7 +1093,7 @@ target = "/{queue}"
     };
     let mut con = redis.conn();
     wait_for("40 rejected jobs dead", Duration::from_secs(20), || {
-        pending(&mut con).1 == 0 && shard_total(&mut con, SHARDS, "dead") == 40
+        pending(&mut con).1 == 0 && stored_total(&mut con, "dead") == 40
     });
     let dead = dead_list();
     assert_eq!(dead.len(), 40, "{dead:?}");
@@ -1151,7 +1152,7 @@ target = "/{queue}"
     );
     let (status, body) = daemon.admin_get("/readyz").expect("readyz");
     assert_eq!(status, 200, "rejects do not make a sink unready: {body}");
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 40);
+    assert_eq!(stored_total(&mut con, "dead"), 40);
 
     rt.block_on(js.delete_stream(&stream))
         .expect("delete stream");

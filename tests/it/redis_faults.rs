@@ -251,18 +251,21 @@ impl Drop for Traffic {
     }
 }
 
-/// Jobs due by `at_ms` and not moved yet, over every shard; `None` when Redis does not answer.
+/// The due set of route `a`'s lane, in the slot of its list.
+fn lane_due() -> String {
+    use zdelay::keys::{LaneKeys, slot_of, slot_tag};
+    LaneKeys::new("zdelay", slot_tag(slot_of(LIST)), "a").due
+}
+
+/// Jobs due by `at_ms` and not moved yet, in route `a`'s lane; `None` when Redis does not
+/// answer.
 fn backlog(con: &mut dyn redis::ConnectionLike, at_ms: i64) -> Option<usize> {
-    let mut total = 0;
-    for s in 0..SHARDS {
-        total += redis::cmd("ZCOUNT")
-            .arg(format!("{{zdelay:{s}}}:due"))
-            .arg("-inf")
-            .arg(at_ms)
-            .query::<usize>(con)
-            .ok()?;
-    }
-    Some(total)
+    redis::cmd("ZCOUNT")
+        .arg(lane_due())
+        .arg("-inf")
+        .arg(at_ms)
+        .query::<usize>(con)
+        .ok()
 }
 
 /// How a fault went: when Redis answered normally again, and what was waiting then.
@@ -663,7 +666,7 @@ fn cluster_nodes(port: u16) -> Vec<(String, u16, bool, String)> {
 }
 
 /// A replica promoted by `CLUSTER FAILOVER` (the manual failover, which loses nothing) while
-/// the daemon moves jobs from the shards its master served.
+/// the daemon moves jobs from the lane its master served.
 #[test]
 fn replica_promoted_in_a_cluster() {
     let cluster = RedisCluster::start();
@@ -689,7 +692,7 @@ fn replica_promoted_in_a_cluster() {
     );
     let log_from = daemon.log_text().len();
 
-    let master = cluster.master_of("{zdelay:0}:due");
+    let master = cluster.master_of(&lane_due());
     // The replica is known to its master once their link is up: wait for it.
     let mut replica = None;
     wait_for(
@@ -711,7 +714,7 @@ fn replica_promoted_in_a_cluster() {
     wait_for_or_show(
         "the replica promoted",
         Duration::from_secs(20),
-        || cluster.master_serving("{zdelay:0}:due") == Ok(replica),
+        || cluster.master_serving(&lane_due()) == Ok(replica),
         || cluster.log_tails(20),
     );
     cluster.wait_ok();
