@@ -583,8 +583,9 @@ fn redis_restarted_mid_start_up_is_retried() {
 }
 
 /// Redis restarted (data lost) under a running daemon: /readyz goes 503 then 200, and jobs
-/// enqueued afterwards are delivered (reconnect; scripts reloaded after NOSCRIPT), both
-/// envelope jobs and raw-source members.
+/// enqueued afterwards are delivered (reconnect; scripts reloaded after NOSCRIPT; the lanes,
+/// lost with the data, registered again by the daemon), both envelope jobs and raw-source
+/// members.
 #[test]
 fn redis_restart_under_a_running_daemon() {
     let mut redis = RedisServer::start();
@@ -627,13 +628,28 @@ fn redis_restart_under_a_running_daemon() {
     wait_for("the raw member delivered", Duration::from_secs(10), || {
         llen(&mut con, LIST_A) == 1
     });
-    let lib = config.client(&rt);
+    // The restart lost the lane registry and markers: the daemon registers its lanes again,
+    // so a producer that registers none (no routes) enqueues into them.
+    common::wait_for_or_show(
+        "the daemon's lanes registered again",
+        Duration::from_secs(10),
+        || {
+            redis::cmd("HEXISTS")
+                .arg("zdelay:lanes")
+                .arg("r:b")
+                .query::<bool>(&mut con)
+                .expect("HEXISTS")
+        },
+        || daemon.log_text(),
+    );
+    let lib = common::client(&rt, &redis.url(), 2);
     rt.block_on(lib.enqueue(NewJob::new("b", "after"), OnConflict::Error))
         .expect("enqueue after restart");
-    wait_for(
+    common::wait_for_or_show(
         "the job enqueued after restart",
         Duration::from_secs(10),
         || llen(&mut con, LIST_B) == 1,
+        || daemon.log_text(),
     );
     assert_eq!(lrange(&mut con, LIST_A), vec![b"raw-after".to_vec()]);
     assert_eq!(lrange(&mut con, LIST_B), vec![b"after".to_vec()]);
