@@ -350,7 +350,7 @@ target = "q:local"
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
     let daemon = Daemon::start(&config);
     let rt = runtime();
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let mut con = redis.conn();
     let delivered = |d: &Daemon| {
         metric(
@@ -584,7 +584,7 @@ target = "{prefix}.due"
 "#
     );
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let ids = enqueue(
         &rt,
         &client,
@@ -681,7 +681,7 @@ target = "/{queue}"
     );
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
     let rt = runtime();
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let ids = enqueue(
         &rt,
         &client,
@@ -906,7 +906,7 @@ target = "q:local"
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
     let daemon = Daemon::start(&config);
     let rt = runtime();
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let mut con = redis.conn();
     let producer = Producer::start(
         redis.url(),
@@ -1074,7 +1074,7 @@ target = "/{queue}"
     );
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
     let mut daemon = Daemon::start(&config);
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let mut bad = Vec::new();
     for i in 0..20 {
         bad.push(NewJob::new("nostream", format!("ns-{i}").into_bytes()));
