@@ -13,8 +13,8 @@
 //! drop); the reject test uses the shared ones.
 
 use crate::common::{
-    Daemon, PrivateBrokers, RedisServer, Services, TestConfig, llen, lrange, runtime,
-    stored_total, wait_for, wait_for_or_show,
+    Daemon, PrivateBrokers, RedisServer, Services, TestConfig, llen, lrange, runtime, stored_total,
+    wait_for, wait_for_or_show,
 };
 use async_nats::jetstream;
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,10 +51,7 @@ fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, jobs: Vec<NewJob>) -> 
 /// Jobs still held by zdelay, in every lane and spread shard: stored (due, in flight or dead)
 /// plus in-flight leases.
 fn pending(con: &mut redis::Connection) -> (usize, usize) {
-    (
-        stored_total(con, "jobs"),
-        stored_total(con, "inflight"),
-    )
+    (stored_total(con, "jobs"), stored_total(con, "inflight"))
 }
 
 /// Sum of every sample of `name` carrying at least `labels` (0 when there is none).
