@@ -589,8 +589,9 @@ fn oom_redis_maxmemory_reached() {
 }
 
 /// `CLIENT KILL TYPE normal` ten times, 200 ms apart, while jobs flow at a few thousand a
-/// second: the daemon's connections (and the producer's) are cut mid-batch. The consumer's is
-/// spared: an RPOP whose reply is cut loses what it popped, which no daemon can help.
+/// second: the daemon's connections (and the producer's) are cut, mid-batch or between
+/// batches. The consumer's is spared: an RPOP whose reply is cut loses what it popped, which
+/// no daemon can help.
 #[test]
 fn client_kill_of_the_daemons_connections_mid_batch() {
     let redis = RedisServer::start();
@@ -615,7 +616,9 @@ fn client_kill_of_the_daemons_connections_mid_batch() {
     assert_recovered_in_time(&episode, || (connector(redis.url()))(), &daemon);
     let tally = traffic.finish(|| daemon.log_text());
     eprintln!("client kill: {tally:?}");
-    assert_one_line_per_episode(&daemon, log_from, true);
+    // A lane's move is one short call: a cut between two calls is mended by the reconnect
+    // before the next, so the daemon may ride out every kill without an error to log.
+    assert_one_line_per_episode(&daemon, log_from, false);
 }
 
 /// `CLIENT KILL`s every normal connection but this one and the test consumer's; returns how
