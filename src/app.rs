@@ -65,7 +65,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         match serve(&config, &sinks, &health, &console, &shutdown).await? {
             Served::Stopped => break,
             Served::Follow => {
-                tracing::info!("starting again on the namespace's new layout or shard count")
+                tracing::info!(
+                    "starting again on the namespace's new layout or shard count, or to \
+                     register its lost lanes"
+                )
             }
         }
     }

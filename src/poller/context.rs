@@ -228,6 +228,8 @@ pub struct PollerContext {
     /// daemon ([`PollerContext::refusal`] says why): polling on would misroute.
     pub refused: CancellationToken,
     refused_with: std::sync::OnceLock<Layout>,
+    /// Set when a lane this daemon registered lost its marker ([`PollerContext::lost_lane`]).
+    lane_lost: std::sync::atomic::AtomicBool,
 }
 
 impl PollerContext {
@@ -258,6 +260,7 @@ impl PollerContext {
             tracer: None,
             refused: CancellationToken::new(),
             refused_with: std::sync::OnceLock::new(),
+            lane_lost: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -345,7 +348,26 @@ impl PollerContext {
     /// namespace to a layout this build runs, or because `zdelay reshard` gave a layout-2
     /// namespace's spread shards another count: the daemon restarts its pollers on it.
     pub fn follows_upgrade(&self) -> bool {
-        self.refused_with.get().is_some_and(|l| self.follows(l))
+        self.lane_lost.load(std::sync::atomic::Ordering::SeqCst)
+            || self.refused_with.get().is_some_and(|l| self.follows(l))
+    }
+
+    /// A lane this daemon registered has no marker any more (`ZDELAY_NO_LANE`): zdelay never
+    /// deletes one, so Redis lost the namespace's data (restarted empty, or flushed). Stops
+    /// the pollers so that the daemon starts again as at start-up, creating the schema and
+    /// registering its lanes anew; polling on would leave every lane unmoved.
+    pub fn lost_lane(&self, route: &str) {
+        if !self
+            .lane_lost
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            tracing::warn!(
+                route,
+                "route lane gone without being retired (redis lost the namespace's data): \
+                 registering the lanes again"
+            );
+        }
+        self.refused.cancel();
     }
 
     fn follows(&self, layout: &Layout) -> bool {

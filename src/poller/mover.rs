@@ -454,6 +454,10 @@ pub async fn run(
                 let Target::Lane(lane) = &target else {
                     unreachable!("only lane scripts refuse with a lane's marker")
                 };
+                if e.code() == Some("ZDELAY_NO_LANE") {
+                    ctx.lost_lane(&lane.route);
+                    break;
+                }
                 match reread_lane(&ctx, lane).await {
                     Ok(Some(now)) => {
                         tracing::warn!(

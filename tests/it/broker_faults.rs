@@ -13,7 +13,7 @@
 //! drop); the reject test uses the shared ones.
 
 use crate::common::{
-    Daemon, PrivateBrokers, RedisServer, Services, TestConfig, llen, lrange, runtime, shard_total,
+    Daemon, PrivateBrokers, RedisServer, Services, TestConfig, llen, lrange, runtime, stored_total,
     wait_for, wait_for_or_show,
 };
 use async_nats::jetstream;
@@ -48,12 +48,10 @@ fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, jobs: Vec<NewJob>) -> 
         .collect()
 }
 
-/// Jobs still held by zdelay: stored (due, in flight or dead) plus in-flight leases.
+/// Jobs still held by zdelay, in every lane and spread shard: stored (due, in flight or dead)
+/// plus in-flight leases.
 fn pending(con: &mut redis::Connection) -> (usize, usize) {
-    (
-        shard_total(con, SHARDS, "jobs"),
-        shard_total(con, SHARDS, "inflight"),
-    )
+    (stored_total(con, "jobs"), stored_total(con, "inflight"))
 }
 
 /// Sum of every sample of `name` carrying at least `labels` (0 when there is none).
@@ -349,7 +347,7 @@ target = "q:local"
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
     let daemon = Daemon::start(&config);
     let rt = runtime();
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let mut con = redis.conn();
     let delivered = |d: &Daemon| {
         metric(
@@ -528,7 +526,7 @@ target = "q:local"
             .join("\n")
     );
     assert_eq!(outcome("rejected"), 0.0);
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0, "nothing dead");
+    assert_eq!(stored_total(&mut con, "dead"), 0, "nothing dead");
     assert!(
         outcome("delivered") >= remote_ids.len() as f64,
         "every remote job confirmed"
@@ -583,7 +581,7 @@ target = "{prefix}.due"
 "#
     );
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let ids = enqueue(
         &rt,
         &client,
@@ -635,7 +633,7 @@ target = "{prefix}.due"
         "the second daemon published every job again, the {published} already stored too \
          ({delivered})"
     );
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(stored_total(&mut con, "dead"), 0);
 
     // Read by nats-py first: on failure it shows which jobs repeat and under which ids.
     let in_stream = js_count(&rt, &url, &stream);
@@ -680,7 +678,7 @@ target = "/{queue}"
     );
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
     let rt = runtime();
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let ids = enqueue(
         &rt,
         &client,
@@ -730,7 +728,7 @@ target = "/{queue}"
         "exactly the jobs confirmed before the crash repeat, under the same message_id"
     );
     assert!(metric(&daemon, "zdelay_leases_expired_total", &[]) >= inflight as f64);
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(stored_total(&mut con, "dead"), 0);
     amqp_tool(&python, &url, &["delete", &queue]);
 }
 
@@ -905,7 +903,7 @@ target = "q:local"
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
     let daemon = Daemon::start(&config);
     let rt = runtime();
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let mut con = redis.conn();
     let producer = Producer::start(
         redis.url(),
@@ -992,7 +990,7 @@ target = "q:local"
         || pending(&mut con) == (0, 0),
     );
     eprintln!("all acked {:?} after SIGCONT", resumed.elapsed());
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0, "nothing died");
+    assert_eq!(stored_total(&mut con, "dead"), 0, "nothing died");
     let remote_ids: Vec<String> = sent
         .iter()
         .filter(|s| s.route == "remote")
@@ -1073,7 +1071,7 @@ target = "/{queue}"
     );
     let config = TestConfig::new(&redis.url(), SHARDS, &extra);
     let mut daemon = Daemon::start(&config);
-    let client = connect(&rt, &redis.url());
+    let client = config.client(&rt);
     let mut bad = Vec::new();
     for i in 0..20 {
         bad.push(NewJob::new("nostream", format!("ns-{i}").into_bytes()));
@@ -1092,7 +1090,7 @@ target = "/{queue}"
     };
     let mut con = redis.conn();
     wait_for("40 rejected jobs dead", Duration::from_secs(20), || {
-        pending(&mut con).1 == 0 && shard_total(&mut con, SHARDS, "dead") == 40
+        pending(&mut con).1 == 0 && stored_total(&mut con, "dead") == 40
     });
     let dead = dead_list();
     assert_eq!(dead.len(), 40, "{dead:?}");
@@ -1151,7 +1149,7 @@ target = "/{queue}"
     );
     let (status, body) = daemon.admin_get("/readyz").expect("readyz");
     assert_eq!(status, 200, "rejects do not make a sink unready: {body}");
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 40);
+    assert_eq!(stored_total(&mut con, "dead"), 40);
 
     rt.block_on(js.delete_stream(&stream))
         .expect("delete stream");

@@ -6,13 +6,12 @@
 //! up as a count per payload, not just as a total.
 
 use crate::common::{
-    self, Daemon, RedisServer, SeededRng, TestConfig, llen, lrange, redis_now_ms, shard_total,
-    wait_for,
+    self, Daemon, RedisServer, SeededRng, TestConfig, layout2_keys, llen, lrange, redis_now_ms,
+    stored_total, wait_for,
 };
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use zdelay::client::{Cancelled, Client, Due, NewJob, OnConflict};
-use zdelay::config::RedisConfig;
 
 /// Two routes: `a` → LPUSH `q:a`; `b` → RPUSH onto its priority lane `q:b-delayed`.
 const ROUTES: &str = r#"
@@ -34,15 +33,6 @@ const LIST_B: &str = "q:b-delayed";
 
 fn config(redis: &RedisServer, shards: u16, extra: &str) -> TestConfig {
     TestConfig::new(&redis.url(), shards, &format!("{extra}\n{ROUTES}"))
-}
-
-fn client(rt: &tokio::runtime::Runtime, url: &str, shards: u16) -> Client {
-    rt.block_on(Client::connect(&RedisConfig {
-        url: url.to_owned(),
-        shards,
-        ..RedisConfig::default()
-    }))
-    .expect("the library connects")
 }
 
 fn enqueue_all(rt: &tokio::runtime::Runtime, client: &Client, jobs: Vec<NewJob>) {
@@ -99,19 +89,21 @@ fn assert_exactly_once(con: &mut redis::Connection, total: usize) {
     );
 }
 
-fn assert_shards_empty(con: &mut redis::Connection, shards: u16) {
+/// Nothing stored in any route lane or spread shard.
+fn assert_nothing_stored(con: &mut redis::Connection) {
     for kind in ["due", "jobs", "inflight", "dead", "reasons"] {
-        assert_eq!(shard_total(con, shards, kind), 0, "{kind} should be empty");
+        assert_eq!(stored_total(con, kind), 0, "{kind} should be empty");
     }
 }
 
-/// Jobs whose due time has passed and that are still waiting, over every shard.
-fn due_now(con: &mut redis::Connection, shards: u16) -> usize {
+/// Jobs whose due time has passed and that are still waiting, over every lane.
+fn due_now(con: &mut redis::Connection) -> usize {
     let now = redis_now_ms(con);
-    (0..shards)
-        .map(|s| {
+    layout2_keys(con, "due")
+        .into_iter()
+        .map(|key| {
             redis::cmd("ZCOUNT")
-                .arg(format!("{{zdelay:{s}}}:due"))
+                .arg(key)
                 .arg("-inf")
                 .arg(now)
                 .query::<usize>(con)
@@ -136,7 +128,7 @@ fn kill9_repeatedly_during_a_run_delivers_every_job_exactly_once() {
     let redis = RedisServer::start();
     let config = config(&redis, SHARDS, "");
     let rt = common::runtime();
-    let lib = client(&rt, &redis.url(), SHARDS);
+    let lib = config.client(&rt);
     let mut con = redis.conn();
 
     // Due times spread over 2.5 s starting 1.5 s from now (loading takes part of that), so
@@ -147,7 +139,7 @@ fn kill9_repeatedly_during_a_run_delivers_every_job_exactly_once() {
         .map(|i| job(i).at(base + (i as i64 * 2_500 / TOTAL as i64)))
         .collect();
     enqueue_all(&rt, &lib, jobs);
-    assert_eq!(shard_total(&mut con, SHARDS, "due"), TOTAL);
+    assert_eq!(stored_total(&mut con, "due"), TOTAL);
 
     let mut kills = Vec::new();
     let mut daemon = Daemon::spawn(&config);
@@ -169,7 +161,7 @@ fn kill9_repeatedly_during_a_run_delivers_every_job_exactly_once() {
             // Let a backlog build up, so the next daemon is killed while draining full
             // batches rather than while following the due front.
             wait_for("a backlog of due jobs", Duration::from_secs(10), || {
-                due_now(&mut con, SHARDS) >= 3_000 || due_now(&mut con, SHARDS) == TOTAL - at_kill
+                due_now(&mut con) >= 3_000 || due_now(&mut con) == TOTAL - at_kill
             });
         }
         daemon = Daemon::spawn(&config);
@@ -179,9 +171,9 @@ fn kill9_repeatedly_during_a_run_delivers_every_job_exactly_once() {
         "the run ended before five kills mid-run: kills at {kills:?}"
     );
     wait_for("every job delivered", Duration::from_secs(30), || {
-        delivered(&mut con) >= TOTAL && shard_total(&mut con, SHARDS, "due") == 0
+        delivered(&mut con) >= TOTAL && stored_total(&mut con, "due") == 0
     });
-    assert_shards_empty(&mut con, SHARDS);
+    assert_nothing_stored(&mut con);
     assert_exactly_once(&mut con, TOTAL);
     eprintln!("killed at {kills:?} of {TOTAL}");
 }
@@ -196,7 +188,7 @@ fn sigterm_mid_drain_exits_0_and_loses_nothing() {
     let redis = RedisServer::start();
     let config = config(&redis, SHARDS, "[poller]\nshutdown_grace = \"5s\"\n");
     let rt = common::runtime();
-    let lib = client(&rt, &redis.url(), SHARDS);
+    let lib = config.client(&rt);
     let mut con = redis.conn();
     enqueue_all(&rt, &lib, (0..TOTAL).map(job).collect());
 
@@ -217,22 +209,22 @@ fn sigterm_mid_drain_exits_0_and_loses_nothing() {
     );
 
     let moved = delivered(&mut con);
-    let still_due = shard_total(&mut con, SHARDS, "due");
+    let still_due = stored_total(&mut con, "due");
     assert!(
         still_due > 0,
         "the backlog was drained before SIGTERM arrived; the test did not interrupt anything"
     );
     assert_eq!(moved + still_due, TOTAL, "delivered + still due");
-    assert_eq!(shard_total(&mut con, SHARDS, "jobs"), still_due);
+    assert_eq!(stored_total(&mut con, "jobs"), still_due);
     let counts = delivery_counts(&mut con, TOTAL);
     assert!(counts.iter().all(|&c| c <= 1), "a job was delivered twice");
     eprintln!("SIGTERM after {moved} of {TOTAL}; exit in {took:?}");
 
     let _daemon = Daemon::start(&config);
     wait_for("the rest delivered", Duration::from_secs(30), || {
-        delivered(&mut con) >= TOTAL && shard_total(&mut con, SHARDS, "due") == 0
+        delivered(&mut con) >= TOTAL && stored_total(&mut con, "due") == 0
     });
-    assert_shards_empty(&mut con, SHARDS);
+    assert_nothing_stored(&mut con);
     assert_exactly_once(&mut con, TOTAL);
 }
 
@@ -354,7 +346,7 @@ fn cancel_races_the_mover() {
     let config = config(&redis, SHARDS, "");
     let _daemon = Daemon::start(&config);
     let rt = common::runtime();
-    let lib = client(&rt, &redis.url(), SHARDS);
+    let lib = config.client(&rt);
     let mut con = redis.conn();
     let mut rng = SeededRng::new(0x5eed_0003);
     let (mut won, mut lost) = (0usize, 0usize);
@@ -373,7 +365,7 @@ fn cancel_races_the_mover() {
             .filter(|o| **o == Some(Cancelled::Cancelled))
             .count();
         wait_for("the round settles", Duration::from_secs(20), || {
-            shard_total(&mut con, SHARDS, "due") == 0 && llen(&mut con, LIST_A) >= N - cancelled
+            stored_total(&mut con, "due") == 0 && llen(&mut con, LIST_A) >= N - cancelled
         });
         let mut count: BTreeMap<String, u32> = BTreeMap::new();
         for p in lrange(&mut con, LIST_A) {
@@ -397,7 +389,7 @@ fn cancel_races_the_mover() {
             }
         }
         assert_eq!(count.values().sum::<u32>() as usize, N - cancelled);
-        assert_shards_empty(&mut con, SHARDS);
+        assert_nothing_stored(&mut con);
     }
     eprintln!("cancel won {won}, lost to the mover {lost}");
     assert!(
@@ -442,7 +434,7 @@ fn reschedule_races_the_mover() {
     let config = config(&redis, SHARDS, "");
     let _daemon = Daemon::start(&config);
     let rt = common::runtime();
-    let lib = client(&rt, &redis.url(), SHARDS);
+    let lib = config.client(&rt);
     let mut con = redis.conn();
     let mut rng = SeededRng::new(0x5eed_0004);
     let (mut moved_later, mut too_late) = (0usize, 0usize);
@@ -460,7 +452,7 @@ fn reschedule_races_the_mover() {
             }
         });
         wait_for("the round settles", Duration::from_secs(20), || {
-            shard_total(&mut con, SHARDS, "due") == 0 && llen(&mut con, LIST_A) == 0
+            stored_total(&mut con, "due") == 0 && llen(&mut con, LIST_A) == 0
         });
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let arrivals = popper.join().expect("consumer thread");
@@ -490,7 +482,7 @@ fn reschedule_races_the_mover() {
                 Some(None) => too_late += 1,
             }
         }
-        assert_shards_empty(&mut con, SHARDS);
+        assert_nothing_stored(&mut con);
     }
     eprintln!("rescheduled {moved_later}, already delivered {too_late}");
     assert!(
@@ -540,7 +532,7 @@ fn unreachable_redis_at_startup_then_redis_appears() {
     let redis = RedisServer::start_on(port);
     daemon.wait_ready();
     let rt = common::runtime();
-    let lib = client(&rt, &redis.url(), 2);
+    let lib = config.client(&rt);
     rt.block_on(lib.enqueue(NewJob::new("a", "hello"), OnConflict::Error))
         .expect("enqueue");
     let mut con = redis.conn();
@@ -573,7 +565,7 @@ fn redis_restarted_mid_start_up_is_retried() {
     daemon.wait_ready();
     assert!(daemon.try_exit().is_none(), "{}", daemon.log_text());
     let rt = common::runtime();
-    let lib = client(&rt, &redis.url(), 2);
+    let lib = config.client(&rt);
     rt.block_on(lib.enqueue(NewJob::new("a", "after"), OnConflict::Error))
         .expect("enqueue");
     let mut con = redis.conn();
@@ -591,8 +583,9 @@ fn redis_restarted_mid_start_up_is_retried() {
 }
 
 /// Redis restarted (data lost) under a running daemon: /readyz goes 503 then 200, and jobs
-/// enqueued afterwards are delivered (reconnect; scripts reloaded after NOSCRIPT), both
-/// envelope jobs and raw-source members.
+/// enqueued afterwards are delivered (reconnect; scripts reloaded after NOSCRIPT; the lanes,
+/// lost with the data, registered again by the daemon), both envelope jobs and raw-source
+/// members.
 #[test]
 fn redis_restart_under_a_running_daemon() {
     let mut redis = RedisServer::start();
@@ -601,7 +594,7 @@ fn redis_restart_under_a_running_daemon() {
     let mut daemon = Daemon::start(&config);
     let pid = daemon.pid();
     let rt = common::runtime();
-    let lib = client(&rt, &redis.url(), 2);
+    let lib = config.client(&rt);
     rt.block_on(lib.enqueue(NewJob::new("a", "before"), OnConflict::Error))
         .expect("enqueue");
     let mut con = redis.conn();
@@ -635,17 +628,32 @@ fn redis_restart_under_a_running_daemon() {
     wait_for("the raw member delivered", Duration::from_secs(10), || {
         llen(&mut con, LIST_A) == 1
     });
-    let lib = client(&rt, &redis.url(), 2);
+    // The restart lost the lane registry and markers: the daemon registers its lanes again,
+    // so a producer that registers none (no routes) enqueues into them.
+    common::wait_for_or_show(
+        "the daemon's lanes registered again",
+        Duration::from_secs(10),
+        || {
+            redis::cmd("HEXISTS")
+                .arg("zdelay:lanes")
+                .arg("r:b")
+                .query::<bool>(&mut con)
+                .expect("HEXISTS")
+        },
+        || daemon.log_text(),
+    );
+    let lib = common::client(&rt, &redis.url(), 2);
     rt.block_on(lib.enqueue(NewJob::new("b", "after"), OnConflict::Error))
         .expect("enqueue after restart");
-    wait_for(
+    common::wait_for_or_show(
         "the job enqueued after restart",
         Duration::from_secs(10),
         || llen(&mut con, LIST_B) == 1,
+        || daemon.log_text(),
     );
     assert_eq!(lrange(&mut con, LIST_A), vec![b"raw-after".to_vec()]);
     assert_eq!(lrange(&mut con, LIST_B), vec![b"after".to_vec()]);
-    assert_shards_empty(&mut con, 2);
+    assert_nothing_stored(&mut con);
 }
 
 /// Prometheus text → (name, labels) → value.
@@ -703,7 +711,7 @@ fn metrics_after_a_run() {
     let config = config(&redis, SHARDS, raw);
     let daemon = Daemon::start(&config);
     let rt = common::runtime();
-    let lib = client(&rt, &redis.url(), SHARDS);
+    let lib = config.client(&rt);
     let mut con = redis.conn();
     let jobs = (0..500)
         .map(|i| {

@@ -6,9 +6,11 @@
 //! it can be read on a loaded machine; every command that could break the bound is kept.) The test's own connections are named `zdelay-test` and left out; so is the
 //! loading, which happens before the reset.
 //!
-//! The paths: 400 jobs of 1 MB due at one moment; a backlog of 1M jobs drained; schedules
-//! catching up 10,000 occurrences each; a bulk replay and a bulk purge of 100k dead jobs each;
-//! a reshard of 1M jobs; console reads over a large dead set.
+//! The paths, on storage layout 2: 400 jobs of 1 MB due at one moment; a backlog of 1M jobs
+//! drained; schedules catching up 10,000 occurrences each; a bulk replay and a bulk purge of
+//! 100k dead jobs each; a reshard of 1M jobs (and of 400 of 1 MB) in the spread shards of a
+//! two-phase route, what `zdelay reshard` moves on layout 2; console reads over a large dead
+//! set; a million ended unique windows in a route lane.
 //!
 //! Scaled where the issue's figure cannot fit a test machine: 50 schedules (not 500) catch up
 //! 10,000 occurrences each, so one call still meets a 10,000-occurrence backlog; the console
@@ -16,7 +18,8 @@
 //! 100 GB).
 
 use crate::common::{
-    self, Daemon, RedisServer, TestConfig, http_get, shard_total, wait_for, wait_for_or_show,
+    self, Daemon, RedisServer, TestConfig, http_get, layout2_keys, stored_total, wait_for,
+    wait_for_or_show,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -355,8 +358,34 @@ fn is_constant_time(e: &Entry) -> bool {
     CONSTANT_TIME.contains(&name) && e.args <= CONSTANT_TIME_MAX_ARGS
 }
 
-fn library(rt: &tokio::runtime::Runtime, redis: &RedisServer, max_payload: usize) -> Client {
-    common::client(rt, &redis.url(), SHARDS).with_max_payload(max_payload)
+/// A producer with `config`'s routes: loading before any daemon ran, it registers their lanes.
+fn library(rt: &tokio::runtime::Runtime, config: &TestConfig, max_payload: usize) -> Client {
+    config.client(rt).with_max_payload(max_payload)
+}
+
+/// [`ROUTES`] and a two-phase route `r`, to a list on `remote`: its jobs live in the spread
+/// shards, which `zdelay reshard` moves on layout 2 (the local routes' lanes stay put).
+fn two_phase_config(redis: &RedisServer, remote: &RedisServer) -> TestConfig {
+    TestConfig::new(
+        &redis.url(),
+        SHARDS,
+        &format!(
+            "[sinks.remote]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"r\"\n\
+             sink = \"remote\"\ntarget = \"q:r\"\npush = \"rpush\"\n{ROUTES}",
+            remote.url()
+        ),
+    )
+}
+
+/// Jobs waiting in the spread shards (no local route has any here), and how many spread
+/// shards hold them.
+fn in_spread_shards(con: &mut redis::Connection) -> (usize, usize) {
+    // A spread shard's key ends with its kind, a lane's with its route.
+    let shards = layout2_keys(con, "due")
+        .into_iter()
+        .filter(|key| key.ends_with(":due"))
+        .count();
+    (stored_total(con, "due"), shards)
 }
 
 /// Enqueues `jobs` in batches whose payloads add up to about 8 MB (the loading is not
@@ -393,14 +422,14 @@ fn slowlog_400_one_mb_payloads_due_at_once() {
     let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
-    let client = library(&rt, &redis, 1 << 20);
+    let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
+    let client = library(&rt, &config, 1 << 20);
     let due = local_now_ms();
     let payload = vec![b'x'; 1_000_000];
     let jobs = (0..400)
         .map(|_| NewJob::new("a", payload.clone()).at(due))
         .collect();
     load(&rt, &client, jobs, payload.len());
-    let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
     // Opened first: a script holding Redis later must not keep the test from looking.
     let mut con = test_conn(&redis);
     let mut slowlog = Slowlog::start(&redis);
@@ -415,13 +444,13 @@ fn slowlog_backlog_of_1m_drained() {
     let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
-    let client = library(&rt, &redis, 1 << 20);
+    let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
+    let client = library(&rt, &config, 1 << 20);
     let due = local_now_ms();
     let jobs = (0..1_000_000)
         .map(|i| NewJob::new("a", format!("p{i}")).at(due))
         .collect();
     load(&rt, &client, jobs, 16);
-    let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
     // Opened first: a script holding Redis later must not keep the test from looking.
     let mut con = test_conn(&redis);
     let mut slowlog = Slowlog::start(&redis);
@@ -439,7 +468,8 @@ fn slowlog_schedules_catching_up_10k_occurrences_each() {
     const OCCURRENCES: i64 = 10_000;
     let redis = redis_server();
     let rt = common::runtime();
-    let client = library(&rt, &redis, 1 << 20);
+    let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
+    let client = library(&rt, &config, 1 << 20);
     let start = local_now_ms() + 1_000;
     let end = start + OCCURRENCES;
     for s in 0..SCHEDULES {
@@ -460,7 +490,6 @@ fn slowlog_schedules_catching_up_10k_occurrences_each() {
     wait_for("every occurrence missed", Duration::from_secs(30), || {
         local_now_ms() > end
     });
-    let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
     // Opened first: a script holding Redis later must not keep the test from looking.
     let mut con = test_conn(&redis);
     let mut slowlog = Slowlog::start(&redis);
@@ -485,13 +514,13 @@ fn load_dead(
     jobs: Vec<NewJob>,
     payload_bytes: usize,
 ) {
-    let before = shard_total(con, SHARDS, "dead");
+    let before = stored_total(con, "dead");
     let n = jobs.len();
     load(rt, client, jobs, payload_bytes);
     wait_for_or_show(
         &format!("{n} more dead jobs"),
         Duration::from_secs(120),
-        || shard_total(con, SHARDS, "dead") >= before + n,
+        || stored_total(con, "dead") >= before + n,
         || daemon.log_text(),
     );
 }
@@ -503,8 +532,8 @@ fn slowlog_bulk_replay_and_purge_of_100k_dead_jobs() {
     let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
-    let client = library(&rt, &redis, 1 << 20);
     let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
+    let client = library(&rt, &config, 1 << 20);
     let mut con = test_conn(&redis);
     let mut daemon = Daemon::start(&config);
     for route in ["x", "y"] {
@@ -536,24 +565,25 @@ fn slowlog_bulk_replay_and_purge_of_100k_dead_jobs() {
     assert!(replayed.contains("100000"), "{replayed}");
     let purged = cli(&["dead", "purge", "--all"]);
     assert!(purged.contains("100000"), "{purged}");
-    assert_eq!(shard_total(&mut con, SHARDS, "dead"), 0);
-    assert_eq!(shard_total(&mut con, SHARDS, "due"), 100_000);
+    assert_eq!(stored_total(&mut con, "dead"), 0);
+    assert_eq!(stored_total(&mut con, "due"), 100_000);
     slowlog.assert_no_command_over_bound("bulk dead replay and purge");
 }
 
-/// `zdelay reshard --to 8` of a namespace holding 1M jobs on 4 shards.
+/// `zdelay reshard --to 8` of a namespace holding 1M jobs in 4 spread shards.
 #[test]
 fn slowlog_reshard_of_1m_jobs() {
     let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
+    let remote = RedisServer::start();
     let rt = common::runtime();
-    let client = library(&rt, &redis, 1 << 20);
+    let config = two_phase_config(&redis, &remote);
+    let client = library(&rt, &config, 1 << 20);
     let due = local_now_ms() + 3_600_000;
     let jobs = (0..1_000_000)
-        .map(|i| NewJob::new("a", format!("p{i}")).at(due))
+        .map(|i| NewJob::new("r", format!("p{i}")).at(due))
         .collect();
     load(&rt, &client, jobs, 16);
-    let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
 
     let mut slowlog = Slowlog::start(&redis);
     let started = Instant::now();
@@ -566,7 +596,7 @@ fn slowlog_reshard_of_1m_jobs() {
     );
     eprintln!("reshard of 1M jobs took {:?}", started.elapsed());
     let mut con = test_conn(&redis);
-    assert_eq!(shard_total(&mut con, 8, "due"), 1_000_000);
+    assert_eq!(in_spread_shards(&mut con), (1_000_000, 8));
     slowlog.assert_no_command_over_bound("reshard of 1M jobs");
 }
 
@@ -577,12 +607,12 @@ fn slowlog_console_reads_over_a_large_dead_set() {
     let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
     let rt = common::runtime();
-    let client = library(&rt, &redis, 64 << 20);
     let config = TestConfig::new(
         &redis.url(),
         SHARDS,
         &format!("[poller]\nmax_payload = {}\n{ROUTES}", 64 << 20),
     );
+    let client = library(&rt, &config, 64 << 20);
     let mut con = test_conn(&redis);
     let daemon = Daemon::start(&config);
     let small = (0..100_000)
@@ -647,21 +677,22 @@ fn slowlog_console_reads_over_a_large_dead_set() {
     assert!(failed.is_empty(), "console reads failed: {failed:?}");
 }
 
-/// `zdelay reshard --to 8` of 400 jobs of 1 MB: what one call reads, copies or deletes is
-/// bounded by bytes as well as by ids.
+/// `zdelay reshard --to 8` of 400 jobs of 1 MB in the spread shards: what one call reads,
+/// copies or deletes is bounded by bytes as well as by ids.
 #[test]
 fn slowlog_reshard_of_400_one_mb_jobs() {
     let _alone = one_heavy_path_at_a_time();
     let redis = redis_server();
+    let remote = RedisServer::start();
     let rt = common::runtime();
-    let client = library(&rt, &redis, 1 << 20);
+    let config = two_phase_config(&redis, &remote);
+    let client = library(&rt, &config, 1 << 20);
     let due = local_now_ms() + 3_600_000;
     let payload = vec![b'r'; 1_000_000];
     let jobs = (0..400)
-        .map(|_| NewJob::new("a", payload.clone()).at(due))
+        .map(|_| NewJob::new("r", payload.clone()).at(due))
         .collect();
     load(&rt, &client, jobs, payload.len());
-    let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
 
     let mut slowlog = Slowlog::start(&redis);
     let started = Instant::now();
@@ -674,39 +705,35 @@ fn slowlog_reshard_of_400_one_mb_jobs() {
     );
     eprintln!("reshard of 400 x 1 MB took {:?}", started.elapsed());
     let mut con = test_conn(&redis);
-    assert_eq!(shard_total(&mut con, 8, "due"), 400);
+    assert_eq!(in_spread_shards(&mut con), (400, 8));
     slowlog.assert_no_command_over_bound("reshard of 400 x 1 MB");
 }
 
 /// A million unique windows and debounce deadlines that ended during a quiet spell, in one
-/// shard's windows set: each enqueue with a unique window drops a bounded part of them (the
-/// oldest first), none holds Redis, enqueue after enqueue they all go, and a window that
+/// route lane's windows set: each enqueue with a unique window drops a bounded part of them
+/// (the oldest first), none holds Redis, enqueue after enqueue they all go, and a window that
 /// ended but is not dropped yet no longer counts (its id is enqueued, not a duplicate) while
 /// a live one does.
 #[test]
 fn slowlog_a_million_ended_unique_windows_dropped_by_enqueues() {
     use zdelay::Enqueued;
-    use zdelay::keys::Keys;
+    use zdelay::keys::{LaneKeys, slot_of, slot_tag};
     let _alone = one_heavy_path_at_a_time();
     const ENDED: i64 = 1_000_000;
-    /// What one call with one job may drop: the scripts' 500, plus its 8 arguments.
-    const PER_CALL: i64 = 508;
+    /// What one call with one job may drop: the scripts' 500, plus its 9 arguments
+    /// (`enqueue_lane`'s 4, and 5 for the job).
+    const PER_CALL: i64 = 509;
     let redis = redis_server();
     let rt = common::runtime();
-    let client = library(&rt, &redis, 1 << 20);
-    let keys = Keys::new("zdelay", SHARDS);
-    let shard = keys.shard_of("live");
-    let windows = keys.shard(shard).windows;
-    let in_shard = |prefix: &'static str| {
-        let keys = &keys;
-        (0..)
-            .map(move |i| format!("{prefix}-{i}"))
-            .filter(move |id| keys.shard_of(id) == shard)
-    };
+    let config = TestConfig::new(&redis.url(), SHARDS, ROUTES);
+    let client = library(&rt, &config, 1 << 20);
+    // Route a's lane, in its list's slot: every id of route a is stored there.
+    let windows = LaneKeys::new("zdelay", slot_tag(slot_of("q:a")), "a").windows;
+    let ids = |prefix: &'static str| (0..).map(move |i| format!("{prefix}-{i}"));
     let mut con = test_conn(&redis);
     let now = local_now_ms();
     // Ended between about 2.6 h and 1.6 h ago, the newest an id this test enqueues.
-    let newest_ended = in_shard("ended").next().expect("an id");
+    let newest_ended = ids("ended").next().expect("an id");
     for chunk in (0..ENDED).collect::<Vec<_>>().chunks(20_000) {
         let mut zadd = redis::cmd("ZADD");
         zadd.arg(&windows);
@@ -755,7 +782,7 @@ fn slowlog_a_million_ended_unique_windows_dropped_by_enqueues() {
         "a live window counts"
     );
     let mut calls = 2;
-    for id in in_shard("probe") {
+    for id in ids("probe") {
         if card(&mut con) == 1 {
             break;
         }

@@ -251,18 +251,21 @@ impl Drop for Traffic {
     }
 }
 
-/// Jobs due by `at_ms` and not moved yet, over every shard; `None` when Redis does not answer.
+/// The due set of route `a`'s lane, in the slot of its list.
+fn lane_due() -> String {
+    use zdelay::keys::{LaneKeys, slot_of, slot_tag};
+    LaneKeys::new("zdelay", slot_tag(slot_of(LIST)), "a").due
+}
+
+/// Jobs due by `at_ms` and not moved yet, in route `a`'s lane; `None` when Redis does not
+/// answer.
 fn backlog(con: &mut dyn redis::ConnectionLike, at_ms: i64) -> Option<usize> {
-    let mut total = 0;
-    for s in 0..SHARDS {
-        total += redis::cmd("ZCOUNT")
-            .arg(format!("{{zdelay:{s}}}:due"))
-            .arg("-inf")
-            .arg(at_ms)
-            .query::<usize>(con)
-            .ok()?;
-    }
-    Some(total)
+    redis::cmd("ZCOUNT")
+        .arg(lane_due())
+        .arg("-inf")
+        .arg(at_ms)
+        .query::<usize>(con)
+        .ok()
 }
 
 /// How a fault went: when Redis answered normally again, and what was waiting then.
@@ -586,8 +589,9 @@ fn oom_redis_maxmemory_reached() {
 }
 
 /// `CLIENT KILL TYPE normal` ten times, 200 ms apart, while jobs flow at a few thousand a
-/// second: the daemon's connections (and the producer's) are cut mid-batch. The consumer's is
-/// spared: an RPOP whose reply is cut loses what it popped, which no daemon can help.
+/// second: the daemon's connections (and the producer's) are cut, mid-batch or between
+/// batches. The consumer's is spared: an RPOP whose reply is cut loses what it popped, which
+/// no daemon can help.
 #[test]
 fn client_kill_of_the_daemons_connections_mid_batch() {
     let redis = RedisServer::start();
@@ -612,7 +616,9 @@ fn client_kill_of_the_daemons_connections_mid_batch() {
     assert_recovered_in_time(&episode, || (connector(redis.url()))(), &daemon);
     let tally = traffic.finish(|| daemon.log_text());
     eprintln!("client kill: {tally:?}");
-    assert_one_line_per_episode(&daemon, log_from, true);
+    // A lane's move is one short call: a cut between two calls is mended by the reconnect
+    // before the next, so the daemon may ride out every kill without an error to log.
+    assert_one_line_per_episode(&daemon, log_from, false);
 }
 
 /// `CLIENT KILL`s every normal connection but this one and the test consumer's; returns how
@@ -663,7 +669,7 @@ fn cluster_nodes(port: u16) -> Vec<(String, u16, bool, String)> {
 }
 
 /// A replica promoted by `CLUSTER FAILOVER` (the manual failover, which loses nothing) while
-/// the daemon moves jobs from the shards its master served.
+/// the daemon moves jobs from the lane its master served.
 #[test]
 fn replica_promoted_in_a_cluster() {
     let cluster = RedisCluster::start();
@@ -689,7 +695,7 @@ fn replica_promoted_in_a_cluster() {
     );
     let log_from = daemon.log_text().len();
 
-    let master = cluster.master_of("{zdelay:0}:due");
+    let master = cluster.master_of(&lane_due());
     // The replica is known to its master once their link is up: wait for it.
     let mut replica = None;
     wait_for(
@@ -711,7 +717,7 @@ fn replica_promoted_in_a_cluster() {
     wait_for_or_show(
         "the replica promoted",
         Duration::from_secs(20),
-        || cluster.master_serving("{zdelay:0}:due") == Ok(replica),
+        || cluster.master_serving(&lane_due()) == Ok(replica),
         || cluster.log_tails(20),
     );
     cluster.wait_ok();

@@ -4,6 +4,9 @@
 //! each exactly once. Refused while a daemon runs; a daemon caught running by a reshard stops;
 //! a producer connected before it follows the new layout and never writes into a wrong shard;
 //! a crash at any step and a second run finish with the counts intact.
+//!
+//! This is storage layout 1's reshard, which freezes the namespace: these namespaces are
+//! created with `redis.layout = 1`. Layout 2's online reshard is in `reshard_layout2.rs`.
 
 use crate::common::{Daemon, RedisCluster, RedisServer, TestConfig, wait_for, zdelay_bin};
 use redis::ConnectionLike;
@@ -191,11 +194,13 @@ impl Place<'_> {
             Place::Single(r) => RedisConfig {
                 url: r.url(),
                 shards,
+                layout: Some(1),
                 ..Default::default()
             },
             Place::Cluster(c) => RedisConfig {
                 cluster_nodes: c.seeds(),
                 shards,
+                layout: Some(1),
                 ..Default::default()
             },
         }
@@ -236,7 +241,7 @@ push = "rpush"
             remote.url()
         );
         match self {
-            Place::Single(r) => TestConfig::new(&r.url(), shards, &extra),
+            Place::Single(r) => TestConfig::new(&r.url(), shards, &extra).on_layout_1(),
             Place::Cluster(c) => {
                 let config = TestConfig::new("redis://127.0.0.1:1", shards, &extra);
                 let body = std::fs::read_to_string(&config.path).unwrap();
@@ -246,7 +251,7 @@ push = "rpush"
                     1,
                 );
                 std::fs::write(&config.path, body).unwrap();
-                config
+                config.on_layout_1()
             }
         }
     }

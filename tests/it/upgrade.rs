@@ -17,8 +17,22 @@ use zdelay::{NewJob, OnConflict};
 
 const SHARDS: u16 = 4;
 
+/// Creates the namespace on layout 1, what `zdelay upgrade` moves from, and returns `config`
+/// as it was: the daemons and producers leave `redis.layout` unset, as they must to follow
+/// the upgrade (a layout they were told would no longer match).
+fn legacy_namespace(config: TestConfig) -> TestConfig {
+    let mut redis = config.load().redis;
+    redis.layout = Some(1);
+    let rt = common::runtime();
+    let lib = rt
+        .block_on(zdelay::Client::connect(&redis))
+        .expect("the namespace is created on layout 1");
+    assert_eq!(lib.storage_layout(), 1);
+    config
+}
+
 fn config(redis: &RedisServer, target: &RedisServer) -> TestConfig {
-    TestConfig::new(
+    legacy_namespace(TestConfig::new(
         &redis.url(),
         SHARDS,
         &format!(
@@ -44,7 +58,7 @@ push = "rpush"
 "#,
             target.url()
         ),
-    )
+    ))
 }
 
 fn text(out: &Output) -> String {
@@ -448,7 +462,7 @@ fn a_cluster_namespace_moves_to_layout_2_across_slots() {
     const WAITING: usize = 9_000;
     let cluster = RedisCluster::start();
     let remote = RedisServer::start();
-    let config = cluster.config(
+    let config = legacy_namespace(cluster.config(
         SHARDS,
         &format!(
             r#"
@@ -479,7 +493,7 @@ push = "rpush"
 "#,
             remote.url()
         ),
-    );
+    ));
     let daemon = Daemon::start(&config);
     let rt = common::runtime();
     let lib = rt
@@ -591,7 +605,7 @@ push = "rpush"
 fn a_live_publishers_jobs_are_settled_before_they_move_though_another_lease_ran_out() {
     let redis = RedisServer::start();
     let target = RedisServer::start();
-    let config = TestConfig::new(
+    let config = legacy_namespace(TestConfig::new(
         &redis.url(),
         1,
         &format!(
@@ -613,7 +627,7 @@ push = "rpush"
 "#,
             target.url()
         ),
-    );
+    ));
     let dir = tempfile::tempdir().unwrap();
     let release_publisher = dir.path().join("publisher");
     let hold = format!("hold_after_publish={}", release_publisher.display());

@@ -757,12 +757,71 @@ pub fn spread_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> u
         .sum()
 }
 
+/// The keys of one kind (`due`, `jobs`, `dead`, `reasons`, `history`, `inflight`, ...) of
+/// layout-2 namespace `zdelay` on this server: each route lane's (`zdelay:{<tag>}:<kind>:<route>`)
+/// and each spread shard's (`zdelay:{<tag>}:s<k>:<kind>`).
+pub fn layout2_keys(con: &mut redis::Connection, kind: &str) -> Vec<String> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("zdelay:{*")
+        .query(con)
+        .expect("KEYS");
+    keys.into_iter()
+        .filter(|key| {
+            let Some((_, rest)) = key.split_once("}:") else {
+                return false;
+            };
+            let in_lane = rest
+                .strip_prefix(kind)
+                .is_some_and(|route| route.starts_with(':'));
+            let in_spread_shard = rest.strip_prefix('s').is_some_and(|tail| {
+                tail.split_once(':').is_some_and(|(k, tail_kind)| {
+                    !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) && tail_kind == kind
+                })
+            });
+            in_lane || in_spread_shard
+        })
+        .collect()
+}
+
+/// [`shard_total`] on layout 2: the size of one kind of key summed over every route lane and
+/// spread shard of namespace `zdelay` ([`layout2_keys`]).
+pub fn stored_total(con: &mut redis::Connection, kind: &str) -> usize {
+    layout2_keys(con, kind)
+        .into_iter()
+        .map(|key| {
+            let kind: String = redis::cmd("TYPE").arg(&key).query(con).expect("TYPE");
+            let size = match kind.as_str() {
+                "hash" => "HLEN",
+                "zset" => "ZCARD",
+                "set" => "SCARD",
+                // Emptied and so deleted since KEYS listed it.
+                "none" => return 0,
+                other => panic!("{key} is a {other}"),
+            };
+            redis::cmd(size)
+                .arg(&key)
+                .query::<usize>(con)
+                .expect("key size")
+        })
+        .sum()
+}
+
 /// [`wait_all_settled`] in the spread shards of a namespace `zdelay` on storage layout 2.
 pub fn wait_spread_settled(con: &mut redis::Connection, shards: u16, timeout: Duration) {
     wait_all_settled_in(
         con,
         &zdelay::keys::Keys::for_layout("zdelay", shards, 2),
         timeout,
+    );
+}
+
+/// [`wait_all_settled`] on layout 2: waits until no job is stored or in flight in any route
+/// lane or spread shard of namespace `zdelay`.
+pub fn wait_nothing_stored(con: &mut redis::Connection, timeout: Duration) {
+    wait_for(
+        "every job settled (jobs and inflight empty in every lane and shard)",
+        timeout,
+        || stored_total(con, "jobs") + stored_total(con, "inflight") == 0,
     );
 }
 

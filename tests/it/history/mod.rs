@@ -320,18 +320,22 @@ fn run(with_nats: bool, default_secs: u64) {
 }
 
 /// Every key the namespace should not hold once everything is delivered: all but the schema,
+/// the lane registry and the lanes' markers, the layout-1 shards' markers (saying layout 2),
 /// the sinks' health, the consumers' lists, each shard's claim-token counter (it only grows),
 /// and the fired marks deleted schedules keep for an hour (a re-created schedule must not
-/// fire an occurrence again; a schedule still defined would leave its `:schedules` key).
+/// fire an occurrence again; a schedule still defined would leave its `:sched` key).
 fn leftovers(con: &mut redis::Connection) -> BTreeSet<String> {
     common::all_keys(con)
         .into_iter()
         .filter(|k| {
             k != "zdelay:schema"
+                && k != "zdelay:lanes"
                 && k != "{zdelay}:sinks"
                 && !k.starts_with("hq:")
                 && !k.ends_with(":lease_seq")
-                && !k.ends_with(":sched_fired")
+                && !k.contains(":sched_fired")
+                && !(k.starts_with("zdelay:{") && k.contains("}:lane:"))
+                && !(k.starts_with("{zdelay:") && k.ends_with("}:shards"))
         })
         .collect()
 }

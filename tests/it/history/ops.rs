@@ -76,6 +76,10 @@ const LIVE_IDS: usize = 150;
 
 struct Tracked {
     id: String,
+    /// The route every incarnation of the id takes: on storage layout 2 a user's id is
+    /// unique per route (the same id on another route is another job), so an id the model
+    /// follows as one job keeps one route.
+    route: Route,
     /// The due time its last answered write or reschedule gave it (for racing the mover).
     due: Ms,
     calls: u32,
@@ -165,6 +169,7 @@ impl Producer {
                     let (route, due) = (self.route(), self.due());
                     self.live.push(Tracked {
                         id: id.clone(),
+                        route,
                         due: self.now,
                         calls: 0,
                     });
@@ -175,9 +180,9 @@ impl Producer {
                     self.enqueue(at, route, due, policy).await;
                 }
                 (30..55, Some(i)) => {
-                    // A new incarnation on either route: a local one may replace a two-phase
-                    // one in flight, and the reverse.
-                    let (route, due) = (self.route(), self.due());
+                    // A new incarnation, which may replace one due now or (two-phase) in
+                    // flight.
+                    let (route, due) = (self.live[i].route, self.due());
                     self.enqueue(i, route, due, Policy::Replace).await;
                 }
                 (55..65, Some(i)) => {
@@ -186,7 +191,7 @@ impl Producer {
                     } else {
                         Policy::Error
                     };
-                    let (route, due) = (self.route(), self.due());
+                    let (route, due) = (self.live[i].route, self.due());
                     self.enqueue(i, route, due, policy).await;
                 }
                 (65..82, Some(i)) => self.call(i, JobOp::Cancel).await,
