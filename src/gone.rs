@@ -38,6 +38,14 @@ pub fn grace(stats_interval: Duration) -> Duration {
 /// Records this daemon's local routes as seen now, then sends the due jobs of every lane
 /// whose route has not been seen for [`grace`] to dead. Returns how many went.
 pub async fn step(con: &mut Conn, config: &Config, keys: &Keys) -> anyhow::Result<u64> {
+    // Only a layout-2 namespace has lanes (its registry exists once a daemon registered).
+    let registered: bool = redis::cmd("EXISTS")
+        .arg(keys.lanes())
+        .query_async(con)
+        .await?;
+    if !registered {
+        return Ok(0);
+    }
     let now_ms = store::server_time_ms(con).await?;
     let routes = Routes::from_config(config);
     let mine: BTreeSet<&str> = routes

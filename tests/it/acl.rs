@@ -405,7 +405,7 @@ fn a_producer_user_enqueues_and_is_refused_the_rest() {
             .expect_err("refused");
         assert_eq!(err.code(), Some("NOPERM"), "{err}");
     };
-    let lane = crate::common::stored::lane_keys("l", "q:l");
+    let lane = crate::common::lane_keys("l", "q:l");
     refused(redis::cmd("DEL").arg(&lane.jobs));
     refused(
         redis::cmd("SET")

@@ -11,7 +11,7 @@
 //! Plus the daemon: a sink whose credentials are refused stays paused, says so in `/readyz`
 //! and `zdelay stats`, and its jobs are neither dead-lettered nor charged an attempt.
 
-use crate::common::stored::stored_total;
+use crate::common::stored_total;
 use crate::common::{Daemon, RedisServer, Services, TestConfig, free_port, runtime, wait_for};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -602,7 +602,7 @@ target = "/zd-never"
     // Let it retry for a while: still no job dead, none delivered, every job still there.
     std::thread::sleep(Duration::from_secs(3)); // an observation window, not a wait for a condition
     let mut con = redis.conn();
-    assert_eq!(stored_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(stored_total(&mut con, "dead"), 0);
     for id in &ids {
         let job = rt
             .block_on(client.get(id))

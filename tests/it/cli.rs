@@ -1,7 +1,7 @@
 //! CLI integration tests: the real `zdelay` binary against a real `redis-server`, checking
 //! what it prints, its exit codes, and the Redis state it leaves (jobs, lists, dead letters).
 
-use crate::common::stored::stored_total;
+use crate::common::stored_total;
 use crate::common::{self, Daemon, RedisServer, TestConfig, llen, lrange, redis_now_ms, wait_for};
 use serde_json::Value;
 use std::io::Write;
@@ -309,8 +309,8 @@ fn enqueue_with_id_and_conflict_policies() {
     assert_eq!(get(&config, "order-42").expect("job")["payload"], "four");
     // Still one job.
     let mut con = _redis.conn();
-    assert_eq!(stored_total(&mut con, SHARDS, "due"), 1);
-    assert_eq!(stored_total(&mut con, SHARDS, "jobs"), 1);
+    assert_eq!(stored_total(&mut con, "due"), 1);
+    assert_eq!(stored_total(&mut con, "jobs"), 1);
 }
 
 /// `enqueue --batch FILE`: one output line per input line in order (empty for a bad line),
@@ -383,8 +383,8 @@ fn enqueue_batch_file_with_bad_lines() {
     a.sort();
     assert_eq!(a, vec!["g1", "g10", "g2", "g4", "g5", "g9"]);
     assert_eq!(lrange(&mut con, "q:b"), vec![vec![0u8, 1, 2, 255]]);
-    assert_eq!(stored_total(&mut con, SHARDS, "due"), 0);
-    assert_eq!(stored_total(&mut con, SHARDS, "dead"), 0);
+    assert_eq!(stored_total(&mut con, "due"), 0);
+    assert_eq!(stored_total(&mut con, "dead"), 0);
 }
 
 /// `enqueue --batch -` reads 20 000 lines from stdin: 20 000 distinct ids, all stored.
@@ -426,8 +426,8 @@ fn enqueue_batch_from_stdin() {
     let distinct: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
     assert_eq!(distinct.len(), N, "ids are unique");
     let mut con = redis.conn();
-    assert_eq!(stored_total(&mut con, SHARDS, "due"), N);
-    assert_eq!(stored_total(&mut con, SHARDS, "jobs"), N);
+    assert_eq!(stored_total(&mut con, "due"), N);
+    assert_eq!(stored_total(&mut con, "jobs"), N);
     // Output line i answers input line i.
     for i in [0, 1, N / 2, N - 1] {
         assert_eq!(
@@ -486,8 +486,8 @@ fn get_reschedule_cancel() {
     let out = ok(&config, &["cancel", &id]);
     assert!(out.contains("cancelled"), "{out}");
     assert!(get(&config, &id).is_none(), "cancelled job still found");
-    assert_eq!(stored_total(&mut con, SHARDS, "due"), 0);
-    assert_eq!(stored_total(&mut con, SHARDS, "jobs"), 0);
+    assert_eq!(stored_total(&mut con, "due"), 0);
+    assert_eq!(stored_total(&mut con, "jobs"), 0);
 
     // Not pending: exit 3, said on stderr; --ignore-not-found makes a cancel idempotent.
     let out = config.cli(&["cancel", &id]);
@@ -527,7 +527,7 @@ fn seed_dead(redis: &RedisServer, config: &TestConfig, rt: &tokio::runtime::Runt
     wait_for(
         "3 dead jobs and 1 dead raw member",
         Duration::from_secs(10),
-        || stored_total(&mut con, SHARDS, "dead") == 3 && zcard(&mut con, "raw:a:dead") == 1,
+        || stored_total(&mut con, "dead") == 3 && zcard(&mut con, "raw:a:dead") == 1,
     );
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait_exit(Duration::from_secs(15)).code(), Some(0));
@@ -706,14 +706,14 @@ fn dead_list_replay_purge() {
     for id in ["dead-1", "dead-2", "dead-3"] {
         assert_eq!(get(&config, id).expect("job")["state"], "due", "{id}");
     }
-    assert_eq!(stored_total(&mut con, SHARDS, "dead"), 0);
-    assert_eq!(stored_total(&mut con, SHARDS, "reasons"), 0);
-    assert_eq!(stored_total(&mut con, SHARDS, "due"), 3);
+    assert_eq!(stored_total(&mut con, "dead"), 0);
+    assert_eq!(stored_total(&mut con, "reasons"), 0);
+    assert_eq!(stored_total(&mut con, "due"), 3);
 
     // The daemon sends them to dead again; purge one by id, then all.
     let _daemon = Daemon::start(&config);
     wait_for("3 dead again", Duration::from_secs(10), || {
-        stored_total(&mut con, SHARDS, "dead") == 3
+        stored_total(&mut con, "dead") == 3
     });
     assert_eq!(
         ok(&config, &["dead", "purge", "--id", "dead-1"]).trim(),
@@ -725,7 +725,7 @@ fn dead_list_replay_purge() {
         assert!(get(&config, id).is_none(), "{id} purged");
     }
     for kind in ["due", "jobs", "dead", "reasons"] {
-        assert_eq!(stored_total(&mut con, SHARDS, kind), 0, "{kind}");
+        assert_eq!(stored_total(&mut con, kind), 0, "{kind}");
     }
     let v: Value = serde_json::from_str(&ok(&config, &["dead", "list", "--json"])).expect("JSON");
     assert_eq!(v["jobs"], serde_json::json!([]));

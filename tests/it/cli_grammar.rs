@@ -269,7 +269,7 @@ fn dead_list_limit_counts_rows_in_all() {
         ))
         .expect("enqueue");
     rt.block_on(lib.cancel(&first)).expect("cancel");
-    let lane = crate::common::stored::lane_keys("raw", "q:raw");
+    let lane = crate::common::lane_keys("raw", "q:raw");
     // 40 dead jobs in the lane, one a second older than the next; raw members in between.
     let mut pipe = redis::pipe();
     for i in 0..40i64 {

@@ -25,7 +25,7 @@ fn lrange(con: &mut ClusterConnection, key: &str) -> Vec<String> {
 }
 
 fn shard_total(con: &mut ClusterConnection, suffix: &str) -> usize {
-    crate::common::stored::stored_total(con, SHARDS, suffix)
+    crate::common::stored::stored_total(con, suffix)
 }
 
 fn client(rt: &tokio::runtime::Runtime, cluster: &RedisCluster) -> Client {

@@ -1099,7 +1099,7 @@ fn console_in_a_real_browser() {
 /// Stores a dead job `id` (payload, one header) in route `default`'s lane, as the move
 /// script leaves one that died: its payload and meta kept, its reason beside.
 fn seed_dead_job(con: &mut redis::Connection, id: &str, payload: &[u8], died_ms: i64) {
-    let lane = crate::common::stored::lane_keys("default", "queue:default");
+    let lane = crate::common::lane_keys("default", "queue:default");
     let mut meta = zdelay::envelope::Meta::default();
     meta.headers
         .insert("authorization".into(), "Basic c2VjcmV0".into());
@@ -1529,7 +1529,7 @@ fn single_id_replay_and_purge_touch_one_shard() {
     let port = config.admin_port;
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
-    let lane = crate::common::stored::lane_keys("default", "queue:default");
+    let lane = crate::common::lane_keys("default", "queue:default");
     for i in 0..20 {
         seed_dead_job(&mut con, &format!("d-{i}"), b"x", now - 1000);
         let _: () = redis::cmd("HSET")
@@ -1631,7 +1631,7 @@ fn dead_listing_peeks_within_a_budget_per_call() {
     let port = config.admin_port;
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
-    let lane = crate::common::stored::lane_keys("default", "queue:default");
+    let lane = crate::common::lane_keys("default", "queue:default");
     let payload = "p".repeat(60_000);
     let mut pipe = redis::pipe();
     for i in 0..600 {

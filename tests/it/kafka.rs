@@ -577,7 +577,7 @@ target = "{topic}"
 /// its jobs to dead naming the topic instead.
 #[test]
 fn a_missing_topic_holds_its_jobs_until_it_exists() {
-    use crate::common::stored::stored_total;
+    use crate::common::stored_total;
     use crate::common::{Daemon, RedisServer, TestConfig, client, wait_for};
     use zdelay::client::{NewJob, OnConflict};
 
@@ -638,7 +638,7 @@ on_missing = "dead"
     wait_for(
         "the strict route's jobs dead",
         Duration::from_secs(30),
-        || stored_total(&mut con, 2, "dead") == 5,
+        || stored_total(&mut con, "dead") == 5,
     );
     let dead = config.cli(&["dead", "list", "--json"]);
     let dead = String::from_utf8_lossy(&dead.stdout).into_owned();
@@ -660,7 +660,7 @@ on_missing = "dead"
     );
     assert_eq!(consume(&svc.python(), &brokers, &live, 10).len(), 10);
     // Held, not retried: nothing else dead, no attempt burned.
-    assert_eq!(stored_total(&mut con, 2, "dead"), 5);
+    assert_eq!(stored_total(&mut con, "dead"), 5);
     assert!(daemon.log_text().contains("destination missing"));
     for id in &later_ids {
         let view = rt
@@ -681,7 +681,7 @@ on_missing = "dead"
         Duration::from_secs(30),
         || !stats().contains("held "),
     );
-    assert_eq!(stored_total(&mut con, 2, "dead"), 5);
+    assert_eq!(stored_total(&mut con, "dead"), 5);
 }
 
 /// A hung broker (SIGSTOP: its port stays open, nothing answers) under a short lease: each

@@ -474,7 +474,7 @@ fn a_killed_master_is_replaced_by_its_replica_and_the_daemon_recovers() {
         lrange(&mut con, "q:a").len() > 300
     });
     // The master of route a's lane: where every job of the load waits.
-    let lane_due = crate::common::stored::lane_keys("a", "q:a").due;
+    let lane_due = crate::common::lane_keys("a", "q:a").due;
     let victim = cluster.master_of(&lane_due);
     let killed_at = Instant::now();
     // On the load's clock (which started a moment after `load_started`).
@@ -1081,7 +1081,7 @@ route = "w"
 
     // Written without a wake-up (no PUBLISH, no keyspace event reaches anyone): found by the
     // fallback poll, not after idle_poll_max.
-    let lane = crate::common::stored::lane_keys("w", "q:w");
+    let lane = crate::common::lane_keys("w", "q:w");
     let due = crate::common::redis_now_ms(&mut con);
     let mut pipe = redis::pipe();
     pipe.atomic()

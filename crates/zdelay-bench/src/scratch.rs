@@ -102,7 +102,7 @@ impl Scratch {
     }
 
     /// The daemons' bookkeeping in the namespace: registry, poller slots, sink states, the
-    /// per-minute activity, the lane registry and the bench lane's marker (a daemon writes
+    /// per-minute activity, the routes seen, the lane registry and the bench lane's marker (a daemon writes
     /// them at start, so they outlive the data between rounds). Not data (a stopped daemon's
     /// registration lapses by itself); deleted with the schema.
     pub(super) fn registry_keys(&self) -> Vec<String> {
@@ -114,6 +114,7 @@ impl Scratch {
             k.slot_plan(),
             k.sink_states(),
             k.activity(),
+            k.routes_seen(),
             k.lanes(),
             self.lane.keys.marker.clone(),
         ]

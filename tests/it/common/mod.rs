@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod stored;
+pub use stored::stored_total;
 pub mod tls;
 
 use std::io::Write;
@@ -783,29 +784,6 @@ pub fn layout2_keys(con: &mut redis::Connection, kind: &str) -> Vec<String> {
         .collect()
 }
 
-/// [`shard_total`] on layout 2: the size of one kind of key summed over every route lane and
-/// spread shard of namespace `zdelay` ([`layout2_keys`]).
-pub fn stored_total(con: &mut redis::Connection, kind: &str) -> usize {
-    layout2_keys(con, kind)
-        .into_iter()
-        .map(|key| {
-            let kind: String = redis::cmd("TYPE").arg(&key).query(con).expect("TYPE");
-            let size = match kind.as_str() {
-                "hash" => "HLEN",
-                "zset" => "ZCARD",
-                "set" => "SCARD",
-                // Emptied and so deleted since KEYS listed it.
-                "none" => return 0,
-                other => panic!("{key} is a {other}"),
-            };
-            redis::cmd(size)
-                .arg(&key)
-                .query::<usize>(con)
-                .expect("key size")
-        })
-        .sum()
-}
-
 /// [`wait_all_settled`] in the spread shards of a namespace `zdelay` on storage layout 2.
 pub fn wait_spread_settled(con: &mut redis::Connection, shards: u16, timeout: Duration) {
     wait_all_settled_in(
@@ -838,8 +816,9 @@ pub fn redis_config(url: &str, shards: u16) -> zdelay::config::RedisConfig {
 
 /// Every key on the server (test servers are small and private).
 /// Every key but the registry of running daemons (`{ns}:instances`, `{ns}:slots`,
-/// `{ns}:instance_sources`), which lives as long as a daemon does, and the daemons' activity
-/// counts (`{ns}:activity`): what the tests check is that no job data is left behind.
+/// `{ns}:instance_sources`, `{ns}:plan`, `{ns}:routes_seen`), which lives as long as a daemon
+/// does, and the daemons' activity counts (`{ns}:activity`): what the tests check is that no
+/// job data is left behind.
 pub fn all_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<String> {
     let keys: std::collections::BTreeSet<String> =
         redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
@@ -851,6 +830,7 @@ pub fn all_keys(con: &mut redis::Connection) -> std::collections::BTreeSet<Strin
                 "}:instance_sources",
                 "}:plan",
                 "}:activity",
+                "}:routes_seen",
             ]
             .iter()
             .any(|suffix| k.ends_with(suffix))

@@ -4,16 +4,6 @@
 
 use zdelay::keys::{Keys, LaneKeys};
 
-/// The keys of route `route`'s lane in namespace `zdelay`, its list being `list` (the lane
-/// lives in the list's hash slot).
-pub fn lane_keys(route: &str, list: &str) -> LaneKeys {
-    LaneKeys::new(
-        "zdelay",
-        zdelay::keys::slot_tag(zdelay::keys::slot_of(list)),
-        route,
-    )
-}
-
 /// The keys of every live lane the registry `zdelay:lanes` names.
 pub fn every_lane(con: &mut dyn redis::ConnectionLike) -> Vec<LaneKeys> {
     let keys = Keys::for_layout("zdelay", 1, 2);
@@ -35,10 +25,16 @@ pub fn every_lane(con: &mut dyn redis::ConnectionLike) -> Vec<LaneKeys> {
 }
 
 /// The total size of one kind of key (`due`, `jobs`, `dead`, `reasons`, `history`, and
-/// `inflight`, which only spread shards have) over every lane and the `shards` spread shards.
-pub fn stored_total(con: &mut dyn redis::ConnectionLike, shards: u16, kind: &str) -> usize {
-    let spread = Keys::for_layout("zdelay", shards, 2);
-    let mut keys: Vec<String> = (0..shards)
+/// `inflight`, which only spread shards have) over every lane the registry names, live or
+/// retired, and every spread shard the schema counts. Cluster-safe: no `KEYS`.
+pub fn stored_total(con: &mut dyn redis::ConnectionLike, kind: &str) -> usize {
+    let shards: Option<u16> = redis::cmd("HGET")
+        .arg("zdelay:schema")
+        .arg("shards")
+        .query(con)
+        .expect("HGET the schema");
+    let spread = Keys::for_layout("zdelay", shards.unwrap_or(1), 2);
+    let mut keys: Vec<String> = (0..shards.unwrap_or(0))
         .map(|s| match kind {
             "due" => spread.due(s),
             "jobs" => spread.jobs(s),
@@ -49,7 +45,7 @@ pub fn stored_total(con: &mut dyn redis::ConnectionLike, shards: u16, kind: &str
             other => panic!("no such kind of stored key: {other}"),
         })
         .collect();
-    for lane in every_lane(con) {
+    for lane in every_lane(con).into_iter().chain(retired_lanes(con)) {
         match kind {
             "due" => keys.push(lane.due),
             "jobs" => keys.push(lane.jobs),
@@ -72,4 +68,19 @@ pub fn stored_total(con: &mut dyn redis::ConnectionLike, shards: u16, kind: &str
                 .expect("stored key size")
         })
         .sum()
+}
+
+/// The keys of every retired lane the registry `zdelay:lanes` names (`#<lane>` →
+/// `<route> <slot> retired`).
+fn retired_lanes(con: &mut dyn redis::ConnectionLike) -> Vec<LaneKeys> {
+    let fields: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("zdelay:lanes")
+        .query(con)
+        .expect("HGETALL the lane registry");
+    fields
+        .iter()
+        .filter(|(field, _)| field.starts_with('#'))
+        .filter_map(|(_, entry)| zdelay::lane::parse_retired(entry))
+        .map(|retired| retired.keys("zdelay"))
+        .collect()
 }
