@@ -27,20 +27,23 @@ WORKDIR /src
 # Dependency layer: the manifests and the lock file with stub sources, built once and reused
 # until Cargo.toml or Cargo.lock change.
 COPY Cargo.toml Cargo.lock ./
+COPY crates/zdelay-core/Cargo.toml crates/zdelay-core/Cargo.toml
+# The producer library's and the benchmark's manifests only so that the workspace loads:
+# `cargo build` at the root builds the zdelay package (and the core) alone, so the image
+# carries no benchmark.
 COPY crates/zdelay-client/Cargo.toml crates/zdelay-client/Cargo.toml
-# The benchmark's manifest only so that the workspace loads: `cargo build` at the root builds
-# the zdelay package alone, so the image carries no benchmark.
 COPY crates/zdelay-bench/Cargo.toml crates/zdelay-bench/Cargo.toml
-RUN mkdir -p src crates/zdelay-client/src crates/zdelay-bench/src \
+RUN mkdir -p src crates/zdelay-core/src crates/zdelay-client/src crates/zdelay-bench/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs crates/zdelay-client/src/lib.rs crates/zdelay-bench/src/lib.rs \
+    && touch src/lib.rs crates/zdelay-core/src/lib.rs crates/zdelay-client/src/lib.rs \
+        crates/zdelay-bench/src/lib.rs \
     && cargo build --release --locked \
-    && rm -rf src crates/zdelay-client/src crates/zdelay-bench/src
+    && rm -rf src crates/zdelay-core/src crates/zdelay-client/src crates/zdelay-bench/src
 
 # The project. The touch makes cargo rebuild the two crates over their stubs whatever the
 # copied files' modification times.
 COPY . .
-RUN touch src/main.rs src/lib.rs crates/zdelay-client/src/lib.rs \
+RUN touch src/main.rs src/lib.rs crates/zdelay-core/src/lib.rs \
     && cargo build --release --locked
 
 FROM gcr.io/distroless/cc-debian12:nonroot

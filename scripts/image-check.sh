@@ -101,8 +101,8 @@ echo "  in $STUB_DIR: $STUB_RUN"
 (cd "$STUB_DIR" && CARGO_TARGET_DIR=$WORK/stub-target bash -euo pipefail -c "$STUB_RUN") \
     >"$WORK/stub.log" 2>&1 || { tail -30 "$WORK/stub.log"; die "the dependency-layer RUN failed"; }
 COMPILED=$(sed -n 's/^ *Compiling \([^ ]*\) .*/\1/p' "$WORK/stub.log" | sort | tr '\n' ' ')
-[[ $COMPILED == "zdelay zdelay-client " ]] ||
-    die "the stub build compiled [$COMPILED]; only the stubs zdelay and zdelay-client should build: the dependency layer does not hold what the release build uses"
+[[ $COMPILED == "zdelay zdelay-core " ]] ||
+    die "the stub build compiled [$COMPILED]; only the stubs zdelay and zdelay-core should build: the dependency layer does not hold what the release build uses"
 echo "  compiled only the stubs ($COMPILED); every dependency came from the release build's artifacts"
 rm -rf "$WORK/stub-target" "$WORK/ctx"
 step_end

@@ -10,8 +10,8 @@ use crate::metrics::LATENESS_BOUNDS_MS;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use zdelay_client::keys::Keys;
-use zdelay_client::store::Conn;
+use zdelay_core::keys::Keys;
+use zdelay_core::store::Conn;
 
 /// Minutes kept in the hash: the last hour's rate needs 60, the rest is slack.
 pub const KEEP_MINUTES: i64 = 120;

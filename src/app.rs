@@ -25,11 +25,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use zdelay_client::config::Config;
-use zdelay_client::keys::Keys;
-use zdelay_client::lane::Lane;
-use zdelay_client::store::{self, Conn, Layout, StoreError, scripts};
-use zdelay_client::{Client, Routes};
+use zdelay_core::config::Config;
+use zdelay_core::keys::Keys;
+use zdelay_core::lane::Lane;
+use zdelay_core::store::{self, Conn, Layout, StoreError, scripts};
+use zdelay_core::{Client, Routes};
 
 /// How long each sink may take to flush its client-side queue at exit.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -108,7 +108,7 @@ async fn serve(
             return Ok(None);
         };
         // Tests restart Redis in this window.
-        zdelay_client::failpoint::hold("start_up_hold_after_connect").await;
+        zdelay_core::failpoint::hold("start_up_hold_after_connect").await;
         let server = store::check_server(&mut con).await?;
         let (layout, shards) = store::ensure_schema(&mut con, &keys, config.redis.layout)
             .await
@@ -354,7 +354,7 @@ where
 
 /// Whether a start-up step failed on Redis in a way that passes (see `store::is_transient`).
 fn is_transient_start_up(e: &anyhow::Error) -> bool {
-    use zdelay_client::ClientError;
+    use zdelay_core::ClientError;
     let store_transient = |e: &StoreError| match e {
         StoreError::Connect { .. } => true,
         StoreError::Redis(r) => store::is_transient(r),
@@ -384,7 +384,7 @@ pub async fn register_lanes(
     // master that hangs holds up neither this start nor the other masters' shards.
     tokio::spawn(mark_layout_1_shards(con.clone(), keys.clone(), layout));
     let registry = store::lanes::read_registry(con, keys).await?;
-    let is_local = |route: &zdelay_client::config::RouteConfig| {
+    let is_local = |route: &zdelay_core::config::RouteConfig| {
         config.sinks.get(&route.sink).is_some_and(|s| s.is_local())
     };
     for route in &config.routes {
@@ -405,7 +405,7 @@ pub async fn register_lanes(
             route.name
         );
     }
-    let plan = zdelay_client::routes::LaneRoutes::from_config(config);
+    let plan = zdelay_core::routes::LaneRoutes::from_config(config);
     store::lanes::register_two_phase(con, keys, &plan.two_phase, &plan.sinks).await?;
     let mut lanes = Vec::new();
     for route in &plan.local {
@@ -518,7 +518,7 @@ async fn sample_stats(
         // Producers in other languages need the library on every master, also after a
         // restart that lost it or an older daemon's start that put its older revision back;
         // where the start-up load could not run it stays a warning.
-        match zdelay_client::store::functions::sync(&mut con).await {
+        match zdelay_core::store::functions::sync(&mut con).await {
             Ok(outcomes) => report_producer_functions(&outcomes),
             Err(e) => tracing::debug!(error = %e, "producer functions not loaded"),
         }
@@ -554,7 +554,7 @@ struct WindowSweep {
 
 impl WindowSweep {
     async fn step(&mut self, con: &mut Conn, keys: &Keys) -> anyhow::Result<()> {
-        use zdelay_client::store::{lanes, scripts};
+        use zdelay_core::store::{lanes, scripts};
         let fields: usize = redis::cmd("HLEN")
             .arg(keys.lanes())
             .query_async(con)
@@ -590,7 +590,7 @@ async fn apply_schedule_requests(
     holder: String,
     shutdown: CancellationToken,
 ) {
-    use zdelay_client::schedule_requests;
+    use zdelay_core::schedule_requests;
     let requests = client.keys().schedule_requests();
     let mut pruned_at = std::time::Instant::now();
     while !shutdown.is_cancelled() {
@@ -658,7 +658,7 @@ async fn check_sink(
             }
             // Library errors may span lines and quote the address they were given; the state
             // is read on one line, by anyone who can read the namespace.
-            let mut text = zdelay_client::config::redact_known(why).replace('\n', " ");
+            let mut text = zdelay_core::config::redact_known(why).replace('\n', " ");
             if let Some((_, Some(found))) = &finding {
                 text = format!("{found}; {text}");
             }
@@ -728,7 +728,7 @@ pub async fn watch_signals(shutdown: CancellationToken) {
 /// runs scripts, so a server without Functions (before Redis 7.0) or a user without
 /// `+function|load` only leaves those producers without it, which the warning says.
 async fn load_producer_functions(con: &mut store::Conn) {
-    use zdelay_client::store::functions;
+    use zdelay_core::store::functions;
     match functions::sync(con).await {
         Ok(outcomes) => report_producer_functions(&outcomes),
         Err(e) => tracing::warn!(
@@ -745,8 +745,8 @@ async fn load_producer_functions(con: &mut store::Conn) {
 /// Logs what a sync of the function library found on each master: a load or a replace each
 /// time, a newer revision or another body once while it stays (the sampler syncs at every
 /// sample).
-fn report_producer_functions(outcomes: &[zdelay_client::store::functions::NodeOutcome]) {
-    use zdelay_client::store::functions::{self, Outcome};
+fn report_producer_functions(outcomes: &[zdelay_core::store::functions::NodeOutcome]) {
+    use zdelay_core::store::functions::{self, Outcome};
     static REPORTED: std::sync::Mutex<Vec<functions::NodeOutcome>> =
         std::sync::Mutex::new(Vec::new());
     let mut reported = REPORTED.lock().unwrap_or_else(|p| p.into_inner());

@@ -10,10 +10,10 @@ use crate::metrics::JOBS_DEAD;
 use crate::poller::ENVELOPE_SOURCE;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
-use zdelay_client::config::Config;
-use zdelay_client::keys::Keys;
-use zdelay_client::routes::Routes;
-use zdelay_client::store::{self, Conn, lanes, scripts};
+use zdelay_core::config::Config;
+use zdelay_core::keys::Keys;
+use zdelay_core::routes::Routes;
+use zdelay_core::store::{self, Conn, lanes, scripts};
 
 /// The shortest time a route must have been in no running daemon's config before its due
 /// jobs go to dead: long enough for every daemon to record its routes a few times, so a
@@ -28,7 +28,7 @@ const BATCH: usize = 500;
 pub fn grace(stats_interval: Duration) -> Duration {
     // Tests shorten it (`ZDELAY_FAILPOINT=routes_gone_grace_ms=<ms>`, test builds only).
     if let Some(ms) =
-        zdelay_client::failpoint::value("routes_gone_grace_ms").and_then(|v| v.parse::<u64>().ok())
+        zdelay_core::failpoint::value("routes_gone_grace_ms").and_then(|v| v.parse::<u64>().ok())
     {
         return Duration::from_millis(ms);
     }

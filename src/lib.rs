@@ -2,10 +2,11 @@
 //! already runs: Redis lists, Kafka, RabbitMQ (AMQP) and NATS.
 //!
 //! This crate is the daemon (`zdelay run`, [`app::run`]) and the CLI's commands; the
-//! benchmark (`zdelay-bench`, `crates/zdelay-bench`) drives it from outside. The producer library — [`Client`], the config, key layout, envelope, route
-//! table and the store's scripts — is the `zdelay-client` crate, re-exported here; a
-//! producer depends on that crate alone and compiles no broker client. See
-//! `docs/internals/architecture.md` for the parts and which may call which.
+//! benchmark (`zdelay-bench`, `crates/zdelay-bench`) drives it from outside. The core —
+//! [`Client`], the config, key layout, envelope, route table and the store's scripts — is
+//! the `zdelay-core` crate, re-exported here; producers use `zdelay-client`, its small
+//! producer face, and compile no broker client. See `docs/internals/architecture.md` for the
+//! parts and which may call which.
 
 pub mod activity;
 pub mod admin;
@@ -20,21 +21,21 @@ pub mod startup;
 pub mod stats;
 pub mod trace;
 
-pub use zdelay_client::{
+pub use zdelay_core::{
     Cancelled, Client, ClientError, Config, DeadJob, DeadMember, Due, Enqueued, Envelope, JobState,
     JobView, NewJob, OnConflict, Replayed, Routes,
 };
-pub use zdelay_client::{
+pub use zdelay_core::{
     client, config, dead, envelope, job, keys, lane, lane_id, operator, reshard, reshard_spread,
     routes, schedule, schedule_requests, schedules, store, trace_context, upgrade,
 };
 
 #[cfg(test)]
 mod tests {
-    /// A namespace's `min_version` is compared with the client crate's version, and users run
+    /// A namespace's `min_version` is compared with the core's version, and users run
     /// the daemon's: the two must be one.
     #[test]
     fn the_daemon_and_the_client_share_one_version() {
-        assert_eq!(zdelay_client::store::VERSION, env!("CARGO_PKG_VERSION"));
+        assert_eq!(zdelay_core::store::VERSION, env!("CARGO_PKG_VERSION"));
     }
 }

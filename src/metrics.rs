@@ -461,7 +461,7 @@ pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Disp
     counter!(ERRORS, "kind" => kind).increment(1);
     let opened = episodes().error(kind, context, Instant::now());
     // Broker errors may quote an address with its credentials, and span lines.
-    let error = zdelay_client::config::redact_known(&error.to_string()).replace('\n', " ");
+    let error = zdelay_core::config::redact_known(&error.to_string()).replace('\n', " ");
     match (opened, Subject::of(kind, context)) {
         (true, Subject::Sink(sink)) => tracing::warn!(sink, kind, error, "sink unavailable"),
         (true, _) => tracing::warn!(kind, context, error, "recovering from error"),
@@ -471,7 +471,7 @@ pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Disp
 
 /// A flow-controlled route's move: the jobs it deferred and for how long. (Whether the route
 /// is held is sampled from Redis with the backlog gauges, `stats::publish_gauges`.)
-pub fn record_flow(route: &str, reply: &zdelay_client::store::scripts::MoveReply) {
+pub fn record_flow(route: &str, reply: &zdelay_core::store::scripts::MoveReply) {
     deferred(route, reply.deferred, reply.deferral_ms);
 }
 

@@ -11,10 +11,10 @@
 use crate::sinks::{self, amqp::AmqpSink, kafka::KafkaSink, nats::NatsSink};
 use serde::Serialize;
 use std::time::Duration;
-use zdelay_client::config::{Config, SinkConfig, redact_known};
-use zdelay_client::keys::Keys;
-use zdelay_client::routes::Routes;
-use zdelay_client::store::{self, Conn};
+use zdelay_core::config::{Config, SinkConfig, redact_known};
+use zdelay_core::keys::Keys;
+use zdelay_core::routes::Routes;
+use zdelay_core::store::{self, Conn};
 
 /// One check's verdict.
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -10,11 +10,11 @@ use crate::poller::{self, TargetId};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
-use zdelay_client::config::{Config, LOCAL_SINK, RouteConfig, ScoreUnit};
-use zdelay_client::keys::Keys;
-use zdelay_client::lane::Lane;
-use zdelay_client::routes::Routes;
-use zdelay_client::store::{self, Conn, scripts};
+use zdelay_core::config::{Config, LOCAL_SINK, RouteConfig, ScoreUnit};
+use zdelay_core::keys::Keys;
+use zdelay_core::lane::Lane;
+use zdelay_core::routes::Routes;
+use zdelay_core::store::{self, Conn, scripts};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Backlog {
@@ -421,9 +421,9 @@ async fn read_layout(
     {
         return Ok((spread, lanes.clone()));
     }
-    let registry = match zdelay_client::store::lanes::read_registry(con, &keys).await {
+    let registry = match zdelay_core::store::lanes::read_registry(con, &keys).await {
         Ok(registry) => registry,
-        Err(zdelay_client::store::StoreError::Redis(e)) => return Err(e),
+        Err(zdelay_core::store::StoreError::Redis(e)) => return Err(e),
         Err(other) => {
             return Err(redis::RedisError::from((
                 redis::ErrorKind::Client,
@@ -946,7 +946,7 @@ mod tests {
 
     #[test]
     fn the_sampler_reads_unknown_and_busy_lanes_whole_and_probes_empty_ones() {
-        use zdelay_client::config::Push;
+        use zdelay_core::config::Push;
         let lanes: Vec<Lane> = (0..3)
             .map(|i| Lane::new("ns", "t", i, &format!("r{i}"), "q", Push::default()))
             .collect();

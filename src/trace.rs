@@ -2,7 +2,7 @@
 //! the time the attempt was due to the sink's answer, exported over OTLP/HTTP.
 //!
 //! The span is a child of the job's own `traceparent` (kept and delivered unchanged, see
-//! `zdelay_client::trace_context`) and links to it, so every retry is a sibling linked to
+//! `zdelay_core::trace_context`) and links to it, so every retry is a sibling linked to
 //! the same origin. Without one, it starts a trace of its own, sampled by
 //! `tracing.sample_ratio`; with one, the `sampled` flag decides (parent-based sampling).
 //! zdelay never adds or rewrites trace headers.
@@ -24,8 +24,8 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use zdelay_client::config::{TracingConfig, redact_url};
-use zdelay_client::trace_context::{self, Origin, TRACESTATE};
+use zdelay_core::config::{TracingConfig, redact_url};
+use zdelay_core::trace_context::{self, Origin, TRACESTATE};
 
 /// Span attributes (bounded values: the route comes from the config).
 pub const ATTR_ROUTE: &str = "zdelay.route";

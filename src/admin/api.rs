@@ -18,16 +18,16 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use zdelay_client::config::{Config, SourceConfig};
-use zdelay_client::dead::{DeadFilter, DeadSelection, ReplayOptions};
-use zdelay_client::job::parse_at;
-use zdelay_client::schedules::{IdleCursor, ScheduleView};
-use zdelay_client::store::StoreError;
-use zdelay_client::{Cancelled, Client, ClientError, Due, Replayed};
+use zdelay_core::config::{Config, SourceConfig};
+use zdelay_core::dead::{DeadFilter, DeadSelection, ReplayOptions};
+use zdelay_core::job::parse_at;
+use zdelay_core::schedules::{IdleCursor, ScheduleView};
+use zdelay_core::store::StoreError;
+use zdelay_core::{Cancelled, Client, ClientError, Due, Replayed};
 
 /// Bytes of a payload shown by `GET /api/jobs/{id}` and `GET /api/dead/{id}` (cut inside
 /// Redis: no more is read).
-pub const PREVIEW_BYTES: usize = zdelay_client::dead::PREVIEW_BYTES;
+pub const PREVIEW_BYTES: usize = zdelay_core::dead::PREVIEW_BYTES;
 /// Dead jobs (and members per raw source) listed at most (`limit`).
 pub const MAX_DEAD_LIMIT: usize = 500;
 /// Dead jobs (or raw members) one `POST /api/dead` replays or purges at most (`limit`):
@@ -293,7 +293,7 @@ async fn dead(State(s): State<ApiState>, headers: HeaderMap, Query(q): Query<Dea
     let c = s.console()?;
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_DEAD_LIMIT);
     let filter = q.filter()?;
-    let now_ms = zdelay_client::store::server_time_ms(&mut c.client.connection()).await?;
+    let now_ms = zdelay_core::store::server_time_ms(&mut c.client.connection()).await?;
     let only = q.source(&c.config)?;
     let (mut jobs, mut complete) = (Vec::new(), true);
     if only.is_none() {
@@ -375,7 +375,7 @@ async fn job(State(s): State<ApiState>, headers: HeaderMap, Path(id): Path<Strin
     if let Some(Value::String(payload)) = v.get_mut("payload") {
         // The preview, cut at a character or base64: what `payload_preview` shows.
         let start = view.envelope.as_ref().map_or(&[][..], |e| &e.payload);
-        let p = zdelay_client::dead::payload_preview(start, PREVIEW_BYTES, view.payload_size);
+        let p = zdelay_core::dead::payload_preview(start, PREVIEW_BYTES, view.payload_size);
         *payload = p.text;
         v["payload_encoding"] = p.encoding.into();
         v["payload_truncated"] = p.truncated.into();
@@ -410,7 +410,7 @@ async fn schedules(
         None => IdleCursor::default(),
     };
     let mut con = c.client.connection();
-    let now_ms = zdelay_client::store::server_time_ms(&mut con).await?;
+    let now_ms = zdelay_core::store::server_time_ms(&mut con).await?;
     let counts = c.client.operator().schedule_counts().await?;
     let upcoming = c.client.operator().schedules_upcoming(limit).await?;
     let idle = c.client.operator().schedules_idle(from, IDLE_SCAN).await?;

@@ -24,7 +24,7 @@
 use axum::http::HeaderMap;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN};
 use std::net::IpAddr;
-use zdelay_client::config::{AdminConfig, Secret};
+use zdelay_core::config::{AdminConfig, Secret};
 
 /// What a console request wants to do, which decides what it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use zdelay_client::config::{AdminConfig, RedisConfig, redact_known};
-use zdelay_client::store::{Conn, StoreError};
+use zdelay_core::config::{AdminConfig, RedisConfig, redact_known};
+use zdelay_core::store::{Conn, StoreError};
 
 /// What readiness is made of.
 #[derive(Default)]

@@ -25,8 +25,8 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
-use zdelay_client::config::AdminConfig;
-use zdelay_client::{Cancelled, ClientError, Due, Enqueued, NewJob, OnConflict};
+use zdelay_core::config::AdminConfig;
+use zdelay_core::{Cancelled, ClientError, Due, Enqueued, NewJob, OnConflict};
 
 /// The largest request body: a batch of JSON lines up to this size.
 pub const MAX_BODY_BYTES: usize = 16 << 20;
@@ -313,11 +313,7 @@ impl Sent {
 
     /// Whether the waiting job `id` is another than this request's. The due time is not
     /// compared (`"in"` moves with every retry); a job no longer stored cannot be compared.
-    async fn differs_from(
-        &self,
-        client: &zdelay_client::Client,
-        id: &str,
-    ) -> Result<bool, ApiError> {
+    async fn differs_from(&self, client: &zdelay_core::Client, id: &str) -> Result<bool, ApiError> {
         let Some(view) = client.get_at(Some(&self.dest), id, None).await? else {
             return Ok(false);
         };
@@ -333,7 +329,7 @@ impl Sent {
 /// (`line`, `id`, `status`, and `outcome` or `error`). Under an Idempotency-Key a line
 /// without an id gets `<key>:<line>`, and every line its window.
 async fn batch(
-    client: &zdelay_client::Client,
+    client: &zdelay_core::Client,
     text: &str,
     policy: OnConflict,
     key: Option<&Idempotency>,
@@ -417,7 +413,7 @@ async fn cancel(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct When {
-    at: Option<zdelay_client::job::TimeArg>,
+    at: Option<zdelay_core::job::TimeArg>,
     #[serde(default, rename = "in", with = "humantime_serde")]
     delay: Option<Duration>,
 }

@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use zdelay_client::config::{Config, Push, ScoreUnit, SourceConfig};
-use zdelay_client::keys::{Keys, RawKeys};
-use zdelay_client::lane::Lane;
-use zdelay_client::routes::{Destination, Resolved, Routes};
-use zdelay_client::store::scripts::MoveReply;
-use zdelay_client::store::{self, Conn, Layout};
+use zdelay_core::config::{Config, Push, ScoreUnit, SourceConfig};
+use zdelay_core::keys::{Keys, RawKeys};
+use zdelay_core::lane::Lane;
+use zdelay_core::routes::{Destination, Resolved, Routes};
+use zdelay_core::store::scripts::MoveReply;
+use zdelay_core::store::{self, Conn, Layout};
 
 /// How the mover takes due jobs.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ pub struct MoverSettings {
     /// Lateness bucket bounds passed to the scripts, ms.
     pub bounds_ms: Vec<u64>,
     /// Flow control of the routes that have any, by route name.
-    pub flows: HashMap<String, zdelay_client::config::RouteFlow>,
+    pub flows: HashMap<String, zdelay_core::config::RouteFlow>,
 }
 
 /// How two-phase jobs are claimed, and what happens to them after their sink answered.
@@ -173,7 +173,7 @@ impl Target {
 pub struct ReadyPart {
     pub name: String,
     pub sink: Arc<SinkHandle>,
-    pub flow: Option<zdelay_client::routes::FlowPart>,
+    pub flow: Option<zdelay_core::routes::FlowPart>,
 }
 
 impl ReadyPart {
@@ -251,7 +251,7 @@ impl PollerContext {
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
             routes,
             sources,
-            storage_layout: zdelay_client::keys::LEGACY_LAYOUT,
+            storage_layout: zdelay_core::keys::LEGACY_LAYOUT,
             route_lanes: Vec::new(),
             sinks,
             sink_order,
@@ -274,7 +274,7 @@ impl PollerContext {
     /// or hung node, so with one shared connection a hung master would stall every shard.
     /// The grouping is the topology at start-up; after a failover a lane still reaches every
     /// node, only less isolated. A lane that cannot connect falls back to the shared one.
-    pub async fn connect_lanes(&mut self, redis: &zdelay_client::config::RedisConfig) {
+    pub async fn connect_lanes(&mut self, redis: &zdelay_core::config::RedisConfig) {
         if !self.con.is_cluster() {
             return;
         }
@@ -283,13 +283,13 @@ impl PollerContext {
             .chain(self.sources.iter().map(|s| {
                 (
                     TargetId::Source(s.keys.source.clone()),
-                    zdelay_client::keys::slot_of(&s.keys.source),
+                    zdelay_core::keys::slot_of(&s.keys.source),
                 )
             }))
             .chain(self.route_lanes.iter().map(|l| {
                 (
                     TargetId::Lane(l.number),
-                    zdelay_client::keys::slot_of(&l.list),
+                    zdelay_core::keys::slot_of(&l.list),
                 )
             }))
             .collect();

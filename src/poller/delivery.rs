@@ -34,11 +34,11 @@ use crate::trace::Hop;
 use rand::{RngExt, SeedableRng};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use zdelay_client::config::OnMissing;
-use zdelay_client::envelope::Envelope;
-use zdelay_client::routes::{Refused, Resolved};
-use zdelay_client::store::scripts::{self, Claim, Claimed, KeyTurn, RawClaim, SettleOp, Settled};
-use zdelay_client::trace_context::{self, Origin};
+use zdelay_core::config::OnMissing;
+use zdelay_core::envelope::Envelope;
+use zdelay_core::routes::{Refused, Resolved};
+use zdelay_core::store::scripts::{self, Claim, Claimed, KeyTurn, RawClaim, SettleOp, Settled};
+use zdelay_core::trace_context::{self, Origin};
 
 /// Retry delay for a job that has failed `attempt` times before: a random time in
 /// [0, min(cap, base × 2^attempt)] (exponential backoff with full jitter).
@@ -344,7 +344,7 @@ fn count_rerouted<'a>(from: &str, settles: impl Iterator<Item = &'a Settle>) {
 }
 
 /// Sends a settle until it answers, again after each passing fault (see
-/// [`zdelay_client::store::is_transient`]) with a growing pause, until `lease_end`: later the
+/// [`zdelay_core::store::is_transient`]) with a growing pause, until `lease_end`: later the
 /// claim's lease has run out and its jobs are queued again anyway.
 async fn settle_retried<F, Fut>(
     label: &str,
@@ -359,7 +359,7 @@ where
     loop {
         match send().await {
             Err(e)
-                if zdelay_client::store::is_transient(&e) && Instant::now() + pause < lease_end =>
+                if zdelay_core::store::is_transient(&e) && Instant::now() + pause < lease_end =>
             {
                 tracing::warn!(source = label, error = %e, retry_in = ?pause, "settle failed; sending it again");
                 ::metrics::counter!(crate::metrics::SETTLE_RETRIES).increment(1);
@@ -803,7 +803,7 @@ async fn failpoint_after_publish() {
         eprintln!("failpoint abort_after_publish");
         std::process::abort();
     }
-    zdelay_client::failpoint::hold("hold_after_publish").await;
+    zdelay_core::failpoint::hold("hold_after_publish").await;
 }
 
 #[cfg(test)]
@@ -844,7 +844,7 @@ mod tests {
                 RedisRemoteSink::new(
                     "other",
                     "redis://127.0.0.1:1",
-                    &zdelay_client::config::from_toml("").unwrap(),
+                    &zdelay_core::config::from_toml("").unwrap(),
                 )
                 .unwrap(),
             ),

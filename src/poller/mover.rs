@@ -29,14 +29,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use zdelay_client::config::ScoreUnit;
-use zdelay_client::lane::Lane;
-use zdelay_client::routes::Routes;
-use zdelay_client::schedules::{self, SchedAt, ScheduleCache};
-use zdelay_client::store::scripts::{
+use zdelay_core::config::ScoreUnit;
+use zdelay_core::lane::Lane;
+use zdelay_core::routes::Routes;
+use zdelay_core::schedules::{self, SchedAt, ScheduleCache};
+use zdelay_core::store::scripts::{
     self, DUE_DEAD_KINDS, Held, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS,
 };
-use zdelay_client::store::{StoreError, lanes};
+use zdelay_core::store::{StoreError, lanes};
 
 /// How often a shard's mover looks for sinks in its ready set to walk.
 pub const LOOK_EVERY: Duration = Duration::from_secs(10);
@@ -646,7 +646,7 @@ mod tests {
 
     #[test]
     fn firing_goes_on_at_once_only_after_progress() {
-        use zdelay_client::schedules::FireReport;
+        use zdelay_core::schedules::FireReport;
         let report = |created, more, sent, fenced| {
             let mut r = FireReport {
                 due: sent,

@@ -28,10 +28,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use zdelay_client::config::valid_instance_id;
-use zdelay_client::keys::Keys;
-use zdelay_client::store::scripts::{PolledTargets, Registrant, Registration, Standing};
-use zdelay_client::store::{Conn, scripts};
+use zdelay_core::config::valid_instance_id;
+use zdelay_core::keys::Keys;
+use zdelay_core::store::scripts::{PolledTargets, Registrant, Registration, Standing};
+use zdelay_core::store::{Conn, scripts};
 
 /// The set of targets this instance polls.
 pub type Owned = BTreeSet<TargetId>;
@@ -75,7 +75,7 @@ pub fn slot_name(target: &TargetId) -> String {
     match target {
         TargetId::Shard(s) => format!("shard:{s}"),
         TargetId::Source(key) => format!("source:{key}"),
-        TargetId::Lane(number) => format!("lane:{}", zdelay_client::lane_id::base36(*number)),
+        TargetId::Lane(number) => format!("lane:{}", zdelay_core::lane_id::base36(*number)),
     }
 }
 
@@ -86,7 +86,7 @@ pub fn target_of(name: &str) -> Option<TargetId> {
         return shard.parse().ok().map(TargetId::Shard);
     }
     if let Some(lane) = name.strip_prefix("lane:") {
-        return zdelay_client::lane_id::parse_base36(lane).map(TargetId::Lane);
+        return zdelay_core::lane_id::parse_base36(lane).map(TargetId::Lane);
     }
     name.strip_prefix("source:")
         .map(|key| TargetId::Source(key.to_owned()))

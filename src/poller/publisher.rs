@@ -26,9 +26,9 @@ use crate::sinks::SinkHandle;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use zdelay_client::envelope::Envelope;
-use zdelay_client::routes::FlowPart;
-use zdelay_client::store::scripts::{self, KeyTurn};
+use zdelay_core::envelope::Envelope;
+use zdelay_core::routes::FlowPart;
+use zdelay_core::store::scripts::{self, KeyTurn};
 
 /// Longest wait between two claims without a wake-up while wake-ups are not known to reach
 /// the shard.
@@ -71,7 +71,7 @@ pub async fn run(
     // A flow part's last claim found it empty, and no wake-up came since: while its bound
     // holds, it waits for a wake-up instead of asking the destination every recheck.
     let mut found_empty = false;
-    zdelay_client::failpoint::hold("publisher_start").await;
+    zdelay_core::failpoint::hold("publisher_start").await;
     while !stop.is_cancelled() {
         if sink.is_paused() {
             tokio::select! {

@@ -293,7 +293,7 @@ impl Wakers {
             // "<shard> <due>" (layout 1) or "l<lane> <due>" (a route lane, layout 2).
             let name = payload.split(' ').next().unwrap_or_default();
             let target = match name.strip_prefix('l') {
-                Some(lane) => zdelay_client::lane_id::parse_base36(lane).map(TargetId::Lane),
+                Some(lane) => zdelay_core::lane_id::parse_base36(lane).map(TargetId::Lane),
                 None => name.parse::<u16>().ok().map(TargetId::Shard),
             };
             if let Some(TargetId::Lane(lane)) = target {

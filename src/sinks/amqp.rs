@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout, timeout_at};
-use zdelay_client::config::{AmqpSinkConfig, TlsConfig};
+use zdelay_core::config::{AmqpSinkConfig, TlsConfig};
 
 /// Bound on connecting and opening the channel during a publish.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

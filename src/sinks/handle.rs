@@ -259,7 +259,7 @@ impl SinkHandle {
 mod tests {
     use super::*;
     use crate::sinks::redis_remote::RedisRemoteSink;
-    use zdelay_client::config::from_toml;
+    use zdelay_core::config::from_toml;
 
     fn unreachable_sink() -> Box<dyn Sink> {
         Box::new(

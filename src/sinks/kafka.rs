@@ -43,7 +43,7 @@ use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
 
 use super::{IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
-use zdelay_client::config::{KafkaKey, KafkaSinkConfig};
+use zdelay_core::config::{KafkaKey, KafkaSinkConfig};
 
 /// How long a batch waits before the first connectivity probe, and between probes.
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -378,7 +378,7 @@ impl KafkaSink {
         Self::with_deadline(
             name,
             config,
-            zdelay_client::config::PollerConfig::default().publish_deadline(),
+            zdelay_core::config::PollerConfig::default().publish_deadline(),
         )
     }
 
@@ -803,7 +803,7 @@ mod tests {
 
     #[test]
     fn security_options_map_to_librdkafka_properties() {
-        use zdelay_client::config::{KafkaSasl, SaslMechanism, TlsConfig};
+        use zdelay_core::config::{KafkaSasl, SaslMechanism, TlsConfig};
         let sasl = |mechanism| KafkaSasl {
             mechanism,
             username: "alice".into(),

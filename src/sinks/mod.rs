@@ -1,7 +1,7 @@
 //! Sinks: where due jobs go.
 //!
 //! The local Redis list sink delivers inside the move script itself (atomic, exactly once,
-//! no lease); its routes are part of the route table (`zdelay_client::routes`) and need
+//! no lease); its routes are part of the route table (`zdelay_core::routes`) and need
 //! nothing here. Every other sink is two-phase: the move script claims the job (due →
 //! inflight with a lease deadline), the poller publishes a batch through a [`Sink`] and
 //! waits for the broker's own confirmation, then settles each job with a fenced script.
@@ -12,7 +12,7 @@
 //!    [`Outcome`] per message only after the broker confirmed (or clearly refused) it,
 //!    `check` asks only what publishing needs, `flush` drains client-side queues.
 //! 2. One arm in [`build`] turning its config into that type.
-//! 3. Its config variant in `zdelay_client::config::SinkConfig` (with `kind`, `allow`).
+//! 3. Its config variant in `zdelay_core::config::SinkConfig` (with `kind`, `allow`).
 //! 4. Its integration test under `tests/it/`, against the real broker.
 
 pub mod amqp;
@@ -28,8 +28,8 @@ use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
-use zdelay_client::config::{Config, SinkConfig};
-use zdelay_client::routes::Routes;
+use zdelay_core::config::{Config, SinkConfig};
+use zdelay_core::routes::Routes;
 
 /// One message for a two-phase sink, resolved from a claimed job.
 #[derive(Debug, Clone, PartialEq)]

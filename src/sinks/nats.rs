@@ -60,7 +60,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Health, IDEMPOTENCY_HEADER, Message, Outcome, SinkError};
-use zdelay_client::config::NatsSinkConfig;
+use zdelay_core::config::NatsSinkConfig;
 
 /// Bound on one publish send and on waiting for its PubAck (or the core-mode round trip).
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);

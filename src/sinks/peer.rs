@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
-use zdelay_client::config::SinkConfig;
+use zdelay_core::config::SinkConfig;
 
 /// The protocol a sink expects at its address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,8 +11,8 @@ use crate::sinks::{Message, Outcome, SinkError};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::OnceCell;
-use zdelay_client::config::{Config, Push, RedisConfig};
-use zdelay_client::store::{self, Conn};
+use zdelay_core::config::{Config, Push, RedisConfig};
+use zdelay_core::store::{self, Conn};
 
 pub struct RedisRemoteSink {
     redis: RedisConfig,

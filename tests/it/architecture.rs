@@ -164,6 +164,7 @@ fn check_crate(src: &Path) {
 fn no_import_cycles_in_any_crate() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     check_crate(&root.join("src"));
+    check_crate(&root.join("crates/zdelay-core/src"));
     check_crate(&root.join("crates/zdelay-client/src"));
     check_crate(&root.join("crates/zdelay-bench/src"));
 }
@@ -269,9 +270,10 @@ fn the_cycle_finder_finds_cycles() {
 }
 
 #[test]
-fn the_producer_crate_never_names_the_daemon() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zdelay-client/src");
-    for (module, path) in modules(&src) {
+fn the_core_and_the_producer_crate_never_name_the_daemon() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crates = ["crates/zdelay-core/src", "crates/zdelay-client/src"];
+    for (module, path) in crates.iter().flat_map(|c| modules(&root.join(c))) {
         let text = std::fs::read_to_string(&path).expect("read source");
         for daemon in [
             "zdelay::",
@@ -285,7 +287,8 @@ fn the_producer_crate_never_names_the_daemon() {
         ] {
             assert!(
                 !text.contains(daemon),
-                "zdelay-client module {module} names {daemon}"
+                "{} (module {module}) names {daemon}",
+                path.display()
             );
         }
     }

@@ -51,8 +51,10 @@ fn producer_crate_needs_no_broker_client_http_server_or_cli_parser() {
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     assert!(
-        crates.contains(&"zdelay-client") && crates.contains(&"redis"),
-        "the tree lists the producer crate and its Redis client: {tree}"
+        ["zdelay-client", "zdelay-core", "redis"]
+            .iter()
+            .all(|c| crates.contains(c)),
+        "the tree lists the producer crate, the core under it and its Redis client: {tree}"
     );
     for name in DAEMON_ONLY {
         assert!(

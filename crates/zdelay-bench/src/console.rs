@@ -16,9 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use zdelay::admin::{self, Console, Health};
 use zdelay::stats::{self, Horizon};
-use zdelay_client::schedules::{NewSchedule, Repeat};
-use zdelay_client::store;
-use zdelay_client::{NewJob, OnConflict};
+use zdelay_core::schedules::{NewSchedule, Repeat};
+use zdelay_core::store;
+use zdelay_core::{NewJob, OnConflict};
 
 const REQUESTS: usize = 20;
 const DEAD: u64 = 1000;
@@ -106,7 +106,7 @@ pub(super) async fn console(env: &mut Env) -> anyhow::Result<ConsoleBench> {
         .port();
     // On loopback without a token, as a console without one serves every read there; no
     // second listener.
-    let admin_cfg = zdelay_client::config::AdminConfig {
+    let admin_cfg = zdelay_core::config::AdminConfig {
         listen: ([127, 0, 0, 1], port).into(),
         ui_prefix: env.config.admin.ui_prefix.clone(),
         ..Default::default()

@@ -25,9 +25,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use zdelay::stats::Instance;
-use zdelay_client::config::Config;
-use zdelay_client::keys::Keys;
-use zdelay_client::store::{self, Conn};
+use zdelay_core::config::Config;
+use zdelay_core::keys::Keys;
+use zdelay_core::store::{self, Conn};
 
 /// The `zdelay run` config of every bench daemon, as TOML. `batch` is the bench's (the daemon
 /// allows up to 1000); the first route is `route` onto `list`, on the local sink; `extra` is
@@ -76,7 +76,7 @@ pub(super) fn daemon_config(
     let _ = writeln!(t, "listen = {}\n", q(&admin.to_string()));
     let _ = writeln!(t, "[[routes]]");
     let _ = writeln!(t, "name = {}", q(route));
-    let _ = writeln!(t, "sink = {}", q(zdelay_client::config::LOCAL_SINK));
+    let _ = writeln!(t, "sink = {}", q(zdelay_core::config::LOCAL_SINK));
     let _ = writeln!(t, "target = {}", q(list));
     t.push_str(extra);
     t
@@ -158,7 +158,7 @@ impl Daemons {
             layout: config
                 .redis
                 .layout
-                .unwrap_or(zdelay_client::keys::NEWEST_LAYOUT),
+                .unwrap_or(zdelay_core::keys::NEWEST_LAYOUT),
             per_shard: config.poller.per_shard,
             heartbeat: config.poller.slot_lease / 5,
             grace: config.poller.shutdown_grace,
@@ -401,7 +401,7 @@ mod tests {
         config.poller.slot_lease = Duration::from_millis(1500);
         let admin = SocketAddr::from(([127, 0, 0, 1], 40123));
         let text = daemon_config(&config, 500, "bench", "zdelay-bench:\"out\"", admin, "");
-        let parsed = zdelay_client::config::from_toml(&text).expect(&text);
+        let parsed = zdelay_core::config::from_toml(&text).expect(&text);
         assert_eq!(parsed.redis.url, config.redis.url);
         assert!(parsed.redis.cluster_nodes.is_empty());
         assert_eq!(parsed.redis.namespace, "zdelay-bench");
@@ -422,7 +422,7 @@ mod tests {
 
         config.redis.cluster_nodes = vec!["redis://127.0.0.1:7000".into(), "redis://h:7001".into()];
         let text = daemon_config(&config, 1000, "bench", "zdelay-bench:out", admin, "");
-        let parsed = zdelay_client::config::from_toml(&text).expect(&text);
+        let parsed = zdelay_core::config::from_toml(&text).expect(&text);
         assert_eq!(parsed.redis.cluster_nodes, config.redis.cluster_nodes);
     }
 

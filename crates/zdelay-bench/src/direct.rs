@@ -6,9 +6,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::time::{Duration, Instant};
 use zdelay::sinks::IDEMPOTENCY_HEADER;
-use zdelay_client::config::{
-    AmqpSinkConfig, KafkaKey, KafkaSinkConfig, NatsSinkConfig, SinkConfig,
-};
+use zdelay_core::config::{AmqpSinkConfig, KafkaKey, KafkaSinkConfig, NatsSinkConfig, SinkConfig};
 
 /// One direct publishing run.
 #[derive(Debug, serde::Serialize)]

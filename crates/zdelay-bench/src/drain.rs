@@ -9,7 +9,7 @@ use anyhow::{Context, ensure};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use zdelay::metrics::LATENESS_BOUNDS_MS;
-use zdelay_client::store::scripts;
+use zdelay_core::store::scripts;
 
 pub(super) async fn drain_raw(env: &mut Env) -> anyhow::Result<Drain> {
     let n = env.args.jobs;

@@ -30,9 +30,9 @@ use super::{Env, Mode, ROUTE, STEADY_DELAY_MS};
 use anyhow::{Context, bail, ensure};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use zdelay_client::config::{Config, RedisConfig};
-use zdelay_client::routes::{Resolved, Routes};
-use zdelay_client::store;
+use zdelay_core::config::{Config, RedisConfig};
+use zdelay_core::routes::{Resolved, Routes};
+use zdelay_core::store;
 
 /// Where drain jobs wait while they load: 2^42 ms after the epoch (year 2109).
 const PARKED_DUE_MS: i64 = 1 << 42;
@@ -138,7 +138,7 @@ async fn list_client(env: &mut Env, cfg: &RedisConfig) -> anyhow::Result<redis::
     if !env.con.is_cluster() {
         return Ok(env.redis.clone());
     }
-    let slot = zdelay_client::keys::slot_of(&env.scratch.out);
+    let slot = zdelay_core::keys::slot_of(&env.scratch.out);
     let master = store::slot_masters(&mut env.con)
         .await?
         .master_of(slot)
@@ -446,9 +446,9 @@ mod tests {
     #[test]
     fn delivery_says_how_the_bench_route_goes() {
         let mut config = Config::default();
-        config.routes.push(zdelay_client::config::RouteConfig::new(
+        config.routes.push(zdelay_core::config::RouteConfig::new(
             ROUTE,
-            zdelay_client::config::LOCAL_SINK,
+            zdelay_core::config::LOCAL_SINK,
             "zdelay-bench:out",
         ));
         assert!(delivery(&config).starts_with("exactly once"));

@@ -13,8 +13,8 @@ use super::report::{FlowBench, FlowCase, KeyBurst, Throughput};
 use anyhow::ensure;
 use std::time::{Duration, Instant};
 use zdelay::metrics::LATENESS_BOUNDS_MS;
-use zdelay_client::config::RouteFlow;
-use zdelay_client::store::scripts::{self, Held, MoveLane};
+use zdelay_core::config::RouteFlow;
+use zdelay_core::store::scripts::{self, Held, MoveLane};
 
 /// Keys of the per-key cases.
 const KEYS: u64 = 10_000;
@@ -154,7 +154,7 @@ async fn unique_memory(env: &mut Env) -> anyhow::Result<(f64, f64)> {
             .iter()
             .map(|id| scripts::LaneItem {
                 id,
-                due: zdelay_client::Due::At(now),
+                due: zdelay_core::Due::At(now),
                 payload: &payload,
                 meta: None,
                 max_lateness_ms: None,
@@ -164,14 +164,14 @@ async fn unique_memory(env: &mut Env) -> anyhow::Result<(f64, f64)> {
         let done = scripts::enqueue_lane(
             &mut env.con,
             &lane,
-            zdelay_client::OnConflict::Replace,
+            zdelay_core::OnConflict::Replace,
             "bench:wake",
             &items,
         )
         .await?;
         ensure!(
             done.iter()
-                .all(|d| *d == Some(zdelay_client::Enqueued::Added)),
+                .all(|d| *d == Some(zdelay_core::Enqueued::Added)),
             "unique windows: an id was not added (left from an earlier run?)"
         );
     }
@@ -246,7 +246,7 @@ async fn key_burst(env: &mut Env) -> anyhow::Result<KeyBurst> {
         .zip(&payloads)
         .map(|(id, p)| scripts::LaneItem {
             id,
-            due: zdelay_client::Due::At(now),
+            due: zdelay_core::Due::At(now),
             payload: p,
             meta: Some(meta),
             max_lateness_ms: None,
@@ -256,7 +256,7 @@ async fn key_burst(env: &mut Env) -> anyhow::Result<KeyBurst> {
     scripts::enqueue_lane(
         &mut env.con,
         &lane,
-        zdelay_client::OnConflict::Replace,
+        zdelay_core::OnConflict::Replace,
         "bench:wake",
         &items,
     )

@@ -26,7 +26,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use zdelay_client::store::{self, Conn};
+use zdelay_core::store::{self, Conn};
 
 /// The idle-cost aim per case, % of a core.
 pub(super) const IDLE_AIM_PCT: f64 = 3.0;
@@ -228,7 +228,7 @@ async fn forget_lanes(env: &mut Env, routes: usize) -> redis::RedisResult<()> {
     let markers: Vec<String> = extra_routes(routes, &env.scratch.out)
         .iter()
         .map(|(name, list)| {
-            zdelay_client::lane::Lane::for_list(
+            zdelay_core::lane::Lane::for_list(
                 &env.args.namespace,
                 0,
                 name,
@@ -351,7 +351,7 @@ mod tests {
         assert!(extra_routes(1, "ns:out").is_empty());
         let base = "[redis]\nnamespace = \"ns\"\n\n[[routes]]\nname = \"bench\"\nsink = \"local\"\ntarget = \"ns:out\"\n";
         let text = format!("{base}{}", extra_toml(&routes, &source_keys("ns", 2), None));
-        let parsed = zdelay_client::config::from_toml(&text).expect(&text);
+        let parsed = zdelay_core::config::from_toml(&text).expect(&text);
         assert_eq!(parsed.routes.len(), 3);
         assert!(!text.contains("sinks"));
         assert_eq!(parsed.routes[2].target, "ns:out:3");
@@ -359,7 +359,7 @@ mod tests {
         assert_eq!(parsed.sources[1].key, "ns:idle:2");
         assert_eq!(parsed.sources[1].route, "bench");
         let sink = extra_toml(&[], &[], Some("redis://127.0.0.1:6390"));
-        let parsed = zdelay_client::config::from_toml(&format!("{base}{sink}")).expect(&sink);
+        let parsed = zdelay_core::config::from_toml(&format!("{base}{sink}")).expect(&sink);
         assert_eq!(parsed.routes[1].sink, SINK);
         assert!(parsed.sinks.contains_key(SINK), "{sink}");
     }

@@ -13,12 +13,12 @@ use super::{Env, MEMORY_AIM_BYTES, MEMORY_AIM_PAYLOAD};
 use anyhow::ensure;
 use std::time::{Duration, Instant};
 use zdelay::metrics::LATENESS_BOUNDS_MS;
-use zdelay_client::job::{Due, OnConflict};
-use zdelay_client::keys::Keys;
-use zdelay_client::lane::Lane;
-use zdelay_client::lane_id::StoredId;
-use zdelay_client::store::Conn;
-use zdelay_client::store::scripts::{self, LaneItem, MoveLane};
+use zdelay_core::job::{Due, OnConflict};
+use zdelay_core::keys::Keys;
+use zdelay_core::lane::Lane;
+use zdelay_core::lane_id::StoredId;
+use zdelay_core::store::Conn;
+use zdelay_core::store::scripts::{self, LaneItem, MoveLane};
 
 pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
     let n = env.args.jobs;
@@ -26,7 +26,7 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
     let out = env.scratch.out.clone();
     let lane = register(&mut env.con, &env.scratch.keys, &env.scratch.lane).await?;
     let short: Vec<String> = (0..n).map(stored_id).collect();
-    let ulids = zdelay_client::client::IdGenerator::default();
+    let ulids = zdelay_core::client::IdGenerator::default();
     let long: Vec<String> = (0..n).map(|_| ulids.next()).collect();
     let lane_args = MoveLane {
         batch: env.batch,
@@ -167,8 +167,7 @@ pub(super) fn stored_id(i: u64) -> String {
 /// marker: the scratch clean-up deletes it with the data).
 pub(super) async fn register(con: &mut Conn, keys: &Keys, lane: &Lane) -> anyhow::Result<Lane> {
     let (registered, _) =
-        zdelay_client::store::lanes::register(con, keys, &lane.route, &lane.list, lane.push)
-            .await?;
+        zdelay_core::store::lanes::register(con, keys, &lane.route, &lane.list, lane.push).await?;
     ensure!(
         registered.keys == lane.keys,
         "the registry placed the bench lane elsewhere"

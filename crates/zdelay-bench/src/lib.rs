@@ -125,10 +125,10 @@ use tokio_util::sync::CancellationToken;
 use zdelay::poller::{
     self, BatchObserver, Options, Owned, Ownership, PollerContext, Pollers, Target, TargetId,
 };
-use zdelay_client::Client;
-use zdelay_client::config::{Config, RouteConfig, SourceConfig, redact_url};
-use zdelay_client::store::scripts::{self, MoveReply};
-use zdelay_client::store::{self, Conn};
+use zdelay_core::Client;
+use zdelay_core::config::{Config, RouteConfig, SourceConfig, redact_url};
+use zdelay_core::store::scripts::{self, MoveReply};
+use zdelay_core::store::{self, Conn};
 
 /// Targets from the foundation issue (ratios to a bare move measured in the same run).
 const RAW_RATIO_TARGET: f64 = 0.8;
@@ -404,7 +404,7 @@ fn bench_config(mut config: Config, scratch: &Scratch, namespace: &str, shards: 
     config.redis.shards = shards;
     config.routes.push(RouteConfig::new(
         ROUTE,
-        zdelay_client::config::LOCAL_SINK,
+        zdelay_core::config::LOCAL_SINK,
         scratch.out.clone(),
     ));
     config.sources = vec![SourceConfig {
@@ -446,7 +446,7 @@ impl Env {
         for (name, target) in idle::extra_routes(routes, &self.scratch.out) {
             self.config.routes.push(RouteConfig::new(
                 name,
-                zdelay_client::config::LOCAL_SINK,
+                zdelay_core::config::LOCAL_SINK,
                 target,
             ));
         }

@@ -3,9 +3,9 @@
 use super::ROUTE;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
-use zdelay_client::keys::Keys;
-use zdelay_client::store::Conn;
-use zdelay_client::{Client, NewJob, OnConflict};
+use zdelay_core::keys::Keys;
+use zdelay_core::store::Conn;
+use zdelay_core::{Client, NewJob, OnConflict};
 
 pub(super) const MIN_PAYLOAD: usize = 13;
 

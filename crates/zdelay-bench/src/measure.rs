@@ -2,8 +2,8 @@
 
 use anyhow::Context;
 use std::time::{SystemTime, UNIX_EPOCH};
-use zdelay_client::config::{RedisConfig, redact_url};
-use zdelay_client::store::{self, Conn};
+use zdelay_core::config::{RedisConfig, redact_url};
+use zdelay_core::store::{self, Conn};
 
 /// used_cpu_sys + used_cpu_user of the Redis process, seconds.
 pub(super) async fn redis_cpu(con: &mut Conn) -> anyhow::Result<f64> {

@@ -5,7 +5,7 @@ use super::{MEMORY_AIM_PAYLOAD, SAME_MS_TARGET_JOBS};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::time::Duration;
-use zdelay_client::store::{self, Conn};
+use zdelay_core::store::{self, Conn};
 
 #[derive(Debug, Serialize)]
 pub(super) struct Report {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use zdelay::poller::{self, Options, Ownership, PollerContext};
-use zdelay_client::routes::Resolved;
+use zdelay_core::routes::Resolved;
 
 /// `--route`: throughput of one two-phase route, end to end.
 #[derive(Debug, serde::Serialize)]
@@ -80,7 +80,7 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
     let producer = env
         .producer
         .clone()
-        .with_routes(zdelay_client::routes::Routes::from_config(&env.config));
+        .with_routes(zdelay_core::routes::Routes::from_config(&env.config));
     let layout = producer.storage_layout();
     let keys = if layout >= 2 {
         let spread = env.scratch.spread();

@@ -8,7 +8,7 @@ use super::{Env, SAME_MS_TARGET_JOBS, SAME_MS_TARGET_MS};
 use anyhow::{Context, ensure};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use zdelay_client::store;
+use zdelay_core::store;
 
 pub(super) async fn same_ms(env: &mut Env) -> anyhow::Result<SameMs> {
     let n = env.args.same_ms_jobs;

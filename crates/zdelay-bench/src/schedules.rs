@@ -11,8 +11,8 @@ use anyhow::{Context, ensure};
 use futures::{StreamExt, TryStreamExt};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use zdelay_client::schedules::{NewSchedule, Repeat};
-use zdelay_client::store;
+use zdelay_core::schedules::{NewSchedule, Repeat};
+use zdelay_core::store;
 
 /// Schedule writes in flight while loading.
 const LOAD_CONCURRENCY: usize = 64;

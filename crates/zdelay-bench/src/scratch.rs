@@ -5,10 +5,10 @@
 //! `:instance_sources`, `:sinks`). DEL and EXISTS span slots on a cluster (the client splits
 //! them per node and adds the answers up).
 
-use zdelay_client::config::Push;
-use zdelay_client::keys::{self, Keys, RawKeys, ShardKey};
-use zdelay_client::lane::Lane;
-use zdelay_client::store::{self, Conn};
+use zdelay_core::config::Push;
+use zdelay_core::keys::{self, Keys, RawKeys, ShardKey};
+use zdelay_core::lane::Lane;
+use zdelay_core::store::{self, Conn};
 
 pub(super) struct Scratch {
     pub(super) keys: Keys,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use zdelay_client::{NewJob, OnConflict};
+use zdelay_core::{NewJob, OnConflict};
 
 /// Small deterministic RNG (SplitMix64) for due-time jitter: reproducible runs.
 pub(super) struct SplitMix64(u64);

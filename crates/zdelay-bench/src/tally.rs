@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
-use zdelay_client::store::scripts::MoveReply;
+use zdelay_core::store::scripts::MoveReply;
 
 /// Adds up every reply the pollers see; signals when `target` jobs have moved.
 pub(super) struct Tally {

@@ -10,10 +10,10 @@ use super::{Env, ROUTE};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
-use zdelay_client::keys::Keys;
-use zdelay_client::store::lanes;
-use zdelay_client::upgrade::{self, Outcome};
-use zdelay_client::{NewJob, OnConflict};
+use zdelay_core::keys::Keys;
+use zdelay_core::store::lanes;
+use zdelay_core::upgrade::{self, Outcome};
+use zdelay_core::{NewJob, OnConflict};
 
 /// The producer's rate while the upgrade runs, jobs/s.
 const PRODUCER_RATE: u64 = 5_000;

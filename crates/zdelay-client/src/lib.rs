@@ -1,64 +1,29 @@
-//! The producer side of zdelay: schedule jobs into Redis for `zdelay run` to deliver.
+//! The producer library of zdelay: schedule jobs into Redis for `zdelay run` to deliver at
+//! their millisecond, to a Redis list, Kafka, RabbitMQ or NATS.
 //!
-//! [`Client`] enqueues (at a time or after a delay measured on Redis's clock, one job or
-//! thousands per round trip), gets, reschedules and cancels jobs by id, and sets, pauses,
-//! resumes and deletes recurring schedules. It needs no broker client: the daemon publishes.
-//! The operator's calls are apart ([`operator`]): dead letters, the schedules' internals, and
-//! the [`reshard`] and [`upgrade`] modules.
+//! This crate is the producer's face of [`zdelay_core`], which the daemon shares: [`Client`]
+//! and the words of its calls, nothing else. A job is a [`NewJob`] (destination, payload,
+//! and optionally when, an id of your own, headers, max attempts, max lateness, a spread, a
+//! unique window); [`Client::enqueue`] and [`Client::enqueue_batch`] store it under an
+//! [`OnConflict`] policy, answering [`Enqueued`]; [`Client::get`] shows a [`JobView`],
+//! [`Client::reschedule`] takes a [`Due`], [`Client::cancel`] answers [`Cancelled`]. Recurring
+//! jobs are [`NewSchedule`]s ([`Repeat`]: cron in an IANA zone, or an interval) set with
+//! [`Client::schedule_set`]. Errors are [`ClientError`]s; [`ClientError::is_retryable`] says
+//! whether the same call may succeed later.
 //!
-//! The modules are the daemon's too, so both sides agree on the contract:
-//! - [`config`]: the `zdelay.toml` shape, loading and validation;
-//! - [`keys`]: the Redis key layout, the one place key names are built;
-//! - [`lane`]: route lanes of storage layout 2 (being built; their registry is in `store::lanes`);
-//! - [`lane_id`]: the ids storage layout 2 generates (`~<lane>.<12 characters>`), not used yet;
-//! - [`envelope`]: the stored job format;
-//! - [`routes`]: which destinations a job may name, and where they lead;
-//! - [`store`]: the connection, the schema check, Redis's clock, and one typed function
-//!   per Lua script;
-//! - [`job`]: the words of the job life cycle (due, conflict policy, states);
-//! - [`schedule`]: recurring schedules: the stored definition, validation, next occurrences
-//!   (cron in IANA zones, intervals) and misfire handling.
-//! - [`reshard`]: moving a namespace to another shard count (`zdelay reshard`; on layout 2
-//!   online, [`reshard_spread`]).
-//! - [`operator`]: [`operator::Operator`], the operator's calls (dead letters, schedule
-//!   internals), apart from the producer's.
-//! - [`schedule_requests`]: the JSON form of a schedule, and the schedule requests of
-//!   producers in other languages that daemons apply.
-//! - [`trace_context`]: W3C `traceparent`/`tracestate` in headers: name case, validation.
+//! To connect: [`Client::open`] (a URL), or [`Client::attach`] with the `[redis]` section of
+//! a [`Config`] ([`load_config`]); [`Client::with_routes`] with [`Routes::from_config`] lets
+//! it register a route no daemon has registered yet. The operator's calls (dead letters, the
+//! schedules' internals, `reshard`, `upgrade`) and the rest of the core are under [`core`].
 
-pub mod client;
-pub mod config;
-pub mod dead;
-pub mod envelope;
-pub mod failpoint;
-pub mod job;
-pub mod keys;
-pub mod lane;
-pub mod lane_id;
-pub mod operator;
-pub mod reshard;
-pub mod reshard_spread;
-pub mod routes;
-pub mod schedule;
-pub mod schedule_requests;
-pub mod schedules;
-pub mod store;
-pub mod trace_context;
-pub mod upgrade;
-
-pub use client::{Client, ClientError, DueMoment, JobView, NewJob};
+pub use zdelay_core as core;
+pub use zdelay_core::client::{Client, ClientError, DueMoment, JobView, NewJob};
+pub use zdelay_core::config::{Config, RedisConfig, load as load_config};
+pub use zdelay_core::job::{Cancelled, Due, Enqueued, JobState, OnConflict};
+pub use zdelay_core::routes::Routes;
+pub use zdelay_core::schedules::{NewSchedule, Repeat, ScheduleSet, ScheduleView};
 
 /// The README's examples, compiled as doctests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
-pub use config::Config;
-pub use dead::{
-    DeadFilter, DeadJob, DeadJobDetail, DeadMember, DeadProgress, DeadSelection, Purged,
-    ReplayOptions,
-};
-pub use envelope::Envelope;
-pub use job::{Cancelled, Due, Enqueued, JobState, OnConflict};
-pub use routes::Routes;
-pub use schedule::{Misfire, Plan, Recurrence, Schedule, ScheduleDef, ScheduleError};
-pub use store::scripts::Replayed;

@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(
             mine.body, BODY_SHA1,
             "the producer function library's body changed: bump REVISION (now {REVISION}) in \
-             crates/zdelay-client/src/store/functions.rs and set BODY_SHA1 to {}; a change a \
+             crates/zdelay-core/src/store/functions.rs and set BODY_SHA1 to {}; a change a \
              client could rely on is a new protocol version instead (docs/reference/protocol.md)",
             mine.body
         );

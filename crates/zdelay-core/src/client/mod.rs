@@ -1,4 +1,4 @@
-//! `zdelay_client::Client`: the thin enqueue library.
+//! `zdelay_core::Client`: the thin enqueue library.
 //!
 //! Enqueue at a time or after a delay (measured on the Redis clock), with an id, headers and
 //! a policy for an id that exists; batch enqueue pipelines one `enqueue_jobs` call per shard
