@@ -13,14 +13,8 @@
 -- ARGV[2] schedule id; ARGV[3] mark retention ms
 -- Returns: 1 deleted, 0 no such schedule.
 -- Re-run safety: yes; a second run returns 0.
-local marker = redis.call('GET', KEYS[6])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[6]
+-- @include lane_fence
 local id = ARGV[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -11,14 +11,8 @@
 -- Returns: { now ms, then per schedule: id, occurrence ms, "<version>\n<definition>" ("" if
 --   the definition is missing) }
 -- Re-run safety: yes (reads only).
-local marker = redis.call('GET', KEYS[3])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[3]
+-- @include lane_fence
 local now = ARGV[2]
 if now == '' then
   local t = redis.call('TIME')

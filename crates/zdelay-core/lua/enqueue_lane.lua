@@ -60,14 +60,8 @@ for i = 5, #ARGV, 5 do
   if why then return bad_request('job ' .. n .. ' max lateness', why, ARGV[i + 4]) end
 end
 
-local marker = redis.call('GET', KEYS[8])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[8]
+-- @include lane_fence
 local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, reasons_key = KEYS[6], KEYS[7]
 local unique_key, windows_key = KEYS[9], KEYS[10]

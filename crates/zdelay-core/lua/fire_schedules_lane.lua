@@ -33,14 +33,8 @@
 --   occurrences.
 -- Re-run safety: yes; the first run moved each schedule's pending occurrence, so a re-run is
 --   fenced, and no occurrence at or before the mark is written.
-local marker = redis.call('GET', KEYS[13])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[13]
+-- @include lane_fence
 local MAX_OCCURRENCES = 1000
 local due_key, jobs_key, meta_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead_key, reasons_key, limit_key = KEYS[5], KEYS[6], KEYS[7]

@@ -21,14 +21,8 @@ if #ARGV ~= 2 then return bad_request('arguments', 'this function takes 2: marke
 local why = id_problem(ARGV[2])
 if why then return bad_request('id', why, ARGV[2]) end
 
-local marker = redis.call('GET', KEYS[7])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[7]
+-- @include lane_fence
 local id = ARGV[2]
 local t = redis.call('TIME')
 return {

@@ -67,14 +67,8 @@
 -- already due (a batch cut by the byte budget).
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
 
-local marker = redis.call('GET', KEYS[11])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[11]
+-- @include lane_fence
 local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, reasons_key, sched_due_key, list_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local flow_key = KEYS[10]

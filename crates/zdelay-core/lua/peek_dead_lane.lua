@@ -21,14 +21,8 @@
 --   for a preview, not read (size only); "none": no payload stored (size -1).
 -- Re-run safety: yes (reads only).
 
-local marker = redis.call('GET', KEYS[6])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[6]
+-- @include lane_fence
 local jobs_key, meta_key, dead_key, reasons_key, history_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local budget = tonumber(ARGV[2])
 local preview = tonumber(ARGV[3])

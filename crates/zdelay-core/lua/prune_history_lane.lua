@@ -10,14 +10,8 @@
 -- Returns: the number of history entries deleted (ids without a payload)
 -- Re-run safety: yes.
 
-local marker = redis.call('GET', KEYS[3])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[3]
+-- @include lane_fence
 local pruned = 0
 for i = 2, #ARGV do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then

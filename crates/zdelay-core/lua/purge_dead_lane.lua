@@ -13,14 +13,8 @@
 --   they were selected (their score moved)
 -- Re-run safety: yes; a purged id is no longer dead, so a second run skips it.
 
-local marker = redis.call('GET', KEYS[6])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[6]
+-- @include lane_fence
 local jobs_key, meta_key, dead_key, reasons_key, history_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local purged, skipped = 0, 0
 for i = 2, #ARGV, 2 do

@@ -28,14 +28,8 @@
 --   1000 entries of each key go per call: call again), 0 when it still holds a waiting or dead
 --   job, a schedule or a payload (nothing is deleted then).
 -- Re-run safety: yes; forgetting an id twice deletes nothing the second time.
-local marker = redis.call('GET', KEYS[17])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[17]
+-- @include lane_fence
 if string.sub(marker, 1, 8) ~= 'retired ' then
   return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
 end

@@ -23,14 +23,8 @@
 --   or died again since they were selected (their score moved).
 -- Re-run safety: yes; a replayed job is no longer dead, so a second run skips it.
 
-local marker = redis.call('GET', KEYS[7])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[7]
+-- @include lane_fence
 local due_key, jobs_key, large_key, dead_key, reasons_key, history_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local due = ARGV[2]
 if due == '' or string.sub(due, 1, 1) == '+' then

@@ -24,14 +24,8 @@ if why then return bad_request('new due', why, ARGV[3]) end
 if ARGV[4] == '' then return bad_request('wake channel', 'must not be empty', ARGV[4]) end
 if not string.find(ARGV[5], '^l[0-9a-z]+$') then return bad_request('wake name', 'must be l<lane number>', ARGV[5]) end
 
-local marker = redis.call('GET', KEYS[2])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[2]
+-- @include lane_fence
 local due_key, id = KEYS[1], ARGV[2]
 -- Waiting means in due: a dead job keeps its payload in jobs, and stays dead.
 if not redis.call('ZSCORE', due_key, id) then return false end

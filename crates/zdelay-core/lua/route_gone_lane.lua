@@ -21,14 +21,8 @@
 -- job; the unique window of each one is remembered.
 -- Re-run safety: yes; a second run finds the jobs dead and takes the next due ones.
 
-local marker = redis.call('GET', KEYS[6])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[6]
+-- @include lane_fence
 local due_key, maxlate_key, large_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local unique_key, windows_key = KEYS[7], KEYS[8]
 local batch = math.max(1, math.min(tonumber(ARGV[2]) or 1, 1000))

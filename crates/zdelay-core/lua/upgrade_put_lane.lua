@@ -32,14 +32,8 @@
 --   schedule mark, quarantine, unique_for window ms. Scores as Redis printed them.
 -- Returns: { records written, records skipped as put before, records skipped as held }.
 -- Re-run safety: yes; a re-run skips what the first wrote.
-local marker = redis.call('GET', KEYS[16])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[16]
+-- @include lane_fence
 if ARGV[2] ~= '' then
   if redis.call('GET', KEYS[15]) ~= ARGV[2] then
     return redis.error_reply('ZDELAY_RELOCATING another run holds the relocation')

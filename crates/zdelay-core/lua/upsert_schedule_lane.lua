@@ -27,14 +27,8 @@
 --   ("" = none) } or { -1, current version } when
 --   the version or the mark is not what was read (read again).
 -- Re-run safety: a re-run with the same expected version finds it stale and changes nothing.
-local marker = redis.call('GET', KEYS[6])
-if marker ~= ARGV[1] then
-  if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
-  if string.sub(marker, 1, 8) == 'retired ' then
-    return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
-  end
-  return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end
+local lane_marker = KEYS[6]
+-- @include lane_fence
 local id, expected, read_mark, mode = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[7]
 local current = redis.call('HGET', KEYS[1], id)
 local version = current and tonumber(string.match(current, '^(%d+)\n')) or 0

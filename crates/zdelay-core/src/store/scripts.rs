@@ -3229,11 +3229,17 @@ mod tests {
         }
         for (name, marker_key) in fenced {
             let (_, source) = ALL.iter().find(|(n, _)| *n == name).expect("script exists");
-            // The same fence word for word in every lane script, on its last key: the first
-            // thing that touches Redis (checks of the arguments alone may come before it).
+            // The one fence (include lane_fence) in every lane script, on its last key: the
+            // first thing that touches Redis (checks of the arguments alone may come before).
+            assert!(
+                source.contains(&format!(
+                    "local lane_marker = KEYS[{marker_key}]\nlocal marker = redis.call('GET', lane_marker)"
+                )),
+                "{name}: the fence on KEYS[{marker_key}]"
+            );
             let body = from_first_call(source);
             let fence = format!(
-                "local marker = redis.call('GET', KEYS[{marker_key}])
+                "local marker = redis.call('GET', lane_marker)
 if marker ~= ARGV[1] then
   if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
   if string.sub(marker, 1, 8) == 'retired ' then
