@@ -3238,16 +3238,14 @@ mod tests {
                 "{name}: the fence on KEYS[{marker_key}]"
             );
             let body = from_first_call(source);
-            let fence = format!(
-                "local marker = redis.call('GET', lane_marker)
+            let fence = "local marker = redis.call('GET', lane_marker)
 if marker ~= ARGV[1] then
   if not marker then return redis.error_reply('ZDELAY_NO_LANE no daemon registered this lane') end
   if string.sub(marker, 1, 8) == 'retired ' then
     return redis.error_reply('ZDELAY_LANE_MOVED ' .. string.sub(marker, 9))
   end
   return redis.error_reply('ZDELAY_LANE_CHANGED ' .. marker)
-end"
-            );
+end";
             let fence: Vec<&str> = fence.lines().collect();
             assert_eq!(body.get(..fence.len()), Some(&fence[..]), "{name}");
             // After the marker, only the unique-window keys, which a producer may leave out.
