@@ -58,6 +58,21 @@ fn check(report: &Value, jobs: u64, masters: usize, delivery_starts: &str) {
     }
 }
 
+/// The in-process drain on a Redis no namespace exists on: its scratch namespace is made on
+/// the layout its shard scripts need, and the report compares each move with its bare one.
+#[test]
+fn bench_in_process_drain_on_a_fresh_redis() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, "");
+    let report = bench(
+        &config,
+        &["--mode", "drain", "--jobs", "3000", "--rounds", "1"],
+    );
+    let drain = &report["drain"];
+    assert!(drain.to_string().contains("move_due"), "{drain:#}");
+    assert!(drain.to_string().contains("move_raw"), "{drain:#}");
+}
+
 #[test]
 fn bench_daemons_on_one_redis() {
     let redis = RedisServer::start();

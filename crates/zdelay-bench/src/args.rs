@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-/// Which measurements to run.
+/// Which measurements to run. Without `--daemons`, `drain`, `steady`, `same-ms`, `memory`,
+/// `schedules` and `console` run in process on a scratch namespace on layout 1 (the shard
+/// scripts, which the spread shards of layout 2 run too); `lane`, `flow`, `idle` and
+/// `--daemons N` measure route lanes, the layout a new namespace gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
     /// All-due backlog: moved/s of the real mover vs a bare Lua move.
@@ -21,7 +24,7 @@ pub enum Mode {
     /// The operator console's pages and API, and the forecast, on `--jobs` scheduled jobs
     /// (not part of `all`).
     Console,
-    /// Storage layout 2 preview: the route-lane scripts against the bare moves (drain by
+    /// Storage layout 2: the route-lane scripts against the bare moves (drain by
     /// wall time and Redis CPU, memory per job; not part of `all`).
     Lane,
     /// What a route's flow control costs Redis: one lane drained without it, with a rate that

@@ -215,7 +215,15 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     let scratch = Scratch::new(&args.namespace, shards);
-    let config = bench_config(config, &scratch, &args.namespace, shards);
+    let mut config = bench_config(config, &scratch, &args.namespace, shards);
+    // The in-process modes drive layout 1's shard scripts (those the spread shards run too):
+    // their scratch namespace is made on layout 1, where a new one is on layout 2 otherwise.
+    let in_process_shards = args.daemons.is_none()
+        && args.route.is_none()
+        && !matches!(args.mode, Mode::Lane | Mode::Flow | Mode::Idle);
+    if in_process_shards && config.redis.layout.is_none() {
+        config.redis.layout = Some(zdelay_core::keys::LEGACY_LAYOUT);
+    }
     let redis_cfg = config.redis.clone();
     let redis = store::client(&redis_cfg)?;
     let mut con = Conn::connect(&redis_cfg).await?;

@@ -950,7 +950,7 @@ fn render_flow(s: &mut String, f: &FlowBench) {
 fn render_lane(s: &mut String, l: &LaneBench) {
     let _ = writeln!(
         s,
-        "\nlane (layout 2 preview: one route lane, one mover, all-due backlog; bare = id ZSET + payload HASH)"
+        "\nlane (storage layout 2: one route lane, one mover, all-due backlog; bare = id ZSET + payload HASH)"
     );
     let _ = writeln!(
         s,

@@ -15,7 +15,7 @@ pub(super) struct Scratch {
     pub(super) bare: Keys,
     pub(super) raw: RawKeys,
     pub(super) out: String,
-    /// The bench route's lane (storage layout 2 preview), delivering to `out`.
+    /// The bench route's lane (storage layout 2), delivering to `out`.
     pub(super) lane: Lane,
     /// The bare id ZSETs and payload HASHes the lane is compared with, in its slot: for
     /// 26-character ids and for the lane's own.
