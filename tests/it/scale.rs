@@ -493,8 +493,9 @@ fn a_killed_master_is_replaced_by_its_replica_and_the_daemon_recovers() {
     while load.accepted() <= before + 500 {
         assert!(
             Instant::now() < deadline,
-            "the producer did not recover from the failover: {}",
-            load.last_error()
+            "the producer did not recover from the failover: {}\ndaemon log:\n{}",
+            load.last_error(),
+            daemon.log_text()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
