@@ -196,14 +196,24 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
     wait_for("the dead jobs died", Duration::from_secs(10), || {
         common::shard_total(&mut con, SHARDS, "dead") == 3
     });
-    // A remembered unique window and a waiting job's window: they do not move, and they do
-    // not stay behind in the retired shards either.
+    // Windows of ids no job is stored under (a remembered one, a stray one): they name no
+    // route, so they do not move, and they do not stay behind in the retired shards either.
     let legacy_shard = Keys::new("zdelay", SHARDS).shard(1);
     let _: () = redis::pipe()
         .zadd(&legacy_shard.windows, "u:remembered", i64::MAX / 4)
         .hset(&legacy_shard.unique, "waiting", 3_600_000)
         .query(&mut con)
         .unwrap();
+    // Waiting jobs' unique windows go where their jobs go: a local route's lane, a spread
+    // shard for a two-phase route.
+    const WINDOW: Duration = Duration::from_secs(7_200);
+    for (id, dest) in [("uniq-a", "a"), ("uniq-m", "m")] {
+        let job = NewJob::new(dest, "once")
+            .id(id)
+            .at(now + 3_600_000)
+            .unique_for(WINDOW);
+        rt.block_on(lib.enqueue(job, OnConflict::Error)).unwrap();
+    }
 
     // A producer that connected on layout 1 keeps enqueueing through the upgrade.
     let producing = Arc::new(AtomicBool::new(true));
@@ -337,6 +347,26 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
         sent.len(),
         retried.load(Ordering::Relaxed)
     );
+
+    // The waiting jobs' windows came along.
+    let spread_shards: u16 = redis::cmd("HGET")
+        .arg("zdelay:schema")
+        .arg("shards")
+        .query(&mut con)
+        .unwrap();
+    let spread = Keys::for_layout("zdelay", spread_shards, 2);
+    let uniq_m = spread.shard(spread.shard_of("uniq-m"));
+    for (key, id) in [
+        (common::lane_keys("a", "q:a").unique, "uniq-a"),
+        (uniq_m.unique, "uniq-m"),
+    ] {
+        let window: Option<u64> = redis::cmd("HGET")
+            .arg(&key)
+            .arg(id)
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(window, Some(WINDOW.as_millis() as u64), "{id} in {key}");
+    }
 
     // Layout 2 now; the layout-1 shards are empty and retired, the transit sets gone.
     let schema: BTreeMap<String, String> = redis::cmd("HGETALL")

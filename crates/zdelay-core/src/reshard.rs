@@ -63,29 +63,32 @@ pub(crate) const PUT_BYTES: usize = 256 << 10;
 /// payloads weigh a megabyte each would otherwise hold Redis for seconds.
 const TAKE_BYTES: usize = 1 << 20;
 /// Entries per scan page of a shard's unique windows: an id and a number each.
-const WINDOW_PAGE: usize = 500;
+pub(crate) const WINDOW_PAGE: usize = 500;
 /// A scan page of a window key: the next cursor, and (member, value or score) pairs.
-type WindowPage = (u64, Vec<(Vec<u8>, Vec<u8>)>);
+pub(crate) type WindowPage = (u64, Vec<(Vec<u8>, Vec<u8>)>);
 
 /// A shard key of unique windows, as a reshard moves it.
-struct WindowKey {
-    key: fn(&crate::keys::ShardKeys) -> &String,
-    scan: &'static str,
+pub(crate) struct WindowKey {
+    pub(crate) key: fn(&crate::keys::ShardKeys) -> &String,
+    /// The same key of a route lane.
+    pub(crate) lane_key: fn(&crate::keys::LaneKeys) -> &String,
+    pub(crate) scan: &'static str,
     /// Writes one entry into a shard: `HSET key field value` or `ZADD key score member`.
-    copy: &'static str,
+    pub(crate) copy: &'static str,
     /// The same, leaving an entry the shard holds already: the command, and a flag after
     /// the key (`HSETNX`, `ZADD key NX`).
-    copy_new: (&'static str, Option<&'static str>),
-    score_first: bool,
-    delete: &'static str,
+    pub(crate) copy_new: (&'static str, Option<&'static str>),
+    pub(crate) score_first: bool,
+    pub(crate) delete: &'static str,
     /// The job id an entry belongs to.
-    id: fn(&[u8]) -> Option<&[u8]>,
+    pub(crate) id: fn(&[u8]) -> Option<&[u8]>,
 }
 
-const WINDOW_KEYS: [WindowKey; 2] = [
+pub(crate) const WINDOW_KEYS: [WindowKey; 2] = [
     // `unique`: id → its window, while the job waits.
     WindowKey {
         key: |k| &k.unique,
+        lane_key: |k| &k.unique,
         scan: "HSCAN",
         copy: "HSET",
         copy_new: ("HSETNX", None),
@@ -96,6 +99,7 @@ const WINDOW_KEYS: [WindowKey; 2] = [
     // `windows`: `u:<id>` scored by its window's end, `d:<id>` by its debounce deadline.
     WindowKey {
         key: |k| &k.windows,
+        lane_key: |k| &k.windows,
         scan: "ZSCAN",
         copy: "ZADD",
         copy_new: ("ZADD", Some("NX")),

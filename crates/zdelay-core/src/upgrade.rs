@@ -454,18 +454,20 @@ impl Mover<'_> {
     pub(crate) async fn run(&self, concurrency: usize) -> Result<(), UpgradeError> {
         let concurrency = concurrency.max(1);
         let shards = self.legacy.shards();
-        if self.carry_windows {
-            // Before any job moves, so a producer enqueuing into a target shard meets the
-            // windows of ids that were waiting or delivered before the fence.
-            futures::stream::iter(0..shards)
-                .map(|shard| async move {
-                    let mut con = self.con.clone();
+        // Before any job moves, so a producer enqueuing into a target meets the windows of
+        // ids that were waiting (or, in a reshard, delivered) before the fence.
+        futures::stream::iter(0..shards)
+            .map(|shard| async move {
+                let mut con = self.con.clone();
+                if self.carry_windows {
                     reshard::carry_windows(&mut con, self.legacy, shard, self.spread, true).await
-                })
-                .buffer_unordered(concurrency)
-                .try_collect::<Vec<()>>()
-                .await?;
-        }
+                } else {
+                    self.carry_windows_home(&mut con, shard).await
+                }
+            })
+            .buffer_unordered(concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
         let mut pending: Vec<u16> = (0..shards).collect();
         while !pending.is_empty() {
             let left: Vec<Option<u16>> = futures::stream::iter(pending.iter().copied())
@@ -695,6 +697,77 @@ impl Mover<'_> {
     /// A local route's record goes to its lane; anything else to the spread shard of its id.
     /// A job whose envelope is not one (malformed) keeps it, in its spread shard, where the
     /// mover sends it to dead as layout 1's would.
+    /// The upgrade's carry of unique windows and debounce deadlines: those of the jobs layout-1
+    /// shard `shard` still stores (waiting, or dead) are copied to where each job goes, its
+    /// route's lane or its spread shard, leaving any entry there already (a producer's on
+    /// layout 2 is newer). Those of ids no longer stored (delivered before the upgrade) name no
+    /// route, and start afresh. The source keys go with the retired shard.
+    async fn carry_windows_home(
+        &self,
+        con: &mut Conn,
+        shard: u16,
+    ) -> Result<(), reshard::ReshardError> {
+        let from = self.legacy.shard(shard);
+        for kind in &reshard::WINDOW_KEYS {
+            let mut cursor = 0u64;
+            loop {
+                let (next, page): reshard::WindowPage = redis::cmd(kind.scan)
+                    .arg((kind.key)(&from))
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(reshard::WINDOW_PAGE)
+                    .query_async(con)
+                    .await?;
+                let entries: Vec<(&[u8], &Vec<u8>, &Vec<u8>)> = page
+                    .iter()
+                    .filter_map(|(member, value)| Some(((kind.id)(member)?, member, value)))
+                    .collect();
+                if !entries.is_empty() {
+                    let envelopes: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+                        .arg(&from.jobs)
+                        .arg(entries.iter().map(|(id, _, _)| *id).collect::<Vec<_>>())
+                        .query_async(con)
+                        .await?;
+                    // One pipeline per target key: a key's slot is its own on a cluster.
+                    let mut copies: BTreeMap<String, redis::Pipeline> = BTreeMap::new();
+                    for ((id, member, value), envelope) in entries.iter().zip(envelopes) {
+                        let Some(dest) = envelope
+                            .as_deref()
+                            .and_then(|e| Envelope::decode(e).ok())
+                            .map(|e| e.dest)
+                        else {
+                            continue;
+                        };
+                        let target = match self.registry.by_route.get(&dest) {
+                            Some(lane) => (kind.lane_key)(&lane.keys).clone(),
+                            None => (kind.key)(&self.spread.shard(self.spread.shard_of_bytes(id)))
+                                .clone(),
+                        };
+                        let pipe = copies.entry(target.clone()).or_default();
+                        let (command, flag) = kind.copy_new;
+                        let copy = pipe.cmd(command).arg(target);
+                        if let Some(flag) = flag {
+                            copy.arg(flag);
+                        }
+                        if kind.score_first {
+                            copy.arg(*value).arg(*member).ignore();
+                        } else {
+                            copy.arg(*member).arg(*value).ignore();
+                        }
+                    }
+                    for pipe in copies.values() {
+                        pipe.query_async::<()>(con).await?;
+                    }
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(())
+    }
+
     fn home_of(&self, job: &StoredJob) -> Home<'_> {
         let frame = job.envelope.as_ref().or(job.schedule_envelope.as_ref());
         let dest = frame.and_then(|f| Envelope::decode(f).ok()).map(|e| e.dest);
