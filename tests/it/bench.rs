@@ -114,10 +114,14 @@ const CLUSTER_RUN: &[&str] = &[
     "2s",
 ];
 
+/// A namespace on the legacy layout 1 on a cluster: the route's list is in another slot than
+/// the shards, so its jobs go two-phase through the local sink (at least once).
 #[test]
 fn bench_daemons_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let config = cluster.config(4, "[poller]\nslot_lease = \"1s\"\n");
+    let config = cluster
+        .config(4, "[poller]\nslot_lease = \"1s\"\n")
+        .on_layout_1();
     let report = bench(&config, CLUSTER_RUN);
     check(&report, 2000, 3, "at least once");
     let mut con = cluster.conn();
@@ -134,14 +138,13 @@ fn bench_daemons_on_a_cluster() {
     }
 }
 
-/// Storage layout 2 on a cluster: the bench route's lane sits in its list's slot, so the
-/// daemons move it exactly once, and the run leaves neither lane nor registry behind.
+/// Storage layout 2 (what a new namespace gets) on a cluster: the bench route's lane sits in
+/// its list's slot, so the daemons move it exactly once, and the run leaves neither lane nor
+/// registry behind.
 #[test]
 fn bench_daemons_on_layout_2_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let config = cluster
-        .config(4, "[poller]\nslot_lease = \"1s\"\n")
-        .on_layout_2();
+    let config = cluster.config(4, "[poller]\nslot_lease = \"1s\"\n");
     let report = bench(&config, CLUSTER_RUN);
     check(&report, 2000, 3, "exactly once: pushed by move_lane");
     let mut con = cluster.conn();

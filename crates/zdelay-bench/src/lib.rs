@@ -216,13 +216,17 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     }
     let scratch = Scratch::new(&args.namespace, shards);
     let mut config = bench_config(config, &scratch, &args.namespace, shards);
-    // The in-process modes drive layout 1's shard scripts (those the spread shards run too):
-    // their scratch namespace is made on layout 1, where a new one is on layout 2 otherwise.
+    // The scratch namespace is made afresh: on layout 2, as any new one, but for the
+    // in-process modes, which drive layout 1's shard scripts (those the spread shards run too).
     let in_process_shards = args.daemons.is_none()
         && args.route.is_none()
         && !matches!(args.mode, Mode::Lane | Mode::Flow | Mode::Idle);
-    if in_process_shards && config.redis.layout.is_none() {
-        config.redis.layout = Some(zdelay_core::keys::LEGACY_LAYOUT);
+    if config.redis.layout.is_none() {
+        config.redis.layout = Some(if in_process_shards {
+            zdelay_core::keys::LEGACY_LAYOUT
+        } else {
+            zdelay_core::keys::NEWEST_LAYOUT
+        });
     }
     let redis_cfg = config.redis.clone();
     let redis = store::client(&redis_cfg)?;
