@@ -15,13 +15,4 @@
 -- Re-run safety: yes; a second run returns 0.
 local lane_marker = KEYS[6]
 -- @include lane_fence
-local id = ARGV[2]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - tonumber(ARGV[3])),
-  'LIMIT', 0, 100)
-if #old > 0 then redis.call('ZREM', KEYS[4], unpack(old)) end
-redis.call('ZREM', KEYS[3], id)
-redis.call('HDEL', KEYS[2], id)
-redis.call('HDEL', KEYS[5], id)
-return redis.call('HDEL', KEYS[1], id)
+-- @include delete_schedule_body

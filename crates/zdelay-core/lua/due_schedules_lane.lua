@@ -13,18 +13,4 @@
 -- Re-run safety: yes (reads only).
 local lane_marker = KEYS[3]
 -- @include lane_fence
-local now = ARGV[2]
-if now == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-else
-  now = tonumber(now)
-end
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
-local out = { now }
-for i = 1, #due, 2 do
-  out[#out + 1] = due[i]
-  out[#out + 1] = due[i + 1]
-  out[#out + 1] = redis.call('HGET', KEYS[1], due[i]) or ''
-end
-return out
+-- @include due_schedules_body

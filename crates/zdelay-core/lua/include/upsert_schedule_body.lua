@@ -1,0 +1,51 @@
+-- Included after their fences by upsert_schedule and upsert_schedule_lane: a schedule's keys
+-- are the same in a shard and in a route lane, and so is what is done with them.
+
+local id, expected, read_mark, mode = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[7]
+local current = redis.call('HGET', KEYS[1], id)
+local version = current and tonumber(string.match(current, '^(%d+)\n')) or 0
+if version ~= expected then return { -1, version } end
+local mark = tonumber(redis.call('ZSCORE', KEYS[4], id))
+if mark ~= tonumber(read_mark) then return { -1, version } end
+local pending = redis.call('ZSCORE', KEYS[3], id)
+-- Quarantined since it was read: there is no pending occurrence to keep.
+if (mode == 'keep' or mode == 'same') and not pending and redis.call('HEXISTS', KEYS[5], id) == 1 then
+  return { -1, version }
+end
+if mode == 'same' then
+  local env = ARGV[6]
+  if env == '' or (redis.call('HSTRLEN', KEYS[2], id) == #env and redis.call('HGET', KEYS[2], id) == env) then
+    return { version, pending or '' }
+  end
+  mode = 'keep'
+end
+local next_ms = tonumber(mode)
+-- INVARIANT: a pending occurrence is after the mark, so no occurrence is written twice.
+if next_ms and mark and next_ms <= mark then return { -1, version } end
+version = version + 1
+redis.call('HSET', KEYS[1], id, version .. '\n' .. ARGV[5])
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[6]) end
+redis.call('HDEL', KEYS[5], id)
+if not current then redis.call('ZADD', KEYS[4], 'GT', ARGV[8], id) end
+if mode == 'pause' then
+  redis.call('ZREM', KEYS[3], id)
+  pending = nil
+elseif mode ~= 'keep' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local due = tonumber(pending)
+  if due and due <= now and due > -math.huge and due == math.floor(due) then
+    -- Due already (no daemon fired it yet): left for the mover's plan.
+  elseif next_ms then
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    redis.call('ZADD', KEYS[3], next_ms, id)
+    pending = mode
+    if not head[2] or next_ms < tonumber(head[2]) then
+      redis.call('PUBLISH', ARGV[9], ARGV[10] .. ' ' .. mode)
+    end
+  else
+    redis.call('ZREM', KEYS[3], id)
+    pending = nil
+  end
+end
+return { version, pending or '' }
