@@ -62,6 +62,71 @@ fn assert_within(what: &str, times: &[Instant], burst: f64, rate: f64) {
     }
 }
 
+/// A NATS stream, a Redis with 4 spread shards and two daemons that have shared them out,
+/// for one route `name` to sink `bus` with the flow settings `limits` (TOML lines); and every
+/// message on the route's subject from then on.
+struct TwoDaemonsOnNats {
+    rt: tokio::runtime::Runtime,
+    redis: RedisServer,
+    config: TestConfig,
+    daemons: [Daemon; 2],
+    got: Arc<Mutex<Vec<(Instant, String)>>>,
+    _js: async_nats::jetstream::Context,
+}
+
+impl TwoDaemonsOnNats {
+    fn start(name: &str, limits: &str) -> Self {
+        let url = Services::get().nats_url();
+        let rt = crate::common::runtime();
+        let (js, _stream, prefix) = rt.block_on(make_stream(&url));
+        let redis = RedisServer::start();
+        let config = TestConfig::new(
+            &redis.url(),
+            4,
+            &format!(
+                "[sinks.bus]\nkind = \"nats\"\nurl = \"{url}\"\n\n[[routes]]\nname = \"{name}\"\n\
+                 sink = \"bus\"\ntarget = \"{prefix}.{name}\"\n{limits}\n"
+            ),
+        );
+        let daemons = [Daemon::start(&config), Daemon::start_instance(&config)];
+        wait_for("the shards shared out", Duration::from_secs(15), || {
+            daemons
+                .iter()
+                .all(|d| d.log_text().contains("poller slots rebalanced instances=2"))
+        });
+        let got = listen(&rt, &url, &format!("{prefix}.{name}"));
+        TwoDaemonsOnNats {
+            rt,
+            redis,
+            config,
+            daemons,
+            got,
+            _js: js,
+        }
+    }
+
+    /// Waits for `n` messages and a moment more (the last publishes may still be settling:
+    /// nothing more may come); checks each job came once, and returns them as they arrived.
+    fn received_once(&self, n: usize) -> Vec<(Instant, String)> {
+        wait_for("every job through NATS", Duration::from_secs(30), || {
+            self.got.lock().unwrap().len() >= n
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let got = self.got.lock().unwrap().clone();
+        let payloads: HashSet<&String> = got.iter().map(|(_, p)| p).collect();
+        assert_eq!((got.len(), payloads.len()), (n, n), "each job once");
+        got
+    }
+
+    /// The route's jobs moved after waiting for its limits, counted by both daemons.
+    fn deferred(&self, route: &str) -> f64 {
+        self.daemons
+            .iter()
+            .map(|d| d.metric("zdelay_deferred_total", &[("route", route)]))
+            .sum()
+    }
+}
+
 /// A NATS route with `key_rate = "20/s"` and `key_burst = 2` per `tenant`, published by two
 /// daemons from 4 spread shards: tenant a's 60 jobs go at its rate (the first 2 at once, the
 /// rest over about 2.9 s) while tenant b's 6, due after them, go at once; each job once, and
@@ -72,39 +137,12 @@ fn a_per_key_rate_on_a_nats_route_spaces_each_key_and_lets_the_others_flow() {
     const B: usize = 6;
     const RATE: f64 = 20.0;
     const BURST: f64 = 2.0;
-    let services = Services::get();
-    let url = services.nats_url();
-    let rt = crate::common::runtime();
-    let (_js, _stream, prefix) = rt.block_on(make_stream(&url));
-    let redis = RedisServer::start();
-    let config = TestConfig::new(
-        &redis.url(),
-        4,
-        &format!(
-            r#"
-[sinks.bus]
-kind = "nats"
-url = "{url}"
-
-[[routes]]
-name = "hooks"
-sink = "bus"
-target = "{prefix}.hooks"
-key_header = "tenant"
-key_rate = "20/s"
-key_burst = 2
-"#
-        ),
+    let run = TwoDaemonsOnNats::start(
+        "hooks",
+        "key_header = \"tenant\"\nkey_rate = \"20/s\"\nkey_burst = 2",
     );
-    let daemons = [Daemon::start(&config), Daemon::start_instance(&config)];
-    wait_for("the shards shared out", Duration::from_secs(15), || {
-        daemons
-            .iter()
-            .all(|d| d.log_text().contains("poller slots rebalanced instances=2"))
-    });
-    let got = listen(&rt, &url, &format!("{prefix}.hooks"));
-    let client = config.client(&rt);
-    let due = redis_now_ms(&mut redis.conn()) + 300;
+    let client = run.config.client(&run.rt);
+    let due = redis_now_ms(&mut run.redis.conn()) + 300;
     let jobs = (0..A)
         .map(|i| {
             NewJob::new("hooks", format!("a-{i}"))
@@ -117,18 +155,12 @@ key_burst = 2
                 .header("tenant", "b")
         }))
         .collect();
-    let results = rt
+    let results = run
+        .rt
         .block_on(client.enqueue_batch(jobs, OnConflict::Error))
         .expect("enqueue");
     assert!(results.iter().all(Result::is_ok), "{results:?}");
-    wait_for("every job through NATS", Duration::from_secs(30), || {
-        got.lock().unwrap().len() >= A + B
-    });
-    // The last few publishes may still be settling: nothing more may come.
-    std::thread::sleep(Duration::from_millis(300));
-    let got = got.lock().unwrap().clone();
-    let payloads: HashSet<&String> = got.iter().map(|(_, p)| p).collect();
-    assert_eq!((got.len(), payloads.len()), (A + B, A + B), "each job once");
+    let got = run.received_once(A + B);
     let of = |tenant: &str| -> Vec<Instant> {
         let mut times: Vec<Instant> = got
             .iter()
@@ -153,13 +185,7 @@ key_burst = 2
     wait_for(
         "the wait counted as deferral",
         Duration::from_secs(10),
-        || {
-            daemons
-                .iter()
-                .map(|d| d.metric("zdelay_deferred_total", &[("route", "hooks")]))
-                .sum::<f64>()
-                > 0.0
-        },
+        || run.deferred("hooks") > 0.0,
     );
 }
 
@@ -172,64 +198,17 @@ fn a_rate_on_a_nats_route_holds_across_its_spread_shards_and_daemons() {
     const N: usize = 150;
     const RATE: f64 = 50.0;
     const BURST: f64 = 10.0;
-    let services = Services::get();
-    let url = services.nats_url();
-    let rt = crate::common::runtime();
-    let (_js, _stream, prefix) = rt.block_on(make_stream(&url));
-    let redis = RedisServer::start();
-    let config = TestConfig::new(
-        &redis.url(),
-        4,
-        &format!(
-            r#"
-[sinks.bus]
-kind = "nats"
-url = "{url}"
-
-[[routes]]
-name = "limited"
-sink = "bus"
-target = "{prefix}.limited"
-rate = "50/s"
-burst = 10
-"#
-        ),
-    )
-    .on_layout_2();
     // Two daemons share the spread shards, and the route's one bucket; the rate is measured
     // once they have shared them out.
-    let daemons = [Daemon::start(&config), Daemon::start_instance(&config)];
-    wait_for("the shards shared out", Duration::from_secs(15), || {
-        daemons
-            .iter()
-            .all(|d| d.log_text().contains("poller slots rebalanced instances=2"))
-    });
-    let got = listen(&rt, &url, &format!("{prefix}.limited"));
-    let client = rt.block_on(Client::open(&redis.url())).expect("open");
-    let due = redis_now_ms(&mut redis.conn()) + 300;
-    enqueue(&rt, &client, "limited", N, due);
-    wait_for("every job through NATS", Duration::from_secs(30), || {
-        got.lock().unwrap().len() >= N
-    });
-    // The last few publishes may still be settling: nothing more may come.
-    std::thread::sleep(Duration::from_millis(300));
-    let got = got.lock().unwrap().clone();
-    let payloads: HashSet<&String> = got.iter().map(|(_, p)| p).collect();
-    assert_eq!((got.len(), payloads.len()), (N, N), "each job once");
-    let times: Vec<Instant> = got.iter().map(|(at, _)| *at).collect();
-    // In any window: at most the bucket + rate × T, with 2 jobs and 50 ms of the rate for a
-    // publish's own timing (a batch granted at one moment may arrive with the next).
-    for i in 0..N {
-        for j in i..N {
-            let t = times[j].duration_since(times[i]).as_secs_f64();
-            let allowed = BURST + RATE * (t + 0.05) + 2.0;
-            assert!(
-                (j - i + 1) as f64 <= allowed,
-                "{} jobs within {t:.3} s; the bucket allows {allowed:.1}",
-                j - i + 1
-            );
-        }
-    }
+    let run = TwoDaemonsOnNats::start("limited", "rate = \"50/s\"\nburst = 10");
+    let client = run
+        .rt
+        .block_on(Client::open(&run.redis.url()))
+        .expect("open");
+    let due = redis_now_ms(&mut run.redis.conn()) + 300;
+    enqueue(&run.rt, &client, "limited", N, due);
+    let times: Vec<Instant> = run.received_once(N).iter().map(|(at, _)| *at).collect();
+    assert_within("the route", &times, BURST, RATE);
     let took = times[N - 1].duration_since(times[0]).as_secs_f64();
     let expected = (N as f64 - BURST) / RATE;
     eprintln!("{N} jobs at 50/s with a burst of 10: {took:.2} s (the rate's {expected:.2} s)");
@@ -240,13 +219,7 @@ burst = 10
     wait_for(
         "the wait counted as deferral",
         Duration::from_secs(10),
-        || {
-            let deferred: f64 = daemons
-                .iter()
-                .map(|d| d.metric("zdelay_deferred_total", &[("route", "limited")]))
-                .sum();
-            deferred > (N / 2) as f64
-        },
+        || run.deferred("limited") > (N / 2) as f64,
     );
 }
 
