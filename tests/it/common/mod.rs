@@ -720,42 +720,15 @@ impl SeededRng {
 /// Total size of one kind of shard key (`due`, `jobs`, `dead`, `inflight`, `reasons`,
 /// `history`) over every shard of namespace `zdelay`.
 pub fn shard_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> usize {
-    let cmd = if matches!(suffix, "jobs" | "reasons" | "history") {
-        "HLEN"
-    } else {
-        "ZCARD"
-    };
-    (0..shards)
-        .map(|s| {
-            redis::cmd(cmd)
-                .arg(format!("{{zdelay:{s}}}:{suffix}"))
-                .query::<usize>(con)
-                .expect("shard key size")
-        })
-        .sum()
+    let keys = stored::shard_keys(&zdelay::keys::Keys::new("zdelay", shards), suffix);
+    stored::size_of(con, &keys, suffix)
 }
 
 /// [`shard_total`] over the spread shards of a namespace `zdelay` on storage layout 2 (where
 /// the two-phase jobs are).
 pub fn spread_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> usize {
-    let keys = zdelay::keys::Keys::for_layout("zdelay", shards, 2);
-    let cmd = if matches!(suffix, "jobs" | "reasons" | "history") {
-        "HLEN"
-    } else {
-        "ZCARD"
-    };
-    (0..shards)
-        .map(|s| {
-            let due = keys.due(s);
-            let prefix = due
-                .strip_suffix("due")
-                .expect("a shard's due key ends in due");
-            redis::cmd(cmd)
-                .arg(format!("{prefix}{suffix}"))
-                .query::<usize>(con)
-                .expect("spread shard key size")
-        })
-        .sum()
+    let keys = stored::shard_keys(&zdelay::keys::Keys::for_layout("zdelay", shards, 2), suffix);
+    stored::size_of(con, &keys, suffix)
 }
 
 /// The keys of one kind (`due`, `jobs`, `dead`, `reasons`, `history`, `inflight`, ...) of

@@ -33,18 +33,7 @@ pub fn stored_total(con: &mut dyn redis::ConnectionLike, kind: &str) -> usize {
         .arg("shards")
         .query(con)
         .expect("HGET the schema");
-    let spread = Keys::for_layout("zdelay", shards.unwrap_or(1), 2);
-    let mut keys: Vec<String> = (0..shards.unwrap_or(0))
-        .map(|s| match kind {
-            "due" => spread.due(s),
-            "jobs" => spread.jobs(s),
-            "inflight" => spread.inflight(s),
-            "dead" => spread.dead(s),
-            "reasons" => spread.reasons(s),
-            "history" => spread.history(s),
-            other => panic!("no such kind of stored key: {other}"),
-        })
-        .collect();
+    let mut keys = shard_keys(&Keys::for_layout("zdelay", shards.unwrap_or(1), 2), kind);
     for lane in every_lane(con).into_iter().chain(retired_lanes(con)) {
         match kind {
             "due" => keys.push(lane.due),
@@ -55,6 +44,28 @@ pub fn stored_total(con: &mut dyn redis::ConnectionLike, kind: &str) -> usize {
             _ => {}
         }
     }
+    size_of(con, &keys, kind)
+}
+
+/// The key of one kind (`due`, `jobs`, `inflight`, `ready`, `dead`, `reasons`, `history`) of
+/// every shard of `keys` (layout 1's shards, or layout 2's spread shards).
+pub fn shard_keys(keys: &Keys, kind: &str) -> Vec<String> {
+    (0..keys.shards())
+        .map(|s| match kind {
+            "due" => keys.due(s),
+            "jobs" => keys.jobs(s),
+            "inflight" => keys.inflight(s),
+            "ready" => keys.ready(s),
+            "dead" => keys.dead(s),
+            "reasons" => keys.reasons(s),
+            "history" => keys.history(s),
+            other => panic!("no such kind of stored key: {other}"),
+        })
+        .collect()
+}
+
+/// The summed size of `keys`, each a HASH (`jobs`, `reasons`, `history`) or a ZSET.
+pub fn size_of(con: &mut dyn redis::ConnectionLike, keys: &[String], kind: &str) -> usize {
     let cmd = if matches!(kind, "jobs" | "reasons" | "history") {
         "HLEN"
     } else {
