@@ -233,22 +233,10 @@ if per_key and n > 0 then
   end
   key_buckets_write(flow_key, buckets_of, order)
   if #dead_ids > 0 then
-    -- As every dead job: payload and meta kept for replay (a replay with its meta mended
-    -- moves it), its max lateness and large-set entry gone with it.
-    local zargs, hargs = {}, {}
-    local why = 'meta is not valid JSON, so its ' .. key_header .. ' header (the key of its route\'s key_rate) cannot be read'
-    for j = 1, #dead_ids do
-      zargs[#zargs + 1] = now_ms
-      zargs[#zargs + 1] = dead_ids[j]
-      hargs[#hargs + 1] = dead_ids[j]
-      hargs[#hargs + 1] = why
-    end
-    redis.call('ZADD', dead_key, unpack(zargs))
-    redis.call('HSET', reasons_key, unpack(hargs))
-    redis.call('ZREM', due_key, unpack(dead_ids))
-    redis.call('HDEL', maxlate_key, unpack(dead_ids))
-    redis.call('SREM', large_key, unpack(dead_ids))
-    remember(dead_ids)
+    -- A replay with its meta mended moves it.
+-- @include lane_kill
+    kill_waiting(dead_ids, 'meta is not valid JSON, so its ' .. key_header
+      .. ' header (the key of its route\'s key_rate) cannot be read')
     per_key_dead = #dead_ids
     dead_counts[1] = per_key_dead
   end

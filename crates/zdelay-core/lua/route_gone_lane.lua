@@ -34,6 +34,7 @@ else
   now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 -- @include remember
+-- @include lane_kill
 local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', '0', batch + 1)
 local more = 0
 if #ids > batch then
@@ -41,17 +42,5 @@ if #ids > batch then
   ids[#ids] = nil
 end
 if #ids == 0 then return { 0, 0 } end
-local zargs, hargs = {}, {}
-for i = 1, #ids do
-  zargs[#zargs + 1] = now_ms
-  zargs[#zargs + 1] = ids[i]
-  hargs[#hargs + 1] = ids[i]
-  hargs[#hargs + 1] = ARGV[4]
-end
-redis.call('ZADD', dead_key, unpack(zargs))
-redis.call('HSET', reasons_key, unpack(hargs))
-redis.call('ZREM', due_key, unpack(ids))
-redis.call('HDEL', maxlate_key, unpack(ids))
-redis.call('SREM', large_key, unpack(ids))
-remember(ids)
+kill_waiting(ids, ARGV[4])
 return { #ids, more }
