@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds the last zdelay that runs on storage layout 1 and prints the path of its binary.
+#
+#   bash scripts/pinned-zdelay.sh
+#
+# `zdelay upgrade` moves a layout-1 namespace to route lanes while the older release's
+# daemons and producers keep running; this build cannot create or serve layout 1 any more,
+# so the upgrade's tests run that older zdelay beside it. It is built from this repository's
+# own history (commit PIN, the last one that serves layout 1 and follows a live upgrade),
+# into the same target directory, so the dependencies' build is shared and only the two
+# workspace crates compile (about two minutes once; the binary is kept under target/pinned).
+# Needs a clone with history (not a shallow one).
+set -euo pipefail
+
+PIN=df3d58ca58ace1a52b860370f803b2f73af426a5
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
+ROOT=$PWD
+OUT=$ROOT/target/pinned/zdelay-${PIN:0:7}
+if [[ -x $OUT ]]; then
+    echo "$OUT"
+    exit 0
+fi
+if ! git cat-file -e "$PIN^{commit}" 2>/dev/null; then
+    echo "scripts/pinned-zdelay.sh: commit $PIN is not in this clone (a shallow clone?):" \
+        "run git fetch --unshallow, then again" >&2
+    exit 1
+fi
+# A fixed source path: cargo keys the workspace crates' artifacts by it, so a second build
+# reuses the first.
+SRC=$ROOT/target/pinned/src-${PIN:0:7}
+rm -rf "$SRC"
+mkdir -p "$SRC"
+git archive "$PIN" | tar -x -C "$SRC"
+# Cargo names a workspace crate's artifacts without its path, and the extracted files carry
+# the commit's old times: built as they are, the two trees would take each other's
+# artifacts for fresh. Another profile for the pinned crates gives them their own (the
+# dependencies' stay shared).
+cat >>"$SRC/Cargo.toml" <<'TOML'
+
+[profile.dev.package.zdelay]
+debug = false
+
+[profile.dev.package.zdelay-core]
+debug = false
+TOML
+# Building a binary also copies it to target/debug/zdelay; the next build of this tree puts
+# its own back (cargo copies a binary out even when nothing was rebuilt).
+CARGO_TARGET_DIR=$ROOT/target cargo build --locked --quiet --manifest-path "$SRC/Cargo.toml" \
+    -p zdelay --bin zdelay --features test-failpoints >&2
+cp "$ROOT/target/debug/zdelay" "$OUT.tmp"
+mv "$OUT.tmp" "$OUT"
+echo "$OUT"
