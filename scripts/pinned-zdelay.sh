@@ -25,11 +25,11 @@ if ! git cat-file -e "$PIN^{commit}" 2>/dev/null; then
         "run git fetch --unshallow, then again" >&2
     exit 1
 fi
-# A fixed source path: cargo keys the workspace crates' artifacts by it, so a second build
-# reuses the first.
-SRC=$ROOT/target/pinned/src-${PIN:0:7}
-rm -rf "$SRC"
-mkdir -p "$SRC"
+# Outside the target directory, and deleted afterwards: cargo records the sources it built
+# from, and a record of files that stay (with the commit's old times) would pass for fresh.
+SRC=$(mktemp -d "${TMPDIR:-/tmp}/zdelay-pinned.XXXXXX")
+trap 'rm -rf "$SRC"' EXIT
+mkdir -p "$ROOT/target/pinned"
 git archive "$PIN" | tar -x -C "$SRC"
 # Cargo names a workspace crate's artifacts without its path, and the extracted files carry
 # the commit's old times: built as they are, the two trees would take each other's
