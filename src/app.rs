@@ -59,15 +59,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
 
     let sinks = sinks::build_all(&config)?;
-    // `zdelay upgrade` moves the namespace to a newer layout under running daemons: a
-    // layout fence that names a layout this build runs restarts the pollers on it.
+    // `zdelay reshard` changes the spread shards' count under running daemons, and Redis
+    // may lose the namespace's data: the pollers start again on what the schema says then.
     loop {
         match serve(&config, &sinks, &health, &console, &shutdown).await? {
             Served::Stopped => break,
             Served::Follow => {
                 tracing::info!(
-                    "starting again on the namespace's new layout or shard count, or to \
-                     register its lost lanes"
+                    "starting again on the namespace's new shard count, or to register its \
+                     lost lanes"
                 )
             }
         }
@@ -81,13 +81,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 enum Served {
     /// Shutdown was asked (or start-up was interrupted by it).
     Stopped,
-    /// A layout fence refused them because the namespace moves to a layout this build runs,
-    /// or (layout 2) its spread shards to another count.
+    /// A fence refused them because the spread shards moved to another count, or a lane
+    /// lost its marker.
     Follow,
 }
 
-/// Runs the pollers, the sink checkers and the stats sampler on the namespace's layout as
-/// the schema says it now, until shutdown or a fence that asks to follow an upgrade.
+/// Runs the pollers, the sink checkers and the stats sampler on the namespace as the schema
+/// says it now, until shutdown or a fence that asks to start again.
 async fn serve(
     config: &Config,
     sinks: &sinks::Sinks,
@@ -110,7 +110,7 @@ async fn serve(
         // Tests restart Redis in this window.
         zdelay_core::failpoint::hold("start_up_hold_after_connect").await;
         let server = store::check_server(&mut con).await?;
-        let (layout, shards) = store::ensure_schema(&mut con, &keys, config.redis.layout)
+        let shards = store::ensure_schema(&mut con, &keys)
             .await
             .map_err(|e| match e {
                 StoreError::Resharding { from, to, .. } => {
@@ -124,30 +124,17 @@ async fn serve(
             })?;
         scripts::load_all(&mut con).await?;
         load_producer_functions(&mut con).await;
-        // On layout 2 the namespace's count (a reshard changes it under running daemons).
-        let keys = Keys::for_layout(keys.namespace(), shards, layout);
-        let lanes = match layout {
-            1 => Vec::new(),
-            _ => register_lanes(&mut con, &config, &keys, layout).await?,
-        };
+        // The namespace's count (a reshard changes it under running daemons).
+        let keys = Keys::new(keys.namespace(), shards);
+        let lanes = register_lanes(&mut con, &config, &keys).await?;
         // The console reads and acts through a client of its own, like the CLI.
         let console_client = Client::connect(&config.redis).await?;
-        Ok(Some((con, server, console_client, (layout, keys, lanes))))
+        Ok(Some((con, server, console_client, (keys, lanes))))
     })
     .await?;
-    let Some((mut con, server, console_client, (layout, keys, lanes))) = started else {
+    let Some((mut con, server, console_client, (keys, lanes))) = started else {
         return Ok(Served::Stopped);
     };
-    if layout == 1
-        && let Some(route) = config.routes.iter().find(|r| r.flow().is_some())
-    {
-        anyhow::bail!(
-            "route {:?} sets rate or max_length, which need storage layout 2: namespace {} is on \
-             layout 1 (set redis.layout = 2 for a new namespace, or run zdelay upgrade)",
-            route.name,
-            keys.namespace()
-        );
-    }
     tracing::info!(%server, "redis reachable");
     refuse_unsupported_brokers(&sinks).await?;
     health.redis_ok.store(true, Ordering::Relaxed);
@@ -161,11 +148,7 @@ async fn serve(
     });
 
     let mut ctx = PollerContext::new(con.clone(), &config, sinks.clone());
-    if layout == 1 {
-        ctx.storage_layout = layout;
-    } else {
-        ctx.on_layout_2(layout, keys.clone(), lanes);
-    }
+    ctx.with_lanes(keys.clone(), lanes);
     ctx.tracer = HopTracer::from_config(&config.tracing).map_err(anyhow::Error::msg)?;
     // The heartbeat and the stats sampler (which reads every shard) get connections of
     // their own on a cluster, like each master's shards: nothing waits for a hung node it
@@ -290,7 +273,7 @@ async fn serve(
     if let Some(in_use) = in_use {
         return Err(in_use.into());
     }
-    if ctx.follows_upgrade() && !outer.is_cancelled() {
+    if ctx.restarts_pollers() && !outer.is_cancelled() {
         return Ok(Served::Follow);
     }
     match ctx.refusal() {
@@ -378,11 +361,10 @@ pub async fn register_lanes(
     con: &mut Conn,
     config: &Config,
     keys: &Keys,
-    layout: u32,
 ) -> anyhow::Result<Vec<Arc<Lane>>> {
     // The layout-1 shards' fence is a SET on every master: written in the background, so a
     // master that hangs holds up neither this start nor the other masters' shards.
-    tokio::spawn(mark_layout_1_shards(con.clone(), keys.clone(), layout));
+    tokio::spawn(mark_layout_1_shards(con.clone(), keys.clone()));
     let registry = store::lanes::read_registry(con, keys).await?;
     let is_local = |route: &zdelay_core::config::RouteConfig| {
         config.sinks.get(&route.sink).is_some_and(|s| s.is_local())
@@ -398,9 +380,9 @@ pub async fn register_lanes(
             _ => continue,
         };
         anyhow::bail!(
-            "namespace {} is on storage layout {layout}; route {} was {was} here and is {is} \
-             in this config: moving a route's waiting jobs between a route lane and the spread \
-             shards is not built yet; give the changed route a new name",
+            "in namespace {}, route {} was {was} and is {is} in this config: a route's waiting \
+             jobs are not moved between a route lane and the spread shards; give the changed \
+             route a new name",
             keys.namespace(),
             route.name
         );
@@ -420,9 +402,9 @@ pub async fn register_lanes(
 
 /// Marks the layout-1 shards of a layout-2 namespace ([`store::mark_layout_1_shards`]), again
 /// until every master took its markers.
-async fn mark_layout_1_shards(mut con: Conn, keys: Keys, layout: u32) {
+async fn mark_layout_1_shards(mut con: Conn, keys: Keys) {
     let mut delay = Duration::from_millis(200);
-    while let Err(e) = store::mark_layout_1_shards(&mut con, &keys, layout).await {
+    while let Err(e) = store::mark_layout_1_shards(&mut con, &keys).await {
         tracing::warn!(error = %e, "marking the layout-1 shards: trying again");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
@@ -540,8 +522,8 @@ async fn sample_stats(
 /// Windows sets [`WindowSweep`] looks at per stats sample.
 const WINDOW_SETS_PER_SAMPLE: usize = 16;
 
-/// Drops the unique windows that ended from every windows set in turn (each shard's of both
-/// layouts, each lane's the registry ever gave out), a few sets per stats sample. Enqueues
+/// Drops the unique windows that ended from every windows set in turn (each spread shard's,
+/// each lane's the registry ever gave out), a few sets per stats sample. Enqueues
 /// drop some at each call; this reaches the sets no enqueue does: a removed route's lane, a
 /// retired lane, a shard after a quiet spell.
 #[derive(Default)]
@@ -560,9 +542,8 @@ impl WindowSweep {
             .query_async(con)
             .await?;
         if self.registry_fields != Some(fields) {
-            let spread = Keys::for_layout(keys.namespace(), keys.shards(), 2);
             self.sets = (0..keys.shards())
-                .flat_map(|s| [keys.shard(s).windows, spread.shard(s).windows])
+                .map(|s| keys.shard(s).windows)
                 .chain(lanes::every_lanes_windows(con, keys).await?)
                 .collect();
             self.registry_fields = Some(fields);

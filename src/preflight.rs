@@ -200,43 +200,42 @@ async fn namespace(config: &Config, keys: &Keys, con: &mut Conn) -> Check {
         Err(e) => return Check::fail("namespace", e.to_string(), None),
     };
     let configured = config.redis.shards;
-    if let Some((from, to)) = schema.migrating {
+    let Some(shards) = schema.shards else {
+        return Check::pass(
+            "namespace",
+            format!(
+                "{ns} does not exist yet: the first daemon creates it with {configured} spread \
+                 shards"
+            ),
+        );
+    };
+    if let Err(e) =
+        store::check_layout_field(keys, schema.layout.as_deref(), schema.upgrading.is_some())
+    {
         return Check::fail(
             "namespace",
-            format!("{ns} is being resharded from {from} to {to} shards"),
-            Some(format!(
-                "let `zdelay reshard --to {to}` finish (run it again if it stopped), then set \
-                 redis.shards = {to}"
-            )),
+            e.to_string(),
+            Some(
+                "run zdelay upgrade with the older release's daemons still running, then this \
+                 release (docs: Upgrading from storage layout 1)"
+                    .to_owned(),
+            ),
         );
     }
-    match schema.shards {
-        None => Check::pass(
-            "namespace",
-            format!(
-                "{ns} does not exist yet: the first daemon creates it with {configured} shards"
-            ),
-        ),
-        Some(shards) if shards == configured => Check::pass(
+    if shards == configured {
+        Check::pass(
             "namespace",
             format!("{ns} has {shards} shards, as configured"),
-        ),
-        // Layout 2: processes use the namespace's count (a reshard changes it online).
-        Some(shards) if schema.layout.as_deref() == Some("2") => Check::pass(
+        )
+    } else {
+        // Processes use the namespace's count (a reshard changes it online).
+        Check::pass(
             "namespace",
             format!(
-                "{ns} has {shards} spread shards (redis.shards says {configured}: on layout 2 \
-                 daemons and producers use the namespace's count)"
+                "{ns} has {shards} spread shards (redis.shards says {configured}: daemons and \
+                 producers use the namespace's count)"
             ),
-        ),
-        Some(shards) => Check::fail(
-            "namespace",
-            format!("{ns} has {shards} shards; the config says redis.shards = {configured}"),
-            Some(format!(
-                "set redis.shards = {shards}, or move the namespace: zdelay reshard --to \
-                 {configured}"
-            )),
-        ),
+        )
     }
 }
 

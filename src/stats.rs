@@ -413,7 +413,7 @@ async fn read_layout(
         .arg(keys.lanes())
         .query_async(con)
         .await?;
-    let spread = Keys::for_layout(keys.namespace(), keys.shards(), 2);
+    let spread = Keys::new(keys.namespace(), keys.shards());
     // The registry only grows when a route registers or a lane moves (a field is added): the
     // sampler reads it whole again only then.
     if let Some((known, lanes)) = sampler.as_ref().and_then(|s| s.registry.as_ref())

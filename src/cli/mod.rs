@@ -410,8 +410,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     ", on a Redis Cluster"
                 }
             );
-            let layout = config.redis.layout.unwrap_or(zdelay::keys::NEWEST_LAYOUT);
-            for line in Routes::from_config(&config).explain_on_layout(layout) {
+            for line in Routes::from_config(&config).explain_lanes() {
                 eprintln!("  {line}");
             }
             Ok(0)

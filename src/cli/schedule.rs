@@ -280,10 +280,8 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
             }
             None => match client.operator().schedule_quarantine(&id).await? {
                 Some(quarantine) if output.is_json() => {
-                    // On layout 2 the lane was found by asking each one, and is not kept.
-                    let place = (client.storage_layout() == 1)
-                        .then(|| Place::Shard(client.keys().shard_of(&id)));
-                    let v = unreadable_json(&id, place, &quarantine);
+                    // The lane was found by asking each one, and is not kept.
+                    let v = unreadable_json(&id, None, &quarantine);
                     println!("{}", serde_json::to_string_pretty(&v)?);
                     Ok(0)
                 }

@@ -56,7 +56,7 @@ pub async fn run(config: &Config, args: UpgradeArgs) -> anyhow::Result<i32> {
     }
     opts.dry_run = false;
     // Every local route of the config gets its lane before anything moves.
-    zdelay::app::register_lanes(&mut con, config, &keys, 2).await?;
+    zdelay::app::register_lanes(&mut con, config, &keys).await?;
     let registry = store::lanes::read_registry(&mut con, &keys).await?;
     let printer = Printer::default();
     let outcome = upgrade::upgrade(&con, namespace, &registry, &opts, &|p| printer.show(p)).await?;

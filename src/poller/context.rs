@@ -210,9 +210,7 @@ pub struct PollerContext {
     pub routes: Routes,
     /// Every configured raw source, resolved.
     pub sources: Vec<Arc<RawSource>>,
-    /// The namespace's storage layout (1, or 2: route lanes, and no shard is polled).
-    pub storage_layout: u32,
-    /// On layout 2: the local routes' lanes as registered at start.
+    /// The local routes' lanes as registered at start.
     pub route_lanes: Vec<Arc<Lane>>,
     pub sinks: Sinks,
     /// The parts of the ready set (two-phase sinks, then routes' flow parts) in the route
@@ -251,7 +249,6 @@ impl PollerContext {
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
             routes,
             sources,
-            storage_layout: zdelay_core::keys::LEGACY_LAYOUT,
             route_lanes: Vec::new(),
             sinks,
             sink_order,
@@ -344,10 +341,9 @@ impl PollerContext {
         true
     }
 
-    /// Whether a layout fence refused the pollers because `zdelay upgrade` moves the
-    /// namespace to a layout this build runs, or because `zdelay reshard` gave a layout-2
-    /// namespace's spread shards another count: the daemon restarts its pollers on it.
-    pub fn follows_upgrade(&self) -> bool {
+    /// Whether a layout fence refused the pollers because `zdelay reshard` gave the spread
+    /// shards another count, or a lane lost its marker: the daemon restarts its pollers.
+    pub fn restarts_pollers(&self) -> bool {
         self.lane_lost.load(std::sync::atomic::Ordering::SeqCst)
             || self.refused_with.get().is_some_and(|l| self.follows(l))
     }
@@ -371,7 +367,7 @@ impl PollerContext {
     }
 
     fn follows(&self, layout: &Layout) -> bool {
-        layout.is_followable() || (self.storage_layout >= 2 && matches!(layout, Layout::Shards(_)))
+        matches!(layout, Layout::Shards(_))
     }
 
     /// Why the pollers stopped, when a layout fence refused them.
@@ -401,15 +397,14 @@ impl PollerContext {
         }
     }
 
-    /// The envelope shards this daemon polls: none on layout 2, whose jobs are in lanes.
+    /// The spread shards this daemon polls (two-phase routes' jobs).
     pub fn polled_shards(&self) -> u16 {
         self.keys.shards()
     }
 
-    /// Storage layout 2: the shards are spread shards (`keys`), which hold the two-phase
-    /// jobs only, and `lanes` the local routes' lanes.
-    pub fn on_layout_2(&mut self, layout: u32, keys: Keys, lanes: Vec<Arc<Lane>>) {
-        self.storage_layout = layout;
+    /// The spread shards (`keys`: the namespace's count, which a reshard changes under a
+    /// config), which hold the two-phase jobs only, and `lanes` the local routes' lanes.
+    pub fn with_lanes(&mut self, keys: Keys, lanes: Vec<Arc<Lane>>) {
         self.keys = keys;
         self.route_lanes = lanes;
         self.routes = self.routes.two_phase_only();

@@ -406,21 +406,13 @@ fn amqp_throughput_with_confirms() {
 }
 
 /// End to end through the daemon: jobs enqueued with the library, claimed, published with
-/// confirms, acked; read back by pika with their headers and idempotency key. On a legacy
-/// layout-1 namespace (`redis.layout = 1`), which daemons deliver from until it is upgraded.
+/// confirms, acked; read back by pika with their headers and idempotency key.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_rabbitmq() {
-    daemon_delivers_to_rabbitmq(1);
+    daemon_delivers_to_rabbitmq();
 }
 
-/// The same on storage layout 2, a new namespace's default, whose two-phase jobs wait in
-/// spread shards.
-#[test]
-fn daemon_delivers_scheduled_jobs_to_rabbitmq_on_layout_2() {
-    daemon_delivers_to_rabbitmq(2);
-}
-
-fn daemon_delivers_to_rabbitmq(layout: u32) {
+fn daemon_delivers_to_rabbitmq() {
     use crate::common::{Daemon, RedisServer, TestConfig};
     use zdelay::client::{NewJob, OnConflict};
 
@@ -444,14 +436,10 @@ target = "/{queue}"
 priority = 7
 "#
     );
-    let mut config = TestConfig::new(&redis.url(), 2, &extra);
-    if layout == 1 {
-        config = config.on_layout_1();
-    }
+    let config = TestConfig::new(&redis.url(), 2, &extra);
     let daemon = Daemon::start(&config);
     let rt = rt();
     let client = crate::common::client(&rt, &redis.url(), 2);
-    assert_eq!(client.storage_layout(), layout);
     let mut jobs: Vec<NewJob> = (0..200)
         .map(|i| {
             NewJob::new("billing", vec![i as u8, 0, 255])
@@ -483,7 +471,7 @@ priority = 7
         assert_eq!(m.priority, Some(7), "the route's priority lane");
     }
     let mut con = redis.conn();
-    let keys = zdelay::keys::Keys::for_layout("zdelay", 2, layout);
+    let keys = zdelay::keys::Keys::new("zdelay", 2);
     crate::common::wait_all_settled_in(&mut con, &keys, std::time::Duration::from_secs(10));
     let (_, metrics) = daemon.admin_get("/metrics").expect("metrics");
     assert!(

@@ -114,16 +114,13 @@ const CLUSTER_RUN: &[&str] = &[
     "2s",
 ];
 
-/// A namespace on the legacy layout 1 on a cluster: the route's list is in another slot than
-/// the shards, so its jobs go two-phase through the local sink (at least once).
+/// On a cluster the route's lane is in its list's slot: the daemons move it exactly once.
 #[test]
 fn bench_daemons_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let config = cluster
-        .config(4, "[poller]\nslot_lease = \"1s\"\n")
-        .on_layout_1();
+    let config = cluster.config(4, "[poller]\nslot_lease = \"1s\"\n");
     let report = bench(&config, CLUSTER_RUN);
-    check(&report, 2000, 3, "at least once");
+    check(&report, 2000, 3, "exactly once");
     let mut con = cluster.conn();
     for key in [
         "zdelay-bench:out",

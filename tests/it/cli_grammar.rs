@@ -591,32 +591,32 @@ fn check_config_connect_checks_redis_rights_and_layout() {
     assert_eq!(namespace["ok"], true, "{namespace}");
     assert!(
         namespace["detail"].as_str().unwrap().contains(
-            "has 4 spread shards (redis.shards says 2: on layout 2 daemons and producers use \
-             the namespace's count)"
+            "has 4 spread shards (redis.shards says 2: daemons and producers use the \
+             namespace's count)"
         ),
         "{namespace}"
     );
-    // A legacy layout-1 namespace has the count in its keys: another one fails, with the fix.
+    // A namespace an older release left on layout 1 fails, naming the upgrade.
     let legacy = RedisServer::start();
-    let legacy_full = TestConfig::new(&legacy.url(), SHARDS, "").on_layout_1();
-    ok(
-        &legacy_full,
-        &["enqueue", "--dest", "default", "--payload", "x"],
-    );
+    let _: () = redis::pipe()
+        .hset("zdelay:schema", "layout", 1)
+        .hset("zdelay:schema", "shards", 4)
+        .query(&mut legacy.conn())
+        .unwrap();
     let namespace = namespace_check(&TestConfig::new(&legacy.url(), 2, ""), 1);
     assert_eq!(namespace["ok"], false, "{namespace}");
     assert!(
         namespace["detail"]
             .as_str()
             .unwrap()
-            .contains("has 4 shards"),
+            .contains("is on storage layout 1"),
         "{namespace}"
     );
     assert!(
         namespace["hint"]
             .as_str()
             .unwrap()
-            .contains("redis.shards = 4")
+            .contains("zdelay upgrade")
     );
     // Every right the default user has: passes.
     let out = full.cli(&["check-config", "--connect"]);

@@ -68,7 +68,7 @@ fn enqueue(config: &TestConfig, jobs: &[(String, i64, String)]) {
 
 /// The keys of one kind (`due`, `dead`, `sched_due`, `ready`) of spread shard `s`.
 fn spread_key(s: u16, suffix: &str) -> String {
-    let keys = zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2);
+    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
     match suffix {
         "due" => keys.due(s),
         "dead" => keys.dead(s),
@@ -444,7 +444,7 @@ fn dead_truth(con: &mut redis::Connection) -> Vec<DeadTruth> {
     let text = |bytes: Option<Vec<u8>>| String::from_utf8(bytes.unwrap_or_default()).unwrap();
     let mut out = Vec::new();
     // Spread shards hold envelopes (two-phase routes).
-    let keys = zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2);
+    let keys = zdelay::keys::Keys::new("zdelay", SHARDS);
     for shard in 0..SHARDS {
         for (id, died) in zset_whole(con, &keys.dead(shard)) {
             let reason = text(hget(con, &keys.reasons(shard), &id));

@@ -103,7 +103,7 @@ fn get(config: &TestConfig, id: &str) -> Option<Value> {
 /// The spread shards: two-phase jobs (route `mirror`), and those of a destination no route
 /// names any more.
 fn spread() -> Keys {
-    Keys::for_layout("zdelay", SHARDS, 2)
+    Keys::new("zdelay", SHARDS)
 }
 
 fn lane_keys(route: &str) -> LaneKeys {

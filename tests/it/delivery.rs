@@ -54,7 +54,7 @@ fn bytes(items: &[&str]) -> Vec<Vec<u8>> {
 /// Asserts every spread shard's due, jobs, inflight, dead and reasons keys are empty (local
 /// routes' lanes are checked by the tests' `data_keys`: an empty key does not exist).
 fn assert_shards_empty(con: &mut redis::Connection, shards: u16) {
-    let keys = Keys::for_layout(NS, shards, 2);
+    let keys = Keys::new(NS, shards);
     for s in 0..shards {
         assert_eq!(zcard(con, &keys.due(s)), 0, "shard {s} due");
         assert_eq!(hlen(con, &keys.jobs(s)), 0, "shard {s} jobs");
@@ -394,7 +394,7 @@ route = "r"
         })
         .collect();
     let source = |i: usize| sources[i].clone();
-    ctx.on_layout_2(2, client.keys(), vec![lane.clone()]);
+    ctx.with_lanes(client.keys(), vec![lane.clone()]);
     let lane_keys = lane.keys.clone();
     let target = Target::Lane(lane);
 
@@ -1007,7 +1007,7 @@ push = "rpush"
     let _daemon = Daemon::start(&config);
     let mut con = redis.conn();
     let mut rcon = remote.conn();
-    let keys = Keys::for_layout(NS, 2, 2);
+    let keys = Keys::new(NS, 2);
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let binary: &[u8] = b"\0\xff\xfe binary \n\r\0";
     // (id, envelope, payload expected on the list). Ids share a tag: one shard, id order.

@@ -208,8 +208,7 @@ target = "q:limited"
 rate = "20/s"
 burst = 1
 "#,
-    )
-    .on_layout_2();
+    );
     let daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = rt

@@ -83,8 +83,7 @@ name = "free"
 sink = "local"
 target = "q:free"
 "#,
-    )
-    .on_layout_2();
+    );
     let daemons = [
         Daemon::start(&config),
         Daemon::start_instance(&config),
@@ -195,8 +194,7 @@ sink = "local"
 target = "q:bounded"
 max_length = 100
 "#,
-    )
-    .on_layout_2();
+    );
     let daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
@@ -333,18 +331,6 @@ fn bad_flow_settings_are_refused_naming_the_field() {
             );
         }
     }
-
-    // On storage layout 1 (a namespace created with it) a daemon refuses to start, saying
-    // what to do.
-    let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, &route("rate = \"5/s\"")).on_layout_1();
-    let mut daemon = Daemon::spawn(&config);
-    assert!(!daemon.wait_exit(Duration::from_secs(20)).success());
-    let log = daemon.log_text();
-    assert!(
-        log.contains("need storage layout 2") && log.contains("\"r\""),
-        "{log}"
-    );
 }
 
 #[test]
@@ -465,8 +451,7 @@ target = "q:k"
 key_header = "tenant"
 key_rate = "50/s"
 "#,
-    )
-    .on_layout_2();
+    );
     let daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
@@ -622,8 +607,7 @@ key_header = "tenant"
 key_rate = "1000/s"
 key_burst = 100
 "#,
-    )
-    .on_layout_2();
+    );
     let _daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
@@ -767,8 +751,7 @@ fn a_rate_of_1000_per_s_with_burst_1_delivers_about_1000_a_second_from_a_daemon(
         &redis.url(),
         4,
         "[[routes]]\nname = \"r\"\nsink = \"local\"\ntarget = \"q:r\"\nrate = \"1000/s\"\nburst = 1\n",
-    )
-    .on_layout_2();
+    );
     let _daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = rt.block_on(Client::open(&redis.url())).expect("open");

@@ -758,7 +758,7 @@ fn a_two_phase_route_s_per_key_turns_match_their_reference_model() {
     let mut con = rt
         .block_on(Conn::connect(&crate::common::redis_config(&redis.url(), 1)))
         .expect("connect");
-    let keys = Keys::for_layout("zdelay", 4, 2);
+    let keys = Keys::new("zdelay", 4);
     let mut rng = SeededRng::new(0x5eed_2906);
     for case in 0..25 {
         let key_rate = log_uniform(&mut rng, 1.0 / 3600.0, 100_000.0);

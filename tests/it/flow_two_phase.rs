@@ -260,8 +260,7 @@ sink = "local"
 target = "q:local"
 "#
         ),
-    )
-    .on_layout_2();
+    );
     let _daemon = Daemon::start(&config);
     let slow = listen(&rt, &url, &format!("{prefix}.slow"));
     let fast = listen(&rt, &url, &format!("{prefix}.fast"));
@@ -315,8 +314,7 @@ max_length = 50
 "#,
             target.url()
         ),
-    )
-    .on_layout_2();
+    );
     let daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
@@ -420,8 +418,7 @@ target = "/{queue}"
 max_length = 20
 "#
         ),
-    )
-    .on_layout_2();
+    );
     let _daemon = Daemon::start(&config);
     let rt = crate::common::runtime();
     let client = rt.block_on(Client::open(&redis.url())).expect("open");
@@ -475,8 +472,7 @@ target = "{prefix}.bounded"
 max_length = 30
 "#
         ),
-    )
-    .on_layout_2();
+    );
     let _daemon = Daemon::start(&config);
     let got = listen(&rt, &url, &format!("{prefix}.bounded"));
     let client = rt.block_on(Client::open(&redis.url())).expect("open");

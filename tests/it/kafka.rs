@@ -488,22 +488,13 @@ fn kafka_throughput_100k() {
 }
 
 /// End to end through the daemon: jobs enqueued with the library reach a real Kafka-protocol
-/// broker with key = id and the `zdelay-id` header, confirmed (acks=all) before the ack. On a
-/// legacy layout-1 namespace (`redis.layout = 1`), which daemons deliver from until it is
-/// upgraded.
+/// broker with key = id and the `zdelay-id` header, confirmed (acks=all) before the ack.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_kafka() {
-    daemon_delivers_to_kafka(1);
+    daemon_delivers_to_kafka();
 }
 
-/// The same on storage layout 2, a new namespace's default, whose two-phase jobs wait in
-/// spread shards.
-#[test]
-fn daemon_delivers_scheduled_jobs_to_kafka_on_layout_2() {
-    daemon_delivers_to_kafka(2);
-}
-
-fn daemon_delivers_to_kafka(layout: u32) {
+fn daemon_delivers_to_kafka() {
     use crate::common::{Daemon, RedisServer, TestConfig, client, wait_all_settled_in};
     use zdelay::client::{NewJob, OnConflict};
 
@@ -525,14 +516,10 @@ sink = "kafka"
 target = "{topic}"
 "#
     );
-    let mut config = TestConfig::new(&redis.url(), 2, &extra);
-    if layout == 1 {
-        config = config.on_layout_1();
-    }
+    let config = TestConfig::new(&redis.url(), 2, &extra);
     let _daemon = Daemon::start(&config);
     let rt = common::runtime();
     let client = client(&rt, &redis.url(), 2);
-    assert_eq!(client.storage_layout(), layout);
     let mut jobs: Vec<NewJob> = (0..200)
         .map(|i| {
             NewJob::new("orders", vec![i as u8, 0, 0xff])
@@ -548,7 +535,7 @@ target = "{topic}"
         .map(|r| r.expect("enqueued").0)
         .collect();
     let mut con = redis.conn();
-    let keys = zdelay::keys::Keys::for_layout("zdelay", 2, layout);
+    let keys = zdelay::keys::Keys::new("zdelay", 2);
     wait_all_settled_in(&mut con, &keys, Duration::from_secs(60));
     let records = consume(&svc.python(), &brokers, &topic, 201);
     let mut seen = HashMap::new();
@@ -759,7 +746,7 @@ target = "{topic}"
     let mut con = redis.conn();
     wait_all_settled_in(
         &mut con,
-        &zdelay::keys::Keys::for_layout("zdelay", 1, 2),
+        &zdelay::keys::Keys::new("zdelay", 1),
         Duration::from_secs(60),
     );
     let records = consume(&own.var("PYTHON"), &brokers, &topic, -(JOBS as i64));

@@ -68,12 +68,11 @@ fn assert_exactly_once(counts: &[u32]) {
 fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
     const TOTAL: usize = 3_000;
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 4, ROUTES);
     let daemon = Daemon::start(&config);
     let rt = common::runtime();
     // A producer with no layout in its config follows the namespace.
     let lib = connect(&rt, common::redis_config(&redis.url(), 4));
-    assert_eq!(lib.storage_layout(), 2);
     let mut con = redis.conn();
 
     // Even jobs to a (generated ids), odd ones to b (user ids), due over 1.5 s in reverse
@@ -394,7 +393,7 @@ fn a_layout_2_namespace_delivers_each_route_from_its_lane() {
 fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
     use zdelay::dead::{DeadFilter, DeadSelection, ReplayOptions};
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 4, ROUTES);
     let daemon = Daemon::start(&config);
     let rt = common::runtime();
     let lib = connect(&rt, common::redis_config(&redis.url(), 4));
@@ -574,7 +573,7 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
 fn schedules_live_and_fire_in_their_destinations_lanes() {
     use zdelay::schedules::{NewSchedule, Repeat};
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 4, ROUTES);
     let daemon = Daemon::start(&config);
     let rt = common::runtime();
     let lib = connect(&rt, common::redis_config(&redis.url(), 4));
@@ -726,8 +725,7 @@ push = "rpush"
 "#,
             target.url()
         ),
-    )
-    .on_layout_2();
+    );
     let daemon = Daemon::start(&config);
     let rt = common::runtime();
     let lib = connect(&rt, common::redis_config(&redis.url(), 4));
@@ -763,7 +761,7 @@ push = "rpush"
         !spread.is_empty(),
         "no spread shard holds the two-phase jobs"
     );
-    let keys = zdelay::keys::Keys::for_layout("zdelay", 4, 2);
+    let keys = zdelay::keys::Keys::new("zdelay", 4);
     for key in &spread {
         let shard: u16 = key.rsplit(':').nth(1).unwrap()[1..].parse().unwrap();
         assert_eq!(key, &keys.due(shard));
@@ -835,7 +833,7 @@ push = "rpush"
 fn a_raw_source_delivers_on_layout_2() {
     let redis = RedisServer::start();
     let routes = format!("{ROUTES}\n[[sources]]\nkey = \"delayed:a\"\nroute = \"a\"\n");
-    let config = TestConfig::new(&redis.url(), 4, &routes).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 4, &routes);
     let daemon = Daemon::start(&config);
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
@@ -873,8 +871,8 @@ fn daemons_with_different_routes_leave_no_lane_unpolled() {
     let redis = RedisServer::start();
     // The first registers 70 lanes (numbers 0 to 69: group 0 holds lanes 0 and 64), the
     // second knows the first 64 routes only (group 0: lane 0 alone).
-    let wide = TestConfig::new(&redis.url(), 4, &routes(70)).on_layout_2();
-    let narrow = TestConfig::new(&redis.url(), 4, &routes(64)).on_layout_2();
+    let wide = TestConfig::new(&redis.url(), 4, &routes(70));
+    let narrow = TestConfig::new(&redis.url(), 4, &routes(64));
     let first = Daemon::start(&wide);
     let second = Daemon::start(&narrow);
     // Until the heartbeats have dealt the groups out, the first daemon still polls them all.
@@ -942,7 +940,7 @@ fn daemons_with_different_routes_leave_no_lane_unpolled() {
 fn a_daemon_moves_a_lane_registered_again_by_another_config() {
     use zdelay::store::{Conn, lanes};
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 4, ROUTES);
     let daemon = Daemon::start(&config);
     let rt = common::runtime();
     let lib = connect(&rt, common::redis_config(&redis.url(), 4));
@@ -987,12 +985,12 @@ fn a_daemon_moves_a_lane_registered_again_by_another_config() {
 }
 
 #[test]
-fn a_route_changing_kind_and_a_namespace_changing_layout_are_refused_by_name() {
+fn a_route_changing_kind_and_a_layout_1_namespace_are_refused_by_name() {
     let redis = RedisServer::start();
     // A route that changes between local and two-phase: its waiting jobs would stay where
     // nothing moves them, so the daemon refuses to start, naming the route.
     let target = RedisServer::start();
-    let local = TestConfig::new(&redis.url(), 4, ROUTES).on_layout_2();
+    let local = TestConfig::new(&redis.url(), 4, ROUTES);
     drop(Daemon::start(&local));
     let changed = TestConfig::new(
         &redis.url(),
@@ -1020,37 +1018,65 @@ target = "q:a"
         "{log}"
     );
 
-    // A namespace keeps its layout, both ways: one created on layout 1 (which only
-    // `redis.layout = 1` asks for now) refuses a config that says 2, and one created on 2
-    // (the default) a config that says 1.
+    // A namespace an older release left on layout 1 (its schema, one waiting job in a
+    // layout-1 shard) is refused by the daemon, the CLI and the library with one line naming
+    // `zdelay upgrade`, also while an upgrade runs; nothing is written. A config that asks
+    // for layout 1 is refused when it is read.
     let rt = common::runtime();
-    for (created, says) in [(1, 2), (2, 1)] {
-        let redis = RedisServer::start();
-        let lib = connect(
-            &rt,
-            RedisConfig {
-                layout: (created == 1).then_some(1),
-                ..common::redis_config(&redis.url(), 4)
-            },
-        );
-        assert_eq!(lib.storage_layout(), created);
-        let config = TestConfig::new(&redis.url(), 4, ROUTES);
-        let config = if says == 2 {
-            config.on_layout_2()
-        } else {
-            config.on_layout_1()
-        };
+    let redis = RedisServer::start();
+    let mut con = redis.conn();
+    let legacy = zdelay::keys::Keys::new("zdelay", 4).layout_1().shard(0);
+    let _: () = redis::pipe()
+        .hset("zdelay:schema", "layout", 1)
+        .hset("zdelay:schema", "shards", 4)
+        .zadd(&legacy.due, "old-1", 1)
+        .hset(&legacy.jobs, "old-1", "zd1:a\n0\nx")
+        .query(&mut con)
+        .unwrap();
+    let config = TestConfig::new(&redis.url(), 4, ROUTES);
+    for upgrading in [false, true] {
+        if upgrading {
+            let _: () = redis::cmd("HSET")
+                .arg("zdelay:schema")
+                .arg("upgrading")
+                .arg(2)
+                .query(&mut con)
+                .unwrap();
+        }
+        let before = common::all_keys(&mut con);
         let mut daemon = Daemon::spawn(&config);
         let status = daemon.wait_exit(Duration::from_secs(20));
         assert!(!status.success());
         let log = daemon.log_text();
+        let said = if upgrading {
+            "is being moved off storage layout 1 by zdelay upgrade"
+        } else {
+            "is on storage layout 1, which this zdelay"
+        };
         assert!(
-            log.contains(&format!(
-                "is on storage layout {created} and redis.layout says {says}"
-            )),
+            log.contains(said) && log.contains("zdelay upgrade"),
             "{log}"
         );
+        let out = config.cli(&["enqueue", "--dest", "a", "--payload", "x"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(said) && err.lines().count() == 1, "{err}");
+        let refused = rt
+            .block_on(Client::attach(&common::redis_config(&redis.url(), 4)))
+            .err()
+            .expect("refused");
+        assert!(!refused.is_retryable(), "{refused}");
+        assert!(refused.to_string().contains(said), "{refused}");
+        assert_eq!(common::all_keys(&mut con), before, "nothing written");
     }
+    let config = TestConfig::new(&redis.url(), 4, ROUTES).with_layout(1);
+    let out = config.cli(&["check-config"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("redis.layout") && err.contains("zdelay upgrade"),
+        "{err}"
+    );
 }
 
 /// On a cluster a local route's lane sits in its list's slot, so the move is one script
@@ -1067,7 +1093,7 @@ fn on_a_cluster_lanes_deliver_exactly_once_through_kill_9() {
         "{ROUTES}\n[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"m\"\nsink = \"other\"\ntarget = \"q:m\"\n",
         remote.url()
     );
-    let config = cluster.config(4, &routes).on_layout_2();
+    let config = cluster.config(4, &routes);
     assert_ne!(
         cluster.master_of("q:a"),
         cluster.master_of("q:b"),

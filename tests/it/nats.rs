@@ -578,23 +578,13 @@ async fn nats_jetstream_throughput_100k() {
 
 /// End to end through the daemon, against each NATS version: jobs enqueued with the library
 /// reach a JetStream stream with their headers and `Nats-Msg-Id`, confirmed by PubAck before
-/// the daemon acks them, and the sink reports up in `/readyz`. On a legacy layout-1 namespace
-/// (`redis.layout = 1`), which daemons deliver from until it is upgraded.
+/// the daemon acks them, and the sink reports up in `/readyz`.
 #[test]
 fn daemon_delivers_scheduled_jobs_to_jetstream() {
     let services = Services::get();
     for (kind, url) in services.nats_servers() {
-        daemon_delivers_to_jetstream(&services, kind, &url, 1);
+        daemon_delivers_to_jetstream(&services, kind, &url);
     }
-}
-
-/// The same on storage layout 2, a new namespace's default, whose two-phase jobs wait in
-/// spread shards.
-#[test]
-fn daemon_delivers_scheduled_jobs_to_jetstream_on_layout_2() {
-    let services = Services::get();
-    let (kind, url) = services.nats_servers().pop().expect("a NATS server");
-    daemon_delivers_to_jetstream(&services, kind, &url, 2);
 }
 
 /// A sink `bus` on the NATS server at `url` and a route `events` to `<prefix>.due`; jobs may
@@ -615,7 +605,7 @@ target = "{prefix}.due"
     )
 }
 
-fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layout: u32) {
+fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str) {
     use crate::common::{Daemon, RedisServer, TestConfig};
     use zdelay::client::{NewJob, OnConflict};
 
@@ -624,14 +614,9 @@ fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layo
     rt.block_on(crate::common::nats_version(kind, &url));
     let (js, stream, prefix) = rt.block_on(make_stream(&url));
     let redis = RedisServer::start();
-    let mut config = TestConfig::new(&redis.url(), 2, &events_route(&url, &prefix));
-    if layout == 1 {
-        config = config.on_layout_1();
-    }
+    let config = TestConfig::new(&redis.url(), 2, &events_route(&url, &prefix));
     let daemon = Daemon::start(&config);
-    // A client without a layout of its own follows the namespace.
     let client = crate::common::client(&rt, &redis.url(), 2);
-    assert_eq!(client.storage_layout(), layout);
     let mut jobs: Vec<NewJob> = (0..300)
         .map(|i| {
             NewJob::new("events", binary_payload(i))
@@ -683,7 +668,7 @@ fn daemon_delivers_to_jetstream(services: &Services, kind: &str, url: &str, layo
         }
     }
     let mut con = redis.conn();
-    let keys = zdelay::keys::Keys::for_layout("zdelay", 2, layout);
+    let keys = zdelay::keys::Keys::new("zdelay", 2);
     crate::common::wait_all_settled_in(&mut con, &keys, Duration::from_secs(10));
     // The health check passes on this version too (2.9's account info once kept it down).
     crate::common::wait_for(

@@ -115,7 +115,7 @@ fn a_producer_reads_the_shard_count_from_the_namespace_and_never_creates_it() {
     rt.block_on(producer.enqueue(later, OnConflict::Replace))
         .expect("enqueue");
     // CRC-16 of "user-42" is 63,739: shard 9 of 10; its key slot 14,587 would say 7.
-    let spread = zdelay::keys::Keys::for_layout("zdelay", 10, 2);
+    let spread = zdelay::keys::Keys::new("zdelay", 10);
     let in_shard = |s: u16| -> bool {
         redis::cmd("HEXISTS")
             .arg(spread.jobs(s))

@@ -218,7 +218,7 @@ fn producers_before_any_daemon(
 fn producers_given_the_config_register_lanes_before_any_daemon() {
     let redis = RedisServer::start();
     let remote = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, &routes(&remote.url())).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 4, &routes(&remote.url()));
     producers_before_any_daemon(&config, &mut redis.conn(), &mut remote.conn());
 }
 
@@ -226,7 +226,7 @@ fn producers_given_the_config_register_lanes_before_any_daemon() {
 fn producers_given_the_config_register_lanes_before_any_daemon_on_a_cluster() {
     let cluster = RedisCluster::start();
     let remote = RedisServer::start();
-    let config = cluster.config(4, &routes(&remote.url())).on_layout_2();
+    let config = cluster.config(4, &routes(&remote.url()));
     producers_before_any_daemon(&config, &mut cluster.conn(), &mut remote.conn());
 }
 
@@ -247,7 +247,7 @@ fn racing_registrations(con: &mut dyn redis::ConnectionLike, config: impl Fn(&st
                 "\n[[routes]]\nname = \"{route}\"\nsink = \"local\"\ntarget = \"{list}\"\npush = \"rpush\"\n"
             ));
         }
-        let config = config(&extra).on_layout_2();
+        let config = config(&extra);
         let body = std::fs::read_to_string(&config.path).expect("config");
         std::fs::write(
             &config.path,
@@ -334,9 +334,7 @@ fn a_producer_without_the_config_gets_a_retryable_error_and_writes_nothing() {
     // The namespace exists and route a has its lane (a daemon whose config has route a only
     // made both).
     let only_a = "[[routes]]\nname = \"a\"\nsink = \"local\"\ntarget = \"q:a\"\n";
-    drop(Daemon::start(
-        &TestConfig::new(&redis.url(), 4, only_a).on_layout_2(),
-    ));
+    drop(Daemon::start(&TestConfig::new(&redis.url(), 4, only_a)));
     let mut con = redis.conn();
     let before = (common::all_keys(&mut con), registry(&mut con));
     let rt = common::runtime();
@@ -403,7 +401,7 @@ fn a_producer_without_the_config_gets_a_retryable_error_and_writes_nothing() {
 fn a_producer_whose_config_disagrees_with_the_registry_is_refused() {
     let redis = RedisServer::start();
     let remote = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, &routes(&remote.url())).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 4, &routes(&remote.url()));
     drop(Daemon::start(&config));
     let changed = TestConfig::new(
         &redis.url(),
@@ -420,8 +418,7 @@ name = "m"
 sink = "local"
 target = "q:m"
 "#,
-    )
-    .on_layout_2();
+    );
     let mut con = redis.conn();
     let before = (common::all_keys(&mut con), registry(&mut con));
     for (dest, registered, says) in [
@@ -459,7 +456,7 @@ fn a_producers_registration_of_a_route_registered_otherwise_writes_nothing() {
     use zdelay::routes::{LaneRoute, LocalRoute};
     let redis = RedisServer::start();
     let remote = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, &routes(&remote.url())).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 4, &routes(&remote.url()));
     for dest in ["a", "m"] {
         cli_ok(
             &config,
@@ -530,15 +527,13 @@ fn a_producer_whose_user_may_not_register_is_told_what_to_grant() {
     let redis = RedisServer::start_with(&args);
     // A daemon whose config has route a only has run (with the default user's rights).
     let only_a = "[[routes]]\nname = \"a\"\nsink = \"local\"\ntarget = \"q:a\"\n";
-    drop(Daemon::start(
-        &TestConfig::new(&redis.url(), 4, only_a).on_layout_2(),
-    ));
+    drop(Daemon::start(&TestConfig::new(&redis.url(), 4, only_a)));
     let producer_url = redis
         .url()
         .replacen("redis://", "redis://producer:producer-secret@", 1);
     let with_n =
         format!("{only_a}\n[[routes]]\nname = \"n\"\nsink = \"local\"\ntarget = \"q:n\"\n");
-    let producer = TestConfig::new(&producer_url, 4, &with_n).on_layout_2();
+    let producer = TestConfig::new(&producer_url, 4, &with_n);
     let mut con = redis.conn();
     let before = (common::all_keys(&mut con), registry(&mut con));
     let out = producer.cli(&["enqueue", "--dest", "n", "--payload", "x"]);

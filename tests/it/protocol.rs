@@ -266,7 +266,7 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
     use zdelay::keys::{LaneKeys, slot_tag};
 
     let cluster = RedisCluster::start();
-    let config = cluster.config(4, ROUTES).on_layout_2();
+    let config = cluster.config(4, ROUTES);
     let _daemon = Daemon::start(&config);
     let mut con = cluster.conn();
 

@@ -269,7 +269,7 @@ fn relocates_every_job_once_never_early(
 #[test]
 fn a_route_whose_list_moves_slot_keeps_every_job_through_a_kill_9() {
     let redis = RedisServer::start();
-    let config = |list: &str| TestConfig::new(&redis.url(), 4, &route(list)).on_layout_2();
+    let config = |list: &str| TestConfig::new(&redis.url(), 4, &route(list));
     relocates_every_job_once_never_early(
         &config("q:a"),
         &config("q:b"),
@@ -283,7 +283,7 @@ fn a_route_whose_list_moves_slot_keeps_every_job_through_a_kill_9() {
 #[test]
 fn on_a_cluster_a_route_whose_list_moves_slot_keeps_every_job_through_a_kill_9() {
     let cluster = RedisCluster::start();
-    let config = |list: &str| cluster.config(4, &route(list)).on_layout_2();
+    let config = |list: &str| cluster.config(4, &route(list));
     assert_ne!(
         cluster.master_of("q:a"),
         cluster.master_of("q:b"),

@@ -80,11 +80,10 @@ fn reshard_online(place: Place) {
     rt.block_on(crate::common::nats_version(kind, &nats_url));
     let (js, stream, prefix) = rt.block_on(crate::nats::make_stream(&nats_url));
     let remote = RedisServer::start();
-    let config = place
-        .config(
-            16,
-            &format!(
-                r#"
+    let config = place.config(
+        16,
+        &format!(
+            r#"
 [poller]
 idle_poll = "50ms"
 
@@ -107,15 +106,13 @@ sink = "other"
 target = "q:r"
 push = "rpush"
 "#,
-                remote = remote.url()
-            ),
-        )
-        .on_layout_2();
+            remote = remote.url()
+        ),
+    );
     let daemon = Daemon::start(&config);
     let lib = rt
         .block_on(Client::connect(&place.redis_config(16)))
         .expect("library client");
-    assert_eq!(lib.storage_layout(), 2);
     let mut con = place.conn();
     let now = redis_now_ms_any(&mut *con);
 
@@ -462,7 +459,7 @@ push = "rpush"
     // The old counts' spread shards hold nothing (their markers stay, fencing stale
     // processes).
     for old in [16, 4] {
-        let keys = zdelay::keys::Keys::for_layout("zdelay", old, 2);
+        let keys = zdelay::keys::Keys::new("zdelay", old);
         for shard in 0..old {
             let k = keys.shard(shard);
             for key in [
@@ -518,8 +515,7 @@ impl RemoteRoute {
                 "{extra}[sinks.other]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"r\"\nsink = \"other\"\ntarget = \"q:r\"\n",
                 remote.url()
             ),
-        )
-        .on_layout_2();
+        );
         let daemon = Daemon::start(&config);
         let rt = crate::common::runtime();
         let lib = rt
@@ -589,7 +585,7 @@ fn lookups_by_id_wait_while_a_held_reshard_has_not_moved_the_job() {
             OnConflict::Error,
         ))
         .expect("an enqueue follows the new count");
-    let new_keys = zdelay::keys::Keys::for_layout("zdelay", 8, 2);
+    let new_keys = zdelay::keys::Keys::new("zdelay", 8);
     let mut con = redis.conn();
     let in_new: bool = redis::cmd("HEXISTS")
         .arg(new_keys.jobs(new_keys.shard_of(&id)))
@@ -700,7 +696,7 @@ fn a_killed_online_reshard_runs_again_to_the_end_with_each_job_delivered_once() 
         crate::common::llen(&mut far, "q:r") >= JOBS
     });
     // Every job settled: nothing is left to deliver twice.
-    let keys = zdelay::keys::Keys::for_layout("zdelay", 7, 2);
+    let keys = zdelay::keys::Keys::new("zdelay", 7);
     crate::common::wait_all_settled_in(&mut con, &keys, Duration::from_secs(20));
     let mut seen = vec![0u32; JOBS];
     for item in lrange(&mut far, "q:r") {

@@ -61,7 +61,7 @@ fn park(config: &TestConfig) {
     let client = client(&rt, &cfg.redis.url, SHARDS);
     let mut ctx = PollerContext::new(client.connection(), &cfg, Default::default());
     // Storage layout 2: the two-phase jobs are in the spread shards.
-    ctx.on_layout_2(2, client.keys(), Vec::new());
+    ctx.with_lanes(client.keys(), Vec::new());
     for shard in 0..SHARDS {
         loop {
             let reply = rt
@@ -76,7 +76,7 @@ fn park(config: &TestConfig) {
 
 /// The spread shards' keys (storage layout 2), where two-phase jobs wait.
 fn spread_keys() -> zdelay::keys::Keys {
-    zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2)
+    zdelay::keys::Keys::new("zdelay", SHARDS)
 }
 
 /// Jobs waiting in the ready sets for `sink`.

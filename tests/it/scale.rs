@@ -451,7 +451,7 @@ fn an_instance_stalled_past_its_lease_delivers_nothing_twice_locally_and_is_fenc
 
 /// Each master and the spread shards it serves.
 fn shard_masters(cluster: &RedisCluster) -> BTreeMap<u16, BTreeSet<u16>> {
-    let keys = zdelay::keys::Keys::for_layout("zdelay", CLUSTER_SHARDS, 2);
+    let keys = zdelay::keys::Keys::new("zdelay", CLUSTER_SHARDS);
     let mut by_master: BTreeMap<u16, BTreeSet<u16>> = BTreeMap::new();
     for s in 0..CLUSTER_SHARDS {
         by_master
@@ -631,7 +631,7 @@ push = "rpush"
             target.url()
         ),
     );
-    let keys = zdelay::keys::Keys::for_layout("zdelay", CLUSTER_SHARDS, 2);
+    let keys = zdelay::keys::Keys::new("zdelay", CLUSTER_SHARDS);
     let by_master = shard_masters(&cluster);
     // Hang a master that holds spread shards but neither the schema (start-up reads it), the
     // daemons' registry nor the lane registry.
@@ -1003,7 +1003,7 @@ fn an_idle_layout_2_daemon_with_1000_route_lanes_polls_like_16_targets() {
             "\n[[routes]]\nname = \"r{i}\"\nsink = \"local\"\ntarget = \"q:{i}\"\n"
         ));
     }
-    let config = TestConfig::new(&redis.url(), 16, &extra).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 16, &extra);
     let daemon = Daemon::start(&config);
     wait_confirmed(&daemon, &["shards"], 1.0, Duration::from_secs(30));
     // Every lane finishes the short sleep it was in (idle_poll_max is 5 s) and starts a long one.

@@ -716,7 +716,7 @@ impl Race {
             &config.load(),
             Default::default(),
         );
-        ctx.on_layout_2(2, lib.keys(), lanes);
+        ctx.with_lanes(lib.keys(), lanes);
         Race {
             redis,
             config,

@@ -154,7 +154,7 @@ fn new_origin(flags: &str) -> (String, String, String) {
 
 /// Waits until every two-phase job (kept in the spread shards) was settled.
 fn wait_spread_settled(con: &mut redis::Connection) {
-    let spread = zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2);
+    let spread = zdelay::keys::Keys::new("zdelay", SHARDS);
     wait_all_settled_in(con, &spread, Duration::from_secs(30));
 }
 

@@ -406,7 +406,7 @@ fn a_long_outage_parks_the_backlog_without_churn_and_delivers_it_all() {
         (0..SHARDS)
             .map(|s| {
                 redis::cmd("ZCARD")
-                    .arg(zdelay::keys::Keys::for_layout("zdelay", SHARDS, 2).ready(s))
+                    .arg(zdelay::keys::Keys::new("zdelay", SHARDS).ready(s))
                     .query::<usize>(con)
                     .expect("ZCARD ready")
             })

@@ -63,11 +63,7 @@ target = "q:there"
         remote.url()
     );
     let config = TestConfig::new(&redis.url(), 4, &extra);
-    if layout_2 {
-        config.on_layout_2()
-    } else {
-        config
-    }
+    if layout_2 { config } else { config }
 }
 
 fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, job: NewJob) -> Enqueued {
@@ -298,7 +294,7 @@ name = "gone"
 sink = "local"
 target = "q:gone"
 "#;
-    let config = TestConfig::new(&redis.url(), 4, two_routes).on_layout_2();
+    let config = TestConfig::new(&redis.url(), 4, two_routes);
     drop(Daemon::start(&config));
     let mut con = redis.conn();
     let entry: String = redis::cmd("HGET")
@@ -308,7 +304,7 @@ target = "q:gone"
         .expect("the route's lane is registered");
     let slot: u16 = entry.split(' ').nth(2).unwrap().parse().unwrap();
     let lane_windows = LaneKeys::new("zdelay", slot_tag(slot), "gone").windows;
-    let shard_windows = Keys::for_layout("zdelay", 4, 2).shard(3).windows;
+    let shard_windows = Keys::new("zdelay", 4).shard(3).windows;
     let now = redis_now_ms(&mut con);
     for key in [&lane_windows, &shard_windows] {
         let mut zadd = redis::cmd("ZADD");
@@ -320,7 +316,7 @@ target = "q:gone"
     }
 
     let (here, _gone) = two_routes.split_at(two_routes.rfind("[[routes]]").unwrap());
-    let only_here = TestConfig::new(&redis.url(), 4, here).on_layout_2();
+    let only_here = TestConfig::new(&redis.url(), 4, here);
     let _daemon = Daemon::start(&only_here);
     for key in [&lane_windows, &shard_windows] {
         wait_for(

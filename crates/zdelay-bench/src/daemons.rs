@@ -155,10 +155,7 @@ impl Daemons {
             admins: Vec::new(),
             dir,
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
-            layout: config
-                .redis
-                .layout
-                .unwrap_or(zdelay_core::keys::NEWEST_LAYOUT),
+            layout: zdelay_core::keys::LAYOUT,
             per_shard: config.poller.per_shard,
             heartbeat: config.poller.slot_lease / 5,
             grace: config.poller.shutdown_grace,

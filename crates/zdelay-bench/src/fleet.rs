@@ -31,7 +31,7 @@ use anyhow::{Context, bail, ensure};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use zdelay_core::config::{Config, RedisConfig};
-use zdelay_core::routes::{Resolved, Routes};
+
 use zdelay_core::store;
 
 /// Where drain jobs wait while they load: 2^42 ms after the epoch (year 2109).
@@ -48,18 +48,9 @@ pub(super) fn rescore_weight(t_ms: i64) -> f64 {
     t_ms as f64 / PARKED_DUE_MS as f64
 }
 
-/// How jobs of the bench route reach the list with this config.
-pub(super) fn delivery(config: &Config) -> &'static str {
-    if config.redis.layout == Some(2) {
-        return "exactly once: pushed by move_lane in the list's slot (storage layout 2, route lane)";
-    }
-    match Routes::from_config(config).resolve(ROUTE) {
-        Ok(Resolved::Local(_)) => "exactly once: pushed by move_due inside the shard's script",
-        _ => {
-            "at least once: the list is in another cluster slot than the shards, so jobs go \
-             two-phase through the local sink (queued by move_due, claimed, pushed, settled)"
-        }
-    }
+/// How jobs of the bench route reach the list.
+pub(super) fn delivery(_config: &Config) -> &'static str {
+    "exactly once: pushed by move_lane in the list's slot (route lane)"
 }
 
 /// What the bench cannot measure in this set-up.
@@ -281,10 +272,8 @@ async fn drain(
     .await?;
     daemons.check_running()?;
     let loadavg_start = read_first_line("/proc/loadavg");
-    let largest = match env.config.redis.layout {
-        Some(2) => n as i64,
-        _ => n as i64 / env.scratch.keys.shards() as i64,
-    };
+    // The route's lane holds them all.
+    let largest = n as i64;
     let lead_ms = DRAIN_LEAD_MS + largest * RESCORE_US_PER_JOB / 1000;
     let t_ms = store::server_time_ms(&mut env.con).await? + lead_ms;
     rescore(env, t_ms).await?;

@@ -183,14 +183,6 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         args.duration.is_none_or(|d| !d.is_zero()),
         "--duration must be > 0"
     );
-    ensure!(
-        config.redis.layout != Some(2)
-            || args.daemons.is_some()
-            || args.route.is_some()
-            || matches!(args.mode, Mode::Lane | Mode::Flow | Mode::Idle),
-        "redis.layout = 2 is measured with --daemons N or --mode idle (the in-process modes \
-         poll layout-1 shards)"
-    );
     let shards = args.shards.unwrap_or(config.redis.shards);
     ensure!(shards > 0, "--shards must be > 0");
     let cluster = !config.redis.cluster_nodes.is_empty();
@@ -215,19 +207,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     let scratch = Scratch::new(&args.namespace, shards);
-    let mut config = bench_config(config, &scratch, &args.namespace, shards);
-    // The scratch namespace is made afresh: on layout 2, as any new one, but for the
-    // in-process modes, which drive layout 1's shard scripts (those the spread shards run too).
-    let in_process_shards = args.daemons.is_none()
-        && args.route.is_none()
-        && !matches!(args.mode, Mode::Lane | Mode::Flow | Mode::Idle);
-    if config.redis.layout.is_none() {
-        config.redis.layout = Some(if in_process_shards {
-            zdelay_core::keys::LEGACY_LAYOUT
-        } else {
-            zdelay_core::keys::NEWEST_LAYOUT
-        });
-    }
+    let config = bench_config(config, &scratch, &args.namespace, shards);
     let redis_cfg = config.redis.clone();
     let redis = store::client(&redis_cfg)?;
     let mut con = Conn::connect(&redis_cfg).await?;

@@ -81,14 +81,8 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
         .producer
         .clone()
         .with_routes(zdelay_core::routes::Routes::from_config(&env.config));
-    let layout = producer.storage_layout();
-    let keys = if layout >= 2 {
-        let spread = env.scratch.spread();
-        ctx.on_layout_2(layout, spread.clone(), Vec::new());
-        spread
-    } else {
-        env.scratch.keys.clone()
-    };
+    let keys = env.scratch.spread();
+    ctx.with_lanes(keys.clone(), Vec::new());
     load_envelopes_to(
         &producer,
         route,

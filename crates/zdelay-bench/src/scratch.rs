@@ -44,7 +44,7 @@ impl Scratch {
 
     /// The namespace's spread shards (storage layout 2).
     pub(super) fn spread(&self) -> Keys {
-        Keys::for_layout(self.keys.namespace(), self.keys.shards(), 2)
+        Keys::new(self.keys.namespace(), self.keys.shards())
     }
 
     /// Every scratch key that holds data (not the schema hash).

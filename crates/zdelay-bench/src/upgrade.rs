@@ -31,7 +31,7 @@ pub(super) async fn upgrade(env: &mut Env) -> anyhow::Result<UpgradeBench> {
     )
     .await?;
     let keys = env.scratch.keys.clone();
-    zdelay::app::register_lanes(&mut env.con, &env.config, &keys, 2).await?;
+    zdelay::app::register_lanes(&mut env.con, &env.config, &keys).await?;
     let registry = lanes::read_registry(&mut env.con, &keys).await?;
 
     status(&format!(
@@ -89,7 +89,7 @@ pub(super) async fn upgrade(env: &mut Env) -> anyhow::Result<UpgradeBench> {
         .arg(&lane.keys.due)
         .query_async(&mut env.con)
         .await?;
-    let legacy = Keys::new(keys.namespace(), keys.shards());
+    let legacy = Keys::new(keys.namespace(), keys.shards()).layout_1();
     let mut left = 0u64;
     for shard in 0..legacy.shards() {
         left += redis::cmd("ZCARD")

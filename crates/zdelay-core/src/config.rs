@@ -709,14 +709,12 @@ pub struct RedisConfig {
     /// with `zdelay reshard --to N`.
     #[schemars(range(min = 1, max = 16384))]
     pub shards: u16,
-    /// Storage layout of a new namespace. Leave it unset: a new namespace gets layout 2 (route
-    /// lanes: each local route's jobs, dead letters and schedules in the hash slot of its
-    /// list, exactly once on a Redis Cluster too; two-phase routes in spread shards), and an
-    /// existing one keeps the layout it records until `zdelay upgrade` moves it to 2. A value
-    /// set here must match the namespace's. `1` creates a new namespace on the legacy layout
-    /// 1, which later versions read only to upgrade it. Default: unset.
+    /// No longer a setting: every namespace is on route lanes (storage layout 2), and a new
+    /// one is created on them. `2` is accepted and changes nothing; `1` is refused (this
+    /// zdelay neither creates nor serves layout 1: `zdelay upgrade` moves an existing layout-1
+    /// namespace). Default: unset.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 2))]
+    #[schemars(range(min = 2, max = 2))]
     pub layout: Option<u32>,
 }
 
@@ -2028,13 +2026,22 @@ impl Config {
         if r.shards == 0 || r.shards > MAX_SHARDS {
             return Err(invalid("redis.shards", "must be 1..=16384"));
         }
-        if let Some(layout) = r.layout
-            && !(1..=crate::keys::NEWEST_LAYOUT).contains(&layout)
-        {
-            return Err(invalid(
-                "redis.layout",
-                format!("must be 1 or 2, not {layout}"),
-            ));
+        match r.layout {
+            None | Some(crate::keys::LAYOUT) => {}
+            Some(1) => {
+                return Err(invalid(
+                    "redis.layout",
+                    "storage layout 1 is no longer created or served: remove the setting (a new \
+                     namespace is on route lanes); an existing layout-1 namespace is moved by \
+                     zdelay upgrade",
+                ));
+            }
+            Some(other) => {
+                return Err(invalid(
+                    "redis.layout",
+                    format!("is no longer a setting (every namespace is on layout 2), not {other}"),
+                ));
+            }
         }
         for (i, node) in r.cluster_nodes.iter().enumerate() {
             if !node.starts_with("redis://") && !node.starts_with("rediss://") {

@@ -8,12 +8,13 @@
 
 use crc::{CRC_16_XMODEM, Crc};
 
-/// Storage layout 1: every job in one of the namespace's shards. A new namespace gets it only
-/// when `redis.layout = 1` asks; `zdelay upgrade` moves one to [`NEWEST_LAYOUT`].
+/// Storage layout 1: every job in one of the namespace's shards. Only `zdelay upgrade` reads
+/// it, to move a namespace to [`LAYOUT`]; everything else refuses it.
 pub const LEGACY_LAYOUT: u32 = 1;
 
-/// The newest storage layout, and the one a new namespace gets: route lanes (see `lane`).
-pub const NEWEST_LAYOUT: u32 = 2;
+/// The storage layout this build runs and creates: route lanes for local routes, spread
+/// shards for two-phase ones.
+pub const LAYOUT: u32 = 2;
 
 const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_XMODEM);
 
@@ -22,9 +23,10 @@ const CRC16: Crc<u16> = Crc::<u16>::new(&CRC_16_XMODEM);
 pub struct Keys {
     namespace: String,
     shards: u16,
-    /// Storage layout 2: the shards are *spread shards*, each at the middle slot of its
-    /// share of the slot range ([`spread_slot`]), keyed `<ns>:{<tag>}:s<k>:<kind>`; they hold
-    /// the two-phase jobs (local routes have route lanes).
+    /// The shards are *spread shards*, each at the middle slot of its share of the slot range
+    /// ([`spread_slot`]), keyed `<ns>:{<tag>}:s<k>:<kind>`; they hold the two-phase jobs
+    /// (local routes have route lanes). `false` only for a layout-1 namespace's shards
+    /// ([`Keys::layout_1`]), which `zdelay upgrade` empties and the fences mark.
     spread: bool,
 }
 
@@ -33,16 +35,14 @@ impl Keys {
         Keys {
             namespace: namespace.to_owned(),
             shards,
-            spread: false,
+            spread: true,
         }
     }
 
-    /// The keys of a namespace on storage layout `layout`: spread shards on layout 2.
-    pub fn for_layout(namespace: &str, shards: u16, layout: u32) -> Self {
-        Keys {
-            spread: layout >= 2,
-            ..Keys::new(namespace, shards)
-        }
+    /// Transitional name of [`Keys::new`].
+    #[doc(hidden)]
+    pub fn for_layout(namespace: &str, shards: u16, _layout: u32) -> Self {
+        Keys::new(namespace, shards)
     }
 
     /// The same namespace and layout with another shard count.
@@ -53,8 +53,8 @@ impl Keys {
         }
     }
 
-    /// The layout-1 shards of this namespace (which a layout-2 namespace marks so that
-    /// layout-1 calls are refused there).
+    /// The layout-1 shards of this namespace: what `zdelay upgrade` moves from, and what a
+    /// layout-2 namespace marks so that an older build's layout-1 calls are refused there.
     pub fn layout_1(&self) -> Self {
         Keys {
             spread: false,
@@ -684,7 +684,7 @@ mod tests {
         assert_eq!(spread_slot(0, 16), 512);
         assert_eq!(spread_slot(15, 16), 15872);
         assert_eq!(spread_slot(0, 1), 8192);
-        let k = Keys::for_layout("zdelay", 16, 2);
+        let k = Keys::new("zdelay", 16);
         assert_eq!(k.layout_1().due(3), "{zdelay:3}:due");
         for shard in 0..16 {
             let due = k.due(shard);

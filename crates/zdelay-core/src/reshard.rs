@@ -1,48 +1,17 @@
-//! Resharding: moving a live namespace's envelope jobs to another shard count
-//! (`zdelay reshard --to N`), without loss or duplicates, on one Redis or a Redis Cluster.
-//! This is storage layout 1's, frozen; layout 2's spread shards move online
-//! ([`crate::reshard_spread`], the command's entry, which reuses the helpers here).
-//!
-//! A job's shard is `crc16(id) % shards`, so a new count moves most ids to another shard, and
-//! on a cluster the old and the new shard live in different slots: a job's move cannot be one
-//! atomic script. So the namespace is first **frozen**, then every step is idempotent:
-//!
-//! 1. Checks: no daemon is registered live in `{ns}:instances` (daemons must be stopped: they
-//!    are named), `--to` is in range, no other reshard is unfinished, and shards the
-//!    namespace does not have yet hold no data.
-//! 2. Freeze: `<ns>:schema` gets `migrating = "<from> <to>"` (clients and daemons that connect
-//!    now refuse with a retryable error), then the layout marker of every shard below
-//!    `max(from, to)` becomes `"migrating <from> <to>"`: from then on every script that writes
-//!    a shard for a producer, an operator or a daemon refuses (`ZDELAY_MIGRATING`) before
-//!    writing anything, so the jobs stay still. The job counts are taken and stored in the
-//!    schema (`migrating_counts`).
-//! 3. Move, old shard by old shard (a few at once): scan each key of the shard for ids whose
-//!    shard under the new count is another one; read everything the shard holds about them
-//!    (`reshard_take`), write it into the new shard (`reshard_put`, overwriting), then delete
-//!    it from the old one (`reshard_drop`). Copy before delete, so a crash between the two
-//!    leaves a job in both places, identical, and the next run copies it again (same values)
-//!    and deletes it. A shard is done when a whole pass finds nothing to move.
-//!    Jobs keep every piece of state as it was: due score, envelope, lease deadline of a job
-//!    in flight (which lapses, and the next daemon's `move_due` makes it due again, keeping
-//!    its scheduled due and so its idempotency key `<id>:<due>`), place in the ready set,
-//!    death time and reason, and the history of earlier deaths (which outlives the job's
-//!    death: a replayed job keeps it while it waits, so history is scanned for ids too).
-//! 4. Verify: the counts over the new shards equal the stored ones, and the shards the new
-//!    count drops hold nothing. A mismatch stops here, still frozen, with both counts.
-//! 5. Finish: every marker below `max(from, to)` becomes `to` (retired shards too, so a stale
-//!    process that writes there is refused), then the schema says `shards = to` and loses
-//!    `migrating`.
-//!
-//! Running it again after a crash anywhere resumes (the schema says which reshard is
-//! unfinished) and finishes it. Nothing here prints: progress goes to a callback.
+//! What moving stored jobs between shards needs, shared by `zdelay reshard` (the spread
+//! shards get another count online: [`crate::reshard_spread`], the command's entry) and
+//! `zdelay upgrade` ([`crate::upgrade`]): the options, counts, progress and errors of a run,
+//! the live daemons, the counts per shard, paging through a shard's ids, and taking a job's
+//! whole state out of a shard (`reshard_take`) to write it elsewhere before it is dropped
+//! there (copy before delete, so a crash leaves a job in both places, identical, and the next
+//! run finishes the move). Nothing here prints: progress goes to a callback.
 
 use crate::config::MAX_SHARDS;
-use crate::keys::{Keys, LEGACY_LAYOUT};
-use crate::store::scripts::{self, PutMode, ScanKind, StoredJob};
-use crate::store::{self, Conn, Layout, StoreError};
+use crate::keys::Keys;
+use crate::store::scripts::{self, ScanKind, StoredJob};
+use crate::store::{self, Conn, StoreError};
 use futures::{StreamExt, TryStreamExt};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::Instant;
 
 /// Ids per `reshard_take` / `reshard_drop` call.
 pub const DEFAULT_BATCH: usize = 500;
@@ -451,183 +420,6 @@ fn daemons_text(namespace: &str, daemons: &[Daemon]) -> String {
     )
 }
 
-/// Reshards `namespace` to `opts.to` shards (see the module's documentation), or with
-/// `opts.dry_run` says what it would do.
-pub async fn reshard(
-    con: &Conn,
-    namespace: &str,
-    opts: &Options,
-    progress: &(dyn Fn(Progress) + Send + Sync),
-) -> Result<Outcome, ReshardError> {
-    let started = Instant::now();
-    let mut con = con.clone();
-    let to = opts.to;
-    if to == 0 || to > MAX_SHARDS {
-        return Err(ReshardError::OutOfRange(to.into()));
-    }
-    let probe = Keys::new(namespace, 1);
-    let schema = store::read_schema(&mut con, &probe).await?;
-    let (Some(layout), Some(shards)) = (&schema.layout, schema.shards) else {
-        return Err(ReshardError::NoSchema(namespace.to_owned()));
-    };
-    if *layout != LEGACY_LAYOUT.to_string() {
-        // Layout 2's spread shards move online: `reshard_spread`, which runs this for layout 1.
-        return Err(StoreError::Unsupported(format!(
-            "{} says layout {layout}: this moves layout-{LEGACY_LAYOUT} shards only",
-            probe.schema()
-        ))
-        .into());
-    }
-    let (from, resumed) = match run_of(namespace, shards, to, schema.migrating)? {
-        Ok(run) => run,
-        Err(done) => return Ok(done),
-    };
-    let old = Keys::new(namespace, from);
-    let new = Keys::new(namespace, to);
-    // Every shard either layout has: where jobs may be, and what gets a marker.
-    let span = from.max(to);
-    let daemons = live_daemons(&mut con, &probe).await?;
-    if !resumed {
-        // Shards the namespace does not have yet must be empty: what they hold would be
-        // taken for jobs of the new layout.
-        for shard in from..to {
-            let keys = held_keys(&con, &new, shard).await?;
-            if !keys.is_empty() {
-                return Err(ReshardError::StrayData {
-                    namespace: namespace.to_owned(),
-                    shards: from,
-                    shard,
-                    keys,
-                });
-            }
-        }
-    }
-    if opts.dry_run {
-        let counts = match (&schema.migrating_counts, resumed) {
-            (Some(c), true) => Counts::decode(c).unwrap_or_default(),
-            _ => count(&con, &old, 0..span).await?,
-        };
-        let to_move = count_misplaced(&con, &new, from).await?;
-        return Ok(Outcome::DryRun(Plan {
-            namespace: namespace.to_owned(),
-            from,
-            to,
-            resume: resumed,
-            counts,
-            to_move,
-            daemons,
-            online: false,
-        }));
-    }
-    if !daemons.is_empty() {
-        return Err(ReshardError::DaemonsRunning {
-            namespace: namespace.to_owned(),
-            daemons,
-        });
-    }
-    progress(Progress::Start { from, to, resumed });
-
-    // Freeze.
-    let migrating = Layout::Migrating { from, to };
-    let marker = migrating.marker();
-    if !resumed {
-        let set: bool = redis::cmd("HSETNX")
-            .arg(probe.schema())
-            .arg("migrating")
-            .arg(format!("{from} {to}"))
-            .query_async(&mut con)
-            .await?;
-        if !set {
-            return Err(ReshardError::MarkerChanged(
-                "another reshard froze the namespace meanwhile".into(),
-            ));
-        }
-    }
-    set_markers(&con, &new, span, &marker).await?;
-    let late = live_daemons(&mut con, &probe).await?;
-    if !late.is_empty() {
-        progress(Progress::Warning(format!(
-            "{}; their scripts are refused from now on, so they stop on their own",
-            daemons_text(namespace, &late)
-        )));
-    }
-    let before = match schema.migrating_counts.as_deref().map(Counts::decode) {
-        Some(Some(counts)) if resumed => counts,
-        _ => {
-            // Nothing has moved yet: moving starts only once the counts are stored.
-            let counts = count(&con, &old, 0..span).await?;
-            let _: () = redis::cmd("HSET")
-                .arg(probe.schema())
-                .arg("migrating_counts")
-                .arg(counts.encode())
-                .query_async(&mut con)
-                .await?;
-            counts
-        }
-    };
-    progress(Progress::Frozen { counts: before });
-
-    // Move.
-    let moved_total = std::sync::atomic::AtomicU64::new(0);
-    let mover = Mover {
-        con: &con,
-        new: &new,
-        marker: &marker,
-        batch: opts.batch.clamp(1, MAX_BATCH),
-        progress,
-        moved_total: &moved_total,
-    };
-    // Only the old shards can hold misplaced jobs: a shard the namespace did not have held
-    // nothing at the freeze (checked above), and `reshard_put` writes each job into its own.
-    let moved: u64 = futures::stream::iter(0..from)
-        .map(|shard| mover.drain(shard))
-        .buffer_unordered(opts.concurrency.max(1))
-        .try_fold(0, |total, moved| async move { Ok(total + moved) })
-        .await?;
-
-    // Verify.
-    let after = count(&con, &new, 0..to).await?;
-    for shard in to..from {
-        let keys = held_keys(&con, &new, shard).await?;
-        if !keys.is_empty() {
-            return Err(ReshardError::RetiredNotEmpty { to, shard, keys });
-        }
-    }
-    if after != before {
-        return Err(ReshardError::CountMismatch { to, before, after });
-    }
-    progress(Progress::Verified { counts: after });
-
-    // Finish: markers first (a stale process is refused everywhere), then the schema.
-    set_markers(&con, &new, span, &Layout::Shards(to).marker()).await?;
-    progress(Progress::Finishing);
-    let _: () = redis::cmd("HSET")
-        .arg(probe.schema())
-        .arg("shards")
-        .arg(to)
-        .query_async(&mut con)
-        .await?;
-    let _: () = redis::cmd("HDEL")
-        .arg(probe.schema())
-        .arg("migrating")
-        .arg("migrating_counts")
-        .query_async(&mut con)
-        .await?;
-    Ok(Outcome::Done(Report {
-        namespace: namespace.to_owned(),
-        from,
-        to,
-        resumed,
-        before,
-        after,
-        moved,
-        superseded: 0,
-        put_before: 0,
-        online: false,
-        elapsed_ms: started.elapsed().as_millis() as u64,
-    }))
-}
-
 /// A spread shard number whose keys are the same under both counts (both place it in one
 /// slot), which an online reshard cannot move.
 pub(crate) fn shared_shard(old: &Keys, new: &Keys) -> Option<u16> {
@@ -839,25 +631,6 @@ pub fn ready_member_id(member: &[u8]) -> Option<&[u8]> {
     parts.next()
 }
 
-/// For the dry run: distinct ids of shards `0..from` whose shard under `new` is another.
-async fn count_misplaced(con: &Conn, new: &Keys, from: u16) -> Result<u64, ReshardError> {
-    let per_shard = futures::stream::iter(0..from)
-        .map(|shard| async move {
-            let mut con = con.clone();
-            let keys = new.shard(shard);
-            let mut misplaced: HashSet<Vec<u8>> = HashSet::new();
-            let mut pages = IdPages::new(&keys);
-            while let Some((ids, _)) = pages.next(&mut con).await? {
-                misplaced.extend(ids.into_iter().filter(|id| new.shard_of_bytes(id) != shard));
-            }
-            Ok::<_, ReshardError>(misplaced.len() as u64)
-        })
-        .buffer_unordered(DEFAULT_CONCURRENCY);
-    per_shard
-        .try_fold(0, |total, n| async move { Ok(total + n) })
-        .await
-}
-
 /// The ids a shard holds, a scan page at a time over every key [`scanned`] lists, each id
 /// once a page, with the ready-set members found for it (a member names its id; one that does
 /// not is left alone).
@@ -943,110 +716,6 @@ impl ScanCount {
         } else {
             self.0
         };
-    }
-}
-
-/// Moves the misplaced jobs of old shards into their new ones.
-struct Mover<'a> {
-    con: &'a Conn,
-    new: &'a Keys,
-    marker: &'a str,
-    batch: usize,
-    progress: &'a (dyn Fn(Progress) + Send + Sync),
-    moved_total: &'a std::sync::atomic::AtomicU64,
-}
-
-impl Mover<'_> {
-    /// Moves every job of `shard` that belongs elsewhere under the new count; returns how
-    /// many. Passes over every key of the shard until one finds nothing to move.
-    async fn drain(&self, shard: u16) -> Result<u64, ReshardError> {
-        let mut con = self.con.clone();
-        let keys = self.new.shard(shard);
-        let mut moved = 0;
-        loop {
-            let mut moved_in_pass = 0;
-            let mut pages = IdPages::new(&keys);
-            while let Some((ids, members)) = pages.next(&mut con).await? {
-                let ids: Vec<Vec<u8>> = ids
-                    .into_iter()
-                    .filter(|id| self.new.shard_of_bytes(id) != shard)
-                    .collect();
-                for chunk in ids.chunks(self.batch) {
-                    moved_in_pass += self.move_ids(&mut con, shard, chunk, &members).await?;
-                }
-            }
-            moved += moved_in_pass;
-            if moved_in_pass == 0 {
-                break;
-            }
-        }
-        // Nothing else writes a frozen shard: what the new shard holds is a copy.
-        carry_windows(&mut con, self.new, shard, self.new, false).await?;
-        (self.progress)(Progress::ShardDone { shard, moved });
-        Ok(moved)
-    }
-
-    /// Copies `ids` from `shard` into their new shards, then deletes them from `shard`, as
-    /// many at a time as [`TAKE_BYTES`] allows.
-    async fn move_ids(
-        &self,
-        con: &mut Conn,
-        shard: u16,
-        mut ids: &[Vec<u8>],
-        members: &HashMap<Vec<u8>, Vec<Vec<u8>>>,
-    ) -> Result<u64, ReshardError> {
-        let mut moved = 0;
-        while !ids.is_empty() {
-            let (taken, n) = self.move_prefix(con, shard, ids, members).await?;
-            ids = &ids[taken..];
-            moved += n;
-        }
-        Ok(moved)
-    }
-
-    /// Moves the prefix of `ids` one `reshard_take` call returns: (ids taken, jobs moved).
-    async fn move_prefix(
-        &self,
-        con: &mut Conn,
-        shard: u16,
-        ids: &[Vec<u8>],
-        members: &HashMap<Vec<u8>, Vec<Vec<u8>>>,
-    ) -> Result<(usize, u64), ReshardError> {
-        let source = self.new.shard(shard);
-        let (taken, jobs) = take(con, &source, self.marker, ids, members).await?;
-        if jobs.is_empty() {
-            return Ok((taken, 0));
-        }
-        let mut by_target: BTreeMap<u16, Vec<&StoredJob>> = BTreeMap::new();
-        for job in &jobs {
-            by_target
-                .entry(self.new.shard_of_bytes(&job.id))
-                .or_default()
-                .push(job);
-        }
-        let puts = by_target.iter().flat_map(|(target, group)| {
-            put_calls(group).into_iter().map(move |call| {
-                let mut con = self.con.clone();
-                let keys = self.new.shard(*target);
-                async move {
-                    scripts::reshard_put(&mut con, &keys, self.marker, PutMode::Copy, &call).await
-                }
-            })
-        });
-        futures::future::try_join_all(puts).await?;
-        (self.progress)(Progress::Copied {
-            shard,
-            jobs: jobs.len(),
-        });
-        scripts::reshard_drop(con, &source, self.marker, &jobs).await?;
-        // Nothing else writes a frozen shard: what was read is what was deleted.
-        let moved = jobs.len() as u64;
-        let total = self
-            .moved_total
-            .fetch_add(moved, std::sync::atomic::Ordering::Relaxed)
-            + moved;
-        (self.progress)(Progress::Moved { total });
-        Ok((taken, moved))
     }
 }
 
@@ -1148,11 +817,6 @@ pub(crate) async fn take(
     }
     jobs.retain(|job| !job.is_empty());
     Ok((taken, jobs))
-}
-
-/// Splits jobs into `reshard_put` calls of at most [`PUT_BYTES`] (at least one job each).
-fn put_calls(jobs: &[&StoredJob]) -> Vec<Vec<StoredJob>> {
-    sized_calls(jobs, StoredJob::size)
 }
 
 /// Splits records into script calls of at most [`PUT_BYTES`] by `size` (at least one record
@@ -1284,12 +948,12 @@ mod tests {
             ..StoredJob::default()
         };
         let (small, big) = (job(10), job(PUT_BYTES));
-        let calls = put_calls(&[&small, &small, &big, &small]);
+        let calls = sized_calls(&[&small, &small, &big, &small], StoredJob::size);
         assert_eq!(
             calls.iter().map(Vec::len).collect::<Vec<_>>(),
             vec![2, 1, 1]
         );
-        assert!(put_calls(&[]).is_empty());
+        assert!(sized_calls(&[], StoredJob::size).is_empty());
     }
 
     #[test]
@@ -1302,7 +966,7 @@ mod tests {
                     == (2 * u32::from(k) + 1) * 8192 / u32::from(to)
             })
         };
-        let spread = |n| Keys::for_layout("zdelay", n, 2);
+        let spread = |n| Keys::new("zdelay", n);
         for from in 1..=64 {
             for to in 1..=64 {
                 let found = shared_shard(&spread(from), &spread(to));

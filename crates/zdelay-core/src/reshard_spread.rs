@@ -1,7 +1,6 @@
-//! `zdelay reshard` on storage layout 2, and the command's entry for both layouts
-//! ([`reshard`]): layout 1 goes to [`crate::reshard`], which freezes the namespace.
+//! `zdelay reshard` ([`reshard`]), online.
 //!
-//! On layout 2 the shard count is the spread shards' (two-phase jobs, their dead letters,
+//! The shard count is the spread shards' (two-phase jobs, their dead letters,
 //! schedules, unique windows and debounce deadlines); route lanes live by their list's slot
 //! and are not resharded. A spread shard's slot depends on the count, so every job moves, and
 //! the move runs online, with the online mover `zdelay upgrade` uses ([`crate::upgrade::Mover`]):
@@ -34,8 +33,8 @@ use crate::store::{self, Conn, Layout, StoreError};
 use std::collections::HashSet;
 use std::time::Instant;
 
-/// Reshards `namespace` to `opts.to` shards, or with `opts.dry_run` says what it would do:
-/// layout 2 online (this module), layout 1 frozen ([`crate::reshard::reshard`]).
+/// Reshards `namespace` to `opts.to` shards, or with `opts.dry_run` says what it would do. A
+/// layout-1 namespace is refused: `zdelay upgrade` first.
 pub async fn reshard(
     con: &Conn,
     namespace: &str,
@@ -49,12 +48,12 @@ pub async fn reshard(
         return Err(ReshardError::OutOfRange(to.into()));
     }
     let schema = store::read_schema(&mut con, &Keys::new(namespace, 1)).await?;
-    match (schema.layout.as_deref(), schema.shards) {
-        (Some("2"), Some(shards)) => {
-            reshard_spread(&con, namespace, &schema, shards, opts, progress, started).await
-        }
-        _ => reshard::reshard(&con, namespace, opts, progress).await,
-    }
+    let probe = Keys::new(namespace, 1);
+    let Some(shards) = schema.shards else {
+        return Err(ReshardError::NoSchema(namespace.to_owned()));
+    };
+    store::check_layout_field(&probe, schema.layout.as_deref(), schema.upgrading.is_some())?;
+    reshard_spread(&con, namespace, &schema, shards, opts, progress, started).await
 }
 
 /// `zdelay reshard` on layout 2: the spread shards (two-phase jobs) get another count while
@@ -76,8 +75,8 @@ async fn reshard_spread(
         Ok(run) => run,
         Err(done) => return Ok(done),
     };
-    let old = Keys::for_layout(namespace, from, 2);
-    let new = Keys::for_layout(namespace, to, 2);
+    let old = Keys::new(namespace, from);
+    let new = Keys::new(namespace, to);
     // A job is written into its new shard before it is deleted from its old one, so the two
     // must be different keys.
     if let Some(shard) = reshard::shared_shard(&old, &new) {

@@ -394,10 +394,10 @@ impl Routes {
         out
     }
 
-    /// [`Self::explain`] for a namespace on storage `layout`: on layout 2 every local route,
-    /// on a cluster too, is moved exactly once from its route lane in its list's slot.
-    pub fn explain_on_layout(&self, layout: u32) -> Vec<String> {
-        let Some(lanes) = self.lanes.as_ref().filter(|_| layout >= 2) else {
+    /// What each route does: every local route, on a cluster too, is moved exactly once from
+    /// its route lane in its list's slot.
+    pub fn explain_lanes(&self) -> Vec<String> {
+        let Some(lanes) = self.lanes.as_ref() else {
             return self.explain();
         };
         let mut out: Vec<String> = lanes

@@ -401,14 +401,13 @@ impl Client {
     /// a hand-made write can cause: `schedule_set` refuses a second place).
     async fn schedule_home_of(&self, layout: &Keys, id: &str) -> Result<Option<Home>, ClientError> {
         let in_shard = || Home::Shard(layout.shard(layout.shard_of(id)));
-        let Some(book) = self.lane_book() else {
-            return Ok(Some(in_shard()));
-        };
-        Ok(match self.locate(book, id, Held::Schedule).await? {
-            Found::Shard => Some(in_shard()),
-            Found::Lane(lane, _) => Some(Home::Lane(lane)),
-            Found::Nowhere => None,
-        })
+        Ok(
+            match self.locate(self.lane_book(), id, Held::Schedule).await? {
+                Found::Shard => Some(in_shard()),
+                Found::Lane(lane, _) => Some(Home::Lane(lane)),
+                Found::Nowhere => None,
+            },
+        )
     }
 
     /// Where `spec` is written: its id's shard; on layout 2 its destination's lane, or for a
@@ -421,9 +420,7 @@ impl Client {
         spec: &NewSchedule,
     ) -> Result<Home, ClientError> {
         let in_shard = || Home::Shard(layout.shard(layout.shard_of(&spec.id)));
-        let Some(book) = self.lane_book() else {
-            return Ok(in_shard());
-        };
+        let book = self.lane_book();
         // A producer given the config registers a route that has no lane yet, or confirms it
         // and writes a marker its registrant may not have written yet (rare enough to ask
         // every time).

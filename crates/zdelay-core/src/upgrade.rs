@@ -269,8 +269,8 @@ pub async fn upgrade(
         });
     }
     let resumed = schema.upgrading == Some(TO_LAYOUT);
-    let legacy = Keys::new(namespace, shards);
-    let spread = Keys::for_layout(namespace, shards, TO_LAYOUT);
+    let legacy = Keys::new(namespace, shards).layout_1();
+    let spread = Keys::new(namespace, shards);
     let daemons = reshard::live_daemons(&mut con, &legacy).await?;
     let outdated: Vec<Daemon> = daemons.iter().filter(|d| !follows(d)).cloned().collect();
     if opts.dry_run {
@@ -966,10 +966,13 @@ mod tests {
     }
 
     #[test]
-    fn the_markers_read_as_the_layout_this_build_follows() {
+    fn the_markers_name_the_layout_and_this_build() {
         for marker in [fence_marker(), retired_marker()] {
             let layout = Layout::parse(&marker).expect("a marker");
-            assert!(layout.is_followable(), "{marker}");
+            assert!(
+                matches!(&layout, Layout::Newer { layout: 2, min_version } if min_version == crate::store::this_version()),
+                "{marker}"
+            );
         }
         assert!(fence_marker().starts_with("upgrading 2 "));
         assert!(retired_marker().starts_with("layout 2 "));

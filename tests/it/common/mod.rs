@@ -327,19 +327,13 @@ impl TestConfig {
         }
     }
 
-    /// The same config with `redis.layout = 2`: what a new namespace gets anyway, said
-    /// explicitly.
-    pub fn on_layout_2(self) -> Self {
-        self.on_layout(2)
-    }
-
-    /// The same config with `redis.layout = 1`: a new namespace on the legacy layout, for what
-    /// only reads layout 1 (`zdelay upgrade`, layout 1's reshard).
+    /// TEMP until the layout-1 tests run the pinned release.
     pub fn on_layout_1(self) -> Self {
-        self.on_layout(1)
+        self.with_layout(1)
     }
 
-    fn on_layout(self, layout: u32) -> Self {
+    /// The same config with `redis.layout = layout` (a setting no longer used).
+    pub fn with_layout(self, layout: u32) -> Self {
         let body = std::fs::read_to_string(&self.path).expect("config");
         std::fs::write(
             &self.path,
@@ -379,7 +373,6 @@ impl TestConfig {
             &mut lib.connection(),
             &cfg,
             &lib.keys(),
-            lib.storage_layout(),
         ))
         .expect("the routes registered")
     }
@@ -727,7 +720,7 @@ pub fn shard_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> us
 /// [`shard_total`] over the spread shards of a namespace `zdelay` on storage layout 2 (where
 /// the two-phase jobs are).
 pub fn spread_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> usize {
-    let keys = stored::shard_keys(&zdelay::keys::Keys::for_layout("zdelay", shards, 2), suffix);
+    let keys = stored::shard_keys(&zdelay::keys::Keys::new("zdelay", shards), suffix);
     stored::size_of(con, &keys, suffix)
 }
 
@@ -759,11 +752,7 @@ pub fn layout2_keys(con: &mut redis::Connection, kind: &str) -> Vec<String> {
 
 /// [`wait_all_settled`] in the spread shards of a namespace `zdelay` on storage layout 2.
 pub fn wait_spread_settled(con: &mut redis::Connection, shards: u16, timeout: Duration) {
-    wait_all_settled_in(
-        con,
-        &zdelay::keys::Keys::for_layout("zdelay", shards, 2),
-        timeout,
-    );
+    wait_all_settled_in(con, &zdelay::keys::Keys::new("zdelay", shards), timeout);
 }
 
 /// [`wait_all_settled`] on layout 2: waits until no job is stored or in flight in any route

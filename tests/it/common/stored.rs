@@ -6,7 +6,7 @@ use zdelay::keys::{Keys, LaneKeys};
 
 /// The keys of every live lane the registry `zdelay:lanes` names.
 pub fn every_lane(con: &mut dyn redis::ConnectionLike) -> Vec<LaneKeys> {
-    let keys = Keys::for_layout("zdelay", 1, 2);
+    let keys = Keys::new("zdelay", 1);
     let fields: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(keys.lanes())
         .query(con)
@@ -33,7 +33,7 @@ pub fn stored_total(con: &mut dyn redis::ConnectionLike, kind: &str) -> usize {
         .arg("shards")
         .query(con)
         .expect("HGET the schema");
-    let mut keys = shard_keys(&Keys::for_layout("zdelay", shards.unwrap_or(1), 2), kind);
+    let mut keys = shard_keys(&Keys::new("zdelay", shards.unwrap_or(1)), kind);
     for lane in every_lane(con).into_iter().chain(retired_lanes(con)) {
         match kind {
             "due" => keys.push(lane.due),

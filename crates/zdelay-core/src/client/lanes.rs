@@ -24,23 +24,21 @@ use std::time::{Duration, Instant};
 /// Tries of a generated id that another producer took in the same millisecond.
 const ID_TRIES: u32 = 3;
 
-/// What a client keeps for layout 2: the registry as last read and its id generator.
+/// What a client keeps of the lanes: the registry as last read and its id generator.
 pub(crate) struct LaneBook {
     registry: RwLock<Registry>,
     ids: StoredIdGenerator,
-    /// While `zdelay upgrade` runs: when the schema last said so. Jobs it has not moved yet
-    /// are still in their layout-1 shards.
-    upgrading: Mutex<Option<Instant>>,
     /// While `zdelay reshard` moves the spread shards: the old count, and when the schema
     /// last said so. Two-phase jobs it has not moved yet are still in the old shards.
     resharding: Mutex<Option<(u16, Instant)>>,
 }
 
-/// How often a client that knows an upgrade runs reads the schema to see it finished.
-const UPGRADE_LOOK: Duration = Duration::from_secs(5);
+/// How often a client that knows a reshard of the spread shards runs reads the schema to
+/// see it finished.
+const RESHARD_LOOK: Duration = Duration::from_secs(5);
 
-/// How long a lookup by id waits for the upgrade to move the job it names.
-const UPGRADE_WAIT: Duration = Duration::from_secs(3);
+/// How long a lookup by id waits for a relocation or a reshard to move the job it names.
+const MOVE_WAIT: Duration = Duration::from_secs(3);
 
 impl LaneBook {
     pub(crate) async fn read(con: &mut Conn, keys: &crate::keys::Keys) -> Result<Self, StoreError> {
@@ -48,7 +46,6 @@ impl LaneBook {
         Ok(LaneBook {
             registry: RwLock::new(store::lanes::read_registry(con, keys).await?),
             ids: StoredIdGenerator::new(),
-            upgrading: Mutex::new(schema.upgrading.is_some().then(Instant::now)),
             resharding: Mutex::new(schema.resharding.map(|(from, _)| (from, Instant::now()))),
         })
     }
@@ -152,8 +149,8 @@ type Answer = Result<(String, Enqueued), ClientError>;
 
 impl Client {
     /// The lane book, on a namespace on layout 2.
-    pub(crate) fn lane_book(&self) -> Option<&LaneBook> {
-        self.lanes.get().map(|book| &**book)
+    pub(crate) fn lane_book(&self) -> &LaneBook {
+        &self.lanes
     }
 
     /// Reads the lane registry again (a daemon registered, moved or changed a lane).
@@ -446,16 +443,14 @@ impl Client {
         let mut homes: Vec<Home> = (0..layout.shards())
             .map(|s| Home::Shard(layout.shard(s)))
             .collect();
-        if let Some(book) = self.lane_book() {
-            let mut lanes: Vec<Lane> = self
-                .refresh_lanes(book)
-                .await?
-                .by_route
-                .into_values()
-                .collect();
-            lanes.sort_by_key(|lane| lane.number);
-            homes.extend(lanes.into_iter().map(Home::Lane));
-        }
+        let mut lanes: Vec<Lane> = self
+            .refresh_lanes(self.lane_book())
+            .await?
+            .by_route
+            .into_values()
+            .collect();
+        lanes.sort_by_key(|lane| lane.number);
+        homes.extend(lanes.into_iter().map(Home::Lane));
         Ok(homes)
     }
 
@@ -473,8 +468,7 @@ impl Client {
             .ok_or_else(|| no_lane(dest, "", &registry))
     }
 
-    /// Runs `op` fenced like every call on layout 1 ([`Client::fenced`]); on layout 2 once
-    /// more when a lane refused it (`op` reads the registry again; what the first run did is
+    /// Runs `op`, and once more when a lane refused it (`op` reads the registry again; what the first run did is
     /// skipped or written again the same way, as every call here is safe to re-run). `what`
     /// names what was refused twice.
     pub(crate) async fn fenced_by_layout<T, F, Fut>(
@@ -486,14 +480,6 @@ impl Client {
         F: Fn(Keys) -> Fut,
         Fut: std::future::Future<Output = Result<T, ClientError>>,
     {
-        if self.lane_book().is_none() {
-            match self.fenced(&op).await {
-                // Upgraded under this client, which now runs layout 2: `op` again there.
-                Err(ClientError::Store(StoreError::Upgrading { .. }))
-                    if self.lane_book().is_some() => {}
-                other => return other,
-            }
-        }
         match op(self.keys()).await {
             Err(e) if e.is_lane_refusal() => {}
             other => return other,
@@ -627,7 +613,6 @@ impl Client {
         id: &str,
         held: Held,
     ) -> Result<Found, ClientError> {
-        self.wait_out_upgrade(book, id, held).await?;
         self.wait_out_reshard(&self.keys(), id, held).await?;
         let Some(dest) = dest else {
             // The search of a user-chosen id reads the registry, so retired lanes are known
@@ -656,58 +641,13 @@ impl Client {
         }
     }
 
-    /// While `zdelay upgrade` runs, waits until the layout-1 shard of `id` no longer holds
-    /// it (the upgrade writes a job into layout 2 before it deletes it from layout 1, so
-    /// looking there afterwards cannot miss it); `StoreError::Upgrading` (retryable) when
-    /// that takes longer than [`UPGRADE_WAIT`].
-    async fn wait_out_upgrade(
-        &self,
-        book: &LaneBook,
-        id: &str,
-        held: Held,
-    ) -> Result<(), ClientError> {
-        if generated(id, held) {
-            // Layout 1 never gave out ids of that form.
-            return Ok(());
-        }
-        let keys = self.keys();
-        let legacy = Keys::new(keys.namespace(), keys.shards());
-        let started = Instant::now();
-        loop {
-            let Some(since) = *book.upgrading.lock().expect("upgrading lock") else {
-                return Ok(());
-            };
-            if since.elapsed() > UPGRADE_LOOK {
-                let schema = store::read_schema(&mut self.con.clone(), &keys).await?;
-                *book.upgrading.lock().expect("upgrading lock") =
-                    schema.upgrading.is_some().then(Instant::now);
-                continue;
-            }
-            let shard = legacy.shard(legacy.shard_of(id));
-            if !self
-                .holds(held.ask(&shard.jobs, &shard.dead, &shard.schedules, id))
-                .await?
-            {
-                return Ok(());
-            }
-            if started.elapsed() > UPGRADE_WAIT {
-                return Err(StoreError::Upgrading {
-                    namespace: keys.namespace().to_owned(),
-                    layout: 2,
-                }
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     /// While a relocation moves a retired lane's jobs into its route's live lane (the route's
     /// list moved to another hash slot), waits until the retired lanes where `id` may still be
     /// (the one a generated id names; `dest`'s; without `dest`, every one) no longer hold it.
     /// The relocation writes a job into the live lane before it forgets it in the retired
     /// one, and nothing else changes a retired lane, so looking in the live lane afterwards
     /// cannot miss it, and a cancel there cannot be undone by the move. Whether a retired lane
-    /// held it; `LaneRefused` (retryable) when it still does after [`UPGRADE_WAIT`] (no
+    /// held it; `LaneRefused` (retryable) when it still does after [`MOVE_WAIT`] (no
     /// daemon is relocating).
     async fn wait_out_relocation(
         &self,
@@ -766,7 +706,7 @@ impl Client {
                 break;
             }
             waited = true;
-            if started.elapsed() > UPGRADE_WAIT {
+            if started.elapsed() > MOVE_WAIT {
                 return Err(ClientError::LaneRefused {
                     what: id.to_owned(),
                     detail:
@@ -784,22 +724,20 @@ impl Client {
     /// While `zdelay reshard` moves the spread shards, waits until the old shard of `id` (a
     /// two-phase job's id) no longer holds it, so a lookup in its new shard (`keys`) cannot
     /// miss it: the reshard writes a job into its new shard before it deletes it from the old
-    /// one. `StoreError::Resharding` (retryable) when that takes longer than [`UPGRADE_WAIT`].
+    /// one. `StoreError::Resharding` (retryable) when that takes longer than [`MOVE_WAIT`].
     pub(crate) async fn wait_out_reshard(
         &self,
         keys: &crate::keys::Keys,
         id: &str,
         held: Held,
     ) -> Result<(), ClientError> {
-        let Some(book) = self.lane_book() else {
-            return Ok(());
-        };
+        let book = self.lane_book();
         let started = Instant::now();
         loop {
             let Some((from, since)) = *book.resharding.lock().expect("resharding lock") else {
                 return Ok(());
             };
-            if since.elapsed() > UPGRADE_LOOK {
+            if since.elapsed() > RESHARD_LOOK {
                 let schema = store::read_schema(&mut self.con.clone(), keys).await?;
                 book.reshard_seen(schema.resharding);
                 continue;
@@ -817,7 +755,7 @@ impl Client {
             {
                 return Ok(());
             }
-            if started.elapsed() > UPGRADE_WAIT {
+            if started.elapsed() > MOVE_WAIT {
                 return Err(StoreError::Resharding {
                     namespace: keys.namespace().to_owned(),
                     from,

@@ -14,14 +14,14 @@
 use crate::config::RedisConfig;
 use crate::envelope::{Envelope, EnvelopeError, validate_dest};
 pub use crate::job::{Cancelled, Due, Enqueued, JobState, OnConflict};
-use crate::keys::{Keys, LEGACY_LAYOUT, NEWEST_LAYOUT};
+use crate::keys::Keys;
 use crate::routes::{Refused, Routes};
 use crate::store::scripts::{self, EnqueueCall, EnqueueItem, EnvelopeHead, PEEK_HEAD_MAX};
 use crate::store::{self, Conn, Layout, StoreError};
 use lanes::{Found, Held, LaneBook};
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 pub(crate) mod json_job;
@@ -406,23 +406,22 @@ pub struct Client {
     routes: Option<Arc<Routes>>,
     max_payload: Option<usize>,
     ids: Arc<IdGenerator>,
-    /// On a namespace on storage layout 2: its lane registry and stored-id generator. Set
-    /// once: at connect, or when `zdelay upgrade` moves the namespace under this client.
-    lanes: Arc<OnceLock<Arc<LaneBook>>>,
+    /// The namespace's lane registry and stored-id generator.
+    lanes: Arc<LaneBook>,
 }
 
 impl Client {
     /// Connects with a config's view of the namespace: creates it when missing (with
-    /// `cfg.shards` and `cfg.layout`), checks it against them otherwise, and loads the scripts.
+    /// `cfg.shards`), checks it otherwise, and loads the scripts.
     /// For daemons and tools that own the config; a producer uses [`Client::attach`].
     pub async fn connect(cfg: &RedisConfig) -> Result<Self, ClientError> {
         let mut con = Conn::connect(cfg).await?;
         store::check_server(&mut con).await?;
-        Self::connected(con, &cfg.namespace, cfg.shards, cfg.layout).await
+        Self::connected(con, &cfg.namespace, cfg.shards).await
     }
 
-    /// Connects as a producer: the namespace's shard count and storage layout are read from
-    /// Redis (`cfg.shards` and `cfg.layout` are not used), so a producer cannot disagree with
+    /// Connects as a producer: the namespace's shard count is read from Redis (`cfg.shards`
+    /// is not used), so a producer cannot disagree with
     /// the daemons, and it never creates the namespace: until a daemon has, this fails with
     /// [`StoreError::NoNamespace`] (retryable), having written nothing.
     pub async fn attach(cfg: &RedisConfig) -> Result<Self, ClientError> {
@@ -435,23 +434,14 @@ impl Client {
             }
             .into());
         };
-        Self::connected(con, &cfg.namespace, shards, None).await
+        Self::connected(con, &cfg.namespace, shards).await
     }
 
-    async fn connected(
-        mut con: Conn,
-        namespace: &str,
-        shards: u16,
-        want_layout: Option<u32>,
-    ) -> Result<Self, ClientError> {
+    async fn connected(mut con: Conn, namespace: &str, shards: u16) -> Result<Self, ClientError> {
+        let shards = store::ensure_schema(&mut con, &Keys::new(namespace, shards)).await?;
         let keys = Keys::new(namespace, shards);
-        let (layout, shards) = store::ensure_schema(&mut con, &keys, want_layout).await?;
-        let keys = Keys::for_layout(namespace, shards, layout);
         scripts::load_all(&mut con).await?;
-        let lanes = Arc::new(OnceLock::new());
-        if layout > 1 {
-            let _ = lanes.set(Arc::new(LaneBook::read(&mut con, &keys).await?));
-        }
+        let lanes = Arc::new(LaneBook::read(&mut con, &keys).await?);
         Ok(Client {
             con,
             layout: Arc::new(RwLock::new(keys)),
@@ -460,46 +450,6 @@ impl Client {
             ids: Arc::new(IdGenerator::default()),
             lanes,
         })
-    }
-
-    /// Switches this client (and its clones) to the layout `zdelay upgrade` moves the
-    /// namespace to, once a layout-1 shard's fence named a layout this build runs. Calls
-    /// made from then on use layout 2.
-    pub(crate) async fn follow_upgrade(&self) -> Result<(), ClientError> {
-        if self.lane_book().is_some() {
-            return Ok(());
-        }
-        let current = self.keys();
-        let mut con = self.con.clone();
-        let (layout, _) = store::ensure_schema(&mut con, &current, None).await?;
-        if layout == 1 {
-            return Err(StoreError::Schema(format!(
-                "a layout-1 shard of namespace {} is fenced by an upgrade, but {} says layout 1",
-                current.namespace(),
-                current.schema()
-            ))
-            .into());
-        }
-        let keys = Keys::for_layout(current.namespace(), current.shards(), layout);
-        let book = Arc::new(LaneBook::read(&mut con, &keys).await?);
-        let _ = self.lanes.set(book);
-        *self.layout.write().expect("layout lock") = keys;
-        Ok(())
-    }
-
-    /// Runs `op`, and once more when it was refused because this client switched to the
-    /// layout `zdelay upgrade` moves the namespace to (the refused call wrote nothing).
-    pub(crate) async fn switching<T, F, Fut>(&self, op: F) -> Result<T, ClientError>
-    where
-        F: Fn() -> Fut,
-        Fut: Future<Output = Result<T, ClientError>>,
-    {
-        match op().await {
-            Err(ClientError::Store(StoreError::Upgrading { .. })) if self.lane_book().is_some() => {
-                op().await
-            }
-            other => other,
-        }
     }
 
     /// Connects a producer to the default namespace (`zdelay`) at a URL: [`Client::attach`].
@@ -535,15 +485,6 @@ impl Client {
         self
     }
 
-    /// The namespace's storage layout: 1, or 2 (route lanes, a preview).
-    pub fn storage_layout(&self) -> u32 {
-        if self.lane_book().is_some() {
-            2
-        } else {
-            LEGACY_LAYOUT
-        }
-    }
-
     /// The key layout in use: the namespace and the shard count last read from it.
     pub fn keys(&self) -> Keys {
         self.layout.read().expect("layout lock").clone()
@@ -558,24 +499,15 @@ impl Client {
             return Err(Layout::Migrating { from, to }.error(&current).into());
         }
         let key = current.schema();
-        let known = schema
-            .layout
-            .as_deref()
-            .and_then(|l| l.parse::<u32>().ok())
-            .is_some_and(|l| (1..=NEWEST_LAYOUT).contains(&l));
-        if !known {
-            return Err(StoreError::Schema(format!(
-                "{key} says layout {}; this build knows layouts 1 to {NEWEST_LAYOUT}",
-                schema.layout.unwrap_or_default()
-            ))
-            .into());
-        }
+        store::check_layout_field(
+            &current,
+            schema.layout.as_deref(),
+            schema.upgrading.is_some(),
+        )?;
         let shards = schema
             .shards
             .ok_or_else(|| StoreError::Schema(format!("{key} has no shard count")))?;
-        if let Some(book) = self.lane_book() {
-            book.reshard_seen(schema.resharding);
-        }
+        self.lane_book().reshard_seen(schema.resharding);
         let keys = current.with_shards(shards);
         *self.layout.write().expect("layout lock") = keys.clone();
         Ok(keys)
@@ -599,11 +531,6 @@ impl Client {
             },
             ok => return ok,
         };
-        if refused.is_followable() {
-            // Upgraded under this client: the caller runs the call again on the new layout.
-            self.follow_upgrade().await?;
-            return Err(refused.error(&keys).into());
-        }
         // Only a new shard count is worth another try; a reshard running or a newer layout
         // refuses the next call the same way.
         if !matches!(refused, Layout::Shards(_)) {
@@ -616,26 +543,6 @@ impl Client {
                 None => Err(e),
             },
             ok => ok,
-        }
-    }
-
-    /// Fails with the layout error when shard 0's marker says the namespace no longer has
-    /// `keys.shards()` shards (for reads, which no script fences). Every shard below an old
-    /// count carries a marker once the namespace moved away from it.
-    pub(crate) async fn check_layout(&self, keys: &Keys) -> Result<(), ClientError> {
-        let marker: Option<String> = redis::cmd("GET")
-            .arg(keys.layout(0))
-            .query_async(&mut self.con.clone())
-            .await?;
-        match marker.as_deref().map(Layout::parse) {
-            Some(Some(Layout::Shards(n))) if n == keys.shards() => Ok(()),
-            Some(Some(layout)) => Err(layout.error(keys).into()),
-            Some(None) => Err(StoreError::Schema(format!(
-                "{} holds {marker:?}, not a layout marker",
-                keys.layout(0)
-            ))
-            .into()),
-            None => Ok(()),
         }
     }
 
@@ -670,61 +577,15 @@ impl Client {
         jobs: Vec<NewJob>,
         policy: OnConflict,
     ) -> Result<Vec<Result<(String, Enqueued), ClientError>>, ClientError> {
-        if let Some(book) = self.lane_book() {
-            return self.enqueue_lanes(book, jobs, policy).await;
-        }
-        let (mut results, refused) = self.enqueue_or_refuse(jobs, policy).await?;
-        if refused.is_empty() {
-            return Ok(results);
-        }
-        // `zdelay upgrade` fenced their shards: nothing was written for them, and they go
-        // to layout 2 under the ids they were given.
-        self.follow_upgrade().await?;
-        let book = self.lane_book().expect("followed the upgrade");
-        let (index, jobs): (Vec<usize>, Vec<NewJob>) = refused
-            .into_iter()
-            .map(|(i, item)| (i, unprepared(item)))
-            .unzip();
-        let again = self.enqueue_lanes(book, jobs, policy).await?;
-        for (i, result) in index.into_iter().zip(again) {
-            results[i] = result;
-        }
-        Ok(results)
+        self.enqueue_lanes(self.lane_book(), jobs, policy).await
     }
 
-    /// `enqueue_batch` into the shards (layout 1's, or layout 2's spread shards).
+    /// `enqueue_batch` into the spread shards (two-phase routes' jobs).
     pub(super) async fn enqueue_in_shards(
         &self,
         jobs: Vec<NewJob>,
         policy: OnConflict,
     ) -> Result<Vec<Result<(String, Enqueued), ClientError>>, ClientError> {
-        let keys = self.keys();
-        let (mut results, refused) = self.enqueue_or_refuse(jobs, policy).await?;
-        for (i, _) in refused {
-            results[i] = Err(StoreError::Upgrading {
-                namespace: keys.namespace().to_owned(),
-                layout: 2,
-            }
-            .into());
-        }
-        Ok(results)
-    }
-
-    /// `enqueue_in_shards`, and the jobs (with their input positions) that a shard refused
-    /// because `zdelay upgrade` fenced it; their results are placeholders.
-    #[allow(clippy::type_complexity)]
-    async fn enqueue_or_refuse(
-        &self,
-        jobs: Vec<NewJob>,
-        policy: OnConflict,
-    ) -> Result<
-        (
-            Vec<Result<(String, Enqueued), ClientError>>,
-            Vec<(usize, EnqueueItem)>,
-        ),
-        ClientError,
-    > {
-        let mut refused: Vec<(usize, EnqueueItem)> = Vec::new();
         let mut results: Vec<Option<Result<(String, Enqueued), ClientError>>> =
             (0..jobs.len()).map(|_| None).collect();
         // The jobs to write, with their input positions.
@@ -766,13 +627,6 @@ impl Client {
                             pending.extend(index.iter().copied().zip(call.items.iter().cloned()));
                             continue;
                         }
-                        Some(layout) if layout.is_followable() => {
-                            for (&i, item) in index.iter().zip(call.items) {
-                                refused.push((i, item.clone()));
-                                results[i] = Some(Err(layout.error(&keys).into()));
-                            }
-                            continue;
-                        }
                         Some(layout) => {
                             for &i in index {
                                 results[i] = Some(Err(layout.error(&keys).into()));
@@ -805,11 +659,10 @@ impl Client {
                 }
             }
         }
-        let results = results
+        Ok(results
             .into_iter()
             .map(|r| r.expect("every job has a result"))
-            .collect();
-        Ok((results, refused))
+            .collect())
     }
 
     /// Checks a destination (against the routes when known) and a payload's size.
@@ -883,24 +736,6 @@ fn envelope_of(job: NewJob) -> Envelope {
     env
 }
 
-/// The job `prepare` made `item` from, under the id it was given (for a job a fence refused,
-/// which is sent again on the new layout).
-fn unprepared(item: EnqueueItem) -> NewJob {
-    let env = Envelope::decode(&item.envelope).expect("prepare encodes a frame");
-    NewJob {
-        id: Some(item.id),
-        dest: env.dest,
-        payload: env.payload,
-        due: item.due,
-        headers: env.meta.headers,
-        max_attempts: env.meta.max_attempts,
-        max_lateness: item.max_lateness_ms.map(Duration::from_millis),
-        // Spread already: `due` is the point in the window.
-        spread: None,
-        unique_for: item.unique_for_ms.map(Duration::from_millis),
-    }
-}
-
 impl Client {
     /// Cancels a pending job.
     pub async fn cancel(&self, id: &str) -> Result<Cancelled, ClientError> {
@@ -917,18 +752,17 @@ impl Client {
 
     /// [`Client::cancel`], or [`Client::cancel_in`] when `dest` is given.
     pub async fn cancel_at(&self, dest: Option<&str>, id: &str) -> Result<Cancelled, ClientError> {
-        self.switching(|| self.cancel_once(dest, id)).await
+        self.cancel_once(dest, id).await
     }
 
     async fn cancel_once(&self, dest: Option<&str>, id: &str) -> Result<Cancelled, ClientError> {
-        if let Some(book) = self.lane_book() {
-            match self.place_of(book, dest, id, Held::Stored).await? {
-                Found::Lane(lane, stored) => {
-                    return self.cancel_in_lane(book, dest, id, (lane, stored)).await;
-                }
-                Found::Nowhere => return Ok(Cancelled::NotPending),
-                Found::Shard => {}
+        let book = self.lane_book();
+        match self.place_of(book, dest, id, Held::Stored).await? {
+            Found::Lane(lane, stored) => {
+                return self.cancel_in_lane(book, dest, id, (lane, stored)).await;
             }
+            Found::Nowhere => return Ok(Cancelled::NotPending),
+            Found::Shard => {}
         }
         self.fenced(|keys| async move {
             self.wait_out_reshard(&keys, id, Held::Stored).await?;
@@ -962,7 +796,7 @@ impl Client {
         due: Due,
     ) -> Result<Option<i64>, ClientError> {
         check_due(due)?;
-        self.switching(|| self.reschedule_once(dest, id, due)).await
+        self.reschedule_once(dest, id, due).await
     }
 
     async fn reschedule_once(
@@ -971,16 +805,15 @@ impl Client {
         id: &str,
         due: Due,
     ) -> Result<Option<i64>, ClientError> {
-        if let Some(book) = self.lane_book() {
-            match self.place_of(book, dest, id, Held::Stored).await? {
-                Found::Lane(lane, stored) => {
-                    return self
-                        .reschedule_in_lane(book, dest, id, (lane, stored), due)
-                        .await;
-                }
-                Found::Nowhere => return Ok(None),
-                Found::Shard => {}
+        let book = self.lane_book();
+        match self.place_of(book, dest, id, Held::Stored).await? {
+            Found::Lane(lane, stored) => {
+                return self
+                    .reschedule_in_lane(book, dest, id, (lane, stored), due)
+                    .await;
             }
+            Found::Nowhere => return Ok(None),
+            Found::Shard => {}
         }
         self.fenced(|keys| async move {
             self.wait_out_reshard(&keys, id, Held::Stored).await?;
@@ -1020,7 +853,7 @@ impl Client {
         id: &str,
         preview: Option<usize>,
     ) -> Result<Option<JobView>, ClientError> {
-        self.switching(|| self.get_once(dest, id, preview)).await
+        self.get_once(dest, id, preview).await
     }
 
     async fn get_once(
@@ -1029,16 +862,15 @@ impl Client {
         id: &str,
         preview: Option<usize>,
     ) -> Result<Option<JobView>, ClientError> {
-        if let Some(book) = self.lane_book() {
-            match self.place_of(book, dest, id, Held::Stored).await? {
-                Found::Lane(lane, stored) => {
-                    return self
-                        .get_in_lane(book, dest, id, (lane, stored), preview)
-                        .await;
-                }
-                Found::Nowhere => return Ok(None),
-                Found::Shard => {}
+        let book = self.lane_book();
+        match self.place_of(book, dest, id, Held::Stored).await? {
+            Found::Lane(lane, stored) => {
+                return self
+                    .get_in_lane(book, dest, id, (lane, stored), preview)
+                    .await;
             }
+            Found::Nowhere => return Ok(None),
+            Found::Shard => {}
         }
         self.fenced(|keys| async move {
             self.wait_out_reshard(&keys, id, Held::Stored).await?;

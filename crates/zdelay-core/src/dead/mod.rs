@@ -654,15 +654,6 @@ impl Operator {
         Ok(homes.into_iter().map(|h| (h.key(), h)).collect())
     }
 
-    /// Fails when the namespace no longer has `layout`'s shards (layout 1; for reads no script
-    /// fences). Lanes are fenced by every lane script.
-    async fn check_dead_layout(&self, layout: &Keys) -> Result<(), ClientError> {
-        match self.lane_book() {
-            Some(_) => Ok(()),
-            None => self.check_layout(layout).await,
-        }
-    }
-
     /// The oldest dead jobs, at most `limit` per shard (per route lane on layout 2), oldest
     /// first.
     pub async fn dead_list(&self, limit: usize) -> Result<Vec<DeadJob>, ClientError> {
@@ -706,7 +697,6 @@ impl Operator {
         limit: usize,
         scan: usize,
     ) -> Result<Bounded<DeadJob>, ClientError> {
-        self.check_dead_layout(&layout).await?;
         let homes = self.dead_homes(&layout).await?;
         let mut con = self.con.clone();
         let now_ms = store::server_time_ms(&mut con).await?;
@@ -822,14 +812,16 @@ impl Operator {
             let keys = layout.shard(layout.shard_of(id));
             Some((Home::Shard(keys), id.to_owned()))
         };
-        let Some(book) = self.lane_book() else {
-            return Ok(in_shard());
-        };
-        Ok(match self.place_of(book, dest, id, Held::Dead).await? {
-            Found::Shard => in_shard(),
-            Found::Lane(lane, stored) => Some((Home::Lane(lane), stored)),
-            Found::Nowhere => None,
-        })
+        Ok(
+            match self
+                .place_of(self.lane_book(), dest, id, Held::Dead)
+                .await?
+            {
+                Found::Shard => in_shard(),
+                Found::Lane(lane, stored) => Some((Home::Lane(lane), stored)),
+                Found::Nowhere => None,
+            },
+        )
     }
 
     /// Makes dead jobs due now, resetting their attempt counts: the given ids, or, when
@@ -998,7 +990,6 @@ impl Operator {
         filter.check()?;
         // Read before any script runs: a namespace resharded away from this layout may hold
         // its dead jobs in shards the layout does not have.
-        self.check_dead_layout(layout).await?;
         let (min, max) = filter.score_range(now_ms);
         let (mut scanned, mut selected) = (0u64, 0u64);
         'homes: for home in homes.values().filter(|h| filter.may_be_in(h)) {

@@ -16,7 +16,7 @@ pub mod relocate;
 pub mod scripts;
 
 use crate::config::{RedisConfig, redact_url};
-use crate::keys::{Keys, LEGACY_LAYOUT, NEWEST_LAYOUT};
+use crate::keys::{Keys, LAYOUT, LEGACY_LAYOUT};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
@@ -82,14 +82,11 @@ pub enum StoreError {
         shards: u16,
         configured: u16,
     },
-    /// `zdelay upgrade` moved (or is moving) the namespace to storage layout `layout`, which
-    /// this build runs: the refused call wrote nothing, and this process uses the new layout
-    /// from now on. Retry.
-    #[error(
-        "namespace {namespace} is being upgraded to storage layout {layout} (zdelay upgrade): \
-         nothing was written; retry (this process now uses layout {layout})"
-    )]
-    Upgrading { namespace: String, layout: u32 },
+    /// The namespace is on storage layout 1, which this build no longer serves: `zdelay
+    /// upgrade`, run while the older release's daemons and producers still serve it, moves it
+    /// to route lanes. Nothing was written. Not retryable.
+    #[error("{}", legacy_message(namespace, *upgrading))]
+    LegacyLayout { namespace: String, upgrading: bool },
     /// The namespace, or one of its shards, is on a storage layout this build does not know,
     /// or needs a newer zdelay (`min_version`): nothing was written, and only that version
     /// or a later one can use it. Not retryable.
@@ -123,8 +120,24 @@ fn too_new_message(namespace: &str, layout: u32, min_version: Option<&semver::Ve
         ),
         None => format!(
             "namespace {namespace} is on storage layout {layout}, which this build (zdelay \
-             {VERSION}) does not know (it knows layouts 1 to {NEWEST_LAYOUT}): run a newer zdelay"
+             {VERSION}) does not know (it knows layout {LAYOUT}): run a newer zdelay"
         ),
+    }
+}
+
+/// What [`StoreError::LegacyLayout`] says: one line, naming `zdelay upgrade`.
+fn legacy_message(namespace: &str, upgrading: bool) -> String {
+    if upgrading {
+        format!(
+            "namespace {namespace} is being moved off storage layout 1 by zdelay upgrade: this \
+             zdelay ({VERSION}) can use it once the upgrade has finished"
+        )
+    } else {
+        format!(
+            "namespace {namespace} is on storage layout 1, which this zdelay ({VERSION}) no \
+             longer serves: run zdelay upgrade while the older release's daemons still serve \
+             it, then start this one"
+        )
     }
 }
 
@@ -146,7 +159,7 @@ fn refuse_newer(
         None => None,
     };
     let layout_number = layout.and_then(|l| l.parse::<u32>().ok());
-    let newer_layout = layout_number.is_some_and(|n| n > NEWEST_LAYOUT);
+    let newer_layout = layout_number.is_some_and(|n| n > LAYOUT);
     let newer_build = min_version
         .as_ref()
         .is_some_and(|min| min.cmp_precedence(&THIS_VERSION).is_gt());
@@ -167,9 +180,7 @@ impl StoreError {
     /// waits for its first daemon. Not after refused credentials or a wrong config.
     pub fn is_retryable(&self) -> bool {
         match self {
-            StoreError::Resharding { .. }
-            | StoreError::Upgrading { .. }
-            | StoreError::NoNamespace { .. } => true,
+            StoreError::Resharding { .. } | StoreError::NoNamespace { .. } => true,
             StoreError::Redis(e) | StoreError::Connect { source: e, .. } => is_transient(e),
             _ => false,
         }
@@ -339,13 +350,6 @@ impl Layout {
         }
     }
 
-    /// Whether this build runs the newer layout this marker names (so a process refused by
-    /// it switches to that layout instead of stopping).
-    pub fn is_followable(&self) -> bool {
-        matches!(self, Layout::Newer { layout, min_version }
-            if *layout <= NEWEST_LAYOUT && min_version.cmp_precedence(&THIS_VERSION).is_le())
-    }
-
     /// The error a process set up with `keys` reports for this layout.
     pub fn error(&self, keys: &Keys) -> StoreError {
         match self {
@@ -359,14 +363,6 @@ impl Layout {
                 shards: *shards,
                 configured: keys.shards(),
             },
-            // A layout this build runs: the shard is a layout-1 shard of a namespace that
-            // `zdelay upgrade` moves (or moved) to it.
-            layout @ Layout::Newer { layout: n, .. } if layout.is_followable() => {
-                StoreError::Upgrading {
-                    namespace: keys.namespace().to_owned(),
-                    layout: *n,
-                }
-            }
             Layout::Newer {
                 layout,
                 min_version,
@@ -829,22 +825,16 @@ pub fn server_name(info: &std::collections::HashMap<String, String>) -> String {
     }
 }
 
-/// Creates `<ns>:schema` if missing (on layout `want`, else [`NEWEST_LAYOUT`]) and checks it
-/// matches this build and, on layout 1, `keys`' shard count; returns the namespace's layout
-/// and shard count (on layout 2 the stored one: `zdelay reshard` changes it online, so
-/// `keys`' count is only what a new namespace gets). Refuses a
-/// layout other than `want` when one is given, refuses while `zdelay reshard` runs
-/// ([`StoreError::Resharding`], retryable), and a namespace on a newer layout or that needs a
-/// newer zdelay ([`StoreError::LayoutTooNew`]).
-pub async fn ensure_schema(
-    con: &mut Conn,
-    keys: &Keys,
-    want: Option<u32>,
-) -> Result<(u32, u16), StoreError> {
+/// Creates `<ns>:schema` if missing (on route lanes, with `keys`' shard count) and checks it:
+/// returns the namespace's shard count (the stored one: `zdelay reshard` changes it online, so
+/// `keys`' count is only what a new namespace gets). Refuses a layout-1 namespace
+/// ([`StoreError::LegacyLayout`]: only `zdelay upgrade` reads those), a namespace on a newer
+/// layout or that needs a newer zdelay ([`StoreError::LayoutTooNew`]).
+pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<u16, StoreError> {
     let key = keys.schema();
     // One HGET each (not HMGET): a producer's narrowest ACL grants `+hget` on the schema.
     let read = |pipe: &mut Pipeline| {
-        for field in ["layout", "shards", "migrating", "min_version", "upgrading"] {
+        for field in ["layout", "shards", "min_version", "upgrading"] {
             pipe.hget(&key, field);
         }
     };
@@ -853,27 +843,24 @@ pub async fn ensure_schema(
         Option<String>,
         Option<String>,
         Option<String>,
-        Option<String>,
     );
     let mut pipe = redis::pipe();
     read(&mut pipe);
     let mut fields: Fields = pipe.query_async(con).await?;
-    // Before writing anything: a newer layout's schema gets no layout-1 field.
-    refuse_newer(keys, fields.0.as_deref(), fields.3.as_deref())?;
-    let create = want.unwrap_or(NEWEST_LAYOUT);
+    // Before writing anything: a newer layout's schema gets no field of this one.
+    refuse_newer(keys, fields.0.as_deref(), fields.2.as_deref())?;
     if fields.0.is_none() || fields.1.is_none() {
         // Written only when missing, so a producer whose ACL may only read the schema
         // connects to a namespace a daemon created (HSETNX needs write access even when it
-        // writes nothing).
+        // writes nothing). Builds that predate route lanes refuse the namespace, naming the
+        // version to run.
         let mut pipe = redis::pipe();
-        pipe.hset_nx(&key, "layout", create)
+        pipe.hset_nx(&key, "layout", LAYOUT)
             .ignore()
             .hset_nx(&key, "shards", keys.shards())
+            .ignore()
+            .hset_nx(&key, "min_version", VERSION)
             .ignore();
-        if create > 1 {
-            // Builds that predate this layout refuse it, naming the version to run.
-            pipe.hset_nx(&key, "min_version", VERSION).ignore();
-        }
         read(&mut pipe);
         fields = pipe.query_async(con).await.map_err(|e| {
             if e.code() == Some("NOPERM") {
@@ -887,44 +874,35 @@ pub async fn ensure_schema(
             }
         })?;
     }
-    let (layout, shards, migrating, min_version, upgrading) = fields;
+    let (layout, shards, min_version, upgrading) = fields;
     refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
-    // While `zdelay upgrade` runs, new work goes to the layout it moves the namespace to.
-    let layout = upgrading.or(layout);
-    if let Some(m) = migrating {
-        return Err(match Layout::parse(&format!("migrating {m}")) {
-            Some(layout) => layout.error(keys),
-            None => StoreError::Schema(format!("{key} field migrating holds {m:?}")),
-        });
-    }
-    let layout = match layout.as_deref().map(str::parse::<u32>) {
-        Some(Ok(n)) if (1..=NEWEST_LAYOUT).contains(&n) => n,
-        _ => {
-            return Err(StoreError::Schema(format!(
-                "{key} says layout {}; this build knows layouts 1 to {NEWEST_LAYOUT}",
-                layout.unwrap_or_default()
-            )));
-        }
-    };
-    if let Some(want) = want
-        && want != layout
-    {
-        return Err(StoreError::Schema(format!(
-            "namespace {} is on storage layout {layout} and redis.layout says {want}: a \
-             namespace keeps the layout it was created with (unset redis.layout to follow it, \
-             or use a new namespace)",
-            keys.namespace()
-        )));
-    }
-    let stored = shards.as_deref().and_then(|s| s.parse::<u16>().ok());
-    match stored {
-        Some(n) if layout >= 2 && (1..=crate::config::MAX_SHARDS).contains(&n) => Ok((layout, n)),
-        Some(n) if n == keys.shards() => Ok((layout, n)),
+    check_layout_field(keys, layout.as_deref(), upgrading.is_some())?;
+    match shards.as_deref().and_then(|s| s.parse::<u16>().ok()) {
+        Some(n) if (1..=crate::config::MAX_SHARDS).contains(&n) => Ok(n),
         _ => Err(StoreError::Schema(format!(
-            "namespace {} has {} shards (in {key}); the config says {}: set redis.shards to match",
-            keys.namespace(),
-            shards.unwrap_or_default(),
-            keys.shards()
+            "{key} field shards holds {:?}, not a shard count",
+            shards.unwrap_or_default()
+        ))),
+    }
+}
+
+/// Refuses a schema whose `layout` is not this build's: layout 1 (also while `zdelay upgrade`
+/// moves it) with [`StoreError::LegacyLayout`], anything else as unreadable.
+pub fn check_layout_field(
+    keys: &Keys,
+    layout: Option<&str>,
+    upgrading: bool,
+) -> Result<(), StoreError> {
+    match layout.map(str::parse::<u32>) {
+        Some(Ok(LAYOUT)) => Ok(()),
+        Some(Ok(LEGACY_LAYOUT)) => Err(StoreError::LegacyLayout {
+            namespace: keys.namespace().to_owned(),
+            upgrading,
+        }),
+        _ => Err(StoreError::Schema(format!(
+            "{} says layout {:?}; this build knows layout {LAYOUT}",
+            keys.schema(),
+            layout.unwrap_or_default()
         ))),
     }
 }
@@ -933,11 +911,8 @@ pub async fn ensure_schema(
 /// that every layout-1 script of an older process refuses it instead of writing where
 /// nothing reads. The daemon writes them at every start (a SET of the same value); a
 /// producer never needs to. Nothing while `zdelay upgrade` runs.
-pub async fn mark_layout_1_shards(
-    con: &mut Conn,
-    keys: &Keys,
-    layout: u32,
-) -> Result<(), StoreError> {
+pub async fn mark_layout_1_shards(con: &mut Conn, keys: &Keys) -> Result<(), StoreError> {
+    let layout = LAYOUT;
     // While `zdelay upgrade` runs (`layout` is still 1 in the schema) the layout-1 shards
     // hold jobs it has not moved yet: the upgrade retires each once it is empty.
     let schema = read_schema(con, keys).await?;
