@@ -54,33 +54,6 @@ fn config(redis: &RedisServer, target: &RedisServer) -> TestConfig {
     TestConfig::new(&redis.url(), SHARDS, &routes(target)).legacy_namespace()
 }
 
-/// Runs the older release's CLI, which must succeed: its stdout, trimmed.
-fn pinned_ok(config: &TestConfig, args: &[&str]) -> String {
-    let out = config.pinned_cli(args);
-    assert!(out.status.success(), "pinned {args:?}: {}", text(&out));
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// Enqueues `jobs` (the JSON lines of `zdelay enqueue --batch`) with the older release, each
-/// id new (`--on-conflict error`), every line accepted.
-fn pinned_batch(config: &TestConfig, jobs: &[serde_json::Value]) {
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    for job in jobs {
-        use std::io::Write;
-        writeln!(file, "{job}").unwrap();
-    }
-    let path = file.path().to_str().unwrap();
-    let ids = pinned_ok(
-        config,
-        &["enqueue", "--batch", path, "--on-conflict", "error"],
-    );
-    assert_eq!(
-        ids.lines().filter(|id| !id.is_empty()).count(),
-        jobs.len(),
-        "one id per job"
-    );
-}
-
 /// A field of `zdelay:schema`.
 fn schema_field(con: &mut dyn redis::ConnectionLike, field: &str) -> Option<String> {
     redis::cmd("HGET")
@@ -203,28 +176,25 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
             job
         })
         .collect();
-    pinned_batch(&config, &jobs);
+    config.pinned_batch(&jobs);
     // Dead jobs: one of the local route (expired) and two for a destination no route names,
     // from a producer whose config still has that route.
     let at = (now - 60_000).to_string();
-    pinned_ok(
-        &config,
-        &[
-            "enqueue",
-            "--dest",
-            "a",
-            "--payload",
-            "late",
-            "--id",
-            "expired-1",
-            "--at",
-            &at,
-            "--max-lateness",
-            "1ms",
-            "--on-conflict",
-            "error",
-        ],
-    );
+    config.pinned_ok(&[
+        "enqueue",
+        "--dest",
+        "a",
+        "--payload",
+        "late",
+        "--id",
+        "expired-1",
+        "--at",
+        &at,
+        "--max-lateness",
+        "1ms",
+        "--on-conflict",
+        "error",
+    ]);
     let outdated = TestConfig::new(
         &redis.url(),
         SHARDS,
@@ -234,37 +204,31 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
         ),
     );
     for id in ["lost-1", "lost-2"] {
-        pinned_ok(
-            &outdated,
-            &[
-                "enqueue",
-                "--dest",
-                "nowhere",
-                "--payload",
-                "x",
-                "--id",
-                id,
-                "--on-conflict",
-                "error",
-            ],
-        );
+        outdated.pinned_ok(&[
+            "enqueue",
+            "--dest",
+            "nowhere",
+            "--payload",
+            "x",
+            "--id",
+            id,
+            "--on-conflict",
+            "error",
+        ]);
     }
     // A schedule for each route.
     for (id, dest) in [("tick-a", "a"), ("tick-m", "m")] {
-        pinned_ok(
-            &config,
-            &[
-                "schedule",
-                "set",
-                id,
-                "--dest",
-                dest,
-                "--every",
-                "250ms",
-                "--payload",
-                "tick",
-            ],
-        );
+        config.pinned_ok(&[
+            "schedule",
+            "set",
+            id,
+            "--dest",
+            dest,
+            "--every",
+            "250ms",
+            "--payload",
+            "tick",
+        ]);
     }
     wait_for("the dead jobs died", Duration::from_secs(10), || {
         common::shard_total(&mut con, SHARDS, "dead") == 3
@@ -283,24 +247,21 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
     const WINDOW: Duration = Duration::from_secs(7_200);
     let later = (now + 3_600_000).to_string();
     for (id, dest) in [("uniq-a", "a"), ("uniq-m", "m")] {
-        pinned_ok(
-            &config,
-            &[
-                "enqueue",
-                "--dest",
-                dest,
-                "--payload",
-                "once",
-                "--id",
-                id,
-                "--at",
-                &later,
-                "--unique-for",
-                "7200s",
-                "--on-conflict",
-                "error",
-            ],
-        );
+        config.pinned_ok(&[
+            "enqueue",
+            "--dest",
+            dest,
+            "--payload",
+            "once",
+            "--id",
+            id,
+            "--at",
+            &later,
+            "--unique-for",
+            "7200s",
+            "--on-conflict",
+            "error",
+        ]);
     }
 
     // A producer of the older release keeps enqueueing through the upgrade, one call at a
@@ -546,10 +507,7 @@ fn the_upgrade_refuses_while_an_older_daemon_runs() {
     let redis = RedisServer::start();
     let target = RedisServer::start();
     let config = config(&redis, &target);
-    pinned_ok(
-        &config,
-        &["enqueue", "--dest", "a", "--payload", "x", "--in", "60s"],
-    );
+    config.pinned_ok(&["enqueue", "--dest", "a", "--payload", "x", "--in", "60s"]);
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
     let _: () = redis::cmd("HSET")
@@ -638,7 +596,7 @@ push = "rpush"
             })
         })
         .collect();
-    pinned_batch(&config, &jobs);
+    config.pinned_batch(&jobs);
     wait_for("deliveries started", Duration::from_secs(20), || {
         common::llen(&mut con, "q:a") > 100
     });
@@ -657,7 +615,7 @@ push = "rpush"
             })
         })
         .collect();
-    pinned_batch(&config, &after);
+    config.pinned_batch(&after);
     assert_eq!(schema_field(&mut con, "layout").as_deref(), Some("2"));
     let total = WAITING + 900;
     let distinct = |con: &mut redis::cluster::ClusterConnection, far: &mut redis::Connection| {
@@ -764,34 +722,28 @@ push = "rpush"
     daemon.wait_ready();
     let (mut con, mut far) = (redis.conn(), target.conn());
     let now = redis_now_ms(&mut con);
-    pinned_ok(
-        &config,
-        &[
-            "enqueue",
-            "--dest",
-            "m",
-            "--payload",
-            "held",
-            "--id",
-            "held",
-        ],
-    );
+    config.pinned_ok(&[
+        "enqueue",
+        "--dest",
+        "m",
+        "--payload",
+        "held",
+        "--id",
+        "held",
+    ]);
     // Due much later: no publisher claims it before the fence.
     let later = (now + 3_600_000).to_string();
-    pinned_ok(
-        &config,
-        &[
-            "enqueue",
-            "--dest",
-            "m",
-            "--payload",
-            "stale",
-            "--id",
-            "stale",
-            "--at",
-            &later,
-        ],
-    );
+    config.pinned_ok(&[
+        "enqueue",
+        "--dest",
+        "m",
+        "--payload",
+        "stale",
+        "--id",
+        "stale",
+        "--at",
+        &later,
+    ]);
     wait_for(
         "the publisher holds its job",
         Duration::from_secs(20),

@@ -460,6 +460,34 @@ impl TestConfig {
         run_cli(&pinned_bin(), &self.path, args)
     }
 
+    /// [`TestConfig::pinned_cli`], which must succeed: its stdout, trimmed.
+    pub fn pinned_ok(&self, args: &[&str]) -> String {
+        let out = self.pinned_cli(args);
+        assert!(
+            out.status.success(),
+            "pinned zdelay {args:?}: {}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Enqueues `jobs` (the JSON lines of `zdelay enqueue --batch`) with the older release,
+    /// each id new (`--on-conflict error`), every line accepted: their ids, in order.
+    pub fn pinned_batch(&self, jobs: &[serde_json::Value]) -> Vec<String> {
+        let file = json_lines(jobs);
+        let path = path_str(file.path());
+        let ids: Vec<String> = self
+            .pinned_ok(&["enqueue", "--batch", path, "--on-conflict", "error"])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(ids.len(), jobs.len(), "one id per job: {ids:?}");
+        assert!(ids.iter().all(|id| !id.is_empty()), "every job taken");
+        ids
+    }
+
     /// Runs `zdelay-bench --config <this> <args…>` ([`bench_bin`]) and returns its output.
     pub fn bench(&self, args: &[&str]) -> std::process::Output {
         Command::new(bench_bin())
@@ -470,6 +498,15 @@ impl TestConfig {
             .output()
             .expect("zdelay-bench runs")
     }
+}
+
+/// A temporary file of `values`, one JSON document a line (a `--batch` input).
+pub fn json_lines(values: &[serde_json::Value]) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().expect("a temp file");
+    for value in values {
+        writeln!(file, "{value}").expect("write a line");
+    }
+    file
 }
 
 /// `body` (a test config) with `redis.layout = <layout>`.
