@@ -452,12 +452,17 @@ impl TestConfig {
 
     /// Runs a CLI command with this config and returns its output.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        run_cli(&zdelay_bin(), &self.path, args)
+        self.cli_with(&zdelay_bin(), args)
     }
 
     /// [`TestConfig::cli`] of the older release that serves layout 1 ([`pinned_bin`]).
     pub fn pinned_cli(&self, args: &[&str]) -> std::process::Output {
-        run_cli(&pinned_bin(), &self.path, args)
+        self.cli_with(&pinned_bin(), args)
+    }
+
+    /// [`TestConfig::cli`] of `bin` ([`zdelay_bin`] or [`pinned_bin`]).
+    pub fn cli_with(&self, bin: &Path, args: &[&str]) -> std::process::Output {
+        run_cli(bin, &self.path, args)
     }
 
     /// [`TestConfig::pinned_cli`], which must succeed: its stdout, trimmed.
