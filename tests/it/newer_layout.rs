@@ -99,7 +99,10 @@ fn a_newer_layouts_marker_refuses_the_older_releases_producers_and_stops_its_dae
     // Every job of a batch is refused with the reason (every shard is), and so are one
     // enqueue, cancel, reschedule and get: exit 1.
     let jobs: Vec<serde_json::Value> = (0..40)
-        .map(|i| serde_json::json!({ "dest": "here", "payload": format!("new {i}"), "id": format!("new-{i}") }))
+        .map(|i| {
+            let (payload, id) = (format!("new {i}"), format!("new-{i}"));
+            serde_json::json!({ "dest": "here", "payload": payload, "id": id })
+        })
         .collect();
     let lines = crate::common::json_lines(&jobs);
     let out = config.pinned_cli(&["enqueue", "--batch", crate::common::path_str(lines.path())]);
