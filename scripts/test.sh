@@ -11,6 +11,8 @@
 #   cargo fmt --all -- --check
 #   cargo clippy --workspace --all-targets -- -D warnings
 #   cargo check -p zdelay-client       (the producer library alone, without the daemon)
+#   scripts/pinned-zdelay.sh           (the last zdelay that serves storage layout 1, for the
+#                                       upgrade's tests; built once, kept under target/pinned)
 #   cargo build --workspace --all-targets          (the build the tests below reuse)
 #   cargo test --workspace --all-targets -- --test-threads N    (unit + integration; N = $ZDELAY_TEST_THREADS, default 2)
 #   cargo test --workspace --doc                   (doctests: the producer crate's README)
@@ -185,6 +187,10 @@ run_step "cargo clippy --workspace --all-targets -- -D warnings" clippy.log \
 # build: a library links nothing, and the check reuses clippy's checked dependencies.
 run_step "cargo check -p zdelay-client (the producer library alone)" producer.log \
     cargo check -p zdelay-client
+# The older zdelay the layout-1 tests run beside this one. Before the build: building it
+# copies its binary to target/debug/zdelay, and the build below puts this one back.
+run_step "scripts/pinned-zdelay.sh (the last zdelay that serves layout 1)" pinned.log \
+    bash scripts/pinned-zdelay.sh
 run_step "cargo build --workspace --all-targets" build.log \
     cargo build --workspace --all-targets "${FEATURES[@]}"
 run_step "cargo test --workspace --all-targets -- --test-threads $TEST_THREADS" test.log \

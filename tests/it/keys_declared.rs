@@ -3,10 +3,16 @@
 //! product (daemon, library, CLI) against a Redis under `MONITOR`, which prints each script
 //! call followed by the commands the script ran, asks the server which arguments of each of
 //! those commands are keys (`COMMAND GETKEYS`), and fails on any key the call did not declare.
+//! The layout-1 namespace that `zdelay upgrade` reads is the older release's work: its script
+//! calls are checked too, but only this build's own, from the upgrade on, count as having run
+//! a script of the product.
 
-use crate::common::{Daemon, RedisServer, TestConfig, redis_now_ms, wait_for};
+use crate::common::{
+    Daemon, RedisServer, TestConfig, pinned_bin, redis_now_ms, wait_for, zdelay_bin,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use zdelay::keys::Keys;
@@ -78,6 +84,195 @@ fn monitor_lines_parse() {
     assert_eq!(client, "lua");
 }
 
+/// The work of the daemon and the CLI (`bin`, with `config`) on one namespace: envelope jobs
+/// local and two-phase (delivered, dead, cancelled, rescheduled, read by the producer
+/// protocol), raw members, dead letters replayed and purged, schedules and a producer's
+/// schedule request, and a dead job with a history of earlier deaths. `run` tells the runs'
+/// ids apart.
+fn exercise(
+    config: &TestConfig,
+    bin: &Path,
+    con: &mut redis::Connection,
+    tcon: &mut redis::Connection,
+    run: &str,
+) {
+    let ok = |args: &[&str]| {
+        let out = config.cli_with(bin, args);
+        assert!(
+            out.status.success(),
+            "{} {args:?}: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let keys = {
+        let mut schema = |field: &str| -> String {
+            redis::cmd("HGET")
+                .arg("zdelay:schema")
+                .arg(field)
+                .query(con)
+                .expect("the schema")
+        };
+        let (layout, shards) = (schema("layout"), schema("shards"));
+        let keys = Keys::new("zdelay", shards.parse().expect("shards"));
+        // Layout 1 while the pinned release runs it, before the upgrade.
+        if layout == "1" { keys.layout_1() } else { keys }
+    };
+    let now = redis_now_ms(con);
+    // A job that goes dead at once: due a minute ago, stale after 1 ms.
+    let past = (now - 60_000).to_string();
+    let expired = |dest: &str, payload: &str, id: Option<&str>| {
+        let mut args = vec![
+            "enqueue",
+            "--dest",
+            dest,
+            "--at",
+            &past,
+            "--max-lateness",
+            "1ms",
+            "--payload",
+            payload,
+        ];
+        if let Some(id) = id {
+            args.extend(["--id", id]);
+        }
+        ok(&args)
+    };
+    // Envelope jobs: local and two-phase, one dead (expired), one cancelled and one
+    // rescheduled.
+    for (dest, payload) in [("l", "one"), ("m", "two")] {
+        ok(&["enqueue", "--dest", dest, "--payload", payload]);
+    }
+    expired("m", "three", None);
+    let later = ok(&["enqueue", "--dest", "l", "--in", "1h", "--payload", "later"]);
+    ok(&["reschedule", &later, "--in", "2h"]);
+    ok(&["get", &later]);
+    ok(&["cancel", &later]);
+    // The producer protocol's read of a job in a shard (layout 1's, or layout 2's spread
+    // shards; the writes are the scripts above under other names).
+    let later = ok(&["enqueue", "--dest", "m", "--in", "1h", "--payload", "later"]);
+    let read: Vec<redis::Value> = crate::protocol::fcall_get(&keys, &later)
+        .query(con)
+        .expect("FCALL zd1_get");
+    assert_eq!(read.len(), 8);
+    ok(&["reschedule", &later, "--in", "2h"]);
+    ok(&["get", &later]);
+    ok(&["cancel", &later]);
+    // Raw members: local, two-phase, one too large (dead).
+    let big = "x".repeat(100);
+    for (key, member) in [("raw:l", "r1"), ("raw:m", "r2"), ("raw:l", big.as_str())] {
+        let _: () = redis::cmd("ZADD")
+            .arg(key)
+            .arg(now)
+            .arg(member)
+            .query(con)
+            .expect("ZADD");
+    }
+    wait_for(
+        "everything delivered or dead",
+        Duration::from_secs(20),
+        || {
+            crate::common::llen(con, "q:l") == 2
+                && crate::common::llen(tcon, "q:m") == 2
+                && ok(&["dead", "list"]).lines().count() == 2
+        },
+    );
+    // Replayed due in the past, the expired job is dead again at once.
+    ok(&["dead", "replay", "--all", "--at", &past]);
+    ok(&["dead", "replay", "--source", "raw:l"]);
+    wait_for("dead again", Duration::from_secs(20), || {
+        ok(&["dead", "list"]).lines().count() == 2
+    });
+    ok(&["dead", "purge", "--all"]);
+    ok(&["dead", "purge", "--source", "raw:l"]);
+    // Schedules of both routes (on layout 2 in the local route's lane and in a spread shard):
+    // set, fire a few occurrences, pause, resume, delete; a job with a lateness limit.
+    for (id, dest) in [("tick", "l"), ("tock", "m")] {
+        ok(&[
+            "schedule",
+            "set",
+            id,
+            "--dest",
+            dest,
+            "--every",
+            "200ms",
+            "--payload",
+            "t",
+        ]);
+    }
+    ok(&[
+        "enqueue",
+        "--dest",
+        "l",
+        "--max-lateness",
+        "5s",
+        "--payload",
+        "limited",
+    ]);
+    wait_for("occurrences fired", Duration::from_secs(20), || {
+        crate::common::llen(con, "q:l") >= 6 && crate::common::llen(tcon, "q:m") >= 4
+    });
+    for id in ["tick", "tock"] {
+        ok(&["schedule", "pause", id]);
+        ok(&["schedule", "resume", id]);
+        ok(&["schedule", "delete", id]);
+    }
+    // A producer's schedule request, applied by the daemon.
+    let seq = crate::protocol::fcall_schedule(
+        con,
+        "asked",
+        "set",
+        Some(r#"{"id":"asked","dest":"l","every":"1h","payload":"a"}"#),
+    )
+    .expect("FCALL zd1_schedule");
+    crate::protocol::outcome(con, "asked", seq);
+    ok(&[
+        "schedule",
+        "set",
+        "later",
+        "--dest",
+        "l",
+        "--every",
+        "1h",
+        "--payload",
+        "t",
+    ]);
+    ok(&[
+        "enqueue",
+        "--dest",
+        "l",
+        "--in",
+        "1h",
+        "--max-lateness",
+        "5s",
+        "--payload",
+        "x",
+    ]);
+    // A dead job with a history of earlier deaths (replayed by id, dead again), for the
+    // reshard to move: its id changes shard from 4 to 8 shards, so the reshard's scripts run
+    // whatever the other (random) ids do.
+    let (four, eight) = (Keys::new("zdelay", 4), Keys::new("zdelay", 8));
+    let moving = (0..)
+        .map(|i| format!("twice-{run}-{i}"))
+        .find(|id| four.shard_of(id) != eight.shard_of(id))
+        .expect("some id moves");
+    let twice = expired("m", "four", Some(&moving));
+    wait_for("dead", Duration::from_secs(20), || {
+        ok(&["dead", "list"]).contains(&twice)
+    });
+    ok(&["dead", "replay", "--id", &twice, "--at", &past]);
+    wait_for("dead again", Duration::from_secs(20), || {
+        // Not dead (exit 1) until the mover took it again.
+        String::from_utf8_lossy(&config.cli_with(bin, &["dead", "show", &twice]).stdout)
+            .contains("1 earlier deaths")
+    });
+    ok(&["stats"]);
+}
+
+/// Echoed just before this build's `zdelay upgrade`: where this build's own work starts.
+const UPGRADE_MARK: &str = "keys-declared-upgrade";
+
 #[test]
 fn every_key_a_script_touches_is_declared() {
     let redis = RedisServer::start();
@@ -89,11 +284,8 @@ fn every_key_a_script_touches_is_declared() {
         .stderr(Stdio::null())
         .spawn()
         .expect("redis-cli MONITOR");
-    let config = TestConfig::new(
-        &redis.url(),
-        4,
-        &format!(
-            r#"
+    let routes = format!(
+        r#"
 [poller]
 idle_poll = "50ms"
 max_payload = 64
@@ -120,170 +312,56 @@ route = "l"
 key = "raw:m"
 route = "m"
 "#,
-            target.url()
-        ),
-    )
-    // Layout 1 first: its reshard and `zdelay upgrade` (which run only from layout 1) are
-    // among the scripts; layout 2's run after the upgrade, in the bench and below.
-    .on_layout_1();
-    let ok = |args: &[&str]| {
-        let out = config.cli(args);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
-    let daemon = Daemon::start(&config);
+        target.url()
+    );
     let mut con = redis.conn();
     let mut tcon = target.conn();
-    // Envelope jobs: local and two-phase, one to an unknown destination (dead), one cancelled
-    // and one rescheduled.
-    for (dest, payload) in [("l", "one"), ("m", "two")] {
-        ok(&["enqueue", "--dest", dest, "--payload", payload]);
-    }
-    // The CLI refuses an unknown destination; the library (no route table) takes it.
     let rt = crate::common::runtime();
-    let lib = rt
-        .block_on(zdelay::Client::connect(&zdelay::config::RedisConfig {
-            url: redis.url(),
-            shards: 4,
-            ..Default::default()
-        }))
-        .expect("client");
-    rt.block_on(lib.enqueue(
-        zdelay::NewJob::new("nowhere", "three"),
-        zdelay::OnConflict::Error,
-    ))
-    .expect("enqueued");
-    let later = ok(&["enqueue", "--dest", "l", "--in", "1h", "--payload", "later"]);
-    ok(&["reschedule", &later, "--in", "2h"]);
-    ok(&["get", &later]);
-    // The producer protocol's read (the writes are the scripts above under other names).
-    let read: Vec<redis::Value> = crate::protocol::fcall_get(&Keys::new("zdelay", 4), &later)
+    // Layout 1 first, which only the older release serves: its daemon and CLI do the work,
+    // and its reshard moves the namespace from 4 shards to 8, for this build's `zdelay
+    // upgrade` (which runs only from layout 1) to move to layout 2.
+    let config = TestConfig::new(&redis.url(), 4, &routes).legacy_namespace();
+    let pinned = pinned_bin();
+    let mut daemon = Daemon::start_with_bin(&pinned, &config);
+    exercise(&config, &pinned, &mut con, &mut tcon, "one");
+    // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
+    // dead job's history, and needs no daemon running.
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_exit(Duration::from_secs(10));
+    config.pinned_ok(&["reshard", "--to", "8", "--yes"]);
+    // Then the upgrade to storage layout 2: the local route's waiting job and schedule go
+    // into its lane, the dead job into a spread shard.
+    let eight = TestConfig::new(&redis.url(), 8, &routes);
+    // What ran before this mark does not count as run: the older release's scripts are this
+    // build's only while they are the same.
+    let _: String = redis::cmd("ECHO")
+        .arg(UPGRADE_MARK)
         .query(&mut con)
-        .expect("FCALL zd1_get");
-    assert_eq!(read.len(), 8);
-    ok(&["cancel", &later]);
-    // Raw members: local, two-phase, one too large (dead).
-    let now = redis_now_ms(&mut con);
-    let big = "x".repeat(100);
-    for (key, member) in [("raw:l", "r1"), ("raw:m", "r2"), ("raw:l", big.as_str())] {
-        let _: () = redis::cmd("ZADD")
-            .arg(key)
-            .arg(now)
-            .arg(member)
-            .query(&mut con)
-            .expect("ZADD");
-    }
-    wait_for(
-        "everything delivered or dead",
-        Duration::from_secs(20),
-        || {
-            crate::common::llen(&mut con, "q:l") == 2
-                && crate::common::llen(&mut tcon, "q:m") == 2
-                && ok(&["dead", "list"]).lines().count() == 2
-        },
+        .expect("ECHO");
+    let upgraded = eight.cli(&["upgrade", "--yes"]);
+    assert!(
+        upgraded.status.success(),
+        "upgrade: {}",
+        String::from_utf8_lossy(&upgraded.stderr)
     );
-    ok(&["dead", "replay", "--all"]);
-    ok(&["dead", "replay", "--source", "raw:l"]);
-    wait_for("dead again", Duration::from_secs(20), || {
-        ok(&["dead", "list"]).lines().count() == 2
-    });
-    ok(&["dead", "purge", "--all"]);
-    ok(&["dead", "purge", "--source", "raw:l"]);
-    // Schedules: set, fire a few occurrences, pause, resume, delete; a job with a lateness limit.
-    ok(&[
-        "schedule",
-        "set",
-        "tick",
-        "--dest",
-        "l",
-        "--every",
-        "200ms",
-        "--payload",
-        "t",
-    ]);
-    ok(&[
-        "enqueue",
-        "--dest",
-        "l",
-        "--max-lateness",
-        "5s",
-        "--payload",
-        "limited",
-    ]);
-    wait_for("occurrences fired", Duration::from_secs(20), || {
-        crate::common::llen(&mut con, "q:l") >= 6
-    });
-    ok(&["schedule", "pause", "tick"]);
-    ok(&["schedule", "resume", "tick"]);
-    ok(&["schedule", "delete", "tick"]);
-    // A producer's schedule request, applied by the daemon.
-    let seq = crate::protocol::fcall_schedule(
-        &mut con,
-        "asked",
-        "set",
-        Some(r#"{"id":"asked","dest":"l","every":"1h","payload":"a"}"#),
-    )
-    .expect("FCALL zd1_schedule");
-    crate::protocol::outcome(&mut con, "asked", seq);
-    ok(&[
-        "schedule",
-        "set",
-        "later",
-        "--dest",
-        "l",
-        "--every",
-        "1h",
-        "--payload",
-        "t",
-    ]);
-    ok(&[
-        "enqueue",
-        "--dest",
-        "l",
-        "--in",
-        "1h",
-        "--max-lateness",
-        "5s",
-        "--payload",
-        "x",
-    ]);
-    // A dead job with a history of earlier deaths (replayed by id, dead again), for the
-    // reshard to move: its id changes shard from 4 to 8 shards, so the reshard's scripts run
-    // whatever the other (random) ids do.
-    let (old, new) = (Keys::new("zdelay", 4), Keys::new("zdelay", 8));
-    let moving = (0..)
-        .map(|i| format!("twice-{i}"))
-        .find(|id| old.shard_of(id) != new.shard_of(id))
-        .expect("some id moves");
-    let (twice, _) = rt
-        .block_on(lib.enqueue(
-            zdelay::NewJob::new("nowhere", "four").id(&moving),
-            zdelay::OnConflict::Error,
-        ))
-        .expect("enqueued");
-    wait_for("dead", Duration::from_secs(20), || {
-        ok(&["dead", "list"]).contains(&twice)
-    });
-    ok(&["dead", "replay", "--id", &twice]);
-    wait_for("dead again", Duration::from_secs(20), || {
-        // Not dead (exit 1) until the mover took it again.
-        String::from_utf8_lossy(&config.cli(&["dead", "show", &twice]).stdout)
-            .contains("1 earlier deaths")
-    });
-    ok(&["stats"]);
+    // This build's daemon and CLI do the same work on layout 2, from empty lists and no
+    // dead job.
+    let mut daemon = Daemon::start(&eight);
+    let _: () = redis::cmd("DEL").arg("q:l").query(&mut con).expect("DEL");
+    let _: () = redis::cmd("DEL").arg("q:m").query(&mut tcon).expect("DEL");
+    let purged = eight.cli(&["dead", "purge", "--all"]);
+    assert!(purged.status.success(), "dead purge --all");
+    exercise(&eight, &zdelay_bin(), &mut con, &mut tcon, "two");
     // The route-lane scripts of storage layout 2 run in the bench's preview of it so far.
-    let out = config.bench(&["--mode", "lane", "--jobs", "2000"]);
+    let out = eight.bench(&["--mode", "lane", "--jobs", "2000"]);
     assert!(
         out.status.success(),
         "zdelay-bench --mode lane: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     // The per-id lane calls, which nothing runs yet but the library: in a namespace of their
-    // own, so the reshard below meets only its own.
+    // own.
+    let now = redis_now_ms(&mut con);
     {
         use zdelay::store::{Conn, lanes, scripts};
         let mut lcon = rt
@@ -528,33 +606,8 @@ route = "m"
             .expect("route_gone_lane");
         assert!(gone >= 1, "the relocated occurrence is due by then");
     }
-    // A graceful stop (release_slots), then a reshard, which moves jobs, schedules and the
-    // dead job's history, and needs no daemon running.
-    let mut daemon = daemon;
     daemon.signal(libc::SIGTERM);
     daemon.wait_exit(Duration::from_secs(10));
-    ok(&["reshard", "--to", "8", "--yes"]);
-    // Then the upgrade to storage layout 2: the local route's waiting job and schedule go
-    // into its lane, the dead job into a spread shard.
-    let eight = tempfile::NamedTempFile::new().expect("a config file");
-    let body = std::fs::read_to_string(&config.path).expect("config");
-    std::fs::write(
-        eight.path(),
-        body.replacen("shards = 4\n", "shards = 8\n", 1)
-            .replacen("layout = 1\n", "", 1),
-    )
-    .expect("config");
-    let upgraded = std::process::Command::new(crate::common::zdelay_bin())
-        .arg("--config")
-        .arg(eight.path())
-        .args(["upgrade", "--yes"])
-        .output()
-        .expect("zdelay runs");
-    assert!(
-        upgraded.status.success(),
-        "upgrade: {}",
-        String::from_utf8_lossy(&upgraded.stderr)
-    );
     // MONITOR reaches its file a little after the commands ran: wait for a last command of
     // our own before reading it, or the reshard's scripts may be cut off.
     let _: String = redis::cmd("ECHO")
@@ -576,9 +629,11 @@ route = "m"
     let mut seen: BTreeSet<&str> = BTreeSet::new();
     let mut undeclared: Vec<String> = Vec::new();
     let mut current: Option<(&str, BTreeSet<Vec<u8>>)> = None;
+    let mut upgrading = false;
     let file = std::fs::File::open(monitor_file.path()).expect("monitor output");
     for line in BufReader::new(file).lines() {
         let line = line.expect("a line");
+        upgrading |= line.contains(UPGRADE_MARK);
         let Some((client, args)) = parse_monitor_line(&line) else {
             continue;
         };
@@ -605,7 +660,9 @@ route = "m"
             };
             if let Some(name) = called {
                 let count: usize = String::from_utf8_lossy(&args[2]).parse().expect("numkeys");
-                seen.insert(name);
+                if upgrading {
+                    seen.insert(name);
+                }
                 current = Some((name, args[3..3 + count].iter().cloned().collect()));
             }
             continue;

@@ -30,7 +30,7 @@ mod lanes;
 mod layout2;
 mod memory;
 mod nats;
-// TEMP mod newer_layout;
+mod newer_layout;
 mod producer;
 mod producers_first;
 mod protocol;
@@ -49,7 +49,7 @@ mod soak;
 mod trace;
 mod two_phase;
 mod unique;
-// TEMP mod upgrade;
+mod upgrade;
 mod user_errors;
 mod wake;
 

@@ -1,11 +1,16 @@
 //! `zdelay upgrade` moves a live layout-1 namespace to storage layout 2 while producers
 //! enqueue and daemons deliver, against real Redis: every job delivered once and none early,
 //! dead jobs and schedules kept, a crash of the upgrade between writing a batch into layout 2
-//! and deleting it from layout 1 resumed by running it again, the daemons and a connected
-//! producer following on their own, and the layout-1 keys empty at the end.
+//! and deleting it from layout 1 resumed by running it again, the daemons and producers
+//! following on their own, and the layout-1 keys empty at the end.
+//!
+//! This build no longer serves layout 1: everything on layout 1 (creating the namespace, the
+//! producers, the daemons that run through the upgrade) is the last release that does
+//! ([`common::pinned_bin`]), as in a real upgrade; this build runs `zdelay upgrade` and what
+//! comes after it.
 
 use crate::common::{
-    self, Daemon, RedisServer, TestConfig, lrange, redis_now_ms, wait_for, zdelay_bin,
+    self, Daemon, RedisServer, TestConfig, lrange, pinned_bin, redis_now_ms, wait_for, zdelay_bin,
 };
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
@@ -17,26 +22,10 @@ use zdelay::{NewJob, OnConflict};
 
 const SHARDS: u16 = 4;
 
-/// Creates the namespace on layout 1, what `zdelay upgrade` moves from, and returns `config`
-/// as it was: the daemons and producers leave `redis.layout` unset, as they must to follow
-/// the upgrade (a layout they were told would no longer match).
-fn legacy_namespace(config: TestConfig) -> TestConfig {
-    let mut redis = config.load().redis;
-    redis.layout = Some(1);
-    let rt = common::runtime();
-    let lib = rt
-        .block_on(zdelay::Client::connect(&redis))
-        .expect("the namespace is created on layout 1");
-    assert_eq!(lib.storage_layout(), 1);
-    config
-}
-
-fn config(redis: &RedisServer, target: &RedisServer) -> TestConfig {
-    legacy_namespace(TestConfig::new(
-        &redis.url(),
-        SHARDS,
-        &format!(
-            r#"
+/// The routes of the upgrade's tests: `a` local, `m` to another Redis (two-phase).
+fn routes(target: &RedisServer) -> String {
+    format!(
+        r#"
 [poller]
 idle_poll = "50ms"
 
@@ -56,9 +45,22 @@ sink = "other"
 target = "q:m"
 push = "rpush"
 "#,
-            target.url()
-        ),
-    ))
+        target.url()
+    )
+}
+
+/// A layout-1 namespace (created by the older release) with [`routes`].
+fn config(redis: &RedisServer, target: &RedisServer) -> TestConfig {
+    TestConfig::new(&redis.url(), SHARDS, &routes(target)).legacy_namespace()
+}
+
+/// A field of `zdelay:schema`.
+fn schema_field(con: &mut dyn redis::ConnectionLike, field: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg("zdelay:schema")
+        .arg(field)
+        .query(con)
+        .unwrap()
 }
 
 fn text(out: &Output) -> String {
@@ -137,68 +139,105 @@ fn check_deliveries(
     seen.values().filter(|n| **n > 1).count()
 }
 
+/// The older release's daemons deliver and its producer enqueues (one `zdelay enqueue` a
+/// call) all through the upgrade: the producer follows it in that every call made while the
+/// namespace is upgrading and after it succeeds (possibly after refusals that wrote nothing and
+/// said to try again, for a call that raced the fence) and every job it enqueued arrives,
+/// once.
 #[test]
 fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
-    use zdelay::schedules::{NewSchedule, Repeat};
     const WAITING: usize = 20_000;
     let redis = RedisServer::start();
     let target = RedisServer::start();
-    let config = config(&redis, &target);
-    let daemons = [Daemon::start(&config), Daemon::start_instance(&config)];
+    let config = Arc::new(config(&redis, &target));
+    let pinned = pinned_bin();
+    let daemons = [
+        Daemon::start_with_bin(&pinned, &config),
+        Daemon::start_instance_with_bin(&pinned, &config),
+    ];
     let rt = common::runtime();
-    let lib = common::client(&rt, &redis.url(), SHARDS);
-    assert_eq!(lib.storage_layout(), 1);
     let (mut con, mut far) = (redis.conn(), target.conn());
+    assert_eq!(schema_field(&mut con, "layout").as_deref(), Some("1"));
     let stop = Arc::new(AtomicBool::new(false));
     let consumer = consume(redis.url(), stop.clone());
 
     // Waiting jobs for both routes, due over the next 12 s, some under chosen ids.
     let now = redis_now_ms(&mut con);
     let mut expected: BTreeMap<String, &'static str> = BTreeMap::new();
-    let jobs: Vec<NewJob> = (0..WAITING)
+    let jobs: Vec<serde_json::Value> = (0..WAITING)
         .map(|i| {
             let dest = if i % 2 == 0 { "a" } else { "m" };
             let due = now + 1_500 + (i as i64 * 7919) % 10_500;
             let payload = format!("p{i}:{due}");
             expected.insert(payload.clone(), dest);
-            let job = NewJob::new(dest, payload).at(due);
+            let mut job = serde_json::json!({ "dest": dest, "payload": payload, "at": due });
             if i % 10 == 3 {
-                job.id(format!("user-{i}"))
-            } else {
-                job
+                job["id"] = format!("user-{i}").into();
             }
+            job
         })
         .collect();
-    for chunk in jobs.chunks(2_000) {
-        for r in rt
-            .block_on(lib.enqueue_batch(chunk.to_vec(), OnConflict::Error))
-            .unwrap()
-        {
-            r.unwrap();
-        }
-    }
-    // Dead jobs: one of the local route (expired) and two for a destination no route names.
-    let expired = NewJob::new("a", "late")
-        .id("expired-1")
-        .at(now - 60_000)
-        .max_lateness(Duration::from_millis(1));
-    rt.block_on(lib.enqueue(expired, OnConflict::Error))
-        .unwrap();
+    config.pinned_batch(&jobs);
+    // Dead jobs: one of the local route (expired) and two for a destination no route names,
+    // from a producer whose config still has that route.
+    let at = (now - 60_000).to_string();
+    config.pinned_ok(&[
+        "enqueue",
+        "--dest",
+        "a",
+        "--payload",
+        "late",
+        "--id",
+        "expired-1",
+        "--at",
+        &at,
+        "--max-lateness",
+        "1ms",
+        "--on-conflict",
+        "error",
+    ]);
+    let outdated = TestConfig::new(
+        &redis.url(),
+        SHARDS,
+        &format!(
+            "{}\n[[routes]]\nname = \"nowhere\"\nsink = \"local\"\ntarget = \"q:nowhere\"\n",
+            routes(&target)
+        ),
+    );
     for id in ["lost-1", "lost-2"] {
-        rt.block_on(lib.enqueue(NewJob::new("nowhere", "x").id(id), OnConflict::Error))
-            .unwrap();
+        outdated.pinned_ok(&[
+            "enqueue",
+            "--dest",
+            "nowhere",
+            "--payload",
+            "x",
+            "--id",
+            id,
+            "--on-conflict",
+            "error",
+        ]);
     }
     // A schedule for each route.
     for (id, dest) in [("tick-a", "a"), ("tick-m", "m")] {
-        let spec = NewSchedule::new(id, dest, "tick", Repeat::Every(Duration::from_millis(250)));
-        rt.block_on(lib.schedule_set(spec)).unwrap();
+        config.pinned_ok(&[
+            "schedule",
+            "set",
+            id,
+            "--dest",
+            dest,
+            "--every",
+            "250ms",
+            "--payload",
+            "tick",
+        ]);
     }
     wait_for("the dead jobs died", Duration::from_secs(10), || {
-        common::shard_total(&mut con, SHARDS, "dead") == 3
+        common::layout_1_total(&mut con, SHARDS, "dead") == 3
     });
     // Windows of ids no job is stored under (a remembered one, a stray one): they name no
     // route, so they do not move, and they do not stay behind in the retired shards either.
-    let legacy_shard = Keys::new("zdelay", SHARDS).shard(1);
+    // Written raw: no command makes a window without its job.
+    let legacy_shard = Keys::new("zdelay", SHARDS).layout_1().shard(1);
     let _: () = redis::pipe()
         .zadd(&legacy_shard.windows, "u:remembered", i64::MAX / 4)
         .hset(&legacy_shard.unique, "waiting", 3_600_000)
@@ -207,23 +246,33 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
     // Waiting jobs' unique windows go where their jobs go: a local route's lane, a spread
     // shard for a two-phase route.
     const WINDOW: Duration = Duration::from_secs(7_200);
+    let later = (now + 3_600_000).to_string();
     for (id, dest) in [("uniq-a", "a"), ("uniq-m", "m")] {
-        let job = NewJob::new(dest, "once")
-            .id(id)
-            .at(now + 3_600_000)
-            .unique_for(WINDOW);
-        rt.block_on(lib.enqueue(job, OnConflict::Error)).unwrap();
+        config.pinned_ok(&[
+            "enqueue",
+            "--dest",
+            dest,
+            "--payload",
+            "once",
+            "--id",
+            id,
+            "--at",
+            &later,
+            "--unique-for",
+            "7200s",
+            "--on-conflict",
+            "error",
+        ]);
     }
 
-    // A producer that connected on layout 1 keeps enqueueing through the upgrade.
+    // A producer of the older release keeps enqueueing through the upgrade, one call at a
+    // time, each job due within 1.5 s.
     let producing = Arc::new(AtomicBool::new(true));
     let (retried, produced) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let producer = {
         let (producing, retried, produced) = (producing.clone(), retried.clone(), produced.clone());
-        let url = redis.url();
+        let (config, url) = (config.clone(), redis.url());
         std::thread::spawn(move || {
-            let rt = common::runtime();
-            let lib = common::client(&rt, &url, SHARDS);
             let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
             let mut sent = Vec::new();
             let mut k = 0u64;
@@ -231,29 +280,43 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
                 let dest = if k.is_multiple_of(2) { "a" } else { "m" };
                 let due = redis_now_ms(&mut con) + (k as i64 * 37) % 1_500;
                 let payload = format!("s{k}:{due}");
+                let due = due.to_string();
+                let args = [
+                    "enqueue",
+                    "--dest",
+                    dest,
+                    "--payload",
+                    &payload,
+                    "--at",
+                    &due,
+                    "--on-conflict",
+                    "error",
+                ];
                 loop {
-                    match rt.block_on(lib.enqueue(
-                        NewJob::new(dest, payload.clone()).at(due),
-                        OnConflict::Error,
-                    )) {
-                        Ok(_) => break,
-                        Err(e) if e.is_retryable() => {
-                            retried.fetch_add(1, Ordering::Relaxed);
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                        Err(e) => panic!("enqueue {payload}: {e}"),
+                    let out = config.pinned_cli(&args);
+                    if out.status.success() {
+                        break;
                     }
+                    // A call that met the fence (or a lane being registered) wrote nothing
+                    // and says to try again.
+                    let err = String::from_utf8_lossy(&out.stderr);
+                    assert!(
+                        err.contains("retry") || err.contains("try again"),
+                        "enqueue {payload}: {}",
+                        text(&out)
+                    );
+                    retried.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(5));
                 }
                 sent.push((payload, dest));
                 k += 1;
                 produced.store(k, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(2));
             }
-            (sent, lib.storage_layout())
+            sent
         })
     };
-    wait_for("the producer runs", Duration::from_secs(10), || {
-        produced.load(Ordering::Relaxed) > 50
+    wait_for("the producer runs", Duration::from_secs(20), || {
+        produced.load(Ordering::Relaxed) > 20
     });
 
     // The first run dies (kill -9) after writing a batch into layout 2, before deleting it
@@ -288,6 +351,13 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
         Some("2"),
         "{schema:?}"
     );
+    // The producer goes on while the namespace is half upgraded.
+    let at_crash = produced.load(Ordering::Relaxed);
+    wait_for(
+        "the producer goes on while the namespace is upgrading",
+        Duration::from_secs(20),
+        || produced.load(Ordering::Relaxed) > at_crash + 10,
+    );
 
     let started = Instant::now();
     let out = config.cli(&["upgrade", "--yes", "--json"]);
@@ -307,17 +377,13 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
     );
     eprintln!("upgrade finished in {:?}: {report}", started.elapsed());
 
-    // Producers keep going a little on layout 2, then stop; everything arrives.
+    // The producer keeps going a little on layout 2, then stops; everything arrives.
     let at_upgrade = produced.load(Ordering::Relaxed);
-    wait_for("the producer goes on", Duration::from_secs(10), || {
-        produced.load(Ordering::Relaxed) > at_upgrade + 100
+    wait_for("the producer goes on", Duration::from_secs(20), || {
+        produced.load(Ordering::Relaxed) > at_upgrade + 20
     });
     producing.store(false, Ordering::Relaxed);
-    let (sent, producer_layout) = producer.join().unwrap();
-    assert_eq!(
-        producer_layout, 2,
-        "the connected producer followed the upgrade"
-    );
+    let sent = producer.join().unwrap();
     for (payload, dest) in &sent {
         expected.insert(payload.clone(), dest);
     }
@@ -341,10 +407,12 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
         "two-phase jobs delivered twice with no daemon fault"
     );
     eprintln!(
-        "{} jobs ({local} local), {} produced during the upgrade ({} retried calls), {twice} \
-         two-phase redeliveries",
+        "{} jobs ({local} local), {} produced through the upgrade ({} before the crash, {} \
+         before the upgrade finished; {} retried calls), {twice} two-phase redeliveries",
         expected.len(),
         sent.len(),
+        at_crash,
+        at_upgrade,
         retried.load(Ordering::Relaxed)
     );
 
@@ -354,7 +422,7 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
         .arg("shards")
         .query(&mut con)
         .unwrap();
-    let spread = Keys::for_layout("zdelay", spread_shards, 2);
+    let spread = Keys::new("zdelay", spread_shards);
     let uniq_m = spread.shard(spread.shard_of("uniq-m"));
     for (key, id) in [
         (common::lane_keys("a", "q:a").unique, "uniq-a"),
@@ -379,7 +447,7 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
         "{schema:?}"
     );
     assert!(!schema.contains_key("upgrading"), "{schema:?}");
-    let legacy = Keys::new("zdelay", SHARDS);
+    let legacy = Keys::new("zdelay", SHARDS).layout_1();
     for key in common::all_keys(&mut con) {
         let layout_1 = key.starts_with("{zdelay:") && !key.ends_with(":shards");
         assert!(
@@ -397,7 +465,6 @@ fn a_live_namespace_moves_to_layout_2_with_nothing_lost_early_or_twice() {
 
     // Dead jobs and schedules came along; the schedules keep firing.
     let lib = common::client(&rt, &redis.url(), SHARDS);
-    assert_eq!(lib.storage_layout(), 2);
     let dead = rt.block_on(lib.operator().dead_list(100)).unwrap();
     let mut ids: Vec<&str> = dead.iter().map(|d| d.id.as_str()).collect();
     ids.sort();
@@ -445,13 +512,7 @@ fn the_upgrade_refuses_while_an_older_daemon_runs() {
     let redis = RedisServer::start();
     let target = RedisServer::start();
     let config = config(&redis, &target);
-    let rt = common::runtime();
-    let lib = common::client(&rt, &redis.url(), SHARDS);
-    rt.block_on(lib.enqueue(
-        NewJob::new("a", "x").after(Duration::from_secs(60)),
-        OnConflict::Error,
-    ))
-    .unwrap();
+    config.pinned_ok(&["enqueue", "--dest", "a", "--payload", "x", "--in", "60s"]);
     let mut con = redis.conn();
     let now = redis_now_ms(&mut con);
     let _: () = redis::cmd("HSET")
@@ -492,10 +553,11 @@ fn a_cluster_namespace_moves_to_layout_2_across_slots() {
     const WAITING: usize = 9_000;
     let cluster = RedisCluster::start();
     let remote = RedisServer::start();
-    let config = legacy_namespace(cluster.config(
-        SHARDS,
-        &format!(
-            r#"
+    let config = cluster
+        .config(
+            SHARDS,
+            &format!(
+                r#"
 [poller]
 idle_poll = "50ms"
 
@@ -521,29 +583,25 @@ sink = "other"
 target = "q:m"
 push = "rpush"
 "#,
-            remote.url()
-        ),
-    ));
-    let daemon = Daemon::start(&config);
-    let rt = common::runtime();
-    let lib = rt
-        .block_on(zdelay::Client::connect(&cluster.redis_config(SHARDS)))
-        .unwrap();
+                remote.url()
+            ),
+        )
+        .legacy_namespace();
+    let daemon = Daemon::start_with_bin(&pinned_bin(), &config);
     let mut con = cluster.conn();
     let mut far = remote.conn();
+    assert_eq!(schema_field(&mut con, "layout").as_deref(), Some("1"));
     let now = common::redis_now_ms_any(&mut con);
-    let jobs: Vec<NewJob> = (0..WAITING)
+    let jobs: Vec<serde_json::Value> = (0..WAITING)
         .map(|i| {
-            NewJob::new(["a", "b", "m"][i % 3], format!("p{i}"))
-                .at(now + 500 + (i as i64 * 3) % 5_000)
+            serde_json::json!({
+                "dest": (["a", "b", "m"][i % 3]),
+                "payload": format!("p{i}"),
+                "at": now + 500 + (i as i64 * 3) % 5_000,
+            })
         })
         .collect();
-    for r in rt
-        .block_on(lib.enqueue_batch(jobs, OnConflict::Error))
-        .unwrap()
-    {
-        r.unwrap();
-    }
+    config.pinned_batch(&jobs);
     wait_for("deliveries started", Duration::from_secs(20), || {
         common::llen(&mut con, "q:a") > 100
     });
@@ -552,19 +610,18 @@ push = "rpush"
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["outcome"], "done", "{report}");
     let redelivered = report["redelivered"].as_u64().unwrap() as usize;
-    // Local jobs enqueued after the upgrade, through a client connected before it.
-    let after: Vec<NewJob> = (WAITING..WAITING + 900)
+    // Jobs enqueued after the upgrade by the older release's producer, which follows it.
+    let after: Vec<serde_json::Value> = (WAITING..WAITING + 900)
         .map(|i| {
-            NewJob::new(["a", "b", "m"][i % 3], format!("p{i}")).after(Duration::from_millis(300))
+            serde_json::json!({
+                "dest": (["a", "b", "m"][i % 3]),
+                "payload": format!("p{i}"),
+                "in": "300ms",
+            })
         })
         .collect();
-    for r in rt
-        .block_on(lib.enqueue_batch(after, OnConflict::Error))
-        .unwrap()
-    {
-        r.unwrap();
-    }
-    assert_eq!(lib.storage_layout(), 2);
+    config.pinned_batch(&after);
+    assert_eq!(schema_field(&mut con, "layout").as_deref(), Some("2"));
     let total = WAITING + 900;
     let distinct = |con: &mut redis::cluster::ClusterConnection, far: &mut redis::Connection| {
         let mut seen = std::collections::BTreeSet::new();
@@ -605,7 +662,7 @@ push = "rpush"
         remote_distinct.len(),
         "two-phase jobs delivered twice"
     );
-    let legacy = Keys::new("zdelay", SHARDS);
+    let legacy = Keys::new("zdelay", SHARDS).layout_1();
     for shard in 0..SHARDS {
         let marker: String = redis::cmd("GET")
             .arg(legacy.layout(shard))
@@ -635,7 +692,7 @@ push = "rpush"
 fn a_live_publishers_jobs_are_settled_before_they_move_though_another_lease_ran_out() {
     let redis = RedisServer::start();
     let target = RedisServer::start();
-    let config = legacy_namespace(TestConfig::new(
+    let config = TestConfig::new(
         &redis.url(),
         1,
         &format!(
@@ -657,24 +714,41 @@ push = "rpush"
 "#,
             target.url()
         ),
-    ));
+    )
+    .legacy_namespace();
     let dir = tempfile::tempdir().unwrap();
     let release_publisher = dir.path().join("publisher");
     let hold = format!("hold_after_publish={}", release_publisher.display());
-    let daemon = Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", hold.as_str())]);
+    let daemon = Daemon::spawn_bin(
+        &pinned_bin(),
+        &config,
+        &[("ZDELAY_FAILPOINT", hold.as_str())],
+    );
     daemon.wait_ready();
-    let rt = common::runtime();
-    let lib = common::client(&rt, &redis.url(), 1);
     let (mut con, mut far) = (redis.conn(), target.conn());
     let now = redis_now_ms(&mut con);
-    rt.block_on(lib.enqueue(NewJob::new("m", "held").id("held"), OnConflict::Error))
-        .unwrap();
+    config.pinned_ok(&[
+        "enqueue",
+        "--dest",
+        "m",
+        "--payload",
+        "held",
+        "--id",
+        "held",
+    ]);
     // Due much later: no publisher claims it before the fence.
-    rt.block_on(lib.enqueue(
-        NewJob::new("m", "stale").id("stale").at(now + 3_600_000),
-        OnConflict::Error,
-    ))
-    .unwrap();
+    let later = (now + 3_600_000).to_string();
+    config.pinned_ok(&[
+        "enqueue",
+        "--dest",
+        "m",
+        "--payload",
+        "stale",
+        "--id",
+        "stale",
+        "--at",
+        &later,
+    ]);
     wait_for(
         "the publisher holds its job",
         Duration::from_secs(20),
@@ -707,7 +781,7 @@ push = "rpush"
     // "stale" as a daemon that died holding it leaves it: in flight, its lease over, its
     // scheduled due kept with the claim's token. Nothing claims from a fenced shard, so it
     // stays so until the upgrade moves it.
-    let shard = Keys::new("zdelay", 1).shard(0);
+    let shard = Keys::new("zdelay", 1).layout_1().shard(0);
     let _: () = redis::pipe()
         .zrem(&shard.due, "stale")
         .zadd(&shard.inflight, "stale", now - 1_000)
@@ -742,13 +816,13 @@ push = "rpush"
     };
     assert!(status.success(), "{}", said());
     // The daemon follows onto layout 2 and delivers what moved there: "stale" only.
-    let spread = Keys::for_layout("zdelay", 1, 2).shard(0);
+    let spread = Keys::new("zdelay", 1).shard(0);
     wait_for(
         "the moved job is delivered",
         Duration::from_secs(30),
         || {
             lrange(&mut far, "q:m").iter().any(|p| p == b"stale")
-                && common::shard_total(&mut con, 1, "inflight") == 0
+                && common::layout_1_total(&mut con, 1, "inflight") == 0
                 && redis::cmd("HLEN")
                     .arg(&spread.jobs)
                     .query::<u64>(&mut con)
@@ -793,7 +867,6 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
                  target = \"{list}\"\npush = \"rpush\"\n"
             ),
         )
-        .on_layout_2()
     };
     // q:a and q:a2 are in different hash slots: a new lane for the route.
     let (here, there) = (route("q:a"), route("q:a2"));
@@ -803,7 +876,6 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
     let rt = common::runtime();
     // A producer that read the lane registry while the route pointed at q:a.
     let lib = common::client(&rt, &redis.url(), SHARDS);
-    assert_eq!(lib.storage_layout(), 2);
     let mut con = redis.conn();
 
     let dir = tempfile::tempdir().unwrap();

@@ -235,6 +235,77 @@ pub fn zdelay_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_zdelay"))
 }
 
+/// The last release that serves storage layout 1 and follows a live `zdelay upgrade`
+/// (`scripts/pinned-zdelay.sh`, built once and cached under `target/pinned`): the tests whose
+/// subject is layout 1 run it for everything on layout 1 (creating the namespace, producers,
+/// daemons), and [`zdelay_bin`] only for `zdelay upgrade` and what runs after it.
+///
+/// The script's first build copies its binary over [`zdelay_bin`] (one target directory): the
+/// binary under test is put back at once, and scripts/test.sh runs the script before its
+/// build so that no test run ever meets that moment.
+pub fn pinned_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pinned-zdelay.sh");
+            let current = zdelay_bin();
+            // A second name for the binary under test (cargo replaces the file, so this keeps
+            // its content), moved back over it after the script.
+            let kept = current.with_file_name(format!(".zdelay-under-test-{}", std::process::id()));
+            let _ = std::fs::remove_file(&kept);
+            std::fs::hard_link(&current, &kept)
+                .or_else(|_| std::fs::copy(&current, &kept).map(drop))
+                .expect("a second name for the binary under test");
+            let mut bash = Command::new("bash");
+            bash.arg(&script);
+            without_cargo_env(&mut bash);
+            let out = bash.output().expect("bash runs");
+            // Back over what a build of the pinned release copied there (a rename between two
+            // names of one file does nothing: then the second name goes).
+            std::fs::rename(&kept, &current).expect("the binary under test put back");
+            let _ = std::fs::remove_file(&kept);
+            assert!(
+                out.status.success(),
+                "bash scripts/pinned-zdelay.sh failed ({}), so the layout-1 tests have no older \
+                 zdelay to run; its stderr:\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            assert!(
+                bin.is_file(),
+                "scripts/pinned-zdelay.sh printed {}, which is no file",
+                bin.display()
+            );
+            bin
+        })
+        .clone()
+}
+
+/// Removes what cargo set for this test process from a command's environment: a nested cargo
+/// build that sees them (a build script watching CARGO_MANIFEST_DIR, say ring's) would rebuild
+/// the dependency tree, and the next `cargo test` rebuild it back.
+fn without_cargo_env(cmd: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key == "OUT_DIR"
+            || key.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+            ]
+            .contains(&key.as_ref())
+        {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+}
+
 /// The benchmark's binary (`crates/zdelay-bench`), built once per test run beside
 /// [`zdelay_bin`] with this build's profile and features: cargo builds only this package's
 /// binaries for its tests, and a stale benchmark would test old code. Its `--daemons` and
@@ -250,27 +321,7 @@ pub fn bench_bin() -> PathBuf {
                 Some(other) => other.to_owned(),
             };
             let mut cargo = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-            // Without what cargo set for this test process: a build script that watches one
-            // of them (ring's, CARGO_MANIFEST_DIR) would rebuild the dependency tree, and the
-            // next `cargo test` rebuild it back.
-            for (key, _) in std::env::vars_os() {
-                let key = key.to_string_lossy();
-                if key == "OUT_DIR"
-                    || key.starts_with("CARGO_PKG_")
-                    || [
-                        "CARGO_MANIFEST_DIR",
-                        "CARGO_MANIFEST_PATH",
-                        "CARGO_CRATE_NAME",
-                        "CARGO_BIN_NAME",
-                        "CARGO_PRIMARY_PACKAGE",
-                        "CARGO_TARGET_TMPDIR",
-                        "CARGO_RUSTC_CURRENT_DIR",
-                    ]
-                    .contains(&key.as_ref())
-                {
-                    cargo.env_remove(key.as_ref());
-                }
-            }
+            without_cargo_env(&mut cargo);
             cargo
                 .args([
                     "build",
@@ -327,19 +378,28 @@ impl TestConfig {
         }
     }
 
-    /// TEMP until the layout-1 tests run the pinned release.
-    pub fn on_layout_1(self) -> Self {
-        self.with_layout(1)
-    }
-
     /// The same config with `redis.layout = layout` (a setting no longer used).
     pub fn with_layout(self, layout: u32) -> Self {
         let body = std::fs::read_to_string(&self.path).expect("config");
-        std::fs::write(
-            &self.path,
-            body.replacen("[redis]\n", &format!("[redis]\nlayout = {layout}\n"), 1),
-        )
-        .expect("config");
+        std::fs::write(&self.path, with_layout(&body, layout)).expect("config");
+        self
+    }
+
+    /// Creates this config's namespace on storage layout 1 with the older release that still
+    /// can ([`pinned_bin`], its config saying `redis.layout = 1`), and returns the config as it
+    /// was: the pinned daemons and producers leave `redis.layout` unset, as they must to follow
+    /// the upgrade (a layout they were told would no longer match).
+    pub fn legacy_namespace(self) -> Self {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let on_1 = dir.path().join("layout-1.toml");
+        let body = std::fs::read_to_string(&self.path).expect("config");
+        std::fs::write(&on_1, with_layout(&body, 1)).expect("config");
+        let out = run_cli(&pinned_bin(), &on_1, &["stats", "--json"]);
+        assert!(
+            out.status.success(),
+            "the pinned zdelay did not create the layout-1 namespace: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         self
     }
 
@@ -379,13 +439,45 @@ impl TestConfig {
 
     /// Runs a CLI command with this config and returns its output.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(zdelay_bin())
-            .arg("--config")
-            .arg(&self.path)
-            .args(args)
-            .env("ZDELAY_LOG", "warn")
-            .output()
-            .expect("zdelay runs")
+        self.cli_with(&zdelay_bin(), args)
+    }
+
+    /// [`TestConfig::cli`] of the older release that serves layout 1 ([`pinned_bin`]).
+    pub fn pinned_cli(&self, args: &[&str]) -> std::process::Output {
+        self.cli_with(&pinned_bin(), args)
+    }
+
+    /// [`TestConfig::cli`] of `bin` ([`zdelay_bin`] or [`pinned_bin`]).
+    pub fn cli_with(&self, bin: &Path, args: &[&str]) -> std::process::Output {
+        run_cli(bin, &self.path, args)
+    }
+
+    /// [`TestConfig::pinned_cli`], which must succeed: its stdout, trimmed.
+    pub fn pinned_ok(&self, args: &[&str]) -> String {
+        let out = self.pinned_cli(args);
+        assert!(
+            out.status.success(),
+            "pinned zdelay {args:?}: {}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Enqueues `jobs` (the JSON lines of `zdelay enqueue --batch`) with the older release,
+    /// each id new (`--on-conflict error`), every line accepted: their ids, in order.
+    pub fn pinned_batch(&self, jobs: &[serde_json::Value]) -> Vec<String> {
+        let file = json_lines(jobs);
+        let path = path_str(file.path());
+        let ids: Vec<String> = self
+            .pinned_ok(&["enqueue", "--batch", path, "--on-conflict", "error"])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(ids.len(), jobs.len(), "one id per job: {ids:?}");
+        assert!(ids.iter().all(|id| !id.is_empty()), "every job taken");
+        ids
     }
 
     /// Runs `zdelay-bench --config <this> <args…>` ([`bench_bin`]) and returns its output.
@@ -398,6 +490,31 @@ impl TestConfig {
             .output()
             .expect("zdelay-bench runs")
     }
+}
+
+/// A temporary file of `values`, one JSON document a line (a `--batch` input).
+pub fn json_lines(values: &[serde_json::Value]) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().expect("a temp file");
+    for value in values {
+        writeln!(file, "{value}").expect("write a line");
+    }
+    file
+}
+
+/// `body` (a test config) with `redis.layout = <layout>`.
+fn with_layout(body: &str, layout: u32) -> String {
+    body.replacen("[redis]\n", &format!("[redis]\nlayout = {layout}\n"), 1)
+}
+
+/// `<bin> --config <config> <args…>`'s output.
+fn run_cli(bin: &Path, config: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env("ZDELAY_LOG", "warn")
+        .output()
+        .unwrap_or_else(|e| panic!("{} runs: {e}", bin.display()))
 }
 
 /// A running `zdelay run`, killed on drop.
@@ -423,9 +540,22 @@ impl Daemon {
 
     /// Starts the daemon with extra environment variables (e.g. `ZDELAY_FAILPOINT`).
     pub fn spawn_with_env(config: &TestConfig, env: &[(&str, &str)]) -> Self {
+        Self::spawn_bin(&zdelay_bin(), config, env)
+    }
+
+    /// [`Daemon::start`] of another binary: [`pinned_bin`], the older release that serves
+    /// storage layout 1.
+    pub fn start_with_bin(bin: &Path, config: &TestConfig) -> Self {
+        let daemon = Self::spawn_bin(bin, config, &[]);
+        daemon.wait_ready();
+        daemon
+    }
+
+    /// `<bin> run` with extra environment variables, without waiting for readiness.
+    pub fn spawn_bin(bin: &Path, config: &TestConfig, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("a temp dir");
         let log = dir.path().join("zdelay.log");
-        let child = Command::new(zdelay_bin())
+        let child = Command::new(bin)
             .arg("--config")
             .arg(&config.path)
             .arg("run")
@@ -434,7 +564,7 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("daemon log file"))
             .spawn()
-            .expect("zdelay run starts");
+            .unwrap_or_else(|e| panic!("{} run starts: {e}", bin.display()));
         Daemon {
             child: Some(child),
             log,
@@ -445,7 +575,12 @@ impl Daemon {
 
     /// One more daemon on the same config (another instance), on its own admin port.
     pub fn start_instance(config: &TestConfig) -> Self {
-        let daemon = Self::spawn_instance(config);
+        Self::start_instance_with_bin(&zdelay_bin(), config)
+    }
+
+    /// [`Daemon::start_instance`] of another binary ([`pinned_bin`]).
+    pub fn start_instance_with_bin(bin: &Path, config: &TestConfig) -> Self {
+        let daemon = Self::spawn_instance_bin(bin, config, &[]);
         daemon.wait_ready();
         daemon
     }
@@ -457,11 +592,15 @@ impl Daemon {
 
     /// [`Daemon::spawn_instance`] with extra environment variables.
     pub fn spawn_instance_with_env(config: &TestConfig, env: &[(&str, &str)]) -> Self {
+        Self::spawn_instance_bin(&zdelay_bin(), config, env)
+    }
+
+    fn spawn_instance_bin(bin: &Path, config: &TestConfig, env: &[(&str, &str)]) -> Self {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let mut env = env.to_vec();
         env.push(("ZDELAY_ADMIN__LISTEN", listen.as_str()));
-        let mut daemon = Self::spawn_with_env(config, &env);
+        let mut daemon = Self::spawn_bin(bin, config, &env);
         daemon.admin_port = port;
         daemon
     }
@@ -711,14 +850,17 @@ impl SeededRng {
 }
 
 /// Total size of one kind of shard key (`due`, `jobs`, `dead`, `inflight`, `reasons`,
-/// `history`) over every shard of namespace `zdelay`.
-pub fn shard_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> usize {
-    let keys = stored::shard_keys(&zdelay::keys::Keys::new("zdelay", shards), suffix);
+/// `history`) over every layout-1 shard of namespace `zdelay` (what an older release wrote).
+pub fn layout_1_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> usize {
+    let keys = stored::shard_keys(
+        &zdelay::keys::Keys::new("zdelay", shards).layout_1(),
+        suffix,
+    );
     stored::size_of(con, &keys, suffix)
 }
 
-/// [`shard_total`] over the spread shards of a namespace `zdelay` on storage layout 2 (where
-/// the two-phase jobs are).
+/// [`layout_1_total`] over the spread shards of namespace `zdelay` (where the two-phase jobs
+/// are).
 pub fn spread_total(con: &mut redis::Connection, shards: u16, suffix: &str) -> usize {
     let keys = stored::shard_keys(&zdelay::keys::Keys::new("zdelay", shards), suffix);
     stored::size_of(con, &keys, suffix)
