@@ -699,7 +699,7 @@ mod tests {
             n
         });
         assert_eq!(per_master, [5, 6, 5]);
-        assert_eq!(Keys::new("zdelay", 16).due(3), "{zdelay:3}:due");
+        assert_eq!(Keys::new("zdelay", 16).layout_1().due(3), "{zdelay:3}:due");
     }
 
     #[test]
@@ -728,8 +728,8 @@ mod tests {
     }
 
     #[test]
-    fn keys_share_the_shard_hash_tag() {
-        let k = Keys::new("zdelay", 16);
+    fn layout_1_keys_share_the_shard_hash_tag() {
+        let k = Keys::new("zdelay", 16).layout_1();
         assert_eq!(k.due(3), "{zdelay:3}:due");
         assert_eq!(k.jobs(3), "{zdelay:3}:jobs");
         assert_eq!(k.inflight(3), "{zdelay:3}:inflight");
@@ -783,7 +783,8 @@ mod tests {
         assert_eq!(slot_of("foo"), 12182);
         assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
         let k = Keys::new("zdelay", 16);
-        assert_eq!(k.shard_slot(3), slot_of("{zdelay:3}:anything"));
+        assert_eq!(k.shard_slot(3), slot_of(&k.due(3)));
+        assert_eq!(k.layout_1().shard_slot(3), slot_of("{zdelay:3}:anything"));
         assert!(has_hash_tag("{q}:emails") && !has_hash_tag("queue:emails"));
     }
 

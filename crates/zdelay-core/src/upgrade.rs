@@ -3,14 +3,16 @@
 //!
 //! 1. Checks: the schema says layout 1 (or an unfinished upgrade, which is resumed), no
 //!    reshard is unfinished, and every daemon registered live runs a build that follows the
-//!    upgrade (its registration names a version at or above this one's); others are named.
-//! 2. Announce: `<ns>:schema` gets `upgrading = 2` and `min_version` = this version. Clients
-//!    and daemons of this build that connect from now on use layout 2; older builds refuse.
+//!    upgrade (its registration names [`store::LAYOUT_SINCE`] or later); others are named.
+//! 2. Announce: `<ns>:schema` gets `upgrading = 2` and `min_version` = [`store::LAYOUT_SINCE`].
+//!    Producers and daemons of the older release that connect from now on use layout 2; older
+//!    builds refuse, and so does this one until the upgrade has finished.
 //! 3. Fence: every spread shard's marker is set to the shard count, then every layout-1
 //!    shard's marker becomes `upgrading 2 <version>`. From then on every layout-1 script
-//!    refuses the shard before writing anything: a producer or daemon of this build switches
-//!    to layout 2 at that refusal (a producer's refused call wrote nothing and is retried), an
-//!    older one stops with a message naming the version to run. A layout-1 shard is inert.
+//!    refuses the shard before writing anything: a producer or daemon of the older release
+//!    switches to layout 2 at that refusal (a producer's refused call wrote nothing and is
+//!    retried), an older one stops with a message naming the version to run. A layout-1
+//!    shard is inert.
 //! 4. Move, in rounds over the shards (a few at once): each round takes the earliest due
 //!    batch of every shard, so what falls due soonest moves first; then the rest (dead jobs,
 //!    schedules, jobs in flight, histories) by scanning, once every job a live publisher
@@ -35,7 +37,7 @@ use crate::keys::{Keys, ShardKeys};
 use crate::lane::{Lane, Registry};
 use crate::reshard::{self, Counts, Daemon, IdPages, sized_calls};
 use crate::store::scripts::{self, LaneRecord, Put, PutMode, StoredJob};
-use crate::store::{self, Conn, Layout, StoreError, VERSION};
+use crate::store::{self, Conn, Layout, StoreError};
 use futures::{StreamExt, TryStreamExt};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -209,23 +211,24 @@ fn outdated_text(namespace: &str, daemons: &[Daemon]) -> String {
         .collect();
     format!(
         "{} daemon{} registered on namespace {namespace} cannot follow the upgrade: {}. Roll \
-         every daemon to zdelay {VERSION} or later first (they keep serving layout 1 until \
-         the upgrade), then run zdelay upgrade",
+         every daemon to zdelay {} or later first (they keep serving layout 1 until the \
+         upgrade), then run zdelay upgrade",
         daemons.len(),
         if daemons.len() == 1 { " is" } else { "s are" },
-        list.join(", ")
+        list.join(", "),
+        store::LAYOUT_SINCE
     )
 }
 
 /// The marker of a layout-1 shard while the upgrade moves it, and once it is empty.
 fn fence_marker() -> String {
-    format!("upgrading {TO_LAYOUT} {VERSION}")
+    format!("upgrading {TO_LAYOUT} {}", store::LAYOUT_SINCE)
 }
 
 fn retired_marker() -> String {
     Layout::Newer {
         layout: TO_LAYOUT,
-        min_version: store::this_version().clone(),
+        min_version: store::layout_since().clone(),
     }
     .marker()
 }
@@ -293,7 +296,7 @@ pub async fn upgrade(
     progress(Progress::Start { shards, resumed });
     let _: () = redis::pipe()
         .hset(legacy.schema(), "upgrading", TO_LAYOUT)
-        .hset(legacy.schema(), "min_version", VERSION)
+        .hset(legacy.schema(), "min_version", store::LAYOUT_SINCE)
         .query_async(&mut con)
         .await?;
     progress(Progress::Announced);
@@ -334,13 +337,13 @@ pub async fn upgrade(
     Ok(Outcome::Done(report))
 }
 
-/// Whether a daemon runs a build that follows the upgrade (this version or later).
+/// Whether a daemon runs a build that follows the upgrade ([`store::LAYOUT_SINCE`] or later).
 pub(crate) fn follows(daemon: &Daemon) -> bool {
     daemon
         .version
         .as_deref()
         .and_then(|v| semver::Version::parse(v).ok())
-        .is_some_and(|v| v.cmp_precedence(store::this_version()).is_ge())
+        .is_some_and(|v| v.cmp_precedence(store::layout_since()).is_ge())
 }
 
 /// Sets the spread shards' markers to the shard count (what their scripts expect) and
@@ -958,7 +961,7 @@ mod tests {
             expires_in_ms: 1,
             version: version.map(str::to_owned),
         };
-        assert!(follows(&daemon(Some(VERSION))));
+        assert!(follows(&daemon(Some(crate::store::LAYOUT_SINCE))));
         assert!(follows(&daemon(Some("99.0.0"))));
         assert!(!follows(&daemon(Some("0.0.1"))));
         assert!(!follows(&daemon(None)));
@@ -970,7 +973,7 @@ mod tests {
         for marker in [fence_marker(), retired_marker()] {
             let layout = Layout::parse(&marker).expect("a marker");
             assert!(
-                matches!(&layout, Layout::Newer { layout: 2, min_version } if min_version == crate::store::this_version()),
+                matches!(&layout, Layout::Newer { layout: 2, min_version } if min_version == crate::store::layout_since()),
                 "{marker}"
             );
         }

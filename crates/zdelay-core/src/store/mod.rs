@@ -106,6 +106,21 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 static THIS_VERSION: LazyLock<semver::Version> =
     LazyLock::new(|| semver::Version::parse(VERSION).expect("Cargo versions are semver"));
 
+/// The oldest release that runs route lanes (storage layout 2) and follows `zdelay upgrade`
+/// onto them: what a namespace on route lanes asks of the processes that use it
+/// (`min_version`), what the upgrade's shard markers name, and what a daemon registered during
+/// an upgrade must run. Not this build's version: a release that only changes other things
+/// must not refuse the releases that share its storage, or stop them mid-upgrade.
+pub const LAYOUT_SINCE: &str = "0.1.0";
+
+static LAYOUT_SINCE_VERSION: LazyLock<semver::Version> =
+    LazyLock::new(|| semver::Version::parse(LAYOUT_SINCE).expect("a semver version"));
+
+/// [`LAYOUT_SINCE`], parsed.
+pub fn layout_since() -> &'static semver::Version {
+    &LAYOUT_SINCE_VERSION
+}
+
 /// [`VERSION`], parsed.
 pub fn this_version() -> &'static semver::Version {
     &THIS_VERSION
@@ -859,7 +874,7 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<u16, StoreErro
             .ignore()
             .hset_nx(&key, "shards", keys.shards())
             .ignore()
-            .hset_nx(&key, "min_version", VERSION)
+            .hset_nx(&key, "min_version", LAYOUT_SINCE)
             .ignore();
         read(&mut pipe);
         fields = pipe.query_async(con).await.map_err(|e| {
@@ -921,7 +936,7 @@ pub async fn mark_layout_1_shards(con: &mut Conn, keys: &Keys) -> Result<(), Sto
     }
     let marker = Layout::Newer {
         layout,
-        min_version: THIS_VERSION.clone(),
+        min_version: layout_since().clone(),
     }
     .marker();
     let keys = keys.layout_1();
@@ -1222,7 +1237,7 @@ mod tests {
             e,
             format!(
                 "namespace zdelay is on storage layout 3, which this build (zdelay {VERSION}) \
-                 does not know (it knows layouts 1 to 2): run a newer zdelay"
+                 does not know (it knows layout 2): run a newer zdelay"
             )
         );
         // A version that is none: named as such.
