@@ -7,15 +7,11 @@
 -- KEYS[5] ready     ZSET  {zdelay:3}:ready
 -- KEYS[6] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
 -- KEYS[7] max_lateness HASH {zdelay:3}:max_lateness
--- KEYS[8] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
---                                                "migrating <from> <to>" (no marker: never resharded)
+-- KEYS[8] shards   STRING {zdelay:3}:shards     the shard's marker (shard_fence)
 -- KEYS[9] unique   HASH  {zdelay:3}:unique      id -> its unique_for window (required: a
 --                                                cancelled job's window goes with it, so a
 --                                                later job of its id never inherits it)
--- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
---   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>", or "upgrading …" while it moves in)
+-- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] job id
 -- Returns: 1 cancelled; 0 not pending (already delivered, dead, or never enqueued);
 --   -1 in flight (claimed by a two-phase sink; it is being delivered)
@@ -29,18 +25,8 @@ if why then return bad_request('shards', why, ARGV[1]) end
 why = id_problem(ARGV[2])
 if why then return bad_request('id', why, ARGV[2]) end
 
--- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[8])
-if layout and layout ~= ARGV[1] then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
-  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
-  if newer then
-    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
-  end
-  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
-end
+local shard_marker = KEYS[8]
+-- @include shard_fence
 local id = ARGV[2]
 local pending = redis.call('ZREM', KEYS[1], id) == 1
 if not pending then

@@ -10,12 +10,8 @@
 -- KEYS[4] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
 -- KEYS[5] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
 -- KEYS[6] lease_seq STRING {zdelay:3}:lease_seq the shard's claim counter: the tokens
--- KEYS[7] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
---                                                "migrating <from> <to>" (no marker: never resharded)
--- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
---   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>", or "upgrading …" while it moves in)
+-- KEYS[7] shards    STRING {zdelay:3}:shards     the shard's marker (shard_fence)
+-- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] sink name; ARGV[3] batch size, at most 1000; ARGV[4] lease in ms
 -- ARGV[5] byte budget: the claimed envelopes' bytes stop at it (sizes read with HSTRLEN before
 --   anything is read); a single envelope larger than the budget is claimed alone
@@ -27,18 +23,8 @@
 --   none is stored) }, in the ready set's order (due, then id).
 -- Re-run safety: yes; a second run claims the next jobs (the first run's claims stay leased).
 
--- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[7])
-if layout and layout ~= ARGV[1] then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
-  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
-  if newer then
-    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
-  end
-  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
-end
+local shard_marker = KEYS[7]
+-- @include shard_fence
 local jobs_key, inflight_key, scheduled_key, ready_key, ready_ids_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local sink, batch, lease_ms, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = redis.call('TIME')

@@ -9,12 +9,8 @@
 -- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
 -- KEYS[9] max_lateness HASH {zdelay:3}:max_lateness id -> ms after its due beyond which the job
 --                                               is not delivered (dead, "expired")
--- KEYS[10] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
---                                                "migrating <from> <to>" (no marker: never resharded)
--- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
---   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>", or "upgrading …" while it moves in)
+-- KEYS[10] shards   STRING {zdelay:3}:shards     the shard's marker (shard_fence)
+-- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- KEYS[11] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms, while it waits
 -- KEYS[12] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which the id, delivered or
 --                                               dead, is answered as a duplicate; "d:<id>" ->
@@ -68,18 +64,8 @@ for i = 5, #ARGV, 4 do
   if why then return bad_request('job ' .. n .. ' max lateness', why, ARGV[i + 3]) end
 end
 
--- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[10])
-if layout and layout ~= ARGV[1] then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
-  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
-  if newer then
-    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
-  end
-  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
-end
+local shard_marker = KEYS[10]
+-- @include shard_fence
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key, max_lateness_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local unique_key, windows_key = KEYS[11], KEYS[12]

@@ -23,12 +23,8 @@
 -- KEYS[8] sched_due    ZSET {zdelay:3}:sched_due  id -> pending occurrence ms
 -- KEYS[9] sched_fired  ZSET {zdelay:3}:sched_fired id -> high-water mark ms
 -- KEYS[10] sched_quarantine HASH {zdelay:3}:sched_quarantine id -> "<ms> <reason>"
--- KEYS[11] shards   STRING {zdelay:3}:shards layout marker: the shard count once resharded, or
---                                           "migrating <from> <to>" (no marker: never resharded)
--- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
---   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>", or "upgrading …" while it moves in)
+-- KEYS[11] shards   STRING {zdelay:3}:shards the shard's marker (shard_fence)
+-- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] now ms (when occurrences expired die, when a quarantine began)
 -- ARGV[3] mark retention ms: marks older than now minus this are pruned, at most 100 a call
 -- ARGV[4..] per schedule: id, its pending occurrence as due_schedules read it (the exact
@@ -42,18 +38,8 @@
 --   occurrences.
 -- Re-run safety: yes; the first run moved each schedule's pending occurrence, so a re-run is
 --   fenced, and no occurrence at or before the mark is written.
--- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[11])
-if layout and layout ~= ARGV[1] then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
-  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
-  if newer then
-    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
-  end
-  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
-end
+local shard_marker = KEYS[11]
+-- @include shard_fence
 local MAX_OCCURRENCES = 1000
 local due_key, jobs_key, dead_key, reasons_key, limit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local schedules_key, env_key, sched_due_key = KEYS[6], KEYS[7], KEYS[8]

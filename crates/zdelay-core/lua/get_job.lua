@@ -1,4 +1,4 @@
--- get_job: one job of a layout-1 shard, read in one call (the producer protocol's zd1_get;
+-- get_job: one job of a spread shard, read in one call (the producer protocol's zd1_get;
 -- no writes). The Rust library reads the same fields in one pipeline (Client::get).
 -- KEYS[1] due       ZSET  {zdelay:3}:due
 -- KEYS[2] jobs      HASH  {zdelay:3}:jobs
@@ -6,9 +6,8 @@
 -- KEYS[4] dead      ZSET  {zdelay:3}:dead
 -- KEYS[5] reasons   HASH  {zdelay:3}:reasons
 -- KEYS[6] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- KEYS[7] shards   STRING {zdelay:3}:shards     layout marker (as enqueue_jobs)
--- ARGV[1] the caller's shard count: a marker that differs refuses the call (ZDELAY_RESHARDED,
---   ZDELAY_MIGRATING, ZDELAY_LAYOUT, as enqueue_jobs)
+-- KEYS[7] shards   STRING {zdelay:3}:shards     the shard's marker (shard_fence)
+-- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] job id
 -- Returns: { Redis TIME seconds, microseconds, due score, ready member ("<sink>\n<due ms, 16
 --   digits>\n<id>": due and waiting for its two-phase sink), inflight score (lease deadline),
@@ -25,17 +24,8 @@ if why then return bad_request('shards', why, ARGV[1]) end
 why = id_problem(ARGV[2])
 if why then return bad_request('id', why, ARGV[2]) end
 
-local layout = redis.call('GET', KEYS[7])
-if layout and layout ~= ARGV[1] then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
-  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
-  if newer then
-    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
-  end
-  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
-end
+local shard_marker = KEYS[7]
+-- @include shard_fence
 local id = ARGV[2]
 local t = redis.call('TIME')
 return {

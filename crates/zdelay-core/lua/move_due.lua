@@ -20,15 +20,11 @@
 --                                               goes to dead ("expired") instead of out
 -- KEYS[10] sched_due ZSET {zdelay:3}:sched_due  schedule id -> its next occurrence (only its
 --                                               head is read, for the reply)
--- KEYS[11] shards   STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
---                                                "migrating <from> <to>" (no marker: never resharded)
+-- KEYS[11] shards   STRING {zdelay:3}:shards     the shard's marker (shard_fence)
 -- KEYS[12] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
 -- KEYS[13] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
 -- KEYS[14..] the list keys of the local routes (route target, or target .. delayed_suffix)
--- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
---   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>", or "upgrading …" while it moves in)
+-- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] batch size, at most 1000
 -- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
 -- ARGV[4] largest payload in bytes (local routes); a larger one goes to dead
@@ -65,18 +61,8 @@
 -- a next_due that is already due (a batch cut by the byte budget).
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
 
--- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[11])
-if layout and layout ~= ARGV[1] then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
-  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
-  if newer then
-    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
-  end
-  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
-end
+local shard_marker = KEYS[11]
+-- @include shard_fence
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
 local max_lateness_key, sched_due_key = KEYS[9], KEYS[10]

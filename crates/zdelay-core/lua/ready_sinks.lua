@@ -2,29 +2,15 @@
 -- configured or not), with how many wait for each and the oldest one's due. O(S log N) for S
 -- sinks: one ZRANGEBYLEX jump to the next sink's first member, and one ZLEXCOUNT, per sink.
 -- KEYS[1] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
--- KEYS[2] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
---                                                "migrating <from> <to>" (no marker: never resharded)
--- ARGV[1] the caller's shard count. A marker that differs refuses the call:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
---   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>", or "upgrading …" while it moves in)
+-- KEYS[2] shards    STRING {zdelay:3}:shards     the shard's marker (shard_fence)
+-- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] the most sinks to report (a bound against a damaged set of many distinct prefixes)
 -- Returns: { S, then S triples: sink name, jobs waiting for it, the oldest one's due ms ("" when
 --   unreadable) }, in name order.
 -- Re-run safety: yes; it only reads.
 
--- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[2])
-if layout and layout ~= ARGV[1] then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
-  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
-  if newer then
-    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
-  end
-  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
-end
+local shard_marker = KEYS[2]
+-- @include shard_fence
 local limit = tonumber(ARGV[2])
 local out = { 0 }
 local from = '-'

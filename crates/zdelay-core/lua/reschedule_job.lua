@@ -4,12 +4,8 @@
 -- KEYS[2] scheduled  HASH  {zdelay:3}:scheduled  (a new schedule forgets the old one)
 -- KEYS[3] ready      ZSET  {zdelay:3}:ready
 -- KEYS[4] ready_ids  HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- KEYS[5] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
---                                                "migrating <from> <to>" (no marker: never resharded)
--- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
---   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>", or "upgrading …" while it moves in)
+-- KEYS[5] shards    STRING {zdelay:3}:shards     the shard's marker (shard_fence)
+-- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] job id
 -- ARGV[3] new due: epoch ms, or "+N" for N ms after Redis TIME
 -- ARGV[4] wake channel (zdelay:wake); ARGV[5] shard number
@@ -31,18 +27,8 @@ if not string.find(ARGV[5], '^%d%d?%d?%d?%d?$') or tonumber(ARGV[5]) >= tonumber
   return bad_request('shard', 'must be the shard number, 0 to shards - 1', ARGV[5])
 end
 
--- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[5])
-if layout and layout ~= ARGV[1] then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
-  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
-  if newer then
-    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
-  end
-  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
-end
+local shard_marker = KEYS[5]
+-- @include shard_fence
 local id = ARGV[2]
 if not redis.call('ZSCORE', KEYS[1], id) then
   local member = redis.call('HGET', KEYS[4], id)

@@ -18,8 +18,8 @@
 -- KEYS[14] sched_quarantine HASH {zdelay:3}:sched_quarantine
 -- KEYS[15] history  HASH  {zdelay:3}:history
 -- KEYS[16] shards   STRING {zdelay:3}:shards    layout marker
--- ARGV[1] the marker this reshard set ("migrating <from> <to>"); any other value refuses with
---   ZDELAY_NOT_MIGRATING <marker>, deleting nothing
+-- ARGV[1] the marker the running move set (an upgrade's "upgrading 2 <version>", a reshard's
+--   new count); any other value refuses with ZDELAY_NOT_MIGRATING <marker>, deleting nothing
 -- ARGV[2..] records (at most 1000): id, M, then M more members of ready to remove (its member
 --   in ready_ids is removed in any case)
 -- Returns: the number of entries deleted, over every key.

@@ -19,8 +19,8 @@
 -- KEYS[15] history  HASH  {zdelay:3}:history
 -- KEYS[16] shards   STRING {zdelay:3}:shards    layout marker
 -- KEYS[17] transit_in SET {zdelay:3}:transit_in ids an upgrade put here (mode "transit" only)
--- ARGV[1] the marker expected ("migrating <from> <to>" for a reshard, the shard count for an
---   upgrade); any other value refuses with ZDELAY_NOT_MIGRATING <marker>, writing nothing
+-- ARGV[1] the marker expected (the target shard's count); any other value refuses with
+--   ZDELAY_NOT_MIGRATING <marker>, writing nothing
 -- ARGV[2] mode: "copy" writes every record; "transit" skips a record whose id is in transit_in
 --   (put by an earlier run, maybe delivered since: writing it again would deliver it twice) or
 --   that the shard already holds as a job or a schedule (enqueued here meanwhile under the

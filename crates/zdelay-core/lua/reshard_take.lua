@@ -15,8 +15,9 @@
 -- KEYS[13] sched_quarantine HASH {zdelay:3}:sched_quarantine schedule id -> why quarantined
 -- KEYS[14] history  HASH  {zdelay:3}:history     id -> its earlier deaths (dead replay)
 -- KEYS[15] shards   STRING {zdelay:3}:shards    layout marker
--- ARGV[1] the marker this reshard set ("migrating <from> <to>"): any other value refuses with
---   ZDELAY_NOT_MIGRATING <marker> (another reshard finished, or none runs)
+-- ARGV[1] the marker the running move set (an upgrade's "upgrading 2 <version>", a reshard's
+--   new count): any other value refuses with ZDELAY_NOT_MIGRATING <marker> (another run
+--   finished, or none runs)
 -- ARGV[2] byte budget: the ids taken are the longest prefix whose envelopes, schedule
 --   envelopes and histories add up to at most this many bytes (at least one id), so one call
 --   never copies more than about this into its reply, whatever the payloads weigh

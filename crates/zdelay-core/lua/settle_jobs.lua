@@ -12,13 +12,11 @@
 --                                               across retries, releases and hand-overs)
 -- KEYS[7] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
 -- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- KEYS[9] shards    STRING {zdelay:3}:shards     layout marker: the shard count once resharded, or
---                                                "migrating <from> <to>" (no marker: never resharded)
+-- KEYS[9] shards    STRING {zdelay:3}:shards     the shard's marker: its count once resharded
 -- KEYS[10] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
 -- KEYS[11] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
---   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
+--   error ZDELAY_RESHARDED <shards>, or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
 --   "layout <layout> <min version>"). While zdelay upgrade moves the shard ("upgrading …"), or
 --   zdelay reshard moves a layout-2 spread shard online (the new count), the settle lands: both
 --   move jobs in flight only once they are settled, and the token fences the settle.
@@ -44,9 +42,6 @@
 -- none is delivered twice (a settle of a job no longer here finds no lease and does nothing).
 local layout = redis.call('GET', KEYS[9])
 if layout and layout ~= ARGV[1] and string.sub(layout, 1, 10) ~= 'upgrading ' and not string.find(layout, '^%d+$') then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
   local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
   if newer then
     return redis.error_reply('ZDELAY_LAYOUT ' .. newer)

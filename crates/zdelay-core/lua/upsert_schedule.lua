@@ -10,12 +10,8 @@
 -- KEYS[4] sched_fired ZSET {zdelay:3}:sched_fired id -> its high-water mark, ms: every
 --                                               occurrence at or before it was decided
 -- KEYS[5] sched_quarantine HASH {zdelay:3}:sched_quarantine id -> "<ms> <reason>" (cleared)
--- KEYS[6] shards    STRING {zdelay:3}:shards layout marker: the shard count once resharded, or
---                                           "migrating <from> <to>" (no marker: never resharded)
--- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
---   error ZDELAY_RESHARDED <shards>, or ZDELAY_MIGRATING <from> <to> while zdelay reshard runs,
---   or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
---   "layout <layout> <min version>", or "upgrading …" while it moves in)
+-- KEYS[6] shards    STRING {zdelay:3}:shards the shard's marker (shard_fence)
+-- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] schedule id; ARGV[3] expected version (0 = none: no schedule, or a definition
 --   without a readable version); ARGV[4] the mark read ("" = none)
 -- ARGV[5] definition JSON; ARGV[6] envelope ("" = keep the stored one)
@@ -33,16 +29,6 @@
 --   ("" = none) } or { -1, current version } when
 --   the version or the mark is not what was read (read again).
 -- Re-run safety: a re-run with the same expected version finds it stale and changes nothing.
--- Layout fence: refuse a shard its caller computed with another shard count.
-local layout = redis.call('GET', KEYS[6])
-if layout and layout ~= ARGV[1] then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
-  local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
-  if newer then
-    return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
-  end
-  return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
-end
+local shard_marker = KEYS[6]
+-- @include shard_fence
 -- @include upsert_schedule_body

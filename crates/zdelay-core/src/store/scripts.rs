@@ -3281,29 +3281,40 @@ end";
             );
             let (_, source) = ALL.iter().find(|(n, _)| n == name).expect("script exists");
             let body = from_first_call(source);
-            // The whole fence, word for word: a newer layout's marker (`layout …`, `upgrading
-            // …`) is refused as such in every script, before anything is read or written;
-            // only a settle lands while `zdelay upgrade` or an online reshard moves the shard
-            // (both wait for them).
-            let passes = if *name == "settle_jobs" {
-                " and string.sub(layout, 1, 10) ~= 'upgrading ' and not string.find(layout, '^%d+$')"
-            } else {
-                ""
-            };
-            let fence = format!(
-                "local layout = redis.call('GET', KEYS[{}])
-if layout and layout ~= ARGV[1]{passes} then
-  if string.sub(layout, 1, 10) == 'migrating ' then
-    return redis.error_reply('ZDELAY_MIGRATING ' .. string.sub(layout, 11))
-  end
+            // A newer layout's marker (`layout …`, `upgrading …`) is refused as such in every
+            // script, before anything is read or written; only a settle lands while `zdelay
+            // upgrade` or an online reshard moves the shard (both wait for them), so it has a
+            // fence of its own. Every other script opens with the shard_fence include.
+            let fence = if *name == "settle_jobs" {
+                format!(
+                    "local layout = redis.call('GET', KEYS[{}])
+if layout and layout ~= ARGV[1] and string.sub(layout, 1, 10) ~= 'upgrading ' and not string.find(layout, '^%d+$') then
   local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
   if newer then
     return redis.error_reply('ZDELAY_LAYOUT ' .. newer)
   end
   return redis.error_reply('ZDELAY_RESHARDED ' .. layout)
 end",
-                keys.len()
-            );
+                    keys.len()
+                )
+            } else {
+                assert!(
+                    source.contains(&format!(
+                        "local shard_marker = KEYS[{}]\nlocal shard_marker_now = \
+                         redis.call('GET', shard_marker)",
+                        keys.len()
+                    )),
+                    "{name}: names its marker, then includes shard_fence"
+                );
+                "local shard_marker_now = redis.call('GET', shard_marker)
+if shard_marker_now and shard_marker_now ~= ARGV[1] then
+  local newer = string.match(shard_marker_now, '^layout (.+)')
+    or string.match(shard_marker_now, '^upgrading (.+)')
+  if newer then return redis.error_reply('ZDELAY_LAYOUT ' .. newer) end
+  return redis.error_reply('ZDELAY_RESHARDED ' .. shard_marker_now)
+end"
+                .to_owned()
+            };
             let fence: Vec<&str> = fence.lines().collect();
             assert!(
                 body.get(..fence.len()) == Some(&fence[..]),
@@ -3314,10 +3325,6 @@ end",
             assert!(
                 source.contains("-- ARGV[1] the caller's shard count"),
                 "{name}"
-            );
-            assert!(
-                source.contains("--   or ZDELAY_LAYOUT <layout> <min version>"),
-                "{name}: the header names every refusal"
             );
         }
         // Every other shard script is zdelay reshard's own, checking the migration's marker.
