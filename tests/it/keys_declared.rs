@@ -163,7 +163,7 @@ route = "m"
     // The producer protocol's read (the writes are the scripts above under other names).
     let read: Vec<redis::Value> = crate::protocol::fcall_get(&Keys::new("zdelay", 4), &later)
         .query(&mut con)
-        .expect("FCALL zd1_get");
+        .expect("FCALL zd2_get");
     assert_eq!(read.len(), 8);
     ok(&["cancel", &later]);
     // Raw members: local, two-phase, one too large (dead).
@@ -227,7 +227,7 @@ route = "m"
         "set",
         Some(r#"{"id":"asked","dest":"l","every":"1h","payload":"a"}"#),
     )
-    .expect("FCALL zd1_schedule");
+    .expect("FCALL zd2_schedule");
     crate::protocol::outcome(&mut con, "asked", seq);
     ok(&[
         "schedule",
@@ -325,7 +325,7 @@ route = "m"
         let read: Vec<redis::Value> =
             crate::protocol::fcall_get_lane(&lane.keys, &lane.marker(), "w")
                 .query(&mut con)
-                .expect("FCALL zd1_get_lane");
+                .expect("FCALL zd2_get_lane");
         assert_eq!(read.len(), 8);
         let due = rt
             .block_on(scripts::reschedule_lane(

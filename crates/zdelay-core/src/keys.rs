@@ -257,7 +257,7 @@ impl Keys {
         format!("{{{}}}:activity", self.namespace)
     }
 
-    /// HASH of schedule requests not applied yet (`zd1_schedule`): schedule id → what its
+    /// HASH of schedule requests not applied yet (`zd2_schedule`): schedule id → what its
     /// producer asked, merged (`{"seq","delete","set","paused"}`). Applied by a daemon.
     /// In the registry's slot, with `schedule_results` and `schedule_requests_lock`.
     pub fn schedule_requests(&self) -> String {
