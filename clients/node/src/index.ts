@@ -192,7 +192,7 @@ function* loadNamespace(name: string): Op<Namespace> {
   if (n !== 2) throw tooNew(name, n, null);
   if (protocol instanceof Error) {
     throw new ProtocolError(`the zdelay function library for protocol ${PROTOCOL} is not on this server `
-      + `(${protocol.message}): a zdelay daemon loads it when it starts (Redis 7.0 or later, or Valkey 7.2)`);
+      + `(${protocol.message}): a zdelay daemon of a release that speaks it loads it when it starts (Redis 7.0 or later, or Valkey 7.2)`);
   }
   const spoken = Number((protocol as unknown[])[0]);
   if (spoken !== PROTOCOL) throw new ProtocolError(`the server's zd${PROTOCOL}_protocol says ${spoken}; this client speaks ${PROTOCOL}`);

@@ -24,6 +24,6 @@ from .client import AsyncClient, Client
 
 __all__ = [
     "PROTOCOL", "VERSION", "AsyncClient", "Client", "Debounce", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
-    "LayoutTooNew", "LayoutTooOld", "NoLane", "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused", "UnknownDestination",
-    "Upgrading", "ZdelayError",
+    "LayoutTooNew", "LayoutTooOld", "NoLane", "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused",
+    "UnknownDestination", "Upgrading", "ZdelayError",
 ]

@@ -252,9 +252,12 @@ def load_namespace(name: str) -> Op:
         raise NoNamespace(f"namespace {name} does not exist yet: a zdelay daemon creates it when it starts")
     # Before the library: a namespace this client cannot use says what to do about it, where no
     # daemon of this release has loaded the library yet.
-    layout_n = 1 if layout is None else int(layout) if layout.isdigit() else None  # none: as zdelay 0.1 created it
-    if layout_n is None:
-        raise ProtocolError(f"{name}:schema field layout holds {layout.decode(errors='replace')!r}, not a layout number")
+    # No layout field: a namespace as zdelay 0.1 created it, on layout 1.
+    layout_text = b"1" if layout is None else layout
+    if not layout_text.isdigit():
+        text = layout_text.decode(errors="replace")
+        raise ProtocolError(f"{name}:schema field layout holds {text!r}, not a layout number")
+    layout_n = int(layout_text)
     if min_version is not None:
         needed = min_version.decode()
         key = version_key(needed)
@@ -269,7 +272,7 @@ def load_namespace(name: str) -> Op:
     if isinstance(protocol, Exception):
         raise ProtocolError(
             f"the zdelay function library for protocol {PROTOCOL} is not on this server ({protocol}): "
-            "a zdelay daemon loads it when it starts (Redis 7.0 or later, or Valkey 7.2)"
+            "a zdelay daemon of a release that speaks it loads it when it starts (Redis 7.0 or later, or Valkey 7.2)"
         )
     if protocol[0] != PROTOCOL:
         raise ProtocolError(f"the server's zd{PROTOCOL}_protocol says {protocol[0]}; this client speaks {PROTOCOL}")
