@@ -73,14 +73,6 @@ for id_, counts in shard_cases:
         shards.append({"id": id_, "tag": t.decode(), "crc16": c, "shards": n,
                        "shard": c % n, "cluster_keyslot": c % 16384})
 
-def layout_1_keys(ns, s):
-    k = lambda kind: "{%s:%d}:%s" % (ns, s, kind)
-    return {"namespace": ns, "shard": s, "keys": {
-        "due": k("due"), "jobs": k("jobs"), "inflight": k("inflight"), "dead": k("dead"),
-        "reasons": k("reasons"), "scheduled": k("scheduled"), "ready": k("ready"),
-        "ready_ids": k("ready_ids"), "max_lateness": k("max_lateness"), "marker": k("shards")},
-        "schema": "%s:schema" % ns, "wake_channel": "%s:wake" % ns}
-
 def lane(ns, list_key, route):
     slot = crc16(tag(list_key.encode())) % 16384
     t = TAGS[slot]
@@ -91,11 +83,17 @@ def lane(ns, list_key, route):
                      "reasons": k("reasons"), "marker": k("lane")},
             "registry": "%s:lanes" % ns}
 
+# Spread shard s of n: the two-phase routes' jobs, in the middle slot of the shard's share.
 def spread(ns, n, s):
     slot = (2 * s + 1) * 16384 // (2 * n)
     t = TAGS[slot]
+    k = lambda kind: "%s:{%s}:s%d:%s" % (ns, t, s, kind)
     return {"namespace": ns, "shards": n, "shard": s, "slot": slot, "tag": t,
-            "due": "%s:{%s}:s%d:due" % (ns, t, s), "jobs": "%s:{%s}:s%d:jobs" % (ns, t, s)}
+            "keys": {"due": k("due"), "jobs": k("jobs"), "inflight": k("inflight"), "dead": k("dead"),
+                     "reasons": k("reasons"), "scheduled": k("scheduled"), "ready": k("ready"),
+                     "ready_ids": k("ready_ids"), "max_lateness": k("max_lateness"),
+                     "marker": k("shards"), "unique": k("unique"), "windows": k("windows")},
+            "schema": "%s:schema" % ns, "wake_channel": "%s:wake" % ns}
 
 def frame(dest, payload, meta):
     m = b"" if not meta else json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
@@ -158,12 +156,12 @@ doc = {
              "them. Byte strings are base64; text is UTF-8.",
     "crc16_xmodem_check": {"input": "123456789", "crc16": crc16(b"123456789")},
     "shard_rule": shards,
-    "layout_1_keys": [layout_1_keys("zdelay", 11), layout_1_keys("orders", 3)],
     "slot_tags": {"table_sha256": table_sha,
                   "examples": [{"slot": s, "tag": TAGS[s]} for s in (0, 1, 2, 512, 8192, 15872, 16383)]},
     "lanes": [lane("zdelay", "queue:emails", "emails"), lane("zdelay", "{user}:queue", "user-q"),
               lane("orders", "jobs:ünïcødé", "uni")],
-    "spread_shards": [spread("zdelay", 16, 0), spread("zdelay", 16, 15), spread("zdelay", 10, 3)],
+    "spread_shards": [spread("zdelay", 16, 0), spread("zdelay", 16, 15), spread("zdelay", 10, 3),
+                      spread("orders", 16, 11), spread("orders", 1, 0)],
     "envelopes": envelopes,
     "spread_offsets": spread_offsets,
 }

@@ -563,7 +563,7 @@ impl WindowSweep {
 /// How often a daemon looks for producers' schedule requests (one `EXISTS`).
 const SCHEDULE_REQUESTS_EVERY: Duration = Duration::from_millis(250);
 
-/// Applies producers' schedule requests (`zd1_schedule`, `schedule_requests`) soon after they
+/// Applies producers' schedule requests (`zd2_schedule`, `schedule_requests`) soon after they
 /// are made, and prunes their outcomes once they are an hour old.
 async fn apply_schedule_requests(
     client: Client,

@@ -130,7 +130,7 @@ fn bad_envelopes_go_to_dead_with_reasons_while_their_batch_delivers() {
     let rt = common::runtime();
     // A producer given the config: it registers the routes' lanes (no daemon yet).
     let client = config.client(&rt);
-    let spread = Keys::for_layout("zdelay", 1, 2);
+    let spread = Keys::new("zdelay", 1);
     let (due, jobs, dead, reasons) = (
         spread.due(0),
         spread.jobs(0),
@@ -795,7 +795,7 @@ fn corrupt_zd1_frame_lengths_go_to_dead_not_to_the_list() {
         &format!("{}{ROUTES}{}", poller_section(), remote_route(&remote)),
     );
     let mut con = redis.conn();
-    let keys = Keys::for_layout("zdelay", 1, 2);
+    let keys = Keys::new("zdelay", 1);
     let frames: [(&str, &[u8]); 2] = [
         ("meta-past-end", b"zd1:far\n50\n{\"a\":1}"),
         ("meta-negative", b"zd1:far\n-3\npayload"),

@@ -16,7 +16,7 @@ target = "q:emails"
 
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
-/// `FCALL zd1_enqueue` for one job: the shard's keys in the order the protocol lists them,
+/// `FCALL zd2_enqueue` for one job: the shard's keys in the order the protocol lists them,
 /// then the shard count, the conflict policy, the wake channel, the shard, and the job.
 fn fcall_enqueue(
     keys: &Keys,
@@ -29,7 +29,7 @@ fn fcall_enqueue(
     let shard = keys.shard_of(id);
     let k = keys.shard(shard);
     let mut cmd = redis::cmd("FCALL");
-    cmd.arg("zd1_enqueue").arg(10);
+    cmd.arg("zd2_enqueue").arg(10);
     for key in [
         &k.due,
         &k.jobs,
@@ -55,11 +55,11 @@ fn fcall_enqueue(
     cmd
 }
 
-/// `FCALL zd1_get` for `id`: the seven keys of its shard, the shard count, the id.
+/// `FCALL zd2_get` for `id`: the seven keys of its shard, the shard count, the id.
 pub(crate) fn fcall_get(keys: &Keys, id: &str) -> redis::Cmd {
     let k = keys.shard(keys.shard_of(id));
     let mut cmd = redis::cmd("FCALL");
-    cmd.arg("zd1_get").arg(7);
+    cmd.arg("zd2_get").arg(7);
     for key in [
         &k.due,
         &k.jobs,
@@ -75,10 +75,10 @@ pub(crate) fn fcall_get(keys: &Keys, id: &str) -> redis::Cmd {
     cmd
 }
 
-/// `FCALL zd1_get_lane` for a stored id: the lane's seven keys, the marker expected, the id.
+/// `FCALL zd2_get_lane` for a stored id: the lane's seven keys, the marker expected, the id.
 pub(crate) fn fcall_get_lane(keys: &zdelay::keys::LaneKeys, marker: &str, id: &str) -> redis::Cmd {
     let mut cmd = redis::cmd("FCALL");
-    cmd.arg("zd1_get_lane").arg(7);
+    cmd.arg("zd2_get_lane").arg(7);
     for key in [
         &keys.due,
         &keys.jobs,
@@ -95,8 +95,8 @@ pub(crate) fn fcall_get_lane(keys: &zdelay::keys::LaneKeys, marker: &str, id: &s
 }
 
 /// On one Redis, through a two-phase route (to another Redis): its jobs are kept in the spread
-/// shards, with layout 1's keys and frames under the spread shards' names, so `zd1_enqueue`
-/// and `zd1_get` are called there as a client in another language calls them for such a route.
+/// shards (the shard keys and `zd1` frames of docs/reference/protocol.md), so `zd2_enqueue`
+/// and `zd2_get` are called there as a client in another language calls them for such a route.
 #[test]
 fn a_job_enqueued_by_fcall_is_stored_byte_for_byte_as_the_library_stores_it_and_delivered() {
     let redis = RedisServer::start();
@@ -123,12 +123,12 @@ target = "q:emails"
 
     // The daemon loaded the library; it says which protocol it speaks.
     let (protocol, build, revision, body): (u32, String, u32, String) = redis::cmd("FCALL")
-        .arg("zd1_protocol")
+        .arg("zd2_protocol")
         .arg(0)
         .query(&mut con)
-        .expect("zd1_protocol");
+        .expect("zd2_protocol");
     let mine = zdelay::store::functions::identity();
-    assert_eq!((protocol, build.as_str()), (1, env!("CARGO_PKG_VERSION")));
+    assert_eq!((protocol, build.as_str()), (2, env!("CARGO_PKG_VERSION")));
     assert_eq!((revision, &body), (mine.revision, &mine.body));
 
     // A client reads the shard count (10: not a power of two) from the schema.
@@ -138,7 +138,7 @@ target = "q:emails"
         .query(&mut con)
         .unwrap();
     assert_eq!(shards, 10);
-    let keys = Keys::for_layout("zdelay", shards, 2);
+    let keys = Keys::new("zdelay", shards);
 
     // The same job through the Rust library and through FCALL, under two ids of one tag.
     let rt = common::runtime();
@@ -172,7 +172,7 @@ target = "q:emails"
         "30000",
     )
     .query(&mut con)
-    .expect("FCALL zd1_enqueue");
+    .expect("FCALL zd2_enqueue");
     assert_eq!(codes, [1], "added");
 
     let shard = keys.shard(keys.shard_of("{u1}:fcall"));
@@ -205,7 +205,7 @@ target = "q:emails"
     );
     let read: Read = fcall_get(&keys, "{u1}:fcall")
         .query(&mut con)
-        .expect("FCALL zd1_get");
+        .expect("FCALL zd2_get");
     assert!(read.0 > 1_700_000_000, "TIME seconds: {read:?}");
     assert_eq!(
         (read.2, read.3, read.4, read.5, read.6.as_deref(), read.7),
@@ -239,7 +239,7 @@ target = "q:emails"
     let _: () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut con).unwrap();
     wait_for("the library loaded again", Duration::from_secs(15), || {
         redis::cmd("FCALL")
-            .arg("zd1_protocol")
+            .arg("zd2_protocol")
             .arg(0)
             .query::<Vec<redis::Value>>(&mut redis.conn())
             .is_ok()
@@ -282,7 +282,7 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
         let listed: Vec<redis::Value> = redis::cmd("FUNCTION")
             .arg("LIST")
             .arg("LIBRARYNAME")
-            .arg("zdelay_p1")
+            .arg("zdelay_p2")
             .query(&mut node)
             .unwrap();
         (master, listed.len() == 1)
@@ -325,7 +325,7 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
                  meta: &str,
                  max_lateness: &str| {
         let mut cmd = redis::cmd("FCALL");
-        cmd.arg("zd1_enqueue_lane").arg(8);
+        cmd.arg("zd2_enqueue_lane").arg(8);
         for key in [
             &keys.due,
             &keys.jobs,
@@ -379,7 +379,7 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
         "30000",
     )
     .query(&mut con)
-    .expect("FCALL zd1_enqueue_lane");
+    .expect("FCALL zd2_enqueue_lane");
     assert_eq!(codes, [1]);
     let stored = |con: &mut redis::cluster::ClusterConnection,
                   id: &str|
@@ -424,7 +424,7 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
     );
     let read: Read = fcall_get_lane(&keys, &marker, "fcall-1")
         .query(&mut con)
-        .expect("FCALL zd1_get_lane");
+        .expect("FCALL zd2_get_lane");
     assert_eq!(
         (
             read.2,
@@ -473,7 +473,7 @@ fn on_a_cluster_a_lane_job_enqueued_by_fcall_matches_the_library_and_is_delivere
     });
 }
 
-/// `FCALL zd1_schedule`: the namespace's request and result hashes, the id, the operation and
+/// `FCALL zd2_schedule`: the namespace's request and result hashes, the id, the operation and
 /// (set) the schedule's JSON; the request's sequence number.
 pub(crate) fn fcall_schedule(
     con: &mut redis::Connection,
@@ -483,7 +483,7 @@ pub(crate) fn fcall_schedule(
 ) -> redis::RedisResult<u64> {
     let keys = Keys::new("zdelay", 1);
     let mut cmd = redis::cmd("FCALL");
-    cmd.arg("zd1_schedule")
+    cmd.arg("zd2_schedule")
         .arg(2)
         .arg(keys.schedule_requests())
         .arg(keys.schedule_results())
@@ -691,24 +691,25 @@ fn schedule_requests_by_fcall_are_applied_by_a_daemon_in_order_with_their_outcom
     assert!(!waiting, "a refused request writes nothing");
 }
 
-/// The function library as the release before revisions (commit de46fba) loads it, byte for
-/// byte: every start of that release puts it back with `FUNCTION LOAD REPLACE`.
-const PREVIOUS_RELEASE_LIBRARY: &str = include_str!("fixtures/library_zdelay_p1_de46fba.lua");
+/// Protocol 1's function library as the release before revisions (commit de46fba) loads it,
+/// byte for byte: every start of that release puts it back with `FUNCTION LOAD REPLACE`.
+/// Older producers call it until they are upgraded, so it stays beside this build's.
+const PROTOCOL_1_LIBRARY: &str = include_str!("fixtures/library_zdelay_p1_de46fba.lua");
 
 /// Samples (and library syncs) every 300 ms, so a repair is seen quickly.
 const QUICK_SAMPLES: &str = "[poller]\nstats_interval = \"300ms\"\n";
 
-/// A library as `zd1_protocol` names it: (revision, body, build).
+/// A library as `zd2_protocol` names it: (revision, body, build).
 type Loaded = (u32, String, String);
 
-/// What each master holds (`None`: no library).
+/// What each master holds of this protocol version (`None`: no library).
 fn loaded_on(masters: &[u16]) -> Vec<Option<Loaded>> {
     masters
         .iter()
         .map(|port| {
             let mut con = node_conn(*port);
             let answer: redis::RedisResult<Vec<redis::Value>> = redis::cmd("FCALL_RO")
-                .arg("zd1_protocol")
+                .arg("zd2_protocol")
                 .arg(0)
                 .query(&mut con);
             let values = answer.ok()?;
@@ -718,12 +719,53 @@ fn loaded_on(masters: &[u16]) -> Vec<Option<Loaded>> {
                     .and_then(|v| redis::from_redis_value(v.clone()).ok())
                     .unwrap_or_default()
             };
-            let revision = values.get(2).map_or(1, |v| {
-                redis::from_redis_value(v.clone()).expect("a revision")
-            });
+            let revision = redis::from_redis_value(values[2].clone()).expect("a revision");
             Some((revision, text(3), text(1)))
         })
         .collect()
+}
+
+/// Protocol 1's library on each master, as its code, and what its `zd1_protocol` answers
+/// (`None`: not loaded).
+fn protocol_1_on(masters: &[u16]) -> Vec<Option<(String, (u32, String))>> {
+    masters
+        .iter()
+        .map(|port| {
+            let mut con = node_conn(*port);
+            let listed: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
+                .arg("LIST")
+                .arg("LIBRARYNAME")
+                .arg("zdelay_p1")
+                .arg("WITHCODE")
+                .query(&mut con)
+                .expect("FUNCTION LIST");
+            let library = listed.into_iter().find(|fields| {
+                fields.chunks(2).any(|kv| {
+                    kv[0] == redis::Value::BulkString(b"library_name".to_vec())
+                        && kv[1] == redis::Value::BulkString(b"zdelay_p1".to_vec())
+                })
+            })?;
+            let code = library
+                .chunks(2)
+                .find(|kv| kv[0] == redis::Value::BulkString(b"library_code".to_vec()))
+                .map(|kv| redis::from_redis_value(kv[1].clone()).expect("code"))
+                .expect("library_code");
+            let answer = redis::cmd("FCALL_RO")
+                .arg("zd1_protocol")
+                .arg(0)
+                .query(&mut con)
+                .expect("zd1_protocol");
+            Some((code, answer))
+        })
+        .collect()
+}
+
+/// Every master holds protocol 1's library as that release loaded it.
+fn protocol_1_left_alone(masters: &[u16], what: &str) {
+    let want = Some((PROTOCOL_1_LIBRARY.to_owned(), (1, "0.1.0".to_owned())));
+    for held in protocol_1_on(masters) {
+        assert!(held == want, "{what}: protocol 1's library is {held:?}");
+    }
 }
 
 fn node_conn(port: u16) -> redis::Connection {
@@ -733,15 +775,16 @@ fn node_conn(port: u16) -> redis::Connection {
         .unwrap()
 }
 
-/// What the previous release's start does on every master.
-fn previous_release_starts(masters: &[u16]) {
+/// What a start of the release before revisions does on every master (a release of protocol
+/// 1: it loads `zdelay_p1` only).
+fn protocol_1_release_starts(masters: &[u16]) {
     for port in masters {
         let _: String = redis::cmd("FUNCTION")
             .arg("LOAD")
             .arg("REPLACE")
-            .arg(PREVIOUS_RELEASE_LIBRARY)
+            .arg(PROTOCOL_1_LIBRARY)
             .query(&mut node_conn(*port))
-            .expect("the previous release's library loads");
+            .expect("protocol 1's library loads");
     }
 }
 
@@ -779,39 +822,40 @@ fn every_master_holds(masters: &[u16], what: &str, expected: impl Fn(&Loaded) ->
     first
 }
 
-/// The previous release (its library, loaded as it loads it), this build, and this build
+/// A release of protocol 1 (its library, loaded as it loads it), this build, and this build
 /// claiming an older revision, a newer one, or another body of its own, start in every order
-/// of each pair on `masters`: no start puts an older or another body over the library, and a
-/// newer daemon puts its own back within a sample where the previous release did.
+/// of each pair on `masters`: this build loads its protocol's library beside protocol 1's and
+/// never touches that one (nor a release of protocol 1 this build's), and no start puts an
+/// older or another body of this protocol's library over it.
 fn no_start_order_downgrades(config: &TestConfig, masters: &[u16]) {
     let mine = zdelay::store::functions::identity();
     let is_mine = |l: &Loaded| l.0 == mine.revision && l.1 == mine.body;
+    let older_revision = format!("{}:older", mine.revision - 1);
     let log_says = |d: &Daemon, what: &str| {
         wait_for(what, Duration::from_secs(15), || {
             d.log_text().contains(what)
         });
     };
 
-    // The previous release, then this build: replaced at its start.
+    // A release of protocol 1, then this build: its library loaded beside protocol 1's.
     flush_functions(masters);
-    previous_release_starts(masters);
-    let old = every_master_holds(masters, "previous release", |l| l.0 == 1);
-    assert_eq!(old.2, "0.1.0");
+    protocol_1_release_starts(masters);
+    assert!(loaded_on(masters).iter().all(Option::is_none));
     let this = daemon(config, None);
-    every_master_holds(masters, "this build after the previous release", is_mine);
+    every_master_holds(masters, "this build after protocol 1's release", is_mine);
+    log_says(&this, "producer functions loaded");
+    // A few samples later, protocol 1's library is still as that release loaded it.
+    std::thread::sleep(Duration::from_secs(1));
+    protocol_1_left_alone(masters, "this build's samples");
 
-    // This build, then the previous release (restarting mid-rollout or on rollback): its
-    // older body is back until this build's next sample.
-    previous_release_starts(masters);
-    wait_for("this build's body back", Duration::from_secs(15), || {
-        loaded_on(masters)
-            .iter()
-            .all(|l| l.as_ref().is_some_and(is_mine))
-    });
-    log_says(&this, "replaced an older revision");
+    // This build, then a release of protocol 1 (restarting mid-rollout or on rollback): it
+    // replaces its own library only.
+    protocol_1_release_starts(masters);
+    every_master_holds(masters, "after protocol 1's release restarted", is_mine);
+    protocol_1_left_alone(masters, "its own start");
 
     // This build, then an older revision of a later release: left alone, logged once.
-    let older = daemon(config, Some("1:older"));
+    let older = daemon(config, Some(&older_revision));
     log_says(&older, "a newer revision is loaded");
     // This build, then another body of its revision: left alone, an error.
     let other = daemon(config, Some(&format!("{}:other", mine.revision)));
@@ -844,11 +888,14 @@ fn no_start_order_downgrades(config: &TestConfig, masters: &[u16]) {
 
     // An older revision, then this build: replaced.
     flush_functions(masters);
-    let older = daemon(config, Some("1:older"));
-    let older_body = every_master_holds(masters, "an older revision alone", |l| l.0 == 1);
+    let older = daemon(config, Some(&older_revision));
+    let older_body = every_master_holds(masters, "an older revision alone", |l| {
+        l.0 == mine.revision - 1
+    });
     assert_ne!(older_body.1, mine.body);
     let this = daemon(config, None);
     every_master_holds(masters, "this build after an older revision", is_mine);
+    log_says(&this, "replaced an older revision");
     drop((older, this));
 
     // Another body of this revision, then this build: left alone, an error.

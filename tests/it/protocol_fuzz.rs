@@ -1,6 +1,6 @@
 //! The producer protocol's functions called as a stranger may call them: random argument
-//! vectors (counts, types, sizes, encodings) to every function of the library, on both storage
-//! layouts, on one Redis and on a cluster. After each call the reply is a documented one, and
+//! vectors (counts, types, sizes, encodings) to every function of the library, on a spread
+//! shard's and a route lane's keys, on one Redis and on a cluster. After each call the reply is a documented one, and
 //! the keyspace (every key's DUMP) is exactly as before — a refused call, a read, a call that
 //! found nothing to do — or what a model of the call says a correct call leaves: never an
 //! orphan frame, due entry or window. A model of the documented argument rules says which
@@ -191,14 +191,14 @@ struct Call {
 fn all_keys(t: &Target, function: &str) -> Vec<String> {
     let of = |keys: &[String], at: &[usize]| at.iter().map(|&i| keys[i].clone()).collect();
     match function {
-        "zd1_enqueue" => t.shard.clone(),
-        "zd1_cancel" => of(&t.shard, &[0, 1, 2, 5, 6, 7, 8, 9, 10]),
-        "zd1_reschedule" => of(&t.shard, &[0, 5, 6, 7, 9]),
-        "zd1_get" => of(&t.shard, &[0, 1, 2, 3, 4, 7, 9]),
-        "zd1_enqueue_lane" => t.lane.clone(),
-        "zd1_cancel_lane" => of(&t.lane, &[0, 1, 2, 3, 4, 7, 8]),
-        "zd1_reschedule_lane" => of(&t.lane, &[0, 7]),
-        "zd1_get_lane" => of(&t.lane, &[0, 1, 2, 3, 5, 6, 7]),
+        "zd2_enqueue" => t.shard.clone(),
+        "zd2_cancel" => of(&t.shard, &[0, 1, 2, 5, 6, 7, 8, 9, 10]),
+        "zd2_reschedule" => of(&t.shard, &[0, 5, 6, 7, 9]),
+        "zd2_get" => of(&t.shard, &[0, 1, 2, 3, 4, 7, 9]),
+        "zd2_enqueue_lane" => t.lane.clone(),
+        "zd2_cancel_lane" => of(&t.lane, &[0, 1, 2, 3, 4, 7, 8]),
+        "zd2_reschedule_lane" => of(&t.lane, &[0, 7]),
+        "zd2_get_lane" => of(&t.lane, &[0, 1, 2, 3, 5, 6, 7]),
         _ => t.sched.clone(),
     }
 }
@@ -306,22 +306,22 @@ fn good_call(rng: &mut SeededRng, t: &Target, now: i64) -> Call {
                     ]);
                 }
                 (
-                    "zd1_enqueue",
-                    all_keys(t, "zd1_enqueue")[..if optional { 12 } else { 10 }].to_vec(),
+                    "zd2_enqueue",
+                    all_keys(t, "zd2_enqueue")[..if optional { 12 } else { 10 }].to_vec(),
                     args,
                 )
             }
             (Family::Shard, 1) => (
-                "zd1_cancel",
-                all_keys(t, "zd1_cancel")[..if optional { 9 } else { 8 }].to_vec(),
+                "zd2_cancel",
+                all_keys(t, "zd2_cancel")[..if optional { 9 } else { 8 }].to_vec(),
                 vec![shards, id],
             ),
             (Family::Shard, 2) => (
-                "zd1_reschedule",
-                all_keys(t, "zd1_reschedule"),
+                "zd2_reschedule",
+                all_keys(t, "zd2_reschedule"),
                 vec![shards, id, good_due(rng, now), wake, shard],
             ),
-            (Family::Shard, _) => ("zd1_get", all_keys(t, "zd1_get"), vec![shards, id]),
+            (Family::Shard, _) => ("zd2_get", all_keys(t, "zd2_get"), vec![shards, id]),
             (Family::Lane, 0) => {
                 let mut args = vec![
                     LANE_MARKER.into(),
@@ -340,19 +340,19 @@ fn good_call(rng: &mut SeededRng, t: &Target, now: i64) -> Call {
                     ]);
                 }
                 (
-                    "zd1_enqueue_lane",
+                    "zd2_enqueue_lane",
                     t.lane[..if optional { 10 } else { 8 }].to_vec(),
                     args,
                 )
             }
             (Family::Lane, 1) => (
-                "zd1_cancel_lane",
-                all_keys(t, "zd1_cancel_lane")[..if optional { 7 } else { 6 }].to_vec(),
+                "zd2_cancel_lane",
+                all_keys(t, "zd2_cancel_lane")[..if optional { 7 } else { 6 }].to_vec(),
                 vec![LANE_MARKER.into(), id],
             ),
             (Family::Lane, 2) => (
-                "zd1_reschedule_lane",
-                all_keys(t, "zd1_reschedule_lane"),
+                "zd2_reschedule_lane",
+                all_keys(t, "zd2_reschedule_lane"),
                 vec![
                     LANE_MARKER.into(),
                     id,
@@ -362,8 +362,8 @@ fn good_call(rng: &mut SeededRng, t: &Target, now: i64) -> Call {
                 ],
             ),
             (Family::Lane, _) => (
-                "zd1_get_lane",
-                all_keys(t, "zd1_get_lane"),
+                "zd2_get_lane",
+                all_keys(t, "zd2_get_lane"),
                 vec![LANE_MARKER.into(), id],
             ),
             (Family::Schedule, n) => {
@@ -374,7 +374,7 @@ fn good_call(rng: &mut SeededRng, t: &Target, now: i64) -> Call {
                         br#"{"id":"s1","dest":"emails","every":"5m","payload":"x"}"#.to_vec(),
                     );
                 }
-                ("zd1_schedule", t.sched.clone(), args)
+                ("zd2_schedule", t.sched.clone(), args)
             }
         };
     Call {
@@ -525,7 +525,7 @@ fn refused(call: &Call) -> bool {
     let n = call.keys.len();
     let arg = |i: usize| a.get(i).map(Vec::as_slice);
     match call.function {
-        "zd1_enqueue" => {
+        "zd2_enqueue" => {
             let (policy_ok, needs_windows) = arg(1).map_or((false, false), policy_ok);
             (n != 10 && n != 12)
                 || !arg(0).is_some_and(shards_ok)
@@ -538,7 +538,7 @@ fn refused(call: &Call) -> bool {
                 })
                 || (needs_windows && n == 10)
         }
-        "zd1_enqueue_lane" => {
+        "zd2_enqueue_lane" => {
             let (policy_ok, needs_windows) = arg(1).map_or((false, false), policy_ok);
             (n != 8 && n != 10)
                 || a.is_empty()
@@ -551,9 +551,9 @@ fn refused(call: &Call) -> bool {
                 })
                 || (needs_windows && n == 8)
         }
-        "zd1_cancel" => n != 9 || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false),
-        "zd1_get" => n != 7 || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false),
-        "zd1_reschedule" => {
+        "zd2_cancel" => n != 9 || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false),
+        "zd2_get" => n != 7 || a.len() != 2 || !shards_ok(&a[0]) || !id_ok(&a[1], false),
+        "zd2_reschedule" => {
             n != 5
                 || a.len() != 5
                 || !shards_ok(&a[0])
@@ -562,9 +562,9 @@ fn refused(call: &Call) -> bool {
                 || a[3].is_empty()
                 || !shard_ok(&a[4], &a[0])
         }
-        "zd1_cancel_lane" => n != 7 || a.len() != 2 || !id_ok(&a[1], false),
-        "zd1_get_lane" => n != 7 || a.len() != 2 || !id_ok(&a[1], false),
-        "zd1_reschedule_lane" => {
+        "zd2_cancel_lane" => n != 7 || a.len() != 2 || !id_ok(&a[1], false),
+        "zd2_get_lane" => n != 7 || a.len() != 2 || !id_ok(&a[1], false),
+        "zd2_reschedule_lane" => {
             n != 2
                 || a.len() != 5
                 || !id_ok(&a[1], false)
@@ -572,7 +572,7 @@ fn refused(call: &Call) -> bool {
                 || a[3].is_empty()
                 || !wake_name_ok(&a[4])
         }
-        "zd1_schedule" => {
+        "zd2_schedule" => {
             let id_ok = arg(0).is_some_and(|id| {
                 let tag_ok = match id.iter().position(|&b| b == b'{') {
                     Some(open) => id[open + 1..]
@@ -725,8 +725,8 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
     let fence = !refuse && fenced(t, call);
     // The jobs an enqueue names, each id's last place in the call and its state before.
     let (arity, first) = match call.function {
-        "zd1_enqueue" => (4, 4),
-        "zd1_enqueue_lane" => (5, 4),
+        "zd2_enqueue" => (4, 4),
+        "zd2_enqueue_lane" => (5, 4),
         _ => (0, 0),
     };
     let mut last: BTreeMap<Bytes, usize> = BTreeMap::new();
@@ -771,7 +771,7 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
     }
     let reply = reply.unwrap_or_else(|e| panic!("{context}: {e}"));
     match (call.function, &reply) {
-        ("zd1_enqueue" | "zd1_enqueue_lane", Value::Array(codes)) => {
+        ("zd2_enqueue" | "zd2_enqueue_lane", Value::Array(codes)) => {
             let jobs: Vec<&[Bytes]> = call.args[first..].chunks(arity).collect();
             assert_eq!(codes.len(), jobs.len(), "{context}: one reply per job");
             let debounce = call.args[1].starts_with(b"debounce");
@@ -790,7 +790,7 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
                     t.lane.clone()
                 };
                 if matches!(code, 1 | 2) {
-                    // The frame (layout 1) or the payload (a lane) is the third of a job's arguments.
+                    // The frame (a shard) or the payload (a lane) is the third of a job's arguments.
                     let stored = &job[2];
                     assert_eq!(
                         hget(&mut t.con, &keys[1], id).as_ref(),
@@ -842,7 +842,7 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
                 }
             }
         }
-        ("zd1_cancel" | "zd1_cancel_lane", Value::Int(code)) => {
+        ("zd2_cancel" | "zd2_cancel_lane", Value::Int(code)) => {
             let keys = if t.family == Family::Shard {
                 t.shard.clone()
             } else {
@@ -877,7 +877,7 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
                 other => panic!("{context}: reply {other}"),
             }
         }
-        ("zd1_reschedule" | "zd1_reschedule_lane", Value::Int(due)) if *due >= 0 => {
+        ("zd2_reschedule" | "zd2_reschedule_lane", Value::Int(due)) if *due >= 0 => {
             let due_key = if t.family == Family::Shard {
                 &t.shard[0]
             } else {
@@ -889,10 +889,10 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
                 "{context}"
             );
         }
-        ("zd1_reschedule", Value::Int(-1)) | ("zd1_reschedule_lane", Value::Nil) => {
+        ("zd2_reschedule", Value::Int(-1)) | ("zd2_reschedule_lane", Value::Nil) => {
             assert!(before == after, "{context}: a reschedule of nothing wrote");
         }
-        ("zd1_get" | "zd1_get_lane", Value::Array(fields)) => {
+        ("zd2_get" | "zd2_get_lane", Value::Array(fields)) => {
             assert_eq!(fields.len(), 8, "{context}");
             assert!(
                 before == after,
@@ -900,7 +900,7 @@ fn run_call(t: &mut Target, call: &Call, n: usize) {
                 changed_keys(&before, &after)
             );
         }
-        ("zd1_schedule", Value::Int(seq)) => {
+        ("zd2_schedule", Value::Int(seq)) => {
             assert!(*seq >= 1, "{context}");
             assert!(
                 hget(&mut t.con, &t.sched[0].clone(), &call.args[0]).is_some(),
@@ -940,11 +940,12 @@ fn fuzz(t: &mut Target, seed: u64) {
     let (mut refused_calls, mut ok_calls) = (0, 0);
     for n in 0..CALLS {
         if n % 100 == 50 {
-            // A fence for a while: another shard count, a reshard running, a changed lane.
+            // A fence for a while: another shard count, a reshard running, a newer storage
+            // layout, a changed lane.
             let (key, value) = match t.family {
                 Family::Shard => (
                     &t.shard[9],
-                    *pick(&mut rng, &["4", "8", "migrating 4 8", "layout 2 0.2.0"]),
+                    *pick(&mut rng, &["4", "8", "migrating 4 8", "layout 3 0.9.0"]),
                 ),
                 Family::Lane => (
                     &t.lane[7],
@@ -1013,9 +1014,10 @@ fn fuzzed_producer_calls_on_a_cluster_answer_as_documented_and_never_write_part_
 }
 
 /// The issue's cases, one by one: a malformed job after a good one, and a job missing an
-/// argument, refuse the whole call on both layouts; nothing of the good job is written.
+/// argument, refuse the whole call in a spread shard and in a lane; nothing of the good job is
+/// written.
 #[test]
-fn a_malformed_job_refuses_the_whole_enqueue_and_writes_nothing_on_both_layouts() {
+fn a_malformed_job_refuses_the_whole_enqueue_and_writes_nothing_in_a_shard_and_a_lane() {
     let redis = RedisServer::start();
     let mut shard = Target::on(&[redis.port], Family::Shard);
     let mut lane = Target::on(&[redis.port], Family::Lane);
@@ -1127,7 +1129,7 @@ fn a_malformed_job_refuses_the_whole_enqueue_and_writes_nothing_on_both_layouts(
     for (what, jobs, field) in cases {
         let before = snapshot(&mut shard.con);
         let call = Call {
-            function: "zd1_enqueue",
+            function: "zd2_enqueue",
             keys: shard.shard[..10].to_vec(),
             args: [&head[..], &jobs[..]].concat(),
         };
@@ -1139,7 +1141,7 @@ fn a_malformed_job_refuses_the_whole_enqueue_and_writes_nothing_on_both_layouts(
         );
         assert!(
             snapshot(&mut shard.con) == before,
-            "layout 1, {what}: nothing written"
+            "a spread shard, {what}: nothing written"
         );
 
         // The same jobs on a lane: payload, meta and max lateness in place of frame and max lateness.
@@ -1164,7 +1166,7 @@ fn a_malformed_job_refuses_the_whole_enqueue_and_writes_nothing_on_both_layouts(
         ];
         let before = snapshot(&mut lane.con);
         let call = Call {
-            function: "zd1_enqueue_lane",
+            function: "zd2_enqueue_lane",
             keys: lane.lane[..8].to_vec(),
             args: [&lane_head[..], &lane_jobs[..]].concat(),
         };
@@ -1172,13 +1174,13 @@ fn a_malformed_job_refuses_the_whole_enqueue_and_writes_nothing_on_both_layouts(
         assert_eq!(err.code(), Some("ZDELAY_BAD_REQUEST"), "{what}: {err}");
         assert!(
             snapshot(&mut lane.con) == before,
-            "layout 2, {what}: nothing written"
+            "a lane, {what}: nothing written"
         );
     }
     // A marker absent (never resharded) no longer lets any shard count through.
     let before = snapshot(&mut shard.con);
     let call = Call {
-        function: "zd1_enqueue",
+        function: "zd2_enqueue",
         keys: shard.shard[..10].to_vec(),
         args: [
             &[
@@ -1211,8 +1213,8 @@ target = "q:emails"
 /// A cancel must take the `<unique>` key, so a cancelled job's window always goes with it: a
 /// cancel without it is refused and changes nothing, and a later job of the id enqueued by a
 /// call without the unique keys is not remembered once delivered (an enqueue with `unique`
-/// adds it). In a route's lane (`zd1_*_lane`), or in a spread shard (layout 1's `zd1_*` on the
-/// spread shards' keys: a two-phase route, here to another Redis).
+/// adds it). In a route's lane (`zd2_*_lane`), or in a spread shard (`zd2_enqueue`,
+/// `zd2_cancel`: a two-phase route, here to another Redis).
 fn a_cancelled_window_is_not_inherited(lane: bool) {
     let redis = RedisServer::start();
     let remote = (!lane).then(RedisServer::start);
@@ -1249,7 +1251,7 @@ fn a_cancelled_window_is_not_inherited(lane: bool) {
             k.windows,
         ];
         let cancel_with = |with: &[usize]| Call {
-            function: "zd1_cancel_lane",
+            function: "zd2_cancel_lane",
             keys: with.iter().map(|&i| keys[i].clone()).collect(),
             args: vec![marker.clone().into(), id.into()],
         };
@@ -1258,7 +1260,7 @@ fn a_cancelled_window_is_not_inherited(lane: bool) {
             cancel_with(&[0, 1, 2, 3, 4, 7, 8]),
         );
         let enqueue = move |policy: &str, due: &str, windows: bool| Call {
-            function: "zd1_enqueue_lane",
+            function: "zd2_enqueue_lane",
             keys: keys[..if windows { 10 } else { 8 }].to_vec(),
             args: vec![
                 marker.clone().into(),
@@ -1274,7 +1276,7 @@ fn a_cancelled_window_is_not_inherited(lane: bool) {
         };
         (Box::new(enqueue), cancel_short, cancel)
     } else {
-        let keys = Keys::for_layout("zdelay", SHARDS, 2);
+        let keys = Keys::new("zdelay", SHARDS);
         let shard = keys.shard_of(id);
         let k = keys.shard(shard);
         let all = vec![
@@ -1292,7 +1294,7 @@ fn a_cancelled_window_is_not_inherited(lane: bool) {
             k.windows,
         ];
         let cancel_with = |with: &[usize]| Call {
-            function: "zd1_cancel",
+            function: "zd2_cancel",
             keys: with.iter().map(|&i| all[i].clone()).collect(),
             args: vec![SHARDS.to_string().into(), id.into()],
         };
@@ -1301,7 +1303,7 @@ fn a_cancelled_window_is_not_inherited(lane: bool) {
             cancel_with(&[0, 1, 2, 5, 6, 7, 8, 9, 10]),
         );
         let enqueue = move |policy: &str, due: &str, windows: bool| Call {
-            function: "zd1_enqueue",
+            function: "zd2_enqueue",
             keys: all[..if windows { 12 } else { 10 }].to_vec(),
             args: vec![
                 SHARDS.to_string().into(),

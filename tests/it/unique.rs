@@ -22,10 +22,10 @@ struct Setup {
 }
 
 impl Setup {
-    fn start(layout_2: bool) -> Self {
+    fn start() -> Self {
         let redis = RedisServer::start();
         let remote = RedisServer::start();
-        let config = config(&redis, &remote, layout_2);
+        let config = config(&redis, &remote);
         let daemon = Daemon::start(&config);
         let rt = crate::common::runtime();
         let client = rt.block_on(Client::open(&redis.url())).expect("open");
@@ -40,7 +40,7 @@ impl Setup {
     }
 }
 
-fn config(redis: &RedisServer, remote: &RedisServer, layout_2: bool) -> TestConfig {
+fn config(redis: &RedisServer, remote: &RedisServer) -> TestConfig {
     let extra = format!(
         r#"
 [poller]
@@ -62,8 +62,7 @@ target = "q:there"
 "#,
         remote.url()
     );
-    let config = TestConfig::new(&redis.url(), 4, &extra);
-    if layout_2 { config } else { config }
+    TestConfig::new(&redis.url(), 4, &extra)
 }
 
 fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, job: NewJob) -> Enqueued {
@@ -72,7 +71,7 @@ fn enqueue(rt: &tokio::runtime::Runtime, client: &Client, job: NewJob) -> Enqueu
         .1
 }
 
-fn unique_windows_hold(layout_2: bool) {
+fn unique_windows_hold() {
     let Setup {
         redis,
         remote,
@@ -80,7 +79,7 @@ fn unique_windows_hold(layout_2: bool) {
         _daemon,
         rt,
         client,
-    } = Setup::start(layout_2);
+    } = Setup::start();
     let mut con = redis.conn();
     let mut remote_con = remote.conn();
     let unique = |dest: &str, id: &str| NewJob::new(dest, id).id(id).unique_for(WINDOW);
@@ -158,15 +157,10 @@ fn unique_windows_hold(layout_2: bool) {
 
 #[test]
 fn a_unique_job_is_answered_duplicate_within_its_window_after_delivery_or_death() {
-    unique_windows_hold(false);
+    unique_windows_hold();
 }
 
-#[test]
-fn a_unique_job_is_answered_duplicate_within_its_window_on_layout_2() {
-    unique_windows_hold(true);
-}
-
-fn debounce_holds(layout_2: bool) {
+fn debounce_holds() {
     let Setup {
         redis,
         remote: _remote,
@@ -174,7 +168,7 @@ fn debounce_holds(layout_2: bool) {
         _daemon,
         rt,
         client,
-    } = Setup::start(layout_2);
+    } = Setup::start();
     let mut con = redis.conn();
     let debounce = OnConflict::Debounce {
         max_wait: Duration::from_secs(60),
@@ -265,12 +259,7 @@ fn debounce_holds(layout_2: bool) {
 
 #[test]
 fn debounce_pushes_a_waiting_job_later_but_never_past_its_first_enqueue_plus_max_wait() {
-    debounce_holds(false);
-}
-
-#[test]
-fn debounce_holds_on_layout_2() {
-    debounce_holds(true);
+    debounce_holds();
 }
 
 /// A route removed from the config keeps its lane in the registry, and no enqueue reaches its

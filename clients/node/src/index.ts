@@ -4,11 +4,12 @@
 import { randomBytes } from "crypto";
 import Redis, { Cluster } from "ioredis";
 
-export const PROTOCOL = 1;
+export const PROTOCOL = 2;
 /** This client's release: a namespace whose schema names a newer `min_version` is refused. */
 export const VERSION = "0.1.0";
-/** Milliseconds a lookup by id waits, while `zdelay upgrade` runs, for the job to leave layout 1. */
-const UPGRADE_WAIT_MS = 3000;
+/** Milliseconds a lookup by id waits for a job being moved (by `zdelay reshard` to its new spread
+ * shard, or into its route's new lane) to leave where it was. */
+const MOVE_WAIT_MS = 3000;
 const SLOTS = 16384;
 
 export class ZdelayError extends Error {
@@ -21,13 +22,17 @@ export class ZdelayError extends Error {
 }
 export class NoNamespace extends ZdelayError { retryable = true; }
 export class ProtocolError extends ZdelayError {}
-/** The namespace changed under the call (reshard, upgrade, a lane moved): nothing was written. */
+/** The namespace changed under the call (reshard, a lane moved): nothing was written. */
 export class Fenced extends ZdelayError { retryable = true; }
-/** `zdelay upgrade` has not moved the job looked up by id to layout 2 yet, or `zdelay reshard` to its
- * new spread shard: nothing was written; try again. */
+/** `zdelay reshard` has not moved the job looked up by id to its new spread shard yet: nothing was
+ * written; try again. */
 export class Upgrading extends Fenced {}
 /** The namespace needs a newer client (`min_version`, or an unknown storage layout): nothing was written. */
 export class LayoutTooNew extends ProtocolError {}
+/** The namespace is on storage layout 1 (also while `zdelay upgrade` runs), which this client does not
+ * use: nothing was written. An operator runs `zdelay upgrade` with the older release's daemons and
+ * producers still running; then this client can use it. */
+export class LayoutTooOld extends ProtocolError {}
 export class UnknownDestination extends ZdelayError {}
 /** Storage layout 2: the destination has no route lane yet. A zdelay daemon whose config has the
  * route registers it when it starts, and so does a zdelay producer given that config (`zdelay
@@ -106,10 +111,9 @@ const laneKeys = (ns: string, lane: Lane, ...kinds: string[]) =>
 const marker = (l: Lane) => `2 ${l.number.toString(36)} ${l.push} ${l.list}`;
 
 interface Namespace {
-  name: string; layout: number; shards: number;
+  /** `shards`: the spread shards' count; a two-phase route's job is in spread shard `shardOf(id)`. */
+  name: string; shards: number;
   lanes: Map<string, Lane>; twoPhase: Set<string>;
-  /** `zdelay upgrade` is moving it to layout 2: jobs not moved yet are in their layout-1 shards. */
-  upgrading: boolean;
   /** Retired lanes (`#<lane>` → `<route> <slot> retired`): their route's list moved to another hash
    * slot, and a daemon relocates their jobs into the route's live lane (same stored ids). */
   retired: Map<number, { route: string; slot: number }>;
@@ -117,8 +121,8 @@ interface Namespace {
    * not moved yet are in their old shards. */
   reshardingFrom?: number;
 }
+/** Spread shard `shard`'s keys, in the middle slot of its share of the slot range. */
 function shardKeys(ns: Namespace, shard: number, ...kinds: string[]): string[] {
-  if (ns.layout === 1) return kinds.map((k) => `{${ns.name}:${shard}}:${k}`);
   const tag = slotTag(Math.floor(((2 * shard + 1) * SLOTS) / (2 * ns.shards)));
   return kinds.map((k) => `${ns.name}:{${tag}}:s${shard}:${k}`);
 }
@@ -153,51 +157,63 @@ function tooNew(name: string | null, layout: number, minVersion: string | null):
   return new LayoutTooNew(minVersion
     ? `${what} needs zdelay ${minVersion} or later (storage layout ${layout}; this is the zdelay Node client ${VERSION}): `
       + `upgrade the client to ${minVersion} or later`
-    : `${what} is on storage layout ${layout}, which this client (${VERSION}) does not know (it knows 1 and 2): upgrade the client`);
+    : `${what} is on storage layout ${layout}, which this client (${VERSION}) does not know (it knows 2): upgrade the client`);
+}
+
+function tooOld(name: string, upgrading: boolean): LayoutTooOld {
+  return new LayoutTooOld(upgrading
+    ? `namespace ${name} is on storage layout 1 and \`zdelay upgrade\` is moving it to layout 2: this client (${VERSION}) `
+      + "uses it once the upgrade has finished; nothing was written"
+    : `namespace ${name} is on storage layout 1, which this client (${VERSION}) does not use: nothing was written; `
+      + "run `zdelay upgrade` (with the older release's daemons and producers still running), then use this client");
 }
 
 function* loadNamespace(name: string): Op<Namespace> {
   const [layout, shards, migrating, upgrading, minVersion, resharding, protocol] = yield [
     ...["layout", "shards", "migrating", "upgrading", "min_version", "resharding"].map((f) => ["HGET", `${name}:schema`, f]),
-    ["FCALL", "zd1_protocol", 0],
+    ["FCALL", `zd${PROTOCOL}_protocol`, 0],
   ];
   if (shards == null) {
     throw new NoNamespace(`namespace ${name} does not exist yet: a zdelay daemon creates it when it starts`);
   }
-  if (protocol instanceof Error) {
-    throw new ProtocolError(`the zdelay function library for protocol ${PROTOCOL} is not on this server `
-      + `(${protocol.message}): a zdelay daemon loads it when it starts (Redis 7.0 or later, or Valkey 7.2)`);
+  // Before the library: a namespace this client cannot use says what to do about it, where no
+  // daemon of this release has loaded the library yet. No layout field: as zdelay 0.1 created it.
+  const layoutText = layout == null ? "1" : String(layout);
+  if (!/^[0-9]+$/.test(layoutText)) {
+    throw new ProtocolError(`${name}:schema field layout holds ${JSON.stringify(layoutText)}, not a layout number`);
   }
-  const spoken = Number((protocol as unknown[])[0]);
-  if (spoken !== PROTOCOL) throw new ProtocolError(`the server's zd${PROTOCOL}_protocol says ${spoken}; this client speaks ${PROTOCOL}`);
-  const n = Number(String(upgrading ?? layout));
+  const n = Number(layoutText);
   if (minVersion != null) {
     const needed = String(minVersion);
     if (!versionKey(needed)) throw new ProtocolError(`${name}:schema field min_version holds ${JSON.stringify(needed)}, not a version`);
     if (compareVersions(needed, VERSION) > 0) throw tooNew(name, n, needed);
   }
-  if (n !== 1 && n !== 2) throw tooNew(name, n, null);
+  if (n === 1) throw tooOld(name, upgrading != null);
+  if (n !== 2) throw tooNew(name, n, null);
+  if (protocol instanceof Error) {
+    throw new ProtocolError(`the zdelay function library for protocol ${PROTOCOL} is not on this server `
+      + `(${protocol.message}): a zdelay daemon of a release that speaks it loads it when it starts (Redis 7.0 or later, or Valkey 7.2)`);
+  }
+  const spoken = Number((protocol as unknown[])[0]);
+  if (spoken !== PROTOCOL) throw new ProtocolError(`the server's zd${PROTOCOL}_protocol says ${spoken}; this client speaks ${PROTOCOL}`);
   if (migrating != null) throw new Fenced(`namespace ${name} is being resharded (${migrating}): try again`);
   const ns: Namespace = {
-    name, layout: n, shards: Number(String(shards)), lanes: new Map(), twoPhase: new Set(), upgrading: upgrading != null,
-    retired: new Map(),
+    name, shards: Number(String(shards)), lanes: new Map(), twoPhase: new Set(), retired: new Map(),
     reshardingFrom: resharding == null ? undefined : Number(String(resharding).split(" ")[0]),
   };
-  if (n === 2) {
-    const [registry] = yield [["HGETALL", `${name}:lanes`]];
-    if (registry instanceof Error) throw registry; // e.g. NOPERM: Redis's own error, as for any other refused command
-    const flat = (registry as Buffer[]).map(String);
-    for (let i = 0; i < flat.length; i += 2) {
-      const [key, value] = [flat[i], flat[i + 1]];
-      if (key.startsWith("r:")) {
-        const [num, , slot, push, ...list] = value.split(" ");
-        ns.lanes.set(key.slice(2), { number: parseInt(num, 36), route: key.slice(2), slot: Number(slot), push, list: list.join(" ") });
-      } else if (key.startsWith("t:")) ns.twoPhase.add(key.slice(2));
-      else if (key.startsWith("#") && value.endsWith(" retired")) {
-        const words = value.split(" ");
-        const slot = Number(words[words.length - 2]);
-        ns.retired.set(parseInt(key.slice(1), 36), { route: words.slice(0, -2).join(" "), slot });
-      }
+  const [registry] = yield [["HGETALL", `${name}:lanes`]];
+  if (registry instanceof Error) throw registry; // e.g. NOPERM: Redis's own error, as for any other refused command
+  const flat = (registry as Buffer[]).map(String);
+  for (let i = 0; i < flat.length; i += 2) {
+    const [key, value] = [flat[i], flat[i + 1]];
+    if (key.startsWith("r:")) {
+      const [num, , slot, push, ...list] = value.split(" ");
+      ns.lanes.set(key.slice(2), { number: parseInt(num, 36), route: key.slice(2), slot: Number(slot), push, list: list.join(" ") });
+    } else if (key.startsWith("t:")) ns.twoPhase.add(key.slice(2));
+    else if (key.startsWith("#") && value.endsWith(" retired")) {
+      const words = value.split(" ");
+      const slot = Number(words[words.length - 2]);
+      ns.retired.set(parseInt(key.slice(1), 36), { route: words.slice(0, -2).join(" "), slot });
     }
   }
   return ns;
@@ -205,6 +221,8 @@ function* loadNamespace(name: string): Op<Namespace> {
 
 const ULID = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 const STORED = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz";
+/** ULIDs (a two-phase route's jobs, in the spread shards) and 12-character stored ids (a route
+ * lane's), increasing within a process. */
 class Ids {
   private last = [0n, 0n];
   private stored = [0n, 0n];
@@ -344,14 +362,14 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
       // The unique-window keys only for calls that use them: a producer whose ACL predates
       // them still enqueues.
       const windows = policy === onConflict ? [] : ["unique", "windows"];
-      const lane = ns.layout === 2 ? ns.lanes.get(job.dest) : undefined;
-      if (ns.layout === 2 && !lane && !ns.twoPhase.has(job.dest) && !job.dest.includes("/")) throw noLane(job.dest, ns);
+      const lane = ns.lanes.get(job.dest);
+      if (!lane && !ns.twoPhase.has(job.dest) && !job.dest.includes("/")) throw noLane(job.dest, ns);
       let head: Command, item: Command, id: string, nkeys: number;
       if (lane) {
         const stored = job.id ?? ids.storedId();
         id = job.id ?? `~${lane.number.toString(36)}.${stored}`;
         nkeys = 8 + windows.length;
-        head = ["zd1_enqueue_lane", ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane", ...windows),
+        head = ["zd2_enqueue_lane", ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "dead", "reasons", "lane", ...windows),
           marker(lane), policy, wake, `l${lane.number.toString(36)}`];
         item = [stored, spreadDue(due, stored, job), payload, json(m), late];
       } else {
@@ -361,7 +379,7 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
         const mj = json(m);
         const frame = Buffer.concat([Buffer.from(`zd1:${job.dest}\n${mj.length}\n`), mj, payload]);
         nkeys = 10 + windows.length;
-        head = ["zd1_enqueue", ...shardKeys(ns, shard, "due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards", ...windows),
+        head = ["zd2_enqueue", ...shardKeys(ns, shard, "due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids", "max_lateness", "shards", ...windows),
           ns.shards, policy, wake, shard];
         item = [id, spreadDue(due, id, job), frame, late];
       }
@@ -397,11 +415,11 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
 
 const NOWHERE: [undefined, null] = [undefined, null];
 
-/** Where an id lives: [its lane, stored id], [undefined, id] for a shard, or NOWHERE. On layout 2
- * an id of your own without `dest` is looked for in every lane and in its spread shard (one
- * HEXISTS each); held in more than one place, it needs `dest`. */
+/** Where an id lives: [its lane, stored id], [undefined, id] for a spread shard, or NOWHERE. An id
+ * of your own without `dest` is looked for in every lane and in its spread shard (one HEXISTS
+ * each); held in more than one place, it needs `dest`. */
 function* place(ns: Namespace, id: string, dest?: string): Op<[Lane | undefined, string | null]> {
-  if (ns.layout === 2 && id.startsWith("~")) {
+  if (id.startsWith("~")) {
     const [num, stored] = id.slice(1).split(".", 2);
     if (!stored || stored.length !== 12) throw new InvalidJob("id", `${id} is not a generated id (~<lane>.<12 characters>)`);
     const number = parseInt(num, 36);
@@ -410,7 +428,7 @@ function* place(ns: Namespace, id: string, dest?: string): Op<[Lane | undefined,
     if (!lane) throw new Fenced(`lane ${num} is not in ${ns.name}:lanes`);
     return [lane, stored];
   }
-  if (ns.layout === 2 && dest === undefined) {
+  if (dest === undefined) {
     const lanes = [...ns.lanes.values()];
     const shard = shardKeys(ns, shardOf(id, ns.shards), "jobs")[0];
     const held = yield [...lanes.map((l) => ["HEXISTS", laneKeys(ns.name, l, "jobs")[0], id]), ["HEXISTS", shard, id]];
@@ -423,23 +441,7 @@ function* place(ns: Namespace, id: string, dest?: string): Op<[Lane | undefined,
     }
     return places[0] ?? NOWHERE;
   }
-  return [ns.layout === 2 && dest !== undefined ? ns.lanes.get(dest) : undefined, id];
-}
-
-/** While `zdelay upgrade` runs: whether the layout-1 shard of `id` still holds it. The upgrade
- * writes a job into layout 2 before it deletes it from layout 1, so once it is gone there, layout
- * 2 has it. A generated id was never given out on layout 1. Notes when the upgrade finished. */
-function* stillInLayout1(ns: Namespace, id: string): Op<boolean> {
-  if (ns.reshardingFrom !== undefined) return yield* stillInOldShard(ns, id);
-  if (!ns.upgrading || id.startsWith("~")) return false;
-  const [upgrading, held] = yield [["HGET", `${ns.name}:schema`, "upgrading"], ["HEXISTS", `{${ns.name}:${shardOf(id, ns.shards)}}:jobs`, id]];
-  if (upgrading instanceof Error) throw upgrading;
-  if (held instanceof Error) throw held;
-  if (upgrading == null) {
-    ns.upgrading = false;
-    return false;
-  }
-  return Number(held) === 1;
+  return [ns.lanes.get(dest), id];
 }
 
 /** Whether a retired lane (its route's list moved to another hash slot) still holds `id`: the
@@ -471,8 +473,10 @@ function* stillRelocating(ns: Namespace, id: string): Op<boolean> {
 
 /** While `zdelay reshard` moves a layout-2 namespace's spread shards: whether the old spread shard
  * of `id` still holds it. The reshard writes a job into its new shard before it deletes it from
- * the old one, so once it is gone there, the new shard has it. Notes when the reshard finished. */
+ * the old one, so once it is gone there, the new shard has it. A generated id (`~…`) names a lane,
+ * never a spread shard. Notes when the reshard finished. */
 function* stillInOldShard(ns: Namespace, id: string): Op<boolean> {
+  if (ns.reshardingFrom === undefined || id.startsWith("~")) return false;
   const old: Namespace = { ...ns, shards: ns.reshardingFrom as number };
   const jobs = shardKeys(old, shardOf(id, old.shards), "jobs")[0];
   const [resharding, held] = yield [["HGET", `${ns.name}:schema`, "resharding"], ["HEXISTS", jobs, id]];
@@ -507,8 +511,8 @@ function* cancelOp(ns: Namespace, id: string, dest?: string): Op<"cancelled" | "
   if (stored === null) return "not_pending";
   // With the job's unique-window key (the functions require it): its window entry goes too.
   const [code] = lane
-    ? yield [["FCALL", "zd1_cancel_lane", 7, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "lane", "unique"), marker(lane), stored]]
-    : yield [["FCALL", "zd1_cancel", 9, ...shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique"), ns.shards, id]];
+    ? yield [["FCALL", "zd2_cancel_lane", 7, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "large", "lane", "unique"), marker(lane), stored]]
+    : yield [["FCALL", "zd2_cancel", 9, ...shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique"), ns.shards, id]];
   return ({ 1: "cancelled", 0: "not_pending", [-1]: "in_flight" } as const)[Number(ok(code)) as 1 | 0 | -1];
 }
 
@@ -518,8 +522,8 @@ function* rescheduleOp(ns: Namespace, id: string, due: string, dest?: string): O
   const wake = `${ns.name}:wake`;
   const shard = shardOf(id, ns.shards);
   const [ms] = lane
-    ? yield [["FCALL", "zd1_reschedule_lane", 2, ...laneKeys(ns.name, lane, "due", "lane"), marker(lane), stored, due, wake, `l${lane.number.toString(36)}`]]
-    : yield [["FCALL", "zd1_reschedule", 5, ...shardKeys(ns, shard, "due", "scheduled", "ready", "ready_ids", "shards"), ns.shards, id, due, wake, shard]];
+    ? yield [["FCALL", "zd2_reschedule_lane", 2, ...laneKeys(ns.name, lane, "due", "lane"), marker(lane), stored, due, wake, `l${lane.number.toString(36)}`]]
+    : yield [["FCALL", "zd2_reschedule", 5, ...shardKeys(ns, shard, "due", "scheduled", "ready", "ready_ids", "shards"), ns.shards, id, due, wake, shard]];
   const v = ok(ms);
   return v == null || Number(v) === -1 ? null : Number(v);
 }
@@ -536,14 +540,14 @@ function* getOp(ns: Namespace, id: string, dest?: string): Op<JobView | null> {
   let due, ready = null, inflight = null, dead, payload: Buffer | null, reason, late, m: any = {}, jobDest: string | null;
   let t: Buffer[];
   if (lane) {
-    const [r] = yield [["FCALL", "zd1_get_lane", 7, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "dead", "reasons", "lane"), marker(lane), stored]];
+    const [r] = yield [["FCALL", "zd2_get_lane", 7, ...laneKeys(ns.name, lane, "due", "jobs", "meta", "maxlate", "dead", "reasons", "lane"), marker(lane), stored]];
     let mj;
     [t, due, payload, mj, late, dead, reason] = [ok(r).slice(0, 2), ...ok(r).slice(2)];
     m = mj ? JSON.parse(String(mj)) : {};
     jobDest = lane.route;
   } else {
     const keys = shardKeys(ns, shardOf(id, ns.shards), "due", "jobs", "inflight", "dead", "reasons", "ready_ids", "shards");
-    const [r] = yield [["FCALL", "zd1_get", 7, ...keys, ns.shards, id]];
+    const [r] = yield [["FCALL", "zd2_get", 7, ...keys, ns.shards, id]];
     [t, due, ready, inflight, dead, payload, reason] = [ok(r).slice(0, 2), ...ok(r).slice(2)];
     jobDest = null;
     if (payload && payload.subarray(0, 4).toString() === "zd1:") {
@@ -621,7 +625,7 @@ export function scheduleJson(s: Schedule): string {
 
 function* scheduleRequestOp(ns: Namespace, id: string, op: string, spec?: string): Op<number> {
   const keys = [`{${ns.name}}:sched_requests`, `{${ns.name}}:sched_results`];
-  const [seq] = yield [["FCALL", "zd1_schedule", 2, ...keys, id, op, ...(spec === undefined ? [] : [spec])]];
+  const [seq] = yield [["FCALL", "zd2_schedule", 2, ...keys, id, op, ...(spec === undefined ? [] : [spec])]];
   return Number(ok(seq));
 }
 
@@ -666,7 +670,8 @@ export class Client {
   }
 
   /** `make` on the namespace; once more after reading it again when a fence refused the call.
-   * With `id` (a lookup by id), first waits while `zdelay upgrade` has not moved that job. */
+   * With `id` (a lookup by id), first waits while `zdelay reshard` has not moved that job to its
+   * new spread shard, or a daemon not into its route's new lane. */
   private async run<T>(make: (ns: Namespace) => Op<T>, id?: string): Promise<T> {
     try {
       return await this.drive(make(await this.moved(await this.namespaceOf(), id)));
@@ -677,12 +682,11 @@ export class Client {
   }
 
   private async moved(ns: Namespace, id?: string): Promise<Namespace> {
-    const deadline = Date.now() + UPGRADE_WAIT_MS;
-    while (id !== undefined && (await this.drive(stillInLayout1(ns, id)))) {
+    const deadline = Date.now() + MOVE_WAIT_MS;
+    while (id !== undefined && (await this.drive(stillInOldShard(ns, id)))) {
       if (Date.now() > deadline) {
-        throw new Upgrading(ns.reshardingFrom !== undefined
-          ? `namespace ${ns.name} is being resharded (${ns.reshardingFrom} to ${ns.shards} spread shards) and job ${id} is not moved yet: nothing was written; try again`
-          : `namespace ${ns.name} is being upgraded to storage layout 2 and job ${id} is not moved yet: nothing was written; try again`);
+        throw new Upgrading(`namespace ${ns.name} is being resharded (${ns.reshardingFrom} to ${ns.shards} spread shards) `
+          + `and job ${id} is not moved yet: nothing was written; try again`);
       }
       await new Promise((resolve) => setTimeout(resolve, 20));
     }

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import Redis, { Cluster } from "ioredis";
 import { execFileSync, spawn } from "node:child_process";
 import * as zdelay from "../dist/esm/index.js";
-import { ROOT, ZDELAY as zdelayBin, laneKeys, legacyNamespace, spreadShardKeys, startRedis, startDaemon, waitFor } from "./servers.mjs";
+import { ROOT, ZDELAY as zdelayBin, laneKeys, pinnedZdelay, spreadShardKeys, spreadShardKeysIn, startRedis, startDaemon, waitFor } from "./servers.mjs";
 
 const VECTORS = JSON.parse(readFileSync(join(ROOT, "docs/reference/protocol-vectors.json"), "utf8"));
 const TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -16,7 +16,11 @@ test("the shard rule and slot tags match the vectors; CommonJS loads too", () =>
   for (const c of VECTORS.shard_rule) assert.equal(zdelay.shardOf(c.id, c.shards), c.shard, JSON.stringify(c));
   for (const c of VECTORS.slot_tags.examples) assert.equal(zdelay.slotTag(c.slot), c.tag);
   for (const c of VECTORS.spread_offsets) assert.equal(zdelay.spreadOffset(c.id, c.window_ms), c.offset_ms, JSON.stringify(c));
-  for (const c of VECTORS.spread_shards) assert.deepEqual(spreadShardKeys(c.shards, c.shard, "due", "jobs"), [c.due, c.jobs]);
+  const kinds = { due: "due", jobs: "jobs", inflight: "inflight", dead: "dead", reasons: "reasons", scheduled: "scheduled",
+    ready: "ready", ready_ids: "ready_ids", max_lateness: "max_lateness", marker: "shards", unique: "unique", windows: "windows" };
+  for (const c of VECTORS.spread_shards) {
+    assert.deepEqual(spreadShardKeysIn(c.namespace, c.shards, c.shard, ...Object.values(kinds)), Object.keys(kinds).map((k) => c.keys[k]));
+  }
   const cjs = createRequire(import.meta.url)("../dist/cjs/index.js");
   assert.equal(cjs.shardOf("{user-42}:invoice", 10), 9);
 });
@@ -261,14 +265,22 @@ test("a server without the library, or speaking another protocol or layout, is r
     c.redis.disconnect();
   };
   try {
-    await redis.hset("zdelay:schema", { shards: 4, layout: 1 });
-    await refused(/function library for protocol 1 is not on this server/);
-    const newer = "#!lua name=zdelay_p1\nredis.register_function('zd1_protocol', function() return {2, '9.0.0'} end)";
+    await redis.hset("zdelay:schema", { shards: 4, layout: 2 });
+    await refused(/function library for protocol 2 is not on this server/);
+    // Protocol 1's library, as a release before protocol 2 loads it: not this client's.
+    await redis.call("FUNCTION", "LOAD", readFileSync(join(ROOT, "tests/it/fixtures/library_zdelay_p1_de46fba.lua"), "utf8"));
+    await refused(/function library for protocol 2 is not on this server/);
+    const newer = "#!lua name=zdelay_p2\nredis.register_function('zd2_protocol', function() return {3, '9.0.0'} end)";
     await redis.call("FUNCTION", "LOAD", newer);
-    await refused(/says 2; this client speaks 1/);
-    await redis.call("FUNCTION", "LOAD", "REPLACE", newer.replace("{2,", "{1,"));
-    await redis.hset("zdelay:schema", "layout", 3);
-    await refused(/storage layout 3/);
+    await refused(/says 3; this client speaks 2/);
+    await redis.call("FUNCTION", "LOAD", "REPLACE", newer.replace("{3,", "{2,"));
+    for (const [layout, error, pattern] of [[3, zdelay.LayoutTooNew, /storage layout 3/], [1, zdelay.LayoutTooOld, /`zdelay upgrade`/],
+      ["two", zdelay.ProtocolError, /field layout holds "two"/]]) {
+      await redis.hset("zdelay:schema", "layout", layout);
+      const c = client();
+      await assert.rejects(c.enqueue({ dest: "emails", payload: "x" }), (e) => e instanceof error && !e.retryable && pattern.test(e.message));
+      c.redis.disconnect();
+    }
     assert.deepEqual(await redis.keys("*"), ["zdelay:schema"]);
   } finally {
     redis.disconnect();
@@ -319,11 +331,11 @@ test("on a cluster on layout 2, jobs go to their route's lane and are delivered"
   }
 });
 
-// `zdelay upgrade --yes`, held right after it fenced every layout-1 shard (nothing moved yet)
-// until release().
-async function heldUpgrade(daemon) {
-  const gate = join(daemon.dir, "upgrade-gate");
-  const proc = spawn(zdelayBin, ["upgrade", "--yes", "--config", daemon.config], {
+// This build's `zdelay upgrade --yes` on `config`, held right after it fenced every layout-1 shard
+// (nothing moved yet) until release().
+async function heldUpgrade(config, dir) {
+  const gate = join(dir, "upgrade-gate");
+  const proc = spawn(zdelayBin, ["upgrade", "--yes", "--config", config], {
     env: { ...process.env, ZDELAY_FAILPOINT: `upgrade_after_fence=${gate}`, ZDELAY_LOG: "warn" },
     stdio: ["ignore", "ignore", "pipe"],
   });
@@ -341,31 +353,83 @@ async function heldUpgrade(daemon) {
   };
 }
 
-test("lookups by id during an upgrade find jobs it has not moved yet", async () => {
+// Every key but the daemons' own bookkeeping, with its value: what a producer's call could have written.
+async function stored(redis) {
+  const out = {};
+  for (const key of (await redis.keys("*")).sort()) {
+    if (/instances|stats|activity|heartbeat|poller|sched_lock/.test(key)) continue;
+    const type = await redis.type(key);
+    out[key] = type === "hash" ? await redis.hgetall(key)
+      : type === "zset" ? await redis.zrange(key, 0, -1, "WITHSCORES")
+      : type === "string" ? await redis.get(key)
+      : type === "list" ? await redis.lrange(key, 0, -1)
+      : type === "set" ? (await redis.smembers(key)).sort() : type;
+  }
+  return out;
+}
+
+// Every call of `client` refused naming `zdelay upgrade`, not retryable, nothing written.
+async function refusedOnLayout1(client, redis, upgrading) {
+  const before = await stored(redis);
+  for (const call of [
+    () => client.enqueue({ dest: "emails", payload: "x", id: "new", delay: 3_600_000 }),
+    () => client.enqueue({ dest: "mirror", payload: "x", delay: 3_600_000 }),
+    () => client.get("keep"), () => client.cancel("cancel", "emails"), () => client.reschedule("reschedule", { delay: 7_200_000 }),
+    () => client.scheduleSet({ id: "s", dest: "emails", payload: "x", every: 3_600_000 }),
+  ]) {
+    await assert.rejects(call(), (e) => e instanceof zdelay.LayoutTooOld && e instanceof zdelay.ProtocolError && !e.retryable
+      && /storage layout 1/.test(e.message) && e.message.includes("`zdelay upgrade`") && !e.message.includes("\n")
+      && /is moving it to layout 2/.test(e.message) === upgrading);
+  }
+  assert.deepEqual(await stored(redis), before, "nothing written");
+}
+
+test("a layout-1 namespace is refused until zdelay upgrade moved it; then its jobs are found", async () => {
   const server = await startRedis();
-  // A namespace of zdelay 0.1, on layout 1; no redis.layout in the daemon's config: it runs on the
-  // namespace's layout and follows it onto layout 2.
-  legacyNamespace(`url = "${server.url}"`, 4);
-  const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4 });
+  // Served by the older release: its daemon on layout 1, with a local route and a two-phase one (to
+  // a Redis sink), and its CLI's jobs; its library is protocol 1's only.
+  const extra = `[sinks.other]\nkind = "redis"\nurl = "${server.url}"\n\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n`;
+  const old = await startDaemon(`url = "${server.url}"`, { shards: 4, layout: 1, extra, binary: pinnedZdelay() });
+  const redis = new Redis(server.url);
   const client = new zdelay.Client(new Redis(server.url));
-  let upgrade;
+  let upgrade, current;
   try {
-    for (const id of ["keep", "cancel", "reschedule"]) await client.enqueue({ dest: "emails", payload: id, id, delay: 3_600_000 });
-    upgrade = await heldUpgrade(daemon);
-    // Not moved yet and nothing moves: a retryable refusal, never "not pending".
-    await assert.rejects(client.cancel("cancel", "emails"), (e) => e instanceof zdelay.Upgrading && e.retryable && /cancel/.test(e.message));
-    // The upgrade goes on while a lookup waits: it finds each job where it was moved.
-    setTimeout(upgrade.release, 300);
-    assert.equal(await client.cancel("cancel", "emails"), "cancelled");
-    assert.equal((await client.get("keep")).state, "scheduled");
-    assert.ok((await client.reschedule("reschedule", { delay: 7_200_000 })) > Date.now());
+    assert.equal(await redis.hget("zdelay:schema", "layout"), "1");
+    for (const id of ["keep", "cancel", "reschedule"]) old.cli("enqueue", "--dest", "emails", "--id", id, "--in", "1h", "--payload", id);
+    old.cli("enqueue", "--dest", "mirror", "--id", "far", "--in", "1h", "--payload", "far");
+    await refusedOnLayout1(client, redis, false);
+
+    // This build's upgrade, held after its fence: still layout 1 (upgrading), still refused.
+    const config = join(old.dir, "current.toml");
+    writeFileSync(config, readFileSync(old.config, "utf8").replace("layout = 1\n", ""));
+    upgrade = await heldUpgrade(config, old.dir);
+    assert.equal(await redis.hget("zdelay:schema", "upgrading"), "2");
+    await refusedOnLayout1(client, redis, true);
     await upgrade.finish();
-    assert.equal(await client.get("cancel", "emails"), null);
-    assert.equal((await client.get("keep", "emails")).payload.toString(), "keep");
+    assert.equal(await redis.hget("zdelay:schema", "layout"), "2");
+
+    // Moved, with the older daemon still running: only this release's daemons load the library of
+    // protocol 2, so the client says that until one runs.
+    await assert.rejects(client.get("keep"), (e) => e instanceof zdelay.ProtocolError && /library for protocol 2 is not on this server/.test(e.message));
+    current = await startDaemon(`url = "${server.url}"`, { shards: 4, extra });
+    await old.stop();
+    assert.equal((await redis.call("FUNCTION", "LIST", "LIBRARYNAME", "zdelay_p1")).length, 1);
+    // The jobs of layout 1, found by id where the upgrade moved them (local: the route's lane;
+    // two-phase: its spread shard).
+    const keep = await client.get("keep");
+    assert.deepEqual([keep.state, keep.dest, keep.payload.toString()], ["scheduled", "emails", "keep"]);
+    assert.equal((await client.get("far")).dest, "mirror");
+    assert.equal(await client.cancel("cancel", "emails"), "cancelled");
+    assert.equal(await client.get("cancel"), null);
+    assert.notEqual(await client.reschedule("reschedule", { delay: 0 }), null);
+    assert.equal((await client.enqueue({ dest: "emails", payload: "now" })).outcome, "added");
+    await waitFor("delivered by this build", async () => (await redis.lrange("q:emails", 0, -1)).sort().join() === "now,reschedule");
   } finally {
     upgrade?.release();
     client.redis.disconnect();
-    await daemon.stop();
+    redis.disconnect();
+    await old.stop();
+    await current?.stop();
     await server.stop();
   }
 });
@@ -462,8 +526,8 @@ test("on layout 2 a route without a lane is retryable and writes nothing", async
 
 test("a namespace that needs a newer client is refused with nothing written", async () => {
   const server = await startRedis();
-  // Beside the local route, a two-phase one: its jobs are in spread shards, which a newer storage
-  // layout fences as an upgrade to layout 2 fenced layout 1's shards.
+  // Beside the local route, a two-phase one: its jobs are in spread shards, whose markers a newer
+  // storage layout sets to refuse this one's calls.
   const extra = `[sinks.other]\nkind = "redis"\nurl = "${server.url}"\n\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n`;
   const daemon = await startDaemon(`url = "${server.url}"`, { shards: 4, extra });
   const redis = new Redis(server.url);

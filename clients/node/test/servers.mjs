@@ -1,7 +1,7 @@
 // Real servers for the tests: private redis-servers and a real `zdelay run` of this checkout
 // (ZDELAY_BIN, else target/debug/zdelay), stopped by pid.
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, writeFileSync, rmSync, openSync } from "node:fs";
+import { linkSync, mkdtempSync, renameSync, statSync, writeFileSync, rmSync, openSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -67,9 +67,9 @@ function stop(proc, dir) {
 }
 
 // targets: a route's list other than q:<route>; env: added to the daemon's environment; ready: what
-// counts as started (default /readyz); layout null (no setting) is what users get: a new namespace
-// on layout 2, an existing one as it is (followed onto layout 2 when upgraded).
-export async function startDaemon(redisToml, { shards = 10, layout = null, routes = ["emails"], targets = {}, env = {}, ready, extra = "" } = {}) {
+// counts as started (default /readyz); layout null (no setting) is what users get; `layout: 1` only
+// for the older zdelay (`binary`: see pinnedZdelay).
+export async function startDaemon(redisToml, { shards = 10, layout = null, routes = ["emails"], targets = {}, env = {}, ready, extra = "", binary = ZDELAY } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "zd-node-daemon-"));
   const admin = await freePort();
   const config = join(dir, "zdelay.toml");
@@ -77,7 +77,7 @@ export async function startDaemon(redisToml, { shards = 10, layout = null, route
   writeFileSync(config, `[redis]\n${redisToml}\nshards = ${shards}\n${layoutLine}\n[admin]\nlisten = "127.0.0.1:${admin}"\n\n`
     + routes.map((r) => `[[routes]]\nname = "${r}"\nsink = "local"\ntarget = "${targets[r] ?? `q:${r}`}"\n`).join("\n") + extra);
   const log = openSync(join(dir, "daemon.log"), "w");
-  const proc = spawn(ZDELAY, ["run", "--config", config], { stdio: ["ignore", log, log], env: { ...process.env, ...env } });
+  const proc = spawn(binary, ["run", "--config", config], { stdio: ["ignore", log, log], env: { ...process.env, ...env } });
   await waitFor("the daemon ready", async () => {
     if (proc.exitCode !== null) throw new Error(`zdelay run exited: see ${dir}/daemon.log`);
     if (ready) return ready();
@@ -86,23 +86,31 @@ export async function startDaemon(redisToml, { shards = 10, layout = null, route
   return {
     config,
     dir,
-    cli: (...args) => execFileSync(ZDELAY, [...args, "--config", config]).toString().trim(),
+    cli: (...args) => execFileSync(binary, [...args, "--config", config]).toString().trim(),
     stop: () => stop(proc, dir),
   };
 }
 
-// Creates the namespace on storage layout 1, as zdelay 0.1 did (what `zdelay upgrade` moves from):
-// a CLI run whose config says `layout = 1`. Daemons started after it without a layout setting run
-// on it, and follow it onto layout 2 when it is upgraded.
-export function legacyNamespace(redisToml, shards) {
-  const dir = mkdtempSync(join(tmpdir(), "zd-node-legacy-"));
-  try {
-    const config = join(dir, "zdelay.toml");
-    writeFileSync(config, `[redis]\n${redisToml}\nshards = ${shards}\nlayout = 1\n\n[[routes]]\nname = "emails"\nsink = "local"\ntarget = "q:emails"\n`);
-    execFileSync(ZDELAY, ["stats", "--config", config], { stdio: "ignore" });
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
+let pinned;
+// The older zdelay release, the last that serves storage layout 1 (what `zdelay upgrade` moves
+// from; this build neither creates nor serves it): its binary's path, built once from the
+// repository's history by scripts/pinned-zdelay.sh and cached under target/pinned.
+export function pinnedZdelay() {
+  if (pinned === undefined) {
+    // Its first build leaves the older binary at target/debug/zdelay too (cargo links a new file
+    // there): a second link to this build's keeps it, to put back.
+    const ours = `${ZDELAY}.before-pinned`;
+    rmSync(ours, { force: true });
+    linkSync(ZDELAY, ours);
+    try {
+      pinned = execFileSync("bash", [join(ROOT, "scripts/pinned-zdelay.sh")], { stdio: ["ignore", "pipe", "inherit"] })
+        .toString().trim().split("\n").pop();
+    } finally {
+      if (statSync(ZDELAY).ino !== statSync(ours).ino) renameSync(ours, ZDELAY);
+      rmSync(ours, { force: true });
+    }
   }
+  return pinned;
 }
 
 // The keys of a route's lane (storage layout 2) in namespace zdelay, from its registry entry
@@ -114,9 +122,13 @@ export async function laneKeys(redis, route, ...kinds) {
   return kinds.map((kind) => `zdelay:{${tag}}:${kind}:${route}`);
 }
 
-// The keys of spread shard `shard` of `shards` (storage layout 2): `zdelay:{<tag>}:s<shard>:<kind>`,
+// The keys of spread shard `shard` of `shards` in namespace zdelay: `zdelay:{<tag>}:s<shard>:<kind>`,
 // the tag of the slot in the middle of the shard's share of the slots.
 export function spreadShardKeys(shards, shard, ...kinds) {
+  return spreadShardKeysIn("zdelay", shards, shard, ...kinds);
+}
+
+export function spreadShardKeysIn(namespace, shards, shard, ...kinds) {
   const tag = slotTag(Math.floor(((2 * shard + 1) * 16384) / (2 * shards)));
-  return kinds.map((kind) => `zdelay:{${tag}}:s${shard}:${kind}`);
+  return kinds.map((kind) => `${namespace}:{${tag}}:s${shard}:${kind}`);
 }

@@ -96,10 +96,11 @@ class Daemon:
     """`zdelay run` on a config written for the test; stopped by its pid."""
 
     def __init__(self, redis_toml: str, routes: str = ROUTES, shards: int = 10, layout: Optional[int] = None,
-                 env: Optional[dict] = None, ready=None) -> None:
+                 env: Optional[dict] = None, ready=None, binary: str = ZDELAY) -> None:
         # env: added to the daemon's environment; ready: what counts as started (default /readyz)
         # routes: TOML of [[routes]] and [sinks.*] after [admin]; layout: None (no setting) is
-        # what users get: a new namespace on layout 2, an existing one as it is
+        # what users get; `layout = 1` only for the older zdelay (`binary`, see pinned_zdelay)
+        self.binary = binary
         self.dir = Path(tempfile.mkdtemp())
         admin = free_port()
         self.config = self.dir / "zdelay.toml"
@@ -108,7 +109,7 @@ class Daemon:
             f"[admin]\nlisten = \"127.0.0.1:{admin}\"\n{routes}"
         )
         self.log = open(self.dir / "daemon.log", "wb")
-        self.proc = subprocess.Popen([ZDELAY, "run", "--config", str(self.config)], stdout=self.log, stderr=self.log,
+        self.proc = subprocess.Popen([binary, "run", "--config", str(self.config)], stdout=self.log, stderr=self.log,
                                      env={**os.environ, **(env or {})})
         wait_for("the daemon ready", ready or (lambda: self._ready(admin)), timeout=30)
 
@@ -120,7 +121,7 @@ class Daemon:
             return False
 
     def cli(self, *args: str) -> str:
-        out = subprocess.run([ZDELAY, *args, "--config", str(self.config)], capture_output=True, check=True)
+        out = subprocess.run([self.binary, *args, "--config", str(self.config)], capture_output=True, check=True)
         return out.stdout.decode().strip()
 
     def stop(self) -> None:
@@ -129,15 +130,22 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def legacy_namespace(redis_toml: str, shards: int) -> None:
-    """Creates the namespace on storage layout 1, as zdelay 0.1 did (what `zdelay upgrade`
-    moves from): a CLI run whose config says `layout = 1`. Daemons started after it without a
-    layout setting run on it, and follow it onto layout 2 when it is upgraded."""
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "zdelay.toml"
-        config.write_text(f"[redis]\n{redis_toml}\nshards = {shards}\nlayout = 1\n{ROUTES}")
-        out = subprocess.run([ZDELAY, "stats", "--config", str(config)], capture_output=True)
-        assert out.returncode == 0, out.stderr.decode()
+@pytest.fixture(scope="session")
+def pinned_zdelay() -> str:
+    """The older zdelay release, the last that serves storage layout 1 (what `zdelay upgrade`
+    moves from; this build neither creates nor serves it): its binary's path, built once from
+    the repository's history by scripts/pinned-zdelay.sh and cached under target/pinned."""
+    # Its first build leaves the older binary at target/debug/zdelay too (cargo links a new
+    # file there): a second link to this build's keeps it, to put back.
+    ours = Path(f"{ZDELAY}.before-pinned")
+    ours.unlink(missing_ok=True)
+    os.link(ZDELAY, ours)
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "pinned-zdelay.sh")], capture_output=True, text=True)
+    if os.stat(ZDELAY).st_ino != ours.stat().st_ino:
+        os.replace(ours, ZDELAY)
+    ours.unlink(missing_ok=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
 
 
 def lane_keys(r: redis.Redis, route: str, *kinds: str) -> list[str]:

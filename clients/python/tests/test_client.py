@@ -18,7 +18,8 @@ from zdelay import _core
 
 from .conftest import ZDELAY, Daemon, lane_keys, wait_for
 
-VECTORS = json.loads((Path(__file__).resolve().parents[3] / "docs/reference/protocol-vectors.json").read_text())
+ROOT = Path(__file__).resolve().parents[3]
+VECTORS = json.loads((ROOT / "docs/reference/protocol-vectors.json").read_text())
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
@@ -32,13 +33,17 @@ def test_keys_shards_slot_tags_and_frames_match_the_vectors():
         slot = _core.crc16(_core.hash_tag(case["list"].encode())) % _core.SLOTS
         lane = _core.Lane(1, case["route"], slot, "LPUSH", case["list"])
         assert lane.keys(case["namespace"], "due", "lane") == [case["keys"]["due"], case["keys"]["marker"]]
+    kinds = {kind: kind for kind in ("due", "jobs", "inflight", "dead", "reasons", "scheduled", "ready", "ready_ids",
+                                     "max_lateness", "unique", "windows")}
+    kinds["marker"] = "shards"
     for case in VECTORS["spread_shards"]:
-        ns = _core.Namespace(case["namespace"], 2, case["shards"])
-        assert ns.shard_keys(case["shard"], "due", "jobs") == [case["due"], case["jobs"]]
+        ns = _core.Namespace(case["namespace"], case["shards"])
+        assert ns.shard_keys(case["shard"], *kinds.values()) == [case["keys"][k] for k in kinds], case
     for case in VECTORS["spread_offsets"]:
         assert _core.spread_offset(case["id"], case["window_ms"]) == case["offset_ms"], case
     for case in VECTORS["envelopes"]:
-        ns = _core.Namespace("zdelay", 1, 16)
+        # Framed as a two-phase route's job (in a spread shard) is.
+        ns = _core.Namespace("zdelay", 16, two_phase={case["dest"]: "a-sink"})
         job = zdelay.Job(case["dest"], base64.b64decode(case["payload_base64"]), id="x", headers=case["headers"],
                          max_attempts=case["max_attempts"], max_lateness=case["max_lateness_ms"])
         op = _core.enqueue(ns, [job], "replace", _core._Ids(), None)
@@ -234,17 +239,24 @@ def test_on_layout_2_a_route_without_a_lane_is_retryable_and_writes_nothing(redi
 
 def test_a_server_without_the_library_or_speaking_another_protocol_is_refused_by_name(redis_url):
     r = redis.Redis.from_url(redis_url)
-    r.hset("zdelay:schema", mapping={"shards": 4, "layout": 1})
-    with pytest.raises(zdelay.ProtocolError, match="function library for protocol 1 is not on this server"):
+    r.hset("zdelay:schema", mapping={"shards": 4, "layout": 2})
+    with pytest.raises(zdelay.ProtocolError, match="function library for protocol 2 is not on this server"):
         zdelay.Client.from_url(redis_url).enqueue("emails", "x")
-    newer = "#!lua name=zdelay_p1\nredis.register_function('zd1_protocol', function() return {2, '9.0.0'} end)"
+    # Protocol 1's library, as a release before protocol 2 loads it: not this client's.
+    r.function_load((ROOT / "tests/it/fixtures/library_zdelay_p1_de46fba.lua").read_text())
+    with pytest.raises(zdelay.ProtocolError, match="function library for protocol 2 is not on this server"):
+        zdelay.Client.from_url(redis_url).enqueue("emails", "x")
+    newer = "#!lua name=zdelay_p2\nredis.register_function('zd2_protocol', function() return {3, '9.0.0'} end)"
     r.function_load(newer)
-    with pytest.raises(zdelay.ProtocolError, match="says 2; this client speaks 1"):
+    with pytest.raises(zdelay.ProtocolError, match="says 3; this client speaks 2"):
         zdelay.Client.from_url(redis_url).enqueue("emails", "x")
-    r.function_load(newer.replace("{2,", "{1,"), replace=True)
-    r.hset("zdelay:schema", "layout", 3)
-    with pytest.raises(zdelay.ProtocolError, match="storage layout 3"):
-        zdelay.Client.from_url(redis_url).enqueue("emails", "x")
+    r.function_load(newer.replace("{3,", "{2,"), replace=True)
+    for layout, error, text in [(3, zdelay.LayoutTooNew, "storage layout 3"), (1, zdelay.LayoutTooOld, "`zdelay upgrade`"),
+                                ("two", zdelay.ProtocolError, "field layout holds 'two'")]:
+        r.hset("zdelay:schema", "layout", layout)
+        with pytest.raises(error, match=text) as refused:
+            zdelay.Client.from_url(redis_url).enqueue("emails", "x")
+        assert not refused.value.retryable
     assert sorted(r.keys()) == [b"zdelay:schema"], "nothing written"
 
 

@@ -1,6 +1,6 @@
-"""Finding a job by id: while `zdelay upgrade` moves a namespace to storage layout 2 (a real upgrade
-of this checkout, held after its fence by a failpoint), and in every lane on layout 2; and a
-namespace that needs a newer client."""
+"""A namespace this client cannot use: one on storage layout 1 (created and served by the older
+zdelay release), refused until this build's `zdelay upgrade` has moved it to layout 2, and one
+that needs a newer client; and finding a job by id in every lane and while its lane moves."""
 
 from __future__ import annotations
 
@@ -18,19 +18,19 @@ import redis
 import zdelay
 from zdelay import _core
 
-from .conftest import ROUTES, ZDELAY, Daemon, lane_keys, legacy_namespace, wait_for
+from .conftest import ROUTES, ZDELAY, Daemon, lane_keys, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 class HeldUpgrade:
-    """`zdelay upgrade --yes`, held right after it fenced every layout-1 shard (nothing moved
-    yet) until `release()`."""
+    """This build's `zdelay upgrade --yes`, held right after it fenced every layout-1 shard
+    (nothing moved yet) until `release()`."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.gate = daemon.dir / "upgrade-gate"
+    def __init__(self, config: Path) -> None:
+        self.gate = config.parent / "upgrade-gate"
         self.proc = subprocess.Popen(
-            [ZDELAY, "upgrade", "--yes", "--config", str(daemon.config)],
+            [ZDELAY, "upgrade", "--yes", "--config", str(config)],
             env={**os.environ, "ZDELAY_FAILPOINT": f"upgrade_after_fence={self.gate}", "ZDELAY_LOG": "warn"},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
@@ -46,53 +46,111 @@ class HeldUpgrade:
         assert self.proc.returncode == 0, err.decode()
 
 
-@pytest.fixture
-def held_upgrade(redis_url):
-    # A namespace of zdelay 0.1, on layout 1; no redis.layout in the daemon's config: it runs
-    # on the namespace's layout and follows it onto layout 2.
-    legacy_namespace(f'url = "{redis_url}"', shards=4)
-    daemon = Daemon(f'url = "{redis_url}"', shards=4)
-    client = zdelay.Client.from_url(redis_url)
-    for id in ("keep", "cancel", "reschedule"):
-        client.enqueue("emails", id, id=id, delay=timedelta(hours=1))
-    upgrade = HeldUpgrade(daemon)
-    yield client, upgrade
-    upgrade.release()
-    upgrade.proc.wait(60)
-    daemon.stop()
+def _stored(r: redis.Redis) -> dict:
+    """Every key but the daemons' own bookkeeping, with its value: what a producer's call could
+    have written."""
+    out = {}
+    for key in r.scan_iter(count=1000):
+        kind = r.type(key)
+        if kind == b"hash":
+            out[key] = r.hgetall(key)
+        elif kind == b"zset":
+            out[key] = r.zrange(key, 0, -1, withscores=True)
+        elif kind == b"string":
+            out[key] = r.get(key)
+        elif kind == b"list":
+            out[key] = r.lrange(key, 0, -1)
+        elif kind == b"set":
+            out[key] = r.smembers(key)
+    return {k: v for k, v in out.items() if not re.search(rb"instances|stats|activity|heartbeat|poller|sched_lock", k)}
 
 
-def test_lookups_by_id_during_an_upgrade_find_jobs_not_moved_yet(held_upgrade):
-    client, upgrade = held_upgrade
-    # Not moved yet and nothing moves: a retryable refusal, never "not pending".
-    with pytest.raises(zdelay.Upgrading) as refused:
-        client.cancel("cancel", dest="emails")
-    assert refused.value.retryable and "cancel" in str(refused.value)
-    assert client._ns.layout == 2 and client._ns.upgrading
-    # The upgrade goes on while a lookup waits: it finds each job where it was moved.
-    threading.Timer(0.3, upgrade.release).start()
-    assert client.cancel("cancel", dest="emails") == "cancelled"
-    assert client.get("keep")["state"] == "scheduled"
-    assert client.reschedule("reschedule", delay=timedelta(hours=2)) is not None
-    upgrade.finish()
-    assert client.get("cancel", dest="emails") is None
-    assert client.get("keep", dest="emails")["payload"] == b"keep"
-    assert not client._ns.upgrading, "the client saw the upgrade finish"
+def _refused_on_layout_1(client: zdelay.Client, r: redis.Redis, upgrading: bool) -> None:
+    """Every call of `client` refused naming `zdelay upgrade`, not retryable, nothing written."""
+    before = _stored(r)
+    calls = [lambda: client.enqueue("emails", "x", id="new", delay=timedelta(hours=1)),
+             lambda: client.enqueue("mirror", "x", delay=timedelta(hours=1)),
+             lambda: client.get("keep"), lambda: client.cancel("cancel", dest="emails"),
+             lambda: client.reschedule("reschedule", delay=timedelta(hours=2)),
+             lambda: client.schedule_set("s", "emails", "x", every=timedelta(hours=1))]
+    for call in calls:
+        with pytest.raises(zdelay.LayoutTooOld) as refused:
+            call()
+        text = str(refused.value)
+        assert isinstance(refused.value, zdelay.ProtocolError) and not refused.value.retryable, text
+        assert "storage layout 1" in text and "`zdelay upgrade`" in text and "\n" not in text, text
+        assert ("is moving it to layout 2" in text) == upgrading, text
+    assert _stored(r) == before, "nothing written"
 
 
-def test_the_asyncio_client_waits_for_the_upgrade_too(held_upgrade, redis_url):
-    _, upgrade = held_upgrade
+def test_a_layout_1_namespace_is_refused_until_zdelay_upgrade_moved_it(redis_url, pinned_zdelay, tmp_path):
+    # Served by the older release: its daemon on layout 1, with a local route and a two-phase one
+    # (to a Redis sink), and its CLI's jobs; its library is protocol 1's only.
+    routes = ROUTES + (f'\n[sinks.other]\nkind = "redis"\nurl = "{redis_url}"\n'
+                       '\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n')
+    old = Daemon(f'url = "{redis_url}"', routes=routes, shards=4, layout=1, binary=pinned_zdelay)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        assert r.hget("zdelay:schema", "layout") == b"1"
+        for id in ("keep", "cancel", "reschedule"):
+            old.cli("enqueue", "--dest", "emails", "--id", id, "--in", "1h", "--payload", id)
+        old.cli("enqueue", "--dest", "mirror", "--id", "far", "--in", "1h", "--payload", "far")
+        client = zdelay.Client.from_url(redis_url)
+        _refused_on_layout_1(client, r, upgrading=False)
 
-    async def run() -> None:
-        client = zdelay.AsyncClient.from_url(redis_url)
-        with pytest.raises(zdelay.Upgrading):
-            await client.get("keep", dest="emails")
-        asyncio.get_running_loop().call_later(0.3, upgrade.release)
-        assert await client.cancel("cancel") == "cancelled"
-        assert (await client.get("keep"))["dest"] == "emails"
-        await client.aclose()
+        # This build's upgrade, held after its fence: still layout 1 (upgrading), still refused.
+        config = tmp_path / "zdelay.toml"
+        config.write_text(old.config.read_text().replace("layout = 1\n", ""))
+        upgrade = HeldUpgrade(config)
+        try:
+            assert r.hget("zdelay:schema", "upgrading") == b"2"
+            _refused_on_layout_1(client, r, upgrading=True)
+        finally:
+            upgrade.finish()
+        assert r.hget("zdelay:schema", "layout") == b"2"
 
-    asyncio.run(run())
+        # Moved, with the older daemon still running: only this release's daemons load the
+        # library of protocol 2, so the client says that until one runs.
+        with pytest.raises(zdelay.ProtocolError, match="library for protocol 2 is not on this server"):
+            client.get("keep")
+        new = Daemon(f'url = "{redis_url}"', routes=routes, shards=4)
+    finally:
+        old.stop()
+    try:
+        assert r.function_list(library="zdelay_p1") and r.function_list(library="zdelay_p2")
+        # The jobs of layout 1, found by id where the upgrade moved them (local: the route's lane;
+        # two-phase: its spread shard), as the same client (no new object) finds them.
+        keep = client.get("keep")
+        assert (keep["state"], keep["dest"], keep["payload"]) == ("scheduled", "emails", b"keep")
+        assert client.get("far")["dest"] == "mirror"
+        assert client.cancel("cancel", dest="emails") == "cancelled" and client.get("cancel") is None
+        assert client.reschedule("reschedule", delay=0) is not None
+        assert client.enqueue("emails", "now", delay=0).outcome == "added"
+        wait_for("delivered by this build", lambda: sorted(r.lrange("q:emails", 0, -1)) == [b"now", b"reschedule"])
+    finally:
+        new.stop()
+
+
+def test_the_asyncio_client_refuses_layout_1_too(redis_url, pinned_zdelay):
+    old = Daemon(f'url = "{redis_url}"', shards=4, layout=1, binary=pinned_zdelay)
+    try:
+        old.cli("enqueue", "--dest", "emails", "--id", "keep", "--in", "1h", "--payload", "keep")
+
+        async def run() -> None:
+            client = zdelay.AsyncClient.from_url(redis_url)
+            for call in (client.get("keep"), client.enqueue("emails", "x", id="new")):
+                with pytest.raises(zdelay.LayoutTooOld, match="`zdelay upgrade`"):
+                    await call
+            await client.aclose()
+
+        asyncio.run(run())
+        assert not r_hexists_anywhere(redis.Redis.from_url(redis_url), b"new")
+    finally:
+        old.stop()
+
+
+def r_hexists_anywhere(r: redis.Redis, field: bytes) -> bool:
+    return any(r.type(k) == b"hash" and r.hexists(k, field) for k in r.scan_iter(count=1000))
 
 
 def test_an_id_of_your_own_is_looked_for_in_every_lane_and_two_routes_need_dest(redis_url):
@@ -115,8 +173,8 @@ def test_an_id_of_your_own_is_looked_for_in_every_lane_and_two_routes_need_dest(
 
 
 def test_a_namespace_that_needs_a_newer_client_is_refused_with_nothing_written(redis_url):
-    # Beside the local route, a two-phase one: its jobs are in spread shards, which a newer
-    # storage layout fences as an upgrade to layout 2 fenced layout 1's shards.
+    # Beside the local route, a two-phase one: its jobs are in spread shards, whose markers a
+    # newer storage layout sets to refuse this one's calls.
     routes = ROUTES + (f'\n[sinks.other]\nkind = "redis"\nurl = "{redis_url}"\n'
                        '\n[[routes]]\nname = "mirror"\nsink = "other"\ntarget = "q:mirror"\n')
     daemon = Daemon(f'url = "{redis_url}"', routes=routes, shards=4)
@@ -141,7 +199,7 @@ def test_a_namespace_that_needs_a_newer_client_is_refused_with_nothing_written(r
         # A spread shard fenced by a newer zdelay refuses a client that read the namespace before.
         r.hdel("zdelay:schema", "min_version")
         ns = client._namespace()
-        assert ns.layout == 2 and ns.shards == 4
+        assert ns.shards == 4
         for shard in range(ns.shards):
             r.set(ns.shard_keys(shard, "shards")[0], "layout 3 99.0.0")
         with pytest.raises(zdelay.LayoutTooNew, match="99.0.0"):

@@ -1,4 +1,4 @@
--- get_job: one job of a spread shard, read in one call (the producer protocol's zd1_get;
+-- get_job: one job of a spread shard, read in one call (the producer protocol's zd2_get;
 -- no writes). The Rust library reads the same fields in one pipeline (Client::get).
 -- KEYS[1] due       ZSET  {zdelay:3}:due
 -- KEYS[2] jobs      HASH  {zdelay:3}:jobs

@@ -1,5 +1,5 @@
 -- get_lane: one job of a route lane (storage layout 2), read in one call (the producer
--- protocol's zd1_get_lane; no writes). The Rust library reads the same fields in one pipeline.
+-- protocol's zd2_get_lane; no writes). The Rust library reads the same fields in one pipeline.
 -- KEYS[1] due      ZSET   zdelay:{emj}:due:<route>     member = stored id, score = due ms
 -- KEYS[2] jobs     HASH   zdelay:{emj}:jobs:<route>    stored id -> payload (raw bytes)
 -- KEYS[3] meta     HASH   zdelay:{emj}:meta:<route>    stored id -> meta JSON (only jobs with meta)

@@ -39,12 +39,6 @@ impl Keys {
         }
     }
 
-    /// Transitional name of [`Keys::new`].
-    #[doc(hidden)]
-    pub fn for_layout(namespace: &str, shards: u16, _layout: u32) -> Self {
-        Keys::new(namespace, shards)
-    }
-
     /// The same namespace and layout with another shard count.
     pub fn with_shards(&self, shards: u16) -> Self {
         Keys {
@@ -257,7 +251,7 @@ impl Keys {
         format!("{{{}}}:activity", self.namespace)
     }
 
-    /// HASH of schedule requests not applied yet (`zd1_schedule`): schedule id → what its
+    /// HASH of schedule requests not applied yet (`zd2_schedule`): schedule id → what its
     /// producer asked, merged (`{"seq","delete","set","paused"}`). Applied by a daemon.
     /// In the registry's slot, with `schedule_results` and `schedule_requests_lock`.
     pub fn schedule_requests(&self) -> String {

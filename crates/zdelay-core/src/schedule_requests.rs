@@ -1,7 +1,7 @@
 //! Schedules asked for as JSON, and the schedule requests daemons apply.
 //!
 //! The JSON form of a schedule is one object: a line of `zdelay schedule set --batch`, and
-//! what a producer in another language sends with the protocol's `zd1_schedule`. A producer
+//! what a producer in another language sends with the protocol's `zd2_schedule`. A producer
 //! cannot plan a cron occurrence the way the daemon fires it (croner, IANA zones), so its
 //! set, pause, resume and delete are requests: `schedule_request.lua` merges them per
 //! schedule id into `{ns}:sched_requests`, and a daemon applies them here through the same

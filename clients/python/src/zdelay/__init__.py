@@ -10,6 +10,7 @@ from ._core import (
     Job,
     JobExists,
     LayoutTooNew,
+    LayoutTooOld,
     NoLane,
     NoNamespace,
     NotApplied,
@@ -23,6 +24,6 @@ from .client import AsyncClient, Client
 
 __all__ = [
     "PROTOCOL", "VERSION", "AsyncClient", "Client", "Debounce", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
-    "LayoutTooNew", "NoLane", "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused", "UnknownDestination",
-    "Upgrading", "ZdelayError",
+    "LayoutTooNew", "LayoutTooOld", "NoLane", "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused",
+    "UnknownDestination", "Upgrading", "ZdelayError",
 ]

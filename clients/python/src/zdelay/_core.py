@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Dict, Generator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-PROTOCOL = 1
+PROTOCOL = 2
 # This client's release: a namespace whose schema names a newer `min_version` is refused.
 VERSION = "0.1.0"
-# Seconds a lookup by id waits, while `zdelay upgrade` runs, for the job to leave layout 1.
-UPGRADE_WAIT = 3.0
+# Seconds a lookup by id waits for a job being moved (by `zdelay reshard` to its new spread
+# shard, or into its route's new lane) to leave where it was.
+MOVE_WAIT = 3.0
 SLOTS = 16384
 Command = Tuple[Any, ...]
 Op = Generator[List[Command], List[Any], Any]
@@ -41,20 +42,25 @@ class ProtocolError(ZdelayError):
 
 
 class Fenced(ZdelayError):
-    """The namespace changed under the call (reshard, upgrade, a lane moved): nothing was written."""
+    """The namespace changed under the call (reshard, a lane moved): nothing was written."""
 
     retryable = True
 
 
 class Upgrading(Fenced):
-    """`zdelay upgrade` has not moved the job looked up by id to storage layout 2 yet, or
-    `zdelay reshard` has not moved it to its new spread shard (it is moved within moments):
-    nothing was written; try again."""
+    """`zdelay reshard` has not moved the job looked up by id to its new spread shard yet (it
+    is moved within moments): nothing was written; try again."""
 
 
 class LayoutTooNew(ProtocolError):
     """The namespace needs a newer zdelay client (its schema's `min_version`, or a storage layout
     this client does not know): nothing was written, and only a newer client can use it."""
+
+
+class LayoutTooOld(ProtocolError):
+    """The namespace is on storage layout 1 (also while `zdelay upgrade` runs), which this client
+    does not use: nothing was written. An operator runs `zdelay upgrade` with the older
+    release's daemons and producers still running; then this client can use it."""
 
 
 class UnknownDestination(ZdelayError):
@@ -181,13 +187,10 @@ class Lane:
 @dataclass
 class Namespace:
     name: str
-    layout: int
+    # The spread shards' count: the two-phase routes' jobs are in spread shard `shard_of(id)`.
     shards: int
     lanes: Dict[str, Lane] = field(default_factory=dict)
     two_phase: Dict[str, str] = field(default_factory=dict)
-    # `zdelay upgrade` is moving the namespace to layout 2: jobs it has not moved yet are still
-    # in their layout-1 shards.
-    upgrading: bool = False
     # Retired lanes (`#<lane>` -> `<route> <slot> retired`): their route's list moved to another
     # hash slot, and a daemon relocates their jobs into the route's live lane (same stored ids).
     retired: Dict[int, Tuple[str, int]] = field(default_factory=dict)
@@ -196,8 +199,7 @@ class Namespace:
     resharding_from: Optional[int] = None
 
     def shard_keys(self, shard: int, *kinds: str) -> List[str]:
-        if self.layout == 1:
-            return [f"{{{self.name}:{shard}}}:{kind}" for kind in kinds]
+        """Spread shard `shard`'s keys, in the middle slot of its share of the slot range."""
         tag = slot_tag((2 * shard + 1) * SLOTS // (2 * self.shards))
         return [f"{self.name}:{{{tag}}}:s{shard}:{kind}" for kind in kinds]
 
@@ -230,23 +232,32 @@ def too_new(name: Optional[str], layout: int, min_version: Optional[str]) -> Lay
         return LayoutTooNew(f"{what} needs zdelay {min_version} or later (storage layout {layout}; this is the "
                             f"zdelay Python client {VERSION}): upgrade the client to {min_version} or later")
     return LayoutTooNew(f"{what} is on storage layout {layout}, which this client ({VERSION}) does not know "
-                        "(it knows 1 and 2): upgrade the client")
+                        "(it knows 2): upgrade the client")
+
+
+def too_old(name: str, upgrading: bool) -> LayoutTooOld:
+    if upgrading:
+        return LayoutTooOld(f"namespace {name} is on storage layout 1 and `zdelay upgrade` is moving it to layout 2: "
+                            f"this client ({VERSION}) uses it once the upgrade has finished; nothing was written")
+    return LayoutTooOld(f"namespace {name} is on storage layout 1, which this client ({VERSION}) does not use: nothing "
+                        "was written; run `zdelay upgrade` (with the older release's daemons and producers still "
+                        "running), then use this client")
 
 
 def load_namespace(name: str) -> Op:
     fields = ["layout", "shards", "migrating", "upgrading", "min_version", "resharding"]
-    replies = yield [("HGET", f"{name}:schema", f) for f in fields] + [("FCALL", "zd1_protocol", 0)]
+    replies = yield [("HGET", f"{name}:schema", f) for f in fields] + [("FCALL", f"zd{PROTOCOL}_protocol", 0)]
     layout, shards, migrating, upgrading, min_version, resharding, protocol = replies
     if shards is None:
         raise NoNamespace(f"namespace {name} does not exist yet: a zdelay daemon creates it when it starts")
-    if isinstance(protocol, Exception):
-        raise ProtocolError(
-            f"the zdelay function library for protocol {PROTOCOL} is not on this server ({protocol}): "
-            "a zdelay daemon loads it when it starts (Redis 7.0 or later, or Valkey 7.2)"
-        )
-    if protocol[0] != PROTOCOL:
-        raise ProtocolError(f"the server's zd{PROTOCOL}_protocol says {protocol[0]}; this client speaks {PROTOCOL}")
-    layout_n = int(upgrading or layout)
+    # Before the library: a namespace this client cannot use says what to do about it, where no
+    # daemon of this release has loaded the library yet.
+    # No layout field: a namespace as zdelay 0.1 created it, on layout 1.
+    layout_text = b"1" if layout is None else layout
+    if not layout_text.isdigit():
+        text = layout_text.decode(errors="replace")
+        raise ProtocolError(f"{name}:schema field layout holds {text!r}, not a layout number")
+    layout_n = int(layout_text)
     if min_version is not None:
         needed = min_version.decode()
         key = version_key(needed)
@@ -254,25 +265,32 @@ def load_namespace(name: str) -> Op:
             raise ProtocolError(f"{name}:schema field min_version holds {needed!r}, not a version")
         if key > version_key(VERSION):
             raise too_new(name, layout_n, needed)
-    if layout_n not in (1, 2):
+    if layout_n == 1:
+        raise too_old(name, upgrading is not None)
+    if layout_n != 2:
         raise too_new(name, layout_n, None)
+    if isinstance(protocol, Exception):
+        raise ProtocolError(
+            f"the zdelay function library for protocol {PROTOCOL} is not on this server ({protocol}): "
+            "a zdelay daemon of a release that speaks it loads it when it starts (Redis 7.0 or later, or Valkey 7.2)"
+        )
+    if protocol[0] != PROTOCOL:
+        raise ProtocolError(f"the server's zd{PROTOCOL}_protocol says {protocol[0]}; this client speaks {PROTOCOL}")
     if migrating is not None:
         raise Fenced(f"namespace {name} is being resharded ({migrating.decode()}): try again")
-    ns = Namespace(name, layout_n, int(shards), upgrading=upgrading is not None,
-                   resharding_from=int(resharding.split()[0]) if resharding is not None else None)
-    if layout_n == 2:
-        (registry,) = yield [("HGETALL", f"{name}:lanes")]
-        if isinstance(registry, Exception):
-            raise registry  # e.g. NOPERM: Redis's own error, as for any other refused command
-        for key, value in _pairs(registry):
-            if key.startswith("r:"):
-                number, _, slot, push, lst = value.split(" ", 4)
-                ns.lanes[key[2:]] = Lane(int(number, 36), key[2:], int(slot), push, lst)
-            elif key.startswith("t:"):
-                ns.two_phase[key[2:]] = value
-            elif key.startswith("#") and value.endswith(" retired"):
-                route, slot, _ = value.rsplit(" ", 2)
-                ns.retired[int(key[1:], 36)] = (route, int(slot))
+    ns = Namespace(name, int(shards), resharding_from=int(resharding.split()[0]) if resharding is not None else None)
+    (registry,) = yield [("HGETALL", f"{name}:lanes")]
+    if isinstance(registry, Exception):
+        raise registry  # e.g. NOPERM: Redis's own error, as for any other refused command
+    for key, value in _pairs(registry):
+        if key.startswith("r:"):
+            number, _, slot, push, lst = value.split(" ", 4)
+            ns.lanes[key[2:]] = Lane(int(number, 36), key[2:], int(slot), push, lst)
+        elif key.startswith("t:"):
+            ns.two_phase[key[2:]] = value
+        elif key.startswith("#") and value.endswith(" retired"):
+            route, slot, _ = value.rsplit(" ", 2)
+            ns.retired[int(key[1:], 36)] = (route, int(slot))
     return ns
 
 
@@ -282,7 +300,8 @@ def _pairs(reply: Any) -> List[Tuple[str, str]]:
 
 
 class _Ids:
-    """ULIDs (layout 1) and 12-character stored ids (layout 2), increasing within a process."""
+    """ULIDs (a two-phase route's jobs, in the spread shards) and 12-character stored ids (a
+    route lane's), increasing within a process."""
 
     ULID = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
     STORED = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
@@ -441,8 +460,8 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
         try:
             payload, meta, late = checked(job, max_payload)
             due = due_arg(job.at, job.delay)
-            lane = ns.lanes.get(job.dest) if ns.layout == 2 else None
-            if ns.layout == 2 and lane is None and job.dest not in ns.two_phase and "/" not in job.dest:
+            lane = ns.lanes.get(job.dest)
+            if lane is None and job.dest not in ns.two_phase and "/" not in job.dest:
                 raise no_lane(job.dest, ns)
             late_arg = "" if late is None else str(late)
             policy = base if job.unique_for is None else f"{base} unique {_ms(job.unique_for, 'unique_for')}"
@@ -450,7 +469,7 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
             if lane is not None:
                 stored = job.id or ids.stored()
                 job_id = job.id or f"~{base36(lane.number)}.{stored}"
-                head = ("zd1_enqueue_lane", len(LANE_ENQUEUE) + len(extra), *lane.keys(ns.name, *LANE_ENQUEUE, *extra),
+                head = ("zd2_enqueue_lane", len(LANE_ENQUEUE) + len(extra), *lane.keys(ns.name, *LANE_ENQUEUE, *extra),
                         lane.marker, policy, wake, f"l{base36(lane.number)}")
                 item = [stored, _spread(due, stored, job), payload, _json(meta), late_arg]
             else:
@@ -460,7 +479,7 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
                     meta["max_lateness_ms"] = late
                 m = _json(meta)
                 frame = b"zd1:" + job.dest.encode() + b"\n" + str(len(m)).encode() + b"\n" + m + payload
-                head = ("zd1_enqueue", len(SHARD_ENQUEUE) + len(extra), *ns.shard_keys(shard, *SHARD_ENQUEUE, *extra),
+                head = ("zd2_enqueue", len(SHARD_ENQUEUE) + len(extra), *ns.shard_keys(shard, *SHARD_ENQUEUE, *extra),
                         ns.shards, policy, wake, shard)
                 item = [job_id, _spread(due, job_id, job), frame, late_arg]
             groups.setdefault(head, []).append((i, job_id, item))
@@ -491,15 +510,15 @@ NOWHERE = (None, None)
 
 
 def _place(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
-    """Where an id lives: (its lane, stored id), (None, id) for a shard, or `NOWHERE`. On
-    layout 2 an id of your own without `dest` is looked for in every lane and in its spread
-    shard (one HEXISTS each); held in more than one place, it needs `dest`."""
-    if ns.layout == 2 and job_id.startswith("~"):
+    """Where an id lives: (its lane, stored id), (None, id) for a spread shard, or `NOWHERE`. An
+    id of your own without `dest` is looked for in every lane and in its spread shard (one
+    HEXISTS each); held in more than one place, it needs `dest`."""
+    if job_id.startswith("~"):
         number, dot, stored = job_id[1:].partition(".")
         if not dot or len(stored) != 12:
             raise InvalidJob("id", f"{job_id!r} is not a generated id (~<lane>.<12 characters>)")
         return ns.lane_by_number(int(number, 36)), stored
-    if ns.layout == 2 and dest is None:
+    if dest is None:
         lanes = list(ns.lanes.values())
         shard = ns.shard_keys(shard_of(job_id, ns.shards), "jobs")[0]
         held = yield [("HEXISTS", lane.keys(ns.name, "jobs")[0], job_id) for lane in lanes] + [("HEXISTS", shard, job_id)]
@@ -512,28 +531,9 @@ def _place(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
             raise InvalidJob("dest", f"job id {job_id!r} is stored for {names}: on storage layout 2 an id of your own "
                              "is unique per route; give dest")
         return places[0] if places else NOWHERE
-    if ns.layout == 2 and dest in ns.lanes:
+    if dest in ns.lanes:
         return ns.lanes[dest], job_id
     return None, job_id
-
-
-def still_in_layout_1(ns: Namespace, job_id: str) -> Op:
-    """While `zdelay upgrade` runs: whether the layout-1 shard of `job_id` still holds it. The
-    upgrade writes a job into layout 2 before it deletes it from layout 1, so once it is gone
-    there, layout 2 has it (or it was delivered or cancelled). A generated id (`~…`) was never
-    given out on layout 1. Notes in `ns` when the upgrade has finished."""
-    if ns.resharding_from is not None:
-        return (yield from still_in_old_shard(ns, job_id))
-    if not ns.upgrading or job_id.startswith("~"):
-        return False
-    shard = shard_of(job_id, ns.shards)
-    upgrading, held = yield [("HGET", f"{ns.name}:schema", "upgrading"), ("HEXISTS", f"{{{ns.name}:{shard}}}:jobs", job_id)]
-    if isinstance(upgrading, Exception) or isinstance(held, Exception):
-        raise upgrading if isinstance(upgrading, Exception) else held
-    if upgrading is None:
-        ns.upgrading = False
-        return False
-    return bool(held)
 
 
 def still_relocating(ns: Namespace, job_id: str) -> Op:
@@ -572,8 +572,11 @@ def still_in_old_shard(ns: Namespace, job_id: str) -> Op:
     """While `zdelay reshard` moves the spread shards of a layout-2 namespace: whether the old
     spread shard of `job_id` still holds it. The reshard writes a job into its new shard before
     it deletes it from the old one, so once it is gone there, the new shard has it (or it was
-    delivered or cancelled). Notes in `ns` when the reshard has finished."""
-    old = Namespace(ns.name, 2, ns.resharding_from)
+    delivered or cancelled). A generated id (`~…`) names a lane, never a spread shard. Notes in
+    `ns` when the reshard has finished."""
+    if ns.resharding_from is None or job_id.startswith("~"):
+        return False
+    old = Namespace(ns.name, ns.resharding_from)
     (jobs,) = old.shard_keys(shard_of(job_id, old.shards), "jobs")
     resharding, held = yield [("HGET", f"{ns.name}:schema", "resharding"), ("HEXISTS", jobs, job_id)]
     if isinstance(resharding, Exception) or isinstance(held, Exception):
@@ -585,11 +588,8 @@ def still_in_old_shard(ns: Namespace, job_id: str) -> Op:
 
 
 def not_moved_yet(ns: Namespace, job_id: str) -> Upgrading:
-    if ns.resharding_from is not None:
-        return Upgrading(f"namespace {ns.name} is being resharded ({ns.resharding_from} to {ns.shards} spread shards) "
-                         f"and job {job_id} is not moved yet: nothing was written; try again")
-    return Upgrading(f"namespace {ns.name} is being upgraded to storage layout 2 and job {job_id} is not moved yet: "
-                     "nothing was written; try again")
+    return Upgrading(f"namespace {ns.name} is being resharded ({ns.resharding_from} to {ns.shards} spread shards) "
+                     f"and job {job_id} is not moved yet: nothing was written; try again")
 
 
 def cancel(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
@@ -599,11 +599,11 @@ def cancel(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
     # With the job's unique-window key (the functions require it): its window entry goes too.
     if lane is not None:
         keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "large", "lane", "unique")
-        (code,) = yield [("FCALL", "zd1_cancel_lane", len(keys), *keys, lane.marker, stored)]
+        (code,) = yield [("FCALL", "zd2_cancel_lane", len(keys), *keys, lane.marker, stored)]
     else:
         shard = shard_of(job_id, ns.shards)
         keys = ns.shard_keys(shard, "due", "jobs", "inflight", "scheduled", "ready", "ready_ids", "max_lateness", "shards", "unique")
-        (code,) = yield [("FCALL", "zd1_cancel", len(keys), *keys, ns.shards, job_id)]
+        (code,) = yield [("FCALL", "zd2_cancel", len(keys), *keys, ns.shards, job_id)]
     return {1: "cancelled", 0: "not_pending", -1: "in_flight"}[_ok(code)]
 
 
@@ -614,11 +614,11 @@ def reschedule(ns: Namespace, job_id: str, due: str, dest: Optional[str]) -> Op:
     wake = f"{ns.name}:wake"
     if lane is not None:
         keys = lane.keys(ns.name, "due", "lane")
-        (ms,) = yield [("FCALL", "zd1_reschedule_lane", 2, *keys, lane.marker, stored, due, wake, f"l{base36(lane.number)}")]
+        (ms,) = yield [("FCALL", "zd2_reschedule_lane", 2, *keys, lane.marker, stored, due, wake, f"l{base36(lane.number)}")]
     else:
         shard = shard_of(job_id, ns.shards)
         keys = ns.shard_keys(shard, "due", "scheduled", "ready", "ready_ids", "shards")
-        (ms,) = yield [("FCALL", "zd1_reschedule", 5, *keys, ns.shards, job_id, due, wake, shard)]
+        (ms,) = yield [("FCALL", "zd2_reschedule", 5, *keys, ns.shards, job_id, due, wake, shard)]
     ms = _ok(ms)
     return None if ms is None or ms == -1 else int(ms)
 
@@ -629,7 +629,7 @@ def get(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
         return None
     if lane is not None:
         keys = lane.keys(ns.name, "due", "jobs", "meta", "maxlate", "dead", "reasons", "lane")
-        (r,) = yield [("FCALL", "zd1_get_lane", 7, *keys, lane.marker, stored)]
+        (r,) = yield [("FCALL", "zd2_get_lane", 7, *keys, lane.marker, stored)]
         sec, usec, due, payload, meta, late, dead, reason = _ok(r)
         ready = inflight = None
         meta_json = json.loads(meta) if meta else {}
@@ -637,7 +637,7 @@ def get(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
     else:
         shard = shard_of(job_id, ns.shards)
         keys = ns.shard_keys(shard, "due", "jobs", "inflight", "dead", "reasons", "ready_ids", "shards")
-        (r,) = yield [("FCALL", "zd1_get", 7, *keys, ns.shards, job_id)]
+        (r,) = yield [("FCALL", "zd2_get", 7, *keys, ns.shards, job_id)]
         sec, usec, due, ready, inflight, dead, payload, reason = _ok(r)
         job_dest, meta_json, payload = _unframe(payload) if payload is not None else (None, {}, None)
         late = meta_json.get("max_lateness_ms")
@@ -675,7 +675,7 @@ FENCES = ("ZDELAY_RESHARDED", "ZDELAY_MIGRATING", "ZDELAY_LAYOUT", "ZDELAY_LANE_
 
 def _ok(reply: Any) -> Any:
     """A reply, or the error it is: fences become `Fenced` (read the namespace again), a layout
-    fence naming a newer zdelay `LayoutTooNew`."""
+    fence naming a newer layout or zdelay `LayoutTooNew`."""
     if isinstance(reply, Exception):
         text = str(reply)
         newer = text.split(" ")
@@ -733,7 +733,7 @@ def schedule_json(id: str, dest: str, payload: Union[bytes, str], *, cron: Optio
 def schedule_request(ns: Namespace, id: str, op: str, spec: Optional[str] = None) -> Op:
     """Asks the daemons to set, pause, resume or delete a schedule; the request's number."""
     keys = (f"{{{ns.name}}}:sched_requests", f"{{{ns.name}}}:sched_results")
-    (seq,) = yield [("FCALL", "zd1_schedule", 2, *keys, id, op, *([spec] if spec is not None else []))]
+    (seq,) = yield [("FCALL", "zd2_schedule", 2, *keys, id, op, *([spec] if spec is not None else []))]
     return int(_ok(seq))
 
 

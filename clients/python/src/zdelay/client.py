@@ -93,8 +93,8 @@ class Client(_Base):
 
     def _run(self, make: Callable[[Namespace], Op], job_id: Optional[str] = None) -> Any:
         """`make` on the namespace; once more after reading it again when a fence refused the
-        call. With `job_id` (a lookup by id), first waits while `zdelay upgrade` has not moved
-        that job out of layout 1."""
+        call. With `job_id` (a lookup by id), first waits while `zdelay reshard` has not moved
+        that job to its new spread shard, or a daemon not into its route's new lane."""
         try:
             return _drive(make(self._moved(self._namespace(), job_id)), self._execute)
         except Upgrading:
@@ -103,8 +103,8 @@ class Client(_Base):
             return _drive(make(self._moved(self._namespace(again=True), job_id)), self._execute)
 
     def _moved(self, ns: Namespace, job_id: Optional[str]) -> Namespace:
-        deadline = time.monotonic() + _core.UPGRADE_WAIT
-        while job_id is not None and _drive(_core.still_in_layout_1(ns, job_id), self._execute):
+        deadline = time.monotonic() + _core.MOVE_WAIT
+        while job_id is not None and _drive(_core.still_in_old_shard(ns, job_id), self._execute):
             if time.monotonic() > deadline:
                 raise _core.not_moved_yet(ns, job_id)
             time.sleep(POLL)
@@ -219,8 +219,8 @@ class AsyncClient(_Base):
             return await self._drive(make(await self._moved(await self._namespace(again=True), job_id)))
 
     async def _moved(self, ns: Namespace, job_id: Optional[str]) -> Namespace:
-        deadline = time.monotonic() + _core.UPGRADE_WAIT
-        while job_id is not None and await self._drive(_core.still_in_layout_1(ns, job_id)):
+        deadline = time.monotonic() + _core.MOVE_WAIT
+        while job_id is not None and await self._drive(_core.still_in_old_shard(ns, job_id)):
             if time.monotonic() > deadline:
                 raise _core.not_moved_yet(ns, job_id)
             await asyncio.sleep(POLL)

@@ -64,31 +64,8 @@ fn the_shard_rule_is_the_crc16_of_the_tag_modulo_the_shard_count() {
 }
 
 #[test]
-fn layout_1_keys_slot_tags_lanes_and_spread_shards_are_named_as_the_vectors_say() {
+fn slot_tags_lanes_and_spread_shards_are_named_as_the_vectors_say() {
     let v = vectors();
-    for case in v["layout_1_keys"].as_array().expect("layout_1_keys") {
-        let ns = text(case, "namespace");
-        let shard = number(case, "shard") as u16;
-        let keys = Keys::new(ns, 16);
-        let sk = keys.shard(shard);
-        let want = &case["keys"];
-        for (name, got) in [
-            ("due", &sk.due),
-            ("jobs", &sk.jobs),
-            ("inflight", &sk.inflight),
-            ("dead", &sk.dead),
-            ("reasons", &sk.reasons),
-            ("scheduled", &sk.scheduled),
-            ("ready", &sk.ready),
-            ("ready_ids", &sk.ready_ids),
-            ("max_lateness", &sk.max_lateness),
-            ("marker", &sk.layout),
-        ] {
-            assert_eq!(got, text(want, name), "{name} of {case}");
-        }
-        assert_eq!(keys.schema(), text(case, "schema"));
-        assert_eq!(keys.wake_channel(), text(case, "wake_channel"));
-    }
     for case in v["slot_tags"]["examples"].as_array().expect("slot tags") {
         assert_eq!(slot_tag(number(case, "slot") as u16), text(case, "tag"));
     }
@@ -115,12 +92,33 @@ fn layout_1_keys_slot_tags_lanes_and_spread_shards_are_named_as_the_vectors_say(
             text(case, "registry")
         );
     }
-    for case in v["spread_shards"].as_array().expect("spread shards") {
+    let spread = v["spread_shards"].as_array().expect("spread shards");
+    assert!(spread.len() >= 5, "{} cases", spread.len());
+    for case in spread {
         let (shards, shard) = (number(case, "shards") as u16, number(case, "shard") as u16);
         assert_eq!(u64::from(spread_slot(shard, shards)), number(case, "slot"));
-        let keys = Keys::for_layout(text(case, "namespace"), shards, 2);
-        assert_eq!(keys.due(shard), text(case, "due"), "{case}");
-        assert_eq!(keys.jobs(shard), text(case, "jobs"), "{case}");
+        assert_eq!(slot_tag(spread_slot(shard, shards)), text(case, "tag"));
+        let keys = Keys::new(text(case, "namespace"), shards);
+        let sk = keys.shard(shard);
+        let want = &case["keys"];
+        for (name, got) in [
+            ("due", &sk.due),
+            ("jobs", &sk.jobs),
+            ("inflight", &sk.inflight),
+            ("dead", &sk.dead),
+            ("reasons", &sk.reasons),
+            ("scheduled", &sk.scheduled),
+            ("ready", &sk.ready),
+            ("ready_ids", &sk.ready_ids),
+            ("max_lateness", &sk.max_lateness),
+            ("marker", &sk.layout),
+            ("unique", &sk.unique),
+            ("windows", &sk.windows),
+        ] {
+            assert_eq!(got, text(want, name), "{name} of {case}");
+        }
+        assert_eq!(keys.schema(), text(case, "schema"));
+        assert_eq!(keys.wake_channel(), text(case, "wake_channel"));
     }
 }
 

@@ -16,29 +16,31 @@
 //! library loaded beside this one. A daemon ([`sync`], at start and at every stats sample, on
 //! every master) loads the library where it is missing, replaces an older revision, and leaves
 //! a newer one, or another body of its own revision, as it is: the last daemon to start never
-//! puts an older body back, and a newer daemon puts its own back within one sample where an
-//! older build (whose start always replaces) did.
+//! puts an older body back. It reads and loads only its own version's library: another
+//! version's (`zdelay_p1`, which older producers call until they are upgraded) stays as it is.
 
 use super::Conn;
 use redis::Value;
 
 /// The producer protocol version this build speaks: the `zd<N>_` of the function names.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
-/// The library's name (`FUNCTION LIST LIBRARYNAME zdelay_p1`).
-pub const LIBRARY: &str = "zdelay_p1";
+/// The library's name (`FUNCTION LIST LIBRARYNAME zdelay_p2`). Another protocol version's
+/// library (`zdelay_p1`, which older producers call) has another name and other function names,
+/// so it stays loaded beside this one: [`sync`] never reads, replaces or removes it.
+pub const LIBRARY: &str = "zdelay_p2";
 
 /// (function name, the script of `lua/` it runs, whether it only reads).
 pub const FUNCTIONS: &[(&str, &str, bool)] = &[
-    ("zd1_enqueue", "enqueue_jobs", false),
-    ("zd1_cancel", "cancel_job", false),
-    ("zd1_reschedule", "reschedule_job", false),
-    ("zd1_get", "get_job", true),
-    ("zd1_enqueue_lane", "enqueue_lane", false),
-    ("zd1_cancel_lane", "cancel_lane", false),
-    ("zd1_reschedule_lane", "reschedule_lane", false),
-    ("zd1_get_lane", "get_lane", true),
-    ("zd1_schedule", "schedule_request", false),
+    ("zd2_enqueue", "enqueue_jobs", false),
+    ("zd2_cancel", "cancel_job", false),
+    ("zd2_reschedule", "reschedule_job", false),
+    ("zd2_get", "get_job", true),
+    ("zd2_enqueue_lane", "enqueue_lane", false),
+    ("zd2_cancel_lane", "cancel_lane", false),
+    ("zd2_reschedule_lane", "reschedule_lane", false),
+    ("zd2_get_lane", "get_lane", true),
+    ("zd2_schedule", "schedule_request", false),
 ];
 
 /// The script a function of the library runs.
@@ -60,19 +62,18 @@ fn source_of(script: &str) -> &'static str {
 /// The library's revision within protocol [`PROTOCOL`]. Bump it with any change to a function's
 /// text (a script of `FUNCTIONS`, an include they use, or how the library is put together) and
 /// set `BODY_SHA1` (below) to the new body's hash: a unit test fails until both agree, so a changed
-/// body cannot ship under an old revision. Revision 1 is the body of the releases before
-/// revisions (its `zd1_protocol` answers two values).
-pub const REVISION: u32 = 2;
+/// body cannot ship under an old revision. A new protocol version starts again at revision 1.
+pub const REVISION: u32 = 1;
 
 /// The SHA-1 of the body of [`REVISION`] (the library's text before `zd<N>_protocol`).
 #[cfg(test)]
-const BODY_SHA1: &str = "e3c0da2e5aea87882e7bd766968d6022ec7eeb0b";
+const BODY_SHA1: &str = "b03ac2515cced91d869994bf29372666d72f0108";
 
 /// What identifies a loaded library within its protocol version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub revision: u32,
-    /// SHA-1 (hex) of the functions' text; empty for revision 1, which does not say.
+    /// SHA-1 (hex) of the functions' text.
     pub body: String,
     /// The version of the zdelay build that loaded it.
     pub build: String,
@@ -109,7 +110,7 @@ pub fn identity() -> &'static Identity {
     &built().identity
 }
 
-/// Every function's script body inside `function(KEYS, ARGV)`, then `zd1_protocol`, which
+/// Every function's script body inside `function(KEYS, ARGV)`, then `zd<N>_protocol`, which
 /// answers the protocol version, the build that loaded it, the revision and the body's hash.
 fn build_library() -> Built {
     let mut lua = format!("#!lua name={LIBRARY}\n");
@@ -162,17 +163,19 @@ fn held(reply: redis::RedisResult<Value>) -> redis::RedisResult<Option<Identity>
     };
     let text =
         |i: usize| -> Option<String> { redis::from_redis_value(values.get(i)?.clone()).ok() };
-    let build = text(1).unwrap_or_default();
-    // Revision 1 answers { protocol, build } only.
-    let revision = match values.get(2) {
-        None => 1,
-        Some(v) => redis::from_redis_value(v.clone())
-            .map_err(|_| unexpected(format!("zd{PROTOCOL}_protocol answered revision {v:?}")))?,
-    };
+    // Every revision of this protocol version answers { protocol, build, revision, body }.
+    let revision = values
+        .get(2)
+        .and_then(|v| redis::from_redis_value(v.clone()).ok())
+        .ok_or_else(|| {
+            unexpected(format!(
+                "zd{PROTOCOL}_protocol answered {values:?}, without a revision"
+            ))
+        })?;
     Ok(Some(Identity {
         revision,
         body: text(3).unwrap_or_default(),
-        build,
+        build: text(1).unwrap_or_default(),
     }))
 }
 
@@ -244,7 +247,8 @@ mod tests {
     #[test]
     fn every_function_is_a_script_body_under_a_protocol_name() {
         let lua = library();
-        assert!(lua.starts_with("#!lua name=zdelay_p1\n"));
+        assert!(lua.starts_with("#!lua name=zdelay_p2\n"));
+        assert_eq!(LIBRARY, format!("zdelay_p{PROTOCOL}"));
         for (name, script, _) in FUNCTIONS {
             assert!(name.starts_with(&format!("zd{PROTOCOL}_")), "{name}");
             let body = source_of(script);
@@ -288,17 +292,8 @@ mod tests {
         let answer = |values: Vec<Value>| held(Ok(Value::Array(values)));
         let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
         assert_eq!(
-            answer(vec![Value::Int(1), text("0.1.0")]).unwrap(),
-            Some(Identity {
-                revision: 1,
-                body: String::new(),
-                build: "0.1.0".into()
-            }),
-            "a body from before revisions"
-        );
-        assert_eq!(
             answer(vec![
-                Value::Int(1),
+                Value::Int(2),
                 text("0.2.0"),
                 Value::Int(7),
                 text("ab")
@@ -310,7 +305,10 @@ mod tests {
                 build: "0.2.0".into()
             })
         );
-        assert!(answer(vec![Value::Int(1), text("0.2.0"), text("seven")]).is_err());
+        assert!(answer(vec![Value::Int(2), text("0.2.0"), text("seven")]).is_err());
+        // Only protocol 1's first revision answered two values; a library of this version
+        // that does is not one a zdelay build loaded.
+        assert!(answer(vec![Value::Int(2), text("0.2.0")]).is_err());
         let missing = redis::RedisError::from((
             redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
             "Function not found",
