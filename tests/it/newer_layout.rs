@@ -10,8 +10,8 @@
 //!   an older build out of shards a newer one took over.
 
 use crate::common::{Daemon, RedisServer, TestConfig, all_keys, client, llen, pinned_bin};
-use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Command, Stdio};
+use std::collections::BTreeSet;
+use std::process::Command;
 use std::time::Duration;
 use zdelay::ClientError;
 use zdelay::store::StoreError;
@@ -231,7 +231,8 @@ fn a_schema_that_needs_a_newer_build_stops_a_daemon_and_a_producer_at_start() {
 
 /// Every key with its serialized value (`DUMP`), but the registry of running daemons that
 /// [`all_keys`] leaves out: to check that nothing was written.
-fn contents(con: &mut redis::Connection) -> BTreeMap<String, Vec<u8>> {
+#[cfg(feature = "test-failpoints")]
+fn contents(con: &mut redis::Connection) -> std::collections::BTreeMap<String, Vec<u8>> {
     all_keys(con)
         .into_iter()
         .map(|key| {
@@ -303,8 +304,8 @@ fn this_build_refuses_a_layout_1_namespace_before_and_while_it_is_upgraded() {
             format!("upgrade_after_fence={}", release.display()),
         )
         .env("ZDELAY_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     crate::common::wait_for(

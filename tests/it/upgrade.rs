@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use zdelay::keys::Keys;
-use zdelay::{NewJob, OnConflict};
 
 const SHARDS: u16 = 4;
 
@@ -889,8 +888,8 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
     );
     let (id, _) = rt
         .block_on(lib.enqueue(
-            NewJob::new("a", "slipped-in").after(Duration::from_millis(100)),
-            OnConflict::Error,
+            zdelay::NewJob::new("a", "slipped-in").after(Duration::from_millis(100)),
+            zdelay::OnConflict::Error,
         ))
         .unwrap();
     std::fs::write(&release, b"go").unwrap();
@@ -923,13 +922,13 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
         || registered.with_extension("reached").exists(),
     );
     let refused = rt
-        .block_on(lib.enqueue(NewJob::new("a", "after"), OnConflict::Error))
+        .block_on(lib.enqueue(zdelay::NewJob::new("a", "after"), zdelay::OnConflict::Error))
         .unwrap_err();
     assert!(refused.is_retryable(), "{refused}");
     std::fs::write(&registered, b"go").unwrap();
     moved.wait_ready();
     let (id, _) = rt
-        .block_on(lib.enqueue(NewJob::new("a", "after"), OnConflict::Error))
+        .block_on(lib.enqueue(zdelay::NewJob::new("a", "after"), zdelay::OnConflict::Error))
         .unwrap();
     wait_for(
         "the later job is delivered",
