@@ -81,7 +81,7 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
         .producer
         .clone()
         .with_routes(zdelay_core::routes::Routes::from_config(&env.config));
-    let keys = env.scratch.spread();
+    let keys = env.scratch.keys.clone();
     ctx.with_lanes(keys.clone(), Vec::new());
     load_envelopes_to(
         &producer,
