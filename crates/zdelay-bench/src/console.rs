@@ -5,7 +5,7 @@
 //! API read over HTTP on loopback (20 requests each: median and max), and `stats::forecast`
 //! called directly (the 10 minutes ahead in 1-minute steps, and a day in 10-minute steps).
 
-use super::load::{load_envelopes, status};
+use super::load::{load_jobs, status};
 use super::report::{ConsoleBench, ConsoleTiming};
 use super::{Env, Polled, ROUTE};
 use anyhow::{Context, ensure};
@@ -33,7 +33,7 @@ pub(super) async fn console(env: &mut Env) -> anyhow::Result<ConsoleBench> {
         "console: loading {n} scheduled jobs, {DEAD} dead, {SCHEDULES} schedules"
     ));
     let now = store::server_time_ms(&mut env.con).await?;
-    let ids = load_envelopes(
+    let ids = load_jobs(
         &env.producer,
         n,
         env.payload_size(),

@@ -6,7 +6,7 @@
 //! `lane` mode compares the scripts themselves, called in turn on the same server state;
 //! this one runs the daemon's poller loop, fed by the client, as a user runs them.
 
-use super::load::{backlog_due, load_bare_hash, load_envelopes, load_raw, status, stored_ids};
+use super::load::{backlog_due, load_bare_hash, load_jobs, load_raw, status, stored_ids};
 use super::measure::{del, llen, redis_cpu};
 use super::report::{CheckedBaseline, Drain, LANE_RATIO_TARGET, Throughput};
 use super::tally::Tally;
@@ -211,7 +211,7 @@ async fn drain_raw_checked(
     Ok((real, bare, checked))
 }
 
-pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
+pub(super) async fn drain_lane(env: &mut Env) -> anyhow::Result<Drain> {
     let n = env.args.jobs;
     let size = env.payload_size();
     let out = env.scratch.out.clone();
@@ -223,7 +223,7 @@ pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
         ));
         let now = env.redis_now_ms();
         let due = |i| backlog_due(i, n, now);
-        let ids = load_envelopes(&env.producer, n, size, due, "enqueue jobs").await?;
+        let ids = load_jobs(&env.producer, n, size, due, "enqueue jobs").await?;
         let tally = Tally::new(LATENESS_BOUNDS_MS);
         tally.set_target(n);
         let ctx = env.context(LATENESS_BOUNDS_MS.to_vec()).await?;
@@ -233,9 +233,8 @@ pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
         let done = tally.wait(drain_timeout(n)).await;
         let cpu1 = redis_cpu(&mut env.con).await?;
         movers.stop().await;
-        let (done, _) = done.with_context(|| {
-            format!("real lane drain stalled: {} of {n} moved", tally.moved())
-        })?;
+        let (done, _) = done
+            .with_context(|| format!("real lane drain stalled: {} of {n} moved", tally.moved()))?;
         let real = Throughput::new(
             n,
             done - started,

@@ -21,7 +21,7 @@
 
 use super::daemons::Daemons;
 use super::drain::drain_timeout;
-use super::load::{load_envelopes, status};
+use super::load::{load_jobs, status};
 use super::measure::{Nodes, llen, local_now_us, process_cpu, read_first_line};
 use super::report::{CpuUse, Fleet, FleetDrain, FleetSteady};
 use super::steady::{Consumer, Produced, produce, timer_probe};
@@ -58,7 +58,7 @@ const DELIVERY: &str = "exactly once: pushed by move_lane in the list's slot (ro
 /// What the bench cannot measure in this set-up.
 fn not_measured(cluster: bool) -> Vec<&'static str> {
     let mut out = vec![
-        "raw sources (envelope jobs only)",
+        "raw sources (jobs only)",
         "the scripts' own lateness buckets (the daemons' move replies stay in their processes): \
          lateness is the consumer's, Redis TIME after the pop minus the due time",
         "a bare-Lua baseline (it runs in this process): compare with the in-process drain",
@@ -256,7 +256,7 @@ async fn drain(
         daemons.count()
     ));
     env.scratch.clean(&mut env.con, false).await?;
-    load_envelopes(
+    load_jobs(
         &env.producer,
         n,
         size,

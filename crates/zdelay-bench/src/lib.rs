@@ -129,11 +129,11 @@ use tokio_util::sync::CancellationToken;
 use zdelay::poller::{
     self, BatchObserver, Options, Owned, Ownership, PollerContext, Pollers, Target, TargetId,
 };
-use zdelay_core::keys::{Keys, LaneKeys};
-use zdelay_core::{Client, Routes};
 use zdelay_core::config::{Config, RouteConfig, SourceConfig, redact_url};
+use zdelay_core::keys::{Keys, LaneKeys};
 use zdelay_core::store::scripts::{self, MoveReply};
 use zdelay_core::store::{self, Conn};
+use zdelay_core::{Client, Routes};
 
 /// Targets from the foundation issue (ratios to a bare move measured in the same run).
 const RAW_RATIO_TARGET: f64 = 0.8;
@@ -355,7 +355,7 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
         report.drain.push(drain::drain_raw(env).await?);
         for routes in env.args.routes.clone() {
             env.set_routes(routes);
-            let drained = drain::drain_envelope(env).await;
+            let drained = drain::drain_lane(env).await;
             env.set_routes(1);
             let mut drained = drained?;
             drained.routes = routes;

@@ -84,18 +84,18 @@ pub(super) async fn load_raw(
 }
 
 /// Enqueues `n` jobs for the bench route through the client; returns their ids in order.
-pub(super) async fn load_envelopes(
+pub(super) async fn load_jobs(
     producer: &Client,
     n: u64,
     size: usize,
     due: impl Fn(u64) -> i64,
     what: &str,
 ) -> anyhow::Result<Vec<String>> {
-    load_envelopes_to(producer, ROUTE, n, size, due, what).await
+    load_jobs_to(producer, ROUTE, n, size, due, what).await
 }
 
 /// Enqueues `n` jobs for `dest` through the client; returns their ids in order.
-pub(super) async fn load_envelopes_to(
+pub(super) async fn load_jobs_to(
     producer: &Client,
     dest: &str,
     n: u64,
@@ -155,7 +155,8 @@ pub(super) async fn load_bare_hash(
             zadd.ignore();
             let hset = pipe.cmd("HSET").arg(jobs_key);
             for k in part {
-                hset.arg(chunk[k].as_str()).arg(payload(base + k as u64, size));
+                hset.arg(chunk[k].as_str())
+                    .arg(payload(base + k as u64, size));
             }
             hset.ignore();
         }

@@ -1,7 +1,7 @@
 //! `memory`: Redis memory per job in its route lane, and per job in the bare layout holding
 //! the same ids and payloads.
 
-use super::load::{load_bare_hash, load_envelopes, status, stored_ids};
+use super::load::{load_bare_hash, load_jobs, status, stored_ids};
 use super::measure::used_memory;
 use super::report::Memory;
 use super::{Env, MEMORY_AIM_BYTES, MEMORY_AIM_PAYLOAD};
@@ -16,7 +16,7 @@ pub(super) async fn memory(env: &mut Env) -> anyhow::Result<Memory> {
     let later = env.redis_now_ms() + 86_400_000;
     let due = |i: u64| later + i as i64;
     let before = used_memory(&mut env.con).await?;
-    let ids = load_envelopes(&env.producer, n, size, due, "enqueue jobs").await?;
+    let ids = load_jobs(&env.producer, n, size, due, "enqueue jobs").await?;
     let after = used_memory(&mut env.con).await?;
     let in_lane = (after - before) as f64 / n as f64;
     let stored = stored_ids(&ids)?;

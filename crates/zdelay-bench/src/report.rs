@@ -452,7 +452,7 @@ pub(super) struct Fleet {
     pub(super) per_shard: u8,
     /// How the bench route's jobs reach the list in this set-up.
     pub(super) delivery: &'static str,
-    /// From start to N live instances with every shard polled.
+    /// From start to N live instances with the bench route's lane polled.
     pub(super) ready_after_s: f64,
     pub(super) drain: Vec<FleetDrain>,
     pub(super) steady: Vec<FleetSteady>,
@@ -759,7 +759,7 @@ pub(super) fn render(r: &Report) -> String {
         );
     }
     if let Some(x) = &r.same_ms {
-        let _ = writeln!(s, "\nsame-ms ({} envelope jobs due at one ms T)", x.jobs);
+        let _ = writeln!(s, "\nsame-ms ({} jobs due at one ms T)", x.jobs);
         let _ = writeln!(
             s,
             "  first move at T+{:.1} ms, last call started T+{:.1} ms, all moved by T+{:.1} ms \
@@ -1090,7 +1090,7 @@ fn render_fleet(s: &mut String, f: &Fleet) {
     let masters = f.nodes.iter().filter(|n| n.master).count();
     let _ = writeln!(
         s,
-        "\ndaemons: {} x `zdelay run` (pids {:?}), {} poller(s) per shard, on {}; ready after {:.1} s",
+        "\ndaemons: {} x `zdelay run` (pids {:?}), {} poller(s) per lane and shard, on {}; ready after {:.1} s",
         f.daemons,
         f.pids,
         f.per_shard,

@@ -1,10 +1,10 @@
 //! `same-ms`: many jobs due at one millisecond; time until the last one moved.
 
-use super::load::{load_envelopes, status};
+use super::fleet::{PARKED_DUE_MS, rescore, rescore_lead_ms};
+use super::load::{load_jobs, status};
 use super::measure::{llen, redis_cpu, system_time_ms};
 use super::report::SameMs;
 use super::tally::{Tally, fine_bounds};
-use super::fleet::{PARKED_DUE_MS, rescore, rescore_lead_ms};
 use super::{Env, Polled, SAME_MS_TARGET_JOBS, SAME_MS_TARGET_MS};
 use anyhow::{Context, ensure};
 use std::sync::atomic::Ordering;
@@ -19,7 +19,7 @@ pub(super) async fn same_ms(env: &mut Env) -> anyhow::Result<SameMs> {
     // Loaded parked while no poller runs; then the lane's ZSET is rescored to T in one
     // command (as `--daemons` does: exact, see `fleet::rescore`), so T can be chosen after
     // the load, whatever the load took.
-    load_envelopes(
+    load_jobs(
         &env.producer,
         n,
         size,
