@@ -183,6 +183,17 @@ mod tests {
     }
 
     #[test]
+    fn stored_ids_are_what_the_lane_holds() {
+        let stored: Vec<String> = (0..3).map(crate::lane::stored_id).collect();
+        let public: Vec<String> = stored.iter().map(|s| format!("~1k.{s}")).collect();
+        assert_eq!(stored_ids(&public).unwrap(), stored);
+        let err = stored_ids(&[public[0].clone(), "user-chosen".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("user-chosen"), "{err}");
+    }
+
+    #[test]
     fn backlog_is_due_and_ascending() {
         let now = 1_000_000_000_000;
         let d: Vec<i64> = (0..5).map(|i| backlog_due(i, 5, now)).collect();
