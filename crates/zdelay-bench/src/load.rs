@@ -184,7 +184,12 @@ mod tests {
 
     #[test]
     fn stored_ids_are_what_the_lane_holds() {
-        let stored: Vec<String> = (0..3).map(crate::lane::stored_id).collect();
+        let stored: Vec<String> = (0..3)
+            .map(|i| {
+                let id = zdelay_core::lane_id::StoredId::from_parts(600_000_000_000, 0x155, i);
+                id.expect("fields in range").as_str().to_owned()
+            })
+            .collect();
         let public: Vec<String> = stored.iter().map(|s| format!("~1k.{s}")).collect();
         assert_eq!(stored_ids(&public).unwrap(), stored);
         let err = stored_ids(&[public[0].clone(), "user-chosen".into()])
