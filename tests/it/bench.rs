@@ -1,8 +1,9 @@
-//! `zdelay-bench --daemons N`: the bench starts N `zdelay run` processes of the `zdelay` binary
-//! beside it on the scratch namespace, waits until they poll every shard, measures drain and steady from
-//! outside, stops them with SIGTERM and leaves nothing behind — on one Redis and on a cluster.
-//! `--mode idle` starts one daemon per config and measures it idle. Small numbers: this
-//! checks the machinery, not the machine.
+//! `zdelay-bench`: the in-process modes drive the daemon's pollers on the bench route's lane;
+//! `--daemons N` starts N `zdelay run` processes of the `zdelay` binary beside it on the
+//! scratch namespace, waits until they poll the lane, measures drain and steady from
+//! outside, stops them with SIGTERM and leaves nothing behind — on one Redis and on a
+//! cluster. `--mode idle` starts one daemon per config and measures it idle. Small numbers:
+//! this checks the machinery, not the machine.
 
 use crate::common::{RedisCluster, RedisServer, TestConfig};
 use serde_json::Value;
@@ -58,19 +59,106 @@ fn check(report: &Value, jobs: u64, masters: usize, delivery_starts: &str) {
     }
 }
 
-/// The in-process drain on a Redis no namespace exists on: its scratch namespace is made on
-/// the layout its shard scripts need, and the report compares each move with its bare one.
+/// What the bench leaves in the server: nothing of its scratch namespace.
+fn assert_nothing_left(redis: &RedisServer) {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*zdelay-bench*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
+/// The in-process modes on a Redis no namespace exists on: the producer writes the bench
+/// route's jobs into its lane, the pollers the daemon would start move them, and each move is
+/// compared with a bare one on the same ids.
 #[test]
-fn bench_in_process_drain_on_a_fresh_redis() {
+fn bench_in_process_modes_follow_the_route_lane() {
     let redis = RedisServer::start();
     let config = TestConfig::new(&redis.url(), 4, "");
     let report = bench(
         &config,
-        &["--mode", "drain", "--jobs", "3000", "--rounds", "1"],
+        &[
+            "--mode",
+            "all",
+            "--jobs",
+            "3000",
+            "--same-ms-jobs",
+            "3000",
+            "--rate",
+            "300",
+            "--duration",
+            "2s",
+        ],
     );
-    let drain = &report["drain"];
-    assert!(drain.to_string().contains("move_due"), "{drain:#}");
-    assert!(drain.to_string().contains("move_raw"), "{drain:#}");
+    let drain = report["drain"].as_array().unwrap();
+    assert_eq!(drain.len(), 2, "{drain:#?}");
+    assert_eq!(drain[0]["mover"], "move_raw (poller::run)", "{drain:#?}");
+    let lane = &drain[1];
+    assert_eq!(lane["source"], "lane", "{lane:#}");
+    assert_eq!(lane["mover"], "move_lane (poller::run)", "{lane:#}");
+    assert_eq!(lane["concurrency"], 1, "one lane, one mover: {lane:#}");
+    for run in ["real", "bare"] {
+        assert_eq!(lane[run]["jobs"], 3000, "{lane:#}");
+    }
+    assert!(lane["cpu_ratio"].as_f64().unwrap() > 0.0, "{lane:#}");
+    assert_eq!(lane["dead"], 0, "{lane:#}");
+
+    let same_ms = &report["same_ms"];
+    assert_eq!(same_ms["jobs"], 3000, "{same_ms:#}");
+    assert!(
+        same_ms["first_move_after_t_ms"].as_f64().unwrap() >= 0.0,
+        "nothing moves before T: {same_ms:#}"
+    );
+    let steady = &report["steady"][0];
+    assert_eq!(steady["all_delivered_once"], true, "{steady:#}");
+    assert_eq!(steady["early_jobs"], 0, "{steady:#}");
+    assert!(steady["enqueued"].as_u64().unwrap() > 0, "{steady:#}");
+
+    let memory = &report["memory"];
+    // A lane stores the payload as it is (a layout-1 shard stored it in a 12-byte frame).
+    assert_eq!(memory["envelope_value_bytes"], 100, "{memory:#}");
+    // 3,000 jobs carry the keys' fixed costs too: a plausible figure, not the measurement.
+    let bytes = memory["envelope_bytes_per_job"].as_f64().unwrap();
+    assert!((100.0..2000.0).contains(&bytes), "{memory:#}");
+    assert_nothing_left(&redis);
+}
+
+/// Schedules of the bench route live in its lane and its mover fires them; the console's
+/// dead jobs are the lane's.
+#[test]
+fn bench_schedules_and_console_follow_the_route_lane() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, "");
+    let report = bench(&config, &["--mode", "schedules", "--schedules", "300"]);
+    let fired = &report["schedules"][0];
+    assert_eq!(fired["schedules"], 300, "{fired:#}");
+    assert!(
+        fired["first_delivery_after_t_ms"].as_f64().unwrap() >= 0.0,
+        "{fired:#}"
+    );
+    let report = bench(&config, &["--mode", "console", "--jobs", "2000"]);
+    let console = &report["console"];
+    assert_eq!(console["dead_jobs"], 1000, "{console:#}");
+    assert_eq!(
+        console["timings"].as_array().unwrap().len(),
+        12,
+        "{console:#}"
+    );
+    assert_nothing_left(&redis);
+}
+
+/// `--mode upgrade` writes a layout-1 namespace as an older release did and upgrades it:
+/// every waiting job ends in the route's lane.
+#[test]
+fn bench_upgrade_moves_a_layout_1_namespace_into_the_lane() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, "");
+    let report = bench(&config, &["--mode", "upgrade", "--jobs", "3000"]);
+    let upgrade = &report["upgrade"];
+    assert_eq!(upgrade["jobs"], 3000, "{upgrade:#}");
+    assert_eq!(upgrade["moved_to_lanes"], 3000, "{upgrade:#}");
+    assert!(upgrade["seconds"].as_f64().unwrap() > 0.0, "{upgrade:#}");
+    assert_nothing_left(&redis);
 }
 
 #[test]
@@ -93,66 +181,45 @@ fn bench_daemons_on_one_redis() {
         ],
     );
     check(&report, 3000, 1, "exactly once");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*zdelay-bench*")
-        .query(&mut redis.conn())
-        .unwrap();
-    assert!(keys.is_empty(), "left behind: {keys:?}");
+    assert_nothing_left(&redis);
 }
 
-/// Two daemons, every mode, on a cluster: small numbers, the machinery only.
-const CLUSTER_RUN: &[&str] = &[
-    "--daemons",
-    "2",
-    "--mode",
-    "all",
-    "--jobs",
-    "2000",
-    "--rate",
-    "200",
-    "--duration",
-    "2s",
-];
-
-/// On a cluster the route's lane is in its list's slot: the daemons move it exactly once.
+/// Two daemons, every mode, on a cluster (small numbers, the machinery only): the bench
+/// route's lane sits in its list's slot, so the daemons move it exactly once, and the run
+/// leaves neither lane nor registry behind.
 #[test]
 fn bench_daemons_on_a_cluster() {
     let cluster = RedisCluster::start();
     let config = cluster.config(4, "[poller]\nslot_lease = \"1s\"\n");
-    let report = bench(&config, CLUSTER_RUN);
-    check(&report, 2000, 3, "exactly once");
-    let mut con = cluster.conn();
-    for key in [
-        "zdelay-bench:out",
-        "zdelay-bench:schema",
-        "{zdelay-bench}:instances",
-        "{zdelay-bench}:slots",
-        "{zdelay-bench:0}:jobs",
-        "{zdelay-bench:3}:ready",
-    ] {
-        let n: u64 = redis::cmd("EXISTS").arg(key).query(&mut con).unwrap();
-        assert_eq!(n, 0, "{key} left behind");
-    }
-}
-
-/// Storage layout 2 (what a new namespace gets) on a cluster: the bench route's lane sits in
-/// its list's slot, so the daemons move it exactly once, and the run leaves neither lane nor
-/// registry behind.
-#[test]
-fn bench_daemons_on_layout_2_on_a_cluster() {
-    let cluster = RedisCluster::start();
-    let config = cluster.config(4, "[poller]\nslot_lease = \"1s\"\n");
-    let report = bench(&config, CLUSTER_RUN);
+    let report = bench(
+        &config,
+        &[
+            "--daemons",
+            "2",
+            "--mode",
+            "all",
+            "--jobs",
+            "2000",
+            "--rate",
+            "200",
+            "--duration",
+            "2s",
+        ],
+    );
     check(&report, 2000, 3, "exactly once: pushed by move_lane");
     let mut con = cluster.conn();
     let tag = zdelay::keys::slot_tag(zdelay::keys::slot_of("zdelay-bench:out"));
+    let spread = zdelay::keys::Keys::new("zdelay-bench", 4);
     for key in [
         "zdelay-bench:out".to_owned(),
         "zdelay-bench:schema".to_owned(),
         "zdelay-bench:lanes".to_owned(),
+        "{zdelay-bench}:instances".to_owned(),
+        "{zdelay-bench}:slots".to_owned(),
         format!("zdelay-bench:{{{tag}}}:due:bench"),
         format!("zdelay-bench:{{{tag}}}:lane:bench"),
-        "{zdelay-bench:0}:shards".to_owned(),
+        spread.layout_1().layout(0),
+        spread.layout(3),
     ] {
         let n: u64 = redis::cmd("EXISTS").arg(&key).query(&mut con).unwrap();
         assert_eq!(n, 0, "{key} left behind");

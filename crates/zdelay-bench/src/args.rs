@@ -2,10 +2,9 @@
 
 use std::time::Duration;
 
-/// Which measurements to run. Without `--daemons`, `drain`, `steady`, `same-ms`, `memory`,
-/// `schedules` and `console` run in process on a scratch namespace on layout 1 (the shard
-/// scripts, which the spread shards of layout 2 run too); `lane`, `flow`, `idle` and
-/// `--daemons N` measure route lanes, the layout a new namespace gets.
+/// Which measurements to run. Without `--daemons`, every mode but `idle` runs the daemon's
+/// pollers or scripts in process on a scratch namespace, where the bench route's jobs wait in
+/// its route lane; `idle` and `--daemons N` run `zdelay run` processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
     /// All-due backlog: moved/s of the real mover vs a bare Lua move.
@@ -24,8 +23,8 @@ pub enum Mode {
     /// The operator console's pages and API, and the forecast, on `--jobs` scheduled jobs
     /// (not part of `all`).
     Console,
-    /// Storage layout 2: the route-lane scripts against the bare moves (drain by
-    /// wall time and Redis CPU, memory per job; not part of `all`).
+    /// The route-lane scripts called directly, in turn with the bare moves on the same server
+    /// state (drain by wall time and Redis CPU, memory per job; not part of `all`).
     Lane,
     /// What a route's flow control costs Redis: one lane drained without it, with a rate that
     /// never holds and with one that holds (`--rate`'s first value, jobs/s; not part of
@@ -35,8 +34,9 @@ pub enum Mode {
     /// `--sources` raw sources at `--shards` shards, over `--duration` (60 s unless given),
     /// once its wake-ups are confirmed (not part of `all`).
     Idle,
-    /// `zdelay upgrade` of a layout-1 namespace holding `--jobs` waiting jobs while a producer
-    /// enqueues: seconds per million jobs, Redis CPU per job (not part of `all`).
+    /// `zdelay upgrade` of a layout-1 namespace holding `--jobs` waiting jobs, written as an
+    /// older release wrote it: seconds per million jobs, Redis CPU per job (not part of
+    /// `all`).
     Upgrade,
 }
 
@@ -63,8 +63,8 @@ pub struct BenchArgs {
     /// (default 60 s).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
-    /// Local routes configured (comma-separated, each run in turn): idle cases, and the
-    /// envelope drain (jobs for one of them; every move call carries them all).
+    /// Local routes configured (comma-separated, each run in turn): idle cases, and the lane
+    /// drain (jobs for one of them, each route a lane with a poller of its own).
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize],
           value_parser = clap::value_parser!(usize))]
     pub routes: Vec<usize>,
@@ -88,7 +88,8 @@ pub struct BenchArgs {
     /// Scratch namespace: its keys are deleted before and after.
     #[arg(long, default_value = "zdelay-bench")]
     pub namespace: String,
-    /// Envelope shards (default: redis.shards from the config).
+    /// Spread shards, which hold two-phase routes' jobs (default: redis.shards from the
+    /// config).
     #[arg(long)]
     pub shards: Option<u16>,
     /// Delete and use the scratch keys even if they hold data.
@@ -118,9 +119,9 @@ pub struct BenchArgs {
     /// Drain and steady through N `zdelay run` processes (see --zdelay-bin) instead of pollers
     /// in this process: the bench writes them a config for the scratch namespace (same
     /// Redis or cluster, free admin ports on 127.0.0.1), waits until the registry shows N
-    /// live instances with every shard polled, measures from outside (the list's length,
-    /// a consumer's pops) and stops them with SIGTERM. Works on one Redis and on a cluster
-    /// (`redis.cluster_nodes`); envelope jobs only.
+    /// live instances with the bench route's lane polled, measures from outside (the list's
+    /// length, a consumer's pops) and stops them with SIGTERM. Works on one Redis and on a
+    /// cluster (`redis.cluster_nodes`); jobs only, no raw source.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub daemons: Option<u16>,
     /// The `zdelay` binary that --daemons and --mode idle run (default: the `zdelay` in this

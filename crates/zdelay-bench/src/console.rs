@@ -1,13 +1,13 @@
 //! `console`: the operator console's answer times on a large namespace. Loads `--jobs`
 //! scheduled jobs (spread over the next day), 1000 dead jobs and 10,000 schedules (1 in 100
-//! paused), serves the
+//! paused), all in the bench route's lane, serves the
 //! admin port in process (`admin::serve`, as the daemon does), then times every page and
 //! API read over HTTP on loopback (20 requests each: median and max), and `stats::forecast`
 //! called directly (the 10 minutes ahead in 1-minute steps, and a day in 10-minute steps).
 
-use super::load::{load_envelopes, status};
+use super::load::{load_jobs, status};
 use super::report::{ConsoleBench, ConsoleTiming};
-use super::{Env, ROUTE};
+use super::{Env, Polled, ROUTE};
 use anyhow::{Context, ensure};
 use futures::{StreamExt, TryStreamExt};
 use std::sync::{Arc, OnceLock};
@@ -33,7 +33,7 @@ pub(super) async fn console(env: &mut Env) -> anyhow::Result<ConsoleBench> {
         "console: loading {n} scheduled jobs, {DEAD} dead, {SCHEDULES} schedules"
     ));
     let now = store::server_time_ms(&mut env.con).await?;
-    let ids = load_envelopes(
+    let ids = load_jobs(
         &env.producer,
         n,
         env.payload_size(),
@@ -58,19 +58,10 @@ pub(super) async fn console(env: &mut Env) -> anyhow::Result<ConsoleBench> {
         r?;
     }
     let tally = super::tally::Tally::new(&[1]);
-    let movers = env.spawn_movers(env.shard_targets(), vec![1], &tally, false);
+    let ctx = env.context(vec![1]).await?;
+    let movers = env.spawn_movers(ctx, Polled::Jobs, &tally, false);
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut dead = 0u64;
-        for s in 0..env.scratch.keys.shards() {
-            dead += redis::cmd("ZCARD")
-                .arg(env.scratch.keys.dead(s))
-                .query_async::<u64>(&mut env.con)
-                .await?;
-        }
-        if dead >= DEAD {
-            break;
-        }
+    while env.dead_total().await? < DEAD {
         ensure!(
             Instant::now() < deadline,
             "console: dead jobs did not arrive"

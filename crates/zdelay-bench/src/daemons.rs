@@ -10,9 +10,9 @@
 //! one, is passed as `ZDELAY_REDIS__PASSWORD` instead of being written to the file. Their
 //! logs go to files in a private directory, kept (and named) when something failed.
 //!
-//! Ready means: the registry (`{ns}:instances`) shows exactly N live instances and every
-//! shard's poller slots are held by live ones, then one more heartbeat so that every daemon
-//! has applied the last plan. Stopped means: SIGTERM to each pid, then its exit, within the
+//! Ready means: the registry (`{ns}:instances`) shows exactly N live instances and the bench
+//! route's lane polled by as many of them as `poller.per_shard` asks, then one more heartbeat
+//! so that every daemon has applied the last plan. Stopped means: SIGTERM to each pid, then its exit, within the
 //! shutdown grace (SIGKILL after that, and whenever this struct is dropped with a daemon
 //! still running).
 
@@ -57,9 +57,6 @@ pub(super) fn daemon_config(
     }
     let _ = writeln!(t, "namespace = {}", q(&r.namespace));
     let _ = writeln!(t, "shards = {}", r.shards);
-    if let Some(layout) = r.layout {
-        let _ = writeln!(t, "layout = {layout}");
-    }
     let _ = writeln!(t);
     let _ = writeln!(t, "[poller]");
     let _ = writeln!(t, "batch = {batch}");
@@ -82,16 +79,8 @@ pub(super) fn daemon_config(
     t
 }
 
-/// Whether the registry shows exactly `n` live instances and every shard polled by
-/// `min(per_shard, n)` of them.
-pub(super) fn all_polled(instances: &[Instance], n: usize, shards: u16, per_shard: u8) -> bool {
-    let want = (per_shard as usize).min(n);
-    instances.len() == n
-        && (0..shards).all(|s| instances.iter().filter(|i| i.shards.contains(&s)).count() == want)
-}
-
-/// On storage layout 2: whether the registry shows exactly `n` live instances and the bench
-/// route's lane (its group) polled by as many of them as a shard would be.
+/// Whether the registry shows exactly `n` live instances and the bench route's lane (its
+/// group) polled by `min(per_shard, n)` of them.
 pub(super) fn lane_polled(instances: &[Instance], n: usize, per_shard: u8) -> bool {
     let want = (per_shard as usize).min(n);
     let polling = instances
@@ -112,8 +101,6 @@ pub(super) struct Daemons {
     admins: Vec<SocketAddr>,
     dir: PathBuf,
     keys: Keys,
-    /// The namespace's storage layout (2: one lane, no shards, to wait for).
-    layout: u32,
     per_shard: u8,
     heartbeat: Duration,
     grace: Duration,
@@ -155,7 +142,6 @@ impl Daemons {
             admins: Vec::new(),
             dir,
             keys: Keys::new(&config.redis.namespace, config.redis.shards),
-            layout: zdelay_core::keys::LAYOUT,
             per_shard: config.poller.per_shard,
             heartbeat: config.poller.slot_lease / 5,
             grace: config.poller.shutdown_grace,
@@ -242,8 +228,8 @@ impl Daemons {
         Ok(())
     }
 
-    /// Waits until every daemon is registered and every shard is polled (see the module
-    /// doc); returns how long that took.
+    /// Waits until every daemon is registered and the bench route's lane is polled (see the
+    /// module doc); returns how long that took.
     pub(super) async fn wait_ready(
         &mut self,
         con: &mut Conn,
@@ -255,11 +241,7 @@ impl Daemons {
             self.check_running()?;
             let now = store::server_time_ms(con).await?;
             let last = zdelay::stats::instances(con, &self.keys, now).await?;
-            let ready = match self.layout {
-                1 => all_polled(&last, n, self.keys.shards(), self.per_shard),
-                _ => lane_polled(&last, n, self.per_shard),
-            };
-            if ready {
+            if lane_polled(&last, n, self.per_shard) {
                 break;
             }
             if started.elapsed() > timeout {
@@ -289,7 +271,7 @@ impl Daemons {
         tokio::time::sleep(self.heartbeat + Duration::from_millis(200)).await;
         self.check_running()?;
         status(&format!(
-            "{n} live instances, every shard polled ({} per shard), after {:.1} s",
+            "{n} live instances, the route's lane polled by {}, after {:.1} s",
             (self.per_shard as usize).min(n),
             started.elapsed().as_secs_f64()
         ));
@@ -423,30 +405,29 @@ mod tests {
         assert_eq!(parsed.redis.cluster_nodes, config.redis.cluster_nodes);
     }
 
-    fn instance(id: &str, shards: &[u16]) -> Instance {
+    fn instance(id: &str, sources: &[&str]) -> Instance {
         Instance {
             id: id.into(),
-            shards: shards.to_vec(),
-            sources: Vec::new(),
+            shards: vec![0, 1],
+            sources: sources.iter().map(|s| s.to_string()).collect(),
             last_seen_ms: 0,
             version: None,
         }
     }
 
     #[test]
-    fn ready_needs_every_instance_and_every_shard_polled() {
-        let two = [instance("a", &[0, 2]), instance("b", &[1, 3])];
-        assert!(all_polled(&two, 2, 4, 1));
-        assert!(!all_polled(&two, 3, 4, 1), "a third instance is missing");
-        assert!(!all_polled(&two[..1], 2, 4, 1));
+    fn ready_needs_every_instance_and_the_lane_polled() {
+        let two = [instance("a", &["lane0"]), instance("b", &[])];
+        assert!(lane_polled(&two, 2, 1));
+        assert!(!lane_polled(&two, 3, 1), "a third instance is missing");
         assert!(
-            !all_polled(&[instance("a", &[0, 1, 2])], 1, 4, 1),
-            "shard 3 unpolled"
+            !lane_polled(&[instance("a", &[]), instance("b", &[])], 2, 1),
+            "the lane unpolled"
         );
-        // Two pollers per shard: each shard on two instances, or on the one there is.
-        assert!(!all_polled(&two, 2, 4, 2));
-        let both = [instance("a", &[0, 1, 2, 3]), instance("b", &[0, 1, 2, 3])];
-        assert!(all_polled(&both, 2, 4, 2));
-        assert!(all_polled(&[instance("a", &[0, 1])], 1, 2, 2));
+        // Two pollers per lane: on two instances, or on the one there is.
+        assert!(!lane_polled(&two, 2, 2));
+        let both = [instance("a", &["lane0"]), instance("b", &["lane0"])];
+        assert!(lane_polled(&both, 2, 2));
+        assert!(lane_polled(&[instance("a", &["lane0"])], 1, 2));
     }
 }

@@ -1,10 +1,16 @@
 //! `drain`: an all-due backlog moved by the real movers, then by a bare Lua move, as a ratio.
+//!
+//! Jobs enqueued through the client wait in their route's lane: one ZSET of ids and one HASH
+//! of payloads, moved by one mover. Its baseline is the same: one bare id ZSET + payload
+//! HASH holding the same stored ids and payloads, moved by one loop of the bare script. The
+//! `lane` mode compares the scripts themselves, called in turn on the same server state;
+//! this one runs the daemon's poller loop, fed by the client, as a user runs them.
 
-use super::load::{backlog_due, load_bare_hash, load_envelopes, load_raw, status};
+use super::load::{backlog_due, load_bare_hash, load_jobs, load_raw, status, stored_ids};
 use super::measure::{del, llen, redis_cpu};
-use super::report::{CheckedBaseline, Drain, Throughput};
+use super::report::{CheckedBaseline, Drain, LANE_RATIO_TARGET, Throughput};
 use super::tally::Tally;
-use super::{ENVELOPE_RATIO_TARGET, Env, RAW_CHECKED_RATIO_TARGET, RAW_RATIO_TARGET};
+use super::{Env, Polled, RAW_CHECKED_RATIO_TARGET, RAW_RATIO_TARGET};
 use anyhow::{Context, ensure};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -31,9 +37,10 @@ pub(super) async fn drain_raw(env: &mut Env) -> anyhow::Result<Drain> {
         .await?;
         let tally = Tally::new(LATENESS_BOUNDS_MS);
         tally.set_target(n);
+        let ctx = env.context(LATENESS_BOUNDS_MS.to_vec()).await?;
         let cpu0 = redis_cpu(&mut env.con).await?;
         let started = Instant::now();
-        let movers = env.spawn_movers(env.raw_target(), LATENESS_BOUNDS_MS.to_vec(), &tally, false);
+        let movers = env.spawn_movers(ctx, Polled::Raw, &tally, false);
         let done = tally.wait(drain_timeout(n)).await;
         let cpu1 = redis_cpu(&mut env.con).await?;
         movers.stop().await;
@@ -107,8 +114,11 @@ async fn drain_raw_checked(
     let size = env.payload_size();
     let raw = env.scratch.raw.clone();
     let out = env.scratch.out.clone();
-    // Two of the bare layout's ZSETs (scratch keys, cleaned with the rest) as raw sources.
-    let (bare_key, checked_key) = (env.scratch.bare.due(0), env.scratch.bare.due(1));
+    // The bare comparisons' two ZSETs (scratch keys, cleaned with the rest) as raw sources.
+    let (bare_key, checked_key) = (
+        env.scratch.lane_bare[0].0.clone(),
+        env.scratch.lane_bare[1].0.clone(),
+    );
     status(&format!(
         "drain raw, round {round}: move_raw, bare and checked side by side"
     ));
@@ -201,36 +211,30 @@ async fn drain_raw_checked(
     Ok((real, bare, checked))
 }
 
-pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
+pub(super) async fn drain_lane(env: &mut Env) -> anyhow::Result<Drain> {
     let n = env.args.jobs;
     let size = env.payload_size();
     let out = env.scratch.out.clone();
-    let shards = env.scratch.keys.shards();
+    let (bare_due, bare_jobs) = env.scratch.bare_same_ids();
     let mut rounds = Vec::new();
     for round in 1..=env.args.rounds {
-        status(&format!("drain envelope, round {round}: real move_due"));
+        status(&format!(
+            "drain jobs, round {round}: the route lane's poller (move_lane)"
+        ));
         let now = env.redis_now_ms();
         let due = |i| backlog_due(i, n, now);
-        let ids = load_envelopes(&env.producer, n, size, due, "enqueue envelopes").await?;
+        let ids = load_jobs(&env.producer, n, size, due, "enqueue jobs").await?;
         let tally = Tally::new(LATENESS_BOUNDS_MS);
         tally.set_target(n);
+        let ctx = env.context(LATENESS_BOUNDS_MS.to_vec()).await?;
         let cpu0 = redis_cpu(&mut env.con).await?;
         let started = Instant::now();
-        let movers = env.spawn_movers(
-            env.shard_targets(),
-            LATENESS_BOUNDS_MS.to_vec(),
-            &tally,
-            false,
-        );
+        let movers = env.spawn_movers(ctx, Polled::Jobs, &tally, false);
         let done = tally.wait(drain_timeout(n)).await;
         let cpu1 = redis_cpu(&mut env.con).await?;
         movers.stop().await;
-        let (done, _) = done.with_context(|| {
-            format!(
-                "real envelope drain stalled: {} of {n} moved",
-                tally.moved()
-            )
-        })?;
+        let (done, _) = done
+            .with_context(|| format!("real lane drain stalled: {} of {n} moved", tally.moved()))?;
         let real = Throughput::new(
             n,
             done - started,
@@ -239,15 +243,17 @@ pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
         );
         ensure!(
             llen(&mut env.con, &out).await? == n,
-            "envelope: list length != jobs"
+            "lane: list length != jobs"
         );
         del(&mut env.con, &out).await?;
 
-        status(&format!("drain envelope, round {round}: bare_move_hash"));
+        status(&format!(
+            "drain jobs, round {round}: bare_move_hash, the same ids"
+        ));
         load_bare_hash(
             &mut env.con,
-            &env.scratch.bare,
-            &ids,
+            (&bare_due, &bare_jobs),
+            &stored_ids(&ids)?,
             size,
             due,
             "load bare id+hash",
@@ -257,34 +263,25 @@ pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
         let max_score = env.redis_now_ms();
         let cpu0 = redis_cpu(&mut env.con).await?;
         let started = Instant::now();
-        let loops = (0..shards).map(|s| {
-            let mut con = env.con.clone();
-            let (due_key, jobs_key) = (env.scratch.bare.due(s), env.scratch.bare.jobs(s));
-            let (out, batch) = (out.clone(), env.batch);
-            async move {
-                let (mut moved, mut calls) = (0u64, 0u64);
-                loop {
-                    let got = scripts::bench_bare_move_hash(
-                        &mut con, &due_key, &jobs_key, &out, batch, max_score,
-                    )
-                    .await?;
-                    calls += 1;
-                    moved += got;
-                    if got < batch as u64 {
-                        return Ok::<_, redis::RedisError>((moved, calls));
-                    }
-                }
+        let (mut moved, mut calls) = (0u64, 0u64);
+        loop {
+            let got = scripts::bench_bare_move_hash(
+                &mut env.con,
+                &bare_due,
+                &bare_jobs,
+                &out,
+                env.batch,
+                max_score,
+            )
+            .await?;
+            calls += 1;
+            moved += got;
+            if got < env.batch as u64 {
+                break;
             }
-        });
-        let results = futures::future::join_all(loops).await;
+        }
         let elapsed = started.elapsed();
         let cpu1 = redis_cpu(&mut env.con).await?;
-        let (mut moved, mut calls) = (0, 0);
-        for r in results {
-            let (m, c) = r?;
-            moved += m;
-            calls += c;
-        }
         ensure!(moved == n, "bare hash moved {moved} of {n}");
         let bare = Throughput::new(n, elapsed, cpu1 - cpu0, calls);
         ensure!(
@@ -295,12 +292,7 @@ pub(super) async fn drain_envelope(env: &mut Env) -> anyhow::Result<Drain> {
         let dead = tally.dead.load(Ordering::Relaxed);
         rounds.push((real, bare, dead, None));
     }
-    Ok(pick_median(
-        "envelope",
-        rounds,
-        shards as usize,
-        ENVELOPE_RATIO_TARGET,
-    ))
+    Ok(pick_median("lane", rounds, 1, LANE_RATIO_TARGET))
 }
 
 pub(super) fn drain_timeout(n: u64) -> Duration {
@@ -359,9 +351,10 @@ pub(super) fn pick_median(
             meets_target: side_all.iter().all(|r| r.1 >= RAW_CHECKED_RATIO_TARGET),
         });
     let r = real.jobs_per_sec / bare.jobs_per_sec;
+    let cpu_r = cpu_ratio(&real, &bare);
     let (mover, baseline) = match source {
         "raw" => ("move_raw (poller::run)", "bench_bare_move_raw"),
-        _ => ("move_due (poller::run)", "bench_bare_move_hash"),
+        _ => ("move_lane (poller::run)", "bench_bare_move_hash"),
     };
     Drain {
         source,
@@ -372,6 +365,7 @@ pub(super) fn pick_median(
         real,
         bare,
         ratio: r,
+        cpu_ratio: cpu_r,
         ratio_all_rounds: all,
         target_ratio: target,
         meets_target: r >= target,

@@ -2,16 +2,16 @@
 //! (`daemons`), on one Redis or a cluster.
 //!
 //! Nothing here sees a move reply: what counts is what reaches the list.
-//! - drain: `--jobs` envelope jobs are loaded parked (due 2^42 ms, year 2109) while the
-//!   daemons idle, then every shard (on layout 2: the route's lane) is rescored to one instant
-//!   T (Redis clock + 1 s, more for large keys) with `ZUNIONSTORE due 1 due WEIGHTS T/2^42`,
+//! - drain: `--jobs` jobs are loaded parked (due 2^42 ms, year 2109) while the daemons
+//!   idle, then the route's lane (and every spread shard) is rescored to one instant T (Redis
+//!   clock + 1 s, more for large keys) with `ZUNIONSTORE due 1 due WEIGHTS T/2^42`,
 //!   exact because 2^42 is a power of two, and every mover is woken as an enqueue of a new
 //!   head would (an idle one sleeps up to `idle_poll_max`, longer than the lead). From T the
 //!   list's length is read every millisecond with the list server's TIME: first seen, all
 //!   delivered, then all settled (nothing stored any more: on a cluster the two-phase settles
 //!   trail the pushes). A read waits its turn behind the move scripts Redis is running, so
-//!   "first seen" can trail the first move by a round of the pollers' scripts (16 batches of
-//!   1000 take tens of ms); "all delivered" trails the last move by at most one script.
+//!   "first seen" can trail the first move by one script; "all delivered" trails the last
+//!   move by at most one script.
 //! - steady: the in-process producer (`steady::produce`) and consumer (`steady::Consumer`),
 //!   with the daemons moving; lateness is the consumer's (Redis TIME after the pop − due).
 //!
@@ -21,8 +21,8 @@
 
 use super::daemons::Daemons;
 use super::drain::drain_timeout;
-use super::load::{load_envelopes, status};
-use super::measure::{Nodes, llen, local_now_us, process_cpu, read_first_line, total_size};
+use super::load::{load_jobs, status};
+use super::measure::{Nodes, llen, local_now_us, process_cpu, read_first_line};
 use super::report::{CpuUse, Fleet, FleetDrain, FleetSteady};
 use super::steady::{Consumer, Produced, produce, timer_probe};
 use super::tally::fine_bounds;
@@ -30,17 +30,21 @@ use super::{Env, Mode, ROUTE, STEADY_DELAY_MS};
 use anyhow::{Context, bail, ensure};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use zdelay_core::config::{Config, RedisConfig};
-
+use zdelay_core::config::RedisConfig;
 use zdelay_core::store;
 
-/// Where drain jobs wait while they load: 2^42 ms after the epoch (year 2109).
-const PARKED_DUE_MS: i64 = 1 << 42;
-/// T, the instant every drain job becomes due, is at least this long after the rescoring
-/// started, plus [`RESCORE_US_PER_JOB`] per job in the largest due ZSET (on layout 2 the
-/// route's lane holds them all: 200k take about a second to rescore).
-const DRAIN_LEAD_MS: i64 = 1_000;
+/// Where jobs wait while they load: 2^42 ms after the epoch (year 2109).
+pub(super) const PARKED_DUE_MS: i64 = 1 << 42;
+/// T, the instant every parked job becomes due, is at least this long after the rescoring
+/// started, plus [`RESCORE_US_PER_JOB`] per job in the largest due ZSET (the route's lane
+/// holds them all: 200k take about a second to rescore).
+const RESCORE_LEAD_MS: i64 = 1_000;
 const RESCORE_US_PER_JOB: i64 = 10;
+
+/// How long before T the rescoring of `jobs` parked jobs in one ZSET should start.
+pub(super) fn rescore_lead_ms(jobs: u64) -> i64 {
+    RESCORE_LEAD_MS + jobs as i64 * RESCORE_US_PER_JOB / 1000
+}
 
 /// The ZUNIONSTORE weight that turns the parked score into `t_ms` exactly: the parked score
 /// is a power of two, so `t_ms / 2^42` is exact and so is `2^42 × weight`.
@@ -48,15 +52,13 @@ pub(super) fn rescore_weight(t_ms: i64) -> f64 {
     t_ms as f64 / PARKED_DUE_MS as f64
 }
 
-/// How jobs of the bench route reach the list.
-pub(super) fn delivery(_config: &Config) -> &'static str {
-    "exactly once: pushed by move_lane in the list's slot (route lane)"
-}
+/// How jobs of the bench route reach the list, on one Redis and on a cluster alike.
+const DELIVERY: &str = "exactly once: pushed by move_lane in the list's slot (route lane)";
 
 /// What the bench cannot measure in this set-up.
 fn not_measured(cluster: bool) -> Vec<&'static str> {
     let mut out = vec![
-        "raw sources (envelope jobs only)",
+        "raw sources (jobs only)",
         "the scripts' own lateness buckets (the daemons' move replies stay in their processes): \
          lateness is the consumer's, Redis TIME after the pop minus the due time",
         "a bare-Lua baseline (it runs in this process): compare with the in-process drain",
@@ -87,7 +89,7 @@ pub(super) async fn run(env: &mut Env, n: u16) -> anyhow::Result<Fleet> {
         cluster,
         nodes: nodes.list(),
         per_shard: env.config.poller.per_shard,
-        delivery: delivery(&env.config),
+        delivery: DELIVERY,
         ready_after_s: 0.0,
         drain: Vec::new(),
         steady: Vec::new(),
@@ -180,14 +182,6 @@ impl Env {
         local_now_us() as f64 / 1000.0 + self.clock_offset_ms as f64
     }
 
-    async fn dead_total(&mut self) -> redis::RedisResult<u64> {
-        let keys: Vec<String> = (0..self.scratch.keys.shards())
-            .map(|s| self.scratch.keys.dead(s))
-            .chain([self.scratch.lane.keys.dead.clone()])
-            .collect();
-        total_size(&mut self.con, "ZCARD", &keys).await
-    }
-
     /// Waits (up to `timeout`) until no job is stored any more; the Redis-clock ms it saw it.
     async fn wait_settled(&mut self, timeout: Duration) -> anyhow::Result<Option<f64>> {
         let deadline = Instant::now() + timeout;
@@ -203,10 +197,10 @@ impl Env {
     }
 }
 
-/// Rescores every shard's due ZSET, and the bench route's lane (storage layout 2), from the
-/// parked time to `t_ms` (one command per key, all at once: on a cluster they live on several
+/// Rescores the bench route's lane's due ZSET, and every spread shard's, from the parked
+/// time to `t_ms` (one command per key, all at once: on a cluster they live on several
 /// masters; a key that does not exist stays so).
-async fn rescore(env: &mut Env, t_ms: i64) -> redis::RedisResult<()> {
+pub(super) async fn rescore(env: &mut Env, t_ms: i64) -> redis::RedisResult<()> {
     let weight = rescore_weight(t_ms).to_string();
     let keys: Vec<String> = (0..env.scratch.keys.shards())
         .map(|s| env.scratch.keys.due(s))
@@ -262,7 +256,7 @@ async fn drain(
         daemons.count()
     ));
     env.scratch.clean(&mut env.con, false).await?;
-    load_envelopes(
+    load_jobs(
         &env.producer,
         n,
         size,
@@ -273,9 +267,7 @@ async fn drain(
     daemons.check_running()?;
     let loadavg_start = read_first_line("/proc/loadavg");
     // The route's lane holds them all.
-    let largest = n as i64;
-    let lead_ms = DRAIN_LEAD_MS + largest * RESCORE_US_PER_JOB / 1000;
-    let t_ms = store::server_time_ms(&mut env.con).await? + lead_ms;
+    let t_ms = store::server_time_ms(&mut env.con).await? + rescore_lead_ms(n);
     rescore(env, t_ms).await?;
     wake_movers(env, t_ms).await?;
     let margin_ms = t_ms - store::server_time_ms(&mut env.con).await?;
@@ -430,18 +422,5 @@ mod tests {
             assert_eq!(PARKED_DUE_MS as f64 * parsed, t as f64, "t = {t}");
         }
         const { assert!(PARKED_DUE_MS > 4_000_000_000_000, "parked after 2096") };
-    }
-
-    #[test]
-    fn delivery_says_how_the_bench_route_goes() {
-        let mut config = Config::default();
-        config.routes.push(zdelay_core::config::RouteConfig::new(
-            ROUTE,
-            zdelay_core::config::LOCAL_SINK,
-            "zdelay-bench:out",
-        ));
-        assert!(delivery(&config).starts_with("exactly once"));
-        config.redis.cluster_nodes = vec!["redis://127.0.0.1:7000".into()];
-        assert!(delivery(&config).starts_with("at least once"));
     }
 }

@@ -1,10 +1,11 @@
-//! `lane`: the route-lane scripts of storage layout 2 (being built) against the bare Lua
-//! move in the same run: an all-due backlog enqueued by `enqueue_lane` and drained by
-//! `move_lane` calls, then the same jobs in the bare id ZSET + payload HASH, once with the
-//! 26-character ids producers write today (the baseline the drain target is judged on) and
-//! once with the lane's own 12-character stored ids (the script's own overhead); and Redis
-//! memory per job in a lane, with generated and with 26-character ids. One lane has one
-//! mover, so every drain here is one call at a time.
+//! `lane`: the route-lane scripts against the bare Lua move in the same run, called directly
+//! (`drain` runs them through the daemon's poller instead): an all-due backlog enqueued by
+//! `enqueue_lane` and drained by `move_lane` calls, then the same jobs in the bare id ZSET +
+//! payload HASH, once with 26-character ids (ULIDs, what producers generated before route
+//! lanes: the baseline the drain target is judged on) and once with the lane's own
+//! 12-character stored ids (the script's own overhead); and Redis memory per job in a lane,
+//! with generated and with 26-character ids. One lane has one mover, so every drain here is
+//! one call at a time.
 
 use super::load::{backlog_due, bar, payload, status};
 use super::measure::{llen, redis_cpu_at, used_memory_at};

@@ -3,44 +3,48 @@
 //! drives the daemon's library (`zdelay`) in process and its binary as processes.
 //!
 //! Every mode but `idle` and `--daemons` runs the product's own code in process: the pollers
-//! started by `zdelay::poller::start`, exactly as the daemon starts them (with a `BatchObserver` that counts
-//! moved jobs and adds up the scripts' lateness buckets, and the wake listener where
-//! wake-ups matter), and `Client::enqueue_batch` for envelope jobs. Jobs are loaded (with a
+//! started by `zdelay::poller::start` on the context the daemon builds (the config's local
+//! routes registered as route lanes, the spread shards for its two-phase routes), with a
+//! `BatchObserver` that counts moved jobs and adds up the scripts' lateness buckets, and the
+//! wake listener where wake-ups matter; and `Client::enqueue_batch`, given the config's
+//! routes, for jobs, which it writes into the bench route's lane. Jobs are loaded (with a
 //! progress bar) before any clock starts: filling a ZSET runs at ~200k/s and must not count.
 //!
-//! One file per mode (`drain`, `steady`, `same_ms`, `memory`, `route`), with the arguments
-//! (`args`), scratch keys (`scratch`), loading (`load`), counting (`tally`), Redis and
-//! machine facts (`measure`) and the report (`report`) beside them.
+//! One file per mode (`drain`, `steady`, `same_ms`, `memory`, `route`, ...), with the
+//! arguments (`args`), scratch keys (`scratch`), loading (`load`), counting (`tally`), Redis
+//! and machine facts (`measure`) and the report (`report`) beside them.
 //!
 //! Modes:
 //! - `drain`: an all-due backlog. Raw source: N members in one ZSET moved by the real
 //!   `move_raw` poller, then the same N members moved by `bench_bare_move_raw` at the same
-//!   batch size. Envelope jobs: N jobs over the shards moved by the real `move_due` pollers
-//!   (one per shard, concurrent), then the same ids and payloads in a bare id ZSET + payload
-//!   HASH layout moved by `bench_bare_move_hash` (one concurrent loop per shard). Reported:
-//!   jobs/s, Redis CPU seconds per million jobs (`INFO cpu` deltas), and real/bare ratios.
+//!   batch size. Jobs: N jobs in the bench route's lane moved by its real `move_lane` poller
+//!   (one lane, one mover), then the same stored ids and payloads in one bare id ZSET +
+//!   payload HASH moved by one `bench_bare_move_hash` loop. Reported: jobs/s, Redis CPU
+//!   seconds per million jobs (`INFO cpu` deltas), and real/bare ratios by both.
 //! - `steady`: a producer enqueues at a fixed rate, each job due 100–500 ms after its
 //!   enqueue, while pollers and the wake listener run. Lateness comes from the scripts'
 //!   buckets (1 ms wide up to 50 ms). A consumer pops the list and checks every job arrived
 //!   once and none arrived before its due time (see `Consumer`).
 //! - `same-ms`: jobs all due at one millisecond T; time from T until the last one moved.
-//! - `memory`: `INFO memory` used_memory per envelope job, and per job in the bare layout.
+//! - `memory`: `INFO memory` used_memory per job in the route lane, and per job in the bare
+//!   layout with the same ids.
+//! - `lane`: the lane scripts called directly, side by side with the bare moves.
 //! - `idle` (not in `all`): one `zdelay run` per config of `--routes` local routes or
 //!   `--sources` raw sources at `--shards`, nothing due: Redis and daemon CPU, commands/s,
 //!   once the daemon's wake-ups are confirmed (`idle`).
 //! - `console` (not in `all`): the console's pages and API over HTTP, and the forecast, on
 //!   `--jobs` scheduled jobs.
+//! - `upgrade` (not in `all`): `zdelay upgrade` of a layout-1 namespace loaded as an older
+//!   release wrote it.
 //!
 //! - `--daemons N` (drain, steady): the same measurements from outside N `zdelay run`
 //!   processes of the `zdelay` binary (`--zdelay-bin`, else the one beside this binary;
 //!   `daemons` starts and stops them, `fleet` measures), on one Redis or a Redis Cluster.
 //!
-//! Scratch keys: the envelope keys of `--namespace` (default `zdelay-bench`), the bare
-//! layout under `<ns>:bare`, the raw source `<ns>:raw` (and its dead keys) and the list
-//! `<ns>:out`. They are deleted before and after; a namespace that holds any of them is
-//! refused unless `--force`, and one with live daemons always. The in-process modes need a
-//! single Redis (the list and the raw source do not share the shards' hash tags); on a
-//! cluster, `--daemons` measures what users get there.
+//! Scratch keys: see `scratch`. They are deleted before and after; a namespace that holds
+//! any of them is refused unless `--force`, and one with live daemons always. The in-process
+//! modes need a single Redis (the raw source and the bare baselines do not share the list's
+//! hash slot); on a cluster, `--daemons` measures what users get there.
 
 mod args;
 mod console;
@@ -125,16 +129,16 @@ use tokio_util::sync::CancellationToken;
 use zdelay::poller::{
     self, BatchObserver, Options, Owned, Ownership, PollerContext, Pollers, Target, TargetId,
 };
-use zdelay_core::Client;
 use zdelay_core::config::{Config, RouteConfig, SourceConfig, redact_url};
+use zdelay_core::keys::{Keys, LaneKeys};
 use zdelay_core::store::scripts::{self, MoveReply};
 use zdelay_core::store::{self, Conn};
+use zdelay_core::{Client, Routes};
 
 /// Targets from the foundation issue (ratios to a bare move measured in the same run).
 const RAW_RATIO_TARGET: f64 = 0.8;
 /// The raw move against the bare move that makes the same size checks, by Redis CPU per job.
 const RAW_CHECKED_RATIO_TARGET: f64 = 0.95;
-const ENVELOPE_RATIO_TARGET: f64 = 0.7;
 const STEADY_P99_TARGET_MS: i64 = 5;
 const STEADY_P99_TARGET_RATE: u64 = 1_000;
 const SAME_MS_TARGET_MS: f64 = 1_000.0;
@@ -213,7 +217,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     let mut con = Conn::connect(&redis_cfg).await?;
 
     let occupied: u64 = redis::cmd("EXISTS")
-        .arg(scratch.data_keys())
+        .arg(scratch.all_data_keys(&mut con).await?)
         .query_async(&mut con)
         .await?;
     if occupied > 0 && !args.force {
@@ -240,7 +244,11 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     }
     scratch.clean(&mut con, true).await?;
     scripts::load_all(&mut con).await?;
-    let producer = Client::connect(&redis_cfg).await?;
+    // Given the config's routes, as a producer that knows them: it registers the bench
+    // route's lane if no daemon has, and writes its jobs there.
+    let producer = Client::connect(&redis_cfg)
+        .await?
+        .with_routes(Routes::from_config(&config));
 
     let mut report = Report {
         machine: Machine::gather(&mut con).await?,
@@ -347,7 +355,7 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
         report.drain.push(drain::drain_raw(env).await?);
         for routes in env.args.routes.clone() {
             env.set_routes(routes);
-            let drained = drain::drain_envelope(env).await;
+            let drained = drain::drain_lane(env).await;
             env.set_routes(1);
             let mut drained = drained?;
             drained.routes = routes;
@@ -453,21 +461,25 @@ impl Env {
         local_now_ms() + self.clock_offset_ms
     }
 
-    /// The pollers' shared context, as the daemon builds it, with the bench's batch and
-    /// lateness buckets.
-    fn context(&self, bounds: Vec<u64>) -> PollerContext {
+    /// The pollers' shared context, as the daemon builds it (`app::serve`): the config's
+    /// local routes registered as route lanes, the spread shards for its two-phase routes;
+    /// with the bench's batch and lateness buckets. Built before a clock starts.
+    async fn context(&mut self, bounds: Vec<u64>) -> anyhow::Result<PollerContext> {
         let mut ctx = PollerContext::new(self.con.clone(), &self.config, self.sinks.clone());
+        let spread = self.scratch.keys.clone();
+        let lanes = zdelay::app::register_lanes(&mut self.con, &self.config, &spread).await?;
+        ctx.with_lanes(spread, lanes);
         ctx.mover.batch = self.batch;
         ctx.mover.bounds_ms = bounds;
-        ctx
+        Ok(ctx)
     }
 
-    /// Starts pollers for `targets` through `poller::start` (with the wake listener if
-    /// asked), feeding `tally`.
+    /// Starts pollers of `ctx` for what `polled` names through `poller::start` (with the
+    /// wake listener if asked), feeding `tally`.
     fn spawn_movers(
         &self,
-        targets: Owned,
-        bounds: Vec<u64>,
+        ctx: PollerContext,
+        polled: Polled,
         tally: &Arc<Tally>,
         listen: bool,
     ) -> Movers {
@@ -475,9 +487,13 @@ impl Env {
             let tally = tally.clone();
             Arc::new(move |_target: &Target, reply: &MoveReply| tally.observe(reply))
         };
+        let targets = match polled {
+            Polled::Jobs => job_targets(&ctx),
+            Polled::Raw => Owned::from([TargetId::Source(self.scratch.raw.source.clone())]),
+        };
         let ownership = Ownership::new(targets);
         let pollers = poller::start(
-            Arc::new(self.context(bounds)),
+            Arc::new(ctx),
             ownership.subscribe(),
             Options {
                 wake_clients: if listen {
@@ -495,33 +511,61 @@ impl Env {
         }
     }
 
-    fn shard_targets(&self) -> Owned {
-        (0..self.scratch.keys.shards())
-            .map(TargetId::Shard)
-            .collect()
-    }
-
-    fn raw_target(&self) -> Owned {
-        Owned::from([TargetId::Source(self.scratch.raw.source.clone())])
+    /// Adds up `cmd` (`HLEN`, `ZCARD`) over one key of every spread shard and of every
+    /// registered route lane.
+    async fn total(
+        &mut self,
+        cmd: &str,
+        shard_key: fn(&Keys, u16) -> String,
+        lane_key: fn(LaneKeys) -> String,
+    ) -> anyhow::Result<u64> {
+        let shards = &self.scratch.keys;
+        let registry = store::lanes::read_registry(&mut self.con, shards).await?;
+        let keys: Vec<String> = (0..shards.shards())
+            .map(|s| shard_key(shards, s))
+            .chain(registry.by_route.into_values().map(|l| lane_key(l.keys)))
+            .collect();
+        Ok(measure::total_size(&mut self.con, cmd, &keys).await?)
     }
 
     /// Jobs still stored in the scratch namespace, in any state.
-    async fn stored(&mut self) -> redis::RedisResult<u64> {
-        let keys: Vec<String> = (0..self.scratch.keys.shards())
-            .map(|s| self.scratch.keys.jobs(s))
-            .chain([self.scratch.lane.keys.jobs.clone()])
-            .collect();
-        measure::total_size(&mut self.con, "HLEN", &keys).await
+    async fn stored(&mut self) -> anyhow::Result<u64> {
+        self.total("HLEN", Keys::jobs, |k| k.jobs).await
     }
 
-    /// Jobs still in the envelope due ZSETs.
-    async fn due_left(&mut self) -> redis::RedisResult<u64> {
-        let keys: Vec<String> = (0..self.scratch.keys.shards())
-            .map(|s| self.scratch.keys.due(s))
-            .chain([self.scratch.lane.keys.due.clone()])
-            .collect();
-        measure::total_size(&mut self.con, "ZCARD", &keys).await
+    /// Jobs still due.
+    async fn due_left(&mut self) -> anyhow::Result<u64> {
+        self.total("ZCARD", Keys::due, |k| k.due).await
     }
+
+    /// Dead jobs.
+    async fn dead_total(&mut self) -> anyhow::Result<u64> {
+        self.total("ZCARD", Keys::dead, |k| k.dead).await
+    }
+}
+
+/// What a mode's pollers move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Polled {
+    /// What the client enqueues and schedules: the route lanes, and the spread shards when
+    /// a two-phase route is configured (`--beside`).
+    Jobs,
+    /// The scratch raw source.
+    Raw,
+}
+
+/// The route lanes of `ctx`, and its spread shards if it delivers a two-phase route.
+fn job_targets(ctx: &PollerContext) -> Owned {
+    let shards = if ctx.routes.has_two_phase() {
+        ctx.polled_shards()
+    } else {
+        0
+    };
+    ctx.route_lanes
+        .iter()
+        .map(|lane| TargetId::Lane(lane.number))
+        .chain((0..shards).map(TargetId::Shard))
+        .collect()
 }
 
 struct Movers {

@@ -2,8 +2,7 @@
 
 use super::ROUTE;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::collections::HashMap;
-use zdelay_core::keys::Keys;
+use zdelay_core::lane_id::LaneId;
 use zdelay_core::store::Conn;
 use zdelay_core::{Client, NewJob, OnConflict};
 
@@ -84,19 +83,19 @@ pub(super) async fn load_raw(
     Ok(())
 }
 
-/// Enqueues `n` envelope jobs through the client; returns their ids in order.
-pub(super) async fn load_envelopes(
+/// Enqueues `n` jobs for the bench route through the client; returns their ids in order.
+pub(super) async fn load_jobs(
     producer: &Client,
     n: u64,
     size: usize,
     due: impl Fn(u64) -> i64,
     what: &str,
 ) -> anyhow::Result<Vec<String>> {
-    load_envelopes_to(producer, ROUTE, n, size, due, what).await
+    load_jobs_to(producer, ROUTE, n, size, due, what).await
 }
 
-/// Enqueues `n` envelope jobs for `dest` through the client; returns their ids in order.
-pub(super) async fn load_envelopes_to(
+/// Enqueues `n` jobs for `dest` through the client; returns their ids in order.
+pub(super) async fn load_jobs_to(
     producer: &Client,
     dest: &str,
     n: u64,
@@ -122,10 +121,22 @@ pub(super) async fn load_envelopes_to(
     Ok(ids)
 }
 
-/// Writes the same jobs in the bare layout: per shard, id ZSET + payload HASH.
+/// The stored ids of jobs the client enqueued into a lane (`~<lane>.<stored id>`): what
+/// the lane's ZSET and HASH hold.
+pub(super) fn stored_ids(ids: &[String]) -> anyhow::Result<Vec<String>> {
+    ids.iter()
+        .map(|id| {
+            let parsed = LaneId::parse(id)
+                .map_err(|e| anyhow::anyhow!("job id {id} is not a generated lane id: {e}"))?;
+            Ok(parsed.stored.as_str().to_owned())
+        })
+        .collect()
+}
+
+/// Writes the same jobs in the bare layout: `ids` in one id ZSET + payload HASH.
 pub(super) async fn load_bare_hash(
     con: &mut Conn,
-    bare: &Keys,
+    (due_key, jobs_key): (&str, &str),
     ids: &[String],
     size: usize,
     due: impl Fn(u64) -> i64,
@@ -134,23 +145,18 @@ pub(super) async fn load_bare_hash(
     let progress = bar(ids.len() as u64, what);
     for (c, chunk) in ids.chunks(10_000).enumerate() {
         let base = (c * 10_000) as u64;
-        let mut by_shard: HashMap<u16, Vec<(u64, &String)>> = HashMap::new();
-        for (k, id) in chunk.iter().enumerate() {
-            by_shard
-                .entry(bare.shard_of(id))
-                .or_default()
-                .push((base + k as u64, id));
-        }
         let mut pipe = redis::pipe();
-        for (shard, jobs) in &by_shard {
-            let zadd = pipe.cmd("ZADD").arg(bare.due(*shard));
-            for (i, id) in jobs {
-                zadd.arg(due(*i)).arg(id.as_str());
+        for part in (0..chunk.len()).step_by(1_000) {
+            let part = part..(part + 1_000).min(chunk.len());
+            let zadd = pipe.cmd("ZADD").arg(due_key);
+            for k in part.clone() {
+                zadd.arg(due(base + k as u64)).arg(chunk[k].as_str());
             }
             zadd.ignore();
-            let hset = pipe.cmd("HSET").arg(bare.jobs(*shard));
-            for (i, id) in jobs {
-                hset.arg(id.as_str()).arg(payload(*i, size));
+            let hset = pipe.cmd("HSET").arg(jobs_key);
+            for k in part {
+                hset.arg(chunk[k].as_str())
+                    .arg(payload(base + k as u64, size));
             }
             hset.ignore();
         }
@@ -174,6 +180,22 @@ mod tests {
         assert_eq!(p.len(), 100);
         assert_eq!(parse_steady_payload(&p), Some((1_700_000_000_123, 42)));
         assert_eq!(parse_steady_payload(b"nonsense"), None);
+    }
+
+    #[test]
+    fn stored_ids_are_what_the_lane_holds() {
+        let stored: Vec<String> = (0..3)
+            .map(|i| {
+                let id = zdelay_core::lane_id::StoredId::from_parts(600_000_000_000, 0x155, i);
+                id.expect("fields in range").as_str().to_owned()
+            })
+            .collect();
+        let public: Vec<String> = stored.iter().map(|s| format!("~1k.{s}")).collect();
+        assert_eq!(stored_ids(&public).unwrap(), stored);
+        let err = stored_ids(&[public[0].clone(), "user-chosen".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("user-chosen"), "{err}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use super::Env;
 use super::direct::{self, Direct, Plan};
-use super::load::{MIN_PAYLOAD, load_envelopes_to};
+use super::load::{MIN_PAYLOAD, load_jobs_to};
 use super::measure::{process_cpu, redis_cpu, total_size};
 use anyhow::Context;
 use std::sync::Arc;
@@ -74,16 +74,15 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
     let mut direct = Vec::new();
     direct.extend(direct::publish(&sink_config, &plan).await?);
     let past = env.redis_now_ms() - 1_000;
-    // Given the config's routes, the producer registers the route in a namespace on storage
-    // layout 2 (which refuses a destination it does not know); its jobs then wait in the
-    // spread shards, which the pollers poll instead of layout 1's shards.
+    // Given the config's routes, the producer registers the route (the lane registry
+    // refuses a destination it does not know); its jobs then wait in the spread shards.
     let producer = env
         .producer
         .clone()
         .with_routes(zdelay_core::routes::Routes::from_config(&env.config));
-    let keys = env.scratch.spread();
+    let keys = env.scratch.keys.clone();
     ctx.with_lanes(keys.clone(), Vec::new());
-    load_envelopes_to(
+    load_jobs_to(
         &producer,
         route,
         n,

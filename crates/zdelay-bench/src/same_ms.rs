@@ -1,10 +1,11 @@
 //! `same-ms`: many jobs due at one millisecond; time until the last one moved.
 
-use super::load::{load_envelopes, status};
+use super::fleet::{PARKED_DUE_MS, rescore, rescore_lead_ms};
+use super::load::{load_jobs, status};
 use super::measure::{llen, redis_cpu, system_time_ms};
 use super::report::SameMs;
 use super::tally::{Tally, fine_bounds};
-use super::{Env, SAME_MS_TARGET_JOBS, SAME_MS_TARGET_MS};
+use super::{Env, Polled, SAME_MS_TARGET_JOBS, SAME_MS_TARGET_MS};
 use anyhow::{Context, ensure};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -15,23 +16,19 @@ pub(super) async fn same_ms(env: &mut Env) -> anyhow::Result<SameMs> {
     let size = env.payload_size();
     status(&format!("same-ms: {n} jobs due at one millisecond"));
     env.scratch.clean(&mut env.con, false).await?;
-    // Loaded with score 1 while no poller runs; then every shard's ZSET is rescored to T
-    // in one command (ZUNIONSTORE with WEIGHTS T: 1 × T = T exactly), so T can be chosen
-    // after the load, whatever the load took.
-    load_envelopes(&env.producer, n, size, |_| 1, "enqueue same-ms jobs").await?;
-    let t_ms = store::server_time_ms(&mut env.con).await? + 1_500;
-    let mut pipe = redis::pipe();
-    for s in 0..env.scratch.keys.shards() {
-        let due = env.scratch.keys.due(s);
-        pipe.cmd("ZUNIONSTORE")
-            .arg(&due)
-            .arg(1)
-            .arg(&due)
-            .arg("WEIGHTS")
-            .arg(t_ms)
-            .ignore();
-    }
-    let _: () = pipe.query_async(&mut env.con).await?;
+    // Loaded parked while no poller runs; then the lane's ZSET is rescored to T in one
+    // command (as `--daemons` does: exact, see `fleet::rescore`), so T can be chosen after
+    // the load, whatever the load took.
+    load_jobs(
+        &env.producer,
+        n,
+        size,
+        |_| PARKED_DUE_MS,
+        "enqueue same-ms jobs",
+    )
+    .await?;
+    let t_ms = store::server_time_ms(&mut env.con).await? + rescore_lead_ms(n);
+    rescore(env, t_ms).await?;
     let bounds = fine_bounds();
     let tally = Tally::new(&bounds);
     tally.set_target(n);
@@ -40,7 +37,8 @@ pub(super) async fn same_ms(env: &mut Env) -> anyhow::Result<SameMs> {
         margin_ms > 100,
         "same-ms: rescoring took too long (margin {margin_ms} ms); Redis is overloaded"
     );
-    let movers = env.spawn_movers(env.shard_targets(), bounds, &tally, true);
+    let ctx = env.context(bounds).await?;
+    let movers = env.spawn_movers(ctx, Polled::Jobs, &tally, true);
     // CPU is read around the whole wait; before T the pollers only sleep.
     let cpu0 = redis_cpu(&mut env.con).await?;
     let done = tally

@@ -1,12 +1,13 @@
 //! `schedules`: N recurring schedules whose occurrence falls on one moment T; how fast and how
-//! late the occurrences go out (firing: plan + one fenced script per batch of schedules, then
-//! the ordinary move of the jobs it created).
+//! late the occurrences go out. The schedules of a local route live in its lane, and its
+//! mover fires them (plan + one script per batch of schedules, then the ordinary move of the
+//! jobs it created).
 
 use super::load::status;
 use super::measure::{llen, redis_cpu, system_time_ms};
 use super::report::ScheduleFiring;
 use super::tally::{Tally, fine_bounds};
-use super::{Env, ROUTE};
+use super::{Env, Polled, ROUTE};
 use anyhow::{Context, ensure};
 use futures::{StreamExt, TryStreamExt};
 use std::sync::atomic::Ordering;
@@ -50,7 +51,8 @@ pub(super) async fn schedules(env: &mut Env, n: u64) -> anyhow::Result<ScheduleF
     let bounds = fine_bounds();
     let tally = Tally::new(&bounds);
     tally.set_target(n);
-    let movers = env.spawn_movers(env.shard_targets(), bounds, &tally, true);
+    let ctx = env.context(bounds).await?;
+    let movers = env.spawn_movers(ctx, Polled::Jobs, &tally, true);
     let cpu0 = redis_cpu(&mut env.con).await?;
     let done = tally
         .wait(Duration::from_secs(120) + Duration::from_millis(margin_ms as u64))

@@ -1,21 +1,22 @@
 //! Scratch keys: everything the bench writes, under its own namespace, deleted before and
-//! after. The envelope keys of `--namespace` (with the two-phase ones a cluster uses), the
-//! bare layout under `<ns>:bare`, the raw source `<ns>:raw` (and its dead keys), the output
-//! list `<ns>:out`, and the registry the `--daemons` write (`{<ns>}:instances`, `:slots`,
-//! `:instance_sources`, `:sinks`). DEL and EXISTS span slots on a cluster (the client splits
-//! them per node and adds the answers up).
+//! after. The spread shards of `--namespace`, the route lanes registered in it (the bench
+//! route's and any other of the config's), the bare comparisons in the bench lane's slot,
+//! the raw source `<ns>:raw` (and its dead keys), the output list `<ns>:out`, the layout-1
+//! shards that `--mode upgrade` loads, and the registry the daemons write
+//! (`{<ns>}:instances`, `:slots`, `:instance_sources`, `:sinks`). DEL and EXISTS span slots
+//! on a cluster (the client splits them per node and adds the answers up).
 
 use zdelay_core::config::Push;
-use zdelay_core::keys::{self, Keys, RawKeys, ShardKey};
+use zdelay_core::keys::{self, Keys, LaneKeys, RawKeys, ShardKey};
 use zdelay_core::lane::Lane;
 use zdelay_core::store::{self, Conn};
 
 pub(super) struct Scratch {
+    /// The namespace's spread shards (its two-phase routes' jobs).
     pub(super) keys: Keys,
-    pub(super) bare: Keys,
     pub(super) raw: RawKeys,
     pub(super) out: String,
-    /// The bench route's lane (storage layout 2), delivering to `out`.
+    /// The bench route's lane, delivering to `out`.
     pub(super) lane: Lane,
     /// The bare id ZSETs and payload HASHes the lane is compared with, in its slot: for
     /// 26-character ids and for the lane's own.
@@ -29,7 +30,6 @@ impl Scratch {
         let tag = keys::slot_tag(keys::slot_of(&out));
         Scratch {
             keys: Keys::new(namespace, shards),
-            bare: Keys::new(&format!("{namespace}:bare"), shards),
             raw: RawKeys::new(&format!("{namespace}:raw"), None),
             lane: Lane::new(namespace, tag, 0, super::ROUTE, &out, Push::default()),
             lane_bare: ["bare26", "bare12"].map(|kind| {
@@ -42,53 +42,32 @@ impl Scratch {
         }
     }
 
-    /// The namespace's spread shards (storage layout 2).
-    pub(super) fn spread(&self) -> Keys {
-        Keys::new(self.keys.namespace(), self.keys.shards())
+    /// The bare id ZSET and payload HASH for the lane's own (12-character) ids.
+    pub(super) fn bare_same_ids(&self) -> (String, String) {
+        self.lane_bare[1].clone()
     }
 
-    /// Every scratch key that holds data (not the schema hash).
+    /// The namespace's layout-1 shards (what `--mode upgrade` loads and upgrades).
+    pub(super) fn layout_1(&self) -> Keys {
+        self.keys.layout_1()
+    }
+
+    /// Every fixed scratch key that holds data (not the schema hash, not the lanes of routes
+    /// other than the bench route's: see [`Scratch::all_data_keys`]).
     pub(super) fn data_keys(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for s in 0..self.keys.shards() {
-            let k = &self.keys;
-            out.extend([k.due(s), k.jobs(s), k.inflight(s), k.dead(s), k.reasons(s)]);
-            out.extend([k.scheduled(s), k.ready(s), k.ready_ids(s)]);
-            let shard = k.shard(s);
-            out.extend([
-                shard.schedules,
-                shard.sched_env,
-                shard.sched_due,
-                shard.sched_fired,
-                shard.sched_quarantine,
-                shard.max_lateness,
-                shard.history,
-                shard.unique,
-                shard.windows,
-            ]);
-            out.extend([self.bare.due(s), self.bare.jobs(s)]);
+        // The spread shards, and the layout-1 shards `--mode upgrade` moves from.
+        for shards in [&self.keys, &self.layout_1()] {
+            for s in 0..shards.shards() {
+                let k = shards.shard(s);
+                let data = ShardKey::ALL
+                    .iter()
+                    .filter(|kind| **kind != ShardKey::Layout);
+                out.extend(data.map(|kind| k.get(*kind).to_owned()));
+                out.extend([k.transit_in, k.unique, k.windows]);
+            }
         }
-        // Where `--mode upgrade` moves them: the spread shards and the lane.
-        let spread = self.spread();
-        for s in 0..spread.shards() {
-            let k = spread.shard(s);
-            let data = ShardKey::ALL
-                .iter()
-                .filter(|kind| **kind != ShardKey::Layout);
-            out.extend(data.map(|kind| k.get(*kind).to_owned()));
-            out.extend([k.transit_in, k.unique, k.windows]);
-        }
-        let lane = self.lane.keys.clone();
-        out.extend([lane.due, lane.jobs, lane.meta, lane.maxlate, lane.large]);
-        out.extend([
-            lane.dead,
-            lane.reasons,
-            lane.history,
-            lane.schedules,
-            lane.sched_env,
-        ]);
-        out.extend([lane.sched_due, lane.sched_fired, lane.sched_quarantine]);
-        out.extend([lane.transit_in, lane.flow, lane.unique, lane.windows]);
+        out.extend(lane_data(&self.lane.keys));
         for (due, jobs) in &self.lane_bare {
             out.extend([due.clone(), jobs.clone()]);
         }
@@ -99,6 +78,30 @@ impl Scratch {
             self.out.clone(),
         ]);
         out
+    }
+
+    /// The lanes registered in the namespace other than the bench route's: the config's other
+    /// local routes, `--routes`' extra ones.
+    async fn other_lanes(&self, con: &mut Conn) -> Result<Vec<LaneKeys>, store::StoreError> {
+        let registry = store::lanes::read_registry(con, &self.keys).await?;
+        Ok(registry
+            .by_route
+            .into_values()
+            .map(|lane| lane.keys)
+            .filter(|keys| *keys != self.lane.keys)
+            .collect())
+    }
+
+    /// [`Scratch::data_keys`] and the data keys of every other registered lane.
+    pub(super) async fn all_data_keys(
+        &self,
+        con: &mut Conn,
+    ) -> Result<Vec<String>, store::StoreError> {
+        let mut keys = self.data_keys();
+        for lane in self.other_lanes(con).await? {
+            keys.extend(lane_data(&lane));
+        }
+        Ok(keys)
     }
 
     /// The daemons' bookkeeping in the namespace: registry, poller slots, sink states, the
@@ -123,15 +126,22 @@ impl Scratch {
     /// Deletes the scratch keys (DEL, not UNLINK), then waits until the server has freed them,
     /// so `used_memory` is down again when this returns. `schema`: the schema hash and the
     /// daemons' registry too (at the start and the end of a run).
-    pub(super) async fn clean(&self, con: &mut Conn, schema: bool) -> redis::RedisResult<()> {
+    pub(super) async fn clean(&self, con: &mut Conn, schema: bool) -> anyhow::Result<()> {
         let mut keys = self.data_keys();
+        for lane in self.other_lanes(con).await? {
+            keys.extend(lane_data(&lane));
+            if schema {
+                keys.push(lane.marker);
+            }
+        }
         if schema {
             keys.push(self.keys.schema());
             keys.extend(self.registry_keys());
-            // A reshard or an upgrade of the scratch namespace leaves layout markers.
-            keys.extend((0..self.keys.shards()).map(|s| self.keys.layout(s)));
-            let spread = self.spread();
-            keys.extend((0..spread.shards()).map(|s| spread.layout(s)));
+            // A reshard leaves the spread shards' layout markers; a daemon's start, and an
+            // upgrade, the layout-1 shards'.
+            for shards in [&self.keys, &self.layout_1()] {
+                keys.extend((0..shards.shards()).map(|s| shards.layout(s)));
+            }
         }
         for chunk in keys.chunks(64) {
             let _: () = redis::cmd("DEL").arg(chunk).query_async(con).await?;
@@ -155,6 +165,18 @@ impl Scratch {
     }
 }
 
+/// A lane's keys that hold data (not its marker, not the relocation lock).
+fn lane_data(k: &LaneKeys) -> Vec<String> {
+    let mut out: Vec<String> = k.held().into_iter().cloned().collect();
+    out.extend([
+        k.transit_in.clone(),
+        k.flow.clone(),
+        k.unique.clone(),
+        k.windows.clone(),
+    ]);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,10 +193,10 @@ mod tests {
         let keys = s.data_keys();
         let unique: std::collections::HashSet<_> = keys.iter().collect();
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
-        // Per shard: five job keys, three two-phase keys, six schedule and lateness keys,
-        // the death history, the unique windows' two, two bare keys, and its spread shard's
-        // nineteen; then the raw source's three keys, the list, the lane's fourteen data keys,
-        // its flow control state, its unique windows' two and its two bare comparisons.
+        // Per shard, spread and layout 1 alike: sixteen shard keys (all but the layout
+        // marker), the ids in transit and the unique windows' two; then the raw source's
+        // three keys, the list, the lane's thirteen held keys, its ids in transit, its flow
+        // control state, its unique windows' two, and its two bare comparisons.
         assert_eq!(keys.len(), 2 * (19 + 19) + 4 + 17 + 4);
         for k in s.registry_keys() {
             assert!(

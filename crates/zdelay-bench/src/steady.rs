@@ -4,7 +4,7 @@ use super::load::{bar, parse_steady_payload, status, steady_payload};
 use super::measure::redis_cpu;
 use super::report::{Beside, ConsumerReport, Steady};
 use super::tally::{Hist, Tally, fine_bounds};
-use super::{Env, ROUTE, STEADY_DELAY_MS, STEADY_P99_TARGET_MS, STEADY_P99_TARGET_RATE};
+use super::{Env, Polled, ROUTE, STEADY_DELAY_MS, STEADY_P99_TARGET_MS, STEADY_P99_TARGET_RATE};
 use anyhow::ensure;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +44,8 @@ pub(super) async fn steady(env: &mut Env, rate: u64) -> anyhow::Result<Steady> {
     env.scratch.clean(&mut env.con, false).await?;
     let bounds = fine_bounds();
     let tally = Tally::new(&bounds);
-    let movers = env.spawn_movers(env.shard_targets(), bounds.clone(), &tally, true);
+    let ctx = env.context(bounds.clone()).await?;
+    let movers = env.spawn_movers(ctx, Polled::Jobs, &tally, true);
     wait_for_subscriber(env).await?;
     let consumer = Consumer::start(&env.redis, &env.scratch.out, bounds.clone()).await?;
     let probe_stop = CancellationToken::new();
