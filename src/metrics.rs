@@ -275,8 +275,8 @@ pub const METRICS: &[Metric] = &[
         labels: &[label("shard"), label("source"), label("route")],
         help: "Jobs due now and not yet moved, by shard, source or route lane.",
         details: "One of the backlog gauges, sampled every `poller.stats_interval` by a task of \
-                  its own (never in the delivery loop); a series has `shard` or `source`, or `route` for \
-                  a route lane (storage layout 2).",
+                  its own (never in the delivery loop); a series has `shard` (a spread shard) or \
+                  `source`, or `route` for a route lane.",
     },
     Metric {
         name: SCHEDULED,

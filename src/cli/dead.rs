@@ -100,9 +100,8 @@ pub struct ShowArgs {
     /// ID is a dead member of this configured raw source (its key).
     #[arg(long, value_name = "KEY")]
     source: Option<String>,
-    /// The job's destination (its route, or <sink>/<target>): on storage layout 2 a
-    /// user-chosen id is unique per route only, and this finds it in one call, also when
-    /// other routes hold the same id. Not needed on layout 1.
+    /// The job's destination (its route, or <sink>/<target>): a user-chosen id is unique per
+    /// route only, and this finds it in one call, also when other routes hold the same id.
     #[arg(long, conflicts_with = "source")]
     dest: Option<String>,
     #[command(flatten)]

@@ -69,9 +69,9 @@ enum Command {
     Cancel {
         /// The job's id, as enqueue printed it.
         id: String,
-        /// The job's destination (its route, or <sink>/<target>): on storage layout 2 a
-        /// user-chosen id is unique per route only, and this finds it in one call, also when
-        /// other routes hold the same id. Not needed on layout 1.
+        /// The job's destination (its route, or <sink>/<target>): a user-chosen id is unique
+        /// per route only, and this finds it in one call, also when other routes hold the
+        /// same id.
         #[arg(long)]
         dest: Option<String>,
         /// Exit 0, printing nothing, when the job is not pending.
@@ -85,9 +85,9 @@ enum Command {
     Reschedule {
         /// The job's id, as enqueue printed it.
         id: String,
-        /// The job's destination (its route, or <sink>/<target>): on storage layout 2 a
-        /// user-chosen id is unique per route only, and this finds it in one call, also when
-        /// other routes hold the same id. Not needed on layout 1.
+        /// The job's destination (its route, or <sink>/<target>): a user-chosen id is unique
+        /// per route only, and this finds it in one call, also when other routes hold the
+        /// same id.
         #[arg(long)]
         dest: Option<String>,
         #[command(flatten)]
@@ -101,9 +101,9 @@ enum Command {
     Get {
         /// The job's id, as enqueue printed it.
         id: String,
-        /// The job's destination (its route, or <sink>/<target>): on storage layout 2 a
-        /// user-chosen id is unique per route only, and this finds it in one call, also when
-        /// other routes hold the same id. Not needed on layout 1.
+        /// The job's destination (its route, or <sink>/<target>): a user-chosen id is unique
+        /// per route only, and this finds it in one call, also when other routes hold the
+        /// same id.
         #[arg(long)]
         dest: Option<String>,
         /// Exit 0, printing nothing, when no job with this id is stored.
@@ -151,33 +151,29 @@ enum Command {
     },
     /// Move the namespace's jobs to another shard count, without loss or duplicates.
     ///
-    /// Storage layout 2: changes the number of spread shards (the jobs, dead jobs, schedules,
-    /// unique windows and debounce deadlines of two-phase routes: Kafka, RabbitMQ, NATS,
-    /// remote Redis) online, with producers and daemons running: they follow the new count at
-    /// its fence, and the old shards move earliest due first. Route lanes (local routes) are
-    /// not resharded: each lives in its list's slot.
+    /// Changes the number of spread shards (the jobs, dead jobs, schedules, unique windows and
+    /// debounce deadlines of two-phase routes: Kafka, RabbitMQ, NATS, remote Redis) online,
+    /// with producers and daemons running: they follow the new count at its fence, and the
+    /// old shards move earliest due first. Route lanes (local routes) are not resharded: each
+    /// lives in its list's slot.
     ///
-    /// Layout 1: stop every daemon first: it refuses while any is registered (and names them).
-    /// While it runs, the namespace is frozen: producers and CLI commands get a retryable
-    /// error, and daemons cannot start. At the end it checks the job counts are unchanged.
-    /// Then set redis.shards = N in every config and start the daemons; producers still
-    /// connected follow the new layout on their own.
-    ///
-    /// Both copy each job into its new shard before deleting the old copy, so a crash loses
-    /// nothing: run the same command again and it finishes. Without --yes it shows what it
-    /// would do and asks.
+    /// Each job is copied into its new shard before the old copy is deleted, so a crash loses
+    /// nothing: run the same command again and it finishes. A namespace still on storage
+    /// layout 1 is upgraded first (zdelay upgrade). Without --yes it shows what it would do
+    /// and asks.
     Reshard(reshard::ReshardArgs),
-    /// Move the namespace from storage layout 1 to layout 2 while producers enqueue and
-    /// daemons deliver.
+    /// Move a namespace an older release created on storage layout 1 onto route lanes and
+    /// spread shards, while that release's producers enqueue and its daemons deliver.
     ///
-    /// Roll every daemon to this version first: it refuses while a daemon of an older build
-    /// is registered (and names it). It registers the config's route lanes, tells producers
-    /// and daemons to use layout 2, fences the layout-1 shards (processes of this version
-    /// switch to layout 2 at the fence, older ones stop), then moves every job, dead job and
-    /// schedule, earliest due first: local routes' into their lanes, the rest into spread
-    /// shards. Each job is written once into its new home before it is deleted from the old
-    /// one, so a crash loses nothing and delivers nothing twice: run the same command again
-    /// and it finishes. Without --yes it shows what it would do and asks.
+    /// Run it with the older release's daemons and producers still running (they follow the
+    /// upgrade onto route lanes at its fence; this release's refuse the namespace until it
+    /// has finished), then roll out this release. It refuses while a registered daemon cannot
+    /// follow (and names it). It registers the config's route lanes, announces the upgrade,
+    /// fences the layout-1 shards, then moves every job, dead job and schedule, earliest due
+    /// first: local routes' into their lanes, the rest into spread shards. Each job is
+    /// written once into its new home before it is deleted from the old one, so a crash
+    /// loses nothing and delivers nothing twice: run the same command again and it finishes.
+    /// Without --yes it shows what it would do and asks.
     Upgrade(upgrade::UpgradeArgs),
     /// Load and validate the config, then print the effective config (secrets as ***): as
     /// TOML, the config file's own form, or with -o json as JSON; and a summary of sinks and
@@ -197,7 +193,7 @@ enum Command {
     },
     /// Print the hash tag of a Redis Cluster slot: the shortest string over 0-9a-z whose
     /// CRC-16 modulo 16384 is the slot (the first in ASCII order among equally short ones).
-    /// Storage layout 2 keeps a route's jobs in its list's slot under this tag.
+    /// A local route's lane keeps its jobs in its list's slot under this tag.
     ///
     /// A number 0..=16383 is a slot; anything else is a key, and its slot (of its own hash
     /// tag, if it has one) is printed too. Needs no config and no Redis. JSON: {"slot",

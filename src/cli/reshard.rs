@@ -107,8 +107,8 @@ fn print_outcome(outcome: &Outcome, json: bool) -> anyhow::Result<i32> {
             if r.online {
                 println!(
                     "producers and daemons follow the new count on their own (redis.shards is \
-                     only the count a new namespace gets on layout 2; set it to {} to keep \
-                     configs telling the truth)",
+                     only the count a new namespace gets; set it to {} to keep configs \
+                     telling the truth)",
                     r.to
                 );
             } else {

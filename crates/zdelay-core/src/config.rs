@@ -705,7 +705,8 @@ pub struct RedisConfig {
     /// Prefix of every key. Default `zdelay`. Must not contain `{` or `}`.
     #[schemars(regex(pattern = r"^[^{}]+$"))]
     pub namespace: String,
-    /// Number of envelope shards. Default 16. Must match `<ns>:schema` once jobs exist; changed
+    /// Number of spread shards (which hold two-phase routes' jobs) a new namespace gets.
+    /// Default 16. An existing namespace keeps its own count (`<ns>:schema`), changed online
     /// with `zdelay reshard --to N`.
     #[schemars(range(min = 1, max = 16384))]
     pub shards: u16,
@@ -751,9 +752,9 @@ pub struct PollerConfig {
     /// keyspace events). A job written without its wake-up (a producer that skips the
     /// `PUBLISH`) can wait this long, and so can two-phase jobs that another daemon queued or
     /// released for a sink only this one publishes (a shard's publishers look at least once a
-    /// second while wake-ups are not confirmed). At least `idle_poll`. Default `5s`. On storage
-    /// layout 2 a daemon with more than 16 route lanes stretches each lane's sleep so that
-    /// its lanes poll like 16 would (at most 60 s); every lane write wakes its lane.
+    /// second while wake-ups are not confirmed). At least `idle_poll`. Default `5s`. A daemon
+    /// with more than 16 route lanes stretches each lane's sleep so that its lanes poll like
+    /// 16 would (at most 60 s); every lane write wakes its lane.
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "duration_schema")]
     pub idle_poll_max: Duration,
@@ -787,9 +788,8 @@ pub struct PollerConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "duration_schema")]
     pub shutdown_grace: Duration,
-    /// How often backlog gauges are sampled. On storage layout 2 a route lane found empty is
-    /// looked at again when a write to it publishes its wake-up, and at least once a minute.
-    /// Default `5s`.
+    /// How often backlog gauges are sampled. A route lane found empty is looked at again when
+    /// a write to it publishes its wake-up, and at least once a minute. Default `5s`.
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "duration_schema")]
     pub stats_interval: Duration,
@@ -1319,7 +1319,7 @@ pub struct RouteConfig {
     /// Two-phase routes: `wait` (default) or `dead` when the destination object is missing.
     #[serde(default)]
     pub on_missing: OnMissing,
-    /// Storage layout 2, every route: at most this many jobs reach the list (or are handed
+    /// Every route: at most this many jobs reach the list (or are handed
     /// to the broker), counted across every daemon on Redis's clock: `"10000/s"`, `"600/m"`,
     /// `"36000/h"`. Jobs over the rate wait in due order and go as soon as it allows: none is
     /// dropped or expired by the wait, which counts as deferral, not lateness, and other
@@ -1333,7 +1333,7 @@ pub struct RouteConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub burst: Option<u32>,
-    /// Storage layout 2: the route is held while its destination holds this many messages
+    /// The route is held while its destination holds this many messages
     /// or more (its consumers stopped or slow) and resumes as they drain it, so it never
     /// grows past it: a list's length (local or remote Redis), a RabbitMQ queue's message
     /// count (target `/<queue>`), the messages of the JetStream stream that stores the
@@ -1341,7 +1341,7 @@ pub struct RouteConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_length: Option<u64>,
-    /// Storage layout 2, every route, with `key_rate`: the header whose value is a job's key
+    /// Every route, with `key_rate`: the header whose value is a job's key
     /// (a tenant, a customer). Each key gets its own rate, so one key's burst waits while the
     /// other keys' jobs flow. A job without the header has the key `""`, which has a rate of
     /// its own like any other key. Header names match exactly.
