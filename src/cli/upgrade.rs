@@ -172,8 +172,8 @@ impl Printer {
                 eprintln!("announced: new jobs now go to layout 2")
             }
             Progress::Fenced => eprintln!(
-                "layout-1 shards fenced: daemons and producers of this version switch to \
-                 layout 2, older ones stop"
+                "layout-1 shards fenced: the older release's daemons and producers switch to \
+                 route lanes (builds older than it stop)"
             ),
             Progress::Moved { total } => {
                 let mut last = self.last.lock().expect("printer lock");
