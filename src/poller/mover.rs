@@ -68,7 +68,6 @@ pub async fn move_walking(
                 max_payload: m.max_payload,
                 batch_bytes: m.batch_bytes,
                 routes: &ctx.routes,
-                bounds_ms: &m.bounds_ms,
                 walk,
             };
             scripts::move_due(&mut con, &ctx.keys.shard(*shard), &args).await

@@ -1,9 +1,9 @@
--- move_due: take one batch of due envelope jobs of a shard. Jobs for local list routes are
--- pushed onto their lists here (exactly once: pushes and removals happen in this script).
--- Jobs for two-phase sinks are queued for their sink in the shard's ready set, where that
--- sink's publishers claim them (claim_jobs) at the sink's own pace: a sink that is down or
--- slow holds up nothing else, and its backlog waits there untouched. Expired leases are
--- first returned to due.
+-- move_due: take one batch of due jobs of a spread shard (two-phase routes: brokers, remote
+-- Redis) and queue each for its sink in the shard's ready set, where that sink's publishers
+-- claim them (claim_jobs) at the sink's own pace: a sink that is down or slow holds up nothing
+-- else, and its backlog waits there untouched. A job whose dest resolves to no sink goes to
+-- dead (local routes keep their jobs in route lanes: move_lane). Expired leases are first
+-- returned to due.
 -- KEYS[1] due       ZSET  {zdelay:3}:due        member = id, score = due ms
 -- KEYS[2] jobs      HASH  {zdelay:3}:jobs       id -> envelope ("zd1:" frame or JSON object;
 --                                               a frame's meta JSON is not read on this path)
@@ -23,41 +23,36 @@
 -- KEYS[11] shards   STRING {zdelay:3}:shards     the shard's marker (shard_fence)
 -- KEYS[12] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
 -- KEYS[13] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
--- KEYS[14..] the list keys of the local routes (route target, or target .. delayed_suffix)
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] batch size, at most 1000
 -- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
--- ARGV[4] largest payload in bytes (local routes); a larger one goes to dead
+-- ARGV[4] largest payload in bytes (sizes the envelope reads; the publisher checks it)
 -- ARGV[5] byte budget: envelope bytes one call reads at most (the walk below and the batch
 --   together); a single envelope larger than the budget is still taken, alone
--- ARGV[6] R, the number of local routes; then R triples: route name, KEYS index of its list,
---   "LPUSH"|"RPUSH"
--- then T, the number of two-phase routes; then T pairs: route name, sink name
+-- ARGV[6] T, the number of two-phase routes; then T pairs: route name, sink name
 -- then S, the number of two-phase sinks (jobs may also name them as "<sink>/<target>");
 --   then S names
--- then B, the number of lateness bucket bounds; then B bounds in ms, ascending
 -- then the walk: a sink name ("" = no walk) and where to resume (a member of ready, exclusive;
 --   "" = the start of the sink's part). Up to a batch of that sink's part of ready is read and
 --   each job is refiled by the route its dest resolves to now: left alone (the same sink), moved
---   to another sink's part (no attempt counted), back to due at its due (a local route: this
---   call's batch then pushes it), or to dead ("route gone: ..." when nothing resolves). It runs
---   before the batch, for sinks that are not configured or are paused (whose jobs no publisher
---   claims, so none is handed over at publish).
--- Returns: { taken, now_us, next_due ("" when the shard is empty), max_lateness_ms,
---   kept (jobs left due because their push failed, e.g. OOM), first push error ("" if none),
---   moved per local route (R integers, in ARGV order),
+--   to another sink's part (no attempt counted), or to dead ("route gone: ..." when nothing
+--   resolves). It runs before the batch, for sinks that are not configured or are paused (whose
+--   jobs no publisher claims, so none is handed over at publish).
+-- Returns (the shape move_raw and move_lane share, with no list pushes and no lateness
+-- buckets here: a two-phase job's lateness is its publish's): { taken, now_us, next_due (""
+--   when the shard is empty), 0, 0, "",
 --   dead per kind (6 integers: malformed, unknown_destination, wrong_type, oversize, missing,
 --   expired; the walk's deaths included),
---   jobs per lateness bucket (B + 1 integers; the last is over the largest bound),
+--   0 (the one lateness bucket),
 --   leases expired and returned to due,
 --   S, then jobs queued for each two-phase sink (S integers, in ARGV order; the walk's
 --   refiled jobs included),
 --   the next occurrence of the shard's schedules ("" when none),
---   the walk: jobs refiled to another sink, back to due, to dead, and where it resumes ("" when
---   the sink's part has been walked to its end),
+--   the walk: jobs refiled to another sink, 0, to dead, and where it resumes ("" when the
+--   sink's part has been walked to its end),
 --   the earliest lease deadline in inflight ("" when nothing is in flight): the caller polls
 --   again by then, so an expired lease needs no idle poll to be noticed }
--- taken = moved + dead + queued of the batch; a full batch means "call again now", and so does
+-- taken = dead + queued of the batch; a full batch means "call again now", and so does
 -- a next_due that is already due (a batch cut by the byte budget).
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
 
@@ -81,15 +76,7 @@ local max_payload = tonumber(ARGV[4])
 local budget_left = tonumber(ARGV[5])
 local budget_full = budget_left
 
-local route_count = tonumber(ARGV[6])
-local routes = {}
-local moved = {}
-local pos = 7
-for r = 1, route_count do
-  routes[ARGV[pos]] = { key = KEYS[tonumber(ARGV[pos + 1])], cmd = ARGV[pos + 2], index = r }
-  moved[r] = 0
-  pos = pos + 3
-end
+local pos = 6
 local remote_routes = {}  -- route name -> sink name
 for _ = 1, tonumber(ARGV[pos]) do
   remote_routes[ARGV[pos + 1]] = ARGV[pos + 2]
@@ -105,12 +92,6 @@ for s = 1, sink_count do
   queued[s] = 0
 end
 pos = pos + 1
-local bound_count = tonumber(ARGV[pos])
-local bounds = {}
-for b = 1, bound_count do bounds[b] = tonumber(ARGV[pos + b]) end
-local buckets = {}
-for b = 1, bound_count + 1 do buckets[b] = 0 end
-pos = pos + bound_count + 1
 local walk_sink, walk_from = ARGV[pos], ARGV[pos + 1]
 
 local DEAD_MALFORMED, DEAD_UNKNOWN, DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING, DEAD_EXPIRED = 1, 2, 3, 4, 5, 6
@@ -149,9 +130,8 @@ local function base64_decode(s)
   return table.concat(out)
 end
 
--- Returns dest, payload, or nil, nil, reason, kind. A zd1 frame's payload is not copied out:
--- its payload is the number where it starts in v (a payload of a megabyte costs a copy; only
--- a local push needs one).
+-- Returns dest, or nil, nil, reason, kind (the payload is the publisher's to read; a JSON
+-- envelope's is checked here, so an unreadable one dies before it is queued).
 local function parse(v)
   if not v then return nil, nil, 'no envelope stored for this id', DEAD_MISSING end
   if string.sub(v, 1, 4) == 'zd1:' then
@@ -184,18 +164,16 @@ local function parse(v)
   return nil, nil, 'malformed envelope: unknown payload_encoding', DEAD_MALFORMED
 end
 
--- What a dest resolves to now: a local route, or the two-phase sink (a route's, or the sink a
--- "<sink>/<target>" names), or nothing.
+-- The two-phase sink a dest resolves to now (a route's, or the sink a "<sink>/<target>"
+-- names), or nil.
 local function resolve(dest)
-  local route = routes[dest]
-  if route then return route, nil end
   local sink = remote_routes[dest]
-  if sink then return nil, sink end
+  if sink then return sink end
   local slash = string.find(dest, '/', 1, true)
   if slash and remote_sinks[string.sub(dest, 1, slash - 1)] then
-    return nil, string.sub(dest, 1, slash - 1)
+    return string.sub(dest, 1, slash - 1)
   end
-  return nil, nil
+  return nil
 end
 
 -- The envelopes of ids[1..], read within budget_left: in chunks of as many ids as the rest
@@ -229,7 +207,7 @@ local function read_envelopes(ids, at_least_one)
 end
 
 -- The walk (see the header): refile one sink's waiting jobs by their route now.
-local refiled_sink, refiled_due, refiled_dead, walk_next = 0, 0, 0, ''
+local refiled_sink, refiled_dead, walk_next = 0, 0, ''
 if walk_sink ~= '' then
   local lo = walk_from ~= '' and ('(' .. walk_from) or ('[' .. walk_sink .. '\n')
   local members = redis.call('ZRANGEBYLEX', ready_key, lo, '(' .. walk_sink .. '\11', 'LIMIT', 0, batch)
@@ -242,11 +220,10 @@ if walk_sink ~= '' then
   end
   local envelopes, n = read_envelopes(ids, true)
   if n < #members or #members >= batch then walk_next = members[n] or '' end
-  local gone, zdue, zready, hready, zdead, hdead = {}, {}, {}, {}, {}, {}
+  local gone, zready, hready, zdead, hdead = {}, {}, {}, {}, {}
   for i = 1, n do
     local dest, _, reason, kind = parse(envelopes[i])
-    local route, sink = nil, nil
-    if dest then route, sink = resolve(dest) end
+    local sink = dest and resolve(dest)
     if sink ~= walk_sink then
       gone[#gone + 1] = members[i]
       local due = tonumber(dues[i]) or now_ms
@@ -258,10 +235,6 @@ if walk_sink ~= '' then
         hready[#hready + 1] = member
         queued[remote_sinks[sink]] = queued[remote_sinks[sink]] + 1
         refiled_sink = refiled_sink + 1
-      elseif route then
-        zdue[#zdue + 1] = due
-        zdue[#zdue + 1] = ids[i]
-        refiled_due = refiled_due + 1
       else
         if dest then
           reason = 'route gone: ' .. dest .. ' resolves to no configured route or sink (it waited for sink ' .. walk_sink .. ')'
@@ -277,15 +250,13 @@ if walk_sink ~= '' then
     end
   end
   if #gone > 0 then redis.call('ZREM', ready_key, unpack(gone)) end
-  local left = {}  -- ids whose ready entry goes (to due or dead); a refiled one gets a new one
-  for j = 2, #zdue, 2 do left[#left + 1] = zdue[j] end
+  local left = {}  -- ids whose ready entry goes (to dead); a refiled one gets a new one
   for j = 2, #zdead, 2 do left[#left + 1] = zdead[j] end
   if #left > 0 then redis.call('HDEL', ready_ids_key, unpack(left)) end
   if #zready > 0 then
     redis.call('ZADD', ready_key, unpack(zready))
     redis.call('HSET', ready_ids_key, unpack(hready))
   end
-  if #zdue > 0 then redis.call('ZADD', due_key, unpack(zdue)) end
   if #zdead > 0 then
     local dead_ids = {}
     for j = 2, #zdead, 2 do dead_ids[#dead_ids + 1] = zdead[j] end
@@ -312,95 +283,19 @@ local ready_members, ready_ids = {}, {}  -- two-phase jobs queued for their sink
 local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', 0, batch)
 local n = #ids
 local next_due = ''
-local max_lateness = 0
-local kept, kept_error = 0, ''
-
--- Lateness buckets of a batch (ids = the n lowest scores, still in the ZSET), counted without
--- reading every score: the batch jobs later than bound L are those scored below now - L, and
--- ZCOUNT(-inf, (now - L) counts exactly them in O(log N). Only bounds between the last job's
--- lateness and the first's need a ZCOUNT.
-local function count_buckets()
-  local late_max = now_ms - tonumber(redis.call('ZSCORE', due_key, ids[1]))
-  local late_min = now_ms - tonumber(redis.call('ZSCORE', due_key, ids[n]))
-  max_lateness = late_max
-  local above_prev = n -- jobs later than bounds[b - 1]
-  for b = 1, bound_count do
-    local bound, above = bounds[b], 0
-    if bound < late_min then
-      above = n
-    elseif bound < late_max then
-      above = redis.call('ZCOUNT', due_key, '-inf', '(' .. string.format('%d', now_ms - bound))
-      if above > n then above = n end
-    end
-    buckets[b] = above_prev - above
-    above_prev = above
-  end
-  buckets[bound_count + 1] = above_prev
-end
-
--- Fast path, for the common batch: every job a zd1 frame with empty meta, for one local route,
--- within max_payload. No scores are read per job and the batch is pushed in one call. Any other
--- batch (or a failed push) goes through the general path below, which re-reads the scores.
-local envelopes
-local fast_done = false
--- Jobs with a max lateness are checked one by one, on the general path.
+-- Jobs with a max lateness are checked one by one.
 local bounded = n > 0 and redis.call('EXISTS', max_lateness_key) == 1
+local envelopes
 if n > 0 then
   -- The batch is the prefix of ids whose envelopes fit the budget (at least one, unless the
   -- walk spent it: the walk and the batch share one call's budget).
   envelopes, n = read_envelopes(ids, budget_left == budget_full)
-  for i = #ids, n + 1, -1 do ids[i] = nil end
 end
 if n > 0 then
-  local fast_route, fast, prefix, plen = nil, not bounded, nil, 0
-  local payloads = {}
-  for i = 1, n do
-    local v = envelopes[i]
-    local payload
-    -- After the first job, a frame is recognised by its exact prefix "zd1:<dest>\n0\n".
-    if prefix and v and string.find(v, prefix, 1, true) == 1 then
-      payload = string.sub(v, plen + 1)
-    else
-      local dest
-      dest, payload = string.match(v or '', '^zd1:([^\n]*)\n0\n(.*)$')
-      if not dest or fast_route ~= nil or not routes[dest] then fast = false break end
-      fast_route, prefix = dest, 'zd1:' .. dest .. '\n0\n'
-      plen = #prefix
-    end
-    if #payload > max_payload then fast = false break end
-    payloads[i] = payload
-  end
-  if fast then
-    local route = routes[fast_route]
-    local t = redis.call('TYPE', route.key)['ok']
-    if t == 'list' or t == 'none' then
-      local res = redis.pcall(route.cmd, route.key, unpack(payloads))
-      -- A failed push changed nothing: the general path retries it and reports the error.
-      if not (type(res) == 'table' and res.err) then
-        moved[route.index] = n
-        count_buckets()
-        redis.call('HDEL', jobs_key, unpack(ids))
-        remember(ids)
-        if redis.call('HLEN', scheduled_key) > 0 then
-          -- A job released earlier may now go to a local route (config changed): forget it.
-          redis.call('HDEL', scheduled_key, unpack(ids))
-        end
-        -- The first n ranks are exactly the ids read above (same script, scores <= now).
-        redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
-        fast_done = true
-      end
-    end
-  end
-end
-
-if n > 0 and not fast_done then
   local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, n)
   n = #items / 2
   local ids = {}
   for i = 1, n do ids[i] = items[2 * i - 1] end
-  local b = bound_count + 1
-  local key_ok = {}      -- list key -> true, or the name of the wrong type it holds
-  local pushes = {}      -- list key -> { cmd = , route = , ids = {}, payloads = {} }
   local dead_ids, dead_reasons, dead_kinds = {}, {}, {}
   local function to_dead(id, reason, kind)
     dead_ids[#dead_ids + 1] = id
@@ -410,15 +305,13 @@ if n > 0 and not fast_done then
   local limits = bounded and redis.call('HMGET', max_lateness_key, unpack(ids)) or {}
   for i = 1, n do
     local id = ids[i]
-    local dest, payload, reason, kind = parse(envelopes[i])
-    local size = type(payload) == 'number' and #envelopes[i] - payload + 1 or (payload and #payload)
+    local dest, _, reason, kind = parse(envelopes[i])
     local limit = limits[i] and tonumber(limits[i])
     local late = now_ms - tonumber(items[2 * i])
     if dest and limit and late > limit then
       dest, reason, kind = nil, 'expired: ' .. late .. ' ms after its due time, max_lateness ' .. limit .. ' ms', DEAD_EXPIRED
     end
-    local sink = nil
-    if dest then sink = select(2, resolve(dest)) end
+    local sink = dest and resolve(dest)
     if sink then
       -- Lex order in ready: sink, then due (fixed width), then id.
       local member = sink .. '\n' .. string.format('%016d', math.floor(tonumber(items[2 * i]))) .. '\n' .. id
@@ -426,52 +319,9 @@ if n > 0 and not fast_done then
       ready_ids[#ready_ids + 1] = id
       queued[remote_sinks[sink]] = queued[remote_sinks[sink]] + 1
     elseif dest then
-      local route = routes[dest]
-      if not route then
-        to_dead(id, 'unknown destination: ' .. dest, DEAD_UNKNOWN)
-      elseif size > max_payload then
-        to_dead(id, 'payload of ' .. size .. ' bytes exceeds max_payload ' .. max_payload, DEAD_OVERSIZE)
-      else
-        if type(payload) == 'number' then payload = string.sub(envelopes[i], payload) end
-        local key = route.key
-        if key_ok[key] == nil then
-          local t = redis.call('TYPE', key)['ok']
-          key_ok[key] = (t == 'list' or t == 'none') or t
-        end
-        if key_ok[key] ~= true then
-          to_dead(id, 'WRONGTYPE: ' .. key .. ' holds a ' .. key_ok[key] .. ', not a list', DEAD_WRONGTYPE)
-        else
-          local p = pushes[key]
-          if not p then
-            p = { cmd = route.cmd, payloads = {}, ids = {}, routes = {} }
-            pushes[key] = p
-          end
-          p.payloads[#p.payloads + 1] = payload
-          p.ids[#p.ids + 1] = id
-          p.routes[#p.routes + 1] = route.index
-          if late > max_lateness then max_lateness = late end
-          -- Scores ascend, so the bucket is found by walking from the previous job's.
-          while b > 1 and late <= bounds[b - 1] do b = b - 1 end
-          while b <= bound_count and late > bounds[b] do b = b + 1 end
-          buckets[b] = buckets[b] + 1
-        end
-      end
+      to_dead(id, 'unknown destination: ' .. dest, DEAD_UNKNOWN)
     else
       to_dead(id, reason, kind)
-    end
-  end
-  -- INVARIANT: push before removing, all inside this script; a failed push leaves its jobs due.
-  local delivered = {}
-  for key, p in pairs(pushes) do
-    local res = redis.pcall(p.cmd, key, unpack(p.payloads))
-    if type(res) == 'table' and res.err then
-      kept = kept + #p.ids
-      if kept_error == '' then kept_error = key .. ': ' .. res.err end
-    else
-      for j = 1, #p.ids do
-        delivered[#delivered + 1] = p.ids[j]
-        moved[p.routes[j]] = moved[p.routes[j]] + 1
-      end
     end
   end
   if #dead_ids > 0 then
@@ -487,8 +337,6 @@ if n > 0 and not fast_done then
     redis.call('HSET', reasons_key, unpack(hargs))
     remember(dead_ids)
   end
-  if #delivered > 0 then redis.call('HDEL', jobs_key, unpack(delivered)) end
-  remember(delivered)
   if #ready_members > 0 then
     local zargs, hargs = {}, {}
     for j = 1, #ready_members do
@@ -502,42 +350,31 @@ if n > 0 and not fast_done then
   end
   if bounded then
     -- The limit applies until the job leaves due (a two-phase job's is checked at publish).
-    for _, done in ipairs({ delivered, dead_ids, ready_ids }) do
+    for _, done in ipairs({ dead_ids, ready_ids }) do
       if #done > 0 then redis.call('HDEL', max_lateness_key, unpack(done)) end
     end
   end
-  if redis.call('HLEN', scheduled_key) > 0 then
-    -- A job released, retried or handed back earlier may now go to a local route or die
-    -- here (config changed): its scheduled due is of no use any more.
-    for _, done in ipairs({ delivered, dead_ids }) do
-      if #done > 0 then redis.call('HDEL', scheduled_key, unpack(done)) end
-    end
+  if #dead_ids > 0 and redis.call('HLEN', scheduled_key) > 0 then
+    -- A job released, retried or handed back earlier that dies here (config changed): its
+    -- scheduled due is of no use any more.
+    redis.call('HDEL', scheduled_key, unpack(dead_ids))
   end
-  if kept > 0 then
-    -- Only the jobs handled leave; the rest stay due for the next call.
-    for _, done in ipairs({ delivered, dead_ids, ready_ids }) do
-      if #done > 0 then redis.call('ZREM', due_key, unpack(done)) end
-    end
-    n = #delivered + #dead_ids + #ready_ids
-  else
-    -- The first n ranks are exactly the ids read above (same script, scores <= now).
-    redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
-  end
+  -- The first n ranks are exactly the ids read above (same script, scores <= now).
+  redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
 end
 local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 if head[2] then next_due = head[2] end
 
-local out = { n, now_us, next_due, max_lateness, kept, kept_error }
-for r = 1, route_count do out[#out + 1] = moved[r] end
+local out = { n, now_us, next_due, 0, 0, '' }
 for k = 1, 6 do out[#out + 1] = dead_counts[k] end
-for b = 1, bound_count + 1 do out[#out + 1] = buckets[b] end
+out[#out + 1] = 0
 out[#out + 1] = #expired
 out[#out + 1] = sink_count
 for s = 1, sink_count do out[#out + 1] = queued[s] end
 local sched_head = redis.call('ZRANGE', sched_due_key, 0, 0, 'WITHSCORES')
 out[#out + 1] = sched_head[2] or ''
 out[#out + 1] = refiled_sink
-out[#out + 1] = refiled_due
+out[#out + 1] = 0
 out[#out + 1] = refiled_dead
 out[#out + 1] = walk_next
 local lease_head = redis.call('ZRANGE', inflight_key, 0, 0, 'WITHSCORES')

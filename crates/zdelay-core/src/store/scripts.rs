@@ -1034,9 +1034,8 @@ pub struct MoveDue<'a> {
     pub max_payload: usize,
     /// Envelope bytes the call reads at most (a single larger envelope moves alone).
     pub batch_bytes: usize,
+    /// The two-phase routes and sinks the jobs are queued for (local routes have lanes).
     pub routes: &'a Routes,
-    /// Lateness bucket bounds, ms ascending.
-    pub bounds_ms: &'a [u64],
     /// Walk this sink's part of the ready set from this member on (exclusive; "" = its
     /// start), refiling its jobs by their route now (see `move_due.lua`).
     pub walk: Option<(&'a str, &'a str)>,
@@ -1049,21 +1048,11 @@ pub async fn move_due(
 ) -> redis::RedisResult<MoveReply> {
     let mut inv = fenced_invocation(&compiled::move_due, "move_due", keys);
     inv.key(&keys.unique).key(&keys.windows);
-    let fixed = inv.keys.len();
     let routes = args.routes;
-    for list in routes.lists() {
-        inv.key(list);
-    }
     inv.arg(args.batch)
         .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
         .arg(args.max_payload)
-        .arg(args.batch_bytes)
-        .arg(routes.local().len());
-    for route in routes.local() {
-        inv.arg(&route.name)
-            .arg(fixed + routes.list_index(route) + 1)
-            .arg(route.push.command());
-    }
+        .arg(args.batch_bytes);
     // A route with a rate is queued in its own part of the ready set (`Routes::flow_part`).
     let two_phase: Vec<(&str, &str)> = routes.two_phase_parts().collect();
     inv.arg(two_phase.len());
@@ -1072,11 +1061,11 @@ pub async fn move_due(
     }
     let sinks: Vec<&str> = routes.ready_parts().collect();
     inv.arg(sinks.len()).arg(sinks);
-    inv.arg(args.bounds_ms.len()).arg(args.bounds_ms);
     let (walk_sink, walk_from) = args.walk.unwrap_or(("", ""));
     inv.arg(walk_sink).arg(walk_from);
     let value = inv.invoke(con).await?;
-    MoveReply::parse(value, routes.local().len(), args.bounds_ms.len())
+    // No list pushes and no lateness buckets: one (empty) bucket.
+    MoveReply::parse(value, 0, 0)
 }
 
 /// A job claimed for a two-phase sink: in inflight until `Claim::deadline_ms`.
@@ -2905,7 +2894,7 @@ pub enum Held {
 pub struct Refiled {
     /// Handed over to another sink's part (no attempt counted).
     pub to_sink: u64,
-    /// Back to due: their route is a local list now.
+    /// Back to due (none since local routes keep their jobs in lanes: `move_due` answers 0).
     pub to_due: u64,
     /// To dead: nothing resolves their dest any more ("route gone: …"), or unreadable.
     pub dead: u64,
