@@ -1,0 +1,88 @@
+-- Included after their fences by fire_schedules and fire_schedules_lane: firing is the same in
+-- a spread shard and in a route lane (the arguments, the bound, the marks, the misfire
+-- decisions the caller made); only how an occurrence is written as a job differs. The includer
+-- names its keys (due_key, dead_key, reasons_key, limit_key, schedules_key, env_key,
+-- sched_due_key, fired_key, quarantine_key) and defines occurrences(envelope): a table with
+-- write(job) (false when the id is taken: written already, waiting or dead) and waiting(job)
+-- (after a job was written due), or nil and why the envelope cannot be fired.
+
+local MAX_OCCURRENCES = 1000
+local now = tonumber(ARGV[2])
+-- Where each schedule's arguments start, and the bound, before anything is written.
+local starts, total, i = {}, 0, 4
+while i <= #ARGV do
+  starts[#starts + 1] = i
+  local deliver = tonumber(ARGV[i + 7])
+  local expired = tonumber(ARGV[i + 8 + 3 * deliver])
+  total = total + deliver + expired
+  i = i + 9 + 3 * deliver + 2 * expired
+end
+if total > MAX_OCCURRENCES then
+  return redis.error_reply('ZDELAY_FIRE_BOUND ' .. total)
+end
+local old = redis.call('ZRANGEBYSCORE', fired_key, '-inf', '(' .. (now - tonumber(ARGV[3])),
+  'LIMIT', 0, 100)
+if #old > 0 then redis.call('ZREM', fired_key, unpack(old)) end
+local created, expired, fenced, quarantined = 0, 0, 0, {}
+local function quarantine(id, reason)
+  redis.call('ZREM', sched_due_key, id)
+  redis.call('HSET', quarantine_key, id, now .. ' ' .. reason)
+  quarantined[#quarantined + 1] = id
+  quarantined[#quarantined + 1] = reason
+end
+for _, s in ipairs(starts) do
+  local id, read_due, read_version = ARGV[s], ARGV[s + 1], ARGV[s + 2]
+  local set_mark, next_ms, limit, reason = ARGV[s + 3], ARGV[s + 4], ARGV[s + 5], ARGV[s + 6]
+  local deliver = tonumber(ARGV[s + 7])
+  local first_deliver = s + 8
+  local n_expired = tonumber(ARGV[first_deliver + 3 * deliver])
+  local first_expired = first_deliver + 3 * deliver + 1
+  local score = redis.call('ZSCORE', sched_due_key, id)
+  local record = redis.call('HGET', schedules_key, id)
+  local version = record and string.match(record, '^(%d+)\n') or ''
+  if score ~= read_due or version ~= read_version then
+    fenced = fenced + 1
+  elseif not record then
+    -- No definition (removed by hand): nothing to fire, its occurrence goes.
+    redis.call('ZREM', sched_due_key, id)
+  elseif reason ~= '' then
+    quarantine(id, reason)
+  else
+    local envelope = redis.call('HGET', env_key, id)
+    local occurrence, problem = nil, 'no envelope stored for its occurrences'
+    if envelope then occurrence, problem = occurrences(envelope) end
+    if not occurrence then
+      quarantine(id, problem)
+    else
+      local mark = tonumber(redis.call('ZSCORE', fired_key, id))
+      for k = 0, deliver - 1 do
+        local job, at = ARGV[first_deliver + 3 * k], ARGV[first_deliver + 3 * k + 1]
+        local due = ARGV[first_deliver + 3 * k + 2]
+        if (not mark or tonumber(at) > mark) and occurrence.write(job) then
+          redis.call('ZADD', due_key, due, job)
+          if limit ~= '' then redis.call('HSET', limit_key, job, limit) end
+          occurrence.waiting(job)
+          created = created + 1
+        end
+      end
+      for k = 0, n_expired - 1 do
+        local job, at = ARGV[first_expired + 2 * k], ARGV[first_expired + 2 * k + 1]
+        if (not mark or tonumber(at) > mark) and occurrence.write(job) then
+          redis.call('ZADD', dead_key, now, job)
+          redis.call('HSET', reasons_key, job, 'expired: ' .. (now - tonumber(at)) ..
+            ' ms after its occurrence, max_lateness ' .. limit .. ' ms')
+          expired = expired + 1
+        end
+      end
+      if set_mark ~= '' then redis.call('ZADD', fired_key, 'GT', set_mark, id) end
+      if next_ms == '' then
+        redis.call('ZREM', sched_due_key, id)
+      else
+        redis.call('ZADD', sched_due_key, next_ms, id)
+      end
+    end
+  end
+end
+local out = { created, expired, fenced }
+for _, v in ipairs(quarantined) do out[#out + 1] = v end
+return out
