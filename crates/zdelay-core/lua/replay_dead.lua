@@ -25,17 +25,8 @@
 local shard_marker = KEYS[6]
 -- @include shard_fence
 local due_key, jobs_key, dead_key, reasons_key, history_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local due = ARGV[2]
-if due == '' or string.sub(due, 1, 1) == '+' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  due = now + (tonumber(string.sub(due, 2)) or 0)
-else
-  due = tonumber(due)
-end
 local reset = ARGV[5] == 'reset'
 local cap = tonumber(ARGV[6])
-local MAX_REASON = 500
 
 -- The JSON object text `obj` without its top-level "attempt" member; unchanged when it has
 -- none, or its value is not a number, or `obj` is not an object. Strings are skipped with
@@ -107,43 +98,16 @@ local function reset_attempt(v)
   return nil
 end
 
-local function remember(id, died)
-  local reason = redis.call('HGET', reasons_key, id) or ''
-  reason = string.gsub(reason, '[\r\n]', ' ')
-  if #reason > MAX_REASON then reason = string.sub(reason, 1, MAX_REASON) end
-  local lines = {}
-  local old = redis.call('HGET', history_key, id)
-  if old then
-    for line in string.gmatch(old, '[^\n]+') do lines[#lines + 1] = line end
-  end
-  lines[#lines + 1] = string.format('%d', tonumber(died)) .. ' ' .. reason
-  local first = #lines - cap + 1
-  if first < 1 then first = 1 end
-  redis.call('HSET', history_key, id, table.concat(lines, '\n', first, #lines))
-end
+local first_id = 7
 
-local replayed, orphans, skipped = 0, 0, 0
-for i = 7, #ARGV, 2 do
-  local id, selected = ARGV[i], ARGV[i + 1]
-  local score = redis.call('ZSCORE', dead_key, id)
-  if not score or (selected ~= '' and tonumber(score) ~= tonumber(selected)) then
-    skipped = skipped + 1
-  else
-    local v = redis.call('HGET', jobs_key, id)
-    if v then
-      if reset then
-        local new_v = reset_attempt(v)
-        if new_v then redis.call('HSET', jobs_key, id, new_v) end
-      end
-      remember(id, score)
-      redis.call('ZREM', dead_key, id)
-      redis.call('HDEL', reasons_key, id)
-      redis.call('ZADD', due_key, due, id)
-      replayed = replayed + 1
-    else
-      orphans = orphans + 1
-    end
+-- A job stored under id waits again; with reset, its attempt count goes.
+local function revive(id)
+  local v = redis.call('HGET', jobs_key, id)
+  if not v then return false end
+  if reset then
+    local new_v = reset_attempt(v)
+    if new_v then redis.call('HSET', jobs_key, id, new_v) end
   end
+  return true
 end
-if replayed > 0 then redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', due)) end
-return { replayed, orphans, skipped, due }
+-- @include replay_dead_body

@@ -26,49 +26,14 @@
 local lane_marker = KEYS[7]
 -- @include lane_fence
 local due_key, jobs_key, large_key, dead_key, reasons_key, history_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local due = ARGV[2]
-if due == '' or string.sub(due, 1, 1) == '+' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  due = now + (tonumber(string.sub(due, 2)) or 0)
-else
-  due = tonumber(due)
-end
 local cap = tonumber(ARGV[5])
-local MAX_REASON = 500
+local first_id = 6
 local SMALL = 4096
 
-local function remember(id, died)
-  local reason = redis.call('HGET', reasons_key, id) or ''
-  reason = string.gsub(reason, '[\r\n]', ' ')
-  if #reason > MAX_REASON then reason = string.sub(reason, 1, MAX_REASON) end
-  local lines = {}
-  local old = redis.call('HGET', history_key, id)
-  if old then
-    for line in string.gmatch(old, '[^\n]+') do lines[#lines + 1] = line end
-  end
-  lines[#lines + 1] = string.format('%d', tonumber(died)) .. ' ' .. reason
-  local first = #lines - cap + 1
-  if first < 1 then first = 1 end
-  redis.call('HSET', history_key, id, table.concat(lines, '\n', first, #lines))
+-- A job stored under id waits again: listed in large when its payload is over SMALL.
+local function revive(id)
+  if redis.call('HEXISTS', jobs_key, id) == 0 then return false end
+  if redis.call('HSTRLEN', jobs_key, id) > SMALL then redis.call('SADD', large_key, id) end
+  return true
 end
-
-local replayed, orphans, skipped = 0, 0, 0
-for i = 6, #ARGV, 2 do
-  local id, selected = ARGV[i], ARGV[i + 1]
-  local score = redis.call('ZSCORE', dead_key, id)
-  if not score or (selected ~= '' and tonumber(score) ~= tonumber(selected)) then
-    skipped = skipped + 1
-  elseif redis.call('HEXISTS', jobs_key, id) == 1 then
-    if redis.call('HSTRLEN', jobs_key, id) > SMALL then redis.call('SADD', large_key, id) end
-    remember(id, score)
-    redis.call('ZREM', dead_key, id)
-    redis.call('HDEL', reasons_key, id)
-    redis.call('ZADD', due_key, due, id)
-    replayed = replayed + 1
-  else
-    orphans = orphans + 1
-  end
-end
-if replayed > 0 then redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', due)) end
-return { replayed, orphans, skipped, due }
+-- @include replay_dead_body
