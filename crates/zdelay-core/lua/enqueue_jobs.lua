@@ -71,72 +71,30 @@ local scheduled_key, ready_key, ready_ids_key, max_lateness_key = KEYS[6], KEYS[
 local unique_key, windows_key = KEYS[11], KEYS[12]
 -- @include enqueue_policy
 
-local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
-local head_score = head[2] and tonumber(head[2]) or nil
-local earliest = nil
-local out = {}
-for i = 5, #ARGV, 4 do
-  local id, due_arg, envelope, max_lateness = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local due
-  if string.sub(due_arg, 1, 1) == '+' then
-    due = now_ms + tonumber(string.sub(due_arg, 2))
-  else
-    due = tonumber(due_arg)
-  end
-  local exists = redis.call('HEXISTS', jobs_key, id) == 1
-  if remembered and live_window('u:' .. id) then
-    out[#out + 1] = 3
-  elseif exists and policy == 'keep' then
-    out[#out + 1] = 0
-  elseif exists and policy == 'error' then
-    out[#out + 1] = -1
-  else
-    if max_wait then
-      -- Debounce: a waiting job's due never passes its first enqueue plus max_wait (or, once
-      -- that has passed, its due as it stands); any other starts a window of its own.
-      local waiting = exists and redis.call('ZSCORE', due_key, id)
-      local deadline
-      if waiting then
-        deadline = live_window('d:' .. id) or tonumber(waiting)
-      else
-        deadline = now_ms + max_wait
-        redis.call('ZADD', windows_key, deadline, 'd:' .. id)
-      end
-      if due > deadline then due = deadline end
-    end
-    if exists then
-      -- A replaced job leaves whatever state it was in: dead, waiting for its sink, or claimed
-      -- by a two-phase sink (whose fenced ack then fails, so the old version is not
-      -- acknowledged over the new one).
-      redis.call('ZREM', dead_key, id)
-      redis.call('HDEL', reasons_key, id)
-      redis.call('ZREM', inflight_key, id)
-      redis.call('HDEL', scheduled_key, id)
-      local member = redis.call('HGET', ready_ids_key, id)
-      if member then
-        redis.call('ZREM', ready_key, member)
-        redis.call('HDEL', ready_ids_key, id)
-      end
-    end
-    redis.call('HSET', jobs_key, id, envelope)
-    redis.call('ZADD', due_key, due, id)
-    if max_lateness ~= '' then
-      redis.call('HSET', max_lateness_key, id, max_lateness)
-    elseif exists then
-      redis.call('HDEL', max_lateness_key, id)
-    end
-    -- A replacement without a window of its own keeps the earlier job's window; a new job has
-    -- only its own (an entry a cancel without the unique key left behind goes).
-    if unique_for then
-      redis.call('HSET', unique_key, id, unique_for)
-    elseif unique_key and not exists then
-      redis.call('HDEL', unique_key, id)
-    end
-    if earliest == nil or due < earliest then earliest = due end
-    out[#out + 1] = exists and 2 or 1
+local stride = 4
+
+-- A replaced job leaves whatever state it was in: dead, waiting for its sink, or claimed by a
+-- two-phase sink (whose fenced ack then fails, so the old version is not acknowledged over the
+-- new one).
+local function leave(id)
+  redis.call('ZREM', dead_key, id)
+  redis.call('HDEL', reasons_key, id)
+  redis.call('ZREM', inflight_key, id)
+  redis.call('HDEL', scheduled_key, id)
+  local member = redis.call('HGET', ready_ids_key, id)
+  if member then
+    redis.call('ZREM', ready_key, member)
+    redis.call('HDEL', ready_ids_key, id)
   end
 end
-if earliest ~= nil and (head_score == nil or earliest < head_score) then
-  redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', earliest))
+
+-- The frame, and the max lateness beside it.
+local function store(i, id, exists)
+  redis.call('HSET', jobs_key, id, ARGV[i + 2])
+  if ARGV[i + 3] ~= '' then
+    redis.call('HSET', max_lateness_key, id, ARGV[i + 3])
+  elseif exists then
+    redis.call('HDEL', max_lateness_key, id)
+  end
 end
-return out
+-- @include enqueue_body

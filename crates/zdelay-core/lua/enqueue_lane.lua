@@ -67,73 +67,32 @@ local dead_key, reasons_key = KEYS[6], KEYS[7]
 local unique_key, windows_key = KEYS[9], KEYS[10]
 -- @include enqueue_policy
 
-local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
-local head_score = head[2] and tonumber(head[2]) or nil
-local earliest = nil
-local out = {}
-for i = 5, #ARGV, 5 do
-  local id, due_arg, payload, meta, max_lateness = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  local due
-  if string.sub(due_arg, 1, 1) == '+' then
-    due = now_ms + tonumber(string.sub(due_arg, 2))
-  else
-    due = tonumber(due_arg)
+local stride = 5
+
+-- A replaced job leaves the dead set, if it was there.
+local function leave(id)
+  redis.call('ZREM', dead_key, id)
+  redis.call('HDEL', reasons_key, id)
+end
+
+-- The payload (listed in large when over 4 KiB), its meta and its max lateness apart.
+local function store(i, id, exists)
+  local payload, meta, max_lateness = ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  redis.call('HSET', jobs_key, id, payload)
+  if #payload > 4096 then
+    redis.call('SADD', large_key, id)
+  elseif exists then
+    redis.call('SREM', large_key, id)
   end
-  -- A waiting or dead job keeps its payload in jobs: one lookup answers "exists".
-  local exists = redis.call('HEXISTS', jobs_key, id) == 1
-  if remembered and live_window('u:' .. id) then
-    out[#out + 1] = 3
-  elseif exists and policy == 'keep' then
-    out[#out + 1] = 0
-  elseif exists and policy == 'error' then
-    out[#out + 1] = -1
-  else
-    if max_wait then
-      -- Debounce: a waiting job's due never passes its first enqueue plus max_wait (or, once
-      -- that has passed, its due as it stands); any other starts a window of its own.
-      local waiting = exists and redis.call('ZSCORE', due_key, id)
-      local deadline
-      if waiting then
-        deadline = live_window('d:' .. id) or tonumber(waiting)
-      else
-        deadline = now_ms + max_wait
-        redis.call('ZADD', windows_key, deadline, 'd:' .. id)
-      end
-      if due > deadline then due = deadline end
-    end
-    if exists then
-      redis.call('ZREM', dead_key, id)
-      redis.call('HDEL', reasons_key, id)
-    end
-    redis.call('HSET', jobs_key, id, payload)
-    if #payload > 4096 then
-      redis.call('SADD', large_key, id)
-    elseif exists then
-      redis.call('SREM', large_key, id)
-    end
-    redis.call('ZADD', due_key, due, id)
-    if meta ~= '' then
-      redis.call('HSET', meta_key, id, meta)
-    elseif exists then
-      redis.call('HDEL', meta_key, id)
-    end
-    if max_lateness ~= '' then
-      redis.call('HSET', maxlate_key, id, max_lateness)
-    elseif exists then
-      redis.call('HDEL', maxlate_key, id)
-    end
-    -- A replacement without a window of its own keeps the earlier job's window; a new job has
-    -- only its own (an entry a cancel without the unique key left behind goes).
-    if unique_for then
-      redis.call('HSET', unique_key, id, unique_for)
-    elseif unique_key and not exists then
-      redis.call('HDEL', unique_key, id)
-    end
-    if earliest == nil or due < earliest then earliest = due end
-    out[#out + 1] = exists and 2 or 1
+  if meta ~= '' then
+    redis.call('HSET', meta_key, id, meta)
+  elseif exists then
+    redis.call('HDEL', meta_key, id)
+  end
+  if max_lateness ~= '' then
+    redis.call('HSET', maxlate_key, id, max_lateness)
+  elseif exists then
+    redis.call('HDEL', maxlate_key, id)
   end
 end
-if earliest ~= nil and (head_score == nil or earliest < head_score) then
-  redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. string.format('%d', earliest))
-end
-return out
+-- @include enqueue_body
