@@ -503,16 +503,24 @@ pub async fn run(
 
 /// How long until a route lane has something to do: its earliest job or schedule occurrence,
 /// by the Redis clock (`Some(ZERO)` when due now, `None` when it holds neither), read with
-/// plain commands in the lane's slot.
+/// plain commands in the lane's slot. A marker that is not the lane's also means "move now":
+/// the move's fence then says what happened (a lost marker, after a failover to a replica
+/// that had not received it, or a flush, makes the daemon register the lane again; without
+/// that, producers refused by the missing marker keep the lane empty, and an empty lane would
+/// never be moved).
 async fn lane_wait(ctx: &PollerContext, lane: &Lane) -> redis::RedisResult<Option<Duration>> {
     let mut con = ctx.con_for(&TargetId::Lane(lane.number));
     type Head = Vec<(String, f64)>;
-    let (time, due, schedule): ((i64, i64), Head, Head) = redis::pipe()
+    let (time, due, schedule, marker): ((i64, i64), Head, Head, Option<String>) = redis::pipe()
         .cmd("TIME")
         .zrange_withscores(&lane.keys.due, 0, 0)
         .zrange_withscores(&lane.keys.sched_due, 0, 0)
+        .get(&lane.keys.marker)
         .query_async(&mut con)
         .await?;
+    if marker.as_deref() != Some(lane.marker().as_str()) {
+        return Ok(Some(Duration::ZERO));
+    }
     let now_ms = time.0 as f64 * 1000.0 + time.1 as f64 / 1000.0;
     Ok(due
         .iter()

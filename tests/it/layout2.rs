@@ -1,9 +1,9 @@
-//! A namespace on storage layout 2 (route lanes, a preview), end to end against real Redis and
-//! a real Redis Cluster: `zdelay run` registers each local route's lane and moves it; the
-//! library enqueues into lanes with generated (`~<lane>.<id>`) and user-chosen ids, and gets,
-//! cancels and reschedules by either; a route changing between local and two-phase, and a
-//! namespace changing layout, are refused by name; on a cluster a local route is delivered
-//! exactly once through kill -9 of the daemon.
+//! Route lanes end to end against real Redis and a real Redis Cluster: `zdelay run` registers
+//! each local route's lane and moves it; the library enqueues into lanes with generated
+//! (`~<lane>.<id>`) and user-chosen ids, and gets, cancels and reschedules by either; a route
+//! changing between local and two-phase, and a namespace an older release left on layout 1,
+//! are refused by name; a lane whose marker was lost is registered again; on a cluster a local
+//! route is delivered exactly once through kill -9 of the daemon.
 
 use crate::common::{
     self, Daemon, RedisCluster, RedisServer, TestConfig, lrange, redis_now_ms, wait_for,
@@ -1077,6 +1077,48 @@ target = "q:a"
         err.contains("redis.layout") && err.contains("zdelay upgrade"),
         "{err}"
     );
+}
+
+/// A lane's marker lost while the lane is empty (a failover to a replica that had not received
+/// it yet, or the key deleted): producers are refused, retryable and writing nothing, so the
+/// lane stays empty and nothing is due in it; only the daemon's idle look at the lane can
+/// notice. It registers the lane again within its idle polls, and the producer's next call
+/// goes through and is delivered.
+#[test]
+fn an_empty_lane_whose_marker_was_lost_is_registered_again() {
+    let redis = RedisServer::start();
+    let config = TestConfig::new(&redis.url(), 4, ROUTES);
+    let daemon = Daemon::start(&config);
+    let mut con = redis.conn();
+    let marker = common::lane_keys("a", "q:a").marker;
+    let exists = |con: &mut redis::Connection| -> bool {
+        redis::cmd("EXISTS").arg(&marker).query(con).unwrap()
+    };
+    wait_for("the lane registered", Duration::from_secs(10), || {
+        exists(&mut con)
+    });
+    let _: () = redis::cmd("DEL").arg(&marker).query(&mut con).unwrap();
+    let rt = common::runtime();
+    let lib = connect(&rt, common::redis_config(&redis.url(), 4));
+    let refused = rt
+        .block_on(lib.enqueue(NewJob::new("a", "before"), OnConflict::Error))
+        .expect_err("refused while the lane has no marker");
+    assert!(
+        refused.is_retryable() && refused.to_string().contains("ZDELAY_NO_LANE"),
+        "{refused}"
+    );
+    wait_for(
+        "the daemon registered the lane again",
+        Duration::from_secs(15),
+        || exists(&mut con),
+    );
+    rt.block_on(lib.enqueue(NewJob::new("a", "after"), OnConflict::Error))
+        .expect("accepted once the lane is registered again");
+    wait_for("delivered", Duration::from_secs(10), || {
+        lrange(&mut con, "q:a") == [b"after".to_vec()]
+    });
+    let log = daemon.log_text();
+    assert!(log.contains("registering the lanes again"), "{log}");
 }
 
 /// On a cluster a local route's lane sits in its list's slot, so the move is one script
