@@ -357,3 +357,48 @@ fn bench_idle_measures_each_config_once_its_wake_ups_are_confirmed() {
         .unwrap();
     assert!(keys.is_empty(), "left behind: {keys:?}");
 }
+
+/// `--route` through a two-phase route (here a `redis` sink to another server): every job
+/// confirmed, and the Redis time per job broken down by script (the claim, the move into the
+/// ready set, the settle) from `SLOWLOG`, whose settings are put back afterwards.
+#[test]
+fn bench_route_breaks_the_redis_time_down_by_script() {
+    let redis = RedisServer::start();
+    let far = RedisServer::start();
+    let config = TestConfig::new(
+        &redis.url(),
+        4,
+        &format!(
+            "[sinks.far]\nkind = \"redis\"\nurl = \"{}\"\n\n[[routes]]\nname = \"far\"\nsink = \"far\"\ntarget = \"q:far\"\n",
+            far.url()
+        ),
+    );
+    let report = bench(&config, &["--route", "far", "--jobs", "2000"]);
+    assert_eq!(report["jobs"], 2000, "{report:#}");
+    assert_eq!(report["dead"], 0, "{report:#}");
+    assert_eq!(report["by_script_partial"], false, "{report:#}");
+    let by_script = report["by_script"].as_array().expect("a breakdown");
+    let calls = |name: &str| {
+        by_script
+            .iter()
+            .find(|c| c["name"] == name)
+            .and_then(|c| c["calls"].as_u64())
+            .unwrap_or(0)
+    };
+    for script in ["move_due", "claim_jobs", "settle_jobs"] {
+        assert!(calls(script) > 0, "{script}: {report:#}");
+    }
+    let total: f64 = by_script
+        .iter()
+        .map(|c| c["us_per_job"].as_f64().unwrap())
+        .sum();
+    assert!(total > 0.0, "{report:#}");
+    let mut con = redis.conn();
+    let threshold: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("slowlog-log-slower-than")
+        .query(&mut con)
+        .unwrap();
+    assert_ne!(threshold[1], "0", "the slowlog setting was put back");
+    assert_eq!(crate::common::llen(&mut far.conn(), "q:far"), 2000);
+}

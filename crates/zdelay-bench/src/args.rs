@@ -133,7 +133,9 @@ pub struct BenchArgs {
     /// pollers and the route's real sink (claim → publish → broker confirmation → ack).
     /// Before and after, the broker's own client publishes as many messages of the same size
     /// with the same confirms directly (Kafka, NATS JetStream, AMQP without TLS): the report
-    /// gives zdelay's rate over theirs, and Redis and zdelay CPU per job.
+    /// gives zdelay's rate over theirs, Redis and zdelay CPU per job, and (on one Redis)
+    /// Redis's execution time per job by script, from `SLOWLOG` recording every call during
+    /// the drain (its settings are put back afterwards).
     #[arg(long)]
     pub route: Option<String>,
 }

@@ -317,6 +317,22 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
                 report.redis_us_per_job,
                 report.zdelay_us_per_job
             );
+            if !report.by_script.is_empty() {
+                let parts: Vec<String> = report
+                    .by_script
+                    .iter()
+                    .map(|c| format!("{} {:.1} µs ({} calls)", c.name, c.us_per_job, c.calls))
+                    .collect();
+                println!(
+                    "  Redis execution time per job (SLOWLOG, every call{}): {}",
+                    if report.by_script_partial {
+                        "; the log filled, the first calls are missing"
+                    } else {
+                        ""
+                    },
+                    parts.join(", ")
+                );
+            }
             for d in &report.direct {
                 println!(
                     "  direct, {}: {:.2} s = {:.0} msgs/s",

@@ -266,3 +266,138 @@ a9b0 127.0.0.1:30006@40006 master - 0 1426238316232 0 connected
         assert!(process_cpu(std::process::id()).is_some());
     }
 }
+
+/// Redis's own execution time of one script, or of one plain command's calls, over a
+/// measured window, from `SLOWLOG` recording every call.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(super) struct CallCost {
+    /// The script's name in `lua/`, or a plain command's name in capitals.
+    pub(super) name: String,
+    pub(super) calls: u64,
+    /// Execution time per job, µs (what `SLOWLOG` times: not the parsing or the network, which
+    /// `used_cpu` adds).
+    pub(super) us_per_job: f64,
+}
+
+/// `SLOWLOG` set to record every call on a single Redis, and the settings to put back.
+pub(super) struct CallLog {
+    threshold: String,
+    max_len: String,
+}
+
+/// Entries the log keeps while measuring: the window's calls (scripts in batches, and the
+/// bench's own polls), with room to spare; a log that fills is reported as such.
+const CALL_LOG_LEN: u64 = 200_000;
+
+impl CallLog {
+    /// Starts recording every call (`slowlog-log-slower-than 0`), after an empty log. `None` on
+    /// a cluster (one log per node) or where `CONFIG` is not allowed.
+    pub(super) async fn start(con: &mut Conn) -> Option<CallLog> {
+        if con.is_cluster() {
+            return None;
+        }
+        let get = |name: &'static str| redis::cmd("CONFIG").arg("GET").arg(name).clone();
+        let threshold: Vec<String> = get("slowlog-log-slower-than").query_async(con).await.ok()?;
+        let max_len: Vec<String> = get("slowlog-max-len").query_async(con).await.ok()?;
+        let log = CallLog {
+            threshold: threshold.get(1)?.clone(),
+            max_len: max_len.get(1)?.clone(),
+        };
+        let _: () = redis::pipe()
+            .cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-max-len")
+            .arg(CALL_LOG_LEN)
+            .cmd("SLOWLOG")
+            .arg("RESET")
+            .cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-log-slower-than")
+            .arg(0)
+            .query_async(con)
+            .await
+            .ok()?;
+        Some(log)
+    }
+
+    /// Stops recording, puts the settings back and sums the log per script (by the SHA-1 of
+    /// each script of `lua/`) and per plain command, per job. `ignore` names plain
+    /// commands to leave out (the bench's own polls); `full` says the log filled (the sums
+    /// then miss the window's first calls).
+    pub(super) async fn finish(
+        self,
+        con: &mut Conn,
+        jobs: u64,
+        ignore: &[&str],
+    ) -> anyhow::Result<(Vec<CallCost>, bool)> {
+        let entries: redis::Value = redis::cmd("SLOWLOG")
+            .arg("GET")
+            .arg(-1)
+            .query_async(con)
+            .await?;
+        let _: () = redis::pipe()
+            .cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-log-slower-than")
+            .arg(&self.threshold)
+            .cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-max-len")
+            .arg(&self.max_len)
+            .cmd("SLOWLOG")
+            .arg("RESET")
+            .query_async(con)
+            .await?;
+        let names: std::collections::HashMap<String, &str> = zdelay_core::store::scripts::ALL
+            .iter()
+            .map(|(name, source)| (redis::Script::new(source).get_hash().to_owned(), *name))
+            .collect();
+        let redis::Value::Array(entries) = entries else {
+            anyhow::bail!("SLOWLOG GET answered {entries:?}");
+        };
+        let full = entries.len() as u64 >= CALL_LOG_LEN;
+        let mut sums: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+        for entry in &entries {
+            let redis::Value::Array(fields) = entry else {
+                continue;
+            };
+            let (Some(redis::Value::Int(micros)), Some(redis::Value::Array(args))) =
+                (fields.get(2), fields.get(3))
+            else {
+                continue;
+            };
+            let text = |v: Option<&redis::Value>| match v {
+                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            };
+            // A command a script ran is logged too, from client "?:0": its time is in the
+            // script's.
+            if text(fields.get(4)) == "?:0" {
+                continue;
+            }
+            let command = text(args.first()).to_ascii_lowercase();
+            let name = match command.as_str() {
+                "evalsha" => {
+                    let sha = text(args.get(1)).to_ascii_lowercase();
+                    names.get(&sha).map_or(sha, |n| (*n).to_owned())
+                }
+                _ if ignore.contains(&command.as_str()) => continue,
+                "slowlog" | "config" => continue,
+                _ => command.to_ascii_uppercase(),
+            };
+            let sum = sums.entry(name).or_default();
+            sum.0 += 1;
+            sum.1 += *micros as u64;
+        }
+        let mut costs: Vec<CallCost> = sums
+            .into_iter()
+            .map(|(name, (calls, micros))| CallCost {
+                name,
+                calls,
+                us_per_job: micros as f64 / jobs.max(1) as f64,
+            })
+            .collect();
+        costs.sort_by(|a, b| b.us_per_job.total_cmp(&a.us_per_job));
+        Ok((costs, full))
+    }
+}

@@ -3,7 +3,7 @@
 use super::Env;
 use super::direct::{self, Direct, Plan};
 use super::load::{MIN_PAYLOAD, load_jobs_to};
-use super::measure::{process_cpu, redis_cpu, total_size};
+use super::measure::{CallCost, CallLog, process_cpu, redis_cpu, total_size};
 use anyhow::Context;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +28,12 @@ pub(super) struct SinkDrainReport {
     pub(super) redis_us_per_job: f64,
     /// This process's CPU per job (pollers and the sink's client), µs.
     pub(super) zdelay_us_per_job: f64,
+    /// Redis's execution time per job by script and by plain command (the bench's own polls
+    /// left out), from `SLOWLOG` recording every call: what the Redis CPU
+    /// above goes to. Empty on a cluster, or where `CONFIG` is refused.
+    pub(super) by_script: Vec<CallCost>,
+    /// The log filled during the window: the sums miss its first calls.
+    pub(super) by_script_partial: bool,
     /// The broker's own client publishing the same messages directly, before and after.
     pub(super) direct: Vec<Direct>,
     /// zdelay's rate over the direct runs' mean.
@@ -95,6 +101,8 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
     let dead_keys: Vec<String> = (0..keys.shards()).map(|s| keys.dead(s)).collect();
     let ctx = Arc::new(ctx);
     let ownership = Ownership::new(ctx.all_targets());
+    // Recording every call costs Redis a little: the CPU per job above includes it.
+    let call_log = CallLog::start(&mut env.con).await;
     let redis_before = redis_cpu(&mut env.con).await?;
     let own_before = process_cpu(std::process::id()).unwrap_or(0.0);
     let started = Instant::now();
@@ -117,6 +125,14 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
     let own_used = process_cpu(std::process::id()).unwrap_or(0.0) - own_before;
     pollers.stop().await;
     let dead = total_size(&mut env.con, "ZCARD", &dead_keys).await?;
+    let (by_script, by_script_partial) = match call_log {
+        // The completion check above polls with HLEN and ZCARD.
+        Some(log) => {
+            log.finish(&mut env.con, n - dead, &["hlen", "zcard"])
+                .await?
+        }
+        None => (Vec::new(), false),
+    };
     sink.sink.flush(Duration::from_secs(5)).await;
     direct.extend(direct::publish(&sink_config, &plan).await?);
     let per_second = (n - dead) as f64 / elapsed.as_secs_f64();
@@ -136,6 +152,8 @@ pub(super) async fn sink_drain(env: &mut Env, route: &str) -> anyhow::Result<Sin
         dead,
         redis_us_per_job: redis_used * 1e6 / (n - dead).max(1) as f64,
         zdelay_us_per_job: own_used * 1e6 / (n - dead).max(1) as f64,
+        by_script,
+        by_script_partial,
         direct,
         ratio,
     })
