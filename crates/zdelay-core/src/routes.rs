@@ -11,7 +11,7 @@
 //! (at least once, like a remote Redis), and [`Routes::explain`] says so.
 
 use crate::config::{Config, LOCAL_SINK, OnMissing, Push, SinkConfig};
-use crate::keys::{Keys, slot_of};
+use crate::keys::slot_of;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -198,7 +198,6 @@ pub struct Routes {
 
 #[derive(Debug, Clone, Default, PartialEq)]
 struct ClusterLayout {
-    shard_slots: std::collections::BTreeSet<u16>,
     lists: BTreeMap<String, LocalRoute>,
 }
 
@@ -214,9 +213,7 @@ impl Routes {
             }
         }
         if !config.redis.cluster_nodes.is_empty() {
-            let keys = Keys::new(&config.redis.namespace, config.redis.shards);
             routes.cluster = Some(ClusterLayout {
-                shard_slots: (0..keys.shards()).map(|s| keys.shard_slot(s)).collect(),
                 lists: BTreeMap::new(),
             });
         }
@@ -228,27 +225,11 @@ impl Routes {
                         list: route.list_key(),
                         push: route.push,
                     };
-                    let Some(cluster) = &mut routes.cluster else {
-                        routes.add_local(local);
-                        continue;
-                    };
-                    cluster.lists.insert(local.name.clone(), local.clone());
-                    let slot = slot_of(&local.list);
-                    if cluster.shard_slots.iter().all(|s| *s == slot) {
-                        routes.add_local(local);
-                    } else {
-                        // Another slot than the shards': pushed two-phase by the local sink.
-                        routes.sinks.entry(LOCAL_SINK.to_owned()).or_default();
-                        routes.two_phase.insert(
-                            local.name,
-                            Destination {
-                                sink: LOCAL_SINK.to_owned(),
-                                target: local.list,
-                                priority: None,
-                                on_missing: OnMissing::Wait,
-                            },
-                        );
+                    // Its jobs are moved from its lane, in its list's slot, on a cluster too.
+                    if let Some(cluster) = &mut routes.cluster {
+                        cluster.lists.insert(local.name.clone(), local.clone());
                     }
+                    routes.add_local(local);
                 }
                 Some(_) => {
                     if let Some(flow) = route.flow() {
@@ -276,6 +257,19 @@ impl Routes {
                     );
                 }
                 None => {}
+            }
+        }
+        // A raw source whose route's list is in another slot than the source is pushed
+        // two-phase by the local sink ([`Routes::resolve_raw`]), which then needs a handle.
+        if let Some(cluster) = &routes.cluster {
+            let cross_slot = config.sources.iter().any(|source| {
+                cluster
+                    .lists
+                    .get(&source.route)
+                    .is_some_and(|local| slot_of(&local.list) != slot_of(&source.key))
+            });
+            if cross_slot {
+                routes.sinks.entry(LOCAL_SINK.to_owned()).or_default();
             }
         }
         routes
@@ -372,25 +366,11 @@ impl Routes {
                 route.name, route.list
             ));
         }
-        for (name, dest) in &self.two_phase {
-            let line = match &self.cluster {
-                Some(cluster) if dest.sink == LOCAL_SINK => {
-                    let slots: Vec<String> =
-                        cluster.shard_slots.iter().map(u16::to_string).collect();
-                    format!(
-                        "route {name}: list {} is in cluster slot {}, the shards in slots {}: one \
-                         script cannot push it, so it is delivered two-phase (at least once, \
-                         idempotency key <id>:<due>); give the list the shards' hash tag with \
-                         redis.shards = 1 for exactly once",
-                        dest.target,
-                        slot_of(&dest.target),
-                        slots.join(", ")
-                    )
-                }
-                _ => two_phase_line(name, dest),
-            };
-            out.push(line);
-        }
+        out.extend(
+            self.two_phase
+                .iter()
+                .map(|(name, dest)| two_phase_line(name, dest)),
+        );
         out
     }
 
@@ -414,7 +394,6 @@ impl Routes {
         out.extend(
             self.two_phase
                 .iter()
-                .filter(|(_, dest)| dest.sink != LOCAL_SINK)
                 .map(|(name, dest)| two_phase_line(name, dest)),
         );
         out
@@ -499,9 +478,9 @@ impl Routes {
         !self.sinks.is_empty()
     }
 
-    /// The routes the spread shards of storage layout 2 deliver: the two-phase routes to
-    /// configured sinks only (local routes have lanes, so no local list and no hand-over
-    /// through the local sink).
+    /// The routes the spread shards deliver: the two-phase routes to configured sinks only
+    /// (local routes have lanes; the local sink, there for raw sources, takes no spread
+    /// shard's jobs).
     pub fn two_phase_only(&self) -> Routes {
         let mut routes = Routes {
             two_phase: self.two_phase.clone(),
@@ -509,7 +488,6 @@ impl Routes {
             flow_parts: self.flow_parts.clone(),
             ..Routes::default()
         };
-        routes.two_phase.retain(|_, dest| dest.sink != LOCAL_SINK);
         routes.sinks.remove(LOCAL_SINK);
         routes
     }
