@@ -562,13 +562,8 @@ fn record(ctx: &PollerContext, target: &Target, label: &str, reply: &MoveReply) 
     }
     ::metrics::histogram!(BATCH_SIZE).record(reply.taken as f64);
     match target {
-        Target::Shard(_) => {
-            for (route, &n) in ctx.routes.local().iter().zip(&reply.moved) {
-                if n > 0 {
-                    ::metrics::counter!(JOBS_MOVED, "route" => route.name.clone()).increment(n);
-                }
-            }
-        }
+        // A spread shard pushes onto no list: its jobs are counted by their sink's outcomes.
+        Target::Shard(_) => {}
         Target::Source(s) => {
             ::metrics::counter!(JOBS_MOVED, "route" => s.route.clone())
                 .increment(reply.moved_total());

@@ -969,7 +969,7 @@ mod tests {
     }
 
     #[test]
-    fn the_markers_name_the_layout_and_this_build() {
+    fn the_markers_name_the_layout_and_the_oldest_release_that_follows() {
         for marker in [fence_marker(), retired_marker()] {
             let layout = Layout::parse(&marker).expect("a marker");
             assert!(
