@@ -5,13 +5,15 @@
 //! - `context`: what the pollers share (connection, keys, routes, sinks, settings);
 //! - `mover`: one target's loop (move script, sleep until the head is due);
 //! - `publisher`: per owned shard and two-phase sink, claims the sink's waiting jobs;
+//! - `takes`: what a shard's moves claim at once for this daemon's publishers, and the
+//!   deliveries of those claims;
 //! - `delivery`: the two-phase path for the jobs a publisher claimed (publish, confirm,
 //!   settle);
 //! - `wake`: the pub/sub listener;
 //! - `ownership`: which targets this instance polls.
 //!
 //! Imports only go one way: `publisher` → `delivery` → `context`, `publisher` → `mover`
-//! (its backoff) → `context`; `delivery` never calls a loop.
+//! (its backoff) → `takes` → `delivery`; `delivery` never calls a loop.
 //! The daemon (`app`) and the benchmark start pollers through [`start`] alike.
 
 mod context;
@@ -19,6 +21,7 @@ mod delivery;
 mod mover;
 mod ownership;
 mod publisher;
+mod takes;
 mod wake;
 
 pub use context::{
@@ -193,7 +196,8 @@ impl Supervisor {
                 self.ctx.clone(),
                 target,
                 self.wakers.waker(id, notify),
-                publishers,
+                takes::Takes::new(publishers),
+                self.tracker.clone(),
                 token.clone(),
                 self.on_batch.clone(),
             ));
@@ -201,31 +205,32 @@ impl Supervisor {
         }
     }
 
-    /// A publisher per part of the ready set (two-phase sink or flow part) for `shard`, stopped with the shard's mover; returns
-    /// their wake-ups in `ctx.sink_order`.
+    /// A publisher per part of the ready set (two-phase sink or flow part) for `shard`,
+    /// stopped with the shard's mover; returns the mover's links to them in `ctx.sink_order`.
     fn start_publishers(
         &self,
         shard: u16,
         token: &CancellationToken,
-    ) -> Vec<Option<Arc<tokio::sync::Notify>>> {
+    ) -> Vec<Option<Arc<takes::Link>>> {
         self.ctx
             .sink_order
             .iter()
             .map(|part| {
                 let part = part.as_ref()?;
-                let wake = Arc::new(tokio::sync::Notify::new());
+                let link = Arc::new(takes::Link::default());
                 self.wakers
-                    .register_publisher(shard, &part.name, wake.clone());
+                    .register_publisher(shard, &part.name, link.wake.clone());
                 // Woken by the shard's mover, or another daemon's through the wake channel;
                 // its fallback sleep follows the shard's wake-ups.
                 self.tracker.spawn(publisher::run(
                     self.ctx.clone(),
                     shard,
                     part.clone(),
-                    self.wakers.waker(&TargetId::Shard(shard), wake.clone()),
+                    self.wakers.waker(&TargetId::Shard(shard), link.wake.clone()),
+                    link.clone(),
                     token.clone(),
                 ));
-                Some(wake)
+                Some(link)
             })
             .collect()
     }

@@ -1,14 +1,16 @@
-//! The move loop of one target (an envelope shard or a raw source).
+//! The move loop of one target (a spread shard, a route lane or a raw source).
 //!
-//! Each turn runs one move script (`move_due` for a shard, `move_raw` for a raw source),
-//! which reads "now" from Redis `TIME` on every call, moves up to `batch` due jobs onto
-//! their lists (queueing two-phase ones for their sinks' publishers, which it then wakes),
-//! and returns the new head's score. After a full batch the loop goes again at once;
-//! otherwise it sleeps until the head is due (measured against Redis's clock, so the
+//! Each turn runs one move script (`move_due` for a shard, `move_lane` for a lane,
+//! `move_raw` for a raw source), which reads "now" from Redis `TIME` on every call, takes up
+//! to `batch` due jobs (onto their lists; a shard's claimed at once for this daemon's
+//! publishers that have room, see `takes`, the rest queued for their sinks' publishers, which
+//! it then wakes), and returns the new head's score. After a full batch the loop goes again
+//! at once; otherwise it sleeps until the head is due (measured against Redis's clock, so the
 //! poller's own clock does not matter), a wake-up arrives (an enqueue that made a new head),
 //! the idle-poll fallback elapses, or it is stopped. A script call in progress always
-//! finishes: it is atomic, and stopping is only checked between calls. The mover never
-//! waits for a broker.
+//! finishes: it is atomic, and stopping is only checked between calls. A shard's mover waits
+//! for a broker only while a sink without room holds up its batch, for at most
+//! `takes::PARK_AFTER`.
 //!
 //! A shard's mover also keeps its ready set routed by the config in force: at start and
 //! every [`LOOK_EVERY`] it lists the sinks jobs wait for there (`ready_sinks`), and walks the
@@ -19,6 +21,7 @@
 //! Errors never end the loop: they are logged, counted, and retried with capped backoff.
 
 use super::context::{BatchObserver, PollerContext, RawDelivery, Target, TargetId};
+use super::takes::{self, Takes};
 use super::wake::Waker;
 use crate::metrics::{
     self, BATCH_SIZE, JOBS_DEAD, JOBS_MOVED, JOBS_REROUTED, LEASES_EXPIRED, OCCURRENCES,
@@ -27,14 +30,14 @@ use crate::metrics::{
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use zdelay_core::config::ScoreUnit;
 use zdelay_core::lane::Lane;
 use zdelay_core::routes::Routes;
 use zdelay_core::schedules::{self, SchedAt, ScheduleCache};
 use zdelay_core::store::scripts::{
-    self, DUE_DEAD_KINDS, Held, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS,
+    self, DUE_DEAD_KINDS, Held, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS, Take,
 };
 use zdelay_core::store::{StoreError, lanes};
 
@@ -58,6 +61,18 @@ pub async fn move_walking(
     now_ms: Option<i64>,
     walk: Option<(&str, &str)>,
 ) -> redis::RedisResult<MoveReply> {
+    move_taking(ctx, target, now_ms, walk, &[]).await
+}
+
+/// [`move_walking`], a shard's jobs claimed at once for the parts of its ready set as `takes`
+/// says (the others queued there).
+async fn move_taking(
+    ctx: &PollerContext,
+    target: &Target,
+    now_ms: Option<i64>,
+    walk: Option<(&str, &str)>,
+    takes: &[Take],
+) -> redis::RedisResult<MoveReply> {
     let mut con = ctx.con_for(&target.id());
     let m = &ctx.mover;
     match target {
@@ -69,6 +84,8 @@ pub async fn move_walking(
                 batch_bytes: m.batch_bytes,
                 routes: &ctx.routes,
                 walk,
+                takes,
+                lease_ms: ctx.delivery.lease.as_millis() as u64,
             };
             scripts::move_due(&mut con, &ctx.keys.shard(*shard), &args).await
         }
@@ -324,13 +341,15 @@ fn announce_queued(ctx: &Arc<PollerContext>, wake: &Waker, queued: &[u64]) {
     });
 }
 
-/// Moves from `target` until `stop`. `publishers`: for a shard, the `Notify` of its
-/// publisher for each two-phase sink, in `ctx.sink_order` (`None` where none runs).
+/// Moves from `target` until `stop`. `takes`: for a shard, its links to its publishers
+/// for each part of the ready set, in `ctx.sink_order` (`None` where none runs), and what
+/// the moves claim for them; `tracker` runs the deliveries of what they claim.
 pub async fn run(
     ctx: Arc<PollerContext>,
     mut target: Target,
     wake: Waker,
-    publishers: Vec<Option<Arc<Notify>>>,
+    mut takes: Takes,
+    tracker: TaskTracker,
     stop: CancellationToken,
     on_batch: Option<BatchObserver>,
 ) {
@@ -379,8 +398,18 @@ pub async fn run(
         // A held route sleeps until its tokens are in or its list is looked at again, with
         // due work known to wait: no look at its heads first when that sleep runs out.
         let mut held = false;
-        let delay = match move_walking(&ctx, &target, None, walk).await {
-            Ok(reply) => {
+        let (take, mut room) = match &target {
+            Target::Shard(_) => takes.next(&ctx),
+            Target::Source(_) | Target::Lane(_) => (Vec::new(), Vec::new()),
+        };
+        let moved = move_taking(&ctx, &target, None, walk, &take).await;
+        let delay = match moved {
+            Ok(mut reply) => {
+                if let Target::Shard(shard) = &target {
+                    let claimed = std::mem::take(&mut reply.claimed);
+                    takes::deliver(&ctx, *shard, claimed, &mut room, started, &tracker);
+                }
+                drop(room);
                 held = reply.held != Held::Flowing;
                 ::metrics::histogram!(SCRIPT_DURATION, "script" => script)
                     .record(started.elapsed().as_secs_f64());
@@ -393,9 +422,9 @@ pub async fn run(
                 if let Some(observe) = &on_batch {
                     observe(&target, &reply);
                 }
-                for (queued, publisher) in reply.queued.iter().zip(&publishers) {
-                    if let (true, Some(publisher)) = (*queued > 0, publisher) {
-                        publisher.notify_one();
+                for (queued, link) in reply.queued.iter().zip(takes.links()) {
+                    if let (true, Some(link)) = (*queued > 0, link) {
+                        link.wake.notify_one();
                     }
                 }
                 announce_queued(&ctx, &wake, &reply.queued);
@@ -438,6 +467,11 @@ pub async fn run(
                 } else {
                     metrics::recovered("push_failed", &label);
                     backoff.reset();
+                    if let Some(part) = reply.waits_for {
+                        // Due jobs wait for a publisher's room here: for it, or to queue them.
+                        takes.wait_for_room(&ctx, part, &stop).await;
+                        continue;
+                    }
                     if reply.taken >= ctx.mover.batch || walks.next().is_some() {
                         // More are due, or a walk goes on: go again at once, but let other
                         // tasks run.

@@ -20,6 +20,7 @@
 use super::context::{PollerContext, RawSource, ReadyPart, TargetId};
 use super::delivery;
 use super::mover::Backoff;
+use super::takes::Link;
 use super::wake::Waker;
 use crate::metrics;
 use crate::sinks::SinkHandle;
@@ -56,6 +57,7 @@ pub async fn run(
     shard: u16,
     part: Arc<ReadyPart>,
     wake: Waker,
+    link: Arc<Link>,
     stop: CancellationToken,
 ) {
     let keys = ctx.keys.shard(shard);
@@ -72,6 +74,8 @@ pub async fn run(
     // holds, it waits for a wake-up instead of asking the destination every recheck.
     let mut found_empty = false;
     zdelay_core::failpoint::hold("publisher_start").await;
+    // From now on the shard's mover may claim this part's jobs for it.
+    link.mark_started();
     while !stop.is_cancelled() {
         if sink.is_paused() {
             tokio::select! {

@@ -126,6 +126,21 @@ impl SinkHandle {
         }
     }
 
+    /// Room for one more batch of up to `bytes` now, if there is any (see [`Self::permit`]).
+    pub fn try_permit(&self, bytes: usize) -> Option<InFlight> {
+        let batch = self.in_flight.clone().try_acquire_owned().ok()?;
+        let bytes = bytes.clamp(1, self.bytes_bound) as u32;
+        let bytes = self
+            .in_flight_bytes
+            .clone()
+            .try_acquire_many_owned(bytes)
+            .ok()?;
+        Some(InFlight {
+            _batch: batch,
+            bytes,
+        })
+    }
+
     /// The most bytes the sink may have in flight.
     pub fn bytes_bound(&self) -> usize {
         self.bytes_bound

@@ -1,17 +1,18 @@
 -- move_due: take one batch of due jobs of a spread shard (two-phase routes: brokers, remote
--- Redis) and queue each for its sink in the shard's ready set, where that sink's publishers
--- claim them (claim_jobs) at the sink's own pace: a sink that is down or slow holds up nothing
--- else, and its backlog waits there untouched. A job whose dest resolves to no sink goes to
--- dead (local routes keep their jobs in route lanes: move_lane). Expired leases are first
--- returned to due.
+-- Redis) and hand each to its sink: claimed at once for a publisher of the caller that has
+-- room (the job leased to it, its envelope in the reply), or queued in the shard's ready set,
+-- where that sink's publishers claim them (claim_jobs) at the sink's own pace. A sink that is
+-- down or slow holds up nothing else: its jobs wait in its part of the ready set, untouched. A
+-- job whose dest resolves to no sink goes to dead (local routes keep their jobs in route
+-- lanes: move_lane). Expired leases are first returned to due.
 -- KEYS[1] due       ZSET  {zdelay:3}:due        member = id, score = due ms
 -- KEYS[2] jobs      HASH  {zdelay:3}:jobs       id -> envelope ("zd1:" frame or JSON object;
 --                                               a frame's meta JSON is not read on this path)
 -- KEYS[3] inflight  ZSET  {zdelay:3}:inflight   member = id, score = lease deadline ms
 -- KEYS[4] dead      ZSET  {zdelay:3}:dead       member = id, score = ms it died
 -- KEYS[5] reasons   HASH  {zdelay:3}:reasons    id -> why it died
--- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> scheduled due ms of a two-phase job whose
---                                               score zdelay moved (lease expiry, retry)
+-- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> "<scheduled due ms> <token of its last
+--                                               claim>" (the due kept across redeliveries)
 -- KEYS[7] ready     ZSET  {zdelay:3}:ready      two-phase jobs waiting for their sink, all scores
 --                                               0, member = "<sink>\n<due, 16 digits>\n<id>" (lex
 --                                               order = sink, then due, then id)
@@ -20,24 +21,32 @@
 --                                               goes to dead ("expired") instead of out
 -- KEYS[10] sched_due ZSET {zdelay:3}:sched_due  schedule id -> its next occurrence (only its
 --                                               head is read, for the reply)
--- KEYS[11] shards   STRING {zdelay:3}:shards     the shard's marker (shard_fence)
--- KEYS[12] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
--- KEYS[13] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
+-- KEYS[11] lease_seq STRING {zdelay:3}:lease_seq the shard's claim counter: the claims' tokens
+-- KEYS[12] shards   STRING {zdelay:3}:shards     the shard's marker (shard_fence)
+-- KEYS[13] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
+-- KEYS[14] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] batch size, at most 1000
 -- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
 -- ARGV[4] largest payload in bytes (sizes the envelope reads; the publisher checks it)
 -- ARGV[5] byte budget: envelope bytes one call reads at most (the walk below and the batch
 --   together); a single envelope larger than the budget is still taken, alone
--- ARGV[6] T, the number of two-phase routes; then T pairs: route name, sink name
--- then S, the number of two-phase sinks (jobs may also name them as "<sink>/<target>");
---   then S names
+-- ARGV[6] T, the number of two-phase routes; then T pairs: route name, part name (its sink's,
+--   or its own flow part "<sink>:<route>")
+-- then S, the number of parts of the ready set (jobs may also name a sink as
+--   "<sink>/<target>"); then S names
 -- then the walk: a sink name ("" = no walk) and where to resume (a member of ready, exclusive;
 --   "" = the start of the sink's part). Up to a batch of that sink's part of ready is read and
 --   each job is refiled by the route its dest resolves to now: left alone (the same sink), moved
 --   to another sink's part (no attempt counted), or to dead ("route gone: ..." when nothing
 --   resolves). It runs before the batch, for sinks that are not configured or are paused (whose
 --   jobs no publisher claims, so none is handed over at publish).
+-- then the lease of claimed jobs, ms; then, for each of the S parts in order, what the caller's
+--   publishers of it take now (absent = "q"): "c" claims up to the given number of jobs and
+--   bytes of envelopes (a single larger envelope alone), "w" waits for room: the batch is cut
+--   before the part's first job that does not fit, unless a job after it is taken (then it is
+--   queued instead, so a part without room holds up no other part), "q" queues in the ready set;
+--   each followed by the jobs and the bytes (0 0 for "w" and "q")
 -- Returns (the shape move_raw and move_lane share, with no list pushes and no lateness
 -- buckets here: a two-phase job's lateness is its publish's): { taken, now_us, next_due (""
 --   when the shard is empty), 0, 0, "",
@@ -45,18 +54,23 @@
 --   expired; the walk's deaths included),
 --   0 (the one lateness bucket),
 --   leases expired and returned to due,
---   S, then jobs queued for each two-phase sink (S integers, in ARGV order; the walk's
+--   S, then jobs queued in the ready set for each part (S integers, in ARGV order; the walk's
 --   refiled jobs included),
 --   the next occurrence of the shard's schedules ("" when none),
 --   the walk: jobs refiled to another sink, 0, to dead, and where it resumes ("" when the
 --   sink's part has been walked to its end),
 --   the earliest lease deadline in inflight ("" when nothing is in flight): the caller polls
---   again by then, so an expired lease needs no idle poll to be noticed }
--- taken = dead + queued of the batch; a full batch means "call again now", and so does
--- a next_due that is already due (a batch cut by the byte budget).
--- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones.
+--   again by then, so an expired lease needs no idle poll to be noticed,
+--   the claims: { token ("" when nothing was claimed), lease deadline ms, the part (1-based)
+--   whose lack of room cut the batch (0 when none did), S counts of jobs claimed per part, then
+--   for each part in order its claimed jobs as triples: id, scheduled due ms (the first due it
+--   was scheduled for: stable across retries, releases and lease expiry), envelope } }
+-- taken = dead + queued + claimed of the batch; a full batch means "call again now", and so
+-- does a next_due that is already due (a batch cut by the byte budget or by a part's room).
+-- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones (the
+-- first run's claims stay leased).
 
-local shard_marker = KEYS[11]
+local shard_marker = KEYS[12]
 -- @include shard_fence
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
@@ -70,7 +84,7 @@ else
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local now_ms = math.floor(now_us / 1000)
-local unique_key, windows_key = KEYS[12], KEYS[13]
+local unique_key, windows_key = KEYS[13], KEYS[14]
 -- @include remember
 local max_payload = tonumber(ARGV[4])
 local budget_left = tonumber(ARGV[5])
@@ -85,14 +99,23 @@ end
 pos = pos + 1
 local remote_sinks = {}   -- sink name -> index in ARGV order
 local sink_count = tonumber(ARGV[pos])
-local queued = {}
+local queued, part_names = {}, {}
 for s = 1, sink_count do
   pos = pos + 1
   remote_sinks[ARGV[pos]] = s
+  part_names[s] = ARGV[pos]
   queued[s] = 0
 end
 pos = pos + 1
 local walk_sink, walk_from = ARGV[pos], ARGV[pos + 1]
+local lease_ms = tonumber(ARGV[pos + 2]) or 0
+local mode, room_jobs, room_bytes = {}, {}, {}
+for s = 1, sink_count do
+  local at = pos + 3 * s
+  mode[s] = ARGV[at] or 'q'
+  room_jobs[s] = tonumber(ARGV[at + 1]) or 0
+  room_bytes[s] = tonumber(ARGV[at + 2]) or 0
+end
 
 local DEAD_MALFORMED, DEAD_UNKNOWN, DEAD_WRONGTYPE, DEAD_OVERSIZE, DEAD_MISSING, DEAD_EXPIRED = 1, 2, 3, 4, 5, 6
 local dead_counts = { 0, 0, 0, 0, 0, 0 }
@@ -134,16 +157,17 @@ end
 -- envelope's is checked here, so an unreadable one dies before it is queued).
 local function parse(v)
   if not v then return nil, nil, 'no envelope stored for this id', DEAD_MISSING end
-  if string.sub(v, 1, 4) == 'zd1:' then
-    local a = string.find(v, '\n', 5, true)
-    local b = a and string.find(v, '\n', a + 1, true)
-    -- The meta length must be plain decimal digits and fit inside the record.
-    local digits = b and string.sub(v, a + 1, b - 1)
-    local meta_len = digits and string.find(digits, '^%d+$') and tonumber(digits)
-    if not meta_len or b + meta_len > #v then
+  -- The meta length must be plain decimal digits and fit inside the record.
+  local dest, digits = string.match(v, '^zd1:([^\n]*)\n(%d+)\n')
+  if dest then
+    local meta_at = 7 + #dest + #digits
+    if meta_at + tonumber(digits) > #v + 1 then
       return nil, nil, 'malformed envelope: bad zd1 frame', DEAD_MALFORMED
     end
-    return string.sub(v, 5, a - 1), b + 1 + meta_len, nil
+    return dest, meta_at + tonumber(digits), nil
+  end
+  if string.sub(v, 1, 4) == 'zd1:' then
+    return nil, nil, 'malformed envelope: bad zd1 frame', DEAD_MALFORMED
   end
   if string.sub(v, 1, 1) ~= '{' then
     return nil, nil, 'malformed envelope: neither a zd1 frame nor a JSON object', DEAD_MALFORMED
@@ -280,31 +304,30 @@ if #expired > 0 then
 end
 
 local ready_members, ready_ids = {}, {}  -- two-phase jobs queued for their sink
-local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', 0, batch)
-local n = #ids
+local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, batch)
+local n = #items / 2
 local next_due = ''
 -- Jobs with a max lateness are checked one by one.
 local bounded = n > 0 and redis.call('EXISTS', max_lateness_key) == 1
-local envelopes
+-- Numbers given to Redis as text once, not once per job.
+local token, deadline, cut_by = '', string.format('%d', now_ms + lease_ms), 0
+local claimed = {}  -- per part: the indexes of its claimed jobs in the batch
+for s = 1, sink_count do claimed[s] = {} end
+local envelopes, claim_ids, claim_dues = nil, {}, {}
 if n > 0 then
+  local ids = {}
+  for i = 1, n do ids[i] = items[2 * i - 1] end
   -- The batch is the prefix of ids whose envelopes fit the budget (at least one, unless the
   -- walk spent it: the walk and the batch share one call's budget).
   envelopes, n = read_envelopes(ids, budget_left == budget_full)
-end
-if n > 0 then
-  local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, n)
-  n = #items / 2
-  local ids = {}
-  for i = 1, n do ids[i] = items[2 * i - 1] end
-  local dead_ids, dead_reasons, dead_kinds = {}, {}, {}
-  local function to_dead(id, reason, kind)
-    dead_ids[#dead_ids + 1] = id
-    dead_reasons[#dead_reasons + 1] = reason
-    dead_kinds[#dead_kinds + 1] = kind
-  end
-  local limits = bounded and redis.call('HMGET', max_lateness_key, unpack(ids)) or {}
+  local limits = (bounded and n > 0) and redis.call('HMGET', max_lateness_key, unpack(ids, 1, n)) or {}
+  -- Each job's fate: 'd' dead (with why), 'q' queued, 'c' claimed, 'w' waits (its part has no
+  -- room); the batch ends after the last job taken, and a waiting job before it is queued.
+  local fate, part, why, kinds = {}, {}, {}, {}
+  local used_bytes = {}
+  for s = 1, sink_count do used_bytes[s] = 0 end
+  local last_taken = 0
   for i = 1, n do
-    local id = ids[i]
     local dest, _, reason, kind = parse(envelopes[i])
     local limit = limits[i] and tonumber(limits[i])
     local late = now_ms - tonumber(items[2 * i])
@@ -313,15 +336,45 @@ if n > 0 then
     end
     local sink = dest and resolve(dest)
     if sink then
+      local s = remote_sinks[sink]
+      part[i] = s
+      local size = #envelopes[i]
+      local mine = claimed[s]
+      if mode[s] == 'c' and #mine < room_jobs[s] and (#mine == 0 or used_bytes[s] + size <= room_bytes[s]) then
+        fate[i] = 'c'
+        mine[#mine + 1] = i
+        used_bytes[s] = used_bytes[s] + size
+      elseif mode[s] == 'c' or mode[s] == 'w' then
+        fate[i] = 'w'
+      else
+        fate[i] = 'q'
+      end
+    else
+      fate[i] = 'd'
+      if dest then
+        why[i], kinds[i] = 'unknown destination: ' .. dest, DEAD_UNKNOWN
+      else
+        why[i], kinds[i] = reason, kind
+      end
+    end
+    if fate[i] ~= 'w' then last_taken = i end
+  end
+  if last_taken < n then cut_by = part[last_taken + 1] end
+  n = last_taken
+  local dead_ids, dead_reasons = {}, {}
+  local left = {}  -- ids leaving due other than by a claim
+  for i = 1, n do
+    local id = items[2 * i - 1]
+    if fate[i] == 'd' then
+      dead_ids[#dead_ids + 1] = id
+      dead_reasons[#dead_reasons + 1] = why[i]
+      dead_counts[kinds[i]] = dead_counts[kinds[i]] + 1
+    elseif fate[i] ~= 'c' then
       -- Lex order in ready: sink, then due (fixed width), then id.
-      local member = sink .. '\n' .. string.format('%016d', math.floor(tonumber(items[2 * i]))) .. '\n' .. id
+      local member = part_names[part[i]] .. '\n' .. string.format('%016d', math.floor(tonumber(items[2 * i]))) .. '\n' .. id
       ready_members[#ready_members + 1] = member
       ready_ids[#ready_ids + 1] = id
-      queued[remote_sinks[sink]] = queued[remote_sinks[sink]] + 1
-    elseif dest then
-      to_dead(id, 'unknown destination: ' .. dest, DEAD_UNKNOWN)
-    else
-      to_dead(id, reason, kind)
+      queued[part[i]] = queued[part[i]] + 1
     end
   end
   if #dead_ids > 0 then
@@ -331,7 +384,6 @@ if n > 0 then
       zargs[#zargs + 1] = dead_ids[j]
       hargs[#hargs + 1] = dead_ids[j]
       hargs[#hargs + 1] = dead_reasons[j]
-      dead_counts[dead_kinds[j]] = dead_counts[dead_kinds[j]] + 1
     end
     redis.call('ZADD', dead_key, unpack(zargs))
     redis.call('HSET', reasons_key, unpack(hargs))
@@ -348,9 +400,34 @@ if n > 0 then
     redis.call('ZADD', ready_key, unpack(zargs))
     redis.call('HSET', ready_ids_key, unpack(hargs))
   end
+  -- Claimed jobs are leased as claim_jobs leases them: in inflight until the deadline, the
+  -- scheduled due (kept from an earlier claim) and this call's token in scheduled.
+  for s = 1, sink_count do
+    for _, i in ipairs(claimed[s]) do
+      claim_ids[#claim_ids + 1] = items[2 * i - 1]
+      local due = items[2 * i]
+      if string.find(due, '[^%d]') then due = string.format('%d', math.floor(tonumber(due))) end
+      claim_dues[#claim_dues + 1] = due
+    end
+  end
+  if #claim_ids > 0 then
+    token = string.format('%d', redis.call('INCR', KEYS[11]))
+    local zargs, hargs = {}, {}
+    local known = redis.call('HMGET', scheduled_key, unpack(claim_ids))
+    for j = 1, #claim_ids do
+      zargs[#zargs + 1] = deadline
+      zargs[#zargs + 1] = claim_ids[j]
+      local due = known[j] and string.match(known[j], '^(%-?%d+)')
+      if due then claim_dues[j] = due end
+      hargs[#hargs + 1] = claim_ids[j]
+      hargs[#hargs + 1] = claim_dues[j] .. ' ' .. token
+    end
+    redis.call('ZADD', inflight_key, unpack(zargs))
+    redis.call('HSET', scheduled_key, unpack(hargs))
+  end
   if bounded then
     -- The limit applies until the job leaves due (a two-phase job's is checked at publish).
-    for _, done in ipairs({ dead_ids, ready_ids }) do
+    for _, done in ipairs({ dead_ids, ready_ids, claim_ids }) do
       if #done > 0 then redis.call('HDEL', max_lateness_key, unpack(done)) end
     end
   end
@@ -360,7 +437,7 @@ if n > 0 then
     redis.call('HDEL', scheduled_key, unpack(dead_ids))
   end
   -- The first n ranks are exactly the ids read above (same script, scores <= now).
-  redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1)
+  if n > 0 then redis.call('ZREMRANGEBYRANK', due_key, 0, n - 1) end
 end
 local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 if head[2] then next_due = head[2] end
@@ -379,4 +456,16 @@ out[#out + 1] = refiled_dead
 out[#out + 1] = walk_next
 local lease_head = redis.call('ZRANGE', inflight_key, 0, 0, 'WITHSCORES')
 out[#out + 1] = lease_head[2] or ''
+local claims = { token, deadline, cut_by }
+for s = 1, sink_count do claims[#claims + 1] = #claimed[s] end
+local j = 0
+for s = 1, sink_count do
+  for _, i in ipairs(claimed[s]) do
+    j = j + 1
+    claims[#claims + 1] = claim_ids[j]
+    claims[#claims + 1] = claim_dues[j]
+    claims[#claims + 1] = envelopes[i]
+  end
+end
+out[#out + 1] = claims
 return out

@@ -22,8 +22,8 @@
 --   move jobs in flight only once they are settled, and the token fences the settle.
 -- ARGV[2] the claim's token (claim_jobs), the fence
 -- ARGV[3] wake channel; ARGV[4] shard number
--- ARGV[5..] quadruples: op, id, a, b
---   "ack"     delivered: the job is removed                              (a, b unused)
+-- ARGV[5] A, the number of jobs delivered (acked: each is removed); then their A ids
+-- ARGV[6 + A..] quadruples for the others: op, id, a, b
 --   "retry"   back to due at a (ms); b = envelope with attempt and last_error updated
 --             (retry, release and due keep the scheduled due in KEYS[6], so the idempotency key
 --             holds)
@@ -59,25 +59,30 @@ local settled, fenced = 0, 0
 local earliest = nil
 -- Ownership of the whole batch in two reads (one command per key, not per id): a job is ours
 -- while it is in inflight and its scheduled entry carries this claim's token.
+local acks = tonumber(ARGV[5])
 local ids = {}
-for i = 6, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
+for i = 6, 5 + acks do ids[#ids + 1] = ARGV[i] end
+for i = 7 + acks, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
 if #ids == 0 then return { 0, 0 } end
 local leased = redis.call('ZMSCORE', inflight_key, unpack(ids))
 local records = redis.call('HMGET', scheduled_key, unpack(ids))
+-- A record ends with this claim's token: its suffix is compared, not parsed.
+local suffix = ' ' .. token
+local cut = -#suffix
 -- Acks, the commonest outcome, are written in one command per key at the end.
 local acked, seen, died = {}, {}, {}
-local n = 0
-for i = 5, #ARGV, 4 do
-  n = n + 1
-  local op, id, a, b = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+for n = 1, #ids do
+  local id = ids[n]
   local record = records[n]
   -- An id named twice settles once: the second finds it no longer leased, as it would
   -- after the first had run alone.
-  if leased[n] and not seen[id] and record and string.match(record, ' (%d+)$') == token then
+  if leased[n] and not seen[id] and record and string.sub(record, cut) == suffix then
     seen[id] = true
-    if op == 'ack' then
+    if n <= acks then
       acked[#acked + 1] = id
     else
+      local at = 6 + acks + 4 * (n - acks - 1)
+      local op, a, b = ARGV[at], ARGV[at + 2], ARGV[at + 3]
       redis.call('ZREM', inflight_key, id)
       if op == 'retry' or op == 'due' then
         local due = tonumber(a)

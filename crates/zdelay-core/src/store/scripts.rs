@@ -173,6 +173,7 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
             ReadyIds,
             MaxLateness,
             SchedDue,
+            LeaseSeq,
             Layout,
         ],
     ),
@@ -1039,6 +1040,31 @@ pub struct MoveDue<'a> {
     /// Walk this sink's part of the ready set from this member on (exclusive; "" = its
     /// start), refiling its jobs by their route now (see `move_due.lua`).
     pub walk: Option<(&'a str, &'a str)>,
+    /// What the caller's publishers take at once, per part of the ready set in
+    /// `Routes::ready_parts` order (missing parts queue their jobs in the ready set).
+    pub takes: &'a [Take],
+    /// The lease of the jobs it claims.
+    pub lease_ms: u64,
+}
+
+/// What the caller's publishers of one part of the ready set take in a `move_due` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Take {
+    /// Queue its jobs in the ready set (no publisher here, or it is paused or rate-limited).
+    #[default]
+    Queue,
+    /// Claim up to `jobs` jobs and `bytes` bytes of envelopes (a single larger one alone).
+    Claim { jobs: usize, bytes: usize },
+    /// No room now: leave its jobs due (cutting the batch) unless a job after them is taken.
+    Wait,
+}
+
+/// The jobs one `move_due` call claimed for one part of the ready set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartClaim {
+    /// The part's index in `Routes::ready_parts` order.
+    pub part: usize,
+    pub claim: Claim,
 }
 
 pub async fn move_due(
@@ -1060,12 +1086,94 @@ pub async fn move_due(
         inv.arg(route).arg(part);
     }
     let sinks: Vec<&str> = routes.ready_parts().collect();
-    inv.arg(sinks.len()).arg(sinks);
+    inv.arg(sinks.len()).arg(&sinks);
     let (walk_sink, walk_from) = args.walk.unwrap_or(("", ""));
-    inv.arg(walk_sink).arg(walk_from);
-    let value = inv.invoke(con).await?;
+    inv.arg(walk_sink).arg(walk_from).arg(args.lease_ms);
+    for i in 0..sinks.len() {
+        match args.takes.get(i).copied().unwrap_or_default() {
+            Take::Queue => inv.arg("q").arg(0).arg(0),
+            Take::Claim { jobs, bytes } => inv.arg("c").arg(jobs).arg(bytes),
+            Take::Wait => inv.arg("w").arg(0).arg(0),
+        };
+    }
+    let mut items = match inv.invoke(con).await? {
+        Value::Array(items) => items,
+        other => return Err(protocol_error("move_due reply", &other)),
+    };
+    let claims = match items.pop() {
+        Some(Value::Array(claims)) => claims,
+        other => return Err(protocol_error("move_due claims", &other.unwrap_or_default())),
+    };
     // No list pushes and no lateness buckets: one (empty) bucket.
-    MoveReply::parse(value, 0, 0)
+    let mut reply = MoveReply::parse(Value::Array(items), 0, 0)?;
+    let (claimed, waits_for) = parse_move_claims(claims, sinks.len(), &reply)?;
+    reply.claimed = claimed;
+    reply.waits_for = waits_for;
+    Ok(reply)
+}
+
+/// The claims at the end of a `move_due` reply: per part with claimed jobs, its claim; and the
+/// part whose lack of room cut the batch.
+fn parse_move_claims(
+    claims: Vec<Value>,
+    parts: usize,
+    reply: &MoveReply,
+) -> redis::RedisResult<(Vec<PartClaim>, Option<usize>)> {
+    if claims.len() < 3 + parts {
+        return Err(protocol_error("move_due claims", &Value::Array(claims)));
+    }
+    let mut it = claims.into_iter();
+    let mut next = || it.next().unwrap_or_default();
+    let token = as_string(next())?;
+    let deadline_ms = as_int(next())?;
+    let waits_for = match as_int(next())? {
+        0 => None,
+        n => Some(n as usize - 1),
+    };
+    let counts = (0..parts)
+        .map(|_| as_int(next()).map(|n| n as usize))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rest: Vec<Value> = it.collect();
+    let total: usize = counts.iter().sum();
+    if rest.len() != 3 * total || (total > 0 && token.is_empty()) {
+        return Err(protocol_error("move_due claimed jobs", &Value::Int(total as i64)));
+    }
+    let mut jobs = rest.chunks(3);
+    let mut claimed = Vec::new();
+    for (part, count) in counts.into_iter().enumerate() {
+        if count == 0 {
+            continue;
+        }
+        let jobs = jobs
+            .by_ref()
+            .take(count)
+            .map(claimed_job)
+            .collect::<Result<Vec<_>, _>>()?;
+        claimed.push(PartClaim {
+            part,
+            claim: Claim {
+                now_us: reply.now_us,
+                deadline_ms,
+                token: token.clone(),
+                more: false,
+                next_lease_ms: reply.next_lease_ms,
+                jobs,
+            },
+        });
+    }
+    Ok((claimed, waits_for))
+}
+
+/// One claimed job's triple: id, scheduled due, envelope.
+fn claimed_job(job: &[Value]) -> redis::RedisResult<Claimed> {
+    Ok(Claimed {
+        id: as_string(job[0].clone())?,
+        due_ms: as_string(job[1].clone())?
+            .parse::<f64>()
+            .map(|d| d as i64)
+            .map_err(|_| protocol_error("claimed due", &job[1]))?,
+        envelope: as_bytes(job[2].clone())?,
+    })
 }
 
 /// A job claimed for a two-phase sink: in inflight until `Claim::deadline_ms`.
@@ -1137,17 +1245,10 @@ pub async fn claim_jobs(
     if rest.len() != 3 * count || (count > 0 && token.is_empty()) {
         return Err(protocol_error("claimed jobs", &Value::Int(count as i64)));
     }
-    let mut jobs = Vec::with_capacity(count);
-    for job in rest.chunks(3) {
-        jobs.push(Claimed {
-            id: as_string(job[0].clone())?,
-            due_ms: as_string(job[1].clone())?
-                .parse::<f64>()
-                .map(|d| d as i64)
-                .map_err(|_| protocol_error("claimed due", &job[1]))?,
-            envelope: as_bytes(job[2].clone())?,
-        });
-    }
+    let jobs = rest
+        .chunks(3)
+        .map(claimed_job)
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Claim {
         now_us,
         deadline_ms,
@@ -1403,9 +1504,16 @@ pub async fn settle_jobs(
     let mut inv = fenced_invocation(&compiled::settle_jobs, "settle_jobs", keys);
     inv.key(&keys.unique).key(&keys.windows);
     inv.arg(token).arg(&keys.wake_channel).arg(keys.shard);
+    // The acks first, by id alone: most of a batch, one argument each.
+    let acked: Vec<&str> = ops
+        .iter()
+        .filter(|(_, op)| *op == SettleOp::Ack)
+        .map(|(id, _)| *id)
+        .collect();
+    inv.arg(acked.len()).arg(acked);
     for (id, op) in ops {
         match op {
-            SettleOp::Ack => inv.arg("ack").arg(*id).arg("").arg(""),
+            SettleOp::Ack => continue,
             SettleOp::Retry { due_ms, envelope } => {
                 inv.arg("retry").arg(*id).arg(*due_ms).arg(*envelope)
             }
@@ -2876,6 +2984,11 @@ pub struct MoveReply {
     pub deferral_ms: u64,
     /// Why the route is held after this call (`move_lane` only).
     pub held: Held,
+    /// The jobs claimed for the caller's publishers, per part (`move_due` only).
+    pub claimed: Vec<PartClaim>,
+    /// The part (index in `Routes::ready_parts` order) whose lack of room cut the batch: its
+    /// jobs wait due until a publisher of it has room (`move_due` only).
+    pub waits_for: Option<usize>,
 }
 
 /// Whether a route's flow control holds back due work.

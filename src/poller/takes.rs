@@ -1,0 +1,161 @@
+//! What a shard's mover claims at once for this daemon's publishers.
+//!
+//! A due job of a two-phase route is claimed by the move that takes it off the due set when a
+//! publisher of its part of the ready set here has room (a batch slot and bytes of its sink's
+//! in-flight bounds): its envelope comes back in the move's reply and is published at once.
+//! Queueing it in the ready set first, and claiming it from there, costs Redis about twice as
+//! much per job; that path stays for the parts whose jobs cannot be published now: a paused
+//! sink, a route with flow control (claimed through its gate), a sink with no handle or no
+//! running publisher here, and a sink that stayed without room for [`PARK_AFTER`] while its
+//! jobs held up the move (a slow or hung broker), until it has room again.
+
+use super::context::PollerContext;
+use super::delivery;
+use crate::metrics;
+use crate::sinks::{InFlight, SinkHandle};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use zdelay_core::store::scripts::{PartClaim, Take};
+
+/// How long a move whose batch a part without room cut waits for that part's room before it
+/// queues the part's jobs in the ready set instead (so that a slow or hung broker holds up
+/// the other parts' jobs that long at most).
+pub const PARK_AFTER: Duration = Duration::from_millis(50);
+
+/// A shard mover's link to its publisher of one part of the ready set.
+#[derive(Default)]
+pub struct Link {
+    /// Wakes the publisher: the mover queued jobs for it.
+    pub wake: Arc<Notify>,
+    /// The publisher runs: the mover may claim for its part.
+    pub started: AtomicBool,
+}
+
+impl Link {
+    pub fn mark_started(&self) {
+        self.started.store(true, Ordering::Release);
+    }
+}
+
+/// Per part of the ready set (in `ctx.sink_order`): what the next move takes for it.
+pub struct Takes {
+    links: Vec<Option<Arc<Link>>>,
+    /// Queueing this part's jobs until its sink has room again.
+    parking: Vec<bool>,
+    /// Room waited for after a cut, for the next move.
+    held: Vec<Option<InFlight>>,
+}
+
+impl Takes {
+    pub fn new(links: Vec<Option<Arc<Link>>>) -> Self {
+        let n = links.len();
+        Takes {
+            links,
+            parking: vec![false; n],
+            held: (0..n).map(|_| None).collect(),
+        }
+    }
+
+    pub fn links(&self) -> &[Option<Arc<Link>>] {
+        &self.links
+    }
+
+    /// What the next move takes per part, with the room taken for the parts it claims for
+    /// (dropped unused once the move answered).
+    pub fn next(&mut self, ctx: &PollerContext) -> (Vec<Take>, Vec<Option<InFlight>>) {
+        let policy = &ctx.delivery;
+        let mut takes = Vec::with_capacity(self.links.len());
+        let mut room = Vec::with_capacity(self.links.len());
+        for (i, part) in ctx.sink_order.iter().enumerate() {
+            let claimable = part.as_ref().filter(|part| {
+                part.flow.is_none()
+                    && !part.sink.is_paused()
+                    && self.links.get(i).and_then(Option::as_ref).is_some_and(|link| {
+                        link.started.load(Ordering::Acquire)
+                    })
+            });
+            let Some(part) = claimable else {
+                self.held[i] = None;
+                takes.push(Take::Queue);
+                room.push(None);
+                continue;
+            };
+            let bytes = policy.batch_bytes.min(part.sink.bytes_bound());
+            let permit = self.held[i]
+                .take()
+                .or_else(|| part.sink.try_permit(bytes));
+            takes.push(match (&permit, self.parking[i]) {
+                (Some(_), _) => {
+                    self.parking[i] = false;
+                    Take::Claim {
+                        jobs: policy.batch,
+                        bytes,
+                    }
+                }
+                (None, true) => Take::Queue,
+                (None, false) => Take::Wait,
+            });
+            room.push(permit);
+        }
+        (takes, room)
+    }
+
+    /// A move was cut by `part`'s lack of room: waits up to [`PARK_AFTER`] for it (kept for
+    /// the next move), else queues its jobs until it has room again.
+    pub async fn wait_for_room(&mut self, ctx: &PollerContext, part: usize, stop: &CancellationToken) {
+        let Some(Some(ready)) = ctx.sink_order.get(part) else {
+            return;
+        };
+        let bytes = ctx.delivery.batch_bytes.min(ready.sink.bytes_bound());
+        tokio::select! {
+            permit = tokio::time::timeout(PARK_AFTER, ready.sink.permit(bytes)) => match permit {
+                Ok(permit) => self.held[part] = Some(permit),
+                Err(_) => self.parking[part] = true,
+            },
+            _ = stop.cancelled() => {}
+        }
+    }
+}
+
+/// Publishes and settles each part's claimed jobs in a task of its own (tracked, so a stop
+/// waits for them), holding the room taken for it until settled.
+pub fn deliver(
+    ctx: &Arc<PollerContext>,
+    shard: u16,
+    claimed: Vec<PartClaim>,
+    room: &mut [Option<InFlight>],
+    claimed_at: Instant,
+    tracker: &TaskTracker,
+) {
+    for PartClaim { part, claim } in claimed {
+        let (Some(Some(ready)), Some(mut permit)) =
+            (ctx.sink_order.get(part), room.get_mut(part).and_then(Option::take))
+        else {
+            // Never claimed without both; the lease brings the jobs back if it ever were.
+            tracing::error!(part, "claimed jobs for a part without room; their lease returns them");
+            continue;
+        };
+        permit.keep(claim.bytes());
+        let (ctx, ready) = (ctx.clone(), ready.clone());
+        tracker.spawn(async move {
+            let batch = delivery::ClaimedBatch {
+                part: &ready.name,
+                claim: &claim,
+                claimed_at,
+                held_since_ms: None,
+                turns: &[],
+            };
+            let sink: &SinkHandle = &ready.sink;
+            if let Err(e) = delivery::deliver(&ctx, shard, sink, &batch).await {
+                // The batch stays in flight; its lease lapses wherever it lands.
+                let label = format!("sink {} shard {shard}", ready.name);
+                metrics::error_event("redis", &label, &e);
+            }
+            drop(permit);
+        });
+    }
+}
