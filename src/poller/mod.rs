@@ -226,7 +226,8 @@ impl Supervisor {
                     self.ctx.clone(),
                     shard,
                     part.clone(),
-                    self.wakers.waker(&TargetId::Shard(shard), link.wake.clone()),
+                    self.wakers
+                        .waker(&TargetId::Shard(shard), link.wake.clone()),
                     link.clone(),
                     token.clone(),
                 ));

@@ -368,6 +368,8 @@ pub async fn run(
     // fallback polls find nothing, and with many lanes their script calls were most of an
     // idle daemon's cost to Redis.
     let mut look_first = false;
+    // The part whose lack of room cut the last move.
+    let mut cut_by: Option<usize> = None;
     tracing::debug!(source = %label, ?target, "poller started");
     while !stop.is_cancelled() {
         if let (Target::Lane(lane), true) = (&target, std::mem::take(&mut look_first)) {
@@ -402,6 +404,11 @@ pub async fn run(
             Target::Shard(_) => takes.next(&ctx),
             Target::Source(_) | Target::Lane(_) => (Vec::new(), Vec::new()),
         };
+        if let Some(part) = Takes::only_waiting(&take, cut_by.take()) {
+            // Nothing but the jobs of a part without room is due: wait for it first.
+            takes.wait_for_room(&ctx, part, &stop).await;
+            continue;
+        }
         let moved = move_taking(&ctx, &target, None, walk, &take).await;
         let delay = match moved {
             Ok(mut reply) => {
@@ -469,6 +476,7 @@ pub async fn run(
                     backoff.reset();
                     if let Some(part) = reply.waits_for {
                         // Due jobs wait for a publisher's room here: for it, or to queue them.
+                        cut_by = Some(part);
                         takes.wait_for_room(&ctx, part, &stop).await;
                         continue;
                     }

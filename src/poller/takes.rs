@@ -24,7 +24,7 @@ use zdelay_core::store::scripts::{PartClaim, Take};
 /// How long a move whose batch a part without room cut waits for that part's room before it
 /// queues the part's jobs in the ready set instead (so that a slow or hung broker holds up
 /// the other parts' jobs that long at most).
-pub const PARK_AFTER: Duration = Duration::from_millis(50);
+pub const PARK_AFTER: Duration = Duration::from_millis(250);
 
 /// A shard mover's link to its publisher of one part of the ready set.
 #[derive(Default)]
@@ -74,9 +74,11 @@ impl Takes {
             let claimable = part.as_ref().filter(|part| {
                 part.flow.is_none()
                     && !part.sink.is_paused()
-                    && self.links.get(i).and_then(Option::as_ref).is_some_and(|link| {
-                        link.started.load(Ordering::Acquire)
-                    })
+                    && self
+                        .links
+                        .get(i)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|link| link.started.load(Ordering::Acquire))
             });
             let Some(part) = claimable else {
                 self.held[i] = None;
@@ -85,9 +87,7 @@ impl Takes {
                 continue;
             };
             let bytes = policy.batch_bytes.min(part.sink.bytes_bound());
-            let permit = self.held[i]
-                .take()
-                .or_else(|| part.sink.try_permit(bytes));
+            let permit = self.held[i].take().or_else(|| part.sink.try_permit(bytes));
             takes.push(match (&permit, self.parking[i]) {
                 (Some(_), _) => {
                     self.parking[i] = false;
@@ -106,7 +106,12 @@ impl Takes {
 
     /// A move was cut by `part`'s lack of room: waits up to [`PARK_AFTER`] for it (kept for
     /// the next move), else queues its jobs until it has room again.
-    pub async fn wait_for_room(&mut self, ctx: &PollerContext, part: usize, stop: &CancellationToken) {
+    pub async fn wait_for_room(
+        &mut self,
+        ctx: &PollerContext,
+        part: usize,
+        stop: &CancellationToken,
+    ) {
         let Some(Some(ready)) = ctx.sink_order.get(part) else {
             return;
         };
@@ -118,6 +123,16 @@ impl Takes {
             },
             _ = stop.cancelled() => {}
         }
+    }
+
+    /// The part to wait for instead of moving: every part waits for room, so a move would
+    /// only read their jobs to leave them due. The part that cut the last move, or the only
+    /// part; `None` (move) when that is not known.
+    pub fn only_waiting(takes: &[Take], cut_by: Option<usize>) -> Option<usize> {
+        if takes.is_empty() || takes.iter().any(|t| *t != Take::Wait) {
+            return None;
+        }
+        cut_by.or((takes.len() == 1).then_some(0))
     }
 }
 
@@ -132,11 +147,15 @@ pub fn deliver(
     tracker: &TaskTracker,
 ) {
     for PartClaim { part, claim } in claimed {
-        let (Some(Some(ready)), Some(mut permit)) =
-            (ctx.sink_order.get(part), room.get_mut(part).and_then(Option::take))
-        else {
+        let (Some(Some(ready)), Some(mut permit)) = (
+            ctx.sink_order.get(part),
+            room.get_mut(part).and_then(Option::take),
+        ) else {
             // Never claimed without both; the lease brings the jobs back if it ever were.
-            tracing::error!(part, "claimed jobs for a part without room; their lease returns them");
+            tracing::error!(
+                part,
+                "claimed jobs for a part without room; their lease returns them"
+            );
             continue;
         };
         permit.keep(claim.bytes());

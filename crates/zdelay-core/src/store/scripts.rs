@@ -1102,7 +1102,12 @@ pub async fn move_due(
     };
     let claims = match items.pop() {
         Some(Value::Array(claims)) => claims,
-        other => return Err(protocol_error("move_due claims", &other.unwrap_or_default())),
+        other => {
+            return Err(protocol_error(
+                "move_due claims",
+                &other.unwrap_or_default(),
+            ));
+        }
     };
     // No list pushes and no lateness buckets: one (empty) bucket.
     let mut reply = MoveReply::parse(Value::Array(items), 0, 0)?;
@@ -1136,7 +1141,10 @@ fn parse_move_claims(
     let rest: Vec<Value> = it.collect();
     let total: usize = counts.iter().sum();
     if rest.len() != 3 * total || (total > 0 && token.is_empty()) {
-        return Err(protocol_error("move_due claimed jobs", &Value::Int(total as i64)));
+        return Err(protocol_error(
+            "move_due claimed jobs",
+            &Value::Int(total as i64),
+        ));
     }
     let mut jobs = rest.chunks(3);
     let mut claimed = Vec::new();
