@@ -84,8 +84,12 @@ pub async fn run(
             }
             continue;
         }
-        let mut permit = tokio::select! {
-            permit = sink.permit(policy.batch_bytes) => permit,
+        // The part's turn first (the mover may hold it for a batch it claimed), then room.
+        let (turn, mut permit) = tokio::select! {
+            room = async {
+                let turn = link.gate.clone().acquire_owned().await;
+                (turn, sink.permit(policy.batch_bytes).await)
+            } => room,
             _ = stop.cancelled() => break,
         };
         let admitted = match &gate {
@@ -215,7 +219,8 @@ pub async fn run(
         {
             gate.finish(done, &label).await;
         }
-        drop(permit);
+        // The part's turn too: the mover claims for it while this publisher waits.
+        drop((permit, turn));
         if wait.is_zero() {
             tokio::task::yield_now().await;
             continue;

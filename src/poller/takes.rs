@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use zdelay_core::store::scripts::{PartClaim, Take};
@@ -27,12 +28,24 @@ use zdelay_core::store::scripts::{PartClaim, Take};
 pub const PARK_AFTER: Duration = Duration::from_millis(250);
 
 /// A shard mover's link to its publisher of one part of the ready set.
-#[derive(Default)]
 pub struct Link {
     /// Wakes the publisher: the mover queued jobs for it.
     pub wake: Arc<Notify>,
     /// The publisher runs: the mover may claim for its part.
     pub started: AtomicBool,
+    /// One batch of the part in flight at a time, claimed by the mover or the publisher: a
+    /// daemon whose settle hangs publishes a job once, however often its lease runs out.
+    pub gate: Arc<Semaphore>,
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Link {
+            wake: Arc::default(),
+            started: AtomicBool::new(false),
+            gate: Arc::new(Semaphore::new(1)),
+        }
+    }
 }
 
 impl Link {
@@ -41,13 +54,19 @@ impl Link {
     }
 }
 
+/// Room for one batch of a part: its turn (the link's gate) and its sink's in-flight bounds.
+pub struct Room {
+    _turn: OwnedSemaphorePermit,
+    in_flight: InFlight,
+}
+
 /// Per part of the ready set (in `ctx.sink_order`): what the next move takes for it.
 pub struct Takes {
     links: Vec<Option<Arc<Link>>>,
     /// Queueing this part's jobs until its sink has room again.
     parking: Vec<bool>,
     /// Room waited for after a cut, for the next move.
-    held: Vec<Option<InFlight>>,
+    held: Vec<Option<Room>>,
 }
 
 impl Takes {
@@ -66,28 +85,31 @@ impl Takes {
 
     /// What the next move takes per part, with the room taken for the parts it claims for
     /// (dropped unused once the move answered).
-    pub fn next(&mut self, ctx: &PollerContext) -> (Vec<Take>, Vec<Option<InFlight>>) {
+    pub fn next(&mut self, ctx: &PollerContext) -> (Vec<Take>, Vec<Option<Room>>) {
         let policy = &ctx.delivery;
         let mut takes = Vec::with_capacity(self.links.len());
         let mut room = Vec::with_capacity(self.links.len());
         for (i, part) in ctx.sink_order.iter().enumerate() {
-            let claimable = part.as_ref().filter(|part| {
+            let link = self.links.get(i).and_then(Option::as_ref);
+            let claimable = part.as_ref().zip(link).filter(|(part, link)| {
                 part.flow.is_none()
                     && !part.sink.is_paused()
-                    && self
-                        .links
-                        .get(i)
-                        .and_then(Option::as_ref)
-                        .is_some_and(|link| link.started.load(Ordering::Acquire))
+                    && link.started.load(Ordering::Acquire)
             });
-            let Some(part) = claimable else {
+            let Some((part, link)) = claimable else {
                 self.held[i] = None;
                 takes.push(Take::Queue);
                 room.push(None);
                 continue;
             };
             let bytes = policy.batch_bytes.min(part.sink.bytes_bound());
-            let permit = self.held[i].take().or_else(|| part.sink.try_permit(bytes));
+            let permit = self.held[i].take().or_else(|| {
+                let turn = link.gate.clone().try_acquire_owned().ok()?;
+                Some(Room {
+                    _turn: turn,
+                    in_flight: part.sink.try_permit(bytes)?,
+                })
+            });
             takes.push(match (&permit, self.parking[i]) {
                 (Some(_), _) => {
                     self.parking[i] = false;
@@ -112,13 +134,22 @@ impl Takes {
         part: usize,
         stop: &CancellationToken,
     ) {
-        let Some(Some(ready)) = ctx.sink_order.get(part) else {
+        let (Some(Some(ready)), Some(Some(link))) =
+            (ctx.sink_order.get(part), self.links.get(part))
+        else {
             return;
         };
         let bytes = ctx.delivery.batch_bytes.min(ready.sink.bytes_bound());
+        let room = async {
+            let turn = link.gate.clone().acquire_owned().await.ok()?;
+            Some(Room {
+                _turn: turn,
+                in_flight: ready.sink.permit(bytes).await,
+            })
+        };
         tokio::select! {
-            permit = tokio::time::timeout(PARK_AFTER, ready.sink.permit(bytes)) => match permit {
-                Ok(permit) => self.held[part] = Some(permit),
+            room = tokio::time::timeout(PARK_AFTER, room) => match room {
+                Ok(room) => self.held[part] = room,
                 Err(_) => self.parking[part] = true,
             },
             _ = stop.cancelled() => {}
@@ -142,7 +173,7 @@ pub fn deliver(
     ctx: &Arc<PollerContext>,
     shard: u16,
     claimed: Vec<PartClaim>,
-    room: &mut [Option<InFlight>],
+    room: &mut [Option<Room>],
     claimed_at: Instant,
     tracker: &TaskTracker,
 ) {
@@ -158,7 +189,7 @@ pub fn deliver(
             );
             continue;
         };
-        permit.keep(claim.bytes());
+        permit.in_flight.keep(claim.bytes());
         let (ctx, ready) = (ctx.clone(), ready.clone());
         tracker.spawn(async move {
             let batch = delivery::ClaimedBatch {

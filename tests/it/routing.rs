@@ -12,7 +12,7 @@ use crate::common::{
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use zdelay::poller::{self, PollerContext, Target};
-use zdelay::store::scripts::{self, SettleOp};
+use zdelay::store::scripts::{self, MoveDue, SettleOp, Take};
 use zdelay::{NewJob, OnConflict};
 
 const SHARDS: u16 = 2;
@@ -1066,4 +1066,146 @@ fn hlen(con: &mut redis::Connection, key: &str) -> usize {
 
 fn zcard(con: &mut redis::Connection, key: &str) -> usize {
     redis::cmd("ZCARD").arg(key).query(con).expect("ZCARD")
+}
+
+/// A move claims a due job at once for a part of the ready set that has room, and never for
+/// one without: jobs of a part without room that come before a taken job are queued in the
+/// ready set (they hold up no other part), and the batch is cut before the first one after
+/// the last taken job (its part is named, to wait for its room). Room in jobs cuts the same
+/// way; the claimed jobs carry their scheduled due and settle under the move's token.
+#[test]
+fn a_move_claims_for_parts_with_room_and_queues_or_leaves_the_others() {
+    let scheduler = RedisServer::start();
+    let config = config(
+        &scheduler,
+        "[sinks.a]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[sinks.b]\nkind = \
+         \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \"ra\"\nsink = \
+         \"a\"\ntarget = \"q\"\n\n[[routes]]\nname = \"rb\"\nsink = \"b\"\ntarget = \"q\"\n",
+    );
+    let rt = common::runtime();
+    let producer = config.client(&rt);
+    // Far from Redis's own clock on purpose: the explicit now decides what is due.
+    const T: i64 = 1_900_000_000_000;
+    let jobs = [
+        ("{t}:1", "ra", T),
+        ("{t}:2", "rb", T + 1),
+        ("{t}:3", "ra", T + 2),
+    ];
+    for (id, dest, due) in jobs {
+        rt.block_on(producer.enqueue(NewJob::new(dest, id).id(id).at(due), OnConflict::Error))
+            .expect("enqueue");
+    }
+    let cfg = parsed(&config);
+    let lib = client(&rt, &cfg.redis.url, SHARDS);
+    let mut ctx = PollerContext::new(lib.connection(), &cfg, Default::default());
+    ctx.with_lanes(lib.keys(), Vec::new());
+    let keys = lib.keys().shard(lib.keys().shard_of("{t}:1"));
+    let part = |name: &str| ctx.routes.ready_parts().position(|p| p == name).unwrap();
+    let (a, b) = (part("a"), part("b"));
+    let room = |jobs| Take::Claim {
+        jobs,
+        bytes: 1 << 20,
+    };
+    let take = |a_take: Take, b_take: Take| {
+        let mut takes = vec![Take::Queue; 2];
+        takes[a] = a_take;
+        takes[b] = b_take;
+        let args = MoveDue {
+            batch: 100,
+            now_ms: Some(T + 10),
+            max_payload: 1 << 20,
+            batch_bytes: 1 << 20,
+            routes: &ctx.routes,
+            walk: None,
+            takes: &takes,
+            lease_ms: 60_000,
+        };
+        rt.block_on(scripts::move_due(&mut lib.connection(), &keys, &args))
+            .expect("move_due")
+    };
+    let mut con = scheduler.conn();
+    let ids = |claim: &scripts::Claim| -> Vec<(String, i64)> {
+        claim
+            .jobs
+            .iter()
+            .map(|j| (j.id.clone(), j.due_ms))
+            .collect()
+    };
+
+    // a has no room, b has: 1 (a) comes before 2 (b), which is claimed, so 1 is queued; 3 (a)
+    // comes after the last taken job and stays due, cutting the batch.
+    let reply = take(Take::Wait, room(10));
+    assert_eq!(reply.taken, 2);
+    assert_eq!(reply.waits_for, Some(a), "a's lack of room cut the batch");
+    assert_eq!(reply.claimed.len(), 1);
+    assert_eq!(reply.claimed[0].part, b);
+    assert_eq!(
+        ids(&reply.claimed[0].claim),
+        vec![("{t}:2".to_owned(), T + 1)]
+    );
+    assert_eq!(waiting_for(&mut con, "a"), 1, "1 queued for a");
+    assert_eq!(
+        waiting_for(&mut con, "b"),
+        0,
+        "2 never entered the ready set"
+    );
+    let due: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&keys.due)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(due, vec!["{t}:3"], "3 left due");
+    let record: String = redis::cmd("HGET")
+        .arg(&keys.scheduled)
+        .arg("{t}:2")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        record,
+        format!("{} {}", T + 1, reply.claimed[0].claim.token),
+        "the claim's scheduled due and token"
+    );
+
+    // Only a's job is due and a still has no room: nothing is taken.
+    let reply = take(Take::Wait, room(10));
+    assert_eq!((reply.taken, reply.waits_for), (0, Some(a)));
+    assert!(reply.claimed.is_empty());
+
+    // With room for one job, a's job is claimed, under a token of its own.
+    let first = take(room(1), Take::Wait);
+    assert_eq!(first.taken, 1);
+    assert_eq!(first.waits_for, None);
+    assert_eq!(
+        ids(&first.claimed[0].claim),
+        vec![("{t}:3".to_owned(), T + 2)]
+    );
+
+    // The claimed jobs settle under their move's token; another token is fenced.
+    let ack = [("{t}:3", SettleOp::Ack)];
+    let wrong = rt
+        .block_on(scripts::settle_jobs(
+            &mut lib.connection(),
+            &keys,
+            "999",
+            &ack,
+        ))
+        .expect("settle");
+    assert_eq!((wrong.settled, wrong.fenced), (0, 1));
+    let right = rt
+        .block_on(scripts::settle_jobs(
+            &mut lib.connection(),
+            &keys,
+            &first.claimed[0].claim.token,
+            &ack,
+        ))
+        .expect("settle");
+    assert_eq!((right.settled, right.fenced), (1, 0));
+    let inflight: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&keys.inflight)
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(inflight, vec!["{t}:2"], "3 acked, 2 still in flight");
 }
