@@ -368,8 +368,8 @@ pub async fn run(
     // fallback polls find nothing, and with many lanes their script calls were most of an
     // idle daemon's cost to Redis.
     let mut look_first = false;
-    // The part whose lack of room cut the last move.
-    let mut cut_by: Option<usize> = None;
+    // The part whose lack of room cut the last move, or whose claim filled its batch.
+    let mut blocking: Option<usize> = None;
     tracing::debug!(source = %label, ?target, "poller started");
     while !stop.is_cancelled() {
         if let (Target::Lane(lane), true) = (&target, std::mem::take(&mut look_first)) {
@@ -404,7 +404,7 @@ pub async fn run(
             Target::Shard(_) => takes.next(&ctx),
             Target::Source(_) | Target::Lane(_) => (Vec::new(), Vec::new()),
         };
-        if let Some(part) = Takes::only_waiting(&take, cut_by.take()) {
+        if let Some(part) = Takes::wait_first(&take, blocking.take()) {
             // Nothing but the jobs of a part without room is due: wait for it first.
             takes.wait_for_room(&ctx, part, &stop).await;
             continue;
@@ -414,6 +414,10 @@ pub async fn run(
             Ok(mut reply) => {
                 if let Target::Shard(shard) = &target {
                     let claimed = std::mem::take(&mut reply.claimed);
+                    blocking = claimed
+                        .iter()
+                        .find(|c| c.claim.jobs.len() >= ctx.mover.batch)
+                        .map(|c| c.part);
                     takes::deliver(&ctx, *shard, claimed, &mut room, started, &tracker);
                 }
                 drop(room);
@@ -476,7 +480,6 @@ pub async fn run(
                     backoff.reset();
                     if let Some(part) = reply.waits_for {
                         // Due jobs wait for a publisher's room here: for it, or to queue them.
-                        cut_by = Some(part);
                         takes.wait_for_room(&ctx, part, &stop).await;
                         continue;
                     }

@@ -156,14 +156,14 @@ impl Takes {
         }
     }
 
-    /// The part to wait for instead of moving: every part waits for room, so a move would
-    /// only read their jobs to leave them due. The part that cut the last move, or the only
-    /// part; `None` (move) when that is not known.
-    pub fn only_waiting(takes: &[Take], cut_by: Option<usize>) -> Option<usize> {
-        if takes.is_empty() || takes.iter().any(|t| *t != Take::Wait) {
-            return None;
+    /// The part to wait for instead of moving, when a move now would likely read its jobs
+    /// only to leave them due: `blocking` (the part that cut the last move or filled its
+    /// batch) has no room, or the only part has none.
+    pub fn wait_first(takes: &[Take], blocking: Option<usize>) -> Option<usize> {
+        match blocking {
+            Some(part) if takes.get(part) == Some(&Take::Wait) => Some(part),
+            _ => (takes.len() == 1 && takes[0] == Take::Wait).then_some(0),
         }
-        cut_by.or((takes.len() == 1).then_some(0))
     }
 }
 

@@ -45,7 +45,9 @@
 --   publishers of it take now (absent = "q"): "c" claims up to the given number of jobs and
 --   bytes of envelopes (a single larger envelope alone), "w" waits for room: the batch is cut
 --   before the part's first job that does not fit, unless a job after it is taken (then it is
---   queued instead, so a part without room holds up no other part), "q" queues in the ready set;
+--   queued instead, so a part without room holds up no other part; the batch is read in
+--   chunks of 64 jobs, and not past a chunk of waiting jobs in a row), "q" queues in the
+--   ready set;
 --   each followed by the jobs and the bytes (0 0 for "w" and "q")
 -- Returns (the shape move_raw and move_lane share, with no list pushes and no lateness
 -- buckets here: a two-phase job's lateness is its publish's): { taken, now_us, next_due (""
@@ -304,7 +306,10 @@ if #expired > 0 then
 end
 
 local ready_members, ready_ids = {}, {}  -- two-phase jobs queued for their sink
-local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, batch)
+-- Due jobs are read in chunks, and no further once a chunk's worth of jobs in a row waits: a
+-- part without room at the head costs a short read, not the whole batch's.
+local CHUNK = 64
+local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, math.min(batch, CHUNK))
 local n = #items / 2
 local next_due = ''
 -- Jobs with a max lateness are checked one by one.
@@ -317,48 +322,69 @@ local envelopes, claim_ids, claim_dues = nil, {}, {}
 if n > 0 then
   local ids = {}
   for i = 1, n do ids[i] = items[2 * i - 1] end
-  -- The batch is the prefix of ids whose envelopes fit the budget (at least one, unless the
-  -- walk spent it: the walk and the batch share one call's budget).
-  envelopes, n = read_envelopes(ids, budget_left == budget_full)
-  local limits = (bounded and n > 0) and redis.call('HMGET', max_lateness_key, unpack(ids, 1, n)) or {}
+  local listed_all = n < math.min(batch, CHUNK)
   -- Each job's fate: 'd' dead (with why), 'q' queued, 'c' claimed, 'w' waits (its part has no
   -- room); the batch ends after the last job taken, and a waiting job before it is queued.
   local fate, part, why, kinds = {}, {}, {}, {}
   local used_bytes = {}
   for s = 1, sink_count do used_bytes[s] = 0 end
   local last_taken = 0
-  for i = 1, n do
-    local dest, _, reason, kind = parse(envelopes[i])
-    local limit = limits[i] and tonumber(limits[i])
-    local late = now_ms - tonumber(items[2 * i])
-    if dest and limit and late > limit then
-      dest, reason, kind = nil, 'expired: ' .. late .. ' ms after its due time, max_lateness ' .. limit .. ' ms', DEAD_EXPIRED
+  local read = 0
+  envelopes = {}
+  while read - last_taken < CHUNK do
+    if read == n then
+      if listed_all or n >= batch then break end
+      local more = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', n, math.min(batch - n, CHUNK))
+      for j = 1, #more do items[2 * n + j] = more[j] end
+      local got = #more / 2
+      for j = 1, got do ids[n + j] = more[2 * j - 1] end
+      listed_all = got < math.min(batch - n, CHUNK)
+      n = n + got
+      if got == 0 then break end
     end
-    local sink = dest and resolve(dest)
-    if sink then
-      local s = remote_sinks[sink]
-      part[i] = s
-      local size = #envelopes[i]
-      local mine = claimed[s]
-      if mode[s] == 'c' and #mine < room_jobs[s] and (#mine == 0 or used_bytes[s] + size <= room_bytes[s]) then
-        fate[i] = 'c'
-        mine[#mine + 1] = i
-        used_bytes[s] = used_bytes[s] + size
-      elseif mode[s] == 'c' or mode[s] == 'w' then
-        fate[i] = 'w'
-      else
-        fate[i] = 'q'
+    -- The batch is the prefix of ids whose envelopes fit the budget (at least one, unless
+    -- the walk spent it: the walk and the batch share one call's budget).
+    local part_ids = { unpack(ids, read + 1, math.min(n, read + CHUNK)) }
+    local got, k = read_envelopes(part_ids, read == 0 and budget_left == budget_full)
+    local limits = (bounded and k > 0) and redis.call('HMGET', max_lateness_key, unpack(part_ids, 1, k)) or {}
+    for j = 1, k do
+      local i = read + j
+      envelopes[i] = got[j]
+      local dest, _, reason, kind = parse(got[j])
+      local limit = limits[j] and tonumber(limits[j])
+      local late = now_ms - tonumber(items[2 * i])
+      if dest and limit and late > limit then
+        dest, reason, kind = nil, 'expired: ' .. late .. ' ms after its due time, max_lateness ' .. limit .. ' ms', DEAD_EXPIRED
       end
-    else
-      fate[i] = 'd'
-      if dest then
-        why[i], kinds[i] = 'unknown destination: ' .. dest, DEAD_UNKNOWN
+      local sink = dest and resolve(dest)
+      if sink then
+        local s = remote_sinks[sink]
+        part[i] = s
+        local size = #got[j]
+        local mine = claimed[s]
+        if mode[s] == 'c' and #mine < room_jobs[s] and (#mine == 0 or used_bytes[s] + size <= room_bytes[s]) then
+          fate[i] = 'c'
+          mine[#mine + 1] = i
+          used_bytes[s] = used_bytes[s] + size
+        elseif mode[s] == 'c' or mode[s] == 'w' then
+          fate[i] = 'w'
+        else
+          fate[i] = 'q'
+        end
       else
-        why[i], kinds[i] = reason, kind
+        fate[i] = 'd'
+        if dest then
+          why[i], kinds[i] = 'unknown destination: ' .. dest, DEAD_UNKNOWN
+        else
+          why[i], kinds[i] = reason, kind
+        end
       end
+      if fate[i] ~= 'w' then last_taken = i end
     end
-    if fate[i] ~= 'w' then last_taken = i end
+    read = read + k
+    if k < #part_ids then break end
   end
+  n = read
   if last_taken < n then cut_by = part[last_taken + 1] end
   n = last_taken
   local dead_ids, dead_reasons = {}, {}
