@@ -413,6 +413,7 @@ pub async fn run(
         let delay = match moved {
             Ok(mut reply) => {
                 if let Target::Shard(shard) = &target {
+                    takes.learn(&take, &reply);
                     let claimed = std::mem::take(&mut reply.claimed);
                     blocking = claimed
                         .iter()

@@ -7,7 +7,9 @@
 //! much per job; that path stays for the parts whose jobs cannot be published now: a paused
 //! sink, a route with flow control (claimed through its gate), a sink with no handle or no
 //! running publisher here, and a sink that stayed without room for [`PARK_AFTER`] while its
-//! jobs held up the move (a slow or hung broker), until it has room again.
+//! jobs held up the move, until it has room again. A sink that keeps delivering is waited
+//! for longer when the last time its jobs were queued no other part's jobs were behind them
+//! (a slow broker with the shard to itself: its jobs keep the cheaper path).
 
 use super::context::PollerContext;
 use super::delivery;
@@ -20,11 +22,11 @@ use tokio::sync::Notify;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use zdelay_core::store::scripts::{PartClaim, Take};
+use zdelay_core::store::scripts::{MoveReply, PartClaim, Take};
 
 /// How long a move whose batch a part without room cut waits for that part's room before it
-/// queues the part's jobs in the ready set instead (so that a slow or hung broker holds up
-/// the other parts' jobs that long at most).
+/// queues the part's jobs in the ready set instead: a slow or hung broker holds up the other
+/// parts' jobs that long at most (see [`Takes::wait_for_room`]).
 pub const PARK_AFTER: Duration = Duration::from_millis(250);
 
 /// A shard mover's link to its publisher of one part of the ready set.
@@ -65,6 +67,9 @@ pub struct Takes {
     links: Vec<Option<Arc<Link>>>,
     /// Queueing this part's jobs until its sink has room again.
     parking: Vec<bool>,
+    /// The last time this part's jobs were queued for want of room, no other part's job was
+    /// behind them: while its sink delivers, waiting for its room holds up nothing else.
+    alone: Vec<bool>,
     /// Room waited for after a cut, for the next move.
     held: Vec<Option<Room>>,
 }
@@ -75,6 +80,7 @@ impl Takes {
         Takes {
             links,
             parking: vec![false; n],
+            alone: vec![false; n],
             held: (0..n).map(|_| None).collect(),
         }
     }
@@ -127,7 +133,8 @@ impl Takes {
     }
 
     /// A move was cut by `part`'s lack of room: waits up to [`PARK_AFTER`] for it (kept for
-    /// the next move), else queues its jobs until it has room again.
+    /// the next move), else queues its jobs until it has room again; waits on while its sink
+    /// delivers if nothing else was behind its jobs the last time they were queued.
     pub async fn wait_for_room(
         &mut self,
         ctx: &PollerContext,
@@ -147,12 +154,38 @@ impl Takes {
                 in_flight: ready.sink.permit(bytes).await,
             })
         };
-        tokio::select! {
-            room = tokio::time::timeout(PARK_AFTER, room) => match room {
-                Ok(room) => self.held[part] = room,
-                Err(_) => self.parking[part] = true,
-            },
-            _ = stop.cancelled() => {}
+        tokio::pin!(room);
+        loop {
+            tokio::select! {
+                room = tokio::time::timeout(PARK_AFTER, &mut room) => match room {
+                    Ok(room) => self.held[part] = room,
+                    // A sink that delivers is slow, not stuck: its jobs keep their place,
+                    // unless other parts' jobs wait behind them.
+                    Err(_) if self.alone[part] && ready.sink.delivered_within(PARK_AFTER) => {
+                        continue
+                    }
+                    Err(_) => self.parking[part] = true,
+                },
+                _ = stop.cancelled() => {}
+            }
+            return;
+        }
+    }
+
+    /// Learns from a move whether the jobs of the parts it queued for want of room had other
+    /// parts' jobs behind them.
+    pub fn learn(&mut self, takes: &[Take], reply: &MoveReply) {
+        for (part, take) in takes.iter().enumerate() {
+            if *take != Take::Queue || !self.parking.get(part).copied().unwrap_or(false) {
+                continue;
+            }
+            let others = reply.claimed.iter().any(|c| c.part != part)
+                || reply
+                    .queued
+                    .iter()
+                    .enumerate()
+                    .any(|(q, n)| q != part && *n > 0);
+            self.alone[part] = !others;
         }
     }
 

@@ -64,6 +64,8 @@ pub struct SinkHandle {
     /// Targets whose destination object is missing, with the broker's reason: their jobs
     /// wait (`Outcome::Missing`) until a message to them is delivered.
     held: Mutex<BTreeMap<String, String>>,
+    /// When a publish last went through.
+    last_delivered: Mutex<Option<Instant>>,
 }
 
 impl SinkHandle {
@@ -94,6 +96,7 @@ impl SinkHandle {
             bytes_bound: DEFAULT_BYTES,
             resumed: Notify::new(),
             held: Mutex::default(),
+            last_delivered: Mutex::default(),
         }
     }
 
@@ -201,8 +204,17 @@ impl SinkHandle {
         self.set_health(result);
     }
 
+    /// A publish went through within `window`: the sink is slow, not stuck.
+    pub fn delivered_within(&self, window: Duration) -> bool {
+        self.last_delivered
+            .lock()
+            .expect("delivered lock")
+            .is_some_and(|at| at.elapsed() < window)
+    }
+
     /// A publish went through: the sink works again.
     pub fn resume(&self) {
+        *self.last_delivered.lock().expect("delivered lock") = Some(Instant::now());
         let mut pause = self.pause.lock().expect("pause lock");
         *pause = (None, self.first_pause);
         self.awaiting_check.store(false, Ordering::Relaxed);

@@ -352,9 +352,11 @@ if n > 0 then
       envelopes[i] = got[j]
       local dest, _, reason, kind = parse(got[j])
       local limit = limits[j] and tonumber(limits[j])
-      local late = now_ms - tonumber(items[2 * i])
-      if dest and limit and late > limit then
-        dest, reason, kind = nil, 'expired: ' .. late .. ' ms after its due time, max_lateness ' .. limit .. ' ms', DEAD_EXPIRED
+      if dest and limit then
+        local late = now_ms - tonumber(items[2 * i])
+        if late > limit then
+          dest, reason, kind = nil, 'expired: ' .. late .. ' ms after its due time, max_lateness ' .. limit .. ' ms', DEAD_EXPIRED
+        end
       end
       local sink = dest and resolve(dest)
       if sink then
@@ -362,9 +364,10 @@ if n > 0 then
         part[i] = s
         local size = #got[j]
         local mine = claimed[s]
-        if mode[s] == 'c' and #mine < room_jobs[s] and (#mine == 0 or used_bytes[s] + size <= room_bytes[s]) then
+        local count = #mine
+        if mode[s] == 'c' and count < room_jobs[s] and (count == 0 or used_bytes[s] + size <= room_bytes[s]) then
           fate[i] = 'c'
-          mine[#mine + 1] = i
+          mine[count + 1] = i
           used_bytes[s] = used_bytes[s] + size
         elseif mode[s] == 'c' or mode[s] == 'w' then
           fate[i] = 'w'
@@ -431,8 +434,11 @@ if n > 0 then
   for s = 1, sink_count do
     for _, i in ipairs(claimed[s]) do
       claim_ids[#claim_ids + 1] = items[2 * i - 1]
+      -- A whole number of ms comes as its digits; anything else is written as one.
       local due = items[2 * i]
-      if string.find(due, '[^%d]') then due = string.format('%d', math.floor(tonumber(due))) end
+      if string.find(due, '.', 1, true) or string.find(due, 'e', 1, true) then
+        due = string.format('%d', math.floor(tonumber(due)))
+      end
       claim_dues[#claim_dues + 1] = due
     end
   end
