@@ -29,6 +29,11 @@ use zdelay_core::store::scripts::{MoveReply, PartClaim, Take};
 /// parts' jobs that long at most (see [`Takes::wait_for_room`]).
 pub const PARK_AFTER: Duration = Duration::from_millis(250);
 
+/// How long a slow sink whose queued jobs had nothing behind them is waited for before its
+/// jobs are queued once more to see whether other parts' jobs wait behind them: how long
+/// such jobs may wait behind a slow sink's backlog.
+pub const LOOK_BEHIND_EVERY: Duration = Duration::from_secs(5);
+
 /// A shard mover's link to its publisher of one part of the ready set.
 pub struct Link {
     /// Wakes the publisher: the mover queued jobs for it.
@@ -67,9 +72,10 @@ pub struct Takes {
     links: Vec<Option<Arc<Link>>>,
     /// Queueing this part's jobs until its sink has room again.
     parking: Vec<bool>,
-    /// The last time this part's jobs were queued for want of room, no other part's job was
-    /// behind them: while its sink delivers, waiting for its room holds up nothing else.
-    alone: Vec<bool>,
+    /// When this part's jobs were last queued for want of room and no other part's job was
+    /// behind them: while its sink delivers, waiting for its room holds up nothing else, for
+    /// [`LOOK_BEHIND_EVERY`] (then its jobs are queued once more to see again).
+    alone: Vec<Option<Instant>>,
     /// Room waited for after a cut, for the next move.
     held: Vec<Option<Room>>,
 }
@@ -80,7 +86,7 @@ impl Takes {
         Takes {
             links,
             parking: vec![false; n],
-            alone: vec![false; n],
+            alone: vec![None; n],
             held: (0..n).map(|_| None).collect(),
         }
     }
@@ -161,7 +167,10 @@ impl Takes {
                     Ok(room) => self.held[part] = room,
                     // A sink that delivers is slow, not stuck: its jobs keep their place,
                     // unless other parts' jobs wait behind them.
-                    Err(_) if self.alone[part] && ready.sink.delivered_within(PARK_AFTER) => {
+                    Err(_)
+                        if self.alone[part].is_some_and(|at| at.elapsed() < LOOK_BEHIND_EVERY)
+                            && ready.sink.delivered_within(PARK_AFTER) =>
+                    {
                         continue
                     }
                     Err(_) => self.parking[part] = true,
@@ -185,7 +194,11 @@ impl Takes {
                     .iter()
                     .enumerate()
                     .any(|(q, n)| q != part && *n > 0);
-            self.alone[part] = !others;
+            self.alone[part] = (!others).then(Instant::now);
+            // Queueing its jobs freed nothing else: wait for its room again instead.
+            if !others {
+                self.parking[part] = false;
+            }
         }
     }
 
