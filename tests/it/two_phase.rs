@@ -467,3 +467,97 @@ fn a_long_outage_parks_the_backlog_without_churn_and_delivers_it_all() {
     );
     assert_eq!(spread_total(&mut con, SHARDS, "dead"), 0);
 }
+
+/// A hung sink (its Redis stopped with SIGSTOP: the port open, nothing answers) shares the
+/// spread shards with a working one, whose jobs come due among the hung sink's: the moves
+/// that claim for the working sink keep going, its jobs arrive within a couple of seconds of
+/// their due time throughout, and after SIGCONT the hung sink's jobs all arrive too.
+#[test]
+fn a_hung_sink_holds_up_no_other_sinks_jobs_in_the_shared_shards() {
+    let scheduler = RedisServer::start();
+    let (hung, working) = (RedisServer::start(), RedisServer::start());
+    let extra = format!(
+        r#"
+[poller]
+idle_poll = "50ms"
+lease = "10s"
+
+[sinks.hung]
+kind = "redis"
+url = "{}"
+
+[sinks.working]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "to-hung"
+sink = "hung"
+target = "q:h"
+
+[[routes]]
+name = "to-working"
+sink = "working"
+target = "q:w"
+"#,
+        hung.url(),
+        working.url()
+    );
+    let config = TestConfig::new(&scheduler.url(), SHARDS, &extra);
+    let _daemon = Daemon::start(&config);
+    let rt = crate::common::runtime();
+    let client = config.client(&rt);
+    let mut wcon = working.conn();
+    let mut sent = 0;
+    // Waves of both routes' jobs, due at once, for 1 s before the hang and 6 s during it.
+    let wave = |i: usize| {
+        let jobs = (0..20)
+            .map(|j| {
+                let dest = if j % 2 == 0 { "to-hung" } else { "to-working" };
+                NewJob::new(dest, format!("{dest}-{i}-{j}").into_bytes())
+            })
+            .collect();
+        rt.block_on(client.enqueue_batch(jobs, OnConflict::Error))
+            .expect("enqueue");
+    };
+    let started = std::time::Instant::now();
+    let hung_pid = hung.pid().expect("the hung sink's redis runs") as i32;
+    let mut stopped = false;
+    let mut worst = Duration::ZERO;
+    while started.elapsed() < Duration::from_secs(7) {
+        if !stopped && started.elapsed() >= Duration::from_secs(1) {
+            // SAFETY: kill(2) on the redis-server this test started.
+            unsafe { libc::kill(hung_pid, libc::SIGSTOP) };
+            stopped = true;
+        }
+        let at = std::time::Instant::now();
+        wave(sent);
+        sent += 1;
+        // Each wave's working jobs arrive before the next wave is sent.
+        wait_for(
+            "the working sink's jobs arrive while the other hangs",
+            Duration::from_secs(10),
+            || llen(&mut wcon, "q:w") >= sent * 10,
+        );
+        worst = worst.max(at.elapsed());
+    }
+    eprintln!("{sent} waves; the slowest wave reached the working sink in {worst:?}");
+    assert!(
+        worst < Duration::from_secs(3),
+        "a wave of the working sink's jobs took {worst:?} while the other sink hung"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(hung_pid, libc::SIGCONT) };
+    let mut hcon = hung.conn();
+    wait_for(
+        "the hung sink's jobs arrive after SIGCONT",
+        Duration::from_secs(60),
+        || counts(lrange(&mut hcon, "q:h")).len() >= sent * 10,
+    );
+    let mut scon = scheduler.conn();
+    wait_for("every job settled", Duration::from_secs(30), || {
+        spread_total(&mut scon, SHARDS, "jobs") == 0
+    });
+    assert_eq!(counts(lrange(&mut wcon, "q:w")).len(), sent * 10);
+    assert_eq!(spread_total(&mut scon, SHARDS, "dead"), 0);
+}
