@@ -34,6 +34,10 @@ pub const PARK_AFTER: Duration = Duration::from_millis(250);
 /// such jobs may wait behind a slow sink's backlog.
 pub const LOOK_BEHIND_EVERY: Duration = Duration::from_secs(5);
 
+/// A sink without room that delivered a batch within this is slow, not hung (a broker's
+/// batches in flight complete in bursts, so this is longer than [`PARK_AFTER`]).
+pub const SLOW_NOT_HUNG: Duration = Duration::from_secs(1);
+
 /// A shard mover's link to its publisher of one part of the ready set.
 pub struct Link {
     /// Wakes the publisher: the mover queued jobs for it.
@@ -86,7 +90,9 @@ impl Takes {
         Takes {
             links,
             parking: vec![false; n],
-            alone: vec![None; n],
+            // Until a first look says otherwise, a slow sink is taken to have the shard to
+            // itself (a hung one is not waited for either way).
+            alone: vec![Some(Instant::now()); n],
             held: (0..n).map(|_| None).collect(),
         }
     }
@@ -169,7 +175,7 @@ impl Takes {
                     // unless other parts' jobs wait behind them.
                     Err(_)
                         if self.alone[part].is_some_and(|at| at.elapsed() < LOOK_BEHIND_EVERY)
-                            && ready.sink.delivered_within(PARK_AFTER) =>
+                            && ready.sink.delivered_within(SLOW_NOT_HUNG) =>
                     {
                         continue
                     }
