@@ -409,19 +409,20 @@ pub async fn run(
             takes.wait_for_room(&ctx, part, &stop).await;
             continue;
         }
-        let moved = move_taking(&ctx, &target, None, walk, &take).await;
+        let mut moved = move_taking(&ctx, &target, None, walk, &take).await;
+        if let (Ok(reply), Target::Shard(shard)) = (&mut moved, &target) {
+            takes.learn(&take, reply);
+            let claimed = std::mem::take(&mut reply.claimed);
+            blocking = claimed
+                .iter()
+                .find(|c| c.claim.jobs.len() >= ctx.mover.batch)
+                .map(|c| c.part);
+            takes::deliver(&ctx, *shard, claimed, &mut room, started, &tracker);
+        }
+        // The room the move did not use goes back now, before any wait (a failed call's too).
+        drop(room);
         let delay = match moved {
-            Ok(mut reply) => {
-                if let Target::Shard(shard) = &target {
-                    takes.learn(&take, &reply);
-                    let claimed = std::mem::take(&mut reply.claimed);
-                    blocking = claimed
-                        .iter()
-                        .find(|c| c.claim.jobs.len() >= ctx.mover.batch)
-                        .map(|c| c.part);
-                    takes::deliver(&ctx, *shard, claimed, &mut room, started, &tracker);
-                }
-                drop(room);
+            Ok(reply) => {
                 held = reply.held != Held::Flowing;
                 ::metrics::histogram!(SCRIPT_DURATION, "script" => script)
                     .record(started.elapsed().as_secs_f64());

@@ -84,12 +84,9 @@ pub async fn run(
             }
             continue;
         }
-        // The part's turn first (the mover may hold it for a batch it claimed), then room.
-        let (turn, mut permit) = tokio::select! {
-            room = async {
-                let turn = link.gate.clone().acquire_owned().await;
-                (turn, sink.permit(policy.batch_bytes).await)
-            } => room,
+        // The part's turn (the mover may hold it for a batch it claimed), then the sink's room.
+        let mut permit = tokio::select! {
+            room = link.room(sink, policy.batch_bytes) => room,
             _ = stop.cancelled() => break,
         };
         let admitted = match &gate {
@@ -220,7 +217,7 @@ pub async fn run(
             gate.finish(done, &label).await;
         }
         // The part's turn too: the mover claims for it while this publisher waits.
-        drop((permit, turn));
+        drop(permit);
         if wait.is_zero() {
             tokio::task::yield_now().await;
             continue;

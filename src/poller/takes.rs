@@ -18,8 +18,7 @@ use crate::sinks::{InFlight, SinkHandle};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use zdelay_core::store::scripts::{MoveReply, PartClaim, Take};
@@ -63,12 +62,44 @@ impl Link {
     pub fn mark_started(&self) {
         self.started.store(true, Ordering::Release);
     }
+
+    /// Room for a batch of up to `bytes` of `sink` now, if there is any.
+    fn try_room(&self, sink: &SinkHandle, bytes: usize) -> Option<Room> {
+        let turn = self.gate.clone().try_acquire_owned().ok()?;
+        Some(Room {
+            _turn: turn,
+            in_flight: sink.try_permit(bytes)?,
+        })
+    }
+
+    /// Waits for room for a batch of up to `bytes` of `sink`: the part's turn, then the
+    /// sink's in-flight bounds.
+    pub async fn room(&self, sink: &SinkHandle, bytes: usize) -> Room {
+        let turn = self
+            .gate
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the gate is never closed");
+        Room {
+            _turn: turn,
+            in_flight: sink.permit(bytes).await,
+        }
+    }
 }
 
 /// Room for one batch of a part: its turn (the link's gate) and its sink's in-flight bounds.
+/// Dropping it (once the batch is settled) gives both back.
 pub struct Room {
     _turn: OwnedSemaphorePermit,
     in_flight: InFlight,
+}
+
+impl Room {
+    /// The claim took `used` bytes: the rest goes back at once (`InFlight::keep`).
+    pub fn keep(&mut self, used: usize) {
+        self.in_flight.keep(used);
+    }
 }
 
 /// Per part of the ready set (in `ctx.sink_order`): what the next move takes for it.
@@ -121,13 +152,9 @@ impl Takes {
                 continue;
             };
             let bytes = policy.batch_bytes.min(part.sink.bytes_bound());
-            let permit = self.held[i].take().or_else(|| {
-                let turn = link.gate.clone().try_acquire_owned().ok()?;
-                Some(Room {
-                    _turn: turn,
-                    in_flight: part.sink.try_permit(bytes)?,
-                })
-            });
+            let permit = self.held[i]
+                .take()
+                .or_else(|| link.try_room(&part.sink, bytes));
             takes.push(match (&permit, self.parking[i]) {
                 (Some(_), _) => {
                     self.parking[i] = false;
@@ -159,18 +186,12 @@ impl Takes {
             return;
         };
         let bytes = ctx.delivery.batch_bytes.min(ready.sink.bytes_bound());
-        let room = async {
-            let turn = link.gate.clone().acquire_owned().await.ok()?;
-            Some(Room {
-                _turn: turn,
-                in_flight: ready.sink.permit(bytes).await,
-            })
-        };
+        let room = link.room(&ready.sink, bytes);
         tokio::pin!(room);
         loop {
             tokio::select! {
                 room = tokio::time::timeout(PARK_AFTER, &mut room) => match room {
-                    Ok(room) => self.held[part] = room,
+                    Ok(room) => self.held[part] = Some(room),
                     // A sink that delivers is slow, not stuck: its jobs keep their place,
                     // unless other parts' jobs wait behind them.
                     Err(_)
@@ -191,7 +212,7 @@ impl Takes {
     /// parts' jobs behind them.
     pub fn learn(&mut self, takes: &[Take], reply: &MoveReply) {
         for (part, take) in takes.iter().enumerate() {
-            if *take != Take::Queue || !self.parking.get(part).copied().unwrap_or(false) {
+            if *take != Take::Queue || !self.parking[part] {
                 continue;
             }
             let others = reply.claimed.iter().any(|c| c.part != part)
@@ -241,7 +262,7 @@ pub fn deliver(
             );
             continue;
         };
-        permit.in_flight.keep(claim.bytes());
+        permit.keep(claim.bytes());
         let (ctx, ready) = (ctx.clone(), ready.clone());
         tracker.spawn(async move {
             let batch = delivery::ClaimedBatch {

@@ -359,8 +359,9 @@ fn bench_idle_measures_each_config_once_its_wake_ups_are_confirmed() {
 }
 
 /// `--route` through a two-phase route (here a `redis` sink to another server): every job
-/// confirmed, and the Redis time per job broken down by script (the claim, the move into the
-/// ready set, the settle) from `SLOWLOG`, whose settings are put back afterwards.
+/// confirmed, and the Redis time per job broken down by script (the move, which claims; the
+/// publishers' claims of queued jobs, called at least at their first look; the settle) from
+/// `SLOWLOG`, whose settings are put back afterwards.
 #[test]
 fn bench_route_breaks_the_redis_time_down_by_script() {
     let redis = RedisServer::start();

@@ -27,6 +27,7 @@ local shard_marker = KEYS[7]
 -- @include shard_fence
 local jobs_key, inflight_key, scheduled_key, ready_key, ready_ids_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local sink, batch, lease_ms, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+-- @include lease
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local deadline = math.floor(now_us / 1000) + lease_ms
@@ -56,28 +57,12 @@ for i = 1, #members do
   ids[n] = id
 end
 for i = #members, n + 1, -1 do members[i] = nil end
-local token = string.format('%d', redis.call('INCR', KEYS[6]))
-local out = { now_us, deadline, token, more, '', n }
 redis.call('ZREM', ready_key, unpack(members))
 redis.call('HDEL', ready_ids_key, unpack(ids))
-local zargs = {}
-for i = 1, n do
-  zargs[#zargs + 1] = deadline
-  zargs[#zargs + 1] = ids[i]
-end
-redis.call('ZADD', inflight_key, unpack(zargs))
-out[5] = lease_head()
--- The scheduled due is recorded before the job's score first moves, so its idempotency key
--- <id>:<due> is the same on every redelivery; the token beside it is this claim's.
-local known = redis.call('HMGET', scheduled_key, unpack(ids))
-local hargs = {}
-for i = 1, n do
-  local due = known[i] and string.match(known[i], '^(%-?%d+)') or string.format('%d', tonumber(dues[i]))
-  known[i] = due
-  hargs[#hargs + 1] = ids[i]
-  hargs[#hargs + 1] = due .. ' ' .. token
-end
-redis.call('HSET', scheduled_key, unpack(hargs))
+local due_now = {}
+for i = 1, n do due_now[i] = string.format('%d', tonumber(dues[i])) end
+local token = lease(ids, due_now, string.format('%d', deadline), KEYS[6])
+local out = { now_us, deadline, token, more, lease_head(), n }
 -- Large envelopes one at a time: a multi-value reply reaches a script by repeated appends.
 local envelopes
 if largest < 65536 then
@@ -88,7 +73,7 @@ else
 end
 for i = 1, n do
   out[#out + 1] = ids[i]
-  out[#out + 1] = known[i]
+  out[#out + 1] = due_now[i]
   out[#out + 1] = envelopes[i] or ''
 end
 return out

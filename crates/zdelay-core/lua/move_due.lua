@@ -88,6 +88,7 @@ end
 local now_ms = math.floor(now_us / 1000)
 local unique_key, windows_key = KEYS[13], KEYS[14]
 -- @include remember
+-- @include lease
 local max_payload = tonumber(ARGV[4])
 local budget_left = tonumber(ARGV[5])
 local budget_full = budget_left
@@ -391,7 +392,6 @@ if n > 0 then
   if last_taken < n then cut_by = part[last_taken + 1] end
   n = last_taken
   local dead_ids, dead_reasons = {}, {}
-  local left = {}  -- ids leaving due other than by a claim
   for i = 1, n do
     local id = items[2 * i - 1]
     if fate[i] == 'd' then
@@ -429,8 +429,7 @@ if n > 0 then
     redis.call('ZADD', ready_key, unpack(zargs))
     redis.call('HSET', ready_ids_key, unpack(hargs))
   end
-  -- Claimed jobs are leased as claim_jobs leases them: in inflight until the deadline, the
-  -- scheduled due (kept from an earlier claim) and this call's token in scheduled.
+  -- Claimed jobs are leased as claim_jobs leases them (include lease).
   for s = 1, sink_count do
     for _, i in ipairs(claimed[s]) do
       claim_ids[#claim_ids + 1] = items[2 * i - 1]
@@ -442,21 +441,7 @@ if n > 0 then
       claim_dues[#claim_dues + 1] = due
     end
   end
-  if #claim_ids > 0 then
-    token = string.format('%d', redis.call('INCR', KEYS[11]))
-    local zargs, hargs = {}, {}
-    local known = redis.call('HMGET', scheduled_key, unpack(claim_ids))
-    for j = 1, #claim_ids do
-      zargs[#zargs + 1] = deadline
-      zargs[#zargs + 1] = claim_ids[j]
-      local due = known[j] and string.match(known[j], '^(%-?%d+)')
-      if due then claim_dues[j] = due end
-      hargs[#hargs + 1] = claim_ids[j]
-      hargs[#hargs + 1] = claim_dues[j] .. ' ' .. token
-    end
-    redis.call('ZADD', inflight_key, unpack(zargs))
-    redis.call('HSET', scheduled_key, unpack(hargs))
-  end
+  if #claim_ids > 0 then token = lease(claim_ids, claim_dues, deadline, KEYS[11]) end
   if bounded then
     -- The limit applies until the job leaves due (a two-phase job's is checked at publish).
     for _, done in ipairs({ dead_ids, ready_ids, claim_ids }) do
