@@ -8,8 +8,9 @@
 //! sink, a route with flow control (claimed through its gate), a sink with no handle or no
 //! running publisher here, and a sink that stayed without room for [`PARK_AFTER`] while its
 //! jobs held up the move, until it has room again. A sink that keeps delivering is waited
-//! for longer when the last time its jobs were queued no other part's jobs were behind them
-//! (a slow broker with the shard to itself: its jobs keep the cheaper path).
+//! for longer when the last look found no other part's jobs behind its jobs (a slow broker
+//! with the shard to itself: its jobs keep the cheaper path); a look reads on past its jobs
+//! without queueing them, so looking again costs a read, not a detour of a batch.
 
 use super::context::PollerContext;
 use super::delivery;
@@ -28,14 +29,16 @@ use zdelay_core::store::scripts::{MoveReply, PartClaim, Take};
 /// parts' jobs that long at most (see [`Takes::wait_for_room`]).
 pub const PARK_AFTER: Duration = Duration::from_millis(250);
 
-/// How long a slow sink whose queued jobs had nothing behind them is waited for before its
-/// jobs are queued once more to see whether other parts' jobs wait behind them: how long
-/// such jobs may wait behind a slow sink's backlog.
+/// How long a slow sink whose jobs had nothing behind them is waited for before the next
+/// move looks again whether other parts' jobs wait behind them: how long such jobs may
+/// wait behind a slow sink's backlog.
 pub const LOOK_BEHIND_EVERY: Duration = Duration::from_secs(5);
 
 /// A sink without room that delivered a batch within this is slow, not hung (a broker's
-/// batches in flight complete in bursts, so this is longer than [`PARK_AFTER`]).
-pub const SLOW_NOT_HUNG: Duration = Duration::from_secs(1);
+/// batches in flight complete in bursts, and a broker such as RabbitMQ pauses for a second
+/// or more now and then, so this is well over [`PARK_AFTER`]). It only keeps a sink's jobs
+/// waiting that no other part's jobs are behind.
+pub const SLOW_NOT_HUNG: Duration = Duration::from_secs(2);
 
 /// A shard mover's link to its publisher of one part of the ready set.
 pub struct Link {
@@ -107,10 +110,11 @@ pub struct Takes {
     links: Vec<Option<Arc<Link>>>,
     /// Queueing this part's jobs until its sink has room again.
     parking: Vec<bool>,
-    /// When this part's jobs were last queued for want of room and no other part's job was
-    /// behind them: while its sink delivers, waiting for its room holds up nothing else, for
-    /// [`LOOK_BEHIND_EVERY`] (then its jobs are queued once more to see again).
+    /// When a look last found no other part's job behind this part's jobs: while its sink
+    /// delivers, waiting for its room holds up nothing else, for [`LOOK_BEHIND_EVERY`].
     alone: Vec<Option<Instant>>,
+    /// The next move without room for this part looks behind its jobs ([`Take::Look`]).
+    looking: Vec<bool>,
     /// Room waited for after a cut, for the next move.
     held: Vec<Option<Room>>,
 }
@@ -124,6 +128,7 @@ impl Takes {
             // Until a first look says otherwise, a slow sink is taken to have the shard to
             // itself (a hung one is not waited for either way).
             alone: vec![Some(Instant::now()); n],
+            looking: vec![false; n],
             held: (0..n).map(|_| None).collect(),
         }
     }
@@ -164,6 +169,9 @@ impl Takes {
                     }
                 }
                 (None, true) => Take::Queue,
+                (None, false) if self.looking[i] => Take::Look {
+                    depth: policy.batch,
+                },
                 (None, false) => Take::Wait,
             });
             room.push(permit);
@@ -173,7 +181,8 @@ impl Takes {
 
     /// A move was cut by `part`'s lack of room: waits up to [`PARK_AFTER`] for it (kept for
     /// the next move), else queues its jobs until it has room again; waits on while its sink
-    /// delivers if nothing else was behind its jobs the last time they were queued.
+    /// delivers if the last look found nothing else behind its jobs, and has the next move
+    /// look again once that look is [`LOOK_BEHIND_EVERY`] old.
     pub async fn wait_for_room(
         &mut self,
         ctx: &PollerContext,
@@ -195,10 +204,13 @@ impl Takes {
                     // A sink that delivers is slow, not stuck: its jobs keep their place,
                     // unless other parts' jobs wait behind them.
                     Err(_)
-                        if self.alone[part].is_some_and(|at| at.elapsed() < LOOK_BEHIND_EVERY)
-                            && ready.sink.delivered_within(SLOW_NOT_HUNG) =>
+                        if self.alone[part].is_some()
+                            && ready.sink.progressed_within(SLOW_NOT_HUNG) =>
                     {
-                        continue
+                        if self.alone[part].is_some_and(|at| at.elapsed() < LOOK_BEHIND_EVERY) {
+                            continue;
+                        }
+                        self.looking[part] = true;
                     }
                     Err(_) => self.parking[part] = true,
                 },
@@ -208,11 +220,12 @@ impl Takes {
         }
     }
 
-    /// Learns from a move whether the jobs of the parts it queued for want of room had other
-    /// parts' jobs behind them.
+    /// Learns from a move whether the jobs of the parts it looked behind, or queued for want
+    /// of room, had other parts' jobs behind them.
     pub fn learn(&mut self, takes: &[Take], reply: &MoveReply) {
         for (part, take) in takes.iter().enumerate() {
-            if *take != Take::Queue || !self.parking[part] {
+            let looked = matches!(take, Take::Look { .. });
+            if !looked && (*take != Take::Queue || !self.parking[part]) {
                 continue;
             }
             let others = reply.claimed.iter().any(|c| c.part != part)
@@ -222,6 +235,7 @@ impl Takes {
                     .enumerate()
                     .any(|(q, n)| q != part && *n > 0);
             self.alone[part] = (!others).then(Instant::now);
+            self.looking[part] = false;
             // Queueing its jobs freed nothing else: wait for its room again instead.
             if !others {
                 self.parking[part] = false;

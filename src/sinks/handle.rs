@@ -64,8 +64,12 @@ pub struct SinkHandle {
     /// Targets whose destination object is missing, with the broker's reason: their jobs
     /// wait (`Outcome::Missing`) until a message to them is delivered.
     held: Mutex<BTreeMap<String, String>>,
-    /// When a publish last went through.
+    /// When a publish last went through, and when the sink last went from no batch in
+    /// flight to one (its first batches may take a while to go through).
     last_delivered: Mutex<Option<Instant>>,
+    busy_since: Mutex<Option<Instant>>,
+    /// Batches it may have in flight at once (`in_flight`'s size).
+    concurrency: usize,
 }
 
 impl SinkHandle {
@@ -97,6 +101,8 @@ impl SinkHandle {
             resumed: Notify::new(),
             held: Mutex::default(),
             last_delivered: Mutex::default(),
+            busy_since: Mutex::default(),
+            concurrency: concurrency.max(1),
         }
     }
 
@@ -116,6 +122,7 @@ impl SinkHandle {
             .acquire_owned()
             .await
             .expect("the in-flight semaphore is never closed");
+        self.started_batch();
         let bytes = bytes.clamp(1, self.bytes_bound) as u32;
         let bytes = self
             .in_flight_bytes
@@ -138,6 +145,7 @@ impl SinkHandle {
             .clone()
             .try_acquire_many_owned(bytes)
             .ok()?;
+        self.started_batch();
         Some(InFlight {
             _batch: batch,
             bytes,
@@ -204,12 +212,23 @@ impl SinkHandle {
         self.set_health(result);
     }
 
-    /// A publish went through within `window`: the sink is slow, not stuck.
-    pub fn delivered_within(&self, window: Duration) -> bool {
-        self.last_delivered
-            .lock()
-            .expect("delivered lock")
-            .is_some_and(|at| at.elapsed() < window)
+    /// A batch was taken into flight: the first while none was marks the sink busy from now.
+    fn started_batch(&self) {
+        if self.in_flight.available_permits() + 1 >= self.concurrency {
+            *self.busy_since.lock().expect("busy lock") = Some(Instant::now());
+        }
+    }
+
+    /// A publish went through within `window`, or the sink's batches in flight started
+    /// within it (from none, so none had the time to go through): the sink is slow, not
+    /// stuck.
+    pub fn progressed_within(&self, window: Duration) -> bool {
+        let recent = |at: &Mutex<Option<Instant>>| {
+            at.lock()
+                .expect("progress lock")
+                .is_some_and(|at| at.elapsed() < window)
+        };
+        recent(&self.last_delivered) || recent(&self.busy_since)
     }
 
     /// A publish went through: the sink works again.

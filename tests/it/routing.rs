@@ -812,7 +812,7 @@ fn a_job_dying_in_move_due_leaves_no_scheduled_entry() {
         .expect("claim");
     let mut con = scheduler.conn();
     assert_eq!(
-        hlen_all(&mut con, "scheduled"),
+        hlen_all(&mut con, "claims"),
         1,
         "the claim recorded its due"
     );
@@ -831,6 +831,14 @@ fn a_job_dying_in_move_due_leaves_no_scheduled_entry() {
         &retry,
     ))
     .expect("settle");
+    assert_eq!(
+        (
+            hlen_all(&mut con, "scheduled"),
+            hlen_all(&mut con, "claims")
+        ),
+        (1, 0),
+        "the retried job keeps its due in its own record; the claim's went with it"
+    );
     // The route is gone: the next move sends the job to dead.
     let local_only = config(&scheduler, "");
     park(&local_only);
@@ -1156,16 +1164,18 @@ fn a_move_claims_for_parts_with_room_and_queues_or_leaves_the_others() {
         .query(&mut con)
         .unwrap();
     assert_eq!(due, vec!["{t}:3"], "3 left due");
-    let record: String = redis::cmd("HGET")
+    // One record for the claim, none for the job: its due is in the claim's record.
+    let token = &reply.claimed[0].claim.token;
+    let records: (bool, bool) = redis::pipe()
+        .cmd("HEXISTS")
+        .arg(&keys.claims)
+        .arg(token)
+        .cmd("HEXISTS")
         .arg(&keys.scheduled)
         .arg("{t}:2")
         .query(&mut con)
         .unwrap();
-    assert_eq!(
-        record,
-        format!("{} {}", T + 1, reply.claimed[0].claim.token),
-        "the claim's scheduled due and token"
-    );
+    assert_eq!(records, (true, false), "the claim's record, no job's");
 
     // Only a's job is due and a still has no room: nothing is taken.
     let reply = take(Take::Wait, room(10));
@@ -1208,4 +1218,125 @@ fn a_move_claims_for_parts_with_room_and_queues_or_leaves_the_others() {
         .query(&mut con)
         .unwrap();
     assert_eq!(inflight, vec!["{t}:2"], "3 acked, 2 still in flight");
+}
+
+/// A claim is one record, not one per job: the job's scheduled due is kept when its lease
+/// runs out (the move that takes it back writes it to the job's own record), so the next
+/// claim publishes it under the same idempotency key; a claim's record goes with its last
+/// job in flight.
+#[test]
+fn a_lapsed_lease_keeps_the_scheduled_due_and_the_claims_record_goes_with_its_last_job() {
+    let scheduler = RedisServer::start();
+    let config = config(
+        &scheduler,
+        "[sinks.a]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \
+         \"ra\"\nsink = \"a\"\ntarget = \"q\"\n",
+    );
+    let rt = common::runtime();
+    let producer = config.client(&rt);
+    const T: i64 = 1_900_000_000_000;
+    for (id, due) in [("{t}:1", T), ("{t}:2", T + 1)] {
+        rt.block_on(producer.enqueue(NewJob::new("ra", id).id(id).at(due), OnConflict::Error))
+            .expect("enqueue");
+    }
+    let cfg = parsed(&config);
+    let lib = client(&rt, &cfg.redis.url, SHARDS);
+    let mut ctx = PollerContext::new(lib.connection(), &cfg, Default::default());
+    ctx.with_lanes(lib.keys(), Vec::new());
+    let keys = lib.keys().shard(lib.keys().shard_of("{t}:1"));
+    let take = |now_ms: i64| {
+        let takes = [Take::Claim {
+            jobs: 10,
+            bytes: 1 << 20,
+        }];
+        let args = MoveDue {
+            batch: 100,
+            now_ms: Some(now_ms),
+            max_payload: 1 << 20,
+            batch_bytes: 1 << 20,
+            routes: &ctx.routes,
+            walk: None,
+            takes: &takes,
+            lease_ms: 1_000,
+        };
+        let mut reply = rt
+            .block_on(scripts::move_due(&mut lib.connection(), &keys, &args))
+            .expect("move_due");
+        reply.claimed.pop().map(|c| c.claim)
+    };
+    let mut con = scheduler.conn();
+    let claims = |con: &mut redis::Connection| -> usize {
+        redis::cmd("HLEN").arg(&keys.claims).query(con).unwrap()
+    };
+    let dues = |claim: &scripts::Claim| -> Vec<(String, i64)> {
+        claim
+            .jobs
+            .iter()
+            .map(|j| (j.id.clone(), j.due_ms))
+            .collect()
+    };
+    let first = take(T + 10).expect("claimed");
+    let want = vec![("{t}:1".to_owned(), T), ("{t}:2".to_owned(), T + 1)];
+    assert_eq!(dues(&first), want);
+    assert_eq!(claims(&mut con), 1);
+
+    // Its lease runs out: the next move takes both back and claims them again, each with the
+    // due it was first scheduled for, under a new token; the first claim's record is gone.
+    let second = take(T + 10 + 1_001).expect("claimed again");
+    assert_eq!(dues(&second), want, "the same idempotency keys");
+    assert_ne!(second.token, first.token);
+    assert_eq!(
+        claims(&mut con),
+        1,
+        "the lapsed claim's record went with its jobs"
+    );
+    let record: String = redis::cmd("HGET")
+        .arg(&keys.scheduled)
+        .arg("{t}:2")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(record, format!("{} {}", T + 1, second.token));
+
+    // The first claim's settle is fenced; the second's acks one job and releases the other,
+    // which keeps its due; the claim's record goes with its last job in flight.
+    let settle = |token: &str, ops: &[(&str, SettleOp)]| {
+        rt.block_on(scripts::settle_jobs(
+            &mut lib.connection(),
+            &keys,
+            token,
+            ops,
+        ))
+        .expect("settle")
+    };
+    let late = settle(&first.token, &[("{t}:1", SettleOp::Ack)]);
+    assert_eq!((late.settled, late.fenced), (0, 1));
+    let own = settle(
+        &second.token,
+        &[
+            ("{t}:1", SettleOp::Ack),
+            (
+                "{t}:2",
+                SettleOp::Release {
+                    due_ms: T + 1,
+                    sink: "a",
+                },
+            ),
+        ],
+    );
+    assert_eq!((own.settled, own.fenced), (2, 0));
+    assert_eq!(claims(&mut con), 0);
+    let third = take(T + 10 + 2_000);
+    assert!(third.is_none(), "released to the ready set, not due");
+    let kept: String = redis::cmd("HGET")
+        .arg(&keys.scheduled)
+        .arg("{t}:2")
+        .query(&mut con)
+        .unwrap();
+    assert!(kept.starts_with(&format!("{} ", T + 1)), "{kept}");
+    let gone: bool = redis::cmd("HEXISTS")
+        .arg(&keys.scheduled)
+        .arg("{t}:1")
+        .query(&mut con)
+        .unwrap();
+    assert!(!gone, "an acked job leaves no record");
 }

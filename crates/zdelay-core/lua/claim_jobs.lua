@@ -1,16 +1,20 @@
 -- claim_jobs: claim the oldest jobs waiting for one two-phase sink in a shard: each moves from
 -- the ready set to inflight with a lease deadline, and its envelope is returned for the sink's
--- publisher to publish. Each call takes a fencing token for settle_jobs, unique in the shard
--- (a counter), and records it with each claimed job's scheduled due: the lease deadline alone
--- is not unique (two claims in one millisecond with one lease share it).
+-- publisher to publish. Each call is one claim with a fencing token for settle_jobs, unique
+-- among the shard's claims in flight, and one record of its jobs' scheduled dues (include
+-- lease): the lease deadline alone is not unique (two claims in one millisecond with one
+-- lease share it).
 -- KEYS[1] jobs      HASH  {zdelay:3}:jobs       id -> envelope
--- KEYS[2] inflight  ZSET  {zdelay:3}:inflight   member = id, score = lease deadline ms
--- KEYS[3] scheduled HASH  {zdelay:3}:scheduled  id -> "<scheduled due ms> <token of its last
---                                               claim>" (the due kept across redeliveries)
+-- KEYS[2] inflight  ZSET  {zdelay:3}:inflight   member = id, score = lease deadline ms (and
+--                                               its claim's fraction of a ms)
+-- KEYS[3] scheduled HASH  {zdelay:3}:scheduled  id -> "<scheduled due ms> <token>": the due
+--                                               kept once zdelay moved the job's score
 -- KEYS[4] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
 -- KEYS[5] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
 -- KEYS[6] lease_seq STRING {zdelay:3}:lease_seq the shard's claim counter: the tokens
--- KEYS[7] shards    STRING {zdelay:3}:shards     the shard's marker (shard_fence)
+-- KEYS[7] claims    HASH  {zdelay:3}:claims     token -> the claim's ids and scheduled dues
+--                                               (include lease)
+-- KEYS[8] shards    STRING {zdelay:3}:shards     the shard's marker (shard_fence)
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] sink name; ARGV[3] batch size, at most 1000; ARGV[4] lease in ms
 -- ARGV[5] byte budget: the claimed envelopes' bytes stop at it (sizes read with HSTRLEN before
@@ -23,10 +27,11 @@
 --   none is stored) }, in the ready set's order (due, then id).
 -- Re-run safety: yes; a second run claims the next jobs (the first run's claims stay leased).
 
-local shard_marker = KEYS[7]
+local shard_marker = KEYS[8]
 -- @include shard_fence
 local jobs_key, inflight_key, scheduled_key, ready_key, ready_ids_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local sink, batch, lease_ms, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local claims_key = KEYS[7]
 -- @include lease
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])

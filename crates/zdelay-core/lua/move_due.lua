@@ -8,11 +8,12 @@
 -- KEYS[1] due       ZSET  {zdelay:3}:due        member = id, score = due ms
 -- KEYS[2] jobs      HASH  {zdelay:3}:jobs       id -> envelope ("zd1:" frame or JSON object;
 --                                               a frame's meta JSON is not read on this path)
--- KEYS[3] inflight  ZSET  {zdelay:3}:inflight   member = id, score = lease deadline ms
+-- KEYS[3] inflight  ZSET  {zdelay:3}:inflight   member = id, score = lease deadline ms (and
+--                                               its claim's fraction of a ms: include lease)
 -- KEYS[4] dead      ZSET  {zdelay:3}:dead       member = id, score = ms it died
 -- KEYS[5] reasons   HASH  {zdelay:3}:reasons    id -> why it died
--- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> "<scheduled due ms> <token of its last
---                                               claim>" (the due kept across redeliveries)
+-- KEYS[6] scheduled HASH  {zdelay:3}:scheduled  id -> "<scheduled due ms> <token>": the due
+--                                               kept once zdelay moved the job's score
 -- KEYS[7] ready     ZSET  {zdelay:3}:ready      two-phase jobs waiting for their sink, all scores
 --                                               0, member = "<sink>\n<due, 16 digits>\n<id>" (lex
 --                                               order = sink, then due, then id)
@@ -22,9 +23,11 @@
 -- KEYS[10] sched_due ZSET {zdelay:3}:sched_due  schedule id -> its next occurrence (only its
 --                                               head is read, for the reply)
 -- KEYS[11] lease_seq STRING {zdelay:3}:lease_seq the shard's claim counter: the claims' tokens
--- KEYS[12] shards   STRING {zdelay:3}:shards     the shard's marker (shard_fence)
--- KEYS[13] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
--- KEYS[14] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
+-- KEYS[12] claims   HASH  {zdelay:3}:claims     token -> the claim's ids and scheduled dues
+--                                               (include lease)
+-- KEYS[13] shards   STRING {zdelay:3}:shards     the shard's marker (shard_fence)
+-- KEYS[14] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
+-- KEYS[15] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] batch size, at most 1000
 -- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
@@ -46,9 +49,9 @@
 --   bytes of envelopes (a single larger envelope alone), "w" waits for room: the batch is cut
 --   before the part's first job that does not fit, unless a job after it is taken (then it is
 --   queued instead, so a part without room holds up no other part; the batch is read in
---   chunks of 64 jobs, and not past a chunk of waiting jobs in a row), "q" queues in the
---   ready set;
---   each followed by the jobs and the bytes (0 0 for "w" and "q")
+--   chunks of 64 jobs, and not past a chunk of waiting jobs in a row, or past as many as the
+--   largest depth a "w" gives, to look further), "q" queues in the ready set;
+--   each followed by the jobs and the bytes ("c"), the depth and 0 ("w": 0 = 64), or 0 0 ("q")
 -- Returns (the shape move_raw and move_lane share, with no list pushes and no lateness
 -- buckets here: a two-phase job's lateness is its publish's): { taken, now_us, next_due (""
 --   when the shard is empty), 0, 0, "",
@@ -72,7 +75,7 @@
 -- Re-run safety: yes; a second run finds the taken jobs gone and takes the next ones (the
 -- first run's claims stay leased).
 
-local shard_marker = KEYS[12]
+local shard_marker = KEYS[13]
 -- @include shard_fence
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
@@ -86,7 +89,8 @@ else
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local now_ms = math.floor(now_us / 1000)
-local unique_key, windows_key = KEYS[13], KEYS[14]
+local unique_key, windows_key = KEYS[14], KEYS[15]
+local claims_key = KEYS[12]
 -- @include remember
 -- @include lease
 local max_payload = tonumber(ARGV[4])
@@ -295,21 +299,36 @@ if walk_sink ~= '' then
 end
 
 -- Leases that ran out (a poller died or stalled mid-publish) make their jobs due again now.
-local expired = redis.call('ZRANGEBYSCORE', inflight_key, '-inf', now_ms, 'LIMIT', 0, batch)
-if #expired > 0 then
-  local zargs = {}
-  for i = 1, #expired do
+-- Each keeps the due it was scheduled for (include lease).
+local lapsed = redis.call('ZRANGEBYSCORE', inflight_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, batch)
+local expired = {}
+if #lapsed > 0 then
+  local scores, zargs, tokens = {}, {}, {}
+  for i = 1, #lapsed / 2 do
+    expired[i] = lapsed[2 * i - 1]
+    scores[i] = lapsed[2 * i]
+    tokens[score_token(scores[i])] = true
     zargs[#zargs + 1] = now_ms
     zargs[#zargs + 1] = expired[i]
   end
+  keep_dues(expired, scores)
   redis.call('ZREM', inflight_key, unpack(expired))
   redis.call('ZADD', due_key, unpack(zargs))
+  drop_finished_claims(tokens)
+elseif redis.call('ZCARD', inflight_key) == 0 and redis.call('EXISTS', claims_key) == 1 then
+  -- Nothing in flight, so no claim's record is needed: one whose last job left some other
+  -- way (an older release's lease expiry or settle) is dropped here.
+  redis.call('DEL', claims_key)
 end
 
 local ready_members, ready_ids = {}, {}  -- two-phase jobs queued for their sink
 -- Due jobs are read in chunks, and no further once a chunk's worth of jobs in a row waits: a
 -- part without room at the head costs a short read, not the whole batch's.
 local CHUNK = 64
+local lookahead = CHUNK
+for s = 1, sink_count do
+  if mode[s] == 'w' and room_jobs[s] > lookahead then lookahead = math.min(room_jobs[s], batch) end
+end
 local items = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, math.min(batch, CHUNK))
 local n = #items / 2
 local next_due = ''
@@ -332,7 +351,7 @@ if n > 0 then
   local last_taken = 0
   local read = 0
   envelopes = {}
-  while read - last_taken < CHUNK do
+  while read - last_taken < lookahead do
     if read == n then
       if listed_all or n >= batch then break end
       local more = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'WITHSCORES', 'LIMIT', n, math.min(batch - n, CHUNK))

@@ -1,6 +1,6 @@
 -- settle_jobs: record what became of the jobs a two-phase sink's publisher claimed, fenced by
--- the claim's token. Each job is settled only if it is still in inflight and its scheduled entry
--- still carries the token it was claimed with: a publisher whose lease ran out (the job was
+-- the claim's token. Each job is settled only if it is still in inflight under the score of the
+-- claim it was claimed with (include lease): a publisher whose lease ran out (the job was
 -- reclaimed, or replaced, or cancelled), or that settles again after a lost reply, can never
 -- ack, retry, release or kill a job someone else now owns.
 -- KEYS[1] due       ZSET  {zdelay:3}:due
@@ -12,9 +12,11 @@
 --                                               across retries, releases and hand-overs)
 -- KEYS[7] ready     ZSET  {zdelay:3}:ready      member = "<sink>\n<due, 16 digits>\n<id>", score 0
 -- KEYS[8] ready_ids HASH  {zdelay:3}:ready_ids  id -> its member in ready
--- KEYS[9] shards    STRING {zdelay:3}:shards     the shard's marker: its count once resharded
--- KEYS[10] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
--- KEYS[11] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
+-- KEYS[9] claims    HASH  {zdelay:3}:claims     token -> the claim's ids and scheduled dues
+--                                               (include lease; dropped with its last job)
+-- KEYS[10] shards   STRING {zdelay:3}:shards     the shard's marker: its count once resharded
+-- KEYS[11] unique  HASH  {zdelay:3}:unique     id -> its unique_for window ms (enqueue_jobs)
+-- KEYS[12] windows ZSET  {zdelay:3}:windows    "u:<id>" -> ms until which its id is a duplicate
 -- ARGV[1] the caller's shard count. A marker that differs refuses the call, writing nothing:
 --   error ZDELAY_RESHARDED <shards>, or ZDELAY_LAYOUT <layout> <min version> once a newer storage layout owns the shard (marker
 --   "layout <layout> <min version>"). While zdelay upgrade moves the shard ("upgrading …"), or
@@ -40,7 +42,7 @@
 -- upgrade moves the shard ("upgrading …"), or zdelay reshard moves it online (a count), a
 -- settle still lands: both wait for the jobs in flight to settle before they move them, so
 -- none is delivered twice (a settle of a job no longer here finds no lease and does nothing).
-local layout = redis.call('GET', KEYS[9])
+local layout = redis.call('GET', KEYS[10])
 if layout and layout ~= ARGV[1] and string.sub(layout, 1, 10) ~= 'upgrading ' and not string.find(layout, '^%d+$') then
   local newer = string.match(layout, '^layout (.+)') or string.match(layout, '^upgrading (.+)')
   if newer then
@@ -53,30 +55,30 @@ local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
 local token = ARGV[2]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local unique_key, windows_key = KEYS[10], KEYS[11]
+local unique_key, windows_key = KEYS[11], KEYS[12]
+local claims_key = KEYS[9]
 -- @include remember
+-- @include lease
 local settled, fenced = 0, 0
 local earliest = nil
--- Ownership of the whole batch in two reads (one command per key, not per id): a job is ours
--- while it is in inflight and its scheduled entry carries this claim's token.
+-- Ownership of the whole batch in one read: a job is ours while its inflight score is this
+-- claim's.
 local acks = tonumber(ARGV[5])
 local ids = {}
 for i = 6, 5 + acks do ids[#ids + 1] = ARGV[i] end
 for i = 7 + acks, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
 if #ids == 0 then return { 0, 0 } end
 local leased = redis.call('ZMSCORE', inflight_key, unpack(ids))
-local records = redis.call('HMGET', scheduled_key, unpack(ids))
--- A record ends with this claim's token: its suffix is compared, not parsed.
-local suffix = ' ' .. token
-local cut = -#suffix
+local ours = token_score(token)
+-- The jobs that go back to due or to the ready set keep the due they were scheduled for.
+local kept, kept_scores = {}, {}
 -- Acks, the commonest outcome, are written in one command per key at the end.
 local acked, seen, died = {}, {}, {}
 for n = 1, #ids do
   local id = ids[n]
-  local record = records[n]
   -- An id named twice settles once: the second finds it no longer leased, as it would
   -- after the first had run alone.
-  if leased[n] and not seen[id] and record and string.sub(record, cut) == suffix then
+  if leased[n] and not seen[id] and tonumber(leased[n]) == ours then
     seen[id] = true
     if n <= acks then
       acked[#acked + 1] = id
@@ -84,6 +86,10 @@ for n = 1, #ids do
       local at = 6 + acks + 4 * (n - acks - 1)
       local op, a, b = ARGV[at], ARGV[at + 2], ARGV[at + 3]
       redis.call('ZREM', inflight_key, id)
+      if op ~= 'dead' then
+        kept[#kept + 1] = id
+        kept_scores[#kept_scores + 1] = leased[n]
+      end
       if op == 'retry' or op == 'due' then
         local due = tonumber(a)
         redis.call('ZADD', due_key, due, id)
@@ -106,13 +112,16 @@ for n = 1, #ids do
     fenced = fenced + 1
   end
 end
+if #kept > 0 then keep_dues(kept, kept_scores) end
 if #acked > 0 then
   redis.call('ZREM', inflight_key, unpack(acked))
   redis.call('HDEL', jobs_key, unpack(acked))
-  redis.call('HDEL', scheduled_key, unpack(acked))
+  if redis.call('HLEN', scheduled_key) > 0 then redis.call('HDEL', scheduled_key, unpack(acked)) end
   remember(acked)
 end
 remember(died)
+-- Also when nothing settled: every job of the claim may have been replaced meanwhile.
+drop_finished_claims({ [token] = true })
 if earliest ~= nil then
   local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
   if head[2] and tonumber(head[2]) >= earliest then

@@ -100,6 +100,7 @@ impl Keys {
             sched_quarantine: self.shard_key(shard, ShardKey::SchedQuarantine.name()),
             history: self.history(shard),
             lease_seq: self.shard_key(shard, ShardKey::LeaseSeq.name()),
+            claims: self.shard_key(shard, ShardKey::Claims.name()),
             transit_in: self.shard_key(shard, "transit_in"),
             layout: self.layout(shard),
             unique: self.shard_key(shard, "unique"),
@@ -142,11 +143,12 @@ impl Keys {
         self.shard_key(shard, "reasons")
     }
 
-    /// HASH: job id → `"<scheduled due ms> <fencing token>"`, written by `claim_jobs` and
-    /// kept while a two-phase job's score is moved by zdelay itself (claim, retry, release,
-    /// lease expiry, sink pause), so its idempotency key `<id>:<due>` stays the same on every
-    /// redelivery; the token is its last claim's (see [`ShardKeys::lease_seq`]). Entries
-    /// written by older versions hold the due alone.
+    /// HASH: job id → `"<scheduled due ms> <fencing token>"`, written once zdelay itself moves
+    /// a claimed two-phase job's score (retry, release, hand-over, lease expiry), so its
+    /// idempotency key `<id>:<due>` stays the same on every redelivery; a claim of such a job
+    /// writes its token there too. A job on its first claim has none: its claim's record in
+    /// [`ShardKeys::claims`] holds its due. Entries written by older versions hold the due
+    /// alone.
     pub fn scheduled(&self, shard: u16) -> String {
         self.shard_key(shard, "scheduled")
     }
@@ -298,6 +300,7 @@ pub enum ShardKey {
     History,
     /// Only `claim_jobs` takes it.
     LeaseSeq,
+    Claims,
     Layout,
 }
 
@@ -321,6 +324,7 @@ impl ShardKey {
         ShardKey::SchedQuarantine,
         ShardKey::History,
         ShardKey::LeaseSeq,
+        ShardKey::Claims,
         ShardKey::Layout,
     ];
 
@@ -343,6 +347,7 @@ impl ShardKey {
             ShardKey::SchedQuarantine => "sched_quarantine",
             ShardKey::History => "history",
             ShardKey::LeaseSeq => "lease_seq",
+            ShardKey::Claims => "claims",
             ShardKey::Layout => "shards",
         }
     }
@@ -375,13 +380,18 @@ pub struct ShardKeys {
     /// its timeline until `schedule set` writes it again.
     pub sched_quarantine: String,
     pub history: String,
-    /// STRING: a counter of the shard's claims (`claim_jobs` INCRs it once per call). Its
-    /// value is the claim's fencing token, kept with each claimed job's scheduled due in
-    /// `scheduled` (`"<due ms> <token>"`), so two claims of one job never share a token, even
-    /// in one millisecond with the same lease deadline. Not per job: nothing deletes it, and
+    /// STRING: a counter of the shard's claims (each claim INCRs it once). Its value mod
+    /// 1024 names the claim in its token `"<lease deadline ms>:<n>"` and in its jobs'
+    /// `inflight` score (`deadline + n/1024`), so two claims of one job in one millisecond
+    /// with the same lease deadline never share a token. Not per job: nothing deletes it, and
     /// `zdelay reshard` need not move it (a reshard refuses every older claim's settle by
     /// the layout fence).
     pub lease_seq: String,
+    /// HASH: a claim's token → its ids and the due each was scheduled for (MessagePack),
+    /// one field per claim instead of one per job; read only when a job's lease ends without
+    /// an ack (its due is then kept in `scheduled`), deleted with the claim's last job in
+    /// flight.
+    pub claims: String,
     /// SET: ids `zdelay upgrade` put into this spread shard (deleted when it finishes).
     pub transit_in: String,
     /// The layout marker (see [`Keys::layout`]).
@@ -417,6 +427,7 @@ impl ShardKeys {
             ShardKey::SchedQuarantine => &self.sched_quarantine,
             ShardKey::History => &self.history,
             ShardKey::LeaseSeq => &self.lease_seq,
+            ShardKey::Claims => &self.claims,
             ShardKey::Layout => &self.layout,
         }
     }

@@ -78,6 +78,9 @@ const BOUNDED_ELSEWHERE: &[(&str, &str, &str)] = &[
      "1000 entries"),
     ("move_due.lua", "due_key,0,n-1",
      "the n ≤ batch ids the call read with LIMIT"),
+    ("move_due.lua", "claims_key",
+     "nothing in flight: only records whose last job left without a settle or an expiry \
+      (replaced in flight), one field each"),
     ("move_lane.lua", "due_key,n-1,n,'WITHSCORES'",
      "two elements"),
     ("move_lane.lua", "due_key,'0',n-1",

@@ -110,17 +110,13 @@ scripts!(
 );
 
 use ShardKey::{
-    Dead, Due as DueKey, History, Inflight, Jobs, Layout, LeaseSeq, MaxLateness, Ready, ReadyIds,
-    Reasons, SchedDue, SchedEnv, SchedFired, SchedQuarantine, Scheduled, Schedules,
+    Claims, Dead, Due as DueKey, History, Inflight, Jobs, Layout, LeaseSeq, MaxLateness, Ready,
+    ReadyIds, Reasons, SchedDue, SchedEnv, SchedFired, SchedQuarantine, Scheduled, Schedules,
 };
 
-/// The keys of a job's states, which the scripts that move jobs take, and the layout marker.
-const JOB_STATE_KEYS: &[ShardKey] = &[
-    DueKey, Jobs, Inflight, Dead, Reasons, Scheduled, Ready, ReadyIds, Layout,
-];
-
 /// Every key that holds something per job or schedule, which `zdelay reshard` moves (all but
-/// the claim counter `lease_seq`, which holds no job), and the layout marker.
+/// the claim counter `lease_seq` and the claims' records `claims`, which only jobs in flight
+/// need: a reshard moves a job once it is settled), and the layout marker.
 const RESHARD_KEYS: &[ShardKey] = &[
     DueKey,
     Jobs,
@@ -174,13 +170,21 @@ const SHARD_KEYS: &[(&str, &[ShardKey])] = &[
             MaxLateness,
             SchedDue,
             LeaseSeq,
+            Claims,
             Layout,
         ],
     ),
-    ("settle_jobs", JOB_STATE_KEYS),
+    (
+        "settle_jobs",
+        &[
+            DueKey, Jobs, Inflight, Dead, Reasons, Scheduled, Ready, ReadyIds, Claims, Layout,
+        ],
+    ),
     (
         "claim_jobs",
-        &[Jobs, Inflight, Scheduled, Ready, ReadyIds, LeaseSeq, Layout],
+        &[
+            Jobs, Inflight, Scheduled, Ready, ReadyIds, LeaseSeq, Claims, Layout,
+        ],
     ),
     ("ready_sinks", &[Ready, Layout]),
     (
@@ -1057,6 +1061,9 @@ pub enum Take {
     Claim { jobs: usize, bytes: usize },
     /// No room now: leave its jobs due (cutting the batch) unless a job after them is taken.
     Wait,
+    /// As `Wait`, but read on past up to `depth` of its jobs in a row (instead of 64) to see
+    /// whether another part's jobs wait behind them: a look that queues nothing when none do.
+    Look { depth: usize },
 }
 
 /// The jobs one `move_due` call claimed for one part of the ready set.
@@ -1094,6 +1101,7 @@ pub async fn move_due(
             Take::Queue => inv.arg("q").arg(0).arg(0),
             Take::Claim { jobs, bytes } => inv.arg("c").arg(jobs).arg(bytes),
             Take::Wait => inv.arg("w").arg(0).arg(0),
+            Take::Look { depth } => inv.arg("w").arg(depth).arg(0),
         };
     }
     let mut items = match inv.invoke(con).await? {
