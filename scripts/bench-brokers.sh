@@ -8,6 +8,8 @@
 #   bash scripts/services.sh install && bash scripts/services.sh start amqp nats
 #   cargo build --release -p zdelay-bench
 #   bash scripts/bench-brokers.sh [BENCH_BINARY] [JOBS]   # default target/release/zdelay-bench 100000
+#   ROUTES="k n a" DAEMONS="0 1 2 3" bash scripts/bench-brokers.sh   # which routes, how many daemons
+#   CLUSTER=1 DAEMONS="1 2 3" bash scripts/bench-brokers.sh            # on a 3+3 Redis Cluster
 #   bash scripts/services.sh stop
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,15 +23,43 @@ py=$ZDELAY_TEST_PYTHON
 
 bash "$here/scripts/apt-ensure.sh" redis-server:redis-server redis-cli:redis-tools
 redis_port=$((20000 + RANDOM % 5000))
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
-    --daemonize yes --pidfile "$work/redis.pid" --logfile "$work/redis.log"
+# CLUSTER=1: a cluster of 3 masters + 3 replicas on ports redis_port..+5 (bus ports +10000)
+# instead of one Redis.
+nodes=1
+[ "${CLUSTER:-0}" = 1 ] && nodes=6
+for i in $(seq 0 $((nodes - 1))); do
+    port=$((redis_port + i))
+    cluster_flags=()
+    [ "$nodes" -gt 1 ] && cluster_flags=(--cluster-enabled yes --cluster-node-timeout 5000
+        --cluster-config-file "$work/nodes-$port.conf")
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+        --daemonize yes --pidfile "$work/redis-$port.pid" --logfile "$work/redis-$port.log" \
+        --dir "$work" "${cluster_flags[@]}"
+done
 ZDELAY_TANSU_STORAGE=memory ZDELAY_SERVICES_DIR=$work/kafka \
     bash "$here/scripts/services.sh" start kafka >"$work/kafka.log" 2>&1
 stop() {
     ZDELAY_SERVICES_DIR=$work/kafka bash "$here/scripts/services.sh" stop >/dev/null 2>&1 || true
-    [ -f "$work/redis.pid" ] && kill "$(cat "$work/redis.pid")" 2>/dev/null || true
+    for pid in "$work"/redis-*.pid; do
+        [ -f "$pid" ] && kill "$(cat "$pid")" 2>/dev/null || true
+    done
 }
 trap stop EXIT
+for i in $(seq 0 $((nodes - 1))); do
+    until redis-cli -p $((redis_port + i)) ping 2>/dev/null | grep -q PONG; do sleep 0.02; done
+done
+redis_section="url = \"redis://127.0.0.1:$redis_port\""
+if [ "$nodes" -gt 1 ]; then
+    seeds=()
+    for i in $(seq 0 5); do seeds+=("127.0.0.1:$((redis_port + i))"); done
+    redis-cli --cluster create "${seeds[@]}" --cluster-replicas 1 --cluster-yes >"$work/cluster.log"
+    for i in $(seq 0 5); do
+        until redis-cli -p $((redis_port + i)) cluster info | grep -q cluster_state:ok; do
+            sleep 0.1
+        done
+    done
+    redis_section="cluster_nodes = [\"redis://${seeds[0]}\", \"redis://${seeds[1]}\", \"redis://${seeds[2]}\"]"
+fi
 # shellcheck disable=SC1091
 kafka_brokers=$(. "$work/kafka/env" && echo "$ZDELAY_TEST_KAFKA_BROKERS")
 ZDELAY_SERVICES_DIR=$work/kafka bash "$here/scripts/services.sh" kafka-topic zd-bench 4 >/dev/null
@@ -53,7 +83,7 @@ asyncio.run(main())
 EOF
 cat >"$work/zdelay.toml" <<EOF
 [redis]
-url = "redis://127.0.0.1:$redis_port"
+$redis_section
 [sinks.k]
 kind = "kafka"
 brokers = "$kafka_brokers"
@@ -76,6 +106,12 @@ name = "n"
 sink = "n"
 target = "zdbench.due"
 EOF
+# DAEMONS="0 1 2 3": 0 runs the pollers in the bench's process, N > 0 that many `zdelay run`
+# processes (the zdelay beside the bench binary).
 for route in ${ROUTES:-k n a}; do
-    "$bin" --config "$work/zdelay.toml" --route "$route" --jobs "$jobs"
+    for daemons in ${DAEMONS:-0}; do
+        flags=()
+        [ "$daemons" -gt 0 ] && flags=(--daemons "$daemons")
+        "$bin" --config "$work/zdelay.toml" --route "$route" --jobs "$jobs" "${flags[@]}" ${BENCH_FLAGS:-}
+    done
 done

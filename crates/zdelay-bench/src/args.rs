@@ -121,7 +121,9 @@ pub struct BenchArgs {
     /// Redis or cluster, free admin ports on 127.0.0.1), waits until the registry shows N
     /// live instances with the bench route's lane polled, measures from outside (the list's
     /// length, a consumer's pops) and stops them with SIGTERM. Works on one Redis and on a
-    /// cluster (`redis.cluster_nodes`); jobs only, no raw source.
+    /// cluster (`redis.cluster_nodes`); jobs only, no raw source. With --route, the daemons
+    /// deliver the route through its sink (its secrets passed in their environment, never
+    /// written to their config files).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub daemons: Option<u16>,
     /// The `zdelay` binary that --daemons and --mode idle run (default: the `zdelay` in this
@@ -130,10 +132,12 @@ pub struct BenchArgs {
     pub zdelay_bin: Option<std::path::PathBuf>,
     /// Instead of the modes: confirmed messages/s through this configured two-phase route
     /// (Kafka, AMQP, NATS or remote Redis), `--jobs` jobs all due, with the daemon's
-    /// pollers and the route's real sink (claim → publish → broker confirmation → ack).
+    /// pollers (or --daemons N processes: the jobs made due at one instant once they run)
+    /// and the route's real sink (claim → publish → broker confirmation → ack).
     /// Before and after, the broker's own client publishes as many messages of the same size
     /// with the same confirms directly (Kafka, NATS JetStream, AMQP without TLS): the report
-    /// gives zdelay's rate over theirs, Redis and zdelay CPU per job, and (on one Redis)
+    /// gives zdelay's rate over theirs, Redis (on a cluster: every node's, and the masters')
+    /// and zdelay CPU per job, and (on one Redis)
     /// Redis's execution time per job by script, from `SLOWLOG` recording every call during
     /// the drain (its settings are put back afterwards).
     #[arg(long)]

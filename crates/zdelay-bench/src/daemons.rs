@@ -119,10 +119,13 @@ impl Daemons {
         route: &str,
         list: &str,
     ) -> anyhow::Result<Daemons> {
-        Self::spawn_with(exe, n, config, batch, route, list, "")
+        Self::spawn_with(exe, n, config, batch, route, list, "", &[])
     }
 
-    /// [`Daemons::spawn`] with `extra` appended to their config (see [`daemon_config`]).
+    /// [`Daemons::spawn`] with `extra` appended to their config (see [`daemon_config`]), and
+    /// `secrets` (settings that never go into a file, as `ZDELAY_…` variables) in their
+    /// environment.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn spawn_with(
         exe: &Path,
         n: u16,
@@ -131,6 +134,7 @@ impl Daemons {
         route: &str,
         list: &str,
         extra: &str,
+        secrets: &[(String, String)],
     ) -> anyhow::Result<Daemons> {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -165,6 +169,7 @@ impl Daemons {
             if let Some(password) = &config.redis.password {
                 cmd.env("ZDELAY_REDIS__PASSWORD", password.expose());
             }
+            cmd.envs(secrets.iter().map(|(k, v)| (k, v)));
             let child = cmd
                 .arg("--config")
                 .arg(&path)

@@ -227,7 +227,7 @@ pub(super) async fn rescore(env: &mut Env, t_ms: i64) -> redis::RedisResult<()> 
 /// Tells every mover its head is now due at `t_ms`, as an enqueue of a new head would: idle
 /// movers sleep up to `poller.idle_poll_max` while wake-ups are known to arrive, longer than
 /// the lead before T.
-async fn wake_movers(env: &mut Env, t_ms: i64) -> anyhow::Result<()> {
+pub(super) async fn wake_movers(env: &mut Env, t_ms: i64) -> anyhow::Result<()> {
     let keys = &env.scratch.keys;
     let mut names: Vec<String> = (0..keys.shards()).map(|s| s.to_string()).collect();
     let registry = store::lanes::read_registry(&mut env.con, keys).await?;

@@ -210,6 +210,7 @@ async fn idle_case(env: &mut Env, routes: usize, sources: usize) -> anyhow::Resu
         ROUTE,
         &env.scratch.out,
         &extra,
+        &[],
     )?;
     let measured = measure_case(env, &mut daemon, routes, sources).await;
     if measured.is_err() {

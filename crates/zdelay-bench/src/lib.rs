@@ -192,12 +192,12 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
     let cluster = !config.redis.cluster_nodes.is_empty();
     if args.daemons.is_some() {
         ensure!(
-            matches!(args.mode, Mode::Drain | Mode::Steady | Mode::All),
-            "--daemons measures --mode drain, steady or all (drain, then steady)"
+            args.route.is_some() || matches!(args.mode, Mode::Drain | Mode::Steady | Mode::All),
+            "--daemons measures --mode drain, steady or all (drain, then steady), or --route"
         );
         ensure!(
-            args.route.is_none() && args.beside.is_none(),
-            "--daemons does not combine with --route or --beside"
+            args.beside.is_none(),
+            "--daemons does not combine with --beside"
         );
         ensure!(
             batch <= 1000,
@@ -300,8 +300,12 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         if args.is_json() {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
+            let through = match report.daemons {
+                Some(n) => format!("{n} zdelay run processes"),
+                None => "pollers in this process".to_owned(),
+            };
             println!(
-                "route {} (sink {}, {}): {} jobs of {} bytes, batch {}, {} shards\n\
+                "route {} (sink {}, {}): {} jobs of {} bytes, batch {}, {} shards, {}, {}\n\
                  confirmed and acked in {:.2} s = {:.0} msgs/s; dead {}; \
                  CPU per job: Redis {:.1} µs, zdelay {:.1} µs",
                 report.route,
@@ -311,12 +315,24 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
                 report.payload_size,
                 report.batch,
                 report.shards,
+                through,
+                if report.cluster {
+                    "a cluster"
+                } else {
+                    "one Redis"
+                },
                 report.seconds,
                 report.per_second,
                 report.dead,
                 report.redis_us_per_job,
                 report.zdelay_us_per_job
             );
+            if let Some(masters) = report.redis_masters_us_per_job {
+                println!(
+                    "  of Redis's: the masters {masters:.1} µs, the replicas {:.1} µs",
+                    report.redis_us_per_job - masters
+                );
+            }
             if !report.by_script.is_empty() {
                 let parts: Vec<String> = report
                     .by_script

@@ -32,8 +32,9 @@
 -- ARGV[2] batch size, at most 1000
 -- ARGV[3] "now" in ms; "" = Redis TIME (tests pass an explicit value to drive time)
 -- ARGV[4] largest payload in bytes (sizes the envelope reads; the publisher checks it)
--- ARGV[5] byte budget: envelope bytes one call reads at most (the walk below and the batch
---   together); a single envelope larger than the budget is still taken, alone
+-- ARGV[5] byte budget: envelope bytes one call takes at most (the walk below and the batch
+--   together); a single envelope larger than the budget is still taken, alone. Reads may pass
+--   it where envelopes turn from small to large (see read_envelopes)
 -- ARGV[6] T, the number of two-phase routes; then T pairs: route name, part name (its sink's,
 --   or its own flow part "<sink>:<route>")
 -- then S, the number of parts of the ready set (jobs may also name a sink as
@@ -208,18 +209,24 @@ local function resolve(dest)
 end
 
 -- The envelopes of ids[1..], read within budget_left: in chunks of as many ids as the rest
--- of the budget holds at max_payload each, so an envelope is never read only to be left
--- (short of a meta larger than the slack); HSTRLEN per id would cost more than the read. Once
--- a large envelope was seen, one at a time: Redis hands a script a multi-value reply by
--- appending the values one after the other, copying what came before each time. Returns
--- them and how many ids they cover, a prefix of ids: at least one when at_least_one (one
--- envelope larger than the whole budget moves alone).
+-- of the budget holds at max_payload each, and once every envelope the call read is small
+-- (at most max_payload / SMALL_SHARE) at that size: with the defaults 64 ids a command
+-- instead of 4 (an envelope's size is not known before it is read; HSTRLEN per id would cost
+-- more than the read), so a chunk may read past the budget only where envelopes turn from
+-- small to large. Once a large envelope was seen, one at a time: Redis hands a script a
+-- multi-value reply by appending the values one after the other, copying what came before
+-- each time. Returns them and how many ids they cover, a prefix of ids: at least one when
+-- at_least_one (one envelope larger than the whole budget moves alone).
 local LARGE = 65536
+local SMALL_SHARE = 16
+local small = max_payload / SMALL_SHARE
+local largest_read = nil  -- the largest envelope this call read so far
 local function read_envelopes(ids, at_least_one)
-  local envelopes, n, largest = {}, 0, 0
+  local envelopes, n = {}, 0
   while n < #ids do
-    local chunk = math.min(#ids - n, math.max(1, math.floor(budget_left / max_payload)))
-    if largest >= LARGE then chunk = 1 end
+    local each = (largest_read and largest_read <= small) and small or max_payload
+    local chunk = math.min(#ids - n, math.max(1, math.floor(budget_left / each)))
+    if largest_read and largest_read >= LARGE then chunk = 1 end
     local part = redis.call('HMGET', jobs_key, unpack(ids, n + 1, n + chunk))
     for j = 1, chunk do
       local size = part[j] and #part[j] or 0
@@ -230,7 +237,7 @@ local function read_envelopes(ids, at_least_one)
       n = n + 1
       envelopes[n] = part[j]
       budget_left = budget_left - size
-      if size > largest then largest = size end
+      if not largest_read or size > largest_read then largest_read = size end
     end
     if budget_left <= 0 then break end
   end

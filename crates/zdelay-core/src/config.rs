@@ -54,8 +54,31 @@ impl schemars::JsonSchema for Secret {
 
 impl Serialize for Secret {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if EXPOSED.get() {
+            return s.serialize_str(&self.0);
+        }
         s.serialize_str(&redacted(&self.0))
     }
+}
+
+thread_local! {
+    /// Set on this thread while [`with_secrets_exposed`] runs.
+    static EXPOSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every [`Secret`] serializing its value instead of its redaction, on this
+/// thread: for a tool that hands settings to a process it starts, through that process's
+/// environment (never a file, a log or an output).
+pub fn with_secrets_exposed<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            EXPOSED.set(false);
+        }
+    }
+    EXPOSED.set(true);
+    let _reset = Reset;
+    f()
 }
 
 /// How a secret value shows: a URL keeps its scheme, user, host and port.
@@ -771,11 +794,12 @@ pub struct PollerConfig {
     /// Payload bytes one script call reads at most: a move or claim batch ends at `batch` jobs
     /// or at this many bytes, whichever comes first (a single larger job moves alone), so a
     /// burst of large payloads never blocks Redis for long (a megabyte costs a few ms of Redis
-    /// CPU through a script). A raw source's members cannot be measured before they are read:
-    /// its mover reads them in chunks the budget holds at `max_payload` each, and once every
-    /// member read in the call is small (at most `max_payload` / 16) in chunks sized for
-    /// such members, so a call that meets large members right after small ones may read up
-    /// to 16 times this before it stops. Default 4194304 (4 MiB).
+    /// CPU through a script). A raw source's members and a two-phase job's envelope cannot be
+    /// measured before they are read: the mover reads them in chunks the budget holds at
+    /// `max_payload` each, and once every one read in the call is small (at most
+    /// `max_payload` / 16) in chunks sized for such, so a call that meets large ones right
+    /// after small ones may read up to 16 times this before it stops. Default 4194304
+    /// (4 MiB).
     #[schemars(range(min = 1024, max = 536870912))]
     pub batch_bytes: usize,
     /// Bytes one two-phase sink may have claimed and not yet settled at once, across all
