@@ -401,3 +401,47 @@ fn move_secrets(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::move_secrets;
+
+    #[test]
+    fn a_sinks_secrets_leave_the_file_for_the_environment_under_their_config_names() {
+        let shown: toml::Value = toml::from_str(
+            "[sinks.rabbit]\nkind = \"amqp\"\nurl = \"amqp://u:***@h/%2f\"\n\
+             [sinks.k]\nkind = \"kafka\"\nbrokers = \"h:9092\"\n[sinks.k.sasl]\npassword = \"***\"\n\
+             user = \"u\"\n[[routes]]\nname = \"r\"\n",
+        )
+        .unwrap();
+        let exposed: toml::Value = toml::from_str(
+            "[sinks.rabbit]\nkind = \"amqp\"\nurl = \"amqp://u:pw@h/%2f\"\n\
+             [sinks.k]\nkind = \"kafka\"\nbrokers = \"h:9092\"\n[sinks.k.sasl]\npassword = \"pw2\"\n\
+             user = \"u\"\n[[routes]]\nname = \"r\"\n",
+        )
+        .unwrap();
+        let mut file = shown.clone();
+        let mut secrets = Vec::new();
+        move_secrets(&mut file, &exposed, "", &mut secrets);
+        secrets.sort();
+        assert_eq!(
+            secrets,
+            vec![
+                (
+                    "ZDELAY_SINKS__K__SASL__PASSWORD".to_owned(),
+                    "pw2".to_owned()
+                ),
+                (
+                    "ZDELAY_SINKS__RABBIT__URL".to_owned(),
+                    "amqp://u:pw@h/%2f".to_owned()
+                ),
+            ]
+        );
+        let text = toml::to_string(&file).unwrap();
+        assert!(!text.contains("***") && !text.contains("pw"), "{text}");
+        assert!(
+            text.contains("user = \"u\"") && text.contains("[[routes]]"),
+            "{text}"
+        );
+    }
+}
