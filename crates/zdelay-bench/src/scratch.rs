@@ -193,11 +193,11 @@ mod tests {
         let keys = s.data_keys();
         let unique: std::collections::HashSet<_> = keys.iter().collect();
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
-        // Per shard, spread and layout 1 alike: sixteen shard keys (all but the layout
+        // Per shard, spread and layout 1 alike: seventeen shard keys (all but the layout
         // marker), the ids in transit and the unique windows' two; then the raw source's
         // three keys, the list, the lane's thirteen held keys, its ids in transit, its flow
         // control state, its unique windows' two, and its two bare comparisons.
-        assert_eq!(keys.len(), 2 * (19 + 19) + 4 + 17 + 4);
+        assert_eq!(keys.len(), 2 * (20 + 20) + 4 + 17 + 4);
         for k in s.registry_keys() {
             assert!(
                 k.starts_with("{zdelay-bench}:")

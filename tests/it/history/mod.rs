@@ -301,7 +301,7 @@ fn run(with_nats: bool, default_secs: u64) {
         started.elapsed()
     );
     let dumped = (std::env::var_os("ZDELAY_HISTORY_DUMP").is_some() || !violations.is_empty())
-        .then(|| dump(seed, &history, &fleet));
+        .then(|| dump(seed, &history, &fleet, &violations));
     if let Some(dir) = &dumped {
         eprintln!("history: written to {}", dir.display());
     }
@@ -426,7 +426,12 @@ fn summary(history: &History) -> String {
 }
 
 /// Writes the history (time-ordered) and every daemon's log under `target/tmp`.
-fn dump(seed: u64, history: &History, fleet: &Fleet) -> std::path::PathBuf {
+fn dump(
+    seed: u64,
+    history: &History,
+    fleet: &Fleet,
+    violations: &[Violation],
+) -> std::path::PathBuf {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("history-{seed}"));
     std::fs::create_dir_all(&dir).expect("dump dir");
     let mut lines: Vec<(Ms, String)> = Vec::new();
@@ -445,6 +450,12 @@ fn dump(seed: u64, history: &History, fleet: &Fleet) -> std::path::PathBuf {
     lines.sort_by_key(|(t, _)| *t);
     let text: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
     std::fs::write(dir.join("history.txt"), text.join("\n")).expect("write history");
+    // The whole report, which the panic message cuts to its first violations.
+    let report: Vec<String> = violations
+        .iter()
+        .map(|v| format!("- {}\n{}", v.what, v.detail))
+        .collect();
+    std::fs::write(dir.join("violations.txt"), report.join("\n")).expect("write violations");
     for (name, log) in fleet.logs() {
         std::fs::write(dir.join(name), log).expect("write a daemon log");
     }
