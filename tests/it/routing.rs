@@ -80,6 +80,58 @@ fn spread_keys() -> zdelay::keys::Keys {
 }
 
 /// Jobs waiting in the ready sets for `sink`.
+/// The spread shard of `id`, moved by hand: `move_due` at an explicit now, with the config's
+/// routes and what each part takes.
+struct HandMover {
+    lib: zdelay::Client,
+    ctx: PollerContext,
+    keys: zdelay::keys::ShardKeys,
+}
+
+impl HandMover {
+    fn new(rt: &tokio::runtime::Runtime, config: &TestConfig, id: &str) -> Self {
+        let cfg = parsed(config);
+        let lib = client(rt, &cfg.redis.url, SHARDS);
+        let mut ctx = PollerContext::new(lib.connection(), &cfg, Default::default());
+        ctx.with_lanes(lib.keys(), Vec::new());
+        let keys = lib.keys().shard(lib.keys().shard_of(id));
+        HandMover { lib, ctx, keys }
+    }
+
+    fn part(&self, name: &str) -> usize {
+        self.ctx
+            .routes
+            .ready_parts()
+            .position(|p| p == name)
+            .unwrap()
+    }
+
+    fn take(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        now_ms: i64,
+        takes: &[Take],
+        lease_ms: u64,
+    ) -> scripts::MoveReply {
+        let args = MoveDue {
+            batch: 100,
+            now_ms: Some(now_ms),
+            max_payload: 1 << 20,
+            batch_bytes: 1 << 20,
+            routes: &self.ctx.routes,
+            walk: None,
+            takes,
+            lease_ms,
+        };
+        rt.block_on(scripts::move_due(
+            &mut self.lib.connection(),
+            &self.keys,
+            &args,
+        ))
+        .expect("move_due")
+    }
+}
+
 fn waiting_for(con: &mut redis::Connection, sink: &str) -> usize {
     (0..SHARDS)
         .map(|s| {
@@ -1103,13 +1155,9 @@ fn a_move_claims_for_parts_with_room_and_queues_or_leaves_the_others() {
         rt.block_on(producer.enqueue(NewJob::new(dest, id).id(id).at(due), OnConflict::Error))
             .expect("enqueue");
     }
-    let cfg = parsed(&config);
-    let lib = client(&rt, &cfg.redis.url, SHARDS);
-    let mut ctx = PollerContext::new(lib.connection(), &cfg, Default::default());
-    ctx.with_lanes(lib.keys(), Vec::new());
-    let keys = lib.keys().shard(lib.keys().shard_of("{t}:1"));
-    let part = |name: &str| ctx.routes.ready_parts().position(|p| p == name).unwrap();
-    let (a, b) = (part("a"), part("b"));
+    let mover = HandMover::new(&rt, &config, "{t}:1");
+    let (lib, keys) = (&mover.lib, &mover.keys);
+    let (a, b) = (mover.part("a"), mover.part("b"));
     let room = |jobs| Take::Claim {
         jobs,
         bytes: 1 << 20,
@@ -1118,18 +1166,7 @@ fn a_move_claims_for_parts_with_room_and_queues_or_leaves_the_others() {
         let mut takes = vec![Take::Queue; 2];
         takes[a] = a_take;
         takes[b] = b_take;
-        let args = MoveDue {
-            batch: 100,
-            now_ms: Some(T + 10),
-            max_payload: 1 << 20,
-            batch_bytes: 1 << 20,
-            routes: &ctx.routes,
-            walk: None,
-            takes: &takes,
-            lease_ms: 60_000,
-        };
-        rt.block_on(scripts::move_due(&mut lib.connection(), &keys, &args))
-            .expect("move_due")
+        mover.take(&rt, T + 10, &takes, 60_000)
     };
     let mut con = scheduler.conn();
     let ids = |claim: &scripts::Claim| -> Vec<(String, i64)> {
@@ -1196,7 +1233,7 @@ fn a_move_claims_for_parts_with_room_and_queues_or_leaves_the_others() {
     let wrong = rt
         .block_on(scripts::settle_jobs(
             &mut lib.connection(),
-            &keys,
+            keys,
             "999",
             &ack,
         ))
@@ -1205,7 +1242,7 @@ fn a_move_claims_for_parts_with_room_and_queues_or_leaves_the_others() {
     let right = rt
         .block_on(scripts::settle_jobs(
             &mut lib.connection(),
-            &keys,
+            keys,
             &first.claimed[0].claim.token,
             &ack,
         ))
@@ -1239,29 +1276,14 @@ fn a_lapsed_lease_keeps_the_scheduled_due_and_the_claims_record_goes_with_its_la
         rt.block_on(producer.enqueue(NewJob::new("ra", id).id(id).at(due), OnConflict::Error))
             .expect("enqueue");
     }
-    let cfg = parsed(&config);
-    let lib = client(&rt, &cfg.redis.url, SHARDS);
-    let mut ctx = PollerContext::new(lib.connection(), &cfg, Default::default());
-    ctx.with_lanes(lib.keys(), Vec::new());
-    let keys = lib.keys().shard(lib.keys().shard_of("{t}:1"));
+    let mover = HandMover::new(&rt, &config, "{t}:1");
+    let (lib, keys) = (&mover.lib, &mover.keys);
     let take = |now_ms: i64| {
         let takes = [Take::Claim {
             jobs: 10,
             bytes: 1 << 20,
         }];
-        let args = MoveDue {
-            batch: 100,
-            now_ms: Some(now_ms),
-            max_payload: 1 << 20,
-            batch_bytes: 1 << 20,
-            routes: &ctx.routes,
-            walk: None,
-            takes: &takes,
-            lease_ms: 1_000,
-        };
-        let mut reply = rt
-            .block_on(scripts::move_due(&mut lib.connection(), &keys, &args))
-            .expect("move_due");
+        let mut reply = mover.take(&rt, now_ms, &takes, 1_000);
         reply.claimed.pop().map(|c| c.claim)
     };
     let mut con = scheduler.conn();
@@ -1302,7 +1324,7 @@ fn a_lapsed_lease_keeps_the_scheduled_due_and_the_claims_record_goes_with_its_la
     let settle = |token: &str, ops: &[(&str, SettleOp)]| {
         rt.block_on(scripts::settle_jobs(
             &mut lib.connection(),
-            &keys,
+            keys,
             token,
             ops,
         ))

@@ -62,7 +62,9 @@ def _stored(r: redis.Redis) -> dict:
             out[key] = r.lrange(key, 0, -1)
         elif kind == b"set":
             out[key] = r.smembers(key)
-    return {k: v for k, v in out.items() if not re.search(rb"instances|stats|activity|heartbeat|poller|sched_lock", k)}
+    # The daemons' own: the registry and its plan, the sinks' health, their counters and locks.
+    bookkeeping = rb"instances|:plan$|\}:sinks$|stats|activity|heartbeat|poller|sched_lock"
+    return {k: v for k, v in out.items() if not re.search(bookkeeping, k)}
 
 
 def _refused_on_layout_1(client: zdelay.Client, r: redis.Redis, upgrading: bool) -> None:
