@@ -64,10 +64,9 @@ pub struct SinkHandle {
     /// Targets whose destination object is missing, with the broker's reason: their jobs
     /// wait (`Outcome::Missing`) until a message to them is delivered.
     held: Mutex<BTreeMap<String, String>>,
-    /// When a publish last went through, and when the sink last went from no batch in
+    /// When the sink last made progress: a publish went through, or it went from no batch in
     /// flight to one (its first batches may take a while to go through).
-    last_delivered: Mutex<Option<Instant>>,
-    busy_since: Mutex<Option<Instant>>,
+    last_progress: Mutex<Option<Instant>>,
     /// Batches it may have in flight at once (`in_flight`'s size).
     concurrency: usize,
 }
@@ -100,8 +99,7 @@ impl SinkHandle {
             bytes_bound: DEFAULT_BYTES,
             resumed: Notify::new(),
             held: Mutex::default(),
-            last_delivered: Mutex::default(),
-            busy_since: Mutex::default(),
+            last_progress: Mutex::default(),
             concurrency: concurrency.max(1),
         }
     }
@@ -212,28 +210,30 @@ impl SinkHandle {
         self.set_health(result);
     }
 
-    /// A batch was taken into flight: the first while none was marks the sink busy from now.
+    fn progressed(&self) {
+        *self.last_progress.lock().expect("progress lock") = Some(Instant::now());
+    }
+
+    /// A batch was taken into flight: the first while none was counts as progress (none had
+    /// the time to go through yet).
     fn started_batch(&self) {
         if self.in_flight.available_permits() + 1 >= self.concurrency {
-            *self.busy_since.lock().expect("busy lock") = Some(Instant::now());
+            self.progressed();
         }
     }
 
     /// A publish went through within `window`, or the sink's batches in flight started
-    /// within it (from none, so none had the time to go through): the sink is slow, not
-    /// stuck.
+    /// within it from none: the sink is slow, not stuck.
     pub fn progressed_within(&self, window: Duration) -> bool {
-        let recent = |at: &Mutex<Option<Instant>>| {
-            at.lock()
-                .expect("progress lock")
-                .is_some_and(|at| at.elapsed() < window)
-        };
-        recent(&self.last_delivered) || recent(&self.busy_since)
+        self.last_progress
+            .lock()
+            .expect("progress lock")
+            .is_some_and(|at| at.elapsed() < window)
     }
 
     /// A publish went through: the sink works again.
     pub fn resume(&self) {
-        *self.last_delivered.lock().expect("delivered lock") = Some(Instant::now());
+        self.progressed();
         let mut pause = self.pause.lock().expect("pause lock");
         *pause = (None, self.first_pause);
         self.awaiting_check.store(false, Ordering::Relaxed);

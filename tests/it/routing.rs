@@ -80,6 +80,15 @@ fn spread_keys() -> zdelay::keys::Keys {
 }
 
 /// Jobs waiting in the ready sets for `sink`.
+/// Config text for a two-phase route `route` onto list `q` through a Redis sink `sink` that
+/// nothing answers (port 1): its jobs stay in the spread shards for a test to move by hand.
+fn unanswered_sink_route(sink: &str, route: &str) -> String {
+    format!(
+        "[sinks.{sink}]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \
+         \"{route}\"\nsink = \"{sink}\"\ntarget = \"q\"\n"
+    )
+}
+
 /// The spread shard of `id`, moved by hand: `move_due` at an explicit now, with the config's
 /// routes and what each part takes.
 struct HandMover {
@@ -656,11 +665,7 @@ target = "q:remote"
 #[test]
 fn two_claims_with_one_deadline_have_distinct_fencing_tokens() {
     let scheduler = RedisServer::start();
-    let config = config(
-        &scheduler,
-        "[sinks.other]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \
-         \"m\"\nsink = \"other\"\ntarget = \"q\"\n",
-    );
+    let config = config(&scheduler, &unanswered_sink_route("other", "m"));
     let ids = enqueue(&config, "m", "t", 1);
     park(&config);
     let rt = common::runtime();
@@ -842,11 +847,7 @@ target = "q:remote"
 #[test]
 fn a_job_dying_in_move_due_leaves_no_scheduled_entry() {
     let scheduler = RedisServer::start();
-    let two_phase = config(
-        &scheduler,
-        "[sinks.other]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \
-         \"m\"\nsink = \"other\"\ntarget = \"q\"\n",
-    );
+    let two_phase = config(&scheduler, &unanswered_sink_route("other", "m"));
     let ids = enqueue(&two_phase, "m", "d", 1);
     park(&two_phase);
     let rt = common::runtime();
@@ -909,8 +910,10 @@ fn a_raw_member_removed_while_leased_leaves_no_claims_record() {
     let scheduler = RedisServer::start();
     let config = config(
         &scheduler,
-        "[sinks.other]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \
-         \"m\"\nsink = \"other\"\ntarget = \"q\"\n\n[[sources]]\nkey = \"raw:s\"\nroute = \"m\"\n",
+        &format!(
+            "{}\n[[sources]]\nkey = \"raw:s\"\nroute = \"m\"\n",
+            unanswered_sink_route("other", "m")
+        ),
     );
     let cfg = parsed(&config);
     let keys = cfg.sources[0].keys();
@@ -1138,9 +1141,11 @@ fn a_move_claims_for_parts_with_room_and_queues_or_leaves_the_others() {
     let scheduler = RedisServer::start();
     let config = config(
         &scheduler,
-        "[sinks.a]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[sinks.b]\nkind = \
-         \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \"ra\"\nsink = \
-         \"a\"\ntarget = \"q\"\n\n[[routes]]\nname = \"rb\"\nsink = \"b\"\ntarget = \"q\"\n",
+        &format!(
+            "{}\n{}",
+            unanswered_sink_route("a", "ra"),
+            unanswered_sink_route("b", "rb")
+        ),
     );
     let rt = common::runtime();
     let producer = config.client(&rt);
@@ -1264,11 +1269,7 @@ fn a_move_claims_for_parts_with_room_and_queues_or_leaves_the_others() {
 #[test]
 fn a_lapsed_lease_keeps_the_scheduled_due_and_the_claims_record_goes_with_its_last_job() {
     let scheduler = RedisServer::start();
-    let config = config(
-        &scheduler,
-        "[sinks.a]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\n[[routes]]\nname = \
-         \"ra\"\nsink = \"a\"\ntarget = \"q\"\n",
-    );
+    let config = config(&scheduler, &unanswered_sink_route("a", "ra"));
     let rt = common::runtime();
     let producer = config.client(&rt);
     const T: i64 = 1_900_000_000_000;

@@ -144,7 +144,7 @@ async fn list_client(env: &mut Env, cfg: &RedisConfig) -> anyhow::Result<redis::
 }
 
 /// CPU counters at the start of a timed part.
-struct CpuStart {
+pub(super) struct CpuStart {
     redis: Vec<f64>,
     daemons: f64,
     bench: f64,
@@ -152,7 +152,7 @@ struct CpuStart {
 }
 
 impl CpuStart {
-    async fn now(nodes: &mut Nodes, daemons: &Daemons) -> anyhow::Result<CpuStart> {
+    pub(super) async fn now(nodes: &mut Nodes, daemons: &Daemons) -> anyhow::Result<CpuStart> {
         Ok(CpuStart {
             redis: nodes.cpu().await?,
             daemons: daemons.cpu(),
@@ -161,7 +161,11 @@ impl CpuStart {
         })
     }
 
-    async fn finish(self, nodes: &mut Nodes, daemons: &Daemons) -> anyhow::Result<CpuUse> {
+    pub(super) async fn finish(
+        self,
+        nodes: &mut Nodes,
+        daemons: &Daemons,
+    ) -> anyhow::Result<CpuUse> {
         let wall = self.at.elapsed().as_secs_f64();
         let redis: Vec<f64> = nodes
             .cpu()
@@ -227,7 +231,7 @@ pub(super) async fn rescore(env: &mut Env, t_ms: i64) -> redis::RedisResult<()> 
 /// Tells every mover its head is now due at `t_ms`, as an enqueue of a new head would: idle
 /// movers sleep up to `poller.idle_poll_max` while wake-ups are known to arrive, longer than
 /// the lead before T.
-pub(super) async fn wake_movers(env: &mut Env, t_ms: i64) -> anyhow::Result<()> {
+async fn wake_movers(env: &mut Env, t_ms: i64) -> anyhow::Result<()> {
     let keys = &env.scratch.keys;
     let mut names: Vec<String> = (0..keys.shards()).map(|s| s.to_string()).collect();
     let registry = store::lanes::read_registry(&mut env.con, keys).await?;
@@ -240,6 +244,24 @@ pub(super) async fn wake_movers(env: &mut Env, t_ms: i64) -> anyhow::Result<()> 
             .await?;
     }
     Ok(())
+}
+
+/// Makes the `n` parked jobs due at one instant T a little ahead (every shard's and lane's due
+/// set rescored, every mover woken) and returns just before T: T and the margin the rescoring
+/// left before it, ms. The daemons sleep until T (they re-read the head within idle_poll):
+/// counters started now start with the drain.
+pub(super) async fn due_at_once(env: &mut Env, n: u64) -> anyhow::Result<(i64, i64)> {
+    let t_ms = store::server_time_ms(&mut env.con).await? + rescore_lead_ms(n);
+    rescore(env, t_ms).await?;
+    wake_movers(env, t_ms).await?;
+    let margin_ms = t_ms - store::server_time_ms(&mut env.con).await?;
+    ensure!(
+        margin_ms > 200,
+        "drain: rescoring took too long (margin {margin_ms} ms); the machine is overloaded"
+    );
+    let wait_ms = (t_ms as f64 - 20.0 - env.redis_now_ms_f64()).max(0.0);
+    tokio::time::sleep(Duration::from_micros((wait_ms * 1000.0) as u64)).await;
+    Ok((t_ms, margin_ms))
 }
 
 async fn drain(
@@ -267,18 +289,7 @@ async fn drain(
     daemons.check_running()?;
     let loadavg_start = read_first_line("/proc/loadavg");
     // The route's lane holds them all.
-    let t_ms = store::server_time_ms(&mut env.con).await? + rescore_lead_ms(n);
-    rescore(env, t_ms).await?;
-    wake_movers(env, t_ms).await?;
-    let margin_ms = t_ms - store::server_time_ms(&mut env.con).await?;
-    ensure!(
-        margin_ms > 200,
-        "drain: rescoring took too long (margin {margin_ms} ms); the machine is overloaded"
-    );
-    // The daemons sleep until T (they re-read the head within idle_poll); start the counters
-    // just before it.
-    let wait_ms = (t_ms as f64 - 20.0 - env.redis_now_ms_f64()).max(0.0);
-    tokio::time::sleep(Duration::from_micros((wait_ms * 1000.0) as u64)).await;
+    let (t_ms, margin_ms) = due_at_once(env, n).await?;
     let cpu = CpuStart::now(nodes, daemons).await?;
     let deadline = Instant::now() + drain_timeout(n);
     let (mut first, mut polls) = (None, 0u64);

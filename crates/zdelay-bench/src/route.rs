@@ -8,7 +8,7 @@
 
 use super::daemons::Daemons;
 use super::direct::{self, Direct, Plan};
-use super::fleet::{PARKED_DUE_MS, rescore, rescore_lead_ms, wake_movers};
+use super::fleet::{CpuStart, PARKED_DUE_MS, due_at_once};
 use super::load::{MIN_PAYLOAD, load_jobs_to, status};
 use super::measure::{CallCost, CallLog, Nodes, local_now_ms, process_cpu, redis_cpu, total_size};
 use super::{Env, ROUTE};
@@ -240,14 +240,9 @@ async fn through_daemons(
         )
         .await?;
         daemons.check_running()?;
-        let t_ms = zdelay_core::store::server_time_ms(&mut env.con).await? + rescore_lead_ms(jobs);
-        rescore(env, t_ms).await?;
-        wake_movers(env, t_ms).await?;
-        let wait_ms = (t_ms as f64 - 20.0 - env.redis_now_ms() as f64).max(0.0);
-        tokio::time::sleep(Duration::from_millis(wait_ms as u64)).await;
+        let (t_ms, _) = due_at_once(env, jobs).await?;
         let call_log = CallLog::start(&mut env.con).await;
-        let redis_before = nodes.cpu().await?;
-        let daemons_before = daemons.cpu();
+        let cpu = CpuStart::now(&mut nodes, &daemons).await?;
         status(&format!("{jobs} jobs due at T, {n} daemons delivering"));
         let offset = env.clock_offset_ms;
         let dead = wait_drained(env, || {
@@ -255,28 +250,15 @@ async fn through_daemons(
         })
         .await?;
         let seconds = (env.redis_now_ms() - t_ms).max(1) as f64 / 1000.0;
-        let used: Vec<f64> = nodes
-            .cpu()
-            .await?
-            .iter()
-            .zip(&redis_before)
-            .map(|(after, before)| after - before)
-            .collect();
-        let masters: f64 = used
-            .iter()
-            .zip(nodes.list())
-            .filter(|(_, node)| node.master)
-            .map(|(cpu, _)| cpu)
-            .sum();
-        let daemons_used = daemons.cpu() - daemons_before;
+        let cpu = cpu.finish(&mut nodes, &daemons).await?;
         daemons.check_running()?;
         let (by_script, by_script_partial) = finish_log(env, call_log, jobs - dead).await?;
         anyhow::Ok(Drained {
             seconds,
             dead,
-            redis_cpu: used.iter().sum(),
-            masters_cpu: env.con.is_cluster().then_some(masters),
-            zdelay_cpu: daemons_used,
+            redis_cpu: cpu.redis_masters_s + cpu.redis_replicas_s,
+            masters_cpu: env.con.is_cluster().then_some(cpu.redis_masters_s),
+            zdelay_cpu: cpu.daemons_s,
             by_script,
             by_script_partial,
         })

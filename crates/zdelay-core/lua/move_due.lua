@@ -322,10 +322,6 @@ if #lapsed > 0 then
   redis.call('ZREM', inflight_key, unpack(expired))
   redis.call('ZADD', due_key, unpack(zargs))
   drop_finished_claims(tokens)
-elseif redis.call('ZCARD', inflight_key) == 0 and redis.call('EXISTS', claims_key) == 1 then
-  -- Nothing in flight, so no claim's record is needed: one whose last job left some other
-  -- way (an older release's lease expiry or settle) is dropped here.
-  redis.call('DEL', claims_key)
 end
 
 local ready_members, ready_ids = {}, {}  -- two-phase jobs queued for their sink
@@ -499,6 +495,11 @@ out[#out + 1] = refiled_dead
 out[#out + 1] = walk_next
 local lease_head = redis.call('ZRANGE', inflight_key, 0, 0, 'WITHSCORES')
 out[#out + 1] = lease_head[2] or ''
+if not lease_head[2] and redis.call('EXISTS', claims_key) == 1 then
+  -- Nothing in flight, so no claim's record is needed: one whose last job left some other
+  -- way (an older release's lease expiry or settle) is dropped here.
+  redis.call('DEL', claims_key)
+end
 local claims = { token, deadline, cut_by }
 for s = 1, sink_count do claims[#claims + 1] = #claimed[s] end
 local j = 0
