@@ -469,6 +469,16 @@ pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Disp
     }
 }
 
+/// True while `sink`'s outage episode is open: the caller's warning about it (a retried
+/// publish, a client library's complaint) is counted into the episode, whose end line reports
+/// it among the suppressed errors, instead of being logged as news of its own.
+pub fn absorbed_by_outage(sink: &str) -> bool {
+    if OPEN_EPISODES.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    episodes().absorb(&Subject::Sink(sink.to_owned()), Instant::now())
+}
+
 /// A flow-controlled route's move: the jobs it deferred and for how long. (Whether the route
 /// is held is sampled from Redis with the backlog gauges, `stats::publish_gauges`.)
 pub fn record_flow(route: &str, reply: &zdelay_core::store::scripts::MoveReply) {
@@ -621,6 +631,18 @@ impl Episodes {
         true
     }
 
+    /// Counts an error into `subject`'s episode if one is open (and not stale); true if so.
+    fn absorb(&mut self, subject: &Subject, now: Instant) -> bool {
+        match self.open.iter_mut().find(|(s, _)| s == subject) {
+            Some((_, episode)) if now.duration_since(episode.last_error) < EPISODE_STALE => {
+                episode.errors += 1;
+                episode.last_error = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Records a success; the episode it belongs to when nothing of it fails any more.
     fn success(&mut self, kind: &'static str, context: &str, now: Instant) -> Option<Closed> {
         let subject = Subject::of(kind, context);
@@ -727,6 +749,39 @@ mod tests {
             "the next one is logged"
         );
         assert!(e.success("schedule", "shard 0", at(settled)).is_some());
+    }
+
+    #[test]
+    fn a_sinks_other_warnings_join_its_open_outage_only() {
+        let mut e = Episodes::new();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let kafka = Subject::Sink("kafka".to_owned());
+        assert!(!e.absorb(&kafka, at(0)), "no outage: the warning is news");
+        assert!(e.error("sink_unavailable", "kafka", at(10)));
+        assert!(e.absorb(&kafka, at(20)), "counted into the outage");
+        assert!(
+            !e.absorb(&Subject::Sink("nats".to_owned()), at(20)),
+            "another sink's outage does not hide it"
+        );
+        let settled = 20 + EPISODE_SETTLE.as_millis() as u64;
+        assert_eq!(
+            e.success("sink_unavailable", "kafka", at(settled - 1)),
+            None,
+            "an absorbed warning is an error of the episode: it settles after it"
+        );
+        assert_eq!(
+            e.success("sink_unavailable", "kafka", at(settled)),
+            Some(Closed {
+                subject: kafka.clone(),
+                errors: 2,
+                lasted: Duration::from_millis(settled - 10)
+            })
+        );
+        assert!(!e.absorb(&kafka, at(settled + 1)), "over: news again");
+        assert!(e.error("sink_unavailable", "kafka", at(settled + 2)));
+        let stale = settled + 2 + EPISODE_STALE.as_millis() as u64;
+        assert!(!e.absorb(&kafka, at(stale)), "a stale outage hides nothing");
     }
 
     #[test]

@@ -215,8 +215,10 @@ impl AmqpSink {
             if timed_out {
                 self.reset(session.generation).await;
             }
+            // Handled here: news only if publishing again fails too, which the sink's
+            // outage episode then reports.
             if !again.is_empty() {
-                tracing::warn!(
+                tracing::info!(
                     sink = %self.name, republish = again.len(), cause = %last_cause,
                     "amqp channel closed under the batch; publishing the rest again"
                 );
@@ -433,7 +435,12 @@ impl AmqpSink {
         {
             state.session = None;
             state.connection = None;
-            tracing::warn!(sink = %self.name, "amqp connection dropped after a confirm timeout");
+            let what = "amqp connection dropped after a confirm timeout";
+            if crate::metrics::absorbed_by_outage(&self.name) {
+                tracing::debug!(sink = %self.name, "{what}");
+            } else {
+                tracing::warn!(sink = %self.name, "{what}");
+            }
         }
     }
 

@@ -234,6 +234,16 @@ impl ClientContext for SinkContext {
         let sink = &self.sink;
         match level {
             _ if fac == CONNECTION_FAILED => tracing::debug!(sink, fac, "librdkafka: {line}"),
+            // What librdkafka says while the sink is known to be down is part of that outage.
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+            | RDKafkaLogLevel::Warning
+                if crate::metrics::absorbed_by_outage(sink) =>
+            {
+                tracing::debug!(sink, fac, "librdkafka: {line}")
+            }
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
