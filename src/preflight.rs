@@ -72,8 +72,14 @@ async fn redis_checks(config: &Config) -> Vec<Check> {
         Ok(con) => con,
         Err(e) => return vec![Check::fail("redis", e.to_string(), None)],
     };
-    let mut checks = vec![match store::check_server(&mut con).await {
-        Ok(server) => Check::pass("redis", format!("connected, {server}")),
+    let mut checks = vec![match store::probe_server(&mut con).await {
+        Ok(server) if server.supported => {
+            Check::pass("redis", format!("connected, {}", server.name))
+        }
+        Ok(server) => {
+            let hint = Some(store::OLD_REDIS_HINT.to_owned());
+            return vec![Check::fail("redis", server.too_old(), hint)];
+        }
         Err(e) => return vec![Check::fail("redis", e.to_string(), None)],
     }];
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);

@@ -511,6 +511,58 @@ fn check_config_connect_checks_every_destination_object() {
     assert!(!stdout(&out).contains("guest:guest"));
 }
 
+/// A Redis older than 7.0 (a real 6.2 server) is named with its version and what to install,
+/// by `check-config --connect` (a PROBLEM line and a "to fix" line), by `enqueue` and by the
+/// daemon, which exit at once; nothing is written to it.
+#[test]
+fn an_older_redis_is_refused_with_what_to_install() {
+    let old = Services::get().var("OLD_REDIS_SERVER");
+    let redis = RedisServer::start_bin(&old, &[]);
+    let config = TestConfig::new(&redis.url(), SHARDS, "");
+    let install = "install Redis 7.0 or newer, or Valkey";
+    let too_old = "redis 6.2.14 is older than the oldest supported Redis, 7.0";
+
+    let out = config.cli(&["check-config", "--connect"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}\n{}", stderr(&out));
+    assert!(
+        text.contains(&format!("PROBLEM redis: {too_old}")),
+        "{text}"
+    );
+    assert!(text.contains(&format!("to fix: {install}")), "{text}");
+
+    let out = config.cli(&[
+        "enqueue",
+        "--dest",
+        "default",
+        "--payload",
+        "x",
+        "--in",
+        "1s",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("{too_old}; {install}")),
+        "{}",
+        stderr(&out)
+    );
+
+    let mut daemon = crate::common::Daemon::spawn(&config);
+    let status = daemon.wait_exit(Duration::from_secs(20));
+    assert!(!status.success(), "the daemon refuses to run");
+    assert!(
+        daemon.log_text().contains(&format!("{too_old}; {install}")),
+        "{}",
+        daemon.log_text()
+    );
+
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(keys.is_empty(), "nothing written: {keys:?}");
+}
+
 /// Redis: a user the ACL refuses part of what the daemon needs fails "redis rights" with the
 /// rule to set; a namespace with another shard count than the config fails "namespace"; an
 /// unreachable sink fails its line; plain `check-config` stays offline.

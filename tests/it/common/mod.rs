@@ -94,6 +94,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     extra: Vec<String>,
+    /// The server binary ([`redis_server_bin`] unless a test names another).
+    bin: String,
     /// Whether it has run once: a restart keeps its port (a daemon points at it).
     started: bool,
 }
@@ -105,11 +107,17 @@ impl RedisServer {
 
     /// Extra `redis-server` arguments, e.g. `["--notify-keyspace-events", "Kz"]`.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_bin(&redis_server_bin(), extra)
+    }
+
+    /// Runs `bin` (a server taking redis-server's flags), with `extra` arguments.
+    pub fn start_bin(bin: &str, extra: &[&str]) -> Self {
         let mut server = RedisServer {
             port: free_port(),
             dir: tempfile::tempdir().expect("a temp dir"),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            bin: bin.to_owned(),
             started: false,
         };
         server.spawn();
@@ -170,8 +178,8 @@ impl RedisServer {
 
     /// Starts the process with `more` arguments after the usual ones, without waiting.
     fn spawn_process(&mut self, more: &[&str]) {
-        let bin = redis_server_bin();
-        let child = Command::new(&bin)
+        let bin = &self.bin;
+        let child = Command::new(bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
@@ -786,6 +794,7 @@ impl RedisServer {
             dir: tempfile::tempdir().expect("a temp dir"),
             child: None,
             extra: Vec::new(),
+            bin: redis_server_bin(),
             // The port is given: a daemon already points at it.
             started: true,
         };

@@ -810,21 +810,52 @@ pub async fn server_time_ms(con: &mut Conn) -> redis::RedisResult<i64> {
     Ok(server_time_us(con).await? / 1000)
 }
 
-/// The server's name and version (`redis 7.0.15`, `valkey 9.1.0`); an error naming both when
-/// its Redis-compatible version is older than [`MIN_REDIS`].
-pub async fn check_server(con: &mut Conn) -> Result<String, StoreError> {
+/// What to do about a Redis older than [`MIN_REDIS`]. Distributions still supported ship
+/// Redis 6 (Debian 11, Ubuntu 22.04), and zdelay needs 7.0's Functions and commands.
+pub const OLD_REDIS_HINT: &str = "install Redis 7.0 or newer, or Valkey: Debian 12 and Ubuntu \
+     24.04 ship Redis 7 (`apt-get install redis-server`); on older distributions use the \
+     packages of packages.redis.io or the `redis:7` container image";
+
+/// The server zdelay talks to: its name and version (`redis 7.0.15`, `valkey 9.1.0`) and
+/// whether its Redis-compatible version is at least [`MIN_REDIS`].
+pub struct Server {
+    pub name: String,
+    pub supported: bool,
+}
+
+impl Server {
+    /// The problem with a server older than [`MIN_REDIS`], without what to do about it.
+    pub fn too_old(&self) -> String {
+        format!(
+            "{} is older than the oldest supported Redis, {}.{}",
+            self.name, MIN_REDIS.0, MIN_REDIS.1
+        )
+    }
+}
+
+/// Reads `INFO server`: which server it is, and whether zdelay supports it.
+pub async fn probe_server(con: &mut Conn) -> Result<Server, StoreError> {
     let info = info(con, "server").await?;
     let compatible = info.get("redis_version").cloned().unwrap_or_default();
-    let server = server_name(&info);
     let mut parts = compatible.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if version < MIN_REDIS {
+    Ok(Server {
+        name: server_name(&info),
+        supported: version >= MIN_REDIS,
+    })
+}
+
+/// The server's name and version; an error naming both versions and what to install when
+/// the server is older than [`MIN_REDIS`].
+pub async fn check_server(con: &mut Conn) -> Result<String, StoreError> {
+    let server = probe_server(con).await?;
+    if !server.supported {
         return Err(StoreError::Unsupported(format!(
-            "{server} is older than the oldest supported Redis, {}.{}",
-            MIN_REDIS.0, MIN_REDIS.1
+            "{}; {OLD_REDIS_HINT}",
+            server.too_old()
         )));
     }
-    Ok(server)
+    Ok(server.name)
 }
 
 /// The server's name and version from its `INFO server` fields: `valkey 9.1.2` when it has
