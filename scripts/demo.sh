@@ -106,6 +106,11 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -x $HOME/.cargo/bin/cargo ]]; then
 fi
 command -v cargo >/dev/null 2>&1 || die "cargo not found: install the Rust toolchain (rustup)"
 echo "$(redis-server --version | cut -d' ' -f1-3); $(cargo --version)"
+# zdelay refuses a Redis older than 7.0; say so before building anything.
+redis_major=$(redis-server --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p')
+if ((${redis_major:-0} < 7)); then
+    die "$(redis-server --version | cut -d' ' -f1-3) is older than Redis 7.0, which zdelay needs: install Redis 7.0 or newer (Debian 12 and Ubuntu 24.04 ship it; on older distributions use packages.redis.io), then run this again"
+fi
 
 # --- 2. a private Redis ---------------------------------------------------------------------
 say "private redis-server"
