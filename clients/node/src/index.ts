@@ -2,7 +2,9 @@
 // ioredis. Every call is one FCALL of the function library the zdelay daemons load.
 
 import { randomBytes } from "crypto";
-import Redis, { Cluster } from "ioredis";
+// Named imports: a default import of ioredis is its whole module to an ESM consumer's types
+// (moduleResolution node16/nodenext), where `Redis` would not name the class.
+import { Redis, Cluster } from "ioredis";
 
 export const PROTOCOL = 2;
 /** This client's release: a namespace whose schema names a newer `min_version` is refused. */
