@@ -39,6 +39,7 @@ first run would. Anything a page leaves running is a failure (and is stopped, by
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -66,6 +67,14 @@ PAGES = [
     ("clients/python/README.md", ["python"]),
     ("clients/node/README.md", ["node"]),
 ]
+
+# Pages that show an example config inline: one ```toml block of the page must be the file, byte
+# for byte (the page runs the file; the reader reads the block).
+INLINE_CONFIGS = {
+    "docs/brokers/kafka.md": "config/examples/kafka.toml",
+    "docs/brokers/rabbitmq.md": "config/examples/rabbitmq.toml",
+    "docs/brokers/nats.md": "config/examples/nats.toml",
+}
 
 # What a page's work dir holds: the repository's files the pages name, as in a checkout.
 COPIED = ["config", "charts", "clients/python", "clients/node"]
@@ -165,6 +174,28 @@ def parse(path: str) -> list[Block]:
     if pending:
         raise Failure(f"{path}:{pending[0]}: tutorial directive with no block after it")
     return blocks
+
+
+def check_inline_config(page: Page) -> None:
+    """The page shows its example config inline, as the file is; no page hides behind an include."""
+    text = (ROOT / page.path).read_text()
+    if "{{#include" in text:
+        raise Failure(f"{page.path}: an {{{{#include}}}} hides the page's content on a forge's file view: "
+                      "put the text in the page")
+    config = INLINE_CONFIGS.get(page.path)
+    if config is None:
+        return
+    want = (ROOT / config).read_text()
+    shown = [b for b in page.blocks if b.lang == "toml"]
+    if not any(b.text == want for b in shown):
+        near = max(shown, key=lambda b: len(set(b.text.split("\n")) & set(want.split("\n"))), default=None)
+        diff = ""
+        if near is not None:
+            import difflib
+            diff = "\n".join(difflib.unified_diff(want.split("\n"), near.text.split("\n"), config,
+                                                  f"{page.path}:{near.line}", lineterm=""))
+        raise Failure(f"{page.path}: no ```toml block is {config} byte for byte (copy the file into the "
+                      f"page):\n{diff}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,10 +363,10 @@ while (($#)); do
     esac
 done
 ((create)) && [[ -n $broker && -n $topic ]] || {{ echo "kafka-topics.sh stand-in: --create --bootstrap-server --topic needed" >&2; exit 2; }}
-if ((ifnot)) && {shlex.quote(tansu)} topic list --broker "tcp://$broker" 2>/dev/null | grep -qx -- "$topic"; then
+if ((ifnot)) && {shlex.quote(tansu)} topic list --broker "tcp://$broker" 2>/dev/null | grep -qF -- "\"name\":\"$topic\""; then
     exit 0
 fi
-{shlex.quote(tansu)} topic create "$topic" --partitions "$parts" --broker "tcp://$broker" >/dev/null
+{shlex.quote(tansu)} topic create "$topic" --partitions "$parts" --broker "tcp://$broker" >&2
 echo "Created topic $topic."
 """)
         lib = venv_librdkafka(services)
@@ -361,9 +392,9 @@ LD_LIBRARY_PATH={shlex.quote(str(libdir))} exec {shlex.quote(kcat)} "$@"
 def reset_brokers(page: Page, services: dict[str, str], home: Path) -> None:
     if "kafka" in page.needs:
         tansu, broker = services["ZDELAY_TEST_TANSU_BIN"], services["ZDELAY_TEST_KAFKA_BROKERS"]
-        topics = subprocess.run([tansu, "topic", "list", "--broker", f"tcp://{broker}"],
-                                capture_output=True, text=True).stdout.split()
-        if "orders.due" in topics:
+        listed = subprocess.run([tansu, "topic", "list", "--broker", f"tcp://{broker}"],
+                                capture_output=True, text=True, check=True).stdout
+        if any(t.get("name") == "orders.due" for t in json.loads(listed or "[]")):
             subprocess.run([tansu, "topic", "delete", "orders.due", "--broker", f"tcp://{broker}"],
                            capture_output=True, check=True)
     if "amqp" in page.needs:
@@ -585,6 +616,7 @@ def main() -> int:
     try:
         for page in selected:
             page.blocks = parse(page.path)
+            check_inline_config(page)
     except Failure as e:
         print(f"[tutorials] FAILED: {e}", file=sys.stderr)
         return 1
