@@ -527,9 +527,16 @@ def run_page(page: Page, work: Path, bin_dir: Path, redis: Redis, services: dict
             continue
         script.append(f"printf '%s\\n' {n} >\"$__tut_ctl/block\"")
         script.append(f"exec >\"$__tut_ctl/{n}.out\" 2>\"$__tut_ctl/{n}.err\" </dev/null")
-        for k, line in enumerate(block.text.rstrip("\n").split("\n")):
+        lines = block.text.rstrip("\n").split("\n")
+        for k, line in enumerate(lines):
             script.append(line)
             where[len(script)] = (n, block.line + 1 + k)
+        # `a && b` whose `a` fails does not stop bash under set -e: the block's last list must
+        # have succeeded too.
+        script.append(
+            f"__tut_rc=$?; if ((__tut_rc != 0)); then printf '%s\\t%s\\t%s\\n' \"$__tut_rc\" {len(script)} "
+            f"{shlex.quote(lines[-1].strip())} >\"$__tut_ctl/failed\"; exit 1; fi"
+        )
     script.append("printf 'end\\n' >\"$__tut_ctl/block\"")
     script.append(f"exec >\"$__tut_ctl/end.out\" 2>&1")
     (ctl / "page.sh").write_text("\n".join(script) + "\n")
