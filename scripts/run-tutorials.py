@@ -34,7 +34,9 @@ no Apache Kafka runs offline (the Kafka-protocol broker here is tansu): `kafka-t
 topics with `tansu topic create`, and `kcat` is Debian's kcat run with the newer librdkafka of
 the confluent-kafka wheel in the services' venv (Debian's librdkafka 2.0 cannot talk to tansu).
 Before a page, the broker objects it creates are deleted, so that it starts as a reader's
-first run would. Anything a page leaves running is a failure (and is stopped, by pid).
+first run would. Anything a page leaves running is a failure (and is stopped, by pid), and so is
+a ZDELAY_SINKS__* (routes', sources') variable it exports: in the reader's shell it would stay
+and break the next page's config.
 """
 
 from __future__ import annotations
@@ -540,6 +542,7 @@ def run_page(page: Page, work: Path, bin_dir: Path, redis: Redis, services: dict
         )
     script.append("printf 'end\\n' >\"$__tut_ctl/block\"")
     script.append(f"exec >\"$__tut_ctl/end.out\" 2>&1")
+    script.append("env -0 >\"$__tut_ctl/env\"")
     (ctl / "page.sh").write_text("\n".join(script) + "\n")
 
     t0 = time.monotonic()
@@ -591,6 +594,16 @@ def run_page(page: Page, work: Path, bin_dir: Path, redis: Redis, services: dict
                     f"than the page shows.\n  the page shows:\n{indent(block.expected.text)}\n"
                     f"  it printed:\n{indent(out)}\n  stderr:\n{tail(ctl / f'{n}.err')}"
                 )
+        # What the page exports stays in the reader's shell for the next page: a variable for a
+        # sink, route or source of this page's config breaks every config without it.
+        exported = {kv.split("=", 1)[0] for kv in (ctl / "env").read_text().split("\0") if "=" in kv}
+        leaks = sorted(k for k in exported - set(env)
+                       if re.match(r"ZDELAY_(SINKS|ROUTES|SOURCES)__", k))
+        if leaks:
+            raise Failure(
+                f"{page.path}: the page exports {', '.join(leaks)}: in the reader's shell it stays for the "
+                "next page, whose config has no such sink (set it for one command, or say it in prose)"
+            )
         # What the page started and did not stop (its daemon in the background).
         deadline = time.monotonic() + LEFTOVER_GRACE
         while session_pids(sid) and time.monotonic() < deadline:
