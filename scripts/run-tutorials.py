@@ -668,6 +668,14 @@ def main() -> int:
               "bash scripts/services.sh start", file=sys.stderr)
         return 1
 
+    tools = {"kafka": [("kcat", "kcat")], "amqp": [("amqp-consume", "amqp-tools"), ("rabbitmqadmin", "rabbitmq-server")],
+             "helm": [("npm", "npm")], "node": [("node", "nodejs"), ("npm", "npm")], "nats": [("python3", "python3-venv")],
+             "python": [("python3", "python3-venv")]}
+    absent = sorted({pkg for need in needs_all for cmd, pkg in tools.get(need, []) if not shutil.which(cmd)})
+    if absent:
+        print(f"[tutorials] FAILED: the readers' tools are missing: apt-get install -y {' '.join(absent)}", file=sys.stderr)
+        return 1
+
     work = Path(tempfile.mkdtemp(prefix="zdelay-tutorials."))
     redis = None
     t_all = time.monotonic()
