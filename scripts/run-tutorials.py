@@ -62,6 +62,7 @@ LEFTOVER_GRACE = 15.0
 
 # The pages, in the reader's order. `needs`: what the runner provides beside Redis.
 PAGES = [
+    ("README.md", []),
     ("docs/getting-started.md", []),
     ("docs/brokers/kafka.md", ["kafka"]),
     ("docs/brokers/rabbitmq.md", ["amqp"]),
