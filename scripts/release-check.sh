@@ -196,17 +196,26 @@ print([p["publish"] for p in json.load(sys.stdin)["packages"] if p["name"] == "z
         $REL crate-check "$PKG/$name-$VERSION.crate" "$name" "$ROOT" || exit 1
         cp "$PKG/$name-$VERSION.crate" "$DIST/"
     done
-    rm -rf "$UNPACKED"
+    # Unpacked afresh only when a package changed, its files then dated now: the files of a
+    # .crate all carry one fixed old time, by which cargo would never see a change.
     mkdir -p "$UNPACKED/.cargo"
     for name in zdelay-core zdelay-client zdelay; do
-        tar -xzf "$PKG/$name-$VERSION.crate" -C "$UNPACKED"
+        sum=$(sha256sum <"$PKG/$name-$VERSION.crate")
+        dir=$UNPACKED/$name-$VERSION
+        if [[ $(cat "$dir/.zdelay-crate-sha256" 2>/dev/null) != "$sum" ]]; then
+            rm -rf "$dir"
+            tar -xzf "$PKG/$name-$VERSION.crate" -C "$UNPACKED"
+            find "$dir" -type f -exec touch {} +
+            echo "$sum" >"$dir/.zdelay-crate-sha256"
+            echo "  $name-$VERSION.crate unpacked (changed since the last run)"
+        fi
     done
     # As crates.io would serve zdelay-core: its package, not the workspace's sources.
     cat >"$UNPACKED/.cargo/config.toml" <<EOF
 [patch.crates-io]
 zdelay-core = { path = "$UNPACKED/zdelay-core-$VERSION" }
 EOF
-    cp "$UNPACKED/zdelay-$VERSION/Cargo.lock" "$WORK/shipped.lock"
+    tar -xzOf "$PKG/zdelay-$VERSION.crate" "zdelay-$VERSION/Cargo.lock" >"$WORK/shipped.lock"
     # The packaged Cargo.lock takes zdelay-core from crates.io; the patch above changes that
     # entry alone (cargo metadata writes it), which is checked, so that `cargo install
     # --locked` below builds with the lock crates.io users get.

@@ -27,6 +27,8 @@
 #                                       about 5 min once; any mdbook warning fails the step)
 #   scripts/deploy-check.sh            (Helm chart, dashboard, alert rules, Dockerfile lint; offline)
 #   scripts/image-check.sh             (the Dockerfile's build and runtime steps, without Docker)
+#   scripts/release-check.sh           (the release artifacts a tag publishes, built and checked:
+#                                       crates, binary + SBOM, chart, Python, npm, workflows)
 # and ends with a summary of step timings and test counts. Works from any directory, needs
 # no TTY and no stdin. Each step runs in its own process group; on exit or on a signal, any
 # step still running is stopped together with what it started (cargo, test binaries, the
@@ -283,5 +285,12 @@ run_step "deploy checks: chart, dashboard, rules, Dockerfile lint" deploy.log \
     env ZDELAY_BIN="$ROOT/target/debug/zdelay" bash scripts/deploy-check.sh
 run_step "image check: the Dockerfile's steps without Docker" image.log \
     bash scripts/image-check.sh
+# What a release tag publishes (.github/workflows/release.yml runs the same script): the three
+# crates packaged and `cargo install`ed from their packages, the x86_64 binary (libraries, glibc
+# floor, a minimal root) with its SBOM, the chart, the Python and npm packages, the workflows
+# linted. After the image check: its release build seeds this one's, so only zdelay-core and
+# zdelay compile (about 2.5 minutes; tools once: about 1.5).
+run_step "release check: crates, binary + SBOM, chart, Python, npm, workflows" release.log \
+    bash scripts/release-check.sh
 
 say "all steps passed"
