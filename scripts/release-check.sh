@@ -24,7 +24,8 @@
 #              that section (else [Unreleased]) -> $DIST/RELEASE_NOTES.md; without a tag, a
 #              release 9.9.9 cut in a scratch copy as CHANGELOG.md says must pass as on its tag
 #   workflows  actionlint (with shellcheck) on .github/workflows/*.yml, and a broken workflow it
-#              must refuse
+#              must refuse; docs.yml's mdBook is the suite's, release.yml's Rust image the
+#              Dockerfile's
 #   crates     cargo package of zdelay-core, zdelay-client and zdelay together (cargo resolves the
 #              path dependency on zdelay-core through a temporary local registry): each .crate's
 #              files (what the build reads is there; no target/, tests/, book, chart or clients)
@@ -171,6 +172,17 @@ EOF
         die "actionlint did not name both problems of the broken workflow: $(cat "$WORK/bad.out")"
     fi
     echo "  a broken workflow is refused (unknown context property, shellcheck SC2086)"
+    # The workflows build as the suite and the Dockerfile do: the same mdBook and Rust.
+    SUITE_MDBOOK=$(sed -n 's/^MDBOOK_VERSION=//p' scripts/test.sh)
+    FLOW_MDBOOK=$(sed -n 's/^ *MDBOOK_VERSION: *//p' .github/workflows/docs.yml)
+    [[ -n $SUITE_MDBOOK && $SUITE_MDBOOK == "$FLOW_MDBOOK" ]] ||
+        die "docs.yml builds with mdBook '$FLOW_MDBOOK', the suite with '$SUITE_MDBOOK'"
+    DOCKER_RUST=$(sed -n 's/^ARG RUST_VERSION=//p' Dockerfile)
+    if ! grep -q "rust:$DOCKER_RUST-bookworm" .github/workflows/release.yml ||
+        grep -o 'rust:[0-9.]*-bookworm' .github/workflows/release.yml | grep -vqx "rust:$DOCKER_RUST-bookworm"; then
+        die "release.yml builds in another Rust image than the Dockerfile's rust:$DOCKER_RUST-bookworm"
+    fi
+    echo "  docs.yml's mdBook $FLOW_MDBOOK is the suite's; release.yml builds in the Dockerfile's rust:$DOCKER_RUST-bookworm"
     part_end
 fi
 
@@ -308,6 +320,7 @@ if want binary; then
         --format json --spec-version 1.5 --target "$TRIPLE" \
         --override-filename "$NAME.cdx" --quiet) || die "cargo cyclonedx failed"
     mv "$UNPACKED/zdelay-$VERSION/$NAME.cdx.json" "$DIST/"
+    $REL sbom-fix "$DIST/$NAME.cdx.json" "$UNPACKED" || exit 1
     (cd "$UNPACKED/zdelay-$VERSION" && cargo tree -e normal,build --target "$TRIPLE" --prefix none) >"$WORK/tree.txt" ||
         die "cargo tree of the packaged zdelay failed"
     $REL sbom-check "$DIST/$NAME.cdx.json" "$UNPACKED/zdelay-$VERSION/Cargo.lock" "$WORK/tree.txt" zdelay "$VERSION" || exit 1

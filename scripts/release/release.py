@@ -9,6 +9,7 @@
                                and dated): meta and notes pass on it as on a tag
   crate-check CRATE_FILE NAME  a packaged .crate: its files (none of target/, tests/, the book...;
                                what the build reads is there) and its manifest's metadata
+  sbom-fix SBOM UNPACKED        the packages' local paths in the SBOM named as crates.io's
   sbom-check SBOM LOCKFILE TREE NAME VERSION   a CycloneDX SBOM names the binary and every crate
                                it is built from (TREE: cargo tree), at their locked versions
   wheel-check WHEEL SDIST VERSION     the Python distributions' files and metadata
@@ -210,6 +211,19 @@ def crate_check(crate_file, name, repo_root):
        f"no target/, tests/ or book files; {len(want)} files the build reads present")
 
 
+def sbom_fix(sbom, unpacked):
+    """The SBOM as crates.io users' builds would have it: zdelay and zdelay-core were built from
+    their packages unpacked at UNPACKED (a path of the build machine); name them as the
+    registry's instead (bom-refs and purls), and no local path is left."""
+    text = Path(sbom).read_text()
+    prefix = "path+file://" + str(Path(unpacked).resolve()) + "/"
+    text = re.sub(re.escape(prefix) + r"[^#\"]*#", "registry+https://github.com/rust-lang/crates.io-index#", text)
+    text = re.sub(r"\?download_url=file://[^\"]*", "", text)
+    if "file://" in text:
+        fail(f"{sbom}: a local path is left: {text[text.index('file://') - 40:][:120]}")
+    Path(sbom).write_text(text)
+
+
 def sbom_check(sbom, lockfile, tree, name, version):
     """TREE: `cargo tree -e normal,build --prefix none` of the binary's package: what it compiles."""
     bom = json.loads(Path(sbom).read_text())
@@ -236,8 +250,8 @@ def sbom_check(sbom, lockfile, tree, name, version):
     nolicense = [c["name"] for c in bom.get("components", []) if not c.get("licenses")]
     ok(f"{Path(sbom).name}: CycloneDX {bom.get('specVersion')}, {name} {version}, {len(comps)} "
        f"components at their Cargo.lock versions, every one of the {len(built)} crates the binary "
-       f"is built from among them (and {len(extra)} more: the tool resolves features with the "
-       f"dev-dependencies': "
+       f"is built from among them (and {len(extra)} more that the tool's own feature resolution "
+       f"lists and this build does not compile: "
        f"{', '.join(n for n, _ in extra[:6])}{'...' if len(extra) > 6 else ''}); "
        f"{len(nolicense)} without a declared license{': ' + ', '.join(nolicense[:5]) if nolicense else ''}")
 
@@ -294,5 +308,5 @@ def npm_check(tgz, version):
 
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    {"meta": meta, "notes": notes, "rehearse": rehearse, "crate-check": crate_check, "sbom-check": sbom_check,
+    {"meta": meta, "notes": notes, "rehearse": rehearse, "sbom-fix": sbom_fix, "crate-check": crate_check, "sbom-check": sbom_check,
      "wheel-check": wheel_check, "npm-check": npm_check}[cmd](*args)
