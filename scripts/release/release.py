@@ -60,6 +60,8 @@ def versions(root):
     repo = node.get("repository", {})
     url = repo.get("url", "") if isinstance(repo, dict) else repo
     repos["clients/node/package.json"] = re.sub(r"^git\+|\.git$", "", url) or None
+    book = tomllib.loads((root / "docs/book.toml").read_text())
+    repos["docs/book.toml"] = book.get("output", {}).get("html", {}).get("git-repository-url")
     return out, repos
 
 
@@ -93,7 +95,7 @@ def meta(root, tag=None):
         fail(f"no repository address in {', '.join(missing)}")
     if len(set(repos.values())) != 1:
         fail("the repository addresses differ:\n" + "\n".join(f"    {k}: {v}" for k, v in repos.items()))
-    ok(f"repository {next(iter(repos.values()))} in every package")
+    ok(f"repository {next(iter(repos.values()))} in every package and the book")
     sections = changelog_sections(root)
     if not sections or sections[0][0] != "Unreleased":
         fail("CHANGELOG.md must open with '## [Unreleased]' above the releases")
@@ -135,7 +137,7 @@ def rehearse(root, work):
     root, work = Path(root), Path(work)
     files = ["Cargo.toml", "crates/zdelay-core/Cargo.toml", "crates/zdelay-client/Cargo.toml",
              "charts/zdelay/Chart.yaml", "clients/python/pyproject.toml", "clients/node/package.json",
-             "CHANGELOG.md"]
+             "docs/book.toml", "CHANGELOG.md"]
     current = tomllib.loads((root / "Cargo.toml").read_text())["package"]["version"]
     for f in files:
         (work / f).parent.mkdir(parents=True, exist_ok=True)
