@@ -249,14 +249,16 @@ EOF
         die "the packaged Cargo.lock does not hold with zdelay-core patched in"
     # Seed the release build with the dependencies the workspace's release build compiled
     # (same versions, profile, features and compiler): only the two packaged crates compile then.
-    if [[ -d $ROOT/target/release/deps && ! -e $TARGET/release/.seeded ]]; then
+    # Again after Cargo.lock changed (the workspace's release build then has the new versions).
+    LOCK_SUM=$(sha256sum <Cargo.lock)
+    if [[ -d $ROOT/target/release/deps && $(cat "$TARGET/release/.seeded" 2>/dev/null) != "$LOCK_SUM" ]]; then
         echo "  seeding $TARGET/release from target/release"
         mkdir -p "$TARGET/release/deps"
         find "$ROOT/target/release/deps" -maxdepth 1 -type f ! -name 'zdelay*' ! -name 'libzdelay*' \
             -exec cp -l -f -t "$TARGET/release/deps" {} +
         cp -a "$ROOT/target/release/build" "$ROOT/target/release/.fingerprint" "$TARGET/release/"
         rm -rf "$TARGET/release/.fingerprint"/zdelay-* "$TARGET/release/build"/zdelay-*
-        touch "$TARGET/release/.seeded"
+        echo "$LOCK_SUM" >"$TARGET/release/.seeded"
     fi
     t0=$SECONDS
     (cd "$UNPACKED/zdelay-client-$VERSION" && nice -n 10 cargo build --release --quiet) ||
