@@ -18,7 +18,7 @@
 # The packages are unpacked into $CACHE/release-src (again when one changed).
 # Parts, in order, stopping at the first failure:
 #   meta       one version in the three crates, the chart (version, appVersion), the Python and
-#              npm packages; one repository address; CHANGELOG.md opens with [Unreleased] above
+#              npm packages and the clients' VERSION constants; one repository address; CHANGELOG.md opens with [Unreleased] above
 #              "## [X.Y.Z] - YYYY-MM-DD" headings; on a tag (ZDELAY_RELEASE_TAG, or GITHUB_REF_NAME
 #              when GITHUB_REF_TYPE=tag) the versions are the tag's and its section is dated;
 #              that section (else [Unreleased]) -> $DIST/RELEASE_NOTES.md; without a tag, a

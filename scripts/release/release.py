@@ -60,6 +60,10 @@ def versions(root):
     repo = node.get("repository", {})
     url = repo.get("url", "") if isinstance(repo, dict) else repo
     repos["clients/node/package.json"] = re.sub(r"^git\+|\.git$", "", url) or None
+    # The clients' own release constants (a namespace asking for a newer release is refused).
+    for src in ["clients/python/src/zdelay/_core.py", "clients/node/src/index.ts"]:
+        m = re.search(r'^(?:export const )?VERSION = "([^"]+)"', (root / src).read_text(), re.M)
+        out[src + " VERSION"] = m.group(1) if m else None
     book = tomllib.loads((root / "docs/book.toml").read_text())
     repos["docs/book.toml"] = book.get("output", {}).get("html", {}).get("git-repository-url")
     return out, repos
@@ -137,7 +141,8 @@ def rehearse(root, work):
     root, work = Path(root), Path(work)
     files = ["Cargo.toml", "crates/zdelay-core/Cargo.toml", "crates/zdelay-client/Cargo.toml",
              "charts/zdelay/Chart.yaml", "clients/python/pyproject.toml", "clients/node/package.json",
-             "docs/book.toml", "CHANGELOG.md"]
+             "docs/book.toml", "clients/python/src/zdelay/_core.py", "clients/node/src/index.ts",
+             "CHANGELOG.md"]
     current = tomllib.loads((root / "Cargo.toml").read_text())["package"]["version"]
     for f in files:
         (work / f).parent.mkdir(parents=True, exist_ok=True)
@@ -149,6 +154,7 @@ def rehearse(root, work):
             text = re.sub(rf'^((?:version|appVersion)\s*[=:]\s*"?){re.escape(current)}', rf"\g<1>9.9.9",
                           text, flags=re.M)
             text = text.replace(f'"version": "{current}"', '"version": "9.9.9"', 1)
+            text = re.sub(rf'^((?:export const )?VERSION = "){re.escape(current)}"', r'\g<1>9.9.9"', text, flags=re.M)
         (work / f).write_text(text)
     meta(work, "v9.9.9")
     notes(work, "9.9.9", work / "notes.md")
