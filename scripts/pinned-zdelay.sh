@@ -8,7 +8,8 @@
 # so the upgrade's tests run that older zdelay beside it. It is built from this repository's
 # own history (commit PIN, the last one that serves layout 1 and follows a live upgrade),
 # into the same target directory, so the dependencies' build is shared and only the two
-# workspace crates compile (about two minutes once; the binary is kept under target/pinned).
+# workspace crates compile (about four minutes once; the binary is kept under target/pinned
+# and in ${ZDELAY_CACHE:-~/.cache/zdelay}/pinned, where a new clone finds it).
 # Needs a clone with history (not a shallow one).
 set -euo pipefail
 
@@ -16,7 +17,22 @@ PIN=df3d58ca58ace1a52b860370f803b2f73af426a5
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
 ROOT=$PWD
 OUT=$ROOT/target/pinned/zdelay-${PIN:0:7}
+# Also kept beside the suite's other built tools (tansu, mdBook), so a new clone on a machine
+# that built it once skips the four-minute build. Its sources are one fixed commit.
+CACHED=${ZDELAY_CACHE:-$HOME/.cache/zdelay}/pinned/zdelay-${PIN:0:7}
+if [[ ! -x $OUT && -x $CACHED ]]; then
+    mkdir -p "$ROOT/target/pinned"
+    cp "$CACHED" "$OUT.tmp"
+    mv "$OUT.tmp" "$OUT"
+fi
+keep_in_cache() {
+    [[ -x $CACHED ]] && return
+    mkdir -p "$(dirname "$CACHED")"
+    cp "$OUT" "$CACHED.tmp.$$"
+    mv "$CACHED.tmp.$$" "$CACHED"
+}
 if [[ -x $OUT ]]; then
+    keep_in_cache
     echo "$OUT"
     exit 0
 fi
@@ -49,4 +65,5 @@ CARGO_TARGET_DIR=$ROOT/target cargo build --locked --quiet --manifest-path "$SRC
     -p zdelay --bin zdelay --features test-failpoints >&2
 cp "$ROOT/target/debug/zdelay" "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
+keep_in_cache
 echo "$OUT"
