@@ -192,7 +192,7 @@ install_tansu() {
         return
     fi
     command -v cargo >/dev/null || die "cargo not found (needed to build tansu)"
-    log "tansu: building $want (debug, no debuginfo, nice 10; 5-8 min on 2 cores)"
+    log "tansu: building $want (debug, no debuginfo, nice 10; about 4 min on 2 cores)"
     mkdir -p "$CACHE/tansu"
     rm -f "$stamp"
     # Debug profile without debuginfo: 3x faster to build than release, fast enough for tests.

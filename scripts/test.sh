@@ -6,7 +6,7 @@
 # On a fresh Debian machine as root: installs redis-server + redis-tools with apt when
 # redis-server is missing (the integration tests start their own redis-server processes on
 # free loopback ports), installs and starts the brokers (scripts/services.sh: RabbitMQ, NATS
-# with JetStream, tansu for Kafka; the first install builds tansu, ~8 min, then cached),
+# with JetStream, tansu for Kafka; the first install builds tansu, ~4 min, then cached),
 # checks the Rust toolchain, then runs, stopping at the first failure:
 #   cargo fmt --all -- --check
 #   cargo clippy --workspace --all-targets -- -D warnings
@@ -271,8 +271,8 @@ run_step "Valkey pass: the Python client ($VALKEY_NAME)" python-valkey.log \
 
 # --- the book ------------------------------------------------------------------------------
 # docs/ is an mdBook book; tests/it/docs.rs (above) checked its links, this renders it. mdBook
-# is not packaged in Debian here, so a pinned version is built from crates.io once (about 5
-# minutes on 2 cores, search only: no `serve`/`watch`), then found on PATH. Any warning fails.
+# is not packaged in Debian here, so a pinned version is built from crates.io once (about 70
+# seconds on 2 cores, search only: no `serve`/`watch`), then found on PATH. Any warning fails.
 MDBOOK_VERSION=0.5.4
 say "mdbook $MDBOOK_VERSION"
 start=$SECONDS
