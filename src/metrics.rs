@@ -469,6 +469,19 @@ pub fn error_event(kind: &'static str, context: &str, error: &dyn std::fmt::Disp
     }
 }
 
+/// A warning about sink `$sink` (the rest: `tracing` fields and message): logged at DEBUG and
+/// counted into the sink's outage while one is open ([`absorbed_by_outage`]), else a WARN.
+#[macro_export]
+macro_rules! sink_warning {
+    ($sink:expr, $($event:tt)+) => {
+        if $crate::metrics::absorbed_by_outage($sink) {
+            ::tracing::debug!($($event)+)
+        } else {
+            ::tracing::warn!($($event)+)
+        }
+    };
+}
+
 /// True while `sink`'s outage episode is open: the caller's warning about it (a retried
 /// publish, a client library's complaint) is counted into the episode, whose end line reports
 /// it among the suppressed errors, instead of being logged as news of its own.

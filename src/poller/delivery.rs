@@ -571,13 +571,13 @@ fn sink_answered(sink: &SinkHandle, outcomes: &[Outcome]) {
         *counts.entry(outcome.label()).or_default() += 1;
     }
     if let Some(why) = retried {
-        let jobs = counts.get("retried").copied().unwrap_or_default();
-        let what = "publish failed for some jobs; they are retried after a backoff";
-        if crate::metrics::absorbed_by_outage(&sink.name) {
-            tracing::debug!(sink = %sink.name, jobs, error = why, "{what}");
-        } else {
-            tracing::warn!(sink = %sink.name, jobs, error = why, "{what}");
-        }
+        crate::sink_warning!(
+            &sink.name,
+            sink = %sink.name,
+            jobs = counts.get("retried").copied().unwrap_or_default(),
+            error = why,
+            "publish failed for some jobs; they are retried after a backoff"
+        );
     }
     for (label, n) in counts {
         ::metrics::counter!(SINK_OUTCOMES, "sink" => sink.name.clone(), "outcome" => label)

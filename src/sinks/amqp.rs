@@ -435,12 +435,11 @@ impl AmqpSink {
         {
             state.session = None;
             state.connection = None;
-            let what = "amqp connection dropped after a confirm timeout";
-            if crate::metrics::absorbed_by_outage(&self.name) {
-                tracing::debug!(sink = %self.name, "{what}");
-            } else {
-                tracing::warn!(sink = %self.name, "{what}");
-            }
+            crate::sink_warning!(
+                &self.name,
+                sink = %self.name,
+                "amqp connection dropped after a confirm timeout"
+            );
         }
     }
 

@@ -239,16 +239,9 @@ impl ClientContext for SinkContext {
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
             | RDKafkaLogLevel::Error
-            | RDKafkaLogLevel::Warning
-                if crate::metrics::absorbed_by_outage(sink) =>
-            {
-                tracing::debug!(sink, fac, "librdkafka: {line}")
+            | RDKafkaLogLevel::Warning => {
+                crate::sink_warning!(sink, sink, fac, "librdkafka: {line}")
             }
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error
-            | RDKafkaLogLevel::Warning => tracing::warn!(sink, fac, "librdkafka: {line}"),
             RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
                 tracing::info!(sink, fac, "librdkafka: {line}")
             }
