@@ -155,19 +155,14 @@ fn broken_links(root: &Path, files: &[PathBuf]) -> Vec<String> {
 /// The book's pages: every `.md` under `dir`, relative to `root`, sorted.
 fn markdown_under(root: &Path, dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    let mut stack = vec![root.join(dir)];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let path = entry.expect("dir entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                found.push(path.strip_prefix(root).expect("under root").to_owned());
-            }
-        }
-    }
-    found.sort();
-    found
+    files_under(&root.join(dir), &mut found);
+    let mut pages: Vec<PathBuf> = found
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .map(|path| path.strip_prefix(root).expect("under root").to_owned())
+        .collect();
+    pages.sort();
+    pages
 }
 
 fn checked_files(root: &Path) -> Vec<PathBuf> {
@@ -375,10 +370,10 @@ fn user_pages(root: &Path) -> Vec<PathBuf> {
             files.push(PathBuf::from(readme));
         }
     }
-    let examples = root.join("config/examples");
-    let mut configs: Vec<PathBuf> = std::fs::read_dir(&examples)
-        .unwrap_or_else(|e| panic!("{}: {e}", examples.display()))
-        .map(|entry| entry.expect("dir entry").path())
+    let mut examples = Vec::new();
+    files_under(&root.join("config/examples"), &mut examples);
+    let mut configs: Vec<PathBuf> = examples
+        .into_iter()
         .filter(|p| p.extension().is_some_and(|e| e == "toml"))
         .map(|p| p.strip_prefix(root).expect("under root").to_owned())
         .collect();
@@ -405,6 +400,8 @@ struct InsiderRules {
     internal_modules: BTreeSet<String>,
 }
 
+/// Every file under `dir` (absolute paths), leaving out build output, dependencies and hidden
+/// directories.
 fn files_under(dir: &Path, found: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
