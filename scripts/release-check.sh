@@ -412,18 +412,28 @@ console.log(`  ESM import: ${Object.keys(all).length} exports, Client`);') || di
 const { Client } = require("zdelay");
 if (typeof Client !== "function") throw new Error("no Client in the CJS build");
 console.log(`  CJS require: ${Object.keys(require("zdelay")).length} exports, Client`);') || die "require of the package failed"
+    # The consumer's own ioredis (the client's peer dependency) is what the client's types name:
+    # checked with each major the client supports.
     cat >"$C/esm.mts" <<'EOF'
+import { Redis } from "ioredis";
 import { Client } from "zdelay";
 type Enqueue = Client["enqueue"];
+export const make = (url: string): Client => new Client(new Redis(url, { lazyConnect: true }));
 export const check: (c: Client) => Enqueue = (c) => c.enqueue;
 EOF
     cat >"$C/cjs.cts" <<'EOF'
 import zdelay = require("zdelay");
+import IORedis = require("ioredis");
+export const make = (url: string): zdelay.Client => new zdelay.Client(new IORedis.Redis(url, { lazyConnect: true }));
 export const check: (c: zdelay.Client) => unknown = (c) => c.enqueue;
 EOF
-    (cd "$C" && node_modules/.bin/tsc --noEmit --strict --module nodenext --moduleResolution nodenext \
-        --target es2022 --types node esm.mts cjs.cts) || die "the package's types do not resolve for ESM and CJS consumers"
-    echo "  types: tsc --noEmit of an ESM (.mts) and a CJS (.cts) consumer, TypeScript $TS"
+    for IOREDIS in 5 6; do
+        (cd "$C" && npm install --silent --no-audit --no-fund "ioredis@$IOREDIS") || die "npm install of ioredis $IOREDIS failed"
+        (cd "$C" && node_modules/.bin/tsc --noEmit --strict --module nodenext --moduleResolution nodenext \
+            --target es2022 --types node esm.mts cjs.cts) ||
+            die "the package's types do not resolve for ESM and CJS consumers on ioredis $IOREDIS"
+        echo "  types: tsc --noEmit of an ESM (.mts) and a CJS (.cts) consumer, TypeScript $TS, ioredis $(cd "$C" && node -p 'require("ioredis/package.json").version')"
+    done
     part_end
 fi
 

@@ -222,6 +222,12 @@ run_step "cargo test --workspace --doc" doctest.log \
 run_step "TypeScript client: npm ci, build, node --test" node.log \
     bash -c 'cd clients/node && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build &&
         ZDELAY_BIN="$1" npm test --silent' _ "$PWD/target/debug/zdelay"
+# ioredis is a peer dependency (5 or 6): the same tests on the newest ioredis 6, then the
+# locked tree back for the steps below.
+run_step "TypeScript client: on ioredis 6" node-ioredis6.log \
+    bash -c 'cd clients/node && npm install --no-save --no-audit --no-fund --loglevel=error ioredis@6 &&
+        npm run --silent build && ZDELAY_BIN="$1" npm test --silent &&
+        npm ci --no-audit --no-fund --loglevel=error && npm run --silent build' _ "$PWD/target/debug/zdelay"
 
 # --- the Python client (clients/python) ------------------------------------------------------
 # pytest against real redis-servers and the `zdelay run` just built: installed with pip from
