@@ -74,6 +74,8 @@ HELM3=$CACHE/helm3/node_modules/.bin/helm
 GLIBC_MAX=2.34
 ALLOWED_LIBS="libc.so.6 libm.so.6 libgcc_s.so.1 libz.so.1 libssl.so.3 libcrypto.so.3 ld-linux-x86-64.so.2 ld-linux-aarch64.so.1"
 ALL_PARTS=(meta workflows crates binary chart python npm)
+# On x86_64 the arm64 binary is cross-built too (an arm64 machine builds its own natively).
+[[ $(uname -m) == x86_64 ]] && ALL_PARTS+=(binary-aarch64)
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/zdelay-release-check.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -110,11 +112,11 @@ if [[ ! -x $PY || $(cat "$VENV/.zdelay-stamp" 2>/dev/null) != "${PIP_PACKAGES[*]
     "$VENV/bin/pip" install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
     echo "${PIP_PACKAGES[*]}" >"$VENV/.zdelay-stamp"
 fi
-APT=(readelf:binutils objdump:binutils ldd:libc-bin)
+APT=(readelf:binutils)
 want workflows && APT+=(shellcheck:shellcheck)
 if want chart || want npm; then APT+=(node:nodejs npm:npm); fi
 bash scripts/apt-ensure.sh "${APT[@]}"
-if want binary && [[ $(cat "$TOOLS/.cyclonedx-stamp" 2>/dev/null) != "$CYCLONEDX_VERSION" ]]; then
+if { want binary || want binary-aarch64; } && [[ $(cat "$TOOLS/.cyclonedx-stamp" 2>/dev/null) != "$CYCLONEDX_VERSION" ]]; then
     echo "  building cargo-cyclonedx $CYCLONEDX_VERSION into $TOOLS (once)"
     mkdir -p "$TOOLS"
     CARGO_TARGET_DIR=$TOOLS/target nice -n 10 cargo install cargo-cyclonedx --locked --quiet \
@@ -273,59 +275,113 @@ EOF
     part_end
 fi
 
-# --- binary --------------------------------------------------------------------------------
+# --- binaries ------------------------------------------------------------------------------
+# The shared libraries BIN needs, with theirs, and its loader, as paths on this machine: the
+# library directories of its architecture (this machine's, or the multiarch arm64 ones).
+library_closure() {
+    local bin=$1 dirs=$2 todo seen="" lib path found
+    todo=$(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+    readelf -l "$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)\]/\1/p'
+    while [[ -n $todo ]]; do
+        lib=${todo%%$'\n'*}
+        [[ $todo == *$'\n'* ]] && todo=${todo#*$'\n'} || todo=""
+        [[ " $seen " == *" $lib "* ]] && continue
+        seen+=" $lib"
+        found=""
+        for d in $dirs; do
+            path=$d/$lib
+            [[ -e $path ]] && { found=$path; break; }
+        done
+        [[ -n $found ]] || die "no $lib for $bin in $dirs"
+        echo "$found"
+        todo+=$'\n'$(readelf -d "$found" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+        todo=$(sed '/^$/d' <<<"$todo")
+    done
+}
+
+# Checks a zdelay binary built for TRIPLE and packs it with its SBOM: the libraries it needs,
+# its newest glibc symbol, `--version` and `check-config` with an empty environment in a root
+# holding only it, its loader and its libraries (chroot; a foreign architecture runs there
+# under a static qemu, so no library of this machine can stand in for a missing one).
+check_and_pack_binary() {
+    local bin=$1 triple=$2 libdirs=$3 runner=$4
+    local name=zdelay-$VERSION-$triple needed newest r got chroot
+    needed=$(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
+    for lib in $needed; do
+        [[ " $ALLOWED_LIBS " == *" $lib "* ]] || die "the binary needs $lib, which a stock distribution may lack"
+    done
+    echo "  needs: $needed(glibc, libgcc_s, zlib, OpenSSL 3)"
+    newest=$(readelf --dyn-syms -W "$bin" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
+    [[ $(printf '%s\n%s\n' "$newest" "$GLIBC_MAX" | sort -V | tail -1) == "$GLIBC_MAX" ]] ||
+        die "the binary needs GLIBC_$newest, newer than GLIBC_$GLIBC_MAX: $(readelf --dyn-syms -W "$bin" | grep "GLIBC_$newest" | head -3)"
+    echo "  newest glibc symbol version: GLIBC_$newest (at most GLIBC_$GLIBC_MAX)"
+    # No Rust, no PATH, no HOME: a root with the binary, its loader and its libraries only.
+    r=$WORK/minroot-$triple
+    mkdir -p "$r/bin" "$r/etc" "$r/tmp"
+    cp "$bin" "$r/bin/zdelay"
+    while read -r path; do
+        mkdir -p "$r$(dirname "$path")"
+        cp -L "$path" "$r$path"
+    done < <(library_closure "$bin" "$libdirs")
+    cp config/zdelay.toml "$r/etc/zdelay.toml"
+    local run=(/bin/zdelay)
+    if [[ -n $runner ]]; then
+        cp "$runner" "$r/bin/qemu"
+        run=(/bin/qemu /bin/zdelay)
+    fi
+    if ((EUID == 0)); then
+        chroot=$(command -v chroot)
+        got=$(env -i "$chroot" "$r" "${run[@]}" --version) || die "zdelay --version fails in a minimal root"
+        env -i "$chroot" "$r" "${run[@]}" --config /etc/zdelay.toml check-config >/dev/null 2>"$WORK/cc.err" ||
+            die "zdelay check-config fails in a minimal root: $(cat "$WORK/cc.err")"
+        echo "  in a root of $(find "$r" -type f ! -name qemu | wc -l) files ($(du -sh --exclude=qemu "$r" | cut -f1)), empty environment${runner:+, under qemu}: '$got', check-config OK"
+    elif [[ -z $runner ]]; then
+        got=$(env -i "$bin" --version) || die "zdelay --version fails in an empty environment"
+        echo "  not root, so no chroot: in an empty environment '$got'"
+    else
+        die "running a foreign binary in a minimal root needs root (chroot)"
+    fi
+    [[ $got == "zdelay $VERSION" ]] || die "the binary says '$got', not 'zdelay $VERSION'"
+    rm -rf "$r"
+    local stage=$WORK/$name epoch
+    mkdir -p "$stage"
+    cp "$bin" "$stage/zdelay"
+    cp README.md CHANGELOG.md LICENSE-APACHE LICENSE-MIT "$stage/"
+    cp config/zdelay.toml "$stage/zdelay.example.toml"
+    epoch=$(git log -1 --format=%ct 2>/dev/null || date +%s)
+    tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$WORK" -cf - "$name" |
+        gzip -n -9 >"$DIST/$name.tar.gz"
+    echo "  $name.tar.gz: $(du -h "$DIST/$name.tar.gz" | cut -f1) (zdelay, README, CHANGELOG, licenses, example config)"
+    # The SBOM of the binary: the zdelay package's normal and build dependencies for this target,
+    # resolved from the packaged crate and its Cargo.lock, as the builds use them.
+    [[ -f $UNPACKED/zdelay-$VERSION/Cargo.toml ]] || die "no packaged zdelay in $UNPACKED: run the crates part first"
+    (cd "$UNPACKED" && "$TOOLS/bin/cargo-cyclonedx" cyclonedx --manifest-path "zdelay-$VERSION/Cargo.toml" \
+        --format json --spec-version 1.5 --target "$triple" \
+        --override-filename "$name.cdx" --quiet) || die "cargo cyclonedx failed"
+    mv "$UNPACKED/zdelay-$VERSION/$name.cdx.json" "$DIST/"
+    $REL sbom-fix "$DIST/$name.cdx.json" "$UNPACKED" || exit 1
+    (cd "$UNPACKED/zdelay-$VERSION" && cargo tree -e normal,build --target "$triple" --prefix none) >"$WORK/tree.txt" ||
+        die "cargo tree of the packaged zdelay failed"
+    $REL sbom-check "$DIST/$name.cdx.json" "$UNPACKED/zdelay-$VERSION/Cargo.lock" "$WORK/tree.txt" zdelay "$VERSION" || exit 1
+}
+
 if want binary; then
     part_start "binary ($TRIPLE: libraries, glibc, minimal root, SBOM)"
     [[ -x $BIN ]] || die "no $BIN: run the crates part first"
-    NAME=zdelay-$VERSION-$TRIPLE
-    NEEDED=$(readelf -d "$BIN" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
-    for lib in $NEEDED; do
-        [[ " $ALLOWED_LIBS " == *" $lib "* ]] || die "the binary needs $lib, which a stock distribution may lack"
-    done
-    echo "  needs: $NEEDED(glibc, libgcc_s, zlib, OpenSSL 3)"
-    NEWEST=$(objdump -T "$BIN" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
-    [[ $(printf '%s\n%s\n' "$NEWEST" "$GLIBC_MAX" | sort -V | tail -1) == "$GLIBC_MAX" ]] ||
-        die "the binary needs GLIBC_$NEWEST, newer than GLIBC_$GLIBC_MAX: $(objdump -T "$BIN" | grep "GLIBC_$NEWEST" | head -3)"
-    echo "  newest glibc symbol version: GLIBC_$NEWEST (at most GLIBC_$GLIBC_MAX)"
-    # No Rust, no PATH, no HOME: a root with the binary, its loader and its libraries only.
-    R=$WORK/minroot
-    mkdir -p "$R/bin" "$R/etc" "$R/tmp"
-    cp "$BIN" "$R/bin/zdelay"
-    while read -r path; do
-        mkdir -p "$R$(dirname "$path")"
-        cp -L "$path" "$R$path"
-    done < <(ldd "$BIN" | grep -o '/[^ ]*' | sort -u)
-    cp config/zdelay.toml "$R/etc/zdelay.toml"
-    if ((EUID == 0)); then
-        CHROOT=$(command -v chroot)
-        GOT=$(env -i "$CHROOT" "$R" /bin/zdelay --version) || die "zdelay --version fails in a minimal root"
-        env -i "$CHROOT" "$R" /bin/zdelay --config /etc/zdelay.toml check-config >/dev/null 2>"$WORK/cc.err" ||
-            die "zdelay check-config fails in a minimal root: $(cat "$WORK/cc.err")"
-        echo "  in a root of $(find "$R" -type f | wc -l) files ($(du -sh "$R" | cut -f1)), empty environment: '$GOT', check-config OK"
-    else
-        GOT=$(env -i "$BIN" --version) || die "zdelay --version fails in an empty environment"
-        echo "  not root, so no chroot: in an empty environment '$GOT'"
-    fi
-    rm -rf "$R"
-    STAGE=$WORK/$NAME
-    mkdir -p "$STAGE"
-    cp "$BIN" "$STAGE/zdelay"
-    cp README.md CHANGELOG.md LICENSE-APACHE LICENSE-MIT "$STAGE/"
-    cp config/zdelay.toml "$STAGE/zdelay.example.toml"
-    EPOCH=$(git log -1 --format=%ct 2>/dev/null || date +%s)
-    tar --sort=name --mtime="@$EPOCH" --owner=0 --group=0 --numeric-owner -C "$WORK" -cf - "$NAME" |
-        gzip -n -9 >"$DIST/$NAME.tar.gz"
-    echo "  $NAME.tar.gz: $(du -h "$DIST/$NAME.tar.gz" | cut -f1) (zdelay, README, CHANGELOG, licenses, example config)"
-    # The SBOM of the binary: the zdelay package's normal and build dependencies for this target,
-    # resolved from the packaged crate and its Cargo.lock, as the build above used them.
-    (cd "$UNPACKED" && "$TOOLS/bin/cargo-cyclonedx" cyclonedx --manifest-path "zdelay-$VERSION/Cargo.toml" \
-        --format json --spec-version 1.5 --target "$TRIPLE" \
-        --override-filename "$NAME.cdx" --quiet) || die "cargo cyclonedx failed"
-    mv "$UNPACKED/zdelay-$VERSION/$NAME.cdx.json" "$DIST/"
-    $REL sbom-fix "$DIST/$NAME.cdx.json" "$UNPACKED" || exit 1
-    (cd "$UNPACKED/zdelay-$VERSION" && cargo tree -e normal,build --target "$TRIPLE" --prefix none) >"$WORK/tree.txt" ||
-        die "cargo tree of the packaged zdelay failed"
-    $REL sbom-check "$DIST/$NAME.cdx.json" "$UNPACKED/zdelay-$VERSION/Cargo.lock" "$WORK/tree.txt" zdelay "$VERSION" || exit 1
+    check_and_pack_binary "$BIN" "$TRIPLE" "/lib/$ARCH-linux-gnu /usr/lib/$ARCH-linux-gnu /lib64" ""
+    part_end
+fi
+
+# The arm64 binary, cross-built from the workspace (the same sources the crates part packs)
+# with Debian's cross toolchain; the release workflow builds it natively on an arm64 runner.
+if want binary-aarch64; then
+    part_start "binary-aarch64 (cross-built: libraries, glibc, minimal root under qemu, SBOM)"
+    bash scripts/cross-aarch64.sh setup
+    t0=$SECONDS
+    ABIN=$(nice -n 10 bash scripts/cross-aarch64.sh build) || die "the aarch64 cross build failed"
+    echo "  cargo build --release --target aarch64-unknown-linux-gnu: $((SECONDS - t0)) s"
+    check_and_pack_binary "$ABIN" aarch64-unknown-linux-gnu "/lib/aarch64-linux-gnu /usr/lib/aarch64-linux-gnu" \
+        "$(command -v qemu-aarch64-static)"
     part_end
 fi
 

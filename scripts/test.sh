@@ -29,7 +29,8 @@
 #   scripts/deploy-check.sh            (Helm chart, dashboard, alert rules, Dockerfile lint; offline)
 #   scripts/image-check.sh             (the Dockerfile's build and runtime steps, without Docker)
 #   scripts/release-check.sh           (the release artifacts a tag publishes, built and checked:
-#                                       crates, binary + SBOM, chart, Python, npm, workflows)
+#                                       crates, x86_64 and arm64 binaries + SBOMs, chart,
+#                                       Python, npm, workflows)
 # and ends with a summary of step timings and test counts. Works from any directory, needs
 # no TTY and no stdin. Each step runs in its own process group; on exit or on a signal, any
 # step still running is stopped together with what it started (cargo, test binaries, the
@@ -206,8 +207,18 @@ run_step "cargo build --workspace --all-targets" build.log \
 # beside the tests: they spend most of their time waiting on servers and leave the CPU idle,
 # and the image check then finds the build done. Cargo lets the tests' own debug builds run
 # while a release build holds the same target directory.
+# Then, on x86_64, the release check's arm64 cross build (its dependencies cached under
+# ~/.cache/zdelay, so a clean clone compiles zdelay's own crates only); its toolchain is
+# installed first, here, since apt must not run beside the tests' own installs.
 read -ra RELEASE_BUILD <<<"$(python3 scripts/deploy/dockerfile.py final-build)"
-setsid nice -n 10 "${RELEASE_BUILD[@]}" >"$WORK/release-build.log" 2>&1 </dev/null &
+CROSS_BUILD=(true)
+if [[ $(uname -m) == x86_64 ]]; then
+    run_step "arm64 cross toolchain (scripts/cross-aarch64.sh setup)" cross-setup.log \
+        bash scripts/cross-aarch64.sh setup
+    CROSS_BUILD=(bash scripts/cross-aarch64.sh build)
+fi
+setsid nice -n 10 bash -c '"${@:2:$1}" && "${@:$(($1 + 2))}"' _ "${#RELEASE_BUILD[@]}" "${RELEASE_BUILD[@]}" \
+    "${CROSS_BUILD[@]}" >"$WORK/release-build.log" 2>&1 </dev/null &
 PREBUILD_PID=$!
 run_step "cargo test --workspace --all-targets -- --test-threads $TEST_THREADS" test.log \
     cargo test --workspace --all-targets "${FEATURES[@]}" -- --test-threads "$TEST_THREADS"
@@ -301,21 +312,21 @@ run_step "book: mdbook build docs" book.log \
 # (tests/it/deploy.rs checks the dashboard's and rules' metric names against a live scrape.)
 run_step "deploy checks: chart, dashboard, rules, Dockerfile lint" deploy.log \
     env ZDELAY_BIN="$ROOT/target/debug/zdelay" bash scripts/deploy-check.sh
-# The release build started beside the tests: waited for here, its failure left for the image
-# check to report (it runs the same build).
-say "release build (started beside the tests: ${RELEASE_BUILD[*]})"
+# The release builds started beside the tests: waited for here, a failure left for the image
+# check and the release check to report (they run the same builds).
+say "release builds (started beside the tests: ${RELEASE_BUILD[*]}; ${CROSS_BUILD[*]})"
 start=$SECONDS
 wait "$PREBUILD_PID" || tail -n 20 "$WORK/release-build.log"
 PREBUILD_PID=""
-record "release build, its wait (it ran beside the tests)" "$((SECONDS - start))"
+record "release builds, their wait (they ran beside the tests)" "$((SECONDS - start))"
 run_step "image check: the Dockerfile's steps without Docker" image.log \
     bash scripts/image-check.sh
 # What a release tag publishes (.github/workflows/release.yml runs the same script): the three
-# crates packaged and `cargo install`ed from their packages, the x86_64 binary (libraries, glibc
-# floor, a minimal root) with its SBOM, the chart, the Python and npm packages, the workflows
+# crates packaged and `cargo install`ed from their packages, the x86_64 and arm64 binaries
+# (libraries, glibc floor, a minimal root; arm64 under qemu) with their SBOMs, the chart, the Python and npm packages, the workflows
 # linted. After the image check: its release build seeds this one's, so only zdelay-core and
 # zdelay compile (about 2.5 minutes; tools once: about 1.5).
-run_step "release check: crates, binary + SBOM, chart, Python, npm, workflows" release.log \
+run_step "release check: crates, binaries + SBOMs, chart, Python, npm, workflows" release.log \
     bash scripts/release-check.sh
 
 say "all steps passed"
