@@ -2,12 +2,12 @@
 # The aarch64 (arm64) Linux binary, cross-built on an x86_64 Debian machine.
 #
 #   bash scripts/cross-aarch64.sh setup    Debian's arm64 cross toolchain (gcc, binutils), the
-#                                          arm64 OpenSSL and zlib headers (multiarch), qemu-user
+#                                          arm64 OpenSSL and zlib headers (multiarch), qemu-user-static
 #                                          to run the result, and Rust's aarch64 standard
 #                                          library (rustup); once, then a stamp says it is done
 #   bash scripts/cross-aarch64.sh build    cargo build --release --locked of the zdelay binary for
 #                                          aarch64-unknown-linux-gnu; prints the binary's path
-#   bash scripts/cross-aarch64.sh run ARGS the binary under qemu-aarch64, on the arm64 libraries
+#   bash scripts/cross-aarch64.sh run ARGS the binary under qemu-aarch64-static, on the arm64 libraries
 #                                          installed beside the host's (multiarch)
 #
 # The build directory is kept under the cache ($ZDELAY_CACHE, else ~/.cache/zdelay), like the
@@ -23,7 +23,7 @@ CACHE=${ZDELAY_CACHE:-$HOME/.cache/zdelay}
 TRIPLE=aarch64-unknown-linux-gnu
 CROSS_TARGET=${ZDELAY_CROSS_TARGET:-$CACHE/cross-target}
 PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu libc6-dev-arm64-cross libssl-dev:arm64
-    zlib1g-dev:arm64 qemu-user)
+    zlib1g-dev:arm64 qemu-user-static)
 
 die() { printf 'cross-aarch64.sh: %s\n' "$*" >&2; exit 1; }
 
@@ -58,6 +58,6 @@ build() {
 case ${1:-} in
     setup) setup ;;
     build) build ;;
-    run) shift; exec qemu-aarch64 "$CROSS_TARGET/$TRIPLE/release/zdelay" "$@" ;;
+    run) shift; exec qemu-aarch64-static "$CROSS_TARGET/$TRIPLE/release/zdelay" "$@" ;;
     *) die "usage: $0 setup|build|run ARGS" ;;
 esac
