@@ -1,4 +1,5 @@
--- delete_schedule: remove a recurring schedule, its pending occurrence and any quarantine.
+-- delete_schedule: remove a recurring schedule, its pending occurrence, any quarantine and its
+-- health record.
 -- Occurrences already turned into jobs (due now, or handed to a sink) are left to complete.
 -- Its high-water mark stays (a tombstone) until it is older than the retention: a schedule
 -- created again with this id plans after it, and a write that read the schedule before the
@@ -11,6 +12,7 @@
 -- KEYS[4] sched_fired ZSET {zdelay:3}:sched_fired id -> high-water mark ms
 -- KEYS[5] sched_quarantine HASH {zdelay:3}:sched_quarantine
 -- KEYS[6] shards    STRING {zdelay:3}:shards the shard's marker (shard_fence)
+-- KEYS[7] sched_health HASH {zdelay:3}:sched_health id -> health record
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] schedule id; ARGV[3] mark retention ms
 -- Returns: 1 deleted, 0 no such schedule.

@@ -8,6 +8,7 @@
 -- KEYS[4] sched_fired ZSET zdelay:{emj}:sched_fired:<route> id -> high-water mark ms
 -- KEYS[5] sched_quarantine HASH zdelay:{emj}:sched_quarantine:<route>
 -- KEYS[6] marker    STRING zdelay:{emj}:lane:<route>       "2 <lane> <LPUSH|RPUSH> <list key>"
+-- KEYS[7] sched_health HASH zdelay:{emj}:sched_health:<route> id -> health record
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
 -- ARGV[2] schedule id; ARGV[3] mark retention ms

@@ -24,16 +24,18 @@
 -- KEYS[9] sched_fired  ZSET {zdelay:3}:sched_fired id -> high-water mark ms
 -- KEYS[10] sched_quarantine HASH {zdelay:3}:sched_quarantine id -> "<ms> <reason>"
 -- KEYS[11] shards   STRING {zdelay:3}:shards the shard's marker (shard_fence)
+-- KEYS[12] sched_health HASH {zdelay:3}:sched_health id -> health record (fire_schedules_body)
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] now ms (when occurrences expired die, when a quarantine began)
 -- ARGV[3] mark retention ms: marks older than now minus this are pruned, at most 100 a call
 -- ARGV[4..] per schedule: id, its pending occurrence as due_schedules read it (the exact
 --   score text), version read ("" when the definition has none), the mark to set ("" =
 --   leave it), next pending occurrence ms ("" = none: ended), max lateness ms ("" = none),
---   quarantine reason ("" = none; otherwise nothing else applies), D, then D triples (job id,
+--   quarantine reason ("" = none; otherwise nothing else applies), occurrences missed (passed
+--   over by the misfire policy), occurrences skipped by calendar, D, then D triples (job id,
 --   occurrence ms, due ms: the occurrence, or later by the schedule's jitter) to deliver, E, then E pairs (job id, occurrence ms) expired
--- Returns: { jobs created, occurrences expired, schedules fenced, then for each schedule
---   quarantined its id and the reason };
+-- Returns: { jobs created, occurrences expired, schedules fenced, occurrences missed,
+--   occurrences skipped by calendar, then for each schedule quarantined its id and the reason };
 --   error ZDELAY_FIRE_BOUND <n> (nothing written) when the call carries more than 1000
 --   occurrences.
 -- Re-run safety: yes; the first run moved each schedule's pending occurrence, so a re-run is
@@ -42,7 +44,7 @@ local shard_marker = KEYS[11]
 -- @include shard_fence
 local due_key, jobs_key, dead_key, reasons_key, limit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local schedules_key, env_key, sched_due_key = KEYS[6], KEYS[7], KEYS[8]
-local fired_key, quarantine_key = KEYS[9], KEYS[10]
+local fired_key, quarantine_key, health_key = KEYS[9], KEYS[10], KEYS[12]
 -- An occurrence is a job of the shard carrying the schedule's envelope.
 local function occurrences(envelope)
   return {

@@ -18,6 +18,7 @@
 -- KEYS[11] sched_fired ZSET   zdelay:{emj}:sched_fired:<route> id -> high-water mark ms
 -- KEYS[12] sched_quarantine HASH zdelay:{emj}:sched_quarantine:<route> id -> "<ms> <reason>"
 -- KEYS[13] marker      STRING zdelay:{emj}:lane:<route>     "2 <lane> <LPUSH|RPUSH> <list key>"
+-- KEYS[14] sched_health HASH zdelay:{emj}:sched_health:<route> id -> health record
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
 -- ARGV[2] now ms (when occurrences expired die, when a quarantine began)
@@ -25,10 +26,11 @@
 -- ARGV[4..] per schedule: id, its pending occurrence as due_schedules read it (the exact
 --   score text), version read ("" when the definition has none), the mark to set ("" =
 --   leave it), next pending occurrence ms ("" = none: ended), max lateness ms ("" = none),
---   quarantine reason ("" = none; otherwise nothing else applies), D, then D triples (job id,
+--   quarantine reason ("" = none; otherwise nothing else applies), occurrences missed (passed
+--   over by the misfire policy), occurrences skipped by calendar, D, then D triples (job id,
 --   occurrence ms, due ms: the occurrence, or later by the schedule's jitter) to deliver, E, then E pairs (job id, occurrence ms) expired
--- Returns: { jobs created, occurrences expired, schedules fenced, then for each schedule
---   quarantined its id and the reason };
+-- Returns: { jobs created, occurrences expired, schedules fenced, occurrences missed,
+--   occurrences skipped by calendar, then for each schedule quarantined its id and the reason };
 --   error ZDELAY_FIRE_BOUND <n> (nothing written) when the call carries more than 1000
 --   occurrences.
 -- Re-run safety: yes; the first run moved each schedule's pending occurrence, so a re-run is
@@ -38,7 +40,7 @@ local lane_marker = KEYS[13]
 local due_key, jobs_key, meta_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead_key, reasons_key, limit_key = KEYS[5], KEYS[6], KEYS[7]
 local schedules_key, env_key, sched_due_key = KEYS[8], KEYS[9], KEYS[10]
-local fired_key, quarantine_key = KEYS[11], KEYS[12]
+local fired_key, quarantine_key, health_key = KEYS[11], KEYS[12], KEYS[14]
 local SMALL = 4096
 -- An occurrence is written as the lane keeps a job: the payload of the schedule's zd1 frame,
 -- its meta apart (cut as move_due reads a frame), a payload over SMALL listed in large.

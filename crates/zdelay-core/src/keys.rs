@@ -104,6 +104,7 @@ impl Keys {
             transit_in: self.shard_key(shard, "transit_in"),
             layout: self.layout(shard),
             unique: self.shard_key(shard, "unique"),
+            sched_health: self.shard_key(shard, "sched_health"),
             windows: self.shard_key(shard, "windows"),
             wake_channel: self.wake_channel(),
         }
@@ -404,6 +405,11 @@ pub struct ShardKeys {
     /// as a duplicate; `d:<id>` → the latest due a debounced job may be pushed to. Entries
     /// whose time has passed are dropped by the next enqueue into the shard.
     pub windows: String,
+    /// HASH: schedule id → its health record (`schedules::ScheduleHealth`): occurrences
+    /// fired, missed, expired and skipped by calendar, when it last fired and that firing's
+    /// occurrence. Written by the firing script, deleted with the schedule. Scripts take it
+    /// after the layout marker.
+    pub sched_health: String,
     /// Pub/sub channel for `"<shard> <due ms>"` wake-ups.
     pub wake_channel: String,
 }
@@ -505,6 +511,9 @@ pub struct LaneKeys {
     /// [`ShardKeys::windows`]; taken after the marker.
     pub unique: String,
     pub windows: String,
+    /// HASH: schedule id → its health record, as [`ShardKeys::sched_health`]; taken after
+    /// the marker.
+    pub sched_health: String,
 }
 
 impl LaneKeys {
@@ -550,6 +559,7 @@ impl LaneKeys {
             marker: key("lane"),
             unique: key("unique"),
             windows: key("windows"),
+            sched_health: key("sched_health"),
         }
     }
 }

@@ -196,6 +196,67 @@ pub struct ScheduleView {
     pub envelope: Option<Envelope>,
     /// Set when a firing could not read it: no occurrence until `schedule set` writes it.
     pub quarantine: Option<Quarantine>,
+    /// What its firings did so far.
+    pub health: ScheduleHealth,
+}
+
+/// A schedule's health, as the firings recorded it (in the same script that decides the
+/// occurrences, so the counts are exact whichever daemon fires, and a crash loses none). Kept
+/// while the schedule exists: updates keep it, `schedule delete` removes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ScheduleHealth {
+    /// Occurrences turned into jobs by firings (`schedule run` is not counted).
+    pub fired: u64,
+    /// Occurrences that were due and that the misfire policy passed over, neither delivered
+    /// nor expired: `coalesce`, all but the latest of those due at once; `skip`, every one of
+    /// them; `catch_up`, those older than its `max` latest.
+    pub missed: u64,
+    /// Occurrences delivered later than `max_lateness` after their time: to dead, `expired`.
+    pub expired: u64,
+    /// Occurrences passed over because the schedule's calendar excludes their date.
+    pub skipped_by_calendar: u64,
+    /// When a firing last turned an occurrence into a job (Redis clock, ms), and that
+    /// occurrence's time (its lateness is the difference). `None` until it first fires.
+    pub last_fired_ms: Option<i64>,
+    pub last_occurrence_ms: Option<i64>,
+}
+
+impl ScheduleHealth {
+    /// From its stored form, `"<fired> <missed> <expired> <skipped> <last fired ms>
+    /// <occurrence ms>"` (`-` for a time not set). A field that does not read is 0 or unset:
+    /// only the firing script writes it.
+    pub fn parse(text: &str) -> Self {
+        let mut words = text.split_whitespace();
+        let mut count = || words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+        let (fired, missed, expired, skipped_by_calendar) = (count(), count(), count(), count());
+        let mut time = || words.next().and_then(|w| w.parse().ok());
+        let (last_fired_ms, last_occurrence_ms) = (time(), time());
+        ScheduleHealth {
+            fired,
+            missed,
+            expired,
+            skipped_by_calendar,
+            last_fired_ms,
+            last_occurrence_ms,
+        }
+    }
+
+    /// How late its last firing was: when it fired minus the occurrence's time.
+    pub fn last_lateness_ms(&self) -> Option<i64> {
+        Some(self.last_fired_ms? - self.last_occurrence_ms?)
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "fired": self.fired,
+            "missed": self.missed,
+            "expired": self.expired,
+            "skipped_by_calendar": self.skipped_by_calendar,
+            "last_fired_ms": self.last_fired_ms,
+            "last_occurrence_ms": self.last_occurrence_ms,
+            "last_lateness_ms": self.last_lateness_ms(),
+        })
+    }
 }
 
 impl ScheduleView {
@@ -228,6 +289,7 @@ impl ScheduleView {
                 .as_ref()
                 .map_or(serde_json::Value::Null, Quarantine::to_json),
         );
+        obj.insert("health".into(), self.health.to_json());
         serde_json::Value::Object(obj)
     }
 }
@@ -289,6 +351,7 @@ struct SchedKeys<'a> {
     sched_due: &'a str,
     sched_fired: &'a str,
     sched_quarantine: &'a str,
+    sched_health: &'a str,
 }
 
 impl Home {
@@ -316,6 +379,7 @@ impl Home {
                 sched_due: &k.sched_due,
                 sched_fired: &k.sched_fired,
                 sched_quarantine: &k.sched_quarantine,
+                sched_health: &k.sched_health,
             },
             Home::Lane(lane) => SchedKeys {
                 schedules: &lane.keys.schedules,
@@ -323,6 +387,7 @@ impl Home {
                 sched_due: &lane.keys.sched_due,
                 sched_fired: &lane.keys.sched_fired,
                 sched_quarantine: &lane.keys.sched_quarantine,
+                sched_health: &lane.keys.sched_health,
             },
         }
     }
@@ -625,12 +690,14 @@ impl Client {
             Option<f64>,
             Option<String>,
             Option<String>,
+            Option<String>,
         );
-        let (record, envelope, next, quarantine, marker): Reply = redis::pipe()
+        let (record, envelope, next, quarantine, health, marker): Reply = redis::pipe()
             .hget(keys.schedules, id)
             .hget(keys.sched_env, id)
             .zscore(keys.sched_due, id)
             .hget(keys.sched_quarantine, id)
+            .hget(keys.sched_health, id)
             .get(home.fence_key())
             .query_async(&mut self.con.clone())
             .await?;
@@ -646,6 +713,7 @@ impl Client {
             envelope.as_deref(),
             next,
             quarantine.as_deref(),
+            health.as_deref(),
         )))
     }
 }
@@ -903,18 +971,25 @@ impl Operator {
                         .collect();
                     if !idle.is_empty() {
                         let names: Vec<&String> = idle.iter().map(|(id, _)| id).collect();
-                        let (envelopes, quarantines): (Vec<Option<Vec<u8>>>, Vec<Option<String>>) =
-                            redis::pipe()
-                                .cmd("HMGET")
-                                .arg(keys.sched_env)
-                                .arg(&names)
-                                .cmd("HMGET")
-                                .arg(keys.sched_quarantine)
-                                .arg(&names)
-                                .query_async(&mut con)
-                                .await?;
-                        for (((id, record), envelope), quarantine) in
-                            idle.into_iter().zip(envelopes).zip(quarantines)
+                        type Reply = (
+                            Vec<Option<Vec<u8>>>,
+                            Vec<Option<String>>,
+                            Vec<Option<String>>,
+                        );
+                        let (envelopes, quarantines, healths): Reply = redis::pipe()
+                            .cmd("HMGET")
+                            .arg(keys.sched_env)
+                            .arg(&names)
+                            .cmd("HMGET")
+                            .arg(keys.sched_quarantine)
+                            .arg(&names)
+                            .cmd("HMGET")
+                            .arg(keys.sched_health)
+                            .arg(&names)
+                            .query_async(&mut con)
+                            .await?;
+                        let read = idle.into_iter().zip(envelopes).zip(quarantines);
+                        for ((((id, record), envelope), quarantine), health) in read.zip(healths)
                         {
                             if let Ok((version, s)) = parse_record(&record) {
                                 out.schedules.push(view(
@@ -925,6 +1000,7 @@ impl Operator {
                                     envelope.as_deref(),
                                     None,
                                     quarantine.as_deref(),
+                                    health.as_deref(),
                                 ));
                             }
                         }
@@ -982,8 +1058,9 @@ async fn read_views(
             Vec<Option<String>>,
             Vec<Option<Vec<u8>>>,
             Vec<Option<String>>,
+            Vec<Option<String>>,
         );
-        let (records, envelopes, quarantines): Reply = redis::pipe()
+        let (records, envelopes, quarantines, healths): Reply = redis::pipe()
             .cmd("HMGET")
             .arg(keys.schedules)
             .arg(&names)
@@ -993,10 +1070,13 @@ async fn read_views(
             .cmd("HMGET")
             .arg(keys.sched_quarantine)
             .arg(&names)
+            .cmd("HMGET")
+            .arg(keys.sched_health)
+            .arg(&names)
             .query_async(&mut con)
             .await?;
         let read = chunk.iter().zip(records).zip(envelopes).zip(quarantines);
-        for ((((id, next), record), envelope), quarantine) in read {
+        for (((((id, next), record), envelope), quarantine), health) in read.zip(healths) {
             if let Some(Ok((version, s))) = record.as_deref().map(parse_record) {
                 out.push(view(
                     id.clone(),
@@ -1006,6 +1086,7 @@ async fn read_views(
                     envelope.as_deref(),
                     Some(*next),
                     quarantine.as_deref(),
+                    health.as_deref(),
                 ));
             }
         }
@@ -1066,6 +1147,7 @@ fn view(
     envelope: Option<&[u8]>,
     next: Option<f64>,
     quarantine: Option<&str>,
+    health: Option<&str>,
 ) -> ScheduleView {
     let (shard, lane) = home.place();
     ScheduleView {
@@ -1081,6 +1163,7 @@ fn view(
         updated_ms: s.updated_ms,
         envelope: envelope.and_then(|e| Envelope::decode(e).ok()),
         quarantine: quarantine.map(Quarantine::parse),
+        health: health.map(ScheduleHealth::parse).unwrap_or_default(),
     }
 }
 
@@ -1187,20 +1270,27 @@ pub async fn fire_due(
             }
         };
         let mut plan = schedule.plan(at, now);
-        match plan.truncate(budget) {
+        let decided_to = match plan.truncate(budget) {
             // Cut: the first occurrence left out stays pending (it is due: the next call
             // plans from it), and the mark is the last one written.
             Some(first_left) => {
                 report.more = true;
                 firing.next_ms = Some(first_left);
                 firing.mark_ms = plan.last_written();
+                plan.last_written().unwrap_or(at - 1)
             }
             // Every occurrence up to now is decided.
             None => {
                 firing.next_ms = plan.next;
                 firing.mark_ms = Some(now);
+                now
             }
-        }
+        };
+        // What the misfire policy passed over: decided, and neither delivered nor expired.
+        let written = (plan.deliver.len() + plan.expired.len()) as u64;
+        firing.missed = schedule
+            .occurrences_decided(at, decided_to)
+            .saturating_sub(written);
         budget -= plan.deliver.len() + plan.expired.len();
         let jobs = |times: &[i64]| {
             times

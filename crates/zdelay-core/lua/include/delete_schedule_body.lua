@@ -10,4 +10,5 @@ if #old > 0 then redis.call('ZREM', KEYS[4], unpack(old)) end
 redis.call('ZREM', KEYS[3], id)
 redis.call('HDEL', KEYS[2], id)
 redis.call('HDEL', KEYS[5], id)
+redis.call('HDEL', KEYS[7], id)
 return redis.call('HDEL', KEYS[1], id)

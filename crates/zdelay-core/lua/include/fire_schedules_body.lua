@@ -2,7 +2,7 @@
 -- a spread shard and in a route lane (the arguments, the bound, the marks, the misfire
 -- decisions the caller made); only how an occurrence is written as a job differs. The includer
 -- names its keys (due_key, dead_key, reasons_key, limit_key, schedules_key, env_key,
--- sched_due_key, fired_key, quarantine_key) and defines occurrences(envelope): a table with
+-- sched_due_key, fired_key, quarantine_key, health_key) and defines occurrences(envelope): a table with
 -- write(job) (false when the id is taken: written already, waiting or dead) and waiting(job)
 -- (after a job was written due), or nil and why the envelope cannot be fired.
 
@@ -12,10 +12,10 @@ local now = tonumber(ARGV[2])
 local starts, total, i = {}, 0, 4
 while i <= #ARGV do
   starts[#starts + 1] = i
-  local deliver = tonumber(ARGV[i + 7])
-  local expired = tonumber(ARGV[i + 8 + 3 * deliver])
+  local deliver = tonumber(ARGV[i + 9])
+  local expired = tonumber(ARGV[i + 10 + 3 * deliver])
   total = total + deliver + expired
-  i = i + 9 + 3 * deliver + 2 * expired
+  i = i + 11 + 3 * deliver + 2 * expired
 end
 if total > MAX_OCCURRENCES then
   return redis.error_reply('ZDELAY_FIRE_BOUND ' .. total)
@@ -24,6 +24,31 @@ local old = redis.call('ZRANGEBYSCORE', fired_key, '-inf', '(' .. (now - tonumbe
   'LIMIT', 0, 100)
 if #old > 0 then redis.call('ZREM', fired_key, unpack(old)) end
 local created, expired, fenced, quarantined = 0, 0, 0, {}
+local missed_total, skipped_total = 0, 0
+-- A schedule's health record: "<fired> <missed> <expired> <skipped by calendar> <last fired ms>
+-- <its occurrence ms>" (the last two empty as "-" until it first fires). One field per
+-- schedule, six numbers: written here, in the step that decides the occurrences, so the counts
+-- are exact whichever daemon fires and whatever crashes.
+local function add_health(id, fired, missed, expired_n, skipped, last_at)
+  if fired + missed + expired_n + skipped == 0 then return end
+  local h = { 0, 0, 0, 0, '-', '-' }
+  local old = redis.call('HGET', health_key, id)
+  if old then
+    local k = 1
+    for word in string.gmatch(old, '%S+') do
+      if k <= 6 then h[k] = word end
+      k = k + 1
+    end
+  end
+  h[1] = (tonumber(h[1]) or 0) + fired
+  h[2] = (tonumber(h[2]) or 0) + missed
+  h[3] = (tonumber(h[3]) or 0) + expired_n
+  h[4] = (tonumber(h[4]) or 0) + skipped
+  if last_at then h[5], h[6] = now, last_at end
+  local function ms(v) return v == '-' and '-' or string.format('%d', tonumber(v)) end
+  redis.call('HSET', health_key, id, string.format('%d %d %d %d %s %s', h[1], h[2], h[3], h[4],
+    ms(h[5]), ms(h[6])))
+end
 local function quarantine(id, reason)
   redis.call('ZREM', sched_due_key, id)
   redis.call('HSET', quarantine_key, id, now .. ' ' .. reason)
@@ -33,8 +58,9 @@ end
 for _, s in ipairs(starts) do
   local id, read_due, read_version = ARGV[s], ARGV[s + 1], ARGV[s + 2]
   local set_mark, next_ms, limit, reason = ARGV[s + 3], ARGV[s + 4], ARGV[s + 5], ARGV[s + 6]
-  local deliver = tonumber(ARGV[s + 7])
-  local first_deliver = s + 8
+  local missed, skipped = tonumber(ARGV[s + 7]), tonumber(ARGV[s + 8])
+  local deliver = tonumber(ARGV[s + 9])
+  local first_deliver = s + 10
   local n_expired = tonumber(ARGV[first_deliver + 3 * deliver])
   local first_expired = first_deliver + 3 * deliver + 1
   local score = redis.call('ZSCORE', sched_due_key, id)
@@ -55,6 +81,7 @@ for _, s in ipairs(starts) do
       quarantine(id, problem)
     else
       local mark = tonumber(redis.call('ZSCORE', fired_key, id))
+      local fired_here, expired_here, last_at = 0, 0, nil
       for k = 0, deliver - 1 do
         local job, at = ARGV[first_deliver + 3 * k], ARGV[first_deliver + 3 * k + 1]
         local due = ARGV[first_deliver + 3 * k + 2]
@@ -63,6 +90,8 @@ for _, s in ipairs(starts) do
           if limit ~= '' then redis.call('HSET', limit_key, job, limit) end
           occurrence.waiting(job)
           created = created + 1
+          fired_here = fired_here + 1
+          last_at = tonumber(at)
         end
       end
       for k = 0, n_expired - 1 do
@@ -72,8 +101,12 @@ for _, s in ipairs(starts) do
           redis.call('HSET', reasons_key, job, 'expired: ' .. (now - tonumber(at)) ..
             ' ms after its occurrence, max_lateness ' .. limit .. ' ms')
           expired = expired + 1
+          expired_here = expired_here + 1
         end
       end
+      add_health(id, fired_here, missed, expired_here, skipped, last_at)
+      missed_total = missed_total + missed
+      skipped_total = skipped_total + skipped
       if set_mark ~= '' then redis.call('ZADD', fired_key, 'GT', set_mark, id) end
       if next_ms == '' then
         redis.call('ZREM', sched_due_key, id)
@@ -83,6 +116,6 @@ for _, s in ipairs(starts) do
     end
   end
 end
-local out = { created, expired, fenced }
+local out = { created, expired, fenced, missed_total, skipped_total }
 for _, v in ipairs(quarantined) do out[#out + 1] = v end
 return out

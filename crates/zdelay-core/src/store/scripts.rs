@@ -1677,6 +1677,14 @@ impl SchedAt<'_> {
         }
     }
 
+    /// Where its schedules' health records are kept (taken after the marker).
+    fn health_key(&self) -> &str {
+        match self {
+            SchedAt::Shard(keys) => &keys.sched_health,
+            SchedAt::Lane { lane, .. } => &lane.keys.sched_health,
+        }
+    }
+
     /// The call of a script on a schedule's own keys (upsert, delete).
     fn schedule_call(
         &self,
@@ -1709,7 +1717,12 @@ pub async fn delete_schedule(
         "delete_schedule",
         &compiled::delete_schedule_lane,
     );
-    let deleted: i64 = inv.arg(id).arg(mark_retention_ms).invoke(con).await?;
+    let deleted: i64 = inv
+        .key(at.health_key())
+        .arg(id)
+        .arg(mark_retention_ms)
+        .invoke(con)
+        .await?;
     Ok(deleted == 1)
 }
 
@@ -1830,6 +1843,13 @@ pub struct Firing {
     pub deliver: Vec<(String, i64, i64)>,
     /// (job id, occurrence ms) past their max lateness.
     pub expired: Vec<(String, i64)>,
+    /// Occurrences this firing passes over by the misfire policy (neither delivered nor
+    /// expired), added to the schedule's health record.
+    pub missed: u64,
+    /// Occurrences this firing passes over because the schedule's calendar excludes their
+    /// date, added to the health record's `skipped_by_calendar` (the planner that applies a
+    /// calendar sets it; 0 otherwise).
+    pub skipped_by_calendar: u64,
 }
 
 /// What `fire_schedules` did.
@@ -1838,6 +1858,10 @@ pub struct Fired {
     pub created: u64,
     pub expired: u64,
     pub fenced: u64,
+    /// Occurrences passed over by a misfire policy, and skipped by calendar (as the firings
+    /// said, for the schedules not fenced).
+    pub missed: u64,
+    pub skipped_by_calendar: u64,
     /// The schedules it quarantined, with why.
     pub quarantined: Vec<(String, String)>,
 }
@@ -1872,7 +1896,9 @@ pub async fn fire_schedules(
             ]
         },
     );
-    inv.arg(now_ms).arg(mark_retention_ms);
+    inv.key(at.health_key())
+        .arg(now_ms)
+        .arg(mark_retention_ms);
     let text = |n: Option<i64>| n.map(|n| n.to_string()).unwrap_or_default();
     for f in firings {
         inv.arg(&f.id)
@@ -1882,6 +1908,8 @@ pub async fn fire_schedules(
             .arg(text(f.next_ms))
             .arg(f.max_lateness_ms.map(|n| n.to_string()).unwrap_or_default())
             .arg(f.quarantine.as_deref().unwrap_or_default())
+            .arg(f.missed)
+            .arg(f.skipped_by_calendar)
             .arg(f.deliver.len());
         for (job, at, due) in &f.deliver {
             inv.arg(job).arg(at).arg(due);
@@ -1898,6 +1926,7 @@ pub async fn fire_schedules(
         Ok(as_int(v)? as u64)
     };
     let (created, expired, fenced) = (count()?, count()?, count()?);
+    let (missed, skipped_by_calendar) = (count()?, count()?);
     let mut quarantined = Vec::new();
     while let (Some(id), Some(reason)) = (it.next(), it.next()) {
         quarantined.push((as_string(id)?, as_string(reason)?));
@@ -1906,6 +1935,8 @@ pub async fn fire_schedules(
         created,
         expired,
         fenced,
+        missed,
+        skipped_by_calendar,
         quarantined,
     })
 }
@@ -3373,8 +3404,10 @@ end";
                     && source
                         .lines()
                         .filter(|l| l.starts_with(&after_marker))
-                        .all(|l| l.split_whitespace().nth(2) == Some("unique")),
-                "{name}: the marker is its last key but the unique window's"
+                        .all(|l| {
+                            matches!(l.split_whitespace().nth(2), Some("unique" | "sched_health"))
+                        }),
+                "{name}: the marker is its last key but the unique window's or health's"
             );
         }
     }
