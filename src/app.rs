@@ -206,6 +206,7 @@ async fn serve(
     ));
     tracker.spawn(sample_stats(
         sampler_con,
+        requests_client.clone(),
         config.clone(),
         pollers.wakers(),
         shutdown.clone(),
@@ -477,6 +478,7 @@ async fn connect_with_retry(
 /// `poller.stats_interval`, off the hot path.
 async fn sample_stats(
     mut con: Conn,
+    client: Client,
     config: Config,
     wakers: Arc<poller::Wakers>,
     shutdown: CancellationToken,
@@ -511,6 +513,13 @@ async fn sample_stats(
         match crate::gone::step(&mut con, &config, &keys).await {
             Ok(_) => crate::metrics::recovered("redis", "gone routes"),
             Err(e) => crate::metrics::error_event("redis", "gone routes", &e),
+        }
+        match stats::schedule_series(&client, &config.admin).await {
+            Ok(rows) => {
+                crate::metrics::set_schedule_series(&rows);
+                crate::metrics::recovered("redis", "schedule health");
+            }
+            Err(e) => crate::metrics::error_event("redis", "schedule health", &e),
         }
         tokio::select! {
             _ = tokio::time::sleep(config.poller.stats_interval) => {}

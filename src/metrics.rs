@@ -42,6 +42,22 @@ pub const DEFERRED: &str = "zdelay_deferred_total";
 pub const DEFERRAL: &str = "zdelay_deferral_seconds";
 pub const ROUTE_HELD: &str = "zdelay_route_held";
 pub const SETTLE_RETRIES: &str = "zdelay_settle_retries_total";
+pub const SCHEDULE_RECORDED: &str = "zdelay_schedule_occurrences_recorded";
+pub const SCHEDULE_LAST_FIRED: &str = "zdelay_schedule_last_fired_timestamp_seconds";
+pub const SCHEDULE_LAST_LATENESS: &str = "zdelay_schedule_last_lateness_seconds";
+pub const SCHEDULE_NEXT_DUE: &str = "zdelay_schedule_next_due_timestamp_seconds";
+pub const SCHEDULE_PERIOD: &str = "zdelay_schedule_period_seconds";
+
+/// The series with a `schedule` label: rendered by [`set_schedule_series`] and appended to
+/// the scrape, not kept by the recorder, which cannot drop a series (a schedule deleted or
+/// no longer among the most missed must stop being exported).
+const PER_SCHEDULE: &[&str] = &[
+    SCHEDULE_RECORDED,
+    SCHEDULE_LAST_FIRED,
+    SCHEDULE_LAST_LATENESS,
+    SCHEDULE_NEXT_DUE,
+    SCHEDULE_PERIOD,
+];
 
 /// Lateness buckets in ms: from 1 ms to 5 minutes. The move scripts count jobs per bucket.
 pub const LATENESS_BOUNDS_MS: &[u64] = &[
@@ -316,10 +332,71 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: OCCURRENCES,
         kind: Kind::Counter,
-        labels: &[label_of("outcome", &["fired", "expired"])],
+        labels: &[label_of(
+            "outcome",
+            &["fired", "expired", "missed", "skipped_by_calendar"],
+        )],
         help: "Occurrences of recurring schedules, by outcome: fired (turned into a job), expired \
-               (past max_lateness, into a dead letter).",
+               (past max_lateness, into a dead letter), missed (passed over by the misfire \
+               policy), skipped_by_calendar (on a date the schedule's calendar excludes).",
+        details: "Every schedule, counted by the daemon whose firing decided the occurrence: \
+                  combine instances with `sum`. `missed`: of the occurrences due at once after \
+                  an outage or a pause of the sink, `coalesce` counts all but the one it \
+                  delivers, `skip` all of them, `catch_up` those older than its `max` latest.",
+    },
+    Metric {
+        name: SCHEDULE_RECORDED,
+        kind: Kind::Gauge,
+        labels: &[
+            label("schedule"),
+            label_of(
+                "outcome",
+                &["fired", "missed", "expired", "skipped_by_calendar"],
+            ),
+        ],
+        help: "A schedule's occurrences by outcome since it was created, from its health record \
+               in Redis.",
+        details: "The per-schedule series (this one and the four below) exist only for the \
+                  schedules named in `admin.schedule_metrics` and the \
+                  `admin.schedule_metrics_top_missed` ones that missed the most (default 5), so \
+                  the `schedule` label stays bounded. Sampled every `poller.stats_interval` by \
+                  every instance, the same values: combine with `max`. A schedule deleted, or \
+                  no longer among those, stops being exported at the next sample.",
+    },
+    Metric {
+        name: SCHEDULE_LAST_FIRED,
+        kind: Kind::Gauge,
+        labels: &[label("schedule")],
+        help: "When a firing last turned one of the schedule's occurrences into a job (Unix \
+               seconds); before its first firing, when it was created or its start, whichever \
+               is later.",
         details: "",
+    },
+    Metric {
+        name: SCHEDULE_LAST_LATENESS,
+        kind: Kind::Gauge,
+        labels: &[label("schedule")],
+        help: "How late the schedule's last firing was: when it fired minus the time of the \
+               occurrence it delivered (0 before its first firing).",
+        details: "",
+    },
+    Metric {
+        name: SCHEDULE_NEXT_DUE,
+        kind: Kind::Gauge,
+        labels: &[label("schedule")],
+        help: "The schedule's pending occurrence (Unix seconds); 0 when it has none (paused or \
+               ended).",
+        details: "",
+    },
+    Metric {
+        name: SCHEDULE_PERIOD,
+        kind: Kind::Gauge,
+        labels: &[label("schedule")],
+        help: "The gap between the schedule's next two occurrences, seconds; 0 when it is paused \
+               or ended (nothing is expected of it).",
+        details: "A cron schedule's period varies (a daily pattern's is a day, one of weekdays \
+                  three days over a weekend): the alert on silent schedules compares \
+                  `time() - zdelay_schedule_last_fired_timestamp_seconds` with a multiple of it.",
     },
     Metric {
         name: REDIS_UP,
@@ -424,13 +501,104 @@ pub const METRICS: &[Metric] = &[
 ];
 
 fn describe() {
-    for m in METRICS {
+    for m in METRICS.iter().filter(|m| !PER_SCHEDULE.contains(&m.name)) {
         match m.kind {
             Kind::Counter => describe_counter!(m.name, m.help),
             Kind::Gauge => describe_gauge!(m.name, m.help),
             Kind::Histogram => describe_histogram!(m.name, m.help),
         }
     }
+}
+
+/// One schedule's per-schedule series, as the stats sampler read them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleSeries {
+    pub id: String,
+    pub health: zdelay_core::schedules::ScheduleHealth,
+    /// When it last fired, or before that when it began (created or its start), ms.
+    pub last_fired_ms: i64,
+    pub next_ms: Option<i64>,
+    /// 0 when nothing is expected of it.
+    pub period_ms: i64,
+}
+
+static SCHEDULE_SERIES_TEXT: Mutex<String> = Mutex::new(String::new());
+
+/// Replaces the per-schedule series the scrape carries (see [`PER_SCHEDULE`]).
+pub fn set_schedule_series(rows: &[ScheduleSeries]) {
+    let text = render_schedule_series(rows);
+    *SCHEDULE_SERIES_TEXT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = text;
+}
+
+/// The scrape: the recorder's series, then the per-schedule ones.
+pub fn render(handle: &PrometheusHandle) -> String {
+    let mut out = handle.render();
+    out.push_str(&SCHEDULE_SERIES_TEXT.lock().unwrap_or_else(|p| p.into_inner()));
+    out
+}
+
+/// The Prometheus text of the per-schedule series: each metric's HELP and TYPE, then one
+/// line per schedule (and outcome).
+fn render_schedule_series(rows: &[ScheduleSeries]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    if rows.is_empty() {
+        return out;
+    }
+    let seconds = |ms: i64| ms as f64 / 1000.0;
+    for name in PER_SCHEDULE {
+        let m = METRICS
+            .iter()
+            .find(|m| m.name == *name)
+            .expect("every per-schedule metric is in the table");
+        let _ = writeln!(out, "# HELP {} {}", m.name, m.help);
+        let _ = writeln!(out, "# TYPE {} gauge", m.name);
+        for row in rows {
+            let id = escape_label(&row.id);
+            let h = &row.health;
+            let mut line = |labels: String, value: f64| {
+                let _ = writeln!(out, "{}{{{labels}}} {value}", m.name);
+            };
+            match *name {
+                SCHEDULE_RECORDED => {
+                    for (outcome, n) in [
+                        ("fired", h.fired),
+                        ("missed", h.missed),
+                        ("expired", h.expired),
+                        ("skipped_by_calendar", h.skipped_by_calendar),
+                    ] {
+                        line(
+                            format!("schedule=\"{id}\",outcome=\"{outcome}\""),
+                            n as f64,
+                        );
+                    }
+                }
+                SCHEDULE_LAST_FIRED => {
+                    line(format!("schedule=\"{id}\""), seconds(row.last_fired_ms))
+                }
+                SCHEDULE_LAST_LATENESS => line(
+                    format!("schedule=\"{id}\""),
+                    seconds(h.last_lateness_ms().unwrap_or(0).max(0)),
+                ),
+                SCHEDULE_NEXT_DUE => line(
+                    format!("schedule=\"{id}\""),
+                    seconds(row.next_ms.unwrap_or(0)),
+                ),
+                _ => line(format!("schedule=\"{id}\""), seconds(row.period_ms)),
+            }
+        }
+    }
+    out
+}
+
+/// A label value as the text format quotes it.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Records a batch's per-bucket lateness counts (from a move script) into the histogram.

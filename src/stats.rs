@@ -664,6 +664,43 @@ pub fn publish_gauges(stats: &Stats) {
     }
 }
 
+/// The schedules exported with series of their own (`admin.schedule_metrics`, then the
+/// `admin.schedule_metrics_top_missed` that missed the most), as their health records and
+/// definitions read now; a named schedule that does not exist is left out.
+pub async fn schedule_series(
+    client: &zdelay_core::Client,
+    admin: &zdelay_core::config::AdminConfig,
+) -> anyhow::Result<Vec<crate::metrics::ScheduleSeries>> {
+    let top = client
+        .operator()
+        .schedules_most_missed(admin.schedule_metrics_top_missed)
+        .await?;
+    let mut ids: Vec<&str> = admin.schedule_metrics.iter().map(String::as_str).collect();
+    ids.extend(top.iter().map(|(id, _)| id.as_str()));
+    let mut seen = HashSet::new();
+    ids.retain(|id| seen.insert(*id));
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some(view) = client.schedule_get(id).await? else {
+            continue;
+        };
+        let began = view.created_ms.max(view.def.start_at.unwrap_or(i64::MIN));
+        // Nothing is expected of a paused or ended schedule: period 0.
+        let period_ms = match (view.next_ms, view.paused, view.def.compile()) {
+            (Some(next), false, Ok(schedule)) => schedule.period_after(next - 1).unwrap_or(0),
+            _ => 0,
+        };
+        rows.push(crate::metrics::ScheduleSeries {
+            id: view.id,
+            health: view.health,
+            last_fired_ms: view.health.last_fired_ms.unwrap_or(began),
+            next_ms: view.next_ms,
+            period_ms,
+        });
+    }
+    Ok(rows)
+}
+
 /// `zdelay stats --json` and `GET /api/stats`: the sample, its total, and the recent
 /// activity (throughput per minute, lateness percentiles, delivery rate).
 pub async fn report(con: &mut Conn, config: &Config) -> anyhow::Result<serde_json::Value> {

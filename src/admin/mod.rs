@@ -120,7 +120,7 @@ fn health_routes(state: AdminState) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(s): State<AdminState>| async move { s.metrics.render() }),
+            get(|State(s): State<AdminState>| async move { crate::metrics::render(&s.metrics) }),
         )
         .route("/healthz", get(|| async { "ok\n" }))
         .route(

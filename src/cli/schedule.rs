@@ -25,8 +25,9 @@ pub enum ScheduleAction {
         #[command(flatten)]
         output: super::Output,
     },
-    /// One schedule (exit 3 if there is none). JSON: the schedule's fields as
-    /// `schedule list -o json` prints each.
+    /// One schedule (exit 3 if there is none), then its health: occurrences fired, missed,
+    /// expired and skipped by calendar, and its last firing. JSON: the schedule's fields as
+    /// `schedule list -o json` prints each, `health` among them.
     Get {
         id: String,
         /// Exit 0, printing nothing, when there is no such schedule.
@@ -202,6 +203,24 @@ fn line(view: &ScheduleView) -> String {
     )
 }
 
+/// What `schedule get` prints under the schedule's line: its firings' counts, then its last
+/// firing (in the schedule's zone) and how late that was.
+fn health_line(view: &ScheduleView) -> String {
+    let h = &view.health;
+    let last = match (h.last_occurrence_ms, h.last_lateness_ms()) {
+        (Some(at), Some(late)) => format!(
+            "last fired the occurrence of {}, {} late",
+            occurrence(&view.def, Some(at)),
+            humantime::format_duration(Duration::from_millis(late.max(0) as u64))
+        ),
+        _ => "never fired".to_owned(),
+    };
+    format!(
+        "  fired {}, missed {}, expired {}, skipped by calendar {}; {last}",
+        h.fired, h.missed, h.expired, h.skipped_by_calendar
+    )
+}
+
 /// A quarantined schedule whose definition cannot be read (no [`ScheduleView`]).
 fn unreadable_line(id: &str, quarantine: &Quarantine) -> String {
     format!("{id}  quarantined: {}", quarantine.reason)
@@ -275,7 +294,7 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
                 Ok(0)
             }
             Some(view) => {
-                println!("{}", line(&view));
+                println!("{}\n{}", line(&view), health_line(&view));
                 Ok(0)
             }
             None => match client.operator().schedule_quarantine(&id).await? {

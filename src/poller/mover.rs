@@ -206,11 +206,15 @@ async fn fire_schedules(
         Target::Source(_) => return Ok(FireOutcome::Done),
     };
     let fired = &report.fired;
-    if fired.created > 0 {
-        ::metrics::counter!(OCCURRENCES, "outcome" => "fired").increment(fired.created);
-    }
-    if fired.expired > 0 {
-        ::metrics::counter!(OCCURRENCES, "outcome" => "expired").increment(fired.expired);
+    for (outcome, n) in [
+        ("fired", fired.created),
+        ("expired", fired.expired),
+        ("missed", fired.missed),
+        ("skipped_by_calendar", fired.skipped_by_calendar),
+    ] {
+        if n > 0 {
+            ::metrics::counter!(OCCURRENCES, "outcome" => outcome).increment(n);
+        }
     }
     // Taken off their timeline (the definition stays for an operator): reported once.
     for (id, reason) in &fired.quarantined {

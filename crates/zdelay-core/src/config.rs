@@ -973,6 +973,18 @@ pub struct AdminConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "duration_schema")]
     pub idempotency_window: Duration,
+    /// Schedules (by id) whose health `/metrics` exports as series of their own
+    /// (`zdelay_schedule_*` with a `schedule` label): occurrences by outcome, last firing,
+    /// its lateness, the next occurrence and the period, for alerts per schedule. Besides
+    /// these, the `schedule_metrics_top_missed` schedules that missed the most are exported.
+    /// At most 1000. Default: none.
+    #[schemars(length(max = 1000))]
+    pub schedule_metrics: Vec<String>,
+    /// How many of the schedules that missed the most occurrences get series of their own,
+    /// beside `schedule_metrics`: the guard on the `schedule` label's cardinality. 0..=100.
+    /// Default `5`.
+    #[schemars(range(min = 0, max = 100))]
+    pub schedule_metrics_top_missed: usize,
 }
 
 impl Default for AdminConfig {
@@ -989,6 +1001,8 @@ impl Default for AdminConfig {
             enqueue_concurrency: 64,
             enqueue_body_timeout: Duration::from_secs(30),
             idempotency_window: Duration::from_secs(24 * 3600),
+            schedule_metrics: Vec::new(),
+            schedule_metrics_top_missed: 5,
         }
     }
 }
@@ -2169,6 +2183,15 @@ impl Config {
                 "must be at least 1s (a duration like \"24h\")",
             ));
         }
+        if a.schedule_metrics.len() > 1000 {
+            return Err(invalid(
+                "admin.schedule_metrics",
+                "at most 1000 schedules get series of their own",
+            ));
+        }
+        if a.schedule_metrics_top_missed > 100 {
+            return Err(invalid("admin.schedule_metrics_top_missed", "must be 0..=100"));
+        }
         let p = &self.poller;
         if p.batch == 0 || p.batch > 1000 {
             return Err(invalid("poller.batch", "must be 1..=1000"));
@@ -2637,6 +2660,10 @@ user = "a"
                 "admin.enqueue_body_timeout",
             ),
             ("idempotency_window = \"500ms\"", "admin.idempotency_window"),
+            (
+                "schedule_metrics_top_missed = 101",
+                "admin.schedule_metrics_top_missed",
+            ),
         ] {
             let said = err(&format!("[admin]\n{bad}"));
             assert!(said.contains(field), "{bad}: {said}");

@@ -533,6 +533,13 @@ impl Schedule {
         }
     }
 
+    /// The gap between the next two occurrences after `after_ms`: the schedule's period
+    /// there (a cron schedule's varies). `None` when fewer than two are left.
+    pub fn period_after(&self, after_ms: i64) -> Option<i64> {
+        let first = self.next_after(after_ms)?;
+        Some(self.next_after(first)? - first)
+    }
+
     fn in_window(&self, ms: i64) -> bool {
         self.def.start_at.is_none_or(|start| ms >= start)
             && self.def.end_at.is_none_or(|end| ms < end)

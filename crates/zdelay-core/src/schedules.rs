@@ -844,6 +844,57 @@ impl Operator {
         Ok(out)
     }
 
+    /// The `n` schedules that missed the most occurrences (at least one), most first (ties by
+    /// id): an `HSCAN` of every home's health records, which hold only schedules that fired,
+    /// missed, expired or skipped at least once. Cost: one pass over those records.
+    pub async fn schedules_most_missed(
+        &self,
+        n: usize,
+    ) -> Result<Vec<(String, ScheduleHealth)>, ClientError> {
+        let layout = self.keys();
+        let mut con = self.con.clone();
+        let mut top: Vec<(String, ScheduleHealth)> = Vec::new();
+        if n == 0 {
+            return Ok(top);
+        }
+        let rank = |a: &(String, ScheduleHealth), b: &(String, ScheduleHealth)| {
+            b.1.missed.cmp(&a.1.missed).then_with(|| a.0.cmp(&b.0))
+        };
+        for home in self.homes(&layout).await? {
+            let keys = home.keys();
+            let mut cursor = 0;
+            loop {
+                let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
+                    .cmd("HSCAN")
+                    .arg(keys.sched_health)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(SCAN_PAGE)
+                    .get(home.fence_key())
+                    .query_async(&mut con)
+                    .await?;
+                home.check_read(marker, &layout)?;
+                top.extend(
+                    page.into_iter()
+                        .map(|(id, text)| (id, ScheduleHealth::parse(&text)))
+                        .filter(|(_, h)| h.missed > 0),
+                );
+                // Bounded: at most n kept between pages.
+                if top.len() > n {
+                    top.sort_by(rank);
+                    top.truncate(n);
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        top.sort_by(rank);
+        top.truncate(n);
+        Ok(top)
+    }
+
     /// Every schedule: those with a pending occurrence soonest first
     /// ([`Client::schedules_upcoming`]), then those without one ([`Client::schedules_idle`]).
     pub async fn schedule_list(&self) -> Result<Vec<ScheduleView>, ClientError> {
