@@ -283,12 +283,16 @@ pages.schedules = async function () {
       el("td", { text: misfire(x.misfire) }),
       el("td", { class: x.paused ? "down" : (x.next_ms === null ? "muted" : "up"), text: x.paused ? "paused" : (x.next_ms === null ? "ended" : "active") }),
       el("td", { text: when(x.next_ms, now) }), el("td", { text: when(x.previous_ms, now) }),
+      el("td", { text: x.health.last_fired_ms === null ? "never" : `${when(x.health.last_fired_ms, now)}, ${span(x.health.last_lateness_ms)} late` }),
+      el("td", { class: x.health.missed + x.health.expired > 0 ? "down" : "", "data-health": [x.health.fired, x.health.missed, x.health.expired, x.health.skipped_by_calendar].join(" "),
+        title: "occurrences fired / missed (passed over by the misfire policy) / expired / skipped by calendar",
+        text: `${x.health.fired} / ${x.health.missed} / ${x.health.expired} / ${x.health.skipped_by_calendar}` }),
       el("td", {},
         x.paused ? actionButton("Resume", `api/schedules/${enc(x.id)}/resume`, `resume ${x.id}`, { "data-action": "resume" })
           : actionButton("Pause", `api/schedules/${enc(x.id)}/pause`, `pause ${x.id}`, { "data-action": "pause" }),
         " ",
         actionButton("Run now", `api/schedules/${enc(x.id)}/run`, `run ${x.id}`, { "data-action": "run" }))));
-  const head = ["id", "destination", "repeats", "misfire", "state", "next", "last (on the grid)", ""];
+  const head = ["id", "destination", "repeats", "misfire", "state", "next", "last (on the grid)", "last fired", "fired / missed / expired / skipped", ""];
   const out = [el("p", { class: "muted", id: "schedules-total", "data-total": s.total, "data-pending": s.pending,
     text: `${s.total} schedules, ${s.pending} with a pending occurrence; the next ${s.schedules.length} to fire:` })];
   out.push(table(head, rows(s.schedules), { id: "schedules-next" }));
