@@ -166,7 +166,7 @@ start=$SECONDS
 bash scripts/apt-ensure.sh redis-server:redis-server redis-cli:redis-tools \
     /usr/include/openssl/ssl.h:libssl-dev pkg-config:pkg-config openssl:openssl \
     /usr/lib/python3/dist-packages/redis/__init__.py:python3-redis /usr/bin/pytest-3:python3-pytest \
-    node:nodejs npm:npm
+    node:nodejs npm:npm promtool:prometheus
 redis-server --version
 record "redis-server" "$((SECONDS - start))"
 

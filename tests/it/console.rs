@@ -967,6 +967,15 @@ fn console_in_a_real_browser() {
     ];
     let shots = std::env::var("ZDELAY_CONSOLE_SHOTS").ok();
     args.extend(shots.as_deref());
+    // A health record as a firing writes it (4 fired, 3 missed, 1 expired; the last firing
+    // 500 ms late): the nightly schedule's row shows it.
+    let fired_at = crate::common::redis_now_ms(&mut con) - 60_000;
+    redis::cmd("HSET")
+        .arg(lane_of(&mut con, "default").sched_health)
+        .arg("nightly")
+        .arg(format!("4 3 1 0 {fired_at} {}", fired_at - 500))
+        .query::<()>(&mut con)
+        .unwrap();
     let r = crate::common::browser_script("console_browser.py", &args);
 
     let o = &r["overview"];
@@ -1024,12 +1033,10 @@ fn console_in_a_real_browser() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert_eq!(ids, BTreeSet::from(["broken-tick", "nightly", "tick"]));
-    assert!(
-        r["schedules"]["row"]
-            .as_str()
-            .unwrap()
-            .contains("cron 0 3 * * *")
-    );
+    let row = r["schedules"]["row"].as_str().unwrap();
+    assert!(row.contains("cron 0 3 * * *"), "{row}");
+    assert_eq!(r["schedules"]["health"], "4 3 1 0");
+    assert!(row.contains("4 / 3 / 1 / 0") && row.contains("500 ms late"), "{row}");
 
     let shown: BTreeSet<String> = r["dead"]["ids"]
         .as_array()

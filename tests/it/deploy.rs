@@ -77,6 +77,10 @@ target = "q:m"
             closed = crate::common::free_port(),
         ),
     );
+    // The schedule set below gets series of its own: the rules query them.
+    let text = std::fs::read_to_string(&config.path).unwrap();
+    let text = text.replacen("[admin]\n", "[admin]\nschedule_metrics = [\"tick\"]\n", 1);
+    std::fs::write(&config.path, text).unwrap();
     let ok = |args: &[&str]| {
         let out = config.cli(args);
         assert!(
@@ -147,6 +151,7 @@ target = "q:m"
         "zdelay_sink_up",
         "zdelay_errors_total",
         "zdelay_wakeups_total",
+        "zdelay_schedule_period_seconds",
     ];
     let scrape = || {
         let text = daemon.admin_get("/metrics").map(|(_, text)| text);

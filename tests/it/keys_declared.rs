@@ -563,6 +563,8 @@ route = "m"
             quarantine: None,
             deliver: vec![("s:1".into(), now - 1_000, now - 1_000)],
             expired: vec![("s:2".into(), now - 900)],
+            missed: 2,
+            skipped_by_calendar: 1,
         };
         let fired = rt
             .block_on(scripts::fire_schedules(

@@ -6,7 +6,9 @@
 //! the misfire policy, a big catch-up is written in bounded calls, and an unreadable
 //! schedule is quarantined without making the mover spin.
 
-use crate::common::{Daemon, RedisServer, TestConfig, llen, redis_now_ms, runtime, wait_for};
+use crate::common::{
+    Daemon, RedisServer, TestConfig, llen, metric_value, redis_now_ms, runtime, wait_for,
+};
 use std::time::{Duration, Instant};
 use zdelay::schedule::Misfire;
 use zdelay::schedules::{NewSchedule, Repeat};
@@ -1269,5 +1271,180 @@ push = "rpush"
     assert!(
         json["next_ms"].is_i64() && json["quarantine"].is_null(),
         "{json}"
+    );
+}
+
+/// A schedule's health across a stop of every daemon for three of its periods: `schedule
+/// get` (JSON and text), the API and the scrape agree with the grid (coalesce misses all but
+/// one of the occurrences due at once, skip all of them), and the alert on missed occurrences
+/// fires on series shaped like the scrape (promtool).
+#[test]
+fn schedule_health_counts_a_stop_of_every_daemon_across_three_periods() {
+    const PERIOD: i64 = 2_000;
+    let redis = RedisServer::start();
+    let config = config(&redis, "stats_interval = \"200ms\"");
+    let text = std::fs::read_to_string(&config.path).unwrap();
+    let text = text.replacen(
+        "[admin]\n",
+        "[admin]\nschedule_metrics = [\"coalesced\", \"skipped\"]\n",
+        1,
+    );
+    std::fs::write(&config.path, text).unwrap();
+    let rt = runtime();
+    let lib = client(&rt, &config);
+    let mut con = redis.conn();
+    // One grid, one lane: both are fired by the same call, at the same now.
+    let start = redis_now_ms(&mut con) + 500;
+    for (id, misfire) in [("coalesced", Misfire::Coalesce), ("skipped", Misfire::Skip)] {
+        let mut spec = NewSchedule::new(id, "l", id, Repeat::Every(Duration::from_secs(2)));
+        spec.start_at = Some(start);
+        spec.misfire = misfire;
+        rt.block_on(lib.schedule_set(spec)).expect("set");
+    }
+    let health = |id: &str| {
+        let out = config.cli(&["schedule", "get", id, "-o", "json"]);
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v["health"].clone(), v["next_ms"].as_i64())
+    };
+    let mut daemon = Daemon::start(&config);
+    wait_for("two firings each", Duration::from_secs(10), || {
+        ["coalesced", "skipped"]
+            .iter()
+            .all(|id| health(id).0["fired"].as_u64() >= Some(2))
+    });
+    let scrape = |d: &Daemon| d.admin_get("/metrics").map(|(_, t)| t).unwrap_or_default();
+    let missed_series = [
+        ("schedule", "coalesced"),
+        ("outcome", "missed"),
+    ];
+    wait_for("the coalesced schedule exported", Duration::from_secs(10), || {
+        metric_value(&scrape(&daemon), "zdelay_schedule_occurrences_recorded", &missed_series)
+            == Some(0.0)
+    });
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_exit(Duration::from_secs(10));
+    let (before, next_before) = health("coalesced");
+    let (skip_before, _) = health("skipped");
+    let stopped_at = redis_now_ms(&mut con);
+    wait_for("three periods without a daemon", Duration::from_secs(10), || {
+        redis_now_ms(&mut con) > stopped_at + 3 * PERIOD + 200
+    });
+    let daemon = Daemon::start(&config);
+    wait_for("the firing after the restart", Duration::from_secs(10), || {
+        health("coalesced").0["fired"].as_u64() > before["fired"].as_u64()
+    });
+    let (after, _) = health("coalesced");
+    let (skip_after, _) = health("skipped");
+    // Coalesce delivered the latest of the occurrences due, from the pending one on: every
+    // one before it is missed.
+    let pending = next_before.expect("a pending occurrence");
+    let latest = after["last_occurrence_ms"].as_i64().unwrap();
+    let due_at_once = (latest - pending) / PERIOD + 1;
+    assert!(due_at_once >= 3, "three periods stopped: {due_at_once} due at once");
+    let missed = after["missed"].as_u64().unwrap();
+    assert_eq!(missed as i64, due_at_once - 1, "{before} -> {after}");
+    assert_eq!(after["expired"], 0);
+    assert_eq!(after["skipped_by_calendar"], 0);
+    let lateness = after["last_lateness_ms"].as_i64().unwrap();
+    assert!(
+        (0..PERIOD).contains(&lateness),
+        "the restart fired the latest due occurrence: {lateness} ms late"
+    );
+    // Skip delivered none of them.
+    assert_eq!(skip_before["missed"], 0);
+    assert_eq!(
+        skip_after["missed"].as_i64().unwrap(),
+        due_at_once,
+        "{skip_before} -> {skip_after}"
+    );
+    // The text form says the same.
+    let out = config.cli(&["schedule", "get", "coalesced"]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains(&format!("missed {missed}, expired 0, skipped by calendar 0")),
+        "{shown}"
+    );
+    // The API lists it.
+    let api = daemon.admin_get("/api/schedules").expect("the API answers").1;
+    let api: serde_json::Value = serde_json::from_str(&api).unwrap();
+    let listed = api["schedules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "coalesced")
+        .expect("listed");
+    assert_eq!(listed["health"]["missed"].as_u64(), Some(missed));
+    // The scrape: the record's counts, the last firing and the period.
+    let mut text = String::new();
+    wait_for("the scrape has the new count", Duration::from_secs(10), || {
+        text = scrape(&daemon);
+        metric_value(&text, "zdelay_schedule_occurrences_recorded", &missed_series)
+            == Some(missed as f64)
+    });
+    let one = [("schedule", "coalesced")];
+    assert_eq!(
+        metric_value(&text, "zdelay_schedule_period_seconds", &one),
+        Some(2.0)
+    );
+    let last_fired = metric_value(&text, "zdelay_schedule_last_fired_timestamp_seconds", &one)
+        .expect("exported");
+    assert!(last_fired * 1000.0 >= latest as f64, "{last_fired}");
+    let skip_missed = [("schedule", "skipped"), ("outcome", "missed")];
+    assert_eq!(
+        metric_value(&text, "zdelay_schedule_occurrences_recorded", &skip_missed),
+        Some(due_at_once as f64)
+    );
+    assert!(
+        metric_value(
+            &text,
+            "zdelay_schedule_occurrences_total",
+            &[("outcome", "missed")]
+        )
+        .unwrap_or(0.0)
+            >= (2 * due_at_once - 1) as f64,
+        "this daemon counted both schedules' misses"
+    );
+    check_missed_alert(missed);
+}
+
+/// The missed-occurrences alert on series shaped like the scrapes above: the first daemon
+/// exported 0 for five minutes and stopped, the second exports `missed` from minute 6 on.
+fn check_missed_alert(missed: u64) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = root.join("charts/zdelay/files/zdelay-rules.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let series = |instance: &str, values: &str| {
+        format!(
+            "      - series: 'zdelay_schedule_occurrences_recorded{{job=\"zdelay\",namespace=\"ns\",\
+             instance=\"{instance}\",schedule=\"coalesced\",outcome=\"missed\"}}'\n        values: '{values}'\n"
+        )
+    };
+    let test = format!(
+        "rule_files:\n  - {rules}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{a}{b}\
+         \x20   alert_rule_test:\n      - eval_time: 3m\n        alertname: ZdelayScheduleMissed\n        exp_alerts: []\n\
+         \x20     - eval_time: 7m\n        alertname: ZdelayScheduleMissed\n        exp_alerts:\n\
+         \x20         - exp_labels: {{severity: warning, job: zdelay, namespace: ns, schedule: coalesced}}\n\
+         \x20           exp_annotations:\n\
+         \x20             summary: 'zdelay schedule coalesced missed {missed} occurrences'\n\
+         \x20             description: 'Schedule coalesced of zdelay (ns) had {missed} occurrences passed over \
+         by its misfire policy in the last hour: no daemon fired them in time (all stopped, or the shard \
+         had no poller). `zdelay schedule get coalesced` shows its counts and last firing.'\n",
+        rules = rules.display(),
+        a = series("a", "0 0 0 0 0 _ _ _ _ _"),
+        b = series("b", &format!("_ _ _ _ _ _ {missed}x20")),
+    );
+    let file = dir.path().join("missed.test.yaml");
+    std::fs::write(&file, test).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool (Debian's prometheus package) runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -1092,6 +1092,118 @@ mod tests {
         (def.compile().unwrap(), t0)
     }
 
+    /// A small deterministic generator (xorshift): the same inputs every run.
+    struct Gen(u64);
+    impl Gen {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// The reference: `due` when in the window, then every occurrence after it up to `to`,
+    /// one `next_after` at a time.
+    fn decided_by_walking(s: &Schedule, due: i64, to: i64) -> u64 {
+        if to < due {
+            return 0;
+        }
+        let mut n = u64::from(s.in_window(due));
+        let mut at = due;
+        while let Some(next) = s.next_after(at).filter(|&n| n <= to) {
+            n += 1;
+            at = next;
+        }
+        n
+    }
+
+    #[test]
+    fn occurrences_decided_equals_a_walk_of_the_grid() {
+        let t0 = ms("2026-11-23T10:00:00Z");
+        let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+        for case in 0..400 {
+            let mut def = if case % 2 == 0 {
+                ScheduleDef::every(1 + g.below(5_000), t0 + g.below(3_000) as i64)
+            } else {
+                let exprs = ["*/7 * * * * *", "0 */2 * * * *", "15,45 * * * * *", "0 0 3 * * *"];
+                ScheduleDef::cron(exprs[g.below(4) as usize], "Europe/Paris")
+            };
+            if g.below(3) == 0 {
+                def.start_at = Some(t0 + g.below(20_000) as i64);
+            }
+            if g.below(3) == 0 {
+                def.end_at = Some(t0 + 30_000 + g.below(100_000) as i64);
+            }
+            let s = def.compile().unwrap();
+            // On the grid or off it (an update moved the grid), before, in and after the window.
+            let due = match s.next_after(t0 + g.below(10_000) as i64) {
+                Some(on) if g.below(2) == 0 => on,
+                _ => t0 + g.below(40_000) as i64,
+            };
+            let to = due - 1_000 + g.below(200_000) as i64;
+            assert_eq!(
+                s.occurrences_decided(due, to),
+                decided_by_walking(&s, due, to),
+                "{def:?} due {due} to {to}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_outage_of_a_cron_schedule_is_counted_at_its_rate() {
+        let s = cron("* * * * * *", "UTC");
+        let due = ms("2026-11-23T10:00:00Z");
+        // A day of per-second occurrences: 86 401 with both ends, walked 10 000 then extrapolated.
+        let to = due + 86_400_000;
+        assert_eq!(s.occurrences_decided(due, to), 86_401);
+    }
+
+    #[test]
+    fn what_a_plan_passes_over_is_what_each_policy_misses() {
+        let mut g = Gen(42);
+        for _ in 0..300 {
+            let n = 1 + g.below(400) as i64; // occurrences due at once
+            let max = 1 + g.below(150) as u32;
+            let into = g.below(1_000) as i64; // how far into the period after the last one
+            for misfire in [Misfire::Coalesce, Misfire::Skip, Misfire::CatchUp { max }] {
+                let (s, t0) = every_second(misfire, None);
+                let now = t0 + (n - 1) * 1_000 + into;
+                let plan = s.plan(t0, now);
+                let written = (plan.deliver.len() + plan.expired.len()) as u64;
+                let missed = s.occurrences_decided(t0, now) - written;
+                let n = n as u64;
+                let expected = match misfire {
+                    _ if n == 1 => 0,
+                    Misfire::Coalesce => n - 1,
+                    Misfire::Skip => n,
+                    Misfire::CatchUp { max } => n.saturating_sub(u64::from(max)),
+                };
+                assert_eq!(missed, expected, "{misfire:?}: {n} due");
+            }
+        }
+    }
+
+    #[test]
+    fn period_after_is_the_gap_to_the_next_occurrence() {
+        let (s, t0) = every_second(Misfire::Coalesce, None);
+        assert_eq!(s.period_after(t0 + 10), Some(1_000));
+        let weekdays = cron("0 9 * * 1-5", "UTC");
+        // Friday 2026-11-27 at noon: the next two are Monday and Tuesday, a day apart.
+        assert_eq!(
+            weekdays.period_after(ms("2026-11-27T12:00:00Z")),
+            Some(86_400_000)
+        );
+        // Thursday noon: Friday then Monday, three days apart.
+        assert_eq!(
+            weekdays.period_after(ms("2026-11-26T12:00:00Z")),
+            Some(3 * 86_400_000)
+        );
+        let mut ending = ScheduleDef::every(1_000, t0);
+        ending.end_at = Some(t0 + 1_500);
+        assert_eq!(ending.compile().unwrap().period_after(t0 - 1), None);
+    }
+
     #[test]
     fn one_due_occurrence_is_delivered_whatever_the_policy() {
         for misfire in [

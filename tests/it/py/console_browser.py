@@ -99,6 +99,9 @@ try:
         "ids": texts("tr[data-schedule]", "data-schedule"),
         "row": driver.find_element(By.CSS_SELECTOR,
                                    f'tr[data-schedule="{schedule_id}"]').text,
+        "health": driver.find_element(By.CSS_SELECTOR,
+                                      f'tr[data-schedule="{schedule_id}"] td[data-health]')
+        .get_attribute("data-health"),
     }
     report["buttons_disabled_without_token"] = all(
         not b.is_enabled() for b in driver.find_elements(By.CSS_SELECTOR, "button[data-action]"))
