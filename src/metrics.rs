@@ -535,7 +535,11 @@ pub fn set_schedule_series(rows: &[ScheduleSeries]) {
 /// The scrape: the recorder's series, then the per-schedule ones.
 pub fn render(handle: &PrometheusHandle) -> String {
     let mut out = handle.render();
-    out.push_str(&SCHEDULE_SERIES_TEXT.lock().unwrap_or_else(|p| p.into_inner()));
+    out.push_str(
+        &SCHEDULE_SERIES_TEXT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
     out
 }
 
@@ -569,10 +573,7 @@ fn render_schedule_series(rows: &[ScheduleSeries]) -> String {
                         ("expired", h.expired),
                         ("skipped_by_calendar", h.skipped_by_calendar),
                     ] {
-                        line(
-                            format!("schedule=\"{id}\",outcome=\"{outcome}\""),
-                            n as f64,
-                        );
+                        line(format!("schedule=\"{id}\",outcome=\"{outcome}\""), n as f64);
                     }
                 }
                 SCHEDULE_LAST_FIRED => {
@@ -868,6 +869,40 @@ impl Episode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_schedule_series_are_the_rows_given_and_quote_their_ids() {
+        assert_eq!(
+            render_schedule_series(&[]),
+            "",
+            "no schedule: no series at all"
+        );
+        let health = zdelay_core::schedules::ScheduleHealth::parse("9 3 1 0 10500 10000");
+        let row = ScheduleSeries {
+            id: "a\"b\\c".into(),
+            health,
+            last_fired_ms: 10_500,
+            next_ms: Some(12_000),
+            period_ms: 2_000,
+        };
+        let text = render_schedule_series(&[row]);
+        let id = r#"schedule="a\"b\\c""#;
+        for line in [
+            format!("zdelay_schedule_occurrences_recorded{{{id},outcome=\"missed\"}} 3"),
+            format!("zdelay_schedule_occurrences_recorded{{{id},outcome=\"fired\"}} 9"),
+            format!("zdelay_schedule_last_fired_timestamp_seconds{{{id}}} 10.5"),
+            format!("zdelay_schedule_last_lateness_seconds{{{id}}} 0.5"),
+            format!("zdelay_schedule_next_due_timestamp_seconds{{{id}}} 12"),
+            format!("zdelay_schedule_period_seconds{{{id}}} 2"),
+            "# TYPE zdelay_schedule_period_seconds gauge".to_owned(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        // Eight lines a schedule (four outcomes, four single series), each metric's HELP
+        // and TYPE once.
+        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 8);
+        assert_eq!(text.lines().filter(|l| l.starts_with("# HELP")).count(), 5);
+    }
 
     #[test]
     fn an_episode_logs_once_and_ends_when_everything_works_again() {

@@ -1036,7 +1036,10 @@ fn console_in_a_real_browser() {
     let row = r["schedules"]["row"].as_str().unwrap();
     assert!(row.contains("cron 0 3 * * *"), "{row}");
     assert_eq!(r["schedules"]["health"], "4 3 1 0");
-    assert!(row.contains("4 / 3 / 1 / 0") && row.contains("500 ms late"), "{row}");
+    assert!(
+        row.contains("4 / 3 / 1 / 0") && row.contains("500 ms late"),
+        "{row}"
+    );
 
     let shown: BTreeSet<String> = r["dead"]["ids"]
         .as_array()

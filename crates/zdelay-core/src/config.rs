@@ -2190,7 +2190,10 @@ impl Config {
             ));
         }
         if a.schedule_metrics_top_missed > 100 {
-            return Err(invalid("admin.schedule_metrics_top_missed", "must be 0..=100"));
+            return Err(invalid(
+                "admin.schedule_metrics_top_missed",
+                "must be 0..=100",
+            ));
         }
         let p = &self.poller;
         if p.batch == 0 || p.batch > 1000 {

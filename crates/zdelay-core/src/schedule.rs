@@ -1126,7 +1126,12 @@ mod tests {
             let mut def = if case % 2 == 0 {
                 ScheduleDef::every(1 + g.below(5_000), t0 + g.below(3_000) as i64)
             } else {
-                let exprs = ["*/7 * * * * *", "0 */2 * * * *", "15,45 * * * * *", "0 0 3 * * *"];
+                let exprs = [
+                    "*/7 * * * * *",
+                    "0 */2 * * * *",
+                    "15,45 * * * * *",
+                    "0 0 3 * * *",
+                ];
                 ScheduleDef::cron(exprs[g.below(4) as usize], "Europe/Paris")
             };
             if g.below(3) == 0 {

@@ -1040,8 +1040,7 @@ impl Operator {
                             .query_async(&mut con)
                             .await?;
                         let read = idle.into_iter().zip(envelopes).zip(quarantines);
-                        for ((((id, record), envelope), quarantine), health) in read.zip(healths)
-                        {
+                        for ((((id, record), envelope), quarantine), health) in read.zip(healths) {
                             if let Ok((version, s)) = parse_record(&record) {
                                 out.schedules.push(view(
                                     id,

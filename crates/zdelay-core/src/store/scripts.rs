@@ -1896,9 +1896,7 @@ pub async fn fire_schedules(
             ]
         },
     );
-    inv.key(at.health_key())
-        .arg(now_ms)
-        .arg(mark_retention_ms);
+    inv.key(at.health_key()).arg(now_ms).arg(mark_retention_ms);
     let text = |n: Option<i64>| n.map(|n| n.to_string()).unwrap_or_default();
     for f in firings {
         inv.arg(&f.id)
