@@ -51,7 +51,7 @@ pub const SCHEDULE_PERIOD: &str = "zdelay_schedule_period_seconds";
 /// The series with a `schedule` label: rendered by [`set_schedule_series`] and appended to
 /// the scrape, not kept by the recorder, which cannot drop a series (a schedule deleted or
 /// no longer among the most missed must stop being exported).
-const PER_SCHEDULE: &[&str] = &[
+pub const PER_SCHEDULE: &[&str] = &[
     SCHEDULE_RECORDED,
     SCHEDULE_LAST_FIRED,
     SCHEDULE_LAST_LATENESS,
@@ -897,6 +897,15 @@ mod tests {
             "# TYPE zdelay_schedule_period_seconds gauge".to_owned(),
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        // Only the labels the table declares.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (name, rest) = line.split_once('{').unwrap();
+            let m = METRICS.iter().find(|m| m.name == name).unwrap();
+            for pair in rest.split("\",") {
+                let label = pair.split('=').next().unwrap();
+                assert!(m.labels.iter().any(|l| l.name == label), "{line}");
+            }
         }
         // Eight lines a schedule (four outcomes, four single series), each metric's HELP
         // and TYPE once.
