@@ -710,10 +710,12 @@ impl Client {
             &home,
             version,
             stored,
-            envelope.as_deref(),
-            next,
-            quarantine.as_deref(),
-            health.as_deref(),
+            Beside {
+                envelope: envelope.as_deref(),
+                next,
+                quarantine: quarantine.as_deref(),
+                health: health.as_deref(),
+            },
         )))
     }
 }
@@ -1047,10 +1049,12 @@ impl Operator {
                                     home,
                                     version,
                                     s,
-                                    envelope.as_deref(),
-                                    None,
-                                    quarantine.as_deref(),
-                                    health.as_deref(),
+                                    Beside {
+                                        envelope: envelope.as_deref(),
+                                        next: None,
+                                        quarantine: quarantine.as_deref(),
+                                        health: health.as_deref(),
+                                    },
                                 ));
                             }
                         }
@@ -1133,10 +1137,12 @@ async fn read_views(
                     home,
                     version,
                     s,
-                    envelope.as_deref(),
-                    Some(*next),
-                    quarantine.as_deref(),
-                    health.as_deref(),
+                    Beside {
+                        envelope: envelope.as_deref(),
+                        next: Some(*next),
+                        quarantine: quarantine.as_deref(),
+                        health: health.as_deref(),
+                    },
                 ));
             }
         }
@@ -1189,16 +1195,21 @@ pub struct ScheduleCounts {
     pub pending: u64,
 }
 
-fn view(
-    id: String,
-    home: &Home,
-    version: u64,
-    s: Stored,
-    envelope: Option<&[u8]>,
+/// What is kept beside a schedule's definition, as read with it (each may be missing).
+struct Beside<'a> {
+    envelope: Option<&'a [u8]>,
     next: Option<f64>,
-    quarantine: Option<&str>,
-    health: Option<&str>,
-) -> ScheduleView {
+    quarantine: Option<&'a str>,
+    health: Option<&'a str>,
+}
+
+fn view(id: String, home: &Home, version: u64, s: Stored, beside: Beside<'_>) -> ScheduleView {
+    let Beside {
+        envelope,
+        next,
+        quarantine,
+        health,
+    } = beside;
     let (shard, lane) = home.place();
     ScheduleView {
         id,
