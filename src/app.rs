@@ -486,6 +486,7 @@ async fn sample_stats(
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     let mut lanes = stats::LaneSampler::default();
     let mut windows = WindowSweep::default();
+    let mut top_missed = stats::TopMissed::default();
     while !shutdown.is_cancelled() {
         lanes.written(wakers.take_lane_writes());
         match stats::gather_sampled(&mut con, &config, Some(&mut lanes)).await {
@@ -514,7 +515,7 @@ async fn sample_stats(
             Ok(_) => crate::metrics::recovered("redis", "gone routes"),
             Err(e) => crate::metrics::error_event("redis", "gone routes", &e),
         }
-        match stats::schedule_series(&client, &config.admin).await {
+        match stats::schedule_series(&client, &config.admin, &mut top_missed).await {
             Ok(rows) => {
                 crate::metrics::set_schedule_series(&rows);
                 crate::metrics::recovered("redis", "schedule health");

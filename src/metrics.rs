@@ -359,9 +359,11 @@ pub const METRICS: &[Metric] = &[
         details: "The per-schedule series (this one and the four below) exist only for the \
                   schedules named in `admin.schedule_metrics` and the \
                   `admin.schedule_metrics_top_missed` ones that missed the most (default 5), so \
-                  the `schedule` label stays bounded. Sampled every `poller.stats_interval` by \
-                  every instance, the same values: combine with `max`. A schedule deleted, or \
-                  no longer among those, stops being exported at the next sample.",
+                  the `schedule` label stays bounded (which ones missed the most is looked for \
+                  once a minute: it reads every schedule's record). Sampled every \
+                  `poller.stats_interval` by every instance, the same values: combine with \
+                  `max`. A schedule deleted, or no longer among those, stops being exported at \
+                  the next sample.",
     },
     Metric {
         name: SCHEDULE_LAST_FIRED,

@@ -664,19 +664,39 @@ pub fn publish_gauges(stats: &Stats) {
     }
 }
 
+/// How often the schedules that missed the most are looked for: it reads every schedule's
+/// health record, so less often than the stats are sampled.
+const TOP_MISSED_EVERY: Duration = Duration::from_secs(60);
+
+/// The schedules that missed the most, as last looked for.
+#[derive(Default)]
+pub struct TopMissed {
+    ids: Vec<String>,
+    found_at: Option<Instant>,
+}
+
 /// The schedules exported with series of their own (`admin.schedule_metrics`, then the
-/// `admin.schedule_metrics_top_missed` that missed the most), as their health records and
-/// definitions read now; a named schedule that does not exist is left out.
+/// `admin.schedule_metrics_top_missed` that missed the most, looked for every
+/// [`TOP_MISSED_EVERY`]), as their health records and definitions read now; a named schedule
+/// that does not exist is left out.
 pub async fn schedule_series(
     client: &zdelay_core::Client,
     admin: &zdelay_core::config::AdminConfig,
+    top: &mut TopMissed,
 ) -> anyhow::Result<Vec<crate::metrics::ScheduleSeries>> {
-    let top = client
-        .operator()
-        .schedules_most_missed(admin.schedule_metrics_top_missed)
-        .await?;
+    if top
+        .found_at
+        .is_none_or(|at| at.elapsed() >= TOP_MISSED_EVERY)
+    {
+        let found = client
+            .operator()
+            .schedules_most_missed(admin.schedule_metrics_top_missed)
+            .await?;
+        top.ids = found.into_iter().map(|(id, _)| id).collect();
+        top.found_at = Some(Instant::now());
+    }
     let mut ids: Vec<&str> = admin.schedule_metrics.iter().map(String::as_str).collect();
-    ids.extend(top.iter().map(|(id, _)| id.as_str()));
+    ids.extend(top.ids.iter().map(String::as_str));
     let mut seen = HashSet::new();
     ids.retain(|id| seen.insert(*id));
     let mut rows = Vec::with_capacity(ids.len());

@@ -1491,3 +1491,49 @@ fn check_missed_alert(missed: u64) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The schedules that missed the most, found over every route lane's health records (the
+/// per-schedule series beside those named in the config), most first, those that missed
+/// none left out; `schedule delete` removes a record.
+#[test]
+fn the_schedules_that_missed_the_most_are_found_across_lanes() {
+    let redis = RedisServer::start();
+    let config = config(&redis, "");
+    let rt = runtime();
+    let lib = client(&rt, &config);
+    let mut con = redis.conn();
+    let records = [
+        ("l", "few", "5 1 0 0 - -"),
+        ("a", "most", "2 40 0 0 - -"),
+        ("b", "some", "9 7 1 0 1000 900"),
+        ("b", "none", "12 0 0 0 1000 950"),
+    ];
+    for (route, id, record) in records {
+        let spec = NewSchedule::new(id, route, id, Repeat::Every(Duration::from_secs(3600)));
+        rt.block_on(lib.schedule_set(spec)).expect("set");
+        redis::cmd("HSET")
+            .arg(lane_keys(route).sched_health)
+            .arg(id)
+            .arg(record)
+            .query::<()>(&mut con)
+            .unwrap();
+    }
+    let top = |n| {
+        rt.block_on(lib.operator().schedules_most_missed(n))
+            .expect("scan")
+            .into_iter()
+            .map(|(id, h)| (id, h.missed))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(top(2), [("most".to_owned(), 40), ("some".to_owned(), 7)]);
+    assert_eq!(
+        top(10).len(),
+        3,
+        "the schedule that missed none is left out"
+    );
+    assert!(top(0).is_empty());
+    let view = rt.block_on(lib.schedule_get("some")).unwrap().unwrap();
+    assert_eq!(view.health.last_lateness_ms(), Some(100));
+    assert!(rt.block_on(lib.schedule_delete("most")).unwrap());
+    assert_eq!(top(1), [("some".to_owned(), 7)]);
+}

@@ -981,8 +981,8 @@ pub struct AdminConfig {
     #[schemars(length(max = 1000))]
     pub schedule_metrics: Vec<String>,
     /// How many of the schedules that missed the most occurrences get series of their own,
-    /// beside `schedule_metrics`: the guard on the `schedule` label's cardinality. 0..=100.
-    /// Default `5`.
+    /// beside `schedule_metrics`: the guard on the `schedule` label's cardinality. Looked for
+    /// once a minute (it reads every schedule's health record). 0..=100. Default `5`.
     #[schemars(range(min = 0, max = 100))]
     pub schedule_metrics_top_missed: usize,
 }
