@@ -1347,11 +1347,13 @@ pub async fn fire_due(
                 now
             }
         };
-        // What the misfire policy passed over: decided, and neither delivered nor expired.
+        // What the misfire policy passed over: decided, and neither delivered, expired nor
+        // skipped by the schedule's calendar (`firing.skipped_by_calendar`, which a plan that
+        // applies a calendar sets; 0 without one).
         let written = (plan.deliver.len() + plan.expired.len()) as u64;
         firing.missed = schedule
             .occurrences_decided(at, decided_to)
-            .saturating_sub(written);
+            .saturating_sub(written + firing.skipped_by_calendar);
         budget -= plan.deliver.len() + plan.expired.len();
         let jobs = |times: &[i64]| {
             times
