@@ -28,6 +28,7 @@
 //!   producers in other languages that daemons apply.
 //! - [`trace_context`]: W3C `traceparent`/`tracestate` in headers: name case, validation.
 
+pub mod calendar;
 pub mod client;
 pub mod config;
 pub mod dead;

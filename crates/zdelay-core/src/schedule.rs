@@ -33,10 +33,11 @@
 
 use std::collections::VecDeque;
 
+use crate::calendar::{Calendar, DayOff, Shift, valid_calendar_name};
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 use jiff::Timestamp;
-use jiff::civil::DateTime;
+use jiff::civil::{Date, DateTime};
 use jiff::tz::{AmbiguousOffset, Offset, TimeZone};
 use serde::{Deserialize, Serialize};
 
@@ -112,6 +113,20 @@ pub struct ScheduleDef {
     /// expiry) stay on the grid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter_ms: Option<u64>,
+    /// Days the schedule does not fire on (its local date, in its zone; UTC for `every`),
+    /// and what it does instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<ScheduleCalendar>,
+}
+
+/// A schedule's calendar: the stored calendar's name and a copy of its days, taken when the
+/// schedule is set (a firing reads nothing else; `schedule set` again takes a new copy).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleCalendar {
+    pub name: String,
+    #[serde(default)]
+    pub shift: Shift,
+    pub days: Calendar,
 }
 
 /// An invalid schedule: the field (as the CLI names it) and why.
@@ -154,6 +169,7 @@ impl ScheduleDef {
             end_at: None,
             max_lateness_ms: None,
             jitter_ms: None,
+            calendar: None,
         }
     }
 
@@ -164,6 +180,7 @@ impl ScheduleDef {
         self.recurrence == other.recurrence
             && self.start_at == other.start_at
             && self.end_at == other.end_at
+            && self.calendar == other.calendar
     }
 
     /// Checks every field; the error names the first bad one.
@@ -227,10 +244,31 @@ impl ScheduleDef {
                 }
             }
         };
+        if let Some(calendar) = &self.calendar {
+            valid_calendar_name(&calendar.name).map_err(|e| invalid("calendar", e.0))?;
+            if calendar.shift != Shift::Skip && matches!(rule, Rule::Every { .. }) {
+                return Err(invalid(
+                    "shift",
+                    "next and previous move an occurrence to another day at the same local time: they need --cron",
+                ));
+            }
+        }
         let schedule = Schedule {
             def: self.clone(),
             rule,
         };
+        if let Some(calendar) = &self.calendar {
+            let y2000 = 946_684_800_000;
+            if schedule.next_after(y2000).is_none() {
+                return Err(invalid(
+                    "calendar",
+                    format!(
+                        "every occurrence falls on a day calendar {:?} skips",
+                        calendar.name
+                    ),
+                ));
+            }
+        }
         if let (Some(start), Some(_)) = (self.start_at, self.end_at)
             && schedule.next_after(start - 1).is_none()
         {
@@ -316,6 +354,42 @@ pub struct Plan {
     /// The next occurrence, strictly after `now`, on the schedule's grid; `None` when the
     /// schedule has ended.
     pub next: Option<i64>,
+    /// Grid occurrences between the due one and `next` that the schedule's calendar skipped
+    /// (counted up to [`MAX_COUNTED_SKIPS`]).
+    pub skipped_by_calendar: u32,
+}
+
+/// The most calendar skips one plan counts (a per-second schedule over a holiday would
+/// otherwise walk 86,400 of them).
+pub const MAX_COUNTED_SKIPS: u32 = 1_000;
+
+/// What a calendar did to one grid occurrence ([`Schedule::calendar_skip`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalendarSkip {
+    /// Its local date, which the calendar skips.
+    pub date: Date,
+    pub why: DayOff,
+    /// The calendar's name.
+    pub calendar: String,
+    pub shift: Shift,
+    /// Where a shift moved it (`None`: skipped).
+    pub moved_to: Option<i64>,
+}
+
+impl CalendarSkip {
+    /// Why, for users: `2026-12-25 is listed in calendar fr` or `Saturday is a weekend day
+    /// of calendar fr`.
+    pub fn reason(&self) -> String {
+        match self.why {
+            DayOff::Listed => format!("{} is listed in calendar {}", self.date, self.calendar),
+            DayOff::Weekend(day) => format!(
+                "{} {} is a weekend day of calendar {}",
+                day.long_name(),
+                self.date,
+                self.calendar
+            ),
+        }
+    }
 }
 
 impl Plan {
@@ -357,23 +431,131 @@ impl Schedule {
         &self.def
     }
 
-    /// The next occurrence strictly after `after_ms`, within `[start_at, end_at)`.
+    /// The next occurrence strictly after `after_ms`, within `[start_at, end_at)`, on the
+    /// days its calendar leaves (or moved by it).
     ///
     /// Cost: `every` is arithmetic; `cron` is one croner search over civil time (it jumps
-    /// field by field, microseconds) plus one or two zone lookups.
+    /// field by field, microseconds) plus one or two zone lookups. A calendar adds one search
+    /// per run of skipped days crossed (each run jumped at once), or for a shift one per day
+    /// that moves onto the business day found.
     pub fn next_after(&self, after_ms: i64) -> Option<i64> {
         let after = match self.def.start_at {
             Some(start) if after_ms < start => start - 1,
             _ => after_ms,
         };
-        let next = match &self.rule {
-            Rule::Every { interval, anchor } => every_next(*interval, *anchor, after),
-            Rule::Cron { cron, tz } => cron_next(cron, tz, after),
+        let next = match (&self.def.calendar, &self.rule) {
+            (None, _) => self.grid_next(after),
+            (Some(calendar), Rule::Cron { cron, tz }) if calendar.shift != Shift::Skip => {
+                shifted_next(cron, tz, &calendar.days, calendar.shift, after)
+            }
+            (Some(calendar), _) => self.skipping_next(&calendar.days, after),
         }?;
         match self.def.end_at {
             Some(end) if next >= end => None,
             _ => Some(next),
         }
+    }
+
+    /// The next occurrence of the recurrence alone: no window, no calendar.
+    fn grid_next(&self, after: i64) -> Option<i64> {
+        match &self.rule {
+            Rule::Every { interval, anchor } => every_next(*interval, *anchor, after),
+            Rule::Cron { cron, tz } => cron_next(cron, tz, after),
+        }
+    }
+
+    /// The zone whose local dates the calendar is read in.
+    fn zone(&self) -> TimeZone {
+        match &self.rule {
+            Rule::Cron { tz, .. } => tz.clone(),
+            Rule::Every { .. } => TimeZone::UTC,
+        }
+    }
+
+    /// The next grid occurrence on a business day: a grid occurrence on a skipped day jumps
+    /// the whole run of skipped days at once.
+    fn skipping_next(&self, days: &Calendar, after: i64) -> Option<i64> {
+        let tz = self.zone();
+        let mut at = after;
+        for _ in 0..MAX_SKIPPED_RUNS {
+            let next = self.grid_next(at)?;
+            let date = local_date(&tz, next)?;
+            if days.is_business_day(date) {
+                return Some(next);
+            }
+            at = day_start(&tz, days.next_business_day(date)?)? - 1;
+        }
+        None
+    }
+
+    /// Whether the calendar takes the grid occurrence `grid_ms` off its day, and where to:
+    /// the one point where a calendar skip is decided for an occurrence (previews show it,
+    /// [`Plan::skipped_by_calendar`] counts it). `None`: no calendar, or a business day.
+    pub fn calendar_skip(&self, grid_ms: i64) -> Option<CalendarSkip> {
+        let calendar = self.def.calendar.as_ref()?;
+        let tz = self.zone();
+        let local = tz.to_datetime(Timestamp::from_millisecond(grid_ms).ok()?);
+        let why = calendar.days.why_skipped(local.date())?;
+        let moved_to = match calendar.shift {
+            Shift::Skip => None,
+            shift => calendar
+                .days
+                .shifted(local.date(), shift)
+                .and_then(|day| resolve(&tz, day.to_datetime(local.time())))
+                .map(|t| t.as_millisecond()),
+        };
+        Some(CalendarSkip {
+            date: local.date(),
+            why,
+            calendar: calendar.name.clone(),
+            shift: calendar.shift,
+            moved_to,
+        })
+    }
+
+    /// Up to `n` grid occurrences at or after `from_ms`, each with what the calendar does to
+    /// it: for `schedule preview` and the console, so a skipped day shows with its reason.
+    pub fn preview(&self, from_ms: i64, n: usize) -> Vec<(i64, Option<CalendarSkip>)> {
+        let mut out = Vec::with_capacity(n.min(1024));
+        let mut at = from_ms.saturating_sub(1);
+        if let Some(start) = self.def.start_at {
+            at = at.max(start - 1);
+        }
+        while out.len() < n {
+            match self.grid_next(at) {
+                Some(next) if self.def.end_at.is_none_or(|end| next < end) => {
+                    out.push((next, self.calendar_skip(next)));
+                    at = next;
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
+    /// Grid occurrences in `(after_ms, before_ms)` that a skipping calendar took away, counted
+    /// up to `cap` (a shift moves occurrences rather than dropping them: not counted).
+    pub fn skipped_between(&self, after_ms: i64, before_ms: i64, cap: u32) -> u32 {
+        let Some(calendar) = &self.def.calendar else {
+            return 0;
+        };
+        if calendar.shift != Shift::Skip {
+            return 0;
+        }
+        let mut count = 0;
+        let mut at = after_ms;
+        while count < cap {
+            match self.grid_next(at) {
+                Some(next) if next < before_ms && self.in_window(next) => {
+                    if self.calendar_skip(next).is_some() {
+                        count += 1;
+                    }
+                    at = next;
+                }
+                _ => break,
+            }
+        }
+        count
     }
 
     /// The latest occurrence strictly before `before_ms` (the grid's, not necessarily one
@@ -480,11 +662,17 @@ impl Schedule {
                 .max_lateness_ms
                 .is_some_and(|max| now_ms.saturating_sub(at) as u64 > max)
         });
+        let next = self.next_after(now_ms);
         Plan {
             deliver,
             expired,
             misfired,
-            next: self.next_after(now_ms),
+            next,
+            skipped_by_calendar: self.skipped_between(
+                due_ms,
+                next.unwrap_or(now_ms.saturating_add(1)),
+                MAX_COUNTED_SKIPS,
+            ),
         }
     }
 
@@ -623,6 +811,106 @@ fn cron_next(cron: &Cron, tz: &TimeZone, after_ms: i64) -> Option<i64> {
         }
         cursor = civil;
         inclusive = false;
+    }
+    None
+}
+
+/// Bound on the runs of skipped days (or empty business days) one search crosses: a schedule
+/// whose every occurrence falls on skipped days ends there instead of searching forever.
+const MAX_SKIPPED_RUNS: usize = 1_000;
+/// Bound on the grid times of one day looked at for a shifted occurrence (a per-second
+/// pattern in a repeated hour needs 3,600).
+const MAX_DAY_STEPS: usize = 100_000;
+
+fn local_date(tz: &TimeZone, ms: i64) -> Option<Date> {
+    Some(tz.to_datetime(Timestamp::from_millisecond(ms).ok()?).date())
+}
+
+/// The first instant of `date` in `tz`.
+fn day_start(tz: &TimeZone, date: Date) -> Option<i64> {
+    resolve(tz, date.to_datetime(jiff::civil::Time::midnight())).map(|t| t.as_millisecond())
+}
+
+/// A local time as an instant, with this project's DST rule: in a gap, the first instant
+/// after it; in a fold, the earlier instant.
+fn resolve(tz: &TimeZone, civil: DateTime) -> Option<Timestamp> {
+    match tz.to_ambiguous_timestamp(civil).offset() {
+        AmbiguousOffset::Unambiguous { offset } => offset.to_timestamp(civil).ok(),
+        AmbiguousOffset::Fold { before, .. } => before.to_timestamp(civil).ok(),
+        AmbiguousOffset::Gap { after, .. } => {
+            transition(tz, after.to_timestamp(civil).ok()?, after)
+        }
+    }
+}
+
+/// The next occurrence of a cron schedule whose occurrences on skipped days move to the next
+/// (or previous) business day at the same local time.
+///
+/// Shifting never moves a day past a business day, so the business days the occurrences land
+/// on come in the order of the days they come from. So: for each business day from `after`'s
+/// local date on, the earliest instant past `after` among the occurrences of the days that
+/// move onto it (itself and the skipped run before it, or after it for `Previous`); the first
+/// business day with one has the answer. A business day with none is jumped over to the one
+/// the next grid occurrence lands on.
+fn shifted_next(
+    cron: &Cron,
+    tz: &TimeZone,
+    days: &Calendar,
+    shift: Shift,
+    after_ms: i64,
+) -> Option<i64> {
+    let after = Timestamp::from_millisecond(after_ms).ok()?;
+    let local_after = tz
+        .to_datetime(after)
+        .with()
+        .subsec_nanosecond(0)
+        .build()
+        .ok()?;
+    let today = local_after.date();
+    let mut target = days.shifted(today, Shift::Next)?;
+    for _ in 0..MAX_SKIPPED_RUNS {
+        let (first, last) = match shift {
+            Shift::Previous => (target, days.next_business_day(target)?.yesterday().ok()?),
+            _ => (days.previous_business_day(target)?.tomorrow().ok()?, target),
+        };
+        let mut best: Option<Timestamp> = None;
+        let mut day = first;
+        while day <= last {
+            let from = if target == today {
+                day.to_datetime(local_after.time())
+            } else {
+                day.to_datetime(jiff::civil::Time::midnight())
+            };
+            let mut cursor = from;
+            let mut inclusive = true;
+            for _ in 0..MAX_DAY_STEPS {
+                let Ok(civil) = cron.find_next_occurrence(&cursor, inclusive) else {
+                    break;
+                };
+                if civil.date() != day {
+                    break;
+                }
+                if let Some(t) = resolve(tz, target.to_datetime(civil.time()))
+                    && t > after
+                {
+                    best = Some(best.map_or(t, |b| b.min(t)));
+                    break;
+                }
+                cursor = civil;
+                inclusive = false;
+            }
+            day = day.tomorrow().ok()?;
+        }
+        if let Some(t) = best {
+            return Some(t.as_millisecond());
+        }
+        // Nothing lands on `target`: on to where the next grid occurrence lands.
+        let next = cron_next(cron, tz, day_start(tz, last.tomorrow().ok()?)? - 1)?;
+        target = days.shifted(local_date(tz, next)?, shift)?;
+        if target <= last {
+            // `Previous` cannot land at or before a day already searched; guard anyway.
+            target = days.next_business_day(last)?;
+        }
     }
     None
 }
@@ -1227,7 +1515,8 @@ mod tests {
                     deliver: vec![t0],
                     expired: vec![],
                     misfired: false,
-                    next: Some(t0 + 1_000)
+                    next: Some(t0 + 1_000),
+                    skipped_by_calendar: 0,
                 },
                 "{misfire:?}"
             );
@@ -1524,5 +1813,255 @@ mod tests {
         let e = serde_json::from_str::<Schedule>(r#"{"recurrence":{"cron":{"expr":"0 9 * *"}}}"#)
             .unwrap_err();
         assert!(e.to_string().contains("invalid schedule: cron: "), "{e}");
+    }
+
+    // --- Calendars: skip or shift, against a reference model.
+
+    fn with_calendar(mut def: ScheduleDef, days: Calendar, shift: Shift) -> Schedule {
+        def.calendar = Some(ScheduleCalendar {
+            name: "test".into(),
+            shift,
+            days,
+        });
+        def.compile().unwrap()
+    }
+
+    /// The model: every civil time the cron pattern matches (croner over civil time, no
+    /// zone), its date shifted (or dropped) by the calendar, resolved to an instant with the
+    /// DST rule, deduplicated and sorted. Walks from 40 days before `from` so occurrences
+    /// moved in from earlier days are seen.
+    fn model(
+        expr: &str,
+        tz: &TimeZone,
+        days: &Calendar,
+        shift: Shift,
+        from: i64,
+        until: i64,
+    ) -> Vec<i64> {
+        let cron = parse_cron(expr).unwrap();
+        let ts = |ms: i64| tz.to_datetime(Timestamp::from_millisecond(ms).unwrap());
+        let (start, end) = (ts(from - 40 * 86_400_000), ts(until + 40 * 86_400_000));
+        let mut out = std::collections::BTreeSet::new();
+        let mut cursor = start;
+        while let Ok(civil) = cron.find_next_occurrence(&cursor, false) {
+            if civil > end {
+                break;
+            }
+            cursor = civil;
+            let Some(day) = days.shifted(civil.date(), shift) else {
+                continue;
+            };
+            let at = resolve(tz, day.to_datetime(civil.time()))
+                .unwrap()
+                .as_millisecond();
+            if at > from && at <= until {
+                out.insert(at);
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    fn walk(s: &Schedule, from: i64, until: i64) -> Vec<i64> {
+        let mut out = vec![];
+        let mut at = from;
+        while let Some(t) = s.next_after(at) {
+            if t > until {
+                break;
+            }
+            assert!(t > at);
+            out.push(t);
+            at = t;
+        }
+        out
+    }
+
+    #[test]
+    fn calendar_skips_and_shifts_agree_with_a_model_on_generated_calendars() {
+        use crate::calendar::WeekdayName;
+        let mut seed: u64 = 3;
+        let mut rand = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        let exprs = [
+            "0 9 * * *",
+            "30 2 * * *",
+            "0 0 * * *",
+            "0 9,17 * * 1-5",
+            "0 18 L * *",
+            "15 10 1,15 * *",
+            "0 */6 * * *",
+            "0 12 * * 6",
+        ];
+        let zones = [
+            "UTC",
+            "Europe/Paris",
+            "America/New_York",
+            "America/Sao_Paulo",
+            "Asia/Tokyo",
+        ];
+        let from = ms("2026-01-01T00:00:00Z");
+        let until = ms("2027-01-01T00:00:00Z");
+        let base = jiff::civil::date(2025, 12, 1);
+        for round in 0..60 {
+            let expr = exprs[rand(exprs.len() as u64) as usize];
+            let zone = zones[rand(zones.len() as u64) as usize];
+            let weekend: Vec<_> = match rand(3) {
+                0 => vec![],
+                1 => vec![WeekdayName::Sat, WeekdayName::Sun],
+                _ => vec![WeekdayName::Fri, WeekdayName::Sat],
+            };
+            let dates: Vec<Date> = (0..rand(80))
+                .map(|_| {
+                    base.checked_add(jiff::Span::new().days(rand(420) as i64))
+                        .unwrap()
+                })
+                .collect();
+            let days = Calendar::new(weekend, dates).unwrap();
+            let shift = [Shift::Skip, Shift::Next, Shift::Previous][rand(3) as usize];
+            let tz = TimeZone::get(zone).unwrap();
+            let def = ScheduleDef {
+                calendar: Some(ScheduleCalendar {
+                    name: "t".into(),
+                    shift,
+                    days: days.clone(),
+                }),
+                ..ScheduleDef::cron(expr, zone)
+            };
+            let s = match def.compile() {
+                Ok(s) => s,
+                Err(e) => {
+                    // Only a pattern whose every day is skipped may be refused.
+                    assert_eq!(e.field, "calendar", "{expr} {zone}: {e}");
+                    continue;
+                }
+            };
+            let want = model(expr, &tz, &days, shift, from, until);
+            assert_eq!(
+                walk(&s, from, until),
+                want,
+                "round {round}: {expr} {zone} {shift:?}"
+            );
+            // From random points too (mid-day, mid-run of skipped days).
+            for _ in 0..5 {
+                let at = from + rand(300 * 86_400) as i64 * 1_000;
+                let expected = want.iter().copied().find(|&t| t > at);
+                if expected.is_some() {
+                    assert_eq!(
+                        s.next_after(at),
+                        expected,
+                        "round {round}: {expr} {zone} {shift:?} after {at}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_schedules_skip_whole_days_in_utc() {
+        let days = Calendar::new([], [jiff::civil::date(2026, 12, 25)]).unwrap();
+        let s = with_calendar(ScheduleDef::every(3_600_000, 0), days, Shift::Skip);
+        assert_eq!(
+            s.next_after(ms("2026-12-24T23:00:00Z")),
+            Some(ms("2026-12-26T00:00:00Z"))
+        );
+        let mut def = ScheduleDef::every(1_000, 0);
+        def.calendar = Some(ScheduleCalendar {
+            name: "x".into(),
+            shift: Shift::Next,
+            days: Calendar::new([], []).unwrap(),
+        });
+        assert_eq!(def.validate().unwrap_err().field, "shift");
+    }
+
+    #[test]
+    fn last_business_day_of_the_month_is_the_last_day_shifted_back() {
+        use crate::calendar::WeekdayName;
+        // 2026-05-31 is a Sunday; 2026-05-29 (Friday) listed as a holiday.
+        let days = Calendar::new(
+            [WeekdayName::Sat, WeekdayName::Sun],
+            [jiff::civil::date(2026, 5, 29)],
+        )
+        .unwrap();
+        let s = with_calendar(
+            ScheduleDef::cron("0 18 L * *", "Europe/Paris"),
+            days,
+            Shift::Previous,
+        );
+        assert_eq!(
+            after(&s, "2026-04-01T00:00:00Z", 3),
+            [
+                "2026-04-30T18:00:00+02:00",
+                "2026-05-28T18:00:00+02:00",
+                "2026-06-30T18:00:00+02:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_shift_keeps_the_local_time_across_dst_and_merges_collisions() {
+        use crate::calendar::WeekdayName;
+        // Paris springs forward on Sunday 2026-03-29: Sunday's 02:30 moves to Monday 02:30
+        // (+02), Saturday's to Monday too, where it is one occurrence with Monday's own.
+        let days = Calendar::new([WeekdayName::Sat, WeekdayName::Sun], []).unwrap();
+        let s = with_calendar(
+            ScheduleDef::cron("30 2 * * *", "Europe/Paris"),
+            days.clone(),
+            Shift::Next,
+        );
+        assert_eq!(
+            after(&s, "2026-03-26T12:00:00Z", 3),
+            [
+                "2026-03-27T02:30:00+01:00",
+                "2026-03-30T02:30:00+02:00",
+                "2026-03-31T02:30:00+02:00"
+            ]
+        );
+        // Skip: the weekend's occurrences are gone, and the plan counts them.
+        let s = with_calendar(
+            ScheduleDef::cron("30 2 * * *", "Europe/Paris"),
+            days,
+            Shift::Skip,
+        );
+        let fri = ms("2026-03-27T02:30:00+01:00");
+        let plan = s.plan(fri, fri + 10);
+        assert_eq!(plan.next, Some(ms("2026-03-30T02:30:00+02:00")));
+        assert_eq!(plan.skipped_by_calendar, 2);
+        let preview = s.preview(fri, 4);
+        let reasons: Vec<_> = preview
+            .iter()
+            .map(|(t, skip)| (s.rfc3339(*t), skip.as_ref().map(CalendarSkip::reason)))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                ("2026-03-27T02:30:00+01:00".to_owned(), None),
+                (
+                    "2026-03-28T02:30:00+01:00".to_owned(),
+                    Some("Saturday 2026-03-28 is a weekend day of calendar test".to_owned())
+                ),
+                (
+                    "2026-03-29T03:00:00+02:00".to_owned(),
+                    Some("Sunday 2026-03-29 is a weekend day of calendar test".to_owned())
+                ),
+                ("2026-03-30T02:30:00+02:00".to_owned(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_calendar_that_skips_every_occurrence_is_refused() {
+        use crate::calendar::WeekdayName;
+        let mut def = ScheduleDef::cron("0 12 * * 6", "UTC");
+        def.calendar = Some(ScheduleCalendar {
+            name: "weekends".into(),
+            shift: Shift::Skip,
+            days: Calendar::new([WeekdayName::Sat], []).unwrap(),
+        });
+        let e = def.validate().unwrap_err();
+        assert_eq!(e.field, "calendar");
+        assert!(e.why.contains("every occurrence falls on a day"), "{e}");
     }
 }
