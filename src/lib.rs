@@ -26,8 +26,9 @@ pub use zdelay_core::{
     JobView, NewJob, OnConflict, Replayed, Routes,
 };
 pub use zdelay_core::{
-    client, config, dead, envelope, job, keys, lane, lane_id, operator, reshard, reshard_spread,
-    routes, schedule, schedule_requests, schedules, store, trace_context, upgrade,
+    calendar, calendars, client, config, dead, envelope, job, keys, lane, lane_id, operator,
+    reshard, reshard_spread, routes, schedule, schedule_requests, schedules, store, trace_context,
+    upgrade,
 };
 
 #[cfg(test)]

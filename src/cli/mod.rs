@@ -9,9 +9,11 @@
 //! as `-o json`): text for people, JSON (one document) for scripts.
 
 mod batch;
+mod calendar;
 mod dead;
 mod doctor;
 mod enqueue;
+mod ics;
 mod render;
 mod reshard;
 mod schedule;
@@ -142,6 +144,12 @@ enum Command {
     Schedule {
         #[command(subcommand)]
         action: schedule::ScheduleAction,
+    },
+    /// Calendars: named sets of days schedules skip (dates, an iCalendar file's events, and
+    /// weekend days): set, list, get, delete.
+    Calendar {
+        #[command(subcommand)]
+        action: calendar::CalendarAction,
     },
     /// Dead jobs: list them (with filters), show one with its history, replay them (now or
     /// later, attempts reset), or purge them.
@@ -413,7 +421,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Schedule {
             action: schedule::ScheduleAction::Preview(args),
-        } => schedule::preview(args),
+        } if !args.needs_redis() => schedule::preview(args, None),
         // Not through `client()`: the namespace may be frozen, or resharded already.
         Command::Reshard(args) => reshard::run(&config, args).await,
         Command::Upgrade(args) => upgrade::run(&config, args).await,
@@ -593,6 +601,7 @@ async fn operate(
         }
         Command::Dead { action } => dead::run(client, config, action).await,
         Command::Schedule { action } => schedule::run(client, action).await,
+        Command::Calendar { action } => calendar::run(client, action).await,
         Command::Run
         | Command::CheckConfig { .. }
         | Command::Reshard(_)
@@ -718,6 +727,8 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
     if refused_input
         || e.downcast_ref::<UsageError>().is_some()
         || e.downcast_ref::<zdelay::schedule::ScheduleError>()
+            .is_some()
+        || e.downcast_ref::<zdelay::calendar::CalendarError>()
             .is_some()
         || e.downcast_ref::<config::ConfigError>().is_some()
     {

@@ -9,8 +9,10 @@ use clap::ValueEnum;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zdelay::Client;
+use zdelay::calendar::Shift;
+use zdelay::calendars::CalendarChoice;
 use zdelay::job::parse_at;
-use zdelay::schedule::{Misfire, ScheduleDef};
+use zdelay::schedule::{CalendarSkip, Misfire, ScheduleCalendar, ScheduleDef};
 use zdelay::schedule_requests::MisfireName;
 use zdelay::schedules::{NewSchedule, Quarantine, Repeat, ScheduleView};
 
@@ -57,7 +59,8 @@ pub enum ScheduleAction {
         #[arg(long)]
         ignore_not_found: bool,
     },
-    /// The next occurrences of a recurrence, RFC 3339 with offset (epoch ms in JSON).
+    /// The next occurrences of a recurrence, RFC 3339 with offset (epoch ms in JSON); with a
+    /// calendar, each occurrence it skips or moves, and why.
     Preview(PreviewArgs),
 }
 
@@ -124,9 +127,12 @@ pub struct SetArgs {
     /// (the same point every time): many schedules on one moment are spread over it.
     #[arg(long, value_parser = humantime::parse_duration)]
     jitter: Option<Duration>,
+    #[command(flatten)]
+    calendar: CalendarArgs,
     /// Read schedules from FILE ("-" = stdin), one JSON object a line:
     /// {"id","dest","cron"|"every","tz","payload","payload_encoding","headers","misfire",
-    /// "max_catch_up","start_at","end_at","max_lateness","max_attempts","jitter"}. Prints
+    /// "max_catch_up","start_at","end_at","max_lateness","max_attempts","jitter","calendar",
+    /// "shift"}. Prints
     /// "<id> <next occurrence>" per input line, in order.
     #[arg(long, conflicts_with_all = ["id", "dest", "cron", "every", "payload", "payload_file"])]
     batch: Option<String>,
@@ -145,11 +151,54 @@ pub struct PreviewArgs {
     /// --every also the anchor.
     #[arg(long, value_parser = parse_at)]
     from: Option<i64>,
-    /// How many occurrences.
+    /// How many occurrences (those a calendar skips or moves included).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     count: u32,
     #[command(flatten)]
+    calendar: CalendarArgs,
+    #[command(flatten)]
     output: super::Output,
+}
+
+impl PreviewArgs {
+    /// A named calendar is read from Redis.
+    pub fn needs_redis(&self) -> bool {
+        self.calendar.calendar.is_some()
+    }
+}
+
+/// A schedule's calendar.
+#[derive(clap::Args, Clone)]
+pub struct CalendarArgs {
+    /// Skip the days of this calendar (`zdelay calendar set`), read in the schedule's zone
+    /// (UTC for --every); the schedule takes a copy of its days now.
+    #[arg(long, value_name = "NAME")]
+    calendar: Option<String>,
+    /// An occurrence on a day the calendar skips: skip it, or move it to the same local time
+    /// on the next or the previous business day (--cron only). "0 18 L * *" with --shift
+    /// previous fires on the last business day of each month.
+    #[arg(long, value_enum, requires = "calendar", default_value_t = ShiftArg::Skip)]
+    shift: ShiftArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ShiftArg {
+    Skip,
+    Next,
+    Previous,
+}
+
+impl CalendarArgs {
+    fn choice(&self) -> Option<CalendarChoice> {
+        let shift = match self.shift {
+            ShiftArg::Skip => Shift::Skip,
+            ShiftArg::Next => Shift::Next,
+            ShiftArg::Previous => Shift::Previous,
+        };
+        self.calendar
+            .clone()
+            .map(|name| CalendarChoice { name, shift })
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -189,12 +238,19 @@ fn recurrence_text(def: &ScheduleDef) -> String {
     }
 }
 
+fn calendar_text(def: &ScheduleDef) -> String {
+    def.calendar.as_ref().map_or(String::new(), |c| {
+        format!("  calendar {} ({})", c.name, c.shift.name())
+    })
+}
+
 fn line(view: &ScheduleView) -> String {
     format!(
-        "{}  {}  {}  next {}{}{}",
+        "{}  {}  {}{}  next {}{}{}",
         view.id,
         view.dest,
         recurrence_text(&view.def),
+        calendar_text(&view.def),
         occurrence(&view.def, view.next_ms),
         if view.paused { "  (paused)" } else { "" },
         view.quarantine
@@ -343,7 +399,24 @@ pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32>
             }
             report(output.is_json(), &id, "deleted", done, None)
         }
-        ScheduleAction::Preview(_) => unreachable!("preview runs without Redis"),
+        ScheduleAction::Preview(args) => {
+            let choice = args
+                .calendar
+                .choice()
+                .expect("only a named calendar needs Redis");
+            let stored = client.calendar_get(&choice.name).await?.ok_or_else(|| {
+                super::UsageError(format!(
+                    "no calendar named {:?} (create it with `zdelay calendar set`)",
+                    choice.name
+                ))
+            })?;
+            let calendar = ScheduleCalendar {
+                name: choice.name,
+                shift: choice.shift,
+                days: stored.days,
+            };
+            preview(args, Some(calendar))
+        }
     }
 }
 
@@ -420,6 +493,7 @@ async fn set(client: &Client, args: SetArgs) -> anyhow::Result<i32> {
     spec.max_lateness = args.max_lateness;
     spec.max_attempts = args.max_attempts;
     spec.jitter = args.jitter;
+    spec.calendar = args.calendar.choice();
     let set = client.schedule_set(spec).await?;
     let view = client.schedule_get(&id).await?;
     let next_text = view
@@ -439,31 +513,69 @@ async fn set(client: &Client, args: SetArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `schedule preview`: pure computation, no Redis.
-pub fn preview(args: PreviewArgs) -> anyhow::Result<i32> {
+/// `schedule preview`: pure computation (a named calendar was read before).
+pub fn preview(args: PreviewArgs, calendar: Option<ScheduleCalendar>) -> anyhow::Result<i32> {
     let from = args.from.unwrap_or_else(|| {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64)
     });
-    let def = match Repeat::from_parts(args.repeat.cron, args.repeat.every, args.tz)
+    let mut def = match Repeat::from_parts(args.repeat.cron, args.repeat.every, args.tz)
         .map_err(super::UsageError)?
     {
         Repeat::Cron { expr, tz } => ScheduleDef::cron(expr, tz),
         Repeat::Every(every) => ScheduleDef::every(every.as_millis() as u64, from),
     };
+    def.calendar = calendar;
     let schedule = def.compile()?;
-    let times = schedule.occurrences(from, args.count as usize);
+    let times = schedule.preview(from, args.count as usize);
     if args.output.is_json() {
         let v: Vec<_> = times
             .iter()
-            .map(|&ms| serde_json::json!({ "ms": ms, "at": schedule.rfc3339(ms) }))
+            .map(|(ms, skip)| {
+                let mut v = serde_json::json!({ "ms": ms, "at": schedule.rfc3339(*ms) });
+                if let Some(skip) = skip {
+                    v["calendar"] = skip_json(&schedule, skip);
+                }
+                v
+            })
             .collect();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        for &ms in &times {
-            println!("{}  {ms}", schedule.rfc3339(ms));
+        for (ms, skip) in &times {
+            match skip {
+                None => println!("{}  {ms}", schedule.rfc3339(*ms)),
+                Some(skip) => println!(
+                    "{}  {ms}  {}",
+                    schedule.rfc3339(*ms),
+                    skip_text(&schedule, skip)
+                ),
+            }
         }
     }
     Ok(0)
+}
+
+/// `skipped: <why>` or `moved to <when>: <why>`.
+pub fn skip_text(schedule: &zdelay::schedule::Schedule, skip: &CalendarSkip) -> String {
+    match skip.moved_to {
+        None => format!("skipped: {}", skip.reason()),
+        Some(to) => format!(
+            "moved to {} ({} business day): {}",
+            schedule.rfc3339(to),
+            skip.shift.name(),
+            skip.reason()
+        ),
+    }
+}
+
+fn skip_json(schedule: &zdelay::schedule::Schedule, skip: &CalendarSkip) -> serde_json::Value {
+    serde_json::json!({
+        "name": skip.calendar,
+        "date": skip.date.to_string(),
+        "shift": skip.shift.name(),
+        "reason": skip.reason(),
+        "moved_to_ms": skip.moved_to,
+        "moved_to": skip.moved_to.map(|ms| schedule.rfc3339(ms)),
+    })
 }

@@ -273,6 +273,12 @@ impl Keys {
         format!("{{{}}}:sched_requests_lock", self.namespace)
     }
 
+    /// HASH of named calendars: name → JSON `{"name","days":{"weekend","dates"},"updated_ms"}`
+    /// (`zdelay calendar set`). Read when a schedule naming one is set. In the registry's slot.
+    pub fn calendars(&self) -> String {
+        format!("{{{}}}:calendars", self.namespace)
+    }
+
     /// Pub/sub channel on which enqueues announce a new head: message `"<shard> <due ms>"`.
     pub fn wake_channel(&self) -> String {
         format!("{}:wake", self.namespace)

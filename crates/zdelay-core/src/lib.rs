@@ -29,6 +29,7 @@
 //! - [`trace_context`]: W3C `traceparent`/`tracestate` in headers: name case, validation.
 
 pub mod calendar;
+pub mod calendars;
 pub mod client;
 pub mod config;
 pub mod dead;

@@ -103,6 +103,10 @@ struct ScheduleLine {
     max_attempts: Option<u32>,
     #[serde(default, with = "humantime_serde")]
     jitter: Option<Duration>,
+    #[serde(default)]
+    calendar: Option<String>,
+    #[serde(default)]
+    shift: Option<String>,
 }
 
 impl NewSchedule {
@@ -125,6 +129,17 @@ impl NewSchedule {
         spec.max_lateness = l.max_lateness;
         spec.max_attempts = l.max_attempts;
         spec.jitter = l.jitter;
+        spec.calendar = match (l.calendar, l.shift) {
+            (Some(name), shift) => Some(crate::calendars::CalendarChoice {
+                name,
+                shift: shift.as_deref().map_or(
+                    Ok(crate::calendar::Shift::Skip),
+                    crate::calendar::Shift::from_name,
+                )?,
+            }),
+            (None, Some(_)) => return Err("shift: needs a calendar".into()),
+            (None, None) => None,
+        };
         Ok(spec)
     }
 }

@@ -89,6 +89,9 @@ pub struct NewSchedule {
     /// Each occurrence's job is due at a point of this window after the occurrence, derived
     /// from its id.
     pub jitter: Option<Duration>,
+    /// Days it does not fire on: a calendar stored under this name (`calendar_set`), and
+    /// what it does with an occurrence on one of them.
+    pub calendar: Option<crate::calendars::CalendarChoice>,
 }
 
 impl NewSchedule {
@@ -110,6 +113,7 @@ impl NewSchedule {
             end_at: None,
             max_lateness: None,
             jitter: None,
+            calendar: None,
         }
     }
 }
@@ -308,6 +312,7 @@ pub struct ScheduleSet {
 /// the stored one (so an update never moves the grid) or set at creation.
 fn definition(
     spec: &NewSchedule,
+    calendar: Option<&crate::schedule::ScheduleCalendar>,
     stored: Option<&Stored>,
     now_ms: i64,
 ) -> Result<ScheduleDef, ClientError> {
@@ -327,6 +332,7 @@ fn definition(
     def.end_at = spec.end_at;
     def.max_lateness_ms = spec.max_lateness.map(|d| d.as_millis() as u64);
     def.jitter_ms = spec.jitter.map(|d| d.as_millis() as u64);
+    def.calendar = calendar.cloned();
     def.validate()?;
     Ok(def)
 }
@@ -585,8 +591,9 @@ impl Client {
             why,
         })?;
         self.check_dest_and_payload(&spec.dest, &spec.payload)?;
-        // Invalid definitions fail before anything is read or written.
-        definition(&spec, None, 0)?;
+        // Invalid definitions fail before anything is written; a calendar is read first.
+        let calendar = self.schedule_calendar(spec.calendar.as_ref()).await?;
+        definition(&spec, calendar.as_ref(), None, 0)?;
         let mut envelope = Envelope::new(spec.dest.clone(), spec.payload.clone());
         envelope.meta.headers = spec.headers.clone();
         crate::trace_context::normalize_header_names(&mut envelope.meta.headers);
@@ -596,7 +603,7 @@ impl Client {
         let envelope = envelope.encode()?;
         let written = self
             .fenced_by_layout("the schedule", |layout| {
-                let (spec, envelope) = (&spec, &envelope);
+                let (spec, envelope, calendar) = (&spec, &envelope, calendar.as_ref());
                 async move {
                     let home = self.schedule_home_for(&layout, spec).await?;
                     self.write_schedule(&home, &spec.id, envelope, |stored, now_ms| {
@@ -604,7 +611,7 @@ impl Client {
                         let stored = stored.and_then(Result::ok);
                         Ok(Some(Stored {
                             dest: spec.dest.clone(),
-                            def: definition(spec, stored, now_ms)?,
+                            def: definition(spec, calendar, stored, now_ms)?,
                             paused: stored.is_some_and(|s| s.paused),
                             created_ms: stored.map_or(now_ms, |s| s.created_ms),
                             updated_ms: now_ms,
