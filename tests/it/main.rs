@@ -8,6 +8,7 @@ mod bad_input;
 mod bench;
 mod broker_faults;
 mod broker_security;
+mod calendars;
 mod cli;
 mod cli_grammar;
 mod cluster;
