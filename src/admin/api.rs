@@ -445,6 +445,10 @@ async fn schedules(
     })))
 }
 
+/// How far ahead, and how many, of a schedule's days its calendar skips the page lists.
+const CALENDAR_HORIZON_MS: i64 = 366 * 86_400_000;
+const CALENDAR_SKIPS_SHOWN: usize = 5;
+
 /// One answer's cron walks at a time ([`schedules`]).
 static SCHEDULE_WALKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
@@ -457,6 +461,30 @@ fn schedule_timing(view: ScheduleView, now_ms: i64) -> Value {
         schedule.previous_before(view.next_ms.unwrap_or(now_ms).min(now_ms + 1))
     });
     v["previous_ms"] = previous.into();
+    // The calendar in brief (its dates may be thousands), and the coming days it skips.
+    if let Some(calendar) = &view.def.calendar {
+        v["calendar"] = json!({
+            "name": calendar.name,
+            "shift": calendar.shift.name(),
+            "dates": calendar.days.len(),
+        });
+        if let Ok(schedule) = view.def.compile() {
+            let skips: Vec<Value> = schedule
+                .upcoming_skips(now_ms, now_ms + CALENDAR_HORIZON_MS, CALENDAR_SKIPS_SHOWN)
+                .into_iter()
+                .map(|(ms, skip)| {
+                    json!({
+                        "ms": ms,
+                        "at": schedule.rfc3339(ms),
+                        "reason": skip.reason(),
+                        "moved_to_ms": skip.moved_to,
+                        "moved_to": skip.moved_to.map(|to| schedule.rfc3339(to)),
+                    })
+                })
+                .collect();
+            v["calendar_skips"] = skips.into();
+        }
+    }
     if let Some(o) = v.as_object_mut() {
         for field in ["payload", "payload_encoding", "headers"] {
             o.remove(field);

@@ -581,3 +581,66 @@ fn bad_calendars_are_refused_with_the_reason_and_nothing_written() {
         Some(3)
     );
 }
+
+#[test]
+fn the_console_lists_the_coming_days_a_calendar_skips_and_why() {
+    clear_of_midnight();
+    let redis = RedisServer::start();
+    let config = config(&redis);
+    let _daemon = Daemon::start(&config);
+    // The next two days (UTC) are listed; the schedule fires daily at noon UTC.
+    let today = today_in("UTC");
+    let days = [
+        today.tomorrow().unwrap(),
+        today.tomorrow().unwrap().tomorrow().unwrap(),
+    ];
+    let f = dates_file(&config, "next.txt", &days);
+    ok(
+        &config,
+        &[
+            "calendar",
+            "set",
+            "soon",
+            "--dates",
+            &f,
+            "--weekend",
+            "none",
+        ],
+    );
+    ok(
+        &config,
+        &[
+            "schedule",
+            "set",
+            "noon",
+            "--dest",
+            "l",
+            "--cron",
+            "0 12 * * *",
+            "--calendar",
+            "soon",
+            "--shift",
+            "next",
+            "--payload",
+            "x",
+        ],
+    );
+    let base = format!("http://127.0.0.1:{}/", config.admin_port);
+    let shot = std::env::var("ZDELAY_CONSOLE_SHOTS")
+        .ok()
+        .map(|dir| format!("{dir}/schedules-calendar.png"));
+    let mut args = vec![base.as_str(), "noon"];
+    args.extend(shot.as_deref());
+    let r = crate::common::browser_script("console_calendar.py", &args);
+    assert_eq!(r["calendar"], "soon (next, 2 dates)", "{r}");
+    let after = days[1].tomorrow().unwrap();
+    let want: Vec<String> = days
+        .iter()
+        .map(|d| {
+            format!(
+                "{d}T12:00:00+00:00: moved to {after}T12:00:00+00:00: {d} is listed in calendar soon"
+            )
+        })
+        .collect();
+    assert_eq!(r["skips"], serde_json::json!(want), "{r}");
+}

@@ -533,6 +533,49 @@ impl Schedule {
         out
     }
 
+    /// The first grid occurrence of each day the calendar skips, after `after_ms` and before
+    /// `before_ms`, at most `max`: what the console lists as coming skips. One search per day
+    /// that has an occurrence, whatever the schedule's frequency.
+    pub fn upcoming_skips(
+        &self,
+        after_ms: i64,
+        before_ms: i64,
+        max: usize,
+    ) -> Vec<(i64, CalendarSkip)> {
+        let mut out = Vec::new();
+        if self.def.calendar.is_none() {
+            return out;
+        }
+        let tz = self.zone();
+        let mut at = after_ms;
+        if let Some(start) = self.def.start_at {
+            at = at.max(start - 1);
+        }
+        for _ in 0..MAX_SKIPPED_RUNS * 2 {
+            let Some(next) = self
+                .grid_next(at)
+                .filter(|&t| t < before_ms && self.in_window(t))
+            else {
+                break;
+            };
+            if let Some(skip) = self.calendar_skip(next) {
+                out.push((next, skip));
+                if out.len() >= max {
+                    break;
+                }
+            }
+            // On to the next day.
+            let Some(day) = local_date(&tz, next).and_then(|d| d.tomorrow().ok()) else {
+                break;
+            };
+            match day_start(&tz, day) {
+                Some(start) => at = start - 1,
+                None => break,
+            }
+        }
+        out
+    }
+
     /// Grid occurrences in `(after_ms, before_ms)` that a skipping calendar took away, counted
     /// up to `cap` (a shift moves occurrences rather than dropping them: not counted).
     pub fn skipped_between(&self, after_ms: i64, before_ms: i64, cap: u32) -> u32 {
@@ -2029,6 +2072,15 @@ mod tests {
         let plan = s.plan(fri, fri + 10);
         assert_eq!(plan.next, Some(ms("2026-03-30T02:30:00+02:00")));
         assert_eq!(plan.skipped_by_calendar, 2);
+        let coming = s.upcoming_skips(fri, fri + 7 * 86_400_000, 10);
+        let days: Vec<_> = coming
+            .iter()
+            .map(|(_, skip)| skip.date.to_string())
+            .collect();
+        assert_eq!(
+            days,
+            ["2026-03-28", "2026-03-29", "2026-04-04", "2026-04-05"]
+        );
         let preview = s.preview(fri, 4);
         let reasons: Vec<_> = preview
             .iter()

@@ -277,10 +277,15 @@ pages.schedules = async function () {
   if (s.total === 0) return [el("p", { class: "muted", text: "No recurring schedules." })];
   const rec = d => d.recurrence.cron ? `cron ${d.recurrence.cron.expr} (${d.recurrence.cron.tz})` : `every ${span(d.recurrence.every.interval_ms)}`;
   const misfire = m => typeof m === "string" ? m : Object.keys(m).map(k => `${k} ${JSON.stringify(m[k])}`).join(" ");
+  // The calendar and the coming days it skips (or moves an occurrence off), each with why.
+  const calendar = x => !x.calendar ? el("td", { class: "muted", text: "—" }) : el("td", { "data-calendar": x.calendar.name },
+    el("div", { text: `${x.calendar.name} (${x.calendar.shift}, ${x.calendar.dates} dates)` }),
+    ...(x.calendar_skips || []).map(k => el("div", { class: "muted", "data-skip": k.ms,
+      text: `${k.at}: ${k.moved_to ? "moved to " + k.moved_to : "skipped"}: ${k.reason}` })));
   const rows = list => list.map(x =>
     el("tr", { "data-schedule": x.id },
       el("td", { text: x.id }), el("td", { text: x.dest }), el("td", { text: rec(x) }),
-      el("td", { text: misfire(x.misfire) }),
+      el("td", { text: misfire(x.misfire) }), calendar(x),
       el("td", { class: x.paused ? "down" : (x.next_ms === null ? "muted" : "up"), text: x.paused ? "paused" : (x.next_ms === null ? "ended" : "active") }),
       el("td", { text: when(x.next_ms, now) }), el("td", { text: when(x.previous_ms, now) }),
       el("td", { text: x.health.last_fired_ms === null ? "never" : `${when(x.health.last_fired_ms, now)}, ${span(x.health.last_lateness_ms)} late` }),
@@ -292,7 +297,7 @@ pages.schedules = async function () {
           : actionButton("Pause", `api/schedules/${enc(x.id)}/pause`, `pause ${x.id}`, { "data-action": "pause" }),
         " ",
         actionButton("Run now", `api/schedules/${enc(x.id)}/run`, `run ${x.id}`, { "data-action": "run" }))));
-  const head = ["id", "destination", "repeats", "misfire", "state", "next", "last (on the grid)", "last fired", "fired / missed / expired / skipped", ""];
+  const head = ["id", "destination", "repeats", "misfire", "calendar (coming skips)", "state", "next", "last (on the grid)", "last fired", "fired / missed / expired / skipped", ""];
   const out = [el("p", { class: "muted", id: "schedules-total", "data-total": s.total, "data-pending": s.pending,
     text: `${s.total} schedules, ${s.pending} with a pending occurrence; the next ${s.schedules.length} to fire:` })];
   out.push(table(head, rows(s.schedules), { id: "schedules-next" }));
