@@ -496,12 +496,25 @@ impl Schedule {
         let tz = self.zone();
         let local = tz.to_datetime(Timestamp::from_millisecond(grid_ms).ok()?);
         let why = calendar.days.why_skipped(local.date())?;
+        // A shift keeps the cron's own time (02:30), not the instant's (03:00 after a gap):
+        // the pattern's first match after the instant before this one.
+        let time = match &self.rule {
+            Rule::Cron { cron, .. } => tz
+                .to_datetime(Timestamp::from_millisecond(grid_ms - 1).ok()?)
+                .with()
+                .subsec_nanosecond(0)
+                .build()
+                .ok()
+                .and_then(|before| cron.find_next_occurrence(&before, false).ok())
+                .map_or(local.time(), |civil| civil.time()),
+            Rule::Every { .. } => local.time(),
+        };
         let moved_to = match calendar.shift {
             Shift::Skip => None,
             shift => calendar
                 .days
                 .shifted(local.date(), shift)
-                .and_then(|day| resolve(&tz, day.to_datetime(local.time())))
+                .and_then(|day| resolve(&tz, day.to_datetime(time)))
                 .map(|t| t.as_millisecond()),
         };
         Some(CalendarSkip {
@@ -1987,6 +2000,20 @@ mod tests {
                 want,
                 "round {round}: {expr} {zone} {shift:?}"
             );
+            // What a preview says of each grid occurrence is where it really goes.
+            for (t, skip) in s.preview(from + 1, 400) {
+                let went = match &skip {
+                    None => Some(t),
+                    Some(skip) => skip.moved_to,
+                };
+                assert_eq!(went.is_none(), shift == Shift::Skip && skip.is_some());
+                if let Some(at) = went.filter(|&at| at > from && at <= until) {
+                    assert!(
+                        want.binary_search(&at).is_ok(),
+                        "round {round}: {expr} {zone} {shift:?}: preview {t} -> {at}"
+                    );
+                }
+            }
             // From random points too (mid-day, mid-run of skipped days).
             for _ in 0..5 {
                 let at = from + rand(300 * 86_400) as i64 * 1_000;
@@ -2062,6 +2089,13 @@ mod tests {
                 "2026-03-31T02:30:00+02:00"
             ]
         );
+        let sunday = ms("2026-03-29T03:00:00+02:00");
+        let moved = s
+            .calendar_skip(sunday)
+            .unwrap()
+            .moved_to
+            .map(|t| s.rfc3339(t));
+        assert_eq!(moved.as_deref(), Some("2026-03-30T02:30:00+02:00"));
         // Skip: the weekend's occurrences are gone, and the plan counts them.
         let s = with_calendar(
             ScheduleDef::cron("30 2 * * *", "Europe/Paris"),
@@ -2072,7 +2106,7 @@ mod tests {
         let plan = s.plan(fri, fri + 10);
         assert_eq!(plan.next, Some(ms("2026-03-30T02:30:00+02:00")));
         assert_eq!(plan.skipped_by_calendar, 2);
-        let coming = s.upcoming_skips(fri, fri + 7 * 86_400_000, 10);
+        let coming = s.upcoming_skips(fri, fri + 9 * 86_400_000, 10);
         let days: Vec<_> = coming
             .iter()
             .map(|(_, skip)| skip.date.to_string())
