@@ -339,7 +339,26 @@ mod tests {
             (spec.start_at, spec.end_at),
             (Some(1_700_000_000_000), Some(1_800_000_000_000))
         );
+        let spec = NewSchedule::from_json_line(
+            r#"{"id":"c","dest":"q","cron":"0 18 L * *","payload":"x","calendar":"fr","shift":"previous"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            spec.calendar,
+            Some(crate::calendars::CalendarChoice {
+                name: "fr".into(),
+                shift: crate::calendar::Shift::Previous
+            })
+        );
         for (bad, why) in [
+            (
+                r#"{"id":"b","dest":"q","cron":"0 9 * * *","payload":"x","calendar":"fr","shift":"later"}"#,
+                "shift: \"later\"",
+            ),
+            (
+                r#"{"id":"b","dest":"q","cron":"0 9 * * *","payload":"x","shift":"next"}"#,
+                "shift: needs a calendar",
+            ),
             (r#"{"id":"b","dest":"q","payload":"x"}"#, "cron or every"),
             (
                 r#"{"id":"b","dest":"q","cron":"* * * * *","every":"1s","payload":"x"}"#,
