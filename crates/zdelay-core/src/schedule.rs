@@ -354,13 +354,10 @@ pub struct Plan {
     /// The next occurrence, strictly after `now`, on the schedule's grid; `None` when the
     /// schedule has ended.
     pub next: Option<i64>,
-    /// Grid occurrences between the due one and `next` that the schedule's calendar skipped
-    /// (counted up to [`MAX_COUNTED_SKIPS`]).
-    pub skipped_by_calendar: u32,
 }
 
-/// The most calendar skips one plan counts (a per-second schedule over a holiday would
-/// otherwise walk 86,400 of them).
+/// The most calendar skips one firing counts ([`Schedule::skipped_between`]: a per-second
+/// schedule over a holiday would otherwise walk 86,400 of them).
 pub const MAX_COUNTED_SKIPS: u32 = 1_000;
 
 /// What a calendar did to one grid occurrence ([`Schedule::calendar_skip`]).
@@ -490,7 +487,7 @@ impl Schedule {
 
     /// Whether the calendar takes the grid occurrence `grid_ms` off its day, and where to:
     /// the one point where a calendar skip is decided for an occurrence (previews show it,
-    /// [`Plan::skipped_by_calendar`] counts it). `None`: no calendar, or a business day.
+    /// [`Schedule::skipped_between`] counts it for a firing's health record). `None`: no calendar, or a business day.
     pub fn calendar_skip(&self, grid_ms: i64) -> Option<CalendarSkip> {
         let calendar = self.def.calendar.as_ref()?;
         let tz = self.zone();
@@ -718,17 +715,11 @@ impl Schedule {
                 .max_lateness_ms
                 .is_some_and(|max| now_ms.saturating_sub(at) as u64 > max)
         });
-        let next = self.next_after(now_ms);
         Plan {
             deliver,
             expired,
             misfired,
-            next,
-            skipped_by_calendar: self.skipped_between(
-                due_ms,
-                next.unwrap_or(now_ms.saturating_add(1)),
-                MAX_COUNTED_SKIPS,
-            ),
+            next: self.next_after(now_ms),
         }
     }
 
@@ -752,7 +743,8 @@ impl Schedule {
             None => to_ms,
         };
         match &self.rule {
-            Rule::Every { .. } => {
+            // A calendar takes days out of the grid: walked below, like cron.
+            Rule::Every { .. } if self.def.calendar.is_none() => {
                 let Some(next) = self.next_after(due_ms).filter(|&n| n <= to) else {
                     return first;
                 };
@@ -761,7 +753,7 @@ impl Schedule {
                 };
                 first + 1 + (to - next) as u64 / interval_ms
             }
-            Rule::Cron { .. } => {
+            _ => {
                 let (mut count, mut at) = (0u64, due_ms);
                 while let Some(next) = self.next_after(at).filter(|&n| n <= to) {
                     count += 1;
@@ -1572,7 +1564,6 @@ mod tests {
                     expired: vec![],
                     misfired: false,
                     next: Some(t0 + 1_000),
-                    skipped_by_calendar: 0,
                 },
                 "{misfire:?}"
             );
@@ -2105,7 +2096,11 @@ mod tests {
         let fri = ms("2026-03-27T02:30:00+01:00");
         let plan = s.plan(fri, fri + 10);
         assert_eq!(plan.next, Some(ms("2026-03-30T02:30:00+02:00")));
-        assert_eq!(plan.skipped_by_calendar, 2);
+        assert_eq!(
+            s.skipped_between(fri, plan.next.unwrap(), MAX_COUNTED_SKIPS),
+            2
+        );
+        assert_eq!(s.skipped_between(fri, plan.next.unwrap(), 1), 1, "capped");
         let coming = s.upcoming_skips(fri, fri + 9 * 86_400_000, 10);
         let days: Vec<_> = coming
             .iter()

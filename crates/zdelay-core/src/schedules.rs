@@ -1354,13 +1354,20 @@ pub async fn fire_due(
                 now
             }
         };
-        // What the misfire policy passed over: decided, and neither delivered, expired nor
-        // skipped by the schedule's calendar (`firing.skipped_by_calendar`, which a plan that
-        // applies a calendar sets; 0 without one).
+        // What the calendar skipped between this occurrence and the pending one it leaves
+        // (grid occurrences on days it skips; a shift moves them instead: not counted). The
+        // next firing counts from that pending one on, so each is counted once. And what the
+        // misfire policy passed over: the occurrences decided (the calendar applied, so none
+        // it skipped), neither delivered nor expired.
+        firing.skipped_by_calendar = u64::from(schedule.skipped_between(
+            at,
+            firing.next_ms.unwrap_or(decided_to.saturating_add(1)),
+            crate::schedule::MAX_COUNTED_SKIPS,
+        ));
         let written = (plan.deliver.len() + plan.expired.len()) as u64;
         firing.missed = schedule
             .occurrences_decided(at, decided_to)
-            .saturating_sub(written + firing.skipped_by_calendar);
+            .saturating_sub(written);
         budget -= plan.deliver.len() + plan.expired.len();
         let jobs = |times: &[i64]| {
             times
