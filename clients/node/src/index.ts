@@ -594,6 +594,10 @@ export interface Schedule {
   maxAttempts?: number;
   /** Milliseconds: each occurrence is due at a point of this window after it, from its id. */
   jitter?: number;
+  /** A calendar's name (`zdelay calendar set`): no occurrence on its days… */
+  calendar?: string;
+  /** …or moved to the next or previous business day at the same local time (cron only). */
+  shift?: "skip" | "next" | "previous";
 }
 /** A schedule after its requests were applied. */
 export interface ScheduleState { exists: boolean; paused: boolean | null; nextMs: number | null; }
@@ -611,6 +615,16 @@ export function scheduleJson(s: Schedule): string {
     throw new InvalidJob("misfire", `must be one of coalesce, skip, catch_up: ${s.misfire}`);
   }
   if (s.every !== undefined && wholeMs(s.every, "every") === 0) throw new InvalidJob("every", "must be at least 1 ms");
+  if (s.calendar !== undefined && !(typeof s.calendar === "string" && /^[A-Za-z0-9._-]{1,64}$/.test(s.calendar))) {
+    throw new InvalidJob("calendar", `must be 1 to 64 letters, digits, '-', '_' or '.': ${s.calendar}`);
+  }
+  if (s.shift !== undefined) {
+    if (!["skip", "next", "previous"].includes(s.shift)) throw new InvalidJob("shift", `must be one of skip, next, previous: ${s.shift}`);
+    if (s.calendar === undefined) throw new InvalidJob("shift", "needs a calendar");
+    if (s.shift !== "skip" && s.cron === undefined) {
+      throw new InvalidJob("shift", "next and previous move an occurrence to another day at the same local time: they need cron");
+    }
+  }
   const utf8 = payload.toString("utf8");
   const exact = Buffer.from(utf8).equals(payload);
   const out: Record<string, unknown> = {
@@ -621,6 +635,7 @@ export function scheduleJson(s: Schedule): string {
     end_at: s.endAt === undefined ? undefined : Number(dueArg(s.endAt)),
     max_lateness: s.maxLateness === undefined ? undefined : `${wholeMs(s.maxLateness, "maxLateness")}ms`,
     jitter: s.jitter === undefined ? undefined : `${wholeMs(s.jitter, "jitter")}ms`,
+    calendar: s.calendar, shift: s.shift,
   };
   return JSON.stringify(out);
 }

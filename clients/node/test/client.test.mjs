@@ -1,6 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 import Redis, { Cluster } from "ioredis";
@@ -218,6 +219,47 @@ test("schedules are set, paused, resumed and deleted through a daemon, planned a
     }
     assert.equal(await redis.hlen("{zdelay}:sched_requests"), 0);
   } finally {
+    redis.disconnect();
+    client.redis.disconnect();
+    await daemon.stop();
+    await server.stop();
+  }
+});
+
+test("a schedule with a calendar is planned as the CLI plans it", async () => {
+  const server = await startRedis();
+  const daemon = await startDaemon(`url = "${server.url}"`);
+  const redis = new Redis(server.url);
+  const client = new zdelay.Client(new Redis(server.url));
+  const dir = mkdtempSync(join(tmpdir(), "zdelay-cal-"));
+  try {
+    writeFileSync(join(dir, "holidays.txt"), "2030-12-25\n2031-01-01\n");
+    daemon.cli("calendar", "set", "hol", "--dates", join(dir, "holidays.txt"));
+    daemon.cli("schedule", "set", "cal-cli", "--dest", "emails", "--cron", "0 9 * * *", "--tz", "Europe/Paris",
+      "--payload", "r", "--calendar", "hol", "--shift", "next");
+    const state = await client.scheduleSet({ id: "cal-node", dest: "emails", payload: "r", cron: "0 9 * * *",
+      tz: "Europe/Paris", calendar: "hol", shift: "next" });
+    const read = (id) => {
+      const v = JSON.parse(daemon.cli("schedule", "get", id, "-o", "json"));
+      for (const k of ["id", "version", "created_ms", "updated_ms", "shard"]) delete v[k];
+      return v;
+    };
+    const cli = read("cal-cli");
+    assert.equal(state.nextMs, cli.next_ms);
+    assert.deepEqual(read("cal-node"), cli);
+    assert.match(JSON.stringify(cli), /hol/);
+    await assert.rejects(client.scheduleSet({ id: "cal-bad", dest: "emails", cron: "0 9 * * *", calendar: "nope" }),
+      (e) => e instanceof zdelay.ScheduleRefused && /no calendar named/.test(e.message));
+    for (const [extra, field] of [[{ calendar: "no spaces" }, "calendar"], [{ calendar: "hol", shift: "later" }, "shift"],
+      [{ shift: "next" }, "shift"]]) {
+      await assert.rejects(client.scheduleSet({ id: "cal-bad", dest: "emails", cron: "0 9 * * *", ...extra }),
+        (e) => e instanceof zdelay.InvalidJob && e.field === field, JSON.stringify(extra));
+    }
+    await assert.rejects(client.scheduleSet({ id: "cal-bad", dest: "emails", every: 60_000, calendar: "hol", shift: "previous" }),
+      (e) => e instanceof zdelay.InvalidJob && /need cron/.test(e.message));
+    assert.doesNotMatch(daemon.cli("schedule", "list"), /cal-bad/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
     redis.disconnect();
     client.redis.disconnect();
     await daemon.stop();

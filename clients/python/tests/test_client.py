@@ -185,6 +185,34 @@ def test_schedules_are_set_paused_resumed_and_deleted_through_a_daemon(daemon, r
     assert r.hlen("{zdelay}:sched_requests") == 0
 
 
+def test_a_schedule_with_a_calendar_is_planned_as_the_cli_plans_it(daemon, redis_url, tmp_path):
+    client = zdelay.Client.from_url(redis_url)
+    dates = tmp_path / "holidays.txt"
+    dates.write_text("2030-12-25\n2031-01-01\n")
+    daemon.cli("calendar", "set", "hol", "--dates", str(dates))
+    daemon.cli("schedule", "set", "cal-cli", "--dest", "emails", "--cron", "0 9 * * *", "--tz", "Europe/Paris",
+               "--payload", "r", "--calendar", "hol", "--shift", "next")
+    state = client.schedule_set("cal-py", "emails", "r", cron="0 9 * * *", tz="Europe/Paris", calendar="hol", shift="next")
+    cli = json.loads(daemon.cli("schedule", "get", "cal-cli", "-o", "json"))
+    py = json.loads(daemon.cli("schedule", "get", "cal-py", "-o", "json"))
+    assert state["next_ms"] == cli["next_ms"]
+    for v in (cli, py):
+        for k in ("id", "version", "created_ms", "updated_ms"):
+            v.pop(k)
+    assert py == cli and "hol" in json.dumps(py)
+    # A calendar that does not exist is the daemon's to refuse; a bad name or shift the client's.
+    with pytest.raises(zdelay.ScheduleRefused, match="no calendar named"):
+        client.schedule_set("cal-bad", "emails", "r", cron="0 9 * * *", calendar="nope")
+    for kw, field in [(dict(calendar="no spaces"), "calendar"), (dict(calendar="hol", shift="later"), "shift"),
+                      (dict(shift="next"), "shift")]:
+        with pytest.raises(zdelay.InvalidJob) as e:
+            client.schedule_set("cal-bad", "emails", "r", cron="0 9 * * *", **kw)
+        assert e.value.field == field, (kw, e.value)
+    with pytest.raises(zdelay.InvalidJob, match="need cron"):
+        client.schedule_set("cal-bad", "emails", "r", every=60_000, calendar="hol", shift="previous")
+    assert "cal-bad" not in daemon.cli("schedule", "list")
+
+
 def test_a_schedule_request_waits_for_a_daemon(redis_url):
     r = redis.Redis.from_url(redis_url)
     daemon = Daemon(f'url = "{redis_url}"')

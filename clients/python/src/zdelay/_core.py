@@ -8,6 +8,7 @@ import base64
 import itertools
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -693,13 +694,16 @@ def _ok(reply: Any) -> Any:
 
 
 MISFIRES = {"coalesce", "skip", "catch_up"}
+SHIFTS = {"skip", "next", "previous"}
+# A calendar's name, as `zdelay calendar set` takes it.
+CALENDAR_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def schedule_json(id: str, dest: str, payload: Union[bytes, str], *, cron: Optional[str] = None, tz: Optional[str] = None,
                   every: Optional[Span] = None, headers: Optional[Mapping[str, str]] = None, misfire: Optional[str] = None,
                   max_catch_up: Optional[int] = None, start_at: Optional[Moment] = None, end_at: Optional[Moment] = None,
                   max_lateness: Optional[Span] = None, max_attempts: Optional[int] = None,
-                  jitter: Optional[Span] = None) -> str:
+                  jitter: Optional[Span] = None, calendar: Optional[str] = None, shift: Optional[str] = None) -> str:
     """A schedule in the JSON form a daemon applies (a line of `zdelay schedule set --batch`)."""
     if not isinstance(id, str) or not 0 < len(id.encode()) <= 512 or "\n" in id:
         raise InvalidJob("id", f"must be a non-empty string of at most 512 bytes without newlines: {id!r}")
@@ -710,8 +714,18 @@ def schedule_json(id: str, dest: str, payload: Union[bytes, str], *, cron: Optio
         raise InvalidJob("tz", "applies to cron only")
     if misfire is not None and misfire not in MISFIRES:
         raise InvalidJob("misfire", f"must be one of coalesce, skip, catch_up: {misfire!r}")
+    if calendar is not None and not CALENDAR_NAME.fullmatch(calendar if isinstance(calendar, str) else ""):
+        raise InvalidJob("calendar", f"must be 1 to 64 letters, digits, '-', '_' or '.': {calendar!r}")
+    if shift is not None:
+        if shift not in SHIFTS:
+            raise InvalidJob("shift", f"must be one of skip, next, previous: {shift!r}")
+        if calendar is None:
+            raise InvalidJob("shift", "needs a calendar")
+        if shift != "skip" and cron is None:
+            raise InvalidJob("shift", "next and previous move an occurrence to another day at the same local time: they need cron")
     out: Dict[str, Any] = {"id": id, "dest": dest, "cron": cron, "tz": tz, "misfire": misfire, "max_catch_up": max_catch_up,
-                           "max_attempts": meta.get("max_attempts"), "headers": meta.get("headers")}
+                           "max_attempts": meta.get("max_attempts"), "headers": meta.get("headers"),
+                           "calendar": calendar, "shift": shift}
     try:
         out["payload"] = body.decode()
     except UnicodeDecodeError:

@@ -150,7 +150,8 @@ class Client(_Base):
 
     def schedule_set(self, id: str, dest: str, payload: Union[bytes, str] = b"", *, wait: float = 5.0, **kw: Any) -> Optional[dict]:
         """Create or update a recurring schedule: `cron` (with `tz`) or `every`; `headers`,
-        `misfire`, `max_catch_up`, `start_at`, `end_at`, `max_lateness`, `max_attempts`. A daemon
+        `misfire`, `max_catch_up`, `start_at`, `end_at`, `max_lateness`, `max_attempts`, `jitter`;
+        `calendar` (a calendar's name: its days are skipped) with `shift` (skip, next, previous). A daemon
         plans it: waits up to `wait` s for the outcome ({"exists", "paused", "next_ms"}), raising
         `ScheduleRefused` (why) or `NotApplied`; wait=0 returns None at once."""
         return self._schedule(id, "set", _core.schedule_json(id, dest, payload, **kw), wait)
