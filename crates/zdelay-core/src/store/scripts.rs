@@ -2724,6 +2724,8 @@ pub struct MoveLane<'a> {
     pub bounds_ms: &'a [u64],
     /// The route's flow control, when it has any.
     pub flow: Option<&'a crate::config::RouteFlow>,
+    /// A stream route's trimming, when it has any.
+    pub trim: Option<&'a crate::config::StreamTrim>,
 }
 
 /// How long a route held by its list's bound waits before it looks at the list again.
@@ -2776,6 +2778,9 @@ pub async fn move_lane(
         Some((header, rate, burst)) => inv.arg(header).arg(rate.to_string()).arg(burst),
         None => inv.arg("").arg("").arg(""),
     };
+    let optional = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+    inv.arg(optional(args.trim.and_then(|t| t.max_len)))
+        .arg(optional(args.trim.and_then(|t| t.max_age_ms)));
     let value: Value = inv.invoke(con).await?;
     MoveReply::parse(value, 1, args.bounds_ms.len())
 }
