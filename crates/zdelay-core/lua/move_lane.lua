@@ -346,11 +346,17 @@ end
 
 -- Stream entries: the public form of a stored id (generated: 12 characters of the stored id
 -- alphabet, shown as "~<lane>.<stored id>"; a user's id as stored).
-local lane_number = string.match(ARGV[1], '^2 (%w+) ')
+local id_prefix = '~' .. (string.match(ARGV[1], '^2 (%w+) ') or '') .. '.'
 local meta_present = nil
+local find = string.find
 local function public_id(id)
-  if #id == 12 and not string.find(id, '[^-0-9A-Z_a-z]') then return '~' .. lane_number .. '.' .. id end
+  if #id == 12 and not find(id, '[^-0-9A-Z_a-z]') then return id_prefix .. id end
   return id
+end
+-- "<id>:<due ms>"; a score put later by a key's rate ends in ".5": its whole milliseconds.
+local function zdelay_id(id, score)
+  if find(score, '.', 1, true) then score = string.format('%d', math.floor(tonumber(score))) end
+  return public_id(id) .. ':' .. score
 end
 -- The entry's fields after payload and zdelay-id: trace context first, then the other
 -- headers as "h:<name>", in byte order. A meta that is not JSON, or has no headers, adds none.
@@ -393,11 +399,15 @@ local function push_jobs(id_list, payload_list, from, to, shift)
   if meta_present then metas = redis.call('HMGET', meta_key, unpack(id_list, from, to)) end
   for k = from, to do
     local i = k - from + 1
-    local id = id_list[k]
-    local args = { list_key, '*', 'payload', payload_list[k + shift],
-      'zdelay-id', public_id(id) .. ':' .. string.format('%d', math.floor(tonumber(scores[i]))) }
-    header_fields(metas[i], args)
-    local res = redis.pcall('XADD', unpack(args))
+    local meta, res = metas[i], nil
+    local zid = zdelay_id(id_list[k], scores[i])
+    if meta then
+      local args = { list_key, '*', 'payload', payload_list[k + shift], 'zdelay-id', zid }
+      header_fields(meta, args)
+      res = redis.pcall('XADD', unpack(args))
+    else
+      res = redis.pcall('XADD', list_key, '*', 'payload', payload_list[k + shift], 'zdelay-id', zid)
+    end
     if type(res) == 'table' and res.err then return i - 1, res.err end
   end
   return to - from + 1, nil

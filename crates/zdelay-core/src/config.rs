@@ -1428,7 +1428,8 @@ pub struct RouteConfig {
     /// A sink name from `[sinks]`.
     #[schemars(length(min = 1))]
     pub sink: String,
-    /// Where the sink delivers: a list key (Redis), a topic (Kafka), `exchange/routing-key`
+    /// Where the sink delivers: a list key (Redis; a stream key with `push = "xadd"`), a topic
+    /// (Kafka), `exchange/routing-key`
     /// (AMQP; `/q` = the default exchange, queue `q`) or a subject (NATS).
     #[schemars(length(min = 1))]
     pub target: String,
@@ -1479,7 +1480,7 @@ pub struct RouteConfig {
     pub burst: Option<u32>,
     /// The route is held while its destination holds this many messages
     /// or more (its consumers stopped or slow) and resumes as they drain it, so it never
-    /// grows past it: a list's length (local or remote Redis), a RabbitMQ queue's message
+    /// grows past it: a list's length or a stream's `XLEN` (local or remote Redis), a RabbitMQ queue's message
     /// count (target `/<queue>`), the messages of the JetStream stream that stores the
     /// subject. Refused on Kafka (a topic has no queue depth) and core NATS. Unset: no bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -58,6 +58,8 @@ const SCANS: &[&str] = &["SCAN", "HSCAN", "SSCAN", "ZSCAN"];
 const BOUNDED_ELSEWHERE: &[(&str, &str, &str)] = &[
     ("bench_bare_move_hash.lua", "KEYS[1],0,#ids-1",
      "the ids the call just read with LIMIT ARGV[1]"),
+    ("bench_bare_move_stream.lua", "KEYS[1],0,n-1",
+     "the n ids the call just read with LIMIT ARGV[1]"),
     ("bench_bare_move_raw.lua", "KEYS[1],0,#items-1",
      "the items the call just read with LIMIT ARGV[1]"),
     ("bench_bare_move_raw_checked.lua", "KEYS[1],n,n+chunk-1",

@@ -70,6 +70,7 @@ scripts!(
     bench_bare_move_raw,
     bench_bare_move_raw_checked,
     bench_bare_move_hash,
+    bench_bare_move_stream,
     enqueue_lane,
     move_lane,
     take_flow,
@@ -2972,6 +2973,25 @@ pub async fn bench_bare_move_hash(
         .key(due)
         .key(jobs)
         .key(list)
+        .arg(batch)
+        .arg(max_score)
+        .invoke(con)
+        .await
+}
+
+/// The same onto a stream: one `XADD` per job with its payload and `<id>:<due>`.
+pub async fn bench_bare_move_stream(
+    con: &mut Conn,
+    due: &str,
+    jobs: &str,
+    stream: &str,
+    batch: usize,
+    max_score: i64,
+) -> redis::RedisResult<u64> {
+    Call::new(&compiled::bench_bare_move_stream)
+        .key(due)
+        .key(jobs)
+        .key(stream)
         .arg(batch)
         .arg(max_score)
         .invoke(con)
