@@ -110,7 +110,11 @@ async fn serve(
         // Tests restart Redis in this window.
         zdelay_core::failpoint::hold("start_up_hold_after_connect").await;
         let server = store::check_server(&mut con).await?;
-        check_stream_targets(&mut con, &config).await?;
+        // Before anything is written: a stream route whose key holds a list would kill
+        // every job.
+        if let Some(why) = store::lanes::stream_key_conflict(&mut con, &config).await? {
+            anyhow::bail!(why);
+        }
         let shards = store::ensure_schema(&mut con, &keys)
             .await
             .map_err(|e| match e {
@@ -352,26 +356,6 @@ fn is_transient_start_up(e: &anyhow::Error) -> bool {
             || cause.downcast_ref::<StoreError>().is_some_and(store_transient)
             || matches!(cause.downcast_ref::<ClientError>(), Some(ClientError::Store(s)) if store_transient(s))
     })
-}
-
-/// Refuses to start when a local stream route's key (`push = "xadd"`) holds another type (a
-/// list, a hash): every job would go to dead as `wrong_type`. Asked before anything is
-/// written. A key that changes type later is the move's to find (those jobs go to dead,
-/// saying why).
-pub async fn check_stream_targets(con: &mut Conn, config: &Config) -> anyhow::Result<()> {
-    let plan = zdelay_core::routes::LaneRoutes::from_config(config);
-    for route in plan.local.iter().filter(|r| r.push.is_stream()) {
-        let kind: String = redis::cmd("TYPE").arg(&route.list).query_async(con).await?;
-        if kind != "stream" && kind != "none" {
-            anyhow::bail!(
-                "route {} appends to the stream {} (push = \"xadd\"), but that key holds a \
-                 {kind}: rename the route's target, or delete or rename the key",
-                route.name,
-                route.list
-            );
-        }
-    }
-    Ok(())
 }
 
 /// On a namespace on storage layout 2: marks the layout-1 shards so that layout-1 calls are

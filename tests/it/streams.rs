@@ -9,7 +9,7 @@ use crate::common::{
     self, Daemon, RedisCluster, RedisServer, TestConfig, all_keys, redis_now_ms, stored_total,
     wait_for,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -533,7 +533,7 @@ push = "xadd"
     );
     let rt = common::runtime();
     let client = config.client(&rt);
-    enqueue(&rt, &client, (0..TOTAL).map(|i| job(i)).collect());
+    enqueue(&rt, &client, (0..TOTAL).map(job).collect());
     let mut crashing =
         Daemon::spawn_with_env(&config, &[("ZDELAY_FAILPOINT", "abort_after_publish")]);
     assert!(!crashing.wait_exit(Duration::from_secs(30)).success());
@@ -544,7 +544,7 @@ push = "xadd"
     let mut scon = scheduler.conn();
     common::wait_spread_settled(&mut scon, 2, Duration::from_secs(30));
     let all = xrange(&mut tcon, STREAM);
-    let mut by_id: HashMap<String, Vec<&Entry>> = HashMap::new();
+    let mut by_id: std::collections::HashMap<String, Vec<&Entry>> = Default::default();
     for e in &all {
         by_id
             .entry(e.field("zdelay-id").unwrap())
@@ -628,6 +628,18 @@ trim_max_len = 10
         .query(&mut con)
         .unwrap();
     let config = TestConfig::new(&redis.url(), 1, &route(""));
+    let out = config.cli(&["check-config", "--connect"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("streams: route s appends to the stream events")
+            && said.contains("holds a list"),
+        "check-config --connect names the route and the key's type: {said}"
+    );
     let mut daemon = Daemon::spawn(&config);
     let status = daemon.wait_exit(Duration::from_secs(20));
     assert!(!status.success());

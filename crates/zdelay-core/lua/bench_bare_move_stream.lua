@@ -10,7 +10,8 @@ local ids = {}
 for i = 1, n do ids[i] = items[2 * i - 1] end
 local payloads = redis.call('HMGET', KEYS[2], unpack(ids))
 for i = 1, n do
-  redis.call('XADD', KEYS[3], '*', 'payload', payloads[i], 'zdelay-id', ids[i] .. ':' .. items[2 * i])
+  local zdelay_id = ids[i] .. ':' .. items[2 * i]
+  redis.call('XADD', KEYS[3], '*', 'payload', payloads[i], 'zdelay-id', zdelay_id)
 end
 redis.call('HDEL', KEYS[2], unpack(ids))
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)

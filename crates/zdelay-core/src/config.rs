@@ -2857,6 +2857,50 @@ user = "a"
     }
 
     #[test]
+    fn stream_routes_are_checked() {
+        let route = |extra: &str| {
+            format!("[[routes]]\nname=\"s\"\nsink=\"local\"\ntarget=\"events\"\n{extra}")
+        };
+        let ok = from_toml(&route(
+            "push=\"xadd\"\ntrim_max_len=1000\ntrim_max_age=\"24h\"",
+        ))
+        .expect("a stream route with trimming");
+        assert_eq!(ok.routes[0].push, Push::Xadd);
+        assert_eq!(
+            ok.routes[0].trim(),
+            Some(StreamTrim {
+                max_len: Some(1000),
+                max_age_ms: Some(86_400_000)
+            })
+        );
+        assert_eq!(
+            from_toml(&route("push=\"xadd\"")).unwrap().routes[0].trim(),
+            None
+        );
+        assert!(
+            err(&route("trim_max_len=10"))
+                .contains("routes[0] (s).trim_max_len: trims a stream: it applies with push")
+        );
+        assert!(err(&route("push=\"rpush\"\ntrim_max_age=\"1h\"")).contains("trim_max_age"));
+        assert!(err(&route("push=\"xadd\"\ntrim_max_len=0")).contains("at least 1"));
+        assert!(
+            err("[sinks.k]\nkind=\"kafka\"\nbrokers=\"127.0.0.1:9092\"\n[[routes]]\nname=\"s\"\nsink=\"k\"\ntarget=\"t\"\npush=\"xadd\"")
+                .contains("needs a redis sink")
+        );
+        assert!(
+            err(&format!(
+                "{}\n[[sources]]\nkey=\"raw\"\nroute=\"s\"",
+                route("push=\"xadd\"")
+            ))
+            .contains("appends to a stream")
+        );
+        for push in [Push::Lpush, Push::Rpush, Push::Xadd] {
+            assert_eq!(Push::from_command(push.command()), Some(push));
+        }
+        assert_eq!(Push::from_command("SADD"), None);
+    }
+
+    #[test]
     fn parse_errors_say_where_and_what_is_allowed_in_toml_words() {
         for (toml, says) in [
             (

@@ -178,4 +178,18 @@ mod tests {
         assert_eq!(lane.keys.due, "zdelay:{emj}:due:emails");
         assert_eq!(lane.keys.marker, "zdelay:{emj}:lane:emails");
     }
+
+    #[test]
+    fn a_stream_lane_reads_back_from_its_registry_entry() {
+        let keys = Keys::new("zdelay", 16);
+        let slot = keys::slot_of("events");
+        let lane = parse_entry(&keys, "s", &format!("1k local {slot} XADD events"))
+            .expect("an XADD entry");
+        assert_eq!(lane.push, Push::Xadd);
+        assert_eq!(lane.marker(), "2 1k XADD events");
+        assert_eq!(
+            parse_entry(&keys, "s", &format!("1k local {slot} SADD events")),
+            None
+        );
+    }
 }
