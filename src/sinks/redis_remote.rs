@@ -180,7 +180,23 @@ impl RedisRemoteSink {
                 .any(|&i| out[i] == Outcome::Delivered)
                 .then_some((*target, trim))
         });
-        let calls = trims.flat_map(|(target, trim)| {
+        let trims: Vec<_> = trims.collect();
+        if trims.is_empty() {
+            return;
+        }
+        // MINID from the server's clock: the entry ids are its milliseconds.
+        let now_ms = if trims.iter().any(|(_, t)| t.max_age_ms.is_some()) {
+            match store::server_time_ms(&mut con.clone()).await {
+                Ok(ms) => Some(ms),
+                Err(e) => {
+                    tracing::warn!(sink = %self.name, error = %e, "reading the time to trim streams");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let calls = trims.into_iter().flat_map(|(target, trim)| {
             let max_len = trim.max_len.map(|n| {
                 redis::cmd("XTRIM")
                     .arg(target)
@@ -189,13 +205,16 @@ impl RedisRemoteSink {
                     .arg(n)
                     .clone()
             });
-            // MINID from the server's clock: the entry ids are its milliseconds.
-            let max_age = trim.max_age_ms.map(|age| {
-                redis::cmd("EVAL")
-                    .arg(TRIM_MIN_AGE)
-                    .arg(1)
+            let min_id = now_ms
+                .zip(trim.max_age_ms)
+                .map(|(now, age)| now - age as i64)
+                .filter(|min_id| *min_id > 0);
+            let max_age = min_id.map(|min_id| {
+                redis::cmd("XTRIM")
                     .arg(target)
-                    .arg(age)
+                    .arg("MINID")
+                    .arg("~")
+                    .arg(min_id)
                     .clone()
             });
             [max_len, max_age].into_iter().flatten()
@@ -247,13 +266,6 @@ impl RedisRemoteSink {
         }
     }
 }
-
-/// Trims the stream KEYS[1] to the entries of the last ARGV[1] ms of the server's clock
-/// (`XTRIM MINID ~`, whole nodes, at most 10000 entries a call).
-const TRIM_MIN_AGE: &str = "local t = redis.call('TIME') \
-    local min_id = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[1]) \
-    if min_id > 0 then return redis.call('XTRIM', KEYS[1], 'MINID', '~', string.format('%d', min_id)) end \
-    return 0";
 
 /// One job's stream entry: `XADD <stream> [IDMP zdelay <key>] * payload <payload> zdelay-id
 /// <key>`, then `traceparent` and `tracestate` when it has them, then `h:<name>` per other

@@ -654,3 +654,86 @@ trim_max_len = 10
         "nothing written but the list that was there"
     );
 }
+
+/// A stream on another Redis is trimmed as its route says after each batch it appended to.
+#[test]
+fn a_remote_stream_is_trimmed_as_its_route_says() {
+    let scheduler = RedisServer::start();
+    let target = RedisServer::start();
+    let mut tcon = target.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("stream-node-max-entries")
+        .arg(10)
+        .query(&mut tcon)
+        .unwrap();
+    for seq in 1..=20 {
+        let _: String = redis::cmd("XADD")
+            .arg("aged")
+            .arg(format!("1-{seq}"))
+            .arg("payload")
+            .arg("ancient")
+            .query(&mut tcon)
+            .unwrap();
+    }
+    let config = TestConfig::new(
+        &scheduler.url(),
+        2,
+        &format!(
+            r#"
+[poller]
+idle_poll = "50ms"
+
+[sinks.other]
+kind = "redis"
+url = "{}"
+
+[[routes]]
+name = "s"
+sink = "other"
+target = "{STREAM}"
+push = "xadd"
+trim_max_len = 100
+
+[[routes]]
+name = "aged"
+sink = "other"
+target = "aged"
+push = "xadd"
+trim_max_age = "1h"
+"#,
+            target.url()
+        ),
+    );
+    let rt = common::runtime();
+    let client = config.client(&rt);
+    enqueue(
+        &rt,
+        &client,
+        (0..1_000)
+            .map(|i| NewJob::new("s", format!("p{i}")))
+            .collect(),
+    );
+    enqueue(
+        &rt,
+        &client,
+        (0..30)
+            .map(|i| NewJob::new("aged", format!("n{i}")))
+            .collect(),
+    );
+    let _daemon = Daemon::start(&config);
+    let mut scon = scheduler.conn();
+    wait_for("every job appended", Duration::from_secs(30), || {
+        common::spread_total(&mut scon, 2, "due") == 0
+            && common::spread_total(&mut scon, 2, "inflight") == 0
+    });
+    let len = xlen(&mut tcon, STREAM);
+    assert!((100..110).contains(&len), "about 100 entries kept: {len}");
+    let aged = xrange(&mut tcon, "aged");
+    assert!(
+        aged.iter()
+            .all(|e| e.field("payload").unwrap() != "ancient"),
+        "entries older than trim_max_age are trimmed"
+    );
+    assert_eq!(aged.len(), 30, "the new entries stay");
+}
