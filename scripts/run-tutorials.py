@@ -67,6 +67,7 @@ PAGES = [
     ("docs/brokers/kafka.md", ["kafka"]),
     ("docs/brokers/rabbitmq.md", ["amqp"]),
     ("docs/brokers/nats.md", ["nats"]),
+    ("docs/brokers/redis-streams.md", []),
     ("docs/guides/kubernetes.md", ["helm"]),
     ("clients/python/README.md", ["python"]),
     ("clients/node/README.md", ["node"]),
@@ -78,6 +79,7 @@ INLINE_CONFIGS = {
     "docs/brokers/kafka.md": "config/examples/kafka.toml",
     "docs/brokers/rabbitmq.md": "config/examples/rabbitmq.toml",
     "docs/brokers/nats.md": "config/examples/nats.toml",
+    "docs/brokers/redis-streams.md": "config/examples/streams.toml",
 }
 
 # What a page's work dir holds: the repository's files the pages name, as in a checkout.

@@ -110,6 +110,11 @@ async fn serve(
         // Tests restart Redis in this window.
         zdelay_core::failpoint::hold("start_up_hold_after_connect").await;
         let server = store::check_server(&mut con).await?;
+        // Before anything is written: a stream route whose key holds a list would kill
+        // every job.
+        if let Some(why) = store::lanes::stream_key_conflict(&mut con, &config).await? {
+            anyhow::bail!(why);
+        }
         let shards = store::ensure_schema(&mut con, &keys)
             .await
             .map_err(|e| match e {

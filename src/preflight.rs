@@ -85,6 +85,21 @@ async fn redis_checks(config: &Config) -> Vec<Check> {
     let keys = Keys::new(&config.redis.namespace, config.redis.shards);
     checks.push(rights(config, &keys, &mut con).await);
     checks.push(namespace(config, &keys, &mut con).await);
+    let streams = Routes::from_config(config)
+        .local()
+        .iter()
+        .any(|r| r.push.is_stream());
+    if streams {
+        checks.push(
+            match store::lanes::stream_key_conflict(&mut con, config).await {
+                Ok(None) => {
+                    Check::pass("streams", "every stream route's key is a stream or absent")
+                }
+                Ok(Some(why)) => Check::fail("streams", why, None),
+                Err(e) => Check::fail("streams", e.to_string(), None),
+            },
+        );
+    }
     checks
 }
 
@@ -128,10 +143,24 @@ async fn rights(config: &Config, keys: &Keys, con: &mut Conn) -> Check {
             c
         }),
     ];
-    for list in Routes::from_config(config).lists() {
-        let mut c = redis::cmd("LREM");
-        c.arg(list).arg(0).arg(NOBODY);
-        tries.push((format!("LREM {list} (a route's list)"), c));
+    for route in Routes::from_config(config).local() {
+        let key = &route.list;
+        if tries
+            .iter()
+            .any(|(what, _)| what.contains(&format!(" {key} (a route's")))
+        {
+            continue;
+        }
+        if route.push.is_stream() {
+            // An entry id no one appends (zdelay's and clients' entries have real times).
+            let mut c = redis::cmd("XDEL");
+            c.arg(key).arg("0-1");
+            tries.push((format!("XDEL {key} (a route's stream)"), c));
+        } else {
+            let mut c = redis::cmd("LREM");
+            c.arg(key).arg(0).arg(NOBODY);
+            tries.push((format!("LREM {key} (a route's list)"), c));
+        }
     }
     for source in &config.sources {
         for key in [source.key.clone(), source.keys().dead] {

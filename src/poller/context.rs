@@ -32,6 +32,8 @@ pub struct MoverSettings {
     pub bounds_ms: Vec<u64>,
     /// Flow control of the routes that have any, by route name.
     pub flows: HashMap<String, zdelay_core::config::RouteFlow>,
+    /// Trimming of the stream routes that have any, by route name.
+    pub trims: HashMap<String, zdelay_core::config::StreamTrim>,
 }
 
 /// How two-phase jobs are claimed, and what happens to them after their sink answered.
@@ -64,6 +66,11 @@ impl MoverSettings {
                 .routes
                 .iter()
                 .filter_map(|r| Some((r.name.clone(), r.flow()?)))
+                .collect(),
+            trims: config
+                .routes
+                .iter()
+                .filter_map(|r| Some((r.name.clone(), r.trim()?)))
                 .collect(),
         }
     }

@@ -117,6 +117,7 @@ async fn move_taking(
                 batch_bytes: m.batch_bytes,
                 bounds_ms: &m.bounds_ms,
                 flow: m.flows.get(&lane.route),
+                trim: m.trims.get(&lane.route),
             };
             scripts::move_lane(&mut con, lane, &args).await
         }

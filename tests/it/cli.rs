@@ -828,7 +828,7 @@ fn the_example_configs_pass_check_config() {
         .map(|e| e.expect("entry").path())
         .collect();
     names.sort();
-    let expected = ["cluster", "kafka", "nats", "rabbitmq", "tls"];
+    let expected = ["cluster", "kafka", "nats", "rabbitmq", "streams", "tls"];
     let stems: Vec<String> = names
         .iter()
         .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())

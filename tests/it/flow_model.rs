@@ -99,6 +99,7 @@ impl Rig {
             batch_bytes: 4 << 20,
             bounds_ms: &[1, 10, 100, 1000],
             flow,
+            trim: None,
         };
         self.rt
             .block_on(scripts::move_lane(&mut self.con, &self.lane, &args))

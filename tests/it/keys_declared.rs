@@ -436,6 +436,7 @@ route = "m"
             batch_bytes: 1 << 20,
             bounds_ms: &[1, 10],
             flow: Some(&flow),
+            trim: None,
         };
         let moved = rt
             .block_on(scripts::move_lane(&mut lcon, &lane, &args))

@@ -78,6 +78,7 @@ impl Setup {
             batch_bytes,
             bounds_ms: BOUNDS,
             flow: None,
+            trim: None,
         };
         self.rt
             .block_on(scripts::move_lane(&mut self.con, &self.lane, &args))
@@ -129,6 +130,7 @@ impl Setup {
             batch_bytes: 4 << 20,
             bounds_ms: BOUNDS,
             flow: None,
+            trim: None,
         };
         self.rt
             .block_on(scripts::move_lane(&mut self.con, &self.lane, &args))

@@ -47,6 +47,7 @@ mod schedules;
 mod secure;
 mod seeds;
 mod soak;
+mod streams;
 mod trace;
 mod two_phase;
 mod unique;

@@ -30,6 +30,9 @@ pub enum Mode {
     /// never holds and with one that holds (`--rate`'s first value, jobs/s; not part of
     /// `all`).
     Flow,
+    /// A stream route (`push = "xadd"`) drained by its move script, in turn with a bare Lua
+    /// XADD move of the same jobs on the same server state (not part of `all`).
+    Stream,
     /// What an idle daemon costs Redis and itself, per config of `--routes` local routes and
     /// `--sources` raw sources at `--shards` shards, over `--duration` (60 s unless given),
     /// once its wake-ups are confirmed (not part of `all`).

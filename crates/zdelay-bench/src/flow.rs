@@ -71,6 +71,7 @@ pub(super) async fn flow(env: &mut Env) -> anyhow::Result<FlowBench> {
             batch_bytes: env.config.poller.batch_bytes,
             bounds_ms: LATENESS_BOUNDS_MS,
             flow: flow.as_ref(),
+            trim: None,
         };
         let mut probe = env.con.clone();
         let cpu0 = redis_cpu_at(&mut probe, &lane.list).await?;
@@ -198,6 +199,7 @@ async fn unique_memory(env: &mut Env) -> anyhow::Result<(f64, f64)> {
         batch_bytes: env.config.poller.batch_bytes,
         bounds_ms: LATENESS_BOUNDS_MS,
         flow: None,
+        trim: None,
     };
     let mut moved = 0;
     while moved < n {
@@ -274,6 +276,7 @@ async fn key_burst(env: &mut Env) -> anyhow::Result<KeyBurst> {
         batch_bytes: env.config.poller.batch_bytes,
         bounds_ms: LATENESS_BOUNDS_MS,
         flow: Some(&flow),
+        trim: None,
     };
     status("flow: one key's burst ahead of another's: draining");
     let others = &ids[n as usize..];

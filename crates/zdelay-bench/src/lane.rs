@@ -37,6 +37,7 @@ pub(super) async fn lane(env: &mut Env) -> anyhow::Result<LaneBench> {
         batch_bytes: env.config.poller.batch_bytes,
         bounds_ms: LATENESS_BOUNDS_MS,
         flow: None,
+        trim: None,
     };
     let mut rounds = Vec::new();
     for round in 1..=env.args.rounds {

@@ -64,6 +64,7 @@ mod same_ms;
 mod schedules;
 mod scratch;
 mod steady;
+mod stream;
 mod tally;
 mod upgrade;
 
@@ -203,7 +204,10 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
             batch <= 1000,
             "--daemons: the daemon allows --batch up to 1000"
         );
-    } else if cluster && args.route.is_none() && !matches!(args.mode, Mode::Lane | Mode::Flow) {
+    } else if cluster
+        && args.route.is_none()
+        && !matches!(args.mode, Mode::Lane | Mode::Flow | Mode::Stream)
+    {
         bail!(
             "redis.cluster_nodes is set: the in-process modes need one Redis (their bare \
              baselines and raw source push across slots); on a cluster run \
@@ -273,6 +277,7 @@ pub async fn run(config: Config, args: BenchArgs) -> anyhow::Result<()> {
         console: None,
         lane: None,
         flow: None,
+        stream: None,
         idle: None,
         upgrade: None,
     };
@@ -416,6 +421,9 @@ async fn run_modes(env: &mut Env, report: &mut Report) -> anyhow::Result<()> {
     }
     if env.args.mode == Mode::Flow {
         report.flow = Some(flow::flow(env).await?);
+    }
+    if env.args.mode == Mode::Stream {
+        report.stream = Some(stream::stream(env).await?);
     }
     if env.args.mode == Mode::Upgrade {
         report.upgrade = Some(upgrade::upgrade(env).await?);

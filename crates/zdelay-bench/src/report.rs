@@ -24,6 +24,8 @@ pub(super) struct Report {
     pub(super) lane: Option<LaneBench>,
     pub(super) flow: Option<FlowBench>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) stream: Option<StreamBench>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) idle: Option<Idle>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) upgrade: Option<UpgradeBench>,
@@ -383,6 +385,20 @@ pub(super) struct LaneBench {
     pub(super) memory: LaneMemory,
 }
 
+/// `--mode stream`: a stream route's lane drained by `move_lane` (XADD) against a bare Lua
+/// XADD move of the same jobs, one call of each in turn.
+#[derive(Debug, Serialize)]
+pub(super) struct StreamBench {
+    /// Round with the median ratio.
+    pub(super) lane: Throughput,
+    pub(super) bare: Throughput,
+    /// By wall time: lane jobs/s over bare jobs/s.
+    pub(super) ratio: f64,
+    /// By Redis CPU: bare CPU per job over lane CPU per job.
+    pub(super) cpu_ratio: f64,
+    pub(super) ratio_all_rounds: Vec<f64>,
+}
+
 /// `--mode flow`: one lane drained without flow control, with a rate that never holds and
 /// with one that holds.
 #[derive(Debug, Serialize)]
@@ -711,6 +727,9 @@ pub(super) fn render(r: &Report) -> String {
     if let Some(f) = &r.flow {
         render_flow(&mut s, f);
     }
+    if let Some(st) = &r.stream {
+        render_stream(&mut s, st);
+    }
     if let Some(idle) = &r.idle {
         render_idle(&mut s, idle);
     }
@@ -944,6 +963,37 @@ fn render_flow(s: &mut String, f: &FlowBench) {
         s,
         "  unique windows: {:.0} B per job waiting with one, {:.0} B per id remembered after delivery",
         f.unique_bytes_per_waiting_job, f.unique_bytes_per_remembered_id
+    );
+}
+
+fn render_stream(s: &mut String, st: &StreamBench) {
+    let _ = writeln!(
+        s,
+        "\nstream (one stream route's lane, one mover, all-due backlog; bare = id ZSET + payload HASH, one XADD per job)"
+    );
+    let _ = writeln!(
+        s,
+        "  {:<28} {:>9} {:>8} {:>11} {:>10} {:>7}",
+        "move", "jobs", "seconds", "jobs/s", "cpu s/M", "calls"
+    );
+    for (name, t) in [("move_lane, XADD", &st.lane), ("bare XADD move", &st.bare)] {
+        let _ = writeln!(
+            s,
+            "  {:<28} {:>9} {:>8.3} {:>11.0} {:>10.2} {:>7}",
+            name, t.jobs, t.seconds, t.jobs_per_sec, t.redis_cpu_s_per_million, t.script_calls
+        );
+    }
+    let rounds: Vec<String> = st
+        .ratio_all_rounds
+        .iter()
+        .map(|r| format!("{r:.2}"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "  vs the bare XADD move: wall {:.2} (rounds: {}), cpu {:.2}",
+        st.ratio,
+        rounds.join(" "),
+        st.cpu_ratio
     );
 }
 

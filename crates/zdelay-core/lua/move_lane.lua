@@ -1,6 +1,7 @@
--- move_lane: push one batch of a route lane's due jobs onto the route's list and remove them,
--- in one script (exactly once; the lane is in the list's hash slot, so on a cluster too). The
--- route is known from the keys: no job is parsed, no route table is passed.
+-- move_lane: push one batch of a route lane's due jobs onto the route's list (or append them to
+-- its stream) and remove them, in one script (exactly once; the lane is in the list's hash
+-- slot, so on a cluster too). The route is known from the keys: no job is parsed, no route
+-- table is passed.
 -- KEYS[1] due       ZSET   zdelay:{emj}:due:<route>       member = stored id, score = due ms
 -- KEYS[2] jobs      HASH   zdelay:{emj}:jobs:<route>      stored id -> payload (raw bytes)
 -- KEYS[3] meta      HASH   zdelay:{emj}:meta:<route>      stored id -> meta JSON (only jobs with meta)
@@ -10,14 +11,15 @@
 -- KEYS[7] reasons   HASH   zdelay:{emj}:reasons:<route>   stored id -> why it died
 -- KEYS[8] sched_due ZSET   zdelay:{emj}:sched_due:<route> schedule id -> its next occurrence (only
 --                                                         its head is read, for the reply)
--- KEYS[9] list      LIST   the route's list (its target, or target .. delayed_suffix)
+-- KEYS[9] list      LIST   the route's list (its target, or target .. delayed_suffix); a
+--                          STREAM when the push is XADD
 -- KEYS[10] flow     HASH   zdelay:{emj}:flow:<route>      the route's flow control: "tokens" and
 --                                                         "at" (the rate's bucket, refilled at
 --                                                         ms "at"), "held_since" (ms the route
 --                                                         has been held since, by its rate or
 --                                                         its list's bound; absent: flowing) and
 --                                                         "held_by" ("rate" or "max_length")
--- KEYS[11] marker   STRING zdelay:{emj}:lane:<route>      "2 <lane> <LPUSH|RPUSH> <list key>"
+-- KEYS[11] marker   STRING zdelay:{emj}:lane:<route>      "2 <lane> <LPUSH|RPUSH|XADD> <list key>"
 -- KEYS[12] unique   HASH   zdelay:{emj}:unique:<route>    stored id -> its unique_for window ms
 -- KEYS[13] windows  ZSET   zdelay:{emj}:windows:<route>   "u:<stored id>" -> ms until which it
 --                                                         is a duplicate (enqueue_lane)
@@ -28,13 +30,21 @@
 -- ARGV[4] largest payload in bytes; a larger one goes to dead
 -- ARGV[5] byte budget: payload bytes one call reads at most; a single larger payload still
 --   moves, alone
--- ARGV[6] "LPUSH" | "RPUSH" (as the marker says)
+-- ARGV[6] "LPUSH" | "RPUSH" | "XADD" (as the marker says)
 -- ARGV[7] B, the number of lateness bucket bounds; then B bounds in ms, ascending
 -- ARGV[8 + B] the route's rate in jobs per second ("" = none), ARGV[9 + B] its burst (jobs
 --   the bucket holds), ARGV[10 + B] the list's bound ("" = none: max_length), ARGV[11 + B] how
 --   long a held route waits before it looks at its list again, ms
 -- ARGV[12 + B] the header that names a job's key ("" = no per-key rate), ARGV[13 + B] the
 --   rate per key in jobs per second, ARGV[14 + B] the burst per key
+-- ARGV[15 + B] XADD only: the stream's length bound after the call ("" = none: trim_max_len),
+--   ARGV[16 + B] the age in ms past which entries are trimmed ("" = none: trim_max_age)
+-- XADD: each job is one stream entry ("*" id), its fields in this order: "payload" (the
+--   payload, raw bytes), "zdelay-id" ("<job id>:<due ms>": the generated id in its public
+--   form "~<lane>.<stored id>", or the user's id), then "traceparent" and "tracestate" when
+--   its headers have them, then "h:<name>" for each other header, names in byte order. After
+--   the appends, the stream is trimmed once: XTRIM MAXLEN ~ and XTRIM MINID ~ (now - age),
+--   each removing at most 10000 entries a call (Redis's default LIMIT for "~").
 -- Per key: each key has a bucket of its own (field "k:<key>" of the flow hash: "<tokens>
 --   <refilled at ms> <when it next has a whole token, ms>"); a job without the header, or
 --   without meta, has the key "". A job whose key has no whole token is put later instead of
@@ -49,6 +59,7 @@
 -- counts as deferral, not lateness: lateness (the buckets, the max lateness, and expiry by a
 -- job's max lateness) is measured up to the moment the route became held. A list key that is
 -- not a list is not a bound's reason to hold: the push sends the jobs to dead (wrong_type).
+-- For XADD the bound reads the stream's XLEN, and a key that is not a stream is the same.
 -- Returns move_due's reply shape for one route and no two-phase sink: { taken, now_us,
 --   next_due ("" when the lane is empty), max_lateness_ms, kept (jobs left due because their
 --   push failed, e.g. OOM), first push error ("" if none), moved,
@@ -85,6 +96,7 @@ local unique_key, windows_key = KEYS[12], KEYS[13]
 local max_payload = tonumber(ARGV[4])
 local budget_left = tonumber(ARGV[5])
 local push = ARGV[6]
+local stream = push == 'XADD'
 local bound_count = tonumber(ARGV[7])
 -- Bound b as a number, converted when first needed (a call compares a few of them).
 local bound_values = {}
@@ -123,7 +135,8 @@ if rate or max_length then
   if max_length then
     -- A key that is not a list has no length to keep below the bound: the push finds it
     -- and sends the jobs to dead, saying why, instead of every call failing here.
-    local len = redis.pcall('LLEN', list_key)
+    local len
+    if stream then len = redis.pcall('XLEN', list_key) else len = redis.pcall('LLEN', list_key) end
     if type(len) == 'number' then
       local room = max_length - len
       if room < allowed then
@@ -331,6 +344,75 @@ local function count_buckets()
   return tail[4] or ''
 end
 
+-- Stream entries: the public form of a stored id (generated: 12 characters of the stored id
+-- alphabet, shown as "~<lane>.<stored id>"; a user's id as stored).
+local id_prefix = '~' .. (string.match(ARGV[1], '^2 (%w+) ') or '') .. '.'
+local meta_present = nil
+local find = string.find
+local function public_id(id)
+  if #id == 12 and not find(id, '[^-0-9A-Z_a-z]') then return id_prefix .. id end
+  return id
+end
+-- "<id>:<due ms>"; a score put later by a key's rate ends in ".5": its whole milliseconds.
+local function zdelay_id(id, score)
+  if find(score, '.', 1, true) then score = string.format('%d', math.floor(tonumber(score))) end
+  return public_id(id) .. ':' .. score
+end
+-- The entry's fields after payload and zdelay-id: trace context first, then the other
+-- headers as "h:<name>", in byte order. A meta that is not JSON, or has no headers, adds none.
+local function header_fields(meta, args)
+  if not meta then return end
+  local ok, m = pcall(cjson.decode, meta)
+  if not ok or type(m) ~= 'table' or type(m.headers) ~= 'table' then return end
+  local h = m.headers
+  for _, name in ipairs({ 'traceparent', 'tracestate' }) do
+    if type(h[name]) == 'string' then
+      args[#args + 1] = name
+      args[#args + 1] = h[name]
+    end
+  end
+  local names = {}
+  for name, value in pairs(h) do
+    if type(value) == 'string' and name ~= 'traceparent' and name ~= 'tracestate' then
+      names[#names + 1] = name
+    end
+  end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    args[#args + 1] = 'h:' .. name
+    args[#args + 1] = h[name]
+  end
+end
+-- Pushes the jobs id_list[from..to], whose payloads are payload_list[from + shift ..
+-- to + shift]: one LPUSH/RPUSH, or one XADD per job. Returns how many went (a failed
+-- LPUSH/RPUSH changes nothing: 0) and the error that stopped it (nil: none). The jobs must
+-- still be in due (XADD reads their scores).
+local function push_jobs(id_list, payload_list, from, to, shift)
+  if not stream then
+    local res = redis.pcall(push, list_key, unpack(payload_list, from + shift, to + shift))
+    if type(res) == 'table' and res.err then return 0, res.err end
+    return to - from + 1, nil
+  end
+  local scores = redis.call('ZMSCORE', due_key, unpack(id_list, from, to))
+  if meta_present == nil then meta_present = redis.call('EXISTS', meta_key) == 1 end
+  local metas = {}
+  if meta_present then metas = redis.call('HMGET', meta_key, unpack(id_list, from, to)) end
+  for k = from, to do
+    local i = k - from + 1
+    local meta, res = metas[i], nil
+    local zid = zdelay_id(id_list[k], scores[i])
+    if meta then
+      local args = { list_key, '*', 'payload', payload_list[k + shift], 'zdelay-id', zid }
+      header_fields(meta, args)
+      res = redis.pcall('XADD', unpack(args))
+    else
+      res = redis.pcall('XADD', list_key, '*', 'payload', payload_list[k + shift], 'zdelay-id', zid)
+    end
+    if type(res) == 'table' and res.err then return i - 1, res.err end
+  end
+  return to - from + 1, nil
+end
+
 local payloads
 local done = false
 -- The reply's next_due when the fast path knows it.
@@ -352,10 +434,12 @@ if n > 0 and max_payload >= SMALL and not held_since and not large_listed()
   for i = 1, n, CHUNK do
     local j = math.min(n, i + CHUNK - 1)
     local part = redis.call('HMGET', jobs_key, unpack(ids, i, j))
-    local res = redis.pcall(push, list_key, unpack(part, 1, j - i + 1))
-    if type(res) == 'table' and res.err then break end
-    redis.call('HDEL', jobs_key, unpack(ids, i, j))
-    pushed = j
+    local went, err = push_jobs(ids, part, i, j, 1 - i)
+    if went > 0 then
+      redis.call('HDEL', jobs_key, unpack(ids, i, i + went - 1))
+      pushed = i + went - 1
+    end
+    if err then break end
   end
   if pushed > 0 then
     local rest = {}
@@ -383,9 +467,12 @@ if n > 0 then
   -- Fast path: no payload known to be missing or over max_payload, no max lateness in the lane.
   if clean ~= false and not held_since and redis.call('EXISTS', maxlate_key) == 0 then
     -- A failed push (a missing payload, not a list, out of memory) changed nothing: the
-    -- general path sorts it out.
-    local res = redis.pcall(push, list_key, unpack(payloads, 1, n))
-    if not (type(res) == 'table' and res.err) then
+    -- general path sorts it out. XADDs that stopped part way moved the jobs before the
+    -- failed one; the rest stay due for the next call.
+    local went = push_jobs(ids, payloads, 1, n, 0)
+    if went > 0 then
+      for i = n, went + 1, -1 do ids[i] = nil end
+      n = went
       moved = moved + n
       next_due = count_buckets()
       hdel_ids(jobs_key, ids, n)
@@ -441,16 +528,23 @@ if n > 0 and not done then
   end
   -- INVARIANT: push before removing, all inside this script; a failed push leaves its jobs due.
   if #out_ids > 0 then
-    local res = redis.pcall(push, list_key, unpack(out_payloads))
-    if type(res) == 'table' and res.err then
-      if string.sub(res.err, 1, 9) == 'WRONGTYPE' then
+    local went, err = push_jobs(out_ids, out_payloads, 1, #out_ids, 0)
+    if err and went > 0 then
+      -- XADDs that stopped part way: the jobs before the failed one moved, the rest stay due.
+      kept = #out_ids - went
+      kept_error = list_key .. ': ' .. err
+      for j = #out_ids, went + 1, -1 do out_ids[j] = nil end
+      moved = moved + went
+    elseif err then
+      if string.sub(err, 1, 9) == 'WRONGTYPE' then
         local t = redis.call('TYPE', list_key)['ok']
+        local wanted = stream and 'a stream' or 'a list'
         for j = 1, #out_ids do
-          to_dead(out_ids[j], 'WRONGTYPE: ' .. list_key .. ' holds a ' .. t .. ', not a list', DEAD_WRONGTYPE)
+          to_dead(out_ids[j], 'WRONGTYPE: ' .. list_key .. ' holds a ' .. t .. ', not ' .. wanted, DEAD_WRONGTYPE)
         end
       else
         kept = #out_ids
-        kept_error = list_key .. ': ' .. res.err
+        kept_error = list_key .. ': ' .. err
       end
       buckets = before.buckets
       max_lateness, deferred, deferral_ms = before.max_lateness, before.deferred, before.deferral_ms
@@ -495,6 +589,18 @@ if n > 0 and not done then
 end
 
 if not next_due then next_due = redis.call('ZRANGE', due_key, '0', '0', 'WITHSCORES')[2] or '' end
+-- A stream route's trimming, once a call that appended (XTRIM with "~" removes whole nodes,
+-- at most 10000 entries a call).
+if stream and moved > 0 then
+  local trim_max_len, trim_max_age = ARGV[flow_at + 7], ARGV[flow_at + 8]
+  if trim_max_len and trim_max_len ~= '' then
+    redis.call('XTRIM', list_key, 'MAXLEN', '~', trim_max_len)
+  end
+  if trim_max_age and trim_max_age ~= '' then
+    local min_id = now_ms - tonumber(trim_max_age)
+    if min_id > 0 then redis.call('XTRIM', list_key, 'MINID', '~', string.format('%d', min_id)) end
+  end
+end
 local held_by = 0
 if rate or max_length then
   -- Held: due work is left and the rate or the bound cut this call, or the route was held

@@ -1,9 +1,9 @@
 -- register_lane: give a local route its lane in the namespace's lane registry (storage layout 2),
 -- or confirm the one it has. Lane numbers are given out once and never reused.
--- KEYS[1] registry HASH zdelay:lanes  "r:<route>" -> "<lane> local <slot> <LPUSH|RPUSH> <list key>",
+-- KEYS[1] registry HASH zdelay:lanes  "r:<route>" -> "<lane> local <slot> <LPUSH|RPUSH|XADD> <list key>",
 --                                      "#<lane>" -> "<route> <slot> live|retired",
 --                                      "next" -> the last lane number given out
--- ARGV[1] route name; ARGV[2] the slot of its list; ARGV[3] "LPUSH" | "RPUSH"; ARGV[4] the list key
+-- ARGV[1] route name; ARGV[2] the slot of its list; ARGV[3] "LPUSH" | "RPUSH" | "XADD"; ARGV[4] the list (or stream) key
 -- ARGV[5] optional: the successor's number (base 36) when the list moved to another slot, taken
 --   from "next" by the caller before it retired the old lane (retire_lane) naming it
 -- ARGV[6] optional: "missing" for a producer, which registers a route the registry lacks and

@@ -411,6 +411,10 @@ fn duration_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
+fn optional_duration_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    duration_schema(generator)
+}
+
 /// Registers only the password part of a URL (the URL itself is not secret).
 fn register_secret_parts(url: &str) {
     for secret in url_secrets(url) {
@@ -567,6 +571,49 @@ fn validate_flow(
         && route.max_length.is_some()
     {
         bounded_destination(route, sink).map_err(|why| invalid(field("max_length"), why))?;
+    }
+    Ok(())
+}
+
+/// A stream route (`push = "xadd"`): on a Redis sink; trimming only there.
+fn validate_stream(
+    route: &RouteConfig,
+    sink: Option<&SinkConfig>,
+    field: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    if route.push.is_stream() {
+        if !matches!(sink, Some(SinkConfig::Redis(_))) {
+            return Err(invalid(
+                field("push"),
+                "\"xadd\" appends to a Redis stream: it needs a redis sink",
+            ));
+        }
+    } else {
+        let setting = if route.trim_max_len.is_some() {
+            Some("trim_max_len")
+        } else if route.trim_max_age.is_some() {
+            Some("trim_max_age")
+        } else {
+            None
+        };
+        if let Some(setting) = setting {
+            return Err(invalid(
+                field(setting),
+                "trims a stream: it applies with push = \"xadd\" only",
+            ));
+        }
+    }
+    if route.trim_max_len == Some(0) {
+        return Err(invalid(field("trim_max_len"), "must be at least 1"));
+    }
+    if route
+        .trim_max_age
+        .is_some_and(|age| age < Duration::from_millis(1))
+    {
+        return Err(invalid(
+            field("trim_max_age"),
+            "must be at least 1ms (a duration like \"24h\")",
+        ));
     }
     Ok(())
 }
@@ -1308,7 +1355,8 @@ pub enum OnMissing {
     Dead,
 }
 
-/// Which end of the list a job is pushed onto.
+/// How a Redis route's target receives a job: pushed onto either end of a list, or appended
+/// to a stream.
 #[derive(
     Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
 )]
@@ -1319,6 +1367,9 @@ pub enum Push {
     Lpush,
     /// `RPUSH`: consumers take with `BLPOP`.
     Rpush,
+    /// `XADD`: the target is a stream; each job is one entry (fields `payload`, `zdelay-id`,
+    /// then its trace context and headers), read with `XREADGROUP`/`XACK`.
+    Xadd,
 }
 
 impl Push {
@@ -1326,7 +1377,44 @@ impl Push {
         match self {
             Push::Lpush => "LPUSH",
             Push::Rpush => "RPUSH",
+            Push::Xadd => "XADD",
         }
+    }
+
+    /// The command that reads the target's length, for `max_length`.
+    pub fn length_command(self) -> &'static str {
+        match self {
+            Push::Lpush | Push::Rpush => "LLEN",
+            Push::Xadd => "XLEN",
+        }
+    }
+
+    /// The push a lane marker or registry entry names (`LPUSH`, `RPUSH`, `XADD`).
+    pub fn from_command(command: &str) -> Option<Push> {
+        match command {
+            "LPUSH" => Some(Push::Lpush),
+            "RPUSH" => Some(Push::Rpush),
+            "XADD" => Some(Push::Xadd),
+            _ => None,
+        }
+    }
+
+    pub fn is_stream(self) -> bool {
+        self == Push::Xadd
+    }
+}
+
+/// How a stream route trims its stream after appending, as the mover and the remote sink
+/// apply it: `XTRIM <stream> MAXLEN ~ <n>` and `XTRIM <stream> MINID ~ <now - age>`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamTrim {
+    pub max_len: Option<u64>,
+    pub max_age_ms: Option<u64>,
+}
+
+impl StreamTrim {
+    pub fn is_none(&self) -> bool {
+        self.max_len.is_none() && self.max_age_ms.is_none()
     }
 }
 
@@ -1340,13 +1428,32 @@ pub struct RouteConfig {
     /// A sink name from `[sinks]`.
     #[schemars(length(min = 1))]
     pub sink: String,
-    /// Where the sink delivers: a list key (Redis), a topic (Kafka), `exchange/routing-key`
+    /// Where the sink delivers: a list key (Redis; a stream key with `push = "xadd"`), a topic
+    /// (Kafka), `exchange/routing-key`
     /// (AMQP; `/q` = the default exchange, queue `q`) or a subject (NATS).
     #[schemars(length(min = 1))]
     pub target: String,
-    /// `lpush` (default; consumers `BRPOP`) or `rpush` (consumers `BLPOP`).
+    /// Redis routes: `lpush` (default; consumers `BRPOP`), `rpush` (consumers `BLPOP`), or
+    /// `xadd`: the target is a stream, each job one entry (consumer groups read it with
+    /// `XREADGROUP` and `XACK`).
     #[serde(default)]
     pub push: Push,
+    /// `push = "xadd"` only: after appending, the stream is trimmed to about this many
+    /// entries (`XTRIM MAXLEN ~`: Redis removes whole nodes, so up to 100 more may stay).
+    /// Entries are trimmed whether or not a consumer group has read them. Unset: no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub trim_max_len: Option<u64>,
+    /// `push = "xadd"` only: after appending, entries whose stream id is older than this on
+    /// the Redis clock are trimmed (`XTRIM MINID ~ <now - age>`, whole nodes), e.g. `"24h"`.
+    /// Unset: entries are kept whatever their age.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "optional_duration_schema")]
+    pub trim_max_age: Option<Duration>,
     /// Priority lane: due jobs go to `<target><suffix>`, e.g. `-delayed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
@@ -1373,7 +1480,7 @@ pub struct RouteConfig {
     pub burst: Option<u32>,
     /// The route is held while its destination holds this many messages
     /// or more (its consumers stopped or slow) and resumes as they drain it, so it never
-    /// grows past it: a list's length (local or remote Redis), a RabbitMQ queue's message
+    /// grows past it: a list's length or a stream's `XLEN` (local or remote Redis), a RabbitMQ queue's message
     /// count (target `/<queue>`), the messages of the JetStream stream that stores the
     /// subject. Refused on Kafka (a topic has no queue depth) and core NATS. Unset: no bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1446,6 +1553,8 @@ impl RouteConfig {
             sink: sink.into(),
             target: target.into(),
             push: Push::Lpush,
+            trim_max_len: None,
+            trim_max_age: None,
             delayed_suffix: None,
             priority: None,
             on_missing: Default::default(),
@@ -1484,6 +1593,15 @@ impl RouteConfig {
             max_length: self.max_length,
             per_key,
         })
+    }
+
+    /// Its stream trimming (`push = "xadd"`), `None` when it has none.
+    pub fn trim(&self) -> Option<StreamTrim> {
+        let trim = StreamTrim {
+            max_len: self.trim_max_len,
+            max_age_ms: self.trim_max_age.map(|d| d.as_millis() as u64),
+        };
+        (!trim.is_none()).then_some(trim)
     }
 
     /// Where due jobs land: the target, or its priority lane `<target><delayed_suffix>`.
@@ -2358,6 +2476,7 @@ impl Config {
                 ));
             }
             validate_flow(route, self.sinks.get(&route.sink), &field)?;
+            validate_stream(route, self.sinks.get(&route.sink), &field)?;
         }
         let mut keys = BTreeSet::new();
         for (i, source) in self.sources.iter().enumerate() {
@@ -2399,6 +2518,20 @@ impl Config {
                         "route {:?} is not defined; defined routes: {}",
                         source.route,
                         names.iter().copied().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+            if self
+                .routes
+                .iter()
+                .any(|r| r.name == source.route && r.push.is_stream())
+            {
+                return Err(invalid(
+                    field("route"),
+                    format!(
+                        "route {:?} appends to a stream (push = \"xadd\"): a raw source's \
+                         members are delivered to lists only",
+                        source.route
                     ),
                 ));
             }
@@ -2721,6 +2854,50 @@ user = "a"
             err("[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"q\"\n[[routes]]\nname=\"a\"\nsink=\"local\"\ntarget=\"r\"")
                 .contains("another route")
         );
+    }
+
+    #[test]
+    fn stream_routes_are_checked() {
+        let route = |extra: &str| {
+            format!("[[routes]]\nname=\"s\"\nsink=\"local\"\ntarget=\"events\"\n{extra}")
+        };
+        let ok = from_toml(&route(
+            "push=\"xadd\"\ntrim_max_len=1000\ntrim_max_age=\"24h\"",
+        ))
+        .expect("a stream route with trimming");
+        assert_eq!(ok.routes[0].push, Push::Xadd);
+        assert_eq!(
+            ok.routes[0].trim(),
+            Some(StreamTrim {
+                max_len: Some(1000),
+                max_age_ms: Some(86_400_000)
+            })
+        );
+        assert_eq!(
+            from_toml(&route("push=\"xadd\"")).unwrap().routes[0].trim(),
+            None
+        );
+        assert!(
+            err(&route("trim_max_len=10"))
+                .contains("routes[0] (s).trim_max_len: trims a stream: it applies with push")
+        );
+        assert!(err(&route("push=\"rpush\"\ntrim_max_age=\"1h\"")).contains("trim_max_age"));
+        assert!(err(&route("push=\"xadd\"\ntrim_max_len=0")).contains("at least 1"));
+        assert!(
+            err("[sinks.k]\nkind=\"kafka\"\nbrokers=\"127.0.0.1:9092\"\n[[routes]]\nname=\"s\"\nsink=\"k\"\ntarget=\"t\"\npush=\"xadd\"")
+                .contains("needs a redis sink")
+        );
+        assert!(
+            err(&format!(
+                "{}\n[[sources]]\nkey=\"raw\"\nroute=\"s\"",
+                route("push=\"xadd\"")
+            ))
+            .contains("appends to a stream")
+        );
+        for push in [Push::Lpush, Push::Rpush, Push::Xadd] {
+            assert_eq!(Push::from_command(push.command()), Some(push));
+        }
+        assert_eq!(Push::from_command("SADD"), None);
     }
 
     #[test]

@@ -511,7 +511,7 @@ pub struct LaneKeys {
     /// and since when it is held (`held_since`). Only for routes with a `rate` or a
     /// `max_length`.
     pub flow: String,
-    /// STRING: the lane marker, `2 <lane> <LPUSH|RPUSH> <list key>` while live.
+    /// STRING: the lane marker, `2 <lane> <LPUSH|RPUSH|XADD> <list key>` while live.
     pub marker: String,
     /// HASH and ZSET: unique windows and debounce deadlines, as [`ShardKeys::unique`] and
     /// [`ShardKeys::windows`]; taken after the marker.

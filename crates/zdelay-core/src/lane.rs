@@ -14,7 +14,7 @@ pub struct Lane {
     /// Given out once per lane by the registry, never reused.
     pub number: u32,
     pub route: String,
-    /// The list the lane's jobs are pushed onto.
+    /// The list the lane's jobs are pushed onto (the stream, for `XADD`).
     pub list: String,
     pub push: Push,
     pub keys: LaneKeys,
@@ -47,7 +47,7 @@ impl Lane {
         Lane::new(namespace, tag, number, route, list, push)
     }
 
-    /// The marker a live lane holds: `2 <lane> <LPUSH|RPUSH> <list key>`. Every lane script
+    /// The marker a live lane holds: `2 <lane> <LPUSH|RPUSH|XADD> <list key>`. Every lane script
     /// refuses a call whose expected marker differs, so a lane is delivered only as registered.
     pub fn marker(&self) -> String {
         format!(
@@ -153,18 +153,14 @@ pub fn parse_retired(entry: &str) -> Option<RetiredLane> {
     })
 }
 
-/// One `r:<route>` entry: `<lane> local <slot> <LPUSH|RPUSH> <list key>` (the list key may
+/// One `r:<route>` entry: `<lane> local <slot> <LPUSH|RPUSH|XADD> <list key>` (the list key may
 /// hold spaces: it is the rest of the line).
 pub fn parse_entry(keys: &Keys, route: &str, entry: &str) -> Option<Lane> {
     let mut parts = entry.splitn(5, ' ');
     let number = crate::lane_id::parse_base36(parts.next()?)?;
     (parts.next()? == "local").then_some(())?;
     let slot: u16 = parts.next()?.parse().ok().filter(|s| *s < 16384)?;
-    let push = match parts.next()? {
-        "LPUSH" => Push::Lpush,
-        "RPUSH" => Push::Rpush,
-        _ => return None,
-    };
+    let push = Push::from_command(parts.next()?)?;
     let list = parts.next()?;
     (keys::slot_of(list) == slot).then_some(())?;
     Some(Lane::for_list(keys.namespace(), number, route, list, push))
@@ -181,5 +177,19 @@ mod tests {
         assert_eq!(lane.wake_name(), "l1k");
         assert_eq!(lane.keys.due, "zdelay:{emj}:due:emails");
         assert_eq!(lane.keys.marker, "zdelay:{emj}:lane:emails");
+    }
+
+    #[test]
+    fn a_stream_lane_reads_back_from_its_registry_entry() {
+        let keys = Keys::new("zdelay", 16);
+        let slot = keys::slot_of("events");
+        let lane = parse_entry(&keys, "s", &format!("1k local {slot} XADD events"))
+            .expect("an XADD entry");
+        assert_eq!(lane.push, Push::Xadd);
+        assert_eq!(lane.marker(), "2 1k XADD events");
+        assert_eq!(
+            parse_entry(&keys, "s", &format!("1k local {slot} SADD events")),
+            None
+        );
     }
 }

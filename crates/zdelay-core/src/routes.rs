@@ -384,11 +384,19 @@ impl Routes {
             .local
             .iter()
             .map(|route| {
-                format!(
-                    "route {}: list {}, moved exactly once from its route lane (in the list's \
-                     hash slot) inside the move script",
-                    route.name, route.list
-                )
+                if route.push.is_stream() {
+                    format!(
+                        "route {}: stream {}, appended (XADD) exactly once from its route lane \
+                         (in the stream's hash slot) inside the move script",
+                        route.name, route.list
+                    )
+                } else {
+                    format!(
+                        "route {}: list {}, moved exactly once from its route lane (in the \
+                         list's hash slot) inside the move script",
+                        route.name, route.list
+                    )
+                }
             })
             .collect();
         out.extend(

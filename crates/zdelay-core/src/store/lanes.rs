@@ -84,6 +84,27 @@ pub async fn every_lanes_windows(con: &mut Conn, keys: &Keys) -> Result<Vec<Stri
         .collect())
 }
 
+/// Why the local stream routes of `config` cannot run: the first whose key holds another type
+/// than a stream (a list, a hash), which would send every job to dead as `wrong_type`; `None`
+/// when every such key is a stream or absent. Reads only (`TYPE`).
+pub async fn stream_key_conflict(
+    con: &mut Conn,
+    config: &crate::config::Config,
+) -> Result<Option<String>, StoreError> {
+    let plan = crate::routes::LaneRoutes::from_config(config);
+    for route in plan.local.iter().filter(|r| r.push.is_stream()) {
+        let kind: String = redis::cmd("TYPE").arg(&route.list).query_async(con).await?;
+        if kind != "stream" && kind != "none" {
+            return Ok(Some(format!(
+                "route {} appends to the stream {} (push = \"xadd\"), but that key holds a \
+                 {kind}: rename the route's target, or delete or rename the key",
+                route.name, route.list
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// Gives the local route `route` (delivering to `list` with `push`) its lane, or confirms the
 /// one it has, and writes the lane's marker. A route whose list moved to another hash slot
 /// gets a new lane and its old one is retired: what that still holds waits there until

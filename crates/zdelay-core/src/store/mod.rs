@@ -821,6 +821,25 @@ pub const OLD_REDIS_HINT: &str = "install Redis 7.0 or newer, or Valkey: Debian 
 pub struct Server {
     pub name: String,
     pub supported: bool,
+    /// Whether `XADD` takes `IDMP <producer> <id>` (Redis 8.6 and newer): the server itself
+    /// drops a repeated append of the same id.
+    pub stream_idmp: bool,
+}
+
+/// Redis's first version whose `XADD` takes `IDMP`.
+pub const STREAM_IDMP_REDIS: (u32, u32) = (8, 6);
+
+/// Whether the server of these `INFO server` fields has `XADD … IDMP`: Redis 8.6 or newer. A
+/// Valkey reports a fixed `redis_version` (7.2.4) and has no `IDMP`.
+pub fn has_stream_idmp(info: &std::collections::HashMap<String, String>) -> bool {
+    !info.contains_key("valkey_version") && redis_version(info) >= STREAM_IDMP_REDIS
+}
+
+/// `redis_version` as (major, minor); (0, 0) when absent or unreadable.
+fn redis_version(info: &std::collections::HashMap<String, String>) -> (u32, u32) {
+    let compatible = info.get("redis_version").map_or("", String::as_str);
+    let mut parts = compatible.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
 impl Server {
@@ -836,12 +855,10 @@ impl Server {
 /// Reads `INFO server`: which server it is, and whether zdelay supports it.
 pub async fn probe_server(con: &mut Conn) -> Result<Server, StoreError> {
     let info = info(con, "server").await?;
-    let compatible = info.get("redis_version").cloned().unwrap_or_default();
-    let mut parts = compatible.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     Ok(Server {
         name: server_name(&info),
-        supported: version >= MIN_REDIS,
+        supported: redis_version(&info) >= MIN_REDIS,
+        stream_idmp: has_stream_idmp(&info),
     })
 }
 
@@ -1050,6 +1067,34 @@ pub fn parse_info(text: &str) -> std::collections::HashMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_idmp_is_redis_8_6_and_newer_never_valkey() {
+        let info = |fields: &[(&str, &str)]| {
+            fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::HashMap<_, _>>()
+        };
+        for (version, idmp) in [
+            ("7.0.15", false),
+            ("8.4.0", false),
+            ("8.5.9", false),
+            ("8.6.0", true),
+            ("8.10.1", true),
+            ("9.0.0", true),
+            ("", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(
+                has_stream_idmp(&info(&[("redis_version", version)])),
+                idmp,
+                "{version}"
+            );
+        }
+        let valkey = info(&[("redis_version", "9.9.9"), ("valkey_version", "9.1.2")]);
+        assert!(!has_stream_idmp(&valkey));
+    }
 
     #[test]
     fn slot_masters_parse() {

@@ -70,6 +70,7 @@ scripts!(
     bench_bare_move_raw,
     bench_bare_move_raw_checked,
     bench_bare_move_hash,
+    bench_bare_move_stream,
     enqueue_lane,
     move_lane,
     take_flow,
@@ -2724,6 +2725,8 @@ pub struct MoveLane<'a> {
     pub bounds_ms: &'a [u64],
     /// The route's flow control, when it has any.
     pub flow: Option<&'a crate::config::RouteFlow>,
+    /// A stream route's trimming, when it has any.
+    pub trim: Option<&'a crate::config::StreamTrim>,
 }
 
 /// How long a route held by its list's bound waits before it looks at the list again.
@@ -2776,6 +2779,9 @@ pub async fn move_lane(
         Some((header, rate, burst)) => inv.arg(header).arg(rate.to_string()).arg(burst),
         None => inv.arg("").arg("").arg(""),
     };
+    let optional = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+    inv.arg(optional(args.trim.and_then(|t| t.max_len)))
+        .arg(optional(args.trim.and_then(|t| t.max_age_ms)));
     let value: Value = inv.invoke(con).await?;
     MoveReply::parse(value, 1, args.bounds_ms.len())
 }
@@ -2967,6 +2973,25 @@ pub async fn bench_bare_move_hash(
         .key(due)
         .key(jobs)
         .key(list)
+        .arg(batch)
+        .arg(max_score)
+        .invoke(con)
+        .await
+}
+
+/// The same onto a stream: one `XADD` per job with its payload and `<id>:<due>`.
+pub async fn bench_bare_move_stream(
+    con: &mut Conn,
+    due: &str,
+    jobs: &str,
+    stream: &str,
+    batch: usize,
+    max_score: i64,
+) -> redis::RedisResult<u64> {
+    Call::new(&compiled::bench_bare_move_stream)
+        .key(due)
+        .key(jobs)
+        .key(stream)
         .arg(batch)
         .arg(max_score)
         .invoke(con)
