@@ -115,7 +115,7 @@ async fn serve(
         if let Some(why) = store::lanes::stream_key_conflict(&mut con, &config).await? {
             anyhow::bail!(why);
         }
-        let shards = store::ensure_schema(&mut con, &keys)
+        let shards = store::ensure_schema(&mut con, &keys, Some(config.testing.clock))
             .await
             .map_err(|e| match e {
                 StoreError::Resharding { from, to, .. } => {
@@ -154,6 +154,12 @@ async fn serve(
 
     let mut ctx = PollerContext::new(con.clone(), &config, sinks.clone());
     ctx.with_lanes(keys.clone(), lanes);
+    if con.clock().is_test() {
+        tracing::warn!(
+            namespace = keys.namespace(),
+            "the namespace has a test clock"
+        );
+    }
     ctx.tracer = HopTracer::from_config(&config.tracing).map_err(anyhow::Error::msg)?;
     // The heartbeat and the stats sampler (which reads every shard) get connections of
     // their own on a cluster, like each master's shards: nothing waits for a hung node it

@@ -233,7 +233,7 @@ pub fn config_page(schema: &Value) -> String {
 }
 
 const SECTION_ORDER: &[&str] = &[
-    "redis", "poller", "admin", "tracing", "sinks", "routes", "sources",
+    "redis", "poller", "admin", "tracing", "sinks", "routes", "sources", "testing",
 ];
 
 const CONFIG_INTRO: &str = "\

@@ -14,7 +14,7 @@ use zdelay_core::config::{Config, LOCAL_SINK, RouteConfig, ScoreUnit};
 use zdelay_core::keys::Keys;
 use zdelay_core::lane::Lane;
 use zdelay_core::routes::Routes;
-use zdelay_core::store::{self, Conn, scripts};
+use zdelay_core::store::{Conn, scripts};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Backlog {
@@ -143,7 +143,7 @@ pub async fn gather_sampled(
     mut sampler: Option<&mut LaneSampler>,
 ) -> redis::RedisResult<Stats> {
     let (keys, route_lanes) = read_layout(con, config, sampler.as_deref_mut()).await?;
-    let now_ms = store::server_time_ms(con).await?;
+    let now_ms = con.now_ms().await?;
     let lanes = match sampler {
         None => lane_backlogs(con, &route_lanes, now_ms).await?,
         Some(sampler) => {
@@ -830,7 +830,7 @@ pub async fn forecast(
     horizon: Horizon,
 ) -> anyhow::Result<Forecast> {
     let (keys, lanes) = read_layout(con, config, None).await?;
-    let now_ms = store::server_time_ms(con).await?;
+    let now_ms = con.now_ms().await?;
     let bounds: Vec<(i64, i64)> = (0..horizon.steps as i64)
         .map(|i| {
             let start = now_ms + i * horizon.step_ms as i64;

@@ -173,6 +173,8 @@ pub fn routes(prefix: &str) -> Router<ApiState> {
         .route(&at("/schedules/{id}/pause"), post(schedule_pause))
         .route(&at("/schedules/{id}/resume"), post(schedule_resume))
         .route(&at("/schedules/{id}/run"), post(schedule_run))
+        .route(&at("/clock"), get(clock_show))
+        .route(&at("/clock/advance"), post(clock_advance))
 }
 
 async fn stats(State(s): State<ApiState>, headers: HeaderMap) -> Answer {
@@ -293,7 +295,7 @@ async fn dead(State(s): State<ApiState>, headers: HeaderMap, Query(q): Query<Dea
     let c = s.console()?;
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_DEAD_LIMIT);
     let filter = q.filter()?;
-    let now_ms = zdelay_core::store::server_time_ms(&mut c.client.connection()).await?;
+    let now_ms = c.client.connection().now_ms().await?;
     let only = q.source(&c.config)?;
     let (mut jobs, mut complete) = (Vec::new(), true);
     if only.is_none() {
@@ -410,7 +412,7 @@ async fn schedules(
         None => IdleCursor::default(),
     };
     let mut con = c.client.connection();
-    let now_ms = zdelay_core::store::server_time_ms(&mut con).await?;
+    let now_ms = con.now_ms().await?;
     let counts = c.client.operator().schedule_counts().await?;
     let upcoming = c.client.operator().schedules_upcoming(limit).await?;
     let idle = c.client.operator().schedules_idle(from, IDLE_SCAN).await?;
@@ -703,4 +705,48 @@ async fn schedule_run(
         return Err(not_found(format!("no schedule {id}")));
     };
     Ok(Json(json!({ "ok": true, "job": job })))
+}
+
+/// `{"now_ms", "redis_ms", "offset_ms"}`: a test clock's reading.
+fn clock_answer(r: zdelay_core::store::clock::Reading) -> Json<Value> {
+    Json(json!({ "now_ms": r.now_ms(), "redis_ms": r.redis_ms, "offset_ms": r.offset_ms }))
+}
+
+/// A namespace without a test clock is a conflict with the request, not a fault.
+fn clock_error(e: ClientError) -> ApiError {
+    match e {
+        ClientError::Store(StoreError::NoTestClock { .. }) => {
+            ApiError(StatusCode::CONFLICT, e.to_string())
+        }
+        other => other.into(),
+    }
+}
+
+async fn clock_show(State(s): State<ApiState>, headers: HeaderMap) -> Answer {
+    s.may_read(&headers, Access::PublicRead)?;
+    let reading = s.console()?.client.clock().await.map_err(clock_error)?;
+    Ok(clock_answer(reading))
+}
+
+#[derive(Deserialize)]
+struct AdvanceQuery {
+    by: Option<String>,
+}
+
+async fn clock_advance(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Query(q): Query<AdvanceQuery>,
+) -> Answer {
+    let by_text = q.by.unwrap_or_default();
+    s.authorize(&headers, "clock advance", &by_text)?;
+    let by = zdelay_core::store::clock::parse_advance(&by_text)
+        .map_err(|why| bad_request(format!("by: {why}")))?;
+    let reading = s
+        .console()?
+        .client
+        .advance_clock(by)
+        .await
+        .map_err(clock_error)?;
+    Ok(clock_answer(reading))
 }

@@ -10,6 +10,7 @@
 
 mod batch;
 mod calendar;
+mod clock;
 mod dead;
 mod doctor;
 mod enqueue;
@@ -150,6 +151,12 @@ enum Command {
     Calendar {
         #[command(subcommand)]
         action: calendar::CalendarAction,
+    },
+    /// A test namespace's clock ([testing] clock = true): show it, or move it forward so
+    /// that jobs, schedules, leases and windows far ahead fall due now.
+    Clock {
+        #[command(subcommand)]
+        action: clock::ClockAction,
     },
     /// Dead jobs: list them (with filters), show one with its history, replay them (now or
     /// later, attempts reset), or purge them.
@@ -487,10 +494,15 @@ impl ConfigOrigin {
 }
 
 async fn client(config: &Config) -> anyhow::Result<Client> {
-    Ok(Client::connect(&config.redis)
-        .await?
-        .with_routes(Routes::from_config(config))
-        .with_max_payload(config.poller.max_payload))
+    // With [testing] clock = true a namespace the CLI creates gets a test clock, so the daemon
+    // started later agrees, and a production one is refused; without it the CLI takes the
+    // namespace as it is (a test's commands need not repeat the setting).
+    Ok(
+        Client::connect_testing(&config.redis, config.testing.clock.then_some(true))
+            .await?
+            .with_routes(Routes::from_config(config))
+            .with_max_payload(config.poller.max_payload),
+    )
 }
 
 async fn operate(
@@ -599,6 +611,7 @@ async fn operate(
             }
             Ok(0)
         }
+        Command::Clock { action } => clock::run(client, action).await,
         Command::Dead { action } => dead::run(client, config, action).await,
         Command::Schedule { action } => schedule::run(client, action).await,
         Command::Calendar { action } => calendar::run(client, action).await,

@@ -573,7 +573,9 @@ async fn lane_wait(ctx: &PollerContext, lane: &Lane) -> redis::RedisResult<Optio
     if marker.as_deref() != Some(lane.marker().as_str()) {
         return Ok(Some(Duration::ZERO));
     }
-    let now_ms = time.0 as f64 * 1000.0 + time.1 as f64 / 1000.0;
+    // A test clock's offset (no I/O without one): the heads are in its time.
+    let offset_ms = con.clock_offset_ms().await? as f64;
+    let now_ms = time.0 as f64 * 1000.0 + time.1 as f64 / 1000.0 + offset_ms;
     Ok(due
         .iter()
         .chain(&schedule)

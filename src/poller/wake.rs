@@ -39,6 +39,8 @@ pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The probe's payload (the wake channel's other messages start with a shard number).
 const PROBE: &str = "probe";
+/// What `zdelay clock advance` publishes: `"clock <offset ms>"`.
+const CLOCK: &str = "clock ";
 
 /// A daemon's route lanes make at most this many targets' worth of fallback polls per
 /// `idle_poll_max` while wake-ups are confirmed (the default shard count).
@@ -276,6 +278,17 @@ impl Wakers {
         pollers.values().for_each(|n| n.notify_one());
     }
 
+    fn wake_all_publishers(&self) {
+        let publishers = self
+            .publishers
+            .read()
+            .expect("publishers lock is never poisoned");
+        publishers
+            .values()
+            .flatten()
+            .for_each(|(_, n)| n.notify_one());
+    }
+
     /// Wakes whom a message concerns; true when it is a probe.
     fn dispatch(&self, channels: &Channels, msg: &redis::Msg) -> bool {
         let channel = msg.get_channel_name();
@@ -283,6 +296,13 @@ impl Wakers {
             let payload = String::from_utf8_lossy(msg.get_payload_bytes());
             if payload == PROBE {
                 return true;
+            }
+            if payload.starts_with(CLOCK) {
+                // A test clock moved: whatever any poller sleeps until may be due now.
+                self.wake_all();
+                self.wake_all_publishers();
+                ::metrics::counter!(WAKEUPS, "cause" => "clock").increment(1);
+                return false;
             }
             if payload.starts_with('q') {
                 if self.wake_queued(&payload) {

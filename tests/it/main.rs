@@ -11,6 +11,7 @@ mod broker_security;
 mod calendars;
 mod cli;
 mod cli_grammar;
+mod clock;
 mod cluster;
 mod common;
 mod console;

@@ -19,6 +19,7 @@
 -- ARGV[2] sink name; ARGV[3] batch size, at most 1000; ARGV[4] lease in ms
 -- ARGV[5] byte budget: the claimed envelopes' bytes stop at it (sizes read with HSTRLEN before
 --   anything is read); a single envelope larger than the budget is claimed alone
+-- ARGV[6] "now" in ms; "" = Redis TIME (a namespace's test clock passes its time)
 -- Returns: { now_us, lease deadline ms, token ("" when nothing was claimed), more (1 when the
 --   budget cut the batch: more jobs wait), the earliest lease deadline in inflight after the call
 --   ms ("" when nothing is in flight: the next time a job may come back for a sink without a
@@ -33,8 +34,8 @@ local jobs_key, inflight_key, scheduled_key, ready_key, ready_ids_key = KEYS[1],
 local sink, batch, lease_ms, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local claims_key = KEYS[7]
 -- @include lease
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- @include clock
+local now_us = clock_us(tonumber(ARGV[6]))
 local deadline = math.floor(now_us / 1000) + lease_ms
 -- Every member of this sink starts with "<sink>\n"; "\n" is byte 10, so "<sink>\11" is past them.
 local function lease_head()

@@ -20,8 +20,8 @@
 local src, dead_key, reasons_key, claims_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local batch, unit_ms = tonumber(ARGV[1]), ARGV[2] == 'ms'
 local lease_ms, max_payload, budget_left = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- @include clock
+local now_us = clock_us()
 local now_ms = math.floor(now_us / 1000)
 local function in_unit(ms)
   if unit_ms then return string.format('%d', ms) end

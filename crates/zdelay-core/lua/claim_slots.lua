@@ -44,8 +44,10 @@
 local instances_key, slots_key, sources_key = KEYS[1], KEYS[2], KEYS[3]
 local me, ttl, per, shards = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local nonce, standing = ARGV[5], ARGV[6]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- @include clock
+-- Redis TIME, never a test clock: daemons' registrations live in real time, so moving a
+-- test clock expires none.
+local now = math.floor(clock_us() / 1000)
 
 local registration, taken_from = 0, '-'
 local current = redis.call('HGET', instances_key, me)

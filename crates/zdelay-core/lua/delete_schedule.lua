@@ -19,4 +19,5 @@
 -- Re-run safety: yes; a second run returns 0.
 local shard_marker = KEYS[6]
 -- @include shard_fence
+-- @include clock
 -- @include delete_schedule_body

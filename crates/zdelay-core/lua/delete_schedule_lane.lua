@@ -16,4 +16,5 @@
 -- Re-run safety: yes; a second run returns 0.
 local lane_marker = KEYS[6]
 -- @include lane_fence
+-- @include clock
 -- @include delete_schedule_body

@@ -10,4 +10,5 @@
 -- Re-run safety: yes (reads only).
 local shard_marker = KEYS[3]
 -- @include shard_fence
+-- @include clock
 -- @include due_schedules_body

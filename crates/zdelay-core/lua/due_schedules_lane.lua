@@ -13,4 +13,5 @@
 -- Re-run safety: yes (reads only).
 local lane_marker = KEYS[3]
 -- @include lane_fence
+-- @include clock
 -- @include due_schedules_body

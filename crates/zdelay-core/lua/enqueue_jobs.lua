@@ -21,7 +21,9 @@
 --   ("replace", but a job still waiting keeps its due no later than its first enqueue plus
 --   max_wait), then optionally " unique <ms>": once delivered or dead, the id is remembered for
 --   that long, and a call with " unique" finds an id remembered so answered 3 (duplicate)
---   whatever the policy.
+--   whatever the policy; then optionally " clock <ms>": the namespace's test clock's offset
+--   (its schema's clock_ms), added to Redis TIME wherever the call reads the time (a "+N" due,
+--   debounce, unique windows).
 -- ARGV[3] wake channel (zdelay:wake); ARGV[4] shard number, sent in the wake message
 -- ARGV[5..] quadruples: id, due, envelope, max lateness in ms ("" = none). due is epoch ms, or
 --   "+N" for N ms after Redis TIME.
@@ -69,6 +71,7 @@ local shard_marker = KEYS[10]
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key, max_lateness_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local unique_key, windows_key = KEYS[11], KEYS[12]
+-- @include clock
 -- @include enqueue_policy
 
 local stride = 4

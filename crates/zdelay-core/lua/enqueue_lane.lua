@@ -21,7 +21,8 @@
 --   error ZDELAY_LANE_MOVED <successor> (retired: re-read the lane registry), ZDELAY_LANE_CHANGED
 --   <marker> (re-read the registry), ZDELAY_NO_LANE (no marker: no daemon registered the route)
 -- ARGV[2] policy for an id that exists (waiting or dead): "replace" | "keep" | "error" |
---   "debounce <max_wait ms>", then optionally " unique <ms>" (as in enqueue_jobs)
+--   "debounce <max_wait ms>", then optionally " unique <ms>", then optionally " clock <ms>" (as
+--   in enqueue_jobs)
 -- ARGV[3] wake channel (zdelay:wake); ARGV[4] the lane's wake name ("l<lane>"), sent with the due
 -- ARGV[5..] quintuples: id, due, payload, meta JSON ("" = none), max lateness in ms ("" = none).
 --   due is epoch ms, or "+N" for N ms after Redis TIME.
@@ -65,6 +66,7 @@ local lane_marker = KEYS[8]
 local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, reasons_key = KEYS[6], KEYS[7]
 local unique_key, windows_key = KEYS[9], KEYS[10]
+-- @include clock
 -- @include enqueue_policy
 
 local stride = 5

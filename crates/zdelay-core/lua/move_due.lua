@@ -83,12 +83,8 @@ local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
 local max_lateness_key, sched_due_key = KEYS[9], KEYS[10]
 local batch = tonumber(ARGV[2])
 local now_us
-if ARGV[3] ~= '' then
-  now_us = tonumber(ARGV[3]) * 1000
-else
-  local t = redis.call('TIME')
-  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- @include clock
+now_us = clock_us(tonumber(ARGV[3]))
 local now_ms = math.floor(now_us / 1000)
 local unique_key, windows_key = KEYS[14], KEYS[15]
 local claims_key = KEYS[12]

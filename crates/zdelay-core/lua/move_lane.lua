@@ -84,12 +84,8 @@ local due_key, jobs_key, meta_key, maxlate_key, large_key = KEYS[1], KEYS[2], KE
 local dead_key, reasons_key, sched_due_key, list_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local flow_key = KEYS[10]
 local now_us
-if ARGV[3] ~= '' then
-  now_us = tonumber(ARGV[3]) * 1000
-else
-  local t = redis.call('TIME')
-  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- @include clock
+now_us = clock_us(tonumber(ARGV[3]))
 local now_ms = math.floor(now_us / 1000)
 local unique_key, windows_key = KEYS[12], KEYS[13]
 -- @include remember

@@ -27,12 +27,8 @@
 local src, list, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local batch = tonumber(ARGV[1])
 local now_us
-if ARGV[2] ~= '' then
-  now_us = tonumber(ARGV[2]) * 1000
-else
-  local t = redis.call('TIME')
-  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- @include clock
+now_us = clock_us(tonumber(ARGV[2]))
 local now_ms = math.floor(now_us / 1000)
 local unit_ms = ARGV[3] == 'ms'
 local max_payload = tonumber(ARGV[4])

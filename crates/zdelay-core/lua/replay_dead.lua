@@ -110,4 +110,5 @@ local function revive(id)
   end
   return true
 end
+-- @include clock
 -- @include replay_dead_body

@@ -36,4 +36,5 @@ local function revive(id)
   if redis.call('HSTRLEN', jobs_key, id) > SMALL then redis.call('SADD', large_key, id) end
   return true
 end
+-- @include clock
 -- @include replay_dead_body

@@ -27,12 +27,8 @@ local due_key, maxlate_key, large_key, dead_key, reasons_key = KEYS[1], KEYS[2],
 local unique_key, windows_key = KEYS[7], KEYS[8]
 local batch = math.max(1, math.min(tonumber(ARGV[2]) or 1, 1000))
 local now_ms
-if ARGV[3] ~= '' then
-  now_ms = tonumber(ARGV[3])
-else
-  local t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- @include clock
+now_ms = math.floor(clock_us(tonumber(ARGV[3])) / 1000)
 -- @include remember
 -- @include lane_kill
 local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', now_ms, 'LIMIT', '0', batch + 1)

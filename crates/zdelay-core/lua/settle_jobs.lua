@@ -24,8 +24,9 @@
 --   move jobs in flight only once they are settled, and the token fences the settle.
 -- ARGV[2] the claim's token (claim_jobs), the fence
 -- ARGV[3] wake channel; ARGV[4] shard number
--- ARGV[5] A, the number of jobs delivered (acked: each is removed); then their A ids
--- ARGV[6 + A..] quadruples for the others: op, id, a, b
+-- ARGV[5] "now" in ms; "" = Redis TIME (a namespace's test clock passes its time)
+-- ARGV[6] A, the number of jobs delivered (acked: each is removed); then their A ids
+-- ARGV[7 + A..] quadruples for the others: op, id, a, b
 --   "retry"   back to due at a (ms); b = envelope with attempt and last_error updated
 --             (retry, release and due keep the scheduled due in KEYS[6], so the idempotency key
 --             holds)
@@ -53,8 +54,8 @@ end
 local due_key, jobs_key, inflight_key, dead_key, reasons_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local scheduled_key, ready_key, ready_ids_key = KEYS[6], KEYS[7], KEYS[8]
 local token = ARGV[2]
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- @include clock
+local now_ms = math.floor(clock_us(tonumber(ARGV[5])) / 1000)
 local unique_key, windows_key = KEYS[11], KEYS[12]
 local claims_key = KEYS[9]
 -- @include remember
@@ -63,10 +64,10 @@ local settled, fenced = 0, 0
 local earliest = nil
 -- Ownership of the whole batch in one read: a job is ours while its inflight score is this
 -- claim's.
-local acks = tonumber(ARGV[5])
+local acks = tonumber(ARGV[6])
 local ids = {}
-for i = 6, 5 + acks do ids[#ids + 1] = ARGV[i] end
-for i = 7 + acks, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
+for i = 7, 6 + acks do ids[#ids + 1] = ARGV[i] end
+for i = 8 + acks, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
 if #ids == 0 then return { 0, 0 } end
 local leased = redis.call('ZMSCORE', inflight_key, unpack(ids))
 local ours = token_score(token)
@@ -83,7 +84,7 @@ for n = 1, #ids do
     if n <= acks then
       acked[#acked + 1] = id
     else
-      local at = 6 + acks + 4 * (n - acks - 1)
+      local at = 7 + acks + 4 * (n - acks - 1)
       local op, a, b = ARGV[at], ARGV[at + 2], ARGV[at + 3]
       redis.call('ZREM', inflight_key, id)
       if op ~= 'dead' then

@@ -21,8 +21,8 @@
 -- Re-run safety: yes; after a first run the fence no longer matches.
 local src, dead_key, reasons_key, claims_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local deadline, unit_ms = tonumber(ARGV[1]), ARGV[2] == 'ms'
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- @include clock
+local now_ms = math.floor(clock_us() / 1000)
 local function in_unit(ms)
   if unit_ms then return string.format('%d', ms) end
   return string.format('%.3f', ms / 1000)

@@ -38,12 +38,8 @@ local flow_key = KEYS[1]
 local held_field, by_field = 'h' .. ARGV[1], 'b' .. ARGV[1]
 local want, give_back, found = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local now_ms
-if ARGV[5] ~= '' then
-  now_ms = tonumber(ARGV[5])
-else
-  local t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- @include clock
+now_ms = math.floor(clock_us(tonumber(ARGV[5])) / 1000)
 local rate, burst = tonumber(ARGV[6]), tonumber(ARGV[7])
 local token, lock_ms, release = ARGV[8], tonumber(ARGV[9]), ARGV[10] == '1'
 -- @include flow_bucket

@@ -24,12 +24,8 @@
 
 local flow_key, turns_key = KEYS[1], KEYS[2]
 local now_ms
-if ARGV[2] ~= '' then
-  now_ms = tonumber(ARGV[2])
-else
-  local t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- @include clock
+now_ms = math.floor(clock_us(tonumber(ARGV[2])) / 1000)
 local key_rate, key_burst = tonumber(ARGV[3]), tonumber(ARGV[4])
 -- @include key_bucket
 local shard = ARGV[1]

@@ -31,4 +31,5 @@
 -- Re-run safety: a re-run with the same expected version finds it stale and changes nothing.
 local shard_marker = KEYS[6]
 -- @include shard_fence
+-- @include clock
 -- @include upsert_schedule_body

@@ -29,4 +29,5 @@
 -- Re-run safety: a re-run with the same expected version finds it stale and changes nothing.
 local lane_marker = KEYS[6]
 -- @include lane_fence
+-- @include clock
 -- @include upsert_schedule_body

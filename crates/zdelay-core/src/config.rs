@@ -694,6 +694,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// Raw ZSETs for producers that just `ZADD`.
     pub sources: Vec<SourceConfig>,
+    /// `[testing]`: settings for a namespace used by integration tests, never production.
+    pub testing: TestingConfig,
 }
 
 impl Default for Config {
@@ -709,6 +711,7 @@ impl Default for Config {
             )]),
             routes: vec![RouteConfig::new("default", LOCAL_SINK, "queue:default")],
             sources: Vec::new(),
+            testing: TestingConfig::default(),
         }
     }
 }
@@ -1086,6 +1089,17 @@ impl Default for TracingConfig {
             export_timeout: Duration::from_secs(10),
         }
     }
+}
+
+/// `[testing]`: for a namespace that integration tests use.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct TestingConfig {
+    /// Create the namespace with a test clock: "now" is Redis's clock plus an offset that
+    /// `zdelay clock advance` moves forward, never back, for every daemon and client of the
+    /// namespace. Set when the namespace is created, never later: a daemon whose setting
+    /// disagrees with its namespace refuses to start. Default `false`.
+    pub clock: bool,
 }
 
 /// `[sinks.<name>]`: a connection to a delivery system.
@@ -1685,7 +1699,7 @@ fn env_safe_name(name: &str) -> bool {
 /// The top-level sections the environment may set (`ZDELAY_<SECTION>__…`); a unit test
 /// checks it against `Config`'s fields.
 const SECTIONS: &[&str] = &[
-    "redis", "poller", "admin", "tracing", "sinks", "routes", "sources",
+    "redis", "poller", "admin", "tracing", "sinks", "routes", "sources", "testing",
 ];
 
 /// The JSON Schema (draft 7) of `zdelay.toml`, every type inlined: the source of the

@@ -150,16 +150,21 @@ pub enum OnConflict {
 
 impl OnConflict {
     /// The scripts' form (`enqueue_jobs.lua`): the policy, then ` unique <ms>` when the jobs
-    /// of the call are remembered for a window after they leave.
-    pub(crate) fn as_arg(self, unique_for_ms: Option<u64>) -> String {
+    /// of the call are remembered for a window after they leave, then ` clock <ms>` on a
+    /// namespace with a test clock (its offset).
+    pub(crate) fn as_arg(self, unique_for_ms: Option<u64>, clock_offset_ms: Option<i64>) -> String {
         let policy = match self {
             OnConflict::Replace => "replace".to_owned(),
             OnConflict::Keep => "keep".to_owned(),
             OnConflict::Error => "error".to_owned(),
             OnConflict::Debounce { max_wait } => format!("debounce {}", max_wait.as_millis()),
         };
-        match unique_for_ms {
+        let policy = match unique_for_ms {
             Some(ms) => format!("{policy} unique {ms}"),
+            None => policy,
+        };
+        match clock_offset_ms {
+            Some(ms) => format!("{policy} clock {}", ms.max(0)),
             None => policy,
         }
     }
@@ -211,16 +216,20 @@ mod tests {
 
     #[test]
     fn policies_are_sent_as_the_scripts_read_them() {
-        assert_eq!(OnConflict::Keep.as_arg(None), "keep");
+        assert_eq!(OnConflict::Keep.as_arg(None, None), "keep");
         assert_eq!(
-            OnConflict::Replace.as_arg(Some(3_600_000)),
+            OnConflict::Replace.as_arg(Some(3_600_000), None),
             "replace unique 3600000"
         );
         let debounce = OnConflict::Debounce {
             max_wait: Duration::from_secs(60),
         };
-        assert_eq!(debounce.as_arg(None), "debounce 60000");
-        assert_eq!(debounce.as_arg(Some(5)), "debounce 60000 unique 5");
+        assert_eq!(debounce.as_arg(None, None), "debounce 60000");
+        assert_eq!(debounce.as_arg(Some(5), None), "debounce 60000 unique 5");
+        assert_eq!(
+            debounce.as_arg(Some(5), Some(86_400_000)),
+            "debounce 60000 unique 5 clock 86400000"
+        );
     }
 
     #[test]

@@ -41,13 +41,13 @@ use crate::keys::{Keys, occurrence_id, run_now_id, valid_schedule_id};
 use crate::lane::{Home, Registry};
 use crate::operator::Operator;
 use crate::schedule::{Schedule, ScheduleDef};
+use crate::store::Conn;
 pub use crate::store::scripts::FIRE_MAX_OCCURRENCES;
 pub use crate::store::scripts::SchedAt;
 use crate::store::scripts::{
     self, DueSchedule, EnqueueCall, EnqueueItem, Fired, Firing, LaneItem, PendingWrite,
     ScheduleWrite, Upserted, score_ms,
 };
-use crate::store::{self, Conn};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -542,7 +542,7 @@ impl Client {
         let wake_channel = self.keys().wake_channel();
         for _ in 0..CAS_ATTEMPTS {
             let current = Current::read(&mut con, home, id).await?;
-            let now_ms = store::server_time_ms(&mut con).await?;
+            let now_ms = con.now_ms().await?;
             // Tests open the read → compare-and-set window here.
             crate::failpoint::hold("schedule_hold_after_read").await;
             let stored = current
@@ -751,7 +751,7 @@ impl Operator {
             else {
                 return Ok(None);
             };
-            let now_ms = store::server_time_ms(&mut con).await?;
+            let now_ms = con.now_ms().await?;
             let job_id = run_now_id(id, now_ms);
             // Keep: a second click in the same millisecond is the same run.
             match &home {

@@ -1,13 +1,7 @@
 -- Included after their fences by due_schedules and due_schedules_lane: a schedule's keys
 -- are the same in a shard and in a route lane, and so is what is done with them.
 
-local now = ARGV[2]
-if now == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-else
-  now = tonumber(now)
-end
+local now = math.floor(clock_us(tonumber(ARGV[2])) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
 local out = { now }
 for i = 1, #due, 2 do

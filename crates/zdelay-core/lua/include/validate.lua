@@ -52,13 +52,17 @@ end
 -- " unique <ms>" (the include enqueue_policy reads it, trusting this check).
 local function policy_problem(policy)
   if policy == 'replace' or policy == 'keep' or policy == 'error' then return nil end
-  if not policy then return 'must be replace, keep, error or debounce <ms>, then optionally unique <ms>' end
+  local shape = 'must be replace, keep, error or debounce <ms>, then optionally unique <ms>, then optionally clock <ms>'
+  if not policy then return shape end
+  local clock = string.match(policy, ' clock (%d+)$')
+  if clock and #clock > 15 then return shape end
+  policy = string.gsub(policy, ' clock %d+$', '')
   local base = string.match(policy, '^(.-) unique %d+$') or policy
   local windows = string.match(policy, ' unique (%d+)$')
   local wait = string.match(base, '^debounce (%d+)$')
   if not (base == 'replace' or base == 'keep' or base == 'error' or wait)
     or (wait and #wait > 15) or (windows and #windows > 15) then
-    return 'must be replace, keep, error or debounce <ms>, then optionally unique <ms>'
+    return shape
   end
   return nil
 end

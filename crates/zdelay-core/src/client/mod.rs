@@ -415,9 +415,22 @@ impl Client {
     /// `cfg.shards`), checks it otherwise, and loads the scripts.
     /// For daemons and tools that own the config; a producer uses [`Client::attach`].
     pub async fn connect(cfg: &RedisConfig) -> Result<Self, ClientError> {
+        Self::connect_testing(cfg, None).await
+    }
+
+    /// [`Client::connect`] for a tool that has a whole config: a namespace it creates gets a
+    /// test clock when `test_clock` (`[testing] clock`) says so, and an existing one whose
+    /// clock disagrees is refused ([`StoreError::ClockMismatch`]), as the daemon does.
+    pub async fn connect_testing(
+        cfg: &RedisConfig,
+        test_clock: Option<bool>,
+    ) -> Result<Self, ClientError> {
         let mut con = Conn::connect(cfg).await?;
         store::check_server(&mut con).await?;
-        Self::connected(con, &cfg.namespace, cfg.shards).await
+        let shards =
+            store::ensure_schema(&mut con, &Keys::new(&cfg.namespace, cfg.shards), test_clock)
+                .await?;
+        Self::connected(con, &cfg.namespace, shards).await
     }
 
     /// Connects as a producer: the namespace's shard count is read from Redis (`cfg.shards`
@@ -438,7 +451,7 @@ impl Client {
     }
 
     async fn connected(mut con: Conn, namespace: &str, shards: u16) -> Result<Self, ClientError> {
-        let shards = store::ensure_schema(&mut con, &Keys::new(namespace, shards)).await?;
+        let shards = store::ensure_schema(&mut con, &Keys::new(namespace, shards), None).await?;
         let keys = Keys::new(namespace, shards);
         scripts::load_all(&mut con).await?;
         let lanes = Arc::new(LaneBook::read(&mut con, &keys).await?);
@@ -549,6 +562,20 @@ impl Client {
     /// A clone of the connection, for plain commands.
     pub fn connection(&self) -> Conn {
         self.con.clone()
+    }
+
+    /// The namespace's clock: Redis TIME and, on a namespace with a test clock, its offset.
+    /// Refused on a namespace without one ([`StoreError::NoTestClock`]).
+    pub async fn clock(&self) -> Result<store::clock::Reading, ClientError> {
+        Ok(store::clock::show(&mut self.con.clone(), &self.keys()).await?)
+    }
+
+    /// Moves the namespace's test clock forward by `by` (at least 1 ms) and wakes every daemon
+    /// of the namespace: jobs, schedule occurrences, leases and windows that fall due in the
+    /// time skipped are handled at once. Answers the new reading. Refused, writing nothing, on
+    /// a namespace without a test clock ([`StoreError::NoTestClock`]).
+    pub async fn advance_clock(&self, by: Duration) -> Result<store::clock::Reading, ClientError> {
+        Ok(store::clock::advance(&mut self.con.clone(), &self.keys(), by).await?)
     }
 
     /// A new time-ordered id (ULID, monotonic within this process).
@@ -938,7 +965,9 @@ impl Client {
                 preview_envelope(peeked, preview)
             }
         };
-        let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
+        // In the namespace's time: a test clock's offset added (no I/O without one).
+        let offset_ms = self.con.clone().clock_offset_ms().await? as f64;
+        let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0 + offset_ms;
         // A job waiting in the ready set: "<sink>\n<due>\n<id>".
         let waiting = ready.as_deref().and_then(|m| {
             let mut parts = m.splitn(3, '\n');

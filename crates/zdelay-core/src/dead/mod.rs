@@ -49,8 +49,8 @@ use crate::job::Due;
 use crate::keys::Keys;
 use crate::lane::Home;
 use crate::operator::Operator;
+use crate::store::Conn;
 use crate::store::scripts::{self, DeadPeek, RawDeadRange, RawDeadWalk, Replayed};
-use crate::store::{self, Conn};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -699,7 +699,7 @@ impl Operator {
     ) -> Result<Bounded<DeadJob>, ClientError> {
         let homes = self.dead_homes(&layout).await?;
         let mut con = self.con.clone();
-        let now_ms = store::server_time_ms(&mut con).await?;
+        let now_ms = con.now_ms().await?;
         let (min, max) = filter.score_range(now_ms);
         let page = filter.page_size(limit);
         let mut out = Bounded {
@@ -860,7 +860,7 @@ impl Operator {
     ) -> Result<Replayed, ClientError> {
         let progress = |p| (progress.lock().expect("progress lock"))(p);
         let mut con = self.con.clone();
-        let now_ms = store::server_time_ms(&mut con).await?;
+        let now_ms = con.now_ms().await?;
         let due = Due::At(due_ms(options.due, now_ms));
         let mut homes = self.dead_homes(&layout).await?;
         let (selected, unknown) = self
@@ -930,7 +930,7 @@ impl Operator {
     ) -> Result<Purged, ClientError> {
         let progress = |p| (progress.lock().expect("progress lock"))(p);
         let mut con = self.con.clone();
-        let now_ms = store::server_time_ms(&mut con).await?;
+        let now_ms = con.now_ms().await?;
         let mut homes = self.dead_homes(&layout).await?;
         let (selected, unknown) = self
             .select_dead(&mut con, &layout, &mut homes, selection, now_ms, progress)
@@ -1094,7 +1094,7 @@ impl Operator {
         filter.check()?;
         let mut con = self.con.clone();
         let keys = source.keys();
-        let now_ms = store::server_time_ms(&mut con).await?;
+        let now_ms = con.now_ms().await?;
         let (min, max) = filter.score_range(now_ms);
         let mut out = Bounded {
             items: Vec::new(),
@@ -1166,7 +1166,7 @@ impl Operator {
         progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Replayed, ClientError> {
         let mut con = self.con.clone();
-        let now_ms = store::server_time_ms(&mut con).await?;
+        let now_ms = con.now_ms().await?;
         let due_ms = due_ms(due, now_ms);
         let score = match source.score_unit {
             ScoreUnit::Millis => due_ms.to_string(),
@@ -1200,7 +1200,7 @@ impl Operator {
         progress: impl FnMut(DeadProgress) + Send,
     ) -> Result<Purged, ClientError> {
         let mut con = self.con.clone();
-        let now_ms = store::server_time_ms(&mut con).await?;
+        let now_ms = con.now_ms().await?;
         let (purged, skipped) = raw_dead_act(
             &mut con,
             source,

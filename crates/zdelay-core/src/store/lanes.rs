@@ -406,7 +406,9 @@ pub async fn read(
         })?),
         None => None,
     };
-    let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
+    // In the namespace's time: a test clock's offset added (no I/O without one).
+    let offset_ms = con.clock_offset_ms().await? as f64;
+    let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0 + offset_ms;
     let (state, score) = match (due, dead) {
         (Some(s), _) if s > now_ms => (JobState::Scheduled, Some(s)),
         (Some(s), _) => (JobState::Due, Some(s)),

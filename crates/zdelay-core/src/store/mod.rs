@@ -8,6 +8,7 @@
 //! command and script call touches one slot (a shard's keys share its hash tag); MOVED, ASK
 //! and failover are the cluster client's job.
 
+pub mod clock;
 pub mod functions;
 pub mod lanes;
 #[cfg(test)]
@@ -97,6 +98,37 @@ pub enum StoreError {
         /// The oldest zdelay that may use the namespace, when the namespace names it.
         min_version: Option<semver::Version>,
     },
+    /// A request that can only be wrong (a test clock moved by less than 1 ms).
+    #[error("{0}")]
+    InvalidInput(String),
+    /// `zdelay clock` on a namespace created without a test clock. Nothing was written.
+    #[error(
+        "namespace {namespace} has no test clock: only a namespace created with \
+         [testing] clock = true has one, and its clock is Redis TIME"
+    )]
+    NoTestClock { namespace: String },
+    /// A daemon's `[testing] clock` disagrees with the namespace's. Nothing was written.
+    #[error("{}", clock_mismatch_message(namespace, *namespace_has_test_clock))]
+    ClockMismatch {
+        namespace: String,
+        namespace_has_test_clock: bool,
+    },
+}
+
+fn clock_mismatch_message(namespace: &str, has: bool) -> String {
+    if has {
+        format!(
+            "namespace {namespace} was created with a test clock, and this config has \
+             [testing] clock = false: a test namespace never serves production; set \
+             [testing] clock = true, or use another redis.namespace"
+        )
+    } else {
+        format!(
+            "namespace {namespace} was created without a test clock, and this config has \
+             [testing] clock = true: a test clock is set when a namespace is created, never \
+             on one that may hold jobs; use a new redis.namespace, or remove [testing] clock"
+        )
+    }
 }
 
 /// This build's version: a namespace whose `min_version` is above it is refused. The daemon
@@ -407,10 +439,13 @@ pub struct Schema {
     /// `(from, to)` while `zdelay reshard` moves a layout-2 namespace's spread shards online
     /// (`shards` says `to` already: new work goes there).
     pub resharding: Option<(u16, u16)>,
+    /// `clock` as stored: `test` on a namespace with a test clock.
+    pub clock: Option<String>,
 }
 
-/// Reads `<ns>:schema` (every field absent when it does not exist). Refuses a namespace on a
-/// newer layout, or that needs a newer zdelay ([`StoreError::LayoutTooNew`]).
+/// Reads `<ns>:schema` (every field absent when it does not exist), and sets `con`'s clock
+/// from it. Refuses a namespace on a newer layout, or that needs a newer zdelay
+/// ([`StoreError::LayoutTooNew`]).
 pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreError> {
     // One HGET a field, pipelined: the producer's ACL grants HGET, not HMGET.
     let mut pipe = redis::pipe();
@@ -422,6 +457,7 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
         "min_version",
         "upgrading",
         "resharding",
+        clock::CLOCK_FIELD,
     ] {
         pipe.hget(keys.schema(), field);
     }
@@ -433,7 +469,9 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
         min_version,
         upgrading,
         resharding,
-    ]: [Option<String>; 7] = pipe.query_async(con).await?;
+        stored_clock,
+    ]: [Option<String>; 8] = pipe.query_async(con).await?;
+    con.clock = clock::Clock::of(keys, stored_clock.as_deref());
     refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
     let bad = |field: &str, value: &str| {
         StoreError::Schema(format!(
@@ -471,6 +509,7 @@ pub async fn read_schema(con: &mut Conn, keys: &Keys) -> Result<Schema, StoreErr
         min_version: min_version.and_then(|v| semver::Version::parse(&v).ok()),
         upgrading,
         resharding,
+        clock: stored_clock,
     })
 }
 
@@ -486,6 +525,9 @@ pub struct Conn {
     /// The cluster slot of the namespace's schema key: where node-wide commands (`INFO`,
     /// `TIME`) go, so they only depend on the node start-up needs anyway.
     home_slot: u16,
+    /// What "now" is on the namespace (set by [`ensure_schema`]; clones share it): the script
+    /// wrappers pass a test clock's time to the scripts that read it.
+    clock: clock::Clock,
 }
 
 #[derive(Clone)]
@@ -507,6 +549,33 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const CLUSTER_NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Conn {
+    /// What "now" is on the namespace this connection serves.
+    pub fn clock(&self) -> &clock::Clock {
+        &self.clock
+    }
+
+    /// The scripts' "now" override: `None` (Redis TIME, no I/O) without a test clock, the test
+    /// clock's time (one round trip) with one; `at` (tests) wins.
+    pub async fn script_now_ms(&mut self, at: Option<i64>) -> redis::RedisResult<Option<i64>> {
+        if at.is_some() {
+            return Ok(at);
+        }
+        let clock = self.clock.clone();
+        clock.script_now_ms(self).await
+    }
+
+    /// The namespace's now, ms: Redis TIME plus a test clock's offset.
+    pub async fn now_ms(&mut self) -> redis::RedisResult<i64> {
+        let clock = self.clock.clone();
+        Ok(clock.read(self).await?.now_ms())
+    }
+
+    /// The test clock's offset, ms (0 without one, no I/O).
+    pub async fn clock_offset_ms(&mut self) -> redis::RedisResult<i64> {
+        let clock = self.clock.clone();
+        clock.offset_ms(self).await
+    }
+
     /// Connects once (bounded), with the `[redis]` password override applied: to
     /// `cluster_nodes` when set, else to `url`. The error names the address with any
     /// password hidden.
@@ -527,6 +596,7 @@ impl Conn {
         let mut con = Conn {
             inner: Inner::Single(inner),
             home_slot: home_slot(cfg),
+            clock: clock::Clock::Redis,
         };
         con.ping(cfg).await?;
         Ok(con)
@@ -573,6 +643,7 @@ impl Conn {
         let mut con = Conn {
             inner: Inner::Cluster(inner),
             home_slot: home_slot(cfg),
+            clock: clock::Clock::Redis,
         };
         con.ping(cfg).await?;
         Ok(con)
@@ -682,7 +753,9 @@ impl Conn {
     /// one Redis a clone (one server: nothing to isolate).
     pub async fn independent(&self, cfg: &RedisConfig) -> Result<Conn, StoreError> {
         if self.is_cluster() {
-            Conn::connect(cfg).await
+            let mut con = Conn::connect(cfg).await?;
+            con.clock = self.clock.clone();
+            Ok(con)
         } else {
             Ok(self.clone())
         }
@@ -892,16 +965,30 @@ pub fn server_name(info: &std::collections::HashMap<String, String>) -> String {
 /// returns the namespace's shard count (the stored one: `zdelay reshard` changes it online, so
 /// `keys`' count is only what a new namespace gets). Refuses a layout-1 namespace
 /// ([`StoreError::LegacyLayout`]: only `zdelay upgrade` reads those), a namespace on a newer
-/// layout or that needs a newer zdelay ([`StoreError::LayoutTooNew`]).
-pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<u16, StoreError> {
+/// layout or that needs a newer zdelay ([`StoreError::LayoutTooNew`]). `test_clock`: a
+/// daemon's `[testing] clock`, which a new namespace gets and an existing one must match
+/// ([`StoreError::ClockMismatch`], checked before anything is written); `None` (producers)
+/// takes the namespace as it is.
+pub async fn ensure_schema(
+    con: &mut Conn,
+    keys: &Keys,
+    test_clock: Option<bool>,
+) -> Result<u16, StoreError> {
     let key = keys.schema();
     // One HGET each (not HMGET): a producer's narrowest ACL grants `+hget` on the schema.
     let read = |pipe: &mut Pipeline| {
-        for field in ["layout", "shards", "min_version", "upgrading"] {
+        for field in [
+            "layout",
+            "shards",
+            "min_version",
+            "upgrading",
+            clock::CLOCK_FIELD,
+        ] {
             pipe.hget(&key, field);
         }
     };
     type Fields = (
+        Option<String>,
         Option<String>,
         Option<String>,
         Option<String>,
@@ -912,6 +999,12 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<u16, StoreErro
     let mut fields: Fields = pipe.query_async(con).await?;
     // Before writing anything: a newer layout's schema gets no field of this one.
     refuse_newer(keys, fields.0.as_deref(), fields.2.as_deref())?;
+    if fields.0.is_some()
+        && let Some(wanted) = test_clock
+    {
+        // An existing namespace keeps the clock it was created with.
+        clock::check_wanted(keys, wanted, fields.4.as_deref())?;
+    }
     if fields.0.is_none() || fields.1.is_none() {
         // Written only when missing, so a producer whose ACL may only read the schema
         // connects to a namespace a daemon created (HSETNX needs write access even when it
@@ -924,6 +1017,12 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<u16, StoreErro
             .ignore()
             .hset_nx(&key, "min_version", LAYOUT_SINCE)
             .ignore();
+        if test_clock == Some(true) {
+            pipe.hset_nx(&key, clock::CLOCK_FIELD, clock::TEST)
+                .ignore()
+                .hset_nx(&key, clock::OFFSET_FIELD, 0)
+                .ignore();
+        }
         read(&mut pipe);
         fields = pipe.query_async(con).await.map_err(|e| {
             if e.code() == Some("NOPERM") {
@@ -937,9 +1036,14 @@ pub async fn ensure_schema(con: &mut Conn, keys: &Keys) -> Result<u16, StoreErro
             }
         })?;
     }
-    let (layout, shards, min_version, upgrading) = fields;
+    let (layout, shards, min_version, upgrading, stored_clock) = fields;
     refuse_newer(keys, layout.as_deref(), min_version.as_deref())?;
     check_layout_field(keys, layout.as_deref(), upgrading.is_some())?;
+    if let Some(wanted) = test_clock {
+        // Read again after the creation: another process may have created it first.
+        clock::check_wanted(keys, wanted, stored_clock.as_deref())?;
+    }
+    con.clock = clock::Clock::of(keys, stored_clock.as_deref());
     match shards.as_deref().and_then(|s| s.parse::<u16>().ok()) {
         Some(n) if (1..=crate::config::MAX_SHARDS).contains(&n) => Ok(n),
         _ => Err(StoreError::Schema(format!(

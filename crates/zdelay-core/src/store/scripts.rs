@@ -108,6 +108,7 @@ scripts!(
     schedule_request_done,
     unlock,
     drop_ended_windows,
+    advance_clock,
 );
 
 use ShardKey::{
@@ -499,6 +500,11 @@ pub async fn enqueue_jobs(
     policy: OnConflict,
     calls: &[EnqueueCall<'_>],
 ) -> redis::RedisResult<Vec<redis::RedisResult<Vec<Option<Enqueued>>>>> {
+    // A test clock's offset (no I/O without one), read once for the whole call.
+    let clock = match con.clock().is_test() {
+        true => Some(con.clock_offset_ms().await?),
+        false => None,
+    };
     // The unique window is one per invocation: a call's items go in runs of one window each.
     let mut invocations: Vec<Call> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
@@ -511,7 +517,7 @@ pub async fn enqueue_jobs(
             if needs_windows(policy, run[0].unique_for_ms) {
                 inv.key(&call.keys.unique).key(&call.keys.windows);
             }
-            inv.arg(policy.as_arg(run[0].unique_for_ms))
+            inv.arg(policy.as_arg(run[0].unique_for_ms, clock))
                 .arg(&call.keys.wake_channel)
                 .arg(call.keys.shard);
             for item in run {
@@ -583,10 +589,11 @@ pub async fn reschedule_job(
     id: &str,
     due: Due,
 ) -> redis::RedisResult<Option<i64>> {
+    let due = clock_due_arg(con, due).await?;
     let mut inv = fenced_invocation(&compiled::reschedule_job, "reschedule_job", keys);
     let new_due: i64 = inv
         .arg(id)
-        .arg(due.as_arg())
+        .arg(due)
         .arg(&keys.wake_channel)
         .arg(keys.shard)
         .invoke(con)
@@ -661,8 +668,9 @@ pub async fn replay_dead(
     history_cap: usize,
     ids: &[(String, Option<f64>)],
 ) -> redis::RedisResult<Replayed> {
+    let due = clock_due_arg(con, due).await?;
     let mut inv = fenced_invocation(&compiled::replay_dead, "replay_dead", keys);
-    inv.arg(due.as_arg())
+    inv.arg(due)
         .arg(&keys.wake_channel)
         .arg(keys.shard)
         .arg(if reset_attempts { "reset" } else { "keep" })
@@ -857,6 +865,7 @@ pub async fn replay_dead_lane(
     history_cap: usize,
     ids: &[(String, Option<f64>)],
 ) -> redis::RedisResult<Replayed> {
+    let due = clock_due_arg(con, due).await?;
     let k = &lane.keys;
     let mut inv = Call::new(&compiled::replay_dead_lane);
     inv.key(&k.due)
@@ -867,7 +876,7 @@ pub async fn replay_dead_lane(
         .key(&k.history)
         .key(&k.marker)
         .arg(lane.marker())
-        .arg(due.as_arg())
+        .arg(due)
         .arg(wake_channel)
         .arg(lane.wake_name())
         .arg(history_cap);
@@ -1080,11 +1089,12 @@ pub async fn move_due(
     keys: &ShardKeys,
     args: &MoveDue<'_>,
 ) -> redis::RedisResult<MoveReply> {
+    let now_ms = con.script_now_ms(args.now_ms).await?;
     let mut inv = fenced_invocation(&compiled::move_due, "move_due", keys);
     inv.key(&keys.unique).key(&keys.windows);
     let routes = args.routes;
     inv.arg(args.batch)
-        .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(now_arg(now_ms))
         .arg(args.max_payload)
         .arg(args.batch_bytes);
     // A route with a rate is queued in its own part of the ready set (`Routes::flow_part`).
@@ -1238,12 +1248,14 @@ pub async fn claim_jobs(
     lease_ms: u64,
     max_bytes: usize,
 ) -> redis::RedisResult<Claim> {
+    let now_ms = con.script_now_ms(None).await?;
     let mut inv = fenced_invocation(&compiled::claim_jobs, "claim_jobs", keys);
     let value: Value = inv
         .arg(sink)
         .arg(batch)
         .arg(lease_ms)
         .arg(max_bytes)
+        .arg(now_arg(now_ms))
         .invoke(con)
         .await?;
     let items = match value {
@@ -1339,13 +1351,14 @@ pub async fn move_raw(
     keys: &RawKeys,
     args: &MoveRaw<'_>,
 ) -> redis::RedisResult<MoveReply> {
+    let now_ms = con.script_now_ms(args.now_ms).await?;
     let value = Call::new(&compiled::move_raw)
         .key(&keys.source)
         .key(args.list)
         .key(&keys.dead)
         .key(&keys.reasons)
         .arg(args.batch)
-        .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(now_arg(now_ms))
         .arg(args.unit.as_arg())
         .arg(args.max_payload)
         .arg(args.push.command())
@@ -1518,9 +1531,13 @@ pub async fn settle_jobs(
     token: &str,
     ops: &[(&str, SettleOp<'_>)],
 ) -> redis::RedisResult<Settled> {
+    let now_ms = con.script_now_ms(None).await?;
     let mut inv = fenced_invocation(&compiled::settle_jobs, "settle_jobs", keys);
     inv.key(&keys.unique).key(&keys.windows);
-    inv.arg(token).arg(&keys.wake_channel).arg(keys.shard);
+    inv.arg(token)
+        .arg(&keys.wake_channel)
+        .arg(keys.shard)
+        .arg(now_arg(now_ms));
     // The acks first, by id alone: most of a batch, one argument each.
     let acked: Vec<&str> = ops
         .iter()
@@ -1757,6 +1774,35 @@ pub async fn unlock(con: &mut Conn, lock: &str, token: &str) -> redis::RedisResu
     Ok(released == 1)
 }
 
+/// A script's "now" argument: ms, or "" for Redis TIME.
+fn now_arg(now_ms: Option<i64>) -> String {
+    now_ms.map(|n| n.to_string()).unwrap_or_default()
+}
+
+/// `due` as the scripts take it, measured on the namespace's clock: a `+N` due gets a test
+/// clock's offset added (the scripts add N to Redis TIME), with no I/O without one.
+async fn clock_due_arg(con: &mut Conn, due: Due) -> redis::RedisResult<String> {
+    Ok(match due {
+        Due::In(d) if con.clock().is_test() => {
+            let offset = u64::try_from(con.clock_offset_ms().await?).unwrap_or(0);
+            Due::In(d + std::time::Duration::from_millis(offset)).as_arg()
+        }
+        other => other.as_arg(),
+    })
+}
+
+/// Moves the namespace's test clock forward by `ms` (above 0) and wakes every daemon
+/// (`advance_clock.lua`): answers the new offset, ms. A namespace without a test clock answers
+/// the error `ZDELAY_NO_TEST_CLOCK`.
+pub async fn advance_clock(con: &mut Conn, keys: &Keys, ms: u64) -> redis::RedisResult<i64> {
+    Call::new(&compiled::advance_clock)
+        .key(keys.schema())
+        .arg(ms)
+        .arg(keys.wake_channel())
+        .invoke(con)
+        .await
+}
+
 /// The most ended windows one `drop_ended_windows` call drops (about 0.3 ms of Redis).
 pub const ENDED_WINDOWS_PER_CALL: u64 = 1_000;
 
@@ -1802,14 +1848,14 @@ pub async fn due_schedules(
     now_ms: Option<i64>,
     batch: usize,
 ) -> redis::RedisResult<(i64, Vec<DueSchedule>)> {
+    let now_ms = con.script_now_ms(now_ms).await?;
     let mut inv = at.call(
         &compiled::due_schedules,
         "due_schedules",
         &compiled::due_schedules_lane,
         |k| vec![&k.schedules, &k.sched_due],
     );
-    inv.arg(now_ms.map(|n| n.to_string()).unwrap_or_default())
-        .arg(batch);
+    inv.arg(now_arg(now_ms)).arg(batch);
     let values: Vec<Value> = inv.invoke(con).await?;
     let mut it = values.into_iter();
     let now = as_int(it.next().unwrap_or_default())?;
@@ -2676,6 +2722,11 @@ pub async fn enqueue_lane(
     wake_channel: &str,
     items: &[LaneItem<'_>],
 ) -> redis::RedisResult<Vec<Option<Enqueued>>> {
+    // A test clock's offset (no I/O without one), read once for the whole call.
+    let clock = match con.clock().is_test() {
+        true => Some(con.clock_offset_ms().await?),
+        false => None,
+    };
     let k = &lane.keys;
     let mut answers = Vec::with_capacity(items.len());
     // The unique window is one per call: the items go in runs of one window each.
@@ -2693,7 +2744,7 @@ pub async fn enqueue_lane(
             inv.key(&k.unique).key(&k.windows);
         }
         inv.arg(lane.marker())
-            .arg(policy.as_arg(run[0].unique_for_ms))
+            .arg(policy.as_arg(run[0].unique_for_ms, clock))
             .arg(wake_channel)
             .arg(lane.wake_name());
         for item in run {
@@ -2739,6 +2790,7 @@ pub async fn move_lane(
     lane: &Lane,
     args: &MoveLane<'_>,
 ) -> redis::RedisResult<MoveReply> {
+    let now_ms = con.script_now_ms(args.now_ms).await?;
     let k = &lane.keys;
     let mut inv = Call::new(&compiled::move_lane);
     inv.key(&k.due)
@@ -2757,7 +2809,7 @@ pub async fn move_lane(
     let flow = args.flow;
     inv.arg(lane.marker())
         .arg(args.batch)
-        .arg(args.now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(now_arg(now_ms))
         .arg(args.max_payload)
         .arg(args.batch_bytes)
         .arg(lane.push.command())
@@ -2809,11 +2861,12 @@ pub async fn take_keys(
     now_ms: Option<i64>,
     jobs: &[(&str, &str)],
 ) -> redis::RedisResult<Vec<KeyTurn>> {
+    let now_ms = con.script_now_ms(now_ms).await?;
     let mut inv = Call::new(&compiled::take_keys);
     inv.key(keys.route_flow(route))
         .key(keys.route_turns(route))
         .arg(shard)
-        .arg(now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(now_arg(now_ms))
         .arg(per_key.0.to_string())
         .arg(per_key.1);
     for (id, key) in jobs {
@@ -2885,6 +2938,7 @@ pub async fn take_flow(
     flow_key: &str,
     take: &TakeFlow<'_>,
 ) -> redis::RedisResult<FlowTaken> {
+    let now_ms = con.script_now_ms(take.now_ms).await?;
     let mut inv = Call::new(&compiled::take_flow);
     let found = match take.found {
         Found::Nothing => "",
@@ -2900,7 +2954,7 @@ pub async fn take_flow(
         .arg(take.want)
         .arg(take.give_back)
         .arg(found)
-        .arg(take.now_ms.map(|n| n.to_string()).unwrap_or_default())
+        .arg(now_arg(now_ms))
         .arg(rate)
         .arg(burst)
         .arg(token)
@@ -2947,13 +3001,14 @@ pub async fn reschedule_lane(
     id: &str,
     due: Due,
 ) -> redis::RedisResult<Option<i64>> {
+    let due = clock_due_arg(con, due).await?;
     let k = &lane.keys;
     Call::new(&compiled::reschedule_lane)
         .key(&k.due)
         .key(&k.marker)
         .arg(lane.marker())
         .arg(id)
-        .arg(due.as_arg())
+        .arg(due)
         .arg(wake_channel)
         .arg(lane.wake_name())
         .invoke(con)
