@@ -23,6 +23,8 @@ export class ZdelayError extends Error {
   }
 }
 export class NoNamespace extends ZdelayError { retryable = true; }
+/** The namespace was created without a test clock: its clock is Redis's. */
+export class NoTestClock extends ZdelayError {}
 export class ProtocolError extends ZdelayError {}
 /** The namespace changed under the call (reshard, a lane moved): nothing was written. */
 export class Fenced extends ZdelayError { retryable = true; }
@@ -122,6 +124,9 @@ interface Namespace {
   /** `zdelay reshard` is moving the spread shards from this count to `shards`: two-phase jobs
    * not moved yet are in their old shards. */
   reshardingFrom?: number;
+  /** Created with a test clock (`clock` = `test` in the schema): "now" is Redis's clock plus the
+   * schema's `clock_ms`, which every call that reads the time adds. */
+  testClock?: boolean;
 }
 /** Spread shard `shard`'s keys, in the middle slot of its share of the slot range. */
 function shardKeys(ns: Namespace, shard: number, ...kinds: string[]): string[] {
@@ -171,8 +176,8 @@ function tooOld(name: string, upgrading: boolean): LayoutTooOld {
 }
 
 function* loadNamespace(name: string): Op<Namespace> {
-  const [layout, shards, migrating, upgrading, minVersion, resharding, protocol] = yield [
-    ...["layout", "shards", "migrating", "upgrading", "min_version", "resharding"].map((f) => ["HGET", `${name}:schema`, f]),
+  const [layout, shards, migrating, upgrading, minVersion, resharding, clock, protocol] = yield [
+    ...["layout", "shards", "migrating", "upgrading", "min_version", "resharding", "clock"].map((f) => ["HGET", `${name}:schema`, f]),
     ["FCALL", `zd${PROTOCOL}_protocol`, 0],
   ];
   if (shards == null) {
@@ -202,6 +207,7 @@ function* loadNamespace(name: string): Op<Namespace> {
   const ns: Namespace = {
     name, shards: Number(String(shards)), lanes: new Map(), twoPhase: new Set(), retired: new Map(),
     reshardingFrom: resharding == null ? undefined : Number(String(resharding).split(" ")[0]),
+    testClock: clock != null && String(clock) === "test",
   };
   const [registry] = yield [["HGETALL", `${name}:lanes`]];
   if (registry instanceof Error) throw registry; // e.g. NOPERM: Redis's own error, as for any other refused command
@@ -219,6 +225,43 @@ function* loadNamespace(name: string): Op<Namespace> {
     }
   }
   return ns;
+}
+
+/** How far the namespace's test clock is ahead of Redis's, ms: 0 without one (no command). */
+function* clockOffset(ns: Namespace): Op<number> {
+  if (!ns.testClock) return 0;
+  const [offset] = yield [["HGET", `${ns.name}:schema`, "clock_ms"]];
+  if (offset instanceof Error) throw offset;
+  return offset == null ? 0 : Number(String(offset));
+}
+
+/** A test namespace's clock: `now` is Redis's clock plus the offset the advances added. */
+export interface ClockReading { nowMs: number; redisMs: number; offsetMs: number; }
+
+function* clockOp(ns: Namespace): Op<ClockReading> {
+  if (!ns.testClock) {
+    throw new NoTestClock(`namespace ${ns.name} has no test clock: only a namespace created with [testing] clock = true has one`);
+  }
+  const [t, offset] = yield [["TIME"], ["HGET", `${ns.name}:schema`, "clock_ms"]];
+  for (const reply of [t, offset]) if (reply instanceof Error) throw reply;
+  const [sec, usec] = (t as Buffer[]).map((b) => Number(String(b)));
+  const redisMs = sec * 1000 + Math.floor(usec / 1000);
+  const offsetMs = offset == null ? 0 : Number(String(offset));
+  return { nowMs: redisMs + offsetMs, redisMs, offsetMs };
+}
+
+/** Moves the test clock forward by `byMs` (1 or more) and wakes the daemons. The offset only grows
+ * (HINCRBY), so concurrent advances add up. */
+function* advanceClockOp(ns: Namespace, byMs: number): Op<ClockReading> {
+  if (!Number.isSafeInteger(byMs) || byMs < 1) {
+    throw new InvalidJob("byMs", `a test clock moves forward by whole milliseconds, 1 or more, got ${byMs}`);
+  }
+  if (!ns.testClock) yield* clockOp(ns); // refuses
+  const [offset] = yield [["HINCRBY", `${ns.name}:schema`, "clock_ms", byMs]];
+  if (offset instanceof Error) throw offset;
+  const [published] = yield [["PUBLISH", `${ns.name}:wake`, `clock ${offset}`]];
+  if (published instanceof Error) throw published;
+  return yield* clockOp(ns);
 }
 
 const ULID = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
@@ -354,16 +397,19 @@ function* enqueueOp(ns: Namespace, jobs: Job[], onConflict: OnConflict, ids: Ids
   const results: (Enqueued | Error)[] = new Array(jobs.length);
   const groups = new Map<string, { head: Command; nkeys: number; items: [number, string, Command][] }>();
   const wake = `${ns.name}:wake`;
+  // On a test clock, the time the call reads (a delay, debounce, unique windows) is its.
+  const clockSuffix = ns.testClock ? ` clock ${yield* clockOffset(ns)}` : "";
   jobs.forEach((job, i) => {
     try {
       const payload = payloadOf(job, maxPayload);
       const m = meta(job);
       const due = dueArg(job.at, job.delay);
       const late = job.maxLateness === undefined ? "" : String(wholeMs(job.maxLateness, "maxLateness"));
-      const policy = job.uniqueFor === undefined ? base : `${base} unique ${wholeMs(job.uniqueFor, "uniqueFor")}`;
+      let policy = job.uniqueFor === undefined ? base : `${base} unique ${wholeMs(job.uniqueFor, "uniqueFor")}`;
       // The unique-window keys only for calls that use them: a producer whose ACL predates
       // them still enqueues.
       const windows = policy === onConflict ? [] : ["unique", "windows"];
+      policy += clockSuffix;
       const lane = ns.lanes.get(job.dest);
       if (!lane && !ns.twoPhase.has(job.dest) && !job.dest.includes("/")) throw noLane(job.dest, ns);
       let head: Command, item: Command, id: string, nkeys: number;
@@ -521,6 +567,8 @@ function* cancelOp(ns: Namespace, id: string, dest?: string): Op<"cancelled" | "
 function* rescheduleOp(ns: Namespace, id: string, due: string, dest?: string): Op<number | null> {
   const [lane, stored] = yield* place(ns, id, dest);
   if (stored === null) return null;
+  // "+N" counts from Redis's clock in the function: a test clock's offset is added here.
+  if (due.startsWith("+")) due = `+${Number(due.slice(1)) + (yield* clockOffset(ns))}`;
   const wake = `${ns.name}:wake`;
   const shard = shardOf(id, ns.shards);
   const [ms] = lane
@@ -561,7 +609,7 @@ function* getOp(ns: Namespace, id: string, dest?: string): Op<JobView | null> {
     }
     late = m.max_lateness_ms ?? null;
   }
-  const now = Number(String(t[0])) * 1000 + Number(String(t[1])) / 1000;
+  const now = Number(String(t[0])) * 1000 + Number(String(t[1])) / 1000 + (yield* clockOffset(ns));
   let state: JobView["state"], score: unknown;
   if (due != null) [state, score] = [Number(String(due)) > now ? "scheduled" : "due", due];
   else if (ready != null) [state, score] = ["due", String(ready).split("\n")[1]];
@@ -749,6 +797,19 @@ export class Client {
 
   get(id: string, dest?: string) {
     return this.run((ns) => getOp(ns, id, dest), id);
+  }
+
+  /** A test namespace's clock ([testing] clock = true). Throws `NoTestClock` on a namespace
+   * created without one. */
+  clock(): Promise<ClockReading> {
+    return this.run((ns) => clockOp(ns));
+  }
+
+  /** Moves a test namespace's clock forward by `byMs` (1 or more) and wakes the daemons: what
+   * falls due in the time skipped is delivered at once. Resolves the new clock. Throws
+   * `NoTestClock` on a namespace created without one. */
+  advanceClock(byMs: number): Promise<ClockReading> {
+    return this.run((ns) => advanceClockOp(ns, byMs));
   }
 
   /**

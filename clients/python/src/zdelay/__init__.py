@@ -13,6 +13,7 @@ from ._core import (
     LayoutTooOld,
     NoLane,
     NoNamespace,
+    NoTestClock,
     NotApplied,
     ProtocolError,
     ScheduleRefused,
@@ -24,6 +25,6 @@ from .client import AsyncClient, Client
 
 __all__ = [
     "PROTOCOL", "VERSION", "AsyncClient", "Client", "Debounce", "Enqueued", "Fenced", "InvalidJob", "Job", "JobExists",
-    "LayoutTooNew", "LayoutTooOld", "NoLane", "NoNamespace", "NotApplied", "ProtocolError", "ScheduleRefused",
+    "LayoutTooNew", "LayoutTooOld", "NoLane", "NoNamespace", "NoTestClock", "NotApplied", "ProtocolError", "ScheduleRefused",
     "UnknownDestination", "Upgrading", "ZdelayError",
 ]

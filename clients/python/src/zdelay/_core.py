@@ -38,6 +38,10 @@ class NoNamespace(ZdelayError):
     retryable = True
 
 
+class NoTestClock(ZdelayError):
+    """The namespace was created without a test clock: its clock is Redis's."""
+
+
 class ProtocolError(ZdelayError):
     pass
 
@@ -198,6 +202,9 @@ class Namespace:
     # `zdelay reshard` is moving the spread shards from this count to `shards`: two-phase jobs
     # it has not moved yet are still in their old shards.
     resharding_from: Optional[int] = None
+    # Created with a test clock (`clock` = `test` in the schema): "now" is Redis's clock plus
+    # the schema's `clock_ms`, which every call that reads the time adds.
+    test_clock: bool = False
 
     def shard_keys(self, shard: int, *kinds: str) -> List[str]:
         """Spread shard `shard`'s keys, in the middle slot of its share of the slot range."""
@@ -246,9 +253,9 @@ def too_old(name: str, upgrading: bool) -> LayoutTooOld:
 
 
 def load_namespace(name: str) -> Op:
-    fields = ["layout", "shards", "migrating", "upgrading", "min_version", "resharding"]
+    fields = ["layout", "shards", "migrating", "upgrading", "min_version", "resharding", "clock"]
     replies = yield [("HGET", f"{name}:schema", f) for f in fields] + [("FCALL", f"zd{PROTOCOL}_protocol", 0)]
-    layout, shards, migrating, upgrading, min_version, resharding, protocol = replies
+    layout, shards, migrating, upgrading, min_version, resharding, clock, protocol = replies
     if shards is None:
         raise NoNamespace(f"namespace {name} does not exist yet: a zdelay daemon creates it when it starts")
     # Before the library: a namespace this client cannot use says what to do about it, where no
@@ -279,7 +286,8 @@ def load_namespace(name: str) -> Op:
         raise ProtocolError(f"the server's zd{PROTOCOL}_protocol says {protocol[0]}; this client speaks {PROTOCOL}")
     if migrating is not None:
         raise Fenced(f"namespace {name} is being resharded ({migrating.decode()}): try again")
-    ns = Namespace(name, int(shards), resharding_from=int(resharding.split()[0]) if resharding is not None else None)
+    ns = Namespace(name, int(shards), resharding_from=int(resharding.split()[0]) if resharding is not None else None,
+                   test_clock=clock == b"test")
     (registry,) = yield [("HGETALL", f"{name}:lanes")]
     if isinstance(registry, Exception):
         raise registry  # e.g. NOPERM: Redis's own error, as for any other refused command
@@ -293,6 +301,49 @@ def load_namespace(name: str) -> Op:
             route, slot, _ = value.rsplit(" ", 2)
             ns.retired[int(key[1:], 36)] = (route, int(slot))
     return ns
+
+
+def clock_offset(ns: Namespace) -> Op:
+    """How far the namespace's test clock is ahead of Redis's, ms: 0 without one (no command)."""
+    if not ns.test_clock:
+        return 0
+    (offset,) = yield [("HGET", f"{ns.name}:schema", "clock_ms")]
+    if isinstance(offset, Exception):
+        raise offset
+    return int(offset or 0)
+
+
+def clock(ns: Namespace) -> Op:
+    """The namespace's clock: {"now_ms", "redis_ms", "offset_ms"}. Refused (NoTestClock) on a
+    namespace created without a test clock."""
+    if not ns.test_clock:
+        raise NoTestClock(f"namespace {ns.name} has no test clock: only a namespace created with "
+                          "[testing] clock = true has one")
+    time_reply, offset = yield [("TIME",), ("HGET", f"{ns.name}:schema", "clock_ms")]
+    for reply in (time_reply, offset):
+        if isinstance(reply, Exception):
+            raise reply
+    redis_ms = int(time_reply[0]) * 1000 + int(time_reply[1]) // 1000
+    offset_ms = int(offset or 0)
+    return {"now_ms": redis_ms + offset_ms, "redis_ms": redis_ms, "offset_ms": offset_ms}
+
+
+def advance_clock(ns: Namespace, by: Span) -> Op:
+    """Moves the test clock forward by `by` (1 ms or more; a negative one is refused) and wakes
+    the daemons: what falls due in the time skipped is delivered at once. The offset only
+    grows (HINCRBY), so concurrent advances add up. Answers the new clock."""
+    ms = _ms(by, "by")
+    if ms < 1:
+        raise InvalidJob("by", f"a test clock moves forward by 1 ms or more, got {by!r}")
+    if not ns.test_clock:
+        yield from clock(ns)  # refuses
+    (offset,) = yield [("HINCRBY", f"{ns.name}:schema", "clock_ms", ms)]
+    if isinstance(offset, Exception):
+        raise offset
+    (published,) = yield [("PUBLISH", f"{ns.name}:wake", f"clock {offset}")]
+    if isinstance(published, Exception):
+        raise published
+    return (yield from clock(ns))
 
 
 def _pairs(reply: Any) -> List[Tuple[str, str]]:
@@ -457,6 +508,9 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
     results: List[Any] = [None] * len(jobs)
     groups: Dict[Tuple[str, ...], List[Tuple[int, str, List[Any]]]] = {}
     wake = f"{ns.name}:wake"
+    offset = yield from clock_offset(ns)
+    # On a test clock, the time the call reads (a delay, debounce, unique windows) is its.
+    clock_suffix = f" clock {offset}" if ns.test_clock else ""
     for i, job in enumerate(jobs):
         try:
             payload, meta, late = checked(job, max_payload)
@@ -467,6 +521,7 @@ def enqueue(ns: Namespace, jobs: List[Job], on_conflict: Union[str, Debounce], i
             late_arg = "" if late is None else str(late)
             policy = base if job.unique_for is None else f"{base} unique {_ms(job.unique_for, 'unique_for')}"
             extra = WINDOWS if policy != on_conflict else ()
+            policy += clock_suffix
             if lane is not None:
                 stored = job.id or ids.stored()
                 job_id = job.id or f"~{base36(lane.number)}.{stored}"
@@ -612,6 +667,9 @@ def reschedule(ns: Namespace, job_id: str, due: str, dest: Optional[str]) -> Op:
     lane, stored = yield from _place(ns, job_id, dest)
     if stored is None:
         return None
+    if due.startswith("+"):
+        # "+N" counts from Redis's clock in the function: a test clock's offset is added here.
+        due = f"+{int(due[1:]) + (yield from clock_offset(ns))}"
     wake = f"{ns.name}:wake"
     if lane is not None:
         keys = lane.keys(ns.name, "due", "lane")
@@ -642,7 +700,7 @@ def get(ns: Namespace, job_id: str, dest: Optional[str]) -> Op:
         sec, usec, due, ready, inflight, dead, payload, reason = _ok(r)
         job_dest, meta_json, payload = _unframe(payload) if payload is not None else (None, {}, None)
         late = meta_json.get("max_lateness_ms")
-    now = int(sec) * 1000 + int(usec) / 1000
+    now = int(sec) * 1000 + int(usec) / 1000 + (yield from clock_offset(ns))
     if due is not None:
         state, score = ("scheduled" if float(due) > now else "due"), due
     elif ready is not None:

@@ -148,6 +148,17 @@ class Client(_Base):
         """The job (state, dest, payload, due_ms, headers, …), or None when there is none."""
         return self._run(lambda ns: _core.get(ns, id, dest), id)
 
+    def clock(self) -> dict:
+        """A test namespace's clock ([testing] clock = true): {"now_ms", "redis_ms",
+        "offset_ms"}. Raises `NoTestClock` on a namespace created without one."""
+        return self._run(_core.clock)
+
+    def advance_clock(self, by: Span) -> dict:
+        """Moves a test namespace's clock forward by `by` (a timedelta or ms, 1 ms or more) and
+        wakes the daemons: what falls due in the time skipped is delivered at once. Answers the
+        new clock, as `clock()`. Raises `NoTestClock` on a namespace created without one."""
+        return self._run(lambda ns: _core.advance_clock(ns, by))
+
     def schedule_set(self, id: str, dest: str, payload: Union[bytes, str] = b"", *, wait: float = 5.0, **kw: Any) -> Optional[dict]:
         """Create or update a recurring schedule: `cron` (with `tz`) or `every`; `headers`,
         `misfire`, `max_catch_up`, `start_at`, `end_at`, `max_lateness`, `max_attempts`, `jitter`;
@@ -254,6 +265,12 @@ class AsyncClient(_Base):
 
     async def get(self, id: str, dest: Optional[str] = None) -> Optional[dict]:
         return await self._run(lambda ns: _core.get(ns, id, dest), id)
+
+    async def clock(self) -> dict:
+        return await self._run(_core.clock)
+
+    async def advance_clock(self, by: Span) -> dict:
+        return await self._run(lambda ns: _core.advance_clock(ns, by))
 
     async def schedule_set(self, id: str, dest: str, payload: Union[bytes, str] = b"", *, wait: float = 5.0, **kw: Any) -> Optional[dict]:
         return await self._schedule(id, "set", _core.schedule_json(id, dest, payload, **kw), wait)
