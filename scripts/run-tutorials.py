@@ -69,6 +69,7 @@ PAGES = [
     ("docs/brokers/nats.md", ["nats"]),
     ("docs/brokers/redis-streams.md", []),
     ("docs/guides/kubernetes.md", ["helm"]),
+    ("docs/guides/test-clock.md", []),
     ("clients/python/README.md", ["python"]),
     ("clients/node/README.md", ["node"]),
 ]

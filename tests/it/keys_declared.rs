@@ -616,8 +616,12 @@ route = "m"
         assert!(gone >= 1, "the relocated occurrence is due by then");
         // A test clock moved, in a namespace created with one.
         let clock_keys = Keys::new("clockcalls", 4);
-        rt.block_on(zdelay::store::ensure_schema(&mut lcon, &clock_keys, Some(true)))
-            .expect("a namespace with a test clock");
+        rt.block_on(zdelay::store::ensure_schema(
+            &mut lcon,
+            &clock_keys,
+            Some(true),
+        ))
+        .expect("a namespace with a test clock");
         let offset = rt
             .block_on(scripts::advance_clock(&mut lcon, &clock_keys, 60_000))
             .expect("advance_clock");
