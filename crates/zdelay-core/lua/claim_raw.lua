@@ -10,6 +10,8 @@
 -- KEYS[4] claims        HASH  delayed:events:claims          sha1(member) -> "<original due ms>
 --                                                            <attempts> <score zdelay set>"
 -- ARGV[1] batch size; ARGV[2] score unit "ms" | "s"; ARGV[3] lease in ms; ARGV[4] max payload bytes
+-- ARGV[5] byte budget of the claimed members; ARGV[6] "now" in ms, "" = Redis TIME (a namespace's
+--   test clock passes its time)
 -- Scores implausible for the unit: see move_raw (ms sources: [1e9, 1e11); s sources: >= 1e11).
 -- Returns: { now_us, lease deadline (as stored: ms, or s with 3 decimals), dead implausible,
 --   dead oversize, more, the source's lowest score after the call in ms ("" when it is empty: the
@@ -21,7 +23,7 @@ local src, dead_key, reasons_key, claims_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4
 local batch, unit_ms = tonumber(ARGV[1]), ARGV[2] == 'ms'
 local lease_ms, max_payload, budget_left = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 -- @include clock
-local now_us = clock_us()
+local now_us = clock_us(tonumber(ARGV[6]))
 local now_ms = math.floor(now_us / 1000)
 local function in_unit(ms)
   if unit_ms then return string.format('%d', ms) end

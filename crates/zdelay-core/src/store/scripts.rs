@@ -1419,6 +1419,7 @@ pub async fn claim_raw(
     max_payload: usize,
     max_bytes: usize,
 ) -> redis::RedisResult<RawClaim> {
+    let now_ms = con.script_now_ms(None).await?;
     let value: Value = Call::new(&compiled::claim_raw)
         .key(&keys.source)
         .key(&keys.dead)
@@ -1429,6 +1430,7 @@ pub async fn claim_raw(
         .arg(lease_ms)
         .arg(max_payload)
         .arg(max_bytes)
+        .arg(now_arg(now_ms))
         .invoke(con)
         .await?;
     let items = match value {
