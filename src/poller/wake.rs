@@ -278,6 +278,17 @@ impl Wakers {
         pollers.values().for_each(|n| n.notify_one());
     }
 
+    /// A test clock moved (`"clock <offset ms>"`): whatever any poller or publisher sleeps
+    /// until may be due now, so all wake. False for any other message.
+    fn wake_on_clock(&self, payload: &str) -> bool {
+        if !payload.starts_with(CLOCK) {
+            return false;
+        }
+        self.wake_all();
+        self.wake_all_publishers();
+        true
+    }
+
     fn wake_all_publishers(&self) {
         let publishers = self
             .publishers
@@ -297,10 +308,7 @@ impl Wakers {
             if payload == PROBE {
                 return true;
             }
-            if payload.starts_with(CLOCK) {
-                // A test clock moved: whatever any poller sleeps until may be due now.
-                self.wake_all();
-                self.wake_all_publishers();
+            if self.wake_on_clock(&payload) {
                 ::metrics::counter!(WAKEUPS, "cause" => "clock").increment(1);
                 return false;
             }
@@ -572,6 +580,28 @@ mod tests {
             !there.wake_queued(&message),
             "a stopped shard's publishers are gone"
         );
+    }
+
+    #[test]
+    fn a_clock_message_wakes_every_poller_and_publisher() {
+        let wakers = Wakers::default();
+        let lane = wakers.register(&TargetId::Lane(7));
+        let shard = wakers.register(&TargetId::Shard(2));
+        let publisher = Arc::new(Notify::new());
+        wakers.register_publisher(2, "bus", publisher.clone());
+        let woken = |n: &Notify| n.notified().now_or_never().is_some();
+        for other in [
+            "probe",
+            "l7 1700000000000",
+            "2 1700000000000",
+            "q2 x bus",
+            "clockwork",
+        ] {
+            assert!(!wakers.wake_on_clock(other), "{other:?}");
+        }
+        assert!(!woken(&lane) && !woken(&shard) && !woken(&publisher));
+        assert!(wakers.wake_on_clock("clock 2592000000"));
+        assert!(woken(&lane) && woken(&shard) && woken(&publisher));
     }
 
     #[test]
