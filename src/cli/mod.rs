@@ -573,7 +573,9 @@ async fn operate(
                 0
             }
             Some(job) => {
-                print!("{}", render::job_text(&job.to_json()));
+                // "in 30d" from the namespace's clock: a test clock's, once moved.
+                let now_ms = client.connection().now_ms().await?;
+                print!("{}", render::job_text(&job.to_json(), now_ms));
                 0
             }
             None => not_found(

@@ -242,11 +242,8 @@ pub fn stats_text(stats: &Stats, shards: bool) -> String {
 }
 
 /// What `zdelay get` prints for people: one field a line, times as RFC 3339 with how far
-/// from now, the payload as text (or base64, as stored).
-pub fn job_text(job: &serde_json::Value) -> String {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
+/// from `now_ms` (the namespace's clock), the payload as text (or base64, as stored).
+pub fn job_text(job: &serde_json::Value, now_ms: i64) -> String {
     let mut out = String::new();
     let Some(fields) = job.as_object() else {
         return format!("{job}\n");
