@@ -257,6 +257,19 @@ async fn namespace(config: &Config, keys: &Keys, con: &mut Conn) -> Check {
             ),
         );
     }
+    // What `zdelay run` would refuse: a test clock setting the namespace does not share.
+    if let Err(e) = store::clock::check_wanted(keys, config.testing.clock, schema.clock.as_deref())
+    {
+        return Check::fail(
+            "namespace",
+            e.to_string(),
+            Some(
+                "a test clock is set when a namespace is created: point the tests at a new \
+                 redis.namespace (docs: Testing with a test clock)"
+                    .to_owned(),
+            ),
+        );
+    }
     if shards == configured {
         Check::pass(
             "namespace",

@@ -459,6 +459,11 @@ fn a_test_clock_is_set_at_creation_only_and_moves_forward_only() {
     let out = testing.cli(&["clock", "show"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("created without a test clock"));
+    // check-config --connect says so before a daemon is started.
+    let out = testing.cli(&["check-config", "--connect"]);
+    assert!(!out.status.success());
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("created without a test clock"), "{report}");
     let out = production.cli(&["clock", "advance", "1h"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
