@@ -593,7 +593,8 @@ if stream and moved > 0 then
     redis.call('XTRIM', list_key, 'MAXLEN', '~', trim_max_len)
   end
   if trim_max_age and trim_max_age ~= '' then
-    local min_id = now_ms - tonumber(trim_max_age)
+    -- On Redis's own clock, not a test clock's: the entries' ids are its milliseconds.
+    local min_id = math.floor(clock_us() / 1000) - tonumber(trim_max_age)
     if min_id > 0 then redis.call('XTRIM', list_key, 'MINID', '~', string.format('%d', min_id)) end
   end
 end
