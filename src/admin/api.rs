@@ -21,7 +21,7 @@ use std::time::Duration;
 use zdelay_core::config::{Config, SourceConfig};
 use zdelay_core::dead::{DeadFilter, DeadSelection, ReplayOptions};
 use zdelay_core::job::parse_at;
-use zdelay_core::schedules::{IdleCursor, ScheduleView};
+use zdelay_core::schedules::{IdleCursor, ScheduleView, UpcomingCursor};
 use zdelay_core::store::StoreError;
 use zdelay_core::{Cancelled, Client, ClientError, Due, Replayed};
 
@@ -389,14 +389,17 @@ async fn job(State(s): State<ApiState>, headers: HeaderMap, Path(id): Path<Strin
 struct SchedulesQuery {
     /// The next this many to fire.
     limit: Option<usize>,
+    /// Where the page of the next to fire starts (`next` of the last answer); from the
+    /// soonest when absent.
+    after: Option<String>,
     /// Where the scan for paused and ended schedules continues (`idle_next` of the last
     /// answer); from the start when absent.
     idle_from: Option<String>,
 }
 
-/// The next `limit` schedules to fire (`sched_due` by score with `LIMIT` per shard, merged;
-/// only their definitions read), and paused or ended ones from a bounded scan of the
-/// definitions ([`IDLE_SCAN`] read; `idle_next` continues it).
+/// The next `limit` schedules to fire after `after` (a bounded page read by rank per shard or
+/// lane, merged; only their definitions read; `next` continues it), and paused or ended ones
+/// from a bounded scan of the definitions ([`IDLE_SCAN`] read; `idle_next` continues it).
 async fn schedules(
     State(s): State<ApiState>,
     headers: HeaderMap,
@@ -411,10 +414,22 @@ async fn schedules(
             .map_err(|e| bad_request(format!("idle_from: {e}")))?,
         None => IdleCursor::default(),
     };
+    let after = match q.after.as_deref().filter(|a| !a.is_empty()) {
+        Some(text) => Some(
+            text.parse::<UpcomingCursor>()
+                .map_err(|e| bad_request(format!("after: {e}")))?,
+        ),
+        None => None,
+    };
     let mut con = c.client.connection();
     let now_ms = con.now_ms().await?;
     let counts = c.client.operator().schedule_counts().await?;
-    let upcoming = c.client.operator().schedules_upcoming(limit).await?;
+    let upcoming = c
+        .client
+        .operator()
+        .schedules_upcoming_page(after.as_ref(), limit)
+        .await?;
+    let next = upcoming.next.map(|n| n.to_string());
     let idle = c.client.operator().schedules_idle(from, IDLE_SCAN).await?;
     // Walking a cron back to its previous occurrence is CPU work, up to thousands per answer:
     // on a blocking thread, one answer's walks at a time, so requests cannot starve the
@@ -432,7 +447,7 @@ async fn schedules(
                 .map(|view| schedule_timing(view, now_ms))
                 .collect()
         };
-        (shown(upcoming), shown(idle.schedules))
+        (shown(upcoming.schedules), shown(idle.schedules))
     })
     .await
     .map_err(anyhow::Error::from)?;
@@ -442,6 +457,7 @@ async fn schedules(
         "pending": counts.pending,
         "limit": limit,
         "schedules": listed,
+        "next": next,
         "idle": idle_listed,
         "idle_next": idle.next.map(|n| n.to_string()),
     })))

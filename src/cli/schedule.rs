@@ -305,39 +305,81 @@ impl Place {
     }
 }
 
+/// `schedule list`: every schedule, page by page as it is read (bounded calls, and memory
+/// bounded by a page and the quarantined ones): the pending ones soonest first, then the
+/// paused and ended ones, then the quarantined ones whose definition cannot be read.
+async fn list(client: &Client, json: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    let operator = client.operator();
+    // Quarantined schedules with a readable definition are listed with the others; the
+    // ones not met there are listed last.
+    let quarantined = operator.schedules_quarantined().await?;
+    let mut unmet: std::collections::HashSet<&str> =
+        quarantined.iter().map(|q| q.id.as_str()).collect();
+    let mut out = std::io::stdout().lock();
+    let mut first = true;
+    // The JSON form is the pretty-printed array, written an element at a time.
+    let mut emit = |out: &mut std::io::StdoutLock, v: serde_json::Value| -> anyhow::Result<()> {
+        if json {
+            let element = serde_json::to_string_pretty(&v)?.replace('\n', "\n  ");
+            write!(out, "{}\n  {element}", if first { "[" } else { "," })?;
+        }
+        first = false;
+        Ok(())
+    };
+    let mut shown = |out: &mut std::io::StdoutLock, views: Vec<ScheduleView>| {
+        for view in views {
+            unmet.remove(view.id.as_str());
+            if json {
+                emit(out, view.to_json())?;
+            } else {
+                writeln!(out, "{}", line(&view))?;
+            }
+        }
+        anyhow::Ok(())
+    };
+    let mut after = None;
+    loop {
+        let page = operator
+            .schedules_upcoming_page(after.as_ref(), LIST_PAGE)
+            .await?;
+        shown(&mut out, page.schedules)?;
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let mut from = Some(zdelay::schedules::IdleCursor::default());
+    while let Some(cursor) = from {
+        let idle = operator.schedules_idle(cursor, LIST_PAGE).await?;
+        shown(&mut out, idle.schedules)?;
+        from = idle.next;
+    }
+    for q in quarantined.iter().filter(|q| unmet.contains(q.id.as_str())) {
+        if json {
+            emit(
+                &mut out,
+                unreadable_json(&q.id, Some(Place::of(q.shard, q.lane)), &q.quarantine),
+            )?;
+        } else {
+            writeln!(out, "{}", unreadable_line(&q.id, &q.quarantine))?;
+        }
+    }
+    if json {
+        writeln!(out, "{}", if first { "[]" } else { "\n]" })?;
+    }
+    Ok(())
+}
+
+/// Schedules `schedule list` reads per call.
+const LIST_PAGE: usize = 1000;
+
 /// Runs a `schedule` action that needs Redis.
 pub async fn run(client: &Client, action: ScheduleAction) -> anyhow::Result<i32> {
     match action {
         ScheduleAction::Set(args) => set(client, *args).await,
         ScheduleAction::List { output } => {
-            let json = output.is_json();
-            let all = client.operator().schedule_list().await?;
-            // Quarantined schedules with a readable definition are among `all`; the others
-            // are listed last.
-            let listed: std::collections::HashSet<&str> =
-                all.iter().map(|v| v.id.as_str()).collect();
-            let quarantined = client.operator().schedules_quarantined().await?;
-            let unreadable: Vec<_> = quarantined
-                .iter()
-                .filter(|q| !listed.contains(q.id.as_str()))
-                .collect();
-            if json {
-                let v: Vec<_> = all
-                    .iter()
-                    .map(ScheduleView::to_json)
-                    .chain(unreadable.iter().map(|q| {
-                        unreadable_json(&q.id, Some(Place::of(q.shard, q.lane)), &q.quarantine)
-                    }))
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                for view in &all {
-                    println!("{}", line(view));
-                }
-                for q in unreadable {
-                    println!("{}", unreadable_line(&q.id, &q.quarantine));
-                }
-            }
+            list(client, output.is_json()).await?;
             Ok(0)
         }
         ScheduleAction::Get {

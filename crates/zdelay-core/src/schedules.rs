@@ -905,9 +905,22 @@ impl Operator {
     }
 
     /// Every schedule: those with a pending occurrence soonest first
-    /// ([`Client::schedules_upcoming`]), then those without one ([`Client::schedules_idle`]).
+    /// ([`Client::schedules_upcoming_page`], page by page), then those without one
+    /// ([`Client::schedules_idle`]). Each call reads a bounded page; the list is held whole,
+    /// so a caller of a large set pages itself (`zdelay schedule list` does).
     pub async fn schedule_list(&self) -> Result<Vec<ScheduleView>, ClientError> {
-        let mut out = self.schedules_upcoming(usize::MAX).await?;
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let page = self
+                .schedules_upcoming_page(after.as_ref(), SCAN_PAGE)
+                .await?;
+            out.extend(page.schedules);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
         let mut from = Some(IdleCursor::default());
         while let Some(cursor) = from {
             let idle = self.schedules_idle(cursor, SCAN_PAGE).await?;
@@ -918,32 +931,52 @@ impl Operator {
     }
 
     /// The next `limit` schedules to fire, soonest first (ties by shard or lane, then id):
-    /// each home's first `limit` pending occurrences (`sched_due` by score, `LIMIT`), merged;
-    /// then only those schedules' definitions and envelopes are read (`HMGET`). Paused and
-    /// ended schedules have no pending occurrence: [`Client::schedules_idle`] lists them.
+    /// [`Client::schedules_upcoming_page`]'s first page.
     pub async fn schedules_upcoming(&self, limit: usize) -> Result<Vec<ScheduleView>, ClientError> {
+        Ok(self.schedules_upcoming_page(None, limit).await?.schedules)
+    }
+
+    /// The next `limit` schedules to fire after `after` (from the soonest when `None`), in
+    /// the order (pending occurrence, home, id), with where the next page starts (`None`:
+    /// none left). Bounded whatever the number of schedules: per home, where the page starts
+    /// is found by rank (`ZCOUNT`, or `ZRANK` of the cursor's schedule; a binary search by
+    /// rank among the schedules pending at the cursor's moment when that one moved), then
+    /// at most `limit` pending occurrences are read by rank (`ZRANGE`), merged, and only the
+    /// page's definitions and envelopes read (`HMGET`). Paused and ended schedules have no
+    /// pending occurrence: [`Client::schedules_idle`] lists them. Not a snapshot: a schedule
+    /// that fires between two pages moves on its timeline, and may be listed again or not.
+    pub async fn schedules_upcoming_page(
+        &self,
+        after: Option<&UpcomingCursor>,
+        limit: usize,
+    ) -> Result<UpcomingPage, ClientError> {
+        let mut page = UpcomingPage {
+            schedules: Vec::new(),
+            next: None,
+        };
         if limit == 0 {
-            return Ok(Vec::new());
+            return Ok(page);
         }
         let layout = self.keys();
         let homes = self.homes(&layout).await?;
-        let count = i64::try_from(limit).unwrap_or(i64::MAX);
+        // One more than a page from each home: more than `limit` merged means more are left.
+        let count = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
         let heads = futures::future::try_join_all(homes.iter().enumerate().map(|(at, home)| {
-            let mut con = self.con.clone();
+            let con = self.con.clone();
             let layout = &layout;
             async move {
-                let keys = home.keys();
+                let start = match after {
+                    None => 0,
+                    Some(cursor) => upcoming_start(con.clone(), home, at, cursor).await?,
+                };
                 let (next, marker): (Vec<(String, f64)>, Option<String>) = redis::pipe()
-                    .cmd("ZRANGEBYSCORE")
-                    .arg(keys.sched_due)
-                    .arg("-inf")
-                    .arg("+inf")
+                    .cmd("ZRANGE")
+                    .arg(home.keys().sched_due)
+                    .arg(start)
+                    .arg(start.saturating_add(count - 1))
                     .arg("WITHSCORES")
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(count)
                     .get(home.fence_key())
-                    .query_async(&mut con)
+                    .query_async(&mut con.clone())
                     .await?;
                 home.check_read(marker, layout)?;
                 Ok::<_, ClientError>(next.into_iter().map(move |(id, next)| (next, at, id)))
@@ -955,22 +988,29 @@ impl Operator {
             a.0.total_cmp(&b.0)
                 .then_with(|| (a.1, &a.2).cmp(&(b.1, &b.2)))
         });
-        next.truncate(limit);
+        if next.len() > limit {
+            next.truncate(limit);
+            let (ms, home, id) = &next[limit - 1];
+            page.next = Some(UpcomingCursor {
+                next_ms: *ms as i64,
+                home: *home as u32,
+                id: id.clone(),
+            });
+        }
         let mut by_home: BTreeMap<usize, Vec<(String, f64)>> = BTreeMap::new();
         for (next, at, id) in next {
             by_home.entry(at).or_default().push((id, next));
         }
-        let read = futures::future::try_join_all(
-            by_home
-                .into_iter()
-                .map(|(at, ids)| read_views(self.con.clone(), &homes[at], ids)),
-        )
+        let read = futures::future::try_join_all(by_home.into_iter().map(|(at, ids)| {
+            let views = read_views(self.con.clone(), &homes[at], ids);
+            async move { Ok::<_, ClientError>(views.await?.into_iter().map(move |v| (at, v))) }
+        }))
         .await?;
-        let mut out: Vec<ScheduleView> = read.into_iter().flatten().collect();
-        out.sort_by(|a, b| {
-            (a.next_ms, a.shard, a.lane, &a.id).cmp(&(b.next_ms, b.shard, b.lane, &b.id))
-        });
-        Ok(out)
+        // The heads' order: a page ends where its cursor says.
+        let mut views: Vec<(usize, ScheduleView)> = read.into_iter().flatten().collect();
+        views.sort_by(|(a_at, a), (b_at, b)| (a.next_ms, a_at, &a.id).cmp(&(b.next_ms, b_at, &b.id)));
+        page.schedules = views.into_iter().map(|(_, view)| view).collect();
+        Ok(page)
     }
 
     /// Schedules without a pending occurrence — paused, or past their end — found by a
@@ -1155,6 +1195,109 @@ async fn read_views(
         }
     }
     Ok(out)
+}
+
+/// Where a page after `cursor` starts in `home` (its position `at` among the homes): the rank
+/// in its `sched_due` of its first entry after the cursor in the order (pending occurrence,
+/// home, id). Entries of an earlier home at the cursor's moment come before it, of a later
+/// home after it; in the cursor's home, the cursor's schedule's rank when it is still pending
+/// there, or else a binary search by rank among the entries at that moment (Redis orders
+/// equal scores by id bytes): a few calls, never a walk over them.
+async fn upcoming_start(
+    mut con: Conn,
+    home: &Home,
+    at: usize,
+    cursor: &UpcomingCursor,
+) -> Result<i64, ClientError> {
+    let key = home.keys().sched_due;
+    let ms = cursor.next_ms;
+    let (before, through, score, rank): (i64, i64, Option<f64>, Option<i64>) = redis::pipe()
+        .zcount(&key, "-inf", format!("({ms}"))
+        .zcount(&key, "-inf", ms)
+        .zscore(&key, &cursor.id)
+        .zrank(&key, &cursor.id)
+        .query_async(&mut con)
+        .await?;
+    let home_at = cursor.home as usize;
+    if at < home_at {
+        return Ok(through);
+    }
+    if at > home_at {
+        return Ok(before);
+    }
+    if let (Some(score), Some(rank)) = (score, rank)
+        && score == ms as f64
+    {
+        return Ok(rank + 1);
+    }
+    // The first entry at the cursor's moment whose id sorts after the cursor's.
+    let (mut lo, mut hi) = (before, through);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let probe: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(mid)
+            .arg(mid)
+            .query_async(&mut con)
+            .await?;
+        match probe.first() {
+            Some(id) if id.as_bytes() > cursor.id.as_bytes() => hi = mid,
+            Some(_) => lo = mid + 1,
+            // The set shrank under the search: start at what is left.
+            None => hi = mid,
+        }
+    }
+    Ok(lo)
+}
+
+/// Where [`Client::schedules_upcoming_page`] continues: after the schedule `id` of the home
+/// at position `home` (as [`IdleCursor::home`]), pending at `next_ms`. Its text form is
+/// `<next_ms>-<home>-<id>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpcomingCursor {
+    pub next_ms: i64,
+    pub home: u32,
+    pub id: String,
+}
+
+impl std::fmt::Display for UpcomingCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}-{}", self.next_ms, self.home, self.id)
+    }
+}
+
+impl std::str::FromStr for UpcomingCursor {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("{text:?} is not a page position: expected <next_ms>-<home>-<id>");
+        // The moment may be negative (before 1970): its sign is not a separator.
+        let (sign, unsigned) = match text.strip_prefix('-') {
+            Some(rest) => (-1, rest),
+            None => (1, text),
+        };
+        let mut parts = unsigned.splitn(3, '-');
+        let (Some(ms), Some(home), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad());
+        };
+        let next_ms: i64 = ms.parse().map_err(|_| bad())?;
+        if id.is_empty() || ms.starts_with('+') || home.starts_with('+') {
+            return Err(bad());
+        }
+        Ok(UpcomingCursor {
+            next_ms: sign * next_ms,
+            home: home.parse().map_err(|_| bad())?,
+            id: id.to_owned(),
+        })
+    }
+}
+
+/// One page of [`Client::schedules_upcoming_page`].
+#[derive(Debug, Clone)]
+pub struct UpcomingPage {
+    pub schedules: Vec<ScheduleView>,
+    /// Where the next page starts; `None` when this one holds the last pending schedules.
+    pub next: Option<UpcomingCursor>,
 }
 
 /// Where a scan for schedules without a pending occurrence continues: a home (its position
@@ -1490,6 +1633,23 @@ mod tests {
         for bad in ["", "3", "x-1", "1-", "-1-2", "5000000000-1"] {
             let e = bad.parse::<IdleCursor>().unwrap_err();
             assert!(e.contains("-<cursor>"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn upcoming_cursors_round_trip_their_text() {
+        for (ms, home, id) in [(1_700_000_000_000, 3, "a-b-c"), (-5, 0, "x"), (0, 17, "é:1")] {
+            let c = UpcomingCursor {
+                next_ms: ms,
+                home,
+                id: id.into(),
+            };
+            assert_eq!(c.to_string().parse::<UpcomingCursor>(), Ok(c.clone()), "{c}");
+        }
+        assert_eq!("12-3-id".parse::<UpcomingCursor>().unwrap().id, "id");
+        for bad in ["", "12", "12-3", "12-3-", "x-3-id", "12-y-id", "+1-3-id", "1-+3-id", "--1-2-a"] {
+            let e = bad.parse::<UpcomingCursor>().unwrap_err();
+            assert!(e.contains("<next_ms>-<home>-<id>"), "{bad}: {e}");
         }
     }
 }
