@@ -4,9 +4,13 @@
 local now = math.floor(clock_us(tonumber(ARGV[2])) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
 local out = { now }
-for i = 1, #due, 2 do
-  out[#out + 1] = due[i]
-  out[#out + 1] = due[i + 1]
-  out[#out + 1] = redis.call('HGET', KEYS[1], due[i]) or ''
+-- Their definitions in one read (a call per schedule would cost more than the reading).
+local ids = {}
+for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
+local records = #ids > 0 and redis.call('HMGET', KEYS[1], unpack(ids)) or {}
+for k, id in ipairs(ids) do
+  out[#out + 1] = id
+  out[#out + 1] = due[2 * k]
+  out[#out + 1] = records[k] or ''
 end
 return out

@@ -23,16 +23,51 @@ end
 local old = redis.call('ZRANGEBYSCORE', fired_key, '-inf', '(' .. (now - tonumber(ARGV[3])),
   'LIMIT', 0, 100)
 if #old > 0 then redis.call('ZREM', fired_key, unpack(old)) end
+-- Each schedule's state, read for all of them at once (a few variadic reads instead of five
+-- calls a schedule: per call, not per element, is most of a script's cost), in chunks that
+-- unpack takes. A schedule named twice in one call: the second is fenced, as it would be
+-- after the first changed its pending occurrence.
+local CHUNK = 1000
+local function read_all(command, key, names)
+  local out = {}
+  for from = 1, #names, CHUNK do
+    local part = redis.call(command, key, unpack(names, from, math.min(from + CHUNK - 1, #names)))
+    for k = 1, #part do out[from + k - 1] = part[k] end
+  end
+  return out
+end
+local ids, repeated, named = {}, {}, {}
+for k, s in ipairs(starts) do
+  ids[k] = ARGV[s]
+  if named[ARGV[s]] then repeated[k] = true end
+  named[ARGV[s]] = true
+end
+local read_scores = read_all('ZMSCORE', sched_due_key, ids)
+local read_records = read_all('HMGET', schedules_key, ids)
+local read_envelopes = read_all('HMGET', env_key, ids)
+local read_marks = read_all('ZMSCORE', fired_key, ids)
+local read_healths = read_all('HMGET', health_key, ids)
+-- Writes that nothing in this call reads again, made at its end, a few commands each.
+local due_adds, health_sets, mark_adds, pending_adds, pending_ends = {}, {}, {}, {}, {}
+local function write_all(args, command, key, option)
+  for from = 1, #args, 2 * CHUNK do
+    local to = math.min(from + 2 * CHUNK - 1, #args)
+    if option then
+      redis.call(command, key, option, unpack(args, from, to))
+    else
+      redis.call(command, key, unpack(args, from, to))
+    end
+  end
+end
 local created, expired, fenced, quarantined = 0, 0, 0, {}
 local missed_total, skipped_total = 0, 0
 -- A schedule's health record: "<fired> <missed> <expired> <skipped by calendar> <last fired ms>
 -- <its occurrence ms>" (the last two empty as "-" until it first fires). One field per
 -- schedule, six numbers: written here, in the step that decides the occurrences, so the counts
 -- are exact whichever daemon fires and whatever crashes.
-local function add_health(id, fired, missed, expired_n, skipped, last_at)
+local function add_health(id, old, fired, missed, expired_n, skipped, last_at)
   if fired + missed + expired_n + skipped == 0 then return end
   local h = { 0, 0, 0, 0, '-', '-' }
-  local old = redis.call('HGET', health_key, id)
   if old then
     local k = 1
     for word in string.gmatch(old, '%S+') do
@@ -46,8 +81,9 @@ local function add_health(id, fired, missed, expired_n, skipped, last_at)
   h[4] = (tonumber(h[4]) or 0) + skipped
   if last_at then h[5], h[6] = now, last_at end
   local function ms(v) return v == '-' and '-' or string.format('%d', tonumber(v)) end
-  redis.call('HSET', health_key, id, string.format('%d %d %d %d %s %s', h[1], h[2], h[3], h[4],
-    ms(h[5]), ms(h[6])))
+  health_sets[#health_sets + 1] = id
+  health_sets[#health_sets + 1] = string.format('%d %d %d %d %s %s', h[1], h[2], h[3], h[4],
+    ms(h[5]), ms(h[6]))
 end
 local function quarantine(id, reason)
   redis.call('ZREM', sched_due_key, id)
@@ -55,7 +91,7 @@ local function quarantine(id, reason)
   quarantined[#quarantined + 1] = id
   quarantined[#quarantined + 1] = reason
 end
-for _, s in ipairs(starts) do
+for at, s in ipairs(starts) do
   local id, read_due, read_version = ARGV[s], ARGV[s + 1], ARGV[s + 2]
   local set_mark, next_ms, limit, reason = ARGV[s + 3], ARGV[s + 4], ARGV[s + 5], ARGV[s + 6]
   local missed, skipped = tonumber(ARGV[s + 7]), tonumber(ARGV[s + 8])
@@ -63,10 +99,9 @@ for _, s in ipairs(starts) do
   local first_deliver = s + 10
   local n_expired = tonumber(ARGV[first_deliver + 3 * deliver])
   local first_expired = first_deliver + 3 * deliver + 1
-  local score = redis.call('ZSCORE', sched_due_key, id)
-  local record = redis.call('HGET', schedules_key, id)
+  local score, record = read_scores[at], read_records[at]
   local version = record and string.match(record, '^(%d+)\n') or ''
-  if score ~= read_due or version ~= read_version then
+  if repeated[at] or score ~= read_due or version ~= read_version then
     fenced = fenced + 1
   elseif not record then
     -- No definition (removed by hand): nothing to fire, its occurrence goes.
@@ -74,19 +109,20 @@ for _, s in ipairs(starts) do
   elseif reason ~= '' then
     quarantine(id, reason)
   else
-    local envelope = redis.call('HGET', env_key, id)
+    local envelope = read_envelopes[at]
     local occurrence, problem = nil, 'no envelope stored for its occurrences'
     if envelope then occurrence, problem = occurrences(envelope) end
     if not occurrence then
       quarantine(id, problem)
     else
-      local mark = tonumber(redis.call('ZSCORE', fired_key, id))
+      local mark = read_marks[at] and tonumber(read_marks[at])
       local fired_here, expired_here, last_at = 0, 0, nil
       for k = 0, deliver - 1 do
         local job, at = ARGV[first_deliver + 3 * k], ARGV[first_deliver + 3 * k + 1]
         local due = ARGV[first_deliver + 3 * k + 2]
         if (not mark or tonumber(at) > mark) and occurrence.write(job) then
-          redis.call('ZADD', due_key, due, job)
+          due_adds[#due_adds + 1] = due
+          due_adds[#due_adds + 1] = job
           if limit ~= '' then redis.call('HSET', limit_key, job, limit) end
           occurrence.waiting(job)
           created = created + 1
@@ -104,17 +140,28 @@ for _, s in ipairs(starts) do
           expired_here = expired_here + 1
         end
       end
-      add_health(id, fired_here, missed, expired_here, skipped, last_at)
+      add_health(id, read_healths[at] or nil, fired_here, missed, expired_here, skipped, last_at)
       missed_total = missed_total + missed
       skipped_total = skipped_total + skipped
-      if set_mark ~= '' then redis.call('ZADD', fired_key, 'GT', set_mark, id) end
+      if set_mark ~= '' then
+        mark_adds[#mark_adds + 1] = set_mark
+        mark_adds[#mark_adds + 1] = id
+      end
       if next_ms == '' then
-        redis.call('ZREM', sched_due_key, id)
+        pending_ends[#pending_ends + 1] = id
       else
-        redis.call('ZADD', sched_due_key, next_ms, id)
+        pending_adds[#pending_adds + 1] = next_ms
+        pending_adds[#pending_adds + 1] = id
       end
     end
   end
+end
+write_all(due_adds, 'ZADD', due_key)
+write_all(health_sets, 'HSET', health_key)
+write_all(mark_adds, 'ZADD', fired_key, 'GT')
+write_all(pending_adds, 'ZADD', sched_due_key)
+for from = 1, #pending_ends, CHUNK do
+  redis.call('ZREM', sched_due_key, unpack(pending_ends, from, math.min(from + CHUNK - 1, #pending_ends)))
 end
 local out = { created, expired, fenced, missed_total, skipped_total }
 for _, v in ipairs(quarantined) do out[#out + 1] = v end
