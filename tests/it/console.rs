@@ -748,6 +748,25 @@ fn console_api_equals_redis_and_actions_need_the_token() {
     let first = get_json(port, "/api/schedules?limit=1");
     assert_eq!(first["schedules"].as_array().unwrap().len(), 1);
     assert_eq!(first["schedules"][0]["id"], listed[0]);
+    // Paged one at a time with `after`: the same order, and no `next` after the last.
+    let mut paged = vec![first["schedules"][0]["id"].as_str().unwrap().to_owned()];
+    let mut next = first["next"].as_str().expect("a next page").to_owned();
+    loop {
+        let page = get_json(port, &format!("/api/schedules?limit=1&after={next}"));
+        paged.push(page["schedules"][0]["id"].as_str().unwrap().to_owned());
+        match page["next"].as_str() {
+            Some(n) => next = n.to_owned(),
+            None => break,
+        }
+    }
+    assert_eq!(paged, listed);
+    assert!(s["next"].is_null(), "three schedules: one page");
+    assert_eq!(
+        http_request(port, "GET", "/api/schedules?after=x", &[])
+            .unwrap()
+            .0,
+        400
+    );
     assert_eq!(
         http_request(port, "GET", "/api/schedules?idle_from=x", &[])
             .unwrap()

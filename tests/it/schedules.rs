@@ -1605,7 +1605,10 @@ fn two_hundred_thousand_schedules_are_paged_in_bounded_calls() {
     }
     let op = lib.operator();
     let counts = rt.block_on(op.schedule_counts()).unwrap();
-    assert_eq!((counts.schedules, counts.pending), (2 * PER_LANE, 2 * PER_LANE));
+    assert_eq!(
+        (counts.schedules, counts.pending),
+        (2 * PER_LANE, 2 * PER_LANE)
+    );
 
     // Page by page, each id once, in (moment, home, id) order; one page in the middle
     // measured: its commands and bytes do not grow with the set (reading every pending
@@ -1644,7 +1647,10 @@ fn two_hundred_thousand_schedules_are_paged_in_bounded_calls() {
             Some(next) => {
                 assert_eq!(page.schedules.len(), PAGE);
                 let last = page.schedules.last().unwrap();
-                assert_eq!((next.next_ms, next.id.as_str()), (last.next_ms.unwrap(), last.id.as_str()));
+                assert_eq!(
+                    (next.next_ms, next.id.as_str()),
+                    (last.next_ms.unwrap(), last.id.as_str())
+                );
                 // Once, the cursor's schedule leaves its moment (it fired, or was deleted):
                 // the next page starts after where it stood all the same.
                 if pages == 150 {
@@ -1660,6 +1666,10 @@ fn two_hundred_thousand_schedules_are_paged_in_bounded_calls() {
             None => break,
         }
     }
-    assert_eq!(seen.len() as u64, 2 * PER_LANE, "every pending schedule listed once");
+    assert_eq!(
+        seen.len() as u64,
+        2 * PER_LANE,
+        "every pending schedule listed once"
+    );
     assert_eq!(pages, (2 * PER_LANE as usize).div_ceil(PAGE));
 }

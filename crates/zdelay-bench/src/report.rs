@@ -131,6 +131,15 @@ pub(super) struct ScheduleFiring {
     pub(super) redis_cpu_s_per_million: f64,
     /// Delivery minus occurrence time, from the move scripts' buckets.
     pub(super) lateness: Lateness,
+    /// Redis `used_memory` growth per schedule: loaded (definition, envelope, pending
+    /// occurrence), and once each fired (plus its mark and health record; the delivered
+    /// occurrences' list left out).
+    pub(super) bytes_per_schedule_loaded: f64,
+    pub(super) bytes_per_schedule_fired: f64,
+    /// One console page once they fired: the next 200 to fire after the first 200 (all
+    /// pending at one moment: the page is found by rank among equals), and a 2000-definition
+    /// scan for paused and ended ones.
+    pub(super) page_ms: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -775,6 +784,11 @@ pub(super) fn render(r: &Report) -> String {
             ms(l.p99_ms),
             ms(l.p999_ms),
             ms(l.max_ms)
+        );
+        let _ = writeln!(
+            s,
+            "  memory {:.0} B a schedule loaded, {:.0} B once fired; a console page {:.1} ms",
+            x.bytes_per_schedule_loaded, x.bytes_per_schedule_fired, x.page_ms
         );
     }
     if let Some(x) = &r.same_ms {

@@ -1008,7 +1008,9 @@ impl Operator {
         .await?;
         // The heads' order: a page ends where its cursor says.
         let mut views: Vec<(usize, ScheduleView)> = read.into_iter().flatten().collect();
-        views.sort_by(|(a_at, a), (b_at, b)| (a.next_ms, a_at, &a.id).cmp(&(b.next_ms, b_at, &b.id)));
+        views.sort_by(|(a_at, a), (b_at, b)| {
+            (a.next_ms, a_at, &a.id).cmp(&(b.next_ms, b_at, &b.id))
+        });
         page.schedules = views.into_iter().map(|(_, view)| view).collect();
         Ok(page)
     }
@@ -1212,10 +1214,10 @@ async fn upcoming_start(
     let key = home.keys().sched_due;
     let ms = cursor.next_ms;
     let (before, through, score, rank): (i64, i64, Option<f64>, Option<i64>) = redis::pipe()
-        .zcount(&key, "-inf", format!("({ms}"))
-        .zcount(&key, "-inf", ms)
-        .zscore(&key, &cursor.id)
-        .zrank(&key, &cursor.id)
+        .zcount(key, "-inf", format!("({ms}"))
+        .zcount(key, "-inf", ms)
+        .zscore(key, &cursor.id)
+        .zrank(key, &cursor.id)
         .query_async(&mut con)
         .await?;
     let home_at = cursor.home as usize;
@@ -1235,7 +1237,7 @@ async fn upcoming_start(
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
         let probe: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&key)
+            .arg(key)
             .arg(mid)
             .arg(mid)
             .query_async(&mut con)
@@ -1638,16 +1640,26 @@ mod tests {
 
     #[test]
     fn upcoming_cursors_round_trip_their_text() {
-        for (ms, home, id) in [(1_700_000_000_000, 3, "a-b-c"), (-5, 0, "x"), (0, 17, "é:1")] {
+        for (ms, home, id) in [
+            (1_700_000_000_000, 3, "a-b-c"),
+            (-5, 0, "x"),
+            (0, 17, "é:1"),
+        ] {
             let c = UpcomingCursor {
                 next_ms: ms,
                 home,
                 id: id.into(),
             };
-            assert_eq!(c.to_string().parse::<UpcomingCursor>(), Ok(c.clone()), "{c}");
+            assert_eq!(
+                c.to_string().parse::<UpcomingCursor>(),
+                Ok(c.clone()),
+                "{c}"
+            );
         }
         assert_eq!("12-3-id".parse::<UpcomingCursor>().unwrap().id, "id");
-        for bad in ["", "12", "12-3", "12-3-", "x-3-id", "12-y-id", "+1-3-id", "1-+3-id", "--1-2-a"] {
+        for bad in [
+            "", "12", "12-3", "12-3-", "x-3-id", "12-y-id", "+1-3-id", "1-+3-id", "--1-2-a",
+        ] {
             let e = bad.parse::<UpcomingCursor>().unwrap_err();
             assert!(e.contains("<next_ms>-<home>-<id>"), "{bad}: {e}");
         }

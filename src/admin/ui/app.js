@@ -271,8 +271,10 @@ function forecastChart(f) {
 
 // ---------------------------------------------------------------------------------------
 let idleFrom = "";
+let schedulesAfter = "";
 pages.schedules = async function () {
-  const s = await getJSON("api/schedules" + (idleFrom ? "?idle_from=" + enc(idleFrom) : ""));
+  const query = new URLSearchParams(Object.entries({ after: schedulesAfter, idle_from: idleFrom }).filter(([, v]) => v)).toString();
+  const s = await getJSON("api/schedules" + (query ? "?" + query : ""));
   const now = s.now_ms;
   if (s.total === 0) return [el("p", { class: "muted", text: "No recurring schedules." })];
   const rec = d => d.recurrence.cron ? `cron ${d.recurrence.cron.expr} (${d.recurrence.cron.tz})` : `every ${span(d.recurrence.every.interval_ms)}`;
@@ -299,8 +301,11 @@ pages.schedules = async function () {
         actionButton("Run now", `api/schedules/${enc(x.id)}/run`, `run ${x.id}`, { "data-action": "run" }))));
   const head = ["id", "destination", "repeats", "misfire", "calendar (coming skips)", "state", "next", "last (on the grid)", "last fired", "fired / missed / expired / skipped", ""];
   const out = [el("p", { class: "muted", id: "schedules-total", "data-total": s.total, "data-pending": s.pending,
-    text: `${s.total} schedules, ${s.pending} with a pending occurrence; the next ${s.schedules.length} to fire:` })];
+    text: `${s.total} schedules, ${s.pending} with a pending occurrence; ${schedulesAfter ? "after the last page" : "the next"} ${s.schedules.length} to fire:` })];
   out.push(table(head, rows(s.schedules), { id: "schedules-next" }));
+  out.push(el("p", {},
+    s.next ? el("button", { type: "button", id: "schedules-more", text: "Next page", onclick: () => { schedulesAfter = s.next; show(false); } }) : "",
+    " ", schedulesAfter ? el("button", { type: "button", text: "From the soonest", onclick: () => { schedulesAfter = ""; show(false); } }) : ""));
   out.push(el("h2", { text: "Paused or ended" }));
   out.push(el("p", { class: "muted", text: idleFrom ? `Scanning from ${idleFrom}.` : "Scanned from the start." },
     " ", s.idle_next ? el("button", { type: "button", id: "idle-more", text: "Scan further", onclick: () => { idleFrom = s.idle_next; show(false); } })
