@@ -28,10 +28,11 @@ if #old > 0 then redis.call('ZREM', fired_key, unpack(old)) end
 -- unpack takes. A schedule named twice in one call: the second is fenced, as it would be
 -- after the first changed its pending occurrence.
 local CHUNK = 1000
-local function read_all(command, key, names)
+-- read(from, to) reads ids[from..to]; their answers, in order.
+local function read_all(read, count)
   local out = {}
-  for from = 1, #names, CHUNK do
-    local part = redis.call(command, key, unpack(names, from, math.min(from + CHUNK - 1, #names)))
+  for from = 1, count, CHUNK do
+    local part = read(from, math.min(from + CHUNK - 1, count))
     for k = 1, #part do out[from + k - 1] = part[k] end
   end
   return out
@@ -42,22 +43,21 @@ for k, s in ipairs(starts) do
   if named[ARGV[s]] then repeated[k] = true end
   named[ARGV[s]] = true
 end
-local read_scores = read_all('ZMSCORE', sched_due_key, ids)
-local read_records = read_all('HMGET', schedules_key, ids)
-local read_envelopes = read_all('HMGET', env_key, ids)
-local read_marks = read_all('ZMSCORE', fired_key, ids)
-local read_healths = read_all('HMGET', health_key, ids)
+local read_scores = read_all(function(a, b)
+  return redis.call('ZMSCORE', sched_due_key, unpack(ids, a, b)) end, #ids)
+local read_records = read_all(function(a, b)
+  return redis.call('HMGET', schedules_key, unpack(ids, a, b)) end, #ids)
+local read_envelopes = read_all(function(a, b)
+  return redis.call('HMGET', env_key, unpack(ids, a, b)) end, #ids)
+local read_marks = read_all(function(a, b)
+  return redis.call('ZMSCORE', fired_key, unpack(ids, a, b)) end, #ids)
+local read_healths = read_all(function(a, b)
+  return redis.call('HMGET', health_key, unpack(ids, a, b)) end, #ids)
 -- Writes that nothing in this call reads again, made at its end, a few commands each.
 local due_adds, health_sets, mark_adds, pending_adds, pending_ends = {}, {}, {}, {}, {}
-local function write_all(args, command, key, option)
-  for from = 1, #args, 2 * CHUNK do
-    local to = math.min(from + 2 * CHUNK - 1, #args)
-    if option then
-      redis.call(command, key, option, unpack(args, from, to))
-    else
-      redis.call(command, key, unpack(args, from, to))
-    end
-  end
+-- write(from, to) writes args[from..to]: pairs, a chunk of them at a time.
+local function write_all(write, args)
+  for from = 1, #args, 2 * CHUNK do write(from, math.min(from + 2 * CHUNK - 1, #args)) end
 end
 local created, expired, fenced, quarantined = 0, 0, 0, {}
 local missed_total, skipped_total = 0, 0
@@ -156,10 +156,11 @@ for at, s in ipairs(starts) do
     end
   end
 end
-write_all(due_adds, 'ZADD', due_key)
-write_all(health_sets, 'HSET', health_key)
-write_all(mark_adds, 'ZADD', fired_key, 'GT')
-write_all(pending_adds, 'ZADD', sched_due_key)
+write_all(function(a, b) redis.call('ZADD', due_key, unpack(due_adds, a, b)) end, due_adds)
+write_all(function(a, b) redis.call('HSET', health_key, unpack(health_sets, a, b)) end, health_sets)
+write_all(function(a, b) redis.call('ZADD', fired_key, 'GT', unpack(mark_adds, a, b)) end, mark_adds)
+write_all(function(a, b) redis.call('ZADD', sched_due_key, unpack(pending_adds, a, b)) end,
+  pending_adds)
 for from = 1, #pending_ends, CHUNK do
   redis.call('ZREM', sched_due_key, unpack(pending_ends, from, math.min(from + CHUNK - 1, #pending_ends)))
 end
