@@ -526,12 +526,18 @@ fn replay_to_a_later_time_waits_for_it() {
     // Each arrives, never before its time: q:a gets later-1 and raw-later, q:b later-2.
     let mut seen: BTreeMap<&str, i64> = BTreeMap::new();
     wait_for("the replayed jobs", Duration::from_secs(10), || {
+        // The lengths first, then the time: a job found is stamped no earlier than it arrived
+        // (stamping first lets a poll that began before a due find the job moved at it).
+        let lengths = [llen(&mut con, "q:a"), llen(&mut con, "q:b")];
         let t = redis_now_ms(&mut con);
-        for (list, n, name) in [("q:a", 2, "q:a full"), ("q:b", 1, "q:b full")] {
-            if llen(&mut con, list) >= n {
+        for ((list, n, name), len) in [("q:a", 2, "q:a full"), ("q:b", 1, "q:b full")]
+            .into_iter()
+            .zip(lengths)
+        {
+            if len >= n {
                 seen.entry(name).or_insert(t);
             }
-            if llen(&mut con, list) >= 1 {
+            if len >= 1 {
                 seen.entry(list).or_insert(t);
             }
         }

@@ -64,7 +64,7 @@ impl Scratch {
                     .iter()
                     .filter(|kind| **kind != ShardKey::Layout);
                 out.extend(data.map(|kind| k.get(*kind).to_owned()));
-                out.extend([k.transit_in, k.unique, k.windows]);
+                out.extend([k.transit_in, k.unique, k.windows, k.sched_health]);
             }
         }
         out.extend(lane_data(&self.lane.keys));
@@ -173,6 +173,7 @@ fn lane_data(k: &LaneKeys) -> Vec<String> {
         k.flow.clone(),
         k.unique.clone(),
         k.windows.clone(),
+        k.sched_health.clone(),
     ]);
     out
 }
@@ -194,10 +195,11 @@ mod tests {
         let unique: std::collections::HashSet<_> = keys.iter().collect();
         assert_eq!(unique.len(), keys.len(), "a key listed twice");
         // Per shard, spread and layout 1 alike: seventeen shard keys (all but the layout
-        // marker), the ids in transit and the unique windows' two; then the raw source's
-        // three keys, the list, the lane's thirteen held keys, its ids in transit, its flow
-        // control state, its unique windows' two, and its two bare comparisons.
-        assert_eq!(keys.len(), 2 * (20 + 20) + 4 + 17 + 4);
+        // marker), the ids in transit, the unique windows' two and the schedules' health; then
+        // the raw source's three keys, the list, the lane's thirteen held keys, its ids in
+        // transit, its flow control state, its unique windows' two, its schedules' health, and
+        // its two bare comparisons.
+        assert_eq!(keys.len(), 2 * (21 + 21) + 4 + 18 + 4);
         for k in s.registry_keys() {
             assert!(
                 k.starts_with("{zdelay-bench}:")
