@@ -416,6 +416,29 @@ impl Home {
             Home::Lane(_) => Ok(()),
         }
     }
+
+    /// One `HSCAN` page of `hash`, one of this home's, read with the home's marker and
+    /// checked as [`Home::check_read`] does.
+    async fn hscan_page(
+        &self,
+        con: &mut Conn,
+        layout: &Keys,
+        hash: &str,
+        cursor: u64,
+        count: usize,
+    ) -> Result<ScanPage, ClientError> {
+        let (page, marker): (ScanPage, Option<String>) = redis::pipe()
+            .cmd("HSCAN")
+            .arg(hash)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(count)
+            .get(self.fence_key())
+            .query_async(con)
+            .await?;
+        self.check_read(marker, layout)?;
+        Ok(page)
+    }
 }
 
 impl Current {
@@ -827,16 +850,9 @@ impl Operator {
             let (shard, lane) = home.place();
             let mut cursor = 0;
             loop {
-                let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
-                    .cmd("HSCAN")
-                    .arg(keys.sched_quarantine)
-                    .arg(cursor)
-                    .arg("COUNT")
-                    .arg(SCAN_PAGE)
-                    .get(home.fence_key())
-                    .query_async(&mut con)
+                let (next, page) = home
+                    .hscan_page(&mut con, &layout, keys.sched_quarantine, cursor, SCAN_PAGE)
                     .await?;
-                home.check_read(marker, &layout)?;
                 out.extend(page.into_iter().map(|(id, text)| QuarantinedSchedule {
                     id,
                     shard,
@@ -873,16 +889,9 @@ impl Operator {
             let keys = home.keys();
             let mut cursor = 0;
             loop {
-                let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
-                    .cmd("HSCAN")
-                    .arg(keys.sched_health)
-                    .arg(cursor)
-                    .arg("COUNT")
-                    .arg(SCAN_PAGE)
-                    .get(home.fence_key())
-                    .query_async(&mut con)
+                let (next, page) = home
+                    .hscan_page(&mut con, &layout, keys.sched_health, cursor, SCAN_PAGE)
                     .await?;
-                home.check_read(marker, &layout)?;
                 top.extend(
                     page.into_iter()
                         .map(|(id, text)| (id, ScheduleHealth::parse(&text)))
@@ -1048,16 +1057,15 @@ impl Operator {
                     });
                     return Ok(out);
                 }
-                let ((next, page), marker): (ScanPage, Option<String>) = redis::pipe()
-                    .cmd("HSCAN")
-                    .arg(keys.schedules)
-                    .arg(cursor)
-                    .arg("COUNT")
-                    .arg((scan - read).clamp(1, SCAN_PAGE))
-                    .get(home.fence_key())
-                    .query_async(&mut con)
+                let (next, page) = home
+                    .hscan_page(
+                        &mut con,
+                        &layout,
+                        keys.schedules,
+                        cursor,
+                        (scan - read).clamp(1, SCAN_PAGE),
+                    )
                     .await?;
-                home.check_read(marker, &layout)?;
                 read += page.len().max(1);
                 if !page.is_empty() {
                     let pending: Vec<Option<f64>> = redis::cmd("ZMSCORE")
