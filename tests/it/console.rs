@@ -1587,8 +1587,12 @@ fn single_id_replay_and_purge_touch_one_shard() {
         .unwrap();
         assert_eq!(status, 200, "{action}: {body}");
         let log = logged(&mut con);
+        // The daemon's own look for the schedules that missed the most (a scan of the
+        // schedules' health records, at its first stats sample and every minute after) may
+        // fall in the window; it is not the request's.
         assert!(
-            log.iter().all(|l| !l.args[0].eq_ignore_ascii_case("hscan")),
+            log.iter()
+                .all(|l| !l.args[0].eq_ignore_ascii_case("hscan") || l.names(":sched_health")),
             "{action}: a scan"
         );
         let ours: Vec<&Logged> = log
