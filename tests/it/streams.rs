@@ -328,7 +328,7 @@ fn a_consumer_group_reads_every_job_once_on_a_cluster() {
     create_group(&mut con, STREAM);
     let rt = common::runtime();
     let client = config.client(&rt);
-    let base = redis_now_ms_cluster(&mut con) + 1_000;
+    let base = common::redis_now_ms_any(&mut con) + 1_000;
     enqueue(
         &rt,
         &client,
@@ -363,8 +363,24 @@ fn a_consumer_group_reads_every_job_once_on_a_cluster() {
     assert!(!log.contains("CROSSSLOT"), "{log}");
 }
 
-fn redis_now_ms_cluster(con: &mut dyn redis::ConnectionLike) -> i64 {
-    common::redis_now_ms_any(con)
+/// Sets the server to 10 entries a stream node, then writes 20 entries from 1970 to the
+/// stream `aged`: two whole nodes older than any age, which trimming by age drops.
+fn seed_ancient_stream(con: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("stream-node-max-entries")
+        .arg(10)
+        .query(con)
+        .unwrap();
+    for seq in 1..=20 {
+        let _: String = redis::cmd("XADD")
+            .arg("aged")
+            .arg(format!("1-{seq}"))
+            .arg("payload")
+            .arg("ancient")
+            .query(con)
+            .unwrap();
+    }
 }
 
 /// `trim_max_len` keeps about that many entries, the newest; `trim_max_age` drops entries
@@ -374,22 +390,7 @@ fn redis_now_ms_cluster(con: &mut dyn redis::ConnectionLike) -> i64 {
 fn trimming_keeps_the_newest_entries_and_drops_old_ones() {
     let redis = RedisServer::start();
     let mut con = redis.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("stream-node-max-entries")
-        .arg(10)
-        .query(&mut con)
-        .unwrap();
-    // 20 entries from 1970: two whole nodes older than any age.
-    for seq in 1..=20 {
-        let _: String = redis::cmd("XADD")
-            .arg("aged")
-            .arg(format!("1-{seq}"))
-            .arg("payload")
-            .arg("ancient")
-            .query(&mut con)
-            .unwrap();
-    }
+    seed_ancient_stream(&mut con);
     let config = TestConfig::new(
         &redis.url(),
         1,
@@ -661,21 +662,7 @@ fn a_remote_stream_is_trimmed_as_its_route_says() {
     let scheduler = RedisServer::start();
     let target = RedisServer::start();
     let mut tcon = target.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("stream-node-max-entries")
-        .arg(10)
-        .query(&mut tcon)
-        .unwrap();
-    for seq in 1..=20 {
-        let _: String = redis::cmd("XADD")
-            .arg("aged")
-            .arg(format!("1-{seq}"))
-            .arg("payload")
-            .arg("ancient")
-            .query(&mut tcon)
-            .unwrap();
-    }
+    seed_ancient_stream(&mut tcon);
     let config = TestConfig::new(
         &scheduler.url(),
         2,
