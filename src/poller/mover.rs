@@ -35,7 +35,7 @@ use tokio_util::task::TaskTracker;
 use zdelay_core::config::ScoreUnit;
 use zdelay_core::lane::Lane;
 use zdelay_core::routes::Routes;
-use zdelay_core::schedules::{self, SchedAt, ScheduleCache};
+use zdelay_core::schedules::{self, DirectPush, SchedAt, ScheduleCache};
 use zdelay_core::store::scripts::{
     self, DUE_DEAD_KINDS, Held, MoveDue, MoveLane, MoveRaw, MoveReply, RAW_DEAD_KINDS, Take,
 };
@@ -183,18 +183,20 @@ impl FireOutcome {
 }
 
 /// Fires the due schedules of a shard or a route lane (one bounded script call); a raw
-/// source has none.
+/// source has none. A lane without flow control pushes the occurrences due now straight onto
+/// its list: those are recorded as a move (returned as its reply, for the batch observer).
 async fn fire_schedules(
     ctx: &PollerContext,
     target: &Target,
     cache: &mut ScheduleCache,
     label: &str,
-) -> redis::RedisResult<FireOutcome> {
+) -> redis::RedisResult<(FireOutcome, Option<MoveReply>)> {
     let mut con = ctx.con_for(&target.id());
+    let m = &ctx.mover;
     let report = match target {
         Target::Shard(shard) => {
             let keys = ctx.keys.shard(*shard);
-            schedules::fire_due(&mut con, SchedAt::Shard(&keys), None, cache).await?
+            schedules::fire_due(&mut con, SchedAt::Shard(&keys), None, cache, None).await?
         }
         Target::Lane(lane) => {
             let wake_channel = ctx.keys.wake_channel();
@@ -202,13 +204,20 @@ async fn fire_schedules(
                 lane,
                 wake_channel: &wake_channel,
             };
-            schedules::fire_due(&mut con, at, None, cache).await?
+            // A held route's move decides when its jobs go: they wait as jobs.
+            let direct = (!m.flows.contains_key(&lane.route)).then_some(DirectPush {
+                push: lane.push,
+                now_ms: None,
+                max_payload: m.max_payload,
+                bounds_ms: &m.bounds_ms,
+            });
+            schedules::fire_due(&mut con, at, None, cache, direct).await?
         }
-        Target::Source(_) => return Ok(FireOutcome::Done),
+        Target::Source(_) => return Ok((FireOutcome::Done, None)),
     };
     let fired = &report.fired;
     for (outcome, n) in [
-        ("fired", fired.created),
+        ("fired", fired.created + fired.pushed),
         ("expired", fired.expired),
         ("missed", fired.missed),
         ("skipped_by_calendar", fired.skipped_by_calendar),
@@ -221,7 +230,15 @@ async fn fire_schedules(
     for (id, reason) in &fired.quarantined {
         metrics::schedule_quarantined(label, id, reason);
     }
-    Ok(FireOutcome::of(&report))
+    let pushed = (fired.pushed > 0).then(|| MoveReply {
+        taken: fired.pushed as usize,
+        now_us: fired.pushed_now_ms.saturating_mul(1000),
+        moved: vec![fired.pushed],
+        buckets: fired.pushed_buckets.clone(),
+        max_lateness_ms: fired.pushed_max_lateness_ms,
+        ..MoveReply::default()
+    });
+    Ok((FireOutcome::of(&report), pushed))
 }
 
 /// The walks of one shard's ready set: which sinks' parts to walk, and where each stands.
@@ -450,9 +467,16 @@ pub async fn run(
                     && at.saturating_mul(1000) <= reply.now_us
                 {
                     let fired = fire_schedules(&ctx, &target, &mut schedule_cache, &label).await;
-                    if fired.is_ok() {
+                    let fired = fired.map(|(outcome, pushed)| {
                         metrics::recovered("redis", &schedules_label);
-                    }
+                        if let Some(pushed) = pushed {
+                            record(&ctx, &target, &label, &pushed);
+                            if let Some(observe) = &on_batch {
+                                observe(&target, &pushed);
+                            }
+                        }
+                        outcome
+                    });
                     match fired {
                         // New jobs are due now: move them without waiting.
                         Ok(FireOutcome::More) => {

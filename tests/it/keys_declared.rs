@@ -574,6 +574,12 @@ route = "m"
                 now,
                 3_600_000,
                 &[firing],
+                Some(scripts::DirectPush {
+                    push: zdelay::config::Push::Lpush,
+                    now_ms: Some(now),
+                    max_payload: 1 << 20,
+                    bounds_ms: &[10, 100],
+                }),
             ))
             .expect("fire_schedules_lane");
         assert_eq!((fired.created, fired.expired), (1, 1));

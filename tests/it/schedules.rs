@@ -631,6 +631,7 @@ fn fire_and_move(
             at,
             Some(now),
             &mut cache,
+            None,
         ))
         .expect("fire_due");
     rt.block_on(zdelay::poller::move_once(
@@ -895,25 +896,53 @@ fn concurrent_unchanged_sets_keep_every_occurrence_exactly_once() {
     let _ = monitor.kill();
     let _ = monitor.wait();
     let text = std::fs::read_to_string(monitor_file.path()).unwrap();
-    // Every job a firing wrote: HSETNX <lane>:jobs {tick}:<ms> <payload>, run by a script.
-    let mut written: Vec<i64> = text
+    // Every job a firing wrote: HSETNX <lane>:jobs {tick}:<ms> <payload>, run by a script;
+    // and every element a script pushed onto q:l (the schedule's only route, nothing else is
+    // enqueued here): the occurrences a firing pushed straight on (due when it fired) and the
+    // written jobs their moves pushed.
+    let commands: Vec<_> = text
         .lines()
         .filter_map(crate::keys_declared::parse_monitor_line)
-        .filter(|(client, args)| {
-            client == "lua" && args.len() == 4 && args[0].eq_ignore_ascii_case(b"HSETNX")
-        })
-        .filter_map(|(_, args)| {
+        .filter(|(client, _)| client == "lua")
+        .map(|(_, args)| args)
+        .collect();
+    let mut written: Vec<i64> = commands
+        .iter()
+        .filter(|args| args.len() == 4 && args[0].eq_ignore_ascii_case(b"HSETNX"))
+        .filter_map(|args| {
             let field = String::from_utf8(args[2].clone()).ok()?;
             field.strip_prefix("{tick}:")?.parse().ok()
         })
         .collect();
     written.sort_unstable();
+    written.dedup();
+    let pushed: usize = commands
+        .iter()
+        .filter(|args| {
+            args[0].eq_ignore_ascii_case(b"RPUSH") && args.get(1).is_some_and(|k| k == b"q:l")
+        })
+        .map(|args| args.len() - 2)
+        .sum();
     eprintln!(
-        "{} concurrent sets; occurrences written {written:?}",
+        "{} concurrent sets; occurrences written as jobs {written:?}, elements pushed {pushed}",
         sets.load(std::sync::atomic::Ordering::Relaxed)
     );
     let want: Vec<i64> = (0..10).map(|k| start + k * 1000).collect();
-    assert_eq!(written, want, "each occurrence written once, none skipped");
+    assert!(
+        written.iter().all(|o| want.contains(o)),
+        "only the window's occurrences: {written:?}"
+    );
+    // The moves push the written jobs onto q:l too: every element pushed is one delivered.
+    assert_eq!(pushed, delivered, "nothing pushed twice");
+    let view = lib_rt
+        .block_on(lib.schedule_get("tick"))
+        .unwrap()
+        .expect("the schedule");
+    assert_eq!(
+        (view.health.fired, view.health.missed),
+        (10, 0),
+        "each occurrence fired once, none skipped"
+    );
     assert_eq!(delivered, 10, "each delivered once");
 }
 
@@ -1014,6 +1043,117 @@ fn slowlog_script_us(con: &mut redis::Connection, sha: &str) -> Vec<i64> {
 /// script: its time in Redis is read from `SLOWLOG`), and over the calls each occurrence
 /// the policy keeps is written exactly once. The jobs are taken away after each call, as a
 /// mover would move them, so Redis holds no more than one call's worth.
+/// Fires `lane`'s due schedules at `now` (explicit: the test drives time), pushing what is due
+/// straight onto the list as the daemon does; returns (written as jobs, pushed).
+fn fire_direct(
+    rt: &tokio::runtime::Runtime,
+    lib: &Client,
+    lane: &zdelay::lane::Lane,
+    now: i64,
+    max_payload: usize,
+) -> (u64, u64, Vec<u64>) {
+    let wake_channel = lib.keys().wake_channel();
+    let at = zdelay::schedules::SchedAt::Lane {
+        lane,
+        wake_channel: &wake_channel,
+    };
+    let direct = zdelay::schedules::DirectPush {
+        push: lane.push,
+        now_ms: None,
+        max_payload,
+        bounds_ms: &[50, 500],
+    };
+    let report = rt
+        .block_on(zdelay::schedules::fire_due(
+            &mut lib.connection(),
+            at,
+            Some(now),
+            &mut zdelay::schedules::ScheduleCache::default(),
+            Some(direct),
+        ))
+        .expect("fire_due");
+    let fired = report.fired;
+    (fired.created, fired.pushed, fired.pushed_buckets)
+}
+
+#[test]
+fn due_occurrences_go_straight_onto_the_list_unless_a_job_waits_before_them() {
+    let redis = RedisServer::start();
+    let config = config(&redis, "");
+    let rt = runtime();
+    let lib = client(&rt, &config);
+    let mut con = redis.conn();
+    let lanes = config.register_routes(&rt);
+    let lane = lanes.iter().find(|l| l.route == "l").unwrap().clone();
+    let mut ctx =
+        zdelay::poller::PollerContext::new(lib.connection(), &config.load(), Default::default());
+    ctx.with_lanes(lib.keys(), lanes);
+    let move_at = |now: i64| {
+        rt.block_on(zdelay::poller::move_once(
+            &ctx,
+            &zdelay::poller::Target::Lane(lane.clone()),
+            Some(now),
+        ))
+        .expect("move_once")
+    };
+    // Every second from T (an hour ahead: time is driven explicitly from here on).
+    let t = redis_now_ms(&mut con) + 3_600_000;
+    rt.block_on(lib.schedule_set(windowed("a", "l", Duration::from_secs(1), t, t + 60_000)))
+        .unwrap();
+    // A job due just before T waits in the lane: the occurrence at T must not pass it.
+    let early = NewJob::new("l", "early").id("early").at(t - 1);
+    rt.block_on(lib.enqueue(early, OnConflict::Error)).unwrap();
+    assert_eq!(
+        fire_direct(&rt, &lib, &lane, t + 100, 1 << 20).0,
+        1,
+        "written as a job"
+    );
+    move_at(t + 100);
+    assert_eq!(
+        crate::common::lrange(&mut con, "q:l"),
+        vec![b"early".to_vec(), b"a".to_vec()],
+        "in due order"
+    );
+    // Nothing waits before the next: pushed in the firing, no job written, no move needed;
+    // its lateness (120 ms) counted in the bucket (50, 500].
+    assert_eq!(
+        fire_direct(&rt, &lib, &lane, t + 1_120, 1 << 20),
+        (0, 1, vec![0, 1, 0])
+    );
+    assert_eq!(lane_jobs(&mut con, &["l"]), 0);
+    assert_eq!(llen(&mut con, "q:l"), 3);
+    // A payload over the push's largest waits as a job, for its move to judge (here the
+    // move's largest is the config's, and it delivers it).
+    assert_eq!(fire_direct(&rt, &lib, &lane, t + 2_000, 0), (1, 0, vec![]));
+    move_at(t + 2_000);
+    assert_eq!(llen(&mut con, "q:l"), 4);
+    // A list key of another type: the push writes nothing, the occurrence is written as a
+    // job instead, and its move sends it to dead (wrong_type). Nothing is lost either way.
+    let _: () = redis::cmd("RENAME")
+        .arg("q:l")
+        .arg("q:l:kept")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("q:l")
+        .arg("not a list")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        fire_direct(&rt, &lib, &lane, t + 3_000, 1 << 20),
+        (1, 0, vec![])
+    );
+    move_at(t + 3_000);
+    let view = rt
+        .block_on(lib.get(&format!("{{a}}:{}", t + 3_000)))
+        .unwrap()
+        .expect("the occurrence, dead");
+    assert_eq!(view.state, zdelay::JobState::Dead);
+    let reason = view.reason.unwrap_or_default();
+    assert!(reason.starts_with("WRONGTYPE"), "{reason}");
+    assert_eq!(llen(&mut con, "q:l:kept"), 4);
+}
+
 #[test]
 fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
     const SCHEDULES: usize = 30;
@@ -1077,6 +1217,7 @@ fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
                     at,
                     Some(now),
                     &mut cache,
+                    None,
                 ))
                 .expect("fire_due");
             let n = report.fired.created + report.fired.expired;

@@ -35,7 +35,9 @@
 --   over by the misfire policy), occurrences skipped by calendar, D, then D triples (job id,
 --   occurrence ms, due ms: the occurrence, or later by the schedule's jitter) to deliver, E, then E pairs (job id, occurrence ms) expired
 -- Returns: { jobs created, occurrences expired, schedules fenced, occurrences missed,
---   occurrences skipped by calendar, then for each schedule quarantined its id and the reason };
+--   occurrences skipped by calendar, 0, 0, 0, 0 (nothing is pushed onto a list here:
+--   fire_schedules_lane's reply shape), then for each schedule quarantined its id and the
+--   reason };
 --   error ZDELAY_FIRE_BOUND <n> (nothing written) when the call carries more than 1000
 --   occurrences.
 -- Re-run safety: yes; the first run moved each schedule's pending occurrence, so a re-run is
@@ -45,11 +47,10 @@ local shard_marker = KEYS[11]
 local due_key, jobs_key, dead_key, reasons_key, limit_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local schedules_key, env_key, sched_due_key = KEYS[6], KEYS[7], KEYS[8]
 local fired_key, quarantine_key, health_key = KEYS[9], KEYS[10], KEYS[12]
--- An occurrence is a job of the shard carrying the schedule's envelope.
-local function occurrences(envelope)
-  return {
-    write = function(job) return redis.call('HSETNX', jobs_key, job, envelope) == 1 end,
-    waiting = function(_) end,
-  }
-end
+-- An occurrence is a job of the shard carrying the schedule's envelope (its sink publishes
+-- it: never pushed onto a list here).
+local FIRST, direct = 4, nil
+local function split(envelope) return envelope, '' end
+local function write_job(job, envelope) return redis.call('HSETNX', jobs_key, job, envelope) == 1 end
+local function waiting(_, _) end
 -- @include fire_schedules_body

@@ -43,11 +43,11 @@ use crate::operator::Operator;
 use crate::schedule::{Schedule, ScheduleDef};
 use crate::store::Conn;
 pub use crate::store::scripts::FIRE_MAX_OCCURRENCES;
-pub use crate::store::scripts::SchedAt;
 use crate::store::scripts::{
     self, DueSchedule, EnqueueCall, EnqueueItem, Fired, Firing, LaneItem, PendingWrite,
     ScheduleWrite, Upserted, score_ms,
 };
+pub use crate::store::scripts::{DirectPush, SchedAt};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -1448,6 +1448,7 @@ pub async fn fire_due(
     at: SchedAt<'_>,
     now_ms: Option<i64>,
     cache: &mut ScheduleCache,
+    direct: Option<DirectPush<'_>>,
 ) -> redis::RedisResult<FireReport> {
     let (now, due) = scripts::due_schedules(con, at, now_ms, FIRE_BATCH).await?;
     let mut report = FireReport {
@@ -1543,7 +1544,14 @@ pub async fn fire_due(
     report.sent = firings.len();
     if !firings.is_empty() {
         let retention = MARK_RETENTION.as_millis() as u64;
-        report.fired = scripts::fire_schedules(con, at, now, retention, &firings).await?;
+        let direct = match direct {
+            Some(d) => Some(DirectPush {
+                now_ms: con.script_now_ms(now_ms).await?,
+                ..d
+            }),
+            None => None,
+        };
+        report.fired = scripts::fire_schedules(con, at, now, retention, &firings, direct).await?;
     }
     Ok(report)
 }

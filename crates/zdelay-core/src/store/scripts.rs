@@ -1901,10 +1901,32 @@ pub struct Firing {
     pub skipped_by_calendar: u64,
 }
 
+/// Where a route lane's occurrences that are due go at once: straight onto its list, in the
+/// firing script (`fire_schedules_lane`), instead of being written as jobs for its move.
+#[derive(Debug, Clone, Copy)]
+pub struct DirectPush<'a> {
+    /// The lane's push: `LPUSH` or `RPUSH`.
+    pub push: Push,
+    /// The push's now, ms (a test clock's time, or a test's); `None` = Redis TIME.
+    pub now_ms: Option<i64>,
+    /// A larger payload waits as a job (its move sends it to dead).
+    pub max_payload: usize,
+    /// The lateness bucket bounds the pushed occurrences are counted in, ms, ascending.
+    pub bounds_ms: &'a [u64],
+}
+
 /// What `fire_schedules` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fired {
+    /// Occurrences written as jobs, due (the move delivers them).
     pub created: u64,
+    /// Occurrences pushed straight onto the lane's list ([`DirectPush`]).
+    pub pushed: u64,
+    /// When they were pushed (the script's now, ms), their largest lateness, ms, and their
+    /// count per lateness bucket (one more than the bounds; empty when none was pushed).
+    pub pushed_now_ms: i64,
+    pub pushed_max_lateness_ms: i64,
+    pub pushed_buckets: Vec<u64>,
     pub expired: u64,
     pub fenced: u64,
     /// Occurrences passed over by a misfire policy, and skipped by calendar (as the firings
@@ -1923,6 +1945,7 @@ pub async fn fire_schedules(
     now_ms: i64,
     mark_retention_ms: u64,
     firings: &[Firing],
+    direct: Option<DirectPush<'_>>,
 ) -> redis::RedisResult<Fired> {
     let mut inv = at.call(
         &compiled::fire_schedules,
@@ -1947,6 +1970,24 @@ pub async fn fire_schedules(
     );
     inv.key(at.health_key()).arg(now_ms).arg(mark_retention_ms);
     let text = |n: Option<i64>| n.map(|n| n.to_string()).unwrap_or_default();
+    if let SchedAt::Lane { lane, .. } = at {
+        inv.key(&lane.list);
+        // A stream's entries carry the job's headers: its move writes them, never a push here.
+        match direct.filter(|d| d.push != Push::Xadd) {
+            Some(d) => {
+                inv.arg(d.push.command())
+                    .arg(text(d.now_ms))
+                    .arg(d.max_payload)
+                    .arg(d.bounds_ms.len());
+                for b in d.bounds_ms {
+                    inv.arg(b);
+                }
+            }
+            None => {
+                inv.arg("").arg("").arg(0).arg(0);
+            }
+        }
+    }
     for f in firings {
         inv.arg(&f.id)
             .arg(&f.read_score)
@@ -1974,12 +2015,19 @@ pub async fn fire_schedules(
     };
     let (created, expired, fenced) = (count()?, count()?, count()?);
     let (missed, skipped_by_calendar) = (count()?, count()?);
+    let (pushed, pushed_now_ms) = (count()?, count()? as i64);
+    let pushed_max_lateness_ms = count()? as i64;
+    let pushed_buckets = (0..count()?).map(|_| count()).collect::<Result<_, _>>()?;
     let mut quarantined = Vec::new();
     while let (Some(id), Some(reason)) = (it.next(), it.next()) {
         quarantined.push((as_string(id)?, as_string(reason)?));
     }
     Ok(Fired {
         created,
+        pushed,
+        pushed_now_ms,
+        pushed_max_lateness_ms,
+        pushed_buckets,
         expired,
         fenced,
         missed,
