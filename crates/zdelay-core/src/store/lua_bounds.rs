@@ -89,6 +89,8 @@ const BOUNDED_ELSEWHERE: &[(&str, &str, &str)] = &[
      "the n ≤ batch ids the call read with LIMIT"),
     ("move_lane.lua", "due_key,0,n-1",
      "the n ≤ batch ids the call read with LIMIT"),
+    ("include/fire_schedules_body.lua", "direct.list,unpack(payloads)",
+     "the push (LPUSH or RPUSH) of the call's due occurrences: at most MAX_OCCURRENCES"),
     ("move_lane.lua", "list_key,unpack(payload_list,from+shift,to+shift)",
      "the push (LPUSH or RPUSH, from the marker) of a chunk of the batch the call read"),
     ("move_raw.lua", "src,n,n+chunk-1",
