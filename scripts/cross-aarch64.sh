@@ -22,7 +22,7 @@ cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
 CACHE=${ZDELAY_CACHE:-$HOME/.cache/zdelay}
 TRIPLE=aarch64-unknown-linux-gnu
 CROSS_TARGET=${ZDELAY_CROSS_TARGET:-$CACHE/cross-target}
-PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu libc6-dev-arm64-cross libssl-dev:arm64
+PACKAGES=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu libc6-dev-arm64-cross libssl-dev:arm64
     zlib1g-dev:arm64 qemu-user-static)
 
 die() { printf 'cross-aarch64.sh: %s\n' "$*" >&2; exit 1; }
