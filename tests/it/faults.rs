@@ -271,20 +271,23 @@ struct RaceJob {
     act_at: Option<i64>,
 }
 
-/// One round of a race: `n` jobs due 30..80 ms from now on route `a`; a random half are
-/// to be acted on around their due time, from 20 ms before to 4 ms after.
+/// One round of a race: `n` jobs due within 50 ms after `lead` ms from now on route `a`; a
+/// random half are to be acted on around their due time, from 20 ms before to 4 ms after.
+/// `lead` grows to twice what the enqueue took, so that on a loaded host the next round's
+/// jobs are still waiting when their race starts (else every action comes too late).
 fn prepare_round(
     rt: &tokio::runtime::Runtime,
     lib: &Client,
     con: &mut redis::Connection,
     rng: &mut SeededRng,
-    round: usize,
-    n: usize,
+    (round, n): (usize, usize),
+    lead: &mut i64,
 ) -> Vec<RaceJob> {
     let now = redis_now_ms(con);
+    let started = std::time::Instant::now();
     let round: Vec<RaceJob> = (0..n)
         .map(|i| {
-            let due = now + rng.range(30, 80);
+            let due = now + *lead + rng.range(0, 50);
             let chosen = rng.next_u64().is_multiple_of(2);
             RaceJob {
                 id: format!("r{round}-{i}"),
@@ -301,6 +304,7 @@ fn prepare_round(
         .block_on(lib.enqueue_batch(jobs, OnConflict::Error))
         .expect("enqueue");
     assert!(results.iter().all(|r| r.is_ok()));
+    *lead = (*lead).max(2 * started.elapsed().as_millis() as i64);
     round
 }
 
@@ -350,12 +354,13 @@ fn cancel_races_the_mover() {
     let mut con = redis.conn();
     let mut rng = SeededRng::new(0x5eed_0003);
     let (mut won, mut lost) = (0usize, 0usize);
+    let mut lead = 30;
     for round in 0..5 {
         redis::cmd("DEL")
             .arg(LIST_A)
             .query::<()>(&mut con)
             .expect("DEL");
-        let jobs = prepare_round(&rt, &lib, &mut con, &mut rng, round, N);
+        let jobs = prepare_round(&rt, &lib, &mut con, &mut rng, (round, N), &mut lead);
         let outcomes = race(&rt, &jobs, |id| {
             let lib = lib.clone();
             async move { lib.cancel(&id).await.expect("cancel") }
@@ -438,10 +443,11 @@ fn reschedule_races_the_mover() {
     let mut con = redis.conn();
     let mut rng = SeededRng::new(0x5eed_0004);
     let (mut moved_later, mut too_late) = (0usize, 0usize);
+    let mut lead = 30;
     for round in 0..5 {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let popper = consumer(redis.url(), LIST_A, stop.clone());
-        let jobs = prepare_round(&rt, &lib, &mut con, &mut rng, round, N);
+        let jobs = prepare_round(&rt, &lib, &mut con, &mut rng, (round, N), &mut lead);
         let outcomes = race(&rt, &jobs, |id| {
             let lib = lib.clone();
             let delay = Duration::from_millis(rng.range(300, 600) as u64);
