@@ -34,6 +34,8 @@ pub struct MoverSettings {
     pub flows: HashMap<String, zdelay_core::config::RouteFlow>,
     /// Trimming of the stream routes that have any, by route name.
     pub trims: HashMap<String, zdelay_core::config::StreamTrim>,
+    /// How long before their time schedules' occurrences are written as jobs, ms.
+    pub fire_ahead_ms: u64,
 }
 
 /// How two-phase jobs are claimed, and what happens to them after their sink answered.
@@ -72,6 +74,7 @@ impl MoverSettings {
                 .iter()
                 .filter_map(|r| Some((r.name.clone(), r.trim()?)))
                 .collect(),
+            fire_ahead_ms: p.fire_ahead.as_millis() as u64,
         }
     }
 }

@@ -125,7 +125,8 @@ async fn move_taking(
 }
 
 /// How long to sleep after a batch that was not full: until the head, the shard's next
-/// schedule occurrence or its earliest lease deadline is due, at most `idle`. The times come
+/// schedule firing (`next_schedule_ms`, which the loop sets `fire_ahead` before the
+/// occurrence) or its earliest lease deadline is due, at most `idle`. The times come
 /// from Redis, so local clock skew does not matter.
 pub fn sleep_after(reply: &MoveReply, unit: ScoreUnit, idle: Duration) -> Duration {
     let until = |ms: f64| {
@@ -196,7 +197,8 @@ async fn fire_schedules(
     let report = match target {
         Target::Shard(shard) => {
             let keys = ctx.keys.shard(*shard);
-            schedules::fire_due(&mut con, SchedAt::Shard(&keys), None, cache, None).await?
+            let at = SchedAt::Shard(&keys);
+            schedules::fire_due(&mut con, at, None, m.fire_ahead_ms, cache, None).await?
         }
         Target::Lane(lane) => {
             let wake_channel = ctx.keys.wake_channel();
@@ -211,7 +213,7 @@ async fn fire_schedules(
                 max_payload: m.max_payload,
                 bounds_ms: &m.bounds_ms,
             });
-            schedules::fire_due(&mut con, at, None, cache, direct).await?
+            schedules::fire_due(&mut con, at, None, m.fire_ahead_ms, cache, direct).await?
         }
         Target::Source(_) => return Ok((FireOutcome::Done, None)),
     };
@@ -444,7 +446,11 @@ pub async fn run(
         // The room the move did not use goes back now, before any wait (a failed call's too).
         drop(room);
         let delay = match moved {
-            Ok(reply) => {
+            Ok(mut reply) => {
+                // Schedules fire `fire_ahead` before their next occurrence.
+                reply.next_schedule_ms = reply
+                    .next_schedule_ms
+                    .map(|at| at.saturating_sub(ctx.mover.fire_ahead_ms as i64));
                 held = reply.held != Held::Flowing;
                 ::metrics::histogram!(SCRIPT_DURATION, "script" => script)
                     .record(started.elapsed().as_secs_f64());
@@ -600,10 +606,13 @@ async fn lane_wait(ctx: &PollerContext, lane: &Lane) -> redis::RedisResult<Optio
     // A test clock's offset (no I/O without one): the heads are in its time.
     let offset_ms = con.clock_offset_ms().await? as f64;
     let now_ms = time.0 as f64 * 1000.0 + time.1 as f64 / 1000.0 + offset_ms;
+    // A schedule's occurrence is written `fire_ahead` before its time.
+    let ahead_ms = ctx.mover.fire_ahead_ms as f64;
+    let due = due.iter().map(|(_, at)| *at);
+    let fire = schedule.iter().map(|(_, at)| at - ahead_ms);
     Ok(due
-        .iter()
-        .chain(&schedule)
-        .map(|(_, at)| Duration::from_secs_f64(((at - now_ms) / 1000.0).max(0.0)))
+        .chain(fire)
+        .map(|at| Duration::from_secs_f64(((at - now_ms) / 1000.0).max(0.0)))
         .min())
 }
 

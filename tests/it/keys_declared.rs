@@ -548,21 +548,26 @@ route = "m"
             envelope: &frame,
             pending: scripts::PendingWrite::Next(Some(now - 1_000)),
             now_ms: now - 2_000,
+            withdraw: scripts::Withdraw::default(),
         };
         rt.block_on(scripts::upsert_schedule(&mut lcon, at, &write))
             .expect("upsert_schedule_lane");
         let (_, due) = rt
-            .block_on(scripts::due_schedules(&mut lcon, at, Some(now), 10))
+            .block_on(scripts::due_schedules(&mut lcon, at, Some(now), 0, 10))
             .expect("due_schedules_lane");
         let firing = scripts::Firing {
             id: "s".into(),
             read_score: due[0].score.clone(),
             read_version: "1".into(),
-            mark_ms: Some(now),
+            mark_ms: Some(now + 6_000),
             next_ms: None,
             max_lateness_ms: Some(5),
             quarantine: None,
-            deliver: vec![("s:1".into(), now - 1_000, now - 1_000)],
+            deliver: vec![
+                ("s:1".into(), now - 1_000, now - 1_000),
+                ("s:3".into(), now + 5_000, now + 5_000),
+                ("s:4".into(), now + 6_000, now + 6_000),
+            ],
             expired: vec![("s:2".into(), now - 900)],
             missed: 2,
             skipped_by_calendar: 1,
@@ -582,10 +587,36 @@ route = "m"
                 }),
             ))
             .expect("fire_schedules_lane");
-        assert_eq!((fired.created, fired.expired), (1, 1));
-        assert!(
-            rt.block_on(scripts::delete_schedule(&mut lcon, at, "s", 3_600_000))
-                .expect("delete_schedule_lane")
+        assert_eq!((fired.created, fired.pushed, fired.expired), (2, 1, 1));
+        // Its occurrences written ahead are withdrawn: s:4 by an update, s:3 by the delete.
+        let (mark, withdrawn) = ((now + 6_000).to_string(), ["s:4".to_owned()]);
+        let write = scripts::ScheduleWrite {
+            expected_version: 1,
+            read_mark: Some(&mark),
+            pending: scripts::PendingWrite::Next(Some(now + 10_000)),
+            withdraw: scripts::Withdraw {
+                jobs: &withdrawn,
+                mark_ms: now + 5_999,
+            },
+            ..write
+        };
+        let upserted = rt
+            .block_on(scripts::upsert_schedule(&mut lcon, at, &write))
+            .expect("upsert_schedule_lane withdrawing");
+        assert!(matches!(upserted, scripts::Upserted::Written { version: 2, .. }));
+        let mark = (now + 5_999).to_string();
+        let withdraw = ["s:3".to_owned()];
+        assert_eq!(
+            rt.block_on(scripts::delete_schedule(
+                &mut lcon,
+                at,
+                "s",
+                3_600_000,
+                Some(&mark),
+                &withdraw
+            ))
+            .expect("delete_schedule_lane"),
+            Some(true)
         );
         // The route's list moves to another slot: the lane is retired holding the fired
         // occurrences, and the relocation moves it into the new lane and ends the old one.

@@ -630,6 +630,7 @@ fn fire_and_move(
             &mut con,
             at,
             Some(now),
+            0,
             &mut cache,
             None,
         ))
@@ -1068,6 +1069,7 @@ fn fire_direct(
             &mut lib.connection(),
             at,
             Some(now),
+            0,
             &mut zdelay::schedules::ScheduleCache::default(),
             Some(direct),
         ))
@@ -1216,6 +1218,7 @@ fn a_big_catch_up_is_written_in_bounded_calls_each_occurrence_once() {
                     &mut fire_con,
                     at,
                     Some(now),
+                    0,
                     &mut cache,
                     None,
                 ))

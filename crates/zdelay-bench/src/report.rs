@@ -122,6 +122,8 @@ pub(super) struct ScheduleFiring {
     pub(super) load_s: f64,
     /// T minus Redis TIME when the pollers started.
     pub(super) margin_ms: i64,
+    /// `poller.fire_ahead`: how long before T the pollers write the occurrences as jobs.
+    pub(super) fire_ahead_ms: u64,
     /// Redis TIME at the start of the first move of an occurrence, minus T.
     pub(super) first_delivery_after_t_ms: f64,
     /// When the pollers saw the last occurrence delivered, minus T.
@@ -766,13 +768,14 @@ pub(super) fn render(r: &Report) -> String {
         let _ = writeln!(
             s,
             "  first delivered at T+{:.1} ms, all {} by T+{:.1} ms: {:.0} occurrences/s, {:.2} \
-             Redis cpu s/M, margin {} ms",
+             Redis cpu s/M, margin {} ms, fired {} ms ahead",
             x.first_delivery_after_t_ms,
             x.schedules,
             x.all_delivered_after_t_ms,
             x.per_sec,
             x.redis_cpu_s_per_million,
-            x.margin_ms
+            x.margin_ms,
+            x.fire_ahead_ms
         );
         let l = &x.lateness;
         let ms = |v: Option<i64>| v.map_or("-".to_owned(), |v| v.to_string());

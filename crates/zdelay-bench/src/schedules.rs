@@ -1,7 +1,8 @@
 //! `schedules`: N recurring schedules whose occurrence falls on one moment T; how fast and how
 //! late the occurrences go out. The schedules of a local route live in its lane, and its
-//! mover fires them (plan + one script per batch of schedules, then the ordinary move of the
-//! jobs it created).
+//! mover fires them (plan + one script per batch of schedules), `poller.fire_ahead` before T
+//! as jobs due at T, then moves those jobs at T; with `fire_ahead = "0s"` at T, pushing the
+//! occurrences straight onto the list.
 
 use super::load::status;
 use super::measure::{llen, redis_cpu, system_time_ms, used_memory};
@@ -22,19 +23,23 @@ pub(super) async fn schedules(env: &mut Env, n: u64) -> anyhow::Result<ScheduleF
     status(&format!("schedules: {n} schedules firing at one moment"));
     env.scratch.clean(&mut env.con, false).await?;
     let memory_empty = used_memory(&mut env.con).await?;
-    // The schedules' first occurrence T leaves time to load them: about 200 µs each at first,
-    // and on a host too busy for that, again with the time the last try took, and half more.
+    // The schedules' first occurrence T leaves time to load them (about 200 µs each at first,
+    // and on a host too busy for that, again with the time the last try took, and half more),
+    // then `fire_ahead` and two seconds: schedules exist well before their moment, and the
+    // pollers start when they are loaded.
+    let fire_ahead_ms = env.config.poller.fire_ahead.as_millis() as u64;
     let mut per_schedule_us = 200.0;
     let (t_ms, load_s, memory_loaded, margin_ms) = loop {
         let t_ms = store::server_time_ms(&mut env.con).await?
             + 2_000
+            + fire_ahead_ms as i64
             + (n as f64 * per_schedule_us / 1000.0) as i64;
         let loaded = Instant::now();
         load_schedules(env, n, t_ms).await?;
         let load_s = loaded.elapsed().as_secs_f64();
         let memory_loaded = used_memory(&mut env.con).await?;
         let margin_ms = t_ms - store::server_time_ms(&mut env.con).await?;
-        if margin_ms > 100 {
+        if margin_ms > fire_ahead_ms as i64 + 100 {
             break (t_ms, load_s, memory_loaded, margin_ms);
         }
         ensure!(
@@ -81,6 +86,7 @@ pub(super) async fn schedules(env: &mut Env, n: u64) -> anyhow::Result<ScheduleF
         schedules: n,
         load_s,
         margin_ms,
+        fire_ahead_ms,
         first_delivery_after_t_ms: first,
         all_delivered_after_t_ms: all_fired,
         per_sec: n as f64 / firing_s,

@@ -1,6 +1,7 @@
 -- delete_schedule: remove a recurring schedule, its pending occurrence, any quarantine and its
 -- health record.
--- Occurrences already turned into jobs (due now, or handed to a sink) are left to complete.
+-- Occurrences already due (waiting to move, or handed to a sink) are left to complete;
+-- those a firing wrote ahead of their time and that still wait are withdrawn.
 -- Its high-water mark stays (a tombstone) until it is older than the retention: a schedule
 -- created again with this id plans after it, and a write that read the schedule before the
 -- delete finds the mark changed or the version gone, so nothing the deleted schedule fired is
@@ -13,11 +14,19 @@
 -- KEYS[5] sched_quarantine HASH {zdelay:3}:sched_quarantine
 -- KEYS[6] shards    STRING {zdelay:3}:shards the shard's marker (shard_fence)
 -- KEYS[7] sched_health HASH {zdelay:3}:sched_health id -> health record
+-- KEYS[8] due       ZSET  {zdelay:3}:due         occurrences written ahead wait here as jobs
+-- KEYS[9] jobs      HASH  {zdelay:3}:jobs
+-- KEYS[10] max_lateness HASH {zdelay:3}:max_lateness
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
--- ARGV[2] schedule id; ARGV[3] mark retention ms
--- Returns: 1 deleted, 0 no such schedule.
+-- ARGV[2] schedule id; ARGV[3] mark retention ms; ARGV[4] the mark read ("" = none)
+-- ARGV[5..] job ids of occurrences a firing wrote ahead of their time: each still waiting is
+--   withdrawn (its job removed)
+-- Returns: 1 deleted, 0 no such schedule, -1 the mark is not what was read (a firing since:
+--   read again; nothing written).
 -- Re-run safety: yes; a second run returns 0.
 local shard_marker = KEYS[6]
 -- @include shard_fence
 -- @include clock
+local JOB_KEYS = 8
+-- @include withdraw_shard
 -- @include delete_schedule_body

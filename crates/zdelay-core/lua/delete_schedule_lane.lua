@@ -9,12 +9,22 @@
 -- KEYS[5] sched_quarantine HASH zdelay:{emj}:sched_quarantine:<route>
 -- KEYS[6] marker    STRING zdelay:{emj}:lane:<route>       "2 <lane> <LPUSH|RPUSH> <list key>"
 -- KEYS[7] sched_health HASH zdelay:{emj}:sched_health:<route> id -> health record
+-- KEYS[8] due       ZSET   zdelay:{emj}:due:<route>        occurrences written ahead wait here as jobs
+-- KEYS[9] jobs      HASH   zdelay:{emj}:jobs:<route>
+-- KEYS[10] meta     HASH   zdelay:{emj}:meta:<route>
+-- KEYS[11] maxlate  HASH   zdelay:{emj}:maxlate:<route>
+-- KEYS[12] large    SET    zdelay:{emj}:large:<route>
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
--- ARGV[2] schedule id; ARGV[3] mark retention ms
--- Returns: 1 deleted, 0 no such schedule.
+-- ARGV[2] schedule id; ARGV[3] mark retention ms; ARGV[4] the mark read ("" = none)
+-- ARGV[5..] job ids of occurrences a firing wrote ahead of their time: each still waiting is
+--   withdrawn (its job removed)
+-- Returns: 1 deleted, 0 no such schedule, -1 the mark is not what was read (a firing since:
+--   read again; nothing written).
 -- Re-run safety: yes; a second run returns 0.
 local lane_marker = KEYS[6]
 -- @include lane_fence
 -- @include clock
+local JOB_KEYS = 8
+-- @include withdraw_lane
 -- @include delete_schedule_body

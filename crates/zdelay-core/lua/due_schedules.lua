@@ -1,10 +1,11 @@
--- due_schedules: the shard's schedules whose next occurrence is due, with their definitions,
+-- due_schedules: the shard's schedules whose next occurrence is due (or within the lead), with their definitions,
 -- read in one consistent step (read only: fire_schedules decides, fenced).
 -- KEYS[1] schedules HASH  {zdelay:3}:schedules  id -> "<version>\n<definition JSON>"
 -- KEYS[2] sched_due ZSET  {zdelay:3}:sched_due  id -> its next occurrence, ms
 -- KEYS[3] shards    STRING {zdelay:3}:shards the shard's marker (shard_fence)
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
--- ARGV[2] "now" in ms ("" = Redis TIME); ARGV[3] at most this many
+-- ARGV[2] "now" in ms ("" = Redis TIME); ARGV[3] at most this many; ARGV[4] the lead, ms:
+--   schedules whose next occurrence is at most this far after now are read too (fired ahead)
 -- Returns: { now ms, then per schedule: id, occurrence ms, "<version>\n<definition>" ("" if
 --   the definition is missing) }
 -- Re-run safety: yes (reads only).

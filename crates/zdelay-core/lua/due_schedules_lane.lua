@@ -1,5 +1,5 @@
 -- due_schedules_lane: due_schedules for a route lane's schedules (storage layout 2): the lane's
--- schedules whose next occurrence is due, with their definitions, read in one consistent step
+-- schedules whose next occurrence is due (or within the lead), with their definitions, read in one consistent step
 -- (read only: fire_schedules_lane decides, fenced). Its body is due_schedules' (a test keeps
 -- them the same); only the fence is the lane's.
 -- KEYS[1] schedules HASH   zdelay:{emj}:sched:<route>      id -> "<version>\n<definition JSON>"
@@ -7,7 +7,8 @@
 -- KEYS[3] marker    STRING zdelay:{emj}:lane:<route>       "2 <lane> <LPUSH|RPUSH> <list key>"
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
--- ARGV[2] "now" in ms ("" = Redis TIME); ARGV[3] at most this many
+-- ARGV[2] "now" in ms ("" = Redis TIME); ARGV[3] at most this many; ARGV[4] the lead, ms:
+--   schedules whose next occurrence is at most this far after now are read too (fired ahead)
 -- Returns: { now ms, then per schedule: id, occurrence ms, "<version>\n<definition>" ("" if
 --   the definition is missing) }
 -- Re-run safety: yes (reads only).

@@ -11,6 +11,9 @@
 --                                               occurrence at or before it was decided
 -- KEYS[5] sched_quarantine HASH {zdelay:3}:sched_quarantine id -> "<ms> <reason>" (cleared)
 -- KEYS[6] shards    STRING {zdelay:3}:shards the shard's marker (shard_fence)
+-- KEYS[7] due       ZSET  {zdelay:3}:due         occurrences written ahead wait here as jobs
+-- KEYS[8] jobs      HASH  {zdelay:3}:jobs
+-- KEYS[9] max_lateness HASH {zdelay:3}:max_lateness
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] schedule id; ARGV[3] expected version (0 = none: no schedule, or a definition
 --   without a readable version); ARGV[4] the mark read ("" = none)
@@ -25,11 +28,19 @@
 -- ARGV[8] now ms, as the caller read it: a new schedule's mark (nothing at or before its
 --   creation fires)
 -- ARGV[9] wake channel; ARGV[10] shard number, sent in the wake message
+-- ARGV[11], only when occurrences are withdrawn: the mark to set
+-- ARGV[12..] job ids of occurrences a firing wrote ahead of their time, the latest ones, all
+--   read waiting in due: each still waiting is withdrawn (its job removed), and the mark set
+--   to ARGV[11], just before the earliest, so they are planned again; one no longer waiting
+--   makes the write stale
 -- Returns: { version (the new one; the same when "same" wrote nothing), pending occurrence ms
 --   ("" = none) } or { -1, current version } when
---   the version or the mark is not what was read (read again).
+--   the version or the mark is not what was read, or an occurrence to withdraw no longer
+--   waits (read again).
 -- Re-run safety: a re-run with the same expected version finds it stale and changes nothing.
 local shard_marker = KEYS[6]
 -- @include shard_fence
 -- @include clock
+local JOB_KEYS = 7
+-- @include withdraw_shard
 -- @include upsert_schedule_body

@@ -8,6 +8,11 @@
 -- KEYS[4] sched_fired ZSET zdelay:{emj}:sched_fired:<route> id -> its high-water mark, ms
 -- KEYS[5] sched_quarantine HASH zdelay:{emj}:sched_quarantine:<route> id -> "<ms> <reason>" (cleared)
 -- KEYS[6] marker    STRING zdelay:{emj}:lane:<route>       "2 <lane> <LPUSH|RPUSH> <list key>"
+-- KEYS[7] due       ZSET   zdelay:{emj}:due:<route>        occurrences written ahead wait here as jobs
+-- KEYS[8] jobs      HASH   zdelay:{emj}:jobs:<route>
+-- KEYS[9] meta      HASH   zdelay:{emj}:meta:<route>
+-- KEYS[10] maxlate  HASH   zdelay:{emj}:maxlate:<route>
+-- KEYS[11] large    SET    zdelay:{emj}:large:<route>
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
 -- ARGV[2] schedule id; ARGV[3] expected version (0 = none: no schedule, or a definition
@@ -23,11 +28,19 @@
 -- ARGV[8] now ms, as the caller read it: a new schedule's mark (nothing at or before its
 --   creation fires)
 -- ARGV[9] wake channel; ARGV[10] the lane's wake name ("l<lane>"), sent in the wake message
+-- ARGV[11], only when occurrences are withdrawn: the mark to set
+-- ARGV[12..] job ids of occurrences a firing wrote ahead of their time, the latest ones, all
+--   read waiting in due: each still waiting is withdrawn (its job removed), and the mark set
+--   to ARGV[11], just before the earliest, so they are planned again; one no longer waiting
+--   makes the write stale
 -- Returns: { version (the new one; the same when "same" wrote nothing), pending occurrence ms
 --   ("" = none) } or { -1, current version } when
---   the version or the mark is not what was read (read again).
+--   the version or the mark is not what was read, or an occurrence to withdraw no longer
+--   waits (read again).
 -- Re-run safety: a re-run with the same expected version finds it stale and changes nothing.
 local lane_marker = KEYS[6]
 -- @include lane_fence
 -- @include clock
+local JOB_KEYS = 7
+-- @include withdraw_lane
 -- @include upsert_schedule_body

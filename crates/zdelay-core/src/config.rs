@@ -911,6 +911,16 @@ pub struct PollerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[A-Za-z0-9._-]{1,253}$"))]
     pub instance_id: Option<String>,
+    /// How long before its time a schedule's occurrence is written as a job, due at that
+    /// time: the firing of a crowded moment (a hundred thousand schedules on one second) is
+    /// spread over the seconds before it, and when it comes only the jobs' move remains. A
+    /// change to a schedule (update, pause, delete) takes back its occurrences written ahead
+    /// that still wait. A schedule firing more often than this has several occurrences
+    /// waiting at once. `0s` writes each occurrence when it is due. At most `60s`. Default
+    /// `10s`.
+    #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "duration_schema")]
+    pub fire_ahead: Duration,
 }
 
 /// The longest instance id: a Kubernetes object name (DNS subdomain) fits.
@@ -958,6 +968,7 @@ impl Default for PollerConfig {
             per_shard: 1,
             slot_lease: Duration::from_secs(5),
             instance_id: None,
+            fire_ahead: Duration::from_secs(10),
         }
     }
 }
@@ -2345,6 +2356,9 @@ impl Config {
         }
         if p.lease < Duration::from_secs(1) {
             return Err(invalid("poller.lease", "must be at least 1s"));
+        }
+        if p.fire_ahead > Duration::from_secs(60) {
+            return Err(invalid("poller.fire_ahead", "must be at most 60s"));
         }
         if p.max_payload == 0 || p.max_payload > 512 << 20 {
             return Err(invalid("poller.max_payload", "must be 1..=536870912 bytes"));

@@ -723,6 +723,18 @@ impl Schedule {
         }
     }
 
+    /// Adds to `plan` its next occurrences up to `horizon_ms`, at most `max` of them, and
+    /// moves `plan.next` past them: a firing writes them ahead of their time, as jobs due at
+    /// it, so a crowded moment costs only their move when it comes.
+    pub fn plan_ahead(&self, plan: &mut Plan, horizon_ms: i64, max: usize) {
+        let mut added = 0;
+        while let Some(next) = plan.next.filter(|&n| n <= horizon_ms && added < max) {
+            plan.deliver.push(next);
+            plan.next = self.next_after(next);
+            added += 1;
+        }
+    }
+
     /// How many occurrences a plan of `due_ms` decided up to `to_ms` (inclusive): `due_ms`
     /// itself when it is in the window (as [`plan`](Self::plan) counts it, on the grid or
     /// not), then every occurrence after it up to `to_ms`. Occurrences a plan decided and

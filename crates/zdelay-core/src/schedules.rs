@@ -45,7 +45,7 @@ use crate::store::Conn;
 pub use crate::store::scripts::FIRE_MAX_OCCURRENCES;
 use crate::store::scripts::{
     self, DueSchedule, EnqueueCall, EnqueueItem, Fired, Firing, LaneItem, PendingWrite,
-    ScheduleWrite, Upserted, score_ms,
+    ScheduleWrite, Upserted, Withdraw, score_ms,
 };
 pub use crate::store::scripts::{DirectPush, SchedAt};
 use serde::{Deserialize, Serialize};
@@ -55,6 +55,9 @@ use std::time::Duration;
 
 /// Compare-and-set attempts before an upsert gives up.
 const CAS_ATTEMPTS: usize = 64;
+/// Most occurrences written ahead that one write of a schedule takes back (the latest ones):
+/// a schedule every millisecond fired 10 s ahead has this many.
+pub const MAX_WITHDRAWN: usize = 10_000;
 /// Schedules read per fire call.
 pub const FIRE_BATCH: usize = 500;
 /// How long a schedule's high-water mark is kept after it was last raised, also after the
@@ -245,9 +248,10 @@ impl ScheduleHealth {
         }
     }
 
-    /// How late its last firing was: when it fired minus the occurrence's time.
+    /// How late its last firing was: when it fired minus the occurrence's time; 0 when it
+    /// was written ahead of its time.
     pub fn last_lateness_ms(&self) -> Option<i64> {
-        Some(self.last_fired_ms? - self.last_occurrence_ms?)
+        Some((self.last_fired_ms? - self.last_occurrence_ms?).max(0))
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -348,6 +352,10 @@ struct Current {
     /// Its high-water mark as Redis printed it.
     mark: Option<String>,
     quarantined: bool,
+    /// The occurrences a firing wrote ahead of their time that still wait as jobs (the
+    /// latest ones, oldest first): a write takes them back, so they fire again under what it
+    /// writes (or not at all), and its plan starts just before the earliest.
+    written_ahead: Vec<(i64, String)>,
 }
 
 /// The keys of a home's schedules.
@@ -358,6 +366,8 @@ struct SchedKeys<'a> {
     sched_fired: &'a str,
     sched_quarantine: &'a str,
     sched_health: &'a str,
+    /// Where its occurrences wait as jobs.
+    due: &'a str,
 }
 
 impl Home {
@@ -386,6 +396,7 @@ impl Home {
                 sched_fired: &k.sched_fired,
                 sched_quarantine: &k.sched_quarantine,
                 sched_health: &k.sched_health,
+                due: &k.due,
             },
             Home::Lane(lane) => SchedKeys {
                 schedules: &lane.keys.schedules,
@@ -394,6 +405,7 @@ impl Home {
                 sched_fired: &lane.keys.sched_fired,
                 sched_quarantine: &lane.keys.sched_quarantine,
                 sched_health: &lane.keys.sched_health,
+                due: &lane.keys.due,
             },
         }
     }
@@ -462,7 +474,76 @@ impl Current {
                 .map(|r| parse_record(r).map(|(_, stored)| stored)),
             mark,
             quarantined,
+            written_ahead: Vec::new(),
         })
+    }
+
+    /// The mark as a time (ms; `None`: none).
+    fn mark_ms(&self) -> Option<i64> {
+        self.mark
+            .as_deref()
+            .and_then(|m| m.parse::<f64>().ok())
+            .map(|m| m.floor() as i64)
+    }
+
+    /// Reads which occurrences a firing wrote ahead of `now_ms` still wait as jobs: the
+    /// stored grid's occurrences after now up to the mark (every one a firing decided that is
+    /// not due yet was written ahead), of which the latest run that still waits is kept.
+    async fn read_written_ahead(
+        &mut self,
+        con: &mut Conn,
+        home: &Home,
+        id: &str,
+        now_ms: i64,
+    ) -> Result<(), ClientError> {
+        self.written_ahead.clear();
+        let (Some(mark), Some(Ok(stored))) = (self.mark_ms(), &self.stored) else {
+            return Ok(());
+        };
+        if mark <= now_ms {
+            return Ok(());
+        }
+        let Ok(schedule) = stored.def.compile() else {
+            return Ok(());
+        };
+        let mut ahead = std::collections::VecDeque::new();
+        let mut at = now_ms;
+        while let Some(next) = schedule.next_after(at).filter(|&n| n <= mark) {
+            if ahead.len() == MAX_WITHDRAWN {
+                ahead.pop_front();
+            }
+            ahead.push_back(next);
+            at = next;
+        }
+        let jobs: Vec<String> = ahead.iter().map(|&t| occurrence_id(id, t)).collect();
+        let mut waiting = Vec::with_capacity(jobs.len());
+        for chunk in jobs.chunks(1000) {
+            let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+                .arg(home.keys().due)
+                .arg(chunk)
+                .query_async(con)
+                .await?;
+            waiting.extend(scores.into_iter().map(|s| s.is_some()));
+        }
+        // The latest run that waits: one before it that no longer waits (cancelled by hand)
+        // stays decided, so the mark never goes back below it.
+        let first = waiting.iter().rposition(|w| !w).map_or(0, |k| k + 1);
+        self.written_ahead = ahead.into_iter().zip(jobs).skip(first).collect();
+        Ok(())
+    }
+
+    /// The mark a write plans after: just before the earliest occurrence it takes back.
+    fn planning_mark(&self) -> i64 {
+        match self.written_ahead.first() {
+            Some((at, _)) => at - 1,
+            None => self.mark_ms().unwrap_or(i64::MIN),
+        }
+    }
+
+    /// What a write takes back.
+    fn withdraw(&self) -> (Vec<String>, i64) {
+        let jobs = self.written_ahead.iter().map(|(_, job)| job.clone()).collect();
+        (jobs, self.planning_mark())
     }
 
     /// What a write of `new` does to the pending occurrence, planned at `now_ms`.
@@ -470,21 +551,18 @@ impl Current {
         if new.paused {
             return Ok(PendingWrite::Pause);
         }
+        // Occurrences taken back are planned again, whatever the timing.
         if let Some(Ok(stored)) = &self.stored
             && !stored.paused
             && !self.quarantined
+            && self.written_ahead.is_empty()
             && stored.def.same_occurrences(&new.def)
         {
             return Ok(PendingWrite::Keep);
         }
         // After the mark: an occurrence at or before it was decided by a firing already.
-        let mark = self
-            .mark
-            .as_deref()
-            .and_then(|m| m.parse::<f64>().ok())
-            .map_or(i64::MIN, |m| m.floor() as i64);
         Ok(PendingWrite::Next(
-            new.def.compile()?.next_after(now_ms.max(mark)),
+            new.def.compile()?.next_after(now_ms.max(self.planning_mark())),
         ))
     }
 }
@@ -564,8 +642,11 @@ impl Client {
         let mut con = self.con.clone();
         let wake_channel = self.keys().wake_channel();
         for _ in 0..CAS_ATTEMPTS {
-            let current = Current::read(&mut con, home, id).await?;
+            let mut current = Current::read(&mut con, home, id).await?;
             let now_ms = con.now_ms().await?;
+            current
+                .read_written_ahead(&mut con, home, id, now_ms)
+                .await?;
             // Tests open the read → compare-and-set window here.
             crate::failpoint::hold("schedule_hold_after_read").await;
             let stored = current
@@ -583,6 +664,7 @@ impl Client {
                 pending = PendingWrite::Unchanged;
             }
             let definition = serde_json::to_string(&new).expect("a schedule serializes");
+            let (withdrawn, mark_ms) = current.withdraw();
             let write = ScheduleWrite {
                 id,
                 expected_version: current.version,
@@ -591,6 +673,10 @@ impl Client {
                 envelope,
                 pending,
                 now_ms,
+                withdraw: Withdraw {
+                    jobs: &withdrawn,
+                    mark_ms,
+                },
             };
             match scripts::upsert_schedule(&mut con, home.at(&wake_channel), &write).await? {
                 Upserted::Written {
@@ -689,9 +775,10 @@ impl Client {
         .await
     }
 
-    /// Deletes a schedule: no further occurrence. `false` if there was none. Its mark stays
-    /// for [`MARK_RETENTION`]: a schedule created again with this id never fires an
-    /// occurrence this one fired.
+    /// Deletes a schedule: no further occurrence (those a firing wrote ahead of their time
+    /// and that still wait are withdrawn). `false` if there was none. Its mark stays for
+    /// [`MARK_RETENTION`]: a schedule created again with this id never fires an occurrence
+    /// this one fired.
     pub async fn schedule_delete(&self, id: &str) -> Result<bool, ClientError> {
         self.fenced_by_layout("the schedule", |layout| async move {
             let Some(home) = self.schedule_home_of(&layout, id).await? else {
@@ -699,10 +786,23 @@ impl Client {
             };
             let mut con = self.con.clone();
             let retention = MARK_RETENTION.as_millis() as u64;
-            Ok(
-                scripts::delete_schedule(&mut con, home.at(&layout.wake_channel()), id, retention)
-                    .await?,
-            )
+            let wake_channel = layout.wake_channel();
+            for _ in 0..CAS_ATTEMPTS {
+                let mut current = Current::read(&mut con, &home, id).await?;
+                let now_ms = con.now_ms().await?;
+                current
+                    .read_written_ahead(&mut con, &home, id, now_ms)
+                    .await?;
+                let (withdrawn, _) = current.withdraw();
+                let at = home.at(&wake_channel);
+                let mark = current.mark.as_deref();
+                if let Some(deleted) =
+                    scripts::delete_schedule(&mut con, at, id, retention, mark, &withdrawn).await?
+                {
+                    return Ok(deleted);
+                }
+            }
+            Err(ClientError::Contended(id.to_owned()))
         })
         .await
     }
@@ -1442,15 +1542,19 @@ impl FireReport {
 /// Fires the due schedules of one shard (at most [`FIRE_BATCH`] read, at most
 /// [`FIRE_MAX_OCCURRENCES`] occurrences written): plans each, then turns the planned
 /// occurrences into jobs, raises the marks and writes each pending occurrence in one fenced
-/// script. `now_ms` overrides Redis TIME (tests drive time with it).
+/// script. Occurrences up to `ahead_ms` after now are written too, as jobs due at their time
+/// (a crowded second is then only moved when it comes). `now_ms` overrides Redis TIME (tests
+/// drive time with it).
 pub async fn fire_due(
     con: &mut Conn,
     at: SchedAt<'_>,
     now_ms: Option<i64>,
+    ahead_ms: u64,
     cache: &mut ScheduleCache,
     direct: Option<DirectPush<'_>>,
 ) -> redis::RedisResult<FireReport> {
-    let (now, due) = scripts::due_schedules(con, at, now_ms, FIRE_BATCH).await?;
+    let (now, due) = scripts::due_schedules(con, at, now_ms, ahead_ms, FIRE_BATCH).await?;
+    let horizon = now.saturating_add(ahead_ms as i64);
     let mut report = FireReport {
         due: due.len(),
         more: due.len() >= FIRE_BATCH,
@@ -1492,6 +1596,7 @@ pub async fn fire_due(
             }
         };
         let mut plan = schedule.plan(at, now);
+        schedule.plan_ahead(&mut plan, horizon, budget + 1);
         let decided_to = match plan.truncate(budget) {
             // Cut: the first occurrence left out stays pending (it is due: the next call
             // plans from it), and the mark is the last one written.
@@ -1501,11 +1606,12 @@ pub async fn fire_due(
                 firing.mark_ms = plan.last_written();
                 plan.last_written().unwrap_or(at - 1)
             }
-            // Every occurrence up to now is decided.
+            // Every occurrence up to now, and those written ahead, are decided.
             None => {
+                let decided_to = plan.last_written().map_or(now, |last| last.max(now));
                 firing.next_ms = plan.next;
-                firing.mark_ms = Some(now);
-                now
+                firing.mark_ms = Some(decided_to);
+                decided_to
             }
         };
         // What the calendar skipped between this occurrence and the pending one it leaves
@@ -1599,6 +1705,7 @@ mod tests {
             stored: Some(stored),
             mark: Some("5000".into()),
             quarantined,
+            written_ahead: Vec::new(),
         };
         let with = |f: fn(&mut Stored)| {
             let mut s = stored.clone();

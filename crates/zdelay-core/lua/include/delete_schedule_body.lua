@@ -2,6 +2,9 @@
 -- are the same in a shard and in a route lane, and so is what is done with them.
 
 local id = ARGV[2]
+if tonumber(redis.call('ZSCORE', KEYS[4], id)) ~= tonumber(ARGV[4]) then return -1 end
+-- The occurrences a firing wrote ahead of their time (ARGV[5..]): taken back if they wait.
+for k = 5, #ARGV do withdraw(ARGV[k]) end
 -- Redis TIME: behind a test clock's time, so marks wait a little longer to be pruned.
 local now = math.floor(clock_us() / 1000)
 local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - tonumber(ARGV[3])),

@@ -2,7 +2,9 @@
 -- are the same in a shard and in a route lane, and so is what is done with them.
 
 local now = math.floor(clock_us(tonumber(ARGV[2])) / 1000)
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
+-- Due, or within the firing's lead (ARGV[4] ms): those are written ahead of their time.
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now + tonumber(ARGV[4]), 'WITHSCORES',
+  'LIMIT', 0, tonumber(ARGV[3]))
 local out = { now }
 -- Their definitions in one read (a call per schedule would cost more than the reading).
 local ids = {}

@@ -19,9 +19,28 @@ if mode == 'same' then
   end
   mode = 'keep'
 end
+-- Occurrences a firing wrote ahead of their time and that still wait (ARGV[12..], the latest
+-- ones: the caller read them waiting): taken back, so that they are fired again under what
+-- is written now (or not at all), and the mark goes back to just before them (ARGV[11]).
+-- One that no longer waits (moved since it was read) is stale: read again.
+local withdrawing = #ARGV - 11
+if withdrawing > 0 then
+  for from = 1, withdrawing, 1000 do
+    local to = math.min(from + 999, withdrawing)
+    local scores = redis.call('ZMSCORE', withdraw_due, unpack(ARGV, 11 + from, 11 + to))
+    for k = 1, to - from + 1 do
+      if not scores[k] then return { -1, version } end
+    end
+  end
+  mark = tonumber(ARGV[11])
+end
 local next_ms = tonumber(mode)
 -- INVARIANT: a pending occurrence is after the mark, so no occurrence is written twice.
 if next_ms and mark and next_ms <= mark then return { -1, version } end
+if withdrawing > 0 then
+  for k = 12, #ARGV do withdraw(ARGV[k]) end
+  redis.call('ZADD', KEYS[4], ARGV[11], id)
+end
 version = version + 1
 redis.call('HSET', KEYS[1], id, version .. '\n' .. ARGV[5])
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[6]) end

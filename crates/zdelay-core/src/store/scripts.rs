@@ -1612,6 +1612,17 @@ pub struct ScheduleWrite<'a> {
     pub pending: PendingWrite,
     /// Redis's clock as the writer read it: a new schedule's mark.
     pub now_ms: i64,
+    /// Occurrences a firing wrote ahead of their time, read waiting, to take back (their job
+    /// ids, and the mark to set: just before the earliest). Empty: none.
+    pub withdraw: Withdraw<'a>,
+}
+
+/// Occurrences a firing wrote ahead of their time that a schedule write takes back: their
+/// job ids, and the mark that goes with them (just before the earliest).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Withdraw<'a> {
+    pub jobs: &'a [String],
+    pub mark_ms: i64,
 }
 
 /// Creates or updates a schedule where `at` says, compare-and-set on the version and mark
@@ -1626,6 +1637,7 @@ pub async fn upsert_schedule(
         "upsert_schedule",
         &compiled::upsert_schedule_lane,
     );
+    at.job_keys(&mut inv);
     let (wake_channel, wake_name) = at.wake();
     let pending = match write.pending {
         PendingWrite::Keep => "keep".to_owned(),
@@ -1643,6 +1655,12 @@ pub async fn upsert_schedule(
         .arg(write.now_ms)
         .arg(wake_channel)
         .arg(wake_name);
+    if !write.withdraw.jobs.is_empty() {
+        inv.arg(write.withdraw.mark_ms);
+        for job in write.withdraw.jobs {
+            inv.arg(job);
+        }
+    }
     let reply: Vec<Value> = inv.invoke(con).await?;
     match <[Value; 2]>::try_from(reply) {
         Ok([Value::Int(-1), current]) => Ok(Upserted::Stale(as_int(current)? as u64)),
@@ -1705,6 +1723,27 @@ impl SchedAt<'_> {
         }
     }
 
+    /// Adds the keys an occurrence written ahead waits in as a job (upsert and delete withdraw
+    /// it): a shard's due, jobs and max_lateness; a lane's due, jobs, meta, maxlate, large.
+    fn job_keys(&self, inv: &mut Call) {
+        let keys: [&String; 3];
+        let lane_keys: [&String; 5];
+        let list: &[&String] = match self {
+            SchedAt::Shard(k) => {
+                keys = [&k.due, &k.jobs, &k.max_lateness];
+                &keys
+            }
+            SchedAt::Lane { lane, .. } => {
+                let k = &lane.keys;
+                lane_keys = [&k.due, &k.jobs, &k.meta, &k.maxlate, &k.large];
+                &lane_keys
+            }
+        };
+        for key in list {
+            inv.key(*key);
+        }
+    }
+
     /// The call of a script on a schedule's own keys (upsert, delete).
     fn schedule_call(
         &self,
@@ -1725,25 +1764,32 @@ impl SchedAt<'_> {
 }
 
 /// Deletes a schedule, its pending occurrence and any quarantine (its mark stays until it is
-/// older than `mark_retention_ms`, as every mark pruned here); whether it existed.
+/// older than `mark_retention_ms`, as every mark pruned here), and withdraws the occurrences
+/// `withdraw` names that still wait; whether it existed, or `None` when its mark is no longer
+/// `read_mark` (a firing since: read again).
 pub async fn delete_schedule(
     con: &mut Conn,
     at: SchedAt<'_>,
     id: &str,
     mark_retention_ms: u64,
-) -> redis::RedisResult<bool> {
+    read_mark: Option<&str>,
+    withdraw: &[String],
+) -> redis::RedisResult<Option<bool>> {
     let mut inv = at.schedule_call(
         &compiled::delete_schedule,
         "delete_schedule",
         &compiled::delete_schedule_lane,
     );
-    let deleted: i64 = inv
-        .key(at.health_key())
-        .arg(id)
+    inv.key(at.health_key());
+    at.job_keys(&mut inv);
+    inv.arg(id)
         .arg(mark_retention_ms)
-        .invoke(con)
-        .await?;
-    Ok(deleted == 1)
+        .arg(read_mark.unwrap_or_default());
+    for job in withdraw {
+        inv.arg(job);
+    }
+    let deleted: i64 = inv.invoke(con).await?;
+    Ok((deleted >= 0).then_some(deleted == 1))
 }
 
 /// Records that the schedule requests of `id` up to `seq` were applied, with their outcome
@@ -1848,6 +1894,7 @@ pub async fn due_schedules(
     con: &mut Conn,
     at: SchedAt<'_>,
     now_ms: Option<i64>,
+    ahead_ms: u64,
     batch: usize,
 ) -> redis::RedisResult<(i64, Vec<DueSchedule>)> {
     let now_ms = con.script_now_ms(now_ms).await?;
@@ -1857,7 +1904,7 @@ pub async fn due_schedules(
         &compiled::due_schedules_lane,
         |k| vec![&k.schedules, &k.sched_due],
     );
-    inv.arg(now_arg(now_ms)).arg(batch);
+    inv.arg(now_arg(now_ms)).arg(batch).arg(ahead_ms);
     let values: Vec<Value> = inv.invoke(con).await?;
     let mut it = values.into_iter();
     let now = as_int(it.next().unwrap_or_default())?;
