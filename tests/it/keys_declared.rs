@@ -603,7 +603,10 @@ route = "m"
         let upserted = rt
             .block_on(scripts::upsert_schedule(&mut lcon, at, &write))
             .expect("upsert_schedule_lane withdrawing");
-        assert!(matches!(upserted, scripts::Upserted::Written { version: 2, .. }));
+        assert!(matches!(
+            upserted,
+            scripts::Upserted::Written { version: 2, .. }
+        ));
         let mark = (now + 5_999).to_string();
         let withdraw = ["s:3".to_owned()];
         assert_eq!(

@@ -156,7 +156,8 @@ fn three_daemons_fire_a_per_second_schedule_exactly_sixty_times() {
 #[test]
 fn each_misfire_policy_after_a_five_second_stop() {
     let redis = RedisServer::start();
-    let config = config(&redis, "");
+    // Each occurrence written at its time: the misfire policy decides those of the stop.
+    let config = config(&redis, "fire_ahead = \"0s\"");
     let rt = runtime();
     let lib = client(&rt, &config);
     let mut con = redis.conn();
@@ -1426,7 +1427,9 @@ push = "rpush"
 fn schedule_health_counts_a_stop_of_every_daemon_across_three_periods() {
     const PERIOD: i64 = 2_000;
     let redis = RedisServer::start();
-    let config = config(&redis, "stats_interval = \"200ms\"");
+    // Each occurrence written at its time: the misfire policy decides those of the stop (one
+    // written ahead would be delivered late instead, see the test after this one).
+    let config = config(&redis, "stats_interval = \"200ms\"\nfire_ahead = \"0s\"");
     let text = std::fs::read_to_string(&config.path).unwrap();
     let text = text.replacen(
         "[admin]\n",
@@ -1816,4 +1819,106 @@ fn two_hundred_thousand_schedules_are_paged_in_bounded_calls() {
         "every pending schedule listed once"
     );
     assert_eq!(pages, (2 * PER_LANE as usize).div_ceil(PAGE));
+}
+
+/// `poller.fire_ahead`: an occurrence is written as a job before its time and delivered at
+/// it. An update, a pause and a delete take back the occurrences written ahead that still
+/// wait, so what is delivered is what the schedule says at its time, once; an occurrence
+/// written ahead is a job, so a stop of every daemon delivers it late instead of leaving it
+/// to the misfire policy.
+#[test]
+fn occurrences_written_ahead_are_taken_back_by_a_change() {
+    let redis = RedisServer::start();
+    let config = config(&redis, "fire_ahead = \"6s\"");
+    let rt = runtime();
+    let lib = client(&rt, &config);
+    let mut con = redis.conn();
+    let t = redis_now_ms(&mut con) + 8_000;
+    let hourly = |id: &str, route: &str, payload: &str| {
+        let mut spec =
+            NewSchedule::new(id, route, payload, Repeat::Every(Duration::from_secs(3600)));
+        spec.start_at = Some(t);
+        spec.misfire = Misfire::Skip;
+        spec
+    };
+    let cases = [
+        ("updated", "l"),
+        ("paused", "a"),
+        ("deleted", "b"),
+        ("late", "b"),
+    ];
+    for (id, route) in cases {
+        rt.block_on(lib.schedule_set(hourly(id, route, "old")))
+            .expect("set");
+    }
+    let waiting = |con: &mut redis::Connection, id: &str, route: &str| {
+        redis::cmd("ZSCORE")
+            .arg(lane_keys(route).due)
+            .arg(zdelay::keys::occurrence_id(id, t))
+            .query::<Option<f64>>(con)
+            .expect("ZSCORE")
+            == Some(t as f64)
+    };
+    let mut daemon = Daemon::start(&config);
+    wait_for(
+        "each written ahead, due at its time",
+        Duration::from_secs(6),
+        || cases.iter().all(|(id, route)| waiting(&mut con, id, route)),
+    );
+    assert!(
+        redis_now_ms(&mut con) < t - 1_000,
+        "written well before its time"
+    );
+    let health = |id: &str| rt.block_on(lib.schedule_get(id)).unwrap().unwrap().health;
+    assert_eq!(health("updated").fired, 1);
+    // An update takes its occurrence back and fires it again with the new payload; a pause
+    // takes it back, and the resume fires it again; a delete takes it back for good.
+    rt.block_on(lib.schedule_set(hourly("updated", "l", "new")))
+        .expect("update");
+    assert!(rt.block_on(lib.schedule_pause("paused")).expect("pause"));
+    assert!(!waiting(&mut con, "paused", "a"), "a pause takes it back");
+    assert!(rt.block_on(lib.schedule_delete("deleted")).expect("delete"));
+    assert!(!waiting(&mut con, "deleted", "b"), "a delete takes it back");
+    rt.block_on(lib.schedule_resume("paused")).expect("resume");
+    wait_for("written ahead again", Duration::from_secs(3), || {
+        waiting(&mut con, "updated", "l") && waiting(&mut con, "paused", "a")
+    });
+    assert!(redis_now_ms(&mut con) < t, "written again before its time");
+    // Every daemon stops with "late" written ahead: a job, it is delivered once one is back.
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_exit(Duration::from_secs(10));
+    let now = redis_now_ms(&mut con);
+    std::thread::sleep(Duration::from_millis((t - now).max(0) as u64 + 500));
+    assert_eq!(
+        llen(&mut con, "q:b"),
+        0,
+        "nothing delivered while no daemon runs"
+    );
+    let _daemon = Daemon::start(&config);
+    wait_for("the occurrences delivered", Duration::from_secs(10), || {
+        llen(&mut con, "q:l") == 1 && llen(&mut con, "q:a") == 1 && llen(&mut con, "q:b") == 1
+    });
+    let list = |con: &mut redis::Connection, key: &str| {
+        redis::cmd("LRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .query::<Vec<String>>(con)
+            .expect("LRANGE")
+    };
+    assert_eq!(list(&mut con, "q:l"), ["new"], "the update's payload, once");
+    assert_eq!(
+        list(&mut con, "q:a"),
+        ["old"],
+        "the resumed occurrence, once"
+    );
+    assert_eq!(
+        list(&mut con, "q:b"),
+        ["old"],
+        "the late one; nothing of the deleted one"
+    );
+    // Fired once each: the occurrence taken back is not counted twice.
+    assert_eq!(health("updated").fired, 1);
+    assert_eq!(health("paused").fired, 1);
+    assert_eq!(health("late").missed, 0);
 }

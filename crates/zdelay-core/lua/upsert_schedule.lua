@@ -11,9 +11,11 @@
 --                                               occurrence at or before it was decided
 -- KEYS[5] sched_quarantine HASH {zdelay:3}:sched_quarantine id -> "<ms> <reason>" (cleared)
 -- KEYS[6] shards    STRING {zdelay:3}:shards the shard's marker (shard_fence)
--- KEYS[7] due       ZSET  {zdelay:3}:due         occurrences written ahead wait here as jobs
--- KEYS[8] jobs      HASH  {zdelay:3}:jobs
--- KEYS[9] max_lateness HASH {zdelay:3}:max_lateness
+-- KEYS[7] sched_health HASH {zdelay:3}:sched_health id -> health record (its count of fired
+--                                               occurrences less those withdrawn)
+-- KEYS[8] due       ZSET  {zdelay:3}:due         occurrences written ahead wait here as jobs
+-- KEYS[9] jobs      HASH  {zdelay:3}:jobs
+-- KEYS[10] max_lateness HASH {zdelay:3}:max_lateness
 -- ARGV[1] the caller's shard count (shard_fence: a marker that differs refuses the call)
 -- ARGV[2] schedule id; ARGV[3] expected version (0 = none: no schedule, or a definition
 --   without a readable version); ARGV[4] the mark read ("" = none)
@@ -41,6 +43,6 @@
 local shard_marker = KEYS[6]
 -- @include shard_fence
 -- @include clock
-local JOB_KEYS = 7
+local JOB_KEYS = 8
 -- @include withdraw_shard
 -- @include upsert_schedule_body

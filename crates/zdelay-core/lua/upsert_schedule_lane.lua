@@ -8,11 +8,13 @@
 -- KEYS[4] sched_fired ZSET zdelay:{emj}:sched_fired:<route> id -> its high-water mark, ms
 -- KEYS[5] sched_quarantine HASH zdelay:{emj}:sched_quarantine:<route> id -> "<ms> <reason>" (cleared)
 -- KEYS[6] marker    STRING zdelay:{emj}:lane:<route>       "2 <lane> <LPUSH|RPUSH> <list key>"
--- KEYS[7] due       ZSET   zdelay:{emj}:due:<route>        occurrences written ahead wait here as jobs
--- KEYS[8] jobs      HASH   zdelay:{emj}:jobs:<route>
--- KEYS[9] meta      HASH   zdelay:{emj}:meta:<route>
--- KEYS[10] maxlate  HASH   zdelay:{emj}:maxlate:<route>
--- KEYS[11] large    SET    zdelay:{emj}:large:<route>
+-- KEYS[7] sched_health HASH zdelay:{emj}:sched_health:<route> id -> health record (its count
+--                  of fired occurrences less those withdrawn)
+-- KEYS[8] due       ZSET   zdelay:{emj}:due:<route>        occurrences written ahead wait here as jobs
+-- KEYS[9] jobs      HASH   zdelay:{emj}:jobs:<route>
+-- KEYS[10] meta     HASH   zdelay:{emj}:meta:<route>
+-- KEYS[11] maxlate  HASH   zdelay:{emj}:maxlate:<route>
+-- KEYS[12] large    SET    zdelay:{emj}:large:<route>
 -- ARGV[1] the marker the caller expects. Another value refuses the call, writing nothing:
 --   ZDELAY_LANE_MOVED <successor>, ZDELAY_LANE_CHANGED <marker> or ZDELAY_NO_LANE (as enqueue_lane)
 -- ARGV[2] schedule id; ARGV[3] expected version (0 = none: no schedule, or a definition
@@ -41,6 +43,6 @@
 local lane_marker = KEYS[6]
 -- @include lane_fence
 -- @include clock
-local JOB_KEYS = 7
+local JOB_KEYS = 8
 -- @include withdraw_lane
 -- @include upsert_schedule_body

@@ -352,6 +352,8 @@ struct Current {
     /// Its high-water mark as Redis printed it.
     mark: Option<String>,
     quarantined: bool,
+    /// The envelope its occurrences carry.
+    envelope: Option<Vec<u8>>,
     /// The occurrences a firing wrote ahead of their time that still wait as jobs (the
     /// latest ones, oldest first): a write takes them back, so they fire again under what it
     /// writes (or not at all), and its plan starts just before the earliest.
@@ -456,10 +458,12 @@ impl Home {
 impl Current {
     async fn read(con: &mut Conn, home: &Home, id: &str) -> Result<Self, ClientError> {
         let keys = home.keys();
-        let (record, mark, quarantined): (Option<String>, Option<String>, bool) = redis::pipe()
+        type Read = (Option<String>, Option<String>, bool, Option<Vec<u8>>);
+        let (record, mark, quarantined, envelope): Read = redis::pipe()
             .hget(keys.schedules, id)
             .zscore(keys.sched_fired, id)
             .hexists(keys.sched_quarantine, id)
+            .hget(keys.sched_env, id)
             .query_async(con)
             .await?;
         Ok(Current {
@@ -474,8 +478,19 @@ impl Current {
                 .map(|r| parse_record(r).map(|(_, stored)| stored)),
             mark,
             quarantined,
+            envelope,
             written_ahead: Vec::new(),
         })
+    }
+
+    /// Whether writing `new` with `envelope` (empty: the stored one) changes nothing but
+    /// the update time: then nothing is written, and no occurrence written ahead is taken
+    /// back (re-applying unchanged schedules in a loop never fences or refires anything).
+    fn unchanged(&self, new: &Stored, envelope: &[u8]) -> bool {
+        matches!(&self.stored, Some(Ok(stored))
+            if (&stored.dest, &stored.def, stored.paused) == (&new.dest, &new.def, new.paused))
+            && !self.quarantined
+            && (envelope.is_empty() || self.envelope.as_deref() == Some(envelope))
     }
 
     /// The mark as a time (ms; `None`: none).
@@ -542,7 +557,11 @@ impl Current {
 
     /// What a write takes back.
     fn withdraw(&self) -> (Vec<String>, i64) {
-        let jobs = self.written_ahead.iter().map(|(_, job)| job.clone()).collect();
+        let jobs = self
+            .written_ahead
+            .iter()
+            .map(|(_, job)| job.clone())
+            .collect();
         (jobs, self.planning_mark())
     }
 
@@ -562,7 +581,9 @@ impl Current {
         }
         // After the mark: an occurrence at or before it was decided by a firing already.
         Ok(PendingWrite::Next(
-            new.def.compile()?.next_after(now_ms.max(self.planning_mark())),
+            new.def
+                .compile()?
+                .next_after(now_ms.max(self.planning_mark())),
         ))
     }
 }
@@ -656,11 +677,12 @@ impl Client {
             let Some(new) = change(stored, now_ms)? else {
                 return Ok(None);
             };
+            let unchanged = current.unchanged(&new, envelope);
+            if unchanged {
+                current.written_ahead.clear();
+            }
             let mut pending = current.pending(&new, now_ms)?;
-            if pending == PendingWrite::Keep
-                && let Some(Ok(stored)) = &current.stored
-                && (&stored.dest, &stored.def, stored.paused) == (&new.dest, &new.def, new.paused)
-            {
+            if unchanged && pending == PendingWrite::Keep {
                 pending = PendingWrite::Unchanged;
             }
             let definition = serde_json::to_string(&new).expect("a schedule serializes");
@@ -1705,6 +1727,7 @@ mod tests {
             stored: Some(stored),
             mark: Some("5000".into()),
             quarantined,
+            envelope: None,
             written_ahead: Vec::new(),
         };
         let with = |f: fn(&mut Stored)| {

@@ -40,6 +40,12 @@ if next_ms and mark and next_ms <= mark then return { -1, version } end
 if withdrawing > 0 then
   for k = 12, #ARGV do withdraw(ARGV[k]) end
   redis.call('ZADD', KEYS[4], ARGV[11], id)
+  -- Fired once each, when they fire again: not counted twice.
+  local health = redis.call('HGET', KEYS[7], id)
+  local fired, rest = string.match(health or '', '^(%d+)(.*)$')
+  if fired then
+    redis.call('HSET', KEYS[7], id, math.max(0, tonumber(fired) - withdrawing) .. rest)
+  end
 end
 version = version + 1
 redis.call('HSET', KEYS[1], id, version .. '\n' .. ARGV[5])

@@ -1637,6 +1637,7 @@ pub async fn upsert_schedule(
         "upsert_schedule",
         &compiled::upsert_schedule_lane,
     );
+    inv.key(at.health_key());
     at.job_keys(&mut inv);
     let (wake_channel, wake_name) = at.wake();
     let pending = match write.pending {
