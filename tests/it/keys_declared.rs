@@ -587,7 +587,7 @@ route = "m"
                 }),
             ))
             .expect("fire_schedules_lane");
-        assert_eq!((fired.created, fired.pushed, fired.expired), (2, 1, 1));
+        assert_eq!((fired.created, fired.pushed, fired.expired), (3, 0, 1));
         // Its occurrences written ahead are withdrawn: s:4 by an update, s:3 by the delete.
         let (mark, withdrawn) = ((now + 6_000).to_string(), ["s:4".to_owned()]);
         let write = scripts::ScheduleWrite {

@@ -857,6 +857,7 @@ impl Client {
         let Some(Ok((version, stored))) = record.as_deref().map(parse_record) else {
             return Ok(None);
         };
+        let now_ms = self.con.clone().now_ms().await?;
         Ok(Some(view(
             id.to_owned(),
             &home,
@@ -867,6 +868,7 @@ impl Client {
                 next,
                 quarantine: quarantine.as_deref(),
                 health: health.as_deref(),
+                now_ms: Some(now_ms),
             },
         )))
     }
@@ -1233,6 +1235,7 @@ impl Operator {
                                         next: None,
                                         quarantine: quarantine.as_deref(),
                                         health: health.as_deref(),
+                                        now_ms: None,
                                     },
                                 ));
                             }
@@ -1284,6 +1287,7 @@ async fn read_views(
     ids: Vec<(String, f64)>,
 ) -> Result<Vec<ScheduleView>, ClientError> {
     let keys = home.keys();
+    let now_ms = con.now_ms().await?;
     let mut out = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(SCAN_PAGE) {
         let names: Vec<&String> = chunk.iter().map(|(id, _)| id).collect();
@@ -1321,6 +1325,7 @@ async fn read_views(
                         next: Some(*next),
                         quarantine: quarantine.as_deref(),
                         health: health.as_deref(),
+                        now_ms: Some(now_ms),
                     },
                 ));
             }
@@ -1480,9 +1485,13 @@ pub struct ScheduleCounts {
 /// What is kept beside a schedule's definition, as read with it (each may be missing).
 struct Beside<'a> {
     envelope: Option<&'a [u8]>,
+    /// Its pending occurrence.
     next: Option<f64>,
     quarantine: Option<&'a str>,
     health: Option<&'a str>,
+    /// Redis's clock (the namespace's): with it, an occurrence written ahead of its time
+    /// that waits is shown as the next one.
+    now_ms: Option<i64>,
 }
 
 fn view(id: String, home: &Home, version: u64, s: Stored, beside: Beside<'_>) -> ScheduleView {
@@ -1491,8 +1500,23 @@ fn view(id: String, home: &Home, version: u64, s: Stored, beside: Beside<'_>) ->
         next,
         quarantine,
         health,
+        now_ms,
     } = beside;
     let (shard, lane) = home.place();
+    let health = health.map(ScheduleHealth::parse).unwrap_or_default();
+    let pending = next.map(|n| n as i64);
+    // The next occurrence delivered: the first of those a firing wrote ahead of their time
+    // (the latest written is still to come), else the pending one.
+    let next_ms = match (now_ms, health.last_occurrence_ms) {
+        (Some(now), Some(last)) if !s.paused && last > now => s
+            .def
+            .compile()
+            .ok()
+            .and_then(|schedule| schedule.next_after(now))
+            .filter(|&first| first <= last)
+            .or(pending),
+        _ => pending,
+    };
     ScheduleView {
         id,
         shard,
@@ -1500,13 +1524,13 @@ fn view(id: String, home: &Home, version: u64, s: Stored, beside: Beside<'_>) ->
         dest: s.dest,
         def: s.def,
         paused: s.paused,
-        next_ms: next.map(|n| n as i64),
+        next_ms,
         version,
         created_ms: s.created_ms,
         updated_ms: s.updated_ms,
         envelope: envelope.and_then(|e| Envelope::decode(e).ok()),
         quarantine: quarantine.map(Quarantine::parse),
-        health: health.map(ScheduleHealth::parse).unwrap_or_default(),
+        health,
     }
 }
 
