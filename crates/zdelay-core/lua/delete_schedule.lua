@@ -24,9 +24,9 @@
 -- Returns: 1 deleted, 0 no such schedule, -1 the mark is not what was read (a firing since:
 --   read again; nothing written).
 -- Re-run safety: yes; a second run returns 0.
+local withdraw_due, withdraw_hashes, withdraw_set = KEYS[8], { KEYS[9], KEYS[10] }, nil
 local shard_marker = KEYS[6]
 -- @include shard_fence
 -- @include clock
-local JOB_KEYS = 8
--- @include withdraw_shard
+-- @include withdraw
 -- @include delete_schedule_body

@@ -22,9 +22,10 @@
 -- Returns: 1 deleted, 0 no such schedule, -1 the mark is not what was read (a firing since:
 --   read again; nothing written).
 -- Re-run safety: yes; a second run returns 0.
+local withdraw_due, withdraw_hashes, withdraw_set = KEYS[8], { KEYS[9], KEYS[10], KEYS[11] },
+  KEYS[12]
 local lane_marker = KEYS[6]
 -- @include lane_fence
 -- @include clock
-local JOB_KEYS = 8
--- @include withdraw_lane
+-- @include withdraw
 -- @include delete_schedule_body

@@ -40,9 +40,9 @@
 --   the version or the mark is not what was read, or an occurrence to withdraw no longer
 --   waits (read again).
 -- Re-run safety: a re-run with the same expected version finds it stale and changes nothing.
+local withdraw_due, withdraw_hashes, withdraw_set = KEYS[8], { KEYS[9], KEYS[10] }, nil
 local shard_marker = KEYS[6]
 -- @include shard_fence
 -- @include clock
-local JOB_KEYS = 8
--- @include withdraw_shard
+-- @include withdraw
 -- @include upsert_schedule_body
