@@ -573,7 +573,10 @@ fn dead_letters_of_route_lanes_are_listed_shown_replayed_and_purged() {
 fn schedules_live_and_fire_in_their_destinations_lanes() {
     use zdelay::schedules::{NewSchedule, Repeat};
     let redis = RedisServer::start();
-    let config = TestConfig::new(&redis.url(), 4, ROUTES);
+    // Each occurrence written at its time: the schedule stays pending (counted below) until
+    // its first one.
+    let routes = ROUTES.replacen("[poller]\n", "[poller]\nfire_ahead = \"0s\"\n", 1);
+    let config = TestConfig::new(&redis.url(), 4, &routes);
     let daemon = Daemon::start(&config);
     let rt = common::runtime();
     let lib = connect(&rt, common::redis_config(&redis.url(), 4));

@@ -278,7 +278,7 @@ fn recurring_tasks() {
         the service refused 4 RPUSH calls (INFO commandstats, rejected_calls)
         $ zdelay schedule get report | sed 's/[0-9]*ms late/<n>ms late/'
         report  calls  every 3s  next <R+3000ms>
-          fired 1, missed 0, expired 0, skipped by calendar 0; last fired the occurrence of <R+0ms>, <n>ms late
+          fired 2, missed 0, expired 0, skipped by calendar 0; last fired the occurrence of <R+3000ms>, 0s late
         (exit 0)
         $ redis-cli -p <service> CONFIG SET maxmemory 0
         OK

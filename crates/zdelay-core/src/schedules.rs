@@ -194,7 +194,8 @@ pub struct ScheduleView {
     pub dest: String,
     pub def: ScheduleDef,
     pub paused: bool,
-    /// The pending occurrence (none: paused or ended).
+    /// The next occurrence to go out: the first one written ahead of its time that waits as
+    /// a job, else the pending occurrence (none: paused or ended).
     pub next_ms: Option<i64>,
     pub version: u64,
     pub created_ms: i64,
@@ -857,8 +858,9 @@ impl Client {
         let Some(Ok((version, stored))) = record.as_deref().map(parse_record) else {
             return Ok(None);
         };
-        let now_ms = self.con.clone().now_ms().await?;
-        Ok(Some(view(
+        let mut con = self.con.clone();
+        let now_ms = con.now_ms().await?;
+        let mut views = [view(
             id.to_owned(),
             &home,
             version,
@@ -868,9 +870,11 @@ impl Client {
                 next,
                 quarantine: quarantine.as_deref(),
                 health: health.as_deref(),
-                now_ms: Some(now_ms),
             },
-        )))
+        )];
+        show_written_ahead(&mut con, &home, &mut views, now_ms).await?;
+        let [view] = views;
+        Ok(Some(view))
     }
 }
 
@@ -1165,6 +1169,7 @@ impl Operator {
             next: None,
         };
         let homes = self.homes(&layout).await?;
+        let now_ms = con.now_ms().await?;
         let mut read = 0;
         for (at, home) in homes.iter().enumerate().skip(from.home as usize) {
             let keys = home.keys();
@@ -1223,6 +1228,7 @@ impl Operator {
                             .query_async(&mut con)
                             .await?;
                         let read = idle.into_iter().zip(envelopes).zip(quarantines);
+                        let first = out.schedules.len();
                         for ((((id, record), envelope), quarantine), health) in read.zip(healths) {
                             if let Ok((version, s)) = parse_record(&record) {
                                 out.schedules.push(view(
@@ -1235,11 +1241,12 @@ impl Operator {
                                         next: None,
                                         quarantine: quarantine.as_deref(),
                                         health: health.as_deref(),
-                                        now_ms: None,
                                     },
                                 ));
                             }
                         }
+                        let page = &mut out.schedules[first..];
+                        show_written_ahead(&mut con, home, page, now_ms).await?;
                     }
                 }
                 if next == 0 {
@@ -1288,8 +1295,9 @@ async fn read_views(
 ) -> Result<Vec<ScheduleView>, ClientError> {
     let keys = home.keys();
     let now_ms = con.now_ms().await?;
-    let mut out = Vec::with_capacity(ids.len());
+    let mut out: Vec<ScheduleView> = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(SCAN_PAGE) {
+        let first = out.len();
         let names: Vec<&String> = chunk.iter().map(|(id, _)| id).collect();
         type Reply = (
             Vec<Option<String>>,
@@ -1325,11 +1333,11 @@ async fn read_views(
                         next: Some(*next),
                         quarantine: quarantine.as_deref(),
                         health: health.as_deref(),
-                        now_ms: Some(now_ms),
                     },
                 ));
             }
         }
+        show_written_ahead(&mut con, home, &mut out[first..], now_ms).await?;
     }
     Ok(out)
 }
@@ -1489,9 +1497,6 @@ struct Beside<'a> {
     next: Option<f64>,
     quarantine: Option<&'a str>,
     health: Option<&'a str>,
-    /// Redis's clock (the namespace's): with it, an occurrence written ahead of its time
-    /// that waits is shown as the next one.
-    now_ms: Option<i64>,
 }
 
 fn view(id: String, home: &Home, version: u64, s: Stored, beside: Beside<'_>) -> ScheduleView {
@@ -1500,23 +1505,8 @@ fn view(id: String, home: &Home, version: u64, s: Stored, beside: Beside<'_>) ->
         next,
         quarantine,
         health,
-        now_ms,
     } = beside;
     let (shard, lane) = home.place();
-    let health = health.map(ScheduleHealth::parse).unwrap_or_default();
-    let pending = next.map(|n| n as i64);
-    // The next occurrence delivered: the first of those a firing wrote ahead of their time
-    // (the latest written is still to come), else the pending one.
-    let next_ms = match (now_ms, health.last_occurrence_ms) {
-        (Some(now), Some(last)) if !s.paused && last > now => s
-            .def
-            .compile()
-            .ok()
-            .and_then(|schedule| schedule.next_after(now))
-            .filter(|&first| first <= last)
-            .or(pending),
-        _ => pending,
-    };
     ScheduleView {
         id,
         shard,
@@ -1524,14 +1514,56 @@ fn view(id: String, home: &Home, version: u64, s: Stored, beside: Beside<'_>) ->
         dest: s.dest,
         def: s.def,
         paused: s.paused,
-        next_ms,
+        next_ms: next.map(|n| n as i64),
         version,
         created_ms: s.created_ms,
         updated_ms: s.updated_ms,
         envelope: envelope.and_then(|e| Envelope::decode(e).ok()),
         quarantine: quarantine.map(Quarantine::parse),
-        health,
+        health: health.map(ScheduleHealth::parse).unwrap_or_default(),
     }
+}
+
+/// Shows as each view's next occurrence the first one a firing wrote ahead of its time, when
+/// it still waits as a job in `home` (the latest occurrence written is after `now_ms`, and
+/// the first of the definition after now is waiting in due).
+async fn show_written_ahead(
+    con: &mut Conn,
+    home: &Home,
+    views: &mut [ScheduleView],
+    now_ms: i64,
+) -> Result<(), ClientError> {
+    let first_ahead = |v: &ScheduleView| {
+        let last = v.health.last_occurrence_ms.filter(|&last| last > now_ms)?;
+        if v.paused {
+            return None;
+        }
+        let first = v.def.compile().ok()?.next_after(now_ms)?;
+        (first <= last).then_some(first)
+    };
+    let candidates: Vec<(usize, i64)> = views
+        .iter()
+        .enumerate()
+        .filter_map(|(k, v)| Some((k, first_ahead(v)?)))
+        .collect();
+    if candidates.is_empty() {
+        return Ok(());
+    }
+    let jobs: Vec<String> = candidates
+        .iter()
+        .map(|&(k, at)| occurrence_id(&views[k].id, at))
+        .collect();
+    let waiting: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+        .arg(home.keys().due)
+        .arg(&jobs)
+        .query_async(con)
+        .await?;
+    for ((k, at), score) in candidates.into_iter().zip(waiting) {
+        if score.is_some() {
+            views[k].next_ms = Some(at);
+        }
+    }
+    Ok(())
 }
 
 /// Compiled schedules by id, with the version they were compiled from (a mover keeps one per
