@@ -652,8 +652,8 @@ impl Client {
 
     /// Compare-and-set loop: `change` gets the stored definition (`Err` with why when it
     /// cannot be read) and Redis's now, and returns the new one, or `None` to write nothing;
-    /// the pending occurrence follows from it. Returns (version, created, pending occurrence)
-    /// of what was written.
+    /// the pending occurrence follows from it. Returns (version, created, next occurrence)
+    /// of what was written: the pending one, or the first written ahead that waits.
     async fn write_schedule(
         &self,
         home: &Home,
@@ -679,7 +679,10 @@ impl Client {
                 return Ok(None);
             };
             let unchanged = current.unchanged(&new, envelope);
+            // Left waiting when nothing changes: the first of them is the next to go out.
+            let mut first_waiting = None;
             if unchanged {
+                first_waiting = current.written_ahead.first().map(|&(at, _)| at);
                 current.written_ahead.clear();
             }
             let mut pending = current.pending(&new, now_ms)?;
@@ -705,7 +708,10 @@ impl Client {
                 Upserted::Written {
                     version,
                     pending_ms,
-                } => return Ok(Some((version, !current.exists, pending_ms))),
+                } => {
+                    let next = first_waiting.or(pending_ms);
+                    return Ok(Some((version, !current.exists, next)));
+                }
                 Upserted::Stale(_) => continue,
             }
         }
