@@ -1871,6 +1871,23 @@ fn occurrences_written_ahead_are_taken_back_by_a_change() {
     );
     let health = |id: &str| rt.block_on(lib.schedule_get(id)).unwrap().unwrap().health;
     assert_eq!(health("updated").fired, 1);
+    assert_eq!(
+        rt.block_on(lib.schedule_get("updated"))
+            .unwrap()
+            .unwrap()
+            .next_ms,
+        Some(t),
+        "the occurrence written ahead is the next one"
+    );
+    // Set again unchanged: nothing is taken back, and the set names it as the next one.
+    let same = rt
+        .block_on(lib.schedule_set(hourly("updated", "l", "old")))
+        .expect("set unchanged");
+    assert_eq!(same.next_ms, Some(t));
+    assert!(
+        waiting(&mut con, "updated", "l"),
+        "an unchanged set takes nothing back"
+    );
     // An update takes its occurrence back and fires it again with the new payload; a pause
     // takes it back, and the resume fires it again; a delete takes it back for good.
     rt.block_on(lib.schedule_set(hourly("updated", "l", "new")))
