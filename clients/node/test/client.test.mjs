@@ -402,7 +402,9 @@ async function heldUpgrade(config, dir) {
 async function stored(redis) {
   const out = {};
   for (const key of (await redis.keys("*")).sort()) {
-    if (/instances|stats|activity|heartbeat|poller|sched_lock/.test(key)) continue;
+    // The daemons' own state (their registrations, stats, poller-slot plan), which they
+    // rewrite or let lapse on their own schedule: not what a client call writes.
+    if (/instances|stats|activity|heartbeat|poller|sched_lock|\}:plan$|\}:slots$/.test(key)) continue;
     const type = await redis.type(key);
     out[key] = type === "hash" ? await redis.hgetall(key)
       : type === "zset" ? await redis.zrange(key, 0, -1, "WITHSCORES")
