@@ -124,11 +124,23 @@ async fn move_taking(
     }
 }
 
+/// When the shard's or lane's schedules fire next: `fire_ahead_ms` before their next
+/// occurrence.
+fn schedule_fire_ms(reply: &MoveReply, fire_ahead_ms: u64) -> Option<i64> {
+    reply
+        .next_schedule_ms
+        .map(|at| at.saturating_sub(fire_ahead_ms as i64))
+}
+
 /// How long to sleep after a batch that was not full: until the head, the shard's next
-/// schedule firing (`next_schedule_ms`, which the loop sets `fire_ahead` before the
-/// occurrence) or its earliest lease deadline is due, at most `idle`. The times come
-/// from Redis, so local clock skew does not matter.
-pub fn sleep_after(reply: &MoveReply, unit: ScoreUnit, idle: Duration) -> Duration {
+/// schedule firing (`fire_ahead_ms` before its occurrence) or its earliest lease deadline is
+/// due, at most `idle`. The times come from Redis, so local clock skew does not matter.
+pub fn sleep_after(
+    reply: &MoveReply,
+    unit: ScoreUnit,
+    idle: Duration,
+    fire_ahead_ms: u64,
+) -> Duration {
     let until = |ms: f64| {
         let wait_us = ms * 1000.0 - reply.now_us as f64;
         if wait_us <= 0.0 {
@@ -138,7 +150,7 @@ pub fn sleep_after(reply: &MoveReply, unit: ScoreUnit, idle: Duration) -> Durati
         }
     };
     let head = reply.next_due.map(|score| until(unit.to_ms(score)));
-    let schedule = reply.next_schedule_ms.map(|ms| until(ms as f64));
+    let schedule = schedule_fire_ms(reply, fire_ahead_ms).map(|ms| until(ms as f64));
     let lease = reply.next_lease_ms.map(|ms| until(ms as f64));
     [head, schedule, lease]
         .into_iter()
@@ -446,11 +458,7 @@ pub async fn run(
         // The room the move did not use goes back now, before any wait (a failed call's too).
         drop(room);
         let delay = match moved {
-            Ok(mut reply) => {
-                // Schedules fire `fire_ahead` before their next occurrence.
-                reply.next_schedule_ms = reply
-                    .next_schedule_ms
-                    .map(|at| at.saturating_sub(ctx.mover.fire_ahead_ms as i64));
+            Ok(reply) => {
                 held = reply.held != Held::Flowing;
                 ::metrics::histogram!(SCRIPT_DURATION, "script" => script)
                     .record(started.elapsed().as_secs_f64());
@@ -469,7 +477,7 @@ pub async fn run(
                     }
                 }
                 announce_queued(&ctx, &wake, &reply.queued);
-                if let Some(at) = reply.next_schedule_ms
+                if let Some(at) = schedule_fire_ms(&reply, ctx.mover.fire_ahead_ms)
                     && at.saturating_mul(1000) <= reply.now_us
                 {
                     let fired = fire_schedules(&ctx, &target, &mut schedule_cache, &label).await;
@@ -527,7 +535,7 @@ pub async fn run(
                         continue;
                     }
                     let idle = wake.idle(ctx.mover.idle_poll, ctx.mover.idle_poll_max);
-                    sleep_after(&reply, target.unit(), idle)
+                    sleep_after(&reply, target.unit(), idle, ctx.mover.fire_ahead_ms)
                 }
             }
             Err(e) if ctx.is_refusal(&e) => break,
@@ -699,7 +707,7 @@ mod tests {
             ..reply(1_000_000_000, None)
         };
         assert_eq!(
-            sleep_after(&r, ScoreUnit::Millis, idle),
+            sleep_after(&r, ScoreUnit::Millis, idle, 0),
             Duration::from_millis(250)
         );
     }
@@ -709,12 +717,12 @@ mod tests {
         let idle = Duration::from_millis(100);
         let r = reply(1_000_000_000, Some(1_000_007.0));
         assert_eq!(
-            sleep_after(&r, ScoreUnit::Millis, idle),
+            sleep_after(&r, ScoreUnit::Millis, idle, 0),
             Duration::from_millis(7)
         );
         let r = reply(1_000_000_000, Some(1_000.5));
         assert_eq!(
-            sleep_after(&r, ScoreUnit::Seconds, Duration::from_secs(1)),
+            sleep_after(&r, ScoreUnit::Seconds, Duration::from_secs(1), 0),
             Duration::from_millis(500)
         );
     }
@@ -722,13 +730,16 @@ mod tests {
     #[test]
     fn sleep_is_capped_by_idle_and_never_negative() {
         let idle = Duration::from_millis(100);
-        assert_eq!(sleep_after(&reply(0, None), ScoreUnit::Millis, idle), idle);
         assert_eq!(
-            sleep_after(&reply(5_000_000, Some(1.0)), ScoreUnit::Millis, idle),
+            sleep_after(&reply(0, None), ScoreUnit::Millis, idle, 0),
+            idle
+        );
+        assert_eq!(
+            sleep_after(&reply(5_000_000, Some(1.0)), ScoreUnit::Millis, idle, 0),
             Duration::ZERO
         );
         assert_eq!(
-            sleep_after(&reply(0, Some(1e12)), ScoreUnit::Millis, idle),
+            sleep_after(&reply(0, Some(1e12)), ScoreUnit::Millis, idle, 0),
             idle
         );
     }

@@ -531,16 +531,17 @@ impl Current {
             ahead.push_back(next);
             at = next;
         }
-        let jobs: Vec<String> = ahead.iter().map(|&t| occurrence_id(id, t)).collect();
-        let mut waiting = Vec::with_capacity(jobs.len());
-        for chunk in jobs.chunks(1000) {
-            let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
-                .arg(home.keys().due)
-                .arg(chunk)
-                .query_async(con)
-                .await?;
-            waiting.extend(scores.into_iter().map(|s| s.is_some()));
+        if ahead.is_empty() {
+            return Ok(());
         }
+        let jobs: Vec<String> = ahead.iter().map(|&t| occurrence_id(id, t)).collect();
+        // One round trip, a command per 1,000 ids.
+        let mut pipe = redis::pipe();
+        for chunk in jobs.chunks(1000) {
+            pipe.cmd("ZMSCORE").arg(home.keys().due).arg(chunk);
+        }
+        let scores: Vec<Vec<Option<f64>>> = pipe.query_async(con).await?;
+        let waiting: Vec<bool> = scores.into_iter().flatten().map(|s| s.is_some()).collect();
         // The latest run that waits: one before it that no longer waits (cancelled by hand)
         // stays decided, so the mark never goes back below it.
         let first = waiting.iter().rposition(|w| !w).map_or(0, |k| k + 1);
