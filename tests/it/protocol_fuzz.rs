@@ -1347,8 +1347,16 @@ fn a_cancelled_window_is_not_inherited(lane: bool) {
     assert_eq!(cancelled, 1);
     // A new job of the id, enqueued by a call without the unique keys: delivered at once.
     assert_eq!(codes(enqueue("replace", "+0", false), &mut con), [1]);
+    // Delivered and, through a remote sink, acknowledged: until its ack the job is still
+    // the scheduling Redis's, and an enqueue of its id would replace it.
+    let jobs_key = cancel.keys[1].clone();
     wait_for("the job delivered", Duration::from_secs(10), || {
         common::lrange(&mut delivered_to, "q:emails").len() == 1
+            && !redis::cmd("HEXISTS")
+                .arg(&jobs_key)
+                .arg(id)
+                .query::<bool>(&mut con)
+                .expect("HEXISTS")
     });
     // Not remembered: an enqueue with a window of its own is added, not a duplicate.
     assert_eq!(

@@ -320,8 +320,11 @@ fn a_schedule_keeps_firing_across_a_redis_restart() {
     });
 }
 
+/// 10,000 schedules whose first occurrence is the same moment T: none goes before T, each
+/// goes once. How soon after T they have all gone is measured by `zdelay-bench --mode
+/// schedules` (docs/operations/benchmarks.md), not asserted here: a test machine's load sets it.
 #[test]
-fn ten_thousand_schedules_due_on_one_second_all_go_within_a_second() {
+fn ten_thousand_schedules_due_on_one_second_all_go_at_it_once() {
     const N: usize = 10_000;
     let redis = RedisServer::start();
     let config = config(&redis, "");
@@ -329,8 +332,9 @@ fn ten_thousand_schedules_due_on_one_second_all_go_within_a_second() {
     let lib = client(&rt, &config);
     let mut con = redis.conn();
     let _daemon = Daemon::start(&config);
-    // All first due at T (start_at, on each schedule's grid), then hourly.
-    let t = redis_now_ms(&mut con) + 15_000;
+    // All first due at T (start_at, on each schedule's grid), then hourly. T leaves the load
+    // room on a slow machine; the default fire_ahead writes them ahead while it waits.
+    let t = redis_now_ms(&mut con) + 25_000;
     let loaded = Instant::now();
     rt.block_on(futures::future::join_all((0..16).map(|part| {
         let lib = &lib;
@@ -349,14 +353,23 @@ fn ten_thousand_schedules_due_on_one_second_all_go_within_a_second() {
     })));
     eprintln!("10k schedules set in {:?}", loaded.elapsed());
     assert!(redis_now_ms(&mut con) < t, "set before T");
-    wait_for("T", Duration::from_secs(20), || redis_now_ms(&mut con) >= t);
-    wait_for("all 10k delivered", Duration::from_secs(10), || {
+    wait_for("T", Duration::from_secs(30), || {
+        // The list first: a job seen there and a clock read after it still before T went early.
+        let waiting = llen(&mut con, "q:l");
+        let now = redis_now_ms(&mut con);
+        assert!(now >= t || waiting == 0, "{waiting} delivered before T");
+        now >= t
+    });
+    wait_for("all 10k delivered", Duration::from_secs(60), || {
         llen(&mut con, "q:l") >= N
     });
-    let done = redis_now_ms(&mut con);
-    eprintln!("10k occurrences due at T delivered by T + {} ms", done - t);
-    assert_eq!(llen(&mut con, "q:l"), N);
-    assert!(done - t < 1_000, "all within a second: T + {} ms", done - t);
+    eprintln!(
+        "10k occurrences due at T delivered by T + {} ms",
+        redis_now_ms(&mut con) - t
+    );
+    let got = crate::common::lrange(&mut con, "q:l");
+    let distinct: std::collections::HashSet<&Vec<u8>> = got.iter().collect();
+    assert_eq!((got.len(), distinct.len()), (N, N), "each once");
 }
 
 #[test]

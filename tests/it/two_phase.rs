@@ -401,6 +401,10 @@ fn a_long_outage_parks_the_backlog_without_churn_and_delivers_it_all() {
     target.stop();
     let stopped = std::time::Instant::now();
     enqueue(&config, "mirror", "long", JOBS);
+    eprintln!(
+        "{JOBS} jobs enqueued in one batch in {:?}",
+        stopped.elapsed()
+    );
     let mut con = scheduler.conn();
     let ready = |con: &mut redis::Connection| -> usize {
         (0..SHARDS)

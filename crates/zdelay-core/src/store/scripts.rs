@@ -13,6 +13,7 @@ use crate::job::{Cancelled, Due, Enqueued, OnConflict};
 use crate::keys::{Keys, RawKeys, ShardKey, ShardKeys};
 use crate::lane::Lane;
 use crate::routes::Routes;
+use futures::StreamExt as _;
 use redis::{Cmd, FromRedisValue, Script, ToRedisArgs, Value};
 use std::sync::LazyLock;
 
@@ -413,15 +414,24 @@ async fn pipelined_by_shard<T: redis::FromRedisValue>(
         let all: Vec<usize> = (0..calls.len()).collect();
         groups.extend(all.chunks(CALLS_PER_PIPELINE).map(<[usize]>::to_vec));
     }
-    let sends = groups.iter().map(|group| {
-        let mut con = con.clone();
-        async move {
-            let batch: Vec<&Call> = group.iter().map(|&i| &calls[i]).collect();
-            pipelined::<T>(&mut con, &batch).await
+    // A few pipelines in flight, not all: each waits for its answer behind the ones sent
+    // before it, and a large batch sent at once would make the last wait past the response
+    // timeout on a busy Redis (and be reported as failed although it ran).
+    let mut to_send = groups.iter();
+    let mut in_flight = futures::stream::FuturesOrdered::new();
+    let mut answered = Vec::with_capacity(groups.len());
+    loop {
+        while in_flight.len() < PIPELINES_IN_FLIGHT {
+            let Some(group) = to_send.next() else { break };
+            in_flight.push_back(send_group::<T>(con.clone(), calls, group));
         }
-    });
+        match in_flight.next().await {
+            Some(replies) => answered.push(replies),
+            None => break,
+        }
+    }
     let mut out: Vec<Option<redis::RedisResult<T>>> = (0..calls.len()).map(|_| None).collect();
-    for (group, replies) in groups.iter().zip(futures::future::join_all(sends).await) {
+    for (group, replies) in groups.iter().zip(answered) {
         for (&i, reply) in group.iter().zip(replies?) {
             out[i] = Some(reply);
         }
@@ -430,6 +440,16 @@ async fn pipelined_by_shard<T: redis::FromRedisValue>(
         .into_iter()
         .map(|r| r.expect("every call answered"))
         .collect())
+}
+
+/// One group of `pipelined_by_shard`, in one pipeline.
+async fn send_group<T: redis::FromRedisValue>(
+    mut con: Conn,
+    calls: &[Call],
+    group: &[usize],
+) -> redis::RedisResult<Vec<redis::RedisResult<T>>> {
+    let batch: Vec<&Call> = group.iter().map(|&i| &calls[i]).collect();
+    pipelined::<T>(&mut con, &batch).await
 }
 
 /// Sends invocations in one pipeline, one answer per invocation. Scripts are loaded at
@@ -490,6 +510,9 @@ pub struct EnqueueCall<'a> {
 
 /// Script calls per pipeline round trip.
 const CALLS_PER_PIPELINE: usize = 64;
+
+/// Pipelines awaiting their answers at once: enough to keep Redis busy between round trips.
+const PIPELINES_IN_FLIGHT: usize = 2;
 
 /// Runs `enqueue_jobs` for each call, pipelined. One answer per call, and in it one per item,
 /// in order: what the enqueue did, or `None` when the id exists and the policy is `Error`
