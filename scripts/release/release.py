@@ -52,6 +52,8 @@ def versions(root):
     out["charts/zdelay/Chart.yaml version"] = re.search(r"^version:\s*(\S+)", chart, re.M).group(1)
     out["charts/zdelay/Chart.yaml appVersion"] = re.search(
         r"^appVersion:\s*\"?([^\"\s]+)", chart, re.M).group(1)
+    sources = re.search(r"^sources:\s*\n\s*-\s*(\S+)", chart, re.M)
+    repos["charts/zdelay/Chart.yaml sources"] = sources.group(1) if sources else None
     py = tomllib.loads((root / "clients/python/pyproject.toml").read_text())["project"]
     out["clients/python/pyproject.toml"] = py["version"]
     repos["clients/python/pyproject.toml"] = py.get("urls", {}).get("Repository")
