@@ -713,6 +713,29 @@ mod tests {
     }
 
     #[test]
+    fn schedules_wake_the_mover_fire_ahead_before_their_occurrence() {
+        let idle = Duration::from_secs(60);
+        let r = MoveReply {
+            next_schedule_ms: Some(1_012_000),
+            ..reply(1_000_000_000, None)
+        };
+        assert_eq!(schedule_fire_ms(&r, 10_000), Some(1_002_000));
+        assert_eq!(
+            sleep_after(&r, ScoreUnit::Millis, idle, 10_000),
+            Duration::from_secs(2)
+        );
+        // Within the lead already: fire at once.
+        assert_eq!(
+            sleep_after(&r, ScoreUnit::Millis, idle, 15_000),
+            Duration::ZERO
+        );
+        assert_eq!(
+            sleep_after(&r, ScoreUnit::Millis, idle, 0),
+            Duration::from_secs(12)
+        );
+    }
+
+    #[test]
     fn sleeps_until_the_head_is_due_by_redis_time() {
         let idle = Duration::from_millis(100);
         let r = reply(1_000_000_000, Some(1_000_007.0));

@@ -1882,13 +1882,11 @@ fn occurrences_written_ahead_are_taken_back_by_a_change() {
         redis_now_ms(&mut con) < t - 1_000,
         "written well before its time"
     );
-    let health = |id: &str| rt.block_on(lib.schedule_get(id)).unwrap().unwrap().health;
+    let view = |id: &str| rt.block_on(lib.schedule_get(id)).unwrap().unwrap();
+    let health = |id: &str| view(id).health;
     assert_eq!(health("updated").fired, 1);
     assert_eq!(
-        rt.block_on(lib.schedule_get("updated"))
-            .unwrap()
-            .unwrap()
-            .next_ms,
+        view("updated").next_ms,
         Some(t),
         "the occurrence written ahead is the next one"
     );

@@ -416,7 +416,9 @@ async fn pipelined_by_shard<T: redis::FromRedisValue>(
     }
     // A few pipelines in flight, not all: each waits for its answer behind the ones sent
     // before it, and a large batch sent at once would make the last wait past the response
-    // timeout on a busy Redis (and be reported as failed although it ran).
+    // timeout on a busy Redis (and be reported as failed although it ran). By hand rather
+    // than `stream::iter(..).map(..).buffered(..)`: that closure's borrow of `calls` makes
+    // the callers' futures fail axum's `Send` bound.
     let mut to_send = groups.iter();
     let mut in_flight = futures::stream::FuturesOrdered::new();
     let mut answered = Vec::with_capacity(groups.len());
