@@ -379,7 +379,7 @@ fn assert_one_line_per_episode(daemon: &Daemon, from: usize, expect: Episodes) {
     eprintln!("episode log:\n{}", lines.join("\n"));
     let episodes = lines.len() / 2;
     assert!(
-        lines.len() % 2 == 0
+        lines.len().is_multiple_of(2)
             && lines.chunks(2).all(|pair| {
                 pair[0].contains(" WARN ")
                     && pair[0].contains("recovering from error")
