@@ -897,8 +897,13 @@ fn a_job_enqueued_while_a_lane_is_retired_is_never_stranded() {
     // before it starts delivering: found by its id (naming the retired lane), delivered to
     // the new list once.
     moving.wait_ready();
+    // Due at once, the job may be delivered (and gone from every lane) before this read: it
+    // was stranded only when it is found neither by its id nor on the new list.
     let found = rt.block_on(lib.get(&id)).unwrap();
-    assert!(found.is_some(), "stranded: {id} is in no registered lane");
+    assert!(
+        found.is_some() || lrange(&mut con, "q:a2") == [b"slipped-in".to_vec()],
+        "stranded: {id} is in no registered lane"
+    );
     wait_for("the job is delivered", Duration::from_secs(20), || {
         lrange(&mut con, "q:a2") == [b"slipped-in".to_vec()]
     });

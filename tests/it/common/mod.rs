@@ -148,7 +148,8 @@ impl RedisServer {
         panic!("redis-server did not start on five free ports");
     }
 
-    /// True once the server answers; false when it exited first (its port was taken).
+    /// True once the server answers with its data loaded; false when it exited first (its
+    /// port was taken).
     fn wait_answering(&mut self) -> bool {
         let url = self.url();
         let pid = self
@@ -162,10 +163,20 @@ impl RedisServer {
                 self.child = None;
                 return false;
             }
+            // INFO answers while the server still loads its AOF or RDB file, when every
+            // data command is refused with LOADING: ready means this process, loaded.
             let info = redis::Client::open(url.as_str())
                 .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("INFO").arg("server").query::<String>(&mut c));
-            if info.is_ok_and(|info| info.contains(&format!("process_id:{pid}\r\n"))) {
+                .and_then(|mut c| {
+                    let server = redis::cmd("INFO").arg("server").query::<String>(&mut c)?;
+                    let persistence = redis::cmd("INFO")
+                        .arg("persistence")
+                        .query::<String>(&mut c)?;
+                    Ok(server + &persistence)
+                });
+            if info.is_ok_and(|info| {
+                info.contains(&format!("process_id:{pid}\r\n")) && info.contains("loading:0\r\n")
+            }) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(10));
