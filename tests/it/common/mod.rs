@@ -164,18 +164,15 @@ impl RedisServer {
                 return false;
             }
             // INFO answers while the server still loads its AOF or RDB file, when every
-            // data command is refused with LOADING: ready means this process, loaded.
+            // data command is refused with LOADING: ready means this process, loaded. Whole
+            // lines: `async_loading:0` is there while `loading:1`.
             let info = redis::Client::open(url.as_str())
                 .and_then(|c| c.get_connection())
-                .and_then(|mut c| {
-                    let server = redis::cmd("INFO").arg("server").query::<String>(&mut c)?;
-                    let persistence = redis::cmd("INFO")
-                        .arg("persistence")
-                        .query::<String>(&mut c)?;
-                    Ok(server + &persistence)
-                });
+                // The default sections hold both `server` and `persistence`: one call.
+                .and_then(|mut c| redis::cmd("INFO").query::<String>(&mut c));
             if info.is_ok_and(|info| {
-                info.contains(&format!("process_id:{pid}\r\n")) && info.contains("loading:0\r\n")
+                info.contains(&format!("\r\nprocess_id:{pid}\r\n"))
+                    && info.contains("\r\nloading:0\r\n")
             }) {
                 return true;
             }
