@@ -49,6 +49,7 @@ BROKERS_STARTED=0
 STEP_NAME=""
 STEP_START=0
 STEP_NAMES=()
+STEP_LOGS=()
 STEP_SECS=()
 STEP_RESULTS=()
 SUITE_START=$SECONDS
@@ -63,6 +64,9 @@ summary() {
         printf '  %-8s %5ss  %s\n' "${STEP_RESULTS[$i]}" "${STEP_SECS[$i]}" "${STEP_NAMES[$i]}"
     done
     printf '  total    %5ss\n' "$((SECONDS - SUITE_START))"
+    if [[ ${STEP_RESULTS[-1]} == FAILED && -s $WORK/${STEP_LOGS[-1]} ]]; then
+        failure_digest "$WORK/${STEP_LOGS[-1]}"
+    fi
     # Test counts summed over every libtest "test result:" line of a test step that ended.
     if [[ -s $WORK/valkey.log && ${STEP_RESULTS[-1]} != STOPPED ]]; then
         printf '  Valkey pass (%s), ' "${VALKEY_NAME:-valkey}"
@@ -72,6 +76,15 @@ summary() {
         printf 'tests: '
         count_tests "$WORK/test.log"
     fi
+}
+
+# The start of each panic message in a failed test log: a long log's tail (all a CI report
+# may keep) otherwise holds only the last failure's backtrace, not what each test said.
+failure_digest() {
+    awk '/^---- .* stdout ----$/ { name = $2; n = 0; next }
+         /panicked at / { sub(/.*panicked at /, ""); printf "\n  %s (%s)\n", name, $0; n = 14; next }
+         n > 0 && /^(stack backtrace:|note: |---- |failures:$)/ { n = 0; next }
+         n > 0 { printf "    %s\n", substr($0, 1, 240); n-- }' "$1"
 }
 
 count_tests() {
@@ -127,6 +140,7 @@ run_step() {
     wait "$STEP_PID" || rc=$?
     STEP_PID=""
     STEP_NAMES+=("$name")
+    STEP_LOGS+=("$log")
     STEP_SECS+=("$((SECONDS - STEP_START))")
     if ((rc != 0)); then
         STEP_RESULTS+=("FAILED")

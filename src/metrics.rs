@@ -663,6 +663,13 @@ pub fn absorbed_by_outage(sink: &str) -> bool {
     episodes().absorb(&Subject::Sink(sink.to_owned()), Instant::now())
 }
 
+/// Whether `sink`'s outage episode is open, without counting anything into it.
+#[cfg(test)]
+pub(crate) fn sink_outage_open(sink: &str) -> bool {
+    let subject = Subject::Sink(sink.to_owned());
+    episodes().open.iter().any(|(s, _)| *s == subject)
+}
+
 /// A flow-controlled route's move: the jobs it deferred and for how long. (Whether the route
 /// is held is sampled from Redis with the backlog gauges, `stats::publish_gauges`.)
 pub fn record_flow(route: &str, reply: &zdelay_core::store::scripts::MoveReply) {

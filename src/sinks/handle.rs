@@ -37,6 +37,12 @@ impl InFlight {
     }
 }
 
+/// A held target: the broker's latest reason, and whether its warning was logged.
+struct Held {
+    why: String,
+    logged: bool,
+}
+
 /// A sink with its run-time state: paused while unavailable, health for `/readyz`.
 pub struct SinkHandle {
     pub name: String,
@@ -61,9 +67,10 @@ pub struct SinkHandle {
     bytes_bound: usize,
     /// Signalled when the sink is usable again, for publishers waiting out a pause.
     resumed: Notify,
-    /// Targets whose destination object is missing, with the broker's reason: their jobs
-    /// wait (`Outcome::Missing`) until a message to them is delivered.
-    held: Mutex<BTreeMap<String, String>>,
+    /// Targets whose destination object is missing, with the broker's reason and whether
+    /// that was logged: their jobs wait (`Outcome::Missing`) until a message to them is
+    /// delivered.
+    held: Mutex<BTreeMap<String, Held>>,
     /// When the sink last made progress: a publish went through, or it went from no batch in
     /// flight to one (its first batches may take a while to go through).
     last_progress: Mutex<Option<Instant>>,
@@ -260,36 +267,59 @@ impl SinkHandle {
         }
     }
 
-    /// Marks `target` held: its destination object is missing. Logged when it starts.
+    /// Marks `target` held: its destination object is missing. Logged when it starts, or
+    /// when it outlasts the sink's outage: a broker starting or stopping may answer "no such
+    /// destination" for a moment, which is part of the outage (counted into its end line),
+    /// not news of its own.
     pub fn hold(&self, target: &str, why: &str) {
         let why = crate::config::redact_known(why).replace('\n', " ");
         let mut held = self.held.lock().expect("held lock");
-        if held.insert(target.to_owned(), why.clone()).is_none() {
+        if !held.contains_key(target) {
+            held.insert(
+                target.to_owned(),
+                Held {
+                    why: String::new(),
+                    logged: false,
+                },
+            );
+            ::metrics::gauge!(crate::metrics::SINK_HELD_TARGETS, "sink" => self.name.clone())
+                .set(held.len() as f64);
+        }
+        let entry = held.get_mut(target).expect("inserted above");
+        entry.why.clone_from(&why);
+        if !entry.logged && !crate::metrics::absorbed_by_outage(&self.name) {
+            entry.logged = true;
             tracing::warn!(
                 sink = %self.name,
                 target,
                 reason = %why,
                 "destination missing: its jobs wait (no attempt counted) until it exists"
             );
-            ::metrics::gauge!(crate::metrics::SINK_HELD_TARGETS, "sink" => self.name.clone())
-                .set(held.len() as f64);
         }
     }
 
     /// A message to `target` was delivered: it is not held (any more).
     pub fn unhold(&self, target: &str) {
         let mut held = self.held.lock().expect("held lock");
-        if held.is_empty() || held.remove(target).is_none() {
+        if held.is_empty() {
             return;
         }
-        tracing::info!(sink = %self.name, target, "destination exists again: its jobs flow");
+        let Some(was) = held.remove(target) else {
+            return;
+        };
+        if was.logged {
+            tracing::info!(sink = %self.name, target, "destination exists again: its jobs flow");
+        }
         ::metrics::gauge!(crate::metrics::SINK_HELD_TARGETS, "sink" => self.name.clone())
             .set(held.len() as f64);
     }
 
     /// The held targets and why.
     pub fn held(&self) -> BTreeMap<String, String> {
-        self.held.lock().expect("held lock").clone()
+        let held = self.held.lock().expect("held lock");
+        held.iter()
+            .map(|(target, h)| (target.clone(), h.why.clone()))
+            .collect()
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -340,6 +370,39 @@ mod tests {
         assert_eq!(h.pause("x"), Duration::from_millis(200));
         h.resume();
         assert_eq!(h.pause("x"), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_target_missing_during_the_sinks_outage_is_logged_only_if_it_outlasts_it() {
+        // Sink names of their own: the episode table is the process's.
+        let logged = |h: &SinkHandle, target: &str| h.held.lock().unwrap()[target].logged;
+        let calm = SinkHandle::new("held-calm", "redis", unreachable_sink(), Duration::ZERO, 1);
+        calm.hold("q", "no such queue");
+        assert!(logged(&calm, "q"), "no outage: the missing target is news");
+
+        let h = SinkHandle::new("held-down", "redis", unreachable_sink(), Duration::ZERO, 1);
+        crate::metrics::error_event(UNAVAILABLE, "held-down", &"connection refused");
+        h.hold("q", "no such queue (broker stopping)");
+        h.hold("r", "no such queue (broker stopping)");
+        assert!(!logged(&h, "q"), "part of the outage");
+        h.unhold("r");
+        assert_eq!(h.held().len(), 1, "a quiet hold ends like any other");
+        // The outage ends once nothing failed for its settle time.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while crate::metrics::sink_outage_open("held-down") {
+            crate::metrics::recovered(UNAVAILABLE, "held-down");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the outage never ended"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        h.hold("q", "no such queue");
+        assert!(
+            logged(&h, "q"),
+            "still missing after the outage: logged now"
+        );
+        assert_eq!(h.held()["q"], "no such queue", "with the latest reason");
     }
 
     #[tokio::test]

@@ -25,7 +25,8 @@
 //! # Outcomes (see [`classify`])
 //! | cause | outcome |
 //! |---|---|
-//! | no stream for the subject (no responders, stream not found) | Missing |
+//! | no stream for the subject (no responders, stream not found), confirmed by the JetStream API | Missing |
+//! | no responders while the JetStream API does not answer, or names a stream for the subject | Unavailable |
 //! | over the server's `max_payload`, stream's max message/header size | Reject |
 //! | invalid subject or header, sealed stream, expected-last-* mismatch | Reject |
 //! | JetStream not enabled for the account | Reject |
@@ -287,7 +288,40 @@ impl NatsSink {
             };
             out.extend(outcomes);
         }
+        self.confirm_missing(batch, &mut out).await;
         out
+    }
+
+    /// A publish answered "no responders" means no stream listens on the subject, or that
+    /// JetStream itself is not answering: a server shutting down stops JetStream before it
+    /// closes connections, and a clustered stream has no leader while it elects one. Only the
+    /// first is a missing destination (whose jobs a route may send to dead): each subject
+    /// with a `Missing` outcome is looked up in the JetStream API once, and the outcome
+    /// becomes `Unavailable` unless the API answers that no stream covers the subject.
+    async fn confirm_missing(&self, batch: &[Message], out: &mut [Outcome]) {
+        let mut verdicts: std::collections::HashMap<&str, Option<Outcome>> = Default::default();
+        for (msg, outcome) in batch.iter().zip(out.iter_mut()) {
+            let Outcome::Missing(why) = outcome else {
+                continue;
+            };
+            if !verdicts.contains_key(msg.target.as_str()) {
+                let verdict = match self.stream_for(&msg.target).await {
+                    Ok(None) => None,
+                    Ok(Some((stream, _))) => Some(Outcome::Unavailable(format!(
+                        "stream {stream} stores {} but did not answer the publish ({why})",
+                        msg.target
+                    ))),
+                    Err(lookup) => Some(Outcome::Unavailable(format!(
+                        "JetStream on {} is not answering: {lookup} (after: {why})",
+                        self.url
+                    ))),
+                };
+                verdicts.insert(&msg.target, verdict);
+            }
+            if let Some(Some(verdict)) = verdicts.get(msg.target.as_str()) {
+                *outcome = verdict.clone();
+            }
+        }
     }
 
     async fn publish_jetstream(&self, conn: &Conn, chunk: &[Message]) -> Vec<Outcome> {

@@ -335,6 +335,46 @@ async fn a_full_stream_holds(url: &str) {
     js.delete_stream(&name).await.expect("delete stream");
 }
 
+/// "No responders" to a JetStream publish also comes from a server whose JetStream is not
+/// answering (stopping, or a stream electing its leader), over a live connection: only a
+/// JetStream API that answers "no stream covers it" makes a missing destination, whose jobs a
+/// route may send to dead. A server without JetStream stands in for one whose JetStream went
+/// away; the same server with JetStream and no stream for the subject is still `Missing`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_responders_is_a_missing_stream_only_when_jetstream_says_so() {
+    let services = Services::get();
+    for kind in crate::common::NATS_KINDS {
+        let bin = services.var(&format!("{}_BIN", kind.to_uppercase()));
+        let dir = tempfile::tempdir().expect("a temp dir");
+        for jetstream_on in [false, true] {
+            let conf = if jetstream_on {
+                format!("jetstream {{ store_dir: {:?} }}", dir.path())
+            } else {
+                String::new()
+            };
+            let server = crate::broker_security::NatsServer::start(&bin, &conf);
+            let version = crate::common::nats_version(kind, &server.url()).await;
+            let subject = format!("zdnats-nostream.{}", tag());
+            let out = sink(&server.url(), true)
+                .publish(&[message(&subject, 0, b"due".to_vec())])
+                .await;
+            match (&out[0], jetstream_on) {
+                (Outcome::Missing(why), true) => assert!(why.contains(&subject), "{why}"),
+                (Outcome::Unavailable(why), false) => {
+                    assert!(
+                        why.contains("JetStream") && why.contains("not answering"),
+                        "{why}"
+                    )
+                }
+                (other, _) => panic!(
+                    "nats-server {version}, jetstream {jetstream_on}: no stream for the subject \
+                     gave {other:?}"
+                ),
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_server_down_is_unavailable_then_recovers_on_the_same_sink() {
     for kind in crate::common::NATS_KINDS {
