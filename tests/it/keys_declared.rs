@@ -550,15 +550,20 @@ route = "m"
             now_ms: now - 2_000,
             withdraw: scripts::Withdraw::default(),
         };
-        rt.block_on(scripts::upsert_schedule(&mut lcon, at, &write))
-            .expect("upsert_schedule_lane");
+        let created = match rt
+            .block_on(scripts::upsert_schedule(&mut lcon, at, &write))
+            .expect("upsert_schedule_lane")
+        {
+            scripts::Upserted::Written { version, .. } => version,
+            stale => panic!("a new schedule is written: {stale:?}"),
+        };
         let (_, due) = rt
             .block_on(scripts::due_schedules(&mut lcon, at, Some(now), 0, 10))
             .expect("due_schedules_lane");
         let firing = scripts::Firing {
             id: "s".into(),
             read_score: due[0].score.clone(),
-            read_version: "1".into(),
+            read_version: created.to_string(),
             mark_ms: Some(now + 6_000),
             next_ms: None,
             max_lateness_ms: Some(5),
@@ -591,7 +596,7 @@ route = "m"
         // Its occurrences written ahead are withdrawn: s:4 by an update, s:3 by the delete.
         let (mark, withdrawn) = ((now + 6_000).to_string(), ["s:4".to_owned()]);
         let write = scripts::ScheduleWrite {
-            expected_version: 1,
+            expected_version: created,
             read_mark: Some(&mark),
             pending: scripts::PendingWrite::Next(Some(now + 10_000)),
             withdraw: scripts::Withdraw {
@@ -603,10 +608,9 @@ route = "m"
         let upserted = rt
             .block_on(scripts::upsert_schedule(&mut lcon, at, &write))
             .expect("upsert_schedule_lane withdrawing");
-        assert!(matches!(
-            upserted,
-            scripts::Upserted::Written { version: 2, .. }
-        ));
+        assert!(
+            matches!(upserted, scripts::Upserted::Written { version, .. } if version == created + 1)
+        );
         let mark = (now + 5_999).to_string();
         let withdraw = ["s:3".to_owned()];
         assert_eq!(

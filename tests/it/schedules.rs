@@ -250,7 +250,9 @@ fn quick_upserts_keep_one_pending_occurrence_and_the_grid() {
     };
     assert_eq!(pending(&mut con), 1, "one pending occurrence");
     let view = rt.block_on(lib.schedule_get("grid")).unwrap().unwrap();
-    assert_eq!(view.version, 21);
+    // One write each, counted from the version the schedule was created with.
+    let created = first.version;
+    assert_eq!(view.version, created + 20);
     // Re-applying an unchanged schedule writes nothing: its version (which firings are
     // fenced on) stays.
     let unchanged = || {
@@ -258,15 +260,19 @@ fn quick_upserts_keep_one_pending_occurrence_and_the_grid() {
         s.payload = b"final".to_vec();
         rt.block_on(lib.schedule_set(s)).unwrap()
     };
-    assert_eq!(unchanged().version, 22);
-    assert_eq!(unchanged().version, 22, "an unchanged set writes nothing");
+    assert_eq!(unchanged().version, created + 21);
+    assert_eq!(
+        unchanged().version,
+        created + 21,
+        "an unchanged set writes nothing"
+    );
     assert!(rt.block_on(lib.schedule_pause("grid")).unwrap());
     assert_eq!(
         rt.block_on(lib.schedule_get("grid"))
             .unwrap()
             .unwrap()
             .version,
-        23
+        created + 22
     );
     rt.block_on(lib.schedule_resume("grid")).unwrap();
     // Delete, then create again (a cron: its grid is the clock's).
@@ -287,6 +293,7 @@ fn quick_upserts_keep_one_pending_occurrence_and_the_grid() {
     assert!(rt.block_on(lib.schedule_delete("grid")).unwrap());
     let b = rt.block_on(lib.schedule_set(cron())).unwrap();
     assert!(b.created);
+    assert!(b.version > a.version, "created again: a version never used");
     assert_eq!(a.next_ms.unwrap() % 5_000, 0);
     assert!(b.next_ms.unwrap() - a.next_ms.unwrap() <= 5_000);
     assert_eq!(pending(&mut con), 1);
@@ -1950,4 +1957,72 @@ fn occurrences_written_ahead_are_taken_back_by_a_change() {
     assert_eq!(health("updated").fired, 1);
     assert_eq!(health("paused").fired, 1);
     assert_eq!(health("late").missed, 0);
+}
+
+/// A schedule deleted and written again under the same id fires on its new definition only:
+/// the daemon that compiled the old one (it wrote its occurrences ahead) never plans the new
+/// one by it, and the new one's version is not the old one's.
+#[test]
+fn a_schedule_deleted_and_written_again_fires_on_its_new_definition_only() {
+    let redis = RedisServer::start();
+    let config = config(&redis, "");
+    let rt = runtime();
+    let lib = client(&rt, &config);
+    let mut con = redis.conn();
+    let _daemon = Daemon::start(&config);
+    let t = redis_now_ms(&mut con) + 3_000;
+    // The old definition: two occurrences, t and t + 1 s, then it ends.
+    let mut old = NewSchedule::new("s", "l", "old", Repeat::Every(Duration::from_secs(1)));
+    old.start_at = Some(t);
+    old.end_at = Some(t + 1_500);
+    let first = rt.block_on(lib.schedule_set(old)).expect("set the old one");
+    let written_ahead = |con: &mut redis::Connection| {
+        redis::cmd("ZSCORE")
+            .arg(lane_keys("l").due)
+            .arg(zdelay::keys::occurrence_id("s", t))
+            .query::<Option<f64>>(con)
+            .expect("ZSCORE")
+            .is_some()
+    };
+    wait_for("the old one written ahead", Duration::from_secs(5), || {
+        written_ahead(&mut con)
+    });
+    assert!(rt.block_on(lib.schedule_delete("s")).expect("delete"));
+    assert!(!written_ahead(&mut con), "the delete took it back");
+    // The new definition: hourly from t + 4 s, off the old one's times and after its end.
+    let mut new = NewSchedule::new("s", "l", "new", Repeat::Every(Duration::from_secs(3600)));
+    new.start_at = Some(t + 4_000);
+    new.misfire = Misfire::Skip;
+    let second = rt.block_on(lib.schedule_set(new)).expect("set the new one");
+    assert!(second.created);
+    assert_ne!(second.version, first.version, "a version is never reused");
+
+    let mut arrived = None;
+    wait_for("the new one's occurrence", Duration::from_secs(15), || {
+        if llen(&mut con, "q:l") == 0 {
+            return false;
+        }
+        arrived.get_or_insert(redis_now_ms(&mut con));
+        true
+    });
+    let arrived = arrived.expect("arrived");
+    assert!(
+        arrived >= t + 4_000,
+        "delivered {} ms before the new definition's first occurrence",
+        t + 4_000 - arrived
+    );
+    wait_for("t + 4.5 s", Duration::from_secs(5), || {
+        redis_now_ms(&mut con) > t + 4_500
+    });
+    let delivered: Vec<String> = redis::cmd("LRANGE")
+        .arg("q:l")
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .expect("LRANGE");
+    assert_eq!(
+        delivered,
+        ["new"],
+        "the new occurrence, once; nothing at the old times"
+    );
 }

@@ -1573,23 +1573,24 @@ async fn show_written_ahead(
     Ok(())
 }
 
-/// Compiled schedules by id, with the version they were compiled from (a mover keeps one per
+/// Compiled schedules by id, with the record they were compiled from (a mover keeps one per
 /// shard: compiling a cron takes tens of microseconds, firing one a few).
 #[derive(Default)]
 pub struct ScheduleCache {
-    compiled: HashMap<String, (u64, Arc<Schedule>)>,
+    compiled: HashMap<String, (String, Arc<Schedule>)>,
 }
 
 impl ScheduleCache {
-    /// The schedule a stored record defines, or why it cannot be fired.
+    /// The schedule a stored record defines, or why it cannot be fired. Reused only for the
+    /// same record text, not the same version: releases before 0.2 numbered a schedule
+    /// deleted and written again from 1 again, so one version could name two definitions.
     fn get(&mut self, id: &str, record: &str) -> Result<Arc<Schedule>, String> {
-        let version = record_version(record).and_then(|v| v.parse::<u64>().ok());
-        if let (Some(version), Some((v, schedule))) = (version, self.compiled.get(id))
-            && *v == version
+        if let Some((compiled_from, schedule)) = self.compiled.get(id)
+            && compiled_from == record
         {
             return Ok(schedule.clone());
         }
-        let (version, stored) = parse_record(record)?;
+        let (_, stored) = parse_record(record)?;
         let schedule = Arc::new(
             stored
                 .def
@@ -1598,7 +1599,7 @@ impl ScheduleCache {
         );
         // Bounded by the shard's schedules; a deleted one's entry is replaced or lingers.
         self.compiled
-            .insert(id.to_owned(), (version, schedule.clone()));
+            .insert(id.to_owned(), (record.to_owned(), schedule.clone()));
         Ok(schedule)
     }
 }
@@ -1773,6 +1774,29 @@ mod tests {
             }
         );
         assert_eq!(Quarantine::parse("junk").reason, "junk");
+    }
+
+    #[test]
+    fn the_cache_compiles_again_for_another_definition_under_the_same_version() {
+        let record = |interval_ms: u64| {
+            let stored = Stored {
+                dest: "q".into(),
+                def: ScheduleDef::every(interval_ms, 0),
+                paused: false,
+                created_ms: 0,
+                updated_ms: 0,
+            };
+            format!("1\n{}", serde_json::to_string(&stored).unwrap())
+        };
+        let mut cache = ScheduleCache::default();
+        let first = cache.get("s", &record(1_000)).unwrap();
+        assert_eq!(first.next_after(0), Some(1_000));
+        assert!(Arc::ptr_eq(
+            &first,
+            &cache.get("s", &record(1_000)).unwrap()
+        ));
+        let second = cache.get("s", &record(500)).unwrap();
+        assert_eq!(second.next_after(0), Some(500), "not the first definition");
     }
 
     #[test]

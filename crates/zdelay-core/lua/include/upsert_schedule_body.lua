@@ -47,8 +47,17 @@ if withdrawing > 0 then
     redis.call('HSET', KEYS[7], id, math.max(0, tonumber(fired) - withdrawing) .. rest)
   end
 end
-version = version + 1
-redis.call('HSET', KEYS[1], id, version .. '\n' .. ARGV[5])
+if current then
+  version = version + 1
+else
+  -- A new schedule's version is Redis's clock in microseconds, not 1: an id deleted and
+  -- written again never reuses a version that a firing read before the delete (its fence)
+  -- or a daemon's compiled definitions may still hold.
+  local t = redis.call('TIME')
+  version = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- '%d': Lua writes a number of over 14 digits in exponent form.
+redis.call('HSET', KEYS[1], id, string.format('%d', version) .. '\n' .. ARGV[5])
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[6]) end
 redis.call('HDEL', KEYS[5], id)
 if not current then redis.call('ZADD', KEYS[4], 'GT', ARGV[8], id) end
