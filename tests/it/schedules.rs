@@ -59,6 +59,15 @@ fn lane_keys(route: &str) -> zdelay::keys::LaneKeys {
     crate::common::lane_keys(route, &format!("q:{route}"))
 }
 
+/// When schedule `id`'s occurrence at `at_ms` is due, if it waits in `route`'s lane as a job.
+fn occurrence_due(con: &mut redis::Connection, route: &str, id: &str, at_ms: i64) -> Option<f64> {
+    redis::cmd("ZSCORE")
+        .arg(lane_keys(route).due)
+        .arg(zdelay::keys::occurrence_id(id, at_ms))
+        .query(con)
+        .expect("ZSCORE")
+}
+
 /// Jobs stored in the lanes of `routes` (occurrences written and not delivered yet).
 fn lane_jobs(con: &mut redis::Connection, routes: &[&str]) -> usize {
     routes
@@ -1872,12 +1881,7 @@ fn occurrences_written_ahead_are_taken_back_by_a_change() {
             .expect("set");
     }
     let waiting = |con: &mut redis::Connection, id: &str, route: &str| {
-        redis::cmd("ZSCORE")
-            .arg(lane_keys(route).due)
-            .arg(zdelay::keys::occurrence_id(id, t))
-            .query::<Option<f64>>(con)
-            .expect("ZSCORE")
-            == Some(t as f64)
+        occurrence_due(con, route, id, t) == Some(t as f64)
     };
     let mut daemon = Daemon::start(&config);
     wait_for(
@@ -1976,14 +1980,7 @@ fn a_schedule_deleted_and_written_again_fires_on_its_new_definition_only() {
     old.start_at = Some(t);
     old.end_at = Some(t + 1_500);
     let first = rt.block_on(lib.schedule_set(old)).expect("set the old one");
-    let written_ahead = |con: &mut redis::Connection| {
-        redis::cmd("ZSCORE")
-            .arg(lane_keys("l").due)
-            .arg(zdelay::keys::occurrence_id("s", t))
-            .query::<Option<f64>>(con)
-            .expect("ZSCORE")
-            .is_some()
-    };
+    let written_ahead = |con: &mut redis::Connection| occurrence_due(con, "l", "s", t).is_some();
     wait_for("the old one written ahead", Duration::from_secs(5), || {
         written_ahead(&mut con)
     });
