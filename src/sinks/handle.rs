@@ -274,25 +274,24 @@ impl SinkHandle {
     pub fn hold(&self, target: &str, why: &str) {
         let why = crate::config::redact_known(why).replace('\n', " ");
         let mut held = self.held.lock().expect("held lock");
-        if !held.contains_key(target) {
-            held.insert(
-                target.to_owned(),
-                Held {
-                    why: String::new(),
-                    logged: false,
-                },
-            );
-            ::metrics::gauge!(crate::metrics::SINK_HELD_TARGETS, "sink" => self.name.clone())
-                .set(held.len() as f64);
-        }
-        let entry = held.get_mut(target).expect("inserted above");
-        entry.why.clone_from(&why);
+        let entry = match held.get_mut(target) {
+            Some(entry) => {
+                entry.why = why;
+                entry
+            }
+            None => {
+                held.insert(target.to_owned(), Held { why, logged: false });
+                ::metrics::gauge!(crate::metrics::SINK_HELD_TARGETS, "sink" => self.name.clone())
+                    .set(held.len() as f64);
+                held.get_mut(target).expect("inserted above")
+            }
+        };
         if !entry.logged && !crate::metrics::absorbed_by_outage(&self.name) {
             entry.logged = true;
             tracing::warn!(
                 sink = %self.name,
                 target,
-                reason = %why,
+                reason = %entry.why,
                 "destination missing: its jobs wait (no attempt counted) until it exists"
             );
         }
@@ -301,9 +300,6 @@ impl SinkHandle {
     /// A message to `target` was delivered: it is not held (any more).
     pub fn unhold(&self, target: &str) {
         let mut held = self.held.lock().expect("held lock");
-        if held.is_empty() {
-            return;
-        }
         let Some(was) = held.remove(target) else {
             return;
         };

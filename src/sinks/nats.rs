@@ -305,9 +305,9 @@ impl NatsSink {
                 continue;
             };
             if !verdicts.contains_key(msg.target.as_str()) {
-                let verdict = match self.stream_for(&msg.target).await {
+                let verdict = match self.stream_name_for(&msg.target).await {
                     Ok(None) => None,
-                    Ok(Some((stream, _))) => Some(Outcome::Unavailable(format!(
+                    Ok(Some(stream)) => Some(Outcome::Unavailable(format!(
                         "stream {stream} stores {} but did not answer the publish ({why})",
                         msg.target
                     ))),
@@ -564,10 +564,10 @@ impl NatsSink {
         }
     }
 
-    /// The JetStream stream that stores `subject` and its duplicate window: `Ok(None)` when
-    /// no stream covers it (publishes would be held), `Err` when the server cannot be asked.
-    /// Core NATS (`jetstream = false`) has no streams: `Err`.
-    pub async fn stream_for(&self, subject: &str) -> Result<Option<(String, Duration)>, String> {
+    /// The name of the JetStream stream that stores `subject` (one API request): `Ok(None)`
+    /// when no stream covers it (publishes would be held), `Err` when the server cannot be
+    /// asked. Core NATS (`jetstream = false`) has no streams: `Err`.
+    async fn stream_name_for(&self, subject: &str) -> Result<Option<String>, String> {
         if !self.jetstream {
             return Err("core NATS (jetstream = false) stores nothing: no stream to check".into());
         }
@@ -575,42 +575,51 @@ impl NatsSink {
         let found = tokio::time::timeout(CHECK_TIMEOUT, conn.js.stream_by_subject(subject))
             .await
             .map_err(|_| format!("JetStream did not answer within {CHECK_TIMEOUT:?}"))?;
-        let name = match found {
-            Ok(name) => name,
+        match found {
+            Ok(name) => Ok(Some(name)),
             Err(e)
                 if matches!(
                     e.kind(),
                     jetstream::context::GetStreamByNameErrorKind::NotFound
                 ) =>
             {
-                return Ok(None);
+                Ok(None)
             }
-            Err(e) => return Err(format!("JetStream stream lookup for {subject}: {e}")),
-        };
-        let stream = tokio::time::timeout(CHECK_TIMEOUT, conn.js.get_stream(&name))
+            Err(e) => Err(format!("JetStream stream lookup for {subject}: {e}")),
+        }
+    }
+
+    /// The JetStream stream named `name`, with its info as the server gave it now.
+    async fn stream_named(&self, name: &str) -> Result<jetstream::stream::Stream, String> {
+        let conn = self.connected(CHECK_TIMEOUT).await?;
+        tokio::time::timeout(CHECK_TIMEOUT, conn.js.get_stream(name))
             .await
             .map_err(|_| format!("JetStream did not answer within {CHECK_TIMEOUT:?}"))?
-            .map_err(|e| format!("JetStream stream {name}: {e}"))?;
-        let window = stream.cached_info().config.duplicate_window;
+            .map_err(|e| format!("JetStream stream {name}: {e}"))
+    }
+
+    /// The JetStream stream that stores `subject` and its duplicate window: `Ok(None)` when
+    /// no stream covers it, `Err` when the server cannot be asked (see [`Self::stream_name_for`]).
+    pub async fn stream_for(&self, subject: &str) -> Result<Option<(String, Duration)>, String> {
+        let Some(name) = self.stream_name_for(subject).await? else {
+            return Ok(None);
+        };
+        let window = self
+            .stream_named(&name)
+            .await?
+            .cached_info()
+            .config
+            .duplicate_window;
         Ok(Some((name, window)))
     }
 
     /// The messages the JetStream stream that stores `subject` holds (a work-queue stream's
     /// are the ones not yet consumed), for a route's `max_length`.
     pub async fn depth(&self, subject: &str) -> Result<u64, String> {
-        let Some((name, _)) = self.stream_for(subject).await? else {
+        let Some(name) = self.stream_name_for(subject).await? else {
             return Err(format!("no JetStream stream stores {subject}"));
         };
-        let conn = self.connected(CHECK_TIMEOUT).await?;
-        let info = async {
-            let mut stream = conn.js.get_stream(&name).await.map_err(|e| e.to_string())?;
-            let info = stream.info().await.map_err(|e| e.to_string())?;
-            Ok::<u64, String>(info.state.messages)
-        };
-        tokio::time::timeout(CHECK_TIMEOUT, info)
-            .await
-            .map_err(|_| format!("JetStream did not answer within {CHECK_TIMEOUT:?}"))?
-            .map_err(|e| format!("JetStream stream {name}: {e}"))
+        Ok(self.stream_named(&name).await?.cached_info().state.messages)
     }
 
     /// [`Self::health`] as a result: `Err` says why it cannot deliver.

@@ -1573,20 +1573,27 @@ async fn show_written_ahead(
     Ok(())
 }
 
-/// Compiled schedules by id, with the record they were compiled from (a mover keeps one per
-/// shard: compiling a cron takes tens of microseconds, firing one a few).
+/// Compiled schedules by id, with a hash of the record they were compiled from (a mover keeps
+/// one per shard: compiling a cron takes tens of microseconds, firing one a few).
 #[derive(Default)]
 pub struct ScheduleCache {
-    compiled: HashMap<String, (String, Arc<Schedule>)>,
+    compiled: HashMap<String, (u64, Arc<Schedule>)>,
 }
 
 impl ScheduleCache {
     /// The schedule a stored record defines, or why it cannot be fired. Reused only for the
     /// same record text, not the same version: releases before 0.2 numbered a schedule
     /// deleted and written again from 1 again, so one version could name two definitions.
+    /// A hash of the text, not the text: the cache holds every schedule of a shard.
     fn get(&mut self, id: &str, record: &str) -> Result<Arc<Schedule>, String> {
+        let record_hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            record.hash(&mut h);
+            h.finish()
+        };
         if let Some((compiled_from, schedule)) = self.compiled.get(id)
-            && compiled_from == record
+            && *compiled_from == record_hash
         {
             return Ok(schedule.clone());
         }
@@ -1599,7 +1606,7 @@ impl ScheduleCache {
         );
         // Bounded by the shard's schedules; a deleted one's entry is replaced or lingers.
         self.compiled
-            .insert(id.to_owned(), (record.to_owned(), schedule.clone()));
+            .insert(id.to_owned(), (record_hash, schedule.clone()));
         Ok(schedule)
     }
 }

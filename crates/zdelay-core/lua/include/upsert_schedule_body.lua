@@ -53,8 +53,7 @@ else
   -- A new schedule's version is Redis's clock in microseconds, not 1: an id deleted and
   -- written again never reuses a version that a firing read before the delete (its fence)
   -- or a daemon's compiled definitions may still hold.
-  local t = redis.call('TIME')
-  version = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  version = clock_us()
 end
 -- '%d': Lua writes a number of over 14 digits in exponent form.
 redis.call('HSET', KEYS[1], id, string.format('%d', version) .. '\n' .. ARGV[5])
