@@ -174,6 +174,8 @@ impl NatsSink {
     async fn conn(&self) -> Result<&Conn, String> {
         self.conn
             .get_or_try_init(|| async {
+                // async-nats builds its TLS config from the process-wide provider.
+                crate::store::install_crypto_provider();
                 // No retry_on_initial_connect: async-nats gives up for good on an
                 // authorization violation during a background first connect, so the first
                 // connect is ours, bounded, and repeated by the next publish or check.

@@ -820,8 +820,9 @@ pub fn client(cfg: &RedisConfig) -> Result<redis::Client, StoreError> {
 }
 
 /// rustls needs one process-wide crypto provider; the daemon links two (ring, aws-lc-rs)
-/// through the brokers' clients, so none is implied. Installing twice is harmless.
-fn install_crypto_provider() {
+/// through the brokers' clients, so none is implied, and a TLS connection made without one
+/// panics. Called before every client that may speak TLS; installing twice is harmless.
+pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
